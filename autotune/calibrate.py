@@ -1,0 +1,251 @@
+"""Calibration before the search: what fits, what the device consumes, what
+the loader delivers.
+
+Three kinds of short measurements, each an isolated trial:
+
+* a memory pre-pass: peak memory at two small batches, extrapolated to the
+  largest batch under the budget, then verified at that batch;
+* the compute ceiling: the model alone, one batch already on the device;
+* the loader ceiling per worker count: the DataLoader alone, no model.
+
+Their results bound the search space and explain the final verdict.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from autotune import trial as _trial
+from autotune.config import TrainSetup
+from autotune.resolve import DeviceInfo
+from autotune.space import powers_of_two
+from autotune.trial import TrialOptions, TrialResult
+from autotune.workload import Workload
+
+#: Largest micro-batch the pre-pass proposes; pin a larger one with --set.
+BATCH_CAP = 4096
+#: Share of a CPU budget left to DataLoader workers when sizing the batch.
+WORKER_RESERVE = 0.2
+#: Share of the GPU kept free: a config at 99 % fragments and OOMs in long runs.
+GPU_HEADROOM = 0.10
+
+Runner = Callable[[TrainSetup, Workload, TrialOptions], TrialResult]
+Log = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class MemoryPoint:
+    """Peak memory and speed of the compute step at one batch size."""
+
+    batch_size: int
+    status: str
+    peak_bytes: int | None
+    samples_per_s: float | None
+
+
+@dataclass(frozen=True)
+class LoaderPoint:
+    """What the DataLoader alone delivers with a worker count."""
+
+    num_workers: int
+    status: str
+    samples_per_s: float | None
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Everything measured before the search.
+
+    Attributes:
+        budget_bytes: Memory the model side may use (after reserves).
+        max_batch: Largest power-of-two micro-batch that fits and can be
+            measured within a trial.
+        memory_points: The pre-pass measurements.
+        probe_batch: Batch used for the ceilings below.
+        compute_setup: Setup of the compute-only measurement.
+        compute_samples_per_s: What the device consumes, data already there.
+        loader: What the loader delivers per worker count.
+        max_workers: Upper bound for ``num_workers`` in the space.
+    """
+
+    budget_bytes: int | None
+    max_batch: int
+    memory_points: tuple[MemoryPoint, ...]
+    probe_batch: int
+    compute_setup: dict[str, Any]
+    compute_samples_per_s: float | None
+    loader: tuple[LoaderPoint, ...]
+    max_workers: int
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict."""
+        data = asdict(self)
+        data["memory_points"] = [asdict(p) for p in self.memory_points]
+        data["loader"] = [asdict(p) for p in self.loader]
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Calibration":
+        """Inverse of :meth:`to_dict`."""
+        data = dict(data)
+        data["memory_points"] = tuple(MemoryPoint(**p) for p in data["memory_points"])
+        data["loader"] = tuple(LoaderPoint(**p) for p in data["loader"])
+        return cls(**data)
+
+    def loader_rate(self, workers: int) -> float | None:
+        """Loader-only samples/s at ``workers`` (None if not measured)."""
+        for point in self.loader:
+            if point.num_workers == workers:
+                return point.samples_per_s
+        return None
+
+
+def memory_budget(device: DeviceInfo, max_memory: int | None, available_bytes: int) -> int:
+    """Bytes the model side of a trial may use.
+
+    CPU: ``--max-memory`` or half of the available RAM, less 20 % left to
+    the loader workers. GPU: the free memory less 10 % of the card, capped by
+    ``--max-memory``.
+    """
+    if device.type == "cuda":
+        total = device.memory_total_bytes or 0
+        free = device.memory_free_bytes if device.memory_free_bytes is not None else total
+        budget = int(free - GPU_HEADROOM * total)
+        if max_memory is not None:
+            budget = min(budget, max_memory)
+        return max(budget, 0)
+    budget = max_memory if max_memory is not None else available_bytes // 2
+    return int(budget * (1.0 - WORKER_RESERVE))
+
+
+def extrapolate_batch(points: list[MemoryPoint], budget: int) -> int | None:
+    """Largest batch whose linear memory estimate stays under ``budget``."""
+    good = [p for p in points if p.status == "ok" and p.peak_bytes]
+    if not good:
+        return None
+    if len(good) == 1:
+        per_sample = good[0].peak_bytes / good[0].batch_size  # type: ignore[operator]
+        base = 0.0
+    else:
+        a, b = good[-2], good[-1]
+        per_sample = (b.peak_bytes - a.peak_bytes) / (b.batch_size - a.batch_size)  # type: ignore[operator]
+        if per_sample <= 0:  # noise: fall back to the pessimistic proportional model
+            per_sample = b.peak_bytes / b.batch_size  # type: ignore[operator]
+            base = 0.0
+        else:
+            base = b.peak_bytes - per_sample * b.batch_size  # type: ignore[operator]
+    if budget <= base:
+        return 0
+    return int((budget - base) / per_sample)
+
+
+def calibrate(
+    workload: Workload,
+    device: DeviceInfo,
+    *,
+    usable_cores: int,
+    available_bytes: int,
+    max_memory: int | None,
+    trial_seconds: float,
+    bf16_ok: bool,
+    log: Log = lambda _msg: None,
+    runner: Runner | None = None,
+    batch_cap: int = BATCH_CAP,
+) -> Calibration:
+    """Run the pre-pass and ceilings; return what bounds the space.
+
+    Args:
+        workload: What is trained.
+        device: Where.
+        usable_cores: The probe's usable cores (upper bound for workers).
+        available_bytes: Available RAM.
+        max_memory: The user's memory budget, if any.
+        trial_seconds: The search's trial length (calibration uses less).
+        bf16_ok: Whether the device runs bf16.
+        log: Progress messages.
+        runner: The trial runner (default :func:`autotune.trial.run_trial`).
+        batch_cap: Largest batch proposed.
+    """
+    runner = runner or _trial.run_trial
+    cuda = device.type == "cuda"
+    short = TrialOptions(trial_seconds=max(1.0, min(3.0, trial_seconds / 3)), windows=2, mode="compute")
+    budget = memory_budget(device, max_memory, available_bytes)
+    fp32 = TrainSetup()
+    points: list[MemoryPoint] = []
+    for batch in (8, 32) if not cuda else (16, 64):
+        result = runner(fp32.replace(batch_size=batch), workload, _with_budget(short, budget))
+        points.append(MemoryPoint(batch, result.status, result.peak_memory_bytes, result.samples_per_s))
+        log(f"memory pre-pass: batch {batch}: {result.status}, peak {_gib(result.peak_memory_bytes)}")
+        if result.status != "ok":
+            break
+    fit = extrapolate_batch(points, budget)
+    rate = max((p.samples_per_s or 0.0) for p in points) if points else 0.0
+    # A trial must hold a few optimizer steps: a batch whose step takes more
+    # than half the trial cannot be measured in steady state. Never below the
+    # PyTorch default of 32, so the defaults stay inside the space.
+    time_cap = max(32, int(rate * trial_seconds / 2)) if rate > 0 else batch_cap
+    candidates = powers_of_two(1, min(batch_cap, time_cap, fit if fit is not None else 8))
+    max_batch = candidates[-1] if candidates else 1
+    # Verify the extrapolated bound; halve on failure.
+    while max_batch > 1:
+        known = {p.batch_size: p for p in points}
+        if max_batch in known:
+            if known[max_batch].status == "ok":
+                break
+            max_batch //= 2
+            continue
+        result = runner(fp32.replace(batch_size=max_batch), workload, _with_budget(short, budget))
+        points.append(MemoryPoint(max_batch, result.status, result.peak_memory_bytes, result.samples_per_s))
+        log(f"memory pre-pass: verify batch {max_batch}: {result.status}, peak {_gib(result.peak_memory_bytes)}")
+    probe_batch = min(max_batch, 256 if cuda else 64)
+    amp = ("bf16" if bf16_ok else "fp16") if cuda else ("bf16" if bf16_ok else "off")
+    compute_setup = TrainSetup(batch_size=probe_batch, amp=amp, channels_last=True)  # type: ignore[arg-type]
+    compute = runner(compute_setup, workload, _with_budget(short, budget))
+    log(f"compute only (batch {probe_batch}, {amp}, channels_last): {_rate(compute)}")
+    loader_points: list[LoaderPoint] = []
+    loader_opts = TrialOptions(trial_seconds=short.trial_seconds, windows=2, mode="loader")
+    counts = sorted({0, *powers_of_two(1, usable_cores), usable_cores})
+    target = compute.samples_per_s if compute.ok else None
+    for workers in counts:
+        setup = TrainSetup(
+            batch_size=probe_batch, num_workers=workers, prefetch_factor=2 if workers else None, pin_memory=cuda
+        )
+        result = runner(setup, workload, loader_opts)
+        loader_points.append(LoaderPoint(workers, result.status, result.samples_per_s))
+        log(f"loader only ({workers} workers): {_rate(result)}")
+        if target and result.ok and workers > 0 and (result.samples_per_s or 0) >= 2.0 * target:
+            break  # far more than the device consumes: more workers cannot help
+    max_workers = usable_cores
+    if target:
+        enough = [p.num_workers for p in loader_points if p.samples_per_s and p.samples_per_s >= 1.25 * target]
+        if enough:
+            max_workers = min(usable_cores, max(2, 2 * min(enough)))
+    return Calibration(
+        budget_bytes=budget,
+        max_batch=max(1, max_batch),
+        memory_points=tuple(points),
+        probe_batch=probe_batch,
+        compute_setup=compute_setup.to_dict(),
+        compute_samples_per_s=compute.samples_per_s if compute.ok else None,
+        loader=tuple(loader_points),
+        max_workers=max_workers,
+    )
+
+
+def _with_budget(options: TrialOptions, budget: int | None) -> TrialOptions:
+    from dataclasses import replace
+
+    return replace(options, max_memory_bytes=budget if budget else None)
+
+
+def _gib(value: int | None) -> str:
+    return "-" if value is None else f"{value / 2**30:.2f} GiB"
+
+
+def _rate(result: TrialResult) -> str:
+    if result.ok and result.samples_per_s is not None:
+        return f"{result.samples_per_s:.1f} samples/s"
+    return f"{result.status} ({result.error})"
+

@@ -1,0 +1,310 @@
+"""The trial child process: ``python -m autotune.child REQUEST.json``.
+
+Builds the workload, applies the setup, warms up, measures steady-state
+windows and prints events as ``@@autotune {json}`` lines on stdout: one
+``window`` event per measured window, then one ``result`` event. Any failure
+becomes a result with a status; the parent never has to parse a traceback.
+"""
+
+from __future__ import annotations
+
+import time
+
+T0 = time.perf_counter()  # before the heavy imports: start-up counts as warm-up
+
+import json  # noqa: E402
+import math  # noqa: E402
+import os  # noqa: E402
+import sys  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+from typing import Any  # noqa: E402
+
+from autotune.config import TrainSetup  # noqa: E402
+from autotune.errors import AutotuneError  # noqa: E402
+from autotune.measure import MemoryMonitor, Stopwatch, summarize, sync  # noqa: E402
+from autotune.trial import EVENT_PREFIX, TrialOptions, TrialResult  # noqa: E402
+from autotune.workload import Workload  # noqa: E402
+
+
+class BudgetExceeded(AutotuneError):
+    """Peak memory went above the user's --max-memory."""
+
+
+class Diverged(AutotuneError):
+    """The loss became NaN or infinite."""
+
+
+def emit(event: dict[str, Any]) -> None:
+    """Print one protocol event."""
+    sys.stdout.write(EVENT_PREFIX + json.dumps(event) + "\n")
+    sys.stdout.flush()
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    first = next((ln.strip() for ln in text if ln.strip()), "")
+    return f"{type(exc).__name__}: {first}"[:300] if first else type(exc).__name__
+
+
+def classify(exc: BaseException) -> TrialResult:
+    """Map an exception raised in a trial to its result status."""
+    try:
+        import torch
+
+        oom_types: tuple[type[BaseException], ...] = (torch.OutOfMemoryError, MemoryError)
+    except Exception:  # pragma: no cover - torch always imports here
+        oom_types = (MemoryError,)
+    if isinstance(exc, BudgetExceeded):
+        return TrialResult(status="oom", error=str(exc))
+    if isinstance(exc, Diverged):
+        return TrialResult(status="diverged", error=str(exc))
+    message = str(exc)
+    if isinstance(exc, oom_types) or (
+        isinstance(exc, RuntimeError)
+        and ("can't allocate memory" in message or "out of memory" in message.lower())
+    ):
+        return TrialResult(status="oom", error=_one_line(exc))
+    return TrialResult(status="error", error=_one_line(exc))
+
+
+def _fmt_bytes(value: int) -> str:
+    return f"{value / 2**30:.2f} GiB"
+
+
+class Runner:
+    """Everything one trial needs, built once."""
+
+    def __init__(self, setup: TrainSetup, workload: Workload, options: TrialOptions) -> None:
+        import torch
+
+        self.setup = setup
+        self.workload = workload
+        self.options = options
+        self.device = torch.device(workload.device)
+        self.device_type = self.device.type
+        setup.check_device(self.device)
+        budget = options.max_memory_bytes if self.device_type == "cpu" else None
+        self.monitor = MemoryMonitor(budget_bytes=budget).start()
+        if self.device_type == "cuda":
+            torch.cuda.set_device(self.device)
+            torch.backends.cudnn.benchmark = True
+            torch.cuda.reset_peak_memory_stats(self.device)
+        torch.manual_seed(options.seed)
+        self.data_wait = Stopwatch()
+        self.bad = None  # device tensor: any non-finite loss so far
+
+    # ----------------------------------------------------------------- build
+    def build_data(self) -> Any:
+        from autotune.data import InfiniteSampler, ensure_synthetic, image_folder
+
+        root = self.workload.data or ensure_synthetic(self.workload.cache_dir, self.workload.synthetic_images)
+        dataset = image_folder(root, self.workload.image_size)
+        self.num_classes = len(dataset.classes)
+        loader = self.setup.dataloader(
+            dataset, sampler=InfiniteSampler(len(dataset), seed=self.options.seed), drop_last=True
+        )
+        return iter(loader)
+
+    def build_model(self) -> None:
+        import torch
+
+        from autotune.models import build_model
+
+        num_classes = getattr(self, "num_classes", None) or self.workload.num_classes or 10
+        self.num_classes = num_classes
+        model = build_model(
+            self.workload.model,
+            num_classes=num_classes,
+            image_size=self.workload.image_size,
+            sys_path=self.workload.sys_path,
+        )
+        model = self.setup.prepare_model(model.to(self.device))
+        model.train()
+        self.model = model
+        cuda = self.device_type == "cuda"
+        self.optimizer = torch.optim.AdamW(
+            model.parameters(), lr=self.workload.lr, fused=True if cuda else None, foreach=None if cuda else True
+        )
+        self.scaler = self.setup.grad_scaler(self.device)
+        self.criterion = torch.nn.CrossEntropyLoss()
+        self.bad = torch.zeros((), dtype=torch.bool, device=self.device)
+
+    # ----------------------------------------------------------------- steps
+    def micro_step(self, images: Any, labels: Any, last: bool) -> None:
+        import torch
+
+        images = self.setup.prepare_batch(images)
+        with self.setup.autocast(self.device):
+            loss = self.criterion(self.model(images), labels) / self.setup.accumulation_steps
+        self.bad |= ~torch.isfinite(loss.detach())
+        if self.scaler is not None:
+            self.scaler.scale(loss).backward()
+        else:
+            loss.backward()
+        if last:
+            if self.scaler is not None:
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
+            else:
+                self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+
+    def check(self) -> None:
+        """Raise on a broken memory budget or a non-finite loss."""
+        if self.monitor.over_budget.is_set():
+            raise BudgetExceeded(
+                f"peak memory {_fmt_bytes(self.monitor.peak_bytes)} exceeded the budget "
+                f"of {_fmt_bytes(self.options.max_memory_bytes or 0)}"
+            )
+        if self.options.max_memory_bytes is not None and self.device_type == "cuda":
+            import torch
+
+            peak = torch.cuda.max_memory_reserved(self.device)
+            if peak > self.options.max_memory_bytes:
+                raise BudgetExceeded(
+                    f"peak reserved {_fmt_bytes(peak)} exceeded the budget of {_fmt_bytes(self.options.max_memory_bytes)}"
+                )
+        if self.bad is not None and bool(self.bad.item()):
+            raise Diverged("the loss became NaN or infinite")
+
+    def peak_memory(self) -> int:
+        if self.device_type == "cuda":
+            import torch
+
+            return int(torch.cuda.max_memory_reserved(self.device))
+        return int(self.monitor.peak_bytes)
+
+    def unit_for_mode(self) -> tuple[Callable[[], None], int, int]:
+        """(one unit of work, samples per unit, warm-up units) for the mode."""
+        import torch
+
+        setup = self.setup
+        accum = setup.accumulation_steps
+        mode = self.options.mode
+        non_blocking = setup.pin_memory and self.device_type == "cuda"
+        queue_batches = setup.num_workers * (setup.prefetch_factor or 2)
+        if mode == "compute":
+            self.build_model()
+            size = self.workload.image_size
+            images = torch.randn(setup.batch_size, 3, size, size, device=self.device)
+            labels = torch.randint(0, self.num_classes, (setup.batch_size,), device=self.device)
+
+            def compute_unit() -> None:
+                for k in range(accum):
+                    self.micro_step(images, labels, k == accum - 1)
+
+            return compute_unit, setup.batch_size * accum, 3
+        batches = self.build_data()
+        # Warm-up drains the loader queue filled during start-up, plus 2 units.
+        if mode == "loader":
+
+            def loader_unit() -> None:
+                with self.data_wait:
+                    next(batches)
+
+            return loader_unit, setup.batch_size, queue_batches + 3
+        self.build_model()
+
+        def train_unit() -> None:
+            for k in range(accum):
+                with self.data_wait:
+                    images, labels = next(batches)
+                images = images.to(self.device, non_blocking=non_blocking)
+                labels = labels.to(self.device, non_blocking=non_blocking)
+                self.micro_step(images, labels, k == accum - 1)
+
+        return train_unit, setup.batch_size * accum, math.ceil(queue_batches / accum) + 2
+
+    # --------------------------------------------------------------- measure
+    def run(self) -> TrialResult:
+        unit, unit_samples, warmup_units = self.unit_for_mode()
+        options = self.options
+        # Warm-up: worker start-up, the pre-filled queue, lazy init, cuDNN
+        # autotuning, allocator growth. Capped so a slow unit cannot eat the timeout.
+        warm_start = time.perf_counter()
+        warm_cap = max(5.0, 2.0 * options.trial_seconds)
+        done = 0
+        while done < warmup_units:
+            unit()
+            done += 1
+            if self.monitor.over_budget.is_set():
+                self.check()
+            if done >= 2 and time.perf_counter() - warm_start > warm_cap:
+                break
+        sync(self.device_type)
+        self.check()
+        warmup_s = time.perf_counter() - T0
+        window_s = options.trial_seconds / options.windows
+        rates: list[float] = []
+        measured_s = 0.0
+        total_samples = 0
+        wait_before = self.data_wait.total_s
+        for index in range(options.windows):
+            start = time.perf_counter()
+            samples = 0
+            while True:
+                unit()
+                samples += unit_samples
+                if self.monitor.over_budget.is_set():
+                    self.check()
+                if time.perf_counter() - start >= window_s:
+                    sync(self.device_type)
+                    break
+            elapsed = time.perf_counter() - start
+            self.check()
+            rate = samples / elapsed
+            rates.append(rate)
+            measured_s += elapsed
+            total_samples += samples
+            emit({"event": "window", "index": index, "samples_per_s": rate})
+        stats = summarize(rates)
+        wait = self.data_wait.total_s - wait_before
+        self.monitor.stop()
+        self.check()
+        if options.mode == "loader":
+            step_time = self.setup.batch_size / stats.median
+        else:
+            step_time = self.setup.batch_size * self.setup.accumulation_steps / stats.median
+        return TrialResult(
+            status="ok",
+            samples_per_s=stats.median,
+            samples_per_s_spread=stats.spread,
+            step_time_s=step_time,
+            data_wait_fraction=min(1.0, wait / measured_s) if measured_s > 0 else None,
+            peak_memory_bytes=self.peak_memory(),
+            warmup_s=warmup_s,
+            measured_s=measured_s,
+            error=None,
+            windows=tuple(rates),
+            samples=total_samples,
+            mode=options.mode,
+        )
+
+
+def main(argv: list[str]) -> int:
+    """Run the trial described by the request file; print the result event."""
+    runner: Runner | None = None
+    try:
+        with open(argv[1], encoding="utf-8") as fh:
+            request = json.load(fh)
+        setup = TrainSetup.from_dict(request["setup"])
+        workload = Workload.from_dict(request["workload"])
+        options = TrialOptions(**request["options"])
+        runner = Runner(setup, workload, options)
+        result = runner.run()
+    except BaseException as exc:  # every failure is a result, never a traceback
+        result = classify(exc)
+        if runner is not None:
+            try:
+                peak = runner.peak_memory()
+            except Exception:
+                peak = None
+            result = TrialResult(**{**result.to_dict(), "peak_memory_bytes": peak, "mode": runner.options.mode})
+    emit({"event": "result", "result": result.to_dict()})
+    # Skip interpreter teardown (joining loader workers can take seconds);
+    # the parent kills the whole process group anyway.
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

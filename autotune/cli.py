@@ -1,0 +1,306 @@
+"""The ``autotune`` command line: thin Typer commands over the library.
+
+Domain errors (:class:`~autotune.errors.AutotuneError`) become one red line on
+stderr and a non-zero exit code; ``--debug`` or ``AUTOTUNE_DEBUG=1`` shows the
+traceback instead.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, Optional, TypeVar
+
+import typer
+from rich.console import Console
+
+from autotune import __version__
+from autotune.errors import AutotuneError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+app = typer.Typer(
+    name="autotune",
+    help="Measure, don't guess: find the fastest DataLoader, batch, precision and accumulation setup.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+out = Console()
+err = Console(stderr=True)
+_state = {"debug": False}
+
+
+def _debug() -> bool:
+    return _state["debug"] or os.environ.get("AUTOTUNE_DEBUG", "") not in ("", "0")
+
+
+def fail(message: str, code: int = 1) -> typer.Exit:
+    """Print one red error line and return the Exit to raise."""
+    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    return typer.Exit(code)
+
+
+def handle_errors(func: F) -> F:
+    """Turn AutotuneError (and unexpected bugs) into one line and an exit code."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except (typer.Exit, typer.Abort, KeyboardInterrupt):
+            raise
+        except AutotuneError as exc:
+            if _debug():
+                raise
+            raise fail(str(exc), exc.exit_code) from None
+        except Exception as exc:  # a bug: still one line, traceback on request
+            if _debug():
+                raise
+            raise fail(
+                f"internal error: {type(exc).__name__}: {exc} (rerun with --debug for the traceback)", 3
+            ) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _version(value: bool) -> None:
+    if value:
+        out.print(f"autotune {__version__}", highlight=False)
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        Optional[bool], typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
+    ] = None,
+    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks instead of one-line errors.")] = False,
+) -> None:
+    """Measure, don't guess: find the fastest DataLoader, batch, precision and accumulation setup."""
+    _state["debug"] = debug
+
+
+@app.command()
+@handle_errors
+def probe(
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")] = False,
+) -> None:
+    """Report the hardware the search will use: CPU cores, RAM, /dev/shm, GPUs, versions."""
+    import probes
+
+    try:
+        hardware = probes.collect()
+    except AutotuneError:
+        raise
+    except Exception as exc:
+        raise AutotuneError(f"probe failed: {type(exc).__name__}: {exc}") from None
+    if as_json:
+        typer.echo(json.dumps(hardware.to_dict(), indent=2))
+    else:
+        out.print(probes.render(hardware))
+
+
+ModelOpt = Annotated[str, typer.Option("--model", "-m", help="torchvision model name or package.module:function.")]
+ImageSizeOpt = Annotated[int, typer.Option("--image-size", help="Square crop size fed to the model.")]
+DataOpt = Annotated[
+    Optional[Path], typer.Option("--data", help="ImageFolder directory (default: synthetic JPEGs, generated once).")
+]
+DeviceOpt = Annotated[str, typer.Option("--device", help="auto, cpu, cuda or cuda:K.")]
+TrialSecondsOpt = Annotated[float, typer.Option("--trial-seconds", help="Measured steady-state seconds per trial.")]
+MaxMemoryOpt = Annotated[
+    Optional[str], typer.Option("--max-memory", help="Memory budget, e.g. 20GiB; a trial above it counts as oom.")
+]
+CacheDirOpt = Annotated[
+    Optional[Path], typer.Option("--cache-dir", help="Where synthetic data is generated (default ~/.cache/autotune).")
+]
+SyntheticOpt = Annotated[
+    int, typer.Option("--synthetic-images", help="Files in the synthetic dataset (without --data).")
+]
+
+
+def _workload(
+    model: str, image_size: int, data: Optional[Path], device: str, cache_dir: Optional[Path], synthetic_images: int
+) -> Any:
+    import probes
+    from autotune.resolve import build_workload, resolve_device
+
+    hardware = probes.collect()
+    dev = resolve_device(device, hardware)
+    workload = build_workload(
+        model=model,
+        image_size=image_size,
+        data=data,
+        device=dev.name,
+        cache_dir=cache_dir,
+        synthetic_images=synthetic_images,
+    )
+    return hardware, dev, workload
+
+
+@app.command()
+@handle_errors
+def trial(
+    model: ModelOpt = "resnet18",
+    image_size: ImageSizeOpt = 224,
+    batch_size: Annotated[int, typer.Option("--batch-size", help="Micro-batch per step.")] = 32,
+    workers: Annotated[int, typer.Option("--workers", help="DataLoader num_workers.")] = 0,
+    prefetch: Annotated[
+        Optional[int], typer.Option("--prefetch", help="DataLoader prefetch_factor (needs --workers > 0).")
+    ] = None,
+    pin_memory: Annotated[bool, typer.Option("--pin-memory/--no-pin-memory", help="Pinned host memory (CUDA).")] = False,
+    persistent_workers: Annotated[
+        bool, typer.Option("--persistent-workers/--no-persistent-workers", help="Keep workers between epochs.")
+    ] = False,
+    amp: Annotated[str, typer.Option("--amp", help="off, bf16 or fp16.")] = "off",
+    accum: Annotated[int, typer.Option("--accum", help="Gradient-accumulation steps.")] = 1,
+    channels_last: Annotated[bool, typer.Option("--channels-last/--no-channels-last", help="NHWC memory format.")] = False,
+    trial_seconds: TrialSecondsOpt = 10.0,
+    device: DeviceOpt = "auto",
+    data: DataOpt = None,
+    timeout: Annotated[
+        Optional[float], typer.Option("--timeout", help="Kill the trial after this many seconds (start-up included).")
+    ] = None,
+    max_memory: MaxMemoryOpt = None,
+    mode: Annotated[str, typer.Option("--mode", help="train, compute (no loader) or loader (no model).")] = "train",
+    cache_dir: CacheDirOpt = None,
+    synthetic_images: SyntheticOpt = 2000,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the TrialResult as one JSON object.")] = False,
+) -> None:
+    """Run one short, isolated, measured training trial and report its throughput."""
+    from autotune.config import TrainSetup
+    from autotune.report import render_trial
+    from autotune.trial import TrialOptions, run_trial
+    from autotune.units import parse_size
+
+    setup = TrainSetup(
+        num_workers=workers,
+        prefetch_factor=prefetch,
+        pin_memory=pin_memory,
+        persistent_workers=persistent_workers,
+        batch_size=batch_size,
+        accumulation_steps=accum,
+        amp=amp,  # type: ignore[arg-type]
+        channels_last=channels_last,
+    )
+    options = TrialOptions(
+        trial_seconds=trial_seconds,
+        timeout_s=timeout,
+        max_memory_bytes=parse_size(max_memory) if max_memory else None,
+        mode=mode,  # type: ignore[arg-type]
+    )
+    hardware, dev, workload = _workload(model, image_size, data, device, cache_dir, synthetic_images)
+    setup.check_device(dev.name, bf16_supported=dev.bf16)
+    if not as_json:
+        source = workload.data or "synthetic JPEGs (no --data given)"
+        err.print(f"trial: {workload.model} @ {image_size}px on {dev.name} ({dev.label}), data: {source}", highlight=False)
+    result = run_trial(setup, workload, options)
+    if as_json:
+        typer.echo(json.dumps(result.to_dict()))
+    else:
+        out.print(render_trial(setup, result))
+
+
+@app.command()
+@handle_errors
+def search(
+    model: ModelOpt = "resnet50",
+    trials: Annotated[int, typer.Option("--trials", "-n", help="Finished trials wanted in the study (resume counts).")] = 30,
+    data: DataOpt = None,
+    image_size: ImageSizeOpt = 224,
+    device: DeviceOpt = "auto",
+    effective_batch: Annotated[
+        Optional[int],
+        typer.Option("--effective-batch", help="Pin micro-batch x accumulation (keeps the training math)."),
+    ] = None,
+    max_memory: MaxMemoryOpt = None,
+    trial_seconds: TrialSecondsOpt = 10.0,
+    set_: Annotated[
+        Optional[list[str]],
+        typer.Option("--set", help="Pin or bound a knob: KNOB=V, KNOB=A,B or KNOB=LO..HI (repeatable)."),
+    ] = None,
+    out_dir: Annotated[Path, typer.Option("--out", help="Output directory.")] = Path("autotune-out"),
+    study: Annotated[Optional[str], typer.Option("--study", help="Study name (default from the workload).")] = None,
+    storage: Annotated[
+        Optional[str], typer.Option("--storage", help="Optuna storage URL (default sqlite in --out).")
+    ] = None,
+    seed: Annotated[int, typer.Option("--seed", help="Sampler seed.")] = 0,
+    confirm_top: Annotated[int, typer.Option("--confirm-top", help="Finalists re-measured.")] = 3,
+    confirm_rounds: Annotated[int, typer.Option("--confirm-rounds", help="Interleaved re-measurement rounds.")] = 3,
+    lr: Annotated[float, typer.Option("--lr", help="Learning rate at the reference batch.")] = 1e-3,
+    timeout: Annotated[Optional[float], typer.Option("--timeout", help="Per-trial timeout in seconds.")] = None,
+    cache_dir: CacheDirOpt = None,
+    synthetic_images: SyntheticOpt = 2000,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the final summary as one JSON object.")] = False,
+) -> None:
+    """Search the fastest training setup with short, real, measured trials."""
+    import shlex
+
+    from autotune.report import RichReporter, render_search
+    from autotune.search import SearchConfig, SearchInterrupted, run_search
+    from autotune.space import parse_constraint
+    from autotune.units import parse_size
+
+    config = SearchConfig(
+        model=model,
+        trials=trials,
+        image_size=image_size,
+        data=data,
+        device=device,
+        effective_batch=effective_batch,
+        max_memory=parse_size(max_memory) if max_memory else None,
+        trial_seconds=trial_seconds,
+        constraints=tuple(parse_constraint(item) for item in set_ or ()),
+        out=out_dir,
+        study=study,
+        storage=storage,
+        seed=seed,
+        cache_dir=cache_dir,
+        synthetic_images=synthetic_images,
+        confirm_top=confirm_top,
+        confirm_rounds=confirm_rounds,
+        lr=lr,
+        timeout_s=timeout,
+        command=shlex.join(["autotune", *sys.argv[1:]]) if sys.argv[1:2] == ["search"] else "",
+    )
+    config.validate()
+    try:
+        with RichReporter(err) as reporter:
+            outcome = run_search(config, reporter)
+    except SearchInterrupted as exc:
+        err.print(f"[yellow]{exc}[/]", highlight=False)
+        raise typer.Exit(exc.exit_code) from None
+    if as_json:
+        typer.echo(json.dumps(outcome.to_dict()))
+    else:
+        out.print(render_search(outcome))
+
+
+@app.command()
+@handle_errors
+def emit(
+    directory: Annotated[Path, typer.Argument(help="A search output directory holding best.json.")] = Path("autotune-out"),
+    output: Annotated[
+        Optional[Path], typer.Option("--output", "-o", help="Where to write the script (default DIR/train.py).")
+    ] = None,
+) -> None:
+    """Write a standalone, DDP-ready train.py from DIR/best.json."""
+    from autotune.best import read_best
+    from autotune.emit import write_script
+
+    best = read_best(directory)
+    path = write_script(best, output or (directory / "train.py"))
+    out.print(f"wrote {path}", highlight=False)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

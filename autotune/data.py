@@ -1,0 +1,168 @@
+"""Training data: ImageFolder directories and a synthetic JPEG stand-in.
+
+Without ``--data`` autotune generates, once, a synthetic ImageFolder of real
+JPEG files of ImageNet-like size (about 500x375, quality 90) into a cache
+directory, so the DataLoader does the same decode and augmentation work a
+real ImageNet pipeline does. The directory is reused by later runs.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from autotune.errors import WorkloadError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from torch.utils.data import Dataset
+
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".ppm", ".tif", ".tiff")
+SYNTHETIC_CLASSES = 10
+_SYNTHETIC_VERSION = 1
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+def default_cache_dir() -> Path:
+    """``$AUTOTUNE_CACHE``, else ``$XDG_CACHE_HOME/autotune``, else ``~/.cache/autotune``."""
+    env = os.environ.get("AUTOTUNE_CACHE")
+    if env:
+        return Path(env)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg) if xdg else Path.home() / ".cache"
+    return base / "autotune"
+
+
+def synthetic_dir(cache_dir: str | Path | None, n_images: int) -> Path:
+    """Where the synthetic dataset of ``n_images`` files lives (not created)."""
+    root = Path(cache_dir) if cache_dir else default_cache_dir()
+    return root / f"synthetic-v{_SYNTHETIC_VERSION}-{n_images}"
+
+
+def _make_image(rng: random.Random, path: Path) -> None:
+    import numpy as np
+    from PIL import Image
+
+    width = rng.randint(400, 600)
+    height = rng.randint(300, 450)
+    seed = rng.getrandbits(32)
+    gen = np.random.default_rng(seed)
+    # A smooth colour field with fine noise on top: decodes like a photo,
+    # neither a flat image (too cheap) nor pure noise (too expensive).
+    coarse = gen.integers(0, 256, size=(6, 8, 3), dtype=np.uint8)
+    image = Image.fromarray(coarse).resize((width, height), Image.BICUBIC)
+    pixels = np.asarray(image, dtype=np.int16) + gen.integers(-12, 13, size=(height, width, 3), dtype=np.int16)
+    Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8)).save(path, format="JPEG", quality=90)
+
+
+def ensure_synthetic(cache_dir: str | Path | None = None, n_images: int = 2000) -> Path:
+    """Generate the synthetic ImageFolder once; return its directory.
+
+    The files are written to a temporary directory and renamed into place, so
+    an interrupted or concurrent generation never leaves a half dataset.
+
+    Raises:
+        WorkloadError: The cache directory is not writable.
+    """
+    target = synthetic_dir(cache_dir, n_images)
+    if (target / ".complete").exists():
+        return target
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.parent / f".{target.name}.tmp-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        rng = random.Random(1234)
+        for cls in range(SYNTHETIC_CLASSES):
+            (tmp / f"class_{cls:02d}").mkdir(parents=True)
+        for i in range(n_images):
+            _make_image(rng, tmp / f"class_{i % SYNTHETIC_CLASSES:02d}" / f"img_{i:06d}.jpg")
+        (tmp / ".complete").write_text(f"{n_images} synthetic JPEGs, version {_SYNTHETIC_VERSION}\n")
+        try:
+            os.rename(tmp, target)
+        except OSError:
+            # Someone else finished first (or a stale incomplete dir is there).
+            if (target / ".complete").exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+            else:
+                shutil.rmtree(target, ignore_errors=True)
+                os.rename(tmp, target)
+    except OSError as exc:
+        raise WorkloadError(f"cannot write synthetic data under {target.parent}: {exc.strerror or exc}") from None
+    return target
+
+
+def check_image_folder(path: str | Path) -> int:
+    """Check an ImageFolder directory; return its number of classes.
+
+    Raises:
+        WorkloadError: Missing, not a directory, or without class folders
+            holding images.
+    """
+    root = Path(path)
+    if not root.exists():
+        raise WorkloadError(f"data directory {root} does not exist")
+    if not root.is_dir():
+        raise WorkloadError(f"data path {root} is not a directory")
+    classes = 0
+    for entry in sorted(root.iterdir()):
+        if entry.is_dir() and not entry.name.startswith("."):
+            if any(f.suffix.lower() in IMAGE_EXTENSIONS for f in entry.iterdir() if f.is_file()):
+                classes += 1
+    if classes == 0:
+        raise WorkloadError(
+            f"data directory {root} holds no images in ImageFolder layout (DIR/<class>/<image>.jpg)"
+        )
+    return classes
+
+
+def train_transform(image_size: int) -> Any:
+    """The ImageNet-style training augmentation, done on the CPU by the loader."""
+    import torch
+    from torchvision.transforms import v2
+
+    return v2.Compose(
+        [
+            v2.PILToTensor(),
+            v2.RandomResizedCrop(image_size, antialias=True),
+            v2.RandomHorizontalFlip(),
+            v2.ToDtype(torch.float32, scale=True),
+            v2.Normalize(IMAGENET_MEAN, IMAGENET_STD),
+        ]
+    )
+
+
+def image_folder(path: str | Path, image_size: int) -> "Dataset[Any]":
+    """An ``ImageFolder`` with the training transform."""
+    from torchvision.datasets import ImageFolder
+
+    return ImageFolder(str(path), transform=train_transform(image_size))
+
+
+class InfiniteSampler:
+    """Indices from successive random permutations, forever.
+
+    A measured trial must not end its epoch every few steps: each new epoch
+    restarts the loader pipeline, a stall a real epoch of a million images
+    does not have.
+    """
+
+    def __init__(self, size: int, seed: int = 0) -> None:
+        if size < 1:
+            raise WorkloadError("the dataset is empty")
+        self.size = size
+        self.seed = seed
+
+    def __iter__(self) -> Iterator[int]:
+        import torch
+
+        gen = torch.Generator()
+        gen.manual_seed(self.seed)
+        while True:
+            yield from torch.randperm(self.size, generator=gen).tolist()
+
+    def __len__(self) -> int:  # DataLoader asks; the sampler is endless
+        return 2**62

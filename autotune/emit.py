@@ -1,0 +1,263 @@
+"""Render the winner of a search as a standalone, DDP-ready ``train.py``.
+
+The script is rendered from ``templates/train.py.tmpl`` with
+:class:`string.Template`. Nothing from ``best.json`` is pasted into code as
+raw text: every value is type-checked and written as a Python literal with
+``repr()``; the model reference must be made of identifiers; text that ends up
+in the header comment has its line breaks and other unprintable characters
+escaped. The rendered code is compiled before it is returned.
+
+Example::
+
+    from autotune.best import read_best
+    from autotune.emit import write_script
+
+    write_script(read_best("autotune-out"), "autotune-out/train.py")
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import string
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from autotune.best import Best, atomic_write_text
+from autotune.config import AMP_MODES
+from autotune.data import synthetic_dir
+from autotune.errors import AutotuneError, EmitError
+from autotune.models import validate_model_ref
+
+__all__ = ["render_script", "write_script"]
+
+_TEMPLATE = "train.py.tmpl"
+_DEVICE_TYPES = ("cpu", "cuda")
+
+
+# ------------------------------------------------------------ literal checks
+def _int(name: str, value: Any, minimum: int) -> str:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise EmitError(f"cannot emit train.py: {name} must be an integer, got {value!r}")
+    if value < minimum:
+        raise EmitError(f"cannot emit train.py: {name} must be >= {minimum}, got {value}")
+    return repr(value)
+
+
+def _optional_int(name: str, value: Any, minimum: int) -> str:
+    return "None" if value is None else _int(name, value, minimum)
+
+
+def _bool(name: str, value: Any) -> str:
+    if not isinstance(value, bool):
+        raise EmitError(f"cannot emit train.py: {name} must be true or false, got {value!r}")
+    return repr(value)
+
+
+def _float(name: str, value: Any) -> str:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise EmitError(f"cannot emit train.py: {name} must be a number, got {value!r}")
+    if not math.isfinite(value) or value <= 0:
+        raise EmitError(f"cannot emit train.py: {name} must be a finite number > 0, got {value!r}")
+    return repr(float(value))
+
+
+def _str(name: str, value: Any) -> str:
+    """A string as a Python literal; repr() escapes quotes, backslashes and line breaks."""
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    if not isinstance(value, str):
+        raise EmitError(f"cannot emit train.py: {name} must be a string, got {value!r}")
+    return repr(value)
+
+
+def _choice(name: str, value: Any, choices: tuple[str, ...]) -> str:
+    if not isinstance(value, str) or value not in choices:
+        raise EmitError(f"cannot emit train.py: {name} must be one of {', '.join(choices)}, got {value!r}")
+    return repr(value)
+
+
+def _comment_text(value: Any) -> str:
+    """Text safe inside a ``#`` comment: unprintable characters (line breaks too) escaped."""
+    text = str(value)
+    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
+
+
+# --------------------------------------------------------------- the header
+def _hardware_summary(hardware: dict[str, Any]) -> str:
+    """CPU model and GPU names from the probe summary, tolerant of its exact shape."""
+    parts: list[str] = []
+    cpu = hardware.get("cpu")
+    cpu_model = None
+    if isinstance(cpu, dict):
+        cpu_model = cpu.get("model") or cpu.get("model_name") or cpu.get("name") or cpu.get("brand")
+        cores = cpu.get("usable_cores") or cpu.get("cores") or cpu.get("logical_cores")
+        if cpu_model and isinstance(cores, int):
+            cpu_model = f"{cpu_model} ({cores} cores)"
+    elif isinstance(cpu, str):
+        cpu_model = cpu
+    cpu_model = cpu_model or hardware.get("cpu_model")
+    if cpu_model:
+        parts.append(str(cpu_model))
+    gpus = hardware.get("gpus")
+    names: list[str] = []
+    if isinstance(gpus, list):
+        names = [str(g.get("name")) for g in gpus if isinstance(g, dict) and g.get("name")]
+    elif isinstance(hardware.get("gpu"), dict) and hardware["gpu"].get("name"):
+        names = [str(hardware["gpu"]["name"])]
+    elif hardware.get("gpu_name"):
+        names = [str(hardware["gpu_name"])]
+    if names:
+        counted = {name: names.count(name) for name in dict.fromkeys(names)}
+        parts.append(", ".join(f"{n} x {name}" if n > 1 else name for name, n in counted.items()))
+    return "; ".join(parts) or "unknown (no probe summary in best.json)"
+
+
+def _header(best: Best, data_is_synthetic: bool) -> str:
+    workload, setup = best.workload, best.setup
+    lines = [
+        f"Tuned for: {workload.model} at {workload.image_size} px on {workload.device}, "
+        + ("synthetic JPEG data" if data_is_synthetic else f"data {workload.data}"),
+        f"Hardware: {_hardware_summary(best.hardware if isinstance(best.hardware, dict) else {})}",
+        f"Setup: {setup.describe()}",
+        f"  num_workers={setup.num_workers} prefetch_factor={setup.prefetch_factor} "
+        f"pin_memory={setup.pin_memory} persistent_workers={setup.persistent_workers}",
+        f"  batch_size={setup.batch_size} accumulation_steps={setup.accumulation_steps} "
+        f"amp={setup.amp} channels_last={setup.channels_last}",
+    ]
+    spread = f" (spread {best.samples_per_s_spread:.1f})" if best.samples_per_s_spread else ""
+    measured = f"Measured: {best.samples_per_s:.1f} samples/s{spread}"
+    if best.defaults_samples_per_s:
+        measured += f"; PyTorch defaults {best.defaults_samples_per_s:.1f} samples/s"
+    if best.speedup:
+        measured += f"; speedup {best.speedup:.2f}x"
+    lines.append(measured)
+    lines.append(
+        f"Learning rate: {workload.lr:g} at effective batch {best.reference_batch}, scaled linearly "
+        f"(effective batch {best.effective_batch} -> lr {best.lr:g} in one process)"
+    )
+    if best.command:
+        lines.append(f"Command: {best.command}")
+    if best.created:
+        lines.append(f"Created: {best.created}")
+    for note in best.notes:
+        lines.append(f"Note: {note}")
+    return "\n".join("# " + _comment_text(line) for line in lines)
+
+
+# ---------------------------------------------------------------- rendering
+def _template() -> string.Template:
+    text = resources.files("autotune.templates").joinpath(_TEMPLATE).read_text(encoding="utf-8")
+    return string.Template(text)
+
+
+def _values(best: Best) -> dict[str, str]:
+    if not isinstance(best, Best):
+        raise EmitError(f"cannot emit train.py from {type(best).__name__}; expected a Best")
+    workload, setup = best.workload, best.setup
+    try:
+        model = validate_model_ref(workload.model)
+    except AutotuneError as exc:
+        raise EmitError(f"cannot emit train.py: {exc}") from None
+    if workload.data is not None:
+        data = _str("data", workload.data)
+        synthetic = False
+    else:
+        if workload.cache_dir is not None and not isinstance(workload.cache_dir, (str, os.PathLike)):
+            raise EmitError(f"cannot emit train.py: cache_dir must be a string, got {workload.cache_dir!r}")
+        _int("synthetic_images", workload.synthetic_images, 16)
+        data = _str("data", os.path.abspath(synthetic_dir(workload.cache_dir, workload.synthetic_images)))
+        synthetic = True
+    if not isinstance(workload.sys_path, (tuple, list)):
+        raise EmitError(f"cannot emit train.py: sys_path must be a list of paths, got {workload.sys_path!r}")
+    factory_paths = "[" + ", ".join(_str("sys_path entry", p) for p in workload.sys_path) + "]"
+    device_type = workload.device.split(":", 1)[0] if isinstance(workload.device, str) else workload.device
+    values = {
+        "autotune_version": _autotune_version(),
+        "data": data,
+        "model": repr(model),
+        "image_size": _int("image_size", workload.image_size, 1),
+        "device": _choice("device", device_type, _DEVICE_TYPES),
+        "batch_size": _int("batch_size", setup.batch_size, 1),
+        "accumulation_steps": _int("accumulation_steps", setup.accumulation_steps, 1),
+        "num_workers": _int("num_workers", setup.num_workers, 0),
+        "prefetch_factor": _optional_int("prefetch_factor", setup.prefetch_factor, 1),
+        "pin_memory": _bool("pin_memory", setup.pin_memory),
+        "persistent_workers": _bool("persistent_workers", setup.persistent_workers),
+        "amp": _choice("amp", setup.amp, AMP_MODES),
+        "channels_last": _bool("channels_last", setup.channels_last),
+        "lr": _float("lr", workload.lr),
+        "reference_batch": _int("reference_batch", best.reference_batch, 1),
+        "factory_paths": factory_paths,
+    }
+    # Numbers only reach the header comment, but a NaN there would still mislead.
+    for name in ("samples_per_s", "samples_per_s_spread", "defaults_samples_per_s", "speedup", "lr"):
+        value = getattr(best, name)
+        if value is None and name in ("defaults_samples_per_s", "speedup"):
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise EmitError(f"cannot emit train.py: {name} must be a finite number, got {value!r}")
+    _int("effective_batch", best.effective_batch, 1)
+    values["header"] = _header(best, synthetic)
+    return values
+
+
+def _autotune_version() -> str:
+    from autotune import __version__
+
+    return _comment_text(__version__)
+
+
+def render_script(best: Best) -> str:
+    """The text of a standalone ``train.py`` for ``best``.
+
+    Args:
+        best: The search result (``best.json``) to render.
+
+    Returns:
+        Python source that imports only torch, torchvision and the standard
+        library; every flag defaults to the tuned value.
+
+    Raises:
+        EmitError: A value in ``best`` cannot be rendered safely (a model
+            reference that is not ``name`` or ``module:function``, an unknown
+            amp mode or device, a non-integer knob, ...).
+    """
+    values = _values(best)
+    try:
+        text = _template().substitute(values)
+    except (KeyError, ValueError) as exc:  # a template bug, not a user error
+        raise EmitError(f"cannot emit train.py: template error: {exc}") from None
+    try:
+        compile(text, "train.py", "exec")
+    except SyntaxError as exc:
+        raise EmitError(f"cannot emit train.py: rendered code does not compile: {exc.msg} (line {exc.lineno})") from None
+    return text
+
+
+def write_script(best: Best, path: str | Path) -> Path:
+    """Render ``train.py`` and write it atomically, executable.
+
+    Args:
+        best: The search result to render.
+        path: The file to write (an existing directory gets ``train.py`` inside
+            it). Missing parent directories are created.
+
+    Returns:
+        The path written.
+
+    Raises:
+        EmitError: The script cannot be rendered or written.
+    """
+    text = render_script(best)
+    target = Path(path)
+    if target.is_dir():
+        target = target / "train.py"
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(target, text)
+        target.chmod(0o755)
+    except OSError as exc:
+        raise EmitError(f"cannot write {target}: {exc.strerror or exc}") from None
+    return target

@@ -1,0 +1,143 @@
+"""Model references: torchvision names and user factories.
+
+A model reference is either a torchvision classification model name
+(``resnet50``) or a user factory ``package.module:function``. Both are
+validated as text before anything is imported, so the same check guards the
+trial runner and the code emitter.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import inspect
+import keyword
+import re
+import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from autotune.errors import WorkloadError
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+def _is_identifier(part: str) -> bool:
+    return bool(_IDENT.match(part)) and not keyword.iskeyword(part)
+
+
+def is_factory_ref(ref: str) -> bool:
+    """Whether ``ref`` names a user factory (``module:function``)."""
+    return ":" in ref
+
+
+def validate_model_ref(ref: str) -> str:
+    """Check that ``ref`` is a safe model reference, without importing anything.
+
+    Args:
+        ref: ``"resnet50"`` or ``"package.module:function"``.
+
+    Returns:
+        The reference, unchanged.
+
+    Raises:
+        WorkloadError: The text is not an identifier, or not
+            ``dotted.module:function`` made of identifiers.
+    """
+    if not isinstance(ref, str) or not ref:
+        raise WorkloadError("model must be a torchvision model name or package.module:function")
+    if is_factory_ref(ref):
+        module, _, func = ref.partition(":")
+        parts = module.split(".")
+        if not module or not all(_is_identifier(p) for p in parts) or not _is_identifier(func):
+            raise WorkloadError(
+                f"model {ref!r} is not a valid factory reference; expected package.module:function"
+            )
+        return ref
+    if not _is_identifier(ref):
+        raise WorkloadError(f"model {ref!r} is not a valid model name")
+    return ref
+
+
+def torchvision_models() -> list[str]:
+    """Names of torchvision's image classification models."""
+    import torchvision
+
+    return sorted(torchvision.models.list_models(module=torchvision.models))
+
+
+def check_model_name(ref: str) -> None:
+    """Raise a helpful error for an unknown torchvision name (factories pass).
+
+    Raises:
+        WorkloadError: Unknown name, with the closest matches suggested.
+    """
+    validate_model_ref(ref)
+    if is_factory_ref(ref):
+        return
+    names = torchvision_models()
+    if ref not in names:
+        close = difflib.get_close_matches(ref, names, n=3, cutoff=0.5)
+        hint = f"; did you mean {', '.join(close)}?" if close else "; see torchvision.models.list_models()"
+        raise WorkloadError(f"unknown model {ref!r}{hint}")
+
+
+def _load_factory(ref: str, sys_path: Sequence[str]):  # type: ignore[no-untyped-def]
+    module_name, _, func_name = ref.partition(":")
+    for entry in reversed(list(sys_path)):
+        if entry not in sys.path:
+            sys.path.insert(0, entry)
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        raise WorkloadError(f"cannot import {module_name!r} for model {ref!r}: {exc}") from None
+    func = getattr(module, func_name, None)
+    if func is None or not callable(func):
+        raise WorkloadError(f"{module_name} has no callable {func_name!r}")
+    return func
+
+
+def check_factory(ref: str, sys_path: Sequence[str] = ()) -> None:
+    """Import a user factory and check it is callable (does not call it)."""
+    validate_model_ref(ref)
+    if is_factory_ref(ref):
+        _load_factory(ref, sys_path)
+
+
+def build_model(ref: str, *, num_classes: int, image_size: int, sys_path: Sequence[str] = ()) -> "torch.nn.Module":
+    """Instantiate the model, randomly initialised, for ``num_classes`` classes.
+
+    A user factory is called with ``num_classes=`` when it accepts that
+    argument (and ``image_size=`` likewise), otherwise with no arguments.
+
+    Raises:
+        WorkloadError: Unknown name, import failure, or a factory that does not
+            return an ``nn.Module``.
+    """
+    import torch
+
+    check_model_name(ref)
+    if is_factory_ref(ref):
+        func = _load_factory(ref, sys_path)
+        try:
+            params = inspect.signature(func).parameters
+        except (TypeError, ValueError):
+            params = {}
+        kwargs: dict[str, int] = {}
+        if "num_classes" in params:
+            kwargs["num_classes"] = num_classes
+        if "image_size" in params:
+            kwargs["image_size"] = image_size
+        model = func(**kwargs)
+        if not isinstance(model, torch.nn.Module):
+            raise WorkloadError(f"factory {ref} returned {type(model).__name__}, not a torch.nn.Module")
+        return model
+    import torchvision
+
+    kwargs = {"weights": None, "num_classes": num_classes}
+    if ref.startswith("vit_"):
+        kwargs["image_size"] = image_size
+    return torchvision.models.get_model(ref, **kwargs)

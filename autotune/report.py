@@ -1,0 +1,176 @@
+"""Rich renderings of trial and search results (no logic, only display)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from rich.table import Table
+
+from autotune.units import format_bytes
+
+if TYPE_CHECKING:  # pragma: no cover
+    from rich.console import Console, Group
+    from rich.progress import TaskID
+
+    from autotune.config import TrainSetup
+    from autotune.outputs import TrialRecord
+    from autotune.search import SearchOutcome
+    from autotune.trial import TrialResult
+
+STATUS_STYLE = {"ok": "green", "pruned": "yellow", "oom": "red", "timeout": "red", "error": "red", "diverged": "red"}
+
+
+def fmt_rate(value: float | None) -> str:
+    """Samples/s with one decimal, ``-`` for None."""
+    return "-" if value is None else f"{value:.1f}"
+
+
+def render_trial(setup: "TrainSetup", result: "TrialResult") -> Table:
+    """One trial as a two-column table."""
+    table = Table(title=f"trial: {setup.describe()}", show_header=False, title_justify="left")
+    table.add_column("field", style="bold")
+    table.add_column("value")
+    style = STATUS_STYLE.get(result.status, "white")
+    table.add_row("status", f"[{style}]{result.status}[/]")
+    if result.error:
+        table.add_row("error", result.error)
+    if result.samples_per_s is not None:
+        spread = f" (spread {fmt_rate(result.samples_per_s_spread)})" if result.samples_per_s_spread is not None else ""
+        table.add_row("samples/s", f"{fmt_rate(result.samples_per_s)}{spread}")
+    if result.windows:
+        table.add_row("windows", ", ".join(f"{w:.1f}" for w in result.windows))
+    if result.step_time_s is not None:
+        table.add_row("step time", f"{result.step_time_s * 1000:.1f} ms per optimizer step")
+    if result.data_wait_fraction is not None:
+        table.add_row("data wait", f"{result.data_wait_fraction:.0%} of wall time blocked on the loader")
+    table.add_row("peak memory", format_bytes(result.peak_memory_bytes))
+    if result.warmup_s is not None:
+        table.add_row("warm-up", f"{result.warmup_s:.1f} s (start-up included, not measured)")
+    if result.measured_s is not None:
+        table.add_row("measured", f"{result.measured_s:.1f} s")
+    return table
+
+
+class RichReporter:
+    """Live progress of a search on a Rich console (stderr by default).
+
+    Use as a context manager around :func:`autotune.search.run_search`.
+    """
+
+    def __init__(self, console: "Console") -> None:
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            SpinnerColumn,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
+
+        self.console = console
+        self.progress = Progress(
+            SpinnerColumn(),
+            TextColumn("{task.description}"),
+            BarColumn(bar_width=24),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("eta"),
+            TimeRemainingColumn(),
+            console=console,
+            transient=True,
+        )
+        self._trials: "TaskID | None" = None
+        self._confirm: "TaskID | None" = None
+
+    def __enter__(self) -> "RichReporter":
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.progress.stop()
+
+    def message(self, text: str) -> None:
+        """A progress line."""
+        self.progress.console.print(f"[dim]{text}[/]", highlight=False)
+
+    def trial_started(self, done: int, total: int, role: str, setup: "TrainSetup") -> None:
+        """Show the running trial."""
+        if self._trials is None:
+            self._trials = self.progress.add_task("trials", total=total, completed=done)
+        self.progress.update(self._trials, total=total, completed=done, description=f"trial {done + 1}/{total} [{role}] {setup.describe()}")
+
+    def trial_finished(self, done: int, total: int, record: "TrialRecord", best: float | None) -> None:
+        """Print the finished trial above the bar."""
+        if self._trials is not None:
+            self.progress.update(self._trials, completed=done)
+        result = record.result
+        style = STATUS_STYLE.get(result.status, "white")
+        value = f"{fmt_rate(result.samples_per_s)} samples/s" if result.samples_per_s is not None else ""
+        reused = f" (same setup as #{record.reused_from})" if record.reused_from is not None else ""
+        why = f" - {result.error}" if result.error and not result.ok else ""
+        self.progress.console.print(
+            f"  {done}/{total} #{record.number} [{record.role}] {record.setup.describe()}: "
+            f"[{style}]{result.status}[/] {value}{reused}{why}   best {fmt_rate(best)}",
+            highlight=False,
+        )
+
+    def confirm_progress(self, done: int, total: int, label: str, result: "TrialResult") -> None:
+        """One confirmation measurement done."""
+        if self._trials is not None:
+            self.progress.remove_task(self._trials)
+            self._trials = None
+        if self._confirm is None:
+            self._confirm = self.progress.add_task("confirmation", total=max(total, 1))
+        self.progress.update(self._confirm, completed=done, description="confirmation (interleaved)")
+        value = f"{fmt_rate(result.samples_per_s)} samples/s" if result.ok else f"{result.status}: {result.error}"
+        self.progress.console.print(f"  confirm {done}/{total} {label}: {value}", highlight=False)
+
+
+def render_search(outcome: "SearchOutcome") -> "Group":
+    """The final report: trials by throughput, confirmation, verdict, winner."""
+    from rich.console import Group
+    from rich.text import Text
+
+    trials = Table(title="trials (sorted by samples/s)", title_justify="left")
+    for col in ("#", "role", "setup", "status", "samples/s", "spread", "data wait", "peak mem"):
+        trials.add_column(col, justify="right" if col in ("#", "samples/s", "spread", "data wait") else "left")
+    for record in sorted(outcome.records, key=lambda r: (r.result.ok, r.result.samples_per_s or 0.0), reverse=True):
+        res = record.result
+        style = STATUS_STYLE.get(res.status, "white")
+        trials.add_row(
+            str(record.number),
+            record.role,
+            record.setup.describe(),
+            f"[{style}]{res.status}[/]",
+            fmt_rate(res.samples_per_s),
+            fmt_rate(res.samples_per_s_spread),
+            "-" if res.data_wait_fraction is None else f"{res.data_wait_fraction:.0%}",
+            format_bytes(res.peak_memory_bytes),
+        )
+    parts: list[object] = [trials]
+    if outcome.confirmed:
+        conf = Table(title="confirmation (interleaved re-measurement, median)", title_justify="left")
+        for col in ("setup", "samples/s", "spread", "runs"):
+            conf.add_column(col, justify="left" if col == "setup" else "right")
+        for c in sorted(outcome.confirmed, key=lambda c: c.median or 0.0, reverse=True):
+            conf.add_row(c.candidate.label, fmt_rate(c.median), fmt_rate(c.spread), str(len(c.values)))
+        parts.append(conf)
+    parts.append(Text(f"bottleneck: {outcome.verdict}"))
+    best = outcome.best
+    if best is not None:
+        speed = f"{best.samples_per_s:.1f} samples/s"
+        if best.speedup:
+            speed += f", {best.speedup:.2f}x the PyTorch defaults ({best.defaults_samples_per_s:.1f} samples/s, same rounds)"
+        parts.append(Text.from_markup(f"[bold green]winner:[/] {best.setup.describe()}: {speed}"))
+        parts.append(
+            Text(
+                f"effective batch {best.effective_batch} (reference {best.reference_batch}), "
+                f"learning rate {best.lr:g}, peak memory {format_bytes(best.peak_memory_bytes)}"
+            )
+        )
+        for note in best.notes:
+            parts.append(Text(f"note: {note}", style="yellow"))
+    for file in outcome.files:
+        parts.append(Text(f"wrote {file}", style="dim"))
+    return Group(*parts)

@@ -1,0 +1,558 @@
+"""The search: probe, calibrate, build the space, run Optuna, confirm, write.
+
+``run_search`` is the library entry point behind ``autotune search``. Each
+Optuna trial is one isolated :func:`~autotune.trial.run_trial`; infeasible
+trials (oom, timeout, error, diverged) are recorded as finished trials worth
+0 samples/s so the sampler learns to avoid their region, and they never stop
+the study. The study lives in an Optuna storage (SQLite in the output
+directory by default), so re-running the same command resumes it.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from autotune import trial as _trial
+from autotune.best import Best, write_best
+from autotune.calibrate import Calibration, calibrate
+from autotune.config import TrainSetup
+from autotune.confirm import Candidate, Confirmed, confirm
+from autotune.errors import AutotuneError, SearchFailed, StorageError, UsageError
+from autotune.outputs import TrialRecord, check_writable, write_trials_csv
+from autotune.pruning import SlowerThanBestPruner
+from autotune.resolve import DeviceInfo, build_workload, resolve_device
+from autotune.space import Constraint, Space, build_space, defaults_setup, guess_setup, merge_constraints
+from autotune.trial import TrialOptions, TrialResult
+from autotune.winner import bottleneck_verdict, make_best
+from autotune.workload import Workload
+
+ROLE_DEFAULTS = "defaults"
+ROLE_GUESS = "guess"
+ROLE_SEARCH = "search"
+
+
+class SearchInterrupted(AutotuneError):
+    """Ctrl-C (or SIGTERM) stopped the search; finished trials are kept."""
+
+    exit_code = 130
+
+
+@dataclass(frozen=True)
+class SearchConfig:
+    """Everything ``autotune search`` takes.
+
+    Attributes:
+        model: torchvision name or ``package.module:function``.
+        trials: Finished trials wanted in the study, in total (resume included).
+        image_size: Crop size fed to the model.
+        data: ImageFolder directory, or None for synthetic JPEGs.
+        device: ``auto``, ``cpu``, ``cuda`` or ``cuda:K``.
+        effective_batch: Pin micro-batch x accumulation to this value.
+        max_memory: Memory budget in bytes.
+        trial_seconds: Measured seconds per trial.
+        constraints: The user's ``--set`` pins and bounds.
+        out: Output directory.
+        study: Study name (default derived from the workload).
+        storage: Optuna storage URL (default SQLite in ``out``).
+        seed: Sampler seed.
+        cache_dir: Synthetic data cache.
+        synthetic_images: Files in the synthetic dataset.
+        confirm_top: Finalists re-measured.
+        confirm_rounds: Interleaved rounds of re-measurement.
+        lr: Learning rate at the reference batch.
+        timeout_s: Per-trial timeout (None: derived from trial_seconds).
+        command: The command line, for the record.
+    """
+
+    model: str
+    trials: int
+    image_size: int = 224
+    data: Path | None = None
+    device: str = "auto"
+    effective_batch: int | None = None
+    max_memory: int | None = None
+    trial_seconds: float = 10.0
+    constraints: tuple[Constraint, ...] = ()
+    out: Path = Path("autotune-out")
+    study: str | None = None
+    storage: str | None = None
+    seed: int = 0
+    cache_dir: Path | None = None
+    synthetic_images: int = 2000
+    confirm_top: int = 3
+    confirm_rounds: int = 3
+    lr: float = 1e-3
+    timeout_s: float | None = None
+    command: str = ""
+
+    def validate(self) -> None:
+        """Reject bad values before anything runs or is written.
+
+        Raises:
+            UsageError: With a one-line reason.
+        """
+        if self.trials < 1:
+            raise UsageError(f"--trials must be >= 1, got {self.trials}")
+        if self.effective_batch is not None and self.effective_batch < 1:
+            raise UsageError(f"--effective-batch must be >= 1, got {self.effective_batch}")
+        if not self.trial_seconds > 0:
+            raise UsageError(f"--trial-seconds must be > 0, got {self.trial_seconds}")
+        if self.confirm_top < 1 or self.confirm_rounds < 1:
+            raise UsageError("--confirm-top and --confirm-rounds must be >= 1")
+        if self.image_size < 8:
+            raise UsageError(f"--image-size must be >= 8, got {self.image_size}")
+        knobs = merge_constraints(self.constraints)
+        if self.effective_batch is not None and "accumulation_steps" in knobs:
+            raise UsageError("--effective-batch fixes accumulation_steps; do not --set it as well")
+
+
+@dataclass(frozen=True)
+class SearchOutcome:
+    """What a search produced.
+
+    Attributes:
+        best: The winner (also written as best.json), None if interrupted
+            before any feasible trial.
+        records: Every finished trial.
+        confirmed: The confirmation measurements (empty if interrupted).
+        calibration: The pre-search measurements.
+        verdict: Which side limits the training speed, in words.
+        out: Output directory.
+        storage: Storage URL of the study.
+        study: Study name.
+        interrupted: True if Ctrl-C stopped the search.
+    """
+
+    best: Best | None
+    records: tuple[TrialRecord, ...]
+    confirmed: tuple[Confirmed, ...]
+    calibration: Calibration
+    verdict: str
+    out: Path
+    storage: str
+    study: str
+    interrupted: bool = False
+    files: tuple[str, ...] = field(default_factory=tuple)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The final summary as JSON (``--json``)."""
+        return {
+            "best": self.best.to_dict() if self.best else None,
+            "verdict": self.verdict,
+            "interrupted": self.interrupted,
+            "out": str(self.out),
+            "storage": self.storage,
+            "study": self.study,
+            "files": list(self.files),
+            "calibration": self.calibration.to_dict(),
+            "confirmation": [
+                {
+                    "setup": c.candidate.setup.to_dict(),
+                    "label": c.candidate.label,
+                    "samples_per_s": c.median,
+                    "samples_per_s_spread": c.spread,
+                    "measurements": list(c.values),
+                    "failures": list(c.failures),
+                }
+                for c in self.confirmed
+            ],
+            "trials": [r.to_dict() for r in self.records],
+        }
+
+
+class Reporter:
+    """Progress hooks; the CLI renders them with Rich. The default is silent."""
+
+    def message(self, text: str) -> None:
+        """A line of progress information."""
+
+    def trial_started(self, done: int, total: int, role: str, setup: TrainSetup) -> None:
+        """A trial begins (``done`` finished so far, ``total`` wanted)."""
+
+    def trial_finished(self, done: int, total: int, record: TrialRecord, best: float | None) -> None:
+        """A trial finished."""
+
+    def confirm_progress(self, done: int, total: int, label: str, result: TrialResult) -> None:
+        """A confirmation measurement finished."""
+
+
+def _study_name(config: SearchConfig, device: DeviceInfo) -> str:
+    model = config.model.replace(":", ".")
+    name = f"{model}-{config.image_size}px-{device.name.replace(':', '')}"
+    if config.effective_batch:
+        name += f"-eb{config.effective_batch}"
+    return name
+
+
+def _signature(config: SearchConfig, workload: Workload) -> dict[str, Any]:
+    return {
+        "model": workload.model,
+        "image_size": workload.image_size,
+        "data": workload.data,
+        "synthetic_images": workload.synthetic_images if workload.data is None else None,
+        "device": workload.device,
+        "effective_batch": config.effective_batch,
+        "max_memory": config.max_memory,
+        "trial_seconds": config.trial_seconds,
+        "constraints": sorted(repr(c) for c in config.constraints),
+    }
+
+
+@contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    def handler(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    try:
+        previous = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _open_study(config: SearchConfig, storage: str, name: str, n_trials: int) -> Any:
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    sampler = optuna.samplers.TPESampler(
+        seed=config.seed,
+        n_startup_trials=max(3, min(10, n_trials // 3)),
+        multivariate=True,
+        group=True,
+    )
+    try:
+        return optuna.create_study(
+            storage=storage,
+            study_name=name,
+            direction="maximize",
+            sampler=sampler,
+            pruner=SlowerThanBestPruner(),
+            load_if_exists=True,
+        )
+    except Exception as exc:  # sqlalchemy / redis / journal errors all differ
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise StorageError(f"cannot open study storage {storage!r}: {first[:200]}") from None
+
+
+def _records(study: Any) -> list[TrialRecord]:
+    from optuna.trial import TrialState
+
+    records = []
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
+        if "setup" not in t.user_attrs or "result" not in t.user_attrs:
+            continue
+        records.append(
+            TrialRecord(
+                number=t.number,
+                role=t.user_attrs.get("role", ROLE_SEARCH),
+                setup=TrainSetup.from_dict(t.user_attrs["setup"]),
+                result=TrialResult.from_dict(t.user_attrs["result"]),
+                reused_from=t.user_attrs.get("reused_from"),
+            )
+        )
+    return records
+
+
+def _finished(study: Any) -> int:
+    from optuna.trial import TrialState
+
+    return len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)))
+
+
+def run_search(config: SearchConfig, reporter: Reporter | None = None) -> SearchOutcome:
+    """Search the fastest setup for the workload; write best.json and trials.csv.
+
+    Args:
+        config: What to search and where to write.
+        reporter: Progress hooks (silent by default).
+
+    Returns:
+        The outcome; ``best`` is the confirmed winner.
+
+    Raises:
+        UsageError: Bad input (nothing is written).
+        WorkloadError: Unknown model, missing or empty data (nothing is written).
+        StorageError: Unwritable output or unreachable storage.
+        SearchFailed: Every trial failed.
+        SearchInterrupted: Ctrl-C; finished trials are kept and the best so far
+            is written.
+    """
+    import probes
+
+    reporter = reporter or Reporter()
+    config.validate()
+    constraints = merge_constraints(config.constraints)
+    hardware = probes.collect()
+    device = resolve_device(config.device, hardware)
+    # Device checks of pinned knobs before anything is written.
+    for knob, constraint in constraints.items():
+        if knob == "amp":
+            for mode in constraint.choices or (constraint.value,):
+                if mode is not None:
+                    TrainSetup(amp=mode).check_device(device.name, bf16_supported=device.bf16)
+        if knob == "pin_memory" and device.type == "cpu" and True in (constraint.choices or (constraint.value,)):
+            raise UsageError("pin_memory=true needs a CUDA device")
+    out = Path(config.out)
+    if config.storage is None:
+        check_writable(out)
+    workload = build_workload(
+        model=config.model,
+        image_size=config.image_size,
+        data=config.data,
+        device=device.name,
+        cache_dir=config.cache_dir,
+        synthetic_images=config.synthetic_images,
+        lr=config.lr,
+    )
+    name = config.study or _study_name(config, device)
+    storage = config.storage
+    if storage is not None:
+        study = _open_study(config, storage, name, config.trials)
+        check_writable(out)
+        out.mkdir(parents=True, exist_ok=True)
+    else:
+        out.mkdir(parents=True, exist_ok=True)
+        storage = f"sqlite:///{(out / 'study.db').resolve()}"
+        study = _open_study(config, storage, name, config.trials)
+    signature = _signature(config, workload)
+    stored = study.user_attrs.get("signature")
+    if stored is not None and stored != json.loads(json.dumps(signature)):
+        raise StorageError(
+            f"study {name!r} in {storage} was made for a different search "
+            f"({_first_difference(stored, signature)}); pass --study NEW_NAME or another --out"
+        )
+    study.set_user_attr("signature", signature)
+    usable = int(hardware.cpu.usable_cores)
+    reporter.message(
+        f"{workload.model} @ {workload.image_size}px on {device.name} ({device.label}); "
+        f"{usable} usable CPU cores; data: {workload.data or 'synthetic JPEGs (no --data given)'}"
+    )
+    if "calibration" in study.user_attrs:
+        calibration = Calibration.from_dict(study.user_attrs["calibration"])
+        reporter.message("calibration: reusing the measurements stored in the study")
+    else:
+        reporter.message("calibration: memory pre-pass, compute-only and loader-only ceilings")
+        calibration = calibrate(
+            workload,
+            device,
+            usable_cores=usable,
+            available_bytes=int(hardware.memory.available_bytes),
+            max_memory=config.max_memory,
+            trial_seconds=config.trial_seconds,
+            bf16_ok=device.bf16,
+            log=reporter.message,
+        )
+        study.set_user_attr("calibration", calibration.to_dict())
+    space = build_space(
+        device=device,
+        calibration=calibration,
+        usable_cores=usable,
+        effective_batch=config.effective_batch,
+        constraints=constraints,
+    )
+    reporter.message(_describe_space(space))
+    defaults = defaults_setup(config.effective_batch)
+    if not study.trials:
+        study.enqueue_trial({}, user_attrs={"role": ROLE_DEFAULTS})
+        if config.trials > 1:
+            guess = guess_setup(space, calibration, device, usable)
+            study.enqueue_trial(space.params_for(guess), user_attrs={"role": ROLE_GUESS})
+    options = TrialOptions(
+        trial_seconds=config.trial_seconds, timeout_s=config.timeout_s, max_memory_bytes=config.max_memory
+    )
+    interrupted = False
+    files: list[str] = []
+    try:
+        with _sigterm_as_interrupt():
+            _run_trials(study, space, defaults, workload, options, config.trials, out, reporter)
+    except KeyboardInterrupt:
+        interrupted = True
+    records = _records(study)
+    write_trials_csv(out / "trials.csv", records)
+    files.append(str(out / "trials.csv"))
+    feasible = [r for r in records if r.result.ok and r.result.samples_per_s]
+    if not feasible:
+        if interrupted:
+            raise SearchInterrupted(f"interrupted before any feasible trial; {len(records)} trials kept in {storage}")
+        reasons = sorted({f"{r.result.status}: {r.result.error}" for r in records})
+        raise SearchFailed(f"all {len(records)} trials failed ({'; '.join(reasons)[:300]})")
+    confirmed: list[Confirmed] = []
+    if not interrupted:
+        try:
+            with _sigterm_as_interrupt():
+                confirmed = _confirm(study, feasible, defaults, workload, options, config, reporter)
+        except KeyboardInterrupt:
+            interrupted = True
+            confirmed = []
+    best = make_best(config, workload, hardware, feasible, confirmed, defaults, records, interrupted)
+    write_best(out / "best.json", best)
+    files.append(str(out / "best.json"))
+    try:
+        from autotune.emit import write_script
+
+        files.append(str(write_script(best, out / "train.py")))
+    except ImportError:  # pragma: no cover - emit ships with the package
+        pass
+    verdict = bottleneck_verdict(best, calibration, records, device)
+    outcome = SearchOutcome(
+        best=best,
+        records=tuple(records),
+        confirmed=tuple(confirmed),
+        calibration=calibration,
+        verdict=verdict,
+        out=out,
+        storage=storage,
+        study=name,
+        interrupted=interrupted,
+        files=tuple(files),
+    )
+    if interrupted:
+        raise SearchInterrupted(
+            f"interrupted: {len(records)} finished trials kept in {storage}; best so far written to "
+            f"{out / 'best.json'} (unconfirmed); rerun the same command to resume"
+        )
+    return outcome
+
+
+def _first_difference(stored: dict[str, Any], current: dict[str, Any]) -> str:
+    for key in sorted(set(stored) | set(current)):
+        if stored.get(key) != json.loads(json.dumps(current.get(key))):
+            return f"{key}: {stored.get(key)!r} there, {current.get(key)!r} now"
+    return "settings differ"
+
+
+def _describe_space(space: Space) -> str:
+    parts = []
+    for knob, values in space.values.items():
+        if knob == "accumulation_steps" and space.effective_batch is not None:
+            parts.append(f"accumulation_steps=effective_batch/batch_size ({space.effective_batch})")
+            continue
+        if knob in ("num_workers", "prefetch_factor") and len(values) > 1:
+            parts.append(f"{knob}={min(values)}..{max(values)}")
+        else:
+            parts.append(f"{knob}={'|'.join(str(v).lower() if isinstance(v, bool) else str(v) for v in values)}")
+    return "space: " + ", ".join(parts)
+
+
+def _run_trials(
+    study: Any,
+    space: Space,
+    defaults: TrainSetup,
+    workload: Workload,
+    options: TrialOptions,
+    wanted: int,
+    out: Path,
+    reporter: Reporter,
+) -> None:
+    from optuna.trial import TrialState
+
+    while (done := _finished(study)) < wanted:
+        trial = study.ask()
+        role = trial.user_attrs.get("role", ROLE_SEARCH)
+        try:
+            setup = defaults if role == ROLE_DEFAULTS else space.suggest(trial)
+            reporter.trial_started(done, wanted, role, setup)
+            previous = _same_setup(study, setup, trial.number)
+            if previous is not None:
+                result = TrialResult.from_dict(previous.user_attrs["result"])
+                trial.set_user_attr("reused_from", previous.number)
+            else:
+                result = _trial.run_trial(setup, workload, options, on_window=_pruning_hook(trial, role))
+            trial.set_user_attr("role", role)
+            trial.set_user_attr("setup", setup.to_dict())
+            trial.set_user_attr("result", result.to_dict())
+        except KeyboardInterrupt:
+            study.tell(trial, state=TrialState.FAIL)
+            raise
+        if result.status == "pruned":
+            study.tell(trial, state=TrialState.PRUNED)
+        else:
+            study.tell(trial, result.samples_per_s if result.ok and result.samples_per_s else 0.0)
+        records = _records(study)
+        write_trials_csv(out / "trials.csv", records)
+        best = max((r.result.samples_per_s or 0.0 for r in records if r.result.ok), default=None)
+        record = next(r for r in records if r.number == trial.number)
+        reporter.trial_finished(_finished(study), wanted, record, best)
+
+
+def _pruning_hook(trial: Any, role: str) -> Callable[[int, float], bool] | None:
+    if role != ROLE_SEARCH:
+        return None  # the defaults and the guess are always measured in full
+
+    def hook(index: int, value: float) -> bool:
+        trial.report(value, step=index)
+        return bool(trial.should_prune())
+
+    return hook
+
+
+def _same_setup(study: Any, setup: TrainSetup, number: int) -> Any:
+    from optuna.trial import TrialState
+
+    target = setup.to_dict()
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        if t.number != number and t.user_attrs.get("setup") == target and "result" in t.user_attrs:
+            return t
+    return None
+
+
+def _confirm(
+    study: Any,
+    feasible: list[TrialRecord],
+    defaults: TrainSetup,
+    workload: Workload,
+    options: TrialOptions,
+    config: SearchConfig,
+    reporter: Reporter,
+) -> list[Confirmed]:
+    ranked = sorted(feasible, key=lambda r: r.result.samples_per_s or 0.0, reverse=True)
+    candidates: list[Candidate] = []
+    seen: set[str] = set()
+    for record in ranked:
+        key = record.setup.to_json()
+        if key in seen:
+            continue
+        seen.add(key)
+        candidates.append(Candidate(key, record.setup, f"#{record.number} {record.setup.describe()}"))
+        if len(candidates) == config.confirm_top:
+            break
+    default_key = defaults.to_json()
+    defaults_ok = any(r.setup.to_json() == default_key for r in feasible)
+    if defaults_ok and default_key not in seen:
+        candidates.append(Candidate(default_key, defaults, f"defaults {defaults.describe()}"))
+    stored: dict[str, Any] = dict(study.user_attrs.get("confirmation", {}))
+    known = {k: (list(v[0]), list(v[1])) for k, v in stored.items()}
+
+    def store(key: str, values: list[float], failures: list[str]) -> None:
+        stored[key] = [values, failures]
+        study.set_user_attr("confirmation", stored)
+
+    reporter.message(
+        f"confirmation: {len(candidates)} setups x {config.confirm_rounds} interleaved rounds "
+        f"of {options.trial_seconds * 1.5:.0f} s"
+    )
+    confirm_options = replace(options, trial_seconds=options.trial_seconds * 1.5)
+    return confirm(
+        candidates,
+        workload,
+        confirm_options,
+        rounds=config.confirm_rounds,
+        known=known,
+        store=store,
+        on_measure=lambda done, total, cand, result: reporter.confirm_progress(done, total, cand.label, result),
+    )
+
+
+

@@ -1,0 +1,370 @@
+"""The search space: which values each knob may take, and how Optuna samples it.
+
+The space comes from the probe and the calibration measurements, never from
+rules of thumb: ``num_workers`` runs up to the cores this process may use,
+the batch sizes up to the largest that fits the memory budget, ``amp`` offers
+only the precisions the device runs natively. Users pin or bound any knob
+with ``--set``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+from autotune.config import AMP_MODES, KNOBS, TrainSetup
+from autotune.errors import UsageError
+
+if TYPE_CHECKING:  # pragma: no cover
+    import optuna
+
+    from autotune.calibrate import Calibration
+    from autotune.resolve import DeviceInfo
+
+#: PyTorch's DataLoader default batch size: the baseline every search measures.
+DEFAULT_BATCH = 32
+
+BOOL_KNOBS = ("pin_memory", "persistent_workers", "channels_last")
+INT_KNOBS = ("num_workers", "prefetch_factor", "batch_size", "accumulation_steps")
+#: Knobs searched as integer ranges (every value between the bounds).
+RANGE_KNOBS = ("num_workers", "prefetch_factor")
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """What the user said about one knob with ``--set``.
+
+    Exactly one of ``value`` (pin), ``choices`` or ``low``/``high`` (bounds).
+    """
+
+    knob: str
+    value: Any = None
+    choices: tuple[Any, ...] | None = None
+    low: int | None = None
+    high: int | None = None
+
+    def allows(self, candidate: Any) -> bool:
+        """Whether ``candidate`` satisfies the constraint."""
+        if self.choices is not None:
+            return candidate in self.choices
+        if self.low is not None or self.high is not None:
+            if not isinstance(candidate, int) or isinstance(candidate, bool):
+                return False
+            return (self.low is None or candidate >= self.low) and (self.high is None or candidate <= self.high)
+        return candidate == self.value
+
+
+def _parse_value(knob: str, text: str) -> Any:
+    text = text.strip()
+    if knob in BOOL_KNOBS:
+        lowered = text.lower()
+        if lowered in ("1", "true", "yes", "on"):
+            return True
+        if lowered in ("0", "false", "no", "off"):
+            return False
+        raise UsageError(f"--set {knob}: expected true or false, got {text!r}")
+    if knob == "amp":
+        lowered = text.lower()
+        aliases = {"fp32": "off", "none": "off", "false": "off"}
+        lowered = aliases.get(lowered, lowered)
+        if lowered not in AMP_MODES:
+            raise UsageError(f"--set amp: expected one of off, bf16, fp16, got {text!r}")
+        return lowered
+    try:
+        value = int(text)
+    except ValueError:
+        raise UsageError(f"--set {knob}: expected an integer, got {text!r}") from None
+    minimum = 0 if knob == "num_workers" else 1
+    if value < minimum:
+        raise UsageError(f"--set {knob}: must be >= {minimum}, got {value}")
+    return value
+
+
+def parse_constraint(text: str) -> Constraint:
+    """Parse one ``--set`` argument.
+
+    Forms: ``knob=value`` (pin), ``knob=a,b,c`` (choices), ``knob=lo..hi``
+    (integer bounds, either side may be empty).
+
+    Raises:
+        UsageError: Unknown knob or malformed value.
+    """
+    knob, sep, rest = text.partition("=")
+    knob = knob.strip().replace("-", "_")
+    aliases = {"workers": "num_workers", "prefetch": "prefetch_factor", "batch": "batch_size", "accum": "accumulation_steps"}
+    knob = aliases.get(knob, knob)
+    if not sep or not rest.strip():
+        raise UsageError(f"--set {text!r}: expected KNOB=VALUE, KNOB=A,B,C or KNOB=LO..HI")
+    if knob not in KNOBS:
+        raise UsageError(f"--set {text!r}: unknown knob {knob!r}; knobs: {', '.join(KNOBS)}")
+    if ".." in rest:
+        if knob not in INT_KNOBS:
+            raise UsageError(f"--set {text!r}: ranges work for integer knobs only ({', '.join(INT_KNOBS)})")
+        low_text, _, high_text = rest.partition("..")
+        low = _parse_value(knob, low_text) if low_text.strip() else None
+        high = _parse_value(knob, high_text) if high_text.strip() else None
+        if low is not None and high is not None and low > high:
+            raise UsageError(f"--set {text!r}: empty range")
+        return Constraint(knob, low=low, high=high)
+    if "," in rest:
+        values = tuple(dict.fromkeys(_parse_value(knob, part) for part in rest.split(",") if part.strip()))
+        if not values:
+            raise UsageError(f"--set {text!r}: no values")
+        return Constraint(knob, choices=values)
+    return Constraint(knob, value=_parse_value(knob, rest))
+
+
+def merge_constraints(items: Iterable[Constraint]) -> dict[str, Constraint]:
+    """Index constraints by knob; a knob given twice is an error."""
+    merged: dict[str, Constraint] = {}
+    for item in items:
+        if item.knob in merged:
+            raise UsageError(f"--set {item.knob} given twice")
+        merged[item.knob] = item
+    return merged
+
+
+def powers_of_two(low: int, high: int) -> tuple[int, ...]:
+    """Powers of two in ``[low, high]``."""
+    if high < 1:
+        return ()
+    start = max(0, math.ceil(math.log2(max(1, low))))
+    values = []
+    k = start
+    while 2**k <= high:
+        values.append(2**k)
+        k += 1
+    return tuple(values)
+
+
+@dataclass(frozen=True)
+class Space:
+    """Allowed values per knob. A knob with one value is fixed, not searched.
+
+    Attributes:
+        values: For each knob, its candidates in order. ``num_workers`` and
+            ``prefetch_factor`` are searched as integer ranges over their
+            min..max; the rest as categories.
+        effective_batch: When set, ``batch_size x accumulation_steps`` equals
+            it and accumulation follows from the batch.
+    """
+
+    values: dict[str, tuple[Any, ...]]
+    effective_batch: int | None = None
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def __post_init__(self) -> None:
+        for knob in KNOBS:
+            if knob == "accumulation_steps" and self.effective_batch is not None:
+                continue
+            if not self.values.get(knob):
+                raise UsageError(f"the search space leaves no value for {knob}; loosen --set")
+
+    def searched(self) -> list[str]:
+        """Knobs with more than one candidate."""
+        return [k for k in KNOBS if len(self.values.get(k, ())) > 1]
+
+    def signature(self) -> dict[str, Any]:
+        """A JSON-ready description, used to refuse resuming a different search."""
+        return {"values": {k: list(v) for k, v in self.values.items()}, "effective_batch": self.effective_batch}
+
+    def _pick(self, trial: "optuna.Trial", knob: str, candidates: Sequence[Any] | None = None) -> Any:
+        options = tuple(candidates if candidates is not None else self.values[knob])
+        if len(options) == 1:
+            return options[0]
+        if knob in RANGE_KNOBS:
+            return trial.suggest_int(knob, min(options), max(options))
+        return trial.suggest_categorical(knob, list(options))
+
+    def suggest(self, trial: "optuna.Trial") -> TrainSetup:
+        """Sample one TrainSetup through an Optuna trial (define-by-run)."""
+        workers = self._pick(trial, "num_workers")
+        prefetch = None
+        persistent = False
+        if workers > 0:
+            prefetch = self._pick(trial, "prefetch_factor")
+            persistent = self._pick(trial, "persistent_workers")
+        batch = self._pick(trial, "batch_size")
+        if self.effective_batch is not None:
+            accumulation = self.effective_batch // batch
+        else:
+            accumulation = self._pick(trial, "accumulation_steps")
+        return TrainSetup(
+            num_workers=workers,
+            prefetch_factor=prefetch,
+            pin_memory=self._pick(trial, "pin_memory"),
+            persistent_workers=persistent,
+            batch_size=batch,
+            accumulation_steps=accumulation,
+            amp=self._pick(trial, "amp"),
+            channels_last=self._pick(trial, "channels_last"),
+        )
+
+    def params_for(self, setup: TrainSetup) -> dict[str, Any]:
+        """The Optuna params that make :meth:`suggest` return ``setup``
+        (for ``study.enqueue_trial``); knobs outside the space are clipped."""
+        params: dict[str, Any] = {}
+        for knob in self.searched():
+            if knob in ("prefetch_factor", "persistent_workers") and setup.num_workers == 0:
+                continue
+            if knob == "accumulation_steps" and self.effective_batch is not None:
+                continue
+            value = getattr(setup, knob)
+            options = self.values[knob]
+            if knob in RANGE_KNOBS:
+                value = min(max(value if value is not None else 2, min(options)), max(options))
+            elif value not in options:
+                value = _nearest(value, options)
+            params[knob] = value
+        return params
+
+    def contains(self, setup: TrainSetup) -> bool:
+        """Whether ``setup`` lies inside the space."""
+        for knob in KNOBS:
+            if knob in ("prefetch_factor", "persistent_workers") and setup.num_workers == 0:
+                continue
+            if knob == "accumulation_steps" and self.effective_batch is not None:
+                if setup.effective_batch() != self.effective_batch:
+                    return False
+                continue
+            options = self.values[knob]
+            value = getattr(setup, knob)
+            if knob in RANGE_KNOBS:
+                if not (min(options) <= (value or 0) <= max(options)):
+                    return False
+            elif value not in options:
+                return False
+        return True
+
+    def with_values(self, knob: str, values: Sequence[Any]) -> "Space":
+        """A copy with one knob's candidates replaced."""
+        new = dict(self.values)
+        new[knob] = tuple(values)
+        return replace(self, values=new)
+
+
+def _nearest(value: Any, options: Sequence[Any]) -> Any:
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and all(
+        isinstance(o, (int, float)) and not isinstance(o, bool) for o in options
+    ):
+        return min(options, key=lambda o: (abs(math.log2(max(o, 1)) - math.log2(max(value, 1))), o))
+    return options[0]
+
+
+def apply_constraints(
+    base: dict[str, tuple[Any, ...]], constraints: dict[str, Constraint]
+) -> dict[str, tuple[Any, ...]]:
+    """Narrow each knob's candidates by the user's constraints.
+
+    A pinned value the hardware does not offer (amp=bf16 on a CPU without
+    bf16, say) is an error rather than silently dropped.
+
+    Raises:
+        UsageError: A constraint that leaves no candidate.
+    """
+    values = dict(base)
+    for knob, constraint in constraints.items():
+        if constraint.choices is None and constraint.low is None and constraint.high is None:
+            # A pin may step outside the computed range (a batch the pre-pass
+            # would not try, more workers than cores): the user knows best,
+            # the device check still applies.
+            values[knob] = (constraint.value,)
+            continue
+        if knob in RANGE_KNOBS and constraint.choices is None:
+            low = constraint.low if constraint.low is not None else min(base[knob])
+            high = constraint.high if constraint.high is not None else max(base[knob])
+            kept = tuple(range(low, high + 1))
+        elif constraint.choices is not None:
+            kept = tuple(constraint.choices)
+        else:
+            kept = tuple(v for v in base[knob] if constraint.allows(v))
+        if not kept:
+            raise UsageError(f"--set {knob}: no value left (allowed here: {', '.join(map(str, base[knob]))})")
+        values[knob] = kept
+    return values
+
+
+def defaults_setup(effective_batch: int | None) -> TrainSetup:
+    """PyTorch's defaults: 0 workers, batch 32, fp32; the same math when the
+    effective batch is pinned (accumulation makes up the difference)."""
+    if effective_batch is None:
+        return TrainSetup(batch_size=DEFAULT_BATCH)
+    batch = max(d for d in range(1, min(DEFAULT_BATCH, effective_batch) + 1) if effective_batch % d == 0)
+    return TrainSetup(batch_size=batch, accumulation_steps=effective_batch // batch)
+
+
+def build_space(
+    *,
+    device: "DeviceInfo",
+    calibration: "Calibration",
+    usable_cores: int,
+    effective_batch: int | None,
+    constraints: dict[str, Constraint],
+) -> Space:
+    """The space from the probe and the calibration, narrowed by ``--set``.
+
+    Raises:
+        UsageError: A constraint the device cannot run, or one that leaves a
+            knob without values.
+    """
+    cuda = device.type == "cuda"
+    amp: tuple[str, ...] = ("off",)
+    if device.bf16:
+        amp += ("bf16",)
+    if cuda:
+        amp += ("fp16",)
+    # Batch 1 breaks BatchNorm in training mode; 8 is small enough everywhere.
+    floor = 8 if calibration.max_batch >= 8 else min(2, calibration.max_batch)
+    batches = powers_of_two(floor, calibration.max_batch)
+    if effective_batch is not None:
+        batches = tuple(b for b in batches if effective_batch % b == 0) or (
+            max(d for d in range(1, min(effective_batch, calibration.max_batch) + 1) if effective_batch % d == 0),
+        )
+    base: dict[str, tuple[Any, ...]] = {
+        "num_workers": tuple(range(0, max(0, min(usable_cores, calibration.max_workers)) + 1)),
+        "prefetch_factor": tuple(range(1, 9)),
+        "pin_memory": (False, True) if cuda else (False,),
+        # An endless sampler never ends an epoch inside a trial, so
+        # persistent_workers cannot be measured there; it only saves the
+        # worker restart at each epoch boundary, so it is on whenever workers are.
+        "persistent_workers": (True,),
+        "batch_size": batches,
+        "accumulation_steps": (1, 2, 4) if effective_batch is None else (1,),
+        "amp": amp,
+        "channels_last": (False, True),
+    }
+    values = apply_constraints(base, constraints)
+    for mode in values["amp"]:
+        TrainSetup(amp=mode).check_device(device.name, bf16_supported=device.bf16)
+    if True in values["pin_memory"] and not cuda:
+        raise UsageError("pin_memory=true needs a CUDA device")
+    if effective_batch is not None:
+        bad = [b for b in values["batch_size"] if effective_batch % b]
+        if bad:
+            raise UsageError(f"--effective-batch {effective_batch} is not a multiple of batch_size {bad[0]}")
+    return Space(values=values, effective_batch=effective_batch)
+
+
+def guess_setup(space: Space, calibration: "Calibration", device: "DeviceInfo", usable_cores: int) -> TrainSetup:
+    """A probe-informed first guess (clipped into the space by the caller)."""
+    cuda = device.type == "cuda"
+    target = calibration.compute_samples_per_s
+    workers = max(1, min(calibration.max_workers, usable_cores // 2 if not cuda else usable_cores))
+    if target:
+        enough = [p.num_workers for p in calibration.loader if p.samples_per_s and p.samples_per_s >= 1.25 * target]
+        if enough and min(enough) > 0:
+            workers = min(enough)
+    workers = min(workers, max(space.values["num_workers"]))
+    batch = min(calibration.max_batch, 256 if cuda else 64)
+    amp = "bf16" if device.bf16 else ("fp16" if cuda else "off")
+    return TrainSetup(
+        num_workers=workers,
+        prefetch_factor=2 if workers else None,
+        pin_memory=cuda,
+        persistent_workers=workers > 0,
+        batch_size=batch,
+        amp=amp,  # type: ignore[arg-type]
+        channels_last=True,
+    )

@@ -1,0 +1,273 @@
+"""One isolated, measured training trial.
+
+:func:`run_trial` starts a fresh Python process (its own session and process
+group) that trains the workload with the setup for a few seconds and reports
+steady-state throughput. The parent enforces the timeout by killing the whole
+process group, DataLoader workers included. Whatever happens in the child
+(OOM, a crash, a hang, a NaN) comes back as a :class:`TrialResult` status,
+never as an exception.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from autotune.config import TrainSetup
+from autotune.errors import UsageError
+from autotune.workload import Workload
+
+Status = Literal["ok", "oom", "timeout", "error", "diverged", "pruned"]
+Mode = Literal["train", "compute", "loader"]
+FEASIBLE = "ok"
+EVENT_PREFIX = "@@autotune "
+
+
+@dataclass(frozen=True)
+class TrialOptions:
+    """How a trial measures.
+
+    Attributes:
+        trial_seconds: Length of the steady-state measurement.
+        windows: Number of windows the measurement is split into.
+        timeout_s: Wall-clock limit of the whole child, start-up included
+            (``None``: 90 s + 6 x ``trial_seconds``).
+        max_memory_bytes: Memory budget; a peak above it is an ``oom``.
+        mode: ``train`` (the real loop), ``compute`` (one batch already on the
+            device, no loader) or ``loader`` (the loader alone, no model).
+        seed: Seed for model initialisation and sampling.
+    """
+
+    trial_seconds: float = 10.0
+    windows: int = 5
+    timeout_s: float | None = None
+    max_memory_bytes: int | None = None
+    mode: Mode = "train"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.trial_seconds > 0:
+            raise UsageError(f"trial seconds must be > 0, got {self.trial_seconds}")
+        if self.windows < 1:
+            raise UsageError(f"windows must be >= 1, got {self.windows}")
+        if self.timeout_s is not None and not self.timeout_s > 0:
+            raise UsageError(f"timeout must be > 0, got {self.timeout_s}")
+        if self.max_memory_bytes is not None and self.max_memory_bytes <= 0:
+            raise UsageError(f"max memory must be > 0, got {self.max_memory_bytes}")
+        if self.mode not in ("train", "compute", "loader"):
+            raise UsageError(f"unknown trial mode {self.mode!r}")
+
+    @property
+    def effective_timeout_s(self) -> float:
+        """The timeout in force."""
+        return self.timeout_s if self.timeout_s is not None else 90.0 + 6.0 * self.trial_seconds
+
+
+@dataclass(frozen=True)
+class TrialResult:
+    """What one trial measured. The JSON keys are a contract.
+
+    Attributes:
+        status: ``ok``, ``oom``, ``timeout``, ``error``, ``diverged`` (or
+            ``pruned`` when a search stopped it early).
+        samples_per_s: Median steady-state window throughput.
+        samples_per_s_spread: Range (max - min) of the window throughputs.
+        step_time_s: Wall time of one optimizer step (``accumulation_steps``
+            micro-batches) at the median throughput.
+        data_wait_fraction: Share of measured wall time the loop blocked on
+            the DataLoader.
+        peak_memory_bytes: CUDA: peak reserved by the caching allocator. CPU:
+            peak RSS of the trial process plus its loader workers.
+        warmup_s: Start-up and warm-up time, excluded from the measurement.
+        measured_s: Wall time of the measured windows.
+        error: One line saying what went wrong, or ``None``.
+        windows: Each window's throughput, in order.
+        samples: Samples processed in the measured windows.
+        mode: ``train``, ``compute`` or ``loader``.
+    """
+
+    status: Status
+    samples_per_s: float | None = None
+    samples_per_s_spread: float | None = None
+    step_time_s: float | None = None
+    data_wait_fraction: float | None = None
+    peak_memory_bytes: int | None = None
+    warmup_s: float | None = None
+    measured_s: float | None = None
+    error: str | None = None
+    windows: tuple[float, ...] = field(default_factory=tuple)
+    samples: int = 0
+    mode: str = "train"
+
+    @property
+    def ok(self) -> bool:
+        """Whether the trial measured a throughput."""
+        return self.status == FEASIBLE
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict."""
+        data = asdict(self)
+        data["windows"] = list(self.windows)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "TrialResult":
+        """Inverse of :meth:`to_dict`."""
+        data = dict(data)
+        data["windows"] = tuple(data.get("windows", ()))
+        return cls(**data)
+
+
+#: Called with (window index, window samples/s); return True to stop the trial.
+WindowCallback = Callable[[int, float], bool]
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _reader(stream: Any, events: "queue.Queue[dict[str, Any] | None]") -> None:
+    for raw in stream:
+        line = raw.decode("utf-8", "replace").rstrip("\n")
+        if line.startswith(EVENT_PREFIX):
+            try:
+                events.put(json.loads(line[len(EVENT_PREFIX) :]))
+            except json.JSONDecodeError:
+                continue
+    events.put(None)
+
+
+def _last_line(path: Path) -> str:
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    for line in reversed(lines):
+        if not line.startswith(("warnings.warn", "File ", "^")):
+            return line[:300]
+    return ""
+
+
+def _signal_death(returncode: int, stderr_path: Path) -> TrialResult:
+    if returncode == -signal.SIGKILL:
+        return TrialResult(
+            status="oom",
+            error="the trial process was killed (SIGKILL), most likely by the kernel's out-of-memory killer",
+        )
+    if returncode < 0:
+        name = signal.Signals(-returncode).name
+        return TrialResult(status="error", error=f"the trial process died of {name}")
+    tail = _last_line(stderr_path)
+    return TrialResult(status="error", error=tail or f"the trial process exited with code {returncode} and no result")
+
+
+def run_trial(
+    setup: TrainSetup,
+    workload: Workload,
+    options: TrialOptions | None = None,
+    *,
+    on_window: WindowCallback | None = None,
+) -> TrialResult:
+    """Train ``workload`` with ``setup`` in a fresh process and measure it.
+
+    Args:
+        setup: The knobs to apply.
+        workload: What to train (device already resolved).
+        options: Measurement length, timeout, memory budget, mode.
+        on_window: Called after each measured window; returning True stops the
+            trial, which then ends with status ``pruned``.
+
+    Returns:
+        The measured result; failures are statuses, not exceptions.
+    """
+    options = options or TrialOptions()
+    request = {"setup": setup.to_dict(), "workload": workload.to_dict(), "options": asdict(options)}
+    with tempfile.TemporaryDirectory(prefix="autotune-trial-") as tmp:
+        request_path = Path(tmp) / "request.json"
+        request_path.write_text(json.dumps(request), encoding="utf-8")
+        stderr_path = Path(tmp) / "stderr.txt"
+        env = dict(os.environ)
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        with open(stderr_path, "wb") as stderr:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "autotune.child", str(request_path)],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=stderr,
+                start_new_session=True,
+                env=env,
+            )
+            try:
+                return _supervise(proc, options, on_window, stderr_path)
+            finally:
+                _kill_group(proc.pid)
+                try:
+                    proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL never fails
+                    pass
+                if proc.stdout is not None:
+                    proc.stdout.close()
+
+
+def _supervise(
+    proc: "subprocess.Popen[bytes]",
+    options: TrialOptions,
+    on_window: WindowCallback | None,
+    stderr_path: Path,
+) -> TrialResult:
+    events: queue.Queue[dict[str, Any] | None] = queue.Queue()
+    thread = threading.Thread(target=_reader, args=(proc.stdout, events), daemon=True)
+    thread.start()
+    deadline = time.monotonic() + options.effective_timeout_s
+    windows: list[float] = []
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            _kill_group(proc.pid)
+            return TrialResult(
+                status="timeout",
+                windows=tuple(windows),
+                mode=options.mode,
+                error=f"no result within {options.effective_timeout_s:.0f} s; the process group was killed",
+            )
+        try:
+            event = events.get(timeout=min(remaining, 0.5))
+        except queue.Empty:
+            continue
+        if event is None:  # stdout closed: the child is gone
+            try:
+                returncode = proc.wait(timeout=max(0.1, min(10.0, deadline - time.monotonic())))
+            except subprocess.TimeoutExpired:
+                continue
+            result = _signal_death(returncode, stderr_path)
+            return TrialResult(**{**result.to_dict(), "windows": tuple(windows), "mode": options.mode})
+        kind = event.get("event")
+        if kind == "window":
+            value = float(event["samples_per_s"])
+            windows.append(value)
+            if on_window is not None and on_window(int(event["index"]), value):
+                _kill_group(proc.pid)
+                return TrialResult(
+                    status="pruned",
+                    samples_per_s=value,
+                    windows=tuple(windows),
+                    mode=options.mode,
+                    error="stopped early: clearly slower than the best so far",
+                )
+        elif kind == "result":
+            return TrialResult.from_dict(event["result"])

@@ -1,0 +1,50 @@
+"""Parsing and printing sizes such as ``20GiB``."""
+
+from __future__ import annotations
+
+import re
+
+from autotune.errors import UsageError
+
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 10**3,
+    "kb": 10**3,
+    "m": 10**6,
+    "mb": 10**6,
+    "g": 10**9,
+    "gb": 10**9,
+    "t": 10**12,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
+_SIZE = re.compile(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*\Z")
+
+
+def parse_size(text: str) -> int:
+    """Parse ``"20GiB"``, ``"512MB"``, ``"1.5G"`` or a plain byte count.
+
+    Raises:
+        UsageError: Not a positive size.
+    """
+    match = _SIZE.match(text)
+    if not match or match.group(2).lower() not in _UNITS:
+        raise UsageError(f"not a memory size: {text!r} (examples: 20GiB, 512MiB, 8G)")
+    value = int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+    if value <= 0:
+        raise UsageError(f"memory size must be > 0, got {text!r}")
+    return value
+
+
+def format_bytes(value: int | None) -> str:
+    """``1.50 GiB`` style; ``-`` for None."""
+    if value is None:
+        return "-"
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(value) >= size:
+            return f"{value / size:.2f} {unit}"
+    return f"{value} B"

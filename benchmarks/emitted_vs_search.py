@@ -1,0 +1,110 @@
+"""Does the emitted train.py reach the throughput the search measured?
+
+    python -m benchmarks.emitted_vs_search OUT_DIR [--steps 60] [--print-freq 5] [--warmup-logs 2]
+
+Reads ``OUT_DIR/best.json``, runs ``OUT_DIR/train.py`` (single process, its
+tuned defaults) for a fixed number of optimizer steps, parses its periodic
+``step N loss L images/s X`` lines, drops the first ``--warmup-logs`` of them
+as warm-up, and prints the median steady-state images/s and its ratio to
+``best.samples_per_s``. A ratio near 1.0 means the script runs the setup at
+the speed the search promised. Exit code 1 when the script fails or logs too
+few lines to measure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+LOG_LINE = re.compile(r"^step (\d+) loss (\S+) images/s ([0-9.]+)\s*$")
+
+
+def parse_log(text: str) -> list[tuple[int, float]]:
+    """``(step, images/s)`` for every periodic log line of train.py's output."""
+    rows = []
+    for line in text.splitlines():
+        match = LOG_LINE.match(line.strip())
+        if match:
+            rows.append((int(match.group(1)), float(match.group(3))))
+    return rows
+
+
+def steady_state(rows: list[tuple[int, float]], warmup_logs: int) -> list[float]:
+    """The images/s values after the warm-up lines."""
+    return [rate for _, rate in rows[warmup_logs:]]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out_dir", type=Path, help="a search output directory (best.json + train.py)")
+    parser.add_argument("--steps", type=int, default=60, help="optimizer steps to run")
+    parser.add_argument("--print-freq", type=int, default=5, help="steps per measured window")
+    parser.add_argument("--warmup-logs", type=int, default=2, help="log lines to drop as warm-up")
+    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds before the run is killed")
+    args = parser.parse_args(argv)
+
+    from autotune.best import read_best
+    from autotune.errors import AutotuneError
+
+    try:
+        best = read_best(args.out_dir)
+    except AutotuneError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    script = args.out_dir / "train.py"
+    if not script.is_file():
+        print(f"error: {script} does not exist (run `autotune emit {args.out_dir}`)", file=sys.stderr)
+        return 1
+
+    with tempfile.TemporaryDirectory(prefix="autotune-bench-") as ckpt_dir:
+        command = [
+            sys.executable,
+            str(script.resolve()),
+            "--max-steps",
+            str(args.steps),
+            "--print-freq",
+            str(args.print_freq),
+            "--output-dir",
+            ckpt_dir,
+        ]
+        print("$ " + " ".join(command), flush=True)
+        start = time.perf_counter()
+        try:
+            proc = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout)
+        except subprocess.TimeoutExpired:
+            print(f"error: train.py did not finish within {args.timeout:.0f}s", file=sys.stderr)
+            return 1
+        wall = time.perf_counter() - start
+    if proc.returncode != 0:
+        print(proc.stdout + proc.stderr, file=sys.stderr)
+        print(f"error: train.py exited with {proc.returncode}", file=sys.stderr)
+        return 1
+    rows = parse_log(proc.stdout)
+    rates = steady_state(rows, args.warmup_logs)
+    if not rates:
+        print(
+            f"error: {len(rows)} log lines, none left after {args.warmup_logs} warm-up lines; "
+            "raise --steps or lower --print-freq",
+            file=sys.stderr,
+        )
+        return 1
+    median = statistics.median(rates)
+    print(f"setup:     {best.setup.describe()} ({best.workload.model} at {best.workload.image_size} px)")
+    print(f"train.py:  {median:.1f} images/s median of {len(rates)} windows "
+          f"(min {min(rates):.1f}, max {max(rates):.1f}; {wall:.1f}s wall)")
+    print(f"search:    {best.samples_per_s:.1f} samples/s (spread {best.samples_per_s_spread:.1f})")
+    if best.samples_per_s > 0:
+        print(f"ratio:     {median / best.samples_per_s:.3f}")
+    else:
+        print("ratio:     n/a (best.json records no throughput)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

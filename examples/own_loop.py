@@ -1,0 +1,74 @@
+"""Adopt a tuned setup in your own training loop.
+
+    python examples/own_loop.py                        # a setup built inline
+    python examples/own_loop.py autotune-out/best.json # the setup a search found
+
+``autotune.load_setup`` reads the winning TrainSetup from ``best.json``; its
+helpers apply every knob: the DataLoader arguments, channels_last, autocast,
+the GradScaler (fp16 only) and the accumulation steps. The model and data here
+are tiny stand-ins (resnet18 on random 32x32 images, three optimizer steps).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import torch
+import torchvision
+from torch.nn import functional as F
+from torch.utils.data import TensorDataset
+
+import autotune
+
+STEPS = 3
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) > 1:
+        setup = autotune.load_setup(argv[1])
+    else:
+        setup = autotune.TrainSetup(batch_size=16, accumulation_steps=2, amp="bf16", channels_last=True)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        setup.check_device(device)
+    except autotune.AutotuneError as exc:
+        print(f"error: this setup cannot run on {device}: {exc}", file=sys.stderr)
+        return 2
+    print(f"setup: {setup.describe()} on {device}")
+
+    # Stand-ins for your dataset and model: enough samples for STEPS optimizer steps.
+    n = setup.effective_batch() * STEPS
+    dataset = TensorDataset(torch.randn(n, 3, 32, 32), torch.randint(0, 10, (n,)))
+    model = torchvision.models.resnet18(num_classes=10)
+
+    # --- adopting the setup: these lines are all it takes -------------------
+    loader = setup.dataloader(dataset, shuffle=True, drop_last=True)
+    model = setup.prepare_model(model.to(device))
+    scaler = setup.grad_scaler(device)  # None unless amp is fp16
+    lr = 1e-3 * setup.effective_batch() / 256  # linear scaling from a reference batch of 256
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    model.train()
+    start = time.perf_counter()
+    for i, (images, labels) in enumerate(loader):
+        images = setup.prepare_batch(images.to(device, non_blocking=True))
+        labels = labels.to(device, non_blocking=True)
+        with setup.autocast(device):
+            loss = F.cross_entropy(model(images), labels) / setup.accumulation_steps
+        (scaler.scale(loss) if scaler is not None else loss).backward()
+        if (i + 1) % setup.accumulation_steps == 0:  # one optimizer step per accumulation group
+            if scaler is not None:
+                scaler.step(optimizer)
+                scaler.update()
+            else:
+                optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            step = (i + 1) // setup.accumulation_steps
+            print(f"step {step} loss {loss.item() * setup.accumulation_steps:.4f}")
+    # -------------------------------------------------------------------------
+    print(f"done: {len(loader)} micro-batches in {time.perf_counter() - start:.1f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

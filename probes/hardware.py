@@ -1,0 +1,155 @@
+"""The whole probe: collect every part and derive the warnings."""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+from probes.cpu import CpuInfo, collect_cpu, quota_to_cores
+from probes.gpu import GpuInfo, collect_gpus
+from probes.memory import MemoryInfo, ShmInfo, collect_memory, collect_shm
+from probes.software import SoftwareInfo, collect_software
+from probes.units import GIB, format_bytes
+
+__all__ = ["GPU_BUSY_FRACTION", "SHM_MIN_BYTES", "Hardware", "collect", "hardware_warnings"]
+
+#: Below this, /dev/shm gets a warning (Docker's default is 64 MiB).
+SHM_MIN_BYTES = 1 * GIB
+#: Above this fraction of a GPU's memory used by others, the GPU gets a warning.
+GPU_BUSY_FRACTION = 0.5
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """Everything ``autotune probe`` reports.
+
+    Attributes:
+        cpu: The CPU.
+        memory: System RAM.
+        shm: The shared-memory filesystem.
+        gpus: The GPUs NVML could read (empty without a driver).
+        gpu_error: Why no GPU could be read, one line; None when NVML worked.
+        cuda_visible_devices: The ``CUDA_VISIBLE_DEVICES`` environment
+            variable (None when unset); NVML lists all GPUs regardless.
+        software: Versions.
+        warnings: Problems worth fixing before a search, one sentence each.
+    """
+
+    cpu: CpuInfo
+    memory: MemoryInfo
+    shm: ShmInfo
+    gpus: tuple[GpuInfo, ...]
+    gpu_error: str | None
+    software: SoftwareInfo
+    warnings: tuple[str, ...]
+    cuda_visible_devices: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the JSON-ready form printed by ``autotune probe --json``."""
+        return {
+            "cpu": self.cpu.to_dict(),
+            "memory": self.memory.to_dict(),
+            "shm": self.shm.to_dict(),
+            "gpus": [gpu.to_dict() for gpu in self.gpus],
+            "gpu_error": self.gpu_error,
+            "cuda_visible_devices": self.cuda_visible_devices,
+            "software": self.software.to_dict(),
+            "warnings": list(self.warnings),
+        }
+
+
+def _shm_warning(shm: ShmInfo) -> str | None:
+    if shm.total_bytes is None:
+        if not sys.platform.startswith("linux"):
+            return None
+        return (
+            f"{shm.path} is missing or unreadable: DataLoader workers (num_workers > 0) pass every batch "
+            "to the main process through shared memory there; mount a tmpfs on it "
+            "(in Docker: --shm-size=8g or --ipc=host)."
+        )
+    if shm.total_bytes >= SHM_MIN_BYTES:
+        return None
+    return (
+        f"{shm.path} is only {format_bytes(shm.total_bytes)} ({format_bytes(shm.free_bytes)} free): "
+        "DataLoader workers (num_workers > 0) pass every batch to the main process through it, "
+        "and with Docker's default of 64 MiB they crash with 'bus error' or "
+        "'DataLoader worker ... killed by signal' once batches outgrow it. "
+        "Restart the container with --shm-size=8g (or --ipc=host; Kubernetes: an emptyDir with medium: Memory)."
+    )
+
+
+def _cores_warning(cpu: CpuInfo) -> str | None:
+    if cpu.usable_cores >= cpu.logical_cores:
+        return None
+    reasons = []
+    if cpu.affinity_cores < cpu.logical_cores:
+        reasons.append(
+            f"the CPU affinity mask allows {cpu.affinity_cores} "
+            "(taskset, numactl, docker --cpuset-cpus or a job scheduler)"
+        )
+    if cpu.cgroup_cpu_limit is not None and quota_to_cores(cpu.cgroup_cpu_limit) < cpu.affinity_cores:
+        reasons.append(
+            f"the cgroup CPU quota is {cpu.cgroup_cpu_limit:g} CPUs (docker --cpus, Kubernetes limits.cpu)"
+        )
+    why = "; ".join(reasons) or "the platform reports fewer cores for this process"
+    return (
+        f"only {cpu.usable_cores} of {cpu.logical_cores} logical cores are usable: {why}. "
+        f"os.cpu_count() still says {cpu.logical_cores}; more DataLoader workers than "
+        f"{cpu.usable_cores} just compete for the same cores."
+    )
+
+
+def _gpu_warning(gpu: GpuInfo) -> str | None:
+    total, others = gpu.memory_total_bytes, gpu.memory_used_by_others_bytes
+    if not total or others is None or others <= GPU_BUSY_FRACTION * total:
+        return None
+    label = f"GPU {gpu.index}" + (f" ({gpu.name})" if gpu.name else "")
+    return (
+        f"{label}: {others / total:.0%} of its memory ({format_bytes(others)} of {format_bytes(total)}) "
+        "is already used by other processes; the search has less room for batches and measures "
+        "throughput on a shared GPU. Free the GPU or pick another with CUDA_VISIBLE_DEVICES."
+    )
+
+
+def hardware_warnings(cpu: CpuInfo, shm: ShmInfo, gpus: tuple[GpuInfo, ...]) -> tuple[str, ...]:
+    """Derive the warnings from the probed parts.
+
+    Args:
+        cpu: The CPU probe.
+        shm: The /dev/shm probe.
+        gpus: The GPU probes.
+
+    Returns:
+        One sentence per problem: /dev/shm under 1 GiB, fewer usable than
+        logical cores, GPUs with more than half of their memory used by others.
+    """
+    found = [_shm_warning(shm), _cores_warning(cpu), *(_gpu_warning(g) for g in gpus)]
+    return tuple(w for w in found if w)
+
+
+def collect() -> Hardware:
+    """Probe the machine: CPU, RAM, /dev/shm, GPUs (NVML) and versions.
+
+    Does not initialise CUDA, and imports torch only when an NVIDIA driver is
+    present. GPU problems end up in ``gpu_error``, never as an exception.
+
+    Returns:
+        The :class:`Hardware`.
+    """
+    cpu = collect_cpu()
+    memory = collect_memory()
+    shm = collect_shm()
+    report = collect_gpus()
+    software = collect_software(driver_loaded=report.driver_loaded)
+    return Hardware(
+        cpu=cpu,
+        memory=memory,
+        shm=shm,
+        gpus=report.gpus,
+        gpu_error=report.error,
+        software=software,
+        warnings=hardware_warnings(cpu, shm, report.gpus),
+        cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
+    )

@@ -1,0 +1,93 @@
+"""Memory probe: RAM (and its cgroup limit) and the /dev/shm that workers use."""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from probes.cgroup import CGROUP_ROOT, memory_limit
+
+__all__ = ["SHM_PATH", "MemoryInfo", "ShmInfo", "collect_memory", "collect_shm"]
+
+SHM_PATH = "/dev/shm"
+
+
+@dataclass(frozen=True)
+class MemoryInfo:
+    """System RAM.
+
+    Attributes:
+        total_bytes: Physical RAM of the machine (host-wide, also in containers).
+        available_bytes: RAM that can be handed out without swapping.
+        cgroup_limit_bytes: The cgroup memory limit of this process (a
+            container's ``--memory``), None when unlimited or unknown.
+    """
+
+    total_bytes: int
+    available_bytes: int
+    cgroup_limit_bytes: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the JSON-ready form (the ``memory`` object)."""
+        return {
+            "total_bytes": self.total_bytes,
+            "available_bytes": self.available_bytes,
+            "cgroup_limit_bytes": self.cgroup_limit_bytes,
+        }
+
+
+@dataclass(frozen=True)
+class ShmInfo:
+    """The shared-memory filesystem through which DataLoader workers pass batches.
+
+    Attributes:
+        path: The directory probed (``/dev/shm``).
+        total_bytes: Its size, None when it is missing or unreadable.
+        free_bytes: Its free space, None when missing or unreadable.
+    """
+
+    path: str
+    total_bytes: int | None
+    free_bytes: int | None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the JSON-ready form (the ``shm`` object)."""
+        return {"path": self.path, "total_bytes": self.total_bytes, "free_bytes": self.free_bytes}
+
+
+def collect_memory(cgroup_root: Path = CGROUP_ROOT, proc_cgroup: str | None = None) -> MemoryInfo:
+    """Probe RAM with ``psutil.virtual_memory()`` and the cgroup memory limit.
+
+    Args:
+        cgroup_root: Where the cgroup filesystems are mounted.
+        proc_cgroup: Contents of ``/proc/self/cgroup``; read when None.
+
+    Returns:
+        The :class:`MemoryInfo`.
+    """
+    import psutil
+
+    vm = psutil.virtual_memory()
+    return MemoryInfo(
+        total_bytes=int(vm.total),
+        available_bytes=int(vm.available),
+        cgroup_limit_bytes=memory_limit(cgroup_root, proc_cgroup),
+    )
+
+
+def collect_shm(path: str = SHM_PATH) -> ShmInfo:
+    """Probe the size of the shared-memory filesystem.
+
+    Args:
+        path: The directory to measure.
+
+    Returns:
+        The :class:`ShmInfo`; sizes are None when ``path`` does not exist.
+    """
+    try:
+        usage = shutil.disk_usage(path)
+    except OSError:
+        return ShmInfo(path=path, total_bytes=None, free_bytes=None)
+    return ShmInfo(path=path, total_bytes=int(usage.total), free_bytes=int(usage.free))

@@ -1,0 +1,124 @@
+"""Render a :class:`~probes.hardware.Hardware` as Rich tables (gpustat style)."""
+
+from __future__ import annotations
+
+from rich.console import Group, RenderableType
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from probes.gpu import GpuInfo
+from probes.hardware import Hardware
+from probes.units import format_bytes
+
+__all__ = ["render"]
+
+
+def _yes_no(value: bool | None) -> str:
+    return "n/a" if value is None else ("yes" if value else "no")
+
+
+def _or_na(value: object) -> str:
+    return "n/a" if value is None else str(value)
+
+
+def _system_table(hw: Hardware) -> Table:
+    cpu, mem, shm = hw.cpu, hw.memory, hw.shm
+    table = Table(title="System", title_justify="left", show_header=False, box=None, padding=(0, 2))
+    table.add_column(style="bold cyan", no_wrap=True)
+    table.add_column()
+    table.add_row("CPU", _or_na(cpu.model))
+    cores = f"[bold]{cpu.usable_cores}[/] usable of {cpu.logical_cores} logical"
+    cores += f", {_or_na(cpu.physical_cores)} physical"
+    limits = []
+    if cpu.affinity_cores < cpu.logical_cores:
+        limits.append(f"affinity {cpu.affinity_cores}")
+    if cpu.cgroup_cpu_limit is not None:
+        limits.append(f"cgroup quota {cpu.cgroup_cpu_limit:g} CPUs")
+    if limits:
+        cores += f" ({', '.join(limits)})"
+    table.add_row("Cores", cores)
+    bf16 = _yes_no(cpu.bf16) + (f" ({', '.join(cpu.bf16_flags)})" if cpu.bf16_flags else "")
+    table.add_row("CPU bf16", bf16)
+    ram = f"{format_bytes(mem.available_bytes)} available of {format_bytes(mem.total_bytes)}"
+    if mem.cgroup_limit_bytes is not None:
+        ram += f" (cgroup limit {format_bytes(mem.cgroup_limit_bytes)})"
+    table.add_row("RAM", ram)
+    if shm.total_bytes is None:
+        table.add_row(shm.path, "[red]missing[/]")
+    else:
+        style = "yellow" if any(w.startswith(shm.path) for w in hw.warnings) else ""
+        text = f"{format_bytes(shm.free_bytes)} free of {format_bytes(shm.total_bytes)}"
+        table.add_row(shm.path, f"[{style}]{text}[/]" if style else text)
+    return table
+
+
+def _gpu_line_memory(gpu: GpuInfo) -> str:
+    if gpu.memory_total_bytes is None or gpu.memory_free_bytes is None:
+        return "n/a"
+    used = gpu.memory_total_bytes - gpu.memory_free_bytes
+    pct = used / gpu.memory_total_bytes if gpu.memory_total_bytes else 0.0
+    style = "yellow" if pct > 0.5 else "green"
+    return f"[{style}]{format_bytes(used)}[/] / {format_bytes(gpu.memory_total_bytes)}"
+
+
+def _gpu_table(hw: Hardware) -> RenderableType:
+    if not hw.gpus:
+        return Text.assemble(("GPUs  ", "bold cyan"), ("none: ", "bold"), (hw.gpu_error or "no GPU found", "dim"))
+    driver = next((g.driver_version for g in hw.gpus if g.driver_version), None)
+    title = f"GPUs (driver {driver})" if driver else "GPUs"
+    table = Table(title=title, title_justify="left", box=None, padding=(0, 1), header_style="bold cyan")
+    for name in ("#", "name", "cc", "bf16", "tf32", "memory used", "PCIe"):
+        table.add_column(name, no_wrap=name != "name")
+    for gpu in hw.gpus:
+        pcie = "n/a"
+        if gpu.pcie_generation is not None or gpu.pcie_width is not None:
+            pcie = f"gen{_or_na(gpu.pcie_generation)} x{_or_na(gpu.pcie_width)}"
+        table.add_row(
+            f"[{gpu.index}]",
+            f"[bold blue]{_or_na(gpu.name)}[/]",
+            _or_na(gpu.compute_capability),
+            _yes_no(gpu.bf16),
+            _yes_no(gpu.tf32),
+            _gpu_line_memory(gpu),
+            pcie,
+        )
+    return table
+
+
+def _software_table(hw: Hardware) -> Table:
+    sw = hw.software
+    cuda = sw.cuda
+    if cuda is None:
+        cuda = "- (no driver)" if sw.torch_cuda_build else "- (CPU build)"
+    columns = [
+        ("python", sw.python),
+        ("torch", sw.torch),
+        ("torchvision", sw.torchvision),
+        ("cuda", cuda),
+        ("cudnn", sw.cudnn),
+        ("optuna", sw.optuna),
+        ("autotune", sw.autotune),
+    ]
+    table = Table(title="Software", title_justify="left", box=None, padding=(0, 1), header_style="bold cyan")
+    for name, _ in columns:
+        table.add_column(name)
+    table.add_row(*(version if version is not None else "-" for _, version in columns))
+    return table
+
+
+def render(hw: Hardware) -> RenderableType:
+    """Build the human-readable view of a probe.
+
+    Args:
+        hw: The probe result.
+
+    Returns:
+        A Rich renderable: the system table, the GPU table (or the reason
+        there is none), the versions and, in yellow, the warnings.
+    """
+    parts: list[RenderableType] = [_system_table(hw), Text(), _gpu_table(hw), Text(), _software_table(hw)]
+    if hw.warnings:
+        body = Group(*(Text(f"• {w}", style="yellow") for w in hw.warnings))
+        parts += [Text(), Panel(body, title="warnings", title_align="left", border_style="yellow")]
+    return Group(*parts)

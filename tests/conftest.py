@@ -1,0 +1,41 @@
+"""Shared test fixtures."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+if TYPE_CHECKING:
+    from autotune.workload import Workload
+
+
+@pytest.fixture(scope="session")
+def synthetic_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 64-image synthetic ImageFolder (10 classes), generated once per session."""
+    from autotune.data import ensure_synthetic
+
+    return ensure_synthetic(tmp_path_factory.mktemp("cache"), n_images=64)
+
+
+@pytest.fixture(scope="session")
+def cache_dir(synthetic_data: Path) -> Path:
+    """The cache directory holding the 64-image synthetic dataset."""
+    return synthetic_data.parent
+
+
+@pytest.fixture(scope="session")
+def tiny_workload(cache_dir: Path) -> "Workload":
+    """resnet18 at 32 px on the CPU over the 64 synthetic JPEGs."""
+    from autotune.workload import Workload
+
+    return Workload(
+        model="resnet18",
+        image_size=32,
+        device="cpu",
+        num_classes=10,
+        synthetic_images=64,
+        cache_dir=str(cache_dir),
+        sys_path=(str(Path(__file__).parent),),
+    )

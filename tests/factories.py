@@ -1,0 +1,49 @@
+"""Model factories used by the tests as ``factories:NAME`` references."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from torch import nn
+
+
+def tiny_cnn(num_classes: int = 10) -> nn.Module:
+    """A small convnet that trains in milliseconds."""
+    return nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(8, num_classes),
+    )
+
+
+def broken(num_classes: int = 10) -> nn.Module:
+    """A factory that fails with a clear message."""
+    raise ValueError("factory exploded on purpose")
+
+
+def sleeps_forever() -> nn.Module:
+    """A factory that never returns."""
+    while True:
+        time.sleep(1)
+
+
+class _NaN(nn.Module):
+    def __init__(self, num_classes: int) -> None:
+        super().__init__()
+        self.inner = tiny_cnn(num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(x) * float("nan")
+
+
+def makes_nan(num_classes: int = 10) -> nn.Module:
+    """A model whose output (and so loss) is NaN."""
+    return _NaN(num_classes)
+
+
+def not_a_module() -> str:
+    """A factory that returns the wrong type."""
+    return "not a module"

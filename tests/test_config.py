@@ -1,0 +1,99 @@
+"""TrainSetup: validation, JSON, device checks, helpers for one's own loop."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from autotune import TrainSetup, load_setup
+from autotune.errors import SetupError
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"num_workers": 0, "prefetch_factor": 2}, "prefetch_factor needs num_workers > 0"),
+        ({"batch_size": 0}, "batch_size must be >= 1"),
+        ({"accumulation_steps": 0}, "accumulation_steps must be >= 1"),
+        ({"num_workers": -1}, "num_workers must be >= 0"),
+        ({"amp": "fp8"}, "amp must be one of"),
+        ({"num_workers": 2, "prefetch_factor": 0}, "prefetch_factor must be >= 1"),
+        ({"persistent_workers": True}, "persistent_workers needs num_workers > 0"),
+        ({"batch_size": "32"}, "batch_size must be an integer"),
+        ({"channels_last": 1}, "channels_last must be true or false"),
+    ],
+)
+def test_invalid_setups_are_rejected(kwargs: dict, message: str) -> None:
+    with pytest.raises(SetupError, match=message):
+        TrainSetup(**kwargs)
+
+
+def test_device_checks() -> None:
+    with pytest.raises(SetupError, match="fp16 needs a CUDA device"):
+        TrainSetup(amp="fp16").check_device("cpu")
+    with pytest.raises(SetupError, match="does not support bf16"):
+        TrainSetup(amp="bf16").check_device("cuda:0", bf16_supported=False)
+    with pytest.raises(SetupError, match="pin_memory"):
+        TrainSetup(pin_memory=True).check_device("cpu")
+    with pytest.raises(SetupError, match="unsupported device"):
+        TrainSetup().check_device("mps")
+    TrainSetup(amp="bf16").check_device("cpu", bf16_supported=True)
+    TrainSetup(amp="fp16", pin_memory=True).check_device("cuda:1", bf16_supported=False)
+
+
+def test_json_round_trip_is_lossless() -> None:
+    setup = TrainSetup(
+        num_workers=3,
+        prefetch_factor=6,
+        pin_memory=True,
+        persistent_workers=True,
+        batch_size=96,
+        accumulation_steps=4,
+        amp="fp16",
+        channels_last=True,
+    )
+    assert TrainSetup.from_json(setup.to_json()) == setup
+    assert TrainSetup.from_dict(json.loads(json.dumps(setup.to_dict()))) == setup
+    assert setup.effective_batch() == 384
+    assert setup.effective_batch(world_size=2) == 768
+
+
+def test_unknown_keys_and_bad_json_are_rejected() -> None:
+    with pytest.raises(SetupError, match="unknown setup keys: turbo"):
+        TrainSetup.from_dict({"turbo": True})
+    with pytest.raises(SetupError, match="not valid JSON"):
+        TrainSetup.from_json("{")
+
+
+def test_load_setup_reads_best_json_and_bare_setup(tmp_path) -> None:
+    setup = TrainSetup(batch_size=64, amp="bf16")
+    (tmp_path / "best.json").write_text(json.dumps({"schema": 1, "setup": setup.to_dict()}))
+    (tmp_path / "bare.json").write_text(setup.to_json())
+    assert load_setup(tmp_path / "best.json") == setup
+    assert load_setup(tmp_path / "bare.json") == setup
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(SetupError, match="not valid JSON"):
+        load_setup(tmp_path / "bad.json")
+    with pytest.raises(SetupError, match="no such file"):
+        load_setup(tmp_path / "missing.json")
+
+
+def test_helpers_apply_the_knobs() -> None:
+    setup = TrainSetup(num_workers=2, prefetch_factor=3, persistent_workers=True, batch_size=4, amp="bf16", channels_last=True)
+    dataset = torch.utils.data.TensorDataset(torch.zeros(8, 3, 4, 4), torch.zeros(8, dtype=torch.long))
+    loader = setup.dataloader(dataset, shuffle=True)
+    assert (loader.batch_size, loader.num_workers, loader.prefetch_factor, loader.persistent_workers) == (4, 2, 3, True)
+    assert setup.dataloader(dataset, batch_size=2).batch_size == 2
+    model = setup.prepare_model(torch.nn.Conv2d(3, 4, 3))
+    assert model.weight.is_contiguous(memory_format=torch.channels_last)
+    batch = setup.prepare_batch(torch.zeros(2, 3, 8, 8))
+    assert batch.is_contiguous(memory_format=torch.channels_last)
+    with setup.autocast("cpu"):
+        assert torch.get_autocast_dtype("cpu") == torch.bfloat16
+        assert torch.is_autocast_enabled("cpu")
+    assert setup.grad_scaler("cpu") is None
+    assert TrainSetup(amp="fp16").grad_scaler("cuda") is not None
+    with TrainSetup().autocast("cpu"):
+        assert not torch.is_autocast_enabled("cpu")

@@ -1,0 +1,415 @@
+"""autotune.emit: rendering train.py safely, and running what it renders."""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import dataclasses
+import os
+import runpy
+import stat
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from autotune.best import Best, write_best
+from autotune.cli import app
+from autotune.config import TrainSetup
+from autotune.emit import render_script, write_script
+from autotune.errors import EmitError
+from autotune.workload import Workload
+
+RUN_TIMEOUT = 180
+
+
+def make_best(
+    synthetic_data: Path,
+    *,
+    model: str = "resnet18",
+    device: str = "cpu",
+    data: str | None = None,
+    command: str = "autotune search --model resnet18 --image-size 32",
+    notes: tuple[str, ...] = ("synthetic data",),
+    hardware: dict[str, Any] | None = None,
+    **knobs: Any,
+) -> Best:
+    """A hand-built Best for resnet18 at 32 px on the session's synthetic data."""
+    setup = TrainSetup(**knobs)
+    workload = Workload(
+        model=model,
+        image_size=32,
+        data=data,
+        device=device,
+        num_classes=10,
+        lr=1e-3,
+        synthetic_images=64,
+        cache_dir=str(synthetic_data.parent),
+    )
+    return Best(
+        setup=setup,
+        workload=workload,
+        samples_per_s=120.0,
+        samples_per_s_spread=6.0,
+        defaults_samples_per_s=80.0,
+        speedup=1.5,
+        peak_memory_bytes=None,
+        effective_batch=setup.effective_batch(),
+        reference_batch=32,
+        lr=1e-3 * setup.effective_batch() / 32,
+        hardware=hardware if hardware is not None else {"cpu": {"model": "Test CPU", "cores": 2}},
+        command=command,
+        notes=notes,
+    )
+
+
+CPU_KNOBS = dict(
+    num_workers=1, prefetch_factor=2, batch_size=8, accumulation_steps=2, amp="bf16", channels_last=True
+)
+
+
+def load_script(path: Path) -> dict[str, Any]:
+    """The rendered script's namespace, without running main()."""
+    return runpy.run_path(str(path), run_name="emitted_train")
+
+
+def defaults(path: Path) -> Any:
+    return load_script(path)["get_args_parser"]().parse_args([])
+
+
+def run_script(args: list[str], cwd: Path, *, torchrun: bool = False) -> subprocess.CompletedProcess[str]:
+    prefix = [sys.executable]
+    if torchrun:
+        prefix += ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    proc = subprocess.run(prefix + args, cwd=cwd, capture_output=True, text=True, timeout=RUN_TIMEOUT)
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    return proc
+
+
+def add_argument_default(source: str, flag: str) -> Any:
+    """The literal default of ``parser.add_argument(flag, default=...)`` in the source."""
+    for node in ast.walk(ast.parse(source)):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "add_argument"
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and node.args[0].value == flag
+        ):
+            for keyword in node.keywords:
+                if keyword.arg == "default":
+                    return ast.literal_eval(keyword.value)
+    raise AssertionError(f"no add_argument({flag!r}, default=...)")
+
+
+# ------------------------------------------------------------------ rendering
+def test_defaults_are_the_tuned_values(synthetic_data: Path, tmp_path: Path) -> None:
+    best = make_best(synthetic_data, **CPU_KNOBS)
+    path = write_script(best, tmp_path / "train.py")
+    args = defaults(path)
+    assert args.data == os.path.abspath(synthetic_data)
+    assert args.model == "resnet18"
+    assert args.device == "cpu"
+    assert args.image_size == 32
+    assert (args.batch_size, args.accum_steps, args.workers, args.prefetch_factor) == (8, 2, 1, 2)
+    assert (args.pin_memory, args.persistent_workers, args.channels_last) == (False, False, True)
+    assert args.amp == "bf16"
+    assert args.lr == 1e-3 and args.reference_batch == 32
+    assert args.max_steps is None and args.resume is False
+
+
+def test_header_documents_the_search(synthetic_data: Path) -> None:
+    text = render_script(make_best(synthetic_data, **CPU_KNOBS))
+    header = text.split('"""', 1)[0]
+    assert "Test CPU (2 cores)" in header
+    assert "120.0 samples/s" in header and "80.0 samples/s" in header and "1.50x" in header
+    assert "autotune search --model resnet18 --image-size 32" in header
+    assert "Note: synthetic data" in header
+    assert all(line.startswith("#") or not line.strip() for line in header.splitlines())
+
+
+def test_imports_only_torch_torchvision_and_stdlib(synthetic_data: Path) -> None:
+    tree = ast.parse(render_script(make_best(synthetic_data, **CPU_KNOBS)))
+    modules = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            modules.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            modules.add((node.module or "").split(".")[0])
+    assert modules - {"torch", "torchvision"} <= set(sys.stdlib_module_names), modules
+
+
+def test_fp16_accumulation_ddp_rendering(synthetic_data: Path, tmp_path: Path) -> None:
+    best = make_best(
+        synthetic_data,
+        device="cuda:0",
+        num_workers=4,
+        prefetch_factor=4,
+        pin_memory=True,
+        persistent_workers=True,
+        batch_size=64,
+        accumulation_steps=4,
+        amp="fp16",
+        channels_last=True,
+    )
+    text = render_script(best)
+    compile(text, "train.py", "exec")
+    assert "torch.amp.GradScaler(device.type)" in text
+    assert "model.no_sync()" in text
+    assert "fused=True" in text
+    assert "zero_grad(set_to_none=True)" in text
+    assert "/ accum" in text
+    # The scaler unscales before the gradients are clipped.
+    scaled = text[text.index("if scaler is not None:\n            if args.clip_grad_norm"):]
+    assert scaled.index("scaler.unscale_(optimizer)") < scaled.index("clip_grad_norm_") < scaled.index("scaler.step")
+    path = tmp_path / "train.py"
+    path.write_text(text)
+    args = defaults(path)
+    assert (args.device, args.amp, args.accum_steps, args.pin_memory, args.workers) == ("cuda", "fp16", 4, True, 4)
+
+
+def test_amp_off_renders_no_autocast(synthetic_data: Path, tmp_path: Path) -> None:
+    import torch
+
+    path = write_script(make_best(synthetic_data, batch_size=8), tmp_path / "train.py")
+    namespace = load_script(path)
+    args = namespace["get_args_parser"]().parse_args([])
+    assert args.amp == "off"
+    assert isinstance(namespace["autocast"](args, torch.device("cpu")), contextlib.nullcontext)
+    args = namespace["get_args_parser"]().parse_args(["--amp", "bf16"])
+    ctx = namespace["autocast"](args, torch.device("cpu"))
+    assert isinstance(ctx, torch.amp.autocast) and ctx.fast_dtype == torch.bfloat16
+    assert "bf16" not in render_script(make_best(synthetic_data, batch_size=8)).split('"""', 1)[0]
+
+
+def test_prefetch_only_with_workers(synthetic_data: Path, tmp_path: Path) -> None:
+    import torch
+    from torch.utils.data import TensorDataset
+
+    path = write_script(make_best(synthetic_data, batch_size=4), tmp_path / "train.py")
+    namespace = load_script(path)
+    dataset = TensorDataset(torch.zeros(8, 1))
+    args = namespace["get_args_parser"]().parse_args([])
+    loader = namespace["make_loader"](dataset, None, args, torch.device("cpu"), True)
+    assert loader.num_workers == 0 and loader.prefetch_factor is None and loader.drop_last
+    args = namespace["get_args_parser"]().parse_args(["--workers", "2", "--prefetch-factor", "3"])
+    loader = namespace["make_loader"](dataset, None, args, torch.device("cpu"), True)
+    assert loader.num_workers == 2 and loader.prefetch_factor == 3
+
+
+@pytest.mark.parametrize(
+    "model",
+    [
+        "os:system('x')",
+        "resnet18; import os",
+        "resnet18\nimport os",
+        "__import__('os').system",
+        "a.b:c d",
+        "a..b:c",
+        "import:x",
+        "",
+    ],
+)
+def test_hostile_model_is_rejected(synthetic_data: Path, model: str) -> None:
+    with pytest.raises(EmitError, match="model"):
+        render_script(make_best(synthetic_data, model=model))
+
+
+def test_factory_model_is_rendered_as_literal(synthetic_data: Path) -> None:
+    text = render_script(make_best(synthetic_data, model="my_pkg.nets:tiny"))
+    assert add_argument_default(text, "--model") == "my_pkg.nets:tiny"
+
+
+HOSTILE_PATH = "/tmp/it's a \"path\"\nimport os; os.system('echo pwned')\r\n#\\x00 \u2028end"
+
+
+def test_hostile_data_path_is_a_literal(synthetic_data: Path, tmp_path: Path) -> None:
+    text = render_script(make_best(synthetic_data, data=HOSTILE_PATH))
+    assert add_argument_default(text, "--data") == HOSTILE_PATH
+    path = tmp_path / "train.py"
+    path.write_text(text, encoding="utf-8")
+    assert defaults(path).data == HOSTILE_PATH
+
+
+def test_hostile_cache_dir_and_sys_path_are_literals(synthetic_data: Path) -> None:
+    best = make_best(synthetic_data)
+    workload = dataclasses.replace(best.workload, cache_dir=HOSTILE_PATH, sys_path=(HOSTILE_PATH,))
+    text = render_script(dataclasses.replace(best, workload=workload))
+    assert add_argument_default(text, "--data").startswith(os.path.abspath(HOSTILE_PATH))
+    assignments = {
+        node.targets[0].id: ast.literal_eval(node.value)
+        for node in ast.parse(text).body
+        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name) and node.targets[0].id == "FACTORY_PATHS"
+    }
+    assert assignments == {"FACTORY_PATHS": [HOSTILE_PATH]}
+
+
+def test_hostile_header_text_stays_in_comments(synthetic_data: Path) -> None:
+    evil = "x\nprint('pwned')\r\nraise SystemExit\u2028print('pwned')"
+    best = make_best(synthetic_data, command=evil, notes=(evil,), hardware={"cpu": {"model": evil}, "gpus": [{"name": evil}]})
+    text = render_script(best)
+    compile(text, "train.py", "exec")
+    for line in text.splitlines():
+        if "pwned" in line:
+            assert line.startswith("#"), line
+    body = ast.parse(text).body
+    assert not any(isinstance(node, (ast.Expr, ast.Raise)) and "pwned" in ast.unparse(node) for node in body)
+
+
+def _tampered(best: Best, part: str, **changes: Any) -> Best:
+    """Bypass the dataclass validation, as a hand-edited or buggy caller could."""
+    obj = getattr(best, part) if part else best
+    for name, value in changes.items():
+        object.__setattr__(obj, name, value)
+    return best
+
+
+@pytest.mark.parametrize(
+    ("part", "changes", "match"),
+    [
+        ("setup", {"amp": "fp8"}, "amp"),
+        ("setup", {"amp": "off'); import os; ('"}, "amp"),
+        ("setup", {"batch_size": "8"}, "batch_size"),
+        ("setup", {"batch_size": 8.5}, "batch_size"),
+        ("setup", {"channels_last": "yes"}, "channels_last"),
+        ("setup", {"prefetch_factor": "2; x"}, "prefetch_factor"),
+        ("workload", {"device": "tpu"}, "device"),
+        ("workload", {"lr": float("nan")}, "lr"),
+        ("workload", {"lr": float("inf")}, "lr"),
+        ("workload", {"image_size": "32)"}, "image_size"),
+        ("workload", {"data": 42}, "data"),
+        ("", {"reference_batch": True}, "reference_batch"),
+        ("", {"speedup": "fast"}, "speedup"),
+        ("", {"samples_per_s": float("nan")}, "samples_per_s"),
+    ],
+)
+def test_invalid_values_are_rejected(synthetic_data: Path, part: str, changes: dict[str, Any], match: str) -> None:
+    best = _tampered(make_best(synthetic_data, **CPU_KNOBS), part, **changes)
+    with pytest.raises(EmitError, match=match):
+        render_script(best)
+
+
+def test_write_script_is_atomic_executable_and_creates_dirs(synthetic_data: Path, tmp_path: Path) -> None:
+    best = make_best(synthetic_data, **CPU_KNOBS)
+    target = tmp_path / "a" / "b" / "train.py"
+    path = write_script(best, target)
+    assert path == target and path.read_text(encoding="utf-8") == render_script(best)
+    assert path.stat().st_mode & stat.S_IXUSR
+    assert [p.name for p in target.parent.iterdir()] == ["train.py"]  # no temp file left behind
+    assert write_script(best, tmp_path) == tmp_path / "train.py"  # a directory gets train.py inside
+
+
+# ------------------------------------------------------------------------ CLI
+def _one_error_line(result: Any) -> str:
+    assert result.exit_code == 1, result.output
+    assert "Traceback" not in result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1, result.output
+    return lines[0]
+
+
+def test_cli_emit_missing_dir(tmp_path: Path) -> None:
+    line = _one_error_line(CliRunner().invoke(app, ["emit", str(tmp_path / "nope")]))
+    assert "error" in line and "no such file" in line
+
+
+def test_cli_emit_corrupt_best(tmp_path: Path) -> None:
+    (tmp_path / "best.json").write_text("{not json")
+    line = _one_error_line(CliRunner().invoke(app, ["emit", str(tmp_path)]))
+    assert "not valid JSON" in line
+    (tmp_path / "best.json").write_text('{"schema": 1, "setup": {}}')
+    line = _one_error_line(CliRunner().invoke(app, ["emit", str(tmp_path)]))
+    assert "workload" in line
+
+
+def test_cli_emit_hostile_model(synthetic_data: Path, tmp_path: Path) -> None:
+    write_best(tmp_path / "best.json", make_best(synthetic_data, model="os:system('x')"))
+    line = _one_error_line(CliRunner().invoke(app, ["emit", str(tmp_path)]))
+    assert "model" in line
+    assert not (tmp_path / "train.py").exists()
+
+
+def test_cli_emit_writes_train_py(synthetic_data: Path, tmp_path: Path) -> None:
+    write_best(tmp_path / "best.json", make_best(synthetic_data, **CPU_KNOBS))
+    result = CliRunner().invoke(app, ["emit", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "train.py").is_file()
+    result = CliRunner().invoke(app, ["emit", str(tmp_path), "-o", str(tmp_path / "x" / "run.py")])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "x" / "run.py").is_file()
+
+
+def test_benchmark_log_parser() -> None:
+    from benchmarks.emitted_vs_search import parse_log, steady_state
+
+    log = "model resnet18 | ...\nstep 5 loss 2.3010 images/s 10.0\nstep 10 loss 2.2 images/s 120.5\nepoch 0 done\nstep 15 loss nan images/s 130.0\n"
+    rows = parse_log(log)
+    assert rows == [(5, 10.0), (10, 120.5), (15, 130.0)]
+    assert steady_state(rows, 1) == [120.5, 130.0]
+
+
+# ---------------------------------------------------------------- real runs
+def _checkpoint(path: Path) -> dict[str, Any]:
+    import torch
+
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+@pytest.mark.slow
+def test_runs_and_resumes(synthetic_data: Path, tmp_path: Path) -> None:
+    script = write_script(make_best(synthetic_data, **CPU_KNOBS), tmp_path / "emit" / "train.py")
+    run = tmp_path / "run"
+    run.mkdir()
+    proc = run_script([str(script), "--max-steps", "2", "--print-freq", "1", "--output-dir", "out"], run)
+    assert "batch 8 x accum 2 x 1 = 16" in proc.stdout
+    assert "lr 0.001 x 16 / 32 = 0.0005" in proc.stdout
+    assert "step 2 loss" in proc.stdout and "images/s" in proc.stdout
+    checkpoint = _checkpoint(run / "out" / "checkpoint.pth")
+    assert (checkpoint["step"], checkpoint["epoch"], checkpoint["epoch_step"]) == (2, 0, 2)
+    assert set(checkpoint) >= {"model", "optimizer", "scaler", "args"}
+
+    # 64 images / (8 x 2) = 4 steps per epoch: the resumed run finishes epoch 0 at step 4.
+    proc = run_script([str(script), "--resume", "--max-steps", "4", "--print-freq", "1", "--output-dir", "out"], run)
+    assert "resumed from out/checkpoint.pth at epoch 0 step 2" in proc.stdout
+    steps = [int(line.split()[1]) for line in proc.stdout.splitlines() if line.startswith("step ")]
+    assert steps == [3, 4]
+    checkpoint = _checkpoint(run / "out" / "checkpoint.pth")
+    assert (checkpoint["step"], checkpoint["epoch"], checkpoint["epoch_step"]) == (4, 1, 0)
+
+
+@pytest.mark.slow
+def test_runs_under_torchrun(synthetic_data: Path, tmp_path: Path) -> None:
+    script = write_script(make_best(synthetic_data, **CPU_KNOBS), tmp_path / "train.py")
+    proc = run_script(
+        [str(script), "--max-steps", "2", "--batch-size", "4", "--workers", "0", "--print-freq", "1", "--output-dir", "out"],
+        tmp_path,
+        torchrun=True,
+    )
+    assert "2 process(es) on cpu" in proc.stdout
+    assert proc.stdout.count("step 2 loss") == 1  # rank 0 logs, rank 1 does not
+    assert _checkpoint(tmp_path / "out" / "checkpoint.pth")["step"] == 2
+
+
+@pytest.mark.slow
+def test_fp32_factory_model_with_eval_runs(synthetic_data: Path, tmp_path: Path) -> None:
+    # amp off, no workers, no channels_last, a module:function factory imported
+    # from the cwd, and an evaluation pass.
+    (tmp_path / "small_nets.py").write_text(
+        "from torch import nn\n"
+        "def net(num_classes):\n"
+        "    return nn.Sequential(nn.Conv2d(3, 8, 3, stride=4), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, num_classes))\n"
+    )
+    best = make_best(synthetic_data, model="small_nets:net", batch_size=16)
+    script = write_script(best, tmp_path / "emit" / "train.py")
+    proc = run_script(
+        [str(script), "--epochs", "1", "--print-freq", "2", "--val-data", str(synthetic_data), "--output-dir", "out"],
+        tmp_path,
+    )
+    assert "amp off" in proc.stdout
+    assert "epoch 0 done at step 4" in proc.stdout
+    assert "epoch 0 val top1" in proc.stdout
+    assert _checkpoint(tmp_path / "out" / "checkpoint.pth")["epoch"] == 1

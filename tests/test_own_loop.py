@@ -1,0 +1,118 @@
+"""The examples: adopting a setup in your own loop, and a custom model factory."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import autotune
+from autotune.best import Best, write_best
+from autotune.config import TrainSetup
+from autotune.workload import Workload
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+TIMEOUT = 120
+
+
+def run_example(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=TIMEOUT)
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    return proc
+
+
+def write_cpu_best(path: Path, setup: TrainSetup) -> None:
+    workload = Workload(model="resnet18", image_size=32, device="cpu", num_classes=10, synthetic_images=64)
+    write_best(
+        path,
+        Best(
+            setup=setup,
+            workload=workload,
+            samples_per_s=100.0,
+            samples_per_s_spread=1.0,
+            defaults_samples_per_s=None,
+            speedup=None,
+            peak_memory_bytes=None,
+            effective_batch=setup.effective_batch(),
+            reference_batch=256,
+            lr=1e-3,
+        ),
+    )
+
+
+def test_load_setup_reads_best_json(tmp_path: Path) -> None:
+    setup = TrainSetup(num_workers=1, prefetch_factor=2, batch_size=8, accumulation_steps=2, amp="bf16")
+    write_cpu_best(tmp_path / "best.json", setup)
+    assert autotune.load_setup(tmp_path / "best.json") == setup
+
+
+@pytest.mark.slow
+def test_own_loop_with_inline_setup(tmp_path: Path) -> None:
+    proc = run_example([str(EXAMPLES / "own_loop.py")], tmp_path)
+    assert "setup: bs=16x2 w=0 bf16 channels_last" in proc.stdout
+    assert "step 3 loss" in proc.stdout
+
+
+@pytest.mark.slow
+def test_own_loop_with_best_json(tmp_path: Path) -> None:
+    setup = TrainSetup(
+        num_workers=1, prefetch_factor=2, persistent_workers=True, batch_size=8, accumulation_steps=2, amp="bf16"
+    )
+    write_cpu_best(tmp_path / "best.json", setup)
+    proc = run_example([str(EXAMPLES / "own_loop.py"), "best.json"], tmp_path)
+    assert f"setup: {setup.describe()}" in proc.stdout
+    assert "step 3 loss" in proc.stdout
+
+
+@pytest.mark.slow
+def test_own_loop_rejects_a_setup_the_device_cannot_run(tmp_path: Path) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("needs a machine without CUDA")
+    write_cpu_best(tmp_path / "best.json", TrainSetup(batch_size=8, amp="fp16"))
+    proc = subprocess.run(
+        [sys.executable, str(EXAMPLES / "own_loop.py"), "best.json"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=TIMEOUT,
+    )
+    assert proc.returncode == 2
+    assert "fp16 needs a CUDA device" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.slow
+def test_custom_model_example(tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    proc = run_example([str(EXAMPLES / "custom_model.py"), str(work)], tmp_path)
+    assert "train.py --max-steps 2" in proc.stdout
+    assert "model tiny_net:tiny_net" in proc.stdout
+    assert "step 2 loss" in proc.stdout
+    assert (work / "train.py").is_file() and (work / "best.json").is_file()
+    assert (work / "train-out" / "checkpoint.pth").is_file()
+
+
+def test_docs_own_loop_snippet_runs(tmp_path: Path) -> None:
+    """The nine-line loop in docs/emit.md runs as written (on the CPU)."""
+    import torch
+    from torch import nn
+    from torch.utils.data import TensorDataset
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "emit.md").read_text(encoding="utf-8")
+    section = text[text.index("## Using the setup in your own loop"):]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    assert len(code.strip().splitlines()) < 10
+    setup = TrainSetup(batch_size=4, accumulation_steps=2, amp="bf16", channels_last=True)
+    write_cpu_best(tmp_path / "best.json", setup)
+    code = code.replace('"autotune-out/best.json"', repr(str(tmp_path / "best.json")))
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 10))
+    before = [p.detach().clone() for p in model.parameters()]
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    dataset = TensorDataset(torch.randn(16, 3, 8, 8), torch.randint(0, 10, (16,)))
+    namespace = {
+        "autotune": autotune, "torch": torch, "dataset": dataset, "model": model,
+        "optimizer": optimizer, "criterion": nn.CrossEntropyLoss(), "device": "cpu",
+    }
+    exec(compile(code, "docs/emit.md", "exec"), namespace)
+    assert namespace["i"] == 3  # 16 samples / batch 4 = 4 micro-batches = 2 optimizer steps
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))

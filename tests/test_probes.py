@@ -1,0 +1,580 @@
+"""Tests of the hardware probe (``probes``) and ``autotune probe``.
+
+Everything runs without a GPU: NVML is replaced by a fake ``pynvml`` module
+put into ``sys.modules``, and cgroup files come from tests/fixtures/cgroup.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import io
+import json
+import os
+import platform
+import subprocess
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+from rich.console import Console
+from typer.testing import CliRunner
+
+import probes
+import probes.software
+from autotune.cli import app
+from probes.cgroup import cpu_limit, memory_limit, parse_cfs_quota, parse_cpu_max, parse_memory_limit
+from probes.cpu import collect_cpu, quota_to_cores, read_cpuinfo, usable_cores
+from probes.gpu import GpuInfo, collect_gpus
+from probes.hardware import Hardware, hardware_warnings
+from probes.memory import ShmInfo
+from probes.software import format_cudnn_version, torch_cuda_build
+from probes.units import GIB, MIB
+
+FIXTURES = Path(__file__).parent / "fixtures" / "cgroup"
+AFFINITY = len(os.sched_getaffinity(0))
+
+
+def fixture(name: str) -> tuple[Path, str]:
+    """The (cgroup root, /proc/self/cgroup text) of one fixture tree."""
+    base = FIXTURES / name
+    return base / "sys", (base / "proc_self_cgroup").read_text()
+
+
+# --------------------------------------------------------------------------- the JSON contract
+
+
+@pytest.fixture(scope="module")
+def probed() -> dict[str, Any]:
+    return probes.collect().to_dict()
+
+
+CONTRACT: dict[str, dict[str, tuple[type, ...]]] = {
+    "cpu": {
+        "model": (str, type(None)),
+        "logical_cores": (int,),
+        "physical_cores": (int, type(None)),
+        "usable_cores": (int,),
+        "bf16": (bool,),
+    },
+    "memory": {"total_bytes": (int,), "available_bytes": (int,)},
+    "shm": {"path": (str,), "total_bytes": (int, type(None)), "free_bytes": (int, type(None))},
+    "software": {
+        name: (str, type(None)) for name in ("python", "torch", "torchvision", "cuda", "cudnn", "optuna", "autotune")
+    },
+}
+GPU_KEYS = {
+    "index": (int,),
+    "name": (str, type(None)),
+    "memory_total_bytes": (int, type(None)),
+    "memory_free_bytes": (int, type(None)),
+    "compute_capability": (str, type(None)),
+    "bf16": (bool, type(None)),
+    "tf32": (bool, type(None)),
+    "driver_version": (str, type(None)),
+    "pcie_generation": (int, type(None)),
+    "pcie_width": (int, type(None)),
+}
+
+
+def test_contract_keys_and_types(probed: dict[str, Any]) -> None:
+    for section, keys in CONTRACT.items():
+        for key, types_ in keys.items():
+            assert key in probed[section], f"{section}.{key} missing"
+            value = probed[section][key]
+            assert isinstance(value, types_), f"{section}.{key} = {value!r}"
+            if bool not in types_:  # bool is an int subclass: keep counts honest
+                assert not isinstance(value, bool), f"{section}.{key} = {value!r}"
+    assert isinstance(probed["gpus"], list)
+    assert isinstance(probed["gpu_error"], (str, type(None)))
+    assert isinstance(probed["warnings"], list) and all(isinstance(w, str) for w in probed["warnings"])
+    json.loads(json.dumps(probed))  # JSON-serialisable as it is
+
+
+def test_contract_values_on_this_machine(probed: dict[str, Any]) -> None:
+    cpu, memory = probed["cpu"], probed["memory"]
+    assert cpu["logical_cores"] == os.cpu_count()
+    assert cpu["usable_cores"] == AFFINITY
+    assert cpu["physical_cores"] == psutil.cpu_count(logical=False)
+    total = psutil.virtual_memory().total
+    assert abs(memory["total_bytes"] - total) <= 0.01 * total
+    assert 0 < memory["available_bytes"] <= memory["total_bytes"]
+    assert probed["shm"]["path"] == "/dev/shm"
+    assert probed["software"]["python"] == platform.python_version()
+    assert probed["software"]["torch"] == importlib.metadata.version("torch")
+    assert probed["software"]["autotune"] == importlib.metadata.version("autotune")
+
+
+def test_no_gpu_here_gives_empty_list_and_a_reason(probed: dict[str, Any]) -> None:
+    assert probed["gpus"] == []
+    assert isinstance(probed["gpu_error"], str) and probed["gpu_error"].strip()
+    assert "\n" not in probed["gpu_error"]
+    # Without a driver, CUDA and cuDNN are not reported even for a CUDA build of torch.
+    assert probed["software"]["cuda"] is None
+    assert probed["software"]["cudnn"] is None
+
+
+def test_cpu_bf16_matches_cpuinfo_flags(probed: dict[str, Any]) -> None:
+    words = set(Path("/proc/cpuinfo").read_text().split())
+    expected = {"avx512_bf16", "amx_bf16"} & words
+    assert probed["cpu"]["bf16"] == bool(expected)
+    assert expected <= set(probed["cpu"]["bf16_flags"])
+
+
+def test_collect_imports_neither_torch_nor_cuda_without_a_driver() -> None:
+    code = "import sys, probes; probes.collect(); print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert result.stdout.strip() == "[]"
+
+
+def test_usable_cores_public_function_on_this_machine() -> None:
+    assert probes.usable_cores() == AFFINITY
+
+
+# --------------------------------------------------------------------------- cgroups
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("150000 100000", 1.5), ("max 100000", None), ("max", None), ("200000 50000\n", 4.0), ("", None), ("x y", None)],
+)
+def test_parse_cpu_max(text: str, expected: float | None) -> None:
+    assert parse_cpu_max(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("quota", "period", "expected"),
+    [("-1", "100000", None), ("50000", "100000", 0.5), ("200000\n", "100000\n", 2.0), ("junk", "100000", None)],
+)
+def test_parse_cfs_quota(quota: str, period: str, expected: float | None) -> None:
+    assert parse_cfs_quota(quota, period) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"), [("max", None), ("8589934592\n", 8 * GIB), ("9223372036854771712", None), ("", None)]
+)
+def test_parse_memory_limit(text: str, expected: int | None) -> None:
+    assert parse_memory_limit(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("name", "cpus", "memory"),
+    [
+        ("v2_quota", 1.5, 8 * GIB),
+        ("v2_max", None, None),
+        ("v2_nested", 1.0, None),  # the parent's 1 CPU caps the child's 3
+        ("v2_namespace", 2.5, None),  # host path in /proc, container cgroup at the mount root
+        ("v1_quota", 2.0, 4 * GIB),
+        ("v1_none", None, None),
+        ("hybrid", 3.0, 2 * GIB),  # cpu on v1, memory on the unified (v2) hierarchy
+    ],
+)
+def test_cgroup_limits_from_fixtures(name: str, cpus: float | None, memory: int | None) -> None:
+    root, proc = fixture(name)
+    assert cpu_limit(root, proc) == cpus
+    assert memory_limit(root, proc) == memory
+
+
+def test_cgroup_limits_without_cgroup_files(tmp_path: Path) -> None:
+    assert cpu_limit(tmp_path, "0::/\n") is None
+    assert cpu_limit(tmp_path / "missing", "") is None
+    assert memory_limit(tmp_path, "garbage line\n") is None
+
+
+@pytest.mark.parametrize(("limit", "cores"), [(1.5, 1), (0.5, 1), (2.0, 2), (3.99, 3), (16.0, 16)])
+def test_quota_rounds_down_but_never_below_one(limit: float, cores: int) -> None:
+    assert quota_to_cores(limit) == cores
+
+
+def test_quota_below_affinity_caps_usable_cores() -> None:
+    root, proc = fixture("v2_quota")  # 1.5 CPUs
+    assert usable_cores(root, proc, affinity=8) == 1
+    root, proc = fixture("v1_quota")  # 2 CPUs
+    assert usable_cores(root, proc, affinity=8) == 2
+
+
+def test_quota_above_affinity_does_not_raise_usable_cores() -> None:
+    root, proc = fixture("hybrid")  # 3 CPUs
+    assert usable_cores(root, proc, affinity=2) == 2
+    root, proc = fixture("v2_max")  # no quota
+    assert usable_cores(root, proc, affinity=5) == 5
+
+
+def test_collect_cpu_with_a_quota_warns_and_says_why() -> None:
+    root, proc = fixture("v2_quota")
+    cpu = collect_cpu(cgroup_root=root, proc_cgroup=proc)
+    assert cpu.cgroup_cpu_limit == 1.5
+    assert cpu.usable_cores == 1
+    assert cpu.to_dict()["usable_cores"] == 1
+    assert cpu.logical_cores == os.cpu_count()
+    if cpu.logical_cores > 1:
+        (warning,) = hardware_warnings(cpu, ShmInfo("/dev/shm", 8 * GIB, 8 * GIB), ())
+        assert "cgroup CPU quota is 1.5 CPUs" in warning
+        assert f"only 1 of {cpu.logical_cores} logical cores" in warning
+
+
+def test_affinity_mask_smaller_than_the_machine_warns(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
+    monkeypatch.setattr(os, "cpu_count", lambda: 4)
+    root, proc = fixture("v2_max")
+    cpu = collect_cpu(cgroup_root=root, proc_cgroup=proc)
+    assert (cpu.logical_cores, cpu.affinity_cores, cpu.usable_cores) == (4, 1, 1)
+    (warning,) = hardware_warnings(cpu, ShmInfo("/dev/shm", 8 * GIB, 8 * GIB), ())
+    assert "affinity mask allows 1" in warning
+    assert "cgroup" not in warning
+
+
+def test_read_cpuinfo(tmp_path: Path) -> None:
+    path = tmp_path / "cpuinfo"
+    path.write_text(
+        "processor\t: 0\nmodel name\t: Intel(R) Xeon(R) Platinum 8480+\n"
+        "flags\t\t: fpu sse2 avx512f avx512_bf16 amx_bf16 amx_tile\n\nprocessor\t: 1\n"
+    )
+    model, flags = read_cpuinfo(path)
+    assert model == "Intel(R) Xeon(R) Platinum 8480+"
+    assert flags is not None and {"avx512_bf16", "amx_bf16"} <= flags
+    assert read_cpuinfo(tmp_path / "missing") == (None, None)
+
+
+def test_cpu_without_bf16_flags(tmp_path: Path) -> None:
+    path = tmp_path / "cpuinfo"
+    path.write_text("model name\t: Old CPU\nflags\t\t: fpu sse2 avx2 avx512f\n")
+    cpu = collect_cpu(cpuinfo=path)
+    assert (cpu.model, cpu.bf16, cpu.bf16_flags) == ("Old CPU", False, ())
+    path.write_text("model name\t: New CPU\nflags\t\t: fpu avx512f amx_bf16 avx512_bf16\n")
+    cpu = collect_cpu(cpuinfo=path)
+    assert cpu.bf16 is True
+    assert cpu.bf16_flags == ("amx_bf16", "avx512_bf16")
+
+
+# --------------------------------------------------------------------------- /dev/shm
+
+
+def test_small_shm_warns_with_the_fix() -> None:
+    cpu = collect_cpu()
+    (warning,) = hardware_warnings(cpu, ShmInfo("/dev/shm", 64 * MIB, 60 * MIB), ())
+    assert "64 MiB" in warning
+    assert "--shm-size" in warning
+    assert "bus error" in warning
+    assert hardware_warnings(cpu, ShmInfo("/dev/shm", 2 * GIB, 2 * GIB), ()) == ()
+
+
+def test_missing_shm_gives_null_sizes(tmp_path: Path) -> None:
+    shm = probes.collect_shm(str(tmp_path / "no-such-dir"))
+    assert shm.to_dict() == {"path": str(tmp_path / "no-such-dir"), "total_bytes": None, "free_bytes": None}
+
+
+# --------------------------------------------------------------------------- NVML (fake pynvml)
+
+
+class FakeNvml:
+    """Builds a fake ``pynvml`` module from a list of device descriptions."""
+
+    def __init__(self, devices: list[dict[str, Any]], init_error: int | None = None) -> None:
+        self.devices = devices
+        self.init_error = init_error
+        self.failing: set[tuple[int, str]] = set()
+        self.calls: list[str] = []
+
+    def module(self) -> types.ModuleType:
+        mod = types.ModuleType("pynvml")
+
+        class NVMLError(Exception):
+            def __init__(self, value: int) -> None:
+                super().__init__(value)
+                self.value = value
+
+            def __str__(self) -> str:
+                return {3: "Not Supported", 9: "Driver Not Loaded", 12: "NVML Shared Library Not Found"}.get(
+                    self.value, f"error {self.value}"
+                )
+
+        class NVMLError_LibraryNotFound(NVMLError):  # noqa: N801 - the real name
+            pass
+
+        mod.NVMLError = NVMLError
+        mod.NVMLError_LibraryNotFound = NVMLError_LibraryNotFound
+        mod.NVML_ERROR_NOT_SUPPORTED = 3
+        mod.NVML_ERROR_DRIVER_NOT_LOADED = 9
+        mod.NVML_ERROR_LIBRARY_NOT_FOUND = 12
+
+        def init() -> None:
+            self.calls.append("init")
+            if self.init_error == 12:
+                raise NVMLError_LibraryNotFound(12)
+            if self.init_error is not None:
+                raise NVMLError(self.init_error)
+
+        def shutdown() -> None:
+            self.calls.append("shutdown")
+
+        def per_device(fn: str, getter: Any) -> Any:
+            def call(handle: int) -> Any:
+                if (handle, fn) in self.failing:
+                    raise NVMLError(3)
+                return getter(self.devices[handle])
+
+            return call
+
+        mod.nvmlInit = init
+        mod.nvmlShutdown = shutdown
+        def count() -> int:
+            if (-1, "nvmlDeviceGetCount") in self.failing:
+                raise NVMLError(999)
+            return len(self.devices)
+
+        mod.nvmlDeviceGetCount = count
+        mod.nvmlSystemGetDriverVersion = lambda: "580.95.05"
+        mod.nvmlDeviceGetHandleByIndex = lambda i: i
+        getters = {
+            "nvmlDeviceGetName": lambda d: d["name"],
+            "nvmlDeviceGetUUID": lambda d: d.get("uuid", "GPU-0000"),
+            "nvmlDeviceGetMemoryInfo": lambda d: types.SimpleNamespace(
+                total=d["total"], free=d["free"], used=d["total"] - d["free"]
+            ),
+            "nvmlDeviceGetCudaComputeCapability": lambda d: d["cc"],
+            "nvmlDeviceGetCurrPcieLinkGeneration": lambda d: d["gen"],
+            "nvmlDeviceGetCurrPcieLinkWidth": lambda d: d["width"],
+            "nvmlDeviceGetMaxPcieLinkGeneration": lambda d: d["gen"],
+            "nvmlDeviceGetMaxPcieLinkWidth": lambda d: d["width"],
+            "nvmlDeviceGetComputeRunningProcesses": lambda d: [
+                types.SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in d.get("procs", [])
+            ],
+            "nvmlDeviceGetGraphicsRunningProcesses": lambda d: [],
+        }
+        for fn, getter in getters.items():
+            setattr(mod, fn, per_device(fn, getter))
+        return mod
+
+
+def h100(**overrides: Any) -> dict[str, Any]:
+    device = {"name": b"NVIDIA H100 80GB HBM3", "uuid": "GPU-aaaa", "total": 80 * GIB, "free": 79 * GIB,
+              "cc": (9, 0), "gen": 5, "width": 16}
+    return device | overrides
+
+
+def t4(**overrides: Any) -> dict[str, Any]:
+    device = {"name": "Tesla T4", "uuid": "GPU-bbbb", "total": 16 * GIB, "free": 15 * GIB,
+              "cc": (7, 5), "gen": 3, "width": 8}
+    return device | overrides
+
+
+@pytest.fixture
+def fake_nvml(monkeypatch: pytest.MonkeyPatch) -> FakeNvml:
+    """Install a FakeNvml as ``pynvml``; tests change its devices / errors afterwards."""
+    fake = FakeNvml([h100(), t4()])
+    monkeypatch.setitem(sys.modules, "pynvml", fake.module())
+    # cuDNN would need a real torch import (slow); the lookup itself is tested separately.
+    monkeypatch.setattr(probes.software, "cudnn_version", lambda: "9.24.0")
+    return fake
+
+
+def test_nvml_two_gpus_full_data(fake_nvml: FakeNvml) -> None:
+    report = collect_gpus()
+    assert report.error is None and report.driver_loaded
+    first, second = report.gpus
+    assert first.to_dict() | {"query_errors": {}} == {
+        "index": 0,
+        "name": "NVIDIA H100 80GB HBM3",  # bytes from NVML decoded
+        "uuid": "GPU-aaaa",
+        "memory_total_bytes": 80 * GIB,
+        "memory_free_bytes": 79 * GIB,
+        "memory_used_by_others_bytes": 1 * GIB,
+        "other_processes": 0,
+        "compute_capability": "9.0",
+        "bf16": True,
+        "tf32": True,
+        "driver_version": "580.95.05",
+        "pcie_generation": 5,
+        "pcie_width": 16,
+        "pcie_max_generation": 5,
+        "pcie_max_width": 16,
+        "query_errors": {},
+    }
+    assert first.query_errors == ()
+    assert (second.index, second.name, second.compute_capability) == (1, "Tesla T4", "7.5")
+    assert (second.bf16, second.tf32) == (False, False)
+    assert (second.pcie_generation, second.pcie_width) == (3, 8)
+    assert fake_nvml.calls == ["init", "shutdown"]
+
+
+@pytest.mark.parametrize(
+    ("cc", "text", "tensor_cores"),
+    [
+        ((7, 0), "7.0", False),
+        ((7, 5), "7.5", False),
+        ((8, 0), "8.0", True),
+        ((8, 9), "8.9", True),
+        ((10, 0), "10.0", True),
+    ],
+)
+def test_nvml_compute_capability_decides_bf16_and_tf32(
+    fake_nvml: FakeNvml, cc: tuple[int, int], text: str, tensor_cores: bool
+) -> None:
+    fake_nvml.devices = [h100(cc=cc)]
+    (gpu,) = collect_gpus().gpus
+    assert (gpu.compute_capability, gpu.bf16, gpu.tf32) == (text, tensor_cores, tensor_cores)
+
+
+def test_nvml_one_failing_query_keeps_the_other_fields(fake_nvml: FakeNvml) -> None:
+    fake_nvml.failing = {(0, "nvmlDeviceGetCurrPcieLinkGeneration"), (1, "nvmlDeviceGetCudaComputeCapability")}
+    first, second = collect_gpus().gpus
+    assert first.pcie_generation is None
+    assert first.pcie_width == 16
+    assert first.name == "NVIDIA H100 80GB HBM3"
+    assert (first.compute_capability, first.memory_total_bytes) == ("9.0", 80 * GIB)
+    assert dict(first.query_errors) == {"pcie_generation": "Not Supported"}
+    assert (second.compute_capability, second.bf16, second.tf32) == (None, None, None)
+    assert second.memory_total_bytes == 16 * GIB
+    assert fake_nvml.calls == ["init", "shutdown"]
+
+
+def test_nvml_library_missing(fake_nvml: FakeNvml) -> None:
+    fake_nvml.init_error = 12
+    report = collect_gpus()
+    assert report.gpus == () and not report.driver_loaded
+    assert report.error is not None and "NVML library not found" in report.error
+    hw = probes.collect()
+    assert hw.gpus == () and hw.gpu_error == report.error
+    assert hw.to_dict()["gpus"] == []
+    assert hw.software.cuda is None and hw.software.cudnn is None
+
+
+def test_nvml_driver_not_loaded(fake_nvml: FakeNvml) -> None:
+    fake_nvml.init_error = 9
+    report = collect_gpus()
+    assert report.gpus == ()
+    assert report.error is not None and "driver not loaded" in report.error
+
+
+def test_nvml_failure_after_init_still_shuts_down(fake_nvml: FakeNvml) -> None:
+    fake_nvml.failing = {(-1, "nvmlDeviceGetCount")}
+    report = collect_gpus()
+    assert report.gpus == () and report.driver_loaded
+    assert report.error == "NVML could not count the GPUs: error 999"
+    assert fake_nvml.calls == ["init", "shutdown"]
+
+
+def test_nvidia_ml_py_not_installed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # makes `import pynvml` raise ImportError
+    report = collect_gpus()
+    assert report.gpus == () and report.error is not None and "nvidia-ml-py" in report.error
+
+
+def test_gpu_mostly_used_by_others_warns(fake_nvml: FakeNvml) -> None:
+    # GPU 0: 80 % taken by another process; GPU 1: 60 % taken, but by us.
+    fake_nvml.devices = [
+        h100(free=16 * GIB, procs=[(424242, 64 * GIB)]),
+        t4(free=6 * GIB, procs=[(os.getpid(), 10 * GIB)]),
+    ]
+    hw = probes.collect()
+    gpu0, gpu1 = hw.gpus
+    assert gpu0.memory_used_by_others_bytes == 64 * GIB and gpu0.other_processes == 1
+    assert gpu1.memory_used_by_others_bytes == 0 and gpu1.other_processes == 0
+    gpu_warnings = [w for w in hw.warnings if w.startswith("GPU")]
+    assert len(gpu_warnings) == 1
+    assert gpu_warnings[0].startswith("GPU 0 (NVIDIA H100 80GB HBM3): 80%")
+    # With a driver, the CUDA version torch was built with is reported.
+    assert hw.software.cuda == torch_cuda_build() and hw.software.cudnn == "9.24.0"
+
+
+# --------------------------------------------------------------------------- software
+
+
+def test_torch_cuda_build_matches_torch_version_without_importing_torch() -> None:
+    code = (
+        "import sys, probes.software as s; build = s.torch_cuda_build(); assert 'torch' not in sys.modules; "
+        "import torch; print(repr(build), repr(torch.version.cuda))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    ours, theirs = result.stdout.split()
+    assert ours == theirs
+
+
+@pytest.mark.parametrize(("raw", "text"), [(92400, "9.24.0"), (90100, "9.1.0"), (8902, "8.9.2"), (8700, "8.7.0")])
+def test_format_cudnn_version(raw: int, text: str) -> None:
+    assert format_cudnn_version(raw) == text
+
+
+# --------------------------------------------------------------------------- rendering
+
+
+def _render_text(hw: Hardware) -> str:
+    console = Console(file=io.StringIO(), width=120, color_system=None)
+    console.print(probes.render(hw))
+    return console.file.getvalue()  # type: ignore[attr-defined]
+
+
+def test_render_with_gpus_and_warnings(fake_nvml: FakeNvml) -> None:
+    fake_nvml.devices = [h100(free=16 * GIB, procs=[(424242, 64 * GIB)])]
+    text = _render_text(probes.collect())
+    assert "NVIDIA H100 80GB HBM3" in text
+    assert "9.0" in text and "gen5 x16" in text
+    assert "64.0 GiB / 80.0 GiB" in text
+    assert "warnings" in text and "80%" in text
+
+
+def test_render_without_gpu_shows_the_reason() -> None:
+    hw = probes.collect()
+    text = _render_text(hw)
+    assert hw.gpu_error is not None and hw.gpu_error in text
+    assert f"{hw.cpu.usable_cores} usable of {hw.cpu.logical_cores} logical" in text
+    assert "GiB" in text
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+runner = CliRunner()
+
+
+def test_cli_probe_json_is_one_json_object() -> None:
+    result = runner.invoke(app, ["probe", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)  # raises on anything but exactly one JSON document
+    assert isinstance(data, dict)
+    assert data["cpu"]["logical_cores"] == os.cpu_count()
+    assert data["gpus"] == [] and data["gpu_error"]
+
+
+def test_cli_probe_prints_tables() -> None:
+    result = runner.invoke(app, ["probe"])
+    assert result.exit_code == 0, result.output
+    assert "System" in result.stdout and "Software" in result.stdout
+    assert f"usable of {os.cpu_count()} logical" in result.stdout
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(result.stdout)
+
+
+def test_cli_probe_failure_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken() -> Hardware:
+        raise RuntimeError("cannot read /proc")
+
+    monkeypatch.setattr(probes, "collect", broken)
+    monkeypatch.delenv("AUTOTUNE_DEBUG", raising=False)
+    result = runner.invoke(app, ["probe"])
+    assert result.exit_code == 1
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1, result.output
+    assert "probe failed" in lines[0] and "RuntimeError: cannot read /proc" in lines[0]
+    assert "Traceback" not in result.output
+    assert result.stdout == ""
+
+
+def test_cli_version_and_help() -> None:
+    result = runner.invoke(app, ["--version"])
+    assert result.exit_code == 0
+    assert result.stdout.strip() == f"autotune {importlib.metadata.version('autotune')}"
+    result = runner.invoke(app, ["--help"])
+    assert result.exit_code == 0
+    assert "probe" in result.stdout
+
+
+def test_gpu_info_is_immutable_and_hashable() -> None:
+    gpu = GpuInfo(index=0, query_errors=(("name", "Not Supported"),))
+    with pytest.raises(AttributeError):
+        gpu.name = "x"  # type: ignore[misc]
+    hash(gpu)
+    assert gpu.to_dict()["query_errors"] == {"name": "Not Supported"}

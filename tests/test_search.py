@@ -1,0 +1,176 @@
+"""The search end to end: a real tiny search, and its logic with a fake runner."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+
+import autotune.trial
+from autotune.best import read_best
+from autotune.config import TrainSetup
+from autotune.errors import SearchFailed
+from autotune.search import SearchConfig, run_search
+from autotune.space import parse_constraint
+from autotune.trial import TrialResult
+
+TESTS = Path(__file__).parent
+
+
+def fake_runner(setup: TrainSetup, workload, options, on_window=None) -> TrialResult:
+    """Deterministic stand-in: 2 workers with batch >= 64 never fit."""
+    if options.mode == "loader":
+        return TrialResult(status="ok", samples_per_s=200.0 * (setup.num_workers + 1), windows=(1.0,))
+    if setup.num_workers == 2 and setup.batch_size >= 64:
+        return TrialResult(status="oom", error="peak memory 9.00 GiB exceeded the budget of 8.00 GiB", peak_memory_bytes=9 * 2**30)
+    rate = 100.0 * min(setup.batch_size, 128) / 32 * (1.5 if setup.amp == "bf16" else 1.0) * (1 + 0.3 * setup.num_workers)
+    if options.mode == "compute":
+        rate *= 2
+    windows = (rate, rate)
+    if on_window is not None:
+        for i, w in enumerate(windows):
+            if on_window(i, w):
+                return TrialResult(status="pruned", samples_per_s=w, windows=windows[: i + 1])
+    return TrialResult(
+        status="ok", samples_per_s=rate, samples_per_s_spread=0.0, windows=windows, peak_memory_bytes=2**28 + setup.batch_size * 2**20,
+        data_wait_fraction=0.1, step_time_s=setup.batch_size / rate,
+    )
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    monkeypatch.setattr(autotune.trial, "run_trial", fake_runner)
+
+
+def config(tmp_path: Path, cache_dir: Path, **kw) -> SearchConfig:
+    base = dict(model="resnet18", trials=6, image_size=32, device="cpu", trial_seconds=1.0, out=tmp_path / "out",
+                cache_dir=cache_dir, synthetic_images=64, confirm_rounds=2, confirm_top=2)
+    base.update(kw)
+    return SearchConfig(**base)
+
+
+def test_fake_search_records_infeasible_and_writes_best(tmp_path, cache_dir, fake) -> None:
+    outcome = run_search(config(tmp_path, cache_dir, trials=12))
+    statuses = [r.result.status for r in outcome.records]
+    assert len(outcome.records) == 12
+    assert "oom" in statuses
+    best = read_best(tmp_path / "out" / "best.json")
+    assert best.setup == outcome.best.setup
+    assert not (best.setup.num_workers == 2 and best.setup.batch_size >= 64)  # never an infeasible winner
+    assert best.defaults_samples_per_s == pytest.approx(100.0)
+    assert best.speedup == pytest.approx(best.samples_per_s / 100.0)
+    rows = list(csv.DictReader((tmp_path / "out" / "trials.csv").open()))
+    assert len(rows) == 12
+    assert rows[0]["role"] == "defaults" and rows[1]["role"] == "guess"
+    oom_rows = [r for r in rows if r["status"] == "oom"]
+    assert oom_rows and "exceeded the budget" in oom_rows[0]["error"]
+    assert (tmp_path / "out" / "train.py").exists()
+
+
+def test_same_seed_gives_same_first_suggestions(tmp_path, cache_dir, fake) -> None:
+    first = run_search(config(tmp_path / "a", cache_dir, trials=7, seed=7))
+    second = run_search(config(tmp_path / "b", cache_dir, trials=7, seed=7))
+    other = run_search(config(tmp_path / "c", cache_dir, trials=7, seed=8))
+    setups = lambda o: [r.setup for r in sorted(o.records, key=lambda r: r.number)]  # noqa: E731
+    assert setups(first) == setups(second)
+    assert setups(first) != setups(other)
+
+
+def test_resume_adds_trials_instead_of_repeating(tmp_path, cache_dir, fake) -> None:
+    run_search(config(tmp_path, cache_dir, trials=4))
+    storage = f"sqlite:///{tmp_path / 'out' / 'study.db'}"
+    before = {t.number: t.user_attrs["setup"] for t in optuna.load_study(study_name=None, storage=storage).trials}
+    outcome = run_search(config(tmp_path, cache_dir, trials=6))
+    study = optuna.load_study(study_name=None, storage=storage)
+    assert len(study.trials) == 6
+    assert {n: study.trials[n].user_attrs["setup"] for n in before} == before
+    assert len(outcome.records) == 6
+    # The same command again runs nothing new.
+    again = run_search(config(tmp_path, cache_dir, trials=6))
+    assert len(optuna.load_study(study_name=None, storage=storage).trials) == 6
+    assert len(again.records) == 6
+
+
+def test_resume_with_a_different_search_is_refused(tmp_path, cache_dir, fake) -> None:
+    from autotune.errors import StorageError
+
+    run_search(config(tmp_path, cache_dir, trials=2))
+    with pytest.raises(StorageError, match="different search"):
+        run_search(config(tmp_path, cache_dir, trials=3, constraints=(parse_constraint("amp=off"),)))
+
+
+def test_every_trial_failing_is_one_error(tmp_path, cache_dir, monkeypatch) -> None:
+    def always_oom(setup, workload, options, on_window=None):
+        return TrialResult(status="oom", error="no memory at all")
+
+    monkeypatch.setattr(autotune.trial, "run_trial", always_oom)
+    with pytest.raises(SearchFailed, match="all 3 trials failed.*oom: no memory at all"):
+        run_search(config(tmp_path, cache_dir, trials=3))
+
+
+def test_pinned_knobs_are_respected(tmp_path, cache_dir, fake) -> None:
+    outcome = run_search(config(tmp_path, cache_dir, trials=6, constraints=(parse_constraint("amp=off"), parse_constraint("batch_size=16..32"))))
+    searched = [r for r in outcome.records if r.role != "defaults"]
+    assert all(r.setup.amp == "off" and 16 <= r.setup.batch_size <= 32 for r in searched)
+
+
+def test_effective_batch_keeps_the_math(tmp_path, cache_dir, fake) -> None:
+    outcome = run_search(config(tmp_path, cache_dir, trials=6, effective_batch=64))
+    assert all(r.setup.effective_batch() == 64 for r in outcome.records)
+    assert outcome.best.reference_batch == 64 and outcome.best.lr == pytest.approx(1e-3)
+
+
+# ---------------------------------------------------------------- real runs
+@pytest.mark.slow
+def test_real_tiny_search_then_resume(tmp_path, cache_dir) -> None:
+    cfg = config(tmp_path, cache_dir, trials=4, confirm_top=2, confirm_rounds=2)
+    outcome = run_search(cfg)
+    best = read_best(tmp_path / "out" / "best.json")
+    assert best.samples_per_s > 0 and best.defaults_samples_per_s > 0
+    assert best.workload.model == "resnet18" and best.workload.image_size == 32
+    assert best.hardware["cpu"]["usable_cores"] >= 1
+    assert len(outcome.records) == 4
+    assert outcome.calibration.compute_samples_per_s > 0
+    assert [p.num_workers for p in outcome.calibration.loader][0] == 0
+    assert all(len(c.values) == 2 for c in outcome.confirmed)
+    resumed = run_search(config(tmp_path, cache_dir, trials=5, confirm_top=2, confirm_rounds=2))
+    assert len(resumed.records) == 5
+    assert [r.number for r in resumed.records] == [0, 1, 2, 3, 4]
+
+
+@pytest.mark.slow
+def test_sigint_leaves_a_resumable_study_and_best_json(tmp_path, cache_dir) -> None:
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHONPATH": str(TESTS.parent)}
+    cmd = [sys.executable, "-m", "autotune", "search", "--model", "resnet18", "--image-size", "32", "--trials", "30",
+           "--trial-seconds", "1", "--device", "cpu", "--out", str(out), "--cache-dir", str(cache_dir), "--synthetic-images", "64"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    deadline = time.monotonic() + 240
+    rows = 0
+    while time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.5)
+        if (out / "trials.csv").exists():
+            rows = len(list(csv.DictReader((out / "trials.csv").open())))
+            if rows >= 2:
+                break
+    assert rows >= 2, proc.stderr.read().decode() if proc.poll() is not None else "no trials in time"
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr.decode()
+    assert "rerun the same command to resume" in stderr.decode()
+    assert "Traceback" not in stderr.decode()
+    best = json.loads((out / "best.json").read_text())
+    assert best["setup"]["batch_size"] >= 1
+    assert any("not confirmed" in n for n in best["notes"])
+    study = optuna.load_study(study_name=None, storage=f"sqlite:///{out / 'study.db'}")
+    states = [t.state for t in study.trials]
+    assert optuna.trial.TrialState.RUNNING not in states
+    assert sum(s == optuna.trial.TrialState.COMPLETE for s in states) >= 2

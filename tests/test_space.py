@@ -1,0 +1,123 @@
+"""--set parsing and the search space."""
+
+from __future__ import annotations
+
+import optuna
+import pytest
+
+from autotune.calibrate import Calibration, LoaderPoint, MemoryPoint, extrapolate_batch
+from autotune.config import TrainSetup
+from autotune.errors import SetupError, UsageError
+from autotune.resolve import DeviceInfo
+from autotune.search import build_space, defaults_setup
+from autotune.space import merge_constraints, parse_constraint, powers_of_two
+
+CPU = DeviceInfo("cpu", bf16=True, memory_total_bytes=None, memory_free_bytes=None, label="test CPU")
+GPU = DeviceInfo("cuda:0", bf16=True, memory_total_bytes=80 * 2**30, memory_free_bytes=80 * 2**30, label="test GPU")
+
+
+def calibration(max_batch: int = 256, max_workers: int = 4) -> Calibration:
+    return Calibration(
+        budget_bytes=2**33,
+        max_batch=max_batch,
+        memory_points=(),
+        probe_batch=64,
+        compute_setup=TrainSetup().to_dict(),
+        compute_samples_per_s=100.0,
+        loader=(LoaderPoint(0, "ok", 50.0), LoaderPoint(1, "ok", 150.0)),
+        max_workers=max_workers,
+    )
+
+
+def test_parse_constraint_forms() -> None:
+    assert parse_constraint("amp=off").value == "off"
+    assert parse_constraint("workers=4").knob == "num_workers"
+    assert parse_constraint("batch_size=16..128").low == 16
+    assert parse_constraint("batch_size=..64").high == 64 and parse_constraint("batch_size=..64").low is None
+    assert parse_constraint("amp=off,bf16").choices == ("off", "bf16")
+    assert parse_constraint("channels_last=yes").value is True
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("turbo=1", "unknown knob 'turbo'"),
+        ("amp", "expected KNOB=VALUE"),
+        ("amp=fp8", "expected one of off, bf16, fp16"),
+        ("batch_size=big", "expected an integer"),
+        ("batch_size=0", "must be >= 1"),
+        ("batch_size=64..16", "empty range"),
+        ("amp=off..bf16", "ranges work for integer knobs only"),
+        ("channels_last=maybe", "expected true or false"),
+    ],
+)
+def test_parse_constraint_errors(text: str, message: str) -> None:
+    with pytest.raises(UsageError, match=message):
+        parse_constraint(text)
+
+
+def test_space_from_probe_and_calibration() -> None:
+    space = build_space(device=CPU, calibration=calibration(), usable_cores=2, effective_batch=None, constraints={})
+    assert space.values["num_workers"] == (0, 1, 2)  # usable cores, not os.cpu_count()
+    assert space.values["batch_size"] == (8, 16, 32, 64, 128, 256)
+    assert space.values["amp"] == ("off", "bf16")  # no fp16 on a CPU
+    assert space.values["pin_memory"] == (False,)
+    gpu = build_space(device=GPU, calibration=calibration(max_workers=3), usable_cores=16, effective_batch=None, constraints={})
+    assert gpu.values["amp"] == ("off", "bf16", "fp16")
+    assert gpu.values["num_workers"] == (0, 1, 2, 3)  # bounded by the loader measurement
+    assert gpu.values["pin_memory"] == (False, True)
+
+
+def test_effective_batch_fixes_accumulation() -> None:
+    space = build_space(device=CPU, calibration=calibration(), usable_cores=2, effective_batch=96, constraints={})
+    assert space.values["batch_size"] == (8, 16, 32)
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=1))
+    for _ in range(20):
+        setup = space.suggest(study.ask())
+        assert setup.batch_size * setup.accumulation_steps == 96
+    assert defaults_setup(96) == TrainSetup(batch_size=32, accumulation_steps=3)
+    assert defaults_setup(20) == TrainSetup(batch_size=20, accumulation_steps=1)
+
+
+def test_constraints_pin_and_bound() -> None:
+    constraints = merge_constraints(
+        [parse_constraint("amp=off"), parse_constraint("num_workers=1..2"), parse_constraint("batch_size=16..64")]
+    )
+    space = build_space(device=CPU, calibration=calibration(), usable_cores=8, effective_batch=None, constraints=constraints)
+    assert space.values["amp"] == ("off",)
+    assert space.values["num_workers"] == (1, 2)
+    assert space.values["batch_size"] == (16, 32, 64)
+    assert "amp" not in space.searched()
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    for _ in range(20):
+        trial = study.ask()
+        setup = space.suggest(trial)
+        assert space.contains(setup)
+        assert "amp" not in trial.params
+
+
+def test_impossible_constraints_are_errors() -> None:
+    with pytest.raises(SetupError, match="fp16 needs a CUDA device"):
+        build_space(device=CPU, calibration=calibration(), usable_cores=2, effective_batch=None,
+                    constraints=merge_constraints([parse_constraint("amp=fp16")]))
+    with pytest.raises(UsageError, match="no value left"):
+        build_space(device=CPU, calibration=calibration(max_batch=32), usable_cores=2, effective_batch=None,
+                    constraints=merge_constraints([parse_constraint("batch_size=64..128")]))
+    with pytest.raises(UsageError, match="given twice"):
+        merge_constraints([parse_constraint("amp=off"), parse_constraint("amp=bf16")])
+
+
+def test_params_for_round_trips_through_suggest() -> None:
+    space = build_space(device=CPU, calibration=calibration(), usable_cores=2, effective_batch=None, constraints={})
+    wanted = TrainSetup(num_workers=1, prefetch_factor=3, persistent_workers=True, batch_size=64, amp="bf16", channels_last=True, accumulation_steps=2)
+    study = optuna.create_study()
+    study.enqueue_trial(space.params_for(wanted))
+    assert space.suggest(study.ask()) == wanted
+
+
+def test_extrapolate_batch_and_powers() -> None:
+    points = [MemoryPoint(8, "ok", 1000 + 8 * 10, 1.0), MemoryPoint(32, "ok", 1000 + 32 * 10, 1.0)]
+    assert extrapolate_batch(points, 1000 + 100 * 10) == 100
+    assert extrapolate_batch([MemoryPoint(8, "oom", None, None)], 10**9) is None
+    assert powers_of_two(8, 100) == (8, 16, 32, 64)
+    assert powers_of_two(1, 1) == (1,)

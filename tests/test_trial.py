@@ -1,0 +1,168 @@
+"""The isolated trial runner: real (tiny) training in a child process."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+
+import psutil
+import pytest
+
+from autotune.config import TrainSetup
+from autotune.data import ensure_synthetic, synthetic_dir
+from autotune.trial import TrialOptions, TrialResult, run_trial
+
+pytestmark = pytest.mark.slow
+
+QUICK = TrialOptions(trial_seconds=1.0, windows=2, timeout_s=60)
+CONTRACT = {
+    "status",
+    "samples_per_s",
+    "samples_per_s_spread",
+    "step_time_s",
+    "data_wait_fraction",
+    "peak_memory_bytes",
+    "warmup_s",
+    "measured_s",
+    "error",
+}
+
+
+def test_resnet18_trial_is_ok_with_sane_fields(tiny_workload) -> None:
+    setup = TrainSetup(batch_size=8, num_workers=1, prefetch_factor=2)
+    result = run_trial(setup, tiny_workload, QUICK)
+    assert result.status == "ok", result.error
+    assert CONTRACT <= set(result.to_dict())
+    assert result.samples_per_s > 0
+    assert len(result.windows) == 2
+    assert min(result.windows) <= result.samples_per_s <= max(result.windows)
+    assert result.samples_per_s_spread == pytest.approx(max(result.windows) - min(result.windows))
+    assert 0.0 <= result.data_wait_fraction <= 1.0
+    assert result.measured_s >= 0.9  # at least the asked-for seconds
+    assert result.warmup_s > 0
+    # One optimizer step of 8 samples at the median throughput.
+    assert result.step_time_s == pytest.approx(8 / result.samples_per_s)
+    # The trial process and its worker hold at least a few hundred MB.
+    assert result.peak_memory_bytes > 100 * 2**20
+    assert result.error is None
+
+
+def test_bf16_accumulation_and_channels_last_run(tiny_workload) -> None:
+    setup = TrainSetup(batch_size=4, accumulation_steps=2, amp="bf16", channels_last=True)
+    result = run_trial(setup, tiny_workload, QUICK)
+    assert result.status == "ok", result.error
+    assert result.step_time_s == pytest.approx(8 / result.samples_per_s)
+    assert result.samples % 8 == 0  # whole optimizer steps only
+
+
+def test_compute_and_loader_modes(tiny_workload) -> None:
+    compute = run_trial(TrainSetup(batch_size=8), tiny_workload, dataclasses.replace(QUICK, mode="compute"))
+    loader = run_trial(
+        TrainSetup(batch_size=8, num_workers=1, prefetch_factor=2), tiny_workload, dataclasses.replace(QUICK, mode="loader")
+    )
+    assert compute.status == loader.status == "ok"
+    assert compute.data_wait_fraction == 0.0
+    assert loader.data_wait_fraction > 0.9
+    assert (compute.mode, loader.mode) == ("compute", "loader")
+
+
+def test_user_factory_runs(tiny_workload) -> None:
+    workload = dataclasses.replace(tiny_workload, model="factories:tiny_cnn")
+    result = run_trial(TrainSetup(batch_size=8), workload, QUICK)
+    assert result.status == "ok", result.error
+
+
+def test_factory_that_raises_is_an_error_with_its_message(tiny_workload) -> None:
+    workload = dataclasses.replace(tiny_workload, model="factories:broken")
+    result = run_trial(TrainSetup(batch_size=8), workload, QUICK)
+    assert result.status == "error"
+    assert result.error == "ValueError: factory exploded on purpose"
+
+
+def test_factory_returning_a_non_module_is_an_error(tiny_workload) -> None:
+    workload = dataclasses.replace(tiny_workload, model="factories:not_a_module")
+    result = run_trial(TrainSetup(batch_size=8), workload, QUICK)
+    assert result.status == "error"
+    assert "not a torch.nn.Module" in result.error
+
+
+def test_nan_model_diverges(tiny_workload) -> None:
+    workload = dataclasses.replace(tiny_workload, model="factories:makes_nan")
+    result = run_trial(TrainSetup(batch_size=8), workload, QUICK)
+    assert result.status == "diverged"
+    assert "NaN" in result.error
+
+
+def test_tiny_memory_budget_is_oom(tiny_workload) -> None:
+    options = dataclasses.replace(QUICK, max_memory_bytes=64 * 2**20)
+    result = run_trial(TrainSetup(batch_size=8), tiny_workload, options)
+    assert result.status == "oom"
+    assert "exceeded the budget" in result.error
+
+
+def _alive_in_group(pgid: int) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            if os.getpgid(proc.pid) == pgid and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc)
+        except (ProcessLookupError, psutil.Error):
+            continue
+    return found
+
+
+def test_hang_times_out_and_leaves_no_process(tiny_workload, monkeypatch) -> None:
+    import autotune.trial as trial_module
+
+    started: list[int] = []
+    real_popen = trial_module.subprocess.Popen
+
+    def recording_popen(*args, **kwargs):
+        proc = real_popen(*args, **kwargs)
+        started.append(proc.pid)
+        return proc
+
+    monkeypatch.setattr(trial_module.subprocess, "Popen", recording_popen)
+    workload = dataclasses.replace(tiny_workload, model="factories:sleeps_forever")
+    begin = time.monotonic()
+    result = run_trial(TrainSetup(batch_size=8, num_workers=1, prefetch_factor=2), workload, dataclasses.replace(QUICK, timeout_s=8))
+    assert result.status == "timeout"
+    assert "killed" in result.error
+    assert time.monotonic() - begin < 30
+    assert started and not _alive_in_group(started[0])
+
+
+def test_pruning_callback_stops_the_trial(tiny_workload) -> None:
+    seen: list[float] = []
+
+    def stop_after_first(index: int, value: float) -> bool:
+        seen.append(value)
+        return True
+
+    options = dataclasses.replace(QUICK, windows=4, trial_seconds=2.0)
+    result = run_trial(TrainSetup(batch_size=8), tiny_workload, options, on_window=stop_after_first)
+    assert result.status == "pruned"
+    assert len(seen) == 1 and result.windows == tuple(seen)
+
+
+def test_result_json_round_trip() -> None:
+    result = TrialResult(status="ok", samples_per_s=10.0, windows=(9.0, 11.0), samples=20)
+    assert TrialResult.from_dict(json.loads(json.dumps(result.to_dict()))) == result
+
+
+def test_synthetic_data_is_generated_once_and_reused(tmp_path) -> None:
+    first = ensure_synthetic(tmp_path, n_images=20)
+    assert first == synthetic_dir(tmp_path, 20)
+    files = sorted(first.rglob("*.jpg"))
+    assert len(files) == 20
+    stamp = {f: f.stat().st_mtime_ns for f in files}
+    again = ensure_synthetic(tmp_path, n_images=20)
+    assert again == first
+    assert {f: f.stat().st_mtime_ns for f in sorted(again.rglob("*.jpg"))} == stamp
+    from PIL import Image
+
+    with Image.open(files[0]) as image:
+        assert image.format == "JPEG"
+        assert 400 <= image.width <= 600 and 300 <= image.height <= 450
