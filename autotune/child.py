@@ -1,29 +1,26 @@
-"""The trial child process: ``python -m autotune.child REQUEST.json``.
+"""What runs inside a trial process.
 
 Builds the workload, applies the setup, warms up, measures steady-state
-windows and prints events as ``@@autotune {json}`` lines on stdout: one
-``window`` event per measured window, then one ``result`` event. Any failure
-becomes a result with a status; the parent never has to parse a traceback.
+windows and sends events to the parent (see :mod:`autotune.zygote` for the
+transport): one ``window`` event per measured window, then one ``result``
+event. Any failure becomes a result with a status; the parent never parses a
+traceback.
 """
 
 from __future__ import annotations
 
+import math
 import time
+from collections.abc import Callable
+from typing import Any
 
-T0 = time.perf_counter()  # before the heavy imports: start-up counts as warm-up
+from autotune.config import TrainSetup
+from autotune.errors import AutotuneError
+from autotune.measure import MemoryMonitor, Stopwatch, summarize, sync
+from autotune.trial import TrialOptions, TrialResult
+from autotune.workload import Workload
 
-import json  # noqa: E402
-import math  # noqa: E402
-import os  # noqa: E402
-import sys  # noqa: E402
-from collections.abc import Callable  # noqa: E402
-from typing import Any  # noqa: E402
-
-from autotune.config import TrainSetup  # noqa: E402
-from autotune.errors import AutotuneError  # noqa: E402
-from autotune.measure import MemoryMonitor, Stopwatch, summarize, sync  # noqa: E402
-from autotune.trial import EVENT_PREFIX, TrialOptions, TrialResult  # noqa: E402
-from autotune.workload import Workload  # noqa: E402
+Send = Callable[[dict[str, Any]], None]
 
 
 class BudgetExceeded(AutotuneError):
@@ -32,12 +29,6 @@ class BudgetExceeded(AutotuneError):
 
 class Diverged(AutotuneError):
     """The loss became NaN or infinite."""
-
-
-def emit(event: dict[str, Any]) -> None:
-    """Print one protocol event."""
-    sys.stdout.write(EVENT_PREFIX + json.dumps(event) + "\n")
-    sys.stdout.flush()
 
 
 def _one_line(exc: BaseException) -> str:
@@ -74,9 +65,13 @@ def _fmt_bytes(value: int) -> str:
 class Runner:
     """Everything one trial needs, built once."""
 
-    def __init__(self, setup: TrainSetup, workload: Workload, options: TrialOptions) -> None:
+    def __init__(
+        self, setup: TrainSetup, workload: Workload, options: TrialOptions, *, started: float, send: Send
+    ) -> None:
         import torch
 
+        self.started = started
+        self.send = send
         self.setup = setup
         self.workload = workload
         self.options = options
@@ -233,7 +228,7 @@ class Runner:
                 break
         sync(self.device_type)
         self.check()
-        warmup_s = time.perf_counter() - T0
+        warmup_s = time.perf_counter() - self.started
         window_s = options.trial_seconds / options.windows
         rates: list[float] = []
         measured_s = 0.0
@@ -256,7 +251,7 @@ class Runner:
             rates.append(rate)
             measured_s += elapsed
             total_samples += samples
-            emit({"event": "window", "index": index, "samples_per_s": rate})
+            self.send({"event": "window", "index": index, "samples_per_s": rate})
         stats = summarize(rates)
         wait = self.data_wait.total_s - wait_before
         self.monitor.stop()
@@ -281,30 +276,21 @@ class Runner:
         )
 
 
-def main(argv: list[str]) -> int:
-    """Run the trial described by the request file; print the result event."""
+def execute(request: dict[str, Any], *, started: float, send: Send) -> TrialResult:
+    """Run one trial request; every failure is returned as a status."""
     runner: Runner | None = None
     try:
-        with open(argv[1], encoding="utf-8") as fh:
-            request = json.load(fh)
         setup = TrainSetup.from_dict(request["setup"])
         workload = Workload.from_dict(request["workload"])
         options = TrialOptions(**request["options"])
-        runner = Runner(setup, workload, options)
-        result = runner.run()
+        runner = Runner(setup, workload, options, started=started, send=send)
+        return runner.run()
     except BaseException as exc:  # every failure is a result, never a traceback
         result = classify(exc)
-        if runner is not None:
-            try:
-                peak = runner.peak_memory()
-            except Exception:
-                peak = None
-            result = TrialResult(**{**result.to_dict(), "peak_memory_bytes": peak, "mode": runner.options.mode})
-    emit({"event": "result", "result": result.to_dict()})
-    # Skip interpreter teardown (joining loader workers can take seconds);
-    # the parent kills the whole process group anyway.
-    os._exit(0)
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+        if runner is None:
+            return result
+        try:
+            peak: int | None = runner.peak_memory()
+        except Exception:
+            peak = None
+        return TrialResult(**{**result.to_dict(), "peak_memory_bytes": peak, "mode": runner.options.mode})

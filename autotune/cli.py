@@ -229,6 +229,7 @@ def search(
         Optional[str], typer.Option("--storage", help="Optuna storage URL (default sqlite in --out).")
     ] = None,
     seed: Annotated[int, typer.Option("--seed", help="Sampler seed.")] = 0,
+    sampler: Annotated[str, typer.Option("--sampler", help="tpe (default) or random (a baseline).")] = "tpe",
     confirm_top: Annotated[int, typer.Option("--confirm-top", help="Finalists re-measured.")] = 3,
     confirm_rounds: Annotated[int, typer.Option("--confirm-rounds", help="Interleaved re-measurement rounds.")] = 3,
     lr: Annotated[float, typer.Option("--lr", help="Learning rate at the reference batch.")] = 1e-3,
@@ -259,6 +260,7 @@ def search(
         study=study,
         storage=storage,
         seed=seed,
+        sampler=sampler,
         cache_dir=cache_dir,
         synthetic_images=synthetic_images,
         confirm_top=confirm_top,

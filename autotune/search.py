@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import json
 import signal
+import time
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +63,7 @@ class SearchConfig:
         study: Study name (default derived from the workload).
         storage: Optuna storage URL (default SQLite in ``out``).
         seed: Sampler seed.
+        sampler: ``tpe`` (default) or ``random`` (a baseline for comparisons).
         cache_dir: Synthetic data cache.
         synthetic_images: Files in the synthetic dataset.
         confirm_top: Finalists re-measured.
@@ -84,6 +86,7 @@ class SearchConfig:
     study: str | None = None
     storage: str | None = None
     seed: int = 0
+    sampler: str = "tpe"
     cache_dir: Path | None = None
     synthetic_images: int = 2000
     confirm_top: int = 3
@@ -106,6 +109,8 @@ class SearchConfig:
             raise UsageError(f"--trial-seconds must be > 0, got {self.trial_seconds}")
         if self.confirm_top < 1 or self.confirm_rounds < 1:
             raise UsageError("--confirm-top and --confirm-rounds must be >= 1")
+        if self.sampler not in ("tpe", "random"):
+            raise UsageError(f"--sampler must be tpe or random, got {self.sampler!r}")
         if self.image_size < 8:
             raise UsageError(f"--image-size must be >= 8, got {self.image_size}")
         knobs = merge_constraints(self.constraints)
@@ -140,6 +145,7 @@ class SearchOutcome:
     study: str
     interrupted: bool = False
     files: tuple[str, ...] = field(default_factory=tuple)
+    timing: "Timing | None" = None
 
     def to_dict(self) -> dict[str, Any]:
         """The final summary as JSON (``--json``)."""
@@ -151,6 +157,7 @@ class SearchOutcome:
             "storage": self.storage,
             "study": self.study,
             "files": list(self.files),
+            "timing": asdict(self.timing) if self.timing else None,
             "calibration": self.calibration.to_dict(),
             "confirmation": [
                 {
@@ -165,6 +172,44 @@ class SearchOutcome:
             ],
             "trials": [r.to_dict() for r in self.records],
         }
+
+
+@dataclass
+class Timing:
+    """Where the time of a search went (this invocation only).
+
+    Attributes:
+        wall_s: Wall time of :func:`run_search`.
+        measured_s: Steady-state windows measured, summed over every trial
+            run (calibration, search trials, confirmation).
+        runs: Trial processes started.
+    """
+
+    wall_s: float = 0.0
+    measured_s: float = 0.0
+    runs: int = 0
+
+
+class _CountingRunner:
+    """Wraps the trial runner to account measured time."""
+
+    def __init__(self, timing: Timing) -> None:
+        self.timing = timing
+
+    def __call__(
+        self,
+        setup: TrainSetup,
+        workload: Workload,
+        options: TrialOptions,
+        on_window: Callable[[int, float], bool] | None = None,
+    ) -> TrialResult:
+        result = _trial.run_trial(setup, workload, options, on_window=on_window)
+        self.timing.runs += 1
+        if result.measured_s:
+            self.timing.measured_s += result.measured_s
+        elif result.windows:  # pruned: the windows it did measure
+            self.timing.measured_s += options.trial_seconds * len(result.windows) / options.windows
+        return result
 
 
 class Reporter:
@@ -226,12 +271,16 @@ def _open_study(config: SearchConfig, storage: str, name: str, n_trials: int) ->
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
-    sampler = optuna.samplers.TPESampler(
-        seed=config.seed,
-        n_startup_trials=max(3, min(10, n_trials // 3)),
-        multivariate=True,
-        group=True,
-    )
+    sampler: optuna.samplers.BaseSampler
+    if config.sampler == "random":
+        sampler = optuna.samplers.RandomSampler(seed=config.seed)
+    else:
+        sampler = optuna.samplers.TPESampler(
+            seed=config.seed,
+            n_startup_trials=max(3, min(10, n_trials // 3)),
+            multivariate=True,
+            group=True,
+        )
     try:
         return optuna.create_study(
             storage=storage,
@@ -293,6 +342,9 @@ def run_search(config: SearchConfig, reporter: Reporter | None = None) -> Search
 
     reporter = reporter or Reporter()
     config.validate()
+    timing = Timing()
+    began = time.monotonic()
+    runner = _CountingRunner(timing)
     constraints = merge_constraints(config.constraints)
     hardware = probes.collect()
     device = resolve_device(config.device, hardware)
@@ -353,6 +405,7 @@ def run_search(config: SearchConfig, reporter: Reporter | None = None) -> Search
             trial_seconds=config.trial_seconds,
             bf16_ok=device.bf16,
             log=reporter.message,
+            runner=runner,
         )
         study.set_user_attr("calibration", calibration.to_dict())
     space = build_space(
@@ -376,7 +429,7 @@ def run_search(config: SearchConfig, reporter: Reporter | None = None) -> Search
     files: list[str] = []
     try:
         with _sigterm_as_interrupt():
-            _run_trials(study, space, defaults, workload, options, config.trials, out, reporter)
+            _run_trials(study, space, defaults, workload, options, config.trials, out, reporter, runner)
     except KeyboardInterrupt:
         interrupted = True
     records = _records(study)
@@ -392,7 +445,7 @@ def run_search(config: SearchConfig, reporter: Reporter | None = None) -> Search
     if not interrupted:
         try:
             with _sigterm_as_interrupt():
-                confirmed = _confirm(study, feasible, defaults, workload, options, config, reporter)
+                confirmed = _confirm(study, feasible, defaults, workload, options, config, reporter, runner)
         except KeyboardInterrupt:
             interrupted = True
             confirmed = []
@@ -406,6 +459,7 @@ def run_search(config: SearchConfig, reporter: Reporter | None = None) -> Search
     except ImportError:  # pragma: no cover - emit ships with the package
         pass
     verdict = bottleneck_verdict(best, calibration, records, device)
+    timing.wall_s = time.monotonic() - began
     outcome = SearchOutcome(
         best=best,
         records=tuple(records),
@@ -417,6 +471,7 @@ def run_search(config: SearchConfig, reporter: Reporter | None = None) -> Search
         study=name,
         interrupted=interrupted,
         files=tuple(files),
+        timing=timing,
     )
     if interrupted:
         raise SearchInterrupted(
@@ -455,6 +510,7 @@ def _run_trials(
     wanted: int,
     out: Path,
     reporter: Reporter,
+    runner: _CountingRunner,
 ) -> None:
     from optuna.trial import TrialState
 
@@ -469,7 +525,7 @@ def _run_trials(
                 result = TrialResult.from_dict(previous.user_attrs["result"])
                 trial.set_user_attr("reused_from", previous.number)
             else:
-                result = _trial.run_trial(setup, workload, options, on_window=_pruning_hook(trial, role))
+                result = runner(setup, workload, options, on_window=_pruning_hook(trial, role))
             trial.set_user_attr("role", role)
             trial.set_user_attr("setup", setup.to_dict())
             trial.set_user_attr("result", result.to_dict())
@@ -516,6 +572,7 @@ def _confirm(
     options: TrialOptions,
     config: SearchConfig,
     reporter: Reporter,
+    runner: _CountingRunner,
 ) -> list[Confirmed]:
     ranked = sorted(feasible, key=lambda r: r.result.samples_per_s or 0.0, reverse=True)
     candidates: list[Candidate] = []
@@ -552,6 +609,7 @@ def _confirm(
         known=known,
         store=store,
         on_measure=lambda done, total, cand, result: reporter.confirm_progress(done, total, cand.label, result),
+        runner=runner,
     )
 
 

@@ -1,7 +1,7 @@
 """One isolated, measured training trial.
 
-:func:`run_trial` starts a fresh Python process (its own session and process
-group) that trains the workload with the setup for a few seconds and reports
+:func:`run_trial` starts a fresh process (forked from a warm, clean server,
+see :mod:`autotune.zygote`, into its own session and process group) that trains the workload with the setup for a few seconds and reports
 steady-state throughput. The parent enforces the timeout by killing the whole
 process group, DataLoader workers included. Whatever happens in the child
 (OOM, a crash, a hang, a NaN) comes back as a :class:`TrialResult` status,
@@ -11,13 +11,8 @@ never as an exception.
 from __future__ import annotations
 
 import json
-import os
-import queue
 import signal
-import subprocess
-import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -31,7 +26,6 @@ from autotune.workload import Workload
 Status = Literal["ok", "oom", "timeout", "error", "diverged", "pruned"]
 Mode = Literal["train", "compute", "loader"]
 FEASIBLE = "ok"
-EVENT_PREFIX = "@@autotune "
 
 
 @dataclass(frozen=True)
@@ -133,24 +127,6 @@ class TrialResult:
 WindowCallback = Callable[[int, float], bool]
 
 
-def _kill_group(pgid: int) -> None:
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _reader(stream: Any, events: "queue.Queue[dict[str, Any] | None]") -> None:
-    for raw in stream:
-        line = raw.decode("utf-8", "replace").rstrip("\n")
-        if line.startswith(EVENT_PREFIX):
-            try:
-                events.put(json.loads(line[len(EVENT_PREFIX) :]))
-            except json.JSONDecodeError:
-                continue
-    events.put(None)
-
-
 def _last_line(path: Path) -> str:
     try:
         text = path.read_text(encoding="utf-8", errors="replace")
@@ -163,7 +139,7 @@ def _last_line(path: Path) -> str:
     return ""
 
 
-def _signal_death(returncode: int, stderr_path: Path) -> TrialResult:
+def _signal_death(returncode: int, log_path: Path) -> TrialResult:
     if returncode == -signal.SIGKILL:
         return TrialResult(
             status="oom",
@@ -172,7 +148,7 @@ def _signal_death(returncode: int, stderr_path: Path) -> TrialResult:
     if returncode < 0:
         name = signal.Signals(-returncode).name
         return TrialResult(status="error", error=f"the trial process died of {name}")
-    tail = _last_line(stderr_path)
+    tail = _last_line(log_path)
     return TrialResult(status="error", error=tail or f"the trial process exited with code {returncode} and no result")
 
 
@@ -195,79 +171,72 @@ def run_trial(
     Returns:
         The measured result; failures are statuses, not exceptions.
     """
+    from autotune import zygote
+
     options = options or TrialOptions()
     request = {"setup": setup.to_dict(), "workload": workload.to_dict(), "options": asdict(options)}
     with tempfile.TemporaryDirectory(prefix="autotune-trial-") as tmp:
-        request_path = Path(tmp) / "request.json"
-        request_path.write_text(json.dumps(request), encoding="utf-8")
-        stderr_path = Path(tmp) / "stderr.txt"
-        env = dict(os.environ)
-        env.setdefault("PYTHONUNBUFFERED", "1")
-        with open(stderr_path, "wb") as stderr:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "autotune.child", str(request_path)],
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=stderr,
-                start_new_session=True,
-                env=env,
-            )
-            try:
-                return _supervise(proc, options, on_window, stderr_path)
-            finally:
-                _kill_group(proc.pid)
-                try:
-                    proc.wait(timeout=10)
-                except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL never fails
-                    pass
-                if proc.stdout is not None:
-                    proc.stdout.close()
+        directory = Path(tmp)
+        (directory / zygote.REQUEST).write_text(json.dumps(request), encoding="utf-8")
+        proc = zygote.launch(directory)
+        try:
+            return _supervise(proc, directory, options, on_window)
+        finally:
+            proc.kill()
 
 
-def _supervise(
-    proc: "subprocess.Popen[bytes]",
-    options: TrialOptions,
-    on_window: WindowCallback | None,
-    stderr_path: Path,
-) -> TrialResult:
-    events: queue.Queue[dict[str, Any] | None] = queue.Queue()
-    thread = threading.Thread(target=_reader, args=(proc.stdout, events), daemon=True)
-    thread.start()
+def _read_events(path: Path, offset: int) -> tuple[list[dict[str, Any]], int]:
+    """Complete JSON lines appended to ``path`` since ``offset``."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(offset)
+            data = fh.read()
+    except FileNotFoundError:
+        return [], offset
+    end = data.rfind(b"\n") + 1
+    events = []
+    for line in data[:end].splitlines():
+        try:
+            events.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return events, offset + end
+
+
+def _supervise(proc: Any, directory: Path, options: TrialOptions, on_window: WindowCallback | None) -> TrialResult:
+    from autotune import zygote
+
     deadline = time.monotonic() + options.effective_timeout_s
     windows: list[float] = []
+    offset = 0
     while True:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            _kill_group(proc.pid)
+        exitcode = proc.exitcode()  # read before the events: no event is lost
+        events, offset = _read_events(directory / zygote.EVENTS, offset)
+        for event in events:
+            kind = event.get("event")
+            if kind == "result":
+                return TrialResult.from_dict(event["result"])
+            if kind == "window":
+                value = float(event["samples_per_s"])
+                windows.append(value)
+                if on_window is not None and on_window(int(event["index"]), value):
+                    proc.kill()
+                    return TrialResult(
+                        status="pruned",
+                        samples_per_s=value,
+                        windows=tuple(windows),
+                        mode=options.mode,
+                        error="stopped early: clearly slower than the best so far",
+                    )
+        if exitcode is not None:
+            result = _signal_death(exitcode, directory / zygote.OUTPUT)
+            return TrialResult(**{**result.to_dict(), "windows": tuple(windows), "mode": options.mode})
+        if time.monotonic() > deadline:
+            proc.kill()
             return TrialResult(
                 status="timeout",
                 windows=tuple(windows),
                 mode=options.mode,
                 error=f"no result within {options.effective_timeout_s:.0f} s; the process group was killed",
             )
-        try:
-            event = events.get(timeout=min(remaining, 0.5))
-        except queue.Empty:
-            continue
-        if event is None:  # stdout closed: the child is gone
-            try:
-                returncode = proc.wait(timeout=max(0.1, min(10.0, deadline - time.monotonic())))
-            except subprocess.TimeoutExpired:
-                continue
-            result = _signal_death(returncode, stderr_path)
-            return TrialResult(**{**result.to_dict(), "windows": tuple(windows), "mode": options.mode})
-        kind = event.get("event")
-        if kind == "window":
-            value = float(event["samples_per_s"])
-            windows.append(value)
-            if on_window is not None and on_window(int(event["index"]), value):
-                _kill_group(proc.pid)
-                return TrialResult(
-                    status="pruned",
-                    samples_per_s=value,
-                    windows=tuple(windows),
-                    mode=options.mode,
-                    error="stopped early: clearly slower than the best so far",
-                )
-        elif kind == "result":
-            return TrialResult.from_dict(event["result"])
+        time.sleep(0.05)

@@ -47,3 +47,9 @@ def makes_nan(num_classes: int = 10) -> nn.Module:
 def not_a_module() -> str:
     """A factory that returns the wrong type."""
     return "not a module"
+
+
+def chatty(num_classes: int = 10) -> nn.Module:
+    """A factory that prints, as user code does."""
+    print("hello from the factory")
+    return tiny_cnn(num_classes)

@@ -114,24 +114,45 @@ def _alive_in_group(pgid: int) -> list[psutil.Process]:
 
 
 def test_hang_times_out_and_leaves_no_process(tiny_workload, monkeypatch) -> None:
-    import autotune.trial as trial_module
+    from autotune import zygote
 
     started: list[int] = []
-    real_popen = trial_module.subprocess.Popen
+    real_launch = zygote.launch
 
-    def recording_popen(*args, **kwargs):
-        proc = real_popen(*args, **kwargs)
+    def recording_launch(directory):
+        proc = real_launch(directory)
         started.append(proc.pid)
         return proc
 
-    monkeypatch.setattr(trial_module.subprocess, "Popen", recording_popen)
+    monkeypatch.setattr(zygote, "launch", recording_launch)
     workload = dataclasses.replace(tiny_workload, model="factories:sleeps_forever")
     begin = time.monotonic()
-    result = run_trial(TrainSetup(batch_size=8, num_workers=1, prefetch_factor=2), workload, dataclasses.replace(QUICK, timeout_s=8))
+    setup = TrainSetup(batch_size=8, num_workers=1, prefetch_factor=2)
+    result = run_trial(setup, workload, dataclasses.replace(QUICK, timeout_s=8))
     assert result.status == "timeout"
     assert "killed" in result.error
     assert time.monotonic() - begin < 30
+    time.sleep(0.5)
     assert started and not _alive_in_group(started[0])
+
+
+def test_fallback_without_the_zygote_runs_a_fresh_interpreter(tiny_workload, monkeypatch) -> None:
+    from autotune import zygote
+
+    fresh = zygote.Zygote()
+    fresh.disabled = True
+    monkeypatch.setattr(zygote, "_ZYGOTE", fresh)
+    result = run_trial(TrainSetup(batch_size=8), dataclasses.replace(tiny_workload, model="factories:tiny_cnn"), QUICK)
+    assert result.status == "ok", result.error
+    assert fresh._proc is None  # no server was started
+
+
+def test_user_prints_do_not_reach_our_stdout(tiny_workload, capfd) -> None:
+    workload = dataclasses.replace(tiny_workload, model="factories:chatty")
+    result = run_trial(TrainSetup(batch_size=8), workload, QUICK)
+    assert result.status == "ok", result.error
+    captured = capfd.readouterr()
+    assert "hello from the factory" not in captured.out + captured.err
 
 
 def test_pruning_callback_stops_the_trial(tiny_workload) -> None:

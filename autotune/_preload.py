@@ -1,0 +1,17 @@
+"""Imported once by the trial forkserver, so each forked trial starts warm.
+
+Only imports: no tensor is created and CUDA is not touched, so forking from
+the server is as safe as forking from a fresh interpreter.
+"""
+
+import numpy  # noqa: F401
+import PIL.Image  # noqa: F401
+import torch  # noqa: F401
+import torchvision  # noqa: F401
+import torchvision.datasets  # noqa: F401
+import torchvision.models  # noqa: F401
+import torchvision.transforms.v2  # noqa: F401
+
+import autotune.child  # noqa: F401
+import autotune.data  # noqa: F401
+import autotune.models  # noqa: F401

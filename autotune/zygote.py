@@ -1,0 +1,281 @@
+"""Start trial processes fast: a warm "zygote" server that forks them.
+
+Importing torch and torchvision takes about 3 s on a small machine, as long
+as a short trial measures. The zygote is one server process that imports them
+once (and nothing else: no tensor, no thread pool, no CUDA), then forks a
+fresh process for every trial. A forked trial starts in milliseconds, in a
+new session of its own, with no state from any other trial.
+
+The protocol is files in a per-trial directory, so nothing can block:
+
+* ``request.json``: written by the parent (setup, workload, options);
+* ``events.jsonl``: appended by the trial, one JSON event per line;
+* ``output.txt``: the trial's stdout and stderr (user prints, warnings);
+* ``exit``: written by the zygote when it reaps the trial: its exit code.
+
+``python -m autotune.zygote`` serves; ``python -m autotune.zygote --single
+DIR`` runs one trial in a fresh interpreter (the fallback when the zygote
+cannot start, or with ``AUTOTUNE_ZYGOTE=0``).
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+REQUEST = "request.json"
+EVENTS = "events.jsonl"
+OUTPUT = "output.txt"
+EXIT = "exit"
+START_TIMEOUT_S = 120.0
+
+
+# ---------------------------------------------------------------- the trial
+def run_child(trial_dir: str, *, new_session: bool) -> None:
+    """Execute the trial in ``trial_dir`` in this process, then ``_exit``."""
+    status = 0
+    try:
+        started = time.perf_counter()
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGCHLD])
+        if new_session:
+            os.setsid()
+        directory = Path(trial_dir)
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)
+        os.close(devnull)
+        log = os.open(directory / OUTPUT, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        os.close(log)
+        events = os.open(directory / EVENTS, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+
+        def send(event: dict[str, Any]) -> None:
+            os.write(events, (json.dumps(event) + "\n").encode())
+
+        from autotune.child import execute
+
+        request = json.loads((directory / REQUEST).read_text(encoding="utf-8"))
+        result = execute(request, started=started, send=send)
+        send({"event": "result", "result": result.to_dict()})
+    except BaseException:  # pragma: no cover - execute() already catches everything
+        import traceback
+
+        traceback.print_exc()
+        status = 1
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            # Skip interpreter teardown (joining loader workers can take
+            # seconds); the parent kills the whole process group anyway.
+            os._exit(status)
+
+
+# --------------------------------------------------------------- the server
+_children: dict[int, str] = {}
+
+
+def _reap(signum: int, frame: Any) -> None:
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        trial_dir = _children.pop(pid, None)
+        if trial_dir is not None:
+            code = os.waitstatus_to_exitcode(status)
+            tmp = Path(trial_dir) / f".{EXIT}.tmp"
+            try:
+                tmp.write_text(str(code))
+                os.replace(tmp, Path(trial_dir) / EXIT)
+            except OSError:
+                pass
+
+
+def serve() -> None:
+    """Import the heavy modules once, then fork a trial per request line."""
+    import autotune._preload  # noqa: F401
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGCHLD, _reap)
+    out = sys.stdout
+    out.write("ready\n")
+    out.flush()
+    for line in sys.stdin:
+        trial_dir = line.strip()
+        if not trial_dir:
+            continue
+        signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGCHLD])
+        try:
+            pid = os.fork()
+            if pid == 0:
+                run_child(trial_dir, new_session=True)
+            _children[pid] = trial_dir
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGCHLD])
+        out.write(f"{pid}\n")
+        out.flush()
+    for pid in list(_children):  # the parent is gone: take the trials with us
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+# --------------------------------------------------------------- the client
+class TrialProcess:
+    """A started trial: its pid (also its process group) and exit status."""
+
+    def __init__(self, pid: int, directory: Path, popen: subprocess.Popen[bytes] | None = None) -> None:
+        self.pid = pid
+        self.directory = directory
+        self._popen = popen
+
+    def exitcode(self) -> int | None:
+        """The exit code once the process is gone (negative: killed by a signal)."""
+        if self._popen is not None:
+            return self._popen.poll()
+        path = self.directory / EXIT
+        if not path.exists():
+            return None
+        try:
+            return int(path.read_text())
+        except (OSError, ValueError):
+            return None
+
+    def kill(self) -> None:
+        """Kill the trial's whole process group (its loader workers too)."""
+        for kill in (lambda: os.killpg(self.pid, signal.SIGKILL), lambda: os.kill(self.pid, signal.SIGKILL)):
+            try:
+                kill()
+            except OSError:
+                pass
+        if self._popen is not None:
+            try:
+                self._popen.wait(timeout=10)
+            except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL does not fail
+                pass
+
+
+def _child_env() -> dict[str, str]:
+    env = dict(os.environ)
+    package_root = str(Path(__file__).resolve().parent.parent)
+    paths = [package_root, *[p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]]
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+class Zygote:
+    """Client side of the zygote server; one per parent process."""
+
+    def __init__(self) -> None:
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._buffer = b""
+        self._lock = threading.Lock()
+        self.disabled = os.environ.get("AUTOTUNE_ZYGOTE", "1") == "0"
+
+    def _readline(self, timeout: float) -> str | None:
+        assert self._proc is not None and self._proc.stdout is not None
+        fd = self._proc.stdout.fileno()
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self._buffer:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return None
+            ready, _, _ = select.select([fd], [], [], remaining)
+            if not ready:
+                return None
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                return None
+            self._buffer += chunk
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        return line.decode()
+
+    def _start(self) -> bool:
+        self._buffer = b""
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "autotune.zygote"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+            env=_child_env(),
+        )
+        if self._readline(START_TIMEOUT_S) == "ready":
+            return True
+        self.close()
+        return False
+
+    def launch(self, directory: Path) -> TrialProcess:
+        """Start the trial whose request is in ``directory``."""
+        with self._lock:
+            if not self.disabled:
+                if (self._proc is None or self._proc.poll() is not None) and not self._start():
+                    self.disabled = True  # fall back to one interpreter per trial
+                if not self.disabled:
+                    assert self._proc is not None and self._proc.stdin is not None
+                    try:
+                        self._proc.stdin.write(f"{directory}\n".encode())
+                        self._proc.stdin.flush()
+                        answer = self._readline(30.0)
+                    except OSError:
+                        answer = None
+                    if answer is not None and answer.isdigit():
+                        return TrialProcess(int(answer), directory)
+                    self.close()
+            popen = subprocess.Popen(
+                [sys.executable, "-m", "autotune.zygote", "--single", str(directory)],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+                env=_child_env(),
+            )
+            return TrialProcess(popen.pid, directory, popen)
+
+    def close(self) -> None:
+        """Stop the server (it kills any trial still running)."""
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        try:
+            if proc.stdin is not None:
+                proc.stdin.close()
+            proc.wait(timeout=5)
+        except (OSError, subprocess.TimeoutExpired):
+            proc.kill()
+            proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+_ZYGOTE = Zygote()
+atexit.register(_ZYGOTE.close)
+
+
+def launch(directory: Path) -> TrialProcess:
+    """Start the trial whose ``request.json`` is in ``directory``."""
+    return _ZYGOTE.launch(directory)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--single":
+        run_child(sys.argv[2], new_session=False)
+    else:
+        serve()
