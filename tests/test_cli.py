@@ -1,0 +1,102 @@
+"""The command line: thin commands, one-line errors, exit codes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from autotune import __version__
+from autotune.cli import app
+
+runner = CliRunner()
+
+
+def _search(tmp_path: Path, cache_dir: Path, *extra: str) -> tuple[int, str, Path]:
+    out = tmp_path / "out"
+    args = ["search", "--model", "resnet18", "--image-size", "32", "--trials", "2", "--device", "cpu",
+            "--out", str(out), "--cache-dir", str(cache_dir), "--synthetic-images", "64", *extra]
+    result = runner.invoke(app, args)
+    return result.exit_code, result.output, out
+
+
+def _one_error_line(output: str) -> str:
+    lines = [ln for ln in output.splitlines() if ln.strip()]
+    assert len(lines) == 1, output
+    assert "Traceback" not in output
+    assert lines[0].startswith("error:")
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    ("extra", "code", "message"),
+    [
+        (("--trials", "0"), 2, "--trials must be >= 1"),
+        (("--model", "resnet1800"), 1, "unknown model 'resnet1800'; did you mean resnet18"),
+        (("--model", "os:system('x')"), 1, "not a valid factory reference"),
+        (("--model", "no_such_module:f"), 1, "cannot import 'no_such_module'"),
+        (("--set", "turbo=1"), 2, "unknown knob 'turbo'"),
+        (("--set", "amp=fp16"), 2, "fp16 needs a CUDA device"),
+        (("--set", "pin_memory=true"), 2, "pin_memory"),
+        (("--effective-batch", "64", "--set", "accumulation_steps=2"), 2, "do not --set it as well"),
+        (("--device", "cuda"), 2, "no CUDA GPU is usable"),
+        (("--device", "tpu"), 2, "bad device 'tpu'"),
+        (("--max-memory", "lots"), 2, "not a memory size"),
+        (("--sampler", "grid"), 2, "--sampler must be tpe or random"),
+    ],
+)
+def test_bad_search_input_is_one_line_and_writes_nothing(tmp_path, cache_dir, extra, code, message) -> None:
+    exit_code, output, out = _search(tmp_path, cache_dir, *extra)
+    assert exit_code == code, output
+    assert message in _one_error_line(output)
+    assert not out.exists()
+
+
+def test_missing_and_empty_data_dirs(tmp_path, cache_dir) -> None:
+    exit_code, output, out = _search(tmp_path, cache_dir, "--data", str(tmp_path / "nope"))
+    assert exit_code == 1 and "does not exist" in _one_error_line(output) and not out.exists()
+    (tmp_path / "empty" / "class_a").mkdir(parents=True)
+    exit_code, output, out = _search(tmp_path, cache_dir, "--data", str(tmp_path / "empty"))
+    assert exit_code == 1 and "holds no images" in _one_error_line(output) and not out.exists()
+
+
+def test_unwritable_out_and_unreachable_storage(tmp_path, cache_dir) -> None:
+    result = runner.invoke(app, ["search", "--model", "resnet18", "--trials", "1", "--device", "cpu",
+                                 "--out", "/proc/autotune-out", "--cache-dir", str(cache_dir), "--synthetic-images", "64"])
+    assert result.exit_code == 1 and "--out /proc/autotune-out cannot be created" in _one_error_line(result.output)
+    exit_code, output, out = _search(tmp_path, cache_dir, "--storage", "sqlite:////nonexistent-dir/x/study.db")
+    assert exit_code == 1 and "cannot open study storage" in _one_error_line(output)
+    assert not out.exists()
+    exit_code, output, out = _search(tmp_path, cache_dir, "--storage", "nosuchscheme://x")
+    assert exit_code == 1 and "cannot open study storage" in _one_error_line(output)
+
+
+def test_version_help_and_debug(tmp_path, cache_dir) -> None:
+    assert runner.invoke(app, ["--version"]).output.strip() == f"autotune {__version__}"
+    for command in ([], ["probe"], ["trial"], ["search"], ["emit"]):
+        result = runner.invoke(app, [*command, "--help"])
+        assert result.exit_code == 0 and "Usage" in result.output
+    result = runner.invoke(app, ["--debug", "search", "--model", "resnet1800", "--device", "cpu", "--out",
+                                str(tmp_path / "o"), "--cache-dir", str(cache_dir), "--synthetic-images", "64"])
+    assert result.exit_code != 0 and result.exception is not None  # --debug lets the exception through
+
+
+def test_trial_command_bad_setup_and_json(tmp_path, cache_dir) -> None:
+    bad = runner.invoke(app, ["trial", "--workers", "0", "--prefetch", "2", "--device", "cpu"])
+    assert bad.exit_code == 2 and "prefetch_factor needs num_workers > 0" in _one_error_line(bad.output)
+    fp16 = runner.invoke(app, ["trial", "--amp", "fp16", "--device", "cpu", "--cache-dir", str(cache_dir),
+                               "--synthetic-images", "64"])
+    assert fp16.exit_code == 2 and "fp16 needs a CUDA device" in _one_error_line(fp16.output)
+
+
+@pytest.mark.slow
+def test_trial_command_prints_one_json_result(cache_dir) -> None:
+    result = runner.invoke(app, ["trial", "--model", "resnet18", "--image-size", "32", "--batch-size", "8",
+                                 "--workers", "1", "--prefetch", "2", "--amp", "bf16", "--accum", "2",
+                                 "--channels-last", "--trial-seconds", "1", "--device", "cpu", "--json",
+                                 "--cache-dir", str(cache_dir), "--synthetic-images", "64"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["status"] == "ok" and data["samples_per_s"] > 0
