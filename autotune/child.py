@@ -251,7 +251,7 @@ class Runner:
             rates.append(rate)
             measured_s += elapsed
             total_samples += samples
-            self.send({"event": "window", "index": index, "samples_per_s": rate})
+            self.send({"event": "window", "index": index, "samples_per_s": rate, "seconds": elapsed})
         stats = summarize(rates)
         wait = self.data_wait.total_s - wait_before
         self.monitor.stop()

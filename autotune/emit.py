@@ -86,28 +86,13 @@ def _comment_text(value: Any) -> str:
 
 # --------------------------------------------------------------- the header
 def _hardware_summary(hardware: dict[str, Any]) -> str:
-    """CPU model and GPU names from the probe summary, tolerant of its exact shape."""
+    """CPU model and GPU names from the probe summary in best.json."""
     parts: list[str] = []
-    cpu = hardware.get("cpu")
-    cpu_model = None
-    if isinstance(cpu, dict):
-        cpu_model = cpu.get("model") or cpu.get("model_name") or cpu.get("name") or cpu.get("brand")
-        cores = cpu.get("usable_cores") or cpu.get("cores") or cpu.get("logical_cores")
-        if cpu_model and isinstance(cores, int):
-            cpu_model = f"{cpu_model} ({cores} cores)"
-    elif isinstance(cpu, str):
-        cpu_model = cpu
-    cpu_model = cpu_model or hardware.get("cpu_model")
-    if cpu_model:
-        parts.append(str(cpu_model))
-    gpus = hardware.get("gpus")
-    names: list[str] = []
-    if isinstance(gpus, list):
-        names = [str(g.get("name")) for g in gpus if isinstance(g, dict) and g.get("name")]
-    elif isinstance(hardware.get("gpu"), dict) and hardware["gpu"].get("name"):
-        names = [str(hardware["gpu"]["name"])]
-    elif hardware.get("gpu_name"):
-        names = [str(hardware["gpu_name"])]
+    cpu = hardware.get("cpu") or {}
+    if cpu.get("model"):
+        cores = cpu.get("usable_cores")
+        parts.append(f"{cpu['model']} ({cores} usable cores)" if isinstance(cores, int) else str(cpu["model"]))
+    names = [str(g["name"]) for g in hardware.get("gpus") or [] if isinstance(g, dict) and g.get("name")]
     if names:
         counted = {name: names.count(name) for name in dict.fromkeys(names)}
         parts.append(", ".join(f"{n} x {name}" if n > 1 else name for name, n in counted.items()))

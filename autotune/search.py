@@ -29,7 +29,15 @@ from autotune.errors import AutotuneError, SearchFailed, StorageError, UsageErro
 from autotune.outputs import TrialRecord, check_writable, write_trials_csv
 from autotune.pruning import SlowerThanBestPruner
 from autotune.resolve import DeviceInfo, build_workload, resolve_device
-from autotune.space import Constraint, Space, build_space, defaults_setup, guess_setup, merge_constraints
+from autotune.space import (
+    Constraint,
+    Space,
+    build_space,
+    check_constraints,
+    defaults_setup,
+    guess_setup,
+    merge_constraints,
+)
 from autotune.trial import TrialOptions, TrialResult
 from autotune.winner import bottleneck_verdict, make_best
 from autotune.workload import Workload
@@ -205,10 +213,7 @@ class _CountingRunner:
     ) -> TrialResult:
         result = _trial.run_trial(setup, workload, options, on_window=on_window)
         self.timing.runs += 1
-        if result.measured_s:
-            self.timing.measured_s += result.measured_s
-        elif result.windows:  # pruned: the windows it did measure
-            self.timing.measured_s += options.trial_seconds * len(result.windows) / options.windows
+        self.timing.measured_s += result.measured_s or 0.0
         return result
 
 
@@ -266,7 +271,7 @@ def _sigterm_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def _open_study(config: SearchConfig, storage: str, name: str, n_trials: int) -> Any:
+def _open_study(config: SearchConfig, storage: str, name: str, n_startup: int) -> Any:
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -277,7 +282,7 @@ def _open_study(config: SearchConfig, storage: str, name: str, n_trials: int) ->
     else:
         sampler = optuna.samplers.TPESampler(
             seed=config.seed,
-            n_startup_trials=max(3, min(10, n_trials // 3)),
+            n_startup_trials=n_startup,
             multivariate=True,
             group=True,
         )
@@ -293,6 +298,19 @@ def _open_study(config: SearchConfig, storage: str, name: str, n_trials: int) ->
     except Exception as exc:  # sqlalchemy / redis / journal errors all differ
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise StorageError(f"cannot open study storage {storage!r}: {first[:200]}") from None
+
+
+def _startup_trials(config: SearchConfig, storage: str, name: str) -> int:
+    """Random start-up trials of TPE: fixed when the study is created, so a
+    resumed study (with a larger --trials) keeps the schedule it began with."""
+    import optuna
+
+    wanted = max(3, min(10, config.trials // 3))
+    try:
+        existing = optuna.load_study(study_name=name, storage=storage)
+    except Exception:  # a new study (or an unreachable storage, reported when opened)
+        return wanted
+    return int(existing.user_attrs.get("n_startup_trials", wanted))
 
 
 def _records(study: Any) -> list[TrialRecord]:
@@ -348,14 +366,7 @@ def run_search(config: SearchConfig, reporter: Reporter | None = None) -> Search
     constraints = merge_constraints(config.constraints)
     hardware = probes.collect()
     device = resolve_device(config.device, hardware)
-    # Device checks of pinned knobs before anything is written.
-    for knob, constraint in constraints.items():
-        if knob == "amp":
-            for mode in constraint.choices or (constraint.value,):
-                if mode is not None:
-                    TrainSetup(amp=mode).check_device(device.name, bf16_supported=device.bf16)
-        if knob == "pin_memory" and device.type == "cpu" and True in (constraint.choices or (constraint.value,)):
-            raise UsageError("pin_memory=true needs a CUDA device")
+    check_constraints(constraints, device)  # before anything is written
     out = Path(config.out)
     if config.storage is None:
         check_writable(out)
@@ -371,13 +382,13 @@ def run_search(config: SearchConfig, reporter: Reporter | None = None) -> Search
     name = config.study or _study_name(config, device)
     storage = config.storage
     if storage is not None:
-        study = _open_study(config, storage, name, config.trials)
+        study = _open_study(config, storage, name, _startup_trials(config, storage, name))
         check_writable(out)
         out.mkdir(parents=True, exist_ok=True)
     else:
         out.mkdir(parents=True, exist_ok=True)
         storage = f"sqlite:///{(out / 'study.db').resolve()}"
-        study = _open_study(config, storage, name, config.trials)
+        study = _open_study(config, storage, name, _startup_trials(config, storage, name))
     signature = _signature(config, workload)
     stored = study.user_attrs.get("signature")
     if stored is not None and stored != json.loads(json.dumps(signature)):
@@ -386,6 +397,8 @@ def run_search(config: SearchConfig, reporter: Reporter | None = None) -> Search
             f"({_first_difference(stored, signature)}); pass --study NEW_NAME or another --out"
         )
     study.set_user_attr("signature", signature)
+    if "n_startup_trials" not in study.user_attrs:
+        study.set_user_attr("n_startup_trials", _startup_trials(config, storage, name))
     usable = int(hardware.cpu.usable_cores)
     reporter.message(
         f"{workload.model} @ {workload.image_size}px on {device.name} ({device.label}); "
@@ -396,17 +409,23 @@ def run_search(config: SearchConfig, reporter: Reporter | None = None) -> Search
         reporter.message("calibration: reusing the measurements stored in the study")
     else:
         reporter.message("calibration: memory pre-pass, compute-only and loader-only ceilings")
-        calibration = calibrate(
-            workload,
-            device,
-            usable_cores=usable,
-            available_bytes=int(hardware.memory.available_bytes),
-            max_memory=config.max_memory,
-            trial_seconds=config.trial_seconds,
-            bf16_ok=device.bf16,
-            log=reporter.message,
-            runner=runner,
-        )
+        try:
+            with _sigterm_as_interrupt():
+                calibration = calibrate(
+                    workload,
+                    device,
+                    usable_cores=usable,
+                    available_bytes=int(hardware.memory.available_bytes),
+                    max_memory=config.max_memory,
+                    trial_seconds=config.trial_seconds,
+                    bf16_ok=device.bf16,
+                    log=reporter.message,
+                    runner=runner,
+                )
+        except KeyboardInterrupt:
+            raise SearchInterrupted(
+                "interrupted during calibration, before the first trial; rerun the same command to start again"
+            ) from None
         study.set_user_attr("calibration", calibration.to_dict())
     space = build_space(
         device=device,
@@ -419,7 +438,7 @@ def run_search(config: SearchConfig, reporter: Reporter | None = None) -> Search
     defaults = defaults_setup(config.effective_batch)
     if not study.trials:
         study.enqueue_trial({}, user_attrs={"role": ROLE_DEFAULTS})
-        if config.trials > 1:
+        if config.trials > 1 and config.sampler == "tpe":
             guess = guess_setup(space, calibration, device, usable)
             study.enqueue_trial(space.params_for(guess), user_attrs={"role": ROLE_GUESS})
     options = TrialOptions(

@@ -295,6 +295,23 @@ def defaults_setup(effective_batch: int | None) -> TrainSetup:
     return TrainSetup(batch_size=batch, accumulation_steps=effective_batch // batch)
 
 
+def check_constraints(constraints: dict[str, Constraint], device: "DeviceInfo") -> None:
+    """Refuse pinned or offered knob values the device cannot run.
+
+    Raises:
+        SetupError: ``amp=fp16`` on a CPU, ``amp=bf16`` without native bf16,
+            ``pin_memory=true`` without a GPU.
+    """
+    for knob in ("amp", "pin_memory"):
+        constraint = constraints.get(knob)
+        if constraint is None:
+            continue
+        for value in constraint.choices or (constraint.value,):
+            if value is None or value is False:
+                continue
+            TrainSetup(**{knob: value}).check_device(device.name, bf16_supported=device.bf16)
+
+
 def build_space(
     *,
     device: "DeviceInfo",
@@ -335,11 +352,8 @@ def build_space(
         "amp": amp,
         "channels_last": (False, True),
     }
+    check_constraints(constraints, device)
     values = apply_constraints(base, constraints)
-    for mode in values["amp"]:
-        TrainSetup(amp=mode).check_device(device.name, bf16_supported=device.bf16)
-    if True in values["pin_memory"] and not cuda:
-        raise UsageError("pin_memory=true needs a CUDA device")
     if effective_batch is not None:
         bad = [b for b in values["batch_size"] if effective_batch % b]
         if bad:

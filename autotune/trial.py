@@ -208,6 +208,7 @@ def _supervise(proc: Any, directory: Path, options: TrialOptions, on_window: Win
 
     deadline = time.monotonic() + options.effective_timeout_s
     windows: list[float] = []
+    measured = 0.0
     offset = 0
     while True:
         exitcode = proc.exitcode()  # read before the events: no event is lost
@@ -219,11 +220,13 @@ def _supervise(proc: Any, directory: Path, options: TrialOptions, on_window: Win
             if kind == "window":
                 value = float(event["samples_per_s"])
                 windows.append(value)
+                measured += float(event.get("seconds", 0.0))
                 if on_window is not None and on_window(int(event["index"]), value):
                     proc.kill()
                     return TrialResult(
                         status="pruned",
                         samples_per_s=value,
+                        measured_s=measured,
                         windows=tuple(windows),
                         mode=options.mode,
                         error="stopped early: clearly slower than the best so far",

@@ -107,7 +107,8 @@ def max_batch_method(
     *,
     available_bytes: int,
     trial_seconds: float,
-    start: int = 8,
+    start: int = 32,
+    cap: int | None = None,
     runner: Runner = run_trial,
     log: Log = lambda _m: None,
 ) -> MethodResult:
@@ -118,7 +119,8 @@ def max_batch_method(
     failure (out of memory or over the same memory budget the search uses), or
     when the next batch would exceed the search's caps: ``BATCH_CAP``, and a
     step that takes more than half a trial (so it can still be measured).
-    Everything else stays at the PyTorch defaults.
+    Everything else stays at the PyTorch defaults. ``cap`` lowers the
+    largest batch tried (the quick smoke run uses it).
     """
     began = time.monotonic()
     budget = memory_budget(device, None, available_bytes)
@@ -126,7 +128,8 @@ def max_batch_method(
         trial_seconds=max(1.0, min(3.0, trial_seconds / 3)), windows=2, mode="compute", max_memory_bytes=budget
     )
     batch, best, runs, steps = start, None, 0, []
-    while batch <= BATCH_CAP:
+    limit = min(BATCH_CAP, cap) if cap else BATCH_CAP
+    while batch <= limit:
         result = runner(TrainSetup(batch_size=batch), workload, short)
         runs += 1
         steps.append({"batch_size": batch, "status": result.status, "samples_per_s": result.samples_per_s})
@@ -168,12 +171,14 @@ class GridSpec:
         batches: Batch sizes kept (the largest ones of the space).
         prefetch: The prefetch factor used whenever workers > 0.
         accumulation: Accumulation steps kept.
+        channels_last: channels_last values kept (None: all the space offers).
     """
 
     workers: int = 3
     batches: int = 3
     prefetch: int = 2
     accumulation: tuple[int, ...] = (1,)
+    channels_last: tuple[bool, ...] | None = None
 
 
 def grid_points(space: Space, spec: GridSpec) -> list[TrainSetup]:
@@ -191,9 +196,10 @@ def grid_points(space: Space, spec: GridSpec) -> list[TrainSetup]:
     prefetch = min(max(spec.prefetch, min(prefetch_values)), max(prefetch_values))
     accumulation = tuple(a for a in spec.accumulation if a in space.values["accumulation_steps"]) or (1,)
     persistent = space.values["persistent_workers"][0]
+    layouts = tuple(c for c in space.values["channels_last"] if spec.channels_last is None or c in spec.channels_last)
     points = []
     for w, b, acc, amp, cl, pin in itertools.product(
-        workers, batches, accumulation, space.values["amp"], space.values["channels_last"], space.values["pin_memory"]
+        workers, batches, accumulation, space.values["amp"], layouts or (False,), space.values["pin_memory"]
     ):
         points.append(
             TrainSetup(

@@ -39,3 +39,22 @@ def tiny_workload(cache_dir: Path) -> "Workload":
         cache_dir=str(cache_dir),
         sys_path=(str(Path(__file__).parent),),
     )
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available())
+    except Exception:
+        return False
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skip tests marked ``cuda`` on machines without a CUDA GPU."""
+    if _cuda_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)

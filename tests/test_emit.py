@@ -60,7 +60,7 @@ def make_best(
         effective_batch=setup.effective_batch(),
         reference_batch=32,
         lr=1e-3 * setup.effective_batch() / 32,
-        hardware=hardware if hardware is not None else {"cpu": {"model": "Test CPU", "cores": 2}},
+        hardware=hardware if hardware is not None else {"cpu": {"model": "Test CPU", "usable_cores": 2}},
         command=command,
         notes=notes,
     )
@@ -125,7 +125,7 @@ def test_defaults_are_the_tuned_values(synthetic_data: Path, tmp_path: Path) -> 
 def test_header_documents_the_search(synthetic_data: Path) -> None:
     text = render_script(make_best(synthetic_data, **CPU_KNOBS))
     header = text.split('"""', 1)[0]
-    assert "Test CPU (2 cores)" in header
+    assert "Test CPU (2 usable cores)" in header
     assert "120.0 samples/s" in header and "80.0 samples/s" in header and "1.50x" in header
     assert "autotune search --model resnet18 --image-size 32" in header
     assert "Note: synthetic data" in header

@@ -1,0 +1,115 @@
+"""The benchmark harness: pure helpers, the report, and one real ``--quick`` run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from autotune.config import TrainSetup
+from autotune.space import Space
+from autotune.trial import TrialOptions, TrialResult
+from benchmarks import plot, run
+from benchmarks.methods import GridSpec, MethodResult, grid_points, measure_interleaved, trials_to_reach
+
+METHODS = ("defaults", "recipe", "max_batch", "random", "autotune_15", "autotune", "grid")
+
+
+def _space(workers: int = 2, batches: tuple[int, ...] = (8, 16, 32, 64)) -> Space:
+    return Space(
+        values={
+            "num_workers": tuple(range(workers + 1)),
+            "prefetch_factor": tuple(range(1, 9)),
+            "pin_memory": (False,),
+            "persistent_workers": (True,),
+            "batch_size": batches,
+            "accumulation_steps": (1, 2, 4),
+            "amp": ("off", "bf16"),
+            "channels_last": (False, True),
+        }
+    )
+
+
+def test_grid_points_discretize_the_space() -> None:
+    points = grid_points(_space(), GridSpec())
+    assert len(points) == 3 * 3 * 2 * 2
+    assert {p.num_workers for p in points} == {0, 1, 2}
+    assert {p.batch_size for p in points} == {16, 32, 64}
+    assert all(p.prefetch_factor == (2 if p.num_workers else None) for p in points)
+    assert all(_space().contains(p) for p in points)
+    wide = grid_points(_space(workers=16), GridSpec(workers=3, batches=1, channels_last=(False,)))
+    assert {p.num_workers for p in wide} == {0, 8, 16}
+    assert len(wide) == 3 * 2
+
+
+def test_trials_to_reach_counts_in_trial_order() -> None:
+    assert trials_to_reach([10.0, None, 96.0, 120.0], 95.0) == 3
+    assert trials_to_reach([10.0, None], 95.0) is None
+
+
+def test_interleaved_rounds_share_identical_picks() -> None:
+    calls: list[int] = []
+
+    def runner(setup: TrainSetup, workload: object, options: TrialOptions) -> TrialResult:
+        calls.append(setup.batch_size)
+        return TrialResult(status="ok", samples_per_s=float(setup.batch_size + len(calls)))
+
+    methods = [MethodResult("a", TrainSetup(batch_size=8)), MethodResult("b", TrainSetup(batch_size=16)),
+               MethodResult("c", TrainSetup(batch_size=8))]
+    measure_interleaved(methods, None, TrialOptions(trial_seconds=1), 3, runner=runner)  # type: ignore[arg-type]
+    assert calls == [8, 16, 8, 16, 8, 16]  # A B A B A B, the shared pick once per round
+    assert methods[0].measurements == methods[2].measurements == [9.0, 11.0, 13.0]
+    assert methods[1].samples_per_s == 20.0
+
+
+def test_goals_say_missed_plainly() -> None:
+    methods = {m: {"samples_per_s": 100.0, "ratio_to_grid": 1.0} for m in METHODS}
+    methods["autotune"].update(samples_per_s=90.0, ratio_to_grid=0.9, search_cost={"wall_over_measured": 2.0})
+    goals = run.check_goals({"methods": methods})
+    lines: list[str] = []
+    run.print_goals("w", goals, log=lines.append)
+    assert sum(line.startswith("MISSED:") for line in lines) == 5
+    methods["autotune"].update(samples_per_s=100.0, ratio_to_grid=1.0, search_cost={"wall_over_measured": 1.2})
+    assert all(g["ok"] for g in run.check_goals({"methods": methods}))
+
+
+def test_plot_without_matplotlib_fails_clearly(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import builtins
+
+    real_import = builtins.__import__
+
+    def fake_import(name: str, *args: object, **kwargs: object) -> object:
+        if name.startswith("matplotlib"):
+            raise ImportError(name)
+        return real_import(name, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(builtins, "__import__", fake_import)
+    with pytest.raises(plot.MissingMatplotlib, match="matplotlib"):
+        plot.write_plot([], tmp_path / "x.png")
+
+
+@pytest.mark.slow
+def test_quick_run_writes_every_method(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "results"
+    assert run.main(["--quick", "--out", str(out), "--cache-dir", str(tmp_path / "cache")]) == 0
+    data = json.loads((out / f"{run.QUICK_WORKLOAD.name}.json").read_text())
+    assert {"workload", "machine", "date", "command", "methods", "goals"} <= set(data)
+    assert set(data["methods"]) == set(METHODS)
+    for name, method in data["methods"].items():
+        assert method["samples_per_s"] and method["samples_per_s"] > 0, name
+        assert method["ratio_to_grid"] and method["ratio_to_grid"] > 0, name
+        assert len(method["measurements"]) == 2, name
+        assert {"setup", "trials", "wall_s"} <= set(method)
+        TrainSetup.from_dict(method["setup"])
+    assert data["methods"]["grid"]["ratio_to_grid"] == 1.0
+    assert data["methods"]["autotune"]["trials"] == run.QUICK_BUDGET.autotune_trials
+    assert data["methods"]["random"]["trials"] == run.QUICK_BUDGET.autotune_trials
+    cost = data["methods"]["autotune"]["search_cost"]
+    assert cost["wall_s"] > cost["measured_s"] > 0
+    printed = capsys.readouterr().out
+    assert "estimate:" in printed and "| quick-resnet18-32 | autotune |" in printed
+    assert any(line.startswith(("OK:", "MISSED:")) for line in printed.splitlines())
+    # The report reads what the run wrote (the table needs no matplotlib).
+    assert run.main(["--report", "--out", str(out), "--no-plot"]) == 0
+    assert "| quick-resnet18-32 | grid |" in capsys.readouterr().out
