@@ -175,7 +175,9 @@ def run_trial(
 
     options = options or TrialOptions()
     request = {"setup": setup.to_dict(), "workload": workload.to_dict(), "options": asdict(options)}
-    with tempfile.TemporaryDirectory(prefix="autotune-trial-") as tmp:
+    # The zygote writes the exit file when it reaps the trial, possibly while
+    # the directory is being removed: cleanup errors must not fail the trial.
+    with tempfile.TemporaryDirectory(prefix="autotune-trial-", ignore_cleanup_errors=True) as tmp:
         directory = Path(tmp)
         (directory / zygote.REQUEST).write_text(json.dumps(request), encoding="utf-8")
         proc = zygote.launch(directory)
@@ -183,6 +185,7 @@ def run_trial(
             return _supervise(proc, directory, options, on_window)
         finally:
             proc.kill()
+            proc.wait_reaped(timeout=2.0)
 
 
 def _read_events(path: Path, offset: int) -> tuple[list[dict[str, Any]], int]:

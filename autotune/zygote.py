@@ -157,6 +157,15 @@ class TrialProcess:
         except (OSError, ValueError):
             return None
 
+    def wait_reaped(self, timeout: float) -> bool:
+        """Wait until the exit status is known (the zygote has reaped the trial)."""
+        deadline = time.monotonic() + timeout
+        while self.exitcode() is None:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.01)
+        return True
+
     def kill(self) -> None:
         """Kill the trial's whole process group (its loader workers too)."""
         for kill in (lambda: os.killpg(self.pid, signal.SIGKILL), lambda: os.kill(self.pid, signal.SIGKILL)):

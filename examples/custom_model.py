@@ -1,19 +1,23 @@
-"""Emit a train.py for your own model, given as a ``module:function`` factory.
+"""Search and emit a train.py for your own model, given as ``module:function``.
 
     python examples/custom_model.py [WORK_DIR]
 
 A model factory is any importable function that returns an ``nn.Module``;
 autotune calls it with ``num_classes=`` when it takes that argument. This
-example uses ``tiny_net:tiny_net`` (``examples/tiny_net.py``).
+example uses ``tiny_net:tiny_net`` (``examples/tiny_net.py``), copied into
+the working directory, which is where autotune (and the emitted script) look
+for it. It runs a real, tiny search (3 one-second trials on 64 synthetic
+JPEGs), the Python equivalent of::
 
-No search runs here: the example writes a hand-made ``best.json`` (nothing in
-it was measured), renders ``train.py`` from it with ``write_script``, and runs
-that script for two optimizer steps. The emitted script imports the factory
-from its working directory, so ``tiny_net.py`` is copied next to it.
+    cd WORK_DIR && autotune search --model tiny_net:tiny_net --image-size 32 --trials 3 \
+        --trial-seconds 1 --device cpu --out out
+
+then runs the emitted ``out/train.py`` for two optimizer steps.
 """
 
 from __future__ import annotations
 
+import os
 import shlex
 import shutil
 import subprocess
@@ -21,11 +25,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from autotune.best import Best, write_best
-from autotune.config import TrainSetup
-from autotune.data import ensure_synthetic
-from autotune.emit import write_script
-from autotune.workload import Workload
+from autotune.search import SearchConfig, run_search
 
 HERE = Path(__file__).resolve().parent
 
@@ -34,38 +34,26 @@ def main(argv: list[str]) -> int:
     work = Path(argv[1]) if len(argv) > 1 else Path(tempfile.mkdtemp(prefix="autotune-custom-model-"))
     work.mkdir(parents=True, exist_ok=True)
     shutil.copy(HERE / "tiny_net.py", work / "tiny_net.py")
-    cache = work / "cache"
-    ensure_synthetic(cache, n_images=64)  # 64 small JPEGs in ImageFolder layout
-
-    workload = Workload(
+    os.chdir(work)  # the factory is imported from the working directory
+    config = SearchConfig(
         model="tiny_net:tiny_net",
+        trials=3,
         image_size=32,
         device="cpu",
-        num_classes=10,
-        lr=1e-3,
+        trial_seconds=1.0,
+        out=work / "out",
+        cache_dir=work / "cache",
         synthetic_images=64,
-        cache_dir=str(cache),
-    )
-    setup = TrainSetup(num_workers=1, prefetch_factor=2, batch_size=16, accumulation_steps=2)
-    best = Best(
-        setup=setup,
-        workload=workload,
-        samples_per_s=0.0,
-        samples_per_s_spread=0.0,
-        defaults_samples_per_s=None,
-        speedup=None,
-        peak_memory_bytes=None,
-        effective_batch=setup.effective_batch(),
-        reference_batch=32,
-        lr=workload.lr * setup.effective_batch() / 32,
+        confirm_top=1,
+        confirm_rounds=1,
         command="python examples/custom_model.py",
-        notes=("hand-written example: nothing was measured",),
     )
-    write_best(work / "best.json", best)
-    script = write_script(best, work / "train.py")
-    print(f"wrote {work / 'best.json'} and {script}")
+    outcome = run_search(config)
+    assert outcome.best is not None
+    print(f"winner: {outcome.best.setup.describe()} at {outcome.best.samples_per_s:.1f} samples/s")
+    print("wrote " + ", ".join(outcome.files))
 
-    command = [sys.executable, "train.py", "--max-steps", "2", "--print-freq", "1", "--output-dir", "train-out"]
+    command = [sys.executable, "out/train.py", "--max-steps", "2", "--print-freq", "1", "--output-dir", "train-out"]
     print(f"$ cd {shlex.quote(str(work))} && {shlex.join(command)}", flush=True)
     return subprocess.run(command, cwd=work).returncode
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 import autotune
+import autotune.best
 from autotune.best import Best, write_best
 from autotune.config import TrainSetup
 from autotune.workload import Workload
@@ -85,10 +86,13 @@ def test_own_loop_rejects_a_setup_the_device_cannot_run(tmp_path: Path) -> None:
 def test_custom_model_example(tmp_path: Path) -> None:
     work = tmp_path / "work"
     proc = run_example([str(EXAMPLES / "custom_model.py"), str(work)], tmp_path)
+    assert "winner: " in proc.stdout
     assert "train.py --max-steps 2" in proc.stdout
     assert "model tiny_net:tiny_net" in proc.stdout
     assert "step 2 loss" in proc.stdout
-    assert (work / "train.py").is_file() and (work / "best.json").is_file()
+    best = autotune.best.read_best(work / "out" / "best.json")
+    assert best.workload.model == "tiny_net:tiny_net" and best.samples_per_s > 0
+    assert (work / "out" / "train.py").is_file()
     assert (work / "train-out" / "checkpoint.pth").is_file()
 
 

@@ -187,3 +187,22 @@ def test_synthetic_data_is_generated_once_and_reused(tmp_path) -> None:
     with Image.open(files[0]) as image:
         assert image.format == "JPEG"
         assert 400 <= image.width <= 600 and 300 <= image.height <= 450
+
+
+def test_trial_directory_is_gone_after_a_killed_trial(tiny_workload, monkeypatch) -> None:
+    """A pruned (killed) trial leaves no directory behind, and cleanup races do not raise."""
+    from autotune import zygote
+
+    dirs: list = []
+    real_launch = zygote.launch
+
+    def recording_launch(directory):
+        dirs.append(directory)
+        return real_launch(directory)
+
+    monkeypatch.setattr(zygote, "launch", recording_launch)
+    for _ in range(3):
+        result = run_trial(TrainSetup(batch_size=8), tiny_workload, dataclasses.replace(QUICK, windows=4, trial_seconds=2.0),
+                           on_window=lambda index, value: True)
+        assert result.status == "pruned"
+    assert dirs and not any(d.exists() for d in dirs)
