@@ -10,7 +10,7 @@ for it. It runs a real, tiny search (3 one-second trials on 64 synthetic
 JPEGs), the Python equivalent of::
 
     cd WORK_DIR && autotune search --model tiny_net:tiny_net --image-size 32 --trials 3 \
-        --trial-seconds 1 --device cpu --out out
+        --trial-seconds 1 --device cpu --out out --set batch_size=8..16 --set accumulation_steps=1
 
 then runs the emitted ``out/train.py`` for two optimizer steps.
 """
@@ -26,6 +26,7 @@ import tempfile
 from pathlib import Path
 
 from autotune.search import SearchConfig, run_search
+from autotune.space import parse_constraint
 
 HERE = Path(__file__).resolve().parent
 
@@ -46,6 +47,8 @@ def main(argv: list[str]) -> int:
         synthetic_images=64,
         confirm_top=1,
         confirm_rounds=1,
+        # 64 images: keep the batch small enough for real steps of train.py.
+        constraints=(parse_constraint("batch_size=8..16"), parse_constraint("accumulation_steps=1")),
         command="python examples/custom_model.py",
     )
     outcome = run_search(config)
