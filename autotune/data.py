@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import random
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -59,28 +59,36 @@ def _make_image(rng: random.Random, path: Path) -> None:
     Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8)).save(path, format="JPEG", quality=90)
 
 
-def ensure_synthetic(cache_dir: str | Path | None = None, n_images: int = 2000) -> Path:
-    """Generate the synthetic ImageFolder once; return its directory.
+def generate_image_folder(
+    target: Path, n_images: int, make_image: Callable[[random.Random, Path], None], *, seed: int, note: str
+) -> Path:
+    """Write ``n_images`` files into a 10-class ImageFolder at ``target``, once.
 
     The files are written to a temporary directory and renamed into place, so
     an interrupted or concurrent generation never leaves a half dataset.
 
+    Args:
+        target: The ImageFolder root.
+        n_images: Files to write, spread over the classes.
+        make_image: Writes one image file from the shared random generator.
+        seed: Seed of that generator (the same seed gives the same files).
+        note: Text of the ``.complete`` marker.
+
     Raises:
-        WorkloadError: The cache directory is not writable.
+        WorkloadError: The parent directory is not writable.
     """
-    target = synthetic_dir(cache_dir, n_images)
     if (target / ".complete").exists():
         return target
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.parent / f".{target.name}.tmp-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
-        rng = random.Random(1234)
+        rng = random.Random(seed)
         for cls in range(SYNTHETIC_CLASSES):
             (tmp / f"class_{cls:02d}").mkdir(parents=True)
         for i in range(n_images):
-            _make_image(rng, tmp / f"class_{i % SYNTHETIC_CLASSES:02d}" / f"img_{i:06d}.jpg")
-        (tmp / ".complete").write_text(f"{n_images} synthetic JPEGs, version {_SYNTHETIC_VERSION}\n")
+            make_image(rng, tmp / f"class_{i % SYNTHETIC_CLASSES:02d}" / f"img_{i:06d}.jpg")
+        (tmp / ".complete").write_text(note + "\n")
         try:
             os.rename(tmp, target)
         except OSError:
@@ -93,6 +101,21 @@ def ensure_synthetic(cache_dir: str | Path | None = None, n_images: int = 2000) 
     except OSError as exc:
         raise WorkloadError(f"cannot write synthetic data under {target.parent}: {exc.strerror or exc}") from None
     return target
+
+
+def ensure_synthetic(cache_dir: str | Path | None = None, n_images: int = 2000) -> Path:
+    """Generate the synthetic ImageFolder once; return its directory.
+
+    Raises:
+        WorkloadError: The cache directory is not writable.
+    """
+    return generate_image_folder(
+        synthetic_dir(cache_dir, n_images),
+        n_images,
+        _make_image,
+        seed=1234,
+        note=f"{n_images} synthetic JPEGs, version {_SYNTHETIC_VERSION}",
+    )
 
 
 def check_image_folder(path: str | Path) -> int:

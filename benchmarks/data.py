@@ -4,18 +4,16 @@
 500x375), which keeps the loader busy. The compute-heavy workload wants the
 opposite: small source images (about 160x120) that decode cheaply, so the
 model, not the loader, is the bottleneck. Same layout (10 class folders),
-same kind of content (a smooth colour field with fine noise), same atomic
-write-then-rename as autotune's own generator.
+same kind of content (a smooth colour field with fine noise), written by
+autotune's own atomic generator.
 """
 
 from __future__ import annotations
 
-import os
 import random
-import shutil
 from pathlib import Path
 
-from autotune.data import SYNTHETIC_CLASSES, check_image_folder, default_cache_dir
+from autotune.data import check_image_folder, default_cache_dir, generate_image_folder
 
 _VERSION = 1
 
@@ -53,19 +51,12 @@ def ensure_small_synthetic(
     Returns:
         The ImageFolder root, ready for ``--data``.
     """
-    target = small_synthetic_dir(cache_dir, n_images, width, height)
-    if (target / ".complete").exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.parent / f".{target.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    rng = random.Random(4321)
-    for cls in range(SYNTHETIC_CLASSES):
-        (tmp / f"class_{cls:02d}").mkdir(parents=True)
-    for i in range(n_images):
-        _make_small_image(rng, tmp / f"class_{i % SYNTHETIC_CLASSES:02d}" / f"img_{i:06d}.jpg", width, height)
-    (tmp / ".complete").write_text(f"{n_images} small synthetic JPEGs ({width}x{height})\n")
-    shutil.rmtree(target, ignore_errors=True)
-    os.rename(tmp, target)
+    target = generate_image_folder(
+        small_synthetic_dir(cache_dir, n_images, width, height),
+        n_images,
+        lambda rng, path: _make_small_image(rng, path, width, height),
+        seed=4321,
+        note=f"{n_images} small synthetic JPEGs ({width}x{height})",
+    )
     check_image_folder(target)
     return target
