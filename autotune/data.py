@@ -12,6 +12,7 @@ import os
 import random
 import shutil
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -118,8 +119,21 @@ def ensure_synthetic(cache_dir: str | Path | None = None, n_images: int = 2000) 
     )
 
 
-def check_image_folder(path: str | Path) -> int:
-    """Check an ImageFolder directory; return its number of classes.
+@dataclass(frozen=True)
+class FolderInfo:
+    """What an ImageFolder directory holds.
+
+    Attributes:
+        classes: Class folders with at least one image.
+        images: Image files over all class folders.
+    """
+
+    classes: int
+    images: int
+
+
+def check_image_folder(path: str | Path) -> FolderInfo:
+    """Check an ImageFolder directory; count its classes and images.
 
     Raises:
         WorkloadError: Missing, not a directory, or without class folders
@@ -130,16 +144,18 @@ def check_image_folder(path: str | Path) -> int:
         raise WorkloadError(f"data directory {root} does not exist")
     if not root.is_dir():
         raise WorkloadError(f"data path {root} is not a directory")
-    classes = 0
+    classes = images = 0
     for entry in sorted(root.iterdir()):
         if entry.is_dir() and not entry.name.startswith("."):
-            if any(f.suffix.lower() in IMAGE_EXTENSIONS for f in entry.iterdir() if f.is_file()):
+            found = sum(1 for f in os.scandir(entry) if f.is_file() and Path(f.name).suffix.lower() in IMAGE_EXTENSIONS)
+            if found:
                 classes += 1
+                images += found
     if classes == 0:
         raise WorkloadError(
             f"data directory {root} holds no images in ImageFolder layout (DIR/<class>/<image>.jpg)"
         )
-    return classes
+    return FolderInfo(classes=classes, images=images)
 
 
 def train_transform(image_size: int) -> Any:

@@ -96,11 +96,12 @@ def build_workload(
     check_model_name(model)
     check_factory(model, sys_path)
     if data is not None:
-        num_classes = check_image_folder(data)
+        folder = check_image_folder(data)
+        num_classes, images = folder.classes, folder.images
         data_text: str | None = str(data.resolve())
     else:
         ensure_synthetic(cache_dir, synthetic_images)
-        num_classes = SYNTHETIC_CLASSES
+        num_classes, images = SYNTHETIC_CLASSES, synthetic_images
         data_text = None
     return Workload(
         model=model,
@@ -108,6 +109,7 @@ def build_workload(
         data=data_text,
         device=device,
         num_classes=num_classes,
+        images=images,
         lr=lr,
         synthetic_images=synthetic_images,
         cache_dir=str(Path(cache_dir).resolve()) if cache_dir else None,

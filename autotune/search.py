@@ -433,6 +433,7 @@ def run_search(config: SearchConfig, reporter: Reporter | None = None) -> Search
         usable_cores=usable,
         effective_batch=config.effective_batch,
         constraints=constraints,
+        images=workload.images,
     )
     reporter.message(_describe_space(space))
     defaults = defaults_setup(config.effective_batch)
@@ -540,7 +541,10 @@ def _run_trials(
             setup = defaults if role == ROLE_DEFAULTS else space.suggest(trial)
             reporter.trial_started(done, wanted, role, setup)
             previous = _same_setup(study, setup, trial.number)
-            if previous is not None:
+            too_big = _larger_than_data(setup, workload)
+            if too_big is not None:
+                result = too_big
+            elif previous is not None:
                 result = TrialResult.from_dict(previous.user_attrs["result"])
                 trial.set_user_attr("reused_from", previous.number)
             else:
@@ -560,6 +564,19 @@ def _run_trials(
         best = max((r.result.samples_per_s or 0.0 for r in records if r.result.ok), default=None)
         record = next(r for r in records if r.number == trial.number)
         reporter.trial_finished(_finished(study), wanted, record, best)
+
+
+def _larger_than_data(setup: TrainSetup, workload: Workload) -> TrialResult | None:
+    """An infeasible result, not run, for a step larger than the data."""
+    if workload.images is None or setup.effective_batch() <= workload.images:
+        return None
+    return TrialResult(
+        status="error",
+        error=(
+            f"batch {setup.batch_size} x {setup.accumulation_steps} accumulation = {setup.effective_batch()} "
+            f"exceeds the {workload.images} training images: an epoch would hold no optimizer step"
+        ),
+    )
 
 
 def _pruning_hook(trial: Any, role: str) -> Callable[[int, float], bool] | None:

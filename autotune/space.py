@@ -319,26 +319,45 @@ def build_space(
     usable_cores: int,
     effective_batch: int | None,
     constraints: dict[str, Constraint],
+    images: int | None = None,
 ) -> Space:
     """The space from the probe and the calibration, narrowed by ``--set``.
 
+    Args:
+        device: The resolved device.
+        calibration: What the pre-pass measured (largest batch, workers).
+        usable_cores: CPU cores this process may use.
+        effective_batch: A pinned ``batch x accumulation``, or None.
+        constraints: The user's ``--set`` constraints.
+        images: Training images; an optimizer step (``batch x accumulation``)
+            must fit in one epoch, so the batch and accumulation are capped.
+
     Raises:
-        UsageError: A constraint the device cannot run, or one that leaves a
-            knob without values.
+        UsageError: A constraint the device cannot run, one that leaves a
+            knob without values, or an effective batch larger than the data.
     """
     cuda = device.type == "cuda"
+    if images is not None and effective_batch is not None and effective_batch > images:
+        raise UsageError(
+            f"--effective-batch {effective_batch} is larger than the {images} training images: "
+            "an epoch would hold no optimizer step"
+        )
     amp: tuple[str, ...] = ("off",)
     if device.bf16:
         amp += ("bf16",)
     if cuda:
         amp += ("fp16",)
     # Batch 1 breaks BatchNorm in training mode; 8 is small enough everywhere.
-    floor = 8 if calibration.max_batch >= 8 else min(2, calibration.max_batch)
-    batches = powers_of_two(floor, calibration.max_batch)
+    top = calibration.max_batch if images is None else max(1, min(calibration.max_batch, images))
+    floor = 8 if top >= 8 else min(2, top)
+    batches = powers_of_two(floor, top)
     if effective_batch is not None:
         batches = tuple(b for b in batches if effective_batch % b == 0) or (
-            max(d for d in range(1, min(effective_batch, calibration.max_batch) + 1) if effective_batch % d == 0),
+            max(d for d in range(1, min(effective_batch, top) + 1) if effective_batch % d == 0),
         )
+    accumulation: tuple[int, ...] = (1,)
+    if effective_batch is None:
+        accumulation = tuple(a for a in (1, 2, 4) if images is None or a * min(batches) <= images) or (1,)
     base: dict[str, tuple[Any, ...]] = {
         "num_workers": tuple(range(0, max(0, min(usable_cores, calibration.max_workers)) + 1)),
         "prefetch_factor": tuple(range(1, 9)),
@@ -348,7 +367,7 @@ def build_space(
         # worker restart at each epoch boundary, so it is on whenever workers are.
         "persistent_workers": (True,),
         "batch_size": batches,
-        "accumulation_steps": (1, 2, 4) if effective_batch is None else (1,),
+        "accumulation_steps": accumulation,
         "amp": amp,
         "channels_last": (False, True),
     }

@@ -25,6 +25,8 @@ class Workload:
         data: An ImageFolder directory, or ``None`` for synthetic JPEGs.
         device: ``"cpu"``, ``"cuda"`` or ``"cuda:K"`` (already resolved).
         num_classes: Classes in the data (filled in from the data).
+        images: Training images in the data (filled in from the data); an
+            optimizer step must fit in one epoch of them.
         lr: AdamW learning rate at the reference effective batch.
         synthetic_images: Files in the synthetic dataset (when ``data`` is None).
         cache_dir: Where synthetic data is generated (``None``: the default cache).
@@ -36,6 +38,7 @@ class Workload:
     data: str | None = None
     device: str = "cpu"
     num_classes: int | None = None
+    images: int | None = None
     lr: float = 1e-3
     synthetic_images: int = 2000
     cache_dir: str | None = None
@@ -46,6 +49,8 @@ class Workload:
             raise UsageError(f"image size must be an integer >= 8, got {self.image_size!r}")
         if self.synthetic_images < 16:
             raise UsageError(f"synthetic_images must be >= 16, got {self.synthetic_images}")
+        if self.images is not None and self.images < 1:
+            raise UsageError(f"images must be >= 1, got {self.images}")
         if not self.lr > 0:
             raise UsageError(f"learning rate must be > 0, got {self.lr}")
 

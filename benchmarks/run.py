@@ -295,7 +295,7 @@ def run_workload(
     assert rnd.best is not None and rnd.timing is not None
     phase("random")
 
-    space = build_space(device=device, calibration=calibration, usable_cores=usable, effective_batch=None, constraints={})
+    space = build_space(device=device, calibration=calibration, usable_cores=usable, effective_batch=None, constraints={}, images=workload.images)
     points = grid_points(space, budget.grid)
     options = TrialOptions(trial_seconds=budget.trial_seconds)
     log(f"[{spec.name}] grid: {len(points)} points")

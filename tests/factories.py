@@ -53,3 +53,19 @@ def chatty(num_classes: int = 10) -> nn.Module:
     """A factory that prints, as user code does."""
     print("hello from the factory")
     return tiny_cnn(num_classes)
+
+
+class _Slow(nn.Module):
+    def __init__(self, num_classes: int, seconds: float) -> None:
+        super().__init__()
+        self.inner = tiny_cnn(num_classes)
+        self.seconds = seconds
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        time.sleep(self.seconds)
+        return self.inner(x)
+
+
+def slow_step(num_classes: int = 10) -> nn.Module:
+    """A model whose every forward takes 0.4 s, longer than a short trial's window."""
+    return _Slow(num_classes, 0.4)

@@ -75,6 +75,25 @@ def test_fake_search_records_infeasible_and_writes_best(tmp_path, cache_dir, fak
     assert (tmp_path / "out" / "train.py").exists()
 
 
+def test_steps_larger_than_the_data_are_infeasible_and_never_run(tmp_path, cache_dir, monkeypatch) -> None:
+    ran: list[TrainSetup] = []
+
+    def recording(setup, workload, options, on_window=None):
+        if options.mode == "train":
+            ran.append(setup)
+        return fake_runner(setup, workload, options, on_window)
+
+    monkeypatch.setattr(autotune.trial, "run_trial", recording)
+    # 64 images; accumulation pinned to 4, so batch 32 and 64 make steps of 128 and 256 images.
+    outcome = run_search(config(tmp_path, cache_dir, trials=8, sampler="random",
+                                constraints=(parse_constraint("accumulation_steps=4"),)))
+    too_big = [r for r in outcome.records if r.setup.effective_batch() > 64]
+    assert too_big and all(r.result.status == "error" for r in too_big)
+    assert "exceeds the 64 training images" in (too_big[0].result.error or "")
+    assert all(s.effective_batch() <= 64 for s in ran)
+    assert outcome.best.setup.effective_batch() <= 64
+
+
 def test_same_seed_gives_same_first_suggestions(tmp_path, cache_dir, fake) -> None:
     first = run_search(config(tmp_path / "a", cache_dir, trials=7, seed=7))
     second = run_search(config(tmp_path / "b", cache_dir, trials=7, seed=7))

@@ -79,6 +79,25 @@ def test_effective_batch_fixes_accumulation() -> None:
     assert defaults_setup(20) == TrainSetup(batch_size=20, accumulation_steps=1)
 
 
+def test_the_data_caps_batch_and_accumulation() -> None:
+    """One optimizer step (batch x accumulation) must fit in an epoch of the data."""
+    big = build_space(device=CPU, calibration=calibration(), usable_cores=2, effective_batch=None, constraints={},
+                      images=100_000)
+    assert big.values["batch_size"] == (8, 16, 32, 64, 128, 256)
+    assert big.values["accumulation_steps"] == (1, 2, 4)
+    small = build_space(device=CPU, calibration=calibration(), usable_cores=2, effective_batch=None, constraints={},
+                        images=100)
+    assert small.values["batch_size"] == (8, 16, 32, 64)
+    assert small.values["accumulation_steps"] == (1, 2, 4)
+    tiny = build_space(device=CPU, calibration=calibration(), usable_cores=2, effective_batch=None, constraints={},
+                       images=20)
+    assert tiny.values["batch_size"] == (8, 16)
+    assert tiny.values["accumulation_steps"] == (1, 2)
+    with pytest.raises(UsageError, match="larger than the 100 training images"):
+        build_space(device=CPU, calibration=calibration(), usable_cores=2, effective_batch=128, constraints={},
+                    images=100)
+
+
 def test_constraints_pin_and_bound() -> None:
     constraints = merge_constraints(
         [parse_constraint("amp=off"), parse_constraint("num_workers=1..2"), parse_constraint("batch_size=16..64")]

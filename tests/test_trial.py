@@ -68,6 +68,21 @@ def test_compute_and_loader_modes(tiny_workload) -> None:
     assert (compute.mode, loader.mode) == ("compute", "loader")
 
 
+def test_slow_steps_stop_after_three_windows_once_the_trial_length_is_spent(tiny_workload) -> None:
+    """A step longer than a window makes each window one step: 3 of them fill a 1-s trial, not 5."""
+    workload = dataclasses.replace(tiny_workload, model="factories:slow_step")
+    result = run_trial(TrainSetup(batch_size=4), workload, dataclasses.replace(QUICK, windows=5))
+    assert result.status == "ok", result.error
+    assert len(result.windows) == 3
+    assert result.measured_s >= 1.0
+
+
+def test_fast_steps_measure_every_window(tiny_workload) -> None:
+    result = run_trial(TrainSetup(batch_size=4), tiny_workload, dataclasses.replace(QUICK, windows=5))
+    assert result.status == "ok", result.error
+    assert len(result.windows) == 5
+
+
 def test_user_factory_runs(tiny_workload) -> None:
     workload = dataclasses.replace(tiny_workload, model="factories:tiny_cnn")
     result = run_trial(TrainSetup(batch_size=8), workload, QUICK)
