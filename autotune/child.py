@@ -92,12 +92,18 @@ class Runner:
         self.bad = None  # device tensor: any non-finite loss so far
 
     # ----------------------------------------------------------------- build
-    def build_data(self) -> Any:
-        from autotune.data import InfiniteSampler, ensure_synthetic, image_folder
+    def build_dataset(self) -> Any:
+        from autotune.data import ensure_synthetic, image_folder
 
         root = self.workload.data or ensure_synthetic(self.workload.cache_dir, self.workload.synthetic_images)
         dataset = image_folder(root, self.workload.image_size)
         self.num_classes = len(dataset.classes)
+        return dataset
+
+    def start_loader(self, dataset: Any) -> Any:
+        """The DataLoader's iterator; creating it starts the workers."""
+        from autotune.data import InfiniteSampler
+
         loader = self.setup.dataloader(
             dataset, sampler=InfiniteSampler(len(dataset), seed=self.options.seed), drop_last=True
         )
@@ -180,7 +186,6 @@ class Runner:
         accum = setup.accumulation_steps
         mode = self.options.mode
         non_blocking = setup.pin_memory and self.device_type == "cuda"
-        queue_batches = setup.num_workers * (setup.prefetch_factor or 2)
         if mode == "compute":
             self.build_model()
             size = self.workload.image_size
@@ -192,16 +197,20 @@ class Runner:
                     self.micro_step(images, labels, k == accum - 1)
 
             return compute_unit, setup.batch_size * accum, 3 if self.device_type == "cuda" else 1
-        batches = self.build_data()
-        # Warm-up drains the loader queue filled during start-up, plus 2 units.
+        dataset = self.build_dataset()
         if mode == "loader":
+            batches = self.start_loader(dataset)
+            # The queue starts empty: the workers' first batches arrive together, then one more.
 
             def loader_unit() -> None:
                 with self.data_wait:
                     next(batches)
 
-            return loader_unit, setup.batch_size, queue_batches + 3
+            return loader_unit, setup.batch_size, setup.num_workers + 1
         self.build_model()
+        if setup.num_workers > 0:
+            self.synthetic_step()
+        batches = self.start_loader(dataset)
 
         def train_unit() -> None:
             for k in range(accum):
@@ -211,19 +220,37 @@ class Runner:
                 labels = labels.to(self.device, non_blocking=non_blocking)
                 self.micro_step(images, labels, k == accum - 1)
 
-        return train_unit, setup.batch_size * accum, self.warmup_units(math.ceil(queue_batches / accum))
+        return train_unit, setup.batch_size * accum, self.warmup_units(math.ceil(setup.num_workers / accum))
+
+    def synthetic_step(self) -> None:
+        """One optimizer step on a random batch of the real shape.
+
+        It carries the lazy initialisation (kernels, optimizer state) before
+        the loader starts, so the workers' queue starts empty instead of
+        filling with ``num_workers x prefetch_factor`` batches while the first,
+        slow step runs.
+        """
+        import torch
+
+        size = self.workload.image_size
+        images = torch.randn(self.setup.batch_size, 3, size, size, device=self.device)
+        labels = torch.randint(0, self.num_classes, (self.setup.batch_size,), device=self.device)
+        self.micro_step(images, labels, True)
 
     def warmup_units(self, drain: int) -> int:
-        """Warm-up units of the train mode: drain the pre-filled queue.
+        """Warm-up units of the train mode.
 
-        On a CPU the first unit carries the lazy initialisation and the second
-        is already steady (resnet18, resnet50 and mobilenet_v3_small, bf16 and
-        fp32, 0 and 1 workers), so draining the queue, at least one unit, is
-        enough. CUDA adds two units for cuDNN autotuning and allocator growth.
+        With workers, the loader starts after :meth:`synthetic_step`, its
+        queue empty; all workers deliver their first batch at about the same
+        time, so ``num_workers`` batches (``drain`` units) pass before the
+        loop runs at the rate the loader sustains. Without workers there is
+        no queue and the first unit carries the lazy initialisation; on a CPU
+        the second is already steady (resnet18, resnet50 and
+        mobilenet_v3_small, bf16 and fp32). CUDA adds two units for cuDNN
+        autotuning and allocator growth.
         """
-        if self.device_type == "cuda":
-            return drain + 2
-        return max(1, drain)
+        units = max(1, drain)
+        return units + 2 if self.device_type == "cuda" else units
 
     # --------------------------------------------------------------- measure
     def run(self) -> TrialResult:

@@ -78,9 +78,45 @@ def test_slow_steps_stop_after_three_windows_once_the_trial_length_is_spent(tiny
 
 
 def test_fast_steps_measure_every_window(tiny_workload) -> None:
-    result = run_trial(TrainSetup(batch_size=4), tiny_workload, dataclasses.replace(QUICK, windows=5))
+    workload = dataclasses.replace(tiny_workload, model="factories:tiny_cnn")  # steps of milliseconds
+    result = run_trial(TrainSetup(batch_size=4), workload, dataclasses.replace(QUICK, windows=5))
     assert result.status == "ok", result.error
     assert len(result.windows) == 5
+
+
+def test_loader_starts_after_the_first_step_so_its_queue_starts_empty(tiny_workload, monkeypatch) -> None:
+    """With workers, lazy initialisation runs on a random batch before the
+    loader exists; warm-up is then one step per worker, not the prefetch queue."""
+    from autotune import child
+
+    calls: list[str] = []
+    real_synthetic, real_start = child.Runner.synthetic_step, child.Runner.start_loader
+
+    def synthetic(self):
+        calls.append("synthetic_step")
+        return real_synthetic(self)
+
+    def start(self, dataset):
+        calls.append("start_loader")
+        return real_start(self, dataset)
+
+    monkeypatch.setattr(child.Runner, "synthetic_step", synthetic)
+    monkeypatch.setattr(child.Runner, "start_loader", start)
+    setup = TrainSetup(batch_size=4, num_workers=2, prefetch_factor=8, persistent_workers=True)
+    request = {"setup": setup.to_dict(), "workload": tiny_workload.to_dict(), "options": dataclasses.asdict(QUICK)}
+    runner_units: list[int] = []
+    real_units = child.Runner.unit_for_mode
+
+    def units(self):
+        unit, samples, warmup = real_units(self)
+        runner_units.append(warmup)
+        return unit, samples, warmup
+
+    monkeypatch.setattr(child.Runner, "unit_for_mode", units)
+    result = child.execute(request, started=time.perf_counter(), send=lambda event: None)
+    assert result.status == "ok", result.error
+    assert calls == ["synthetic_step", "start_loader"]
+    assert runner_units == [2]  # one per worker, not 2 x 8 queued batches
 
 
 def test_user_factory_runs(tiny_workload) -> None:
