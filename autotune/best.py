@@ -8,14 +8,13 @@ atomic: a reader never sees a half-written file.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from autotune.config import TrainSetup
 from autotune.errors import AutotuneError, SetupError
+from autotune.files import atomic_write_text, read_json
 from autotune.workload import Workload
 
 SCHEMA_VERSION = 1
@@ -90,24 +89,6 @@ class Best:
             raise AutotuneError(f"best.json is invalid: {exc}") from None
 
 
-def atomic_write_text(path: str | Path, text: str) -> None:
-    """Write ``text`` to ``path`` via a temporary file and ``os.replace``."""
-    target = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-
-
 def write_best(path: str | Path, best: Best) -> None:
     """Write ``best.json`` atomically."""
     atomic_write_text(path, json.dumps(best.to_dict(), indent=2) + "\n")
@@ -122,16 +103,7 @@ def read_best(path: str | Path) -> Best:
     file = Path(path)
     if file.is_dir():
         file = file / "best.json"
-    try:
-        text = file.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise AutotuneError(f"{file}: no such file (run `autotune search` first)") from None
-    except OSError as exc:
-        raise AutotuneError(f"{file}: cannot read: {exc.strerror}") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise AutotuneError(f"{file}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    data = read_json(file, AutotuneError, " (run `autotune search` first)")
     try:
         return Best.from_dict(data)
     except AutotuneError as exc:

@@ -276,17 +276,10 @@ def load_setup(path: str | Path) -> TrainSetup:
     Raises:
         SetupError: The file is missing, is not JSON, or holds no valid setup.
     """
+    from autotune.files import read_json
+
     file = Path(path)
-    try:
-        text = file.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise SetupError(f"{file}: no such file") from None
-    except OSError as exc:
-        raise SetupError(f"{file}: cannot read: {exc.strerror}") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise SetupError(f"{file}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    data = read_json(file, SetupError)
     if isinstance(data, dict) and "setup" in data:
         data = data["setup"]
     try:

@@ -24,10 +24,11 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from autotune.best import Best, atomic_write_text
+from autotune.best import Best
 from autotune.config import AMP_MODES
 from autotune.data import synthetic_dir
 from autotune.errors import AutotuneError, EmitError
+from autotune.files import atomic_write_text
 from autotune.models import validate_model_ref
 
 __all__ = ["render_script", "write_script"]

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autotune.best import atomic_write_text
 from autotune.config import KNOBS, TrainSetup
 from autotune.errors import StorageError
+from autotune.files import atomic_write_text
 from autotune.trial import TrialResult
 
 RESULT_COLUMNS = (

@@ -1,0 +1,55 @@
+"""Reading and writing autotune's own files: atomic writes, JSON reads that
+fail with one line."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from autotune.errors import AutotuneError
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    """Write ``text`` to ``path`` via a temporary file and ``os.replace``."""
+    target = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def read_json(file: Path, error: type[AutotuneError], missing_hint: str = "") -> Any:
+    """The parsed JSON of ``file``.
+
+    Args:
+        file: The file.
+        error: The error class raised, so each caller keeps its exit code.
+        missing_hint: Appended to the missing-file message, e.g.
+            ``" (run `autotune search` first)"``.
+
+    Raises:
+        AutotuneError: (as ``error``) missing, unreadable or not JSON, in one
+            line that names the file.
+    """
+    try:
+        text = file.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise error(f"{file}: no such file{missing_hint}") from None
+    except OSError as exc:
+        raise error(f"{file}: cannot read: {exc.strerror}") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise error(f"{file}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
