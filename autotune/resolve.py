@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from autotune.errors import UsageError
 from autotune.workload import Workload
@@ -30,8 +31,48 @@ class DeviceInfo:
         return self.name.split(":", 1)[0]
 
 
+def visible_gpus(gpus: list[Any], cuda_visible_devices: str | None) -> list[Any]:
+    """The NVML GPUs in the order CUDA numbers them under ``CUDA_VISIBLE_DEVICES``.
+
+    NVML lists every GPU of the machine; CUDA (and ``cuda:K``) counts only
+    the visible ones, in the order the variable gives. Entries are NVML
+    indices or (abbreviated) ``GPU-`` UUIDs; as in CUDA, the list ends at the
+    first entry that names no device (``-1``, an index out of range).
+    Integer indices assume CUDA enumerates GPUs in PCI order, as NVML does
+    (``CUDA_DEVICE_ORDER=PCI_BUS_ID``, and the usual case on machines with
+    one GPU model).
+
+    Raises:
+        UsageError: A MIG instance (``MIG-...``), which NVML's GPU list
+            cannot describe.
+    """
+    if cuda_visible_devices is None:
+        return list(gpus)
+    visible: list[Any] = []
+    for token in (t.strip() for t in cuda_visible_devices.split(",")):
+        if token.upper().startswith("MIG-"):
+            raise UsageError(
+                f"CUDA_VISIBLE_DEVICES={cuda_visible_devices!r} names a MIG instance; "
+                "autotune reads GPUs through NVML and cannot size a MIG slice yet: use a full GPU"
+            )
+        if token.upper().startswith("GPU-"):
+            matches = [g for g in gpus if str(getattr(g, "uuid", "") or "").upper().startswith(token.upper())]
+            gpu = matches[0] if len(matches) == 1 else None
+        elif token.isdigit() and int(token) < len(gpus):
+            gpu = gpus[int(token)]
+        else:
+            gpu = None
+        if gpu is None or any(g is gpu for g in visible):
+            break
+        visible.append(gpu)
+    return visible
+
+
 def resolve_device(text: str, hardware: object) -> DeviceInfo:
     """Resolve ``auto``, ``cpu``, ``cuda`` or ``cuda:K`` against the probe.
+
+    ``K`` counts the GPUs CUDA sees (``CUDA_VISIBLE_DEVICES`` applies), as
+    ``torch.device("cuda:K")`` does.
 
     Args:
         text: What the user asked for.
@@ -41,7 +82,8 @@ def resolve_device(text: str, hardware: object) -> DeviceInfo:
     Raises:
         UsageError: CUDA asked for but absent, or an index out of range.
     """
-    gpus = list(getattr(hardware, "gpus", []) or [])
+    hidden = getattr(hardware, "cuda_visible_devices", None)
+    gpus = visible_gpus(list(getattr(hardware, "gpus", []) or []), hidden)
     cpu = hardware.cpu
     choice = text.strip().lower()
     if choice == "auto":
@@ -57,10 +99,13 @@ def resolve_device(text: str, hardware: object) -> DeviceInfo:
             raise UsageError(f"bad device {text!r}; use auto, cpu, cuda or cuda:K")
         if not gpus:
             reason = getattr(hardware, "gpu_error", None) or "no GPU found"
+            if hidden is not None and getattr(hardware, "gpus", None):
+                reason = f"CUDA_VISIBLE_DEVICES={hidden!r} hides every GPU"
             raise UsageError(f"device {text!r} asked for, but no CUDA GPU is usable: {reason}")
         index = int(index_text)
         if index >= len(gpus):
-            raise UsageError(f"device {text!r}: only {len(gpus)} GPU(s) present (cuda:0..cuda:{len(gpus) - 1})")
+            where = "visible" if hidden is not None else "present"
+            raise UsageError(f"device {text!r}: only {len(gpus)} GPU(s) {where} (cuda:0..cuda:{len(gpus) - 1})")
         gpu = gpus[index]
         return DeviceInfo(
             f"cuda:{index}",
