@@ -35,7 +35,7 @@ from autotune.space import (
     build_space,
     check_constraints,
     defaults_setup,
-    guess_setup,
+    guess_setups,
     merge_constraints,
 )
 from autotune.trial import TrialOptions, TrialResult
@@ -440,8 +440,8 @@ def run_search(config: SearchConfig, reporter: Reporter | None = None) -> Search
     if not study.trials:
         study.enqueue_trial({}, user_attrs={"role": ROLE_DEFAULTS})
         if config.trials > 1 and config.sampler == "tpe":
-            guess = guess_setup(space, calibration, device, usable)
-            study.enqueue_trial(space.params_for(guess), user_attrs={"role": ROLE_GUESS})
+            for guess in guess_setups(space, calibration, device, usable)[: config.trials - 1]:
+                study.enqueue_trial(space.params_for(guess), user_attrs={"role": ROLE_GUESS})
     options = TrialOptions(
         trial_seconds=config.trial_seconds, timeout_s=config.timeout_s, max_memory_bytes=config.max_memory
     )
@@ -581,7 +581,7 @@ def _larger_than_data(setup: TrainSetup, workload: Workload) -> TrialResult | No
 
 def _pruning_hook(trial: Any, role: str) -> Callable[[int, float], bool] | None:
     if role != ROLE_SEARCH:
-        return None  # the defaults and the guess are always measured in full
+        return None  # the defaults and the guesses are always measured in full
 
     def hook(index: int, value: float) -> bool:
         trial.report(value, step=index)

@@ -70,6 +70,7 @@ def test_fake_search_records_infeasible_and_writes_best(tmp_path, cache_dir, fak
     rows = list(csv.DictReader((tmp_path / "out" / "trials.csv").open()))
     assert len(rows) == 12
     assert rows[0]["role"] == "defaults" and rows[1]["role"] == "guess"
+    assert rows[2]["role"] == "search"  # the 64 images cap the batch at the first guess's 64: no second guess
     oom_rows = [r for r in rows if r["status"] == "oom"]
     assert oom_rows and "exceeded the budget" in oom_rows[0]["error"]
     assert (tmp_path / "out" / "train.py").exists()
@@ -92,6 +93,14 @@ def test_steps_larger_than_the_data_are_infeasible_and_never_run(tmp_path, cache
     assert "exceeds the 64 training images" in (too_big[0].result.error or "")
     assert all(s.effective_batch() <= 64 for s in ran)
     assert outcome.best.setup.effective_batch() <= 64
+
+
+def test_second_guess_at_the_largest_batch_when_throughput_rises(tmp_path, cache_dir, fake) -> None:
+    outcome = run_search(config(tmp_path, cache_dir, trials=4, synthetic_images=256, trial_seconds=4.0))  # batch cap 256
+    roles = [r.role for r in outcome.records]
+    assert roles[:3] == ["defaults", "guess", "guess"]
+    first, second = outcome.records[1].setup, outcome.records[2].setup
+    assert second == first.replace(batch_size=second.batch_size) and second.batch_size > first.batch_size
 
 
 def test_same_seed_gives_same_first_suggestions(tmp_path, cache_dir, fake) -> None:

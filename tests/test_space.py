@@ -10,17 +10,17 @@ from autotune.config import TrainSetup
 from autotune.errors import SetupError, UsageError
 from autotune.resolve import DeviceInfo
 from autotune.search import build_space, defaults_setup
-from autotune.space import merge_constraints, parse_constraint, powers_of_two
+from autotune.space import guess_setups, merge_constraints, parse_constraint, powers_of_two
 
 CPU = DeviceInfo("cpu", bf16=True, memory_total_bytes=None, memory_free_bytes=None, label="test CPU")
 GPU = DeviceInfo("cuda:0", bf16=True, memory_total_bytes=80 * 2**30, memory_free_bytes=80 * 2**30, label="test GPU")
 
 
-def calibration(max_batch: int = 256, max_workers: int = 4) -> Calibration:
+def calibration(max_batch: int = 256, max_workers: int = 4, memory_points: tuple = ()) -> Calibration:
     return Calibration(
         budget_bytes=2**33,
         max_batch=max_batch,
-        memory_points=(),
+        memory_points=memory_points,
         probe_batch=64,
         compute_setup=TrainSetup().to_dict(),
         compute_samples_per_s=100.0,
@@ -96,6 +96,20 @@ def test_the_data_caps_batch_and_accumulation() -> None:
     with pytest.raises(UsageError, match="larger than the 100 training images"):
         build_space(device=CPU, calibration=calibration(), usable_cores=2, effective_batch=128, constraints={},
                     images=100)
+
+
+def test_a_second_guess_at_the_largest_batch_when_throughput_still_rises() -> None:
+    rising = calibration(memory_points=(MemoryPoint(8, "ok", 2**28, 80.0), MemoryPoint(32, "ok", 2**29, 130.0),
+                                        MemoryPoint(256, "ok", 2**31, 170.0)))
+    space = build_space(device=CPU, calibration=rising, usable_cores=2, effective_batch=None, constraints={})
+    first, second = guess_setups(space, rising, CPU, 2)
+    assert (first.batch_size, second.batch_size) == (64, 256)
+    assert second == first.replace(batch_size=256)
+    flat = calibration(memory_points=(MemoryPoint(8, "ok", 2**28, 13.6), MemoryPoint(32, "ok", 2**29, 13.2)))
+    assert len(guess_setups(space, flat, CPU, 2)) == 1
+    bounded = build_space(device=CPU, calibration=rising, usable_cores=2, effective_batch=None,
+                          constraints=merge_constraints([parse_constraint("batch_size=8..64")]))
+    assert len(guess_setups(bounded, rising, CPU, 2)) == 1  # nothing larger than the first guess
 
 
 def test_constraints_pin_and_bound() -> None:
