@@ -9,9 +9,9 @@ traceback.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from autotune.config import TrainSetup
@@ -24,6 +24,25 @@ Send = Callable[[dict[str, Any]], None]
 
 #: Windows measured even when fewer would fill the trial's seconds (slow steps).
 MIN_WINDOWS = 3
+
+
+@dataclass(frozen=True)
+class Work:
+    """What a trial repeats, and how it warms up.
+
+    Attributes:
+        unit: One optimizer step (all its micro-batches) in train and compute
+            mode, one batch in loader mode; windows close between units.
+        unit_samples: Samples one unit processes.
+        warmup_step: One warm-up step (a single micro-batch with its own
+            optimizer step in train and compute mode).
+        warmup_steps: How many warm-up steps run before the windows.
+    """
+
+    unit: Callable[[], None]
+    unit_samples: int
+    warmup_step: Callable[[], None]
+    warmup_steps: int
 
 
 class BudgetExceeded(AutotuneError):
@@ -178,8 +197,8 @@ class Runner:
             return int(torch.cuda.max_memory_reserved(self.device))
         return int(self.monitor.peak_bytes)
 
-    def unit_for_mode(self) -> tuple[Callable[[], None], int, int]:
-        """(one unit of work, samples per unit, warm-up units) for the mode."""
+    def unit_for_mode(self) -> Work:
+        """The unit of work of the mode and its warm-up."""
         import torch
 
         setup = self.setup
@@ -196,31 +215,40 @@ class Runner:
                 for k in range(accum):
                     self.micro_step(images, labels, k == accum - 1)
 
-            return compute_unit, setup.batch_size * accum, 3 if self.device_type == "cuda" else 1
+            def compute_warm() -> None:
+                self.micro_step(images, labels, True)
+
+            return Work(compute_unit, setup.batch_size * accum, compute_warm, 3 if self.device_type == "cuda" else 1)
         dataset = self.build_dataset()
         if mode == "loader":
             batches = self.start_loader(dataset)
-            # The queue starts empty: the workers' first batches arrive together, then one more.
 
             def loader_unit() -> None:
                 with self.data_wait:
                     next(batches)
 
-            return loader_unit, setup.batch_size, setup.num_workers + 1
+            # The queue starts empty: the workers' first batches arrive together, then one more.
+            return Work(loader_unit, setup.batch_size, loader_unit, setup.num_workers + 1)
         self.build_model()
         if setup.num_workers > 0:
             self.synthetic_step()
         batches = self.start_loader(dataset)
 
+        def next_micro_step(last: bool) -> None:
+            with self.data_wait:
+                images, labels = next(batches)
+            images = images.to(self.device, non_blocking=non_blocking)
+            labels = labels.to(self.device, non_blocking=non_blocking)
+            self.micro_step(images, labels, last)
+
         def train_unit() -> None:
             for k in range(accum):
-                with self.data_wait:
-                    images, labels = next(batches)
-                images = images.to(self.device, non_blocking=non_blocking)
-                labels = labels.to(self.device, non_blocking=non_blocking)
-                self.micro_step(images, labels, k == accum - 1)
+                next_micro_step(k == accum - 1)
 
-        return train_unit, setup.batch_size * accum, self.warmup_units(math.ceil(setup.num_workers / accum))
+        def train_warm() -> None:
+            next_micro_step(True)
+
+        return Work(train_unit, setup.batch_size * accum, train_warm, self.warmup_steps())
 
     def synthetic_step(self) -> None:
         """One optimizer step on a random batch of the real shape.
@@ -237,32 +265,35 @@ class Runner:
         labels = torch.randint(0, self.num_classes, (self.setup.batch_size,), device=self.device)
         self.micro_step(images, labels, True)
 
-    def warmup_units(self, drain: int) -> int:
-        """Warm-up units of the train mode.
+    def warmup_steps(self) -> int:
+        """Warm-up micro-steps of the train mode, each with an optimizer step.
 
-        With workers, the loader starts after :meth:`synthetic_step`, its
-        queue empty; all workers deliver their first batch at about the same
-        time, so ``num_workers`` batches (``drain`` units) pass before the
-        loop runs at the rate the loader sustains. Without workers there is
-        no queue and the first unit carries the lazy initialisation; on a CPU
-        the second is already steady (resnet18, resnet50 and
-        mobilenet_v3_small, bf16 and fp32). CUDA adds two units for cuDNN
+        Warm-up counts micro-batches, not optimizer steps: with accumulation a
+        unit is several micro-batches, and the lazy initialisation and the
+        loader's start are over after the first ones. With workers, the loader
+        starts after :meth:`synthetic_step`, its queue empty; all workers
+        deliver their first batch at about the same time, so ``num_workers``
+        micro-steps pass before the loop runs at the rate the loader
+        sustains. Without workers there is no queue and the first micro-step
+        carries the lazy initialisation; on a CPU the next is already steady
+        (``python -m benchmarks.warmup_steps``). CUDA adds two for cuDNN
         autotuning and allocator growth.
         """
-        units = max(1, drain)
-        return units + 2 if self.device_type == "cuda" else units
+        steps = max(1, self.setup.num_workers)
+        return steps + 2 if self.device_type == "cuda" else steps
 
     # --------------------------------------------------------------- measure
     def run(self) -> TrialResult:
-        unit, unit_samples, warmup_units = self.unit_for_mode()
+        work = self.unit_for_mode()
+        unit, unit_samples = work.unit, work.unit_samples
         options = self.options
-        # Warm-up: worker start-up, the pre-filled queue, lazy init, cuDNN
-        # autotuning, allocator growth. Capped so a slow unit cannot eat the timeout.
+        # Warm-up: worker start-up, lazy init, cuDNN autotuning, allocator
+        # growth. Capped so a slow step cannot eat the timeout.
         warm_start = time.perf_counter()
         warm_cap = max(5.0, 2.0 * options.trial_seconds)
         done = 0
-        while done < warmup_units:
-            unit()
+        while done < work.warmup_steps:
+            work.warmup_step()
             done += 1
             if self.monitor.over_budget.is_set():
                 self.check()

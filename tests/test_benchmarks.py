@@ -113,3 +113,13 @@ def test_quick_run_writes_every_method(tmp_path: Path, capsys: pytest.CaptureFix
     # The report reads what the run wrote (the table needs no matplotlib).
     assert run.main(["--report", "--out", str(out), "--no-plot"]) == 0
     assert "| quick-resnet18-32 | grid |" in capsys.readouterr().out
+
+
+def test_warmup_steps_quick_prints_each_step(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from benchmarks import warmup_steps
+
+    assert warmup_steps.main(["--quick", "--cache-dir", str(tmp_path)]) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    ratios = [float(x) for x in line.split("step / steady:")[1].split()]
+    assert len(ratios) == 4 and all(r > 0 for r in ratios)
+    assert "warm-up 1" in line  # one worker: one warm-up step after the synthetic one

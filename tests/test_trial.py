@@ -108,9 +108,9 @@ def test_loader_starts_after_the_first_step_so_its_queue_starts_empty(tiny_workl
     real_units = child.Runner.unit_for_mode
 
     def units(self):
-        unit, samples, warmup = real_units(self)
-        runner_units.append(warmup)
-        return unit, samples, warmup
+        work = real_units(self)
+        runner_units.append(work.warmup_steps)
+        return work
 
     monkeypatch.setattr(child.Runner, "unit_for_mode", units)
     result = child.execute(request, started=time.perf_counter(), send=lambda event: None)
