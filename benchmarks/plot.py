@@ -63,6 +63,32 @@ def markdown_table(results: list[dict[str, Any]]) -> str:
     return "\n".join(lines + [""] + notes)
 
 
+def measurements_table(results: list[dict[str, Any]]) -> str:
+    """The final interleaved rounds behind each median: one row per workload."""
+    methods = [m for m in METHOD_ORDER if any(m in r["methods"] for r in results)]
+    lines = ["| workload | " + " | ".join(methods) + " |", "| --- |" + " --- |" * len(methods)]
+    for result in results:
+        cells = []
+        for method in methods:
+            values = (result["methods"].get(method) or {}).get("measurements") or []
+            cells.append(", ".join(_num(v, ".1f") for v in values) or "-")
+        lines.append(f"| {result['workload']['name']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def goals_table(results: list[dict[str, Any]]) -> str:
+    """Each workload's goals as the run checked them: OK or MISSED, with the figures."""
+    goals = [g["goal"] for g in (results[0].get("goals") or [])] if results else []
+    lines = ["| workload | " + " | ".join(goals) + " |", "| --- |" + " --- |" * len(goals)]
+    for result in results:
+        found = {g["goal"]: g for g in result.get("goals") or []}
+        cells = [
+            f"{'OK' if found[g]['ok'] else 'MISSED'} ({found[g]['detail']})" if g in found else "-" for g in goals
+        ]
+        lines.append(f"| {result['workload']['name']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def write_plot(results: list[dict[str, Any]], path: Path) -> Path:
     """Grouped bars: samples/s of each method normalised to the grid, per workload.
 

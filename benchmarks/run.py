@@ -429,13 +429,24 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     if args.report:
-        from benchmarks.plot import MissingMatplotlib, load_results, markdown_table, write_plot
+        from benchmarks.plot import (
+            MissingMatplotlib,
+            goals_table,
+            load_results,
+            markdown_table,
+            measurements_table,
+            write_plot,
+        )
 
         results = load_results(args.out)
         if not results:
             print(f"error: no results in {args.out}", file=sys.stderr)
             return 1
         print(markdown_table(results))
+        print("\nFinal-round measurements (samples/s, in round order):\n")
+        print(measurements_table(results))
+        print("\nGoals:\n")
+        print(goals_table(results))
         if args.no_plot:
             return 0
         try:

@@ -112,7 +112,12 @@ def test_quick_run_writes_every_method(tmp_path: Path, capsys: pytest.CaptureFix
     assert any(line.startswith(("OK:", "MISSED:")) for line in printed.splitlines())
     # The report reads what the run wrote (the table needs no matplotlib).
     assert run.main(["--report", "--out", str(out), "--no-plot"]) == 0
-    assert "| quick-resnet18-32 | grid |" in capsys.readouterr().out
+    report = capsys.readouterr().out
+    assert "| quick-resnet18-32 | grid |" in report
+    rounds = ", ".join(f"{v:.1f}" for v in data["methods"]["autotune"]["measurements"])
+    assert rounds in report  # the final rounds behind the medians
+    first_goal = data["goals"][0]
+    assert f"{'OK' if first_goal['ok'] else 'MISSED'} ({first_goal['detail']})" in report
 
 
 def test_warmup_steps_quick_prints_each_step(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
