@@ -147,7 +147,8 @@ def check_image_folder(path: str | Path) -> FolderInfo:
     classes = images = 0
     for entry in sorted(root.iterdir()):
         if entry.is_dir() and not entry.name.startswith("."):
-            found = sum(1 for f in os.scandir(entry) if f.is_file() and Path(f.name).suffix.lower() in IMAGE_EXTENSIONS)
+            with os.scandir(entry) as files:
+                found = sum(1 for f in files if f.is_file() and Path(f.name).suffix.lower() in IMAGE_EXTENSIONS)
             if found:
                 classes += 1
                 images += found
