@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from rich.markup import escape
 from rich.table import Table
 
 from autotune.units import format_bytes
@@ -92,13 +93,13 @@ class RichReporter:
 
     def message(self, text: str) -> None:
         """A progress line."""
-        self.progress.console.print(f"[dim]{text}[/]", highlight=False)
+        self.progress.console.print(f"[dim]{escape(text)}[/]", highlight=False)
 
     def trial_started(self, done: int, total: int, role: str, setup: "TrainSetup") -> None:
         """Show the running trial."""
         if self._trials is None:
             self._trials = self.progress.add_task("trials", total=total, completed=done)
-        self.progress.update(self._trials, total=total, completed=done, description=f"trial {done + 1}/{total} [{role}] {setup.describe()}")
+        self.progress.update(self._trials, total=total, completed=done, description=escape(f"trial {done + 1}/{total} [{role}] {setup.describe()}"))
 
     def trial_finished(self, done: int, total: int, record: "TrialRecord", best: float | None) -> None:
         """Print the finished trial above the bar."""
@@ -108,9 +109,9 @@ class RichReporter:
         style = STATUS_STYLE.get(result.status, "white")
         value = f"{fmt_rate(result.samples_per_s)} samples/s" if result.samples_per_s is not None else ""
         reused = f" (same setup as #{record.reused_from})" if record.reused_from is not None else ""
-        why = f" - {result.error}" if result.error and not result.ok else ""
+        why = f" - {escape(result.error)}" if result.error and not result.ok else ""
         self.progress.console.print(
-            f"  {done}/{total} #{record.number} [{record.role}] {record.setup.describe()}: "
+            f"  {done}/{total} #{record.number} {escape(f'[{record.role}]')} {record.setup.describe()}: "
             f"[{style}]{result.status}[/] {value}{reused}{why}   best {fmt_rate(best)}",
             highlight=False,
         )

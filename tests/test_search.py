@@ -202,3 +202,22 @@ def test_sigint_leaves_a_resumable_study_and_best_json(tmp_path, cache_dir) -> N
     states = [t.state for t in study.trials]
     assert optuna.trial.TrialState.RUNNING not in states
     assert sum(s == optuna.trial.TrialState.COMPLETE for s in states) >= 2
+
+
+def test_rich_progress_shows_roles_and_bracketed_text(tmp_path, cache_dir, fake) -> None:
+    """Roles print as [defaults]/[guess], not swallowed as Rich markup; so does any bracketed message."""
+    import io
+
+    from rich.console import Console
+
+    from autotune.report import RichReporter
+
+    buffer = io.StringIO()
+    console = Console(file=buffer, width=200, color_system=None)
+    with RichReporter(console) as reporter:
+        run_search(config(tmp_path, cache_dir, trials=3), reporter=reporter)
+        reporter.message("model factories:net [from the cwd]")
+    text = buffer.getvalue()
+    assert "#0 [defaults] bs=32 w=0 fp32" in text
+    assert "#1 [guess]" in text
+    assert "[from the cwd]" in text
