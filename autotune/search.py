@@ -271,6 +271,33 @@ def _sigterm_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+@contextmanager
+def _interrupts_held() -> Iterator[None]:
+    """Hold Ctrl-C and SIGTERM until the block ends, then raise KeyboardInterrupt.
+
+    Storage writes (ask, tell, user attributes) run inside it, so an
+    interrupt never lands half-way through a database transaction; the
+    trial itself runs outside it and stops at once.
+    """
+    caught: list[int] = []
+
+    def hold(signum: int, frame: Any) -> None:
+        caught.append(signum)
+
+    try:
+        previous = {sig: signal.signal(sig, hold) for sig in (signal.SIGINT, signal.SIGTERM)}
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if caught:
+            raise KeyboardInterrupt
+
+
 def _open_study(config: SearchConfig, storage: str, name: str, n_startup: int) -> Any:
     import optuna
 
@@ -535,35 +562,42 @@ def _run_trials(
     from optuna.trial import TrialState
 
     while (done := _finished(study)) < wanted:
-        trial = study.ask()
-        role = trial.user_attrs.get("role", ROLE_SEARCH)
+        trial = None
         try:
-            setup = defaults if role == ROLE_DEFAULTS else space.suggest(trial)
-            reporter.trial_started(done, wanted, role, setup)
-            previous = _same_setup(study, setup, trial.number)
-            too_big = _larger_than_data(setup, workload)
+            with _interrupts_held():
+                trial = study.ask()
+                role = trial.user_attrs.get("role", ROLE_SEARCH)
+                setup = defaults if role == ROLE_DEFAULTS else space.suggest(trial)
+                reporter.trial_started(done, wanted, role, setup)
+                previous = _same_setup(study, setup, trial.number)
+                too_big = _larger_than_data(setup, workload)
             if too_big is not None:
                 result = too_big
             elif previous is not None:
                 result = TrialResult.from_dict(previous.user_attrs["result"])
-                trial.set_user_attr("reused_from", previous.number)
             else:
                 result = runner(setup, workload, options, on_window=_pruning_hook(trial, role))
-            trial.set_user_attr("role", role)
-            trial.set_user_attr("setup", setup.to_dict())
-            trial.set_user_attr("result", result.to_dict())
+            with _interrupts_held():
+                if too_big is None and previous is not None:
+                    trial.set_user_attr("reused_from", previous.number)
+                trial.set_user_attr("role", role)
+                trial.set_user_attr("setup", setup.to_dict())
+                trial.set_user_attr("result", result.to_dict())
         except KeyboardInterrupt:
-            study.tell(trial, state=TrialState.FAIL)
+            if trial is not None:
+                with _interrupts_held():
+                    study.tell(trial, state=TrialState.FAIL)
             raise
-        if result.status == "pruned":
-            study.tell(trial, state=TrialState.PRUNED)
-        else:
-            study.tell(trial, result.samples_per_s if result.ok and result.samples_per_s else 0.0)
-        records = _records(study)
-        write_trials_csv(out / "trials.csv", records)
-        best = max((r.result.samples_per_s or 0.0 for r in records if r.result.ok), default=None)
-        record = next(r for r in records if r.number == trial.number)
-        reporter.trial_finished(_finished(study), wanted, record, best)
+        with _interrupts_held():
+            if result.status == "pruned":
+                study.tell(trial, state=TrialState.PRUNED)
+            else:
+                study.tell(trial, result.samples_per_s if result.ok and result.samples_per_s else 0.0)
+            records = _records(study)
+            write_trials_csv(out / "trials.csv", records)
+            best = max((r.result.samples_per_s or 0.0 for r in records if r.result.ok), default=None)
+            record = next(r for r in records if r.number == trial.number)
+            reporter.trial_finished(_finished(study), wanted, record, best)
 
 
 def _larger_than_data(setup: TrainSetup, workload: Workload) -> TrialResult | None:

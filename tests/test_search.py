@@ -221,3 +221,16 @@ def test_rich_progress_shows_roles_and_bracketed_text(tmp_path, cache_dir, fake)
     assert "#0 [defaults] bs=32 w=0 fp32" in text
     assert "#1 [guess]" in text
     assert "[from the cwd]" in text
+
+
+def test_interrupts_are_held_until_the_storage_write_is_done() -> None:
+    from autotune.search import _interrupts_held
+
+    finished = False
+    with pytest.raises(KeyboardInterrupt):
+        with _interrupts_held():
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)
+            finished = True  # the block runs to its end despite the Ctrl-C
+    assert finished
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
