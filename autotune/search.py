@@ -285,7 +285,12 @@ def _interrupts_held() -> Iterator[None]:
         caught.append(signum)
 
     try:
-        previous = {sig: signal.signal(sig, hold) for sig in (signal.SIGINT, signal.SIGTERM)}
+        # A signal the process ignores (nohup) stays ignored.
+        previous = {
+            sig: signal.signal(sig, hold)
+            for sig in (signal.SIGINT, signal.SIGTERM)
+            if signal.getsignal(sig) is not signal.SIG_IGN
+        }
     except ValueError:  # not the main thread
         yield
         return

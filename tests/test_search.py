@@ -180,7 +180,10 @@ def test_sigint_leaves_a_resumable_study_and_best_json(tmp_path, cache_dir) -> N
     env = {**os.environ, "PYTHONPATH": str(TESTS.parent)}
     cmd = [sys.executable, "-m", "autotune", "search", "--model", "resnet18", "--image-size", "32", "--trials", "30",
            "--trial-seconds", "1", "--device", "cpu", "--out", str(out), "--cache-dir", str(cache_dir), "--synthetic-images", "64"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    # A shell that starts the tests in the background (nohup, &) hands them SIGINT ignored, and the
+    # search would rightly keep ignoring it: give the child the default disposition.
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 240
     rows = 0
     while time.monotonic() < deadline and proc.poll() is None:
@@ -226,6 +229,7 @@ def test_rich_progress_shows_roles_and_bracketed_text(tmp_path, cache_dir, fake)
 def test_interrupts_are_held_until_the_storage_write_is_done() -> None:
     from autotune.search import _interrupts_held
 
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a foreground process
     finished = False
     with pytest.raises(KeyboardInterrupt):
         with _interrupts_held():
@@ -234,3 +238,9 @@ def test_interrupts_are_held_until_the_storage_write_is_done() -> None:
             finished = True  # the block runs to its end despite the Ctrl-C
     assert finished
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # ignored, as under nohup: it stays ignored
+    with _interrupts_held():
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.05)
+    assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    signal.signal(signal.SIGINT, before)
