@@ -199,17 +199,13 @@ class Runner:
 
     def unit_for_mode(self) -> Work:
         """The unit of work of the mode and its warm-up."""
-        import torch
-
         setup = self.setup
         accum = setup.accumulation_steps
         mode = self.options.mode
         non_blocking = setup.pin_memory and self.device_type == "cuda"
         if mode == "compute":
             self.build_model()
-            size = self.workload.image_size
-            images = torch.randn(setup.batch_size, 3, size, size, device=self.device)
-            labels = torch.randint(0, self.num_classes, (setup.batch_size,), device=self.device)
+            images, labels = self.random_batch()
 
             def compute_unit() -> None:
                 for k in range(accum):
@@ -258,12 +254,16 @@ class Runner:
         filling with ``num_workers x prefetch_factor`` batches while the first,
         slow step runs.
         """
+        self.micro_step(*self.random_batch(), True)
+
+    def random_batch(self) -> tuple[Any, Any]:
+        """Random images and labels of the real batch shape, on the device."""
         import torch
 
         size = self.workload.image_size
         images = torch.randn(self.setup.batch_size, 3, size, size, device=self.device)
         labels = torch.randint(0, self.num_classes, (self.setup.batch_size,), device=self.device)
-        self.micro_step(images, labels, True)
+        return images, labels
 
     def warmup_steps(self) -> int:
         """Warm-up micro-steps of the train mode, each with an optimizer step.

@@ -256,19 +256,30 @@ def _signature(config: SearchConfig, workload: Workload) -> dict[str, Any]:
 
 
 @contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    def handler(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
+def _signals_handled(signals: tuple[int, ...], handler: Callable[[int, Any], None]) -> Iterator[None]:
+    """Run the block with ``handler`` on ``signals``; restore the previous handlers after.
 
+    Outside the main thread signals cannot be handled: the block runs as is.
+    """
     try:
-        previous = signal.signal(signal.SIGTERM, handler)
+        previous = {sig: signal.signal(sig, handler) for sig in signals}
     except ValueError:  # not the main thread
         yield
         return
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+@contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    def handler(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    with _signals_handled((signal.SIGTERM,), handler):
+        yield
 
 
 @contextmanager
@@ -280,25 +291,12 @@ def _interrupts_held() -> Iterator[None]:
     trial itself runs outside it and stops at once.
     """
     caught: list[int] = []
-
-    def hold(signum: int, frame: Any) -> None:
-        caught.append(signum)
-
+    # A signal the process ignores (nohup) stays ignored.
+    held = tuple(sig for sig in (signal.SIGINT, signal.SIGTERM) if signal.getsignal(sig) is not signal.SIG_IGN)
     try:
-        # A signal the process ignores (nohup) stays ignored.
-        previous = {
-            sig: signal.signal(sig, hold)
-            for sig in (signal.SIGINT, signal.SIGTERM)
-            if signal.getsignal(sig) is not signal.SIG_IGN
-        }
-    except ValueError:  # not the main thread
-        yield
-        return
-    try:
-        yield
+        with _signals_handled(held, lambda signum, frame: caught.append(signum)):
+            yield
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
         if caught:
             raise KeyboardInterrupt
 
