@@ -2,14 +2,14 @@
 
 Public API::
 
-    from autotune import TrainSetup, load_setup
+    from autotune import TrainSetup, load_setup, run_search, SearchConfig
 """
 
 from __future__ import annotations
 
-from autotune.config import TrainSetup, load_setup
+from autotune._version import __version__
 from autotune.errors import AutotuneError
+from autotune.train_setup import TrainSetup, load_setup
+from autotune.tuner import SearchConfig, SearchOutcome, run_search
 
-__version__ = "0.1.0"
-
-__all__ = ["AutotuneError", "TrainSetup", "__version__", "load_setup"]
+__all__ = ["AutotuneError", "SearchConfig", "SearchOutcome", "TrainSetup", "__version__", "load_setup", "run_search"]

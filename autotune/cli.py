@@ -18,8 +18,8 @@ from typing import Annotated, Any, Optional, TypeVar
 import typer
 from rich.console import Console
 
-from autotune import __version__
-from autotune.errors import AutotuneError
+from autotune._version import __version__
+from autotune.errors import AutotuneError, ProbeError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -98,7 +98,7 @@ def probe(
     except AutotuneError:
         raise
     except Exception as exc:
-        raise AutotuneError(f"probe failed: {type(exc).__name__}: {exc}") from None
+        raise ProbeError(f"probe failed: {type(exc).__name__}: {exc}") from None
     if as_json:
         typer.echo(json.dumps(hardware.to_dict(), indent=2))
     else:
@@ -127,7 +127,8 @@ def _workload(
     model: str, image_size: int, data: Optional[Path], device: str, cache_dir: Optional[Path], synthetic_images: int
 ) -> Any:
     import probes
-    from autotune.resolve import build_workload, resolve_device
+    from autotune.devices import resolve_device
+    from autotune.workloads import build_workload
 
     hardware = probes.collect()
     dev = resolve_device(device, hardware)
@@ -172,9 +173,10 @@ def trial(
     as_json: Annotated[bool, typer.Option("--json", help="Print the TrialResult as one JSON object.")] = False,
 ) -> None:
     """Run one short, isolated, measured training trial and report its throughput."""
-    from autotune.config import TrainSetup
-    from autotune.report import render_trial
-    from autotune.trial import TrialOptions, run_trial
+    from autotune.records import TrialOptions
+    from autotune.render import render_trial
+    from autotune.runner import run_trial
+    from autotune.train_setup import TrainSetup
     from autotune.units import parse_size
 
     setup = TrainSetup(
@@ -241,9 +243,10 @@ def search(
     """Search the fastest training setup with short, real, measured trials."""
     import shlex
 
-    from autotune.report import RichReporter, render_search
-    from autotune.search import SearchConfig, SearchInterrupted, run_search
-    from autotune.space import parse_constraint
+    from autotune.errors import SearchInterrupted
+    from autotune.render import RichReporter, render_search
+    from autotune.tuner import SearchConfig, run_search
+    from autotune.tuner.constraints import parse_constraint
     from autotune.units import parse_size
 
     config = SearchConfig(
@@ -291,8 +294,8 @@ def emit(
     ] = None,
 ) -> None:
     """Write a standalone, DDP-ready train.py from DIR/best.json."""
-    from autotune.best import read_best
-    from autotune.emit import write_script
+    from autotune.output.best import read_best
+    from autotune.output.emit import write_script
 
     best = read_best(directory)
     path = write_script(best, output or (directory / "train.py"))

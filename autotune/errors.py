@@ -47,3 +47,9 @@ class SearchFailed(AutotuneError):
 class EmitError(AutotuneError):
     """A training script could not be rendered (missing or corrupt best.json,
     a value that cannot be rendered safely)."""
+
+
+class SearchInterrupted(AutotuneError):
+    """Ctrl-C (or SIGTERM) stopped the search; finished trials are kept."""
+
+    exit_code = 130

@@ -1,5 +1,5 @@
 """Reading and writing autotune's own files: atomic writes, JSON reads that
-fail with one line."""
+fail with one line, and the check that an output directory is usable."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from autotune.errors import AutotuneError
+from autotune.errors import AutotuneError, StorageError
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:
@@ -53,3 +53,33 @@ def read_json(file: Path, error: type[AutotuneError], missing_hint: str = "") ->
         return json.loads(text)
     except json.JSONDecodeError as exc:
         raise error(f"{file}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+
+
+def _can_write(directory: Path) -> bool:
+    try:
+        with tempfile.TemporaryFile(dir=directory):
+            return True
+    except OSError:
+        return False
+
+
+def check_writable(out: Path) -> None:
+    """Fail early (leaving nothing behind) when ``out`` cannot be created or written.
+
+    Raises:
+        StorageError: ``out`` is a file, or it or its nearest existing parent
+            is not a writable directory.
+    """
+    if out.exists():
+        if not out.is_dir():
+            raise StorageError(f"--out {out} exists and is not a directory")
+        if not _can_write(out):
+            raise StorageError(f"--out {out} is not writable")
+        return
+    parent = out.absolute().parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise StorageError(f"--out {out} cannot be created: {parent} is not a directory")
+    if not _can_write(parent):
+        raise StorageError(f"--out {out} cannot be created: {parent} is not writable")

@@ -1,10 +1,17 @@
-"""Parsing and printing sizes such as ``20GiB``."""
+"""Parsing and printing sizes such as ``20GiB``.
+
+Printing has one implementation for the whole project,
+:func:`probes.units.format_bytes`, re-exported here.
+"""
 
 from __future__ import annotations
 
 import re
 
 from autotune.errors import UsageError
+from probes.units import format_bytes
+
+__all__ = ["format_bytes", "parse_size"]
 
 _UNITS = {
     "": 1,
@@ -38,13 +45,3 @@ def parse_size(text: str) -> int:
     if value <= 0:
         raise UsageError(f"memory size must be > 0, got {text!r}")
     return value
-
-
-def format_bytes(value: int | None) -> str:
-    """``1.50 GiB`` style; ``-`` for None."""
-    if value is None:
-        return "-"
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(value) >= size:
-            return f"{value / size:.2f} {unit}"
-    return f"{value} B"

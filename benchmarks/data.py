@@ -13,7 +13,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from autotune.data import check_image_folder, default_cache_dir, generate_image_folder
+from autotune.workloads.data import check_image_folder, default_cache_dir, generate_image_folder
 
 _VERSION = 1
 

@@ -49,8 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds before the run is killed")
     args = parser.parse_args(argv)
 
-    from autotune.best import read_best
     from autotune.errors import AutotuneError
+    from autotune.output.best import read_best
 
     try:
         best = read_best(args.out_dir)

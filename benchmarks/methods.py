@@ -1,10 +1,10 @@
 """The methods the benchmark compares, and the interleaved final round.
 
-Every method ends in one :class:`~autotune.config.TrainSetup` (its pick).
+Every method ends in one :class:`~autotune.train_setup.TrainSetup` (its pick).
 Fixed methods (``defaults``, ``recipe``) cost nothing to choose; ``max_batch``
 doubles the batch in short compute-only trials; ``grid`` measures every point
 of a discretized space once; ``random`` and ``autotune`` are full
-:func:`~autotune.search.run_search` runs. All picks are then re-measured by
+:func:`~autotune.tuner.run_search` runs. All picks are then re-measured by
 the same trial runner in interleaved rounds (:func:`measure_interleaved`).
 """
 
@@ -17,16 +17,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from autotune.calibrate import BATCH_CAP, memory_budget
-from autotune.config import TrainSetup
-from autotune.outputs import TrialRecord
-from autotune.resolve import DeviceInfo
-from autotune.space import Space
-from autotune.trial import TrialOptions, TrialResult, run_trial
-from autotune.workload import Workload
+from autotune.devices import DeviceInfo
+from autotune.records import TrialOptions, TrialRecord, TrialResult, Workload
+from autotune.runner import TrialRunner, run_trial
+from autotune.train_setup import TrainSetup
+from autotune.tuner.calibrate import BATCH_CAP, memory_budget
+from autotune.tuner.space import Space
 
 Log = Callable[[str], None]
-Runner = Callable[[TrainSetup, Workload, TrialOptions], TrialResult]
 
 
 @dataclass
@@ -109,7 +107,7 @@ def max_batch_method(
     trial_seconds: float,
     start: int = 32,
     cap: int | None = None,
-    runner: Runner = run_trial,
+    runner: TrialRunner = run_trial,
     log: Log = lambda _m: None,
 ) -> MethodResult:
     """Lightning-style ``scale_batch_size(mode="power")``: double until it fails.
@@ -221,7 +219,7 @@ def grid_method(
     workload: Workload,
     options: TrialOptions,
     *,
-    runner: Runner = run_trial,
+    runner: TrialRunner = run_trial,
     log: Log = lambda _m: None,
 ) -> MethodResult:
     """Measure every grid point once; the pick is the fastest."""
@@ -267,7 +265,7 @@ def measure_interleaved(
     options: TrialOptions,
     rounds: int,
     *,
-    runner: Runner = run_trial,
+    runner: TrialRunner = run_trial,
     log: Log = lambda _m: None,
 ) -> None:
     """Re-measure every pick in interleaved rounds (A B C ... A B C ...).

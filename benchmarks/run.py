@@ -30,12 +30,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from autotune.records import Calibration
 from benchmarks.methods import GridSpec
+from benchmarks.plot import METHOD_ORDER
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
 DEFAULT_PLOT = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.png"
-#: Method order in the JSON, the table and the plot.
-from benchmarks.plot import METHOD_ORDER
 
 #: Assumed start-up + warm-up seconds per trial run, for the estimate only.
 OVERHEAD_S = 4.0
@@ -162,24 +162,19 @@ def machine_info(hardware: Any) -> dict[str, Any]:
     }
 
 
-def _seed_random_study(out: Path, study: str, calibration: dict[str, Any]) -> None:
+def _seed_random_study(out: Path, study: str, calibration: Calibration, trials: int, seed: int) -> None:
     """Prepare the random baseline's study before run_search opens it.
 
     It stores autotune's calibration (so run_search reuses it: the same space,
-    no re-measuring) and enqueues the PyTorch defaults as the first trial, as
-    autotune's own first trial. Because the study then already holds a trial,
-    run_search does not add autotune's probe-informed guess: every other
-    trial is the RandomSampler's own.
+    no re-measuring). run_search then enqueues the PyTorch defaults as its
+    first trial and, with the random sampler, no probe-informed guess: every
+    other trial is the RandomSampler's own.
     """
-    import optuna
+    from autotune.tuner.study import SearchStudy
 
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
     out.mkdir(parents=True, exist_ok=True)
-    created = optuna.create_study(
-        storage=f"sqlite:///{(out / 'study.db').resolve()}", study_name=study, direction="maximize"
-    )
-    created.set_user_attr("calibration", calibration)
-    created.enqueue_trial({}, user_attrs={"role": "defaults"})
+    storage = f"sqlite:///{(out / 'study.db').resolve()}"
+    SearchStudy.open(storage, study, sampler="random", seed=seed, trials=trials).store_calibration(calibration)
 
 
 def _search_extra(outcome: Any, grid_best: float | None) -> dict[str, Any]:
@@ -209,11 +204,12 @@ def run_workload(
     GPU workload without a GPU).
     """
     import probes
+    from autotune.devices import resolve_device
     from autotune.errors import UsageError
-    from autotune.resolve import build_workload, resolve_device
-    from autotune.search import SearchConfig, run_search
-    from autotune.space import build_space
-    from autotune.trial import TrialOptions
+    from autotune.records import TrialOptions
+    from autotune.tuner import SearchConfig, run_search
+    from autotune.tuner.space import build_space
+    from autotune.workloads import build_workload
     from benchmarks.methods import (
         MethodResult,
         defaults_method,
@@ -290,7 +286,7 @@ def run_workload(
         out=runs / "random",
         study=f"bench-{spec.name}-random",
     )
-    _seed_random_study(rnd_cfg.out, str(rnd_cfg.study), calibration.to_dict())
+    _seed_random_study(rnd_cfg.out, str(rnd_cfg.study), calibration, rnd_cfg.trials, rnd_cfg.seed)
     rnd = run_search(rnd_cfg)
     assert rnd.best is not None and rnd.timing is not None
     phase("random")

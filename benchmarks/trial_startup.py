@@ -14,11 +14,10 @@ import argparse
 import statistics
 import time
 
-from autotune import zygote
-from autotune.config import TrainSetup
-from autotune.data import ensure_synthetic
-from autotune.trial import TrialOptions, run_trial
-from autotune.workload import Workload
+from autotune.records import TrialOptions, Workload
+from autotune.runner import run_trial, zygote
+from autotune.train_setup import TrainSetup
+from autotune.workloads.data import ensure_synthetic
 
 
 def main() -> None:

@@ -3,7 +3,7 @@
 Usage: ``python -m benchmarks.warmup_steps [--steps 9] [--quick] [--cache-dir DIR]``
 
 Builds each setup exactly as a trial does (in this process, with the trial's
-own :class:`autotune.child.Runner`, the synthetic first step included where
+own :class:`autotune.runner.child.TrialLoop`, the synthetic first step included where
 there are workers), then times each of the first ``--steps`` warm-up steps
 (one micro-batch from the real loader and an optimizer step) and prints them
 next to the steady median (steps 3 onwards). A first step far above it is
@@ -19,11 +19,10 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from autotune.child import Runner
-from autotune.config import TrainSetup
-from autotune.data import ensure_synthetic
-from autotune.trial import TrialOptions
-from autotune.workload import Workload
+from autotune.records import TrialOptions, Workload
+from autotune.runner.child import TrialLoop
+from autotune.train_setup import TrainSetup
+from autotune.workloads.data import ensure_synthetic
 from benchmarks.data import ensure_small_synthetic
 
 CASES: tuple[tuple[str, int, bool, TrainSetup], ...] = (
@@ -55,7 +54,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             data = ensure_synthetic(args.cache_dir, 64 if args.quick else 2000)
         workload = Workload(model=model, image_size=size, data=str(data))
-        runner = Runner(setup, workload, TrialOptions(), started=time.perf_counter(), send=lambda event: None)
+        runner = TrialLoop(setup, workload, TrialOptions(), started=time.perf_counter(), send=lambda event: None)
         work = runner.unit_for_mode()
         times = []
         for _ in range(steps):

@@ -26,7 +26,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from autotune.search import SearchConfig, run_search
+from autotune import SearchConfig, run_search
 
 HERE = Path(__file__).resolve().parent
 

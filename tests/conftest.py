@@ -8,13 +8,13 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:
-    from autotune.workload import Workload
+    from autotune.records import Workload
 
 
 @pytest.fixture(scope="session")
 def synthetic_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A 64-image synthetic ImageFolder (10 classes), generated once per session."""
-    from autotune.data import ensure_synthetic
+    from autotune.workloads.data import ensure_synthetic
 
     return ensure_synthetic(tmp_path_factory.mktemp("cache"), n_images=64)
 
@@ -26,9 +26,9 @@ def cache_dir(synthetic_data: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
-def tiny_workload(cache_dir: Path) -> "Workload":
+def tiny_workload(cache_dir: Path) -> Workload:
     """resnet18 at 32 px on the CPU over the 64 synthetic JPEGs."""
-    from autotune.workload import Workload
+    from autotune.records import Workload
 
     return Workload(
         model="resnet18",

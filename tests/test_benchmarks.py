@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from autotune.config import TrainSetup
-from autotune.space import Space
-from autotune.trial import TrialOptions, TrialResult
+from autotune.records import TrialOptions, TrialResult
+from autotune.train_setup import TrainSetup
+from autotune.tuner.space import Space
 from benchmarks import plot, run
 from benchmarks.methods import GridSpec, MethodResult, grid_points, measure_interleaved, trials_to_reach
 

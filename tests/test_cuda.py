@@ -6,8 +6,9 @@ import dataclasses
 
 import pytest
 
-from autotune.config import TrainSetup
-from autotune.trial import TrialOptions, run_trial
+from autotune.records import TrialOptions
+from autotune.runner import run_trial
+from autotune.train_setup import TrainSetup
 
 pytestmark = [pytest.mark.cuda, pytest.mark.slow]
 
@@ -50,8 +51,8 @@ def test_cuda_compute_ceiling_beats_cpu_loader(tiny_workload) -> None:
 
 
 def test_tiny_cuda_search(tmp_path, cache_dir) -> None:
-    from autotune.best import read_best
-    from autotune.search import SearchConfig, run_search
+    from autotune.output.best import read_best
+    from autotune.tuner import SearchConfig, run_search
 
     outcome = run_search(
         SearchConfig(model="resnet18", trials=4, image_size=32, device="cuda", trial_seconds=1.0,

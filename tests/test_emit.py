@@ -16,12 +16,12 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from autotune.best import Best, write_best
 from autotune.cli import app
-from autotune.config import TrainSetup
-from autotune.emit import render_script, write_script
 from autotune.errors import EmitError
-from autotune.workload import Workload
+from autotune.output.best import Best, write_best
+from autotune.output.emit import render_script, write_script
+from autotune.records import Workload
+from autotune.train_setup import TrainSetup
 
 RUN_TIMEOUT = 180
 

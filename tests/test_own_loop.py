@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 import autotune
-import autotune.best
-from autotune.best import Best, write_best
-from autotune.config import TrainSetup
-from autotune.workload import Workload
+import autotune.output.best
+from autotune.output.best import Best, write_best
+from autotune.records import Workload
+from autotune.train_setup import TrainSetup
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 TIMEOUT = 120
@@ -90,7 +90,7 @@ def test_custom_model_example(tmp_path: Path) -> None:
     assert "train.py --max-steps 2" in proc.stdout
     assert "model tiny_net:tiny_net" in proc.stdout
     assert "step 2 loss" in proc.stdout
-    best = autotune.best.read_best(work / "out" / "best.json")
+    best = autotune.output.best.read_best(work / "out" / "best.json")
     assert best.workload.model == "tiny_net:tiny_net" and best.samples_per_s > 0
     assert (work / "out" / "train.py").is_file()
     assert (work / "train-out" / "checkpoint.pth").is_file()
@@ -119,4 +119,4 @@ def test_docs_own_loop_snippet_runs(tmp_path: Path) -> None:
     }
     exec(compile(code, "docs/emit.md", "exec"), namespace)
     assert namespace["i"] == 3  # 16 samples / batch 4 = 4 micro-batches = 2 optimizer steps
-    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))

@@ -291,7 +291,7 @@ class FakeNvml:
                     self.value, f"error {self.value}"
                 )
 
-        class NVMLError_LibraryNotFound(NVMLError):  # noqa: N801 - the real name
+        class NVMLError_LibraryNotFound(NVMLError):
             pass
 
         mod.NVMLError = NVMLError

@@ -14,18 +14,17 @@ from pathlib import Path
 import optuna
 import pytest
 
-import autotune.trial
-from autotune.best import read_best
-from autotune.config import TrainSetup
 from autotune.errors import SearchFailed
-from autotune.search import SearchConfig, run_search
-from autotune.space import parse_constraint
-from autotune.trial import TrialResult
+from autotune.output.best import read_best
+from autotune.records import TrialResult
+from autotune.train_setup import TrainSetup
+from autotune.tuner import SearchConfig, run_search
+from autotune.tuner.constraints import parse_constraint
 
 TESTS = Path(__file__).parent
 
 
-def fake_runner(setup: TrainSetup, workload, options, on_window=None) -> TrialResult:
+def fake_runner(setup: TrainSetup, workload, options=None, *, on_window=None) -> TrialResult:
     """Deterministic stand-in: 2 workers with batch >= 64 never fit."""
     if options.mode == "loader":
         return TrialResult(status="ok", samples_per_s=200.0 * (setup.num_workers + 1), windows=(1.0,))
@@ -45,9 +44,9 @@ def fake_runner(setup: TrainSetup, workload, options, on_window=None) -> TrialRe
     )
 
 
-@pytest.fixture
-def fake(monkeypatch):
-    monkeypatch.setattr(autotune.trial, "run_trial", fake_runner)
+def search(cfg: SearchConfig, runner=fake_runner, **kw):
+    """run_search with the fake runner handed in."""
+    return run_search(cfg, runner=runner, **kw)
 
 
 def config(tmp_path: Path, cache_dir: Path, **kw) -> SearchConfig:
@@ -57,8 +56,8 @@ def config(tmp_path: Path, cache_dir: Path, **kw) -> SearchConfig:
     return SearchConfig(**base)
 
 
-def test_fake_search_records_infeasible_and_writes_best(tmp_path, cache_dir, fake) -> None:
-    outcome = run_search(config(tmp_path, cache_dir, trials=12))
+def test_fake_search_records_infeasible_and_writes_best(tmp_path, cache_dir) -> None:
+    outcome = search(config(tmp_path, cache_dir, trials=12))
     statuses = [r.result.status for r in outcome.records]
     assert len(outcome.records) == 12
     assert "oom" in statuses
@@ -76,18 +75,17 @@ def test_fake_search_records_infeasible_and_writes_best(tmp_path, cache_dir, fak
     assert (tmp_path / "out" / "train.py").exists()
 
 
-def test_steps_larger_than_the_data_are_infeasible_and_never_run(tmp_path, cache_dir, monkeypatch) -> None:
+def test_steps_larger_than_the_data_are_infeasible_and_never_run(tmp_path, cache_dir) -> None:
     ran: list[TrainSetup] = []
 
-    def recording(setup, workload, options, on_window=None):
+    def recording(setup, workload, options=None, *, on_window=None):
         if options.mode == "train":
             ran.append(setup)
-        return fake_runner(setup, workload, options, on_window)
+        return fake_runner(setup, workload, options, on_window=on_window)
 
-    monkeypatch.setattr(autotune.trial, "run_trial", recording)
     # 64 images; accumulation pinned to 4, so batch 32 and 64 make steps of 128 and 256 images.
-    outcome = run_search(config(tmp_path, cache_dir, trials=8, sampler="random",
-                                constraints=(parse_constraint("accumulation_steps=4"),)))
+    outcome = search(config(tmp_path, cache_dir, trials=8, sampler="random",
+                            constraints=(parse_constraint("accumulation_steps=4"),)), runner=recording)
     too_big = [r for r in outcome.records if r.setup.effective_batch() > 64]
     assert too_big and all(r.result.status == "error" for r in too_big)
     assert "exceeds the 64 training images" in (too_big[0].result.error or "")
@@ -95,63 +93,62 @@ def test_steps_larger_than_the_data_are_infeasible_and_never_run(tmp_path, cache
     assert outcome.best.setup.effective_batch() <= 64
 
 
-def test_second_guess_at_the_largest_batch_when_throughput_rises(tmp_path, cache_dir, fake) -> None:
-    outcome = run_search(config(tmp_path, cache_dir, trials=4, synthetic_images=256, trial_seconds=4.0))  # batch cap 256
+def test_second_guess_at_the_largest_batch_when_throughput_rises(tmp_path, cache_dir) -> None:
+    outcome = search(config(tmp_path, cache_dir, trials=4, synthetic_images=256, trial_seconds=4.0))  # batch cap 256
     roles = [r.role for r in outcome.records]
     assert roles[:3] == ["defaults", "guess", "guess"]
     first, second = outcome.records[1].setup, outcome.records[2].setup
     assert second == first.replace(batch_size=second.batch_size) and second.batch_size > first.batch_size
 
 
-def test_same_seed_gives_same_first_suggestions(tmp_path, cache_dir, fake) -> None:
-    first = run_search(config(tmp_path / "a", cache_dir, trials=7, seed=7))
-    second = run_search(config(tmp_path / "b", cache_dir, trials=7, seed=7))
-    other = run_search(config(tmp_path / "c", cache_dir, trials=7, seed=8))
+def test_same_seed_gives_same_first_suggestions(tmp_path, cache_dir) -> None:
+    first = search(config(tmp_path / "a", cache_dir, trials=7, seed=7))
+    second = search(config(tmp_path / "b", cache_dir, trials=7, seed=7))
+    other = search(config(tmp_path / "c", cache_dir, trials=7, seed=8))
     setups = lambda o: [r.setup for r in sorted(o.records, key=lambda r: r.number)]  # noqa: E731
     assert setups(first) == setups(second)
     assert setups(first) != setups(other)
 
 
-def test_resume_adds_trials_instead_of_repeating(tmp_path, cache_dir, fake) -> None:
-    run_search(config(tmp_path, cache_dir, trials=4))
+def test_resume_adds_trials_instead_of_repeating(tmp_path, cache_dir) -> None:
+    search(config(tmp_path, cache_dir, trials=4))
     storage = f"sqlite:///{tmp_path / 'out' / 'study.db'}"
     before = {t.number: t.user_attrs["setup"] for t in optuna.load_study(study_name=None, storage=storage).trials}
-    outcome = run_search(config(tmp_path, cache_dir, trials=6))
+    outcome = search(config(tmp_path, cache_dir, trials=6))
     study = optuna.load_study(study_name=None, storage=storage)
     assert len(study.trials) == 6
     assert {n: study.trials[n].user_attrs["setup"] for n in before} == before
     assert len(outcome.records) == 6
     # The same command again runs nothing new.
-    again = run_search(config(tmp_path, cache_dir, trials=6))
+    again = search(config(tmp_path, cache_dir, trials=6))
     assert len(optuna.load_study(study_name=None, storage=storage).trials) == 6
     assert len(again.records) == 6
 
 
-def test_resume_with_a_different_search_is_refused(tmp_path, cache_dir, fake) -> None:
+def test_resume_with_a_different_search_is_refused(tmp_path, cache_dir) -> None:
     from autotune.errors import StorageError
 
-    run_search(config(tmp_path, cache_dir, trials=2))
+    search(config(tmp_path, cache_dir, trials=2))
     with pytest.raises(StorageError, match="different search"):
-        run_search(config(tmp_path, cache_dir, trials=3, constraints=(parse_constraint("amp=off"),)))
+        search(config(tmp_path, cache_dir, trials=3, constraints=(parse_constraint("amp=off"),)))
 
 
-def test_every_trial_failing_is_one_error(tmp_path, cache_dir, monkeypatch) -> None:
-    def always_oom(setup, workload, options, on_window=None):
+def test_every_trial_failing_is_one_error(tmp_path, cache_dir) -> None:
+    def always_oom(setup, workload, options=None, *, on_window=None):
         return TrialResult(status="oom", error="no memory at all")
 
-    monkeypatch.setattr(autotune.trial, "run_trial", always_oom)
     with pytest.raises(SearchFailed, match="all 3 trials failed.*oom: no memory at all"):
-        run_search(config(tmp_path, cache_dir, trials=3))
+        search(config(tmp_path, cache_dir, trials=3), runner=always_oom)
 
 
-def test_pinned_knobs_are_respected(tmp_path, cache_dir, fake) -> None:
-    outcome = run_search(config(tmp_path, cache_dir, trials=6, constraints=(parse_constraint("amp=off"), parse_constraint("batch_size=16..32"))))
+def test_pinned_knobs_are_respected(tmp_path, cache_dir) -> None:
+    outcome = search(config(tmp_path, cache_dir, trials=6, constraints=(parse_constraint("amp=off"), parse_constraint("batch_size=16..32"))))
     searched = [r for r in outcome.records if r.role != "defaults"]
     assert all(r.setup.amp == "off" and 16 <= r.setup.batch_size <= 32 for r in searched)
 
 
-def test_effective_batch_keeps_the_math(tmp_path, cache_dir, fake) -> None:
-    outcome = run_search(config(tmp_path, cache_dir, trials=6, effective_batch=64))
+def test_effective_batch_keeps_the_math(tmp_path, cache_dir) -> None:
+    outcome = search(config(tmp_path, cache_dir, trials=6, effective_batch=64))
     assert all(r.setup.effective_batch() == 64 for r in outcome.records)
     assert outcome.best.reference_batch == 64 and outcome.best.lr == pytest.approx(1e-3)
 
@@ -207,18 +204,18 @@ def test_sigint_leaves_a_resumable_study_and_best_json(tmp_path, cache_dir) -> N
     assert sum(s == optuna.trial.TrialState.COMPLETE for s in states) >= 2
 
 
-def test_rich_progress_shows_roles_and_bracketed_text(tmp_path, cache_dir, fake) -> None:
+def test_rich_progress_shows_roles_and_bracketed_text(tmp_path, cache_dir) -> None:
     """Roles print as [defaults]/[guess], not swallowed as Rich markup; so does any bracketed message."""
     import io
 
     from rich.console import Console
 
-    from autotune.report import RichReporter
+    from autotune.render import RichReporter
 
     buffer = io.StringIO()
     console = Console(file=buffer, width=200, color_system=None)
     with RichReporter(console) as reporter:
-        run_search(config(tmp_path, cache_dir, trials=3), reporter=reporter)
+        search(config(tmp_path, cache_dir, trials=3), reporter=reporter)
         reporter.message("model factories:net [from the cwd]")
     text = buffer.getvalue()
     assert "#0 [defaults] bs=32 w=0 fp32" in text
@@ -227,7 +224,7 @@ def test_rich_progress_shows_roles_and_bracketed_text(tmp_path, cache_dir, fake)
 
 
 def test_interrupts_are_held_until_the_storage_write_is_done() -> None:
-    from autotune.search import _interrupts_held
+    from autotune.tuner.signals import interrupts_held as _interrupts_held
 
     before = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a foreground process
     finished = False

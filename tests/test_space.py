@@ -5,12 +5,13 @@ from __future__ import annotations
 import optuna
 import pytest
 
-from autotune.calibrate import Calibration, LoaderPoint, MemoryPoint, extrapolate_batch
-from autotune.config import TrainSetup
+from autotune.devices import DeviceInfo
 from autotune.errors import SetupError, UsageError
-from autotune.resolve import DeviceInfo
-from autotune.search import build_space, defaults_setup
-from autotune.space import guess_setups, merge_constraints, parse_constraint, powers_of_two
+from autotune.records import Calibration, LoaderPoint, MemoryPoint
+from autotune.train_setup import TrainSetup
+from autotune.tuner.calibrate import extrapolate_batch
+from autotune.tuner.constraints import merge_constraints, parse_constraint
+from autotune.tuner.space import build_space, defaults_setup, guess_setups, powers_of_two
 
 CPU = DeviceInfo("cpu", bf16=True, memory_total_bytes=None, memory_free_bytes=None, label="test CPU")
 GPU = DeviceInfo("cuda:0", bf16=True, memory_total_bytes=80 * 2**30, memory_free_bytes=80 * 2**30, label="test GPU")

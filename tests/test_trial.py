@@ -10,9 +10,10 @@ import time
 import psutil
 import pytest
 
-from autotune.config import TrainSetup
-from autotune.data import ensure_synthetic, synthetic_dir
-from autotune.trial import TrialOptions, TrialResult, run_trial
+from autotune.records import TrialOptions, TrialResult
+from autotune.runner import run_trial
+from autotune.train_setup import TrainSetup
+from autotune.workloads.data import ensure_synthetic, synthetic_dir
 
 pytestmark = pytest.mark.slow
 
@@ -77,20 +78,39 @@ def test_slow_steps_stop_after_three_windows_once_the_trial_length_is_spent(tiny
     assert result.measured_s >= 1.0
 
 
-def test_fast_steps_measure_every_window(tiny_workload) -> None:
+def test_the_window_rule_measures_every_window_unless_the_trial_length_is_spent() -> None:
+    """Fast steps fill every window; only slow steps stop early, after 3, once the seconds are spent."""
+    from autotune.runner.child import MIN_WINDOWS, more_windows
+
+    options = TrialOptions(trial_seconds=1.0, windows=5)
+    # Fast steps: each window about trial_seconds / windows long.
+    assert all(more_windows(k, 0.2 * k, options) for k in range(5))
+    assert not more_windows(5, 1.0, options)
+    # Slow steps: each window one 0.4-s step; 3 of them spend the second.
+    assert more_windows(2, 0.8, options)
+    assert not more_windows(MIN_WINDOWS, 1.2, options)
+    # A window that overran (a loaded machine) never cuts the minimum.
+    assert more_windows(1, 5.0, options) and more_windows(2, 5.0, options)
+
+
+def test_fast_steps_measure_until_the_trial_length_is_spent(tiny_workload) -> None:
+    """However loaded the machine, a trial stops early only once its seconds are measured."""
     workload = dataclasses.replace(tiny_workload, model="factories:tiny_cnn")  # steps of milliseconds
-    result = run_trial(TrainSetup(batch_size=4), workload, dataclasses.replace(QUICK, windows=5))
+    options = dataclasses.replace(QUICK, windows=5)
+    result = run_trial(TrainSetup(batch_size=4), workload, options)
     assert result.status == "ok", result.error
-    assert len(result.windows) == 5
+    assert 3 <= len(result.windows) <= 5
+    if len(result.windows) < 5:
+        assert result.measured_s >= options.trial_seconds
 
 
 def test_loader_starts_after_the_first_step_so_its_queue_starts_empty(tiny_workload, monkeypatch) -> None:
     """With workers, lazy initialisation runs on a random batch before the
     loader exists; warm-up is then one step per worker, not the prefetch queue."""
-    from autotune import child
+    from autotune.runner import child
 
     calls: list[str] = []
-    real_synthetic, real_start = child.Runner.synthetic_step, child.Runner.start_loader
+    real_synthetic, real_start = child.TrialLoop.synthetic_step, child.TrialLoop.start_loader
 
     def synthetic(self):
         calls.append("synthetic_step")
@@ -100,19 +120,19 @@ def test_loader_starts_after_the_first_step_so_its_queue_starts_empty(tiny_workl
         calls.append("start_loader")
         return real_start(self, dataset)
 
-    monkeypatch.setattr(child.Runner, "synthetic_step", synthetic)
-    monkeypatch.setattr(child.Runner, "start_loader", start)
+    monkeypatch.setattr(child.TrialLoop, "synthetic_step", synthetic)
+    monkeypatch.setattr(child.TrialLoop, "start_loader", start)
     setup = TrainSetup(batch_size=4, num_workers=2, prefetch_factor=8, persistent_workers=True)
     request = {"setup": setup.to_dict(), "workload": tiny_workload.to_dict(), "options": dataclasses.asdict(QUICK)}
     runner_units: list[int] = []
-    real_units = child.Runner.unit_for_mode
+    real_units = child.TrialLoop.unit_for_mode
 
     def units(self):
         work = real_units(self)
         runner_units.append(work.warmup_steps)
         return work
 
-    monkeypatch.setattr(child.Runner, "unit_for_mode", units)
+    monkeypatch.setattr(child.TrialLoop, "unit_for_mode", units)
     result = child.execute(request, started=time.perf_counter(), send=lambda event: None)
     assert result.status == "ok", result.error
     assert calls == ["synthetic_step", "start_loader"]
@@ -165,7 +185,7 @@ def _alive_in_group(pgid: int) -> list[psutil.Process]:
 
 
 def test_hang_times_out_and_leaves_no_process(tiny_workload, monkeypatch) -> None:
-    from autotune import zygote
+    from autotune.runner import zygote
 
     started: list[int] = []
     real_launch = zygote.launch
@@ -188,7 +208,7 @@ def test_hang_times_out_and_leaves_no_process(tiny_workload, monkeypatch) -> Non
 
 
 def test_fallback_without_the_zygote_runs_a_fresh_interpreter(tiny_workload, monkeypatch) -> None:
-    from autotune import zygote
+    from autotune.runner import zygote
 
     fresh = zygote.Zygote()
     fresh.disabled = True
@@ -242,7 +262,7 @@ def test_synthetic_data_is_generated_once_and_reused(tmp_path) -> None:
 
 def test_trial_directory_is_gone_after_a_killed_trial(tiny_workload, monkeypatch) -> None:
     """A pruned (killed) trial leaves no directory behind, and cleanup races do not raise."""
-    from autotune import zygote
+    from autotune.runner import zygote
 
     dirs: list = []
     real_launch = zygote.launch

@@ -9,8 +9,8 @@ escaped. The rendered code is compiled before it is returned.
 
 Example::
 
-    from autotune.best import read_best
-    from autotune.emit import write_script
+    from autotune.output.best import read_best
+    from autotune.output.emit import write_script
 
     write_script(read_best("autotune-out"), "autotune-out/train.py")
 """
@@ -24,12 +24,13 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from autotune.best import Best
-from autotune.config import AMP_MODES
-from autotune.data import synthetic_dir
+from autotune.devices import device_type
 from autotune.errors import AutotuneError, EmitError
 from autotune.files import atomic_write_text
-from autotune.models import validate_model_ref
+from autotune.output.best import Best
+from autotune.train_setup import AMP_MODES
+from autotune.workloads.data import synthetic_dir
+from autotune.workloads.models import validate_model_ref
 
 __all__ = ["render_script", "write_script"]
 
@@ -134,7 +135,7 @@ def _header(best: Best, data_is_synthetic: bool) -> str:
 
 # ---------------------------------------------------------------- rendering
 def _template() -> string.Template:
-    text = resources.files("autotune.templates").joinpath(_TEMPLATE).read_text(encoding="utf-8")
+    text = resources.files("autotune.output.templates").joinpath(_TEMPLATE).read_text(encoding="utf-8")
     return string.Template(text)
 
 
@@ -158,13 +159,13 @@ def _values(best: Best) -> dict[str, str]:
     if not isinstance(workload.sys_path, (tuple, list)):
         raise EmitError(f"cannot emit train.py: sys_path must be a list of paths, got {workload.sys_path!r}")
     factory_paths = "[" + ", ".join(_str("sys_path entry", p) for p in workload.sys_path) + "]"
-    device_type = workload.device.split(":", 1)[0] if isinstance(workload.device, str) else workload.device
+    device = device_type(workload.device) if isinstance(workload.device, str) else workload.device
     values = {
         "autotune_version": _autotune_version(),
         "data": data,
         "model": repr(model),
         "image_size": _int("image_size", workload.image_size, 1),
-        "device": _choice("device", device_type, _DEVICE_TYPES),
+        "device": _choice("device", device, _DEVICE_TYPES),
         "batch_size": _int("batch_size", setup.batch_size, 1),
         "accumulation_steps": _int("accumulation_steps", setup.accumulation_steps, 1),
         "num_workers": _int("num_workers", setup.num_workers, 0),
@@ -190,7 +191,7 @@ def _values(best: Best) -> dict[str, str]:
 
 
 def _autotune_version() -> str:
-    from autotune import __version__
+    from autotune._version import __version__
 
     return _comment_text(__version__)
 

@@ -10,120 +10,25 @@ with ``--set``.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from autotune.config import AMP_MODES, KNOBS, TrainSetup
+from autotune.devices import DeviceInfo
 from autotune.errors import UsageError
+from autotune.records import Calibration
+from autotune.train_setup import KNOBS, TrainSetup
+from autotune.tuner.constraints import RANGE_KNOBS, Constraint, apply_constraints, check_constraints
 
 if TYPE_CHECKING:  # pragma: no cover
     import optuna
 
-    from autotune.calibrate import Calibration
-    from autotune.resolve import DeviceInfo
-
 #: PyTorch's DataLoader default batch size: the baseline every search measures.
 DEFAULT_BATCH = 32
 
-BOOL_KNOBS = ("pin_memory", "persistent_workers", "channels_last")
-INT_KNOBS = ("num_workers", "prefetch_factor", "batch_size", "accumulation_steps")
-#: Knobs searched as integer ranges (every value between the bounds).
-RANGE_KNOBS = ("num_workers", "prefetch_factor")
-
-
-@dataclass(frozen=True)
-class Constraint:
-    """What the user said about one knob with ``--set``.
-
-    Exactly one of ``value`` (pin), ``choices`` or ``low``/``high`` (bounds).
-    """
-
-    knob: str
-    value: Any = None
-    choices: tuple[Any, ...] | None = None
-    low: int | None = None
-    high: int | None = None
-
-    def allows(self, candidate: Any) -> bool:
-        """Whether ``candidate`` satisfies the constraint."""
-        if self.choices is not None:
-            return candidate in self.choices
-        if self.low is not None or self.high is not None:
-            if not isinstance(candidate, int) or isinstance(candidate, bool):
-                return False
-            return (self.low is None or candidate >= self.low) and (self.high is None or candidate <= self.high)
-        return candidate == self.value
-
-
-def _parse_value(knob: str, text: str) -> Any:
-    text = text.strip()
-    if knob in BOOL_KNOBS:
-        lowered = text.lower()
-        if lowered in ("1", "true", "yes", "on"):
-            return True
-        if lowered in ("0", "false", "no", "off"):
-            return False
-        raise UsageError(f"--set {knob}: expected true or false, got {text!r}")
-    if knob == "amp":
-        lowered = text.lower()
-        aliases = {"fp32": "off", "none": "off", "false": "off"}
-        lowered = aliases.get(lowered, lowered)
-        if lowered not in AMP_MODES:
-            raise UsageError(f"--set amp: expected one of off, bf16, fp16, got {text!r}")
-        return lowered
-    try:
-        value = int(text)
-    except ValueError:
-        raise UsageError(f"--set {knob}: expected an integer, got {text!r}") from None
-    minimum = 0 if knob == "num_workers" else 1
-    if value < minimum:
-        raise UsageError(f"--set {knob}: must be >= {minimum}, got {value}")
-    return value
-
-
-def parse_constraint(text: str) -> Constraint:
-    """Parse one ``--set`` argument.
-
-    Forms: ``knob=value`` (pin), ``knob=a,b,c`` (choices), ``knob=lo..hi``
-    (integer bounds, either side may be empty).
-
-    Raises:
-        UsageError: Unknown knob or malformed value.
-    """
-    knob, sep, rest = text.partition("=")
-    knob = knob.strip().replace("-", "_")
-    aliases = {"workers": "num_workers", "prefetch": "prefetch_factor", "batch": "batch_size", "accum": "accumulation_steps"}
-    knob = aliases.get(knob, knob)
-    if not sep or not rest.strip():
-        raise UsageError(f"--set {text!r}: expected KNOB=VALUE, KNOB=A,B,C or KNOB=LO..HI")
-    if knob not in KNOBS:
-        raise UsageError(f"--set {text!r}: unknown knob {knob!r}; knobs: {', '.join(KNOBS)}")
-    if ".." in rest:
-        if knob not in INT_KNOBS:
-            raise UsageError(f"--set {text!r}: ranges work for integer knobs only ({', '.join(INT_KNOBS)})")
-        low_text, _, high_text = rest.partition("..")
-        low = _parse_value(knob, low_text) if low_text.strip() else None
-        high = _parse_value(knob, high_text) if high_text.strip() else None
-        if low is not None and high is not None and low > high:
-            raise UsageError(f"--set {text!r}: empty range")
-        return Constraint(knob, low=low, high=high)
-    if "," in rest:
-        values = tuple(dict.fromkeys(_parse_value(knob, part) for part in rest.split(",") if part.strip()))
-        if not values:
-            raise UsageError(f"--set {text!r}: no values")
-        return Constraint(knob, choices=values)
-    return Constraint(knob, value=_parse_value(knob, rest))
-
-
-def merge_constraints(items: Iterable[Constraint]) -> dict[str, Constraint]:
-    """Index constraints by knob; a knob given twice is an error."""
-    merged: dict[str, Constraint] = {}
-    for item in items:
-        if item.knob in merged:
-            raise UsageError(f"--set {item.knob} given twice")
-        merged[item.knob] = item
-    return merged
+def probe_batch(max_batch: int, device: DeviceInfo) -> int:
+    """The middle batch of the compute ceiling and the first guess: 64 on a CPU, 256 on a GPU."""
+    return min(max_batch, 256 if device.type == "cuda" else 64)
 
 
 def powers_of_two(low: int, high: int) -> tuple[int, ...]:
@@ -166,11 +71,7 @@ class Space:
         """Knobs with more than one candidate."""
         return [k for k in KNOBS if len(self.values.get(k, ())) > 1]
 
-    def signature(self) -> dict[str, Any]:
-        """A JSON-ready description, used to refuse resuming a different search."""
-        return {"values": {k: list(v) for k, v in self.values.items()}, "effective_batch": self.effective_batch}
-
-    def _pick(self, trial: "optuna.Trial", knob: str, candidates: Sequence[Any] | None = None) -> Any:
+    def _pick(self, trial: optuna.Trial, knob: str, candidates: Sequence[Any] | None = None) -> Any:
         options = tuple(candidates if candidates is not None else self.values[knob])
         if len(options) == 1:
             return options[0]
@@ -178,7 +79,7 @@ class Space:
             return trial.suggest_int(knob, min(options), max(options))
         return trial.suggest_categorical(knob, list(options))
 
-    def suggest(self, trial: "optuna.Trial") -> TrainSetup:
+    def suggest(self, trial: optuna.Trial) -> TrainSetup:
         """Sample one TrainSetup through an Optuna trial (define-by-run)."""
         workers = self._pick(trial, "num_workers")
         prefetch = None
@@ -201,6 +102,19 @@ class Space:
             amp=self._pick(trial, "amp"),
             channels_last=self._pick(trial, "channels_last"),
         )
+
+    def describe(self) -> str:
+        """One line: every knob's values (ranges as ``lo..hi``)."""
+        parts = []
+        for knob, values in self.values.items():
+            if knob == "accumulation_steps" and self.effective_batch is not None:
+                parts.append(f"accumulation_steps=effective_batch/batch_size ({self.effective_batch})")
+                continue
+            if knob in RANGE_KNOBS and len(values) > 1:
+                parts.append(f"{knob}={min(values)}..{max(values)}")
+            else:
+                parts.append(f"{knob}={'|'.join(str(v).lower() if isinstance(v, bool) else str(v) for v in values)}")
+        return "space: " + ", ".join(parts)
 
     def params_for(self, setup: TrainSetup) -> dict[str, Any]:
         """The Optuna params that make :meth:`suggest` return ``setup``
@@ -238,12 +152,6 @@ class Space:
                 return False
         return True
 
-    def with_values(self, knob: str, values: Sequence[Any]) -> "Space":
-        """A copy with one knob's candidates replaced."""
-        new = dict(self.values)
-        new[knob] = tuple(values)
-        return replace(self, values=new)
-
 
 def _nearest(value: Any, options: Sequence[Any]) -> Any:
     if isinstance(value, (int, float)) and not isinstance(value, bool) and all(
@@ -251,39 +159,6 @@ def _nearest(value: Any, options: Sequence[Any]) -> Any:
     ):
         return min(options, key=lambda o: (abs(math.log2(max(o, 1)) - math.log2(max(value, 1))), o))
     return options[0]
-
-
-def apply_constraints(
-    base: dict[str, tuple[Any, ...]], constraints: dict[str, Constraint]
-) -> dict[str, tuple[Any, ...]]:
-    """Narrow each knob's candidates by the user's constraints.
-
-    A pinned value the hardware does not offer (amp=bf16 on a CPU without
-    bf16, say) is an error rather than silently dropped.
-
-    Raises:
-        UsageError: A constraint that leaves no candidate.
-    """
-    values = dict(base)
-    for knob, constraint in constraints.items():
-        if constraint.choices is None and constraint.low is None and constraint.high is None:
-            # A pin may step outside the computed range (a batch the pre-pass
-            # would not try, more workers than cores): the user knows best,
-            # the device check still applies.
-            values[knob] = (constraint.value,)
-            continue
-        if knob in RANGE_KNOBS and constraint.choices is None:
-            low = constraint.low if constraint.low is not None else min(base[knob])
-            high = constraint.high if constraint.high is not None else max(base[knob])
-            kept = tuple(range(low, high + 1))
-        elif constraint.choices is not None:
-            kept = tuple(constraint.choices)
-        else:
-            kept = tuple(v for v in base[knob] if constraint.allows(v))
-        if not kept:
-            raise UsageError(f"--set {knob}: no value left (allowed here: {', '.join(map(str, base[knob]))})")
-        values[knob] = kept
-    return values
 
 
 def defaults_setup(effective_batch: int | None) -> TrainSetup:
@@ -295,27 +170,10 @@ def defaults_setup(effective_batch: int | None) -> TrainSetup:
     return TrainSetup(batch_size=batch, accumulation_steps=effective_batch // batch)
 
 
-def check_constraints(constraints: dict[str, Constraint], device: "DeviceInfo") -> None:
-    """Refuse pinned or offered knob values the device cannot run.
-
-    Raises:
-        SetupError: ``amp=fp16`` on a CPU, ``amp=bf16`` without native bf16,
-            ``pin_memory=true`` without a GPU.
-    """
-    for knob in ("amp", "pin_memory"):
-        constraint = constraints.get(knob)
-        if constraint is None:
-            continue
-        for value in constraint.choices or (constraint.value,):
-            if value is None or value is False:
-                continue
-            TrainSetup(**{knob: value}).check_device(device.name, bf16_supported=device.bf16)
-
-
 def build_space(
     *,
-    device: "DeviceInfo",
-    calibration: "Calibration",
+    device: DeviceInfo,
+    calibration: Calibration,
     usable_cores: int,
     effective_batch: int | None,
     constraints: dict[str, Constraint],
@@ -385,7 +243,7 @@ def build_space(
 BATCH_GAIN = 1.10
 
 
-def guess_setups(space: Space, calibration: "Calibration", device: "DeviceInfo", usable_cores: int) -> list[TrainSetup]:
+def guess_setups(space: Space, calibration: Calibration, device: DeviceInfo, usable_cores: int) -> list[TrainSetup]:
     """Probe-informed first trials, after the defaults (clipped into the space by the caller).
 
     The first guess takes workers from the loader ceiling, a middle batch
@@ -405,17 +263,15 @@ def guess_setups(space: Space, calibration: "Calibration", device: "DeviceInfo",
     return guesses
 
 
-def guess_setup(space: Space, calibration: "Calibration", device: "DeviceInfo", usable_cores: int) -> TrainSetup:
+def guess_setup(space: Space, calibration: Calibration, device: DeviceInfo, usable_cores: int) -> TrainSetup:
     """A probe-informed first guess (clipped into the space by the caller)."""
     cuda = device.type == "cuda"
-    target = calibration.compute_samples_per_s
     workers = max(1, min(calibration.max_workers, usable_cores // 2 if not cuda else usable_cores))
-    if target:
-        enough = [p.num_workers for p in calibration.loader if p.samples_per_s and p.samples_per_s >= 1.25 * target]
-        if enough and min(enough) > 0:
-            workers = min(enough)
+    enough = calibration.workers_enough()
+    if enough:
+        workers = enough
     workers = min(workers, max(space.values["num_workers"]))
-    batch = min(calibration.max_batch, 256 if cuda else 64)
+    batch = probe_batch(calibration.max_batch, device)
     amp = "bf16" if device.bf16 else ("fp16" if cuda else "off")
     return TrainSetup(
         num_workers=workers,

@@ -12,10 +12,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autotune.config import TrainSetup
 from autotune.errors import AutotuneError, SetupError
 from autotune.files import atomic_write_text, read_json
-from autotune.workload import Workload
+from autotune.records import Workload
+from autotune.train_setup import TrainSetup
 
 SCHEMA_VERSION = 1
 
@@ -68,7 +68,7 @@ class Best:
         return {"schema": SCHEMA_VERSION, **data}
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "Best":
+    def from_dict(cls, data: dict[str, Any]) -> Best:
         """Inverse of :meth:`to_dict`.
 
         Raises:

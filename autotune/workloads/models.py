@@ -14,7 +14,7 @@ import inspect
 import keyword
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from autotune.errors import WorkloadError
@@ -107,7 +107,7 @@ def check_factory(ref: str, sys_path: Sequence[str] = ()) -> None:
         _load_factory(ref, sys_path)
 
 
-def build_model(ref: str, *, num_classes: int, image_size: int, sys_path: Sequence[str] = ()) -> "torch.nn.Module":
+def build_model(ref: str, *, num_classes: int, image_size: int, sys_path: Sequence[str] = ()) -> torch.nn.Module:
     """Instantiate the model, randomly initialised, for ``num_classes`` classes.
 
     A user factory is called with ``num_classes=`` when it accepts that
@@ -123,7 +123,7 @@ def build_model(ref: str, *, num_classes: int, image_size: int, sys_path: Sequen
     if is_factory_ref(ref):
         func = _load_factory(ref, sys_path)
         try:
-            params = inspect.signature(func).parameters
+            params: Mapping[str, inspect.Parameter] = inspect.signature(func).parameters
         except (TypeError, ValueError):
             params = {}
         kwargs: dict[str, int] = {}
@@ -137,7 +137,7 @@ def build_model(ref: str, *, num_classes: int, image_size: int, sys_path: Sequen
         return model
     import torchvision
 
-    kwargs = {"weights": None, "num_classes": num_classes}
+    options: dict[str, int | None] = {"weights": None, "num_classes": num_classes}
     if ref.startswith("vit_"):
-        kwargs["image_size"] = image_size
-    return torchvision.models.get_model(ref, **kwargs)
+        options["image_size"] = image_size
+    return torchvision.models.get_model(ref, **options)

@@ -83,7 +83,7 @@ class MemoryMonitor:
         self._process = psutil.Process()
         self._thread = threading.Thread(target=self._run, name="autotune-memory", daemon=True)
 
-    def start(self) -> "MemoryMonitor":
+    def start(self) -> MemoryMonitor:
         """Start sampling."""
         self.sample()
         self._thread.start()
@@ -123,7 +123,7 @@ class Stopwatch:
         self.total_s = 0.0
         self._start = 0.0
 
-    def __enter__(self) -> "Stopwatch":
+    def __enter__(self) -> Stopwatch:
         self._start = time.perf_counter()
         return self
 

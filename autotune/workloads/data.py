@@ -55,7 +55,7 @@ def _make_image(rng: random.Random, path: Path) -> None:
     # A smooth colour field with fine noise on top: decodes like a photo,
     # neither a flat image (too cheap) nor pure noise (too expensive).
     coarse = gen.integers(0, 256, size=(6, 8, 3), dtype=np.uint8)
-    image = Image.fromarray(coarse).resize((width, height), Image.BICUBIC)
+    image = Image.fromarray(coarse).resize((width, height), Image.Resampling.BICUBIC)
     pixels = np.asarray(image, dtype=np.int16) + gen.integers(-12, 13, size=(height, width, 3), dtype=np.int16)
     Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8)).save(path, format="JPEG", quality=90)
 
@@ -175,7 +175,7 @@ def train_transform(image_size: int) -> Any:
     )
 
 
-def image_folder(path: str | Path, image_size: int) -> "Dataset[Any]":
+def image_folder(path: str | Path, image_size: int) -> Dataset[Any]:
     """An ``ImageFolder`` with the training transform."""
     from torchvision.datasets import ImageFolder
 

@@ -1,8 +1,8 @@
 """What runs inside a trial process.
 
 Builds the workload, applies the setup, warms up, measures steady-state
-windows and sends events to the parent (see :mod:`autotune.zygote` for the
-transport): one ``window`` event per measured window, then one ``result``
+windows and sends events to the parent (see :mod:`autotune.runner.zygote` for
+the transport): one ``window`` event per measured window, then one ``result``
 event. Any failure becomes a result with a status; the parent never parses a
 traceback.
 """
@@ -14,11 +14,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from autotune.config import TrainSetup
 from autotune.errors import AutotuneError
-from autotune.measure import MemoryMonitor, Stopwatch, summarize, sync
-from autotune.trial import TrialOptions, TrialResult
-from autotune.workload import Workload
+from autotune.records import TrialOptions, TrialResult, Workload
+from autotune.runner.measure import MemoryMonitor, Stopwatch, summarize, sync
+from autotune.train_setup import TrainSetup
+from autotune.units import format_bytes
 
 Send = Callable[[dict[str, Any]], None]
 
@@ -43,6 +43,18 @@ class Work:
     unit_samples: int
     warmup_step: Callable[[], None]
     warmup_steps: int
+
+
+def more_windows(measured: int, measured_s: float, options: TrialOptions) -> bool:
+    """Whether a trial measures another window after ``measured`` windows and ``measured_s`` seconds.
+
+    Every window of ``options.windows`` is measured, except that slow steps
+    (each window one long step) stop after :data:`MIN_WINDOWS` once the
+    trial's seconds are spent.
+    """
+    if measured >= options.windows:
+        return False
+    return measured < MIN_WINDOWS or measured_s < options.trial_seconds
 
 
 class BudgetExceeded(AutotuneError):
@@ -80,12 +92,8 @@ def classify(exc: BaseException) -> TrialResult:
     return TrialResult(status="error", error=_one_line(exc))
 
 
-def _fmt_bytes(value: int) -> str:
-    return f"{value / 2**30:.2f} GiB"
-
-
-class Runner:
-    """Everything one trial needs, built once."""
+class TrialLoop:
+    """The training loop of one trial: built once, warmed up, measured."""
 
     def __init__(
         self, setup: TrainSetup, workload: Workload, options: TrialOptions, *, started: float, send: Send
@@ -112,7 +120,7 @@ class Runner:
 
     # ----------------------------------------------------------------- build
     def build_dataset(self) -> Any:
-        from autotune.data import ensure_synthetic, image_folder
+        from autotune.workloads.data import ensure_synthetic, image_folder
 
         root = self.workload.data or ensure_synthetic(self.workload.cache_dir, self.workload.synthetic_images)
         dataset = image_folder(root, self.workload.image_size)
@@ -121,7 +129,7 @@ class Runner:
 
     def start_loader(self, dataset: Any) -> Any:
         """The DataLoader's iterator; creating it starts the workers."""
-        from autotune.data import InfiniteSampler
+        from autotune.workloads.data import InfiniteSampler
 
         loader = self.setup.dataloader(
             dataset, sampler=InfiniteSampler(len(dataset), seed=self.options.seed), drop_last=True
@@ -131,7 +139,7 @@ class Runner:
     def build_model(self) -> None:
         import torch
 
-        from autotune.models import build_model
+        from autotune.workloads.models import build_model
 
         num_classes = getattr(self, "num_classes", None) or self.workload.num_classes or 10
         self.num_classes = num_classes
@@ -176,8 +184,8 @@ class Runner:
         """Raise on a broken memory budget or a non-finite loss."""
         if self.monitor.over_budget.is_set():
             raise BudgetExceeded(
-                f"peak memory {_fmt_bytes(self.monitor.peak_bytes)} exceeded the budget "
-                f"of {_fmt_bytes(self.options.max_memory_bytes or 0)}"
+                f"peak memory {format_bytes(self.monitor.peak_bytes)} exceeded the budget "
+                f"of {format_bytes(self.options.max_memory_bytes or 0)}"
             )
         if self.options.max_memory_bytes is not None and self.device_type == "cuda":
             import torch
@@ -185,7 +193,7 @@ class Runner:
             peak = torch.cuda.max_memory_reserved(self.device)
             if peak > self.options.max_memory_bytes:
                 raise BudgetExceeded(
-                    f"peak reserved {_fmt_bytes(peak)} exceeded the budget of {_fmt_bytes(self.options.max_memory_bytes)}"
+                    f"peak reserved {format_bytes(peak)} exceeded the budget of {format_bytes(self.options.max_memory_bytes)}"
                 )
         if self.bad is not None and bool(self.bad.item()):
             raise Diverged("the loss became NaN or infinite")
@@ -308,8 +316,8 @@ class Runner:
         total_samples = 0
         wait_before = self.data_wait.total_s
         for index in range(options.windows):
-            if index >= MIN_WINDOWS and measured_s >= options.trial_seconds:
-                break  # slow steps: each window took one unit, the trial length is spent
+            if not more_windows(index, measured_s, options):
+                break
             start = time.perf_counter()
             samples = 0
             while True:
@@ -353,19 +361,19 @@ class Runner:
 
 def execute(request: dict[str, Any], *, started: float, send: Send) -> TrialResult:
     """Run one trial request; every failure is returned as a status."""
-    runner: Runner | None = None
+    loop: TrialLoop | None = None
     try:
         setup = TrainSetup.from_dict(request["setup"])
         workload = Workload.from_dict(request["workload"])
         options = TrialOptions(**request["options"])
-        runner = Runner(setup, workload, options, started=started, send=send)
-        return runner.run()
+        loop = TrialLoop(setup, workload, options, started=started, send=send)
+        return loop.run()
     except BaseException as exc:  # every failure is a result, never a traceback
         result = classify(exc)
-        if runner is None:
+        if loop is None:
             return result
         try:
-            peak: int | None = runner.peak_memory()
+            peak: int | None = loop.peak_memory()
         except Exception:
             peak = None
-        return TrialResult(**{**result.to_dict(), "peak_memory_bytes": peak, "mode": runner.options.mode})
+        return TrialResult(**{**result.to_dict(), "peak_memory_bytes": peak, "mode": loop.options.mode})

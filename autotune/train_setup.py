@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from autotune.devices import device_type
 from autotune.errors import SetupError
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -44,11 +45,6 @@ KNOBS: tuple[str, ...] = (
     "amp",
     "channels_last",
 )
-
-
-def _device_type(device: "str | torch.device") -> str:
-    text = str(device)
-    return text.split(":", 1)[0]
 
 
 @dataclass(frozen=True)
@@ -112,7 +108,7 @@ class TrainSetup:
             if self.prefetch_factor < 1:
                 raise SetupError(f"prefetch_factor must be >= 1, got {self.prefetch_factor}")
 
-    def check_device(self, device: "str | torch.device", *, bf16_supported: bool | None = None) -> None:
+    def check_device(self, device: str | torch.device, *, bf16_supported: bool | None = None) -> None:
         """Reject knobs the given device cannot run.
 
         Args:
@@ -124,7 +120,7 @@ class TrainSetup:
             SetupError: fp16 on a CPU, bf16 on a GPU without it, pinned memory
                 without a GPU.
         """
-        kind = _device_type(device)
+        kind = device_type(device)
         if kind == "cpu":
             if self.amp == "fp16":
                 raise SetupError("amp=fp16 needs a CUDA device; on a CPU use amp=bf16 or amp=off")
@@ -148,7 +144,7 @@ class TrainSetup:
         """Samples per optimizer step: micro-batch x accumulation x world size."""
         return self.batch_size * self.accumulation_steps * world_size
 
-    def replace(self, **changes: Any) -> "TrainSetup":
+    def replace(self, **changes: Any) -> TrainSetup:
         """A copy with some knobs changed (validated)."""
         return dataclasses.replace(self, **changes)
 
@@ -158,7 +154,7 @@ class TrainSetup:
         return {name: getattr(self, name) for name in KNOBS}
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "TrainSetup":
+    def from_dict(cls, data: dict[str, Any]) -> TrainSetup:
         """Build a setup from :meth:`to_dict` output.
 
         Raises:
@@ -176,7 +172,7 @@ class TrainSetup:
         return json.dumps(self.to_dict(), sort_keys=False)
 
     @classmethod
-    def from_json(cls, text: str) -> "TrainSetup":
+    def from_json(cls, text: str) -> TrainSetup:
         """Parse :meth:`to_json` output."""
         try:
             data = json.loads(text)
@@ -212,7 +208,7 @@ class TrainSetup:
                 kwargs["prefetch_factor"] = self.prefetch_factor
         return kwargs
 
-    def dataloader(self, dataset: "Dataset[Any]", **overrides: Any) -> "DataLoader[Any]":
+    def dataloader(self, dataset: Dataset[Any], **overrides: Any) -> DataLoader[Any]:
         """A ``torch.utils.data.DataLoader`` over ``dataset`` with the tuned knobs.
 
         Args:
@@ -226,30 +222,30 @@ class TrainSetup:
         kwargs.update(overrides)
         return DataLoader(dataset, **kwargs)
 
-    def amp_dtype(self) -> "torch.dtype | None":
+    def amp_dtype(self) -> torch.dtype | None:
         """The autocast dtype, or ``None`` for fp32."""
         import torch
 
         return {"off": None, "bf16": torch.bfloat16, "fp16": torch.float16}[self.amp]
 
-    def autocast(self, device: "str | torch.device") -> contextlib.AbstractContextManager[Any]:
+    def autocast(self, device: str | torch.device) -> contextlib.AbstractContextManager[Any]:
         """A ``torch.autocast`` context for the tuned precision (a no-op for fp32)."""
         import torch
 
         dtype = self.amp_dtype()
         if dtype is None:
             return contextlib.nullcontext()
-        return torch.autocast(device_type=_device_type(device), dtype=dtype)
+        return torch.autocast(device_type=device_type(device), dtype=dtype)
 
-    def grad_scaler(self, device: "str | torch.device") -> "torch.amp.GradScaler | None":
+    def grad_scaler(self, device: str | torch.device) -> torch.amp.GradScaler | None:
         """A ``torch.amp.GradScaler`` for fp16, ``None`` otherwise (bf16 needs none)."""
         import torch
 
         if self.amp != "fp16":
             return None
-        return torch.amp.GradScaler(_device_type(device))
+        return torch.amp.GradScaler(device_type(device))
 
-    def prepare_model(self, model: "torch.nn.Module") -> "torch.nn.Module":
+    def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
         """Convert ``model`` to channels_last when the setup asks for it."""
         import torch
 
@@ -257,7 +253,7 @@ class TrainSetup:
             model = model.to(memory_format=torch.channels_last)
         return model
 
-    def prepare_batch(self, images: "torch.Tensor") -> "torch.Tensor":
+    def prepare_batch(self, images: torch.Tensor) -> torch.Tensor:
         """Convert a 4-D image batch to channels_last when the setup asks for it."""
         import torch
 

@@ -10,13 +10,12 @@ from rich.table import Table
 from autotune.units import format_bytes
 
 if TYPE_CHECKING:  # pragma: no cover
-    from rich.console import Console, Group
+    from rich.console import Console, Group, RenderableType
     from rich.progress import TaskID
 
-    from autotune.config import TrainSetup
-    from autotune.outputs import TrialRecord
-    from autotune.search import SearchOutcome
-    from autotune.trial import TrialResult
+    from autotune.records import TrialRecord, TrialResult
+    from autotune.train_setup import TrainSetup
+    from autotune.tuner import SearchOutcome
 
 STATUS_STYLE = {"ok": "green", "pruned": "yellow", "oom": "red", "timeout": "red", "error": "red", "diverged": "red"}
 
@@ -26,7 +25,7 @@ def fmt_rate(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
 
 
-def render_trial(setup: "TrainSetup", result: "TrialResult") -> Table:
+def render_trial(setup: TrainSetup, result: TrialResult) -> Table:
     """One trial as a two-column table."""
     table = Table(title=f"trial: {setup.describe()}", show_header=False, title_justify="left")
     table.add_column("field", style="bold")
@@ -55,10 +54,11 @@ def render_trial(setup: "TrainSetup", result: "TrialResult") -> Table:
 class RichReporter:
     """Live progress of a search on a Rich console (stderr by default).
 
-    Use as a context manager around :func:`autotune.search.run_search`.
+    Implements :class:`autotune.tuner.Reporter`; use as a context manager
+    around :func:`autotune.tuner.run_search`.
     """
 
-    def __init__(self, console: "Console") -> None:
+    def __init__(self, console: Console) -> None:
         from rich.progress import (
             BarColumn,
             MofNCompleteColumn,
@@ -81,10 +81,10 @@ class RichReporter:
             console=console,
             transient=True,
         )
-        self._trials: "TaskID | None" = None
-        self._confirm: "TaskID | None" = None
+        self._trials: TaskID | None = None
+        self._confirm: TaskID | None = None
 
-    def __enter__(self) -> "RichReporter":
+    def __enter__(self) -> RichReporter:
         self.progress.start()
         return self
 
@@ -95,13 +95,13 @@ class RichReporter:
         """A progress line."""
         self.progress.console.print(f"[dim]{escape(text)}[/]", highlight=False)
 
-    def trial_started(self, done: int, total: int, role: str, setup: "TrainSetup") -> None:
+    def trial_started(self, done: int, total: int, role: str, setup: TrainSetup) -> None:
         """Show the running trial."""
         if self._trials is None:
             self._trials = self.progress.add_task("trials", total=total, completed=done)
         self.progress.update(self._trials, total=total, completed=done, description=escape(f"trial {done + 1}/{total} [{role}] {setup.describe()}"))
 
-    def trial_finished(self, done: int, total: int, record: "TrialRecord", best: float | None) -> None:
+    def trial_finished(self, done: int, total: int, record: TrialRecord, best: float | None) -> None:
         """Print the finished trial above the bar."""
         if self._trials is not None:
             self.progress.update(self._trials, completed=done)
@@ -116,7 +116,7 @@ class RichReporter:
             highlight=False,
         )
 
-    def confirm_progress(self, done: int, total: int, label: str, result: "TrialResult") -> None:
+    def confirm_progress(self, done: int, total: int, label: str, result: TrialResult) -> None:
         """One confirmation measurement done."""
         if self._trials is not None:
             self.progress.remove_task(self._trials)
@@ -128,7 +128,7 @@ class RichReporter:
         self.progress.console.print(f"  confirm {done}/{total} {label}: {value}", highlight=False)
 
 
-def render_search(outcome: "SearchOutcome") -> "Group":
+def render_search(outcome: SearchOutcome) -> Group:
     """The final report: trials by throughput, confirmation, verdict, winner."""
     from rich.console import Group
     from rich.text import Text
@@ -149,7 +149,7 @@ def render_search(outcome: "SearchOutcome") -> "Group":
             "-" if res.data_wait_fraction is None else f"{res.data_wait_fraction:.0%}",
             format_bytes(res.peak_memory_bytes),
         )
-    parts: list[object] = [trials]
+    parts: list[RenderableType] = [trials]
     if outcome.confirmed:
         conf = Table(title="confirmation (interleaved re-measurement, median)", title_justify="left")
         for col in ("setup", "samples/s", "spread", "runs"):

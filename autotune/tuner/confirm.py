@@ -8,46 +8,13 @@ candidate once, and compared by their medians.
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
-from autotune import trial as _trial
-from autotune.config import TrainSetup
-from autotune.trial import TrialOptions, TrialResult
-from autotune.workload import Workload
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """A setup to confirm, with the roles it played in the search."""
-
-    key: str
-    setup: TrainSetup
-    label: str
-
-
-@dataclass(frozen=True)
-class Confirmed:
-    """A candidate's confirmation measurements."""
-
-    candidate: Candidate
-    values: tuple[float, ...]
-    failures: tuple[str, ...]
-
-    @property
-    def median(self) -> float | None:
-        """Median of the successful measurements."""
-        return float(statistics.median(self.values)) if self.values else None
-
-    @property
-    def spread(self) -> float | None:
-        """Range (max - min) of the successful measurements."""
-        return float(max(self.values) - min(self.values)) if self.values else None
-
+from autotune.records import Candidate, Confirmed, TrialOptions, TrialRecord, TrialResult, Workload
+from autotune.runner import TrialRunner, run_trial
+from autotune.train_setup import TrainSetup
 
 Store = Callable[[str, list[float], list[str]], None]
-Measure = Callable[[TrainSetup, Workload, TrialOptions], TrialResult]
 
 
 def confirm(
@@ -59,7 +26,7 @@ def confirm(
     known: dict[str, tuple[list[float], list[str]]],
     store: Store,
     on_measure: Callable[[int, int, Candidate, TrialResult], None] = lambda *_: None,
-    runner: Measure | None = None,
+    runner: TrialRunner = run_trial,
 ) -> list[Confirmed]:
     """Measure every candidate ``rounds`` times, interleaved.
 
@@ -67,7 +34,6 @@ def confirm(
     the missing ones run. ``store`` is called after every measurement so none
     is lost.
     """
-    runner = runner or _trial.run_trial
     values = {c.key: list(known.get(c.key, ([], []))[0]) for c in candidates}
     failures = {c.key: list(known.get(c.key, ([], []))[1]) for c in candidates}
     total = sum(max(0, rounds - len(values[c.key]) - len(failures[c.key])) for c in candidates)
@@ -85,3 +51,22 @@ def confirm(
             done += 1
             on_measure(done, total, candidate, result)
     return [Confirmed(c, tuple(values[c.key]), tuple(failures[c.key])) for c in candidates]
+
+
+def pick_candidates(feasible: Sequence[TrialRecord], defaults: TrainSetup, top: int) -> list[Candidate]:
+    """The ``top`` fastest distinct setups, then the defaults (when they ran) for the speedup."""
+    ranked = sorted(feasible, key=lambda r: r.result.samples_per_s or 0.0, reverse=True)
+    candidates: list[Candidate] = []
+    seen: set[str] = set()
+    for record in ranked:
+        key = record.setup.to_json()
+        if key in seen:
+            continue
+        seen.add(key)
+        candidates.append(Candidate(key, record.setup, f"#{record.number} {record.setup.describe()}"))
+        if len(candidates) == top:
+            break
+    default_key = defaults.to_json()
+    if default_key not in seen and any(r.setup.to_json() == default_key for r in feasible):
+        candidates.append(Candidate(default_key, defaults, f"defaults {defaults.describe()}"))
+    return candidates

@@ -1,7 +1,8 @@
-"""One isolated, measured training trial.
+"""Launch and supervise one isolated, measured training trial.
 
 :func:`run_trial` starts a fresh process (forked from a warm, clean server,
-see :mod:`autotune.zygote`, into its own session and process group) that trains the workload with the setup for a few seconds and reports
+see :mod:`autotune.runner.zygote`, into its own session and process group)
+that trains the workload with the setup for a few seconds and reports
 steady-state throughput. The parent enforces the timeout by killing the whole
 process group, DataLoader workers included. Whatever happens in the child
 (OOM, a crash, a hang, a NaN) comes back as a :class:`TrialResult` status,
@@ -15,113 +16,13 @@ import signal
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from autotune.config import TrainSetup
-from autotune.errors import UsageError
-from autotune.workload import Workload
-
-Status = Literal["ok", "oom", "timeout", "error", "diverged", "pruned"]
-Mode = Literal["train", "compute", "loader"]
-FEASIBLE = "ok"
-
-
-@dataclass(frozen=True)
-class TrialOptions:
-    """How a trial measures.
-
-    Attributes:
-        trial_seconds: Length of the steady-state measurement.
-        windows: Number of windows the measurement is split into.
-        timeout_s: Wall-clock limit of the whole child, start-up included
-            (``None``: 90 s + 6 x ``trial_seconds``).
-        max_memory_bytes: Memory budget; a peak above it is an ``oom``.
-        mode: ``train`` (the real loop), ``compute`` (one batch already on the
-            device, no loader) or ``loader`` (the loader alone, no model).
-        seed: Seed for model initialisation and sampling.
-    """
-
-    trial_seconds: float = 10.0
-    windows: int = 5
-    timeout_s: float | None = None
-    max_memory_bytes: int | None = None
-    mode: Mode = "train"
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        if not self.trial_seconds > 0:
-            raise UsageError(f"trial seconds must be > 0, got {self.trial_seconds}")
-        if self.windows < 1:
-            raise UsageError(f"windows must be >= 1, got {self.windows}")
-        if self.timeout_s is not None and not self.timeout_s > 0:
-            raise UsageError(f"timeout must be > 0, got {self.timeout_s}")
-        if self.max_memory_bytes is not None and self.max_memory_bytes <= 0:
-            raise UsageError(f"max memory must be > 0, got {self.max_memory_bytes}")
-        if self.mode not in ("train", "compute", "loader"):
-            raise UsageError(f"unknown trial mode {self.mode!r}")
-
-    @property
-    def effective_timeout_s(self) -> float:
-        """The timeout in force."""
-        return self.timeout_s if self.timeout_s is not None else 90.0 + 6.0 * self.trial_seconds
-
-
-@dataclass(frozen=True)
-class TrialResult:
-    """What one trial measured. The JSON keys are a contract.
-
-    Attributes:
-        status: ``ok``, ``oom``, ``timeout``, ``error``, ``diverged`` (or
-            ``pruned`` when a search stopped it early).
-        samples_per_s: Median steady-state window throughput.
-        samples_per_s_spread: Range (max - min) of the window throughputs.
-        step_time_s: Wall time of one optimizer step (``accumulation_steps``
-            micro-batches) at the median throughput.
-        data_wait_fraction: Share of measured wall time the loop blocked on
-            the DataLoader.
-        peak_memory_bytes: CUDA: peak reserved by the caching allocator. CPU:
-            peak RSS of the trial process plus its loader workers.
-        warmup_s: Start-up and warm-up time, excluded from the measurement.
-        measured_s: Wall time of the measured windows.
-        error: One line saying what went wrong, or ``None``.
-        windows: Each window's throughput, in order.
-        samples: Samples processed in the measured windows.
-        mode: ``train``, ``compute`` or ``loader``.
-    """
-
-    status: Status
-    samples_per_s: float | None = None
-    samples_per_s_spread: float | None = None
-    step_time_s: float | None = None
-    data_wait_fraction: float | None = None
-    peak_memory_bytes: int | None = None
-    warmup_s: float | None = None
-    measured_s: float | None = None
-    error: str | None = None
-    windows: tuple[float, ...] = field(default_factory=tuple)
-    samples: int = 0
-    mode: str = "train"
-
-    @property
-    def ok(self) -> bool:
-        """Whether the trial measured a throughput."""
-        return self.status == FEASIBLE
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict."""
-        data = asdict(self)
-        data["windows"] = list(self.windows)
-        return data
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "TrialResult":
-        """Inverse of :meth:`to_dict`."""
-        data = dict(data)
-        data["windows"] = tuple(data.get("windows", ()))
-        return cls(**data)
-
+from autotune.records import TrialOptions, TrialResult, Workload
+from autotune.runner import zygote
+from autotune.train_setup import TrainSetup
 
 #: Called with (window index, window samples/s); return True to stop the trial.
 WindowCallback = Callable[[int, float], bool]
@@ -171,8 +72,6 @@ def run_trial(
     Returns:
         The measured result; failures are statuses, not exceptions.
     """
-    from autotune import zygote
-
     options = options or TrialOptions()
     request = {"setup": setup.to_dict(), "workload": workload.to_dict(), "options": asdict(options)}
     # The zygote writes the exit file when it reaps the trial, possibly while
@@ -206,9 +105,9 @@ def _read_events(path: Path, offset: int) -> tuple[list[dict[str, Any]], int]:
     return events, offset + end
 
 
-def _supervise(proc: Any, directory: Path, options: TrialOptions, on_window: WindowCallback | None) -> TrialResult:
-    from autotune import zygote
-
+def _supervise(
+    proc: zygote.TrialProcess, directory: Path, options: TrialOptions, on_window: WindowCallback | None
+) -> TrialResult:
     deadline = time.monotonic() + options.effective_timeout_s
     windows: list[float] = []
     measured = 0.0

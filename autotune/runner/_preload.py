@@ -7,11 +7,11 @@ the server is as safe as forking from a fresh interpreter.
 import numpy  # noqa: F401
 import PIL.Image  # noqa: F401
 import torch  # noqa: F401
-import torchvision  # noqa: F401
-import torchvision.datasets  # noqa: F401
-import torchvision.models  # noqa: F401
+import torchvision
+import torchvision.datasets
+import torchvision.models
 import torchvision.transforms.v2  # noqa: F401
 
-import autotune.child  # noqa: F401
-import autotune.data  # noqa: F401
-import autotune.models  # noqa: F401
+import autotune.runner.child
+import autotune.workloads.data
+import autotune.workloads.models  # noqa: F401

@@ -1,18 +1,24 @@
-"""Turn what the user typed (device, model, data) into a checked Workload.
+"""Devices: which one trials run on, as the probe saw it.
 
-Everything here runs in the parent before any trial, so that bad input fails
-fast with one line, before a child process is started.
+:func:`device_type` is the one place that splits ``"cuda:0"`` into its type;
+:func:`resolve_device` turns what the user typed into a :class:`DeviceInfo`
+before any trial starts, so bad input fails fast with one line.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autotune.errors import UsageError
-from autotune.workload import Workload
+
+if TYPE_CHECKING:  # pragma: no cover - the probe is only read here
+    from probes import Hardware
+
+
+def device_type(device: object) -> str:
+    """``"cpu"`` or ``"cuda"`` for ``"cpu"``, ``"cuda:1"`` or a ``torch.device``."""
+    return str(device).split(":", 1)[0]
 
 
 @dataclass(frozen=True)
@@ -28,7 +34,7 @@ class DeviceInfo:
     @property
     def type(self) -> str:
         """``cpu`` or ``cuda``."""
-        return self.name.split(":", 1)[0]
+        return device_type(self.name)
 
 
 def visible_gpus(gpus: list[Any], cuda_visible_devices: str | None) -> list[Any]:
@@ -68,7 +74,7 @@ def visible_gpus(gpus: list[Any], cuda_visible_devices: str | None) -> list[Any]
     return visible
 
 
-def resolve_device(text: str, hardware: object) -> DeviceInfo:
+def resolve_device(text: str, hardware: Hardware) -> DeviceInfo:
     """Resolve ``auto``, ``cpu``, ``cuda`` or ``cuda:K`` against the probe.
 
     ``K`` counts the GPUs CUDA sees (``CUDA_VISIBLE_DEVICES`` applies), as
@@ -115,48 +121,3 @@ def resolve_device(text: str, hardware: object) -> DeviceInfo:
             str(getattr(gpu, "name", "GPU")),
         )
     raise UsageError(f"bad device {text!r}; use auto, cpu, cuda or cuda:K")
-
-
-def build_workload(
-    *,
-    model: str,
-    image_size: int,
-    data: Path | None,
-    device: str,
-    cache_dir: Path | None = None,
-    synthetic_images: int = 2000,
-    lr: float = 1e-3,
-) -> Workload:
-    """Check the model and data and return a ready Workload.
-
-    Synthetic data is generated here (once) so that no trial pays for it.
-
-    Raises:
-        WorkloadError: Unknown model, unimportable factory, missing or empty data.
-    """
-    from autotune.data import SYNTHETIC_CLASSES, check_image_folder, ensure_synthetic
-    from autotune.models import check_factory, check_model_name
-
-    sys_path = (os.getcwd(),)
-    check_model_name(model)
-    check_factory(model, sys_path)
-    if data is not None:
-        folder = check_image_folder(data)
-        num_classes, images = folder.classes, folder.images
-        data_text: str | None = str(data.resolve())
-    else:
-        ensure_synthetic(cache_dir, synthetic_images)
-        num_classes, images = SYNTHETIC_CLASSES, synthetic_images
-        data_text = None
-    return Workload(
-        model=model,
-        image_size=image_size,
-        data=data_text,
-        device=device,
-        num_classes=num_classes,
-        images=images,
-        lr=lr,
-        synthetic_images=synthetic_images,
-        cache_dir=str(Path(cache_dir).resolve()) if cache_dir else None,
-        sys_path=sys_path,
-    )

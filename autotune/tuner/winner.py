@@ -7,30 +7,36 @@ record (with the notes a user must read) and a one-line bottleneck verdict.
 from __future__ import annotations
 
 import datetime as _dt
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from autotune.best import Best
-from autotune.config import TrainSetup
-from autotune.workload import Workload
-
-if TYPE_CHECKING:  # pragma: no cover
-    from autotune.calibrate import Calibration
-    from autotune.confirm import Confirmed
-    from autotune.outputs import TrialRecord
-    from autotune.resolve import DeviceInfo
-    from autotune.search import SearchConfig
+from autotune.devices import DeviceInfo
+from autotune.output.best import Best
+from autotune.records import Calibration, Confirmed, TrialRecord, Workload
+from autotune.train_setup import TrainSetup
 
 
 def make_best(
-    config: "SearchConfig",
+    *,
     workload: Workload,
     hardware: Any,
-    feasible: list["TrialRecord"],
-    confirmed: list["Confirmed"],
+    feasible: list[TrialRecord],
+    confirmed: list[Confirmed],
     defaults: TrainSetup,
-    records: list["TrialRecord"],
-    interrupted: bool,
+    effective_batch: int | None,
+    command: str,
 ) -> Best:
+    """The ``best.json`` record: the confirmed winner, its speedup and the notes.
+
+    Args:
+        workload: What was trained.
+        hardware: The probe's ``Hardware`` (its summary is recorded).
+        feasible: The trials that measured a throughput.
+        confirmed: The confirmation rounds; empty when they did not run,
+            and the fastest single trial is then the (unconfirmed) winner.
+        defaults: The PyTorch-defaults setup of this search.
+        effective_batch: The pinned ``--effective-batch``, or None.
+        command: The command line, for the record.
+    """
     default_key = defaults.to_json()
     notes: list[str] = []
     measured = [c for c in confirmed if c.median is not None]
@@ -46,13 +52,13 @@ def make_best(
         notes.append("not confirmed: the search was interrupted before the interleaved re-measurement")
     peaks = [r.result.peak_memory_bytes for r in feasible if r.setup == setup and r.result.peak_memory_bytes]
     effective = setup.effective_batch()
-    reference = config.effective_batch or defaults.effective_batch()
+    reference = effective_batch or defaults.effective_batch()
     lr = workload.lr * effective / reference
     if workload.data is None:
         notes.append("measured on synthetic JPEGs; re-run with --data DIR to tune on your own images")
     if setup.amp != "off":
         notes.append(f"amp={setup.amp} changes the numerics (autocast); check your accuracy once")
-    if config.effective_batch is None and effective != reference:
+    if effective_batch is None and effective != reference:
         notes.append(
             f"effective batch {effective} differs from the reference {reference}: the learning rate is scaled "
             f"linearly by {effective / reference:g} to {lr:g}; pass --effective-batch {reference} to keep the math"
@@ -73,12 +79,12 @@ def make_best(
         lr=lr,
         hardware=hw,
         versions=dict(hw.get("software", {})),
-        command=config.command,
+        command=command,
         created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         notes=tuple(notes),
     )
 
-def bottleneck_verdict(best: Best, calibration: "Calibration", records: list["TrialRecord"], device: "DeviceInfo") -> str:
+def bottleneck_verdict(best: Best, calibration: Calibration, records: list[TrialRecord], device: DeviceInfo) -> str:
     """Which side limits training: the loader, the device, or both sharing CPUs."""
     winner = next((r for r in records if r.setup == best.setup and r.result.ok), None)
     wait = winner.result.data_wait_fraction if winner else None

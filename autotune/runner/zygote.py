@@ -13,15 +13,15 @@ The protocol is files in a per-trial directory, so nothing can block:
 * ``output.txt``: the trial's stdout and stderr (user prints, warnings);
 * ``exit``: written by the zygote when it reaps the trial: its exit code.
 
-``python -m autotune.zygote`` serves; ``python -m autotune.zygote --single
-DIR`` runs one trial in a fresh interpreter (the fallback when the zygote
-cannot start, or with ``AUTOTUNE_ZYGOTE=0``).
+This module is the client side; the server is :mod:`autotune.runner.server`
+(``python -m autotune.runner.server`` serves; ``... --single DIR`` runs one
+trial in a fresh interpreter, the fallback when the zygote cannot start, or
+with ``AUTOTUNE_ZYGOTE=0``).
 """
 
 from __future__ import annotations
 
 import atexit
-import json
 import os
 import select
 import signal
@@ -30,110 +30,12 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 REQUEST = "request.json"
 EVENTS = "events.jsonl"
 OUTPUT = "output.txt"
 EXIT = "exit"
 START_TIMEOUT_S = 120.0
-
-
-# ---------------------------------------------------------------- the trial
-def run_child(trial_dir: str, *, new_session: bool) -> None:
-    """Execute the trial in ``trial_dir`` in this process, then ``_exit``."""
-    status = 0
-    try:
-        started = time.perf_counter()
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGCHLD])
-        if new_session:
-            os.setsid()
-        directory = Path(trial_dir)
-        devnull = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(devnull, 0)
-        os.close(devnull)
-        log = os.open(directory / OUTPUT, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        os.dup2(log, 1)
-        os.dup2(log, 2)
-        os.close(log)
-        events = os.open(directory / EVENTS, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-
-        def send(event: dict[str, Any]) -> None:
-            os.write(events, (json.dumps(event) + "\n").encode())
-
-        from autotune.child import execute
-
-        request = json.loads((directory / REQUEST).read_text(encoding="utf-8"))
-        result = execute(request, started=started, send=send)
-        send({"event": "result", "result": result.to_dict()})
-    except BaseException:  # pragma: no cover - execute() already catches everything
-        import traceback
-
-        traceback.print_exc()
-        status = 1
-    finally:
-        try:
-            sys.stdout.flush()
-            sys.stderr.flush()
-        finally:
-            # Skip interpreter teardown (joining loader workers can take
-            # seconds); the parent kills the whole process group anyway.
-            os._exit(status)
-
-
-# --------------------------------------------------------------- the server
-_children: dict[int, str] = {}
-
-
-def _reap(signum: int, frame: Any) -> None:
-    while True:
-        try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
-        trial_dir = _children.pop(pid, None)
-        if trial_dir is not None:
-            code = os.waitstatus_to_exitcode(status)
-            tmp = Path(trial_dir) / f".{EXIT}.tmp"
-            try:
-                tmp.write_text(str(code))
-                os.replace(tmp, Path(trial_dir) / EXIT)
-            except OSError:
-                pass
-
-
-def serve() -> None:
-    """Import the heavy modules once, then fork a trial per request line."""
-    import autotune._preload  # noqa: F401
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGCHLD, _reap)
-    out = sys.stdout
-    out.write("ready\n")
-    out.flush()
-    for line in sys.stdin:
-        trial_dir = line.strip()
-        if not trial_dir:
-            continue
-        signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGCHLD])
-        try:
-            pid = os.fork()
-            if pid == 0:
-                run_child(trial_dir, new_session=True)
-            _children[pid] = trial_dir
-        finally:
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGCHLD])
-        out.write(f"{pid}\n")
-        out.flush()
-    for pid in list(_children):  # the parent is gone: take the trials with us
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except OSError:
-            pass
 
 
 # --------------------------------------------------------------- the client
@@ -182,7 +84,7 @@ class TrialProcess:
 
 def _child_env() -> dict[str, str]:
     env = dict(os.environ)
-    package_root = str(Path(__file__).resolve().parent.parent)
+    package_root = str(Path(__file__).resolve().parents[2])
     paths = [package_root, *[p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]]
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
     env.setdefault("PYTHONUNBUFFERED", "1")
@@ -219,7 +121,7 @@ class Zygote:
     def _start(self) -> bool:
         self._buffer = b""
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "autotune.zygote"],
+            [sys.executable, "-m", "autotune.runner.server"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
@@ -249,7 +151,7 @@ class Zygote:
                         return TrialProcess(int(answer), directory)
                     self.close()
             popen = subprocess.Popen(
-                [sys.executable, "-m", "autotune.zygote", "--single", str(directory)],
+                [sys.executable, "-m", "autotune.runner.server", "--single", str(directory)],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
@@ -281,10 +183,3 @@ atexit.register(_ZYGOTE.close)
 def launch(directory: Path) -> TrialProcess:
     """Start the trial whose ``request.json`` is in ``directory``."""
     return _ZYGOTE.launch(directory)
-
-
-if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "--single":
-        run_child(sys.argv[2], new_session=False)
-    else:
-        serve()

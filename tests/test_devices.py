@@ -6,8 +6,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from autotune.devices import resolve_device, visible_gpus
 from autotune.errors import UsageError
-from autotune.resolve import resolve_device, visible_gpus
 
 GPUS = [
     SimpleNamespace(name=f"GPU {i}", uuid=f"GPU-{c * 8}", bf16=True, memory_total_bytes=(i + 1) * 2**30,

@@ -14,15 +14,14 @@ Their results bound the search space and explain the final verdict.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import replace
 
-from autotune import trial as _trial
-from autotune.config import TrainSetup
-from autotune.resolve import DeviceInfo
-from autotune.space import powers_of_two
-from autotune.trial import TrialOptions, TrialResult
-from autotune.workload import Workload
+from autotune.devices import DeviceInfo
+from autotune.records import Calibration, LoaderPoint, MemoryPoint, TrialOptions, TrialResult, Workload
+from autotune.runner import TrialRunner, run_trial
+from autotune.train_setup import TrainSetup
+from autotune.tuner.space import powers_of_two, probe_batch
+from autotune.units import format_bytes
 
 #: Largest micro-batch the pre-pass proposes; pin a larger one with --set.
 BATCH_CAP = 4096
@@ -31,75 +30,7 @@ WORKER_RESERVE = 0.2
 #: Share of the GPU kept free: a config at 99 % fragments and OOMs in long runs.
 GPU_HEADROOM = 0.10
 
-Runner = Callable[[TrainSetup, Workload, TrialOptions], TrialResult]
 Log = Callable[[str], None]
-
-
-@dataclass(frozen=True)
-class MemoryPoint:
-    """Peak memory and speed of the compute step at one batch size."""
-
-    batch_size: int
-    status: str
-    peak_bytes: int | None
-    samples_per_s: float | None
-
-
-@dataclass(frozen=True)
-class LoaderPoint:
-    """What the DataLoader alone delivers with a worker count."""
-
-    num_workers: int
-    status: str
-    samples_per_s: float | None
-
-
-@dataclass(frozen=True)
-class Calibration:
-    """Everything measured before the search.
-
-    Attributes:
-        budget_bytes: Memory the model side may use (after reserves).
-        max_batch: Largest power-of-two micro-batch that fits and can be
-            measured within a trial.
-        memory_points: The pre-pass measurements.
-        probe_batch: Batch used for the ceilings below.
-        compute_setup: Setup of the compute-only measurement.
-        compute_samples_per_s: What the device consumes, data already there.
-        loader: What the loader delivers per worker count.
-        max_workers: Upper bound for ``num_workers`` in the space.
-    """
-
-    budget_bytes: int | None
-    max_batch: int
-    memory_points: tuple[MemoryPoint, ...]
-    probe_batch: int
-    compute_setup: dict[str, Any]
-    compute_samples_per_s: float | None
-    loader: tuple[LoaderPoint, ...]
-    max_workers: int
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict."""
-        data = asdict(self)
-        data["memory_points"] = [asdict(p) for p in self.memory_points]
-        data["loader"] = [asdict(p) for p in self.loader]
-        return data
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "Calibration":
-        """Inverse of :meth:`to_dict`."""
-        data = dict(data)
-        data["memory_points"] = tuple(MemoryPoint(**p) for p in data["memory_points"])
-        data["loader"] = tuple(LoaderPoint(**p) for p in data["loader"])
-        return cls(**data)
-
-    def loader_rate(self, workers: int) -> float | None:
-        """Loader-only samples/s at ``workers`` (None if not measured)."""
-        for point in self.loader:
-            if point.num_workers == workers:
-                return point.samples_per_s
-        return None
 
 
 def memory_budget(device: DeviceInfo, max_memory: int | None, available_bytes: int) -> int:
@@ -151,7 +82,7 @@ def calibrate(
     trial_seconds: float,
     bf16_ok: bool,
     log: Log = lambda _msg: None,
-    runner: Runner | None = None,
+    runner: TrialRunner = run_trial,
     batch_cap: int = BATCH_CAP,
 ) -> Calibration:
     """Run the pre-pass and ceilings; return what bounds the space.
@@ -165,10 +96,9 @@ def calibrate(
         trial_seconds: The search's trial length (calibration uses less).
         bf16_ok: Whether the device runs bf16.
         log: Progress messages.
-        runner: The trial runner (default :func:`autotune.trial.run_trial`).
+        runner: The trial runner (default :func:`autotune.runner.run_trial`).
         batch_cap: Largest batch proposed.
     """
-    runner = runner or _trial.run_trial
     cuda = device.type == "cuda"
     short = TrialOptions(trial_seconds=max(1.0, min(3.0, trial_seconds / 3)), windows=2, mode="compute")
     budget = memory_budget(device, max_memory, available_bytes)
@@ -177,7 +107,7 @@ def calibrate(
     for batch in (8, 32) if not cuda else (16, 64):
         result = runner(fp32.replace(batch_size=batch), workload, _with_budget(short, budget))
         points.append(MemoryPoint(batch, result.status, result.peak_memory_bytes, result.samples_per_s))
-        log(f"memory pre-pass: batch {batch}: {result.status}, peak {_gib(result.peak_memory_bytes)}")
+        log(f"memory pre-pass: batch {batch}: {result.status}, peak {format_bytes(result.peak_memory_bytes)}")
         if result.status != "ok":
             break
     fit = extrapolate_batch(points, budget)
@@ -198,50 +128,43 @@ def calibrate(
             continue
         result = runner(fp32.replace(batch_size=max_batch), workload, _with_budget(short, budget))
         points.append(MemoryPoint(max_batch, result.status, result.peak_memory_bytes, result.samples_per_s))
-        log(f"memory pre-pass: verify batch {max_batch}: {result.status}, peak {_gib(result.peak_memory_bytes)}")
-    probe_batch = min(max_batch, 256 if cuda else 64)
+        log(f"memory pre-pass: verify batch {max_batch}: {result.status}, peak {format_bytes(result.peak_memory_bytes)}")
+    middle = probe_batch(max_batch, device)
     amp = ("bf16" if bf16_ok else "fp16") if cuda else ("bf16" if bf16_ok else "off")
-    compute_setup = TrainSetup(batch_size=probe_batch, amp=amp, channels_last=True)  # type: ignore[arg-type]
+    compute_setup = TrainSetup(batch_size=middle, amp=amp, channels_last=True)  # type: ignore[arg-type]
     compute = runner(compute_setup, workload, _with_budget(short, budget))
-    log(f"compute only (batch {probe_batch}, {amp}, channels_last): {_rate(compute)}")
+    log(f"compute only (batch {middle}, {amp}, channels_last): {_rate(compute)}")
     loader_points: list[LoaderPoint] = []
     loader_opts = TrialOptions(trial_seconds=short.trial_seconds, windows=2, mode="loader")
     counts = sorted({0, *powers_of_two(1, usable_cores), usable_cores})
     target = compute.samples_per_s if compute.ok else None
     for workers in counts:
         setup = TrainSetup(
-            batch_size=probe_batch, num_workers=workers, prefetch_factor=2 if workers else None, pin_memory=cuda
+            batch_size=middle, num_workers=workers, prefetch_factor=2 if workers else None, pin_memory=cuda
         )
         result = runner(setup, workload, loader_opts)
         loader_points.append(LoaderPoint(workers, result.status, result.samples_per_s))
         log(f"loader only ({workers} workers): {_rate(result)}")
         if target and result.ok and workers > 0 and (result.samples_per_s or 0) >= 2.0 * target:
             break  # far more than the device consumes: more workers cannot help
-    max_workers = usable_cores
-    if target:
-        enough = [p.num_workers for p in loader_points if p.samples_per_s and p.samples_per_s >= 1.25 * target]
-        if enough:
-            max_workers = min(usable_cores, max(2, 2 * min(enough)))
-    return Calibration(
+    calibration = Calibration(
         budget_bytes=budget,
         max_batch=max(1, max_batch),
         memory_points=tuple(points),
-        probe_batch=probe_batch,
+        probe_batch=middle,
         compute_setup=compute_setup.to_dict(),
         compute_samples_per_s=compute.samples_per_s if compute.ok else None,
         loader=tuple(loader_points),
-        max_workers=max_workers,
+        max_workers=usable_cores,
     )
+    enough = calibration.workers_enough()
+    if enough is not None:
+        calibration = replace(calibration, max_workers=min(usable_cores, max(2, 2 * enough)))
+    return calibration
 
 
 def _with_budget(options: TrialOptions, budget: int | None) -> TrialOptions:
-    from dataclasses import replace
-
     return replace(options, max_memory_bytes=budget if budget else None)
-
-
-def _gib(value: int | None) -> str:
-    return "-" if value is None else f"{value / 2**30:.2f} GiB"
 
 
 def _rate(result: TrialResult) -> str:

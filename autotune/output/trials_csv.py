@@ -1,0 +1,36 @@
+"""``trials.csv``: every finished trial of a study, one row each."""
+
+from __future__ import annotations
+
+import csv
+import io
+from pathlib import Path
+
+from autotune.files import atomic_write_text
+from autotune.records import TrialRecord
+from autotune.train_setup import KNOBS
+
+RESULT_COLUMNS = (
+    "status",
+    "samples_per_s",
+    "samples_per_s_spread",
+    "step_time_s",
+    "data_wait_fraction",
+    "peak_memory_bytes",
+    "warmup_s",
+    "measured_s",
+)
+
+
+def write_trials_csv(path: Path, records: list[TrialRecord]) -> None:
+    """All finished trials, one row each, atomically."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer)
+    writer.writerow(["trial", "role", *KNOBS, *RESULT_COLUMNS, "effective_batch", "reused_from", "error"])
+    for r in sorted(records, key=lambda rec: rec.number):
+        knobs = [getattr(r.setup, k) for k in KNOBS]
+        results = [getattr(r.result, c) for c in RESULT_COLUMNS]
+        writer.writerow(
+            [r.number, r.role, *knobs, *results, r.setup.effective_batch(), r.reused_from, r.result.error or ""]
+        )
+    atomic_write_text(path, buffer.getvalue())

@@ -1,0 +1,316 @@
+"""Plain records that cross a process boundary or are stored.
+
+A trial's request (:class:`Workload`, :class:`TrialOptions`, with the
+:class:`~autotune.train_setup.TrainSetup`) travels to the trial process as
+JSON and its :class:`TrialResult` comes back the same way; the study stores
+results, the :class:`Calibration` and the confirmation rounds as JSON user
+attributes. Each record is a frozen dataclass with ``to_dict``/``from_dict``.
+
+This module imports only the leaves ``errors``, ``devices`` and
+``train_setup``: every other module of autotune may import it.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from autotune.devices import device_type
+from autotune.errors import UsageError
+from autotune.train_setup import TrainSetup
+
+#: Share above the compute-only rate that a loader must deliver to keep the
+#: device fed despite its own jitter (the loader rule of calibration and space).
+LOADER_MARGIN = 1.25
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What a trial trains.
+
+    Attributes:
+        model: A torchvision classification model name (``"resnet50"``) or a
+            user factory ``"package.module:function"`` returning an nn.Module.
+        image_size: Side of the square crop fed to the model.
+        data: An ImageFolder directory, or ``None`` for synthetic JPEGs.
+        device: ``"cpu"``, ``"cuda"`` or ``"cuda:K"`` (already resolved).
+        num_classes: Classes in the data (filled in from the data).
+        images: Training images in the data (filled in from the data); an
+            optimizer step must fit in one epoch of them.
+        lr: AdamW learning rate at the reference effective batch.
+        synthetic_images: Files in the synthetic dataset (when ``data`` is None).
+        cache_dir: Where synthetic data is generated (``None``: the default cache).
+        sys_path: Extra import paths for a user factory (the caller's cwd).
+    """
+
+    model: str
+    image_size: int = 224
+    data: str | None = None
+    device: str = "cpu"
+    num_classes: int | None = None
+    images: int | None = None
+    lr: float = 1e-3
+    synthetic_images: int = 2000
+    cache_dir: str | None = None
+    sys_path: tuple[str, ...] = field(default_factory=tuple)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.image_size, int) or self.image_size < 8:
+            raise UsageError(f"image size must be an integer >= 8, got {self.image_size!r}")
+        if self.synthetic_images < 16:
+            raise UsageError(f"synthetic_images must be >= 16, got {self.synthetic_images}")
+        if self.images is not None and self.images < 1:
+            raise UsageError(f"images must be >= 1, got {self.images}")
+        if not self.lr > 0:
+            raise UsageError(f"learning rate must be > 0, got {self.lr}")
+
+    @property
+    def device_type(self) -> str:
+        """``"cpu"`` or ``"cuda"``."""
+        return device_type(self.device)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict."""
+        data = asdict(self)
+        data["sys_path"] = list(self.sys_path)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Workload:
+        """Inverse of :meth:`to_dict`."""
+        data = dict(data)
+        data["sys_path"] = tuple(data.get("sys_path", ()))
+        return cls(**data)
+
+
+Status = Literal["ok", "oom", "timeout", "error", "diverged", "pruned"]
+Mode = Literal["train", "compute", "loader"]
+FEASIBLE = "ok"
+
+
+@dataclass(frozen=True)
+class TrialOptions:
+    """How a trial measures.
+
+    Attributes:
+        trial_seconds: Length of the steady-state measurement.
+        windows: Number of windows the measurement is split into.
+        timeout_s: Wall-clock limit of the whole child, start-up included
+            (``None``: 90 s + 6 x ``trial_seconds``).
+        max_memory_bytes: Memory budget; a peak above it is an ``oom``.
+        mode: ``train`` (the real loop), ``compute`` (one batch already on the
+            device, no loader) or ``loader`` (the loader alone, no model).
+        seed: Seed for model initialisation and sampling.
+    """
+
+    trial_seconds: float = 10.0
+    windows: int = 5
+    timeout_s: float | None = None
+    max_memory_bytes: int | None = None
+    mode: Mode = "train"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.trial_seconds > 0:
+            raise UsageError(f"trial seconds must be > 0, got {self.trial_seconds}")
+        if self.windows < 1:
+            raise UsageError(f"windows must be >= 1, got {self.windows}")
+        if self.timeout_s is not None and not self.timeout_s > 0:
+            raise UsageError(f"timeout must be > 0, got {self.timeout_s}")
+        if self.max_memory_bytes is not None and self.max_memory_bytes <= 0:
+            raise UsageError(f"max memory must be > 0, got {self.max_memory_bytes}")
+        if self.mode not in ("train", "compute", "loader"):
+            raise UsageError(f"unknown trial mode {self.mode!r}")
+
+    @property
+    def effective_timeout_s(self) -> float:
+        """The timeout in force."""
+        return self.timeout_s if self.timeout_s is not None else 90.0 + 6.0 * self.trial_seconds
+
+
+@dataclass(frozen=True)
+class TrialResult:
+    """What one trial measured. The JSON keys are a contract.
+
+    Attributes:
+        status: ``ok``, ``oom``, ``timeout``, ``error``, ``diverged`` (or
+            ``pruned`` when a search stopped it early).
+        samples_per_s: Median steady-state window throughput.
+        samples_per_s_spread: Range (max - min) of the window throughputs.
+        step_time_s: Wall time of one optimizer step (``accumulation_steps``
+            micro-batches) at the median throughput.
+        data_wait_fraction: Share of measured wall time the loop blocked on
+            the DataLoader.
+        peak_memory_bytes: CUDA: peak reserved by the caching allocator. CPU:
+            peak RSS of the trial process plus its loader workers.
+        warmup_s: Start-up and warm-up time, excluded from the measurement.
+        measured_s: Wall time of the measured windows.
+        error: One line saying what went wrong, or ``None``.
+        windows: Each window's throughput, in order.
+        samples: Samples processed in the measured windows.
+        mode: ``train``, ``compute`` or ``loader``.
+    """
+
+    status: Status
+    samples_per_s: float | None = None
+    samples_per_s_spread: float | None = None
+    step_time_s: float | None = None
+    data_wait_fraction: float | None = None
+    peak_memory_bytes: int | None = None
+    warmup_s: float | None = None
+    measured_s: float | None = None
+    error: str | None = None
+    windows: tuple[float, ...] = field(default_factory=tuple)
+    samples: int = 0
+    mode: str = "train"
+
+    @property
+    def ok(self) -> bool:
+        """Whether the trial measured a throughput."""
+        return self.status == FEASIBLE
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict."""
+        data = asdict(self)
+        data["windows"] = list(self.windows)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrialResult:
+        """Inverse of :meth:`to_dict`."""
+        data = dict(data)
+        data["windows"] = tuple(data.get("windows", ()))
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class MemoryPoint:
+    """Peak memory and speed of the compute step at one batch size."""
+
+    batch_size: int
+    status: str
+    peak_bytes: int | None
+    samples_per_s: float | None
+
+
+@dataclass(frozen=True)
+class LoaderPoint:
+    """What the DataLoader alone delivers with a worker count."""
+
+    num_workers: int
+    status: str
+    samples_per_s: float | None
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Everything measured before the search.
+
+    Attributes:
+        budget_bytes: Memory the model side may use (after reserves).
+        max_batch: Largest power-of-two micro-batch that fits and can be
+            measured within a trial.
+        memory_points: The pre-pass measurements.
+        probe_batch: Batch used for the ceilings below.
+        compute_setup: Setup of the compute-only measurement.
+        compute_samples_per_s: What the device consumes, data already there.
+        loader: What the loader delivers per worker count.
+        max_workers: Upper bound for ``num_workers`` in the space.
+    """
+
+    budget_bytes: int | None
+    max_batch: int
+    memory_points: tuple[MemoryPoint, ...]
+    probe_batch: int
+    compute_setup: dict[str, Any]
+    compute_samples_per_s: float | None
+    loader: tuple[LoaderPoint, ...]
+    max_workers: int
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict."""
+        data = asdict(self)
+        data["memory_points"] = [asdict(p) for p in self.memory_points]
+        data["loader"] = [asdict(p) for p in self.loader]
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Calibration:
+        """Inverse of :meth:`to_dict`."""
+        data = dict(data)
+        data["memory_points"] = tuple(MemoryPoint(**p) for p in data["memory_points"])
+        data["loader"] = tuple(LoaderPoint(**p) for p in data["loader"])
+        return cls(**data)
+
+    def workers_enough(self) -> int | None:
+        """Fewest loader workers whose loader-only rate covers the device.
+
+        "Covers" means at least :data:`LOADER_MARGIN` x the compute-only rate;
+        None when the compute rate is unknown or no worker count reached it.
+        """
+        target = self.compute_samples_per_s
+        if not target:
+            return None
+        enough = [p.num_workers for p in self.loader if p.samples_per_s and p.samples_per_s >= LOADER_MARGIN * target]
+        return min(enough) if enough else None
+
+
+@dataclass(frozen=True)
+class TrialRecord:
+    """One finished trial of a study."""
+
+    number: int
+    role: str
+    setup: TrainSetup
+    result: TrialResult
+    reused_from: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict."""
+        return {
+            "number": self.number,
+            "role": self.role,
+            "setup": self.setup.to_dict(),
+            "result": self.result.to_dict(),
+            "reused_from": self.reused_from,
+        }
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A setup to confirm, with the roles it played in the search."""
+
+    key: str
+    setup: TrainSetup
+    label: str
+
+
+@dataclass(frozen=True)
+class Confirmed:
+    """A candidate's confirmation measurements."""
+
+    candidate: Candidate
+    values: tuple[float, ...]
+    failures: tuple[str, ...]
+
+    @property
+    def median(self) -> float | None:
+        """Median of the successful measurements."""
+        return float(statistics.median(self.values)) if self.values else None
+
+    @property
+    def spread(self) -> float | None:
+        """Range (max - min) of the successful measurements."""
+        return float(max(self.values) - min(self.values)) if self.values else None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict (the ``confirmation`` entries of ``--json``)."""
+        return {
+            "setup": self.candidate.setup.to_dict(),
+            "label": self.candidate.label,
+            "samples_per_s": self.median,
+            "samples_per_s_spread": self.spread,
+            "measurements": list(self.values),
+            "failures": list(self.failures),
+        }

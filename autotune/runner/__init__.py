@@ -1,0 +1,35 @@
+"""The trial runner: one isolated, measured training trial per call.
+
+Public entry points: :func:`run_trial` and the :class:`TrialRunner` protocol
+that calibration, the search loop, confirmation and the benchmarks accept,
+so tests hand in a fake runner instead of starting processes.
+
+Inside: :mod:`.launch` (start, supervise, timeout), :mod:`.zygote` (the warm
+fork server and its file protocol), :mod:`.child` (what runs in the trial
+process) and :mod:`.measure` (windows, memory, stopwatch).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from autotune.records import TrialOptions, TrialResult, Workload
+from autotune.runner.launch import WindowCallback, run_trial
+from autotune.train_setup import TrainSetup
+
+__all__ = ["TrialRunner", "WindowCallback", "run_trial"]
+
+
+class TrialRunner(Protocol):
+    """Anything that runs one trial the way :func:`run_trial` does."""
+
+    def __call__(
+        self,
+        setup: TrainSetup,
+        workload: Workload,
+        options: TrialOptions | None = None,
+        *,
+        on_window: WindowCallback | None = None,
+    ) -> TrialResult:
+        """Train ``workload`` with ``setup`` and return what was measured."""
+        ...

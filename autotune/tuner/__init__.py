@@ -1,0 +1,16 @@
+"""The search: from a workload to a confirmed winner.
+
+:func:`run_search` (in :mod:`.run`) reads as its steps: prepare, calibrate
+(:mod:`.calibrate`), build the space (:mod:`.space`, :mod:`.constraints`),
+explore (:mod:`.explore`, pruned by :mod:`.pruning`), confirm
+(:mod:`.confirm`), finish (:mod:`.winner`). Everything kept in the Optuna
+storage goes through :mod:`.study`.
+"""
+
+from __future__ import annotations
+
+from autotune.tuner.config import SearchConfig, SearchOutcome, Timing
+from autotune.tuner.progress import Reporter, SilentReporter
+from autotune.tuner.run import run_search
+
+__all__ = ["Reporter", "SearchConfig", "SearchOutcome", "SilentReporter", "Timing", "run_search"]

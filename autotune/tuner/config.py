@@ -1,0 +1,147 @@
+"""What a search takes (:class:`SearchConfig`) and gives back (:class:`SearchOutcome`)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from autotune.errors import UsageError
+from autotune.output.best import Best
+from autotune.records import Calibration, Confirmed, TrialRecord
+from autotune.tuner.constraints import Constraint, merge_constraints
+
+
+@dataclass(frozen=True)
+class SearchConfig:
+    """Everything ``autotune search`` takes.
+
+    Attributes:
+        model: torchvision name or ``package.module:function``.
+        trials: Finished trials wanted in the study, in total (resume included).
+        image_size: Crop size fed to the model.
+        data: ImageFolder directory, or None for synthetic JPEGs.
+        device: ``auto``, ``cpu``, ``cuda`` or ``cuda:K``.
+        effective_batch: Pin micro-batch x accumulation to this value.
+        max_memory: Memory budget in bytes.
+        trial_seconds: Measured seconds per trial.
+        constraints: The user's ``--set`` pins and bounds.
+        out: Output directory.
+        study: Study name (default derived from the workload).
+        storage: Optuna storage URL (default SQLite in ``out``).
+        seed: Sampler seed.
+        sampler: ``tpe`` (default) or ``random`` (a baseline for comparisons).
+        cache_dir: Synthetic data cache.
+        synthetic_images: Files in the synthetic dataset.
+        confirm_top: Finalists re-measured.
+        confirm_rounds: Interleaved rounds of re-measurement.
+        lr: Learning rate at the reference batch.
+        timeout_s: Per-trial timeout (None: derived from trial_seconds).
+        command: The command line, for the record.
+    """
+
+    model: str
+    trials: int
+    image_size: int = 224
+    data: Path | None = None
+    device: str = "auto"
+    effective_batch: int | None = None
+    max_memory: int | None = None
+    trial_seconds: float = 10.0
+    constraints: tuple[Constraint, ...] = ()
+    out: Path = Path("autotune-out")
+    study: str | None = None
+    storage: str | None = None
+    seed: int = 0
+    sampler: str = "tpe"
+    cache_dir: Path | None = None
+    synthetic_images: int = 2000
+    confirm_top: int = 3
+    confirm_rounds: int = 3
+    lr: float = 1e-3
+    timeout_s: float | None = None
+    command: str = ""
+
+    def validate(self) -> None:
+        """Reject bad values before anything runs or is written.
+
+        Raises:
+            UsageError: With a one-line reason.
+        """
+        if self.trials < 1:
+            raise UsageError(f"--trials must be >= 1, got {self.trials}")
+        if self.effective_batch is not None and self.effective_batch < 1:
+            raise UsageError(f"--effective-batch must be >= 1, got {self.effective_batch}")
+        if not self.trial_seconds > 0:
+            raise UsageError(f"--trial-seconds must be > 0, got {self.trial_seconds}")
+        if self.confirm_top < 1 or self.confirm_rounds < 1:
+            raise UsageError("--confirm-top and --confirm-rounds must be >= 1")
+        if self.sampler not in ("tpe", "random"):
+            raise UsageError(f"--sampler must be tpe or random, got {self.sampler!r}")
+        if self.image_size < 8:
+            raise UsageError(f"--image-size must be >= 8, got {self.image_size}")
+        knobs = merge_constraints(self.constraints)
+        if self.effective_batch is not None and "accumulation_steps" in knobs:
+            raise UsageError("--effective-batch fixes accumulation_steps; do not --set it as well")
+
+
+@dataclass
+class Timing:
+    """Where the time of a search went (this invocation only).
+
+    Attributes:
+        wall_s: Wall time of :func:`run_search`.
+        measured_s: Steady-state windows measured, summed over every trial
+            run (calibration, search trials, confirmation).
+        runs: Trial processes started.
+    """
+
+    wall_s: float = 0.0
+    measured_s: float = 0.0
+    runs: int = 0
+
+
+@dataclass(frozen=True)
+class SearchOutcome:
+    """What a search produced.
+
+    Attributes:
+        best: The winner (also written as best.json), None if interrupted
+            before any feasible trial.
+        records: Every finished trial.
+        confirmed: The confirmation measurements (empty if interrupted).
+        calibration: The pre-search measurements.
+        verdict: Which side limits the training speed, in words.
+        out: Output directory.
+        storage: Storage URL of the study.
+        study: Study name.
+        interrupted: True if Ctrl-C stopped the search.
+    """
+
+    best: Best | None
+    records: tuple[TrialRecord, ...]
+    confirmed: tuple[Confirmed, ...]
+    calibration: Calibration
+    verdict: str
+    out: Path
+    storage: str
+    study: str
+    interrupted: bool = False
+    files: tuple[str, ...] = field(default_factory=tuple)
+    timing: Timing | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The final summary as JSON (``--json``)."""
+        return {
+            "best": self.best.to_dict() if self.best else None,
+            "verdict": self.verdict,
+            "interrupted": self.interrupted,
+            "out": str(self.out),
+            "storage": self.storage,
+            "study": self.study,
+            "files": list(self.files),
+            "timing": asdict(self.timing) if self.timing else None,
+            "calibration": self.calibration.to_dict(),
+            "confirmation": [c.to_dict() for c in self.confirmed],
+            "trials": [r.to_dict() for r in self.records],
+        }

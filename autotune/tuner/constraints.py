@@ -1,0 +1,165 @@
+"""The user's ``--set``: parsing, merging, and narrowing a knob's values.
+
+``--set KNOB=V`` pins a knob, ``KNOB=A,B`` offers choices, ``KNOB=LO..HI``
+bounds an integer knob. The space (:mod:`autotune.tuner.space`) applies
+the result to the values the probe and calibration allow.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from autotune.devices import DeviceInfo
+from autotune.errors import UsageError
+from autotune.train_setup import AMP_MODES, KNOBS, TrainSetup
+
+BOOL_KNOBS = ("pin_memory", "persistent_workers", "channels_last")
+INT_KNOBS = ("num_workers", "prefetch_factor", "batch_size", "accumulation_steps")
+#: Knobs searched as integer ranges (every value between the bounds).
+RANGE_KNOBS = ("num_workers", "prefetch_factor")
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """What the user said about one knob with ``--set``.
+
+    Exactly one of ``value`` (pin), ``choices`` or ``low``/``high`` (bounds).
+    """
+
+    knob: str
+    value: Any = None
+    choices: tuple[Any, ...] | None = None
+    low: int | None = None
+    high: int | None = None
+
+    def allows(self, candidate: Any) -> bool:
+        """Whether ``candidate`` satisfies the constraint."""
+        if self.choices is not None:
+            return candidate in self.choices
+        if self.low is not None or self.high is not None:
+            if not isinstance(candidate, int) or isinstance(candidate, bool):
+                return False
+            return (self.low is None or candidate >= self.low) and (self.high is None or candidate <= self.high)
+        return candidate == self.value
+
+
+def _parse_value(knob: str, text: str) -> Any:
+    text = text.strip()
+    if knob in BOOL_KNOBS:
+        lowered = text.lower()
+        if lowered in ("1", "true", "yes", "on"):
+            return True
+        if lowered in ("0", "false", "no", "off"):
+            return False
+        raise UsageError(f"--set {knob}: expected true or false, got {text!r}")
+    if knob == "amp":
+        lowered = text.lower()
+        aliases = {"fp32": "off", "none": "off", "false": "off"}
+        lowered = aliases.get(lowered, lowered)
+        if lowered not in AMP_MODES:
+            raise UsageError(f"--set amp: expected one of off, bf16, fp16, got {text!r}")
+        return lowered
+    try:
+        value = int(text)
+    except ValueError:
+        raise UsageError(f"--set {knob}: expected an integer, got {text!r}") from None
+    minimum = 0 if knob == "num_workers" else 1
+    if value < minimum:
+        raise UsageError(f"--set {knob}: must be >= {minimum}, got {value}")
+    return value
+
+
+def parse_constraint(text: str) -> Constraint:
+    """Parse one ``--set`` argument.
+
+    Forms: ``knob=value`` (pin), ``knob=a,b,c`` (choices), ``knob=lo..hi``
+    (integer bounds, either side may be empty).
+
+    Raises:
+        UsageError: Unknown knob or malformed value.
+    """
+    knob, sep, rest = text.partition("=")
+    knob = knob.strip().replace("-", "_")
+    aliases = {"workers": "num_workers", "prefetch": "prefetch_factor", "batch": "batch_size", "accum": "accumulation_steps"}
+    knob = aliases.get(knob, knob)
+    if not sep or not rest.strip():
+        raise UsageError(f"--set {text!r}: expected KNOB=VALUE, KNOB=A,B,C or KNOB=LO..HI")
+    if knob not in KNOBS:
+        raise UsageError(f"--set {text!r}: unknown knob {knob!r}; knobs: {', '.join(KNOBS)}")
+    if ".." in rest:
+        if knob not in INT_KNOBS:
+            raise UsageError(f"--set {text!r}: ranges work for integer knobs only ({', '.join(INT_KNOBS)})")
+        low_text, _, high_text = rest.partition("..")
+        low = _parse_value(knob, low_text) if low_text.strip() else None
+        high = _parse_value(knob, high_text) if high_text.strip() else None
+        if low is not None and high is not None and low > high:
+            raise UsageError(f"--set {text!r}: empty range")
+        return Constraint(knob, low=low, high=high)
+    if "," in rest:
+        values = tuple(dict.fromkeys(_parse_value(knob, part) for part in rest.split(",") if part.strip()))
+        if not values:
+            raise UsageError(f"--set {text!r}: no values")
+        return Constraint(knob, choices=values)
+    return Constraint(knob, value=_parse_value(knob, rest))
+
+
+def merge_constraints(items: Iterable[Constraint]) -> dict[str, Constraint]:
+    """Index constraints by knob; a knob given twice is an error."""
+    merged: dict[str, Constraint] = {}
+    for item in items:
+        if item.knob in merged:
+            raise UsageError(f"--set {item.knob} given twice")
+        merged[item.knob] = item
+    return merged
+
+
+def apply_constraints(
+    base: dict[str, tuple[Any, ...]], constraints: dict[str, Constraint]
+) -> dict[str, tuple[Any, ...]]:
+    """Narrow each knob's candidates by the user's constraints.
+
+    A pinned value the hardware does not offer (amp=bf16 on a CPU without
+    bf16, say) is an error rather than silently dropped.
+
+    Raises:
+        UsageError: A constraint that leaves no candidate.
+    """
+    values = dict(base)
+    for knob, constraint in constraints.items():
+        if constraint.choices is None and constraint.low is None and constraint.high is None:
+            # A pin may step outside the computed range (a batch the pre-pass
+            # would not try, more workers than cores): the user knows best,
+            # the device check still applies.
+            values[knob] = (constraint.value,)
+            continue
+        if knob in RANGE_KNOBS and constraint.choices is None:
+            low = constraint.low if constraint.low is not None else min(base[knob])
+            high = constraint.high if constraint.high is not None else max(base[knob])
+            kept = tuple(range(low, high + 1))
+        elif constraint.choices is not None:
+            kept = tuple(constraint.choices)
+        else:
+            kept = tuple(v for v in base[knob] if constraint.allows(v))
+        if not kept:
+            raise UsageError(f"--set {knob}: no value left (allowed here: {', '.join(map(str, base[knob]))})")
+        values[knob] = kept
+    return values
+
+
+def check_constraints(constraints: dict[str, Constraint], device: DeviceInfo) -> None:
+    """Refuse pinned or offered knob values the device cannot run.
+
+    Raises:
+        SetupError: ``amp=fp16`` on a CPU, ``amp=bf16`` without native bf16,
+            ``pin_memory=true`` without a GPU.
+    """
+    for knob in ("amp", "pin_memory"):
+        constraint = constraints.get(knob)
+        if constraint is None:
+            continue
+        for value in constraint.choices or (constraint.value,):
+            if value is None or value is False:
+                continue
+            TrainSetup(**{knob: value}).check_device(device.name, bf16_supported=device.bf16)

@@ -1,0 +1,108 @@
+"""The ask/tell loop: one isolated trial per Optuna trial until ``--trials`` are finished.
+
+Infeasible trials (oom, timeout, error, diverged) are recorded as results,
+never raised; a setup measured before is reused instead of re-run; a step
+larger than the data is infeasible without running. ``trials.csv`` is
+rewritten after every trial, so nothing measured is lost.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import optuna
+
+from autotune.output.trials_csv import write_trials_csv
+from autotune.records import TrialOptions, TrialResult, Workload
+from autotune.runner import TrialRunner, WindowCallback
+from autotune.train_setup import TrainSetup
+from autotune.tuner.progress import Reporter
+from autotune.tuner.signals import interrupts_held
+from autotune.tuner.space import Space
+from autotune.tuner.study import ROLE_DEFAULTS, ROLE_SEARCH, SearchStudy
+
+
+@dataclass(frozen=True)
+class Exploration:
+    """What the loop needs besides the study.
+
+    Attributes:
+        space: Where setups are sampled.
+        defaults: The PyTorch-defaults setup (the ``defaults`` role's trial).
+        workload: What is trained.
+        options: How each trial measures.
+        wanted: Finished trials wanted in the study.
+        csv_path: Where ``trials.csv`` is rewritten after every trial.
+    """
+
+    space: Space
+    defaults: TrainSetup
+    workload: Workload
+    options: TrialOptions
+    wanted: int
+    csv_path: Path
+
+
+def explore(study: SearchStudy, plan: Exploration, reporter: Reporter, runner: TrialRunner) -> None:
+    """Run trials until ``plan.wanted`` are finished.
+
+    Raises:
+        KeyboardInterrupt: Ctrl-C or SIGTERM; the running trial is marked
+            failed (it does not count) and every finished one is kept.
+    """
+    while (done := study.finished()) < plan.wanted:
+        trial = None
+        try:
+            with interrupts_held():
+                trial, role = study.ask()
+                setup = plan.defaults if role == ROLE_DEFAULTS else plan.space.suggest(trial)
+                reporter.trial_started(done, plan.wanted, role, setup)
+                previous = study.same_setup(setup, trial.number)
+                too_big = larger_than_data(setup, plan.workload)
+            reused_from = None
+            if too_big is not None:
+                result = too_big
+            elif previous is not None:
+                result, reused_from = previous.result, previous.number
+            else:
+                result = runner(setup, plan.workload, plan.options, on_window=pruning_hook(trial, role))
+            with interrupts_held():
+                study.record(trial, role, setup, result, reused_from)
+        except KeyboardInterrupt:
+            if trial is not None:
+                with interrupts_held():
+                    study.fail(trial)
+            raise
+        with interrupts_held():
+            study.tell(trial, result)
+            records = study.records()
+            write_trials_csv(plan.csv_path, records)
+            best = max((r.result.samples_per_s or 0.0 for r in records if r.result.ok), default=None)
+            record = next(r for r in records if r.number == trial.number)
+            reporter.trial_finished(study.finished(), plan.wanted, record, best)
+
+
+def larger_than_data(setup: TrainSetup, workload: Workload) -> TrialResult | None:
+    """An infeasible result, not run, for a step larger than the data."""
+    if workload.images is None or setup.effective_batch() <= workload.images:
+        return None
+    return TrialResult(
+        status="error",
+        error=(
+            f"batch {setup.batch_size} x {setup.accumulation_steps} accumulation = {setup.effective_batch()} "
+            f"exceeds the {workload.images} training images: an epoch would hold no optimizer step"
+        ),
+    )
+
+
+def pruning_hook(trial: optuna.Trial, role: str) -> WindowCallback | None:
+    """Report each window to Optuna's pruner; None for the defaults and guesses (always measured in full)."""
+    if role != ROLE_SEARCH:
+        return None
+
+    def hook(index: int, value: float) -> bool:
+        trial.report(value, step=index)
+        return bool(trial.should_prune())
+
+    return hook

@@ -1,0 +1,319 @@
+"""The search: prepare, calibrate, explore, confirm, finish.
+
+:func:`run_search` is the library entry point behind ``autotune search``.
+Each step is a function below; the trial runner is handed in (``runner=``),
+so tests pass a fake one. The study lives in an Optuna storage (SQLite in
+the output directory by default), so re-running the same command resumes it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import probes
+from autotune.devices import DeviceInfo, resolve_device
+from autotune.errors import SearchFailed, SearchInterrupted
+from autotune.files import check_writable
+from autotune.output.best import write_best
+from autotune.output.emit import write_script
+from autotune.output.trials_csv import write_trials_csv
+from autotune.records import Calibration, Confirmed, TrialOptions, TrialRecord, TrialResult, Workload
+from autotune.runner import TrialRunner, WindowCallback, run_trial
+from autotune.train_setup import TrainSetup
+from autotune.tuner.calibrate import calibrate
+from autotune.tuner.config import SearchConfig, SearchOutcome, Timing
+from autotune.tuner.confirm import confirm, pick_candidates
+from autotune.tuner.constraints import check_constraints, merge_constraints
+from autotune.tuner.explore import Exploration, explore
+from autotune.tuner.progress import Reporter, SilentReporter
+from autotune.tuner.signals import sigterm_as_interrupt
+from autotune.tuner.space import Space, build_space, defaults_setup, guess_setups
+from autotune.tuner.study import ROLE_DEFAULTS, ROLE_GUESS, SearchStudy
+from autotune.tuner.winner import bottleneck_verdict, make_best
+from autotune.workloads import build_workload
+
+
+class TimedRunner:
+    """Wraps a trial runner to account the measured time of a search."""
+
+    def __init__(self, runner: TrialRunner, timing: Timing) -> None:
+        self.runner = runner
+        self.timing = timing
+
+    def __call__(
+        self,
+        setup: TrainSetup,
+        workload: Workload,
+        options: TrialOptions | None = None,
+        *,
+        on_window: WindowCallback | None = None,
+    ) -> TrialResult:
+        """Run the trial and add its measured seconds to the timing."""
+        result = self.runner(setup, workload, options, on_window=on_window)
+        self.timing.runs += 1
+        self.timing.measured_s += result.measured_s or 0.0
+        return result
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """What the first step checked and opened."""
+
+    hardware: Any
+    device: DeviceInfo
+    workload: Workload
+    study: SearchStudy
+    out: Path
+
+
+def run_search(
+    config: SearchConfig, reporter: Reporter | None = None, *, runner: TrialRunner = run_trial
+) -> SearchOutcome:
+    """Search the fastest setup for the workload; write best.json, trials.csv and train.py.
+
+    Args:
+        config: What to search and where to write.
+        reporter: Progress hooks (silent by default).
+        runner: Runs one trial (default: an isolated, real trial).
+
+    Returns:
+        The outcome; ``best`` is the confirmed winner.
+
+    Raises:
+        UsageError: Bad input (nothing is written).
+        WorkloadError: Unknown model, missing or empty data (nothing is written).
+        StorageError: Unwritable output or unreachable storage.
+        SearchFailed: Every trial failed.
+        SearchInterrupted: Ctrl-C; finished trials are kept and the best so far
+            is written.
+    """
+    reporter = reporter or SilentReporter()
+    config.validate()
+    timing = Timing()
+    began = time.monotonic()
+    timed = TimedRunner(runner, timing)
+    prepared = prepare(config, reporter)
+    calibration = calibrate_once(config, prepared, reporter, timed)
+    space = build_space(
+        device=prepared.device,
+        calibration=calibration,
+        usable_cores=int(prepared.hardware.cpu.usable_cores),
+        effective_batch=config.effective_batch,
+        constraints=merge_constraints(config.constraints),
+        images=prepared.workload.images,
+    )
+    reporter.message(space.describe())
+    defaults = defaults_setup(config.effective_batch)
+    enqueue_first_trials(config, prepared, space, calibration)
+    options = TrialOptions(
+        trial_seconds=config.trial_seconds, timeout_s=config.timeout_s, max_memory_bytes=config.max_memory
+    )
+    plan = Exploration(space, defaults, prepared.workload, options, config.trials, prepared.out / "trials.csv")
+    interrupted = False
+    try:
+        with sigterm_as_interrupt():
+            explore(prepared.study, plan, reporter, timed)
+    except KeyboardInterrupt:
+        interrupted = True
+    records = prepared.study.records()
+    write_trials_csv(plan.csv_path, records)
+    feasible = [r for r in records if r.result.ok and r.result.samples_per_s]
+    if not feasible:
+        if interrupted:
+            raise SearchInterrupted(
+                f"interrupted before any feasible trial; {len(records)} trials kept in {prepared.study.storage}"
+            )
+        reasons = sorted({f"{r.result.status}: {r.result.error}" for r in records})
+        raise SearchFailed(f"all {len(records)} trials failed ({'; '.join(reasons)[:300]})")
+    confirmed: list[Confirmed] = []
+    if not interrupted:
+        try:
+            confirmed = confirm_finalists(config, prepared, feasible, defaults, options, reporter, timed)
+        except KeyboardInterrupt:
+            interrupted = True
+    outcome = finish(config, prepared, calibration, records, feasible, confirmed, defaults, interrupted)
+    timing.wall_s = time.monotonic() - began
+    outcome = replace(outcome, timing=timing)
+    if interrupted:
+        raise SearchInterrupted(
+            f"interrupted: {len(records)} finished trials kept in {prepared.study.storage}; best so far written to "
+            f"{prepared.out / 'best.json'} (unconfirmed); rerun the same command to resume"
+        )
+    return outcome
+
+
+def study_name(config: SearchConfig, device: DeviceInfo) -> str:
+    """The default study name: model, image size, device (and pinned effective batch)."""
+    name = f"{config.model.replace(':', '.')}-{config.image_size}px-{device.name.replace(':', '')}"
+    if config.effective_batch:
+        name += f"-eb{config.effective_batch}"
+    return name
+
+
+def signature(config: SearchConfig, workload: Workload) -> dict[str, Any]:
+    """What must match for a stored study to be resumed by this search."""
+    return {
+        "model": workload.model,
+        "image_size": workload.image_size,
+        "data": workload.data,
+        "synthetic_images": workload.synthetic_images if workload.data is None else None,
+        "device": workload.device,
+        "effective_batch": config.effective_batch,
+        "max_memory": config.max_memory,
+        "trial_seconds": config.trial_seconds,
+        "constraints": sorted(repr(c) for c in config.constraints),
+    }
+
+
+def prepare(config: SearchConfig, reporter: Reporter) -> Prepared:
+    """Probe, resolve the device, check the input and output, build the workload, open the study.
+
+    Nothing is written before every check has passed.
+    """
+    hardware = probes.collect()
+    device = resolve_device(config.device, hardware)
+    check_constraints(merge_constraints(config.constraints), device)
+    out = Path(config.out)
+    if config.storage is None:
+        check_writable(out)
+    workload = build_workload(
+        model=config.model,
+        image_size=config.image_size,
+        data=config.data,
+        device=device.name,
+        cache_dir=config.cache_dir,
+        synthetic_images=config.synthetic_images,
+        lr=config.lr,
+    )
+    name = config.study or study_name(config, device)
+    if config.storage is not None:
+        study = SearchStudy.open(config.storage, name, sampler=config.sampler, seed=config.seed, trials=config.trials)
+        check_writable(out)
+        out.mkdir(parents=True, exist_ok=True)
+    else:
+        out.mkdir(parents=True, exist_ok=True)
+        storage = f"sqlite:///{(out / 'study.db').resolve()}"
+        study = SearchStudy.open(storage, name, sampler=config.sampler, seed=config.seed, trials=config.trials)
+    study.check_signature(signature(config, workload))
+    reporter.message(
+        f"{workload.model} @ {workload.image_size}px on {device.name} ({device.label}); "
+        f"{int(hardware.cpu.usable_cores)} usable CPU cores; "
+        f"data: {workload.data or 'synthetic JPEGs (no --data given)'}"
+    )
+    return Prepared(hardware, device, workload, study, out)
+
+
+def calibrate_once(config: SearchConfig, prepared: Prepared, reporter: Reporter, runner: TrialRunner) -> Calibration:
+    """The calibration stored in the study, or a new one (then stored).
+
+    Raises:
+        SearchInterrupted: Ctrl-C or SIGTERM during calibration.
+    """
+    stored = prepared.study.calibration()
+    if stored is not None:
+        reporter.message("calibration: reusing the measurements stored in the study")
+        return stored
+    reporter.message("calibration: memory pre-pass, compute-only and loader-only ceilings")
+    try:
+        with sigterm_as_interrupt():
+            calibration = calibrate(
+                prepared.workload,
+                prepared.device,
+                usable_cores=int(prepared.hardware.cpu.usable_cores),
+                available_bytes=int(prepared.hardware.memory.available_bytes),
+                max_memory=config.max_memory,
+                trial_seconds=config.trial_seconds,
+                bf16_ok=prepared.device.bf16,
+                log=reporter.message,
+                runner=runner,
+            )
+    except KeyboardInterrupt:
+        raise SearchInterrupted(
+            "interrupted during calibration, before the first trial; rerun the same command to start again"
+        ) from None
+    prepared.study.store_calibration(calibration)
+    return calibration
+
+
+def enqueue_first_trials(config: SearchConfig, prepared: Prepared, space: Space, calibration: Calibration) -> None:
+    """In a new study: the PyTorch defaults first, then the probe-informed guesses (TPE only)."""
+    study = prepared.study
+    if not study.is_empty():
+        return
+    study.enqueue(ROLE_DEFAULTS, {})
+    if config.trials > 1 and config.sampler == "tpe":
+        usable = int(prepared.hardware.cpu.usable_cores)
+        for guess in guess_setups(space, calibration, prepared.device, usable)[: config.trials - 1]:
+            study.enqueue(ROLE_GUESS, space.params_for(guess))
+
+
+def confirm_finalists(
+    config: SearchConfig,
+    prepared: Prepared,
+    feasible: list[TrialRecord],
+    defaults: TrainSetup,
+    options: TrialOptions,
+    reporter: Reporter,
+    runner: TrialRunner,
+) -> list[Confirmed]:
+    """Re-measure the finalists and the defaults in interleaved rounds, 1.5x the trial length each.
+
+    Raises:
+        KeyboardInterrupt: Ctrl-C or SIGTERM; the rounds measured so far are stored.
+    """
+    candidates = pick_candidates(feasible, defaults, config.confirm_top)
+    reporter.message(
+        f"confirmation: {len(candidates)} setups x {config.confirm_rounds} interleaved rounds "
+        f"of {options.trial_seconds * 1.5:.0f} s"
+    )
+    with sigterm_as_interrupt():
+        return confirm(
+            candidates,
+            prepared.workload,
+            replace(options, trial_seconds=options.trial_seconds * 1.5),
+            rounds=config.confirm_rounds,
+            known=prepared.study.confirmation(),
+            store=prepared.study.store_confirmation,
+            on_measure=lambda done, total, cand, result: reporter.confirm_progress(done, total, cand.label, result),
+            runner=runner,
+        )
+
+
+def finish(
+    config: SearchConfig,
+    prepared: Prepared,
+    calibration: Calibration,
+    records: list[TrialRecord],
+    feasible: list[TrialRecord],
+    confirmed: list[Confirmed],
+    defaults: TrainSetup,
+    interrupted: bool,
+) -> SearchOutcome:
+    """Write best.json and train.py; the outcome with the bottleneck verdict."""
+    out = prepared.out
+    best = make_best(
+        workload=prepared.workload,
+        hardware=prepared.hardware,
+        feasible=feasible,
+        confirmed=confirmed,
+        defaults=defaults,
+        effective_batch=config.effective_batch,
+        command=config.command,
+    )
+    write_best(out / "best.json", best)
+    script = write_script(best, out / "train.py")
+    return SearchOutcome(
+        best=best,
+        records=tuple(records),
+        confirmed=tuple(confirmed),
+        calibration=calibration,
+        verdict=bottleneck_verdict(best, calibration, records, prepared.device),
+        out=out,
+        storage=prepared.study.storage,
+        study=prepared.study.name,
+        interrupted=interrupted,
+        files=(str(out / "trials.csv"), str(out / "best.json"), str(script)),
+    )

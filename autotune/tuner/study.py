@@ -1,0 +1,227 @@
+"""Everything the search keeps in an Optuna storage.
+
+A :class:`SearchStudy` wraps one ``optuna.Study`` and is the only place that
+knows its user-attribute keys: per trial its role, setup, result and the
+trial it reused; per study the search signature, the calibration, the
+confirmation rounds and the TPE start-up schedule. Every write to the
+storage happens with interrupts held (:func:`~autotune.tuner.signals.interrupts_held`
+is applied by the callers that write in a loop), so a Ctrl-C never lands
+half-way through a transaction.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune.errors import StorageError
+from autotune.records import Calibration, TrialRecord, TrialResult
+from autotune.train_setup import TrainSetup
+from autotune.tuner.pruning import SlowerThanBestPruner
+
+# Trial roles.
+ROLE_DEFAULTS = "defaults"
+ROLE_GUESS = "guess"
+ROLE_SEARCH = "search"
+
+# Trial user attributes.
+ATTR_ROLE = "role"
+ATTR_SETUP = "setup"
+ATTR_RESULT = "result"
+ATTR_REUSED_FROM = "reused_from"
+
+# Study user attributes.
+STUDY_SIGNATURE = "signature"
+STUDY_CALIBRATION = "calibration"
+STUDY_CONFIRMATION = "confirmation"
+STUDY_STARTUP_TRIALS = "n_startup_trials"
+
+#: Trials that count toward ``--trials``.
+FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
+
+#: Confirmation measurements per candidate key: (samples/s values, failure lines).
+Rounds = dict[str, tuple[list[float], list[str]]]
+
+
+def startup_trials_for(trials: int) -> int:
+    """TPE's random start-up trials for a search of ``trials`` trials."""
+    return max(3, min(10, trials // 3))
+
+
+def _sampler(kind: str, seed: int, n_startup: int) -> optuna.samplers.BaseSampler:
+    if kind == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    return optuna.samplers.TPESampler(seed=seed, n_startup_trials=n_startup, multivariate=True, group=True)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:200] if text else type(exc).__name__
+
+
+def signature_difference(stored: dict[str, Any], current: dict[str, Any]) -> str | None:
+    """The first setting where two search signatures differ, in words; None if equal."""
+    normalized = json.loads(json.dumps(current))
+    if stored == normalized:
+        return None
+    for key in sorted(set(stored) | set(normalized)):
+        if stored.get(key) != normalized.get(key):
+            return f"{key}: {stored.get(key)!r} there, {normalized.get(key)!r} now"
+    return "settings differ"
+
+
+class SearchStudy:
+    """One search's Optuna study and what the search stores in it.
+
+    Attributes:
+        study: The underlying ``optuna.Study``.
+        storage: Its storage URL.
+        name: Its name.
+    """
+
+    def __init__(self, study: optuna.Study, storage: str, name: str) -> None:
+        self.study = study
+        self.storage = storage
+        self.name = name
+
+    @classmethod
+    def open(cls, storage: str, name: str, *, sampler: str = "tpe", seed: int = 0, trials: int = 30) -> SearchStudy:
+        """Create or resume the study ``name`` in ``storage``.
+
+        The TPE start-up schedule is fixed when the study is created, so a
+        resumed study (with a larger ``--trials``) keeps the one it began with.
+
+        Raises:
+            StorageError: The storage cannot be opened.
+        """
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+        n_startup = startup_trials_for(trials)
+        try:
+            existing = optuna.load_study(study_name=name, storage=storage)
+            n_startup = int(existing.user_attrs.get(STUDY_STARTUP_TRIALS, n_startup))
+        except Exception:  # a new study, or a storage error reported just below
+            pass
+        try:
+            study = optuna.create_study(
+                storage=storage,
+                study_name=name,
+                direction="maximize",
+                sampler=_sampler(sampler, seed, n_startup),
+                pruner=SlowerThanBestPruner(),
+                load_if_exists=True,
+            )
+        except Exception as exc:  # sqlalchemy / redis / journal errors all differ
+            raise StorageError(f"cannot open study storage {storage!r}: {_first_line(exc)}") from None
+        if STUDY_STARTUP_TRIALS not in study.user_attrs:
+            study.set_user_attr(STUDY_STARTUP_TRIALS, n_startup)
+        return cls(study, storage, name)
+
+    # ------------------------------------------------------------ study level
+    def check_signature(self, signature: dict[str, Any]) -> None:
+        """Refuse to resume a study made for a different search; record the signature.
+
+        Raises:
+            StorageError: The stored signature differs, naming the first difference.
+        """
+        stored = self.study.user_attrs.get(STUDY_SIGNATURE)
+        if stored is not None:
+            difference = signature_difference(stored, signature)
+            if difference is not None:
+                raise StorageError(
+                    f"study {self.name!r} in {self.storage} was made for a different search "
+                    f"({difference}); pass --study NEW_NAME or another --out"
+                )
+        self.study.set_user_attr(STUDY_SIGNATURE, signature)
+
+    def calibration(self) -> Calibration | None:
+        """The calibration stored by an earlier run, if any."""
+        data = self.study.user_attrs.get(STUDY_CALIBRATION)
+        return Calibration.from_dict(data) if data is not None else None
+
+    def store_calibration(self, calibration: Calibration) -> None:
+        """Keep the calibration, so a resumed search reuses it."""
+        self.study.set_user_attr(STUDY_CALIBRATION, calibration.to_dict())
+
+    def confirmation(self) -> Rounds:
+        """The confirmation measurements stored so far, per candidate key."""
+        stored = self.study.user_attrs.get(STUDY_CONFIRMATION, {})
+        return {key: (list(v[0]), list(v[1])) for key, v in stored.items()}
+
+    def store_confirmation(self, key: str, values: list[float], failures: list[str]) -> None:
+        """Record one candidate's confirmation measurements (after every measurement)."""
+        stored = dict(self.study.user_attrs.get(STUDY_CONFIRMATION, {}))
+        stored[key] = [values, failures]
+        self.study.set_user_attr(STUDY_CONFIRMATION, stored)
+
+    def is_empty(self) -> bool:
+        """Whether the study holds no trial at all (not even a failed one)."""
+        return not self.study.trials
+
+    def enqueue(self, role: str, params: dict[str, Any]) -> None:
+        """Queue a trial with fixed params and a role (the defaults, a guess)."""
+        self.study.enqueue_trial(params, user_attrs={ATTR_ROLE: role})
+
+    # ------------------------------------------------------------ trial level
+    def finished(self) -> int:
+        """Trials that count toward ``--trials`` (complete or pruned)."""
+        return len(self.study.get_trials(deepcopy=False, states=FINISHED))
+
+    def records(self) -> list[TrialRecord]:
+        """Every finished trial that carries a setup and a result."""
+        return [r for t in self.study.get_trials(deepcopy=False, states=FINISHED) if (r := _record(t)) is not None]
+
+    def ask(self) -> tuple[optuna.Trial, str]:
+        """The next trial and its role."""
+        trial = self.study.ask()
+        return trial, str(trial.user_attrs.get(ATTR_ROLE, ROLE_SEARCH))
+
+    def same_setup(self, setup: TrainSetup, number: int) -> TrialRecord | None:
+        """A complete trial other than ``number`` that measured ``setup`` already."""
+        target = setup.to_dict()
+        for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+            if t.number != number and t.user_attrs.get(ATTR_SETUP) == target and (record := _record(t)):
+                return record
+        return None
+
+    def record(
+        self, trial: optuna.Trial, role: str, setup: TrainSetup, result: TrialResult, reused_from: int | None
+    ) -> None:
+        """Store what a trial ran and measured (before it is told)."""
+        if reused_from is not None:
+            trial.set_user_attr(ATTR_REUSED_FROM, reused_from)
+        trial.set_user_attr(ATTR_ROLE, role)
+        trial.set_user_attr(ATTR_SETUP, setup.to_dict())
+        trial.set_user_attr(ATTR_RESULT, result.to_dict())
+
+    def tell(self, trial: optuna.Trial, result: TrialResult) -> None:
+        """Finish a trial: pruned, or complete with its samples/s (0 when infeasible).
+
+        Infeasible trials are complete trials worth 0, so TPE learns to
+        avoid their region (it ignores failed trials).
+        """
+        if result.status == "pruned":
+            self.study.tell(trial, state=TrialState.PRUNED)
+        else:
+            self.study.tell(trial, result.samples_per_s if result.ok and result.samples_per_s else 0.0)
+
+    def fail(self, trial: optuna.Trial) -> None:
+        """Mark an interrupted trial failed: it does not count toward ``--trials``."""
+        self.study.tell(trial, state=TrialState.FAIL)
+
+
+def _record(trial: FrozenTrial) -> TrialRecord | None:
+    attrs = trial.user_attrs
+    if ATTR_SETUP not in attrs or ATTR_RESULT not in attrs:
+        return None
+    return TrialRecord(
+        number=trial.number,
+        role=attrs.get(ATTR_ROLE, ROLE_SEARCH),
+        setup=TrainSetup.from_dict(attrs[ATTR_SETUP]),
+        result=TrialResult.from_dict(attrs[ATTR_RESULT]),
+        reused_from=attrs.get(ATTR_REUSED_FROM),
+    )

@@ -1,0 +1,60 @@
+"""What is trained: models, data, and the checked :class:`~autotune.records.Workload`.
+
+:func:`build_workload` turns what the user typed (model, data, image size)
+into a checked Workload in the parent, before any trial, so bad input fails
+fast with one line. :mod:`.models` resolves model references, :mod:`.data`
+holds ImageFolder checks, the synthetic JPEGs and the endless sampler.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from autotune.records import Workload
+from autotune.workloads.data import SYNTHETIC_CLASSES, check_image_folder, ensure_synthetic
+from autotune.workloads.models import check_factory, check_model_name
+
+__all__ = ["build_workload"]
+
+
+def build_workload(
+    *,
+    model: str,
+    image_size: int,
+    data: Path | None,
+    device: str,
+    cache_dir: Path | None = None,
+    synthetic_images: int = 2000,
+    lr: float = 1e-3,
+) -> Workload:
+    """Check the model and data and return a ready Workload.
+
+    Synthetic data is generated here (once) so that no trial pays for it.
+
+    Raises:
+        WorkloadError: Unknown model, unimportable factory, missing or empty data.
+    """
+    sys_path = (os.getcwd(),)
+    check_model_name(model)
+    check_factory(model, sys_path)
+    if data is not None:
+        folder = check_image_folder(data)
+        num_classes, images = folder.classes, folder.images
+        data_text: str | None = str(data.resolve())
+    else:
+        ensure_synthetic(cache_dir, synthetic_images)
+        num_classes, images = SYNTHETIC_CLASSES, synthetic_images
+        data_text = None
+    return Workload(
+        model=model,
+        image_size=image_size,
+        data=data_text,
+        device=device,
+        num_classes=num_classes,
+        images=images,
+        lr=lr,
+        synthetic_images=synthetic_images,
+        cache_dir=str(Path(cache_dir).resolve()) if cache_dir else None,
+        sys_path=sys_path,
+    )

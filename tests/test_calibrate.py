@@ -1,0 +1,94 @@
+"""Calibration with a fake trial runner: the memory pre-pass, the ceilings, the budget."""
+
+from __future__ import annotations
+
+from autotune.devices import DeviceInfo
+from autotune.records import MemoryPoint, TrialOptions, TrialResult, Workload
+from autotune.train_setup import TrainSetup
+from autotune.tuner.calibrate import GPU_HEADROOM, WORKER_RESERVE, calibrate, extrapolate_batch, memory_budget
+
+CPU = DeviceInfo("cpu", bf16=True, memory_total_bytes=None, memory_free_bytes=None, label="test CPU")
+GPU = DeviceInfo("cuda:0", bf16=True, memory_total_bytes=80 * 2**30, memory_free_bytes=70 * 2**30, label="test GPU")
+WORKLOAD = Workload(model="resnet18", image_size=32, device="cpu", num_classes=10, images=10_000)
+MIB = 2**20
+
+
+class FakeRunner:
+    """Memory grows 1 MiB per sample over a 100 MiB base; the device runs 400 samples/s;
+    the loader delivers 150 samples/s per worker (100 with none)."""
+
+    def __init__(self, fail_above: int | None = None) -> None:
+        self.calls: list[tuple[str, TrainSetup]] = []
+        self.fail_above = fail_above
+
+    def __call__(self, setup, workload, options=None, *, on_window=None) -> TrialResult:
+        options = options or TrialOptions()
+        self.calls.append((options.mode, setup))
+        if options.mode == "loader":
+            return TrialResult(status="ok", samples_per_s=100.0 + 150.0 * setup.num_workers)
+        if self.fail_above is not None and setup.batch_size > self.fail_above:
+            return TrialResult(status="oom", error="too big")
+        peak = 100 * MIB + setup.batch_size * MIB
+        if options.max_memory_bytes is not None and peak > options.max_memory_bytes:
+            return TrialResult(status="oom", error="over budget", peak_memory_bytes=peak)
+        return TrialResult(status="ok", samples_per_s=400.0, peak_memory_bytes=peak)
+
+
+def test_memory_budget_cpu_and_gpu() -> None:
+    assert memory_budget(CPU, None, 10 * 2**30) == int(5 * 2**30 * (1 - WORKER_RESERVE))
+    assert memory_budget(CPU, 2 * 2**30, 10 * 2**30) == int(2 * 2**30 * (1 - WORKER_RESERVE))
+    assert memory_budget(GPU, None, 0) == int(70 * 2**30 - GPU_HEADROOM * 80 * 2**30)
+    assert memory_budget(GPU, 8 * 2**30, 0) == 8 * 2**30
+
+
+def test_extrapolate_batch_is_linear_in_the_two_points() -> None:
+    points = [MemoryPoint(8, "ok", 108 * MIB, 1.0), MemoryPoint(32, "ok", 132 * MIB, 1.0)]
+    assert extrapolate_batch(points, 1124 * MIB) == 1024
+    assert extrapolate_batch(points, 50 * MIB) == 0
+    assert extrapolate_batch([MemoryPoint(8, "oom", None, None)], 2**30) is None
+
+
+def test_calibration_bounds_the_batch_by_memory_and_verifies_it() -> None:
+    runner = FakeRunner()
+    budget = int(612 * MIB / (1 - WORKER_RESERVE)) + 1  # 612 MiB after the worker reserve: batch 512 fits
+    result = calibrate(
+        WORKLOAD, CPU, usable_cores=4, available_bytes=0, max_memory=budget, trial_seconds=10.0, bf16_ok=True, runner=runner
+    )
+    assert result.max_batch == 512
+    verified = [p.batch_size for p in result.memory_points]
+    assert verified == [8, 32, 512]  # the extrapolated bound was run once
+    assert result.compute_samples_per_s == 400.0
+    assert result.compute_setup["amp"] == "bf16" and result.compute_setup["channels_last"] is True
+    assert result.probe_batch == 64
+
+
+def test_a_failing_verification_halves_the_batch() -> None:
+    runner = FakeRunner(fail_above=128)
+    result = calibrate(
+        WORKLOAD, CPU, usable_cores=4, available_bytes=64 * 2**30, max_memory=None, trial_seconds=10.0, bf16_ok=False, runner=runner
+    )
+    assert result.max_batch == 128
+    assert result.compute_setup["amp"] == "off"
+
+
+def test_the_loader_ceiling_stops_once_far_above_the_device_and_bounds_the_workers() -> None:
+    runner = FakeRunner()
+    result = calibrate(
+        WORKLOAD, CPU, usable_cores=16, available_bytes=64 * 2**30, max_memory=None, trial_seconds=10.0, bf16_ok=True, runner=runner
+    )
+    counts = [p.num_workers for p in result.loader]
+    # 400 samples/s on the device: 4 workers deliver 700, 8 deliver 1300 >= 2 x 400: 16 is never tried.
+    assert counts == [0, 1, 2, 4, 8]
+    # 4 workers are the fewest that cover 1.25 x 400; the space offers twice that.
+    assert result.workers_enough() == 4
+    assert result.max_workers == 8
+
+
+def test_calibration_round_trips_through_json() -> None:
+    runner = FakeRunner()
+    result = calibrate(
+        WORKLOAD, CPU, usable_cores=2, available_bytes=64 * 2**30, max_memory=None, trial_seconds=3.0, bf16_ok=True, runner=runner
+    )
+    from autotune.records import Calibration
+
+    assert Calibration.from_dict(result.to_dict()) == result

@@ -1,0 +1,62 @@
+"""Confirmation with a fake runner: interleaved order, resume, storage after every measurement."""
+
+from __future__ import annotations
+
+from autotune.records import Candidate, TrialOptions, TrialRecord, TrialResult, Workload
+from autotune.train_setup import TrainSetup
+from autotune.tuner.confirm import confirm, pick_candidates
+
+WORKLOAD = Workload(model="resnet18", image_size=32, device="cpu")
+A, B, C = (TrainSetup(batch_size=b) for b in (16, 64, 128))
+
+
+def candidates() -> list[Candidate]:
+    return [Candidate(s.to_json(), s, f"bs={s.batch_size}") for s in (A, B, C)]
+
+
+def test_rounds_are_interleaved_and_each_measurement_is_stored() -> None:
+    order: list[int] = []
+    stored: list[tuple[str, int]] = []
+
+    def runner(setup, workload, options=None, *, on_window=None) -> TrialResult:
+        order.append(setup.batch_size)
+        if setup is C and len([b for b in order if b == 128]) == 2:
+            return TrialResult(status="timeout", error="slow")
+        return TrialResult(status="ok", samples_per_s=float(setup.batch_size + len(order)))
+
+    result = confirm(
+        candidates(), WORKLOAD, TrialOptions(), rounds=3, known={},
+        store=lambda key, values, failures: stored.append((key, len(values) + len(failures))), runner=runner,
+    )
+    assert order == [16, 64, 128] * 3  # A B C A B C A B C
+    assert len(stored) == 9 and stored[-1] == (C.to_json(), 3)
+    by_size = {c.candidate.setup.batch_size: c for c in result}
+    assert by_size[16].values == (17.0, 20.0, 23.0) and by_size[16].median == 20.0 and by_size[16].spread == 6.0
+    assert by_size[128].failures == ("timeout: slow",) and len(by_size[128].values) == 2
+
+
+def test_known_measurements_are_reused_and_only_the_missing_run() -> None:
+    ran: list[int] = []
+
+    def runner(setup, workload, options=None, *, on_window=None) -> TrialResult:
+        ran.append(setup.batch_size)
+        return TrialResult(status="ok", samples_per_s=1.0)
+
+    known = {A.to_json(): ([5.0, 6.0], []), B.to_json(): ([7.0], ["oom: x"])}
+    confirm(candidates(), WORKLOAD, TrialOptions(), rounds=2, known=known, store=lambda *a: None, runner=runner)
+    assert ran == [128, 128]
+
+
+def _record(number: int, setup: TrainSetup, rate: float) -> TrialRecord:
+    return TrialRecord(number, "search", setup, TrialResult(status="ok", samples_per_s=rate))
+
+
+def test_finalists_are_distinct_fastest_then_the_defaults() -> None:
+    defaults = TrainSetup(batch_size=32)
+    feasible = [_record(0, defaults, 50.0), _record(1, B, 300.0), _record(2, B, 290.0), _record(3, C, 200.0), _record(4, A, 100.0)]
+    picked = pick_candidates(feasible, defaults, top=2)
+    assert [c.setup for c in picked] == [B, C, defaults]
+    assert picked[0].label.startswith("#1 ")
+    # The defaults among the top are not added twice; unmeasured defaults are not added at all.
+    assert [c.setup for c in pick_candidates(feasible, defaults, top=5)] == [B, C, A, defaults]
+    assert [c.setup for c in pick_candidates(feasible[1:], defaults, top=1)] == [B]

@@ -1,0 +1,78 @@
+"""The study module: opening and resuming, the signature, what is stored per trial and per study."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from autotune.errors import StorageError
+from autotune.records import Calibration, TrialResult
+from autotune.train_setup import TrainSetup
+from autotune.tuner.study import ROLE_DEFAULTS, ROLE_SEARCH, SearchStudy, signature_difference, startup_trials_for
+
+
+def _open(tmp_path: Path, trials: int = 30, name: str = "s") -> SearchStudy:
+    return SearchStudy.open(f"sqlite:///{tmp_path / 'study.db'}", name, trials=trials)
+
+
+def test_the_startup_schedule_is_kept_when_a_study_is_resumed_with_more_trials(tmp_path: Path) -> None:
+    assert startup_trials_for(9) == 3 and startup_trials_for(90) == 10
+    first = _open(tmp_path, trials=9)
+    again = _open(tmp_path, trials=90)
+    assert first.study.user_attrs["n_startup_trials"] == again.study.user_attrs["n_startup_trials"] == 3
+    assert again.study.sampler._n_startup_trials == 3
+
+
+def test_an_unreachable_storage_is_one_error() -> None:
+    with pytest.raises(StorageError, match="cannot open study storage"):
+        SearchStudy.open("postgresql://nobody@127.0.0.1:1/none", "s")
+
+
+def test_a_different_signature_is_refused_naming_the_difference(tmp_path: Path) -> None:
+    study = _open(tmp_path)
+    study.check_signature({"model": "resnet18", "trial_seconds": 3.0})
+    study.check_signature({"model": "resnet18", "trial_seconds": 3.0})  # the same search resumes
+    with pytest.raises(StorageError, match=r"trial_seconds: 3.0 there, 5.0 now"):
+        _open(tmp_path).check_signature({"model": "resnet18", "trial_seconds": 5.0})
+    assert signature_difference({"a": [1]}, {"a": (1,)}) is None  # compared as stored JSON
+
+
+def test_trials_are_stored_told_and_read_back(tmp_path: Path) -> None:
+    study = _open(tmp_path)
+    study.enqueue(ROLE_DEFAULTS, {})
+    setup = TrainSetup(batch_size=16)
+    trial, role = study.ask()
+    assert role == ROLE_DEFAULTS
+    result = TrialResult(status="ok", samples_per_s=123.0, windows=(120.0, 126.0))
+    study.record(trial, role, setup, result, reused_from=None)
+    study.tell(trial, result)
+    oom = TrialResult(status="oom", error="too big")
+    trial2, role2 = study.ask()
+    assert role2 == ROLE_SEARCH
+    study.record(trial2, role2, setup.replace(batch_size=64), oom, reused_from=None)
+    study.tell(trial2, oom)
+    trial3, _ = study.ask()
+    study.fail(trial3)  # interrupted: does not count
+    reopened = _open(tmp_path)
+    records = reopened.records()
+    assert reopened.finished() == 2 and [r.number for r in records] == [0, 1]
+    assert records[0].setup == setup and records[0].result == result and records[0].role == ROLE_DEFAULTS
+    assert reopened.study.trials[1].value == 0.0  # infeasible trials are worth 0 to the sampler
+    assert reopened.same_setup(setup, number=5).number == 0
+    assert reopened.same_setup(setup, number=0) is None
+
+
+def test_calibration_and_confirmation_survive_a_reopen(tmp_path: Path) -> None:
+    study = _open(tmp_path)
+    assert study.calibration() is None and study.confirmation() == {}
+    calibration = Calibration(
+        budget_bytes=1, max_batch=64, memory_points=(), probe_batch=64, compute_setup={},
+        compute_samples_per_s=None, loader=(), max_workers=2,
+    )
+    study.store_calibration(calibration)
+    study.store_confirmation("a", [1.0, 2.0], [])
+    study.store_confirmation("b", [], ["oom: x"])
+    reopened = _open(tmp_path)
+    assert reopened.calibration() == calibration
+    assert reopened.confirmation() == {"a": ([1.0, 2.0], []), "b": ([], ["oom: x"])}

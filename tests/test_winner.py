@@ -1,0 +1,84 @@
+"""The winner and the bottleneck verdict, from records alone."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from autotune.devices import DeviceInfo
+from autotune.records import Calibration, Candidate, Confirmed, LoaderPoint, TrialRecord, TrialResult, Workload
+from autotune.train_setup import TrainSetup
+from autotune.tuner.winner import bottleneck_verdict, make_best
+
+CPU = DeviceInfo("cpu", bf16=True, memory_total_bytes=None, memory_free_bytes=None, label="test CPU")
+WORKLOAD = Workload(model="resnet18", image_size=32, device="cpu", lr=1e-3)
+HARDWARE = SimpleNamespace(to_dict=lambda: {"software": {"torch": "x"}})
+DEFAULTS = TrainSetup(batch_size=32)
+FAST = TrainSetup(batch_size=128, accumulation_steps=2, amp="bf16")
+MID = TrainSetup(batch_size=64, num_workers=1, prefetch_factor=2, persistent_workers=True)
+
+
+def _record(number: int, setup: TrainSetup, rate: float, wait: float = 0.05) -> TrialRecord:
+    result = TrialResult(status="ok", samples_per_s=rate, data_wait_fraction=wait, peak_memory_bytes=2**30 + number)
+    return TrialRecord(number, "search", setup, result)
+
+
+FEASIBLE = [_record(0, DEFAULTS, 100.0), _record(1, FAST, 260.0), _record(2, MID, 240.0)]
+
+
+def _confirmed(setup: TrainSetup, values: tuple[float, ...]) -> Confirmed:
+    return Confirmed(Candidate(setup.to_json(), setup, setup.describe()), values, ())
+
+
+def _best(confirmed: list[Confirmed], effective_batch: int | None = None):
+    return make_best(
+        workload=WORKLOAD, hardware=HARDWARE, feasible=FEASIBLE, confirmed=confirmed, defaults=DEFAULTS,
+        effective_batch=effective_batch, command="autotune search",
+    )
+
+
+def test_the_confirmed_median_picks_the_winner_and_the_speedup() -> None:
+    best = _best([_confirmed(FAST, (200.0, 210.0, 190.0)), _confirmed(MID, (230.0, 220.0, 250.0)), _confirmed(DEFAULTS, (110.0, 100.0, 90.0))])
+    assert best.setup == MID  # one fast trial does not beat three interleaved rounds
+    assert best.samples_per_s == 230.0 and best.samples_per_s_spread == 30.0
+    assert best.defaults_samples_per_s == 100.0 and best.speedup == pytest.approx(2.3)
+    assert best.peak_memory_bytes == 2**30 + 2
+    assert not any("not confirmed" in n for n in best.notes)
+
+
+def test_without_confirmation_the_fastest_trial_wins_unconfirmed() -> None:
+    best = _best([])
+    assert best.setup == FAST and best.samples_per_s == 260.0
+    assert best.defaults_samples_per_s == 100.0
+    assert any("not confirmed" in n for n in best.notes)
+
+
+def test_a_changed_effective_batch_scales_the_learning_rate_and_says_so() -> None:
+    best = _best([_confirmed(FAST, (300.0,)), _confirmed(DEFAULTS, (100.0,))])
+    assert best.effective_batch == 256 and best.reference_batch == 32
+    assert best.lr == pytest.approx(1e-3 * 8)
+    assert any("effective batch 256 differs" in n for n in best.notes)
+    assert any("amp=bf16 changes the numerics" in n for n in best.notes)
+
+
+def test_unmeasured_defaults_give_no_speedup() -> None:
+    best = _best([_confirmed(MID, (200.0,))])
+    assert best.speedup is None and any("could not be measured" in n for n in best.notes)
+
+
+def _calibration(compute: float, loader: float) -> Calibration:
+    return Calibration(
+        budget_bytes=None, max_batch=256, memory_points=(), probe_batch=64, compute_setup={},
+        compute_samples_per_s=compute, loader=(LoaderPoint(1, "ok", loader),), max_workers=2,
+    )
+
+
+@pytest.mark.parametrize(
+    ("wait", "compute", "loader", "verdict"),
+    [(0.5, 1000.0, 1000.0, "input-bound"), (0.05, 1000.0, 1000.0, "CPU-shared"), (0.05, 250.0, 1000.0, "compute-bound")],
+)
+def test_the_bottleneck_verdict(wait: float, compute: float, loader: float, verdict: str) -> None:
+    best = _best([_confirmed(MID, (240.0,))])
+    records = [_record(2, MID, 240.0, wait=wait)]
+    assert bottleneck_verdict(best, _calibration(compute, loader), records, CPU).startswith(verdict)
