@@ -81,4 +81,4 @@ def _calibration(compute: float, loader: float) -> Calibration:
 def test_the_bottleneck_verdict(wait: float, compute: float, loader: float, verdict: str) -> None:
     best = _best([_confirmed(MID, (240.0,))])
     records = [_record(2, MID, 240.0, wait=wait)]
-    assert bottleneck_verdict(best, _calibration(compute, loader), records, CPU).startswith(verdict)
+    assert bottleneck_verdict(best, _calibration(compute, loader), records, CPU.type).startswith(verdict)

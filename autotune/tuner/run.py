@@ -19,8 +19,10 @@ from autotune.errors import SearchFailed, SearchInterrupted
 from autotune.files import check_writable
 from autotune.output.best import write_best
 from autotune.output.emit import write_script
+from autotune.output.report import ReportInput
+from autotune.output.report import write_report as write_output_report
 from autotune.output.trials_csv import write_trials_csv
-from autotune.records import Calibration, Confirmed, TrialOptions, TrialRecord, TrialResult, Workload
+from autotune.records import Calibration, Confirmed, TimeSpent, TrialOptions, TrialRecord, TrialResult, Workload
 from autotune.runner import TrialRunner, WindowCallback, run_trial
 from autotune.train_setup import TrainSetup
 from autotune.tuner.calibrate import calibrate
@@ -29,7 +31,7 @@ from autotune.tuner.confirm import confirm, pick_candidates
 from autotune.tuner.constraints import check_constraints, merge_constraints
 from autotune.tuner.explore import Exploration, explore
 from autotune.tuner.progress import Reporter, SilentReporter
-from autotune.tuner.signals import sigterm_as_interrupt
+from autotune.tuner.signals import interrupts_held, sigterm_as_interrupt
 from autotune.tuner.space import Space, build_space, defaults_setup, guess_setups
 from autotune.tuner.study import ROLE_DEFAULTS, ROLE_GUESS, SearchStudy
 from autotune.tuner.winner import bottleneck_verdict, make_best
@@ -51,10 +53,10 @@ class TimedRunner:
         *,
         on_window: WindowCallback | None = None,
     ) -> TrialResult:
-        """Run the trial and add its measured seconds to the timing."""
+        """Run the trial and account its process time to the current phase."""
+        began = time.monotonic()
         result = self.runner(setup, workload, options, on_window=on_window)
-        self.timing.runs += 1
-        self.timing.measured_s += result.measured_s or 0.0
+        self.timing.add(result, time.monotonic() - began)
         return result
 
 
@@ -72,7 +74,7 @@ class Prepared:
 def run_search(
     config: SearchConfig, reporter: Reporter | None = None, *, runner: TrialRunner = run_trial
 ) -> SearchOutcome:
-    """Search the fastest setup for the workload; write best.json, trials.csv and train.py.
+    """Search the fastest setup for the workload; write best.json, trials.csv, train.py and report.html.
 
     Args:
         config: What to search and where to write.
@@ -96,6 +98,7 @@ def run_search(
     began = time.monotonic()
     timed = TimedRunner(runner, timing)
     prepared = prepare(config, reporter)
+    earlier = prepared.study.time_spent()
     calibration = calibrate_once(config, prepared, reporter, timed)
     space = build_space(
         device=prepared.device,
@@ -113,6 +116,7 @@ def run_search(
     )
     plan = Exploration(space, defaults, prepared.workload, options, config.trials, prepared.out / "trials.csv")
     interrupted = False
+    timing.phase = "search"
     try:
         with sigterm_as_interrupt():
             explore(prepared.study, plan, reporter, timed)
@@ -122,6 +126,11 @@ def run_search(
     write_trials_csv(plan.csv_path, records)
     feasible = [r for r in records if r.result.ok and r.result.samples_per_s]
     if not feasible:
+        timing.wall_s = time.monotonic() - began
+        status = "interrupted" if interrupted else "failed: no feasible trial"
+        spent = timing.record() + earlier if earlier else timing.record()
+        write_report(prepared, ReportInput(tuple(records), calibration, (), None, None, spent, prepared.study.name,
+                                           prepared.study.storage, status=status), reporter)
         if interrupted:
             raise SearchInterrupted(
                 f"interrupted before any feasible trial; {len(records)} trials kept in {prepared.study.storage}"
@@ -130,11 +139,14 @@ def run_search(
         raise SearchFailed(f"all {len(records)} trials failed ({'; '.join(reasons)[:300]})")
     confirmed: list[Confirmed] = []
     if not interrupted:
+        timing.phase = "confirmation"
         try:
             confirmed = confirm_finalists(config, prepared, feasible, defaults, options, reporter, timed)
         except KeyboardInterrupt:
             interrupted = True
-    outcome = finish(config, prepared, calibration, records, feasible, confirmed, defaults, interrupted)
+    timing.wall_s = time.monotonic() - began
+    spent = timing.record() + earlier if earlier else timing.record()
+    outcome = finish(config, prepared, calibration, records, feasible, confirmed, defaults, interrupted, spent, reporter)
     timing.wall_s = time.monotonic() - began
     outcome = replace(outcome, timing=timing)
     if interrupted:
@@ -291,8 +303,10 @@ def finish(
     confirmed: list[Confirmed],
     defaults: TrainSetup,
     interrupted: bool,
+    spent: TimeSpent,
+    reporter: Reporter,
 ) -> SearchOutcome:
-    """Write best.json and train.py; the outcome with the bottleneck verdict."""
+    """Write best.json, train.py and report.html; the outcome with the bottleneck verdict."""
     out = prepared.out
     best = make_best(
         workload=prepared.workload,
@@ -305,15 +319,40 @@ def finish(
     )
     write_best(out / "best.json", best)
     script = write_script(best, out / "train.py")
+    verdict = bottleneck_verdict(best, calibration, records, prepared.device.type)
+    status = "interrupted (winner not confirmed)" if interrupted else "finished"
+    data = ReportInput(tuple(records), calibration, tuple(confirmed), best, verdict, spent, prepared.study.name,
+                       prepared.study.storage, status=status)
+    written = write_report(prepared, data, reporter)
     return SearchOutcome(
         best=best,
         records=tuple(records),
         confirmed=tuple(confirmed),
         calibration=calibration,
-        verdict=bottleneck_verdict(best, calibration, records, prepared.device),
+        verdict=verdict,
         out=out,
         storage=prepared.study.storage,
         study=prepared.study.name,
         interrupted=interrupted,
-        files=(str(out / "trials.csv"), str(out / "best.json"), str(script)),
+        files=(str(out / "trials.csv"), str(out / "best.json"), str(script), *written),
+        time_spent=spent,
     )
+
+
+def write_report(prepared: Prepared, data: ReportInput, reporter: Reporter) -> tuple[str, ...]:
+    """Store the time breakdown in the study; write report.html and its PNG copies.
+
+    The report is never worth a search: if it cannot be written, one line says
+    why and the search goes on (best.json and trials.csv are already written).
+
+    Returns:
+        The files written (report.html first), or none.
+    """
+    if data.time_spent is not None:
+        with interrupts_held():
+            prepared.study.store_time_spent(data.time_spent)
+    try:
+        return tuple(str(p) for p in write_output_report(prepared.out, data))
+    except Exception as exc:  # a plotting or disk failure must not cost the measured search
+        reporter.message(f"report.html not written: {type(exc).__name__}: {exc}")
+        return ()

@@ -9,7 +9,6 @@ from __future__ import annotations
 import datetime as _dt
 from typing import Any
 
-from autotune.devices import DeviceInfo
 from autotune.output.best import Best
 from autotune.records import Calibration, Confirmed, TrialRecord, Workload
 from autotune.train_setup import TrainSetup
@@ -84,8 +83,8 @@ def make_best(
         notes=tuple(notes),
     )
 
-def bottleneck_verdict(best: Best, calibration: Calibration, records: list[TrialRecord], device: DeviceInfo) -> str:
-    """Which side limits training: the loader, the device, or both sharing CPUs."""
+def bottleneck_verdict(best: Best, calibration: Calibration, records: list[TrialRecord], device_type: str) -> str:
+    """Which side limits training (``device_type``: cpu or cuda): the loader, the device, or both sharing CPUs."""
     winner = next((r for r in records if r.setup == best.setup and r.result.ok), None)
     wait = winner.result.data_wait_fraction if winner else None
     compute = calibration.compute_samples_per_s
@@ -102,7 +101,7 @@ def bottleneck_verdict(best: Best, calibration: Calibration, records: list[Trial
             f"input-bound: the winner waits on the DataLoader {wait:.0%} of the time ({facts}). "
             "Cheaper decoding (smaller stored images, fewer augmentations) or more CPU cores would help."
         )
-    if device.type == "cpu" and compute and loader and best.samples_per_s < 0.8 * min(compute, loader):
+    if device_type == "cpu" and compute and loader and best.samples_per_s < 0.8 * min(compute, loader):
         return (
             f"CPU-shared: decoding and training compete for the same cores ({facts}); "
             "each alone is faster than both together."
