@@ -356,6 +356,11 @@ class TimeSpent:
         """Wall time outside trial processes: sampler, storage, files, the report."""
         return max(0.0, self.wall_s - sum(getattr(self, name) for name, _ in self.PARTS))
 
+    def breakdown(self) -> list[tuple[str, float]]:
+        """(label, seconds) per part, then the rest of the wall time when it is known."""
+        parts = [(label, float(getattr(self, name))) for name, label in self.PARTS]
+        return parts + [("other (sampler, storage, files)", self.other_s)] if self.wall_s else parts
+
     def with_trial(self, phase: Phase, result: TrialResult, wall_s: float) -> TimeSpent:
         """This record plus one trial process of ``phase`` that took ``wall_s`` seconds."""
         add: dict[str, float] = {}

@@ -191,6 +191,19 @@ def test_without_matplotlib_the_report_is_text_only_and_names_the_extra(tmp_path
     assert not any(f.endswith(".png") for f in outcome.files)
 
 
+def test_a_search_where_every_trial_failed_still_writes_its_report(tmp_path, cache_dir) -> None:
+    from autotune.errors import SearchFailed
+
+    def always_oom(setup, workload, options=None, *, on_window=None):
+        return TrialResult(status="oom", error="no memory at all", peak_memory_bytes=2**30)
+
+    with pytest.raises(SearchFailed):
+        run_search(_config(tmp_path / "out", cache_dir, trials=3), runner=always_oom)
+    page = parse(tmp_path / "out" / REPORT)
+    assert "No feasible trial" in " ".join(page.text) and SECTIONS <= page.sections
+    assert_self_contained(page)
+
+
 def test_the_terminal_summary_ends_with_the_report_path(searched) -> None:
     import io
 

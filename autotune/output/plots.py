@@ -218,9 +218,7 @@ def confirmation(confirmed: Sequence[Confirmed]) -> Figure:
 
 def time_spent(spent: TimeSpent) -> Figure:
     """Where the search's wall time went, one bar per part."""
-    parts = [(label, getattr(spent, name)) for name, label in spent.PARTS]
-    if spent.wall_s:
-        parts.append(("other (sampler, storage, files)", spent.other_s))
+    parts = spent.breakdown()
     total = spent.wall_s or sum(v for _, v in parts) or 1.0
     fig = Figure(figsize=(8.5, 1.0 + 0.42 * len(parts)))
     ax = fig.add_subplot()

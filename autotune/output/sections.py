@@ -239,9 +239,7 @@ def time_section(spent: TimeSpent | None, complete: bool, plots: ModuleType | No
                "what stopping slow trials early still cost.")
     if spent is None:
         return Section("time", "6. Where the search's time went", reading, None, (), caveat="no timing recorded")
-    parts = [(label, getattr(spent, name)) for name, label in spent.PARTS]
-    if spent.wall_s:
-        parts.append(("other (sampler, storage, files)", spent.other_s))
+    parts = spent.breakdown()
     total = spent.wall_s or sum(v for _, v in parts) or 1.0
     rows = tuple((label, f"{value:.1f}", f"{value / total:.0%}") for label, value in parts)
     rows += (("wall time", f"{spent.wall_s:.1f}", "100%"), ("trial processes", str(spent.runs), "")) if spent.wall_s else ()
