@@ -72,7 +72,7 @@ def history(records: Sequence[TrialRecord]) -> Figure:
     ax.set_xlabel("trial number (order of the search)")
     ax.set_ylabel("throughput (samples/s)")
     ax.set_title("Optimization history: how soon the search found its best (infeasible trials at 0)")
-    ax.set_ylim(bottom=0)
+    ax.set_ylim(bottom=-0.03 * max(ax.get_ylim()[1], 1.0))  # markers at 0 stay whole
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right", fontsize=8, ncol=2)
     return fig
@@ -122,11 +122,13 @@ def batch_size(records: Sequence[TrialRecord], budget_bytes: int | None) -> Figu
             top.plot([r.setup.batch_size for r in ok], [r.result.samples_per_s or 0.0 for r in ok], "o", alpha=0.8, label=label)
             peaks = [r for r in ok if r.result.peak_memory_bytes]
             bottom.plot([r.setup.batch_size for r in peaks], [(r.result.peak_memory_bytes or 0) / GIB for r in peaks], "o", alpha=0.8, label=label)
-    for status in ("oom", "timeout", "error", "diverged"):
+    for status in ("pruned", "oom", "timeout", "error", "diverged"):
         bad = [r for r in records if r.result.status == status]
         if bad:
             marker, colour = STATUS_STYLE[status]
-            top.scatter([r.setup.batch_size for r in bad], [0.0] * len(bad), marker=marker, color=colour, s=50, label=f"{status} (at 0)")
+            where = "last window" if status == "pruned" else "at 0"
+            top.scatter([r.setup.batch_size for r in bad], [plotted_rate(r) for r in bad], marker=marker, color=colour, s=50,
+                        label=f"{status} ({where})")
             peaks = [r for r in bad if r.result.peak_memory_bytes]
             if peaks:
                 bottom.scatter([r.setup.batch_size for r in peaks], [(r.result.peak_memory_bytes or 0) / GIB for r in peaks],
@@ -138,7 +140,7 @@ def batch_size(records: Sequence[TrialRecord], budget_bytes: int | None) -> Figu
     bottom.set_xticks(sizes, [str(b) for b in sizes])
     bottom.xaxis.set_minor_locator(NullLocator())
     top.set_ylabel("throughput (samples/s)")
-    top.set_ylim(bottom=0)
+    top.set_ylim(bottom=-0.03 * max(top.get_ylim()[1], 1.0))
     top.set_title("Batch size: where throughput stops rising, and how close each trial came to the memory budget")
     bottom.set_xlabel("micro-batch size (samples per step, log scale)")
     bottom.set_ylabel("peak memory (GiB)")
@@ -212,7 +214,7 @@ def confirmation(confirmed: Sequence[Confirmed]) -> Figure:
     ax.set_xlabel("throughput (samples/s)")
     ax.set_title("Confirmation: interleaved re-measurement; the spread of the dots is the noise")
     ax.grid(axis="x", alpha=0.3)
-    ax.legend(fontsize=8, loc="best")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return fig
 
 
@@ -224,7 +226,7 @@ def time_spent(spent: TimeSpent) -> Figure:
     ax = fig.add_subplot()
     ax.barh([p[0] for p in parts], [p[1] / 60 for p in parts], color="#4a7ab5")
     for i, (_, v) in enumerate(parts):
-        ax.text(v / 60, i, f" {v:.0f} s ({v / total:.0%})", va="center", fontsize=9)
+        ax.text(v / 60, i, f" {v:.0f} s ({v / total:.0%})" if v >= 10 else f" {v:.1f} s ({v / total:.1%})", va="center", fontsize=9)
     ax.invert_yaxis()
     ax.set_xlim(0, max((p[1] for p in parts), default=1.0) / 60 * 1.3 or 1.0)
     ax.set_xlabel("wall time (minutes)")
