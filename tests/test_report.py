@@ -228,7 +228,7 @@ def _records(n: int) -> list[TrialRecord]:
 def test_knob_importance_names_its_evaluator_and_warns_on_few_trials() -> None:
     few, many = knob_importance(_records(6)), knob_importance(_records(FEW_TRIALS + 4))
     assert few is not None and many is not None
-    assert few.caveat is not None and "only 6 feasible trials" in few.caveat
+    assert few.caveat is not None and "only 6 measured trials" in few.caveat
     assert many.caveat is None
     assert set(many.values) == {"batch_size", "num_workers", "prefetch_factor", "amp"}
     assert sum(many.values.values()) == pytest.approx(1.0)

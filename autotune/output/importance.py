@@ -1,8 +1,9 @@
 """Knob importance from the trial records, with Optuna's importance evaluators.
 
 The records are copied into an in-memory Optuna study (one complete trial per
-feasible trial, its knobs as parameters, samples/s as value), so the report
-needs no access to the study's storage. Optuna's fANOVA and mean-decrease-
+trial that measured a throughput, its knobs as parameters, samples/s as
+value; a pruned trial counts with the last window it measured, a lower bound
+of its throughput), so the report needs no access to the study's storage. Optuna's fANOVA and mean-decrease-
 impurity evaluators need scikit-learn; without it Optuna's PED-ANOVA
 evaluator (numpy and scipy only, Optuna's default from version 5) is used.
 """
@@ -20,7 +21,7 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution, IntD
 from autotune.records import TrialRecord
 from autotune.train_setup import KNOBS
 
-#: Fewer feasible trials than this and the importances are mostly noise.
+#: Fewer measured trials than this and the importances are mostly noise.
 FEW_TRIALS = 10
 
 
@@ -31,7 +32,7 @@ class Importance:
     Attributes:
         values: Importance per knob that varied, largest first.
         evaluator: The Optuna evaluator's name.
-        trials: Feasible trials they rest on.
+        trials: Trials they rest on (feasible and pruned).
         caveat: One line the reader must see first, or None.
     """
 
@@ -53,8 +54,8 @@ def _value(record: TrialRecord, knob: str) -> object:
 
 
 def knob_importance(records: Sequence[TrialRecord]) -> Importance | None:
-    """The importance of each knob that varied among the feasible trials; None if none can be computed."""
-    feasible = [r for r in records if r.result.ok and r.result.samples_per_s and r.reused_from is None]
+    """The importance of each knob that varied among the measured trials; None if none can be computed."""
+    feasible = [r for r in records if r.result.status in ("ok", "pruned") and r.result.samples_per_s and r.reused_from is None]
     varied = [k for k in KNOBS if len({_value(r, k) for r in feasible}) > 1]
     if len(feasible) < 3 or not varied:
         return None
@@ -77,7 +78,7 @@ def knob_importance(records: Sequence[TrialRecord]) -> Importance | None:
     caveat = None
     if len(feasible) < FEW_TRIALS:
         caveat = (
-            f"only {len(feasible)} feasible trials: importances from so few points are rough; "
+            f"only {len(feasible)} measured trials: importances from so few points are rough; "
             f"read them as a hint, not a ranking (about {FEW_TRIALS}+ are needed)"
         )
     return Importance(dict(found), type(evaluator).__name__, len(feasible), caveat)

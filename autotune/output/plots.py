@@ -27,6 +27,8 @@ STATUS_STYLE: dict[str, tuple[str, str]] = {
     "error": ("D", "#555555"),
     "diverged": ("P", "#8c564b"),
 }
+#: Series colours, none of them a status colour (orange, red, purple, grey).
+SERIES = ("#1f77b4", "#2ca02c", "#17becf", "#bcbd22", "#e377c2", "#7f7f7f", "#1f4e79", "#98df8a")
 GIB = 2**30
 
 
@@ -116,12 +118,14 @@ def batch_size(records: Sequence[TrialRecord], budget_bytes: int | None) -> Figu
     series: dict[str, list[TrialRecord]] = defaultdict(list)
     for r in records:
         series[precision_label(r.setup.amp, r.setup.channels_last)].append(r)
-    for label, group in sorted(series.items()):
+    for index, (label, group) in enumerate(sorted(series.items())):
         ok = sorted((r for r in group if r.result.ok), key=lambda r: r.setup.batch_size)
+        colour = SERIES[index % len(SERIES)]
         if ok:
-            top.plot([r.setup.batch_size for r in ok], [r.result.samples_per_s or 0.0 for r in ok], "o", alpha=0.8, label=label)
+            top.plot([r.setup.batch_size for r in ok], [r.result.samples_per_s or 0.0 for r in ok], "o", color=colour, alpha=0.8, label=label)
             peaks = [r for r in ok if r.result.peak_memory_bytes]
-            bottom.plot([r.setup.batch_size for r in peaks], [(r.result.peak_memory_bytes or 0) / GIB for r in peaks], "o", alpha=0.8, label=label)
+            bottom.plot([r.setup.batch_size for r in peaks], [(r.result.peak_memory_bytes or 0) / GIB for r in peaks], "o",
+                        color=colour, alpha=0.8, label=label)
     for status in ("pruned", "oom", "timeout", "error", "diverged"):
         bad = [r for r in records if r.result.status == status]
         if bad:
@@ -160,11 +164,12 @@ def loader(records: Sequence[TrialRecord], calibration: Calibration | None) -> F
         if r.result.ok:
             key = "no workers" if not r.setup.num_workers else f"prefetch {r.setup.prefetch_factor or 2}"
             series[key].append(r)
-    for label, group in sorted(series.items()):
-        xs = [r.setup.num_workers for r in group]
-        top.plot(xs, [r.result.samples_per_s or 0.0 for r in group], "o", alpha=0.8, label=label)
+    for index, (label, group) in enumerate(sorted(series.items())):
+        colour = SERIES[index % len(SERIES)]
+        top.plot([r.setup.num_workers for r in group], [r.result.samples_per_s or 0.0 for r in group], "o", color=colour, alpha=0.8, label=label)
         waits = [r for r in group if r.result.data_wait_fraction is not None]
-        bottom.plot([r.setup.num_workers for r in waits], [100 * (r.result.data_wait_fraction or 0.0) for r in waits], "o", alpha=0.8, label=label)
+        bottom.plot([r.setup.num_workers for r in waits], [100 * (r.result.data_wait_fraction or 0.0) for r in waits], "o",
+                    color=colour, alpha=0.8, label=label)
     points = sorted((p for p in (calibration.loader if calibration else ()) if p.samples_per_s), key=lambda p: p.num_workers)
     if points:
         top.plot([p.num_workers for p in points], [p.samples_per_s or 0.0 for p in points], "k--", marker="_", label="loader alone (ceiling)")

@@ -198,11 +198,12 @@ def loader_section(records: Sequence[TrialRecord], calibration: Calibration | No
 def importance_section(records: Sequence[TrialRecord], plots: ModuleType | None) -> Section:
     """Which knob mattered (Optuna's importance evaluators)."""
     found = knob_importance(records)
-    reading = ("Bars are Optuna's parameter importances over the feasible trials: the share of the throughput's "
-               "variation each knob explains. A knob near 0 could be left at any value the search tried.")
+    reading = ("Bars are Optuna's parameter importances over the trials that measured a throughput (a pruned trial "
+               "counts with its last window): the share of the throughput's variation each knob explains. A knob near 0 "
+               "could be left at any value the search tried.")
     if found is None:
         return Section("importance", "4. Knob importance", reading, None, (),
-                       caveat="not computed: it needs at least 3 feasible trials in which some knob varied")
+                       caveat="not computed: it needs at least 3 measured trials in which some knob varied")
     rows = tuple((k, f"{100 * v:.1f} %") for k, v in found.values.items())
     return Section(
         "importance", "4. Knob importance", reading + f" Computed by {found.evaluator} over {found.trials} trials.",
