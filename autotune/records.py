@@ -314,3 +314,24 @@ class Confirmed:
             "measurements": list(self.values),
             "failures": list(self.failures),
         }
+
+
+@dataclass(frozen=True)
+class Ceilings:
+    """The winner's setup trained, computed alone and loaded alone, in the same interleaved rounds.
+
+    Attributes:
+        together: Median samples/s of the real loop.
+        compute: Median samples/s with one batch already on the device (no loader).
+        loader: Median samples/s of the DataLoader alone (no model).
+        data_wait_fraction: Share of the real loop's time blocked on the loader.
+    """
+
+    together: float | None
+    compute: float | None
+    loader: float | None
+    data_wait_fraction: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict."""
+        return asdict(self)

@@ -241,3 +241,29 @@ def test_interrupts_are_held_until_the_storage_write_is_done() -> None:
         time.sleep(0.05)
     assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
     signal.signal(signal.SIGINT, before)
+
+
+def test_the_verdict_compares_the_winner_with_its_own_ceilings(tmp_path, cache_dir) -> None:
+    modes: list[str] = []
+
+    def recording(setup, workload, options=None, *, on_window=None):
+        modes.append(options.mode)
+        return fake_runner(setup, workload, options, on_window=on_window)
+
+    outcome = search(config(tmp_path, cache_dir, trials=5), runner=recording)
+    assert modes[-3:] == ["train", "compute", "loader"]  # after confirmation, at the winner's setup
+    assert outcome.ceilings is not None and outcome.ceilings.compute == pytest.approx(2 * outcome.ceilings.together)
+    assert "at the winner's setup, same rounds" in outcome.verdict
+    assert json.loads(json.dumps(outcome.to_dict()))["ceilings"]["loader"] > 0
+
+
+def test_nothing_faster_than_the_defaults_keeps_the_defaults(tmp_path, cache_dir) -> None:
+    rounds = iter(range(10_000))
+
+    def flat(setup, workload, options=None, *, on_window=None):
+        # Every setup runs 100 +- 5 samples/s: nothing beats the defaults beyond the noise.
+        return TrialResult(status="ok", samples_per_s=100.0 + (5.0 if next(rounds) % 2 else -5.0), windows=(100.0,))
+
+    outcome = search(config(tmp_path, cache_dir, trials=4), runner=flat)
+    assert outcome.best.setup == TrainSetup(batch_size=32) and outcome.best.speedup == pytest.approx(1.0)
+    assert any("nothing measurably faster" in n for n in outcome.best.notes)
