@@ -117,7 +117,9 @@ def choose_winner(measured: list[Confirmed], default_key: str, reference: int) -
     notes: list[str] = []
     defaults = next((c for c in measured if c.candidate.key == default_key), None)
     chosen = top
-    if defaults is not None and top is not defaults and not beats(top, defaults):
+    if top is defaults:
+        notes.append("nothing measurably faster than the PyTorch defaults was found: they led the confirmation")
+    elif defaults is not None and not beats(top, defaults):
         chosen = defaults
         notes.append(
             f"nothing measurably faster than the PyTorch defaults was found: the fastest finalist "
