@@ -13,7 +13,7 @@ This module imports only the leaves ``errors``, ``devices`` and
 from __future__ import annotations
 
 import statistics
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from autotune.devices import device_type
@@ -204,6 +204,16 @@ class LoaderPoint:
 
 
 @dataclass(frozen=True)
+class PrecisionPoint:
+    """Compute-only speed of one precision and memory layout, at the probe batch."""
+
+    amp: str
+    channels_last: bool
+    status: str
+    samples_per_s: float | None
+
+
+@dataclass(frozen=True)
 class Calibration:
     """Everything measured before the search.
 
@@ -213,10 +223,13 @@ class Calibration:
             measured within a trial.
         memory_points: The pre-pass measurements.
         probe_batch: Batch used for the ceilings below.
-        compute_setup: Setup of the compute-only measurement.
-        compute_samples_per_s: What the device consumes, data already there.
+        compute_setup: Setup of the fastest compute-only measurement.
+        compute_samples_per_s: What the device consumes, data already there
+            (the fastest precision and layout).
         loader: What the loader delivers per worker count.
         max_workers: Upper bound for ``num_workers`` in the space.
+        precisions: Compute-only speed of every precision and layout the
+            device offers, like for like at ``probe_batch``.
     """
 
     budget_bytes: int | None
@@ -227,12 +240,14 @@ class Calibration:
     compute_samples_per_s: float | None
     loader: tuple[LoaderPoint, ...]
     max_workers: int
+    precisions: tuple[PrecisionPoint, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict."""
         data = asdict(self)
         data["memory_points"] = [asdict(p) for p in self.memory_points]
         data["loader"] = [asdict(p) for p in self.loader]
+        data["precisions"] = [asdict(p) for p in self.precisions]
         return data
 
     @classmethod
@@ -241,7 +256,13 @@ class Calibration:
         data = dict(data)
         data["memory_points"] = tuple(MemoryPoint(**p) for p in data["memory_points"])
         data["loader"] = tuple(LoaderPoint(**p) for p in data["loader"])
+        data["precisions"] = tuple(PrecisionPoint(**p) for p in data.get("precisions", ()))
         return cls(**data)
+
+    def fastest_precision(self) -> PrecisionPoint | None:
+        """The precision and layout that computed fastest, or None if none was measured."""
+        measured = [p for p in self.precisions if p.status == "ok" and p.samples_per_s]
+        return max(measured, key=lambda p: p.samples_per_s or 0.0) if measured else None
 
     def workers_enough(self) -> int | None:
         """Fewest loader workers whose loader-only rate covers the device.
@@ -316,82 +337,22 @@ class Confirmed:
         }
 
 
-#: The step of a search a trial process belongs to.
-Phase = Literal["calibration", "search", "confirmation"]
-
-
 @dataclass(frozen=True)
-class TimeSpent:
-    """Where the wall time of a search went, in seconds (every run of a resumed study).
+class Ceilings:
+    """The winner's setup trained, computed alone and loaded alone, in the same interleaved rounds.
 
     Attributes:
-        wall_s: Wall time of the search runs.
-        calibration_s: Trial processes of the memory pre-pass and the ceilings.
-        warmup_s: Start-up and warm-up of the search trials measured in full.
-        measured_s: Measured windows of the search trials measured in full.
-        launch_s: The rest of those trials' processes: fork, first import, teardown.
-        pruned_s: Trial processes the pruner stopped early.
-        infeasible_s: Trial processes that ended oom, timeout, error or diverged.
-        confirmation_s: Trial processes of the interleaved re-measurement.
-        runs: Trial processes started.
+        together: Median samples/s of the real loop.
+        compute: Median samples/s with one batch already on the device (no loader).
+        loader: Median samples/s of the DataLoader alone (no model).
+        data_wait_fraction: Share of the real loop's time blocked on the loader.
     """
 
-    wall_s: float = 0.0
-    calibration_s: float = 0.0
-    warmup_s: float = 0.0
-    measured_s: float = 0.0
-    launch_s: float = 0.0
-    pruned_s: float = 0.0
-    infeasible_s: float = 0.0
-    confirmation_s: float = 0.0
-    runs: int = 0
+    together: float | None
+    compute: float | None
+    loader: float | None
+    data_wait_fraction: float | None
 
-    #: The parts of the wall time, in the order a search spends them, with their labels.
-    PARTS = (("calibration_s", "calibration"), ("warmup_s", "warm-ups"), ("measured_s", "measured windows"),
-             ("launch_s", "trial start/stop"), ("pruned_s", "pruned trials"), ("infeasible_s", "infeasible trials"),
-             ("confirmation_s", "confirmation"))
-
-    @property
-    def other_s(self) -> float:
-        """Wall time outside trial processes: sampler, storage, files, the report."""
-        return max(0.0, self.wall_s - sum(getattr(self, name) for name, _ in self.PARTS))
-
-    def breakdown(self) -> list[tuple[str, float]]:
-        """(label, seconds) per part, then the rest of the wall time when it is known."""
-        parts = [(label, float(getattr(self, name))) for name, label in self.PARTS]
-        return parts + [("other (sampler, storage, files)", self.other_s)] if self.wall_s else parts
-
-    def with_trial(self, phase: Phase, result: TrialResult, wall_s: float) -> TimeSpent:
-        """This record plus one trial process of ``phase`` that took ``wall_s`` seconds."""
-        add: dict[str, float] = {}
-        if phase == "calibration":
-            add["calibration_s"] = wall_s
-        elif phase == "confirmation":
-            add["confirmation_s"] = wall_s
-        elif result.status == "pruned":
-            add["pruned_s"] = wall_s
-        elif not result.ok:
-            add["infeasible_s"] = wall_s
-        else:
-            warm, measured = result.warmup_s or 0.0, result.measured_s or 0.0
-            add = {"warmup_s": warm, "measured_s": measured, "launch_s": max(0.0, wall_s - warm - measured)}
-        changes = {name: getattr(self, name) + value for name, value in add.items()}
-        return replace(self, runs=self.runs + 1, **changes)
-
-    def __add__(self, other: TimeSpent) -> TimeSpent:
-        return TimeSpent(**{k: v + getattr(other, k) for k, v in asdict(self).items()})
-
-    @classmethod
-    def from_records(cls, records: list[TrialRecord]) -> TimeSpent:
-        """What the records alone tell: search trials' warm-up and measured time, no wall time."""
-        spent = cls()
-        for r in records:
-            if r.reused_from is None:
-                spent = spent.with_trial("search", r.result, (r.result.warmup_s or 0.0) + (r.result.measured_s or 0.0))
-        return spent
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> TimeSpent:
-        """Inverse of ``asdict`` (unknown keys are ignored)."""
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in names})
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict."""
+        return asdict(self)

@@ -15,7 +15,8 @@ from typer.testing import CliRunner
 from autotune.cli import app
 from autotune.output.importance import FEW_TRIALS, knob_importance
 from autotune.output.report import REPORT
-from autotune.records import TimeSpent, TrialRecord, TrialResult
+from autotune.records import TrialRecord, TrialResult
+from autotune.time_spent import TimeSpent
 from autotune.train_setup import TrainSetup
 from autotune.tuner import SearchConfig, run_search
 
@@ -133,6 +134,7 @@ def test_the_time_breakdown_accounts_every_trial_process(searched) -> None:
     confirmations = sum(len(c.values) + len(c.failures) for c in outcome.confirmed)
     assert spent.runs == outcome.timing.runs and spent.runs > len(ran) + confirmations  # calibration counts too
     assert spent.pruned_s > 0 and spent.infeasible_s > 0 and spent.confirmation_s > 0 and spent.calibration_s > 0
+    assert spent.ceilings_s > 0 and outcome.ceilings is not None  # the winner's own ceilings, after the confirmation
     assert spent.wall_s > 0 and spent.other_s >= 0.0
 
 
@@ -153,7 +155,9 @@ def test_report_command_rewrites_the_report_from_the_study(searched, tmp_path) -
     assert result.output.strip().splitlines()[-1].endswith(f"{REPORT}")
     page = parse(out / REPORT)
     assert SECTIONS <= page.sections and len(page.images) == len(SECTIONS)
-    assert "finished" in " ".join(page.text)
+    text = " ".join(page.text)
+    assert "finished" in text and "Bottleneck:" in text  # the verdict stored with the study
+    assert "compute alone (winner's setup)" in text  # the winner's own ceilings, also stored
 
 
 def test_report_command_reads_a_study_by_storage_and_name(searched, tmp_path) -> None:

@@ -16,7 +16,8 @@ from collections.abc import Sequence
 from matplotlib.figure import Figure
 from matplotlib.ticker import NullLocator
 
-from autotune.records import Calibration, Confirmed, TimeSpent, TrialRecord
+from autotune.records import Calibration, Confirmed, TrialRecord
+from autotune.time_spent import TimeSpent
 
 #: One marker and colour per trial status (the same in every plot).
 STATUS_STYLE: dict[str, tuple[str, str]] = {
@@ -80,29 +81,16 @@ def history(records: Sequence[TrialRecord]) -> Figure:
     return fig
 
 
-def ceilings(
-    calibration: Calibration | None, achieved: float | None, achieved_label: str, defaults: float | None
-) -> Figure:
-    """The winner's throughput against the compute-only and loader-only ceilings."""
-    bars: list[tuple[str, float, str]] = []
-    if calibration is not None and calibration.compute_samples_per_s:
-        bars.append(("compute only\n(model, data already in memory)", calibration.compute_samples_per_s, "#9aa5b1"))
-    loader = [p for p in (calibration.loader if calibration else ()) if p.samples_per_s]
-    if loader:
-        top = max(loader, key=lambda p: p.samples_per_s or 0.0)
-        bars.append((f"loader only\n(best: {top.num_workers} workers, no model)", top.samples_per_s or 0.0, "#9aa5b1"))
-    if achieved:
-        bars.append((achieved_label, achieved, "#2a9d4b"))
-    if defaults:
-        bars.append(("PyTorch defaults\n(same rounds)", defaults, "#4a7ab5"))
+def ceilings(bars: Sequence[tuple[str, float, str]]) -> Figure:
+    """Achieved throughput against the compute-only and loader-only ceilings: (label, samples/s, kind) per bar."""
+    colours = {"ceiling": "#9aa5b1", "achieved": "#2a9d4b", "defaults": "#4a7ab5"}
     fig = Figure(figsize=(8.5, 0.9 + 0.75 * max(len(bars), 1)))
     ax = fig.add_subplot()
-    labels = [b[0] for b in bars]
     values = [b[1] for b in bars]
-    ax.barh(range(len(bars)), values, color=[b[2] for b in bars])
+    ax.barh(range(len(bars)), values, color=[colours.get(b[2], "#9aa5b1") for b in bars])
     for i, value in enumerate(values):
         ax.text(value, i, f" {value:.0f}", va="center", fontsize=9)
-    ax.set_yticks(range(len(bars)), labels, fontsize=8)
+    ax.set_yticks(range(len(bars)), [b[0] for b in bars], fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel("throughput (samples/s)")
     ax.set_title("Achieved vs ceilings: the gap to each ceiling is what that side leaves on the table")

@@ -15,7 +15,8 @@ from typing import Any
 
 from autotune.output.best import Best
 from autotune.output.importance import knob_importance
-from autotune.records import Calibration, Confirmed, TimeSpent, TrialRecord
+from autotune.records import Calibration, Ceilings, Confirmed, TrialRecord
+from autotune.time_spent import TimeSpent
 from autotune.units import format_bytes
 
 
@@ -36,6 +37,9 @@ class ReportInput:
         study: Study name.
         storage: Storage URL.
         status: One line on the state of the search (finished, interrupted, running).
+        ceilings: The winner's own setup computing alone, loading alone and
+            training, measured in one round after the confirmation (None when
+            not measured: the calibration's ceilings stand in).
     """
 
     records: tuple[TrialRecord, ...]
@@ -48,6 +52,7 @@ class ReportInput:
     storage: str
     time_complete: bool = True
     status: str = "finished"
+    ceilings: Ceilings | None = None
 
 
 @dataclass(frozen=True)
@@ -110,26 +115,48 @@ def _winner(data: ReportInput) -> tuple[float | None, str, float | None]:
     return top.result.samples_per_s, f"best trial so far\n(#{top.number}, unconfirmed)", defaults
 
 
+def ceiling_bars(data: ReportInput) -> list[tuple[str, float, str, str]]:
+    """(label, samples/s, kind, what) per bar of the ceilings plot; kind: ceiling, achieved or defaults.
+
+    The winner's own ceilings (measured beside it in one round) when the search
+    measured them, else the calibration's (measured at a probe setup before the search).
+    """
+    achieved, label, defaults = _winner(data)
+    bars: list[tuple[str, float, str, str]] = []
+    own, cal = data.ceilings, data.calibration
+    if own is not None and own.compute and own.loader:
+        bars.append(("compute alone\n(winner's setup)", own.compute, "ceiling", "the winner's model step, one batch in memory, same round"))
+        bars.append(("loader alone\n(winner's setup)", own.loader, "ceiling", "the winner's DataLoader, no model, same round"))
+        if own.together:
+            bars.append(("together\n(same round)", own.together, "achieved", "the winner's real loop in that round"))
+    elif cal is not None:
+        if cal.compute_samples_per_s:
+            setup = ", ".join(f"{k}={v}" for k, v in cal.compute_setup.items() if v not in (None, False))
+            bars.append(("compute only\n(calibration)", cal.compute_samples_per_s, "ceiling", f"model alone, one batch in memory ({setup})"))
+        loader = [p for p in cal.loader if p.samples_per_s]
+        if loader:
+            top = max(loader, key=lambda p: p.samples_per_s or 0.0)
+            bars.append((f"loader only\n(calibration, {top.num_workers} workers)", top.samples_per_s or 0.0, "ceiling", "DataLoader alone, no model"))
+    if achieved:
+        bars.append((label, achieved, "achieved", "the training loop, loader and model together"))
+    if defaults:
+        bars.append(("PyTorch defaults\n(same rounds)", defaults, "defaults", "batch 32, no workers, fp32"))
+    return bars
+
+
 def summary_section(data: ReportInput, plots: ModuleType | None) -> Section:
     """The winner, the verdict and the ceilings."""
-    achieved, label, defaults = _winner(data)
-    cal = data.calibration
-    rows: list[tuple[str, ...]] = []
-    if cal is not None and cal.compute_samples_per_s:
-        setup = ", ".join(f"{k}={v}" for k, v in cal.compute_setup.items() if v not in (None, False))
-        rows.append(("compute only", _rate(cal.compute_samples_per_s), f"model alone, one batch in memory ({setup})"))
-    for p in cal.loader if cal else ():
-        rows.append((f"loader only, {p.num_workers} workers", _rate(p.samples_per_s), f"DataLoader alone ({p.status})"))
-    if achieved:
-        rows.append((label.replace("\n", " "), _rate(achieved), "the training loop, loader and model together"))
-    if defaults:
-        rows.append(("PyTorch defaults", _rate(defaults), "batch 32, no workers, fp32"))
-    image = _draw(plots, "ceilings", cal, achieved, label, defaults) if achieved else None
+    bars = ceiling_bars(data)
+    rows = tuple((label.replace("\n", " "), _rate(value), what) for label, value, _, what in bars)
+    loader = [p for p in (data.calibration.loader if data.calibration else ())]
+    calibration = tuple((f"{p.num_workers} workers", p.status, _rate(p.samples_per_s)) for p in loader)
     return Section(
         "summary", "Winner against the ceilings",
-        "Each ceiling is one side measured alone: the model with the data already in memory, and the DataLoader "
-        "with no model. The winner can reach neither; the smaller gap names the side that limits it.",
-        image, (Table("ceilings and achieved throughput", ("measurement", "samples/s", "what"), tuple(rows)),),
+        "Each ceiling is one side measured alone: the model with one batch already in memory, and the DataLoader "
+        "with no model. Training with both can reach neither; the closer ceiling names the side that limits it.",
+        _draw(plots, "ceilings", [(b[0], b[1], b[2]) for b in bars]) if any(b[2] == "achieved" for b in bars) else None,
+        (Table("ceilings and achieved throughput", ("measurement", "samples/s", "what"), rows),
+         Table("loader alone per worker count (calibration)", ("workers", "status", "samples/s"), calibration)),
         alt="bar chart: compute-only and loader-only ceilings against the achieved throughput",
     )
 

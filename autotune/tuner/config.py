@@ -8,7 +8,8 @@ from typing import Any
 
 from autotune.errors import UsageError
 from autotune.output.best import Best
-from autotune.records import Calibration, Confirmed, Phase, TimeSpent, TrialRecord, TrialResult
+from autotune.records import Calibration, Ceilings, Confirmed, TrialRecord, TrialResult
+from autotune.time_spent import Phase, TimeSpent
 from autotune.tuner.constraints import Constraint, merge_constraints
 
 
@@ -34,7 +35,8 @@ class SearchConfig:
         cache_dir: Synthetic data cache.
         synthetic_images: Files in the synthetic dataset.
         confirm_top: Finalists re-measured.
-        confirm_rounds: Interleaved rounds of re-measurement.
+        confirm_rounds: Most interleaved rounds of re-measurement (fewer
+            when the ranking settles after two).
         lr: Learning rate at the reference batch.
         timeout_s: Per-trial timeout (None: derived from trial_seconds).
         command: The command line, for the record.
@@ -57,7 +59,7 @@ class SearchConfig:
     cache_dir: Path | None = None
     synthetic_images: int = 2000
     confirm_top: int = 3
-    confirm_rounds: int = 3
+    confirm_rounds: int = 4
     lr: float = 1e-3
     timeout_s: float | None = None
     command: str = ""
@@ -132,6 +134,8 @@ class SearchOutcome:
         interrupted: True if Ctrl-C stopped the search.
         files: The files written (report.html and its PNG copies included).
         timing: Where this invocation's time went.
+        ceilings: The winner's compute-only and loader-only rates, measured
+            beside it for the verdict (None when not measured).
         time_spent: Where the time of every run of the study went (the report's breakdown).
     """
 
@@ -146,6 +150,7 @@ class SearchOutcome:
     interrupted: bool = False
     files: tuple[str, ...] = field(default_factory=tuple)
     timing: Timing | None = None
+    ceilings: Ceilings | None = None
     time_spent: TimeSpent | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -159,6 +164,7 @@ class SearchOutcome:
             "study": self.study,
             "files": list(self.files),
             "timing": asdict(self.timing) if self.timing else None,
+            "ceilings": self.ceilings.to_dict() if self.ceilings else None,
             "time_spent": asdict(self.time_spent) if self.time_spent else None,
             "calibration": self.calibration.to_dict(),
             "confirmation": [c.to_dict() for c in self.confirmed],

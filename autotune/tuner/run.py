@@ -20,20 +20,21 @@ from autotune.files import check_writable
 from autotune.output.best import write_best
 from autotune.output.emit import write_script
 from autotune.output.report import ReportInput
-from autotune.output.report import write_report as write_output_report
 from autotune.output.trials_csv import write_trials_csv
-from autotune.records import Calibration, Confirmed, TimeSpent, TrialOptions, TrialRecord, TrialResult, Workload
+from autotune.records import Calibration, Confirmed, TrialOptions, TrialRecord, TrialResult, Workload
 from autotune.runner import TrialRunner, WindowCallback, run_trial
+from autotune.time_spent import TimeSpent
 from autotune.train_setup import TrainSetup
 from autotune.tuner.calibrate import calibrate
 from autotune.tuner.config import SearchConfig, SearchOutcome, Timing
-from autotune.tuner.confirm import confirm, pick_candidates
+from autotune.tuner.confirm import confirm, measure_ceilings, pick_candidates
 from autotune.tuner.constraints import check_constraints, merge_constraints
 from autotune.tuner.explore import Exploration, explore
 from autotune.tuner.progress import Reporter, SilentReporter
-from autotune.tuner.signals import interrupts_held, sigterm_as_interrupt
+from autotune.tuner.signals import sigterm_as_interrupt
 from autotune.tuner.space import Space, build_space, defaults_setup, guess_setups
 from autotune.tuner.study import ROLE_DEFAULTS, ROLE_GUESS, SearchStudy
+from autotune.tuner.study_report import write_search_report
 from autotune.tuner.winner import bottleneck_verdict, make_best
 from autotune.workloads import build_workload
 
@@ -127,10 +128,7 @@ def run_search(
     feasible = [r for r in records if r.result.ok and r.result.samples_per_s]
     if not feasible:
         timing.wall_s = time.monotonic() - began
-        status = "interrupted" if interrupted else "failed: no feasible trial"
-        spent = timing.record() + earlier if earlier else timing.record()
-        write_report(prepared, ReportInput(tuple(records), calibration, (), None, None, spent, prepared.study.name,
-                                           prepared.study.storage, status=status), reporter)
+        report(prepared, timing, earlier, reporter, "interrupted" if interrupted else "failed: no feasible trial", records, calibration)
         if interrupted:
             raise SearchInterrupted(
                 f"interrupted before any feasible trial; {len(records)} trials kept in {prepared.study.storage}"
@@ -144,9 +142,17 @@ def run_search(
             confirmed = confirm_finalists(config, prepared, feasible, defaults, options, reporter, timed)
         except KeyboardInterrupt:
             interrupted = True
+    outcome = finish(config, prepared, calibration, records, feasible, confirmed, defaults, interrupted)
+    if confirmed and outcome.best is not None:
+        timing.phase = "ceilings"
+        try:
+            outcome = with_ceilings(outcome, prepared, options, timed)
+        except KeyboardInterrupt:
+            interrupted = True
     timing.wall_s = time.monotonic() - began
-    spent = timing.record() + earlier if earlier else timing.record()
-    outcome = finish(config, prepared, calibration, records, feasible, confirmed, defaults, interrupted, spent, reporter)
+    status = "finished" if not interrupted else "interrupted" if confirmed else "interrupted (winner not confirmed)"
+    written, spent = report(prepared, timing, earlier, reporter, status, records, calibration, outcome)
+    outcome = replace(outcome, files=(*outcome.files, *written), time_spent=spent)
     timing.wall_s = time.monotonic() - began
     outcome = replace(outcome, timing=timing)
     if interrupted:
@@ -278,8 +284,8 @@ def confirm_finalists(
     """
     candidates = pick_candidates(feasible, defaults, config.confirm_top)
     reporter.message(
-        f"confirmation: {len(candidates)} setups x {config.confirm_rounds} interleaved rounds "
-        f"of {options.trial_seconds * 1.5:.0f} s"
+        f"confirmation: {len(candidates)} setups in interleaved rounds of {options.trial_seconds * 1.5:.0f} s "
+        f"(2 to {config.confirm_rounds}, until the ranking is settled)"
     )
     with sigterm_as_interrupt():
         return confirm(
@@ -294,6 +300,20 @@ def confirm_finalists(
         )
 
 
+def with_ceilings(outcome: SearchOutcome, prepared: Prepared, options: TrialOptions, runner: TrialRunner) -> SearchOutcome:
+    """Measure the winner training, computing alone and loading alone in one round; redo the verdict with them.
+
+    Raises:
+        KeyboardInterrupt: Ctrl-C or SIGTERM; best.json and train.py are already written.
+    """
+    assert outcome.best is not None
+    short = replace(options, trial_seconds=max(1.0, options.trial_seconds / 2), windows=3)
+    with sigterm_as_interrupt():
+        ceilings = measure_ceilings(outcome.best.setup, prepared.workload, short, runner=runner)
+    verdict = bottleneck_verdict(outcome.best, outcome.calibration, list(outcome.records), prepared.device, ceilings)
+    return replace(outcome, ceilings=ceilings, verdict=verdict)
+
+
 def finish(
     config: SearchConfig,
     prepared: Prepared,
@@ -303,10 +323,8 @@ def finish(
     confirmed: list[Confirmed],
     defaults: TrainSetup,
     interrupted: bool,
-    spent: TimeSpent,
-    reporter: Reporter,
 ) -> SearchOutcome:
-    """Write best.json, train.py and report.html; the outcome with the bottleneck verdict."""
+    """Write best.json and train.py; the outcome with the bottleneck verdict."""
     out = prepared.out
     best = make_best(
         workload=prepared.workload,
@@ -319,40 +337,46 @@ def finish(
     )
     write_best(out / "best.json", best)
     script = write_script(best, out / "train.py")
-    verdict = bottleneck_verdict(best, calibration, records, prepared.device.type)
-    status = "interrupted (winner not confirmed)" if interrupted else "finished"
-    data = ReportInput(tuple(records), calibration, tuple(confirmed), best, verdict, spent, prepared.study.name,
-                       prepared.study.storage, status=status)
-    written = write_report(prepared, data, reporter)
     return SearchOutcome(
         best=best,
         records=tuple(records),
         confirmed=tuple(confirmed),
         calibration=calibration,
-        verdict=verdict,
+        verdict=bottleneck_verdict(best, calibration, records, prepared.device),
         out=out,
         storage=prepared.study.storage,
         study=prepared.study.name,
         interrupted=interrupted,
-        files=(str(out / "trials.csv"), str(out / "best.json"), str(script), *written),
-        time_spent=spent,
+        files=(str(out / "trials.csv"), str(out / "best.json"), str(script)),
     )
 
 
-def write_report(prepared: Prepared, data: ReportInput, reporter: Reporter) -> tuple[str, ...]:
-    """Store the time breakdown in the study; write report.html and its PNG copies.
-
-    The report is never worth a search: if it cannot be written, one line says
-    why and the search goes on (best.json and trials.csv are already written).
+def report(
+    prepared: Prepared,
+    timing: Timing,
+    earlier: TimeSpent | None,
+    reporter: Reporter,
+    status: str,
+    records: list[TrialRecord],
+    calibration: Calibration,
+    outcome: SearchOutcome | None = None,
+) -> tuple[tuple[str, ...], TimeSpent]:
+    """Write report.html with the time of this run plus the study's earlier runs.
 
     Returns:
-        The files written (report.html first), or none.
+        The files written and the time breakdown the report shows.
     """
-    if data.time_spent is not None:
-        with interrupts_held():
-            prepared.study.store_time_spent(data.time_spent)
-    try:
-        return tuple(str(p) for p in write_output_report(prepared.out, data))
-    except Exception as exc:  # a plotting or disk failure must not cost the measured search
-        reporter.message(f"report.html not written: {type(exc).__name__}: {exc}")
-        return ()
+    spent = timing.record() + earlier if earlier else timing.record()
+    data = ReportInput(
+        records=tuple(records),
+        calibration=calibration,
+        confirmed=outcome.confirmed if outcome else (),
+        best=outcome.best if outcome else None,
+        verdict=outcome.verdict if outcome else None,
+        time_spent=spent,
+        study=prepared.study.name,
+        storage=prepared.study.storage,
+        status=status,
+        ceilings=outcome.ceilings if outcome else None,
+    )
+    return write_search_report(prepared.study, prepared.out, data, reporter.message), spent

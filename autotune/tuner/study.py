@@ -20,7 +20,8 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.errors import StorageError
-from autotune.records import Calibration, TimeSpent, TrialRecord, TrialResult
+from autotune.records import Calibration, Ceilings, TrialRecord, TrialResult
+from autotune.time_spent import TimeSpent
 from autotune.train_setup import TrainSetup
 from autotune.tuner.pruning import SlowerThanBestPruner
 
@@ -41,6 +42,7 @@ STUDY_CALIBRATION = "calibration"
 STUDY_CONFIRMATION = "confirmation"
 STUDY_STARTUP_TRIALS = "n_startup_trials"
 STUDY_TIME_SPENT = "time_spent"
+STUDY_VERDICT = "verdict"
 
 #: Trials that count toward ``--trials``.
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
@@ -193,6 +195,16 @@ class SearchStudy:
     def store_time_spent(self, spent: TimeSpent) -> None:
         """Keep the time breakdown of every run so far (the report reads it)."""
         self.study.set_user_attr(STUDY_TIME_SPENT, asdict(spent))
+
+    def verdict(self) -> tuple[str | None, Ceilings | None]:
+        """The bottleneck verdict of the last finished run and the winner's ceilings it rests on."""
+        data = self.study.user_attrs.get(STUDY_VERDICT) or {}
+        ceilings = data.get("ceilings")
+        return data.get("text"), Ceilings(**ceilings) if ceilings else None
+
+    def store_verdict(self, verdict: str, ceilings: Ceilings | None) -> None:
+        """Keep the verdict printed with best.json (the report shows it again)."""
+        self.study.set_user_attr(STUDY_VERDICT, {"text": verdict, "ceilings": ceilings.to_dict() if ceilings else None})
 
     def is_empty(self) -> bool:
         """Whether the study holds no trial at all (not even a failed one)."""

@@ -1,23 +1,48 @@
-"""report.html from a stored study: ``autotune report``.
+"""report.html of a search: written at its end, and from a stored study (``autotune report``).
 
-Reads everything the report shows from the study (trials, calibration,
-confirmation rounds, the time breakdown) and the winner from ``best.json``
-when the search wrote one, so it works on a finished study, an interrupted
-one and one that is still running (its trials so far; nothing is written to
-the study).
+:func:`write_search_report` stores what only the search knows (the time
+breakdown, the winner's own ceilings and verdict) in the study, then writes
+the page. :func:`report_study` reads everything back from the study and the
+winner from ``best.json`` when the search wrote one, so it works on a
+finished study, an interrupted one and one still running (its trials so far;
+nothing is written to the study).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from autotune.errors import StorageError
 from autotune.output.best import Best, read_best
 from autotune.output.report import ReportInput, write_report
-from autotune.records import Candidate, Confirmed, TimeSpent, TrialRecord
+from autotune.records import Candidate, Confirmed, TrialRecord
+from autotune.time_spent import TimeSpent
 from autotune.train_setup import TrainSetup
+from autotune.tuner.signals import interrupts_held
 from autotune.tuner.study import ROLE_DEFAULTS, SearchStudy
-from autotune.tuner.winner import bottleneck_verdict
+
+
+def write_search_report(study: SearchStudy, out: Path, data: ReportInput, log: Callable[[str], None]) -> tuple[str, ...]:
+    """Store the time breakdown (and the winner's ceilings and verdict) in the study; write report.html.
+
+    The report is never worth a search: if it cannot be written, ``log`` gets
+    one line saying why and the search goes on (best.json and trials.csv are
+    already written).
+
+    Returns:
+        The files written (report.html first), or none.
+    """
+    with interrupts_held():
+        if data.time_spent is not None:
+            study.store_time_spent(data.time_spent)
+        if data.verdict is not None:
+            study.store_verdict(data.verdict, data.ceilings)
+    try:
+        return tuple(str(p) for p in write_report(out, data))
+    except Exception as exc:  # a plotting or disk failure must not cost the measured search
+        log(f"report.html not written: {type(exc).__name__}: {exc}")
+        return ()
 
 
 def _confirmed(study: SearchStudy, records: list[TrialRecord]) -> tuple[Confirmed, ...]:
@@ -71,7 +96,7 @@ def report_study(out: Path, *, storage: str | None = None, study: str | None = N
         raise StorageError(f"study {stored.name!r} in {storage} holds no finished trial yet: nothing to report")
     calibration = stored.calibration()
     best = _best(out, records)
-    verdict = bottleneck_verdict(best, calibration, records, best.workload.device_type) if best and calibration else None
+    verdict, ceilings = stored.verdict() if best is not None else (None, None)
     spent = stored.time_spent()
     if best is None:
         status = "in progress or interrupted (no best.json yet)"
@@ -85,6 +110,7 @@ def report_study(out: Path, *, storage: str | None = None, study: str | None = N
         confirmed=_confirmed(stored, records),
         best=best,
         verdict=verdict,
+        ceilings=ceilings,
         time_spent=spent or TimeSpent.from_records(records),
         study=stored.name,
         storage=storage,
