@@ -253,3 +253,15 @@ def test_time_spent_puts_each_trial_process_in_its_part() -> None:
     total = TimeSpent(wall_s=60.0) + spent
     assert total.other_s == pytest.approx(60.0 - 52.0)
     assert TimeSpent.from_dict({**total.__dict__, "unknown": 1}) == total
+
+
+def test_an_unconfirmed_winner_is_not_called_confirmed(searched, monkeypatch) -> None:
+    from dataclasses import replace
+
+    from autotune.output.report import ReportInput, render_report
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # tables only: fast
+    outcome, _ = searched
+    best = replace(outcome.best, notes=("not confirmed: the search was interrupted before the interleaved re-measurement",))
+    page, images = render_report(ReportInput(outcome.records, outcome.calibration, (), best, None, None, "s", "sqlite://"))
+    assert "Best so far (not confirmed)" in page and "confirmed median" not in page and images == {}

@@ -103,10 +103,16 @@ def _draw(plots: ModuleType | None, name: str, *args: Any) -> bytes | None:
     return bytes(plots.png(fig))
 
 
+def is_confirmed(best: Best) -> bool:
+    """Whether the winner was re-measured in the confirmation rounds (not so after an interrupt)."""
+    return not any(n.startswith("not confirmed") for n in best.notes)
+
+
 def _winner(data: ReportInput) -> tuple[float | None, str, float | None]:
     """The achieved rate, its label and the defaults' rate (confirmed, or the best trial so far)."""
     if data.best is not None:
-        return data.best.samples_per_s, "winner\n(confirmed median)", data.best.defaults_samples_per_s
+        label = "winner\n(confirmed median)" if is_confirmed(data.best) else "winner\n(not confirmed)"
+        return data.best.samples_per_s, label, data.best.defaults_samples_per_s
     ok = [r for r in data.records if r.result.ok and r.result.samples_per_s]
     if not ok:
         return None, "", None

@@ -16,6 +16,7 @@ from pathlib import Path
 from autotune.errors import StorageError
 from autotune.output.best import Best, read_best
 from autotune.output.report import ReportInput, write_report
+from autotune.output.sections import is_confirmed
 from autotune.records import Candidate, Confirmed, TrialRecord
 from autotune.time_spent import TimeSpent
 from autotune.train_setup import TrainSetup
@@ -100,7 +101,7 @@ def report_study(out: Path, *, storage: str | None = None, study: str | None = N
     spent = stored.time_spent()
     if best is None:
         status = "in progress or interrupted (no best.json yet)"
-    elif any(n.startswith("not confirmed") for n in best.notes):
+    elif not is_confirmed(best):
         status = "interrupted (winner not confirmed)"
     else:
         status = "finished"
