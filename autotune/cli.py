@@ -304,6 +304,26 @@ def emit(
     out.print(f"wrote {path}", highlight=False)
 
 
+@app.command()
+@handle_errors
+def report(
+    directory: Annotated[
+        Path, typer.Argument(help="A search output directory; report.html is written there.")
+    ] = Path("autotune-out"),
+    storage: Annotated[
+        Optional[str], typer.Option("--storage", help="Optuna storage URL (default DIR/study.db).")
+    ] = None,
+    study: Annotated[Optional[str], typer.Option("--study", help="Study name (default: the only one there).")] = None,
+) -> None:
+    """Rewrite DIR/report.html (plots of the search) from the study, finished or still running."""
+    from autotune.tuner.study_report import report_study
+
+    written = report_study(directory, storage=storage, study=study)
+    for path in written[1:]:
+        out.print(f"wrote {path}", highlight=False)
+    out.print(f"report: {written[0].resolve()}", highlight=False)
+
+
 def main() -> None:
     """Console-script entry point."""
     app()

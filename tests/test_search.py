@@ -201,6 +201,7 @@ def test_sigint_leaves_a_resumable_study_and_best_json(tmp_path, cache_dir) -> N
     best = json.loads((out / "best.json").read_text())
     assert best["setup"]["batch_size"] >= 1
     assert any("not confirmed" in n for n in best["notes"])
+    assert "interrupted" in (out / "report.html").read_text()  # the report of the trials so far
     study = optuna.load_study(study_name=None, storage=f"sqlite:///{out / 'study.db'}")
     states = [t.state for t in study.trials]
     assert optuna.trial.TrialState.RUNNING not in states

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from autotune.errors import UsageError
 from autotune.output.best import Best
-from autotune.records import Calibration, Ceilings, Confirmed, TrialRecord
+from autotune.records import Calibration, Ceilings, Confirmed, TrialRecord, TrialResult
+from autotune.time_spent import Phase, TimeSpent
 from autotune.tuner.constraints import Constraint, merge_constraints
 
 
@@ -95,11 +96,25 @@ class Timing:
         measured_s: Steady-state windows measured, summed over every trial
             run (calibration, search trials, confirmation).
         runs: Trial processes started.
+        phase: The step now running; each trial process counts toward it.
+        spent: The breakdown by step (its ``wall_s`` is set by :meth:`record`).
     """
 
     wall_s: float = 0.0
     measured_s: float = 0.0
     runs: int = 0
+    phase: Phase = "calibration"
+    spent: TimeSpent = field(default_factory=TimeSpent)
+
+    def add(self, result: TrialResult, wall_s: float) -> None:
+        """Account one trial process that took ``wall_s`` seconds to the current phase."""
+        self.runs += 1
+        self.measured_s += result.measured_s or 0.0
+        self.spent = self.spent.with_trial(self.phase, result, wall_s)
+
+    def record(self) -> TimeSpent:
+        """The breakdown with this invocation's wall time."""
+        return replace(self.spent, wall_s=self.wall_s)
 
 
 @dataclass(frozen=True)
@@ -117,10 +132,11 @@ class SearchOutcome:
         storage: Storage URL of the study.
         study: Study name.
         interrupted: True if Ctrl-C stopped the search.
-        files: The files written.
+        files: The files written (report.html and its PNG copies included).
         timing: Where this invocation's time went.
         ceilings: The winner's compute-only and loader-only rates, measured
             beside it for the verdict (None when not measured).
+        time_spent: Where the time of every run of the study went (the report's breakdown).
     """
 
     best: Best | None
@@ -135,6 +151,7 @@ class SearchOutcome:
     files: tuple[str, ...] = field(default_factory=tuple)
     timing: Timing | None = None
     ceilings: Ceilings | None = None
+    time_spent: TimeSpent | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The final summary as JSON (``--json``)."""
@@ -148,6 +165,7 @@ class SearchOutcome:
             "files": list(self.files),
             "timing": asdict(self.timing) if self.timing else None,
             "ceilings": self.ceilings.to_dict() if self.ceilings else None,
+            "time_spent": asdict(self.time_spent) if self.time_spent else None,
             "calibration": self.calibration.to_dict(),
             "confirmation": [c.to_dict() for c in self.confirmed],
             "trials": [r.to_dict() for r in self.records],

@@ -19,9 +19,11 @@ from autotune.errors import SearchFailed, SearchInterrupted
 from autotune.files import check_writable
 from autotune.output.best import write_best
 from autotune.output.emit import write_script
+from autotune.output.report import ReportInput
 from autotune.output.trials_csv import write_trials_csv
 from autotune.records import Calibration, Confirmed, TrialOptions, TrialRecord, TrialResult, Workload
 from autotune.runner import TrialRunner, WindowCallback, run_trial
+from autotune.time_spent import TimeSpent
 from autotune.train_setup import TrainSetup
 from autotune.tuner.calibrate import calibrate
 from autotune.tuner.config import SearchConfig, SearchOutcome, Timing
@@ -32,6 +34,7 @@ from autotune.tuner.progress import Reporter, SilentReporter
 from autotune.tuner.signals import sigterm_as_interrupt
 from autotune.tuner.space import Space, build_space, defaults_setup, guess_setups
 from autotune.tuner.study import ROLE_DEFAULTS, ROLE_GUESS, SearchStudy
+from autotune.tuner.study_report import write_search_report
 from autotune.tuner.winner import bottleneck_verdict, make_best
 from autotune.workloads import build_workload
 
@@ -51,10 +54,10 @@ class TimedRunner:
         *,
         on_window: WindowCallback | None = None,
     ) -> TrialResult:
-        """Run the trial and add its measured seconds to the timing."""
+        """Run the trial and account its process time to the current phase."""
+        began = time.monotonic()
         result = self.runner(setup, workload, options, on_window=on_window)
-        self.timing.runs += 1
-        self.timing.measured_s += result.measured_s or 0.0
+        self.timing.add(result, time.monotonic() - began)
         return result
 
 
@@ -72,7 +75,7 @@ class Prepared:
 def run_search(
     config: SearchConfig, reporter: Reporter | None = None, *, runner: TrialRunner = run_trial
 ) -> SearchOutcome:
-    """Search the fastest setup for the workload; write best.json, trials.csv and train.py.
+    """Search the fastest setup for the workload; write best.json, trials.csv, train.py and report.html.
 
     Args:
         config: What to search and where to write.
@@ -96,6 +99,7 @@ def run_search(
     began = time.monotonic()
     timed = TimedRunner(runner, timing)
     prepared = prepare(config, reporter)
+    earlier = prepared.study.time_spent()
     calibration = calibrate_once(config, prepared, reporter, timed)
     space = build_space(
         device=prepared.device,
@@ -113,6 +117,7 @@ def run_search(
     )
     plan = Exploration(space, defaults, prepared.workload, options, config.trials, prepared.out / "trials.csv")
     interrupted = False
+    timing.phase = "search"
     try:
         with sigterm_as_interrupt():
             explore(prepared.study, plan, reporter, timed)
@@ -122,6 +127,8 @@ def run_search(
     write_trials_csv(plan.csv_path, records)
     feasible = [r for r in records if r.result.ok and r.result.samples_per_s]
     if not feasible:
+        timing.wall_s = time.monotonic() - began
+        report(prepared, timing, earlier, reporter, "interrupted" if interrupted else "failed: no feasible trial", records, calibration)
         if interrupted:
             raise SearchInterrupted(
                 f"interrupted before any feasible trial; {len(records)} trials kept in {prepared.study.storage}"
@@ -130,16 +137,22 @@ def run_search(
         raise SearchFailed(f"all {len(records)} trials failed ({'; '.join(reasons)[:300]})")
     confirmed: list[Confirmed] = []
     if not interrupted:
+        timing.phase = "confirmation"
         try:
             confirmed = confirm_finalists(config, prepared, feasible, defaults, options, reporter, timed)
         except KeyboardInterrupt:
             interrupted = True
     outcome = finish(config, prepared, calibration, records, feasible, confirmed, defaults, interrupted)
     if confirmed and outcome.best is not None:
+        timing.phase = "ceilings"
         try:
             outcome = with_ceilings(outcome, prepared, options, timed)
         except KeyboardInterrupt:
             interrupted = True
+    timing.wall_s = time.monotonic() - began
+    status = "finished" if not interrupted else "interrupted" if confirmed else "interrupted (winner not confirmed)"
+    written, spent = report(prepared, timing, earlier, reporter, status, records, calibration, outcome)
+    outcome = replace(outcome, files=(*outcome.files, *written), time_spent=spent)
     timing.wall_s = time.monotonic() - began
     outcome = replace(outcome, timing=timing)
     if interrupted:
@@ -336,3 +349,34 @@ def finish(
         interrupted=interrupted,
         files=(str(out / "trials.csv"), str(out / "best.json"), str(script)),
     )
+
+
+def report(
+    prepared: Prepared,
+    timing: Timing,
+    earlier: TimeSpent | None,
+    reporter: Reporter,
+    status: str,
+    records: list[TrialRecord],
+    calibration: Calibration,
+    outcome: SearchOutcome | None = None,
+) -> tuple[tuple[str, ...], TimeSpent]:
+    """Write report.html with the time of this run plus the study's earlier runs.
+
+    Returns:
+        The files written and the time breakdown the report shows.
+    """
+    spent = timing.record() + earlier if earlier else timing.record()
+    data = ReportInput(
+        records=tuple(records),
+        calibration=calibration,
+        confirmed=outcome.confirmed if outcome else (),
+        best=outcome.best if outcome else None,
+        verdict=outcome.verdict if outcome else None,
+        time_spent=spent,
+        study=prepared.study.name,
+        storage=prepared.study.storage,
+        status=status,
+        ceilings=outcome.ceilings if outcome else None,
+    )
+    return write_search_report(prepared.study, prepared.out, data, reporter.message), spent
