@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,8 @@ class SearchConfig:
     """Everything ``autotune search`` takes.
 
     Attributes:
-        model: torchvision name or ``package.module:function``.
+        model: torchvision name or ``package.module:function`` (the
+            image-classifier shorthand; ignored with ``workload``).
         trials: Finished trials wanted in the study, in total (resume included).
         image_size: Crop size fed to the model.
         data: ImageFolder directory, or None for synthetic JPEGs.
@@ -38,6 +40,11 @@ class SearchConfig:
         lr: Learning rate at the reference batch.
         timeout_s: Per-trial timeout (None: derived from trial_seconds).
         command: The command line, for the record.
+        workload: The user's workload factory, ``"package.module:function"``
+            or the function itself, returning an :class:`autotune.Task`;
+            ``None`` for the classifier shorthand. With a workload, ``lr``
+            comes from the Task and ``image_size``, ``data``,
+            ``synthetic_images`` and ``cache_dir`` do not apply.
     """
 
     model: str
@@ -61,6 +68,7 @@ class SearchConfig:
     lr: float = 1e-3
     timeout_s: float | None = None
     command: str = ""
+    workload: str | Callable[..., Any] | None = None
 
     def validate(self) -> None:
         """Reject bad values before anything runs or is written.

@@ -54,7 +54,7 @@ def make_best(
     effective = setup.effective_batch()
     reference = effective_batch or defaults.effective_batch()
     lr = workload.lr * effective / reference
-    if workload.data is None:
+    if workload.data is None and workload.task is None:
         notes.append("measured on synthetic JPEGs; re-run with --data DIR to tune on your own images")
     if setup.amp != "off":
         notes.append(f"amp={setup.amp} changes the numerics (autocast); check your accuracy once")

@@ -240,19 +240,16 @@ def check_task(task: Task, *, workers: bool) -> TaskInfo:
     return TaskInfo(samples=size, iterable=iterable, image_input=has_image_tensor(batch), batch=describe_batch(batch))
 
 
-def _import_root(workload: Any) -> str | None:
-    """The directory a factory function's module is imported from (so trials import it the same way)."""
+def _import_root(module_name: str) -> str | None:
+    """The sys.path entry an imported module was found under (so trials import it the same way)."""
     import sys
 
-    if isinstance(workload, str):
-        return None
-    module = sys.modules.get(getattr(workload, "__module__", "") or "")
+    module = sys.modules.get(module_name)
     file = getattr(module, "__file__", None)
     if not file:
         return None
     root = os.path.dirname(os.path.abspath(file))
-    name = module.__name__ if module is not None else ""
-    depth = name.count(".") + (1 if os.path.basename(file) == "__init__.py" else 0)
+    depth = module_name.count(".") + (1 if os.path.basename(file) == "__init__.py" else 0)
     for _ in range(depth):
         root = os.path.dirname(root)
     return root
@@ -271,10 +268,10 @@ def build_task_workload(workload: str | Callable[..., Any], *, device: str, work
     """
     ref = task_ref(workload)
     sys_path: tuple[str, ...] = (os.getcwd(),)
-    root = _import_root(workload)
-    if root is not None and root not in sys_path:
-        sys_path += (root,)
     task = load_task(ref, sys_path)
+    root = _import_root(ref.partition(":")[0])
+    if root is not None and root not in sys_path:
+        sys_path += (root,)  # where this process found the module, so trials and train.py find it too
     info = check_task(task, workers=workers)
     return Workload(
         model=ref,
