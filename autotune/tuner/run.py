@@ -30,7 +30,7 @@ from autotune.tuner.constraints import check_constraints, merge_constraints
 from autotune.tuner.explore import Exploration, explore
 from autotune.tuner.progress import Reporter, SilentReporter
 from autotune.tuner.signals import sigterm_as_interrupt
-from autotune.tuner.space import Space, build_space, defaults_setup, guess_setups
+from autotune.tuner.space import Space, build_space, check_image_constraints, defaults_setup, guess_setups
 from autotune.tuner.study import ROLE_DEFAULTS, ROLE_GUESS, SearchStudy
 from autotune.tuner.winner import bottleneck_verdict, make_best
 from autotune.workloads import build_workload
@@ -200,6 +200,7 @@ def prepare(config: SearchConfig, reporter: Reporter) -> Prepared:
             synthetic_images=config.synthetic_images,
             lr=config.lr,
         )
+    check_image_constraints(merge_constraints(config.constraints), workload.image_input)
     name = config.study or study_name(config, device, workload)
     if config.storage is not None:
         study = SearchStudy.open(config.storage, name, sampler=config.sampler, seed=config.seed, trials=config.trials)

@@ -171,6 +171,17 @@ def defaults_setup(effective_batch: int | None, batch: int | None = None) -> Tra
     return TrainSetup(batch_size=batch, accumulation_steps=effective_batch // batch)
 
 
+def check_image_constraints(constraints: dict[str, Constraint], image_input: bool) -> None:
+    """Refuse ``--set channels_last=true`` for a workload whose batches hold no 4-D floating tensor.
+
+    Raises:
+        UsageError: channels_last pinned on with nothing for it to act on.
+    """
+    pinned = constraints.get("channels_last")
+    if not image_input and pinned is not None and pinned.allows(True) and not pinned.allows(False):
+        raise UsageError("--set channels_last=true: this workload's batches hold no 4-D floating tensor for it to act on")
+
+
 def build_space(
     *,
     device: DeviceInfo,
@@ -234,9 +245,7 @@ def build_space(
         "channels_last": (False, True) if image_input else (False,),
     }
     check_constraints(constraints, device)
-    pinned = constraints.get("channels_last")
-    if not image_input and pinned is not None and pinned.allows(True) and not pinned.allows(False):
-        raise UsageError("--set channels_last=true: this workload's batches hold no 4-D floating tensor for it to act on")
+    check_image_constraints(constraints, image_input)
     values = apply_constraints(base, constraints)
     if effective_batch is not None:
         bad = [b for b in values["batch_size"] if effective_batch % b]

@@ -211,7 +211,8 @@ def _check_pickle(task: Task) -> None:
         except Exception as exc:
             raise WorkloadError(
                 f"the workload's {name} ({type(value).__name__}) cannot be pickled for DataLoader workers: "
-                f"{type(exc).__name__}: {exc}; open files and connections lazily in __getitem__, or pass --set num_workers=0"
+                f"{type(exc).__name__}: {exc}; make it picklable (a top-level class; files and connections opened lazily "
+                "in __getitem__) or pass --set num_workers=0"
             ) from None
 
 
