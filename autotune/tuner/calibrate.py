@@ -116,7 +116,9 @@ def calibrate(
     # than half the trial cannot be measured in steady state. Never below the
     # PyTorch default of 32, so the defaults stay inside the space.
     time_cap = max(32, int(rate * trial_seconds / 2)) if rate > 0 else batch_cap
-    candidates = powers_of_two(1, min(batch_cap, time_cap, fit if fit is not None else 8))
+    # An optimizer step must fit in one epoch of the data: no batch above len(dataset).
+    data_cap = workload.images if workload.images is not None else batch_cap
+    candidates = powers_of_two(1, min(batch_cap, time_cap, data_cap, fit if fit is not None else 8))
     max_batch = candidates[-1] if candidates else 1
     # Verify the extrapolated bound; halve on failure.
     while max_batch > 1:
