@@ -16,7 +16,9 @@ where the loader and collate cost matter.
 
 from __future__ import annotations
 
+import random
 import sys
+import zlib
 
 import torch
 from torch import nn
@@ -27,8 +29,27 @@ import autotune
 PAD = 0
 
 
+LETTERS = "abcdefghijklmnopqrstuvwxyz"
+
+
+def wordpiece(word: str, vocab: int) -> list[int]:
+    """Greedy longest-match subword ids (pieces of up to 3 letters), as a pure-Python WordPiece tokenizer does."""
+    ids, start = [], 0
+    while start < len(word):
+        end = min(len(word), start + 3)
+        piece = word[start:end]
+        ids.append(1 + zlib.crc32(piece.encode() if start == 0 else b"##" + piece.encode()) % (vocab - 1))
+        start = end
+    return ids
+
+
 class TokenSequences(Dataset):
-    """Deterministic random token-id sequences of varying length, with a class label each."""
+    """Deterministic random texts of varying length, tokenized in ``__getitem__``, with a class label each.
+
+    Each item is a sentence of random words, lower-cased, split and cut into
+    subword ids in Python, as when a text dataset is tokenized on the fly:
+    the loader does real per-sample work.
+    """
 
     def __init__(self, samples: int, vocab: int, min_len: int, max_len: int, classes: int, seed: int = 0) -> None:
         self.samples, self.vocab, self.min_len, self.max_len, self.classes, self.seed = samples, vocab, min_len, max_len, classes, seed
@@ -37,10 +58,11 @@ class TokenSequences(Dataset):
         return self.samples
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        gen = torch.Generator().manual_seed(self.seed * 1_000_003 + index)
-        length = int(torch.randint(self.min_len, self.max_len + 1, (1,), generator=gen))
-        tokens = torch.randint(1, self.vocab, (length,), generator=gen)
-        return tokens, int(tokens[0]) % self.classes  # a label the model can learn from the first token
+        rng = random.Random(self.seed * 1_000_003 + index)
+        words = ("".join(rng.choices(LETTERS, k=rng.randint(2, 9))) for _ in range(rng.randint(self.min_len, self.max_len) // 2 + 1))
+        text = " ".join(words).capitalize() + "."
+        ids = [i for word in text.lower().rstrip(".").split() for i in wordpiece(word, self.vocab)][: self.max_len]
+        return torch.tensor(ids), ids[0] % self.classes  # a label the model can learn from the first token
 
 
 def pad_batch(items: list[tuple[torch.Tensor, int]]) -> dict[str, torch.Tensor]:
@@ -88,8 +110,8 @@ def make_task() -> autotune.Task:
 
 
 def make_large_task() -> autotune.Task:
-    """The benchmark size: 20,000 sequences of up to 256 tokens, 2 layers of width 128."""
-    return _task(samples=20_000, max_len=256, dim=128, layers=2, vocab=8000)
+    """The benchmark size: 20,000 texts of up to 64 tokens, tokenized per item; 1 layer of width 32."""
+    return _task(samples=20_000, max_len=64, dim=32, layers=1, vocab=8000)
 
 
 if __name__ == "__main__":

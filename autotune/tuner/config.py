@@ -86,7 +86,7 @@ class SearchConfig:
             raise UsageError("--confirm-top and --confirm-rounds must be >= 1")
         if self.sampler not in ("tpe", "random"):
             raise UsageError(f"--sampler must be tpe or random, got {self.sampler!r}")
-        if self.image_size < 8:
+        if self.workload is None and self.image_size < 8:
             raise UsageError(f"--image-size must be >= 8, got {self.image_size}")
         knobs = merge_constraints(self.constraints)
         if self.effective_batch is not None and "accumulation_steps" in knobs:
