@@ -30,7 +30,7 @@ from autotune.records import TrialOptions, TrialResult, Workload
 from autotune.train_setup import TrainSetup
 from autotune.tuner import Reporter, SearchConfig, SearchOutcome, run_search
 
-__all__ = ["SearchResult", "TrialOutcome", "search", "trial", "trial_workload"]
+__all__ = ["SearchResult", "TrialOutcome", "search", "trial"]
 
 WorkloadRef = str | Callable[..., Any]
 
@@ -260,6 +260,7 @@ def trial(
     max_memory: int | str | None = None,
     cache_dir: str | Path | None = None,
     synthetic_images: int = 2000,
+    announce: Callable[[str], None] | None = None,
 ) -> TrialOutcome:
     """Run one short, isolated, measured trial of ``setup``, as ``autotune trial`` does.
 
@@ -276,6 +277,8 @@ def trial(
         max_memory: Memory budget; a peak above it is an ``oom``.
         cache_dir: Synthetic data cache (shorthand only).
         synthetic_images: Files in the synthetic dataset (shorthand only).
+        announce: Called with one line saying what is trained, once the
+            workload is checked and before the trial starts.
 
     Returns:
         The setup, the workload and what was measured; a failed trial is a
@@ -306,4 +309,6 @@ def trial(
     setup.check_device(dev.name, bf16_supported=dev.bf16)
     if setup.channels_last and not built.image_input:
         raise UsageError("channels_last: this workload's batches hold no 4-D floating tensor for it to act on")
+    if announce is not None:
+        announce(f"trial: {built.describe()} ({dev.label})")
     return TrialOutcome(setup=setup, workload=built, result=run_trial(setup, built, options))

@@ -164,12 +164,9 @@ def trial(
     workload: WorkloadOpt = None,
 ) -> None:
     """Run one short, isolated, measured training trial and report its throughput."""
-    from autotune.api import trial_workload
-    from autotune.records import TrialOptions
+    from autotune.api import trial as run_one
     from autotune.render import render_trial
-    from autotune.runner import run_trial
     from autotune.train_setup import TrainSetup
-    from autotune.units import parse_size
 
     setup = TrainSetup(
         num_workers=workers,
@@ -181,30 +178,25 @@ def trial(
         amp=amp,  # type: ignore[arg-type]
         channels_last=channels_last,
     )
-    options = TrialOptions(
-        trial_seconds=trial_seconds,
-        timeout_s=timeout,
-        max_memory_bytes=parse_size(max_memory) if max_memory else None,
-        mode=mode,  # type: ignore[arg-type]
-    )
-    _, dev, built = trial_workload(
+    outcome = run_one(
         workload,
+        setup=setup,
         model=model,
-        image_size=image_size,
         data=data,
+        image_size=image_size,
         device=device,
+        trial_seconds=trial_seconds,
+        mode=mode,
+        timeout_s=timeout,
+        max_memory=max_memory,
         cache_dir=cache_dir,
         synthetic_images=synthetic_images,
-        workers=workers > 0,
+        announce=None if as_json else lambda line: err.print(line, highlight=False),
     )
-    setup.check_device(dev.name, bf16_supported=dev.bf16)
-    if not as_json:
-        err.print(f"trial: {built.describe()} ({dev.label})", highlight=False)
-    result = run_trial(setup, built, options)
     if as_json:
-        typer.echo(json.dumps(result.to_dict()))
+        typer.echo(json.dumps(outcome.result.to_dict()))
     else:
-        out.print(render_trial(setup, result))
+        out.print(render_trial(setup, outcome.result))
 
 
 @app.command()
