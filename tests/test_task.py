@@ -205,3 +205,14 @@ def test_a_task_search_with_a_fake_runner_writes_best_json_and_the_task_train_py
     script = (tmp_path / "out" / "train.py").read_text()
     assert "WORKLOAD = 'task_factories:dict_batches'" in script and "task.compute_loss(model, batch)" in script
     assert script == render_script(best)
+
+
+def test_cli_trial_and_python_api_refuse_bad_workloads_before_running(tmp_path: Path) -> None:
+    result = cli.invoke(app, ["trial", "--workload", "task_factories:not_a_task", "--device", "cpu"])
+    lines = [ln for ln in result.output.splitlines() if ln.strip()]
+    assert result.exit_code == 1 and lines == ["error: workload task_factories:not_a_task returned int, not an autotune.Task"]
+    with pytest.raises(WorkloadError, match="lambda"):
+        autotune.search(workload=lambda: None, device="cpu", out=tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(UsageError, match="channels_last"):
+        autotune.trial(workload="task_factories:good", device="cpu", setup=autotune.TrainSetup(channels_last=True))
