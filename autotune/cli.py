@@ -225,7 +225,9 @@ def search(
     seed: Annotated[int, typer.Option("--seed", help="Sampler seed.")] = 0,
     sampler: Annotated[str, typer.Option("--sampler", help="tpe (default) or random (a baseline).")] = "tpe",
     confirm_top: Annotated[int, typer.Option("--confirm-top", help="Finalists re-measured.")] = 3,
-    confirm_rounds: Annotated[int, typer.Option("--confirm-rounds", help="Interleaved re-measurement rounds.")] = 3,
+    confirm_rounds: Annotated[
+        int, typer.Option("--confirm-rounds", help="Most interleaved re-measurement rounds (stops once settled).")
+    ] = 4,
     lr: Annotated[float, typer.Option("--lr", help="Learning rate at the reference batch.")] = 1e-3,
     timeout: Annotated[Optional[float], typer.Option("--timeout", help="Per-trial timeout in seconds.")] = None,
     cache_dir: CacheDirOpt = None,

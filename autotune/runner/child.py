@@ -14,8 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from autotune.errors import AutotuneError
 from autotune.records import TrialOptions, TrialResult, Workload
+from autotune.runner.failures import BudgetExceeded, Diverged, classify
 from autotune.runner.measure import MemoryMonitor, Stopwatch, summarize, sync
 from autotune.train_setup import TrainSetup
 from autotune.units import format_bytes
@@ -44,6 +44,15 @@ class Work:
     warmup_steps: int
 
 
+#: An epoch of fewer micro-batches than this is measured with its real epoch boundaries.
+SHORT_EPOCH_BATCHES = 64
+
+
+def short_epoch(samples: int, setup: TrainSetup) -> bool:
+    """Whether an epoch of ``samples`` holds so few micro-batches that its boundaries cost measurable time."""
+    return samples // setup.batch_size < SHORT_EPOCH_BATCHES
+
+
 def more_windows(measured: int, measured_s: float, options: TrialOptions) -> bool:
     """Whether a trial measures another window after ``measured`` windows and ``measured_s`` seconds.
 
@@ -54,46 +63,6 @@ def more_windows(measured: int, measured_s: float, options: TrialOptions) -> boo
     if measured >= options.windows:
         return False
     return measured < MIN_WINDOWS or measured_s < options.trial_seconds
-
-
-class BudgetExceeded(AutotuneError):
-    """Peak memory went above the user's --max-memory."""
-
-
-class Diverged(AutotuneError):
-    """The loss became NaN or infinite."""
-
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    first = next((ln.strip() for ln in text if ln.strip()), "")
-    return f"{type(exc).__name__}: {first}"[:300] if first else type(exc).__name__
-
-
-def classify(exc: BaseException) -> TrialResult:
-    """Map an exception raised in a trial to its result status."""
-    try:
-        import torch
-
-        oom_types: tuple[type[BaseException], ...] = (torch.OutOfMemoryError, MemoryError)
-    except Exception:  # pragma: no cover - torch always imports here
-        oom_types = (MemoryError,)
-    if isinstance(exc, BudgetExceeded):
-        return TrialResult(status="oom", error=str(exc))
-    if isinstance(exc, Diverged):
-        return TrialResult(status="diverged", error=str(exc))
-    message = str(exc)
-    if "DataLoader worker" in message:
-        # PyTorch re-raises a worker's exception with the original traceback as text: keep its last line.
-        lines = [ln.strip() for ln in message.splitlines() if ln.strip()]
-        cause = lines[-1] if len(lines) > 1 else _one_line(exc)
-        return TrialResult(status="error", error=f"failed in a DataLoader worker, not in the training loop: {cause}"[:300])
-    if isinstance(exc, oom_types) or (
-        isinstance(exc, RuntimeError)
-        and ("can't allocate memory" in message or "out of memory" in message.lower())
-    ):
-        return TrialResult(status="oom", error=_one_line(exc))
-    return TrialResult(status="error", error=_one_line(exc))
 
 
 class TrialLoop:
@@ -130,10 +99,21 @@ class TrialLoop:
         return self.pipeline.dataset()
 
     def start_loader(self, dataset: Any) -> Any:
-        """The DataLoader's endless iterator; creating it starts the workers of a map-style dataset."""
+        """The DataLoader's batches, endless; creating the iterator starts the workers.
+
+        A long epoch is drawn from an endless sampler, so the measurement
+        never meets an epoch end a real epoch of a million images would not
+        have. A short epoch (:func:`short_epoch`) is looped epoch by epoch,
+        as the emitted script does: each epoch restarts the loader's
+        pipeline, and that cost is part of what the script will see. An
+        iterable dataset is re-iterated when it ends.
+        """
         from autotune.workloads.pipeline import endless_batches
 
-        return endless_batches(self.setup, dataset, collate_fn=self.pipeline.collate_fn(), seed=self.options.seed)
+        epochs = not hasattr(dataset, "__len__") or short_epoch(len(dataset), self.setup)
+        return endless_batches(
+            self.setup, dataset, collate_fn=self.pipeline.collate_fn(), seed=self.options.seed, epochs=epochs
+        )
 
     def build_model(self) -> None:
         import torch

@@ -9,7 +9,7 @@ from typing import Any
 
 from autotune.errors import UsageError
 from autotune.output.best import Best
-from autotune.records import Calibration, Confirmed, TrialRecord
+from autotune.records import Calibration, Ceilings, Confirmed, TrialRecord
 from autotune.tuner.constraints import Constraint, merge_constraints
 
 
@@ -36,7 +36,8 @@ class SearchConfig:
         cache_dir: Synthetic data cache.
         synthetic_images: Files in the synthetic dataset.
         confirm_top: Finalists re-measured.
-        confirm_rounds: Interleaved rounds of re-measurement.
+        confirm_rounds: Most interleaved rounds of re-measurement (fewer
+            when the ranking settles after two).
         lr: Learning rate at the reference batch.
         timeout_s: Per-trial timeout (None: derived from trial_seconds).
         command: The command line, for the record.
@@ -64,7 +65,7 @@ class SearchConfig:
     cache_dir: Path | None = None
     synthetic_images: int = 2000
     confirm_top: int = 3
-    confirm_rounds: int = 3
+    confirm_rounds: int = 4
     lr: float = 1e-3
     timeout_s: float | None = None
     command: str = ""
@@ -124,6 +125,10 @@ class SearchOutcome:
         storage: Storage URL of the study.
         study: Study name.
         interrupted: True if Ctrl-C stopped the search.
+        files: The files written.
+        timing: Where this invocation's time went.
+        ceilings: The winner's compute-only and loader-only rates, measured
+            beside it for the verdict (None when not measured).
     """
 
     best: Best | None
@@ -137,6 +142,7 @@ class SearchOutcome:
     interrupted: bool = False
     files: tuple[str, ...] = field(default_factory=tuple)
     timing: Timing | None = None
+    ceilings: Ceilings | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The final summary as JSON (``--json``)."""
@@ -149,6 +155,7 @@ class SearchOutcome:
             "study": self.study,
             "files": list(self.files),
             "timing": asdict(self.timing) if self.timing else None,
+            "ceilings": self.ceilings.to_dict() if self.ceilings else None,
             "calibration": self.calibration.to_dict(),
             "confirmation": [c.to_dict() for c in self.confirmed],
             "trials": [r.to_dict() for r in self.records],

@@ -25,7 +25,7 @@ from autotune.runner import TrialRunner, WindowCallback, run_trial
 from autotune.train_setup import TrainSetup
 from autotune.tuner.calibrate import calibrate
 from autotune.tuner.config import SearchConfig, SearchOutcome, Timing
-from autotune.tuner.confirm import confirm, pick_candidates
+from autotune.tuner.confirm import confirm, measure_ceilings, pick_candidates
 from autotune.tuner.constraints import check_constraints, merge_constraints
 from autotune.tuner.explore import Exploration, explore
 from autotune.tuner.progress import Reporter, SilentReporter
@@ -137,6 +137,11 @@ def run_search(
         except KeyboardInterrupt:
             interrupted = True
     outcome = finish(config, prepared, calibration, records, feasible, confirmed, defaults, interrupted)
+    if confirmed and outcome.best is not None:
+        try:
+            outcome = with_ceilings(outcome, prepared, options, timed)
+        except KeyboardInterrupt:
+            interrupted = True
     timing.wall_s = time.monotonic() - began
     outcome = replace(outcome, timing=timing)
     if interrupted:
@@ -275,8 +280,8 @@ def confirm_finalists(
     """
     candidates = pick_candidates(feasible, defaults, config.confirm_top)
     reporter.message(
-        f"confirmation: {len(candidates)} setups x {config.confirm_rounds} interleaved rounds "
-        f"of {options.trial_seconds * 1.5:.0f} s"
+        f"confirmation: {len(candidates)} setups in interleaved rounds of {options.trial_seconds * 1.5:.0f} s "
+        f"(2 to {config.confirm_rounds}, until the ranking is settled)"
     )
     with sigterm_as_interrupt():
         return confirm(
@@ -289,6 +294,20 @@ def confirm_finalists(
             on_measure=lambda done, total, cand, result: reporter.confirm_progress(done, total, cand.label, result),
             runner=runner,
         )
+
+
+def with_ceilings(outcome: SearchOutcome, prepared: Prepared, options: TrialOptions, runner: TrialRunner) -> SearchOutcome:
+    """Measure the winner training, computing alone and loading alone in one round; redo the verdict with them.
+
+    Raises:
+        KeyboardInterrupt: Ctrl-C or SIGTERM; best.json and train.py are already written.
+    """
+    assert outcome.best is not None
+    short = replace(options, trial_seconds=max(1.0, options.trial_seconds / 2), windows=3)
+    with sigterm_as_interrupt():
+        ceilings = measure_ceilings(outcome.best.setup, prepared.workload, short, runner=runner)
+    verdict = bottleneck_verdict(outcome.best, outcome.calibration, list(outcome.records), prepared.device, ceilings)
+    return replace(outcome, ceilings=ceilings, verdict=verdict)
 
 
 def finish(

@@ -163,12 +163,17 @@ def open_pipeline(workload: Workload) -> Pipeline:
     return ClassifierPipeline(workload)
 
 
-def endless_batches(setup: TrainSetup, dataset: Any, *, collate_fn: Callable[[list[Any]], Any] | None, seed: int) -> Iterator[Any]:
+def endless_batches(
+    setup: TrainSetup, dataset: Any, *, collate_fn: Callable[[list[Any]], Any] | None, seed: int, epochs: bool = False
+) -> Iterator[Any]:
     """The loader's batches, forever, with the setup's knobs.
 
-    A map-style dataset is read through the endless sampler (no epoch ends
-    inside a trial); an iterable dataset is re-iterated when it ends.
+    With ``epochs`` (a short epoch, or an iterable dataset) the loader is
+    looped epoch by epoch: each epoch restarts its pipeline, as in the
+    emitted script (persistent workers stay). Otherwise a map-style dataset
+    is read through the endless sampler and never ends an epoch.
     """
+    import torch
     from torch.utils.data import IterableDataset
 
     from autotune.workloads.data import InfiniteSampler
@@ -176,8 +181,13 @@ def endless_batches(setup: TrainSetup, dataset: Any, *, collate_fn: Callable[[li
     extra: dict[str, Any] = {"drop_last": True}
     if collate_fn is not None:
         extra["collate_fn"] = collate_fn
-    if not isinstance(dataset, IterableDataset):
+    iterable = isinstance(dataset, IterableDataset)
+    if not iterable and not epochs:
         return iter(setup.dataloader(dataset, sampler=InfiniteSampler(len(dataset), seed=seed), **extra))
+    if not iterable:
+        generator = torch.Generator()
+        generator.manual_seed(seed)
+        extra.update(shuffle=True, generator=generator)
     loader = setup.dataloader(dataset, **extra)
 
     def forever() -> Iterator[Any]:
@@ -187,6 +197,6 @@ def endless_batches(setup: TrainSetup, dataset: Any, *, collate_fn: Callable[[li
                 empty = False
                 yield batch
             if empty:
-                raise RuntimeError("the iterable dataset yields no full batch")
+                raise RuntimeError("the dataset yields no full batch")
 
     return forever()

@@ -1,0 +1,50 @@
+"""How a failure inside a trial becomes a status: oom, diverged or error.
+
+Nothing is raised to the parent: :func:`classify` maps any exception to a
+:class:`~autotune.records.TrialResult`.
+"""
+
+from __future__ import annotations
+
+from autotune.errors import AutotuneError
+from autotune.records import TrialResult
+
+
+class BudgetExceeded(AutotuneError):
+    """Peak memory went above the user's --max-memory."""
+
+
+class Diverged(AutotuneError):
+    """The loss became NaN or infinite."""
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    first = next((ln.strip() for ln in text if ln.strip()), "")
+    return f"{type(exc).__name__}: {first}"[:300] if first else type(exc).__name__
+
+
+def classify(exc: BaseException) -> TrialResult:
+    """Map an exception raised in a trial to its result status."""
+    try:
+        import torch
+
+        oom_types: tuple[type[BaseException], ...] = (torch.OutOfMemoryError, MemoryError)
+    except Exception:  # pragma: no cover - torch always imports here
+        oom_types = (MemoryError,)
+    if isinstance(exc, BudgetExceeded):
+        return TrialResult(status="oom", error=str(exc))
+    if isinstance(exc, Diverged):
+        return TrialResult(status="diverged", error=str(exc))
+    message = str(exc)
+    if "DataLoader worker" in message:
+        # PyTorch re-raises a worker's exception with the original traceback as text: keep its last line.
+        lines = [ln.strip() for ln in message.splitlines() if ln.strip()]
+        cause = lines[-1] if len(lines) > 1 else _one_line(exc)
+        return TrialResult(status="error", error=f"failed in a DataLoader worker, not in the training loop: {cause}"[:300])
+    if isinstance(exc, oom_types) or (
+        isinstance(exc, RuntimeError)
+        and ("can't allocate memory" in message or "out of memory" in message.lower())
+    ):
+        return TrialResult(status="oom", error=_one_line(exc))
+    return TrialResult(status="error", error=_one_line(exc))
