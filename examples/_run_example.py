@@ -5,7 +5,7 @@
     cd examples && autotune search --workload text_classifier:make_task --trials 3 --trial-seconds 1 \
         --device cpu --confirm-top 1 --confirm-rounds 1 --out WORK_DIR/out
 
-followed by ``python WORK_DIR/out/train.py --max-steps 2``.
+followed by ``python WORK_DIR/out/train.py --max-steps 2``. The examples run it as ``python examples/NAME.py [WORK_DIR]``.
 """
 
 from __future__ import annotations

@@ -107,4 +107,4 @@ def make_task() -> autotune.Task:
 if __name__ == "__main__":
     from _run_example import run_example
 
-    sys.exit(run_example("csv_images:make_task"))
+    sys.exit(run_example("csv_images:make_task", *sys.argv[1:2]))

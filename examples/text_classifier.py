@@ -117,4 +117,4 @@ def make_large_task() -> autotune.Task:
 if __name__ == "__main__":
     from _run_example import run_example
 
-    sys.exit(run_example("text_classifier:make_task"))
+    sys.exit(run_example("text_classifier:make_task", *sys.argv[1:2]))
