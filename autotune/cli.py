@@ -19,7 +19,7 @@ import typer
 from rich.console import Console
 
 from autotune._version import __version__
-from autotune.errors import AutotuneError, ProbeError
+from autotune.errors import AutotuneError, ProbeError, UsageError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -121,26 +121,16 @@ CacheDirOpt = Annotated[
 SyntheticOpt = Annotated[
     int, typer.Option("--synthetic-images", help="Files in the synthetic dataset (without --data).")
 ]
+WorkloadOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--workload",
+        "-w",
+        help="Your training: package.module:function returning autotune.Task (replaces --model/--data/--image-size).",
+    ),
+]
 
 
-def _workload(
-    model: str, image_size: int, data: Optional[Path], device: str, cache_dir: Optional[Path], synthetic_images: int
-) -> Any:
-    import probes
-    from autotune.devices import resolve_device
-    from autotune.workloads import build_workload
-
-    hardware = probes.collect()
-    dev = resolve_device(device, hardware)
-    workload = build_workload(
-        model=model,
-        image_size=image_size,
-        data=data,
-        device=dev.name,
-        cache_dir=cache_dir,
-        synthetic_images=synthetic_images,
-    )
-    return hardware, dev, workload
 
 
 @app.command()
@@ -171,13 +161,12 @@ def trial(
     cache_dir: CacheDirOpt = None,
     synthetic_images: SyntheticOpt = 2000,
     as_json: Annotated[bool, typer.Option("--json", help="Print the TrialResult as one JSON object.")] = False,
+    workload: WorkloadOpt = None,
 ) -> None:
     """Run one short, isolated, measured training trial and report its throughput."""
-    from autotune.records import TrialOptions
+    from autotune.api import trial as run_one
     from autotune.render import render_trial
-    from autotune.runner import run_trial
     from autotune.train_setup import TrainSetup
-    from autotune.units import parse_size
 
     setup = TrainSetup(
         num_workers=workers,
@@ -189,22 +178,25 @@ def trial(
         amp=amp,  # type: ignore[arg-type]
         channels_last=channels_last,
     )
-    options = TrialOptions(
+    outcome = run_one(
+        workload,
+        setup=setup,
+        model=model,
+        data=data,
+        image_size=image_size,
+        device=device,
         trial_seconds=trial_seconds,
+        mode=mode,
         timeout_s=timeout,
-        max_memory_bytes=parse_size(max_memory) if max_memory else None,
-        mode=mode,  # type: ignore[arg-type]
+        max_memory=max_memory,
+        cache_dir=cache_dir,
+        synthetic_images=synthetic_images,
+        announce=None if as_json else lambda line: err.print(line, highlight=False),
     )
-    hardware, dev, workload = _workload(model, image_size, data, device, cache_dir, synthetic_images)
-    setup.check_device(dev.name, bf16_supported=dev.bf16)
-    if not as_json:
-        source = workload.data or "synthetic JPEGs (no --data given)"
-        err.print(f"trial: {workload.model} @ {image_size}px on {dev.name} ({dev.label}), data: {source}", highlight=False)
-    result = run_trial(setup, workload, options)
     if as_json:
-        typer.echo(json.dumps(result.to_dict()))
+        typer.echo(json.dumps(outcome.result.to_dict()))
     else:
-        out.print(render_trial(setup, result))
+        out.print(render_trial(setup, outcome.result))
 
 
 @app.command()
@@ -241,6 +233,7 @@ def search(
     cache_dir: CacheDirOpt = None,
     synthetic_images: SyntheticOpt = 2000,
     as_json: Annotated[bool, typer.Option("--json", help="Print the final summary as one JSON object.")] = False,
+    workload: WorkloadOpt = None,
 ) -> None:
     """Search the fastest training setup with short, real, measured trials."""
     import shlex
@@ -273,7 +266,10 @@ def search(
         lr=lr,
         timeout_s=timeout,
         command=shlex.join(["autotune", *sys.argv[1:]]) if sys.argv[1:2] == ["search"] else "",
+        workload=workload,
     )
+    if workload is not None and data is not None:
+        raise UsageError("give --workload or the classifier shorthand (--model, --data, --image-size), not both")
     config.validate()
     try:
         with RichReporter(err) as reporter:

@@ -42,6 +42,15 @@ class Workload:
         synthetic_images: Files in the synthetic dataset (when ``data`` is None).
         cache_dir: Where synthetic data is generated (``None``: the default cache).
         sys_path: Extra import paths for a user factory (the caller's cwd).
+        task: A workload factory ``"package.module:function"`` returning an
+            :class:`autotune.Task`, or ``None`` for the image-classifier
+            shorthand (``model``, ``image_size``, ``data``). With a task,
+            ``model`` repeats the reference and ``images`` is ``len(dataset)``.
+        reference_batch: The Task's recipe batch (the reference effective
+            batch); ``None``: the PyTorch default of 32.
+        image_input: Whether batches hold a 4-D floating tensor, the only
+            case where ``channels_last`` applies.
+        iterable: Whether the Task's dataset is an ``IterableDataset``.
     """
 
     model: str
@@ -54,6 +63,10 @@ class Workload:
     synthetic_images: int = 2000
     cache_dir: str | None = None
     sys_path: tuple[str, ...] = field(default_factory=tuple)
+    task: str | None = None
+    reference_batch: int | None = None
+    image_input: bool = True
+    iterable: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.image_size, int) or self.image_size < 8:
@@ -64,6 +77,16 @@ class Workload:
             raise UsageError(f"images must be >= 1, got {self.images}")
         if not self.lr > 0:
             raise UsageError(f"learning rate must be > 0, got {self.lr}")
+        if self.reference_batch is not None and self.reference_batch < 1:
+            raise UsageError(f"reference batch must be >= 1, got {self.reference_batch}")
+
+    def describe(self) -> str:
+        """One line: what is trained, on which device, from which data."""
+        if self.task is not None:
+            size = f"{self.images} samples" if self.images is not None else "an iterable dataset"
+            return f"workload {self.task} on {self.device}, {size}"
+        data = self.data or "synthetic JPEGs (no --data given)"
+        return f"{self.model} @ {self.image_size}px on {self.device}, data: {data}"
 
     @property
     def device_type(self) -> str:

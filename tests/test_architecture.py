@@ -25,7 +25,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("autotune.output",),
     ("autotune.tuner",),
     ("autotune.render",),
-    ("autotune.cli", "autotune.__main__", "autotune"),
+    ("autotune.cli", "autotune.api", "autotune.__main__", "autotune"),
 )
 MAX_LINES = 400
 

@@ -35,6 +35,8 @@ from autotune.workloads.models import validate_model_ref
 __all__ = ["render_script", "write_script"]
 
 _TEMPLATE = "train.py.tmpl"
+#: The template for a user's Task workload (the factory is imported, its loss/step and optimizer used).
+_TASK_TEMPLATE = "train_task.py.tmpl"
 _DEVICE_TYPES = ("cpu", "cuda")
 
 
@@ -103,9 +105,15 @@ def _hardware_summary(hardware: dict[str, Any]) -> str:
 
 def _header(best: Best, data_is_synthetic: bool) -> str:
     workload, setup = best.workload, best.setup
+    if workload.task is not None:
+        size = f"{workload.images} samples" if workload.images is not None else "an iterable dataset"
+        tuned = f"Tuned for: workload {workload.task} (autotune.Task) on {workload.device}, {size}"
+    else:
+        tuned = f"Tuned for: {workload.model} at {workload.image_size} px on {workload.device}, " + (
+            "synthetic JPEG data" if data_is_synthetic else f"data {workload.data}"
+        )
     lines = [
-        f"Tuned for: {workload.model} at {workload.image_size} px on {workload.device}, "
-        + ("synthetic JPEG data" if data_is_synthetic else f"data {workload.data}"),
+        tuned,
         f"Hardware: {_hardware_summary(best.hardware if isinstance(best.hardware, dict) else {})}",
         f"Setup: {setup.describe()}",
         f"  num_workers={setup.num_workers} prefetch_factor={setup.prefetch_factor} "
@@ -134,8 +142,8 @@ def _header(best: Best, data_is_synthetic: bool) -> str:
 
 
 # ---------------------------------------------------------------- rendering
-def _template() -> string.Template:
-    text = resources.files("autotune.output.templates").joinpath(_TEMPLATE).read_text(encoding="utf-8")
+def _template(name: str = _TEMPLATE) -> string.Template:
+    text = resources.files("autotune.output.templates").joinpath(name).read_text(encoding="utf-8")
     return string.Template(text)
 
 
@@ -147,7 +155,10 @@ def _values(best: Best) -> dict[str, str]:
         model = validate_model_ref(workload.model)
     except AutotuneError as exc:
         raise EmitError(f"cannot emit train.py: {exc}") from None
-    if workload.data is not None:
+    if workload.task is not None:
+        data = "None"
+        synthetic = False
+    elif workload.data is not None:
         data = _str("data", workload.data)
         synthetic = False
     else:
@@ -177,6 +188,7 @@ def _values(best: Best) -> dict[str, str]:
         "lr": _float("lr", workload.lr),
         "reference_batch": _int("reference_batch", best.reference_batch, 1),
         "factory_paths": factory_paths,
+        "workload": repr(model if workload.task is None else _task_ref(workload.task)),
     }
     # Numbers only reach the header comment, but a NaN there would still mislead.
     for name in ("samples_per_s", "samples_per_s_spread", "defaults_samples_per_s", "speedup", "lr"):
@@ -188,6 +200,13 @@ def _values(best: Best) -> dict[str, str]:
     _int("effective_batch", best.effective_batch, 1)
     values["header"] = _header(best, synthetic)
     return values
+
+
+def _task_ref(ref: Any) -> str:
+    try:
+        return validate_model_ref(ref) if isinstance(ref, str) and ":" in ref else validate_model_ref("")
+    except AutotuneError:
+        raise EmitError(f"cannot emit train.py: workload {ref!r} is not package.module:function") from None
 
 
 def _autotune_version() -> str:
@@ -204,7 +223,8 @@ def render_script(best: Best) -> str:
 
     Returns:
         Python source that imports only torch, torchvision and the standard
-        library; every flag defaults to the tuned value.
+        library (for a Task workload: torch and the workload's factory);
+        every flag defaults to the tuned value.
 
     Raises:
         EmitError: A value in ``best`` cannot be rendered safely (a model
@@ -213,7 +233,7 @@ def render_script(best: Best) -> str:
     """
     values = _values(best)
     try:
-        text = _template().substitute(values)
+        text = _template(_TASK_TEMPLATE if best.workload.task is not None else _TEMPLATE).substitute(values)
     except (KeyError, ValueError) as exc:  # a template bug, not a user error
         raise EmitError(f"cannot emit train.py: template error: {exc}") from None
     try:

@@ -10,7 +10,7 @@ traceback.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,16 +32,15 @@ class Work:
 
     Attributes:
         unit: One optimizer step (all its micro-batches) in train and compute
-            mode, one batch in loader mode; windows close between units.
-        unit_samples: Samples one unit processes.
+            mode, one batch in loader mode; windows close between units. It
+            returns the samples it processed.
         warmup_step: One warm-up step (a single micro-batch with its own
             optimizer step in train and compute mode).
         warmup_steps: How many warm-up steps run before the windows.
     """
 
-    unit: Callable[[], None]
-    unit_samples: int
-    warmup_step: Callable[[], None]
+    unit: Callable[[], int]
+    warmup_step: Callable[[], int]
     warmup_steps: int
 
 
@@ -52,12 +51,6 @@ SHORT_EPOCH_BATCHES = 64
 def short_epoch(samples: int, setup: TrainSetup) -> bool:
     """Whether an epoch of ``samples`` holds so few micro-batches that its boundaries cost measurable time."""
     return samples // setup.batch_size < SHORT_EPOCH_BATCHES
-
-
-def _epochs(loader: Any) -> Iterator[Any]:
-    """The loader's batches, epoch after epoch (persistent workers stay; the queue restarts)."""
-    while True:
-        yield from loader
 
 
 def more_windows(measured: int, measured_s: float, options: TrialOptions) -> bool:
@@ -97,15 +90,13 @@ class TrialLoop:
         torch.manual_seed(options.seed)
         self.data_wait = Stopwatch()
         self.bad = None  # device tensor: any non-finite loss so far
+        from autotune.workloads.pipeline import open_pipeline
+
+        self.pipeline = open_pipeline(workload)
 
     # ----------------------------------------------------------------- build
     def build_dataset(self) -> Any:
-        from autotune.workloads.data import ensure_synthetic, image_folder
-
-        root = self.workload.data or ensure_synthetic(self.workload.cache_dir, self.workload.synthetic_images)
-        dataset = image_folder(root, self.workload.image_size)
-        self.num_classes = len(dataset.classes)
-        return dataset
+        return self.pipeline.dataset()
 
     def start_loader(self, dataset: Any) -> Any:
         """The DataLoader's batches, endless; creating the iterator starts the workers.
@@ -114,53 +105,38 @@ class TrialLoop:
         never meets an epoch end a real epoch of a million images would not
         have. A short epoch (:func:`short_epoch`) is looped epoch by epoch,
         as the emitted script does: each epoch restarts the loader's
-        pipeline, and that cost is part of what the script will see.
+        pipeline, and that cost is part of what the script will see. An
+        iterable dataset is re-iterated when it ends.
         """
-        import torch
+        from autotune.workloads.pipeline import endless_batches
 
-        from autotune.workloads.data import InfiniteSampler
-
-        if short_epoch(len(dataset), self.setup):
-            generator = torch.Generator()
-            generator.manual_seed(self.options.seed)
-            loader = self.setup.dataloader(dataset, shuffle=True, drop_last=True, generator=generator)
-            return _epochs(loader)
-        loader = self.setup.dataloader(
-            dataset, sampler=InfiniteSampler(len(dataset), seed=self.options.seed), drop_last=True
+        epochs = not hasattr(dataset, "__len__") or short_epoch(len(dataset), self.setup)
+        return endless_batches(
+            self.setup, dataset, collate_fn=self.pipeline.collate_fn(), seed=self.options.seed, epochs=epochs
         )
-        return iter(loader)
 
     def build_model(self) -> None:
         import torch
 
-        from autotune.workloads.models import build_model
-
-        num_classes = getattr(self, "num_classes", None) or self.workload.num_classes or 10
-        self.num_classes = num_classes
-        model = build_model(
-            self.workload.model,
-            num_classes=num_classes,
-            image_size=self.workload.image_size,
-            sys_path=self.workload.sys_path,
-        )
-        model = self.setup.prepare_model(model.to(self.device))
+        model = self.setup.prepare_model(self.pipeline.model().to(self.device))
         model.train()
         self.model = model
-        cuda = self.device_type == "cuda"
-        self.optimizer = torch.optim.AdamW(
-            model.parameters(), lr=self.workload.lr, fused=True if cuda else None, foreach=None if cuda else True
-        )
+        self.optimizer = self.pipeline.optimizer(model.parameters(), lr=self.workload.lr, cuda=self.device_type == "cuda")
         self.scaler = self.setup.grad_scaler(self.device)
-        self.criterion = torch.nn.CrossEntropyLoss()
         self.bad = torch.zeros((), dtype=torch.bool, device=self.device)
 
+    def to_device(self, batch: Any) -> Any:
+        """The batch on the device (non-blocking from pinned memory), channels_last where the setup asks."""
+        from autotune.workloads.batches import to_device
+
+        return to_device(batch, self.device, channels_last=self.setup.channels_last)
+
     # ----------------------------------------------------------------- steps
-    def micro_step(self, images: Any, labels: Any, last: bool) -> None:
+    def micro_step(self, batch: Any, last: bool) -> None:
         import torch
 
-        images = self.setup.prepare_batch(images)
         with self.setup.autocast(self.device):
-            loss = self.criterion(self.model(images), labels) / self.setup.accumulation_steps
+            loss = self.pipeline.loss(self.model, batch) / self.setup.accumulation_steps
         self.bad |= ~torch.isfinite(loss.detach())
         if self.scaler is not None:
             self.scaler.scale(loss).backward()
@@ -204,49 +180,51 @@ class TrialLoop:
         setup = self.setup
         accum = setup.accumulation_steps
         mode = self.options.mode
-        non_blocking = setup.pin_memory and self.device_type == "cuda"
         if mode == "compute":
             self.build_model()
-            images, labels = self.random_batch()
+            batch = self.random_batch()
+            batch_samples = self.pipeline.samples(batch)
 
-            def compute_unit() -> None:
+            def compute_unit() -> int:
                 for k in range(accum):
-                    self.micro_step(images, labels, k == accum - 1)
+                    self.micro_step(batch, k == accum - 1)
+                return batch_samples * accum
 
-            def compute_warm() -> None:
-                self.micro_step(images, labels, True)
+            def compute_warm() -> int:
+                self.micro_step(batch, True)
+                return batch_samples
 
-            return Work(compute_unit, setup.batch_size * accum, compute_warm, 3 if self.device_type == "cuda" else 1)
+            return Work(compute_unit, compute_warm, 3 if self.device_type == "cuda" else 1)
         dataset = self.build_dataset()
         if mode == "loader":
             batches = self.start_loader(dataset)
 
-            def loader_unit() -> None:
+            def loader_unit() -> int:
                 with self.data_wait:
-                    next(batches)
+                    batch = next(batches)
+                return self.pipeline.samples(batch)
 
             # The queue starts empty: the workers' first batches arrive together, then one more.
-            return Work(loader_unit, setup.batch_size, loader_unit, setup.num_workers + 1)
+            return Work(loader_unit, loader_unit, setup.num_workers + 1)
         self.build_model()
         if setup.num_workers > 0:
             self.synthetic_step()
         batches = self.start_loader(dataset)
 
-        def next_micro_step(last: bool) -> None:
+        def next_micro_step(last: bool) -> int:
             with self.data_wait:
-                images, labels = next(batches)
-            images = images.to(self.device, non_blocking=non_blocking)
-            labels = labels.to(self.device, non_blocking=non_blocking)
-            self.micro_step(images, labels, last)
+                batch = next(batches)
+            samples = self.pipeline.samples(batch)
+            self.micro_step(self.to_device(batch), last)
+            return samples
 
-        def train_unit() -> None:
-            for k in range(accum):
-                next_micro_step(k == accum - 1)
+        def train_unit() -> int:
+            return sum(next_micro_step(k == accum - 1) for k in range(accum))
 
-        def train_warm() -> None:
-            next_micro_step(True)
+        def train_warm() -> int:
+            return next_micro_step(True)
 
-        return Work(train_unit, setup.batch_size * accum, train_warm, self.warmup_steps())
+        return Work(train_unit, train_warm, self.warmup_steps())
 
     def synthetic_step(self) -> None:
         """One optimizer step on a random batch of the real shape.
@@ -256,16 +234,11 @@ class TrialLoop:
         filling with ``num_workers x prefetch_factor`` batches while the first,
         slow step runs.
         """
-        self.micro_step(*self.random_batch(), True)
+        self.micro_step(self.random_batch(), True)
 
-    def random_batch(self) -> tuple[Any, Any]:
-        """Random images and labels of the real batch shape, on the device."""
-        import torch
-
-        size = self.workload.image_size
-        images = torch.randn(self.setup.batch_size, 3, size, size, device=self.device)
-        labels = torch.randint(0, self.num_classes, (self.setup.batch_size,), device=self.device)
-        return images, labels
+    def random_batch(self) -> Any:
+        """A batch of the real shape on the device: random images, or the Task's first items."""
+        return self.to_device(self.pipeline.example_batch(self.setup.batch_size))
 
     def warmup_steps(self) -> int:
         """Warm-up micro-steps of the train mode, each with an optimizer step.
@@ -287,7 +260,7 @@ class TrialLoop:
     # --------------------------------------------------------------- measure
     def run(self) -> TrialResult:
         work = self.unit_for_mode()
-        unit, unit_samples = work.unit, work.unit_samples
+        unit = work.unit
         options = self.options
         # Warm-up: worker start-up, lazy init, cuDNN autotuning, allocator
         # growth. Capped so a slow step cannot eat the timeout.
@@ -308,6 +281,7 @@ class TrialLoop:
         rates: list[float] = []
         measured_s = 0.0
         total_samples = 0
+        units = 0
         wait_before = self.data_wait.total_s
         for index in range(options.windows):
             if not more_windows(index, measured_s, options):
@@ -315,8 +289,8 @@ class TrialLoop:
             start = time.perf_counter()
             samples = 0
             while True:
-                unit()
-                samples += unit_samples
+                samples += unit()
+                units += 1
                 if self.monitor.over_budget.is_set():
                     self.check()
                 if time.perf_counter() - start >= window_s:
@@ -333,10 +307,8 @@ class TrialLoop:
         wait = self.data_wait.total_s - wait_before
         self.monitor.stop()
         self.check()
-        if options.mode == "loader":
-            step_time = self.setup.batch_size / stats.median
-        else:
-            step_time = self.setup.batch_size * self.setup.accumulation_steps / stats.median
+        # One unit (optimizer step, or loader batch) at the median throughput.
+        step_time = total_samples / max(units, 1) / stats.median
         return TrialResult(
             status="ok",
             samples_per_s=stats.median,

@@ -37,6 +37,11 @@ def classify(exc: BaseException) -> TrialResult:
     if isinstance(exc, Diverged):
         return TrialResult(status="diverged", error=str(exc))
     message = str(exc)
+    if "DataLoader worker" in message:
+        # PyTorch re-raises a worker's exception with the original traceback as text: keep its last line.
+        lines = [ln.strip() for ln in message.splitlines() if ln.strip()]
+        cause = lines[-1] if len(lines) > 1 else _one_line(exc)
+        return TrialResult(status="error", error=f"failed in a DataLoader worker, not in the training loop: {cause}"[:300])
     if isinstance(exc, oom_types) or (
         isinstance(exc, RuntimeError)
         and ("can't allocate memory" in message or "out of memory" in message.lower())

@@ -116,7 +116,9 @@ def calibrate(
     # than half the trial cannot be measured in steady state. Never below the
     # PyTorch default of 32, so the defaults stay inside the space.
     time_cap = max(32, int(rate * trial_seconds / 2)) if rate > 0 else batch_cap
-    candidates = powers_of_two(1, min(batch_cap, time_cap, fit if fit is not None else 8))
+    # An optimizer step must fit in one epoch of the data: no batch above len(dataset).
+    data_cap = workload.images if workload.images is not None else batch_cap
+    candidates = powers_of_two(1, min(batch_cap, time_cap, data_cap, fit if fit is not None else 8))
     max_batch = candidates[-1] if candidates else 1
     # Verify the extrapolated bound; halve on failure.
     while max_batch > 1:
@@ -147,12 +149,15 @@ def calibrate(
     loader_opts = TrialOptions(trial_seconds=short.trial_seconds, windows=2, mode="loader")
     counts = sorted({0, *powers_of_two(1, usable_cores), usable_cores})
     target = compute.samples_per_s if compute.ok else None
+    worker_error: str | None = None
     for workers in counts:
         setup = TrainSetup(
             batch_size=middle, num_workers=workers, prefetch_factor=2 if workers else None, pin_memory=cuda
         )
         result = runner(setup, workload, loader_opts)
         loader_points.append(LoaderPoint(workers, result.status, result.samples_per_s))
+        if workers > 0 and not result.ok and worker_error is None:
+            worker_error = result.error
         log(f"loader only ({workers} workers): {_rate(result)}")
         if target and result.ok and workers > 0 and (result.samples_per_s or 0) >= 2.0 * target:
             break  # far more than the device consumes: more workers cannot help
@@ -170,7 +175,20 @@ def calibrate(
     enough = calibration.workers_enough()
     if enough is not None:
         calibration = replace(calibration, max_workers=min(usable_cores, max(2, 2 * enough)))
+    broken = workers_broken(loader_points, worker_error)
+    if broken is not None:
+        log(f"loader workers fail ({broken}); the search keeps num_workers=0")
+        calibration = replace(calibration, max_workers=0)
     return calibration
+
+
+def workers_broken(points: list[LoaderPoint], first_error: str | None) -> str | None:
+    """Why loader workers cannot run: every worker count failed while the main process loaded fine."""
+    main = [p for p in points if p.num_workers == 0]
+    workers = [p for p in points if p.num_workers > 0]
+    if not main or main[0].status != "ok" or not workers or any(p.status == "ok" for p in workers):
+        return None
+    return first_error or "every loader-only measurement with workers failed"
 
 
 def _with_budget(options: TrialOptions, budget: int | None) -> TrialOptions:

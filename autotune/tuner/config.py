@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,8 @@ class SearchConfig:
     """Everything ``autotune search`` takes.
 
     Attributes:
-        model: torchvision name or ``package.module:function``.
+        model: torchvision name or ``package.module:function`` (the
+            image-classifier shorthand; ignored with ``workload``).
         trials: Finished trials wanted in the study, in total (resume included).
         image_size: Crop size fed to the model.
         data: ImageFolder directory, or None for synthetic JPEGs.
@@ -40,6 +42,11 @@ class SearchConfig:
         lr: Learning rate at the reference batch.
         timeout_s: Per-trial timeout (None: derived from trial_seconds).
         command: The command line, for the record.
+        workload: The user's workload factory, ``"package.module:function"``
+            or the function itself, returning an :class:`autotune.Task`;
+            ``None`` for the classifier shorthand. With a workload, ``lr``
+            comes from the Task and ``image_size``, ``data``,
+            ``synthetic_images`` and ``cache_dir`` do not apply.
     """
 
     model: str
@@ -63,6 +70,7 @@ class SearchConfig:
     lr: float = 1e-3
     timeout_s: float | None = None
     command: str = ""
+    workload: str | Callable[..., Any] | None = None
 
     def validate(self) -> None:
         """Reject bad values before anything runs or is written.
@@ -80,7 +88,7 @@ class SearchConfig:
             raise UsageError("--confirm-top and --confirm-rounds must be >= 1")
         if self.sampler not in ("tpe", "random"):
             raise UsageError(f"--sampler must be tpe or random, got {self.sampler!r}")
-        if self.image_size < 8:
+        if self.workload is None and self.image_size < 8:
             raise UsageError(f"--image-size must be >= 8, got {self.image_size}")
         knobs = merge_constraints(self.constraints)
         if self.effective_batch is not None and "accumulation_steps" in knobs:

@@ -32,11 +32,12 @@ from autotune.tuner.constraints import check_constraints, merge_constraints
 from autotune.tuner.explore import Exploration, explore
 from autotune.tuner.progress import Reporter, SilentReporter
 from autotune.tuner.signals import sigterm_as_interrupt
-from autotune.tuner.space import Space, build_space, defaults_setup, guess_setups
+from autotune.tuner.space import Space, build_space, check_image_constraints, defaults_setup, guess_setups
 from autotune.tuner.study import ROLE_DEFAULTS, ROLE_GUESS, SearchStudy
 from autotune.tuner.study_report import write_search_report
 from autotune.tuner.winner import bottleneck_verdict, make_best
 from autotune.workloads import build_workload
+from autotune.workloads.tasks import build_task_workload
 
 
 class TimedRunner:
@@ -108,9 +109,10 @@ def run_search(
         effective_batch=config.effective_batch,
         constraints=merge_constraints(config.constraints),
         images=prepared.workload.images,
+        image_input=prepared.workload.image_input,
     )
     reporter.message(space.describe())
-    defaults = defaults_setup(config.effective_batch)
+    defaults = defaults_setup(config.effective_batch, batch=prepared.workload.reference_batch)
     enqueue_first_trials(config, prepared, space, calibration)
     options = TrialOptions(
         trial_seconds=config.trial_seconds, timeout_s=config.timeout_s, max_memory_bytes=config.max_memory
@@ -163,9 +165,12 @@ def run_search(
     return outcome
 
 
-def study_name(config: SearchConfig, device: DeviceInfo) -> str:
-    """The default study name: model, image size, device (and pinned effective batch)."""
-    name = f"{config.model.replace(':', '.')}-{config.image_size}px-{device.name.replace(':', '')}"
+def study_name(config: SearchConfig, device: DeviceInfo, workload: Workload | None = None) -> str:
+    """The default study name: model and image size (or the workload factory), device (and pinned effective batch)."""
+    if workload is not None and workload.task is not None:
+        name = f"{workload.task.replace(':', '.')}-{device.name.replace(':', '')}"
+    else:
+        name = f"{config.model.replace(':', '.')}-{config.image_size}px-{device.name.replace(':', '')}"
     if config.effective_batch:
         name += f"-eb{config.effective_batch}"
     return name
@@ -173,7 +178,9 @@ def study_name(config: SearchConfig, device: DeviceInfo) -> str:
 
 def signature(config: SearchConfig, workload: Workload) -> dict[str, Any]:
     """What must match for a stored study to be resumed by this search."""
+    task = {"task": workload.task} if workload.task is not None else {}
     return {
+        **task,
         "model": workload.model,
         "image_size": workload.image_size,
         "data": workload.data,
@@ -197,16 +204,22 @@ def prepare(config: SearchConfig, reporter: Reporter) -> Prepared:
     out = Path(config.out)
     if config.storage is None:
         check_writable(out)
-    workload = build_workload(
-        model=config.model,
-        image_size=config.image_size,
-        data=config.data,
-        device=device.name,
-        cache_dir=config.cache_dir,
-        synthetic_images=config.synthetic_images,
-        lr=config.lr,
-    )
-    name = config.study or study_name(config, device)
+    if config.workload is not None:
+        pinned = merge_constraints(config.constraints).get("num_workers")
+        workers = pinned is None or any(pinned.allows(n) for n in range(1, 257))
+        workload = build_task_workload(config.workload, device=device.name, workers=workers)
+    else:
+        workload = build_workload(
+            model=config.model,
+            image_size=config.image_size,
+            data=config.data,
+            device=device.name,
+            cache_dir=config.cache_dir,
+            synthetic_images=config.synthetic_images,
+            lr=config.lr,
+        )
+    check_image_constraints(merge_constraints(config.constraints), workload.image_input)
+    name = config.study or study_name(config, device, workload)
     if config.storage is not None:
         study = SearchStudy.open(config.storage, name, sampler=config.sampler, seed=config.seed, trials=config.trials)
         check_writable(out)
@@ -216,11 +229,7 @@ def prepare(config: SearchConfig, reporter: Reporter) -> Prepared:
         storage = f"sqlite:///{(out / 'study.db').resolve()}"
         study = SearchStudy.open(storage, name, sampler=config.sampler, seed=config.seed, trials=config.trials)
     study.check_signature(signature(config, workload))
-    reporter.message(
-        f"{workload.model} @ {workload.image_size}px on {device.name} ({device.label}); "
-        f"{int(hardware.cpu.usable_cores)} usable CPU cores; "
-        f"data: {workload.data or 'synthetic JPEGs (no --data given)'}"
-    )
+    reporter.message(f"{workload.describe()} ({device.label}); {int(hardware.cpu.usable_cores)} usable CPU cores")
     return Prepared(hardware, device, workload, study, out)
 
 

@@ -176,13 +176,25 @@ def _nearest(value: Any, options: Sequence[Any]) -> Any:
     return options[0]
 
 
-def defaults_setup(effective_batch: int | None) -> TrainSetup:
-    """PyTorch's defaults: 0 workers, batch 32, fp32; the same math when the
-    effective batch is pinned (accumulation makes up the difference)."""
+def defaults_setup(effective_batch: int | None, batch: int | None = None) -> TrainSetup:
+    """PyTorch's defaults: 0 workers, batch 32 (or a Task's recipe batch), fp32;
+    the same math when the effective batch is pinned (accumulation makes up the difference)."""
+    base = batch or DEFAULT_BATCH
     if effective_batch is None:
-        return TrainSetup(batch_size=DEFAULT_BATCH)
-    batch = max(d for d in range(1, min(DEFAULT_BATCH, effective_batch) + 1) if effective_batch % d == 0)
+        return TrainSetup(batch_size=base)
+    batch = max(d for d in range(1, min(base, effective_batch) + 1) if effective_batch % d == 0)
     return TrainSetup(batch_size=batch, accumulation_steps=effective_batch // batch)
+
+
+def check_image_constraints(constraints: dict[str, Constraint], image_input: bool) -> None:
+    """Refuse ``--set channels_last=true`` for a workload whose batches hold no 4-D floating tensor.
+
+    Raises:
+        UsageError: channels_last pinned on with nothing for it to act on.
+    """
+    pinned = constraints.get("channels_last")
+    if not image_input and pinned is not None and pinned.allows(True) and not pinned.allows(False):
+        raise UsageError("--set channels_last=true: this workload's batches hold no 4-D floating tensor for it to act on")
 
 
 def build_space(
@@ -193,6 +205,7 @@ def build_space(
     effective_batch: int | None,
     constraints: dict[str, Constraint],
     images: int | None = None,
+    image_input: bool = True,
 ) -> Space:
     """The space from the probe and the calibration, narrowed by ``--set``.
 
@@ -204,6 +217,8 @@ def build_space(
         constraints: The user's ``--set`` constraints.
         images: Training images; an optimizer step (``batch x accumulation``)
             must fit in one epoch, so the batch and accumulation are capped.
+        image_input: Whether batches hold a 4-D floating tensor; without one
+            ``channels_last`` has nothing to act on and is not offered.
 
     Raises:
         UsageError: A constraint the device cannot run, one that leaves a
@@ -242,9 +257,10 @@ def build_space(
         "batch_size": batches,
         "accumulation_steps": accumulation,
         "amp": amp,
-        "channels_last": (False, True),
+        "channels_last": (False, True) if image_input else (False,),
     }
     check_constraints(constraints, device)
+    check_image_constraints(constraints, image_input)
     values = apply_constraints(base, constraints)
     if effective_batch is not None:
         bad = [b for b in values["batch_size"] if effective_batch % b]

@@ -57,7 +57,7 @@ def make_best(
     peaks = [r.result.peak_memory_bytes for r in feasible if r.setup == setup and r.result.peak_memory_bytes]
     effective = setup.effective_batch()
     lr = scaled_lr(workload.lr, effective, reference)
-    if workload.data is None:
+    if workload.data is None and workload.task is None:
         notes.append("measured on synthetic JPEGs; re-run with --data DIR to tune on your own images")
     if setup.amp != "off":
         notes.append(f"amp={setup.amp} changes the numerics (autocast); check your accuracy once")

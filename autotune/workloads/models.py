@@ -14,8 +14,8 @@ import inspect
 import keyword
 import re
 import sys
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from autotune.errors import WorkloadError
 
@@ -85,7 +85,18 @@ def check_model_name(ref: str) -> None:
         raise WorkloadError(f"unknown model {ref!r}{hint}")
 
 
-def _load_factory(ref: str, sys_path: Sequence[str]):  # type: ignore[no-untyped-def]
+def load_factory(ref: str, sys_path: Sequence[str], what: str = "model") -> Callable[..., Any]:
+    """Import ``package.module:function`` (``sys_path`` entries first) and return the function.
+
+    Args:
+        ref: The factory reference (already validated).
+        sys_path: Import paths put in front of ``sys.path`` (the caller's cwd).
+        what: What the factory builds, for the error message.
+
+    Raises:
+        WorkloadError: The module cannot be imported (or fails while
+            importing), or has no such callable.
+    """
     module_name, _, func_name = ref.partition(":")
     for entry in reversed(list(sys_path)):
         if entry not in sys.path:
@@ -93,7 +104,9 @@ def _load_factory(ref: str, sys_path: Sequence[str]):  # type: ignore[no-untyped
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
-        raise WorkloadError(f"cannot import {module_name!r} for model {ref!r}: {exc}") from None
+        raise WorkloadError(f"cannot import {module_name!r} for {what} {ref!r}: {exc}") from None
+    except Exception as exc:  # the user's module raised while importing
+        raise WorkloadError(f"importing {module_name!r} for {what} {ref!r} failed: {type(exc).__name__}: {exc}") from None
     func = getattr(module, func_name, None)
     if func is None or not callable(func):
         raise WorkloadError(f"{module_name} has no callable {func_name!r}")
@@ -104,7 +117,7 @@ def check_factory(ref: str, sys_path: Sequence[str] = ()) -> None:
     """Import a user factory and check it is callable (does not call it)."""
     validate_model_ref(ref)
     if is_factory_ref(ref):
-        _load_factory(ref, sys_path)
+        load_factory(ref, sys_path)
 
 
 def build_model(ref: str, *, num_classes: int, image_size: int, sys_path: Sequence[str] = ()) -> torch.nn.Module:
@@ -121,7 +134,7 @@ def build_model(ref: str, *, num_classes: int, image_size: int, sys_path: Sequen
 
     check_model_name(ref)
     if is_factory_ref(ref):
-        func = _load_factory(ref, sys_path)
+        func = load_factory(ref, sys_path)
         try:
             params: Mapping[str, inspect.Parameter] = inspect.signature(func).parameters
         except (TypeError, ValueError):

@@ -1,0 +1,314 @@
+"""The Python API: :func:`search` and :func:`trial`, the same as the CLI commands.
+
+Example::
+
+    import autotune
+
+    result = autotune.search(workload="mypkg.train:make_task", trials=30, device="cuda")
+    print(result.setup.describe(), result.samples_per_s, result.speedup, result.best_json)
+
+    one = autotune.trial(workload="mypkg.train:make_task", setup=autotune.TrainSetup(batch_size=64, num_workers=2))
+    print(one.status, one.samples_per_s)
+
+A workload given as a function must be importable by the trial processes:
+define it at the top level of a module, not in ``__main__`` or as a lambda.
+Errors are :class:`~autotune.errors.AutotuneError` subclasses, raised before
+anything is written when the input is bad.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from autotune.errors import UsageError
+from autotune.records import TrialOptions, TrialResult, Workload
+from autotune.train_setup import TrainSetup
+from autotune.tuner import Reporter, SearchConfig, SearchOutcome, run_search
+
+__all__ = ["SearchResult", "TrialOutcome", "search", "trial"]
+
+WorkloadRef = str | Callable[..., Any]
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    """What :func:`search` found.
+
+    Attributes:
+        setup: The confirmed winner (``None`` only if nothing was feasible).
+        samples_per_s: Its confirmed median throughput.
+        speedup: Over the defaults measured in the same rounds (``None`` if
+            they could not be measured).
+        best_json: The ``best.json`` written.
+        train_py: The emitted ``train.py``.
+        verdict: Which side limits training, in words.
+        outcome: Everything else: every trial, calibration, confirmation.
+    """
+
+    setup: TrainSetup | None
+    samples_per_s: float | None
+    speedup: float | None
+    best_json: Path
+    train_py: Path
+    verdict: str
+    outcome: SearchOutcome
+
+
+@dataclass(frozen=True)
+class TrialOutcome:
+    """What :func:`trial` measured for one setup.
+
+    Attributes:
+        setup: The setup measured.
+        workload: The checked workload record.
+        result: The measurement (status, samples/s, spread, data wait, peak memory, ...).
+    """
+
+    setup: TrainSetup
+    workload: Workload
+    result: TrialResult
+
+    @property
+    def status(self) -> str:
+        """``ok``, ``oom``, ``timeout``, ``error`` or ``diverged``."""
+        return self.result.status
+
+    @property
+    def samples_per_s(self) -> float | None:
+        """Median steady-state throughput (``None`` unless ``ok``)."""
+        return self.result.samples_per_s
+
+
+def _constraints(items: Sequence[str]) -> tuple[Any, ...]:
+    from autotune.tuner.constraints import parse_constraint
+
+    if isinstance(items, str):
+        items = [items]
+    return tuple(parse_constraint(item) for item in items)
+
+
+def _bytes(value: int | str | None) -> int | None:
+    from autotune.units import parse_size
+
+    return parse_size(value) if isinstance(value, str) else value
+
+
+def search(
+    workload: WorkloadRef | None = None,
+    *,
+    model: str = "resnet50",
+    data: str | Path | None = None,
+    image_size: int = 224,
+    trials: int = 30,
+    device: str = "auto",
+    out: str | Path = "autotune-out",
+    trial_seconds: float = 10.0,
+    effective_batch: int | None = None,
+    max_memory: int | str | None = None,
+    constraints: Sequence[str] = (),
+    confirm_top: int = 3,
+    confirm_rounds: int = 3,
+    seed: int = 0,
+    sampler: str = "tpe",
+    study: str | None = None,
+    storage: str | None = None,
+    timeout_s: float | None = None,
+    lr: float = 1e-3,
+    cache_dir: str | Path | None = None,
+    synthetic_images: int = 2000,
+    reporter: Reporter | None = None,
+    progress: bool = False,
+) -> SearchResult:
+    """Search the fastest training setup, as ``autotune search`` does.
+
+    Args:
+        workload: The user's workload factory (``"package.module:function"``
+            or the function) returning an :class:`autotune.Task`; ``None``
+            for the image-classifier shorthand (``model``, ``data``,
+            ``image_size``, ``lr``).
+        model: torchvision name or ``module:function`` (shorthand only).
+        data: ImageFolder directory (shorthand only; ``None``: synthetic JPEGs).
+        image_size: Crop size (shorthand only).
+        trials: Finished trials wanted in the study.
+        device: ``auto``, ``cpu``, ``cuda`` or ``cuda:K``.
+        out: Output directory (``best.json``, ``trials.csv``, ``train.py``).
+        trial_seconds: Measured seconds per trial.
+        effective_batch: Pin micro-batch x accumulation.
+        max_memory: Memory budget (bytes or text such as ``"20GiB"``).
+        constraints: ``--set`` items, e.g. ``["num_workers=0..2", "amp=bf16"]``.
+        confirm_top: Finalists re-measured.
+        confirm_rounds: Interleaved rounds of re-measurement.
+        seed: Sampler seed.
+        sampler: ``tpe`` or ``random``.
+        study: Study name.
+        storage: Optuna storage URL.
+        timeout_s: Per-trial timeout.
+        lr: Learning rate at the reference batch (shorthand only; a Task has its own).
+        cache_dir: Synthetic data cache (shorthand only).
+        synthetic_images: Files in the synthetic dataset (shorthand only).
+        reporter: Progress hooks (see :class:`autotune.tuner.Reporter`).
+        progress: Draw the CLI's live progress on stderr (when no reporter is given).
+
+    Returns:
+        The winner, its confirmed speed and the files written.
+
+    Raises:
+        AutotuneError: Bad input (before anything is written), an unusable
+            storage, no feasible trial, or an interruption (finished trials kept).
+    """
+    if workload is not None and data is not None:
+        raise UsageError("give a workload or the classifier shorthand (model, data, image_size), not both")
+    config = SearchConfig(
+        model=model,
+        trials=trials,
+        image_size=image_size,
+        data=Path(data) if data is not None else None,
+        device=device,
+        effective_batch=effective_batch,
+        max_memory=_bytes(max_memory),
+        trial_seconds=trial_seconds,
+        constraints=_constraints(constraints),
+        out=Path(out),
+        study=study,
+        storage=storage,
+        seed=seed,
+        sampler=sampler,
+        cache_dir=Path(cache_dir) if cache_dir is not None else None,
+        synthetic_images=synthetic_images,
+        confirm_top=confirm_top,
+        confirm_rounds=confirm_rounds,
+        lr=lr,
+        timeout_s=timeout_s,
+        command=f"python: autotune.search() in {shlex.quote(sys.argv[0] or 'python')}",
+        workload=workload,
+    )
+    if reporter is None and progress:
+        from rich.console import Console
+
+        from autotune.render import RichReporter
+
+        with RichReporter(Console(stderr=True)) as live:
+            outcome = run_search(config, live)
+    else:
+        outcome = run_search(config, reporter)
+    best = outcome.best
+    return SearchResult(
+        setup=best.setup if best else None,
+        samples_per_s=best.samples_per_s if best else None,
+        speedup=best.speedup if best else None,
+        best_json=outcome.out / "best.json",
+        train_py=outcome.out / "train.py",
+        verdict=outcome.verdict,
+        outcome=outcome,
+    )
+
+
+def trial_workload(
+    workload: WorkloadRef | None,
+    *,
+    model: str,
+    image_size: int,
+    data: str | Path | None,
+    device: str,
+    cache_dir: str | Path | None,
+    synthetic_images: int,
+    workers: bool,
+) -> tuple[Any, Any, Workload]:
+    """Probe the machine, resolve the device and build the checked workload of one trial.
+
+    Returns:
+        ``(hardware, device, workload)``.
+    """
+    import probes
+    from autotune.devices import resolve_device
+    from autotune.workloads import build_workload
+    from autotune.workloads.tasks import build_task_workload
+
+    hardware = probes.collect()
+    dev = resolve_device(device, hardware)
+    if workload is not None:
+        if data is not None:
+            raise UsageError("give --workload or the classifier shorthand (--model, --data, --image-size), not both")
+        return hardware, dev, build_task_workload(workload, device=dev.name, workers=workers)
+    built = build_workload(
+        model=model,
+        image_size=image_size,
+        data=Path(data) if data is not None else None,
+        device=dev.name,
+        cache_dir=Path(cache_dir) if cache_dir is not None else None,
+        synthetic_images=synthetic_images,
+    )
+    return hardware, dev, built
+
+
+def trial(
+    workload: WorkloadRef | None = None,
+    *,
+    setup: TrainSetup | None = None,
+    model: str = "resnet18",
+    data: str | Path | None = None,
+    image_size: int = 224,
+    device: str = "auto",
+    trial_seconds: float = 10.0,
+    mode: str = "train",
+    timeout_s: float | None = None,
+    max_memory: int | str | None = None,
+    cache_dir: str | Path | None = None,
+    synthetic_images: int = 2000,
+    announce: Callable[[str], None] | None = None,
+) -> TrialOutcome:
+    """Run one short, isolated, measured trial of ``setup``, as ``autotune trial`` does.
+
+    Args:
+        workload: The user's workload factory, or ``None`` for the classifier shorthand.
+        setup: The knobs (default: ``TrainSetup()``, PyTorch's defaults).
+        model: torchvision name or ``module:function`` (shorthand only).
+        data: ImageFolder directory (shorthand only).
+        image_size: Crop size (shorthand only).
+        device: ``auto``, ``cpu``, ``cuda`` or ``cuda:K``.
+        trial_seconds: Measured steady-state seconds.
+        mode: ``train``, ``compute`` (no loader) or ``loader`` (no model).
+        timeout_s: Kill the trial after this many seconds.
+        max_memory: Memory budget; a peak above it is an ``oom``.
+        cache_dir: Synthetic data cache (shorthand only).
+        synthetic_images: Files in the synthetic dataset (shorthand only).
+        announce: Called with one line saying what is trained, once the
+            workload is checked and before the trial starts.
+
+    Returns:
+        The setup, the workload and what was measured; a failed trial is a
+        status, not an exception.
+
+    Raises:
+        AutotuneError: Bad input, found before the trial starts.
+    """
+    from autotune.runner import run_trial
+
+    setup = setup or TrainSetup()
+    options = TrialOptions(
+        trial_seconds=trial_seconds,
+        timeout_s=timeout_s,
+        max_memory_bytes=_bytes(max_memory),
+        mode=mode,  # type: ignore[arg-type]
+    )
+    _, dev, built = trial_workload(
+        workload,
+        model=model,
+        image_size=image_size,
+        data=data,
+        device=device,
+        cache_dir=cache_dir,
+        synthetic_images=synthetic_images,
+        workers=setup.num_workers > 0,
+    )
+    setup.check_device(dev.name, bf16_supported=dev.bf16)
+    if setup.channels_last and not built.image_input:
+        raise UsageError("channels_last: this workload's batches hold no 4-D floating tensor for it to act on")
+    if announce is not None:
+        announce(f"trial: {built.describe()} ({dev.label})")
+    return TrialOutcome(setup=setup, workload=built, result=run_trial(setup, built, options))

@@ -1,0 +1,103 @@
+"""Batches of any shape: a tensor, a tuple or list, a dict, or a nested mix.
+
+The trial loop and the emitted script treat every batch the same way: move
+its tensors to the device (recursively, ``non_blocking`` only from pinned
+memory), convert 4-D floating tensors to channels_last when the setup asks
+for it, and count its samples as the first dimension of its first tensor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+from autotune.errors import WorkloadError
+
+__all__ = ["describe_batch", "first_dim", "has_image_tensor", "map_tensors", "tensors", "to_device"]
+
+
+def tensors(batch: Any) -> Iterator[Any]:
+    """Every tensor of a batch, depth first, in order (dict values in their order)."""
+    import torch
+
+    if isinstance(batch, torch.Tensor):
+        yield batch
+    elif isinstance(batch, Mapping):
+        for value in batch.values():
+            yield from tensors(value)
+    elif isinstance(batch, (tuple, list)):
+        for value in batch:
+            yield from tensors(value)
+
+
+def map_tensors(batch: Any, func: Callable[[Any], Any]) -> Any:
+    """The batch with ``func`` applied to each tensor; containers keep their type."""
+    import torch
+
+    if isinstance(batch, torch.Tensor):
+        return func(batch)
+    if isinstance(batch, Mapping):
+        mapped = {key: map_tensors(value, func) for key, value in batch.items()}
+        if type(batch) is dict:
+            return mapped
+        try:  # keep dict subclasses (OrderedDict, BatchEncoding) where they rebuild from a dict
+            return type(batch)(mapped)  # type: ignore[call-arg]
+        except Exception:
+            return mapped
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # a namedtuple
+        return type(batch)(*(map_tensors(value, func) for value in batch))
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(map_tensors(value, func) for value in batch)
+    return batch
+
+
+def to_device(batch: Any, device: Any, *, channels_last: bool = False) -> Any:
+    """Move every tensor of ``batch`` to ``device``.
+
+    The copy is non-blocking only from pinned memory (where it overlaps with
+    compute); with ``channels_last`` every 4-D floating tensor is converted
+    to the NHWC layout, other tensors are left as they are.
+    """
+    import torch
+
+    def move(tensor: Any) -> Any:
+        tensor = tensor.to(device, non_blocking=bool(tensor.is_pinned()) if tensor.device.type == "cpu" else False)
+        if channels_last and tensor.dim() == 4 and tensor.is_floating_point():
+            tensor = tensor.contiguous(memory_format=torch.channels_last)
+        return tensor
+
+    return map_tensors(batch, move)
+
+
+def has_image_tensor(batch: Any) -> bool:
+    """Whether the batch holds a 4-D floating tensor (where channels_last can apply)."""
+    return any(t.dim() == 4 and t.is_floating_point() for t in tensors(batch))
+
+
+def first_dim(batch: Any) -> int:
+    """Samples in a batch: the size of the first dimension of its first tensor.
+
+    Raises:
+        WorkloadError: The batch holds no tensor with a dimension.
+    """
+    for tensor in tensors(batch):
+        if tensor.dim() > 0:
+            return int(tensor.shape[0])
+    raise WorkloadError(
+        f"cannot count the samples of a {type(batch).__name__} batch without tensors; give the Task a batch_size_of="
+    )
+
+
+def describe_batch(batch: Any) -> str:
+    """Shapes and dtypes of a batch, e.g. ``{input_ids: Tensor[2, 16] int64, labels: Tensor[2] int64}``."""
+    import torch
+
+    if isinstance(batch, torch.Tensor):
+        dtype = str(batch.dtype).removeprefix("torch.")
+        return f"Tensor[{', '.join(str(d) for d in batch.shape)}] {dtype}"
+    if isinstance(batch, Mapping):
+        return "{" + ", ".join(f"{key}: {describe_batch(value)}" for key, value in batch.items()) + "}"
+    if isinstance(batch, (tuple, list)):
+        inner = ", ".join(describe_batch(value) for value in batch)
+        return f"({inner})" if isinstance(batch, tuple) else f"[{inner}]"
+    return type(batch).__name__

@@ -1,0 +1,202 @@
+"""What a trial trains, behind one interface: the classifier shorthand or the user's Task.
+
+A trial process asks :func:`open_pipeline` for the workload's pipeline and
+uses only its methods: the dataset and collate function the loader reads,
+the model, the optimizer, the loss of one batch, the samples in a batch and
+a batch for the compute-only measurement. The classifier shorthand
+(``--model``/``--data``/``--image-size``) is one pipeline, the user's
+:class:`~autotune.workloads.task.Task` the other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, Protocol
+
+from autotune.records import Workload
+from autotune.workloads.batches import first_dim
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+    from autotune.train_setup import TrainSetup
+
+__all__ = ["ClassifierPipeline", "Pipeline", "TaskPipeline", "endless_batches", "open_pipeline"]
+
+
+class Pipeline(Protocol):
+    """What a trial needs to know about the workload."""
+
+    def dataset(self) -> Any:
+        """The training dataset (map-style or iterable)."""
+        ...
+
+    def collate_fn(self) -> Callable[[list[Any]], Any] | None:
+        """The loader's collate function (``None``: PyTorch's default)."""
+        ...
+
+    def model(self) -> torch.nn.Module:
+        """A freshly initialised model, on the CPU."""
+        ...
+
+    def optimizer(self, params: Any, *, lr: float, cuda: bool) -> torch.optim.Optimizer:
+        """The optimizer over ``params``."""
+        ...
+
+    def loss(self, model: Any, batch: Any) -> Any:
+        """The scalar loss of one batch already on the device."""
+        ...
+
+    def samples(self, batch: Any) -> int:
+        """Samples in a batch."""
+        ...
+
+    def example_batch(self, batch_size: int) -> Any:
+        """A batch of the real shape, on the CPU (compute-only measurement, first step)."""
+        ...
+
+
+class ClassifierPipeline:
+    """The image-classifier shorthand: torchvision model or factory, ImageFolder or synthetic JPEGs, cross-entropy, AdamW."""
+
+    def __init__(self, workload: Workload) -> None:
+        self.workload = workload
+        self.num_classes = workload.num_classes or 10
+
+    def dataset(self) -> Any:
+        """The ImageFolder (synthetic JPEGs without ``data``) with the training transform."""
+        from autotune.workloads.data import ensure_synthetic, image_folder
+
+        root = self.workload.data or ensure_synthetic(self.workload.cache_dir, self.workload.synthetic_images)
+        dataset = image_folder(root, self.workload.image_size)
+        self.num_classes = len(dataset.classes)
+        return dataset
+
+    def collate_fn(self) -> None:
+        """PyTorch's default collate."""
+        return None
+
+    def model(self) -> torch.nn.Module:
+        """The classifier for the data's classes."""
+        from autotune.workloads.models import build_model
+
+        return build_model(
+            self.workload.model,
+            num_classes=self.num_classes,
+            image_size=self.workload.image_size,
+            sys_path=self.workload.sys_path,
+        )
+
+    def optimizer(self, params: Any, *, lr: float, cuda: bool) -> torch.optim.Optimizer:
+        """AdamW, fused on CUDA, foreach on the CPU."""
+        import torch
+
+        return torch.optim.AdamW(params, lr=lr, fused=True if cuda else None, foreach=None if cuda else True)
+
+    def loss(self, model: Any, batch: Any) -> Any:
+        """Cross-entropy of ``model(images)`` against the labels."""
+        import torch
+
+        images, labels = batch
+        return torch.nn.functional.cross_entropy(model(images), labels)
+
+    def samples(self, batch: Any) -> int:
+        """Images in the batch."""
+        return first_dim(batch)
+
+    def example_batch(self, batch_size: int) -> Any:
+        """Random images and labels of the real shape."""
+        import torch
+
+        size = self.workload.image_size
+        return torch.randn(batch_size, 3, size, size), torch.randint(0, self.num_classes, (batch_size,))
+
+
+class TaskPipeline:
+    """The user's Task, loaded from its factory in this process."""
+
+    def __init__(self, workload: Workload) -> None:
+        from autotune.workloads.tasks import load_task
+
+        assert workload.task is not None
+        self.task = load_task(workload.task, workload.sys_path)
+
+    def dataset(self) -> Any:
+        """The Task's dataset."""
+        return self.task.dataset
+
+    def collate_fn(self) -> Callable[[list[Any]], Any] | None:
+        """The Task's collate_fn."""
+        return self.task.collate_fn
+
+    def model(self) -> torch.nn.Module:
+        """The Task's model (its factory called, when it is one)."""
+        return self.task.build_model()
+
+    def optimizer(self, params: Any, *, lr: float, cuda: bool) -> torch.optim.Optimizer:
+        """The Task's optimizer, default AdamW."""
+        return self.task.build_optimizer(params, lr=lr, cuda=cuda)
+
+    def loss(self, model: Any, batch: Any) -> Any:
+        """``step(model, batch)`` or ``loss(model(inputs), targets)``."""
+        return self.task.compute_loss(model, batch)
+
+    def samples(self, batch: Any) -> int:
+        """``batch_size_of(batch)`` or the first dimension."""
+        return self.task.samples_in(batch)
+
+    def example_batch(self, batch_size: int) -> Any:
+        """``batch_size`` real items, collated."""
+        from autotune.workloads.tasks import example_batch
+
+        return example_batch(self.task, batch_size)
+
+
+def open_pipeline(workload: Workload) -> Pipeline:
+    """The pipeline of a workload: the user's Task, or the classifier shorthand.
+
+    Raises:
+        WorkloadError: The Task factory cannot be loaded.
+    """
+    if workload.task is not None:
+        return TaskPipeline(workload)
+    return ClassifierPipeline(workload)
+
+
+def endless_batches(
+    setup: TrainSetup, dataset: Any, *, collate_fn: Callable[[list[Any]], Any] | None, seed: int, epochs: bool = False
+) -> Iterator[Any]:
+    """The loader's batches, forever, with the setup's knobs.
+
+    With ``epochs`` (a short epoch, or an iterable dataset) the loader is
+    looped epoch by epoch: each epoch restarts its pipeline, as in the
+    emitted script (persistent workers stay). Otherwise a map-style dataset
+    is read through the endless sampler and never ends an epoch.
+    """
+    import torch
+    from torch.utils.data import IterableDataset
+
+    from autotune.workloads.data import InfiniteSampler
+
+    extra: dict[str, Any] = {"drop_last": True}
+    if collate_fn is not None:
+        extra["collate_fn"] = collate_fn
+    iterable = isinstance(dataset, IterableDataset)
+    if not iterable and not epochs:
+        return iter(setup.dataloader(dataset, sampler=InfiniteSampler(len(dataset), seed=seed), **extra))
+    if not iterable:
+        generator = torch.Generator()
+        generator.manual_seed(seed)
+        extra.update(shuffle=True, generator=generator)
+    loader = setup.dataloader(dataset, **extra)
+
+    def forever() -> Iterator[Any]:
+        while True:
+            empty = True
+            for batch in loader:
+                empty = False
+                yield batch
+            if empty:
+                raise RuntimeError("the dataset yields no full batch")
+
+    return forever()

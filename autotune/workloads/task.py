@@ -1,0 +1,166 @@
+"""The public record of a user's training workload: :class:`Task`.
+
+A workload factory (``mypkg.train:make_task``) is a function without required
+arguments that returns a Task; autotune imports and calls it in every trial
+process and in the emitted ``train.py``::
+
+    import torch
+    from torch import nn
+
+    import autotune
+
+
+    def make_task() -> autotune.Task:
+        return autotune.Task(
+            model=MyNet,                      # an nn.Module or a zero-argument factory of one
+            dataset=MyDataset("train.csv"),   # any map-style (or iterable) torch Dataset
+            loss=nn.CrossEntropyLoss(),       # loss(model(inputs), targets) for (inputs, targets) batches
+            batch_size=64,                    # the recipe: the reference effective batch
+            lr=3e-4,                          # the learning rate at that batch
+        )
+
+Batches that are not ``(inputs, targets)`` pairs use ``step(model, batch)``
+instead of ``loss``: it returns the scalar loss of one batch (autotune does
+the backward pass, the optimizer step, autocast and accumulation).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import KW_ONLY, dataclass
+from typing import TYPE_CHECKING, Any
+
+from autotune.errors import WorkloadError
+from autotune.workloads.batches import first_dim
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+__all__ = ["Task"]
+
+
+@dataclass(frozen=True)
+class Task:
+    """What the user trains: model, data, loss or step, optimizer, recipe.
+
+    Attributes:
+        model: An ``nn.Module``, or a zero-argument callable returning one
+            (called once per trial, so each trial starts from fresh weights).
+        dataset: A ``torch.utils.data.Dataset``. Map-style datasets get every
+            knob; iterable datasets get the loader knobs but no endless
+            sampler, no epoch-size cap and no per-worker sharding (their own
+            ``__iter__`` must shard with ``get_worker_info()``).
+        loss: A criterion applied as ``loss(model(inputs), targets)`` to
+            ``(inputs, targets)`` batches. Default: cross-entropy when
+            ``step`` is not given either.
+        step: ``step(model, batch) -> loss`` for any other batch (dicts,
+            several inputs, outputs that are dicts). Exactly one of ``loss``
+            and ``step`` may be given.
+        collate_fn: The DataLoader's ``collate_fn`` (padding, dict batches).
+        optimizer: A factory ``params -> torch.optim.Optimizer``; it is
+            called with ``lr=`` when it accepts that argument (the rate
+            scaled to the tuned effective batch). Default: AdamW at ``lr``,
+            fused on CUDA.
+        batch_size: The recipe's batch: the reference effective batch for the
+            learning-rate note and the batch of the "recipe" baseline.
+        lr: The recipe's learning rate at ``batch_size``.
+        batch_size_of: ``batch_size_of(batch) -> int``: samples in a batch
+            (default: the first dimension of the batch's first tensor). Return
+            tokens to measure tokens/s.
+    """
+
+    model: Any
+    dataset: Any
+    _: KW_ONLY
+    loss: Callable[..., Any] | None = None
+    step: Callable[[Any, Any], Any] | None = None
+    collate_fn: Callable[[list[Any]], Any] | None = None
+    optimizer: Callable[..., Any] | None = None
+    batch_size: int = 32
+    lr: float = 1e-3
+    batch_size_of: Callable[[Any], int] | None = None
+
+    def __post_init__(self) -> None:
+        if self.loss is not None and self.step is not None:
+            raise WorkloadError("Task takes loss= or step=, not both")
+        if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
+            raise WorkloadError(f"Task batch_size must be an integer >= 1, got {self.batch_size!r}")
+        if isinstance(self.lr, bool) or not isinstance(self.lr, (int, float)) or not self.lr > 0:
+            raise WorkloadError(f"Task lr must be a number > 0, got {self.lr!r}")
+        for name in ("loss", "step", "collate_fn", "optimizer", "batch_size_of"):
+            value = getattr(self, name)
+            if value is not None and not callable(value):
+                raise WorkloadError(f"Task {name} must be callable, got {type(value).__name__}")
+
+    # -------------------------------------------------------------- building
+    def build_model(self) -> torch.nn.Module:
+        """The model: ``model`` itself, or what its factory returns.
+
+        Raises:
+            WorkloadError: The factory fails or returns no ``nn.Module``.
+        """
+        import torch
+
+        model = self.model
+        if not isinstance(model, torch.nn.Module):
+            if not callable(model):
+                raise WorkloadError(f"Task model must be an nn.Module or a factory of one, got {type(model).__name__}")
+            try:
+                model = model()
+            except Exception as exc:
+                raise WorkloadError(f"Task model factory failed: {type(exc).__name__}: {exc}") from None
+            if not isinstance(model, torch.nn.Module):
+                raise WorkloadError(f"Task model factory returned {type(model).__name__}, not an nn.Module")
+        return model
+
+    def build_optimizer(self, params: Any, *, lr: float, cuda: bool) -> torch.optim.Optimizer:
+        """The optimizer over ``params`` at learning rate ``lr``.
+
+        Raises:
+            WorkloadError: The factory returns no ``torch.optim.Optimizer``.
+        """
+        import inspect
+
+        import torch
+
+        if self.optimizer is None:
+            return torch.optim.AdamW(params, lr=lr, fused=True if cuda else None, foreach=None if cuda else True)
+        try:
+            takes_lr = "lr" in inspect.signature(self.optimizer).parameters
+        except (TypeError, ValueError):
+            takes_lr = False
+        optimizer = self.optimizer(params, lr=lr) if takes_lr else self.optimizer(params)
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise WorkloadError(f"Task optimizer factory returned {type(optimizer).__name__}, not a torch.optim.Optimizer")
+        return optimizer
+
+    # ------------------------------------------------------------- one batch
+    def compute_loss(self, model: Any, batch: Any) -> Any:
+        """The loss of one batch: ``step(model, batch)`` or ``loss(model(inputs), targets)``.
+
+        Raises:
+            WorkloadError: A ``loss`` workload whose batch is not an
+                ``(inputs, targets)`` pair.
+        """
+        if self.step is not None:
+            return self.step(model, batch)
+        if not isinstance(batch, (tuple, list)) or len(batch) != 2:
+            raise WorkloadError(
+                f"a Task with loss= needs (inputs, targets) batches, got {type(batch).__name__}; give step=(model, batch) instead"
+            )
+        inputs, targets = batch
+        return self.criterion()(model(inputs), targets)
+
+    def criterion(self) -> Callable[..., Any]:
+        """``loss``, or cross-entropy by default."""
+        if self.loss is not None:
+            return self.loss
+        import torch
+
+        return torch.nn.functional.cross_entropy
+
+    def samples_in(self, batch: Any) -> int:
+        """Samples in a batch: ``batch_size_of(batch)``, else the first tensor's first dimension."""
+        if self.batch_size_of is not None:
+            return int(self.batch_size_of(batch))
+        return first_dim(batch)

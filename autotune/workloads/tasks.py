@@ -1,0 +1,287 @@
+"""The user's workload factory: resolve it, load its :class:`Task`, check it before any trial.
+
+:func:`build_task_workload` runs in the parent, before anything is written:
+the factory imports and returns a Task, the dataset is not empty, its first
+items collate, the first batch runs forward and loss to a scalar on the CPU,
+and (when the search may use loader workers) the dataset and collate_fn
+pickle. Each failure is one :class:`~autotune.errors.WorkloadError` line
+naming the object, index, types or shapes at fault.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from autotune.errors import WorkloadError
+from autotune.records import Workload
+from autotune.workloads.batches import describe_batch, has_image_tensor
+from autotune.workloads.models import is_factory_ref, load_factory, validate_model_ref
+from autotune.workloads.task import Task
+
+__all__ = ["TaskInfo", "build_task_workload", "check_task", "example_batch", "load_task", "task_ref"]
+
+#: Items the parent-side check collates into its first batch.
+CHECK_ITEMS = 2
+
+
+def task_ref(workload: str | Callable[..., Any]) -> str:
+    """The ``package.module:function`` reference of a workload factory.
+
+    Args:
+        workload: The reference itself, or the factory function (it must be
+            importable by the trial processes under that name).
+
+    Raises:
+        WorkloadError: Malformed text, or a callable the trial processes
+            cannot import (a lambda, a nested function, a function defined
+            in ``__main__``), with how to fix it.
+    """
+    if isinstance(workload, str):
+        if not is_factory_ref(workload):
+            raise WorkloadError(f"workload {workload!r} must be package.module:function (a factory returning autotune.Task)")
+        try:
+            return validate_model_ref(workload)
+        except WorkloadError:
+            raise WorkloadError(f"workload {workload!r} is not a valid reference; expected package.module:function") from None
+    if not callable(workload):
+        raise WorkloadError(f"workload must be 'package.module:function' or a function, got {type(workload).__name__}")
+    module = getattr(workload, "__module__", None)
+    qualname = getattr(workload, "__qualname__", "") or ""
+    name = getattr(workload, "__name__", type(workload).__name__)
+    fix = "define it at the top level of an importable module (a .py file) and pass it, or pass 'module:function'"
+    if name == "<lambda>" or "<locals>" in qualname or "." in qualname or not module:
+        raise WorkloadError(f"workload {name} cannot be imported by the trial processes (a lambda or nested function); {fix}")
+    if module == "__main__":
+        raise WorkloadError(f"workload {name} is defined in __main__, which the trial processes cannot import; {fix}")
+    return validate_model_ref(f"{module}:{qualname}")
+
+
+def load_task(ref: str, sys_path: Sequence[str] = ()) -> Task:
+    """Import the factory, call it, and return its Task.
+
+    Raises:
+        WorkloadError: The factory cannot be imported, fails, or returns
+            something other than an ``autotune.Task``.
+    """
+    func = load_factory(task_ref(ref), sys_path, what="workload")
+    try:
+        task = func()
+    except WorkloadError:
+        raise
+    except Exception as exc:
+        raise WorkloadError(f"workload {ref} failed: {type(exc).__name__}: {exc}") from None
+    if not isinstance(task, Task):
+        raise WorkloadError(f"workload {ref} returned {type(task).__name__}, not an autotune.Task")
+    return task
+
+
+@dataclass(frozen=True)
+class TaskInfo:
+    """What the parent-side check learned about a Task.
+
+    Attributes:
+        samples: ``len(dataset)``, or ``None`` for an iterable dataset.
+        iterable: Whether the dataset is an ``IterableDataset``.
+        image_input: Whether the first batch holds a 4-D floating tensor.
+        batch: The first batch's shapes and dtypes, in words.
+    """
+
+    samples: int | None
+    iterable: bool
+    image_input: bool
+    batch: str
+
+
+def _first_items(task: Task, count: int) -> tuple[list[Any], bool, int | None]:
+    from torch.utils.data import IterableDataset
+
+    dataset = task.dataset
+    if isinstance(dataset, IterableDataset):
+        items = []
+        for index, item in enumerate(dataset):
+            items.append(item)
+            if index + 1 >= count:
+                break
+        if not items:
+            raise WorkloadError(f"the workload's dataset ({type(dataset).__name__}) yields no items")
+        return items, True, None
+    if not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__"):
+        raise WorkloadError(
+            f"the workload's dataset ({type(dataset).__name__}) is neither a map-style Dataset (__getitem__ and __len__) "
+            "nor an IterableDataset"
+        )
+    size = len(dataset)
+    if size < 1:
+        raise WorkloadError(f"the workload's dataset ({type(dataset).__name__}) is empty")
+    items = []
+    for index in range(min(count, size)):
+        try:
+            items.append(dataset[index])
+        except Exception as exc:
+            raise WorkloadError(f"dataset[{index}] failed: {type(exc).__name__}: {exc}") from None
+    return items, False, size
+
+
+def _collate(task: Task, items: list[Any]) -> Any:
+    from torch.utils.data import default_collate
+
+    collate = task.collate_fn or default_collate
+    try:
+        return collate(items)
+    except Exception as exc:
+        # Name the item at fault: the first that does not collate alone, else the mix.
+        for index, item in enumerate(items):
+            try:
+                collate([item])
+            except Exception:
+                raise WorkloadError(
+                    f"dataset item {index} ({describe_batch(item)}) cannot be collated: {type(exc).__name__}: {exc}"
+                ) from None
+        kinds = ", ".join(f"item {i}: {describe_batch(item)}" for i, item in enumerate(items))
+        raise WorkloadError(f"dataset items 0..{len(items) - 1} cannot be collated together ({kinds}): {type(exc).__name__}: {exc}") from None
+
+
+def example_batch(task: Task, batch_size: int) -> Any:
+    """A batch of ``batch_size`` real items (repeated if the dataset is smaller), collated."""
+    from torch.utils.data import IterableDataset
+
+    dataset = task.dataset
+    if isinstance(dataset, IterableDataset):
+        items: list[Any] = []
+        while len(items) < batch_size:
+            before = len(items)
+            for item in dataset:
+                items.append(item)
+                if len(items) >= batch_size:
+                    break
+            if len(items) == before:
+                raise WorkloadError("the workload's dataset yields no items")
+    else:
+        items = [dataset[index % len(dataset)] for index in range(batch_size)]
+    return _collate(task, items)
+
+
+def _check_loss(task: Task, model: Any, batch: Any) -> None:
+    import torch
+
+    shapes = describe_batch(batch)
+    if task.step is not None:
+        try:
+            loss = task.step(model, batch)
+        except Exception as exc:
+            raise WorkloadError(f"step(model, batch) failed on the first batch {shapes}: {type(exc).__name__}: {exc}") from None
+        origin = "step(model, batch)"
+    else:
+        if not isinstance(batch, (tuple, list)) or len(batch) != 2:
+            raise WorkloadError(
+                f"a Task with loss= needs (inputs, targets) batches, got {shapes}; give step=(model, batch) -> loss instead"
+            )
+        inputs, targets = batch
+        try:
+            output = model(inputs)
+        except Exception as exc:
+            raise WorkloadError(
+                f"the model's forward failed on the first batch (inputs {describe_batch(inputs)}): {type(exc).__name__}: {exc}"
+            ) from None
+        try:
+            loss = task.criterion()(output, targets)
+        except Exception as exc:
+            raise WorkloadError(
+                f"the loss failed on output {describe_batch(output)} and targets {describe_batch(targets)}: {type(exc).__name__}: {exc}"
+            ) from None
+        origin = "the loss"
+    if not isinstance(loss, torch.Tensor) or loss.dim() != 0 or not loss.is_floating_point():
+        got = describe_batch(loss) if isinstance(loss, torch.Tensor) else type(loss).__name__
+        raise WorkloadError(f"{origin} must return a scalar floating tensor, got {got}")
+    if not loss.requires_grad:
+        raise WorkloadError(f"{origin} returned a loss that does not require grad (detached, or computed under no_grad)")
+
+
+def _check_pickle(task: Task) -> None:
+    for name in ("dataset", "collate_fn"):
+        value = getattr(task, name)
+        if value is None:
+            continue
+        try:
+            pickle.dumps(value)
+        except Exception as exc:
+            raise WorkloadError(
+                f"the workload's {name} ({type(value).__name__}) cannot be pickled for DataLoader workers: "
+                f"{type(exc).__name__}: {exc}; make it picklable (a top-level class; files and connections opened lazily "
+                "in __getitem__) or pass --set num_workers=0"
+            ) from None
+
+
+def check_task(task: Task, *, workers: bool) -> TaskInfo:
+    """Check a Task on the CPU, in this process, before any trial.
+
+    Args:
+        task: The loaded Task.
+        workers: Whether the search may use loader workers (then the dataset
+            and collate_fn must pickle).
+
+    Raises:
+        WorkloadError: Empty dataset, items that do not collate, a model whose
+            forward fails, a loss that is not a scalar, an unpicklable object.
+    """
+    import torch
+
+    items, iterable, size = _first_items(task, CHECK_ITEMS)
+    batch = _collate(task, items)
+    model = task.build_model()
+    model.train()
+    with torch.random.fork_rng():
+        _check_loss(task, model, batch)
+    if workers:
+        _check_pickle(task)
+    return TaskInfo(samples=size, iterable=iterable, image_input=has_image_tensor(batch), batch=describe_batch(batch))
+
+
+def _import_root(module_name: str) -> str | None:
+    """The sys.path entry an imported module was found under (so trials import it the same way)."""
+    import sys
+
+    module = sys.modules.get(module_name)
+    file = getattr(module, "__file__", None)
+    if not file:
+        return None
+    root = os.path.dirname(os.path.abspath(file))
+    depth = module_name.count(".") + (1 if os.path.basename(file) == "__init__.py" else 0)
+    for _ in range(depth):
+        root = os.path.dirname(root)
+    return root
+
+
+def build_task_workload(workload: str | Callable[..., Any], *, device: str, workers: bool = True) -> Workload:
+    """Load and check the user's workload factory; return its Workload record.
+
+    Args:
+        workload: ``"package.module:function"`` or the factory itself.
+        device: The resolved device.
+        workers: Whether the search may use loader workers.
+
+    Raises:
+        WorkloadError: See :func:`load_task` and :func:`check_task`.
+    """
+    ref = task_ref(workload)
+    sys_path: tuple[str, ...] = (os.getcwd(),)
+    task = load_task(ref, sys_path)
+    root = _import_root(ref.partition(":")[0])
+    if root is not None and root not in sys_path:
+        sys_path += (root,)  # where this process found the module, so trials and train.py find it too
+    info = check_task(task, workers=workers)
+    return Workload(
+        model=ref,
+        device=device,
+        images=info.samples,
+        lr=float(task.lr),
+        sys_path=sys_path,
+        task=ref,
+        reference_batch=task.batch_size,
+        image_input=info.image_input,
+        iterable=info.iterable,
+    )

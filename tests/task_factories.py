@@ -1,0 +1,128 @@
+"""Workload factories used by the tests as ``task_factories:NAME`` references."""
+
+from __future__ import annotations
+
+import tempfile
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import Dataset, IterableDataset, TensorDataset, get_worker_info
+
+import autotune
+
+
+def _pairs(n: int = 40) -> TensorDataset:
+    gen = torch.Generator().manual_seed(0)
+    return TensorDataset(torch.randn(n, 8, generator=gen), torch.randint(0, 3, (n,), generator=gen))
+
+
+def good() -> autotune.Task:
+    """(inputs, targets) pairs, a linear model, the default cross-entropy."""
+    return autotune.Task(nn.Linear(8, 3), _pairs(), batch_size=16, lr=2e-3)
+
+
+class Items(Dataset):
+    """20 dict items."""
+
+    def __len__(self) -> int:
+        return 20
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        return {"x": torch.full((8,), float(index)), "y": index % 3}
+
+
+def dict_batches() -> autotune.Task:
+    """Dict items collated into a dict batch; a step() computes the loss."""
+    return autotune.Task(
+        lambda: nn.Linear(8, 3),
+        Items(),
+        step=lambda model, batch: nn.functional.cross_entropy(model(batch["x"]), batch["y"]),
+        batch_size=4,
+    )
+
+
+class Stream(IterableDataset):
+    """An iterable dataset of 24 pairs."""
+
+    def __iter__(self) -> Any:
+        for i in range(24):
+            yield torch.full((8,), float(i)), i % 3
+
+
+def iterable() -> autotune.Task:
+    """An IterableDataset."""
+    return autotune.Task(nn.Linear(8, 3), Stream())
+
+
+def not_a_task() -> int:
+    """Returns the wrong type."""
+    return 3
+
+
+def raises() -> autotune.Task:
+    """The factory itself fails."""
+    raise RuntimeError("no data mounted")
+
+
+def empty() -> autotune.Task:
+    """An empty dataset."""
+    return autotune.Task(nn.Linear(8, 3), TensorDataset(torch.zeros(0, 8), torch.zeros(0, dtype=torch.long)))
+
+
+class _Odd(Dataset):
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, index: int) -> Any:
+        return (torch.zeros(8), 0) if index != 1 else (object(), 0)
+
+
+def uncollatable() -> autotune.Task:
+    """Item 1 holds an object the default collate cannot batch."""
+    return autotune.Task(nn.Linear(8, 3), _Odd())
+
+
+def non_scalar_loss() -> autotune.Task:
+    """The loss keeps the batch dimension."""
+    return autotune.Task(nn.Linear(8, 3), _pairs(), loss=nn.CrossEntropyLoss(reduction="none"))
+
+
+def forward_fails() -> autotune.Task:
+    """The model expects 5 features; the data has 8."""
+    return autotune.Task(nn.Linear(5, 3), _pairs())
+
+
+class _HoldsFile(Dataset):
+    def __init__(self) -> None:
+        self.handle = tempfile.TemporaryFile()
+        self.data = _pairs()
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, index: int) -> Any:
+        return self.data[index]
+
+
+def unpicklable() -> autotune.Task:
+    """A dataset that opens a file handle in __init__."""
+    return autotune.Task(nn.Linear(8, 3), _HoldsFile())
+
+
+class _FailsInWorkers(Dataset):
+    def __init__(self) -> None:
+        self.data = _pairs()
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, index: int) -> Any:
+        if get_worker_info() is not None:
+            raise OSError("the database connection cannot be used in a forked worker")
+        return self.data[index]
+
+
+def fails_in_workers() -> autotune.Task:
+    """Loads fine in the main process, fails in every loader worker."""
+    return autotune.Task(nn.Linear(8, 3), _FailsInWorkers(), batch_size=8)

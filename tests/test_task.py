@@ -1,0 +1,218 @@
+"""The user's workload: the Task record, its parent-side checks, batches of any shape, and a Task search with a fake runner."""
+
+from __future__ import annotations
+
+import collections
+import functools
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+import autotune
+from autotune.cli import app
+from autotune.devices import DeviceInfo
+from autotune.errors import UsageError, WorkloadError
+from autotune.output.emit import render_script
+from autotune.records import LoaderPoint, TrialOptions, TrialResult, Workload
+from autotune.runner.child import classify
+from autotune.tuner import SearchConfig, run_search
+from autotune.tuner.calibrate import calibrate, workers_broken
+from autotune.tuner.constraints import parse_constraint
+from autotune.tuner.space import build_space, defaults_setup
+from autotune.workloads.batches import describe_batch, first_dim, has_image_tensor, to_device
+from autotune.workloads.tasks import build_task_workload, task_ref
+
+CPU = DeviceInfo("cpu", bf16=True, memory_total_bytes=None, memory_free_bytes=None, label="test CPU")
+cli = CliRunner()
+
+
+def _workload(name: str, workers: bool = True) -> Workload:
+    return build_task_workload(f"task_factories:{name}", device="cpu", workers=workers)
+
+
+# --------------------------------------------------------------- the record
+def test_task_keeps_the_public_signature_and_rejects_loss_with_step() -> None:
+    task = autotune.Task(torch.nn.Linear(2, 2), [1, 2], batch_size=8, lr=0.1)
+    assert (task.loss, task.step, task.collate_fn, task.optimizer, task.batch_size, task.lr) == (None, None, None, None, 8, 0.1)
+    with pytest.raises(TypeError):
+        autotune.Task(torch.nn.Linear(2, 2), [1], None)  # type: ignore[misc]  # loss= is keyword-only
+    with pytest.raises(WorkloadError, match="loss= or step=, not both"):
+        autotune.Task(torch.nn.Linear(2, 2), [1], loss=torch.nn.MSELoss(), step=lambda m, b: b)
+    with pytest.raises(WorkloadError, match="batch_size"):
+        autotune.Task(torch.nn.Linear(2, 2), [1], batch_size=0)
+
+
+def test_optimizer_factory_gets_the_scaled_lr() -> None:
+    task = autotune.Task(torch.nn.Linear(2, 2), [1], optimizer=lambda params, lr: torch.optim.SGD(params, lr=lr))
+    optimizer = task.build_optimizer(task.build_model().parameters(), lr=0.25, cuda=False)
+    assert isinstance(optimizer, torch.optim.SGD) and optimizer.param_groups[0]["lr"] == 0.25
+    default = autotune.Task(torch.nn.Linear(2, 2), [1]).build_optimizer(torch.nn.Linear(2, 2).parameters(), lr=0.5, cuda=False)
+    assert isinstance(default, torch.optim.AdamW)
+
+
+def _local() -> None:  # pragma: no cover - only referenced
+    pass
+
+
+def test_workload_callables_the_trials_cannot_import_are_refused_with_the_fix() -> None:
+    import task_factories
+
+    assert task_ref(task_factories.good) == "task_factories:good"
+    with pytest.raises(WorkloadError, match="lambda or nested function.*top level of an importable module"):
+        task_ref(lambda: None)
+
+    def nested() -> None:
+        pass
+
+    with pytest.raises(WorkloadError, match="nested"):
+        task_ref(nested)
+    in_main = functools.wraps(_local)(lambda: None)
+    in_main.__module__, in_main.__qualname__, in_main.__name__ = "__main__", "make_task", "make_task"
+    with pytest.raises(WorkloadError, match="defined in __main__"):
+        task_ref(in_main)
+    with pytest.raises(WorkloadError, match="package.module:function"):
+        task_ref("just_a_name")
+
+
+# ------------------------------------------------------------ parent checks
+def test_good_workloads_become_workload_records() -> None:
+    work = _workload("good")
+    assert (work.task, work.images, work.reference_batch, work.lr, work.image_input) == ("task_factories:good", 40, 16, 2e-3, False)
+    assert str(Path(__file__).parent) in work.sys_path
+    assert Workload.from_dict(json.loads(json.dumps(work.to_dict()))) == work
+    assert _workload("dict_batches").images == 20
+    stream = _workload("iterable")
+    assert stream.iterable and stream.images is None
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("no_such_function", "has no callable 'no_such_function'"),
+        ("not_a_task", "returned int, not an autotune.Task"),
+        ("raises", "failed: RuntimeError: no data mounted"),
+        ("empty", "dataset (TensorDataset) is empty"),
+        ("uncollatable", "dataset item 1 ((object, int)) cannot be collated"),
+        ("non_scalar_loss", "the loss must return a scalar floating tensor, got Tensor[2] float32"),
+        ("forward_fails", "forward failed on the first batch (inputs Tensor[2, 8] float32): RuntimeError"),
+        ("unpicklable", "dataset (_HoldsFile) cannot be pickled for DataLoader workers"),
+    ],
+)
+def test_bad_workloads_fail_in_the_parent_with_one_line(name: str, message: str) -> None:
+    with pytest.raises(WorkloadError) as info:
+        _workload(name)
+    assert message in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_unpicklable_dataset_is_fine_without_workers() -> None:
+    assert _workload("unpicklable", workers=False).images == 40
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--workload", "no_such_module:make_task"], "cannot import 'no_such_module'"),
+        (["--workload", "task_factories:empty"], "is empty"),
+        (["--workload", "task_factories:unpicklable"], "--set num_workers=0"),
+        (["--workload", "task_factories:good", "--data", "somewhere"], "not both"),
+        (["--workload", "task_factories:good", "--set", "channels_last=true"], "no 4-D floating tensor"),
+    ],
+)
+def test_cli_search_with_a_bad_workload_is_one_line_and_writes_nothing(tmp_path: Path, args: list[str], message: str) -> None:
+    out = tmp_path / "out"
+    result = cli.invoke(app, ["search", "--trials", "1", "--device", "cpu", "--out", str(out), *args])
+    lines = [ln for ln in result.output.splitlines() if ln.strip()]
+    assert result.exit_code in (1, 2) and len(lines) == 1 and lines[0].startswith("error:"), result.output
+    assert message in lines[0]
+    assert not out.exists() or not any(out.iterdir())
+
+
+# ------------------------------------------------------------------ batches
+def test_batches_of_any_shape_move_and_count() -> None:
+    Pair = collections.namedtuple("Pair", "image label")
+    batch = {"ids": torch.zeros(4, 7, dtype=torch.long), "nested": [Pair(torch.zeros(4, 3, 8, 8), torch.zeros(4))], "name": "x"}
+    moved = to_device(batch, "cpu", channels_last=True)
+    assert isinstance(moved["nested"][0], Pair) and moved["name"] == "x"
+    assert moved["nested"][0].image.is_contiguous(memory_format=torch.channels_last)
+    assert moved["ids"].is_contiguous()
+    assert first_dim(batch) == 4 and has_image_tensor(batch) and not has_image_tensor({"ids": batch["ids"]})
+    assert describe_batch((torch.zeros(2, 3), 1)) == "(Tensor[2, 3] float32, int)"
+    with pytest.raises(WorkloadError, match="batch_size_of"):
+        first_dim({"text": "no tensors"})
+
+
+# ------------------------------------------------------------ search pieces
+def _calibration(max_batch: int = 64) -> autotune.records.Calibration:  # type: ignore[name-defined]
+    from autotune.records import Calibration
+
+    return Calibration(None, max_batch, (), 32, {}, 100.0, (), 2)
+
+
+def test_space_offers_channels_last_only_for_image_batches_and_defaults_use_the_recipe_batch() -> None:
+    space = build_space(device=CPU, calibration=_calibration(), usable_cores=2, effective_batch=None, constraints={}, image_input=False)
+    assert space.values["channels_last"] == (False,)
+    with pytest.raises(UsageError, match="no 4-D floating tensor"):
+        build_space(device=CPU, calibration=_calibration(), usable_cores=2, effective_batch=None,
+                    constraints={"channels_last": parse_constraint("channels_last=true")}, image_input=False)
+    assert defaults_setup(None, batch=16).batch_size == 16
+    assert defaults_setup(48, batch=16).effective_batch() == 48
+
+
+def test_loader_workers_that_always_fail_leave_the_search_with_none() -> None:
+    messages: list[str] = []
+
+    def runner(setup, workload, options=None, *, on_window=None) -> TrialResult:  # type: ignore[no-untyped-def]
+        options = options or TrialOptions()
+        if options.mode == "loader" and setup.num_workers > 0:
+            return TrialResult(status="error", error="failed in a DataLoader worker, not in the training loop: OSError: x")
+        return TrialResult(status="ok", samples_per_s=100.0, peak_memory_bytes=2**20 * (100 + setup.batch_size))
+
+    result = calibrate(_workload("good"), CPU, usable_cores=2, available_bytes=2**34, max_memory=None,
+                       trial_seconds=1.0, bf16_ok=True, log=messages.append, runner=runner)
+    assert result.max_workers == 0
+    assert any("loader workers fail (failed in a DataLoader worker" in m for m in messages)
+    assert workers_broken([LoaderPoint(0, "ok", 1.0), LoaderPoint(1, "ok", 1.0)], None) is None
+
+
+def test_a_worker_exception_is_reported_as_a_loader_failure() -> None:
+    exc = ValueError("Caught OSError in DataLoader worker process 0.\nOriginal Traceback (most recent call last):\n  ...\nOSError: no db")
+    result = classify(exc)
+    assert result.status == "error" and result.error == "failed in a DataLoader worker, not in the training loop: OSError: no db"
+
+
+def fake_runner(setup, workload, options=None, *, on_window=None) -> TrialResult:  # type: ignore[no-untyped-def]
+    """Faster with larger batches and workers; the same deterministic values every call."""
+    options = options or TrialOptions()
+    rate = 50.0 * setup.batch_size ** 0.5 * (1 + 0.2 * setup.num_workers) * (2 if options.mode == "compute" else 1)
+    return TrialResult(status="ok", samples_per_s=rate, samples_per_s_spread=0.0, windows=(rate,),
+                       peak_memory_bytes=2**20 * (100 + setup.batch_size), data_wait_fraction=0.1)
+
+
+def test_a_task_search_with_a_fake_runner_writes_best_json_and_the_task_train_py(tmp_path: Path) -> None:
+    config = SearchConfig(model="ignored", trials=4, device="cpu", trial_seconds=1.0, out=tmp_path / "out",
+                          confirm_top=1, confirm_rounds=1, workload="task_factories:dict_batches")
+    outcome = run_search(config, runner=fake_runner)
+    best = outcome.best
+    assert best is not None and best.workload.task == "task_factories:dict_batches"
+    assert best.reference_batch == 4 and not any("synthetic" in n for n in best.notes)
+    assert best.setup.channels_last is False  # not offered: the batches hold no image tensor
+    assert all(r.setup.effective_batch() <= 20 for r in outcome.records)  # one step fits in len(dataset)
+    assert outcome.records[0].setup.batch_size == 4  # the defaults trial runs the recipe's batch
+    script = (tmp_path / "out" / "train.py").read_text()
+    assert "WORKLOAD = 'task_factories:dict_batches'" in script and "task.compute_loss(model, batch)" in script
+    assert script == render_script(best)
+
+
+def test_cli_trial_and_python_api_refuse_bad_workloads_before_running(tmp_path: Path) -> None:
+    result = cli.invoke(app, ["trial", "--workload", "task_factories:not_a_task", "--device", "cpu"])
+    lines = [ln for ln in result.output.splitlines() if ln.strip()]
+    assert result.exit_code == 1 and lines == ["error: workload task_factories:not_a_task returned int, not an autotune.Task"]
+    with pytest.raises(WorkloadError, match="lambda"):
+        autotune.search(workload=lambda: None, device="cpu", out=tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(UsageError, match="channels_last"):
+        autotune.trial(workload="task_factories:good", device="cpu", setup=autotune.TrainSetup(channels_last=True))

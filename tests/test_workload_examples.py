@@ -1,0 +1,47 @@
+"""The workload examples tuned end to end (tiny, CPU, real trials), and their emitted train.py run for two steps."""
+
+from __future__ import annotations
+
+import runpy
+from pathlib import Path
+
+import pytest
+
+import autotune
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("example", ["text_classifier", "segmentation", "csv_images"])
+def test_example_is_tuned_and_its_train_py_runs_the_workload(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], example: str
+) -> None:
+    monkeypatch.syspath_prepend(str(EXAMPLES))
+    result = autotune.search(
+        workload=f"{example}:make_task", trials=2, device="cpu", trial_seconds=1.0, confirm_top=1, confirm_rounds=1,
+        out=tmp_path / "out",
+    )
+    assert result.setup is not None and result.samples_per_s and result.samples_per_s > 0
+    assert result.best_json.exists() and result.outcome.best is not None
+    assert result.outcome.best.workload.task == f"{example}:make_task"
+    if example == "text_classifier":
+        assert not result.setup.channels_last and result.outcome.best.workload.image_input is False
+    # The emitted script imports the same factory (run in this process: torch is already imported).
+    script = runpy.run_path(str(result.train_py), run_name="emitted_train")
+    monkeypatch.chdir(tmp_path)
+    script["main"](script["get_args_parser"]().parse_args(["--max-steps", "2", "--print-freq", "1", "--output-dir", "train-out"]))
+    printed = capsys.readouterr().out
+    assert f"workload {example}:make_task" in printed and "step 2 loss" in printed
+    assert (tmp_path / "train-out" / "checkpoint.pth").exists()
+
+
+@pytest.mark.slow
+def test_a_dataset_that_fails_only_in_loader_workers_is_reported_as_such() -> None:
+    outcome = autotune.trial(
+        workload="task_factories:fails_in_workers", device="cpu", trial_seconds=1.0,
+        setup=autotune.TrainSetup(num_workers=1, prefetch_factor=2, persistent_workers=True, batch_size=8),
+    )
+    assert outcome.status == "error"
+    assert outcome.result.error is not None and outcome.result.error.startswith("failed in a DataLoader worker")
+    assert "database connection" in outcome.result.error
