@@ -23,6 +23,8 @@ from autotune.train_setup import TrainSetup
 #: Share above the compute-only rate that a loader must deliver to keep the
 #: device fed despite its own jitter (the loader rule of calibration and space).
 LOADER_MARGIN = 1.25
+#: How a learning rate follows the effective batch: square root (adaptive optimizers) or linear (SGD-like).
+LR_SCALINGS = ("sqrt", "linear")
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,9 @@ class Workload:
         image_input: Whether batches hold a 4-D floating tensor, the only
             case where ``channels_last`` applies.
         iterable: Whether the Task's dataset is an ``IterableDataset``.
+        lr_scaling: How the learning rate follows the effective batch:
+            ``"sqrt"`` for adaptive (Adam-family) optimizers, the default
+            AdamW included; ``"linear"`` for SGD-like ones.
     """
 
     model: str
@@ -64,11 +69,14 @@ class Workload:
     cache_dir: str | None = None
     sys_path: tuple[str, ...] = field(default_factory=tuple)
     task: str | None = None
+    lr_scaling: str = "sqrt"
     reference_batch: int | None = None
     image_input: bool = True
     iterable: bool = False
 
     def __post_init__(self) -> None:
+        if self.lr_scaling not in LR_SCALINGS:
+            raise UsageError(f"lr_scaling must be one of {', '.join(LR_SCALINGS)}, got {self.lr_scaling!r}")
         if not isinstance(self.image_size, int) or self.image_size < 8:
             raise UsageError(f"image size must be an integer >= 8, got {self.image_size!r}")
         if self.synthetic_images < 16:

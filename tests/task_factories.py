@@ -22,6 +22,15 @@ def good() -> autotune.Task:
     return autotune.Task(nn.Linear(8, 3), _pairs(), batch_size=16, lr=2e-3)
 
 
+def _sgd(params: Any, lr: float) -> torch.optim.Optimizer:
+    return torch.optim.SGD(params, lr=lr, momentum=0.9)
+
+
+def sgd() -> autotune.Task:
+    """The good Task trained with SGD: its learning rate scales linearly."""
+    return autotune.Task(nn.Linear(8, 3), _pairs(), batch_size=16, lr=0.1, optimizer=_sgd)
+
+
 class Items(Dataset):
     """20 dict items."""
 

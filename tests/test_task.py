@@ -53,6 +53,19 @@ def test_optimizer_factory_gets_the_scaled_lr() -> None:
     assert isinstance(default, torch.optim.AdamW)
 
 
+def test_the_learning_rate_rule_follows_the_optimizer_family() -> None:
+    task = autotune.Task(torch.nn.Linear(2, 2), [1])
+    params = list(torch.nn.Linear(2, 2).parameters())
+
+    class MyAdam(torch.optim.Adam):
+        pass
+
+    assert task.lr_scaling(torch.optim.AdamW(params)) == "sqrt"
+    assert task.lr_scaling(MyAdam(params)) == "sqrt"  # subclasses keep their family
+    assert task.lr_scaling(torch.optim.RMSprop(params)) == "sqrt"
+    assert task.lr_scaling(torch.optim.SGD(params, lr=0.1)) == "linear"
+
+
 def _local() -> None:  # pragma: no cover - only referenced
     pass
 
@@ -86,6 +99,7 @@ def test_good_workloads_become_workload_records() -> None:
     assert _workload("dict_batches").images == 20
     stream = _workload("iterable")
     assert stream.iterable and stream.images is None
+    assert work.lr_scaling == "sqrt" and _workload("sgd").lr_scaling == "linear"  # from the Task's optimizer
 
 
 @pytest.mark.parametrize(

@@ -113,3 +113,15 @@ def test_the_notes_say_how_the_confirmation_settled() -> None:
     best = _best([_confirmed(MID, (230.0, 240.0)), _confirmed(FAST, (200.0, 205.0)), _confirmed(DEFAULTS, (100.0, 100.0))])
     note = next(n for n in best.notes if n.startswith("confirmation:"))
     assert "2 interleaved rounds" in note and "won 2 of 2 paired rounds" in note
+
+
+def test_an_sgd_workload_scales_the_learning_rate_linearly() -> None:
+    import dataclasses
+
+    sgd = dataclasses.replace(WORKLOAD, lr_scaling="linear")
+    best = make_best(
+        workload=sgd, hardware=HARDWARE, feasible=FEASIBLE, confirmed=[_confirmed(FAST, (300.0,)), _confirmed(DEFAULTS, (100.0,))],
+        defaults=DEFAULTS, effective_batch=None, command="",
+    )
+    assert best.lr == pytest.approx(1e-3 * 8)
+    assert any("linearly with the batch" in n and "Goyal" in n for n in best.notes)

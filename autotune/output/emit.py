@@ -28,6 +28,7 @@ from autotune.devices import device_type
 from autotune.errors import AutotuneError, EmitError
 from autotune.files import atomic_write_text
 from autotune.output.best import Best
+from autotune.records import LR_SCALINGS
 from autotune.train_setup import AMP_MODES
 from autotune.workloads.data import synthetic_dir
 from autotune.workloads.models import validate_model_ref
@@ -129,8 +130,9 @@ def _header(best: Best, data_is_synthetic: bool) -> str:
         measured += f"; speedup {best.speedup:.2f}x"
     lines.append(measured)
     lines.append(
-        f"Learning rate: {workload.lr:g} at effective batch {best.reference_batch}, scaled by the square root of "
-        f"the batch ratio (effective batch {best.effective_batch} -> lr {best.lr:g} in one process)"
+        f"Learning rate: {workload.lr:g} at effective batch {best.reference_batch}, scaled "
+        f"{'by the square root of the batch ratio' if workload.lr_scaling == 'sqrt' else 'linearly with the batch'} "
+        f"(effective batch {best.effective_batch} -> lr {best.lr:g} in one process)"
     )
     if best.command:
         lines.append(f"Command: {best.command}")
@@ -186,6 +188,7 @@ def _values(best: Best) -> dict[str, str]:
         "amp": _choice("amp", setup.amp, AMP_MODES),
         "channels_last": _bool("channels_last", setup.channels_last),
         "lr": _float("lr", workload.lr),
+        "lr_scaling": _choice("lr_scaling", workload.lr_scaling, LR_SCALINGS),
         "reference_batch": _int("reference_batch", best.reference_batch, 1),
         "factory_paths": factory_paths,
         "workload": repr(model if workload.task is None else _task_ref(workload.task)),

@@ -56,16 +56,21 @@ def make_best(
         notes.append("not confirmed: the search was interrupted before the interleaved re-measurement")
     peaks = [r.result.peak_memory_bytes for r in feasible if r.setup == setup and r.result.peak_memory_bytes]
     effective = setup.effective_batch()
-    lr = scaled_lr(workload.lr, effective, reference)
+    lr = scaled_lr(workload.lr, effective, reference, workload.lr_scaling)
     if workload.data is None and workload.task is None:
         notes.append("measured on synthetic JPEGs; re-run with --data DIR to tune on your own images")
     if setup.amp != "off":
         notes.append(f"amp={setup.amp} changes the numerics (autocast); check your accuracy once")
     if effective_batch is None and effective != reference:
-        notes.append(
-            f"effective batch {effective} differs from the reference {reference}: the AdamW learning rate is scaled "
+        rule = (
             f"by the square root of the batch ratio, {lr / workload.lr:.3g}x to {lr:g} (the square-root rule for "
-            f"Adam-family optimizers, Malladi et al. 2022); pass --effective-batch {reference} to keep the math"
+            "adaptive optimizers such as AdamW, Malladi et al. 2022)"
+            if workload.lr_scaling == "sqrt"
+            else f"linearly with the batch, {lr / workload.lr:.3g}x to {lr:g} (the linear rule for SGD, Goyal et al. 2017)"
+        )
+        notes.append(
+            f"effective batch {effective} differs from the reference {reference}: the learning rate is scaled {rule}; "
+            f"pass --effective-batch {reference} to keep the math"
         )
     if base is None:
         notes.append("the PyTorch defaults could not be measured, so no speedup is given")
@@ -88,15 +93,17 @@ def make_best(
         notes=tuple(notes),
     )
 
-def scaled_lr(lr: float, effective: int, reference: int) -> float:
-    """AdamW's learning rate at ``effective`` batch, given ``lr`` at ``reference``: the square-root rule.
+def scaled_lr(lr: float, effective: int, reference: int, rule: str = "sqrt") -> float:
+    """The learning rate at ``effective`` batch, given ``lr`` at ``reference``.
 
-    Adam-family optimizers keep their training dynamics when the learning
-    rate grows with the square root of the batch (Malladi et al. 2022, "On
-    the SDEs and Scaling Rules for Adaptive Gradient Algorithms"); the linear
-    rule (Goyal et al. 2017) is for SGD. autotune trains with AdamW.
+    ``rule`` is ``"sqrt"`` for adaptive optimizers (Adam-family: their
+    training dynamics hold when the rate grows with the square root of the
+    batch, Malladi et al. 2022, "On the SDEs and Scaling Rules for Adaptive
+    Gradient Algorithms") or ``"linear"`` for SGD-like ones (Goyal et al.
+    2017). autotune's own classifier trains with AdamW.
     """
-    return lr * math.sqrt(effective / reference)
+    ratio = effective / reference
+    return lr * (math.sqrt(ratio) if rule == "sqrt" else ratio)
 
 
 def changes_math(setup: TrainSetup, reference: int) -> bool:

@@ -39,6 +39,10 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["Task"]
 
 
+#: torch.optim classes (and their subclasses) whose learning rate follows the square-root rule.
+ADAPTIVE_OPTIMIZERS = frozenset({"Adam", "AdamW", "Adamax", "NAdam", "RAdam", "RMSprop", "Adagrad", "Adadelta", "SparseAdam"})
+
+
 @dataclass(frozen=True)
 class Task:
     """What the user trains: model, data, loss or step, optimizer, recipe.
@@ -112,6 +116,15 @@ class Task:
             if not isinstance(model, torch.nn.Module):
                 raise WorkloadError(f"Task model factory returned {type(model).__name__}, not an nn.Module")
         return model
+
+    def lr_scaling(self, optimizer: torch.optim.Optimizer) -> str:
+        """``"sqrt"`` for an adaptive (Adam-family, RMSprop, Adagrad) optimizer, ``"linear"`` otherwise.
+
+        The square-root rule keeps adaptive optimizers' dynamics when the batch
+        grows (Malladi et al. 2022); the linear rule is SGD's (Goyal et al. 2017).
+        """
+        names = {cls.__name__ for cls in type(optimizer).__mro__}
+        return "sqrt" if names & ADAPTIVE_OPTIMIZERS else "linear"
 
     def build_optimizer(self, params: Any, *, lr: float, cuda: bool) -> torch.optim.Optimizer:
         """The optimizer over ``params`` at learning rate ``lr``.

@@ -88,12 +88,14 @@ class TaskInfo:
         iterable: Whether the dataset is an ``IterableDataset``.
         image_input: Whether the first batch holds a 4-D floating tensor.
         batch: The first batch's shapes and dtypes, in words.
+        lr_scaling: ``"sqrt"`` or ``"linear"``, from the Task's optimizer.
     """
 
     samples: int | None
     iterable: bool
     image_input: bool
     batch: str
+    lr_scaling: str = "sqrt"
 
 
 def _first_items(task: Task, count: int) -> tuple[list[Any], bool, int | None]:
@@ -238,7 +240,19 @@ def check_task(task: Task, *, workers: bool) -> TaskInfo:
         _check_loss(task, model, batch)
     if workers:
         _check_pickle(task)
-    return TaskInfo(samples=size, iterable=iterable, image_input=has_image_tensor(batch), batch=describe_batch(batch))
+    try:
+        optimizer = task.build_optimizer(model.parameters(), lr=float(task.lr), cuda=False)
+    except WorkloadError:
+        raise
+    except Exception as exc:
+        raise WorkloadError(f"the Task's optimizer factory failed: {type(exc).__name__}: {exc}") from None
+    return TaskInfo(
+        samples=size,
+        iterable=iterable,
+        image_input=has_image_tensor(batch),
+        batch=describe_batch(batch),
+        lr_scaling=task.lr_scaling(optimizer),
+    )
 
 
 def _import_root(module_name: str) -> str | None:
@@ -284,4 +298,5 @@ def build_task_workload(workload: str | Callable[..., Any], *, device: str, work
         reference_batch=task.batch_size,
         image_input=info.image_input,
         iterable=info.iterable,
+        lr_scaling=info.lr_scaling,
     )
