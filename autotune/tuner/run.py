@@ -9,6 +9,7 @@ the output directory by default), so re-running the same command resumes it.
 from __future__ import annotations
 
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from autotune.tuner.config import SearchConfig, SearchOutcome, Timing
 from autotune.tuner.confirm import confirm, pick_candidates
 from autotune.tuner.constraints import check_constraints, merge_constraints
 from autotune.tuner.explore import Exploration, explore
+from autotune.tuner.lock import OutputLock
 from autotune.tuner.progress import Reporter, SilentReporter
 from autotune.tuner.signals import sigterm_as_interrupt
 from autotune.tuner.space import Space, build_space, defaults_setup, guess_setups
@@ -67,6 +69,7 @@ class Prepared:
     workload: Workload
     study: SearchStudy
     out: Path
+    held: ExitStack
 
 
 def run_search(
@@ -96,6 +99,14 @@ def run_search(
     began = time.monotonic()
     timed = TimedRunner(runner, timing)
     prepared = prepare(config, reporter)
+    with prepared.held:
+        return _search(config, prepared, reporter, timed, timing, began)
+
+
+def _search(
+    config: SearchConfig, prepared: Prepared, reporter: Reporter, timed: TimedRunner, timing: Timing, began: float
+) -> SearchOutcome:
+    """The steps after :func:`prepare`, while the output directory and the study are held."""
     calibration = calibrate_once(config, prepared, reporter, timed)
     space = build_space(
         device=prepared.device,
@@ -177,8 +188,7 @@ def prepare(config: SearchConfig, reporter: Reporter) -> Prepared:
     device = resolve_device(config.device, hardware)
     check_constraints(merge_constraints(config.constraints), device)
     out = Path(config.out)
-    if config.storage is None:
-        check_writable(out)
+    check_writable(out)
     workload = build_workload(
         model=config.model,
         image_size=config.image_size,
@@ -189,21 +199,24 @@ def prepare(config: SearchConfig, reporter: Reporter) -> Prepared:
         lr=config.lr,
     )
     name = config.study or study_name(config, device)
-    if config.storage is not None:
-        study = SearchStudy.open(config.storage, name, sampler=config.sampler, seed=config.seed, trials=config.trials)
-        check_writable(out)
-        out.mkdir(parents=True, exist_ok=True)
-    else:
-        out.mkdir(parents=True, exist_ok=True)
-        storage = f"sqlite:///{(out / 'study.db').resolve()}"
+    out.mkdir(parents=True, exist_ok=True)
+    storage = config.storage or f"sqlite:///{(out / 'study.db').resolve()}"
+    with ExitStack() as stack:  # on an error below, both are released at once
+        stack.enter_context(OutputLock(out))
         study = SearchStudy.open(storage, name, sampler=config.sampler, seed=config.seed, trials=config.trials)
-    study.check_signature(signature(config, workload))
+        study.claim()
+        stack.callback(study.release)
+        study.check_signature(signature(config, workload))
+        stale = study.recover()
+        held = stack.pop_all()
+    if stale:
+        reporter.message(f"trials {', '.join(f'#{n}' for n in stale)} were left running by a search that died: failed")
     reporter.message(
         f"{workload.model} @ {workload.image_size}px on {device.name} ({device.label}); "
         f"{int(hardware.cpu.usable_cores)} usable CPU cores; "
         f"data: {workload.data or 'synthetic JPEGs (no --data given)'}"
     )
-    return Prepared(hardware, device, workload, study, out)
+    return Prepared(hardware, device, workload, study, out, held)
 
 
 def calibrate_once(config: SearchConfig, prepared: Prepared, reporter: Reporter, runner: TrialRunner) -> Calibration:

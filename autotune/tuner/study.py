@@ -21,6 +21,7 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.errors import StorageError
 from autotune.records import Calibration, TrialRecord, TrialResult
 from autotune.train_setup import TrainSetup
+from autotune.tuner.lock import Holder
 from autotune.tuner.pruning import SlowerThanBestPruner
 
 # Trial roles.
@@ -39,6 +40,7 @@ STUDY_SIGNATURE = "signature"
 STUDY_CALIBRATION = "calibration"
 STUDY_CONFIRMATION = "confirmation"
 STUDY_STARTUP_TRIALS = "n_startup_trials"
+STUDY_HOLDER = "holder"
 
 #: Trials that count toward ``--trials``.
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
@@ -87,6 +89,7 @@ class SearchStudy:
         self.study = study
         self.storage = storage
         self.name = name
+        self._holder: Holder | None = None
 
     @classmethod
     def open(cls, storage: str, name: str, *, sampler: str = "tpe", seed: int = 0, trials: int = 30) -> SearchStudy:
@@ -122,6 +125,36 @@ class SearchStudy:
         return cls(study, storage, name)
 
     # ------------------------------------------------------------ study level
+    def claim(self) -> None:
+        """Become the study's only search (rules in :mod:`autotune.tuner.lock`).
+
+        Raises:
+            StorageError: Another live search holds the study, named in one line.
+        """
+        me = Holder.me()
+        holder = Holder.from_dict(self.study.user_attrs.get(STUDY_HOLDER))
+        if holder is not None and not holder.same_process(me) and holder.alive():
+            raise StorageError(
+                f"study {self.name!r} in {self.storage} is in use by another autotune search "
+                f"({holder.describe()}); wait for it to finish or pass --study NEW_NAME"
+            )
+        self.study.set_user_attr(STUDY_HOLDER, me.to_dict())
+        self._holder = me
+
+    def heartbeat(self) -> None:
+        """Refresh the claim's heartbeat (done with every stored trial)."""
+        if self._holder is not None:
+            self.study.set_user_attr(STUDY_HOLDER, Holder.me().to_dict())
+
+    def release(self) -> None:
+        """Give the study up, if this process holds it."""
+        if self._holder is None:
+            return
+        self._holder = None
+        stored = Holder.from_dict(self.study.user_attrs.get(STUDY_HOLDER))
+        if stored is not None and stored.same_process(Holder.me()):
+            self.study.set_user_attr(STUDY_HOLDER, None)
+
     def check_signature(self, signature: dict[str, Any]) -> None:
         """Refuse to resume a study made for a different search; record the signature.
 
@@ -146,6 +179,7 @@ class SearchStudy:
     def store_calibration(self, calibration: Calibration) -> None:
         """Keep the calibration, so a resumed search reuses it."""
         self.study.set_user_attr(STUDY_CALIBRATION, calibration.to_dict())
+        self.heartbeat()
 
     def confirmation(self) -> Rounds:
         """The confirmation measurements stored so far, per candidate key."""
@@ -157,6 +191,7 @@ class SearchStudy:
         stored = dict(self.study.user_attrs.get(STUDY_CONFIRMATION, {}))
         stored[key] = [values, failures]
         self.study.set_user_attr(STUDY_CONFIRMATION, stored)
+        self.heartbeat()
 
     def is_empty(self) -> bool:
         """Whether the study holds no trial at all (not even a failed one)."""
@@ -165,6 +200,33 @@ class SearchStudy:
     def enqueue(self, role: str, params: dict[str, Any]) -> None:
         """Queue a trial with fixed params and a role (the defaults, a guess)."""
         self.study.enqueue_trial(params, user_attrs={ATTR_ROLE: role})
+
+    def recover(self) -> list[int]:
+        """Repair what a dead or interrupted run left behind; the trial numbers failed.
+
+        Call it only while holding the study's lock (no other process runs
+        its trials): a trial still RUNNING was left by a process that died
+        (``kill -9``, a power cut) and becomes FAIL. A defaults or guess trial
+        that failed or was interrupted, with no finished copy and none
+        waiting, is queued again with its role, so the baseline is never lost.
+        """
+        trials = self.study.get_trials(deepcopy=False)
+        stale = [t.number for t in trials if t.state == TrialState.RUNNING]
+        for number in stale:
+            self.study.tell(number, state=TrialState.FAIL)
+        present = {
+            _queued_key(t) for t in trials if t.state in (*FINISHED, TrialState.WAITING) and t.number not in stale
+        }
+        for t in trials:
+            role = t.user_attrs.get(ATTR_ROLE)
+            if role not in (ROLE_DEFAULTS, ROLE_GUESS) or (t.state in FINISHED or t.state == TrialState.WAITING):
+                continue
+            key = _queued_key(t)
+            if t.number in stale or t.state == TrialState.FAIL:
+                if key not in present:
+                    present.add(key)
+                    self.enqueue(str(role), dict(t.system_attrs.get("fixed_params", {})))
+        return stale
 
     # ------------------------------------------------------------ trial level
     def finished(self) -> int:
@@ -197,6 +259,7 @@ class SearchStudy:
         trial.set_user_attr(ATTR_ROLE, role)
         trial.set_user_attr(ATTR_SETUP, setup.to_dict())
         trial.set_user_attr(ATTR_RESULT, result.to_dict())
+        self.heartbeat()
 
     def tell(self, trial: optuna.Trial, result: TrialResult) -> None:
         """Finish a trial: pruned, or complete with its samples/s (0 when infeasible).
@@ -212,6 +275,12 @@ class SearchStudy:
     def fail(self, trial: optuna.Trial) -> None:
         """Mark an interrupted trial failed: it does not count toward ``--trials``."""
         self.study.tell(trial, state=TrialState.FAIL)
+
+
+def _queued_key(trial: FrozenTrial) -> tuple[str, str]:
+    """A queued trial's role and fixed params, comparable across copies."""
+    params = trial.system_attrs.get("fixed_params", {})
+    return str(trial.user_attrs.get(ATTR_ROLE, ROLE_SEARCH)), json.dumps(params, sort_keys=True)
 
 
 def _record(trial: FrozenTrial) -> TrialRecord | None:
