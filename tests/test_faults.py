@@ -125,3 +125,106 @@ def test_a_study_held_by_a_live_process_is_refused_and_a_dead_holder_is_taken_ov
     assert Holder.from_dict(other.study.user_attrs[STUDY_HOLDER]).same_process(Holder.me())
     other.release()
     assert other.study.user_attrs[STUDY_HOLDER] is None
+
+
+# ------------------------------------------------------- trial launch and supervision
+def _never_ending(cache_dir: Path) -> tuple:
+    from autotune.records import TrialOptions, Workload
+    from autotune.train_setup import TrainSetup
+
+    workload = Workload(model="factories:sleeps_forever", image_size=32, device="cpu", num_classes=10,
+                        synthetic_images=64, cache_dir=str(cache_dir), sys_path=(str(TESTS),))
+    return TrainSetup(), workload, TrialOptions(trial_seconds=1.0, timeout_s=120.0)
+
+
+def _trial_pids() -> list[int]:
+    """This process's trials: the children of its zygote server."""
+    found = []
+    for child in psutil.Process().children(recursive=True):
+        try:
+            parent = child.parent()
+            if parent is not None and parent.pid != os.getpid() and "autotune.runner.server" in " ".join(parent.cmdline()):
+                found.append(child.pid)
+        except psutil.Error:
+            continue
+    return found
+
+
+@pytest.mark.slow
+def test_a_trial_terminated_from_outside_is_interrupted_not_the_setups_failure(cache_dir) -> None:
+    import threading
+
+    from autotune.runner import run_trial
+
+    setup, workload, options = _never_ending(cache_dir)
+    killed: list[int] = []
+
+    def terminate_the_trial() -> None:
+        deadline = time.monotonic() + WAIT_S
+        while time.monotonic() < deadline and not killed:
+            for pid in _trial_pids():
+                os.kill(pid, signal.SIGTERM)  # as a supervisor stopping every process would
+                killed.append(pid)
+            time.sleep(0.1)
+
+    thread = threading.Thread(target=terminate_the_trial, daemon=True)
+    thread.start()
+    result = run_trial(setup, workload, options)
+    thread.join()
+    assert killed
+    assert result.status == "interrupted"
+    assert "SIGTERM" in (result.error or "")
+
+
+@pytest.mark.slow
+def test_a_reply_left_unread_by_an_interrupted_launch_is_not_taken_for_the_next_trial(tmp_path, cache_dir) -> None:
+    """A launch cut off after its request leaves the server's pid reply in the pipe; the next launch skips it."""
+    from dataclasses import asdict
+
+    from autotune.runner.zygote import REQUEST, Zygote
+
+    setup, workload, options = _never_ending(cache_dir)
+    zygote = Zygote()
+    zygote.disabled = False
+    try:
+        first, second = tmp_path / "first", tmp_path / "second"
+        for directory in (first, second):
+            directory.mkdir()
+            request = {"setup": setup.to_dict(), "workload": workload.to_dict(), "options": asdict(options)}
+            (directory / REQUEST).write_text(json.dumps(request))
+        assert zygote._start()
+        assert zygote._proc is not None and zygote._proc.stdin is not None
+        zygote._proc.stdin.write(f"{first}\n".encode())  # the interrupted launch: request sent, reply never read
+        zygote._proc.stdin.flush()
+        proc = zygote.launch(second)
+        assert proc.directory == second
+        proc.kill()  # must kill the second trial, not the first
+        assert proc.wait_reaped(timeout=60.0), "the second trial was not the one killed"
+        assert proc.exitcode() == -signal.SIGKILL
+        assert not (first / "exit").exists()  # the first one still runs (the server takes it down at close)
+    finally:
+        zygote.close()
+
+
+def test_an_interrupted_trial_stops_the_search_and_is_never_stored(tmp_path, cache_dir) -> None:
+    from autotune.errors import SearchInterrupted
+    from autotune.records import TrialResult
+    from autotune.tuner import SearchConfig, run_search
+
+    calls: list[str] = []
+
+    def runner(setup, workload, options=None, *, on_window=None):
+        if options.mode != "train":
+            return TrialResult(status="ok", samples_per_s=100.0, windows=(100.0,), peak_memory_bytes=2**20)
+        calls.append("train")
+        if len(calls) == 2:
+            return TrialResult(status="interrupted", error="the trial process was terminated from outside (SIGTERM)")
+        return TrialResult(status="ok", samples_per_s=100.0, windows=(100.0,), peak_memory_bytes=2**20)
+
+    config = SearchConfig(model="resnet18", trials=3, image_size=32, device="cpu", trial_seconds=1.0,
+                          out=tmp_path / "out", cache_dir=cache_dir, synthetic_images=64)
+    with pytest.raises(SearchInterrupted):
+        run_search(config, runner=runner)
+    study = study_of(tmp_path / "out")
+    assert [t.state for t in study.trials[:2]] == [TrialState.COMPLETE, TrialState.FAIL]
+    assert "result" not in study.trials[1].user_attrs  # not recorded as the setup's failure

@@ -53,10 +53,17 @@ class TimedRunner:
         *,
         on_window: WindowCallback | None = None,
     ) -> TrialResult:
-        """Run the trial and add its measured seconds to the timing."""
+        """Run the trial and add its measured seconds to the timing.
+
+        Raises:
+            KeyboardInterrupt: Something outside terminated the trial: the
+                search stops as on Ctrl-C and stores nothing for it.
+        """
         result = self.runner(setup, workload, options, on_window=on_window)
         self.timing.runs += 1
         self.timing.measured_s += result.measured_s or 0.0
+        if result.status == "interrupted":
+            raise KeyboardInterrupt
         return result
 
 
