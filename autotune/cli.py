@@ -17,6 +17,7 @@ from typing import Annotated, Any, Optional, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from autotune._version import __version__
 from autotune.errors import AutotuneError, ProbeError
@@ -277,7 +278,13 @@ def search(
         with RichReporter(err) as reporter:
             outcome = run_search(config, reporter)
     except SearchInterrupted as exc:
-        err.print(f"[yellow]{exc}[/]", highlight=False)
+        # The best so far, marked interrupted, then the one yellow line.
+        summary = exc.outcome
+        if as_json:
+            typer.echo(json.dumps(summary.to_dict() if summary is not None else {"best": None, "interrupted": True}))
+        elif summary is not None:
+            out.print(render_search(summary))
+        err.print(escape(str(exc)), style="yellow", highlight=False, soft_wrap=True)
         raise typer.Exit(exc.exit_code) from None
     if as_json:
         typer.echo(json.dumps(outcome.to_dict()))

@@ -176,7 +176,8 @@ def test_sigint_leaves_a_resumable_study_and_best_json(tmp_path, cache_dir) -> N
     out = tmp_path / "out"
     env = {**os.environ, "PYTHONPATH": str(TESTS.parent)}
     cmd = [sys.executable, "-m", "autotune", "search", "--model", "resnet18", "--image-size", "32", "--trials", "30",
-           "--trial-seconds", "1", "--device", "cpu", "--out", str(out), "--cache-dir", str(cache_dir), "--synthetic-images", "64"]
+           "--trial-seconds", "1", "--device", "cpu", "--out", str(out), "--cache-dir", str(cache_dir), "--synthetic-images", "64",
+           "--json"]
     # A shell that starts the tests in the background (nohup, &) hands them SIGINT ignored, and the
     # search would rightly keep ignoring it: give the child the default disposition.
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
@@ -197,7 +198,10 @@ def test_sigint_leaves_a_resumable_study_and_best_json(tmp_path, cache_dir) -> N
     assert "Traceback" not in stderr.decode()
     best = json.loads((out / "best.json").read_text())
     assert best["setup"]["batch_size"] >= 1
-    assert any("not confirmed" in n for n in best["notes"])
+    assert any("not confirmed: the search was interrupted" in n for n in best["notes"])
+    summary = json.loads(stdout)  # --json still emits the best so far, marked interrupted
+    assert summary["interrupted"] is True
+    assert summary["best"]["setup"] == best["setup"]
     study = optuna.load_study(study_name=None, storage=f"sqlite:///{out / 'study.db'}")
     states = [t.state for t in study.trials]
     assert optuna.trial.TrialState.RUNNING not in states
@@ -241,3 +245,15 @@ def test_interrupts_are_held_until_the_storage_write_is_done() -> None:
         time.sleep(0.05)
     assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
     signal.signal(signal.SIGINT, before)
+
+
+def test_failed_confirmation_is_not_called_an_interruption(tmp_path, cache_dir) -> None:
+    def confirmation_fails(setup, workload, options=None, *, on_window=None):
+        if options.mode == "train" and options.trial_seconds > 1.0:  # confirmation runs 1.5x the trial length
+            return TrialResult(status="timeout", error="no result")
+        return fake_runner(setup, workload, options, on_window=on_window)
+
+    outcome = search(config(tmp_path, cache_dir, trials=3), runner=confirmation_fails)
+    assert not outcome.interrupted
+    assert any("every confirmation run failed" in n for n in outcome.best.notes)
+    assert not any("interrupted" in n for n in outcome.best.notes)

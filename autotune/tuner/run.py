@@ -158,7 +158,8 @@ def _search(
     if interrupted:
         raise SearchInterrupted(
             f"interrupted: {len(records)} finished trials kept in {prepared.study.storage}; best so far written to "
-            f"{prepared.out / 'best.json'} (unconfirmed); rerun the same command to resume"
+            f"{prepared.out / 'best.json'} (unconfirmed); rerun the same command to resume",
+            outcome=outcome,
         )
     return outcome
 
@@ -322,6 +323,7 @@ def finish(
         defaults=defaults,
         effective_batch=config.effective_batch,
         command=config.command,
+        interrupted=interrupted,
     )
     write_best(out / "best.json", best)
     script = write_script(best, out / "train.py")

@@ -24,6 +24,7 @@ def make_best(
     defaults: TrainSetup,
     effective_batch: int | None,
     command: str,
+    interrupted: bool = False,
 ) -> Best:
     """The ``best.json`` record: the confirmed winner, its speedup and the notes.
 
@@ -36,6 +37,7 @@ def make_best(
         defaults: The PyTorch-defaults setup of this search.
         effective_batch: The pinned ``--effective-batch``, or None.
         command: The command line, for the record.
+        interrupted: The search was stopped (Ctrl-C, SIGTERM, SIGHUP).
     """
     default_key = defaults.to_json()
     notes: list[str] = []
@@ -49,7 +51,10 @@ def make_best(
         setup, rate, spread = top.setup, top.result.samples_per_s or 0.0, top.result.samples_per_s_spread or 0.0
         base_records = [r for r in feasible if r.setup.to_json() == default_key]
         base = base_records[0].result.samples_per_s if base_records else None
-        notes.append("not confirmed: the search was interrupted before the interleaved re-measurement")
+        if interrupted:
+            notes.append("not confirmed: the search was interrupted before the interleaved re-measurement")
+        else:
+            notes.append("not confirmed: every confirmation run failed; the fastest single trial is shown")
     peaks = [r.result.peak_memory_bytes for r in feasible if r.setup == setup and r.result.peak_memory_bytes]
     effective = setup.effective_batch()
     reference = effective_batch or defaults.effective_batch()
