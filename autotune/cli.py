@@ -246,7 +246,7 @@ def search(
 
     from autotune.errors import SearchInterrupted
     from autotune.render import RichReporter, render_search
-    from autotune.tuner import SearchConfig, run_search
+    from autotune.tuner import SearchConfig, SearchOutcome, run_search
     from autotune.tuner.constraints import parse_constraint
     from autotune.units import parse_size
 
@@ -279,7 +279,7 @@ def search(
             outcome = run_search(config, reporter)
     except SearchInterrupted as exc:
         # The best so far, marked interrupted, then the one yellow line.
-        summary = exc.outcome
+        summary = exc.outcome if isinstance(exc.outcome, SearchOutcome) else None
         if as_json:
             typer.echo(json.dumps(summary.to_dict() if summary is not None else {"best": None, "interrupted": True}))
         elif summary is not None:
