@@ -42,7 +42,7 @@ def _debug() -> bool:
 
 def fail(message: str, code: int = 1) -> typer.Exit:
     """Print one red error line and return the Exit to raise."""
-    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    err.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     return typer.Exit(code)
 
 
@@ -200,7 +200,8 @@ def trial(
     setup.check_device(dev.name, bf16_supported=dev.bf16)
     if not as_json:
         source = workload.data or "synthetic JPEGs (no --data given)"
-        err.print(f"trial: {workload.model} @ {image_size}px on {dev.name} ({dev.label}), data: {source}", highlight=False)
+        line = f"trial: {workload.model} @ {image_size}px on {dev.name} ({dev.label}), data: {source}"
+        err.print(escape(line), highlight=False)
     result = run_trial(setup, workload, options)
     if as_json:
         typer.echo(json.dumps(result.to_dict()))
@@ -306,7 +307,7 @@ def emit(
 
     best = read_best(directory)
     path = write_script(best, output or (directory / "train.py"))
-    out.print(f"wrote {path}", highlight=False)
+    out.print(escape(f"wrote {path}"), highlight=False)
 
 
 def main() -> None:
