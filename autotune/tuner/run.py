@@ -8,6 +8,7 @@ the output directory by default), so re-running the same command resumes it.
 
 from __future__ import annotations
 
+import shutil
 import time
 from contextlib import ExitStack
 from dataclasses import dataclass, replace
@@ -207,16 +208,22 @@ def prepare(config: SearchConfig, reporter: Reporter) -> Prepared:
         lr=config.lr,
     )
     name = config.study or study_name(config, device)
+    fresh = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     storage = config.storage or f"sqlite:///{(out / 'study.db').resolve()}"
-    with ExitStack() as stack:  # on an error below, both are released at once
-        stack.enter_context(OutputLock(out))
-        study = SearchStudy.open(storage, name, sampler=config.sampler, seed=config.seed, trials=config.trials)
-        study.claim()
-        stack.callback(study.release)
-        study.check_signature(signature(config, workload))
-        stale = study.recover()
-        held = stack.pop_all()
+    try:
+        with ExitStack() as stack:  # on an error below, both are released at once
+            stack.enter_context(OutputLock(out))
+            study = SearchStudy.open(storage, name, sampler=config.sampler, seed=config.seed, trials=config.trials)
+            study.claim()
+            stack.callback(study.release)
+            study.check_signature(signature(config, workload))
+            stale = study.recover()
+            held = stack.pop_all()
+    except BaseException:
+        if fresh:  # made just now and holding nothing of value: leave no trace
+            shutil.rmtree(out, ignore_errors=True)
+        raise
     if stale:
         reporter.message(f"trials {', '.join(f'#{n}' for n in stale)} were left running by a search that died: failed")
     reporter.message(
