@@ -193,7 +193,7 @@ def trial(
     options = TrialOptions(
         trial_seconds=trial_seconds,
         timeout_s=timeout,
-        max_memory_bytes=parse_size(max_memory) if max_memory else None,
+        max_memory_bytes=parse_size(max_memory) if max_memory is not None else None,
         mode=mode,  # type: ignore[arg-type]
     )
     hardware, dev, workload = _workload(model, image_size, data, device, cache_dir, synthetic_images)
@@ -258,7 +258,7 @@ def search(
         data=data,
         device=device,
         effective_batch=effective_batch,
-        max_memory=parse_size(max_memory) if max_memory else None,
+        max_memory=parse_size(max_memory) if max_memory is not None else None,
         trial_seconds=trial_seconds,
         constraints=tuple(parse_constraint(item) for item in set_ or ()),
         out=out_dir,

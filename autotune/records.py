@@ -24,6 +24,9 @@ from autotune.train_setup import TrainSetup
 #: device fed despite its own jitter (the loader rule of calibration and space).
 LOADER_MARGIN = 1.25
 
+#: The longest trial or timeout accepted (a day): ``inf`` or a typo would never end.
+MAX_SECONDS = 86400.0
+
 
 @dataclass(frozen=True)
 class Workload:
@@ -112,12 +115,12 @@ class TrialOptions:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if not self.trial_seconds > 0:
-            raise UsageError(f"trial seconds must be > 0, got {self.trial_seconds}")
+        if not 0 < self.trial_seconds <= MAX_SECONDS:
+            raise UsageError(f"trial seconds must be > 0 and <= {MAX_SECONDS:.0f}, got {self.trial_seconds}")
         if self.windows < 1:
             raise UsageError(f"windows must be >= 1, got {self.windows}")
-        if self.timeout_s is not None and not self.timeout_s > 0:
-            raise UsageError(f"timeout must be > 0, got {self.timeout_s}")
+        if self.timeout_s is not None and not 0 < self.timeout_s <= MAX_SECONDS:
+            raise UsageError(f"timeout must be > 0 and <= {MAX_SECONDS:.0f}, got {self.timeout_s}")
         if self.max_memory_bytes is not None and self.max_memory_bytes <= 0:
             raise UsageError(f"max memory must be > 0, got {self.max_memory_bytes}")
         if self.mode not in ("train", "compute", "loader"):

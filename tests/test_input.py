@@ -69,3 +69,57 @@ def test_tables_and_progress_print_bracketed_errors_as_typed() -> None:
     text = buffer.getvalue()
     assert text.count("shape [/x] mismatch in photos[old]") == 2
     assert "#3 [guess]" in text
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (("--trial-seconds", "inf"), "--trial-seconds must be > 0 and <= 86400"),
+        (("--trial-seconds", "nan"), "--trial-seconds must be > 0"),
+        (("--timeout", "inf"), "--timeout must be > 0"),
+        (("--max-memory", "9" * 400), "memory size too large"),
+        (("--max-memory", ""), "not a memory size: ''"),
+        (("--set", "num_workers=0..1000000000000"), "--set num_workers: must be <= 1024"),
+        (("--seed", "-1"), "--seed must be between 0 and 2**32 - 1"),
+        (("--synthetic-images", "0"), "--synthetic-images must be >= 16"),
+        (("--lr", "inf"), "--lr must be a finite number > 0"),
+    ],
+)
+def test_bad_values_are_refused_before_anything_is_written(tmp_path, extra, message) -> None:
+    cache = tmp_path / "cache"
+    code, output, out = run(tmp_path, cache, *extra)
+    assert code == 2, output
+    assert message in one_line(output)
+    assert not out.exists() and not cache.exists()
+
+
+def test_a_refused_storage_search_creates_no_study(tmp_path, cache_dir) -> None:
+    import optuna
+
+    storage = f"sqlite:///{tmp_path / 'shared.db'}"
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    result = runner.invoke(app, ["search", "--model", "resnet18", "--image-size", "32", "--device", "cpu",
+                                 "--storage", storage, "--out", str(blocker), "--cache-dir", str(cache_dir),
+                                 "--synthetic-images", "64"])
+    assert result.exit_code == 1 and "is not a directory" in one_line(result.output)
+    assert not (tmp_path / "shared.db").exists() or not optuna.get_all_study_names(storage)
+
+
+def test_set_choices_stay_choices(tmp_path, cache_dir) -> None:
+    """--set num_workers=2,8 samples 2 and 8 only, never 3-7."""
+    from autotune.records import TrialResult
+    from autotune.tuner import SearchConfig, run_search
+    from autotune.tuner.constraints import parse_constraint
+
+    def runner_(setup, workload, options=None, *, on_window=None):
+        return TrialResult(status="ok", samples_per_s=100.0 + setup.num_workers, windows=(1.0,), peak_memory_bytes=2**20)
+
+    config = SearchConfig(model="resnet18", trials=14, image_size=32, device="cpu", trial_seconds=1.0, sampler="random",
+                          out=tmp_path / "out", cache_dir=cache_dir, synthetic_images=64, confirm_rounds=1,
+                          constraints=(parse_constraint("num_workers=2,8"), parse_constraint("prefetch=1,4")))
+    outcome = run_search(config, runner=runner_)
+    searched = [r.setup for r in outcome.records if r.role != "defaults"]
+    assert {s.num_workers for s in searched} <= {2, 8}
+    assert {s.prefetch_factor for s in searched} <= {1, 4}
+    assert {s.num_workers for s in searched} == {2, 8}  # both choices are sampled
