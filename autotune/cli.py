@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import shlex
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -21,6 +22,7 @@ from rich.markup import escape
 
 from autotune._version import __version__
 from autotune.errors import AutotuneError, ProbeError
+from autotune.redact import hide_passwords
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -67,6 +69,15 @@ def handle_errors(func: F) -> F:
             ) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+def recorded_command(argv: list[str]) -> str:
+    """The command line to record in best.json, passwords hidden; empty when
+    autotune was not started as a program (a test runner, a notebook)."""
+    program = Path(argv[0]).name if argv else ""
+    if program not in ("autotune", "__main__.py") or "search" not in argv[1:]:
+        return ""
+    return hide_passwords(shlex.join(["autotune", *argv[1:]]))
 
 
 def _version(value: bool) -> None:
@@ -243,8 +254,6 @@ def search(
     as_json: Annotated[bool, typer.Option("--json", help="Print the final summary as one JSON object.")] = False,
 ) -> None:
     """Search the fastest training setup with short, real, measured trials."""
-    import shlex
-
     from autotune.errors import SearchInterrupted
     from autotune.render import RichReporter, render_search
     from autotune.tuner import SearchConfig, SearchOutcome, run_search
@@ -272,7 +281,7 @@ def search(
         confirm_rounds=confirm_rounds,
         lr=lr,
         timeout_s=timeout,
-        command=shlex.join(["autotune", *sys.argv[1:]]) if sys.argv[1:2] == ["search"] else "",
+        command=recorded_command(sys.argv),
     )
     config.validate()
     try:

@@ -123,3 +123,33 @@ def test_set_choices_stay_choices(tmp_path, cache_dir) -> None:
     assert {s.num_workers for s in searched} <= {2, 8}
     assert {s.prefetch_factor for s in searched} <= {1, 4}
     assert {s.num_workers for s in searched} == {2, 8}  # both choices are sampled
+
+
+def test_recorded_command_keeps_global_options_and_hides_passwords() -> None:
+    from autotune.cli import recorded_command
+
+    argv = ["/venv/bin/autotune", "--debug", "search", "--storage", "postgresql://me:s3cret@db:5432/optuna", "-n", "5"]
+    assert recorded_command(argv) == "autotune --debug search --storage postgresql://me:***@db:5432/optuna -n 5"
+    assert recorded_command(["/x/autotune/__main__.py", "search", "--model", "resnet18"]) == "autotune search --model resnet18"
+    assert recorded_command(["/venv/bin/pytest", "-k", "search"]) == ""  # not started as autotune
+
+
+def test_passwords_never_reach_best_json_train_py_or_messages(tmp_path, cache_dir) -> None:
+    from autotune.errors import StorageError
+    from autotune.records import TrialResult
+    from autotune.tuner import SearchConfig, run_search
+    from autotune.tuner.study import SearchStudy
+
+    def runner_(setup, workload, options=None, *, on_window=None):
+        return TrialResult(status="ok", samples_per_s=100.0 + setup.batch_size, windows=(1.0,), peak_memory_bytes=2**20)
+
+    command = "autotune search --storage postgresql://me:s3cret@db/optuna"
+    config = SearchConfig(model="resnet18", trials=2, image_size=32, device="cpu", trial_seconds=1.0, out=tmp_path / "out",
+                          cache_dir=cache_dir, synthetic_images=64, confirm_rounds=1, command=command)
+    run_search(config, runner=runner_)
+    for name in ("best.json", "train.py"):
+        text = (tmp_path / "out" / name).read_text()
+        assert "s3cret" not in text and "postgresql://me:***@db/optuna" in text
+    with pytest.raises(StorageError) as caught:
+        SearchStudy.open("postgresql+nosuchdriver://me:s3cret@localhost:1/db", "x")
+    assert "s3cret" not in str(caught.value) and "me:***@localhost" in str(caught.value)

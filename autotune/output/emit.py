@@ -28,6 +28,7 @@ from autotune.devices import device_type
 from autotune.errors import AutotuneError, EmitError
 from autotune.files import atomic_write_text
 from autotune.output.best import Best
+from autotune.redact import hide_passwords
 from autotune.train_setup import AMP_MODES
 from autotune.workloads.data import synthetic_dir
 from autotune.workloads.models import validate_model_ref
@@ -125,7 +126,7 @@ def _header(best: Best, data_is_synthetic: bool) -> str:
         f"(effective batch {best.effective_batch} -> lr {best.lr:g} in one process)"
     )
     if best.command:
-        lines.append(f"Command: {best.command}")
+        lines.append(f"Command: {hide_passwords(best.command)}")
     if best.created:
         lines.append(f"Created: {best.created}")
     for note in best.notes:

@@ -20,6 +20,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.errors import StorageError
 from autotune.records import Calibration, TrialRecord, TrialResult
+from autotune.redact import hide_passwords
 from autotune.train_setup import TrainSetup
 from autotune.tuner.lock import Holder
 from autotune.tuner.pruning import SlowerThanBestPruner
@@ -81,13 +82,13 @@ class SearchStudy:
 
     Attributes:
         study: The underlying ``optuna.Study``.
-        storage: Its storage URL.
+        storage: Its storage URL, password hidden (for messages and records).
         name: Its name.
     """
 
     def __init__(self, study: optuna.Study, storage: str, name: str) -> None:
         self.study = study
-        self.storage = storage
+        self.storage = hide_passwords(storage)
         self.name = name
         self._holder: Holder | None = None
 
@@ -119,7 +120,8 @@ class SearchStudy:
                 load_if_exists=True,
             )
         except Exception as exc:  # sqlalchemy / redis / journal errors all differ
-            raise StorageError(f"cannot open study storage {storage!r}: {_first_line(exc)}") from None
+            message = f"cannot open study storage {storage!r}: {_first_line(exc)}"
+            raise StorageError(hide_passwords(message)) from None
         if STUDY_STARTUP_TRIALS not in study.user_attrs:
             study.set_user_attr(STUDY_STARTUP_TRIALS, n_startup)
         return cls(study, storage, name)

@@ -12,6 +12,7 @@ from typing import Any
 from autotune.devices import DeviceInfo
 from autotune.output.best import Best
 from autotune.records import Calibration, Confirmed, TrialRecord, Workload
+from autotune.redact import hide_passwords
 from autotune.train_setup import TrainSetup
 
 
@@ -84,7 +85,7 @@ def make_best(
         lr=lr,
         hardware=hw,
         versions=dict(hw.get("software", {})),
-        command=command,
+        command=hide_passwords(command),
         created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         notes=tuple(notes),
     )
