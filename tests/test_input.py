@@ -153,3 +153,62 @@ def test_passwords_never_reach_best_json_train_py_or_messages(tmp_path, cache_di
     with pytest.raises(StorageError) as caught:
         SearchStudy.open("postgresql+nosuchdriver://me:s3cret@localhost:1/db", "x")
     assert "s3cret" not in str(caught.value) and "me:***@localhost" in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda d: [d], "must hold a JSON object, not a list"),
+        (lambda d: {**d, "schema": 2}, "has schema 2; this autotune reads schema 1"),
+        (lambda d: {k: v for k, v in d.items() if k != "schema"}, "has schema None"),
+        (lambda d: {**d, "notes": "abc"}, "field 'notes' must be list, not a string"),
+        (lambda d: {**d, "notes": [1]}, "'notes' must be a list of strings"),
+        (lambda d: {**d, "workload": "resnet18"}, "field 'workload' must be object, not a string"),
+        (lambda d: {**d, "setup": []}, "field 'setup' must be object, not a list"),
+        (lambda d: {**d, "samples_per_s": "fast"}, "field 'samples_per_s' must be number, not a string"),
+        (lambda d: {**d, "speedup": True}, "field 'speedup' must be number or null, not a boolean"),
+        (lambda d: {**d, "extra": 1}, "unknown fields: extra"),
+        (lambda d: {k: v for k, v in d.items() if k != "lr"}, "lacks the field 'lr'"),
+        (lambda d: {**d, "workload": {**d["workload"], "sys_path": "/x"}}, "'workload.sys_path' must be a list"),
+    ],
+)
+def test_bad_best_json_is_one_line_in_emit_and_load_setup(tmp_path, cache_dir, change, message) -> None:
+    import json
+
+    from autotune.errors import AutotuneError
+    from autotune.output.best import Best, read_best
+    from autotune.records import Workload
+    from autotune.train_setup import TrainSetup
+
+    good = Best(setup=TrainSetup(), workload=Workload(model="resnet18"), samples_per_s=1.0, samples_per_s_spread=0.0,
+                defaults_samples_per_s=1.0, speedup=1.0, peak_memory_bytes=None, effective_batch=32,
+                reference_batch=32, lr=1e-3).to_dict()
+    (tmp_path / "best.json").write_text(json.dumps(change(good)))
+    with pytest.raises(AutotuneError, match=message.replace("(", r"\(")):
+        read_best(tmp_path)
+    result = runner.invoke(app, ["emit", str(tmp_path)])
+    assert result.exit_code == 1 and message in one_line(result.output)
+
+
+def test_load_setup_refuses_another_schema(tmp_path) -> None:
+    import json
+
+    from autotune.errors import SetupError
+    from autotune.train_setup import TrainSetup, load_setup
+
+    (tmp_path / "best.json").write_text(json.dumps({"schema": 2, "setup": TrainSetup().to_dict()}))
+    with pytest.raises(SetupError, match="schema 2"):
+        load_setup(tmp_path / "best.json")
+
+
+def test_train_py_header_names_the_factory_it_imports(tmp_path) -> None:
+    from autotune.output.best import Best
+    from autotune.output.emit import write_script
+    from autotune.records import Workload
+    from autotune.train_setup import TrainSetup
+
+    best = Best(setup=TrainSetup(), workload=Workload(model="mypkg.nets:build"), samples_per_s=1.0,
+                samples_per_s_spread=0.0, defaults_samples_per_s=1.0, speedup=1.0, peak_memory_bytes=None,
+                effective_batch=32, reference_batch=32, lr=1e-3)
+    header = write_script(best, tmp_path / "train.py").read_text().split('"""')[0]
+    assert "# Model: imports mypkg.nets:build (module:function)" in header

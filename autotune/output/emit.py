@@ -108,6 +108,12 @@ def _header(best: Best, data_is_synthetic: bool) -> str:
         f"Tuned for: {workload.model} at {workload.image_size} px on {workload.device}, "
         + ("synthetic JPEG data" if data_is_synthetic else f"data {workload.data}"),
         f"Hardware: {_hardware_summary(best.hardware if isinstance(best.hardware, dict) else {})}",
+        (
+            f"Model: imports {workload.model} (module:function) from your code; run this script where that "
+            "import works (the search's directory is added to sys.path)"
+            if ":" in workload.model
+            else f"Model: torchvision.models.{workload.model}"
+        ),
         f"Setup: {setup.describe()}",
         f"  num_workers={setup.num_workers} prefetch_factor={setup.prefetch_factor} "
         f"pin_memory={setup.pin_memory} persistent_workers={setup.persistent_workers}",
