@@ -87,7 +87,7 @@ class Workload:
         return cls(**data)
 
 
-Status = Literal["ok", "oom", "timeout", "error", "diverged", "pruned", "interrupted"]
+Status = Literal["ok", "oom", "timeout", "error", "diverged", "pruned", "interrupted", "bad_data"]
 Mode = Literal["train", "compute", "loader"]
 FEASIBLE = "ok"
 
@@ -139,8 +139,9 @@ class TrialResult:
     Attributes:
         status: ``ok``, ``oom``, ``timeout``, ``error``, ``diverged`` (or
             ``pruned`` when a search stopped it early; ``interrupted`` when
-            something outside terminated it: not the setup's failure, never
-            stored as a measurement).
+            something outside terminated it; ``bad_data`` when a file of the
+            data cannot be decoded: neither is the setup's failure, and
+            neither is stored as a measurement).
         samples_per_s: Median steady-state window throughput.
         samples_per_s_spread: Range (max - min) of the window throughputs.
         step_time_s: Wall time of one optimizer step (``accumulation_steps``

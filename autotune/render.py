@@ -17,7 +17,16 @@ if TYPE_CHECKING:  # pragma: no cover
     from autotune.train_setup import TrainSetup
     from autotune.tuner import SearchOutcome
 
-STATUS_STYLE = {"ok": "green", "pruned": "yellow", "interrupted": "yellow", "oom": "red", "timeout": "red", "error": "red", "diverged": "red"}
+STATUS_STYLE = {
+    "ok": "green",
+    "pruned": "yellow",
+    "interrupted": "yellow",
+    "bad_data": "red",
+    "oom": "red",
+    "timeout": "red",
+    "error": "red",
+    "diverged": "red",
+}
 
 
 def fmt_rate(value: float | None) -> str:

@@ -228,3 +228,87 @@ def test_an_interrupted_trial_stops_the_search_and_is_never_stored(tmp_path, cac
     study = study_of(tmp_path / "out")
     assert [t.state for t in study.trials[:2]] == [TrialState.COMPLETE, TrialState.FAIL]
     assert "result" not in study.trials[1].user_attrs  # not recorded as the setup's failure
+
+
+# --------------------------------------------------------------- bad data, broken models
+def test_data_check_uses_the_loaders_rules_and_names_the_directory(tmp_path) -> None:
+    """Hidden and empty sub-directories are classes to ImageFolder: refused up front, by name."""
+    from autotune.errors import WorkloadError
+    from autotune.workloads.data import check_image_folder
+
+    data = tmp_path / "photos"
+    (data / "cats").mkdir(parents=True)
+    (data / "cats" / "a.jpg").write_bytes(b"x")
+    (data / "dogs" / "nested").mkdir(parents=True)
+    (data / "dogs" / "nested" / "b.JPG").write_bytes(b"x")  # found recursively, case-insensitively
+    assert check_image_folder(data).classes == 2
+    (data / ".thumbnails").mkdir()
+    with pytest.raises(WorkloadError, match=r"class directory .*photos/\.thumbnails holds no images"):
+        check_image_folder(data)
+    (data / ".thumbnails").rmdir()
+    (data / "empty").mkdir()
+    with pytest.raises(WorkloadError, match=r"photos/empty holds no images"):
+        check_image_folder(data)
+
+
+def _truncated_data(tmp_path: Path, synthetic_data: Path) -> Path:
+    """A copy of the synthetic data in which one JPEG is cut in half."""
+    import shutil
+
+    data = tmp_path / "data"
+    shutil.copytree(synthetic_data, data)
+    victim = sorted(data.glob("class_00/*.jpg"))[0]
+    victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])
+    return victim
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workers", [0, 1])
+def test_a_truncated_jpeg_is_bad_data_naming_the_file(tmp_path, synthetic_data, workers) -> None:
+    from autotune.records import TrialOptions, Workload
+    from autotune.runner import run_trial
+    from autotune.train_setup import TrainSetup
+
+    victim = _truncated_data(tmp_path, synthetic_data)
+    workload = Workload(model="factories:tiny_cnn", image_size=32, device="cpu", num_classes=10, images=64,
+                        data=str(victim.parent.parent), sys_path=(str(TESTS),))
+    setup = TrainSetup(batch_size=64, num_workers=workers, prefetch_factor=2 if workers else None)
+    result = run_trial(setup, workload, TrialOptions(trial_seconds=1.0, mode="loader"))
+    assert result.status == "bad_data", result
+    assert str(victim) in (result.error or "") and "cannot decode" in (result.error or "")
+
+
+def test_bad_data_in_a_trial_stops_the_search_naming_the_file(tmp_path, cache_dir) -> None:
+    from autotune.errors import WorkloadError
+    from autotune.records import TrialResult
+    from autotune.train_setup import TrainSetup
+    from autotune.tuner import SearchConfig, run_search
+
+    trained: list[TrainSetup] = []
+
+    def runner(setup, workload, options=None, *, on_window=None):
+        trained.extend([setup] if options.mode == "train" else [])
+        if len(trained) == 2:  # the faster guess reaches the bad file; the defaults did not
+            return TrialResult(status="bad_data", error="/data/cats/7.jpg: cannot decode (OSError: image file is truncated)")
+        return TrialResult(status="ok", samples_per_s=100.0, windows=(100.0,), peak_memory_bytes=2**20)
+
+    config = SearchConfig(model="resnet18", trials=4, image_size=32, device="cpu", trial_seconds=1.0,
+                          out=tmp_path / "out", cache_dir=cache_dir, synthetic_images=64)
+    with pytest.raises(WorkloadError, match=r"bad data: /data/cats/7.jpg: cannot decode"):
+        run_search(config, runner=runner)
+    study = study_of(tmp_path / "out")
+    assert study.trials[0].state == TrialState.COMPLETE  # the defaults are kept
+    assert study.trials[1].state == TrialState.FAIL and "result" not in study.trials[1].user_attrs
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("factory", ["broken", "wrong_shape"])
+def test_a_broken_model_ends_the_search_at_once(tmp_path, cache_dir, factory) -> None:
+    cmd = search_cmd(tmp_path / "out", cache_dir, trials=30)
+    cmd[cmd.index("factories:tiny_cnn")] = f"factories:{factory}"
+    done = subprocess.run(cmd, capture_output=True, env=ENV, timeout=WAIT_S)
+    assert done.returncode == 1
+    lines = [ln for ln in done.stderr.decode().splitlines() if ln.startswith("error:")]
+    assert len(lines) == 1 and f"model factories:{factory} fails:" in lines[0], done.stderr.decode()
+    assert "Traceback" not in done.stderr.decode()
+    assert "memory pre-pass: verify" not in done.stderr.decode()  # not halved through the pre-pass

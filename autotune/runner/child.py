@@ -19,6 +19,7 @@ from autotune.records import TrialOptions, TrialResult, Workload
 from autotune.runner.measure import MemoryMonitor, Stopwatch, summarize, sync
 from autotune.train_setup import TrainSetup
 from autotune.units import format_bytes
+from autotune.workloads.data import BadImage
 
 Send = Callable[[dict[str, Any]], None]
 
@@ -83,6 +84,12 @@ def classify(exc: BaseException) -> TrialResult:
         return TrialResult(status="oom", error=str(exc))
     if isinstance(exc, Diverged):
         return TrialResult(status="diverged", error=str(exc))
+    if isinstance(exc, BadImage):
+        # Re-raised from a loader worker, the message is the worker's whole
+        # traceback; its last line is the original one, naming the file.
+        lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+        last = lines[-1] if lines else ""
+        return TrialResult(status="bad_data", error=last.split("BadImage: ", 1)[-1][:400])
     message = str(exc)
     if isinstance(exc, oom_types) or (
         isinstance(exc, RuntimeError)

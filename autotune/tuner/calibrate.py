@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from autotune.devices import DeviceInfo
+from autotune.errors import WorkloadError
 from autotune.records import Calibration, LoaderPoint, MemoryPoint, TrialOptions, TrialResult, Workload
 from autotune.runner import TrialRunner, run_trial
 from autotune.train_setup import TrainSetup
@@ -98,6 +99,11 @@ def calibrate(
         log: Progress messages.
         runner: The trial runner (default :func:`autotune.runner.run_trial`).
         batch_cap: Largest batch proposed.
+
+    Raises:
+        WorkloadError: The model fails (not out of memory) at the first,
+            smallest pre-pass batch: the factory raises, the forward does not
+            fit the input shape.
     """
     cuda = device.type == "cuda"
     short = TrialOptions(trial_seconds=max(1.0, min(3.0, trial_seconds / 3)), windows=2, mode="compute")
@@ -106,6 +112,10 @@ def calibrate(
     points: list[MemoryPoint] = []
     for batch in (8, 32) if not cuda else (16, 64):
         result = runner(fp32.replace(batch_size=batch), workload, _with_budget(short, budget))
+        if result.status == "error" and not points:
+            # The model fails at a small batch with the plainest setup, and not
+            # for memory: no setup can work, so stop now, not after every trial.
+            raise WorkloadError(f"model {workload.model} fails: {result.error}")
         points.append(MemoryPoint(batch, result.status, result.peak_memory_bytes, result.samples_per_s))
         log(f"memory pre-pass: batch {batch}: {result.status}, peak {format_bytes(result.peak_memory_bytes)}")
         if result.status != "ok":

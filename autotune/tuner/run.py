@@ -17,7 +17,7 @@ from typing import Any
 
 import probes
 from autotune.devices import DeviceInfo, resolve_device
-from autotune.errors import SearchFailed, SearchInterrupted
+from autotune.errors import SearchFailed, SearchInterrupted, WorkloadError
 from autotune.files import check_writable
 from autotune.output.best import write_best
 from autotune.output.emit import write_script
@@ -59,12 +59,18 @@ class TimedRunner:
         Raises:
             KeyboardInterrupt: Something outside terminated the trial: the
                 search stops as on Ctrl-C and stores nothing for it.
+            WorkloadError: A data file cannot be decoded: the search stops
+                naming it (every setup fast enough to reach it would fail).
         """
         result = self.runner(setup, workload, options, on_window=on_window)
         self.timing.runs += 1
         self.timing.measured_s += result.measured_s or 0.0
         if result.status == "interrupted":
             raise KeyboardInterrupt
+        if result.status == "bad_data":
+            raise WorkloadError(
+                f"bad data: {result.error}; fix or remove the file and rerun (finished trials are kept)"
+            )
         return result
 
 
