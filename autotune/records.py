@@ -149,7 +149,9 @@ class TrialResult:
         data_wait_fraction: Share of measured wall time the loop blocked on
             the DataLoader.
         peak_memory_bytes: CUDA: peak reserved by the caching allocator. CPU:
-            peak RSS of the trial process plus its loader workers.
+            peak of the summed PSS (proportional set size: a page shared by
+            n processes counts 1/n in each) of the trial process and its
+            loader workers, sampled every 50 ms; RSS elsewhere than Linux.
         warmup_s: Start-up and warm-up time, excluded from the measurement.
         measured_s: Wall time of the measured windows.
         error: One line saying what went wrong, or ``None``.

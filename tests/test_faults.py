@@ -312,3 +312,44 @@ def test_a_broken_model_ends_the_search_at_once(tmp_path, cache_dir, factory) ->
     assert len(lines) == 1 and f"model factories:{factory} fails:" in lines[0], done.stderr.decode()
     assert "Traceback" not in done.stderr.decode()
     assert "memory pre-pass: verify" not in done.stderr.decode()  # not halved through the pre-pass
+
+
+# --------------------------------------------------------------- the memory figure
+def test_memory_of_a_forked_tree_counts_shared_pages_once(tmp_path) -> None:
+    """Three forked workers sharing 200 MB with their parent: RSS says ~800 MB, the monitor ~200 MB."""
+    from autotune.runner.measure import tree_memory, tree_pids
+
+    script = tmp_path / "tree.py"
+    script.write_text(
+        "import os, time\n"
+        "block = bytearray(200 * 2**20)\n"
+        "for i in range(0, len(block), 4096): block[i] = 1\n"
+        "for _ in range(3):\n"
+        "    if os.fork() == 0:\n"
+        "        time.sleep(120); os._exit(0)\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    unrelated = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, start_new_session=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == b"ready"
+        pids = tree_pids(proc.pid)
+        assert len(pids) == 4 and unrelated.pid not in pids
+        rss = sum(psutil.Process(p).memory_info().rss for p in pids)
+        measured = tree_memory(proc.pid)
+        assert rss > 700 * 2**20
+        assert 190 * 2**20 < measured < 400 * 2**20
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        unrelated.kill()
+        unrelated.wait()
+
+
+def test_the_monitor_does_not_sample_on_cuda() -> None:
+    from autotune.runner.measure import MemoryMonitor
+
+    monitor = MemoryMonitor(budget_bytes=1, enabled=False).start()
+    assert not monitor._thread.is_alive()
+    assert monitor.stop() == 0 and not monitor.over_budget.is_set()
