@@ -353,3 +353,19 @@ def test_the_monitor_does_not_sample_on_cuda() -> None:
     monitor = MemoryMonitor(budget_bytes=1, enabled=False).start()
     assert not monitor._thread.is_alive()
     assert monitor.stop() == 0 and not monitor.over_budget.is_set()
+
+
+# --------------------------------------------------------------- the trial server's imports
+@pytest.mark.slow
+def test_the_trial_server_does_not_import_from_the_working_directory(tmp_path, monkeypatch) -> None:
+    from autotune.runner.zygote import Zygote
+
+    marker = tmp_path / "imported"
+    (tmp_path / "json.py").write_text(f"open({str(marker)!r}, 'w').close()\nraise SystemExit('shadowed json')\n")
+    monkeypatch.chdir(tmp_path)
+    zygote = Zygote()
+    try:
+        assert zygote._start(), "the server did not start"
+    finally:
+        zygote.close()
+    assert not marker.exists()

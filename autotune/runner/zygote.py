@@ -102,6 +102,15 @@ class TrialProcess:
                 pass
 
 
+def server_command() -> list[str]:
+    """How the server starts: ``-P`` keeps the working directory off
+    ``sys.path`` (``-m`` would put it first, so a ``json.py`` where the user
+    runs autotune would be imported); autotune is found through the
+    ``PYTHONPATH`` of :func:`_child_env`, the user's factory through the
+    workload's ``sys_path``, appended when the factory is imported."""
+    return [sys.executable, "-P", "-m", "autotune.runner.server"]
+
+
 def _child_env() -> dict[str, str]:
     env = dict(os.environ)
     package_root = str(Path(__file__).resolve().parents[2])
@@ -153,7 +162,7 @@ class Zygote:
     def _start(self) -> bool:
         self._buffer = b""
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "autotune.runner.server"],
+            server_command(),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
@@ -186,7 +195,7 @@ class Zygote:
                         return TrialProcess(pid, directory, server=self._proc)
                     self.close()
             popen = subprocess.Popen(
-                [sys.executable, "-m", "autotune.runner.server", "--single", str(directory)],
+                [*server_command(), "--single", str(directory)],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,

@@ -87,9 +87,11 @@ def check_model_name(ref: str) -> None:
 
 def _load_factory(ref: str, sys_path: Sequence[str]):  # type: ignore[no-untyped-def]
     module_name, _, func_name = ref.partition(":")
-    for entry in reversed(list(sys_path)):
+    # Appended, not put first: a json.py in the user's directory must not
+    # shadow the standard library for the rest of the process.
+    for entry in sys_path:
         if entry not in sys.path:
-            sys.path.insert(0, entry)
+            sys.path.append(entry)
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
