@@ -213,7 +213,10 @@ def trial(
         source = workload.data or "synthetic JPEGs (no --data given)"
         line = f"trial: {workload.model} @ {image_size}px on {dev.name} ({dev.label}), data: {source}"
         err.print(escape(line), highlight=False)
-    result = run_trial(setup, workload, options)
+    from autotune.tuner.signals import sigterm_as_interrupt
+
+    with sigterm_as_interrupt():  # SIGTERM unwinds like Ctrl-C: the trial and its directory are removed
+        result = run_trial(setup, workload, options)
     if as_json:
         typer.echo(json.dumps(result.to_dict()))
     else:

@@ -369,3 +369,63 @@ def test_the_trial_server_does_not_import_from_the_working_directory(tmp_path, m
     finally:
         zygote.close()
     assert not marker.exists()
+
+
+# --------------------------------------------------------------- leftovers
+@pytest.mark.parametrize("fault", ["ctrl-c", "disk full"])
+def test_interrupted_data_generation_leaves_no_hidden_copy(tmp_path, fault) -> None:
+    import errno
+    import random
+
+    from autotune.errors import WorkloadError
+    from autotune.workloads.data import generate_image_folder
+
+    def make_image(rng: random.Random, path: Path) -> None:
+        if path.name == "img_000005.jpg":
+            if fault == "ctrl-c":
+                os.kill(os.getpid(), signal.SIGINT)  # a real Ctrl-C, delivered here
+                time.sleep(1)
+            raise OSError(errno.ENOSPC, "No space left on device")
+        path.write_bytes(b"x" * 1000)
+
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt if fault == "ctrl-c" else WorkloadError):
+            generate_image_folder(tmp_path / "synthetic", 20, make_image, seed=0, note="test")
+    finally:
+        signal.signal(signal.SIGINT, before)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_copies_left_by_a_killed_generation_are_removed(tmp_path) -> None:
+    from autotune.workloads.data import generate_image_folder
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    leftover = tmp_path / f".synthetic.tmp-{dead.pid}"
+    (leftover / "class_00").mkdir(parents=True)
+    generate_image_folder(tmp_path / "synthetic", 10, lambda rng, path: path.write_bytes(b"x"), seed=0, note="t")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["synthetic"]
+
+
+@pytest.mark.slow
+def test_autotune_trial_removes_its_directory_on_sigterm(tmp_path, cache_dir) -> None:
+    env = {**ENV, "TMPDIR": str(tmp_path)}
+    cmd = [sys.executable, "-m", "autotune", "trial", "--model", "factories:sleeps_forever", "--image-size", "32",
+           "--device", "cpu", "--cache-dir", str(cache_dir), "--synthetic-images", "64", "--trial-seconds", "1"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                            preexec_fn=lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL))
+    deadline = time.monotonic() + WAIT_S
+    while not list(tmp_path.glob("autotune-trial-*/output.txt")):  # the trial process has started
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1].decode()
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=60)
+    assert proc.returncode != 0
+    assert not list(tmp_path.glob("autotune-trial-*"))
+
+
+def test_ci_log_is_a_private_temporary_file() -> None:
+    script = (TESTS.parent / ".ci" / "run").read_text()
+    assert "/tmp/autotune-ci.log" not in script
+    assert 'log=$(mktemp' in script and 'rm -f "$log"' in script

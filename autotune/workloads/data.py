@@ -79,9 +79,10 @@ def generate_image_folder(
     """
     if (target / ".complete").exists():
         return target
+    tmp = target.parent / f".{target.name}.tmp-{os.getpid()}"
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.parent / f".{target.name}.tmp-{os.getpid()}"
+        _remove_dead_copies(target)
         shutil.rmtree(tmp, ignore_errors=True)
         rng = random.Random(seed)
         for cls in range(SYNTHETIC_CLASSES):
@@ -98,9 +99,22 @@ def generate_image_folder(
             else:
                 shutil.rmtree(target, ignore_errors=True)
                 os.rename(tmp, target)
-    except OSError as exc:
-        raise WorkloadError(f"cannot write synthetic data under {target.parent}: {exc.strerror or exc}") from None
+    except BaseException as exc:  # Ctrl-C, a full disk: leave no half copy behind
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(exc, OSError):
+            raise WorkloadError(f"cannot write synthetic data under {target.parent}: {exc.strerror or exc}") from None
+        raise
     return target
+
+
+def _remove_dead_copies(target: Path) -> None:
+    """Remove the temporary copies of processes that died while generating (``kill -9``)."""
+    import psutil
+
+    for stale in target.parent.glob(f".{target.name}.tmp-*"):
+        pid = stale.name.rpartition("-")[2]
+        if pid.isdigit() and int(pid) != os.getpid() and not psutil.pid_exists(int(pid)):
+            shutil.rmtree(stale, ignore_errors=True)
 
 
 def ensure_synthetic(cache_dir: str | Path | None = None, n_images: int = 2000) -> Path:
