@@ -429,3 +429,53 @@ def test_ci_log_is_a_private_temporary_file() -> None:
     script = (TESTS.parent / ".ci" / "run").read_text()
     assert "/tmp/autotune-ci.log" not in script
     assert 'log=$(mktemp' in script and 'rm -f "$log"' in script
+
+
+# --------------------------------------------------------------- resumes across machines and runs
+def _fake(setup, workload, options=None, *, on_window=None):
+    from autotune.records import TrialResult
+
+    rate = 100.0 + setup.batch_size + 10 * setup.num_workers
+    return TrialResult(status="ok", samples_per_s=rate, windows=(rate,), peak_memory_bytes=2**20)
+
+
+def _config(tmp_path: Path, cache_dir: Path, **kw):
+    from autotune.tuner import SearchConfig
+
+    base = dict(model="resnet18", trials=3, image_size=32, device="cpu", trial_seconds=1.0, out=tmp_path / "out",
+                cache_dir=cache_dir, synthetic_images=64, confirm_rounds=2, confirm_top=2)
+    return SearchConfig(**{**base, **kw})
+
+
+def test_a_study_from_another_machine_or_timeout_is_refused_naming_the_difference(tmp_path, cache_dir) -> None:
+    from autotune.errors import StorageError
+    from autotune.tuner import run_search
+
+    run_search(_config(tmp_path, cache_dir), runner=_fake)
+    study = study_of(tmp_path / "out")
+    stored = dict(study.user_attrs["signature"])
+    cores = stored["usable_cores"]
+    study.set_user_attr("signature", {**stored, "usable_cores": cores + 62, "cpu_model": "Other CPU"})
+    with pytest.raises(StorageError, match=r"cpu_model: 'Other CPU' there, .* now"):
+        run_search(_config(tmp_path, cache_dir), runner=_fake)
+    study.set_user_attr("signature", stored)
+    with pytest.raises(StorageError, match=r"timeout_s: None there, 30.0 now"):
+        run_search(_config(tmp_path, cache_dir, timeout_s=30.0), runner=_fake)
+
+
+def test_confirmation_rounds_are_never_reused_across_runs(tmp_path, cache_dir) -> None:
+    from autotune.tuner import run_search
+
+    confirmations: list[int] = []
+
+    def counting(setup, workload, options=None, *, on_window=None):
+        if options.mode == "train" and options.trial_seconds > 1.0:  # a confirmation run (1.5x the trial)
+            confirmations.append(1)
+        return _fake(setup, workload, options, on_window=on_window)
+
+    first = run_search(_config(tmp_path, cache_dir), runner=counting)
+    measured_first = len(confirmations)
+    assert measured_first == sum(len(c.values) for c in first.confirmed) > 0
+    second = run_search(_config(tmp_path, cache_dir, trials=4), runner=counting)
+    assert len(confirmations) - measured_first == sum(len(c.values) for c in second.confirmed)
+    assert all(len(c.values) == 2 for c in second.confirmed)  # this run's rounds only, not 2 + 2

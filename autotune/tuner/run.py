@@ -34,7 +34,7 @@ from autotune.tuner.lock import OutputLock
 from autotune.tuner.progress import Reporter, SilentReporter
 from autotune.tuner.signals import sigterm_as_interrupt
 from autotune.tuner.space import Space, build_space, defaults_setup, guess_setups
-from autotune.tuner.study import ROLE_DEFAULTS, ROLE_GUESS, SearchStudy
+from autotune.tuner.study import ROLE_DEFAULTS, ROLE_GUESS, SearchStudy, machine_fingerprint
 from autotune.tuner.winner import bottleneck_verdict, make_best
 from autotune.workloads import build_workload
 
@@ -179,9 +179,11 @@ def study_name(config: SearchConfig, device: DeviceInfo) -> str:
     return name
 
 
-def signature(config: SearchConfig, workload: Workload) -> dict[str, Any]:
-    """What must match for a stored study to be resumed by this search."""
+def signature(config: SearchConfig, workload: Workload, machine: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What must match for a stored study to be resumed by this search (``machine``: its fingerprint)."""
     return {
+        **(machine or {}),
+        "timeout_s": config.timeout_s,
         "model": workload.model,
         "image_size": workload.image_size,
         "data": workload.data,
@@ -223,7 +225,7 @@ def prepare(config: SearchConfig, reporter: Reporter) -> Prepared:
             study = SearchStudy.open(storage, name, sampler=config.sampler, seed=config.seed, trials=config.trials)
             study.claim()
             stack.callback(study.release)
-            study.check_signature(signature(config, workload))
+            study.check_signature(signature(config, workload, machine_fingerprint(hardware, device)))
             stale = study.recover()
             held = stack.pop_all()
     except BaseException:

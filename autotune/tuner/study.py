@@ -12,6 +12,7 @@ half-way through a transaction.
 from __future__ import annotations
 
 import json
+import uuid
 import warnings
 from typing import Any
 
@@ -66,6 +67,21 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0][:200] if text else type(exc).__name__
 
 
+def machine_fingerprint(hardware: Any, device: Any) -> dict[str, Any]:
+    """What makes measurements of one machine incomparable with another's:
+    CPU and GPU model, usable cores, torch and CUDA versions (part of the
+    search signature, so a study on a shared filesystem is not resumed on
+    another node)."""
+    software = hardware.to_dict().get("software", {})
+    return {
+        "cpu_model": str(getattr(hardware.cpu, "model", "")),
+        "usable_cores": int(hardware.cpu.usable_cores),
+        "device_model": str(getattr(device, "label", "")),
+        "torch": software.get("torch"),
+        "cuda": software.get("cuda"),
+    }
+
+
 def signature_difference(stored: dict[str, Any], current: dict[str, Any]) -> str | None:
     """The first setting where two search signatures differ, in words; None if equal."""
     normalized = json.loads(json.dumps(current))
@@ -91,6 +107,8 @@ class SearchStudy:
         self.storage = hide_passwords(storage)
         self.name = name
         self._holder: Holder | None = None
+        #: This run (one process opening the study), so confirmation rounds are never mixed across runs.
+        self.run_id = uuid.uuid4().hex
 
     @classmethod
     def open(cls, storage: str, name: str, *, sampler: str = "tpe", seed: int = 0, trials: int = 30) -> SearchStudy:
@@ -184,15 +202,21 @@ class SearchStudy:
         self.heartbeat()
 
     def confirmation(self) -> Rounds:
-        """The confirmation measurements stored so far, per candidate key."""
+        """The confirmation measurements this run stored so far, per candidate key.
+
+        Rounds of an earlier run are never returned: measured at another
+        time (another load), they are not comparable with this run's.
+        """
         stored = self.study.user_attrs.get(STUDY_CONFIRMATION, {})
-        return {key: (list(v[0]), list(v[1])) for key, v in stored.items()}
+        if not isinstance(stored, dict) or stored.get("run") != self.run_id:
+            return {}
+        return {key: (list(v[0]), list(v[1])) for key, v in stored.get("rounds", {}).items()}
 
     def store_confirmation(self, key: str, values: list[float], failures: list[str]) -> None:
-        """Record one candidate's confirmation measurements (after every measurement)."""
-        stored = dict(self.study.user_attrs.get(STUDY_CONFIRMATION, {}))
-        stored[key] = [values, failures]
-        self.study.set_user_attr(STUDY_CONFIRMATION, stored)
+        """Record one candidate's confirmation measurements (after every measurement), for this run only."""
+        rounds = {k: [list(v[0]), list(v[1])] for k, v in self.confirmation().items()}
+        rounds[key] = [values, failures]
+        self.study.set_user_attr(STUDY_CONFIRMATION, {"run": self.run_id, "rounds": rounds})
         self.heartbeat()
 
     def is_empty(self) -> bool:
