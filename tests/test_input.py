@@ -2,23 +2,14 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
+from test_cli import _search
 from typer.testing import CliRunner
 
 from autotune.cli import app
 
 runner = CliRunner()
-
-
-def run(tmp_path: Path, cache_dir: Path, *extra: str) -> tuple[int, str, Path]:
-    """``autotune search`` with the tiny settings and ``extra``; (exit code, output, --out)."""
-    out = tmp_path / "out"
-    args = ["search", "--model", "resnet18", "--image-size", "32", "--trials", "2", "--device", "cpu",
-            "--out", str(out), "--cache-dir", str(cache_dir), "--synthetic-images", "64", *extra]
-    result = runner.invoke(app, args)
-    return result.exit_code, result.output, out
+run = _search  # autotune search with the tiny settings and extra options: (exit code, output, --out)
 
 
 def one_line(output: str) -> str:
