@@ -177,13 +177,24 @@ def test_a_trial_terminated_from_outside_is_interrupted_not_the_setups_failure(c
 
 
 @pytest.mark.slow
-def test_a_reply_left_unread_by_an_interrupted_launch_is_not_taken_for_the_next_trial(tmp_path, cache_dir) -> None:
-    """A launch cut off after its request leaves the server's pid reply in the pipe; the next launch skips it."""
+def test_a_fresh_trial_server_skips_unread_replies_and_ignores_the_working_directory(
+    tmp_path, cache_dir, monkeypatch
+) -> None:
+    """A launch cut off after its request leaves the server's pid reply in the pipe; the next launch skips it.
+
+    The server, started where a user's json.py lies, does not import it (``-P``: the working directory is not
+    on its sys.path).
+    """
     from dataclasses import asdict
 
     from autotune.runner.zygote import REQUEST, Zygote
 
     setup, workload, options = _never_ending(cache_dir)
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    marker = tmp_path / "imported"
+    (cwd / "json.py").write_text(f"open({str(marker)!r}, 'w').close()\nraise SystemExit('shadowed json')\n")
+    monkeypatch.chdir(cwd)
     zygote = Zygote()
     zygote.disabled = False
     try:
@@ -204,6 +215,7 @@ def test_a_reply_left_unread_by_an_interrupted_launch_is_not_taken_for_the_next_
         assert not (first / "exit").exists()  # the first one still runs (the server takes it down at close)
     finally:
         zygote.close()
+    assert not marker.exists()
 
 
 def test_an_interrupted_trial_stops_the_search_and_is_never_stored(tmp_path, cache_dir) -> None:
@@ -301,8 +313,27 @@ def test_bad_data_in_a_trial_stops_the_search_naming_the_file(tmp_path, cache_di
     assert study.trials[1].state == TrialState.FAIL and "result" not in study.trials[1].user_attrs
 
 
+def test_the_first_error_of_the_pre_pass_ends_calibration_naming_the_model(tiny_workload) -> None:
+    from autotune.devices import DeviceInfo
+    from autotune.errors import WorkloadError
+    from autotune.records import TrialResult
+    from autotune.tuner.calibrate import calibrate
+
+    calls: list[int] = []
+
+    def broken(setup, workload, options=None, *, on_window=None):
+        calls.append(setup.batch_size)
+        return TrialResult(status="error", error="ValueError: factory exploded on purpose")
+
+    cpu = DeviceInfo("cpu", True, None, None, "test CPU")
+    with pytest.raises(WorkloadError, match="model resnet18 fails: ValueError: factory exploded on purpose"):
+        calibrate(tiny_workload, cpu, usable_cores=2, available_bytes=2**34, max_memory=None, trial_seconds=1.0,
+                  bf16_ok=True, runner=broken)
+    assert calls == [8]  # one trial, not halved through the pre-pass
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("factory", ["broken", "wrong_shape"])
+@pytest.mark.parametrize("factory", ["wrong_shape"])
 def test_a_broken_model_ends_the_search_at_once(tmp_path, cache_dir, factory) -> None:
     cmd = search_cmd(tmp_path / "out", cache_dir, trials=30)
     cmd[cmd.index("factories:tiny_cnn")] = f"factories:{factory}"
@@ -353,22 +384,6 @@ def test_the_monitor_does_not_sample_on_cuda() -> None:
     monitor = MemoryMonitor(budget_bytes=1, enabled=False).start()
     assert not monitor._thread.is_alive()
     assert monitor.stop() == 0 and not monitor.over_budget.is_set()
-
-
-# --------------------------------------------------------------- the trial server's imports
-@pytest.mark.slow
-def test_the_trial_server_does_not_import_from_the_working_directory(tmp_path, monkeypatch) -> None:
-    from autotune.runner.zygote import Zygote
-
-    marker = tmp_path / "imported"
-    (tmp_path / "json.py").write_text(f"open({str(marker)!r}, 'w').close()\nraise SystemExit('shadowed json')\n")
-    monkeypatch.chdir(tmp_path)
-    zygote = Zygote()
-    try:
-        assert zygote._start(), "the server did not start"
-    finally:
-        zygote.close()
-    assert not marker.exists()
 
 
 # --------------------------------------------------------------- leftovers
