@@ -61,6 +61,24 @@ def wait_running(proc: subprocess.Popen[bytes], out: Path, number: int) -> None:
     pytest.fail(f"trial #{number} never ran")
 
 
+def seed_calibration(out: Path) -> None:
+    """Store a calibration in the study the search will open, so it goes straight to its trials.
+
+    The faults under test hit the trials; a real calibration would only add its 15 s to each test.
+    """
+    from autotune.records import Calibration, LoaderPoint
+    from autotune.train_setup import TrainSetup
+    from autotune.tuner.study import SearchStudy
+
+    out.mkdir(parents=True)
+    calibration = Calibration(
+        budget_bytes=2**30, max_batch=64, memory_points=(), probe_batch=64,
+        compute_setup=TrainSetup(batch_size=64).to_dict(), compute_samples_per_s=1000.0,
+        loader=(LoaderPoint(0, "ok", 300.0), LoaderPoint(1, "ok", 500.0)), max_workers=1,
+    )
+    SearchStudy.open(f"sqlite:///{out / 'study.db'}", "factories.tiny_cnn-32px-cpu").store_calibration(calibration)
+
+
 def study_of(out: Path) -> optuna.Study:
     return optuna.load_study(study_name=None, storage=f"sqlite:///{out / 'study.db'}")
 
@@ -72,6 +90,7 @@ def test_hangup_and_kill9_mid_trial_lose_nothing_and_a_second_search_is_refused(
     While the first search runs, a second one on the same --out is refused in one line naming the holder.
     """
     out = tmp_path / "out"
+    seed_calibration(out)
     first = start(search_cmd(out, cache_dir))
     wait_running(first, out, 0)
     first.send_signal(signal.SIGHUP)
