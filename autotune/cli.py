@@ -249,7 +249,9 @@ def search(
     seed: Annotated[int, typer.Option("--seed", help="Sampler seed.")] = 0,
     sampler: Annotated[str, typer.Option("--sampler", help="tpe (default) or random (a baseline).")] = "tpe",
     confirm_top: Annotated[int, typer.Option("--confirm-top", help="Finalists re-measured.")] = 3,
-    confirm_rounds: Annotated[int, typer.Option("--confirm-rounds", help="Interleaved re-measurement rounds.")] = 3,
+    confirm_rounds: Annotated[
+        int, typer.Option("--confirm-rounds", help="Most interleaved re-measurement rounds (stops once settled).")
+    ] = 4,
     lr: Annotated[float, typer.Option("--lr", help="Learning rate at the reference batch.")] = 1e-3,
     timeout: Annotated[Optional[float], typer.Option("--timeout", help="Per-trial timeout in seconds.")] = None,
     cache_dir: CacheDirOpt = None,
@@ -320,6 +322,26 @@ def emit(
     best = read_best(directory)
     path = write_script(best, output or (directory / "train.py"))
     out.print(escape(f"wrote {path}"), highlight=False)
+
+
+@app.command()
+@handle_errors
+def report(
+    directory: Annotated[
+        Path, typer.Argument(help="A search output directory; report.html is written there.")
+    ] = Path("autotune-out"),
+    storage: Annotated[
+        Optional[str], typer.Option("--storage", help="Optuna storage URL (default DIR/study.db).")
+    ] = None,
+    study: Annotated[Optional[str], typer.Option("--study", help="Study name (default: the only one there).")] = None,
+) -> None:
+    """Rewrite DIR/report.html (plots of the search) from the study, finished or still running."""
+    from autotune.tuner.study_report import report_study
+
+    written = report_study(directory, storage=storage, study=study)
+    for path in written[1:]:
+        out.print(f"wrote {path}", highlight=False)
+    out.print(f"report: {written[0].resolve()}", highlight=False)
 
 
 def main() -> None:

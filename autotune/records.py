@@ -212,6 +212,16 @@ class LoaderPoint:
 
 
 @dataclass(frozen=True)
+class PrecisionPoint:
+    """Compute-only speed of one precision and memory layout, at the probe batch."""
+
+    amp: str
+    channels_last: bool
+    status: str
+    samples_per_s: float | None
+
+
+@dataclass(frozen=True)
 class Calibration:
     """Everything measured before the search.
 
@@ -221,10 +231,13 @@ class Calibration:
             measured within a trial.
         memory_points: The pre-pass measurements.
         probe_batch: Batch used for the ceilings below.
-        compute_setup: Setup of the compute-only measurement.
-        compute_samples_per_s: What the device consumes, data already there.
+        compute_setup: Setup of the fastest compute-only measurement.
+        compute_samples_per_s: What the device consumes, data already there
+            (the fastest precision and layout).
         loader: What the loader delivers per worker count.
         max_workers: Upper bound for ``num_workers`` in the space.
+        precisions: Compute-only speed of every precision and layout the
+            device offers, like for like at ``probe_batch``.
     """
 
     budget_bytes: int | None
@@ -235,12 +248,14 @@ class Calibration:
     compute_samples_per_s: float | None
     loader: tuple[LoaderPoint, ...]
     max_workers: int
+    precisions: tuple[PrecisionPoint, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict."""
         data = asdict(self)
         data["memory_points"] = [asdict(p) for p in self.memory_points]
         data["loader"] = [asdict(p) for p in self.loader]
+        data["precisions"] = [asdict(p) for p in self.precisions]
         return data
 
     @classmethod
@@ -249,7 +264,13 @@ class Calibration:
         data = dict(data)
         data["memory_points"] = tuple(MemoryPoint(**p) for p in data["memory_points"])
         data["loader"] = tuple(LoaderPoint(**p) for p in data["loader"])
+        data["precisions"] = tuple(PrecisionPoint(**p) for p in data.get("precisions", ()))
         return cls(**data)
+
+    def fastest_precision(self) -> PrecisionPoint | None:
+        """The precision and layout that computed fastest, or None if none was measured."""
+        measured = [p for p in self.precisions if p.status == "ok" and p.samples_per_s]
+        return max(measured, key=lambda p: p.samples_per_s or 0.0) if measured else None
 
     def workers_enough(self) -> int | None:
         """Fewest loader workers whose loader-only rate covers the device.
@@ -322,3 +343,24 @@ class Confirmed:
             "measurements": list(self.values),
             "failures": list(self.failures),
         }
+
+
+@dataclass(frozen=True)
+class Ceilings:
+    """The winner's setup trained, computed alone and loaded alone, in the same interleaved rounds.
+
+    Attributes:
+        together: Median samples/s of the real loop.
+        compute: Median samples/s with one batch already on the device (no loader).
+        loader: Median samples/s of the DataLoader alone (no model).
+        data_wait_fraction: Share of the real loop's time blocked on the loader.
+    """
+
+    together: float | None
+    compute: float | None
+    loader: float | None
+    data_wait_fraction: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict."""
+        return asdict(self)

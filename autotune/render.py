@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rich.markup import escape
@@ -185,4 +186,7 @@ def render_search(outcome: SearchOutcome) -> Group:
             parts.append(Text(f"note: {note}", style="yellow"))
     for file in outcome.files:
         parts.append(Text(f"wrote {file}", style="dim"))
+    report = next((f for f in outcome.files if f.endswith("report.html")), None)
+    if report is not None:
+        parts.append(Text.from_markup(f"[bold]report:[/] {escape(str(Path(report).resolve()))} (plots; open it in a browser)"))
     return Group(*parts)

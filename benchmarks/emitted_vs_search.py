@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 LOG_LINE = re.compile(r"^step (\d+) loss (\S+) images/s ([0-9.]+)\s*$")
@@ -38,6 +39,58 @@ def parse_log(text: str) -> list[tuple[int, float]]:
 def steady_state(rows: list[tuple[int, float]], warmup_logs: int) -> list[float]:
     """The images/s values after the warm-up lines."""
     return [rate for _, rate in rows[warmup_logs:]]
+
+
+@dataclass(frozen=True)
+class ScriptRun:
+    """What one run of the emitted train.py measured.
+
+    Attributes:
+        median: Median steady-state images/s (None: too few log lines or the run failed).
+        rates: The steady-state images/s per logged window.
+        wall_s: Wall time of the run, start-up included.
+        error: Why there is no median, or None.
+    """
+
+    median: float | None
+    rates: tuple[float, ...]
+    wall_s: float
+    error: str | None = None
+
+
+def run_script(
+    script: Path, *, steps: int, print_freq: int, warmup_logs: int, timeout: float = 1800.0, extra: tuple[str, ...] = ()
+) -> ScriptRun:
+    """Run ``script`` (single process, its tuned defaults) for ``steps`` optimizer steps and measure it."""
+    with tempfile.TemporaryDirectory(prefix="autotune-bench-") as ckpt_dir:
+        command = [
+            sys.executable, str(script.resolve()), "--max-steps", str(steps), "--print-freq", str(print_freq),
+            "--output-dir", ckpt_dir, *extra,
+        ]
+        start = time.perf_counter()
+        try:
+            proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return ScriptRun(None, (), time.perf_counter() - start, f"train.py did not finish within {timeout:.0f}s")
+        wall = time.perf_counter() - start
+    if proc.returncode != 0:
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        return ScriptRun(None, (), wall, f"train.py exited with {proc.returncode}: {tail}")
+    rows = parse_log(proc.stdout)
+    rates = steady_state(rows, warmup_logs)
+    if not rates:
+        return ScriptRun(None, (), wall, f"{len(rows)} log lines, none left after {warmup_logs} warm-up lines")
+    return ScriptRun(float(statistics.median(rates)), tuple(rates), wall)
+
+
+def steps_for(samples_per_s: float, effective_batch: int, seconds: float, windows: int = 6) -> tuple[int, int]:
+    """Optimizer steps and print frequency for about ``seconds`` of steady state in ``windows`` logged windows.
+
+    Two more windows are run and dropped as warm-up.
+    """
+    steps_per_s = max(samples_per_s, 1e-6) / effective_batch
+    freq = max(1, round(steps_per_s * seconds / windows))
+    return freq * (windows + 2), freq
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -62,38 +115,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {script} does not exist (run `autotune emit {args.out_dir}`)", file=sys.stderr)
         return 1
 
-    with tempfile.TemporaryDirectory(prefix="autotune-bench-") as ckpt_dir:
-        command = [
-            sys.executable,
-            str(script.resolve()),
-            "--max-steps",
-            str(args.steps),
-            "--print-freq",
-            str(args.print_freq),
-            "--output-dir",
-            ckpt_dir,
-        ]
-        print("$ " + " ".join(command), flush=True)
-        start = time.perf_counter()
-        try:
-            proc = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout)
-        except subprocess.TimeoutExpired:
-            print(f"error: train.py did not finish within {args.timeout:.0f}s", file=sys.stderr)
-            return 1
-        wall = time.perf_counter() - start
-    if proc.returncode != 0:
-        print(proc.stdout + proc.stderr, file=sys.stderr)
-        print(f"error: train.py exited with {proc.returncode}", file=sys.stderr)
+    print(f"$ {script} --max-steps {args.steps} --print-freq {args.print_freq}", flush=True)
+    run = run_script(script, steps=args.steps, print_freq=args.print_freq, warmup_logs=args.warmup_logs, timeout=args.timeout)
+    if run.median is None:
+        print(f"error: {run.error}; raise --steps or lower --print-freq if too few lines", file=sys.stderr)
         return 1
-    rows = parse_log(proc.stdout)
-    rates = steady_state(rows, args.warmup_logs)
-    if not rates:
-        print(
-            f"error: {len(rows)} log lines, none left after {args.warmup_logs} warm-up lines; "
-            "raise --steps or lower --print-freq",
-            file=sys.stderr,
-        )
-        return 1
+    rates, wall = list(run.rates), run.wall_s
     median = statistics.median(rates)
     print(f"setup:     {best.setup.describe()} ({best.workload.model} at {best.workload.image_size} px)")
     print(f"train.py:  {median:.1f} images/s median of {len(rates)} windows "

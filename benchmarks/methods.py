@@ -222,7 +222,12 @@ def grid_method(
     runner: TrialRunner = run_trial,
     log: Log = lambda _m: None,
 ) -> MethodResult:
-    """Measure every grid point once; the pick is the fastest."""
+    """Measure every grid point once; the pick is the fastest.
+
+    ``extra["top"]`` holds the three fastest points in order, so the final
+    rounds can re-measure them and the reference is not the winner's curse
+    of one lucky measurement.
+    """
     began = time.monotonic()
     rows = []
     best: tuple[float, TrainSetup] | None = None
@@ -235,13 +240,33 @@ def grid_method(
             best = (rate, setup)
     if best is None:
         raise RuntimeError("every grid point failed")
+    ranked = sorted((r for r in rows if r["samples_per_s"]), key=lambda r: r["samples_per_s"], reverse=True)
     return MethodResult(
         "grid",
         best[1],
         trials=len(points),
         wall_s=time.monotonic() - began,
         selection_samples_per_s=best[0],
-        extra={"points": rows},
+        extra={"points": rows, "top": [r["setup"] for r in ranked[:3]]},
+    )
+
+
+def confirm_grid(grid: MethodResult, contenders: Sequence[MethodResult]) -> MethodResult:
+    """The grid's confirmed pick: of its top points re-measured in the final rounds, the best median.
+
+    ``contenders`` are ``grid`` itself and its runners-up, after
+    :func:`measure_interleaved`; the result keeps the grid's cost and notes
+    which single-measurement rank won.
+    """
+    measured = [c for c in contenders if c.samples_per_s]
+    if not measured:
+        return grid
+    best = max(measured, key=lambda c: c.samples_per_s or 0.0)
+    rank = [c.name for c in contenders].index(best.name) + 1
+    extra = {**grid.extra, "confirmed_rank": rank, "top_medians": [c.samples_per_s for c in contenders]}
+    return MethodResult(
+        "grid", best.setup, trials=grid.trials, wall_s=grid.wall_s, selection_samples_per_s=grid.selection_samples_per_s,
+        samples_per_s=best.samples_per_s, measurements=list(best.measurements), failures=list(best.failures), extra=extra,
     )
 
 
@@ -259,6 +284,10 @@ def trials_to_reach(values: Sequence[float | None], target: float) -> int | None
     return None
 
 
+#: An extra contestant of the final rounds that is not a trial: it measures itself once per round.
+Measurement = Callable[[], tuple[float | None, str | None]]
+
+
 def measure_interleaved(
     methods: Sequence[MethodResult],
     workload: Workload,
@@ -267,11 +296,14 @@ def measure_interleaved(
     *,
     runner: TrialRunner = run_trial,
     log: Log = lambda _m: None,
+    extras: dict[str, tuple[MethodResult, Measurement]] | None = None,
 ) -> None:
     """Re-measure every pick in interleaved rounds (A B C ... A B C ...).
 
     Methods that picked the same setup share its measurements (each unique
-    setup runs once per round). Fills ``samples_per_s`` (median),
+    setup runs once per round). ``extras`` (the emitted train.py, say) each
+    measure themselves once per round, after the trials of that round, into
+    their own MethodResult. Fills ``samples_per_s`` (median),
     ``measurements`` and ``failures`` in place.
     """
     unique: dict[str, TrainSetup] = {}
@@ -279,6 +311,7 @@ def measure_interleaved(
         unique.setdefault(method.setup.to_json(), method.setup)
     values: dict[str, list[float]] = {k: [] for k in unique}
     failures: dict[str, list[str]] = {k: [] for k in unique}
+    extras = extras or {}
     for r in range(rounds):
         for key, setup in unique.items():
             result = runner(setup, workload, options)
@@ -288,11 +321,20 @@ def measure_interleaved(
                 failures[key].append(f"{result.status}: {result.error}")
             names = ",".join(m.name for m in methods if m.setup.to_json() == key)
             log(f"  round {r + 1}/{rounds} {names}: {_rate(result)}")
+        for name, (method, measure) in extras.items():
+            value, error = measure()
+            if value is not None:
+                method.measurements.append(value)
+            else:
+                method.failures.append(error or "no measurement")
+            log(f"  round {r + 1}/{rounds} {name}: {f'{value:.1f} samples/s' if value is not None else error}")
     for method in methods:
         key = method.setup.to_json()
         method.measurements = list(values[key])
         method.failures = list(failures[key])
         method.samples_per_s = float(statistics.median(values[key])) if values[key] else None
+    for method, _ in extras.values():
+        method.samples_per_s = float(statistics.median(method.measurements)) if method.measurements else None
 
 
 def _rate(result: TrialResult) -> str:

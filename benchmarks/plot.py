@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-METHOD_ORDER = ("defaults", "recipe", "max_batch", "random", "autotune_15", "autotune", "grid")
+METHOD_ORDER = ("defaults", "recipe", "max_batch", "random_15", "random", "autotune_15", "autotune", "emitted", "grid")
 
 
 class MissingMatplotlib(RuntimeError):

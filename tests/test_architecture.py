@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("autotune._version", "autotune.errors", "autotune.files", "autotune.units", "autotune.devices", "autotune.redact"),
     ("autotune.train_setup",),
-    ("autotune.records",),
+    ("autotune.records", "autotune.time_spent"),
     ("autotune.workloads",),
     ("autotune.runner",),
     ("autotune.output",),

@@ -13,7 +13,7 @@ from autotune.tuner.space import Space
 from benchmarks import plot, run
 from benchmarks.methods import GridSpec, MethodResult, grid_points, measure_interleaved, trials_to_reach
 
-METHODS = ("defaults", "recipe", "max_batch", "random", "autotune_15", "autotune", "grid")
+METHODS = ("defaults", "recipe", "max_batch", "random_15", "random", "autotune_15", "autotune", "emitted", "grid")
 
 
 def _space(workers: int = 2, batches: tuple[int, ...] = (8, 16, 32, 64)) -> Space:
@@ -48,6 +48,46 @@ def test_trials_to_reach_counts_in_trial_order() -> None:
     assert trials_to_reach([10.0, None], 95.0) is None
 
 
+def test_the_grid_reference_is_its_best_confirmed_point() -> None:
+    from benchmarks.methods import confirm_grid, grid_method
+
+    rates = {8: 150.0, 16: 120.0, 32: 110.0, 64: 50.0}
+
+    def runner(setup, workload, options=None, *, on_window=None) -> TrialResult:
+        return TrialResult(status="ok", samples_per_s=rates[setup.batch_size])
+
+    grid = grid_method([TrainSetup(batch_size=b) for b in rates], None, TrialOptions(), runner=runner)  # type: ignore[arg-type]
+    assert grid.setup.batch_size == 8 and [d["batch_size"] for d in grid.extra["top"]] == [8, 16, 32]
+    # Re-measured, the lucky first point is slower than the second: the reference is the second.
+    second = MethodResult("grid_2", TrainSetup(batch_size=16), samples_per_s=125.0, measurements=[125.0])
+    third = MethodResult("grid_3", TrainSetup(batch_size=32), samples_per_s=100.0, measurements=[100.0])
+    grid.samples_per_s, grid.measurements = 118.0, [118.0]
+    confirmed = confirm_grid(grid, [grid, second, third])
+    assert confirmed.setup.batch_size == 16 and confirmed.samples_per_s == 125.0
+    assert confirmed.extra["confirmed_rank"] == 2 and confirmed.trials == grid.trials
+
+
+def test_extras_measure_themselves_once_per_round() -> None:
+    order: list[str] = []
+
+    def runner(setup, workload, options=None, *, on_window=None) -> TrialResult:
+        order.append(f"trial{setup.batch_size}")
+        return TrialResult(status="ok", samples_per_s=10.0)
+
+    script = MethodResult("emitted", TrainSetup(batch_size=8))
+    answers = iter([(12.0, None), (None, "train.py exited with 1: boom"), (14.0, None)])
+
+    def measure() -> tuple[float | None, str | None]:
+        order.append("script")
+        return next(answers)
+
+    picks = [MethodResult("a", TrainSetup(batch_size=8))]
+    measure_interleaved(picks, None, TrialOptions(), 3, runner=runner, extras={"train.py": (script, measure)})  # type: ignore[arg-type]
+    assert order == ["trial8", "script"] * 3
+    assert script.measurements == [12.0, 14.0] and script.samples_per_s == 13.0
+    assert script.failures == ["train.py exited with 1: boom"]
+
+
 def test_interleaved_rounds_share_identical_picks() -> None:
     calls: list[int] = []
 
@@ -65,12 +105,16 @@ def test_interleaved_rounds_share_identical_picks() -> None:
 
 def test_goals_say_missed_plainly() -> None:
     methods = {m: {"samples_per_s": 100.0, "ratio_to_grid": 1.0} for m in METHODS}
-    methods["autotune"].update(samples_per_s=90.0, ratio_to_grid=0.9, search_cost={"wall_over_measured": 2.0})
+    methods["autotune_15"].update(samples_per_s=90.0, ratio_to_grid=0.9, search_cost={"wall_over_measured": 2.0})
+    methods["emitted"].update(samples_per_s=80.0)
     goals = run.check_goals({"methods": methods})
     lines: list[str] = []
     run.print_goals("w", goals, log=lines.append)
-    assert sum(line.startswith("MISSED:") for line in lines) == 5
-    methods["autotune"].update(samples_per_s=100.0, ratio_to_grid=1.0, search_cost={"wall_over_measured": 1.2})
+    missed = [line for line in lines if line.startswith("MISSED:")]
+    assert len(missed) == 5  # autotune_15 vs grid, random_15, random; train.py; search wall
+    assert any("train.py/autotune = 0.800" in line for line in missed)
+    methods["autotune_15"].update(samples_per_s=100.0, ratio_to_grid=1.0, search_cost={"wall_over_measured": 1.2})
+    methods["emitted"].update(samples_per_s=96.0)
     assert all(g["ok"] for g in run.check_goals({"methods": methods}))
 
 

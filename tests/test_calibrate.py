@@ -16,12 +16,13 @@ MIB = 2**20
 
 
 class FakeRunner:
-    """Memory grows 1 MiB per sample over a 100 MiB base; the device runs 400 samples/s;
-    the loader delivers 150 samples/s per worker (100 with none)."""
+    """Memory grows 1 MiB per sample over a 100 MiB base; the device runs 400 samples/s in fp32
+    (``speed`` scales it per precision and layout); the loader delivers 150 samples/s per worker (100 with none)."""
 
-    def __init__(self, fail_above: int | None = None) -> None:
+    def __init__(self, fail_above: int | None = None, speed: dict[tuple[str, bool], float] | None = None) -> None:
         self.calls: list[tuple[str, TrainSetup]] = []
         self.fail_above = fail_above
+        self.speed = speed or {}
 
     def __call__(self, setup, workload, options=None, *, on_window=None) -> TrialResult:
         options = options or TrialOptions()
@@ -33,7 +34,8 @@ class FakeRunner:
         peak = 100 * MIB + setup.batch_size * MIB
         if options.max_memory_bytes is not None and peak > options.max_memory_bytes:
             return TrialResult(status="oom", error="over budget", peak_memory_bytes=peak)
-        return TrialResult(status="ok", samples_per_s=400.0, peak_memory_bytes=peak)
+        rate = 400.0 * self.speed.get((setup.amp, setup.channels_last), 1.0)
+        return TrialResult(status="ok", samples_per_s=rate, peak_memory_bytes=peak)
 
 
 def test_memory_budget_cpu_and_gpu() -> None:
@@ -60,7 +62,6 @@ def test_calibration_bounds_the_batch_by_memory_and_verifies_it() -> None:
     verified = [p.batch_size for p in result.memory_points]
     assert verified == [8, 32, 512]  # the extrapolated bound was run once
     assert result.compute_samples_per_s == 400.0
-    assert result.compute_setup["amp"] == "bf16" and result.compute_setup["channels_last"] is True
     assert result.probe_batch == 64
 
 
@@ -135,3 +136,29 @@ def test_a_budget_that_fits_no_batch_is_one_line(tiny_workload) -> None:
     with pytest.raises(WorkloadError, match=r"not even batch 1 of resnet18 fits the memory budget of .* on cuda:0"):
         calibrate(tiny_workload, full, usable_cores=2, available_bytes=2**34, max_memory=None,
                   trial_seconds=3.0, bf16_ok=True, runner=FakeRunner())
+
+
+def test_every_precision_and_layout_is_measured_like_for_like_and_the_fastest_is_the_ceiling() -> None:
+    # As on a CPU with AMX: bf16 faster; a depthwise model would show the opposite, and the numbers decide.
+    runner = FakeRunner(speed={("bf16", True): 1.8, ("bf16", False): 1.5, ("off", True): 1.1})
+    result = calibrate(
+        WORKLOAD, CPU, usable_cores=2, available_bytes=64 * 2**30, max_memory=None, trial_seconds=3.0, bf16_ok=True, runner=runner
+    )
+    measured = {(p.amp, p.channels_last) for p in result.precisions}
+    assert measured == {("off", False), ("off", True), ("bf16", False), ("bf16", True)}
+    compute_setups = [s for mode, s in runner.calls if mode == "compute" and s.batch_size == result.probe_batch]
+    assert {s.batch_size for s in compute_setups} == {64}  # the same batch for all four
+    assert result.compute_samples_per_s == 720.0
+    assert (result.compute_setup["amp"], result.compute_setup["channels_last"]) == ("bf16", True)
+    slower_bf16 = calibrate(
+        WORKLOAD, CPU, usable_cores=2, available_bytes=64 * 2**30, max_memory=None, trial_seconds=3.0, bf16_ok=True,
+        runner=FakeRunner(speed={("bf16", True): 0.6, ("bf16", False): 0.7, ("off", True): 0.9}),
+    )
+    assert slower_bf16.fastest_precision().amp == "off" and slower_bf16.fastest_precision().channels_last is False
+
+
+def test_without_bf16_only_fp32_layouts_are_measured() -> None:
+    result = calibrate(
+        WORKLOAD, CPU, usable_cores=2, available_bytes=64 * 2**30, max_memory=None, trial_seconds=3.0, bf16_ok=False, runner=FakeRunner()
+    )
+    assert {p.amp for p in result.precisions} == {"off"} and len(result.precisions) == 2

@@ -25,7 +25,7 @@ def test_rounds_are_interleaved_and_each_measurement_is_stored() -> None:
         return TrialResult(status="ok", samples_per_s=float(setup.batch_size + len(order)))
 
     result = confirm(
-        candidates(), WORKLOAD, TrialOptions(), rounds=3, known={},
+        candidates(), WORKLOAD, TrialOptions(), rounds=3, known={}, min_rounds=3,
         store=lambda key, values, failures: stored.append((key, len(values) + len(failures))), runner=runner,
     )
     assert order == [16, 64, 128] * 3  # A B C A B C A B C
@@ -60,3 +60,36 @@ def test_finalists_are_distinct_fastest_then_the_defaults() -> None:
     # The defaults among the top are not added twice; unmeasured defaults are not added at all.
     assert [c.setup for c in pick_candidates(feasible, defaults, top=5)] == [B, C, A, defaults]
     assert [c.setup for c in pick_candidates(feasible[1:], defaults, top=1)] == [B]
+
+
+def _runner_with(rates: dict[int, list[float]], order: list[int]):
+    def runner(setup, workload, options=None, *, on_window=None) -> TrialResult:
+        order.append(setup.batch_size)
+        values = rates[setup.batch_size]
+        return TrialResult(status="ok", samples_per_s=values[min(len(values) - 1, order.count(setup.batch_size) - 1)])
+
+    return runner
+
+
+def test_a_clear_leader_settles_after_the_minimum_rounds() -> None:
+    order: list[int] = []
+    runner = _runner_with({16: [100.0, 90.0], 64: [150.0, 140.0], 128: [300.0, 280.0]}, order)
+    result = confirm(candidates(), WORKLOAD, TrialOptions(), rounds=5, known={}, store=lambda *a: None, runner=runner)
+    assert order == [16, 64, 128] * 2
+    assert all(len(c.values) == 2 for c in result)
+
+
+def test_finalists_within_noise_get_more_rounds_up_to_the_maximum() -> None:
+    order: list[int] = []
+    # 128 and 64 swap places round by round: neither beats the other, and they differ by more than 3 %.
+    runner = _runner_with({16: [50.0], 64: [200.0, 180.0, 200.0, 180.0], 128: [180.0, 200.0, 180.0, 200.0]}, order)
+    result = confirm(candidates(), WORKLOAD, TrialOptions(), rounds=4, known={}, store=lambda *a: None, runner=runner)
+    assert order == [16, 64, 128] * 4
+    assert all(len(c.values) == 4 for c in result)
+
+
+def test_finalists_equal_within_the_floor_do_not_need_more_rounds() -> None:
+    order: list[int] = []
+    runner = _runner_with({16: [50.0], 64: [200.0, 201.0], 128: [201.0, 200.0]}, order)
+    confirm(candidates(), WORKLOAD, TrialOptions(), rounds=4, known={}, store=lambda *a: None, runner=runner)
+    assert order == [16, 64, 128] * 2

@@ -366,7 +366,7 @@ def test_runs_and_resumes(synthetic_data: Path, tmp_path: Path) -> None:
     run.mkdir()
     proc = run_script([str(script), "--max-steps", "2", "--print-freq", "1", "--output-dir", "out"], run)
     assert "batch 8 x accum 2 x 1 = 16" in proc.stdout
-    assert "lr 0.001 x 16 / 32 = 0.0005" in proc.stdout
+    assert "lr 0.001 x sqrt(16 / 32) = 0.000707107, warm-up 0 steps" in proc.stdout
     assert "step 2 loss" in proc.stdout and "images/s" in proc.stdout
     checkpoint = _checkpoint(run / "out" / "checkpoint.pth")
     assert (checkpoint["step"], checkpoint["epoch"], checkpoint["epoch_step"]) == (2, 0, 2)
@@ -413,3 +413,16 @@ def test_fp32_factory_model_with_eval_runs(synthetic_data: Path, tmp_path: Path)
     assert "epoch 0 done at step 4" in proc.stdout
     assert "epoch 0 val top1" in proc.stdout
     assert _checkpoint(tmp_path / "out" / "checkpoint.pth")["epoch"] == 1
+
+
+@pytest.mark.slow
+def test_a_much_larger_batch_warms_the_learning_rate_up(synthetic_data: Path, tmp_path: Path) -> None:
+    """Effective batch 16 against a reference of 2 (8x): one epoch of linear warm-up, lr x sqrt(8)."""
+    script = write_script(make_best(synthetic_data, **CPU_KNOBS), tmp_path / "emit" / "train.py")
+    run = tmp_path / "run"
+    run.mkdir()
+    proc = run_script([str(script), "--max-steps", "1", "--reference-batch", "2", "--output-dir", "out"], run)
+    assert "lr 0.001 x sqrt(16 / 2) = 0.00282843, warm-up 4 steps" in proc.stdout
+    checkpoint = _checkpoint(run / "out" / "checkpoint.pth")
+    lr = checkpoint["optimizer"]["param_groups"][0]["lr"]
+    assert lr == pytest.approx(0.001 * 8**0.5 / 4)  # the first of 4 warm-up steps

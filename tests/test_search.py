@@ -25,10 +25,10 @@ TESTS = Path(__file__).parent
 
 
 def fake_runner(setup: TrainSetup, workload, options=None, *, on_window=None) -> TrialResult:
-    """Deterministic stand-in: 2 workers with batch >= 64 never fit."""
+    """Deterministic stand-in: fp32 training with loader workers never fits."""
     if options.mode == "loader":
         return TrialResult(status="ok", samples_per_s=200.0 * (setup.num_workers + 1), windows=(1.0,))
-    if setup.num_workers == 2 and setup.batch_size >= 64:
+    if options.mode == "train" and setup.amp == "off" and setup.num_workers > 0:
         return TrialResult(status="oom", error="peak memory 9.00 GiB exceeded the budget of 8.00 GiB", peak_memory_bytes=9 * 2**30)
     rate = 100.0 * min(setup.batch_size, 128) / 32 * (1.5 if setup.amp == "bf16" else 1.0) * (1 + 0.3 * setup.num_workers)
     if options.mode == "compute":
@@ -63,7 +63,7 @@ def test_fake_search_records_infeasible_and_writes_best(tmp_path, cache_dir) -> 
     assert "oom" in statuses
     best = read_best(tmp_path / "out" / "best.json")
     assert best.setup == outcome.best.setup
-    assert not (best.setup.num_workers == 2 and best.setup.batch_size >= 64)  # never an infeasible winner
+    assert not (best.setup.amp == "off" and best.setup.num_workers > 0)  # never an infeasible winner
     assert best.defaults_samples_per_s == pytest.approx(100.0)
     assert best.speedup == pytest.approx(best.samples_per_s / 100.0)
     rows = list(csv.DictReader((tmp_path / "out" / "trials.csv").open()))
@@ -98,7 +98,10 @@ def test_second_guess_at_the_largest_batch_when_throughput_rises(tmp_path, cache
     roles = [r.role for r in outcome.records]
     assert roles[:3] == ["defaults", "guess", "guess"]
     first, second = outcome.records[1].setup, outcome.records[2].setup
-    assert second == first.replace(batch_size=second.batch_size) and second.batch_size > first.batch_size
+    assert second.batch_size > first.batch_size
+    # The same guess at the larger batch, its prefetch lowered so the loader queue fits in the 256 images.
+    assert second == first.replace(batch_size=second.batch_size, prefetch_factor=second.prefetch_factor)
+    assert second.num_workers * second.prefetch_factor * second.batch_size <= 256
 
 
 def test_same_seed_gives_same_first_suggestions(tmp_path, cache_dir) -> None:
@@ -204,6 +207,7 @@ def test_sigint_leaves_a_resumable_study_and_best_json(tmp_path, cache_dir) -> N
     summary = json.loads(stdout)  # --json still emits the best so far, marked interrupted
     assert summary["interrupted"] is True
     assert summary["best"]["setup"] == best["setup"]
+    assert "interrupted" in (out / "report.html").read_text()  # the report of the trials so far
     study = optuna.load_study(study_name=None, storage=f"sqlite:///{out / 'study.db'}")
     states = [t.state for t in study.trials]
     assert optuna.trial.TrialState.RUNNING not in states
@@ -259,3 +263,29 @@ def test_failed_confirmation_is_not_called_an_interruption(tmp_path, cache_dir) 
     assert not outcome.interrupted
     assert any("every confirmation run failed" in n for n in outcome.best.notes)
     assert not any("interrupted" in n for n in outcome.best.notes)
+
+
+def test_the_verdict_compares_the_winner_with_its_own_ceilings(tmp_path, cache_dir) -> None:
+    modes: list[str] = []
+
+    def recording(setup, workload, options=None, *, on_window=None):
+        modes.append(options.mode)
+        return fake_runner(setup, workload, options, on_window=on_window)
+
+    outcome = search(config(tmp_path, cache_dir, trials=5), runner=recording)
+    assert modes[-3:] == ["train", "compute", "loader"]  # after confirmation, at the winner's setup
+    assert outcome.ceilings is not None and outcome.ceilings.compute == pytest.approx(2 * outcome.ceilings.together)
+    assert "at the winner's setup, same rounds" in outcome.verdict
+    assert json.loads(json.dumps(outcome.to_dict()))["ceilings"]["loader"] > 0
+
+
+def test_nothing_faster_than_the_defaults_keeps_the_defaults(tmp_path, cache_dir) -> None:
+    rounds = iter(range(10_000))
+
+    def flat(setup, workload, options=None, *, on_window=None):
+        # Every setup runs 100 +- 5 samples/s: nothing beats the defaults beyond the noise.
+        return TrialResult(status="ok", samples_per_s=100.0 + (5.0 if next(rounds) % 2 else -5.0), windows=(100.0,))
+
+    outcome = search(config(tmp_path, cache_dir, trials=4), runner=flat)
+    assert outcome.best.setup == TrainSetup(batch_size=32) and outcome.best.speedup == pytest.approx(1.0)
+    assert any("nothing measurably faster" in n for n in outcome.best.notes)

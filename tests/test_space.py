@@ -155,3 +155,25 @@ def test_extrapolate_batch_and_powers() -> None:
     assert extrapolate_batch([MemoryPoint(8, "oom", None, None)], 10**9) is None
     assert powers_of_two(8, 100) == (8, 16, 32, 64)
     assert powers_of_two(1, 1) == (1,)
+
+
+def test_the_loader_queue_is_kept_within_an_epoch() -> None:
+    space = build_space(device=CPU, calibration=calibration(), usable_cores=4, effective_batch=None, constraints={}, images=256)
+    assert space.prefetch_within_epoch(1, 32) == tuple(range(1, 9))  # 8 x 32 = 256 fits
+    assert space.prefetch_within_epoch(2, 32) == (1, 2, 3, 4)
+    assert space.prefetch_within_epoch(4, 128) == (1,)  # nothing fits: the smallest stays, the trial is refused
+    no_data = build_space(device=CPU, calibration=calibration(), usable_cores=4, effective_batch=None, constraints={})
+    assert no_data.prefetch_within_epoch(4, 128) == tuple(range(1, 9))
+
+
+def test_setups_the_data_cannot_feed_are_refused_without_running() -> None:
+    from autotune.records import Workload
+    from autotune.tuner.explore import unrunnable
+
+    workload = Workload(model="resnet18", image_size=32, images=256)
+    assert unrunnable(TrainSetup(batch_size=64, accumulation_steps=4), workload) is None
+    assert "no optimizer step" in unrunnable(TrainSetup(batch_size=64, accumulation_steps=8), workload).error
+    queue = TrainSetup(batch_size=64, num_workers=2, prefetch_factor=4, persistent_workers=True)
+    assert "larger than an epoch" in unrunnable(queue, workload).error
+    assert unrunnable(queue.replace(prefetch_factor=2), workload) is None
+    assert unrunnable(queue, Workload(model="resnet18", image_size=32)) is None  # unknown size: no cap

@@ -277,3 +277,12 @@ def test_trial_directory_is_gone_after_a_killed_trial(tiny_workload, monkeypatch
                            on_window=lambda index, value: True)
         assert result.status == "pruned"
     assert dirs and not any(d.exists() for d in dirs)
+
+
+def test_short_epochs_are_measured_with_their_boundaries() -> None:
+    """An epoch of few micro-batches loops real epochs (as train.py does); a long one draws endlessly."""
+    from autotune.runner.child import SHORT_EPOCH_BATCHES, short_epoch
+
+    assert short_epoch(3000, TrainSetup(batch_size=512))  # 5 micro-batches per epoch
+    assert not short_epoch(SHORT_EPOCH_BATCHES * 32, TrainSetup(batch_size=32))
+    assert not short_epoch(1_281_167, TrainSetup(batch_size=256))

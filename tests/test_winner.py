@@ -57,8 +57,8 @@ def test_without_confirmation_the_fastest_trial_wins_unconfirmed() -> None:
 def test_a_changed_effective_batch_scales_the_learning_rate_and_says_so() -> None:
     best = _best([_confirmed(FAST, (300.0,)), _confirmed(DEFAULTS, (100.0,))])
     assert best.effective_batch == 256 and best.reference_batch == 32
-    assert best.lr == pytest.approx(1e-3 * 8)
-    assert any("effective batch 256 differs" in n for n in best.notes)
+    assert best.lr == pytest.approx(1e-3 * 8**0.5)  # AdamW: the square-root rule
+    assert any("effective batch 256 differs" in n and "square root" in n for n in best.notes)
     assert any("amp=bf16 changes the numerics" in n for n in best.notes)
 
 
@@ -82,3 +82,34 @@ def test_the_bottleneck_verdict(wait: float, compute: float, loader: float, verd
     best = _best([_confirmed(MID, (240.0,))])
     records = [_record(2, MID, 240.0, wait=wait)]
     assert bottleneck_verdict(best, _calibration(compute, loader), records, CPU).startswith(verdict)
+
+
+def test_a_winner_within_the_noise_of_the_defaults_returns_the_defaults() -> None:
+    # Faster at the median, but not in every paired round: not beyond the noise.
+    best = _best([_confirmed(FAST, (130.0, 95.0, 125.0)), _confirmed(DEFAULTS, (100.0, 100.0, 100.0))])
+    assert best.setup == DEFAULTS and best.speedup == pytest.approx(1.0)
+    assert any("nothing measurably faster" in n for n in best.notes)
+    # Faster in every round, but by less than the 3 % floor at the median.
+    best = _best([_confirmed(FAST, (101.0, 102.0, 101.5)), _confirmed(DEFAULTS, (100.0, 100.0, 100.0))])
+    assert best.setup == DEFAULTS
+
+
+def test_a_setup_that_keeps_the_math_is_preferred_when_the_faster_one_is_within_noise() -> None:
+    keeps = TrainSetup(batch_size=32, num_workers=1, prefetch_factor=2, persistent_workers=True)
+    confirmed = [
+        _confirmed(FAST, (300.0, 280.0, 310.0)),  # bf16 and effective batch 256: changes the math
+        _confirmed(keeps, (290.0, 290.0, 300.0)),
+        _confirmed(DEFAULTS, (100.0, 100.0, 100.0)),
+    ]
+    best = _best(confirmed)
+    assert best.setup == keeps and best.effective_batch == 32 and best.lr == pytest.approx(1e-3)
+    assert any("keeps the training math" in n for n in best.notes)
+    # Beyond the noise, the faster setup wins.
+    confirmed[0] = _confirmed(FAST, (400.0, 380.0, 410.0))
+    assert _best(confirmed).setup == FAST
+
+
+def test_the_notes_say_how_the_confirmation_settled() -> None:
+    best = _best([_confirmed(MID, (230.0, 240.0)), _confirmed(FAST, (200.0, 205.0)), _confirmed(DEFAULTS, (100.0, 100.0))])
+    note = next(n for n in best.notes if n.startswith("confirmation:"))
+    assert "2 interleaved rounds" in note and "won 2 of 2 paired rounds" in note

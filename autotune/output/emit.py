@@ -128,8 +128,8 @@ def _header(best: Best, data_is_synthetic: bool) -> str:
         measured += f"; speedup {best.speedup:.2f}x"
     lines.append(measured)
     lines.append(
-        f"Learning rate: {workload.lr:g} at effective batch {best.reference_batch}, scaled linearly "
-        f"(effective batch {best.effective_batch} -> lr {best.lr:g} in one process)"
+        f"Learning rate: {workload.lr:g} at effective batch {best.reference_batch}, scaled by the square root of "
+        f"the batch ratio (effective batch {best.effective_batch} -> lr {best.lr:g} in one process)"
     )
     if best.command:
         lines.append(f"Command: {hide_passwords(best.command)}")

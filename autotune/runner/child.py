@@ -10,16 +10,15 @@ traceback.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from autotune.errors import AutotuneError
 from autotune.records import TrialOptions, TrialResult, Workload
+from autotune.runner.failures import BudgetExceeded, Diverged, classify
 from autotune.runner.measure import MemoryMonitor, Stopwatch, summarize, sync
 from autotune.train_setup import TrainSetup
 from autotune.units import format_bytes
-from autotune.workloads.data import BadImage
 
 Send = Callable[[dict[str, Any]], None]
 
@@ -46,6 +45,21 @@ class Work:
     warmup_steps: int
 
 
+#: An epoch of fewer micro-batches than this is measured with its real epoch boundaries.
+SHORT_EPOCH_BATCHES = 64
+
+
+def short_epoch(samples: int, setup: TrainSetup) -> bool:
+    """Whether an epoch of ``samples`` holds so few micro-batches that its boundaries cost measurable time."""
+    return samples // setup.batch_size < SHORT_EPOCH_BATCHES
+
+
+def _epochs(loader: Any) -> Iterator[Any]:
+    """The loader's batches, epoch after epoch (persistent workers stay; the queue restarts)."""
+    while True:
+        yield from loader
+
+
 def more_windows(measured: int, measured_s: float, options: TrialOptions) -> bool:
     """Whether a trial measures another window after ``measured`` windows and ``measured_s`` seconds.
 
@@ -56,47 +70,6 @@ def more_windows(measured: int, measured_s: float, options: TrialOptions) -> boo
     if measured >= options.windows:
         return False
     return measured < MIN_WINDOWS or measured_s < options.trial_seconds
-
-
-class BudgetExceeded(AutotuneError):
-    """Peak memory went above the user's --max-memory."""
-
-
-class Diverged(AutotuneError):
-    """The loss became NaN or infinite."""
-
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    first = next((ln.strip() for ln in text if ln.strip()), "")
-    return f"{type(exc).__name__}: {first}"[:300] if first else type(exc).__name__
-
-
-def classify(exc: BaseException) -> TrialResult:
-    """Map an exception raised in a trial to its result status."""
-    try:
-        import torch
-
-        oom_types: tuple[type[BaseException], ...] = (torch.OutOfMemoryError, MemoryError)
-    except Exception:  # pragma: no cover - torch always imports here
-        oom_types = (MemoryError,)
-    if isinstance(exc, BudgetExceeded):
-        return TrialResult(status="oom", error=str(exc))
-    if isinstance(exc, Diverged):
-        return TrialResult(status="diverged", error=str(exc))
-    if isinstance(exc, BadImage):
-        # Re-raised from a loader worker, the message is the worker's whole
-        # traceback; its last line is the original one, naming the file.
-        lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-        last = lines[-1] if lines else ""
-        return TrialResult(status="bad_data", error=last.split("BadImage: ", 1)[-1][:400])
-    message = str(exc)
-    if isinstance(exc, oom_types) or (
-        isinstance(exc, RuntimeError)
-        and ("can't allocate memory" in message or "out of memory" in message.lower())
-    ):
-        return TrialResult(status="oom", error=_one_line(exc))
-    return TrialResult(status="error", error=_one_line(exc))
 
 
 class TrialLoop:
@@ -136,9 +109,23 @@ class TrialLoop:
         return dataset
 
     def start_loader(self, dataset: Any) -> Any:
-        """The DataLoader's iterator; creating it starts the workers."""
+        """The DataLoader's batches, endless; creating the iterator starts the workers.
+
+        A long epoch is drawn from an endless sampler, so the measurement
+        never meets an epoch end a real epoch of a million images would not
+        have. A short epoch (:func:`short_epoch`) is looped epoch by epoch,
+        as the emitted script does: each epoch restarts the loader's
+        pipeline, and that cost is part of what the script will see.
+        """
+        import torch
+
         from autotune.workloads.data import InfiniteSampler
 
+        if short_epoch(len(dataset), self.setup):
+            generator = torch.Generator()
+            generator.manual_seed(self.options.seed)
+            loader = self.setup.dataloader(dataset, shuffle=True, drop_last=True, generator=generator)
+            return _epochs(loader)
         loader = self.setup.dataloader(
             dataset, sampler=InfiniteSampler(len(dataset), seed=self.options.seed), drop_last=True
         )

@@ -18,7 +18,7 @@ from dataclasses import replace
 
 from autotune.devices import DeviceInfo
 from autotune.errors import WorkloadError
-from autotune.records import Calibration, LoaderPoint, MemoryPoint, TrialOptions, TrialResult, Workload
+from autotune.records import Calibration, LoaderPoint, MemoryPoint, PrecisionPoint, TrialOptions, TrialResult, Workload
 from autotune.runner import TrialRunner, run_trial
 from autotune.train_setup import TrainSetup
 from autotune.tuner.space import powers_of_two, probe_batch
@@ -154,10 +154,19 @@ def calibrate(
         if result.status == "oom":
             raise too_small
     middle = probe_batch(max_batch, device)
-    amp = ("bf16" if bf16_ok else "fp16") if cuda else ("bf16" if bf16_ok else "off")
-    compute_setup = TrainSetup(batch_size=middle, amp=amp, channels_last=True)  # type: ignore[arg-type]
-    compute = runner(compute_setup, workload, _with_budget(short, budget))
-    log(f"compute only (batch {middle}, {amp}, channels_last): {_rate(compute)}")
+    reduced = ("bf16" if bf16_ok else "fp16") if cuda else ("bf16" if bf16_ok else None)
+    precisions: list[PrecisionPoint] = []
+    compute, compute_setup = TrialResult(status="error", error="not measured"), TrainSetup(batch_size=middle)
+    # Like for like: every precision and layout at the same batch, so the first guesses follow the numbers.
+    for amp in ("off", reduced) if reduced else ("off",):
+        for channels_last in (False, True):
+            setup = TrainSetup(batch_size=middle, amp=amp, channels_last=channels_last)  # type: ignore[arg-type]
+            result = runner(setup, workload, _with_budget(short, budget))
+            precisions.append(PrecisionPoint(amp, channels_last, result.status, result.samples_per_s))
+            layout = "channels_last" if channels_last else "contiguous"
+            log(f"compute only (batch {middle}, {'fp32' if amp == 'off' else amp}, {layout}): {_rate(result)}")
+            if result.ok and (result.samples_per_s or 0.0) > (compute.samples_per_s or 0.0):
+                compute, compute_setup = result, setup
     loader_points: list[LoaderPoint] = []
     loader_opts = TrialOptions(trial_seconds=short.trial_seconds, windows=2, mode="loader")
     counts = sorted({0, *powers_of_two(1, usable_cores), usable_cores})
@@ -180,6 +189,7 @@ def calibrate(
         compute_samples_per_s=compute.samples_per_s if compute.ok else None,
         loader=tuple(loader_points),
         max_workers=usable_cores,
+        precisions=tuple(precisions),
     )
     enough = calibration.workers_enough()
     if enough is not None:

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from autotune.errors import UsageError
 from autotune.output.best import Best
-from autotune.records import MAX_SECONDS, Calibration, Confirmed, TrialRecord
+from autotune.records import MAX_SECONDS, Calibration, Ceilings, Confirmed, TrialRecord, TrialResult
+from autotune.time_spent import Phase, TimeSpent
 from autotune.tuner.constraints import Constraint, merge_constraints
 
 
@@ -35,7 +36,8 @@ class SearchConfig:
         cache_dir: Synthetic data cache.
         synthetic_images: Files in the synthetic dataset.
         confirm_top: Finalists re-measured.
-        confirm_rounds: Interleaved rounds of re-measurement.
+        confirm_rounds: Most interleaved rounds of re-measurement (fewer
+            when the ranking settles after two).
         lr: Learning rate at the reference batch.
         timeout_s: Per-trial timeout (None: derived from trial_seconds).
         command: The command line, for the record.
@@ -58,7 +60,7 @@ class SearchConfig:
     cache_dir: Path | None = None
     synthetic_images: int = 2000
     confirm_top: int = 3
-    confirm_rounds: int = 3
+    confirm_rounds: int = 4
     lr: float = 1e-3
     timeout_s: float | None = None
     command: str = ""
@@ -107,11 +109,25 @@ class Timing:
         measured_s: Steady-state windows measured, summed over every trial
             run (calibration, search trials, confirmation).
         runs: Trial processes started.
+        phase: The step now running; each trial process counts toward it.
+        spent: The breakdown by step (its ``wall_s`` is set by :meth:`record`).
     """
 
     wall_s: float = 0.0
     measured_s: float = 0.0
     runs: int = 0
+    phase: Phase = "calibration"
+    spent: TimeSpent = field(default_factory=TimeSpent)
+
+    def add(self, result: TrialResult, wall_s: float) -> None:
+        """Account one trial process that took ``wall_s`` seconds to the current phase."""
+        self.runs += 1
+        self.measured_s += result.measured_s or 0.0
+        self.spent = self.spent.with_trial(self.phase, result, wall_s)
+
+    def record(self) -> TimeSpent:
+        """The breakdown with this invocation's wall time."""
+        return replace(self.spent, wall_s=self.wall_s)
 
 
 @dataclass(frozen=True)
@@ -129,6 +145,11 @@ class SearchOutcome:
         storage: Storage URL of the study.
         study: Study name.
         interrupted: True if Ctrl-C stopped the search.
+        files: The files written (report.html and its PNG copies included).
+        timing: Where this invocation's time went.
+        ceilings: The winner's compute-only and loader-only rates, measured
+            beside it for the verdict (None when not measured).
+        time_spent: Where the time of every run of the study went (the report's breakdown).
     """
 
     best: Best | None
@@ -142,6 +163,8 @@ class SearchOutcome:
     interrupted: bool = False
     files: tuple[str, ...] = field(default_factory=tuple)
     timing: Timing | None = None
+    ceilings: Ceilings | None = None
+    time_spent: TimeSpent | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The final summary as JSON (``--json``)."""
@@ -154,6 +177,8 @@ class SearchOutcome:
             "study": self.study,
             "files": list(self.files),
             "timing": asdict(self.timing) if self.timing else None,
+            "ceilings": self.ceilings.to_dict() if self.ceilings else None,
+            "time_spent": asdict(self.time_spent) if self.time_spent else None,
             "calibration": self.calibration.to_dict(),
             "confirmation": [c.to_dict() for c in self.confirmed],
             "trials": [r.to_dict() for r in self.records],

@@ -60,7 +60,7 @@ def explore(study: SearchStudy, plan: Exploration, reporter: Reporter, runner: T
                 setup = plan.defaults if role == ROLE_DEFAULTS else plan.space.suggest(trial)
                 reporter.trial_started(done, plan.wanted, role, setup)
                 previous = study.same_setup(setup, trial.number)
-                too_big = larger_than_data(setup, plan.workload)
+                too_big = unrunnable(setup, plan.workload)
             reused_from = None
             if too_big is not None:
                 result = too_big
@@ -84,17 +84,34 @@ def explore(study: SearchStudy, plan: Exploration, reporter: Reporter, runner: T
             reporter.trial_finished(study.finished(), plan.wanted, record, best)
 
 
-def larger_than_data(setup: TrainSetup, workload: Workload) -> TrialResult | None:
-    """An infeasible result, not run, for a step larger than the data."""
-    if workload.images is None or setup.effective_batch() <= workload.images:
+def unrunnable(setup: TrainSetup, workload: Workload) -> TrialResult | None:
+    """An infeasible result, not run, for a setup the data cannot feed.
+
+    An optimizer step larger than the data holds no step per epoch; a loader
+    queue (workers x prefetch x batch) larger than an epoch prefetches what
+    the epoch does not hold, memory held for nothing.
+    """
+    images = workload.images
+    if images is None:
         return None
-    return TrialResult(
-        status="error",
-        error=(
-            f"batch {setup.batch_size} x {setup.accumulation_steps} accumulation = {setup.effective_batch()} "
-            f"exceeds the {workload.images} training images: an epoch would hold no optimizer step"
-        ),
-    )
+    if setup.effective_batch() > images:
+        return TrialResult(
+            status="error",
+            error=(
+                f"batch {setup.batch_size} x {setup.accumulation_steps} accumulation = {setup.effective_batch()} "
+                f"exceeds the {images} training images: an epoch would hold no optimizer step"
+            ),
+        )
+    queue = setup.num_workers * (setup.prefetch_factor or 2) * setup.batch_size
+    if setup.num_workers and queue > images:
+        return TrialResult(
+            status="error",
+            error=(
+                f"the loader queue ({setup.num_workers} workers x prefetch {setup.prefetch_factor or 2} x batch "
+                f"{setup.batch_size} = {queue} samples) is larger than an epoch of {images} images"
+            ),
+        )
+    return None
 
 
 def pruning_hook(trial: optuna.Trial, role: str) -> WindowCallback | None:

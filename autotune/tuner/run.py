@@ -17,17 +17,19 @@ from typing import Any
 
 import probes
 from autotune.devices import DeviceInfo, resolve_device
-from autotune.errors import SearchFailed, SearchInterrupted, WorkloadError
+from autotune.errors import SearchFailed, SearchInterrupted
 from autotune.files import check_writable
 from autotune.output.best import write_best
 from autotune.output.emit import write_script
+from autotune.output.report import ReportInput
 from autotune.output.trials_csv import write_trials_csv
-from autotune.records import Calibration, Confirmed, TrialOptions, TrialRecord, TrialResult, Workload
-from autotune.runner import TrialRunner, WindowCallback, run_trial
+from autotune.records import Calibration, Confirmed, TrialOptions, TrialRecord, Workload
+from autotune.runner import TrialRunner, run_trial
+from autotune.time_spent import TimeSpent
 from autotune.train_setup import TrainSetup
 from autotune.tuner.calibrate import calibrate
 from autotune.tuner.config import SearchConfig, SearchOutcome, Timing
-from autotune.tuner.confirm import confirm, pick_candidates
+from autotune.tuner.confirm import confirm, measure_ceilings, pick_candidates
 from autotune.tuner.constraints import check_constraints, merge_constraints
 from autotune.tuner.explore import Exploration, explore
 from autotune.tuner.lock import OutputLock
@@ -35,43 +37,10 @@ from autotune.tuner.progress import Reporter, SilentReporter
 from autotune.tuner.signals import sigterm_as_interrupt
 from autotune.tuner.space import Space, build_space, defaults_setup, guess_setups
 from autotune.tuner.study import ROLE_DEFAULTS, ROLE_GUESS, SearchStudy, machine_fingerprint
+from autotune.tuner.study_report import write_search_report
+from autotune.tuner.timed import TimedRunner
 from autotune.tuner.winner import bottleneck_verdict, make_best
 from autotune.workloads import build_workload
-
-
-class TimedRunner:
-    """Wraps a trial runner to account the measured time of a search."""
-
-    def __init__(self, runner: TrialRunner, timing: Timing) -> None:
-        self.runner = runner
-        self.timing = timing
-
-    def __call__(
-        self,
-        setup: TrainSetup,
-        workload: Workload,
-        options: TrialOptions | None = None,
-        *,
-        on_window: WindowCallback | None = None,
-    ) -> TrialResult:
-        """Run the trial and add its measured seconds to the timing.
-
-        Raises:
-            KeyboardInterrupt: Something outside terminated the trial: the
-                search stops as on Ctrl-C and stores nothing for it.
-            WorkloadError: A data file cannot be decoded: the search stops
-                naming it (every setup fast enough to reach it would fail).
-        """
-        result = self.runner(setup, workload, options, on_window=on_window)
-        self.timing.runs += 1
-        self.timing.measured_s += result.measured_s or 0.0
-        if result.status == "interrupted":
-            raise KeyboardInterrupt
-        if result.status == "bad_data":
-            raise WorkloadError(
-                f"bad data: {result.error}; fix or remove the file and rerun (finished trials are kept)"
-            )
-        return result
 
 
 @dataclass(frozen=True)
@@ -89,7 +58,7 @@ class Prepared:
 def run_search(
     config: SearchConfig, reporter: Reporter | None = None, *, runner: TrialRunner = run_trial
 ) -> SearchOutcome:
-    """Search the fastest setup for the workload; write best.json, trials.csv and train.py.
+    """Search the fastest setup for the workload; write best.json, trials.csv, train.py and report.html.
 
     Args:
         config: What to search and where to write.
@@ -121,6 +90,7 @@ def _search(
     config: SearchConfig, prepared: Prepared, reporter: Reporter, timed: TimedRunner, timing: Timing, began: float
 ) -> SearchOutcome:
     """The steps after :func:`prepare`, while the output directory and the study are held."""
+    earlier = prepared.study.time_spent()
     calibration = calibrate_once(config, prepared, reporter, timed)
     space = build_space(
         device=prepared.device,
@@ -138,6 +108,7 @@ def _search(
     )
     plan = Exploration(space, defaults, prepared.workload, options, config.trials, prepared.out / "trials.csv")
     interrupted = False
+    timing.phase = "search"
     try:
         with sigterm_as_interrupt():
             explore(prepared.study, plan, reporter, timed)
@@ -147,6 +118,8 @@ def _search(
     write_trials_csv(plan.csv_path, records)
     feasible = [r for r in records if r.result.ok and r.result.samples_per_s]
     if not feasible:
+        timing.wall_s = time.monotonic() - began
+        report(prepared, timing, earlier, reporter, "interrupted" if interrupted else "failed: no feasible trial", records, calibration)
         if interrupted:
             raise SearchInterrupted(
                 f"interrupted before any feasible trial; {len(records)} trials kept in {prepared.study.storage}"
@@ -155,11 +128,22 @@ def _search(
         raise SearchFailed(f"all {len(records)} trials failed ({'; '.join(reasons)[:300]})")
     confirmed: list[Confirmed] = []
     if not interrupted:
+        timing.phase = "confirmation"
         try:
             confirmed = confirm_finalists(config, prepared, feasible, defaults, options, reporter, timed)
         except KeyboardInterrupt:
             interrupted = True
     outcome = finish(config, prepared, calibration, records, feasible, confirmed, defaults, interrupted)
+    if confirmed and outcome.best is not None:
+        timing.phase = "ceilings"
+        try:
+            outcome = with_ceilings(outcome, prepared, options, timed)
+        except KeyboardInterrupt:
+            interrupted = True
+    timing.wall_s = time.monotonic() - began
+    status = "finished" if not interrupted else "interrupted" if confirmed else "interrupted (winner not confirmed)"
+    written, spent = report(prepared, timing, earlier, reporter, status, records, calibration, outcome)
+    outcome = replace(outcome, files=(*outcome.files, *written), time_spent=spent)
     timing.wall_s = time.monotonic() - began
     outcome = replace(outcome, timing=timing)
     if interrupted:
@@ -302,8 +286,8 @@ def confirm_finalists(
     """
     candidates = pick_candidates(feasible, defaults, config.confirm_top)
     reporter.message(
-        f"confirmation: {len(candidates)} setups x {config.confirm_rounds} interleaved rounds "
-        f"of {options.trial_seconds * 1.5:.0f} s"
+        f"confirmation: {len(candidates)} setups in interleaved rounds of {options.trial_seconds * 1.5:.0f} s "
+        f"(2 to {config.confirm_rounds}, until the ranking is settled)"
     )
     with sigterm_as_interrupt():
         return confirm(
@@ -316,6 +300,20 @@ def confirm_finalists(
             on_measure=lambda done, total, cand, result: reporter.confirm_progress(done, total, cand.label, result),
             runner=runner,
         )
+
+
+def with_ceilings(outcome: SearchOutcome, prepared: Prepared, options: TrialOptions, runner: TrialRunner) -> SearchOutcome:
+    """Measure the winner training, computing alone and loading alone in one round; redo the verdict with them.
+
+    Raises:
+        KeyboardInterrupt: Ctrl-C or SIGTERM; best.json and train.py are already written.
+    """
+    assert outcome.best is not None
+    short = replace(options, trial_seconds=max(1.0, options.trial_seconds / 2), windows=3)
+    with sigterm_as_interrupt():
+        ceilings = measure_ceilings(outcome.best.setup, prepared.workload, short, runner=runner)
+    verdict = bottleneck_verdict(outcome.best, outcome.calibration, list(outcome.records), prepared.device, ceilings)
+    return replace(outcome, ceilings=ceilings, verdict=verdict)
 
 
 def finish(
@@ -354,3 +352,34 @@ def finish(
         interrupted=interrupted,
         files=(str(out / "trials.csv"), str(out / "best.json"), str(script)),
     )
+
+
+def report(
+    prepared: Prepared,
+    timing: Timing,
+    earlier: TimeSpent | None,
+    reporter: Reporter,
+    status: str,
+    records: list[TrialRecord],
+    calibration: Calibration,
+    outcome: SearchOutcome | None = None,
+) -> tuple[tuple[str, ...], TimeSpent]:
+    """Write report.html with the time of this run plus the study's earlier runs.
+
+    Returns:
+        The files written and the time breakdown the report shows.
+    """
+    spent = timing.record() + earlier if earlier else timing.record()
+    data = ReportInput(
+        records=tuple(records),
+        calibration=calibration,
+        confirmed=outcome.confirmed if outcome else (),
+        best=outcome.best if outcome else None,
+        verdict=outcome.verdict if outcome else None,
+        time_spent=spent,
+        study=prepared.study.name,
+        storage=prepared.study.storage,
+        status=status,
+        ceilings=outcome.ceilings if outcome else None,
+    )
+    return write_search_report(prepared.study, prepared.out, data, reporter.message), spent

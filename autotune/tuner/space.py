@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from autotune.devices import DeviceInfo
@@ -54,11 +54,13 @@ class Space:
             min..max; the rest as categories.
         effective_batch: When set, ``batch_size x accumulation_steps`` equals
             it and accumulation follows from the batch.
+        images: Samples in one epoch of the data; the loader's queue is
+            kept within it (None: unknown, no cap).
     """
 
     values: dict[str, tuple[Any, ...]]
     effective_batch: int | None = None
-    notes: tuple[str, ...] = field(default_factory=tuple)
+    images: int | None = None
 
     def __post_init__(self) -> None:
         for knob in KNOBS:
@@ -89,12 +91,12 @@ class Space:
     def suggest(self, trial: optuna.Trial) -> TrainSetup:
         """Sample one TrainSetup through an Optuna trial (define-by-run)."""
         workers = self._pick(trial, "num_workers")
+        batch = self._pick(trial, "batch_size")
         prefetch = None
         persistent = False
         if workers > 0:
-            prefetch = self._pick(trial, "prefetch_factor")
+            prefetch = self._pick(trial, "prefetch_factor", self.prefetch_within_epoch(workers, batch))
             persistent = self._pick(trial, "persistent_workers")
-        batch = self._pick(trial, "batch_size")
         if self.effective_batch is not None:
             accumulation = self.effective_batch // batch
         else:
@@ -109,6 +111,19 @@ class Space:
             amp=self._pick(trial, "amp"),
             channels_last=self._pick(trial, "channels_last"),
         )
+
+    def prefetch_within_epoch(self, workers: int, batch: int) -> tuple[Any, ...]:
+        """The prefetch depths whose loader queue (workers x prefetch x batch) fits in one epoch.
+
+        A queue larger than the epoch prefetches batches the epoch does not
+        hold. When even depth 1 does not fit, the smallest depth stays (the
+        search then records the setup as infeasible without running it).
+        """
+        options = self.values["prefetch_factor"]
+        if self.images is None:
+            return options
+        fitting = tuple(p for p in options if workers * p * batch <= self.images)
+        return fitting or (min(options),)
 
     def describe(self) -> str:
         """One line: every knob's values (ranges as ``lo..hi``)."""
@@ -242,7 +257,7 @@ def build_space(
         bad = [b for b in values["batch_size"] if effective_batch % b]
         if bad:
             raise UsageError(f"--effective-batch {effective_batch} is not a multiple of batch_size {bad[0]}")
-    return Space(values=values, effective_batch=effective_batch)
+    return Space(values=values, effective_batch=effective_batch, images=images)
 
 
 #: Throughput gain from the small to the largest pre-pass batch that makes
@@ -254,7 +269,8 @@ def guess_setups(space: Space, calibration: Calibration, device: DeviceInfo, usa
     """Probe-informed first trials, after the defaults (clipped into the space by the caller).
 
     The first guess takes workers from the loader ceiling, a middle batch
-    (64 on a CPU, 256 on a GPU), the device's AMP and channels_last. When the
+    (64 on a CPU, 256 on a GPU), and the precision and layout that computed
+    fastest at that batch in the calibration (measured like for like). When the
     memory pre-pass measured throughput still rising with the batch (the
     largest batch at least 10 % faster than the smallest), a second guess
     is the first at the largest batch of the space.
@@ -267,7 +283,15 @@ def guess_setups(space: Space, calibration: Calibration, device: DeviceInfo, usa
     largest = max(space.values["batch_size"])
     if len(rates) >= 2 and rates[-1][1] >= BATCH_GAIN * rates[0][1] and largest > first.batch_size:
         guesses.append(first.replace(batch_size=largest))
-    return guesses
+    return [_queue_within_epoch(space, guess) for guess in guesses]
+
+
+def _queue_within_epoch(space: Space, setup: TrainSetup) -> TrainSetup:
+    """``setup`` with its prefetch depth lowered until the loader queue fits in one epoch."""
+    if not setup.num_workers or setup.prefetch_factor is None:
+        return setup
+    fitting = [p for p in space.prefetch_within_epoch(setup.num_workers, setup.batch_size) if p <= setup.prefetch_factor]
+    return setup.replace(prefetch_factor=max(fitting)) if fitting else setup
 
 
 def guess_setup(space: Space, calibration: Calibration, device: DeviceInfo, usable_cores: int) -> TrainSetup:
@@ -279,7 +303,10 @@ def guess_setup(space: Space, calibration: Calibration, device: DeviceInfo, usab
         workers = enough
     workers = min(workers, max(space.values["num_workers"]))
     batch = probe_batch(calibration.max_batch, device)
-    amp = "bf16" if device.bf16 else ("fp16" if cuda else "off")
+    amp, channels_last = ("bf16" if device.bf16 else ("fp16" if cuda else "off")), True
+    fastest = calibration.fastest_precision()
+    if fastest is not None:  # measured like for like at this batch: follow the numbers
+        amp, channels_last = fastest.amp, fastest.channels_last
     return TrainSetup(
         num_workers=workers,
         prefetch_factor=2 if workers else None,
@@ -287,5 +314,5 @@ def guess_setup(space: Space, calibration: Calibration, device: DeviceInfo, usab
         persistent_workers=workers > 0,
         batch_size=batch,
         amp=amp,  # type: ignore[arg-type]
-        channels_last=True,
+        channels_last=channels_last,
     )

@@ -14,14 +14,16 @@ from __future__ import annotations
 import json
 import uuid
 import warnings
+from dataclasses import asdict
 from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.errors import StorageError
-from autotune.records import Calibration, TrialRecord, TrialResult
+from autotune.records import Calibration, Ceilings, TrialRecord, TrialResult
 from autotune.redact import hide_passwords
+from autotune.time_spent import TimeSpent
 from autotune.train_setup import TrainSetup
 from autotune.tuner.lock import Holder
 from autotune.tuner.pruning import SlowerThanBestPruner
@@ -43,6 +45,8 @@ STUDY_CALIBRATION = "calibration"
 STUDY_CONFIRMATION = "confirmation"
 STUDY_STARTUP_TRIALS = "n_startup_trials"
 STUDY_HOLDER = "holder"
+STUDY_TIME_SPENT = "time_spent"
+STUDY_VERDICT = "verdict"
 
 #: Trials that count toward ``--trials``.
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
@@ -144,6 +148,31 @@ class SearchStudy:
             study.set_user_attr(STUDY_STARTUP_TRIALS, n_startup)
         return cls(study, storage, name)
 
+    @classmethod
+    def load(cls, storage: str, name: str | None = None) -> SearchStudy:
+        """Open an existing study to read it (nothing is created or written).
+
+        Args:
+            storage: Optuna storage URL.
+            name: Study name; None picks the only study in the storage.
+
+        Raises:
+            StorageError: The storage cannot be read, or holds no such study.
+        """
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        try:
+            names = optuna.get_all_study_names(storage)
+        except Exception as exc:  # sqlalchemy / redis / journal errors all differ
+            raise StorageError(f"cannot read study storage {storage!r}: {_first_line(exc)}") from None
+        found = ", ".join(names)
+        if name is None:
+            if len(names) != 1:
+                raise StorageError(f"{storage}: " + (f"{len(names)} studies ({found}); pass --study NAME" if names else "holds no study"))
+            name = names[0]
+        elif name not in names:
+            raise StorageError(f"{storage}: no study {name!r} (studies there: {found or 'none'})")
+        return cls(optuna.load_study(study_name=name, storage=storage), storage, name)
+
     # ------------------------------------------------------------ study level
     def claim(self) -> None:
         """Become the study's only search (rules in :mod:`autotune.tuner.lock`).
@@ -212,12 +241,39 @@ class SearchStudy:
             return {}
         return {key: (list(v[0]), list(v[1])) for key, v in stored.get("rounds", {}).items()}
 
+    def stored_confirmation(self) -> Rounds:
+        """The confirmation rounds of the last run that measured any (for a report of the study)."""
+        stored = self.study.user_attrs.get(STUDY_CONFIRMATION, {})
+        if not isinstance(stored, dict):
+            return {}
+        rounds = stored.get("rounds", {}) if "run" in stored else stored  # before runs were recorded
+        return {key: (list(v[0]), list(v[1])) for key, v in rounds.items()}
+
     def store_confirmation(self, key: str, values: list[float], failures: list[str]) -> None:
         """Record one candidate's confirmation measurements (after every measurement), for this run only."""
         rounds = {k: [list(v[0]), list(v[1])] for k, v in self.confirmation().items()}
         rounds[key] = [values, failures]
         self.study.set_user_attr(STUDY_CONFIRMATION, {"run": self.run_id, "rounds": rounds})
         self.heartbeat()
+
+    def time_spent(self) -> TimeSpent | None:
+        """Where the time of the earlier runs went, if they recorded it."""
+        data = self.study.user_attrs.get(STUDY_TIME_SPENT)
+        return TimeSpent.from_dict(data) if data is not None else None
+
+    def store_time_spent(self, spent: TimeSpent) -> None:
+        """Keep the time breakdown of every run so far (the report reads it)."""
+        self.study.set_user_attr(STUDY_TIME_SPENT, asdict(spent))
+
+    def verdict(self) -> tuple[str | None, Ceilings | None]:
+        """The bottleneck verdict of the last finished run and the winner's ceilings it rests on."""
+        data = self.study.user_attrs.get(STUDY_VERDICT) or {}
+        ceilings = data.get("ceilings")
+        return data.get("text"), Ceilings(**ceilings) if ceilings else None
+
+    def store_verdict(self, verdict: str, ceilings: Ceilings | None) -> None:
+        """Keep the verdict printed with best.json (the report shows it again)."""
+        self.study.set_user_attr(STUDY_VERDICT, {"text": verdict, "ceilings": ceilings.to_dict() if ceilings else None})
 
     def is_empty(self) -> bool:
         """Whether the study holds no trial at all (not even a failed one)."""

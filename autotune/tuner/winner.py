@@ -7,13 +7,15 @@ record (with the notes a user must read) and a one-line bottleneck verdict.
 from __future__ import annotations
 
 import datetime as _dt
+import math
 from typing import Any
 
 from autotune.devices import DeviceInfo
 from autotune.output.best import Best
-from autotune.records import Calibration, Confirmed, TrialRecord, Workload
+from autotune.records import Calibration, Ceilings, Confirmed, TrialRecord, Workload
 from autotune.redact import hide_passwords
 from autotune.train_setup import TrainSetup
+from autotune.tuner.noise import NOISE_FLOOR, beats, leader, margin
 
 
 def make_best(
@@ -41,12 +43,14 @@ def make_best(
         interrupted: The search was stopped (Ctrl-C, SIGTERM, SIGHUP).
     """
     default_key = defaults.to_json()
+    reference = effective_batch or defaults.effective_batch()
     notes: list[str] = []
     measured = [c for c in confirmed if c.median is not None]
     if measured:
-        winner = max(measured, key=lambda c: c.median or 0.0)
-        setup, rate, spread = winner.candidate.setup, winner.median or 0.0, winner.spread or 0.0
+        chosen, why = choose_winner(measured, default_key, reference)
+        setup, rate, spread = chosen.candidate.setup, chosen.median or 0.0, chosen.spread or 0.0
         base = next((c.median for c in measured if c.candidate.key == default_key), None)
+        notes.extend(why)
     else:
         top = max(feasible, key=lambda r: r.result.samples_per_s or 0.0)
         setup, rate, spread = top.setup, top.result.samples_per_s or 0.0, top.result.samples_per_s_spread or 0.0
@@ -58,16 +62,16 @@ def make_best(
             notes.append("not confirmed: every confirmation run failed; the fastest single trial is shown")
     peaks = [r.result.peak_memory_bytes for r in feasible if r.setup == setup and r.result.peak_memory_bytes]
     effective = setup.effective_batch()
-    reference = effective_batch or defaults.effective_batch()
-    lr = workload.lr * effective / reference
+    lr = scaled_lr(workload.lr, effective, reference)
     if workload.data is None:
         notes.append("measured on synthetic JPEGs; re-run with --data DIR to tune on your own images")
     if setup.amp != "off":
         notes.append(f"amp={setup.amp} changes the numerics (autocast); check your accuracy once")
     if effective_batch is None and effective != reference:
         notes.append(
-            f"effective batch {effective} differs from the reference {reference}: the learning rate is scaled "
-            f"linearly by {effective / reference:g} to {lr:g}; pass --effective-batch {reference} to keep the math"
+            f"effective batch {effective} differs from the reference {reference}: the AdamW learning rate is scaled "
+            f"by the square root of the batch ratio, {lr / workload.lr:.3g}x to {lr:g} (the square-root rule for "
+            f"Adam-family optimizers, Malladi et al. 2022); pass --effective-batch {reference} to keep the math"
         )
     if base is None:
         notes.append("the PyTorch defaults could not be measured, so no speedup is given")
@@ -90,28 +94,105 @@ def make_best(
         notes=tuple(notes),
     )
 
-def bottleneck_verdict(best: Best, calibration: Calibration, records: list[TrialRecord], device: DeviceInfo) -> str:
-    """Which side limits training: the loader, the device, or both sharing CPUs."""
-    winner = next((r for r in records if r.setup == best.setup and r.result.ok), None)
-    wait = winner.result.data_wait_fraction if winner else None
-    compute = calibration.compute_samples_per_s
-    loader = max((p.samples_per_s or 0.0 for p in calibration.loader), default=0.0) or None
-    parts = []
-    if compute:
-        parts.append(f"compute alone {compute:.0f} samples/s")
-    if loader:
-        parts.append(f"loader alone up to {loader:.0f} samples/s")
-    parts.append(f"together {best.samples_per_s:.0f} samples/s")
-    facts = "; ".join(parts)
+def scaled_lr(lr: float, effective: int, reference: int) -> float:
+    """AdamW's learning rate at ``effective`` batch, given ``lr`` at ``reference``: the square-root rule.
+
+    Adam-family optimizers keep their training dynamics when the learning
+    rate grows with the square root of the batch (Malladi et al. 2022, "On
+    the SDEs and Scaling Rules for Adaptive Gradient Algorithms"); the linear
+    rule (Goyal et al. 2017) is for SGD. autotune trains with AdamW.
+    """
+    return lr * math.sqrt(effective / reference)
+
+
+def changes_math(setup: TrainSetup, reference: int) -> bool:
+    """Whether ``setup`` trains other math than the reference recipe (reduced precision or another effective batch)."""
+    return setup.amp != "off" or setup.effective_batch() != reference
+
+
+def choose_winner(measured: list[Confirmed], default_key: str, reference: int) -> tuple[Confirmed, list[str]]:
+    """The confirmed winner and the notes that explain the choice.
+
+    The fastest median wins only when it beats, beyond the noise
+    (:func:`autotune.tuner.noise.beats`), the PyTorch defaults and the fastest
+    setup that keeps the training math; otherwise the defaults (or that
+    setup) are returned and the notes say why.
+    """
+    top = leader(measured)
+    assert top is not None
+    notes: list[str] = []
+    defaults = next((c for c in measured if c.candidate.key == default_key), None)
+    chosen = top
+    if top is defaults:
+        notes.append("nothing measurably faster than the PyTorch defaults was found: they led the confirmation")
+    elif defaults is not None and not beats(top, defaults):
+        chosen = defaults
+        notes.append(
+            f"nothing measurably faster than the PyTorch defaults was found: the fastest finalist "
+            f"({top.candidate.setup.describe()}, {top.median:.1f} samples/s) did not beat them beyond the "
+            f"{NOISE_FLOOR:.0%} noise floor in every paired round ({_margin_text(top, defaults)}); the defaults are kept"
+        )
+    elif changes_math(top.candidate.setup, reference):
+        keepers = [c for c in measured if c is not top and not changes_math(c.candidate.setup, reference)]
+        keeper = leader(keepers)
+        if keeper is not None and keeper is not defaults and not beats(top, keeper):
+            chosen = keeper
+            notes.append(
+                f"{keeper.candidate.setup.describe()} keeps the training math and is within the noise of the "
+                f"fastest finalist {top.candidate.setup.describe()} ({_margin_text(top, keeper)}): it is preferred"
+            )
+    rounds = max(len(c.values) + len(c.failures) for c in measured)
+    runner_up = leader([c for c in measured if c is not chosen])
+    text = f"confirmation: {rounds} interleaved round{'s' if rounds != 1 else ''}"
+    if runner_up is not None:
+        text += f"; against the runner-up {runner_up.candidate.setup.describe()} the winner {_margin_text(chosen, runner_up)}"
+    notes.append(text)
+    return chosen, notes
+
+
+def _margin_text(a: Confirmed, b: Confirmed) -> str:
+    found = margin(a, b)
+    return found.describe() if found is not None else "no shared round"
+
+
+def bottleneck_verdict(
+    best: Best, calibration: Calibration, records: list[TrialRecord], device: DeviceInfo, ceilings: Ceilings | None = None
+) -> str:
+    """Which side limits training: the loader, the device, or both sharing CPUs.
+
+    With ``ceilings`` (the winner's own setup measured computing alone,
+    loading alone and training, in the same rounds) like is compared with
+    like; without them the calibration's ceilings stand in, measured at a
+    probe batch and precision.
+    """
+    if ceilings is not None and ceilings.together and ceilings.compute and ceilings.loader:
+        compute, loader, together = ceilings.compute, ceilings.loader, ceilings.together
+        wait = ceilings.data_wait_fraction
+        facts = (
+            f"at the winner's setup, same rounds: compute alone {compute:.0f} samples/s; "
+            f"loader alone {loader:.0f} samples/s; together {together:.0f} samples/s"
+        )
+    else:
+        winner = next((r for r in records if r.setup == best.setup and r.result.ok), None)
+        wait = winner.result.data_wait_fraction if winner else None
+        compute = calibration.compute_samples_per_s or 0.0
+        loader = max((p.samples_per_s or 0.0 for p in calibration.loader), default=0.0)
+        together = best.samples_per_s
+        parts = []
+        if compute:
+            parts.append(f"compute alone {compute:.0f} samples/s")
+        if loader:
+            parts.append(f"loader alone up to {loader:.0f} samples/s")
+        parts.append(f"together {together:.0f} samples/s")
+        facts = "; ".join(parts)
     if wait is not None and wait > 0.2:
         return (
             f"input-bound: the winner waits on the DataLoader {wait:.0%} of the time ({facts}). "
             "Cheaper decoding (smaller stored images, fewer augmentations) or more CPU cores would help."
         )
-    if device.type == "cpu" and compute and loader and best.samples_per_s < 0.8 * min(compute, loader):
+    if device.type == "cpu" and compute and loader and together < 0.8 * min(compute, loader):
         return (
             f"CPU-shared: decoding and training compete for the same cores ({facts}); "
             "each alone is faster than both together."
         )
     return f"compute-bound: the training step is the limit ({facts})."
-

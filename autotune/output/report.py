@@ -1,0 +1,161 @@
+"""report.html: a self-contained page that shows where a search's time went.
+
+One HTML file with inline CSS and inline base64 PNGs (no script, no font,
+no network request), so it opens offline from a file manager. At a glance
+first: the winner, its speedup over the defaults measured in the same rounds,
+the bottleneck verdict and the ceilings; then one section per plot
+(:mod:`autotune.output.sections`), each with a title that says what to read
+from it and the data behind it in a collapsible ``<details>`` table. PNG
+copies of the headline plots are written next to it. Without matplotlib the
+page holds the tables only and says which extra to install.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as _dt
+from collections import Counter
+from html import escape
+from pathlib import Path
+
+from autotune.files import atomic_write_bytes, atomic_write_text
+from autotune.output.sections import (
+    ReportInput,
+    Section,
+    Table,
+    batch_section,
+    confirmation_section,
+    history_section,
+    importance_section,
+    is_confirmed,
+    loader_section,
+    plotting,
+    summary_section,
+    time_section,
+)
+from autotune.units import format_bytes
+
+__all__ = ["HEADLINE", "PLOTS_HINT", "REPORT", "ReportInput", "render_report", "write_report"]
+
+REPORT = "report.html"
+#: Sections whose plot is also written as ``report-<id>.png`` next to the HTML.
+HEADLINE = ("summary", "history", "confirmation")
+PLOTS_HINT = 'Plots need matplotlib, which is not installed: pip install "autotune[plots]" (the tables below hold all the data).'
+
+_CSS = """
+body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:0 auto;max-width:1100px;padding:1.5em;color:#1d2733;background:#fff}
+h1{font-size:1.6em;margin-bottom:.2em}h2{font-size:1.25em;margin-top:2em;border-bottom:1px solid #d8dee4;padding-bottom:.2em}
+.meta{color:#5b6773;font-size:.9em}.winner{font-size:1.15em;background:#eef8f0;border-left:4px solid #2a9d4b;padding:.6em .9em}
+.verdict{background:#f3f6fa;border-left:4px solid #4a7ab5;padding:.6em .9em}.caveat{background:#fff6e5;border-left:4px solid #e89a1c;padding:.4em .9em}
+.hint{background:#fdecec;border-left:4px solid #d62728;padding:.6em .9em}.reading{color:#34414e}
+img{max-width:100%;height:auto;display:block;margin:.6em 0}
+table{border-collapse:collapse;font-size:.85em;margin:.5em 0}th,td{border:1px solid #d8dee4;padding:.2em .55em;text-align:left}
+th{background:#f3f6fa}td{font-variant-numeric:tabular-nums}summary{cursor:pointer;color:#1f4e79}
+code{background:#f3f6fa;padding:0 .25em}
+"""
+
+
+def _table(table: Table) -> str:
+    head = "".join(f"<th>{escape(h)}</th>" for h in table.headers)
+    body = "".join("<tr>" + "".join(f"<td>{escape(c)}</td>" for c in row) + "</tr>" for row in table.rows)
+    return f"<table><caption>{escape(table.caption)}</caption><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _section(section: Section) -> str:
+    parts = [f'<section id="{section.id}"><h2>{escape(section.title)}</h2>']
+    if section.caveat:
+        parts.append(f'<p class="caveat">{escape(section.caveat)}</p>')
+    parts.append(f'<p class="reading">{escape(section.reading)}</p>')
+    if section.image:
+        data = base64.b64encode(section.image).decode("ascii")
+        parts.append(f'<img src="data:image/png;base64,{data}" alt="{escape(section.alt)}">')
+    tables = [t for t in section.tables if t.rows]
+    if tables:
+        rows = sum(len(t.rows) for t in tables)
+        parts.append(f"<details><summary>data behind this plot ({rows} rows)</summary>{''.join(map(_table, tables))}</details>")
+    parts.append("</section>")
+    return "".join(parts)
+
+
+def _header(data: ReportInput) -> str:
+    best = data.best
+    counts = Counter(r.result.status for r in data.records)
+    tally = ", ".join(f"{n} {status}" for status, n in counts.most_common())
+    lines = [f"<h1>autotune report: {escape(data.study)}</h1>"]
+    meta = [f"{len(data.records)} trials ({tally or 'none'})", f"search {data.status}", f"storage <code>{escape(data.storage)}</code>"]
+    if best is not None:
+        w = best.workload
+        meta.insert(0, escape(f"{w.model} @ {w.image_size}px on {w.device}, data: {w.data or 'synthetic JPEGs'}"))
+        if best.command:
+            meta.append(f"command <code>{escape(best.command)}</code>")
+    meta.append(f"written {_dt.datetime.now(_dt.timezone.utc).isoformat(timespec='seconds')}")
+    lines.append(f'<p class="meta">{" &middot; ".join(meta)}</p>')
+    if best is not None:
+        speed = f"{best.samples_per_s:.1f} samples/s (spread {best.samples_per_s_spread:.1f})"
+        if best.speedup:
+            speed += f", <b>{best.speedup:.2f}x</b> the PyTorch defaults ({best.defaults_samples_per_s:.1f} samples/s, same rounds)"
+        title = "Winner" if is_confirmed(best) else "Best so far (not confirmed)"
+        lines.append(f'<p class="winner">{title}: <code>{escape(best.setup.describe())}</code>: {speed}; effective batch '
+                     f"{best.effective_batch}, learning rate {best.lr:g}, peak memory {escape(format_bytes(best.peak_memory_bytes))}</p>")
+        lines.extend(f'<p class="caveat">note: {escape(n)}</p>' for n in best.notes)
+    else:
+        ok = [r for r in data.records if r.result.ok and r.result.samples_per_s]
+        if ok:
+            top = max(ok, key=lambda r: r.result.samples_per_s or 0.0)
+            lines.append(f'<p class="winner">Best trial so far (not confirmed): #{top.number} '
+                         f"<code>{escape(top.setup.describe())}</code>: {top.result.samples_per_s:.1f} samples/s</p>")
+        else:
+            lines.append('<p class="caveat">No feasible trial: every trial failed (see the history table for why).</p>')
+    if data.verdict:
+        lines.append(f'<p class="verdict">Bottleneck: {escape(data.verdict)}</p>')
+    return "".join(lines)
+
+
+def render_report(data: ReportInput) -> tuple[str, dict[str, bytes]]:
+    """The report page and the PNG of each section that has a plot.
+
+    Returns:
+        The HTML text, and PNG bytes per section id.
+    """
+    plots = plotting()
+    records = data.records
+    sections = [
+        summary_section(data, plots),
+        history_section(records, plots),
+        batch_section(records, data.calibration, plots),
+        loader_section(records, data.calibration, plots),
+        importance_section(records, plots),
+        confirmation_section(data.confirmed, plots),
+        time_section(data.time_spent, data.time_complete, plots),
+    ]
+    hint = "" if plots is not None else f'<p class="hint">{escape(PLOTS_HINT)}</p>'
+    body = _header(data) + hint + "".join(_section(s) for s in sections)
+    page = (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>autotune report: {escape(data.study)}</title><style>{_CSS}</style></head>"
+        f"<body>{body}</body></html>\n"
+    )
+    return page, {s.id: s.image for s in sections if s.image}
+
+
+def write_report(out: Path, data: ReportInput) -> tuple[Path, ...]:
+    """Write ``report.html`` and PNG copies of the headline plots into ``out``, atomically.
+
+    PNG copies left by an earlier report whose plot is gone now are removed.
+
+    Returns:
+        The paths written, report.html first.
+    """
+    page, images = render_report(data)
+    out.mkdir(parents=True, exist_ok=True)
+    written = [out / REPORT]
+    atomic_write_text(out / REPORT, page)
+    for name in HEADLINE:
+        path = out / f"report-{name}.png"
+        if name in images:
+            atomic_write_bytes(path, images[name])
+            written.append(path)
+        else:
+            path.unlink(missing_ok=True)
+    return tuple(written)

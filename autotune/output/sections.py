@@ -1,0 +1,286 @@
+"""The sections of report.html: one per plot, each with its reading guide and data.
+
+Each ``*_section`` function takes records-level data and returns a
+:class:`Section`: a title that says what to read from the plot, the plot as
+PNG bytes (None without matplotlib or without data), and the data behind it
+as tables. :mod:`autotune.output.report` assembles them into the page.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+from autotune.output.best import Best
+from autotune.output.importance import knob_importance
+from autotune.records import Calibration, Ceilings, Confirmed, TrialRecord
+from autotune.time_spent import TimeSpent
+from autotune.units import format_bytes
+
+
+@dataclass(frozen=True)
+class ReportInput:
+    """What a report shows (records-level data only).
+
+    Attributes:
+        records: Every finished trial.
+        calibration: The pre-search measurements, if the study holds them.
+        confirmed: The confirmation rounds (empty if they did not run).
+        best: The winner as in best.json, or None (no feasible trial, or a
+            study still running).
+        verdict: The bottleneck verdict in words, or None.
+        time_spent: Where the search's time went, or None.
+        time_complete: False when ``time_spent`` was rebuilt from the trial
+            records alone (a study whose runs have not recorded their time).
+        study: Study name.
+        storage: Storage URL.
+        status: One line on the state of the search (finished, interrupted, running).
+        ceilings: The winner's own setup computing alone, loading alone and
+            training, measured in one round after the confirmation (None when
+            not measured: the calibration's ceilings stand in).
+    """
+
+    records: tuple[TrialRecord, ...]
+    calibration: Calibration | None
+    confirmed: tuple[Confirmed, ...]
+    best: Best | None
+    verdict: str | None
+    time_spent: TimeSpent | None
+    study: str
+    storage: str
+    time_complete: bool = True
+    status: str = "finished"
+    ceilings: Ceilings | None = None
+
+
+@dataclass(frozen=True)
+class Table:
+    """The data behind a plot."""
+
+    caption: str
+    headers: tuple[str, ...]
+    rows: tuple[tuple[str, ...], ...]
+
+
+@dataclass(frozen=True)
+class Section:
+    """One plot of the report with its reading guide and data."""
+
+    id: str
+    title: str
+    reading: str
+    image: bytes | None
+    tables: tuple[Table, ...]
+    caveat: str | None = None
+    alt: str = ""
+
+
+def plotting() -> ModuleType | None:
+    """The plotting module, or None when matplotlib cannot be imported (checked on every call)."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return None
+    from autotune.output import plots
+
+    return plots
+
+
+def _rate(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0%}"
+
+
+def _draw(plots: ModuleType | None, name: str, *args: Any) -> bytes | None:
+    if plots is None:
+        return None
+    fig = getattr(plots, name)(*args)
+    return bytes(plots.png(fig))
+
+
+def is_confirmed(best: Best) -> bool:
+    """Whether the winner was re-measured in the confirmation rounds (not so after an interrupt)."""
+    return not any(n.startswith("not confirmed") for n in best.notes)
+
+
+def _winner(data: ReportInput) -> tuple[float | None, str, float | None]:
+    """The achieved rate, its label and the defaults' rate (confirmed, or the best trial so far)."""
+    if data.best is not None:
+        label = "winner\n(confirmed median)" if is_confirmed(data.best) else "winner\n(not confirmed)"
+        return data.best.samples_per_s, label, data.best.defaults_samples_per_s
+    ok = [r for r in data.records if r.result.ok and r.result.samples_per_s]
+    if not ok:
+        return None, "", None
+    top = max(ok, key=lambda r: r.result.samples_per_s or 0.0)
+    defaults = next((r.result.samples_per_s for r in ok if r.role == "defaults"), None)
+    return top.result.samples_per_s, f"best trial so far\n(#{top.number}, unconfirmed)", defaults
+
+
+def ceiling_bars(data: ReportInput) -> list[tuple[str, float, str, str]]:
+    """(label, samples/s, kind, what) per bar of the ceilings plot; kind: ceiling, achieved or defaults.
+
+    The winner's own ceilings (measured beside it in one round) when the search
+    measured them, else the calibration's (measured at a probe setup before the search).
+    """
+    achieved, label, defaults = _winner(data)
+    bars: list[tuple[str, float, str, str]] = []
+    own, cal = data.ceilings, data.calibration
+    if own is not None and own.compute and own.loader:
+        bars.append(("compute alone\n(winner's setup)", own.compute, "ceiling", "the winner's model step, one batch in memory, same round"))
+        bars.append(("loader alone\n(winner's setup)", own.loader, "ceiling", "the winner's DataLoader, no model, same round"))
+        if own.together:
+            bars.append(("together\n(same round)", own.together, "achieved", "the winner's real loop in that round"))
+    elif cal is not None:
+        if cal.compute_samples_per_s:
+            setup = ", ".join(f"{k}={v}" for k, v in cal.compute_setup.items() if v not in (None, False))
+            bars.append(("compute only\n(calibration)", cal.compute_samples_per_s, "ceiling", f"model alone, one batch in memory ({setup})"))
+        loader = [p for p in cal.loader if p.samples_per_s]
+        if loader:
+            top = max(loader, key=lambda p: p.samples_per_s or 0.0)
+            bars.append((f"loader only\n(calibration, {top.num_workers} workers)", top.samples_per_s or 0.0, "ceiling", "DataLoader alone, no model"))
+    if achieved:
+        bars.append((label, achieved, "achieved", "the training loop, loader and model together"))
+    if defaults:
+        bars.append(("PyTorch defaults\n(same rounds)", defaults, "defaults", "batch 32, no workers, fp32"))
+    return bars
+
+
+def summary_section(data: ReportInput, plots: ModuleType | None) -> Section:
+    """The winner, the verdict and the ceilings."""
+    bars = ceiling_bars(data)
+    rows = tuple((label.replace("\n", " "), _rate(value), what) for label, value, _, what in bars)
+    loader = [p for p in (data.calibration.loader if data.calibration else ())]
+    calibration = tuple((f"{p.num_workers} workers", p.status, _rate(p.samples_per_s)) for p in loader)
+    return Section(
+        "summary", "Winner against the ceilings",
+        "Each ceiling is one side measured alone: the model with one batch already in memory, and the DataLoader "
+        "with no model. Training with both can reach neither; the closer ceiling names the side that limits it.",
+        _draw(plots, "ceilings", [(b[0], b[1], b[2]) for b in bars]) if any(b[2] == "achieved" for b in bars) else None,
+        (Table("ceilings and achieved throughput", ("measurement", "samples/s", "what"), rows),
+         Table("loader alone per worker count (calibration)", ("workers", "status", "samples/s"), calibration)),
+        alt="bar chart: compute-only and loader-only ceilings against the achieved throughput",
+    )
+
+
+def history_section(records: Sequence[TrialRecord], plots: ModuleType | None) -> Section:
+    """Samples/s per trial in order with the best so far."""
+    rows, best = [], 0.0
+    for r in sorted(records, key=lambda r: r.number):
+        if r.result.ok:
+            best = max(best, r.result.samples_per_s or 0.0)
+        reused = f"same setup as #{r.reused_from}" if r.reused_from is not None else ""
+        rows.append((str(r.number), r.role, r.setup.describe(), r.result.status, _rate(r.result.samples_per_s),
+                     _rate(best or None), r.result.error or reused))
+    return Section(
+        "history", "1. Optimization history",
+        "Each marker is one trial in the order it ran; the line is the best feasible throughput so far. A line that "
+        "stops rising early means more trials would probably not help. Pruned trials sit at the window where they "
+        "were stopped; oom, timeout and error trials sit at 0.",
+        _draw(plots, "history", records) if records else None,
+        (Table("trials", ("#", "role", "setup", "status", "samples/s", "best so far", "note"), tuple(rows)),),
+        alt="scatter of samples/s per trial with a best-so-far line",
+    )
+
+
+def batch_section(records: Sequence[TrialRecord], calibration: Calibration | None, plots: ModuleType | None) -> Section:
+    """Samples/s and peak memory against the batch size."""
+    budget = calibration.budget_bytes if calibration else None
+    rows = tuple(
+        (str(r.number), str(r.setup.batch_size), str(r.setup.accumulation_steps), r.setup.amp,
+         "yes" if r.setup.channels_last else "no", r.result.status, _rate(r.result.samples_per_s),
+         format_bytes(r.result.peak_memory_bytes))
+        for r in sorted(records, key=lambda r: (r.setup.batch_size, r.number))
+    )
+    points = tuple((str(p.batch_size), p.status, format_bytes(p.peak_bytes), _rate(p.samples_per_s))
+                   for p in (calibration.memory_points if calibration else ()))
+    return Section(
+        "batch-size", "2. Throughput and memory against batch size",
+        "Top: samples/s per micro-batch size, one series per precision. Throughput usually rises and then flattens; "
+        "past the knee a larger batch only costs memory (and changes the training math). Bottom: each trial's peak "
+        f"memory against the budget ({format_bytes(budget)}); a trial above the dashed line is an oom.",
+        _draw(plots, "batch_size", records, budget) if records else None,
+        (Table("trials by batch size", ("#", "batch", "accumulation", "amp", "channels_last", "status", "samples/s", "peak memory"), rows),
+         Table("memory pre-pass (calibration)", ("batch", "status", "peak memory", "samples/s"), points)),
+        alt="two panels: samples/s and peak memory against micro-batch size",
+    )
+
+
+def loader_section(records: Sequence[TrialRecord], calibration: Calibration | None, plots: ModuleType | None) -> Section:
+    """Samples/s and data wait against loader workers."""
+    ok = sorted((r for r in records if r.result.ok), key=lambda r: (r.setup.num_workers, r.number))
+    rows = tuple((str(r.number), str(r.setup.num_workers), str(r.setup.prefetch_factor or "-"), _rate(r.result.samples_per_s),
+                  _pct(r.result.data_wait_fraction)) for r in ok)
+    points = tuple((str(p.num_workers), p.status, _rate(p.samples_per_s)) for p in (calibration.loader if calibration else ()))
+    return Section(
+        "loader", "3. Throughput and data wait against loader workers",
+        "Top: samples/s per DataLoader worker count, one series per prefetch factor; the dashed line is what the "
+        "loader alone delivers. Bottom: the share of wall time the loop waited for data. Workers help while the wait "
+        "is high; once it is near 0, more workers only take CPU from the model.",
+        _draw(plots, "loader", records, calibration) if ok else None,
+        (Table("feasible trials by workers", ("#", "workers", "prefetch", "samples/s", "data wait"), rows),
+         Table("loader alone (calibration)", ("workers", "status", "samples/s"), points)),
+        alt="two panels: samples/s and data-wait fraction against num_workers",
+    )
+
+
+def importance_section(records: Sequence[TrialRecord], plots: ModuleType | None) -> Section:
+    """Which knob mattered (Optuna's importance evaluators)."""
+    found = knob_importance(records)
+    reading = ("Bars are Optuna's parameter importances over the trials that measured a throughput (a pruned trial "
+               "counts with its last window): the share of the throughput's variation each knob explains. A knob near 0 "
+               "could be left at any value the search tried.")
+    if found is None:
+        return Section("importance", "4. Knob importance", reading, None, (),
+                       caveat="not computed: it needs at least 3 measured trials in which some knob varied")
+    rows = tuple((k, f"{100 * v:.1f} %") for k, v in found.values.items())
+    return Section(
+        "importance", "4. Knob importance", reading + f" Computed by {found.evaluator} over {found.trials} trials.",
+        _draw(plots, "importance", found.values, found.evaluator),
+        (Table("importance per knob", ("knob", "importance"), rows),), caveat=found.caveat,
+        alt="horizontal bars: importance per knob",
+    )
+
+
+def confirmation_section(confirmed: Sequence[Confirmed], plots: ModuleType | None) -> Section:
+    """Every finalist's re-measurements with the median."""
+    rounds = max((len(c.values) for c in confirmed), default=0)
+    ranked = sorted(confirmed, key=lambda c: c.median or 0.0, reverse=True)
+    rows = tuple((c.candidate.label, *(_rate(c.values[k]) if k < len(c.values) else "-" for k in range(rounds)),
+                  _rate(c.median), _rate(c.spread), "; ".join(c.failures)) for c in ranked)
+    headers = ("setup", *(f"measurement {k + 1}" for k in range(rounds)), "median", "spread", "failures")
+    measured = any(c.values for c in confirmed)
+    return Section(
+        "confirmation", "5. Confirmation rounds",
+        "The finalists and the PyTorch defaults re-measured in interleaved rounds (A B C A B C), so each round saw the "
+        "same machine load. Dots are single measurements, the bar is the median the winner is chosen by. Dots of two "
+        "setups that overlap mean the difference between them is within the noise.",
+        _draw(plots, "confirmation", confirmed) if measured else None,
+        (Table("confirmation measurements (samples/s)", headers, rows),),
+        caveat=None if measured else "no confirmation rounds: the search was interrupted before them (or is still running)",
+        alt="dot plot: each finalist's measurements per round and their median",
+    )
+
+
+def time_section(spent: TimeSpent | None, complete: bool, plots: ModuleType | None) -> Section:
+    """Where the search's time went."""
+    reading = ("Bars are wall time per part of the search. Measured windows are the useful part; warm-ups, trial "
+               "start/stop and calibration are the price of measuring in isolated processes, and pruned time is "
+               "what stopping slow trials early still cost.")
+    if spent is None:
+        return Section("time", "6. Where the search's time went", reading, None, (), caveat="no timing recorded")
+    parts = spent.breakdown()
+    total = spent.wall_s or sum(v for _, v in parts) or 1.0
+    rows = tuple((label, f"{value:.1f}", f"{value / total:.0%}") for label, value in parts)
+    rows += (("wall time", f"{spent.wall_s:.1f}", "100%"), ("trial processes", str(spent.runs), "")) if spent.wall_s else ()
+    caveat = None if complete else (
+        "rebuilt from the trial records only (the search has not recorded its time yet, e.g. it is still running): "
+        "calibration, confirmation, start/stop and wall time are missing"
+    )
+    return Section("time", "6. Where the search's time went", reading, _draw(plots, "time_spent", spent),
+                   (Table("time per part", ("part", "seconds", "share"), rows),), caveat=caveat,
+                   alt="horizontal bars: seconds per part of the search")

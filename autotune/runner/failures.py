@@ -1,0 +1,52 @@
+"""How a failure inside a trial becomes a status: oom, diverged, bad_data or error.
+
+Nothing is raised to the parent: :func:`classify` maps any exception to a
+:class:`~autotune.records.TrialResult`.
+"""
+
+from __future__ import annotations
+
+from autotune.errors import AutotuneError
+from autotune.records import TrialResult
+from autotune.workloads.data import BadImage
+
+
+class BudgetExceeded(AutotuneError):
+    """Peak memory went above the user's --max-memory."""
+
+
+class Diverged(AutotuneError):
+    """The loss became NaN or infinite."""
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    first = next((ln.strip() for ln in text if ln.strip()), "")
+    return f"{type(exc).__name__}: {first}"[:300] if first else type(exc).__name__
+
+
+def classify(exc: BaseException) -> TrialResult:
+    """Map an exception raised in a trial to its result status."""
+    try:
+        import torch
+
+        oom_types: tuple[type[BaseException], ...] = (torch.OutOfMemoryError, MemoryError)
+    except Exception:  # pragma: no cover - torch always imports here
+        oom_types = (MemoryError,)
+    if isinstance(exc, BudgetExceeded):
+        return TrialResult(status="oom", error=str(exc))
+    if isinstance(exc, Diverged):
+        return TrialResult(status="diverged", error=str(exc))
+    if isinstance(exc, BadImage):
+        # Re-raised from a loader worker, the message is the worker's whole
+        # traceback; its last line is the original one, naming the file.
+        lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+        last = lines[-1] if lines else ""
+        return TrialResult(status="bad_data", error=last.split("BadImage: ", 1)[-1][:400])
+    message = str(exc)
+    if isinstance(exc, oom_types) or (
+        isinstance(exc, RuntimeError)
+        and ("can't allocate memory" in message or "out of memory" in message.lower())
+    ):
+        return TrialResult(status="oom", error=_one_line(exc))
+    return TrialResult(status="error", error=_one_line(exc))

@@ -1,0 +1,94 @@
+"""Telling setups apart on a noisy machine: paired comparisons over interleaved rounds.
+
+Confirmation measures every finalist once per round (A B C A B C), so the
+i-th measurements of two setups ran seconds apart under the same machine
+load. Their ratio cancels most of that load; a ranking built on these paired
+ratios holds where one built on single measurements picks noise.
+
+Two rules decide, both on the paired ratios of ``a`` over ``b``:
+
+* ``a`` *beats* ``b`` when it was faster in every paired round and by at
+  least :data:`NOISE_FLOOR` at the median (3 %, the noise floor a published
+  measurement-driven tuner, pytorch-autotune 2.0, also uses);
+* ``a`` and ``b`` are *equivalent* when every paired ratio lies within
+  :data:`NOISE_FLOOR` of 1: which one wins makes no difference worth a round.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from autotune.records import Confirmed
+
+#: Smallest median gain that counts as faster (3 %).
+NOISE_FLOOR = 0.03
+
+
+def paired_ratios(a: Confirmed, b: Confirmed) -> list[float]:
+    """``a / b`` per round, over the rounds both measured (in round order)."""
+    if a.failures or b.failures:
+        # A failed round shifts the alignment; compare the medians only.
+        if a.median and b.median:
+            return [a.median / b.median]
+        return []
+    return [x / y for x, y in zip(a.values, b.values, strict=False) if y > 0]
+
+
+def beats(a: Confirmed, b: Confirmed, floor: float = NOISE_FLOOR) -> bool:
+    """Whether ``a`` is faster than ``b`` beyond the noise (see the module docstring)."""
+    ratios = paired_ratios(a, b)
+    return bool(ratios) and min(ratios) > 1.0 and statistics.median(ratios) >= 1.0 + floor
+
+
+def equivalent(a: Confirmed, b: Confirmed, floor: float = NOISE_FLOOR) -> bool:
+    """Whether ``a`` and ``b`` are within the noise floor of each other in every paired round."""
+    ratios = paired_ratios(a, b)
+    return bool(ratios) and all(abs(r - 1.0) <= floor for r in ratios)
+
+
+def leader(confirmed: Sequence[Confirmed]) -> Confirmed | None:
+    """The candidate with the highest median, or None when none measured."""
+    measured = [c for c in confirmed if c.median is not None]
+    return max(measured, key=lambda c: c.median or 0.0) if measured else None
+
+
+def settled(confirmed: Sequence[Confirmed]) -> bool:
+    """Whether more rounds could change the ranking in a way that matters.
+
+    Settled when the leader beats, or is equivalent to, every other measured
+    candidate. Candidates that measured nothing cannot change the ranking.
+    """
+    top = leader(confirmed)
+    if top is None:
+        return False
+    others = [c for c in confirmed if c is not top and c.median is not None]
+    return all(beats(top, c) or equivalent(top, c) for c in others)
+
+
+@dataclass(frozen=True)
+class Margin:
+    """How clearly one candidate led another in the paired rounds.
+
+    Attributes:
+        won: Paired rounds the first was faster.
+        rounds: Paired rounds compared.
+        median_gain: Median paired ratio minus 1 (0.12 = 12 % faster).
+    """
+
+    won: int
+    rounds: int
+    median_gain: float
+
+    def describe(self) -> str:
+        """``won 3 of 3 paired rounds, median +12 %``."""
+        return f"won {self.won} of {self.rounds} paired rounds, median {self.median_gain:+.0%}"
+
+
+def margin(a: Confirmed, b: Confirmed) -> Margin | None:
+    """``a``'s paired margin over ``b``; None when they share no round."""
+    ratios = paired_ratios(a, b)
+    if not ratios:
+        return None
+    return Margin(sum(r > 1.0 for r in ratios), len(ratios), statistics.median(ratios) - 1.0)

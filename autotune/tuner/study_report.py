@@ -1,0 +1,121 @@
+"""report.html of a search: written at its end, and from a stored study (``autotune report``).
+
+:func:`write_search_report` stores what only the search knows (the time
+breakdown, the winner's own ceilings and verdict) in the study, then writes
+the page. :func:`report_study` reads everything back from the study and the
+winner from ``best.json`` when the search wrote one, so it works on a
+finished study, an interrupted one and one still running (its trials so far;
+nothing is written to the study).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from autotune.errors import StorageError
+from autotune.output.best import Best, read_best
+from autotune.output.report import ReportInput, write_report
+from autotune.output.sections import is_confirmed
+from autotune.records import Candidate, Confirmed, TrialRecord
+from autotune.time_spent import TimeSpent
+from autotune.train_setup import TrainSetup
+from autotune.tuner.signals import interrupts_held
+from autotune.tuner.study import ROLE_DEFAULTS, SearchStudy
+
+
+def write_search_report(study: SearchStudy, out: Path, data: ReportInput, log: Callable[[str], None]) -> tuple[str, ...]:
+    """Store the time breakdown (and the winner's ceilings and verdict) in the study; write report.html.
+
+    The report is never worth a search: if it cannot be written, ``log`` gets
+    one line saying why and the search goes on (best.json and trials.csv are
+    already written).
+
+    Returns:
+        The files written (report.html first), or none.
+    """
+    with interrupts_held():
+        if data.time_spent is not None:
+            study.store_time_spent(data.time_spent)
+        if data.verdict is not None:
+            study.store_verdict(data.verdict, data.ceilings)
+    try:
+        return tuple(str(p) for p in write_report(out, data))
+    except Exception as exc:  # a plotting or disk failure must not cost the measured search
+        log(f"report.html not written: {type(exc).__name__}: {exc}")
+        return ()
+
+
+def _confirmed(study: SearchStudy, records: list[TrialRecord]) -> tuple[Confirmed, ...]:
+    """The stored confirmation rounds, labelled like the search labels them."""
+    found = []
+    for key, (values, failures) in study.stored_confirmation().items():
+        setup = TrainSetup.from_json(key)
+        same = sorted((r for r in records if r.setup == setup), key=lambda r: -(r.result.samples_per_s or 0.0))
+        label = f"#{same[0].number} {setup.describe()}" if same else setup.describe()
+        if any(r.role == ROLE_DEFAULTS for r in same):
+            label += " (defaults)"
+        found.append(Confirmed(Candidate(key, setup, label), tuple(values), tuple(failures)))
+    return tuple(found)
+
+
+def _best(out: Path, records: list[TrialRecord]) -> Best | None:
+    """``out/best.json`` if it names a setup of these records (not one left by another study)."""
+    path = out / "best.json"
+    if not path.is_file():
+        return None
+    best = read_best(path)
+    return best if any(r.setup == best.setup for r in records) else None
+
+
+def report_study(out: Path, *, storage: str | None = None, study: str | None = None) -> tuple[Path, ...]:
+    """Write ``out/report.html`` (and its PNG copies) from a stored study.
+
+    Args:
+        out: The search's output directory; the report is written there.
+        storage: Optuna storage URL (default: ``out/study.db``).
+        study: Study name (default: the only study in the storage).
+
+    Returns:
+        The files written, report.html first.
+
+    Raises:
+        StorageError: No study there, or a study without a finished trial.
+        AutotuneError: ``out/best.json`` exists but cannot be read.
+    """
+    if storage is None:
+        db = out / "study.db"
+        if not db.is_file():
+            raise StorageError(
+                f"no study in {out}: {db} does not exist (run `autotune search --out {out}` first, "
+                "or pass --storage URL --study NAME)"
+            )
+        storage = f"sqlite:///{db.resolve()}"
+    stored = SearchStudy.load(storage, study)
+    records = stored.records()
+    if not records:
+        raise StorageError(f"study {stored.name!r} in {storage} holds no finished trial yet: nothing to report")
+    calibration = stored.calibration()
+    best = _best(out, records)
+    verdict, ceilings = stored.verdict() if best is not None else (None, None)
+    spent = stored.time_spent()
+    if best is None:
+        status = "in progress or interrupted (no best.json yet)"
+    elif not is_confirmed(best):
+        status = "interrupted (winner not confirmed)"
+    else:
+        status = "finished"
+    data = ReportInput(
+        records=tuple(records),
+        calibration=calibration,
+        confirmed=_confirmed(stored, records),
+        best=best,
+        verdict=verdict,
+        ceilings=ceilings,
+        time_spent=spent or TimeSpent.from_records(records),
+        study=stored.name,
+        storage=storage,
+        time_complete=spent is not None,
+        status=status,
+    )
+    return write_report(out, data)

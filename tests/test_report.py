@@ -1,0 +1,269 @@
+"""report.html: self-contained, every plot present, readable without a browser."""
+
+from __future__ import annotations
+
+import base64
+import shutil
+import sys
+from html.parser import HTMLParser
+from pathlib import Path
+
+import optuna
+import pytest
+from typer.testing import CliRunner
+
+from autotune.cli import app
+from autotune.output.importance import FEW_TRIALS, knob_importance
+from autotune.output.report import REPORT
+from autotune.records import TrialRecord, TrialResult
+from autotune.time_spent import TimeSpent
+from autotune.train_setup import TrainSetup
+from autotune.tuner import SearchConfig, run_search
+
+PNG = b"\x89PNG\r\n\x1a\n"
+SECTIONS = {"summary", "history", "batch-size", "loader", "importance", "confirmation", "time"}
+WARMUP_S, MEASURED_S = 2.0, 3.0
+
+
+def mixed_runner(setup: TrainSetup, workload, options=None, *, on_window=None) -> TrialResult:
+    """Deterministic: 2 workers in fp32 run out of memory, 1 worker in fp32 is pruned."""
+    if options.mode == "loader":
+        return TrialResult(status="ok", samples_per_s=150.0 * (setup.num_workers + 1), windows=(1.0,))
+    if setup.amp == "off" and setup.num_workers == 2:
+        return TrialResult(status="oom", error="peak memory above the budget", peak_memory_bytes=9 * 2**30)
+    rate = 100.0 * min(setup.batch_size, 128) / 32 * (1.5 if setup.amp == "bf16" else 1.0) * (1 + 0.3 * setup.num_workers)
+    if options.mode == "train" and on_window is not None and setup.num_workers == 1 and setup.amp != "bf16":
+        return TrialResult(status="pruned", samples_per_s=rate / 2, windows=(rate / 2,), measured_s=1.0)
+    return TrialResult(
+        status="ok", samples_per_s=rate * (2 if options.mode == "compute" else 1), samples_per_s_spread=5.0,
+        windows=(rate - 2, rate + 2, rate), peak_memory_bytes=2**28 + setup.batch_size * 2**20,
+        data_wait_fraction=0.4 / (1 + setup.num_workers), warmup_s=WARMUP_S, measured_s=MEASURED_S,
+    )
+
+
+def _config(out: Path, cache_dir: Path, **kw) -> SearchConfig:
+    base = dict(model="resnet18", trials=14, image_size=32, device="cpu", trial_seconds=1.0, out=out, cache_dir=cache_dir,
+                synthetic_images=64, confirm_rounds=3, confirm_top=2, sampler="random", seed=3)
+    base.update(kw)
+    return SearchConfig(**base)
+
+
+@pytest.fixture(scope="module")
+def searched(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path):
+    """One search with ok, pruned and oom trials, and its output directory."""
+    out = tmp_path_factory.mktemp("report") / "out"
+    return run_search(_config(out, cache_dir), runner=mixed_runner), out
+
+
+class Page(HTMLParser):
+    """What a check of the page needs: images, section ids, tables, every URL-bearing attribute, the text."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.images: list[str] = []
+        self.sections: set[str] = set()
+        self.urls: list[str] = []
+        self.tables = 0
+        self.details = 0
+        self.text: list[str] = []
+        self.styles: list[str] = []
+        self._in_style = False
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        found = dict(attrs)
+        if tag == "img":
+            self.images.append(found.get("src") or "")
+        if tag == "section":
+            self.sections.add(found.get("id") or "")
+        self.tables += tag == "table"
+        self.details += tag == "details"
+        self._in_style = tag == "style"
+        self.urls += [v or "" for k, v in attrs if k in ("src", "href", "action", "poster", "data")]
+        if "style" in found:
+            self.styles.append(found["style"] or "")
+
+    def handle_endtag(self, tag: str) -> None:
+        self._in_style = False
+
+    def handle_data(self, data: str) -> None:
+        (self.styles if self._in_style else self.text).append(data)
+
+
+def parse(path: Path) -> Page:
+    page = Page()
+    page.feed(path.read_text(encoding="utf-8"))
+    page.close()
+    return page
+
+
+def assert_self_contained(page: Page) -> None:
+    assert not [u for u in page.urls if u.lower().startswith(("http:", "https:", "//"))]
+    assert not [u for u in page.urls if not u.startswith("data:")]
+    assert "url(" not in "".join(page.styles)
+
+
+def test_a_search_writes_a_self_contained_report_with_every_plot(searched) -> None:
+    outcome, out = searched
+    statuses = {r.result.status for r in outcome.records}
+    assert {"ok", "pruned", "oom"} <= statuses
+    page = parse(out / REPORT)
+    assert SECTIONS <= page.sections
+    assert len(page.images) == len(SECTIONS)  # every section has its plot
+    for src in page.images:
+        assert src.startswith("data:image/png;base64,")
+        data = base64.b64decode(src.split(",", 1)[1], validate=True)
+        assert data.startswith(PNG) and len(data) > 1000
+    assert_self_contained(page)
+    assert page.details >= len(SECTIONS) and page.tables >= len(SECTIONS)
+    text = " ".join(page.text)
+    assert f"{outcome.best.speedup:.2f}x" in text and "Bottleneck:" in text
+    assert f"{outcome.best.samples_per_s:.1f} samples/s" in text
+    written = [Path(f) for f in outcome.files]
+    assert out / REPORT in written
+    pngs = [f for f in written if f.suffix == ".png"]
+    assert {p.name for p in pngs} == {"report-summary.png", "report-history.png", "report-confirmation.png"}
+    assert all(p.read_bytes().startswith(PNG) for p in pngs)
+
+
+def test_the_time_breakdown_accounts_every_trial_process(searched) -> None:
+    outcome, _ = searched
+    spent = outcome.time_spent
+    ran = [r for r in outcome.records if r.result.ok and r.reused_from is None]  # measured in full by the runner
+    assert spent.measured_s == pytest.approx(MEASURED_S * len(ran))
+    assert spent.warmup_s == pytest.approx(WARMUP_S * len(ran))
+    confirmations = sum(len(c.values) + len(c.failures) for c in outcome.confirmed)
+    assert spent.runs == outcome.timing.runs and spent.runs > len(ran) + confirmations  # calibration counts too
+    assert spent.pruned_s > 0 and spent.infeasible_s > 0 and spent.confirmation_s > 0 and spent.calibration_s > 0
+    assert spent.ceilings_s > 0 and outcome.ceilings is not None  # the winner's own ceilings, after the confirmation
+    assert spent.wall_s > 0 and spent.other_s >= 0.0
+
+
+def test_resumed_search_adds_its_time_to_the_stored_breakdown(tmp_path, cache_dir) -> None:
+    first = run_search(_config(tmp_path / "out", cache_dir, trials=4), runner=mixed_runner)
+    second = run_search(_config(tmp_path / "out", cache_dir, trials=6), runner=mixed_runner)
+    assert second.time_spent.runs == first.time_spent.runs + second.timing.runs
+    assert second.time_spent.wall_s > first.time_spent.wall_s
+
+
+def test_report_command_rewrites_the_report_from_the_study(searched, tmp_path) -> None:
+    _, source = searched
+    out = tmp_path / "copy"
+    shutil.copytree(source, out)
+    (out / REPORT).unlink()
+    result = CliRunner().invoke(app, ["report", str(out)])
+    assert result.exit_code == 0, result.output
+    assert result.output.strip().splitlines()[-1].endswith(f"{REPORT}")
+    page = parse(out / REPORT)
+    assert SECTIONS <= page.sections and len(page.images) == len(SECTIONS)
+    text = " ".join(page.text)
+    assert "finished" in text and "Bottleneck:" in text  # the verdict stored with the study
+    assert "compute alone (winner's setup)" in text  # the winner's own ceilings, also stored
+
+
+def test_report_command_reads_a_study_by_storage_and_name(searched, tmp_path) -> None:
+    """No best.json there, as for a search still running: the best trial so far, unconfirmed."""
+    outcome, source = searched
+    storage = f"sqlite:///{source / 'study.db'}"
+    result = CliRunner().invoke(app, ["report", str(tmp_path / "live"), "--storage", storage, "--study", outcome.study])
+    assert result.exit_code == 0, result.output
+    page = parse(tmp_path / "live" / REPORT)
+    text = " ".join(page.text)
+    assert "Best trial so far (not confirmed)" in text and "no best.json yet" in text
+    assert SECTIONS <= page.sections
+    assert_self_contained(page)
+
+
+@pytest.mark.parametrize("make", ["nothing", "empty study"])
+def test_report_command_without_trials_is_one_error_line(tmp_path, make: str) -> None:
+    if make == "empty study":
+        optuna.create_study(study_name="empty", storage=f"sqlite:///{tmp_path / 'study.db'}")
+    result = CliRunner().invoke(app, ["report", str(tmp_path)])
+    assert result.exit_code == 1
+    lines = [ln for ln in result.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:") and "Traceback" not in result.output
+    assert ("does not exist" if make == "nothing" else "holds no finished trial") in lines[0]
+
+
+def test_without_matplotlib_the_report_is_text_only_and_names_the_extra(tmp_path, cache_dir, monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` now raises ImportError
+    outcome = run_search(_config(tmp_path / "out", cache_dir, trials=4), runner=mixed_runner)
+    page = parse(tmp_path / "out" / REPORT)
+    assert page.images == []
+    assert 'pip install "autotune[plots]"' in " ".join(page.text)
+    assert SECTIONS <= page.sections and page.tables > 0
+    assert_self_contained(page)
+    assert not any(f.endswith(".png") for f in outcome.files)
+
+
+def test_a_search_where_every_trial_failed_still_writes_its_report(tmp_path, cache_dir) -> None:
+    from autotune.errors import SearchFailed
+
+    def always_oom(setup, workload, options=None, *, on_window=None):
+        if options.mode != "train":  # calibration passes (a batch that never fits is its own error)
+            return TrialResult(status="ok", samples_per_s=100.0, windows=(100.0,), peak_memory_bytes=2**20)
+        return TrialResult(status="oom", error="no memory at all", peak_memory_bytes=2**30)
+
+    with pytest.raises(SearchFailed):
+        run_search(_config(tmp_path / "out", cache_dir, trials=3), runner=always_oom)
+    page = parse(tmp_path / "out" / REPORT)
+    assert "No feasible trial" in " ".join(page.text) and SECTIONS <= page.sections
+    assert_self_contained(page)
+
+
+def test_the_terminal_summary_ends_with_the_report_path(searched) -> None:
+    import io
+
+    from rich.console import Console
+
+    from autotune.render import render_search
+
+    outcome, out = searched
+    buffer = io.StringIO()
+    Console(file=buffer, width=400, color_system=None).print(render_search(outcome))
+    last = buffer.getvalue().strip().splitlines()[-1]
+    assert last.startswith("report:") and str((out / REPORT).resolve()) in last
+
+
+def _records(n: int) -> list[TrialRecord]:
+    setups = [TrainSetup(batch_size=16 * (1 + i % 4), num_workers=i % 3, prefetch_factor=2 if i % 3 else None,
+                         amp="bf16" if i % 2 else "off") for i in range(n)]
+    return [TrialRecord(i, "search", s, TrialResult("ok", samples_per_s=s.batch_size * (2 if s.amp == "bf16" else 1) + i % 3))
+            for i, s in enumerate(setups)]
+
+
+def test_knob_importance_names_its_evaluator_and_warns_on_few_trials() -> None:
+    few, many = knob_importance(_records(6)), knob_importance(_records(FEW_TRIALS + 4))
+    assert few is not None and many is not None
+    assert few.caveat is not None and "only 6 measured trials" in few.caveat
+    assert many.caveat is None
+    assert set(many.values) == {"batch_size", "num_workers", "prefetch_factor", "amp"}
+    assert sum(many.values.values()) == pytest.approx(1.0)
+    assert many.evaluator in ("PedAnovaImportanceEvaluator", "FanovaImportanceEvaluator")
+    assert knob_importance(_records(2)) is None
+
+
+def test_time_spent_puts_each_trial_process_in_its_part() -> None:
+    ok = TrialResult("ok", samples_per_s=10.0, warmup_s=2.0, measured_s=3.0)
+    spent = (TimeSpent()
+             .with_trial("calibration", ok, 6.0)
+             .with_trial("search", ok, 6.5)
+             .with_trial("search", TrialResult("pruned", samples_per_s=4.0, measured_s=1.0), 2.5)
+             .with_trial("search", TrialResult("timeout"), 30.0)
+             .with_trial("confirmation", ok, 7.0))
+    assert (spent.calibration_s, spent.warmup_s, spent.measured_s, spent.launch_s) == (6.0, 2.0, 3.0, 1.5)
+    assert (spent.pruned_s, spent.infeasible_s, spent.confirmation_s, spent.runs) == (2.5, 30.0, 7.0, 5)
+    total = TimeSpent(wall_s=60.0) + spent
+    assert total.other_s == pytest.approx(60.0 - 52.0)
+    assert TimeSpent.from_dict({**total.__dict__, "unknown": 1}) == total
+
+
+def test_an_unconfirmed_winner_is_not_called_confirmed(searched, monkeypatch) -> None:
+    from dataclasses import replace
+
+    from autotune.output.report import ReportInput, render_report
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # tables only: fast
+    outcome, _ = searched
+    best = replace(outcome.best, notes=("not confirmed: the search was interrupted before the interleaved re-measurement",))
+    page, images = render_report(ReportInput(outcome.records, outcome.calibration, (), best, None, None, "s", "sqlite://"))
+    assert "Best so far (not confirmed)" in page and "confirmed median" not in page and images == {}
