@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import shlex
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -17,9 +18,11 @@ from typing import Annotated, Any, Optional, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from autotune._version import __version__
 from autotune.errors import AutotuneError, ProbeError, UsageError
+from autotune.redact import hide_passwords
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -41,7 +44,7 @@ def _debug() -> bool:
 
 def fail(message: str, code: int = 1) -> typer.Exit:
     """Print one red error line and return the Exit to raise."""
-    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    err.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     return typer.Exit(code)
 
 
@@ -66,6 +69,15 @@ def handle_errors(func: F) -> F:
             ) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+def recorded_command(argv: list[str]) -> str:
+    """The command line to record in best.json, passwords hidden; empty when
+    autotune was not started as a program (a test runner, a notebook)."""
+    program = Path(argv[0]).name if argv else ""
+    if program not in ("autotune", "__main__.py") or "search" not in argv[1:]:
+        return ""
+    return hide_passwords(shlex.join(["autotune", *argv[1:]]))
 
 
 def _version(value: bool) -> None:
@@ -178,21 +190,24 @@ def trial(
         amp=amp,  # type: ignore[arg-type]
         channels_last=channels_last,
     )
-    outcome = run_one(
-        workload,
-        setup=setup,
-        model=model,
-        data=data,
-        image_size=image_size,
-        device=device,
-        trial_seconds=trial_seconds,
-        mode=mode,
-        timeout_s=timeout,
-        max_memory=max_memory,
-        cache_dir=cache_dir,
-        synthetic_images=synthetic_images,
-        announce=None if as_json else lambda line: err.print(line, highlight=False),
-    )
+    from autotune.tuner.signals import sigterm_as_interrupt
+
+    with sigterm_as_interrupt():  # SIGTERM unwinds like Ctrl-C: the trial and its directory are removed
+        outcome = run_one(
+            workload,
+            setup=setup,
+            model=model,
+            data=data,
+            image_size=image_size,
+            device=device,
+            trial_seconds=trial_seconds,
+            mode=mode,
+            timeout_s=timeout,
+            max_memory=max_memory,
+            cache_dir=cache_dir,
+            synthetic_images=synthetic_images,
+            announce=None if as_json else lambda line: err.print(escape(line), highlight=False),
+        )
     if as_json:
         typer.echo(json.dumps(outcome.result.to_dict()))
     else:
@@ -236,11 +251,9 @@ def search(
     workload: WorkloadOpt = None,
 ) -> None:
     """Search the fastest training setup with short, real, measured trials."""
-    import shlex
-
     from autotune.errors import SearchInterrupted
     from autotune.render import RichReporter, render_search
-    from autotune.tuner import SearchConfig, run_search
+    from autotune.tuner import SearchConfig, SearchOutcome, run_search
     from autotune.tuner.constraints import parse_constraint
     from autotune.units import parse_size
 
@@ -251,7 +264,7 @@ def search(
         data=data,
         device=device,
         effective_batch=effective_batch,
-        max_memory=parse_size(max_memory) if max_memory else None,
+        max_memory=parse_size(max_memory) if max_memory is not None else None,
         trial_seconds=trial_seconds,
         constraints=tuple(parse_constraint(item) for item in set_ or ()),
         out=out_dir,
@@ -265,7 +278,7 @@ def search(
         confirm_rounds=confirm_rounds,
         lr=lr,
         timeout_s=timeout,
-        command=shlex.join(["autotune", *sys.argv[1:]]) if sys.argv[1:2] == ["search"] else "",
+        command=recorded_command(sys.argv),
         workload=workload,
     )
     if workload is not None and data is not None:
@@ -275,7 +288,13 @@ def search(
         with RichReporter(err) as reporter:
             outcome = run_search(config, reporter)
     except SearchInterrupted as exc:
-        err.print(f"[yellow]{exc}[/]", highlight=False)
+        # The best so far, marked interrupted, then the one yellow line.
+        summary = exc.outcome if isinstance(exc.outcome, SearchOutcome) else None
+        if as_json:
+            typer.echo(json.dumps(summary.to_dict() if summary is not None else {"best": None, "interrupted": True}))
+        elif summary is not None:
+            out.print(render_search(summary))
+        err.print(escape(str(exc)), style="yellow", highlight=False, soft_wrap=True)
         raise typer.Exit(exc.exit_code) from None
     if as_json:
         typer.echo(json.dumps(outcome.to_dict()))
@@ -297,7 +316,7 @@ def emit(
 
     best = read_best(directory)
     path = write_script(best, output or (directory / "train.py"))
-    out.print(f"wrote {path}", highlight=False)
+    out.print(escape(f"wrote {path}"), highlight=False)
 
 
 @app.command()

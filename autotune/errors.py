@@ -50,6 +50,16 @@ class EmitError(AutotuneError):
 
 
 class SearchInterrupted(AutotuneError):
-    """Ctrl-C (or SIGTERM) stopped the search; finished trials are kept."""
+    """Ctrl-C (or SIGTERM, SIGHUP) stopped the search; finished trials are kept.
+
+    Attributes:
+        outcome: The search's summary with the best setup so far (a
+            ``tuner.SearchOutcome`` marked interrupted), or None when no
+            trial had measured a throughput yet.
+    """
 
     exit_code = 130
+
+    def __init__(self, message: str, outcome: object | None = None) -> None:
+        super().__init__(message)
+        self.outcome = outcome

@@ -26,6 +26,9 @@ LOADER_MARGIN = 1.25
 #: How a learning rate follows the effective batch: square root (adaptive optimizers) or linear (SGD-like).
 LR_SCALINGS = ("sqrt", "linear")
 
+#: The longest trial or timeout accepted (a day): ``inf`` or a typo would never end.
+MAX_SECONDS = 86400.0
+
 
 @dataclass(frozen=True)
 class Workload:
@@ -115,7 +118,7 @@ class Workload:
         return cls(**data)
 
 
-Status = Literal["ok", "oom", "timeout", "error", "diverged", "pruned"]
+Status = Literal["ok", "oom", "timeout", "error", "diverged", "pruned", "interrupted", "bad_data"]
 Mode = Literal["train", "compute", "loader"]
 FEASIBLE = "ok"
 
@@ -143,12 +146,12 @@ class TrialOptions:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if not self.trial_seconds > 0:
-            raise UsageError(f"trial seconds must be > 0, got {self.trial_seconds}")
+        if not 0 < self.trial_seconds <= MAX_SECONDS:
+            raise UsageError(f"trial seconds must be > 0 and <= {MAX_SECONDS:.0f}, got {self.trial_seconds}")
         if self.windows < 1:
             raise UsageError(f"windows must be >= 1, got {self.windows}")
-        if self.timeout_s is not None and not self.timeout_s > 0:
-            raise UsageError(f"timeout must be > 0, got {self.timeout_s}")
+        if self.timeout_s is not None and not 0 < self.timeout_s <= MAX_SECONDS:
+            raise UsageError(f"timeout must be > 0 and <= {MAX_SECONDS:.0f}, got {self.timeout_s}")
         if self.max_memory_bytes is not None and self.max_memory_bytes <= 0:
             raise UsageError(f"max memory must be > 0, got {self.max_memory_bytes}")
         if self.mode not in ("train", "compute", "loader"):
@@ -166,7 +169,10 @@ class TrialResult:
 
     Attributes:
         status: ``ok``, ``oom``, ``timeout``, ``error``, ``diverged`` (or
-            ``pruned`` when a search stopped it early).
+            ``pruned`` when a search stopped it early; ``interrupted`` when
+            something outside terminated it; ``bad_data`` when a file of the
+            data cannot be decoded: neither is the setup's failure, and
+            neither is stored as a measurement).
         samples_per_s: Median steady-state window throughput.
         samples_per_s_spread: Range (max - min) of the window throughputs.
         step_time_s: Wall time of one optimizer step (``accumulation_steps``
@@ -174,7 +180,9 @@ class TrialResult:
         data_wait_fraction: Share of measured wall time the loop blocked on
             the DataLoader.
         peak_memory_bytes: CUDA: peak reserved by the caching allocator. CPU:
-            peak RSS of the trial process plus its loader workers.
+            peak of the summed PSS (proportional set size: a page shared by
+            n processes counts 1/n in each) of the trial process and its
+            loader workers, sampled every 50 ms; RSS elsewhere than Linux.
         warmup_s: Start-up and warm-up time, excluded from the measurement.
         measured_s: Wall time of the measured windows.
         error: One line saying what went wrong, or ``None``.

@@ -18,7 +18,16 @@ if TYPE_CHECKING:  # pragma: no cover
     from autotune.train_setup import TrainSetup
     from autotune.tuner import SearchOutcome
 
-STATUS_STYLE = {"ok": "green", "pruned": "yellow", "oom": "red", "timeout": "red", "error": "red", "diverged": "red"}
+STATUS_STYLE = {
+    "ok": "green",
+    "pruned": "yellow",
+    "interrupted": "yellow",
+    "bad_data": "red",
+    "oom": "red",
+    "timeout": "red",
+    "error": "red",
+    "diverged": "red",
+}
 
 
 def fmt_rate(value: float | None) -> str:
@@ -28,13 +37,13 @@ def fmt_rate(value: float | None) -> str:
 
 def render_trial(setup: TrainSetup, result: TrialResult) -> Table:
     """One trial as a two-column table."""
-    table = Table(title=f"trial: {setup.describe()}", show_header=False, title_justify="left")
+    table = Table(title=escape(f"trial: {setup.describe()}"), show_header=False, title_justify="left")
     table.add_column("field", style="bold")
     table.add_column("value")
     style = STATUS_STYLE.get(result.status, "white")
     table.add_row("status", f"[{style}]{result.status}[/]")
     if result.error:
-        table.add_row("error", result.error)
+        table.add_row("error", escape(result.error))
     if result.samples_per_s is not None:
         spread = f" (spread {fmt_rate(result.samples_per_s_spread)})" if result.samples_per_s_spread is not None else ""
         table.add_row("samples/s", f"{fmt_rate(result.samples_per_s)}{spread}")
@@ -112,7 +121,7 @@ class RichReporter:
         reused = f" (same setup as #{record.reused_from})" if record.reused_from is not None else ""
         why = f" - {escape(result.error)}" if result.error and not result.ok else ""
         self.progress.console.print(
-            f"  {done}/{total} #{record.number} {escape(f'[{record.role}]')} {record.setup.describe()}: "
+            f"  {done}/{total} #{record.number} {escape(f'[{record.role}]')} {escape(record.setup.describe())}: "
             f"[{style}]{result.status}[/] {value}{reused}{why}   best {fmt_rate(best)}",
             highlight=False,
         )
@@ -126,7 +135,7 @@ class RichReporter:
             self._confirm = self.progress.add_task("confirmation", total=max(total, 1))
         self.progress.update(self._confirm, completed=done, description="confirmation (interleaved)")
         value = f"{fmt_rate(result.samples_per_s)} samples/s" if result.ok else f"{result.status}: {result.error}"
-        self.progress.console.print(f"  confirm {done}/{total} {label}: {value}", highlight=False)
+        self.progress.console.print(escape(f"  confirm {done}/{total} {label}: {value}"), highlight=False)
 
 
 def render_search(outcome: SearchOutcome) -> Group:
@@ -142,8 +151,8 @@ def render_search(outcome: SearchOutcome) -> Group:
         style = STATUS_STYLE.get(res.status, "white")
         trials.add_row(
             str(record.number),
-            record.role,
-            record.setup.describe(),
+            escape(record.role),
+            escape(record.setup.describe()),
             f"[{style}]{res.status}[/]",
             fmt_rate(res.samples_per_s),
             fmt_rate(res.samples_per_s_spread),
@@ -156,15 +165,17 @@ def render_search(outcome: SearchOutcome) -> Group:
         for col in ("setup", "samples/s", "spread", "runs"):
             conf.add_column(col, justify="left" if col == "setup" else "right")
         for c in sorted(outcome.confirmed, key=lambda c: c.median or 0.0, reverse=True):
-            conf.add_row(c.candidate.label, fmt_rate(c.median), fmt_rate(c.spread), str(len(c.values)))
+            conf.add_row(escape(c.candidate.label), fmt_rate(c.median), fmt_rate(c.spread), str(len(c.values)))
         parts.append(conf)
     parts.append(Text(f"bottleneck: {outcome.verdict}"))
     best = outcome.best
     if best is not None:
         speed = f"{best.samples_per_s:.1f} samples/s"
         if best.speedup:
-            speed += f", {best.speedup:.2f}x the PyTorch defaults ({best.defaults_samples_per_s:.1f} samples/s, same rounds)"
-        parts.append(Text.from_markup(f"[bold green]winner:[/] {best.setup.describe()}: {speed}"))
+            how = "same rounds" if outcome.confirmed else "single trials, unconfirmed"
+            speed += f", {best.speedup:.2f}x the PyTorch defaults ({best.defaults_samples_per_s:.1f} samples/s, {how})"
+        title = "best so far (interrupted)" if outcome.interrupted else "winner"
+        parts.append(Text.from_markup(f"[bold green]{title}:[/] {escape(best.setup.describe())}: {escape(speed)}"))
         parts.append(
             Text(
                 f"effective batch {best.effective_batch} (reference {best.reference_batch}), "

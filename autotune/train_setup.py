@@ -262,6 +262,10 @@ class TrainSetup:
         return images
 
 
+#: The version of best.json this autotune writes and reads.
+BEST_SCHEMA = 1
+
+
 def load_setup(path: str | Path) -> TrainSetup:
     """Read a TrainSetup from ``best.json`` (or a bare setup JSON file).
 
@@ -277,6 +281,8 @@ def load_setup(path: str | Path) -> TrainSetup:
     file = Path(path)
     data = read_json(file, SetupError)
     if isinstance(data, dict) and "setup" in data:
+        if data.get("schema") != BEST_SCHEMA:
+            raise SetupError(f"{file}: best.json has schema {data.get('schema')!r}; this autotune reads {BEST_SCHEMA}")
         data = data["setup"]
     try:
         return TrainSetup.from_dict(data)

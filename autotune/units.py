@@ -29,6 +29,8 @@ _UNITS = {
     "gib": 2**30,
     "tib": 2**40,
 }
+#: Larger than any machine's memory; a bigger number is a typo.
+MAX_SIZE = 2**60
 _SIZE = re.compile(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*\Z")
 
 
@@ -40,8 +42,11 @@ def parse_size(text: str) -> int:
     """
     match = _SIZE.match(text)
     if not match or match.group(2).lower() not in _UNITS:
-        raise UsageError(f"not a memory size: {text!r} (examples: 20GiB, 512MiB, 8G)")
-    value = int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+        raise UsageError(f"not a memory size: {text[:40]!r} (examples: 20GiB, 512MiB, 8G)")
+    number = float(match.group(1)) * _UNITS[match.group(2).lower()]
+    if not number < MAX_SIZE:
+        raise UsageError(f"memory size too large: {text[:40]!r} (at most 1 EiB)")
+    value = int(number)
     if value <= 0:
         raise UsageError(f"memory size must be > 0, got {text!r}")
     return value

@@ -24,6 +24,11 @@ def broken(num_classes: int = 10) -> nn.Module:
     raise ValueError("factory exploded on purpose")
 
 
+def wrong_shape(num_classes: int = 10) -> nn.Module:
+    """A model whose forward fails on the input shape (expects 1 channel, gets 3)."""
+    return nn.Sequential(nn.Conv2d(1, 8, 3), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, num_classes))
+
+
 def sleeps_forever() -> nn.Module:
     """A factory that never returns."""
     while True:

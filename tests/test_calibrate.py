@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from autotune.devices import DeviceInfo
 from autotune.records import MemoryPoint, TrialOptions, TrialResult, Workload
 from autotune.train_setup import TrainSetup
@@ -39,7 +41,7 @@ class FakeRunner:
 def test_memory_budget_cpu_and_gpu() -> None:
     assert memory_budget(CPU, None, 10 * 2**30) == int(5 * 2**30 * (1 - WORKER_RESERVE))
     assert memory_budget(CPU, 2 * 2**30, 10 * 2**30) == int(2 * 2**30 * (1 - WORKER_RESERVE))
-    assert memory_budget(GPU, None, 0) == int(70 * 2**30 - GPU_HEADROOM * 80 * 2**30)
+    assert memory_budget(GPU, None, 0) == int(70 * 2**30 * (1 - GPU_HEADROOM))
     assert memory_budget(GPU, 8 * 2**30, 0) == 8 * 2**30
 
 
@@ -93,6 +95,47 @@ def test_calibration_round_trips_through_json() -> None:
     from autotune.records import Calibration
 
     assert Calibration.from_dict(result.to_dict()) == result
+
+
+def _gpu(**memory) -> DeviceInfo:
+    """The device as resolved from the probe's own GPU record (NVML fields None when a query failed)."""
+    from types import SimpleNamespace
+
+    from autotune.devices import resolve_device
+    from probes.gpu import GpuInfo
+
+    gpu = GpuInfo(index=0, name="NVIDIA A100-SXM4-80GB", bf16=True, **memory)
+    hardware = SimpleNamespace(cpu=SimpleNamespace(model="CPU", bf16=True), gpus=[gpu], gpu_error=None,
+                               cuda_visible_devices=None)
+    return resolve_device("cuda:0", hardware)
+
+
+def test_gpu_budget_on_a_shared_card_and_with_unknown_memory() -> None:
+    shared = _gpu(memory_total_bytes=80 * 2**30, memory_free_bytes=6 * 2**30)  # others hold 74 GiB
+    assert memory_budget(shared, None, 0) == int(6 * 2**30 * 0.9)  # not 6 - 8 GiB, floored at 0
+    assert memory_budget(shared, 2 * 2**30, 0) == 2 * 2**30
+    unknown = _gpu(memory_total_bytes=None, memory_free_bytes=None)  # NVML memory query not supported
+    assert memory_budget(unknown, None, 0) is None  # no budget: the pre-pass finds the limit by OOM
+    assert memory_budget(unknown, 4 * 2**30, 0) == 4 * 2**30
+    assert memory_budget(_gpu(memory_total_bytes=80 * 2**30, memory_free_bytes=0), None, 0) == 0
+
+
+def test_unknown_gpu_memory_still_finds_large_batches(tiny_workload) -> None:
+    runner = FakeRunner(fail_above=512)
+    unknown = _gpu(memory_total_bytes=None, memory_free_bytes=None)
+    cal = calibrate(tiny_workload, unknown, usable_cores=2, available_bytes=2**34, max_memory=None,
+                    trial_seconds=100.0, bf16_ok=True, runner=runner)
+    assert cal.budget_bytes is None
+    assert cal.max_batch == 512  # found by running out of memory, not collapsed to batch 1
+
+
+def test_a_budget_that_fits_no_batch_is_one_line(tiny_workload) -> None:
+    from autotune.errors import WorkloadError
+
+    full = _gpu(memory_total_bytes=80 * 2**30, memory_free_bytes=50 * 2**20)  # 45 MiB budget, 100 MiB base
+    with pytest.raises(WorkloadError, match=r"not even batch 1 of resnet18 fits the memory budget of .* on cuda:0"):
+        calibrate(tiny_workload, full, usable_cores=2, available_bytes=2**34, max_memory=None,
+                  trial_seconds=3.0, bf16_ok=True, runner=FakeRunner())
 
 
 def test_every_precision_and_layout_is_measured_like_for_like_and_the_fastest_is_the_ceiling() -> None:

@@ -138,6 +138,8 @@ def test_resume_with_a_different_search_is_refused(tmp_path, cache_dir) -> None:
 
 def test_every_trial_failing_is_one_error(tmp_path, cache_dir) -> None:
     def always_oom(setup, workload, options=None, *, on_window=None):
+        if options.mode != "train":  # calibration passes; every search trial runs out of memory
+            return fake_runner(setup, workload, options)
         return TrialResult(status="oom", error="no memory at all")
 
     with pytest.raises(SearchFailed, match="all 3 trials failed.*oom: no memory at all"):
@@ -179,7 +181,8 @@ def test_sigint_leaves_a_resumable_study_and_best_json(tmp_path, cache_dir) -> N
     out = tmp_path / "out"
     env = {**os.environ, "PYTHONPATH": str(TESTS.parent)}
     cmd = [sys.executable, "-m", "autotune", "search", "--model", "resnet18", "--image-size", "32", "--trials", "30",
-           "--trial-seconds", "1", "--device", "cpu", "--out", str(out), "--cache-dir", str(cache_dir), "--synthetic-images", "64"]
+           "--trial-seconds", "1", "--device", "cpu", "--out", str(out), "--cache-dir", str(cache_dir), "--synthetic-images", "64",
+           "--json"]
     # A shell that starts the tests in the background (nohup, &) hands them SIGINT ignored, and the
     # search would rightly keep ignoring it: give the child the default disposition.
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
@@ -200,7 +203,10 @@ def test_sigint_leaves_a_resumable_study_and_best_json(tmp_path, cache_dir) -> N
     assert "Traceback" not in stderr.decode()
     best = json.loads((out / "best.json").read_text())
     assert best["setup"]["batch_size"] >= 1
-    assert any("not confirmed" in n for n in best["notes"])
+    assert any("not confirmed: the search was interrupted" in n for n in best["notes"])
+    summary = json.loads(stdout)  # --json still emits the best so far, marked interrupted
+    assert summary["interrupted"] is True
+    assert summary["best"]["setup"] == best["setup"]
     assert "interrupted" in (out / "report.html").read_text()  # the report of the trials so far
     study = optuna.load_study(study_name=None, storage=f"sqlite:///{out / 'study.db'}")
     states = [t.state for t in study.trials]
@@ -245,6 +251,18 @@ def test_interrupts_are_held_until_the_storage_write_is_done() -> None:
         time.sleep(0.05)
     assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
     signal.signal(signal.SIGINT, before)
+
+
+def test_failed_confirmation_is_not_called_an_interruption(tmp_path, cache_dir) -> None:
+    def confirmation_fails(setup, workload, options=None, *, on_window=None):
+        if options.mode == "train" and options.trial_seconds > 1.0:  # confirmation runs 1.5x the trial length
+            return TrialResult(status="timeout", error="no result")
+        return fake_runner(setup, workload, options, on_window=on_window)
+
+    outcome = search(config(tmp_path, cache_dir, trials=3), runner=confirmation_fails)
+    assert not outcome.interrupted
+    assert any("every confirmation run failed" in n for n in outcome.best.notes)
+    assert not any("interrupted" in n for n in outcome.best.notes)
 
 
 def test_the_verdict_compares_the_winner_with_its_own_ceilings(tmp_path, cache_dir) -> None:

@@ -63,7 +63,7 @@ def test_trials_are_stored_told_and_read_back(tmp_path: Path) -> None:
     assert reopened.same_setup(setup, number=0) is None
 
 
-def test_calibration_and_confirmation_survive_a_reopen(tmp_path: Path) -> None:
+def test_calibration_survives_a_reopen_and_confirmation_stays_with_its_run(tmp_path: Path) -> None:
     study = _open(tmp_path)
     assert study.calibration() is None and study.confirmation() == {}
     calibration = Calibration(
@@ -73,6 +73,7 @@ def test_calibration_and_confirmation_survive_a_reopen(tmp_path: Path) -> None:
     study.store_calibration(calibration)
     study.store_confirmation("a", [1.0, 2.0], [])
     study.store_confirmation("b", [], ["oom: x"])
+    assert study.confirmation() == {"a": ([1.0, 2.0], []), "b": ([], ["oom: x"])}
     reopened = _open(tmp_path)
     assert reopened.calibration() == calibration
-    assert reopened.confirmation() == {"a": ([1.0, 2.0], []), "b": ([], ["oom: x"])}
+    assert reopened.confirmation() == {}  # another run: its rounds are measured anew, never mixed

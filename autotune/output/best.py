@@ -15,9 +15,78 @@ from typing import Any
 from autotune.errors import AutotuneError, SetupError
 from autotune.files import atomic_write_text, read_json
 from autotune.records import Workload
-from autotune.train_setup import TrainSetup
+from autotune.train_setup import BEST_SCHEMA, TrainSetup
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = BEST_SCHEMA
+
+_NUMBER = (int, float)
+#: Every field of best.json and the JSON types it may hold (``None``: null allowed).
+FIELDS: dict[str, tuple[type, ...]] = {
+    "schema": (int,),
+    "setup": (dict,),
+    "workload": (dict,),
+    "samples_per_s": _NUMBER,
+    "samples_per_s_spread": _NUMBER,
+    "defaults_samples_per_s": (*_NUMBER, type(None)),
+    "speedup": (*_NUMBER, type(None)),
+    "peak_memory_bytes": (int, type(None)),
+    "effective_batch": (int,),
+    "reference_batch": (int,),
+    "lr": _NUMBER,
+    "hardware": (dict,),
+    "versions": (dict,),
+    "command": (str,),
+    "created": (str,),
+    "notes": (list,),
+}
+#: Fields that may be missing (they have defaults).
+OPTIONAL = ("hardware", "versions", "command", "created", "notes")
+
+
+def check_best_dict(data: Any) -> dict[str, Any]:
+    """Check best.json's schema version, fields and types, in one place.
+
+    Returns:
+        ``data``, known to be safe for :meth:`Best.from_dict`.
+
+    Raises:
+        AutotuneError: The first problem, in one line.
+    """
+    if not isinstance(data, dict):
+        raise AutotuneError(f"best.json must hold a JSON object, not a {_json_type(data)}")
+    if data.get("schema") != SCHEMA_VERSION:
+        raise AutotuneError(
+            f"best.json has schema {data.get('schema')!r}; this autotune reads schema {SCHEMA_VERSION} "
+            "(rerun `autotune search`)"
+        )
+    unknown = sorted(set(data) - set(FIELDS))
+    if unknown:
+        raise AutotuneError(f"best.json has unknown fields: {', '.join(map(str, unknown))[:200]}")
+    for name, types in FIELDS.items():
+        if name not in data:
+            if name in OPTIONAL:
+                continue
+            raise AutotuneError(f"best.json lacks the field {name!r}")
+        value = data[name]
+        if isinstance(value, bool) or not isinstance(value, types):
+            raise AutotuneError(f"best.json field {name!r} must be {_expected(types)}, not a {_json_type(value)}")
+    notes = data.get("notes", [])
+    if not all(isinstance(n, str) for n in notes):
+        raise AutotuneError("best.json field 'notes' must be a list of strings")
+    sys_path = data["workload"].get("sys_path", [])
+    if not isinstance(sys_path, list) or not all(isinstance(p, str) for p in sys_path):
+        raise AutotuneError("best.json field 'workload.sys_path' must be a list of strings")
+    return data
+
+
+def _json_type(value: Any) -> str:
+    names = {dict: "object", list: "list", str: "string", bool: "boolean", int: "number", float: "number"}
+    return "null" if value is None else names.get(type(value), type(value).__name__)
+
+
+def _expected(types: tuple[type, ...]) -> str:
+    words = dict.fromkeys(_json_type(t()) if t is not type(None) else "null" for t in types)
+    return " or ".join(words)
 
 
 @dataclass(frozen=True)
@@ -74,9 +143,7 @@ class Best:
         Raises:
             AutotuneError: Missing or invalid fields.
         """
-        if not isinstance(data, dict):
-            raise AutotuneError("best.json must hold a JSON object")
-        data = dict(data)
+        data = dict(check_best_dict(data))
         data.pop("schema", None)
         try:
             data["setup"] = TrainSetup.from_dict(data["setup"])
@@ -85,7 +152,7 @@ class Best:
             return cls(**data)
         except KeyError as exc:
             raise AutotuneError(f"best.json lacks the field {exc.args[0]!r}") from None
-        except (TypeError, SetupError, AutotuneError) as exc:
+        except (TypeError, ValueError, SetupError, AutotuneError) as exc:
             raise AutotuneError(f"best.json is invalid: {exc}") from None
 
 

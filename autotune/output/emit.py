@@ -29,6 +29,7 @@ from autotune.errors import AutotuneError, EmitError
 from autotune.files import atomic_write_text
 from autotune.output.best import Best
 from autotune.records import LR_SCALINGS
+from autotune.redact import hide_passwords
 from autotune.train_setup import AMP_MODES
 from autotune.workloads.data import synthetic_dir
 from autotune.workloads.models import validate_model_ref
@@ -116,6 +117,12 @@ def _header(best: Best, data_is_synthetic: bool) -> str:
     lines = [
         tuned,
         f"Hardware: {_hardware_summary(best.hardware if isinstance(best.hardware, dict) else {})}",
+        (
+            f"{'Workload' if workload.task is not None else 'Model'}: imports {workload.model} (module:function) "
+            "from your code; run this script where that import works (the search's directory is added to sys.path)"
+            if ":" in workload.model
+            else f"Model: torchvision.models.{workload.model}"
+        ),
         f"Setup: {setup.describe()}",
         f"  num_workers={setup.num_workers} prefetch_factor={setup.prefetch_factor} "
         f"pin_memory={setup.pin_memory} persistent_workers={setup.persistent_workers}",
@@ -135,7 +142,7 @@ def _header(best: Best, data_is_synthetic: bool) -> str:
         f"(effective batch {best.effective_batch} -> lr {best.lr:g} in one process)"
     )
     if best.command:
-        lines.append(f"Command: {best.command}")
+        lines.append(f"Command: {hide_passwords(best.command)}")
     if best.created:
         lines.append(f"Created: {best.created}")
     for note in best.notes:

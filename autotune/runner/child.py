@@ -82,7 +82,8 @@ class TrialLoop:
         self.device_type = self.device.type
         setup.check_device(self.device)
         budget = options.max_memory_bytes if self.device_type == "cpu" else None
-        self.monitor = MemoryMonitor(budget_bytes=budget).start()
+        # On CUDA the allocator reports the peak; no thread samples the host.
+        self.monitor = MemoryMonitor(budget_bytes=budget, enabled=self.device_type == "cpu").start()
         if self.device_type == "cuda":
             torch.cuda.set_device(self.device)
             torch.backends.cudnn.benchmark = True

@@ -1,4 +1,4 @@
-"""How a failure inside a trial becomes a status: oom, diverged or error.
+"""How a failure inside a trial becomes a status: oom, diverged, bad_data or error.
 
 Nothing is raised to the parent: :func:`classify` maps any exception to a
 :class:`~autotune.records.TrialResult`.
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from autotune.errors import AutotuneError
 from autotune.records import TrialResult
+from autotune.workloads.data import BadImage
 
 
 class BudgetExceeded(AutotuneError):
@@ -36,6 +37,12 @@ def classify(exc: BaseException) -> TrialResult:
         return TrialResult(status="oom", error=str(exc))
     if isinstance(exc, Diverged):
         return TrialResult(status="diverged", error=str(exc))
+    if isinstance(exc, BadImage):
+        # Re-raised from a loader worker, the message is the worker's whole
+        # traceback; its last line is the original one, naming the file.
+        lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+        last = lines[-1] if lines else ""
+        return TrialResult(status="bad_data", error=last.split("BadImage: ", 1)[-1][:400])
     message = str(exc)
     if "DataLoader worker" in message:
         # PyTorch re-raises a worker's exception with the original traceback as text: keep its last line.

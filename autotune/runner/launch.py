@@ -40,7 +40,19 @@ def _last_line(path: Path) -> str:
     return ""
 
 
+#: Deaths that come from outside the trial (a supervisor, a closed terminal, Ctrl-C).
+EXTERNAL_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT, signal.SIGQUIT)
+
+
+def interrupted(why: str) -> TrialResult:
+    """The result of a trial stopped from outside: says nothing about its setup."""
+    return TrialResult(status="interrupted", error=why)
+
+
 def _signal_death(returncode: int, log_path: Path) -> TrialResult:
+    if returncode < 0 and -returncode in EXTERNAL_SIGNALS:
+        name = signal.Signals(-returncode).name
+        return interrupted(f"the trial process was terminated from outside ({name})")
     if returncode == -signal.SIGKILL:
         return TrialResult(
             status="oom",
@@ -133,6 +145,8 @@ def _supervise(
                         mode=options.mode,
                         error="stopped early: clearly slower than the best so far",
                     )
+        if exitcode is None and proc.lost():
+            return interrupted("the trial server was terminated from outside; its trial is gone")
         if exitcode is not None:
             result = _signal_death(exitcode, directory / zygote.OUTPUT)
             return TrialResult(**{**result.to_dict(), "windows": tuple(windows), "mode": options.mode})

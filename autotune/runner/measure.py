@@ -6,6 +6,7 @@ measures.
 
 from __future__ import annotations
 
+import os
 import statistics
 import threading
 import time
@@ -47,51 +48,94 @@ def summarize(windows: Sequence[float]) -> WindowStats:
     )
 
 
-def tree_rss(process: psutil.Process) -> int:
-    """Resident memory of a process plus all its descendants, in bytes.
+def tree_pids(pid: int) -> list[int]:
+    """``pid`` and its descendants, found from the process itself.
 
-    Shared pages are counted once per process, so this is an upper bound of
-    what the tree really holds; a vanished child counts as zero.
+    On Linux ``/proc/PID/task/TID/children`` lists each thread's children, so
+    the walk reads only this tree; without it psutil scans every process.
     """
-    total = 0
+    if not os.path.exists(f"/proc/{pid}/task/{pid}/children"):
+        return [pid, *(c.pid for c in _psutil_children(pid))]
+    found, queue = [], [pid]
+    while queue:
+        current = queue.pop()
+        found.append(current)
+        try:
+            tasks = os.listdir(f"/proc/{current}/task")
+        except OSError:  # gone meanwhile
+            continue
+        for tid in tasks:
+            try:
+                with open(f"/proc/{current}/task/{tid}/children", encoding="ascii") as fh:
+                    queue.extend(int(child) for child in fh.read().split())
+            except (OSError, ValueError):
+                continue
+    return found
+
+
+def _psutil_children(pid: int) -> list[psutil.Process]:
     try:
-        procs = [process, *process.children(recursive=True)]
+        return list(psutil.Process(pid).children(recursive=True))
+    except psutil.Error:
+        return []
+
+
+def process_memory(pid: int) -> int:
+    """One process's share of memory: PSS on Linux (shared pages split among
+    the processes that share them), else RSS; 0 once it is gone."""
+    try:
+        process = psutil.Process(pid)
+        try:
+            pss = getattr(process.memory_full_info(), "pss", None)
+        except (psutil.AccessDenied, NotImplementedError):
+            pss = None
+        return int(pss) if pss is not None else int(process.memory_info().rss)
     except psutil.Error:
         return 0
-    for proc in procs:
-        try:
-            total += proc.memory_info().rss
-        except psutil.Error:
-            continue
-    return total
+
+
+def tree_memory(pid: int) -> int:
+    """Memory held by a process and its descendants (its loader workers), in bytes.
+
+    The sum of PSS: a page a forked loader worker shares with the trial
+    process counts once in total, not once per worker as RSS would.
+    """
+    return sum(process_memory(p) for p in tree_pids(pid))
 
 
 class MemoryMonitor:
-    """Samples the RSS of this process and its loader workers in a thread.
+    """Samples the memory (summed PSS, see :func:`tree_memory`) of this process and its loader workers in a thread.
+
+    Disabled (``enabled=False``, on CUDA, where the device's allocator gives
+    the figure) it samples nothing and costs nothing.
 
     Attributes:
         peak_bytes: Highest sampled total so far.
         over_budget: Set once the total exceeded ``budget_bytes``.
     """
 
-    def __init__(self, budget_bytes: int | None = None, interval_s: float = 0.05) -> None:
+    def __init__(self, budget_bytes: int | None = None, interval_s: float = 0.05, *, enabled: bool = True) -> None:
+        self.enabled = enabled
         self.budget_bytes = budget_bytes
         self.interval_s = interval_s
         self.peak_bytes = 0
         self.over_budget = threading.Event()
         self._stop = threading.Event()
-        self._process = psutil.Process()
+        self._pid = os.getpid()
         self._thread = threading.Thread(target=self._run, name="autotune-memory", daemon=True)
 
     def start(self) -> MemoryMonitor:
         """Start sampling."""
-        self.sample()
-        self._thread.start()
+        if self.enabled:
+            self.sample()
+            self._thread.start()
         return self
 
     def sample(self) -> int:
-        """Take one sample now; return it."""
-        value = tree_rss(self._process)
+        """Take one sample now; return it (0 when disabled)."""
+        if not self.enabled:
+            return 0
+        value = tree_memory(self._pid)
         if value > self.peak_bytes:
             self.peak_bytes = value
         if self.budget_bytes is not None and value > self.budget_bytes:

@@ -107,7 +107,7 @@ def serve() -> None:
             _children[pid] = trial_dir
         finally:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGCHLD])
-        out.write(f"{pid}\n")
+        out.write(f"{pid} {trial_dir}\n")
         out.flush()
     for pid in list(_children):  # the parent is gone: take the trials with us
         try:

@@ -42,10 +42,30 @@ START_TIMEOUT_S = 120.0
 class TrialProcess:
     """A started trial: its pid (also its process group) and exit status."""
 
-    def __init__(self, pid: int, directory: Path, popen: subprocess.Popen[bytes] | None = None) -> None:
+    def __init__(
+        self,
+        pid: int,
+        directory: Path,
+        popen: subprocess.Popen[bytes] | None = None,
+        server: subprocess.Popen[bytes] | None = None,
+    ) -> None:
         self.pid = pid
         self.directory = directory
         self._popen = popen
+        self._server = server
+
+    def lost(self) -> bool:
+        """Whether the trial is gone without an exit status: its server died (was
+        terminated) and nobody will ever write the ``exit`` file."""
+        if self._server is None or self._server.poll() is None or self.exitcode() is not None:
+            return False
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return True
+        except OSError:
+            return False
+        return False
 
     def exitcode(self) -> int | None:
         """The exit code once the process is gone (negative: killed by a signal)."""
@@ -80,6 +100,15 @@ class TrialProcess:
                 self._popen.wait(timeout=10)
             except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL does not fail
                 pass
+
+
+def server_command() -> list[str]:
+    """How the server starts: ``-P`` keeps the working directory off
+    ``sys.path`` (``-m`` would put it first, so a ``json.py`` where the user
+    runs autotune would be imported); autotune is found through the
+    ``PYTHONPATH`` of :func:`_child_env`, the user's factory through the
+    workload's ``sys_path``, appended when the factory is imported."""
+    return [sys.executable, "-P", "-m", "autotune.runner.server"]
 
 
 def _child_env() -> dict[str, str]:
@@ -118,10 +147,22 @@ class Zygote:
         line, _, self._buffer = self._buffer.partition(b"\n")
         return line.decode()
 
+    def _reply_for(self, directory: Path) -> int | None:
+        """The pid the server forked for ``directory``.
+
+        Each reply names its directory, so a reply left unread by an
+        interrupted launch is skipped instead of taken for this trial's.
+        """
+        while (answer := self._readline(30.0)) is not None:
+            pid, _, answered = answer.partition(" ")
+            if answered == str(directory) and pid.isdigit():
+                return int(pid)
+        return None
+
     def _start(self) -> bool:
         self._buffer = b""
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "autotune.runner.server"],
+            server_command(),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
@@ -144,14 +185,17 @@ class Zygote:
                     try:
                         self._proc.stdin.write(f"{directory}\n".encode())
                         self._proc.stdin.flush()
-                        answer = self._readline(30.0)
+                        pid = self._reply_for(directory)
                     except OSError:
-                        answer = None
-                    if answer is not None and answer.isdigit():
-                        return TrialProcess(int(answer), directory)
+                        pid = None
+                    except BaseException:  # Ctrl-C mid-exchange: the server and its trial go too
+                        self.close()
+                        raise
+                    if pid is not None:
+                        return TrialProcess(pid, directory, server=self._proc)
                     self.close()
             popen = subprocess.Popen(
-                [sys.executable, "-m", "autotune.runner.server", "--single", str(directory)],
+                [*server_command(), "--single", str(directory)],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,

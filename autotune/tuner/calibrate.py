@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from autotune.devices import DeviceInfo
+from autotune.errors import WorkloadError
 from autotune.records import Calibration, LoaderPoint, MemoryPoint, PrecisionPoint, TrialOptions, TrialResult, Workload
 from autotune.runner import TrialRunner, run_trial
 from autotune.train_setup import TrainSetup
@@ -27,26 +28,28 @@ from autotune.units import format_bytes
 BATCH_CAP = 4096
 #: Share of a CPU budget left to DataLoader workers when sizing the batch.
 WORKER_RESERVE = 0.2
-#: Share of the GPU kept free: a config at 99 % fragments and OOMs in long runs.
+#: Share of the GPU's free memory kept free: a config at 99 % fragments and OOMs in long runs.
 GPU_HEADROOM = 0.10
 
 Log = Callable[[str], None]
 
 
-def memory_budget(device: DeviceInfo, max_memory: int | None, available_bytes: int) -> int:
-    """Bytes the model side of a trial may use.
+def memory_budget(device: DeviceInfo, max_memory: int | None, available_bytes: int) -> int | None:
+    """Bytes the model side of a trial may use; None for no budget.
 
     CPU: ``--max-memory`` or half of the available RAM, less 20 % left to
-    the loader workers. GPU: the free memory less 10 % of the card, capped by
-    ``--max-memory``.
+    the loader workers. GPU: 90 % of the memory free now (the headroom is
+    taken from what is free, so a shared card still leaves a budget), capped
+    by ``--max-memory``. When NVML cannot say how much is free, there is no
+    budget but ``--max-memory``: the pre-pass then finds the limit by
+    running out of memory.
     """
     if device.type == "cuda":
-        total = device.memory_total_bytes or 0
-        free = device.memory_free_bytes if device.memory_free_bytes is not None else total
-        budget = int(free - GPU_HEADROOM * total)
-        if max_memory is not None:
-            budget = min(budget, max_memory)
-        return max(budget, 0)
+        free = device.memory_free_bytes
+        if free is None:
+            return max_memory
+        budget = int(free * (1.0 - GPU_HEADROOM))
+        return min(budget, max_memory) if max_memory is not None else budget
     budget = max_memory if max_memory is not None else available_bytes // 2
     return int(budget * (1.0 - WORKER_RESERVE))
 
@@ -98,6 +101,11 @@ def calibrate(
         log: Progress messages.
         runner: The trial runner (default :func:`autotune.runner.run_trial`).
         batch_cap: Largest batch proposed.
+
+    Raises:
+        WorkloadError: The model fails (not out of memory) at the first,
+            smallest pre-pass batch: the factory raises, the forward does not
+            fit the input shape.
     """
     cuda = device.type == "cuda"
     short = TrialOptions(trial_seconds=max(1.0, min(3.0, trial_seconds / 3)), windows=2, mode="compute")
@@ -106,11 +114,22 @@ def calibrate(
     points: list[MemoryPoint] = []
     for batch in (8, 32) if not cuda else (16, 64):
         result = runner(fp32.replace(batch_size=batch), workload, _with_budget(short, budget))
+        if result.status == "error" and not points:
+            # The model fails at a small batch with the plainest setup, and not
+            # for memory: no setup can work, so stop now, not after every trial.
+            raise WorkloadError(f"model {workload.model} fails: {result.error}")
         points.append(MemoryPoint(batch, result.status, result.peak_memory_bytes, result.samples_per_s))
         log(f"memory pre-pass: batch {batch}: {result.status}, peak {format_bytes(result.peak_memory_bytes)}")
         if result.status != "ok":
             break
-    fit = extrapolate_batch(points, budget)
+    where = f"{device.name} ({format_bytes(device.memory_free_bytes)} free)" if cuda else device.name
+    too_small = WorkloadError(
+        f"not even batch 1 of {workload.model} fits the memory budget of {format_bytes(budget)} on {where}; "
+        "free some memory, raise --max-memory or pick a smaller --image-size"
+    )
+    fit = extrapolate_batch(points, budget) if budget is not None else batch_cap
+    if fit is not None and fit < 1:
+        raise too_small
     rate = max((p.samples_per_s or 0.0) for p in points) if points else 0.0
     # A trial must hold a few optimizer steps: a batch whose step takes more
     # than half the trial cannot be measured in steady state. Never below the
@@ -131,6 +150,11 @@ def calibrate(
         result = runner(fp32.replace(batch_size=max_batch), workload, _with_budget(short, budget))
         points.append(MemoryPoint(max_batch, result.status, result.peak_memory_bytes, result.samples_per_s))
         log(f"memory pre-pass: verify batch {max_batch}: {result.status}, peak {format_bytes(result.peak_memory_bytes)}")
+    if not any(p.status == "ok" for p in points):
+        result = runner(fp32.replace(batch_size=1), workload, _with_budget(short, budget))
+        points.append(MemoryPoint(1, result.status, result.peak_memory_bytes, result.samples_per_s))
+        if result.status == "oom":
+            raise too_small
     middle = probe_batch(max_batch, device)
     reduced = ("bf16" if bf16_ok else "fp16") if cuda else ("bf16" if bf16_ok else None)
     precisions: list[PrecisionPoint] = []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -9,7 +10,7 @@ from typing import Any
 
 from autotune.errors import UsageError
 from autotune.output.best import Best
-from autotune.records import Calibration, Ceilings, Confirmed, TrialRecord, TrialResult
+from autotune.records import MAX_SECONDS, Calibration, Ceilings, Confirmed, TrialRecord, TrialResult
 from autotune.time_spent import Phase, TimeSpent
 from autotune.tuner.constraints import Constraint, merge_constraints
 
@@ -82,8 +83,20 @@ class SearchConfig:
             raise UsageError(f"--trials must be >= 1, got {self.trials}")
         if self.effective_batch is not None and self.effective_batch < 1:
             raise UsageError(f"--effective-batch must be >= 1, got {self.effective_batch}")
-        if not self.trial_seconds > 0:
-            raise UsageError(f"--trial-seconds must be > 0, got {self.trial_seconds}")
+        if not 0 < self.trial_seconds <= MAX_SECONDS:
+            raise UsageError(f"--trial-seconds must be > 0 and <= {MAX_SECONDS:.0f}, got {self.trial_seconds}")
+        if self.timeout_s is not None and not 0 < self.timeout_s <= MAX_SECONDS:
+            raise UsageError(f"--timeout must be > 0 and <= {MAX_SECONDS:.0f}, got {self.timeout_s}")
+        if not 0 < self.lr < math.inf:
+            raise UsageError(f"--lr must be a finite number > 0, got {self.lr}")
+        if not 0 <= self.seed < 2**32:
+            raise UsageError(f"--seed must be between 0 and 2**32 - 1, got {self.seed}")
+        if self.synthetic_images < 16:
+            raise UsageError(f"--synthetic-images must be >= 16, got {self.synthetic_images}")
+        if self.max_memory is not None and self.max_memory <= 0:
+            raise UsageError(f"--max-memory must be > 0, got {self.max_memory}")
+        if not self.model.strip():
+            raise UsageError("--model must not be empty")
         if self.confirm_top < 1 or self.confirm_rounds < 1:
             raise UsageError("--confirm-top and --confirm-rounds must be >= 1")
         if self.sampler not in ("tpe", "random"):

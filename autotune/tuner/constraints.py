@@ -19,6 +19,9 @@ BOOL_KNOBS = ("pin_memory", "persistent_workers", "channels_last")
 INT_KNOBS = ("num_workers", "prefetch_factor", "batch_size", "accumulation_steps")
 #: Knobs searched as integer ranges (every value between the bounds).
 RANGE_KNOBS = ("num_workers", "prefetch_factor")
+#: The largest value ``--set`` accepts per integer knob: far above any real
+#: machine, low enough that a typo cannot build a range that exhausts memory.
+INT_LIMITS = {"num_workers": 1024, "prefetch_factor": 1024, "batch_size": 2**20, "accumulation_steps": 2**16}
 
 
 @dataclass(frozen=True)
@@ -68,6 +71,8 @@ def _parse_value(knob: str, text: str) -> Any:
     minimum = 0 if knob == "num_workers" else 1
     if value < minimum:
         raise UsageError(f"--set {knob}: must be >= {minimum}, got {value}")
+    if value > INT_LIMITS[knob]:
+        raise UsageError(f"--set {knob}: must be <= {INT_LIMITS[knob]}, got {text[:30]}")
     return value
 
 

@@ -50,6 +50,7 @@ def explore(study: SearchStudy, plan: Exploration, reporter: Reporter, runner: T
     Raises:
         KeyboardInterrupt: Ctrl-C or SIGTERM; the running trial is marked
             failed (it does not count) and every finished one is kept.
+        WorkloadError: A data file cannot be decoded; the same.
     """
     while (done := study.finished()) < plan.wanted:
         trial = None
@@ -69,7 +70,7 @@ def explore(study: SearchStudy, plan: Exploration, reporter: Reporter, runner: T
                 result = runner(setup, plan.workload, plan.options, on_window=pruning_hook(trial, role))
             with interrupts_held():
                 study.record(trial, role, setup, result, reused_from)
-        except KeyboardInterrupt:
+        except BaseException:  # Ctrl-C, bad data: the unfinished trial does not count
             if trial is not None:
                 with interrupts_held():
                     study.fail(trial)

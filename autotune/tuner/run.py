@@ -8,7 +8,9 @@ the output directory by default), so re-running the same command resumes it.
 
 from __future__ import annotations
 
+import shutil
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -21,8 +23,8 @@ from autotune.output.best import write_best
 from autotune.output.emit import write_script
 from autotune.output.report import ReportInput
 from autotune.output.trials_csv import write_trials_csv
-from autotune.records import Calibration, Confirmed, TrialOptions, TrialRecord, TrialResult, Workload
-from autotune.runner import TrialRunner, WindowCallback, run_trial
+from autotune.records import Calibration, Confirmed, TrialOptions, TrialRecord, Workload
+from autotune.runner import TrialRunner, run_trial
 from autotune.time_spent import TimeSpent
 from autotune.train_setup import TrainSetup
 from autotune.tuner.calibrate import calibrate
@@ -30,36 +32,16 @@ from autotune.tuner.config import SearchConfig, SearchOutcome, Timing
 from autotune.tuner.confirm import confirm, measure_ceilings, pick_candidates
 from autotune.tuner.constraints import check_constraints, merge_constraints
 from autotune.tuner.explore import Exploration, explore
+from autotune.tuner.lock import OutputLock
 from autotune.tuner.progress import Reporter, SilentReporter
 from autotune.tuner.signals import sigterm_as_interrupt
 from autotune.tuner.space import Space, build_space, check_image_constraints, defaults_setup, guess_setups
-from autotune.tuner.study import ROLE_DEFAULTS, ROLE_GUESS, SearchStudy
+from autotune.tuner.study import ROLE_DEFAULTS, ROLE_GUESS, SearchStudy, machine_fingerprint
 from autotune.tuner.study_report import write_search_report
+from autotune.tuner.timed import TimedRunner
 from autotune.tuner.winner import bottleneck_verdict, make_best
 from autotune.workloads import build_workload
 from autotune.workloads.tasks import build_task_workload
-
-
-class TimedRunner:
-    """Wraps a trial runner to account the measured time of a search."""
-
-    def __init__(self, runner: TrialRunner, timing: Timing) -> None:
-        self.runner = runner
-        self.timing = timing
-
-    def __call__(
-        self,
-        setup: TrainSetup,
-        workload: Workload,
-        options: TrialOptions | None = None,
-        *,
-        on_window: WindowCallback | None = None,
-    ) -> TrialResult:
-        """Run the trial and account its process time to the current phase."""
-        began = time.monotonic()
-        result = self.runner(setup, workload, options, on_window=on_window)
-        self.timing.add(result, time.monotonic() - began)
-        return result
 
 
 @dataclass(frozen=True)
@@ -71,6 +53,7 @@ class Prepared:
     workload: Workload
     study: SearchStudy
     out: Path
+    held: ExitStack
 
 
 def run_search(
@@ -100,6 +83,14 @@ def run_search(
     began = time.monotonic()
     timed = TimedRunner(runner, timing)
     prepared = prepare(config, reporter)
+    with prepared.held:
+        return _search(config, prepared, reporter, timed, timing, began)
+
+
+def _search(
+    config: SearchConfig, prepared: Prepared, reporter: Reporter, timed: TimedRunner, timing: Timing, began: float
+) -> SearchOutcome:
+    """The steps after :func:`prepare`, while the output directory and the study are held."""
     earlier = prepared.study.time_spent()
     calibration = calibrate_once(config, prepared, reporter, timed)
     space = build_space(
@@ -160,7 +151,8 @@ def run_search(
     if interrupted:
         raise SearchInterrupted(
             f"interrupted: {len(records)} finished trials kept in {prepared.study.storage}; best so far written to "
-            f"{prepared.out / 'best.json'} (unconfirmed); rerun the same command to resume"
+            f"{prepared.out / 'best.json'} (unconfirmed); rerun the same command to resume",
+            outcome=outcome,
         )
     return outcome
 
@@ -176,11 +168,13 @@ def study_name(config: SearchConfig, device: DeviceInfo, workload: Workload | No
     return name
 
 
-def signature(config: SearchConfig, workload: Workload) -> dict[str, Any]:
-    """What must match for a stored study to be resumed by this search."""
+def signature(config: SearchConfig, workload: Workload, machine: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What must match for a stored study to be resumed by this search (``machine``: its fingerprint)."""
     task = {"task": workload.task} if workload.task is not None else {}
     return {
         **task,
+        **(machine or {}),
+        "timeout_s": config.timeout_s,
         "model": workload.model,
         "image_size": workload.image_size,
         "data": workload.data,
@@ -202,8 +196,7 @@ def prepare(config: SearchConfig, reporter: Reporter) -> Prepared:
     device = resolve_device(config.device, hardware)
     check_constraints(merge_constraints(config.constraints), device)
     out = Path(config.out)
-    if config.storage is None:
-        check_writable(out)
+    check_writable(out)
     if config.workload is not None:
         pinned = merge_constraints(config.constraints).get("num_workers")
         workers = pinned is None or any(pinned.allows(n) for n in range(1, 257))
@@ -220,17 +213,26 @@ def prepare(config: SearchConfig, reporter: Reporter) -> Prepared:
         )
     check_image_constraints(merge_constraints(config.constraints), workload.image_input)
     name = config.study or study_name(config, device, workload)
-    if config.storage is not None:
-        study = SearchStudy.open(config.storage, name, sampler=config.sampler, seed=config.seed, trials=config.trials)
-        check_writable(out)
-        out.mkdir(parents=True, exist_ok=True)
-    else:
-        out.mkdir(parents=True, exist_ok=True)
-        storage = f"sqlite:///{(out / 'study.db').resolve()}"
-        study = SearchStudy.open(storage, name, sampler=config.sampler, seed=config.seed, trials=config.trials)
-    study.check_signature(signature(config, workload))
+    fresh = not out.exists()
+    out.mkdir(parents=True, exist_ok=True)
+    storage = config.storage or f"sqlite:///{(out / 'study.db').resolve()}"
+    try:
+        with ExitStack() as stack:  # on an error below, both are released at once
+            stack.enter_context(OutputLock(out))
+            study = SearchStudy.open(storage, name, sampler=config.sampler, seed=config.seed, trials=config.trials)
+            study.claim()
+            stack.callback(study.release)
+            study.check_signature(signature(config, workload, machine_fingerprint(hardware, device)))
+            stale = study.recover()
+            held = stack.pop_all()
+    except BaseException:
+        if fresh:  # made just now and holding nothing of value: leave no trace
+            shutil.rmtree(out, ignore_errors=True)
+        raise
+    if stale:
+        reporter.message(f"trials {', '.join(f'#{n}' for n in stale)} were left running by a search that died: failed")
     reporter.message(f"{workload.describe()} ({device.label}); {int(hardware.cpu.usable_cores)} usable CPU cores")
-    return Prepared(hardware, device, workload, study, out)
+    return Prepared(hardware, device, workload, study, out, held)
 
 
 def calibrate_once(config: SearchConfig, prepared: Prepared, reporter: Reporter, runner: TrialRunner) -> Calibration:
@@ -343,6 +345,7 @@ def finish(
         defaults=defaults,
         effective_batch=config.effective_batch,
         command=config.command,
+        interrupted=interrupted,
     )
     write_best(out / "best.json", best)
     script = write_script(best, out / "train.py")

@@ -1,5 +1,5 @@
-"""Signals during a search: SIGTERM acts like Ctrl-C, and storage writes
-are never cut in half."""
+"""Signals during a search: SIGTERM and SIGHUP act like Ctrl-C, and storage
+writes are never cut in half."""
 
 from __future__ import annotations
 
@@ -7,6 +7,14 @@ import signal
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
+
+#: Signals that stop a search as Ctrl-C does: a supervisor's stop, a closed terminal.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def _not_ignored(signals: tuple[int, ...]) -> tuple[int, ...]:
+    """The signals this process does not ignore: one ignored on purpose (nohup) stays ignored."""
+    return tuple(sig for sig in signals if signal.getsignal(sig) is not signal.SIG_IGN)
 
 
 @contextmanager
@@ -29,26 +37,25 @@ def signals_handled(signals: tuple[int, ...], handler: Callable[[int, Any], None
 
 @contextmanager
 def sigterm_as_interrupt() -> Iterator[None]:
-    """Inside the block SIGTERM raises KeyboardInterrupt, as Ctrl-C does."""
+    """Inside the block SIGTERM and SIGHUP raise KeyboardInterrupt, as Ctrl-C does."""
 
     def handler(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt
 
-    with signals_handled((signal.SIGTERM,), handler):
+    with signals_handled(_not_ignored((signal.SIGTERM, signal.SIGHUP)), handler):
         yield
 
 
 @contextmanager
 def interrupts_held() -> Iterator[None]:
-    """Hold Ctrl-C and SIGTERM until the block ends, then raise KeyboardInterrupt.
+    """Hold Ctrl-C, SIGTERM and SIGHUP until the block ends, then raise KeyboardInterrupt.
 
     Storage writes (ask, tell, user attributes) run inside it, so an
     interrupt never lands half-way through a database transaction; the
     trial itself runs outside it and stops at once.
     """
     caught: list[int] = []
-    # A signal the process ignores (nohup) stays ignored.
-    held = tuple(sig for sig in (signal.SIGINT, signal.SIGTERM) if signal.getsignal(sig) is not signal.SIG_IGN)
+    held = _not_ignored(STOP_SIGNALS)
     try:
         with signals_handled(held, lambda signum, frame: caught.append(signum)):
             yield

@@ -73,11 +73,18 @@ class Space:
         """Knobs with more than one candidate."""
         return [k for k in KNOBS if len(self.values.get(k, ())) > 1]
 
+    def is_range(self, knob: str) -> bool:
+        """Whether ``knob`` is sampled as an integer range: a range knob whose
+        values are every integer between their bounds. Choices the user gave
+        (``--set num_workers=2,8``) stay choices."""
+        values = tuple(self.values.get(knob, ()))
+        return knob in RANGE_KNOBS and len(values) > 1 and values == tuple(range(min(values), max(values) + 1))
+
     def _pick(self, trial: optuna.Trial, knob: str, candidates: Sequence[Any] | None = None) -> Any:
         options = tuple(candidates if candidates is not None else self.values[knob])
         if len(options) == 1:
             return options[0]
-        if knob in RANGE_KNOBS:
+        if self.is_range(knob):
             return trial.suggest_int(knob, min(options), max(options))
         return trial.suggest_categorical(knob, list(options))
 
@@ -125,7 +132,7 @@ class Space:
             if knob == "accumulation_steps" and self.effective_batch is not None:
                 parts.append(f"accumulation_steps=effective_batch/batch_size ({self.effective_batch})")
                 continue
-            if knob in RANGE_KNOBS and len(values) > 1:
+            if self.is_range(knob):
                 parts.append(f"{knob}={min(values)}..{max(values)}")
             else:
                 parts.append(f"{knob}={'|'.join(str(v).lower() if isinstance(v, bool) else str(v) for v in values)}")
@@ -142,7 +149,7 @@ class Space:
                 continue
             value = getattr(setup, knob)
             options = self.values[knob]
-            if knob in RANGE_KNOBS:
+            if self.is_range(knob):
                 value = min(max(value if value is not None else 2, min(options)), max(options))
             elif value not in options:
                 value = _nearest(value, options)
@@ -160,7 +167,7 @@ class Space:
                 continue
             options = self.values[knob]
             value = getattr(setup, knob)
-            if knob in RANGE_KNOBS:
+            if self.is_range(knob):
                 if not (min(options) <= (value or 0) <= max(options)):
                     return False
             elif value not in options:

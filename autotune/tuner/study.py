@@ -12,6 +12,7 @@ half-way through a transaction.
 from __future__ import annotations
 
 import json
+import uuid
 import warnings
 from dataclasses import asdict
 from typing import Any
@@ -21,8 +22,10 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.errors import StorageError
 from autotune.records import Calibration, Ceilings, TrialRecord, TrialResult
+from autotune.redact import hide_passwords
 from autotune.time_spent import TimeSpent
 from autotune.train_setup import TrainSetup
+from autotune.tuner.lock import Holder
 from autotune.tuner.pruning import SlowerThanBestPruner
 
 # Trial roles.
@@ -41,6 +44,7 @@ STUDY_SIGNATURE = "signature"
 STUDY_CALIBRATION = "calibration"
 STUDY_CONFIRMATION = "confirmation"
 STUDY_STARTUP_TRIALS = "n_startup_trials"
+STUDY_HOLDER = "holder"
 STUDY_TIME_SPENT = "time_spent"
 STUDY_VERDICT = "verdict"
 
@@ -67,6 +71,21 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0][:200] if text else type(exc).__name__
 
 
+def machine_fingerprint(hardware: Any, device: Any) -> dict[str, Any]:
+    """What makes measurements of one machine incomparable with another's:
+    CPU and GPU model, usable cores, torch and CUDA versions (part of the
+    search signature, so a study on a shared filesystem is not resumed on
+    another node)."""
+    software = hardware.to_dict().get("software", {})
+    return {
+        "cpu_model": str(getattr(hardware.cpu, "model", "")),
+        "usable_cores": int(hardware.cpu.usable_cores),
+        "device_model": str(getattr(device, "label", "")),
+        "torch": software.get("torch"),
+        "cuda": software.get("cuda"),
+    }
+
+
 def signature_difference(stored: dict[str, Any], current: dict[str, Any]) -> str | None:
     """The first setting where two search signatures differ, in words; None if equal."""
     normalized = json.loads(json.dumps(current))
@@ -83,14 +102,17 @@ class SearchStudy:
 
     Attributes:
         study: The underlying ``optuna.Study``.
-        storage: Its storage URL.
+        storage: Its storage URL, password hidden (for messages and records).
         name: Its name.
     """
 
     def __init__(self, study: optuna.Study, storage: str, name: str) -> None:
         self.study = study
-        self.storage = storage
+        self.storage = hide_passwords(storage)
         self.name = name
+        self._holder: Holder | None = None
+        #: This run (one process opening the study), so confirmation rounds are never mixed across runs.
+        self.run_id = uuid.uuid4().hex
 
     @classmethod
     def open(cls, storage: str, name: str, *, sampler: str = "tpe", seed: int = 0, trials: int = 30) -> SearchStudy:
@@ -120,7 +142,8 @@ class SearchStudy:
                 load_if_exists=True,
             )
         except Exception as exc:  # sqlalchemy / redis / journal errors all differ
-            raise StorageError(f"cannot open study storage {storage!r}: {_first_line(exc)}") from None
+            message = f"cannot open study storage {storage!r}: {_first_line(exc)}"
+            raise StorageError(hide_passwords(message)) from None
         if STUDY_STARTUP_TRIALS not in study.user_attrs:
             study.set_user_attr(STUDY_STARTUP_TRIALS, n_startup)
         return cls(study, storage, name)
@@ -151,6 +174,36 @@ class SearchStudy:
         return cls(optuna.load_study(study_name=name, storage=storage), storage, name)
 
     # ------------------------------------------------------------ study level
+    def claim(self) -> None:
+        """Become the study's only search (rules in :mod:`autotune.tuner.lock`).
+
+        Raises:
+            StorageError: Another live search holds the study, named in one line.
+        """
+        me = Holder.me()
+        holder = Holder.from_dict(self.study.user_attrs.get(STUDY_HOLDER))
+        if holder is not None and not holder.same_process(me) and holder.alive():
+            raise StorageError(
+                f"study {self.name!r} in {self.storage} is in use by another autotune search "
+                f"({holder.describe()}); wait for it to finish or pass --study NEW_NAME"
+            )
+        self.study.set_user_attr(STUDY_HOLDER, me.to_dict())
+        self._holder = me
+
+    def heartbeat(self) -> None:
+        """Refresh the claim's heartbeat (done with every stored trial)."""
+        if self._holder is not None:
+            self.study.set_user_attr(STUDY_HOLDER, Holder.me().to_dict())
+
+    def release(self) -> None:
+        """Give the study up, if this process holds it."""
+        if self._holder is None:
+            return
+        self._holder = None
+        stored = Holder.from_dict(self.study.user_attrs.get(STUDY_HOLDER))
+        if stored is not None and stored.same_process(Holder.me()):
+            self.study.set_user_attr(STUDY_HOLDER, None)
+
     def check_signature(self, signature: dict[str, Any]) -> None:
         """Refuse to resume a study made for a different search; record the signature.
 
@@ -175,17 +228,33 @@ class SearchStudy:
     def store_calibration(self, calibration: Calibration) -> None:
         """Keep the calibration, so a resumed search reuses it."""
         self.study.set_user_attr(STUDY_CALIBRATION, calibration.to_dict())
+        self.heartbeat()
 
     def confirmation(self) -> Rounds:
-        """The confirmation measurements stored so far, per candidate key."""
+        """The confirmation measurements this run stored so far, per candidate key.
+
+        Rounds of an earlier run are never returned: measured at another
+        time (another load), they are not comparable with this run's.
+        """
         stored = self.study.user_attrs.get(STUDY_CONFIRMATION, {})
-        return {key: (list(v[0]), list(v[1])) for key, v in stored.items()}
+        if not isinstance(stored, dict) or stored.get("run") != self.run_id:
+            return {}
+        return {key: (list(v[0]), list(v[1])) for key, v in stored.get("rounds", {}).items()}
+
+    def stored_confirmation(self) -> Rounds:
+        """The confirmation rounds of the last run that measured any (for a report of the study)."""
+        stored = self.study.user_attrs.get(STUDY_CONFIRMATION, {})
+        if not isinstance(stored, dict):
+            return {}
+        rounds = stored.get("rounds", {}) if "run" in stored else stored  # before runs were recorded
+        return {key: (list(v[0]), list(v[1])) for key, v in rounds.items()}
 
     def store_confirmation(self, key: str, values: list[float], failures: list[str]) -> None:
-        """Record one candidate's confirmation measurements (after every measurement)."""
-        stored = dict(self.study.user_attrs.get(STUDY_CONFIRMATION, {}))
-        stored[key] = [values, failures]
-        self.study.set_user_attr(STUDY_CONFIRMATION, stored)
+        """Record one candidate's confirmation measurements (after every measurement), for this run only."""
+        rounds = {k: [list(v[0]), list(v[1])] for k, v in self.confirmation().items()}
+        rounds[key] = [values, failures]
+        self.study.set_user_attr(STUDY_CONFIRMATION, {"run": self.run_id, "rounds": rounds})
+        self.heartbeat()
 
     def time_spent(self) -> TimeSpent | None:
         """Where the time of the earlier runs went, if they recorded it."""
@@ -213,6 +282,33 @@ class SearchStudy:
     def enqueue(self, role: str, params: dict[str, Any]) -> None:
         """Queue a trial with fixed params and a role (the defaults, a guess)."""
         self.study.enqueue_trial(params, user_attrs={ATTR_ROLE: role})
+
+    def recover(self) -> list[int]:
+        """Repair what a dead or interrupted run left behind; the trial numbers failed.
+
+        Call it only while holding the study's lock (no other process runs
+        its trials): a trial still RUNNING was left by a process that died
+        (``kill -9``, a power cut) and becomes FAIL. A defaults or guess trial
+        that failed or was interrupted, with no finished copy and none
+        waiting, is queued again with its role, so the baseline is never lost.
+        """
+        trials = self.study.get_trials(deepcopy=False)
+        stale = [t.number for t in trials if t.state == TrialState.RUNNING]
+        for number in stale:
+            self.study.tell(number, state=TrialState.FAIL)
+        present = {
+            _queued_key(t) for t in trials if t.state in (*FINISHED, TrialState.WAITING) and t.number not in stale
+        }
+        for t in trials:
+            role = t.user_attrs.get(ATTR_ROLE)
+            if role not in (ROLE_DEFAULTS, ROLE_GUESS) or (t.state in FINISHED or t.state == TrialState.WAITING):
+                continue
+            key = _queued_key(t)
+            if t.number in stale or t.state == TrialState.FAIL:
+                if key not in present:
+                    present.add(key)
+                    self.enqueue(str(role), dict(t.system_attrs.get("fixed_params", {})))
+        return stale
 
     # ------------------------------------------------------------ trial level
     def finished(self) -> int:
@@ -245,6 +341,7 @@ class SearchStudy:
         trial.set_user_attr(ATTR_ROLE, role)
         trial.set_user_attr(ATTR_SETUP, setup.to_dict())
         trial.set_user_attr(ATTR_RESULT, result.to_dict())
+        self.heartbeat()
 
     def tell(self, trial: optuna.Trial, result: TrialResult) -> None:
         """Finish a trial: pruned, or complete with its samples/s (0 when infeasible).
@@ -260,6 +357,12 @@ class SearchStudy:
     def fail(self, trial: optuna.Trial) -> None:
         """Mark an interrupted trial failed: it does not count toward ``--trials``."""
         self.study.tell(trial, state=TrialState.FAIL)
+
+
+def _queued_key(trial: FrozenTrial) -> tuple[str, str]:
+    """A queued trial's role and fixed params, comparable across copies."""
+    params = trial.system_attrs.get("fixed_params", {})
+    return str(trial.user_attrs.get(ATTR_ROLE, ROLE_SEARCH)), json.dumps(params, sort_keys=True)
 
 
 def _record(trial: FrozenTrial) -> TrialRecord | None:

@@ -49,7 +49,7 @@ def write_search_report(study: SearchStudy, out: Path, data: ReportInput, log: C
 def _confirmed(study: SearchStudy, records: list[TrialRecord]) -> tuple[Confirmed, ...]:
     """The stored confirmation rounds, labelled like the search labels them."""
     found = []
-    for key, (values, failures) in study.confirmation().items():
+    for key, (values, failures) in study.stored_confirmation().items():
         setup = TrainSetup.from_json(key)
         same = sorted((r for r in records if r.setup == setup), key=lambda r: -(r.result.samples_per_s or 0.0))
         label = f"#{same[0].number} {setup.describe()}" if same else setup.describe()

@@ -13,6 +13,7 @@ from typing import Any
 from autotune.devices import DeviceInfo
 from autotune.output.best import Best
 from autotune.records import Calibration, Ceilings, Confirmed, TrialRecord, Workload
+from autotune.redact import hide_passwords
 from autotune.train_setup import TrainSetup
 from autotune.tuner.noise import NOISE_FLOOR, beats, leader, margin
 
@@ -26,6 +27,7 @@ def make_best(
     defaults: TrainSetup,
     effective_batch: int | None,
     command: str,
+    interrupted: bool = False,
 ) -> Best:
     """The ``best.json`` record: the confirmed winner, its speedup and the notes.
 
@@ -38,6 +40,7 @@ def make_best(
         defaults: The PyTorch-defaults setup of this search.
         effective_batch: The pinned ``--effective-batch``, or None.
         command: The command line, for the record.
+        interrupted: The search was stopped (Ctrl-C, SIGTERM, SIGHUP).
     """
     default_key = defaults.to_json()
     reference = effective_batch or defaults.effective_batch()
@@ -53,7 +56,10 @@ def make_best(
         setup, rate, spread = top.setup, top.result.samples_per_s or 0.0, top.result.samples_per_s_spread or 0.0
         base_records = [r for r in feasible if r.setup.to_json() == default_key]
         base = base_records[0].result.samples_per_s if base_records else None
-        notes.append("not confirmed: the search was interrupted before the interleaved re-measurement")
+        if interrupted:
+            notes.append("not confirmed: the search was interrupted before the interleaved re-measurement")
+        else:
+            notes.append("not confirmed: every confirmation run failed; the fastest single trial is shown")
     peaks = [r.result.peak_memory_bytes for r in feasible if r.setup == setup and r.result.peak_memory_bytes]
     effective = setup.effective_batch()
     lr = scaled_lr(workload.lr, effective, reference, workload.lr_scaling)
@@ -88,7 +94,7 @@ def make_best(
         lr=lr,
         hardware=hw,
         versions=dict(hw.get("software", {})),
-        command=command,
+        command=hide_passwords(command),
         created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         notes=tuple(notes),
     )

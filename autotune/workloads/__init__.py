@@ -36,6 +36,8 @@ def build_workload(
         WorkloadError: Unknown model, unimportable factory, missing or empty data.
     """
     sys_path = (os.getcwd(),)
+    # The numbers are checked before any data is generated.
+    Workload(model=model, image_size=image_size, device=device, lr=lr, synthetic_images=synthetic_images)
     check_model_name(model)
     check_factory(model, sys_path)
     if data is not None:

@@ -21,7 +21,6 @@ from autotune.errors import WorkloadError
 if TYPE_CHECKING:  # pragma: no cover
     from torch.utils.data import Dataset
 
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".ppm", ".tif", ".tiff")
 SYNTHETIC_CLASSES = 10
 _SYNTHETIC_VERSION = 1
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -80,9 +79,10 @@ def generate_image_folder(
     """
     if (target / ".complete").exists():
         return target
+    tmp = target.parent / f".{target.name}.tmp-{os.getpid()}"
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.parent / f".{target.name}.tmp-{os.getpid()}"
+        _remove_dead_copies(target)
         shutil.rmtree(tmp, ignore_errors=True)
         rng = random.Random(seed)
         for cls in range(SYNTHETIC_CLASSES):
@@ -99,9 +99,22 @@ def generate_image_folder(
             else:
                 shutil.rmtree(target, ignore_errors=True)
                 os.rename(tmp, target)
-    except OSError as exc:
-        raise WorkloadError(f"cannot write synthetic data under {target.parent}: {exc.strerror or exc}") from None
+    except BaseException as exc:  # Ctrl-C, a full disk: leave no half copy behind
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(exc, OSError):
+            raise WorkloadError(f"cannot write synthetic data under {target.parent}: {exc.strerror or exc}") from None
+        raise
     return target
+
+
+def _remove_dead_copies(target: Path) -> None:
+    """Remove the temporary copies of processes that died while generating (``kill -9``)."""
+    import psutil
+
+    for stale in target.parent.glob(f".{target.name}.tmp-*"):
+        pid = stale.name.rpartition("-")[2]
+        if pid.isdigit() and int(pid) != os.getpid() and not psutil.pid_exists(int(pid)):
+            shutil.rmtree(stale, ignore_errors=True)
 
 
 def ensure_synthetic(cache_dir: str | Path | None = None, n_images: int = 2000) -> Path:
@@ -133,30 +146,43 @@ class FolderInfo:
 
 
 def check_image_folder(path: str | Path) -> FolderInfo:
-    """Check an ImageFolder directory; count its classes and images.
+    """Check an ImageFolder directory with the rules of the loader itself; count its classes and images.
+
+    torchvision's ``ImageFolder`` (whose own ``find_classes`` and
+    ``make_dataset`` run here) takes every sub-directory as a class, hidden
+    ones too, finds images recursively by extension and fails on a class
+    without one; so does this check, before any trial runs.
 
     Raises:
-        WorkloadError: Missing, not a directory, or without class folders
-            holding images.
+        WorkloadError: Missing, not a directory, no class directory, or a
+            class directory without images (named).
     """
+    from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, make_dataset
+
     root = Path(path)
     if not root.exists():
         raise WorkloadError(f"data directory {root} does not exist")
     if not root.is_dir():
         raise WorkloadError(f"data path {root} is not a directory")
-    classes = images = 0
-    for entry in sorted(root.iterdir()):
-        if entry.is_dir() and not entry.name.startswith("."):
-            with os.scandir(entry) as files:
-                found = sum(1 for f in files if f.is_file() and Path(f.name).suffix.lower() in IMAGE_EXTENSIONS)
-            if found:
-                classes += 1
-                images += found
-    if classes == 0:
+    try:
+        classes, class_to_idx = find_classes(root)
+        samples = make_dataset(root, class_to_idx, extensions=IMG_EXTENSIONS, allow_empty=True)
+    except FileNotFoundError:
         raise WorkloadError(
-            f"data directory {root} holds no images in ImageFolder layout (DIR/<class>/<image>.jpg)"
+            f"data directory {root} holds no class directory (ImageFolder layout: DIR/<class>/<image>.jpg)"
+        ) from None
+    except OSError as exc:
+        raise WorkloadError(f"data directory {root} cannot be read: {exc.strerror or exc}") from None
+    used = {index for _, index in samples}
+    empty = [name for name in classes if class_to_idx[name] not in used]
+    if empty:
+        more = f" (and {len(empty) - 1} more)" if len(empty) > 1 else ""
+        raise WorkloadError(
+            f"class directory {root / empty[0]}{more} holds no images ({', '.join(IMG_EXTENSIONS)}); "
+            "torchvision's ImageFolder takes every sub-directory of --data as a class, hidden ones too: "
+            "remove it or move it out"
         )
-    return FolderInfo(classes=classes, images=images)
+    return FolderInfo(classes=len(classes), images=len(samples))
 
 
 def train_transform(image_size: int) -> Any:
@@ -175,11 +201,30 @@ def train_transform(image_size: int) -> Any:
     )
 
 
+class BadImage(WorkloadError):
+    """An image file of the data cannot be decoded (truncated, corrupt, not an image)."""
+
+
+def load_image(path: str) -> Any:
+    """Open one image as RGB, as ImageFolder's default loader does, naming the file on failure.
+
+    Raises:
+        BadImage: ``path: cannot decode (...)``.
+    """
+    from PIL import Image
+
+    try:
+        with open(path, "rb") as fh:
+            return Image.open(fh).convert("RGB")
+    except (OSError, SyntaxError, ValueError) as exc:  # what PIL raises for a bad file
+        raise BadImage(f"{path}: cannot decode ({type(exc).__name__}: {exc})") from None
+
+
 def image_folder(path: str | Path, image_size: int) -> Dataset[Any]:
-    """An ``ImageFolder`` with the training transform."""
+    """An ``ImageFolder`` with the training transform; a file that cannot be decoded raises :class:`BadImage`."""
     from torchvision.datasets import ImageFolder
 
-    return ImageFolder(str(path), transform=train_transform(image_size))
+    return ImageFolder(str(path), transform=train_transform(image_size), loader=load_image)
 
 
 class InfiniteSampler:

@@ -98,9 +98,11 @@ def load_factory(ref: str, sys_path: Sequence[str], what: str = "model") -> Call
             importing), or has no such callable.
     """
     module_name, _, func_name = ref.partition(":")
-    for entry in reversed(list(sys_path)):
+    # Appended, not put first: a json.py in the user's directory must not
+    # shadow the standard library for the rest of the process.
+    for entry in sys_path:
         if entry not in sys.path:
-            sys.path.insert(0, entry)
+            sys.path.append(entry)
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:

@@ -1,0 +1,23 @@
+"""Hide secrets before text is shown or stored.
+
+A storage URL such as ``postgresql://user:password@host/db`` is printed in
+messages and recorded in ``best.json`` and the ``train.py`` header, files
+that get shared. Every URL's password becomes ``***``.
+"""
+
+from __future__ import annotations
+
+import re
+
+#: ``scheme://user:password@``: the password is whatever lies between the
+#: first ``:`` after the scheme and the last ``@`` before the host.
+_CREDENTIALS = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.\-]*://[^:/@\s]*:)(?P<password>[^\s]*)(?P<at>@)")
+
+
+def hide_passwords(text: str) -> str:
+    """``text`` with the password of every URL in it replaced by ``***``.
+
+    >>> hide_passwords("--storage postgresql://me:s3cr:et@db:5432/optuna")
+    '--storage postgresql://me:***@db:5432/optuna'
+    """
+    return _CREDENTIALS.sub(lambda m: f"{m.group('head')}***{m.group('at')}", text)

@@ -1,0 +1,151 @@
+"""One search at a time per output directory and per study.
+
+Two searches writing the same output directory (or study) would calibrate
+twice, run their trials side by side on the same cores, store each other's
+slowed measurements and overwrite each other's ``best.json``. The rules:
+
+* **Output directory.** A search holds an exclusive ``fcntl.flock`` on
+  ``OUT/autotune.lock`` while it runs; the file names the holder's pid and
+  host. The kernel drops the lock when the holder dies (even of ``kill -9``),
+  so a lock left by a dead process is simply taken over.
+* **Study.** The study records its holder (pid, host, process start time and
+  a heartbeat refreshed with every stored trial) as a user attribute, so a
+  search on another ``--out`` with the same ``--storage`` and study is
+  refused too. A holder on this host counts as alive while its process
+  exists; a holder on another host while its heartbeat is younger than
+  :data:`STALE_AFTER_S`.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import socket
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from autotune.errors import StorageError
+
+LOCK_FILE = "autotune.lock"
+
+#: A study holder on another host whose heartbeat is older than this is taken over.
+STALE_AFTER_S = 30 * 60.0
+
+
+@dataclass(frozen=True)
+class Holder:
+    """The process that holds a lock.
+
+    Attributes:
+        pid: Its process id.
+        host: Its host name.
+        started: Its process start time (seconds since the epoch), so a
+            reused pid is not mistaken for the holder.
+        heartbeat: When it last proved alive (seconds since the epoch).
+    """
+
+    pid: int
+    host: str
+    started: float = 0.0
+    heartbeat: float = 0.0
+
+    @classmethod
+    def me(cls) -> Holder:
+        """This process, now."""
+        return cls(os.getpid(), socket.gethostname(), _started(os.getpid()) or 0.0, time.time())
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Holder | None:
+        """The holder stored in a study; None when absent or malformed."""
+        if not isinstance(data, dict):
+            return None
+        try:
+            return cls(int(data["pid"]), str(data["host"]), float(data["started"]), float(data["heartbeat"]))
+        except (KeyError, TypeError, ValueError):
+            return None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict."""
+        return asdict(self)
+
+    def same_process(self, other: Holder) -> bool:
+        """Whether both name one process (same host, pid and start time)."""
+        return self.host == other.host and self.pid == other.pid and abs(self.started - other.started) < 1.0
+
+    def alive(self, now: float | None = None) -> bool:
+        """Whether the holder may still be running (see the module rules)."""
+        if self.host != socket.gethostname():
+            return (now if now is not None else time.time()) - self.heartbeat < STALE_AFTER_S
+        started = _started(self.pid)
+        return started is not None and abs(started - self.started) < 1.0
+
+    def describe(self) -> str:
+        """``pid N on HOST``."""
+        return f"pid {self.pid} on {self.host}"
+
+
+def _started(pid: int) -> float | None:
+    try:
+        return float(psutil.Process(pid).create_time())
+    except (psutil.Error, OSError):
+        return None
+
+
+class OutputLock:
+    """An exclusive lock on an output directory (see the module rules).
+
+    Use as a context manager, or call :meth:`acquire` and :meth:`release`.
+    """
+
+    def __init__(self, out: Path) -> None:
+        self.path = Path(out) / LOCK_FILE
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        """Take the lock, or refuse in one line naming the holder.
+
+        Raises:
+            StorageError: Another live process holds it, or it cannot be created.
+        """
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise StorageError(f"cannot create the lock file {self.path}: {exc.strerror}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            holder = os.read(fd, 200).decode(errors="replace").strip() or "another process"
+            os.close(fd)
+            if exc.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                raise StorageError(
+                    f"--out {self.path.parent} is in use by another autotune search ({holder}); "
+                    "wait for it to finish or pass another --out"
+                ) from None
+            raise StorageError(f"cannot lock {self.path}: {exc.strerror}") from None
+        me = Holder.me()
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{me.describe()}\n".encode(), 0)
+        self._fd = fd
+
+    def release(self) -> None:
+        """Drop the lock (the file stays: removing it would race a new holder)."""
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            try:
+                os.ftruncate(fd, 0)
+            except OSError:
+                pass
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+
+    def __enter__(self) -> OutputLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()

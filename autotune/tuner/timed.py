@@ -1,0 +1,48 @@
+"""The search's trial runner: every trial's time accounted, and the trial
+outcomes that stop a search (an interrupted trial, bad data) turned into the
+exceptions that stop it."""
+
+from __future__ import annotations
+
+import time
+
+from autotune.errors import WorkloadError
+from autotune.records import TrialOptions, TrialResult, Workload
+from autotune.runner import TrialRunner, WindowCallback
+from autotune.train_setup import TrainSetup
+from autotune.tuner.config import Timing
+
+
+class TimedRunner:
+    """Wraps a trial runner to account the measured time of a search."""
+
+    def __init__(self, runner: TrialRunner, timing: Timing) -> None:
+        self.runner = runner
+        self.timing = timing
+
+    def __call__(
+        self,
+        setup: TrainSetup,
+        workload: Workload,
+        options: TrialOptions | None = None,
+        *,
+        on_window: WindowCallback | None = None,
+    ) -> TrialResult:
+        """Run the trial and account its process time to the current phase.
+
+        Raises:
+            KeyboardInterrupt: Something outside terminated the trial: the
+                search stops as on Ctrl-C and stores nothing for it.
+            WorkloadError: A data file cannot be decoded: the search stops
+                naming it (every setup fast enough to reach it would fail).
+        """
+        began = time.monotonic()
+        result = self.runner(setup, workload, options, on_window=on_window)
+        self.timing.add(result, time.monotonic() - began)
+        if result.status == "interrupted":
+            raise KeyboardInterrupt
+        if result.status == "bad_data":
+            raise WorkloadError(
+                f"bad data: {result.error}; fix or remove the file and rerun (finished trials are kept)"
+            )
+        return result

@@ -1,0 +1,515 @@
+"""Fault injection: real signals, real second processes, real corrupt files.
+
+Each test provokes one fault a long search meets (docs/faults.md lists them
+with the command that reproduces each) and checks that nothing measured is
+lost and the user gets one clear line. The waits poll an observable event
+(a trial RUNNING in the study, a line on stderr), never a fixed sleep.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import psutil
+import pytest
+from optuna.trial import TrialState
+
+TESTS = Path(__file__).parent
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), str(TESTS.parent)])}
+WAIT_S = 240.0
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def search_cmd(out: Path, cache_dir: Path, *extra: str, trials: int = 2) -> list[str]:
+    """``autotune search`` of the tiny test model, 1-s trials, one confirmation round."""
+    return [sys.executable, "-m", "autotune", "search", "--model", "factories:tiny_cnn", "--image-size", "32",
+            "--synthetic-images", "64", "--trial-seconds", "1", "--device", "cpu", "--trials", str(trials),
+            "--confirm-top", "1", "--confirm-rounds", "1", "--out", str(out), "--cache-dir", str(cache_dir), *extra]
+
+
+def start(cmd: list[str]) -> subprocess.Popen[bytes]:
+    """The command in a child with default signal dispositions (a background shell ignores SIGINT)."""
+    def defaults() -> None:
+        for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_DFL)
+
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV, preexec_fn=defaults)
+
+
+def wait_running(proc: subprocess.Popen[bytes], out: Path, number: int) -> None:
+    """Wait until trial ``number`` is RUNNING in the study of ``out``."""
+    storage = f"sqlite:///{out / 'study.db'}"
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()[1].decode()
+        if (out / "study.db").exists():
+            try:
+                trials = optuna.load_study(study_name=None, storage=storage).get_trials(deepcopy=False)
+            except Exception:  # the study is still being created
+                trials = []
+            if any(t.number == number and t.state == TrialState.RUNNING for t in trials):
+                return
+        time.sleep(0.2)
+    proc.kill()
+    pytest.fail(f"trial #{number} never ran")
+
+
+def seed_calibration(out: Path) -> None:
+    """Store a calibration in the study the search will open, so it goes straight to its trials.
+
+    The faults under test hit the trials; a real calibration would only add its 15 s to each test.
+    """
+    from autotune.records import Calibration, LoaderPoint
+    from autotune.train_setup import TrainSetup
+    from autotune.tuner.study import SearchStudy
+
+    out.mkdir(parents=True)
+    calibration = Calibration(
+        budget_bytes=2**30, max_batch=64, memory_points=(), probe_batch=64,
+        compute_setup=TrainSetup(batch_size=64).to_dict(), compute_samples_per_s=1000.0,
+        loader=(LoaderPoint(0, "ok", 300.0), LoaderPoint(1, "ok", 500.0)), max_workers=1,
+    )
+    SearchStudy.open(f"sqlite:///{out / 'study.db'}", "factories.tiny_cnn-32px-cpu").store_calibration(calibration)
+
+
+def study_of(out: Path) -> optuna.Study:
+    return optuna.load_study(study_name=None, storage=f"sqlite:///{out / 'study.db'}")
+
+
+@pytest.mark.slow
+def test_hangup_and_kill9_mid_trial_lose_nothing_and_a_second_search_is_refused(tmp_path, cache_dir) -> None:
+    """SIGHUP during the defaults trial, kill -9 during the next: the resumed search still has its baseline.
+
+    While the first search runs, a second one on the same --out is refused in one line naming the holder.
+    """
+    out = tmp_path / "out"
+    seed_calibration(out)
+    first = start(search_cmd(out, cache_dir))
+    wait_running(first, out, 0)
+    first.send_signal(signal.SIGHUP)
+    _, stderr = first.communicate(timeout=WAIT_S)
+    assert first.returncode == 130, stderr.decode()
+    assert "Traceback" not in stderr.decode()
+    assert study_of(out).trials[0].state == TrialState.FAIL
+
+    resumed = start(search_cmd(out, cache_dir))
+    wait_running(resumed, out, 1)
+    resumed.send_signal(signal.SIGSTOP)  # frozen mid-trial: it certainly holds --out while the second one starts
+    second = subprocess.run(search_cmd(out, cache_dir), capture_output=True, env=ENV, timeout=WAIT_S)
+    resumed.kill()  # kill -9: no handler runs, the trial stays RUNNING in the study
+    resumed.communicate(timeout=WAIT_S)
+    assert second.returncode == 1
+    line = second.stderr.decode().strip()
+    assert f"pid {resumed.pid} on" in line and "in use by another autotune search" in line
+    assert len(line.splitlines()) == 1
+    assert study_of(out).trials[1].state == TrialState.RUNNING
+
+    final = subprocess.run(search_cmd(out, cache_dir, "--json"), capture_output=True, env=ENV, timeout=WAIT_S)
+    assert final.returncode == 0, final.stderr.decode()
+    summary = json.loads(final.stdout)
+    assert summary["best"]["speedup"] is not None
+    assert summary["best"]["defaults_samples_per_s"] > 0
+    study = study_of(out)
+    assert study.trials[1].state == TrialState.FAIL  # the dead process's trial
+    finished = [t for t in study.trials if t.state == TrialState.COMPLETE]
+    assert len(finished) == 2
+    assert [t.user_attrs["role"] for t in finished].count("defaults") == 1
+    assert "left running by a search that died" in final.stderr.decode()
+
+
+def test_a_study_held_by_a_live_process_is_refused_and_a_dead_holder_is_taken_over(tmp_path) -> None:
+    """The study lock (a search on another --out with the same --storage): real live and dead holders."""
+    from autotune.errors import StorageError
+    from autotune.tuner.lock import Holder
+    from autotune.tuner.study import STUDY_HOLDER, SearchStudy
+
+    storage = f"sqlite:///{tmp_path / 'shared.db'}"
+    study = SearchStudy.open(storage, "shared")
+    with subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE) as live:
+        alive = Holder(live.pid, Holder.me().host, psutil.Process(live.pid).create_time(), time.time())
+        study.study.set_user_attr(STUDY_HOLDER, alive.to_dict())
+        with pytest.raises(StorageError, match=rf"in use by another autotune search \(pid {live.pid} on "):
+            SearchStudy.open(storage, "shared").claim()
+        live.stdin.close()  # type: ignore[union-attr]
+    # The holder is dead now (and reaped): its claim is taken over.
+    other = SearchStudy.open(storage, "shared")
+    other.claim()
+    assert Holder.from_dict(other.study.user_attrs[STUDY_HOLDER]).same_process(Holder.me())
+    other.release()
+    assert other.study.user_attrs[STUDY_HOLDER] is None
+
+
+# ------------------------------------------------------- trial launch and supervision
+def _never_ending(cache_dir: Path) -> tuple:
+    from autotune.records import TrialOptions, Workload
+    from autotune.train_setup import TrainSetup
+
+    workload = Workload(model="factories:sleeps_forever", image_size=32, device="cpu", num_classes=10,
+                        synthetic_images=64, cache_dir=str(cache_dir), sys_path=(str(TESTS),))
+    return TrainSetup(), workload, TrialOptions(trial_seconds=1.0, timeout_s=120.0)
+
+
+def _trial_pids() -> list[int]:
+    """This process's trials: the children of its zygote server."""
+    found = []
+    for child in psutil.Process().children(recursive=True):
+        try:
+            parent = child.parent()
+            if parent is not None and parent.pid != os.getpid() and "autotune.runner.server" in " ".join(parent.cmdline()):
+                found.append(child.pid)
+        except psutil.Error:
+            continue
+    return found
+
+
+@pytest.mark.slow
+def test_a_trial_terminated_from_outside_is_interrupted_not_the_setups_failure(cache_dir) -> None:
+    import threading
+
+    from autotune.runner import run_trial
+
+    setup, workload, options = _never_ending(cache_dir)
+    killed: list[int] = []
+
+    def terminate_the_trial() -> None:
+        deadline = time.monotonic() + WAIT_S
+        while time.monotonic() < deadline and not killed:
+            for pid in _trial_pids():
+                os.kill(pid, signal.SIGTERM)  # as a supervisor stopping every process would
+                killed.append(pid)
+            time.sleep(0.1)
+
+    thread = threading.Thread(target=terminate_the_trial, daemon=True)
+    thread.start()
+    result = run_trial(setup, workload, options)
+    thread.join()
+    assert killed
+    assert result.status == "interrupted"
+    assert "SIGTERM" in (result.error or "")
+
+
+@pytest.mark.slow
+def test_a_fresh_trial_server_skips_unread_replies_and_ignores_the_working_directory(
+    tmp_path, cache_dir, monkeypatch
+) -> None:
+    """A launch cut off after its request leaves the server's pid reply in the pipe; the next launch skips it.
+
+    The server, started where a user's json.py lies, does not import it (``-P``: the working directory is not
+    on its sys.path).
+    """
+    from dataclasses import asdict
+
+    from autotune.runner.zygote import REQUEST, Zygote
+
+    setup, workload, options = _never_ending(cache_dir)
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    marker = tmp_path / "imported"
+    (cwd / "json.py").write_text(f"open({str(marker)!r}, 'w').close()\nraise SystemExit('shadowed json')\n")
+    monkeypatch.chdir(cwd)
+    zygote = Zygote()
+    zygote.disabled = False
+    try:
+        first, second = tmp_path / "first", tmp_path / "second"
+        for directory in (first, second):
+            directory.mkdir()
+            request = {"setup": setup.to_dict(), "workload": workload.to_dict(), "options": asdict(options)}
+            (directory / REQUEST).write_text(json.dumps(request))
+        assert zygote._start()
+        assert zygote._proc is not None and zygote._proc.stdin is not None
+        zygote._proc.stdin.write(f"{first}\n".encode())  # the interrupted launch: request sent, reply never read
+        zygote._proc.stdin.flush()
+        proc = zygote.launch(second)
+        assert proc.directory == second
+        proc.kill()  # must kill the second trial, not the first
+        assert proc.wait_reaped(timeout=60.0), "the second trial was not the one killed"
+        assert proc.exitcode() == -signal.SIGKILL
+        assert not (first / "exit").exists()  # the first one still runs (the server takes it down at close)
+    finally:
+        zygote.close()
+    assert not marker.exists()
+
+
+def test_an_interrupted_trial_stops_the_search_and_is_never_stored(tmp_path, cache_dir) -> None:
+    from autotune.errors import SearchInterrupted
+    from autotune.records import TrialResult
+    from autotune.tuner import SearchConfig, run_search
+
+    calls: list[str] = []
+
+    def runner(setup, workload, options=None, *, on_window=None):
+        if options.mode != "train":
+            return TrialResult(status="ok", samples_per_s=100.0, windows=(100.0,), peak_memory_bytes=2**20)
+        calls.append("train")
+        if len(calls) == 2:
+            return TrialResult(status="interrupted", error="the trial process was terminated from outside (SIGTERM)")
+        return TrialResult(status="ok", samples_per_s=100.0, windows=(100.0,), peak_memory_bytes=2**20)
+
+    config = SearchConfig(model="resnet18", trials=3, image_size=32, device="cpu", trial_seconds=1.0,
+                          out=tmp_path / "out", cache_dir=cache_dir, synthetic_images=64)
+    with pytest.raises(SearchInterrupted):
+        run_search(config, runner=runner)
+    study = study_of(tmp_path / "out")
+    assert [t.state for t in study.trials[:2]] == [TrialState.COMPLETE, TrialState.FAIL]
+    assert "result" not in study.trials[1].user_attrs  # not recorded as the setup's failure
+
+
+# --------------------------------------------------------------- bad data, broken models
+def test_data_check_uses_the_loaders_rules_and_names_the_directory(tmp_path) -> None:
+    """Hidden and empty sub-directories are classes to ImageFolder: refused up front, by name."""
+    from autotune.errors import WorkloadError
+    from autotune.workloads.data import check_image_folder
+
+    data = tmp_path / "photos"
+    (data / "cats").mkdir(parents=True)
+    (data / "cats" / "a.jpg").write_bytes(b"x")
+    (data / "dogs" / "nested").mkdir(parents=True)
+    (data / "dogs" / "nested" / "b.JPG").write_bytes(b"x")  # found recursively, case-insensitively
+    assert check_image_folder(data).classes == 2
+    (data / ".thumbnails").mkdir()
+    with pytest.raises(WorkloadError, match=r"class directory .*photos/\.thumbnails holds no images"):
+        check_image_folder(data)
+    (data / ".thumbnails").rmdir()
+    (data / "empty").mkdir()
+    with pytest.raises(WorkloadError, match=r"photos/empty holds no images"):
+        check_image_folder(data)
+
+
+def _truncated_data(tmp_path: Path, synthetic_data: Path) -> Path:
+    """A copy of the synthetic data in which one JPEG is cut in half."""
+    import shutil
+
+    data = tmp_path / "data"
+    shutil.copytree(synthetic_data, data)
+    victim = sorted(data.glob("class_00/*.jpg"))[0]
+    victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])
+    return victim
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workers", [0, 1])
+def test_a_truncated_jpeg_is_bad_data_naming_the_file(tmp_path, synthetic_data, workers) -> None:
+    from autotune.records import TrialOptions, Workload
+    from autotune.runner import run_trial
+    from autotune.train_setup import TrainSetup
+
+    victim = _truncated_data(tmp_path, synthetic_data)
+    workload = Workload(model="factories:tiny_cnn", image_size=32, device="cpu", num_classes=10, images=64,
+                        data=str(victim.parent.parent), sys_path=(str(TESTS),))
+    setup = TrainSetup(batch_size=64, num_workers=workers, prefetch_factor=2 if workers else None)
+    result = run_trial(setup, workload, TrialOptions(trial_seconds=1.0, mode="loader"))
+    assert result.status == "bad_data", result
+    assert str(victim) in (result.error or "") and "cannot decode" in (result.error or "")
+
+
+def test_bad_data_in_a_trial_stops_the_search_naming_the_file(tmp_path, cache_dir) -> None:
+    from autotune.errors import WorkloadError
+    from autotune.records import TrialResult
+    from autotune.train_setup import TrainSetup
+    from autotune.tuner import SearchConfig, run_search
+
+    trained: list[TrainSetup] = []
+
+    def runner(setup, workload, options=None, *, on_window=None):
+        trained.extend([setup] if options.mode == "train" else [])
+        if len(trained) == 2:  # the faster guess reaches the bad file; the defaults did not
+            return TrialResult(status="bad_data", error="/data/cats/7.jpg: cannot decode (OSError: image file is truncated)")
+        return TrialResult(status="ok", samples_per_s=100.0, windows=(100.0,), peak_memory_bytes=2**20)
+
+    config = SearchConfig(model="resnet18", trials=4, image_size=32, device="cpu", trial_seconds=1.0,
+                          out=tmp_path / "out", cache_dir=cache_dir, synthetic_images=64)
+    with pytest.raises(WorkloadError, match=r"bad data: /data/cats/7.jpg: cannot decode"):
+        run_search(config, runner=runner)
+    study = study_of(tmp_path / "out")
+    assert study.trials[0].state == TrialState.COMPLETE  # the defaults are kept
+    assert study.trials[1].state == TrialState.FAIL and "result" not in study.trials[1].user_attrs
+
+
+def test_the_first_error_of_the_pre_pass_ends_calibration_naming_the_model(tiny_workload) -> None:
+    from autotune.devices import DeviceInfo
+    from autotune.errors import WorkloadError
+    from autotune.records import TrialResult
+    from autotune.tuner.calibrate import calibrate
+
+    calls: list[int] = []
+
+    def broken(setup, workload, options=None, *, on_window=None):
+        calls.append(setup.batch_size)
+        return TrialResult(status="error", error="ValueError: factory exploded on purpose")
+
+    cpu = DeviceInfo("cpu", True, None, None, "test CPU")
+    with pytest.raises(WorkloadError, match="model resnet18 fails: ValueError: factory exploded on purpose"):
+        calibrate(tiny_workload, cpu, usable_cores=2, available_bytes=2**34, max_memory=None, trial_seconds=1.0,
+                  bf16_ok=True, runner=broken)
+    assert calls == [8]  # one trial, not halved through the pre-pass
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("factory", ["wrong_shape"])
+def test_a_broken_model_ends_the_search_at_once(tmp_path, cache_dir, factory) -> None:
+    cmd = search_cmd(tmp_path / "out", cache_dir, trials=30)
+    cmd[cmd.index("factories:tiny_cnn")] = f"factories:{factory}"
+    done = subprocess.run(cmd, capture_output=True, env=ENV, timeout=WAIT_S)
+    assert done.returncode == 1
+    lines = [ln for ln in done.stderr.decode().splitlines() if ln.startswith("error:")]
+    assert len(lines) == 1 and f"model factories:{factory} fails:" in lines[0], done.stderr.decode()
+    assert "Traceback" not in done.stderr.decode()
+    assert "memory pre-pass: verify" not in done.stderr.decode()  # not halved through the pre-pass
+
+
+# --------------------------------------------------------------- the memory figure
+def test_memory_of_a_forked_tree_counts_shared_pages_once(tmp_path) -> None:
+    """Three forked workers sharing 200 MB with their parent: RSS says ~800 MB, the monitor ~200 MB."""
+    from autotune.runner.measure import tree_memory, tree_pids
+
+    script = tmp_path / "tree.py"
+    script.write_text(
+        "import os, time\n"
+        "block = bytearray(200 * 2**20)\n"
+        "for i in range(0, len(block), 4096): block[i] = 1\n"
+        "for _ in range(3):\n"
+        "    if os.fork() == 0:\n"
+        "        time.sleep(120); os._exit(0)\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    unrelated = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, start_new_session=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == b"ready"
+        pids = tree_pids(proc.pid)
+        assert len(pids) == 4 and unrelated.pid not in pids
+        rss = sum(psutil.Process(p).memory_info().rss for p in pids)
+        measured = tree_memory(proc.pid)
+        assert rss > 700 * 2**20
+        assert 190 * 2**20 < measured < 400 * 2**20
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        unrelated.kill()
+        unrelated.wait()
+
+
+def test_the_monitor_does_not_sample_on_cuda() -> None:
+    from autotune.runner.measure import MemoryMonitor
+
+    monitor = MemoryMonitor(budget_bytes=1, enabled=False).start()
+    assert not monitor._thread.is_alive()
+    assert monitor.stop() == 0 and not monitor.over_budget.is_set()
+
+
+# --------------------------------------------------------------- leftovers
+@pytest.mark.parametrize("fault", ["ctrl-c", "disk full"])
+def test_interrupted_data_generation_leaves_no_hidden_copy(tmp_path, fault) -> None:
+    import errno
+    import random
+
+    from autotune.errors import WorkloadError
+    from autotune.workloads.data import generate_image_folder
+
+    def make_image(rng: random.Random, path: Path) -> None:
+        if path.name == "img_000005.jpg":
+            if fault == "ctrl-c":
+                os.kill(os.getpid(), signal.SIGINT)  # a real Ctrl-C, delivered here
+                time.sleep(1)
+            raise OSError(errno.ENOSPC, "No space left on device")
+        path.write_bytes(b"x" * 1000)
+
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt if fault == "ctrl-c" else WorkloadError):
+            generate_image_folder(tmp_path / "synthetic", 20, make_image, seed=0, note="test")
+    finally:
+        signal.signal(signal.SIGINT, before)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_copies_left_by_a_killed_generation_are_removed(tmp_path) -> None:
+    from autotune.workloads.data import generate_image_folder
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    leftover = tmp_path / f".synthetic.tmp-{dead.pid}"
+    (leftover / "class_00").mkdir(parents=True)
+    generate_image_folder(tmp_path / "synthetic", 10, lambda rng, path: path.write_bytes(b"x"), seed=0, note="t")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["synthetic"]
+
+
+@pytest.mark.slow
+def test_autotune_trial_removes_its_directory_on_sigterm(tmp_path, cache_dir) -> None:
+    env = {**ENV, "TMPDIR": str(tmp_path)}
+    cmd = [sys.executable, "-m", "autotune", "trial", "--model", "factories:sleeps_forever", "--image-size", "32",
+           "--device", "cpu", "--cache-dir", str(cache_dir), "--synthetic-images", "64", "--trial-seconds", "1"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                            preexec_fn=lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL))
+    deadline = time.monotonic() + WAIT_S
+    while not list(tmp_path.glob("autotune-trial-*/output.txt")):  # the trial process has started
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1].decode()
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=60)
+    assert proc.returncode != 0
+    assert not list(tmp_path.glob("autotune-trial-*"))
+
+
+def test_ci_log_is_a_private_temporary_file() -> None:
+    script = (TESTS.parent / ".ci" / "run").read_text()
+    assert "/tmp/autotune-ci.log" not in script
+    assert 'log=$(mktemp' in script and 'rm -f "$log"' in script
+
+
+# --------------------------------------------------------------- resumes across machines and runs
+def _fake(setup, workload, options=None, *, on_window=None):
+    from autotune.records import TrialResult
+
+    rate = 100.0 + setup.batch_size + 10 * setup.num_workers
+    return TrialResult(status="ok", samples_per_s=rate, windows=(rate,), peak_memory_bytes=2**20)
+
+
+def _config(tmp_path: Path, cache_dir: Path, **kw):
+    from autotune.tuner import SearchConfig
+
+    base = dict(model="resnet18", trials=3, image_size=32, device="cpu", trial_seconds=1.0, out=tmp_path / "out",
+                cache_dir=cache_dir, synthetic_images=64, confirm_rounds=2, confirm_top=2)
+    return SearchConfig(**{**base, **kw})
+
+
+def test_a_study_from_another_machine_or_timeout_is_refused_naming_the_difference(tmp_path, cache_dir) -> None:
+    from autotune.errors import StorageError
+    from autotune.tuner import run_search
+
+    run_search(_config(tmp_path, cache_dir), runner=_fake)
+    study = study_of(tmp_path / "out")
+    stored = dict(study.user_attrs["signature"])
+    cores = stored["usable_cores"]
+    study.set_user_attr("signature", {**stored, "usable_cores": cores + 62, "cpu_model": "Other CPU"})
+    with pytest.raises(StorageError, match=r"cpu_model: 'Other CPU' there, .* now"):
+        run_search(_config(tmp_path, cache_dir), runner=_fake)
+    study.set_user_attr("signature", stored)
+    with pytest.raises(StorageError, match=r"timeout_s: None there, 30.0 now"):
+        run_search(_config(tmp_path, cache_dir, timeout_s=30.0), runner=_fake)
+
+
+def test_confirmation_rounds_are_never_reused_across_runs(tmp_path, cache_dir) -> None:
+    from autotune.tuner import run_search
+
+    confirmations: list[int] = []
+
+    def counting(setup, workload, options=None, *, on_window=None):
+        if options.mode == "train" and options.trial_seconds > 1.0:  # a confirmation run (1.5x the trial)
+            confirmations.append(1)
+        return _fake(setup, workload, options, on_window=on_window)
+
+    first = run_search(_config(tmp_path, cache_dir), runner=counting)
+    measured_first = len(confirmations)
+    assert measured_first == sum(len(c.values) for c in first.confirmed) > 0
+    second = run_search(_config(tmp_path, cache_dir, trials=4), runner=counting)
+    assert len(confirmations) - measured_first == sum(len(c.values) for c in second.confirmed)
+    assert all(len(c.values) == 2 for c in second.confirmed)  # this run's rounds only, not 2 + 2

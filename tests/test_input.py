@@ -1,0 +1,205 @@
+"""Bad input and what a user reads: one line, printed as typed, nothing written first."""
+
+from __future__ import annotations
+
+import pytest
+from test_cli import _search
+from typer.testing import CliRunner
+
+from autotune.cli import app
+
+runner = CliRunner()
+run = _search  # autotune search with the tiny settings and extra options: (exit code, output, --out)
+
+
+def one_line(output: str) -> str:
+    lines = [ln for ln in output.splitlines() if ln.strip()]
+    assert len(lines) == 1, output
+    assert "Traceback" not in output and "MarkupError" not in output
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    ("extra", "shown"),
+    [
+        (("--model", "x[/y]"), "x[/y]"),
+        (("--max-memory", "[/]"), "[/]"),
+        (("--set", "[/x]=1"), "[/x]"),
+        (("--model", "photos[old]"), "photos[old]"),
+    ],
+)
+def test_brackets_in_input_are_printed_as_typed(tmp_path, cache_dir, extra, shown) -> None:
+    code, output, _ = run(tmp_path, cache_dir, *extra)
+    assert code in (1, 2)
+    assert shown in one_line(output)
+
+
+def test_a_bracketed_data_directory_is_named_as_typed(tmp_path, cache_dir) -> None:
+    data = tmp_path / "photos[old]"
+    data.mkdir()
+    code, output, _ = run(tmp_path, cache_dir, "--data", str(data))
+    assert code == 1
+    assert "photos[old]" in one_line(output)
+
+
+def test_tables_and_progress_print_bracketed_errors_as_typed() -> None:
+    import io
+
+    from rich.console import Console
+
+    from autotune.records import TrialResult
+    from autotune.render import RichReporter, render_trial
+    from autotune.train_setup import TrainSetup
+
+    failed = TrialResult(status="error", error="shape [/x] mismatch in photos[old]")
+    buffer = io.StringIO()
+    console = Console(file=buffer, width=200, color_system=None)
+    console.print(render_trial(TrainSetup(), failed))
+    with RichReporter(console) as reporter:
+        reporter.confirm_progress(1, 2, "#3 [guess]", failed)
+    text = buffer.getvalue()
+    assert text.count("shape [/x] mismatch in photos[old]") == 2
+    assert "#3 [guess]" in text
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (("--trial-seconds", "inf"), "--trial-seconds must be > 0 and <= 86400"),
+        (("--trial-seconds", "nan"), "--trial-seconds must be > 0"),
+        (("--timeout", "inf"), "--timeout must be > 0"),
+        (("--max-memory", "9" * 400), "memory size too large"),
+        (("--max-memory", ""), "not a memory size: ''"),
+        (("--set", "num_workers=0..1000000000000"), "--set num_workers: must be <= 1024"),
+        (("--seed", "-1"), "--seed must be between 0 and 2**32 - 1"),
+        (("--synthetic-images", "0"), "--synthetic-images must be >= 16"),
+        (("--lr", "inf"), "--lr must be a finite number > 0"),
+    ],
+)
+def test_bad_values_are_refused_before_anything_is_written(tmp_path, extra, message) -> None:
+    cache = tmp_path / "cache"
+    code, output, out = run(tmp_path, cache, *extra)
+    assert code == 2, output
+    assert message in one_line(output)
+    assert not out.exists() and not cache.exists()
+
+
+def test_a_refused_storage_search_creates_no_study(tmp_path, cache_dir) -> None:
+    import optuna
+
+    storage = f"sqlite:///{tmp_path / 'shared.db'}"
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    result = runner.invoke(app, ["search", "--model", "resnet18", "--image-size", "32", "--device", "cpu",
+                                 "--storage", storage, "--out", str(blocker), "--cache-dir", str(cache_dir),
+                                 "--synthetic-images", "64"])
+    assert result.exit_code == 1 and "is not a directory" in one_line(result.output)
+    assert not (tmp_path / "shared.db").exists() or not optuna.get_all_study_names(storage)
+
+
+def test_set_choices_stay_choices(tmp_path, cache_dir) -> None:
+    """--set num_workers=2,8 samples 2 and 8 only, never 3-7."""
+    from autotune.records import TrialResult
+    from autotune.tuner import SearchConfig, run_search
+    from autotune.tuner.constraints import parse_constraint
+
+    def runner_(setup, workload, options=None, *, on_window=None):
+        return TrialResult(status="ok", samples_per_s=100.0 + setup.num_workers, windows=(1.0,), peak_memory_bytes=2**20)
+
+    config = SearchConfig(model="resnet18", trials=14, image_size=32, device="cpu", trial_seconds=1.0, sampler="random",
+                          out=tmp_path / "out", cache_dir=cache_dir, synthetic_images=64, confirm_rounds=1,
+                          constraints=(parse_constraint("num_workers=2,8"), parse_constraint("prefetch=1,4")))
+    outcome = run_search(config, runner=runner_)
+    searched = [r.setup for r in outcome.records if r.role != "defaults"]
+    assert {s.num_workers for s in searched} <= {2, 8}
+    assert {s.prefetch_factor for s in searched} <= {1, 4}
+    assert {s.num_workers for s in searched} == {2, 8}  # both choices are sampled
+
+
+def test_recorded_command_keeps_global_options_and_hides_passwords() -> None:
+    from autotune.cli import recorded_command
+
+    argv = ["/venv/bin/autotune", "--debug", "search", "--storage", "postgresql://me:s3cret@db:5432/optuna", "-n", "5"]
+    assert recorded_command(argv) == "autotune --debug search --storage postgresql://me:***@db:5432/optuna -n 5"
+    assert recorded_command(["/x/autotune/__main__.py", "search", "--model", "resnet18"]) == "autotune search --model resnet18"
+    assert recorded_command(["/venv/bin/pytest", "-k", "search"]) == ""  # not started as autotune
+
+
+def test_passwords_never_reach_best_json_train_py_or_messages(tmp_path, cache_dir) -> None:
+    from autotune.errors import StorageError
+    from autotune.records import TrialResult
+    from autotune.tuner import SearchConfig, run_search
+    from autotune.tuner.study import SearchStudy
+
+    def runner_(setup, workload, options=None, *, on_window=None):
+        return TrialResult(status="ok", samples_per_s=100.0 + setup.batch_size, windows=(1.0,), peak_memory_bytes=2**20)
+
+    command = "autotune search --storage postgresql://me:s3cret@db/optuna"
+    config = SearchConfig(model="resnet18", trials=2, image_size=32, device="cpu", trial_seconds=1.0, out=tmp_path / "out",
+                          cache_dir=cache_dir, synthetic_images=64, confirm_rounds=1, command=command)
+    run_search(config, runner=runner_)
+    for name in ("best.json", "train.py"):
+        text = (tmp_path / "out" / name).read_text()
+        assert "s3cret" not in text and "postgresql://me:***@db/optuna" in text
+    with pytest.raises(StorageError) as caught:
+        SearchStudy.open("postgresql+nosuchdriver://me:s3cret@localhost:1/db", "x")
+    assert "s3cret" not in str(caught.value) and "me:***@localhost" in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda d: [d], "must hold a JSON object, not a list"),
+        (lambda d: {**d, "schema": 2}, "has schema 2; this autotune reads schema 1"),
+        (lambda d: {k: v for k, v in d.items() if k != "schema"}, "has schema None"),
+        (lambda d: {**d, "notes": "abc"}, "field 'notes' must be list, not a string"),
+        (lambda d: {**d, "notes": [1]}, "'notes' must be a list of strings"),
+        (lambda d: {**d, "workload": "resnet18"}, "field 'workload' must be object, not a string"),
+        (lambda d: {**d, "setup": []}, "field 'setup' must be object, not a list"),
+        (lambda d: {**d, "samples_per_s": "fast"}, "field 'samples_per_s' must be number, not a string"),
+        (lambda d: {**d, "speedup": True}, "field 'speedup' must be number or null, not a boolean"),
+        (lambda d: {**d, "extra": 1}, "unknown fields: extra"),
+        (lambda d: {k: v for k, v in d.items() if k != "lr"}, "lacks the field 'lr'"),
+        (lambda d: {**d, "workload": {**d["workload"], "sys_path": "/x"}}, "'workload.sys_path' must be a list"),
+    ],
+)
+def test_bad_best_json_is_one_line_in_emit_and_load_setup(tmp_path, cache_dir, change, message) -> None:
+    import json
+
+    from autotune.errors import AutotuneError
+    from autotune.output.best import Best, read_best
+    from autotune.records import Workload
+    from autotune.train_setup import TrainSetup
+
+    good = Best(setup=TrainSetup(), workload=Workload(model="resnet18"), samples_per_s=1.0, samples_per_s_spread=0.0,
+                defaults_samples_per_s=1.0, speedup=1.0, peak_memory_bytes=None, effective_batch=32,
+                reference_batch=32, lr=1e-3).to_dict()
+    (tmp_path / "best.json").write_text(json.dumps(change(good)))
+    with pytest.raises(AutotuneError, match=message.replace("(", r"\(")):
+        read_best(tmp_path)
+    result = runner.invoke(app, ["emit", str(tmp_path)])
+    assert result.exit_code == 1 and message in one_line(result.output)
+
+
+def test_load_setup_refuses_another_schema(tmp_path) -> None:
+    import json
+
+    from autotune.errors import SetupError
+    from autotune.train_setup import TrainSetup, load_setup
+
+    (tmp_path / "best.json").write_text(json.dumps({"schema": 2, "setup": TrainSetup().to_dict()}))
+    with pytest.raises(SetupError, match="schema 2"):
+        load_setup(tmp_path / "best.json")
+
+
+def test_train_py_header_names_the_factory_it_imports(tmp_path) -> None:
+    from autotune.output.best import Best
+    from autotune.output.emit import write_script
+    from autotune.records import Workload
+    from autotune.train_setup import TrainSetup
+
+    best = Best(setup=TrainSetup(), workload=Workload(model="mypkg.nets:build"), samples_per_s=1.0,
+                samples_per_s_spread=0.0, defaults_samples_per_s=1.0, speedup=1.0, peak_memory_bytes=None,
+                effective_batch=32, reference_batch=32, lr=1e-3)
+    header = write_script(best, tmp_path / "train.py").read_text().split('"""')[0]
+    assert "# Model: imports mypkg.nets:build (module:function)" in header
