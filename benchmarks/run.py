@@ -131,7 +131,7 @@ QUICK_WORKLOAD = WorkloadSpec("quick-resnet18-32", "smoke test", "resnet18", 32,
 FULL_BUDGET = Budget()
 QUICK_BUDGET = Budget(
     trial_seconds=1.0,
-    rounds=2,
+    rounds=1,
     autotune_trials=3,
     autotune_small=2,
     grid=GridSpec(workers=1, batches=1, channels_last=(False,)),
@@ -279,6 +279,7 @@ def run_workload(
         confirm_rounds=budget.confirm_rounds,
         command=command,
         workload=spec.task,
+        ceilings=False,  # the benchmark compares picks, not bottleneck verdicts
     )
     methods: dict[str, MethodResult] = {}
     phases: dict[str, float] = {}

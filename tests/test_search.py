@@ -289,3 +289,15 @@ def test_nothing_faster_than_the_defaults_keeps_the_defaults(tmp_path, cache_dir
     outcome = search(config(tmp_path, cache_dir, trials=4), runner=flat)
     assert outcome.best.setup == TrainSetup(batch_size=32) and outcome.best.speedup == pytest.approx(1.0)
     assert any("nothing measurably faster" in n for n in outcome.best.notes)
+
+
+def test_the_ceilings_can_be_skipped(tmp_path, cache_dir) -> None:
+    modes: list[str] = []
+
+    def recording(setup, workload, options=None, *, on_window=None):
+        modes.append(options.mode)
+        return fake_runner(setup, workload, options, on_window=on_window)
+
+    outcome = search(config(tmp_path, cache_dir, trials=3, ceilings=False), runner=recording)
+    assert outcome.ceilings is None and "same rounds" not in outcome.verdict
+    assert modes[-1] == "train"  # the confirmation was the last thing measured

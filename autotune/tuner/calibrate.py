@@ -161,7 +161,7 @@ def calibrate(
     compute, compute_setup = TrialResult(status="error", error="not measured"), TrainSetup(batch_size=middle)
     # Like for like: every precision and layout at the same batch, so the first guesses follow the numbers.
     for amp in ("off", reduced) if reduced else ("off",):
-        for channels_last in (False, True):
+        for channels_last in (False, True) if workload.image_input else (False,):
             setup = TrainSetup(batch_size=middle, amp=amp, channels_last=channels_last)  # type: ignore[arg-type]
             result = runner(setup, workload, _with_budget(short, budget))
             precisions.append(PrecisionPoint(amp, channels_last, result.status, result.samples_per_s))

@@ -43,6 +43,9 @@ class SearchConfig:
         lr: Learning rate at the reference batch.
         timeout_s: Per-trial timeout (None: derived from trial_seconds).
         command: The command line, for the record.
+        ceilings: Measure the winner computing alone and loading alone
+            after confirmation, for a like-for-like bottleneck verdict (the
+            benchmarks, which compare picks and not verdicts, turn it off).
         workload: The user's workload factory, ``"package.module:function"``
             or the function itself, returning an :class:`autotune.Task`;
             ``None`` for the classifier shorthand. With a workload, ``lr``
@@ -72,6 +75,7 @@ class SearchConfig:
     timeout_s: float | None = None
     command: str = ""
     workload: str | Callable[..., Any] | None = None
+    ceilings: bool = True
 
     def validate(self) -> None:
         """Reject bad values before anything runs or is written.

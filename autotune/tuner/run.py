@@ -136,7 +136,7 @@ def _search(
         except KeyboardInterrupt:
             interrupted = True
     outcome = finish(config, prepared, calibration, records, feasible, confirmed, defaults, interrupted)
-    if confirmed and outcome.best is not None:
+    if config.ceilings and confirmed and outcome.best is not None:
         timing.phase = "ceilings"
         try:
             outcome = with_ceilings(outcome, prepared, options, timed)
