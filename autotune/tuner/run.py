@@ -17,7 +17,7 @@ from typing import Any
 
 import probes
 from autotune.devices import DeviceInfo, resolve_device
-from autotune.errors import SearchFailed, SearchInterrupted
+from autotune.errors import AutotuneError, SearchFailed, SearchInterrupted
 from autotune.files import check_writable
 from autotune.output.best import write_best
 from autotune.output.emit import write_script
@@ -34,7 +34,7 @@ from autotune.tuner.constraints import check_constraints, merge_constraints
 from autotune.tuner.explore import Exploration, explore
 from autotune.tuner.lock import OutputLock
 from autotune.tuner.progress import Reporter, SilentReporter
-from autotune.tuner.signals import sigterm_as_interrupt
+from autotune.tuner.signals import runs_to_the_end, sigterm_as_interrupt
 from autotune.tuner.space import Space, build_space, check_image_constraints, defaults_setup, guess_setups
 from autotune.tuner.study import ROLE_DEFAULTS, ROLE_GUESS, SearchStudy, machine_fingerprint
 from autotune.tuner.study_report import write_search_report
@@ -109,39 +109,27 @@ def _search(
         trial_seconds=config.trial_seconds, timeout_s=config.timeout_s, max_memory_bytes=config.max_memory
     )
     plan = Exploration(space, defaults, prepared.workload, options, config.trials, prepared.out / "trials.csv")
-    interrupted = False
     timing.phase = "search"
-    try:
-        with sigterm_as_interrupt():
-            explore(prepared.study, plan, reporter, timed)
-    except KeyboardInterrupt:
-        interrupted = True
+    interrupted = not runs_to_the_end(lambda: explore(prepared.study, plan, reporter, timed))
     records = prepared.study.records()
     write_trials_csv(plan.csv_path, records)
     feasible = [r for r in records if r.result.ok and r.result.samples_per_s]
     if not feasible:
         timing.wall_s = time.monotonic() - began
         report(prepared, timing, earlier, reporter, "interrupted" if interrupted else "failed: no feasible trial", records, calibration)
-        if interrupted:
-            raise SearchInterrupted(
-                f"interrupted before any feasible trial; {len(records)} trials kept in {prepared.study.storage}"
-            )
-        reasons = sorted({f"{r.result.status}: {r.result.error}" for r in records})
-        raise SearchFailed(f"all {len(records)} trials failed ({'; '.join(reasons)[:300]})")
+        raise _nothing_feasible(records, prepared.study.storage, interrupted)
     confirmed: list[Confirmed] = []
     if not interrupted:
         timing.phase = "confirmation"
-        try:
-            confirmed = confirm_finalists(config, prepared, feasible, defaults, options, reporter, timed)
-        except KeyboardInterrupt:
-            interrupted = True
+        interrupted = not runs_to_the_end(
+            lambda: confirmed.extend(confirm_finalists(config, prepared, feasible, defaults, options, reporter, timed))
+        )
     outcome = finish(config, prepared, calibration, records, feasible, confirmed, defaults, interrupted)
-    if config.ceilings and confirmed and outcome.best is not None:
+    if config.ceilings and confirmed and outcome.best is not None and not interrupted:
         timing.phase = "ceilings"
-        try:
-            outcome = with_ceilings(outcome, prepared, options, timed)
-        except KeyboardInterrupt:
-            interrupted = True
+        measured = [outcome]
+        interrupted = not runs_to_the_end(lambda: measured.append(with_ceilings(outcome, prepared, options, timed)))
+        outcome = measured[-1]
     timing.wall_s = time.monotonic() - began
     status = "finished" if not interrupted else "interrupted" if confirmed else "interrupted (winner not confirmed)"
     written, spent = report(prepared, timing, earlier, reporter, status, records, calibration, outcome)
@@ -155,6 +143,14 @@ def _search(
             outcome=outcome,
         )
     return outcome
+
+
+def _nothing_feasible(records: list[TrialRecord], storage: str, interrupted: bool) -> AutotuneError:
+    """The error when no trial measured a throughput: interrupted, or every trial failed."""
+    if interrupted:
+        return SearchInterrupted(f"interrupted before any feasible trial; {len(records)} trials kept in {storage}")
+    reasons = sorted({f"{r.result.status}: {r.result.error}" for r in records})
+    return SearchFailed(f"all {len(records)} trials failed ({'; '.join(reasons)[:300]})")
 
 
 def study_name(config: SearchConfig, device: DeviceInfo, workload: Workload | None = None) -> str:

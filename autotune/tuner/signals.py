@@ -62,3 +62,13 @@ def interrupts_held() -> Iterator[None]:
     finally:
         if caught:
             raise KeyboardInterrupt
+
+
+def runs_to_the_end(step: Callable[[], object]) -> bool:
+    """Run ``step`` with SIGTERM acting like Ctrl-C; False when either stopped it."""
+    try:
+        with sigterm_as_interrupt():
+            step()
+    except KeyboardInterrupt:
+        return False
+    return True
