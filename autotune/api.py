@@ -34,6 +34,9 @@ __all__ = ["SearchResult", "TrialOutcome", "search", "trial"]
 
 WorkloadRef = str | Callable[..., Any]
 
+#: Refusal of a workload given together with the classifier shorthand's data.
+WORKLOAD_AND_DATA = "give a workload (--workload) or the classifier shorthand (--model, --data, --image-size), not both"
+
 
 @dataclass(frozen=True)
 class SearchResult:
@@ -112,7 +115,7 @@ def search(
     max_memory: int | str | None = None,
     constraints: Sequence[str] = (),
     confirm_top: int = 3,
-    confirm_rounds: int = 3,
+    confirm_rounds: int = 4,
     seed: int = 0,
     sampler: str = "tpe",
     study: str | None = None,
@@ -123,6 +126,7 @@ def search(
     synthetic_images: int = 2000,
     reporter: Reporter | None = None,
     progress: bool = False,
+    command: str | None = None,
 ) -> SearchResult:
     """Search the fastest training setup, as ``autotune search`` does.
 
@@ -142,7 +146,8 @@ def search(
         max_memory: Memory budget (bytes or text such as ``"20GiB"``).
         constraints: ``--set`` items, e.g. ``["num_workers=0..2", "amp=bf16"]``.
         confirm_top: Finalists re-measured.
-        confirm_rounds: Interleaved rounds of re-measurement.
+        confirm_rounds: Most interleaved rounds of re-measurement (fewer when
+            the ranking settles after two).
         seed: Sampler seed.
         sampler: ``tpe`` or ``random``.
         study: Study name.
@@ -153,6 +158,8 @@ def search(
         synthetic_images: Files in the synthetic dataset (shorthand only).
         reporter: Progress hooks (see :class:`autotune.tuner.Reporter`).
         progress: Draw the CLI's live progress on stderr (when no reporter is given).
+        command: The command line recorded in best.json and train.py
+            (default: names this function and the calling script).
 
     Returns:
         The winner, its confirmed speed and the files written.
@@ -162,7 +169,7 @@ def search(
             storage, no feasible trial, or an interruption (finished trials kept).
     """
     if workload is not None and data is not None:
-        raise UsageError("give a workload or the classifier shorthand (model, data, image_size), not both")
+        raise UsageError(WORKLOAD_AND_DATA)
     config = SearchConfig(
         model=model,
         trials=trials,
@@ -184,7 +191,7 @@ def search(
         confirm_rounds=confirm_rounds,
         lr=lr,
         timeout_s=timeout_s,
-        command=f"python: autotune.search() in {shlex.quote(sys.argv[0] or 'python')}",
+        command=command if command is not None else f"python: autotune.search() in {shlex.quote(sys.argv[0] or 'python')}",
         workload=workload,
     )
     if reporter is None and progress:
@@ -233,7 +240,7 @@ def trial_workload(
     dev = resolve_device(device, hardware)
     if workload is not None:
         if data is not None:
-            raise UsageError("give --workload or the classifier shorthand (--model, --data, --image-size), not both")
+            raise UsageError(WORKLOAD_AND_DATA)
         return hardware, dev, build_task_workload(workload, device=dev.name, workers=workers)
     built = build_workload(
         model=model,

@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from autotune._version import __version__
-from autotune.errors import AutotuneError, ProbeError, UsageError
+from autotune.errors import AutotuneError, ProbeError
 from autotune.redact import hide_passwords
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -251,42 +251,38 @@ def search(
     workload: WorkloadOpt = None,
 ) -> None:
     """Search the fastest training setup with short, real, measured trials."""
+    from autotune.api import search as run_one
     from autotune.errors import SearchInterrupted
     from autotune.render import RichReporter, render_search
-    from autotune.tuner import SearchConfig, SearchOutcome, run_search
-    from autotune.tuner.constraints import parse_constraint
-    from autotune.units import parse_size
+    from autotune.tuner import SearchOutcome
 
-    config = SearchConfig(
-        model=model,
-        trials=trials,
-        image_size=image_size,
-        data=data,
-        device=device,
-        effective_batch=effective_batch,
-        max_memory=parse_size(max_memory) if max_memory is not None else None,
-        trial_seconds=trial_seconds,
-        constraints=tuple(parse_constraint(item) for item in set_ or ()),
-        out=out_dir,
-        study=study,
-        storage=storage,
-        seed=seed,
-        sampler=sampler,
-        cache_dir=cache_dir,
-        synthetic_images=synthetic_images,
-        confirm_top=confirm_top,
-        confirm_rounds=confirm_rounds,
-        lr=lr,
-        timeout_s=timeout,
-        command=recorded_command(sys.argv),
-        workload=workload,
-    )
-    if workload is not None and data is not None:
-        raise UsageError("give --workload or the classifier shorthand (--model, --data, --image-size), not both")
-    config.validate()
     try:
         with RichReporter(err) as reporter:
-            outcome = run_search(config, reporter)
+            outcome = run_one(
+                workload,
+                model=model,
+                data=data,
+                image_size=image_size,
+                trials=trials,
+                device=device,
+                out=out_dir,
+                trial_seconds=trial_seconds,
+                effective_batch=effective_batch,
+                max_memory=max_memory,
+                constraints=set_ or (),
+                confirm_top=confirm_top,
+                confirm_rounds=confirm_rounds,
+                seed=seed,
+                sampler=sampler,
+                study=study,
+                storage=storage,
+                timeout_s=timeout,
+                lr=lr,
+                cache_dir=cache_dir,
+                synthetic_images=synthetic_images,
+                reporter=reporter,
+                command=recorded_command(sys.argv),
+            ).outcome
     except SearchInterrupted as exc:
         # The best so far, marked interrupted, then the one yellow line.
         summary = exc.outcome if isinstance(exc.outcome, SearchOutcome) else None
