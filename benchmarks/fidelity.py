@@ -89,6 +89,7 @@ CANDIDATES: dict[str, Rule] = {
     "0.8 x best after 1": slower_than_best(0.8, 1),
     "0.8 x best after 2": slower_than_best(0.8, 2),
     "0.85 x best after 2": slower_than_best(0.85, 2),
+    "0.6 after 1, 0.8 after 2 (chosen)": tightening({1: 0.6, 2: 0.8}),
     "0.7 after 1, 0.85 after 2": tightening({1: 0.7, 2: 0.85}),
     "0.75 after 1, 0.9 after 2": tightening({1: 0.75, 2: 0.9}),
     "0.7 after 1, 0.85 after 2, 0.9 after 3": tightening({1: 0.7, 2: 0.85, 3: 0.9}),

@@ -54,6 +54,11 @@ def leader(confirmed: Sequence[Confirmed]) -> Confirmed | None:
     return max(measured, key=lambda c: c.median or 0.0) if measured else None
 
 
+def resolved(top: Confirmed, other: Confirmed) -> bool:
+    """Whether more rounds of ``other`` could not change the choice: ``top`` beats it or equals it."""
+    return beats(top, other) or equivalent(top, other)
+
+
 def settled(confirmed: Sequence[Confirmed]) -> bool:
     """Whether more rounds could change the ranking in a way that matters.
 
@@ -64,7 +69,7 @@ def settled(confirmed: Sequence[Confirmed]) -> bool:
     if top is None:
         return False
     others = [c for c in confirmed if c is not top and c.median is not None]
-    return all(beats(top, c) or equivalent(top, c) for c in others)
+    return all(resolved(top, c) for c in others)
 
 
 @dataclass(frozen=True)
