@@ -9,8 +9,13 @@ would have seen them, and reports what it saves and what it costs:
 * **measured**: the fraction of the search trials' window time the rule spends;
 * **kept top**: whether the trials that were best on their full measurement
   (the confirmation's candidates) survive the rule;
+* **contenders kept**: whether the trials within 10 % of the best full
+  measurement survive;
 * **regret**: the best full-measurement value among the trials the rule lets
   finish, as a fraction of the best overall.
+
+With several databases, ``window time spent`` is the mean over them and the
+counts are summed.
 
 ``compare`` runs the new user's command (resnet18 at 64 px, 3,000 JPEGs, 15
 trials, default ``--trial-seconds``) twice, once with the screening rule
@@ -98,6 +103,10 @@ CANDIDATES: dict[str, Rule] = {
 }
 
 
+#: A trial within this fraction of the best full measurement is a contender for the win.
+CONTENDER = 0.9
+
+
 @dataclass(frozen=True)
 class Replay:
     """What one rule does to the traces."""
@@ -106,6 +115,8 @@ class Replay:
     measured_fraction: float
     kept_top: int
     top: int
+    contenders_kept: int
+    contenders: int
     regret: float
     stopped: int
 
@@ -132,8 +143,11 @@ def replay(traces: Sequence[Trace], name: str, rule: Rule, baseline: Sequence[fl
     best = sorted(traces, key=lambda t: t.value, reverse=True)[:top]
     kept = sum(1 for t in best if t in survivors)
     overall = max([t.value for t in traces] + list(baseline))
+    contenders = [t for t in traces if t.value >= CONTENDER * overall]
     best_kept = max([t.value for t in survivors] + list(baseline))
-    return Replay(name, spent / full if full else 1.0, kept, len(best), best_kept / overall, stopped)
+    return Replay(
+        name, spent / full if full else 1.0, kept, len(best), sum(t in survivors for t in contenders), len(contenders), best_kept / overall, stopped
+    )
 
 
 def load_traces(db: Path) -> tuple[list[Trace], list[float]]:
@@ -245,8 +259,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "compare":
         compare(args.out, args.trials, args.images, args.rounds)
         return 0
-    print("| rule | window time spent | top-3 kept | regret | trials stopped |")
-    print("| --- | --- | --- | --- | --- |")
+    print("| rule | window time spent | top-3 kept | contenders (>= 0.9 x best) kept | regret | trials stopped |")
+    print("| --- | --- | --- | --- | --- | --- |")
     sets = [load_traces(db) for db in args.db]
     for name, rule in CANDIDATES.items():
         rows = [replay(traces, name, rule, baseline) for traces, baseline in sets]
@@ -254,9 +268,10 @@ def main(argv: list[str] | None = None) -> int:
         kept = sum(r.kept_top for r in rows)
         top = sum(r.top for r in rows)
         regret = min(r.regret for r in rows)
+        contenders = f"{sum(r.contenders_kept for r in rows)}/{sum(r.contenders for r in rows)}"
         stopped = sum(r.stopped for r in rows)
         total = sum(len(t) for t, _ in sets)
-        print(f"| {name} | {spent:.0%} | {kept}/{top} | {regret:.3f} | {stopped}/{total} |")
+        print(f"| {name} | {spent:.0%} | {kept}/{top} | {contenders} | {regret:.3f} | {stopped}/{total} |")
     return 0
 
 
