@@ -38,6 +38,19 @@ WorkloadRef = str | Callable[..., Any]
 WORKLOAD_AND_DATA = "give a workload (--workload) or the classifier shorthand (--model, --data, --image-size), not both"
 
 
+def _shorthand(
+    workload: WorkloadRef | None, model: str | None, data: str | Path | None, image_size: int | None, default_model: str
+) -> tuple[str, int]:
+    """The classifier shorthand's model and crop size; refuses them next to a workload.
+
+    Raises:
+        UsageError: A workload given together with ``model``, ``data`` or ``image_size``.
+    """
+    if workload is not None and (model is not None or data is not None or image_size is not None):
+        raise UsageError(WORKLOAD_AND_DATA)
+    return model if model is not None else default_model, image_size if image_size is not None else 224
+
+
 @dataclass(frozen=True)
 class SearchResult:
     """What :func:`search` found.
@@ -104,9 +117,9 @@ def _bytes(value: int | str | None) -> int | None:
 def search(
     workload: WorkloadRef | None = None,
     *,
-    model: str = "resnet50",
+    model: str | None = None,
     data: str | Path | None = None,
-    image_size: int = 224,
+    image_size: int | None = None,
     trials: int = 30,
     device: str = "auto",
     out: str | Path = "autotune-out",
@@ -135,9 +148,9 @@ def search(
             or the function) returning an :class:`autotune.Task`; ``None``
             for the image-classifier shorthand (``model``, ``data``,
             ``image_size``, ``lr``).
-        model: torchvision name or ``module:function`` (shorthand only).
+        model: torchvision name or ``module:function`` (shorthand only; default resnet50).
         data: ImageFolder directory (shorthand only; ``None``: synthetic JPEGs).
-        image_size: Crop size (shorthand only).
+        image_size: Crop size (shorthand only; default 224).
         trials: Finished trials wanted in the study.
         device: ``auto``, ``cpu``, ``cuda`` or ``cuda:K``.
         out: Output directory (``best.json``, ``trials.csv``, ``train.py``).
@@ -168,8 +181,7 @@ def search(
         AutotuneError: Bad input (before anything is written), an unusable
             storage, no feasible trial, or an interruption (finished trials kept).
     """
-    if workload is not None and data is not None:
-        raise UsageError(WORKLOAD_AND_DATA)
+    model, image_size = _shorthand(workload, model, data, image_size, "resnet50")
     config = SearchConfig(
         model=model,
         trials=trials,
@@ -257,9 +269,9 @@ def trial(
     workload: WorkloadRef | None = None,
     *,
     setup: TrainSetup | None = None,
-    model: str = "resnet18",
+    model: str | None = None,
     data: str | Path | None = None,
-    image_size: int = 224,
+    image_size: int | None = None,
     device: str = "auto",
     trial_seconds: float = 10.0,
     mode: str = "train",
@@ -274,9 +286,9 @@ def trial(
     Args:
         workload: The user's workload factory, or ``None`` for the classifier shorthand.
         setup: The knobs (default: ``TrainSetup()``, PyTorch's defaults).
-        model: torchvision name or ``module:function`` (shorthand only).
+        model: torchvision name or ``module:function`` (shorthand only; default resnet18).
         data: ImageFolder directory (shorthand only).
-        image_size: Crop size (shorthand only).
+        image_size: Crop size (shorthand only; default 224).
         device: ``auto``, ``cpu``, ``cuda`` or ``cuda:K``.
         trial_seconds: Measured steady-state seconds.
         mode: ``train``, ``compute`` (no loader) or ``loader`` (no model).
@@ -296,6 +308,7 @@ def trial(
     """
     from autotune.runner import run_trial
 
+    model, image_size = _shorthand(workload, model, data, image_size, "resnet18")
     setup = setup or TrainSetup()
     options = TrialOptions(
         trial_seconds=trial_seconds,

@@ -117,8 +117,10 @@ def probe(
         out.print(probes.render(hardware))
 
 
-ModelOpt = Annotated[str, typer.Option("--model", "-m", help="torchvision model name or package.module:function.")]
-ImageSizeOpt = Annotated[int, typer.Option("--image-size", help="Square crop size fed to the model.")]
+ModelOpt = Annotated[
+    Optional[str], typer.Option("--model", "-m", help="torchvision model name or package.module:function (search: resnet50, trial: resnet18).")
+]
+ImageSizeOpt = Annotated[Optional[int], typer.Option("--image-size", help="Square crop size fed to the model (default 224).")]
 DataOpt = Annotated[
     Optional[Path], typer.Option("--data", help="ImageFolder directory (default: synthetic JPEGs, generated once).")
 ]
@@ -148,8 +150,8 @@ WorkloadOpt = Annotated[
 @app.command()
 @handle_errors
 def trial(
-    model: ModelOpt = "resnet18",
-    image_size: ImageSizeOpt = 224,
+    model: ModelOpt = None,
+    image_size: ImageSizeOpt = None,
     batch_size: Annotated[int, typer.Option("--batch-size", help="Micro-batch per step.")] = 32,
     workers: Annotated[int, typer.Option("--workers", help="DataLoader num_workers.")] = 0,
     prefetch: Annotated[
@@ -217,10 +219,10 @@ def trial(
 @app.command()
 @handle_errors
 def search(
-    model: ModelOpt = "resnet50",
+    model: ModelOpt = None,
     trials: Annotated[int, typer.Option("--trials", "-n", help="Finished trials wanted in the study (resume counts).")] = 30,
     data: DataOpt = None,
-    image_size: ImageSizeOpt = 224,
+    image_size: ImageSizeOpt = None,
     device: DeviceOpt = "auto",
     effective_batch: Annotated[
         Optional[int],

@@ -4,7 +4,7 @@
 
 Reads ``OUT_DIR/best.json``, runs ``OUT_DIR/train.py`` (single process, its
 tuned defaults) for a fixed number of optimizer steps, parses its periodic
-``step N loss L images/s X`` lines, drops the first ``--warmup-logs`` of them
+``step N loss L images/s X`` lines (``samples/s`` for a Task's script), drops the first ``--warmup-logs`` of them
 as warm-up, and prints the median steady-state images/s and its ratio to
 ``best.samples_per_s``. A ratio near 1.0 means the script runs the setup at
 the speed the search promised. Exit code 1 when the script fails or logs too
@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-LOG_LINE = re.compile(r"^step (\d+) loss (\S+) images/s ([0-9.]+)\s*$")
+LOG_LINE = re.compile(r"^step (\d+) loss (\S+) (?:images|samples)/s ([0-9.]+)\s*$")
 
 
 def parse_log(text: str) -> list[tuple[int, float]]:

@@ -107,7 +107,7 @@ class Budget:
     autotune_small: int = 15
     grid: GridSpec = field(default_factory=GridSpec)
     confirm_top: int = 3
-    confirm_rounds: int = 3
+    confirm_rounds: int = 4
     seed: int = 0
     max_batch_cap: int | None = None
 

@@ -84,8 +84,35 @@ def test_finalists_within_noise_get_more_rounds_up_to_the_maximum() -> None:
     # 128 and 64 swap places round by round: neither beats the other, and they differ by more than 3 %.
     runner = _runner_with({16: [50.0], 64: [200.0, 180.0, 200.0, 180.0], 128: [180.0, 200.0, 180.0, 200.0]}, order)
     result = confirm(candidates(), WORKLOAD, TrialOptions(), rounds=4, known={}, store=lambda *a: None, runner=runner)
-    assert order == [16, 64, 128] * 4
-    assert all(len(c.values) == 4 for c in result)
+    # 16 is beaten after the minimum rounds and measured no more; the two within noise go on.
+    assert order == [16, 64, 128] * 2 + [64, 128] * 2
+    assert [len(c.values) for c in result] == [2, 4, 4]
+
+
+def test_the_baseline_stops_only_once_every_remaining_finalist_beats_it() -> None:
+    # 128 leads and beats 16; 64 is within noise of 128 but not clearly faster than 16.
+    rates = {16: [150.0, 160.0], 64: [210.0, 150.0, 200.0, 150.0], 128: [200.0, 190.0, 180.0, 200.0]}
+    order: list[int] = []
+    confirm(candidates(), WORKLOAD, TrialOptions(), rounds=3, known={}, store=lambda *a: None,
+            runner=_runner_with(rates, order), baseline=A.to_json())
+    assert order == [16, 64, 128] * 3  # 16 stays: 64 is still measured and does not beat it
+    order.clear()
+    confirm(candidates(), WORKLOAD, TrialOptions(), rounds=3, known={}, store=lambda *a: None,
+            runner=_runner_with(rates, order))
+    assert order == [16, 64, 128] * 2 + [64, 128]  # without a baseline 16 stops once beaten by the leader
+
+
+def test_a_finalist_that_never_measured_stops_after_the_minimum_rounds() -> None:
+    order: list[int] = []
+
+    def runner(setup, workload, options=None, *, on_window=None) -> TrialResult:
+        order.append(setup.batch_size)
+        if setup.batch_size == 128:
+            return TrialResult(status="oom", error="out of memory")
+        return TrialResult(status="ok", samples_per_s={16: 100.0, 64: 100.0 + len(order) % 2 * 20}[setup.batch_size])
+
+    confirm(candidates(), WORKLOAD, TrialOptions(), rounds=4, known={}, store=lambda *a: None, runner=runner)
+    assert 128 not in order[6:]
 
 
 def test_finalists_equal_within_the_floor_do_not_need_more_rounds() -> None:

@@ -350,6 +350,8 @@ def test_benchmark_log_parser() -> None:
     rows = parse_log(log)
     assert rows == [(5, 10.0), (10, 120.5), (15, 130.0)]
     assert steady_state(rows, 1) == [120.5, 130.0]
+    # A Task's train.py counts samples, not images.
+    assert parse_log("step 4 loss 0.7 samples/s 1500.0\n") == [(4, 1500.0)]
 
 
 # ---------------------------------------------------------------- real runs

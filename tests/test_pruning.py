@@ -1,47 +1,55 @@
-"""The pruner: stop a trial only when it is clearly slower than the best finished one."""
+"""The screening pruner: one window stops what is far behind, two windows what cannot be a finalist."""
 
 from __future__ import annotations
 
 import optuna
 import pytest
 
-from autotune.tuner.pruning import SlowerThanBestPruner
+from autotune.tuner.pruning import CHECKPOINTS, ScreeningPruner
 
 
-def _study() -> optuna.Study:
+def _study(best: float = 100.0) -> optuna.Study:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = optuna.create_study(direction="maximize", pruner=SlowerThanBestPruner(ratio=0.6, n_warmup_steps=2))
-    study.tell(study.ask(), 100.0)
+    study = optuna.create_study(direction="maximize", pruner=ScreeningPruner({1: 0.6, 2: 0.8}))
+    study.tell(study.ask(), best)
     return study
 
 
-def test_clearly_slower_trials_are_pruned_after_the_warmup_windows() -> None:
-    study = _study()
+def _after(study: optuna.Study, values: list[float]) -> bool:
     trial = study.ask()
-    trial.report(10.0, step=0)
-    assert not trial.should_prune()  # one window is never enough
-    trial.report(12.0, step=1)
-    assert trial.should_prune()
-
-
-def test_trials_within_the_noise_run_on() -> None:
-    study = _study()
-    trial = study.ask()
-    for step, value in enumerate((70.0, 65.0, 50.0)):
+    for step, value in enumerate(values):
         trial.report(value, step=step)
-    assert not trial.should_prune()  # median 65 >= 0.6 x 100
+    return trial.should_prune()
+
+
+def test_far_behind_stops_after_one_window() -> None:
+    assert _after(_study(), [50.0])
+    assert not _after(_study(), [65.0])  # 0.65 x best: one window is not enough evidence
+
+
+def test_not_a_finalist_stops_after_two_windows() -> None:
+    assert _after(_study(), [65.0, 75.0])  # median 70 < 0.8 x 100
+    assert not _after(_study(), [78.0, 86.0])  # median 82: within the noise of the leader
+
+
+def test_after_the_checkpoints_a_trial_measures_every_window() -> None:
+    assert not _after(_study(), [90.0, 90.0, 10.0])  # the third window is no checkpoint
+    assert not _after(_study(), [90.0, 90.0, 10.0, 10.0, 10.0])
+
+
+def test_the_defaults_checkpoints_tighten_with_evidence() -> None:
+    ratios = [CHECKPOINTS[k] for k in sorted(CHECKPOINTS)]
+    assert ratios == sorted(ratios) and all(0 < r < 1 for r in ratios)
 
 
 def test_nothing_is_pruned_before_a_feasible_trial_finished() -> None:
-    study = optuna.create_study(direction="maximize", pruner=SlowerThanBestPruner())
+    study = optuna.create_study(direction="maximize", pruner=ScreeningPruner())
     study.tell(study.ask(), 0.0)  # an infeasible trial is worth 0
-    trial = study.ask()
-    trial.report(1.0, step=0)
-    trial.report(1.0, step=1)
-    assert not trial.should_prune()
+    assert not _after(study, [1.0])
+    assert not _after(study, [1.0, 1.0])
 
 
-@pytest.mark.parametrize("ratio", [0.0, 1.0, -1.0])
-def test_bad_ratio_is_refused(ratio: float) -> None:
+@pytest.mark.parametrize("checkpoints", [{}, {1: 0.0}, {1: 1.0}, {0: 0.5}, {2: -1.0}])
+def test_bad_checkpoints_are_refused(checkpoints: dict[int, float]) -> None:
     with pytest.raises(ValueError):
-        SlowerThanBestPruner(ratio=ratio)
+        ScreeningPruner(checkpoints)

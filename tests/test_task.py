@@ -133,6 +133,8 @@ def test_unpicklable_dataset_is_fine_without_workers() -> None:
         (["--workload", "task_factories:empty"], "is empty"),
         (["--workload", "task_factories:unpicklable"], "--set num_workers=0"),
         (["--workload", "task_factories:good", "--data", "somewhere"], "not both"),
+        (["--workload", "task_factories:good", "--model", "resnet18"], "not both"),
+        (["--workload", "task_factories:good", "--image-size", "64"], "not both"),
         (["--workload", "task_factories:good", "--set", "channels_last=true"], "no 4-D floating tensor"),
     ],
 )

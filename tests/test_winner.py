@@ -94,6 +94,13 @@ def test_a_winner_within_the_noise_of_the_defaults_returns_the_defaults() -> Non
     assert best.setup == DEFAULTS
 
 
+def test_one_lost_round_in_four_does_not_undo_a_clear_gain() -> None:
+    defaults = _confirmed(DEFAULTS, (100.0, 100.0, 100.0, 100.0))
+    assert _best([_confirmed(FAST, (130.0, 95.0, 125.0, 128.0)), defaults]).setup == FAST
+    # Two lost rounds in four are not a clear gain, whatever the median.
+    assert _best([_confirmed(FAST, (130.0, 95.0, 125.0, 98.0)), defaults]).setup == DEFAULTS
+
+
 def test_a_setup_that_keeps_the_math_is_preferred_when_the_faster_one_is_within_noise() -> None:
     keeps = TrainSetup(batch_size=32, num_workers=1, prefetch_factor=2, persistent_workers=True)
     confirmed = [

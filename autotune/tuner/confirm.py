@@ -15,7 +15,7 @@ from dataclasses import replace
 from autotune.records import Candidate, Ceilings, Confirmed, TrialOptions, TrialRecord, TrialResult, Workload
 from autotune.runner import TrialRunner, run_trial
 from autotune.train_setup import TrainSetup
-from autotune.tuner.noise import settled
+from autotune.tuner.noise import beats, leader, resolved
 
 Store = Callable[[str, list[float], list[str]], None]
 
@@ -35,13 +35,19 @@ def confirm(
     on_measure: Callable[[int, int, Candidate, TrialResult], None] = lambda *_: None,
     runner: TrialRunner = run_trial,
     min_rounds: int = MIN_ROUNDS,
+    baseline: str | None = None,
 ) -> list[Confirmed]:
-    """Measure every candidate in interleaved rounds until the ranking is settled.
+    """Measure the candidates in interleaved rounds until the ranking is settled.
 
-    At least ``min_rounds`` (or ``rounds``, if fewer) rounds run; after each
-    later round the measuring stops once :func:`autotune.tuner.noise.settled`
-    holds (the leader beats or equals every other candidate beyond the
-    noise), and at the latest after ``rounds`` rounds.
+    Every candidate runs in the first ``min_rounds`` rounds (or ``rounds``,
+    if fewer). After that, a candidate the leader already beats or equals
+    beyond the noise (:func:`autotune.tuner.noise.resolved`) is no longer
+    measured: more rounds of it could not change the choice. The rounds go
+    on with the leader and the candidates still within the noise of it, and
+    stop once none is left, at the latest after ``rounds`` rounds. The
+    ``baseline`` candidate (the defaults, whose key it is) stops only once
+    every other candidate still measured beats it, so whichever wins in the
+    end has paired rounds against it.
 
     Measurements already in ``known`` (from an interrupted run) count; only
     the missing ones run. ``store`` is called after every measurement so none
@@ -55,11 +61,14 @@ def confirm(
     def results() -> list[Confirmed]:
         return [Confirmed(c, tuple(values[c.key]), tuple(failures[c.key])) for c in candidates]
 
+    active = {c.key for c in candidates}
     for round_index in range(rounds):
-        if round_index >= min(min_rounds, rounds) and settled(results()):
-            break
+        if round_index >= min(min_rounds, rounds):
+            active = _unresolved(results(), active, baseline)
+            if len(active) <= 1:
+                break
         for candidate in candidates:
-            if len(values[candidate.key]) + len(failures[candidate.key]) > round_index:
+            if candidate.key not in active or len(values[candidate.key]) + len(failures[candidate.key]) > round_index:
                 continue
             result = runner(candidate.setup, workload, options)
             if result.ok and result.samples_per_s is not None:
@@ -70,6 +79,19 @@ def confirm(
             done += 1
             on_measure(done, total, candidate, result)
     return results()
+
+
+def _unresolved(confirmed: Sequence[Confirmed], active: set[str], baseline: str | None) -> set[str]:
+    """The leader and the still-measured candidates it neither beats nor equals yet (one that never measured is dropped)."""
+    measured = [c for c in confirmed if c.candidate.key in active]
+    top = leader(measured)
+    if top is None:
+        return active
+    keep = {c.candidate.key for c in measured if c is top or (c.median is not None and not resolved(top, c))}
+    base = next((c for c in measured if c.candidate.key == baseline), None)
+    if base is not None and base.median is not None and not all(beats(c, base) for c in measured if c.candidate.key in keep - {baseline}):
+        keep.add(base.candidate.key)
+    return keep
 
 
 def pick_candidates(feasible: Sequence[TrialRecord], defaults: TrainSetup, top: int) -> list[Candidate]:

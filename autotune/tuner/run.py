@@ -284,26 +284,27 @@ def confirm_finalists(
     reporter: Reporter,
     runner: TrialRunner,
 ) -> list[Confirmed]:
-    """Re-measure the finalists and the defaults in interleaved rounds, 1.5x the trial length each.
+    """Re-measure the finalists and the defaults in interleaved rounds of one trial length each.
 
     Raises:
         KeyboardInterrupt: Ctrl-C or SIGTERM; the rounds measured so far are stored.
     """
     candidates = pick_candidates(feasible, defaults, config.confirm_top)
     reporter.message(
-        f"confirmation: {len(candidates)} setups in interleaved rounds of {options.trial_seconds * 1.5:.0f} s "
-        f"(2 to {config.confirm_rounds}, until the ranking is settled)"
+        f"confirmation: {len(candidates)} setups in interleaved rounds of {options.trial_seconds:.0f} s "
+        f"(2 to {config.confirm_rounds}; a setup stops once the leader beats or equals it)"
     )
     with sigterm_as_interrupt():
         return confirm(
             candidates,
             prepared.workload,
-            replace(options, trial_seconds=options.trial_seconds * 1.5),
+            options,
             rounds=config.confirm_rounds,
             known=prepared.study.confirmation(),
             store=prepared.study.store_confirmation,
             on_measure=lambda done, total, cand, result: reporter.confirm_progress(done, total, cand.label, result),
             runner=runner,
+            baseline=defaults.to_json(),
         )
 
 

@@ -26,7 +26,7 @@ from autotune.redact import hide_passwords
 from autotune.time_spent import TimeSpent
 from autotune.train_setup import TrainSetup
 from autotune.tuner.lock import Holder
-from autotune.tuner.pruning import SlowerThanBestPruner
+from autotune.tuner.pruning import ScreeningPruner
 
 # Trial roles.
 ROLE_DEFAULTS = "defaults"
@@ -138,7 +138,7 @@ class SearchStudy:
                 study_name=name,
                 direction="maximize",
                 sampler=_sampler(sampler, seed, n_startup),
-                pruner=SlowerThanBestPruner(),
+                pruner=ScreeningPruner(),
                 load_if_exists=True,
             )
         except Exception as exc:  # sqlalchemy / redis / journal errors all differ

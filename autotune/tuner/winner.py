@@ -136,8 +136,8 @@ def choose_winner(measured: list[Confirmed], default_key: str, reference: int) -
         chosen = defaults
         notes.append(
             f"nothing measurably faster than the PyTorch defaults was found: the fastest finalist "
-            f"({top.candidate.setup.describe()}, {top.median:.1f} samples/s) did not beat them beyond the "
-            f"{NOISE_FLOOR:.0%} noise floor in every paired round ({_margin_text(top, defaults)}); the defaults are kept"
+            f"({top.candidate.setup.describe()}, {top.median:.1f} samples/s) did not beat them by the "
+            f"{NOISE_FLOOR:.0%} noise floor in 3 of 4 paired rounds ({_margin_text(top, defaults)}); the defaults are kept"
         )
     elif changes_math(top.candidate.setup, reference):
         keepers = [c for c in measured if c is not top and not changes_math(c.candidate.setup, reference)]
