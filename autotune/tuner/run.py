@@ -101,6 +101,7 @@ def _search(
         constraints=merge_constraints(config.constraints),
         images=prepared.workload.images,
         image_input=prepared.workload.image_input,
+        workload=prepared.workload,
     )
     reporter.message(space.describe())
     defaults = defaults_setup(config.effective_batch, batch=prepared.workload.reference_batch)
