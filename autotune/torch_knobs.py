@@ -75,5 +75,5 @@ def compile_model(model: torch.nn.Module, mode: str) -> torch.nn.Module:
         return model
     import torch
 
-    compiled: torch.nn.Module = torch.compile(model, mode=None if mode == "default" else mode)  # type: ignore[assignment]
+    compiled: torch.nn.Module = torch.compile(model, mode=None if mode == "default" else mode)
     return compiled

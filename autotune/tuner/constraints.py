@@ -126,6 +126,20 @@ def parse_constraint(text: str) -> Constraint:
     return Constraint(knob, value=_parse_value(knob, rest))
 
 
+def pinned_values(texts: Iterable[str]) -> dict[str, Any]:
+    """``KNOB=VALUE`` pins as TrainSetup keyword arguments (``autotune trial --set``).
+
+    Raises:
+        UsageError: Malformed, unknown, a range or a list of choices.
+    """
+    pins: dict[str, Any] = {}
+    for constraint in merge_constraints(parse_constraint(text) for text in texts).values():
+        if constraint.choices is not None or constraint.low is not None or constraint.high is not None:
+            raise UsageError(f"--set {constraint.knob}: a trial runs one setup; give one value")
+        pins[constraint.knob] = constraint.value
+    return pins
+
+
 def merge_constraints(items: Iterable[Constraint]) -> dict[str, Constraint]:
     """Index constraints by knob; a knob given twice is an error."""
     merged: dict[str, Constraint] = {}
