@@ -55,12 +55,12 @@ class GpuDecoder:
 
         try:
             return list(decode_jpeg(files, mode=ImageReadMode.RGB, device=self.device))
-        except RuntimeError:  # a file that is not a JPEG: decode one by one, on the CPU where needed
+        except (RuntimeError, ValueError):  # a file that is not a JPEG: decode one by one, on the CPU where needed
             images = []
             for data in files:
                 try:
                     images.append(decode_jpeg(data, mode=ImageReadMode.RGB, device=self.device))
-                except RuntimeError:
+                except (RuntimeError, ValueError):
                     if not self.noted:
                         print("note: decode=gpu: a file is not a JPEG; such files are decoded on the CPU", file=sys.stderr)
                         self.noted = True
