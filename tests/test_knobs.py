@@ -248,9 +248,17 @@ def test_break_even_is_compile_time_over_step_time_saved() -> None:
 
 
 def test_a_search_compiles_the_leading_setup_near_its_end(tmp_path: Path, cache_dir: Path) -> None:
-    from test_search import config, search
+    from dataclasses import replace
 
-    outcome = search(config(tmp_path, cache_dir, trials=10))
+    from test_search import config, fake_runner, search
+
+    def compiling_runner(setup: TrainSetup, workload: Workload, options: Any = None, *, on_window: Any = None) -> TrialResult:
+        result = fake_runner(setup, workload, options, on_window=on_window)
+        if setup.compile == "off" or not result.ok or result.step_time_s is None or result.samples_per_s is None:
+            return result
+        return replace(result, compile_s=20.0, step_time_s=result.step_time_s / 1.25, samples_per_s=result.samples_per_s * 1.25)
+
+    outcome = search(config(tmp_path, cache_dir, trials=10), runner=compiling_runner)
     compiled = [r for r in outcome.records if r.role == ROLE_COMPILE]
     assert len(compiled) == 1 and compiled[0].setup.compile == "default"
     eager = [r for r in outcome.records if r.role != ROLE_COMPILE and r.number < compiled[0].number and r.result.ok]
@@ -258,6 +266,9 @@ def test_a_search_compiles_the_leading_setup_near_its_end(tmp_path: Path, cache_
     base = [r for r in eager if r.setup == compiled[0].setup.replace(compile="off")]
     assert base and base[0].result.samples_per_s == fastest  # the leader, compiled
     assert all(r.setup.compile == "off" for r in outcome.records if r.role != ROLE_COMPILE)
+    assert outcome.best is not None and outcome.best.setup.compile == "default"  # 1.25x faster: it wins confirmation
+    assert any(n.startswith("compile=default: compiling took 20 s in the first step; it pays off after") for n in outcome.best.notes)
+    assert 'id="compile"' in (tmp_path / "out" / "report.html").read_text()
     short = search(config(tmp_path / "short", cache_dir, trials=4))
     assert not [r for r in short.records if r.role == ROLE_COMPILE]
 

@@ -45,6 +45,17 @@ def powers_of_two(low: int, high: int) -> tuple[int, ...]:
     return tuple(values)
 
 
+#: The torch knobs at PyTorch's defaults (a space that does not search them).
+TORCH_DEFAULTS: dict[str, tuple[Any, ...]] = {
+    "num_threads": (None,),
+    "compile": ("off",),
+    "cudnn_benchmark": (False,),
+    "tf32": (False,),
+    "optimizer_impl": (None,),
+    "decode": ("cpu",),
+}
+
+
 @dataclass(frozen=True)
 class Space:
     """Allowed values per knob. A knob with one value is fixed, not searched.
@@ -64,6 +75,9 @@ class Space:
     images: int | None = None
 
     def __post_init__(self) -> None:
+        # A space built by hand without the torch knobs keeps PyTorch's defaults for them.
+        missing = {knob: value for knob, value in TORCH_DEFAULTS.items() if knob not in self.values}
+        object.__setattr__(self, "values", {**self.values, **missing})
         for knob in KNOBS:
             if knob == "accumulation_steps" and self.effective_batch is not None:
                 continue
@@ -369,5 +383,6 @@ def guess_setup(space: Space, calibration: Calibration, device: DeviceInfo, usab
         channels_last=channels_last,
         cudnn_benchmark=True in values["cudnn_benchmark"],
         tf32=True in values["tf32"],
-        optimizer_impl="fused" if "fused" in impls else ("foreach" if "foreach" in impls else None),
+        # fused on CUDA, foreach on a CPU: the kernels autotune's trials used before the knob existed.
+        optimizer_impl="fused" if cuda and "fused" in impls else ("foreach" if "foreach" in impls else None),
     )
