@@ -326,7 +326,7 @@ def trial(
         synthetic_images=synthetic_images,
         workers=setup.num_workers > 0,
     )
-    setup.check_device(dev.name, bf16_supported=dev.bf16)
+    setup.check_device(dev.name, bf16_supported=dev.bf16, tf32_supported=dev.tf32)
     if setup.channels_last and not built.image_input:
         raise UsageError("channels_last: this workload's batches hold no 4-D floating tensor for it to act on")
     if announce is not None:

@@ -176,6 +176,9 @@ def trial(
     synthetic_images: SyntheticOpt = 2000,
     as_json: Annotated[bool, typer.Option("--json", help="Print the TrialResult as one JSON object.")] = False,
     workload: WorkloadOpt = None,
+    knobs: Annotated[
+        Optional[list[str]], typer.Option("--set", help="Any other knob, KNOB=VALUE (num_threads=2, compile=default, ...).")
+    ] = None,
 ) -> None:
     """Run one short, isolated, measured training trial and report its throughput."""
     from autotune.api import trial as run_one
@@ -192,6 +195,10 @@ def trial(
         amp=amp,  # type: ignore[arg-type]
         channels_last=channels_last,
     )
+    if knobs:
+        from autotune.tuner.constraints import pinned_values
+
+        setup = setup.replace(**pinned_values(knobs))
     from autotune.tuner.signals import sigterm_as_interrupt
 
     with sigterm_as_interrupt():  # SIGTERM unwinds like Ctrl-C: the trial and its directory are removed

@@ -30,6 +30,7 @@ class DeviceInfo:
     memory_total_bytes: int | None
     memory_free_bytes: int | None
     label: str
+    tf32: bool = False
 
     @property
     def type(self) -> str:
@@ -119,5 +120,6 @@ def resolve_device(text: str, hardware: Hardware) -> DeviceInfo:
             getattr(gpu, "memory_total_bytes", None),
             getattr(gpu, "memory_free_bytes", None),
             str(getattr(gpu, "name", "GPU")),
+            bool(getattr(gpu, "tf32", False)),
         )
     raise UsageError(f"bad device {text!r}; use auto, cpu, cuda or cuda:K")

@@ -5,9 +5,6 @@ A trial's request (:class:`Workload`, :class:`TrialOptions`, with the
 JSON and its :class:`TrialResult` comes back the same way; the study stores
 results, the :class:`Calibration` and the confirmation rounds as JSON user
 attributes. Each record is a frozen dataclass with ``to_dict``/``from_dict``.
-
-This module imports only the leaves ``errors``, ``devices`` and
-``train_setup``: every other module of autotune may import it.
 """
 
 from __future__ import annotations
@@ -59,6 +56,10 @@ class Workload:
         lr_scaling: How the learning rate follows the effective batch:
             ``"sqrt"`` for adaptive (Adam-family) optimizers, the default
             AdamW included; ``"linear"`` for SGD-like ones.
+        fixed_shapes: Whether every batch has the same shapes (cuDNN
+            autotuning is safe); the classifier's crops always do.
+        own_optimizer: Whether a Task brings its own optimizer factory
+            (``optimizer_impl`` is then not offered).
     """
 
     model: str
@@ -76,6 +77,8 @@ class Workload:
     reference_batch: int | None = None
     image_input: bool = True
     iterable: bool = False
+    fixed_shapes: bool = True
+    own_optimizer: bool = False
 
     def __post_init__(self) -> None:
         if self.lr_scaling not in LR_SCALINGS:
@@ -184,6 +187,9 @@ class TrialResult:
             n processes counts 1/n in each) of the trial process and its
             loader workers, sampled every 50 ms; RSS elsewhere than Linux.
         warmup_s: Start-up and warm-up time, excluded from the measurement.
+        compile_s: Of the warm-up, the first step with ``torch.compile``
+            (compilation included); ``None`` when the model ran eagerly.
+        num_threads: ``torch.get_num_threads()`` in the training process.
         measured_s: Wall time of the measured windows.
         error: One line saying what went wrong, or ``None``.
         windows: Each window's throughput, in order.
@@ -203,6 +209,8 @@ class TrialResult:
     windows: tuple[float, ...] = field(default_factory=tuple)
     samples: int = 0
     mode: str = "train"
+    compile_s: float | None = None
+    num_threads: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -328,13 +336,8 @@ class TrialRecord:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict."""
-        return {
-            "number": self.number,
-            "role": self.role,
-            "setup": self.setup.to_dict(),
-            "result": self.result.to_dict(),
-            "reused_from": self.reused_from,
-        }
+        setup, result = self.setup.to_dict(), self.result.to_dict()
+        return {"number": self.number, "role": self.role, "setup": setup, "result": result, "reused_from": self.reused_from}
 
 
 @dataclass(frozen=True)

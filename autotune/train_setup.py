@@ -7,6 +7,9 @@ own training loop needs to adopt a tuned setup::
     setup = autotune.load_setup("autotune-out/best.json")
     loader = setup.dataloader(dataset, shuffle=True)
     model = setup.prepare_model(model)
+    setup.configure_torch("cuda")          # threads, cuDNN autotuning, TF32
+    model = setup.compile_model(model)     # torch.compile, when tuned on
+    optimizer = setup.optimizer(model.parameters(), lr=1e-3)  # AdamW, tuned kernel
     scaler = setup.grad_scaler("cuda")
     with setup.autocast("cuda"):
         loss = criterion(model(setup.prepare_batch(images)), labels)
@@ -26,6 +29,15 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from autotune.devices import device_type
 from autotune.errors import SetupError
+from autotune.torch_knobs import (
+    COMPILE_MODES,
+    DECODES,
+    OPTIMIZER_IMPLS,
+    compile_model,
+    configure_torch,
+    fused_supported,
+    optimizer_kwargs,
+)
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     import torch
@@ -33,6 +45,9 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 
 AmpMode = Literal["off", "bf16", "fp16"]
 AMP_MODES: tuple[str, ...] = ("off", "bf16", "fp16")
+CompileMode = Literal["off", "default", "max-autotune-no-cudagraphs", "reduce-overhead"]
+OptimizerImpl = Literal["for-loop", "foreach", "fused"]
+Decode = Literal["cpu", "gpu"]
 
 #: The knobs, in the order they are shown to users.
 KNOBS: tuple[str, ...] = (
@@ -44,6 +59,12 @@ KNOBS: tuple[str, ...] = (
     "accumulation_steps",
     "amp",
     "channels_last",
+    "num_threads",
+    "compile",
+    "cudnn_benchmark",
+    "tf32",
+    "optimizer_impl",
+    "decode",
 )
 
 
@@ -61,6 +82,17 @@ class TrainSetup:
         accumulation_steps: Micro-batches per optimizer step.
         amp: Autocast precision: ``"off"`` (fp32), ``"bf16"`` or ``"fp16"``.
         channels_last: NHWC memory format for model and input.
+        num_threads: Intra-op CPU threads of the training process
+            (``torch.set_num_threads``); ``None``: torch's own choice.
+        compile: ``torch.compile`` mode, ``"off"`` for eager.
+        cudnn_benchmark: cuDNN picks the fastest convolution algorithms
+            (CUDA, fixed input shapes).
+        tf32: TF32 float32 matmuls and convolutions (CUDA, Ampere and newer);
+            ``False`` leaves torch's defaults.
+        optimizer_impl: ``"for-loop"``, ``"foreach"`` or ``"fused"``
+            optimizer kernels; ``None``: torch's own choice.
+        decode: ``"cpu"`` (JPEGs decoded by the loader) or ``"gpu"``
+            (``torchvision.io.decode_jpeg`` on the CUDA device).
     """
 
     num_workers: int = 0
@@ -71,6 +103,12 @@ class TrainSetup:
     accumulation_steps: int = 1
     amp: AmpMode = "off"
     channels_last: bool = False
+    num_threads: int | None = None
+    compile: CompileMode = "off"
+    cudnn_benchmark: bool = False
+    tf32: bool = False
+    optimizer_impl: OptimizerImpl | None = None
+    decode: Decode = "cpu"
 
     def __post_init__(self) -> None:
         self.validate()
@@ -86,7 +124,7 @@ class TrainSetup:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool):
                 raise SetupError(f"{name} must be an integer, got {value!r}")
-        for name in ("pin_memory", "persistent_workers", "channels_last"):
+        for name in ("pin_memory", "persistent_workers", "channels_last", "cudnn_benchmark", "tf32"):
             if not isinstance(getattr(self, name), bool):
                 raise SetupError(f"{name} must be true or false, got {getattr(self, name)!r}")
         if self.num_workers < 0:
@@ -97,6 +135,14 @@ class TrainSetup:
             raise SetupError(f"accumulation_steps must be >= 1, got {self.accumulation_steps}")
         if self.amp not in AMP_MODES:
             raise SetupError(f"amp must be one of {', '.join(AMP_MODES)}, got {self.amp!r}")
+        if self.num_threads is not None and (
+            isinstance(self.num_threads, bool) or not isinstance(self.num_threads, int) or self.num_threads < 1
+        ):
+            raise SetupError(f"num_threads must be an integer >= 1 (or null for torch's choice), got {self.num_threads!r}")
+        for name, allowed in (("compile", COMPILE_MODES), ("optimizer_impl", (None, *OPTIMIZER_IMPLS)), ("decode", DECODES)):
+            if getattr(self, name) not in allowed:
+                shown = ", ".join(str(a).lower() if a is None else str(a) for a in allowed).replace("none", "null")
+                raise SetupError(f"{name} must be one of {shown}, got {getattr(self, name)!r}")
         if self.num_workers == 0:
             if self.prefetch_factor is not None:
                 raise SetupError("prefetch_factor needs num_workers > 0 (PyTorch rejects it with 0 workers)")
@@ -108,20 +154,31 @@ class TrainSetup:
             if self.prefetch_factor < 1:
                 raise SetupError(f"prefetch_factor must be >= 1, got {self.prefetch_factor}")
 
-    def check_device(self, device: str | torch.device, *, bf16_supported: bool | None = None) -> None:
+    def check_device(
+        self, device: str | torch.device, *, bf16_supported: bool | None = None, tf32_supported: bool | None = None
+    ) -> None:
         """Reject knobs the given device cannot run.
 
         Args:
             device: ``"cpu"``, ``"cuda"`` or ``"cuda:K"``.
             bf16_supported: Whether the device runs bf16 natively. ``None``
                 asks torch (for CUDA) or allows it (CPU autocast always runs).
+            tf32_supported: Whether the GPU has TF32 tensor cores. ``None`` asks torch.
 
         Raises:
-            SetupError: fp16 on a CPU, bf16 on a GPU without it, pinned memory
-                without a GPU.
+            SetupError: fp16 on a CPU, bf16 on a GPU without it, pinned memory,
+                cuDNN, TF32, GPU decoding or CUDA graphs without a GPU, fused
+                optimizer kernels the installed torch lacks for the device.
         """
         kind = device_type(device)
+        if self.optimizer_impl == "fused" and kind in ("cpu", "cuda") and not fused_supported(kind):
+            raise SetupError(f"optimizer_impl=fused: the installed torch has no fused optimizer kernels for {kind}")
         if kind == "cpu":
+            for name, on in (("cudnn_benchmark", self.cudnn_benchmark), ("tf32", self.tf32), ("decode=gpu", self.decode == "gpu")):
+                if on:
+                    raise SetupError(f"{name} needs a CUDA device; it changes nothing on a CPU")
+            if self.compile == "reduce-overhead":
+                raise SetupError("compile=reduce-overhead uses CUDA graphs and needs a CUDA device; use compile=default")
             if self.amp == "fp16":
                 raise SetupError("amp=fp16 needs a CUDA device; on a CPU use amp=bf16 or amp=off")
             if self.pin_memory:
@@ -136,6 +193,13 @@ class TrainSetup:
                     bf16_supported = bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
                 if not bf16_supported:
                     raise SetupError("amp=bf16: this GPU does not support bf16; use amp=fp16")
+            if self.tf32:
+                if tf32_supported is None:
+                    import torch
+
+                    tf32_supported = bool(torch.cuda.is_available() and torch.cuda.get_device_capability(device) >= (8, 0))
+                if not tf32_supported:
+                    raise SetupError("tf32: this GPU has no TF32 tensor cores (compute capability 8.0+ needed)")
         else:
             raise SetupError(f"unsupported device {str(device)!r}; use cpu, cuda or cuda:K")
 
@@ -192,6 +256,15 @@ class TrainSetup:
             parts.append("channels_last")
         if self.pin_memory:
             parts.append("pinned")
+        extras = {
+            f"threads={self.num_threads}": self.num_threads is not None,
+            f"compile={self.compile}": self.compile != "off",
+            "cudnn_benchmark": self.cudnn_benchmark,
+            "tf32": self.tf32,
+            f"opt={self.optimizer_impl}": self.optimizer_impl is not None,
+            "gpu_decode": self.decode == "gpu",
+        }
+        parts.extend(text for text, on in extras.items() if on)
         return " ".join(parts)
 
     # ------------------------------------------------- helpers for own loops
@@ -252,6 +325,24 @@ class TrainSetup:
         if self.channels_last:
             model = model.to(memory_format=torch.channels_last)
         return model
+
+    def configure_torch(self, device: str | torch.device) -> None:
+        """Apply ``num_threads``, ``cudnn_benchmark`` and ``tf32`` to this process (call once, before the model runs)."""
+        configure_torch(device, num_threads=self.num_threads, cudnn_benchmark=self.cudnn_benchmark, tf32=self.tf32)
+
+    def optimizer_kwargs(self) -> dict[str, Any]:
+        """``foreach=``/``fused=`` for a ``torch.optim`` optimizer ({} for torch's own choice)."""
+        return optimizer_kwargs(self.optimizer_impl)
+
+    def optimizer(self, params: Any, *, lr: float, cls: type[torch.optim.Optimizer] | None = None, **kwargs: Any) -> torch.optim.Optimizer:
+        """An optimizer (AdamW unless ``cls`` is given) with the tuned kernel implementation."""
+        import torch
+
+        return (cls or torch.optim.AdamW)(params, lr=lr, **self.optimizer_kwargs(), **kwargs)
+
+    def compile_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        """``torch.compile(model)`` in the tuned mode (the model itself when compile is off)."""
+        return compile_model(model, self.compile)
 
     def prepare_batch(self, images: torch.Tensor) -> torch.Tensor:
         """Convert a 4-D image batch to channels_last when the setup asks for it."""

@@ -4,8 +4,9 @@
     python examples/own_loop.py autotune-out/best.json # the setup a search found
 
 ``autotune.load_setup`` reads the winning TrainSetup from ``best.json``; its
-helpers apply every knob: the DataLoader arguments, channels_last, autocast,
-the GradScaler (fp16 only) and the accumulation steps. The model and data here
+helpers apply every knob: the DataLoader arguments, the torch settings
+(threads, cuDNN autotuning, TF32), torch.compile, the optimizer's kernels,
+channels_last, autocast, the GradScaler (fp16 only) and the accumulation steps. The model and data here
 are tiny stand-ins (resnet18 on random 32x32 images, three optimizer steps).
 """
 
@@ -43,11 +44,13 @@ def main(argv: list[str]) -> int:
     model = torchvision.models.resnet18(num_classes=10)
 
     # --- adopting the setup: these lines are all it takes -------------------
+    setup.configure_torch(device)  # num_threads, cudnn_benchmark, tf32: before the model runs
     loader = setup.dataloader(dataset, shuffle=True, drop_last=True)
     model = setup.prepare_model(model.to(device))
     scaler = setup.grad_scaler(device)  # None unless amp is fp16
     lr = 1e-3 * setup.effective_batch() / 256  # linear scaling from a reference batch of 256
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    optimizer = setup.optimizer(model.parameters(), lr=lr)  # AdamW with the tuned kernels (optimizer_impl)
+    model = setup.compile_model(model)  # torch.compile when the setup compiles; the model itself otherwise
     model.train()
     start = time.perf_counter()
     for i, (images, labels) in enumerate(loader):

@@ -19,6 +19,11 @@ def tiny_cnn(num_classes: int = 10) -> nn.Module:
     )
 
 
+def tiny_mlp(num_classes: int = 10) -> nn.Module:
+    """Pooling and one linear layer: the cheapest model torch.compile can compile."""
+    return nn.Sequential(nn.AdaptiveAvgPool2d(2), nn.Flatten(), nn.Linear(12, num_classes))
+
+
 def broken(num_classes: int = 10) -> nn.Module:
     """A factory that fails with a clear message."""
     raise ValueError("factory exploded on purpose")

@@ -40,6 +40,8 @@ def _one_error_line(output: str) -> str:
         (("--set", "turbo=1"), 2, "unknown knob 'turbo'"),
         (("--set", "amp=fp16"), 2, "fp16 needs a CUDA device"),
         (("--set", "pin_memory=true"), 2, "pin_memory"),
+        (("--set", "tf32=true"), 2, "tf32 needs a CUDA device"),
+        (("--set", "compile=turbo"), 2, "expected one of off, default"),
         (("--effective-batch", "64", "--set", "accumulation_steps=2"), 2, "do not --set it as well"),
         (("--device", "cuda"), 2, "no CUDA GPU is usable"),
         (("--device", "tpu"), 2, "bad device 'tpu'"),

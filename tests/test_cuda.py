@@ -62,3 +62,92 @@ def test_tiny_cuda_search(tmp_path, cache_dir) -> None:
     assert best.workload.device == "cuda:0"
     assert outcome.best is not None and best.samples_per_s > 0
     assert "fp16" in outcome.records[1].setup.amp or "bf16" in outcome.records[1].setup.amp  # the guess uses AMP
+
+
+# ------------------------------------------------------------- torch knobs
+def test_cuda_flags_apply_through_the_precision_api() -> None:
+    import torch
+
+    before = (torch.backends.cudnn.benchmark, torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision)
+    try:
+        tf32 = torch.cuda.get_device_capability(0) >= (8, 0)
+        TrainSetup(cudnn_benchmark=True, tf32=tf32).configure_torch("cuda:0")
+        assert torch.backends.cudnn.benchmark is True
+        if tf32:
+            assert torch.backends.cuda.matmul.fp32_precision == "tf32"
+            assert torch.backends.cudnn.conv.fp32_precision == "tf32"
+    finally:
+        torch.backends.cudnn.benchmark = before[0]
+        torch.backends.cuda.matmul.fp32_precision = before[1]
+        torch.backends.cudnn.conv.fp32_precision = before[2]
+
+
+@pytest.mark.parametrize("impl", ["for-loop", "foreach", "fused"])
+def test_cuda_trial_with_cudnn_tf32_and_optimizer_kernels(tiny_workload, impl: str) -> None:
+    import torch
+
+    workload = dataclasses.replace(tiny_workload, device="cuda:0")
+    tf32 = torch.cuda.get_device_capability(0) >= (8, 0)
+    setup = TrainSetup(batch_size=32, amp="off", cudnn_benchmark=True, tf32=tf32, optimizer_impl=impl)
+    result = run_trial(setup, workload, QUICK)
+    assert result.status == "ok", result.error
+
+
+def test_gpu_decode_matches_the_cpu_pipeline(cache_dir) -> None:
+    import torch
+
+    from autotune.workloads.data import ensure_synthetic
+    from autotune.workloads.gpu_decode import GpuDecoder, byte_folder, collate_bytes
+
+    dataset = byte_folder(str(ensure_synthetic(cache_dir, 64)))
+    files, labels = collate_bytes([dataset[i] for i in range(8)])
+    assert files[0].dtype == torch.uint8 and files[0].device.type == "cpu"  # bytes cross the bus, not pixels
+    images, targets = GpuDecoder(32, "cuda:0")((files, labels), channels_last=True)
+    assert images.shape == (8, 3, 32, 32) and images.device.type == "cuda" and images.dtype == torch.float32
+    assert images.is_contiguous(memory_format=torch.channels_last)
+    assert targets.device.type == "cuda" and torch.equal(targets.cpu(), labels)
+    assert -3.0 < float(images.mean()) < 3.0  # normalized
+
+
+def test_gpu_decode_falls_back_for_a_png(tmp_path) -> None:
+    import torch
+    from PIL import Image
+
+    from autotune.workloads.gpu_decode import GpuDecoder, byte_folder, collate_bytes
+
+    (tmp_path / "a").mkdir()
+    Image.new("RGB", (40, 30), (200, 10, 10)).save(tmp_path / "a" / "x.png")
+    Image.new("RGB", (40, 30), (10, 200, 10)).save(tmp_path / "a" / "y.jpg", quality=90)
+    dataset = byte_folder(str(tmp_path))
+    images, _ = GpuDecoder(16, "cuda:0")(collate_bytes([dataset[0], dataset[1]]))
+    assert images.shape == (2, 3, 16, 16) and torch.isfinite(images).all()
+
+
+def test_cuda_trial_with_gpu_decode(tiny_workload) -> None:
+    workload = dataclasses.replace(tiny_workload, device="cuda:0")
+    setup = TrainSetup(batch_size=32, num_workers=2, prefetch_factor=2, pin_memory=True, decode="gpu", amp="fp16")
+    result = run_trial(setup, workload, QUICK)
+    assert result.status == "ok", result.error
+
+
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
+def test_cuda_compiled_trial(tiny_workload, mode: str) -> None:
+    workload = dataclasses.replace(tiny_workload, device="cuda:0", model="factories:tiny_cnn")
+    result = run_trial(TrainSetup(batch_size=32, compile=mode, optimizer_impl="fused"), workload, QUICK)
+    assert result.status == "ok", result.error
+    assert result.compile_s is not None and result.compile_s > 0
+
+
+def test_cuda_space_offers_the_cuda_knobs() -> None:
+    import probes
+    from autotune.devices import resolve_device
+    from autotune.records import Calibration, MemoryPoint
+    from autotune.tuner.space import build_space
+
+    device = resolve_device("cuda", probes.collect())
+    calibration = Calibration(budget_bytes=2**33, max_batch=64, memory_points=(MemoryPoint(64, "ok", 2**28, 100.0),),
+                              probe_batch=64, compute_setup={}, compute_samples_per_s=None, loader=(), max_workers=2)
+    values = build_space(device=device, calibration=calibration, usable_cores=4, effective_batch=None, constraints={}).values
+    assert values["cudnn_benchmark"] == (False, True) and values["decode"] == ("cpu", "gpu")
+    assert "fused" in values["optimizer_impl"] and "reduce-overhead" in values["compile"]
+    assert values["tf32"] == ((False, True) if device.tf32 else (False,))

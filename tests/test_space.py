@@ -143,10 +143,14 @@ def test_impossible_constraints_are_errors() -> None:
 
 def test_params_for_round_trips_through_suggest() -> None:
     space = build_space(device=CPU, calibration=calibration(), usable_cores=2, effective_batch=None, constraints={})
-    wanted = TrainSetup(num_workers=1, prefetch_factor=3, persistent_workers=True, batch_size=64, amp="bf16", channels_last=True, accumulation_steps=2)
+    wanted = TrainSetup(num_workers=1, prefetch_factor=3, persistent_workers=True, batch_size=64, amp="bf16", channels_last=True,
+                        accumulation_steps=2, num_threads=1, optimizer_impl="fused")
     study = optuna.create_study()
     study.enqueue_trial(space.params_for(wanted))
     assert space.suggest(study.ask()) == wanted
+    # torch's own choices (None) become their usual equivalents: every usable core, the for-loop kernels on a CPU.
+    study.enqueue_trial(space.params_for(TrainSetup()))
+    assert space.suggest(study.ask()) == TrainSetup(num_threads=2, optimizer_impl="for-loop")
 
 
 def test_extrapolate_batch_and_powers() -> None:

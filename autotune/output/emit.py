@@ -30,6 +30,7 @@ from autotune.files import atomic_write_text
 from autotune.output.best import Best
 from autotune.records import LR_SCALINGS
 from autotune.redact import hide_passwords
+from autotune.torch_knobs import COMPILE_MODES, DECODES, OPTIMIZER_IMPLS
 from autotune.train_setup import AMP_MODES
 from autotune.workloads.data import synthetic_dir
 from autotune.workloads.models import validate_model_ref
@@ -128,6 +129,8 @@ def _header(best: Best, data_is_synthetic: bool) -> str:
         f"pin_memory={setup.pin_memory} persistent_workers={setup.persistent_workers}",
         f"  batch_size={setup.batch_size} accumulation_steps={setup.accumulation_steps} "
         f"amp={setup.amp} channels_last={setup.channels_last}",
+        f"  num_threads={setup.num_threads} compile={setup.compile} cudnn_benchmark={setup.cudnn_benchmark} "
+        f"tf32={setup.tf32} optimizer_impl={setup.optimizer_impl} decode={setup.decode}",
     ]
     spread = f" (spread {best.samples_per_s_spread:.1f})" if best.samples_per_s_spread else ""
     measured = f"Measured: {best.samples_per_s:.1f} samples/s{spread}"
@@ -194,6 +197,12 @@ def _values(best: Best) -> dict[str, str]:
         "persistent_workers": _bool("persistent_workers", setup.persistent_workers),
         "amp": _choice("amp", setup.amp, AMP_MODES),
         "channels_last": _bool("channels_last", setup.channels_last),
+        "num_threads": _optional_int("num_threads", setup.num_threads, 1),
+        "compile": _choice("compile", setup.compile, COMPILE_MODES),
+        "cudnn_benchmark": _bool("cudnn_benchmark", setup.cudnn_benchmark),
+        "tf32": _bool("tf32", setup.tf32),
+        "optimizer_impl": repr("auto") if setup.optimizer_impl is None else _choice("optimizer_impl", setup.optimizer_impl, OPTIMIZER_IMPLS),
+        "decode": _choice("decode", setup.decode, DECODES),
         "lr": _float("lr", workload.lr),
         "lr_scaling": _choice("lr_scaling", workload.lr_scaling, LR_SCALINGS),
         "reference_batch": _int("reference_batch", best.reference_batch, 1),

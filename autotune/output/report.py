@@ -19,6 +19,7 @@ from html import escape
 from pathlib import Path
 
 from autotune.files import atomic_write_bytes, atomic_write_text
+from autotune.output.compile_payoff import compile_section
 from autotune.output.sections import (
     ReportInput,
     Section,
@@ -128,6 +129,9 @@ def render_report(data: ReportInput) -> tuple[str, dict[str, bytes]]:
         confirmation_section(data.confirmed, plots),
         time_section(data.time_spent, data.time_complete, plots),
     ]
+    compiled = compile_section(records)
+    if compiled is not None:
+        sections.insert(-2, compiled)
     hint = "" if plots is not None else f'<p class="hint">{escape(PLOTS_HINT)}</p>'
     body = _header(data) + hint + "".join(_section(s) for s in sections)
     page = (

@@ -19,6 +19,8 @@ RESULT_COLUMNS = (
     "peak_memory_bytes",
     "warmup_s",
     "measured_s",
+    "compile_s",
+    "num_threads",
 )
 
 

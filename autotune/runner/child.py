@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotune.records import TrialOptions, TrialResult, Workload
-from autotune.runner.failures import BudgetExceeded, Diverged, classify
+from autotune.runner.failures import BudgetExceeded, CompileFailed, Diverged, classify
 from autotune.runner.measure import MemoryMonitor, Stopwatch, summarize, sync
 from autotune.train_setup import TrainSetup
 from autotune.units import format_bytes
@@ -81,19 +81,25 @@ class TrialLoop:
         self.device = torch.device(workload.device)
         self.device_type = self.device.type
         setup.check_device(self.device)
+        setup.configure_torch(self.device)  # threads, cuDNN autotuning, TF32: before the model runs
+        self.compile_s: float | None = None
         budget = options.max_memory_bytes if self.device_type == "cpu" else None
         # On CUDA the allocator reports the peak; no thread samples the host.
         self.monitor = MemoryMonitor(budget_bytes=budget, enabled=self.device_type == "cpu").start()
         if self.device_type == "cuda":
             torch.cuda.set_device(self.device)
-            torch.backends.cudnn.benchmark = True
             torch.cuda.reset_peak_memory_stats(self.device)
         torch.manual_seed(options.seed)
         self.data_wait = Stopwatch()
         self.bad = None  # device tensor: any non-finite loss so far
         from autotune.workloads.pipeline import open_pipeline
 
-        self.pipeline = open_pipeline(workload)
+        self.pipeline = open_pipeline(workload, decode=setup.decode)
+        self.decoder = None
+        if setup.decode == "gpu":
+            from autotune.workloads.gpu_decode import GpuDecoder
+
+            self.decoder = GpuDecoder(workload.image_size, self.device)
 
     # ----------------------------------------------------------------- build
     def build_dataset(self) -> Any:
@@ -121,8 +127,10 @@ class TrialLoop:
 
         model = self.setup.prepare_model(self.pipeline.model().to(self.device))
         model.train()
-        self.model = model
-        self.optimizer = self.pipeline.optimizer(model.parameters(), lr=self.workload.lr, cuda=self.device_type == "cuda")
+        self.model = self.setup.compile_model(model)
+        self.optimizer = self.pipeline.optimizer(
+            model.parameters(), lr=self.workload.lr, cuda=self.device_type == "cuda", impl=self.setup.optimizer_impl
+        )
         self.scaler = self.setup.grad_scaler(self.device)
         self.bad = torch.zeros((), dtype=torch.bool, device=self.device)
 
@@ -130,10 +138,36 @@ class TrialLoop:
         """The batch on the device (non-blocking from pinned memory), channels_last where the setup asks."""
         from autotune.workloads.batches import to_device
 
+        if self.decoder is not None:
+            return self.decoder(batch, channels_last=self.setup.channels_last)
         return to_device(batch, self.device, channels_last=self.setup.channels_last)
 
     # ----------------------------------------------------------------- steps
     def micro_step(self, batch: Any, last: bool) -> None:
+        if self.compile_s is None and self.setup.compile != "off":
+            self.first_compiled_step(batch, last)
+        else:
+            self.eager_micro_step(batch, last)
+
+    def first_compiled_step(self, batch: Any, last: bool) -> None:
+        """The first micro-step of a compiled model: compilation happens here, timed as ``compile_s``.
+
+        Raises:
+            CompileFailed: torch.compile (dynamo or inductor) failed on the model.
+        """
+        start = time.perf_counter()
+        try:
+            self.eager_micro_step(batch, last)
+            sync(self.device_type)
+        except Exception as exc:
+            if not type(exc).__module__.startswith(("torch._dynamo", "torch._inductor")):
+                raise
+            reason = (str(exc).strip().splitlines() or [""])[0][:300]
+            raise CompileFailed(f"torch.compile (mode {self.setup.compile}) failed: {type(exc).__name__}: {reason}") from None
+        self.compile_s = time.perf_counter() - start
+
+    def eager_micro_step(self, batch: Any, last: bool) -> None:
+        """One forward and backward pass; the optimizer step when ``last``."""
         import torch
 
         with self.setup.autocast(self.device):
@@ -310,6 +344,8 @@ class TrialLoop:
         self.check()
         # One unit (optimizer step, or loader batch) at the median throughput.
         step_time = total_samples / max(units, 1) / stats.median
+        import torch
+
         return TrialResult(
             status="ok",
             samples_per_s=stats.median,
@@ -323,6 +359,8 @@ class TrialLoop:
             windows=tuple(rates),
             samples=total_samples,
             mode=options.mode,
+            compile_s=self.compile_s,
+            num_threads=torch.get_num_threads(),
         )
 
 

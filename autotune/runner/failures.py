@@ -15,6 +15,10 @@ class BudgetExceeded(AutotuneError):
     """Peak memory went above the user's --max-memory."""
 
 
+class CompileFailed(AutotuneError):
+    """torch.compile could not compile the model (status ``error``, the reason in one line)."""
+
+
 class Diverged(AutotuneError):
     """The loss became NaN or infinite."""
 
@@ -37,6 +41,8 @@ def classify(exc: BaseException) -> TrialResult:
         return TrialResult(status="oom", error=str(exc))
     if isinstance(exc, Diverged):
         return TrialResult(status="diverged", error=str(exc))
+    if isinstance(exc, CompileFailed):
+        return TrialResult(status="error", error=str(exc))
     if isinstance(exc, BadImage):
         # Re-raised from a loader worker, the message is the worker's whole
         # traceback; its last line is the original one, naming the file.

@@ -16,7 +16,7 @@ import signal
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,8 @@ from autotune.records import TrialOptions, TrialResult, Workload
 from autotune.runner import zygote
 from autotune.train_setup import TrainSetup
 
+#: Seconds added to a trial's timeout when it compiles the model (tens of seconds on a CPU, minutes for large models).
+COMPILE_ALLOWANCE_S = 300.0
 #: Called with (window index, window samples/s); return True to stop the trial.
 WindowCallback = Callable[[int, float], bool]
 
@@ -85,6 +87,9 @@ def run_trial(
         The measured result; failures are statuses, not exceptions.
     """
     options = options or TrialOptions()
+    if setup.compile != "off":
+        # Compilation is warm-up, but it can take minutes: the timeout makes room for it.
+        options = replace(options, timeout_s=options.effective_timeout_s + COMPILE_ALLOWANCE_S)
     request = {"setup": setup.to_dict(), "workload": workload.to_dict(), "options": asdict(options)}
     # The zygote writes the exit file when it reaps the trial, possibly while
     # the directory is being removed: cleanup errors must not fail the trial.

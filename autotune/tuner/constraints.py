@@ -13,15 +13,26 @@ from typing import Any
 
 from autotune.devices import DeviceInfo
 from autotune.errors import UsageError
+from autotune.torch_knobs import COMPILE_MODES, DECODES, OPTIMIZER_IMPLS
 from autotune.train_setup import AMP_MODES, KNOBS, TrainSetup
 
-BOOL_KNOBS = ("pin_memory", "persistent_workers", "channels_last")
-INT_KNOBS = ("num_workers", "prefetch_factor", "batch_size", "accumulation_steps")
+BOOL_KNOBS = ("pin_memory", "persistent_workers", "channels_last", "cudnn_benchmark", "tf32")
+INT_KNOBS = ("num_workers", "prefetch_factor", "batch_size", "accumulation_steps", "num_threads")
 #: Knobs searched as integer ranges (every value between the bounds).
-RANGE_KNOBS = ("num_workers", "prefetch_factor")
+RANGE_KNOBS = ("num_workers", "prefetch_factor", "num_threads")
+#: Knobs with named values.
+CHOICE_KNOBS: dict[str, tuple[str, ...]] = {"compile": COMPILE_MODES, "optimizer_impl": OPTIMIZER_IMPLS, "decode": DECODES}
 #: The largest value ``--set`` accepts per integer knob: far above any real
 #: machine, low enough that a typo cannot build a range that exhausts memory.
-INT_LIMITS = {"num_workers": 1024, "prefetch_factor": 1024, "batch_size": 2**20, "accumulation_steps": 2**16}
+INT_LIMITS = {
+    "num_workers": 1024,
+    "prefetch_factor": 1024,
+    "batch_size": 2**20,
+    "accumulation_steps": 2**16,
+    "num_threads": 1024,
+}
+#: Knobs a device may refuse (checked against the device when pinned or offered).
+DEVICE_KNOBS = ("amp", "pin_memory", "cudnn_benchmark", "tf32", "compile", "optimizer_impl", "decode")
 
 
 @dataclass(frozen=True)
@@ -63,6 +74,11 @@ def _parse_value(knob: str, text: str) -> Any:
         lowered = aliases.get(lowered, lowered)
         if lowered not in AMP_MODES:
             raise UsageError(f"--set amp: expected one of off, bf16, fp16, got {text!r}")
+        return lowered
+    if knob in CHOICE_KNOBS:
+        lowered = text.lower().replace("_", "-")
+        if lowered not in CHOICE_KNOBS[knob]:
+            raise UsageError(f"--set {knob}: expected one of {', '.join(CHOICE_KNOBS[knob])}, got {text!r}")
         return lowered
     try:
         value = int(text)
@@ -108,6 +124,20 @@ def parse_constraint(text: str) -> Constraint:
             raise UsageError(f"--set {text!r}: no values")
         return Constraint(knob, choices=values)
     return Constraint(knob, value=_parse_value(knob, rest))
+
+
+def pinned_values(texts: Iterable[str]) -> dict[str, Any]:
+    """``KNOB=VALUE`` pins as TrainSetup keyword arguments (``autotune trial --set``).
+
+    Raises:
+        UsageError: Malformed, unknown, a range or a list of choices.
+    """
+    pins: dict[str, Any] = {}
+    for constraint in merge_constraints(parse_constraint(text) for text in texts).values():
+        if constraint.choices is not None or constraint.low is not None or constraint.high is not None:
+            raise UsageError(f"--set {constraint.knob}: a trial runs one setup; give one value")
+        pins[constraint.knob] = constraint.value
+    return pins
 
 
 def merge_constraints(items: Iterable[Constraint]) -> dict[str, Constraint]:
@@ -158,13 +188,15 @@ def check_constraints(constraints: dict[str, Constraint], device: DeviceInfo) ->
 
     Raises:
         SetupError: ``amp=fp16`` on a CPU, ``amp=bf16`` without native bf16,
-            ``pin_memory=true`` without a GPU.
+            ``pin_memory=true``, ``cudnn_benchmark``, ``tf32``, ``decode=gpu``
+            or ``compile=reduce-overhead`` without a GPU, TF32 before Ampere,
+            ``optimizer_impl=fused`` where torch has no fused kernels.
     """
-    for knob in ("amp", "pin_memory"):
+    for knob in DEVICE_KNOBS:
         constraint = constraints.get(knob)
         if constraint is None:
             continue
         for value in constraint.choices or (constraint.value,):
             if value is None or value is False:
                 continue
-            TrainSetup(**{knob: value}).check_device(device.name, bf16_supported=device.bf16)
+            TrainSetup(**{knob: value}).check_device(device.name, bf16_supported=device.bf16, tf32_supported=device.tf32)

@@ -1,5 +1,8 @@
 """The ask/tell loop: one isolated trial per Optuna trial until ``--trials`` are finished.
 
+The last trials re-run the leading setup with ``torch.compile``
+(:mod:`autotune.tuner.refine`).
+
 Infeasible trials (oom, timeout, error, diverged) are recorded as results,
 never raised; a setup measured before is reused instead of re-run; a step
 larger than the data is infeasible without running. ``trials.csv`` is
@@ -18,6 +21,7 @@ from autotune.records import TrialOptions, TrialResult, Workload
 from autotune.runner import TrialRunner, WindowCallback
 from autotune.train_setup import TrainSetup
 from autotune.tuner.progress import Reporter
+from autotune.tuner.refine import ROLE_COMPILE, compile_setup, enqueue_compile_trials
 from autotune.tuner.signals import interrupts_held
 from autotune.tuner.space import Space
 from autotune.tuner.study import ROLE_DEFAULTS, ROLE_SEARCH, SearchStudy
@@ -56,8 +60,12 @@ def explore(study: SearchStudy, plan: Exploration, reporter: Reporter, runner: T
         trial = None
         try:
             with interrupts_held():
+                enqueue_compile_trials(study, plan.space, plan.wanted)
                 trial, role = study.ask()
-                setup = plan.defaults if role == ROLE_DEFAULTS else plan.space.suggest(trial)
+                if role == ROLE_COMPILE:
+                    setup = compile_setup(trial.user_attrs)
+                else:
+                    setup = plan.defaults if role == ROLE_DEFAULTS else plan.space.suggest(trial)
                 reporter.trial_started(done, plan.wanted, role, setup)
                 previous = study.same_setup(setup, trial.number)
                 too_big = unrunnable(setup, plan.workload)

@@ -33,6 +33,7 @@ from autotune.tuner.confirm import confirm, measure_ceilings, pick_candidates
 from autotune.tuner.constraints import check_constraints, merge_constraints
 from autotune.tuner.explore import Exploration, explore
 from autotune.tuner.lock import OutputLock
+from autotune.tuner.offered import check_workload_constraints
 from autotune.tuner.progress import Reporter, SilentReporter
 from autotune.tuner.signals import runs_to_the_end, sigterm_as_interrupt
 from autotune.tuner.space import Space, build_space, check_image_constraints, defaults_setup, guess_setups
@@ -101,6 +102,7 @@ def _search(
         constraints=merge_constraints(config.constraints),
         images=prepared.workload.images,
         image_input=prepared.workload.image_input,
+        workload=prepared.workload,
     )
     reporter.message(space.describe())
     defaults = defaults_setup(config.effective_batch, batch=prepared.workload.reference_batch)
@@ -208,6 +210,7 @@ def prepare(config: SearchConfig, reporter: Reporter) -> Prepared:
             lr=config.lr,
         )
     check_image_constraints(merge_constraints(config.constraints), workload.image_input)
+    check_workload_constraints(merge_constraints(config.constraints), workload, device)
     name = config.study or study_name(config, device, workload)
     fresh = not out.exists()
     out.mkdir(parents=True, exist_ok=True)

@@ -16,9 +16,10 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.devices import DeviceInfo
 from autotune.errors import UsageError
-from autotune.records import Calibration
+from autotune.records import Calibration, Workload
 from autotune.train_setup import KNOBS, TrainSetup
 from autotune.tuner.constraints import RANGE_KNOBS, Constraint, apply_constraints, check_constraints
+from autotune.tuner.offered import check_workload_constraints, torch_knob_values
 
 if TYPE_CHECKING:  # pragma: no cover
     import optuna
@@ -44,6 +45,17 @@ def powers_of_two(low: int, high: int) -> tuple[int, ...]:
     return tuple(values)
 
 
+#: The torch knobs at PyTorch's defaults (a space that does not search them).
+TORCH_DEFAULTS: dict[str, tuple[Any, ...]] = {
+    "num_threads": (None,),
+    "compile": ("off",),
+    "cudnn_benchmark": (False,),
+    "tf32": (False,),
+    "optimizer_impl": (None,),
+    "decode": ("cpu",),
+}
+
+
 @dataclass(frozen=True)
 class Space:
     """Allowed values per knob. A knob with one value is fixed, not searched.
@@ -63,6 +75,9 @@ class Space:
     images: int | None = None
 
     def __post_init__(self) -> None:
+        # A space built by hand without the torch knobs keeps PyTorch's defaults for them.
+        missing = {knob: value for knob, value in TORCH_DEFAULTS.items() if knob not in self.values}
+        object.__setattr__(self, "values", {**self.values, **missing})
         for knob in KNOBS:
             if knob == "accumulation_steps" and self.effective_batch is not None:
                 continue
@@ -110,7 +125,25 @@ class Space:
             accumulation_steps=accumulation,
             amp=self._pick(trial, "amp"),
             channels_last=self._pick(trial, "channels_last"),
+            num_threads=self._pick(trial, "num_threads"),
+            compile=self.sampled_compile(trial),
+            cudnn_benchmark=self._pick(trial, "cudnn_benchmark"),
+            tf32=self._pick(trial, "tf32"),
+            optimizer_impl=self._pick(trial, "optimizer_impl"),
+            decode=self._pick(trial, "decode"),
         )
+
+    def sampled_compile(self, trial: optuna.Trial) -> Any:
+        """``off`` whenever eager is allowed: compiled modes are tried on the leading setup instead
+        (:mod:`autotune.tuner.refine`); the user's choice when ``--set`` leaves no eager mode."""
+        if "off" in self.values["compile"]:
+            return "off"
+        return self._pick(trial, "compile")
+
+    def compile_modes(self) -> tuple[str, ...]:
+        """The compiled modes a refinement tries on the leading setup (none when compile is pinned)."""
+        modes = self.values["compile"]
+        return tuple(m for m in modes if m != "off") if "off" in modes else ()
 
     def prefetch_within_epoch(self, workers: int, batch: int) -> tuple[Any, ...]:
         """The prefetch depths whose loader queue (workers x prefetch x batch) fits in one epoch.
@@ -147,8 +180,12 @@ class Space:
                 continue
             if knob == "accumulation_steps" and self.effective_batch is not None:
                 continue
+            if knob == "compile" and "off" in self.values[knob]:
+                continue  # not an Optuna parameter (see sampled_compile)
             value = getattr(setup, knob)
             options = self.values[knob]
+            if value is None and knob in _TORCH_PICKS:  # torch's own choice: its usual equivalent
+                value = max(options) if knob == "num_threads" else options[0]
             if self.is_range(knob):
                 value = min(max(value if value is not None else 2, min(options)), max(options))
             elif value not in options:
@@ -167,12 +204,18 @@ class Space:
                 continue
             options = self.values[knob]
             value = getattr(setup, knob)
+            if value is None and knob in _TORCH_PICKS:
+                continue  # torch's own choice is always available
             if self.is_range(knob):
                 if not (min(options) <= (value or 0) <= max(options)):
                     return False
             elif value not in options:
                 return False
         return True
+
+
+#: Knobs whose ``None`` means "what torch picks by itself".
+_TORCH_PICKS = ("num_threads", "optimizer_impl")
 
 
 def _nearest(value: Any, options: Sequence[Any]) -> Any:
@@ -213,6 +256,7 @@ def build_space(
     constraints: dict[str, Constraint],
     images: int | None = None,
     image_input: bool = True,
+    workload: Workload | None = None,
 ) -> Space:
     """The space from the probe and the calibration, narrowed by ``--set``.
 
@@ -226,6 +270,8 @@ def build_space(
             must fit in one epoch, so the batch and accumulation are capped.
         image_input: Whether batches hold a 4-D floating tensor; without one
             ``channels_last`` has nothing to act on and is not offered.
+        workload: What is trained; it decides where cuDNN autotuning, GPU
+            decoding and optimizer kernels are offered (:mod:`autotune.tuner.offered`).
 
     Raises:
         UsageError: A constraint the device cannot run, one that leaves a
@@ -265,9 +311,11 @@ def build_space(
         "accumulation_steps": accumulation,
         "amp": amp,
         "channels_last": (False, True) if image_input else (False,),
+        **torch_knob_values(device, workload, usable_cores),
     }
     check_constraints(constraints, device)
     check_image_constraints(constraints, image_input)
+    check_workload_constraints(constraints, workload, device)
     values = apply_constraints(base, constraints)
     if effective_batch is not None:
         bad = [b for b in values["batch_size"] if effective_batch % b]
@@ -323,6 +371,8 @@ def guess_setup(space: Space, calibration: Calibration, device: DeviceInfo, usab
     fastest = calibration.fastest_precision()
     if fastest is not None:  # measured like for like at this batch: follow the numbers
         amp, channels_last = fastest.amp, fastest.channels_last
+    values = space.values
+    impls = values["optimizer_impl"]
     return TrainSetup(
         num_workers=workers,
         prefetch_factor=2 if workers else None,
@@ -331,4 +381,8 @@ def guess_setup(space: Space, calibration: Calibration, device: DeviceInfo, usab
         batch_size=batch,
         amp=amp,  # type: ignore[arg-type]
         channels_last=channels_last,
+        cudnn_benchmark=True in values["cudnn_benchmark"],
+        tf32=True in values["tf32"],
+        # fused on CUDA, foreach on a CPU: the kernels autotune's trials used before the knob existed.
+        optimizer_impl="fused" if cuda and "fused" in impls else ("foreach" if "foreach" in impls else None),
     )

@@ -12,6 +12,7 @@ from typing import Any
 
 from autotune.devices import DeviceInfo
 from autotune.output.best import Best
+from autotune.output.compile_payoff import payoff_note
 from autotune.records import Calibration, Ceilings, Confirmed, TrialRecord, Workload
 from autotune.redact import hide_passwords
 from autotune.train_setup import TrainSetup
@@ -67,6 +68,11 @@ def make_best(
         notes.append("measured on synthetic JPEGs; re-run with --data DIR to tune on your own images")
     if setup.amp != "off":
         notes.append(f"amp={setup.amp} changes the numerics (autocast); check your accuracy once")
+    if setup.tf32:
+        notes.append("tf32 changes the numerics (float32 matmuls and convolutions in TF32); check your accuracy once")
+    payoff = payoff_note(feasible, setup)
+    if payoff:
+        notes.append(payoff)
     if effective_batch is None and effective != reference:
         rule = (
             f"by the square root of the batch ratio, {lr / workload.lr:.3g}x to {lr:g} (the square-root rule for "

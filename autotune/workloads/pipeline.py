@@ -39,8 +39,8 @@ class Pipeline(Protocol):
         """A freshly initialised model, on the CPU."""
         ...
 
-    def optimizer(self, params: Any, *, lr: float, cuda: bool) -> torch.optim.Optimizer:
-        """The optimizer over ``params``."""
+    def optimizer(self, params: Any, *, lr: float, cuda: bool, impl: str | None = None) -> torch.optim.Optimizer:
+        """The optimizer over ``params`` (``impl``: for-loop, foreach or fused; ``None``: torch's choice)."""
         ...
 
     def loss(self, model: Any, batch: Any) -> Any:
@@ -59,22 +59,27 @@ class Pipeline(Protocol):
 class ClassifierPipeline:
     """The image-classifier shorthand: torchvision model or factory, ImageFolder or synthetic JPEGs, cross-entropy, AdamW."""
 
-    def __init__(self, workload: Workload) -> None:
+    def __init__(self, workload: Workload, decode: str = "cpu") -> None:
         self.workload = workload
         self.num_classes = workload.num_classes or 10
+        self.decode = decode
 
     def dataset(self) -> Any:
-        """The ImageFolder (synthetic JPEGs without ``data``) with the training transform."""
+        """The ImageFolder (synthetic JPEGs without ``data``) with the training transform
+        (with ``decode="gpu"``: the files' bytes, decoded later on the device)."""
         from autotune.workloads.data import ensure_synthetic, image_folder
+        from autotune.workloads.gpu_decode import byte_folder
 
         root = self.workload.data or ensure_synthetic(self.workload.cache_dir, self.workload.synthetic_images)
-        dataset = image_folder(root, self.workload.image_size)
+        dataset = byte_folder(str(root)) if self.decode == "gpu" else image_folder(root, self.workload.image_size)
         self.num_classes = len(dataset.classes)
         return dataset
 
-    def collate_fn(self) -> None:
-        """PyTorch's default collate."""
-        return None
+    def collate_fn(self) -> Callable[[list[Any]], Any] | None:
+        """PyTorch's default collate; a list of byte tensors for GPU decoding."""
+        from autotune.workloads.gpu_decode import collate_bytes
+
+        return collate_bytes if self.decode == "gpu" else None
 
     def model(self) -> torch.nn.Module:
         """The classifier for the data's classes."""
@@ -87,11 +92,13 @@ class ClassifierPipeline:
             sys_path=self.workload.sys_path,
         )
 
-    def optimizer(self, params: Any, *, lr: float, cuda: bool) -> torch.optim.Optimizer:
-        """AdamW, fused on CUDA, foreach on the CPU."""
+    def optimizer(self, params: Any, *, lr: float, cuda: bool, impl: str | None = None) -> torch.optim.Optimizer:
+        """AdamW with the ``impl`` kernels (``None``: torch's own choice)."""
         import torch
 
-        return torch.optim.AdamW(params, lr=lr, fused=True if cuda else None, foreach=None if cuda else True)
+        from autotune.torch_knobs import optimizer_kwargs
+
+        return torch.optim.AdamW(params, lr=lr, **optimizer_kwargs(impl))
 
     def loss(self, model: Any, batch: Any) -> Any:
         """Cross-entropy of ``model(images)`` against the labels."""
@@ -133,9 +140,9 @@ class TaskPipeline:
         """The Task's model (its factory called, when it is one)."""
         return self.task.build_model()
 
-    def optimizer(self, params: Any, *, lr: float, cuda: bool) -> torch.optim.Optimizer:
-        """The Task's optimizer, default AdamW."""
-        return self.task.build_optimizer(params, lr=lr, cuda=cuda)
+    def optimizer(self, params: Any, *, lr: float, cuda: bool, impl: str | None = None) -> torch.optim.Optimizer:
+        """The Task's optimizer, default AdamW (``impl`` applies to the default only)."""
+        return self.task.build_optimizer(params, lr=lr, cuda=cuda, impl=impl)
 
     def loss(self, model: Any, batch: Any) -> Any:
         """``step(model, batch)`` or ``loss(model(inputs), targets)``."""
@@ -152,15 +159,16 @@ class TaskPipeline:
         return example_batch(self.task, batch_size)
 
 
-def open_pipeline(workload: Workload) -> Pipeline:
-    """The pipeline of a workload: the user's Task, or the classifier shorthand.
+def open_pipeline(workload: Workload, decode: str = "cpu") -> Pipeline:
+    """The pipeline of a workload: the user's Task, or the classifier shorthand
+    (``decode="gpu"``: its loader yields file bytes, see :mod:`autotune.workloads.gpu_decode`).
 
     Raises:
         WorkloadError: The Task factory cannot be loaded.
     """
     if workload.task is not None:
         return TaskPipeline(workload)
-    return ClassifierPipeline(workload)
+    return ClassifierPipeline(workload, decode)
 
 
 def endless_batches(

@@ -63,8 +63,9 @@ class Task:
         collate_fn: The DataLoader's ``collate_fn`` (padding, dict batches).
         optimizer: A factory ``params -> torch.optim.Optimizer``; it is
             called with ``lr=`` when it accepts that argument (the rate
-            scaled to the tuned effective batch). Default: AdamW at ``lr``,
-            fused on CUDA.
+            scaled to the tuned effective batch). Default: AdamW at ``lr``
+            with the tuned ``optimizer_impl`` (a factory of your own is not
+            given that knob).
         batch_size: The recipe's batch: the reference effective batch for the
             learning-rate note and the batch of the "recipe" baseline.
         lr: The recipe's learning rate at ``batch_size``.
@@ -126,8 +127,8 @@ class Task:
         names = {cls.__name__ for cls in type(optimizer).__mro__}
         return "sqrt" if names & ADAPTIVE_OPTIMIZERS else "linear"
 
-    def build_optimizer(self, params: Any, *, lr: float, cuda: bool) -> torch.optim.Optimizer:
-        """The optimizer over ``params`` at learning rate ``lr``.
+    def build_optimizer(self, params: Any, *, lr: float, cuda: bool, impl: str | None = None) -> torch.optim.Optimizer:
+        """The optimizer over ``params`` at learning rate ``lr`` (``impl`` applies to the default AdamW).
 
         Raises:
             WorkloadError: The factory returns no ``torch.optim.Optimizer``.
@@ -136,8 +137,10 @@ class Task:
 
         import torch
 
+        from autotune.torch_knobs import optimizer_kwargs
+
         if self.optimizer is None:
-            return torch.optim.AdamW(params, lr=lr, fused=True if cuda else None, foreach=None if cuda else True)
+            return torch.optim.AdamW(params, lr=lr, **optimizer_kwargs(impl))
         try:
             takes_lr = "lr" in inspect.signature(self.optimizer).parameters
         except (TypeError, ValueError):

@@ -89,6 +89,7 @@ class TaskInfo:
         image_input: Whether the first batch holds a 4-D floating tensor.
         batch: The first batch's shapes and dtypes, in words.
         lr_scaling: ``"sqrt"`` or ``"linear"``, from the Task's optimizer.
+        fixed_shapes: Whether the first items all have the same tensor shapes.
     """
 
     samples: int | None
@@ -96,6 +97,15 @@ class TaskInfo:
     image_input: bool
     batch: str
     lr_scaling: str = "sqrt"
+    fixed_shapes: bool = True
+
+
+def same_shapes(items: list[Any]) -> bool:
+    """Whether every item holds tensors of the same shapes (then every batch does: cuDNN autotuning is safe)."""
+    from autotune.workloads.batches import tensors
+
+    shapes = {tuple(tuple(t.shape) for t in tensors(item)) for item in items}
+    return len(shapes) <= 1
 
 
 def _first_items(task: Task, count: int) -> tuple[list[Any], bool, int | None]:
@@ -252,6 +262,7 @@ def check_task(task: Task, *, workers: bool) -> TaskInfo:
         image_input=has_image_tensor(batch),
         batch=describe_batch(batch),
         lr_scaling=task.lr_scaling(optimizer),
+        fixed_shapes=same_shapes(items),
     )
 
 
@@ -299,4 +310,6 @@ def build_task_workload(workload: str | Callable[..., Any], *, device: str, work
         image_input=info.image_input,
         iterable=info.iterable,
         lr_scaling=info.lr_scaling,
+        fixed_shapes=info.fixed_shapes,
+        own_optimizer=task.optimizer is not None,
     )

@@ -1,0 +1,79 @@
+"""Process-wide torch settings and optimizer/compile choices behind the TrainSetup knobs.
+
+``num_threads``, ``cudnn_benchmark`` and ``tf32`` change global torch state;
+``optimizer_impl`` picks the for-loop, foreach or fused kernel of an optimizer;
+``compile`` wraps a model in ``torch.compile``. The functions take plain values,
+so the trial process, :class:`~autotune.train_setup.TrainSetup`'s helpers and
+tests share one implementation.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from autotune.devices import device_type
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    import torch
+
+#: ``torch.compile`` modes; ``off`` runs eagerly. ``reduce-overhead`` uses CUDA graphs (CUDA only).
+COMPILE_MODES: tuple[str, ...] = ("off", "default", "max-autotune-no-cudagraphs", "reduce-overhead")
+#: Optimizer implementations: one kernel per parameter, one per group of tensors, or one fused kernel.
+OPTIMIZER_IMPLS: tuple[str, ...] = ("for-loop", "foreach", "fused")
+#: Where JPEGs are decoded: in the loader's processes, or in batches on the GPU.
+DECODES: tuple[str, ...] = ("cpu", "gpu")
+
+
+def configure_torch(
+    device: str | torch.device, *, num_threads: int | None, cudnn_benchmark: bool, tf32: bool
+) -> None:
+    """Apply the process-wide settings; ``None`` and ``False`` leave torch's defaults untouched.
+
+    Args:
+        device: The training device (the CUDA flags apply only to ``cuda``).
+        num_threads: Intra-op threads (``torch.set_num_threads``).
+        cudnn_benchmark: ``torch.backends.cudnn.benchmark``.
+        tf32: TF32 for float32 matmuls and convolutions, through the
+            ``fp32_precision`` API of the installed torch.
+    """
+    import torch
+
+    if num_threads is not None:
+        torch.set_num_threads(num_threads)
+    if device_type(device) != "cuda":
+        return
+    if cudnn_benchmark:
+        torch.backends.cudnn.benchmark = True
+    if tf32:
+        torch.backends.cuda.matmul.fp32_precision = "tf32"
+        torch.backends.cudnn.conv.fp32_precision = "tf32"
+
+
+def optimizer_kwargs(impl: str | None) -> dict[str, Any]:
+    """The ``torch.optim`` keyword arguments of an implementation (``None``: torch's own choice)."""
+    if impl is None:
+        return {}
+    return {"for-loop": {"foreach": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}[impl]
+
+
+def fused_supported(device: str | torch.device) -> bool:
+    """Whether the installed torch has fused optimizer kernels for this device type."""
+    try:
+        from torch.optim.optimizer import _get_fused_kernels_supported_devices
+
+        return device_type(device) in _get_fused_kernels_supported_devices()
+    except ImportError:  # pragma: no cover - older or newer torch without the helper
+        return device_type(device) == "cuda"
+
+
+def compile_model(model: torch.nn.Module, mode: str) -> torch.nn.Module:
+    """``torch.compile(model)`` in ``mode``; ``off`` returns the model unchanged.
+
+    Compilation is lazy: it happens in the first forward and backward pass.
+    """
+    if mode == "off":
+        return model
+    import torch
+
+    compiled: torch.nn.Module = torch.compile(model, mode=None if mode == "default" else mode)
+    return compiled

@@ -1,0 +1,70 @@
+"""Where the torch knobs are offered: threads, compile, cuDNN, TF32, optimizer kernels, GPU decoding.
+
+Each knob is offered only where it can work, and a ``--set`` that asks for
+one where it cannot is refused with one line:
+
+- ``num_threads``: 1 .. the usable cores (the loader's workers run one
+  thread each, so threads and workers share the same cores).
+- ``compile``: ``off`` and ``default`` (plus ``reduce-overhead`` on CUDA);
+  sampled trials run eagerly, compiled modes are tried on the leading setup
+  (:mod:`autotune.tuner.refine`).
+- ``cudnn_benchmark``: CUDA, and only for a workload whose batches keep
+  their shapes.
+- ``tf32``: CUDA on Ampere and newer (the probe's ``tf32``).
+- ``optimizer_impl``: the default AdamW (not a Task's own optimizer factory);
+  ``fused`` where the installed torch has fused kernels for the device.
+- ``decode``: ``gpu`` for the classifier's JPEG folders on CUDA only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from autotune.devices import DeviceInfo
+from autotune.errors import UsageError
+from autotune.records import Workload
+from autotune.torch_knobs import OPTIMIZER_IMPLS, fused_supported
+from autotune.tuner.constraints import Constraint
+
+
+def torch_knob_values(device: DeviceInfo, workload: Workload | None, usable_cores: int) -> dict[str, tuple[Any, ...]]:
+    """The values of the torch knobs this device and workload can run (first value: PyTorch's default)."""
+    cuda = device.type == "cuda"
+    fixed = workload is None or workload.fixed_shapes
+    classifier = workload is None or workload.task is None
+    own_optimizer = workload is not None and workload.own_optimizer
+    impls: tuple[str | None, ...] = (None,)
+    if not own_optimizer:
+        impls = tuple(i for i in OPTIMIZER_IMPLS if i != "fused" or fused_supported(device.type))
+    return {
+        "num_threads": tuple(range(1, max(1, usable_cores) + 1)),
+        "compile": ("off", "default", "reduce-overhead") if cuda else ("off", "default"),
+        "cudnn_benchmark": (False, True) if cuda and fixed else (False,),
+        "tf32": (False, True) if cuda and device.tf32 else (False,),
+        "optimizer_impl": impls,
+        "decode": ("cpu", "gpu") if cuda and classifier else ("cpu",),
+    }
+
+
+def check_workload_constraints(constraints: dict[str, Constraint], workload: Workload | None, device: DeviceInfo) -> None:
+    """Refuse ``--set`` values of the torch knobs that this workload cannot use (the device is checked elsewhere).
+
+    Raises:
+        UsageError: cuDNN autotuning for batches of varying shapes, GPU decoding
+            of a Task's data, an optimizer kernel for a Task's own optimizer.
+    """
+    if workload is None:
+        return
+
+    def asks(knob: str, value: Any) -> bool:
+        constraint = constraints.get(knob)
+        return constraint is not None and (
+            constraint.allows(value) if constraint.low is None and constraint.high is None else False
+        )
+
+    if not workload.fixed_shapes and asks("cudnn_benchmark", True):
+        raise UsageError("--set cudnn_benchmark=true: this workload's batches change shape; cuDNN would re-tune every step")
+    if workload.task is not None and asks("decode", "gpu"):
+        raise UsageError("--set decode=gpu: GPU JPEG decoding applies to --model/--data image folders, not to a Task")
+    if workload.own_optimizer and any(asks("optimizer_impl", impl) for impl in OPTIMIZER_IMPLS):
+        raise UsageError("--set optimizer_impl: the Task brings its own optimizer factory; set foreach/fused there")

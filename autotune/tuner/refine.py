@@ -1,0 +1,54 @@
+"""``torch.compile`` as a refinement of the leading setup, not a sampled knob.
+
+Compiling costs tens of seconds on a CPU (minutes for large models) in every
+trial that compiles; sampling it in every trial would spend most of a
+search's time compiling setups that lose anyway. So sampled trials run
+eagerly, and the last trials of the budget (one per compiled mode the space
+offers) re-run the fastest eager setup so far with the model compiled. They
+are ordinary trials of the study (role ``compile``): recorded, confirmed
+against the eager winner when they lead, resumed after an interruption.
+Small searches (fewer than :data:`MIN_TRIALS` trials) do not compile.
+"""
+
+from __future__ import annotations
+
+from optuna.trial import TrialState
+
+from autotune.train_setup import TrainSetup
+from autotune.tuner.space import Space
+from autotune.tuner.study import ATTR_ROLE, FINISHED, SearchStudy
+
+ROLE_COMPILE = "compile"
+#: The trial attribute holding the setup a compile trial runs.
+ATTR_COMPILE_SETUP = "compile_setup"
+#: Searches shorter than this spend no trial on compiling.
+MIN_TRIALS = 10
+
+
+def reserved(space: Space, wanted: int) -> int:
+    """Trials of the budget kept for compiled runs of the leader."""
+    return len(space.compile_modes()) if wanted >= MIN_TRIALS else 0
+
+
+def enqueue_compile_trials(study: SearchStudy, space: Space, wanted: int) -> None:
+    """Once the eager trials are done, queue the fastest eager setup compiled in each offered mode (once per study)."""
+    count = reserved(space, wanted)
+    if not count or study.finished() < wanted - count:
+        return
+    live = (*FINISHED, TrialState.WAITING, TrialState.RUNNING)
+    if any(t.user_attrs.get(ATTR_ROLE) == ROLE_COMPILE for t in study.study.get_trials(deepcopy=False, states=live)):
+        return
+    eager = [r for r in study.records() if r.result.ok and r.result.samples_per_s and r.setup.compile == "off"]
+    if not eager:
+        return
+    leader = max(eager, key=lambda r: r.result.samples_per_s or 0.0).setup
+    for mode in space.compile_modes():
+        setup = leader.replace(compile=mode)
+        study.study.enqueue_trial({}, user_attrs={ATTR_ROLE: ROLE_COMPILE, ATTR_COMPILE_SETUP: setup.to_dict()})
+
+
+def compile_setup(attrs: dict[str, object]) -> TrainSetup:
+    """The setup a queued compile trial runs."""
+    data = attrs[ATTR_COMPILE_SETUP]
+    assert isinstance(data, dict)
+    return TrainSetup.from_dict(data)

@@ -1,0 +1,79 @@
+"""GPU JPEG decoding for the classifier's image folders (``decode=gpu``).
+
+The loader's workers only read file bytes; the training process moves the
+bytes to the GPU, where ``torchvision.io.decode_jpeg(device="cuda")`` decodes
+the batch and the augmentation runs (random resized crop, flip, uint8 to
+float, normalize). A file that is not a JPEG is decoded on the CPU instead,
+and a note says so once.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from autotune.workloads.data import IMAGENET_MEAN, IMAGENET_STD
+
+
+def read_bytes(path: str) -> Any:
+    """The raw bytes of one image file as a uint8 tensor."""
+    from torchvision.io import read_file
+
+    return read_file(path)
+
+
+def byte_folder(path: str) -> Any:
+    """An ``ImageFolder`` whose items are ``(file bytes, label)``: no decoding in the loader."""
+    from torchvision.datasets import ImageFolder
+
+    return ImageFolder(path, loader=read_bytes)
+
+
+def collate_bytes(items: list[tuple[Any, int]]) -> tuple[list[Any], Any]:
+    """A batch of files of different lengths: the byte tensors as a list, the labels as one tensor."""
+    import torch
+
+    return [data for data, _ in items], torch.tensor([label for _, label in items], dtype=torch.long)
+
+
+class GpuDecoder:
+    """Decode and augment a batch of JPEG bytes on the CUDA device."""
+
+    def __init__(self, image_size: int, device: Any) -> None:
+        import torch
+        from torchvision.transforms import v2
+
+        self.device = torch.device(device)
+        self.crop = v2.Compose([v2.RandomResizedCrop(image_size, antialias=True), v2.RandomHorizontalFlip()])
+        self.mean = torch.tensor(IMAGENET_MEAN, device=self.device).view(1, 3, 1, 1)
+        self.std = torch.tensor(IMAGENET_STD, device=self.device).view(1, 3, 1, 1)
+        self.noted = False
+
+    def decode(self, files: list[Any]) -> list[Any]:
+        """Each file as a 3 x H x W uint8 tensor on the device."""
+        from torchvision.io import ImageReadMode, decode_image, decode_jpeg
+
+        try:
+            return list(decode_jpeg(files, mode=ImageReadMode.RGB, device=self.device))
+        except (RuntimeError, ValueError):  # a file that is not a JPEG: decode one by one, on the CPU where needed
+            images = []
+            for data in files:
+                try:
+                    images.append(decode_jpeg(data, mode=ImageReadMode.RGB, device=self.device))
+                except (RuntimeError, ValueError):
+                    if not self.noted:
+                        print("note: decode=gpu: a file is not a JPEG; such files are decoded on the CPU", file=sys.stderr)
+                        self.noted = True
+                    images.append(decode_image(data, mode=ImageReadMode.RGB).to(self.device))
+            return images
+
+    def __call__(self, batch: tuple[list[Any], Any], *, channels_last: bool = False) -> tuple[Any, Any]:
+        """``(images, labels)`` on the device: decoded, cropped, flipped, normalized float32."""
+        import torch
+
+        files, labels = batch
+        images = torch.stack([self.crop(image) for image in self.decode(files)])
+        images = (images.float().div_(255.0) - self.mean) / self.std
+        if channels_last:
+            images = images.contiguous(memory_format=torch.channels_last)
+        return images, labels.to(self.device, non_blocking=bool(labels.is_pinned()))

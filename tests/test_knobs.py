@@ -1,0 +1,307 @@
+"""The torch knobs: num_threads, compile, cudnn_benchmark, tf32, optimizer_impl, decode.
+
+Validation, where each is offered, ``--set``, best.json, the trial process
+(real tiny trials) and the emitted train.py. CUDA paths are in test_cuda.py.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from autotune.devices import DeviceInfo
+from autotune.errors import SetupError, UsageError
+from autotune.output.best import read_best, write_best
+from autotune.output.compile_payoff import compile_section, payoff_note, payoffs
+from autotune.records import Calibration, MemoryPoint, TrialOptions, TrialRecord, TrialResult, Workload
+from autotune.runner import run_trial
+from autotune.runner.child import execute
+from autotune.train_setup import KNOBS, TrainSetup, load_setup
+from autotune.tuner.constraints import merge_constraints, parse_constraint, pinned_values
+from autotune.tuner.refine import ROLE_COMPILE
+from autotune.tuner.space import build_space
+from autotune.workloads.tasks import same_shapes
+
+CPU = DeviceInfo("cpu", True, None, None, "Test CPU")
+A100 = DeviceInfo("cuda:0", True, 80 * 2**30, 80 * 2**30, "A100", tf32=True)
+T4 = DeviceInfo("cuda:0", False, 16 * 2**30, 16 * 2**30, "T4", tf32=False)
+NEW = ("num_threads", "compile", "cudnn_benchmark", "tf32", "optimizer_impl", "decode")
+QUICK = TrialOptions(trial_seconds=0.5, windows=2)
+
+
+def calibration() -> Calibration:
+    return Calibration(
+        budget_bytes=2**33, max_batch=64, memory_points=(MemoryPoint(64, "ok", 2**28, 100.0),), probe_batch=64,
+        compute_setup={}, compute_samples_per_s=None, loader=(), max_workers=2,
+    )
+
+
+def space_for(device: DeviceInfo, workload: Workload | None = None, *sets: str) -> Any:
+    constraints = merge_constraints(parse_constraint(s) for s in sets)
+    return build_space(device=device, calibration=calibration(), usable_cores=2, effective_batch=None,
+                       constraints=constraints, workload=workload)
+
+
+# ------------------------------------------------------------- TrainSetup
+def test_defaults_are_pytorch_out_of_the_box_and_round_trip() -> None:
+    setup = TrainSetup()
+    assert [getattr(setup, k) for k in NEW] == [None, "off", False, False, None, "cpu"]
+    assert set(NEW) <= set(KNOBS)
+    tuned = TrainSetup(num_threads=1, compile="default", optimizer_impl="fused", cudnn_benchmark=True, tf32=True, decode="gpu")
+    assert TrainSetup.from_json(tuned.to_json()) == tuned
+    assert "threads=1" in tuned.describe() and "compile=default" in tuned.describe()
+
+
+@pytest.mark.parametrize(
+    ("changes", "match"),
+    [
+        ({"num_threads": 0}, "num_threads must be an integer >= 1"),
+        ({"num_threads": True}, "num_threads"),
+        ({"compile": "fast"}, "compile must be one of off, default"),
+        ({"optimizer_impl": "vectorized"}, "optimizer_impl must be one of null, for-loop, foreach, fused"),
+        ({"decode": "npu"}, "decode must be one of cpu, gpu"),
+        ({"tf32": "yes"}, "tf32 must be true or false"),
+    ],
+)
+def test_bad_values_are_one_line_errors(changes: dict[str, Any], match: str) -> None:
+    with pytest.raises(SetupError, match=match) as info:
+        TrainSetup(**changes)
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("changes", "match"),
+    [
+        ({"cudnn_benchmark": True}, "cudnn_benchmark needs a CUDA device"),
+        ({"tf32": True}, "tf32 needs a CUDA device"),
+        ({"decode": "gpu"}, "decode=gpu needs a CUDA device"),
+        ({"compile": "reduce-overhead"}, "reduce-overhead uses CUDA graphs"),
+    ],
+)
+def test_cuda_only_knobs_are_refused_on_a_cpu(changes: dict[str, Any], match: str) -> None:
+    with pytest.raises(SetupError, match=match):
+        TrainSetup(**changes).check_device("cpu")
+    TrainSetup(optimizer_impl="fused", compile="default", num_threads=1).check_device("cpu")  # these run on a CPU
+    with pytest.raises(SetupError, match="TF32 tensor cores"):
+        TrainSetup(tf32=True).check_device("cuda:0", tf32_supported=False)
+
+
+def test_old_best_json_without_the_new_knobs_loads_with_defaults(tmp_path: Path) -> None:
+    old = {"num_workers": 2, "prefetch_factor": 4, "pin_memory": False, "persistent_workers": True,
+           "batch_size": 64, "accumulation_steps": 1, "amp": "bf16", "channels_last": True}
+    path = tmp_path / "best.json"
+    path.write_text(json.dumps({"schema": 1, "setup": old}))
+    setup = load_setup(path)
+    assert setup == TrainSetup(**old) and setup.compile == "off" and setup.num_threads is None
+
+
+def test_best_json_round_trips_the_new_knobs(tmp_path: Path, synthetic_data: Path) -> None:
+    from test_emit import make_best
+
+    best = make_best(synthetic_data, num_threads=1, compile="default", optimizer_impl="foreach")
+    write_best(tmp_path / "best.json", best)
+    assert read_best(tmp_path).setup == best.setup
+    assert load_setup(tmp_path / "best.json").optimizer_impl == "foreach"
+
+
+def test_helpers_apply_the_knobs_in_this_process() -> None:
+    before = torch.get_num_threads()
+    try:
+        TrainSetup(num_threads=1).configure_torch("cpu")
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+    model = torch.nn.Linear(4, 2)
+    assert TrainSetup(optimizer_impl="fused").optimizer(model.parameters(), lr=0.1).defaults["fused"] is True
+    assert TrainSetup(optimizer_impl="for-loop").optimizer(model.parameters(), lr=0.1).defaults["foreach"] is False
+    sgd = TrainSetup(optimizer_impl="foreach").optimizer(model.parameters(), lr=0.1, cls=torch.optim.SGD)
+    assert isinstance(sgd, torch.optim.SGD) and sgd.defaults["foreach"] is True
+    assert TrainSetup().compile_model(model) is model
+
+
+# ------------------------------------------------------- space and --set
+def test_cpu_space_offers_threads_kernels_and_eager_sampling() -> None:
+    space = space_for(CPU)
+    values = space.values
+    assert values["num_threads"] == (1, 2) and space.is_range("num_threads")
+    assert values["optimizer_impl"] == ("for-loop", "foreach", "fused")  # fused AdamW runs on a CPU in torch 2.14
+    assert values["compile"] == ("off", "default") and space.compile_modes() == ("default",)
+    assert values["cudnn_benchmark"] == (False,) and values["tf32"] == (False,) and values["decode"] == ("cpu",)
+    import optuna
+
+    trial = optuna.create_study().ask()
+    setup = space.suggest(trial)
+    assert setup.compile == "off" and "compile" not in trial.params  # compile is a refinement, not sampled
+    assert setup.num_threads in (1, 2) and space.contains(setup) and space.contains(TrainSetup())
+
+
+def test_gpu_space_offers_cudnn_tf32_and_gpu_decode_where_they_work() -> None:
+    values = space_for(A100).values
+    assert values["cudnn_benchmark"] == (False, True) and values["tf32"] == (False, True)
+    assert values["decode"] == ("cpu", "gpu") and "reduce-overhead" in values["compile"]
+    assert space_for(T4).values["tf32"] == (False,)
+    task = Workload(model="m:f", device="cuda:0", task="m:f", fixed_shapes=False, own_optimizer=True)
+    values = space_for(A100, task).values
+    assert values["cudnn_benchmark"] == (False,) and values["decode"] == ("cpu",) and values["optimizer_impl"] == (None,)
+
+
+@pytest.mark.parametrize(
+    ("device", "workload", "text", "match"),
+    [
+        (CPU, None, "tf32=true", "tf32 needs a CUDA device"),
+        (CPU, None, "cudnn_benchmark=true", "cudnn_benchmark needs a CUDA device"),
+        (CPU, None, "decode=gpu", "decode=gpu needs a CUDA device"),
+        (CPU, None, "compile=reduce-overhead", "needs a CUDA device"),
+        (T4, None, "tf32=true", "no TF32 tensor cores"),
+        (A100, Workload(model="m:f", device="cuda:0", task="m:f", fixed_shapes=False), "cudnn_benchmark=true", "change shape"),
+        (A100, Workload(model="m:f", device="cuda:0", task="m:f"), "decode=gpu", "not to a Task"),
+        (CPU, Workload(model="m:f", task="m:f", own_optimizer=True), "optimizer_impl=fused", "its own optimizer"),
+    ],
+)
+def test_set_of_a_knob_that_cannot_work_here_is_refused(device: DeviceInfo, workload: Workload | None, text: str, match: str) -> None:
+    with pytest.raises((SetupError, UsageError), match=match) as info:
+        space_for(device, workload, text)
+    assert "\n" not in str(info.value)
+
+
+def test_set_pins_and_bounds_the_new_knobs() -> None:
+    space = space_for(CPU, None, "num_threads=1", "optimizer_impl=foreach,fused", "compile=default")
+    assert space.values["num_threads"] == (1,) and space.values["optimizer_impl"] == ("foreach", "fused")
+    assert space.compile_modes() == ()  # pinned: every trial compiles, no refinement
+    assert parse_constraint("num_threads=1..2").high == 2
+    assert parse_constraint("compile=max_autotune_no_cudagraphs").value == "max-autotune-no-cudagraphs"
+    with pytest.raises(UsageError, match="expected one of for-loop, foreach, fused"):
+        parse_constraint("optimizer_impl=turbo")
+    assert pinned_values(["num_threads=1", "compile=default"]) == {"num_threads": 1, "compile": "default"}
+    with pytest.raises(UsageError, match="give one value"):
+        pinned_values(["num_threads=1..2"])
+
+
+def test_fixed_shapes_are_detected_from_the_first_items() -> None:
+    assert same_shapes([(torch.zeros(3, 8, 8), 1), (torch.zeros(3, 8, 8), 0)])
+    assert not same_shapes([(torch.zeros(5), 1), (torch.zeros(7), 0)])
+
+
+# ------------------------------------------------------- the trial process
+def test_trial_applies_threads_and_optimizer_kernels(tiny_workload: Workload) -> None:
+    result = run_trial(TrainSetup(batch_size=8, num_threads=1, optimizer_impl="fused"), tiny_workload, QUICK)
+    assert result.ok, result.error
+    assert result.num_threads == 1 and result.compile_s is None
+
+
+def test_compiled_trial_records_compile_time(tiny_workload: Workload) -> None:
+    from dataclasses import replace
+
+    workload = replace(tiny_workload, model="factories:tiny_mlp")
+    result = run_trial(TrainSetup(batch_size=8, compile="default", num_threads=1, optimizer_impl="foreach"), workload, QUICK)
+    assert result.ok, result.error
+    assert result.compile_s is not None and 0 < result.compile_s <= result.warmup_s
+
+
+def test_a_model_that_fails_to_compile_is_an_error_status(tiny_workload: Workload, monkeypatch: pytest.MonkeyPatch) -> None:
+    from dataclasses import replace
+
+    from torch._dynamo.exc import Unsupported
+
+    class Uncompilable(torch.nn.Module):
+        def __init__(self, inner: torch.nn.Module) -> None:
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            raise Unsupported("data-dependent control flow this backend cannot trace")
+
+    monkeypatch.setattr(torch, "compile", lambda model, mode=None: Uncompilable(model))
+    request = {"setup": TrainSetup(batch_size=8, compile="default").to_dict(),
+               "workload": replace(tiny_workload, model="factories:tiny_mlp").to_dict(),
+               "options": {"trial_seconds": 0.2, "windows": 1}}
+    result = execute(request, started=time.perf_counter(), send=lambda event: None)
+    assert result.status == "error"
+    assert result.error is not None and result.error.startswith("torch.compile (mode default) failed: Unsupported: data-dependent")
+
+
+# ------------------------------------------------------------ compile payoff
+def _record(number: int, setup: TrainSetup, step: float, compile_s: float | None = None, role: str = "search") -> TrialRecord:
+    result = TrialResult(status="ok", samples_per_s=setup.batch_size / step, step_time_s=step, compile_s=compile_s)
+    return TrialRecord(number, role, setup, result)
+
+
+def test_break_even_is_compile_time_over_step_time_saved() -> None:
+    eager = TrainSetup(batch_size=64)
+    records = [_record(0, eager, 0.5), _record(1, eager.replace(compile="default"), 0.4, 30.0, ROLE_COMPILE)]
+    (payoff,) = payoffs(records)
+    assert payoff.break_even_steps == 300  # 30 s / 0.1 s saved per step
+    note = payoff_note(records, eager.replace(compile="default"))
+    assert note == "compile=default: compiling took 30 s in the first step; it pays off after 300 steps"
+    assert payoff_note(records, eager) is None
+    section = compile_section(records)
+    assert section is not None and section.tables[0].rows[0][-1] == "300"
+    slower = [_record(0, eager, 0.5), _record(1, eager.replace(compile="default"), 0.6, 30.0)]
+    assert payoffs(slower)[0].break_even_steps is None
+
+
+def test_a_search_compiles_the_leading_setup_near_its_end(tmp_path: Path, cache_dir: Path) -> None:
+    from dataclasses import replace
+
+    from test_search import config, fake_runner, search
+
+    def compiling_runner(setup: TrainSetup, workload: Workload, options: Any = None, *, on_window: Any = None) -> TrialResult:
+        result = fake_runner(setup, workload, options, on_window=on_window)
+        if setup.compile == "off" or not result.ok or result.step_time_s is None or result.samples_per_s is None:
+            return result
+        return replace(result, compile_s=20.0, step_time_s=result.step_time_s / 1.25, samples_per_s=result.samples_per_s * 1.25)
+
+    outcome = search(config(tmp_path, cache_dir, trials=10), runner=compiling_runner)
+    compiled = [r for r in outcome.records if r.role == ROLE_COMPILE]
+    assert len(compiled) == 1 and compiled[0].setup.compile == "default"
+    eager = [r for r in outcome.records if r.role != ROLE_COMPILE and r.number < compiled[0].number and r.result.ok]
+    fastest = max(r.result.samples_per_s or 0.0 for r in eager)
+    base = [r for r in eager if r.setup == compiled[0].setup.replace(compile="off")]
+    assert base and base[0].result.samples_per_s == fastest  # the leader, compiled
+    assert all(r.setup.compile == "off" for r in outcome.records if r.role != ROLE_COMPILE)
+    assert outcome.best is not None and outcome.best.setup.compile == "default"  # 1.25x faster: it wins confirmation
+    assert any(n.startswith("compile=default: compiling took 20 s in the first step; it pays off after") for n in outcome.best.notes)
+    assert 'id="compile"' in (tmp_path / "out" / "report.html").read_text()
+    short = search(config(tmp_path / "short", cache_dir, trials=4))
+    assert not [r for r in short.records if r.role == ROLE_COMPILE]
+
+
+# ------------------------------------------------------------ emitted train.py
+def test_emitted_script_defaults_to_the_tuned_knobs(synthetic_data: Path, tmp_path: Path) -> None:
+    from test_emit import defaults, make_best
+
+    from autotune.output.emit import write_script
+
+    best = make_best(synthetic_data, batch_size=8, num_threads=1, compile="default", optimizer_impl="fused")
+    args = defaults(write_script(best, tmp_path / "train.py"))
+    assert (args.threads, args.compile, args.optimizer_impl, args.decode) == (1, "default", "fused", "cpu")
+    assert (args.cudnn_benchmark, args.tf32) == (False, False)
+    auto = defaults(write_script(make_best(synthetic_data), tmp_path / "auto.py"))
+    assert (auto.threads, auto.compile, auto.optimizer_impl) == (None, "off", "auto")
+    gpu = defaults(write_script(make_best(synthetic_data, device="cuda", cudnn_benchmark=True, tf32=True, decode="gpu"),
+                                tmp_path / "gpu.py"))
+    assert (gpu.cudnn_benchmark, gpu.tf32, gpu.decode) == (True, True, "gpu")
+
+
+@pytest.mark.slow
+def test_emitted_script_applies_threads_and_optimizer_kernels(synthetic_data: Path, tmp_path: Path) -> None:
+    from test_emit import make_best, run_script
+
+    from autotune.output.emit import write_script
+
+    best = make_best(synthetic_data, batch_size=8, num_threads=1, optimizer_impl="for-loop")
+    script = write_script(best, tmp_path / "train.py")
+    proc = run_script([str(script), "--max-steps", "2", "--print-freq", "1", "--output-dir", "out"], tmp_path)
+    assert "threads 1 | compile off" in proc.stdout and "step 2 loss" in proc.stdout
+    checkpoint = torch.load(tmp_path / "out" / "checkpoint.pth", map_location="cpu", weights_only=True)
+    assert checkpoint["optimizer"]["param_groups"][0]["foreach"] is False
+    refused = subprocess.run([sys.executable, str(script), "--tf32", "--max-steps", "1"],
+                             cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert refused.returncode != 0 and "error: --tf32 needs a CUDA device" in refused.stderr
