@@ -50,10 +50,9 @@ def env(**extra: str) -> dict[str, str]:
 
 
 def worker_cmd(out: Path, cache_dir: Path, storage: str, study: str, trials: int) -> list[str]:
-    """One worker: the tiny test model, 1-s trials, one finalist measured in one round."""
-    return [sys.executable, "-m", "autotune", "search", "--model", "factories:tiny_cnn", "--image-size", "32",
-            "--synthetic-images", "64", "--trial-seconds", "1", "--device", "cpu", "--trials", str(trials),
-            "--confirm-top", "1", "--confirm-rounds", "1", "--out", str(out), "--cache-dir", str(cache_dir),
+    """One worker: a tiny Task (a linear model), 1-s trials, one finalist measured in one round."""
+    return [sys.executable, "-m", "autotune", "search", "--workload", "task_factories:good", "--trial-seconds", "1",
+            "--device", "cpu", "--trials", str(trials), "--confirm-top", "1", "--confirm-rounds", "1", "--out", str(out),
             "--storage", storage, "--study", study]
 
 

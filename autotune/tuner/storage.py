@@ -127,7 +127,12 @@ def first_line(exc: BaseException) -> str:
 
 
 #: What a lost database connection or an unreachable journal file raises.
-CONNECTION_ERRORS: tuple[type[BaseException], ...] = (sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError, OSError)
+CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
+    sqlalchemy.exc.OperationalError,
+    sqlalchemy.exc.InterfaceError,
+    optuna.exceptions.StorageInternalError,  # Optuna's wrapper of a failed commit
+    OSError,
+)
 
 
 def with_retries(step: Callable[[], T], storage: str, *, on_give_up: Callable[[], None] | None = None) -> T:

@@ -41,13 +41,13 @@ from autotune.errors import StorageError
 from autotune.output.best import Best
 from autotune.output.trials_csv import write_trials_csv
 from autotune.records import Calibration, TrialRecord, TrialResult
-from autotune.runner import TrialRunner
+from autotune.runner import TrialRunner, WindowCallback
 from autotune.tuner.config import SearchOutcome
 from autotune.tuner.explore import Exploration, pruning_hook, unrunnable
 from autotune.tuner.lock import Holder
 from autotune.tuner.progress import Reporter
 from autotune.tuner.signals import interrupts_held
-from autotune.tuner.storage import heartbeats, with_retries
+from autotune.tuner.storage import CONNECTION_ERRORS, heartbeats, with_retries
 from autotune.tuner.study import ATTR_MARKER, ATTR_ROLE, FINISHED, ROLE_DEFAULTS, ROLE_SEARCH, SearchStudy
 from autotune.tuner.study_report import stored_confirmed
 
@@ -321,7 +321,7 @@ class Crew:
                 result, reused_from = previous.result, previous.number
             else:
                 with heartbeats(study.study, trial._trial_id):
-                    result = runner(setup, plan.workload, plan.options, on_window=pruning_hook(trial, role))
+                    result = runner(setup, plan.workload, plan.options, on_window=_pruning_hook(trial, role))
             pending.append(TrialRecord(trial.number, role, setup, result, reused_from))
             with interrupts_held():
                 self._retry(lambda: study.record(trial, role, setup, result, reused_from), keep_locally)
@@ -341,6 +341,21 @@ class Crew:
             record = next((r for r in records if r.number == trial.number), pending[0])
             reporter.trial_finished(self._retry(lambda: _counts(study, None))[0], plan.wanted, record, best)
         return records
+
+
+def _pruning_hook(trial: optuna.Trial, role: str) -> WindowCallback | None:
+    """The pruning hook, which never stops a trial for a lost storage (storing its result finds the loss)."""
+    hook = pruning_hook(trial, role)
+    if hook is None:
+        return None
+
+    def guarded(index: int, value: float) -> bool:
+        try:
+            return hook(index, value)
+        except CONNECTION_ERRORS:
+            return False
+
+    return guarded
 
 
 def _holders(markers: list[FrozenTrial]) -> list[Holder]:
