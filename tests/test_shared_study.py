@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import optuna
@@ -17,13 +18,14 @@ import psutil
 import pytest
 from optuna.trial import TrialState
 
+from autotune.train_setup import TrainSetup
 from autotune.tuner.lock import Holder
 from autotune.tuner.storage import heartbeats, is_shared, journal_path
 from autotune.tuner.study import SearchStudy
 from autotune.tuner.workers import ATTR_WORKER, Crew
 
 TESTS = Path(__file__).parent
-WAIT_S = 300.0
+WAIT_S = 600.0
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
@@ -49,7 +51,7 @@ def env(**extra: str) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), str(TESTS.parent)]), **extra}
 
 
-def worker_cmd(out: Path, cache_dir: Path, storage: str, study: str, trials: int) -> list[str]:
+def worker_cmd(out: Path, storage: str, study: str, trials: int) -> list[str]:
     """One worker: a tiny Task (a linear model), 1-s trials, one finalist measured in one round."""
     return [sys.executable, "-m", "autotune", "search", "--workload", "task_factories:good", "--trial-seconds", "1",
             "--device", "cpu", "--trials", str(trials), "--confirm-top", "1", "--confirm-rounds", "1", "--out", str(out),
@@ -88,57 +90,79 @@ def check_one_study(storage: str, study: str, trials: int, outs: list[Path], run
     assert len(first) == len(set(first)) >= 2  # the defaults and at least one guess, each once
     assert sum((out / "best.json").exists() for out in outs) == 1  # one worker confirmed and wrote it
     written = next(json.loads((out / "best.json").read_text()) for out in outs if (out / "best.json").exists())
-    for code, stdout, _ in runs:  # every worker prints that winner
-        assert "winner:" in stdout and written["setup"]["batch_size"] >= 1
+    winner = f"winner: {TrainSetup.from_dict(written['setup']).describe()}:"
+    for _, stdout, _ in runs:  # every worker prints that winner
+        assert winner in " ".join(stdout.split()), stdout[-1500:]
     for out in outs:  # each worker keeps the study's trials in its own --out
         assert len(list(csv.DictReader((out / "trials.csv").open()))) == trials
 
 
+@dataclass(frozen=True)
+class Shared:
+    """A study two workers searched on the session's PostgreSQL server."""
+
+    storage: str
+    study: str
+    outs: list[Path]
+    runs: list[tuple[int, str, str]]
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory, postgres) -> Shared:
+    """Two real workers on one study, 4 trials in total. The later tests go on with this study
+    (its calibration is reused), so each calibration is paid once."""
+    root = tmp_path_factory.mktemp("workers")
+    outs = [root / "w1", root / "w2"]
+    procs = [start(worker_cmd(out, postgres.url, "two", trials=4)) for out in outs]
+    return Shared(postgres.url, "two", outs, [finish(p) for p in procs])
+
+
 @pytest.mark.slow
-def test_two_workers_share_one_budget_on_postgresql(tmp_path, cache_dir, postgres) -> None:
-    outs = [tmp_path / "w1", tmp_path / "w2"]
-    procs = [start(worker_cmd(out, cache_dir, postgres.url, "two", trials=5)) for out in outs]
-    runs = [finish(p) for p in procs]
-    check_one_study(postgres.url, "two", 5, outs, runs)
-    waited = [stderr for _, _, stderr in runs if "waiting for" in stderr]
+def test_two_workers_share_one_budget_on_postgresql(shared: Shared) -> None:
+    check_one_study(shared.storage, shared.study, 4, shared.outs, shared.runs)
+    waited = [stderr for _, _, stderr in shared.runs if "waiting for" in stderr]
     assert waited, "one worker waits for the other's calibration or confirmation"
-    status = subprocess.run([sys.executable, "-m", "autotune", "status", "--storage", postgres.url, "--study", "two"],
+    status = subprocess.run([sys.executable, "-m", "autotune", "status", "--storage", shared.storage, "--study", shared.study],
                             capture_output=True, text=True, env=env(), timeout=120)
     assert status.returncode == 0, status.stderr
-    assert "5/5 trials finished, 0 running" in status.stdout and "winner:" in status.stdout
+    assert "4/4 trials finished, 0 running" in status.stdout and "winner:" in status.stdout
 
-    # A worker whose machine differs is refused in one line naming the difference.
-    study = load(postgres.url, "two")
-    signature = dict(study.user_attrs["signature"])
-    signature["cpu_model"] = "Some Other CPU"
-    study.set_user_attr("signature", signature)
-    refused = subprocess.run(worker_cmd(tmp_path / "w3", cache_dir, postgres.url, "two", trials=5),
-                             capture_output=True, text=True, env=env(), timeout=WAIT_S)
+
+@pytest.mark.slow
+def test_a_worker_with_another_fingerprint_is_refused(shared: Shared, tmp_path) -> None:
+    study = load(shared.storage, shared.study)
+    stored = dict(study.user_attrs["signature"])
+    study.set_user_attr("signature", {**stored, "cpu_model": "Some Other CPU"})
+    try:
+        refused = subprocess.run(worker_cmd(tmp_path / "w3", shared.storage, shared.study, trials=4),
+                                 capture_output=True, text=True, env=env(), timeout=WAIT_S)
+    finally:
+        study.set_user_attr("signature", stored)
     assert refused.returncode == 1
     assert "cpu_model: 'Some Other CPU' there" in refused.stderr
     assert len(refused.stderr.strip().splitlines()) == 1 and "Traceback" not in refused.stderr
 
 
 @pytest.mark.slow
-def test_journal_file_workers_share_one_budget(tmp_path, cache_dir) -> None:
+def test_journal_file_workers_share_one_budget(tmp_path) -> None:
     storage = f"journal://{tmp_path / 'study.log'}"
     outs = [tmp_path / "w1", tmp_path / "w2"]
-    procs = [start(worker_cmd(out, cache_dir, storage, "journal", trials=4)) for out in outs]
-    check_one_study(storage, "journal", 4, outs, [finish(p) for p in procs])
+    procs = [start(worker_cmd(out, storage, "journal", trials=3)) for out in outs]
+    check_one_study(storage, "journal", 3, outs, [finish(p) for p in procs])
 
 
 @pytest.mark.slow
-def test_a_worker_killed_mid_trial_is_recovered_by_another(tmp_path, cache_dir, postgres) -> None:
-    victim = start(worker_cmd(tmp_path / "w1", cache_dir, postgres.url, "kill", trials=3), AUTOTUNE_HEARTBEAT_S="1")
+def test_a_worker_killed_mid_trial_is_recovered_by_another(tmp_path, shared: Shared) -> None:
+    storage = optuna.storages.RDBStorage(shared.storage)
+    study = optuna.load_study(study_name=shared.study, storage=storage)
+    budget = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))) + 2
+    victim = start(worker_cmd(tmp_path / "w1", shared.storage, shared.study, trials=budget), AUTOTUNE_HEARTBEAT_S="1")
     deadline, number = time.monotonic() + WAIT_S, None
     while number is None and time.monotonic() < deadline:
         assert victim.poll() is None, victim.communicate()[1][-2000:]
-        try:
-            running = load(postgres.url, "kill").get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-        except Exception:  # the study is still being created
-            running = []
+        running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
         number = next((t.number for t in running if t.user_attrs.get(ATTR_WORKER, {}).get("pid") == victim.pid), None)
-        time.sleep(0.2)
+        time.sleep(0.05)
     assert number is not None, "the first worker never ran a trial"
     children = psutil.Process(victim.pid).children(recursive=True)
     victim.send_signal(signal.SIGKILL)
@@ -148,17 +172,18 @@ def test_a_worker_killed_mid_trial_is_recovered_by_another(tmp_path, cache_dir, 
             child.kill()
         except psutil.Error:
             pass
-    survivor = start(worker_cmd(tmp_path / "w2", cache_dir, postgres.url, "kill", trials=3), AUTOTUNE_HEARTBEAT_S="1")
-    code, stdout, stderr = finish(survivor)
+    assert study.get_trials(deepcopy=False)[number].state == TrialState.RUNNING  # killed mid-trial
+    survivor = start(worker_cmd(tmp_path / "w2", shared.storage, shared.study, trials=budget), AUTOTUNE_HEARTBEAT_S="1")
+    code, _, stderr = finish(survivor)
     assert code == 0, stderr[-2000:]
-    assert f"#{number}" in stderr and "left running by a search that died" in stderr
-    trials = load(postgres.url, "kill").get_trials(deepcopy=False)
+    assert f"trials #{number} were left running by a search that died" in stderr
+    trials = study.get_trials(deepcopy=False)
     assert trials[number].state == TrialState.FAIL
     assert not [t for t in trials if t.state == TrialState.RUNNING]
     rerun = [t for t in trials if t.system_attrs.get("failed_trial") == number]
     assert rerun and rerun[0].state in (TrialState.COMPLETE, TrialState.PRUNED)
-    assert rerun[0].user_attrs.get("role") == trials[number].user_attrs.get("role")
-    assert sum(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in trials) == 3
+    assert rerun[0].params == trials[number].params
+    assert sum(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in trials) == budget
 
 
 def test_a_stale_heartbeat_fails_the_trial_and_queues_it_again(postgres, monkeypatch) -> None:
@@ -179,17 +204,18 @@ def test_a_stale_heartbeat_fails_the_trial_and_queues_it_again(postgres, monkeyp
 
 
 @pytest.mark.slow
-def test_a_lost_database_is_retried_then_one_line_and_nothing_measured_lost(tmp_path, cache_dir, postgres) -> None:
+def test_a_lost_database_is_retried_then_one_line_and_nothing_measured_lost(tmp_path, shared: Shared, postgres) -> None:
     out = tmp_path / "w1"
-    proc = start(worker_cmd(out, cache_dir, postgres.url, "lost", trials=30), AUTOTUNE_STORAGE_RETRIES="3")
+    before = len(load(shared.storage, shared.study).get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)))
+    proc = start(worker_cmd(out, shared.storage, shared.study, trials=30), AUTOTUNE_STORAGE_RETRIES="3")
     deadline, rows = time.monotonic() + WAIT_S, 0
     try:
-        while rows < 2 and time.monotonic() < deadline:
+        while rows < before + 2 and time.monotonic() < deadline:
             assert proc.poll() is None, proc.communicate()[1][-2000:]
             time.sleep(0.3)
             if (out / "trials.csv").exists():
                 rows = len(list(csv.DictReader((out / "trials.csv").open())))
-        assert rows >= 2
+        assert rows >= before + 2  # the study's trials and 2 of this worker
         postgres.stop()
         code, _, stderr = finish(proc)
     finally:
@@ -199,7 +225,7 @@ def test_a_lost_database_is_retried_then_one_line_and_nothing_measured_lost(tmp_
     assert len(lines) == 1 and "lost the study storage" in lines[0] and "3 attempts" in lines[0], stderr[-2000:]
     assert "Traceback" not in stderr
     kept = len(list(csv.DictReader((out / "trials.csv").open())))
-    stored = load(postgres.url, "lost").get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
+    stored = load(shared.storage, shared.study).get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
     assert kept >= max(rows, len(stored))  # every trial the study holds, and any measured after the loss
 
 
