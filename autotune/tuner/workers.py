@@ -252,7 +252,7 @@ class Crew:
             StorageError: The storage stayed unreachable; this worker's results are in its trials.csv.
         """
         self._retry(lambda: study.study.set_user_attr(STUDY_BUDGET, plan.wanted))
-        known: list[TrialRecord] = []
+        known = self._retry(study.records)  # what trials.csv holds if the storage is lost before the next trial ends
         waiting = False
         while True:
             self.fail_stale()
