@@ -161,7 +161,8 @@ def test_a_worker_killed_mid_trial_is_recovered_by_another(tmp_path, shared: Sha
     while number is None and time.monotonic() < deadline:
         assert victim.poll() is None, victim.communicate()[1][-2000:]
         running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-        number = next((t.number for t in running if t.user_attrs.get(ATTR_WORKER, {}).get("pid") == victim.pid), None)
+        number = next((t.number for t in running  # its trial, once its setup is sampled (then it runs)
+                       if t.user_attrs.get(ATTR_WORKER, {}).get("pid") == victim.pid and t.params), None)
         time.sleep(0.05)
     assert number is not None, "the first worker never ran a trial"
     children = psutil.Process(victim.pid).children(recursive=True)
