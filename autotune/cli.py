@@ -344,6 +344,24 @@ def report(
     out.print(f"report: {written[0].resolve()}", highlight=False)
 
 
+@app.command()
+@handle_errors
+def status(
+    storage: Annotated[str, typer.Option("--storage", help="The study's Optuna storage URL (postgresql://, journal:///FILE.log, sqlite:///).")],
+    study: Annotated[Optional[str], typer.Option("--study", help="Study name (default: the only one there).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Show a study's progress, the trials running on each worker and the confirmed winner."""
+    from autotune.tuner.status import study_status
+
+    found = study_status(storage, study)
+    if as_json:
+        typer.echo(json.dumps(found.to_dict()))
+    else:
+        for line in found.lines():
+            out.print(escape(line), highlight=False, soft_wrap=True)
+
+
 def main() -> None:
     """Console-script entry point."""
     app()

@@ -8,6 +8,7 @@ the output directory by default), so re-running the same command resumes it.
 
 from __future__ import annotations
 
+import os
 import shutil
 import time
 from contextlib import ExitStack
@@ -32,15 +33,18 @@ from autotune.tuner.config import SearchConfig, SearchOutcome, Timing
 from autotune.tuner.confirm import confirm, measure_ceilings, pick_candidates
 from autotune.tuner.constraints import check_constraints, merge_constraints
 from autotune.tuner.explore import Exploration, explore
+from autotune.tuner.identity import signature, study_name
 from autotune.tuner.lock import OutputLock
 from autotune.tuner.offered import check_workload_constraints
 from autotune.tuner.progress import Reporter, SilentReporter
 from autotune.tuner.signals import runs_to_the_end, sigterm_as_interrupt
 from autotune.tuner.space import Space, build_space, check_image_constraints, defaults_setup, guess_setups
+from autotune.tuner.storage import is_shared
 from autotune.tuner.study import ROLE_DEFAULTS, ROLE_GUESS, SearchStudy, machine_fingerprint
 from autotune.tuner.study_report import write_search_report
 from autotune.tuner.timed import TimedRunner
 from autotune.tuner.winner import bottleneck_verdict, make_best
+from autotune.tuner.workers import Crew
 from autotune.workloads import build_workload
 from autotune.workloads.tasks import build_task_workload
 
@@ -55,6 +59,7 @@ class Prepared:
     study: SearchStudy
     out: Path
     held: ExitStack
+    crew: Crew | None = None  # this worker's view of a shared study (None: the study is this search's alone)
 
 
 def run_search(
@@ -93,26 +98,16 @@ def _search(
 ) -> SearchOutcome:
     """The steps after :func:`prepare`, while the output directory and the study are held."""
     earlier = prepared.study.time_spent()
-    calibration = calibrate_once(config, prepared, reporter, timed)
-    space = build_space(
-        device=prepared.device,
-        calibration=calibration,
-        usable_cores=int(prepared.hardware.cpu.usable_cores),
-        effective_batch=config.effective_batch,
-        constraints=merge_constraints(config.constraints),
-        images=prepared.workload.images,
-        image_input=prepared.workload.image_input,
-        workload=prepared.workload,
-    )
-    reporter.message(space.describe())
+    crew = prepared.crew
+    first = (crew.once(lambda: first_steps(config, prepared, reporter, timed), reporter) if crew else None)
+    calibration, space = first or first_steps(config, prepared, reporter, timed)
     defaults = defaults_setup(config.effective_batch, batch=prepared.workload.reference_batch)
-    enqueue_first_trials(config, prepared, space, calibration)
     options = TrialOptions(
         trial_seconds=config.trial_seconds, timeout_s=config.timeout_s, max_memory_bytes=config.max_memory
     )
     plan = Exploration(space, defaults, prepared.workload, options, config.trials, prepared.out / "trials.csv")
     timing.phase = "search"
-    interrupted = not runs_to_the_end(lambda: explore(prepared.study, plan, reporter, timed))
+    interrupted = not runs_to_the_end(lambda: (crew.explore if crew else explore)(prepared.study, plan, reporter, timed))
     records = prepared.study.records()
     write_trials_csv(plan.csv_path, records)
     feasible = [r for r in records if r.result.ok and r.result.samples_per_s]
@@ -120,6 +115,8 @@ def _search(
         timing.wall_s = time.monotonic() - began
         report(prepared, timing, earlier, reporter, "interrupted" if interrupted else "failed: no feasible trial", records, calibration)
         raise _nothing_feasible(records, prepared.study.storage, interrupted)
+    if crew is not None and not interrupted and (winner := crew.confirm_or_wait(config.trials, reporter)) is not None:
+        return crew.outcome(winner, records, calibration, prepared.out, plan.csv_path)
     confirmed: list[Confirmed] = []
     if not interrupted:
         timing.phase = "confirmation"
@@ -138,6 +135,8 @@ def _search(
     outcome = replace(outcome, files=(*outcome.files, *written), time_spent=spent)
     timing.wall_s = time.monotonic() - began
     outcome = replace(outcome, timing=timing)
+    if crew is not None and outcome.best is not None and not interrupted:
+        crew.publish(outcome.best, config.trials, prepared.out)
     if interrupted:
         raise SearchInterrupted(
             f"interrupted: {len(records)} finished trials kept in {prepared.study.storage}; best so far written to "
@@ -147,42 +146,30 @@ def _search(
     return outcome
 
 
+def first_steps(config: SearchConfig, prepared: Prepared, reporter: Reporter, runner: TrialRunner) -> tuple[Calibration, Space]:
+    """Calibrate (or reuse the stored calibration), build the space, queue the first trials of a new study."""
+    calibration = calibrate_once(config, prepared, reporter, runner)
+    space = build_space(
+        device=prepared.device,
+        calibration=calibration,
+        usable_cores=int(prepared.hardware.cpu.usable_cores),
+        effective_batch=config.effective_batch,
+        constraints=merge_constraints(config.constraints),
+        images=prepared.workload.images,
+        image_input=prepared.workload.image_input,
+        workload=prepared.workload,
+    )
+    reporter.message(space.describe())
+    enqueue_first_trials(config, prepared, space, calibration)
+    return calibration, space
+
+
 def _nothing_feasible(records: list[TrialRecord], storage: str, interrupted: bool) -> AutotuneError:
     """The error when no trial measured a throughput: interrupted, or every trial failed."""
     if interrupted:
         return SearchInterrupted(f"interrupted before any feasible trial; {len(records)} trials kept in {storage}")
     reasons = sorted({f"{r.result.status}: {r.result.error}" for r in records})
     return SearchFailed(f"all {len(records)} trials failed ({'; '.join(reasons)[:300]})")
-
-
-def study_name(config: SearchConfig, device: DeviceInfo, workload: Workload | None = None) -> str:
-    """The default study name: model and image size (or the workload factory), device (and pinned effective batch)."""
-    if workload is not None and workload.task is not None:
-        name = f"{workload.task.replace(':', '.')}-{device.name.replace(':', '')}"
-    else:
-        name = f"{config.model.replace(':', '.')}-{config.image_size}px-{device.name.replace(':', '')}"
-    if config.effective_batch:
-        name += f"-eb{config.effective_batch}"
-    return name
-
-
-def signature(config: SearchConfig, workload: Workload, machine: dict[str, Any] | None = None) -> dict[str, Any]:
-    """What must match for a stored study to be resumed by this search (``machine``: its fingerprint)."""
-    task = {"task": workload.task} if workload.task is not None else {}
-    return {
-        **task,
-        **(machine or {}),
-        "timeout_s": config.timeout_s,
-        "model": workload.model,
-        "image_size": workload.image_size,
-        "data": workload.data,
-        "synthetic_images": workload.synthetic_images if workload.data is None else None,
-        "device": workload.device,
-        "effective_batch": config.effective_batch,
-        "max_memory": config.max_memory,
-        "trial_seconds": config.trial_seconds,
-        "constraints": sorted(repr(c) for c in config.constraints),
-    }
 
 
 def prepare(config: SearchConfig, reporter: Reporter) -> Prepared:
@@ -215,14 +202,20 @@ def prepare(config: SearchConfig, reporter: Reporter) -> Prepared:
     fresh = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     storage = config.storage or f"sqlite:///{(out / 'study.db').resolve()}"
+    shared, crew = is_shared(storage), None
     try:
         with ExitStack() as stack:  # on an error below, both are released at once
             stack.enter_context(OutputLock(out))
-            study = SearchStudy.open(storage, name, sampler=config.sampler, seed=config.seed, trials=config.trials)
-            study.claim()
-            stack.callback(study.release)
-            study.check_signature(signature(config, workload, machine_fingerprint(hardware, device)))
-            stale = study.recover()
+            seed = (config.seed + os.getpid()) % 2**32 if shared else config.seed  # workers sample apart
+            study = SearchStudy.open(storage, name, sampler=config.sampler, seed=seed, trials=config.trials, shared=shared)
+            if shared:
+                crew = Crew(study, wait_s=max(600.0, 60 * config.trial_seconds))
+                stale = crew.join(signature(config, workload, machine_fingerprint(hardware, device)))
+            else:
+                study.claim()
+                stack.callback(study.release)
+                study.check_signature(signature(config, workload, machine_fingerprint(hardware, device)))
+                stale = study.recover()
             held = stack.pop_all()
     except BaseException:
         if fresh:  # made just now and holding nothing of value: leave no trace
@@ -231,7 +224,7 @@ def prepare(config: SearchConfig, reporter: Reporter) -> Prepared:
     if stale:
         reporter.message(f"trials {', '.join(f'#{n}' for n in stale)} were left running by a search that died: failed")
     reporter.message(f"{workload.describe()} ({device.label}); {int(hardware.cpu.usable_cores)} usable CPU cores")
-    return Prepared(hardware, device, workload, study, out, held)
+    return Prepared(hardware, device, workload, study, out, held, crew)
 
 
 def calibrate_once(config: SearchConfig, prepared: Prepared, reporter: Reporter, runner: TrialRunner) -> Calibration:

@@ -27,6 +27,7 @@ from autotune.time_spent import TimeSpent
 from autotune.train_setup import TrainSetup
 from autotune.tuner.lock import Holder
 from autotune.tuner.pruning import ScreeningPruner
+from autotune.tuner.storage import open_storage
 
 # Trial roles.
 ROLE_DEFAULTS = "defaults"
@@ -38,6 +39,7 @@ ATTR_ROLE = "role"
 ATTR_SETUP = "setup"
 ATTR_RESULT = "result"
 ATTR_REUSED_FROM = "reused_from"
+ATTR_MARKER = "marker"  # a shared study's election entry (autotune.tuner.workers), not a measurement
 
 # Study user attributes.
 STUDY_SIGNATURE = "signature"
@@ -60,10 +62,10 @@ def startup_trials_for(trials: int) -> int:
     return max(3, min(10, trials // 3))
 
 
-def _sampler(kind: str, seed: int, n_startup: int) -> optuna.samplers.BaseSampler:
+def _sampler(kind: str, seed: int, n_startup: int, shared: bool = False) -> optuna.samplers.BaseSampler:
     if kind == "random":
         return optuna.samplers.RandomSampler(seed=seed)
-    return optuna.samplers.TPESampler(seed=seed, n_startup_trials=n_startup, multivariate=True, group=True)
+    return optuna.samplers.TPESampler(seed=seed, n_startup_trials=n_startup, multivariate=True, group=True, constant_liar=shared)
 
 
 def _first_line(exc: BaseException) -> str:
@@ -115,11 +117,15 @@ class SearchStudy:
         self.run_id = uuid.uuid4().hex
 
     @classmethod
-    def open(cls, storage: str, name: str, *, sampler: str = "tpe", seed: int = 0, trials: int = 30) -> SearchStudy:
-        """Create or resume the study ``name`` in ``storage``.
+    def open(
+        cls, storage: str, name: str, *, sampler: str = "tpe", seed: int = 0, trials: int = 30, shared: bool = False
+    ) -> SearchStudy:
+        """Create or resume the study ``name`` in ``storage`` (URL forms in :mod:`autotune.tuner.storage`).
 
         The TPE start-up schedule is fixed when the study is created, so a
         resumed study (with a larger ``--trials``) keeps the one it began with.
+        A ``shared`` study's TPE lies about running trials (``constant_liar``)
+        so workers do not all sample the same point.
 
         Raises:
             StorageError: The storage cannot be opened.
@@ -127,17 +133,18 @@ class SearchStudy:
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
         n_startup = startup_trials_for(trials)
+        backend = open_storage(storage)
         try:
-            existing = optuna.load_study(study_name=name, storage=storage)
+            existing = optuna.load_study(study_name=name, storage=backend)
             n_startup = int(existing.user_attrs.get(STUDY_STARTUP_TRIALS, n_startup))
         except Exception:  # a new study, or a storage error reported just below
             pass
         try:
             study = optuna.create_study(
-                storage=storage,
+                storage=backend,
                 study_name=name,
                 direction="maximize",
-                sampler=_sampler(sampler, seed, n_startup),
+                sampler=_sampler(sampler, seed, n_startup, shared),
                 pruner=ScreeningPruner(),
                 load_if_exists=True,
             )
@@ -160,8 +167,9 @@ class SearchStudy:
             StorageError: The storage cannot be read, or holds no such study.
         """
         optuna.logging.set_verbosity(optuna.logging.WARNING)
+        backend, storage = open_storage(storage), hide_passwords(storage)  # the URL only names it in messages below
         try:
-            names = optuna.get_all_study_names(storage)
+            names = optuna.get_all_study_names(backend)
         except Exception as exc:  # sqlalchemy / redis / journal errors all differ
             raise StorageError(f"cannot read study storage {storage!r}: {_first_line(exc)}") from None
         found = ", ".join(names)
@@ -171,7 +179,7 @@ class SearchStudy:
             name = names[0]
         elif name not in names:
             raise StorageError(f"{storage}: no study {name!r} (studies there: {found or 'none'})")
-        return cls(optuna.load_study(study_name=name, storage=storage), storage, name)
+        return cls(optuna.load_study(study_name=name, storage=backend), storage, name)
 
     # ------------------------------------------------------------ study level
     def claim(self) -> None:
@@ -276,8 +284,8 @@ class SearchStudy:
         self.study.set_user_attr(STUDY_VERDICT, {"text": verdict, "ceilings": ceilings.to_dict() if ceilings else None})
 
     def is_empty(self) -> bool:
-        """Whether the study holds no trial at all (not even a failed one)."""
-        return not self.study.trials
+        """Whether the study holds no trial at all (not even a failed one; workers' election markers aside)."""
+        return all(ATTR_MARKER in t.user_attrs for t in self.study.get_trials(deepcopy=False))
 
     def enqueue(self, role: str, params: dict[str, Any]) -> None:
         """Queue a trial with fixed params and a role (the defaults, a guess)."""

@@ -46,7 +46,7 @@ def write_search_report(study: SearchStudy, out: Path, data: ReportInput, log: C
         return ()
 
 
-def _confirmed(study: SearchStudy, records: list[TrialRecord]) -> tuple[Confirmed, ...]:
+def stored_confirmed(study: SearchStudy, records: list[TrialRecord]) -> tuple[Confirmed, ...]:
     """The stored confirmation rounds, labelled like the search labels them."""
     found = []
     for key, (values, failures) in study.stored_confirmation().items():
@@ -108,7 +108,7 @@ def report_study(out: Path, *, storage: str | None = None, study: str | None = N
     data = ReportInput(
         records=tuple(records),
         calibration=calibration,
-        confirmed=_confirmed(stored, records),
+        confirmed=stored_confirmed(stored, records),
         best=best,
         verdict=verdict,
         ceilings=ceilings,

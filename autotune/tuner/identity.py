@@ -1,0 +1,39 @@
+"""What names a study and what must match for a stored study to be resumed (or joined by another worker)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from autotune.devices import DeviceInfo
+from autotune.records import Workload
+from autotune.tuner.config import SearchConfig
+
+
+def study_name(config: SearchConfig, device: DeviceInfo, workload: Workload | None = None) -> str:
+    """The default study name: model and image size (or the workload factory), device (and pinned effective batch)."""
+    if workload is not None and workload.task is not None:
+        name = f"{workload.task.replace(':', '.')}-{device.name.replace(':', '')}"
+    else:
+        name = f"{config.model.replace(':', '.')}-{config.image_size}px-{device.name.replace(':', '')}"
+    if config.effective_batch:
+        name += f"-eb{config.effective_batch}"
+    return name
+
+
+def signature(config: SearchConfig, workload: Workload, machine: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What must match for a stored study to be resumed by this search (``machine``: its fingerprint)."""
+    task = {"task": workload.task} if workload.task is not None else {}
+    return {
+        **task,
+        **(machine or {}),
+        "timeout_s": config.timeout_s,
+        "model": workload.model,
+        "image_size": workload.image_size,
+        "data": workload.data,
+        "synthetic_images": workload.synthetic_images if workload.data is None else None,
+        "device": workload.device,
+        "effective_batch": config.effective_batch,
+        "max_memory": config.max_memory,
+        "trial_seconds": config.trial_seconds,
+        "constraints": sorted(repr(c) for c in config.constraints),
+    }

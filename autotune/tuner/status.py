@@ -1,0 +1,110 @@
+"""``autotune status``: a study's progress and winner, read from its storage by any worker (nothing is written)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from optuna.trial import TrialState
+
+from autotune.output.best import Best
+from autotune.records import TrialRecord
+from autotune.tuner.lock import Holder
+from autotune.tuner.study import ATTR_MARKER, SearchStudy
+from autotune.tuner.workers import ATTR_WORKER, STUDY_BUDGET, STUDY_WINNER
+
+
+@dataclass(frozen=True)
+class Running:
+    """A trial running now: its number and the worker running it (``pid N on HOST``)."""
+
+    number: int
+    worker: str
+
+
+@dataclass(frozen=True)
+class StudyStatus:
+    """Where a study stands.
+
+    Attributes:
+        study: Its name.
+        storage: Its storage URL (password hidden).
+        wanted: The ``--trials`` budget its workers search for (None: not a shared study).
+        finished: Trials that count toward the budget.
+        failed: Failed trials (crashed workers, interruptions; not the election markers).
+        running: Trials running now.
+        best: The fastest finished trial so far.
+        winner: The confirmed winner, once a worker stored it.
+        winner_by: The worker that confirmed it and the directory it wrote to.
+    """
+
+    study: str
+    storage: str
+    wanted: int | None
+    finished: int
+    failed: int
+    running: tuple[Running, ...]
+    best: TrialRecord | None
+    winner: Best | None
+    winner_by: str | None
+
+    def lines(self) -> list[str]:
+        """The status in plain lines."""
+        budget = f"/{self.wanted}" if self.wanted else ""
+        lines = [f"study {self.study!r} in {self.storage}: {self.finished}{budget} trials finished, "
+                 f"{len(self.running)} running, {self.failed} failed"]
+        lines += [f"  running: #{r.number} on {r.worker}" for r in self.running]
+        if self.best is not None and self.best.result.samples_per_s:
+            lines.append(f"best so far: #{self.best.number} {self.best.setup.describe()}: {self.best.result.samples_per_s:.1f} samples/s")
+        if self.winner is not None:
+            speedup = f", {self.winner.speedup:.2f}x the PyTorch defaults" if self.winner.speedup else ""
+            lines.append(f"winner: {self.winner.setup.describe()}: {self.winner.samples_per_s:.1f} samples/s{speedup}")
+            lines.append(f"  confirmed by {self.winner_by}")
+        elif self.wanted and self.finished >= self.wanted:
+            lines.append("winner: being confirmed")
+        return lines
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict."""
+        return {
+            "study": self.study,
+            "storage": self.storage,
+            "trials": self.wanted,
+            "finished": self.finished,
+            "failed": self.failed,
+            "running": [{"number": r.number, "worker": r.worker} for r in self.running],
+            "best": self.best.to_dict() if self.best else None,
+            "winner": self.winner.to_dict() if self.winner else None,
+            "winner_by": self.winner_by,
+        }
+
+
+def study_status(storage: str, study: str | None = None) -> StudyStatus:
+    """Read a study's progress and winner.
+
+    Raises:
+        StorageError: The storage cannot be read or holds no such study.
+    """
+    found = SearchStudy.load(storage, study)
+    trials = found.study.get_trials(deepcopy=False)
+    attrs = found.study.user_attrs
+    running = []
+    for t in trials:
+        if t.state == TrialState.RUNNING:
+            holder = Holder.from_dict(t.user_attrs.get(ATTR_WORKER))
+            running.append(Running(t.number, holder.describe() if holder else "an unknown worker"))
+    records = found.records()
+    feasible = [r for r in records if r.result.ok and r.result.samples_per_s]
+    stored = attrs.get(STUDY_WINNER)
+    winner = Best.from_dict(stored["best"]) if isinstance(stored, dict) else None
+    return StudyStatus(
+        study=found.name,
+        storage=found.storage,
+        wanted=attrs.get(STUDY_BUDGET),
+        finished=len(records),
+        failed=sum(t.state == TrialState.FAIL and ATTR_MARKER not in t.user_attrs for t in trials),
+        running=tuple(running),
+        best=max(feasible, key=lambda r: r.result.samples_per_s or 0.0, default=None),
+        winner=winner,
+        winner_by=f"{stored.get('by')} (best.json and train.py in {stored.get('out')})" if isinstance(stored, dict) else None,
+    )

@@ -1,0 +1,202 @@
+"""Which Optuna storage a ``--storage`` URL opens, and how a worker talks to a shared one.
+
+* ``sqlite:///...`` (the default, in ``--out``): embedded, one search at a time.
+* ``postgresql://user@host/db`` (or another server URL Optuna's RDB storage
+  takes): a study shared by workers on many machines. Every running trial
+  records an Optuna heartbeat every :func:`heartbeat_s` seconds; a trial
+  whose heartbeat is older than three intervals is failed by the next worker
+  that looks (``optuna.storages.fail_stale_trials``) and queued again with
+  its parameters (``RetryHeartbeatStaleTrialCallback``).
+* ``journal:///path/to/study.log`` or a plain path ending in ``.log``:
+  Optuna's ``JournalFileBackend``, for workers on one host or on a shared
+  filesystem (no server).
+
+A worker that cannot reach a shared storage retries with backoff
+(:func:`with_retries`) and then stops with one line.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+import optuna
+import sqlalchemy.exc
+from optuna.storages import BaseStorage, JournalStorage, RDBStorage, RetryHeartbeatStaleTrialCallback
+from optuna.storages.journal import JournalFileBackend
+
+from autotune.errors import StorageError
+from autotune.redact import hide_passwords
+
+T = TypeVar("T")
+
+JOURNAL_SCHEME = "journal://"
+
+#: Seconds between a running trial's heartbeats (``AUTOTUNE_HEARTBEAT_S`` overrides it).
+HEARTBEAT_S = 10
+#: Attempts and first pause of a worker that lost its storage (the pause doubles: 1+2+4+8+16 s;
+#: ``AUTOTUNE_STORAGE_RETRIES`` overrides the attempts).
+RETRIES = 6
+FIRST_PAUSE_S = 1.0
+
+
+def retries() -> int:
+    """Attempts at a storage step before a worker gives up."""
+    try:
+        return max(1, int(os.environ.get("AUTOTUNE_STORAGE_RETRIES", RETRIES)))
+    except ValueError:
+        return RETRIES
+
+
+def heartbeat_s() -> int:
+    """The heartbeat interval in whole seconds (Optuna takes an int)."""
+    try:
+        return max(1, int(os.environ.get("AUTOTUNE_HEARTBEAT_S", HEARTBEAT_S)))
+    except ValueError:
+        return HEARTBEAT_S
+
+
+def journal_path(url: str) -> str | None:
+    """The log file of a journal storage URL; None for any other URL."""
+    if url.startswith(JOURNAL_SCHEME):
+        return url[len(JOURNAL_SCHEME) :] or None
+    if "://" not in url and url.endswith(".log"):
+        return url
+    return None
+
+
+def is_shared(url: str | None) -> bool:
+    """Whether the storage is meant for many workers (a database server or a journal file)."""
+    if url is None:
+        return False
+    return journal_path(url) is not None or not url.startswith("sqlite")
+
+
+def open_storage(url: str) -> str | BaseStorage:
+    """The Optuna storage for ``url``: the URL itself for SQLite, a storage object otherwise.
+
+    Raises:
+        StorageError: The storage cannot be opened (the password is hidden).
+    """
+    path = journal_path(url)
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    try:
+        if path is not None:
+            return JournalStorage(JournalFileBackend(os.path.abspath(path)))
+        if url.startswith("sqlite"):
+            return url
+        engine: dict[str, Any] = {"pool_pre_ping": True}
+        if url.startswith("postgresql"):
+            engine["connect_args"] = {"connect_timeout": 10}
+        return _rdb_storage(url, engine)
+    except Exception as exc:  # sqlalchemy, driver and file errors all differ
+        raise StorageError(hide_passwords(f"cannot open study storage {url!r}: {first_line(exc)}")) from None
+
+
+def _rdb_storage(url: str, engine: dict[str, Any]) -> RDBStorage:
+    """Optuna's RDB storage with heartbeats; workers that create its tables at the same time retry."""
+    beat = heartbeat_s()
+    # Optuna warns that heartbeats are meant for Study.optimize; this search records them itself (heartbeats()).
+    warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
+    for attempt in range(5):
+        try:
+            return RDBStorage(
+                url,
+                engine_kwargs=engine,
+                heartbeat_interval=beat,
+                grace_period=3 * beat,
+                heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=3),
+            )
+        except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError):  # another worker created the tables
+            if attempt == 4:
+                raise
+            time.sleep(random.uniform(0.2, 1.0))
+    raise AssertionError("unreachable")
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message (its type when empty)."""
+    text = str(exc).strip()
+    return text.splitlines()[0][:200] if text else type(exc).__name__
+
+
+#: What a lost database connection or an unreachable journal file raises.
+CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
+    sqlalchemy.exc.OperationalError,
+    sqlalchemy.exc.InterfaceError,
+    optuna.exceptions.StorageInternalError,  # Optuna's wrapper of a failed commit
+    OSError,
+)
+
+
+def with_retries(step: Callable[[], T], storage: str, *, on_give_up: Callable[[], None] | None = None) -> T:
+    """Run a storage step; on a lost connection retry it with doubling pauses.
+
+    Args:
+        step: The storage calls (repeatable: a retry runs all of it again).
+        storage: The storage URL, for the message (password hidden).
+        on_give_up: Called once before giving up (keep what is only in memory).
+
+    Raises:
+        StorageError: Still unreachable after :func:`retries` attempts, in one line.
+    """
+    pause, attempts = FIRST_PAUSE_S, retries()
+    for attempt in range(1, attempts + 1):
+        try:
+            return step()
+        except CONNECTION_ERRORS as exc:
+            if attempt == attempts:
+                if on_give_up is not None:
+                    on_give_up()
+                waited = FIRST_PAUSE_S * (2 ** (attempts - 1) - 1)
+                raise StorageError(
+                    hide_passwords(
+                        f"lost the study storage {storage}: {first_line(exc)} "
+                        f"({attempts} attempts over {waited:.0f} s); finished trials are kept, rerun to resume"
+                    )
+                ) from None
+            time.sleep(pause * random.uniform(0.8, 1.2))
+            pause *= 2
+    raise AssertionError("unreachable")
+
+
+def supports_heartbeat(study: optuna.Study) -> bool:
+    """Whether the study's storage records trial heartbeats."""
+    return optuna.storages._heartbeat.is_heartbeat_enabled(study._storage)
+
+
+@contextmanager
+def heartbeats(study: optuna.Study, trial_id: int) -> Iterator[None]:
+    """Record the trial's heartbeat in a thread while the block runs (a no-op without heartbeats).
+
+    A heartbeat that fails (a lost connection) is skipped: the worker's next
+    storage call finds the loss and retries.
+    """
+    if not supports_heartbeat(study):
+        yield
+        return
+    storage: Any = study._storage
+    stop = threading.Event()
+
+    def beat() -> None:
+        while True:
+            try:
+                storage.record_heartbeat(trial_id)
+            except Exception:  # the main loop reports a lost storage
+                pass
+            if stop.wait(storage.get_heartbeat_interval()):
+                return
+
+    thread = threading.Thread(target=beat, name="autotune-heartbeat", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=5)

@@ -1,0 +1,380 @@
+"""Many workers, one study: ``autotune search --storage URL --study NAME`` started on several machines.
+
+Every worker runs the same search loop against the shared study; the study
+itself is the only coordinator:
+
+* **Elections.** Work that must happen once (the calibration and the first
+  trials; the confirmation of a ``--trials`` budget) goes to the worker with
+  the lowest-numbered election marker: a FAIL-state trial carrying
+  :data:`~autotune.tuner.study.ATTR_MARKER` and the worker. Optuna numbers
+  trials in creation order under a lock on the study row (RDB) or in log
+  order (journal), so every worker sees the same winner. A marker whose
+  worker is gone (a dead pid on this host; on another host, older than
+  :data:`~autotune.tuner.lock.STALE_AFTER_S`) is passed over. The others
+  wait for the result (at most :attr:`Crew.wait_s`).
+* **Budget.** ``--trials`` is the total over workers: a worker asks only
+  while finished plus running trials are below it, and after asking counts
+  again; when the others' trials already fill the budget it gives its trial
+  back (failed, its fixed parameters queued again) and waits.
+* **Crashes.** A running trial records Optuna heartbeats (server storages);
+  every worker fails trials whose heartbeat went stale
+  (``optuna.storages.fail_stale_trials``, which queues them again) and, on
+  any storage, trials of a worker on this host whose process is gone.
+* **Lost storage.** Every storage step is retried with backoff
+  (:func:`~autotune.tuner.storage.with_retries`); a worker that gives up
+  writes what it measured to its own ``trials.csv`` first.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, TypeVar
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune.errors import StorageError
+from autotune.output.best import Best
+from autotune.output.trials_csv import write_trials_csv
+from autotune.records import Calibration, TrialRecord, TrialResult
+from autotune.runner import TrialRunner, WindowCallback
+from autotune.train_setup import TrainSetup
+from autotune.tuner.config import SearchOutcome
+from autotune.tuner.explore import Exploration, pruning_hook, unrunnable
+from autotune.tuner.lock import Holder
+from autotune.tuner.progress import Reporter
+from autotune.tuner.refine import ROLE_COMPILE, compile_setup, enqueue_compile_trials
+from autotune.tuner.signals import interrupts_held
+from autotune.tuner.storage import CONNECTION_ERRORS, heartbeats, with_retries
+from autotune.tuner.study import ATTR_MARKER, ATTR_ROLE, FINISHED, ROLE_DEFAULTS, ROLE_SEARCH, SearchStudy
+from autotune.tuner.study_report import stored_confirmed
+
+T = TypeVar("T")
+
+#: Trial user attribute: the worker (a :class:`Holder`) running the trial.
+ATTR_WORKER = "worker"
+#: Study user attributes of a shared study.
+STUDY_READY = "first_trials"  # set once calibration and the first trials are in: who did it
+STUDY_WINNER = "winner"  # the confirmed winner of a budget: {"trials", "best", "by", "out"}
+STUDY_BUDGET = "trials"  # the latest --trials a worker searched for (autotune status reads it)
+
+MARKER_CALIBRATE = "calibrate"
+
+
+def confirm_marker(trials: int) -> str:
+    """The election for confirming a budget of ``trials``."""
+    return f"confirm@{trials}"
+
+
+def shared_signature(signature: dict[str, Any]) -> dict[str, Any]:
+    """A signature all workers share: the device's kind, not its index (``cuda:1`` joins ``cuda:0``)."""
+    device = str(signature.get("device", ""))
+    return {**signature, "device": device.split(":")[0]}
+
+
+@dataclass
+class Crew:
+    """This worker's view of a shared study.
+
+    Attributes:
+        study: The shared study.
+        wait_s: The longest wait for another worker's calibration or confirmation.
+        poll_s: Seconds between looks at the study while waiting.
+        me: This worker.
+    """
+
+    study: SearchStudy
+    wait_s: float
+    poll_s: float = 1.0
+    me: Holder = field(default_factory=Holder.me)
+
+    def _retry(self, step: Callable[[], T], on_give_up: Callable[[], None] | None = None) -> T:
+        return with_retries(step, self.study.storage, on_give_up=on_give_up)
+
+    def _attrs(self) -> dict[str, Any]:
+        return self._retry(lambda: dict(self.study.study.user_attrs))
+
+    # ------------------------------------------------------------ joining
+    def join(self, signature: dict[str, Any]) -> list[int]:
+        """Check this worker may join (same fingerprint and search); fail what dead workers left running.
+
+        Raises:
+            StorageError: The fingerprint or the search differs, naming the first difference.
+        """
+        self._retry(lambda: self.study.check_signature(shared_signature(signature)))
+        return self.fail_stale()
+
+    def fail_stale(self) -> list[int]:
+        """Fail (and queue again) trials left running by dead workers; their numbers."""
+
+        def step() -> list[int]:
+            before = {t.number for t in self.study.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))}
+            if not before:
+                return []
+            optuna.storages.fail_stale_trials(self.study.study)
+            for t in self.study.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+                holder = Holder.from_dict(t.user_attrs.get(ATTR_WORKER))
+                if holder is not None and holder.host == self.me.host and not holder.alive():
+                    try:
+                        self.study.study.tell(t.number, state=TrialState.FAIL)
+                    except Exception:  # another worker failed it first
+                        continue
+                    self._requeue(t)
+            failed = self.study.study.get_trials(deepcopy=False, states=(TrialState.FAIL,))
+            return sorted(t.number for t in failed if t.number in before)
+
+        with interrupts_held():
+            return self._retry(step)
+
+    def _requeue(self, trial: FrozenTrial) -> None:
+        """Queue a failed trial again with its parameters, role and fixed parameters."""
+        self.study.study.add_trial(
+            optuna.create_trial(
+                state=TrialState.WAITING,
+                params=trial.params,
+                distributions=trial.distributions,
+                user_attrs={k: v for k, v in trial.user_attrs.items() if k != ATTR_WORKER},
+                system_attrs={**trial.system_attrs, "failed_trial": trial.number},
+            )
+        )
+
+    # ------------------------------------------------------------ elections
+    def leads(self, kind: str) -> Holder:
+        """Enter the election ``kind`` (once) and return its winner among the live markers."""
+
+        def markers() -> list[FrozenTrial]:
+            trials = self.study.study.get_trials(deepcopy=False, states=(TrialState.FAIL,))
+            return sorted((t for t in trials if t.user_attrs.get(ATTR_MARKER) == kind), key=lambda t: t.number)
+
+        def step() -> Holder:
+            found = markers()
+            if not any(self.me.same_process(h) for h in _holders(found)):
+                marker = optuna.create_trial(state=TrialState.FAIL, user_attrs={ATTR_MARKER: kind, ATTR_WORKER: self.me.to_dict()})
+                self.study.study.add_trial(marker)
+                found = markers()
+            live = [h for h in _holders(found) if h.alive() or self.me.same_process(h)]
+            return live[0]
+
+        with interrupts_held():
+            return self._retry(step)
+
+    def is_me(self, holder: Holder) -> bool:
+        """Whether ``holder`` is this worker."""
+        return self.me.same_process(holder)
+
+    def once(self, work: Callable[[], T], reporter: Reporter) -> T | None:
+        """Calibrate and queue the first trials in exactly one worker; the others wait for it.
+
+        Returns:
+            What ``work`` returned in the worker that ran it; None in the others.
+
+        Raises:
+            StorageError: Nobody finished the work within :attr:`wait_s`.
+        """
+        deadline = time.monotonic() + self.wait_s
+        told = False
+        while self._attrs().get(STUDY_READY) is None:
+            leader = self.leads(MARKER_CALIBRATE)
+            if self.is_me(leader):
+                value = work()
+                self._retry(lambda: self.study.study.set_user_attr(STUDY_READY, self.me.to_dict()))
+                return value
+            if not told:
+                reporter.message(f"worker of study {self.study.name!r}: waiting for {leader.describe()} to calibrate")
+                told = True
+            if time.monotonic() > deadline:
+                raise StorageError(
+                    f"study {self.study.name!r}: {leader.describe()} did not finish calibrating within {self.wait_s:.0f} s; "
+                    "rerun this worker once it has (or once it is gone)"
+                )
+            time.sleep(self.poll_s)
+        return None
+
+    def confirm_or_wait(self, trials: int, reporter: Reporter) -> dict[str, Any] | None:
+        """The stored winner of this budget (waiting for the elected worker), or None when this worker confirms.
+
+        Raises:
+            StorageError: No winner within :attr:`wait_s`, in one line.
+        """
+        deadline = time.monotonic() + self.wait_s
+        told = False
+        while True:
+            winner = self._attrs().get(STUDY_WINNER)
+            if isinstance(winner, dict) and winner.get("trials") == trials:
+                return winner
+            leader = self.leads(confirm_marker(trials))
+            if self.is_me(leader):
+                return None
+            if not told:
+                reporter.message(f"{trials} trials finished: {leader.describe()} confirms the finalists; waiting for its winner")
+                told = True
+            if time.monotonic() > deadline:
+                raise StorageError(
+                    f"study {self.study.name!r}: no winner from {leader.describe()} within {self.wait_s:.0f} s; "
+                    "`autotune status` shows it once written"
+                )
+            time.sleep(self.poll_s)
+
+    def publish(self, best: Best, trials: int, out: Path) -> None:
+        """Store the confirmed winner for the other workers and ``autotune status``."""
+        winner = {"trials": trials, "best": best.to_dict(), "by": self.me.describe(), "out": str(out.resolve())}
+        with interrupts_held():
+            self._retry(lambda: self.study.study.set_user_attr(STUDY_WINNER, winner))
+
+    def outcome(
+        self, winner: dict[str, Any], records: list[TrialRecord], calibration: Calibration, out: Path, csv_path: Path
+    ) -> SearchOutcome:
+        """The search outcome of a worker that did not confirm: the winner another worker stored."""
+        verdict, ceilings = self._retry(self.study.verdict)
+        best = Best.from_dict(winner["best"])
+        where = f"confirmed by the worker {winner.get('by')}, which wrote best.json and train.py to {winner.get('out')}"
+        return SearchOutcome(
+            best=replace(best, notes=(where, *best.notes)),
+            records=tuple(records),
+            confirmed=self._retry(lambda: stored_confirmed(self.study, records)),
+            calibration=calibration,
+            verdict=verdict or f"confirmed by {winner.get('by')}, written to {winner.get('out')}",
+            out=out,
+            storage=self.study.storage,
+            study=self.study.name,
+            files=(str(csv_path),),
+            ceilings=ceilings,
+        )
+
+    # ------------------------------------------------------------ the loop
+    def explore(self, study: SearchStudy, plan: Exploration, reporter: Reporter, runner: TrialRunner) -> None:
+        """Run trials until the study holds ``plan.wanted`` finished ones, counted over every worker.
+
+        Raises:
+            KeyboardInterrupt: Ctrl-C or SIGTERM; the running trial is failed and queued again.
+            StorageError: The storage stayed unreachable; this worker's results are in its trials.csv.
+        """
+        self._retry(lambda: study.study.set_user_attr(STUDY_BUDGET, plan.wanted))
+        known = self._retry(study.records)  # what trials.csv holds if the storage is lost before the next trial ends
+        waiting = False
+        while True:
+            self.fail_stale()
+            finished, running = self._retry(lambda: _counts(study, None))
+            if finished >= plan.wanted:
+                return
+            if finished + running >= plan.wanted:
+                if not waiting:
+                    reporter.message(f"{finished}/{plan.wanted} trials finished; the last ones run on other workers")
+                    waiting = True
+                time.sleep(self.poll_s)
+                continue
+            waiting = False
+            self._retry(lambda: enqueue_compile_trials(study, plan.space, plan.wanted))
+            trial = self._ask(study, plan.wanted)
+            if trial is None:
+                time.sleep(self.poll_s * random.uniform(0.5, 1.5))
+                continue
+            known = self._one(study, plan, reporter, runner, trial, known)
+
+    def _ask(self, study: SearchStudy, wanted: int) -> optuna.Trial | None:
+        """A trial of this worker, or None when the others filled the budget meanwhile (given back)."""
+
+        def step() -> optuna.Trial:
+            trial, _ = study.ask()
+            trial.set_user_attr(ATTR_WORKER, self.me.to_dict())
+            return trial
+
+        with interrupts_held():
+            trial = self._retry(step)
+            finished, running = self._retry(lambda: _counts(study, trial.number))
+            if finished + running < wanted:
+                return trial
+            self._give_back(study, trial)
+            return None
+
+    def _give_back(self, study: SearchStudy, trial: optuna.Trial) -> None:
+        def step() -> None:
+            frozen = study.study.get_trials(deepcopy=False)[trial.number]
+            study.study.tell(trial.number, state=TrialState.FAIL)
+            if ATTR_ROLE in frozen.user_attrs or frozen.system_attrs.get("fixed_params") or frozen.params:
+                self._requeue(frozen)
+
+        self._retry(step)
+
+    def _one(
+        self, study: SearchStudy, plan: Exploration, reporter: Reporter, runner: TrialRunner, trial: optuna.Trial, known: list[TrialRecord]
+    ) -> list[TrialRecord]:
+        """Run, record and tell one trial; the study's records after it."""
+        pending: list[TrialRecord] = []
+
+        def keep_locally() -> None:  # the storage is gone: what this worker measured stays in its --out
+            write_trials_csv(plan.csv_path, [*known, *pending])
+
+        try:
+            with interrupts_held():
+                role = str(trial.user_attrs.get(ATTR_ROLE, ROLE_SEARCH))
+                setup = self._retry(lambda: _setup_of(trial, role, plan), keep_locally)
+                finished, _ = self._retry(lambda: _counts(study, None), keep_locally)
+                reporter.trial_started(finished, plan.wanted, role, setup)
+                previous = self._retry(lambda: study.same_setup(setup, trial.number), keep_locally)
+                too_big = unrunnable(setup, plan.workload)
+            reused_from = None
+            if too_big is not None:
+                result: TrialResult = too_big
+            elif previous is not None:
+                result, reused_from = previous.result, previous.number
+            else:
+                with heartbeats(study.study, trial._trial_id):
+                    result = runner(setup, plan.workload, plan.options, on_window=_pruning_hook(trial, role))
+            pending.append(TrialRecord(trial.number, role, setup, result, reused_from))
+            with interrupts_held():
+                self._retry(lambda: study.record(trial, role, setup, result, reused_from), keep_locally)
+                self._retry(lambda: study.tell(trial, result), keep_locally)
+        except BaseException as exc:  # Ctrl-C, bad data: the unfinished trial does not count; it is queued again
+            if not isinstance(exc, StorageError):
+                with interrupts_held():
+                    try:
+                        self._give_back(study, trial)
+                    except StorageError:
+                        pass
+            raise
+        with interrupts_held():
+            records = self._retry(study.records, keep_locally)
+            write_trials_csv(plan.csv_path, records)
+            best = max((r.result.samples_per_s or 0.0 for r in records if r.result.ok), default=None)
+            record = next((r for r in records if r.number == trial.number), pending[0])
+            reporter.trial_finished(self._retry(lambda: _counts(study, None))[0], plan.wanted, record, best)
+        return records
+
+
+def _pruning_hook(trial: optuna.Trial, role: str) -> WindowCallback | None:
+    """The pruning hook, which never stops a trial for a lost storage (storing its result finds the loss)."""
+    hook = pruning_hook(trial, role)
+    if hook is None:
+        return None
+
+    def guarded(index: int, value: float) -> bool:
+        try:
+            return hook(index, value)
+        except CONNECTION_ERRORS:
+            return False
+
+    return guarded
+
+
+def _holders(markers: list[FrozenTrial]) -> list[Holder]:
+    return [h for t in markers if (h := Holder.from_dict(t.user_attrs.get(ATTR_WORKER))) is not None]
+
+
+def _counts(study: SearchStudy, besides: int | None) -> tuple[int, int]:
+    """Finished and running trials of the study (not counting trial ``besides``)."""
+    trials = study.study.get_trials(deepcopy=False, states=(*FINISHED, TrialState.RUNNING))
+    finished = sum(t.state in FINISHED for t in trials if t.number != besides)
+    running = sum(t.state == TrialState.RUNNING for t in trials if t.number != besides)
+    return finished, running
+
+
+def _setup_of(trial: optuna.Trial, role: str, plan: Exploration) -> TrainSetup:
+    """What a trial runs: the defaults, a queued compiled leader, or the sampler's draw."""
+    if role == ROLE_COMPILE:
+        return compile_setup(trial.user_attrs)
+    return plan.defaults if role == ROLE_DEFAULTS else plan.space.suggest(trial)

@@ -1,0 +1,238 @@
+"""One study, many workers: real ``autotune search`` processes on a real PostgreSQL server and on a journal file."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import optuna
+import psutil
+import pytest
+from optuna.trial import TrialState
+
+from autotune.train_setup import TrainSetup
+from autotune.tuner.lock import Holder
+from autotune.tuner.storage import heartbeats, is_shared, journal_path
+from autotune.tuner.study import SearchStudy
+from autotune.tuner.workers import ATTR_WORKER, Crew
+
+TESTS = Path(__file__).parent
+WAIT_S = 600.0
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[object]:
+    """A PostgreSQL server for the session. It must start in CI; elsewhere its absence skips the tests."""
+    from postgres_server import PostgresServer
+
+    try:
+        server = PostgresServer()
+        server.start()
+    except Exception as exc:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"PostgreSQL server could not be started in CI: {exc}")
+        pytest.skip(f"no PostgreSQL server: {exc}")
+    try:
+        yield server
+    finally:
+        server.remove()
+
+
+def env(**extra: str) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), str(TESTS.parent)]), **extra}
+
+
+def worker_cmd(out: Path, storage: str, study: str, trials: int) -> list[str]:
+    """One worker: a tiny Task (a linear model), 1-s trials, one finalist measured in one round."""
+    return [sys.executable, "-m", "autotune", "search", "--workload", "task_factories:good", "--trial-seconds", "1",
+            "--device", "cpu", "--trials", str(trials), "--confirm-top", "1", "--confirm-rounds", "1", "--out", str(out),
+            "--storage", storage, "--study", study]
+
+
+def start(cmd: list[str], **extra: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env(**extra), text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+
+
+def finish(proc: subprocess.Popen[str]) -> tuple[int, str, str]:
+    try:
+        stdout, stderr = proc.communicate(timeout=WAIT_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        stdout, stderr = proc.communicate()
+    return proc.returncode, stdout, stderr
+
+
+def load(storage: str, study: str) -> optuna.Study:
+    return SearchStudy.load(storage, study).study
+
+
+def check_one_study(storage: str, study: str, trials: int, outs: list[Path], runs: list[tuple[int, str, str]]) -> None:
+    """Exactly ``trials`` finished trials, no setup of the defaults or a guess run twice, one confirmation."""
+    for code, _, stderr in runs:
+        assert code == 0, stderr[-2000:]
+    found = load(storage, study).get_trials(deepcopy=False)
+    finished = [t for t in found if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
+    assert len(finished) == trials
+    assert not [t for t in found if t.state == TrialState.RUNNING]
+    first = [(t.user_attrs["role"], json.dumps(t.user_attrs["setup"], sort_keys=True)) for t in finished
+             if t.user_attrs.get("role") in ("defaults", "guess")]
+    assert [role for role, _ in first].count("defaults") == 1
+    assert len(first) == len(set(first)) >= 2  # the defaults and at least one guess, each once
+    assert sum((out / "best.json").exists() for out in outs) == 1  # one worker confirmed and wrote it
+    written = next(json.loads((out / "best.json").read_text()) for out in outs if (out / "best.json").exists())
+    winner = f"winner: {TrainSetup.from_dict(written['setup']).describe()}:"
+    for _, stdout, _ in runs:  # every worker prints that winner
+        assert winner in " ".join(stdout.split()), stdout[-1500:]
+    for out in outs:  # each worker keeps the study's trials in its own --out
+        assert len(list(csv.DictReader((out / "trials.csv").open()))) == trials
+
+
+@dataclass(frozen=True)
+class Shared:
+    """A study two workers searched on the session's PostgreSQL server."""
+
+    storage: str
+    study: str
+    outs: list[Path]
+    runs: list[tuple[int, str, str]]
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory, postgres) -> Shared:
+    """Two real workers on one study, 4 trials in total. The later tests go on with this study
+    (its calibration is reused), so each calibration is paid once."""
+    root = tmp_path_factory.mktemp("workers")
+    outs = [root / "w1", root / "w2"]
+    procs = [start(worker_cmd(out, postgres.url, "two", trials=4)) for out in outs]
+    return Shared(postgres.url, "two", outs, [finish(p) for p in procs])
+
+
+@pytest.mark.slow
+def test_two_workers_share_one_budget_on_postgresql(shared: Shared) -> None:
+    check_one_study(shared.storage, shared.study, 4, shared.outs, shared.runs)
+    waited = [stderr for _, _, stderr in shared.runs if "waiting for" in stderr]
+    assert waited, "one worker waits for the other's calibration or confirmation"
+    status = subprocess.run([sys.executable, "-m", "autotune", "status", "--storage", shared.storage, "--study", shared.study],
+                            capture_output=True, text=True, env=env(), timeout=120)
+    assert status.returncode == 0, status.stderr
+    assert "4/4 trials finished, 0 running" in status.stdout and "winner:" in status.stdout
+
+
+@pytest.mark.slow
+def test_a_worker_with_another_fingerprint_is_refused(shared: Shared, tmp_path) -> None:
+    study = load(shared.storage, shared.study)
+    stored = dict(study.user_attrs["signature"])
+    study.set_user_attr("signature", {**stored, "cpu_model": "Some Other CPU"})
+    try:
+        refused = subprocess.run(worker_cmd(tmp_path / "w3", shared.storage, shared.study, trials=4),
+                                 capture_output=True, text=True, env=env(), timeout=WAIT_S)
+    finally:
+        study.set_user_attr("signature", stored)
+    assert refused.returncode == 1
+    assert "cpu_model: 'Some Other CPU' there" in refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1 and "Traceback" not in refused.stderr
+
+
+@pytest.mark.slow
+def test_journal_file_workers_share_one_budget(tmp_path) -> None:
+    storage = f"journal://{tmp_path / 'study.log'}"
+    outs = [tmp_path / "w1", tmp_path / "w2"]
+    procs = [start(worker_cmd(out, storage, "journal", trials=3)) for out in outs]
+    check_one_study(storage, "journal", 3, outs, [finish(p) for p in procs])
+
+
+@pytest.mark.slow
+def test_a_worker_killed_mid_trial_is_recovered_by_another(tmp_path, shared: Shared) -> None:
+    storage = optuna.storages.RDBStorage(shared.storage)
+    study = optuna.load_study(study_name=shared.study, storage=storage)
+    budget = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))) + 2
+    victim = start(worker_cmd(tmp_path / "w1", shared.storage, shared.study, trials=budget), AUTOTUNE_HEARTBEAT_S="1")
+    deadline, number = time.monotonic() + WAIT_S, None
+    while number is None and time.monotonic() < deadline:
+        assert victim.poll() is None, victim.communicate()[1][-2000:]
+        running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+        number = next((t.number for t in running  # its trial, once its setup is sampled (then it runs)
+                       if t.user_attrs.get(ATTR_WORKER, {}).get("pid") == victim.pid and t.params), None)
+        time.sleep(0.05)
+    assert number is not None, "the first worker never ran a trial"
+    children = psutil.Process(victim.pid).children(recursive=True)
+    victim.send_signal(signal.SIGKILL)
+    victim.communicate()
+    for child in children:  # its trial process would finish on its own; do not leave it behind
+        try:
+            child.kill()
+        except psutil.Error:
+            pass
+    assert study.get_trials(deepcopy=False)[number].state == TrialState.RUNNING  # killed mid-trial
+    survivor = start(worker_cmd(tmp_path / "w2", shared.storage, shared.study, trials=budget), AUTOTUNE_HEARTBEAT_S="1")
+    code, _, stderr = finish(survivor)
+    assert code == 0, stderr[-2000:]
+    assert f"trials #{number} were left running by a search that died" in stderr
+    trials = study.get_trials(deepcopy=False)
+    assert trials[number].state == TrialState.FAIL
+    assert not [t for t in trials if t.state == TrialState.RUNNING]
+    rerun = [t for t in trials if t.system_attrs.get("failed_trial") == number]
+    assert rerun and rerun[0].state in (TrialState.COMPLETE, TrialState.PRUNED)
+    assert rerun[0].params == trials[number].params
+    assert sum(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in trials) == budget
+
+
+def test_a_stale_heartbeat_fails_the_trial_and_queues_it_again(postgres, monkeypatch) -> None:
+    """Optuna's heartbeat: a trial of a worker on another host that stopped beating is failed and re-queued."""
+    monkeypatch.setenv("AUTOTUNE_HEARTBEAT_S", "2")  # a grace period of 6 s
+    study = SearchStudy.open(postgres.url, "stale", shared=True)
+    trial = study.study.ask()
+    trial.suggest_int("batch_size", 8, 64)
+    trial.set_user_attr(ATTR_WORKER, Holder(1, "elsewhere", 0.0, time.time()).to_dict())
+    with heartbeats(study.study, trial._trial_id):
+        time.sleep(0.5)  # one beat, then the worker "dies"
+    crew = Crew(study, wait_s=10)
+    assert crew.fail_stale() == []  # beat just now: still alive
+    time.sleep(7.0)  # more than the grace period without a beat
+    assert crew.fail_stale() == [trial.number]
+    waiting = study.study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+    assert [t.params for t in waiting] == [trial.params]
+
+
+@pytest.mark.slow
+def test_a_lost_database_is_retried_then_one_line_and_nothing_measured_lost(tmp_path, shared: Shared, postgres) -> None:
+    out = tmp_path / "w1"
+    before = len(load(shared.storage, shared.study).get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)))
+    proc = start(worker_cmd(out, shared.storage, shared.study, trials=30), AUTOTUNE_STORAGE_RETRIES="3")
+    deadline, rows = time.monotonic() + WAIT_S, 0
+    try:
+        while rows < before + 2 and time.monotonic() < deadline:
+            assert proc.poll() is None, proc.communicate()[1][-2000:]
+            time.sleep(0.3)
+            if (out / "trials.csv").exists():
+                rows = len(list(csv.DictReader((out / "trials.csv").open())))
+        assert rows >= before + 2  # the study's trials and 2 of this worker
+        postgres.stop()
+        code, _, stderr = finish(proc)
+    finally:
+        postgres.start()
+    assert code == 1, stderr[-2000:]
+    lines = [line for line in stderr.strip().splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and "lost the study storage" in lines[0] and "3 attempts" in lines[0], stderr[-2000:]
+    assert "Traceback" not in stderr
+    kept = len(list(csv.DictReader((out / "trials.csv").open())))
+    stored = load(shared.storage, shared.study).get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
+    assert kept >= max(rows, len(stored))  # every trial the study holds, and any measured after the loss
+
+
+def test_storage_urls() -> None:
+    assert journal_path("journal:///tmp/a/study.log") == "/tmp/a/study.log"
+    assert journal_path("runs/study.log") == "runs/study.log"
+    assert journal_path("sqlite:///x.db") is None
+    assert is_shared("postgresql://u@h/db") and is_shared("journal:///x.log") and is_shared("x.log")
+    assert not is_shared("sqlite:///out/study.db") and not is_shared(None)
