@@ -127,6 +127,8 @@ def search(
     reporter: Reporter | None = None,
     progress: bool = False,
     command: str | None = None,
+    nproc_per_node: int = 1,
+    devices: str | None = None,
 ) -> SearchResult:
     """Search the fastest training setup, as ``autotune search`` does.
 
@@ -160,6 +162,10 @@ def search(
         progress: Draw the CLI's live progress on stderr (when no reporter is given).
         command: The command line recorded in best.json and train.py
             (default: names this function and the calling script).
+        nproc_per_node: Ranks per trial: DDP trials under torch.distributed
+            (gloo on a CPU, nccl on CUDA); ``effective_batch`` counts every rank.
+        devices: Parallel single-device trials, one per device:
+            ``"cuda:0,cuda:1"``, ``"all"``, or ``"cpu,cpu"`` (splits the cores).
 
     Returns:
         The winner, its confirmed speed and the files written.
@@ -193,6 +199,8 @@ def search(
         timeout_s=timeout_s,
         command=command if command is not None else f"python: autotune.search() in {shlex.quote(sys.argv[0] or 'python')}",
         workload=workload,
+        nproc_per_node=nproc_per_node,
+        devices=devices,
     )
     if reporter is None and progress:
         from rich.console import Console

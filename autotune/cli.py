@@ -249,6 +249,12 @@ def search(
     synthetic_images: SyntheticOpt = 2000,
     as_json: Annotated[bool, typer.Option("--json", help="Print the final summary as one JSON object.")] = False,
     workload: WorkloadOpt = None,
+    nproc_per_node: Annotated[
+        int, typer.Option("--nproc-per-node", help="Ranks per trial: DDP trials (gloo on CPU, nccl on CUDA).")
+    ] = 1,
+    devices: Annotated[
+        Optional[str], typer.Option("--devices", help="Parallel trials, one per device: cuda:0,cuda:1 | all | cpu,cpu.")
+    ] = None,
 ) -> None:
     """Search the fastest training setup with short, real, measured trials."""
     from autotune.api import search as run_one
@@ -282,6 +288,8 @@ def search(
                 synthetic_images=synthetic_images,
                 reporter=reporter,
                 command=recorded_command(sys.argv),
+                nproc_per_node=nproc_per_node,
+                devices=devices,
             ).outcome
     except SearchInterrupted as exc:
         # The best so far, marked interrupted, then the one yellow line.

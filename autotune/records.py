@@ -1,13 +1,8 @@
-"""Plain records that cross a process boundary or are stored.
+"""Plain records that cross a process boundary or are stored, each a frozen dataclass with ``to_dict``/``from_dict``.
 
-A trial's request (:class:`Workload`, :class:`TrialOptions`, with the
-:class:`~autotune.train_setup.TrainSetup`) travels to the trial process as
-JSON and its :class:`TrialResult` comes back the same way; the study stores
-results, the :class:`Calibration` and the confirmation rounds as JSON user
-attributes. Each record is a frozen dataclass with ``to_dict``/``from_dict``.
-
-This module imports only the leaves ``errors``, ``devices`` and
-``train_setup``: every other module of autotune may import it.
+A trial's request (:class:`Workload`, :class:`TrialOptions`, the setup) and its :class:`TrialResult` travel as
+JSON; the study stores results, the :class:`Calibration` and the confirmation rounds as JSON user attributes.
+It imports only the leaves ``errors``, ``devices`` and ``train_setup``.
 """
 
 from __future__ import annotations
@@ -25,7 +20,6 @@ from autotune.train_setup import TrainSetup
 LOADER_MARGIN = 1.25
 #: How a learning rate follows the effective batch: square root (adaptive optimizers) or linear (SGD-like).
 LR_SCALINGS = ("sqrt", "linear")
-
 #: The longest trial or timeout accepted (a day): ``inf`` or a typo would never end.
 MAX_SECONDS = 86400.0
 
@@ -136,6 +130,8 @@ class TrialOptions:
         mode: ``train`` (the real loop), ``compute`` (one batch already on the
             device, no loader) or ``loader`` (the loader alone, no model).
         seed: Seed for model initialisation and sampling.
+        world_size: Ranks of the trial (DDP under torch.distributed when > 1).
+        cores: CPU cores of the trial, split among its ranks (empty: not pinned).
     """
 
     trial_seconds: float = 10.0
@@ -144,6 +140,8 @@ class TrialOptions:
     max_memory_bytes: int | None = None
     mode: Mode = "train"
     seed: int = 0
+    world_size: int = 1
+    cores: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if not 0 < self.trial_seconds <= MAX_SECONDS:
@@ -156,6 +154,9 @@ class TrialOptions:
             raise UsageError(f"max memory must be > 0, got {self.max_memory_bytes}")
         if self.mode not in ("train", "compute", "loader"):
             raise UsageError(f"unknown trial mode {self.mode!r}")
+        if self.world_size < 1 or (self.cores and len(self.cores) < self.world_size):
+            raise UsageError(f"{self.world_size} ranks need >= 1 rank and a core each, got cores {self.cores}")
+        object.__setattr__(self, "cores", tuple(self.cores))
 
     @property
     def effective_timeout_s(self) -> float:

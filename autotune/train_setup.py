@@ -44,7 +44,12 @@ KNOBS: tuple[str, ...] = (
     "accumulation_steps",
     "amp",
     "channels_last",
+    "bucket_cap_mb",
+    "gradient_as_bucket_view",
+    "static_graph",
 )
+#: The knobs of DistributedDataParallel: searched only when a trial has more than one rank.
+DDP_KNOBS: tuple[str, ...] = ("bucket_cap_mb", "gradient_as_bucket_view", "static_graph")
 
 
 @dataclass(frozen=True)
@@ -61,6 +66,10 @@ class TrainSetup:
         accumulation_steps: Micro-batches per optimizer step.
         amp: Autocast precision: ``"off"`` (fp32), ``"bf16"`` or ``"fp16"``.
         channels_last: NHWC memory format for model and input.
+        bucket_cap_mb: DistributedDataParallel's gradient bucket size in MiB
+            (PyTorch's default 25; used with more than one rank only).
+        gradient_as_bucket_view: DDP gradients as views into its buckets.
+        static_graph: DDP told the graph is the same every step.
     """
 
     num_workers: int = 0
@@ -71,6 +80,9 @@ class TrainSetup:
     accumulation_steps: int = 1
     amp: AmpMode = "off"
     channels_last: bool = False
+    bucket_cap_mb: int = 25
+    gradient_as_bucket_view: bool = False
+    static_graph: bool = False
 
     def __post_init__(self) -> None:
         self.validate()
@@ -82,11 +94,11 @@ class TrainSetup:
         Raises:
             SetupError: With a one-line reason.
         """
-        for name in ("num_workers", "batch_size", "accumulation_steps"):
+        for name in ("num_workers", "batch_size", "accumulation_steps", "bucket_cap_mb"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool):
                 raise SetupError(f"{name} must be an integer, got {value!r}")
-        for name in ("pin_memory", "persistent_workers", "channels_last"):
+        for name in ("pin_memory", "persistent_workers", "channels_last", "gradient_as_bucket_view", "static_graph"):
             if not isinstance(getattr(self, name), bool):
                 raise SetupError(f"{name} must be true or false, got {getattr(self, name)!r}")
         if self.num_workers < 0:
@@ -95,6 +107,10 @@ class TrainSetup:
             raise SetupError(f"batch_size must be >= 1, got {self.batch_size}")
         if self.accumulation_steps < 1:
             raise SetupError(f"accumulation_steps must be >= 1, got {self.accumulation_steps}")
+        if self.bucket_cap_mb < 1:
+            raise SetupError(f"bucket_cap_mb must be >= 1, got {self.bucket_cap_mb}")
+        if self.static_graph and self.accumulation_steps > 1:
+            raise SetupError("static_graph does not work with accumulation_steps > 1 (DDP's no_sync breaks its reducer)")
         if self.amp not in AMP_MODES:
             raise SetupError(f"amp must be one of {', '.join(AMP_MODES)}, got {self.amp!r}")
         if self.num_workers == 0:
@@ -192,6 +208,11 @@ class TrainSetup:
             parts.append("channels_last")
         if self.pin_memory:
             parts.append("pinned")
+        if self.ddp_kwargs() != TrainSetup().ddp_kwargs():
+            parts.append(
+                f"ddp/bucket{self.bucket_cap_mb}" + ("/view" if self.gradient_as_bucket_view else "")
+                + ("/static" if self.static_graph else "")
+            )
         return " ".join(parts)
 
     # ------------------------------------------------- helpers for own loops
@@ -221,6 +242,30 @@ class TrainSetup:
         kwargs = self.dataloader_kwargs()
         kwargs.update(overrides)
         return DataLoader(dataset, **kwargs)
+
+    def ddp_kwargs(self) -> dict[str, Any]:
+        """The DistributedDataParallel keyword arguments this setup implies."""
+        return {
+            "bucket_cap_mb": self.bucket_cap_mb,
+            "gradient_as_bucket_view": self.gradient_as_bucket_view,
+            "static_graph": self.static_graph,
+        }
+
+    def wrap_ddp(self, model: torch.nn.Module, device: str | torch.device | None = None) -> torch.nn.Module:
+        """``model`` wrapped in ``DistributedDataParallel`` with the tuned DDP knobs.
+
+        Call it after ``torch.distributed.init_process_group`` and after
+        moving the model to its device (and :meth:`prepare_model`).
+
+        Args:
+            model: The model, already on ``device``.
+            device: This rank's device; a CUDA device becomes ``device_ids``.
+        """
+        import torch
+        from torch.nn.parallel import DistributedDataParallel
+
+        ids = [torch.device(device)] if device is not None and device_type(device) == "cuda" else None
+        return DistributedDataParallel(model, device_ids=ids, **self.ddp_kwargs())
 
     def amp_dtype(self) -> torch.dtype | None:
         """The autocast dtype, or ``None`` for fp32."""

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import os
+import shlex
 import string
 from importlib import resources
 from pathlib import Path
@@ -129,6 +130,12 @@ def _header(best: Best, data_is_synthetic: bool) -> str:
         f"  batch_size={setup.batch_size} accumulation_steps={setup.accumulation_steps} "
         f"amp={setup.amp} channels_last={setup.channels_last}",
     ]
+    if best.world_size > 1:
+        lines.append(
+            f"  bucket_cap_mb={setup.bucket_cap_mb} gradient_as_bucket_view={setup.gradient_as_bucket_view} "
+            f"static_graph={setup.static_graph}"
+        )
+        lines.append(f"Run: {run_command(best)} (measured with {best.world_size} processes on one node)")
     spread = f" (spread {best.samples_per_s_spread:.1f})" if best.samples_per_s_spread else ""
     measured = f"Measured: {best.samples_per_s:.1f} samples/s{spread}"
     if best.defaults_samples_per_s:
@@ -194,6 +201,9 @@ def _values(best: Best) -> dict[str, str]:
         "persistent_workers": _bool("persistent_workers", setup.persistent_workers),
         "amp": _choice("amp", setup.amp, AMP_MODES),
         "channels_last": _bool("channels_last", setup.channels_last),
+        "bucket_cap_mb": _int("bucket_cap_mb", setup.bucket_cap_mb, 1),
+        "gradient_as_bucket_view": _bool("gradient_as_bucket_view", setup.gradient_as_bucket_view),
+        "static_graph": _bool("static_graph", setup.static_graph),
         "lr": _float("lr", workload.lr),
         "lr_scaling": _choice("lr_scaling", workload.lr_scaling, LR_SCALINGS),
         "reference_batch": _int("reference_batch", best.reference_batch, 1),
@@ -223,6 +233,13 @@ def _autotune_version() -> str:
     from autotune._version import __version__
 
     return _comment_text(__version__)
+
+
+def run_command(best: Best, script: str | Path = "train.py") -> str:
+    """The command that runs the emitted script with the world size it was measured with."""
+    if best.world_size > 1:
+        return f"torchrun --nproc_per_node {best.world_size} {shlex.quote(str(script))}"
+    return f"python {shlex.quote(str(script))}"
 
 
 def render_script(best: Best) -> str:

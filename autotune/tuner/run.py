@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import probes
-from autotune.devices import DeviceInfo, resolve_device
+from autotune.devices import DeviceInfo
 from autotune.errors import AutotuneError, SearchFailed, SearchInterrupted
 from autotune.files import check_writable
 from autotune.output.best import write_best
@@ -31,8 +31,10 @@ from autotune.tuner.calibrate import calibrate
 from autotune.tuner.config import SearchConfig, SearchOutcome, Timing
 from autotune.tuner.confirm import confirm, measure_ceilings, pick_candidates
 from autotune.tuner.constraints import check_constraints, merge_constraints
-from autotune.tuner.explore import Exploration, explore
+from autotune.tuner.explore import Exploration
 from autotune.tuner.lock import OutputLock
+from autotune.tuner.parallel import explore_placed
+from autotune.tuner.placement import Placement, place
 from autotune.tuner.progress import Reporter, SilentReporter
 from autotune.tuner.signals import runs_to_the_end, sigterm_as_interrupt
 from autotune.tuner.space import Space, build_space, check_image_constraints, defaults_setup, guess_setups
@@ -54,6 +56,7 @@ class Prepared:
     study: SearchStudy
     out: Path
     held: ExitStack
+    placement: Placement
 
 
 def run_search(
@@ -92,25 +95,26 @@ def _search(
 ) -> SearchOutcome:
     """The steps after :func:`prepare`, while the output directory and the study are held."""
     earlier = prepared.study.time_spent()
-    calibration = calibrate_once(config, prepared, reporter, timed)
+    placed = prepared.placement.runner(timed)  # the trials' ranks, device and cores
+    calibration = calibrate_once(config, prepared, reporter, placed)
     space = build_space(
         device=prepared.device,
         calibration=calibration,
-        usable_cores=int(prepared.hardware.cpu.usable_cores),
-        effective_batch=config.effective_batch,
+        usable_cores=prepared.placement.rank_cores,
+        effective_batch=prepared.placement.rank_batch(config.effective_batch),
         constraints=merge_constraints(config.constraints),
         images=prepared.workload.images,
         image_input=prepared.workload.image_input,
     )
     reporter.message(space.describe())
-    defaults = defaults_setup(config.effective_batch, batch=prepared.workload.reference_batch)
+    defaults = defaults_setup(prepared.placement.rank_batch(config.effective_batch), batch=prepared.workload.reference_batch)
     enqueue_first_trials(config, prepared, space, calibration)
     options = TrialOptions(
         trial_seconds=config.trial_seconds, timeout_s=config.timeout_s, max_memory_bytes=config.max_memory
     )
     plan = Exploration(space, defaults, prepared.workload, options, config.trials, prepared.out / "trials.csv")
     timing.phase = "search"
-    interrupted = not runs_to_the_end(lambda: explore(prepared.study, plan, reporter, timed))
+    interrupted = not runs_to_the_end(lambda: explore_placed(prepared.placement, prepared.study, plan, reporter, timed))
     records = prepared.study.records()
     write_trials_csv(plan.csv_path, records)
     feasible = [r for r in records if r.result.ok and r.result.samples_per_s]
@@ -122,13 +126,13 @@ def _search(
     if not interrupted:
         timing.phase = "confirmation"
         interrupted = not runs_to_the_end(
-            lambda: confirmed.extend(confirm_finalists(config, prepared, feasible, defaults, options, reporter, timed))
+            lambda: confirmed.extend(confirm_finalists(config, prepared, feasible, defaults, options, reporter, placed))
         )
     outcome = finish(config, prepared, calibration, records, feasible, confirmed, defaults, interrupted)
     if config.ceilings and confirmed and outcome.best is not None and not interrupted:
         timing.phase = "ceilings"
         measured = [outcome]
-        interrupted = not runs_to_the_end(lambda: measured.append(with_ceilings(outcome, prepared, options, timed)))
+        interrupted = not runs_to_the_end(lambda: measured.append(with_ceilings(outcome, prepared, options, placed)))
         outcome = measured[-1]
     timing.wall_s = time.monotonic() - began
     status = "finished" if not interrupted else "interrupted" if confirmed else "interrupted (winner not confirmed)"
@@ -180,6 +184,7 @@ def signature(config: SearchConfig, workload: Workload, machine: dict[str, Any] 
         "max_memory": config.max_memory,
         "trial_seconds": config.trial_seconds,
         "constraints": sorted(repr(c) for c in config.constraints),
+        **({"nproc_per_node": config.nproc_per_node} if config.nproc_per_node > 1 else {}),
     }
 
 
@@ -189,7 +194,8 @@ def prepare(config: SearchConfig, reporter: Reporter) -> Prepared:
     Nothing is written before every check has passed.
     """
     hardware = probes.collect()
-    device = resolve_device(config.device, hardware)
+    placement = place(config.device, config.devices, config.nproc_per_node, hardware)
+    device = placement.device
     check_constraints(merge_constraints(config.constraints), device)
     out = Path(config.out)
     check_writable(out)
@@ -215,7 +221,7 @@ def prepare(config: SearchConfig, reporter: Reporter) -> Prepared:
     try:
         with ExitStack() as stack:  # on an error below, both are released at once
             stack.enter_context(OutputLock(out))
-            study = SearchStudy.open(storage, name, sampler=config.sampler, seed=config.seed, trials=config.trials)
+            study = SearchStudy.open(storage, name, sampler=config.sampler, seed=config.seed, trials=config.trials, parallel=placement.parallel)
             study.claim()
             stack.callback(study.release)
             study.check_signature(signature(config, workload, machine_fingerprint(hardware, device)))
@@ -228,7 +234,9 @@ def prepare(config: SearchConfig, reporter: Reporter) -> Prepared:
     if stale:
         reporter.message(f"trials {', '.join(f'#{n}' for n in stale)} were left running by a search that died: failed")
     reporter.message(f"{workload.describe()} ({device.label}); {int(hardware.cpu.usable_cores)} usable CPU cores")
-    return Prepared(hardware, device, workload, study, out, held)
+    if placement.world_size > 1 or placement.parallel:
+        reporter.message(placement.describe())
+    return Prepared(hardware, device, workload, study, out, held, placement)
 
 
 def calibrate_once(config: SearchConfig, prepared: Prepared, reporter: Reporter, runner: TrialRunner) -> Calibration:
@@ -247,7 +255,7 @@ def calibrate_once(config: SearchConfig, prepared: Prepared, reporter: Reporter,
             calibration = calibrate(
                 prepared.workload,
                 prepared.device,
-                usable_cores=int(prepared.hardware.cpu.usable_cores),
+                usable_cores=prepared.placement.rank_cores,
                 available_bytes=int(prepared.hardware.memory.available_bytes),
                 max_memory=config.max_memory,
                 trial_seconds=config.trial_seconds,
@@ -270,7 +278,7 @@ def enqueue_first_trials(config: SearchConfig, prepared: Prepared, space: Space,
         return
     study.enqueue(ROLE_DEFAULTS, {})
     if config.trials > 1 and config.sampler == "tpe":
-        usable = int(prepared.hardware.cpu.usable_cores)
+        usable = prepared.placement.rank_cores
         for guess in guess_setups(space, calibration, prepared.device, usable)[: config.trials - 1]:
             study.enqueue(ROLE_GUESS, space.params_for(guess))
 
@@ -340,6 +348,7 @@ def finish(
         confirmed=confirmed,
         defaults=defaults,
         effective_batch=config.effective_batch,
+        world_size=prepared.placement.world_size,
         command=config.command,
         interrupted=interrupted,
     )

@@ -38,6 +38,8 @@ ATTR_ROLE = "role"
 ATTR_SETUP = "setup"
 ATTR_RESULT = "result"
 ATTR_REUSED_FROM = "reused_from"
+#: Wall-clock start and end (Unix seconds) of a trial run in parallel with others.
+ATTR_STARTED, ATTR_ENDED = "started", "ended"
 
 # Study user attributes.
 STUDY_SIGNATURE = "signature"
@@ -60,10 +62,13 @@ def startup_trials_for(trials: int) -> int:
     return max(3, min(10, trials // 3))
 
 
-def _sampler(kind: str, seed: int, n_startup: int) -> optuna.samplers.BaseSampler:
+def _sampler(kind: str, seed: int, n_startup: int, parallel: bool = False) -> optuna.samplers.BaseSampler:
     if kind == "random":
         return optuna.samplers.RandomSampler(seed=seed)
-    return optuna.samplers.TPESampler(seed=seed, n_startup_trials=n_startup, multivariate=True, group=True)
+    # constant_liar: trials running in parallel count as bad, so the next ask samples elsewhere.
+    return optuna.samplers.TPESampler(
+        seed=seed, n_startup_trials=n_startup, multivariate=True, group=True, constant_liar=parallel
+    )
 
 
 def _first_line(exc: BaseException) -> str:
@@ -115,7 +120,9 @@ class SearchStudy:
         self.run_id = uuid.uuid4().hex
 
     @classmethod
-    def open(cls, storage: str, name: str, *, sampler: str = "tpe", seed: int = 0, trials: int = 30) -> SearchStudy:
+    def open(
+        cls, storage: str, name: str, *, sampler: str = "tpe", seed: int = 0, trials: int = 30, parallel: bool = False
+    ) -> SearchStudy:
         """Create or resume the study ``name`` in ``storage``.
 
         The TPE start-up schedule is fixed when the study is created, so a
@@ -137,7 +144,7 @@ class SearchStudy:
                 storage=storage,
                 study_name=name,
                 direction="maximize",
-                sampler=_sampler(sampler, seed, n_startup),
+                sampler=_sampler(sampler, seed, n_startup, parallel),
                 pruner=SlowerThanBestPruner(),
                 load_if_exists=True,
             )
