@@ -15,8 +15,8 @@ from autotune.devices import DeviceInfo
 from autotune.errors import UsageError
 from autotune.train_setup import AMP_MODES, KNOBS, TrainSetup
 
-BOOL_KNOBS = ("pin_memory", "persistent_workers", "channels_last")
-INT_KNOBS = ("num_workers", "prefetch_factor", "batch_size", "accumulation_steps")
+BOOL_KNOBS = ("pin_memory", "persistent_workers", "channels_last", "gradient_as_bucket_view", "static_graph")
+INT_KNOBS = ("num_workers", "prefetch_factor", "batch_size", "accumulation_steps", "bucket_cap_mb")
 #: Knobs searched as integer ranges (every value between the bounds).
 RANGE_KNOBS = ("num_workers", "prefetch_factor")
 #: The largest value ``--set`` accepts per integer knob: far above any real

@@ -60,6 +60,10 @@ class Placement:
         """One rank's share of a pinned global effective batch (``--effective-batch``)."""
         return effective_batch // self.world_size if effective_batch is not None else None
 
+    def space_args(self, effective_batch: int | None) -> dict[str, Any]:
+        """``build_space``'s arguments that follow from the placement: one rank's cores and batch, the world size."""
+        return {"usable_cores": self.rank_cores, "effective_batch": self.rank_batch(effective_batch), "world_size": self.world_size}
+
     def runner(self, runner: TrialRunner, index: int = 0) -> TrialRunner:
         """``runner`` with its trials placed on slot ``index``."""
         if self.world_size == 1 and not self.parallel:

@@ -100,8 +100,7 @@ def _search(
     space = build_space(
         device=prepared.device,
         calibration=calibration,
-        usable_cores=prepared.placement.rank_cores,
-        effective_batch=prepared.placement.rank_batch(config.effective_batch),
+        **prepared.placement.space_args(config.effective_batch),
         constraints=merge_constraints(config.constraints),
         images=prepared.workload.images,
         image_input=prepared.workload.image_input,

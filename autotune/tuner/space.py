@@ -110,6 +110,10 @@ class Space:
             accumulation_steps=accumulation,
             amp=self._pick(trial, "amp"),
             channels_last=self._pick(trial, "channels_last"),
+            bucket_cap_mb=self._pick(trial, "bucket_cap_mb"),
+            gradient_as_bucket_view=self._pick(trial, "gradient_as_bucket_view"),
+            # DDP's static graph breaks under no_sync: only offered without accumulation.
+            static_graph=self._pick(trial, "static_graph") if accumulation == 1 else False,
         )
 
     def prefetch_within_epoch(self, workers: int, batch: int) -> tuple[Any, ...]:
@@ -204,6 +208,13 @@ def check_image_constraints(constraints: dict[str, Constraint], image_input: boo
         raise UsageError("--set channels_last=true: this workload's batches hold no 4-D floating tensor for it to act on")
 
 
+def ddp_values(world_size: int) -> dict[str, tuple[Any, ...]]:
+    """The DDP knobs' candidates: searched with more than one rank, PyTorch's defaults otherwise."""
+    if world_size > 1:
+        return {"bucket_cap_mb": (10, 25, 50, 100), "gradient_as_bucket_view": (False, True), "static_graph": (False, True)}
+    return {"bucket_cap_mb": (25,), "gradient_as_bucket_view": (False,), "static_graph": (False,)}
+
+
 def build_space(
     *,
     device: DeviceInfo,
@@ -213,6 +224,7 @@ def build_space(
     constraints: dict[str, Constraint],
     images: int | None = None,
     image_input: bool = True,
+    world_size: int = 1,
 ) -> Space:
     """The space from the probe and the calibration, narrowed by ``--set``.
 
@@ -226,6 +238,7 @@ def build_space(
             must fit in one epoch, so the batch and accumulation are capped.
         image_input: Whether batches hold a 4-D floating tensor; without one
             ``channels_last`` has nothing to act on and is not offered.
+        world_size: Ranks per trial; the DDP knobs are searched only with more than one.
 
     Raises:
         UsageError: A constraint the device cannot run, one that leaves a
@@ -265,6 +278,7 @@ def build_space(
         "accumulation_steps": accumulation,
         "amp": amp,
         "channels_last": (False, True) if image_input else (False,),
+        **ddp_values(world_size),
     }
     check_constraints(constraints, device)
     check_image_constraints(constraints, image_input)
