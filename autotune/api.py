@@ -18,6 +18,7 @@ anything is written when the input is bad.
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 import sys
 from collections.abc import Callable, Sequence
@@ -276,6 +277,7 @@ def trial(
     cache_dir: str | Path | None = None,
     synthetic_images: int = 2000,
     announce: Callable[[str], None] | None = None,
+    nproc_per_node: int = 1,
 ) -> TrialOutcome:
     """Run one short, isolated, measured trial of ``setup``, as ``autotune trial`` does.
 
@@ -294,6 +296,9 @@ def trial(
         synthetic_images: Files in the synthetic dataset (shorthand only).
         announce: Called with one line saying what is trained, once the
             workload is checked and before the trial starts.
+        nproc_per_node: Ranks of the trial: a DDP trial under
+            torch.distributed (gloo on a CPU, nccl on CUDA), each rank on its
+            share of the usable cores; samples/s counts every rank.
 
     Returns:
         The setup, the workload and what was measured; a failed trial is a
@@ -311,7 +316,7 @@ def trial(
         max_memory_bytes=_bytes(max_memory),
         mode=mode,  # type: ignore[arg-type]
     )
-    _, dev, built = trial_workload(
+    hardware, dev, built = trial_workload(
         workload,
         model=model,
         image_size=image_size,
@@ -322,6 +327,12 @@ def trial(
         workers=setup.num_workers > 0,
     )
     setup.check_device(dev.name, bf16_supported=dev.bf16)
+    if nproc_per_node != 1:
+        from autotune.tuner.placement import place
+
+        slot = place(device, None, nproc_per_node, hardware).slots[0]
+        options = dataclasses.replace(options, world_size=nproc_per_node, cores=slot.cores)
+        built = dataclasses.replace(built, device=slot.device)
     if setup.channels_last and not built.image_input:
         raise UsageError("channels_last: this workload's batches hold no 4-D floating tensor for it to act on")
     if announce is not None:

@@ -142,7 +142,7 @@ WorkloadOpt = Annotated[
     ),
 ]
 
-
+NprocOpt = Annotated[int, typer.Option("--nproc-per-node", help="Ranks per trial: DDP trials (gloo on CPU, nccl on CUDA).")]
 
 
 @app.command()
@@ -174,6 +174,7 @@ def trial(
     synthetic_images: SyntheticOpt = 2000,
     as_json: Annotated[bool, typer.Option("--json", help="Print the TrialResult as one JSON object.")] = False,
     workload: WorkloadOpt = None,
+    nproc_per_node: NprocOpt = 1,
 ) -> None:
     """Run one short, isolated, measured training trial and report its throughput."""
     from autotune.api import trial as run_one
@@ -206,6 +207,7 @@ def trial(
             max_memory=max_memory,
             cache_dir=cache_dir,
             synthetic_images=synthetic_images,
+            nproc_per_node=nproc_per_node,
             announce=None if as_json else lambda line: err.print(escape(line), highlight=False),
         )
     if as_json:
@@ -249,9 +251,7 @@ def search(
     synthetic_images: SyntheticOpt = 2000,
     as_json: Annotated[bool, typer.Option("--json", help="Print the final summary as one JSON object.")] = False,
     workload: WorkloadOpt = None,
-    nproc_per_node: Annotated[
-        int, typer.Option("--nproc-per-node", help="Ranks per trial: DDP trials (gloo on CPU, nccl on CUDA).")
-    ] = 1,
+    nproc_per_node: NprocOpt = 1,
     devices: Annotated[
         Optional[str], typer.Option("--devices", help="Parallel trials, one per device: cuda:0,cuda:1 | all | cpu,cpu.")
     ] = None,

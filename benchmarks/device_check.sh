@@ -11,3 +11,11 @@ python3 -m venv .venv-gpu && .venv-gpu/bin/pip install -q -e ".[test]" > "$OUT_D
 ( time .venv-gpu/bin/autotune search --model resnet50 --image-size 224 --trials 12 --trial-seconds 5 \
       --device cuda --out "$OUT_DIR/search" --json > "$OUT_DIR/search.json" ) 2> "$OUT_DIR/search.log"
 tail -5 "$OUT_DIR/search.log"
+# DDP trials with nccl (one rank per GPU; needs 2 GPUs, one line of the search otherwise says why).
+( time .venv-gpu/bin/autotune search --model resnet18 --image-size 64 --trials 6 --trial-seconds 3 \
+      --device cuda --nproc-per-node 2 --out "$OUT_DIR/search-ddp" --json > "$OUT_DIR/search-ddp.json" ) 2> "$OUT_DIR/search-ddp.log"
+tail -3 "$OUT_DIR/search-ddp.log"
+# Parallel single-GPU trials on every GPU the probe sees.
+( time .venv-gpu/bin/autotune search --model resnet18 --image-size 64 --trials 6 --trial-seconds 3 \
+      --devices all --out "$OUT_DIR/search-devices" --json > "$OUT_DIR/search-devices.json" ) 2> "$OUT_DIR/search-devices.log"
+tail -3 "$OUT_DIR/search-devices.log"

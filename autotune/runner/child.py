@@ -70,7 +70,7 @@ class TrialLoop:
     """The training loop of one trial: built once, warmed up, measured."""
 
     def __init__(
-        self, setup: TrainSetup, workload: Workload, options: TrialOptions, *, started: float, send: Send, rank: Rank
+        self, setup: TrainSetup, workload: Workload, options: TrialOptions, *, started: float, send: Send, rank: Rank | None = None
     ) -> None:
         import torch
 
@@ -79,7 +79,7 @@ class TrialLoop:
         self.setup = setup
         self.workload = workload
         self.options = options
-        self.rank = rank
+        self.rank = rank = rank or Rank()
         self.device = torch.device(rank.device(workload.device))
         self.device_type = self.device.type
         setup.check_device(self.device)
