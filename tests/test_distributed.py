@@ -20,7 +20,7 @@ from autotune.train_setup import TrainSetup, load_setup
 from autotune.tuner.config import SearchConfig
 from autotune.tuner.placement import place, usable_core_ids
 from autotune.tuner.run import run_search
-from autotune.tuner.study import ATTR_ENDED, ATTR_STARTED, SearchStudy
+from autotune.tuner.study import ATTR_ENDED, ATTR_REUSED_FROM, ATTR_STARTED, SearchStudy
 from autotune.workloads.tasks import build_task_workload
 
 TESTS = Path(__file__).resolve().parent
@@ -100,6 +100,8 @@ def test_placements_split_the_cores() -> None:
     assert ddp.rank_batch(64) == 32
     parallel = place("auto", "cpu,cpu", 1, cpu_hardware(2))
     assert parallel.parallel and [s.cores for s in parallel.slots] == [cores[:1], cores[1:]]
+    plain = place("cpu", None, 1, cpu_hardware(2))
+    assert plain.rank_cores == 2 and plain.runner(fake_runner) is fake_runner  # a plain search is not pinned
     gpus = place("auto", "all", 1, cpu_hardware(2, gpus=2))
     assert [s.device for s in gpus.slots] == ["cuda:0", "cuda:1"]
     with pytest.raises(UsageError, match="multiple of --nproc-per-node"):
@@ -156,8 +158,11 @@ def test_devices_cpu_cpu_runs_two_trials_at_once(tmp_path: Path) -> None:
     assert outcome.best is not None and (tmp_path / "out" / "best.json").exists()
     assert outcome.study and len(outcome.records) == 4
     study = SearchStudy.load(f"sqlite:///{tmp_path / 'out' / 'study.db'}")
-    spans = sorted(
-        (t.user_attrs[ATTR_STARTED], t.user_attrs[ATTR_ENDED]) for t in study.study.trials if ATTR_STARTED in t.user_attrs
+    spans = sorted(  # the trials that ran a process (not a reused measurement)
+        (t.user_attrs[ATTR_STARTED], t.user_attrs[ATTR_ENDED])
+        for t in study.study.trials
+        if ATTR_STARTED in t.user_attrs and ATTR_REUSED_FROM not in t.user_attrs
+        and t.user_attrs[ATTR_ENDED] > t.user_attrs[ATTR_STARTED]
     )
     assert len(spans) >= 2
     # Some trial started before the one started before it had ended: two ran at the same time.
@@ -207,3 +212,14 @@ def test_cli_refuses_devices_all_on_a_cpu_host_in_one_line(tmp_path: Path) -> No
     assert result.exit_code == 2
     assert "list cpu,cpu" in result.output and len(result.output.strip().splitlines()) == 1
     assert not (tmp_path / "out").exists()
+
+
+def test_cli_trial_refuses_more_ranks_than_cores_in_one_line() -> None:
+    from typer.testing import CliRunner
+
+    from autotune.cli import app
+
+    result = CliRunner().invoke(app, ["trial", "--workload", "task_factories:good", "--device", "cpu",
+                                      "--nproc-per-node", "4096"])
+    assert result.exit_code == 2
+    assert "each rank needs one" in result.output and len(result.output.strip().splitlines()) == 1

@@ -174,7 +174,7 @@ def place(device_text: str, devices: str | None, nproc_per_node: int, hardware: 
             )
         first = resolve_device("cuda:0", hardware) if device.type == "cuda" else device
         return Placement(nproc_per_node, (Slot(first.name, cores),), first)
-    return Placement(1, (Slot(device.name, ()),), device)
+    return Placement(1, (Slot(device.name, cores),), device)  # one plain trial at a time: not pinned
 
 
 def _present(name: str, hardware: Any) -> bool:

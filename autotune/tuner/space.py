@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from autotune.devices import DeviceInfo
 from autotune.errors import UsageError
 from autotune.records import Calibration
-from autotune.train_setup import KNOBS, TrainSetup
+from autotune.train_setup import DDP_KNOBS, KNOBS, TrainSetup
 from autotune.tuner.constraints import RANGE_KNOBS, Constraint, apply_constraints, check_constraints
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -133,6 +133,8 @@ class Space:
         """One line: every knob's values (ranges as ``lo..hi``)."""
         parts = []
         for knob, values in self.values.items():
+            if knob in DDP_KNOBS and len(values) == 1:  # a single process: DDP's knobs do not apply
+                continue
             if knob == "accumulation_steps" and self.effective_batch is not None:
                 parts.append(f"accumulation_steps=effective_batch/batch_size ({self.effective_batch})")
                 continue
