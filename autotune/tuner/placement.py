@@ -64,6 +64,16 @@ class Placement:
         """``build_space``'s arguments that follow from the placement: one rank's cores and batch, the world size."""
         return {"usable_cores": self.rank_cores, "effective_batch": self.rank_batch(effective_batch), "world_size": self.world_size}
 
+    def rank_workload(self, workload: Workload) -> Workload:
+        """The workload as one rank sees it: its share of the samples (each rank reads every N-th one).
+
+        A step, a batch and a loader queue must fit in one rank's share of an
+        epoch, so the space, the calibration and the checks before a trial use it.
+        """
+        if self.world_size == 1 or workload.images is None:
+            return workload
+        return replace(workload, images=max(1, workload.images // self.world_size))
+
     def runner(self, runner: TrialRunner, index: int = 0) -> TrialRunner:
         """``runner`` with its trials placed on slot ``index``."""
         if self.world_size == 1 and not self.parallel:
@@ -75,7 +85,7 @@ class Placement:
         if self.world_size > 1:
             return (
                 f"DDP trials: {self.world_size} ranks each ({self.slots[0].device}), "
-                f"{self.rank_cores} CPU core(s) per rank"
+                f"{self.rank_cores} CPU core(s) and 1/{self.world_size} of the samples per rank"
             )
         names = ", ".join(s.device for s in self.slots)
         return f"parallel trials: {len(self.slots)} at a time on {names}, {self.rank_cores} CPU core(s) each"

@@ -213,6 +213,7 @@ def prepare(config: SearchConfig, reporter: Reporter) -> Prepared:
             lr=config.lr,
         )
     check_image_constraints(merge_constraints(config.constraints), workload.image_input)
+    workload = placement.rank_workload(workload)  # with N ranks, each reads 1/N of the data
     name = config.study or study_name(config, device, workload)
     fresh = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
