@@ -28,7 +28,7 @@ from autotune.tuner.signals import interrupts_held
 from autotune.tuner.study import ATTR_ENDED, ATTR_STARTED, ROLE_DEFAULTS, SearchStudy
 
 #: How long the main thread waits for the running trials to stop after an interrupt.
-STOP_WAIT_S = 30.0
+STOP_WAIT_S = 15.0
 
 
 def explore_placed(placement: Placement, study: SearchStudy, plan: Exploration, reporter: Reporter, runner: TrialRunner) -> None:
