@@ -63,6 +63,9 @@ class Space:
     images: int | None = None
 
     def __post_init__(self) -> None:
+        # A space built without the DDP knobs (a single process) keeps PyTorch's defaults for them.
+        missing = {k: v for k, v in ddp_values(1).items() if k not in self.values}
+        object.__setattr__(self, "values", {**self.values, **missing})
         for knob in KNOBS:
             if knob == "accumulation_steps" and self.effective_batch is not None:
                 continue
