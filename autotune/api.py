@@ -18,6 +18,7 @@ anything is written when the input is bad.
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 import sys
 from collections.abc import Callable, Sequence
@@ -140,6 +141,8 @@ def search(
     reporter: Reporter | None = None,
     progress: bool = False,
     command: str | None = None,
+    nproc_per_node: int = 1,
+    devices: str | None = None,
 ) -> SearchResult:
     """Search the fastest training setup, as ``autotune search`` does.
 
@@ -173,6 +176,10 @@ def search(
         progress: Draw the CLI's live progress on stderr (when no reporter is given).
         command: The command line recorded in best.json and train.py
             (default: names this function and the calling script).
+        nproc_per_node: Ranks per trial: DDP trials under torch.distributed
+            (gloo on a CPU, nccl on CUDA); ``effective_batch`` counts every rank.
+        devices: Parallel single-device trials, one per device:
+            ``"cuda:0,cuda:1"``, ``"all"``, or ``"cpu,cpu"`` (splits the cores).
 
     Returns:
         The winner, its confirmed speed and the files written.
@@ -205,6 +212,8 @@ def search(
         timeout_s=timeout_s,
         command=command if command is not None else f"python: autotune.search() in {shlex.quote(sys.argv[0] or 'python')}",
         workload=workload,
+        nproc_per_node=nproc_per_node,
+        devices=devices,
     )
     if reporter is None and progress:
         from rich.console import Console
@@ -280,6 +289,7 @@ def trial(
     cache_dir: str | Path | None = None,
     synthetic_images: int = 2000,
     announce: Callable[[str], None] | None = None,
+    nproc_per_node: int = 1,
 ) -> TrialOutcome:
     """Run one short, isolated, measured trial of ``setup``, as ``autotune trial`` does.
 
@@ -298,6 +308,9 @@ def trial(
         synthetic_images: Files in the synthetic dataset (shorthand only).
         announce: Called with one line saying what is trained, once the
             workload is checked and before the trial starts.
+        nproc_per_node: Ranks of the trial: a DDP trial under
+            torch.distributed (gloo on a CPU, nccl on CUDA), each rank on its
+            share of the usable cores; samples/s counts every rank.
 
     Returns:
         The setup, the workload and what was measured; a failed trial is a
@@ -316,7 +329,7 @@ def trial(
         max_memory_bytes=_bytes(max_memory),
         mode=mode,  # type: ignore[arg-type]
     )
-    _, dev, built = trial_workload(
+    hardware, dev, built = trial_workload(
         workload,
         model=model,
         image_size=image_size,
@@ -327,6 +340,12 @@ def trial(
         workers=setup.num_workers > 0,
     )
     setup.check_device(dev.name, bf16_supported=dev.bf16, tf32_supported=dev.tf32)
+    if nproc_per_node != 1:
+        from autotune.tuner.placement import place
+
+        slot = place(device, None, nproc_per_node, hardware).slots[0]
+        options = dataclasses.replace(options, world_size=nproc_per_node, cores=slot.cores)
+        built = dataclasses.replace(built, device=slot.device)
     if setup.channels_last and not built.image_input:
         raise UsageError("channels_last: this workload's batches hold no 4-D floating tensor for it to act on")
     if announce is not None:

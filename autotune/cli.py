@@ -144,7 +144,7 @@ WorkloadOpt = Annotated[
     ),
 ]
 
-
+NprocOpt = Annotated[int, typer.Option("--nproc-per-node", help="Ranks per trial: DDP trials (gloo on CPU, nccl on CUDA).")]
 
 
 @app.command()
@@ -179,6 +179,7 @@ def trial(
     knobs: Annotated[
         Optional[list[str]], typer.Option("--set", help="Any other knob, KNOB=VALUE (num_threads=2, compile=default, ...).")
     ] = None,
+    nproc_per_node: NprocOpt = 1,
 ) -> None:
     """Run one short, isolated, measured training trial and report its throughput."""
     from autotune.api import trial as run_one
@@ -215,6 +216,7 @@ def trial(
             max_memory=max_memory,
             cache_dir=cache_dir,
             synthetic_images=synthetic_images,
+            nproc_per_node=nproc_per_node,
             announce=None if as_json else lambda line: err.print(escape(line), highlight=False),
         )
     if as_json:
@@ -258,6 +260,10 @@ def search(
     synthetic_images: SyntheticOpt = 2000,
     as_json: Annotated[bool, typer.Option("--json", help="Print the final summary as one JSON object.")] = False,
     workload: WorkloadOpt = None,
+    nproc_per_node: NprocOpt = 1,
+    devices: Annotated[
+        Optional[str], typer.Option("--devices", help="Parallel trials, one per device: cuda:0,cuda:1 | all | cpu,cpu.")
+    ] = None,
 ) -> None:
     """Search the fastest training setup with short, real, measured trials."""
     from autotune.api import search as run_one
@@ -291,6 +297,8 @@ def search(
                 synthetic_images=synthetic_images,
                 reporter=reporter,
                 command=recorded_command(sys.argv),
+                nproc_per_node=nproc_per_node,
+                devices=devices,
             ).outcome
     except SearchInterrupted as exc:
         # The best so far, marked interrupted, then the one yellow line.

@@ -1,10 +1,7 @@
-"""Plain records that cross a process boundary or are stored.
+"""Plain records that cross a process boundary or are stored, each a frozen dataclass with ``to_dict``/``from_dict``.
 
-A trial's request (:class:`Workload`, :class:`TrialOptions`, with the
-:class:`~autotune.train_setup.TrainSetup`) travels to the trial process as
-JSON and its :class:`TrialResult` comes back the same way; the study stores
-results, the :class:`Calibration` and the confirmation rounds as JSON user
-attributes. Each record is a frozen dataclass with ``to_dict``/``from_dict``.
+A trial's request (:class:`Workload`, :class:`TrialOptions`, the setup) and its :class:`TrialResult` travel as
+JSON; the study stores results, the :class:`Calibration` and the confirmation rounds as JSON user attributes.
 """
 
 from __future__ import annotations
@@ -17,12 +14,10 @@ from autotune.devices import device_type
 from autotune.errors import UsageError
 from autotune.train_setup import TrainSetup
 
-#: Share above the compute-only rate that a loader must deliver to keep the
-#: device fed despite its own jitter (the loader rule of calibration and space).
+#: Share above the compute-only rate a loader must deliver to keep the device fed despite its jitter.
 LOADER_MARGIN = 1.25
 #: How a learning rate follows the effective batch: square root (adaptive optimizers) or linear (SGD-like).
 LR_SCALINGS = ("sqrt", "linear")
-
 #: The longest trial or timeout accepted (a day): ``inf`` or a typo would never end.
 MAX_SECONDS = 86400.0
 
@@ -139,6 +134,8 @@ class TrialOptions:
         mode: ``train`` (the real loop), ``compute`` (one batch already on the
             device, no loader) or ``loader`` (the loader alone, no model).
         seed: Seed for model initialisation and sampling.
+        world_size: Ranks of the trial (DDP under torch.distributed when > 1).
+        cores: CPU cores of the trial, split among its ranks (empty: not pinned).
     """
 
     trial_seconds: float = 10.0
@@ -147,6 +144,8 @@ class TrialOptions:
     max_memory_bytes: int | None = None
     mode: Mode = "train"
     seed: int = 0
+    world_size: int = 1
+    cores: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if not 0 < self.trial_seconds <= MAX_SECONDS:
@@ -159,6 +158,9 @@ class TrialOptions:
             raise UsageError(f"max memory must be > 0, got {self.max_memory_bytes}")
         if self.mode not in ("train", "compute", "loader"):
             raise UsageError(f"unknown trial mode {self.mode!r}")
+        if self.world_size < 1 or (self.cores and len(self.cores) < self.world_size):
+            raise UsageError(f"{self.world_size} ranks need >= 1 rank and a core each, got cores {self.cores}")
+        object.__setattr__(self, "cores", tuple(self.cores))
 
     @property
     def effective_timeout_s(self) -> float:
@@ -369,14 +371,9 @@ class Confirmed:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (the ``confirmation`` entries of ``--json``)."""
-        return {
-            "setup": self.candidate.setup.to_dict(),
-            "label": self.candidate.label,
-            "samples_per_s": self.median,
-            "samples_per_s_spread": self.spread,
-            "measurements": list(self.values),
-            "failures": list(self.failures),
-        }
+        setup, label = self.candidate.setup.to_dict(), self.candidate.label
+        return {"setup": setup, "label": label, "samples_per_s": self.median, "samples_per_s_spread": self.spread,
+                "measurements": list(self.values), "failures": list(self.failures)}
 
 
 @dataclass(frozen=True)

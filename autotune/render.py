@@ -186,6 +186,11 @@ def render_search(outcome: SearchOutcome) -> Group:
             parts.append(Text(f"note: {note}", style="yellow"))
     for file in outcome.files:
         parts.append(Text(f"wrote {file}", style="dim"))
+    script = next((f for f in outcome.files if f.endswith("train.py")), None)
+    if best is not None and best.world_size > 1 and script is not None:
+        from autotune.output.emit import run_command
+
+        parts.append(Text(f"run it: {run_command(best, script)}", style="bold"))
     report = next((f for f in outcome.files if f.endswith("report.html")), None)
     if report is not None:
         parts.append(Text.from_markup(f"[bold]report:[/] {escape(str(Path(report).resolve()))} (plots; open it in a browser)"))

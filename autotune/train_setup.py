@@ -29,13 +29,11 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from autotune.devices import device_type
 from autotune.errors import SetupError
+from autotune.setup_checks import AMP_MODES as AMP_MODES  # re-exported: users and modules read it here
+from autotune.setup_checks import check_setup_device, validate_setup
 from autotune.torch_knobs import (
-    COMPILE_MODES,
-    DECODES,
-    OPTIMIZER_IMPLS,
     compile_model,
     configure_torch,
-    fused_supported,
     optimizer_kwargs,
 )
 
@@ -44,7 +42,6 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
     from torch.utils.data import DataLoader, Dataset
 
 AmpMode = Literal["off", "bf16", "fp16"]
-AMP_MODES: tuple[str, ...] = ("off", "bf16", "fp16")
 CompileMode = Literal["off", "default", "max-autotune-no-cudagraphs", "reduce-overhead"]
 OptimizerImpl = Literal["for-loop", "foreach", "fused"]
 Decode = Literal["cpu", "gpu"]
@@ -65,7 +62,12 @@ KNOBS: tuple[str, ...] = (
     "tf32",
     "optimizer_impl",
     "decode",
+    "bucket_cap_mb",
+    "gradient_as_bucket_view",
+    "static_graph",
 )
+#: The knobs of DistributedDataParallel: searched only when a trial has more than one rank.
+DDP_KNOBS: tuple[str, ...] = ("bucket_cap_mb", "gradient_as_bucket_view", "static_graph")
 
 
 @dataclass(frozen=True)
@@ -93,6 +95,10 @@ class TrainSetup:
             optimizer kernels; ``None``: torch's own choice.
         decode: ``"cpu"`` (JPEGs decoded by the loader) or ``"gpu"``
             (``torchvision.io.decode_jpeg`` on the CUDA device).
+        bucket_cap_mb: DistributedDataParallel's gradient bucket size in MiB
+            (PyTorch's default 25; used with more than one rank only).
+        gradient_as_bucket_view: DDP gradients as views into its buckets.
+        static_graph: DDP told the graph is the same every step.
     """
 
     num_workers: int = 0
@@ -109,6 +115,9 @@ class TrainSetup:
     tf32: bool = False
     optimizer_impl: OptimizerImpl | None = None
     decode: Decode = "cpu"
+    bucket_cap_mb: int = 25
+    gradient_as_bucket_view: bool = False
+    static_graph: bool = False
 
     def __post_init__(self) -> None:
         self.validate()
@@ -120,88 +129,17 @@ class TrainSetup:
         Raises:
             SetupError: With a one-line reason.
         """
-        for name in ("num_workers", "batch_size", "accumulation_steps"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool):
-                raise SetupError(f"{name} must be an integer, got {value!r}")
-        for name in ("pin_memory", "persistent_workers", "channels_last", "cudnn_benchmark", "tf32"):
-            if not isinstance(getattr(self, name), bool):
-                raise SetupError(f"{name} must be true or false, got {getattr(self, name)!r}")
-        if self.num_workers < 0:
-            raise SetupError(f"num_workers must be >= 0, got {self.num_workers}")
-        if self.batch_size < 1:
-            raise SetupError(f"batch_size must be >= 1, got {self.batch_size}")
-        if self.accumulation_steps < 1:
-            raise SetupError(f"accumulation_steps must be >= 1, got {self.accumulation_steps}")
-        if self.amp not in AMP_MODES:
-            raise SetupError(f"amp must be one of {', '.join(AMP_MODES)}, got {self.amp!r}")
-        if self.num_threads is not None and (
-            isinstance(self.num_threads, bool) or not isinstance(self.num_threads, int) or self.num_threads < 1
-        ):
-            raise SetupError(f"num_threads must be an integer >= 1 (or null for torch's choice), got {self.num_threads!r}")
-        for name, allowed in (("compile", COMPILE_MODES), ("optimizer_impl", (None, *OPTIMIZER_IMPLS)), ("decode", DECODES)):
-            if getattr(self, name) not in allowed:
-                shown = ", ".join(str(a).lower() if a is None else str(a) for a in allowed).replace("none", "null")
-                raise SetupError(f"{name} must be one of {shown}, got {getattr(self, name)!r}")
-        if self.num_workers == 0:
-            if self.prefetch_factor is not None:
-                raise SetupError("prefetch_factor needs num_workers > 0 (PyTorch rejects it with 0 workers)")
-            if self.persistent_workers:
-                raise SetupError("persistent_workers needs num_workers > 0")
-        elif self.prefetch_factor is not None:
-            if isinstance(self.prefetch_factor, bool) or not isinstance(self.prefetch_factor, int):
-                raise SetupError(f"prefetch_factor must be an integer, got {self.prefetch_factor!r}")
-            if self.prefetch_factor < 1:
-                raise SetupError(f"prefetch_factor must be >= 1, got {self.prefetch_factor}")
+        validate_setup(self)
 
     def check_device(
         self, device: str | torch.device, *, bf16_supported: bool | None = None, tf32_supported: bool | None = None
     ) -> None:
-        """Reject knobs the given device cannot run.
-
-        Args:
-            device: ``"cpu"``, ``"cuda"`` or ``"cuda:K"``.
-            bf16_supported: Whether the device runs bf16 natively. ``None``
-                asks torch (for CUDA) or allows it (CPU autocast always runs).
-            tf32_supported: Whether the GPU has TF32 tensor cores. ``None`` asks torch.
+        """Reject knobs the given device cannot run (see :func:`autotune.setup_checks.check_setup_device`).
 
         Raises:
-            SetupError: fp16 on a CPU, bf16 on a GPU without it, pinned memory,
-                cuDNN, TF32, GPU decoding or CUDA graphs without a GPU, fused
-                optimizer kernels the installed torch lacks for the device.
+            SetupError: With a one-line reason.
         """
-        kind = device_type(device)
-        if self.optimizer_impl == "fused" and kind in ("cpu", "cuda") and not fused_supported(kind):
-            raise SetupError(f"optimizer_impl=fused: the installed torch has no fused optimizer kernels for {kind}")
-        if kind == "cpu":
-            for name, on in (("cudnn_benchmark", self.cudnn_benchmark), ("tf32", self.tf32), ("decode=gpu", self.decode == "gpu")):
-                if on:
-                    raise SetupError(f"{name} needs a CUDA device; it changes nothing on a CPU")
-            if self.compile == "reduce-overhead":
-                raise SetupError("compile=reduce-overhead uses CUDA graphs and needs a CUDA device; use compile=default")
-            if self.amp == "fp16":
-                raise SetupError("amp=fp16 needs a CUDA device; on a CPU use amp=bf16 or amp=off")
-            if self.pin_memory:
-                raise SetupError("pin_memory only helps host-to-GPU copies; it needs a CUDA device")
-            if bf16_supported is False and self.amp == "bf16":
-                raise SetupError("amp=bf16: this CPU has no native bf16 (AMX / AVX512-BF16)")
-        elif kind == "cuda":
-            if self.amp == "bf16":
-                if bf16_supported is None:
-                    import torch
-
-                    bf16_supported = bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
-                if not bf16_supported:
-                    raise SetupError("amp=bf16: this GPU does not support bf16; use amp=fp16")
-            if self.tf32:
-                if tf32_supported is None:
-                    import torch
-
-                    tf32_supported = bool(torch.cuda.is_available() and torch.cuda.get_device_capability(device) >= (8, 0))
-                if not tf32_supported:
-                    raise SetupError("tf32: this GPU has no TF32 tensor cores (compute capability 8.0+ needed)")
-        else:
-            raise SetupError(f"unsupported device {str(device)!r}; use cpu, cuda or cuda:K")
+        check_setup_device(self, device, bf16_supported=bf16_supported, tf32_supported=tf32_supported)
 
     # --------------------------------------------------------------- derived
     def effective_batch(self, world_size: int = 1) -> int:
@@ -265,6 +203,11 @@ class TrainSetup:
             "gpu_decode": self.decode == "gpu",
         }
         parts.extend(text for text, on in extras.items() if on)
+        if self.ddp_kwargs() != TrainSetup().ddp_kwargs():
+            parts.append(
+                f"ddp/bucket{self.bucket_cap_mb}" + ("/view" if self.gradient_as_bucket_view else "")
+                + ("/static" if self.static_graph else "")
+            )
         return " ".join(parts)
 
     # ------------------------------------------------- helpers for own loops
@@ -294,6 +237,30 @@ class TrainSetup:
         kwargs = self.dataloader_kwargs()
         kwargs.update(overrides)
         return DataLoader(dataset, **kwargs)
+
+    def ddp_kwargs(self) -> dict[str, Any]:
+        """The DistributedDataParallel keyword arguments this setup implies."""
+        return {
+            "bucket_cap_mb": self.bucket_cap_mb,
+            "gradient_as_bucket_view": self.gradient_as_bucket_view,
+            "static_graph": self.static_graph,
+        }
+
+    def wrap_ddp(self, model: torch.nn.Module, device: str | torch.device | None = None) -> torch.nn.Module:
+        """``model`` wrapped in ``DistributedDataParallel`` with the tuned DDP knobs.
+
+        Call it after ``torch.distributed.init_process_group`` and after
+        moving the model to its device (and :meth:`prepare_model`).
+
+        Args:
+            model: The model, already on ``device``.
+            device: This rank's device; a CUDA device becomes ``device_ids``.
+        """
+        import torch
+        from torch.nn.parallel import DistributedDataParallel
+
+        ids = [torch.device(device)] if device is not None and device_type(device) == "cuda" else None
+        return DistributedDataParallel(model, device_ids=ids, **self.ddp_kwargs())
 
     def amp_dtype(self) -> torch.dtype | None:
         """The autocast dtype, or ``None`` for fp32."""

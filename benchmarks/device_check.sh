@@ -21,3 +21,11 @@ cat "$OUT_DIR/knob-trials.txt" | cut -c1-200
 ( time .venv-gpu/bin/autotune search --model resnet50 --image-size 224 --trials 30 --trial-seconds 2 \
       --device cuda --out "$OUT_DIR/search" --json > "$OUT_DIR/search.json" ) 2> "$OUT_DIR/search.log"
 tail -5 "$OUT_DIR/search.log"
+# DDP trials with nccl (one rank per GPU; needs 2 GPUs, one line of the search otherwise says why).
+( time .venv-gpu/bin/autotune search --model resnet18 --image-size 64 --trials 6 --trial-seconds 3 \
+      --device cuda --nproc-per-node 2 --out "$OUT_DIR/search-ddp" --json > "$OUT_DIR/search-ddp.json" ) 2> "$OUT_DIR/search-ddp.log"
+tail -3 "$OUT_DIR/search-ddp.log"
+# Parallel single-GPU trials on every GPU the probe sees.
+( time .venv-gpu/bin/autotune search --model resnet18 --image-size 64 --trials 6 --trial-seconds 3 \
+      --devices all --out "$OUT_DIR/search-devices" --json > "$OUT_DIR/search-devices.json" ) 2> "$OUT_DIR/search-devices.log"
+tail -3 "$OUT_DIR/search-devices.log"

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import resource
+import signal
 import tempfile
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -135,3 +139,24 @@ class _FailsInWorkers(Dataset):
 def fails_in_workers() -> autotune.Task:
     """Loads fine in the main process, fails in every loader worker."""
     return autotune.Task(nn.Linear(8, 3), _FailsInWorkers(), batch_size=8)
+
+
+#: Where :func:`crash_rank_one` records the pid of every rank that trained.
+RANK_PIDS = Path(tempfile.gettempdir()) / "autotune-test-rank-pids"
+
+
+def _crash_rank_one_step(model: nn.Module, batch: Any) -> torch.Tensor:
+    rank = os.environ.get("RANK")
+    if rank is not None:
+        RANK_PIDS.mkdir(exist_ok=True)
+        (RANK_PIDS / str(os.getpid())).touch()
+        if rank == "1" and len(list(RANK_PIDS.iterdir())) >= 2:
+            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # no core file
+            os.kill(os.getpid(), signal.SIGSEGV)
+    inputs, targets = batch
+    return nn.functional.cross_entropy(model(inputs), targets)
+
+
+def crash_rank_one() -> autotune.Task:
+    """The good Task whose rank 1 dies of SIGSEGV once both ranks trained (pids recorded in RANK_PIDS)."""
+    return autotune.Task(nn.Linear(8, 3), _pairs(), step=_crash_rank_one_step, batch_size=4)

@@ -151,3 +151,53 @@ def test_cuda_space_offers_the_cuda_knobs() -> None:
     assert values["cudnn_benchmark"] == (False, True) and values["decode"] == ("cpu", "gpu")
     assert "fused" in values["optimizer_impl"] and "reduce-overhead" in values["compile"]
     assert values["tf32"] == ((False, True) if device.tf32 else (False,))
+
+
+def _gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count()
+
+
+def test_nccl_two_rank_trial(tiny_workload) -> None:
+    if _gpus() < 2:
+        pytest.skip("needs 2 GPUs")
+    from autotune.tuner.placement import usable_core_ids
+
+    workload = dataclasses.replace(tiny_workload, device="cuda:0")
+    options = dataclasses.replace(QUICK, world_size=2, cores=usable_core_ids(2))
+    result = run_trial(TrainSetup(batch_size=32, num_workers=1, prefetch_factor=2, amp="fp16"), workload, options)
+    assert result.status == "ok", result.error
+    assert round(result.step_time_s * result.samples_per_s) == 2 * 32  # both ranks' samples
+
+
+def test_devices_all_places_one_trial_per_gpu() -> None:
+    import probes
+    from autotune.tuner.placement import place
+
+    placement = place("auto", "all", 1, probes.collect())
+    assert [s.device for s in placement.slots] == [f"cuda:{k}" for k in range(_gpus())]
+    assert all(s.cores for s in placement.slots)
+
+
+def test_parallel_cuda_search(tmp_path, cache_dir) -> None:
+    if _gpus() < 2:
+        pytest.skip("needs 2 GPUs")
+    from autotune.tuner import SearchConfig, run_search
+    from autotune.tuner.study import ATTR_ENDED, ATTR_STARTED
+
+    outcome = run_search(
+        SearchConfig(model="resnet18", trials=4, image_size=32, devices="cuda:0,cuda:1", trial_seconds=1.0,
+                     out=tmp_path / "out", cache_dir=cache_dir, synthetic_images=64, confirm_top=1, confirm_rounds=1,
+                     ceilings=False)
+    )
+    assert outcome.best is not None
+    trials = [t for t in outcome_study_trials(tmp_path) if ATTR_STARTED in t.user_attrs]
+    spans = sorted((t.user_attrs[ATTR_STARTED], t.user_attrs[ATTR_ENDED]) for t in trials)
+    assert any(b[0] < a[1] for a, b in zip(spans, spans[1:], strict=False))
+
+
+def outcome_study_trials(tmp_path):  # type: ignore[no-untyped-def]
+    from autotune.tuner.study import SearchStudy
+
+    return SearchStudy.load(f"sqlite:///{tmp_path / 'out' / 'study.db'}").study.trials

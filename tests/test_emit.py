@@ -385,13 +385,18 @@ def test_runs_and_resumes(synthetic_data: Path, tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_runs_under_torchrun(synthetic_data: Path, tmp_path: Path) -> None:
-    script = write_script(make_best(synthetic_data, **CPU_KNOBS), tmp_path / "train.py")
+    # Measured with 2 ranks and DDP knobs other than PyTorch's defaults: the script applies them.
+    ddp = dict(bucket_cap_mb=1, gradient_as_bucket_view=True)
+    best = dataclasses.replace(make_best(synthetic_data, **CPU_KNOBS, **ddp), world_size=2)
+    script = write_script(best, tmp_path / "train.py")
+    assert "# Run: torchrun --nproc_per_node 2 " in script.read_text()
     proc = run_script(
         [str(script), "--max-steps", "2", "--batch-size", "4", "--workers", "0", "--print-freq", "1", "--output-dir", "out"],
         tmp_path,
         torchrun=True,
     )
     assert "2 process(es) on cpu" in proc.stdout
+    assert "DDP: bucket_cap_mb 1 gradient_as_bucket_view True static_graph False" in proc.stdout
     assert proc.stdout.count("step 2 loss") == 1  # rank 0 logs, rank 1 does not
     assert _checkpoint(tmp_path / "out" / "checkpoint.pth")["step"] == 2
 

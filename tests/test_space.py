@@ -11,7 +11,8 @@ from autotune.records import Calibration, LoaderPoint, MemoryPoint
 from autotune.train_setup import TrainSetup
 from autotune.tuner.calibrate import extrapolate_batch
 from autotune.tuner.constraints import merge_constraints, parse_constraint
-from autotune.tuner.space import build_space, defaults_setup, guess_setups, powers_of_two
+from autotune.tuner.guesses import guess_setups
+from autotune.tuner.space import build_space, defaults_setup, powers_of_two
 
 CPU = DeviceInfo("cpu", bf16=True, memory_total_bytes=None, memory_free_bytes=None, label="test CPU")
 GPU = DeviceInfo("cuda:0", bf16=True, memory_total_bytes=80 * 2**30, memory_free_bytes=80 * 2**30, label="test GPU")

@@ -80,7 +80,7 @@ def test_slow_steps_stop_after_three_windows_once_the_trial_length_is_spent(tiny
 
 def test_the_window_rule_measures_every_window_unless_the_trial_length_is_spent() -> None:
     """Fast steps fill every window; only slow steps stop early, after 3, once the seconds are spent."""
-    from autotune.runner.child import MIN_WINDOWS, more_windows
+    from autotune.runner.windows import MIN_WINDOWS, more_windows
 
     options = TrialOptions(trial_seconds=1.0, windows=5)
     # Fast steps: each window about trial_seconds / windows long.
@@ -281,7 +281,7 @@ def test_trial_directory_is_gone_after_a_killed_trial(tiny_workload, monkeypatch
 
 def test_short_epochs_are_measured_with_their_boundaries() -> None:
     """An epoch of few micro-batches loops real epochs (as train.py does); a long one draws endlessly."""
-    from autotune.runner.child import SHORT_EPOCH_BATCHES, short_epoch
+    from autotune.runner.windows import SHORT_EPOCH_BATCHES, short_epoch
 
     assert short_epoch(3000, TrainSetup(batch_size=512))  # 5 micro-batches per epoch
     assert not short_epoch(SHORT_EPOCH_BATCHES * 32, TrainSetup(batch_size=32))

@@ -38,9 +38,10 @@ FIELDS: dict[str, tuple[type, ...]] = {
     "command": (str,),
     "created": (str,),
     "notes": (list,),
+    "world_size": (int,),
 }
 #: Fields that may be missing (they have defaults).
-OPTIONAL = ("hardware", "versions", "command", "created", "notes")
+OPTIONAL = ("hardware", "versions", "command", "created", "notes", "world_size")
 
 
 def check_best_dict(data: Any) -> dict[str, Any]:
@@ -101,7 +102,7 @@ class Best:
         defaults_samples_per_s: PyTorch defaults, measured in the same rounds.
         speedup: ``samples_per_s / defaults_samples_per_s`` (None if unknown).
         peak_memory_bytes: Peak memory of the winner's trial.
-        effective_batch: micro-batch x accumulation (single process).
+        effective_batch: micro-batch x accumulation x world size.
         reference_batch: The effective batch the learning rate refers to.
         lr: Learning rate at ``reference_batch`` scaled linearly to
             ``effective_batch`` (what the emitted script uses).
@@ -110,6 +111,7 @@ class Best:
         command: The command line that produced the result.
         created: ISO-8601 time of writing.
         notes: Things the user must know (changed math, synthetic data, ...).
+        world_size: Ranks the setup was measured with (run under torchrun when > 1).
     """
 
     setup: TrainSetup
@@ -127,6 +129,7 @@ class Best:
     command: str = ""
     created: str = ""
     notes: tuple[str, ...] = ()
+    world_size: int = 1
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (``schema`` first)."""

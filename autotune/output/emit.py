@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import os
+import shlex
 import string
 from importlib import resources
 from pathlib import Path
@@ -132,6 +133,12 @@ def _header(best: Best, data_is_synthetic: bool) -> str:
         f"  num_threads={setup.num_threads} compile={setup.compile} cudnn_benchmark={setup.cudnn_benchmark} "
         f"tf32={setup.tf32} optimizer_impl={setup.optimizer_impl} decode={setup.decode}",
     ]
+    if best.world_size > 1:
+        lines.append(
+            f"  bucket_cap_mb={setup.bucket_cap_mb} gradient_as_bucket_view={setup.gradient_as_bucket_view} "
+            f"static_graph={setup.static_graph}"
+        )
+        lines.append(f"Run: {run_command(best)} (measured with {best.world_size} processes on one node)")
     spread = f" (spread {best.samples_per_s_spread:.1f})" if best.samples_per_s_spread else ""
     measured = f"Measured: {best.samples_per_s:.1f} samples/s{spread}"
     if best.defaults_samples_per_s:
@@ -203,6 +210,9 @@ def _values(best: Best) -> dict[str, str]:
         "tf32": _bool("tf32", setup.tf32),
         "optimizer_impl": repr("auto") if setup.optimizer_impl is None else _choice("optimizer_impl", setup.optimizer_impl, OPTIMIZER_IMPLS),
         "decode": _choice("decode", setup.decode, DECODES),
+        "bucket_cap_mb": _int("bucket_cap_mb", setup.bucket_cap_mb, 1),
+        "gradient_as_bucket_view": _bool("gradient_as_bucket_view", setup.gradient_as_bucket_view),
+        "static_graph": _bool("static_graph", setup.static_graph),
         "lr": _float("lr", workload.lr),
         "lr_scaling": _choice("lr_scaling", workload.lr_scaling, LR_SCALINGS),
         "reference_batch": _int("reference_batch", best.reference_batch, 1),
@@ -232,6 +242,13 @@ def _autotune_version() -> str:
     from autotune._version import __version__
 
     return _comment_text(__version__)
+
+
+def run_command(best: Best, script: str | Path = "train.py") -> str:
+    """The command that runs the emitted script with the world size it was measured with."""
+    if best.world_size > 1:
+        return f"torchrun --nproc_per_node {best.world_size} {shlex.quote(str(script))}"
+    return f"python {shlex.quote(str(script))}"
 
 
 def render_script(best: Best) -> str:

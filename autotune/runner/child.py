@@ -17,14 +17,12 @@ from typing import Any
 from autotune.records import TrialOptions, TrialResult, Workload
 from autotune.runner.failures import BudgetExceeded, CompileFailed, Diverged, classify
 from autotune.runner.measure import MemoryMonitor, Stopwatch, summarize, sync
+from autotune.runner.ranks import Rank, pin, run_world
+from autotune.runner.windows import more_windows, short_epoch
 from autotune.train_setup import TrainSetup
 from autotune.units import format_bytes
 
 Send = Callable[[dict[str, Any]], None]
-
-#: Windows measured even when fewer would fill the trial's seconds (slow steps).
-MIN_WINDOWS = 3
-
 
 @dataclass(frozen=True)
 class Work:
@@ -44,32 +42,11 @@ class Work:
     warmup_steps: int
 
 
-#: An epoch of fewer micro-batches than this is measured with its real epoch boundaries.
-SHORT_EPOCH_BATCHES = 64
-
-
-def short_epoch(samples: int, setup: TrainSetup) -> bool:
-    """Whether an epoch of ``samples`` holds so few micro-batches that its boundaries cost measurable time."""
-    return samples // setup.batch_size < SHORT_EPOCH_BATCHES
-
-
-def more_windows(measured: int, measured_s: float, options: TrialOptions) -> bool:
-    """Whether a trial measures another window after ``measured`` windows and ``measured_s`` seconds.
-
-    Every window of ``options.windows`` is measured, except that slow steps
-    (each window one long step) stop after :data:`MIN_WINDOWS` once the
-    trial's seconds are spent.
-    """
-    if measured >= options.windows:
-        return False
-    return measured < MIN_WINDOWS or measured_s < options.trial_seconds
-
-
 class TrialLoop:
     """The training loop of one trial: built once, warmed up, measured."""
 
     def __init__(
-        self, setup: TrainSetup, workload: Workload, options: TrialOptions, *, started: float, send: Send
+        self, setup: TrainSetup, workload: Workload, options: TrialOptions, *, started: float, send: Send, rank: Rank | None = None
     ) -> None:
         import torch
 
@@ -78,7 +55,8 @@ class TrialLoop:
         self.setup = setup
         self.workload = workload
         self.options = options
-        self.device = torch.device(workload.device)
+        self.rank = rank = rank or Rank()
+        self.device = torch.device(rank.device(workload.device))
         self.device_type = self.device.type
         setup.check_device(self.device)
         setup.configure_torch(self.device)  # threads, cuDNN autotuning, TF32: before the model runs
@@ -89,6 +67,7 @@ class TrialLoop:
         if self.device_type == "cuda":
             torch.cuda.set_device(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
+        rank.start(self.device)
         torch.manual_seed(options.seed)
         self.data_wait = Stopwatch()
         self.bad = None  # device tensor: any non-finite loss so far
@@ -103,7 +82,7 @@ class TrialLoop:
 
     # ----------------------------------------------------------------- build
     def build_dataset(self) -> Any:
-        return self.pipeline.dataset()
+        return self.rank.shard(self.pipeline.dataset())
 
     def start_loader(self, dataset: Any) -> Any:
         """The DataLoader's batches, endless; creating the iterator starts the workers.
@@ -127,7 +106,8 @@ class TrialLoop:
 
         model = self.setup.prepare_model(self.pipeline.model().to(self.device))
         model.train()
-        self.model = self.setup.compile_model(model)
+        wrapped = self.setup.wrap_ddp(model, self.device) if self.rank.distributed else model
+        self.model = self.setup.compile_model(wrapped)
         self.optimizer = self.pipeline.optimizer(
             model.parameters(), lr=self.workload.lr, cuda=self.device_type == "cuda", impl=self.setup.optimizer_impl
         )
@@ -168,15 +148,20 @@ class TrialLoop:
 
     def eager_micro_step(self, batch: Any, last: bool) -> None:
         """One forward and backward pass; the optimizer step when ``last``."""
+        import contextlib
+
         import torch
 
-        with self.setup.autocast(self.device):
-            loss = self.pipeline.loss(self.model, batch) / self.setup.accumulation_steps
-        self.bad |= ~torch.isfinite(loss.detach())
-        if self.scaler is not None:
-            self.scaler.scale(loss).backward()
-        else:
-            loss.backward()
+        # Gradients are reduced across ranks on the last micro-batch of a step only.
+        quiet = self.model.no_sync() if self.rank.distributed and not last else contextlib.nullcontext()
+        with quiet:
+            with self.setup.autocast(self.device):
+                loss = self.pipeline.loss(self.model, batch) / self.setup.accumulation_steps
+            self.bad |= ~torch.isfinite(loss.detach())
+            if self.scaler is not None:
+                self.scaler.scale(loss).backward()
+            else:
+                loss.backward()
         if last:
             if self.scaler is not None:
                 self.scaler.step(self.optimizer)
@@ -307,7 +292,7 @@ class TrialLoop:
             done += 1
             if self.monitor.over_budget.is_set():
                 self.check()
-            if done >= 2 and time.perf_counter() - warm_start > warm_cap:
+            if done >= 2 and self.over(time.perf_counter() - warm_start > warm_cap):
                 break
         sync(self.device_type)
         self.check()
@@ -328,11 +313,14 @@ class TrialLoop:
                 units += 1
                 if self.monitor.over_budget.is_set():
                     self.check()
-                if time.perf_counter() - start >= window_s:
+                if self.over(time.perf_counter() - start >= window_s):
                     sync(self.device_type)
                     break
             elapsed = time.perf_counter() - start
             self.check()
+            # The world's samples in the same window, timed by its slowest rank.
+            samples = int(self.rank.reduce([samples], "sum", self.device)[0])
+            elapsed = self.rank.reduce([elapsed], "max", self.device)[0]
             rate = samples / elapsed
             rates.append(rate)
             measured_s += elapsed
@@ -342,6 +330,8 @@ class TrialLoop:
         wait = self.data_wait.total_s - wait_before
         self.monitor.stop()
         self.check()
+        # Data wait and peak memory of the worst rank.
+        wait, peak = self.rank.reduce([wait, self.peak_memory()], "max", self.device)
         # One unit (optimizer step, or loader batch) at the median throughput.
         step_time = total_samples / max(units, 1) / stats.median
         import torch
@@ -352,7 +342,7 @@ class TrialLoop:
             samples_per_s_spread=stats.spread,
             step_time_s=step_time,
             data_wait_fraction=min(1.0, wait / measured_s) if measured_s > 0 else None,
-            peak_memory_bytes=self.peak_memory(),
+            peak_memory_bytes=int(peak),
             warmup_s=warmup_s,
             measured_s=measured_s,
             error=None,
@@ -363,15 +353,35 @@ class TrialLoop:
             num_threads=torch.get_num_threads(),
         )
 
+    def over(self, flag: bool) -> bool:
+        """Whether ``flag`` holds on any rank: every rank ends a window (or the warm-up) at the same step."""
+        return self.rank.any(flag, self.device) if self.rank.distributed else flag
+
+
+def _quiet(event: dict[str, Any]) -> None:
+    """The events of ranks other than 0: rank 0 speaks for the world."""
+
 
 def execute(request: dict[str, Any], *, started: float, send: Send) -> TrialResult:
     """Run one trial request; every failure is returned as a status."""
+    try:
+        options = TrialOptions(**request["options"])
+        if options.world_size > 1:
+            return run_world(options, lambda rank: execute_rank(request, started, send if rank.rank == 0 else _quiet, rank))
+        pin(options.cores)
+    except BaseException as exc:  # every failure is a result, never a traceback
+        return classify(exc)
+    return execute_rank(request, started, send, Rank())
+
+
+def execute_rank(request: dict[str, Any], started: float, send: Send, rank: Rank) -> TrialResult:
+    """Run one rank of a trial request (the only one when alone); every failure is returned as a status."""
     loop: TrialLoop | None = None
     try:
         setup = TrainSetup.from_dict(request["setup"])
         workload = Workload.from_dict(request["workload"])
         options = TrialOptions(**request["options"])
-        loop = TrialLoop(setup, workload, options, started=started, send=send)
+        loop = TrialLoop(setup, workload, options, started=started, send=send, rank=rank)
         return loop.run()
     except BaseException as exc:  # every failure is a result, never a traceback
         result = classify(exc)

@@ -51,6 +51,11 @@ class SearchConfig:
             ``None`` for the classifier shorthand. With a workload, ``lr``
             comes from the Task and ``image_size``, ``data``,
             ``synthetic_images`` and ``cache_dir`` do not apply.
+        nproc_per_node: Ranks per trial: DDP trials under torch.distributed
+            when > 1 (gloo on a CPU, nccl on CUDA); ``--effective-batch`` is
+            then micro-batch x accumulation x ranks.
+        devices: ``--devices``: ``cuda:0,cuda:1,...``, ``all`` or
+            ``cpu,cpu,...``; one trial per device at the same time.
     """
 
     model: str
@@ -76,6 +81,8 @@ class SearchConfig:
     command: str = ""
     workload: str | Callable[..., Any] | None = None
     ceilings: bool = True
+    nproc_per_node: int = 1
+    devices: str | None = None
 
     def validate(self) -> None:
         """Reject bad values before anything runs or is written.
@@ -107,6 +114,12 @@ class SearchConfig:
             raise UsageError(f"--sampler must be tpe or random, got {self.sampler!r}")
         if self.workload is None and self.image_size < 8:
             raise UsageError(f"--image-size must be >= 8, got {self.image_size}")
+        if self.nproc_per_node < 1:
+            raise UsageError(f"--nproc-per-node must be >= 1, got {self.nproc_per_node}")
+        if self.effective_batch is not None and self.effective_batch % self.nproc_per_node:
+            raise UsageError(
+                f"--effective-batch {self.effective_batch} is not a multiple of --nproc-per-node {self.nproc_per_node}"
+            )
         knobs = merge_constraints(self.constraints)
         if self.effective_batch is not None and "accumulation_steps" in knobs:
             raise UsageError("--effective-batch fixes accumulation_steps; do not --set it as well")

@@ -36,4 +36,5 @@ def signature(config: SearchConfig, workload: Workload, machine: dict[str, Any] 
         "max_memory": config.max_memory,
         "trial_seconds": config.trial_seconds,
         "constraints": sorted(repr(c) for c in config.constraints),
+        **({"nproc_per_node": config.nproc_per_node} if config.nproc_per_node > 1 else {}),
     }

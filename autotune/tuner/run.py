@@ -13,11 +13,12 @@ import shutil
 import time
 from contextlib import ExitStack
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import probes
-from autotune.devices import DeviceInfo, resolve_device
+from autotune.devices import DeviceInfo
 from autotune.errors import AutotuneError, SearchFailed, SearchInterrupted
 from autotune.files import check_writable
 from autotune.output.best import write_best
@@ -32,13 +33,16 @@ from autotune.tuner.calibrate import calibrate
 from autotune.tuner.config import SearchConfig, SearchOutcome, Timing
 from autotune.tuner.confirm import confirm, measure_ceilings, pick_candidates
 from autotune.tuner.constraints import check_constraints, merge_constraints
-from autotune.tuner.explore import Exploration, explore
+from autotune.tuner.explore import Exploration
+from autotune.tuner.guesses import guess_setups
 from autotune.tuner.identity import signature, study_name
 from autotune.tuner.lock import OutputLock
 from autotune.tuner.offered import check_workload_constraints
+from autotune.tuner.parallel import explore_placed
+from autotune.tuner.placement import Placement, place
 from autotune.tuner.progress import Reporter, SilentReporter
 from autotune.tuner.signals import runs_to_the_end, sigterm_as_interrupt
-from autotune.tuner.space import Space, build_space, check_image_constraints, defaults_setup, guess_setups
+from autotune.tuner.space import Space, build_space, check_image_constraints, defaults_setup
 from autotune.tuner.storage import is_shared
 from autotune.tuner.study import ROLE_DEFAULTS, ROLE_GUESS, SearchStudy, machine_fingerprint
 from autotune.tuner.study_report import write_search_report
@@ -59,6 +63,7 @@ class Prepared:
     study: SearchStudy
     out: Path
     held: ExitStack
+    placement: Placement
     crew: Crew | None = None  # this worker's view of a shared study (None: the study is this search's alone)
 
 
@@ -98,16 +103,18 @@ def _search(
 ) -> SearchOutcome:
     """The steps after :func:`prepare`, while the output directory and the study are held."""
     earlier = prepared.study.time_spent()
+    placed = prepared.placement.runner(timed)  # the trials' ranks, device and cores
     crew = prepared.crew
-    first = (crew.once(lambda: first_steps(config, prepared, reporter, timed), reporter) if crew else None)
-    calibration, space = first or first_steps(config, prepared, reporter, timed)
-    defaults = defaults_setup(config.effective_batch, batch=prepared.workload.reference_batch)
+    first = (crew.once(lambda: first_steps(config, prepared, reporter, placed), reporter) if crew else None)
+    calibration, space = first or first_steps(config, prepared, reporter, placed)
+    defaults = defaults_setup(prepared.placement.rank_batch(config.effective_batch), batch=prepared.workload.reference_batch)
     options = TrialOptions(
         trial_seconds=config.trial_seconds, timeout_s=config.timeout_s, max_memory_bytes=config.max_memory
     )
     plan = Exploration(space, defaults, prepared.workload, options, config.trials, prepared.out / "trials.csv")
     timing.phase = "search"
-    interrupted = not runs_to_the_end(lambda: (crew.explore if crew else explore)(prepared.study, plan, reporter, timed))
+    explore_all = partial(crew.explore, runner=placed) if crew else partial(explore_placed, prepared.placement, runner=timed)
+    interrupted = not runs_to_the_end(lambda: explore_all(prepared.study, plan, reporter))
     records = prepared.study.records()
     write_trials_csv(plan.csv_path, records)
     feasible = [r for r in records if r.result.ok and r.result.samples_per_s]
@@ -121,13 +128,13 @@ def _search(
     if not interrupted:
         timing.phase = "confirmation"
         interrupted = not runs_to_the_end(
-            lambda: confirmed.extend(confirm_finalists(config, prepared, feasible, defaults, options, reporter, timed))
+            lambda: confirmed.extend(confirm_finalists(config, prepared, feasible, defaults, options, reporter, placed))
         )
     outcome = finish(config, prepared, calibration, records, feasible, confirmed, defaults, interrupted)
     if config.ceilings and confirmed and outcome.best is not None and not interrupted:
         timing.phase = "ceilings"
         measured = [outcome]
-        interrupted = not runs_to_the_end(lambda: measured.append(with_ceilings(outcome, prepared, options, timed)))
+        interrupted = not runs_to_the_end(lambda: measured.append(with_ceilings(outcome, prepared, options, placed)))
         outcome = measured[-1]
     timing.wall_s = time.monotonic() - began
     status = "finished" if not interrupted else "interrupted" if confirmed else "interrupted (winner not confirmed)"
@@ -152,8 +159,7 @@ def first_steps(config: SearchConfig, prepared: Prepared, reporter: Reporter, ru
     space = build_space(
         device=prepared.device,
         calibration=calibration,
-        usable_cores=int(prepared.hardware.cpu.usable_cores),
-        effective_batch=config.effective_batch,
+        **prepared.placement.space_args(config.effective_batch),
         constraints=merge_constraints(config.constraints),
         images=prepared.workload.images,
         image_input=prepared.workload.image_input,
@@ -178,7 +184,8 @@ def prepare(config: SearchConfig, reporter: Reporter) -> Prepared:
     Nothing is written before every check has passed.
     """
     hardware = probes.collect()
-    device = resolve_device(config.device, hardware)
+    placement = place(config.device, config.devices, config.nproc_per_node, hardware)
+    device = placement.device
     check_constraints(merge_constraints(config.constraints), device)
     out = Path(config.out)
     check_writable(out)
@@ -198,6 +205,7 @@ def prepare(config: SearchConfig, reporter: Reporter) -> Prepared:
         )
     check_image_constraints(merge_constraints(config.constraints), workload.image_input)
     check_workload_constraints(merge_constraints(config.constraints), workload, device)
+    workload = placement.rank_workload(workload)  # with N ranks, each reads 1/N of the data
     name = config.study or study_name(config, device, workload)
     fresh = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
@@ -207,7 +215,9 @@ def prepare(config: SearchConfig, reporter: Reporter) -> Prepared:
         with ExitStack() as stack:  # on an error below, both are released at once
             stack.enter_context(OutputLock(out))
             seed = (config.seed + os.getpid()) % 2**32 if shared else config.seed  # workers sample apart
-            study = SearchStudy.open(storage, name, sampler=config.sampler, seed=seed, trials=config.trials, shared=shared)
+            study = SearchStudy.open(storage, name, sampler=config.sampler, seed=seed, trials=config.trials, shared=shared,
+                parallel=placement.parallel,
+            )
             if shared:
                 crew = Crew(study, wait_s=max(600.0, 60 * config.trial_seconds))
                 stale = crew.join(signature(config, workload, machine_fingerprint(hardware, device)))
@@ -224,7 +234,9 @@ def prepare(config: SearchConfig, reporter: Reporter) -> Prepared:
     if stale:
         reporter.message(f"trials {', '.join(f'#{n}' for n in stale)} were left running by a search that died: failed")
     reporter.message(f"{workload.describe()} ({device.label}); {int(hardware.cpu.usable_cores)} usable CPU cores")
-    return Prepared(hardware, device, workload, study, out, held, crew)
+    if placement.world_size > 1 or placement.parallel:
+        reporter.message(placement.describe())
+    return Prepared(hardware, device, workload, study, out, held, placement, crew)
 
 
 def calibrate_once(config: SearchConfig, prepared: Prepared, reporter: Reporter, runner: TrialRunner) -> Calibration:
@@ -243,7 +255,7 @@ def calibrate_once(config: SearchConfig, prepared: Prepared, reporter: Reporter,
             calibration = calibrate(
                 prepared.workload,
                 prepared.device,
-                usable_cores=int(prepared.hardware.cpu.usable_cores),
+                usable_cores=prepared.placement.rank_cores,
                 available_bytes=int(prepared.hardware.memory.available_bytes),
                 max_memory=config.max_memory,
                 trial_seconds=config.trial_seconds,
@@ -266,7 +278,7 @@ def enqueue_first_trials(config: SearchConfig, prepared: Prepared, space: Space,
         return
     study.enqueue(ROLE_DEFAULTS, {})
     if config.trials > 1 and config.sampler == "tpe":
-        usable = int(prepared.hardware.cpu.usable_cores)
+        usable = prepared.placement.rank_cores
         for guess in guess_setups(space, calibration, prepared.device, usable)[: config.trials - 1]:
             study.enqueue(ROLE_GUESS, space.params_for(guess))
 
@@ -337,6 +349,7 @@ def finish(
         confirmed=confirmed,
         defaults=defaults,
         effective_batch=config.effective_batch,
+        world_size=prepared.placement.world_size,
         command=config.command,
         interrupted=interrupted,
     )

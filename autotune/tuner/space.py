@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from autotune.devices import DeviceInfo
 from autotune.errors import UsageError
 from autotune.records import Calibration, Workload
-from autotune.train_setup import KNOBS, TrainSetup
+from autotune.train_setup import DDP_KNOBS, KNOBS, TrainSetup
 from autotune.tuner.constraints import RANGE_KNOBS, Constraint, apply_constraints, check_constraints
 from autotune.tuner.offered import check_workload_constraints, torch_knob_values
 
@@ -75,8 +75,9 @@ class Space:
     images: int | None = None
 
     def __post_init__(self) -> None:
-        # A space built by hand without the torch knobs keeps PyTorch's defaults for them.
-        missing = {knob: value for knob, value in TORCH_DEFAULTS.items() if knob not in self.values}
+        # A space built by hand without the torch or DDP knobs keeps PyTorch's defaults for them.
+        defaults = {**TORCH_DEFAULTS, **ddp_values(1)}
+        missing = {knob: value for knob, value in defaults.items() if knob not in self.values}
         object.__setattr__(self, "values", {**self.values, **missing})
         for knob in KNOBS:
             if knob == "accumulation_steps" and self.effective_batch is not None:
@@ -131,6 +132,10 @@ class Space:
             tf32=self._pick(trial, "tf32"),
             optimizer_impl=self._pick(trial, "optimizer_impl"),
             decode=self._pick(trial, "decode"),
+            bucket_cap_mb=self._pick(trial, "bucket_cap_mb"),
+            gradient_as_bucket_view=self._pick(trial, "gradient_as_bucket_view"),
+            # DDP's static graph breaks under no_sync: only offered without accumulation.
+            static_graph=self._pick(trial, "static_graph") if accumulation == 1 else False,
         )
 
     def sampled_compile(self, trial: optuna.Trial) -> Any:
@@ -162,6 +167,8 @@ class Space:
         """One line: every knob's values (ranges as ``lo..hi``)."""
         parts = []
         for knob, values in self.values.items():
+            if knob in DDP_KNOBS and len(values) == 1:  # a single process: DDP's knobs do not apply
+                continue
             if knob == "accumulation_steps" and self.effective_batch is not None:
                 parts.append(f"accumulation_steps=effective_batch/batch_size ({self.effective_batch})")
                 continue
@@ -247,6 +254,13 @@ def check_image_constraints(constraints: dict[str, Constraint], image_input: boo
         raise UsageError("--set channels_last=true: this workload's batches hold no 4-D floating tensor for it to act on")
 
 
+def ddp_values(world_size: int) -> dict[str, tuple[Any, ...]]:
+    """The DDP knobs' candidates: searched with more than one rank, PyTorch's defaults otherwise."""
+    if world_size > 1:
+        return {"bucket_cap_mb": (10, 25, 50, 100), "gradient_as_bucket_view": (False, True), "static_graph": (False, True)}
+    return {"bucket_cap_mb": (25,), "gradient_as_bucket_view": (False,), "static_graph": (False,)}
+
+
 def build_space(
     *,
     device: DeviceInfo,
@@ -257,6 +271,7 @@ def build_space(
     images: int | None = None,
     image_input: bool = True,
     workload: Workload | None = None,
+    world_size: int = 1,
 ) -> Space:
     """The space from the probe and the calibration, narrowed by ``--set``.
 
@@ -272,6 +287,7 @@ def build_space(
             ``channels_last`` has nothing to act on and is not offered.
         workload: What is trained; it decides where cuDNN autotuning, GPU
             decoding and optimizer kernels are offered (:mod:`autotune.tuner.offered`).
+        world_size: Ranks per trial; the DDP knobs are searched only with more than one.
 
     Raises:
         UsageError: A constraint the device cannot run, one that leaves a
@@ -312,6 +328,7 @@ def build_space(
         "amp": amp,
         "channels_last": (False, True) if image_input else (False,),
         **torch_knob_values(device, workload, usable_cores),
+        **ddp_values(world_size),
     }
     check_constraints(constraints, device)
     check_image_constraints(constraints, image_input)
@@ -322,67 +339,3 @@ def build_space(
         if bad:
             raise UsageError(f"--effective-batch {effective_batch} is not a multiple of batch_size {bad[0]}")
     return Space(values=values, effective_batch=effective_batch, images=images)
-
-
-#: Throughput gain from the small to the largest pre-pass batch that makes
-#: the largest batch worth a first trial of its own.
-BATCH_GAIN = 1.10
-
-
-def guess_setups(space: Space, calibration: Calibration, device: DeviceInfo, usable_cores: int) -> list[TrainSetup]:
-    """Probe-informed first trials, after the defaults (clipped into the space by the caller).
-
-    The first guess takes workers from the loader ceiling, a middle batch
-    (64 on a CPU, 256 on a GPU), and the precision and layout that computed
-    fastest at that batch in the calibration (measured like for like). When the
-    memory pre-pass measured throughput still rising with the batch (the
-    largest batch at least 10 % faster than the smallest), a second guess
-    is the first at the largest batch of the space.
-    """
-    first = guess_setup(space, calibration, device, usable_cores)
-    guesses = [first]
-    rates = sorted(
-        (p.batch_size, p.samples_per_s) for p in calibration.memory_points if p.status == "ok" and p.samples_per_s
-    )
-    largest = max(space.values["batch_size"])
-    if len(rates) >= 2 and rates[-1][1] >= BATCH_GAIN * rates[0][1] and largest > first.batch_size:
-        guesses.append(first.replace(batch_size=largest))
-    return [_queue_within_epoch(space, guess) for guess in guesses]
-
-
-def _queue_within_epoch(space: Space, setup: TrainSetup) -> TrainSetup:
-    """``setup`` with its prefetch depth lowered until the loader queue fits in one epoch."""
-    if not setup.num_workers or setup.prefetch_factor is None:
-        return setup
-    fitting = [p for p in space.prefetch_within_epoch(setup.num_workers, setup.batch_size) if p <= setup.prefetch_factor]
-    return setup.replace(prefetch_factor=max(fitting)) if fitting else setup
-
-
-def guess_setup(space: Space, calibration: Calibration, device: DeviceInfo, usable_cores: int) -> TrainSetup:
-    """A probe-informed first guess (clipped into the space by the caller)."""
-    cuda = device.type == "cuda"
-    workers = max(1, min(calibration.max_workers, usable_cores // 2 if not cuda else usable_cores))
-    enough = calibration.workers_enough()
-    if enough:
-        workers = enough
-    workers = min(workers, max(space.values["num_workers"]))
-    batch = probe_batch(calibration.max_batch, device)
-    amp, channels_last = ("bf16" if device.bf16 else ("fp16" if cuda else "off")), True
-    fastest = calibration.fastest_precision()
-    if fastest is not None:  # measured like for like at this batch: follow the numbers
-        amp, channels_last = fastest.amp, fastest.channels_last
-    values = space.values
-    impls = values["optimizer_impl"]
-    return TrainSetup(
-        num_workers=workers,
-        prefetch_factor=2 if workers else None,
-        pin_memory=cuda,
-        persistent_workers=workers > 0,
-        batch_size=batch,
-        amp=amp,  # type: ignore[arg-type]
-        channels_last=channels_last,
-        cudnn_benchmark=True in values["cudnn_benchmark"],
-        tf32=True in values["tf32"],
-        # fused on CUDA, foreach on a CPU: the kernels autotune's trials used before the knob existed.
-        optimizer_impl="fused" if cuda and "fused" in impls else ("foreach" if "foreach" in impls else None),
-    )

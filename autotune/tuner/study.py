@@ -40,6 +40,8 @@ ATTR_SETUP = "setup"
 ATTR_RESULT = "result"
 ATTR_REUSED_FROM = "reused_from"
 ATTR_MARKER = "marker"  # a shared study's election entry (autotune.tuner.workers), not a measurement
+#: Wall-clock start and end (Unix seconds) of a trial run in parallel with others.
+ATTR_STARTED, ATTR_ENDED = "started", "ended"
 
 # Study user attributes.
 STUDY_SIGNATURE = "signature"
@@ -62,10 +64,11 @@ def startup_trials_for(trials: int) -> int:
     return max(3, min(10, trials // 3))
 
 
-def _sampler(kind: str, seed: int, n_startup: int, shared: bool = False) -> optuna.samplers.BaseSampler:
+def _sampler(kind: str, seed: int, n_startup: int, liar: bool = False) -> optuna.samplers.BaseSampler:
     if kind == "random":
         return optuna.samplers.RandomSampler(seed=seed)
-    return optuna.samplers.TPESampler(seed=seed, n_startup_trials=n_startup, multivariate=True, group=True, constant_liar=shared)
+    # constant_liar: trials running elsewhere count as bad, so the next ask samples apart from them.
+    return optuna.samplers.TPESampler(seed=seed, n_startup_trials=n_startup, multivariate=True, group=True, constant_liar=liar)
 
 
 def _first_line(exc: BaseException) -> str:
@@ -118,7 +121,8 @@ class SearchStudy:
 
     @classmethod
     def open(
-        cls, storage: str, name: str, *, sampler: str = "tpe", seed: int = 0, trials: int = 30, shared: bool = False
+        cls, storage: str, name: str, *, sampler: str = "tpe", seed: int = 0, trials: int = 30, shared: bool = False,
+        parallel: bool = False,
     ) -> SearchStudy:
         """Create or resume the study ``name`` in ``storage`` (URL forms in :mod:`autotune.tuner.storage`).
 
@@ -144,7 +148,7 @@ class SearchStudy:
                 storage=backend,
                 study_name=name,
                 direction="maximize",
-                sampler=_sampler(sampler, seed, n_startup, shared),
+                sampler=_sampler(sampler, seed, n_startup, shared or parallel),
                 pruner=ScreeningPruner(),
                 load_if_exists=True,
             )

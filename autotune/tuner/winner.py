@@ -29,6 +29,7 @@ def make_best(
     effective_batch: int | None,
     command: str,
     interrupted: bool = False,
+    world_size: int = 1,
 ) -> Best:
     """The ``best.json`` record: the confirmed winner, its speedup and the notes.
 
@@ -42,13 +43,14 @@ def make_best(
         effective_batch: The pinned ``--effective-batch``, or None.
         command: The command line, for the record.
         interrupted: The search was stopped (Ctrl-C, SIGTERM, SIGHUP).
+        world_size: Ranks per trial; the effective batch counts every rank.
     """
     default_key = defaults.to_json()
-    reference = effective_batch or defaults.effective_batch()
+    reference = effective_batch or defaults.effective_batch(world_size)
     notes: list[str] = []
     measured = [c for c in confirmed if c.median is not None]
     if measured:
-        chosen, why = choose_winner(measured, default_key, reference)
+        chosen, why = choose_winner(measured, default_key, reference // world_size)
         setup, rate, spread = chosen.candidate.setup, chosen.median or 0.0, chosen.spread or 0.0
         base = next((c.median for c in measured if c.candidate.key == default_key), None)
         notes.extend(why)
@@ -62,7 +64,7 @@ def make_best(
         else:
             notes.append("not confirmed: every confirmation run failed; the fastest single trial is shown")
     peaks = [r.result.peak_memory_bytes for r in feasible if r.setup == setup and r.result.peak_memory_bytes]
-    effective = setup.effective_batch()
+    effective = setup.effective_batch(world_size)
     lr = scaled_lr(workload.lr, effective, reference, workload.lr_scaling)
     if workload.data is None and workload.task is None:
         notes.append("measured on synthetic JPEGs; re-run with --data DIR to tune on your own images")
@@ -103,6 +105,7 @@ def make_best(
         command=hide_passwords(command),
         created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         notes=tuple(notes),
+        world_size=world_size,
     )
 
 def scaled_lr(lr: float, effective: int, reference: int, rule: str = "sqrt") -> float:

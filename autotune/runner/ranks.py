@@ -1,0 +1,208 @@
+"""A trial of several ranks under torch.distributed, and the cores each rank runs on.
+
+With ``TrialOptions.world_size`` N > 1 the trial process becomes the
+supervisor of its world: it picks a free loopback port and forks N rank
+processes with the torchrun environment (``RANK``, ``WORLD_SIZE``,
+``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``).
+Every rank is pinned to its own share of the trial's cores, joins one
+process group (gloo on a CPU, nccl on CUDA) and runs the same
+:class:`~autotune.runner.child.TrialLoop`; rank 0 sends the window events.
+The ranks stay in the trial's process group, so the parent's timeout kills
+them all. The first rank to end badly (an exception, a signal, an exit
+code) names the trial's status, and the supervisor kills the others.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from autotune.records import TrialOptions, TrialResult
+
+#: Exit code of a rank that failed and wrote its result.
+RANK_FAILED = 3
+#: The address every rank of a trial meets on.
+MASTER_ADDR = "127.0.0.1"
+
+
+def share(cores: Sequence[int], parts: int, index: int) -> tuple[int, ...]:
+    """The ``index``-th of ``parts`` disjoint, contiguous shares of ``cores`` (the first shares get the remainder)."""
+    size, extra = divmod(len(cores), parts)
+    start = index * size + min(index, extra)
+    return tuple(cores[start : start + size + (1 if index < extra else 0)])
+
+
+def pin(cores: Sequence[int]) -> None:
+    """Run this process (and the loader workers it starts) on ``cores``, with as many torch threads."""
+    if not cores or not hasattr(os, "sched_setaffinity"):
+        return
+    import torch
+
+    os.sched_setaffinity(0, set(cores))
+    torch.set_num_threads(len(cores))
+
+
+def free_port() -> int:
+    """A TCP port free on the loopback interface now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((MASTER_ADDR, 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass(frozen=True)
+class Rank:
+    """Where this process stands in its trial's world.
+
+    Attributes:
+        rank: This process's rank (0 when alone).
+        world_size: Ranks in the trial.
+    """
+
+    rank: int = 0
+    world_size: int = 1
+
+    @property
+    def distributed(self) -> bool:
+        """Whether the trial has more than one rank."""
+        return self.world_size > 1
+
+    def start(self, device: Any) -> None:
+        """Join the process group from the torchrun environment (gloo on a CPU, nccl on CUDA)."""
+        if not self.distributed:
+            return
+        import torch.distributed as dist
+
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        extra = {"device_id": device} if device.type == "cuda" else {}
+        dist.init_process_group(backend, rank=self.rank, world_size=self.world_size, **extra)
+
+    def reduce(self, values: Sequence[float], op: str, device: Any) -> list[float]:
+        """``values`` summed (``op="sum"``) or maximised (``"max"``) over the ranks; as is when alone."""
+        if not self.distributed:
+            return [float(v) for v in values]
+        import torch
+        import torch.distributed as dist
+
+        tensor = torch.tensor([float(v) for v in values], dtype=torch.float64, device=device)
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX)
+        return [float(v) for v in tensor.tolist()]
+
+    def any(self, flag: bool, device: Any) -> bool:
+        """Whether ``flag`` holds on any rank (every rank gets the same answer)."""
+        return self.reduce([1.0 if flag else 0.0], "max", device)[0] > 0
+
+    def shard(self, dataset: Any) -> Any:
+        """This rank's share of a map-style dataset (every ``world_size``-th item); an iterable one as is."""
+        if not self.distributed or not hasattr(dataset, "__len__") or not hasattr(dataset, "__getitem__"):
+            return dataset
+        from torch.utils.data import Subset
+
+        return Subset(dataset, range(self.rank, len(dataset), self.world_size))
+
+    def device(self, name: str) -> str:
+        """The device of this rank: ``cuda:LOCAL_RANK`` on CUDA, as under torchrun; the CPU stays the CPU."""
+        return f"cuda:{self.rank}" if self.distributed and name.startswith("cuda") else name
+
+    def stop(self) -> None:
+        """Leave the process group."""
+        if self.distributed:
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.destroy_process_group()
+
+
+Execute = Callable[[Rank], TrialResult]
+
+
+def _death(rank: int, code: int) -> TrialResult:
+    """The result of a rank that died without writing one."""
+    if code == -signal.SIGKILL:
+        return TrialResult(
+            status="oom", error=f"rank {rank} was killed (SIGKILL), most likely by the kernel's out-of-memory killer"
+        )
+    if code < 0:
+        return TrialResult(status="error", error=f"rank {rank} died of {signal.Signals(-code).name}")
+    return TrialResult(status="error", error=f"rank {rank} exited with code {code} and no result")
+
+
+def _read_all(fd: int) -> bytes:
+    chunks = []
+    while chunk := os.read(fd, 65536):
+        chunks.append(chunk)
+    os.close(fd)
+    return b"".join(chunks)
+
+
+def run_world(options: TrialOptions, execute: Execute) -> TrialResult:
+    """Fork the trial's ranks, wait for them, and return the trial's result.
+
+    Rank 0's result is the trial's, unless a rank ends badly first: then that
+    rank's result (its exception classified, or its death) is, and every
+    other rank is killed.
+    """
+    port = free_port()
+    world = options.world_size
+    ranks: dict[int, tuple[int, int]] = {}  # pid -> (rank, read end of its result pipe)
+    for rank in range(world):
+        read_end, write_end = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the rank
+            os.close(read_end)
+            _rank_main(rank, world, port, options, execute, write_end)
+        os.close(write_end)
+        ranks[pid] = (rank, read_end)
+    result: TrialResult | None = None
+    try:
+        while ranks and result is None:
+            pid, status = os.wait()
+            if pid not in ranks:
+                continue
+            rank, read_end = ranks.pop(pid)
+            code = os.waitstatus_to_exitcode(status)
+            payload = _read_all(read_end)
+            if code == 0 and rank == 0:
+                result = TrialResult.from_dict(json.loads(payload))
+            elif code == RANK_FAILED and payload:
+                failed = TrialResult.from_dict(json.loads(payload))
+                result = TrialResult(**{**failed.to_dict(), "error": f"rank {rank}: {failed.error}"})
+            elif code != 0:
+                result = _death(rank, code)
+    finally:
+        for pid, (_, read_end) in ranks.items():
+            try:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+            except OSError:
+                pass
+            os.close(read_end)
+    return result or TrialResult(status="error", error="no rank reported a result")
+
+
+def _rank_main(rank: int, world: int, port: int, options: TrialOptions, execute: Execute, out: int) -> None:
+    """Run one rank in this freshly forked process, write its result to ``out``, then ``_exit``."""
+    code = RANK_FAILED
+    try:
+        os.environ.update(
+            RANK=str(rank),
+            LOCAL_RANK=str(rank),
+            WORLD_SIZE=str(world),
+            LOCAL_WORLD_SIZE=str(world),
+            MASTER_ADDR=MASTER_ADDR,
+            MASTER_PORT=str(port),
+        )
+        pin(share(options.cores, world, rank))
+        result = execute(Rank(rank, world))
+        data = json.dumps(result.to_dict()).encode()
+        while data:
+            data = data[os.write(out, data) :]
+        code = 0 if result.ok else RANK_FAILED
+    except BaseException:  # pragma: no cover - execute() returns failures as results
+        code = RANK_FAILED
+    finally:
+        os._exit(code)

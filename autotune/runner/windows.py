@@ -1,0 +1,30 @@
+"""How long a trial measures: its windows, and when an epoch is short enough to measure with its boundaries."""
+
+from __future__ import annotations
+
+from autotune.records import TrialOptions
+from autotune.train_setup import TrainSetup
+
+#: Windows measured even when fewer would fill the trial's seconds (slow steps).
+MIN_WINDOWS = 3
+
+
+#: An epoch of fewer micro-batches than this is measured with its real epoch boundaries.
+SHORT_EPOCH_BATCHES = 64
+
+
+def short_epoch(samples: int, setup: TrainSetup) -> bool:
+    """Whether an epoch of ``samples`` holds so few micro-batches that its boundaries cost measurable time."""
+    return samples // setup.batch_size < SHORT_EPOCH_BATCHES
+
+
+def more_windows(measured: int, measured_s: float, options: TrialOptions) -> bool:
+    """Whether a trial measures another window after ``measured`` windows and ``measured_s`` seconds.
+
+    Every window of ``options.windows`` is measured, except that slow steps
+    (each window one long step) stop after :data:`MIN_WINDOWS` once the
+    trial's seconds are spent.
+    """
+    if measured >= options.windows:
+        return False
+    return measured < MIN_WINDOWS or measured_s < options.trial_seconds

@@ -1,0 +1,114 @@
+"""The checks behind :meth:`TrainSetup.validate` and :meth:`TrainSetup.check_device`.
+
+Kept apart from :mod:`autotune.train_setup` so the dataclass module stays a
+readable list of knobs and helpers; both functions raise
+:class:`~autotune.errors.SetupError` with a one-line reason.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from autotune.devices import device_type
+from autotune.errors import SetupError
+from autotune.torch_knobs import COMPILE_MODES, DECODES, OPTIMIZER_IMPLS, fused_supported
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    import torch
+
+    from autotune.train_setup import TrainSetup
+
+AMP_MODES: tuple[str, ...] = ("off", "bf16", "fp16")
+
+
+def validate_setup(setup: TrainSetup) -> None:
+    """Reject values and combinations that cannot run on any device.
+
+    Raises:
+        SetupError: With a one-line reason.
+    """
+    for name in ("num_workers", "batch_size", "accumulation_steps", "bucket_cap_mb"):
+        value = getattr(setup, name)
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise SetupError(f"{name} must be an integer, got {value!r}")
+    for name in ("pin_memory", "persistent_workers", "channels_last", "cudnn_benchmark", "tf32", "gradient_as_bucket_view", "static_graph"):
+        if not isinstance(getattr(setup, name), bool):
+            raise SetupError(f"{name} must be true or false, got {getattr(setup, name)!r}")
+    if setup.num_workers < 0:
+        raise SetupError(f"num_workers must be >= 0, got {setup.num_workers}")
+    if setup.batch_size < 1:
+        raise SetupError(f"batch_size must be >= 1, got {setup.batch_size}")
+    if setup.accumulation_steps < 1:
+        raise SetupError(f"accumulation_steps must be >= 1, got {setup.accumulation_steps}")
+    if setup.bucket_cap_mb < 1:
+        raise SetupError(f"bucket_cap_mb must be >= 1, got {setup.bucket_cap_mb}")
+    if setup.static_graph and setup.accumulation_steps > 1:
+        raise SetupError("static_graph does not work with accumulation_steps > 1 (DDP's no_sync breaks its reducer)")
+    if setup.amp not in AMP_MODES:
+        raise SetupError(f"amp must be one of {', '.join(AMP_MODES)}, got {setup.amp!r}")
+    if setup.num_threads is not None and (isinstance(setup.num_threads, bool) or not isinstance(setup.num_threads, int) or setup.num_threads < 1):
+        raise SetupError(f"num_threads must be an integer >= 1 (or null for torch's choice), got {setup.num_threads!r}")
+    for name, allowed in (("compile", COMPILE_MODES), ("optimizer_impl", (None, *OPTIMIZER_IMPLS)), ("decode", DECODES)):
+        if getattr(setup, name) not in allowed:
+            shown = ", ".join(str(a).lower() if a is None else str(a) for a in allowed).replace("none", "null")
+            raise SetupError(f"{name} must be one of {shown}, got {getattr(setup, name)!r}")
+    if setup.num_workers == 0:
+        if setup.prefetch_factor is not None:
+            raise SetupError("prefetch_factor needs num_workers > 0 (PyTorch rejects it with 0 workers)")
+        if setup.persistent_workers:
+            raise SetupError("persistent_workers needs num_workers > 0")
+    elif setup.prefetch_factor is not None:
+        if isinstance(setup.prefetch_factor, bool) or not isinstance(setup.prefetch_factor, int):
+            raise SetupError(f"prefetch_factor must be an integer, got {setup.prefetch_factor!r}")
+        if setup.prefetch_factor < 1:
+            raise SetupError(f"prefetch_factor must be >= 1, got {setup.prefetch_factor}")
+
+
+def check_setup_device(
+    setup: TrainSetup, device: str | torch.device, *, bf16_supported: bool | None = None, tf32_supported: bool | None = None
+) -> None:
+    """Reject knobs the given device cannot run.
+
+    Args:
+        device: ``"cpu"``, ``"cuda"`` or ``"cuda:K"``.
+        bf16_supported: Whether the device runs bf16 natively. ``None``
+            asks torch (for CUDA) or allows it (CPU autocast always runs).
+        tf32_supported: Whether the GPU has TF32 tensor cores. ``None`` asks torch.
+
+    Raises:
+        SetupError: fp16 on a CPU, bf16 on a GPU without it, pinned memory,
+            cuDNN, TF32, GPU decoding or CUDA graphs without a GPU, fused
+            optimizer kernels the installed torch lacks for the device.
+    """
+    kind = device_type(device)
+    if setup.optimizer_impl == "fused" and kind in ("cpu", "cuda") and not fused_supported(kind):
+        raise SetupError(f"optimizer_impl=fused: the installed torch has no fused optimizer kernels for {kind}")
+    if kind == "cpu":
+        for name, on in (("cudnn_benchmark", setup.cudnn_benchmark), ("tf32", setup.tf32), ("decode=gpu", setup.decode == "gpu")):
+            if on:
+                raise SetupError(f"{name} needs a CUDA device; it changes nothing on a CPU")
+        if setup.compile == "reduce-overhead":
+            raise SetupError("compile=reduce-overhead uses CUDA graphs and needs a CUDA device; use compile=default")
+        if setup.amp == "fp16":
+            raise SetupError("amp=fp16 needs a CUDA device; on a CPU use amp=bf16 or amp=off")
+        if setup.pin_memory:
+            raise SetupError("pin_memory only helps host-to-GPU copies; it needs a CUDA device")
+        if bf16_supported is False and setup.amp == "bf16":
+            raise SetupError("amp=bf16: this CPU has no native bf16 (AMX / AVX512-BF16)")
+    elif kind == "cuda":
+        if setup.amp == "bf16":
+            if bf16_supported is None:
+                import torch
+
+                bf16_supported = bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
+            if not bf16_supported:
+                raise SetupError("amp=bf16: this GPU does not support bf16; use amp=fp16")
+        if setup.tf32:
+            if tf32_supported is None:
+                import torch
+
+                tf32_supported = bool(torch.cuda.is_available() and torch.cuda.get_device_capability(device) >= (8, 0))
+            if not tf32_supported:
+                raise SetupError("tf32: this GPU has no TF32 tensor cores (compute capability 8.0+ needed)")
+    else:
+        raise SetupError(f"unsupported device {str(device)!r}; use cpu, cuda or cuda:K")

@@ -1,0 +1,71 @@
+"""The first guesses: probe-informed setups tried right after the PyTorch defaults."""
+
+from __future__ import annotations
+
+from autotune.devices import DeviceInfo
+from autotune.records import Calibration
+from autotune.train_setup import TrainSetup
+from autotune.tuner.space import Space, probe_batch
+
+#: Throughput gain from the small to the largest pre-pass batch that makes
+#: the largest batch worth a first trial of its own.
+BATCH_GAIN = 1.10
+
+
+def guess_setups(space: Space, calibration: Calibration, device: DeviceInfo, usable_cores: int) -> list[TrainSetup]:
+    """Probe-informed first trials, after the defaults (clipped into the space by the caller).
+
+    The first guess takes workers from the loader ceiling, a middle batch
+    (64 on a CPU, 256 on a GPU), and the precision and layout that computed
+    fastest at that batch in the calibration (measured like for like). When the
+    memory pre-pass measured throughput still rising with the batch (the
+    largest batch at least 10 % faster than the smallest), a second guess
+    is the first at the largest batch of the space.
+    """
+    first = guess_setup(space, calibration, device, usable_cores)
+    guesses = [first]
+    rates = sorted(
+        (p.batch_size, p.samples_per_s) for p in calibration.memory_points if p.status == "ok" and p.samples_per_s
+    )
+    largest = max(space.values["batch_size"])
+    if len(rates) >= 2 and rates[-1][1] >= BATCH_GAIN * rates[0][1] and largest > first.batch_size:
+        guesses.append(first.replace(batch_size=largest))
+    return [_queue_within_epoch(space, guess) for guess in guesses]
+
+
+def _queue_within_epoch(space: Space, setup: TrainSetup) -> TrainSetup:
+    """``setup`` with its prefetch depth lowered until the loader queue fits in one epoch."""
+    if not setup.num_workers or setup.prefetch_factor is None:
+        return setup
+    fitting = [p for p in space.prefetch_within_epoch(setup.num_workers, setup.batch_size) if p <= setup.prefetch_factor]
+    return setup.replace(prefetch_factor=max(fitting)) if fitting else setup
+
+
+def guess_setup(space: Space, calibration: Calibration, device: DeviceInfo, usable_cores: int) -> TrainSetup:
+    """A probe-informed first guess (clipped into the space by the caller)."""
+    cuda = device.type == "cuda"
+    workers = max(1, min(calibration.max_workers, usable_cores // 2 if not cuda else usable_cores))
+    enough = calibration.workers_enough()
+    if enough:
+        workers = enough
+    workers = min(workers, max(space.values["num_workers"]))
+    batch = probe_batch(calibration.max_batch, device)
+    amp, channels_last = ("bf16" if device.bf16 else ("fp16" if cuda else "off")), True
+    fastest = calibration.fastest_precision()
+    if fastest is not None:  # measured like for like at this batch: follow the numbers
+        amp, channels_last = fastest.amp, fastest.channels_last
+    values = space.values
+    impls = values["optimizer_impl"]
+    return TrainSetup(
+        num_workers=workers,
+        prefetch_factor=2 if workers else None,
+        pin_memory=cuda,
+        persistent_workers=workers > 0,
+        batch_size=batch,
+        amp=amp,  # type: ignore[arg-type]
+        channels_last=channels_last,
+        cudnn_benchmark=True in values["cudnn_benchmark"],
+        tf32=True in values["tf32"],
+        # fused on CUDA, foreach on a CPU: the kernels autotune's trials used before the knob existed.
+        optimizer_impl="fused" if cuda and "fused" in impls else ("foreach" if "foreach" in impls else None),
+    )

@@ -1,0 +1,158 @@
+"""Several trials at once, one per device of ``--devices``.
+
+The main thread does every storage write (ask, record, tell) with interrupts
+held, as :func:`~autotune.tuner.explore.explore` does; one thread per running
+trial only waits for its trial process. The sampler is TPE with
+``constant_liar`` (set when the study is opened), so trials asked while
+others still run do not all land on the same point. Each trial records its
+wall-clock start and end, so the overlap can be read from the study.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from dataclasses import dataclass
+
+import optuna
+
+from autotune.output.trials_csv import write_trials_csv
+from autotune.records import TrialResult
+from autotune.runner import TrialRunner, WindowCallback
+from autotune.train_setup import TrainSetup
+from autotune.tuner.explore import Exploration, explore, pruning_hook, unrunnable
+from autotune.tuner.placement import Placement
+from autotune.tuner.progress import Reporter
+from autotune.tuner.signals import interrupts_held
+from autotune.tuner.study import ATTR_ENDED, ATTR_STARTED, ROLE_DEFAULTS, SearchStudy
+
+#: How long the main thread waits for the running trials to stop after an interrupt.
+STOP_WAIT_S = 15.0
+
+
+def explore_placed(placement: Placement, study: SearchStudy, plan: Exploration, reporter: Reporter, runner: TrialRunner) -> None:
+    """Run trials until ``plan.wanted`` are finished: one at a time, or one per slot of ``placement`` at once.
+
+    Raises:
+        KeyboardInterrupt: Ctrl-C or SIGTERM; running trials are failed (they
+            do not count) and every finished one is kept.
+        WorkloadError: A data file cannot be decoded; the same.
+    """
+    if not placement.parallel:
+        explore(study, plan, reporter, placement.runner(runner))
+        return
+    _Parallel(placement, study, plan, reporter, runner).run()
+
+
+@dataclass
+class _Running:
+    trial: optuna.Trial
+    role: str
+    setup: TrainSetup
+
+
+@dataclass(frozen=True)
+class _Finished:
+    slot: int
+    result: TrialResult | None
+    error: BaseException | None
+    started: float
+    ended: float
+
+
+class _Parallel:
+    def __init__(self, placement: Placement, study: SearchStudy, plan: Exploration, reporter: Reporter, runner: TrialRunner) -> None:
+        self.study = study
+        self.plan = plan
+        self.reporter = reporter
+        self.runners = [placement.runner(runner, k) for k in range(len(placement.slots))]
+        self.free = list(range(len(placement.slots)))
+        self.running: dict[int, _Running] = {}
+        self.finished: queue.Queue[_Finished] = queue.Queue()
+        self.cancel = threading.Event()
+
+    def run(self) -> None:
+        try:
+            while True:
+                self.fill()
+                if not self.running:
+                    return
+                self.collect(self.wait())
+        except BaseException:
+            self.cancel.set()
+            with interrupts_held():
+                for entry in self.running.values():
+                    self.study.fail(entry.trial)
+            self.drain()
+            raise
+
+    def fill(self) -> None:
+        """Start a trial on every free slot while more are wanted."""
+        while self.free and (done := self.study.finished()) + len(self.running) < self.plan.wanted:
+            slot = self.free.pop(0)
+            with interrupts_held():
+                trial, role = self.study.ask()
+                setup = self.plan.defaults if role == ROLE_DEFAULTS else self.plan.space.suggest(trial)
+                self.reporter.trial_started(done + len(self.running), self.plan.wanted, role, setup)
+                previous = self.study.same_setup(setup, trial.number)
+                too_big = unrunnable(setup, self.plan.workload)
+            self.running[slot] = _Running(trial, role, setup)
+            if too_big is not None or previous is not None:
+                now = time.time()
+                reused = previous if too_big is None else None
+                result = too_big if too_big is not None else previous.result if previous is not None else None
+                self.collect(_Finished(slot, result, None, now, now), reused.number if reused is not None else None)
+                continue
+            hook = pruning_hook(trial, role)
+            threading.Thread(target=self.measure, args=(slot, setup, hook), name=f"autotune-slot-{slot}", daemon=True).start()
+
+    def measure(self, slot: int, setup: TrainSetup, hook: WindowCallback | None) -> None:
+        """In a thread: run one trial on ``slot`` and hand its result to the main thread."""
+
+        def on_window(index: int, value: float) -> bool:
+            return self.cancel.is_set() or (hook is not None and hook(index, value))
+
+        started = time.time()
+        try:
+            result = self.runners[slot](setup, self.plan.workload, self.plan.options, on_window=on_window)
+            self.finished.put(_Finished(slot, result, None, started, time.time()))
+        except BaseException as exc:  # an interrupted trial, bad data: re-raised in the main thread
+            self.finished.put(_Finished(slot, None, exc, started, time.time()))
+
+    def wait(self) -> _Finished:
+        while True:
+            try:
+                return self.finished.get(timeout=0.2)
+            except queue.Empty:
+                continue
+
+    def collect(self, done: _Finished, reused_from: int | None = None) -> None:
+        """Store a finished trial (the main thread only)."""
+        entry = self.running.pop(done.slot)
+        self.free.append(done.slot)
+        if done.error is not None or done.result is None:
+            with interrupts_held():
+                self.study.fail(entry.trial)
+            raise done.error or RuntimeError("a parallel trial ended without a result")
+        trial = entry.trial
+        with interrupts_held():
+            trial.set_user_attr(ATTR_STARTED, done.started)
+            trial.set_user_attr(ATTR_ENDED, done.ended)
+            self.study.record(trial, entry.role, entry.setup, done.result, reused_from)
+            self.study.tell(trial, done.result)
+            records = self.study.records()
+            write_trials_csv(self.plan.csv_path, records)
+            best = max((r.result.samples_per_s or 0.0 for r in records if r.result.ok), default=None)
+            record = next(r for r in records if r.number == trial.number)
+            self.reporter.trial_finished(self.study.finished(), self.plan.wanted, record, best)
+
+    def drain(self) -> None:
+        """After an interrupt: wait a while for the running trials' threads to stop (they prune at the next window)."""
+        deadline = time.monotonic() + STOP_WAIT_S
+        while self.running and time.monotonic() < deadline:
+            try:
+                done = self.finished.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            self.running.pop(done.slot, None)

@@ -1,0 +1,225 @@
+"""DDP trials (2 gloo ranks on the CPU) and parallel trials on several devices (``--devices cpu,cpu``)."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import psutil
+import pytest
+
+from autotune.errors import SetupError, UsageError
+from autotune.output.best import Best
+from autotune.records import TrialOptions, TrialResult
+from autotune.runner import run_trial
+from autotune.runner.ranks import share
+from autotune.train_setup import TrainSetup, load_setup
+from autotune.tuner.config import SearchConfig
+from autotune.tuner.placement import place, usable_core_ids
+from autotune.tuner.run import run_search
+from autotune.tuner.study import ATTR_ENDED, ATTR_REUSED_FROM, ATTR_STARTED, SearchStudy
+from autotune.workloads.tasks import build_task_workload
+
+TESTS = Path(__file__).resolve().parent
+
+
+def cpu_hardware(cores: int = 2, gpus: int = 0) -> SimpleNamespace:
+    gpu_list = [SimpleNamespace(name=f"GPU {i}", uuid=f"GPU-{i}", bf16=True, memory_total_bytes=2**30,
+                                memory_free_bytes=2**30) for i in range(gpus)]
+    return SimpleNamespace(cpu=SimpleNamespace(model="Test CPU", bf16=True, usable_cores=cores), gpus=gpu_list,
+                           gpu_error=None, cuda_visible_devices=None)
+
+
+def task_workload(name: str = "good") -> Any:
+    return build_task_workload(f"task_factories:{name}", device="cpu", workers=True)
+
+
+def two_cores() -> tuple[int, ...]:
+    cores = usable_core_ids(2)
+    if len(cores) < 2:
+        pytest.skip("needs 2 usable CPU cores")
+    return cores
+
+
+# ------------------------------------------------------------------ pure rules
+def test_cores_split_into_disjoint_shares() -> None:
+    cores = (0, 1, 2, 3, 4)
+    shares = [share(cores, 2, k) for k in range(2)]
+    assert shares == [(0, 1, 2), (3, 4)]
+    assert [share((0, 1), 2, k) for k in range(2)] == [(0,), (1,)]
+
+
+def test_ddp_knobs_default_to_pytorch_and_old_setups_load(tmp_path: Path) -> None:
+    setup = TrainSetup()
+    assert (setup.bucket_cap_mb, setup.gradient_as_bucket_view, setup.static_graph) == (25, False, False)
+    old = tmp_path / "setup.json"
+    old.write_text('{"num_workers": 0, "batch_size": 8, "amp": "off"}')  # written before the DDP knobs
+    assert load_setup(old) == TrainSetup(batch_size=8)
+    with pytest.raises(SetupError, match="static_graph"):
+        TrainSetup(static_graph=True, accumulation_steps=2)
+    best = Best.from_dict({k: v for k, v in _best_dict().items() if k != "world_size"})
+    assert best.world_size == 1
+
+
+def _best_dict() -> dict[str, Any]:
+    return {
+        "schema": 1, "setup": TrainSetup().to_dict(), "workload": {"model": "resnet18"}, "samples_per_s": 1.0,
+        "samples_per_s_spread": 0.0, "defaults_samples_per_s": None, "speedup": None, "peak_memory_bytes": None,
+        "effective_batch": 32, "reference_batch": 32, "lr": 1e-3, "world_size": 2,
+    }
+
+
+@pytest.mark.parametrize(
+    ("device", "devices", "nproc", "gpus", "match"),
+    [
+        ("auto", "cuda:7", 1, 2, "only 2 GPU"),
+        ("auto", "all", 1, 0, "list cpu,cpu"),
+        ("auto", "tpu:0", 1, 0, "bad device"),
+        ("cuda:1", "cuda:0,cuda:1", 1, 2, "conflicts"),
+        ("auto", "cuda:0,cuda:0", 1, 2, "twice"),
+        ("auto", "cpu,cuda:0", 1, 2, "mixes"),
+        ("auto", "cpu,cpu", 2, 0, "cannot be combined"),
+        ("cpu", None, 3, 0, "only 2 CPU core"),
+        ("cuda", None, 3, 2, "only 2 GPU"),
+        ("cpu", None, 0, 0, ">= 1"),
+    ],
+)
+def test_bad_placements_are_one_line_errors(device: str, devices: str | None, nproc: int, gpus: int, match: str) -> None:
+    with pytest.raises(UsageError, match=match) as caught:
+        place(device, devices, nproc, cpu_hardware(2, gpus))
+    assert "\n" not in str(caught.value)
+
+
+def test_placements_split_the_cores() -> None:
+    cores = two_cores()
+    ddp = place("cpu", None, 2, cpu_hardware(2))
+    assert (ddp.world_size, ddp.rank_cores, ddp.slots[0].cores) == (2, 1, cores)
+    assert ddp.rank_batch(64) == 32
+    parallel = place("auto", "cpu,cpu", 1, cpu_hardware(2))
+    assert parallel.parallel and [s.cores for s in parallel.slots] == [cores[:1], cores[1:]]
+    plain = place("cpu", None, 1, cpu_hardware(2))
+    assert plain.rank_cores == 2 and plain.runner(fake_runner) is fake_runner  # a plain search is not pinned
+    gpus = place("auto", "all", 1, cpu_hardware(2, gpus=2))
+    assert [s.device for s in gpus.slots] == ["cuda:0", "cuda:1"]
+    with pytest.raises(UsageError, match="multiple of --nproc-per-node"):
+        SearchConfig(model="resnet18", trials=1, effective_batch=33, nproc_per_node=2).validate()
+
+
+# ------------------------------------------------------------------ real ranks
+@pytest.mark.slow
+def test_two_rank_trial_counts_the_samples_of_both_ranks() -> None:
+    cores = two_cores()
+    setup = TrainSetup(batch_size=4, accumulation_steps=2, bucket_cap_mb=1)
+    result = run_trial(setup, task_workload(), TrialOptions(trial_seconds=1.0, windows=3, world_size=2, cores=cores))
+    assert result.ok, result.error
+    # One optimizer step is 4 x 2 samples on each of the 2 ranks: the world's samples are counted.
+    assert result.step_time_s is not None and result.samples_per_s is not None
+    assert round(result.step_time_s * result.samples_per_s) == 4 * 2 * 2
+    assert result.samples % 16 == 0 and len(result.windows) == 3
+    assert result.peak_memory_bytes and result.data_wait_fraction is not None
+
+
+@pytest.mark.slow
+def test_a_crashed_rank_ends_the_trial_and_leaves_no_process() -> None:
+    from task_factories import RANK_PIDS
+
+    shutil.rmtree(RANK_PIDS, ignore_errors=True)
+    result = run_trial(
+        TrainSetup(batch_size=4), task_workload("crash_rank_one"),
+        TrialOptions(trial_seconds=1.0, windows=2, world_size=2, cores=two_cores(), timeout_s=60),
+    )
+    assert result.status == "error"
+    assert result.error is not None and "rank 1 died of SIGSEGV" in result.error
+    pids = [int(p.name) for p in RANK_PIDS.iterdir()]
+    assert len(pids) == 2  # both ranks trained before rank 1 crashed
+    deadline = time.monotonic() + 20
+    while (alive := [p for p in pids if _alive(p)]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not alive, f"orphan ranks: {alive}"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+@pytest.mark.slow
+def test_devices_cpu_cpu_runs_two_trials_at_once(tmp_path: Path) -> None:
+    two_cores()
+    config = SearchConfig(model="ignored", trials=4, device="cpu", devices="cpu,cpu", trial_seconds=1.0,
+                          out=tmp_path / "out", confirm_top=1, confirm_rounds=1, workload="task_factories:good",
+                          ceilings=False)
+    outcome = run_search(config)
+    assert outcome.best is not None and (tmp_path / "out" / "best.json").exists()
+    assert outcome.study and len(outcome.records) == 4
+    study = SearchStudy.load(f"sqlite:///{tmp_path / 'out' / 'study.db'}")
+    spans = sorted(  # the trials that ran a process (not a reused measurement)
+        (t.user_attrs[ATTR_STARTED], t.user_attrs[ATTR_ENDED])
+        for t in study.study.trials
+        if ATTR_STARTED in t.user_attrs and ATTR_REUSED_FROM not in t.user_attrs
+        and t.user_attrs[ATTR_ENDED] > t.user_attrs[ATTR_STARTED]
+    )
+    assert len(spans) >= 2
+    # Some trial started before the one started before it had ended: two ran at the same time.
+    assert any(later[0] < earlier[1] for earlier, later in zip(spans, spans[1:], strict=False))
+
+
+def fake_runner(setup, workload, options=None, *, on_window=None) -> TrialResult:  # type: ignore[no-untyped-def]
+    """Deterministic results; every trial must be a 2-rank world on the CPU cores."""
+    options = options or TrialOptions()
+    assert options.world_size == 2 and len(options.cores) >= 2 and workload.device == "cpu"
+    rate = 100.0 * setup.batch_size**0.5 * (1.1 if setup.bucket_cap_mb == 50 else 1.0)
+    return TrialResult(status="ok", samples_per_s=rate, samples_per_s_spread=0.0, windows=(rate,),
+                       peak_memory_bytes=2**20, data_wait_fraction=0.1)
+
+
+def test_a_ddp_search_emits_train_py_for_its_world_size(tmp_path: Path) -> None:
+    two_cores()
+    config = SearchConfig(model="ignored", trials=6, device="cpu", nproc_per_node=2, effective_batch=32,
+                          trial_seconds=1.0, out=tmp_path / "out", confirm_top=1, confirm_rounds=1,
+                          workload="task_factories:good")
+    outcome = run_search(config, runner=fake_runner)
+    best = outcome.best
+    assert best is not None and best.world_size == 2 and best.effective_batch == 32
+    assert all(r.setup.effective_batch(2) == 32 for r in outcome.records)  # pinned across both ranks
+    assert len({r.setup.bucket_cap_mb for r in outcome.records}) > 1  # the DDP knobs are searched
+    assert "# Run: torchrun --nproc_per_node 2 " in (tmp_path / "out" / "train.py").read_text()
+    assert '"world_size": 2' in (tmp_path / "out" / "best.json").read_text()
+    from rich.console import Console
+
+    from autotune.render import render_search
+
+    console = Console(record=True, width=200)
+    console.print(render_search(outcome))
+    lines = console.export_text().splitlines()
+    assert any(line.startswith("run it: torchrun --nproc_per_node 2 ") and line.endswith("train.py") for line in lines)
+
+
+def test_cli_refuses_devices_all_on_a_cpu_host_in_one_line(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from autotune.cli import app
+
+    if place("auto", None, 1, __import__("probes").collect()).device.type == "cuda":
+        pytest.skip("a GPU host")
+    result = CliRunner().invoke(app, ["search", "--devices", "all", "--workload", "task_factories:good",
+                                      "--out", str(tmp_path / "out")])
+    assert result.exit_code == 2
+    assert "list cpu,cpu" in result.output and len(result.output.strip().splitlines()) == 1
+    assert not (tmp_path / "out").exists()
+
+
+def test_cli_trial_refuses_more_ranks_than_cores_in_one_line() -> None:
+    from typer.testing import CliRunner
+
+    from autotune.cli import app
+
+    result = CliRunner().invoke(app, ["trial", "--workload", "task_factories:good", "--device", "cpu",
+                                      "--nproc-per-node", "4096"])
+    assert result.exit_code == 2
+    assert "each rank needs one" in result.output and len(result.output.strip().splitlines()) == 1
