@@ -1,13 +1,15 @@
 """The checks behind :meth:`TrainSetup.validate` and :meth:`TrainSetup.check_device`.
 
 Kept apart from :mod:`autotune.train_setup` so the dataclass module stays a
-readable list of knobs and helpers; both functions raise
-:class:`~autotune.errors.SetupError` with a one-line reason.
+readable list of knobs and helpers; both functions take the
+:class:`~autotune.train_setup.TrainSetup` (typed ``Any`` here: this module
+sits below it) and raise :class:`~autotune.errors.SetupError` with a
+one-line reason.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from autotune.devices import device_type
 from autotune.errors import SetupError
@@ -16,12 +18,10 @@ from autotune.torch_knobs import COMPILE_MODES, DECODES, OPTIMIZER_IMPLS, fused_
 if TYPE_CHECKING:  # pragma: no cover - typing only
     import torch
 
-    from autotune.train_setup import TrainSetup
-
 AMP_MODES: tuple[str, ...] = ("off", "bf16", "fp16")
 
 
-def validate_setup(setup: TrainSetup) -> None:
+def validate_setup(setup: Any) -> None:
     """Reject values and combinations that cannot run on any device.
 
     Raises:
@@ -65,7 +65,7 @@ def validate_setup(setup: TrainSetup) -> None:
 
 
 def check_setup_device(
-    setup: TrainSetup, device: str | torch.device, *, bf16_supported: bool | None = None, tf32_supported: bool | None = None
+    setup: Any, device: str | torch.device, *, bf16_supported: bool | None = None, tf32_supported: bool | None = None
 ) -> None:
     """Reject knobs the given device cannot run.
 

@@ -499,17 +499,17 @@ def test_a_study_from_another_machine_or_timeout_is_refused_naming_the_differenc
 
 def test_confirmation_rounds_are_never_reused_across_runs(tmp_path, cache_dir) -> None:
     from autotune.tuner import run_search
+    from autotune.tuner.progress import SilentReporter
 
     confirmations: list[int] = []
 
-    def counting(setup, workload, options=None, *, on_window=None):
-        if options.mode == "train" and options.trial_seconds > 1.0:  # a confirmation run (1.5x the trial)
+    class Counting(SilentReporter):
+        def confirm_progress(self, done, total, label, result) -> None:  # called once per confirmation run
             confirmations.append(1)
-        return _fake(setup, workload, options, on_window=on_window)
 
-    first = run_search(_config(tmp_path, cache_dir), runner=counting)
+    first = run_search(_config(tmp_path, cache_dir), Counting(), runner=_fake)
     measured_first = len(confirmations)
     assert measured_first == sum(len(c.values) for c in first.confirmed) > 0
-    second = run_search(_config(tmp_path, cache_dir, trials=4), runner=counting)
+    second = run_search(_config(tmp_path, cache_dir, trials=4), Counting(), runner=_fake)
     assert len(confirmations) - measured_first == sum(len(c.values) for c in second.confirmed)
     assert all(len(c.values) == 2 for c in second.confirmed)  # this run's rounds only, not 2 + 2

@@ -256,13 +256,23 @@ def test_interrupts_are_held_until_the_storage_write_is_done() -> None:
 
 
 def test_failed_confirmation_is_not_called_an_interruption(tmp_path, cache_dir) -> None:
+    from autotune.tuner.progress import SilentReporter
+
+    class Phases(SilentReporter):
+        confirming = False
+
+        def message(self, text: str) -> None:
+            self.confirming = self.confirming or text.startswith("confirmation:")
+
+    phases = Phases()
+
     def confirmation_fails(setup, workload, options=None, *, on_window=None):
-        if options.mode == "train" and options.trial_seconds > 1.0:  # confirmation runs 1.5x the trial length
+        if phases.confirming:
             return TrialResult(status="timeout", error="no result")
         return fake_runner(setup, workload, options, on_window=on_window)
 
-    outcome = search(config(tmp_path, cache_dir, trials=3), runner=confirmation_fails)
-    assert not outcome.interrupted
+    outcome = search(config(tmp_path, cache_dir, trials=3, ceilings=False), runner=confirmation_fails, reporter=phases)
+    assert phases.confirming and not outcome.interrupted
     assert any("every confirmation run failed" in n for n in outcome.best.notes)
     assert not any("interrupted" in n for n in outcome.best.notes)
 
