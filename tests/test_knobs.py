@@ -25,7 +25,7 @@ from autotune.runner import run_trial
 from autotune.runner.child import execute
 from autotune.train_setup import KNOBS, TrainSetup, load_setup
 from autotune.tuner.constraints import merge_constraints, parse_constraint, pinned_values
-from autotune.tuner.refine import ROLE_COMPILE
+from autotune.tuner.refine import MIN_TRIALS, ROLE_COMPILE
 from autotune.tuner.space import build_space
 from autotune.workloads.tasks import same_shapes
 
@@ -245,6 +245,38 @@ def test_break_even_is_compile_time_over_step_time_saved() -> None:
     assert section is not None and section.tables[0].rows[0][-1] == "300"
     slower = [_record(0, eager, 0.5), _record(1, eager.replace(compile="default"), 0.6, 30.0)]
     assert payoffs(slower)[0].break_even_steps is None
+    assert payoff_note(slower, eager.replace(compile="default")) == (
+        "compile=default: compiling took 30 s in the first step; its search trial was not faster per step "
+        "than the same setup eager (600 ms against 500 ms)"
+    )
+
+
+def test_a_compiled_setup_must_beat_its_eager_twin_beyond_the_noise() -> None:
+    from autotune.records import Candidate, Confirmed
+    from autotune.tuner.confirm import pick_candidates
+    from autotune.tuner.winner import choose_winner
+
+    eager, other, defaults = TrainSetup(batch_size=64), TrainSetup(batch_size=16), TrainSetup()
+    compiled = eager.replace(compile="default")
+    # A trial 2 % faster than its eager twin is no finalist; 10 % faster is.
+    close = [_record(0, defaults, 1.0), _record(1, eager, 0.50), _record(2, other, 0.2), _record(3, compiled, 0.49, 30.0)]
+    assert [c.setup for c in pick_candidates(close, defaults, 3)] == [eager, other, defaults]
+    clear = [*close[:3], _record(3, compiled, 0.45, 30.0)]
+    assert [c.setup for c in pick_candidates(clear, defaults, 3)][0] == compiled
+
+    def confirmed(setup: TrainSetup, *values: float) -> Confirmed:
+        return Confirmed(Candidate(setup.to_json(), setup, setup.describe()), values, ())
+
+    base = confirmed(defaults, 30.0, 31.0, 29.0)
+    # Compiled leads by 2 %: within the noise, so the eager twin wins and the note says why.
+    chosen, notes = choose_winner([confirmed(compiled, 102.0, 103.0, 101.0), confirmed(eager, 100.0, 101.0, 99.0), base],
+                                  defaults.to_json(), 32)
+    assert chosen.candidate.setup == eager
+    assert any("runs eagerly (no compilation at every start) and is within the noise" in n for n in notes)
+    # Compiled leads by 20 % in every round: it wins.
+    chosen, _ = choose_winner([confirmed(compiled, 120.0, 121.0, 119.0), confirmed(eager, 100.0, 101.0, 99.0), base],
+                              defaults.to_json(), 32)
+    assert chosen.candidate.setup == compiled
 
 
 def test_a_search_compiles_the_leading_setup_near_its_end(tmp_path: Path, cache_dir: Path) -> None:
@@ -258,7 +290,7 @@ def test_a_search_compiles_the_leading_setup_near_its_end(tmp_path: Path, cache_
             return result
         return replace(result, compile_s=20.0, step_time_s=result.step_time_s / 1.25, samples_per_s=result.samples_per_s * 1.25)
 
-    outcome = search(config(tmp_path, cache_dir, trials=10), runner=compiling_runner)
+    outcome = search(config(tmp_path, cache_dir, trials=MIN_TRIALS), runner=compiling_runner)
     compiled = [r for r in outcome.records if r.role == ROLE_COMPILE]
     assert len(compiled) == 1 and compiled[0].setup.compile == "default"
     eager = [r for r in outcome.records if r.role != ROLE_COMPILE and r.number < compiled[0].number and r.result.ok]
@@ -269,7 +301,7 @@ def test_a_search_compiles_the_leading_setup_near_its_end(tmp_path: Path, cache_
     assert outcome.best is not None and outcome.best.setup.compile == "default"  # 1.25x faster: it wins confirmation
     assert any(n.startswith("compile=default: compiling took 20 s in the first step; it pays off after") for n in outcome.best.notes)
     assert 'id="compile"' in (tmp_path / "out" / "report.html").read_text()
-    short = search(config(tmp_path / "short", cache_dir, trials=4))
+    short = search(config(tmp_path / "short", cache_dir, trials=MIN_TRIALS - 1))
     assert not [r for r in short.records if r.role == ROLE_COMPILE]
 
 

@@ -61,7 +61,15 @@ def payoff_note(records: Sequence[TrialRecord], winner: TrainSetup) -> str | Non
     if not mine:
         return f"compile={winner.compile}: the first step compiles the model (warm-up the measurement excludes)"
     p = mine[0]
-    when = f"it pays off after {p.break_even_steps} steps" if p.break_even_steps else "the same setup eager was not measured"
+    if p.break_even_steps:
+        when = f"it pays off after {p.break_even_steps} steps"
+    elif p.eager_step_s is not None:
+        when = (
+            f"its search trial was not faster per step than the same setup eager "
+            f"({p.compiled_step_s * 1000:.0f} ms against {p.eager_step_s * 1000:.0f} ms)"
+        )
+    else:
+        when = "the same setup eager was not measured"
     return f"compile={winner.compile}: compiling took {p.compile_s:.0f} s in the first step; {when}"
 
 

@@ -42,6 +42,10 @@ class Work:
     warmup_steps: int
 
 
+#: Samples in the synthetic step of an eager CPU trial (see :meth:`TrialLoop.synthetic_step`).
+SYNTHETIC_CPU_BATCH = 8
+
+
 class TrialLoop:
     """The training loop of one trial: built once, warmed up, measured."""
 
@@ -247,18 +251,20 @@ class TrialLoop:
         return Work(train_unit, train_warm, self.warmup_steps())
 
     def synthetic_step(self) -> None:
-        """One optimizer step on a random batch of the real shape.
+        """One optimizer step on a random batch, before the loader starts.
 
-        It carries the lazy initialisation (kernels, optimizer state) before
-        the loader starts, so the workers' queue starts empty instead of
-        filling with ``num_workers x prefetch_factor`` batches while the first,
-        slow step runs.
+        It carries the lazy initialisation (optimizer state, kernels) so the
+        workers' queue starts empty instead of filling while the first, slow
+        step runs. Eager on a CPU, :data:`SYNTHETIC_CPU_BATCH` samples carry
+        it (a full batch costs seconds for little that is shape-specific);
+        CUDA (cuDNN autotuning) and compiled models take the real shape.
         """
-        self.micro_step(self.random_batch(), True)
+        full = self.device_type == "cuda" or self.setup.compile != "off"
+        self.micro_step(self.random_batch(None if full else SYNTHETIC_CPU_BATCH), True)
 
-    def random_batch(self) -> Any:
-        """A batch of the real shape on the device: random images, or the Task's first items."""
-        return self.to_device(self.pipeline.example_batch(self.setup.batch_size))
+    def random_batch(self, size: int | None = None) -> Any:
+        """A batch of the real shape (or of ``size`` samples) on the device: random images, or the Task's first items."""
+        return self.to_device(self.pipeline.example_batch(min(size or self.setup.batch_size, self.setup.batch_size)))
 
     def warmup_steps(self) -> int:
         """Warm-up micro-steps of the train mode, each with an optimizer step.

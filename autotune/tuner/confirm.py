@@ -15,7 +15,7 @@ from dataclasses import replace
 from autotune.records import Candidate, Ceilings, Confirmed, TrialOptions, TrialRecord, TrialResult, Workload
 from autotune.runner import TrialRunner, run_trial
 from autotune.train_setup import TrainSetup
-from autotune.tuner.noise import beats, leader, resolved
+from autotune.tuner.noise import NOISE_FLOOR, beats, leader, resolved
 
 Store = Callable[[str, list[float], list[str]], None]
 
@@ -95,13 +95,23 @@ def _unresolved(confirmed: Sequence[Confirmed], active: set[str], baseline: str 
 
 
 def pick_candidates(feasible: Sequence[TrialRecord], defaults: TrainSetup, top: int) -> list[Candidate]:
-    """The ``top`` fastest distinct setups, then the defaults (when they ran) for the speedup."""
+    """The ``top`` fastest distinct setups, then the defaults (when they ran) for the speedup.
+
+    A compiled setup is a finalist only when its trial was faster than the
+    same setup eager by the noise floor: compiling is paid at every start of
+    training (and in every confirmation round), so a gain within the noise
+    does not earn it a place.
+    """
     ranked = sorted(feasible, key=lambda r: r.result.samples_per_s or 0.0, reverse=True)
+    eager = {r.setup.to_json(): r.result.samples_per_s or 0.0 for r in feasible if r.setup.compile == "off"}
     candidates: list[Candidate] = []
     seen: set[str] = set()
     for record in ranked:
         key = record.setup.to_json()
         if key in seen:
+            continue
+        twin = eager.get(record.setup.replace(compile="off").to_json()) if record.setup.compile != "off" else None
+        if twin is not None and (record.result.samples_per_s or 0.0) < twin * (1.0 + NOISE_FLOOR):
             continue
         seen.add(key)
         candidates.append(Candidate(key, record.setup, f"#{record.number} {record.setup.describe()}"))

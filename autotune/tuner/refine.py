@@ -7,7 +7,10 @@ eagerly, and the last trials of the budget (one per compiled mode the space
 offers) re-run the fastest eager setup so far with the model compiled. They
 are ordinary trials of the study (role ``compile``): recorded, confirmed
 against the eager winner when they lead, resumed after an interruption.
-Small searches (fewer than :data:`MIN_TRIALS` trials) do not compile.
+Searches of fewer than :data:`MIN_TRIALS` trials do not compile: one compiled
+trial costs the wall time of several eager ones (compilation, then again in
+every confirmation round it reaches), which a short search spends better on
+the sampled knobs.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ ROLE_COMPILE = "compile"
 #: The trial attribute holding the setup a compile trial runs.
 ATTR_COMPILE_SETUP = "compile_setup"
 #: Searches shorter than this spend no trial on compiling.
-MIN_TRIALS = 10
+MIN_TRIALS = 20
 
 
 def reserved(space: Space, wanted: int) -> int:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import math
+from collections.abc import Callable
 from typing import Any
 
 from autotune.devices import DeviceInfo
@@ -148,15 +149,10 @@ def choose_winner(measured: list[Confirmed], default_key: str, reference: int) -
             f"({top.candidate.setup.describe()}, {top.median:.1f} samples/s) did not beat them by the "
             f"{NOISE_FLOOR:.0%} noise floor in 3 of 4 paired rounds ({_margin_text(top, defaults)}); the defaults are kept"
         )
-    elif changes_math(top.candidate.setup, reference):
-        keepers = [c for c in measured if c is not top and not changes_math(c.candidate.setup, reference)]
-        keeper = leader(keepers)
-        if keeper is not None and keeper is not defaults and not beats(top, keeper):
-            chosen = keeper
-            notes.append(
-                f"{keeper.candidate.setup.describe()} keeps the training math and is within the noise of the "
-                f"fastest finalist {top.candidate.setup.describe()} ({_margin_text(top, keeper)}): it is preferred"
-            )
+    else:
+        # Costs the fastest finalist may carry must pay for themselves beyond the noise.
+        chosen = _prefer_within_noise(measured, chosen, defaults, notes, lambda s: s.compile != "off", "runs eagerly (no compilation at every start)")
+        chosen = _prefer_within_noise(measured, chosen, defaults, notes, lambda s: changes_math(s, reference), "keeps the training math")
     rounds = max(len(c.values) + len(c.failures) for c in measured)
     runner_up = leader([c for c in measured if c is not chosen])
     text = f"confirmation: {rounds} interleaved round{'s' if rounds != 1 else ''}"
@@ -164,6 +160,30 @@ def choose_winner(measured: list[Confirmed], default_key: str, reference: int) -
         text += f"; against the runner-up {runner_up.candidate.setup.describe()} the winner {_margin_text(chosen, runner_up)}"
     notes.append(text)
     return chosen, notes
+
+
+def _prefer_within_noise(
+    measured: list[Confirmed],
+    chosen: Confirmed,
+    defaults: Confirmed | None,
+    notes: list[str],
+    costly: Callable[[TrainSetup], bool],
+    virtue: str,
+) -> Confirmed:
+    """The fastest finalist without ``costly``'s cost when ``chosen`` has it and does not beat that one.
+
+    The defaults are not such an alternative: ``chosen`` already beat them.
+    """
+    if not costly(chosen.candidate.setup):
+        return chosen
+    keeper = leader([c for c in measured if c is not chosen and not costly(c.candidate.setup)])
+    if keeper is None or keeper is defaults or beats(chosen, keeper):
+        return chosen
+    notes.append(
+        f"{keeper.candidate.setup.describe()} {virtue} and is within the noise of the fastest finalist "
+        f"{chosen.candidate.setup.describe()} ({_margin_text(chosen, keeper)}): it is preferred"
+    )
+    return keeper
 
 
 def _margin_text(a: Confirmed, b: Confirmed) -> str:
