@@ -397,6 +397,63 @@ def test_memory_of_a_forked_tree_counts_shared_pages_once(tmp_path) -> None:
         unrelated.wait()
 
 
+def test_the_monitor_reads_pss_rarely_and_corrects_cheap_rss_samples_by_it(monkeypatch) -> None:
+    """PSS costs ~15-20 ms per torch process: read it at start, when the processes change and about once a second."""
+    from autotune.runner import measure
+
+    rss = {1: 1000, 2: 500}
+    pss = {1: 700, 2: 100}  # the worker shares most of its pages with the trial process
+    tree = [1]
+    exact: list[int] = []
+    now = [100.0]
+    monkeypatch.setattr(measure, "tree_pids", lambda pid: list(tree))
+    monkeypatch.setattr(measure, "process_rss", lambda pid: rss[pid])
+    monkeypatch.setattr(measure, "process_memory", lambda pid: exact.append(pid) or pss[pid])
+    monkeypatch.setattr(measure.time, "monotonic", lambda: now[0])
+    monitor = measure.MemoryMonitor(budget_bytes=1500)
+    monitor._pid = 1
+    assert monitor.sample(exact=True) == 700 and exact == [1]
+    rss[1], pss[1] = 1300, 1000  # training allocates 300 private bytes: RSS and PSS grow alike
+    assert [monitor.sample() for _ in range(50)] == [1000] * 50
+    assert exact == [1]  # no PSS read within the second
+    tree.append(2)  # a loader worker starts: read PSS at once, else its shared pages would count in full
+    assert monitor.sample() == 1000 + 100 and exact == [1, 1, 2]
+    rss[2] = 900  # the worker touches 400 private bytes
+    assert monitor.sample() == 1500 and not monitor.over_budget.is_set()
+    now[0] += monitor.EXACT_EVERY_S  # a second later: exact again
+    pss[2] = 600
+    assert monitor.sample() == 1600 and len(exact) == 5 and monitor.over_budget.is_set()
+    assert monitor.peak_bytes == 1600
+
+
+def test_the_monitor_s_cheap_samples_count_a_forked_tree_s_shared_pages_once(tmp_path) -> None:
+    """The real thing: three forked workers sharing 200 MB, between two exact readings."""
+    from autotune.runner.measure import MemoryMonitor
+
+    script = tmp_path / "tree.py"
+    script.write_text(
+        "import os, time\n"
+        "block = bytearray(200 * 2**20)\n"
+        "for i in range(0, len(block), 4096): block[i] = 1\n"
+        "for _ in range(3):\n"
+        "    if os.fork() == 0:\n"
+        "        time.sleep(120); os._exit(0)\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, start_new_session=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == b"ready"
+        monitor = MemoryMonitor()
+        monitor._pid = proc.pid
+        monitor.sample(exact=True)
+        cheap = monitor.sample()
+        assert 190 * 2**20 < cheap < 400 * 2**20
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
 def test_the_monitor_does_not_sample_on_cuda() -> None:
     from autotune.runner.measure import MemoryMonitor
 

@@ -305,6 +305,32 @@ def test_a_search_compiles_the_leading_setup_near_its_end(tmp_path: Path, cache_
     assert not [r for r in short.records if r.role == ROLE_COMPILE]
 
 
+
+def test_compile_trials_are_queued_counting_other_workers_running_trials(tmp_path: Path) -> None:
+    """A shared study: trials other workers are running count, or every worker would queue its own compile trials late."""
+    from autotune.tuner.refine import compile_setup, enqueue_compile_trials
+    from autotune.tuner.study import ATTR_ROLE, SearchStudy
+
+    study = SearchStudy.open(f"sqlite:///{tmp_path / 'study.db'}", "shared", trials=MIN_TRIALS, shared=True)
+    space = space_for(CPU)
+    assert space.compile_modes() == ("default",)
+    for batch in range(1, MIN_TRIALS - 1):  # all but two of the budget finished; batch 8 is the fastest
+        trial, _ = study.ask()
+        result = TrialResult(status="ok", samples_per_s=100.0 + (50.0 if batch == 8 else batch))
+        study.record(trial, "search", TrainSetup(batch_size=batch), result, None)
+        study.tell(trial, result)
+
+    def queued() -> list[TrainSetup]:
+        return [compile_setup(t.user_attrs) for t in study.study.get_trials(deepcopy=False) if t.user_attrs.get(ATTR_ROLE) == ROLE_COMPILE]
+
+    enqueue_compile_trials(study, space, MIN_TRIALS)
+    assert queued() == []  # two eager trials of the budget are left
+    study.study.ask()  # another worker is running one of them
+    enqueue_compile_trials(study, space, MIN_TRIALS)
+    assert queued() == [TrainSetup(batch_size=8, compile="default")]  # the leader, compiled, queued once
+    enqueue_compile_trials(study, space, MIN_TRIALS)
+    assert len(queued()) == 1
+
 # ------------------------------------------------------------ emitted train.py
 def test_emitted_script_defaults_to_the_tuned_knobs(synthetic_data: Path, tmp_path: Path) -> None:
     from test_emit import defaults, make_best

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from autotune.errors import UsageError
 from autotune.output.best import Best
@@ -143,12 +144,15 @@ class Timing:
     runs: int = 0
     phase: Phase = "calibration"
     spent: TimeSpent = field(default_factory=TimeSpent)
+    #: ``--devices`` runs trials in threads that account concurrently.
+    _lock: ClassVar[threading.Lock] = threading.Lock()
 
     def add(self, result: TrialResult, wall_s: float) -> None:
-        """Account one trial process that took ``wall_s`` seconds to the current phase."""
-        self.runs += 1
-        self.measured_s += result.measured_s or 0.0
-        self.spent = self.spent.with_trial(self.phase, result, wall_s)
+        """Account one trial process that took ``wall_s`` seconds to the current phase (thread-safe)."""
+        with self._lock:
+            self.runs += 1
+            self.measured_s += result.measured_s or 0.0
+            self.spent = self.spent.with_trial(self.phase, result, wall_s)
 
     def record(self) -> TimeSpent:
         """The breakdown with this invocation's wall time."""
