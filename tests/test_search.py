@@ -128,6 +128,22 @@ def test_resume_adds_trials_instead_of_repeating(tmp_path, cache_dir) -> None:
     assert len(again.records) == 6
 
 
+def test_a_resumed_random_search_draws_new_points(tmp_path, cache_dir) -> None:
+    """Seeded as in the first run, the sampler would repeat the first run's points and waste the added budget."""
+    search(config(tmp_path, cache_dir, trials=6, sampler="random", confirm_top=1))
+    storage = f"sqlite:///{tmp_path / 'out' / 'study.db'}"
+
+    def drawn() -> list[dict]:
+        trials = optuna.load_study(study_name=None, storage=storage).trials
+        return [t.params for t in trials if t.user_attrs.get("role") == "search"]
+
+    first = drawn()
+    search(config(tmp_path, cache_dir, trials=12, sampler="random", confirm_top=1))
+    added = drawn()[len(first):]
+    assert len(first) == 5 and len(added) == 6
+    assert added[: len(first)] != first  # with the first run's seed they were the same five points
+
+
 def test_resume_with_a_different_search_is_refused(tmp_path, cache_dir) -> None:
     from autotune.errors import StorageError
 

@@ -37,7 +37,9 @@ def test_resnet18_trial_is_ok_with_sane_fields(tiny_workload) -> None:
     assert result.status == "ok", result.error
     assert CONTRACT <= set(result.to_dict())
     assert result.samples_per_s > 0
-    assert len(result.windows) == 2
+    # 64 images in batches of 8: a short epoch, looped as train.py loops it and measured whole, by time.
+    assert len(result.windows) >= 2 and result.samples >= 64
+    assert result.samples_per_s == pytest.approx(result.samples / result.measured_s)
     assert min(result.windows) <= result.samples_per_s <= max(result.windows)
     assert result.samples_per_s_spread == pytest.approx(max(result.windows) - min(result.windows))
     assert 0.0 <= result.data_wait_fraction <= 1.0
@@ -72,7 +74,8 @@ def test_compute_and_loader_modes(tiny_workload) -> None:
 def test_slow_steps_stop_after_three_windows_once_the_trial_length_is_spent(tiny_workload) -> None:
     """A step longer than a window makes each window one step: 3 of them fill a 1-s trial, not 5."""
     workload = dataclasses.replace(tiny_workload, model="factories:slow_step")
-    result = run_trial(TrainSetup(batch_size=4), workload, dataclasses.replace(QUICK, windows=5))
+    # Batch 1: 64 micro-batches per epoch, a long epoch (a short one is measured whole).
+    result = run_trial(TrainSetup(batch_size=1), workload, dataclasses.replace(QUICK, windows=5))
     assert result.status == "ok", result.error
     assert len(result.windows) == 3
     assert result.measured_s >= 1.0
@@ -277,6 +280,17 @@ def test_trial_directory_is_gone_after_a_killed_trial(tiny_workload, monkeypatch
                            on_window=lambda index, value: True)
         assert result.status == "pruned"
     assert dirs and not any(d.exists() for d in dirs)
+
+
+def test_a_short_epoch_is_measured_whole_within_a_cap() -> None:
+    """Its boundary stall recurs once per epoch: windows go on until an epoch is in, at most 3x the trial length."""
+    from autotune.runner.windows import EPOCH_CAP, more_windows
+
+    options = TrialOptions(trial_seconds=3.0, windows=5)
+    assert more_windows(5, 3.1, options, samples=1500, epoch_samples=2000)  # the 5 windows hold 3/4 of an epoch
+    assert not more_windows(6, 3.7, options, samples=2100, epoch_samples=2000)  # a whole epoch measured
+    assert not more_windows(20, EPOCH_CAP * 3.0, options, samples=1500, epoch_samples=2000)  # the cap
+    assert not more_windows(5, 3.1, options, samples=1500)  # a long epoch: the usual windows
 
 
 def test_short_epochs_are_measured_with_their_boundaries() -> None:

@@ -9,6 +9,7 @@ traceback.
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -65,6 +66,7 @@ class TrialLoop:
         setup.check_device(self.device)
         setup.configure_torch(self.device)  # threads, cuDNN autotuning, TF32: before the model runs
         self.compile_s: float | None = None
+        self.epoch_samples = 0  # a short epoch's samples, measured whole (set when the loader starts)
         budget = options.max_memory_bytes if self.device_type == "cpu" else None
         # On CUDA the allocator reports the peak; no thread samples the host.
         self.monitor = MemoryMonitor(budget_bytes=budget, enabled=self.device_type == "cpu").start()
@@ -91,16 +93,16 @@ class TrialLoop:
     def start_loader(self, dataset: Any) -> Any:
         """The DataLoader's batches, endless; creating the iterator starts the workers.
 
-        A long epoch is drawn from an endless sampler, so the measurement
-        never meets an epoch end a real epoch of a million images would not
-        have. A short epoch (:func:`short_epoch`) is looped epoch by epoch,
-        as the emitted script does: each epoch restarts the loader's
-        pipeline, and that cost is part of what the script will see. An
-        iterable dataset is re-iterated when it ends.
+        A long epoch is drawn from an endless sampler (a real epoch of a
+        million images rarely ends). A short epoch (:func:`short_epoch`) is
+        looped as the emitted script loops it, each epoch restarting the
+        loader's pipeline, and measured whole. An iterable dataset is
+        re-iterated when it ends.
         """
         from autotune.workloads.pipeline import endless_batches
 
         epochs = not hasattr(dataset, "__len__") or short_epoch(len(dataset), self.setup)
+        self.epoch_samples = len(dataset) * self.rank.world_size if epochs and hasattr(dataset, "__len__") else 0
         return endless_batches(
             self.setup, dataset, collate_fn=self.pipeline.collate_fn(), seed=self.options.seed, epochs=epochs
         )
@@ -253,11 +255,10 @@ class TrialLoop:
     def synthetic_step(self) -> None:
         """One optimizer step on a random batch, before the loader starts.
 
-        It carries the lazy initialisation (optimizer state, kernels) so the
-        workers' queue starts empty instead of filling while the first, slow
-        step runs. Eager on a CPU, :data:`SYNTHETIC_CPU_BATCH` samples carry
-        it (a full batch costs seconds for little that is shape-specific);
-        CUDA (cuDNN autotuning) and compiled models take the real shape.
+        It carries the lazy initialisation so the workers' queue starts empty
+        instead of filling while the first, slow step runs. Eager on a CPU,
+        :data:`SYNTHETIC_CPU_BATCH` samples carry it (a full batch costs
+        seconds); CUDA (cuDNN) and compiled models take the real shape.
         """
         full = self.device_type == "cuda" or self.setup.compile != "off"
         self.micro_step(self.random_batch(None if full else SYNTHETIC_CPU_BATCH), True)
@@ -269,16 +270,14 @@ class TrialLoop:
     def warmup_steps(self) -> int:
         """Warm-up micro-steps of the train mode, each with an optimizer step.
 
-        Warm-up counts micro-batches, not optimizer steps: with accumulation a
-        unit is several micro-batches, and the lazy initialisation and the
-        loader's start are over after the first ones. With workers, the loader
+        Warm-up counts micro-batches, not optimizer steps (the lazy
+        initialisation is over after the first ones). With workers, the loader
         starts after :meth:`synthetic_step`, its queue empty; all workers
         deliver their first batch at about the same time, so ``num_workers``
         micro-steps pass before the loop runs at the rate the loader
         sustains. Without workers there is no queue and the first micro-step
         carries the lazy initialisation; on a CPU the next is already steady
-        (``python -m benchmarks.warmup_steps``). CUDA adds two for cuDNN
-        autotuning and allocator growth.
+        (``python -m benchmarks.warmup_steps``). CUDA adds two (cuDNN, allocator).
         """
         steps = max(1, self.setup.num_workers)
         return steps + 2 if self.device_type == "cuda" else steps
@@ -288,8 +287,7 @@ class TrialLoop:
         work = self.unit_for_mode()
         unit = work.unit
         options = self.options
-        # Warm-up: worker start-up, lazy init, cuDNN autotuning, allocator
-        # growth. Capped so a slow step cannot eat the timeout.
+        # Warm-up (worker start-up, lazy init, cuDNN), capped so a slow step cannot eat the timeout.
         warm_start = time.perf_counter()
         warm_cap = max(5.0, 2.0 * options.trial_seconds)
         done = 0
@@ -309,8 +307,8 @@ class TrialLoop:
         total_samples = 0
         units = 0
         wait_before = self.data_wait.total_s
-        for index in range(options.windows):
-            if not more_windows(index, measured_s, options):
+        for index in itertools.count():
+            if not more_windows(index, measured_s, options, samples=total_samples, epoch_samples=self.epoch_samples):
                 break
             start = time.perf_counter()
             samples = 0
@@ -333,18 +331,20 @@ class TrialLoop:
             total_samples += samples
             self.send({"event": "window", "index": index, "samples_per_s": rate, "seconds": elapsed})
         stats = summarize(rates)
+        # A short epoch's boundary stall recurs once per epoch, in fewer windows than the median keeps: count time.
+        figure = total_samples / measured_s if self.epoch_samples else stats.median
         wait = self.data_wait.total_s - wait_before
         self.monitor.stop()
         self.check()
         # Data wait and peak memory of the worst rank.
         wait, peak = self.rank.reduce([wait, self.peak_memory()], "max", self.device)
         # One unit (optimizer step, or loader batch) at the median throughput.
-        step_time = total_samples / max(units, 1) / stats.median
+        step_time = total_samples / max(units, 1) / figure
         import torch
 
         return TrialResult(
             status="ok",
-            samples_per_s=stats.median,
+            samples_per_s=figure,
             samples_per_s_spread=stats.spread,
             step_time_s=step_time,
             data_wait_fraction=min(1.0, wait / measured_s) if measured_s > 0 else None,

@@ -128,6 +128,8 @@ class SearchStudy:
 
         The TPE start-up schedule is fixed when the study is created, so a
         resumed study (with a larger ``--trials``) keeps the one it began with.
+        A resumed study's sampler is seeded ``seed`` plus the trials it holds,
+        so it draws new points rather than the first run's again.
         A ``shared`` study's TPE lies about running trials (``constant_liar``)
         so workers do not all sample the same point.
 
@@ -138,9 +140,12 @@ class SearchStudy:
         warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
         n_startup = startup_trials_for(trials)
         backend = open_storage(storage)
+        drawn = 0
         try:
             existing = optuna.load_study(study_name=name, storage=backend)
             n_startup = int(existing.user_attrs.get(STUDY_STARTUP_TRIALS, n_startup))
+            # A sampler seeded as in the first run would draw the first run's points again.
+            drawn = len(existing.get_trials(deepcopy=False))
         except Exception:  # a new study, or a storage error reported just below
             pass
         try:
@@ -148,7 +153,7 @@ class SearchStudy:
                 storage=backend,
                 study_name=name,
                 direction="maximize",
-                sampler=_sampler(sampler, seed, n_startup, shared or parallel),
+                sampler=_sampler(sampler, seed + drawn, n_startup, shared or parallel),
                 pruner=ScreeningPruner(),
                 load_if_exists=True,
             )
