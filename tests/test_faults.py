@@ -365,10 +365,8 @@ def test_a_broken_model_ends_the_search_at_once(tmp_path, cache_dir, factory) ->
 
 
 # --------------------------------------------------------------- the memory figure
-def test_memory_of_a_forked_tree_counts_shared_pages_once(tmp_path) -> None:
-    """Three forked workers sharing 200 MB with their parent: RSS says ~800 MB, the monitor ~200 MB."""
-    from autotune.runner.measure import tree_memory, tree_pids
-
+def _forked_tree(tmp_path: Path) -> subprocess.Popen[bytes]:
+    """A process holding 200 MB that three forked children share, ready when this returns (kill its group)."""
     script = tmp_path / "tree.py"
     script.write_text(
         "import os, time\n"
@@ -380,10 +378,18 @@ def test_memory_of_a_forked_tree_counts_shared_pages_once(tmp_path) -> None:
         "print('ready', flush=True)\n"
         "time.sleep(120)\n"
     )
-    unrelated = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
     proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, start_new_session=True)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == b"ready"
+    return proc
+
+
+def test_memory_of_a_forked_tree_counts_shared_pages_once(tmp_path) -> None:
+    """Three forked workers sharing 200 MB with their parent: RSS says ~800 MB, the monitor ~200 MB."""
+    from autotune.runner.measure import tree_memory, tree_pids
+
+    unrelated = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    proc = _forked_tree(tmp_path)
     try:
-        assert proc.stdout is not None and proc.stdout.readline().strip() == b"ready"
         pids = tree_pids(proc.pid)
         assert len(pids) == 4 and unrelated.pid not in pids
         rss = sum(psutil.Process(p).memory_info().rss for p in pids)
@@ -430,20 +436,8 @@ def test_the_monitor_s_cheap_samples_count_a_forked_tree_s_shared_pages_once(tmp
     """The real thing: three forked workers sharing 200 MB, between two exact readings."""
     from autotune.runner.measure import MemoryMonitor
 
-    script = tmp_path / "tree.py"
-    script.write_text(
-        "import os, time\n"
-        "block = bytearray(200 * 2**20)\n"
-        "for i in range(0, len(block), 4096): block[i] = 1\n"
-        "for _ in range(3):\n"
-        "    if os.fork() == 0:\n"
-        "        time.sleep(120); os._exit(0)\n"
-        "print('ready', flush=True)\n"
-        "time.sleep(120)\n"
-    )
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, start_new_session=True)
+    proc = _forked_tree(tmp_path)
     try:
-        assert proc.stdout is not None and proc.stdout.readline().strip() == b"ready"
         monitor = MemoryMonitor()
         monitor._pid = proc.pid
         monitor.sample(exact=True)
