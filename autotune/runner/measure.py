@@ -103,6 +103,9 @@ def tree_memory(pid: int) -> int:
     return sum(process_memory(p) for p in tree_pids(pid))
 
 
+_PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
 def process_rss(pid: int) -> int:
     """One process's resident set size, cheaply (``/proc/PID/statm`` on Linux); 0 once it is gone."""
     try:
@@ -113,9 +116,6 @@ def process_rss(pid: int) -> int:
             return int(psutil.Process(pid).memory_info().rss)
         except psutil.Error:
             return 0
-
-
-_PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 class MemoryMonitor:
