@@ -161,8 +161,18 @@ def test_a_worker_killed_mid_trial_is_recovered_by_another(tmp_path, shared: Sha
     while number is None and time.monotonic() < deadline:
         assert victim.poll() is None, victim.communicate()[1][-2000:]
         running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-        number = next((t.number for t in running  # its trial, once its setup is sampled (then it runs)
-                       if t.user_attrs.get(ATTR_WORKER, {}).get("pid") == victim.pid and t.params), None)
+        seen = next((t.number for t in running  # its trial, once its setup is sampled
+                     if t.user_attrs.get(ATTR_WORKER, {}).get("pid") == victim.pid and t.params), None)
+        if seen is not None:
+            # Freeze the worker, then look again: a setup the data cannot feed is told within
+            # milliseconds, and a frozen worker tells nothing, so what is RUNNING now stays RUNNING.
+            victim.send_signal(signal.SIGSTOP)
+            while psutil.Process(victim.pid).status() != psutil.STATUS_STOPPED:
+                time.sleep(0.01)
+            if study.get_trials(deepcopy=False)[seen].state == TrialState.RUNNING:
+                number = seen
+            else:
+                victim.send_signal(signal.SIGCONT)
         time.sleep(0.05)
     assert number is not None, "the first worker never ran a trial"
     children = psutil.Process(victim.pid).children(recursive=True)
