@@ -335,11 +335,13 @@ class TrialRecord:
     setup: TrainSetup
     result: TrialResult
     reused_from: int | None = None
+    free: bool = False  # nothing ran: a setup measured before (``reused_from``) or one the data cannot feed
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict."""
         setup, result = self.setup.to_dict(), self.result.to_dict()
-        return {"number": self.number, "role": self.role, "setup": setup, "result": result, "reused_from": self.reused_from}
+        return {"number": self.number, "role": self.role, "setup": setup, "result": result,
+                "reused_from": self.reused_from, "free": self.free}
 
 
 @dataclass(frozen=True)

@@ -119,6 +119,7 @@ class RichReporter:
         style = STATUS_STYLE.get(result.status, "white")
         value = f"{fmt_rate(result.samples_per_s)} samples/s" if result.samples_per_s is not None else ""
         reused = f" (same setup as #{record.reused_from})" if record.reused_from is not None else ""
+        reused += " (nothing ran: not counted)" if record.free else ""
         why = f" - {escape(result.error)}" if result.error and not result.ok else ""
         self.progress.console.print(
             f"  {done}/{total} #{record.number} {escape(f'[{record.role}]')} {escape(record.setup.describe())}: "

@@ -271,8 +271,11 @@ def confirm_grid(grid: MethodResult, contenders: Sequence[MethodResult]) -> Meth
 
 
 def per_trial_values(records: Sequence[TrialRecord]) -> list[float | None]:
-    """Each search trial's measured samples/s in trial order (None: failed or pruned)."""
-    ordered = sorted(records, key=lambda r: r.number)
+    """Each measured search trial's samples/s in trial order (None: failed or pruned).
+
+    Free trials (nothing ran: a repeat or a setup the data cannot feed) are left out: they cost no measurement.
+    """
+    ordered = sorted((r for r in records if not r.free), key=lambda r: r.number)
     return [r.result.samples_per_s if r.result.ok else None for r in ordered]
 
 

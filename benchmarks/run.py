@@ -220,6 +220,7 @@ def run_workload(
     from autotune.records import TrialOptions
     from autotune.train_setup import TrainSetup
     from autotune.tuner import SearchConfig, run_search
+    from autotune.tuner.config import SearchOutcome
     from autotune.tuner.space import build_space
     from autotune.workloads import build_workload
     from benchmarks.emitted_vs_search import run_script, steps_for
@@ -347,11 +348,15 @@ def run_workload(
     methods["defaults"] = defaults_method()
     methods["recipe"] = recipe_method(device, usable)
     methods["max_batch"] = maxb
+
+    def measured(outcome: SearchOutcome) -> int:
+        return sum(not r.free for r in outcome.records)
+
     for name, outcome, cost_wall, cost_trials in (
-        ("random_15", rnd_small, rnd_small.timing.wall_s, len(rnd_small.records)),
-        ("random", rnd, rnd_small.timing.wall_s + rnd.timing.wall_s, len(rnd.records)),
-        ("autotune_15", small, small.timing.wall_s, len(small.records)),
-        ("autotune", full, small.timing.wall_s + full.timing.wall_s, len(full.records)),
+        ("random_15", rnd_small, rnd_small.timing.wall_s, measured(rnd_small)),
+        ("random", rnd, rnd_small.timing.wall_s + rnd.timing.wall_s, measured(rnd)),
+        ("autotune_15", small, small.timing.wall_s, measured(small)),
+        ("autotune", full, small.timing.wall_s + full.timing.wall_s, measured(full)),
     ):
         methods[name] = MethodResult(
             name,

@@ -49,6 +49,11 @@ def search(cfg: SearchConfig, runner=fake_runner, **kw):
     return run_search(cfg, runner=runner, **kw)
 
 
+def measured(records) -> list:
+    """The trials that ran (free ones, a repeat or a setup the data cannot feed, do not use up ``--trials``)."""
+    return [r for r in records if not r.free]
+
+
 def config(tmp_path: Path, cache_dir: Path, **kw) -> SearchConfig:
     base = dict(model="resnet18", trials=6, image_size=32, device="cpu", trial_seconds=1.0, out=tmp_path / "out",
                 cache_dir=cache_dir, synthetic_images=64, confirm_rounds=2, confirm_top=2)
@@ -59,7 +64,7 @@ def config(tmp_path: Path, cache_dir: Path, **kw) -> SearchConfig:
 def test_fake_search_records_infeasible_and_writes_best(tmp_path, cache_dir) -> None:
     outcome = search(config(tmp_path, cache_dir, trials=12))
     statuses = [r.result.status for r in outcome.records]
-    assert len(outcome.records) == 12
+    assert len(measured(outcome.records)) == 12
     assert "oom" in statuses
     best = read_best(tmp_path / "out" / "best.json")
     assert best.setup == outcome.best.setup
@@ -67,7 +72,7 @@ def test_fake_search_records_infeasible_and_writes_best(tmp_path, cache_dir) -> 
     assert best.defaults_samples_per_s == pytest.approx(100.0)
     assert best.speedup == pytest.approx(best.samples_per_s / 100.0)
     rows = list(csv.DictReader((tmp_path / "out" / "trials.csv").open()))
-    assert len(rows) == 12
+    assert len(rows) == len(outcome.records)
     assert rows[0]["role"] == "defaults" and rows[1]["role"] == "guess"
     assert rows[2]["role"] == "search"  # the 64 images cap the batch at the first guess's 64: no second guess
     oom_rows = [r for r in rows if r["status"] == "oom"]
@@ -119,13 +124,12 @@ def test_resume_adds_trials_instead_of_repeating(tmp_path, cache_dir) -> None:
     before = {t.number: t.user_attrs["setup"] for t in optuna.load_study(study_name=None, storage=storage).trials}
     outcome = search(config(tmp_path, cache_dir, trials=6))
     study = optuna.load_study(study_name=None, storage=storage)
-    assert len(study.trials) == 6
     assert {n: study.trials[n].user_attrs["setup"] for n in before} == before
-    assert len(outcome.records) == 6
+    assert len(measured(outcome.records)) == 6
     # The same command again runs nothing new.
     again = search(config(tmp_path, cache_dir, trials=6))
-    assert len(optuna.load_study(study_name=None, storage=storage).trials) == 6
-    assert len(again.records) == 6
+    assert len(optuna.load_study(study_name=None, storage=storage).trials) == len(study.trials)
+    assert again.records == outcome.records
 
 
 def test_a_resumed_random_search_draws_new_points(tmp_path, cache_dir) -> None:
@@ -135,7 +139,7 @@ def test_a_resumed_random_search_draws_new_points(tmp_path, cache_dir) -> None:
 
     def drawn() -> list[dict]:
         trials = optuna.load_study(study_name=None, storage=storage).trials
-        return [t.params for t in trials if t.user_attrs.get("role") == "search"]
+        return [t.params for t in trials if t.user_attrs.get("role") == "search" and not t.user_attrs.get("free")]
 
     first = drawn()
     search(config(tmp_path, cache_dir, trials=12, sampler="random", confirm_top=1))
@@ -183,15 +187,15 @@ def test_real_tiny_search_then_resume(tmp_path, cache_dir) -> None:
     assert best.samples_per_s > 0 and best.defaults_samples_per_s > 0
     assert best.workload.model == "resnet18" and best.workload.image_size == 32
     assert best.hardware["cpu"]["usable_cores"] >= 1
-    assert len(outcome.records) == 3
+    assert len(measured(outcome.records)) == 3
     assert outcome.calibration.compute_samples_per_s > 0
     assert [p.num_workers for p in outcome.calibration.loader][0] == 0
     assert all(len(c.values) == 2 for c in outcome.confirmed)
     assert outcome.ceilings is not None and outcome.ceilings.compute
     # The ceilings are covered above: the resumed run skips them.
     resumed = run_search(config(tmp_path, cache_dir, trials=4, confirm_top=1, confirm_rounds=2, ceilings=False))
-    assert len(resumed.records) == 4
-    assert [r.number for r in resumed.records] == [0, 1, 2, 3]
+    assert len(measured(resumed.records)) == 4
+    assert resumed.records[: len(outcome.records)] == outcome.records
 
 
 @pytest.mark.slow
@@ -329,3 +333,19 @@ def test_the_ceilings_can_be_skipped(tmp_path, cache_dir) -> None:
     outcome = search(config(tmp_path, cache_dir, trials=3, ceilings=False), runner=recording)
     assert outcome.ceilings is None and "same rounds" not in outcome.verdict
     assert modes[-1] == "train"  # the confirmation was the last thing measured
+
+
+def test_repeats_do_not_use_up_the_budget_and_a_converged_sampler_still_ends(tmp_path, cache_dir) -> None:
+    """A sampler that proposes a measured setup gets its measurement back for free; --trials counts measurements."""
+    # Four setups (amp off or bf16, batch 16 or 32) and the defaults, and a budget of 8: the space runs out.
+    pins = ("num_workers=0", "accumulation_steps=1", "channels_last=false", "num_threads=1", "optimizer_impl=foreach",
+            "amp=off,bf16", "batch_size=16,32")
+    outcome = search(config(tmp_path, cache_dir, trials=8, constraints=tuple(map(parse_constraint, pins))))
+    ran = measured(outcome.records)
+    assert len(ran) == len({r.setup for r in ran}) == len({r.setup for r in outcome.records}) == 5  # each once
+    free = [r for r in outcome.records if r.free]
+    assert free and all(r.reused_from in {m.number for m in ran} for r in free)
+    assert all(r.result == next(m for m in ran if m.number == r.reused_from).result for r in free)
+    assert len(outcome.records) == 2 * 8  # 5 measured and 11 free: past 8 free trials, free ones count
+    rows = list(csv.DictReader((tmp_path / "out" / "trials.csv").open()))
+    assert len(rows) == 16 and sum(bool(r["reused_from"]) for r in rows) == 11

@@ -9,7 +9,8 @@ import pytest
 from autotune.errors import StorageError
 from autotune.records import Calibration, TrialResult
 from autotune.train_setup import TrainSetup
-from autotune.tuner.study import ROLE_DEFAULTS, ROLE_SEARCH, SearchStudy, signature_difference, startup_trials_for
+from autotune.tuner.identity import signature_difference
+from autotune.tuner.study import ROLE_DEFAULTS, ROLE_SEARCH, SearchStudy, startup_trials_for
 
 
 def _open(tmp_path: Path, trials: int = 30, name: str = "s") -> SearchStudy:

@@ -5,7 +5,8 @@ The last trials re-run the leading setup with ``torch.compile``
 
 Infeasible trials (oom, timeout, error, diverged) are recorded as results,
 never raised; a setup measured before is reused instead of re-run; a step
-larger than the data is infeasible without running. ``trials.csv`` is
+larger than the data is infeasible without running. Those two run nothing
+and do not use up ``--trials`` (:func:`autotune.tuner.study.counted`). ``trials.csv`` is
 rewritten after every trial, so nothing measured is lost.
 """
 
@@ -56,7 +57,7 @@ def explore(study: SearchStudy, plan: Exploration, reporter: Reporter, runner: T
             failed (it does not count) and every finished one is kept.
         WorkloadError: A data file cannot be decoded; the same.
     """
-    while (done := study.finished()) < plan.wanted:
+    while (done := study.finished(plan.wanted)) < plan.wanted:
         trial = None
         try:
             with interrupts_held():
@@ -77,7 +78,7 @@ def explore(study: SearchStudy, plan: Exploration, reporter: Reporter, runner: T
             else:
                 result = runner(setup, plan.workload, plan.options, on_window=pruning_hook(trial, role))
             with interrupts_held():
-                study.record(trial, role, setup, result, reused_from)
+                study.record(trial, role, setup, result, reused_from, free=too_big is not None)
         except BaseException:  # Ctrl-C, bad data: the unfinished trial does not count
             if trial is not None:
                 with interrupts_held():
@@ -89,7 +90,7 @@ def explore(study: SearchStudy, plan: Exploration, reporter: Reporter, runner: T
             write_trials_csv(plan.csv_path, records)
             best = max((r.result.samples_per_s or 0.0 for r in records if r.result.ok), default=None)
             record = next(r for r in records if r.number == trial.number)
-            reporter.trial_finished(study.finished(), plan.wanted, record, best)
+            reporter.trial_finished(study.finished(plan.wanted), plan.wanted, record, best)
 
 
 def unrunnable(setup: TrainSetup, workload: Workload) -> TrialResult | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from autotune.devices import DeviceInfo
@@ -38,3 +39,29 @@ def signature(config: SearchConfig, workload: Workload, machine: dict[str, Any] 
         "constraints": sorted(repr(c) for c in config.constraints),
         **({"nproc_per_node": config.nproc_per_node} if config.nproc_per_node > 1 else {}),
     }
+
+
+def machine_fingerprint(hardware: Any, device: Any) -> dict[str, Any]:
+    """What makes measurements of one machine incomparable with another's:
+    CPU and GPU model, usable cores, torch and CUDA versions (part of the
+    search signature, so a study on a shared filesystem is not resumed on
+    another node)."""
+    software = hardware.to_dict().get("software", {})
+    return {
+        "cpu_model": str(getattr(hardware.cpu, "model", "")),
+        "usable_cores": int(hardware.cpu.usable_cores),
+        "device_model": str(getattr(device, "label", "")),
+        "torch": software.get("torch"),
+        "cuda": software.get("cuda"),
+    }
+
+
+def signature_difference(stored: dict[str, Any], current: dict[str, Any]) -> str | None:
+    """The first setting where two search signatures differ, in words; None if equal."""
+    normalized = json.loads(json.dumps(current))
+    if stored == normalized:
+        return None
+    for key in sorted(set(stored) | set(normalized)):
+        if stored.get(key) != normalized.get(key):
+            return f"{key}: {stored.get(key)!r} there, {normalized.get(key)!r} now"
+    return "settings differ"

@@ -89,7 +89,7 @@ class _Parallel:
 
     def fill(self) -> None:
         """Start a trial on every free slot while more are wanted."""
-        while self.free and (done := self.study.finished()) + len(self.running) < self.plan.wanted:
+        while self.free and (done := self.study.finished(self.plan.wanted)) + len(self.running) < self.plan.wanted:
             slot = self.free.pop(0)
             with interrupts_held():
                 trial, role = self.study.ask()
@@ -102,7 +102,7 @@ class _Parallel:
                 now = time.time()
                 reused = previous if too_big is None else None
                 result = too_big if too_big is not None else previous.result if previous is not None else None
-                self.collect(_Finished(slot, result, None, now, now), reused.number if reused is not None else None)
+                self.collect(_Finished(slot, result, None, now, now), reused.number if reused is not None else None, free=True)
                 continue
             hook = pruning_hook(trial, role)
             threading.Thread(target=self.measure, args=(slot, setup, hook), name=f"autotune-slot-{slot}", daemon=True).start()
@@ -127,7 +127,7 @@ class _Parallel:
             except queue.Empty:
                 continue
 
-    def collect(self, done: _Finished, reused_from: int | None = None) -> None:
+    def collect(self, done: _Finished, reused_from: int | None = None, free: bool = False) -> None:
         """Store a finished trial (the main thread only)."""
         entry = self.running.pop(done.slot)
         self.free.append(done.slot)
@@ -139,13 +139,13 @@ class _Parallel:
         with interrupts_held():
             trial.set_user_attr(ATTR_STARTED, done.started)
             trial.set_user_attr(ATTR_ENDED, done.ended)
-            self.study.record(trial, entry.role, entry.setup, done.result, reused_from)
+            self.study.record(trial, entry.role, entry.setup, done.result, reused_from, free)
             self.study.tell(trial, done.result)
             records = self.study.records()
             write_trials_csv(self.plan.csv_path, records)
             best = max((r.result.samples_per_s or 0.0 for r in records if r.result.ok), default=None)
             record = next(r for r in records if r.number == trial.number)
-            self.reporter.trial_finished(self.study.finished(), self.plan.wanted, record, best)
+            self.reporter.trial_finished(self.study.finished(self.plan.wanted), self.plan.wanted, record, best)
 
     def drain(self) -> None:
         """After an interrupt: wait a while for the running trials' threads to stop (they prune at the next window)."""

@@ -37,7 +37,7 @@ def enqueue_compile_trials(study: SearchStudy, space: Space, wanted: int) -> Non
     """Once the eager trials are done, queue the fastest eager setup compiled in each offered mode (once per study)."""
     count = reserved(space, wanted)
     running = len(study.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))  # other workers' trials
-    if not count or study.finished() + running < wanted - count:
+    if not count or study.finished(wanted) + running < wanted - count:
         return
     live = (*FINISHED, TrialState.WAITING, TrialState.RUNNING)
     if any(t.user_attrs.get(ATTR_ROLE) == ROLE_COMPILE for t in study.study.get_trials(deepcopy=False, states=live)):

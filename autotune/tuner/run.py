@@ -35,7 +35,7 @@ from autotune.tuner.confirm import confirm, measure_ceilings, pick_candidates
 from autotune.tuner.constraints import check_constraints, merge_constraints
 from autotune.tuner.explore import Exploration
 from autotune.tuner.guesses import guess_setups
-from autotune.tuner.identity import signature, study_name
+from autotune.tuner.identity import machine_fingerprint, signature, study_name
 from autotune.tuner.lock import OutputLock
 from autotune.tuner.offered import check_workload_constraints
 from autotune.tuner.parallel import explore_placed
@@ -44,7 +44,7 @@ from autotune.tuner.progress import Reporter, SilentReporter
 from autotune.tuner.signals import runs_to_the_end, sigterm_as_interrupt
 from autotune.tuner.space import Space, build_space, check_image_constraints, defaults_setup
 from autotune.tuner.storage import is_shared
-from autotune.tuner.study import ROLE_DEFAULTS, ROLE_GUESS, SearchStudy, machine_fingerprint
+from autotune.tuner.study import ROLE_DEFAULTS, ROLE_GUESS, SearchStudy
 from autotune.tuner.study_report import write_search_report
 from autotune.tuner.timed import TimedRunner
 from autotune.tuner.winner import bottleneck_verdict, make_best

@@ -101,7 +101,7 @@ def study_status(storage: str, study: str | None = None) -> StudyStatus:
         study=found.name,
         storage=found.storage,
         wanted=attrs.get(STUDY_BUDGET),
-        finished=len(records),
+        finished=found.finished(attrs.get(STUDY_BUDGET)),
         failed=sum(t.state == TrialState.FAIL and ATTR_MARKER not in t.user_attrs for t in trials),
         running=tuple(running),
         best=max(feasible, key=lambda r: r.result.samples_per_s or 0.0, default=None),

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import uuid
 import warnings
+from collections.abc import Iterable
 from dataclasses import asdict
 from typing import Any
 
@@ -25,6 +26,7 @@ from autotune.records import Calibration, Ceilings, TrialRecord, TrialResult
 from autotune.redact import hide_passwords
 from autotune.time_spent import TimeSpent
 from autotune.train_setup import TrainSetup
+from autotune.tuner.identity import signature_difference
 from autotune.tuner.lock import Holder
 from autotune.tuner.pruning import ScreeningPruner
 from autotune.tuner.storage import open_storage
@@ -39,6 +41,8 @@ ATTR_ROLE = "role"
 ATTR_SETUP = "setup"
 ATTR_RESULT = "result"
 ATTR_REUSED_FROM = "reused_from"
+#: Nothing ran for this trial (a setup measured before, or one the data cannot feed): see :func:`counted`.
+ATTR_FREE = "free"
 ATTR_MARKER = "marker"  # a shared study's election entry (autotune.tuner.workers), not a measurement
 #: Wall-clock start and end (Unix seconds) of a trial run in parallel with others.
 ATTR_STARTED, ATTR_ENDED = "started", "ended"
@@ -52,7 +56,7 @@ STUDY_HOLDER = "holder"
 STUDY_TIME_SPENT = "time_spent"
 STUDY_VERDICT = "verdict"
 
-#: Trials that count toward ``--trials``.
+#: Trials that count toward ``--trials`` (free ones only beyond a limit: :func:`counted`).
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
 
 #: Confirmation measurements per candidate key: (samples/s values, failure lines).
@@ -74,32 +78,6 @@ def _sampler(kind: str, seed: int, n_startup: int, liar: bool = False) -> optuna
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0][:200] if text else type(exc).__name__
-
-
-def machine_fingerprint(hardware: Any, device: Any) -> dict[str, Any]:
-    """What makes measurements of one machine incomparable with another's:
-    CPU and GPU model, usable cores, torch and CUDA versions (part of the
-    search signature, so a study on a shared filesystem is not resumed on
-    another node)."""
-    software = hardware.to_dict().get("software", {})
-    return {
-        "cpu_model": str(getattr(hardware.cpu, "model", "")),
-        "usable_cores": int(hardware.cpu.usable_cores),
-        "device_model": str(getattr(device, "label", "")),
-        "torch": software.get("torch"),
-        "cuda": software.get("cuda"),
-    }
-
-
-def signature_difference(stored: dict[str, Any], current: dict[str, Any]) -> str | None:
-    """The first setting where two search signatures differ, in words; None if equal."""
-    normalized = json.loads(json.dumps(current))
-    if stored == normalized:
-        return None
-    for key in sorted(set(stored) | set(normalized)):
-        if stored.get(key) != normalized.get(key):
-            return f"{key}: {stored.get(key)!r} there, {normalized.get(key)!r} now"
-    return "settings differ"
 
 
 class SearchStudy:
@@ -328,9 +306,9 @@ class SearchStudy:
         return stale
 
     # ------------------------------------------------------------ trial level
-    def finished(self) -> int:
-        """Trials that count toward ``--trials`` (complete or pruned)."""
-        return len(self.study.get_trials(deepcopy=False, states=FINISHED))
+    def finished(self, wanted: int | None = None) -> int:
+        """Finished trials that count toward ``--trials`` (see :func:`counted`)."""
+        return counted(self.study.get_trials(deepcopy=False, states=FINISHED), wanted)
 
     def records(self) -> list[TrialRecord]:
         """Every finished trial that carries a setup and a result."""
@@ -342,19 +320,22 @@ class SearchStudy:
         return trial, str(trial.user_attrs.get(ATTR_ROLE, ROLE_SEARCH))
 
     def same_setup(self, setup: TrainSetup, number: int) -> TrialRecord | None:
-        """A complete trial other than ``number`` that measured ``setup`` already."""
+        """A finished trial other than ``number`` that measured ``setup`` already (in full or until pruned)."""
         target = setup.to_dict()
-        for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        for t in self.study.get_trials(deepcopy=False, states=FINISHED):
             if t.number != number and t.user_attrs.get(ATTR_SETUP) == target and (record := _record(t)):
                 return record
         return None
 
     def record(
-        self, trial: optuna.Trial, role: str, setup: TrainSetup, result: TrialResult, reused_from: int | None
+        self, trial: optuna.Trial, role: str, setup: TrainSetup, result: TrialResult, reused_from: int | None,
+        free: bool = False,
     ) -> None:
-        """Store what a trial ran and measured (before it is told)."""
+        """Store what a trial ran and measured (before it is told); ``free``: nothing ran for it."""
         if reused_from is not None:
             trial.set_user_attr(ATTR_REUSED_FROM, reused_from)
+        if free or reused_from is not None:
+            trial.set_user_attr(ATTR_FREE, True)
         trial.set_user_attr(ATTR_ROLE, role)
         trial.set_user_attr(ATTR_SETUP, setup.to_dict())
         trial.set_user_attr(ATTR_RESULT, result.to_dict())
@@ -376,6 +357,24 @@ class SearchStudy:
         self.study.tell(trial, state=TrialState.FAIL)
 
 
+def counted(trials: Iterable[FrozenTrial], wanted: int | None) -> int:
+    """How many of the finished ``trials`` count toward a budget of ``wanted``.
+
+    A free trial ran nothing: the sampler proposed a setup measured before
+    (its measurement is told again, so the sampler learns) or one the data
+    cannot feed. It does not use up the budget, so ``--trials 30`` means 30
+    measurements, until there are more than ``wanted`` free trials: a sampler
+    that keeps proposing measured setups has converged, and the search ends
+    after at most ``2 x wanted`` trials. Without ``wanted`` every finished
+    trial counts.
+    """
+    finished = [t for t in trials if t.state in FINISHED]
+    free = sum(bool(t.user_attrs.get(ATTR_FREE)) for t in finished)
+    if wanted is None:
+        return len(finished)
+    return len(finished) - free + max(0, free - wanted)
+
+
 def _queued_key(trial: FrozenTrial) -> tuple[str, str]:
     """A queued trial's role and fixed params, comparable across copies."""
     params = trial.system_attrs.get("fixed_params", {})
@@ -392,4 +391,5 @@ def _record(trial: FrozenTrial) -> TrialRecord | None:
         setup=TrainSetup.from_dict(attrs[ATTR_SETUP]),
         result=TrialResult.from_dict(attrs[ATTR_RESULT]),
         reused_from=attrs.get(ATTR_REUSED_FROM),
+        free=bool(attrs.get(ATTR_FREE)),
     )

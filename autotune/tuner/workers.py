@@ -50,7 +50,7 @@ from autotune.tuner.progress import Reporter
 from autotune.tuner.refine import ROLE_COMPILE, compile_setup, enqueue_compile_trials
 from autotune.tuner.signals import interrupts_held
 from autotune.tuner.storage import CONNECTION_ERRORS, heartbeats, with_retries
-from autotune.tuner.study import ATTR_MARKER, ATTR_ROLE, FINISHED, ROLE_DEFAULTS, ROLE_SEARCH, SearchStudy
+from autotune.tuner.study import ATTR_MARKER, ATTR_ROLE, FINISHED, ROLE_DEFAULTS, ROLE_SEARCH, SearchStudy, counted
 from autotune.tuner.study_report import stored_confirmed
 
 T = TypeVar("T")
@@ -258,7 +258,7 @@ class Crew:
         waiting = False
         while True:
             self.fail_stale()
-            finished, running = self._retry(lambda: _counts(study, None))
+            finished, running = self._retry(lambda: _counts(study, None, plan.wanted))
             if finished >= plan.wanted:
                 return
             if finished + running >= plan.wanted:
@@ -285,7 +285,7 @@ class Crew:
 
         with interrupts_held():
             trial = self._retry(step)
-            finished, running = self._retry(lambda: _counts(study, trial.number))
+            finished, running = self._retry(lambda: _counts(study, trial.number, wanted))
             if finished + running < wanted:
                 return trial
             self._give_back(study, trial)
@@ -313,7 +313,7 @@ class Crew:
             with interrupts_held():
                 role = str(trial.user_attrs.get(ATTR_ROLE, ROLE_SEARCH))
                 setup = self._retry(lambda: _setup_of(trial, role, plan), keep_locally)
-                finished, _ = self._retry(lambda: _counts(study, None), keep_locally)
+                finished, _ = self._retry(lambda: _counts(study, None, plan.wanted), keep_locally)
                 reporter.trial_started(finished, plan.wanted, role, setup)
                 previous = self._retry(lambda: study.same_setup(setup, trial.number), keep_locally)
                 too_big = unrunnable(setup, plan.workload)
@@ -325,9 +325,10 @@ class Crew:
             else:
                 with heartbeats(study.study, trial._trial_id):
                     result = runner(setup, plan.workload, plan.options, on_window=_pruning_hook(trial, role))
-            pending.append(TrialRecord(trial.number, role, setup, result, reused_from))
+            free = too_big is not None or previous is not None
+            pending.append(TrialRecord(trial.number, role, setup, result, reused_from, free))
             with interrupts_held():
-                self._retry(lambda: study.record(trial, role, setup, result, reused_from), keep_locally)
+                self._retry(lambda: study.record(trial, role, setup, result, reused_from, free), keep_locally)
                 self._retry(lambda: study.tell(trial, result), keep_locally)
         except BaseException as exc:  # Ctrl-C, bad data: the unfinished trial does not count; it is queued again
             if not isinstance(exc, StorageError):
@@ -342,7 +343,7 @@ class Crew:
             write_trials_csv(plan.csv_path, records)
             best = max((r.result.samples_per_s or 0.0 for r in records if r.result.ok), default=None)
             record = next((r for r in records if r.number == trial.number), pending[0])
-            reporter.trial_finished(self._retry(lambda: _counts(study, None))[0], plan.wanted, record, best)
+            reporter.trial_finished(self._retry(lambda: _counts(study, None, plan.wanted))[0], plan.wanted, record, best)
         return records
 
 
@@ -365,12 +366,10 @@ def _holders(markers: list[FrozenTrial]) -> list[Holder]:
     return [h for t in markers if (h := Holder.from_dict(t.user_attrs.get(ATTR_WORKER))) is not None]
 
 
-def _counts(study: SearchStudy, besides: int | None) -> tuple[int, int]:
-    """Finished and running trials of the study (not counting trial ``besides``)."""
-    trials = study.study.get_trials(deepcopy=False, states=(*FINISHED, TrialState.RUNNING))
-    finished = sum(t.state in FINISHED for t in trials if t.number != besides)
-    running = sum(t.state == TrialState.RUNNING for t in trials if t.number != besides)
-    return finished, running
+def _counts(study: SearchStudy, besides: int | None, wanted: int) -> tuple[int, int]:
+    """Trials of the study that count toward ``wanted``, and running ones (not counting trial ``besides``)."""
+    trials = [t for t in study.study.get_trials(deepcopy=False, states=(*FINISHED, TrialState.RUNNING)) if t.number != besides]
+    return counted(trials, wanted), sum(t.state == TrialState.RUNNING for t in trials)
 
 
 def _setup_of(trial: optuna.Trial, role: str, plan: Exploration) -> TrainSetup:
