@@ -118,8 +118,10 @@ class RichReporter:
         result = record.result
         style = STATUS_STYLE.get(result.status, "white")
         value = f"{fmt_rate(result.samples_per_s)} samples/s" if result.samples_per_s is not None else ""
-        reused = f" (same setup as #{record.reused_from})" if record.reused_from is not None else ""
-        reused += " (nothing ran: not counted)" if record.free else ""
+        if record.reused_from is not None:
+            reused = f" (same setup as #{record.reused_from}: not run again{', not counted' if record.free else ''})"
+        else:
+            reused = " (not run: not counted)" if record.free else ""
         why = f" - {escape(result.error)}" if result.error and not result.ok else ""
         self.progress.console.print(
             f"  {done}/{total} #{record.number} {escape(f'[{record.role}]')} {escape(record.setup.describe())}: "

@@ -5,8 +5,11 @@
 Reads ``OUT_DIR/best.json``, runs ``OUT_DIR/train.py`` (single process, its
 tuned defaults) for a fixed number of optimizer steps, parses its periodic
 ``step N loss L images/s X`` lines (``samples/s`` for a Task's script), drops the first ``--warmup-logs`` of them
-as warm-up, and prints the median steady-state images/s and its ratio to
-``best.samples_per_s``. A ratio near 1.0 means the script runs the setup at
+as warm-up, and prints the steady-state images/s and its ratio to
+``best.samples_per_s``. The steady-state figure is images over seconds: each
+logged interval weighs as many optimizer steps as it covers, so an epoch
+boundary's stall counts as often as it happens, as in the trials (a median
+of the lines drops it, and on a short epoch that overstates the script). A ratio near 1.0 means the script runs the setup at
 the speed the search promised. Exit code 1 when the script fails or logs too
 few lines to measure.
 """
@@ -24,6 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 LOG_LINE = re.compile(r"^step (\d+) loss (\S+) (?:images|samples)/s ([0-9.]+)\s*$")
+#: The script resets its meter after every epoch, at the step this line names.
+EPOCH_LINE = re.compile(r"^epoch \d+ done at step (\d+)\b")
 
 
 def parse_log(text: str) -> list[tuple[int, float]]:
@@ -41,6 +46,27 @@ def steady_state(rows: list[tuple[int, float]], warmup_logs: int) -> list[float]
     return [rate for _, rate in rows[warmup_logs:]]
 
 
+def epoch_ends(text: str) -> list[int]:
+    """The steps at which train.py logged an epoch's end (and reset its meter)."""
+    return [int(m.group(1)) for line in text.splitlines() if (m := EPOCH_LINE.match(line.strip()))]
+
+
+def steady_rate(rows: list[tuple[int, float]], ends: list[int], warmup_logs: int) -> float | None:
+    """Images/s over the steady-state intervals together: their steps over their seconds.
+
+    An interval runs from the previous log line, or from the meter's reset at
+    an epoch's end if that came later, to its own line.
+    """
+    steps = seconds = 0.0
+    for i in range(warmup_logs, len(rows)):
+        step, rate = rows[i]
+        begin = max([rows[i - 1][0] if i else 0, *(end for end in ends if end < step)])
+        if step > begin and rate > 0:
+            steps += step - begin
+            seconds += (step - begin) / rate
+    return steps / seconds if seconds else None
+
+
 @dataclass(frozen=True)
 class ScriptRun:
     """What one run of the emitted train.py measured.
@@ -48,6 +74,7 @@ class ScriptRun:
     Attributes:
         median: Median steady-state images/s (None: too few log lines or the run failed).
         rates: The steady-state images/s per logged window.
+        rate: Steady-state images over seconds (:func:`steady_rate`; None with ``median``).
         wall_s: Wall time of the run, start-up included.
         error: Why there is no median, or None.
     """
@@ -56,6 +83,7 @@ class ScriptRun:
     rates: tuple[float, ...]
     wall_s: float
     error: str | None = None
+    rate: float | None = None
 
 
 def run_script(
@@ -80,7 +108,8 @@ def run_script(
     rates = steady_state(rows, warmup_logs)
     if not rates:
         return ScriptRun(None, (), wall, f"{len(rows)} log lines, none left after {warmup_logs} warm-up lines")
-    return ScriptRun(float(statistics.median(rates)), tuple(rates), wall)
+    rate = steady_rate(rows, epoch_ends(proc.stdout), warmup_logs)
+    return ScriptRun(float(statistics.median(rates)), tuple(rates), wall, rate=rate)
 
 
 def steps_for(samples_per_s: float, effective_batch: int, seconds: float, windows: int = 6) -> tuple[int, int]:
@@ -120,14 +149,13 @@ def main(argv: list[str] | None = None) -> int:
     if run.median is None:
         print(f"error: {run.error}; raise --steps or lower --print-freq if too few lines", file=sys.stderr)
         return 1
-    rates, wall = list(run.rates), run.wall_s
-    median = statistics.median(rates)
+    rates, wall, rate = list(run.rates), run.wall_s, run.rate or run.median
     print(f"setup:     {best.setup.describe()} ({best.workload.model} at {best.workload.image_size} px)")
-    print(f"train.py:  {median:.1f} images/s median of {len(rates)} windows "
-          f"(min {min(rates):.1f}, max {max(rates):.1f}; {wall:.1f}s wall)")
+    print(f"train.py:  {rate:.1f} images/s over {len(rates)} windows (median {run.median:.1f}, "
+          f"min {min(rates):.1f}, max {max(rates):.1f}; {wall:.1f}s wall)")
     print(f"search:    {best.samples_per_s:.1f} samples/s (spread {best.samples_per_s_spread:.1f})")
     if best.samples_per_s > 0:
-        print(f"ratio:     {median / best.samples_per_s:.3f}")
+        print(f"ratio:     {rate / best.samples_per_s:.3f}")
     else:
         print("ratio:     n/a (best.json records no throughput)")
     return 0

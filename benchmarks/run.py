@@ -384,7 +384,7 @@ def run_workload(
 
     def measure_script() -> tuple[float | None, str | None]:
         run = run_script(runs / "autotune" / "train.py", steps=script_steps, print_freq=script_freq, warmup_logs=2)
-        return run.median, run.error
+        return run.rate, run.error  # images over seconds, epoch boundaries counted as the trials count them
 
     # The grid's runners-up are re-measured too: its reference is its best *confirmed* point.
     grid_top = [TrainSetup.from_dict(d) for d in grid.extra.get("top", [])[1:]]

@@ -343,6 +343,24 @@ def test_cli_emit_writes_train_py(synthetic_data: Path, tmp_path: Path) -> None:
     assert (tmp_path / "x" / "run.py").is_file()
 
 
+def test_the_loader_runs_on_across_epochs_of_whole_optimizer_steps(synthetic_data: Path, tmp_path: Path) -> None:
+    """One pass of the loader over every epoch (its workers never drain at an epoch's end); each epoch is
+    reshuffled and cut to whole optimizer steps; a resumed run starts on the sample it stopped at."""
+    import torch
+    from torch.utils.data import TensorDataset
+
+    path = write_script(make_best(synthetic_data, **CPU_KNOBS), tmp_path / "train.py")
+    assert "sampler.end = steps_per_epoch * args.accum_steps * args.batch_size" in path.read_text()
+    sampler = load_script(path)["ResumableSampler"](TensorDataset(torch.zeros(30, 1)), num_replicas=1, rank=0, seed=0)
+    sampler.end = 24  # as main() sets it for batch 4 x 2 micro-batches: 3 whole steps of the 30 samples
+    stream = iter(sampler)
+    first, second = [next(stream) for _ in range(24)], [next(stream) for _ in range(24)]
+    assert len(set(first)) == len(set(second)) == 24 and first != second
+    sampler.start(0, skip=8)  # resumed after the epoch's first step
+    stream = iter(sampler)
+    assert [next(stream) for _ in range(16 + 24)] == first[8:] + second
+
+
 def test_benchmark_log_parser() -> None:
     from benchmarks.emitted_vs_search import parse_log, steady_state
 
@@ -352,6 +370,25 @@ def test_benchmark_log_parser() -> None:
     assert steady_state(rows, 1) == [120.5, 130.0]
     # A Task's train.py counts samples, not images.
     assert parse_log("step 4 loss 0.7 samples/s 1500.0\n") == [(4, 1500.0)]
+
+
+def test_the_script_s_figure_counts_epoch_boundaries_as_often_as_they_happen() -> None:
+    """A short epoch: steps served from the prefetch queue run fast, the first step of each epoch waits for it to fill."""
+    from benchmarks.emitted_vs_search import epoch_ends, parse_log, steady_rate, steady_state
+
+    lines = []
+    for step in range(1, 11):  # 5 steps per epoch, one log line per step
+        lines.append(f"step {step} loss 1.0 images/s {100.0 if step % 5 == 1 else 300.0}")
+        if step % 5 == 0:
+            lines.append(f"epoch {step // 5 - 1} done at step {step}, 1.0s elapsed")
+    log = "\n".join(lines)
+    rows = parse_log(log)
+    assert epoch_ends(log) == [5, 10]
+    assert sorted(steady_state(rows, 0))[5] == 300.0  # the median of the lines never sees the stall
+    assert steady_rate(rows, epoch_ends(log), 0) == pytest.approx(10 / (2 / 100 + 8 / 300))  # 214.3
+    # Every 5 steps, one log line: the interval after an epoch's reset covers only the steps since it.
+    coarse = parse_log("step 5 loss 1 images/s 200.0\nepoch 0 done at step 7, 1s\nstep 10 loss 1 images/s 100.0\n")
+    assert steady_rate(coarse, [7], 0) == pytest.approx(8 / (5 / 200 + 3 / 100))
 
 
 # ---------------------------------------------------------------- real runs

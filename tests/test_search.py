@@ -340,7 +340,15 @@ def test_repeats_do_not_use_up_the_budget_and_a_converged_sampler_still_ends(tmp
     # Four setups (amp off or bf16, batch 16 or 32) and the defaults, and a budget of 8: the space runs out.
     pins = ("num_workers=0", "accumulation_steps=1", "channels_last=false", "num_threads=1", "optimizer_impl=foreach",
             "amp=off,bf16", "batch_size=16,32")
-    outcome = search(config(tmp_path, cache_dir, trials=8, constraints=tuple(map(parse_constraint, pins))))
+    import io
+
+    from rich.console import Console
+
+    from autotune.render import RichReporter
+
+    buffer = io.StringIO()
+    with RichReporter(Console(file=buffer, width=200, color_system=None)) as reporter:
+        outcome = search(config(tmp_path, cache_dir, trials=8, constraints=tuple(map(parse_constraint, pins))), reporter=reporter)
     ran = measured(outcome.records)
     assert len(ran) == len({r.setup for r in ran}) == len({r.setup for r in outcome.records}) == 5  # each once
     free = [r for r in outcome.records if r.free]
@@ -349,3 +357,4 @@ def test_repeats_do_not_use_up_the_budget_and_a_converged_sampler_still_ends(tmp
     assert len(outcome.records) == 2 * 8  # 5 measured and 11 free: past 8 free trials, free ones count
     rows = list(csv.DictReader((tmp_path / "out" / "trials.csv").open()))
     assert len(rows) == 16 and sum(bool(r["reused_from"]) for r in rows) == 11
+    assert f"(same setup as #{free[0].reused_from}: not run again, not counted)" in buffer.getvalue()

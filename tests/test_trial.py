@@ -296,6 +296,14 @@ def test_a_short_epoch_is_measured_whole_within_a_cap() -> None:
     assert not more_windows(5, 3.1, options, samples=1500)  # a long epoch: the usual windows
 
 
+def test_a_short_epoch_is_measured_over_its_whole_optimizer_steps() -> None:
+    """3,000 samples, batch 128 x 4: 5 steps of 512 per epoch, 2,560 samples measured at least."""
+    from autotune.workloads.data import whole_steps
+
+    assert whole_steps(3000, 512) == 2560
+    assert whole_steps(300, 512) == 300  # less than one step: the whole epoch
+
+
 def test_short_epochs_are_measured_with_their_boundaries() -> None:
     """An epoch of few micro-batches loops real epochs (as train.py does); a long one draws endlessly."""
     from autotune.runner.windows import SHORT_EPOCH_BATCHES, short_epoch

@@ -176,10 +176,10 @@ def endless_batches(
 ) -> Iterator[Any]:
     """The loader's batches, forever, with the setup's knobs.
 
-    With ``epochs`` (a short epoch, or an iterable dataset) the loader is
-    looped epoch by epoch: each epoch restarts its pipeline, as in the
-    emitted script (persistent workers stay). Otherwise a map-style dataset
-    is read through the endless sampler and never ends an epoch.
+    A map-style dataset is read through the endless sampler and never ends
+    an epoch, as the emitted script reads it. An iterable dataset (or one
+    without a length, ``epochs``) is looped pass by pass, each pass
+    restarting the loader's pipeline, as the script does once per epoch.
     """
     import torch
     from torch.utils.data import IterableDataset
