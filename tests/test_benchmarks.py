@@ -172,3 +172,11 @@ def test_warmup_steps_quick_prints_each_step(tmp_path: Path, capsys: pytest.Capt
     ratios = [float(x) for x in line.split("step / steady:")[1].split()]
     assert len(ratios) == 4 and all(r > 0 for r in ratios)
     assert "warm-up 1" in line  # one worker: one warm-up step after the synthetic one
+
+
+def test_script_vs_trial_refuses_a_directory_without_a_search(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from benchmarks.script_vs_trial import main
+
+    assert main([str(tmp_path)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and len(err.splitlines()) == 1
