@@ -91,22 +91,17 @@ class TrialLoop:
         return self.rank.shard(self.pipeline.dataset())
 
     def start_loader(self, dataset: Any) -> Any:
-        """The DataLoader's batches, endless; creating the iterator starts the workers.
+        """The loader's batches, endless as the emitted script streams epochs (an iterable dataset re-iterated).
 
-        A map-style dataset is drawn from an endless sampler, as the emitted
-        script reads it (one pass of its loader over every epoch: the workers
-        never stop at an epoch's end). An iterable dataset is re-iterated
-        when it ends, as the script does once per epoch. A short epoch
-        (:func:`short_epoch`) is measured whole, at least one epoch's samples,
-        so the queue the workers filled during warm-up is a small part of
-        what is measured.
+        A short epoch (:func:`short_epoch`) is measured over at least one
+        epoch's samples, so the queue filled in warm-up is a small part of it.
         """
         from autotune.workloads.data import whole_steps
         from autotune.workloads.pipeline import endless_batches
 
         sized = hasattr(dataset, "__len__")
-        short = sized and short_epoch(len(dataset), self.setup)
         step_samples = self.setup.batch_size * self.setup.accumulation_steps
+        short = sized and short_epoch(len(dataset), self.setup)
         self.epoch_samples = whole_steps(len(dataset), step_samples) * self.rank.world_size if short else 0
         return endless_batches(
             self.setup, dataset, collate_fn=self.pipeline.collate_fn(), seed=self.options.seed, epochs=not sized
