@@ -25,6 +25,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 LOG_LINE = re.compile(r"^step (\d+) loss (\S+) (?:images|samples)/s ([0-9.]+)\s*$")
 #: The script resets its meter after every epoch, at the step this line names.
@@ -122,6 +123,23 @@ def steps_for(samples_per_s: float, effective_batch: int, seconds: float, window
     return freq * (windows + 2), freq
 
 
+def search_output(out_dir: Path) -> tuple[Any, Path] | None:
+    """A search's ``best.json`` (read) and its ``train.py``; None after one ``error:`` line when either is missing."""
+    from autotune.errors import AutotuneError
+    from autotune.output.best import read_best
+
+    try:
+        best = read_best(out_dir)
+    except AutotuneError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return None
+    script = out_dir / "train.py"
+    if not script.is_file():
+        print(f"error: {script} does not exist (run `autotune emit {out_dir}`)", file=sys.stderr)
+        return None
+    return best, script
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out_dir", type=Path, help="a search output directory (best.json + train.py)")
@@ -131,18 +149,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds before the run is killed")
     args = parser.parse_args(argv)
 
-    from autotune.errors import AutotuneError
-    from autotune.output.best import read_best
-
-    try:
-        best = read_best(args.out_dir)
-    except AutotuneError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    found = search_output(args.out_dir)
+    if found is None:
         return 1
-    script = args.out_dir / "train.py"
-    if not script.is_file():
-        print(f"error: {script} does not exist (run `autotune emit {args.out_dir}`)", file=sys.stderr)
-        return 1
+    best, script = found
 
     print(f"$ {script} --max-steps {args.steps} --print-freq {args.print_freq}", flush=True)
     run = run_script(script, steps=args.steps, print_freq=args.print_freq, warmup_logs=args.warmup_logs, timeout=args.timeout)

@@ -28,19 +28,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--also", type=Path, action="append", default=[], help="another train.py to run each round")
     args = parser.parse_args(argv)
 
-    from autotune.errors import AutotuneError
-    from autotune.output.best import read_best
     from autotune.records import TrialOptions
     from autotune.runner import run_trial
-    from benchmarks.emitted_vs_search import run_script
+    from benchmarks.emitted_vs_search import run_script, search_output
 
-    try:
-        best = read_best(args.out_dir)
-    except AutotuneError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    found = search_output(args.out_dir)
+    if found is None:
         return 1
-    scripts = [args.out_dir / "train.py", *args.also]
-    missing = [str(s) for s in scripts if not s.is_file()]
+    best, script = found
+    scripts = [script, *args.also]
+    missing = [str(s) for s in args.also if not s.is_file()]
     if missing:
         print(f"error: no such script: {', '.join(missing)}", file=sys.stderr)
         return 1
