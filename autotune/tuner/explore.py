@@ -68,17 +68,13 @@ def explore(study: SearchStudy, plan: Exploration, reporter: Reporter, runner: T
                 else:
                     setup = plan.defaults if role == ROLE_DEFAULTS else plan.space.suggest(trial)
                 reporter.trial_started(done, plan.wanted, role, setup)
-                previous = study.same_setup(setup, trial.number)
-                too_big = unrunnable(setup, plan.workload)
-            reused_from = None
-            if too_big is not None:
-                result = too_big
-            elif previous is not None:
-                result, reused_from = previous.result, previous.number
+                known = known_result(study, setup, trial.number, plan.workload)
+            if known is None:
+                result, reused_from = runner(setup, plan.workload, plan.options, on_window=pruning_hook(trial, role)), None
             else:
-                result = runner(setup, plan.workload, plan.options, on_window=pruning_hook(trial, role))
+                result, reused_from = known.result, known.reused_from
             with interrupts_held():
-                study.record(trial, role, setup, result, reused_from, free=too_big is not None)
+                study.record(trial, role, setup, result, reused_from, free=known is not None)
         except BaseException:  # Ctrl-C, bad data: the unfinished trial does not count
             if trial is not None:
                 with interrupts_held():
@@ -91,6 +87,24 @@ def explore(study: SearchStudy, plan: Exploration, reporter: Reporter, runner: T
             best = max((r.result.samples_per_s or 0.0 for r in records if r.result.ok), default=None)
             record = next(r for r in records if r.number == trial.number)
             reporter.trial_finished(study.finished(plan.wanted), plan.wanted, record, best)
+
+
+@dataclass(frozen=True)
+class Known:
+    """The result of a trial that runs nothing, and the trial that measured its setup (None: the data cannot feed it)."""
+
+    result: TrialResult
+    reused_from: int | None = None
+
+
+def known_result(study: SearchStudy, setup: TrainSetup, number: int, workload: Workload) -> Known | None:
+    """What trial ``number`` is told without running (a free trial, see
+    :func:`autotune.tuner.study.counted`), or None when it must run."""
+    too_big = unrunnable(setup, workload)
+    if too_big is not None:
+        return Known(too_big)
+    previous = study.same_setup(setup, number)
+    return Known(previous.result, previous.number) if previous is not None else None
 
 
 def unrunnable(setup: TrainSetup, workload: Workload) -> TrialResult | None:

@@ -21,7 +21,7 @@ from autotune.output.trials_csv import write_trials_csv
 from autotune.records import TrialResult
 from autotune.runner import TrialRunner, WindowCallback
 from autotune.train_setup import TrainSetup
-from autotune.tuner.explore import Exploration, explore, pruning_hook, unrunnable
+from autotune.tuner.explore import Exploration, explore, known_result, pruning_hook
 from autotune.tuner.placement import Placement
 from autotune.tuner.progress import Reporter
 from autotune.tuner.signals import interrupts_held
@@ -95,14 +95,11 @@ class _Parallel:
                 trial, role = self.study.ask()
                 setup = self.plan.defaults if role == ROLE_DEFAULTS else self.plan.space.suggest(trial)
                 self.reporter.trial_started(done + len(self.running), self.plan.wanted, role, setup)
-                previous = self.study.same_setup(setup, trial.number)
-                too_big = unrunnable(setup, self.plan.workload)
+                known = known_result(self.study, setup, trial.number, self.plan.workload)
             self.running[slot] = _Running(trial, role, setup)
-            if too_big is not None or previous is not None:
+            if known is not None:
                 now = time.time()
-                reused = previous if too_big is None else None
-                result = too_big if too_big is not None else previous.result if previous is not None else None
-                self.collect(_Finished(slot, result, None, now, now), reused.number if reused is not None else None, free=True)
+                self.collect(_Finished(slot, known.result, None, now, now), known.reused_from, free=True)
                 continue
             hook = pruning_hook(trial, role)
             threading.Thread(target=self.measure, args=(slot, setup, hook), name=f"autotune-slot-{slot}", daemon=True).start()

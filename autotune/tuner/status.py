@@ -10,7 +10,7 @@ from optuna.trial import TrialState
 from autotune.output.best import Best
 from autotune.records import TrialRecord
 from autotune.tuner.lock import Holder
-from autotune.tuner.study import ATTR_MARKER, SearchStudy
+from autotune.tuner.study import ATTR_MARKER, SearchStudy, counted
 from autotune.tuner.workers import ATTR_WORKER, STUDY_BUDGET, STUDY_WINNER
 
 
@@ -101,7 +101,7 @@ def study_status(storage: str, study: str | None = None) -> StudyStatus:
         study=found.name,
         storage=found.storage,
         wanted=attrs.get(STUDY_BUDGET),
-        finished=found.finished(attrs.get(STUDY_BUDGET)),
+        finished=counted(trials, attrs.get(STUDY_BUDGET)),
         failed=sum(t.state == TrialState.FAIL and ATTR_MARKER not in t.user_attrs for t in trials),
         running=tuple(running),
         best=max(feasible, key=lambda r: r.result.samples_per_s or 0.0, default=None),

@@ -334,7 +334,7 @@ class SearchStudy:
         """Store what a trial ran and measured (before it is told); ``free``: nothing ran for it."""
         if reused_from is not None:
             trial.set_user_attr(ATTR_REUSED_FROM, reused_from)
-        if free or reused_from is not None:
+        if free:
             trial.set_user_attr(ATTR_FREE, True)
         trial.set_user_attr(ATTR_ROLE, role)
         trial.set_user_attr(ATTR_SETUP, setup.to_dict())

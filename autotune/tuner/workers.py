@@ -44,7 +44,7 @@ from autotune.records import Calibration, TrialRecord, TrialResult
 from autotune.runner import TrialRunner, WindowCallback
 from autotune.train_setup import TrainSetup
 from autotune.tuner.config import SearchOutcome
-from autotune.tuner.explore import Exploration, pruning_hook, unrunnable
+from autotune.tuner.explore import Exploration, known_result, pruning_hook
 from autotune.tuner.lock import Holder
 from autotune.tuner.progress import Reporter
 from autotune.tuner.refine import ROLE_COMPILE, compile_setup, enqueue_compile_trials
@@ -315,17 +315,15 @@ class Crew:
                 setup = self._retry(lambda: _setup_of(trial, role, plan), keep_locally)
                 finished, _ = self._retry(lambda: _counts(study, None, plan.wanted), keep_locally)
                 reporter.trial_started(finished, plan.wanted, role, setup)
-                previous = self._retry(lambda: study.same_setup(setup, trial.number), keep_locally)
-                too_big = unrunnable(setup, plan.workload)
-            reused_from = None
-            if too_big is not None:
-                result: TrialResult = too_big
-            elif previous is not None:
-                result, reused_from = previous.result, previous.number
-            else:
+                without_run = self._retry(lambda: known_result(study, setup, trial.number, plan.workload), keep_locally)
+            result: TrialResult
+            if without_run is None:
                 with heartbeats(study.study, trial._trial_id):
                     result = runner(setup, plan.workload, plan.options, on_window=_pruning_hook(trial, role))
-            free = too_big is not None or previous is not None
+                reused_from = None
+            else:
+                result, reused_from = without_run.result, without_run.reused_from
+            free = without_run is not None
             pending.append(TrialRecord(trial.number, role, setup, result, reused_from, free))
             with interrupts_held():
                 self._retry(lambda: study.record(trial, role, setup, result, reused_from, free), keep_locally)
