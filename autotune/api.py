@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import UsageError
-from autotune.records import TrialOptions, TrialResult, Workload
+from autotune.records import DEFAULT_TRIAL_SECONDS, TrialOptions, TrialResult, Workload
 from autotune.train_setup import TrainSetup
 from autotune.tuner import Reporter, SearchConfig, SearchOutcome, run_search
 
@@ -124,7 +124,7 @@ def search(
     trials: int = 30,
     device: str = "auto",
     out: str | Path = "autotune-out",
-    trial_seconds: float = 10.0,
+    trial_seconds: float = DEFAULT_TRIAL_SECONDS,
     effective_batch: int | None = None,
     max_memory: int | str | None = None,
     constraints: Sequence[str] = (),
@@ -282,7 +282,7 @@ def trial(
     data: str | Path | None = None,
     image_size: int | None = None,
     device: str = "auto",
-    trial_seconds: float = 10.0,
+    trial_seconds: float = DEFAULT_TRIAL_SECONDS,
     mode: str = "train",
     timeout_s: float | None = None,
     max_memory: int | str | None = None,

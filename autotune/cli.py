@@ -22,6 +22,7 @@ from rich.markup import escape
 
 from autotune._version import __version__
 from autotune.errors import AutotuneError, ProbeError
+from autotune.records import DEFAULT_TRIAL_SECONDS
 from autotune.redact import hide_passwords
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -164,7 +165,7 @@ def trial(
     amp: Annotated[str, typer.Option("--amp", help="off, bf16 or fp16.")] = "off",
     accum: Annotated[int, typer.Option("--accum", help="Gradient-accumulation steps.")] = 1,
     channels_last: Annotated[bool, typer.Option("--channels-last/--no-channels-last", help="NHWC memory format.")] = False,
-    trial_seconds: TrialSecondsOpt = 10.0,
+    trial_seconds: TrialSecondsOpt = DEFAULT_TRIAL_SECONDS,
     device: DeviceOpt = "auto",
     data: DataOpt = None,
     timeout: Annotated[
@@ -238,7 +239,7 @@ def search(
         typer.Option("--effective-batch", help="Pin micro-batch x accumulation (keeps the training math)."),
     ] = None,
     max_memory: MaxMemoryOpt = None,
-    trial_seconds: TrialSecondsOpt = 10.0,
+    trial_seconds: TrialSecondsOpt = DEFAULT_TRIAL_SECONDS,
     set_: Annotated[
         Optional[list[str]],
         typer.Option("--set", help="Pin or bound a knob: KNOB=V, KNOB=A,B or KNOB=LO..HI (repeatable)."),

@@ -20,6 +20,8 @@ LOADER_MARGIN = 1.25
 LR_SCALINGS = ("sqrt", "linear")
 #: The longest trial or timeout accepted (a day): ``inf`` or a typo would never end.
 MAX_SECONDS = 86400.0
+#: Measured seconds per trial unless asked otherwise (``python -m benchmarks.fidelity compare`` measured 5 against 10).
+DEFAULT_TRIAL_SECONDS = 5.0
 
 
 @dataclass(frozen=True)
@@ -138,7 +140,7 @@ class TrialOptions:
         cores: CPU cores of the trial, split among its ranks (empty: not pinned).
     """
 
-    trial_seconds: float = 10.0
+    trial_seconds: float = DEFAULT_TRIAL_SECONDS
     windows: int = 5
     timeout_s: float | None = None
     max_memory_bytes: int | None = None
@@ -293,11 +295,8 @@ class Calibration:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict."""
-        data = asdict(self)
-        data["memory_points"] = [asdict(p) for p in self.memory_points]
-        data["loader"] = [asdict(p) for p in self.loader]
-        data["precisions"] = [asdict(p) for p in self.precisions]
-        return data
+        # asdict turns the nested points into dicts already.
+        return asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Calibration:

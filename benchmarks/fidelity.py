@@ -18,9 +18,9 @@ With several databases, ``window time spent`` is the mean over them and the
 counts are summed.
 
 ``compare`` runs the new user's command (resnet18 at 64 px, 3,000 JPEGs, 15
-trials, default ``--trial-seconds``) twice, once with the screening rule
-before this one (0.6 x the best after two windows) and once with today's,
-times both, and re-measures both picks and the defaults in interleaved rounds.
+trials) twice, once at a reference ``--trial-seconds`` (10, the former
+default) and once at today's default, times both, and re-measures both picks
+and the defaults in interleaved rounds (10 s each).
 
 Run (a few minutes each on 2 cores)::
 
@@ -193,24 +193,17 @@ def record(out: Path, trials: int, trial_seconds: float, model: str, image_size:
     print(f"winner {result.setup} at {result.samples_per_s:.1f} samples/s; traces in {out / 'study.db'}")
 
 
-#: The screening rule before the checkpoints of :mod:`autotune.tuner.pruning`.
-BEFORE: dict[int, float] = {2: 0.6, 3: 0.6, 4: 0.6, 5: 0.6}
-
-
-def compare(out: Path, trials: int, images: int, rounds: int) -> None:
-    """Before and after, each a real search from scratch, then their picks in interleaved rounds."""
+def compare(out: Path, trials: int, images: int, rounds: int, reference_seconds: float) -> None:
+    """The new user's search at ``reference_seconds`` per trial and at the default, then both picks interleaved."""
     import time
 
     import autotune
-    from autotune.records import TrialOptions
-    from autotune.tuner import study as study_module
-    from autotune.tuner.pruning import CHECKPOINTS, ScreeningPruner
+    from autotune.records import DEFAULT_TRIAL_SECONDS, TrialOptions
     from autotune.workloads import build_workload
     from benchmarks.methods import MethodResult, defaults_method, measure_interleaved
 
     picks, walls = {}, {}
-    for name, checkpoints in (("before", BEFORE), ("after", dict(CHECKPOINTS))):
-        study_module.ScreeningPruner = lambda c=checkpoints: ScreeningPruner(c)  # type: ignore[misc]
+    for name, seconds in (("reference", reference_seconds), ("default", DEFAULT_TRIAL_SECONDS)):
         began = time.monotonic()
         result = autotune.search(
             model="resnet18",
@@ -218,21 +211,22 @@ def compare(out: Path, trials: int, images: int, rounds: int) -> None:
             trials=trials,
             device="cpu",
             out=out / name,
+            trial_seconds=seconds,
             synthetic_images=images,
-            command=f"python -m benchmarks.fidelity compare ({name})",
+            command=f"python -m benchmarks.fidelity compare ({name}: --trial-seconds {seconds:g})",
         )
         walls[name] = time.monotonic() - began
         assert result.setup is not None, f"{name}: no winner"
         picks[name] = MethodResult(name, result.setup, trials=trials, wall_s=walls[name], selection_samples_per_s=result.samples_per_s)
-        print(f"{name}: {walls[name]:.0f} s wall, pick {result.setup.describe()} at {result.samples_per_s:.1f} samples/s")
+        print(f"{name} (--trial-seconds {seconds:g}): {walls[name]:.0f} s wall, pick {result.setup.describe()} at {result.samples_per_s:.1f} samples/s")
     workload = build_workload(model="resnet18", image_size=64, data=None, device="cpu", cache_dir=None, synthetic_images=images)
-    methods = [defaults_method(), picks["before"], picks["after"]]
+    methods = [defaults_method(), picks["reference"], picks["default"]]
     measure_interleaved(methods, workload, TrialOptions(trial_seconds=10.0), rounds, log=print)
     for method in methods:
         print(f"{method.name}: median {method.samples_per_s} samples/s over {method.measurements}")
-    if picks["before"].samples_per_s and picks["after"].samples_per_s:
-        ratio = picks["after"].samples_per_s / picks["before"].samples_per_s
-        print(f"after/before pick: {ratio:.3f} (goal >= 0.95); wall after {walls['after']:.0f} s (goal <= 300 s)")
+    if picks["reference"].samples_per_s and picks["default"].samples_per_s:
+        ratio = picks["default"].samples_per_s / picks["reference"].samples_per_s
+        print(f"default/reference pick: {ratio:.3f} (goal >= 0.95); wall default {walls['default']:.0f} s (goal <= 300 s)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -245,11 +239,12 @@ def main(argv: list[str] | None = None) -> int:
     rec.add_argument("--model", default="resnet18")
     rec.add_argument("--image-size", type=int, default=64)
     rec.add_argument("--images", type=int, default=3000)
-    cmp = sub.add_parser("compare", help="the 15-trial search with the screening before and after, picks re-measured")
+    cmp = sub.add_parser("compare", help="the 15-trial search at a reference --trial-seconds and at the default, picks re-measured")
     cmp.add_argument("--out", type=Path, required=True)
     cmp.add_argument("--trials", type=int, default=15)
     cmp.add_argument("--images", type=int, default=3000)
     cmp.add_argument("--rounds", type=int, default=5)
+    cmp.add_argument("--reference-trial-seconds", type=float, default=10.0, help="the reference search's (default 10, the former default)")
     rep = sub.add_parser("replay", help="apply each candidate rule to recorded traces")
     rep.add_argument("db", type=Path, nargs="+")
     args = parser.parse_args(argv)
@@ -257,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
         record(args.out, args.trials, args.trial_seconds, args.model, args.image_size, args.images)
         return 0
     if args.command == "compare":
-        compare(args.out, args.trials, args.images, args.rounds)
+        compare(args.out, args.trials, args.images, args.rounds, args.reference_trial_seconds)
         return 0
     print("| rule | window time spent | top-3 kept | contenders (>= 0.9 x best) kept | regret | trials stopped |")
     print("| --- | --- | --- | --- | --- | --- |")

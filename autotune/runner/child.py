@@ -19,7 +19,7 @@ from autotune.records import TrialOptions, TrialResult, Workload
 from autotune.runner.failures import BudgetExceeded, CompileFailed, Diverged, classify
 from autotune.runner.measure import MemoryMonitor, Stopwatch, summarize, sync
 from autotune.runner.ranks import Rank, pin, run_world
-from autotune.runner.windows import more_windows, short_epoch
+from autotune.runner.windows import may_close, more_windows
 from autotune.train_setup import TrainSetup
 from autotune.units import format_bytes
 
@@ -30,17 +30,21 @@ class Work:
     """What a trial repeats, and how it warms up.
 
     Attributes:
-        unit: One optimizer step (all its micro-batches) in train and compute
-            mode, one batch in loader mode; windows close between units. It
-            returns the samples it processed.
+        unit: One micro-batch in train and compute mode (the last of every
+            ``per_step`` also takes the optimizer step), one batch in loader
+            mode; windows close between units. It returns the samples it
+            processed.
         warmup_step: One warm-up step (a single micro-batch with its own
             optimizer step in train and compute mode).
         warmup_steps: How many warm-up steps run before the windows.
+        per_step: Units per optimizer step (the accumulation steps; 1 in
+            loader mode). The measurement ends on a step boundary.
     """
 
     unit: Callable[[], int]
     warmup_step: Callable[[], int]
     warmup_steps: int
+    per_step: int = 1
 
 
 #: Samples in the synthetic step of an eager CPU trial (see :meth:`TrialLoop.synthetic_step`).
@@ -66,7 +70,6 @@ class TrialLoop:
         setup.check_device(self.device)
         setup.configure_torch(self.device)  # threads, cuDNN autotuning, TF32: before the model runs
         self.compile_s: float | None = None
-        self.epoch_samples = 0  # a short epoch's samples, measured whole (set when the loader starts)
         budget = options.max_memory_bytes if self.device_type == "cpu" else None
         # On CUDA the allocator reports the peak; no thread samples the host.
         self.monitor = MemoryMonitor(budget_bytes=budget, enabled=self.device_type == "cpu").start()
@@ -91,21 +94,11 @@ class TrialLoop:
         return self.rank.shard(self.pipeline.dataset())
 
     def start_loader(self, dataset: Any) -> Any:
-        """The loader's batches, endless as the emitted script streams epochs (an iterable dataset re-iterated).
-
-        A short epoch (:func:`short_epoch`) is measured over at least one
-        epoch's samples, so the queue filled in warm-up is a small part of it.
-        """
-        from autotune.workloads.data import whole_steps
+        """The loader's batches, endless as the emitted script streams epochs (an iterable dataset re-iterated)."""
         from autotune.workloads.pipeline import endless_batches
 
         sized = hasattr(dataset, "__len__")
-        step_samples = self.setup.batch_size * self.setup.accumulation_steps
-        short = sized and short_epoch(len(dataset), self.setup)
-        self.epoch_samples = whole_steps(len(dataset), step_samples) * self.rank.world_size if short else 0
-        return endless_batches(
-            self.setup, dataset, collate_fn=self.pipeline.collate_fn(), seed=self.options.seed, epochs=not sized
-        )
+        return endless_batches(self.setup, dataset, collate_fn=self.pipeline.collate_fn(), seed=self.options.seed, epochs=not sized)
 
     def build_model(self) -> None:
         import torch
@@ -206,21 +199,21 @@ class TrialLoop:
         setup = self.setup
         accum = setup.accumulation_steps
         mode = self.options.mode
+        position = itertools.count()  # micro-batches measured: every accum-th ends an optimizer step
         if mode == "compute":
             self.build_model()
             batch = self.random_batch()
             batch_samples = self.pipeline.samples(batch)
 
             def compute_unit() -> int:
-                for k in range(accum):
-                    self.micro_step(batch, k == accum - 1)
-                return batch_samples * accum
+                self.micro_step(batch, next(position) % accum == accum - 1)
+                return batch_samples
 
             def compute_warm() -> int:
                 self.micro_step(batch, True)
                 return batch_samples
 
-            return Work(compute_unit, compute_warm, 3 if self.device_type == "cuda" else 1)
+            return Work(compute_unit, compute_warm, 3 if self.device_type == "cuda" else 1, accum)
         dataset = self.build_dataset()
         if mode == "loader":
             batches = self.start_loader(dataset)
@@ -245,12 +238,12 @@ class TrialLoop:
             return samples
 
         def train_unit() -> int:
-            return sum(next_micro_step(k == accum - 1) for k in range(accum))
+            return next_micro_step(next(position) % accum == accum - 1)
 
         def train_warm() -> int:
             return next_micro_step(True)
 
-        return Work(train_unit, train_warm, self.warmup_steps())
+        return Work(train_unit, train_warm, self.warmup_steps(), accum)
 
     def synthetic_step(self) -> None:
         """One optimizer step on a random batch, before the loader starts.
@@ -308,7 +301,7 @@ class TrialLoop:
         units = 0
         wait_before = self.data_wait.total_s
         for index in itertools.count():
-            if not more_windows(index, measured_s, options, samples=total_samples, epoch_samples=self.epoch_samples):
+            if not more_windows(index, measured_s, options):
                 break
             start = time.perf_counter()
             samples = 0
@@ -317,7 +310,11 @@ class TrialLoop:
                 units += 1
                 if self.monitor.over_budget.is_set():
                     self.check()
-                if self.over(time.perf_counter() - start >= window_s):
+                # Every rank decides alike: at the same micro-batch, by the slowest rank's time.
+                if self.over(time.perf_counter() - start >= window_s) and (
+                    units % work.per_step == 0
+                    or may_close(index, units, work.per_step, self.slowest(measured_s + time.perf_counter() - start), options)
+                ):
                     sync(self.device_type)
                     break
             elapsed = time.perf_counter() - start
@@ -331,15 +328,15 @@ class TrialLoop:
             total_samples += samples
             self.send({"event": "window", "index": index, "samples_per_s": rate, "seconds": elapsed})
         stats = summarize(rates)
-        # A short epoch's boundary stall recurs once per epoch, in fewer windows than the median keeps: count time.
-        figure = total_samples / measured_s if self.epoch_samples else stats.median
+        # Windows that close inside an optimizer step hold its cost unevenly: count time over the whole steps.
+        figure = total_samples / measured_s if work.per_step > 1 else stats.median
         wait = self.data_wait.total_s - wait_before
         self.monitor.stop()
         self.check()
         # Data wait and peak memory of the worst rank.
         wait, peak = self.rank.reduce([wait, self.peak_memory()], "max", self.device)
-        # One unit (optimizer step, or loader batch) at the median throughput.
-        step_time = total_samples / max(units, 1) / figure
+        # One optimizer step (or loader batch) at the measured throughput.
+        step_time = total_samples / max(units // work.per_step, 1) / figure
         import torch
 
         return TrialResult(
@@ -358,6 +355,9 @@ class TrialLoop:
             compile_s=self.compile_s,
             num_threads=torch.get_num_threads(),
         )
+
+    def slowest(self, seconds: float) -> float:
+        return self.rank.reduce([seconds], "max", self.device)[0]
 
     def over(self, flag: bool) -> bool:
         """Whether ``flag`` holds on any rank: every rank ends a window (or the warm-up) at the same step."""

@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 
 from autotune.errors import UsageError
 from autotune.output.best import Best
-from autotune.records import MAX_SECONDS, Calibration, Ceilings, Confirmed, TrialRecord, TrialResult
+from autotune.records import DEFAULT_TRIAL_SECONDS, MAX_SECONDS, Calibration, Ceilings, Confirmed, TrialRecord, TrialResult
 from autotune.time_spent import Phase, TimeSpent
 from autotune.tuner.constraints import Constraint, merge_constraints
 
@@ -66,7 +66,7 @@ class SearchConfig:
     device: str = "auto"
     effective_batch: int | None = None
     max_memory: int | None = None
-    trial_seconds: float = 10.0
+    trial_seconds: float = DEFAULT_TRIAL_SECONDS
     constraints: tuple[Constraint, ...] = ()
     out: Path = Path("autotune-out")
     study: str | None = None

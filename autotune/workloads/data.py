@@ -251,10 +251,3 @@ class InfiniteSampler:
 
     def __len__(self) -> int:  # DataLoader asks; the sampler is endless
         return 2**62
-
-
-def whole_steps(size: int, step_samples: int) -> int:
-    """The samples of an epoch of ``size`` that fill whole steps of ``step_samples`` (all of them if not one step)."""
-    step = max(1, step_samples)
-    return size // step * step or size
-
