@@ -311,9 +311,8 @@ class TrialLoop:
                 if self.monitor.over_budget.is_set():
                     self.check()
                 # Every rank decides alike: at the same micro-batch, by the slowest rank's time.
-                if self.over(time.perf_counter() - start >= window_s) and (
-                    units % work.per_step == 0
-                    or may_close(index, units, work.per_step, self.slowest(measured_s + time.perf_counter() - start), options)
+                if self.over(time.perf_counter() - start >= window_s) and may_close(
+                    index, units, work.per_step, self.slowest(measured_s + time.perf_counter() - start), options
                 ):
                     sync(self.device_type)
                     break
