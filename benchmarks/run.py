@@ -2,7 +2,7 @@
 
     python -m benchmarks.run                      # full: the three CPU workloads (+ the GPU one on a GPU)
     python -m benchmarks.run --quick              # a tiny smoke run (about a minute)
-    python -m benchmarks.run --workload resnet18-64 --trial-seconds 3 --rounds 3
+    python -m benchmarks.run --workload resnet18-64 --rounds 3
     python -m benchmarks.run --report             # results/*.json -> markdown table + docs/benchmarks.png
 
 For each workload, six methods each pick a setup: ``defaults`` (PyTorch
@@ -32,7 +32,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from autotune.records import Calibration
+from autotune.records import DEFAULT_TRIAL_SECONDS, Calibration
 from benchmarks.methods import GridSpec
 from benchmarks.plot import METHOD_ORDER
 
@@ -89,7 +89,9 @@ class Budget:
     """How much each method may spend.
 
     Attributes:
-        trial_seconds: Measured seconds per trial (searches, grid, final rounds).
+        trial_seconds: Measured seconds per trial (searches, grid, final
+            rounds): the search's own default, so the benchmark measures what
+            a user's search does.
         rounds: Interleaved rounds of the final re-measurement.
         autotune_trials: The autotune (and random) budget.
         autotune_small: The smaller autotune budget (same study, stopped early).
@@ -101,7 +103,7 @@ class Budget:
             search's own caps only).
     """
 
-    trial_seconds: float = 3.0
+    trial_seconds: float = DEFAULT_TRIAL_SECONDS
     rounds: int = 5
     autotune_trials: int = 30
     autotune_small: int = 15

@@ -1,20 +1,30 @@
 """CPU intra-op threads against loader workers: real trials in interleaved rounds.
 
-Usage: ``python -m benchmarks.threads [--rounds 3] [--trial-seconds 4] [--quick] [--cache-dir DIR]``
+Usage: ``python -m benchmarks.threads [--rounds 3] [--trial-seconds 4] [--quick] [--cache-dir DIR]
+[--task MODULE:FUNCTION --batch N]``
+
+``--task`` measures a user ``Task`` instead of the two image models (its
+module is looked up in ``examples/`` too), e.g.
+``--task text_classifier:make_large_task --batch 1024``.
 
 Each round runs every setup once, in the same order (A B C D A B C D ...),
 each as an isolated trial of :func:`autotune.runner.run_trial`; the table
 gives each setup's median samples/s over the rounds and the range (min..max).
-``threads=auto`` is torch's own choice (what ``num_threads=None`` leaves).
+``threads=auto`` is torch's own choice (what ``num_threads=None`` leaves);
+the setup naming torch's own count explicitly (``threads=N`` for the N
+usable cores) shows what ``torch.set_num_threads`` itself changes (it also
+switches off MKL's dynamic threading).
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+import probes
 from autotune.records import TrialOptions, TrialResult, Workload
 from autotune.runner import run_trial
 from autotune.train_setup import TrainSetup
@@ -22,7 +32,15 @@ from autotune.workloads.data import ensure_synthetic
 
 #: (workers, threads): torch's default, one thread, a worker beside one or two threads.
 SETUPS: tuple[tuple[int, int | None], ...] = ((0, None), (0, 1), (1, 1), (1, 2))
-MODELS = ("resnet18", "mobilenet_v3_small")
+MODELS: tuple[str, ...] = ("resnet18", "mobilenet_v3_small")
+#: Where ``--task`` factories are looked up besides ``sys.path``.
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def setups_for(usable_cores: int) -> tuple[tuple[int, int | None], ...]:
+    """:data:`SETUPS` plus torch's own count named explicitly (0 workers, ``usable_cores`` threads)."""
+    explicit = (0, usable_cores)
+    return SETUPS if explicit in SETUPS else (SETUPS[0], explicit, *SETUPS[1:])
 
 
 def setup_for(workers: int, threads: int | None, batch: int) -> TrainSetup:
@@ -61,19 +79,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--trial-seconds", type=float, default=4.0)
     parser.add_argument("--quick", action="store_true", help="resnet18 at 32 px on 64 images, one round of 1 s trials")
     parser.add_argument("--cache-dir", type=Path, default=None, help="synthetic data (default: autotune's cache)")
+    parser.add_argument("--task", default=None, help="a Task factory, MODULE:FUNCTION, instead of the image models")
+    parser.add_argument("--batch", type=int, default=None, help="batch size (default: 64; 8 with --quick)")
     args = parser.parse_args(argv)
     models, size, images, batch, rounds, seconds = MODELS, 64, 2000, 64, args.rounds, args.trial_seconds
     if args.quick:
         models, size, images, batch, rounds, seconds = ("resnet18",), 32, 64, 8, 1, 1.0
-    data = ensure_synthetic(args.cache_dir, images)
+    batch = args.batch or batch
     options = TrialOptions(trial_seconds=seconds, windows=4)
+    pairs = setups_for(int(probes.collect().cpu.usable_cores))
+    workloads: list[tuple[str, Workload]] = []
+    if args.task:
+        from autotune.workloads.tasks import build_task_workload
+
+        if str(EXAMPLES) not in sys.path:
+            sys.path.insert(0, str(EXAMPLES))
+        workloads.append((args.task, build_task_workload(args.task, device="cpu")))
+    else:
+        data = ensure_synthetic(args.cache_dir, images)
+        workloads += [(f"{model}-{size}", Workload(model=model, image_size=size, data=str(data))) for model in models]
     print(f"| model | workers | threads | samples/s median (range over {rounds} rounds) |")
     print("|---|---|---|---|")
-    for model in models:
-        workload = Workload(model=model, image_size=size, data=str(data))
-        setups = [setup_for(w, t, batch) for w, t in SETUPS]
-        for (workers, threads), results in zip(SETUPS, interleaved(setups, workload, options, rounds), strict=True):
-            print(f"| {model}-{size} | {workers} | {threads or 'auto'} | {summary(results)} |", flush=True)
+    for name, workload in workloads:
+        setups = [setup_for(w, t, batch) for w, t in pairs]
+        for (workers, threads), results in zip(pairs, interleaved(setups, workload, options, rounds), strict=True):
+            print(f"| {name} | {workers} | {threads or 'auto'} | {summary(results)} |", flush=True)
     return 0
 
 

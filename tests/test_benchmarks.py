@@ -180,3 +180,11 @@ def test_script_vs_trial_refuses_a_directory_without_a_search(tmp_path: Path, ca
     assert main([str(tmp_path)]) == 1
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and len(err.splitlines()) == 1
+
+
+def test_threads_benchmark_names_torchs_own_count_beside_auto() -> None:
+    from benchmarks.threads import SETUPS, setups_for
+
+    # Torch's own choice (None) and the same count named explicitly are both measured, once each.
+    assert setups_for(2)[:2] == ((0, None), (0, 2)) and len(setups_for(2)) == len(SETUPS) + 1
+    assert setups_for(1) == SETUPS  # (0, 1) is already there

@@ -130,7 +130,9 @@ def test_helpers_apply_the_knobs_in_this_process() -> None:
 def test_cpu_space_offers_threads_kernels_and_eager_sampling() -> None:
     space = space_for(CPU)
     values = space.values
-    assert values["num_threads"] == (1, 2) and space.is_range("num_threads")
+    # torch's own choice (no set_num_threads call) first, then every count: a choice, not a range.
+    assert values["num_threads"] == (None, 1, 2) and not space.is_range("num_threads")
+    assert "num_threads=auto|1|2" in space.describe()
     assert values["optimizer_impl"] == ("for-loop", "foreach", "fused")  # fused AdamW runs on a CPU in torch 2.14
     assert values["compile"] == ("off", "default") and space.compile_modes() == ("default",)
     assert values["cudnn_benchmark"] == (False,) and values["tf32"] == (False,) and values["decode"] == ("cpu",)
@@ -139,7 +141,7 @@ def test_cpu_space_offers_threads_kernels_and_eager_sampling() -> None:
     trial = optuna.create_study().ask()
     setup = space.suggest(trial)
     assert setup.compile == "off" and "compile" not in trial.params  # compile is a refinement, not sampled
-    assert setup.num_threads in (1, 2) and space.contains(setup) and space.contains(TrainSetup())
+    assert setup.num_threads in (None, 1, 2) and space.contains(setup) and space.contains(TrainSetup())
 
 
 def test_gpu_space_offers_cudnn_tf32_and_gpu_decode_where_they_work() -> None:
@@ -182,6 +184,19 @@ def test_set_pins_and_bounds_the_new_knobs() -> None:
     assert pinned_values(["num_threads=1", "compile=default"]) == {"num_threads": 1, "compile": "default"}
     with pytest.raises(UsageError, match="give one value"):
         pinned_values(["num_threads=1..2"])
+
+
+def test_set_offers_torchs_own_thread_count_as_auto() -> None:
+    assert pinned_values(["num_threads=auto"]) == {"num_threads": None}
+    assert space_for(CPU, None, "num_threads=auto").values["num_threads"] == (None,)
+    assert space_for(CPU, None, "num_threads=auto,1").values["num_threads"] == (None, 1)
+    # A range bounds the counts: torch's own choice is not among them, and an open bound needs no count.
+    assert space_for(CPU, None, "num_threads=..1").values["num_threads"] == (1,)
+    assert space_for(CPU, None, "num_threads=2..").values["num_threads"] == (2,)
+    with pytest.raises(UsageError, match="as a choice"):
+        parse_constraint("num_threads=auto..2")
+    with pytest.raises(UsageError, match="an integer or auto"):
+        parse_constraint("num_threads=many")
 
 
 def test_fixed_shapes_are_detected_from_the_first_items() -> None:

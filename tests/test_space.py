@@ -149,9 +149,16 @@ def test_params_for_round_trips_through_suggest() -> None:
     study = optuna.create_study()
     study.enqueue_trial(space.params_for(wanted))
     assert space.suggest(study.ask()) == wanted
-    # torch's own choices (None) become their usual equivalents: every usable core, the for-loop kernels on a CPU.
+    # torch's own thread count is in the space and stays; its own optimizer kernels (not offered) become the for-loop ones.
     study.enqueue_trial(space.params_for(TrainSetup()))
-    assert space.suggest(study.ask()) == TrainSetup(num_threads=2, optimizer_impl="for-loop")
+    assert space.suggest(study.ask()) == TrainSetup(optimizer_impl="for-loop")
+    # Without torch's own choice in the space (num_threads bounded by --set), it becomes every usable core.
+    bounded = build_space(device=CPU, calibration=calibration(), usable_cores=2, effective_batch=None,
+                          constraints=merge_constraints([parse_constraint("num_threads=1..2")]))
+    assert bounded.is_range("num_threads")
+    other = optuna.create_study()  # a study samples one space: --set is part of its signature
+    other.enqueue_trial(bounded.params_for(TrainSetup()))
+    assert bounded.suggest(other.ask()) == TrainSetup(num_threads=2, optimizer_impl="for-loop")
 
 
 def test_extrapolate_batch_and_powers() -> None:

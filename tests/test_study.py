@@ -39,6 +39,21 @@ def test_a_different_signature_is_refused_naming_the_difference(tmp_path: Path) 
     assert signature_difference({"a": [1]}, {"a": (1,)}) is None  # compared as stored JSON
 
 
+def test_a_study_sampled_in_an_older_space_is_refused_not_crashed(tmp_path: Path) -> None:
+    from autotune.records import Workload
+    from autotune.tuner.config import SearchConfig
+    from autotune.tuner.identity import signature
+    from autotune.tuner.space import SPACE_VERSION
+
+    current = signature(SearchConfig(model="resnet18", trials=3), Workload(model="resnet18"))
+    assert current["space"] == SPACE_VERSION
+    older = {k: v for k, v in current.items() if k != "space"}  # stored before the space was versioned
+    study = _open(tmp_path)
+    study.check_signature(older)
+    with pytest.raises(StorageError, match=f"space: None there, {SPACE_VERSION} now"):
+        _open(tmp_path).check_signature(current)
+
+
 def test_trials_are_stored_told_and_read_back(tmp_path: Path) -> None:
     study = _open(tmp_path)
     study.enqueue(ROLE_DEFAULTS, {})

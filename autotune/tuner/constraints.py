@@ -80,10 +80,13 @@ def _parse_value(knob: str, text: str) -> Any:
         if lowered not in CHOICE_KNOBS[knob]:
             raise UsageError(f"--set {knob}: expected one of {', '.join(CHOICE_KNOBS[knob])}, got {text!r}")
         return lowered
+    if knob == "num_threads" and text.lower() in ("auto", "none"):
+        return None  # torch's own choice: no torch.set_num_threads call
     try:
         value = int(text)
     except ValueError:
-        raise UsageError(f"--set {knob}: expected an integer, got {text!r}") from None
+        expected = "an integer or auto" if knob == "num_threads" else "an integer"
+        raise UsageError(f"--set {knob}: expected {expected}, got {text!r}") from None
     minimum = 0 if knob == "num_workers" else 1
     if value < minimum:
         raise UsageError(f"--set {knob}: must be >= {minimum}, got {value}")
@@ -115,6 +118,8 @@ def parse_constraint(text: str) -> Constraint:
         low_text, _, high_text = rest.partition("..")
         low = _parse_value(knob, low_text) if low_text.strip() else None
         high = _parse_value(knob, high_text) if high_text.strip() else None
+        if knob == "num_threads" and "auto" in (low_text.strip().lower(), high_text.strip().lower()):
+            raise UsageError(f"--set {text!r}: a range bounds thread counts; offer torch's own choice as a choice (num_threads=auto,1,2)")
         if low is not None and high is not None and low > high:
             raise UsageError(f"--set {text!r}: empty range")
         return Constraint(knob, low=low, high=high)
@@ -170,15 +175,17 @@ def apply_constraints(
             values[knob] = (constraint.value,)
             continue
         if knob in RANGE_KNOBS and constraint.choices is None:
-            low = constraint.low if constraint.low is not None else min(base[knob])
-            high = constraint.high if constraint.high is not None else max(base[knob])
+            counts = [v for v in base[knob] if v is not None]  # num_threads' None (torch's choice) is not a count
+            low = constraint.low if constraint.low is not None else min(counts)
+            high = constraint.high if constraint.high is not None else max(counts)
             kept = tuple(range(low, high + 1))
         elif constraint.choices is not None:
             kept = tuple(constraint.choices)
         else:
             kept = tuple(v for v in base[knob] if constraint.allows(v))
         if not kept:
-            raise UsageError(f"--set {knob}: no value left (allowed here: {', '.join(map(str, base[knob]))})")
+            allowed = ", ".join("auto" if v is None else str(v) for v in base[knob])
+            raise UsageError(f"--set {knob}: no value left (allowed here: {allowed})")
         values[knob] = kept
     return values
 

@@ -8,6 +8,7 @@ from typing import Any
 from autotune.devices import DeviceInfo
 from autotune.records import Workload
 from autotune.tuner.config import SearchConfig
+from autotune.tuner.space import SPACE_VERSION
 
 
 def study_name(config: SearchConfig, device: DeviceInfo, workload: Workload | None = None) -> str:
@@ -37,6 +38,7 @@ def signature(config: SearchConfig, workload: Workload, machine: dict[str, Any] 
         "max_memory": config.max_memory,
         "trial_seconds": config.trial_seconds,
         "constraints": sorted(repr(c) for c in config.constraints),
+        "space": SPACE_VERSION,
         **({"nproc_per_node": config.nproc_per_node} if config.nproc_per_node > 1 else {}),
     }
 

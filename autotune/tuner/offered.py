@@ -3,8 +3,14 @@
 Each knob is offered only where it can work, and a ``--set`` that asks for
 one where it cannot is refused with one line:
 
-- ``num_threads``: 1 .. the usable cores (the loader's workers run one
-  thread each, so threads and workers share the same cores).
+- ``num_threads``: torch's own choice (``None``, ``auto`` in ``--set``: no
+  ``torch.set_num_threads`` call), then 1 .. the usable cores (the loader's
+  workers run one thread each, so threads and workers share the same
+  cores). The first is not the same as naming torch's thread count:
+  ``torch.set_num_threads`` also switches off MKL's dynamic threading, and a
+  small-GEMM model (a width-32 transformer) trained 8-11 % slower with
+  ``num_threads=2`` than with torch's own choice of 2 threads on the 2-core
+  development machine (docs/benchmarks.md, "Torch's own thread count").
 - ``compile``: ``off`` and ``default`` (plus ``reduce-overhead`` on CUDA);
   sampled trials run eagerly, compiled modes are tried on the leading setup
   (:mod:`autotune.tuner.refine`).
@@ -37,7 +43,7 @@ def torch_knob_values(device: DeviceInfo, workload: Workload | None, usable_core
     if not own_optimizer:
         impls = tuple(i for i in OPTIMIZER_IMPLS if i != "fused" or fused_supported(device.type))
     return {
-        "num_threads": tuple(range(1, max(1, usable_cores) + 1)),
+        "num_threads": (None, *range(1, max(1, usable_cores) + 1)),
         "compile": ("off", "default", "reduce-overhead") if cuda else ("off", "default"),
         "cudnn_benchmark": (False, True) if cuda and fixed else (False,),
         "tf32": (False, True) if cuda and device.tf32 else (False,),

@@ -26,6 +26,11 @@ if TYPE_CHECKING:  # pragma: no cover
 
 #: PyTorch's DataLoader default batch size: the baseline every search measures.
 DEFAULT_BATCH = 32
+#: Changes whenever a knob's sampled values or distribution change: a stored
+#: study sampled another space, and Optuna refuses a parameter whose
+#: distribution changed, so it is part of a study's signature. 2: torch's own
+#: thread count joined ``num_threads`` (a choice, no longer an integer range).
+SPACE_VERSION = 2
 
 def probe_batch(max_batch: int, device: DeviceInfo) -> int:
     """The middle batch of the compute ceiling and the first guess: 64 on a CPU, 256 on a GPU."""
@@ -94,7 +99,9 @@ class Space:
         values are every integer between their bounds. Choices the user gave
         (``--set num_workers=2,8``) stay choices."""
         values = tuple(self.values.get(knob, ()))
-        return knob in RANGE_KNOBS and len(values) > 1 and values == tuple(range(min(values), max(values) + 1))
+        if knob not in RANGE_KNOBS or len(values) < 2 or not all(isinstance(v, int) for v in values):
+            return False  # num_threads with torch's own choice (None) among the counts is a choice
+        return values == tuple(range(min(values), max(values) + 1))
 
     def _pick(self, trial: optuna.Trial, knob: str, candidates: Sequence[Any] | None = None) -> Any:
         options = tuple(candidates if candidates is not None else self.values[knob])
@@ -175,7 +182,7 @@ class Space:
             if self.is_range(knob):
                 parts.append(f"{knob}={min(values)}..{max(values)}")
             else:
-                parts.append(f"{knob}={'|'.join(str(v).lower() if isinstance(v, bool) else str(v) for v in values)}")
+                parts.append(f"{knob}={'|'.join(_shown(v) for v in values)}")
         return "space: " + ", ".join(parts)
 
     def params_for(self, setup: TrainSetup) -> dict[str, Any]:
@@ -191,8 +198,9 @@ class Space:
                 continue  # not an Optuna parameter (see sampled_compile)
             value = getattr(setup, knob)
             options = self.values[knob]
-            if value is None and knob in _TORCH_PICKS:  # torch's own choice: its usual equivalent
-                value = max(options) if knob == "num_threads" else options[0]
+            if value is None and knob in _TORCH_PICKS and None not in options:  # torch's own choice: its usual equivalent
+                counts = [o for o in options if o is not None]
+                value = max(counts) if knob == "num_threads" else options[0]
             if self.is_range(knob):
                 value = min(max(value if value is not None else 2, min(options)), max(options))
             elif value not in options:
@@ -223,6 +231,13 @@ class Space:
 
 #: Knobs whose ``None`` means "what torch picks by itself".
 _TORCH_PICKS = ("num_threads", "optimizer_impl")
+
+
+def _shown(value: Any) -> str:
+    """A knob value as ``describe`` and ``--set`` write it (``None``: torch's own choice, ``auto``)."""
+    if value is None:
+        return "auto"
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def _nearest(value: Any, options: Sequence[Any]) -> Any:
