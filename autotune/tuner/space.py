@@ -199,8 +199,7 @@ class Space:
             value = getattr(setup, knob)
             options = self.values[knob]
             if value is None and knob in _TORCH_PICKS and None not in options:  # torch's own choice: its usual equivalent
-                counts = [o for o in options if o is not None]
-                value = max(counts) if knob == "num_threads" else options[0]
+                value = max(options) if knob == "num_threads" else options[0]
             if self.is_range(knob):
                 value = min(max(value if value is not None else 2, min(options)), max(options))
             elif value not in options:
