@@ -216,7 +216,10 @@ def test_a_task_search_with_a_fake_runner_writes_best_json_and_the_task_train_py
     assert best is not None and best.workload.task == "task_factories:dict_batches"
     assert best.reference_batch == 4 and not any("synthetic" in n for n in best.notes)
     assert best.setup.channels_last is False  # not offered: the batches hold no image tensor
-    assert all(r.setup.effective_batch() <= 20 for r in outcome.records)  # one step fits in len(dataset)
+    # One step must fit in len(dataset) (20): a larger one is recorded as an error without running, and not counted.
+    too_large = [r for r in outcome.records if r.setup.effective_batch() > 20]
+    assert all(r.free and r.result.status == "error" and "exceeds the 20 training images" in (r.result.error or "") for r in too_large)
+    assert sum(not r.free for r in outcome.records) == 4
     assert outcome.records[0].setup.batch_size == 4  # the defaults trial runs the recipe's batch
     script = (tmp_path / "out" / "train.py").read_text()
     assert "WORKLOAD = 'task_factories:dict_batches'" in script and "task.compute_loss(model, batch)" in script
