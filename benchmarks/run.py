@@ -129,6 +129,15 @@ WORKLOADS: dict[str, WorkloadSpec] = {
 }
 #: Where the task workloads' factories live.
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def example_task(factory: str, device: str) -> Any:
+    """The workload of a Task factory (``MODULE:FUNCTION``), its module looked up in ``examples/`` too."""
+    from autotune.workloads.tasks import build_task_workload
+
+    if str(EXAMPLES) not in sys.path:
+        sys.path.insert(0, str(EXAMPLES))
+    return build_task_workload(factory, device=device)
 QUICK_WORKLOAD = WorkloadSpec("quick-resnet18-32", "smoke test", "resnet18", 32, images=64)
 FULL_BUDGET = Budget()
 QUICK_BUDGET = Budget(
@@ -252,11 +261,7 @@ def run_workload(
 
         data = ensure_small_synthetic(cache_dir, spec.images, *spec.small_images)
     if spec.task is not None:
-        from autotune.workloads.tasks import build_task_workload
-
-        if str(EXAMPLES) not in sys.path:
-            sys.path.insert(0, str(EXAMPLES))
-        workload = build_task_workload(spec.task, device=device.name)
+        workload = example_task(spec.task, device.name)
     else:
         workload = build_workload(
             model=spec.model,

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -33,8 +32,6 @@ from autotune.workloads.data import ensure_synthetic
 #: (workers, threads): torch's default, one thread, a worker beside one or two threads.
 SETUPS: tuple[tuple[int, int | None], ...] = ((0, None), (0, 1), (1, 1), (1, 2))
 MODELS: tuple[str, ...] = ("resnet18", "mobilenet_v3_small")
-#: Where ``--task`` factories are looked up besides ``sys.path``.
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
 def setups_for(usable_cores: int) -> tuple[tuple[int, int | None], ...]:
@@ -90,11 +87,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     pairs = setups_for(int(probes.collect().cpu.usable_cores))
     workloads: list[tuple[str, Workload]] = []
     if args.task:
-        from autotune.workloads.tasks import build_task_workload
+        from benchmarks.run import example_task
 
-        if str(EXAMPLES) not in sys.path:
-            sys.path.insert(0, str(EXAMPLES))
-        workloads.append((args.task, build_task_workload(args.task, device="cpu")))
+        workloads.append((args.task, example_task(args.task, "cpu")))
     else:
         data = ensure_synthetic(args.cache_dir, images)
         workloads += [(f"{model}-{size}", Workload(model=model, image_size=size, data=str(data))) for model in models]

@@ -59,6 +59,13 @@ class Constraint:
         return candidate == self.value
 
 
+def shown(value: Any) -> str:
+    """A knob value as ``--set`` writes it (``None``: torch's own choice, ``auto``; booleans in lower case)."""
+    if value is None:
+        return "auto"
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
 def _parse_value(knob: str, text: str) -> Any:
     text = text.strip()
     if knob in BOOL_KNOBS:
@@ -118,7 +125,7 @@ def parse_constraint(text: str) -> Constraint:
         low_text, _, high_text = rest.partition("..")
         low = _parse_value(knob, low_text) if low_text.strip() else None
         high = _parse_value(knob, high_text) if high_text.strip() else None
-        if knob == "num_threads" and "auto" in (low_text.strip().lower(), high_text.strip().lower()):
+        if (low_text.strip() and low is None) or (high_text.strip() and high is None):
             raise UsageError(f"--set {text!r}: a range bounds thread counts; offer torch's own choice as a choice (num_threads=auto,1,2)")
         if low is not None and high is not None and low > high:
             raise UsageError(f"--set {text!r}: empty range")
@@ -184,8 +191,7 @@ def apply_constraints(
         else:
             kept = tuple(v for v in base[knob] if constraint.allows(v))
         if not kept:
-            allowed = ", ".join("auto" if v is None else str(v) for v in base[knob])
-            raise UsageError(f"--set {knob}: no value left (allowed here: {allowed})")
+            raise UsageError(f"--set {knob}: no value left (allowed here: {', '.join(map(shown, base[knob]))})")
         values[knob] = kept
     return values
 

@@ -18,7 +18,7 @@ from autotune.devices import DeviceInfo
 from autotune.errors import UsageError
 from autotune.records import Calibration, Workload
 from autotune.train_setup import DDP_KNOBS, KNOBS, TrainSetup
-from autotune.tuner.constraints import RANGE_KNOBS, Constraint, apply_constraints, check_constraints
+from autotune.tuner.constraints import RANGE_KNOBS, Constraint, apply_constraints, check_constraints, shown
 from autotune.tuner.offered import check_workload_constraints, torch_knob_values
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -182,7 +182,7 @@ class Space:
             if self.is_range(knob):
                 parts.append(f"{knob}={min(values)}..{max(values)}")
             else:
-                parts.append(f"{knob}={'|'.join(_shown(v) for v in values)}")
+                parts.append(f"{knob}={'|'.join(shown(v) for v in values)}")
         return "space: " + ", ".join(parts)
 
     def params_for(self, setup: TrainSetup) -> dict[str, Any]:
@@ -230,13 +230,6 @@ class Space:
 
 #: Knobs whose ``None`` means "what torch picks by itself".
 _TORCH_PICKS = ("num_threads", "optimizer_impl")
-
-
-def _shown(value: Any) -> str:
-    """A knob value as ``describe`` and ``--set`` write it (``None``: torch's own choice, ``auto``)."""
-    if value is None:
-        return "auto"
-    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def _nearest(value: Any, options: Sequence[Any]) -> Any:
