@@ -8,7 +8,7 @@ one where it cannot is refused with one line:
   workers run one thread each, so threads and workers share the same
   cores). The first is not the same as naming torch's thread count:
   ``torch.set_num_threads`` also switches off MKL's dynamic threading, and a
-  small-GEMM model (a width-32 transformer) trained 8-11 % slower with
+  small-GEMM model (a width-32 transformer) trained 10 % slower with
   ``num_threads=2`` than with torch's own choice of 2 threads on the 2-core
   development machine (docs/benchmarks.md, "Torch's own thread count").
 - ``compile``: ``off`` and ``default`` (plus ``reduce-overhead`` on CUDA);
