@@ -453,7 +453,8 @@ def check_goals(result: dict[str, Any]) -> list[dict[str, Any]]:
         ("autotune_15", "random_15"), ("autotune_15", "random"), ("autotune", "random"),
         ("autotune", "recipe"), ("autotune", "max_batch"),
     ):
-        add(f"{name} >= {other}", rate(name) >= rate(other), f"{name} {rate(name):.1f} vs {other} {rate(other):.1f} samples/s")
+        detail = f"{name} {rate(name):.1f} vs {other} {rate(other):.1f} samples/s{_paired(m[name], m[other], name)}"
+        add(f"{name} >= {other}", rate(name) >= rate(other), detail)
     emitted = rate("emitted") / rate("autotune") if rate("autotune") else 0.0
     add("emitted train.py >= 0.95 x autotune (same rounds)", emitted >= 0.95, f"train.py/autotune = {emitted:.3f}")
     cost = m["autotune_15"].get("search_cost") or {}
@@ -464,6 +465,14 @@ def check_goals(result: dict[str, Any]) -> list[dict[str, Any]]:
         f"wall {cost.get('wall_s')} s / measured {cost.get('measured_s')} s = {over}",
     )
     return goals
+
+
+def _paired(a: dict[str, Any], b: dict[str, Any], name: str) -> str:
+    """How often ``a`` led ``b`` in the final rounds, round by round (the rounds are interleaved, so paired)."""
+    pairs = list(zip(a.get("measurements") or [], b.get("measurements") or [], strict=False))
+    if not pairs or a.get("setup") == b.get("setup"):
+        return ""
+    return f"; {name} led in {sum(x > y for x, y in pairs)} of {len(pairs)} paired rounds"
 
 
 def print_goals(name: str, goals: list[dict[str, Any]], log: Any = print) -> None:

@@ -113,6 +113,11 @@ def test_goals_say_missed_plainly() -> None:
     missed = [line for line in lines if line.startswith("MISSED:")]
     assert len(missed) == 5  # autotune_15 vs grid, random_15, random; train.py; search wall
     assert any("train.py/autotune = 0.800" in line for line in missed)
+    # With the final rounds on record, a miss says how often each pick led, round by round.
+    methods["autotune"].update(setup={"batch_size": 64}, measurements=[101.0, 99.0, 104.0, 98.0, 97.0])
+    methods["random"].update(setup={"batch_size": 128}, measurements=[100.0, 100.0, 100.0, 100.0, 100.0])
+    detail = next(g["detail"] for g in run.check_goals({"methods": methods}) if g["goal"] == "autotune >= random")
+    assert detail.endswith("autotune led in 2 of 5 paired rounds")
     methods["autotune_15"].update(samples_per_s=100.0, ratio_to_grid=1.0, search_cost={"wall_over_measured": 1.2})
     methods["emitted"].update(samples_per_s=96.0)
     assert all(g["ok"] for g in run.check_goals({"methods": methods}))

@@ -1,7 +1,8 @@
 """The ask/tell loop: one isolated trial per Optuna trial until ``--trials`` are finished.
 
-The last trials re-run the leading setup with ``torch.compile``
-(:mod:`autotune.tuner.refine`).
+The last trials of a TPE search step from the leading setup one knob at a
+time (:mod:`autotune.tuner.neighbours`), then re-run it with
+``torch.compile`` (:mod:`autotune.tuner.refine`).
 
 Infeasible trials (oom, timeout, error, diverged) are recorded as results,
 never raised; a setup measured before is reused instead of re-run; a step
@@ -21,8 +22,9 @@ from autotune.output.trials_csv import write_trials_csv
 from autotune.records import TrialOptions, TrialResult, Workload
 from autotune.runner import TrialRunner, WindowCallback
 from autotune.train_setup import TrainSetup
+from autotune.tuner.neighbours import ROLE_NEIGHBOUR, enqueue_neighbour
 from autotune.tuner.progress import Reporter
-from autotune.tuner.refine import ROLE_COMPILE, compile_setup, enqueue_compile_trials
+from autotune.tuner.refine import ROLE_COMPILE, compile_setup, enqueue_compile_trials, reserved
 from autotune.tuner.signals import interrupts_held
 from autotune.tuner.space import Space
 from autotune.tuner.study import ROLE_DEFAULTS, ROLE_SEARCH, SearchStudy
@@ -39,6 +41,8 @@ class Exploration:
         options: How each trial measures.
         wanted: Finished trials wanted in the study.
         csv_path: Where ``trials.csv`` is rewritten after every trial.
+        neighbours: Trials of the budget for one-knob moves from the leader
+            (:func:`autotune.tuner.neighbours.reserved`; 0: none, as with the random sampler).
     """
 
     space: Space
@@ -47,6 +51,7 @@ class Exploration:
     options: TrialOptions
     wanted: int
     csv_path: Path
+    neighbours: int = 0
 
 
 def explore(study: SearchStudy, plan: Exploration, reporter: Reporter, runner: TrialRunner) -> None:
@@ -61,12 +66,9 @@ def explore(study: SearchStudy, plan: Exploration, reporter: Reporter, runner: T
         trial = None
         try:
             with interrupts_held():
-                enqueue_compile_trials(study, plan.space, plan.wanted)
+                queue_refinements(study, plan)
                 trial, role = study.ask()
-                if role == ROLE_COMPILE:
-                    setup = compile_setup(trial.user_attrs)
-                else:
-                    setup = plan.defaults if role == ROLE_DEFAULTS else plan.space.suggest(trial)
+                setup = setup_for(trial, role, plan)
                 reporter.trial_started(done, plan.wanted, role, setup)
                 known = known_result(study, setup, trial.number, plan.workload)
             if known is None:
@@ -87,6 +89,21 @@ def explore(study: SearchStudy, plan: Exploration, reporter: Reporter, runner: T
             best = max((r.result.samples_per_s or 0.0 for r in records if r.result.ok), default=None)
             record = next(r for r in records if r.number == trial.number)
             reporter.trial_finished(study.finished(plan.wanted), plan.wanted, record, best)
+
+
+def queue_refinements(study: SearchStudy, plan: Exploration) -> None:
+    """Queue the next neighbour move, or the compiled leader, once the budget has reached their trials."""
+    after = reserved(plan.space, plan.wanted)
+    skip = lambda setup: unrunnable(setup, plan.workload) is not None  # noqa: E731
+    enqueue_neighbour(study, plan.space, plan.wanted, share=plan.neighbours, after=after, skip=skip)
+    enqueue_compile_trials(study, plan.space, plan.wanted)
+
+
+def setup_for(trial: optuna.Trial, role: str, plan: Exploration) -> TrainSetup:
+    """What a trial runs: the defaults, a queued compiled leader, or its params through the space (sampled or queued)."""
+    if role == ROLE_COMPILE:
+        return compile_setup(trial.user_attrs)
+    return plan.defaults if role == ROLE_DEFAULTS else plan.space.suggest(trial)
 
 
 @dataclass(frozen=True)
@@ -138,8 +155,8 @@ def unrunnable(setup: TrainSetup, workload: Workload) -> TrialResult | None:
 
 
 def pruning_hook(trial: optuna.Trial, role: str) -> WindowCallback | None:
-    """Report each window to Optuna's pruner; None for the defaults and guesses (always measured in full)."""
-    if role != ROLE_SEARCH:
+    """Report each window to Optuna's pruner; None for the defaults, guesses and compiled runs (always measured in full)."""
+    if role not in (ROLE_SEARCH, ROLE_NEIGHBOUR):
         return None
 
     def hook(index: int, value: float) -> bool:

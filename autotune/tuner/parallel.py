@@ -21,11 +21,11 @@ from autotune.output.trials_csv import write_trials_csv
 from autotune.records import TrialResult
 from autotune.runner import TrialRunner, WindowCallback
 from autotune.train_setup import TrainSetup
-from autotune.tuner.explore import Exploration, explore, known_result, pruning_hook
+from autotune.tuner.explore import Exploration, explore, known_result, pruning_hook, queue_refinements, setup_for
 from autotune.tuner.placement import Placement
 from autotune.tuner.progress import Reporter
 from autotune.tuner.signals import interrupts_held
-from autotune.tuner.study import ATTR_ENDED, ATTR_STARTED, ROLE_DEFAULTS, SearchStudy
+from autotune.tuner.study import ATTR_ENDED, ATTR_STARTED, SearchStudy
 
 #: How long the main thread waits for the running trials to stop after an interrupt.
 STOP_WAIT_S = 15.0
@@ -92,8 +92,9 @@ class _Parallel:
         while self.free and (done := self.study.finished(self.plan.wanted)) + len(self.running) < self.plan.wanted:
             slot = self.free.pop(0)
             with interrupts_held():
+                queue_refinements(self.study, self.plan)
                 trial, role = self.study.ask()
-                setup = self.plan.defaults if role == ROLE_DEFAULTS else self.plan.space.suggest(trial)
+                setup = setup_for(trial, role, self.plan)
                 self.reporter.trial_started(done + len(self.running), self.plan.wanted, role, setup)
                 known = known_result(self.study, setup, trial.number, self.plan.workload)
             self.running[slot] = _Running(trial, role, setup)

@@ -37,6 +37,7 @@ from autotune.tuner.explore import Exploration
 from autotune.tuner.guesses import guess_setups
 from autotune.tuner.identity import machine_fingerprint, signature, study_name
 from autotune.tuner.lock import OutputLock
+from autotune.tuner.neighbours import reserved as reserved_neighbours
 from autotune.tuner.offered import check_workload_constraints
 from autotune.tuner.parallel import explore_placed
 from autotune.tuner.placement import Placement, place
@@ -108,10 +109,9 @@ def _search(
     first = (crew.once(lambda: first_steps(config, prepared, reporter, placed), reporter) if crew else None)
     calibration, space = first or first_steps(config, prepared, reporter, placed)
     defaults = defaults_setup(prepared.placement.rank_batch(config.effective_batch), batch=prepared.workload.reference_batch)
-    options = TrialOptions(
-        trial_seconds=config.trial_seconds, timeout_s=config.timeout_s, max_memory_bytes=config.max_memory
-    )
-    plan = Exploration(space, defaults, prepared.workload, options, config.trials, prepared.out / "trials.csv")
+    options = TrialOptions(trial_seconds=config.trial_seconds, timeout_s=config.timeout_s, max_memory_bytes=config.max_memory)
+    moves = reserved_neighbours(config.trials) if config.sampler == "tpe" else 0  # the random baseline stays random
+    plan = Exploration(space, defaults, prepared.workload, options, config.trials, prepared.out / "trials.csv", moves)
     timing.phase = "search"
     explore_all = partial(crew.explore, runner=placed) if crew else partial(explore_placed, prepared.placement, runner=timed)
     interrupted = not runs_to_the_end(lambda: explore_all(prepared.study, plan, reporter))

@@ -103,7 +103,7 @@ class Space:
             return False  # num_threads with torch's own choice (None) among the counts is a choice
         return values == tuple(range(min(values), max(values) + 1))
 
-    def _pick(self, trial: optuna.Trial, knob: str, candidates: Sequence[Any] | None = None) -> Any:
+    def _pick(self, trial: optuna.trial.BaseTrial, knob: str, candidates: Sequence[Any] | None = None) -> Any:
         options = tuple(candidates if candidates is not None else self.values[knob])
         if len(options) == 1:
             return options[0]
@@ -111,7 +111,7 @@ class Space:
             return trial.suggest_int(knob, min(options), max(options))
         return trial.suggest_categorical(knob, list(options))
 
-    def suggest(self, trial: optuna.Trial) -> TrainSetup:
+    def suggest(self, trial: optuna.trial.BaseTrial) -> TrainSetup:
         """Sample one TrainSetup through an Optuna trial (define-by-run)."""
         workers = self._pick(trial, "num_workers")
         batch = self._pick(trial, "batch_size")
@@ -145,7 +145,7 @@ class Space:
             static_graph=self._pick(trial, "static_graph") if accumulation == 1 else False,
         )
 
-    def sampled_compile(self, trial: optuna.Trial) -> Any:
+    def sampled_compile(self, trial: optuna.trial.BaseTrial) -> Any:
         """``off`` whenever eager is allowed: compiled modes are tried on the leading setup instead
         (:mod:`autotune.tuner.refine`); the user's choice when ``--set`` leaves no eager mode."""
         if "off" in self.values["compile"]:

@@ -42,15 +42,13 @@ from autotune.output.best import Best
 from autotune.output.trials_csv import write_trials_csv
 from autotune.records import Calibration, TrialRecord, TrialResult
 from autotune.runner import TrialRunner, WindowCallback
-from autotune.train_setup import TrainSetup
 from autotune.tuner.config import SearchOutcome
-from autotune.tuner.explore import Exploration, known_result, pruning_hook
+from autotune.tuner.explore import Exploration, known_result, pruning_hook, queue_refinements, setup_for
 from autotune.tuner.lock import Holder
 from autotune.tuner.progress import Reporter
-from autotune.tuner.refine import ROLE_COMPILE, compile_setup, enqueue_compile_trials
 from autotune.tuner.signals import interrupts_held
 from autotune.tuner.storage import CONNECTION_ERRORS, heartbeats, with_retries
-from autotune.tuner.study import ATTR_MARKER, ATTR_ROLE, FINISHED, ROLE_DEFAULTS, ROLE_SEARCH, SearchStudy, counted
+from autotune.tuner.study import ATTR_MARKER, ATTR_ROLE, FINISHED, ROLE_SEARCH, SearchStudy, counted
 from autotune.tuner.study_report import stored_confirmed
 
 T = TypeVar("T")
@@ -268,7 +266,7 @@ class Crew:
                 time.sleep(self.poll_s)
                 continue
             waiting = False
-            self._retry(lambda: enqueue_compile_trials(study, plan.space, plan.wanted))
+            self._retry(lambda: queue_refinements(study, plan))
             trial = self._ask(study, plan.wanted)
             if trial is None:
                 time.sleep(self.poll_s * random.uniform(0.5, 1.5))
@@ -312,7 +310,7 @@ class Crew:
         try:
             with interrupts_held():
                 role = str(trial.user_attrs.get(ATTR_ROLE, ROLE_SEARCH))
-                setup = self._retry(lambda: _setup_of(trial, role, plan), keep_locally)
+                setup = self._retry(lambda: setup_for(trial, role, plan), keep_locally)
                 finished, _ = self._retry(lambda: _counts(study, None, plan.wanted), keep_locally)
                 reporter.trial_started(finished, plan.wanted, role, setup)
                 without_run = self._retry(lambda: known_result(study, setup, trial.number, plan.workload), keep_locally)
@@ -369,9 +367,3 @@ def _counts(study: SearchStudy, besides: int | None, wanted: int) -> tuple[int, 
     trials = [t for t in study.study.get_trials(deepcopy=False, states=(*FINISHED, TrialState.RUNNING)) if t.number != besides]
     return counted(trials, wanted), sum(t.state == TrialState.RUNNING for t in trials)
 
-
-def _setup_of(trial: optuna.Trial, role: str, plan: Exploration) -> TrainSetup:
-    """What a trial runs: the defaults, a queued compiled leader, or the sampler's draw."""
-    if role == ROLE_COMPILE:
-        return compile_setup(trial.user_attrs)
-    return plan.defaults if role == ROLE_DEFAULTS else plan.space.suggest(trial)
