@@ -134,3 +134,12 @@ def test_a_tpe_search_ends_its_sampled_trials_with_moves_from_the_leader(tmp_pat
         assert len(moved) == 1 or moved <= {"num_workers", "prefetch_factor", "persistent_workers"}, moved
     random = run_search(SearchConfig(**{**cfg.__dict__, "sampler": "random", "out": tmp_path / "random"}), runner=fast_with_workers)
     assert not any(r.role == ROLE_NEIGHBOUR for r in random.records)  # the baseline stays random
+
+
+def test_trials_run_two_at_once_get_the_moves_too(tmp_path: Path, cache_dir: Path) -> None:
+    cfg = SearchConfig(model="resnet18", trials=12, image_size=32, device="cpu", devices="cpu,cpu", trial_seconds=1.0,
+                       out=tmp_path / "out", cache_dir=cache_dir, synthetic_images=512, confirm_rounds=2, confirm_top=2)
+    records = run_search(cfg, runner=fast_with_workers).records
+    neighbours = [r for r in records if r.role == ROLE_NEIGHBOUR]
+    assert 1 <= len(neighbours) <= reserved(12)  # a move waits while the other slot's trial may still lead
+    assert sum(not r.free for r in records) == 12
