@@ -37,7 +37,7 @@ from autotune.records import TrialRecord
 from autotune.train_setup import TrainSetup
 from autotune.tuner.pruning import CHECKPOINTS
 from autotune.tuner.space import Space
-from autotune.tuner.study import ATTR_ROLE, FINISHED, SearchStudy
+from autotune.tuner.study import ATTR_ROLE, FINISHED, SearchStudy, counted
 
 ROLE_NEIGHBOUR = "neighbour"
 #: The move a queued neighbour trial makes: the knob moved and the setup (to skip it while it waits or runs).
@@ -181,7 +181,7 @@ def enqueue_neighbour(study: SearchStudy, space: Space, wanted: int, *, share: i
         return
     live = study.study.get_trials(deepcopy=False, states=(*FINISHED, TrialState.WAITING, TrialState.RUNNING))
     running = sum(t.state == TrialState.RUNNING for t in live)
-    started = study.finished(wanted) + running
+    started = counted(live, wanted) + running  # from the trials read above, not a second read of the storage
     if not wanted - after - share <= started < wanted - after:
         return
     if any(t.state == TrialState.WAITING for t in live):  # a queued trial goes first; one move at a time
