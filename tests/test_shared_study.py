@@ -21,9 +21,10 @@ import sqlalchemy
 from optuna.trial import TrialState
 
 from autotune.train_setup import TrainSetup
+from autotune.tuner.budget import counted
 from autotune.tuner.lock import Holder
 from autotune.tuner.storage import heartbeats, is_shared, journal_path
-from autotune.tuner.study import SearchStudy, counted
+from autotune.tuner.study import SearchStudy
 from autotune.tuner.workers import ATTR_WORKER, Crew
 
 TESTS = Path(__file__).parent

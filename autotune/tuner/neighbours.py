@@ -35,9 +35,10 @@ from optuna.trial import TrialState
 
 from autotune.records import TrialRecord
 from autotune.train_setup import TrainSetup
+from autotune.tuner.budget import FINISHED, progress
 from autotune.tuner.pruning import CHECKPOINTS
 from autotune.tuner.space import Space
-from autotune.tuner.study import ATTR_ROLE, FINISHED, SearchStudy, counted
+from autotune.tuner.study import ATTR_ROLE, SearchStudy
 
 ROLE_NEIGHBOUR = "neighbour"
 #: The move a queued neighbour trial makes: the knob moved and the setup (to skip it while it waits or runs).
@@ -180,9 +181,8 @@ def enqueue_neighbour(study: SearchStudy, space: Space, wanted: int, *, share: i
     if share <= 0:
         return
     live = study.study.get_trials(deepcopy=False, states=(*FINISHED, TrialState.WAITING, TrialState.RUNNING))
-    running = sum(t.state == TrialState.RUNNING for t in live)
-    started = counted(live, wanted) + running  # from the trials read above, not a second read of the storage
-    if not wanted - after - share <= started < wanted - after:
+    done, running = progress(live, wanted)
+    if not wanted - after - share <= done + running < wanted - after:
         return
     if any(t.state == TrialState.WAITING for t in live):  # a queued trial goes first; one move at a time
         return

@@ -18,8 +18,9 @@ from __future__ import annotations
 from optuna.trial import TrialState
 
 from autotune.train_setup import TrainSetup
+from autotune.tuner.budget import FINISHED, progress
 from autotune.tuner.space import Space
-from autotune.tuner.study import ATTR_ROLE, FINISHED, SearchStudy
+from autotune.tuner.study import ATTR_ROLE, SearchStudy
 
 ROLE_COMPILE = "compile"
 #: The trial attribute holding the setup a compile trial runs.
@@ -36,11 +37,11 @@ def reserved(space: Space, wanted: int) -> int:
 def enqueue_compile_trials(study: SearchStudy, space: Space, wanted: int) -> None:
     """Once the eager trials are done, queue the fastest eager setup compiled in each offered mode (once per study)."""
     count = reserved(space, wanted)
-    running = len(study.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))  # other workers' trials
-    if not count or study.finished(wanted) + running < wanted - count:
+    if not count:
         return
-    live = (*FINISHED, TrialState.WAITING, TrialState.RUNNING)
-    if any(t.user_attrs.get(ATTR_ROLE) == ROLE_COMPILE for t in study.study.get_trials(deepcopy=False, states=live)):
+    live = study.study.get_trials(deepcopy=False, states=(*FINISHED, TrialState.WAITING, TrialState.RUNNING))
+    done, running = progress(live, wanted)  # running: other workers' trials too
+    if done + running < wanted - count or any(t.user_attrs.get(ATTR_ROLE) == ROLE_COMPILE for t in live):
         return
     eager = [r for r in study.records() if r.result.ok and r.result.samples_per_s and r.setup.compile == "off"]
     if not eager:

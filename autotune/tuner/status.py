@@ -9,8 +9,9 @@ from optuna.trial import TrialState
 
 from autotune.output.best import Best
 from autotune.records import TrialRecord
+from autotune.tuner.budget import counted
 from autotune.tuner.lock import Holder
-from autotune.tuner.study import ATTR_MARKER, SearchStudy, counted
+from autotune.tuner.study import ATTR_MARKER, SearchStudy
 from autotune.tuner.workers import ATTR_WORKER, STUDY_BUDGET, STUDY_WINNER
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import uuid
 import warnings
-from collections.abc import Iterable
 from dataclasses import asdict
 from typing import Any
 
@@ -26,6 +25,7 @@ from autotune.records import Calibration, Ceilings, TrialRecord, TrialResult
 from autotune.redact import hide_passwords
 from autotune.time_spent import TimeSpent
 from autotune.train_setup import TrainSetup
+from autotune.tuner.budget import ATTR_FREE, FINISHED, counted, progress
 from autotune.tuner.identity import signature_difference
 from autotune.tuner.lock import Holder
 from autotune.tuner.pruning import ScreeningPruner
@@ -41,8 +41,6 @@ ATTR_ROLE = "role"
 ATTR_SETUP = "setup"
 ATTR_RESULT = "result"
 ATTR_REUSED_FROM = "reused_from"
-#: Nothing ran for this trial (a setup measured before, or one the data cannot feed): see :func:`counted`.
-ATTR_FREE = "free"
 ATTR_MARKER = "marker"  # a shared study's election entry (autotune.tuner.workers), not a measurement
 #: Wall-clock start and end (Unix seconds) of a trial run in parallel with others.
 ATTR_STARTED, ATTR_ENDED = "started", "ended"
@@ -55,9 +53,6 @@ STUDY_STARTUP_TRIALS = "n_startup_trials"
 STUDY_HOLDER = "holder"
 STUDY_TIME_SPENT = "time_spent"
 STUDY_VERDICT = "verdict"
-
-#: Trials that count toward ``--trials`` (free ones only beyond a limit: :func:`counted`).
-FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
 
 #: Confirmation measurements per candidate key: (samples/s values, failure lines).
 Rounds = dict[str, tuple[list[float], list[str]]]
@@ -310,6 +305,11 @@ class SearchStudy:
         """Finished trials that count toward ``--trials`` (see :func:`counted`)."""
         return counted(self.study.get_trials(deepcopy=False, states=FINISHED), wanted)
 
+    def counts(self, wanted: int | None = None, besides: int | None = None) -> tuple[int, int]:
+        """:func:`progress` of the study from one read, trial ``besides`` left out."""
+        trials = self.study.get_trials(deepcopy=False, states=(*FINISHED, TrialState.RUNNING))
+        return progress([t for t in trials if t.number != besides], wanted)
+
     def records(self) -> list[TrialRecord]:
         """Every finished trial that carries a setup and a result."""
         return [r for t in self.study.get_trials(deepcopy=False, states=FINISHED) if (r := _record(t)) is not None]
@@ -355,24 +355,6 @@ class SearchStudy:
     def fail(self, trial: optuna.Trial) -> None:
         """Mark an interrupted trial failed: it does not count toward ``--trials``."""
         self.study.tell(trial, state=TrialState.FAIL)
-
-
-def counted(trials: Iterable[FrozenTrial], wanted: int | None) -> int:
-    """How many of the finished ``trials`` count toward a budget of ``wanted``.
-
-    A free trial ran nothing: the sampler proposed a setup measured before
-    (its measurement is told again, so the sampler learns) or one the data
-    cannot feed. It does not use up the budget, so ``--trials 30`` means 30
-    measurements, until there are more than ``wanted`` free trials: a sampler
-    that keeps proposing measured setups has converged, and the search ends
-    after at most ``2 x wanted`` trials. Without ``wanted`` every finished
-    trial counts.
-    """
-    finished = [t for t in trials if t.state in FINISHED]
-    free = sum(bool(t.user_attrs.get(ATTR_FREE)) for t in finished)
-    if wanted is None:
-        return len(finished)
-    return len(finished) - free + max(0, free - wanted)
 
 
 def _queued_key(trial: FrozenTrial) -> tuple[str, str]:

@@ -48,7 +48,7 @@ from autotune.tuner.lock import Holder
 from autotune.tuner.progress import Reporter
 from autotune.tuner.signals import interrupts_held
 from autotune.tuner.storage import CONNECTION_ERRORS, heartbeats, with_retries
-from autotune.tuner.study import ATTR_MARKER, ATTR_ROLE, FINISHED, ROLE_SEARCH, SearchStudy, counted
+from autotune.tuner.study import ATTR_MARKER, ATTR_ROLE, ROLE_SEARCH, SearchStudy
 from autotune.tuner.study_report import stored_confirmed
 
 T = TypeVar("T")
@@ -256,7 +256,7 @@ class Crew:
         waiting = False
         while True:
             self.fail_stale()
-            finished, running = self._retry(lambda: _counts(study, None, plan.wanted))
+            finished, running = self._retry(lambda: study.counts(plan.wanted))
             if finished >= plan.wanted:
                 return
             if finished + running >= plan.wanted:
@@ -283,7 +283,7 @@ class Crew:
 
         with interrupts_held():
             trial = self._retry(step)
-            finished, running = self._retry(lambda: _counts(study, trial.number, wanted))
+            finished, running = self._retry(lambda: study.counts(wanted, besides=trial.number))
             if finished + running < wanted:
                 return trial
             self._give_back(study, trial)
@@ -311,7 +311,7 @@ class Crew:
             with interrupts_held():
                 role = str(trial.user_attrs.get(ATTR_ROLE, ROLE_SEARCH))
                 setup = self._retry(lambda: setup_for(trial, role, plan), keep_locally)
-                finished, _ = self._retry(lambda: _counts(study, None, plan.wanted), keep_locally)
+                finished, _ = self._retry(lambda: study.counts(plan.wanted), keep_locally)
                 reporter.trial_started(finished, plan.wanted, role, setup)
                 without_run = self._retry(lambda: known_result(study, setup, trial.number, plan.workload), keep_locally)
             result: TrialResult
@@ -339,7 +339,7 @@ class Crew:
             write_trials_csv(plan.csv_path, records)
             best = max((r.result.samples_per_s or 0.0 for r in records if r.result.ok), default=None)
             record = next((r for r in records if r.number == trial.number), pending[0])
-            reporter.trial_finished(self._retry(lambda: _counts(study, None, plan.wanted))[0], plan.wanted, record, best)
+            reporter.trial_finished(self._retry(lambda: study.counts(plan.wanted))[0], plan.wanted, record, best)
         return records
 
 
@@ -360,10 +360,3 @@ def _pruning_hook(trial: optuna.Trial, role: str) -> WindowCallback | None:
 
 def _holders(markers: list[FrozenTrial]) -> list[Holder]:
     return [h for t in markers if (h := Holder.from_dict(t.user_attrs.get(ATTR_WORKER))) is not None]
-
-
-def _counts(study: SearchStudy, besides: int | None, wanted: int) -> tuple[int, int]:
-    """Trials of the study that count toward ``wanted``, and running ones (not counting trial ``besides``)."""
-    trials = [t for t in study.study.get_trials(deepcopy=False, states=(*FINISHED, TrialState.RUNNING)) if t.number != besides]
-    return counted(trials, wanted), sum(t.state == TrialState.RUNNING for t in trials)
-

@@ -1,0 +1,41 @@
+"""How a study's trials count toward ``--trials``.
+
+Every place that asks "is the budget spent?" (the search loop, the shared
+study's workers, the queued refinements, ``autotune status``) counts the same
+way, from trials it has already read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from optuna.trial import FrozenTrial, TrialState
+
+#: Nothing ran for this trial (a setup measured before, or one the data cannot feed): see :func:`counted`.
+ATTR_FREE = "free"
+
+#: Trials that count toward ``--trials`` (free ones only beyond a limit: :func:`counted`).
+FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
+
+
+def counted(trials: Iterable[FrozenTrial], wanted: int | None) -> int:
+    """How many of the finished ``trials`` count toward a budget of ``wanted``.
+
+    A free trial ran nothing: the sampler proposed a setup measured before
+    (its measurement is told again, so the sampler learns) or one the data
+    cannot feed. It does not use up the budget, so ``--trials 30`` means 30
+    measurements, until there are more than ``wanted`` free trials: a sampler
+    that keeps proposing measured setups has converged, and the search ends
+    after at most ``2 x wanted`` trials. Without ``wanted`` every finished
+    trial counts.
+    """
+    finished = [t for t in trials if t.state in FINISHED]
+    free = sum(bool(t.user_attrs.get(ATTR_FREE)) for t in finished)
+    if wanted is None:
+        return len(finished)
+    return len(finished) - free + max(0, free - wanted)
+
+
+def progress(trials: Sequence[FrozenTrial], wanted: int | None) -> tuple[int, int]:
+    """Of ``trials`` (read once): the finished ones that count toward ``wanted`` (:func:`counted`), and the running ones."""
+    return counted(trials, wanted), sum(t.state == TrialState.RUNNING for t in trials)
