@@ -468,9 +468,13 @@ def check_goals(result: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _paired(a: dict[str, Any], b: dict[str, Any], name: str) -> str:
-    """How often ``a`` led ``b`` in the final rounds, round by round (the rounds are interleaved, so paired)."""
+    """How often ``a`` led ``b`` in the final rounds, round by round (the rounds are interleaved, so paired).
+
+    A failed round is left out of ``measurements`` and shifts the pairing, so with
+    failures nothing is said (as :func:`autotune.tuner.noise.paired_ratios` falls back to the medians).
+    """
     pairs = list(zip(a.get("measurements") or [], b.get("measurements") or [], strict=False))
-    if not pairs or a.get("setup") == b.get("setup"):
+    if not pairs or a.get("setup") == b.get("setup") or a.get("failures") or b.get("failures"):
         return ""
     return f"; {name} led in {sum(x > y for x, y in pairs)} of {len(pairs)} paired rounds"
 

@@ -118,6 +118,11 @@ def test_goals_say_missed_plainly() -> None:
     methods["random"].update(setup={"batch_size": 128}, measurements=[100.0, 100.0, 100.0, 100.0, 100.0])
     detail = next(g["detail"] for g in run.check_goals({"methods": methods}) if g["goal"] == "autotune >= random")
     assert detail.endswith("autotune led in 2 of 5 paired rounds")
+    # A failed round is missing from the measurements: the rounds no longer pair up, so none are counted.
+    methods["random"].update(measurements=[100.0, 100.0, 100.0, 100.0], failures=["timeout: killed"])
+    detail = next(g["detail"] for g in run.check_goals({"methods": methods}) if g["goal"] == "autotune >= random")
+    assert detail == "autotune 100.0 vs random 100.0 samples/s"
+    methods["random"].update(measurements=[100.0] * 5, failures=[])
     methods["autotune_15"].update(samples_per_s=100.0, ratio_to_grid=1.0, search_cost={"wall_over_measured": 1.2})
     methods["emitted"].update(samples_per_s=96.0)
     assert all(g["ok"] for g in run.check_goals({"methods": methods}))
