@@ -94,7 +94,7 @@ def check_setup_device(
         if setup.pin_memory:
             raise SetupError("pin_memory only helps host-to-GPU copies; it needs a CUDA device")
         if bf16_supported is False and setup.amp == "bf16":
-            raise SetupError("amp=bf16: this CPU has no native bf16 (AMX / AVX512-BF16)")
+            raise SetupError("amp=bf16: this CPU has no native bf16 (AMX / AVX512-BF16); use amp=off")
     elif kind == "cuda":
         if setup.amp == "bf16":
             if bf16_supported is None:

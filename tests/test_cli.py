@@ -93,10 +93,23 @@ def test_trial_command_bad_setup_and_json(tmp_path, cache_dir) -> None:
     assert fp16.exit_code == 2 and "fp16 needs a CUDA device" in _one_error_line(fp16.output)
 
 
+def test_trial_refuses_bf16_on_a_cpu_without_it(cache_dir, monkeypatch) -> None:
+    # Whatever this machine's CPU: the probe finds none of the bf16 flags.
+    monkeypatch.setattr("probes.cpu.BF16_FLAGS", ())
+    result = runner.invoke(app, ["trial", "--amp", "bf16", "--device", "cpu", "--cache-dir", str(cache_dir),
+                                 "--synthetic-images", "64"])
+    assert result.exit_code == 2
+    assert "no native bf16" in _one_error_line(result.output) and "amp=off" in _one_error_line(result.output)
+
+
 @pytest.mark.slow
 def test_trial_command_prints_one_json_result(cache_dir) -> None:
+    import probes
+
+    # bf16 where this CPU has it (AMX, AVX512-BF16), fp32 elsewhere: the trial refuses bf16 without it.
+    amp = "bf16" if probes.collect().cpu.bf16 else "off"
     result = runner.invoke(app, ["trial", "--model", "resnet18", "--image-size", "32", "--batch-size", "8",
-                                 "--workers", "1", "--prefetch", "2", "--amp", "bf16", "--accum", "2",
+                                 "--workers", "1", "--prefetch", "2", "--amp", amp, "--accum", "2",
                                  "--channels-last", "--trial-seconds", "1", "--device", "cpu", "--json",
                                  "--cache-dir", str(cache_dir), "--synthetic-images", "64"])
     assert result.exit_code == 0, result.output

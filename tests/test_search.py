@@ -104,9 +104,33 @@ def test_second_guess_at_the_largest_batch_when_throughput_rises(tmp_path, cache
     assert roles[:3] == ["defaults", "guess", "guess"]
     first, second = outcome.records[1].setup, outcome.records[2].setup
     assert second.batch_size > first.batch_size
-    # The same guess at the larger batch, its prefetch lowered so the loader queue fits in the 256 images.
-    assert second == first.replace(batch_size=second.batch_size, prefetch_factor=second.prefetch_factor)
-    assert second.num_workers * second.prefetch_factor * second.batch_size <= 256
+    # The same guess at the larger batch, its prefetch (and, where even depth 1 is too deep, its
+    # workers) lowered so the loader queue fits in the 256 images.
+    assert second == first.replace(batch_size=second.batch_size, prefetch_factor=second.prefetch_factor,
+                                   num_workers=second.num_workers, persistent_workers=second.persistent_workers)
+    assert second.num_workers <= first.num_workers
+    assert second.num_workers * (second.prefetch_factor or 0) * second.batch_size <= 256
+    assert "loader queue" not in (outcome.records[2].result.error or "")
+
+
+def test_a_guess_gets_fewer_workers_when_even_prefetch_1_overfills_an_epoch() -> None:
+    from autotune.tuner.guesses import _queue_within_epoch
+    from autotune.tuner.space import Space
+
+    values = {
+        "num_workers": (0, 1, 2, 3), "prefetch_factor": (1, 2, 3, 4), "pin_memory": (False,), "persistent_workers": (True,),
+        "batch_size": (64, 128, 256, 512), "accumulation_steps": (1,), "amp": ("off",), "channels_last": (False,),
+    }
+    space = Space(values=values, images=256)
+    setup = TrainSetup(num_workers=3, prefetch_factor=4, persistent_workers=True, batch_size=64)
+    assert _queue_within_epoch(space, setup) == setup.replace(prefetch_factor=1)  # 3 x 1 x 64 = 192
+    big = setup.replace(batch_size=128)
+    assert _queue_within_epoch(space, big) == big.replace(num_workers=2, prefetch_factor=1)  # 2 x 1 x 128 = 256
+    whole = setup.replace(batch_size=256)
+    assert _queue_within_epoch(space, whole) == whole.replace(num_workers=1, prefetch_factor=1)
+    too_big = setup.replace(batch_size=512)  # no queue fits: the loader runs in the main process
+    assert _queue_within_epoch(space, too_big) == too_big.replace(num_workers=0, prefetch_factor=None,
+                                                                  persistent_workers=False)
 
 
 def test_same_seed_gives_same_first_suggestions(tmp_path, cache_dir) -> None:
@@ -337,9 +361,9 @@ def test_the_ceilings_can_be_skipped(tmp_path, cache_dir) -> None:
 
 def test_repeats_do_not_use_up_the_budget_and_a_converged_sampler_still_ends(tmp_path, cache_dir) -> None:
     """A sampler that proposes a measured setup gets its measurement back for free; --trials counts measurements."""
-    # Four setups (amp off or bf16, batch 16 or 32) and the defaults, and a budget of 8: the space runs out.
-    pins = ("num_workers=0", "accumulation_steps=1", "channels_last=false", "num_threads=1", "optimizer_impl=foreach",
-            "amp=off,bf16", "batch_size=16,32")
+    # Four setups (contiguous or channels_last, batch 16 or 32) and the defaults, and a budget of 8: the space runs out.
+    pins = ("num_workers=0", "accumulation_steps=1", "amp=off", "num_threads=1", "optimizer_impl=foreach",
+            "channels_last=false,true", "batch_size=16,32")
     import io
 
     from rich.console import Console

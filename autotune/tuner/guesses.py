@@ -34,11 +34,20 @@ def guess_setups(space: Space, calibration: Calibration, device: DeviceInfo, usa
 
 
 def _queue_within_epoch(space: Space, setup: TrainSetup) -> TrainSetup:
-    """``setup`` with its prefetch depth lowered until the loader queue fits in one epoch."""
-    if not setup.num_workers or setup.prefetch_factor is None:
+    """``setup`` with its prefetch depth lowered until the loader queue fits in one epoch;
+    when even the smallest depth does not, with fewer workers too (none at all, as the last resort)."""
+    if not setup.num_workers or setup.prefetch_factor is None or space.images is None:
         return setup
-    fitting = [p for p in space.prefetch_within_epoch(setup.num_workers, setup.batch_size) if p <= setup.prefetch_factor]
-    return setup.replace(prefetch_factor=max(fitting)) if fitting else setup
+    for workers in sorted((w for w in space.values["num_workers"] if 0 < w <= setup.num_workers), reverse=True):
+        fitting = [
+            p for p in space.values["prefetch_factor"]
+            if isinstance(p, int) and p <= setup.prefetch_factor and workers * p * setup.batch_size <= space.images
+        ]
+        if fitting:
+            return setup.replace(num_workers=workers, prefetch_factor=max(fitting))
+    if 0 in space.values["num_workers"]:
+        return setup.replace(num_workers=0, prefetch_factor=None, persistent_workers=False)
+    return setup
 
 
 def guess_setup(space: Space, calibration: Calibration, device: DeviceInfo, usable_cores: int) -> TrainSetup:
