@@ -162,3 +162,14 @@ def test_without_bf16_only_fp32_layouts_are_measured() -> None:
         WORKLOAD, CPU, usable_cores=2, available_bytes=64 * 2**30, max_memory=None, trial_seconds=3.0, bf16_ok=False, runner=FakeRunner()
     )
     assert {p.amp for p in result.precisions} == {"off"} and len(result.precisions) == 2
+
+
+def test_a_model_too_deep_for_the_image_size_is_one_error_with_a_hint() -> None:
+    from autotune.errors import WorkloadError
+
+    def too_small(setup, workload, options=None, *, on_window=None) -> TrialResult:
+        return TrialResult(status="error", error="RuntimeError: Given input size: (256x1x1). Output size is too small")
+
+    with pytest.raises(WorkloadError, match=r"model resnet18 fails: .*too small \(at --image-size 32; the model needs larger"):
+        calibrate(WORKLOAD, CPU, usable_cores=2, available_bytes=2**33, max_memory=None, trial_seconds=3.0,
+                  bf16_ok=False, runner=too_small)

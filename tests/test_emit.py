@@ -470,3 +470,45 @@ def test_a_much_larger_batch_warms_the_learning_rate_up(synthetic_data: Path, tm
     checkpoint = _checkpoint(run / "out" / "checkpoint.pth")
     lr = checkpoint["optimizer"]["param_groups"][0]["lr"]
     assert lr == pytest.approx(0.001 * 8**0.5 / 4)  # the first of 4 warm-up steps
+
+
+def test_auxiliary_classifiers_count_in_the_loss_as_in_the_search(synthetic_data: Path, tmp_path: Path) -> None:
+    """Inception v3 and GoogLeNet return auxiliary logits in training mode: the script and the trials weigh them alike."""
+    import torch
+    from torchvision.models.googlenet import GoogLeNetOutputs
+    from torchvision.models.inception import InceptionOutputs
+
+    from autotune.errors import WorkloadError
+    from autotune.workloads.models import classification_loss
+
+    namespace = load_script(write_script(make_best(synthetic_data, batch_size=4), tmp_path / "train.py"))
+    script_loss = namespace["classification_loss"]
+    criterion = torch.nn.CrossEntropyLoss()
+    torch.manual_seed(0)
+    a, b, c = (torch.randn(4, 10) for _ in range(3))
+    labels = torch.tensor([0, 3, 9, 1])
+
+    def ce(x: torch.Tensor) -> float:
+        return float(criterion(x, labels))
+
+    cases = [
+        (a, ce(a)),
+        (InceptionOutputs(a, b), ce(a) + 0.4 * ce(b)),
+        (GoogLeNetOutputs(a, b, c), ce(a) + 0.3 * ce(b) + 0.3 * ce(c)),
+        (InceptionOutputs(a, None), ce(a)),  # aux_logits=False
+    ]
+    for output, expected in cases:
+        assert float(classification_loss(output, labels)) == pytest.approx(expected)
+        assert float(script_loss(criterion, output, labels)) == pytest.approx(expected)
+    with pytest.raises(WorkloadError, match=r"returned dict, not a logits tensor.*--workload"):
+        classification_loss({"out": a}, labels)
+
+
+@pytest.mark.slow
+def test_a_model_with_auxiliary_classifiers_trains_in_a_trial(synthetic_data: Path) -> None:
+    from autotune.records import TrialOptions
+    from autotune.runner import run_trial
+
+    workload = Workload(model="googlenet", image_size=64, data=str(synthetic_data), device="cpu")
+    result = run_trial(TrainSetup(batch_size=2), workload, TrialOptions(trial_seconds=0.5, windows=2))
+    assert result.status == "ok", result.error

@@ -117,7 +117,7 @@ def calibrate(
         if result.status == "error" and not points:
             # The model fails at a small batch with the plainest setup, and not
             # for memory: no setup can work, so stop now, not after every trial.
-            raise WorkloadError(f"model {workload.model} fails: {result.error}")
+            raise WorkloadError(f"model {workload.model} fails: {result.error}{_size_hint(workload, result.error)}")
         points.append(MemoryPoint(batch, result.status, result.peak_memory_bytes, result.samples_per_s))
         log(f"memory pre-pass: batch {batch}: {result.status}, peak {format_bytes(result.peak_memory_bytes)}")
         if result.status != "ok":
@@ -213,6 +213,13 @@ def workers_broken(points: list[LoaderPoint], first_error: str | None) -> str | 
     if not main or main[0].status != "ok" or not workers or any(p.status == "ok" for p in workers):
         return None
     return first_error or "every loader-only measurement with workers failed"
+
+
+def _size_hint(workload: Workload, error: str | None) -> str:
+    """A hint when a classifier's input is too small for the model (its pooling leaves nothing)."""
+    if workload.task is not None or "too small" not in (error or ""):
+        return ""
+    return f" (at --image-size {workload.image_size}; the model needs larger images)"
 
 
 def _with_budget(options: TrialOptions, budget: int | None) -> TrialOptions:

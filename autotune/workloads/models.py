@@ -156,3 +156,39 @@ def build_model(ref: str, *, num_classes: int, image_size: int, sys_path: Sequen
     if ref.startswith("vit_"):
         options["image_size"] = image_size
     return torchvision.models.get_model(ref, **options)
+
+
+#: Weight of each auxiliary classifier's loss, by how many a model has: Inception v3
+#: trains its one with 0.4, GoogLeNet its two with 0.3 each (as their papers do).
+AUX_WEIGHTS = {1: 0.4, 2: 0.3}
+
+
+def classification_loss(output: Any, labels: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy of a classifier's output against the labels.
+
+    The output is the logits, or an object holding them as ``.logits``:
+    torchvision's Inception v3 and GoogLeNet return their auxiliary
+    classifiers' logits too in training mode (``InceptionOutputs``,
+    ``GoogLeNetOutputs``), whose losses are added with :data:`AUX_WEIGHTS`;
+    a model returning a ``ModelOutput`` with ``.logits`` is read the same way.
+
+    Raises:
+        WorkloadError: The output holds no logits tensor.
+    """
+    import torch
+    from torch.nn.functional import cross_entropy
+
+    if isinstance(output, torch.Tensor):
+        return cross_entropy(output, labels)
+    logits = getattr(output, "logits", None)
+    if not isinstance(logits, torch.Tensor):
+        raise WorkloadError(
+            f"the model returned {type(output).__name__}, not a logits tensor (nor an object with .logits); "
+            "wrap it to return logits, or describe its loss with --workload (autotune.Task)"
+        )
+    fields = output._asdict() if hasattr(output, "_asdict") else {}
+    aux = [value for name, value in fields.items() if name.startswith("aux") and isinstance(value, torch.Tensor)]
+    loss = cross_entropy(logits, labels)
+    for value in aux:
+        loss = loss + AUX_WEIGHTS.get(len(aux), 0.3) * cross_entropy(value, labels)
+    return loss

@@ -101,11 +101,11 @@ class ClassifierPipeline:
         return torch.optim.AdamW(params, lr=lr, **optimizer_kwargs(impl))
 
     def loss(self, model: Any, batch: Any) -> Any:
-        """Cross-entropy of ``model(images)`` against the labels."""
-        import torch
+        """Cross-entropy of ``model(images)`` against the labels (auxiliary classifiers included)."""
+        from autotune.workloads.models import classification_loss
 
         images, labels = batch
-        return torch.nn.functional.cross_entropy(model(images), labels)
+        return classification_loss(model(images), labels)
 
     def samples(self, batch: Any) -> int:
         """Images in the batch."""
