@@ -35,6 +35,9 @@ def _one_error_line(output: str) -> str:
     [
         (("--trials", "0"), 2, "--trials must be >= 1"),
         (("--model", "resnet1800"), 1, "unknown model 'resnet1800'; did you mean resnet18"),
+        (("--model", "fcn_resnet50"), 1, "fcn_resnet50 is a torchvision segmentation model; --model tunes image classifiers"),
+        (("--model", "fasterrcnn_resnet50_fpn"), 1, "torchvision detection model; --model tunes image classifiers"),
+        (("--model", "quantized_resnet18"), 1, "for inference only; tune its float version (resnet18)"),
         (("--model", "os:system('x')"), 1, "not a valid factory reference"),
         (("--model", "no_such_module:f"), 1, "cannot import 'no_such_module'"),
         (("--set", "turbo=1"), 2, "unknown knob 'turbo'"),

@@ -69,6 +69,27 @@ def torchvision_models() -> list[str]:
     return sorted(torchvision.models.list_models(module=torchvision.models))
 
 
+#: torchvision's model families other than image classification, by module.
+OTHER_KINDS = {
+    "segmentation": "segmentation",
+    "detection": "detection",
+    "video": "video",
+    "optical_flow": "optical-flow",
+    "quantization": "quantized",
+}
+
+
+def other_torchvision_kind(ref: str) -> str | None:
+    """The family of a torchvision model that is not an image classifier (``"detection"``, ...); None otherwise."""
+    import torchvision
+
+    for module, kind in OTHER_KINDS.items():
+        family = getattr(torchvision.models, module, None)
+        if family is not None and ref in torchvision.models.list_models(module=family):
+            return kind
+    return None
+
+
 def check_model_name(ref: str) -> None:
     """Raise a helpful error for an unknown torchvision name (factories pass).
 
@@ -80,6 +101,15 @@ def check_model_name(ref: str) -> None:
         return
     names = torchvision_models()
     if ref not in names:
+        kind = other_torchvision_kind(ref)
+        if kind == "quantized":
+            float_name = ref.removeprefix("quantized_")
+            raise WorkloadError(f"{ref} is a torchvision quantized model, for inference only; tune its float version ({float_name})")
+        if kind is not None:
+            raise WorkloadError(
+                f"{ref} is a torchvision {kind} model; --model tunes image classifiers: describe its training "
+                "(dataset, loss) as an autotune.Task and pass --workload module:factory (docs/workloads.md)"
+            )
         close = difflib.get_close_matches(ref, names, n=3, cutoff=0.5)
         hint = f"; did you mean {', '.join(close)}?" if close else "; see torchvision.models.list_models()"
         raise WorkloadError(f"unknown model {ref!r}{hint}")
