@@ -216,10 +216,13 @@ def workers_broken(points: list[LoaderPoint], first_error: str | None) -> str | 
 
 
 def _size_hint(workload: Workload, error: str | None) -> str:
-    """A hint when a classifier's input is too small for the model (its pooling leaves nothing)."""
-    if workload.task is not None or "too small" not in (error or ""):
+    """The classifier's image size (a shape error often depends on it), and a hint when the
+    input is too small for the model (its pooling leaves nothing)."""
+    if workload.task is not None:
         return ""
-    return f" (at --image-size {workload.image_size}; the model needs larger images)"
+    if "too small" in (error or ""):
+        return f" (at --image-size {workload.image_size}; the model needs larger images)"
+    return f" (at --image-size {workload.image_size})"
 
 
 def _with_budget(options: TrialOptions, budget: int | None) -> TrialOptions:
