@@ -33,8 +33,8 @@ def configure_torch(
         device: The training device (the CUDA flags apply only to ``cuda``).
         num_threads: Intra-op threads (``torch.set_num_threads``).
         cudnn_benchmark: ``torch.backends.cudnn.benchmark``.
-        tf32: TF32 for float32 matmuls and convolutions, through the
-            ``fp32_precision`` API of the installed torch.
+        tf32: TF32 for float32 matmuls (``torch.set_float32_matmul_precision("high")``)
+            and convolutions (``torch.backends.cudnn.conv.fp32_precision``).
     """
     import torch
 
@@ -45,7 +45,10 @@ def configure_torch(
     if cudnn_benchmark:
         torch.backends.cudnn.benchmark = True
     if tf32:
-        torch.backends.cuda.matmul.fp32_precision = "tf32"
+        # Matmuls through torch.set_float32_matmul_precision, not matmul.fp32_precision: once the
+        # latter is set, torch.get_float32_matmul_precision() raises ("mix of the legacy and new
+        # APIs"), and inductor's autotuning (compile=max-autotune-no-cudagraphs) calls it.
+        torch.set_float32_matmul_precision("high")
         torch.backends.cudnn.conv.fp32_precision = "tf32"
 
 

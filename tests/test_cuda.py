@@ -68,7 +68,7 @@ def test_tiny_cuda_search(tmp_path, cache_dir) -> None:
 def test_cuda_flags_apply_through_the_precision_api() -> None:
     import torch
 
-    before = (torch.backends.cudnn.benchmark, torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision)
+    before = (torch.backends.cudnn.benchmark, torch.get_float32_matmul_precision(), torch.backends.cudnn.conv.fp32_precision)
     try:
         tf32 = torch.cuda.get_device_capability(0) >= (8, 0)
         TrainSetup(cudnn_benchmark=True, tf32=tf32).configure_torch("cuda:0")
@@ -76,10 +76,23 @@ def test_cuda_flags_apply_through_the_precision_api() -> None:
         if tf32:
             assert torch.backends.cuda.matmul.fp32_precision == "tf32"
             assert torch.backends.cudnn.conv.fp32_precision == "tf32"
+            assert torch.get_float32_matmul_precision() == "high"  # readable: inductor's autotuning reads it
     finally:
         torch.backends.cudnn.benchmark = before[0]
-        torch.backends.cuda.matmul.fp32_precision = before[1]
+        torch.set_float32_matmul_precision(before[1])
         torch.backends.cudnn.conv.fp32_precision = before[2]
+
+
+def test_cuda_max_autotune_compiles_with_tf32(tiny_workload) -> None:
+    """compile=max-autotune-no-cudagraphs autotunes its matmuls, which reads the matmul precision TF32 set."""
+    import torch
+
+    if torch.cuda.get_device_capability(0) < (8, 0):
+        pytest.skip("GPU without TF32")
+    workload = dataclasses.replace(tiny_workload, device="cuda:0")
+    setup = TrainSetup(batch_size=16, tf32=True, compile="max-autotune-no-cudagraphs")
+    result = run_trial(setup, workload, TrialOptions(trial_seconds=1.0, timeout_s=900.0))
+    assert result.status == "ok", result.error
 
 
 @pytest.mark.parametrize("impl", ["for-loop", "foreach", "fused"])
@@ -128,6 +141,9 @@ def test_cuda_trial_with_gpu_decode(tiny_workload) -> None:
     setup = TrainSetup(batch_size=32, num_workers=2, prefetch_factor=2, pin_memory=True, decode="gpu", amp="fp16")
     result = run_trial(setup, workload, QUICK)
     assert result.status == "ok", result.error
+    assert result.samples_per_s * result.step_time_s == pytest.approx(32)  # images per step, not bytes
+    compute = run_trial(setup, workload, dataclasses.replace(QUICK, mode="compute"))  # random pixels, no decoder
+    assert compute.status == "ok", compute.error
 
 
 @pytest.mark.parametrize("mode", ["default", "reduce-overhead"])

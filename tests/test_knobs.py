@@ -126,6 +126,71 @@ def test_helpers_apply_the_knobs_in_this_process() -> None:
     assert TrainSetup().compile_model(model) is model
 
 
+def test_gpu_decode_batches_count_images_not_bytes(tiny_workload: Workload) -> None:
+    """decode=gpu batches hold files' bytes: a trial counts their labels. The decoder runs on any
+    device decode_jpeg supports, so its path is exercised here on the CPU."""
+    from autotune.workloads.gpu_decode import GpuDecoder
+    from autotune.workloads.pipeline import ClassifierPipeline
+
+    pipeline = ClassifierPipeline(tiny_workload, decode="gpu")
+    dataset = pipeline.dataset()
+    collate = pipeline.collate_fn()
+    assert collate is not None
+    batch = collate([dataset[i] for i in range(4)])
+    assert pipeline.samples(batch) == 4  # not the first file's length in bytes
+    images, labels = GpuDecoder(32, "cpu")(batch, channels_last=True)
+    assert images.shape == (4, 3, 32, 32) and images.dtype == torch.float32
+    assert images.is_contiguous(memory_format=torch.channels_last)
+    assert pipeline.samples((images, labels)) == 4
+
+
+def test_the_random_batch_is_pixels_and_skips_the_gpu_decoder(tiny_workload: Workload) -> None:
+    """The synthetic step and the compute-only mode feed random pixels, which the decoder of files must not see."""
+    from autotune.runner.child import TrialLoop
+
+    loop = TrialLoop(TrainSetup(batch_size=4, channels_last=True), tiny_workload, TrialOptions(),
+                     started=time.perf_counter(), send=lambda event: None)
+
+    def decoder(batch: Any, *, channels_last: bool = False) -> Any:
+        raise AssertionError("random pixels went through the decoder of files' bytes")
+
+    loop.decoder = decoder  # what decode=gpu installs
+    images, labels = loop.random_batch(2)
+    assert images.shape == (2, 3, 32, 32) and images.is_contiguous(memory_format=torch.channels_last)
+    assert labels.shape == (2,)
+    loop.monitor.stop()
+
+
+@pytest.mark.parametrize("template", ["train.py.tmpl", "train_task.py.tmpl"])
+def test_tf32_leaves_the_matmul_precision_readable(template: str) -> None:
+    """TF32 on, the matmul precision still reads back: inductor's autotuning calls
+    torch.get_float32_matmul_precision(), which raises once matmul.fp32_precision was set.
+    The flags need no GPU to be set, so this runs on the CPU, for the trials' helper and both scripts."""
+    import argparse
+    import re
+
+    import autotune.output.emit
+
+    source = (Path(autotune.output.emit.__file__).parent / "templates" / template).read_text()
+    function = re.search(r"^def configure_torch\(args, device\):\n(?:    .*\n|\n)+?(?=\n\ndef )", source, re.M)
+    assert function is not None
+    namespace: dict[str, Any] = {"torch": torch, "sys": sys}
+    exec(function.group(0), namespace)
+    args = argparse.Namespace(threads=None, cudnn_benchmark=False, tf32=True, compile="off", decode="cpu")
+    appliers = [lambda: TrainSetup(tf32=True).configure_torch("cuda:0"),
+                lambda: namespace["configure_torch"](args, torch.device("cuda", 0))]
+    before = (torch.get_float32_matmul_precision(), torch.backends.cudnn.conv.fp32_precision)
+    for apply in appliers:
+        try:
+            apply()
+            assert torch.get_float32_matmul_precision() == "high"
+            assert torch.backends.cuda.matmul.fp32_precision == "tf32"
+            assert torch.backends.cudnn.conv.fp32_precision == "tf32"
+        finally:
+            torch.set_float32_matmul_precision(before[0])
+            torch.backends.cudnn.conv.fp32_precision = before[1]
+
+
 # ------------------------------------------------------- space and --set
 def test_cpu_space_offers_threads_kernels_and_eager_sampling() -> None:
     space = space_for(CPU)

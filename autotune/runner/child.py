@@ -22,6 +22,7 @@ from autotune.runner.ranks import Rank, pin, run_world
 from autotune.runner.windows import may_close, more_windows
 from autotune.train_setup import TrainSetup
 from autotune.units import format_bytes
+from autotune.workloads.batches import to_device
 
 Send = Callable[[dict[str, Any]], None]
 
@@ -115,8 +116,6 @@ class TrialLoop:
 
     def to_device(self, batch: Any) -> Any:
         """The batch on the device (non-blocking from pinned memory), channels_last where the setup asks."""
-        from autotune.workloads.batches import to_device
-
         if self.decoder is not None:
             return self.decoder(batch, channels_last=self.setup.channels_last)
         return to_device(batch, self.device, channels_last=self.setup.channels_last)
@@ -257,8 +256,9 @@ class TrialLoop:
         self.micro_step(self.random_batch(None if full else SYNTHETIC_CPU_BATCH), True)
 
     def random_batch(self, size: int | None = None) -> Any:
-        """A batch of the real shape (or of ``size`` samples) on the device: random images, or the Task's first items."""
-        return self.to_device(self.pipeline.example_batch(min(size or self.setup.batch_size, self.setup.batch_size)))
+        """A batch of the real shape (or ``size`` samples) on the device: random images or the Task's first items (pixels: no GPU decoder)."""
+        batch = self.pipeline.example_batch(min(size or self.setup.batch_size, self.setup.batch_size))
+        return to_device(batch, self.device, channels_last=self.setup.channels_last)
 
     def warmup_steps(self) -> int:
         """Warm-up micro-steps of the train mode, each with an optimizer step.
@@ -319,8 +319,8 @@ class TrialLoop:
             elapsed = time.perf_counter() - start
             self.check()
             # The world's samples in the same window, timed by its slowest rank.
-            samples = int(self.rank.reduce([samples], "sum", self.device)[0])
-            elapsed = self.rank.reduce([elapsed], "max", self.device)[0]
+            samples = int(self.rank.reduce([samples], "sum")[0])
+            elapsed = self.rank.reduce([elapsed], "max")[0]
             rate = samples / elapsed
             rates.append(rate)
             measured_s += elapsed
@@ -333,7 +333,7 @@ class TrialLoop:
         self.monitor.stop()
         self.check()
         # Data wait and peak memory of the worst rank.
-        wait, peak = self.rank.reduce([wait, self.peak_memory()], "max", self.device)
+        wait, peak = self.rank.reduce([wait, self.peak_memory()], "max")
         # One optimizer step (or loader batch) at the measured throughput.
         step_time = total_samples / max(units // work.per_step, 1) / figure
         import torch
@@ -356,11 +356,11 @@ class TrialLoop:
         )
 
     def slowest(self, seconds: float) -> float:
-        return self.rank.reduce([seconds], "max", self.device)[0]
+        return self.rank.reduce([seconds], "max")[0]
 
     def over(self, flag: bool) -> bool:
         """Whether ``flag`` holds on any rank: every rank ends a window (or the warm-up) at the same step."""
-        return self.rank.any(flag, self.device) if self.rank.distributed else flag
+        return self.rank.any(flag) if self.rank.distributed else flag
 
 
 def _quiet(event: dict[str, Any]) -> None:

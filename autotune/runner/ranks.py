@@ -28,6 +28,8 @@ from autotune.records import TrialOptions, TrialResult
 RANK_FAILED = 3
 #: The address every rank of a trial meets on.
 MASTER_ADDR = "127.0.0.1"
+#: The gloo group of a CUDA world's host-side figures (None: the default group, gloo on a CPU).
+_control: Any = None
 
 
 def share(cores: Sequence[int], parts: int, index: int) -> tuple[int, ...]:
@@ -80,21 +82,26 @@ class Rank:
         backend = "nccl" if device.type == "cuda" else "gloo"
         extra = {"device_id": device} if device.type == "cuda" else {}
         dist.init_process_group(backend, rank=self.rank, world_size=self.world_size, **extra)
+        global _control
+        # The loop's own figures (window clocks, flags, counts) travel over gloo, on the host: an nccl
+        # all_reduce read back with .tolist() would wait for the GPU's queue at every micro-step.
+        _control = dist.new_group(backend="gloo") if backend == "nccl" else None
 
-    def reduce(self, values: Sequence[float], op: str, device: Any) -> list[float]:
-        """``values`` summed (``op="sum"``) or maximised (``"max"``) over the ranks; as is when alone."""
+    def reduce(self, values: Sequence[float], op: str) -> list[float]:
+        """``values`` summed (``op="sum"``) or maximised (``"max"``) over the ranks, on the host (never
+        waiting for the device's queue); as is when alone."""
         if not self.distributed:
             return [float(v) for v in values]
         import torch
         import torch.distributed as dist
 
-        tensor = torch.tensor([float(v) for v in values], dtype=torch.float64, device=device)
-        dist.all_reduce(tensor, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX)
+        tensor = torch.tensor([float(v) for v in values], dtype=torch.float64)
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX, group=_control)
         return [float(v) for v in tensor.tolist()]
 
-    def any(self, flag: bool, device: Any) -> bool:
+    def any(self, flag: bool) -> bool:
         """Whether ``flag`` holds on any rank (every rank gets the same answer)."""
-        return self.reduce([1.0 if flag else 0.0], "max", device)[0] > 0
+        return self.reduce([1.0 if flag else 0.0], "max")[0] > 0
 
     def shard(self, dataset: Any) -> Any:
         """This rank's share of a map-style dataset (every ``world_size``-th item); an iterable one as is."""

@@ -108,8 +108,8 @@ class ClassifierPipeline:
         return classification_loss(model(images), labels)
 
     def samples(self, batch: Any) -> int:
-        """Images in the batch."""
-        return first_dim(batch)
+        """Images in the batch: its labels (with ``decode="gpu"`` the images are a list of files' bytes)."""
+        return first_dim(batch[1])
 
     def example_batch(self, batch_size: int) -> Any:
         """Random images and labels of the real shape."""
