@@ -57,6 +57,7 @@ class Workload:
             autotuning is safe); the classifier's crops always do.
         own_optimizer: Whether a Task brings its own optimizer factory
             (``optimizer_impl`` is then not offered).
+        unsharded: An iterable dataset that every loader worker yields whole: one worker at most.
     """
 
     model: str
@@ -76,6 +77,7 @@ class Workload:
     iterable: bool = False
     fixed_shapes: bool = True
     own_optimizer: bool = False
+    unsharded: bool = False
 
     def __post_init__(self) -> None:
         if self.lr_scaling not in LR_SCALINGS:

@@ -68,6 +68,21 @@ def iterable() -> autotune.Task:
     return autotune.Task(nn.Linear(8, 3), Stream())
 
 
+class ShardedStream(IterableDataset):
+    """The 24 pairs of Stream, split among loader workers with get_worker_info()."""
+
+    def __iter__(self) -> Any:
+        info = get_worker_info()
+        first, step = (info.id, info.num_workers) if info is not None else (0, 1)
+        for i in range(first, 24, step):
+            yield torch.full((8,), float(i)), i % 3
+
+
+def sharded_iterable() -> autotune.Task:
+    """An IterableDataset that shards itself among loader workers."""
+    return autotune.Task(nn.Linear(8, 3), ShardedStream())
+
+
 def not_a_task() -> int:
     """Returns the wrong type."""
     return 3

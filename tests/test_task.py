@@ -126,6 +126,38 @@ def test_unpicklable_dataset_is_fine_without_workers() -> None:
     assert _workload("unpicklable", workers=False).images == 40
 
 
+def test_a_stream_that_every_worker_yields_whole_gets_one_worker_at_most() -> None:
+    """Two real loader workers of an IterableDataset that ignores get_worker_info() yield the same items:
+    more workers would count copies as speed, so the space, the calibration and --set stop at one."""
+    from test_calibrate import FakeRunner
+
+    copies, sharded = _workload("iterable"), _workload("sharded_iterable")
+    assert copies.unsharded and not sharded.unsharded
+    assert not _workload("iterable", workers=False).unsharded  # no workers, nothing to check
+    assert Workload.from_dict(json.loads(json.dumps(copies.to_dict()))) == copies
+
+    runner, lines = FakeRunner(), []
+    calibration = calibrate(copies, CPU, usable_cores=4, available_bytes=2**34, max_memory=None, trial_seconds=3.0,
+                            bf16_ok=False, runner=runner, log=lines.append)
+    assert calibration.max_workers == 1
+    assert {s.num_workers for mode, s in runner.calls if mode == "loader"} == {0, 1}
+    assert any("does not split its stream" in line for line in lines)
+    space = build_space(device=CPU, calibration=calibration, usable_cores=4, effective_batch=None, constraints={},
+                        workload=copies, image_input=False)
+    assert space.values["num_workers"] == (0, 1)
+    wide = {"num_workers": parse_constraint("num_workers=0..4")}
+    assert build_space(device=CPU, calibration=calibration, usable_cores=4, effective_batch=None, constraints=wide,
+                       workload=copies, image_input=False).values["num_workers"] == (0, 1)
+    with pytest.raises(UsageError, match="every worker would yield every item; use 0 or 1"):
+        build_space(device=CPU, calibration=calibration, usable_cores=4, effective_batch=None,
+                    constraints={"num_workers": parse_constraint("num_workers=2")}, workload=copies, image_input=False)
+    refused = cli.invoke(app, ["trial", "--workload", "task_factories:iterable", "--workers", "2", "--device", "cpu"])
+    assert refused.exit_code == 2 and "every worker would yield every item" in refused.output
+    other = calibrate(sharded, CPU, usable_cores=4, available_bytes=2**34, max_memory=None, trial_seconds=3.0,
+                      bf16_ok=False, runner=FakeRunner())
+    assert other.max_workers > 1
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

@@ -171,7 +171,12 @@ def calibrate(
                 compute, compute_setup = result, setup
     loader_points: list[LoaderPoint] = []
     loader_opts = TrialOptions(trial_seconds=short.trial_seconds, windows=2, mode="loader")
-    counts = sorted({0, *powers_of_two(1, usable_cores), usable_cores})
+    # Every worker of an unsharded stream yields all of it: a second worker would only add copies.
+    worker_cap = min(usable_cores, 1) if workload.unsharded else usable_cores
+    if workload.unsharded:
+        log("the dataset is an IterableDataset that does not split its stream among loader workers "
+            "(get_worker_info()): every worker would yield every item, so the search keeps num_workers <= 1")
+    counts = sorted({0, *powers_of_two(1, worker_cap), worker_cap})
     target = compute.samples_per_s if compute.ok else None
     worker_error: str | None = None
     for workers in counts:
@@ -193,12 +198,12 @@ def calibrate(
         compute_setup=compute_setup.to_dict(),
         compute_samples_per_s=compute.samples_per_s if compute.ok else None,
         loader=tuple(loader_points),
-        max_workers=usable_cores,
+        max_workers=worker_cap,
         precisions=tuple(precisions),
     )
     enough = calibration.workers_enough()
     if enough is not None:
-        calibration = replace(calibration, max_workers=min(usable_cores, max(2, 2 * enough)))
+        calibration = replace(calibration, max_workers=min(worker_cap, max(2, 2 * enough)))
     broken = workers_broken(loader_points, worker_error)
     if broken is not None:
         log(f"loader workers fail ({broken}); the search keeps num_workers=0")

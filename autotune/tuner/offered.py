@@ -57,7 +57,8 @@ def check_workload_constraints(constraints: dict[str, Constraint], workload: Wor
 
     Raises:
         UsageError: cuDNN autotuning for batches of varying shapes, GPU decoding
-            of a Task's data, an optimizer kernel for a Task's own optimizer.
+            of a Task's data, an optimizer kernel for a Task's own optimizer,
+            more than one loader worker for a stream every worker yields whole.
     """
     if workload is None:
         return
@@ -72,5 +73,10 @@ def check_workload_constraints(constraints: dict[str, Constraint], workload: Wor
         raise UsageError("--set cudnn_benchmark=true: this workload's batches change shape; cuDNN would re-tune every step")
     if workload.task is not None and asks("decode", "gpu"):
         raise UsageError("--set decode=gpu: GPU JPEG decoding applies to --model/--data image folders, not to a Task")
+    if workload.unsharded and any(asks("num_workers", n) for n in range(2, 1025)):
+        raise UsageError(
+            "--set num_workers: this IterableDataset does not split its stream among loader workers "
+            "(get_worker_info()), so every worker would yield every item; use 0 or 1, or shard it (docs/workloads.md)"
+        )
     if workload.own_optimizer and any(asks("optimizer_impl", impl) for impl in OPTIMIZER_IMPLS):
         raise UsageError("--set optimizer_impl: the Task brings its own optimizer factory; set foreach/fused there")

@@ -341,6 +341,8 @@ def build_space(
     check_image_constraints(constraints, image_input)
     check_workload_constraints(constraints, workload, device)
     values = apply_constraints(base, constraints)
+    if workload is not None and workload.unsharded:  # a range of workers (0..4) keeps its part that adds no copies
+        values["num_workers"] = tuple(n for n in values["num_workers"] if n <= 1) or (0,)
     if effective_batch is not None:
         bad = [b for b in values["batch_size"] if effective_batch % b]
         if bad:

@@ -90,6 +90,8 @@ class TaskInfo:
         batch: The first batch's shapes and dtypes, in words.
         lr_scaling: ``"sqrt"`` or ``"linear"``, from the Task's optimizer.
         fixed_shapes: Whether the first items all have the same tensor shapes.
+        unsharded: Whether two loader workers yielded the same items (see
+            :func:`autotune.workloads.streams.workers_repeat_items`).
     """
 
     samples: int | None
@@ -98,6 +100,7 @@ class TaskInfo:
     batch: str
     lr_scaling: str = "sqrt"
     fixed_shapes: bool = True
+    unsharded: bool = False
 
 
 def same_shapes(items: list[Any]) -> bool:
@@ -248,8 +251,13 @@ def check_task(task: Task, *, workers: bool) -> TaskInfo:
     model.train()
     with torch.random.fork_rng():
         _check_loss(task, model, batch)
+    unsharded = False
     if workers:
         _check_pickle(task)
+        if iterable:
+            from autotune.workloads.streams import workers_repeat_items
+
+            unsharded = workers_repeat_items(task.dataset)
     try:
         optimizer = task.build_optimizer(model.parameters(), lr=float(task.lr), cuda=False)
     except WorkloadError:
@@ -263,6 +271,7 @@ def check_task(task: Task, *, workers: bool) -> TaskInfo:
         batch=describe_batch(batch),
         lr_scaling=task.lr_scaling(optimizer),
         fixed_shapes=same_shapes(items),
+        unsharded=unsharded,
     )
 
 
@@ -312,4 +321,5 @@ def build_task_workload(workload: str | Callable[..., Any], *, device: str, work
         lr_scaling=info.lr_scaling,
         fixed_shapes=info.fixed_shapes,
         own_optimizer=task.optimizer is not None,
+        unsharded=info.unsharded,
     )
