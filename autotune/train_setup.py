@@ -231,11 +231,20 @@ class TrainSetup:
             dataset: Any map-style or iterable dataset.
             **overrides: Extra or replacing DataLoader arguments
                 (``shuffle=True``, ``sampler=...``, ``drop_last=True``, ...).
+                ``num_workers=0`` drops the tuned prefetch and persistence
+                (PyTorch refuses them without workers); a ``batch_sampler``
+                replaces the tuned ``batch_size``.
         """
         from torch.utils.data import DataLoader
 
         kwargs = self.dataloader_kwargs()
         kwargs.update(overrides)
+        if not kwargs.get("num_workers"):
+            for name in ("prefetch_factor", "persistent_workers"):
+                if name not in overrides:
+                    kwargs.pop(name, None)
+        if kwargs.get("batch_sampler") is not None and "batch_size" not in overrides:
+            kwargs.pop("batch_size", None)
         return DataLoader(dataset, **kwargs)
 
     def ddp_kwargs(self) -> dict[str, Any]:

@@ -83,6 +83,25 @@ def sharded_iterable() -> autotune.Task:
     return autotune.Task(nn.Linear(8, 3), ShardedStream())
 
 
+def _two_groups(params: Any, lr: float) -> torch.optim.Optimizer:
+    weight, bias = list(params)
+    return torch.optim.SGD([{"params": [weight], "lr": lr}, {"params": [bias], "lr": lr * 0.01}], lr=lr)
+
+
+def sgd_groups() -> autotune.Task:
+    """SGD with two param groups at different learning rates."""
+    return autotune.Task(nn.Linear(8, 3), _pairs(), batch_size=16, lr=0.1, optimizer=_two_groups)
+
+
+class MyTask(autotune.Task):
+    """A user's subclass of Task."""
+
+
+def subclassed() -> autotune.Task:
+    """The good Task, as an instance of a subclass."""
+    return MyTask(nn.Linear(8, 3), _pairs(), batch_size=16, lr=2e-3)
+
+
 def not_a_task() -> int:
     """Returns the wrong type."""
     return 3

@@ -436,6 +436,13 @@ def test_runs_under_torchrun(synthetic_data: Path, tmp_path: Path) -> None:
     assert "DDP: bucket_cap_mb 1 gradient_as_bucket_view True static_graph False" in proc.stdout
     assert proc.stdout.count("step 2 loss") == 1  # rank 0 logs, rank 1 does not
     assert _checkpoint(tmp_path / "out" / "checkpoint.pth")["step"] == 2
+    # static_graph cannot follow no_sync's changing graph: refused in one line, not a reducer assertion.
+    refused = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script),
+         "--static-graph", "--accum-steps", "2", "--max-steps", "1", "--batch-size", "4", "--workers", "0"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=RUN_TIMEOUT,
+    )
+    assert refused.returncode != 0 and "error: --static-graph cannot be used with --accum-steps > 1" in refused.stderr
 
 
 @pytest.mark.slow

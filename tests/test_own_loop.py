@@ -97,7 +97,7 @@ def test_custom_model_example(tmp_path: Path) -> None:
 
 
 def test_docs_own_loop_snippet_runs(tmp_path: Path) -> None:
-    """The nine-line loop in docs/emit.md runs as written (on the CPU)."""
+    """The twelve-line loop in docs/emit.md runs as written (on the CPU), and README.md shows the same."""
     import torch
     from torch import nn
     from torch.utils.data import TensorDataset
@@ -105,18 +105,19 @@ def test_docs_own_loop_snippet_runs(tmp_path: Path) -> None:
     text = (Path(__file__).resolve().parents[1] / "docs" / "emit.md").read_text(encoding="utf-8")
     section = text[text.index("## Using the setup in your own loop"):]
     code = section.split("```python\n", 1)[1].split("```", 1)[0]
-    assert len(code.strip().splitlines()) < 10
-    setup = TrainSetup(batch_size=4, accumulation_steps=2, amp="bf16", channels_last=True)
+    assert len(code.strip().splitlines()) <= 12
+    assert code in (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    setup = TrainSetup(batch_size=4, accumulation_steps=2, amp="bf16", channels_last=True, optimizer_impl="for-loop")
     write_cpu_best(tmp_path / "best.json", setup)
     code = code.replace('"autotune-out/best.json"', repr(str(tmp_path / "best.json")))
     model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 10))
     before = [p.detach().clone() for p in model.parameters()]
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     dataset = TensorDataset(torch.randn(16, 3, 8, 8), torch.randint(0, 10, (16,)))
     namespace = {
         "autotune": autotune, "torch": torch, "dataset": dataset, "model": model,
-        "optimizer": optimizer, "criterion": nn.CrossEntropyLoss(), "device": "cpu",
+        "lr": 1e-2, "criterion": nn.CrossEntropyLoss(), "device": "cpu",
     }
     exec(compile(code, "docs/emit.md", "exec"), namespace)
     assert namespace["i"] == 3  # 16 samples / batch 4 = 4 micro-batches = 2 optimizer steps
+    assert namespace["optimizer"].defaults["foreach"] is False  # the tuned kernels
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))

@@ -5,6 +5,8 @@ from __future__ import annotations
 import collections
 import functools
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -267,3 +269,45 @@ def test_cli_trial_and_python_api_refuse_bad_workloads_before_running(tmp_path: 
     assert not (tmp_path / "out").exists()
     with pytest.raises(UsageError, match="channels_last"):
         autotune.trial(workload="task_factories:good", device="cpu", setup=autotune.TrainSetup(channels_last=True))
+
+
+def _task_script(tmp_path: Path, name: str, setup: autotune.TrainSetup) -> Path:
+    from autotune.output.best import Best
+    from autotune.output.emit import write_script
+
+    work = _workload(name)
+    best = Best(setup=setup, workload=work, samples_per_s=100.0, samples_per_s_spread=1.0, defaults_samples_per_s=None,
+                speedup=None, peak_memory_bytes=None, effective_batch=setup.effective_batch(),
+                reference_batch=work.reference_batch or 32, lr=work.lr)
+    return write_script(best, tmp_path / "train.py")
+
+
+def _run(script: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, str(script), "--print-freq", "1", "--output-dir", "out", *args],
+                          cwd=script.parent, capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.slow
+def test_the_task_script_keeps_each_param_group_lr_and_warms_each_up_from_its_own(tmp_path: Path) -> None:
+    script = _task_script(tmp_path, "sgd_groups", autotune.TrainSetup(batch_size=16))
+    plain = _run(script, "--max-steps", "2")
+    assert plain.returncode == 0, plain.stderr
+    lrs = [g["lr"] for g in torch.load(tmp_path / "out" / "checkpoint.pth", weights_only=True)["optimizer"]["param_groups"]]
+    assert lrs == pytest.approx([0.1, 0.001])  # no warm-up: the factory's own rates, untouched
+    warmed = _run(script, "--max-steps", "2", "--warmup-steps", "4", "--output-dir", "out2")
+    assert warmed.returncode == 0, warmed.stderr
+    lrs = [g["lr"] for g in torch.load(tmp_path / "out2" / "checkpoint.pth", weights_only=True)["optimizer"]["param_groups"]]
+    assert lrs == pytest.approx([0.05, 0.0005])  # step 2 of 4: half of each group's own rate
+
+
+@pytest.mark.slow
+def test_the_task_script_on_short_iterable_epochs_and_task_subclasses(tmp_path: Path) -> None:
+    # 24 items in micro-batches of 8, 2 per step: one step an epoch, the third micro-batch dropped, not carried over.
+    script = _task_script(tmp_path, "iterable", autotune.TrainSetup(batch_size=8, accumulation_steps=2))
+    done = _run(script, "--epochs", "3")
+    assert done.returncode == 0, done.stderr
+    assert "epoch 2 done at step 3" in done.stdout
+    too_big = _run(script, "--batch-size", "32", "--accum-steps", "1")
+    assert too_big.returncode != 0 and "yielded no full optimizer step of 32 x 1" in too_big.stderr
+    sub = _run(_task_script(tmp_path, "subclassed", autotune.TrainSetup(batch_size=16)), "--max-steps", "1")
+    assert sub.returncode == 0 and "step 1 loss" in sub.stdout, sub.stderr

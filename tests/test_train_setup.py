@@ -97,3 +97,17 @@ def test_helpers_apply_the_knobs() -> None:
     assert TrainSetup(amp="fp16").grad_scaler("cuda") is not None
     with TrainSetup().autocast("cpu"):
         assert not torch.is_autocast_enabled("cpu")
+
+
+def test_dataloader_overrides_that_pytorch_would_refuse_with_the_tuned_knobs() -> None:
+    import torch
+    from torch.utils.data import BatchSampler, SequentialSampler, TensorDataset
+
+    dataset = TensorDataset(torch.arange(12.0))
+    setup = TrainSetup(num_workers=2, prefetch_factor=4, persistent_workers=True, batch_size=4)
+    main = setup.dataloader(dataset, num_workers=0)  # no prefetch or persistence without workers
+    assert main.num_workers == 0 and main.prefetch_factor is None and not main.persistent_workers
+    assert [len(b[0]) for b in main] == [4, 4, 4]
+    batches = setup.dataloader(dataset, num_workers=0, batch_sampler=BatchSampler(SequentialSampler(dataset), 6, False))
+    assert [len(b[0]) for b in batches] == [6, 6]  # the batch sampler's size, not the tuned one
+    assert setup.dataloader(dataset).prefetch_factor == 4  # untouched otherwise
