@@ -141,7 +141,7 @@ def example_task(factory: str, device: str) -> Any:
 QUICK_WORKLOAD = WorkloadSpec("quick-resnet18-32", "smoke test", "resnet18", 32, images=64)
 FULL_BUDGET = Budget()
 QUICK_BUDGET = Budget(
-    trial_seconds=1.0,
+    trial_seconds=0.5,
     rounds=1,
     autotune_trials=3,
     autotune_small=2,
