@@ -347,10 +347,9 @@ def trial(
         options = dataclasses.replace(options, world_size=nproc_per_node, cores=slot.cores)
         built = dataclasses.replace(built, device=slot.device)
     if built.unsharded and setup.num_workers > 1:
-        raise UsageError(
-            f"num_workers={setup.num_workers}: this IterableDataset does not split its stream among loader workers "
-            "(get_worker_info()), so every worker would yield every item; use 0 or 1, or shard it"
-        )
+        from autotune.workloads.streams import UNSHARDED
+
+        raise UsageError(f"num_workers={setup.num_workers}: {UNSHARDED}; use 0 or 1, or shard it")
     if setup.channels_last and not built.image_input:
         raise UsageError("channels_last: this workload's batches hold no 4-D floating tensor for it to act on")
     if announce is not None:

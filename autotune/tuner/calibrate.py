@@ -23,6 +23,7 @@ from autotune.runner import TrialRunner, run_trial
 from autotune.train_setup import TrainSetup
 from autotune.tuner.space import powers_of_two, probe_batch
 from autotune.units import format_bytes
+from autotune.workloads.streams import UNSHARDED
 
 #: Largest micro-batch the pre-pass proposes; pin a larger one with --set.
 BATCH_CAP = 4096
@@ -171,11 +172,10 @@ def calibrate(
                 compute, compute_setup = result, setup
     loader_points: list[LoaderPoint] = []
     loader_opts = TrialOptions(trial_seconds=short.trial_seconds, windows=2, mode="loader")
-    # Every worker of an unsharded stream yields all of it: a second worker would only add copies.
-    worker_cap = min(usable_cores, 1) if workload.unsharded else usable_cores
-    if workload.unsharded:
-        log("the dataset is an IterableDataset that does not split its stream among loader workers "
-            "(get_worker_info()): every worker would yield every item, so the search keeps num_workers <= 1")
+    worker_cap = usable_cores
+    if workload.unsharded:  # a second worker would only add copies of the stream
+        worker_cap = min(usable_cores, 1)
+        log(f"the dataset: {UNSHARDED}, so the search keeps num_workers <= 1")
     counts = sorted({0, *powers_of_two(1, worker_cap), worker_cap})
     target = compute.samples_per_s if compute.ok else None
     worker_error: str | None = None

@@ -41,7 +41,7 @@ def _queue_within_epoch(space: Space, setup: TrainSetup) -> TrainSetup:
     for workers in sorted((w for w in space.values["num_workers"] if 0 < w <= setup.num_workers), reverse=True):
         fitting = [
             p for p in space.values["prefetch_factor"]
-            if isinstance(p, int) and p <= setup.prefetch_factor and workers * p * setup.batch_size <= space.images
+            if p <= setup.prefetch_factor and space.queue_fits(workers, p, setup.batch_size)
         ]
         if fitting:
             return setup.replace(num_workers=workers, prefetch_factor=max(fitting))

@@ -31,6 +31,7 @@ from autotune.errors import UsageError
 from autotune.records import Workload
 from autotune.torch_knobs import OPTIMIZER_IMPLS, fused_supported
 from autotune.tuner.constraints import Constraint
+from autotune.workloads.streams import UNSHARDED
 
 
 def torch_knob_values(device: DeviceInfo, workload: Workload | None, usable_cores: int) -> dict[str, tuple[Any, ...]]:
@@ -74,9 +75,6 @@ def check_workload_constraints(constraints: dict[str, Constraint], workload: Wor
     if workload.task is not None and asks("decode", "gpu"):
         raise UsageError("--set decode=gpu: GPU JPEG decoding applies to --model/--data image folders, not to a Task")
     if workload.unsharded and any(asks("num_workers", n) for n in range(2, 1025)):
-        raise UsageError(
-            "--set num_workers: this IterableDataset does not split its stream among loader workers "
-            "(get_worker_info()), so every worker would yield every item; use 0 or 1, or shard it (docs/workloads.md)"
-        )
+        raise UsageError(f"--set num_workers: {UNSHARDED}; use 0 or 1, or shard it (docs/workloads.md)")
     if workload.own_optimizer and any(asks("optimizer_impl", impl) for impl in OPTIMIZER_IMPLS):
         raise UsageError("--set optimizer_impl: the Task brings its own optimizer factory; set foreach/fused there")

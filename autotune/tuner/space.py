@@ -165,10 +165,12 @@ class Space:
         search then records the setup as infeasible without running it).
         """
         options = self.values["prefetch_factor"]
-        if self.images is None:
-            return options
-        fitting = tuple(p for p in options if workers * p * batch <= self.images)
+        fitting = tuple(p for p in options if self.queue_fits(workers, p, batch))
         return fitting or (min(options),)
+
+    def queue_fits(self, workers: int, prefetch: int, batch: int) -> bool:
+        """Whether a loader queue of ``workers x prefetch x batch`` samples fits in one epoch (always, epoch unknown)."""
+        return self.images is None or workers * prefetch * batch <= self.images
 
     def describe(self) -> str:
         """One line: every knob's values (ranges as ``lo..hi``)."""

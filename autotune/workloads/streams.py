@@ -14,6 +14,11 @@ import itertools
 from collections.abc import Mapping
 from typing import Any
 
+#: Why such a dataset gets one loader worker at most (the search's log line and its refusals).
+UNSHARDED = (
+    "this IterableDataset does not split its stream among loader workers (get_worker_info()), "
+    "so every worker would yield every item"
+)
 #: Items compared per worker.
 PROBE_ITEMS = 2
 #: Seconds a worker may take for one item before the check gives up (and assumes nothing).
