@@ -9,6 +9,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 STAGE="${1:-all}"
+case "$STAGE" in all|tests|search) ;; *) echo "device_check: unknown stage '$STAGE' (all, tests or search)" >&2; exit 2 ;; esac
 OUT_DIR="${OUT:-device-check-out}"
 mkdir -p "$OUT_DIR"
 export PYTHONUNBUFFERED=1
