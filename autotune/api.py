@@ -319,10 +319,11 @@ def trial(
     Raises:
         AutotuneError: Bad input, found before the trial starts.
     """
-    from autotune.runner import run_trial
+    from autotune.runner import prestart, run_trial
 
     model, image_size = _shorthand(workload, model, data, image_size, "resnet18")
     setup = setup or TrainSetup()
+    prestart()  # the trial server's imports overlap the workload's checks below
     options = TrialOptions(
         trial_seconds=trial_seconds,
         timeout_s=timeout_s,

@@ -19,6 +19,7 @@ from pathlib import Path
 import optuna
 import psutil
 import pytest
+import studies
 from optuna.trial import TrialState
 
 TESTS = Path(__file__).parent
@@ -62,21 +63,9 @@ def wait_running(proc: subprocess.Popen[bytes], out: Path, number: int) -> None:
 
 
 def seed_calibration(out: Path) -> None:
-    """Store a calibration in the study the search will open, so it goes straight to its trials.
-
-    The faults under test hit the trials; a real calibration would only add its 15 s to each test.
-    """
-    from autotune.records import Calibration, LoaderPoint
-    from autotune.train_setup import TrainSetup
-    from autotune.tuner.study import SearchStudy
-
+    """The study of the search on ``out`` already calibrated: the faults under test hit the trials."""
     out.mkdir(parents=True)
-    calibration = Calibration(
-        budget_bytes=2**30, max_batch=64, memory_points=(), probe_batch=64,
-        compute_setup=TrainSetup(batch_size=64).to_dict(), compute_samples_per_s=1000.0,
-        loader=(LoaderPoint(0, "ok", 300.0), LoaderPoint(1, "ok", 500.0)), max_workers=1,
-    )
-    SearchStudy.open(f"sqlite:///{out / 'study.db'}", "factories.tiny_cnn-32px-cpu").store_calibration(calibration)
+    studies.seed_calibration(f"sqlite:///{out / 'study.db'}", "factories.tiny_cnn-32px-cpu", trials=2)
 
 
 def study_of(out: Path) -> optuna.Study:
@@ -235,6 +224,37 @@ def test_a_fresh_trial_server_skips_unread_replies_and_ignores_the_working_direc
     finally:
         zygote.close()
     assert not marker.exists()
+
+
+def test_a_prestarted_server_serves_the_first_trial_and_an_unused_one_is_killed_not_waited_for(tmp_path, cache_dir) -> None:
+    """A search starts the server before its own checks; a bad input found by them must not wait for its imports."""
+    from dataclasses import asdict
+
+    from autotune.runner.zygote import REQUEST, Zygote
+
+    setup, workload, options = _never_ending(cache_dir)
+    zygote = Zygote()
+    zygote.disabled = False
+    try:
+        zygote.prestart()
+        server = zygote._proc
+        zygote.prestart()  # a second call starts nothing
+        assert server is not None and zygote._proc is server
+        request = {"setup": setup.to_dict(), "workload": workload.to_dict(), "options": asdict(options)}
+        (tmp_path / REQUEST).write_text(json.dumps(request))
+        proc = zygote.launch(tmp_path)
+        assert zygote._proc is server  # the prestarted server forked the trial
+        proc.kill()
+        assert proc.wait_reaped(timeout=60.0) and proc.exitcode() == -signal.SIGKILL
+    finally:
+        zygote.close()
+    assert server.returncode == 0  # a ready server winds down when asked
+    unused = Zygote()
+    unused.disabled = False
+    unused.prestart()
+    importing = unused._proc
+    unused.close()
+    assert importing is not None and importing.returncode == -signal.SIGKILL and unused._proc is None
 
 
 def test_an_interrupted_trial_stops_the_search_and_is_never_stored(tmp_path, cache_dir) -> None:
@@ -508,6 +528,28 @@ def test_autotune_trial_removes_its_directory_on_sigterm(tmp_path, cache_dir) ->
     proc.communicate(timeout=60)
     assert proc.returncode != 0
     assert not list(tmp_path.glob("autotune-trial-*"))
+
+
+def test_trial_directories_of_a_killed_search_are_removed_by_a_later_one(tmp_path) -> None:
+    """``kill -9`` leaves the trial's directory; the next search removes it once its maker is gone and it is stale."""
+    from autotune.runner.launch import PREFIX, STALE_AFTER_S, remove_stale_trial_dirs
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    old = time.time() - STALE_AFTER_S - 60
+    made = {}
+    for name, pid, age in [("dead-old", dead.pid, old), ("dead-fresh", dead.pid, None), ("live-old", os.getppid(), old)]:
+        directory = tmp_path / f"{PREFIX}{pid}-{name}"
+        directory.mkdir()
+        (directory / "request.json").write_text("{}")
+        if age is not None:
+            for path in (directory / "request.json", directory):
+                os.utime(path, (age, age))
+        made[name] = directory
+    other = tmp_path / "autotune-trial-notapid"
+    other.mkdir()
+    remove_stale_trial_dirs(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([made["dead-fresh"].name, made["live-old"].name, other.name])
 
 
 def test_ci_log_is_a_private_temporary_file() -> None:

@@ -15,9 +15,10 @@ from typing import Protocol
 
 from autotune.records import TrialOptions, TrialResult, Workload
 from autotune.runner.launch import WindowCallback, run_trial
+from autotune.runner.zygote import prestart
 from autotune.train_setup import TrainSetup
 
-__all__ = ["TrialRunner", "WindowCallback", "run_trial"]
+__all__ = ["TrialRunner", "WindowCallback", "prestart", "run_trial"]
 
 
 class TrialRunner(Protocol):

@@ -12,6 +12,8 @@ never as an exception.
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import signal
 import tempfile
 import time
@@ -28,6 +30,32 @@ from autotune.train_setup import TrainSetup
 COMPILE_ALLOWANCE_S = 300.0
 #: Called with (window index, window samples/s); return True to stop the trial.
 WindowCallback = Callable[[int, float], bool]
+#: A trial directory is ``PREFIX<pid of the search>-<random>`` in the temporary directory.
+PREFIX = "autotune-trial-"
+#: A dead search's trial directory untouched this long is removed (a live one is written every window).
+STALE_AFTER_S = 3600.0
+_swept: set[str] = set()
+
+
+def remove_stale_trial_dirs(root: Path) -> None:
+    """Remove the trial directories of searches that were killed (``kill -9``) and left them.
+
+    A directory is removed only when the search that made it is gone and
+    nothing in it changed for :data:`STALE_AFTER_S`.
+    """
+    import psutil
+
+    now = time.time()
+    for stale in root.glob(f"{PREFIX}*-*"):
+        pid = stale.name[len(PREFIX) :].partition("-")[0]
+        if not pid.isdigit() or int(pid) == os.getpid() or psutil.pid_exists(int(pid)):
+            continue
+        try:
+            newest = max([stale.stat().st_mtime, *(f.stat().st_mtime for f in stale.iterdir())])
+        except OSError:
+            continue
+        if now - newest > STALE_AFTER_S:
+            shutil.rmtree(stale, ignore_errors=True)
 
 
 def _last_line(path: Path) -> str:
@@ -93,7 +121,11 @@ def run_trial(
     request = {"setup": setup.to_dict(), "workload": workload.to_dict(), "options": asdict(options)}
     # The zygote writes the exit file when it reaps the trial, possibly while
     # the directory is being removed: cleanup errors must not fail the trial.
-    with tempfile.TemporaryDirectory(prefix="autotune-trial-", ignore_cleanup_errors=True) as tmp:
+    root = tempfile.gettempdir()
+    if root not in _swept:  # once per process and temporary directory
+        _swept.add(root)
+        remove_stale_trial_dirs(Path(root))
+    with tempfile.TemporaryDirectory(prefix=f"{PREFIX}{os.getpid()}-", ignore_cleanup_errors=True) as tmp:
         directory = Path(tmp)
         (directory / zygote.REQUEST).write_text(json.dumps(request), encoding="utf-8")
         proc = zygote.launch(directory)

@@ -125,6 +125,7 @@ class Zygote:
 
     def __init__(self) -> None:
         self._proc: subprocess.Popen[bytes] | None = None
+        self._ready = False
         self._buffer = b""
         self._lock = threading.Lock()
         self.disabled = os.environ.get("AUTOTUNE_ZYGOTE", "1") == "0"
@@ -159,8 +160,8 @@ class Zygote:
                 return int(pid)
         return None
 
-    def _start(self) -> bool:
-        self._buffer = b""
+    def _spawn(self) -> None:
+        self._buffer, self._ready = b"", False
         self._proc = subprocess.Popen(
             server_command(),
             stdin=subprocess.PIPE,
@@ -169,16 +170,32 @@ class Zygote:
             start_new_session=True,
             env=_child_env(),
         )
-        if self._readline(START_TIMEOUT_S) == "ready":
+
+    def _start(self) -> bool:
+        """Make sure a server is up and has said it is ready."""
+        if self._proc is None or self._proc.poll() is not None:
+            self._spawn()
+        if self._ready or self._readline(START_TIMEOUT_S) == "ready":
+            self._ready = True
             return True
         self.close()
         return False
+
+    def prestart(self) -> None:
+        """Start the server now without waiting for it: its imports (seconds)
+        overlap with whatever the caller does before the first trial."""
+        with self._lock:
+            if not self.disabled and (self._proc is None or self._proc.poll() is not None):
+                try:
+                    self._spawn()
+                except OSError:
+                    self._proc = None  # launch() falls back to one interpreter per trial
 
     def launch(self, directory: Path) -> TrialProcess:
         """Start the trial whose request is in ``directory``."""
         with self._lock:
             if not self.disabled:
-                if (self._proc is None or self._proc.poll() is not None) and not self._start():
+                if not self._start():
                     self.disabled = True  # fall back to one interpreter per trial
                 if not self.disabled:
                     assert self._proc is not None and self._proc.stdin is not None
@@ -207,15 +224,23 @@ class Zygote:
     def close(self) -> None:
         """Stop the server (it kills any trial still running)."""
         proc, self._proc = self._proc, None
+        ready, self._ready = self._ready, False
         if proc is None:
             return
-        try:
-            if proc.stdin is not None:
-                proc.stdin.close()
-            proc.wait(timeout=5)
-        except (OSError, subprocess.TimeoutExpired):
+        stopped = False
+        if ready:  # a server still importing (prestarted, never used) has no trial to wind down: killed below
+            try:
+                if proc.stdin is not None:
+                    proc.stdin.close()
+                proc.wait(timeout=5)
+                stopped = True
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        if not stopped:
             proc.kill()
             proc.wait()
+            if proc.stdin is not None:
+                proc.stdin.close()
         if proc.stdout is not None:
             proc.stdout.close()
 
@@ -227,3 +252,8 @@ atexit.register(_ZYGOTE.close)
 def launch(directory: Path) -> TrialProcess:
     """Start the trial whose ``request.json`` is in ``directory``."""
     return _ZYGOTE.launch(directory)
+
+
+def prestart() -> None:
+    """Start the zygote server in the background, ahead of the first trial."""
+    _ZYGOTE.prestart()

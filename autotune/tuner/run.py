@@ -26,7 +26,7 @@ from autotune.output.emit import write_script
 from autotune.output.report import ReportInput
 from autotune.output.trials_csv import write_trials_csv
 from autotune.records import Calibration, Confirmed, TrialOptions, TrialRecord, Workload
-from autotune.runner import TrialRunner, run_trial
+from autotune.runner import TrialRunner, prestart, run_trial
 from autotune.time_spent import TimeSpent
 from autotune.train_setup import TrainSetup
 from autotune.tuner.calibrate import calibrate
@@ -91,6 +91,8 @@ def run_search(
     """
     reporter = reporter or SilentReporter()
     config.validate()
+    if runner is run_trial:
+        prestart()  # the trial server's imports overlap the checks of prepare()
     timing = Timing()
     began = time.monotonic()
     timed = TimedRunner(runner, timing)
@@ -264,9 +266,7 @@ def calibrate_once(config: SearchConfig, prepared: Prepared, reporter: Reporter,
                 runner=runner,
             )
     except KeyboardInterrupt:
-        raise SearchInterrupted(
-            "interrupted during calibration, before the first trial; rerun the same command to start again"
-        ) from None
+        raise SearchInterrupted("interrupted during calibration, before the first trial; rerun the same command to start again") from None
     prepared.study.store_calibration(calibration)
     return calibration
 
