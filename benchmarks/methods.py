@@ -21,7 +21,7 @@ from autotune.devices import DeviceInfo
 from autotune.records import TrialOptions, TrialRecord, TrialResult, Workload
 from autotune.runner import TrialRunner, run_trial
 from autotune.train_setup import TrainSetup
-from autotune.tuner.calibrate import BATCH_CAP, memory_budget
+from autotune.tuner.calibrate import BATCH_CAP, calibration_seconds, memory_budget
 from autotune.tuner.space import Space
 
 Log = Callable[[str], None]
@@ -122,9 +122,7 @@ def max_batch_method(
     """
     began = time.monotonic()
     budget = memory_budget(device, None, available_bytes)
-    short = TrialOptions(
-        trial_seconds=max(1.0, min(3.0, trial_seconds / 3)), windows=2, mode="compute", max_memory_bytes=budget
-    )
+    short = TrialOptions(trial_seconds=calibration_seconds(trial_seconds), windows=2, mode="compute", max_memory_bytes=budget)
     batch, best, runs, steps = start, None, 0, []
     limit = min(BATCH_CAP, cap) if cap else BATCH_CAP
     while batch <= limit:

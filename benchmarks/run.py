@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.records import DEFAULT_TRIAL_SECONDS, Calibration
+from autotune.tuner.calibrate import calibration_seconds
 from benchmarks.methods import GridSpec
 from benchmarks.plot import METHOD_ORDER
 
@@ -162,7 +163,7 @@ def estimate_seconds(budget: Budget, grid_points: int = 36, calibration_runs: in
     Pruned search trials make the real run somewhat shorter.
     """
     ts = budget.trial_seconds
-    short = max(1.0, min(3.0, ts / 3))
+    short = calibration_seconds(ts)
     confirm = (budget.confirm_top + 1) * budget.confirm_rounds
     runs = [
         (calibration_runs + 4, short),  # calibration + max_batch doubling

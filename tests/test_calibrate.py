@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from autotune.devices import DeviceInfo
@@ -173,3 +175,17 @@ def test_a_model_too_deep_for_the_image_size_is_one_error_with_a_hint() -> None:
     with pytest.raises(WorkloadError, match=r"model resnet18 fails: .*too small \(at --image-size 32; the model needs larger"):
         calibrate(WORKLOAD, CPU, usable_cores=2, available_bytes=2**33, max_memory=None, trial_seconds=3.0,
                   bf16_ok=False, runner=too_small)
+
+
+def test_the_plain_fp32_point_at_a_pre_pass_batch_is_not_measured_twice() -> None:
+    # 64 images cap the batch at 64: the pre-pass verifies 64, the probe batch.
+    runner = FakeRunner()
+    result = calibrate(
+        replace(WORKLOAD, images=64), CPU, usable_cores=2, available_bytes=64 * 2**30, max_memory=None, trial_seconds=3.0,
+        bf16_ok=False, runner=runner,
+    )
+    assert result.probe_batch == 64 and [p.batch_size for p in result.memory_points] == [8, 32, 64]
+    plain = [s for mode, s in runner.calls if mode == "compute" and s == TrainSetup(batch_size=64)]
+    assert len(plain) == 1  # the pre-pass's run is the fp32, contiguous precision point
+    assert {(p.amp, p.channels_last) for p in result.precisions} == {("off", False), ("off", True)}
+    assert [s.channels_last for mode, s in runner.calls if mode == "compute" and s.batch_size == 64] == [False, True]

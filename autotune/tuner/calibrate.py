@@ -35,6 +35,11 @@ GPU_HEADROOM = 0.10
 Log = Callable[[str], None]
 
 
+def calibration_seconds(trial_seconds: float) -> float:
+    """How long each calibration run measures: a third of a trial, between 0.5 and 3 s."""
+    return max(0.5, min(3.0, trial_seconds / 3))
+
+
 def memory_budget(device: DeviceInfo, max_memory: int | None, available_bytes: int) -> int | None:
     """Bytes the model side of a trial may use; None for no budget.
 
@@ -109,12 +114,18 @@ def calibrate(
             fit the input shape.
     """
     cuda = device.type == "cuda"
-    short = TrialOptions(trial_seconds=max(1.0, min(3.0, trial_seconds / 3)), windows=2, mode="compute")
+    short = TrialOptions(trial_seconds=calibration_seconds(trial_seconds), windows=2, mode="compute")
     budget = memory_budget(device, max_memory, available_bytes)
     fp32 = TrainSetup()
     points: list[MemoryPoint] = []
+    measured: dict[int, TrialResult] = {}  # the pre-pass runs by batch: fp32, contiguous, compute only
+
+    def prepass(batch: int) -> TrialResult:
+        measured[batch] = runner(fp32.replace(batch_size=batch), workload, _with_budget(short, budget))
+        return measured[batch]
+
     for batch in (8, 32) if not cuda else (16, 64):
-        result = runner(fp32.replace(batch_size=batch), workload, _with_budget(short, budget))
+        result = prepass(batch)
         if result.status == "error" and not points:
             # The model fails at a small batch with the plainest setup, and not
             # for memory: no setup can work, so stop now, not after every trial.
@@ -148,11 +159,11 @@ def calibrate(
                 break
             max_batch //= 2
             continue
-        result = runner(fp32.replace(batch_size=max_batch), workload, _with_budget(short, budget))
+        result = prepass(max_batch)
         points.append(MemoryPoint(max_batch, result.status, result.peak_memory_bytes, result.samples_per_s))
         log(f"memory pre-pass: verify batch {max_batch}: {result.status}, peak {format_bytes(result.peak_memory_bytes)}")
     if not any(p.status == "ok" for p in points):
-        result = runner(fp32.replace(batch_size=1), workload, _with_budget(short, budget))
+        result = prepass(1)
         points.append(MemoryPoint(1, result.status, result.peak_memory_bytes, result.samples_per_s))
         if result.status == "oom":
             raise too_small
@@ -164,7 +175,9 @@ def calibrate(
     for amp in ("off", reduced) if reduced else ("off",):
         for channels_last in (False, True) if workload.image_input else (False,):
             setup = TrainSetup(batch_size=middle, amp=amp, channels_last=channels_last)  # type: ignore[arg-type]
-            result = runner(setup, workload, _with_budget(short, budget))
+            same = measured.get(middle) if setup == fp32.replace(batch_size=middle) else None
+            # The plain fp32 point at the pre-pass's own batch was measured there, with the same options.
+            result = same if same is not None and same.ok else runner(setup, workload, _with_budget(short, budget))
             precisions.append(PrecisionPoint(amp, channels_last, result.status, result.samples_per_s))
             layout = "channels_last" if channels_last else "contiguous"
             log(f"compute only (batch {middle}, {'fp32' if amp == 'off' else amp}, {layout}): {_rate(result)}")
