@@ -307,13 +307,13 @@ def search(
         if as_json:
             typer.echo(json.dumps(summary.to_dict() if summary is not None else {"best": None, "interrupted": True}))
         elif summary is not None:
-            out.print(render_search(summary))
+            out.print(render_search(summary), crop=False)
         err.print(escape(str(exc)), style="yellow", highlight=False, soft_wrap=True)
         raise typer.Exit(exc.exit_code) from None
     if as_json:
         typer.echo(json.dumps(outcome.to_dict()))
     else:
-        out.print(render_search(outcome))
+        out.print(render_search(outcome), crop=False)
 
 
 @app.command()
@@ -330,7 +330,7 @@ def emit(
 
     best = read_best(directory)
     path = write_script(best, output or (directory / "train.py"))
-    out.print(escape(f"wrote {path}"), highlight=False)
+    out.print(escape(f"wrote {path}"), highlight=False, soft_wrap=True)
 
 
 @app.command()
@@ -349,8 +349,8 @@ def report(
 
     written = report_study(directory, storage=storage, study=study)
     for path in written[1:]:
-        out.print(f"wrote {path}", highlight=False)
-    out.print(f"report: {written[0].resolve()}", highlight=False)
+        out.print(escape(f"wrote {path}"), highlight=False, soft_wrap=True)
+    out.print(escape(f"report: {written[0].resolve()}"), highlight=False, soft_wrap=True)
 
 
 @app.command()

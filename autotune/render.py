@@ -13,6 +13,7 @@ from autotune.units import format_bytes
 if TYPE_CHECKING:  # pragma: no cover
     from rich.console import Console, Group, RenderableType
     from rich.progress import TaskID
+    from rich.text import Text
 
     from autotune.records import TrialRecord, TrialResult
     from autotune.train_setup import TrainSetup
@@ -141,14 +142,25 @@ class RichReporter:
         self.progress.console.print(escape(f"  confirm {done}/{total} {label}: {value}"), highlight=False)
 
 
+def _line(text: str, style: str) -> Text:
+    """A line to copy (a path, a command): never wrapped or cut, however narrow the terminal or log.
+
+    The console must print it with ``crop=False``.
+    """
+    from rich.text import Text
+
+    return Text(text, style=style, no_wrap=True, overflow="ignore")
+
+
 def render_search(outcome: SearchOutcome) -> Group:
-    """The final report: trials by throughput, confirmation, verdict, winner."""
+    """The final report: trials by throughput, confirmation, verdict, winner; print it with ``crop=False``."""
     from rich.console import Group
     from rich.text import Text
 
     trials = Table(title="trials (sorted by samples/s)", title_justify="left")
     for col in ("#", "role", "setup", "status", "samples/s", "spread", "data wait", "peak mem"):
-        trials.add_column(col, justify="right" if col in ("#", "samples/s", "spread", "data wait") else "left")
+        # In a narrow terminal (or a log file: 80 columns) a cell folds onto more lines instead of losing its end.
+        trials.add_column(col, justify="right" if col in ("#", "samples/s", "spread", "data wait") else "left", overflow="fold")
     for record in sorted(outcome.records, key=lambda r: (r.result.ok, r.result.samples_per_s or 0.0), reverse=True):
         res = record.result
         style = STATUS_STYLE.get(res.status, "white")
@@ -166,7 +178,7 @@ def render_search(outcome: SearchOutcome) -> Group:
     if outcome.confirmed:
         conf = Table(title="confirmation (interleaved re-measurement, median)", title_justify="left")
         for col in ("setup", "samples/s", "spread", "runs"):
-            conf.add_column(col, justify="left" if col == "setup" else "right")
+            conf.add_column(col, justify="left" if col == "setup" else "right", overflow="fold")
         for c in sorted(outcome.confirmed, key=lambda c: c.median or 0.0, reverse=True):
             conf.add_row(escape(c.candidate.label), fmt_rate(c.median), fmt_rate(c.spread), str(len(c.values)))
         parts.append(conf)
@@ -188,13 +200,15 @@ def render_search(outcome: SearchOutcome) -> Group:
         for note in best.notes:
             parts.append(Text(f"note: {note}", style="yellow"))
     for file in outcome.files:
-        parts.append(Text(f"wrote {file}", style="dim"))
+        parts.append(_line(f"wrote {file}", style="dim"))
     script = next((f for f in outcome.files if f.endswith("train.py")), None)
     if best is not None and best.world_size > 1 and script is not None:
         from autotune.output.emit import run_command
 
-        parts.append(Text(f"run it: {run_command(best, script)}", style="bold"))
+        parts.append(_line(f"run it: {run_command(best, script)}", style="bold"))
     report = next((f for f in outcome.files if f.endswith("report.html")), None)
     if report is not None:
-        parts.append(Text.from_markup(f"[bold]report:[/] {escape(str(Path(report).resolve()))} (plots; open it in a browser)"))
+        line = Text.from_markup(f"[bold]report:[/] {escape(str(Path(report).resolve()))} (plots; open it in a browser)")
+        line.no_wrap, line.overflow = True, "ignore"
+        parts.append(line)
     return Group(*parts)

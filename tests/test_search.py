@@ -13,6 +13,7 @@ from pathlib import Path
 
 import optuna
 import pytest
+import studies
 
 from autotune.errors import SearchFailed
 from autotune.output.best import read_best
@@ -225,6 +226,8 @@ def test_real_tiny_search_then_resume(tmp_path, cache_dir) -> None:
 @pytest.mark.slow
 def test_sigint_leaves_a_resumable_study_and_best_json(tmp_path, cache_dir) -> None:
     out = tmp_path / "out"
+    out.mkdir()
+    studies.seed_calibration(f"sqlite:///{out / 'study.db'}", "resnet18-32px-cpu")  # Ctrl-C in calibration: the next test
     env = {**os.environ, "PYTHONPATH": str(TESTS.parent)}
     cmd = [sys.executable, "-m", "autotune", "search", "--model", "resnet18", "--image-size", "32", "--trials", "30",
            "--trial-seconds", "1", "--device", "cpu", "--out", str(out), "--cache-dir", str(cache_dir), "--synthetic-images", "64",
@@ -260,6 +263,27 @@ def test_sigint_leaves_a_resumable_study_and_best_json(tmp_path, cache_dir) -> N
     assert sum(s == optuna.trial.TrialState.COMPLETE for s in states) >= 2
 
 
+def test_ctrl_c_during_calibration_stores_nothing_and_the_rerun_calibrates(tmp_path, cache_dir) -> None:
+    from autotune.errors import SearchInterrupted
+    from autotune.tuner.study import SearchStudy
+
+    runs = []
+
+    def interrupted_in_calibration(setup, workload, options=None, *, on_window=None):
+        runs.append(options.mode)
+        if len(runs) == 3:
+            raise KeyboardInterrupt
+        return fake_runner(setup, workload, options, on_window=on_window)
+
+    with pytest.raises(SearchInterrupted, match="interrupted during calibration, before the first trial; rerun the same command"):
+        search(config(tmp_path, cache_dir, trials=3), runner=interrupted_in_calibration)
+    study = SearchStudy.open(f"sqlite:///{tmp_path / 'out' / 'study.db'}", "resnet18-32px-cpu")
+    assert study.calibration() is None and study.is_empty()
+    assert not (tmp_path / "out" / "best.json").exists()
+    outcome = search(config(tmp_path, cache_dir, trials=3))
+    assert outcome.calibration.compute_samples_per_s and len(measured(outcome.records)) == 3
+
+
 def test_rich_progress_shows_roles_and_bracketed_text(tmp_path, cache_dir) -> None:
     """Roles print as [defaults]/[guess], not swallowed as Rich markup; so does any bracketed message."""
     import io
@@ -277,6 +301,27 @@ def test_rich_progress_shows_roles_and_bracketed_text(tmp_path, cache_dir) -> No
     assert "#0 [defaults] bs=32 w=0 fp32" in text
     assert "#1 [guess]" in text
     assert "[from the cwd]" in text
+
+
+def test_the_summary_in_a_narrow_log_keeps_paths_and_setups_whole(tmp_path, cache_dir) -> None:
+    """Piped to a file, Rich renders 80 columns: a path to copy stays on one line, a setup folds, nothing is cut off."""
+    import io
+
+    from rich.console import Console
+
+    from autotune.render import render_search
+
+    out = tmp_path / ("a-rather-long-directory-name-for-the-output-of-this-search" * 2)
+    outcome = search(config(tmp_path, cache_dir, trials=3, out=out))
+    buffer = io.StringIO()
+    Console(file=buffer, width=80, color_system=None).print(render_search(outcome), crop=False)
+    lines = buffer.getvalue().splitlines()
+    for name in ("best.json", "train.py"):
+        assert f"wrote {out / name}" in lines
+    assert any(line.startswith(f"report: {(out / 'report.html').resolve()} ") for line in lines)
+    assert "…" not in buffer.getvalue()  # no setup or column cut short
+    words = " ".join(lines).split()
+    assert all(word in words for word in outcome.best.setup.describe().split())
 
 
 def test_interrupts_are_held_until_the_storage_write_is_done() -> None:
