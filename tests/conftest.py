@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -39,6 +40,25 @@ def tiny_workload(cache_dir: Path) -> Workload:
         cache_dir=str(cache_dir),
         sys_path=(str(Path(__file__).parent),),
     )
+
+
+#: A 1x1 PNG.
+TINY_PNG = base64.b64decode("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg==")
+
+
+@pytest.fixture(autouse=True)
+def _figures_built_not_rasterized(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Outside test_report.py, a search in this process builds every figure of its report from its own
+    records (so the plot code meets every kind of search the tests make) but does not rasterize them:
+    drawing seven PNGs takes about 2 s per search on a 2-core machine, and the tests write over 50 reports
+    in this process. test_report.py, and every ``autotune search`` run in a child process, draw them for real."""
+    if request.module.__name__ == "test_report":
+        return
+    try:
+        from autotune.output import plots
+    except ImportError:  # no matplotlib: the reports are text-only anyway
+        return
+    monkeypatch.setattr(plots, "png", lambda fig: TINY_PNG)
 
 
 def _cuda_available() -> bool:

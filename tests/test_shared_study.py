@@ -18,6 +18,7 @@ import optuna
 import psutil
 import pytest
 import sqlalchemy
+import studies
 from optuna.trial import TrialState
 
 from autotune.train_setup import TrainSetup
@@ -149,6 +150,7 @@ def test_a_worker_with_another_fingerprint_is_refused(shared: Shared, tmp_path) 
 @pytest.mark.slow
 def test_journal_file_workers_share_one_budget(tmp_path) -> None:
     storage = f"journal://{tmp_path / 'study.log'}"
+    studies.seed_calibration(storage, "journal", trials=3, shared=True)  # calibrating once is the PostgreSQL test's
     outs = [tmp_path / "w1", tmp_path / "w2"]
     procs = [start(worker_cmd(out, storage, "journal", trials=3)) for out in outs]
     check_one_study(storage, "journal", 3, outs, [finish(p) for p in procs])
