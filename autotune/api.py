@@ -130,6 +130,7 @@ def search(
     constraints: Sequence[str] = (),
     confirm_top: int = 3,
     confirm_rounds: int = 4,
+    ceilings: bool = True,
     seed: int = 0,
     sampler: str = "tpe",
     study: str | None = None,
@@ -164,6 +165,10 @@ def search(
         confirm_top: Finalists re-measured.
         confirm_rounds: Most interleaved rounds of re-measurement (fewer when
             the ranking settles after two).
+        ceilings: Measure the winner computing alone and loading alone after
+            the confirmation (three more runs), for a bottleneck verdict at the
+            winner's own setup; ``False`` skips them (the verdict then uses the
+            calibration's ceilings).
         seed: Sampler seed.
         sampler: ``tpe`` or ``random``.
         study: Study name.
@@ -208,6 +213,7 @@ def search(
         synthetic_images=synthetic_images,
         confirm_top=confirm_top,
         confirm_rounds=confirm_rounds,
+        ceilings=ceilings,
         lr=lr,
         timeout_s=timeout_s,
         command=command if command is not None else f"python: autotune.search() in {shlex.quote(sys.argv[0] or 'python')}",

@@ -255,6 +255,9 @@ def search(
     confirm_rounds: Annotated[
         int, typer.Option("--confirm-rounds", help="Most interleaved re-measurement rounds (stops once settled).")
     ] = 4,
+    ceilings: Annotated[
+        bool, typer.Option("--ceilings/--no-ceilings", help="Measure the winner computing alone and loading alone (3 runs).")
+    ] = True,
     lr: Annotated[float, typer.Option("--lr", help="Learning rate at the reference batch.")] = 1e-3,
     timeout: Annotated[Optional[float], typer.Option("--timeout", help="Per-trial timeout in seconds.")] = None,
     cache_dir: CacheDirOpt = None,
@@ -288,6 +291,7 @@ def search(
                 constraints=set_ or (),
                 confirm_top=confirm_top,
                 confirm_rounds=confirm_rounds,
+                ceilings=ceilings,
                 seed=seed,
                 sampler=sampler,
                 study=study,

@@ -29,10 +29,11 @@ optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
 def search_cmd(out: Path, cache_dir: Path, *extra: str, trials: int = 2) -> list[str]:
-    """``autotune search`` of the tiny test model, 1-s trials, one confirmation round."""
+    """``autotune search`` of the tiny test model, 1-s trials, one confirmation round, no winner's ceilings."""
     return [sys.executable, "-m", "autotune", "search", "--model", "factories:tiny_cnn", "--image-size", "32",
             "--synthetic-images", "64", "--trial-seconds", "1", "--device", "cpu", "--trials", str(trials),
-            "--confirm-top", "1", "--confirm-rounds", "1", "--out", str(out), "--cache-dir", str(cache_dir), *extra]
+            "--confirm-top", "1", "--confirm-rounds", "1", "--no-ceilings", "--out", str(out), "--cache-dir", str(cache_dir),
+            *extra]
 
 
 def start(cmd: list[str]) -> subprocess.Popen[bytes]:
@@ -104,6 +105,7 @@ def test_hangup_and_kill9_mid_trial_lose_nothing_and_a_second_search_is_refused(
     assert final.returncode == 0, final.stderr.decode()
     summary = json.loads(final.stdout)
     assert summary["best"]["speedup"] is not None
+    assert summary["ceilings"] is None and "same rounds: compute alone" not in summary["verdict"]  # --no-ceilings
     assert summary["best"]["defaults_samples_per_s"] > 0
     study = study_of(out)
     assert study.trials[1].state == TrialState.FAIL  # the dead process's trial

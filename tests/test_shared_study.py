@@ -56,9 +56,9 @@ def env(**extra: str) -> dict[str, str]:
 
 
 def worker_cmd(out: Path, storage: str, study: str, trials: int) -> list[str]:
-    """One worker: a tiny Task (a linear model), 1-s trials, one finalist measured in one round."""
+    """One worker: a tiny Task (a linear model), 1-s trials, one finalist measured in one round, no winner's ceilings."""
     return [sys.executable, "-m", "autotune", "search", "--workload", "task_factories:good", "--trial-seconds", "1",
-            "--device", "cpu", "--trials", str(trials), "--confirm-top", "1", "--confirm-rounds", "1", "--out", str(out),
+            "--device", "cpu", "--trials", str(trials), "--confirm-top", "1", "--confirm-rounds", "1", "--no-ceilings", "--out", str(out),
             "--storage", storage, "--study", study]
 
 
