@@ -12,6 +12,14 @@ from typing import Any
 from autotune.errors import AutotuneError, StorageError
 
 
+def maker_is_gone(pid: str) -> bool:
+    """Whether the process whose pid a temporary path carries in its name is gone (killed with
+    ``kill -9``, so nothing removed what it left): not this process, no such pid running."""
+    import psutil
+
+    return pid.isdigit() and int(pid) != os.getpid() and not psutil.pid_exists(int(pid))
+
+
 def atomic_write_text(path: str | Path, text: str) -> None:
     """Write ``text`` to ``path`` (UTF-8) via a temporary file and ``os.replace``."""
     atomic_write_bytes(path, text.encode("utf-8"))

@@ -142,14 +142,12 @@ class RichReporter:
         self.progress.console.print(escape(f"  confirm {done}/{total} {label}: {value}"), highlight=False)
 
 
-def _line(text: str, style: str) -> Text:
-    """A line to copy (a path, a command): never wrapped or cut, however narrow the terminal or log.
-
-    The console must print it with ``crop=False``.
-    """
+def _line(*parts: str | tuple[str, str]) -> Text:
+    """A line to copy (a path, a command), from plain or ``(text, style)`` parts: never wrapped or
+    cut, however narrow the terminal or log. The console must print it with ``crop=False``."""
     from rich.text import Text
 
-    return Text(text, style=style, no_wrap=True, overflow="ignore")
+    return Text.assemble(*parts, no_wrap=True, overflow="ignore")
 
 
 def render_search(outcome: SearchOutcome) -> Group:
@@ -200,15 +198,13 @@ def render_search(outcome: SearchOutcome) -> Group:
         for note in best.notes:
             parts.append(Text(f"note: {note}", style="yellow"))
     for file in outcome.files:
-        parts.append(_line(f"wrote {file}", style="dim"))
+        parts.append(_line((f"wrote {file}", "dim")))
     script = next((f for f in outcome.files if f.endswith("train.py")), None)
     if best is not None and best.world_size > 1 and script is not None:
         from autotune.output.emit import run_command
 
-        parts.append(_line(f"run it: {run_command(best, script)}", style="bold"))
+        parts.append(_line((f"run it: {run_command(best, script)}", "bold")))
     report = next((f for f in outcome.files if f.endswith("report.html")), None)
     if report is not None:
-        line = Text.from_markup(f"[bold]report:[/] {escape(str(Path(report).resolve()))} (plots; open it in a browser)")
-        line.no_wrap, line.overflow = True, "ignore"
-        parts.append(line)
+        parts.append(_line(("report:", "bold"), f" {Path(report).resolve()} (plots; open it in a browser)"))
     return Group(*parts)

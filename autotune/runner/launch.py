@@ -22,6 +22,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
+from autotune.files import maker_is_gone
 from autotune.records import TrialOptions, TrialResult, Workload
 from autotune.runner import zygote
 from autotune.train_setup import TrainSetup
@@ -43,12 +44,9 @@ def remove_stale_trial_dirs(root: Path) -> None:
     A directory is removed only when the search that made it is gone and
     nothing in it changed for :data:`STALE_AFTER_S`.
     """
-    import psutil
-
     now = time.time()
     for stale in root.glob(f"{PREFIX}*-*"):
-        pid = stale.name[len(PREFIX) :].partition("-")[0]
-        if not pid.isdigit() or int(pid) == os.getpid() or psutil.pid_exists(int(pid)):
+        if not maker_is_gone(stale.name[len(PREFIX) :].partition("-")[0]):
             continue
         try:
             newest = max([stale.stat().st_mtime, *(f.stat().st_mtime for f in stale.iterdir())])

@@ -227,20 +227,16 @@ class Zygote:
         ready, self._ready = self._ready, False
         if proc is None:
             return
-        stopped = False
-        if ready:  # a server still importing (prestarted, never used) has no trial to wind down: killed below
-            try:
-                if proc.stdin is not None:
-                    proc.stdin.close()
+        try:
+            if proc.stdin is not None:
+                proc.stdin.close()  # a ready server winds down at end of input, its trials with it
+            if ready:
                 proc.wait(timeout=5)
-                stopped = True
-            except (OSError, subprocess.TimeoutExpired):
-                pass
-        if not stopped:
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+        if proc.poll() is None:  # still importing (prestarted, never used), or not winding down
             proc.kill()
             proc.wait()
-            if proc.stdin is not None:
-                proc.stdin.close()
         if proc.stdout is not None:
             proc.stdout.close()
 

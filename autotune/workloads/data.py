@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autotune.errors import WorkloadError
+from autotune.files import maker_is_gone
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch.utils.data import Dataset
@@ -109,11 +110,8 @@ def generate_image_folder(
 
 def _remove_dead_copies(target: Path) -> None:
     """Remove the temporary copies of processes that died while generating (``kill -9``)."""
-    import psutil
-
     for stale in target.parent.glob(f".{target.name}.tmp-*"):
-        pid = stale.name.rpartition("-")[2]
-        if pid.isdigit() and int(pid) != os.getpid() and not psutil.pid_exists(int(pid)):
+        if maker_is_gone(stale.name.rpartition("-")[2]):
             shutil.rmtree(stale, ignore_errors=True)
 
 
