@@ -7,11 +7,12 @@ autotune calls it with ``num_classes=`` when it takes that argument. This
 example uses ``tiny_net:tiny_net`` (``examples/tiny_net.py``), copied into
 the working directory, which is where autotune (and the emitted script) look
 for it. It runs a real, tiny search (3 one-second trials on 64 synthetic
-JPEGs; the batch is capped so that one optimizer step fits in them), the
-Python equivalent of::
+JPEGs; the batch is capped so that one optimizer step fits in them; the
+winner's bottleneck verdict uses the calibration's ceilings), the Python
+equivalent of::
 
     cd WORK_DIR && autotune search --model tiny_net:tiny_net --image-size 32 --trials 3 \
-        --trial-seconds 1 --device cpu --out out
+        --trial-seconds 1 --device cpu --no-ceilings --out out
 
 then runs the emitted ``out/train.py`` for two optimizer steps.
 """
@@ -47,6 +48,7 @@ def main(argv: list[str]) -> int:
         synthetic_images=64,
         confirm_top=1,
         confirm_rounds=1,
+        ceilings=False,  # a demo: skip the three runs that re-measure the ceilings at the winner's setup
         command="python examples/custom_model.py",
     )
     outcome = run_search(config)

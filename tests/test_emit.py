@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import in_process
 import pytest
 from typer.testing import CliRunner
 
@@ -81,12 +82,20 @@ def defaults(path: Path) -> Any:
 
 
 def run_script(args: list[str], cwd: Path, *, torchrun: bool = False) -> subprocess.CompletedProcess[str]:
+    """The script as its own process (standalone: its own imports and ``sys.path``), or under torchrun."""
     prefix = [sys.executable]
     if torchrun:
         prefix += ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
     proc = subprocess.run(prefix + args, cwd=cwd, capture_output=True, text=True, timeout=RUN_TIMEOUT)
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
     return proc
+
+
+def run_here(args: list[str], cwd: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> str:
+    """``args[0]`` run with ``args[1:]`` in this process (see :mod:`in_process`); its stdout."""
+    code, out, err = in_process.run_script(Path(args[0]), args[1:], cwd, capfd, monkeypatch)
+    assert code == 0, f"exit {code}\n{out}\n{err}"
+    return out
 
 
 def add_argument_default(source: str, flag: str) -> Any:
@@ -399,22 +408,24 @@ def _checkpoint(path: Path) -> dict[str, Any]:
 
 
 @pytest.mark.slow
-def test_runs_and_resumes(synthetic_data: Path, tmp_path: Path) -> None:
+def test_runs_and_resumes(
+    synthetic_data: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     script = write_script(make_best(synthetic_data, **CPU_KNOBS), tmp_path / "emit" / "train.py")
     run = tmp_path / "run"
     run.mkdir()
-    proc = run_script([str(script), "--max-steps", "2", "--print-freq", "1", "--output-dir", "out"], run)
-    assert "batch 8 x accum 2 x 1 = 16" in proc.stdout
-    assert "lr 0.001 x sqrt(16 / 32) = 0.000707107, warm-up 0 steps" in proc.stdout
-    assert "step 2 loss" in proc.stdout and "images/s" in proc.stdout
+    out = run_here([str(script), "--max-steps", "2", "--print-freq", "1", "--output-dir", "out"], run, capfd, monkeypatch)
+    assert "batch 8 x accum 2 x 1 = 16" in out
+    assert "lr 0.001 x sqrt(16 / 32) = 0.000707107, warm-up 0 steps" in out
+    assert "step 2 loss" in out and "images/s" in out
     checkpoint = _checkpoint(run / "out" / "checkpoint.pth")
     assert (checkpoint["step"], checkpoint["epoch"], checkpoint["epoch_step"]) == (2, 0, 2)
     assert set(checkpoint) >= {"model", "optimizer", "scaler", "args"}
 
     # 64 images / (8 x 2) = 4 steps per epoch: the resumed run finishes epoch 0 at step 4.
-    proc = run_script([str(script), "--resume", "--max-steps", "4", "--print-freq", "1", "--output-dir", "out"], run)
-    assert "resumed from out/checkpoint.pth at epoch 0 step 2" in proc.stdout
-    steps = [int(line.split()[1]) for line in proc.stdout.splitlines() if line.startswith("step ")]
+    out = run_here([str(script), "--resume", "--max-steps", "4", "--print-freq", "1", "--output-dir", "out"], run, capfd, monkeypatch)
+    assert "resumed from out/checkpoint.pth at epoch 0 step 2" in out
+    steps = [int(line.split()[1]) for line in out.splitlines() if line.startswith("step ")]
     assert steps == [3, 4]
     checkpoint = _checkpoint(run / "out" / "checkpoint.pth")
     assert (checkpoint["step"], checkpoint["epoch"], checkpoint["epoch_step"]) == (4, 1, 0)
@@ -467,13 +478,15 @@ def test_fp32_factory_model_with_eval_runs(synthetic_data: Path, tmp_path: Path)
 
 
 @pytest.mark.slow
-def test_a_much_larger_batch_warms_the_learning_rate_up(synthetic_data: Path, tmp_path: Path) -> None:
+def test_a_much_larger_batch_warms_the_learning_rate_up(
+    synthetic_data: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Effective batch 16 against a reference of 2 (8x): one epoch of linear warm-up, lr x sqrt(8)."""
     script = write_script(make_best(synthetic_data, **CPU_KNOBS), tmp_path / "emit" / "train.py")
     run = tmp_path / "run"
     run.mkdir()
-    proc = run_script([str(script), "--max-steps", "1", "--reference-batch", "2", "--output-dir", "out"], run)
-    assert "lr 0.001 x sqrt(16 / 2) = 0.00282843, warm-up 4 steps" in proc.stdout
+    out = run_here([str(script), "--max-steps", "1", "--reference-batch", "2", "--output-dir", "out"], run, capfd, monkeypatch)
+    assert "lr 0.001 x sqrt(16 / 2) = 0.00282843, warm-up 4 steps" in out
     checkpoint = _checkpoint(run / "out" / "checkpoint.pth")
     lr = checkpoint["optimizer"]["param_groups"][0]["lr"]
     assert lr == pytest.approx(0.001 * 8**0.5 / 4)  # the first of 4 warm-up steps

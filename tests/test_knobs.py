@@ -7,7 +7,6 @@ Validation, where each is offered, ``--set``, best.json, the trial process
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -430,17 +429,19 @@ def test_emitted_script_defaults_to_the_tuned_knobs(synthetic_data: Path, tmp_pa
 
 
 @pytest.mark.slow
-def test_emitted_script_applies_threads_and_optimizer_kernels(synthetic_data: Path, tmp_path: Path) -> None:
-    from test_emit import make_best, run_script
+def test_emitted_script_applies_threads_and_optimizer_kernels(
+    synthetic_data: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import in_process
+    from test_emit import make_best, run_here
 
     from autotune.output.emit import write_script
 
     best = make_best(synthetic_data, batch_size=8, num_threads=1, optimizer_impl="for-loop")
     script = write_script(best, tmp_path / "train.py")
-    proc = run_script([str(script), "--max-steps", "2", "--print-freq", "1", "--output-dir", "out"], tmp_path)
-    assert "threads 1 | compile off" in proc.stdout and "step 2 loss" in proc.stdout
+    out = run_here([str(script), "--max-steps", "2", "--print-freq", "1", "--output-dir", "out"], tmp_path, capfd, monkeypatch)
+    assert "threads 1 | compile off" in out and "step 2 loss" in out
     checkpoint = torch.load(tmp_path / "out" / "checkpoint.pth", map_location="cpu", weights_only=True)
     assert checkpoint["optimizer"]["param_groups"][0]["foreach"] is False
-    refused = subprocess.run([sys.executable, str(script), "--tf32", "--max-steps", "1"],
-                             cwd=tmp_path, capture_output=True, text=True, timeout=120)
-    assert refused.returncode != 0 and "error: --tf32 needs a CUDA device" in refused.stderr
+    code, _, err = in_process.run_script(script, ["--tf32", "--max-steps", "1"], tmp_path, capfd, monkeypatch)
+    assert code != 0 and "error: --tf32 needs a CUDA device" in err

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
+import in_process
 import pytest
 
 import autotune
@@ -15,13 +14,14 @@ from autotune.records import Workload
 from autotune.train_setup import TrainSetup
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
-TIMEOUT = 120
 
 
-def run_example(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=TIMEOUT)
-    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
-    return proc
+def run_example(args: list[str], cwd: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+                *, code: int = 0) -> tuple[str, str]:
+    """An example's ``main(argv)`` in this process (see :mod:`in_process`); its stdout and stderr."""
+    returned, out, err = in_process.run_example(Path(args[0]), args[1:], cwd, capfd, monkeypatch)
+    assert returned == code, f"exit {returned}\n{out}\n{err}"
+    return out, err
 
 
 def write_cpu_best(path: Path, setup: TrainSetup) -> None:
@@ -50,46 +50,45 @@ def test_load_setup_reads_best_json(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_own_loop_with_inline_setup(tmp_path: Path) -> None:
-    proc = run_example([str(EXAMPLES / "own_loop.py")], tmp_path)
-    assert "setup: bs=16x2 w=0 bf16 channels_last" in proc.stdout
-    assert "step 3 loss" in proc.stdout
+def test_own_loop_with_inline_setup(tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    out, _ = run_example([str(EXAMPLES / "own_loop.py")], tmp_path, capfd, monkeypatch)
+    assert "setup: bs=16x2 w=0 bf16 channels_last" in out
+    assert "step 3 loss" in out
 
 
 @pytest.mark.slow
-def test_own_loop_with_best_json(tmp_path: Path) -> None:
+def test_own_loop_with_best_json(tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    # fp32 (the inline setup above covers bf16): a loader worker, accumulation and a pinned thread count from the file.
     setup = TrainSetup(
-        num_workers=1, prefetch_factor=2, persistent_workers=True, batch_size=8, accumulation_steps=2, amp="bf16"
+        num_workers=1, prefetch_factor=2, persistent_workers=True, batch_size=8, accumulation_steps=2, num_threads=1
     )
     write_cpu_best(tmp_path / "best.json", setup)
-    proc = run_example([str(EXAMPLES / "own_loop.py"), "best.json"], tmp_path)
-    assert f"setup: {setup.describe()}" in proc.stdout
-    assert "step 3 loss" in proc.stdout
+    out, _ = run_example([str(EXAMPLES / "own_loop.py"), "best.json"], tmp_path, capfd, monkeypatch)
+    assert f"setup: {setup.describe()}" in out
+    assert "step 3 loss" in out
 
 
 @pytest.mark.slow
-def test_own_loop_rejects_a_setup_the_device_cannot_run(tmp_path: Path) -> None:
+def test_own_loop_rejects_a_setup_the_device_cannot_run(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     import torch
 
     if torch.cuda.is_available():
         pytest.skip("needs a machine without CUDA")
     write_cpu_best(tmp_path / "best.json", TrainSetup(batch_size=8, amp="fp16"))
-    proc = subprocess.run(
-        [sys.executable, str(EXAMPLES / "own_loop.py"), "best.json"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=TIMEOUT,
-    )
-    assert proc.returncode == 2
-    assert "fp16 needs a CUDA device" in proc.stderr and "Traceback" not in proc.stderr
+    _, err = run_example([str(EXAMPLES / "own_loop.py"), "best.json"], tmp_path, capfd, monkeypatch, code=2)
+    assert "fp16 needs a CUDA device" in err and "Traceback" not in err
 
 
 @pytest.mark.slow
-def test_custom_model_example(tmp_path: Path) -> None:
+def test_custom_model_example(tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     work = tmp_path / "work"
-    proc = run_example([str(EXAMPLES / "custom_model.py"), str(work)], tmp_path)
-    assert "winner: " in proc.stdout
-    assert "train.py --max-steps 2" in proc.stdout
-    assert "model tiny_net:tiny_net" in proc.stdout
-    assert "step 2 loss" in proc.stdout
+    out, _ = run_example([str(EXAMPLES / "custom_model.py"), str(work)], tmp_path, capfd, monkeypatch)
+    assert "winner: " in out
+    assert "train.py --max-steps 2" in out
+    assert "model tiny_net:tiny_net" in out  # printed by the emitted script, run as its own process
+    assert "step 2 loss" in out
     best = autotune.output.best.read_best(work / "out" / "best.json")
     assert best.workload.model == "tiny_net:tiny_net" and best.samples_per_s > 0
     assert (work / "out" / "train.py").is_file()

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import in_process
 import pytest
 import torch
 from typer.testing import CliRunner
@@ -283,31 +284,41 @@ def _task_script(tmp_path: Path, name: str, setup: autotune.TrainSetup) -> Path:
 
 
 def _run(script: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """The script as its own process (it finds the factory from its own directory)."""
     return subprocess.run([sys.executable, str(script), "--print-freq", "1", "--output-dir", "out", *args],
                           cwd=script.parent, capture_output=True, text=True, timeout=120)
 
 
+def _run_here(script: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, *args: str) -> tuple[int, str, str]:
+    """The script in this process (see :mod:`in_process`)."""
+    return in_process.run_script(script, ["--print-freq", "1", "--output-dir", "out", *args], script.parent, capfd, monkeypatch)
+
+
 @pytest.mark.slow
-def test_the_task_script_keeps_each_param_group_lr_and_warms_each_up_from_its_own(tmp_path: Path) -> None:
+def test_the_task_script_keeps_each_param_group_lr_and_warms_each_up_from_its_own(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     script = _task_script(tmp_path, "sgd_groups", autotune.TrainSetup(batch_size=16))
-    plain = _run(script, "--max-steps", "2")
-    assert plain.returncode == 0, plain.stderr
+    code, _, err = _run_here(script, capfd, monkeypatch, "--max-steps", "2")
+    assert code == 0, err
     lrs = [g["lr"] for g in torch.load(tmp_path / "out" / "checkpoint.pth", weights_only=True)["optimizer"]["param_groups"]]
     assert lrs == pytest.approx([0.1, 0.001])  # no warm-up: the factory's own rates, untouched
-    warmed = _run(script, "--max-steps", "2", "--warmup-steps", "4", "--output-dir", "out2")
-    assert warmed.returncode == 0, warmed.stderr
+    code, _, err = _run_here(script, capfd, monkeypatch, "--max-steps", "2", "--warmup-steps", "4", "--output-dir", "out2")
+    assert code == 0, err
     lrs = [g["lr"] for g in torch.load(tmp_path / "out2" / "checkpoint.pth", weights_only=True)["optimizer"]["param_groups"]]
     assert lrs == pytest.approx([0.05, 0.0005])  # step 2 of 4: half of each group's own rate
 
 
 @pytest.mark.slow
-def test_the_task_script_on_short_iterable_epochs_and_task_subclasses(tmp_path: Path) -> None:
+def test_the_task_script_on_short_iterable_epochs_and_task_subclasses(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     # 24 items in micro-batches of 8, 2 per step: one step an epoch, the third micro-batch dropped, not carried over.
     script = _task_script(tmp_path, "iterable", autotune.TrainSetup(batch_size=8, accumulation_steps=2))
-    done = _run(script, "--epochs", "3")
-    assert done.returncode == 0, done.stderr
-    assert "epoch 2 done at step 3" in done.stdout
-    too_big = _run(script, "--batch-size", "32", "--accum-steps", "1")
-    assert too_big.returncode != 0 and "yielded no full optimizer step of 32 x 1" in too_big.stderr
+    code, out, err = _run_here(script, capfd, monkeypatch, "--epochs", "3")
+    assert code == 0, err
+    assert "epoch 2 done at step 3" in out
+    code, _, err = _run_here(script, capfd, monkeypatch, "--batch-size", "32", "--accum-steps", "1")
+    assert code != 0 and "yielded no full optimizer step of 32 x 1" in err
     sub = _run(_task_script(tmp_path, "subclassed", autotune.TrainSetup(batch_size=16)), "--max-steps", "1")
     assert sub.returncode == 0 and "step 1 loss" in sub.stdout, sub.stderr

@@ -20,7 +20,7 @@ def test_example_is_tuned_and_its_train_py_runs_the_workload(
     monkeypatch.syspath_prepend(str(EXAMPLES))
     result = autotune.search(
         workload=f"{example}:make_task", trials=2, device="cpu", trial_seconds=1.0, confirm_top=1, confirm_rounds=1,
-        out=tmp_path / "out",
+        ceilings=False, out=tmp_path / "out",  # the winner's ceilings: covered by test_search.py
     )
     assert result.setup is not None and result.samples_per_s and result.samples_per_s > 0
     assert result.best_json.exists() and result.outcome.best is not None

@@ -1,0 +1,49 @@
+"""Run an emitted ``train.py`` or an example in the test process.
+
+torch is imported already here, so a script run this way skips the seconds of
+imports a fresh interpreter pays. Each test file keeps at least one run as a real
+process (the standalone script, its own ``sys.path``); the others use this.
+"""
+
+from __future__ import annotations
+
+import runpy
+from pathlib import Path
+
+import pytest
+import torch
+
+
+def run_script(script: Path, args: list[str], cwd: Path, capfd: pytest.CaptureFixture[str],
+               monkeypatch: pytest.MonkeyPatch) -> tuple[int, str, str]:
+    """``python SCRIPT ARGS`` from ``cwd``: the exit code, stdout and stderr (the file descriptors', so
+    what a process the script starts prints is there too). A ``sys.exit("message")`` prints the
+    message to stderr and exits 1, as the interpreter does."""
+    namespace = runpy.run_path(str(script), run_name="in_process")
+    return call(lambda: namespace["main"](namespace["get_args_parser"]().parse_args(args)), cwd, capfd, monkeypatch)
+
+
+def run_example(example: Path, args: list[str], cwd: Path, capfd: pytest.CaptureFixture[str],
+                monkeypatch: pytest.MonkeyPatch) -> tuple[int, str, str]:
+    """An example's ``main([path, *args])`` from ``cwd``, as :func:`run_script` runs a script."""
+    namespace = runpy.run_path(str(example), run_name="in_process")
+    return call(lambda: namespace["main"]([str(example), *args]), cwd, capfd, monkeypatch)
+
+
+def call(main: object, cwd: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> tuple[int, str, str]:
+    monkeypatch.chdir(cwd)
+    capfd.readouterr()  # what the test printed before
+    threads = torch.get_num_threads()
+    code, message = 0, ""
+    try:
+        returned = main()  # type: ignore[operator]
+        code = int(returned or 0)
+    except SystemExit as exc:
+        if isinstance(exc.code, str):
+            code, message = 1, exc.code + "\n"
+        else:
+            code = int(exc.code or 0)
+    finally:
+        torch.set_num_threads(threads)  # a setup's thread count stays with its run
+    out, err = capfd.readouterr()
+    return code, out, err + message
