@@ -282,7 +282,11 @@ def test_synthetic_data_is_generated_once_and_reused(tmp_path) -> None:
 
 
 def test_trial_directory_is_gone_after_a_killed_trial(tiny_workload, monkeypatch) -> None:
-    """A pruned (killed) trial leaves no directory behind, and cleanup races do not raise."""
+    """A pruned (killed) trial leaves no directory behind, and cleanup races do not raise.
+
+    With a loader worker, multiprocessing's socket (its ``pymp-*`` directory, which a killed
+    process never removes) is in the trial's directory, so it goes with it.
+    """
     from autotune.runner import zygote
 
     dirs: list = []
@@ -292,12 +296,19 @@ def test_trial_directory_is_gone_after_a_killed_trial(tiny_workload, monkeypatch
         dirs.append(directory)
         return real_launch(directory)
 
+    sockets: list[list[str]] = []
+
+    def prune(index: int, value: float) -> bool:
+        folder = dirs[-1] / "mp"
+        sockets.append(sorted(p.name for p in folder.iterdir()) if folder.is_dir() else [])
+        return True
+
     monkeypatch.setattr(zygote, "launch", recording_launch)
-    for _ in range(3):
-        result = run_trial(TrainSetup(batch_size=8), tiny_workload, dataclasses.replace(QUICK, windows=4, trial_seconds=2.0),
-                           on_window=lambda index, value: True)
+    for setup in (TrainSetup(batch_size=8), TrainSetup(batch_size=8, num_workers=1, prefetch_factor=2), TrainSetup(batch_size=8)):
+        result = run_trial(setup, tiny_workload, dataclasses.replace(QUICK, windows=4, trial_seconds=2.0), on_window=prune)
         assert result.status == "pruned"
     assert dirs and not any(d.exists() for d in dirs)
+    assert sockets[0] == sockets[2] == [] and [name.split("-")[0] for name in sockets[1]] == ["listener"]
 
 
 def test_windows_close_inside_a_step_but_the_last_waits_for_its_end() -> None:

@@ -20,6 +20,29 @@ from autotune.runner.zygote import EVENTS, EXIT, OUTPUT, REQUEST
 
 
 # ---------------------------------------------------------------- the trial
+#: Longest directory for multiprocessing's files: its listener socket, ``DIR/listener-XXXXXXXX``,
+#: must fit the 108 bytes of an AF_UNIX socket path.
+MP_DIR_MAX = 80
+
+
+def keep_multiprocessing_files_in(trial_dir: Path) -> None:
+    """Make the trial's multiprocessing directory a folder of ``trial_dir``.
+
+    Loader workers hand tensors over a socket in multiprocessing's temporary
+    directory (``pymp-*`` in the system's). Its clean-up runs at a normal
+    exit only: a trial the search prunes or times out is killed, and its
+    ``pymp-*`` would stay behind, one per such trial. Inside the trial's
+    directory it goes with the rest when the parent removes that. Where the
+    socket's path would be too long, multiprocessing keeps its default.
+    """
+    import multiprocessing
+
+    folder = trial_dir / "mp"
+    if len(str(folder)) <= MP_DIR_MAX:
+        folder.mkdir(mode=0o700, exist_ok=True)
+        multiprocessing.current_process()._config["tempdir"] = str(folder)  # read by multiprocessing.util.get_temp_dir
+
+
 def run_child(trial_dir: str, *, new_session: bool) -> None:
     """Execute the trial in ``trial_dir`` in this process, then ``_exit``."""
     status = 0
@@ -31,6 +54,7 @@ def run_child(trial_dir: str, *, new_session: bool) -> None:
         if new_session:
             os.setsid()
         directory = Path(trial_dir)
+        keep_multiprocessing_files_in(directory)
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)
         os.close(devnull)
