@@ -18,7 +18,6 @@ from typing import Any
 
 from autotune.runner.zygote import EVENTS, EXIT, OUTPUT, REQUEST
 
-
 # ---------------------------------------------------------------- the trial
 #: Longest directory for multiprocessing's files: its listener socket, ``DIR/listener-XXXXXXXX``,
 #: must fit the 108 bytes of an AF_UNIX socket path.
@@ -40,7 +39,8 @@ def keep_multiprocessing_files_in(trial_dir: Path) -> None:
     folder = trial_dir / "mp"
     if len(str(folder)) <= MP_DIR_MAX:
         folder.mkdir(mode=0o700, exist_ok=True)
-        multiprocessing.current_process()._config["tempdir"] = str(folder)  # read by multiprocessing.util.get_temp_dir
+        # multiprocessing.util.get_temp_dir() reads it; forked loader workers inherit it.
+        multiprocessing.current_process()._config["tempdir"] = str(folder)  # type: ignore[attr-defined]
 
 
 def run_child(trial_dir: str, *, new_session: bool) -> None:
