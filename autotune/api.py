@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import UsageError
-from autotune.records import DEFAULT_TRIAL_SECONDS, TrialOptions, TrialResult, Workload
+from autotune.records import DEFAULT_TRIAL_SECONDS, TrialOptions, TrialResult, Workload, check_trial_seconds
 from autotune.train_setup import TrainSetup
 from autotune.tuner import Reporter, SearchConfig, SearchOutcome, run_search
 
@@ -329,6 +329,7 @@ def trial(
 
     model, image_size = _shorthand(workload, model, data, image_size, "resnet18")
     setup = setup or TrainSetup()
+    check_trial_seconds(trial_seconds)
     prestart()  # the trial server's imports overlap the workload's checks below
     options = TrialOptions(
         trial_seconds=trial_seconds,

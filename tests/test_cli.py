@@ -94,6 +94,8 @@ def test_trial_command_bad_setup_and_json(tmp_path, cache_dir) -> None:
     fp16 = runner.invoke(app, ["trial", "--amp", "fp16", "--device", "cpu", "--cache-dir", str(cache_dir),
                                "--synthetic-images", "64"])
     assert fp16.exit_code == 2 and "fp16 needs a CUDA device" in _one_error_line(fp16.output)
+    short = runner.invoke(app, ["trial", "--trial-seconds", "0.01", "--device", "cpu"])
+    assert short.exit_code == 2 and "--trial-seconds must be >= 0.5" in _one_error_line(short.output)
 
 
 def test_trial_refuses_bf16_on_a_cpu_without_it(cache_dir, monkeypatch) -> None:

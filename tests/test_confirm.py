@@ -120,3 +120,13 @@ def test_finalists_equal_within_the_floor_do_not_need_more_rounds() -> None:
     runner = _runner_with({16: [50.0], 64: [200.0, 201.0], 128: [201.0, 200.0]}, order)
     confirm(candidates(), WORKLOAD, TrialOptions(), rounds=4, known={}, store=lambda *a: None, runner=runner)
     assert order == [16, 64, 128] * 2
+
+
+def test_the_confirmation_line_says_its_rounds_plainly() -> None:
+    from autotune.tuner.confirm import confirmation_plan
+
+    assert confirmation_plan(4, 3.0, 4) == (
+        "confirmation: 4 setups in interleaved rounds of 3 s (2 to 4 rounds; a setup stops once the leader beats or equals it)"
+    )
+    assert "1 setup in interleaved rounds of 0.5 s (1 round;" in confirmation_plan(1, 0.5, 1)  # not "(2 to 1"
+    assert "(2 rounds;" in confirmation_plan(2, 5.0, 2)

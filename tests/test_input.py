@@ -65,8 +65,9 @@ def test_tables_and_progress_print_bracketed_errors_as_typed() -> None:
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        (("--trial-seconds", "inf"), "--trial-seconds must be > 0 and <= 86400"),
-        (("--trial-seconds", "nan"), "--trial-seconds must be > 0"),
+        (("--trial-seconds", "inf"), "--trial-seconds must be >= 0.5 and <= 86400"),
+        (("--trial-seconds", "nan"), "--trial-seconds must be >= 0.5"),
+        (("--trial-seconds", "0.001"), "--trial-seconds must be >= 0.5 and <= 86400, got 0.001"),  # measures the prefetched queue
         (("--timeout", "inf"), "--timeout must be > 0"),
         (("--max-memory", "9" * 400), "memory size too large"),
         (("--max-memory", ""), "not a memory size: ''"),

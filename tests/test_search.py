@@ -72,6 +72,9 @@ def test_fake_search_records_infeasible_and_writes_best(tmp_path, cache_dir) -> 
     assert not (best.setup.amp == "off" and best.setup.num_workers > 0)  # never an infeasible winner
     assert best.defaults_samples_per_s == pytest.approx(100.0)
     assert best.speedup == pytest.approx(best.samples_per_s / 100.0)
+    with (tmp_path / "out" / "trials.csv").open() as fh:
+        header = next(csv.reader(fh))
+    assert len(header) == len(set(header))  # every column once: a DictReader or pandas reads each
     rows = list(csv.DictReader((tmp_path / "out" / "trials.csv").open()))
     assert len(rows) == len(outcome.records)
     assert rows[0]["role"] == "defaults" and rows[1]["role"] == "guess"
@@ -79,6 +82,20 @@ def test_fake_search_records_infeasible_and_writes_best(tmp_path, cache_dir) -> 
     oom_rows = [r for r in rows if r["status"] == "oom"]
     assert oom_rows and "exceeded the budget" in oom_rows[0]["error"]
     assert (tmp_path / "out" / "train.py").exists()
+
+
+def test_an_effective_batch_larger_than_the_data_is_refused_before_anything_runs(tmp_path, cache_dir) -> None:
+    from autotune.errors import UsageError
+
+    ran: list[TrainSetup] = []
+
+    def recording(setup, workload, options=None, *, on_window=None) -> TrialResult:
+        ran.append(setup)
+        return fake_runner(setup, workload, options, on_window=on_window)
+
+    with pytest.raises(UsageError, match="--effective-batch 128 is larger than the 64 training images"):
+        search(config(tmp_path, cache_dir, effective_batch=128), runner=recording)
+    assert ran == [] and not (tmp_path / "out").exists()  # no calibration run, nothing written
 
 
 def test_steps_larger_than_the_data_are_infeasible_and_never_run(tmp_path, cache_dir) -> None:

@@ -10,6 +10,8 @@ from autotune.files import atomic_write_text
 from autotune.records import TrialRecord
 from autotune.train_setup import KNOBS
 
+#: The result's fields, by column name; the thread count a trial ran with is ``threads_used``
+#: (``num_threads`` is the knob's column: empty when the setup leaves it to torch).
 RESULT_COLUMNS = (
     "status",
     "samples_per_s",
@@ -20,8 +22,9 @@ RESULT_COLUMNS = (
     "warmup_s",
     "measured_s",
     "compile_s",
-    "num_threads",
+    "threads_used",
 )
+_FIELDS = {"threads_used": "num_threads"}
 
 
 def write_trials_csv(path: Path, records: list[TrialRecord]) -> None:
@@ -31,7 +34,7 @@ def write_trials_csv(path: Path, records: list[TrialRecord]) -> None:
     writer.writerow(["trial", "role", *KNOBS, *RESULT_COLUMNS, "effective_batch", "reused_from", "error"])
     for r in sorted(records, key=lambda rec: rec.number):
         knobs = [getattr(r.setup, k) for k in KNOBS]
-        results = [getattr(r.result, c) for c in RESULT_COLUMNS]
+        results = [getattr(r.result, _FIELDS.get(c, c)) for c in RESULT_COLUMNS]
         writer.writerow(
             [r.number, r.role, *knobs, *results, r.setup.effective_batch(), r.reused_from, r.result.error or ""]
         )

@@ -11,7 +11,16 @@ from typing import Any, ClassVar
 
 from autotune.errors import UsageError
 from autotune.output.best import Best
-from autotune.records import DEFAULT_TRIAL_SECONDS, MAX_SECONDS, Calibration, Ceilings, Confirmed, TrialRecord, TrialResult
+from autotune.records import (
+    DEFAULT_TRIAL_SECONDS,
+    MAX_SECONDS,
+    Calibration,
+    Ceilings,
+    Confirmed,
+    TrialRecord,
+    TrialResult,
+    check_trial_seconds,
+)
 from autotune.time_spent import Phase, TimeSpent
 from autotune.tuner.constraints import Constraint, merge_constraints
 
@@ -95,8 +104,7 @@ class SearchConfig:
             raise UsageError(f"--trials must be >= 1, got {self.trials}")
         if self.effective_batch is not None and self.effective_batch < 1:
             raise UsageError(f"--effective-batch must be >= 1, got {self.effective_batch}")
-        if not 0 < self.trial_seconds <= MAX_SECONDS:
-            raise UsageError(f"--trial-seconds must be > 0 and <= {MAX_SECONDS:.0f}, got {self.trial_seconds}")
+        check_trial_seconds(self.trial_seconds)
         if self.timeout_s is not None and not 0 < self.timeout_s <= MAX_SECONDS:
             raise UsageError(f"--timeout must be > 0 and <= {MAX_SECONDS:.0f}, got {self.timeout_s}")
         if not 0 < self.lr < math.inf:

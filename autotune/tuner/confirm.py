@@ -24,6 +24,14 @@ Store = Callable[[str, list[float], list[str]], None]
 MIN_ROUNDS = 2
 
 
+def confirmation_plan(setups: int, seconds: float, rounds: int, min_rounds: int = MIN_ROUNDS) -> str:
+    """The line announcing the confirmation: how many setups, how long a run, how many rounds."""
+    floor = min(min_rounds, rounds)
+    span = f"{rounds} round{'s' if rounds > 1 else ''}" if floor == rounds else f"{floor} to {rounds} rounds"
+    return (f"confirmation: {setups} setup{'s' if setups != 1 else ''} in interleaved rounds of {seconds:g} s "
+            f"({span}; a setup stops once the leader beats or equals it)")
+
+
 def confirm(
     candidates: Sequence[Candidate],
     workload: Workload,

@@ -31,7 +31,7 @@ from autotune.time_spent import TimeSpent
 from autotune.train_setup import TrainSetup
 from autotune.tuner.calibrate import calibrate
 from autotune.tuner.config import SearchConfig, SearchOutcome, Timing
-from autotune.tuner.confirm import confirm, measure_ceilings, pick_candidates
+from autotune.tuner.confirm import confirm, confirmation_plan, measure_ceilings, pick_candidates
 from autotune.tuner.constraints import check_constraints, merge_constraints
 from autotune.tuner.explore import Exploration
 from autotune.tuner.guesses import guess_setups
@@ -43,7 +43,7 @@ from autotune.tuner.parallel import explore_placed
 from autotune.tuner.placement import Placement, place
 from autotune.tuner.progress import Reporter, SilentReporter
 from autotune.tuner.signals import runs_to_the_end, sigterm_as_interrupt
-from autotune.tuner.space import Space, build_space, check_image_constraints, defaults_setup
+from autotune.tuner.space import Space, build_space, check_effective_batch, check_image_constraints, defaults_setup
 from autotune.tuner.storage import is_shared
 from autotune.tuner.study import ROLE_DEFAULTS, ROLE_GUESS, SearchStudy
 from autotune.tuner.study_report import write_search_report
@@ -208,6 +208,7 @@ def prepare(config: SearchConfig, reporter: Reporter) -> Prepared:
     check_image_constraints(merge_constraints(config.constraints), workload.image_input)
     check_workload_constraints(merge_constraints(config.constraints), workload, device)
     workload = placement.rank_workload(workload)  # with N ranks, each reads 1/N of the data
+    check_effective_batch(placement.rank_batch(config.effective_batch), workload.images)  # before calibration runs
     name = config.study or study_name(config, device, workload)
     fresh = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
@@ -298,10 +299,7 @@ def confirm_finalists(
         KeyboardInterrupt: Ctrl-C or SIGTERM; the rounds measured so far are stored.
     """
     candidates = pick_candidates(feasible, defaults, config.confirm_top)
-    reporter.message(
-        f"confirmation: {len(candidates)} setups in interleaved rounds of {options.trial_seconds:.0f} s "
-        f"(2 to {config.confirm_rounds}; a setup stops once the leader beats or equals it)"
-    )
+    reporter.message(confirmation_plan(len(candidates), options.trial_seconds, config.confirm_rounds))
     with sigterm_as_interrupt():
         return confirm(
             candidates,

@@ -270,6 +270,19 @@ def ddp_values(world_size: int) -> dict[str, tuple[Any, ...]]:
     return {"bucket_cap_mb": (25,), "gradient_as_bucket_view": (False,), "static_graph": (False,)}
 
 
+def check_effective_batch(effective_batch: int | None, images: int | None) -> None:
+    """Refuse an effective batch (one rank's) larger than the training data (one rank's share).
+
+    Raises:
+        UsageError: An epoch would hold no optimizer step.
+    """
+    if images is not None and effective_batch is not None and effective_batch > images:
+        raise UsageError(
+            f"--effective-batch {effective_batch} is larger than the {images} training images: "
+            "an epoch would hold no optimizer step"
+        )
+
+
 def build_space(
     *,
     device: DeviceInfo,
@@ -303,11 +316,7 @@ def build_space(
             knob without values, or an effective batch larger than the data.
     """
     cuda = device.type == "cuda"
-    if images is not None and effective_batch is not None and effective_batch > images:
-        raise UsageError(
-            f"--effective-batch {effective_batch} is larger than the {images} training images: "
-            "an epoch would hold no optimizer step"
-        )
+    check_effective_batch(effective_batch, images)
     amp: tuple[str, ...] = ("off",)
     if device.bf16:
         amp += ("bf16",)
