@@ -198,6 +198,19 @@ def test_resume_with_a_different_search_is_refused(tmp_path, cache_dir) -> None:
         search(config(tmp_path, cache_dir, trials=3, constraints=(parse_constraint("amp=off"),)))
 
 
+def test_a_run_that_failed_before_measuring_anything_does_not_hold_its_settings(tmp_path, cache_dir) -> None:
+    """The error names a setting to change; the same --out with that setting changed runs (nothing was measured)."""
+    from autotune.errors import WorkloadError
+
+    def broken(setup, workload, options=None, *, on_window=None) -> TrialResult:
+        return TrialResult(status="error", error="RuntimeError: boom")
+
+    with pytest.raises(WorkloadError):
+        search(config(tmp_path, cache_dir, trials=2), runner=broken)
+    outcome = search(config(tmp_path, cache_dir, trials=2, max_memory=2**33))  # another signature, same study
+    assert outcome.best is not None
+
+
 def test_every_trial_failing_is_one_error(tmp_path, cache_dir) -> None:
     def always_oom(setup, workload, options=None, *, on_window=None):
         if options.mode != "train":  # calibration passes; every search trial runs out of memory

@@ -31,8 +31,14 @@ def test_an_unreachable_storage_is_one_error() -> None:
 
 
 def test_a_different_signature_is_refused_naming_the_difference(tmp_path: Path) -> None:
+    import studies
+
     study = _open(tmp_path)
     study.check_signature({"model": "resnet18", "trial_seconds": 3.0})
+    # Nothing measured yet (the first run failed before its calibration): the corrected search takes the study.
+    _open(tmp_path).check_signature({"model": "resnet18", "trial_seconds": 4.0})
+    study.check_signature({"model": "resnet18", "trial_seconds": 3.0})
+    studies.seed_calibration(f"sqlite:///{tmp_path / 'study.db'}", "s")  # measured: the study is this search's now
     study.check_signature({"model": "resnet18", "trial_seconds": 3.0})  # the same search resumes
     with pytest.raises(StorageError, match=r"trial_seconds: 3.0 there, 5.0 now"):
         _open(tmp_path).check_signature({"model": "resnet18", "trial_seconds": 5.0})
@@ -50,6 +56,7 @@ def test_a_study_sampled_in_an_older_space_is_refused_not_crashed(tmp_path: Path
     older = {k: v for k, v in current.items() if k != "space"}  # stored before the space was versioned
     study = _open(tmp_path)
     study.check_signature(older)
+    study.study.enqueue_trial({"batch_size": 32})  # a trial of that space
     with pytest.raises(StorageError, match=f"space: None there, {SPACE_VERSION} now"):
         _open(tmp_path).check_signature(current)
 

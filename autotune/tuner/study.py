@@ -197,13 +197,17 @@ class SearchStudy:
     def check_signature(self, signature: dict[str, Any]) -> None:
         """Refuse to resume a study made for a different search; record the signature.
 
+        A study that holds nothing measured (no calibration, no trial: its first
+        run failed before any, on input its error told the user to change) takes
+        the new signature instead, so the corrected command is not refused.
+
         Raises:
             StorageError: The stored signature differs, naming the first difference.
         """
         stored = self.study.user_attrs.get(STUDY_SIGNATURE)
         if stored is not None:
             difference = signature_difference(stored, signature)
-            if difference is not None:
+            if difference is not None and (self.calibration() is not None or self.study.get_trials(deepcopy=False)):
                 raise StorageError(
                     f"study {self.name!r} in {self.storage} was made for a different search "
                     f"({difference}); pass --study NEW_NAME or another --out"
