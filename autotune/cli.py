@@ -375,9 +375,26 @@ def status(
             out.print(escape(line), highlight=False, soft_wrap=True)
 
 
-def main() -> None:
-    """Console-script entry point."""
-    app()
+def main(argv: list[str] | None = None) -> None:
+    """Console-script entry point.
+
+    A usage error (an unknown or missing option, a bad value Typer parses, an
+    extra argument) is one ``error:`` line naming the command's ``--help``,
+    exit 2, like every other bad input; Typer would draw a boxed panel.
+    """
+    try:
+        code = app(args=argv, standalone_mode=False)
+    except Exception as exc:  # Typer's ClickException family (its click is vendored: matched by shape, not class)
+        if not (hasattr(exc, "format_message") and isinstance(getattr(exc, "exit_code", None), int)):
+            raise
+        if type(exc).__name__ != "NoArgsIsHelpError":  # bare `autotune`: the help is printed already
+            ctx = getattr(exc, "ctx", None)
+            hint = f" (see {ctx.command_path} --help)" if ctx is not None else ""
+            err.print(f"[bold red]error:[/] {escape(exc.format_message())}{escape(hint)}", highlight=False, soft_wrap=True)
+        sys.exit(exc.exit_code)
+    except typer.Abort:
+        sys.exit(1)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":  # pragma: no cover

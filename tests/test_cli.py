@@ -120,3 +120,35 @@ def test_trial_command_prints_one_json_result(cache_dir) -> None:
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     assert data["status"] == "ok" and data["samples_per_s"] > 0
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["probe", "--foo"], "No such option: --foo"),
+        (["status"], "Missing option '--storage'"),
+        (["probe", "extra"], "unexpected extra argument"),
+        (["search", "--trials", "abc"], "Invalid value for '--trials'"),
+    ],
+)
+def test_usage_errors_are_one_error_line(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from autotune.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 2
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], captured.err
+    assert f"{argv[0]} --help)" in lines[0] and captured.out == ""
+
+
+def test_main_exits_with_the_command_s_code(capsys: pytest.CaptureFixture[str]) -> None:
+    from autotune.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["--version"])
+    assert exited.value.code == 0 and capsys.readouterr().out.strip()
+    with pytest.raises(SystemExit) as exited:
+        main(["emit", "/nonexistent/autotune-out"])
+    assert exited.value.code != 0 and capsys.readouterr().err.startswith("error: ")
