@@ -385,13 +385,14 @@ def main(argv: list[str] | None = None) -> None:
     try:
         code = app(args=argv, standalone_mode=False)
     except Exception as exc:  # Typer's ClickException family (its click is vendored: matched by shape, not class)
-        if not (hasattr(exc, "format_message") and isinstance(getattr(exc, "exit_code", None), int)):
+        exit_code = getattr(exc, "exit_code", None)
+        if not (hasattr(exc, "format_message") and isinstance(exit_code, int)):
             raise
         if type(exc).__name__ != "NoArgsIsHelpError":  # bare `autotune`: the help is printed already
             ctx = getattr(exc, "ctx", None)
             hint = f" (see {ctx.command_path} --help)" if ctx is not None else ""
             err.print(f"[bold red]error:[/] {escape(exc.format_message())}{escape(hint)}", highlight=False, soft_wrap=True)
-        sys.exit(exc.exit_code)
+        sys.exit(exit_code)
     except typer.Abort:
         sys.exit(1)
     sys.exit(code if isinstance(code, int) else 0)
