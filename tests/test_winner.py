@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from types import SimpleNamespace
 
 import pytest
@@ -81,7 +82,14 @@ def _calibration(compute: float, loader: float) -> Calibration:
 def test_the_bottleneck_verdict(wait: float, compute: float, loader: float, verdict: str) -> None:
     best = _best([_confirmed(MID, (240.0,))])
     records = [_record(2, MID, 240.0, wait=wait)]
-    assert bottleneck_verdict(best, _calibration(compute, loader), records, CPU).startswith(verdict)
+    said = bottleneck_verdict(best, _calibration(compute, loader), records, CPU)
+    assert said.startswith(verdict)
+    # A workload without images gets no advice about decoding images.
+    tensors = dataclasses.replace(best, workload=dataclasses.replace(best.workload, image_input=False))
+    other = bottleneck_verdict(tensors, _calibration(compute, loader), records, CPU)
+    assert other.startswith(verdict) and "decoding" not in other and "images" not in other
+    if verdict == "input-bound":
+        assert "Cheaper decoding" in said and "__getitem__" in other
 
 
 def test_a_winner_within_the_noise_of_the_defaults_returns_the_defaults() -> None:

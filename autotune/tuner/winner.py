@@ -221,14 +221,14 @@ def bottleneck_verdict(
             parts.append(f"loader alone up to {loader:.0f} samples/s")
         parts.append(f"together {together:.0f} samples/s")
         facts = "; ".join(parts)
+    images = best.workload.image_input
     if wait is not None and wait > 0.2:
-        return (
-            f"input-bound: the winner waits on the DataLoader {wait:.0%} of the time ({facts}). "
-            "Cheaper decoding (smaller stored images, fewer augmentations) or more CPU cores would help."
-        )
+        cheaper = ("Cheaper decoding (smaller stored images, fewer augmentations)" if images
+                   else "A cheaper dataset __getitem__ or collate_fn (tensors prepared once, not per item)")
+        return f"input-bound: the winner waits on the DataLoader {wait:.0%} of the time ({facts}). {cheaper} or more CPU cores would help."
     if device.type == "cpu" and compute and loader and together < 0.8 * min(compute, loader):
         return (
-            f"CPU-shared: decoding and training compete for the same cores ({facts}); "
+            f"CPU-shared: {'decoding' if images else 'data loading'} and training compete for the same cores ({facts}); "
             "each alone is faster than both together."
         )
     return f"compute-bound: the training step is the limit ({facts})."
