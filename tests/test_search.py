@@ -116,6 +116,15 @@ def test_steps_larger_than_the_data_are_infeasible_and_never_run(tmp_path, cache
     assert outcome.best.setup.effective_batch() <= 64
 
 
+def test_data_smaller_than_the_default_batch_still_has_a_baseline(tmp_path, cache_dir) -> None:
+    # 20 images: a DataLoader of batch 32 yields one batch of all 20, and so do the defaults measured.
+    outcome = search(config(tmp_path, cache_dir, trials=3, synthetic_images=20))
+    defaults = next(r for r in outcome.records if r.role == "defaults")
+    assert defaults.setup == TrainSetup(batch_size=20) and defaults.result.ok
+    assert outcome.best.defaults_samples_per_s and outcome.best.speedup
+    assert not any("could not be measured" in n for n in outcome.best.notes)
+
+
 def test_second_guess_at_the_largest_batch_when_throughput_rises(tmp_path, cache_dir) -> None:
     outcome = search(config(tmp_path, cache_dir, trials=4, synthetic_images=256, trial_seconds=4.0))  # batch cap 256
     roles = [r.role for r in outcome.records]

@@ -110,7 +110,7 @@ def _search(
     crew = prepared.crew
     first = (crew.once(lambda: first_steps(config, prepared, reporter, placed), reporter) if crew else None)
     calibration, space = first or first_steps(config, prepared, reporter, placed)
-    defaults = defaults_setup(prepared.placement.rank_batch(config.effective_batch), batch=prepared.workload.reference_batch)
+    defaults = defaults_setup(prepared.placement.rank_batch(config.effective_batch), prepared.workload.reference_batch, prepared.workload.images)
     options = TrialOptions(trial_seconds=config.trial_seconds, timeout_s=config.timeout_s, max_memory_bytes=config.max_memory)
     moves = reserved_neighbours(config.trials) if config.sampler == "tpe" else 0  # the random baseline stays random
     plan = Exploration(space, defaults, prepared.workload, options, config.trials, prepared.out / "trials.csv", moves)

@@ -242,10 +242,16 @@ def _nearest(value: Any, options: Sequence[Any]) -> Any:
     return options[0]
 
 
-def defaults_setup(effective_batch: int | None, batch: int | None = None) -> TrainSetup:
+def defaults_setup(effective_batch: int | None, batch: int | None = None, images: int | None = None) -> TrainSetup:
     """PyTorch's defaults: 0 workers, batch 32 (or a Task's recipe batch), fp32;
-    the same math when the effective batch is pinned (accumulation makes up the difference)."""
+    the same math when the effective batch is pinned (accumulation makes up the difference).
+
+    Data of fewer ``images`` than that batch is one batch of all of them, as a
+    DataLoader of it yields (a trial keeps whole batches only, so batch 32 could not run).
+    """
     base = batch or DEFAULT_BATCH
+    if images is not None:
+        base = max(1, min(base, images))
     if effective_batch is None:
         return TrainSetup(batch_size=base)
     batch = max(d for d in range(1, min(base, effective_batch) + 1) if effective_batch % d == 0)
