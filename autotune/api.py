@@ -27,9 +27,10 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import UsageError
-from autotune.records import DEFAULT_TRIAL_SECONDS, TrialOptions, TrialResult, Workload, check_trial_seconds
+from autotune.records import DEFAULT_TRIAL_SECONDS, TrialOptions, TrialResult, Workload
 from autotune.train_setup import TrainSetup
 from autotune.tuner import Reporter, SearchConfig, SearchOutcome, run_search
+from autotune.tuner.config import check_trial_seconds
 
 __all__ = ["SearchResult", "TrialOutcome", "search", "trial"]
 

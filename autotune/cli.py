@@ -378,9 +378,8 @@ def status(
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point.
 
-    A usage error (an unknown or missing option, a bad value Typer parses, an
-    extra argument) is one ``error:`` line naming the command's ``--help``,
-    exit 2, like every other bad input; Typer would draw a boxed panel.
+    A usage error (an unknown or missing option, a value Typer cannot parse, an extra argument) is
+    one ``error:`` line naming the command's ``--help``, exit 2; Typer would draw a boxed panel.
     """
     try:
         code = app(args=argv, standalone_mode=False)
@@ -389,8 +388,7 @@ def main(argv: list[str] | None = None) -> None:
         if not (hasattr(exc, "format_message") and isinstance(exit_code, int)):
             raise
         if type(exc).__name__ != "NoArgsIsHelpError":  # bare `autotune`: the help is printed already
-            ctx = getattr(exc, "ctx", None)
-            hint = f" (see {ctx.command_path} --help)" if ctx is not None else ""
+            hint = f" (see {ctx.command_path} --help)" if (ctx := getattr(exc, "ctx", None)) is not None else ""
             err.print(f"[bold red]error:[/] {escape(exc.format_message())}{escape(hint)}", highlight=False, soft_wrap=True)
         sys.exit(exit_code)
     except typer.Abort:

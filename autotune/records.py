@@ -22,20 +22,6 @@ LR_SCALINGS = ("sqrt", "linear")
 MAX_SECONDS = 86400.0
 #: Measured seconds per trial unless asked otherwise (``python -m benchmarks.fidelity compare`` measured 5 against 10).
 DEFAULT_TRIAL_SECONDS = 5.0
-#: The shortest ``--trial-seconds`` a user may ask for: shorter windows measure the loader's prefetched
-#: queue, not its steady rate (0.001 s once reported 3.35x the defaults, above the loader's own ceiling).
-MIN_TRIAL_SECONDS = 0.5
-
-
-def check_trial_seconds(value: float) -> None:
-    """Refuse a ``--trial-seconds`` outside [:data:`MIN_TRIAL_SECONDS`, :data:`MAX_SECONDS`] (NaN too).
-
-    Raises:
-        UsageError: With a one-line reason.
-    """
-    if not MIN_TRIAL_SECONDS <= value <= MAX_SECONDS:
-        raise UsageError(f"--trial-seconds must be >= {MIN_TRIAL_SECONDS:g} and <= {MAX_SECONDS:.0f}, got {value}")
-
 
 @dataclass(frozen=True)
 class Workload:

@@ -216,8 +216,18 @@ def test_a_run_that_failed_before_measuring_anything_does_not_hold_its_settings(
 
     with pytest.raises(WorkloadError):
         search(config(tmp_path, cache_dir, trials=2), runner=broken)
-    outcome = search(config(tmp_path, cache_dir, trials=2, max_memory=2**33))  # another signature, same study
+    assert not (tmp_path / "out").exists()  # made by that run, holding nothing: gone
+    outcome = search(config(tmp_path, cache_dir, trials=2))
     assert outcome.best is not None
+    # In an --out that holds another search, only the failed run's empty study goes.
+    with pytest.raises(WorkloadError):
+        search(config(tmp_path, cache_dir, trials=2, study="other"), runner=broken)
+    assert optuna.get_all_study_names(f"sqlite:///{tmp_path / 'out' / 'study.db'}") == [outcome.study]
+    # A study whose signature was kept by an empty first run takes the corrected settings.
+    from autotune.tuner.study import SearchStudy
+
+    SearchStudy.open(f"sqlite:///{tmp_path / 'out' / 'study.db'}", "kept").check_signature({"max_memory": 1024})
+    assert search(config(tmp_path, cache_dir, trials=2, study="kept", max_memory=2**33)).best is not None
 
 
 def test_every_trial_failing_is_one_error(tmp_path, cache_dir) -> None:

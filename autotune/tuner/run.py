@@ -36,6 +36,7 @@ from autotune.tuner.constraints import check_constraints, merge_constraints
 from autotune.tuner.explore import Exploration
 from autotune.tuner.guesses import guess_setups
 from autotune.tuner.identity import machine_fingerprint, signature, study_name
+from autotune.tuner.leftovers import nothing_left_if_nothing_measured
 from autotune.tuner.lock import OutputLock
 from autotune.tuner.neighbours import reserved as reserved_neighbours
 from autotune.tuner.offered import check_workload_constraints
@@ -66,6 +67,7 @@ class Prepared:
     held: ExitStack
     placement: Placement
     crew: Crew | None = None  # this worker's view of a shared study (None: the study is this search's alone)
+    made_out: Path | None = None  # --out when this search made it
 
 
 def run_search(
@@ -97,7 +99,7 @@ def run_search(
     began = time.monotonic()
     timed = TimedRunner(runner, timing)
     prepared = prepare(config, reporter)
-    with prepared.held:
+    with nothing_left_if_nothing_measured(prepared.study, prepared.made_out, prepared.crew is not None), prepared.held:
         return _search(config, prepared, reporter, timed, timing, began)
 
 
@@ -239,7 +241,7 @@ def prepare(config: SearchConfig, reporter: Reporter) -> Prepared:
     reporter.message(f"{workload.describe()} ({device.label}); {int(hardware.cpu.usable_cores)} usable CPU cores")
     if placement.world_size > 1 or placement.parallel:
         reporter.message(placement.describe())
-    return Prepared(hardware, device, workload, study, out, held, placement, crew)
+    return Prepared(hardware, device, workload, study, out, held, placement, crew, out if fresh else None)
 
 
 def calibrate_once(config: SearchConfig, prepared: Prepared, reporter: Reporter, runner: TrialRunner) -> Calibration:

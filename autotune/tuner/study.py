@@ -207,12 +207,20 @@ class SearchStudy:
         stored = self.study.user_attrs.get(STUDY_SIGNATURE)
         if stored is not None:
             difference = signature_difference(stored, signature)
-            if difference is not None and (self.calibration() is not None or self.study.get_trials(deepcopy=False)):
+            if difference is not None and not self.holds_nothing():
                 raise StorageError(
                     f"study {self.name!r} in {self.storage} was made for a different search "
                     f"({difference}); pass --study NEW_NAME or another --out"
                 )
         self.study.set_user_attr(STUDY_SIGNATURE, signature)
+
+    def holds_nothing(self) -> bool:
+        """Whether nothing was measured into the study yet: no calibration, no trial (see :meth:`is_empty`)."""
+        return self.calibration() is None and self.is_empty()
+
+    def delete(self) -> None:
+        """Remove the study from its storage (a study that holds nothing, see :meth:`holds_nothing`)."""
+        optuna.delete_study(study_name=self.name, storage=self.study._storage)
 
     def calibration(self) -> Calibration | None:
         """The calibration stored by an earlier run, if any."""

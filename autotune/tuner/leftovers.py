@@ -1,0 +1,40 @@
+"""What a search that failed before measuring anything leaves behind: nothing.
+
+A model that fails in its first calibration run, or a ``--max-memory`` that
+fits no batch, is found only by running it, after the study was opened (and
+``--out`` made). Its error tells the user what to change; an empty study kept
+in ``--out`` would then make ``autotune report`` ask which of several studies
+to read, though none holds anything.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from autotune.errors import AutotuneError, SearchInterrupted
+from autotune.tuner.study import SearchStudy
+
+
+@contextmanager
+def nothing_left_if_nothing_measured(study: SearchStudy, made_out: Path | None, shared: bool) -> Iterator[None]:
+    """On an :class:`AutotuneError`, remove the study if it holds nothing measured.
+
+    An interrupt (Ctrl-C) leaves it: its message says to rerun the same command.
+
+    Args:
+        study: The search's study.
+        made_out: The output directory when this search made it (removed whole then), else None.
+        shared: A study shared by several workers stays: another may be calibrating it.
+    """
+    try:
+        yield
+    except AutotuneError as exc:
+        if not isinstance(exc, SearchInterrupted) and not shared and study.holds_nothing():
+            if made_out is not None:
+                shutil.rmtree(made_out, ignore_errors=True)
+            else:
+                study.delete()
+        raise
