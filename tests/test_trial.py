@@ -177,7 +177,7 @@ def test_factory_returning_a_non_module_is_an_error(tiny_workload) -> None:
     workload = dataclasses.replace(tiny_workload, model="factories:not_a_module")
     result = run_trial(TrainSetup(batch_size=8), workload, QUICK)
     assert result.status == "error"
-    assert "not a torch.nn.Module" in result.error
+    assert "not a torch.nn.Module" in result.error and not result.error.startswith("WorkloadError")  # worded for the user
 
 
 def test_nan_model_diverges(tiny_workload) -> None:

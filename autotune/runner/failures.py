@@ -24,8 +24,12 @@ class Diverged(AutotuneError):
 
 
 def _one_line(exc: BaseException) -> str:
+    """The first line of the message, after the exception's type (the user's or a library's: it says
+    what failed); autotune's own errors are worded for the user and keep their message alone."""
     text = str(exc).strip().splitlines()
     first = next((ln.strip() for ln in text if ln.strip()), "")
+    if isinstance(exc, AutotuneError) and first:
+        return first[:300]
     return f"{type(exc).__name__}: {first}"[:300] if first else type(exc).__name__
 
 
