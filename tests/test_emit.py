@@ -335,6 +335,13 @@ def test_cli_emit_corrupt_best(tmp_path: Path) -> None:
     assert "workload" in line
 
 
+def test_emit_under_a_file_names_the_file(synthetic_data: Path, tmp_path: Path) -> None:
+    (tmp_path / "afile").write_text("")
+    for target in ("afile/train.py", "afile/sub/train.py"):
+        with pytest.raises(EmitError, match="afile is a file, not a directory"):
+            write_script(make_best(synthetic_data), tmp_path / target)
+
+
 def test_cli_emit_hostile_model(synthetic_data: Path, tmp_path: Path) -> None:
     write_best(tmp_path / "best.json", make_best(synthetic_data, model="os:system('x')"))
     line = _one_error_line(CliRunner().invoke(app, ["emit", str(tmp_path)]))

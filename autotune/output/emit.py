@@ -297,6 +297,9 @@ def write_script(best: Best, path: str | Path) -> Path:
     target = Path(path)
     if target.is_dir():
         target = target / "train.py"
+    blocker = next((d for d in (target.parent, *target.parent.parents) if d.exists() and not d.is_dir()), None)
+    if blocker is not None:  # mkdir would say only "File exists"
+        raise EmitError(f"cannot write {target}: {blocker} is a file, not a directory")
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(target, text)
