@@ -170,10 +170,19 @@ def test_same_seed_gives_same_first_suggestions(tmp_path, cache_dir) -> None:
 
 
 def test_resume_adds_trials_instead_of_repeating(tmp_path, cache_dir) -> None:
+    from autotune.tuner.progress import SilentReporter
+
+    class Said(SilentReporter):
+        lines: list[str] = []
+
+        def message(self, text: str) -> None:
+            self.lines.append(text)
+
     search(config(tmp_path, cache_dir, trials=4))
     storage = f"sqlite:///{tmp_path / 'out' / 'study.db'}"
     before = {t.number: t.user_attrs["setup"] for t in optuna.load_study(study_name=None, storage=storage).trials}
-    outcome = search(config(tmp_path, cache_dir, trials=6))
+    outcome = search(config(tmp_path, cache_dir, trials=6), reporter=Said())
+    assert "continuing study 'resnet18-32px-cpu': calibration reused, 4 finished trials kept" in Said.lines  # said so, not only implied
     study = optuna.load_study(study_name=None, storage=storage)
     assert {n: study.trials[n].user_attrs["setup"] for n in before} == before
     assert len(measured(outcome.records)) == 6

@@ -252,7 +252,7 @@ def calibrate_once(config: SearchConfig, prepared: Prepared, reporter: Reporter,
     """
     stored = prepared.study.calibration()
     if stored is not None:
-        reporter.message("calibration: reusing the measurements stored in the study")
+        reporter.message(f"continuing study {prepared.study.name!r}: calibration reused, {len(prepared.study.records())} finished trials kept")
         return stored
     reporter.message("calibration: memory pre-pass, compute-only and loader-only ceilings")
     try:
