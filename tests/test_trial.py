@@ -308,7 +308,11 @@ def test_trial_directory_is_gone_after_a_killed_trial(tiny_workload, monkeypatch
         result = run_trial(setup, tiny_workload, dataclasses.replace(QUICK, windows=4, trial_seconds=2.0), on_window=prune)
         assert result.status == "pruned"
     assert dirs and not any(d.exists() for d in dirs)
-    assert sockets[0] == sockets[2] == [] and [name.split("-")[0] for name in sockets[1]] == ["listener"]
+    from autotune.runner.server import MP_DIR_MAX
+
+    # Under a TMPDIR so long that the socket's path would not fit, multiprocessing keeps its own directory.
+    fits = len(str(dirs[1] / "mp")) <= MP_DIR_MAX
+    assert sockets[0] == sockets[2] == [] and [name.split("-")[0] for name in sockets[1]] == (["listener"] if fits else [])
 
 
 def test_windows_close_inside_a_step_but_the_last_waits_for_its_end() -> None:
