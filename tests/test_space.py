@@ -104,14 +104,36 @@ def test_a_second_guess_at_the_largest_batch_when_throughput_still_rises() -> No
     rising = calibration(memory_points=(MemoryPoint(8, "ok", 2**28, 80.0), MemoryPoint(32, "ok", 2**29, 130.0),
                                         MemoryPoint(256, "ok", 2**31, 170.0)))
     space = build_space(device=CPU, calibration=rising, usable_cores=2, effective_batch=None, constraints={})
-    first, second = guess_setups(space, rising, CPU, 2)
+    first, _split, second = guess_setups(space, rising, CPU, 2)
     assert (first.batch_size, second.batch_size) == (64, 256)
     assert second == first.replace(batch_size=256)
     flat = calibration(memory_points=(MemoryPoint(8, "ok", 2**28, 13.6), MemoryPoint(32, "ok", 2**29, 13.2)))
-    assert len(guess_setups(space, flat, CPU, 2)) == 1
+    assert [g.batch_size for g in guess_setups(space, flat, CPU, 2)] == [64, 64]  # the first and its core split
     bounded = build_space(device=CPU, calibration=rising, usable_cores=2, effective_batch=None,
                           constraints=merge_constraints([parse_constraint("batch_size=8..64")]))
-    assert len(guess_setups(bounded, rising, CPU, 2)) == 1  # nothing larger than the first guess
+    assert [g.batch_size for g in guess_setups(bounded, rising, CPU, 2)] == [64, 64]  # nothing larger than the first
+
+
+def test_on_a_cpu_a_guess_splits_the_cores_between_loader_workers_and_training_threads() -> None:
+    space = build_space(device=CPU, calibration=calibration(), usable_cores=2, effective_batch=None, constraints={})
+    first, split = guess_setups(space, calibration(), CPU, 2)
+    assert first.num_workers == 1 and first.num_threads is None  # torch's own choice: both cores, beside the worker
+    assert split == first.replace(num_threads=1)  # one core each
+    # More workers than cores to spare: the split keeps one core for training.
+    many = build_space(device=CPU, calibration=calibration(), usable_cores=8, effective_batch=None, constraints={})
+    split = guess_setups(many, calibration(), CPU, 8)[1]
+    assert split.num_workers + split.num_threads == 8 and split.num_threads >= 1
+    # Not where it cannot differ or is not offered: a GPU, one core, no workers, a pinned thread count.
+    gpu = build_space(device=GPU, calibration=calibration(), usable_cores=16, effective_batch=None, constraints={})
+    assert len(guess_setups(gpu, calibration(), GPU, 16)) == 1
+    one = build_space(device=CPU, calibration=calibration(), usable_cores=1, effective_batch=None, constraints={})
+    assert len(guess_setups(one, calibration(), CPU, 1)) == 1
+    no_workers = build_space(device=CPU, calibration=calibration(), usable_cores=2, effective_batch=None,
+                             constraints=merge_constraints([parse_constraint("num_workers=0")]))
+    assert len(guess_setups(no_workers, calibration(), CPU, 2)) == 1
+    pinned = build_space(device=CPU, calibration=calibration(), usable_cores=2, effective_batch=None,
+                         constraints=merge_constraints([parse_constraint("num_threads=2")]))
+    assert len(guess_setups(pinned, calibration(), CPU, 2)) == 1
 
 
 def test_constraints_pin_and_bound() -> None:

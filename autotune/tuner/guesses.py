@@ -21,9 +21,19 @@ def guess_setups(space: Space, calibration: Calibration, device: DeviceInfo, usa
     memory pre-pass measured throughput still rising with the batch (the
     largest batch at least 10 % faster than the smallest), a second guess
     is the first at the largest batch of the space.
+
+    On a CPU, where loader workers and training threads share the cores, one
+    more guess gives each worker a core of its own: the first guess with at
+    most ``usable_cores - 1`` workers and the remaining cores as training
+    threads (:func:`core_split`). Which side of that trade wins depends on the
+    model (``docs/benchmarks.md``, "The torch knobs on this CPU"), so it is
+    measured, not chosen.
     """
     first = guess_setup(space, calibration, device, usable_cores)
     guesses = [first]
+    split = core_split(space, first, device, usable_cores)
+    if split is not None:
+        guesses.append(split)
     rates = sorted(
         (p.batch_size, p.samples_per_s) for p in calibration.memory_points if p.status == "ok" and p.samples_per_s
     )
@@ -31,6 +41,21 @@ def guess_setups(space: Space, calibration: Calibration, device: DeviceInfo, usa
     if len(rates) >= 2 and rates[-1][1] >= BATCH_GAIN * rates[0][1] and largest > first.batch_size:
         guesses.append(first.replace(batch_size=largest))
     return [_queue_within_epoch(space, guess) for guess in guesses]
+
+
+def core_split(space: Space, setup: TrainSetup, device: DeviceInfo, usable_cores: int) -> TrainSetup | None:
+    """``setup`` with its loader workers and training threads splitting the CPU's cores between them.
+
+    None on a GPU, without loader workers, on one core, or where the space
+    does not offer the split (a ``--set`` pin on ``num_workers`` or ``num_threads``).
+    """
+    if device.type != "cpu" or usable_cores < 2 or setup.num_workers == 0:
+        return None
+    workers = min(setup.num_workers, usable_cores - 1)
+    threads = usable_cores - workers
+    if workers not in space.values["num_workers"] or threads not in space.values["num_threads"]:
+        return None
+    return setup.replace(num_workers=workers, num_threads=threads)
 
 
 def _queue_within_epoch(space: Space, setup: TrainSetup) -> TrainSetup:
