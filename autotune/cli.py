@@ -66,7 +66,7 @@ def handle_errors(func: F) -> F:
             if _debug():
                 raise
             raise fail(
-                f"internal error: {type(exc).__name__}: {exc} (rerun with --debug for the traceback)", 3
+                f"internal error: {type(exc).__name__}: {exc} (rerun as autotune --debug COMMAND ... for the traceback)", 3
             ) from None
 
     return wrapper  # type: ignore[return-value]

@@ -65,7 +65,7 @@ def read_json(file: Path, error: type[AutotuneError], missing_hint: str = "") ->
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
-        raise error(f"{file}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+        raise error(f"{file}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
 
 
 def _can_write(directory: Path) -> bool:

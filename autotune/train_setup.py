@@ -347,9 +347,11 @@ def load_setup(path: str | Path) -> TrainSetup:
 
     file = Path(path)
     data = read_json(file, SetupError)
-    if isinstance(data, dict) and "setup" in data:
+    if isinstance(data, dict) and ("setup" in data or "schema" in data):
         if data.get("schema") != BEST_SCHEMA:
-            raise SetupError(f"{file}: best.json has schema {data.get('schema')!r}; this autotune reads {BEST_SCHEMA}")
+            raise SetupError(f"{file}: best.json has schema {data.get('schema')!r}; this autotune reads the integer schema {BEST_SCHEMA}")
+        if not isinstance(data.get("setup"), dict):
+            raise SetupError(f"{file}: best.json has no \"setup\" object")
         data = data["setup"]
     try:
         return TrainSetup.from_dict(data)

@@ -135,6 +135,27 @@ def non_scalar_loss() -> autotune.Task:
     return autotune.Task(nn.Linear(8, 3), _pairs(), loss=nn.CrossEntropyLoss(reduction="none"))
 
 
+def frozen_model() -> autotune.Task:
+    """Every parameter frozen: nothing to train."""
+    model = nn.Linear(8, 3).requires_grad_(False)
+    return autotune.Task(model, _pairs())
+
+
+def detached_loss() -> autotune.Task:
+    """The step detaches its loss from the graph."""
+    return autotune.Task(nn.Linear(8, 3), _pairs(), step=lambda model, batch: nn.functional.cross_entropy(model(batch[0]), batch[1]).detach())
+
+
+class _NanLoss(nn.Module):
+    def forward(self, output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return output.sum() * float("nan")
+
+
+def nan_loss() -> autotune.Task:
+    """The loss is NaN from the first batch on."""
+    return autotune.Task(nn.Linear(8, 3), _pairs(), loss=_NanLoss())
+
+
 def forward_fails() -> autotune.Task:
     """The model expects 5 features; the data has 8."""
     return autotune.Task(nn.Linear(5, 3), _pairs())

@@ -189,3 +189,18 @@ def test_the_plain_fp32_point_at_a_pre_pass_batch_is_not_measured_twice() -> Non
     assert len(plain) == 1  # the pre-pass's run is the fp32, contiguous precision point
     assert {(p.amp, p.channels_last) for p in result.precisions} == {("off", False), ("off", True)}
     assert [s.channels_last for mode, s in runner.calls if mode == "compute" and s.batch_size == 64] == [False, True]
+
+
+def test_a_loss_that_diverges_at_the_first_batch_stops_the_search_and_is_not_read_as_memory() -> None:
+    from autotune.errors import WorkloadError
+
+    calls: list[int] = []
+
+    def diverging(setup, workload, options=None, *, on_window=None) -> TrialResult:
+        calls.append(setup.batch_size)
+        return TrialResult(status="diverged", error="the loss became NaN or infinite", peak_memory_bytes=200 * MIB)
+
+    with pytest.raises(WorkloadError, match="the loss became NaN or infinite at batch 8 in fp32 with the PyTorch defaults"):
+        calibrate(WORKLOAD, CPU, usable_cores=2, available_bytes=2**34, max_memory=None,
+                  trial_seconds=3.0, bf16_ok=True, runner=diverging)
+    assert calls == [8]  # no smaller batch tried: divergence is not a memory limit

@@ -199,7 +199,7 @@ def test_a_worker_killed_mid_trial_is_recovered_by_another(tmp_path, shared: Sha
     survivor = start(worker_cmd(tmp_path / "w2", shared.storage, shared.study, trials=budget), AUTOTUNE_HEARTBEAT_S="1")
     code, _, stderr = finish(survivor)
     assert code == 0, stderr[-2000:]
-    assert f"trials #{number} were left running by a search that died" in stderr
+    assert f"left running by a search that died, marked failed: trial #{number}" in stderr
     trials = study.get_trials(deepcopy=False)
     assert trials[number].state == TrialState.FAIL
     assert not [t for t in trials if t.state == TrialState.RUNNING]

@@ -211,3 +211,37 @@ def test_setups_the_data_cannot_feed_are_refused_without_running() -> None:
     assert "larger than an epoch" in unrunnable(queue, workload).error
     assert unrunnable(queue.replace(prefetch_factor=2), workload) is None
     assert unrunnable(queue, Workload(model="resnet18", image_size=32)) is None  # unknown size: no cap
+
+
+def test_ddp_knobs_pin_with_several_ranks_and_are_refused_in_one_process() -> None:
+    for text in ("bucket_cap_mb=10..20", "bucket_cap_mb=50", "bucket_cap_mb=10,50"):
+        pins = merge_constraints([parse_constraint(text)])  # parsed like every integer knob, no internal error
+        ddp = build_space(device=CPU, calibration=calibration(), usable_cores=2, effective_batch=None,
+                          constraints=pins, world_size=2)
+        assert all(pins["bucket_cap_mb"].allows(v) for v in ddp.values["bucket_cap_mb"])
+        with pytest.raises(UsageError, match="--set bucket_cap_mb: a DDP knob; it changes nothing .* --nproc-per-node"):
+            build_space(device=CPU, calibration=calibration(), usable_cores=2, effective_batch=None, constraints=pins)
+    with pytest.raises(UsageError, match="--set static_graph: a DDP knob"):
+        build_space(device=CPU, calibration=calibration(), usable_cores=2, effective_batch=None,
+                    constraints=merge_constraints([parse_constraint("static_graph=true")]))
+    # Bounds that allow PyTorch's own value, what one process runs anyway: allowed.
+    one = build_space(device=CPU, calibration=calibration(), usable_cores=2, effective_batch=None,
+                      constraints=merge_constraints([parse_constraint("bucket_cap_mb=10..50"),
+                                                     parse_constraint("gradient_as_bucket_view=false")]))
+    assert one.values["bucket_cap_mb"] == (25,)
+    with pytest.raises(UsageError, match="must be <= 65536"):
+        parse_constraint("bucket_cap_mb=100000")
+
+
+def test_a_batch_range_between_the_searched_powers_of_two_keeps_its_bounds() -> None:
+    def batches(text: str, images: int | None = None) -> tuple[int, ...]:
+        space = build_space(device=CPU, calibration=calibration(), usable_cores=2, effective_batch=None,
+                            constraints=merge_constraints([parse_constraint(text)]), images=images)
+        return space.values["batch_size"]
+
+    assert batches("batch_size=16..64") == (16, 32, 64)  # the powers of two inside the bounds
+    assert batches("batch_size=5..7", images=12) == (5, 7)  # none inside: the bounds, as pins would be
+    assert batches("batch_size=2..4") == (2, 4)  # below the searched floor of 8
+    assert batches("batch_size=..6", images=12) == (6,)
+    with pytest.raises(UsageError, match=r"--set batch_size: no value left \(searched here: 8\)"):
+        batches("batch_size=1000..2000", images=12)

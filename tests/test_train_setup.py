@@ -78,6 +78,15 @@ def test_load_setup_reads_best_json_and_bare_setup(tmp_path) -> None:
         load_setup(tmp_path / "bad.json")
     with pytest.raises(SetupError, match="no such file"):
         load_setup(tmp_path / "missing.json")
+    (tmp_path / "cut.json").write_text('{"schema": 1, "setup": {"amp": "bf')
+    with pytest.raises(SetupError, match=r"not valid JSON \(line 1, column \d+: Unterminated string starting at\)$"):
+        load_setup(tmp_path / "cut.json")
+    (tmp_path / "text_schema.json").write_text(json.dumps({"schema": "1", "setup": setup.to_dict()}))
+    with pytest.raises(SetupError, match="has schema '1'; this autotune reads the integer schema 1"):
+        load_setup(tmp_path / "text_schema.json")
+    (tmp_path / "no_setup.json").write_text(json.dumps({"schema": 1, "samples_per_s": 10.0}))
+    with pytest.raises(SetupError, match='best.json has no "setup" object'):
+        load_setup(tmp_path / "no_setup.json")
 
 
 def test_helpers_apply_the_knobs() -> None:

@@ -130,6 +130,10 @@ def calibrate(
             # The model fails at a small batch with the plainest setup, and not
             # for memory: no setup can work, so stop now, not after every trial.
             raise WorkloadError(f"model {workload.model} fails: {result.error}{_size_hint(workload, result.error)}")
+        if result.status == "diverged" and not points:
+            # Not a memory limit: the plainest setup diverges, so every setup would.
+            raise WorkloadError(f"model {workload.model}: the loss became NaN or infinite at batch {batch} in fp32 "
+                                "with the PyTorch defaults; check the model, the loss and the learning rate")
         points.append(MemoryPoint(batch, result.status, result.peak_memory_bytes, result.samples_per_s))
         log(f"memory pre-pass: batch {batch}: {result.status}, peak {format_bytes(result.peak_memory_bytes)}")
         if result.status != "ok":

@@ -30,6 +30,7 @@ INT_LIMITS = {
     "batch_size": 2**20,
     "accumulation_steps": 2**16,
     "num_threads": 1024,
+    "bucket_cap_mb": 2**16,
 }
 #: Knobs a device may refuse (checked against the device when pinned or offered).
 DEVICE_KNOBS = ("amp", "pin_memory", "cudnn_benchmark", "tf32", "compile", "optimizer_impl", "decode")
@@ -190,8 +191,11 @@ def apply_constraints(
             kept = tuple(constraint.choices)
         else:
             kept = tuple(v for v in base[knob] if constraint.allows(v))
+            if not kept and knob == "batch_size":
+                # No power of two in the bounds: the bounds themselves, as pins would be, up to the largest batch.
+                kept = tuple(sorted({b for b in (constraint.low, constraint.high) if b is not None and b <= max(base[knob])}))
         if not kept:
-            raise UsageError(f"--set {knob}: no value left (allowed here: {', '.join(map(shown, base[knob]))})")
+            raise UsageError(f"--set {knob}: no value left (searched here: {', '.join(map(shown, base[knob]))})")
         values[knob] = kept
     return values
 

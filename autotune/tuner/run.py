@@ -44,7 +44,7 @@ from autotune.tuner.parallel import explore_placed
 from autotune.tuner.placement import Placement, place
 from autotune.tuner.progress import Reporter, SilentReporter
 from autotune.tuner.signals import runs_to_the_end, sigterm_as_interrupt
-from autotune.tuner.space import Space, build_space, check_effective_batch, check_image_constraints, defaults_setup
+from autotune.tuner.space import Space, build_space, check_effective_batch, check_pins_act, defaults_setup
 from autotune.tuner.storage import is_shared
 from autotune.tuner.study import ROLE_DEFAULTS, ROLE_GUESS, SearchStudy
 from autotune.tuner.study_report import write_search_report
@@ -207,7 +207,7 @@ def prepare(config: SearchConfig, reporter: Reporter) -> Prepared:
             synthetic_images=config.synthetic_images,
             lr=config.lr,
         )
-    check_image_constraints(merge_constraints(config.constraints), workload.image_input)
+    check_pins_act(merge_constraints(config.constraints), workload.image_input, placement.world_size)
     check_workload_constraints(merge_constraints(config.constraints), workload, device)
     workload = placement.rank_workload(workload)  # with N ranks, each reads 1/N of the data
     check_effective_batch(placement.rank_batch(config.effective_batch), workload.images)  # before calibration runs
@@ -237,7 +237,7 @@ def prepare(config: SearchConfig, reporter: Reporter) -> Prepared:
             shutil.rmtree(out, ignore_errors=True)
         raise
     if stale:
-        reporter.message(f"trials {', '.join(f'#{n}' for n in stale)} were left running by a search that died: failed")
+        reporter.message(f"left running by a search that died, marked failed: {', '.join(f'trial #{n}' for n in stale)}")
     reporter.message(f"{workload.describe()} ({device.label}); {int(hardware.cpu.usable_cores)} usable CPU cores")
     if placement.world_size > 1 or placement.parallel:
         reporter.message(placement.describe())

@@ -258,15 +258,26 @@ def defaults_setup(effective_batch: int | None, batch: int | None = None, images
     return TrainSetup(batch_size=batch, accumulation_steps=effective_batch // batch)
 
 
-def check_image_constraints(constraints: dict[str, Constraint], image_input: bool) -> None:
-    """Refuse ``--set channels_last=true`` for a workload whose batches hold no 4-D floating tensor.
+def check_pins_act(constraints: dict[str, Constraint], image_input: bool, world_size: int = 1) -> None:
+    """Refuse a ``--set`` pin that has nothing to act on.
+
+    ``channels_last=true`` for a workload whose batches hold no 4-D floating
+    tensor; a DDP knob (``bucket_cap_mb``, ``gradient_as_bucket_view``,
+    ``static_graph``) away from PyTorch's default in a search of one rank.
 
     Raises:
-        UsageError: channels_last pinned on with nothing for it to act on.
+        UsageError: The first such pin.
     """
     pinned = constraints.get("channels_last")
     if not image_input and pinned is not None and pinned.allows(True) and not pinned.allows(False):
         raise UsageError("--set channels_last=true: this workload's batches hold no 4-D floating tensor for it to act on")
+    if world_size > 1:
+        return
+    for knob, (default,) in ddp_values(1).items():
+        pin = constraints.get(knob)
+        if pin is not None and not pin.allows(default):
+            raise UsageError(f"--set {knob}: a DDP knob; it changes nothing in a search of one process "
+                             "(search with --nproc-per-node 2 or more)")
 
 
 def ddp_values(world_size: int) -> dict[str, tuple[Any, ...]]:
@@ -355,7 +366,7 @@ def build_space(
         **ddp_values(world_size),
     }
     check_constraints(constraints, device)
-    check_image_constraints(constraints, image_input)
+    check_pins_act(constraints, image_input, world_size)
     check_workload_constraints(constraints, workload, device)
     values = apply_constraints(base, constraints)
     if workload is not None and workload.unsharded:  # a range of workers (0..4) keeps its part that adds no copies

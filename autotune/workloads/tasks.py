@@ -212,8 +212,12 @@ def _check_loss(task: Task, model: Any, batch: Any) -> None:
     if not isinstance(loss, torch.Tensor) or loss.dim() != 0 or not loss.is_floating_point():
         got = describe_batch(loss) if isinstance(loss, torch.Tensor) else type(loss).__name__
         raise WorkloadError(f"{origin} must return a scalar floating tensor, got {got}")
+    if not bool(torch.isfinite(loss.detach())):
+        raise WorkloadError(f"{origin} returned {loss.item()} on the first batch {shapes}: the loss must be finite")
     if not loss.requires_grad:
-        raise WorkloadError(f"{origin} returned a loss that does not require grad (detached, or computed under no_grad)")
+        if not any(p.requires_grad for p in model.parameters()):
+            raise WorkloadError("the model has no trainable parameters (none requires grad): there is nothing to train")
+        raise WorkloadError(f"{origin} returned a tensor that does not require grad (detached, or computed under no_grad)")
 
 
 def _check_pickle(task: Task) -> None:
