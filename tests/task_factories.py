@@ -156,6 +156,24 @@ def nan_loss() -> autotune.Task:
     return autotune.Task(nn.Linear(8, 3), _pairs(), loss=_NanLoss())
 
 
+def _not_a_count(batch: Any) -> int:
+    return "x"  # type: ignore[return-value]
+
+
+def bad_count() -> autotune.Task:
+    """batch_size_of returns text."""
+    return autotune.Task(nn.Linear(8, 3), _pairs(), batch_size_of=_not_a_count)
+
+
+def zero_count() -> autotune.Task:
+    """batch_size_of counts nothing."""
+    return autotune.Task(nn.Linear(8, 3), _pairs(), batch_size_of=_count_nothing)
+
+
+def _count_nothing(batch: Any) -> int:
+    return 0
+
+
 def forward_fails() -> autotune.Task:
     """The model expects 5 features; the data has 8."""
     return autotune.Task(nn.Linear(5, 3), _pairs())

@@ -117,6 +117,8 @@ def test_good_workloads_become_workload_records() -> None:
         ("frozen_model", "the model has no trainable parameters (none requires grad)"),
         ("detached_loss", "step(model, batch) returned a tensor that does not require grad"),
         ("nan_loss", "the loss returned nan on the first batch"),
+        ("bad_count", "batch_size_of(batch) failed on the first batch [Tensor[2, 8] float32, Tensor[2] int64]: ValueError"),
+        ("zero_count", "batch_size_of(batch) returned 0 for the first batch"),
         ("forward_fails", "forward failed on the first batch (inputs Tensor[2, 8] float32): RuntimeError"),
         ("unpicklable", "dataset (_HoldsFile) cannot be pickled for DataLoader workers"),
     ],

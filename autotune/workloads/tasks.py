@@ -220,6 +220,19 @@ def _check_loss(task: Task, model: Any, batch: Any) -> None:
         raise WorkloadError(f"{origin} returned a tensor that does not require grad (detached, or computed under no_grad)")
 
 
+def _check_count(task: Task, batch: Any) -> None:
+    """The samples of the first batch, as every trial counts them, must be a positive count."""
+    origin = "batch_size_of(batch)" if task.batch_size_of is not None else "counting the samples"
+    try:
+        count = task.samples_in(batch)
+    except WorkloadError:
+        raise
+    except Exception as exc:
+        raise WorkloadError(f"{origin} failed on the first batch {describe_batch(batch)}: {type(exc).__name__}: {exc}") from None
+    if count < 1:
+        raise WorkloadError(f"{origin} returned {count} for the first batch {describe_batch(batch)}; it must be >= 1")
+
+
 def _check_pickle(task: Task) -> None:
     for name in ("dataset", "collate_fn"):
         value = getattr(task, name)
@@ -251,6 +264,7 @@ def check_task(task: Task, *, workers: bool) -> TaskInfo:
 
     items, iterable, size = _first_items(task, CHECK_ITEMS)
     batch = _collate(task, items)
+    _check_count(task, batch)
     model = task.build_model()
     model.train()
     with torch.random.fork_rng():
