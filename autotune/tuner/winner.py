@@ -191,6 +191,10 @@ def _margin_text(a: Confirmed, b: Confirmed) -> str:
     return found.describe() if found is not None else "no shared round"
 
 
+#: Training faster than this multiple of computing alone: the figures contradict each other.
+UNCLEAR = 1.25
+
+
 def bottleneck_verdict(
     best: Best, calibration: Calibration, records: list[TrialRecord], device: DeviceInfo, ceilings: Ceilings | None = None
 ) -> str:
@@ -231,4 +235,8 @@ def bottleneck_verdict(
             f"CPU-shared: {'decoding' if images else 'data loading'} and training compete for the same cores ({facts}); "
             "each alone is faster than both together."
         )
+    if compute and together > UNCLEAR * compute:
+        why = ("the steps are too short or too noisy to compare" if ceilings is not None and ceilings.together
+               else "compute alone was measured at another batch or precision")
+        return f"unclear: training measured faster than computing alone ({facts}), so these figures name no limit; {why}."
     return f"compute-bound: the training step is the limit ({facts})."
