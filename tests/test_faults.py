@@ -22,6 +22,8 @@ import pytest
 import studies
 from optuna.trial import TrialState
 
+from autotune.tuner.status import Running, study_status
+
 TESTS = Path(__file__).parent
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), str(TESTS.parent)])}
 WAIT_S = 240.0
@@ -93,6 +95,8 @@ def test_hangup_and_kill9_mid_trial_lose_nothing_and_a_second_search_is_refused(
     wait_running(resumed, out, 1)
     resumed.send_signal(signal.SIGSTOP)  # frozen mid-trial: it certainly holds --out while the second one starts
     second = subprocess.run(search_cmd(out, cache_dir), capture_output=True, env=ENV, timeout=WAIT_S)
+    storage = f"sqlite:///{out / 'study.db'}"
+    live = study_status(storage)
     resumed.kill()  # kill -9: no handler runs, the trial stays RUNNING in the study
     resumed.communicate(timeout=WAIT_S)
     assert second.returncode == 1
@@ -100,6 +104,11 @@ def test_hangup_and_kill9_mid_trial_lose_nothing_and_a_second_search_is_refused(
     assert f"pid {resumed.pid} on" in line and "in use by another autotune search" in line
     assert len(line.splitlines()) == 1
     assert study_of(out).trials[1].state == TrialState.RUNNING
+    # `autotune status`: running while its search lives, then named as left by a search that died.
+    assert live.running == (Running(1, live.running[0].worker, gone=False),) and f"pid {resumed.pid} on" in live.running[0].worker
+    dead = study_status(storage)
+    assert [(r.number, r.gone) for r in dead.running] == [(1, True)]
+    assert ", 0 running," in dead.lines()[0] and "left running by a search that died: #1" in "\n".join(dead.lines())
 
     final = subprocess.run(search_cmd(out, cache_dir, "--json"), capture_output=True, env=ENV, timeout=WAIT_S)
     assert final.returncode == 0, final.stderr.decode()

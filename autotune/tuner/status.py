@@ -11,16 +11,18 @@ from autotune.output.best import Best
 from autotune.records import TrialRecord
 from autotune.tuner.budget import counted
 from autotune.tuner.lock import Holder
-from autotune.tuner.study import ATTR_MARKER, SearchStudy
+from autotune.tuner.study import ATTR_MARKER, STUDY_HOLDER, SearchStudy
 from autotune.tuner.workers import ATTR_WORKER, STUDY_BUDGET, STUDY_WINNER
 
 
 @dataclass(frozen=True)
 class Running:
-    """A trial running now: its number and the worker running it (``pid N on HOST``)."""
+    """A trial in the RUNNING state: its number, the worker running it (``pid N on HOST``),
+    and whether that worker is gone (killed: the trial stays RUNNING until the next run marks it failed)."""
 
     number: int
     worker: str
+    gone: bool = False
 
 
 @dataclass(frozen=True)
@@ -52,9 +54,12 @@ class StudyStatus:
     def lines(self) -> list[str]:
         """The status in plain lines."""
         budget = f"/{self.wanted}" if self.wanted else ""
+        alive = [r for r in self.running if not r.gone]
         lines = [f"study {self.study!r} in {self.storage}: {self.finished}{budget} trials finished, "
-                 f"{len(self.running)} running, {self.failed} failed"]
-        lines += [f"  running: #{r.number} on {r.worker}" for r in self.running]
+                 f"{len(alive)} running, {self.failed} failed"]
+        lines += [f"  running: #{r.number} on {r.worker}" for r in alive]
+        lines += [f"  left running by a search that died: #{r.number} ({r.worker}); the next run marks it failed"
+                  for r in self.running if r.gone]
         if self.best is not None and self.best.result.samples_per_s:
             lines.append(f"best so far: #{self.best.number} {self.best.setup.describe()}: {self.best.result.samples_per_s:.1f} samples/s")
         if self.winner is not None:
@@ -73,7 +78,7 @@ class StudyStatus:
             "trials": self.wanted,
             "finished": self.finished,
             "failed": self.failed,
-            "running": [{"number": r.number, "worker": r.worker} for r in self.running],
+            "running": [{"number": r.number, "worker": r.worker, "gone": r.gone} for r in self.running],
             "best": self.best.to_dict() if self.best else None,
             "winner": self.winner.to_dict() if self.winner else None,
             "winner_by": self.winner_by,
@@ -92,8 +97,10 @@ def study_status(storage: str, study: str | None = None) -> StudyStatus:
     running = []
     for t in trials:
         if t.state == TrialState.RUNNING:
-            holder = Holder.from_dict(t.user_attrs.get(ATTR_WORKER))
-            running.append(Running(t.number, holder.describe() if holder else "an unknown worker"))
+            # A shared study's worker names itself on the trial; a lone search holds the study.
+            holder = Holder.from_dict(t.user_attrs.get(ATTR_WORKER)) or Holder.from_dict(attrs.get(STUDY_HOLDER))
+            gone = holder is not None and not holder.alive()
+            running.append(Running(t.number, holder.describe() if holder else "an unknown worker", gone=gone))
     records = found.records()
     feasible = [r for r in records if r.result.ok and r.result.samples_per_s]
     stored = attrs.get(STUDY_WINNER)
