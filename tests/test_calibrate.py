@@ -204,3 +204,11 @@ def test_a_loss_that_diverges_at_the_first_batch_stops_the_search_and_is_not_rea
         calibrate(WORKLOAD, CPU, usable_cores=2, available_bytes=2**34, max_memory=None,
                   trial_seconds=3.0, bf16_ok=True, runner=diverging)
     assert calls == [8]  # no smaller batch tried: divergence is not a memory limit
+
+
+def test_the_pre_pass_log_gives_the_reason_of_a_failed_batch() -> None:
+    lines: list[str] = []
+    calibrate(WORKLOAD, CPU, usable_cores=2, available_bytes=2**34, max_memory=None, trial_seconds=3.0,
+              bf16_ok=True, log=lines.append, runner=FakeRunner(fail_above=8))
+    assert "memory pre-pass: batch 8: ok, peak 108 MiB" in lines
+    assert any(line.startswith("memory pre-pass: batch 32: oom (too big)") for line in lines), lines

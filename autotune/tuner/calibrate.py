@@ -135,7 +135,7 @@ def calibrate(
             raise WorkloadError(f"model {workload.model}: the loss became NaN or infinite at batch {batch} in fp32 "
                                 "with the PyTorch defaults; check the model, the loss and the learning rate")
         points.append(MemoryPoint(batch, result.status, result.peak_memory_bytes, result.samples_per_s))
-        log(f"memory pre-pass: batch {batch}: {result.status}, peak {format_bytes(result.peak_memory_bytes)}")
+        log(f"memory pre-pass: batch {batch}: {_outcome(result)}, peak {format_bytes(result.peak_memory_bytes)}")
         if result.status != "ok":
             break
     where = f"{device.name} ({format_bytes(device.memory_free_bytes)} free)" if cuda else device.name
@@ -165,7 +165,7 @@ def calibrate(
             continue
         result = prepass(max_batch)
         points.append(MemoryPoint(max_batch, result.status, result.peak_memory_bytes, result.samples_per_s))
-        log(f"memory pre-pass: verify batch {max_batch}: {result.status}, peak {format_bytes(result.peak_memory_bytes)}")
+        log(f"memory pre-pass: verify batch {max_batch}: {_outcome(result)}, peak {format_bytes(result.peak_memory_bytes)}")
     if not any(p.status == "ok" for p in points):
         result = prepass(1)
         points.append(MemoryPoint(1, result.status, result.peak_memory_bytes, result.samples_per_s))
@@ -249,6 +249,11 @@ def _size_hint(workload: Workload, error: str | None) -> str:
 
 def _with_budget(options: TrialOptions, budget: int | None) -> TrialOptions:
     return replace(options, max_memory_bytes=budget if budget else None)
+
+
+def _outcome(result: TrialResult) -> str:
+    """``ok``, or the status with its reason (``error (...)``)."""
+    return result.status if result.ok or not result.error else f"{result.status} ({result.error})"
 
 
 def _rate(result: TrialResult) -> str:
