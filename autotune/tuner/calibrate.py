@@ -259,5 +259,5 @@ def _outcome(result: TrialResult) -> str:
 def _rate(result: TrialResult) -> str:
     if result.ok and result.samples_per_s is not None:
         return f"{result.samples_per_s:.1f} samples/s"
-    return f"{result.status} ({result.error})"
+    return _outcome(result)
 
