@@ -144,8 +144,8 @@ FULL_BUDGET = Budget()
 QUICK_BUDGET = Budget(
     trial_seconds=0.5,
     rounds=1,
-    autotune_trials=3,
-    autotune_small=2,
+    autotune_trials=2,
+    autotune_small=1,
     grid=GridSpec(workers=1, batches=1, channels_last=(False,)),
     confirm_top=1,
     confirm_rounds=1,

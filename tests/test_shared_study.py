@@ -56,8 +56,8 @@ def env(**extra: str) -> dict[str, str]:
 
 
 def worker_cmd(out: Path, storage: str, study: str, trials: int) -> list[str]:
-    """One worker: a tiny Task (a linear model), 1-s trials, one finalist measured in one round, no winner's ceilings."""
-    return [sys.executable, "-m", "autotune", "search", "--workload", "task_factories:good", "--trial-seconds", "1",
+    """One worker: a tiny Task (a linear model), half-second trials, one finalist measured in one round, no winner's ceilings."""
+    return [sys.executable, "-m", "autotune", "search", "--workload", "task_factories:good", "--trial-seconds", "0.5",
             "--device", "cpu", "--trials", str(trials), "--confirm-top", "1", "--confirm-rounds", "1", "--no-ceilings", "--out", str(out),
             "--storage", storage, "--study", study]
 
@@ -211,7 +211,7 @@ def test_a_worker_killed_mid_trial_is_recovered_by_another(tmp_path, shared: Sha
 
 def test_a_stale_heartbeat_fails_the_trial_and_queues_it_again(postgres, monkeypatch) -> None:
     """Optuna's heartbeat: a trial of a worker on another host that stopped beating is failed and re-queued."""
-    monkeypatch.setenv("AUTOTUNE_HEARTBEAT_S", "2")  # a grace period of 6 s
+    monkeypatch.setenv("AUTOTUNE_HEARTBEAT_S", "1")  # a grace period of 3 s
     study = SearchStudy.open(postgres.url, "stale", shared=True)
     trial = study.study.ask()
     trial.suggest_int("batch_size", 8, 64)
@@ -221,7 +221,7 @@ def test_a_stale_heartbeat_fails_the_trial_and_queues_it_again(postgres, monkeyp
     crew = Crew(study, wait_s=10)
     study.study._storage.record_heartbeat(trial._trial_id)  # a last beat right before the check, so no load can age it
     assert crew.fail_stale() == []  # beat just now: still alive
-    time.sleep(7.0)  # more than the grace period without a beat
+    time.sleep(4.0)  # more than the grace period without a beat
     assert crew.fail_stale() == [trial.number]
     waiting = study.study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
     assert [t.params for t in waiting] == [trial.params]

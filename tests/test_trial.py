@@ -220,7 +220,7 @@ def test_hang_times_out_and_leaves_no_process(tiny_workload, monkeypatch) -> Non
     workload = dataclasses.replace(tiny_workload, model="factories:sleeps_forever")
     begin = time.monotonic()
     setup = TrainSetup(batch_size=8, num_workers=1, prefetch_factor=2)
-    result = run_trial(setup, workload, dataclasses.replace(QUICK, timeout_s=8))
+    result = run_trial(setup, workload, dataclasses.replace(QUICK, timeout_s=4))
     assert result.status == "timeout"
     assert "killed" in result.error
     assert time.monotonic() - begin < 30
