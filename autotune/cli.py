@@ -122,20 +122,12 @@ ModelOpt = Annotated[
     Optional[str], typer.Option("--model", "-m", help="torchvision model name or package.module:function (search: resnet50, trial: resnet18).")
 ]
 ImageSizeOpt = Annotated[Optional[int], typer.Option("--image-size", help="Square crop size fed to the model (default 224).")]
-DataOpt = Annotated[
-    Optional[Path], typer.Option("--data", help="ImageFolder directory (default: synthetic JPEGs, generated once).")
-]
+DataOpt = Annotated[Optional[Path], typer.Option("--data", help="ImageFolder directory (default: synthetic JPEGs, generated once).")]
 DeviceOpt = Annotated[str, typer.Option("--device", help="auto, cpu, cuda or cuda:K.")]
 TrialSecondsOpt = Annotated[float, typer.Option("--trial-seconds", help="Measured steady-state seconds per trial.")]
-MaxMemoryOpt = Annotated[
-    Optional[str], typer.Option("--max-memory", help="Memory budget, e.g. 20GiB; a trial above it counts as oom.")
-]
-CacheDirOpt = Annotated[
-    Optional[Path], typer.Option("--cache-dir", help="Where synthetic data is generated (default ~/.cache/autotune).")
-]
-SyntheticOpt = Annotated[
-    int, typer.Option("--synthetic-images", help="Files in the synthetic dataset (without --data).")
-]
+MaxMemoryOpt = Annotated[Optional[str], typer.Option("--max-memory", help="Memory budget, e.g. 20GiB; a trial above it counts as oom.")]
+CacheDirOpt = Annotated[Optional[Path], typer.Option("--cache-dir", help="Where synthetic data is generated (default ~/.cache/autotune).")]
+SyntheticOpt = Annotated[int, typer.Option("--synthetic-images", help="Files in the synthetic dataset (without --data).")]
 WorkloadOpt = Annotated[
     Optional[str],
     typer.Option(
@@ -360,14 +352,18 @@ def report(
 @app.command()
 @handle_errors
 def status(
-    storage: Annotated[str, typer.Option("--storage", help="The study's Optuna storage URL (postgresql://, journal:///FILE.log, sqlite:///).")],
+    directory: Annotated[Path, typer.Argument(help="A search output directory (its study.db) when --storage is not given.")] = Path("autotune-out"),
+    storage: Annotated[
+        Optional[str], typer.Option("--storage", help="The study's Optuna storage URL (postgresql://, journal:///FILE.log, sqlite:///).")
+    ] = None,
     study: Annotated[Optional[str], typer.Option("--study", help="Study name (default: the only one there).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Show a study's progress, the trials running on each worker and the confirmed winner."""
     from autotune.tuner.status import study_status
+    from autotune.tuner.study_report import storage_of
 
-    found = study_status(storage, study)
+    found = study_status(storage_of(directory, storage), study)
     if as_json:
         typer.echo(json.dumps(found.to_dict()))
     else:
@@ -388,7 +384,10 @@ def main(argv: list[str] | None = None) -> None:
         if not (hasattr(exc, "format_message") and isinstance(exit_code, int)):
             raise
         if type(exc).__name__ != "NoArgsIsHelpError":  # bare `autotune`: the help is printed already
-            hint = f" (see {ctx.command_path} --help)" if (ctx := getattr(exc, "ctx", None)) is not None else ""
+            words = argv if argv is not None else sys.argv[1:]
+            names = {c.name or c.callback.__name__ for c in app.registered_commands if c.callback}
+            named = next((f"autotune {w}" for w in words if w in names), "autotune")  # Click gave no context
+            hint = f" (see {ctx.command_path if (ctx := getattr(exc, 'ctx', None)) is not None else named} --help)"
             err.print(f"[bold red]error:[/] {escape(exc.format_message())}{escape(hint)}", highlight=False, soft_wrap=True)
         sys.exit(exit_code)
     except typer.Abort:

@@ -126,7 +126,7 @@ def test_trial_command_prints_one_json_result(cache_dir) -> None:
     ("argv", "message"),
     [
         (["probe", "--foo"], "No such option: --foo"),
-        (["status"], "Missing option '--storage'"),
+        (["status", "--storage"], "Option '--storage' requires an argument"),
         (["probe", "extra"], "unexpected extra argument"),
         (["search", "--trials", "abc"], "Invalid value for '--trials'"),
     ],

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import json
 import shutil
 import sys
 from html.parser import HTMLParser
@@ -175,6 +176,19 @@ def test_report_command_reads_a_study_by_storage_and_name(searched, tmp_path) ->
     assert "Best trial so far (not confirmed)" in text and "no best.json yet" in text
     assert SECTIONS <= page.sections
     assert_self_contained(page)
+
+
+def test_status_reads_a_search_directory_like_report(searched, tmp_path) -> None:
+    """`autotune status DIR` reads DIR/study.db; the same as --storage sqlite:///DIR/study.db."""
+    outcome, source = searched
+    by_dir = CliRunner().invoke(app, ["status", str(source), "--json"])
+    by_url = CliRunner().invoke(app, ["status", "--storage", f"sqlite:///{(source / 'study.db').resolve()}", "--json"])
+    assert by_dir.exit_code == 0 == by_url.exit_code, by_dir.output + by_url.output
+    assert json.loads(by_dir.stdout) == json.loads(by_url.stdout)
+    assert json.loads(by_dir.stdout)["study"] == outcome.study
+    missing = CliRunner().invoke(app, ["status", str(tmp_path / "nowhere")])
+    lines = [ln for ln in missing.output.splitlines() if ln.strip()]
+    assert missing.exit_code == 1 and len(lines) == 1 and lines[0].startswith("error: no study in ")
 
 
 @pytest.mark.parametrize("make", ["nothing", "empty study"])

@@ -68,6 +68,22 @@ def _best(out: Path, records: list[TrialRecord]) -> Best | None:
     return best if any(r.setup == best.setup for r in records) else None
 
 
+def storage_of(out: Path, storage: str | None) -> str:
+    """``storage``, or else the SQLite study a search wrote in ``out``.
+
+    Raises:
+        StorageError: No storage given and ``out/study.db`` does not exist.
+    """
+    if storage is not None:
+        return storage
+    db = out / "study.db"
+    if not db.is_file():
+        raise StorageError(
+            f"no study in {out}: {db} does not exist (run `autotune search --out {out}` first, or pass --storage URL --study NAME)"
+        )
+    return f"sqlite:///{db.resolve()}"
+
+
 def report_study(out: Path, *, storage: str | None = None, study: str | None = None) -> tuple[Path, ...]:
     """Write ``out/report.html`` (and its PNG copies) from a stored study.
 
@@ -83,14 +99,7 @@ def report_study(out: Path, *, storage: str | None = None, study: str | None = N
         StorageError: No study there, or a study without a finished trial.
         AutotuneError: ``out/best.json`` exists but cannot be read.
     """
-    if storage is None:
-        db = out / "study.db"
-        if not db.is_file():
-            raise StorageError(
-                f"no study in {out}: {db} does not exist (run `autotune search --out {out}` first, "
-                "or pass --storage URL --study NAME)"
-            )
-        storage = f"sqlite:///{db.resolve()}"
+    storage = storage_of(out, storage)
     stored = SearchStudy.load(storage, study)
     records = stored.records()
     if not records:
