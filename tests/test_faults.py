@@ -313,6 +313,24 @@ def test_data_check_uses_the_loaders_rules_and_names_the_directory(tmp_path) -> 
         check_image_folder(data)
 
 
+def test_split_folders_or_one_class_are_allowed_with_a_warning(tmp_path) -> None:
+    """--data one level too high: train/ and val/ become the classes, or one class gets every image."""
+    from autotune.workloads.data import check_image_folder
+
+    data = tmp_path / "imagenet"
+    for split in ("train", "val"):
+        (data / split / "n01440764").mkdir(parents=True)
+        (data / split / "n01440764" / "a.jpg").write_bytes(b"x")
+    folder = check_image_folder(data)
+    assert folder.classes == 2 and folder.warning is not None
+    assert "train, val, which look like dataset splits" in folder.warning and f"--data {data / 'train'}?" in folder.warning
+    single = check_image_folder(data / "train")
+    assert single.classes == 1 and single.warning == f"{data / 'train'} holds one class folder (n01440764): every image gets the same label"
+    (data / "train" / "n01443537").mkdir()
+    (data / "train" / "n01443537" / "b.jpg").write_bytes(b"x")
+    assert check_image_folder(data / "train").warning is None
+
+
 def _truncated_data(tmp_path: Path, synthetic_data: Path) -> Path:
     """A copy of the synthetic data in which one JPEG is cut in half."""
     import shutil

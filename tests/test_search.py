@@ -195,6 +195,25 @@ def test_resume_adds_trials_instead_of_repeating(tmp_path, cache_dir) -> None:
     assert again.records == outcome.records
 
 
+def test_a_data_warning_is_said_before_the_search_and_the_search_runs(tmp_path, cache_dir, synthetic_data) -> None:
+    import shutil
+
+    from autotune.tuner.progress import SilentReporter
+
+    class Said(SilentReporter):
+        lines: list[str] = []
+
+        def message(self, text: str) -> None:
+            self.lines.append(text)
+
+    data = tmp_path / "photos" / "train"
+    shutil.copytree(synthetic_data / "class_00", data / "class_00")
+    outcome = search(config(tmp_path, cache_dir, trials=2, data=tmp_path / "photos"), reporter=Said())
+    photos = tmp_path / "photos"
+    assert Said.lines[0] == f"warning: the class folders of {photos} are train, which look like dataset splits: did you mean --data {data}?"
+    assert outcome.best is not None
+
+
 def test_a_resumed_random_search_draws_new_points(tmp_path, cache_dir) -> None:
     """Seeded as in the first run, the sampler would repeat the first run's points and waste the added budget."""
     search(config(tmp_path, cache_dir, trials=6, sampler="random", confirm_top=1))

@@ -206,6 +206,7 @@ def prepare(config: SearchConfig, reporter: Reporter) -> Prepared:
             cache_dir=config.cache_dir,
             synthetic_images=config.synthetic_images,
             lr=config.lr,
+            warn=reporter.message,
         )
     check_pins_act(merge_constraints(config.constraints), workload.image_input, placement.world_size)
     check_workload_constraints(merge_constraints(config.constraints), workload, device)
@@ -221,8 +222,7 @@ def prepare(config: SearchConfig, reporter: Reporter) -> Prepared:
             stack.enter_context(OutputLock(out))
             seed = (config.seed + os.getpid()) % 2**32 if shared else config.seed  # workers sample apart
             study = SearchStudy.open(storage, name, sampler=config.sampler, seed=seed, trials=config.trials, shared=shared,
-                parallel=placement.parallel,
-            )
+                                     parallel=placement.parallel)
             if shared:
                 crew = Crew(study, wait_s=max(600.0, 60 * config.trial_seconds))
                 stale = crew.join(signature(config, workload, machine_fingerprint(hardware, device)))

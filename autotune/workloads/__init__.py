@@ -9,6 +9,7 @@ holds ImageFolder checks, the synthetic JPEGs and the endless sampler.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from autotune.records import Workload
@@ -27,10 +28,13 @@ def build_workload(
     cache_dir: Path | None = None,
     synthetic_images: int = 2000,
     lr: float = 1e-3,
+    warn: Callable[[str], None] | None = None,
 ) -> Workload:
     """Check the model and data and return a ready Workload.
 
     Synthetic data is generated here (once) so that no trial pays for it.
+    ``warn`` is given what looks wrong but is allowed (one class folder, split
+    folders such as train/ and val/ taken as classes).
 
     Raises:
         WorkloadError: Unknown model, unimportable factory, missing or empty data.
@@ -42,6 +46,8 @@ def build_workload(
     check_factory(model, sys_path)
     if data is not None:
         folder = check_image_folder(data)
+        if folder.warning and warn is not None:
+            warn(f"warning: {folder.warning}")
         num_classes, images = folder.classes, folder.images
         data_text: str | None = str(data.resolve())
     else:

@@ -141,6 +141,22 @@ class FolderInfo:
 
     classes: int
     images: int
+    warning: str | None = None
+
+
+#: Folder names of dataset splits: as the only class folders, --data most likely names the level above the split.
+SPLITS = frozenset({"train", "training", "val", "valid", "validation", "test", "testing"})
+
+
+def folder_warning(root: Path, classes: list[str]) -> str | None:
+    """What looks wrong with an ImageFolder's classes: one class only, or split folders taken as classes."""
+    if classes and all(name.lower() in SPLITS for name in classes):
+        split = next((n for n in classes if n.lower() in ("train", "training")), classes[0])
+        return (f"the class folders of {root} are {', '.join(classes)}, which look like dataset splits: "
+                f"did you mean --data {root / split}?")
+    if len(classes) == 1:
+        return f"{root} holds one class folder ({classes[0]}): every image gets the same label"
+    return None
 
 
 def check_image_folder(path: str | Path) -> FolderInfo:
@@ -180,7 +196,7 @@ def check_image_folder(path: str | Path) -> FolderInfo:
             "torchvision's ImageFolder takes every sub-directory of --data as a class, hidden ones too: "
             "remove it or move it out"
         )
-    return FolderInfo(classes=len(classes), images=len(samples))
+    return FolderInfo(classes=len(classes), images=len(samples), warning=folder_warning(root, classes))
 
 
 def train_transform(image_size: int) -> Any:
