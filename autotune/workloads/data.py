@@ -137,6 +137,7 @@ class FolderInfo:
     Attributes:
         classes: Class folders with at least one image.
         images: Image files over all class folders.
+        warning: What looks wrong but is allowed (see :func:`folder_warning`), or None.
     """
 
     classes: int
