@@ -20,16 +20,32 @@ def maker_is_gone(pid: str) -> bool:
     return pid.isdigit() and int(pid) != os.getpid() and not psutil.pid_exists(int(pid))
 
 
+def _umask() -> int:
+    """The process umask: from /proc (Linux), else by setting it and setting it back."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as fh:
+            return next(int(line.split()[1], 8) for line in fh if line.startswith("Umask:"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        mask = os.umask(0o022)
+        os.umask(mask)
+        return mask
+
+
 def atomic_write_text(path: str | Path, text: str) -> None:
     """Write ``text`` to ``path`` (UTF-8) via a temporary file and ``os.replace``."""
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` via a temporary file and ``os.replace``."""
+    """Write ``data`` to ``path`` via a temporary file and ``os.replace``.
+
+    The file gets the mode a plain ``open()`` gives (0666 less the umask), not
+    the temporary file's private 0600: a report is read by others too.
+    """
     target = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
     try:
+        os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()

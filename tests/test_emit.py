@@ -359,6 +359,26 @@ def test_cli_emit_writes_train_py(synthetic_data: Path, tmp_path: Path) -> None:
     assert (tmp_path / "x" / "run.py").is_file()
 
 
+def test_emit_overwrites_only_a_script_it_wrote_and_files_follow_the_umask(synthetic_data: Path, tmp_path: Path) -> None:
+    write_best(tmp_path / "best.json", make_best(synthetic_data, **CPU_KNOBS))
+    (tmp_path / "study.db").write_bytes(b"SQLite format 3\x00")
+    (tmp_path / "mine.py").write_text("print('my own script')\n")
+    for name in ("best.json", "study.db", "mine.py"):
+        before = (tmp_path / name).read_bytes()
+        line = _one_error_line(CliRunner().invoke(app, ["emit", str(tmp_path), "-o", str(tmp_path / name)]))
+        assert f"{tmp_path / name} exists and is not a script written by autotune: not overwritten" in line
+        assert (tmp_path / name).read_bytes() == before
+    assert CliRunner().invoke(app, ["emit", str(tmp_path)]).exit_code == 0
+    again = CliRunner().invoke(app, ["emit", str(tmp_path)])  # its own script: rewritten
+    assert again.exit_code == 0, again.output
+    old = os.umask(0o027)
+    try:
+        write_best(tmp_path / "best.json", make_best(synthetic_data, **CPU_KNOBS))
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "best.json").stat().st_mode) == 0o640  # not mkstemp's private 0600
+
+
 def test_the_loader_runs_on_across_epochs_of_whole_optimizer_steps(synthetic_data: Path, tmp_path: Path) -> None:
     """One pass of the loader over every epoch (its workers never drain at an epoch's end); each epoch is
     reshuffled and cut to whole optimizer steps; a resumed run starts on the sample it stopped at."""

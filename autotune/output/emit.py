@@ -279,6 +279,16 @@ def render_script(best: Best) -> str:
     return text
 
 
+def _written_by_autotune(path: Path) -> bool:
+    """Whether ``path`` starts as every emitted script does (its second line names autotune)."""
+    try:
+        with path.open("rb") as fh:
+            head = fh.read(200).split(b"\n")
+    except OSError:
+        return False
+    return len(head) > 1 and head[1].startswith(b"# train.py -- written by autotune ")
+
+
 def write_script(best: Best, path: str | Path) -> Path:
     """Render ``train.py`` and write it atomically, executable.
 
@@ -300,6 +310,8 @@ def write_script(best: Best, path: str | Path) -> Path:
     blocker = next((d for d in (target.parent, *target.parent.parents) if d.exists() and not d.is_dir()), None)
     if blocker is not None:  # mkdir would say only "File exists"
         raise EmitError(f"cannot write {target}: {blocker} is a file, not a directory")
+    if target.is_file() and not _written_by_autotune(target):  # best.json, study.db, the user's own train.py
+        raise EmitError(f"{target} exists and is not a script written by autotune: not overwritten (pass another --output)")
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(target, text)
