@@ -363,7 +363,7 @@ def status(
     from autotune.tuner.status import study_status
     from autotune.tuner.study_report import storage_of
 
-    found = study_status(storage_of(directory, storage), study)
+    found = study_status(storage_of(directory, storage), study, out=None if storage else directory)
     if as_json:
         typer.echo(json.dumps(found.to_dict()))
     else:

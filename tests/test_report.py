@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import shutil
 import sys
@@ -14,6 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from autotune.cli import app
+from autotune.output.best import read_best, write_best
 from autotune.output.importance import FEW_TRIALS, knob_importance
 from autotune.output.report import REPORT
 from autotune.records import TrialRecord, TrialResult
@@ -179,13 +181,25 @@ def test_report_command_reads_a_study_by_storage_and_name(searched, tmp_path) ->
 
 
 def test_status_reads_a_search_directory_like_report(searched, tmp_path) -> None:
-    """`autotune status DIR` reads DIR/study.db; the same as --storage sqlite:///DIR/study.db."""
+    """`autotune status DIR` reads DIR/study.db, as --storage sqlite:///DIR/study.db does, and DIR/best.json."""
     outcome, source = searched
     by_dir = CliRunner().invoke(app, ["status", str(source), "--json"])
     by_url = CliRunner().invoke(app, ["status", "--storage", f"sqlite:///{(source / 'study.db').resolve()}", "--json"])
     assert by_dir.exit_code == 0 == by_url.exit_code, by_dir.output + by_url.output
-    assert json.loads(by_dir.stdout) == json.loads(by_url.stdout)
+    progress = lambda d: {k: v for k, v in d.items() if not k.startswith("winner")}  # noqa: E731
+    assert progress(json.loads(by_dir.stdout)) == progress(json.loads(by_url.stdout))
     assert json.loads(by_dir.stdout)["study"] == outcome.study
+    # A lone search stores no winner in its study: read from DIR, its confirmed best.json is the winner.
+    assert json.loads(by_dir.stdout)["winner"]["samples_per_s"] == read_best(source / "best.json").samples_per_s
+    assert json.loads(by_url.stdout)["winner"] is None
+    text = CliRunner().invoke(app, ["status", str(source)]).stdout
+    assert "winner: " in text and f"confirmed by this search (best.json and train.py in {source.resolve()})" in " ".join(text.split())
+    # Another search's best.json (another model) is not this study's winner.
+    other = tmp_path / "other"
+    shutil.copytree(source, other)
+    best = read_best(other / "best.json")
+    write_best(other / "best.json", dataclasses.replace(best, workload=dataclasses.replace(best.workload, model="mobilenet_v3_small")))
+    assert json.loads(CliRunner().invoke(app, ["status", str(other), "--json"]).stdout)["winner"] is None
     missing = CliRunner().invoke(app, ["status", str(tmp_path / "nowhere")])
     lines = [ln for ln in missing.output.splitlines() if ln.strip()]
     assert missing.exit_code == 1 and len(lines) == 1 and lines[0].startswith("error: no study in ")

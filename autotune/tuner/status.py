@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from optuna.trial import TrialState
 
 from autotune.output.best import Best
+from autotune.output.sections import is_confirmed
 from autotune.records import TrialRecord
 from autotune.tuner.budget import counted
 from autotune.tuner.lock import Holder
 from autotune.tuner.study import ATTR_MARKER, STUDY_HOLDER, SearchStudy
+from autotune.tuner.study_report import stored_best
 from autotune.tuner.workers import ATTR_WORKER, STUDY_BUDGET, STUDY_WINNER
 
 
@@ -85,8 +88,11 @@ class StudyStatus:
         }
 
 
-def study_status(storage: str, study: str | None = None) -> StudyStatus:
+def study_status(storage: str, study: str | None = None, out: Path | None = None) -> StudyStatus:
     """Read a study's progress and winner.
+
+    A lone search stores no winner in its study: with ``out`` (the search's
+    directory), its best.json is the winner when it is this study's.
 
     Raises:
         StorageError: The storage cannot be read or holds no such study.
@@ -105,6 +111,10 @@ def study_status(storage: str, study: str | None = None) -> StudyStatus:
     feasible = [r for r in records if r.result.ok and r.result.samples_per_s]
     stored = attrs.get(STUDY_WINNER)
     winner = Best.from_dict(stored["best"]) if isinstance(stored, dict) else None
+    if winner is None and out is not None:
+        best = stored_best(out, found, records)
+        winner = best if best is not None and is_confirmed(best) else None  # an interrupted search's best.json is no winner
+        stored = {"by": "this search", "out": str(out.resolve())} if winner is not None else None
     return StudyStatus(
         study=found.name,
         storage=found.storage,

@@ -21,7 +21,7 @@ from autotune.records import Candidate, Confirmed, TrialRecord
 from autotune.time_spent import TimeSpent
 from autotune.train_setup import TrainSetup
 from autotune.tuner.signals import interrupts_held
-from autotune.tuner.study import ROLE_DEFAULTS, SearchStudy
+from autotune.tuner.study import ROLE_DEFAULTS, STUDY_SIGNATURE, SearchStudy
 
 
 def write_search_report(study: SearchStudy, out: Path, data: ReportInput, log: Callable[[str], None]) -> tuple[str, ...]:
@@ -59,12 +59,15 @@ def stored_confirmed(study: SearchStudy, records: list[TrialRecord]) -> tuple[Co
     return tuple(found)
 
 
-def _best(out: Path, records: list[TrialRecord]) -> Best | None:
-    """``out/best.json`` if it names a setup of these records (not one left by another study)."""
+def stored_best(out: Path, stored: SearchStudy, records: list[TrialRecord]) -> Best | None:
+    """``out/best.json`` if it is this study's: one of its setups, its model or Task (not one left by another search)."""
     path = out / "best.json"
     if not path.is_file():
         return None
     best = read_best(path)
+    signature = stored.study.user_attrs.get(STUDY_SIGNATURE) or {}
+    if signature and (signature.get("model"), signature.get("task")) != (best.workload.model, best.workload.task):
+        return None
     return best if any(r.setup == best.setup for r in records) else None
 
 
@@ -105,7 +108,7 @@ def report_study(out: Path, *, storage: str | None = None, study: str | None = N
     if not records:
         raise StorageError(f"study {stored.name!r} in {storage} holds no finished trial yet: nothing to report")
     calibration = stored.calibration()
-    best = _best(out, records)
+    best = stored_best(out, stored, records)
     verdict, ceilings = stored.verdict() if best is not None else (None, None)
     spent = stored.time_spent()
     if best is None:
