@@ -325,5 +325,8 @@ def test_the_task_script_on_short_iterable_epochs_and_task_subclasses(
     assert "epoch 2 done at step 3" in out
     code, _, err = _run_here(script, capfd, monkeypatch, "--batch-size", "32", "--accum-steps", "1")
     assert code != 0 and "yielded no full optimizer step of 32 x 1" in err
+    # Every worker of this stream yields it whole (the search found so and offered one worker at most): refused.
+    code, _, err = _run_here(script, capfd, monkeypatch, "--workers", "2")
+    assert code != 0 and "error: --workers 2: each DataLoader worker yields the whole iterable dataset" in err
     sub = _run(_task_script(tmp_path, "subclassed", autotune.TrainSetup(batch_size=16)), "--max-steps", "1")
     assert sub.returncode == 0 and "step 1 loss" in sub.stdout, sub.stderr

@@ -217,6 +217,7 @@ def _values(best: Best) -> dict[str, str]:
         "lr_scaling": _choice("lr_scaling", workload.lr_scaling, LR_SCALINGS),
         "reference_batch": _int("reference_batch", best.reference_batch, 1),
         "factory_paths": factory_paths,
+        "unsharded": _bool("unsharded", workload.unsharded),
         "workload": repr(model if workload.task is None else _task_ref(workload.task)),
     }
     # Numbers only reach the header comment, but a NaN there would still mislead.
