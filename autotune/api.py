@@ -329,6 +329,8 @@ def trial(
     from autotune.runner import prestart, run_trial
 
     model, image_size = _shorthand(workload, model, data, image_size, "resnet18")
+    if setup is not None and not isinstance(setup, TrainSetup):
+        raise UsageError(f"setup must be an autotune.TrainSetup (autotune.load_setup(path) reads one from best.json), got {type(setup).__name__}")
     setup = setup or TrainSetup()
     check_trial_seconds(trial_seconds)
     prestart()  # the trial server's imports overlap the workload's checks below

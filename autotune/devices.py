@@ -92,7 +92,7 @@ def resolve_device(text: str, hardware: Hardware) -> DeviceInfo:
     hidden = getattr(hardware, "cuda_visible_devices", None)
     gpus = visible_gpus(list(getattr(hardware, "gpus", []) or []), hidden)
     cpu = hardware.cpu
-    choice = text.strip().lower()
+    choice = str(text).strip().lower()  # a torch.device reads as "cpu" or "cuda:0"
     if choice == "auto":
         choice = "cuda:0" if gpus else "cpu"
     if choice == "cpu":

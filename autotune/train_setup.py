@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -345,7 +346,11 @@ def load_setup(path: str | Path) -> TrainSetup:
     """
     from autotune.files import read_json
 
+    if not isinstance(path, (str, os.PathLike)):
+        raise SetupError(f"load_setup takes the path of a best.json, got {type(path).__name__}")
     file = Path(path)
+    if file.is_dir():  # a search's output directory, as emit, report and status take it
+        file = file / "best.json"
     data = read_json(file, SetupError)
     if isinstance(data, dict) and ("setup" in data or "schema" in data):
         if data.get("schema") != BEST_SCHEMA:

@@ -204,3 +204,40 @@ def test_train_py_header_names_the_factory_it_imports(tmp_path) -> None:
                 effective_batch=32, reference_batch=32, lr=1e-3)
     header = write_script(best, tmp_path / "train.py").read_text().split('"""')[0]
     assert "# Model: imports mypkg.nets:build (module:function)" in header
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"trials": "3"}, "--trials must be an integer, got '3'"),
+        ({"trials": 2.5}, "--trials must be an integer, got 2.5"),
+        ({"seed": "abc"}, "--seed must be an integer"),
+        ({"effective_batch": "64"}, "--effective-batch must be an integer"),
+        ({"trial_seconds": "x"}, "--trial-seconds must be a number, got 'x'"),
+        ({"timeout_s": "9"}, "--timeout must be a number"),
+    ],
+)
+def test_the_python_api_refuses_wrong_types_before_writing_anything(tmp_path, kwargs, message) -> None:
+    """What Typer parses on the command line reaches the API as any Python value: one AutotuneError, no directory."""
+    import autotune
+
+    with pytest.raises(autotune.AutotuneError, match=message):
+        autotune.search(**{"model": "resnet18", "trials": 2, "device": "cpu", "out": tmp_path / "out", **kwargs})
+    assert not (tmp_path / "out").exists()
+
+
+def test_api_setup_and_device_arguments_in_other_shapes(tmp_path) -> None:
+    import torch
+
+    import autotune
+    import probes
+    from autotune.devices import resolve_device
+
+    assert resolve_device(torch.device("cpu"), probes.collect()).name == "cpu"  # type: ignore[arg-type]
+    for setup in ("best.json", {"batch_size": 8}):
+        with pytest.raises(autotune.AutotuneError, match="setup must be an autotune.TrainSetup"):
+            autotune.trial(model="resnet18", setup=setup, device="cpu")  # type: ignore[arg-type]
+    with pytest.raises(autotune.AutotuneError, match="load_setup takes the path of a best.json, got NoneType"):
+        autotune.load_setup(None)  # type: ignore[arg-type]
+    with pytest.raises(autotune.AutotuneError, match=f"{tmp_path / 'best.json'}: no such file"):
+        autotune.load_setup(tmp_path)  # a search's directory: its best.json

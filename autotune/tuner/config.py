@@ -26,8 +26,17 @@ def check_trial_seconds(value: float) -> None:
     Raises:
         UsageError: With a one-line reason.
     """
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise UsageError(f"--trial-seconds must be a number, got {value!r}")
     if not MIN_TRIAL_SECONDS <= value <= MAX_SECONDS:
         raise UsageError(f"--trial-seconds must be >= {MIN_TRIAL_SECONDS:g} and <= {MAX_SECONDS:.0f}, got {value}")
+
+
+#: The numeric fields of :class:`SearchConfig` and the type each must have (None allowed where the field's default is).
+_TYPES: dict[str, type | tuple[type, ...]] = {
+    "trials": int, "image_size": int, "effective_batch": int, "seed": int, "synthetic_images": int, "confirm_top": int,
+    "confirm_rounds": int, "nproc_per_node": int, "trial_seconds": (int, float), "timeout_s": (int, float), "lr": (int, float),
+}
 
 
 @dataclass(frozen=True)
@@ -105,6 +114,11 @@ class SearchConfig:
         Raises:
             UsageError: With a one-line reason.
         """
+        for name, kind in _TYPES.items():  # the Python API takes what Typer would have parsed
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, kind)):
+                what = "an integer" if kind is int else "a number"
+                raise UsageError(f"--{name.removesuffix('_s').replace('_', '-')} must be {what}, got {value!r}")
         if self.trials < 1:
             raise UsageError(f"--trials must be >= 1, got {self.trials}")
         if self.effective_batch is not None and self.effective_batch < 1:
