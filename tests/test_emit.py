@@ -458,6 +458,27 @@ def test_runs_and_resumes(
     assert (checkpoint["step"], checkpoint["epoch"], checkpoint["epoch_step"]) == (4, 1, 0)
 
 
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--workers", "-1"], "--workers must be >= 0"),
+        (["--workers", "1", "--prefetch-factor", "0"], "--prefetch-factor must be >= 1"),
+        (["--epochs", "0"], "--epochs must be >= 1"),
+        (["--max-steps", "-3"], "--max-steps must be >= 1"),
+        (["--image-size", "0"], "--image-size must be >= 8"),
+        (["--lr", "-1"], "--lr must be a finite number > 0"),
+        (["--clip-grad-norm", "nan"], "--clip-grad-norm must be a finite number > 0"),
+    ],
+)
+def test_bad_numbers_are_one_line_before_any_work(
+    synthetic_data: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, flags: list[str], message: str
+) -> None:
+    script = write_script(make_best(synthetic_data, **CPU_KNOBS), tmp_path / "train.py")
+    code, _, err = in_process.run_script(script, [*flags, "--output-dir", "out"], tmp_path, capfd, monkeypatch)
+    assert code == 1 and err.strip() == f"error: {message}"
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.slow
 def test_runs_under_torchrun(synthetic_data: Path, tmp_path: Path) -> None:
     # Measured with 2 ranks and DDP knobs other than PyTorch's defaults: the script applies them.
