@@ -458,6 +458,20 @@ def test_runs_and_resumes(
     assert (checkpoint["step"], checkpoint["epoch"], checkpoint["epoch_step"]) == (4, 1, 0)
 
 
+def test_bad_data_directories_name_their_flag(
+    synthetic_data: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    script = write_script(make_best(synthetic_data, **CPU_KNOBS), tmp_path / "train.py")
+    (tmp_path / "flat").mkdir()
+    for flags, message in (
+        (["--data", str(script)], f"error: --data {script} is not a directory; pass --data DIR"),
+        (["--val-data", str(tmp_path / "nowhere")], f"error: --val-data {tmp_path / 'nowhere'} does not exist; pass --val-data DIR"),
+        (["--val-data", str(tmp_path / "flat")], f"error: --val-data {tmp_path / 'flat'}: Couldn't find any class folder"),
+    ):
+        code, _, err = in_process.run_script(script, [*flags, "--max-steps", "1", "--output-dir", "out"], tmp_path, capfd, monkeypatch)
+        assert code == 1 and err.strip().startswith(message) and len(err.strip().splitlines()) == 1, err
+
+
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
