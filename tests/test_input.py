@@ -215,6 +215,7 @@ def test_train_py_header_names_the_factory_it_imports(tmp_path) -> None:
         ({"effective_batch": "64"}, "--effective-batch must be an integer"),
         ({"trial_seconds": "x"}, "--trial-seconds must be a number, got 'x'"),
         ({"timeout_s": "9"}, "--timeout must be a number"),
+        ({"trials": None}, "--trials must be an integer, got None"),
     ],
 )
 def test_the_python_api_refuses_wrong_types_before_writing_anything(tmp_path, kwargs, message) -> None:

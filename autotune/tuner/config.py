@@ -32,11 +32,13 @@ def check_trial_seconds(value: float) -> None:
         raise UsageError(f"--trial-seconds must be >= {MIN_TRIAL_SECONDS:g} and <= {MAX_SECONDS:.0f}, got {value}")
 
 
-#: The numeric fields of :class:`SearchConfig` and the type each must have (None allowed where the field's default is).
+#: The numeric fields of :class:`SearchConfig` and the type each must have: Python's own, as they are stored as JSON.
 _TYPES: dict[str, type | tuple[type, ...]] = {
     "trials": int, "image_size": int, "effective_batch": int, "seed": int, "synthetic_images": int, "confirm_top": int,
     "confirm_rounds": int, "nproc_per_node": int, "trial_seconds": (int, float), "timeout_s": (int, float), "lr": (int, float),
 }
+#: Fields whose None means "not set".
+_OPTIONAL = ("effective_batch", "timeout_s")
 
 
 @dataclass(frozen=True)
@@ -116,7 +118,7 @@ class SearchConfig:
         """
         for name, kind in _TYPES.items():  # the Python API takes what Typer would have parsed
             value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, kind)):
+            if (value is not None or name not in _OPTIONAL) and (isinstance(value, bool) or not isinstance(value, kind)):
                 what = "an integer" if kind is int else "a number"
                 raise UsageError(f"--{name.removesuffix('_s').replace('_', '-')} must be {what}, got {value!r}")
         if self.trials < 1:
