@@ -35,8 +35,8 @@ def check_trial_seconds(value: float) -> None:
 #: The numeric fields of :class:`SearchConfig` and the type each must have: Python's own, as they are stored as JSON.
 _TYPES: dict[str, type | tuple[type, ...]] = {
     "trials": int, "image_size": int, "effective_batch": int, "seed": int, "synthetic_images": int, "confirm_top": int,
-    "confirm_rounds": int, "nproc_per_node": int, "trial_seconds": (int, float), "timeout_s": (int, float), "lr": (int, float),
-}
+    "confirm_rounds": int, "nproc_per_node": int, "timeout_s": (int, float), "lr": (int, float),
+}  # trial_seconds: check_trial_seconds, which trial() calls too
 #: Fields whose None means "not set".
 _OPTIONAL = ("effective_batch", "timeout_s")
 

@@ -111,10 +111,11 @@ def study_status(storage: str, study: str | None = None, out: Path | None = None
     feasible = [r for r in records if r.result.ok and r.result.samples_per_s]
     stored = attrs.get(STUDY_WINNER)
     winner = Best.from_dict(stored["best"]) if isinstance(stored, dict) else None
+    winner_by = f"{stored.get('by')} (best.json and train.py in {stored.get('out')})" if isinstance(stored, dict) else None
     if winner is None and out is not None:
         best = stored_best(out, found, records)
-        winner = best if best is not None and is_confirmed(best) else None  # an interrupted search's best.json is no winner
-        stored = {"by": "this search", "out": str(out.resolve())} if winner is not None else None
+        if best is not None and is_confirmed(best):  # an interrupted search's best.json is no winner
+            winner, winner_by = best, f"this search (best.json and train.py in {out.resolve()})"
     return StudyStatus(
         study=found.name,
         storage=found.storage,
@@ -124,5 +125,5 @@ def study_status(storage: str, study: str | None = None, out: Path | None = None
         running=tuple(running),
         best=max(feasible, key=lambda r: r.result.samples_per_s or 0.0, default=None),
         winner=winner,
-        winner_by=f"{stored.get('by')} (best.json and train.py in {stored.get('out')})" if isinstance(stored, dict) else None,
+        winner_by=winner_by,
     )
