@@ -56,8 +56,10 @@ def env(**extra: str) -> dict[str, str]:
 
 
 def worker_cmd(out: Path, storage: str, study: str, trials: int) -> list[str]:
-    """One worker: a tiny Task (a linear model), half-second trials, one finalist measured in one round, no winner's ceilings."""
-    return [sys.executable, "-m", "autotune", "search", "--workload", "task_factories:good", "--trial-seconds", "0.5",
+    """One worker: a tiny Task (a linear model), 1-s trials, one finalist measured in one round, no winner's ceilings.
+
+    Not shorter: the kill test must catch a trial RUNNING and beating by polling, and a loaded machine polls slowly."""
+    return [sys.executable, "-m", "autotune", "search", "--workload", "task_factories:good", "--trial-seconds", "1",
             "--device", "cpu", "--trials", str(trials), "--confirm-top", "1", "--confirm-rounds", "1", "--no-ceilings", "--out", str(out),
             "--storage", storage, "--study", study]
 
