@@ -493,6 +493,74 @@ def test_bad_numbers_are_one_line_before_any_work(
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--model", "nosuchmodel"], "error: --model nosuchmodel is neither a torchvision model"),
+        (["--model", "no_such_module_xyz:make"], "error: --model no_such_module_xyz:make: cannot import no_such_module_xyz"),
+        (["--model", "os:no_such_function"], "error: --model os:no_such_function: os has no function no_such_function"),
+        (["--model", "models:"], "error: --model models:: expected module:function"),
+        (["--output-dir", "/proc/autotune-x"], "error: --output-dir /proc/autotune-x: No such file or directory"),
+        (["--output-dir", "train.py"], "error: --output-dir train.py: File exists"),
+    ],
+)
+def test_bad_model_or_output_dir_is_one_line_before_any_work(
+    synthetic_data: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, flags: list[str], message: str
+) -> None:
+    script = write_script(make_best(synthetic_data, **CPU_KNOBS), tmp_path / "train.py")
+    code, out, err = in_process.run_script(script, ["--output-dir", "out", *flags], tmp_path, capfd, monkeypatch)
+    assert code == 1 and err.strip().startswith(message) and len(err.strip().splitlines()) == 1, err
+    assert out == "" and not (tmp_path / "out").exists()
+
+
+def test_resume_refuses_a_checkpoint_it_cannot_continue_in_one_line(
+    synthetic_data: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import torch
+
+    script = write_script(make_best(synthetic_data, **CPU_KNOBS), tmp_path / "train.py")
+    checkpoint = tmp_path / "out" / "checkpoint.pth"
+    checkpoint.parent.mkdir()
+    state = {"model": {"fc.weight": torch.zeros(1)}, "optimizer": {}, "scaler": None, "epoch": 0, "epoch_step": 1, "step": 1}
+    written_with = {"model": "resnet18", "batch_size": 8, "accum_steps": 2, "lr": 1e-3, "world_size": 1}
+    cases = [
+        (lambda: checkpoint.write_bytes(b"not a checkpoint" * 8), "cannot be read as a checkpoint (UnpicklingError)"),
+        (lambda: torch.save({"weights": torch.zeros(2)}, checkpoint), "is not a checkpoint this script wrote"),
+        (lambda: torch.save({**state, "args": {**written_with, "batch_size": 16, "accum_steps": 1}}, checkpoint),
+         "was written with --batch-size 16 (now 8), --accum-steps 1 (now 2); resume with the flags it was written with"),
+        (lambda: torch.save({**state, "args": {**written_with, "world_size": 2}}, checkpoint), "was written with processes 2 (now 1)"),
+        # Same flags, another model's weights: found once the model is built.
+        (lambda: torch.save({**state, "args": written_with}, checkpoint), "does not fit this model or optimizer (Error(s) in loading"),
+    ]
+    for write, message in cases:
+        write()
+        code, out, err = in_process.run_script(script, ["--resume", "--output-dir", "out"], tmp_path, capfd, monkeypatch)
+        assert code == 1 and len(err.strip().splitlines()) == 1, err
+        assert err.startswith(f"error: --resume: {Path('out') / 'checkpoint.pth'} ") and message in err, err
+        assert "weights_only" not in err and "step " not in out
+
+
+def test_validation_classes_take_the_training_indices(synthetic_data: Path, tmp_path: Path) -> None:
+    """ImageFolder numbers a folder's classes by name: a val split without some classes must not shift the labels."""
+    from torchvision.datasets import ImageFolder
+
+    namespace = load_script(write_script(make_best(synthetic_data, **CPU_KNOBS), tmp_path / "train.py"))
+    train = ImageFolder(str(synthetic_data))
+    kept = train.classes[3], train.classes[7]
+    for name in kept:
+        (tmp_path / "val" / name).mkdir(parents=True)
+        for image in sorted((synthetic_data / name).iterdir())[:2]:
+            (tmp_path / "val" / name / image.name).symlink_to(image)
+    val = ImageFolder(str(tmp_path / "val"))
+    assert val.targets == [0, 0, 1, 1]  # ImageFolder's own numbering
+    namespace["match_classes"](val, train, "val")
+    assert val.targets == [3, 3, 7, 7] and [label for _, label in val.samples] == [3, 3, 7, 7]
+    (tmp_path / "val" / "zebra").mkdir()
+    (tmp_path / "val" / "zebra" / "z.jpg").symlink_to(next((synthetic_data / kept[0]).iterdir()))
+    with pytest.raises(SystemExit, match="error: --val-data val has classes that --data lacks: zebra"):
+        namespace["match_classes"](ImageFolder(str(tmp_path / "val")), train, "val")
+
+
 @pytest.mark.slow
 def test_runs_under_torchrun(synthetic_data: Path, tmp_path: Path) -> None:
     # Measured with 2 ranks and DDP knobs other than PyTorch's defaults: the script applies them.

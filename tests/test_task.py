@@ -299,6 +299,28 @@ def _run_here(script: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pyte
     return in_process.run_script(script, ["--print-freq", "1", "--output-dir", "out", *args], script.parent, capfd, monkeypatch)
 
 
+def test_the_task_script_refuses_a_bad_workload_or_checkpoint_in_one_line(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    script = _task_script(tmp_path, "good", autotune.TrainSetup(batch_size=8))
+    for flags, message in (
+        (["--workload", "no_such_module_xyz:make"], "error: --workload no_such_module_xyz:make: cannot import no_such_module_xyz"),
+        (["--workload", "task_factories:nothing_here"], "error: --workload task_factories:nothing_here: task_factories has no function"),
+        (["--output-dir", "/proc/autotune-x"], "error: --output-dir /proc/autotune-x: No such file or directory"),
+    ):
+        code, out, err = _run_here(script, capfd, monkeypatch, *flags)
+        assert code == 1 and err.strip().startswith(message) and len(err.strip().splitlines()) == 1, err
+        assert not (tmp_path / "out").exists()
+    (tmp_path / "out").mkdir()
+    state = {"model": {}, "optimizer": {}, "epoch": 0, "epoch_step": 1, "step": 1}
+    torch.save({**state, "args": {"batch_size": 8, "lr_scaling": "linear"}}, tmp_path / "out" / "checkpoint.pth")
+    code, out, err = _run_here(script, capfd, monkeypatch, "--resume", "--lr-scaling", "sqrt")
+    assert code == 1 and "was written with --lr-scaling linear (now sqrt)" in err and "step 1 loss" not in out
+    torch.save({**state, "args": {"batch_size": 8}}, tmp_path / "out" / "checkpoint.pth")  # another model's weights
+    code, out, err = _run_here(script, capfd, monkeypatch, "--resume")
+    assert code == 1 and "does not fit this model or optimizer" in err and len(err.strip().splitlines()) == 1, err
+
+
 @pytest.mark.slow
 def test_the_task_script_keeps_each_param_group_lr_and_warms_each_up_from_its_own(
     tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
