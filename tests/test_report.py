@@ -194,6 +194,10 @@ def test_status_reads_a_search_directory_like_report(searched, tmp_path) -> None
     assert json.loads(by_url.stdout)["winner"] is None
     text = CliRunner().invoke(app, ["status", str(source)]).stdout
     assert "winner: " in text and f"confirmed by this search (best.json and train.py in {source.resolve()})" in " ".join(text.split())
+    # The budget is stored for a lone search too; by URL alone its winner is not in the study, and nothing is running.
+    assert json.loads(by_dir.stdout)["trials"] == 14 and "14/14 trials finished, 0 running" in text
+    by_url_text = " ".join(CliRunner().invoke(app, ["status", "--storage", f"sqlite:///{source / 'study.db'}"]).stdout.split())
+    assert "winner: in the best.json of the search's directory" in by_url_text and "being confirmed" not in by_url_text
     # Another search's best.json (another model) is not this study's winner.
     other = tmp_path / "other"
     shutil.copytree(source, other)
@@ -205,15 +209,22 @@ def test_status_reads_a_search_directory_like_report(searched, tmp_path) -> None
     assert missing.exit_code == 1 and len(lines) == 1 and lines[0].startswith("error: no study in ")
 
 
-@pytest.mark.parametrize("make", ["nothing", "empty study"])
-def test_report_command_without_trials_is_one_error_line(tmp_path, make: str) -> None:
+@pytest.mark.parametrize(
+    ("command", "make"),
+    [("report", "nothing"), ("report", "empty study"), ("report", "empty file"), ("status", "nothing"), ("status", "empty file")],
+)
+def test_reading_a_directory_without_trials_is_one_error_line(tmp_path, make: str, command: str) -> None:
+    db = tmp_path / "study.db"
     if make == "empty study":
-        optuna.create_study(study_name="empty", storage=f"sqlite:///{tmp_path / 'study.db'}")
-    result = CliRunner().invoke(app, ["report", str(tmp_path)])
-    assert result.exit_code == 1
+        optuna.create_study(study_name="empty", storage=f"sqlite:///{db}")
+    elif make == "empty file":
+        db.touch()
+    result = CliRunner().invoke(app, [command, str(tmp_path)])
     lines = [ln for ln in result.output.splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error:") and "Traceback" not in result.output
-    assert ("does not exist" if make == "nothing" else "holds no finished trial") in lines[0]
+    assert result.exit_code == 1 and len(lines) == 1 and lines[0].startswith("error:") and "Traceback" not in result.output
+    assert {"nothing": "does not exist", "empty study": "holds no finished trial", "empty file": "holds no study"}[make] in lines[0]
+    if make == "empty file":  # only read: no schema written into it
+        assert db.stat().st_size == 0
 
 
 def test_without_matplotlib_the_report_is_text_only_and_names_the_extra(tmp_path, cache_dir, monkeypatch) -> None:

@@ -14,6 +14,9 @@ from optuna.trial import FrozenTrial, TrialState
 #: Nothing ran for this trial (a setup measured before, or one the data cannot feed): see :func:`counted`.
 ATTR_FREE = "free"
 
+#: The study attribute holding the latest ``--trials`` a search ran for (``autotune status`` reads it).
+STUDY_BUDGET = "trials"
+
 #: Trials that count toward ``--trials`` (free ones only beyond a limit: :func:`counted`).
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
 

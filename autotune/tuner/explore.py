@@ -22,6 +22,7 @@ from autotune.output.trials_csv import write_trials_csv
 from autotune.records import TrialOptions, TrialResult, Workload
 from autotune.runner import TrialRunner, WindowCallback
 from autotune.train_setup import TrainSetup
+from autotune.tuner.budget import STUDY_BUDGET
 from autotune.tuner.neighbours import ROLE_NEIGHBOUR, enqueue_neighbour
 from autotune.tuner.progress import Reporter
 from autotune.tuner.refine import ROLE_COMPILE, compile_setup, enqueue_compile_trials, reserved
@@ -62,6 +63,7 @@ def explore(study: SearchStudy, plan: Exploration, reporter: Reporter, runner: T
             failed (it does not count) and every finished one is kept.
         WorkloadError: A data file cannot be decoded; the same.
     """
+    study.study.set_user_attr(STUDY_BUDGET, plan.wanted)  # `autotune status` shows "done/wanted"
     while (done := study.finished(plan.wanted)) < plan.wanted:
         trial = None
         try:

@@ -11,11 +11,11 @@ from optuna.trial import TrialState
 from autotune.output.best import Best
 from autotune.output.sections import is_confirmed
 from autotune.records import TrialRecord
-from autotune.tuner.budget import counted
+from autotune.tuner.budget import STUDY_BUDGET, counted
 from autotune.tuner.lock import Holder
 from autotune.tuner.study import ATTR_MARKER, STUDY_HOLDER, SearchStudy
 from autotune.tuner.study_report import stored_best
-from autotune.tuner.workers import ATTR_WORKER, STUDY_BUDGET, STUDY_WINNER
+from autotune.tuner.workers import ATTR_WORKER, STUDY_WINNER
 
 
 @dataclass(frozen=True)
@@ -35,13 +35,16 @@ class StudyStatus:
     Attributes:
         study: Its name.
         storage: Its storage URL (password hidden).
-        wanted: The ``--trials`` budget its workers search for (None: not a shared study).
+        wanted: The ``--trials`` budget its search ran for (None: a study from before it was stored).
         finished: Trials that count toward the budget.
         failed: Failed trials (crashed workers, interruptions; not the election markers).
         running: Trials running now.
         best: The fastest finished trial so far.
         winner: The confirmed winner, once a worker stored it.
         winner_by: The worker that confirmed it and the directory it wrote to.
+        confirming: A search that may still store a winner holds the study (a shared
+            study's workers; a lone search only while it runs: it writes its winner to
+            best.json alone).
     """
 
     study: str
@@ -53,6 +56,7 @@ class StudyStatus:
     best: TrialRecord | None
     winner: Best | None
     winner_by: str | None
+    confirming: bool = True
 
     def lines(self) -> list[str]:
         """The status in plain lines."""
@@ -70,7 +74,8 @@ class StudyStatus:
             lines.append(f"winner: {self.winner.setup.describe()}: {self.winner.samples_per_s:.1f} samples/s{speedup}")
             lines.append(f"  confirmed by {self.winner_by}")
         elif self.wanted and self.finished >= self.wanted:
-            lines.append("winner: being confirmed")
+            lines.append("winner: being confirmed" if self.confirming else
+                         "winner: in the best.json of the search's directory (autotune status DIR shows it)")
         return lines
 
     def to_dict(self) -> dict[str, Any]:
@@ -116,6 +121,8 @@ def study_status(storage: str, study: str | None = None, out: Path | None = None
         best = stored_best(out, found, records)
         if best is not None and is_confirmed(best):  # an interrupted search's best.json is no winner
             winner, winner_by = best, f"this search (best.json and train.py in {out.resolve()})"
+    lone = not any(ATTR_WORKER in t.user_attrs for t in trials)
+    holder = Holder.from_dict(attrs.get(STUDY_HOLDER))
     return StudyStatus(
         study=found.name,
         storage=found.storage,
@@ -126,4 +133,5 @@ def study_status(storage: str, study: str | None = None, out: Path | None = None
         best=max(feasible, key=lambda r: r.result.samples_per_s or 0.0, default=None),
         winner=winner,
         winner_by=winner_by,
+        confirming=not lone or (holder is not None and holder.alive()),
     )

@@ -24,6 +24,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, TypeVar
 
 import optuna
@@ -69,6 +70,14 @@ def journal_path(url: str) -> str | None:
     if "://" not in url and url.endswith(".log"):
         return url
     return None
+
+
+def sqlite_file(url: str) -> Path | None:
+    """The database file of a ``sqlite:///PATH`` URL; None for any other URL (an in-memory one too)."""
+    if not url.startswith("sqlite:///"):
+        return None
+    path = url[len("sqlite:///") :].split("?", 1)[0]
+    return Path(path) if path and path != ":memory:" else None
 
 
 def is_shared(url: str | None) -> bool:

@@ -42,6 +42,7 @@ from autotune.output.best import Best
 from autotune.output.trials_csv import write_trials_csv
 from autotune.records import Calibration, TrialRecord, TrialResult
 from autotune.runner import TrialRunner, WindowCallback
+from autotune.tuner.budget import STUDY_BUDGET
 from autotune.tuner.config import SearchOutcome
 from autotune.tuner.explore import Exploration, known_result, pruning_hook, queue_refinements, setup_for
 from autotune.tuner.lock import Holder
@@ -58,7 +59,6 @@ ATTR_WORKER = "worker"
 #: Study user attributes of a shared study.
 STUDY_READY = "first_trials"  # set once calibration and the first trials are in: who did it
 STUDY_WINNER = "winner"  # the confirmed winner of a budget: {"trials", "best", "by", "out"}
-STUDY_BUDGET = "trials"  # the latest --trials a worker searched for (autotune status reads it)
 
 MARKER_CALIBRATE = "calibrate"
 
