@@ -297,12 +297,14 @@ def trial(
     synthetic_images: int = 2000,
     announce: Callable[[str], None] | None = None,
     nproc_per_node: int = 1,
+    task_batch: bool = False,
 ) -> TrialOutcome:
     """Run one short, isolated, measured trial of ``setup``, as ``autotune trial`` does.
 
     Args:
         workload: The user's workload factory, or ``None`` for the classifier shorthand.
-        setup: The knobs (default: ``TrainSetup()``, PyTorch's defaults).
+        setup: The knobs (default: ``TrainSetup()``, PyTorch's defaults, at
+            the Task's ``batch_size`` for a workload).
         model: torchvision name or ``module:function`` (shorthand only; default resnet18).
         data: ImageFolder directory (shorthand only).
         image_size: Crop size (shorthand only; default 224).
@@ -318,6 +320,9 @@ def trial(
         nproc_per_node: Ranks of the trial: a DDP trial under
             torch.distributed (gloo on a CPU, nccl on CUDA), each rank on its
             share of the usable cores; samples/s counts every rank.
+        task_batch: Measure a workload at its Task's ``batch_size`` rather
+            than ``setup.batch_size`` (``autotune trial --workload`` without
+            ``--batch-size``).
 
     Returns:
         The setup, the workload and what was measured; a failed trial is a
@@ -331,6 +336,7 @@ def trial(
     model, image_size = _shorthand(workload, model, data, image_size, "resnet18")
     if setup is not None and not isinstance(setup, TrainSetup):
         raise UsageError(f"setup must be an autotune.TrainSetup (autotune.load_setup(path) reads one from best.json), got {type(setup).__name__}")
+    task_batch = task_batch or setup is None
     setup = setup or TrainSetup()
     check_trial_seconds(trial_seconds)
     prestart()  # the trial server's imports overlap the workload's checks below
@@ -350,6 +356,8 @@ def trial(
         synthetic_images=synthetic_images,
         workers=setup.num_workers > 0,
     )
+    if task_batch and built.reference_batch is not None:
+        setup = setup.replace(batch_size=built.reference_batch)
     setup.check_device(dev.name, bf16_supported=dev.bf16, tf32_supported=dev.tf32)
     if nproc_per_node != 1:
         from autotune.tuner.placement import place

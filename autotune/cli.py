@@ -145,7 +145,9 @@ NprocOpt = Annotated[int, typer.Option("--nproc-per-node", help="Ranks per trial
 def trial(
     model: ModelOpt = None,
     image_size: ImageSizeOpt = None,
-    batch_size: Annotated[int, typer.Option("--batch-size", help="Micro-batch per step.")] = 32,
+    batch_size: Annotated[
+        Optional[int], typer.Option("--batch-size", help="Micro-batch per step (default: 32; a Task's batch_size).")
+    ] = None,
     workers: Annotated[int, typer.Option("--workers", help="DataLoader num_workers.")] = 0,
     prefetch: Annotated[
         Optional[int], typer.Option("--prefetch", help="DataLoader prefetch_factor (needs --workers > 0).")
@@ -179,20 +181,16 @@ def trial(
     from autotune.render import render_trial
     from autotune.train_setup import TrainSetup
 
-    setup = TrainSetup(
-        num_workers=workers,
-        prefetch_factor=prefetch,
-        pin_memory=pin_memory,
-        persistent_workers=persistent_workers,
-        batch_size=batch_size,
-        accumulation_steps=accum,
-        amp=amp,  # type: ignore[arg-type]
-        channels_last=channels_last,
-    )
+    pinned: dict[str, Any] = {}
     if knobs:
         from autotune.tuner.constraints import pinned_values
 
-        setup = setup.replace(**pinned_values(knobs))
+        pinned = pinned_values(knobs)
+    setup = TrainSetup(
+        num_workers=workers, prefetch_factor=prefetch, pin_memory=pin_memory, persistent_workers=persistent_workers,
+        batch_size=32 if batch_size is None else batch_size, accumulation_steps=accum, channels_last=channels_last,
+        amp=amp,  # type: ignore[arg-type]
+    ).replace(**pinned)
     from autotune.tuner.signals import sigterm_as_interrupt
 
     with sigterm_as_interrupt():  # SIGTERM unwinds like Ctrl-C: the trial and its directory are removed
@@ -210,12 +208,13 @@ def trial(
             cache_dir=cache_dir,
             synthetic_images=synthetic_images,
             nproc_per_node=nproc_per_node,
+            task_batch=batch_size is None and "batch_size" not in pinned,
             announce=None if as_json else lambda line: err.print(escape(line), highlight=False),
         )
     if as_json:
         typer.echo(json.dumps(outcome.result.to_dict()))
     else:
-        out.print(render_trial(setup, outcome.result))
+        out.print(render_trial(outcome.setup, outcome.result))
 
 
 @app.command()

@@ -138,6 +138,12 @@ def test_a_budget_that_fits_no_batch_is_one_line(tiny_workload) -> None:
     with pytest.raises(WorkloadError, match=r"not even batch 1 of resnet18 fits the memory budget of .* on cuda:0"):
         calibrate(tiny_workload, full, usable_cores=2, available_bytes=2**34, max_memory=None,
                   trial_seconds=3.0, bf16_ok=True, runner=FakeRunner())
+    # On a CPU the budget is the model's share of --max-memory: the message says so, and what to shrink.
+    for work, hint in ((tiny_workload, "pick a smaller --image-size"), (replace(tiny_workload, task="m:f"), "the Task's model")):
+        with pytest.raises(WorkloadError, match=r"budget of 819 KiB on cpu: 80% of --max-memory 1 MiB, the rest left to loader "
+                                                 rf"workers; free some memory, raise --max-memory or .*{hint}"):
+            calibrate(work, CPU, usable_cores=2, available_bytes=2**34, max_memory=2**20, trial_seconds=3.0, bf16_ok=False,
+                      runner=FakeRunner())
 
 
 def test_every_precision_and_layout_is_measured_like_for_like_and_the_fastest_is_the_ceiling() -> None:

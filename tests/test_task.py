@@ -166,6 +166,25 @@ def test_a_stream_that_every_worker_yields_whole_gets_one_worker_at_most() -> No
     assert other.max_workers > 1
 
 
+def test_a_trial_of_a_task_runs_at_its_batch_size_unless_another_is_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    import autotune.runner
+
+    batches: list[int] = []
+
+    def record(setup: autotune.TrainSetup, workload: Workload, options: TrialOptions) -> TrialResult:
+        batches.append(setup.batch_size)
+        return TrialResult(status="ok", samples_per_s=100.0)
+
+    monkeypatch.setattr(autotune.runner, "prestart", lambda: None)
+    monkeypatch.setattr(autotune.runner, "run_trial", record)
+    for flags in ([], ["--batch-size", "8"], ["--set", "batch_size=4"]):
+        result = cli.invoke(app, ["trial", "--workload", "task_factories:good", "--device", "cpu", *flags])
+        assert result.exit_code == 0 and f"bs={batches[-1]} " in result.output, result.output
+    autotune.trial("task_factories:good", device="cpu")
+    autotune.trial("task_factories:good", device="cpu", setup=autotune.TrainSetup(batch_size=32))
+    assert batches == [16, 8, 4, 16, 32]  # the good Task's batch_size is 16
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

@@ -92,6 +92,8 @@ def test_the_bottleneck_verdict(wait: float, compute: float, loader: float, verd
     assert other.startswith(verdict) and "decoding" not in other and "images" not in other
     if verdict == "input-bound":
         assert "Cheaper decoding" in said and "__getitem__" in other
+        stream = dataclasses.replace(tensors, workload=dataclasses.replace(tensors.workload, iterable=True))
+        assert "A cheaper dataset __iter__ or collate_fn" in bottleneck_verdict(stream, _calibration(compute, loader), records, CPU)
 
 
 def test_a_winner_within_the_noise_of_the_defaults_returns_the_defaults() -> None:

@@ -139,9 +139,13 @@ def calibrate(
         if result.status != "ok":
             break
     where = f"{device.name} ({format_bytes(device.memory_free_bytes)} free)" if cuda else device.name
+    if not cuda:  # the budget is the model's share: say of what
+        limit = f"--max-memory {format_bytes(max_memory)}" if max_memory is not None else "half the available memory"
+        where += f": {1 - WORKER_RESERVE:.0%} of {limit}, the rest left to loader workers"
+    smaller = "pick a smaller --image-size" if workload.task is None else "make the Task's model or batches smaller"
     too_small = WorkloadError(
         f"not even batch 1 of {workload.model} fits the memory budget of {format_bytes(budget)} on {where}; "
-        "free some memory, raise --max-memory or pick a smaller --image-size"
+        f"free some memory, raise --max-memory or {smaller}"
     )
     fit = extrapolate_batch(points, budget) if budget is not None else batch_cap
     if fit is not None and fit < 1:

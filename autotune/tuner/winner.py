@@ -228,7 +228,8 @@ def bottleneck_verdict(
     images = best.workload.image_input
     if wait is not None and wait > 0.2:
         cheaper = ("Cheaper decoding (smaller stored images, fewer augmentations)" if images
-                   else "A cheaper dataset __getitem__ or collate_fn (tensors prepared once, not per item)")
+                   else f"A cheaper dataset {'__iter__' if best.workload.iterable else '__getitem__'} or collate_fn "
+                   "(tensors prepared once, not per item)")
         return f"input-bound: the winner waits on the DataLoader {wait:.0%} of the time ({facts}). {cheaper} or more CPU cores would help."
     if device.type == "cpu" and compute and loader and together < 0.8 * min(compute, loader):
         return (
