@@ -292,6 +292,40 @@ def test_an_interrupted_trial_stops_the_search_and_is_never_stored(tmp_path, cac
     assert "result" not in study.trials[1].user_attrs  # not recorded as the setup's failure
 
 
+class _DropsItsInterrupt:
+    """Sends this process SIGINT from a finalizer: the handler runs there, and Python prints and drops its KeyboardInterrupt."""
+
+    def __del__(self) -> None:
+        os.kill(os.getpid(), signal.SIGINT)
+        sum(range(1000))  # the pending signal's handler runs here
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # the dropped interrupt, reported by pytest
+def test_a_ctrl_c_whose_interrupt_python_dropped_still_stops_the_search(tmp_path, cache_dir) -> None:
+    """A KeyboardInterrupt raised inside a garbage-collector callback is lost; the search still stops after the trial."""
+    from autotune.errors import SearchInterrupted
+    from autotune.records import TrialResult
+    from autotune.tuner import SearchConfig, run_search
+
+    calls: list[str] = []
+
+    def runner(setup, workload, options=None, *, on_window=None):
+        if options.mode == "train":
+            calls.append("train")
+            if len(calls) == 2:
+                _DropsItsInterrupt()  # collected at once: the interrupt is raised and dropped in __del__
+        return TrialResult(status="ok", samples_per_s=100.0, windows=(100.0,), peak_memory_bytes=2**20)
+
+    config = SearchConfig(model="resnet18", trials=3, image_size=32, device="cpu", trial_seconds=1.0,
+                          out=tmp_path / "out", cache_dir=cache_dir, synthetic_images=64)
+    with pytest.raises(SearchInterrupted):
+        run_search(config, runner=runner)
+    assert len(calls) == 2  # nothing ran after it
+    assert [t.state for t in study_of(tmp_path / "out").trials[:2]] == [TrialState.COMPLETE, TrialState.FAIL]
+    # A later search in the same process starts afresh.
+    run_search(SearchConfig(**{**config.__dict__, "out": tmp_path / "again", "trials": 1}), runner=runner)
+
+
 # --------------------------------------------------------------- bad data, broken models
 def test_data_check_uses_the_loaders_rules_and_names_the_directory(tmp_path) -> None:
     """Hidden and empty sub-directories are classes to ImageFolder: refused up front, by name."""

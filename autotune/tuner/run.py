@@ -43,7 +43,7 @@ from autotune.tuner.offered import check_workload_constraints
 from autotune.tuner.parallel import explore_placed
 from autotune.tuner.placement import Placement, place
 from autotune.tuner.progress import Reporter, SilentReporter
-from autotune.tuner.signals import runs_to_the_end, sigterm_as_interrupt
+from autotune.tuner.signals import clear_stop, runs_to_the_end, sigterm_as_interrupt
 from autotune.tuner.space import Space, build_space, check_effective_batch, check_pins_act, defaults_setup
 from autotune.tuner.storage import is_shared
 from autotune.tuner.study import ROLE_DEFAULTS, ROLE_GUESS, SearchStudy
@@ -95,8 +95,8 @@ def run_search(
     config.validate()
     if runner is run_trial:
         prestart()  # the trial server's imports overlap the checks of prepare()
-    timing = Timing()
-    began = time.monotonic()
+    clear_stop()
+    timing, began = Timing(), time.monotonic()
     timed = TimedRunner(runner, timing)
     prepared = prepare(config, reporter)
     with nothing_left_if_nothing_measured(prepared.study, prepared.made_out, prepared.crew is not None), prepared.held:

@@ -1,15 +1,36 @@
-"""Signals during a search: SIGTERM and SIGHUP act like Ctrl-C, and storage
-writes are never cut in half."""
+"""Signals during a search: SIGTERM and SIGHUP act like Ctrl-C, storage
+writes are never cut in half, and no stop signal is lost.
+
+Python raises the KeyboardInterrupt of a signal wherever the main thread is,
+and one raised inside a finalizer or a weakref callback (run by the garbage
+collector) is printed as "Exception ignored" and dropped: the search went on
+to the end after a Ctrl-C. Each stop signal is therefore also remembered, and
+every trial of a search starts and ends with :func:`raise_if_stopped`.
+"""
 
 from __future__ import annotations
 
 import signal
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 #: Signals that stop a search as Ctrl-C does: a supervisor's stop, a closed terminal.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+_stop = threading.Event()  # a stop signal arrived since clear_stop()
+
+
+def clear_stop() -> None:
+    """Forget earlier stop signals (a new search in the same process begins)."""
+    _stop.clear()
+
+
+def raise_if_stopped() -> None:
+    """Raise KeyboardInterrupt if a stop signal arrived whose own KeyboardInterrupt may have been dropped."""
+    if _stop.is_set():
+        raise KeyboardInterrupt
 
 
 def _not_ignored(signals: tuple[int, ...]) -> tuple[int, ...]:
@@ -37,12 +58,13 @@ def signals_handled(signals: tuple[int, ...], handler: Callable[[int, Any], None
 
 @contextmanager
 def sigterm_as_interrupt() -> Iterator[None]:
-    """Inside the block SIGTERM and SIGHUP raise KeyboardInterrupt, as Ctrl-C does."""
+    """Inside the block SIGTERM and SIGHUP raise KeyboardInterrupt, as Ctrl-C does; each is remembered."""
 
     def handler(signum: int, frame: Any) -> None:
+        _stop.set()
         raise KeyboardInterrupt
 
-    with signals_handled(_not_ignored((signal.SIGTERM, signal.SIGHUP)), handler):
+    with signals_handled(_not_ignored(STOP_SIGNALS), handler):
         yield
 
 
@@ -56,8 +78,13 @@ def interrupts_held() -> Iterator[None]:
     """
     caught: list[int] = []
     held = _not_ignored(STOP_SIGNALS)
+
+    def hold(signum: int, frame: Any) -> None:
+        _stop.set()
+        caught.append(signum)
+
     try:
-        with signals_handled(held, lambda signum, frame: caught.append(signum)):
+        with signals_handled(held, hold):
             yield
     finally:
         if caught:

@@ -11,6 +11,7 @@ from autotune.records import TrialOptions, TrialResult, Workload
 from autotune.runner import TrialRunner, WindowCallback
 from autotune.train_setup import TrainSetup
 from autotune.tuner.config import Timing
+from autotune.tuner.signals import raise_if_stopped
 
 
 class TimedRunner:
@@ -36,11 +37,13 @@ class TimedRunner:
             WorkloadError: A data file cannot be decoded: the search stops
                 naming it (every setup fast enough to reach it would fail).
         """
+        raise_if_stopped()
         began = time.monotonic()
         result = self.runner(setup, workload, options, on_window=on_window)
         self.timing.add(result, time.monotonic() - began)
         if result.status == "interrupted":
             raise KeyboardInterrupt
+        raise_if_stopped()  # a Ctrl-C whose KeyboardInterrupt was dropped during the trial
         if result.status == "bad_data":
             raise WorkloadError(
                 f"bad data: {result.error}; fix or remove the file and rerun (finished trials are kept)"
