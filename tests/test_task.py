@@ -54,6 +54,11 @@ def test_optimizer_factory_gets_the_scaled_lr() -> None:
     assert isinstance(optimizer, torch.optim.SGD) and optimizer.param_groups[0]["lr"] == 0.25
     default = autotune.Task(torch.nn.Linear(2, 2), [1]).build_optimizer(torch.nn.Linear(2, 2).parameters(), lr=0.5, cuda=False)
     assert isinstance(default, torch.optim.AdamW)
+    # A factory without lr= sets its own rates (here 0.1 and 0.01 at the Task's lr 0.01): the scaling still applies to each.
+    groups = lambda params: torch.optim.SGD([{"params": [p], "lr": 0.1 if i == 0 else 0.01} for i, p in enumerate(params)], lr=0.01)  # noqa: E731
+    own = autotune.Task(torch.nn.Linear(2, 2), [1], optimizer=groups, lr=0.01)
+    assert [g["lr"] for g in own.build_optimizer(own.build_model().parameters(), lr=0.01, cuda=False).param_groups] == [0.1, 0.01]
+    assert [g["lr"] for g in own.build_optimizer(own.build_model().parameters(), lr=0.02, cuda=False).param_groups] == [0.2, 0.02]
 
 
 def test_the_learning_rate_rule_follows_the_optimizer_family() -> None:

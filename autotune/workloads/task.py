@@ -130,6 +130,10 @@ class Task:
     def build_optimizer(self, params: Any, *, lr: float, cuda: bool, impl: str | None = None) -> torch.optim.Optimizer:
         """The optimizer over ``params`` at learning rate ``lr`` (``impl`` applies to the default AdamW).
 
+        A factory that takes no ``lr`` sets its own rates: each param group's
+        is multiplied by ``lr / self.lr``, so the scaled rate applies and the
+        factory's ratios between groups stay.
+
         Raises:
             WorkloadError: The factory returns no ``torch.optim.Optimizer``.
         """
@@ -148,6 +152,9 @@ class Task:
         optimizer = self.optimizer(params, lr=lr) if takes_lr else self.optimizer(params)
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise WorkloadError(f"Task optimizer factory returned {type(optimizer).__name__}, not a torch.optim.Optimizer")
+        if not takes_lr and lr != self.lr:
+            for group in optimizer.param_groups:
+                group["lr"] = group["lr"] * (lr / self.lr)
         return optimizer
 
     # ------------------------------------------------------------- one batch
