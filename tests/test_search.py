@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -21,6 +22,7 @@ from autotune.records import TrialResult
 from autotune.train_setup import TrainSetup
 from autotune.tuner import SearchConfig, run_search
 from autotune.tuner.constraints import parse_constraint
+from autotune.tuner.space import check_effective_batch
 
 TESTS = Path(__file__).parent
 
@@ -98,6 +100,13 @@ def test_an_effective_batch_larger_than_the_data_is_refused_before_anything_runs
     with pytest.raises(UsageError, match="--effective-batch 128 is larger than the 64 training images"):
         search(config(tmp_path, cache_dir, effective_batch=128), runner=recording)
     assert ran == [] and not (tmp_path / "out").exists()  # no calibration run, nothing written
+    # So are --set values whose smallest optimizer step is larger than the data; one that leaves a smaller one is not.
+    for pins, message in ((["batch_size=1000"], "--set batch_size (at least 1000): an optimizer step of at least 1000 is larger"),
+                          (["batch_size=32..64", "accumulation_steps=4"], "--set batch_size (at least 32) and --set accumulation_steps")):
+        with pytest.raises(UsageError, match=re.escape(message)):
+            search(config(tmp_path, cache_dir, constraints=tuple(parse_constraint(p) for p in pins)), runner=recording)
+    assert ran == [] and not (tmp_path / "out").exists()
+    check_effective_batch(None, 64, constraints={"batch_size": parse_constraint("batch_size=8..1000")})
 
 
 def test_steps_larger_than_the_data_are_infeasible_and_never_run(tmp_path, cache_dir) -> None:

@@ -141,7 +141,7 @@ def unrunnable(setup: TrainSetup, workload: Workload) -> TrialResult | None:
             status="error",
             error=(
                 f"batch {setup.batch_size} x {setup.accumulation_steps} accumulation = {setup.effective_batch()} "
-                f"exceeds the {images} training images: an epoch would hold no optimizer step"
+                f"exceeds the {images} training {'samples' if workload.task else 'images'}: an epoch would hold no optimizer step"
             ),
         )
     queue = setup.num_workers * (setup.prefetch_factor or 2) * setup.batch_size

@@ -190,28 +190,24 @@ def prepare(config: SearchConfig, reporter: Reporter) -> Prepared:
     hardware = probes.collect()
     placement = place(config.device, config.devices, config.nproc_per_node, hardware)
     device = placement.device
-    check_constraints(merge_constraints(config.constraints), device)
+    constraints = merge_constraints(config.constraints)
+    check_constraints(constraints, device)
     out = Path(config.out)
     check_writable(out)
     if config.workload is not None:
-        pinned = merge_constraints(config.constraints).get("num_workers")
+        pinned = constraints.get("num_workers")
         workers = pinned is None or any(pinned.allows(n) for n in range(1, 257))
         workload = build_task_workload(config.workload, device=device.name, workers=workers)
     else:
         workload = build_workload(
-            model=config.model,
-            image_size=config.image_size,
-            data=config.data,
-            device=device.name,
-            cache_dir=config.cache_dir,
-            synthetic_images=config.synthetic_images,
-            lr=config.lr,
-            warn=reporter.message,
+            model=config.model, image_size=config.image_size, data=config.data, device=device.name, cache_dir=config.cache_dir,
+            synthetic_images=config.synthetic_images, lr=config.lr, warn=reporter.message,
         )
-    check_pins_act(merge_constraints(config.constraints), workload.image_input, placement.world_size)
-    check_workload_constraints(merge_constraints(config.constraints), workload, device)
-    workload = placement.rank_workload(workload)  # with N ranks, each reads 1/N of the data
-    check_effective_batch(placement.rank_batch(config.effective_batch), workload.images)  # before calibration runs
+    check_pins_act(constraints, workload.image_input, placement.world_size)
+    check_workload_constraints(constraints, workload, device)
+    workload = placement.rank_workload(workload)  # with N ranks, each reads 1/N of the data; checked before calibration:
+    check_effective_batch(placement.rank_batch(config.effective_batch), workload.images, constraints=constraints,
+                          unit="samples" if workload.task else "images")
     name = config.study or study_name(config, device, workload)
     fresh = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
