@@ -165,6 +165,16 @@ def bad_count() -> autotune.Task:
     return autotune.Task(nn.Linear(8, 3), _pairs(), batch_size_of=_not_a_count)
 
 
+def fractional_count() -> autotune.Task:
+    """batch_size_of returns a float."""
+    return autotune.Task(nn.Linear(8, 3), _pairs(), batch_size_of=lambda batch: 3.7)
+
+
+def tensor_count() -> autotune.Task:
+    """batch_size_of returns an integer 0-d tensor (a mask's sum): that counts."""
+    return autotune.Task(nn.Linear(8, 3), _pairs(), batch_size_of=lambda batch: (batch[1] >= 0).sum())
+
+
 def zero_count() -> autotune.Task:
     """batch_size_of counts nothing."""
     return autotune.Task(nn.Linear(8, 3), _pairs(), batch_size_of=_count_nothing)

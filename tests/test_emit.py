@@ -482,6 +482,7 @@ def test_bad_data_directories_name_their_flag(
         (["--image-size", "0"], "--image-size must be >= 8"),
         (["--lr", "-1"], "--lr must be a finite number > 0"),
         (["--clip-grad-norm", "nan"], "--clip-grad-norm must be a finite number > 0"),
+        (["--warmup-steps", "-5"], "--warmup-steps must be >= -1"),
     ],
 )
 def test_bad_numbers_are_one_line_before_any_work(

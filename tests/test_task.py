@@ -105,6 +105,7 @@ def test_good_workloads_become_workload_records() -> None:
     assert str(Path(__file__).parent) in work.sys_path
     assert Workload.from_dict(json.loads(json.dumps(work.to_dict()))) == work
     assert _workload("dict_batches").images == 20
+    assert _workload("tensor_count").images == 40  # batch_size_of may return an integer 0-d tensor
     stream = _workload("iterable")
     assert stream.iterable and stream.images is None
     assert work.lr_scaling == "sqrt" and _workload("sgd").lr_scaling == "linear"  # from the Task's optimizer
@@ -122,7 +123,8 @@ def test_good_workloads_become_workload_records() -> None:
         ("frozen_model", "the model has no trainable parameters (none requires grad)"),
         ("detached_loss", "step(model, batch) returned a tensor that does not require grad"),
         ("nan_loss", "the loss returned nan on the first batch"),
-        ("bad_count", "batch_size_of(batch) failed on the first batch [Tensor[2, 8] float32, Tensor[2] int64]: ValueError"),
+        ("bad_count", "batch_size_of(batch) returned 'x' (str); it must return an int"),
+        ("fractional_count", "batch_size_of(batch) returned 3.7 (float); it must return an int"),
         ("zero_count", "batch_size_of(batch) returned 0 for the first batch"),
         ("forward_fails", "forward failed on the first batch (inputs Tensor[2, 8] float32): RuntimeError"),
         ("unpicklable", "dataset (_HoldsFile) cannot be pickled for DataLoader workers"),
@@ -330,6 +332,7 @@ def test_the_task_script_refuses_a_bad_workload_or_checkpoint_in_one_line(
     for flags, message in (
         (["--workload", "no_such_module_xyz:make"], "error: --workload no_such_module_xyz:make: cannot import no_such_module_xyz"),
         (["--workload", "task_factories:nothing_here"], "error: --workload task_factories:nothing_here: task_factories has no function"),
+        (["--workload", "task_factories:raises"], "error: --workload task_factories:raises failed: RuntimeError: no data mounted"),
         (["--output-dir", "/proc/autotune-x"], "error: --output-dir /proc/autotune-x: No such file or directory"),
     ):
         code, out, err = _run_here(script, capfd, monkeypatch, *flags)

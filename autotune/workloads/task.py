@@ -26,6 +26,7 @@ the backward pass, the optimizer step, autocast and accumulation).
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable
 from dataclasses import KW_ONLY, dataclass
 from typing import TYPE_CHECKING, Any
@@ -183,7 +184,17 @@ class Task:
         return torch.nn.functional.cross_entropy
 
     def samples_in(self, batch: Any) -> int:
-        """Samples in a batch: ``batch_size_of(batch)``, else the first tensor's first dimension."""
-        if self.batch_size_of is not None:
-            return int(self.batch_size_of(batch))
-        return first_dim(batch)
+        """Samples in a batch: ``batch_size_of(batch)``, else the first tensor's first dimension.
+
+        Raises:
+            WorkloadError: ``batch_size_of`` returned no integer (an integer
+                0-d tensor, such as ``mask.sum()``, counts).
+        """
+        if self.batch_size_of is None:
+            return first_dim(batch)
+        count: Any = self.batch_size_of(batch)
+        if getattr(count, "ndim", None) == 0 and not count.is_floating_point():  # an integer 0-d tensor
+            count = count.item()
+        if isinstance(count, bool) or not isinstance(count, numbers.Integral):
+            raise WorkloadError(f"batch_size_of(batch) returned {count!r} ({type(count).__name__}); it must return an int")
+        return int(count)
