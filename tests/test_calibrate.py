@@ -206,7 +206,7 @@ def test_a_loss_that_diverges_at_the_first_batch_stops_the_search_and_is_not_rea
         calls.append(setup.batch_size)
         return TrialResult(status="diverged", error="the loss became NaN or infinite", peak_memory_bytes=200 * MIB)
 
-    with pytest.raises(WorkloadError, match="the loss became NaN or infinite at batch 8 in fp32 with the PyTorch defaults"):
+    with pytest.raises(WorkloadError, match=r"the loss became NaN or infinite in the first run \(batch size 8, fp32, the PyTorch defaults\)"):
         calibrate(WORKLOAD, CPU, usable_cores=2, available_bytes=2**34, max_memory=None,
                   trial_seconds=3.0, bf16_ok=True, runner=diverging)
     assert calls == [8]  # no smaller batch tried: divergence is not a memory limit

@@ -244,6 +244,21 @@ def test_space_offers_channels_last_only_for_image_batches_and_defaults_use_the_
     assert defaults_setup(48, batch=16).effective_batch() == 48
 
 
+def test_data_that_fails_to_load_without_workers_ends_the_calibration_in_one_line() -> None:
+    """An item that raises past the first batches: every setup reads it, so no trial is spent on it."""
+
+    def runner(setup, workload, options=None, *, on_window=None) -> TrialResult:  # type: ignore[no-untyped-def]
+        options = options or TrialOptions()
+        if options.mode == "loader":
+            return TrialResult(status="error", error="ValueError: corrupt record 250")
+        return TrialResult(status="ok", samples_per_s=100.0, peak_memory_bytes=2**20 * (100 + setup.batch_size))
+
+    with pytest.raises(WorkloadError, match=r"workload task_factories:good: loading the data fails \(loader alone, no workers, "
+                                            r"batch \d+\): ValueError: corrupt record 250; fix the dataset"):
+        calibrate(_workload("good"), CPU, usable_cores=2, available_bytes=2**34, max_memory=None, trial_seconds=1.0, bf16_ok=True,
+                  runner=runner)
+
+
 def test_loader_workers_that_always_fail_leave_the_search_with_none() -> None:
     messages: list[str] = []
 

@@ -111,7 +111,8 @@ def calibrate(
     Raises:
         WorkloadError: The model fails (not out of memory) at the first,
             smallest pre-pass batch: the factory raises, the forward does not
-            fit the input shape.
+            fit the input shape. Or loading the data alone, without workers,
+            fails: a dataset item raises or cannot be collated.
     """
     cuda = device.type == "cuda"
     short = TrialOptions(trial_seconds=calibration_seconds(trial_seconds), windows=2, mode="compute")
@@ -124,16 +125,17 @@ def calibrate(
         measured[batch] = runner(fp32.replace(batch_size=batch), workload, _with_budget(short, budget))
         return measured[batch]
 
+    subject = f"workload {workload.task}" if workload.task else f"model {workload.model}"
     for batch in (8, 32) if not cuda else (16, 64):
         result = prepass(batch)
         if result.status == "error" and not points:
             # The model fails at a small batch with the plainest setup, and not
             # for memory: no setup can work, so stop now, not after every trial.
-            raise WorkloadError(f"model {workload.model} fails: {result.error}{_size_hint(workload, result.error)}")
+            raise WorkloadError(f"{subject} fails: {result.error}{_size_hint(workload, result.error)}")
         if result.status == "diverged" and not points:
             # Not a memory limit: the plainest setup diverges, so every setup would.
-            raise WorkloadError(f"model {workload.model}: the loss became NaN or infinite at batch {batch} in fp32 "
-                                "with the PyTorch defaults; check the model, the loss and the learning rate")
+            raise WorkloadError(f"{subject}: the loss became NaN or infinite in the first run (batch size {batch}, fp32, "
+                                "the PyTorch defaults); check the model, the loss and the learning rate")
         points.append(MemoryPoint(batch, result.status, result.peak_memory_bytes, result.samples_per_s))
         log(f"memory pre-pass: batch {batch}: {_outcome(result)}, peak {format_bytes(result.peak_memory_bytes)}")
         if result.status != "ok":
@@ -205,6 +207,10 @@ def calibrate(
             batch_size=middle, num_workers=workers, prefetch_factor=2 if workers else None, pin_memory=cuda
         )
         result = runner(setup, workload, loader_opts)
+        if workers == 0 and result.status == "error":
+            # Loading alone, in the main process, failed: every setup reads the same data and would fail too.
+            raise WorkloadError(f"{subject}: loading the data fails (loader alone, no workers, batch {middle}): {result.error}; "
+                                "fix the dataset (every setup reads the same data)")
         loader_points.append(LoaderPoint(workers, result.status, result.samples_per_s))
         if workers > 0 and not result.ok and worker_error is None:
             worker_error = result.error
