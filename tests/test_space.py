@@ -213,6 +213,17 @@ def test_setups_the_data_cannot_feed_are_refused_without_running() -> None:
     assert unrunnable(queue, Workload(model="resnet18", image_size=32)) is None  # unknown size: no cap
 
 
+def test_loader_pins_without_workers_are_refused() -> None:
+    for knob in ("prefetch_factor=4", "persistent_workers=true"):
+        with pytest.raises(UsageError, match=f"--set {knob.split('=')[0]}: the DataLoader uses it only with workers"):
+            build_space(device=CPU, calibration=calibration(), usable_cores=2, effective_batch=None,
+                        constraints=merge_constraints([parse_constraint("num_workers=0"), parse_constraint(knob)]))
+    # With workers allowed, the pin acts on the setups that have them.
+    some = build_space(device=CPU, calibration=calibration(), usable_cores=2, effective_batch=None,
+                       constraints=merge_constraints([parse_constraint("num_workers=0..2"), parse_constraint("prefetch_factor=4")]))
+    assert some.values["prefetch_factor"] == (4,) and some.values["num_workers"] == (0, 1, 2)
+
+
 def test_ddp_knobs_pin_with_several_ranks_and_are_refused_in_one_process() -> None:
     for text in ("bucket_cap_mb=10..20", "bucket_cap_mb=50", "bucket_cap_mb=10,50"):
         pins = merge_constraints([parse_constraint(text)])  # parsed like every integer knob, no internal error

@@ -262,8 +262,10 @@ def check_pins_act(constraints: dict[str, Constraint], image_input: bool, world_
     """Refuse a ``--set`` pin that has nothing to act on.
 
     ``channels_last=true`` for a workload whose batches hold no 4-D floating
-    tensor; a DDP knob (``bucket_cap_mb``, ``gradient_as_bucket_view``,
-    ``static_graph``) away from PyTorch's default in a search of one rank.
+    tensor; ``prefetch_factor`` or ``persistent_workers`` with ``num_workers``
+    pinned to 0 (the DataLoader uses them only with workers); a DDP knob
+    (``bucket_cap_mb``, ``gradient_as_bucket_view``, ``static_graph``) away
+    from PyTorch's default in a search of one rank.
 
     Raises:
         UsageError: The first such pin.
@@ -271,6 +273,11 @@ def check_pins_act(constraints: dict[str, Constraint], image_input: bool, world_
     pinned = constraints.get("channels_last")
     if not image_input and pinned is not None and pinned.allows(True) and not pinned.allows(False):
         raise UsageError("--set channels_last=true: this workload's batches hold no 4-D floating tensor for it to act on")
+    workers = constraints.get("num_workers")
+    if workers is not None and not any(workers.allows(n) for n in range(1, 1025)):
+        for knob in ("prefetch_factor", "persistent_workers"):
+            if knob in constraints:
+                raise UsageError(f"--set {knob}: the DataLoader uses it only with workers, and --set num_workers=0 leaves none")
     if world_size > 1:
         return
     for knob, (default,) in ddp_values(1).items():
