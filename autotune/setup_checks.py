@@ -90,7 +90,8 @@ def check_setup_device(
         if setup.compile == "reduce-overhead":
             raise SetupError("compile=reduce-overhead uses CUDA graphs and needs a CUDA device; use compile=default")
         if setup.amp == "fp16":
-            raise SetupError("amp=fp16 needs a CUDA device; on a CPU use amp=bf16 or amp=off")
+            other = "amp=off" if bf16_supported is False else "amp=bf16 or amp=off"
+            raise SetupError(f"amp=fp16 needs a CUDA device; on a CPU use {other}")
         if setup.pin_memory:
             raise SetupError("pin_memory only helps host-to-GPU copies; it needs a CUDA device")
         if bf16_supported is False and setup.amp == "bf16":

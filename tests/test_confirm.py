@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from autotune.records import Candidate, TrialOptions, TrialRecord, TrialResult, Workload
 from autotune.train_setup import TrainSetup
 from autotune.tuner.confirm import confirm, pick_candidates
@@ -130,3 +132,17 @@ def test_the_confirmation_line_says_its_rounds_plainly() -> None:
     )
     assert "1 setup in interleaved rounds of 0.5 s (1 round;" in confirmation_plan(1, 0.5, 1)  # not "(2 to 1"
     assert "(2 rounds;" in confirmation_plan(2, 5.0, 2)
+
+
+def test_a_pair_s_median_margin_is_the_same_read_from_either_side() -> None:
+    """Four paired rounds: the median of a/b is the inverse of that of b/a (two middle ratios averaged geometrically)."""
+    from autotune.records import Confirmed
+    from autotune.tuner.noise import margin
+
+    a_values, b_values = (272.0, 100.0, 90.0, 300.0), (100.0, 100.0, 100.0, 100.0)
+    a = Confirmed(Candidate("a", TrainSetup(batch_size=64), "a"), a_values, ())
+    b = Confirmed(Candidate("b", TrainSetup(), "b"), b_values, ())
+    ab, ba = margin(a, b), margin(b, a)
+    assert ab is not None and ba is not None and ab.won == 2
+    assert (1 + ab.median_gain) * (1 + ba.median_gain) == pytest.approx(1.0)
+    assert ab.median_gain == pytest.approx((1.0 * 2.72) ** 0.5 - 1)

@@ -139,6 +139,9 @@ def test_header_documents_the_search(synthetic_data: Path) -> None:
     assert "autotune search --model resnet18 --image-size 32" in header
     assert "Note: synthetic data" in header
     assert all(line.startswith("#") or not line.strip() for line in header.splitlines())
+    assert "(effective batch 16 with 1 process -> lr 0.0005;" in header
+    ddp = render_script(dataclasses.replace(make_best(synthetic_data, **CPU_KNOBS), world_size=2, effective_batch=32))
+    assert "(effective batch 32 with 2 processes -> lr" in ddp.split('"""', 1)[0]
 
 
 def test_imports_only_torch_torchvision_and_stdlib(synthetic_data: Path) -> None:

@@ -227,6 +227,13 @@ def test_reading_a_directory_without_trials_is_one_error_line(tmp_path, make: st
         assert db.stat().st_size == 0
 
 
+def test_reading_a_missing_journal_file_does_not_create_it(tmp_path) -> None:
+    for command in (["status"], ["report", str(tmp_path / "rep")]):
+        result = CliRunner().invoke(app, [*command, "--storage", str(tmp_path / "typo.log"), "--study", "s1"])
+        assert result.exit_code == 1 and "holds no study" in result.output and "missing" in result.output
+        assert not (tmp_path / "typo.log").exists()
+
+
 def test_without_matplotlib_the_report_is_text_only_and_names_the_extra(tmp_path, cache_dir, monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` now raises ImportError
     outcome = run_search(_config(tmp_path / "out", cache_dir, trials=4), runner=mixed_runner)

@@ -31,8 +31,10 @@ def test_invalid_setups_are_rejected(kwargs: dict, message: str) -> None:
 
 
 def test_device_checks() -> None:
-    with pytest.raises(SetupError, match="fp16 needs a CUDA device"):
+    with pytest.raises(SetupError, match="fp16 needs a CUDA device; on a CPU use amp=bf16 or amp=off"):
         TrainSetup(amp="fp16").check_device("cpu")
+    with pytest.raises(SetupError, match="fp16 needs a CUDA device; on a CPU use amp=off$"):  # not bf16 where it is refused too
+        TrainSetup(amp="fp16").check_device("cpu", bf16_supported=False)
     with pytest.raises(SetupError, match="does not support bf16"):
         TrainSetup(amp="bf16").check_device("cuda:0", bf16_supported=False)
     with pytest.raises(SetupError, match="pin_memory"):

@@ -149,7 +149,8 @@ def _header(best: Best, data_is_synthetic: bool) -> str:
     lines.append(
         f"Learning rate: {workload.lr:g} at effective batch {best.reference_batch}, scaled "
         f"{'by the square root of the batch ratio' if workload.lr_scaling == 'sqrt' else 'linearly with the batch'} "
-        f"(effective batch {best.effective_batch} -> lr {best.lr:g} in one process)"
+        f"(effective batch {best.effective_batch} with {best.world_size} process{'es' if best.world_size > 1 else ''} -> lr {best.lr:g}; "
+        "the script scales it for the processes it runs with)"
     )
     if best.command:
         lines.append(f"Command: {hide_passwords(best.command)}")

@@ -39,11 +39,19 @@ def paired_ratios(a: Confirmed, b: Confirmed) -> list[float]:
     return [x / y for x, y in zip(a.values, b.values, strict=False) if y > 0]
 
 
+def median_ratio(ratios: list[float]) -> float:
+    """The median of ratios, the two middle ones of an even count averaged geometrically, so that
+    the median of ``b / a`` is exactly the inverse of that of ``a / b`` (an arithmetic mean is not)."""
+    if min(ratios) <= 0:  # a zero rate has no logarithm
+        return statistics.median(ratios)
+    return math.exp(statistics.median(math.log(r) for r in ratios))
+
+
 def beats(a: Confirmed, b: Confirmed, floor: float = NOISE_FLOOR) -> bool:
     """Whether ``a`` is faster than ``b`` beyond the noise (see the module docstring)."""
     ratios = paired_ratios(a, b)
     wins = sum(r > 1.0 for r in ratios)
-    return bool(ratios) and wins >= math.ceil(0.75 * len(ratios)) and statistics.median(ratios) >= 1.0 + floor
+    return bool(ratios) and wins >= math.ceil(0.75 * len(ratios)) and median_ratio(ratios) >= 1.0 + floor
 
 
 def equivalent(a: Confirmed, b: Confirmed, floor: float = NOISE_FLOOR) -> bool:
@@ -100,4 +108,4 @@ def margin(a: Confirmed, b: Confirmed) -> Margin | None:
     ratios = paired_ratios(a, b)
     if not ratios:
         return None
-    return Margin(sum(r > 1.0 for r in ratios), len(ratios), statistics.median(ratios) - 1.0)
+    return Margin(sum(r > 1.0 for r in ratios), len(ratios), median_ratio(ratios) - 1.0)

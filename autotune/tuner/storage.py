@@ -72,8 +72,11 @@ def journal_path(url: str) -> str | None:
     return None
 
 
-def sqlite_file(url: str) -> Path | None:
-    """The database file of a ``sqlite:///PATH`` URL; None for any other URL (an in-memory one too)."""
+def storage_file(url: str) -> Path | None:
+    """The file of a ``sqlite:///PATH`` or journal URL; None for a database server (or an in-memory SQLite)."""
+    journal = journal_path(url)
+    if journal is not None:
+        return Path(journal)
     if not url.startswith("sqlite:///"):
         return None
     path = url[len("sqlite:///") :].split("?", 1)[0]

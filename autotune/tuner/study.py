@@ -29,7 +29,7 @@ from autotune.tuner.budget import ATTR_FREE, FINISHED, counted, progress
 from autotune.tuner.identity import signature_difference
 from autotune.tuner.lock import Holder
 from autotune.tuner.pruning import ScreeningPruner
-from autotune.tuner.storage import open_storage, sqlite_file
+from autotune.tuner.storage import open_storage, storage_file
 
 # Trial roles.
 ROLE_DEFAULTS = "defaults"
@@ -149,8 +149,8 @@ class SearchStudy:
             StorageError: The storage cannot be read, or holds no such study.
         """
         optuna.logging.set_verbosity(optuna.logging.WARNING)
-        file = sqlite_file(storage)
-        if file is not None and (not file.is_file() or file.stat().st_size == 0):  # opening it would write a schema
+        file = storage_file(storage)
+        if file is not None and (not file.is_file() or file.stat().st_size == 0):  # opening it would create or write it
             raise StorageError(f"{storage}: holds no study ({file} is {'empty' if file.is_file() else 'missing'})")
         backend, storage = open_storage(storage), hide_passwords(storage)  # the URL only names it in messages below
         try:
