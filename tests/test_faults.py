@@ -292,6 +292,29 @@ def test_an_interrupted_trial_stops_the_search_and_is_never_stored(tmp_path, cac
     assert "result" not in study.trials[1].user_attrs  # not recorded as the setup's failure
 
 
+def test_an_interrupt_during_the_winner_s_ceilings_keeps_the_confirmed_winner(tmp_path, cache_dir, monkeypatch) -> None:
+    """The confirmation finished: best.json holds the confirmed winner, and the message says so (not 'unconfirmed')."""
+    import autotune.tuner.run
+    from autotune.errors import SearchInterrupted
+    from autotune.output.best import read_best
+    from autotune.output.sections import is_confirmed
+    from autotune.records import TrialResult
+    from autotune.tuner import SearchConfig, run_search
+
+    def runner(setup, workload, options=None, *, on_window=None):
+        return TrialResult(status="ok", samples_per_s=100.0 + setup.batch_size, windows=(100.0,), peak_memory_bytes=2**20)
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(autotune.tuner.run, "measure_ceilings", interrupted)
+    config = SearchConfig(model="resnet18", trials=2, image_size=32, device="cpu", trial_seconds=1.0, confirm_rounds=2,
+                          out=tmp_path / "out", cache_dir=cache_dir, synthetic_images=64)
+    with pytest.raises(SearchInterrupted, match="the confirmed winner is in .*best.json; only its ceilings were skipped") as info:
+        run_search(config, runner=runner)
+    assert "unconfirmed" not in str(info.value) and is_confirmed(read_best(tmp_path / "out" / "best.json"))
+
+
 class _DropsItsInterrupt:
     """Sends this process SIGINT from a finalizer: the handler runs there, and Python prints and drops its KeyboardInterrupt."""
 

@@ -148,12 +148,11 @@ def _search(
     outcome = replace(outcome, timing=timing)
     if crew is not None and outcome.best is not None and not interrupted:
         crew.publish(outcome.best, config.trials, prepared.out)
-    if interrupted:
-        raise SearchInterrupted(
-            f"interrupted: {len(records)} finished trials kept in {prepared.study.storage}; best so far written to "
-            f"{prepared.out / 'best.json'} (unconfirmed); rerun the same command to resume",
-            outcome=outcome,
-        )
+    if interrupted:  # after a finished confirmation only the winner's ceilings were left
+        best_json = prepared.out / "best.json"
+        kept = (f"the confirmed winner is in {best_json}; only its ceilings were skipped" if confirmed else
+                   f"best so far written to {best_json} (unconfirmed); rerun the same command to resume")
+        raise SearchInterrupted(f"interrupted: {len(records)} finished trials kept in {prepared.study.storage}; {kept}", outcome=outcome)
     return outcome
 
 
