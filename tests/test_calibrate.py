@@ -146,6 +146,26 @@ def test_a_budget_that_fits_no_batch_is_one_line(tiny_workload) -> None:
                       runner=FakeRunner())
 
 
+def test_a_budget_under_the_fixed_cost_with_a_model_that_needs_two_samples_is_one_line(tiny_workload) -> None:
+    """Batch 2 and up run out of the budget (the process's fixed cost), batch 1 fails (BatchNorm): nothing to search."""
+    from autotune.errors import WorkloadError
+
+    class FixedCost(FakeRunner):
+        def __call__(self, setup, workload, options=None, *, on_window=None) -> TrialResult:
+            if options.mode != "loader" and setup.batch_size == 1:
+                return TrialResult(status="error", error="ValueError: Expected more than 1 value per channel when training")
+            if options.mode != "loader":
+                return TrialResult(status="oom", error="over budget", peak_memory_bytes=436 * MIB)
+            return super().__call__(setup, workload, options, on_window=on_window)
+
+    runner = FixedCost()
+    with pytest.raises(WorkloadError, match=r"no batch of resnet18 trains within the memory budget of 360 MiB on cpu: .* "
+                                            r"batches 2 to 8 ran out of it and batch 1 fails \(ValueError: Expected more than 1"):
+        calibrate(tiny_workload, CPU, usable_cores=2, available_bytes=2**34, max_memory=450 * MIB, trial_seconds=1.0,
+                  bf16_ok=False, runner=runner)
+    assert all(mode == "compute" for mode, _ in runner.calls)  # stopped before any other run
+
+
 def test_every_precision_and_layout_is_measured_like_for_like_and_the_fastest_is_the_ceiling() -> None:
     # As on a CPU with AMX: bf16 faster; a depthwise model would show the opposite, and the numbers decide.
     runner = FakeRunner(speed={("bf16", True): 1.8, ("bf16", False): 1.5, ("off", True): 1.1})

@@ -177,6 +177,12 @@ def calibrate(
         points.append(MemoryPoint(1, result.status, result.peak_memory_bytes, result.samples_per_s))
         if result.status == "oom":
             raise too_small
+        if not result.ok:  # every larger batch ran out of memory: no batch is left to search
+            raise WorkloadError(
+                f"no batch of {workload.model} trains within the memory budget of {format_bytes(budget)} on {where}: "
+                f"batches 2 to {max(p.batch_size for p in points)} ran out of it and batch 1 fails ({result.error}); "
+                f"free some memory, raise --max-memory or {smaller}"
+            )
     middle = probe_batch(max_batch, device)
     reduced = ("bf16" if bf16_ok else "fp16") if cuda else ("bf16" if bf16_ok else None)
     precisions: list[PrecisionPoint] = []
