@@ -372,5 +372,6 @@ def trial(
     if setup.channels_last and not built.image_input:
         raise UsageError("channels_last: this workload's batches hold no 4-D floating tensor for it to act on")
     if announce is not None:
-        announce(f"trial: {built.describe()} ({dev.label})")
+        ranks = f"; {nproc_per_node} DDP ranks, samples/s counts them all" if nproc_per_node > 1 else ""
+        announce(f"trial: {built.describe()} ({dev.label}{ranks})")
     return TrialOutcome(setup=setup, workload=built, result=run_trial(setup, built, options))

@@ -314,7 +314,7 @@ def search(
 @app.command()
 @handle_errors
 def emit(
-    directory: Annotated[Path, typer.Argument(help="A search output directory holding best.json.")] = Path("autotune-out"),
+    directory: Annotated[Path, typer.Argument(help="A search output directory holding best.json (or that best.json).")] = Path("autotune-out"),
     output: Annotated[
         Optional[Path], typer.Option("--output", "-o", help="Where to write the script (default DIR/train.py).")
     ] = None,
@@ -324,7 +324,7 @@ def emit(
     from autotune.output.emit import write_script
 
     best = read_best(directory)
-    path = write_script(best, output or (directory / "train.py"))
+    path = write_script(best, output or ((directory.parent if directory.is_file() else directory) / "train.py"))
     out.print(escape(f"wrote {path}"), highlight=False, soft_wrap=True)
 
 

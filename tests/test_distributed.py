@@ -223,3 +223,15 @@ def test_cli_trial_refuses_more_ranks_than_cores_in_one_line() -> None:
                                       "--nproc-per-node", "4096"])
     assert result.exit_code == 2
     assert "each rank needs one" in result.output and len(result.output.strip().splitlines()) == 1
+
+
+def test_a_ddp_trial_says_its_ranks(monkeypatch) -> None:
+    import autotune
+    import autotune.runner
+    from autotune.records import TrialResult
+
+    monkeypatch.setattr(autotune.runner, "prestart", lambda: None)
+    monkeypatch.setattr(autotune.runner, "run_trial", lambda setup, workload, options: TrialResult(status="ok", samples_per_s=1.0))
+    lines: list[str] = []
+    autotune.trial("task_factories:good", device="cpu", nproc_per_node=2, announce=lines.append)
+    assert lines and lines[0].endswith("; 2 DDP ranks, samples/s counts them all)")

@@ -360,6 +360,9 @@ def test_cli_emit_writes_train_py(synthetic_data: Path, tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["emit", str(tmp_path), "-o", str(tmp_path / "x" / "run.py")])
     assert result.exit_code == 0, result.output
     assert (tmp_path / "x" / "run.py").is_file()
+    (tmp_path / "train.py").unlink()
+    result = CliRunner().invoke(app, ["emit", str(tmp_path / "best.json")])  # the file itself: train.py beside it
+    assert result.exit_code == 0 and (tmp_path / "train.py").is_file(), result.output
 
 
 def test_emit_overwrites_only_a_script_it_wrote_and_files_follow_the_umask(synthetic_data: Path, tmp_path: Path) -> None:
