@@ -21,8 +21,7 @@ from autotune.output.best import read_best
 from autotune.records import TrialResult
 from autotune.train_setup import TrainSetup
 from autotune.tuner import SearchConfig, run_search
-from autotune.tuner.constraints import parse_constraint
-from autotune.tuner.space import check_effective_batch
+from autotune.tuner.constraints import check_effective_batch, parse_constraint
 
 TESTS = Path(__file__).parent
 

@@ -217,3 +217,35 @@ def check_constraints(constraints: dict[str, Constraint], device: DeviceInfo) ->
             if value is None or value is False:
                 continue
             TrainSetup(**{knob: value}).check_device(device.name, bf16_supported=device.bf16, tf32_supported=device.tf32)
+
+
+def check_effective_batch(
+    effective_batch: int | None, images: int | None, *, constraints: dict[str, Constraint] | None = None, unit: str = "images"
+) -> None:
+    """Refuse an effective batch (one rank's), or ``--set`` batch and accumulation values whose smallest
+    optimizer step is, larger than the training data (one rank's share of ``images`` training ``unit``).
+
+    Raises:
+        UsageError: An epoch would hold no optimizer step.
+    """
+    if images is None:
+        return
+    if effective_batch is not None and effective_batch > images:
+        raise UsageError(
+            f"--effective-batch {effective_batch} is larger than the {images} training {unit}: an epoch would hold no optimizer step"
+        )
+    set_by = {knob: _smallest(c) for knob, c in (constraints or {}).items() if knob in ("batch_size", "accumulation_steps")}
+    step = set_by.get("batch_size", 1) * set_by.get("accumulation_steps", 1)
+    if step > images:
+        named = " and ".join(f"--set {knob} (at least {value})" for knob, value in set_by.items())
+        raise UsageError(f"{named}: an optimizer step of at least {step} is larger than the {images} training {unit}; "
+                         "an epoch would hold no optimizer step")
+
+
+def _smallest(constraint: Constraint) -> int:
+    """The smallest integer a ``--set`` constraint of an integer knob allows."""
+    if constraint.choices is not None:
+        return min(int(v) for v in constraint.choices)
+    if constraint.low is not None or constraint.high is not None:
+        return constraint.low if constraint.low is not None else 1
+    return int(constraint.value)

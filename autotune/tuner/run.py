@@ -32,7 +32,7 @@ from autotune.train_setup import TrainSetup
 from autotune.tuner.calibrate import calibrate
 from autotune.tuner.config import SearchConfig, SearchOutcome, Timing
 from autotune.tuner.confirm import confirm, confirmation_plan, measure_ceilings, pick_candidates
-from autotune.tuner.constraints import check_constraints, merge_constraints
+from autotune.tuner.constraints import check_constraints, check_effective_batch, merge_constraints
 from autotune.tuner.explore import Exploration
 from autotune.tuner.guesses import guess_setups
 from autotune.tuner.identity import machine_fingerprint, signature, study_name
@@ -44,7 +44,7 @@ from autotune.tuner.parallel import explore_placed
 from autotune.tuner.placement import Placement, place
 from autotune.tuner.progress import Reporter, SilentReporter
 from autotune.tuner.signals import clear_stop, runs_to_the_end, sigterm_as_interrupt
-from autotune.tuner.space import Space, build_space, check_effective_batch, check_pins_act, defaults_setup
+from autotune.tuner.space import Space, build_space, check_pins_act, defaults_setup
 from autotune.tuner.storage import is_shared
 from autotune.tuner.study import ROLE_DEFAULTS, ROLE_GUESS, SearchStudy
 from autotune.tuner.study_report import write_search_report

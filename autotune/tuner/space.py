@@ -18,7 +18,7 @@ from autotune.devices import DeviceInfo
 from autotune.errors import UsageError
 from autotune.records import Calibration, Workload
 from autotune.train_setup import DDP_KNOBS, KNOBS, TrainSetup
-from autotune.tuner.constraints import RANGE_KNOBS, Constraint, apply_constraints, check_constraints, shown
+from autotune.tuner.constraints import RANGE_KNOBS, Constraint, apply_constraints, check_constraints, check_effective_batch, shown
 from autotune.tuner.offered import check_workload_constraints, torch_knob_values
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -292,38 +292,6 @@ def ddp_values(world_size: int) -> dict[str, tuple[Any, ...]]:
     if world_size > 1:
         return {"bucket_cap_mb": (10, 25, 50, 100), "gradient_as_bucket_view": (False, True), "static_graph": (False, True)}
     return {"bucket_cap_mb": (25,), "gradient_as_bucket_view": (False,), "static_graph": (False,)}
-
-
-def check_effective_batch(
-    effective_batch: int | None, images: int | None, *, constraints: dict[str, Constraint] | None = None, unit: str = "images"
-) -> None:
-    """Refuse an effective batch (one rank's), or ``--set`` batch and accumulation values whose smallest
-    optimizer step is, larger than the training data (one rank's share of ``images`` training ``unit``).
-
-    Raises:
-        UsageError: An epoch would hold no optimizer step.
-    """
-    if images is None:
-        return
-    if effective_batch is not None and effective_batch > images:
-        raise UsageError(
-            f"--effective-batch {effective_batch} is larger than the {images} training {unit}: an epoch would hold no optimizer step"
-        )
-    set_by = {knob: _smallest(c) for knob, c in (constraints or {}).items() if knob in ("batch_size", "accumulation_steps")}
-    step = set_by.get("batch_size", 1) * set_by.get("accumulation_steps", 1)
-    if step > images:
-        named = " and ".join(f"--set {knob} (at least {value})" for knob, value in set_by.items())
-        raise UsageError(f"{named}: an optimizer step of at least {step} is larger than the {images} training {unit}; "
-                         "an epoch would hold no optimizer step")
-
-
-def _smallest(constraint: Constraint) -> int:
-    """The smallest integer a ``--set`` constraint of an integer knob allows."""
-    if constraint.choices is not None:
-        return min(int(v) for v in constraint.choices)
-    if constraint.low is not None or constraint.high is not None:
-        return constraint.low if constraint.low is not None else 1
-    return int(constraint.value)
 
 
 def build_space(
