@@ -9,6 +9,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 from torch.utils.data import Dataset, IterableDataset, TensorDataset, get_worker_info
@@ -173,6 +174,11 @@ def fractional_count() -> autotune.Task:
 def tensor_count() -> autotune.Task:
     """batch_size_of returns an integer 0-d tensor (a mask's sum): that counts."""
     return autotune.Task(nn.Linear(8, 3), _pairs(), batch_size_of=lambda batch: (batch[1] >= 0).sum())
+
+
+def numpy_count() -> autotune.Task:
+    """batch_size_of returns a NumPy integer (np.sum of a mask): that counts."""
+    return autotune.Task(nn.Linear(8, 3), _pairs(), batch_size_of=lambda batch: np.sum(batch[1].numpy() >= 0))
 
 
 def zero_count() -> autotune.Task:

@@ -106,6 +106,7 @@ def test_good_workloads_become_workload_records() -> None:
     assert Workload.from_dict(json.loads(json.dumps(work.to_dict()))) == work
     assert _workload("dict_batches").images == 20
     assert _workload("tensor_count").images == 40  # batch_size_of may return an integer 0-d tensor
+    assert _workload("numpy_count").images == 40  # or a NumPy integer
     stream = _workload("iterable")
     assert stream.iterable and stream.images is None
     assert work.lr_scaling == "sqrt" and _workload("sgd").lr_scaling == "linear"  # from the Task's optimizer

@@ -192,8 +192,10 @@ class Task:
         """
         if self.batch_size_of is None:
             return first_dim(batch)
+        import torch
+
         count: Any = self.batch_size_of(batch)
-        if getattr(count, "ndim", None) == 0 and not count.is_floating_point():  # an integer 0-d tensor
+        if isinstance(count, torch.Tensor) and count.ndim == 0 and not count.is_floating_point():  # mask.sum()
             count = count.item()
         if isinstance(count, bool) or not isinstance(count, numbers.Integral):
             raise WorkloadError(f"batch_size_of(batch) returned {count!r} ({type(count).__name__}); it must return an int")
