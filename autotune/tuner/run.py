@@ -151,7 +151,7 @@ def _search(
     if interrupted:  # after a finished confirmation only the winner's ceilings were left
         best_json = prepared.out / "best.json"
         kept = (f"the confirmed winner is in {best_json}; only its ceilings were skipped" if confirmed else
-                   f"best so far written to {best_json} (unconfirmed); rerun the same command to resume")
+                f"best so far written to {best_json} (unconfirmed); rerun the same command to resume")
         raise SearchInterrupted(f"interrupted: {len(records)} finished trials kept in {prepared.study.storage}; {kept}", outcome=outcome)
     return outcome
 
@@ -204,9 +204,10 @@ def prepare(config: SearchConfig, reporter: Reporter) -> Prepared:
         )
     check_pins_act(constraints, workload.image_input, placement.world_size)
     check_workload_constraints(constraints, workload, device)
-    workload = placement.rank_workload(workload)  # with N ranks, each reads 1/N of the data; checked before calibration:
-    check_effective_batch(placement.rank_batch(config.effective_batch), workload.images, constraints=constraints,
-                          unit="samples" if workload.task else "images")
+    workload = placement.rank_workload(workload)  # with N ranks, each reads 1/N of the data
+    check_effective_batch(  # before calibration runs
+        placement.rank_batch(config.effective_batch), workload.images, constraints=constraints, unit="samples" if workload.task else "images"
+    )
     name = config.study or study_name(config, device, workload)
     fresh = not out.exists()
     out.mkdir(parents=True, exist_ok=True)

@@ -58,7 +58,7 @@ def signals_handled(signals: tuple[int, ...], handler: Callable[[int, Any], None
 
 @contextmanager
 def sigterm_as_interrupt() -> Iterator[None]:
-    """Inside the block SIGTERM and SIGHUP raise KeyboardInterrupt, as Ctrl-C does; each is remembered."""
+    """Inside the block SIGTERM and SIGHUP raise KeyboardInterrupt, as Ctrl-C does; each of the three is remembered."""
 
     def handler(signum: int, frame: Any) -> None:
         _stop.set()

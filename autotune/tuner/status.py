@@ -105,11 +105,12 @@ def study_status(storage: str, study: str | None = None, out: Path | None = None
     found = SearchStudy.load(storage, study)
     trials = found.study.get_trials(deepcopy=False)
     attrs = found.study.user_attrs
+    lone_holder = Holder.from_dict(attrs.get(STUDY_HOLDER))  # a lone search holds the study while it runs
     running = []
     for t in trials:
         if t.state == TrialState.RUNNING:
-            # A shared study's worker names itself on the trial; a lone search holds the study.
-            holder = Holder.from_dict(t.user_attrs.get(ATTR_WORKER)) or Holder.from_dict(attrs.get(STUDY_HOLDER))
+            # A shared study's worker names itself on the trial.
+            holder = Holder.from_dict(t.user_attrs.get(ATTR_WORKER)) or lone_holder
             gone = holder is not None and not holder.alive()
             running.append(Running(t.number, holder.describe() if holder else "an unknown worker", gone=gone))
     records = found.records()
@@ -122,7 +123,6 @@ def study_status(storage: str, study: str | None = None, out: Path | None = None
         if best is not None and is_confirmed(best):  # an interrupted search's best.json is no winner
             winner, winner_by = best, f"this search (best.json and train.py in {out.resolve()})"
     lone = not any(ATTR_WORKER in t.user_attrs for t in trials)
-    holder = Holder.from_dict(attrs.get(STUDY_HOLDER))
     return StudyStatus(
         study=found.name,
         storage=found.storage,
@@ -133,5 +133,5 @@ def study_status(storage: str, study: str | None = None, out: Path | None = None
         best=max(feasible, key=lambda r: r.result.samples_per_s or 0.0, default=None),
         winner=winner,
         winner_by=winner_by,
-        confirming=not lone or (holder is not None and holder.alive()),
+        confirming=not lone or (lone_holder is not None and lone_holder.alive()),
     )
