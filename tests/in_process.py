@@ -23,6 +23,15 @@ def run_script(script: Path, args: list[str], cwd: Path, capfd: pytest.CaptureFi
     return call(lambda: namespace["main"](namespace["get_args_parser"]().parse_args(args)), cwd, capfd, monkeypatch)
 
 
+def refusal(script: Path, args: list[str], cwd: Path, capfd: pytest.CaptureFixture[str],
+            monkeypatch: pytest.MonkeyPatch) -> tuple[str, str]:
+    """``python SCRIPT ARGS``, which must exit 1 with one line on stderr: that line, and stdout."""
+    code, out, err = run_script(script, args, cwd, capfd, monkeypatch)
+    lines = err.strip().splitlines()
+    assert code == 1 and len(lines) == 1, f"exit {code}\n{out}\n{err}"
+    return lines[0], out
+
+
 def run_example(example: Path, args: list[str], cwd: Path, capfd: pytest.CaptureFixture[str],
                 monkeypatch: pytest.MonkeyPatch) -> tuple[int, str, str]:
     """An example's ``main([path, *args])`` from ``cwd``, as :func:`run_script` runs a script."""

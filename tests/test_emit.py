@@ -474,8 +474,8 @@ def test_bad_data_directories_name_their_flag(
         (["--val-data", str(tmp_path / "nowhere")], f"error: --val-data {tmp_path / 'nowhere'} does not exist; pass --val-data DIR"),
         (["--val-data", str(tmp_path / "flat")], f"error: --val-data {tmp_path / 'flat'}: Couldn't find any class folder"),
     ):
-        code, _, err = in_process.run_script(script, [*flags, "--max-steps", "1", "--output-dir", "out"], tmp_path, capfd, monkeypatch)
-        assert code == 1 and err.strip().startswith(message) and len(err.strip().splitlines()) == 1, err
+        line, _ = in_process.refusal(script, [*flags, "--max-steps", "1", "--output-dir", "out"], tmp_path, capfd, monkeypatch)
+        assert line.startswith(message), line
 
 
 @pytest.mark.parametrize(
@@ -495,8 +495,8 @@ def test_bad_numbers_are_one_line_before_any_work(
     synthetic_data: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, flags: list[str], message: str
 ) -> None:
     script = write_script(make_best(synthetic_data, **CPU_KNOBS), tmp_path / "train.py")
-    code, _, err = in_process.run_script(script, [*flags, "--output-dir", "out"], tmp_path, capfd, monkeypatch)
-    assert code == 1 and err.strip() == f"error: {message}"
+    line, _ = in_process.refusal(script, [*flags, "--output-dir", "out"], tmp_path, capfd, monkeypatch)
+    assert line == f"error: {message}"
     assert not (tmp_path / "out").exists()
 
 
@@ -515,8 +515,8 @@ def test_bad_model_or_output_dir_is_one_line_before_any_work(
     synthetic_data: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, flags: list[str], message: str
 ) -> None:
     script = write_script(make_best(synthetic_data, **CPU_KNOBS), tmp_path / "train.py")
-    code, out, err = in_process.run_script(script, ["--output-dir", "out", *flags], tmp_path, capfd, monkeypatch)
-    assert code == 1 and err.strip().startswith(message) and len(err.strip().splitlines()) == 1, err
+    line, out = in_process.refusal(script, ["--output-dir", "out", *flags], tmp_path, capfd, monkeypatch)
+    assert line.startswith(message), line
     assert out == "" and not (tmp_path / "out").exists()
 
 
@@ -541,10 +541,9 @@ def test_resume_refuses_a_checkpoint_it_cannot_continue_in_one_line(
     ]
     for write, message in cases:
         write()
-        code, out, err = in_process.run_script(script, ["--resume", "--output-dir", "out"], tmp_path, capfd, monkeypatch)
-        assert code == 1 and len(err.strip().splitlines()) == 1, err
-        assert err.startswith(f"error: --resume: {Path('out') / 'checkpoint.pth'} ") and message in err, err
-        assert "weights_only" not in err and "step " not in out
+        line, out = in_process.refusal(script, ["--resume", "--output-dir", "out"], tmp_path, capfd, monkeypatch)
+        assert line.startswith(f"error: --resume: {Path('out') / 'checkpoint.pth'} ") and message in line, line
+        assert "weights_only" not in line and "step " not in out
 
 
 def test_validation_classes_take_the_training_indices(synthetic_data: Path, tmp_path: Path) -> None:
