@@ -10,7 +10,6 @@ from __future__ import annotations
 import functools
 import json
 import os
-import shlex
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -23,7 +22,7 @@ from rich.markup import escape
 from autotune._version import __version__
 from autotune.errors import AutotuneError, ProbeError
 from autotune.records import DEFAULT_TRIAL_SECONDS
-from autotune.redact import hide_passwords
+from autotune.redact import recorded_command
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -72,15 +71,6 @@ def handle_errors(func: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def recorded_command(argv: list[str]) -> str:
-    """The command line to record in best.json, passwords hidden; empty when
-    autotune was not started as a program (a test runner, a notebook)."""
-    program = Path(argv[0]).name if argv else ""
-    if program not in ("autotune", "__main__.py") or "search" not in argv[1:]:
-        return ""
-    return hide_passwords(shlex.join(["autotune", *argv[1:]]))
-
-
 def _version(value: bool) -> None:
     if value:
         out.print(f"autotune {__version__}", highlight=False)
@@ -118,15 +108,24 @@ def probe(
         out.print(probes.render(hardware))
 
 
+def _path(value: str | Path) -> Path:
+    """A path option or argument; an empty one, which Path reads as the current directory, is refused."""
+    if value == "":
+        raise typer.BadParameter("an empty path (write . for the current directory)")
+    return Path(value)
+
+
 ModelOpt = Annotated[
     Optional[str], typer.Option("--model", "-m", help="torchvision model name or package.module:function (search: resnet50, trial: resnet18).")
 ]
 ImageSizeOpt = Annotated[Optional[int], typer.Option("--image-size", help="Square crop size fed to the model (default 224).")]
-DataOpt = Annotated[Optional[Path], typer.Option("--data", help="ImageFolder directory (default: synthetic JPEGs, generated once).")]
+DataOpt = Annotated[Optional[Path], typer.Option("--data", parser=_path, help="ImageFolder directory (default: synthetic JPEGs, generated once).")]
 DeviceOpt = Annotated[str, typer.Option("--device", help="auto, cpu, cuda or cuda:K.")]
 TrialSecondsOpt = Annotated[float, typer.Option("--trial-seconds", help="Measured steady-state seconds per trial.")]
 MaxMemoryOpt = Annotated[Optional[str], typer.Option("--max-memory", help="Memory budget, e.g. 20GiB; a trial above it counts as oom.")]
-CacheDirOpt = Annotated[Optional[Path], typer.Option("--cache-dir", help="Where synthetic data is generated (default ~/.cache/autotune).")]
+CacheDirOpt = Annotated[
+    Optional[Path], typer.Option("--cache-dir", parser=_path, help="Where synthetic data is generated (default ~/.cache/autotune).")
+]
 SyntheticOpt = Annotated[int, typer.Option("--synthetic-images", help="Files in the synthetic dataset (without --data).")]
 WorkloadOpt = Annotated[
     Optional[str],
@@ -235,7 +234,7 @@ def search(
         Optional[list[str]],
         typer.Option("--set", help="Pin or bound a knob: KNOB=V, KNOB=A,B or KNOB=LO..HI (repeatable)."),
     ] = None,
-    out_dir: Annotated[Path, typer.Option("--out", help="Output directory.")] = Path("autotune-out"),
+    out_dir: Annotated[Path, typer.Option("--out", parser=_path, help="Output directory.")] = Path("autotune-out"),
     study: Annotated[Optional[str], typer.Option("--study", help="Study name (default from the workload).")] = None,
     storage: Annotated[
         Optional[str], typer.Option("--storage", help="Optuna storage URL (default sqlite in --out).")
@@ -314,10 +313,8 @@ def search(
 @app.command()
 @handle_errors
 def emit(
-    directory: Annotated[Path, typer.Argument(help="A search output directory holding best.json (or that best.json).")] = Path("autotune-out"),
-    output: Annotated[
-        Optional[Path], typer.Option("--output", "-o", help="Where to write the script (default DIR/train.py).")
-    ] = None,
+    directory: Annotated[Path, typer.Argument(parser=_path, help="A search output directory holding best.json (or that file).")] = Path("autotune-out"),
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", parser=_path, help="Where to write the script (default DIR/train.py).")] = None,
 ) -> None:
     """Write a standalone, DDP-ready train.py from DIR/best.json."""
     from autotune.output.best import read_best
@@ -331,9 +328,7 @@ def emit(
 @app.command()
 @handle_errors
 def report(
-    directory: Annotated[
-        Path, typer.Argument(help="A search output directory; report.html is written there.")
-    ] = Path("autotune-out"),
+    directory: Annotated[Path, typer.Argument(parser=_path, help="A search output directory; report.html is written there.")] = Path("autotune-out"),
     storage: Annotated[
         Optional[str], typer.Option("--storage", help="Optuna storage URL (default DIR/study.db).")
     ] = None,
@@ -351,7 +346,7 @@ def report(
 @app.command()
 @handle_errors
 def status(
-    directory: Annotated[Path, typer.Argument(help="A search output directory (its study.db) when --storage is not given.")] = Path("autotune-out"),
+    directory: Annotated[Path, typer.Argument(parser=_path, help="A search output directory (its study.db) without --storage.")] = Path("autotune-out"),
     storage: Annotated[
         Optional[str], typer.Option("--storage", help="The study's Optuna storage URL (postgresql://, journal:///FILE.log, sqlite:///).")
     ] = None,

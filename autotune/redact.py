@@ -8,6 +8,8 @@ that get shared. Every URL's password becomes ``***``.
 from __future__ import annotations
 
 import re
+import shlex
+from pathlib import Path
 
 #: ``scheme://user:password@``: the password is whatever lies between the
 #: first ``:`` after the scheme and the last ``@`` before the host.
@@ -21,3 +23,12 @@ def hide_passwords(text: str) -> str:
     '--storage postgresql://me:***@db:5432/optuna'
     """
     return _CREDENTIALS.sub(lambda m: f"{m.group('head')}***{m.group('at')}", text)
+
+
+def recorded_command(argv: list[str]) -> str:
+    """The command line to record in best.json, passwords hidden; empty when
+    autotune was not started as a program (a test runner, a notebook)."""
+    program = Path(argv[0]).name if argv else ""
+    if program not in ("autotune", "__main__.py") or "search" not in argv[1:]:
+        return ""
+    return hide_passwords(shlex.join(["autotune", *argv[1:]]))

@@ -129,6 +129,9 @@ def test_trial_command_prints_one_json_result(cache_dir) -> None:
         (["status", "--storage"], "Option '--storage' requires an argument"),
         (["probe", "extra"], "unexpected extra argument"),
         (["search", "--trials", "abc"], "Invalid value for '--trials'"),
+        (["search", "--out", ""], "Invalid value for '--out': an empty path"),  # Path('') would be the current directory
+        (["trial", "--data", ""], "Invalid value for '--data': an empty path"),
+        (["status", ""], "an empty path"),
     ],
 )
 def test_usage_errors_are_one_error_line(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:

@@ -118,7 +118,7 @@ def test_set_choices_stay_choices(tmp_path, cache_dir) -> None:
 
 
 def test_recorded_command_keeps_global_options_and_hides_passwords() -> None:
-    from autotune.cli import recorded_command
+    from autotune.redact import recorded_command
 
     argv = ["/venv/bin/autotune", "--debug", "search", "--storage", "postgresql://me:s3cret@db:5432/optuna", "-n", "5"]
     assert recorded_command(argv) == "autotune --debug search --storage postgresql://me:***@db:5432/optuna -n 5"

@@ -282,6 +282,18 @@ def test_a_worker_exception_is_reported_as_a_loader_failure() -> None:
     assert result.status == "error" and result.error == "failed in a DataLoader worker, not in the training loop: OSError: no db"
 
 
+def test_items_of_different_shapes_are_told_to_pad_in_a_collate_fn() -> None:
+    from torch.utils.data import default_collate
+
+    with pytest.raises(RuntimeError) as caught:
+        default_collate([torch.zeros(3), torch.zeros(4)])
+    for exc in (caught.value, ValueError(f"Caught RuntimeError in DataLoader worker process 0.\nOriginal Traceback:\n"
+                                         f"RuntimeError: {caught.value}")):
+        error = classify(exc).error or ""
+        assert "stack expects each tensor to be equal size" in error and "collate_fn that pads them" in error, error
+    assert "collate_fn" not in (classify(RuntimeError("shape mismatch")).error or "")
+
+
 def fake_runner(setup, workload, options=None, *, on_window=None) -> TrialResult:  # type: ignore[no-untyped-def]
     """Faster with larger batches and workers; the same deterministic values every call."""
     options = options or TrialOptions()
