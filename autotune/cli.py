@@ -23,6 +23,7 @@ from autotune._version import __version__
 from autotune.errors import AutotuneError, ProbeError
 from autotune.records import DEFAULT_TRIAL_SECONDS
 from autotune.redact import recorded_command
+from probes.hardware import address_space_note
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -44,8 +45,21 @@ def _debug() -> bool:
 
 def fail(message: str, code: int = 1) -> typer.Exit:
     """Print one red error line and return the Exit to raise."""
-    err.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+    try:
+        err.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+    except MemoryError:  # Rich imports as it draws: with no memory left, plain text
+        sys.stderr.write(f"error: {message}\n")
     return typer.Exit(code)
+
+
+def _error_line(exc: Exception) -> tuple[str, int]:
+    """The one line and the exit code of an error that reached the command line."""
+    if isinstance(exc, AutotuneError):
+        return str(exc), exc.exit_code
+    if isinstance(exc, (ImportError, MemoryError)):  # the installation or the machine, not a bug: a broken wheel, a ulimit -v
+        what = f"import failed: {exc}" if isinstance(exc, ImportError) else "out of memory (MemoryError)"
+        return what + address_space_note(), 1
+    return f"internal error: {type(exc).__name__}: {exc} (rerun as autotune --debug COMMAND ... for the traceback)", 3
 
 
 def handle_errors(func: F) -> F:
@@ -57,16 +71,10 @@ def handle_errors(func: F) -> F:
             return func(*args, **kwargs)
         except (typer.Exit, typer.Abort, KeyboardInterrupt):
             raise
-        except AutotuneError as exc:
+        except Exception as exc:
             if _debug():
                 raise
-            raise fail(str(exc), exc.exit_code) from None
-        except Exception as exc:  # a bug: still one line, traceback on request
-            if _debug():
-                raise
-            raise fail(
-                f"internal error: {type(exc).__name__}: {exc} (rerun as autotune --debug COMMAND ... for the traceback)", 3
-            ) from None
+            raise fail(*_error_line(exc)) from None
 
     return wrapper  # type: ignore[return-value]
 
@@ -148,9 +156,7 @@ def trial(
         Optional[int], typer.Option("--batch-size", help="Micro-batch per step (default: 32; a Task's batch_size).")
     ] = None,
     workers: Annotated[int, typer.Option("--workers", help="DataLoader num_workers.")] = 0,
-    prefetch: Annotated[
-        Optional[int], typer.Option("--prefetch", help="DataLoader prefetch_factor (needs --workers > 0).")
-    ] = None,
+    prefetch: Annotated[Optional[int], typer.Option("--prefetch", help="DataLoader prefetch_factor (needs --workers > 0).")] = None,
     pin_memory: Annotated[bool, typer.Option("--pin-memory/--no-pin-memory", help="Pinned host memory (CUDA).")] = False,
     persistent_workers: Annotated[
         bool, typer.Option("--persistent-workers/--no-persistent-workers", help="Keep workers between epochs.")

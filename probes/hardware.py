@@ -9,11 +9,11 @@ from typing import Any
 
 from probes.cpu import CpuInfo, collect_cpu, quota_to_cores
 from probes.gpu import GpuInfo, collect_gpus
-from probes.memory import MemoryInfo, ShmInfo, collect_memory, collect_shm
+from probes.memory import MemoryInfo, ShmInfo, address_space_limit, collect_memory, collect_shm
 from probes.software import SoftwareInfo, collect_software
 from probes.units import GIB, format_bytes
 
-__all__ = ["GPU_BUSY_FRACTION", "SHM_MIN_BYTES", "Hardware", "collect", "hardware_warnings"]
+__all__ = ["GPU_BUSY_FRACTION", "SHM_MIN_BYTES", "Hardware", "address_space_note", "address_space_warning", "collect", "hardware_warnings"]
 
 #: Below this, /dev/shm gets a warning (Docker's default is 64 MiB).
 SHM_MIN_BYTES = 1 * GIB
@@ -113,19 +113,42 @@ def _gpu_warning(gpu: GpuInfo) -> str | None:
     )
 
 
-def hardware_warnings(cpu: CpuInfo, shm: ShmInfo, gpus: tuple[GpuInfo, ...]) -> tuple[str, ...]:
+def address_space_warning(limit: int | None) -> str | None:
+    """The sentence for a ``ulimit -v`` of ``limit`` bytes (None: no limit, no sentence)."""
+    if limit is None:
+        return None
+    return (
+        f"ulimit -v limits this process to {format_bytes(limit)} of address space: every library it maps counts, "
+        "importing torch maps several GiB before the first tensor and a CUDA context reserves far more, so imports "
+        "fail with 'failed to map segment' and trials run out of memory while RAM is free. "
+        "Raise it (ulimit -v unlimited) before a search."
+    )
+
+
+def address_space_note() -> str:
+    """`` (ulimit -v limits this process to 3.0 GiB of address space)`` to end an error line with; empty without a limit."""
+    sentence = address_space_warning(address_space_limit())
+    return f" ({sentence.split(':')[0]})" if sentence else ""
+
+
+def hardware_warnings(
+    cpu: CpuInfo, shm: ShmInfo, gpus: tuple[GpuInfo, ...], memory: MemoryInfo | None = None
+) -> tuple[str, ...]:
     """Derive the warnings from the probed parts.
 
     Args:
         cpu: The CPU probe.
         shm: The /dev/shm probe.
         gpus: The GPU probes.
+        memory: The memory probe (its ``ulimit -v``); None leaves that check out.
 
     Returns:
         One sentence per problem: /dev/shm under 1 GiB, fewer usable than
-        logical cores, GPUs with more than half of their memory used by others.
+        logical cores, GPUs with more than half of their memory used by others,
+        an address-space limit (``ulimit -v``).
     """
-    found = [_shm_warning(shm), _cores_warning(cpu), *(_gpu_warning(g) for g in gpus)]
+    limit = memory.address_space_limit_bytes if memory is not None else None
+    found = [_shm_warning(shm), _cores_warning(cpu), *(_gpu_warning(g) for g in gpus), address_space_warning(limit)]
     return tuple(w for w in found if w)
 
 
@@ -150,6 +173,6 @@ def collect() -> Hardware:
         gpus=report.gpus,
         gpu_error=report.error,
         software=software,
-        warnings=hardware_warnings(cpu, shm, report.gpus),
+        warnings=hardware_warnings(cpu, shm, report.gpus, memory),
         cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
     )

@@ -1,7 +1,8 @@
-"""Memory probe: RAM (and its cgroup limit) and the /dev/shm that workers use."""
+"""Memory probe: RAM (its cgroup limit, the address-space ulimit) and the /dev/shm that workers use."""
 
 from __future__ import annotations
 
+import resource
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -9,7 +10,7 @@ from typing import Any
 
 from probes.cgroup import CGROUP_ROOT, memory_limit
 
-__all__ = ["SHM_PATH", "MemoryInfo", "ShmInfo", "collect_memory", "collect_shm"]
+__all__ = ["SHM_PATH", "MemoryInfo", "ShmInfo", "address_space_limit", "collect_memory", "collect_shm"]
 
 SHM_PATH = "/dev/shm"
 
@@ -23,11 +24,14 @@ class MemoryInfo:
         available_bytes: RAM that can be handed out without swapping.
         cgroup_limit_bytes: The cgroup memory limit of this process (a
             container's ``--memory``), None when unlimited or unknown.
+        address_space_limit_bytes: The virtual memory this process may map
+            (``ulimit -v``, the soft ``RLIMIT_AS``), None when unlimited.
     """
 
     total_bytes: int
     available_bytes: int
     cgroup_limit_bytes: int | None = None
+    address_space_limit_bytes: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Return the JSON-ready form (the ``memory`` object)."""
@@ -35,6 +39,7 @@ class MemoryInfo:
             "total_bytes": self.total_bytes,
             "available_bytes": self.available_bytes,
             "cgroup_limit_bytes": self.cgroup_limit_bytes,
+            "address_space_limit_bytes": self.address_space_limit_bytes,
         }
 
 
@@ -57,8 +62,14 @@ class ShmInfo:
         return {"path": self.path, "total_bytes": self.total_bytes, "free_bytes": self.free_bytes}
 
 
+def address_space_limit() -> int | None:
+    """The soft ``RLIMIT_AS`` (``ulimit -v``) in bytes; None when unlimited."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    return None if soft == resource.RLIM_INFINITY else int(soft)
+
+
 def collect_memory(cgroup_root: Path = CGROUP_ROOT, proc_cgroup: str | None = None) -> MemoryInfo:
-    """Probe RAM with ``psutil.virtual_memory()`` and the cgroup memory limit.
+    """Probe RAM with ``psutil.virtual_memory()``, the cgroup memory limit and ``ulimit -v``.
 
     Args:
         cgroup_root: Where the cgroup filesystems are mounted.
@@ -74,6 +85,7 @@ def collect_memory(cgroup_root: Path = CGROUP_ROOT, proc_cgroup: str | None = No
         total_bytes=int(vm.total),
         available_bytes=int(vm.available),
         cgroup_limit_bytes=memory_limit(cgroup_root, proc_cgroup),
+        address_space_limit_bytes=address_space_limit(),
     )
 
 

@@ -43,6 +43,8 @@ def _system_table(hw: Hardware) -> Table:
     ram = f"{format_bytes(mem.available_bytes)} available of {format_bytes(mem.total_bytes)}"
     if mem.cgroup_limit_bytes is not None:
         ram += f" (cgroup limit {format_bytes(mem.cgroup_limit_bytes)})"
+    if mem.address_space_limit_bytes is not None:
+        ram += f" ([yellow]ulimit -v {format_bytes(mem.address_space_limit_bytes)}[/])"
     table.add_row("RAM", ram)
     if shm.total_bytes is None:
         table.add_row(shm.path, "[red]missing[/]")

@@ -11,6 +11,7 @@ import io
 import json
 import os
 import platform
+import resource
 import subprocess
 import sys
 import types
@@ -29,7 +30,7 @@ from probes.cgroup import cpu_limit, memory_limit, parse_cfs_quota, parse_cpu_ma
 from probes.cpu import collect_cpu, quota_to_cores, read_cpuinfo, usable_cores
 from probes.gpu import GpuInfo, collect_gpus
 from probes.hardware import Hardware, hardware_warnings
-from probes.memory import ShmInfo
+from probes.memory import ShmInfo, address_space_limit
 from probes.software import format_cudnn_version, torch_cuda_build
 from probes.units import GIB, MIB
 
@@ -259,6 +260,34 @@ def test_small_shm_warns_with_the_fix() -> None:
     assert "--shm-size" in warning
     assert "bus error" in warning
     assert hardware_warnings(cpu, ShmInfo("/dev/shm", 2 * GIB, 2 * GIB), ()) == ()
+
+
+def _address_space(limit: int) -> Any:
+    """A ``preexec_fn`` giving the child process a ``ulimit -v`` of ``limit`` bytes."""
+    return lambda: resource.setrlimit(resource.RLIMIT_AS, (limit, resource.getrlimit(resource.RLIMIT_AS)[1]))
+
+
+def test_an_address_space_limit_is_reported_and_warned_of() -> None:
+    soft = resource.getrlimit(resource.RLIMIT_AS)[0]
+    assert address_space_limit() == (None if soft == resource.RLIM_INFINITY else soft)
+    probed = subprocess.run([sys.executable, "-m", "autotune", "probe", "--json"], capture_output=True, text=True, timeout=120,
+                            preexec_fn=_address_space(16 * GIB))
+    data = json.loads(probed.stdout)
+    assert data["memory"]["address_space_limit_bytes"] == 16 * GIB
+    assert [w for w in data["warnings"] if w.startswith("ulimit -v limits this process to 16.0 GiB of address space")]
+    tables = subprocess.run([sys.executable, "-m", "autotune", "probe"], capture_output=True, text=True, timeout=120,
+                            preexec_fn=_address_space(16 * GIB))
+    assert "(ulimit -v 16.0 GiB)" in tables.stdout
+
+
+def test_a_command_the_address_space_limit_breaks_ends_in_one_line_naming_it() -> None:
+    # Under 1 GiB, torch's libraries cannot even be mapped: one line, not a traceback, naming the limit.
+    ran = subprocess.run([sys.executable, "-m", "autotune", "trial", "--model", "resnet18", "--device", "cpu"],
+                         capture_output=True, text=True, timeout=120, preexec_fn=_address_space(GIB))
+    lines = ran.stderr.strip().splitlines()
+    assert ran.returncode == 1 and len(lines) == 1, ran.stderr
+    assert lines[0].startswith(("error: import failed: ", "error: out of memory")), lines[0]
+    assert lines[0].endswith("(ulimit -v limits this process to 1.0 GiB of address space)"), lines[0]
 
 
 def test_missing_shm_gives_null_sizes(tmp_path: Path) -> None:

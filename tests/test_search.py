@@ -222,6 +222,29 @@ def test_a_data_warning_is_said_before_the_search_and_the_search_runs(tmp_path, 
     assert outcome.best is not None
 
 
+def test_the_probe_s_warnings_are_said_once_the_input_is_checked(tmp_path, cache_dir, monkeypatch) -> None:
+    import dataclasses
+
+    import probes
+    from autotune.errors import UsageError
+    from autotune.tuner.progress import SilentReporter
+
+    class Said(SilentReporter):
+        lines: list[str] = []
+
+        def message(self, text: str) -> None:
+            self.lines.append(text)
+
+    real = probes.collect
+    warning = "ulimit -v limits this process to 4.0 GiB of address space: ..."
+    monkeypatch.setattr(probes, "collect", lambda: dataclasses.replace(real(), warnings=(warning,)))
+    with pytest.raises(UsageError):  # bad input: its one error line, no warning before it
+        search(config(tmp_path, cache_dir, trials=2, effective_batch=10_000), reporter=Said())
+    assert Said.lines == []
+    search(config(tmp_path, cache_dir, trials=2), reporter=Said())
+    assert Said.lines[0] == f"probe: {warning}"
+
+
 def test_a_resumed_random_search_draws_new_points(tmp_path, cache_dir) -> None:
     """Seeded as in the first run, the sampler would repeat the first run's points and waste the added budget."""
     search(config(tmp_path, cache_dir, trials=6, sampler="random", confirm_top=1))

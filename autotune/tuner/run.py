@@ -208,6 +208,8 @@ def prepare(config: SearchConfig, reporter: Reporter) -> Prepared:
     check_effective_batch(  # before calibration runs
         placement.rank_batch(config.effective_batch), workload.images, constraints=constraints, unit="samples" if workload.task else "images"
     )
+    for warning in hardware.warnings:  # after the checks (an error stays one line): a small /dev/shm, a CPU quota, a ulimit -v
+        reporter.message(f"probe: {warning}")
     name = config.study or study_name(config, device, workload)
     fresh = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
