@@ -23,6 +23,7 @@ from autotune._version import __version__
 from autotune.errors import AutotuneError, ProbeError
 from autotune.records import DEFAULT_TRIAL_SECONDS
 from autotune.redact import recorded_command
+from autotune.teardown import exit_at_once_on_interrupt
 from probes.hardware import address_space_note
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -56,7 +57,9 @@ def _error_line(exc: Exception) -> tuple[str, int]:
     """The one line and the exit code of an error that reached the command line."""
     if isinstance(exc, AutotuneError):
         return str(exc), exc.exit_code
-    if isinstance(exc, (ImportError, MemoryError)):  # the installation or the machine, not a bug: a broken wheel, a ulimit -v
+    if isinstance(exc, OSError):  # the machine, not a bug: a full disk, a file another program removed
+        return str(exc), 1
+    if isinstance(exc, (ImportError, MemoryError)):  # the installation or the machine: a broken wheel, a ulimit -v
         what = f"import failed: {exc}" if isinstance(exc, ImportError) else "out of memory (MemoryError)"
         return what + address_space_note(), 1
     return f"internal error: {type(exc).__name__}: {exc} (rerun as autotune --debug COMMAND ... for the traceback)", 3
@@ -87,9 +90,7 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def _root(
-    version: Annotated[
-        Optional[bool], typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
-    ] = None,
+    version: Annotated[Optional[bool], typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")] = None,
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks instead of one-line errors.")] = False,
 ) -> None:
     """Measure, don't guess: find the fastest DataLoader, batch, precision and accumulation setup."""
@@ -98,9 +99,7 @@ def _root(
 
 @app.command()
 @handle_errors
-def probe(
-    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")] = False,
-) -> None:
+def probe(as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")] = False) -> None:
     """Report the hardware the search will use: CPU cores, RAM, /dev/shm, GPUs, versions."""
     import probes
 
@@ -353,9 +352,7 @@ def report(
 @handle_errors
 def status(
     directory: Annotated[Path, typer.Argument(parser=_path, help="A search output directory (its study.db) without --storage.")] = Path("autotune-out"),
-    storage: Annotated[
-        Optional[str], typer.Option("--storage", help="The study's Optuna storage URL (postgresql://, journal:///FILE.log, sqlite:///).")
-    ] = None,
+    storage: Annotated[Optional[str], typer.Option("--storage", help="The study storage URL (postgresql://, journal:///FILE.log, sqlite:///).")] = None,
     study: Annotated[Optional[str], typer.Option("--study", help="Study name (default: the only one there).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
@@ -392,6 +389,8 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(exit_code)
     except typer.Abort:
         sys.exit(1)
+    if argv is None:  # the program, not a caller in Python: its work is written
+        exit_at_once_on_interrupt(code if isinstance(code, int) else 0)
     sys.exit(code if isinstance(code, int) else 0)
 
 

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import optuna
@@ -313,6 +314,63 @@ def test_an_interrupt_during_the_winner_s_ceilings_keeps_the_confirmed_winner(tm
     with pytest.raises(SearchInterrupted, match="the confirmed winner is in .*best.json; only its ceilings were skipped") as info:
         run_search(config, runner=runner)
     assert "unconfirmed" not in str(info.value) and is_confirmed(read_best(tmp_path / "out" / "best.json"))
+
+
+def test_a_rerun_interrupted_before_its_confirmation_keeps_the_earlier_confirmed_winner(tmp_path, cache_dir, monkeypatch) -> None:
+    """Rerunning a finished search re-confirms; a Ctrl-C then must not replace the confirmed best.json with a guess."""
+    import autotune.tuner.run
+    from autotune.errors import SearchInterrupted
+    from autotune.records import TrialResult
+    from autotune.tuner import SearchConfig, run_search
+
+    def runner(setup, workload, options=None, *, on_window=None):
+        return TrialResult(status="ok", samples_per_s=100.0 + setup.batch_size, windows=(100.0,), peak_memory_bytes=2**20)
+
+    out = tmp_path / "out"
+    config = SearchConfig(model="resnet18", trials=2, image_size=32, device="cpu", trial_seconds=1.0, confirm_rounds=2,
+                          out=out, cache_dir=cache_dir, synthetic_images=64, ceilings=False)
+    run_search(config, runner=runner)
+    before = {name: (out / name).read_bytes() for name in ("best.json", "train.py")}
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(autotune.tuner.run, "confirm_finalists", interrupted)
+    with pytest.raises(SearchInterrupted, match=r"the confirmed winner of an earlier run stays in .*best.json \(this run's best so far "
+                                                r"is not confirmed\); rerun the same command to resume"):
+        run_search(config, runner=runner)
+    assert {name: (out / name).read_bytes() for name in before} == before
+    page = (out / "report.html").read_text()
+    assert "Winner:" in page and "Best so far (not confirmed)" not in page and "an earlier run's confirmed winner kept" in page
+    # With --trials raised the rerun draws a new trial first, and the earlier winner is still kept.
+    with pytest.raises(SearchInterrupted, match="the confirmed winner of an earlier run stays in"):
+        run_search(replace(config, trials=3), runner=runner)
+    assert (out / "best.json").read_bytes() == before["best.json"]
+
+
+def test_another_study_on_an_output_directory_is_refused_and_a_broken_best_json_blocks_nothing(tmp_path, cache_dir) -> None:
+    from autotune.errors import UsageError
+    from autotune.records import TrialResult
+    from autotune.tuner import SearchConfig, run_search
+    from autotune.tuner.study_report import report_study
+
+    def runner(setup, workload, options=None, *, on_window=None):
+        return TrialResult(status="ok", samples_per_s=100.0 + setup.batch_size, windows=(100.0,), peak_memory_bytes=2**20)
+
+    out = tmp_path / "out"
+    config = SearchConfig(model="resnet18", trials=2, image_size=32, device="cpu", trial_seconds=1.0, confirm_rounds=1,
+                          out=out, cache_dir=cache_dir, synthetic_images=64, ceilings=False)
+    run_search(config, runner=runner)
+    best = (out / "best.json").read_bytes()
+    with pytest.raises(UsageError, match=r"holds the search of study 'resnet18-32px-cpu' \(its best.json, train.py and report.html\): "
+                                         r"study 'resnet18-48px-cpu' would overwrite them; pass another --out"):
+        run_search(replace(config, image_size=48), runner=runner)
+    assert (out / "best.json").read_bytes() == best and study_of(out).study_name == "resnet18-32px-cpu"
+    (out / "best.json").write_bytes(best[:300])  # truncated: status and report still read the study
+    status = study_status(f"sqlite:///{out / 'study.db'}", None, out=out)
+    assert status.winner is None and f"winner: none confirmed in {out / 'best.json'}" in status.lines()[-1]
+    report_study(out)
+    assert "winner not shown: " in (out / "report.html").read_text()
 
 
 class _DropsItsInterrupt:

@@ -180,6 +180,17 @@ def test_report_command_reads_a_study_by_storage_and_name(searched, tmp_path) ->
     assert_self_contained(page)
 
 
+def test_a_report_that_cannot_be_written_is_one_line(searched, tmp_path, monkeypatch) -> None:
+    outcome, source = searched
+    monkeypatch.delenv("AUTOTUNE_DEBUG", raising=False)
+    (tmp_path / "out" / REPORT).mkdir(parents=True)  # where the page goes: the write fails as on a full disk, with an OSError
+    storage = f"sqlite:///{source / 'study.db'}"
+    result = CliRunner().invoke(app, ["report", str(tmp_path / "out"), "--storage", storage, "--study", outcome.study])
+    lines = result.output.strip().splitlines()
+    assert result.exit_code == 1 and len(lines) == 1 and lines[0].startswith("error: [Errno"), result.output
+    assert "internal error" not in result.output
+
+
 def test_status_reads_a_search_directory_like_report(searched, tmp_path) -> None:
     """`autotune status DIR` reads DIR/study.db, as --storage sqlite:///DIR/study.db does, and DIR/best.json."""
     outcome, source = searched
@@ -317,3 +328,4 @@ def test_an_unconfirmed_winner_is_not_called_confirmed(searched, monkeypatch) ->
     best = replace(outcome.best, notes=("not confirmed: the search was interrupted before the interleaved re-measurement",))
     page, images = render_report(ReportInput(outcome.records, outcome.calibration, (), best, None, None, "s", "sqlite://"))
     assert "Best so far (not confirmed)" in page and "confirmed median" not in page and images == {}
+    assert "single trials, unconfirmed" in page and "same rounds" not in page  # no rounds were measured

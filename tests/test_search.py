@@ -271,7 +271,7 @@ def test_resume_with_a_different_search_is_refused(tmp_path, cache_dir) -> None:
 
 def test_a_run_that_failed_before_measuring_anything_does_not_hold_its_settings(tmp_path, cache_dir) -> None:
     """The error names a setting to change; the same --out with that setting changed runs (nothing was measured)."""
-    from autotune.errors import WorkloadError
+    from autotune.errors import UsageError, WorkloadError
 
     def broken(setup, workload, options=None, *, on_window=None) -> TrialResult:
         return TrialResult(status="error", error="RuntimeError: boom")
@@ -281,8 +281,8 @@ def test_a_run_that_failed_before_measuring_anything_does_not_hold_its_settings(
     assert not (tmp_path / "out").exists()  # made by that run, holding nothing: gone
     outcome = search(config(tmp_path, cache_dir, trials=2))
     assert outcome.best is not None
-    # In an --out that holds another search, only the failed run's empty study goes.
-    with pytest.raises(WorkloadError):
+    # An --out that holds another search is refused before anything runs: its outputs are that search's.
+    with pytest.raises(UsageError, match="holds the search of study"):
         search(config(tmp_path, cache_dir, trials=2, study="other"), runner=broken)
     assert optuna.get_all_study_names(f"sqlite:///{tmp_path / 'out' / 'study.db'}") == [outcome.study]
     # A study whose signature was kept by an empty first run takes the corrected settings.
@@ -306,6 +306,10 @@ def test_pinned_knobs_are_respected(tmp_path, cache_dir) -> None:
     outcome = search(config(tmp_path, cache_dir, trials=6, constraints=(parse_constraint("amp=off"), parse_constraint("batch_size=16..32"))))
     searched = [r for r in outcome.records if r.role != "defaults"]
     assert all(r.setup.amp == "off" and 16 <= r.setup.batch_size <= 32 for r in searched)
+    # Every fp32 setup with a worker fails (the fake runner's oom): the defaults, which the pin excludes, are returned and said so.
+    pinned = search(config(tmp_path / "w", cache_dir, trials=3, constraints=(parse_constraint("num_workers=1"), parse_constraint("amp=off"))))
+    assert pinned.best.setup.num_workers == 0 and pinned.best.speedup == pytest.approx(1.0)
+    assert any(n.startswith("no setup within --set num_workers=1 measured a throughput") for n in pinned.best.notes)
 
 
 def test_effective_batch_keeps_the_math(tmp_path, cache_dir) -> None:

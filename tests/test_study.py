@@ -45,6 +45,23 @@ def test_a_different_signature_is_refused_naming_the_difference(tmp_path: Path) 
     assert signature_difference({"a": [1]}, {"a": (1,)}) is None  # compared as stored JSON
 
 
+def test_a_changed_set_is_named_as_the_user_wrote_it_and_an_older_study_s_constraints_still_match() -> None:
+    from autotune.records import Workload
+    from autotune.tuner.config import SearchConfig
+    from autotune.tuner.constraints import parse_constraint
+    from autotune.tuner.identity import signature
+
+    def signed(*texts: str) -> dict:
+        return signature(SearchConfig(model="resnet18", trials=3, constraints=texts), Workload(model="resnet18"))
+
+    assert signed("num_workers=0", "amp=off,bf16")["constraints"] == ["amp=off,bf16", "num_workers=0"]
+    assert signature_difference(signed(), signed("num_workers=0")) == "no --set there, --set num_workers=0 now"
+    assert signature_difference(signed("num_workers=1..4"), signed("num_workers=..4")) == "--set num_workers=1..4 there, --set num_workers=..4 now"
+    # Studies stored each constraint's dataclass repr before: the same --set resumes them.
+    older = {**signed(), "constraints": [repr(parse_constraint("num_workers=1..4")), repr(parse_constraint("num_threads=auto,1"))]}
+    assert signature_difference(older, signed("num_threads=auto,1", "num_workers=1..4")) is None
+
+
 def test_a_study_sampled_in_an_older_space_is_refused_not_crashed(tmp_path: Path) -> None:
     from autotune.records import Workload
     from autotune.tuner.config import SearchConfig

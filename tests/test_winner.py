@@ -106,6 +106,26 @@ def test_a_winner_within_the_noise_of_the_defaults_returns_the_defaults() -> Non
     assert best.setup == DEFAULTS
 
 
+def test_defaults_that_the_set_excludes_are_the_baseline_not_the_winner() -> None:
+    """--set num_workers=1: the user asked for a worker; defaults without one win only when nothing within the --set ran."""
+    rounds = [_confirmed(MID, (90.0, 85.0, 95.0)), _confirmed(DEFAULTS, (100.0, 100.0, 100.0))]
+    best = make_best(workload=WORKLOAD, hardware=HARDWARE, feasible=FEASIBLE, confirmed=rounds, defaults=DEFAULTS,
+                     effective_batch=None, command="", excluded_by="--set num_workers=1")
+    assert best.setup == MID and best.speedup == pytest.approx(0.9)  # slower than the defaults, and said so
+    assert any(n.startswith("the fastest setup within --set num_workers=1 did not beat the PyTorch defaults") for n in best.notes)
+    only_defaults = make_best(workload=WORKLOAD, hardware=HARDWARE, feasible=FEASIBLE[:1], confirmed=rounds[1:], defaults=DEFAULTS,
+                              effective_batch=None, command="", excluded_by="--set num_workers=1")
+    assert only_defaults.setup == DEFAULTS
+    assert any(n.startswith("no setup within --set num_workers=1 measured a throughput") for n in only_defaults.notes)
+    # Unconfirmed (interrupted), the fastest trial within the --set is shown, not the defaults.
+    slow = [_record(0, DEFAULTS, 300.0), _record(2, MID, 240.0)]
+    interrupted = make_best(workload=WORKLOAD, hardware=HARDWARE, feasible=slow, confirmed=[], defaults=DEFAULTS,
+                            effective_batch=None, command="", interrupted=True, excluded_by="--set num_workers=1")
+    assert interrupted.setup == MID
+    # Without a --set that excludes them, the same rounds return the defaults.
+    assert _best(rounds).setup == DEFAULTS
+
+
 def test_one_lost_round_in_four_does_not_undo_a_clear_gain() -> None:
     defaults = _confirmed(DEFAULTS, (100.0, 100.0, 100.0, 100.0))
     assert _best([_confirmed(FAST, (130.0, 95.0, 125.0, 128.0)), defaults]).setup == FAST

@@ -146,7 +146,8 @@ def ceiling_bars(data: ReportInput) -> list[tuple[str, float, str, str]]:
     if achieved:
         bars.append((label, achieved, "achieved", "the training loop, loader and model together"))
     if defaults:
-        bars.append(("PyTorch defaults\n(same rounds)", defaults, "defaults", "batch 32, no workers, fp32"))
+        rounds = "same rounds" if data.best is not None and is_confirmed(data.best) else "single trial"
+        bars.append((f"PyTorch defaults\n({rounds})", defaults, "defaults", "the workload's batch, no workers, fp32"))
     return bars
 
 

@@ -49,6 +49,14 @@ class Constraint:
     low: int | None = None
     high: int | None = None
 
+    def __str__(self) -> str:
+        """As ``--set`` writes it: ``num_workers=0``, ``amp=off,bf16``, ``num_workers=1..4``."""
+        if self.choices is not None:
+            return f"{self.knob}={','.join(map(shown, self.choices))}"
+        if self.low is not None or self.high is not None:
+            return f"{self.knob}={'' if self.low is None else self.low}..{'' if self.high is None else self.high}"
+        return f"{self.knob}={shown(self.value)}"
+
     def allows(self, candidate: Any) -> bool:
         """Whether ``candidate`` satisfies the constraint."""
         if self.choices is not None:
@@ -198,6 +206,12 @@ def apply_constraints(
             raise UsageError(f"--set {knob}: no value left (searched here: {', '.join(map(shown, base[knob]))})")
         values[knob] = kept
     return values
+
+
+def excluding(constraints: dict[str, Constraint], setup: TrainSetup) -> str | None:
+    """The ``--set`` values ``setup`` does not satisfy, as the user wrote them (``--set num_workers=1``); None if it does."""
+    said = [f"--set {c}" for knob, c in constraints.items() if not c.allows(getattr(setup, knob))]
+    return " ".join(said) or None
 
 
 def check_constraints(constraints: dict[str, Constraint], device: DeviceInfo) -> None:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import ast
 import json
+import re
 from typing import Any
 
 from autotune.devices import DeviceInfo
 from autotune.records import Workload
 from autotune.tuner.config import SearchConfig
+from autotune.tuner.constraints import Constraint
 from autotune.tuner.space import SPACE_VERSION
 
 
@@ -37,7 +40,7 @@ def signature(config: SearchConfig, workload: Workload, machine: dict[str, Any] 
         "effective_batch": config.effective_batch,
         "max_memory": config.max_memory,
         "trial_seconds": config.trial_seconds,
-        "constraints": sorted(repr(c) for c in config.constraints),
+        "constraints": sorted(str(c) for c in config.constraints),  # as --set writes them
         "space": SPACE_VERSION,
         **({"nproc_per_node": config.nproc_per_node} if config.nproc_per_node > 1 else {}),
     }
@@ -58,12 +61,36 @@ def machine_fingerprint(hardware: Any, device: Any) -> dict[str, Any]:
     }
 
 
+#: How earlier studies stored a ``--set`` constraint: the dataclass's repr.
+_REPR = re.compile(r"Constraint\(knob='(?P<knob>\w+)', value=(?P<value>.*), choices=(?P<choices>.*), low=(?P<low>.*), high=(?P<high>.*)\)")
+
+
+def _as_set(entry: Any) -> Any:
+    """A stored constraint as ``--set`` writes it (an older study stored its repr)."""
+    found = _REPR.fullmatch(entry) if isinstance(entry, str) else None
+    if found is None:
+        return entry
+    try:
+        parts = {name: ast.literal_eval(text) for name, text in found.groupdict().items() if name != "knob"}
+        return str(Constraint(found["knob"], **parts))
+    except (ValueError, SyntaxError):
+        return entry
+
+
+def _said(constraints: Any) -> str:
+    return " ".join(f"--set {c}" for c in constraints or ()) or "no --set"
+
+
 def signature_difference(stored: dict[str, Any], current: dict[str, Any]) -> str | None:
     """The first setting where two search signatures differ, in words; None if equal."""
     normalized = json.loads(json.dumps(current))
+    if isinstance(stored.get("constraints"), list):
+        stored = {**stored, "constraints": sorted(_as_set(c) for c in stored["constraints"])}
     if stored == normalized:
         return None
     for key in sorted(set(stored) | set(normalized)):
         if stored.get(key) != normalized.get(key):
+            if key == "constraints":
+                return f"{_said(stored.get(key))} there, {_said(normalized.get(key))} now"
             return f"{key}: {stored.get(key)!r} there, {normalized.get(key)!r} now"
     return "settings differ"

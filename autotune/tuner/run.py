@@ -23,16 +23,14 @@ from autotune.errors import AutotuneError, SearchFailed, SearchInterrupted
 from autotune.files import check_writable
 from autotune.output.best import write_best
 from autotune.output.emit import write_script
-from autotune.output.report import ReportInput
 from autotune.output.trials_csv import write_trials_csv
 from autotune.records import Calibration, Confirmed, TrialOptions, TrialRecord, Workload
 from autotune.runner import TrialRunner, prestart, run_trial
-from autotune.time_spent import TimeSpent
 from autotune.train_setup import TrainSetup
 from autotune.tuner.calibrate import calibrate
 from autotune.tuner.config import SearchConfig, SearchOutcome, Timing
 from autotune.tuner.confirm import confirm, confirmation_plan, measure_ceilings, pick_candidates
-from autotune.tuner.constraints import check_constraints, check_effective_batch, merge_constraints
+from autotune.tuner.constraints import check_constraints, check_effective_batch, excluding, merge_constraints
 from autotune.tuner.explore import Exploration
 from autotune.tuner.guesses import guess_setups
 from autotune.tuner.identity import machine_fingerprint, signature, study_name
@@ -45,9 +43,9 @@ from autotune.tuner.placement import Placement, place
 from autotune.tuner.progress import Reporter, SilentReporter
 from autotune.tuner.signals import clear_stop, runs_to_the_end, sigterm_as_interrupt
 from autotune.tuner.space import Space, build_space, check_pins_act, defaults_setup
-from autotune.tuner.storage import is_shared
+from autotune.tuner.storage import check_one_study, is_shared
 from autotune.tuner.study import ROLE_DEFAULTS, ROLE_GUESS, SearchStudy
-from autotune.tuner.study_report import write_search_report
+from autotune.tuner.study_report import kept_winner, report_search
 from autotune.tuner.timed import TimedRunner
 from autotune.tuner.winner import bottleneck_verdict, make_best
 from autotune.tuner.workers import Crew
@@ -124,7 +122,8 @@ def _search(
     feasible = [r for r in records if r.result.ok and r.result.samples_per_s]
     if not feasible:
         timing.wall_s = time.monotonic() - began
-        report(prepared, timing, earlier, reporter, "interrupted" if interrupted else "failed: no feasible trial", records, calibration)
+        status = "interrupted" if interrupted else "failed: no feasible trial"
+        report_search(prepared.study, prepared.out, timing.record(), earlier, reporter.message, status, records, calibration)
         raise _nothing_feasible(records, prepared.study.storage, interrupted)
     if crew is not None and not interrupted and (winner := crew.confirm_or_wait(config.trials, reporter)) is not None:
         return crew.outcome(winner, records, calibration, prepared.out, plan.csv_path)
@@ -134,15 +133,18 @@ def _search(
         interrupted = not runs_to_the_end(
             lambda: confirmed.extend(confirm_finalists(config, prepared, feasible, defaults, options, reporter, placed))
         )
-    outcome = finish(config, prepared, calibration, records, feasible, confirmed, defaults, interrupted)
+    kept = kept_winner(prepared.out, prepared.study, records) if interrupted and not confirmed else None
+    outcome = finish(config, prepared, calibration, records, feasible, confirmed, defaults, interrupted, write=kept is None)
     if config.ceilings and confirmed and outcome.best is not None and not interrupted:
         timing.phase = "ceilings"
         measured = [outcome]
         interrupted = not runs_to_the_end(lambda: measured.append(with_ceilings(outcome, prepared, options, placed)))
         outcome = measured[-1]
     timing.wall_s = time.monotonic() - began
-    status = "finished" if not interrupted else "interrupted" if confirmed else "interrupted (winner not confirmed)"
-    written, spent = report(prepared, timing, earlier, reporter, status, records, calibration, outcome)
+    status = ("finished" if not interrupted else "interrupted" if confirmed else
+              "interrupted (an earlier run's confirmed winner kept)" if kept else "interrupted (winner not confirmed)")
+    shown = outcome if kept is None else replace(outcome, best=kept, verdict="")  # the report agrees with best.json
+    written, spent = report_search(prepared.study, prepared.out, timing.record(), earlier, reporter.message, status, records, calibration, shown)
     outcome = replace(outcome, files=(*outcome.files, *written), time_spent=spent)
     timing.wall_s = time.monotonic() - began
     outcome = replace(outcome, timing=timing)
@@ -150,9 +152,11 @@ def _search(
         crew.publish(outcome.best, config.trials, prepared.out)
     if interrupted:  # after a finished confirmation only the winner's ceilings were left
         best_json = prepared.out / "best.json"
-        kept = (f"the confirmed winner is in {best_json}; only its ceilings were skipped" if confirmed else
+        said = (f"the confirmed winner is in {best_json}; only its ceilings were skipped" if confirmed else
+                f"the confirmed winner of an earlier run stays in {best_json} (this run's best so far is not confirmed); "
+                "rerun the same command to resume" if kept else
                 f"best so far written to {best_json} (unconfirmed); rerun the same command to resume")
-        raise SearchInterrupted(f"interrupted: {len(records)} finished trials kept in {prepared.study.storage}; {kept}", outcome=outcome)
+        raise SearchInterrupted(f"interrupted: {len(records)} finished trials kept in {prepared.study.storage}; {said}", outcome=outcome)
     return outcome
 
 
@@ -211,6 +215,7 @@ def prepare(config: SearchConfig, reporter: Reporter) -> Prepared:
     for warning in hardware.warnings:  # after the checks (an error stays one line): a small /dev/shm, a CPU quota, a ulimit -v
         reporter.message(f"probe: {warning}")
     name = config.study or study_name(config, device, workload)
+    check_one_study(out, name)
     fresh = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     storage = config.storage or f"sqlite:///{(out / 'study.db').resolve()}"
@@ -337,8 +342,9 @@ def finish(
     confirmed: list[Confirmed],
     defaults: TrainSetup,
     interrupted: bool,
+    write: bool = True,
 ) -> SearchOutcome:
-    """Write best.json and train.py; the outcome with the bottleneck verdict."""
+    """Write best.json and train.py (not with ``write=False``: an earlier confirmed winner stays); the outcome with the verdict."""
     out = prepared.out
     best = make_best(
         workload=prepared.workload,
@@ -350,9 +356,11 @@ def finish(
         world_size=prepared.placement.world_size,
         command=config.command,
         interrupted=interrupted,
+        excluded_by=excluding(merge_constraints(config.constraints), defaults),
     )
-    write_best(out / "best.json", best)
-    script = write_script(best, out / "train.py")
+    if write:
+        write_best(out / "best.json", best)
+        write_script(best, out / "train.py")
     return SearchOutcome(
         best=best,
         records=tuple(records),
@@ -363,36 +371,5 @@ def finish(
         storage=prepared.study.storage,
         study=prepared.study.name,
         interrupted=interrupted,
-        files=(str(out / "trials.csv"), str(out / "best.json"), str(script)),
+        files=(str(out / "trials.csv"), *((str(out / "best.json"), str(out / "train.py")) if write else ())),
     )
-
-
-def report(
-    prepared: Prepared,
-    timing: Timing,
-    earlier: TimeSpent | None,
-    reporter: Reporter,
-    status: str,
-    records: list[TrialRecord],
-    calibration: Calibration,
-    outcome: SearchOutcome | None = None,
-) -> tuple[tuple[str, ...], TimeSpent]:
-    """Write report.html with the time of this run plus the study's earlier runs.
-
-    Returns:
-        The files written and the time breakdown the report shows.
-    """
-    spent = timing.record() + earlier if earlier else timing.record()
-    data = ReportInput(
-        records=tuple(records),
-        calibration=calibration,
-        confirmed=outcome.confirmed if outcome else (),
-        best=outcome.best if outcome else None,
-        verdict=outcome.verdict if outcome else None,
-        time_spent=spent,
-        study=prepared.study.name,
-        storage=prepared.study.storage,
-        status=status,
-        ceilings=outcome.ceilings if outcome else None,
-    )
-    return write_search_report(prepared.study, prepared.out, data, reporter.message), spent

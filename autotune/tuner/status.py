@@ -8,6 +8,7 @@ from typing import Any
 
 from optuna.trial import TrialState
 
+from autotune.errors import AutotuneError
 from autotune.output.best import Best
 from autotune.output.sections import is_confirmed
 from autotune.records import TrialRecord
@@ -45,6 +46,7 @@ class StudyStatus:
         confirming: A search that may still store a winner holds the study (a shared
             study's workers; a lone search only while it runs: it writes its winner to
             best.json alone).
+        out: The search directory read for its best.json (None: the study read by URL alone).
     """
 
     study: str
@@ -57,6 +59,7 @@ class StudyStatus:
     winner: Best | None
     winner_by: str | None
     confirming: bool = True
+    out: Path | None = None
 
     def lines(self) -> list[str]:
         """The status in plain lines."""
@@ -75,7 +78,8 @@ class StudyStatus:
             lines.append(f"  confirmed by {self.winner_by}")
         elif self.wanted and self.finished >= self.wanted:
             lines.append("winner: being confirmed" if self.confirming else
-                         "winner: in the best.json of the search's directory (autotune status DIR shows it)")
+                         "winner: in the best.json of the search's directory (autotune status DIR shows it)" if self.out is None else
+                         f"winner: none confirmed in {self.out / 'best.json'}; rerun the search's command to confirm one")
         return lines
 
     def to_dict(self) -> dict[str, Any]:
@@ -119,7 +123,10 @@ def study_status(storage: str, study: str | None = None, out: Path | None = None
     winner = Best.from_dict(stored["best"]) if isinstance(stored, dict) else None
     winner_by = f"{stored.get('by')} (best.json and train.py in {stored.get('out')})" if isinstance(stored, dict) else None
     if winner is None and out is not None:
-        best = stored_best(out, found, records)
+        try:
+            best = stored_best(out, found, records)
+        except AutotuneError:  # an unreadable best.json holds no winner; the study still has its trials
+            best = None
         if best is not None and is_confirmed(best):  # an interrupted search's best.json is no winner
             winner, winner_by = best, f"this search (best.json and train.py in {out.resolve()})"
     lone = not any(ATTR_WORKER in t.user_attrs for t in trials)
@@ -134,4 +141,5 @@ def study_status(storage: str, study: str | None = None, out: Path | None = None
         winner=winner,
         winner_by=winner_by,
         confirming=not lone or (lone_holder is not None and lone_holder.alive()),
+        out=out,
     )

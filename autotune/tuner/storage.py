@@ -32,7 +32,7 @@ import sqlalchemy.exc
 from optuna.storages import BaseStorage, JournalStorage, RDBStorage, RetryHeartbeatStaleTrialCallback
 from optuna.storages.journal import JournalFileBackend
 
-from autotune.errors import StorageError
+from autotune.errors import StorageError, UsageError
 from autotune.redact import hide_passwords
 
 T = TypeVar("T")
@@ -81,6 +81,28 @@ def storage_file(url: str) -> Path | None:
         return None
     path = url[len("sqlite:///") :].split("?", 1)[0]
     return Path(path) if path and path != ":memory:" else None
+
+
+def check_one_study(out: Path, name: str) -> None:
+    """Refuse a search of study ``name`` on an output directory whose ``study.db`` holds other studies only.
+
+    best.json, train.py and report.html there are the outputs of that study's search: another one would overwrite them.
+
+    Raises:
+        UsageError: ``out/study.db`` holds studies and none is ``name``.
+    """
+    db = out / "study.db"
+    if not db.is_file() or db.stat().st_size == 0:
+        return
+    try:
+        names = optuna.get_all_study_names(f"sqlite:///{db.resolve()}")
+    except Exception:  # not a study database: opening it says so
+        return
+    if names and name not in names:
+        raise UsageError(
+            f"{out} holds the search of study {', '.join(map(repr, names))} (its best.json, train.py and report.html): "
+            f"study {name!r} would overwrite them; pass another --out, or --study {names[0]} to continue that search"
+        )
 
 
 def is_shared(url: str | None) -> bool:

@@ -13,13 +13,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from autotune.errors import StorageError
+from autotune.errors import AutotuneError, StorageError
 from autotune.output.best import Best, read_best
 from autotune.output.report import ReportInput, write_report
 from autotune.output.sections import is_confirmed
-from autotune.records import Candidate, Confirmed, TrialRecord
+from autotune.records import Calibration, Candidate, Confirmed, TrialRecord
 from autotune.time_spent import TimeSpent
 from autotune.train_setup import TrainSetup
+from autotune.tuner.config import SearchOutcome
 from autotune.tuner.signals import interrupts_held
 from autotune.tuner.study import ROLE_DEFAULTS, STUDY_SIGNATURE, SearchStudy
 
@@ -44,6 +45,47 @@ def write_search_report(study: SearchStudy, out: Path, data: ReportInput, log: C
     except Exception as exc:  # a plotting or disk failure must not cost the measured search
         log(f"report.html not written: {type(exc).__name__}: {exc}")
         return ()
+
+
+def report_search(
+    study: SearchStudy,
+    out: Path,
+    spent: TimeSpent,
+    earlier: TimeSpent | None,
+    log: Callable[[str], None],
+    status: str,
+    records: list[TrialRecord],
+    calibration: Calibration,
+    outcome: SearchOutcome | None = None,
+) -> tuple[tuple[str, ...], TimeSpent]:
+    """Write report.html at a search's end, with this run's time (``spent``) plus the study's earlier runs.
+
+    Returns:
+        The files written and the time breakdown the report shows.
+    """
+    spent = spent + earlier if earlier else spent
+    data = ReportInput(
+        records=tuple(records),
+        calibration=calibration,
+        confirmed=outcome.confirmed if outcome else (),
+        best=outcome.best if outcome else None,
+        verdict=(outcome.verdict or None) if outcome else None,  # "": no verdict of its own (an earlier winner kept)
+        time_spent=spent,
+        study=study.name,
+        storage=study.storage,
+        status=status,
+        ceilings=outcome.ceilings if outcome else None,
+    )
+    return write_search_report(study, out, data, log), spent
+
+
+def kept_winner(out: Path, study: SearchStudy, records: list[TrialRecord]) -> Best | None:
+    """The confirmed winner an earlier run of ``study`` left in ``out/best.json``, which an interrupted run keeps."""
+    try:
+        best = stored_best(out, study, records)
+    except AutotuneError:  # unreadable: nothing to keep
+        return None
+    return best if best is not None and is_confirmed(best) else None
 
 
 def stored_confirmed(study: SearchStudy, records: list[TrialRecord]) -> tuple[Confirmed, ...]:
@@ -100,7 +142,6 @@ def report_study(out: Path, *, storage: str | None = None, study: str | None = N
 
     Raises:
         StorageError: No study there, or a study without a finished trial.
-        AutotuneError: ``out/best.json`` exists but cannot be read.
     """
     storage = storage_of(out, storage)
     stored = SearchStudy.load(storage, study)
@@ -108,10 +149,15 @@ def report_study(out: Path, *, storage: str | None = None, study: str | None = N
     if not records:
         raise StorageError(f"study {stored.name!r} in {storage} holds no finished trial yet: nothing to report")
     calibration = stored.calibration()
-    best = stored_best(out, stored, records)
+    try:
+        best, unreadable = stored_best(out, stored, records), ""
+    except AutotuneError as exc:  # the study still holds every trial: report them without a winner
+        best, unreadable = None, str(exc)
     verdict, ceilings = stored.verdict() if best is not None else (None, None)
     spent = stored.time_spent()
-    if best is None:
+    if unreadable:
+        status = f"winner not shown: {unreadable}; rerun the search's command to write best.json again"
+    elif best is None:
         status = "in progress or interrupted (no best.json yet)"
     elif not is_confirmed(best):
         status = "interrupted (winner not confirmed)"

@@ -31,6 +31,7 @@ def make_best(
     command: str,
     interrupted: bool = False,
     world_size: int = 1,
+    excluded_by: str | None = None,
 ) -> Best:
     """The ``best.json`` record: the confirmed winner, its speedup and the notes.
 
@@ -45,18 +46,22 @@ def make_best(
         command: The command line, for the record.
         interrupted: The search was stopped (Ctrl-C, SIGTERM, SIGHUP).
         world_size: Ranks per trial; the effective batch counts every rank.
+        excluded_by: The user's ``--set`` that the defaults do not satisfy
+            (``--set num_workers=1``): they stay the baseline, and are the winner
+            only when no setup within it measured a throughput.
     """
     default_key = defaults.to_json()
     reference = effective_batch or defaults.effective_batch(world_size)
     notes: list[str] = []
     measured = [c for c in confirmed if c.median is not None]
     if measured:
-        chosen, why = choose_winner(measured, default_key, reference // world_size)
+        chosen, why = choose_winner(measured, default_key, reference // world_size, excluded_by)
         setup, rate, spread = chosen.candidate.setup, chosen.median or 0.0, chosen.spread or 0.0
         base = next((c.median for c in measured if c.candidate.key == default_key), None)
         notes.extend(why)
     else:
-        top = max(feasible, key=lambda r: r.result.samples_per_s or 0.0)
+        allowed = [r for r in feasible if excluded_by is None or r.setup.to_json() != default_key]
+        top = max(allowed or feasible, key=lambda r: r.result.samples_per_s or 0.0)
         setup, rate, spread = top.setup, top.result.samples_per_s or 0.0, top.result.samples_per_s_spread or 0.0
         base_records = [r for r in feasible if r.setup.to_json() == default_key]
         base = base_records[0].result.samples_per_s if base_records else None
@@ -127,18 +132,33 @@ def changes_math(setup: TrainSetup, reference: int) -> bool:
     return setup.amp != "off" or setup.effective_batch() != reference
 
 
-def choose_winner(measured: list[Confirmed], default_key: str, reference: int) -> tuple[Confirmed, list[str]]:
+def choose_winner(
+    measured: list[Confirmed], default_key: str, reference: int, excluded_by: str | None = None
+) -> tuple[Confirmed, list[str]]:
     """The confirmed winner and the notes that explain the choice.
 
     The fastest median wins only when it beats, beyond the noise
     (:func:`autotune.tuner.noise.beats`), the PyTorch defaults and the fastest
     setup that keeps the training math; otherwise the defaults (or that
-    setup) are returned and the notes say why.
+    setup) are returned and the notes say why. Defaults that the user's
+    ``--set`` excludes (``excluded_by``) are the baseline only: the fastest
+    setup within it wins, unless none measured a throughput.
     """
-    top = leader(measured)
-    assert top is not None
     notes: list[str] = []
     defaults = next((c for c in measured if c.candidate.key == default_key), None)
+    if excluded_by is not None and defaults is not None:
+        within = leader([c for c in measured if c is not defaults])
+        if within is None:
+            notes.append(f"no setup within {excluded_by} measured a throughput (trials.csv says why): "
+                         "the PyTorch defaults, which it excludes, are returned")
+            return defaults, notes
+        if not beats(within, defaults):
+            notes.append(f"the fastest setup within {excluded_by} did not beat the PyTorch defaults (which it excludes) by the "
+                         f"{NOISE_FLOOR:.0%} noise floor ({_margin_text(within, defaults)}); it is returned as you asked")
+        measured = [c for c in measured if c is not defaults]
+        defaults = None
+    top = leader(measured)
+    assert top is not None
     chosen = top
     if top is defaults:
         notes.append("nothing measurably faster than the PyTorch defaults was found: they led the confirmation")
