@@ -320,9 +320,9 @@ def trial(
         nproc_per_node: Ranks of the trial: a DDP trial under
             torch.distributed (gloo on a CPU, nccl on CUDA), each rank on its
             share of the usable cores; samples/s counts every rank.
-        task_batch: Measure a workload at its Task's ``batch_size`` rather
-            than ``setup.batch_size`` (``autotune trial --workload`` without
-            ``--batch-size``).
+        task_batch: Measure a workload at its Task's ``batch_size`` (all its
+            samples when there are fewer) rather than ``setup.batch_size``
+            (``autotune trial --workload`` without ``--batch-size``).
 
     Returns:
         The setup, the workload and what was measured; a failed trial is a
@@ -356,8 +356,8 @@ def trial(
         synthetic_images=synthetic_images,
         workers=setup.num_workers > 0,
     )
-    if task_batch and built.reference_batch is not None:
-        setup = setup.replace(batch_size=built.reference_batch)
+    if task_batch and built.reference_batch is not None:  # the Task's batch, or all of fewer samples (as a search's defaults)
+        setup = setup.replace(batch_size=max(1, min(built.reference_batch, built.images or built.reference_batch)))
     setup.check_device(dev.name, bf16_supported=dev.bf16, tf32_supported=dev.tf32)
     if nproc_per_node != 1:
         from autotune.tuner.placement import place

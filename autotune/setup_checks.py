@@ -76,7 +76,8 @@ def check_setup_device(
         tf32_supported: Whether the GPU has TF32 tensor cores. ``None`` asks torch.
 
     Raises:
-        SetupError: fp16 on a CPU, bf16 on a GPU without it, pinned memory,
+        SetupError: A CUDA device this machine does not have (asked without
+            ``bf16_supported``/``tf32_supported``), fp16 on a CPU, bf16 on a GPU without it, pinned memory,
             cuDNN, TF32, GPU decoding or CUDA graphs without a GPU, fused
             optimizer kernels the installed torch lacks for the device.
     """
@@ -97,6 +98,8 @@ def check_setup_device(
         if bf16_supported is False and setup.amp == "bf16":
             raise SetupError("amp=bf16: this CPU has no native bf16 (AMX / AVX512-BF16); use amp=off")
     elif kind == "cuda":
+        if bf16_supported is None and tf32_supported is None:  # asked without the device's facts: it must be here
+            _check_cuda_present(device)
         if setup.amp == "bf16":
             if bf16_supported is None:
                 import torch
@@ -113,3 +116,14 @@ def check_setup_device(
                 raise SetupError("tf32: this GPU has no TF32 tensor cores (compute capability 8.0+ needed)")
     else:
         raise SetupError(f"unsupported device {str(device)!r}; use cpu, cuda or cuda:K")
+
+
+def _check_cuda_present(device: str | torch.device) -> None:
+    """Refuse a CUDA device torch cannot use here."""
+    import torch
+
+    index = torch.device(device).index or 0
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if index >= count:
+        have = "no CUDA GPU is usable here" if count == 0 else f"this machine has {count} CUDA GPU(s), cuda:0 to cuda:{count - 1}"
+        raise SetupError(f"device {str(device)!r}: {have}")

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from autotune.devices import device_type
 from autotune.errors import SetupError
+from autotune.nested import map_tensors
 from autotune.setup_checks import AMP_MODES as AMP_MODES  # re-exported: users and modules read it here
 from autotune.setup_checks import check_setup_device, validate_setup
 from autotune.torch_knobs import (
@@ -144,7 +145,13 @@ class TrainSetup:
 
     # --------------------------------------------------------------- derived
     def effective_batch(self, world_size: int = 1) -> int:
-        """Samples per optimizer step: micro-batch x accumulation x world size."""
+        """Samples per optimizer step: micro-batch x accumulation x world size.
+
+        Raises:
+            SetupError: ``world_size`` is not an integer >= 1.
+        """
+        if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+            raise SetupError(f"world_size must be an integer >= 1, got {world_size!r}")
         return self.batch_size * self.accumulation_steps * world_size
 
     def replace(self, **changes: Any) -> TrainSetup:
@@ -304,7 +311,14 @@ class TrainSetup:
         return model
 
     def configure_torch(self, device: str | torch.device) -> None:
-        """Apply ``num_threads``, ``cudnn_benchmark`` and ``tf32`` to this process (call once, before the model runs)."""
+        """Check the setup against ``device`` (:meth:`check_device`), then apply ``num_threads``,
+        ``cudnn_benchmark`` and ``tf32`` to this process (call once, before the model runs).
+
+        Raises:
+            SetupError: The setup cannot run on ``device`` (a GPU's best.json on a CPU: fp16,
+                pinned memory; a CUDA device this machine lacks).
+        """
+        self.check_device(device)
         configure_torch(device, num_threads=self.num_threads, cudnn_benchmark=self.cudnn_benchmark, tf32=self.tf32)
 
     def optimizer_kwargs(self) -> dict[str, Any]:
@@ -312,22 +326,40 @@ class TrainSetup:
         return optimizer_kwargs(self.optimizer_impl)
 
     def optimizer(self, params: Any, *, lr: float, cls: type[torch.optim.Optimizer] | None = None, **kwargs: Any) -> torch.optim.Optimizer:
-        """An optimizer (AdamW unless ``cls`` is given) with the tuned kernel implementation."""
+        """An optimizer (AdamW unless ``cls`` is given) with the tuned kernel implementation.
+
+        Raises:
+            SetupError: ``cls`` has no such implementation (LBFGS takes no ``foreach``).
+        """
+        import inspect
+
         import torch
 
-        return (cls or torch.optim.AdamW)(params, lr=lr, **self.optimizer_kwargs(), **kwargs)
+        chosen = cls or torch.optim.AdamW
+        impl = self.optimizer_kwargs()
+        missing = [k for k in impl if k not in inspect.signature(chosen).parameters]
+        if missing:
+            raise SetupError(f"optimizer_impl={self.optimizer_impl}: {chosen.__name__} takes no {missing[0]}= argument; "
+                             "use setup.replace(optimizer_impl=None) for torch's own choice")
+        return chosen(params, lr=lr, **impl, **kwargs)
 
     def compile_model(self, model: torch.nn.Module) -> torch.nn.Module:
         """``torch.compile(model)`` in the tuned mode (the model itself when compile is off)."""
         return compile_model(model, self.compile)
 
-    def prepare_batch(self, images: torch.Tensor) -> torch.Tensor:
-        """Convert a 4-D image batch to channels_last when the setup asks for it."""
+    def prepare_batch(self, batch: Any) -> Any:
+        """The batch with every 4-D floating tensor in channels_last when the setup asks for it.
+
+        ``batch`` is a tensor, or a tuple, list or dict of them (nested, as a
+        Task's batches may be); it keeps its structure, other tensors are left as they are.
+        """
         import torch
 
-        if self.channels_last and images.dim() == 4:
-            images = images.contiguous(memory_format=torch.channels_last)
-        return images
+        if not self.channels_last:
+            return batch
+        return map_tensors(
+            batch, lambda t: t.contiguous(memory_format=torch.channels_last) if t.dim() == 4 and t.is_floating_point() else t
+        )
 
 
 #: The version of best.json this autotune writes and reads.

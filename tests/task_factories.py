@@ -27,6 +27,11 @@ def good() -> autotune.Task:
     return autotune.Task(nn.Linear(8, 3), _pairs(), batch_size=16, lr=2e-3)
 
 
+def few() -> autotune.Task:
+    """The good Task on 5 samples, fewer than its batch_size of 16."""
+    return autotune.Task(nn.Linear(8, 3), _pairs(5), batch_size=16, lr=2e-3)
+
+
 def _sgd(params: Any, lr: float) -> torch.optim.Optimizer:
     return torch.optim.SGD(params, lr=lr, momentum=0.9)
 

@@ -25,6 +25,17 @@ def test_probe_sees_the_gpu() -> None:
     assert gpu.compute_capability is not None
 
 
+def test_check_device_asked_without_facts_reads_the_gpus_here() -> None:
+    import torch
+
+    from autotune.errors import SetupError
+
+    TrainSetup(amp="fp16", pin_memory=True).check_device("cuda")  # present: the knobs' checks alone
+    count = torch.cuda.device_count()
+    with pytest.raises(SetupError, match=f"this machine has {count} CUDA GPU"):
+        TrainSetup().check_device(f"cuda:{count}")
+
+
 @pytest.mark.parametrize("amp", ["off", "fp16", "bf16"])
 def test_cuda_trial_precisions(tiny_workload, amp: str) -> None:
     import torch

@@ -464,6 +464,19 @@ def test_runs_and_resumes(
     assert (checkpoint["step"], checkpoint["epoch"], checkpoint["epoch_step"]) == (4, 1, 0)
 
 
+def test_threads_default_to_the_tuned_count_and_auto_is_torchs_own_choice(synthetic_data: Path, tmp_path: Path) -> None:
+    def parser(threads: int | None) -> Any:
+        script = write_script(make_best(synthetic_data, **{**CPU_KNOBS, "num_threads": threads}), tmp_path / f"train{threads}.py")
+        return runpy.run_path(str(script), run_name="not_main")["get_args_parser"]()  # its parser, not its main
+
+    tuned = parser(2)
+    assert tuned.parse_args([]).threads == 2 and tuned.parse_args(["--threads", "auto"]).threads is None
+    assert "auto: torch's own choice (default: 2)" in " ".join(tuned.format_help().split())
+    assert "(default: auto)" in " ".join(parser(None).format_help().split())
+    with pytest.raises(SystemExit):
+        tuned.parse_args(["--threads", "many"])
+
+
 def test_bad_data_directories_name_their_flag(
     synthetic_data: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -489,6 +502,9 @@ def test_bad_data_directories_name_their_flag(
         (["--lr", "-1"], "--lr must be a finite number > 0"),
         (["--clip-grad-norm", "nan"], "--clip-grad-norm must be a finite number > 0"),
         (["--warmup-steps", "-5"], "--warmup-steps must be >= -1"),
+        (["--weight-decay", "-1"], "--weight-decay must be a finite number >= 0"),
+        (["--weight-decay", "nan"], "--weight-decay must be a finite number >= 0"),
+        (["--threads", "0"], "--threads must be >= 1"),
     ],
 )
 def test_bad_numbers_are_one_line_before_any_work(

@@ -176,7 +176,9 @@ def test_tf32_leaves_the_matmul_precision_readable(template: str) -> None:
     namespace: dict[str, Any] = {"torch": torch, "sys": sys}
     exec(function.group(0), namespace)
     args = argparse.Namespace(threads=None, cudnn_benchmark=False, tf32=True, compile="off", decode="cpu")
-    appliers = [lambda: TrainSetup(tf32=True).configure_torch("cuda:0"),
+    from autotune.torch_knobs import configure_torch  # what TrainSetup.configure_torch applies once the device is checked
+
+    appliers = [lambda: configure_torch("cuda:0", num_threads=None, cudnn_benchmark=False, tf32=True),
                 lambda: namespace["configure_torch"](args, torch.device("cuda", 0))]
     before = (torch.get_float32_matmul_precision(), torch.backends.cudnn.conv.fp32_precision)
     for apply in appliers:

@@ -131,15 +131,22 @@ def test_good_workloads_become_workload_records() -> None:
         ("unpicklable", "dataset (_HoldsFile) cannot be pickled for DataLoader workers"),
     ],
 )
-def test_bad_workloads_fail_in_the_parent_with_one_line(name: str, message: str) -> None:
+def test_bad_workloads_fail_in_the_parent_with_one_line(name: str, message: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    import multiprocessing
+
+    monkeypatch.setattr(multiprocessing, "get_all_start_methods", lambda: ["spawn", "fork"])  # workers that unpickle the dataset
     with pytest.raises(WorkloadError) as info:
         _workload(name)
     assert message in str(info.value)
     assert "\n" not in str(info.value)
 
 
-def test_unpicklable_dataset_is_fine_without_workers() -> None:
+def test_unpicklable_dataset_is_fine_without_workers_or_with_workers_that_fork(monkeypatch: pytest.MonkeyPatch) -> None:
+    import multiprocessing
+
     assert _workload("unpicklable", workers=False).images == 40
+    monkeypatch.setattr(multiprocessing, "get_all_start_methods", lambda: ["fork", "spawn", "forkserver"])
+    assert _workload("unpicklable").images == 40  # forked workers inherit it: nothing is pickled
 
 
 def test_a_stream_that_every_worker_yields_whole_gets_one_worker_at_most() -> None:
@@ -191,6 +198,8 @@ def test_a_trial_of_a_task_runs_at_its_batch_size_unless_another_is_given(monkey
     autotune.trial("task_factories:good", device="cpu")
     autotune.trial("task_factories:good", device="cpu", setup=autotune.TrainSetup(batch_size=32))
     assert batches == [16, 8, 4, 16, 32]  # the good Task's batch_size is 16
+    autotune.trial("task_factories:few", device="cpu")
+    assert batches[-1] == 5  # all of fewer samples, as a search's defaults take them
 
 
 @pytest.mark.parametrize(
@@ -198,7 +207,6 @@ def test_a_trial_of_a_task_runs_at_its_batch_size_unless_another_is_given(monkey
     [
         (["--workload", "no_such_module:make_task"], "cannot import 'no_such_module'"),
         (["--workload", "task_factories:empty"], "is empty"),
-        (["--workload", "task_factories:unpicklable"], "--set num_workers=0"),
         (["--workload", "task_factories:good", "--data", "somewhere"], "not both"),
         (["--workload", "task_factories:good", "--model", "resnet18"], "not both"),
         (["--workload", "task_factories:good", "--image-size", "64"], "not both"),

@@ -45,6 +45,38 @@ def test_device_checks() -> None:
     TrainSetup(amp="fp16", pin_memory=True).check_device("cuda:1", bf16_supported=False)
 
 
+
+def test_configure_torch_refuses_a_gpu_s_setup_on_a_cpu_before_applying_anything() -> None:
+    import torch
+
+    threads = torch.get_num_threads()
+    with pytest.raises(SetupError, match="amp=fp16 needs a CUDA device"):  # a best.json from a GPU machine, applied on a CPU
+        TrainSetup(amp="fp16", pin_memory=True, num_threads=threads + 1).configure_torch("cpu")
+    assert torch.get_num_threads() == threads
+    with pytest.raises(SetupError, match="unsupported device 'banana'"):
+        TrainSetup().configure_torch("banana")
+
+
+def test_an_optimizer_without_the_tuned_kernel_and_a_bad_world_size_are_one_line_errors() -> None:
+    params = torch.nn.Linear(2, 2).parameters()
+    with pytest.raises(SetupError, match=r"optimizer_impl=foreach: LBFGS takes no foreach= argument"):
+        TrainSetup(optimizer_impl="foreach").optimizer(params, lr=1.0, cls=torch.optim.LBFGS)
+    assert isinstance(TrainSetup().optimizer(params, lr=1.0, cls=torch.optim.LBFGS), torch.optim.LBFGS)  # torch's own choice
+    for bad in (0, -2, 1.5, True):
+        with pytest.raises(SetupError, match="world_size must be an integer >= 1"):
+            TrainSetup().effective_batch(bad)  # type: ignore[arg-type]
+
+
+def test_a_cuda_device_this_machine_lacks_is_refused_when_asked_without_its_facts() -> None:
+    import torch
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    missing = f"cuda:{count}"  # one past the last GPU: none here on a CPU machine
+    for setup in (TrainSetup(amp="fp16"), TrainSetup(amp="bf16"), TrainSetup(pin_memory=True), TrainSetup()):
+        with pytest.raises(SetupError, match=f"device '{missing}': " + ("no CUDA GPU is usable here" if count == 0 else "this machine has")):
+            setup.check_device(missing)
+
+
 def test_json_round_trip_is_lossless() -> None:
     setup = TrainSetup(
         num_workers=3,
@@ -101,6 +133,10 @@ def test_helpers_apply_the_knobs() -> None:
     assert model.weight.is_contiguous(memory_format=torch.channels_last)
     batch = setup.prepare_batch(torch.zeros(2, 3, 8, 8))
     assert batch.is_contiguous(memory_format=torch.channels_last)
+    # A Task's dict batch (a segmentation image and its integer mask): the image converts, the rest keeps its layout.
+    nested = setup.prepare_batch({"image": torch.zeros(2, 3, 8, 8), "mask": torch.zeros(2, 1, 8, 8, dtype=torch.long), "ids": [torch.zeros(2)]})
+    assert nested["image"].is_contiguous(memory_format=torch.channels_last) and nested["mask"].is_contiguous()
+    assert isinstance(nested["ids"], list) and TrainSetup().prepare_batch(nested) is nested
     with setup.autocast("cpu"):
         assert torch.get_autocast_dtype("cpu") == torch.bfloat16
         assert torch.is_autocast_enabled("cpu")

@@ -206,6 +206,7 @@ def _values(best: Best) -> dict[str, str]:
         "amp": _choice("amp", setup.amp, AMP_MODES),
         "channels_last": _bool("channels_last", setup.channels_last),
         "num_threads": _optional_int("num_threads", setup.num_threads, 1),
+        "num_threads_shown": "auto" if setup.num_threads is None else str(setup.num_threads),
         "compile": _choice("compile", setup.compile, COMPILE_MODES),
         "cudnn_benchmark": _bool("cudnn_benchmark", setup.cudnn_benchmark),
         "tf32": _bool("tf32", setup.tf32),

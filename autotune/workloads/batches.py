@@ -8,47 +8,13 @@ for it, and count its samples as the first dimension of its first tensor.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from autotune.errors import WorkloadError
+from autotune.nested import map_tensors, tensors
 
 __all__ = ["describe_batch", "first_dim", "has_image_tensor", "map_tensors", "tensors", "to_device"]
-
-
-def tensors(batch: Any) -> Iterator[Any]:
-    """Every tensor of a batch, depth first, in order (dict values in their order)."""
-    import torch
-
-    if isinstance(batch, torch.Tensor):
-        yield batch
-    elif isinstance(batch, Mapping):
-        for value in batch.values():
-            yield from tensors(value)
-    elif isinstance(batch, (tuple, list)):
-        for value in batch:
-            yield from tensors(value)
-
-
-def map_tensors(batch: Any, func: Callable[[Any], Any]) -> Any:
-    """The batch with ``func`` applied to each tensor; containers keep their type."""
-    import torch
-
-    if isinstance(batch, torch.Tensor):
-        return func(batch)
-    if isinstance(batch, Mapping):
-        mapped = {key: map_tensors(value, func) for key, value in batch.items()}
-        if type(batch) is dict:
-            return mapped
-        try:  # keep dict subclasses (OrderedDict, BatchEncoding) where they rebuild from a dict
-            return type(batch)(mapped)  # type: ignore[call-arg]
-        except Exception:
-            return mapped
-    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # a namedtuple
-        return type(batch)(*(map_tensors(value, func) for value in batch))
-    if isinstance(batch, (tuple, list)):
-        return type(batch)(map_tensors(value, func) for value in batch)
-    return batch
 
 
 def to_device(batch: Any, device: Any, *, channels_last: bool = False) -> Any:

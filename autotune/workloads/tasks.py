@@ -3,8 +3,8 @@
 :func:`build_task_workload` runs in the parent, before anything is written:
 the factory imports and returns a Task, the dataset is not empty, its first
 items collate, the first batch runs forward and loss to a scalar on the CPU,
-and (when the search may use loader workers) the dataset and collate_fn
-pickle. Each failure is one :class:`~autotune.errors.WorkloadError` line
+and (when the search may use loader workers that do not start by fork) the
+dataset and collate_fn pickle. Each failure is one :class:`~autotune.errors.WorkloadError` line
 naming the object, index, types or shapes at fault.
 """
 
@@ -234,6 +234,12 @@ def _check_count(task: Task, batch: Any) -> None:
 
 
 def _check_pickle(task: Task) -> None:
+    """Workers started by fork (Linux's default up to Python 3.13) inherit the dataset and collate_fn;
+    other start methods (spawn, forkserver) pickle them. Trials and train.py start from a fresh interpreter: its default counts."""
+    import multiprocessing
+
+    if multiprocessing.get_all_start_methods()[0] == "fork":
+        return
     for name in ("dataset", "collate_fn"):
         value = getattr(task, name)
         if value is None:

@@ -1,0 +1,43 @@
+"""The tensors of a nested batch: a tensor, a tuple or list, a dict, or a mix of them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+__all__ = ["map_tensors", "tensors"]
+
+
+def tensors(batch: Any) -> Iterator[Any]:
+    """Every tensor of a batch, depth first, in order (dict values in their order)."""
+    import torch
+
+    if isinstance(batch, torch.Tensor):
+        yield batch
+    elif isinstance(batch, Mapping):
+        for value in batch.values():
+            yield from tensors(value)
+    elif isinstance(batch, (tuple, list)):
+        for value in batch:
+            yield from tensors(value)
+
+
+def map_tensors(batch: Any, func: Callable[[Any], Any]) -> Any:
+    """The batch with ``func`` applied to each tensor; containers keep their type."""
+    import torch
+
+    if isinstance(batch, torch.Tensor):
+        return func(batch)
+    if isinstance(batch, Mapping):
+        mapped = {key: map_tensors(value, func) for key, value in batch.items()}
+        if type(batch) is dict:
+            return mapped
+        try:  # keep dict subclasses (OrderedDict, BatchEncoding) where they rebuild from a dict
+            return type(batch)(mapped)  # type: ignore[call-arg]
+        except Exception:
+            return mapped
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # a namedtuple
+        return type(batch)(*(map_tensors(value, func) for value in batch))
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(map_tensors(value, func) for value in batch)
+    return batch
