@@ -287,10 +287,17 @@ def test_an_interrupted_trial_stops_the_search_and_is_never_stored(tmp_path, cac
     config = SearchConfig(model="resnet18", trials=3, image_size=32, device="cpu", trial_seconds=1.0,
                           out=tmp_path / "out", cache_dir=cache_dir, synthetic_images=64)
     with pytest.raises(SearchInterrupted):
-        run_search(config, runner=runner)
+        run_search(config, runner=steady_runner)
     study = study_of(tmp_path / "out")
     assert [t.state for t in study.trials[:2]] == [TrialState.COMPLETE, TrialState.FAIL]
     assert "result" not in study.trials[1].user_attrs  # not recorded as the setup's failure
+
+
+def steady_runner(setup, workload, options=None, *, on_window=None):
+    """A fake trial: every setup ok, faster with a larger batch, the same every run."""
+    from autotune.records import TrialResult
+
+    return TrialResult(status="ok", samples_per_s=100.0 + setup.batch_size, windows=(100.0,), peak_memory_bytes=2**20)
 
 
 def test_an_interrupt_during_the_winner_s_ceilings_keeps_the_confirmed_winner(tmp_path, cache_dir, monkeypatch) -> None:
@@ -299,11 +306,7 @@ def test_an_interrupt_during_the_winner_s_ceilings_keeps_the_confirmed_winner(tm
     from autotune.errors import SearchInterrupted
     from autotune.output.best import read_best
     from autotune.output.sections import is_confirmed
-    from autotune.records import TrialResult
     from autotune.tuner import SearchConfig, run_search
-
-    def runner(setup, workload, options=None, *, on_window=None):
-        return TrialResult(status="ok", samples_per_s=100.0 + setup.batch_size, windows=(100.0,), peak_memory_bytes=2**20)
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
@@ -312,7 +315,7 @@ def test_an_interrupt_during_the_winner_s_ceilings_keeps_the_confirmed_winner(tm
     config = SearchConfig(model="resnet18", trials=2, image_size=32, device="cpu", trial_seconds=1.0, confirm_rounds=2,
                           out=tmp_path / "out", cache_dir=cache_dir, synthetic_images=64)
     with pytest.raises(SearchInterrupted, match="the confirmed winner is in .*best.json; only its ceilings were skipped") as info:
-        run_search(config, runner=runner)
+        run_search(config, runner=steady_runner)
     assert "unconfirmed" not in str(info.value) and is_confirmed(read_best(tmp_path / "out" / "best.json"))
 
 
@@ -320,16 +323,12 @@ def test_a_rerun_interrupted_before_its_confirmation_keeps_the_earlier_confirmed
     """Rerunning a finished search re-confirms; a Ctrl-C then must not replace the confirmed best.json with a guess."""
     import autotune.tuner.run
     from autotune.errors import SearchInterrupted
-    from autotune.records import TrialResult
     from autotune.tuner import SearchConfig, run_search
-
-    def runner(setup, workload, options=None, *, on_window=None):
-        return TrialResult(status="ok", samples_per_s=100.0 + setup.batch_size, windows=(100.0,), peak_memory_bytes=2**20)
 
     out = tmp_path / "out"
     config = SearchConfig(model="resnet18", trials=2, image_size=32, device="cpu", trial_seconds=1.0, confirm_rounds=2,
                           out=out, cache_dir=cache_dir, synthetic_images=64, ceilings=False)
-    run_search(config, runner=runner)
+    run_search(config, runner=steady_runner)
     before = {name: (out / name).read_bytes() for name in ("best.json", "train.py")}
 
     def interrupted(*args, **kwargs):
@@ -338,33 +337,29 @@ def test_a_rerun_interrupted_before_its_confirmation_keeps_the_earlier_confirmed
     monkeypatch.setattr(autotune.tuner.run, "confirm_finalists", interrupted)
     with pytest.raises(SearchInterrupted, match=r"the confirmed winner of an earlier run stays in .*best.json \(this run's best so far "
                                                 r"is not confirmed\); rerun the same command to resume"):
-        run_search(config, runner=runner)
+        run_search(config, runner=steady_runner)
     assert {name: (out / name).read_bytes() for name in before} == before
     page = (out / "report.html").read_text()
     assert "Winner:" in page and "Best so far (not confirmed)" not in page and "an earlier run's confirmed winner kept" in page
     # With --trials raised the rerun draws a new trial first, and the earlier winner is still kept.
     with pytest.raises(SearchInterrupted, match="the confirmed winner of an earlier run stays in"):
-        run_search(replace(config, trials=3), runner=runner)
+        run_search(replace(config, trials=3), runner=steady_runner)
     assert (out / "best.json").read_bytes() == before["best.json"]
 
 
 def test_another_study_on_an_output_directory_is_refused_and_a_broken_best_json_blocks_nothing(tmp_path, cache_dir) -> None:
     from autotune.errors import UsageError
-    from autotune.records import TrialResult
     from autotune.tuner import SearchConfig, run_search
     from autotune.tuner.study_report import report_study
-
-    def runner(setup, workload, options=None, *, on_window=None):
-        return TrialResult(status="ok", samples_per_s=100.0 + setup.batch_size, windows=(100.0,), peak_memory_bytes=2**20)
 
     out = tmp_path / "out"
     config = SearchConfig(model="resnet18", trials=2, image_size=32, device="cpu", trial_seconds=1.0, confirm_rounds=1,
                           out=out, cache_dir=cache_dir, synthetic_images=64, ceilings=False)
-    run_search(config, runner=runner)
+    run_search(config, runner=steady_runner)
     best = (out / "best.json").read_bytes()
     with pytest.raises(UsageError, match=r"holds the search of study 'resnet18-32px-cpu' \(its best.json, train.py and report.html\): "
                                          r"study 'resnet18-48px-cpu' would overwrite them; pass another --out"):
-        run_search(replace(config, image_size=48), runner=runner)
+        run_search(replace(config, image_size=48), runner=steady_runner)
     assert (out / "best.json").read_bytes() == best and study_of(out).study_name == "resnet18-32px-cpu"
     (out / "best.json").write_bytes(best[:300])  # truncated: status and report still read the study
     status = study_status(f"sqlite:///{out / 'study.db'}", None, out=out)
@@ -400,7 +395,7 @@ def test_a_ctrl_c_whose_interrupt_python_dropped_still_stops_the_search(tmp_path
     config = SearchConfig(model="resnet18", trials=3, image_size=32, device="cpu", trial_seconds=1.0,
                           out=tmp_path / "out", cache_dir=cache_dir, synthetic_images=64)
     with pytest.raises(SearchInterrupted):
-        run_search(config, runner=runner)
+        run_search(config, runner=steady_runner)
     assert len(calls) == 2  # nothing ran after it
     assert [t.state for t in study_of(tmp_path / "out").trials[:2]] == [TrialState.COMPLETE, TrialState.FAIL]
     # A later search in the same process starts afresh.
@@ -490,7 +485,7 @@ def test_bad_data_in_a_trial_stops_the_search_naming_the_file(tmp_path, cache_di
     config = SearchConfig(model="resnet18", trials=4, image_size=32, device="cpu", trial_seconds=1.0,
                           out=tmp_path / "out", cache_dir=cache_dir, synthetic_images=64)
     with pytest.raises(WorkloadError, match=r"bad data: /data/cats/7.jpg: cannot decode"):
-        run_search(config, runner=runner)
+        run_search(config, runner=steady_runner)
     study = study_of(tmp_path / "out")
     assert study.trials[0].state == TrialState.COMPLETE  # the defaults are kept
     assert study.trials[1].state == TrialState.FAIL and "result" not in study.trials[1].user_attrs
