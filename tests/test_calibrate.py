@@ -166,6 +166,46 @@ def test_a_budget_under_the_fixed_cost_with_a_model_that_needs_two_samples_is_on
     assert all(mode == "compute" for mode, _ in runner.calls)  # stopped before any other run
 
 
+def test_one_sample_and_a_model_that_needs_two_stops_at_calibration() -> None:
+    """The pre-pass runs synthetic batches of 8 and 32; the data caps the space at batch 1, where BatchNorm fails."""
+    from autotune.errors import WorkloadError
+
+    class NeedsTwo(FakeRunner):
+        def __call__(self, setup, workload, options=None, *, on_window=None) -> TrialResult:
+            if options.mode == "compute" and setup.batch_size == 1:
+                self.calls.append((options.mode, setup))
+                return TrialResult(status="error", error="ValueError: Expected more than 1 value per channel when training")
+            return super().__call__(setup, workload, options, on_window=on_window)
+
+    with pytest.raises(WorkloadError, match=r"model resnet18: batch 1 is the only batch the search could try \(the data holds 1 "
+                                            r"sample\) and the model's step fails there \(error: ValueError: Expected more than 1"):
+        calibrate(replace(WORKLOAD, images=1), CPU, usable_cores=2, available_bytes=2**33, max_memory=None, trial_seconds=3.0,
+                  bf16_ok=False, runner=NeedsTwo())
+    # Two samples: batch 2 trains, and the search goes on.
+    assert calibrate(replace(WORKLOAD, images=2), CPU, usable_cores=2, available_bytes=2**33, max_memory=None, trial_seconds=3.0,
+                     bf16_ok=False, runner=NeedsTwo()).max_batch == 2
+
+
+@pytest.mark.parametrize(
+    ("error", "hint"),
+    [
+        ("IndexError: Target 38 is out of bounds.", "(the data has 10 classes: the model must output as many; a factory that takes"),
+        ("RuntimeError: shape '[8, 64, 2, 7, 2, 7]' is invalid for input of size 131072",
+         "(at --image-size 32; the model may be built for 224 px: try --image-size 224)"),
+        ("RuntimeError: boom", "(at --image-size 32)"),
+    ],
+)
+def test_a_model_that_fails_at_once_is_told_what_its_failure_may_depend_on(error: str, hint: str) -> None:
+    from autotune.errors import WorkloadError
+
+    def failing(setup, workload, options=None, *, on_window=None) -> TrialResult:
+        return TrialResult(status="error", error=error)
+
+    with pytest.raises(WorkloadError) as info:
+        calibrate(WORKLOAD, CPU, usable_cores=2, available_bytes=2**33, max_memory=None, trial_seconds=3.0, bf16_ok=False, runner=failing)
+    assert hint in str(info.value), str(info.value)
+
+
 def test_every_precision_and_layout_is_measured_like_for_like_and_the_fastest_is_the_ceiling() -> None:
     # As on a CPU with AMX: bf16 faster; a depthwise model would show the opposite, and the numbers decide.
     runner = FakeRunner(speed={("bf16", True): 1.8, ("bf16", False): 1.5, ("off", True): 1.1})

@@ -187,6 +187,7 @@ def calibrate(
     reduced = ("bf16" if bf16_ok else "fp16") if cuda else ("bf16" if bf16_ok else None)
     precisions: list[PrecisionPoint] = []
     compute, compute_setup = TrialResult(status="error", error="not measured"), TrainSetup(batch_size=middle)
+    failed: list[str] = []
     # Like for like: every precision and layout at the same batch, so the first guesses follow the numbers.
     for amp in ("off", reduced) if reduced else ("off",):
         for channels_last in (False, True) if workload.image_input else (False,):
@@ -199,6 +200,12 @@ def calibrate(
             log(f"compute only (batch {middle}, {'fp32' if amp == 'off' else amp}, {layout}): {_rate(result)}")
             if result.ok and (result.samples_per_s or 0.0) > (compute.samples_per_s or 0.0):
                 compute, compute_setup = result, setup
+            elif not result.ok:
+                failed.append(f"{result.status}: {result.error}")
+    if max_batch == 1 and not compute.ok:  # the space holds batch 1 alone, and the model's step fails there: so would every trial
+        why = f"the data holds {workload.images} sample" if workload.images == 1 else "no larger one fits the memory budget"
+        raise WorkloadError(f"{subject}: batch 1 is the only batch the search could try ({why}) and the model's step fails there "
+                            f"({failed[0] if failed else 'not measured'}); give it more samples or memory")
     loader_points: list[LoaderPoint] = []
     loader_opts = TrialOptions(trial_seconds=short.trial_seconds, windows=2, mode="loader")
     worker_cap = usable_cores
@@ -254,13 +261,19 @@ def workers_broken(points: list[LoaderPoint], first_error: str | None) -> str | 
 
 
 def _size_hint(workload: Workload, error: str | None) -> str:
-    """The classifier's image size (a shape error often depends on it), and a hint when the
-    input is too small for the model (its pooling leaves nothing)."""
+    """What the classifier's failure may depend on: the class count, the image size (a shape error
+    often does), a hint when the input is too small (pooling leaves nothing) or off the model's 224 px."""
     if workload.task is not None:
         return ""
-    if "too small" in (error or ""):
-        return f" (at --image-size {workload.image_size}; the model needs larger images)"
-    return f" (at --image-size {workload.image_size})"
+    text, size = error or "", workload.image_size
+    if "Target" in text and "out of bounds" in text:
+        return (f" (the data has {workload.num_classes} classes: the model must output as many; "
+                "a factory that takes num_classes= is given it)")
+    if "too small" in text:
+        return f" (at --image-size {size}; the model needs larger images)"
+    if size != 224 and ("shape" in text or "size of tensor" in text):
+        return f" (at --image-size {size}; the model may be built for 224 px: try --image-size 224)"
+    return f" (at --image-size {size})"
 
 
 def _with_budget(options: TrialOptions, budget: int | None) -> TrialOptions:
