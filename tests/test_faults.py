@@ -287,7 +287,7 @@ def test_an_interrupted_trial_stops_the_search_and_is_never_stored(tmp_path, cac
     config = SearchConfig(model="resnet18", trials=3, image_size=32, device="cpu", trial_seconds=1.0,
                           out=tmp_path / "out", cache_dir=cache_dir, synthetic_images=64)
     with pytest.raises(SearchInterrupted):
-        run_search(config, runner=steady_runner)
+        run_search(config, runner=runner)
     study = study_of(tmp_path / "out")
     assert [t.state for t in study.trials[:2]] == [TrialState.COMPLETE, TrialState.FAIL]
     assert "result" not in study.trials[1].user_attrs  # not recorded as the setup's failure
@@ -395,7 +395,7 @@ def test_a_ctrl_c_whose_interrupt_python_dropped_still_stops_the_search(tmp_path
     config = SearchConfig(model="resnet18", trials=3, image_size=32, device="cpu", trial_seconds=1.0,
                           out=tmp_path / "out", cache_dir=cache_dir, synthetic_images=64)
     with pytest.raises(SearchInterrupted):
-        run_search(config, runner=steady_runner)
+        run_search(config, runner=runner)
     assert len(calls) == 2  # nothing ran after it
     assert [t.state for t in study_of(tmp_path / "out").trials[:2]] == [TrialState.COMPLETE, TrialState.FAIL]
     # A later search in the same process starts afresh.
@@ -485,7 +485,7 @@ def test_bad_data_in_a_trial_stops_the_search_naming_the_file(tmp_path, cache_di
     config = SearchConfig(model="resnet18", trials=4, image_size=32, device="cpu", trial_seconds=1.0,
                           out=tmp_path / "out", cache_dir=cache_dir, synthetic_images=64)
     with pytest.raises(WorkloadError, match=r"bad data: /data/cats/7.jpg: cannot decode"):
-        run_search(config, runner=steady_runner)
+        run_search(config, runner=runner)
     study = study_of(tmp_path / "out")
     assert study.trials[0].state == TrialState.COMPLETE  # the defaults are kept
     assert study.trials[1].state == TrialState.FAIL and "result" not in study.trials[1].user_attrs
