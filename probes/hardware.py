@@ -113,12 +113,16 @@ def _gpu_warning(gpu: GpuInfo) -> str | None:
     )
 
 
+def _address_space(limit: int) -> str:
+    return f"ulimit -v limits this process to {format_bytes(limit)} of address space"
+
+
 def address_space_warning(limit: int | None) -> str | None:
     """The sentence for a ``ulimit -v`` of ``limit`` bytes (None: no limit, no sentence)."""
     if limit is None:
         return None
     return (
-        f"ulimit -v limits this process to {format_bytes(limit)} of address space: every library it maps counts, "
+        f"{_address_space(limit)}: every library it maps counts, "
         "importing torch maps several GiB before the first tensor and a CUDA context reserves far more, so imports "
         "fail with 'failed to map segment' and trials run out of memory while RAM is free. "
         "Raise it (ulimit -v unlimited) before a search."
@@ -127,8 +131,8 @@ def address_space_warning(limit: int | None) -> str | None:
 
 def address_space_note() -> str:
     """`` (ulimit -v limits this process to 3.0 GiB of address space)`` to end an error line with; empty without a limit."""
-    sentence = address_space_warning(address_space_limit())
-    return f" ({sentence.split(':')[0]})" if sentence else ""
+    limit = address_space_limit()
+    return f" ({_address_space(limit)})" if limit is not None else ""
 
 
 def hardware_warnings(

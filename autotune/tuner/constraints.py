@@ -208,6 +208,11 @@ def apply_constraints(
     return values
 
 
+def allows_workers(constraint: Constraint | None) -> bool:
+    """Whether a ``--set num_workers`` constraint (None: not given) leaves a count of one loader worker or more."""
+    return constraint is None or any(constraint.allows(n) for n in range(1, INT_LIMITS["num_workers"] + 1))
+
+
 def excluding(constraints: dict[str, Constraint], setup: TrainSetup) -> str | None:
     """The ``--set`` values ``setup`` does not satisfy, as the user wrote them (``--set num_workers=1``); None if it does."""
     said = [f"--set {c}" for knob, c in constraints.items() if not c.allows(getattr(setup, knob))]

@@ -30,7 +30,7 @@ from autotune.train_setup import TrainSetup
 from autotune.tuner.calibrate import calibrate
 from autotune.tuner.config import SearchConfig, SearchOutcome, Timing
 from autotune.tuner.confirm import confirm, confirmation_plan, measure_ceilings, pick_candidates
-from autotune.tuner.constraints import check_constraints, check_effective_batch, excluding, merge_constraints
+from autotune.tuner.constraints import allows_workers, check_constraints, check_effective_batch, excluding, merge_constraints
 from autotune.tuner.explore import Exploration
 from autotune.tuner.guesses import guess_setups
 from autotune.tuner.identity import machine_fingerprint, signature, study_name
@@ -198,9 +198,7 @@ def prepare(config: SearchConfig, reporter: Reporter) -> Prepared:
     out = Path(config.out)
     check_writable(out)
     if config.workload is not None:
-        pinned = constraints.get("num_workers")
-        workers = pinned is None or any(pinned.allows(n) for n in range(1, 257))
-        workload = build_task_workload(config.workload, device=device.name, workers=workers)
+        workload = build_task_workload(config.workload, device=device.name, workers=allows_workers(constraints.get("num_workers")))
     else:
         workload = build_workload(
             model=config.model, image_size=config.image_size, data=config.data, device=device.name, cache_dir=config.cache_dir,

@@ -18,7 +18,15 @@ from autotune.devices import DeviceInfo
 from autotune.errors import UsageError
 from autotune.records import Calibration, Workload
 from autotune.train_setup import DDP_KNOBS, KNOBS, TrainSetup
-from autotune.tuner.constraints import RANGE_KNOBS, Constraint, apply_constraints, check_constraints, check_effective_batch, shown
+from autotune.tuner.constraints import (
+    RANGE_KNOBS,
+    Constraint,
+    allows_workers,
+    apply_constraints,
+    check_constraints,
+    check_effective_batch,
+    shown,
+)
 from autotune.tuner.offered import check_workload_constraints, torch_knob_values
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -273,8 +281,7 @@ def check_pins_act(constraints: dict[str, Constraint], image_input: bool, world_
     pinned = constraints.get("channels_last")
     if not image_input and pinned is not None and pinned.allows(True) and not pinned.allows(False):
         raise UsageError("--set channels_last=true: this workload's batches hold no 4-D floating tensor for it to act on")
-    workers = constraints.get("num_workers")
-    if workers is not None and not any(workers.allows(n) for n in range(1, 1025)):
+    if not allows_workers(constraints.get("num_workers")):
         for knob in ("prefetch_factor", "persistent_workers"):
             if knob in constraints:
                 raise UsageError(f"--set {knob}: the DataLoader uses it only with workers, and --set num_workers=0 leaves none")

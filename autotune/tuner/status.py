@@ -8,14 +8,12 @@ from typing import Any
 
 from optuna.trial import TrialState
 
-from autotune.errors import AutotuneError
 from autotune.output.best import Best
-from autotune.output.sections import is_confirmed
 from autotune.records import TrialRecord
 from autotune.tuner.budget import STUDY_BUDGET, counted
 from autotune.tuner.lock import Holder
 from autotune.tuner.study import ATTR_MARKER, STUDY_HOLDER, SearchStudy
-from autotune.tuner.study_report import stored_best
+from autotune.tuner.study_report import kept_winner
 from autotune.tuner.workers import ATTR_WORKER, STUDY_WINNER
 
 
@@ -123,11 +121,8 @@ def study_status(storage: str, study: str | None = None, out: Path | None = None
     winner = Best.from_dict(stored["best"]) if isinstance(stored, dict) else None
     winner_by = f"{stored.get('by')} (best.json and train.py in {stored.get('out')})" if isinstance(stored, dict) else None
     if winner is None and out is not None:
-        try:
-            best = stored_best(out, found, records)
-        except AutotuneError:  # an unreadable best.json holds no winner; the study still has its trials
-            best = None
-        if best is not None and is_confirmed(best):  # an interrupted search's best.json is no winner
+        best = kept_winner(out, found, records)  # an interrupted search's or an unreadable best.json is no winner
+        if best is not None:
             winner, winner_by = best, f"this search (best.json and train.py in {out.resolve()})"
     lone = not any(ATTR_WORKER in t.user_attrs for t in trials)
     return StudyStatus(

@@ -80,7 +80,8 @@ def report_search(
 
 
 def kept_winner(out: Path, study: SearchStudy, records: list[TrialRecord]) -> Best | None:
-    """The confirmed winner an earlier run of ``study`` left in ``out/best.json``, which an interrupted run keeps."""
+    """The confirmed winner a run of ``study`` left in ``out/best.json`` (an interrupted rerun keeps it;
+    ``autotune status DIR`` names it); None when there is none or the file cannot be read."""
     try:
         best = stored_best(out, study, records)
     except AutotuneError:  # unreadable: nothing to keep
