@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import shutil
 import time
 from pathlib import Path
@@ -190,6 +191,8 @@ def test_a_ddp_search_emits_train_py_for_its_world_size(tmp_path: Path) -> None:
     assert len({r.setup.bucket_cap_mb for r in outcome.records}) > 1  # the DDP knobs are searched
     assert "# Run: torchrun --nproc_per_node 2 " in (tmp_path / "out" / "train.py").read_text()
     assert '"world_size": 2' in (tmp_path / "out" / "best.json").read_text()
+    rows = list(csv.DictReader((tmp_path / "out" / "trials.csv").open()))
+    assert rows and {row["effective_batch"] for row in rows} == {"32"}  # every rank counted, as in best.json
     from rich.console import Console
 
     from autotune.render import render_search

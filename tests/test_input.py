@@ -145,6 +145,20 @@ def test_passwords_never_reach_best_json_train_py_or_messages(tmp_path, cache_di
     with pytest.raises(StorageError) as caught:
         SearchStudy.open("postgresql+nosuchdriver://me:s3cret@localhost:1/db", "x")
     assert "s3cret" not in str(caught.value) and "me:***@localhost" in str(caught.value)
+    with pytest.raises(StorageError, match=r"me:\*\*\*@localhost.*: write postgresql:// ") as caught:
+        SearchStudy.open("postgres://me:s3cret@localhost:1/db", "x")  # a common spelling SQLAlchemy lacks
+    assert "s3cret" not in str(caught.value)
+
+
+def test_status_of_a_shared_workers_directory_asks_for_its_storage(tmp_path) -> None:
+    from autotune.errors import StorageError
+    from autotune.tuner.study_report import storage_of
+
+    (tmp_path / "trials.csv").write_text("trial\n")  # a worker's --out: its study is in the --storage it was given
+    with pytest.raises(StorageError, match="its search kept the study in its --storage; pass that --storage URL --study NAME"):
+        storage_of(tmp_path, None)
+    with pytest.raises(StorageError, match="run `autotune search --out"):
+        storage_of(tmp_path / "empty", None)
 
 
 @pytest.mark.parametrize(

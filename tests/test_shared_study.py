@@ -135,6 +135,20 @@ def test_two_workers_share_one_budget_on_postgresql(shared: Shared) -> None:
 
 
 @pytest.mark.slow
+def test_any_directory_reports_the_shared_winner_without_the_password(shared: Shared, tmp_path) -> None:
+    """``autotune report`` from a directory without best.json shows the winner a worker stored, and no password."""
+    written = next(json.loads((out / "best.json").read_text()) for out in shared.outs if (out / "best.json").exists())
+    url = shared.storage.replace("postgres@", "postgres:S3cret-pw@")  # the test server trusts: the password goes unused
+    report = subprocess.run([sys.executable, "-m", "autotune", "report", str(tmp_path), "--storage", url, "--study", shared.study],
+                            capture_output=True, text=True, env=env(), timeout=120)
+    assert report.returncode == 0, report.stderr
+    html = (tmp_path / "report.html").read_text()
+    assert "S3cret-pw" not in html and "postgres:***@" in html
+    assert "finished: confirmed by" in html and "in progress" not in html
+    assert TrainSetup.from_dict(written["setup"]).describe() in html
+
+
+@pytest.mark.slow
 def test_a_worker_with_another_fingerprint_is_refused(shared: Shared, tmp_path) -> None:
     study = load(shared.storage, shared.study)
     stored = dict(study.user_attrs["signature"])

@@ -62,6 +62,17 @@ def test_a_changed_set_is_named_as_the_user_wrote_it_and_an_older_study_s_constr
     assert signature_difference(older, signed("num_threads=auto,1", "num_workers=1..4")) is None
 
 
+def test_a_study_without_ddp_is_named_one_rank_when_ddp_is_asked() -> None:
+    from autotune.records import Workload
+    from autotune.tuner.config import SearchConfig
+    from autotune.tuner.identity import signature
+
+    lone = signature(SearchConfig(model="resnet18", trials=3), Workload(model="resnet18"))
+    ddp = signature(SearchConfig(model="resnet18", trials=3, nproc_per_node=2), Workload(model="resnet18"))
+    assert signature_difference(lone, ddp) == "nproc_per_node: 1 there, 2 now"
+    assert signature_difference(ddp, lone) == "nproc_per_node: 2 there, 1 now"
+
+
 def test_a_study_sampled_in_an_older_space_is_refused_not_crashed(tmp_path: Path) -> None:
     from autotune.records import Workload
     from autotune.tuner.config import SearchConfig

@@ -34,6 +34,7 @@ from autotune.output.sections import (
     summary_section,
     time_section,
 )
+from autotune.redact import hide_passwords
 from autotune.units import format_bytes
 
 __all__ = ["HEADLINE", "PLOTS_HINT", "REPORT", "ReportInput", "render_report", "write_report"]
@@ -83,7 +84,7 @@ def _header(data: ReportInput) -> str:
     counts = Counter(r.result.status for r in data.records)
     tally = ", ".join(f"{n} {status}" for status, n in counts.most_common())
     lines = [f"<h1>autotune report: {escape(data.study)}</h1>"]
-    meta = [f"{len(data.records)} trials ({tally or 'none'})", f"search {data.status}", f"storage <code>{escape(data.storage)}</code>"]
+    meta = [f"{len(data.records)} trials ({tally or 'none'})", f"search {data.status}", f"storage <code>{escape(hide_passwords(data.storage))}</code>"]
     if best is not None:
         w = best.workload
         meta.insert(0, escape(f"{w.model} @ {w.image_size}px on {w.device}, data: {w.data or 'synthetic JPEGs'}"))

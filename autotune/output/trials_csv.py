@@ -27,8 +27,8 @@ RESULT_COLUMNS = (
 _FIELDS = {"threads_used": "num_threads"}
 
 
-def write_trials_csv(path: Path, records: list[TrialRecord]) -> None:
-    """All finished trials, one row each, atomically."""
+def write_trials_csv(path: Path, records: list[TrialRecord], world_size: int = 1) -> None:
+    """All finished trials, one row each, atomically (``effective_batch`` counts every one of ``world_size`` ranks)."""
     buffer = io.StringIO()
     writer = csv.writer(buffer)
     writer.writerow(["trial", "role", *KNOBS, *RESULT_COLUMNS, "effective_batch", "reused_from", "error"])
@@ -36,6 +36,6 @@ def write_trials_csv(path: Path, records: list[TrialRecord]) -> None:
         knobs = [getattr(r.setup, k) for k in KNOBS]
         results = [getattr(r.result, _FIELDS.get(c, c)) for c in RESULT_COLUMNS]
         writer.writerow(
-            [r.number, r.role, *knobs, *results, r.setup.effective_batch(), r.reused_from, r.result.error or ""]
+            [r.number, r.role, *knobs, *results, r.setup.effective_batch(world_size), r.reused_from, r.result.error or ""]
         )
     atomic_write_text(path, buffer.getvalue())

@@ -19,7 +19,7 @@ from pathlib import Path
 import optuna
 
 from autotune.output.trials_csv import write_trials_csv
-from autotune.records import TrialOptions, TrialResult, Workload
+from autotune.records import TrialOptions, TrialRecord, TrialResult, Workload
 from autotune.runner import TrialRunner, WindowCallback
 from autotune.train_setup import TrainSetup
 from autotune.tuner.budget import STUDY_BUDGET
@@ -54,6 +54,10 @@ class Exploration:
     csv_path: Path
     neighbours: int = 0
 
+    def write_csv(self, records: list[TrialRecord]) -> None:
+        """Rewrite ``trials.csv`` with ``records`` (effective batches over every rank of a trial)."""
+        write_trials_csv(self.csv_path, records, self.options.world_size)
+
 
 def explore(study: SearchStudy, plan: Exploration, reporter: Reporter, runner: TrialRunner) -> None:
     """Run trials until ``plan.wanted`` are finished.
@@ -87,7 +91,7 @@ def explore(study: SearchStudy, plan: Exploration, reporter: Reporter, runner: T
         with interrupts_held():
             study.tell(trial, result)
             records = study.records()
-            write_trials_csv(plan.csv_path, records)
+            plan.write_csv(records)
             best = max((r.result.samples_per_s or 0.0 for r in records if r.result.ok), default=None)
             record = next(r for r in records if r.number == trial.number)
             reporter.trial_finished(study.finished(plan.wanted), plan.wanted, record, best)
@@ -136,12 +140,13 @@ def unrunnable(setup: TrainSetup, workload: Workload) -> TrialResult | None:
     images = workload.images
     if images is None:
         return None
+    unit = "samples" if workload.task else "images"
     if setup.effective_batch() > images:
         return TrialResult(
             status="error",
             error=(
                 f"batch {setup.batch_size} x {setup.accumulation_steps} accumulation = {setup.effective_batch()} "
-                f"exceeds the {images} training {'samples' if workload.task else 'images'}: an epoch would hold no optimizer step"
+                f"exceeds the {images} training {unit}: an epoch would hold no optimizer step"
             ),
         )
     queue = setup.num_workers * (setup.prefetch_factor or 2) * setup.batch_size
@@ -150,7 +155,7 @@ def unrunnable(setup: TrainSetup, workload: Workload) -> TrialResult | None:
             status="error",
             error=(
                 f"the loader queue ({setup.num_workers} workers x prefetch {setup.prefetch_factor or 2} x batch "
-                f"{setup.batch_size} = {queue} samples) is larger than an epoch of {images} images"
+                f"{setup.batch_size} = {queue} samples) is larger than an epoch of {images} {unit}"
             ),
         )
     return None

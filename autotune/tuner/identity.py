@@ -77,6 +77,10 @@ def _as_set(entry: Any) -> Any:
         return entry
 
 
+#: The value of a signature key that is stored only when it is not the default.
+_ABSENT: dict[str, Any] = {"nproc_per_node": 1}
+
+
 def _said(constraints: Any) -> str:
     return " ".join(f"--set {c}" for c in constraints or ()) or "no --set"
 
@@ -92,5 +96,6 @@ def signature_difference(stored: dict[str, Any], current: dict[str, Any]) -> str
         if stored.get(key) != normalized.get(key):
             if key == "constraints":
                 return f"{_said(stored.get(key))} there, {_said(normalized.get(key))} now"
-            return f"{key}: {stored.get(key)!r} there, {normalized.get(key)!r} now"
+            absent = _ABSENT.get(key)  # a key left out of a signature for its default
+            return f"{key}: {stored.get(key, absent)!r} there, {normalized.get(key, absent)!r} now"
     return "settings differ"

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 
 import optuna
 
-from autotune.output.trials_csv import write_trials_csv
 from autotune.records import TrialResult
 from autotune.runner import TrialRunner, WindowCallback
 from autotune.train_setup import TrainSetup
@@ -140,7 +139,7 @@ class _Parallel:
             self.study.record(trial, entry.role, entry.setup, done.result, reused_from, free)
             self.study.tell(trial, done.result)
             records = self.study.records()
-            write_trials_csv(self.plan.csv_path, records)
+            self.plan.write_csv(records)
             best = max((r.result.samples_per_s or 0.0 for r in records if r.result.ok), default=None)
             record = next(r for r in records if r.number == trial.number)
             self.reporter.trial_finished(self.study.finished(self.plan.wanted), self.plan.wanted, record, best)

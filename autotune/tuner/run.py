@@ -23,7 +23,6 @@ from autotune.errors import AutotuneError, SearchFailed, SearchInterrupted
 from autotune.files import check_writable
 from autotune.output.best import write_best
 from autotune.output.emit import write_script
-from autotune.output.trials_csv import write_trials_csv
 from autotune.records import Calibration, Confirmed, TrialOptions, TrialRecord, Workload
 from autotune.runner import TrialRunner, prestart, run_trial
 from autotune.train_setup import TrainSetup
@@ -111,14 +110,15 @@ def _search(
     first = (crew.once(lambda: first_steps(config, prepared, reporter, placed), reporter) if crew else None)
     calibration, space = first or first_steps(config, prepared, reporter, placed)
     defaults = defaults_setup(prepared.placement.rank_batch(config.effective_batch), prepared.workload.reference_batch, prepared.workload.images)
-    options = TrialOptions(trial_seconds=config.trial_seconds, timeout_s=config.timeout_s, max_memory_bytes=config.max_memory)
+    options = TrialOptions(trial_seconds=config.trial_seconds, timeout_s=config.timeout_s, max_memory_bytes=config.max_memory,
+                           world_size=prepared.placement.world_size)
     moves = reserved_neighbours(config.trials) if config.sampler == "tpe" else 0  # the random baseline stays random
     plan = Exploration(space, defaults, prepared.workload, options, config.trials, prepared.out / "trials.csv", moves)
     timing.phase = "search"
     explore_all = partial(crew.explore, runner=placed) if crew else partial(explore_placed, prepared.placement, runner=timed)
     interrupted = not runs_to_the_end(lambda: explore_all(prepared.study, plan, reporter))
     records = prepared.study.records()
-    write_trials_csv(plan.csv_path, records)
+    plan.write_csv(records)
     feasible = [r for r in records if r.result.ok and r.result.samples_per_s]
     if not feasible:
         timing.wall_s = time.monotonic() - began

@@ -13,8 +13,8 @@ from autotune.records import TrialRecord
 from autotune.tuner.budget import STUDY_BUDGET, counted
 from autotune.tuner.lock import Holder
 from autotune.tuner.study import ATTR_MARKER, STUDY_HOLDER, SearchStudy
-from autotune.tuner.study_report import kept_winner
-from autotune.tuner.workers import ATTR_WORKER, STUDY_WINNER
+from autotune.tuner.study_report import kept_winner, published_winner
+from autotune.tuner.workers import ATTR_WORKER
 
 
 @dataclass(frozen=True)
@@ -117,9 +117,7 @@ def study_status(storage: str, study: str | None = None, out: Path | None = None
             running.append(Running(t.number, holder.describe() if holder else "an unknown worker", gone=gone))
     records = found.records()
     feasible = [r for r in records if r.result.ok and r.result.samples_per_s]
-    stored = attrs.get(STUDY_WINNER)
-    winner = Best.from_dict(stored["best"]) if isinstance(stored, dict) else None
-    winner_by = f"{stored.get('by')} (best.json and train.py in {stored.get('out')})" if isinstance(stored, dict) else None
+    winner, winner_by = published_winner(found) or (None, None)
     if winner is None and out is not None:
         best = kept_winner(out, found, records)  # an interrupted search's or an unreadable best.json is no winner
         if best is not None:

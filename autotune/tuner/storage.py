@@ -118,6 +118,8 @@ def open_storage(url: str) -> str | BaseStorage:
     Raises:
         StorageError: The storage cannot be opened (the password is hidden).
     """
+    if url.startswith("postgres:"):  # SQLAlchemy knows the dialect as postgresql only
+        raise StorageError(hide_passwords(f"cannot open study storage {url!r}: write postgresql:// (SQLAlchemy has no postgres:// dialect)"))
     path = journal_path(url)
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     try:

@@ -53,6 +53,7 @@ STUDY_STARTUP_TRIALS = "n_startup_trials"
 STUDY_HOLDER = "holder"
 STUDY_TIME_SPENT = "time_spent"
 STUDY_VERDICT = "verdict"
+STUDY_WINNER = "winner"  # a shared study's confirmed winner of a budget: {"trials", "best", "by", "out"}
 
 #: Confirmation measurements per candidate key: (samples/s values, failure lines).
 Rounds = dict[str, tuple[list[float], list[str]]]

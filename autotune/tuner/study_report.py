@@ -22,7 +22,7 @@ from autotune.time_spent import TimeSpent
 from autotune.train_setup import TrainSetup
 from autotune.tuner.config import SearchOutcome
 from autotune.tuner.signals import interrupts_held
-from autotune.tuner.study import ROLE_DEFAULTS, STUDY_SIGNATURE, SearchStudy
+from autotune.tuner.study import ROLE_DEFAULTS, STUDY_SIGNATURE, STUDY_WINNER, SearchStudy
 
 
 def write_search_report(study: SearchStudy, out: Path, data: ReportInput, log: Callable[[str], None]) -> tuple[str, ...]:
@@ -89,6 +89,22 @@ def kept_winner(out: Path, study: SearchStudy, records: list[TrialRecord]) -> Be
     return best if best is not None and is_confirmed(best) else None
 
 
+def published_winner(study: SearchStudy) -> tuple[Best, str] | None:
+    """The winner a shared study's confirming worker stored, and who wrote it where; None for none.
+
+    Any worker's ``autotune status`` and ``autotune report`` read it, whichever
+    directory holds that worker's best.json and train.py.
+    """
+    stored = study.study.user_attrs.get(STUDY_WINNER)
+    if not isinstance(stored, dict) or not isinstance(stored.get("best"), dict):
+        return None
+    try:
+        best = Best.from_dict(stored["best"])
+    except AutotuneError:  # written by another version: no winner to show
+        return None
+    return best, f"{stored.get('by')} (best.json and train.py in {stored.get('out')})"
+
+
 def stored_confirmed(study: SearchStudy, records: list[TrialRecord]) -> tuple[Confirmed, ...]:
     """The stored confirmation rounds, labelled like the search labels them."""
     found = []
@@ -124,6 +140,8 @@ def storage_of(out: Path, storage: str | None) -> str:
         return storage
     db = out / "study.db"
     if not db.is_file():
+        if (out / "trials.csv").is_file():  # a worker of a study kept in --storage (a server or a journal file)
+            raise StorageError(f"no study in {out}: its search kept the study in its --storage; pass that --storage URL --study NAME")
         raise StorageError(
             f"no study in {out}: {db} does not exist (run `autotune search --out {out}` first, or pass --storage URL --study NAME)"
         )
@@ -148,15 +166,20 @@ def report_study(out: Path, *, storage: str | None = None, study: str | None = N
     stored = SearchStudy.load(storage, study)
     records = stored.records()
     if not records:
-        raise StorageError(f"study {stored.name!r} in {storage} holds no finished trial yet: nothing to report")
+        raise StorageError(f"study {stored.name!r} in {stored.storage} holds no finished trial yet: nothing to report")
     calibration = stored.calibration()
     try:
         best, unreadable = stored_best(out, stored, records), ""
     except AutotuneError as exc:  # the study still holds every trial: report them without a winner
         best, unreadable = None, str(exc)
+    published = published_winner(stored) if best is None else None
+    if published is not None:  # a shared study: another worker confirmed and wrote its best.json
+        best = published[0]
     verdict, ceilings = stored.verdict() if best is not None else (None, None)
     spent = stored.time_spent()
-    if unreadable:
+    if published is not None:
+        status = f"finished: confirmed by {published[1]}"
+    elif unreadable:
         status = f"winner not shown: {unreadable}; rerun the search's command to write best.json again"
     elif best is None:
         status = "in progress or interrupted (no best.json yet)"
@@ -173,7 +196,7 @@ def report_study(out: Path, *, storage: str | None = None, study: str | None = N
         ceilings=ceilings,
         time_spent=spent or TimeSpent.from_records(records),
         study=stored.name,
-        storage=storage,
+        storage=stored.storage,  # the password hidden
         time_complete=spent is not None,
         status=status,
     )

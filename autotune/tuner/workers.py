@@ -39,7 +39,6 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.errors import StorageError
 from autotune.output.best import Best
-from autotune.output.trials_csv import write_trials_csv
 from autotune.records import Calibration, TrialRecord, TrialResult
 from autotune.runner import TrialRunner, WindowCallback
 from autotune.tuner.budget import STUDY_BUDGET
@@ -49,7 +48,7 @@ from autotune.tuner.lock import Holder
 from autotune.tuner.progress import Reporter
 from autotune.tuner.signals import interrupts_held
 from autotune.tuner.storage import CONNECTION_ERRORS, heartbeats, with_retries
-from autotune.tuner.study import ATTR_MARKER, ATTR_ROLE, ROLE_SEARCH, SearchStudy
+from autotune.tuner.study import ATTR_MARKER, ATTR_ROLE, ROLE_SEARCH, STUDY_WINNER, SearchStudy
 from autotune.tuner.study_report import stored_confirmed
 
 T = TypeVar("T")
@@ -58,7 +57,6 @@ T = TypeVar("T")
 ATTR_WORKER = "worker"
 #: Study user attributes of a shared study.
 STUDY_READY = "first_trials"  # set once calibration and the first trials are in: who did it
-STUDY_WINNER = "winner"  # the confirmed winner of a budget: {"trials", "best", "by", "out"}
 
 MARKER_CALIBRATE = "calibrate"
 
@@ -305,7 +303,7 @@ class Crew:
         pending: list[TrialRecord] = []
 
         def keep_locally() -> None:  # the storage is gone: what this worker measured stays in its --out
-            write_trials_csv(plan.csv_path, [*known, *pending])
+            plan.write_csv([*known, *pending])
 
         try:
             with interrupts_held():
@@ -336,7 +334,7 @@ class Crew:
             raise
         with interrupts_held():
             records = self._retry(study.records, keep_locally)
-            write_trials_csv(plan.csv_path, records)
+            plan.write_csv(records)
             best = max((r.result.samples_per_s or 0.0 for r in records if r.result.ok), default=None)
             record = next((r for r in records if r.number == trial.number), pending[0])
             reporter.trial_finished(self._retry(lambda: study.counts(plan.wanted))[0], plan.wanted, record, best)
