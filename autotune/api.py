@@ -38,18 +38,27 @@ WorkloadRef = str | Callable[..., Any]
 
 #: Refusal of a workload given together with the classifier shorthand's data.
 WORKLOAD_AND_DATA = "give a workload (--workload) or the classifier shorthand (--model, --data, --image-size), not both"
+#: The shorthand's defaults of the options a workload has its own answer to (its Task's lr and dataset).
+SHORTHAND_DEFAULTS = {"lr": 1e-3, "cache_dir": None, "synthetic_images": 2000}
 
 
 def _shorthand(
-    workload: WorkloadRef | None, model: str | None, data: str | Path | None, image_size: int | None, default_model: str
+    workload: WorkloadRef | None, model: str | None, data: str | Path | None, image_size: int | None, default_model: str,
+    **shorthand_only: Any,
 ) -> tuple[str, int]:
     """The classifier shorthand's model and crop size; refuses them next to a workload.
 
     Raises:
-        UsageError: A workload given together with ``model``, ``data`` or ``image_size``.
+        UsageError: A workload given together with ``model``, ``data`` or
+            ``image_size``, or with a ``shorthand_only`` option off its default
+            (``lr``, ``cache_dir``, ``synthetic_images``: a Task has its own).
     """
     if workload is not None and (model is not None or data is not None or image_size is not None):
         raise UsageError(WORKLOAD_AND_DATA)
+    changed = [name for name, value in shorthand_only.items() if value != SHORTHAND_DEFAULTS[name]]
+    if workload is not None and changed:
+        flags = ", ".join("--" + name.replace("_", "-") for name in changed)
+        raise UsageError(f"{flags}: for the classifier shorthand only; a workload's Task sets its own learning rate and data")
     return model if model is not None else default_model, image_size if image_size is not None else 224
 
 
@@ -194,7 +203,8 @@ def search(
         AutotuneError: Bad input (before anything is written), an unusable
             storage, no feasible trial, or an interruption (finished trials kept).
     """
-    model, image_size = _shorthand(workload, model, data, image_size, "resnet50")
+    model, image_size = _shorthand(workload, model, data, image_size, "resnet50", lr=lr, cache_dir=cache_dir,
+                                   synthetic_images=synthetic_images)
     config = SearchConfig(
         model=model,
         trials=trials,
@@ -333,7 +343,8 @@ def trial(
     """
     from autotune.runner import prestart, run_trial
 
-    model, image_size = _shorthand(workload, model, data, image_size, "resnet18")
+    model, image_size = _shorthand(workload, model, data, image_size, "resnet18", cache_dir=cache_dir,
+                                   synthetic_images=synthetic_images)
     if setup is not None and not isinstance(setup, TrainSetup):
         raise UsageError(f"setup must be an autotune.TrainSetup (autotune.load_setup(path) reads one from best.json), got {type(setup).__name__}")
     task_batch = task_batch or setup is None

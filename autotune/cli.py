@@ -76,6 +76,7 @@ def handle_errors(func: F) -> F:
             raise
         except Exception as exc:
             if _debug():
+                exc.__suppress_context__ = False  # the user's own traceback (a Task's factory, a forward) under ours
                 raise
             raise fail(*_error_line(exc)) from None
 

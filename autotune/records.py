@@ -57,6 +57,7 @@ class Workload:
         own_optimizer: Whether a Task brings its own optimizer factory
             (``optimizer_impl`` is then not offered).
         unsharded: An iterable dataset that every loader worker yields whole: one worker at most.
+        parameters: Trainable parameters of a Task's model (a changed model is another search).
     """
 
     model: str
@@ -77,6 +78,7 @@ class Workload:
     fixed_shapes: bool = True
     own_optimizer: bool = False
     unsharded: bool = False
+    parameters: int | None = None
 
     def __post_init__(self) -> None:
         if self.lr_scaling not in LR_SCALINGS:
@@ -114,9 +116,7 @@ class Workload:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Workload:
         """Inverse of :meth:`to_dict`."""
-        data = dict(data)
-        data["sys_path"] = tuple(data.get("sys_path", ()))
-        return cls(**data)
+        return cls(**{**data, "sys_path": tuple(data.get("sys_path", ()))})
 
 
 Status = Literal["ok", "oom", "timeout", "error", "diverged", "pruned", "interrupted", "bad_data"]

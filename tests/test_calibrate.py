@@ -278,3 +278,22 @@ def test_the_pre_pass_log_gives_the_reason_of_a_failed_batch() -> None:
               bf16_ok=True, log=lines.append, runner=FakeRunner(fail_above=8))
     assert "memory pre-pass: batch 8: ok, peak 108 MiB" in lines
     assert any(line.startswith("memory pre-pass: batch 32: oom (too big)") for line in lines), lines
+
+
+def test_a_short_stream_bounds_the_batch_by_the_batches_it_fills() -> None:
+    """An iterable dataset of unknown length that holds 50 samples: the search keeps batches it fills (32), not 64."""
+
+    class ShortStream(FakeRunner):
+        def __call__(self, setup, workload, options=None, *, on_window=None) -> TrialResult:
+            if options is not None and options.mode == "loader" and setup.batch_size > 50:
+                self.calls.append((options.mode, setup))
+                return TrialResult(status="error", error="RuntimeError: the dataset yields no full batch")
+            return super().__call__(setup, workload, options, on_window=on_window)
+
+    runner, logged = ShortStream(), []
+    stream = Workload(model="m:f", task="m:f", device="cpu", images=None, iterable=True, image_input=False)
+    result = calibrate(stream, CPU, usable_cores=2, available_bytes=2**40, max_memory=None, trial_seconds=3.0,
+                       bf16_ok=True, log=logged.append, runner=runner, batch_cap=256)
+    assert result.max_batch == 32 and result.probe_batch <= 32
+    assert any("no full batch of 64 samples: the search keeps batch_size <= 32" in line for line in logged)
+    assert all(setup.batch_size <= 32 for mode, setup in runner.calls[-len(result.loader):] if mode == "loader")

@@ -745,3 +745,28 @@ def test_confirmation_rounds_are_never_reused_across_runs(tmp_path, cache_dir) -
     second = run_search(_config(tmp_path, cache_dir, trials=4), Counting(), runner=_fake)
     assert len(confirmations) - measured_first == sum(len(c.values) for c in second.confirmed)
     assert all(len(c.values) == 2 for c in second.confirmed)  # this run's rounds only, not 2 + 2
+
+
+def test_defaults_that_diverge_stop_the_search_in_one_line_and_keep_the_trials(tmp_path, cache_dir) -> None:
+    """A recipe whose loss turns NaN only after some steps passes calibration; its defaults' trial diverging ends the search."""
+    from autotune.errors import WorkloadError
+    from autotune.records import TrialResult
+    from autotune.train_setup import TrainSetup
+    from autotune.tuner import SearchConfig, run_search
+    from autotune.tuner.study import SearchStudy
+
+    def runner_(setup, workload, options=None, *, on_window=None):
+        if options is not None and options.mode == "train" and setup.batch_size == TrainSetup().batch_size and setup.num_workers == 0:
+            return TrialResult(status="diverged", error="the loss became NaN or infinite")
+        return TrialResult(status="ok", samples_per_s=100.0, windows=(100.0,), peak_memory_bytes=2**20)
+
+    config = SearchConfig(model="resnet18", trials=4, image_size=32, device="cpu", trial_seconds=1.0, out=tmp_path / "out",
+                          cache_dir=cache_dir, synthetic_images=64, confirm_rounds=1)
+    with pytest.raises(WorkloadError, match=r"the loss became NaN or infinite in trial #0, the PyTorch defaults .* the recipe diverges"):
+        run_search(config, runner=runner_)
+    stored = SearchStudy.load(f"sqlite:///{tmp_path / 'out' / 'study.db'}")
+    assert [r.result.status for r in stored.records()] == ["diverged"]  # kept, and no trial after it
+    assert not (tmp_path / "out" / "best.json").exists()
+    with pytest.raises(WorkloadError, match="the recipe diverges"):  # the same command again runs no trial
+        run_search(config, runner=runner_)
+    assert len(SearchStudy.load(f"sqlite:///{tmp_path / 'out' / 'study.db'}").records()) == 1

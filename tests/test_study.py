@@ -8,7 +8,7 @@ import pytest
 
 from autotune.errors import StorageError
 from autotune.records import Calibration, TrialResult
-from autotune.train_setup import TrainSetup
+from autotune.train_setup import KNOBS, TrainSetup
 from autotune.tuner.identity import signature_difference
 from autotune.tuner.study import ROLE_DEFAULTS, ROLE_SEARCH, SearchStudy, startup_trials_for
 
@@ -71,6 +71,42 @@ def test_a_study_without_ddp_is_named_one_rank_when_ddp_is_asked() -> None:
     ddp = signature(SearchConfig(model="resnet18", trials=3, nproc_per_node=2), Workload(model="resnet18"))
     assert signature_difference(lone, ddp) == "nproc_per_node: 1 there, 2 now"
     assert signature_difference(ddp, lone) == "nproc_per_node: 2 there, 1 now"
+
+
+def test_a_changed_task_model_or_data_size_is_another_search() -> None:
+    from autotune.records import Workload
+    from autotune.tuner.config import SearchConfig
+    from autotune.tuner.identity import signature
+
+    def signed(images: int, parameters: int | None) -> dict:
+        workload = Workload(model="m:f", task="m:f", images=images, parameters=parameters)
+        return signature(SearchConfig(model="resnet18", trials=3, workload="m:f"), workload)
+
+    assert signature_difference(signed(2048, 10), signed(2048, 10)) is None
+    assert signature_difference(signed(2048, 10), signed(2048, 1000)) == "parameters: 10 there, 1000 now"
+    assert signature_difference(signed(2048, 10), signed(300, 10)) == "samples: 2048 there, 300 now"
+    older = {k: v for k, v in signed(2048, 10).items() if k not in ("samples", "parameters")}  # stored by earlier versions
+    assert signature_difference(older, signed(300, 1000)) is None
+
+
+def test_trials_sampled_from_other_choices_stop_the_search_in_one_line(tmp_path: Path) -> None:
+    """Optuna cannot sample a knob whose choices changed within a study: the search says why, never crashes."""
+    from autotune.records import TrialOptions, Workload
+    from autotune.tuner.explore import Exploration, setup_for
+    from autotune.tuner.space import Space
+
+    def plan(batches: tuple[int, ...]) -> Exploration:
+        fixed = {k: (getattr(TrainSetup(), k),) for k in KNOBS}
+        space = Space({**fixed, "batch_size": batches})
+        return Exploration(space, TrainSetup(), Workload(model="resnet18"), TrialOptions(), 3, tmp_path / "trials.csv")
+
+    study = _open(tmp_path)
+    trial, role = study.ask()
+    assert setup_for(trial, role, plan((8, 16, 32))).batch_size in (8, 16, 32)
+    study.tell(trial, TrialResult(status="ok", samples_per_s=1.0))
+    trial, role = study.ask()
+    with pytest.raises(StorageError, match="holds trials sampled from other choices of a knob.*pass --study NEW_NAME"):
+        setup_for(trial, role, plan((8, 16)))
 
 
 def test_a_study_sampled_in_an_older_space_is_refused_not_crashed(tmp_path: Path) -> None:

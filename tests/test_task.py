@@ -181,6 +181,28 @@ def test_a_stream_that_every_worker_yields_whole_gets_one_worker_at_most() -> No
     assert other.max_workers > 1
 
 
+@pytest.mark.parametrize("extra", [["--lr", "0.5"], ["--synthetic-images", "64"], ["--cache-dir", "/tmp/elsewhere"]])
+def test_shorthand_only_options_are_refused_next_to_a_workload(extra: list[str], tmp_path) -> None:
+    from autotune.cli import app
+
+    refused = CliRunner().invoke(app, ["search", "--workload", "task_factories:good", "--device", "cpu", "--out", str(tmp_path / "o"),
+                                       *extra])
+    assert refused.exit_code == 2 and f"{extra[0]}: for the classifier shorthand only" in refused.output
+    assert not (tmp_path / "o").exists()
+
+
+def test_debug_shows_the_users_own_traceback_under_the_one_line_error() -> None:
+    import traceback
+
+    from autotune.cli import app
+
+    plain = CliRunner().invoke(app, ["trial", "--workload", "task_factories:forward_fails", "--device", "cpu"])
+    assert plain.exit_code == 1 and "Traceback" not in plain.output
+    debug = CliRunner().invoke(app, ["--debug", "trial", "--workload", "task_factories:forward_fails", "--device", "cpu"])
+    shown = "".join(traceback.format_exception(debug.exception))
+    assert "mat1 and mat2 shapes cannot be multiplied" in shown and "During handling of the above exception" in shown
+
+
 def test_a_trial_of_a_task_runs_at_its_batch_size_unless_another_is_given(monkeypatch: pytest.MonkeyPatch) -> None:
     import autotune.runner
 

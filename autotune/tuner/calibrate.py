@@ -183,6 +183,8 @@ def calibrate(
                 f"batches 2 to {max(p.batch_size for p in points)} ran out of it and batch 1 fails ({result.error}); "
                 f"free some memory, raise --max-memory or {smaller}"
             )
+    if workload.iterable and max_batch > 1:  # a stream of unknown length: the batches it fills bound the space
+        max_batch = _stream_batch(max_batch, workload, runner, replace(short, mode="loader"), log)
     middle = probe_batch(max_batch, device)
     reduced = ("bf16" if bf16_ok else "fp16") if cuda else ("bf16" if bf16_ok else None)
     precisions: list[PrecisionPoint] = []
@@ -249,6 +251,18 @@ def calibrate(
         log(f"loader workers fail ({broken}); the search keeps num_workers=0")
         calibration = replace(calibration, max_workers=0)
     return calibration
+
+
+def _stream_batch(max_batch: int, workload: Workload, runner: TrialRunner, options: TrialOptions, log: Log) -> int:
+    """The largest batch, halving from ``max_batch``, that an iterable dataset fills (the loader alone, no workers)."""
+    batch = max_batch
+    while batch > 1:
+        result = runner(TrainSetup(batch_size=batch), workload, options)
+        if result.ok or "no full batch" not in (result.error or ""):
+            break
+        log(f"the dataset yields no full batch of {batch} samples: the search keeps batch_size <= {batch // 2}")
+        batch //= 2
+    return batch
 
 
 def workers_broken(points: list[LoaderPoint], first_error: str | None) -> str | None:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import optuna
 
+from autotune.errors import StorageError, WorkloadError
 from autotune.output.trials_csv import write_trials_csv
 from autotune.records import TrialOptions, TrialRecord, TrialResult, Workload
 from autotune.runner import TrialRunner, WindowCallback
@@ -55,8 +56,29 @@ class Exploration:
     neighbours: int = 0
 
     def write_csv(self, records: list[TrialRecord]) -> None:
-        """Rewrite ``trials.csv`` with ``records`` (effective batches over every rank of a trial)."""
+        """Rewrite ``trials.csv`` with ``records`` (effective batches over every rank of a trial);
+        then stop the search if the PyTorch defaults diverged (:func:`check_recipe`)."""
         write_trials_csv(self.csv_path, records, self.options.world_size)
+        check_recipe(records, self.workload)
+
+
+def check_recipe(records: list[TrialRecord], workload: Workload) -> None:
+    """Stop when the PyTorch defaults diverged: the recipe itself does, and every setup trains it.
+
+    A setup's speed says nothing where the loss is NaN, and a winner would
+    hand back a recipe that cannot train.
+
+    Raises:
+        WorkloadError: The defaults' trial ended ``diverged`` (every trial so far stays in the study).
+    """
+    for record in records:
+        if record.role == ROLE_DEFAULTS and record.result.status == "diverged":
+            subject = f"workload {workload.task}" if workload.task else f"model {workload.model}"
+            raise WorkloadError(
+                f"{subject}: the loss became NaN or infinite in trial #{record.number}, the PyTorch defaults (batch "
+                f"{record.setup.batch_size}, fp32): the recipe diverges whatever the setup; check the model, the loss and "
+                "the learning rate (the trials so far are kept; fix it and search with another --out)"
+            )
 
 
 def explore(study: SearchStudy, plan: Exploration, reporter: Reporter, runner: TrialRunner) -> None:
@@ -109,7 +131,17 @@ def setup_for(trial: optuna.Trial, role: str, plan: Exploration) -> TrainSetup:
     """What a trial runs: the defaults, a queued compiled leader, or its params through the space (sampled or queued)."""
     if role == ROLE_COMPILE:
         return compile_setup(trial.user_attrs)
-    return plan.defaults if role == ROLE_DEFAULTS else plan.space.suggest(trial)
+    if role == ROLE_DEFAULTS:
+        return plan.defaults
+    try:
+        return plan.space.suggest(trial)
+    except ValueError as exc:  # Optuna: a knob's choices differ from those of the study's earlier trials
+        if "dynamic value space" not in str(exc):
+            raise
+        raise StorageError(
+            f"study {trial.study.study_name!r} holds trials sampled from other choices of a knob than this search offers "
+            "(its data or model changed since); pass --study NEW_NAME or another --out"
+        ) from None
 
 
 @dataclass(frozen=True)

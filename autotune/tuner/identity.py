@@ -43,6 +43,9 @@ def signature(config: SearchConfig, workload: Workload, machine: dict[str, Any] 
         "constraints": sorted(str(c) for c in config.constraints),  # as --set writes them
         "space": SPACE_VERSION,
         **({"nproc_per_node": config.nproc_per_node} if config.nproc_per_node > 1 else {}),
+        # The data's size bounds the space (batches, loader queues); a Task's model is told by its size.
+        "samples": workload.images,
+        **({"parameters": workload.parameters} if workload.parameters is not None else {}),
     }
 
 
@@ -77,6 +80,8 @@ def _as_set(entry: Any) -> Any:
         return entry
 
 
+#: Signature keys that studies of earlier versions did not store: such a study resumes without them.
+_ADDED = ("samples", "parameters")
 #: The value of a signature key that is stored only when it is not the default.
 _ABSENT: dict[str, Any] = {"nproc_per_node": 1}
 
@@ -88,6 +93,7 @@ def _said(constraints: Any) -> str:
 def signature_difference(stored: dict[str, Any], current: dict[str, Any]) -> str | None:
     """The first setting where two search signatures differ, in words; None if equal."""
     normalized = json.loads(json.dumps(current))
+    normalized = {k: v for k, v in normalized.items() if k in stored or k not in _ADDED}  # an older study's signature lacks them
     if isinstance(stored.get("constraints"), list):
         stored = {**stored, "constraints": sorted(_as_set(c) for c in stored["constraints"])}
     if stored == normalized:

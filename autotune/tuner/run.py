@@ -30,7 +30,7 @@ from autotune.tuner.calibrate import calibrate
 from autotune.tuner.config import SearchConfig, SearchOutcome, Timing
 from autotune.tuner.confirm import confirm, confirmation_plan, measure_ceilings, pick_candidates
 from autotune.tuner.constraints import allows_workers, check_constraints, check_effective_batch, excluding, merge_constraints
-from autotune.tuner.explore import Exploration
+from autotune.tuner.explore import Exploration, check_recipe
 from autotune.tuner.guesses import guess_setups
 from autotune.tuner.identity import machine_fingerprint, signature, study_name
 from autotune.tuner.leftovers import nothing_left_if_nothing_measured
@@ -115,6 +115,7 @@ def _search(
     moves = reserved_neighbours(config.trials) if config.sampler == "tpe" else 0  # the random baseline stays random
     plan = Exploration(space, defaults, prepared.workload, options, config.trials, prepared.out / "trials.csv", moves)
     timing.phase = "search"
+    check_recipe(prepared.study.records(), prepared.workload)  # a resumed study whose defaults diverged
     explore_all = partial(crew.explore, runner=placed) if crew else partial(explore_placed, prepared.placement, runner=timed)
     interrupted = not runs_to_the_end(lambda: explore_all(prepared.study, plan, reporter))
     records = prepared.study.records()

@@ -92,6 +92,7 @@ class TaskInfo:
         fixed_shapes: Whether the first items all have the same tensor shapes.
         unsharded: Whether two loader workers yielded the same items (see
             :func:`autotune.workloads.streams.workers_repeat_items`).
+        parameters: Elements of the model's trainable parameters.
     """
 
     samples: int | None
@@ -101,6 +102,7 @@ class TaskInfo:
     lr_scaling: str = "sqrt"
     fixed_shapes: bool = True
     unsharded: bool = False
+    parameters: int = 0
 
 
 def same_shapes(items: list[Any]) -> bool:
@@ -296,6 +298,7 @@ def check_task(task: Task, *, workers: bool) -> TaskInfo:
         lr_scaling=task.lr_scaling(optimizer),
         fixed_shapes=same_shapes(items),
         unsharded=unsharded,
+        parameters=sum(p.numel() for p in model.parameters() if p.requires_grad),
     )
 
 
@@ -346,4 +349,5 @@ def build_task_workload(workload: str | Callable[..., Any], *, device: str, work
         fixed_shapes=info.fixed_shapes,
         own_optimizer=task.optimizer is not None,
         unsharded=info.unsharded,
+        parameters=info.parameters,
     )
