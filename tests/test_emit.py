@@ -519,7 +519,8 @@ def test_bad_numbers_are_one_line_before_any_work(
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
-        (["--model", "nosuchmodel"], "error: --model nosuchmodel is neither a torchvision model"),
+        (["--model", "nosuchmodel"], "error: --model nosuchmodel is neither a torchvision classification model"),
+        (["--model", "fcn_resnet50"], "error: --model fcn_resnet50 is neither a torchvision classification model"),
         (["--model", "no_such_module_xyz:make"], "error: --model no_such_module_xyz:make: cannot import no_such_module_xyz"),
         (["--model", "os:no_such_function"], "error: --model os:no_such_function: os has no function no_such_function"),
         (["--model", "models:"], "error: --model models:: expected module:function"),

@@ -770,3 +770,28 @@ def test_defaults_that_diverge_stop_the_search_in_one_line_and_keep_the_trials(t
     with pytest.raises(WorkloadError, match="the recipe diverges"):  # the same command again runs no trial
         run_search(config, runner=runner_)
     assert len(SearchStudy.load(f"sqlite:///{tmp_path / 'out' / 'study.db'}").records()) == 1
+
+
+def test_an_interrupt_during_the_confirmation_shows_its_rounds_so_far(tmp_path, cache_dir) -> None:
+    """Nothing measured is hidden: the rounds before a Ctrl-C are in the outcome, the report and the note."""
+    from autotune.errors import SearchInterrupted
+    from autotune.output.best import read_best
+    from autotune.tuner import SearchConfig, run_search
+    from autotune.tuner.progress import SilentReporter
+
+    class StopsAtThird(SilentReporter):
+        def confirm_progress(self, done, total, label, result) -> None:
+            if done == 3:
+                raise KeyboardInterrupt
+
+    out = tmp_path / "out"
+    config = SearchConfig(model="resnet18", trials=3, image_size=32, device="cpu", trial_seconds=1.0, confirm_rounds=3,
+                          out=out, cache_dir=cache_dir, synthetic_images=64, ceilings=False)
+    with pytest.raises(SearchInterrupted, match="best so far written to .*unconfirmed") as info:
+        run_search(config, StopsAtThird(), runner=steady_runner)
+    outcome = info.value.outcome
+    assert sum(len(c.values) for c in outcome.confirmed) == 3
+    note = next(n for n in read_best(out / "best.json").notes if n.startswith("not confirmed"))
+    assert "interrupted during the interleaved re-measurement (its rounds so far are shown" in note
+    page = (out / "report.html").read_text()
+    assert "no confirmation rounds" not in page and "measurement 1" in page and "Best so far (not confirmed)" in page

@@ -269,6 +269,17 @@ def test_a_search_where_every_trial_failed_still_writes_its_report(tmp_path, cac
     page = parse(tmp_path / "out" / REPORT)
     assert "No feasible trial" in " ".join(page.text) and SECTIONS <= page.sections
     assert_self_contained(page)
+    # Rewritten from the study, and read by `autotune status`: a failed search, not one in progress or interrupted.
+    from autotune.tuner.status import study_status
+    from autotune.tuner.study_report import report_study
+
+    report_study(tmp_path / "out")
+    text = " ".join(parse(tmp_path / "out" / REPORT).text)
+    assert "failed: no feasible trial" in text and "no trial measured a throughput" in text
+    assert "in progress" not in text and "interrupted" not in text
+    lines = study_status(f"sqlite:///{tmp_path / 'out' / 'study.db'}", out=tmp_path / "out").lines()
+    assert "3/3 trials finished (3 infeasible: oom, timeout, error, diverged)" in lines[0]
+    assert "winner: none: no trial measured a throughput (trials.csv says why)" in lines
 
 
 def test_the_terminal_summary_ends_with_the_report_path(searched) -> None:

@@ -106,6 +106,11 @@ def test_an_effective_batch_larger_than_the_data_is_refused_before_anything_runs
             search(config(tmp_path, cache_dir, constraints=tuple(parse_constraint(p) for p in pins)), runner=recording)
     assert ran == [] and not (tmp_path / "out").exists()
     check_effective_batch(None, 64, constraints={"batch_size": parse_constraint("batch_size=8..1000")})
+    # A pinned micro-batch above --effective-batch, before calibration too.
+    with pytest.raises(UsageError, match=re.escape("--set batch_size=64: every micro-batch it allows is larger than --effective-batch 32")):
+        search(config(tmp_path, cache_dir, effective_batch=32, constraints=(parse_constraint("batch_size=64"),)), runner=recording)
+    assert ran == [] and not (tmp_path / "out").exists()
+    check_effective_batch(32, None, constraints={"batch_size": parse_constraint("batch_size=16..64")})
 
 
 def test_steps_larger_than_the_data_are_infeasible_and_never_run(tmp_path, cache_dir) -> None:

@@ -396,6 +396,12 @@ def test_the_task_script_refuses_a_bad_workload_or_checkpoint_in_one_line(
         line, _ = in_process.refusal(script, ["--print-freq", "1", "--output-dir", "out", *flags], script.parent, capfd, monkeypatch)
         assert line.startswith(message), line
         assert not (tmp_path / "out").exists()
+    # Recipes the search refuses stop the script in one line too, and no checkpoint of NaN weights is written.
+    for flags, message in ((["--workload", "task_factories:non_scalar_loss"], "error: the Task's loss must be a scalar tensor, got (8,)"),
+                           (["--workload", "task_factories:nan_loss"], "error: the loss became NaN or infinite by step 1")):
+        line, _ = in_process.refusal(script, ["--print-freq", "1", "--output-dir", "bad", *flags], script.parent, capfd, monkeypatch)
+        assert line.startswith(message), line
+        assert not (tmp_path / "bad" / "checkpoint.pth").exists()
     (tmp_path / "out").mkdir()
     state = {"model": {}, "optimizer": {}, "epoch": 0, "epoch_step": 1, "step": 1}
     torch.save({**state, "args": {"batch_size": 8, "lr_scaling": "linear"}}, tmp_path / "out" / "checkpoint.pth")
@@ -430,6 +436,8 @@ def test_the_task_script_on_short_iterable_epochs_and_task_subclasses(
     code, out, err = _run_here(script, capfd, monkeypatch, "--epochs", "3")
     assert code == 0, err
     assert "epoch 2 done at step 3" in out
+    code, out, err = _run_here(script, capfd, monkeypatch, "--max-steps", "1", "--output-dir", "one")
+    assert code == 0 and "epoch 0 done" not in out, err  # stopped by --max-steps, not at the stream's end
     code, _, err = _run_here(script, capfd, monkeypatch, "--batch-size", "32", "--accum-steps", "1")
     assert code != 0 and "yielded no full optimizer step of 32 x 1" in err
     # Every worker of this stream yields it whole (the search found so and offered one worker at most): refused.

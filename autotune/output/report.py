@@ -128,7 +128,7 @@ def render_report(data: ReportInput) -> tuple[str, dict[str, bytes]]:
         batch_section(records, data.calibration, plots),
         loader_section(records, data.calibration, plots),
         importance_section(records, plots),
-        confirmation_section(data.confirmed, plots),
+        confirmation_section(data.confirmed, plots, data.status),
         time_section(data.time_spent, data.time_complete, plots),
     ]
     compiled = compile_section(records)

@@ -247,8 +247,8 @@ def importance_section(records: Sequence[TrialRecord], plots: ModuleType | None)
     )
 
 
-def confirmation_section(confirmed: Sequence[Confirmed], plots: ModuleType | None) -> Section:
-    """Every finalist's re-measurements with the median."""
+def confirmation_section(confirmed: Sequence[Confirmed], plots: ModuleType | None, status: str = "") -> Section:
+    """Every finalist's re-measurements with the median (``status``: the search's, which says why there are none)."""
     rounds = max((len(c.values) for c in confirmed), default=0)
     ranked = sorted(confirmed, key=lambda c: c.median or 0.0, reverse=True)
     rows = tuple((c.candidate.label, *(_rate(c.values[k]) if k < len(c.values) else "-" for k in range(rounds)),
@@ -262,7 +262,8 @@ def confirmation_section(confirmed: Sequence[Confirmed], plots: ModuleType | Non
         "setups that overlap mean the difference between them is within the noise.",
         _draw(plots, "confirmation", confirmed) if measured else None,
         (Table("confirmation measurements (samples/s)", headers, rows),),
-        caveat=None if measured else "no confirmation rounds: the search was interrupted before them (or is still running)",
+        caveat=None if measured else "no confirmation rounds: no trial measured a throughput" if status.startswith("failed") else
+        "no confirmation rounds: the search was interrupted before them (or is still running)",
         alt="dot plot: each finalist's measurements per round and their median",
     )
 

@@ -245,8 +245,12 @@ def check_effective_batch(
     optimizer step is, larger than the training data (one rank's share of ``images`` training ``unit``).
 
     Raises:
-        UsageError: An epoch would hold no optimizer step.
+        UsageError: An epoch would hold no optimizer step, or every ``--set batch_size`` exceeds the effective batch.
     """
+    pinned = (constraints or {}).get("batch_size")
+    if effective_batch is not None and pinned is not None and _smallest(pinned) > effective_batch:
+        raise UsageError(f"--set {pinned}: every micro-batch it allows is larger than --effective-batch {effective_batch} "
+                         "(micro-batch x accumulation steps = the effective batch)")
     if images is None:
         return
     if effective_batch is not None and effective_batch > images:

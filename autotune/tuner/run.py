@@ -44,7 +44,7 @@ from autotune.tuner.signals import clear_stop, runs_to_the_end, sigterm_as_inter
 from autotune.tuner.space import Space, build_space, check_pins_act, defaults_setup
 from autotune.tuner.storage import check_one_study, is_shared
 from autotune.tuner.study import ROLE_DEFAULTS, ROLE_GUESS, SearchStudy
-from autotune.tuner.study_report import kept_winner, report_search
+from autotune.tuner.study_report import kept_winner, report_search, stored_confirmed
 from autotune.tuner.timed import TimedRunner
 from autotune.tuner.winner import bottleneck_verdict, make_best
 from autotune.tuner.workers import Crew
@@ -135,7 +135,10 @@ def _search(
             lambda: confirmed.extend(confirm_finalists(config, prepared, feasible, defaults, options, reporter, placed))
         )
     kept = kept_winner(prepared.out, prepared.study, records) if interrupted and not confirmed else None
-    outcome = finish(config, prepared, calibration, records, feasible, confirmed, defaults, interrupted, write=kept is None)
+    # Interrupted mid-confirmation: its rounds so far are shown (too few to rank), never dropped.
+    so_far = stored_confirmed(prepared.study, records, prepared.study.confirmation()) if interrupted and not kept else ()
+    outcome = finish(config, prepared, calibration, records, feasible, confirmed, defaults, interrupted, write=kept is None,
+                     partial=so_far)
     if config.ceilings and confirmed and outcome.best is not None and not interrupted:
         timing.phase = "ceilings"
         measured = [outcome]
@@ -342,8 +345,12 @@ def finish(
     defaults: TrainSetup,
     interrupted: bool,
     write: bool = True,
+    partial: tuple[Confirmed, ...] = (),
 ) -> SearchOutcome:
-    """Write best.json and train.py (not with ``write=False``: an earlier confirmed winner stays); the outcome with the verdict."""
+    """Write best.json and train.py (not with ``write=False``: an earlier confirmed winner stays); the outcome with the verdict.
+
+    ``partial``: the rounds of a confirmation interrupted before it ended, shown with the outcome but not ranked.
+    """
     out = prepared.out
     best = make_best(
         workload=prepared.workload,
@@ -356,6 +363,7 @@ def finish(
         command=config.command,
         interrupted=interrupted,
         excluded_by=excluding(merge_constraints(config.constraints), defaults),
+        partly_confirmed=any(c.values for c in partial),
     )
     if write:
         write_best(out / "best.json", best)
@@ -363,7 +371,7 @@ def finish(
     return SearchOutcome(
         best=best,
         records=tuple(records),
-        confirmed=tuple(confirmed),
+        confirmed=tuple(confirmed) or partial,
         calibration=calibration,
         verdict=bottleneck_verdict(best, calibration, records, prepared.device),
         out=out,

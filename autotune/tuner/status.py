@@ -45,6 +45,8 @@ class StudyStatus:
             study's workers; a lone search only while it runs: it writes its winner to
             best.json alone).
         out: The search directory read for its best.json (None: the study read by URL alone).
+        infeasible: Finished trials that measured no throughput (oom, timeout, error, diverged);
+            ``failed`` counts trials that crashed or were interrupted instead.
     """
 
     study: str
@@ -58,12 +60,14 @@ class StudyStatus:
     winner_by: str | None
     confirming: bool = True
     out: Path | None = None
+    infeasible: int = 0
 
     def lines(self) -> list[str]:
         """The status in plain lines."""
         budget = f"/{self.wanted}" if self.wanted else ""
         alive = [r for r in self.running if not r.gone]
-        lines = [f"study {self.study!r} in {self.storage}: {self.finished}{budget} trials finished, "
+        infeasible = f" ({self.infeasible} infeasible: oom, timeout, error, diverged)" if self.infeasible else ""
+        lines = [f"study {self.study!r} in {self.storage}: {self.finished}{budget} trials finished{infeasible}, "
                  f"{len(alive)} running, {self.failed} failed"]
         lines += [f"  running: #{r.number} on {r.worker}" for r in alive]
         lines += [f"  left running by a search that died: #{r.number} ({r.worker}); the next run marks it failed"
@@ -75,7 +79,9 @@ class StudyStatus:
             lines.append(f"winner: {self.winner.setup.describe()}: {self.winner.samples_per_s:.1f} samples/s{speedup}")
             lines.append(f"  confirmed by {self.winner_by}")
         elif self.wanted and self.finished >= self.wanted:
-            lines.append("winner: being confirmed" if self.confirming else
+            no_throughput = self.best is None or not self.best.result.samples_per_s
+            lines.append("winner: none: no trial measured a throughput (trials.csv says why)" if no_throughput else
+                         "winner: being confirmed" if self.confirming else
                          "winner: in the best.json of the search's directory (autotune status DIR shows it)" if self.out is None else
                          f"winner: none confirmed in {self.out / 'best.json'}; rerun the search's command to confirm one")
         return lines
@@ -88,6 +94,7 @@ class StudyStatus:
             "trials": self.wanted,
             "finished": self.finished,
             "failed": self.failed,
+            "infeasible": self.infeasible,
             "running": [{"number": r.number, "worker": r.worker, "gone": r.gone} for r in self.running],
             "best": self.best.to_dict() if self.best else None,
             "winner": self.winner.to_dict() if self.winner else None,
@@ -135,4 +142,5 @@ def study_status(storage: str, study: str | None = None, out: Path | None = None
         winner_by=winner_by,
         confirming=not lone or (lone_holder is not None and lone_holder.alive()),
         out=out,
+        infeasible=sum(not r.result.ok and r.result.status != "pruned" for r in records),
     )

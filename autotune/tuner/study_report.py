@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from optuna.trial import TrialState
+
 from autotune.errors import AutotuneError, StorageError
 from autotune.output.best import Best, read_best
 from autotune.output.report import ReportInput, write_report
@@ -22,7 +24,9 @@ from autotune.time_spent import TimeSpent
 from autotune.train_setup import TrainSetup
 from autotune.tuner.config import SearchOutcome
 from autotune.tuner.signals import interrupts_held
-from autotune.tuner.study import ROLE_DEFAULTS, STUDY_SIGNATURE, STUDY_WINNER, SearchStudy
+from autotune.tuner.study import ROLE_DEFAULTS, STUDY_SIGNATURE, STUDY_WINNER, Rounds, SearchStudy
+
+RUNNING = TrialState.RUNNING
 
 
 def write_search_report(study: SearchStudy, out: Path, data: ReportInput, log: Callable[[str], None]) -> tuple[str, ...]:
@@ -105,10 +109,10 @@ def published_winner(study: SearchStudy) -> tuple[Best, str] | None:
     return best, f"{stored.get('by')} (best.json and train.py in {stored.get('out')})"
 
 
-def stored_confirmed(study: SearchStudy, records: list[TrialRecord]) -> tuple[Confirmed, ...]:
-    """The stored confirmation rounds, labelled like the search labels them."""
+def stored_confirmed(study: SearchStudy, records: list[TrialRecord], rounds: Rounds | None = None) -> tuple[Confirmed, ...]:
+    """The stored confirmation rounds (or ``rounds``), labelled like the search labels them."""
     found = []
-    for key, (values, failures) in study.stored_confirmation().items():
+    for key, (values, failures) in (study.stored_confirmation() if rounds is None else rounds).items():
         setup = TrainSetup.from_json(key)
         same = sorted((r for r in records if r.setup == setup), key=lambda r: -(r.result.samples_per_s or 0.0))
         label = f"#{same[0].number} {setup.describe()}" if same else setup.describe()
@@ -181,6 +185,8 @@ def report_study(out: Path, *, storage: str | None = None, study: str | None = N
         status = f"finished: confirmed by {published[1]}"
     elif unreadable:
         status = f"winner not shown: {unreadable}; rerun the search's command to write best.json again"
+    elif best is None and not any(r.result.ok for r in records) and not stored.study.get_trials(deepcopy=False, states=(RUNNING,)):
+        status = "failed: no feasible trial"
     elif best is None:
         status = "in progress or interrupted (no best.json yet)"
     elif not is_confirmed(best):

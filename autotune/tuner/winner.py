@@ -32,6 +32,7 @@ def make_best(
     interrupted: bool = False,
     world_size: int = 1,
     excluded_by: str | None = None,
+    partly_confirmed: bool = False,
 ) -> Best:
     """The ``best.json`` record: the confirmed winner, its speedup and the notes.
 
@@ -49,6 +50,7 @@ def make_best(
         excluded_by: The user's ``--set`` that the defaults do not satisfy
             (``--set num_workers=1``): they stay the baseline, and are the winner
             only when no setup within it measured a throughput.
+        partly_confirmed: An interrupted confirmation measured some rounds (the note says so).
     """
     default_key = defaults.to_json()
     reference = effective_batch or defaults.effective_batch(world_size)
@@ -65,7 +67,10 @@ def make_best(
         setup, rate, spread = top.setup, top.result.samples_per_s or 0.0, top.result.samples_per_s_spread or 0.0
         base_records = [r for r in feasible if r.setup.to_json() == default_key]
         base = base_records[0].result.samples_per_s if base_records else None
-        if interrupted:
+        if interrupted and partly_confirmed:
+            notes.append("not confirmed: the search was interrupted during the interleaved re-measurement "
+                         "(its rounds so far are shown, too few to rank; rerun the same command to confirm)")
+        elif interrupted:
             notes.append("not confirmed: the search was interrupted before the interleaved re-measurement")
         else:
             notes.append("not confirmed: every confirmation run failed; the fastest single trial is shown")
