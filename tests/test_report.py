@@ -125,6 +125,7 @@ def test_a_search_writes_a_self_contained_report_with_every_plot(searched) -> No
     text = " ".join(page.text)
     assert f"{outcome.best.speedup:.2f}x" in text and "Bottleneck:" in text
     assert f"{outcome.best.samples_per_s:.1f} samples/s" in text
+    assert "Use it: python train.py beside this page" in " ".join(text.split()) and 'autotune.load_setup("best.json")' in text  # what next
     written = [Path(f) for f in outcome.files]
     assert out / REPORT in written
     pngs = [f for f in written if f.suffix == ".png"]
@@ -206,7 +207,10 @@ def test_status_reads_a_search_directory_like_report(searched, tmp_path) -> None
     text = CliRunner().invoke(app, ["status", str(source)]).stdout
     assert "winner: " in text and f"confirmed by this search (best.json and train.py in {source.resolve()})" in " ".join(text.split())
     # The budget is stored for a lone search too; by URL alone its winner is not in the study, and nothing is running.
-    assert json.loads(by_dir.stdout)["trials"] == 14 and "14/14 trials finished, 0 running" in text
+    infeasible = json.loads(by_dir.stdout)["infeasible"]
+    assert infeasible == sum(r.result.status not in ("ok", "pruned") for r in outcome.records) > 0
+    assert json.loads(by_dir.stdout)["trials"] == 14 and f"14/14 trials finished ({infeasible} infeasible" in text
+    assert ", 0 running" in text
     by_url_text = " ".join(CliRunner().invoke(app, ["status", "--storage", f"sqlite:///{source / 'study.db'}"]).stdout.split())
     assert "winner: in the best.json of the search's directory" in by_url_text and "being confirmed" not in by_url_text
     # Another search's best.json (another model) is not this study's winner.
@@ -340,3 +344,12 @@ def test_an_unconfirmed_winner_is_not_called_confirmed(searched, monkeypatch) ->
     page, images = render_report(ReportInput(outcome.records, outcome.calibration, (), best, None, None, "s", "sqlite://"))
     assert "Best so far (not confirmed)" in page and "confirmed median" not in page and images == {}
     assert "single trials, unconfirmed" in page and "same rounds" not in page  # no rounds were measured
+
+
+def test_the_history_plot_has_whole_trial_numbers_and_room_above_the_best() -> None:
+    from autotune.output import plots
+
+    ax = plots.history(_records(3)).axes[0]
+    assert all(float(tick).is_integer() for tick in ax.get_xticks())
+    best = max(r.result.samples_per_s or 0.0 for r in _records(3))
+    assert ax.get_ylim()[1] > best * 1.03 and ax.get_ylim()[0] < 0

@@ -14,7 +14,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 
 from matplotlib.figure import Figure
-from matplotlib.ticker import NullLocator
+from matplotlib.ticker import MaxNLocator, NullLocator
 
 from autotune.records import Calibration, Confirmed, TrialRecord
 from autotune.time_spent import TimeSpent
@@ -75,7 +75,9 @@ def history(records: Sequence[TrialRecord]) -> Figure:
     ax.set_xlabel("trial number (order of the search)")
     ax.set_ylabel("throughput (samples/s)")
     ax.set_title("Optimization history: how soon the search found its best (infeasible trials at 0)")
-    ax.set_ylim(bottom=-0.03 * max(ax.get_ylim()[1], 1.0))  # markers at 0 stay whole
+    high = max(ax.get_ylim()[1], 1.0)
+    ax.set_ylim(-0.03 * high, 1.06 * high)  # markers at 0 and at the top stay whole
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # trial numbers are whole
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right", fontsize=8, ncol=2)
     return fig

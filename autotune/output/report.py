@@ -101,6 +101,9 @@ def _header(data: ReportInput) -> str:
         lines.append(f'<p class="winner">{title}: <code>{escape(best.setup.describe())}</code>: {speed}; effective batch '
                      f"{best.effective_batch}, learning rate {best.lr:g}, peak memory {escape(format_bytes(best.peak_memory_bytes))}</p>")
         lines.extend(f'<p class="caveat">note: {escape(n)}</p>' for n in best.notes)
+        run = f"torchrun --nproc_per_node {best.world_size} train.py" if best.world_size > 1 else "python train.py"
+        lines.append(f'<p class="next">Use it: <code>{run}</code> beside this page trains with it (its flags default to '
+                     'this setup), or read <code>best.json</code> in your own loop with <code>autotune.load_setup("best.json")</code>.</p>')
     else:
         ok = [r for r in data.records if r.result.ok and r.result.samples_per_s]
         if ok:

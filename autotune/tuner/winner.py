@@ -183,6 +183,8 @@ def choose_winner(
     text = f"confirmation: {rounds} interleaved round{'s' if rounds != 1 else ''}"
     if runner_up is not None:
         text += f"; against the runner-up {runner_up.candidate.setup.describe()} the winner {_margin_text(chosen, runner_up)}"
+    if defaults is not None and chosen is not defaults and runner_up is not defaults:  # the speedup's own evidence
+        text += f"; against the PyTorch defaults it {_margin_text(chosen, defaults)}"
     notes.append(text)
     return chosen, notes
 
