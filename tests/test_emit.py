@@ -473,6 +473,10 @@ def test_threads_default_to_the_tuned_count_and_auto_is_torchs_own_choice(synthe
     assert tuned.parse_args([]).threads == 2 and tuned.parse_args(["--threads", "auto"]).threads is None
     assert "auto: torch's own choice (default: 2)" in " ".join(tuned.format_help().split())
     assert "(default: auto)" in " ".join(parser(None).format_help().split())
+    shown = " ".join(tuned.format_help().split())  # --help shows every tuned knob's default
+    for text in (f"micro-batch per process (default: {CPU_KNOBS.get('batch_size', 32)})", "worker processes (default: ",
+                 "autocast precision (default: ", "keep loader workers between epochs (default: "):
+        assert text in shown, text
     with pytest.raises(SystemExit):
         tuned.parse_args(["--threads", "many"])
 

@@ -144,6 +144,8 @@ def test_the_time_breakdown_accounts_every_trial_process(searched) -> None:
     assert spent.pruned_s > 0 and spent.infeasible_s > 0 and spent.confirmation_s > 0 and spent.calibration_s > 0
     assert spent.ceilings_s > 0 and outcome.ceilings is not None  # the winner's own ceilings, after the confirmation
     assert spent.wall_s > 0 and spent.other_s >= 0.0
+    timing = outcome.to_dict()["timing"]  # --json: this run's breakdown carries its wall time too
+    assert timing["spent"]["wall_s"] == timing["wall_s"] > 0
 
 
 def test_resumed_search_adds_its_time_to_the_stored_breakdown(tmp_path, cache_dir) -> None:

@@ -96,6 +96,10 @@ def test_workload_callables_the_trials_cannot_import_are_refused_with_the_fix() 
         task_ref(in_main)
     with pytest.raises(WorkloadError, match="package.module:function"):
         task_ref("just_a_name")
+    with pytest.raises(WorkloadError, match="name the module, not its file: train:make_task"):
+        task_ref("train.py:make_task")
+    with pytest.raises(WorkloadError, match="not its file: pkg.train:make_task"):
+        task_ref("pkg/train.py:make_task")
 
 
 # ------------------------------------------------------------ parent checks

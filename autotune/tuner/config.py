@@ -234,7 +234,7 @@ class SearchOutcome:
             "storage": self.storage,
             "study": self.study,
             "files": list(self.files),
-            "timing": asdict(self.timing) if self.timing else None,
+            "timing": {**asdict(self.timing), "spent": asdict(self.timing.record())} if self.timing else None,
             "ceilings": self.ceilings.to_dict() if self.ceilings else None,
             "time_spent": asdict(self.time_spent) if self.time_spent else None,
             "calibration": self.calibration.to_dict(),

@@ -41,6 +41,10 @@ def task_ref(workload: str | Callable[..., Any]) -> str:
             in ``__main__``), with how to fix it.
     """
     if isinstance(workload, str):
+        file, _, function = workload.partition(":")
+        if file.endswith(".py"):  # a file name where a module name goes
+            dotted = file[:-3].replace("/", ".").strip(".")
+            raise WorkloadError(f"workload {workload!r}: name the module, not its file: {dotted}:{function}")
         if not is_factory_ref(workload):
             raise WorkloadError(f"workload {workload!r} must be package.module:function (a factory returning autotune.Task)")
         try:
