@@ -36,7 +36,8 @@ def _one_error_line(output: str) -> str:
 @pytest.mark.parametrize(
     ("extra", "code", "message"),
     [
-        (("--trials", "0"), 2, "--trials must be >= 1"),
+        (("--trials", "0"), 2, "--trials must be between 1 and 100000, got 0"),
+        (("--trials", "99999999999999999999"), 2, "--trials must be between 1 and 100000"),
         (("--model", "resnet1800"), 1, "unknown model 'resnet1800'; did you mean resnet18"),
         (("--model", "fcn_resnet50"), 1, "fcn_resnet50 is a torchvision segmentation model; --model tunes image classifiers"),
         (("--model", "fasterrcnn_resnet50_fpn"), 1, "torchvision detection model; --model tunes image classifiers"),

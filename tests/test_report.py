@@ -270,7 +270,7 @@ def test_a_search_where_every_trial_failed_still_writes_its_report(tmp_path, cac
             return TrialResult(status="ok", samples_per_s=100.0, windows=(100.0,), peak_memory_bytes=2**20)
         return TrialResult(status="oom", error="no memory at all", peak_memory_bytes=2**30)
 
-    with pytest.raises(SearchFailed):
+    with pytest.raises(SearchFailed, match=r"all 3 trials failed \(oom: no memory at all\); every trial's reason in .*report.html"):
         run_search(_config(tmp_path / "out", cache_dir, trials=3), runner=always_oom)
     page = parse(tmp_path / "out" / REPORT)
     assert "No feasible trial" in " ".join(page.text) and SECTIONS <= page.sections

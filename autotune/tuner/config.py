@@ -41,6 +41,9 @@ _TYPES: dict[str, type | tuple[type, ...]] = {
 _OPTIONAL = ("effective_batch", "timeout_s")
 
 
+#: Most trials a search takes: at 5 s each, over a week of measuring (a larger number is a typo).
+MAX_TRIALS = 100_000
+
 @dataclass(frozen=True)
 class SearchConfig:
     """Everything ``autotune search`` takes.
@@ -121,8 +124,8 @@ class SearchConfig:
             if (value is not None or name not in _OPTIONAL) and (isinstance(value, bool) or not isinstance(value, kind)):
                 what = "an integer" if kind is int else "a number"
                 raise UsageError(f"--{name.removesuffix('_s').replace('_', '-')} must be {what}, got {value!r}")
-        if self.trials < 1:
-            raise UsageError(f"--trials must be >= 1, got {self.trials}")
+        if not 1 <= self.trials <= MAX_TRIALS:
+            raise UsageError(f"--trials must be between 1 and {MAX_TRIALS}, got {self.trials}")
         if self.effective_batch is not None and self.effective_batch < 1:
             raise UsageError(f"--effective-batch must be >= 1, got {self.effective_batch}")
         check_trial_seconds(self.trial_seconds)

@@ -124,8 +124,8 @@ def _search(
     if not feasible:
         timing.wall_s = time.monotonic() - began
         status = "interrupted" if interrupted else "failed: no feasible trial"
-        report_search(prepared.study, prepared.out, timing.record(), earlier, reporter.message, status, records, calibration)
-        raise _nothing_feasible(records, prepared.study.storage, interrupted)
+        written, _ = report_search(prepared.study, prepared.out, timing.record(), earlier, reporter.message, status, records, calibration)
+        raise _nothing_feasible(records, prepared.study.storage, interrupted, written[0] if written else None)
     if crew is not None and not interrupted and (winner := crew.confirm_or_wait(config.trials, reporter)) is not None:
         return crew.outcome(winner, records, calibration, prepared.out, plan.csv_path)
     confirmed: list[Confirmed] = []
@@ -181,12 +181,13 @@ def first_steps(config: SearchConfig, prepared: Prepared, reporter: Reporter, ru
     return calibration, space
 
 
-def _nothing_feasible(records: list[TrialRecord], storage: str, interrupted: bool) -> AutotuneError:
-    """The error when no trial measured a throughput: interrupted, or every trial failed."""
+def _nothing_feasible(records: list[TrialRecord], storage: str, interrupted: bool, report: str | None = None) -> AutotuneError:
+    """The error when no trial measured a throughput: interrupted, or every trial failed (``report``: report.html, if written)."""
     if interrupted:
         return SearchInterrupted(f"interrupted before any feasible trial; {len(records)} trials kept in {storage}")
     reasons = sorted({f"{r.result.status}: {r.result.error}" for r in records})
-    return SearchFailed(f"all {len(records)} trials failed ({'; '.join(reasons)[:300]})")
+    where = f"; every trial's reason in {report}" if report else ""
+    return SearchFailed(f"all {len(records)} trials failed ({'; '.join(reasons)[:300]}){where}")
 
 
 def prepare(config: SearchConfig, reporter: Reporter) -> Prepared:
