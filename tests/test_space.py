@@ -256,3 +256,12 @@ def test_a_batch_range_between_the_searched_powers_of_two_keeps_its_bounds() -> 
     assert batches("batch_size=..6", images=12) == (6,)
     with pytest.raises(UsageError, match=r"--set batch_size: no value left \(searched here: 8\)"):
         batches("batch_size=1000..2000", images=12)
+
+
+def test_the_space_line_leaves_out_worker_knobs_when_no_worker_is_searched() -> None:
+    workers = build_space(device=CPU, calibration=calibration(), usable_cores=4, effective_batch=None, constraints={})
+    assert "prefetch_factor=" in workers.describe() and "persistent_workers=" in workers.describe()
+    none = build_space(device=CPU, calibration=calibration(), usable_cores=4, effective_batch=None,
+                       constraints={"num_workers": parse_constraint("num_workers=0")})
+    line = none.describe()
+    assert "num_workers=0" in line and "prefetch_factor" not in line and "persistent_workers" not in line

@@ -175,6 +175,7 @@ def calibrate(
     if not any(p.status == "ok" for p in points):
         result = prepass(1)
         points.append(MemoryPoint(1, result.status, result.peak_memory_bytes, result.samples_per_s))
+        log(f"memory pre-pass: batch 1: {_outcome(result)}, peak {format_bytes(result.peak_memory_bytes)}")
         if result.status == "oom":
             raise too_small
         if not result.ok:  # every larger batch ran out of memory: no batch is left to search

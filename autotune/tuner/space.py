@@ -186,6 +186,8 @@ class Space:
         for knob, values in self.values.items():
             if knob in DDP_KNOBS and len(values) == 1:  # a single process: DDP's knobs do not apply
                 continue
+            if knob in ("prefetch_factor", "persistent_workers") and self.values["num_workers"] == (0,):  # no worker to apply to
+                continue
             if knob == "accumulation_steps" and self.effective_batch is not None:
                 parts.append(f"accumulation_steps=effective_batch/batch_size ({self.effective_batch})")
                 continue
