@@ -164,3 +164,19 @@ def test_calibration_survives_a_reopen_and_confirmation_stays_with_its_run(tmp_p
     reopened = _open(tmp_path)
     assert reopened.calibration() == calibration
     assert reopened.confirmation() == {}  # another run: its rounds are measured anew, never mixed
+
+
+def test_status_names_a_running_trials_role_and_how_long_it_has_run(tmp_path: Path) -> None:
+    from autotune.tuner.status import study_status
+
+    study = _open(tmp_path)
+    study.claim()  # a live lone search holds the study: its RUNNING trial is its own
+    study.enqueue(ROLE_DEFAULTS, {})
+    trial, role = study.ask()
+    assert role == ROLE_DEFAULTS
+    found = study_status(f"sqlite:///{tmp_path / 'study.db'}")
+    running = found.running[0]
+    assert running.number == trial.number and running.role == ROLE_DEFAULTS and not running.gone
+    assert running.seconds is not None and 0 <= running.seconds < 600
+    assert any(line.startswith(f"  running: #{trial.number} (defaults, ") and " s) on pid " in line for line in found.lines())
+    assert found.to_dict()["running"][0]["role"] == ROLE_DEFAULTS

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,7 @@ from autotune.output.best import Best
 from autotune.records import TrialRecord
 from autotune.tuner.budget import STUDY_BUDGET, counted
 from autotune.tuner.lock import Holder
-from autotune.tuner.study import ATTR_MARKER, STUDY_HOLDER, SearchStudy
+from autotune.tuner.study import ATTR_MARKER, ATTR_ROLE, ROLE_SEARCH, STUDY_HOLDER, SearchStudy
 from autotune.tuner.study_report import kept_winner, published_winner
 from autotune.tuner.workers import ATTR_WORKER
 
@@ -25,6 +26,13 @@ class Running:
     number: int
     worker: str
     gone: bool = False
+    role: str = "search"
+    seconds: float | None = None  # since it started
+
+    def describe(self) -> str:
+        """``#5 (search, 12 s) on pid 4242 on node-b``."""
+        since = f", {self.seconds:.0f} s" if self.seconds is not None else ""
+        return f"#{self.number} ({self.role}{since}) on {self.worker}"
 
 
 @dataclass(frozen=True)
@@ -69,7 +77,7 @@ class StudyStatus:
         infeasible = f" ({self.infeasible} infeasible: oom, timeout, error, diverged)" if self.infeasible else ""
         lines = [f"study {self.study!r} in {self.storage}: {self.finished}{budget} trials finished{infeasible}, "
                  f"{len(alive)} running, {self.failed} failed"]
-        lines += [f"  running: #{r.number} on {r.worker}" for r in alive]
+        lines += [f"  running: {r.describe()}" for r in alive]
         lines += [f"  left running by a search that died: #{r.number} ({r.worker}); the next run marks it failed"
                   for r in self.running if r.gone]
         if self.best is not None and self.best.result.samples_per_s:
@@ -95,7 +103,8 @@ class StudyStatus:
             "finished": self.finished,
             "failed": self.failed,
             "infeasible": self.infeasible,
-            "running": [{"number": r.number, "worker": r.worker, "gone": r.gone} for r in self.running],
+            "running": [{"number": r.number, "worker": r.worker, "gone": r.gone, "role": r.role, "seconds": r.seconds}
+                        for r in self.running],
             "best": self.best.to_dict() if self.best else None,
             "winner": self.winner.to_dict() if self.winner else None,
             "winner_by": self.winner_by,
@@ -121,7 +130,10 @@ def study_status(storage: str, study: str | None = None, out: Path | None = None
             # A shared study's worker names itself on the trial.
             holder = Holder.from_dict(t.user_attrs.get(ATTR_WORKER)) or lone_holder
             gone = holder is not None and not holder.alive()
-            running.append(Running(t.number, holder.describe() if holder else "an unknown worker", gone=gone))
+            started = t.datetime_start.timestamp() if t.datetime_start is not None else None
+            running.append(Running(t.number, holder.describe() if holder else "an unknown worker", gone=gone,
+                                   role=str(t.user_attrs.get(ATTR_ROLE, ROLE_SEARCH)),
+                                   seconds=max(0.0, time.time() - started) if started is not None else None))
     records = found.records()
     feasible = [r for r in records if r.result.ok and r.result.samples_per_s]
     winner, winner_by = published_winner(found) or (None, None)
