@@ -71,7 +71,8 @@ def history(records: Sequence[TrialRecord]) -> Figure:
         ax.step([p[0] for p in line], [p[1] for p in line], where="post", color="#1f4e79", linewidth=1.6, label="best so far", zorder=2)
     defaults = [r for r in ordered if r.role == "defaults" and r.result.ok]
     if defaults:
-        ax.axhline(defaults[0].result.samples_per_s or 0.0, color="#888888", linestyle=":", linewidth=1, label="PyTorch defaults")
+        ax.axhline(defaults[0].result.samples_per_s or 0.0, color="#888888", linestyle=":", linewidth=1,
+                   label=f"PyTorch defaults (trial #{defaults[0].number}, a single run)")
     ax.set_xlabel("trial number (order of the search)")
     ax.set_ylabel("throughput (samples/s)")
     ax.set_title("Optimization history: how soon the search found its best (infeasible trials at 0)")

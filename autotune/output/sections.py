@@ -181,7 +181,9 @@ def history_section(records: Sequence[TrialRecord], plots: ModuleType | None) ->
         "history", "1. Optimization history",
         "Each marker is one trial in the order it ran; the line is the best feasible throughput so far. A line that "
         "stops rising early means more trials would probably not help. Pruned trials sit at the window where they "
-        "were stopped; oom, timeout and error trials sit at 0.",
+        "were stopped; oom, timeout and error trials sit at 0. Each marker is a single run under the machine's load of "
+        "its moment (a resumed search's trials come from several runs, and a trial interrupted by Ctrl-C leaves a gap "
+        "in the numbers): the confirmation rounds below compare setups under the same load.",
         _draw(plots, "history", records) if records else None,
         (Table("trials", ("#", "role", "setup", "status", "samples/s", "best so far", "note"), tuple(rows)),),
         alt="scatter of samples/s per trial with a best-so-far line",
