@@ -98,7 +98,8 @@ def make_best(
             f"pass --effective-batch {reference} to keep the math"
         )
     if base is None:
-        notes.append("the PyTorch defaults could not be measured, so no speedup is given")
+        notes.append(f"the PyTorch defaults ({defaults.describe()}) could not be measured (trials.csv gives their trial's "
+                     "error: at your own recipe's batch), so no speedup is given")
     hw = hardware.to_dict()
     return Best(
         setup=setup,
