@@ -377,6 +377,8 @@ def main(argv: list[str] | None = None) -> None:
     """
     try:
         code = app(args=argv, standalone_mode=False)
+    except typer.Abort:  # an EOF at a prompt (a RuntimeError: caught before the ClickException family below)
+        sys.exit(1)
     except Exception as exc:  # Typer's ClickException family (its click is vendored: matched by shape, not class)
         exit_code = getattr(exc, "exit_code", None)
         if not (hasattr(exc, "format_message") and isinstance(exit_code, int)):
@@ -388,8 +390,6 @@ def main(argv: list[str] | None = None) -> None:
             hint = f" (see {ctx.command_path if (ctx := getattr(exc, 'ctx', None)) is not None else named} --help)"
             err.print(f"[bold red]error:[/] {escape(exc.format_message())}{escape(hint)}", highlight=False, soft_wrap=True)
         sys.exit(exit_code)
-    except typer.Abort:
-        sys.exit(1)
     if argv is None:  # the program, not a caller in Python: its work is written
         exit_at_once_on_interrupt(code if isinstance(code, int) else 0)
     sys.exit(code if isinstance(code, int) else 0)

@@ -256,3 +256,24 @@ def test_api_setup_and_device_arguments_in_other_shapes(tmp_path) -> None:
         autotune.load_setup(None)  # type: ignore[arg-type]
     with pytest.raises(autotune.AutotuneError, match=f"{tmp_path / 'best.json'}: no such file"):
         autotune.load_setup(tmp_path)  # a search's directory: its best.json
+
+
+def test_an_out_holding_the_users_own_train_py_is_refused_before_anything_runs(tmp_path, cache_dir) -> None:
+    """The winner's script would meet it only after the whole search: the search is refused at the start instead."""
+    from autotune.errors import EmitError
+    from autotune.tuner import SearchConfig, run_search
+
+    ran = []
+
+    def runner_(setup, workload, options=None, *, on_window=None):
+        ran.append(setup)
+        raise AssertionError("nothing may run")
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "train.py").write_text("print('my own training')\n")
+    config = SearchConfig(model="resnet18", trials=2, image_size=32, device="cpu", trial_seconds=1.0, out=out,
+                          cache_dir=cache_dir, synthetic_images=64)
+    with pytest.raises(EmitError, match=r"train.py exists and is not a script written by autotune: not overwritten \(pass another --out\)"):
+        run_search(config, runner=runner_)
+    assert ran == [] and (out / "train.py").read_text() == "print('my own training')\n" and not (out / "study.db").exists()

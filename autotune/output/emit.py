@@ -247,6 +247,23 @@ def _autotune_version() -> str:
     return _comment_text(__version__)
 
 
+def script_target(path: str | Path, flag: str = "--output") -> Path:
+    """Where :func:`write_script` writes for ``path`` (a directory gets ``train.py``), checked before anything runs.
+
+    Raises:
+        EmitError: A parent is a file, or the target is a file autotune did not write (the user's own train.py).
+    """
+    target = Path(path)
+    if target.is_dir():
+        target = target / "train.py"
+    blocker = next((d for d in (target.parent, *target.parent.parents) if d.exists() and not d.is_dir()), None)
+    if blocker is not None:  # mkdir would say only "File exists"
+        raise EmitError(f"cannot write {target}: {blocker} is a file, not a directory")
+    if target.is_file() and not _written_by_autotune(target):  # best.json, study.db, the user's own train.py
+        raise EmitError(f"{target} exists and is not a script written by autotune: not overwritten (pass another {flag})")
+    return target
+
+
 def run_command(best: Best, script: str | Path = "train.py") -> str:
     """The command that runs the emitted script with the world size it was measured with."""
     if best.world_size > 1:
@@ -307,14 +324,7 @@ def write_script(best: Best, path: str | Path) -> Path:
         EmitError: The script cannot be rendered or written.
     """
     text = render_script(best)
-    target = Path(path)
-    if target.is_dir():
-        target = target / "train.py"
-    blocker = next((d for d in (target.parent, *target.parent.parents) if d.exists() and not d.is_dir()), None)
-    if blocker is not None:  # mkdir would say only "File exists"
-        raise EmitError(f"cannot write {target}: {blocker} is a file, not a directory")
-    if target.is_file() and not _written_by_autotune(target):  # best.json, study.db, the user's own train.py
-        raise EmitError(f"{target} exists and is not a script written by autotune: not overwritten (pass another --output)")
+    target = script_target(path)
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(target, text)

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from autotune.files import atomic_write_bytes, atomic_write_text
 from autotune.output.compile_payoff import compile_section
+from autotune.output.emit import run_command
 from autotune.output.sections import (
     ReportInput,
     Section,
@@ -87,7 +88,7 @@ def _header(data: ReportInput) -> str:
     meta = [f"{len(data.records)} trials ({tally or 'none'})", f"search {data.status}", f"storage <code>{escape(hide_passwords(data.storage))}</code>"]
     if best is not None:
         w = best.workload
-        meta.insert(0, escape(f"{w.model} @ {w.image_size}px on {w.device}, data: {w.data or 'synthetic JPEGs'}"))
+        meta.insert(0, escape(w.describe()))  # a Task's reference and sample count; the classifier's model, size and data
         if best.command:
             meta.append(f"command <code>{escape(best.command)}</code>")
     meta.append(f"written {_dt.datetime.now(_dt.timezone.utc).isoformat(timespec='seconds')}")
@@ -101,8 +102,7 @@ def _header(data: ReportInput) -> str:
         lines.append(f'<p class="winner">{title}: <code>{escape(best.setup.describe())}</code>: {speed}; effective batch '
                      f"{best.effective_batch}, learning rate {best.lr:g}, peak memory {escape(format_bytes(best.peak_memory_bytes))}</p>")
         lines.extend(f'<p class="caveat">note: {escape(n)}</p>' for n in best.notes)
-        run = f"torchrun --nproc_per_node {best.world_size} train.py" if best.world_size > 1 else "python train.py"
-        lines.append(f'<p class="next">Use it: <code>{run}</code> beside this page trains with it (its flags default to '
+        lines.append(f'<p class="next">Use it: <code>{escape(run_command(best))}</code> beside this page trains with it (its flags default to '
                      'this setup), or read <code>best.json</code> in your own loop with <code>autotune.load_setup("best.json")</code>.</p>')
     else:
         ok = [r for r in data.records if r.result.ok and r.result.samples_per_s]

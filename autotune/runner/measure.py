@@ -187,11 +187,6 @@ class MemoryMonitor:
             self.over_budget.set()
         return value
 
-    def reset_peak(self) -> None:
-        """Forget the peak (the next sample starts it anew)."""
-        self.peak_bytes = 0
-        self.sample()
-
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
             self.sample()

@@ -56,10 +56,8 @@ class Exploration:
     neighbours: int = 0
 
     def write_csv(self, records: list[TrialRecord]) -> None:
-        """Rewrite ``trials.csv`` with ``records`` (effective batches over every rank of a trial);
-        then stop the search if the PyTorch defaults diverged (:func:`check_recipe`)."""
+        """Rewrite ``trials.csv`` with ``records`` (effective batches over every rank of a trial)."""
         write_trials_csv(self.csv_path, records, self.options.world_size)
-        check_recipe(records, self.workload)
 
 
 def check_recipe(records: list[TrialRecord], workload: Workload) -> None:
@@ -114,6 +112,7 @@ def explore(study: SearchStudy, plan: Exploration, reporter: Reporter, runner: T
             study.tell(trial, result)
             records = study.records()
             plan.write_csv(records)
+            check_recipe(records, plan.workload)
             best = max((r.result.samples_per_s or 0.0 for r in records if r.result.ok), default=None)
             record = next(r for r in records if r.number == trial.number)
             reporter.trial_finished(study.finished(plan.wanted), plan.wanted, record, best)
@@ -194,12 +193,20 @@ def unrunnable(setup: TrainSetup, workload: Workload) -> TrialResult | None:
 
 
 def pruning_hook(trial: optuna.Trial, role: str) -> WindowCallback | None:
-    """Report each window to Optuna's pruner; None for the defaults, guesses and compiled runs (always measured in full)."""
+    """Report each window to Optuna's pruner; None for the defaults, guesses and compiled runs (always measured in full).
+
+    A storage that fails to take a window (a lost connection, a locked
+    SQLite file) never stops or loses the trial: it runs on, unpruned, and
+    storing its result meets the storage's error where it is handled.
+    """
     if role not in (ROLE_SEARCH, ROLE_NEIGHBOUR):
         return None
 
     def hook(index: int, value: float) -> bool:
-        trial.report(value, step=index)
-        return bool(trial.should_prune())
+        try:
+            trial.report(value, step=index)
+            return bool(trial.should_prune())
+        except Exception:  # sqlalchemy, journal and driver errors all differ
+            return False
 
     return hook

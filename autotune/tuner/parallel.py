@@ -20,7 +20,7 @@ import optuna
 from autotune.records import TrialResult
 from autotune.runner import TrialRunner, WindowCallback
 from autotune.train_setup import TrainSetup
-from autotune.tuner.explore import Exploration, explore, known_result, pruning_hook, queue_refinements, setup_for
+from autotune.tuner.explore import Exploration, check_recipe, explore, known_result, pruning_hook, queue_refinements, setup_for
 from autotune.tuner.placement import Placement
 from autotune.tuner.progress import Reporter
 from autotune.tuner.signals import interrupts_held
@@ -140,6 +140,7 @@ class _Parallel:
             self.study.tell(trial, done.result)
             records = self.study.records()
             self.plan.write_csv(records)
+            check_recipe(records, self.plan.workload)
             best = max((r.result.samples_per_s or 0.0 for r in records if r.result.ok), default=None)
             record = next(r for r in records if r.number == trial.number)
             self.reporter.trial_finished(self.study.finished(self.plan.wanted), self.plan.wanted, record, best)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from functools import partial
@@ -22,7 +23,7 @@ from autotune.devices import DeviceInfo
 from autotune.errors import AutotuneError, SearchFailed, SearchInterrupted
 from autotune.files import check_writable
 from autotune.output.best import write_best
-from autotune.output.emit import write_script
+from autotune.output.emit import script_target, write_script
 from autotune.records import Calibration, Confirmed, TrialOptions, TrialRecord, Workload
 from autotune.runner import TrialRunner, prestart, run_trial
 from autotune.train_setup import TrainSetup
@@ -40,7 +41,7 @@ from autotune.tuner.offered import check_workload_constraints
 from autotune.tuner.parallel import explore_placed
 from autotune.tuner.placement import Placement, place
 from autotune.tuner.progress import Reporter, SilentReporter
-from autotune.tuner.signals import clear_stop, runs_to_the_end, sigterm_as_interrupt
+from autotune.tuner.signals import clear_stop, interrupts_held, runs_to_the_end, sigterm_as_interrupt
 from autotune.tuner.space import Space, build_space, check_pins_act, defaults_setup
 from autotune.tuner.storage import check_one_study, is_shared
 from autotune.tuner.study import ROLE_DEFAULTS, ROLE_GUESS, SearchStudy
@@ -202,6 +203,7 @@ def prepare(config: SearchConfig, reporter: Reporter) -> Prepared:
     check_constraints(constraints, device)
     out = Path(config.out)
     check_writable(out)
+    script_target(out / "train.py", "--out")  # the winner's script must not meet the user's own train.py at the end
     if config.workload is not None:
         workload = build_task_workload(config.workload, device=device.name, workers=allows_workers(constraints.get("num_workers")))
     else:
@@ -276,8 +278,14 @@ def calibrate_once(config: SearchConfig, prepared: Prepared, reporter: Reporter,
             )
     except KeyboardInterrupt:
         raise SearchInterrupted("interrupted during calibration, before the first trial; rerun the same command to start again") from None
-    prepared.study.store_calibration(calibration)
+    held(prepared.study.store_calibration, calibration)
     return calibration
+
+
+def held(store: Callable[..., None], *args: Any) -> None:
+    """``store(*args)`` with Ctrl-C and SIGTERM held until it is written: a measurement is never half stored."""
+    with interrupts_held():
+        store(*args)
 
 
 def enqueue_first_trials(config: SearchConfig, prepared: Prepared, space: Space, calibration: Calibration) -> None:
@@ -315,7 +323,7 @@ def confirm_finalists(
             options,
             rounds=config.confirm_rounds,
             known=prepared.study.confirmation(),
-            store=prepared.study.store_confirmation,
+            store=lambda key, values, failures: held(prepared.study.store_confirmation, key, values, failures),
             on_measure=lambda done, total, cand, result: reporter.confirm_progress(done, total, cand.label, result),
             runner=runner,
             baseline=defaults.to_json(),

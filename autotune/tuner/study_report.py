@@ -39,14 +39,14 @@ def write_search_report(study: SearchStudy, out: Path, data: ReportInput, log: C
     Returns:
         The files written (report.html first), or none.
     """
-    with interrupts_held():
-        if data.time_spent is not None:
-            study.store_time_spent(data.time_spent)
-        if data.verdict is not None:
-            study.store_verdict(data.verdict, data.ceilings)
     try:
+        with interrupts_held():
+            if data.time_spent is not None:
+                study.store_time_spent(data.time_spent)
+            if data.verdict is not None:
+                study.store_verdict(data.verdict, data.ceilings)
         return tuple(str(p) for p in write_report(out, data))
-    except Exception as exc:  # a plotting or disk failure must not cost the measured search
+    except Exception as exc:  # a storage, plotting or disk failure must not cost the measured search
         log(f"report.html not written: {type(exc).__name__}: {exc}")
         return ()
 

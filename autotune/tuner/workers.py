@@ -40,14 +40,14 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.errors import StorageError
 from autotune.output.best import Best
 from autotune.records import Calibration, TrialRecord, TrialResult
-from autotune.runner import TrialRunner, WindowCallback
+from autotune.runner import TrialRunner
 from autotune.tuner.budget import STUDY_BUDGET
 from autotune.tuner.config import SearchOutcome
-from autotune.tuner.explore import Exploration, known_result, pruning_hook, queue_refinements, setup_for
+from autotune.tuner.explore import Exploration, check_recipe, known_result, pruning_hook, queue_refinements, setup_for
 from autotune.tuner.lock import Holder
 from autotune.tuner.progress import Reporter
 from autotune.tuner.signals import interrupts_held
-from autotune.tuner.storage import CONNECTION_ERRORS, heartbeats, with_retries
+from autotune.tuner.storage import heartbeats, with_retries
 from autotune.tuner.study import ATTR_MARKER, ATTR_ROLE, ROLE_SEARCH, STUDY_WINNER, SearchStudy
 from autotune.tuner.study_report import stored_confirmed
 
@@ -315,7 +315,7 @@ class Crew:
             result: TrialResult
             if without_run is None:
                 with heartbeats(study.study, trial._trial_id):
-                    result = runner(setup, plan.workload, plan.options, on_window=_pruning_hook(trial, role))
+                    result = runner(setup, plan.workload, plan.options, on_window=pruning_hook(trial, role))
                 reused_from = None
             else:
                 result, reused_from = without_run.result, without_run.reused_from
@@ -335,25 +335,11 @@ class Crew:
         with interrupts_held():
             records = self._retry(study.records, keep_locally)
             plan.write_csv(records)
+            check_recipe(records, plan.workload)
             best = max((r.result.samples_per_s or 0.0 for r in records if r.result.ok), default=None)
             record = next((r for r in records if r.number == trial.number), pending[0])
             reporter.trial_finished(self._retry(lambda: study.counts(plan.wanted))[0], plan.wanted, record, best)
         return records
-
-
-def _pruning_hook(trial: optuna.Trial, role: str) -> WindowCallback | None:
-    """The pruning hook, which never stops a trial for a lost storage (storing its result finds the loss)."""
-    hook = pruning_hook(trial, role)
-    if hook is None:
-        return None
-
-    def guarded(index: int, value: float) -> bool:
-        try:
-            return hook(index, value)
-        except CONNECTION_ERRORS:
-            return False
-
-    return guarded
 
 
 def _holders(markers: list[FrozenTrial]) -> list[Holder]:
