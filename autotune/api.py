@@ -102,7 +102,7 @@ class TrialOutcome:
 
     @property
     def status(self) -> str:
-        """``ok``, ``oom``, ``timeout``, ``error`` or ``diverged``."""
+        """``ok``, ``oom``, ``timeout``, ``error``, ``diverged``, ``bad_data`` or ``interrupted``."""
         return self.result.status
 
     @property

@@ -104,8 +104,9 @@ class Best:
         peak_memory_bytes: Peak memory of the winner's trial.
         effective_batch: micro-batch x accumulation x world size.
         reference_batch: The effective batch the learning rate refers to.
-        lr: Learning rate at ``reference_batch`` scaled linearly to
-            ``effective_batch`` (what the emitted script uses).
+        lr: The learning rate at ``reference_batch`` scaled to ``effective_batch``
+            by the workload's rule (square root for Adam-family optimizers,
+            linear for SGD-like ones), as the emitted script scales it.
         hardware: The probe summary (``probes`` JSON).
         versions: Software versions.
         command: The command line that produced the result.

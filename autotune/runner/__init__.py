@@ -4,9 +4,11 @@ Public entry points: :func:`run_trial` and the :class:`TrialRunner` protocol
 that calibration, the search loop, confirmation and the benchmarks accept,
 so tests hand in a fake runner instead of starting processes.
 
-Inside: :mod:`.launch` (start, supervise, timeout), :mod:`.zygote` (the warm
-fork server and its file protocol), :mod:`.child` (what runs in the trial
-process) and :mod:`.measure` (windows, memory, stopwatch).
+Inside: :mod:`.launch` (start, supervise, timeout), :mod:`.zygote` (the
+client of the warm fork server and its file protocol), :mod:`.server` (that
+server), :mod:`.child` (what runs in the trial process), :mod:`.failures`
+(an exception -> a status), :mod:`.windows` (when a window may close),
+:mod:`.ranks` (DDP trials) and :mod:`.measure` (memory, stopwatch, summaries).
 """
 
 from __future__ import annotations

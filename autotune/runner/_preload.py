@@ -1,4 +1,4 @@
-"""Imported once by the trial forkserver, so each forked trial starts warm.
+"""Imported once by the zygote (the trial fork server), so each forked trial starts warm.
 
 Only imports: no tensor is created and CUDA is not touched, so forking from
 the server is as safe as forking from a fresh interpreter.

@@ -199,7 +199,7 @@ class SearchOutcome:
         best: The winner (also written as best.json), None if interrupted
             before any feasible trial.
         records: Every finished trial.
-        confirmed: The confirmation measurements (empty if interrupted).
+        confirmed: The confirmation measurements (after an interrupt, the rounds measured so far, unranked).
         calibration: The pre-search measurements.
         verdict: Which side limits the training speed, in words.
         out: Output directory.

@@ -7,7 +7,7 @@ time (:mod:`autotune.tuner.neighbours`), then re-run it with
 Infeasible trials (oom, timeout, error, diverged) are recorded as results,
 never raised; a setup measured before is reused instead of re-run; a step
 larger than the data is infeasible without running. Those two run nothing
-and do not use up ``--trials`` (:func:`autotune.tuner.study.counted`). ``trials.csv`` is
+and do not use up ``--trials`` (:func:`autotune.tuner.budget.counted`). ``trials.csv`` is
 rewritten after every trial, so nothing measured is lost.
 """
 
@@ -153,7 +153,7 @@ class Known:
 
 def known_result(study: SearchStudy, setup: TrainSetup, number: int, workload: Workload) -> Known | None:
     """What trial ``number`` is told without running (a free trial, see
-    :func:`autotune.tuner.study.counted`), or None when it must run."""
+    :func:`autotune.tuner.budget.counted`), or None when it must run."""
     too_big = unrunnable(setup, workload)
     if too_big is not None:
         return Known(too_big)
