@@ -181,7 +181,7 @@ class TrialResult:
             something outside terminated it; ``bad_data`` when a file of the
             data cannot be decoded: neither is the setup's failure, and
             neither is stored as a measurement).
-        samples_per_s: Median steady-state window throughput.
+        samples_per_s: Median steady-state window throughput (with accumulation: samples over the whole steps; pruned: its last window).
         samples_per_s_spread: Range (max - min) of the window throughputs.
         step_time_s: Wall time of one optimizer step (``accumulation_steps``
             micro-batches) at the median throughput.

@@ -174,6 +174,7 @@ def test_status_of_a_shared_workers_directory_asks_for_its_storage(tmp_path) -> 
         (lambda d: {**d, "samples_per_s": "fast"}, "field 'samples_per_s' must be number, not a string"),
         (lambda d: {**d, "speedup": True}, "field 'speedup' must be number or null, not a boolean"),
         (lambda d: {**d, "extra": 1}, "unknown fields: extra"),
+        (lambda d: {**d, "confirmed": "yes"}, "field 'confirmed' must be"),
         (lambda d: {k: v for k, v in d.items() if k != "lr"}, "lacks the field 'lr'"),
         (lambda d: {**d, "workload": {**d["workload"], "sys_path": "/x"}}, "'workload.sys_path' must be a list"),
     ],
@@ -194,6 +195,21 @@ def test_bad_best_json_is_one_line_in_emit_and_load_setup(tmp_path, cache_dir, c
         read_best(tmp_path)
     result = runner.invoke(app, ["emit", str(tmp_path)])
     assert result.exit_code == 1 and message in one_line(result.output)
+
+
+def test_a_best_json_written_before_the_confirmed_field_reads_it_from_its_notes(tmp_path) -> None:
+    import json
+
+    from autotune.output.best import Best, read_best
+    from autotune.records import Workload
+    from autotune.train_setup import TrainSetup
+
+    best = Best(setup=TrainSetup(), workload=Workload(model="resnet18"), samples_per_s=1.0, samples_per_s_spread=0.0,
+                defaults_samples_per_s=1.0, speedup=1.0, peak_memory_bytes=None, effective_batch=32, reference_batch=32, lr=1e-3)
+    for notes, confirmed in (([], True), (["not confirmed: the search was interrupted before the interleaved re-measurement"], False)):
+        older = {k: v for k, v in best.to_dict().items() if k != "confirmed"}
+        (tmp_path / "best.json").write_text(json.dumps({**older, "notes": notes}))
+        assert read_best(tmp_path / "best.json").confirmed is confirmed
 
 
 def test_load_setup_refuses_another_schema(tmp_path) -> None:

@@ -39,9 +39,10 @@ FIELDS: dict[str, tuple[type, ...]] = {
     "created": (str,),
     "notes": (list,),
     "world_size": (int,),
+    "confirmed": (bool,),
 }
 #: Fields that may be missing (they have defaults).
-OPTIONAL = ("hardware", "versions", "command", "created", "notes", "world_size")
+OPTIONAL = ("hardware", "versions", "command", "created", "notes", "world_size", "confirmed")
 
 
 def check_best_dict(data: Any) -> dict[str, Any]:
@@ -69,7 +70,7 @@ def check_best_dict(data: Any) -> dict[str, Any]:
                 continue
             raise AutotuneError(f"best.json lacks the field {name!r}")
         value = data[name]
-        if isinstance(value, bool) or not isinstance(value, types):
+        if (isinstance(value, bool) and bool not in types) or not isinstance(value, types):  # True is an int, not a number
             raise AutotuneError(f"best.json field {name!r} must be {_expected(types)}, not a {_json_type(value)}")
     notes = data.get("notes", [])
     if not all(isinstance(n, str) for n in notes):
@@ -113,6 +114,8 @@ class Best:
         created: ISO-8601 time of writing.
         notes: Things the user must know (changed math, synthetic data, ...).
         world_size: Ranks the setup was measured with (run under torchrun when > 1).
+        confirmed: Chosen by the interleaved confirmation rounds; False for the
+            fastest single trial of an interrupted search (its notes say why).
     """
 
     setup: TrainSetup
@@ -131,6 +134,7 @@ class Best:
     created: str = ""
     notes: tuple[str, ...] = ()
     world_size: int = 1
+    confirmed: bool = True
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (``schema`` first)."""
@@ -153,6 +157,8 @@ class Best:
             data["setup"] = TrainSetup.from_dict(data["setup"])
             data["workload"] = Workload.from_dict(data["workload"])
             data["notes"] = tuple(data.get("notes", ()))
+            if "confirmed" not in data:  # written before the field: its notes said so
+                data["confirmed"] = not any(str(n).startswith("not confirmed") for n in data["notes"])
             return cls(**data)
         except KeyError as exc:
             raise AutotuneError(f"best.json lacks the field {exc.args[0]!r}") from None

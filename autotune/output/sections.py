@@ -105,7 +105,7 @@ def _draw(plots: ModuleType | None, name: str, *args: Any) -> bytes | None:
 
 def is_confirmed(best: Best) -> bool:
     """Whether the winner was re-measured in the confirmation rounds (not so after an interrupt)."""
-    return not any(n.startswith("not confirmed") for n in best.notes)
+    return best.confirmed
 
 
 def _winner(data: ReportInput) -> tuple[float | None, str, float | None]:

@@ -118,6 +118,7 @@ def make_best(
         created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         notes=tuple(notes),
         world_size=world_size,
+        confirmed=bool(measured),
     )
 
 def scaled_lr(lr: float, effective: int, reference: int, rule: str = "sqrt") -> float:
