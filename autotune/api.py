@@ -38,8 +38,8 @@ WorkloadRef = str | Callable[..., Any]
 
 #: Refusal of a workload given together with the classifier shorthand's data.
 WORKLOAD_AND_DATA = "give a workload (--workload) or the classifier shorthand (--model, --data, --image-size), not both"
-#: The shorthand's defaults of the options a workload has its own answer to (its Task's lr and dataset).
-SHORTHAND_DEFAULTS = {"lr": 1e-3, "cache_dir": None, "synthetic_images": 2000}
+#: The shorthand's defaults (SearchConfig's) of the options a workload has its own answer to (its Task's lr and dataset).
+SHORTHAND_DEFAULTS = {f.name: f.default for f in dataclasses.fields(SearchConfig) if f.name in ("lr", "cache_dir", "synthetic_images")}
 
 
 def _shorthand(

@@ -306,7 +306,6 @@ def test_an_interrupt_during_the_winner_s_ceilings_keeps_the_confirmed_winner(tm
     import autotune.tuner.run
     from autotune.errors import SearchInterrupted
     from autotune.output.best import read_best
-    from autotune.output.sections import is_confirmed
     from autotune.tuner import SearchConfig, run_search
 
     def interrupted(*args, **kwargs):
@@ -317,7 +316,7 @@ def test_an_interrupt_during_the_winner_s_ceilings_keeps_the_confirmed_winner(tm
                           out=tmp_path / "out", cache_dir=cache_dir, synthetic_images=64)
     with pytest.raises(SearchInterrupted, match="the confirmed winner is in .*best.json; only its ceilings were skipped") as info:
         run_search(config, runner=steady_runner)
-    assert "unconfirmed" not in str(info.value) and is_confirmed(read_best(tmp_path / "out" / "best.json"))
+    assert "unconfirmed" not in str(info.value) and read_best(tmp_path / "out" / "best.json").confirmed
 
 
 def test_a_rerun_interrupted_before_its_confirmation_keeps_the_earlier_confirmed_winner(tmp_path, cache_dir, monkeypatch) -> None:

@@ -103,15 +103,10 @@ def _draw(plots: ModuleType | None, name: str, *args: Any) -> bytes | None:
     return bytes(plots.png(fig))
 
 
-def is_confirmed(best: Best) -> bool:
-    """Whether the winner was re-measured in the confirmation rounds (not so after an interrupt)."""
-    return best.confirmed
-
-
 def _winner(data: ReportInput) -> tuple[float | None, str, float | None]:
     """The achieved rate, its label and the defaults' rate (confirmed, or the best trial so far)."""
     if data.best is not None:
-        label = "winner\n(confirmed median)" if is_confirmed(data.best) else "winner\n(not confirmed)"
+        label = "winner\n(confirmed median)" if data.best.confirmed else "winner\n(not confirmed)"
         return data.best.samples_per_s, label, data.best.defaults_samples_per_s
     ok = [r for r in data.records if r.result.ok and r.result.samples_per_s]
     if not ok:
@@ -146,7 +141,7 @@ def ceiling_bars(data: ReportInput) -> list[tuple[str, float, str, str]]:
     if achieved:
         bars.append((label, achieved, "achieved", "the training loop, loader and model together"))
     if defaults:
-        rounds = "same rounds" if data.best is not None and is_confirmed(data.best) else "single trial"
+        rounds = "same rounds" if data.best is not None and data.best.confirmed else "single trial"
         bars.append((f"PyTorch defaults\n({rounds})", defaults, "defaults", "the workload's batch, no workers, fp32"))
     return bars
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import shutil
 import time
-from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from functools import partial
@@ -41,7 +40,7 @@ from autotune.tuner.offered import check_workload_constraints
 from autotune.tuner.parallel import explore_placed
 from autotune.tuner.placement import Placement, place
 from autotune.tuner.progress import Reporter, SilentReporter
-from autotune.tuner.signals import clear_stop, interrupts_held, runs_to_the_end, sigterm_as_interrupt
+from autotune.tuner.signals import clear_stop, runs_to_the_end, sigterm_as_interrupt
 from autotune.tuner.space import Space, build_space, check_pins_act, defaults_setup
 from autotune.tuner.storage import check_one_study, is_shared
 from autotune.tuner.study import ROLE_DEFAULTS, ROLE_GUESS, SearchStudy
@@ -278,14 +277,8 @@ def calibrate_once(config: SearchConfig, prepared: Prepared, reporter: Reporter,
             )
     except KeyboardInterrupt:
         raise SearchInterrupted("interrupted during calibration, before the first trial; rerun the same command to start again") from None
-    held(prepared.study.store_calibration, calibration)
+    prepared.study.store_calibration(calibration)
     return calibration
-
-
-def held(store: Callable[..., None], *args: Any) -> None:
-    """``store(*args)`` with Ctrl-C and SIGTERM held until it is written: a measurement is never half stored."""
-    with interrupts_held():
-        store(*args)
 
 
 def enqueue_first_trials(config: SearchConfig, prepared: Prepared, space: Space, calibration: Calibration) -> None:
@@ -323,7 +316,7 @@ def confirm_finalists(
             options,
             rounds=config.confirm_rounds,
             known=prepared.study.confirmation(),
-            store=lambda key, values, failures: held(prepared.study.store_confirmation, key, values, failures),
+            store=prepared.study.store_confirmation,
             on_measure=lambda done, total, cand, result: reporter.confirm_progress(done, total, cand.label, result),
             runner=runner,
             baseline=defaults.to_json(),

@@ -4,9 +4,10 @@ A :class:`SearchStudy` wraps one ``optuna.Study`` and is the only place that
 knows its user-attribute keys: per trial its role, setup, result and the
 trial it reused; per study the search signature, the calibration, the
 confirmation rounds and the TPE start-up schedule. Every write to the
-storage happens with interrupts held (:func:`~autotune.tuner.signals.interrupts_held`
-is applied by the callers that write in a loop), so a Ctrl-C never lands
-half-way through a transaction.
+storage happens with interrupts held (:func:`~autotune.tuner.signals.interrupts_held`:
+the calibration and confirmation stores hold them themselves, the callers that
+write in a loop around the rest), so a Ctrl-C never lands half-way through a
+transaction.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from autotune.tuner.budget import ATTR_FREE, FINISHED, counted, progress
 from autotune.tuner.identity import signature_difference
 from autotune.tuner.lock import Holder
 from autotune.tuner.pruning import ScreeningPruner
+from autotune.tuner.signals import interrupts_held
 from autotune.tuner.storage import open_storage, storage_file
 
 # Trial roles.
@@ -232,9 +234,10 @@ class SearchStudy:
         return Calibration.from_dict(data) if data is not None else None
 
     def store_calibration(self, calibration: Calibration) -> None:
-        """Keep the calibration, so a resumed search reuses it."""
-        self.study.set_user_attr(STUDY_CALIBRATION, calibration.to_dict())
-        self.heartbeat()
+        """Keep the calibration, so a resumed search reuses it (with interrupts held: never half stored)."""
+        with interrupts_held():
+            self.study.set_user_attr(STUDY_CALIBRATION, calibration.to_dict())
+            self.heartbeat()
 
     def confirmation(self) -> Rounds:
         """The confirmation measurements this run stored so far, per candidate key.
@@ -256,11 +259,13 @@ class SearchStudy:
         return {key: (list(v[0]), list(v[1])) for key, v in rounds.items()}
 
     def store_confirmation(self, key: str, values: list[float], failures: list[str]) -> None:
-        """Record one candidate's confirmation measurements (after every measurement), for this run only."""
+        """Record one candidate's confirmation measurements (after every measurement), for this run only,
+        with interrupts held: a measurement is never half stored."""
         rounds = {k: [list(v[0]), list(v[1])] for k, v in self.confirmation().items()}
         rounds[key] = [values, failures]
-        self.study.set_user_attr(STUDY_CONFIRMATION, {"run": self.run_id, "rounds": rounds})
-        self.heartbeat()
+        with interrupts_held():
+            self.study.set_user_attr(STUDY_CONFIRMATION, {"run": self.run_id, "rounds": rounds})
+            self.heartbeat()
 
     def time_spent(self) -> TimeSpent | None:
         """Where the time of the earlier runs went, if they recorded it."""

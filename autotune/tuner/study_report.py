@@ -18,15 +18,12 @@ from optuna.trial import TrialState
 from autotune.errors import AutotuneError, StorageError
 from autotune.output.best import Best, read_best
 from autotune.output.report import ReportInput, write_report
-from autotune.output.sections import is_confirmed
 from autotune.records import Calibration, Candidate, Confirmed, TrialRecord
 from autotune.time_spent import TimeSpent
 from autotune.train_setup import TrainSetup
 from autotune.tuner.config import SearchOutcome
 from autotune.tuner.signals import interrupts_held
 from autotune.tuner.study import ROLE_DEFAULTS, STUDY_SIGNATURE, STUDY_WINNER, Rounds, SearchStudy
-
-RUNNING = TrialState.RUNNING
 
 
 def write_search_report(study: SearchStudy, out: Path, data: ReportInput, log: Callable[[str], None]) -> tuple[str, ...]:
@@ -90,7 +87,7 @@ def kept_winner(out: Path, study: SearchStudy, records: list[TrialRecord]) -> Be
         best = stored_best(out, study, records)
     except AutotuneError:  # unreadable: nothing to keep
         return None
-    return best if best is not None and is_confirmed(best) else None
+    return best if best is not None and best.confirmed else None
 
 
 def published_winner(study: SearchStudy) -> tuple[Best, str] | None:
@@ -185,11 +182,11 @@ def report_study(out: Path, *, storage: str | None = None, study: str | None = N
         status = f"finished: confirmed by {published[1]}"
     elif unreadable:
         status = f"winner not shown: {unreadable}; rerun the search's command to write best.json again"
-    elif best is None and not any(r.result.ok for r in records) and not stored.study.get_trials(deepcopy=False, states=(RUNNING,)):
+    elif best is None and not any(r.result.ok for r in records) and not stored.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         status = "failed: no feasible trial"
     elif best is None:
         status = "in progress or interrupted (no best.json yet)"
-    elif not is_confirmed(best):
+    elif not best.confirmed:
         status = "interrupted (winner not confirmed)"
     else:
         status = "finished"
