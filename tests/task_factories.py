@@ -99,6 +99,15 @@ def sgd_groups() -> autotune.Task:
     return autotune.Task(nn.Linear(8, 3), _pairs(), batch_size=16, lr=0.1, optimizer=_two_groups)
 
 
+def _sgd_at_its_own_rate(params: Any) -> torch.optim.Optimizer:
+    return torch.optim.SGD(params, lr=0.1, momentum=0.9)
+
+
+def sgd_own_rate() -> autotune.Task:
+    """An optimizer factory that takes no lr= and sets 0.1 itself; Task.lr is left at its default."""
+    return autotune.Task(nn.Linear(8, 3), _pairs(), batch_size=16, optimizer=_sgd_at_its_own_rate)
+
+
 class MyTask(autotune.Task):
     """A user's subclass of Task."""
 

@@ -54,11 +54,22 @@ def test_optimizer_factory_gets_the_scaled_lr() -> None:
     assert isinstance(optimizer, torch.optim.SGD) and optimizer.param_groups[0]["lr"] == 0.25
     default = autotune.Task(torch.nn.Linear(2, 2), [1]).build_optimizer(torch.nn.Linear(2, 2).parameters(), lr=0.5, cuda=False)
     assert isinstance(default, torch.optim.AdamW)
-    # A factory without lr= sets its own rates (here 0.1 and 0.01 at the Task's lr 0.01): the scaling still applies to each.
+    # A factory without lr= sets its own rates (here 0.1 and 0.01): the first group's is the recipe's rate, whatever
+    # the Task's lr says, and the scaling applies to each group with their ratio kept.
     groups = lambda params: torch.optim.SGD([{"params": [p], "lr": 0.1 if i == 0 else 0.01} for i, p in enumerate(params)], lr=0.01)  # noqa: E731
     own = autotune.Task(torch.nn.Linear(2, 2), [1], optimizer=groups, lr=0.01)
-    assert [g["lr"] for g in own.build_optimizer(own.build_model().parameters(), lr=0.01, cuda=False).param_groups] == [0.1, 0.01]
-    assert [g["lr"] for g in own.build_optimizer(own.build_model().parameters(), lr=0.02, cuda=False).param_groups] == [0.2, 0.02]
+    unscaled = own.build_optimizer(own.build_model().parameters(), lr=None, cuda=False)
+    assert [g["lr"] for g in unscaled.param_groups] == [0.1, 0.01] and own.recipe_lr(unscaled) == 0.1
+    assert [g["lr"] for g in own.build_optimizer(own.build_model().parameters(), lr=0.1, cuda=False).param_groups] == [0.1, 0.01]
+    assert [g["lr"] for g in own.build_optimizer(own.build_model().parameters(), lr=0.2, cuda=False).param_groups] == [0.2, 0.02]
+    assert task.recipe_lr(optimizer) == task.lr  # a factory that takes lr= is given the Task's
+
+
+def test_the_recipe_rate_of_a_factory_without_lr_is_its_own() -> None:
+    # Task.lr is left at 1e-3; the factory sets 0.1: the note, best.json and the script scale 0.1, the rate it trains at.
+    work = _workload("sgd_own_rate")
+    assert work.lr == 0.1 and work.lr_scaling == "linear"
+    assert _workload("sgd_groups").lr == 0.1  # a factory taking lr= is given Task.lr (0.1 there)
 
 
 def test_the_learning_rate_rule_follows_the_optimizer_family() -> None:
@@ -429,6 +440,19 @@ def test_the_task_script_keeps_each_param_group_lr_and_warms_each_up_from_its_ow
     assert code == 0, err
     lrs = [g["lr"] for g in torch.load(tmp_path / "out2" / "checkpoint.pth", weights_only=True)["optimizer"]["param_groups"]]
     assert lrs == pytest.approx([0.05, 0.0005])  # step 2 of 4: half of each group's own rate
+
+
+@pytest.mark.slow
+def test_the_task_script_logs_the_rate_its_factory_trains_at(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The factory sets 0.1 itself (Task.lr left at 1e-3); batch 16 x 2 doubles the recipe's batch: SGD scales linearly.
+    script = _task_script(tmp_path, "sgd_own_rate", autotune.TrainSetup(batch_size=16, accumulation_steps=2))
+    code, out, err = _run_here(script, capfd, monkeypatch, "--max-steps", "1")
+    assert code == 0, err
+    assert "lr 0.1 x 32 / 16 = 0.2," in out, out
+    lrs = [g["lr"] for g in torch.load(tmp_path / "out" / "checkpoint.pth", weights_only=True)["optimizer"]["param_groups"]]
+    assert lrs == pytest.approx([0.2])
 
 
 @pytest.mark.slow

@@ -64,12 +64,14 @@ class Task:
         collate_fn: The DataLoader's ``collate_fn`` (padding, dict batches).
         optimizer: A factory ``params -> torch.optim.Optimizer``; it is
             called with ``lr=`` when it accepts that argument (the rate
-            scaled to the tuned effective batch). Default: AdamW at ``lr``
-            with the tuned ``optimizer_impl`` (a factory of your own is not
-            given that knob).
+            scaled to the tuned effective batch). A factory without ``lr``
+            sets its own rates: its first param group's is then the recipe's
+            rate (``lr`` is not used), and every group's is scaled by the
+            same ratio. Default: AdamW at ``lr`` with the tuned
+            ``optimizer_impl`` (a factory of your own is not given that knob).
         batch_size: The recipe's batch: the reference effective batch for the
             learning-rate note and the batch of the "recipe" baseline.
-        lr: The recipe's learning rate at ``batch_size``.
+        lr: The recipe's learning rate at ``batch_size`` (see ``optimizer``).
         batch_size_of: ``batch_size_of(batch) -> int``: samples in a batch
             (default: the first dimension of the batch's first tensor). Return
             tokens to measure tokens/s.
@@ -128,34 +130,55 @@ class Task:
         names = {cls.__name__ for cls in type(optimizer).__mro__}
         return "sqrt" if names & ADAPTIVE_OPTIMIZERS else "linear"
 
-    def build_optimizer(self, params: Any, *, lr: float, cuda: bool, impl: str | None = None) -> torch.optim.Optimizer:
+    def _factory_takes_lr(self) -> bool:
+        import inspect
+
+        try:
+            return "lr" in inspect.signature(self.optimizer).parameters  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            return False
+
+    def recipe_lr(self, optimizer: torch.optim.Optimizer) -> float:
+        """The recipe's learning rate at ``batch_size``, given the optimizer built with ``lr=None``.
+
+        ``lr``, unless the optimizer factory takes no ``lr``: its first param
+        group's rate is then the recipe's (the factory sets its own rates).
+        """
+        if self.optimizer is None or self._factory_takes_lr():
+            return float(self.lr)
+        return float(optimizer.param_groups[0]["lr"])
+
+    def build_optimizer(
+        self, params: Any, *, lr: float | None, cuda: bool, impl: str | None = None
+    ) -> torch.optim.Optimizer:
         """The optimizer over ``params`` at learning rate ``lr`` (``impl`` applies to the default AdamW).
 
-        A factory that takes no ``lr`` sets its own rates: each param group's
-        is multiplied by ``lr / self.lr``, so the scaled rate applies and the
-        factory's ratios between groups stay.
+        A factory that takes no ``lr`` sets its own rates, and its first param
+        group's is the recipe's: each group's rate is multiplied by ``lr /
+        that rate``, so the scaled rate applies and the factory's ratios
+        between groups stay. ``lr=None`` leaves the recipe's rates.
 
         Raises:
             WorkloadError: The factory returns no ``torch.optim.Optimizer``.
         """
-        import inspect
-
         import torch
 
         from autotune.torch_knobs import optimizer_kwargs
 
         if self.optimizer is None:
-            return torch.optim.AdamW(params, lr=lr, **optimizer_kwargs(impl))
-        try:
-            takes_lr = "lr" in inspect.signature(self.optimizer).parameters
-        except (TypeError, ValueError):
-            takes_lr = False
-        optimizer = self.optimizer(params, lr=lr) if takes_lr else self.optimizer(params)
+            return torch.optim.AdamW(params, lr=float(self.lr) if lr is None else lr, **optimizer_kwargs(impl))
+        takes_lr = self._factory_takes_lr()
+        if takes_lr:
+            optimizer = self.optimizer(params, lr=float(self.lr) if lr is None else lr)
+        else:
+            optimizer = self.optimizer(params)
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise WorkloadError(f"Task optimizer factory returned {type(optimizer).__name__}, not a torch.optim.Optimizer")
-        if not takes_lr and lr != self.lr:
-            for group in optimizer.param_groups:
-                group["lr"] = group["lr"] * (lr / self.lr)
+        if not takes_lr and lr is not None:
+            base = float(optimizer.param_groups[0]["lr"])
+            if base > 0 and lr != base:
+                for group in optimizer.param_groups:
+                    group["lr"] = group["lr"] * (lr / base)
         return optimizer
 
     # ------------------------------------------------------------- one batch

@@ -93,6 +93,7 @@ class TaskInfo:
         image_input: Whether the first batch holds a 4-D floating tensor.
         batch: The first batch's shapes and dtypes, in words.
         lr_scaling: ``"sqrt"`` or ``"linear"``, from the Task's optimizer.
+        lr: The recipe's learning rate (see :meth:`Task.recipe_lr`).
         fixed_shapes: Whether the first items all have the same tensor shapes.
         unsharded: Whether two loader workers yielded the same items (see
             :func:`autotune.workloads.streams.workers_repeat_items`).
@@ -104,6 +105,7 @@ class TaskInfo:
     image_input: bool
     batch: str
     lr_scaling: str = "sqrt"
+    lr: float = 1e-3
     fixed_shapes: bool = True
     unsharded: bool = False
     parameters: int = 0
@@ -289,7 +291,8 @@ def check_task(task: Task, *, workers: bool) -> TaskInfo:
 
             unsharded = workers_repeat_items(task.dataset)
     try:
-        optimizer = task.build_optimizer(model.parameters(), lr=float(task.lr), cuda=False)
+        optimizer = task.build_optimizer(model.parameters(), lr=None, cuda=False)
+        lr = task.recipe_lr(optimizer)
     except WorkloadError:
         raise
     except Exception as exc:
@@ -300,6 +303,7 @@ def check_task(task: Task, *, workers: bool) -> TaskInfo:
         image_input=has_image_tensor(batch),
         batch=describe_batch(batch),
         lr_scaling=task.lr_scaling(optimizer),
+        lr=lr,
         fixed_shapes=same_shapes(items),
         unsharded=unsharded,
         parameters=sum(p.numel() for p in model.parameters() if p.requires_grad),
@@ -343,7 +347,7 @@ def build_task_workload(workload: str | Callable[..., Any], *, device: str, work
         model=ref,
         device=device,
         images=info.samples,
-        lr=float(task.lr),
+        lr=info.lr,
         sys_path=sys_path,
         task=ref,
         reference_batch=task.batch_size,
