@@ -228,15 +228,16 @@ def test_hang_times_out_and_leaves_no_process(tiny_workload, monkeypatch) -> Non
     assert started and not _alive_in_group(started[0])
 
 
-def test_fallback_without_the_zygote_runs_a_fresh_interpreter(tiny_workload, monkeypatch) -> None:
+def test_fallback_without_the_zygote_runs_a_fresh_interpreter_and_says_so(tiny_workload, monkeypatch, capfd) -> None:
     from autotune.runner import zygote
 
     fresh = zygote.Zygote()
-    fresh.disabled = True
+    monkeypatch.setattr(fresh, "_start", lambda: False)  # a server that never said it was ready
     monkeypatch.setattr(zygote, "_ZYGOTE", fresh)
     result = run_trial(TrainSetup(batch_size=8), dataclasses.replace(tiny_workload, model="factories:tiny_cnn"), QUICK)
     assert result.status == "ok", result.error
-    assert fresh._proc is None  # no server was started
+    assert fresh.disabled and fresh._proc is None  # no server is used from now on
+    assert capfd.readouterr().err.count("each trial now starts its own interpreter") == 1  # disabled: said once, not per trial
 
 
 def test_user_prints_do_not_reach_our_stdout(tiny_workload, capfd) -> None:

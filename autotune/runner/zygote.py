@@ -197,6 +197,10 @@ class Zygote:
             if not self.disabled:
                 if not self._start():
                     self.disabled = True  # fall back to one interpreter per trial
+                    sys.stderr.write(
+                        f"autotune: the trial server did not start within {START_TIMEOUT_S:.0f} s; each trial now starts "
+                        "its own interpreter (seconds more per trial, measured windows unchanged)\n"
+                    )
                 if not self.disabled:
                     assert self._proc is not None and self._proc.stdin is not None
                     try:
