@@ -23,6 +23,7 @@ from autotune.output.best import Best, write_best
 from autotune.output.emit import render_script, write_script
 from autotune.records import Workload
 from autotune.train_setup import TrainSetup
+from probes.cpu import collect_cpu
 
 RUN_TIMEOUT = 180
 
@@ -449,6 +450,8 @@ def test_runs_and_resumes(
     run.mkdir()
     out = run_here([str(script), "--max-steps", "2", "--print-freq", "1", "--output-dir", "out"], run, capfd, monkeypatch)
     assert "batch 8 x accum 2 x 1 = 16" in out
+    # --amp bf16 (the tuned value here) on a CPU without a bf16 unit is emulated: the script says so, as the probe would.
+    assert ("--amp bf16 is emulated here" in out) is (not collect_cpu().bf16)
     assert "lr 0.001 x sqrt(16 / 32) = 0.000707107, warm-up 0 steps" in out
     assert "step 2 loss" in out and "images/s" in out
     checkpoint = _checkpoint(run / "out" / "checkpoint.pth")
@@ -462,6 +465,15 @@ def test_runs_and_resumes(
     assert steps == [3, 4]
     checkpoint = _checkpoint(run / "out" / "checkpoint.pth")
     assert (checkpoint["step"], checkpoint["epoch"], checkpoint["epoch_step"]) == (4, 1, 0)
+
+
+def test_the_script_tells_a_native_bf16_cpu_by_its_flags(synthetic_data: Path, tmp_path: Path) -> None:
+    native = load_script(write_script(make_best(synthetic_data, **CPU_KNOBS), tmp_path / "train.py"))["cpu_has_native_bf16"]
+    for flags, expected in (("fpu sse avx2", False), ("fpu avx512f avx512_bf16", True), ("fpu amx_bf16 amx_tile", True),
+                            ("fp asimd bf16 i8mm", True)):
+        (tmp_path / "cpuinfo").write_text(f"processor\t: 0\nflags\t\t: {flags}\n")
+        assert native(str(tmp_path / "cpuinfo")) is expected, flags
+    assert native(str(tmp_path / "missing")) is True  # unknown: no warning
 
 
 def test_threads_default_to_the_tuned_count_and_auto_is_torchs_own_choice(synthetic_data: Path, tmp_path: Path) -> None:
