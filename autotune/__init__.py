@@ -16,12 +16,46 @@ Also: ``autotune.trial(...)`` (one measured trial), ``TrainSetup``,
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from autotune._version import __version__
-from autotune.api import SearchResult, TrialOutcome, search, trial
 from autotune.errors import AutotuneError
-from autotune.train_setup import TrainSetup, load_setup
-from autotune.tuner import SearchConfig, SearchOutcome, run_search
-from autotune.workloads.task import Task
+
+if TYPE_CHECKING:
+    from autotune.api import SearchResult, TrialOutcome, search, trial
+    from autotune.train_setup import TrainSetup, load_setup
+    from autotune.tuner import SearchConfig, SearchOutcome, run_search
+    from autotune.workloads.task import Task
+
+#: Where each public name lives. They are imported on first use, so ``autotune probe``, ``status`` and
+#: ``import autotune`` for ``load_setup`` do not pay for the tuner's imports (optuna, SQLAlchemy: about 0.6 s).
+_LAZY = {
+    "SearchResult": "autotune.api",
+    "TrialOutcome": "autotune.api",
+    "search": "autotune.api",
+    "trial": "autotune.api",
+    "TrainSetup": "autotune.train_setup",
+    "load_setup": "autotune.train_setup",
+    "SearchConfig": "autotune.tuner",
+    "SearchOutcome": "autotune.tuner",
+    "run_search": "autotune.tuner",
+    "Task": "autotune.workloads.task",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'autotune' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
 
 __all__ = [
     "AutotuneError",
