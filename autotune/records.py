@@ -176,11 +176,9 @@ class TrialResult:
     """What one trial measured. The JSON keys are a contract.
 
     Attributes:
-        status: ``ok``, ``oom``, ``timeout``, ``error``, ``diverged`` (or
-            ``pruned`` when a search stopped it early; ``interrupted`` when
-            something outside terminated it; ``bad_data`` when a file of the
-            data cannot be decoded: neither is the setup's failure, and
-            neither is stored as a measurement).
+        status: ``ok``, ``oom``, ``timeout``, ``error``, ``diverged`` (or ``pruned`` when a search
+            stopped it early; ``interrupted`` when something outside terminated it; ``bad_data`` when a
+            file of the data cannot be decoded: neither is the setup's failure, nor stored as a measurement).
         samples_per_s: Median steady-state window throughput (with accumulation: samples over the whole steps; pruned: its last window).
         samples_per_s_spread: Range (max - min) of the window throughputs.
         step_time_s: Wall time of one optimizer step (``accumulation_steps``
@@ -195,6 +193,8 @@ class TrialResult:
         compile_s: Of the warm-up, the first step with ``torch.compile``
             (compilation included); ``None`` when the model ran eagerly.
         num_threads: ``torch.get_num_threads()`` in the training process.
+        other_cores: Cores other processes (or the hypervisor) kept busy during the windows
+            (:class:`autotune.runner.measure.LoadMeter`); ``None`` where unknown.
         measured_s: Wall time of the measured windows.
         error: One line saying what went wrong, or ``None``.
         windows: Each window's throughput, in order.
@@ -216,6 +216,7 @@ class TrialResult:
     mode: str = "train"
     compile_s: float | None = None
     num_threads: int | None = None
+    other_cores: float | None = None
 
     @property
     def ok(self) -> bool:

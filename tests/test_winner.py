@@ -168,3 +168,21 @@ def test_an_sgd_workload_scales_the_learning_rate_linearly() -> None:
     )
     assert best.lr == pytest.approx(1e-3 * 8)
     assert any("linearly with the batch" in n and "Goyal" in n for n in best.notes)
+
+
+def test_a_search_on_a_busy_machine_says_how_busy() -> None:
+    def loaded(number: int, other: float | None) -> TrialRecord:
+        record = _record(number, DEFAULTS if number == 0 else MID, 100.0 + number)
+        return dataclasses.replace(record, result=dataclasses.replace(record.result, other_cores=other))
+
+    hardware = SimpleNamespace(to_dict=HARDWARE.to_dict, cpu=SimpleNamespace(usable_cores=2))
+
+    def notes(loads: list[float | None]) -> list[str]:
+        feasible = [loaded(i, other) for i, other in enumerate(loads)]
+        return list(make_best(workload=WORKLOAD, hardware=hardware, feasible=feasible, confirmed=[], defaults=DEFAULTS,
+                              effective_batch=None, command="autotune search").notes)
+
+    busy = [n for n in notes([0.9, 1.2, 0.1, None]) if n.startswith("other processes")]
+    assert busy == [busy[0]] and "kept 0.9 of the 2 usable cores busy" in busy[0] and "median over 3 trials, up to 1.2" in busy[0]
+    assert not any(n.startswith("other processes") for n in notes([0.0, 0.1, 0.3]))  # the median is under a quarter core
+    assert not any(n.startswith("other processes") for n in notes([None, None]))  # not known (a quota below the affinity)

@@ -23,6 +23,7 @@ RESULT_COLUMNS = (
     "measured_s",
     "compile_s",
     "threads_used",
+    "other_cores",
 )
 _FIELDS = {"threads_used": "num_threads"}
 

@@ -17,12 +17,13 @@ from typing import Any
 
 from autotune.records import TrialOptions, TrialResult, Workload
 from autotune.runner.failures import BudgetExceeded, CompileFailed, Diverged, classify
-from autotune.runner.measure import MemoryMonitor, Stopwatch, summarize, sync
+from autotune.runner.measure import LoadMeter, MemoryMonitor, Stopwatch, summarize, sync
 from autotune.runner.ranks import Rank, pin, run_world
 from autotune.runner.windows import may_close, more_windows
 from autotune.train_setup import TrainSetup
 from autotune.units import format_bytes
 from autotune.workloads.batches import to_device
+from probes.cpu import usable_cores
 
 Send = Callable[[dict[str, Any]], None]
 
@@ -31,12 +32,9 @@ class Work:
     """What a trial repeats, and how it warms up.
 
     Attributes:
-        unit: One micro-batch in train and compute mode (the last of every
-            ``per_step`` also takes the optimizer step), one batch in loader
-            mode; windows close between units. It returns the samples it
-            processed.
-        warmup_step: One warm-up step (a single micro-batch with its own
-            optimizer step in train and compute mode).
+        unit: One micro-batch in train and compute mode (the last of every ``per_step`` also takes
+            the optimizer step), one batch in loader mode; windows close between units. Returns its samples.
+        warmup_step: One warm-up step (a micro-batch and its own optimizer step in train and compute mode).
         warmup_steps: How many warm-up steps run before the windows.
         per_step: Units per optimizer step (the accumulation steps; 1 in
             loader mode). The measurement ends on a step boundary.
@@ -300,6 +298,7 @@ class TrialLoop:
         total_samples = 0
         units = 0
         wait_before = self.data_wait.total_s
+        load = LoadMeter(usable_cores())  # what else ran on these cores meanwhile
         for index in itertools.count():
             if not more_windows(index, measured_s, options):
                 break
@@ -353,6 +352,7 @@ class TrialLoop:
             mode=options.mode,
             compile_s=self.compile_s,
             num_threads=torch.get_num_threads(),
+            other_cores=load.other_cores(),
         )
 
     def slowest(self, seconds: float) -> float:

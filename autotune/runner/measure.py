@@ -213,3 +213,59 @@ class Stopwatch:
 
     def __exit__(self, *exc: object) -> None:
         self.total_s += time.perf_counter() - self._start
+
+
+def _tree_cpu_s(pid: int) -> float:
+    """CPU seconds of ``pid``'s tree, reaped children included (each process's ``children_*`` times)."""
+    total = 0.0
+    for p in tree_pids(pid):
+        try:
+            t = psutil.Process(p).cpu_times()
+        except psutil.Error:  # gone meanwhile: its parent's children_* times hold it once reaped
+            continue
+        total += t.user + t.system + getattr(t, "children_user", 0.0) + getattr(t, "children_system", 0.0)
+    return total
+
+
+def _busy_s(cpus: Sequence[int]) -> float:
+    """Seconds the CPUs in ``cpus`` were busy (neither idle nor waiting on I/O; hypervisor steal counts as busy)."""
+    per_cpu = psutil.cpu_times(percpu=True)
+    busy = 0.0
+    for index in cpus:
+        t = per_cpu[index]
+        busy += sum(t) - t.idle - getattr(t, "iowait", 0.0)
+    return busy
+
+
+class LoadMeter:
+    """Cores that something other than this trial kept busy while it measured.
+
+    The busy time of the CPUs the trial may run on, less the CPU time of the
+    trial's own processes (its ranks and loader workers: the tree of its
+    session leader), over the wall time. ``None`` where the CPUs the trial
+    competes on are not known: no affinity mask (not Linux), or a cgroup CPU
+    quota below it (a container on a larger host, whose other tenants would
+    count).
+    """
+
+    def __init__(self, usable_cores: int) -> None:
+        affinity = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+        self._cpus = affinity if affinity and len(affinity) <= usable_cores else []
+        self._root = os.getpgrp() if hasattr(os, "getpgrp") else os.getpid()
+        self._start = self._sample()
+
+    def _sample(self) -> tuple[float, float, float] | None:
+        if not self._cpus:
+            return None
+        try:
+            return time.perf_counter(), _busy_s(self._cpus), _tree_cpu_s(self._root)
+        except (OSError, IndexError, psutil.Error):
+            return None
+
+    def other_cores(self) -> float | None:
+        """Mean cores used by others since construction (never negative), or ``None``."""
+        end = self._sample()
+        if self._start is None or end is None or end[0] <= self._start[0]:
+            return None
+        wall, busy, own = (b - a for a, b in zip(self._start, end, strict=True))
+        return max(0.0, (busy - own) / wall)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import math
+import statistics
 from collections.abc import Callable
 from typing import Any
 
@@ -86,6 +87,9 @@ def make_best(
     payoff = payoff_note(feasible, setup)
     if payoff:
         notes.append(payoff)
+    busy = load_note(feasible, int(getattr(getattr(hardware, "cpu", None), "usable_cores", 0) or 0))
+    if busy:
+        notes.append(busy)
     if effective_batch is None and effective != reference:
         rule = (
             f"by the square root of the batch ratio, {lr / workload.lr:.3g}x to {lr:g} (the square-root rule for "
@@ -120,6 +124,27 @@ def make_best(
         world_size=world_size,
         confirmed=bool(measured),
     )
+
+#: Cores kept busy by other processes, median over the trials, from which a search's figures say so.
+BUSY_CORES = 0.25
+
+
+def load_note(feasible: list[TrialRecord], usable_cores: int) -> str | None:
+    """The note for best.json when other processes kept cores busy while the trials measured.
+
+    Threads, workers and batch that win on a busy machine (fewer threads, say)
+    may lose on an idle one: the user should know which machine was tuned for.
+    """
+    loads = [r.result.other_cores for r in feasible if r.result.other_cores is not None]
+    if not loads or statistics.median(loads) < BUSY_CORES:
+        return None
+    of = f" of the {usable_cores} usable" if usable_cores else ""
+    return (
+        f"other processes kept {statistics.median(loads):.1f}{of} cores busy while the trials measured (median over "
+        f"{len(loads)} trials, up to {max(loads):.1f}; trials.csv column other_cores): the figures and the winner hold "
+        "for a machine that busy; run the search again on an idle machine to tune for one"
+    )
+
 
 def scaled_lr(lr: float, effective: int, reference: int, rule: str = "sqrt") -> float:
     """The learning rate at ``effective`` batch, given ``lr`` at ``reference``.
