@@ -134,7 +134,7 @@ MaxMemoryOpt = Annotated[Optional[str], typer.Option("--max-memory", help="Memor
 CacheDirOpt = Annotated[
     Optional[Path], typer.Option("--cache-dir", parser=_path, help="Where synthetic data is generated (default ~/.cache/autotune).")
 ]
-SyntheticOpt = Annotated[int, typer.Option("--synthetic-images", help="Files in the synthetic dataset (without --data).")]
+SyntheticOpt = Annotated[int, typer.Option("--synthetic-images", help="Files in the synthetic dataset (without --data; 16 to 100000).")]
 WorkloadOpt = Annotated[
     Optional[str],
     typer.Option(

@@ -94,22 +94,30 @@ class RichReporter:
         )
         self._trials: TaskID | None = None
         self._confirm: TaskID | None = None
+        self._live = False
 
     def __enter__(self) -> RichReporter:
-        self.progress.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.progress.stop()
+        if self._live:
+            self.progress.stop()
+
+    def _bar(self, description: str, total: int, completed: int = 0) -> TaskID:
+        """A new bar; the display starts with the first one (an input refused before has no empty line above it)."""
+        if not self._live:
+            self.progress.start()
+            self._live = True
+        return self.progress.add_task(description, total=total, completed=completed)
 
     def message(self, text: str) -> None:
         """A progress line."""
-        self.progress.console.print(f"[dim]{escape(text)}[/]", highlight=False)
+        self.progress.console.print(f"[dim]{escape(text)}[/]", highlight=False, soft_wrap=True)  # paths stay whole to copy
 
     def trial_started(self, done: int, total: int, role: str, setup: TrainSetup) -> None:
         """Show the running trial."""
         if self._trials is None:
-            self._trials = self.progress.add_task("trials", total=total, completed=done)
+            self._trials = self._bar("trials", total, done)
         self.progress.update(self._trials, total=total, completed=done, description=escape(f"trial {done + 1}/{total} [{role}] {setup.describe()}"))
 
     def trial_finished(self, done: int, total: int, record: TrialRecord, best: float | None) -> None:
@@ -136,7 +144,7 @@ class RichReporter:
             self.progress.remove_task(self._trials)
             self._trials = None
         if self._confirm is None:
-            self._confirm = self.progress.add_task("confirmation", total=max(total, 1))
+            self._confirm = self._bar("confirmation", max(total, 1))
         self.progress.update(self._confirm, completed=done, description="confirmation (interleaved)")
         value = f"{fmt_rate(result.samples_per_s)} samples/s" if result.ok else f"{result.status}: {result.error}"
         self.progress.console.print(escape(f"  confirm {done}/{total} {label}: {value}"), highlight=False)

@@ -26,8 +26,8 @@ def _search(tmp_path: Path, cache_dir: Path, *extra: str) -> tuple[int, str, Pat
 
 
 def _one_error_line(output: str) -> str:
-    lines = [ln for ln in output.splitlines() if ln.strip()]
-    assert len(lines) == 1, output
+    lines = output.rstrip("\n").splitlines()
+    assert len(lines) == 1, repr(output)  # no blank line above it either: scripts read the first line
     assert "Traceback" not in output
     assert lines[0].startswith("error:")
     return lines[0]

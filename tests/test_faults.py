@@ -366,6 +366,13 @@ def test_another_study_on_an_output_directory_is_refused_and_a_broken_best_json_
     assert status.winner is None and f"winner: none confirmed in {out / 'best.json'}" in status.lines()[-1]
     report_study(out)
     assert "winner not shown: " in (out / "report.html").read_text()
+    # An emptied or removed study.db beside the trials.csv it wrote: a new search would overwrite the only record left.
+    trials = (out / "trials.csv").read_bytes()
+    for lost in ("empty", "missing"):
+        (out / "study.db").write_bytes(b"") if lost == "empty" else (out / "study.db").unlink()
+        with pytest.raises(UsageError, match=f"holds the trials.csv of an earlier search but its study.db is {lost}: "):
+            run_search(config, runner=steady_runner)
+        assert (out / "trials.csv").read_bytes() == trials
 
 
 class _DropsItsInterrupt:
@@ -650,6 +657,31 @@ def test_copies_left_by_a_killed_generation_are_removed(tmp_path) -> None:
     (leftover / "class_00").mkdir(parents=True)
     generate_image_folder(tmp_path / "synthetic", 10, lambda rng, path: path.write_bytes(b"x"), seed=0, note="t")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["synthetic"]
+    # A copy of another size, left by a generation that was killed, goes too; a live process's copy stays.
+    (tmp_path / f".synthetic-v1-99999.tmp-{dead.pid}" / "class_00").mkdir(parents=True)
+    (tmp_path / f".synthetic-v1-500.tmp-{os.getpid()}").mkdir()
+    generate_image_folder(tmp_path / "synthetic-v1-10", 10, lambda rng, path: path.write_bytes(b"x"), seed=0, note="t")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f".synthetic-v1-500.tmp-{os.getpid()}", "synthetic", "synthetic-v1-10"]
+
+
+@pytest.mark.slow
+def test_sigterm_while_the_jpegs_are_generated_stops_in_one_line_and_leaves_no_copy(tmp_path) -> None:
+    cache = tmp_path / "cache"
+    cmd = [sys.executable, "-m", "autotune", "search", "--model", "resnet18", "--image-size", "32", "--synthetic-images", "20000",
+           "--trials", "1", "--device", "cpu", "--out", str(tmp_path / "out"), "--cache-dir", str(cache)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV,
+                            preexec_fn=lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL))
+    deadline = time.monotonic() + WAIT_S
+    while not list(cache.glob(".synthetic-*.tmp-*")):  # the generation has started
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1].decode()
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr.decode()
+    assert f"writing 20000 synthetic JPEGs to {cache / 'synthetic-v1-20000'} (about " in stderr.decode()  # minutes: said first
+    assert stderr.decode().strip().splitlines()[-1] == (
+        "interrupted before the search started (nothing measured); rerun the same command to start")
+    assert list(cache.iterdir()) == []  # the half-written copy is gone
 
 
 @pytest.mark.slow

@@ -73,7 +73,10 @@ def test_tables_and_progress_print_bracketed_errors_as_typed() -> None:
         (("--max-memory", ""), "not a memory size: ''"),
         (("--set", "num_workers=0..1000000000000"), "--set num_workers: must be <= 1024"),
         (("--seed", "-1"), "--seed must be between 0 and 2**32 - 1"),
-        (("--synthetic-images", "0"), "--synthetic-images must be >= 16"),
+        (("--synthetic-images", "0"), "--synthetic-images must be between 16 and 100000, got 0"),
+        (("--synthetic-images", "99999999999"), "--synthetic-images must be between 16 and 100000"),  # 5 PB of JPEGs
+        (("--study", ""), "--study must not be empty"),
+        (("--storage", " "), "--storage must not be empty"),
         (("--lr", "inf"), "--lr must be a finite number > 0"),
     ],
 )

@@ -43,6 +43,8 @@ _OPTIONAL = ("effective_batch", "timeout_s")
 
 #: Most trials a search takes: at 5 s each, over a week of measuring (a larger number is a typo).
 MAX_TRIALS = 100_000
+#: The most synthetic JPEGs a search writes (about 53 KB each: 5 GB).
+MAX_SYNTHETIC_IMAGES = 100_000
 
 @dataclass(frozen=True)
 class SearchConfig:
@@ -135,8 +137,11 @@ class SearchConfig:
             raise UsageError(f"--lr must be a finite number > 0, got {self.lr}")
         if not 0 <= self.seed < 2**32:
             raise UsageError(f"--seed must be between 0 and 2**32 - 1, got {self.seed}")
-        if self.synthetic_images < 16:
-            raise UsageError(f"--synthetic-images must be >= 16, got {self.synthetic_images}")
+        if not 16 <= self.synthetic_images <= MAX_SYNTHETIC_IMAGES:  # about 53 KB each: 100,000 is 5 GB
+            raise UsageError(f"--synthetic-images must be between 16 and {MAX_SYNTHETIC_IMAGES}, got {self.synthetic_images}")
+        for flag, value in (("--study", self.study), ("--storage", self.storage)):
+            if value is not None and not value.strip():
+                raise UsageError(f"{flag} must not be empty (leave it out for the default)")
         if self.max_memory is not None and self.max_memory <= 0:
             raise UsageError(f"--max-memory must be > 0, got {self.max_memory}")
         if not self.model.strip():

@@ -95,7 +95,11 @@ def run_search(
     clear_stop()
     timing, began = Timing(), time.monotonic()
     timed = TimedRunner(runner, timing)
-    prepared = prepare(config, reporter)
+    try:
+        with sigterm_as_interrupt():  # SIGTERM or SIGHUP while the checks run (or JPEGs are generated) as Ctrl-C
+            prepared = prepare(config, reporter)
+    except KeyboardInterrupt:
+        raise SearchInterrupted("interrupted before the search started (nothing measured); rerun the same command to start") from None
     with nothing_left_if_nothing_measured(prepared.study, prepared.made_out, prepared.crew is not None), prepared.held:
         return _search(config, prepared, reporter, timed, timing, began)
 
@@ -219,7 +223,7 @@ def prepare(config: SearchConfig, reporter: Reporter) -> Prepared:
     for warning in hardware.warnings:  # after the checks (an error stays one line): a small /dev/shm, a CPU quota, a ulimit -v
         reporter.message(f"probe: {warning}")
     name = config.study or study_name(config, device, workload)
-    check_one_study(out, name)
+    check_one_study(out, name, local=config.storage is None)
     fresh = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     storage = config.storage or f"sqlite:///{(out / 'study.db').resolve()}"

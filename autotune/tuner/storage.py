@@ -83,15 +83,23 @@ def storage_file(url: str) -> Path | None:
     return Path(path) if path and path != ":memory:" else None
 
 
-def check_one_study(out: Path, name: str) -> None:
+def check_one_study(out: Path, name: str, *, local: bool = True) -> None:
     """Refuse a search of study ``name`` on an output directory whose ``study.db`` holds other studies only.
 
     best.json, train.py and report.html there are the outputs of that study's search: another one would overwrite them.
+    With ``local`` (the study is ``out/study.db``), a ``trials.csv`` beside a missing or empty ``study.db`` is refused
+    too: the study of those trials is gone, and a new search would overwrite the only record of its measurements.
 
     Raises:
-        UsageError: ``out/study.db`` holds studies and none is ``name``.
+        UsageError: ``out/study.db`` holds studies and none is ``name``, or has lost the trials ``out`` records.
     """
     db = out / "study.db"
+    if local and (out / "trials.csv").is_file() and (not db.is_file() or db.stat().st_size == 0):
+        raise UsageError(
+            f"{out} holds the trials.csv of an earlier search but its study.db is {'empty' if db.is_file() else 'missing'}: "
+            "a new search would overwrite that record; move trials.csv (and best.json, train.py, report.html) away, "
+            "or pass another --out"
+        )
     if not db.is_file() or db.stat().st_size == 0:
         return
     try:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from autotune.records import Workload
-from autotune.workloads.data import SYNTHETIC_CLASSES, check_image_folder, ensure_synthetic
+from autotune.workloads.data import SYNTHETIC_CLASSES, check_image_folder, ensure_synthetic, synthetic_dir
 from autotune.workloads.models import check_factory, check_model_name
 
 __all__ = ["build_workload"]
@@ -51,6 +51,9 @@ def build_workload(
         num_classes, images = folder.classes, folder.images
         data_text: str | None = str(data.resolve())
     else:
+        target = synthetic_dir(cache_dir, synthetic_images)
+        if warn is not None and not (target / ".complete").exists():  # minutes for a large count: say what runs
+            warn(f"writing {synthetic_images} synthetic JPEGs to {target} (about {synthetic_images * 53 // 1024 + 1} MB, once)")
         ensure_synthetic(cache_dir, synthetic_images)
         num_classes, images = SYNTHETIC_CLASSES, synthetic_images
         data_text = None

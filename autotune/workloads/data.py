@@ -109,8 +109,11 @@ def generate_image_folder(
 
 
 def _remove_dead_copies(target: Path) -> None:
-    """Remove the temporary copies of processes that died while generating (``kill -9``)."""
-    for stale in target.parent.glob(f".{target.name}.tmp-*"):
+    """Remove the temporary copies of processes that died while generating (``kill -9``), of any size
+    (``synthetic-v1-500`` sweeps ``.synthetic-v1-*.tmp-PID`` copies)."""
+    family = target.name.rpartition("-")[0]
+    patterns = {f".{target.name}.tmp-*", *([f".{family}-*.tmp-*"] if family else [])}
+    for stale in {path for pattern in patterns for path in target.parent.glob(pattern)}:
         if maker_is_gone(stale.name.rpartition("-")[2]):
             shutil.rmtree(stale, ignore_errors=True)
 
