@@ -94,20 +94,18 @@ class RichReporter:
         )
         self._trials: TaskID | None = None
         self._confirm: TaskID | None = None
-        self._live = False
 
     def __enter__(self) -> RichReporter:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self._live:
+        if self.progress.live.is_started:
             self.progress.stop()
 
     def _bar(self, description: str, total: int, completed: int = 0) -> TaskID:
         """A new bar; the display starts with the first one (an input refused before has no empty line above it)."""
-        if not self._live:
+        if not self.progress.live.is_started:
             self.progress.start()
-            self._live = True
         return self.progress.add_task(description, total=total, completed=completed)
 
     def message(self, text: str) -> None:

@@ -10,6 +10,7 @@ traceback.
 from __future__ import annotations
 
 import itertools
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -298,7 +299,7 @@ class TrialLoop:
         total_samples = 0
         units = 0
         wait_before = self.data_wait.total_s
-        load = LoadMeter(usable_cores())  # what else ran on these cores meanwhile
+        load = LoadMeter(usable_cores(), os.getpgrp())  # the trial leads its own session: its ranks and workers are its tree
         for index in itertools.count():
             if not more_windows(index, measured_s, options):
                 break

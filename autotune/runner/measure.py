@@ -241,17 +241,17 @@ class LoadMeter:
     """Cores that something other than this trial kept busy while it measured.
 
     The busy time of the CPUs the trial may run on, less the CPU time of the
-    trial's own processes (its ranks and loader workers: the tree of its
-    session leader), over the wall time. ``None`` where the CPUs the trial
+    trial's own processes (the tree of ``root``), over the wall time. ``None`` where the CPUs the trial
     competes on are not known: no affinity mask (not Linux), or a cgroup CPU
     quota below it (a container on a larger host, whose other tenants would
     count).
     """
 
-    def __init__(self, usable_cores: int) -> None:
+    def __init__(self, usable_cores: int, root: int) -> None:
+        """Start measuring; ``root`` is the process whose tree is the trial's own."""
         affinity = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
         self._cpus = affinity if affinity and len(affinity) <= usable_cores else []
-        self._root = os.getpgrp() if hasattr(os, "getpgrp") else os.getpid()
+        self._root = root
         self._start = self._sample()
 
     def _sample(self) -> tuple[float, float, float] | None:

@@ -43,7 +43,7 @@ _OPTIONAL = ("effective_batch", "timeout_s")
 
 #: Most trials a search takes: at 5 s each, over a week of measuring (a larger number is a typo).
 MAX_TRIALS = 100_000
-#: The most synthetic JPEGs a search writes (about 53 KB each: 5 GB).
+#: The most synthetic JPEGs a search writes (about 5 GiB: see workloads.data.SYNTHETIC_JPEG_BYTES).
 MAX_SYNTHETIC_IMAGES = 100_000
 
 @dataclass(frozen=True)
@@ -137,7 +137,7 @@ class SearchConfig:
             raise UsageError(f"--lr must be a finite number > 0, got {self.lr}")
         if not 0 <= self.seed < 2**32:
             raise UsageError(f"--seed must be between 0 and 2**32 - 1, got {self.seed}")
-        if not 16 <= self.synthetic_images <= MAX_SYNTHETIC_IMAGES:  # about 53 KB each: 100,000 is 5 GB
+        if not 16 <= self.synthetic_images <= MAX_SYNTHETIC_IMAGES:
             raise UsageError(f"--synthetic-images must be between 16 and {MAX_SYNTHETIC_IMAGES}, got {self.synthetic_images}")
         for flag, value in (("--study", self.study), ("--storage", self.storage)):
             if value is not None and not value.strip():

@@ -13,7 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from autotune.records import Workload
-from autotune.workloads.data import SYNTHETIC_CLASSES, check_image_folder, ensure_synthetic, synthetic_dir
+from autotune.units import format_bytes
+from autotune.workloads.data import SYNTHETIC_CLASSES, SYNTHETIC_JPEG_BYTES, check_image_folder, ensure_synthetic, synthetic_dir
 from autotune.workloads.models import check_factory, check_model_name
 
 __all__ = ["build_workload"]
@@ -53,7 +54,7 @@ def build_workload(
     else:
         target = synthetic_dir(cache_dir, synthetic_images)
         if warn is not None and not (target / ".complete").exists():  # minutes for a large count: say what runs
-            warn(f"writing {synthetic_images} synthetic JPEGs to {target} (about {synthetic_images * 53 // 1024 + 1} MB, once)")
+            warn(f"writing {synthetic_images} synthetic JPEGs to {target} (about {format_bytes(synthetic_images * SYNTHETIC_JPEG_BYTES)}, once)")
         ensure_synthetic(cache_dir, synthetic_images)
         num_classes, images = SYNTHETIC_CLASSES, synthetic_images
         data_text = None

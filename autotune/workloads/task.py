@@ -165,13 +165,11 @@ class Task:
 
         from autotune.torch_knobs import optimizer_kwargs
 
+        given = float(self.lr) if lr is None else lr
         if self.optimizer is None:
-            return torch.optim.AdamW(params, lr=float(self.lr) if lr is None else lr, **optimizer_kwargs(impl))
+            return torch.optim.AdamW(params, lr=given, **optimizer_kwargs(impl))
         takes_lr = self._factory_takes_lr()
-        if takes_lr:
-            optimizer = self.optimizer(params, lr=float(self.lr) if lr is None else lr)
-        else:
-            optimizer = self.optimizer(params)
+        optimizer = self.optimizer(params, lr=given) if takes_lr else self.optimizer(params)
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise WorkloadError(f"Task optimizer factory returned {type(optimizer).__name__}, not a torch.optim.Optimizer")
         if not takes_lr and lr is not None:
