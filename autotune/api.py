@@ -69,8 +69,8 @@ class SearchResult:
     Attributes:
         setup: The confirmed winner (``None`` only if nothing was feasible).
         samples_per_s: Its confirmed median throughput.
-        speedup: Over the defaults measured in the same rounds (``None`` if
-            they could not be measured).
+        speedup: Over the defaults: the median of the per-round ratios of the
+            rounds both ran (``None`` if they could not be measured).
         best_json: The ``best.json`` written.
         train_py: The emitted ``train.py``.
         verdict: Which side limits training, in words.

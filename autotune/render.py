@@ -191,8 +191,8 @@ def render_search(outcome: SearchOutcome) -> Group:
     if best is not None:
         speed = f"{best.samples_per_s:.1f} samples/s"
         if best.speedup:
-            how = "same rounds" if best.confirmed else "single trials, unconfirmed"
-            speed += f", {best.speedup:.2f}x the PyTorch defaults ({best.defaults_samples_per_s:.1f} samples/s, {how})"
+            how = "median of the paired rounds" if best.confirmed else "single trials, unconfirmed"
+            speed += f", {best.speedup:.2f}x the PyTorch defaults ({best.defaults_samples_per_s:.1f} samples/s; {how})"
         title = "best so far (interrupted)" if outcome.interrupted else "winner"
         parts.append(Text.from_markup(f"[bold green]{title}:[/] {escape(best.setup.describe())}: {escape(speed)}"))
         parts.append(

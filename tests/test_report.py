@@ -345,7 +345,7 @@ def test_an_unconfirmed_winner_is_not_called_confirmed(searched, monkeypatch) ->
     best = replace(outcome.best, confirmed=False, notes=("not confirmed: the search was interrupted before the interleaved re-measurement",))
     page, images = render_report(ReportInput(outcome.records, outcome.calibration, (), best, None, None, "s", "sqlite://"))
     assert "Best so far (not confirmed)" in page and "confirmed median" not in page and images == {}
-    assert "single trials, unconfirmed" in page and "same rounds" not in page  # no rounds were measured
+    assert "single trials, unconfirmed" in page and "paired rounds" not in page  # no rounds were measured
 
 
 def test_the_history_plot_has_whole_trial_numbers_and_room_above_the_best() -> None:

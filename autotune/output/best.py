@@ -101,7 +101,9 @@ class Best:
         samples_per_s: The winner's confirmed median throughput.
         samples_per_s_spread: Range (max - min) of the confirmation rounds.
         defaults_samples_per_s: PyTorch defaults, measured in the same rounds.
-        speedup: ``samples_per_s / defaults_samples_per_s`` (None if unknown).
+        speedup: Over the defaults: the median of the per-round ratios of the
+            rounds both ran (confirmed), else ``samples_per_s /
+            defaults_samples_per_s``; None if unknown.
         peak_memory_bytes: Peak memory of the winner's trial.
         effective_batch: micro-batch x accumulation x world size.
         reference_batch: The effective batch the learning rate refers to.

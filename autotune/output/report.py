@@ -95,8 +95,8 @@ def _header(data: ReportInput) -> str:
     if best is not None:
         speed = f"{best.samples_per_s:.1f} samples/s (spread {best.samples_per_s_spread:.1f})"
         if best.speedup:
-            how = "same rounds" if best.confirmed else "single trials, unconfirmed"
-            speed += f", <b>{best.speedup:.2f}x</b> the PyTorch defaults ({best.defaults_samples_per_s:.1f} samples/s, {how})"
+            how = "median of the paired rounds" if best.confirmed else "single trials, unconfirmed"
+            speed += f", <b>{best.speedup:.2f}x</b> the PyTorch defaults ({best.defaults_samples_per_s:.1f} samples/s; {how})"
         title = "Winner" if best.confirmed else "Best so far (not confirmed)"
         lines.append(f'<p class="winner">{title}: <code>{escape(best.setup.describe())}</code>: {speed}; effective batch '
                      f"{best.effective_batch}, learning rate {best.lr:g}, peak memory {escape(format_bytes(best.peak_memory_bytes))}</p>")

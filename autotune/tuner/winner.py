@@ -18,7 +18,7 @@ from autotune.output.compile_payoff import payoff_note
 from autotune.records import Calibration, Ceilings, Confirmed, TrialRecord, Workload
 from autotune.redact import hide_passwords
 from autotune.train_setup import TrainSetup
-from autotune.tuner.noise import NOISE_FLOOR, beats, leader, margin
+from autotune.tuner.noise import NOISE_FLOOR, beats, leader, margin, median_ratio, paired_ratios
 
 
 def make_best(
@@ -60,7 +60,9 @@ def make_best(
     if measured:
         chosen, why = choose_winner(measured, default_key, reference // world_size, excluded_by)
         setup, rate, spread = chosen.candidate.setup, chosen.median or 0.0, chosen.spread or 0.0
-        base = next((c.median for c in measured if c.candidate.key == default_key), None)
+        baseline = next((c for c in measured if c.candidate.key == default_key), None)
+        base = baseline.median if baseline is not None else None
+        speedup = paired_speedup(chosen, baseline) if baseline is not None else None
         notes.extend(why)
     else:
         allowed = [r for r in feasible if excluded_by is None or r.setup.to_json() != default_key]
@@ -68,6 +70,7 @@ def make_best(
         setup, rate, spread = top.setup, top.result.samples_per_s or 0.0, top.result.samples_per_s_spread or 0.0
         base_records = [r for r in feasible if r.setup.to_json() == default_key]
         base = base_records[0].result.samples_per_s if base_records else None
+        speedup = rate / base if base else None
         if interrupted and partly_confirmed:
             notes.append("not confirmed: the search was interrupted during the interleaved re-measurement "
                          "(its rounds so far are shown, too few to rank; rerun the same command to confirm)")
@@ -111,7 +114,7 @@ def make_best(
         samples_per_s=rate,
         samples_per_s_spread=spread,
         defaults_samples_per_s=base,
-        speedup=(rate / base) if base else None,
+        speedup=speedup,
         peak_memory_bytes=max(peaks) if peaks else None,
         effective_batch=effective,
         reference_batch=reference,
@@ -238,6 +241,20 @@ def _prefer_within_noise(
         f"{chosen.candidate.setup.describe()} ({_margin_text(chosen, keeper)}): it is preferred"
     )
     return keeper
+
+
+def paired_speedup(winner: Confirmed, defaults: Confirmed) -> float | None:
+    """The winner over the defaults: the median of their per-round ratios (1.0 when the defaults won).
+
+    Each round measured both seconds apart, so the ratio cancels the load they
+    shared; the ratio of the two medians does not where the defaults stopped
+    early or the load drifted. This is the figure the confirmation note's
+    ``median +N%`` gives.
+    """
+    if winner is defaults:
+        return 1.0
+    ratios = paired_ratios(winner, defaults)
+    return median_ratio(ratios) if ratios else None
 
 
 def _margin_text(a: Confirmed, b: Confirmed) -> str:
