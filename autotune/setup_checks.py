@@ -104,7 +104,8 @@ def check_setup_device(
             if bf16_supported is None:
                 import torch
 
-                bf16_supported = bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
+                # Ampere (8.0) and newer natively; is_bf16_supported() also counts emulation, on the current device.
+                bf16_supported = bool(torch.cuda.is_available() and torch.cuda.get_device_capability(device) >= (8, 0))
             if not bf16_supported:
                 raise SetupError("amp=bf16: this GPU does not support bf16; use amp=fp16")
         if setup.tf32:

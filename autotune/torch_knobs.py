@@ -34,7 +34,8 @@ def configure_torch(
         num_threads: Intra-op threads (``torch.set_num_threads``).
         cudnn_benchmark: ``torch.backends.cudnn.benchmark``.
         tf32: TF32 for float32 matmuls (``torch.set_float32_matmul_precision("high")``)
-            and convolutions (``torch.backends.cudnn.conv.fp32_precision``).
+            and convolutions (``torch.backends.cudnn.conv.fp32_precision``;
+            ``allow_tf32`` on a torch older than 2.9).
     """
     import torch
 
@@ -49,7 +50,10 @@ def configure_torch(
         # latter is set, torch.get_float32_matmul_precision() raises ("mix of the legacy and new
         # APIs"), and inductor's autotuning (compile=max-autotune-no-cudagraphs) calls it.
         torch.set_float32_matmul_precision("high")
-        torch.backends.cudnn.conv.fp32_precision = "tf32"
+        if hasattr(torch.backends.cudnn, "conv"):  # the per-backend precision API, torch >= 2.9
+            torch.backends.cudnn.conv.fp32_precision = "tf32"
+        else:
+            torch.backends.cudnn.allow_tf32 = True
 
 
 def optimizer_kwargs(impl: str | None) -> dict[str, Any]:

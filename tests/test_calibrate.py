@@ -67,6 +67,23 @@ def test_calibration_bounds_the_batch_by_memory_and_verifies_it() -> None:
     assert result.probe_batch == 64
 
 
+def test_ddp_ranks_split_the_time_cap_and_the_default_ram_budget() -> None:
+    # 400 samples/s for the whole world: with 4 ranks one rank's batch of 256 takes 2.56 s, half a 5-s trial is 2.5 s.
+    alone = calibrate(WORKLOAD, CPU, usable_cores=4, available_bytes=64 * 2**30, max_memory=None, trial_seconds=5.0,
+                      bf16_ok=False, runner=FakeRunner())
+    ranks = calibrate(WORKLOAD, CPU, usable_cores=1, available_bytes=64 * 2**30, max_memory=None, trial_seconds=5.0,
+                      bf16_ok=False, runner=FakeRunner(), world_size=4)
+    assert (alone.max_batch, ranks.max_batch) == (512, 128)
+    # Half the RAM less the workers' reserve fits batch 512 for one process; two processes share it: 206 MiB over the base.
+    available = 2 * (int(612 * MIB / (1 - WORKER_RESERVE)) + 1)
+    one = calibrate(WORKLOAD, CPU, usable_cores=2, available_bytes=available, max_memory=None, trial_seconds=100.0,
+                    bf16_ok=False, runner=FakeRunner())
+    shared = calibrate(WORKLOAD, CPU, usable_cores=1, available_bytes=available, max_memory=None, trial_seconds=100.0,
+                       bf16_ok=False, runner=FakeRunner(), ram_share=2)
+    assert (one.max_batch, shared.max_batch) == (512, 128)
+    assert shared.budget_bytes is not None and one.budget_bytes is not None and shared.budget_bytes <= one.budget_bytes // 2
+
+
 def test_a_failing_verification_halves_the_batch() -> None:
     runner = FakeRunner(fail_above=128)
     result = calibrate(

@@ -86,6 +86,7 @@ def _best_dict() -> dict[str, Any]:
         ("cpu", None, 3, 0, "only 2 CPU core"),
         ("cuda", None, 3, 2, "only 2 GPU"),
         ("cpu", None, 0, 0, ">= 1"),
+        ("cuda:1", None, 2, 2, "CUDA_VISIBLE_DEVICES"),  # rank K trains on cuda:K: cuda:1 would be dropped silently
     ],
 )
 def test_bad_placements_are_one_line_errors(device: str, devices: str | None, nproc: int, gpus: int, match: str) -> None:
@@ -98,9 +99,9 @@ def test_placements_split_the_cores() -> None:
     cores = two_cores()
     ddp = place("cpu", None, 2, cpu_hardware(2))
     assert (ddp.world_size, ddp.rank_cores, ddp.slots[0].cores) == (2, 1, cores)
-    assert ddp.rank_batch(64) == 32
+    assert ddp.rank_batch(64) == 32 and ddp.processes == 2  # two ranks share the host's RAM
     parallel = place("auto", "cpu,cpu", 1, cpu_hardware(2))
-    assert parallel.parallel and [s.cores for s in parallel.slots] == [cores[:1], cores[1:]]
+    assert parallel.parallel and [s.cores for s in parallel.slots] == [cores[:1], cores[1:]] and parallel.processes == 2
     plain = place("cpu", None, 1, cpu_hardware(2))
     assert plain.rank_cores == 2 and plain.runner(fake_runner) is fake_runner  # a plain search is not pinned
     gpus = place("auto", "all", 1, cpu_hardware(2, gpus=2))
@@ -238,3 +239,23 @@ def test_a_ddp_trial_says_its_ranks(monkeypatch) -> None:
     lines: list[str] = []
     autotune.trial("task_factories:good", device="cpu", nproc_per_node=2, announce=lines.append)
     assert lines and lines[0].endswith("; 2 DDP ranks, samples/s counts them all)")
+
+
+@pytest.mark.slow
+def test_ddp_ranks_get_the_threads_torchrun_gives_them() -> None:
+    """torchrun sets OMP_NUM_THREADS=1 for several ranks per node unless the environment names it: the
+    emitted script's `--threads auto` runs so, and a trial must measure what the script will do (not one
+    thread per core of the rank's share)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    two_cores()
+    command = [sys.executable, "-m", "autotune", "trial", "--workload", "task_factories:good", "--nproc-per-node", "2",
+               "--batch-size", "4", "--trial-seconds", "0.5", "--device", "cpu", "--json"]
+    for omp, threads in (("2", 2), (None, 1)):
+        env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"} | ({"OMP_NUM_THREADS": omp} if omp else {})
+        done = subprocess.run(command, cwd=TESTS, env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout)["num_threads"] == threads  # each rank's share is one core

@@ -67,7 +67,6 @@ class TrialLoop:
         self.rank = rank = rank or Rank()
         self.device = torch.device(rank.device(workload.device))
         self.device_type = self.device.type
-        setup.check_device(self.device)
         setup.configure_torch(self.device)  # threads, cuDNN autotuning, TF32: before the model runs
         self.compile_s: float | None = None
         budget = options.max_memory_bytes if self.device_type == "cpu" else None

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.files import maker_is_gone
-from autotune.records import TrialOptions, TrialResult, Workload
+from autotune.records import MAX_SECONDS, TrialOptions, TrialResult, Workload
 from autotune.runner import zygote
 from autotune.train_setup import TrainSetup
 
@@ -115,7 +115,7 @@ def run_trial(
     options = options or TrialOptions()
     if setup.compile != "off":
         # Compilation is warm-up, but it can take minutes: the timeout makes room for it.
-        options = replace(options, timeout_s=options.effective_timeout_s + COMPILE_ALLOWANCE_S)
+        options = replace(options, timeout_s=min(MAX_SECONDS, options.effective_timeout_s + COMPILE_ALLOWANCE_S))
     request = {"setup": setup.to_dict(), "workload": workload.to_dict(), "options": asdict(options)}
     # The zygote writes the exit file when it reaps the trial, possibly while
     # the directory is being removed: cleanup errors must not fail the trial.

@@ -39,14 +39,24 @@ def share(cores: Sequence[int], parts: int, index: int) -> tuple[int, ...]:
     return tuple(cores[start : start + size + (1 if index < extra else 0)])
 
 
-def pin(cores: Sequence[int]) -> None:
-    """Run this process (and the loader workers it starts) on ``cores``, with as many torch threads."""
+def pin(cores: Sequence[int], threads: int | None = None) -> None:
+    """Run this process (and the loader workers it starts) on ``cores``, with ``threads`` torch threads (default: one per core)."""
     if not cores or not hasattr(os, "sched_setaffinity"):
         return
     import torch
 
     os.sched_setaffinity(0, set(cores))
-    torch.set_num_threads(len(cores))
+    torch.set_num_threads(threads or len(cores))
+
+
+def torchrun_threads() -> int:
+    """The intra-op threads a rank gets from ``torchrun --nproc-per-node N`` (N > 1): ``OMP_NUM_THREADS``, which
+    torchrun sets to 1 unless the environment already names it. A setup's ``num_threads`` replaces it, as in the
+    emitted script; ``auto`` (torch's own choice) is measured as what the script will get."""
+    try:
+        return max(1, int(os.environ.get("OMP_NUM_THREADS", "1")))
+    except ValueError:
+        return 1
 
 
 def free_port() -> int:
@@ -202,8 +212,9 @@ def _rank_main(rank: int, world: int, port: int, options: TrialOptions, execute:
             LOCAL_WORLD_SIZE=str(world),
             MASTER_ADDR=MASTER_ADDR,
             MASTER_PORT=str(port),
+            OMP_NUM_THREADS=str(torchrun_threads()),
         )
-        pin(share(options.cores, world, rank))
+        pin(share(options.cores, world, rank), torchrun_threads())
         result = execute(Rank(rank, world))
         data = json.dumps(result.to_dict()).encode()
         while data:

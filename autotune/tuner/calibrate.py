@@ -93,6 +93,8 @@ def calibrate(
     log: Log = lambda _msg: None,
     runner: TrialRunner = run_trial,
     batch_cap: int = BATCH_CAP,
+    world_size: int = 1,
+    ram_share: int = 1,
 ) -> Calibration:
     """Run the pre-pass and ceilings; return what bounds the space.
 
@@ -107,6 +109,10 @@ def calibrate(
         log: Progress messages.
         runner: The trial runner (default :func:`autotune.runner.run_trial`).
         batch_cap: Largest batch proposed.
+        world_size: Ranks per trial: ``runner`` reports the whole world's
+            samples/s, the batches are one rank's.
+        ram_share: Trial processes sharing the host's RAM at once (ranks x
+            parallel trials): on a CPU each gets this part of the default budget.
 
     Raises:
         WorkloadError: The model fails (not out of memory) at the first,
@@ -116,7 +122,7 @@ def calibrate(
     """
     cuda = device.type == "cuda"
     short = TrialOptions(trial_seconds=calibration_seconds(trial_seconds), windows=2, mode="compute")
-    budget = memory_budget(device, max_memory, available_bytes)
+    budget = memory_budget(device, max_memory, available_bytes // max(1, ram_share))
     fp32 = TrainSetup()
     points: list[MemoryPoint] = []
     measured: dict[int, TrialResult] = {}  # the pre-pass runs by batch: fp32, contiguous, compute only
@@ -143,6 +149,8 @@ def calibrate(
     where = f"{device.name} ({format_bytes(device.memory_free_bytes)} free)" if cuda else device.name
     if not cuda:  # the budget is the model's share: say of what
         limit = f"--max-memory {format_bytes(max_memory)}" if max_memory is not None else "half the available memory"
+        if max_memory is None and ram_share > 1:
+            limit += f" split among {ram_share} trial processes"
         where += f": {1 - WORKER_RESERVE:.0%} of {limit}, the rest left to loader workers"
     smaller = "pick a smaller --image-size" if workload.task is None else "make the Task's model or batches smaller"
     too_small = WorkloadError(
@@ -152,7 +160,7 @@ def calibrate(
     fit = extrapolate_batch(points, budget) if budget is not None else batch_cap
     if fit is not None and fit < 1:
         raise too_small
-    rate = max((p.samples_per_s or 0.0) for p in points) if points else 0.0
+    rate = max((p.samples_per_s or 0.0) for p in points) / world_size if points else 0.0  # one rank's
     # A trial must hold a few optimizer steps: a batch whose step takes more
     # than half the trial cannot be measured in steady state. Never below the
     # PyTorch default of 32, so the defaults stay inside the space.

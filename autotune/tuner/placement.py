@@ -52,6 +52,11 @@ class Placement:
         return len(self.slots) > 1
 
     @property
+    def processes(self) -> int:
+        """Trial processes running at once: every rank of every parallel trial (they share the host's RAM)."""
+        return self.world_size * len(self.slots)
+
+    @property
     def rank_cores(self) -> int:
         """The cores one rank (or one parallel trial) has: its loader workers' budget."""
         return max(1, len(self.slots[0].cores) // self.world_size)
@@ -174,6 +179,11 @@ def place(device_text: str, devices: str | None, nproc_per_node: int, hardware: 
         slots = tuple(Slot(d.name, share(cores, len(listed), k)) for k, d in enumerate(listed))
         return Placement(1, slots, listed[0])
     if nproc_per_node > 1:
+        if device.name not in ("cpu", "cuda:0"):
+            raise UsageError(
+                f"--device {device_text} --nproc-per-node {nproc_per_node}: rank K trains on cuda:K, as under torchrun; "
+                "choose the GPUs with CUDA_VISIBLE_DEVICES (e.g. CUDA_VISIBLE_DEVICES=2,3) and pass --device cuda"
+            )
         if device.type == "cuda":
             gpus = sum(1 for k in range(nproc_per_node) if _present(f"cuda:{k}", hardware))
             if gpus < nproc_per_node:

@@ -278,6 +278,8 @@ def calibrate_once(config: SearchConfig, prepared: Prepared, reporter: Reporter,
                 bf16_ok=prepared.device.bf16,
                 log=reporter.message,
                 runner=runner,
+                world_size=prepared.placement.world_size,
+                ram_share=prepared.placement.processes,
             )
     except KeyboardInterrupt:
         raise SearchInterrupted("interrupted during calibration, before the first trial; rerun the same command to start again") from None
