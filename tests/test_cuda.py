@@ -36,6 +36,21 @@ def test_check_device_asked_without_facts_reads_the_gpus_here() -> None:
         TrainSetup().check_device(f"cuda:{count}")
 
 
+def test_bf16_is_checked_by_the_capability_of_the_gpu_asked_for() -> None:
+    """Native bf16 (compute capability 8.0+), not torch.cuda.is_bf16_supported(), which also counts emulation."""
+    import torch
+
+    from autotune.errors import SetupError
+
+    for index in range(torch.cuda.device_count()):
+        native = torch.cuda.get_device_capability(index) >= (8, 0)
+        if native:
+            TrainSetup(amp="bf16").check_device(f"cuda:{index}")
+        else:
+            with pytest.raises(SetupError, match="does not support bf16"):
+                TrainSetup(amp="bf16").check_device(f"cuda:{index}")
+
+
 @pytest.mark.parametrize("amp", ["off", "fp16", "bf16"])
 def test_cuda_trial_precisions(tiny_workload, amp: str) -> None:
     import torch
