@@ -170,7 +170,7 @@ def test_tf32_leaves_the_matmul_precision_readable(template: str) -> None:
 
     import autotune.output.emit
 
-    source = (Path(autotune.output.emit.__file__).parent / "templates" / template).read_text()
+    source = autotune.output.emit._template(template).template  # with the code both scripts share in place
     function = re.search(r"^def configure_torch\(args, device\):\n(?:    .*\n|\n)+?(?=\n\ndef )", source, re.M)
     assert function is not None
     namespace: dict[str, Any] = {"torch": torch, "sys": sys}

@@ -1,7 +1,8 @@
 """Render the winner of a search as a standalone, DDP-ready ``train.py``.
 
-The script is rendered from ``templates/train.py.tmpl`` with
-:class:`string.Template`. Nothing from ``best.json`` is pasted into code as
+The script is rendered from ``templates/train.py.tmpl`` (or
+``train_task.py.tmpl`` for a Task; the code both share is in
+``shared.py.tmpl``) with :class:`string.Template`. Nothing from ``best.json`` is pasted into code as
 raw text: every value is type-checked and written as a Python literal with
 ``repr()``; the model reference must be made of identifiers; text that ends up
 in the header comment has its line breaks and other unprintable characters
@@ -43,6 +44,10 @@ _TEMPLATE = "train.py.tmpl"
 #: The template for a user's Task workload (the factory is imported, its loss/step and optimizer used).
 _TASK_TEMPLATE = "train_task.py.tmpl"
 _DEVICE_TYPES = ("cpu", "cuda")
+#: Code both templates share: its ``# @section NAME`` parts replace the templates' ``# @shared NAME`` lines.
+_SHARED = "shared.py.tmpl"
+_SECTION = "\n# @section "
+_INCLUDE = "# @shared "
 
 
 # ------------------------------------------------------------ literal checks
@@ -164,7 +169,15 @@ def _header(best: Best, data_is_synthetic: bool) -> str:
 
 # ---------------------------------------------------------------- rendering
 def _template(name: str = _TEMPLATE) -> string.Template:
-    text = resources.files("autotune.output.templates").joinpath(name).read_text(encoding="utf-8")
+    """The script template, with the code both scripts share (``shared.py.tmpl``) put in place."""
+    folder = resources.files("autotune.output.templates")
+    text = folder.joinpath(name).read_text(encoding="utf-8")
+    for section in folder.joinpath(_SHARED).read_text(encoding="utf-8").split(_SECTION)[1:]:
+        section_name, _, code = section.partition("\n")
+        marker = f"{_INCLUDE}{section_name}\n"
+        if marker not in text:
+            raise EmitError(f"template {name} lacks {marker.strip()!r}")  # pragma: no cover - a packaging defect
+        text = text.replace(marker, code.rstrip("\n") + "\n")
     return string.Template(text)
 
 
