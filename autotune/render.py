@@ -199,6 +199,7 @@ def render_search(outcome: SearchOutcome) -> Group:
             Text(
                 f"effective batch {best.effective_batch} (reference {best.reference_batch}), "
                 f"learning rate {best.lr:g}, peak memory {format_bytes(best.peak_memory_bytes)}"
+                + (f"; {best.world_size} DDP ranks: samples/s counts them all, batch and memory are per rank" if best.world_size > 1 else "")
             )
         )
         for note in best.notes:

@@ -579,6 +579,18 @@ def test_resume_refuses_a_checkpoint_it_cannot_continue_in_one_line(
         assert "weights_only" not in line and "step " not in out
 
 
+def test_a_run_with_another_process_count_than_tuned_says_so(synthetic_data: Path, tmp_path: Path, capsys) -> None:
+    import argparse
+
+    best = dataclasses.replace(make_best(synthetic_data, **CPU_KNOBS), world_size=2)
+    namespace = load_script(write_script(best, tmp_path / "train.py"))
+    namespace["note_world_size"](argparse.Namespace(world_size=2))
+    assert capsys.readouterr().out == ""  # as tuned: nothing to say
+    namespace["note_world_size"](argparse.Namespace(world_size=1))  # plain python of a 2-rank winner
+    said = capsys.readouterr().out
+    assert said.startswith("note: tuned with torchrun --nproc_per_node 2; this run has 1 process(es)") and "does not apply" in said
+
+
 def test_validation_classes_take_the_training_indices(synthetic_data: Path, tmp_path: Path) -> None:
     """ImageFolder numbers a folder's classes by name: a val split without some classes must not shift the labels."""
     from torchvision.datasets import ImageFolder
@@ -612,7 +624,7 @@ def test_runs_under_torchrun(synthetic_data: Path, tmp_path: Path) -> None:
         tmp_path,
         torchrun=True,
     )
-    assert "2 process(es) on cpu" in proc.stdout
+    assert "2 process(es) on cpu" in proc.stdout and "note: tuned with" not in proc.stdout
     assert "DDP: bucket_cap_mb 1 gradient_as_bucket_view True static_graph False" in proc.stdout
     assert proc.stdout.count("step 2 loss") == 1  # rank 0 logs, rank 1 does not
     assert _checkpoint(tmp_path / "out" / "checkpoint.pth")["step"] == 2

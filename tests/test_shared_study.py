@@ -94,8 +94,12 @@ def check_one_study(storage: str, study: str, trials: int, outs: list[Path], run
              if t.user_attrs.get("role") in ("defaults", "guess")]
     assert [role for role, _ in first].count("defaults") == 1
     assert len(first) == len(set(first)) >= 2  # the defaults and at least one guess, each once
-    assert sum((out / "best.json").exists() for out in outs) == 1  # one worker confirmed and wrote it
-    written = next(json.loads((out / "best.json").read_text()) for out in outs if (out / "best.json").exists())
+    # One worker confirmed; every worker's --out holds that winner (not a stale best.json of its own).
+    copies = [json.loads((out / "best.json").read_text()) for out in outs]
+    assert all((out / "train.py").is_file() for out in outs) and all(c["confirmed"] for c in copies)
+    assert len({json.dumps(c["setup"], sort_keys=True) for c in copies}) == 1
+    assert sum(any(n.startswith("confirmed by the worker") for n in c["notes"]) for c in copies) == len(outs) - 1
+    written = copies[0]
     winner = f"winner: {TrainSetup.from_dict(written['setup']).describe()}:"
     for _, stdout, _ in runs:  # every worker prints that winner
         assert winner in " ".join(stdout.split()), stdout[-1500:]
@@ -149,6 +153,13 @@ def test_any_directory_reports_the_shared_winner_without_the_password(shared: Sh
     assert "S3cret-pw" not in html and "postgres:***@" in html
     assert "finished: confirmed by" in html and "in progress" not in html
     assert TrainSetup.from_dict(written["setup"]).describe() in html
+    # A directory whose best.json is an interrupted run's unconfirmed pick of this study shows the stored winner.
+    stale = {**written, "confirmed": False, "notes": ["not confirmed: the search was interrupted before the interleaved re-measurement"]}
+    (tmp_path / "best.json").write_text(json.dumps(stale))
+    again = CliRunner().invoke(app, ["report", str(tmp_path), "--storage", url, "--study", shared.study])
+    assert again.exit_code == 0, again.output
+    html = (tmp_path / "report.html").read_text()
+    assert "finished: confirmed by" in html and "not confirmed" not in html
 
 
 @pytest.mark.slow

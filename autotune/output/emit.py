@@ -232,6 +232,7 @@ def _values(best: Best) -> dict[str, str]:
         "lr": _float("lr", workload.lr),
         "lr_scaling": _choice("lr_scaling", workload.lr_scaling, LR_SCALINGS),
         "reference_batch": _int("reference_batch", best.reference_batch, 1),
+        "world_size": _int("world_size", best.world_size, 1),
         "factory_paths": factory_paths,
         "unsharded": _bool("unsharded", workload.unsharded),
         "workload": repr(model if workload.task is None else _task_ref(workload.task)),

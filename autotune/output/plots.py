@@ -78,6 +78,10 @@ def history(records: Sequence[TrialRecord]) -> Figure:
     ax.set_title("Optimization history: how soon the search found its best (infeasible trials at 0)")
     high = max(ax.get_ylim()[1], 1.0)
     ax.set_ylim(-0.03 * high, 1.06 * high)  # markers at 0 and at the top stay whole
+    low, high_x = ax.get_xlim()
+    if high_x - low < 2:  # one trial: the locator needs two whole numbers in view to keep to whole ticks
+        middle = (low + high_x) / 2
+        ax.set_xlim(middle - 1, middle + 1)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # trial numbers are whole
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right", fontsize=8, ncol=2)
@@ -129,7 +133,8 @@ def batch_size(records: Sequence[TrialRecord], budget_bytes: int | None) -> Figu
                 bottom.scatter([r.setup.batch_size for r in peaks], [(r.result.peak_memory_bytes or 0) / GIB for r in peaks],
                                marker=marker, color=colour, s=50, label=f"{status} peak")
     if budget_bytes:
-        bottom.axhline(budget_bytes / GIB, color="#d62728", linestyle="--", linewidth=1.2, label=f"memory budget {budget_bytes / GIB:.1f} GiB")
+        bottom.axhline(budget_bytes / GIB, color="#d62728", linestyle="--", linewidth=1.2,
+                       label=f"budget the batch range was sized to, {budget_bytes / GIB:.1f} GiB")
     top.set_xscale("log", base=2)
     sizes = sorted({r.setup.batch_size for r in records})
     bottom.set_xticks(sizes, [str(b) for b in sizes])
@@ -137,7 +142,7 @@ def batch_size(records: Sequence[TrialRecord], budget_bytes: int | None) -> Figu
     top.set_ylabel("throughput (samples/s)")
     top.set_ylim(bottom=-0.03 * max(top.get_ylim()[1], 1.0))
     top.set_title("Batch size: where throughput stops rising, and how close each trial came to the memory budget")
-    bottom.set_xlabel("micro-batch size (samples per step, log scale)")
+    bottom.set_xlabel("micro-batch size (samples per step and rank, log scale)")
     bottom.set_ylabel("peak memory (GiB)")
     bottom.set_ylim(bottom=0)
     for ax in (top, bottom):

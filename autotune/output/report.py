@@ -98,8 +98,10 @@ def _header(data: ReportInput) -> str:
             how = "median of the paired rounds" if best.confirmed else "single trials, unconfirmed"
             speed += f", <b>{best.speedup:.2f}x</b> the PyTorch defaults ({best.defaults_samples_per_s:.1f} samples/s; {how})"
         title = "Winner" if best.confirmed else "Best so far (not confirmed)"
+        world = (f"; DDP with {best.world_size} ranks: samples/s counts every rank, the batch in the setup and the peak "
+                 "memory are one rank's") if best.world_size > 1 else ""
         lines.append(f'<p class="winner">{title}: <code>{escape(best.setup.describe())}</code>: {speed}; effective batch '
-                     f"{best.effective_batch}, learning rate {best.lr:g}, peak memory {escape(format_bytes(best.peak_memory_bytes))}</p>")
+                     f"{best.effective_batch}, learning rate {best.lr:g}, peak memory {escape(format_bytes(best.peak_memory_bytes))}{world}</p>")
         lines.extend(f'<p class="caveat">note: {escape(n)}</p>' for n in best.notes)
         lines.append(f'<p class="next">Use it: <code>{escape(run_command(best))}</code> beside this page trains with it (its flags default to '
                      'this setup), or read <code>best.json</code> in your own loop with <code>autotune.load_setup("best.json")</code>.</p>')

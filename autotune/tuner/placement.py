@@ -143,7 +143,11 @@ def _devices(text: str, device: str, hardware: Any) -> list[DeviceInfo]:
         names = [f"cuda:{k}" for k in range(count)]
     if any(not n for n in names):
         raise UsageError(f"--devices {text!r}: an empty entry; use cuda:0,cuda:1,... or all")
-    resolved = [resolve_device(n, hardware) for n in names]
+    try:
+        resolved = [resolve_device(n, hardware) for n in names]
+    except UsageError as exc:
+        hint = "; or all (every GPU)" if str(exc).startswith("bad device") else ""
+        raise UsageError(f"--devices {text!r}: {exc}{hint}") from None
     if len({d.type for d in resolved}) > 1:
         raise UsageError(f"--devices {text!r} mixes CPU and CUDA devices; list one kind")
     cuda = [d.name for d in resolved if d.type == "cuda"]

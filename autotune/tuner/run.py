@@ -131,7 +131,16 @@ def _search(
         written, _ = report_search(prepared.study, prepared.out, timing.record(), earlier, reporter.message, status, records, calibration)
         raise _nothing_feasible(records, prepared.study.storage, interrupted, written[0] if written else None)
     if crew is not None and not interrupted and (winner := crew.confirm_or_wait(config.trials, reporter)) is not None:
-        return crew.outcome(winner, records, calibration, prepared.out, plan.csv_path)
+        shared = crew.outcome(winner, records, calibration, prepared.out, plan.csv_path)
+        assert shared.best is not None  # a published winner always has one
+        # This worker's --out holds the study's winner too (not a stale best.json of an interrupted run of its own).
+        write_best(prepared.out / "best.json", shared.best)
+        write_script(shared.best, prepared.out / "train.py")
+        timing.wall_s = time.monotonic() - began
+        written, spent = report_search(prepared.study, prepared.out, timing.record(), earlier, reporter.message,
+                                       f"finished: confirmed by {winner.get('by')}", records, calibration, shared)
+        files = (*shared.files, str(prepared.out / "best.json"), str(prepared.out / "train.py"), *written)
+        return replace(shared, files=files, time_spent=spent, timing=timing)
     confirmed: list[Confirmed] = []
     if not interrupted:
         timing.phase = "confirmation"

@@ -173,7 +173,8 @@ def report_study(out: Path, *, storage: str | None = None, study: str | None = N
         best, unreadable = stored_best(out, stored, records), ""
     except AutotuneError as exc:  # the study still holds every trial: report them without a winner
         best, unreadable = None, str(exc)
-    published = published_winner(stored) if best is None else None
+    # A shared study's stored winner, unless this directory holds a confirmed one (an unconfirmed one is an interrupted run's).
+    published = published_winner(stored) if best is None or not best.confirmed else None
     if published is not None:  # a shared study: another worker confirmed and wrote its best.json
         best = published[0]
     verdict, ceilings = stored.verdict() if best is not None else (None, None)

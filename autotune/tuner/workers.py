@@ -227,7 +227,8 @@ class Crew:
         """The search outcome of a worker that did not confirm: the winner another worker stored."""
         verdict, ceilings = self._retry(self.study.verdict)
         best = Best.from_dict(winner["best"])
-        where = f"confirmed by the worker {winner.get('by')}, which wrote best.json and train.py to {winner.get('out')}"
+        where = (f"confirmed by the worker {winner.get('by')}, which wrote best.json and train.py to {winner.get('out')}; "
+                 f"this worker wrote the same to {out}")
         return SearchOutcome(
             best=replace(best, notes=(where, *best.notes)),
             records=tuple(records),
