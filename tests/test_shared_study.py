@@ -289,3 +289,14 @@ def test_storage_urls() -> None:
     assert journal_path("sqlite:///x.db") is None
     assert is_shared("postgresql://u@h/db") and is_shared("journal:///x.log") and is_shared("x.log")
     assert not is_shared("sqlite:///out/study.db") and not is_shared(None)
+
+
+def test_storages_that_cannot_open_say_why(tmp_path) -> None:
+    from autotune.errors import StorageError
+    from autotune.tuner.storage import open_storage
+
+    with pytest.raises(StorageError, match=r"directory .*missing does not exist"):
+        open_storage(f"sqlite:///{tmp_path}/missing/study.db")
+    with pytest.raises(StorageError, match=r"'mysql://u:\*\*\*@localhost/db': no database driver for mysql is installed"):
+        open_storage("mysql://u:secret@localhost/db")  # no MySQL driver among autotune's dependencies
+    assert open_storage(f"sqlite:///{tmp_path}/study.db") == f"sqlite:///{tmp_path}/study.db"

@@ -134,13 +134,23 @@ def open_storage(url: str) -> str | BaseStorage:
         if path is not None:
             return JournalStorage(JournalFileBackend(os.path.abspath(path)))
         if url.startswith("sqlite"):
+            where = sqlalchemy.engine.make_url(url).database
+            if where and where != ":memory:" and not os.path.isdir(os.path.dirname(os.path.abspath(where))):
+                raise StorageError(f"cannot open study storage {url!r}: directory {os.path.dirname(os.path.abspath(where))} does not exist")
             return url
         engine: dict[str, Any] = {"pool_pre_ping": True}
         if url.startswith("postgresql"):
             engine["connect_args"] = {"connect_timeout": 10}
         return _rdb_storage(url, engine)
+    except StorageError:
+        raise
     except Exception as exc:  # sqlalchemy, driver and file errors all differ
-        raise StorageError(hide_passwords(f"cannot open study storage {url!r}: {first_line(exc)}")) from None
+        why = first_line(exc)
+        if "Failed to import DB access module" in why:  # Optuna's words for a missing SQLAlchemy driver
+            dialect = url.split(":", 1)[0]
+            why = (f"no database driver for {dialect} is installed in this environment (autotune brings psycopg for "
+                   "postgresql+psycopg://; install the SQLAlchemy driver your URL names)")
+        raise StorageError(hide_passwords(f"cannot open study storage {url!r}: {why}")) from None
 
 
 def _rdb_storage(url: str, engine: dict[str, Any]) -> RDBStorage:
