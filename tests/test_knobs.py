@@ -271,6 +271,30 @@ def test_fixed_shapes_are_detected_from_the_first_items() -> None:
     assert not same_shapes([(torch.zeros(5), 1), (torch.zeros(7), 0)])
 
 
+def test_token_lists_a_collate_pads_change_shape() -> None:
+    """Tokenizers return lists: no tensor until collated, yet the padded batches change shape every step."""
+    import autotune
+    from autotune.workloads.tasks import check_task
+
+    def pad(items: list[Any]) -> tuple[torch.Tensor, torch.Tensor]:
+        width = max(len(tokens) for tokens, _ in items)
+        return torch.tensor([tokens + [0] * (width - len(tokens)) for tokens, _ in items]), torch.tensor([y for _, y in items])
+
+    class Bag(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed, self.head = torch.nn.Embedding(4, 4), torch.nn.Linear(4, 2)
+
+        def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+            return self.head(self.embed(tokens).mean(dim=1))
+
+    def task(lengths: list[int]) -> autotune.Task:
+        return autotune.Task(Bag(), [([1] * n, n % 2) for n in lengths], collate_fn=pad, batch_size=2)
+
+    assert not check_task(task([3, 3, 5, 3, 4, 3, 3, 3]), workers=False).fixed_shapes  # item 2 is longer
+    assert check_task(task([3] * 8), workers=False).fixed_shapes
+
+
 # ------------------------------------------------------- the trial process
 def test_trial_applies_threads_and_optimizer_kernels(tiny_workload: Workload) -> None:
     result = run_trial(TrainSetup(batch_size=8, num_threads=1, optimizer_impl="fused"), tiny_workload, QUICK)

@@ -26,6 +26,8 @@ __all__ = ["TaskInfo", "build_task_workload", "check_task", "example_batch", "lo
 
 #: Items the parent-side check collates into its first batch.
 CHECK_ITEMS = 2
+#: Items read to judge whether batches keep their shapes (variable-length items are often the exception, not the rule).
+SHAPE_ITEMS = 8
 
 
 def task_ref(workload: str | Callable[..., Any]) -> str:
@@ -112,11 +114,27 @@ class TaskInfo:
 
 
 def same_shapes(items: list[Any]) -> bool:
-    """Whether every item holds tensors of the same shapes (then every batch does: cuDNN autotuning is safe)."""
+    """Whether every item holds tensors of the same shapes."""
     from autotune.workloads.batches import tensors
 
     shapes = {tuple(tuple(t.shape) for t in tensors(item)) for item in items}
     return len(shapes) <= 1
+
+
+def fixed_shapes(task: Task, items: list[Any]) -> bool:
+    """Whether every batch keeps its shapes (then cuDNN autotuning is safe).
+
+    Judged on the items and on each item collated alone: token lists a
+    ``collate_fn`` pads hold no tensors until collated. A collate that fails
+    alone counts as changing shapes (the knob is then not offered).
+    """
+    from torch.utils.data import default_collate
+
+    collate = task.collate_fn or default_collate
+    try:
+        return same_shapes(items) and same_shapes([collate([item]) for item in items])
+    except Exception:
+        return False
 
 
 def _first_items(task: Task, count: int) -> tuple[list[Any], bool, int | None]:
@@ -276,8 +294,8 @@ def check_task(task: Task, *, workers: bool) -> TaskInfo:
     """
     import torch
 
-    items, iterable, size = _first_items(task, CHECK_ITEMS)
-    batch = _collate(task, items)
+    items, iterable, size = _first_items(task, SHAPE_ITEMS)
+    batch = _collate(task, items[:CHECK_ITEMS])
     _check_count(task, batch)
     model = task.build_model()
     model.train()
@@ -304,7 +322,7 @@ def check_task(task: Task, *, workers: bool) -> TaskInfo:
         batch=describe_batch(batch),
         lr_scaling=task.lr_scaling(optimizer),
         lr=lr,
-        fixed_shapes=same_shapes(items),
+        fixed_shapes=fixed_shapes(task, items),
         unsharded=unsharded,
         parameters=sum(p.numel() for p in model.parameters() if p.requires_grad),
     )
