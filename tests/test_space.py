@@ -265,3 +265,24 @@ def test_the_space_line_leaves_out_worker_knobs_when_no_worker_is_searched() -> 
                        constraints={"num_workers": parse_constraint("num_workers=0")})
     line = none.describe()
     assert "num_workers=0" in line and "prefetch_factor" not in line and "persistent_workers" not in line
+
+
+def test_a_precision_that_failed_every_calibration_run_is_left_out() -> None:
+    """A model with an op that has no bf16 kernel fails in every bf16 trial: no trial is spent on it."""
+    from dataclasses import replace
+
+    from autotune.records import PrecisionPoint
+
+    failing = replace(calibration(), precisions=(
+        PrecisionPoint("off", False, "ok", 100.0), PrecisionPoint("off", True, "ok", 110.0),
+        PrecisionPoint("bf16", False, "error", None), PrecisionPoint("bf16", True, "diverged", None)))
+    space = build_space(device=CPU, calibration=failing, usable_cores=2, effective_batch=None, constraints={})
+    assert space.values["amp"] == ("off",)
+    assert space.describe().endswith("; amp=bf16 left out: every compute-only run in it ended diverged/error in the calibration")
+    with pytest.raises(UsageError, match=r"^--set amp: the model failed in bf16 \(diverged/error\) in every compute-only run"):
+        build_space(device=CPU, calibration=failing, usable_cores=2, effective_batch=None,
+                    constraints=merge_constraints([parse_constraint("amp=bf16")]))
+    # Out of memory in one layout is not a failure of the precision.
+    oom = replace(failing, precisions=(*failing.precisions[:2], PrecisionPoint("bf16", False, "oom", None),
+                                       PrecisionPoint("bf16", True, "error", None)))
+    assert build_space(device=CPU, calibration=oom, usable_cores=2, effective_batch=None, constraints={}).values["amp"] == ("off", "bf16")

@@ -81,11 +81,13 @@ class Space:
             it and accumulation follows from the batch.
         images: Samples in one epoch of the data; the loader's queue is
             kept within it (None: unknown, no cap).
+        note: What the space leaves out and why, for its one-line description.
     """
 
     values: dict[str, tuple[Any, ...]]
     effective_batch: int | None = None
     images: int | None = None
+    note: str = ""
 
     def __post_init__(self) -> None:
         # A space built by hand without the torch or DDP knobs keeps PyTorch's defaults for them.
@@ -195,7 +197,7 @@ class Space:
                 parts.append(f"{knob}={min(values)}..{max(values)}")
             else:
                 parts.append(f"{knob}={'|'.join(shown(v) for v in values)}")
-        return "space: " + ", ".join(parts)
+        return "space: " + ", ".join(parts) + (f"; {self.note}" if self.note else "")
 
     def params_for(self, setup: TrainSetup) -> dict[str, Any]:
         """The Optuna params that make :meth:`suggest` return ``setup``
@@ -303,6 +305,16 @@ def ddp_values(world_size: int) -> dict[str, tuple[Any, ...]]:
     return {"bucket_cap_mb": (25,), "gradient_as_bucket_view": (False,), "static_graph": (False,)}
 
 
+def failed_precisions(calibration: Calibration) -> dict[str, str]:
+    """The reduced precisions in which every compute-only run of the calibration failed (not for memory), with the status."""
+    failed: dict[str, str] = {}
+    for amp in {p.amp for p in calibration.precisions} - {"off"}:
+        statuses = {p.status for p in calibration.precisions if p.amp == amp}
+        if statuses and statuses <= {"error", "diverged"}:
+            failed[amp] = "/".join(sorted(statuses))
+    return failed
+
+
 def build_space(
     *,
     device: DeviceInfo,
@@ -372,10 +384,17 @@ def build_space(
     check_pins_act(constraints, image_input, world_size)
     check_workload_constraints(constraints, workload, device)
     values = apply_constraints(base, constraints)
+    failed = failed_precisions(calibration)
+    if failed:  # a precision whose compute-only runs all failed fails in every trial too
+        values["amp"] = tuple(a for a in values["amp"] if a not in failed)
+        if not values["amp"]:
+            raise UsageError(f"--set amp: the model failed in {' and '.join(f'{a} ({why})' for a, why in failed.items())} in every "
+                             "compute-only run of the calibration (its lines above say why); allow amp=off")
     if workload is not None and workload.unsharded:  # a range of workers (0..4) keeps its part that adds no copies
         values["num_workers"] = tuple(n for n in values["num_workers"] if n <= 1) or (0,)
     if effective_batch is not None:
         bad = [b for b in values["batch_size"] if effective_batch % b]
         if bad:
             raise UsageError(f"--effective-batch {effective_batch} is not a multiple of batch_size {bad[0]}")
-    return Space(values=values, effective_batch=effective_batch, images=images)
+    note = "; ".join(f"amp={a} left out: every compute-only run in it ended {why} in the calibration" for a, why in failed.items())
+    return Space(values=values, effective_batch=effective_batch, images=images, note=note)
