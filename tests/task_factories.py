@@ -145,6 +145,11 @@ def uncollatable() -> autotune.Task:
     return autotune.Task(nn.Linear(8, 3), _Odd())
 
 
+def ragged() -> autotune.Task:
+    """Variable-length items without a collate_fn that pads them."""
+    return autotune.Task(nn.Linear(8, 3), [(torch.zeros(3 + i % 5), 0) for i in range(8)])
+
+
 def non_scalar_loss() -> autotune.Task:
     """The loss keeps the batch dimension."""
     return autotune.Task(nn.Linear(8, 3), _pairs(), loss=nn.CrossEntropyLoss(reduction="none"))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from autotune.errors import AutotuneError
 from autotune.records import TrialResult
+from autotune.workloads.batches import hinted
 from autotune.workloads.data import BadImage
 
 
@@ -31,16 +32,6 @@ def _one_line(exc: BaseException) -> str:
     if isinstance(exc, AutotuneError) and first:
         return first[:300]
     return f"{type(exc).__name__}: {first}"[:300] if first else type(exc).__name__
-
-
-#: PyTorch's default collate on items of different shapes; its message names no dataset index.
-_RAGGED = "stack expects each tensor to be equal size"
-_RAGGED_HINT = "; items of one batch differ in shape: give the workload a collate_fn that pads them (autotune.Task(collate_fn=...))"
-
-
-def _hinted(error: str) -> str:
-    """``error`` with what fixes it, where the message alone does not say."""
-    return error + _RAGGED_HINT if _RAGGED in error else error
 
 
 def classify(exc: BaseException) -> TrialResult:
@@ -68,10 +59,10 @@ def classify(exc: BaseException) -> TrialResult:
         # PyTorch re-raises a worker's exception with the original traceback as text: keep its last line.
         lines = [ln.strip() for ln in message.splitlines() if ln.strip()]
         cause = lines[-1] if len(lines) > 1 else _one_line(exc)
-        return TrialResult(status="error", error=_hinted(f"failed in a DataLoader worker, not in the training loop: {cause}"[:300]))
+        return TrialResult(status="error", error=hinted(f"failed in a DataLoader worker, not in the training loop: {cause}"[:300]))
     if isinstance(exc, oom_types) or (
         isinstance(exc, RuntimeError)
         and ("can't allocate memory" in message or "out of memory" in message.lower())
     ):
         return TrialResult(status="oom", error=_one_line(exc))
-    return TrialResult(status="error", error=_hinted(_one_line(exc)))
+    return TrialResult(status="error", error=hinted(_one_line(exc)))

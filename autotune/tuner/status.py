@@ -55,6 +55,7 @@ class StudyStatus:
         out: The search directory read for its best.json (None: the study read by URL alone).
         infeasible: Finished trials that measured no throughput (oom, timeout, error, diverged);
             ``failed`` counts trials that crashed or were interrupted instead.
+        infeasible_kinds: The statuses those trials ended with.
     """
 
     study: str
@@ -69,12 +70,14 @@ class StudyStatus:
     confirming: bool = True
     out: Path | None = None
     infeasible: int = 0
+    infeasible_kinds: tuple[str, ...] = ()
 
     def lines(self) -> list[str]:
         """The status in plain lines."""
         budget = f"/{self.wanted}" if self.wanted else ""
         alive = [r for r in self.running if not r.gone]
-        infeasible = f" ({self.infeasible} infeasible: oom, timeout, error, diverged)" if self.infeasible else ""
+        kinds = ", ".join(self.infeasible_kinds) or "oom, timeout, error, diverged"
+        infeasible = f" ({self.infeasible} infeasible: {kinds})" if self.infeasible else ""
         lines = [f"study {self.study!r} in {self.storage}: {self.finished}{budget} trials finished{infeasible}, "
                  f"{len(alive)} running, {self.failed} failed"]
         lines += [f"  running: {r.describe()}" for r in alive]
@@ -136,6 +139,7 @@ def study_status(storage: str, study: str | None = None, out: Path | None = None
                                    seconds=max(0.0, time.time() - started) if started is not None else None))
     records = found.records()
     feasible = [r for r in records if r.result.ok and r.result.samples_per_s]
+    unmeasured = [r for r in records if not r.result.ok and r.result.status != "pruned"]
     winner, winner_by = published_winner(found) or (None, None)
     if winner is None and out is not None:
         best = kept_winner(out, found, records)  # an interrupted search's or an unreadable best.json is no winner
@@ -154,5 +158,6 @@ def study_status(storage: str, study: str | None = None, out: Path | None = None
         winner_by=winner_by,
         confirming=not lone or (lone_holder is not None and lone_holder.alive()),
         out=out,
-        infeasible=sum(not r.result.ok and r.result.status != "pruned" for r in records),
+        infeasible=len(unmeasured),
+        infeasible_kinds=tuple(sorted({r.result.status for r in unmeasured})),
     )

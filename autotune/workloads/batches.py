@@ -67,3 +67,13 @@ def describe_batch(batch: Any) -> str:
         inner = ", ".join(describe_batch(value) for value in batch)
         return f"({inner})" if isinstance(batch, tuple) else f"[{inner}]"
     return type(batch).__name__
+
+
+#: PyTorch's default collate on items of different shapes; its message names no dataset index.
+_RAGGED = "stack expects each tensor to be equal size"
+_RAGGED_HINT = "; items of one batch differ in shape: give the workload a collate_fn that pads them (autotune.Task(collate_fn=...))"
+
+
+def hinted(error: str) -> str:
+    """``error`` with what fixes it, where the message alone does not say."""
+    return error + _RAGGED_HINT if _RAGGED in error else error

@@ -18,7 +18,7 @@ from typing import Any
 
 from autotune.errors import WorkloadError
 from autotune.records import Workload
-from autotune.workloads.batches import describe_batch, has_image_tensor
+from autotune.workloads.batches import describe_batch, has_image_tensor, hinted
 from autotune.workloads.models import is_factory_ref, load_factory, validate_model_ref
 from autotune.workloads.task import Task
 
@@ -183,7 +183,7 @@ def _collate(task: Task, items: list[Any]) -> Any:
                     f"dataset item {index} ({describe_batch(item)}) cannot be collated: {type(exc).__name__}: {exc}"
                 ) from None
         kinds = ", ".join(f"item {i}: {describe_batch(item)}" for i, item in enumerate(items))
-        raise WorkloadError(f"dataset items 0..{len(items) - 1} cannot be collated together ({kinds}): {type(exc).__name__}: {exc}") from None
+        raise WorkloadError(hinted(f"dataset items 0..{len(items) - 1} cannot be collated together ({kinds}): {type(exc).__name__}: {exc}")) from None
 
 
 def example_batch(task: Task, batch_size: int) -> Any:
