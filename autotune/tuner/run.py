@@ -272,7 +272,8 @@ def calibrate_once(config: SearchConfig, prepared: Prepared, reporter: Reporter,
     """
     stored = prepared.study.calibration()
     if stored is not None:
-        reporter.message(f"continuing study {prepared.study.name!r}: calibration reused, {len(prepared.study.records())} finished trials kept")
+        kept = sum(not r.free for r in prepared.study.records())  # as --trials counts them (not setups that could not run)
+        reporter.message(f"continuing study {prepared.study.name!r}: calibration reused, {kept} finished trials kept")
         return stored
     reporter.message("calibration: memory pre-pass, compute-only and loader-only ceilings")
     try:
