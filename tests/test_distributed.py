@@ -241,6 +241,17 @@ def test_a_ddp_trial_says_its_ranks(monkeypatch) -> None:
     assert lines and lines[0].endswith("; 2 DDP ranks, samples/s counts them all)")
 
 
+@pytest.mark.parametrize(("value", "threads"), [(None, 1), ("3", 3), ("4,2", 4), ("0", None), ("", None), ("many", None)])
+def test_torchrun_threads_read_omp_num_threads_as_torch_does(value: str | None, threads: int | None, monkeypatch) -> None:
+    from autotune.runner.ranks import torchrun_threads
+
+    if value is None:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("OMP_NUM_THREADS", value)
+    assert torchrun_threads() == threads  # None: no count named, torch's own (one per core of the rank's share)
+
+
 @pytest.mark.slow
 def test_ddp_ranks_get_the_threads_torchrun_gives_them() -> None:
     """torchrun sets OMP_NUM_THREADS=1 for several ranks per node unless the environment names it: the

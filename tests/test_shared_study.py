@@ -160,6 +160,17 @@ def test_any_directory_reports_the_shared_winner_without_the_password(shared: Sh
     assert again.exit_code == 0, again.output
     html = (tmp_path / "report.html").read_text()
     assert "finished: confirmed by" in html and "not confirmed" not in html
+    # A rerun with more --trials, interrupted before its confirmation: the earlier budget's winner is not this one's.
+    study = load(shared.storage, shared.study)
+    budget = study.user_attrs["trials"]
+    study.set_user_attr("trials", budget + 2)
+    try:
+        (tmp_path / "later").mkdir()
+        later = CliRunner().invoke(app, ["report", str(tmp_path / "later"), "--storage", url, "--study", shared.study])
+        assert later.exit_code == 0, later.output
+        assert "finished: confirmed by" not in (tmp_path / "later" / "report.html").read_text()
+    finally:
+        study.set_user_attr("trials", budget)
 
 
 @pytest.mark.slow

@@ -201,8 +201,9 @@ def batch_section(records: Sequence[TrialRecord], calibration: Calibration | Non
         "Top: samples/s per micro-batch size, one series per precision. Throughput usually rises and then flattens; "
         "past the knee a larger batch only costs memory (and changes the training math). Bottom: each trial's peak "
         f"memory against the budget the batch range was sized to ({format_bytes(budget)}: on a CPU 80 % of --max-memory or of "
-        "half the available RAM, the rest left to loader workers; on a GPU 90 % of the free memory). A trial ran out of memory "
-        "where its status says oom (on a CPU: above --max-memory, where one was given). Batch and memory are one rank's.",
+        "half the available RAM split among DDP ranks and parallel trials, the rest left to loader workers; on a GPU 90 % of "
+        "the free memory). A trial ran out of memory where its status says oom (on a CPU: above --max-memory, where one was "
+        "given). Batch and memory are one rank's.",
         _draw(plots, "batch_size", records, budget) if records else None,
         (Table("trials by batch size", ("#", "batch", "accumulation", "amp", "channels_last", "status", "samples/s", "peak memory"), rows),
          Table("memory pre-pass (calibration)", ("batch", "status", "peak memory", "samples/s"), points)),

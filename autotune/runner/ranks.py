@@ -49,14 +49,20 @@ def pin(cores: Sequence[int], threads: int | None = None) -> None:
     torch.set_num_threads(threads or len(cores))
 
 
-def torchrun_threads() -> int:
+def torchrun_threads() -> int | None:
     """The intra-op threads a rank gets from ``torchrun --nproc-per-node N`` (N > 1): ``OMP_NUM_THREADS``, which
-    torchrun sets to 1 unless the environment already names it. A setup's ``num_threads`` replaces it, as in the
-    emitted script; ``auto`` (torch's own choice) is measured as what the script will get."""
-    try:
-        return max(1, int(os.environ.get("OMP_NUM_THREADS", "1")))
-    except ValueError:
+    torchrun sets to 1 unless the environment already names it (a nested list such as ``4,2``: its first level).
+    None where the value names no positive count (``0``, empty, text): torch then picks its own, one per core
+    of the rank's share here. A setup's ``num_threads`` replaces it, as in the emitted script; ``auto`` (torch's
+    own choice) is measured as what the script will get."""
+    text = os.environ.get("OMP_NUM_THREADS")
+    if text is None:
         return 1
+    try:
+        count = int(text.split(",")[0])
+    except ValueError:
+        return None
+    return count if count > 0 else None
 
 
 def free_port() -> int:
@@ -212,9 +218,10 @@ def _rank_main(rank: int, world: int, port: int, options: TrialOptions, execute:
             LOCAL_WORLD_SIZE=str(world),
             MASTER_ADDR=MASTER_ADDR,
             MASTER_PORT=str(port),
-            OMP_NUM_THREADS=str(torchrun_threads()),
         )
-        pin(share(options.cores, world, rank), torchrun_threads())
+        threads = torchrun_threads()
+        os.environ.setdefault("OMP_NUM_THREADS", "1")  # as torchrun sets it
+        pin(share(options.cores, world, rank), threads)
         result = execute(Rank(rank, world))
         data = json.dumps(result.to_dict()).encode()
         while data:

@@ -139,7 +139,8 @@ def setup_for(trial: optuna.Trial, role: str, plan: Exploration) -> TrainSetup:
             raise
         raise StorageError(
             f"study {trial.study.study_name!r} holds trials sampled from other choices of a knob than this search offers "
-            "(its data or model changed since, or --devices/--nproc-per-node split the cores another way); "
+            "(its data or model changed since, --devices/--nproc-per-node split the cores another way, or an earlier "
+            "autotune version built its space); "
             "pass --study NEW_NAME or another --out"
         ) from None
 

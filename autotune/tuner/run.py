@@ -134,8 +134,8 @@ def _search(
         shared = crew.outcome(winner, records, calibration, prepared.out, plan.csv_path)
         assert shared.best is not None  # a published winner always has one
         # This worker's --out holds the study's winner too (not a stale best.json of an interrupted run of its own).
+        write_script(shared.best, prepared.out / "train.py")  # first: a script that cannot be rendered leaves no new best.json
         write_best(prepared.out / "best.json", shared.best)
-        write_script(shared.best, prepared.out / "train.py")
         timing.wall_s = time.monotonic() - began
         written, spent = report_search(prepared.study, prepared.out, timing.record(), earlier, reporter.message,
                                        f"finished: confirmed by {winner.get('by')}", records, calibration, shared)

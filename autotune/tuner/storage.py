@@ -135,7 +135,7 @@ def open_storage(url: str) -> str | BaseStorage:
             return JournalStorage(JournalFileBackend(os.path.abspath(path)))
         if url.startswith("sqlite"):
             where = sqlalchemy.engine.make_url(url).database
-            if where and where != ":memory:" and not os.path.isdir(os.path.dirname(os.path.abspath(where))):
+            if where and where != ":memory:" and not where.startswith("file:") and not os.path.isdir(os.path.dirname(os.path.abspath(where))):
                 raise StorageError(f"cannot open study storage {url!r}: directory {os.path.dirname(os.path.abspath(where))} does not exist")
             return url
         engine: dict[str, Any] = {"pool_pre_ping": True}

@@ -21,6 +21,7 @@ from autotune.output.report import ReportInput, write_report
 from autotune.records import Calibration, Candidate, Confirmed, TrialRecord
 from autotune.time_spent import TimeSpent
 from autotune.train_setup import TrainSetup
+from autotune.tuner.budget import STUDY_BUDGET
 from autotune.tuner.config import SearchOutcome
 from autotune.tuner.signals import interrupts_held
 from autotune.tuner.study import ROLE_DEFAULTS, STUDY_SIGNATURE, STUDY_WINNER, Rounds, SearchStudy
@@ -99,6 +100,9 @@ def published_winner(study: SearchStudy) -> tuple[Best, str] | None:
     stored = study.study.user_attrs.get(STUDY_WINNER)
     if not isinstance(stored, dict) or not isinstance(stored.get("best"), dict):
         return None
+    budget = study.study.user_attrs.get(STUDY_BUDGET)
+    if isinstance(budget, int) and stored.get("trials") != budget:  # an earlier budget's: a rerun with more --trials is not confirmed yet
+        return None
     try:
         best = Best.from_dict(stored["best"])
     except AutotuneError:  # written by another version: no winner to show
@@ -173,8 +177,9 @@ def report_study(out: Path, *, storage: str | None = None, study: str | None = N
         best, unreadable = stored_best(out, stored, records), ""
     except AutotuneError as exc:  # the study still holds every trial: report them without a winner
         best, unreadable = None, str(exc)
-    # A shared study's stored winner, unless this directory holds a confirmed one (an unconfirmed one is an interrupted run's).
-    published = published_winner(stored) if best is None or not best.confirmed else None
+    # A shared study's winner of its current budget comes first: a best.json here may be an interrupted run's
+    # unconfirmed pick, or this worker's copy of an earlier budget's winner.
+    published = published_winner(stored)
     if published is not None:  # a shared study: another worker confirmed and wrote its best.json
         best = published[0]
     verdict, ceilings = stored.verdict() if best is not None else (None, None)
