@@ -265,7 +265,9 @@ def test_ddp_ranks_get_the_threads_torchrun_gives_them() -> None:
     two_cores()
     command = [sys.executable, "-m", "autotune", "trial", "--workload", "task_factories:good", "--nproc-per-node", "2",
                "--batch-size", "4", "--trial-seconds", "0.5", "--device", "cpu", "--json"]
-    for omp, threads in (("2", 2), (None, 1)):
+    own = subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"], capture_output=True, text=True,
+                         env={**os.environ, "OMP_NUM_THREADS": "0"}, check=True).stdout.strip()
+    for omp, threads in (("2", 2), (None, 1), ("0", int(own))):  # 0 names no count: torch's own, as the unpinned script gets
         env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"} | ({"OMP_NUM_THREADS": omp} if omp else {})
         done = subprocess.run(command, cwd=TESTS, env=env, capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr

@@ -713,3 +713,31 @@ def test_a_model_with_auxiliary_classifiers_trains_in_a_trial(synthetic_data: Pa
     workload = Workload(model="googlenet", image_size=64, data=str(synthetic_data), device="cpu")
     result = run_trial(TrainSetup(batch_size=2), workload, TrialOptions(trial_seconds=0.5, windows=2))
     assert result.status == "ok", result.error
+
+
+@pytest.mark.slow
+def test_a_bad_image_is_one_line_naming_it_and_a_bad_validation_image_loses_no_training(synthetic_data: Path, tmp_path: Path) -> None:
+    """As the search says it: the file named, one line, exit 1, from the loader's worker or from the main process."""
+    data, val = tmp_path / "data", tmp_path / "val"
+    for name in sorted(p.name for p in synthetic_data.iterdir() if p.is_dir())[:2]:
+        for root, count in ((data, 8), (val, 2)):
+            (root / name).mkdir(parents=True)
+            for image in sorted((synthetic_data / name).iterdir())[:count]:
+                (root / name / image.name).symlink_to(image)
+    script = write_script(make_best(synthetic_data, model="resnet18", batch_size=4), tmp_path / "train.py")
+    common = [str(script), "--max-steps", "3", "--batch-size", "4", "--image-size", "32", "--amp", "off", "--print-freq", "1"]
+    (val / name / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 not a jpeg")
+    proc = subprocess.run([sys.executable, *common, "--data", str(data), "--val-data", str(val), "--workers", "1", "--output-dir", "out"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=RUN_TIMEOUT)
+    assert proc.returncode == 1 and proc.stderr.strip().splitlines() == [proc.stderr.strip()], proc.stderr[-2000:]
+    assert proc.stderr.startswith(f"error: bad image {val / name / 'broken.jpg'}: ") and "Traceback" not in proc.stderr
+    assert _checkpoint(tmp_path / "out" / "checkpoint.pth")["step"] >= 2  # the epoch before the evaluation is kept
+    # In the main process (no worker): one step of a batch of 2 reads both images of this folder.
+    small = tmp_path / "small"
+    (small / "a").mkdir(parents=True)
+    (small / "b").mkdir()
+    (small / "a" / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 not a jpeg")
+    (small / "b" / "good.jpg").symlink_to(next((synthetic_data / name).iterdir()))
+    proc = subprocess.run([sys.executable, str(script), "--max-steps", "1", "--batch-size", "2", "--image-size", "32", "--data", str(small),
+                           "--workers", "0", "--output-dir", "out2"], cwd=tmp_path, capture_output=True, text=True, timeout=RUN_TIMEOUT)
+    assert proc.returncode == 1 and proc.stderr.startswith(f"error: bad image {small / 'a' / 'broken.jpg'}"), proc.stderr[-2000:]

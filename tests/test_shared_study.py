@@ -169,6 +169,13 @@ def test_any_directory_reports_the_shared_winner_without_the_password(shared: Sh
         later = CliRunner().invoke(app, ["report", str(tmp_path / "later"), "--storage", url, "--study", shared.study])
         assert later.exit_code == 0, later.output
         assert "finished: confirmed by" not in (tmp_path / "later" / "report.html").read_text()
+        # A budget whose trials all finished, with no winner stored for it and no live worker confirming it
+        # (its confirming worker was killed): said so, not "being confirmed" for ever.
+        study.set_user_attr("trials", budget - 1)
+        from autotune.tuner.status import study_status
+
+        assert "winner: none confirmed: the worker confirming it stopped; rerun a worker's search command" in study_status(
+            shared.storage, shared.study).lines()
     finally:
         study.set_user_attr("trials", budget)
 
@@ -311,3 +318,6 @@ def test_storages_that_cannot_open_say_why(tmp_path) -> None:
     with pytest.raises(StorageError, match=r"'mysql://u:\*\*\*@localhost/db': no database driver for mysql is installed"):
         open_storage("mysql://u:secret@localhost/db")  # no MySQL driver among autotune's dependencies
     assert open_storage(f"sqlite:///{tmp_path}/study.db") == f"sqlite:///{tmp_path}/study.db"
+    for memory in ("sqlite://", "sqlite:///:memory:"):  # nothing would be kept to resume
+        with pytest.raises(StorageError, match="in-memory database, lost when the search ends"):
+            open_storage(memory)

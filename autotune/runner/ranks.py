@@ -219,7 +219,10 @@ def _rank_main(rank: int, world: int, port: int, options: TrialOptions, execute:
             MASTER_ADDR=MASTER_ADDR,
             MASTER_PORT=str(port),
         )
-        threads = torchrun_threads()
+        import torch
+
+        # None: the environment names no count, so torch keeps its own (the script's ranks are not pinned).
+        threads = torchrun_threads() or torch.get_num_threads()
         os.environ.setdefault("OMP_NUM_THREADS", "1")  # as torchrun sets it
         pin(share(options.cores, world, rank), threads)
         result = execute(Rank(rank, world))

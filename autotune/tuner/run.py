@@ -197,7 +197,7 @@ def first_steps(config: SearchConfig, prepared: Prepared, reporter: Reporter, ru
 def _nothing_feasible(records: list[TrialRecord], storage: str, interrupted: bool, report: str | None = None) -> AutotuneError:
     """The error when no trial measured a throughput: interrupted, or every trial failed (``report``: report.html, if written)."""
     if interrupted:
-        return SearchInterrupted(f"interrupted before any feasible trial; {len(records)} trials kept in {storage}")
+        return SearchInterrupted(f"interrupted before any feasible trial; {len(records)} trials kept in {storage}; rerun the same command to resume")
     reasons = sorted({f"{r.result.status}: {r.result.error}" for r in records})
     where = f"; every trial's reason in {report}" if report else ""
     return SearchFailed(f"all {len(records)} trials failed ({'; '.join(reasons)[:300]}){where}")

@@ -13,9 +13,9 @@ from autotune.output.best import Best
 from autotune.records import TrialRecord
 from autotune.tuner.budget import STUDY_BUDGET, counted
 from autotune.tuner.lock import Holder
-from autotune.tuner.study import ATTR_MARKER, ATTR_ROLE, ROLE_SEARCH, STUDY_HOLDER, SearchStudy
+from autotune.tuner.study import ATTR_MARKER, ATTR_ROLE, ATTR_WORKER, ROLE_SEARCH, STUDY_HOLDER, SearchStudy
 from autotune.tuner.study_report import kept_winner, published_winner
-from autotune.tuner.workers import ATTR_WORKER
+from autotune.tuner.workers import confirm_marker
 
 
 @dataclass(frozen=True)
@@ -56,6 +56,7 @@ class StudyStatus:
         infeasible: Finished trials that measured no throughput (oom, timeout, error, diverged);
             ``failed`` counts trials that crashed or were interrupted instead.
         infeasible_kinds: The statuses those trials ended with.
+        shared: Workers of a shared study ran it (``--storage`` with several workers).
     """
 
     study: str
@@ -71,6 +72,7 @@ class StudyStatus:
     out: Path | None = None
     infeasible: int = 0
     infeasible_kinds: tuple[str, ...] = ()
+    shared: bool = False
 
     def lines(self) -> list[str]:
         """The status in plain lines."""
@@ -93,6 +95,7 @@ class StudyStatus:
             no_throughput = self.best is None or not self.best.result.samples_per_s
             lines.append("winner: none: no trial measured a throughput (trials.csv says why)" if no_throughput else
                          "winner: being confirmed" if self.confirming else
+                         "winner: none confirmed: the worker confirming it stopped; rerun a worker's search command" if self.shared else
                          "winner: in the best.json of the search's directory (autotune status DIR shows it)" if self.out is None else
                          f"winner: none confirmed in {self.out / 'best.json'}; rerun the search's command to confirm one")
         return lines
@@ -140,12 +143,15 @@ def study_status(storage: str, study: str | None = None, out: Path | None = None
     records = found.records()
     feasible = [r for r in records if r.result.ok and r.result.samples_per_s]
     unmeasured = [r for r in records if not r.result.ok and r.result.status != "pruned"]
+    lone = not any(ATTR_WORKER in t.user_attrs for t in trials)
     winner, winner_by = published_winner(found) or (None, None)
-    if winner is None and out is not None:
+    if winner is None and out is not None and lone:  # a shared study's worker's copy may be an earlier budget's
         best = kept_winner(out, found, records)  # an interrupted search's or an unreadable best.json is no winner
         if best is not None:
             winner, winner_by = best, f"this search (best.json and train.py in {out.resolve()})"
-    lone = not any(ATTR_WORKER in t.user_attrs for t in trials)
+    wanted = attrs.get(STUDY_BUDGET)
+    electors = [Holder.from_dict(t.user_attrs.get(ATTR_WORKER)) for t in trials
+                if wanted and t.state == TrialState.FAIL and t.user_attrs.get(ATTR_MARKER) == confirm_marker(wanted)]
     return StudyStatus(
         study=found.name,
         storage=found.storage,
@@ -156,7 +162,9 @@ def study_status(storage: str, study: str | None = None, out: Path | None = None
         best=max(feasible, key=lambda r: r.result.samples_per_s or 0.0, default=None),
         winner=winner,
         winner_by=winner_by,
-        confirming=not lone or (lone_holder is not None and lone_holder.alive()),
+        # A shared study is being confirmed while a worker that entered the election for its budget lives.
+        confirming=any(h is not None and h.alive() for h in electors) if not lone else (lone_holder is not None and lone_holder.alive()),
+        shared=not lone,
         out=out,
         infeasible=len(unmeasured),
         infeasible_kinds=tuple(sorted({r.result.status for r in unmeasured})),

@@ -135,6 +135,9 @@ def open_storage(url: str) -> str | BaseStorage:
             return JournalStorage(JournalFileBackend(os.path.abspath(path)))
         if url.startswith("sqlite"):
             where = sqlalchemy.engine.make_url(url).database
+            if not where or where == ":memory:":
+                raise StorageError(f"study storage {url!r} is an in-memory database, lost when the search ends: "
+                                   "give a file (sqlite:///PATH)")
             if where and where != ":memory:" and not where.startswith("file:") and not os.path.isdir(os.path.dirname(os.path.abspath(where))):
                 raise StorageError(f"cannot open study storage {url!r}: directory {os.path.dirname(os.path.abspath(where))} does not exist")
             return url

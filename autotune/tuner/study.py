@@ -44,6 +44,8 @@ ATTR_SETUP = "setup"
 ATTR_RESULT = "result"
 ATTR_REUSED_FROM = "reused_from"
 ATTR_MARKER = "marker"  # a shared study's election entry (autotune.tuner.workers), not a measurement
+#: Trial user attribute: the worker (a :class:`~autotune.tuner.lock.Holder`) of a shared study running the trial.
+ATTR_WORKER = "worker"
 #: Wall-clock start and end (Unix seconds) of a trial run in parallel with others.
 ATTR_STARTED, ATTR_ENDED = "started", "ended"
 

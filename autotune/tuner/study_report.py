@@ -24,7 +24,7 @@ from autotune.train_setup import TrainSetup
 from autotune.tuner.budget import STUDY_BUDGET
 from autotune.tuner.config import SearchOutcome
 from autotune.tuner.signals import interrupts_held
-from autotune.tuner.study import ROLE_DEFAULTS, STUDY_SIGNATURE, STUDY_WINNER, Rounds, SearchStudy
+from autotune.tuner.study import ATTR_WORKER, ROLE_DEFAULTS, STUDY_SIGNATURE, STUDY_WINNER, Rounds, SearchStudy
 
 
 def write_search_report(study: SearchStudy, out: Path, data: ReportInput, log: Callable[[str], None]) -> tuple[str, ...]:
@@ -173,12 +173,13 @@ def report_study(out: Path, *, storage: str | None = None, study: str | None = N
     if not records:
         raise StorageError(f"study {stored.name!r} in {stored.storage} holds no finished trial yet: nothing to report")
     calibration = stored.calibration()
+    # A shared study's winner is the one stored for its current budget: a best.json here may be an interrupted
+    # run's unconfirmed pick, or this worker's copy of an earlier budget's winner.
+    shared = any(ATTR_WORKER in t.user_attrs for t in stored.study.get_trials(deepcopy=False))
     try:
-        best, unreadable = stored_best(out, stored, records), ""
+        best, unreadable = (None if shared else stored_best(out, stored, records)), ""
     except AutotuneError as exc:  # the study still holds every trial: report them without a winner
         best, unreadable = None, str(exc)
-    # A shared study's winner of its current budget comes first: a best.json here may be an interrupted run's
-    # unconfirmed pick, or this worker's copy of an earlier budget's winner.
     published = published_winner(stored)
     if published is not None:  # a shared study: another worker confirmed and wrote its best.json
         best = published[0]
@@ -191,7 +192,7 @@ def report_study(out: Path, *, storage: str | None = None, study: str | None = N
     elif best is None and not any(r.result.ok for r in records) and not stored.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         status = "failed: no feasible trial"
     elif best is None:
-        status = "in progress or interrupted (no best.json yet)"
+        status = "in progress or interrupted (no confirmed winner for this budget yet)" if shared else "in progress or interrupted (no best.json yet)"
     elif not best.confirmed:
         status = "interrupted (winner not confirmed)"
     else:

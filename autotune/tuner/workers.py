@@ -48,13 +48,11 @@ from autotune.tuner.lock import Holder
 from autotune.tuner.progress import Reporter
 from autotune.tuner.signals import interrupts_held
 from autotune.tuner.storage import heartbeats, with_retries
-from autotune.tuner.study import ATTR_MARKER, ATTR_ROLE, ROLE_SEARCH, STUDY_WINNER, SearchStudy
+from autotune.tuner.study import ATTR_MARKER, ATTR_ROLE, ATTR_WORKER, ROLE_SEARCH, STUDY_WINNER, SearchStudy
 from autotune.tuner.study_report import stored_confirmed
 
 T = TypeVar("T")
 
-#: Trial user attribute: the worker (a :class:`Holder`) running the trial.
-ATTR_WORKER = "worker"
 #: Study user attributes of a shared study.
 STUDY_READY = "first_trials"  # set once calibration and the first trials are in: who did it
 
