@@ -318,6 +318,8 @@ def test_storages_that_cannot_open_say_why(tmp_path) -> None:
     with pytest.raises(StorageError, match=r"'mysql://u:\*\*\*@localhost/db': no database driver for mysql is installed"):
         open_storage("mysql://u:secret@localhost/db")  # no MySQL driver among autotune's dependencies
     assert open_storage(f"sqlite:///{tmp_path}/study.db") == f"sqlite:///{tmp_path}/study.db"
+    with pytest.raises(StorageError, match=r"write journal:///ABSOLUTE/PATH.log"):
+        open_storage("journal://")  # no path: SQLAlchemy would look for a "journal" dialect
     for memory in ("sqlite://", "sqlite:///:memory:"):  # nothing would be kept to resume
         with pytest.raises(StorageError, match="in-memory database, lost when the search ends"):
             open_storage(memory)

@@ -129,6 +129,8 @@ def open_storage(url: str) -> str | BaseStorage:
     if url.startswith("postgres:"):  # SQLAlchemy knows the dialect as postgresql only
         raise StorageError(hide_passwords(f"cannot open study storage {url!r}: write postgresql:// (SQLAlchemy has no postgres:// dialect)"))
     path = journal_path(url)
+    if path is None and url.startswith("journal:"):  # journal://x or journal:x: not the three slashes of a path
+        raise StorageError(f"cannot open study storage {url!r}: write {JOURNAL_SCHEME}/ABSOLUTE/PATH.log (or a plain path ending .log)")
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     try:
         if path is not None:
