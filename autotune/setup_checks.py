@@ -102,21 +102,24 @@ def check_setup_device(
             _check_cuda_present(device)
         if setup.amp == "bf16":
             if bf16_supported is None:
-                import torch
-
-                # Ampere (8.0) and newer natively; is_bf16_supported() also counts emulation, on the current device.
-                bf16_supported = bool(torch.cuda.is_available() and torch.cuda.get_device_capability(device) >= (8, 0))
+                bf16_supported = _ampere_or_newer(device)
             if not bf16_supported:
                 raise SetupError("amp=bf16: this GPU does not support bf16; use amp=fp16")
         if setup.tf32:
             if tf32_supported is None:
-                import torch
-
-                tf32_supported = bool(torch.cuda.is_available() and torch.cuda.get_device_capability(device) >= (8, 0))
+                tf32_supported = _ampere_or_newer(device)
             if not tf32_supported:
                 raise SetupError("tf32: this GPU has no TF32 tensor cores (compute capability 8.0+ needed)")
     else:
         raise SetupError(f"unsupported device {str(device)!r}; use cpu, cuda or cuda:K")
+
+
+def _ampere_or_newer(device: str | torch.device) -> bool:
+    """Whether the GPU ``device`` has native bf16 and TF32 (compute capability 8.0+); ``torch.cuda.is_bf16_supported()``
+    also counts emulation, and reads the current device."""
+    import torch
+
+    return bool(torch.cuda.is_available() and torch.cuda.get_device_capability(device) >= (8, 0))
 
 
 def _check_cuda_present(device: str | torch.device) -> None:

@@ -29,7 +29,7 @@ from typing import Any
 from autotune.devices import device_type
 from autotune.errors import AutotuneError, EmitError
 from autotune.files import atomic_write_text
-from autotune.output.best import Best
+from autotune.output.best import Best, write_best
 from autotune.records import LR_SCALINGS
 from autotune.redact import hide_passwords
 from autotune.torch_knobs import COMPILE_MODES, DECODES, OPTIMIZER_IMPLS
@@ -38,7 +38,7 @@ from autotune.workloads.data import synthetic_dir
 from autotune.workloads.models import validate_model_ref
 from probes.cpu import BF16_FLAGS
 
-__all__ = ["render_script", "write_script"]
+__all__ = ["render_script", "write_script", "write_winner"]
 
 _TEMPLATE = "train.py.tmpl"
 #: The template for a user's Task workload (the factory is imported, its loss/step and optimizer used).
@@ -323,6 +323,17 @@ def _written_by_autotune(path: Path) -> bool:
     except OSError:
         return False
     return len(head) > 1 and head[1].startswith(b"# train.py -- written by autotune ")
+
+
+def write_winner(best: Best, out: Path) -> tuple[str, str]:
+    """Write ``out/train.py``, then ``out/best.json`` (a script that cannot be rendered leaves no new best.json).
+
+    Returns:
+        The two paths written, best.json first.
+    """
+    write_script(best, out / "train.py")
+    write_best(out / "best.json", best)
+    return str(out / "best.json"), str(out / "train.py")
 
 
 def write_script(best: Best, path: str | Path) -> Path:

@@ -52,8 +52,8 @@ def pin(cores: Sequence[int], threads: int | None = None) -> None:
 def torchrun_threads() -> int | None:
     """The intra-op threads a rank gets from ``torchrun --nproc-per-node N`` (N > 1): ``OMP_NUM_THREADS``, which
     torchrun sets to 1 unless the environment already names it (a nested list such as ``4,2``: its first level).
-    None where the value names no positive count (``0``, empty, text): torch then picks its own, one per core
-    of the rank's share here. A setup's ``num_threads`` replaces it, as in the emitted script; ``auto`` (torch's
+    None where the value names no positive count (``0``, empty, text): torch then keeps its own count, as in
+    the script's ranks, which are not pinned. A setup's ``num_threads`` replaces it, as in the emitted script; ``auto`` (torch's
     own choice) is measured as what the script will get."""
     text = os.environ.get("OMP_NUM_THREADS")
     if text is None:

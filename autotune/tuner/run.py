@@ -21,8 +21,7 @@ import probes
 from autotune.devices import DeviceInfo
 from autotune.errors import AutotuneError, SearchFailed, SearchInterrupted
 from autotune.files import check_writable
-from autotune.output.best import write_best
-from autotune.output.emit import script_target, write_script
+from autotune.output.emit import script_target, write_winner
 from autotune.records import Calibration, Confirmed, TrialOptions, TrialRecord, Workload
 from autotune.runner import TrialRunner, prestart, run_trial
 from autotune.train_setup import TrainSetup
@@ -134,12 +133,11 @@ def _search(
         shared = crew.outcome(winner, records, calibration, prepared.out, plan.csv_path)
         assert shared.best is not None  # a published winner always has one
         # This worker's --out holds the study's winner too (not a stale best.json of an interrupted run of its own).
-        write_script(shared.best, prepared.out / "train.py")  # first: a script that cannot be rendered leaves no new best.json
-        write_best(prepared.out / "best.json", shared.best)
+        files = (*shared.files, *write_winner(shared.best, prepared.out))
         timing.wall_s = time.monotonic() - began
         written, spent = report_search(prepared.study, prepared.out, timing.record(), earlier, reporter.message,
                                        f"finished: confirmed by {winner.get('by')}", records, calibration, shared)
-        files = (*shared.files, str(prepared.out / "best.json"), str(prepared.out / "train.py"), *written)
+        files = (*files, *written)
         return replace(shared, files=files, time_spent=spent, timing=timing)
     confirmed: list[Confirmed] = []
     if not interrupted:
@@ -383,9 +381,7 @@ def finish(
         excluded_by=excluding(merge_constraints(config.constraints), defaults),
         partly_confirmed=any(c.values for c in partial),
     )
-    if write:
-        write_best(out / "best.json", best)
-        write_script(best, out / "train.py")
+    written = write_winner(best, out) if write else ()
     return SearchOutcome(
         best=best,
         records=tuple(records),
@@ -396,5 +392,5 @@ def finish(
         storage=prepared.study.storage,
         study=prepared.study.name,
         interrupted=interrupted,
-        files=(str(out / "trials.csv"), *((str(out / "best.json"), str(out / "train.py")) if write else ())),
+        files=(str(out / "trials.csv"), *written),
     )

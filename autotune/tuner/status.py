@@ -14,7 +14,7 @@ from autotune.records import TrialRecord
 from autotune.tuner.budget import STUDY_BUDGET, counted
 from autotune.tuner.lock import Holder
 from autotune.tuner.study import ATTR_MARKER, ATTR_ROLE, ATTR_WORKER, ROLE_SEARCH, STUDY_HOLDER, SearchStudy
-from autotune.tuner.study_report import kept_winner, published_winner
+from autotune.tuner.study_report import kept_winner, published_winner, run_by_workers
 from autotune.tuner.workers import confirm_marker
 
 
@@ -143,7 +143,7 @@ def study_status(storage: str, study: str | None = None, out: Path | None = None
     records = found.records()
     feasible = [r for r in records if r.result.ok and r.result.samples_per_s]
     unmeasured = [r for r in records if not r.result.ok and r.result.status != "pruned"]
-    lone = not any(ATTR_WORKER in t.user_attrs for t in trials)
+    lone = not run_by_workers(trials)
     winner, winner_by = published_winner(found) or (None, None)
     if winner is None and out is not None and lone:  # a shared study's worker's copy may be an earlier budget's
         best = kept_winner(out, found, records)  # an interrupted search's or an unreadable best.json is no winner

@@ -140,8 +140,9 @@ def open_storage(url: str) -> str | BaseStorage:
             if not where or where == ":memory:":
                 raise StorageError(f"study storage {url!r} is an in-memory database, lost when the search ends: "
                                    "give a file (sqlite:///PATH)")
-            if where and where != ":memory:" and not where.startswith("file:") and not os.path.isdir(os.path.dirname(os.path.abspath(where))):
-                raise StorageError(f"cannot open study storage {url!r}: directory {os.path.dirname(os.path.abspath(where))} does not exist")
+            folder = os.path.dirname(os.path.abspath(where))
+            if not where.startswith("file:") and not os.path.isdir(folder):  # a file: URI names its path its own way
+                raise StorageError(f"cannot open study storage {url!r}: directory {folder} does not exist")
             return url
         engine: dict[str, Any] = {"pool_pre_ping": True}
         if url.startswith("postgresql"):

@@ -10,10 +10,10 @@ nothing is written to the study).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from optuna.trial import TrialState
+from optuna.trial import FrozenTrial, TrialState
 
 from autotune.errors import AutotuneError, StorageError
 from autotune.output.best import Best, read_best
@@ -89,6 +89,11 @@ def kept_winner(out: Path, study: SearchStudy, records: list[TrialRecord]) -> Be
     except AutotuneError:  # unreadable: nothing to keep
         return None
     return best if best is not None and best.confirmed else None
+
+
+def run_by_workers(trials: Sequence[FrozenTrial]) -> bool:
+    """Whether workers of a shared study (``--storage`` with several workers) ran these trials; a lone search names none."""
+    return any(ATTR_WORKER in t.user_attrs for t in trials)
 
 
 def published_winner(study: SearchStudy) -> tuple[Best, str] | None:
@@ -175,7 +180,7 @@ def report_study(out: Path, *, storage: str | None = None, study: str | None = N
     calibration = stored.calibration()
     # A shared study's winner is the one stored for its current budget: a best.json here may be an interrupted
     # run's unconfirmed pick, or this worker's copy of an earlier budget's winner.
-    shared = any(ATTR_WORKER in t.user_attrs for t in stored.study.get_trials(deepcopy=False))
+    shared = run_by_workers(stored.study.get_trials(deepcopy=False))
     try:
         best, unreadable = (None if shared else stored_best(out, stored, records)), ""
     except AutotuneError as exc:  # the study still holds every trial: report them without a winner
