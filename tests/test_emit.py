@@ -725,13 +725,14 @@ def test_a_bad_image_is_one_line_naming_it_and_a_bad_validation_image_loses_no_t
             for image in sorted((synthetic_data / name).iterdir())[:count]:
                 (root / name / image.name).symlink_to(image)
     script = write_script(make_best(synthetic_data, model="resnet18", batch_size=4), tmp_path / "train.py")
-    common = [str(script), "--max-steps", "3", "--batch-size", "4", "--image-size", "32", "--amp", "off", "--print-freq", "1"]
     (val / name / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 not a jpeg")
-    proc = subprocess.run([sys.executable, *common, "--data", str(data), "--val-data", str(val), "--workers", "1", "--output-dir", "out"],
+    # One whole epoch, whatever the fixture's images per class: its evaluation follows, and fails.
+    proc = subprocess.run([sys.executable, str(script), "--epochs", "1", "--batch-size", "4", "--image-size", "32", "--amp", "off",
+                           "--data", str(data), "--val-data", str(val), "--workers", "1", "--output-dir", "out"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=RUN_TIMEOUT)
     assert proc.returncode == 1 and proc.stderr.strip().splitlines() == [proc.stderr.strip()], proc.stderr[-2000:]
     assert proc.stderr.startswith(f"error: bad image {val / name / 'broken.jpg'}: ") and "Traceback" not in proc.stderr
-    assert _checkpoint(tmp_path / "out" / "checkpoint.pth")["step"] >= 2  # the epoch before the evaluation is kept
+    assert _checkpoint(tmp_path / "out" / "checkpoint.pth")["epoch"] == 1  # the epoch before the evaluation is kept
     # In the main process (no worker): one step of a batch of 2 reads both images of this folder.
     small = tmp_path / "small"
     (small / "a").mkdir(parents=True)
