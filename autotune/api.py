@@ -13,12 +13,14 @@ Example::
 A workload given as a function must be importable by the trial processes:
 define it at the top level of a module, not in ``__main__`` or as a lambda.
 Errors are :class:`~autotune.errors.AutotuneError` subclasses, raised before
-anything is written when the input is bad.
+anything is written when the input is bad; a refusal names the function's
+parameters (``trial_seconds``, ``constraints``) where the CLI's names its flags.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import shlex
 import sys
 from collections.abc import Callable, Sequence
@@ -26,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autotune.errors import UsageError
+from autotune.errors import UsageError, worded_for_python
 from autotune.records import DEFAULT_TRIAL_SECONDS, TrialOptions, TrialResult, Workload
 from autotune.train_setup import TrainSetup
 from autotune.tuner import Reporter, SearchConfig, SearchOutcome, run_search
@@ -125,6 +127,7 @@ def _bytes(value: int | str | None) -> int | None:
     return parse_size(value) if isinstance(value, str) else value
 
 
+@worded_for_python({"set": "constraints", "timeout": "timeout_s"})
 def search(
     workload: WorkloadRef | None = None,
     *,
@@ -291,6 +294,7 @@ def trial_workload(
     return hardware, dev, built
 
 
+@worded_for_python({"timeout": "timeout_s"})
 def trial(
     workload: WorkloadRef | None = None,
     *,
@@ -386,3 +390,7 @@ def trial(
         ranks = f"; {nproc_per_node} DDP ranks, samples/s counts them all" if nproc_per_node > 1 else ""
         announce(f"trial: {built.describe()} ({dev.label}{ranks})")
     return TrialOutcome(setup=setup, workload=built, result=run_trial(setup, built, options))
+
+
+#: The same two functions for the CLI, whose refusals name its flags.
+cli_search, cli_trial = inspect.unwrap(search), inspect.unwrap(trial)

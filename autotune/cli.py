@@ -182,7 +182,7 @@ def trial(
     nproc_per_node: NprocOpt = 1,
 ) -> None:
     """Run one short, isolated, measured training trial and report its throughput."""
-    from autotune.api import trial as run_one
+    from autotune.api import cli_trial as run_one
     from autotune.render import render_trial
     from autotune.train_setup import TrainSetup
 
@@ -266,7 +266,7 @@ def search(
     ] = None,
 ) -> None:
     """Search the fastest training setup with short, real, measured trials."""
-    from autotune.api import search as run_one
+    from autotune.api import cli_search as run_one
     from autotune.errors import SearchInterrupted
     from autotune.render import RichReporter, render_search
     from autotune.tuner import SearchOutcome

@@ -7,6 +7,14 @@ an exit code; library users catch it like any other exception.
 
 from __future__ import annotations
 
+import functools
+import inspect
+import re
+from collections.abc import Callable, Collection, Mapping
+from typing import Any, TypeVar
+
+F = TypeVar("F", bound=Callable[..., Any])
+
 
 class AutotuneError(Exception):
     """Base class of every error autotune raises on purpose.
@@ -63,3 +71,48 @@ class SearchInterrupted(AutotuneError):
     def __init__(self, message: str, outcome: object | None = None) -> None:
         super().__init__(message)
         self.outcome = outcome
+
+
+def in_python_terms(error: UsageError, parameters: Collection[str], renamed: Mapping[str, str]) -> UsageError:
+    """``error`` naming a Python function's parameters where its message names the CLI's flags.
+
+    ``--trial-seconds must be ...`` becomes ``trial_seconds must be ...`` for
+    the API's callers, who never typed the flag. A flag without a parameter of
+    that name (or a ``renamed`` one: ``--set`` is ``constraints``) is left as it is.
+
+    Args:
+        error: The refusal, worded for the CLI.
+        parameters: The function's parameter names.
+        renamed: Flags (without dashes) whose parameter has another name.
+    """
+
+    def named(found: re.Match[str]) -> str:
+        flag = found.group(1)
+        name = renamed.get(flag, flag.replace("-", "_"))
+        return name if name in parameters else found.group(0)
+
+    message = re.sub(r"(?<![\w-])--([a-z][a-z0-9-]*)", named, str(error))
+    if message == str(error):
+        return error
+    return type(error)(message)
+
+
+def worded_for_python(renamed: Mapping[str, str]) -> Callable[[F], F]:
+    """Decorate an API function so that its :class:`UsageError` names its parameters, not CLI flags (:func:`in_python_terms`)."""
+
+    def decorate(function: F) -> F:
+        parameters = frozenset(inspect.signature(function).parameters)
+
+        @functools.wraps(function)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return function(*args, **kwargs)
+            except UsageError as error:
+                translated = in_python_terms(error, parameters, renamed)
+                if translated is error:
+                    raise
+                raise translated from error
+
+        return wrapper  # type: ignore[return-value]
+
+    return decorate

@@ -242,22 +242,40 @@ def test_train_py_header_names_the_factory_it_imports(tmp_path) -> None:
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"trials": "3"}, "--trials must be an integer, got '3'"),
-        ({"trials": 2.5}, "--trials must be an integer, got 2.5"),
-        ({"seed": "abc"}, "--seed must be an integer"),
-        ({"effective_batch": "64"}, "--effective-batch must be an integer"),
-        ({"trial_seconds": "x"}, "--trial-seconds must be a number, got 'x'"),
-        ({"timeout_s": "9"}, "--timeout must be a number"),
-        ({"trials": None}, "--trials must be an integer, got None"),
+        ({"trials": "3"}, "^trials must be an integer, got '3'"),
+        ({"trials": 2.5}, "^trials must be an integer, got 2.5"),
+        ({"seed": "abc"}, "^seed must be an integer"),
+        ({"effective_batch": "64"}, "^effective_batch must be an integer"),
+        ({"trial_seconds": "x"}, "^trial_seconds must be a number, got 'x'"),
+        ({"timeout_s": "9"}, "^timeout_s must be a number"),
+        ({"trials": None}, "^trials must be an integer, got None"),
+        ({"trials": 0}, "^trials must be between 1 and"),
+        ({"constraints": ["amp=xx"]}, "^constraints amp: expected one of off, bf16, fp16, got 'xx'"),
+        ({"lr": 0.5, "model": None, "workload": "task_factories:good"}, "^lr: for the classifier shorthand only"),
     ],
 )
 def test_the_python_api_refuses_wrong_types_before_writing_anything(tmp_path, kwargs, message) -> None:
-    """What Typer parses on the command line reaches the API as any Python value: one AutotuneError, no directory."""
+    """What Typer parses on the command line reaches the API as any Python value: one AutotuneError, no directory.
+
+    The refusal names the function's parameters, which the caller wrote, not the CLI's flags."""
     import autotune
 
-    with pytest.raises(autotune.AutotuneError, match=message):
+    with pytest.raises(autotune.errors.UsageError, match=message) as raised:
         autotune.search(**{"model": "resnet18", "trials": 2, "device": "cpu", "out": tmp_path / "out", **kwargs})
+    assert "--" not in str(raised.value)
     assert not (tmp_path / "out").exists()
+
+
+def test_the_cli_refusals_keep_naming_its_flags(tmp_path) -> None:
+    """The CLI calls the same functions; its users typed flags, so its refusals name them."""
+    for args, message in (
+        (["search", "--trials", "0", "--out", str(tmp_path / "out")], "--trials must be between 1 and"),
+        (["search", "--model", "resnet18", "--set", "amp=xx", "--out", str(tmp_path / "out")], "--set amp: expected one of"),
+        (["trial", "--trial-seconds", "0"], "--trial-seconds must be >= 0.5"),
+    ):
+        result = runner.invoke(app, [*args, "--device", "cpu"])
+        assert result.exit_code == 2, result.output
+        assert message in result.output, result.output
 
 
 def test_api_setup_and_device_arguments_in_other_shapes(tmp_path) -> None:
