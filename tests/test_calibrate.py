@@ -312,5 +312,6 @@ def test_a_short_stream_bounds_the_batch_by_the_batches_it_fills() -> None:
     result = calibrate(stream, CPU, usable_cores=2, available_bytes=2**40, max_memory=None, trial_seconds=3.0,
                        bf16_ok=True, log=logged.append, runner=runner, batch_cap=256)
     assert result.max_batch == 32 and result.probe_batch <= 32
-    assert any("no full batch of 64 samples: the search keeps batch_size <= 32" in line for line in logged)
+    said = [line for line in logged if "no full batch" in line]
+    assert said == ["the dataset yields no full batch of 64 samples (tried 256, 128, 64): the search keeps batch_size <= 32"]
     assert all(setup.batch_size <= 32 for mode, setup in runner.calls[-len(result.loader):] if mode == "loader")

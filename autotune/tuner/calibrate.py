@@ -264,13 +264,16 @@ def calibrate(
 
 def _stream_batch(max_batch: int, workload: Workload, runner: TrialRunner, options: TrialOptions, log: Log) -> int:
     """The largest batch, halving from ``max_batch``, that an iterable dataset fills (the loader alone, no workers)."""
-    batch = max_batch
+    batch, unfilled = max_batch, []
     while batch > 1:
         result = runner(TrainSetup(batch_size=batch), workload, options)
         if result.ok or "no full batch" not in (result.error or ""):
             break
-        log(f"the dataset yields no full batch of {batch} samples: the search keeps batch_size <= {batch // 2}")
+        unfilled.append(batch)
         batch //= 2
+    if unfilled:  # one line for the halvings, not one per halving
+        tried = f" (tried {', '.join(map(str, unfilled))})" if len(unfilled) > 1 else ""
+        log(f"the dataset yields no full batch of {unfilled[-1]} samples{tried}: the search keeps batch_size <= {batch}")
     return batch
 
 
