@@ -301,9 +301,14 @@ def test_pruning_callback_stops_the_trial(tiny_workload) -> None:
         return True
 
     options = dataclasses.replace(QUICK, windows=4, trial_seconds=2.0)
-    result = run_trial(TrainSetup(batch_size=8), tiny_workload, options, on_window=stop_after_first)
+    result = run_trial(TrainSetup(batch_size=8, num_workers=1, num_threads=1), tiny_workload, options, on_window=stop_after_first)
     assert result.status == "pruned"
     assert len(seen) == 1 and result.windows == tuple(seen)
+    # What the one window saw is kept for trials.csv: threads, data wait, peak memory, warm-up.
+    assert result.num_threads == 1
+    assert result.data_wait_fraction is not None and 0.0 <= result.data_wait_fraction <= 1.0
+    assert result.peak_memory_bytes and result.peak_memory_bytes > 10 * 2**20
+    assert result.warmup_s and result.warmup_s > 0 and result.measured_s and result.measured_s > 0
 
 
 def test_result_json_round_trip() -> None:

@@ -37,8 +37,7 @@ class Work:
             the optimizer step), one batch in loader mode; windows close between units. Returns its samples.
         warmup_step: One warm-up step (a micro-batch and its own optimizer step in train and compute mode).
         warmup_steps: How many warm-up steps run before the windows.
-        per_step: Units per optimizer step (the accumulation steps; 1 in
-            loader mode). The measurement ends on a step boundary.
+        per_step: Units per optimizer step (the accumulation steps; 1 in loader mode). The measurement ends on a step boundary.
     """
 
     unit: Callable[[], int]
@@ -298,6 +297,8 @@ class TrialLoop:
         total_samples = 0
         units = 0
         wait_before = self.data_wait.total_s
+        import torch
+        threads = torch.get_num_threads()
         load = LoadMeter(usable_cores(), os.getpgrp())  # the trial leads its own session: its ranks and workers are its tree
         for index in itertools.count():
             if not more_windows(index, measured_s, options):
@@ -319,12 +320,14 @@ class TrialLoop:
             self.check()
             # The world's samples in the same window, timed by its slowest rank.
             samples = int(self.rank.reduce([samples], "sum")[0])
-            elapsed = self.rank.reduce([elapsed], "max")[0]
+            # Data wait and peak memory so far of the worst rank: a pruned trial's record keeps them.
+            elapsed, waited, peak = self.rank.reduce([elapsed, self.data_wait.total_s - wait_before, self.peak_memory()], "max")
             rate = samples / elapsed
             rates.append(rate)
             measured_s += elapsed
             total_samples += samples
-            self.send({"event": "window", "index": index, "samples_per_s": rate, "seconds": elapsed})
+            self.send({"event": "window", "index": index, "samples_per_s": rate, "seconds": elapsed, "wait_s": waited,
+                       "peak_bytes": int(peak), "warmup_s": warmup_s, "threads": threads})
         stats = summarize(rates)
         # Windows that close inside an optimizer step hold its cost unevenly: count time over the whole steps.
         figure = total_samples / measured_s if work.per_step > 1 else stats.median
@@ -335,8 +338,6 @@ class TrialLoop:
         wait, peak = self.rank.reduce([wait, self.peak_memory()], "max")
         # One optimizer step (or loader batch) at the measured throughput.
         step_time = total_samples / max(units // work.per_step, 1) / figure
-        import torch
-
         return TrialResult(
             status="ok",
             samples_per_s=figure,
@@ -351,7 +352,7 @@ class TrialLoop:
             samples=total_samples,
             mode=options.mode,
             compile_s=self.compile_s,
-            num_threads=torch.get_num_threads(),
+            num_threads=threads,
             other_cores=load.other_cores(),
         )
 
