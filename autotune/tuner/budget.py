@@ -11,6 +11,8 @@ from collections.abc import Iterable, Sequence
 
 from optuna.trial import FrozenTrial, TrialState
 
+from autotune.records import TrialRecord
+
 #: Nothing ran for this trial (a setup measured before, or one the data cannot feed): see :func:`counted`.
 ATTR_FREE = "free"
 
@@ -42,3 +44,8 @@ def counted(trials: Iterable[FrozenTrial], wanted: int | None) -> int:
 def progress(trials: Sequence[FrozenTrial], wanted: int | None) -> tuple[int, int]:
     """Of ``trials`` (read once): the finished ones that count toward ``wanted`` (:func:`counted`), and the running ones."""
     return counted(trials, wanted), sum(t.state == TrialState.RUNNING for t in trials)
+
+
+def counted_records(records: Iterable[TrialRecord]) -> int:
+    """Finished trials as ``--trials`` counts them in messages: every one but the free ones (:func:`counted`)."""
+    return sum(not r.free for r in records)

@@ -25,6 +25,7 @@ from autotune.output.emit import script_target, write_winner
 from autotune.records import Calibration, Confirmed, TrialOptions, TrialRecord, Workload
 from autotune.runner import TrialRunner, prestart, run_trial
 from autotune.train_setup import TrainSetup
+from autotune.tuner.budget import counted_records
 from autotune.tuner.calibrate import calibrate
 from autotune.tuner.config import SearchConfig, SearchOutcome, Timing
 from autotune.tuner.confirm import confirm, confirmation_plan, measure_ceilings, pick_candidates
@@ -171,7 +172,7 @@ def _search(
                 f"the confirmed winner of an earlier run stays in {best_json} (this run's best so far is not confirmed); "
                 "rerun the same command to resume" if kept else
                 f"best so far written to {best_json} (unconfirmed); rerun the same command to resume")
-        raise SearchInterrupted(f"interrupted: {len(records)} finished trials kept in {prepared.study.storage}; {said}", outcome=outcome)
+        raise SearchInterrupted(f"interrupted: {counted_records(records)} finished trials kept in {prepared.study.storage}; {said}", outcome=outcome)
     return outcome
 
 
@@ -195,7 +196,8 @@ def first_steps(config: SearchConfig, prepared: Prepared, reporter: Reporter, ru
 def _nothing_feasible(records: list[TrialRecord], storage: str, interrupted: bool, report: str | None = None) -> AutotuneError:
     """The error when no trial measured a throughput: interrupted, or every trial failed (``report``: report.html, if written)."""
     if interrupted:
-        return SearchInterrupted(f"interrupted before any feasible trial; {len(records)} trials kept in {storage}; rerun the same command to resume")
+        kept = counted_records(records)
+        return SearchInterrupted(f"interrupted before any feasible trial; {kept} trials kept in {storage}; rerun the same command to resume")
     reasons = sorted({f"{r.result.status}: {r.result.error}" for r in records})
     where = f"; every trial's reason in {report}" if report else ""
     return SearchFailed(f"all {len(records)} trials failed ({'; '.join(reasons)[:300]}){where}")
@@ -270,7 +272,7 @@ def calibrate_once(config: SearchConfig, prepared: Prepared, reporter: Reporter,
     """
     stored = prepared.study.calibration()
     if stored is not None:
-        kept = sum(not r.free for r in prepared.study.records())  # as --trials counts them (not setups that could not run)
+        kept = counted_records(prepared.study.records())
         reporter.message(f"continuing study {prepared.study.name!r}: calibration reused, {kept} finished trials kept")
         return stored
     reporter.message("calibration: memory pre-pass, compute-only and loader-only ceilings")
