@@ -64,6 +64,20 @@ def test_finalists_are_distinct_fastest_then_the_defaults() -> None:
     assert [c.setup for c in pick_candidates(feasible[1:], defaults, top=1)] == [B]
 
 
+def test_the_search_and_a_reader_of_the_stored_rounds_name_the_finalists_alike() -> None:
+    """The confirming worker's console and a waiting worker's (or the report's) table show the same labels."""
+    from autotune.tuner.study_report import stored_confirmed
+
+    defaults = TrainSetup(batch_size=32)
+    feasible = [TrialRecord(0, "defaults", defaults, TrialResult(status="ok", samples_per_s=50.0)), _record(1, B, 300.0),
+                _record(2, B, 310.0), _record(3, C, 200.0)]
+    picked = pick_candidates(feasible, defaults, top=2)
+    assert [c.label for c in picked] == [f"#2 {B.describe()}", f"#3 {C.describe()}", f"#0 {defaults.describe()} (defaults)"]
+    rounds = {c.key: ([1.0], []) for c in picked}
+    stored = stored_confirmed(None, feasible, rounds)  # type: ignore[arg-type]  # the rounds are given: no study is read
+    assert [c.candidate.label for c in stored] == [c.label for c in picked]
+
+
 def _runner_with(rates: dict[int, list[float]], order: list[int]):
     def runner(setup, workload, options=None, *, on_window=None) -> TrialResult:
         order.append(setup.batch_size)

@@ -16,6 +16,7 @@ from autotune.records import Candidate, Ceilings, Confirmed, TrialOptions, Trial
 from autotune.runner import TrialRunner, run_trial
 from autotune.train_setup import TrainSetup
 from autotune.tuner.noise import NOISE_FLOOR, beats, leader, resolved
+from autotune.tuner.study import ROLE_DEFAULTS
 
 Store = Callable[[str, list[float], list[str]], None]
 
@@ -102,6 +103,13 @@ def _unresolved(confirmed: Sequence[Confirmed], active: set[str], baseline: str 
     return keep
 
 
+def finalist_label(same: Sequence[TrialRecord]) -> str:
+    """A finalist's name in the confirmation: the fastest trial of its setup (``same``, fastest first), marked when
+    the PyTorch defaults' trial ran it. The search and any reader of the stored rounds name it alike."""
+    tag = " (defaults)" if any(r.role == ROLE_DEFAULTS for r in same) else ""
+    return f"#{same[0].number} {same[0].setup.describe()}{tag}"
+
+
 def pick_candidates(feasible: Sequence[TrialRecord], defaults: TrainSetup, top: int) -> list[Candidate]:
     """The ``top`` fastest distinct setups, then the defaults (when they ran) for the speedup.
 
@@ -112,22 +120,21 @@ def pick_candidates(feasible: Sequence[TrialRecord], defaults: TrainSetup, top: 
     """
     ranked = sorted(feasible, key=lambda r: r.result.samples_per_s or 0.0, reverse=True)
     eager = {r.setup.to_json(): r.result.samples_per_s or 0.0 for r in feasible if r.setup.compile == "off"}
-    candidates: list[Candidate] = []
-    seen: set[str] = set()
+    by_setup: dict[str, list[TrialRecord]] = {}
     for record in ranked:
-        key = record.setup.to_json()
-        if key in seen:
-            continue
+        by_setup.setdefault(record.setup.to_json(), []).append(record)
+    candidates: list[Candidate] = []
+    for key, same in by_setup.items():
+        record = same[0]
         twin = eager.get(record.setup.replace(compile="off").to_json()) if record.setup.compile != "off" else None
         if twin is not None and (record.result.samples_per_s or 0.0) < twin * (1.0 + NOISE_FLOOR):
             continue
-        seen.add(key)
-        candidates.append(Candidate(key, record.setup, f"#{record.number} {record.setup.describe()}"))
+        candidates.append(Candidate(key, record.setup, finalist_label(same)))
         if len(candidates) == top:
             break
     default_key = defaults.to_json()
-    if default_key not in seen and any(r.setup.to_json() == default_key for r in feasible):
-        candidates.append(Candidate(default_key, defaults, f"defaults {defaults.describe()}"))
+    if default_key not in {c.key for c in candidates} and default_key in by_setup:
+        candidates.append(Candidate(default_key, defaults, finalist_label(by_setup[default_key])))
     return candidates
 
 
