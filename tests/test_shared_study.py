@@ -320,6 +320,11 @@ def test_storages_that_cannot_open_say_why(tmp_path) -> None:
     assert open_storage(f"sqlite:///{tmp_path}/study.db") == f"sqlite:///{tmp_path}/study.db"
     with pytest.raises(StorageError, match=r"write journal:///ABSOLUTE/PATH.log"):
         open_storage("journal://")  # no path: SQLAlchemy would look for a "journal" dialect
-    for memory in ("sqlite://", "sqlite:///:memory:"):  # nothing would be kept to resume
+    for memory in ("sqlite://", "sqlite:///:memory:", "sqlite:///file:x?mode=memory&uri=true"):  # nothing would be kept to resume
         with pytest.raises(StorageError, match="in-memory database, lost when the search ends"):
             open_storage(memory)
+    # SQLite URI filenames: the path inside them is checked like a plain one, and an existing directory opens.
+    with pytest.raises(StorageError, match=r"directory .*missing does not exist"):
+        open_storage(f"sqlite:///file:{tmp_path}/missing/study.db?uri=true")
+    uri = f"sqlite:///file:{tmp_path}/study2.db?uri=true"
+    assert open_storage(uri) == uri

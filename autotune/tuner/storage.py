@@ -21,6 +21,7 @@ import os
 import random
 import threading
 import time
+import urllib.parse
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -136,12 +137,16 @@ def open_storage(url: str) -> str | BaseStorage:
         if path is not None:
             return JournalStorage(JournalFileBackend(os.path.abspath(path)))
         if url.startswith("sqlite"):
-            where = sqlalchemy.engine.make_url(url).database
+            parsed = sqlalchemy.engine.make_url(url)
+            where = parsed.database
+            if where and where.startswith("file:"):  # a SQLite URI filename (?uri=true): its path, or memory
+                path = urllib.parse.unquote(urllib.parse.urlsplit(where).path)
+                where = ":memory:" if parsed.query.get("mode") == "memory" else path
             if not where or where == ":memory:":
                 raise StorageError(f"study storage {url!r} is an in-memory database, lost when the search ends: "
                                    "give a file (sqlite:///PATH)")
             folder = os.path.dirname(os.path.abspath(where))
-            if not where.startswith("file:") and not os.path.isdir(folder):  # a file: URI names its path its own way
+            if not os.path.isdir(folder):
                 raise StorageError(f"cannot open study storage {url!r}: directory {folder} does not exist")
             return url
         engine: dict[str, Any] = {"pool_pre_ping": True}
