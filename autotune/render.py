@@ -133,7 +133,7 @@ class RichReporter:
         self.progress.console.print(
             f"  {done}/{total} #{record.number} {escape(f'[{record.role}]')} {escape(record.setup.describe())}: "
             f"[{style}]{result.status}[/] {value}{reused}{why}   best {fmt_rate(best)}",
-            highlight=False,
+            highlight=False, soft_wrap=True,  # one line per trial in a log, however narrow (grep-able)
         )
 
     def confirm_progress(self, done: int, total: int, label: str, result: TrialResult) -> None:
@@ -145,10 +145,10 @@ class RichReporter:
             self._confirm = self._bar("confirmation", max(total, 1))
         self.progress.update(self._confirm, completed=done, description="confirmation (interleaved)")
         value = f"{fmt_rate(result.samples_per_s)} samples/s" if result.ok else f"{result.status}: {result.error}"
-        self.progress.console.print(escape(f"  confirm {done}/{total} {label}: {value}"), highlight=False)
+        self.progress.console.print(escape(f"  confirm {done}/{total} {label}: {value}"), highlight=False, soft_wrap=True)
 
 
-def _line(*parts: str | tuple[str, str]) -> Text:
+def _line(*parts: str | tuple[str, str] | Text) -> Text:
     """A line to copy (a path, a command), from plain or ``(text, style)`` parts: never wrapped or
     cut, however narrow the terminal or log. The console must print it with ``crop=False``."""
     from rich.text import Text
@@ -194,16 +194,15 @@ def render_search(outcome: SearchOutcome) -> Group:
             how = "median of the paired rounds" if best.confirmed else "single trials, unconfirmed"
             speed += f", {best.speedup:.2f}x the PyTorch defaults ({best.defaults_samples_per_s:.1f} samples/s; {how})"
         title = "best so far (interrupted)" if outcome.interrupted else "winner"
-        parts.append(Text.from_markup(f"[bold green]{title}:[/] {escape(best.setup.describe())}: {escape(speed)}"))
-        parts.append(
-            Text(
-                f"effective batch {best.effective_batch} (reference {best.reference_batch}), "
-                f"learning rate {best.lr:g}, peak memory {format_bytes(best.peak_memory_bytes)}"
-                + (f"; {best.world_size} DDP ranks: samples/s counts them all, batch and memory are per rank" if best.world_size > 1 else "")
-            )
-        )
+        # The summary's lines stay whole in a log file or pipe (Rich would wrap them at 80 columns): grep-able.
+        parts.append(_line(Text.from_markup(f"[bold green]{title}:[/] {escape(best.setup.describe())}: {escape(speed)}")))
+        parts.append(_line(
+            f"effective batch {best.effective_batch} (reference {best.reference_batch}), "
+            f"learning rate {best.lr:g}, peak memory {format_bytes(best.peak_memory_bytes)}"
+            + (f"; {best.world_size} DDP ranks: samples/s counts them all, batch and memory are per rank" if best.world_size > 1 else "")
+        ))
         for note in best.notes:
-            parts.append(Text(f"note: {note}", style="yellow"))
+            parts.append(_line((f"note: {note}", "yellow")))
     for file in outcome.files:
         parts.append(_line((f"wrote {file}", "dim")))
     script = next((f for f in outcome.files if f.endswith("train.py")), None)

@@ -414,7 +414,7 @@ def test_rich_progress_shows_roles_and_bracketed_text(tmp_path, cache_dir) -> No
     from autotune.render import RichReporter
 
     buffer = io.StringIO()
-    console = Console(file=buffer, width=200, color_system=None)
+    console = Console(file=buffer, width=80, color_system=None)  # a log file or pipe: Rich's 80 columns
     with RichReporter(console) as reporter:
         search(config(tmp_path, cache_dir, trials=3), reporter=reporter)
         reporter.message("model factories:net [from the cwd]")
@@ -422,6 +422,11 @@ def test_rich_progress_shows_roles_and_bracketed_text(tmp_path, cache_dir) -> No
     assert "#0 [defaults] bs=32 w=0 fp32" in text
     assert "#1 [guess]" in text
     assert "[from the cwd]" in text
+    # Every trial and confirmation measurement is one line, whatever its length (grep-able in a log).
+    trials = [line for line in text.splitlines() if line.startswith(("  1/3 #", "  2/3 #", "  3/3 #"))]
+    assert len(trials) == 3 and all(line.rstrip().split("best ")[-1][0].isdigit() for line in trials), trials
+    confirms = [line for line in text.splitlines() if line.startswith("  confirm ")]
+    assert confirms and all(line.rstrip().endswith("samples/s") for line in confirms), confirms
 
 
 def test_the_summary_in_a_narrow_log_keeps_paths_and_setups_whole(tmp_path, cache_dir) -> None:
@@ -443,6 +448,10 @@ def test_the_summary_in_a_narrow_log_keeps_paths_and_setups_whole(tmp_path, cach
     assert "…" not in buffer.getvalue()  # no setup or column cut short
     words = " ".join(lines).split()
     assert all(word in words for word in outcome.best.setup.describe().split())
+    # The winner's line and its notes stay whole: `grep winner:` gives the setup and its speed.
+    winner = next(line for line in lines if line.startswith("winner: "))
+    assert winner.startswith(f"winner: {outcome.best.setup.describe()}: ") and "x the PyTorch defaults (" in winner
+    assert winner.rstrip().endswith("rounds)"), winner
 
 
 def test_interrupts_are_held_until_the_storage_write_is_done() -> None:
