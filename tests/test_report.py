@@ -194,6 +194,26 @@ def test_a_report_that_cannot_be_written_is_one_line(searched, tmp_path, monkeyp
     assert "internal error" not in result.output
 
 
+def test_status_names_an_earlier_runs_winner_while_a_rerun_is_in_progress(searched, tmp_path) -> None:
+    """The same command again re-runs the confirmation: until it writes its own, best.json is the earlier run's."""
+    import os
+
+    from autotune.tuner.lock import Holder
+    from autotune.tuner.study import STUDY_HOLDER
+
+    outcome, source = searched
+    copy = tmp_path / "copy"
+    shutil.copytree(source, copy)
+    me = Holder.me()  # alive: this process stands for the rerun, started after best.json was written
+    optuna.load_study(study_name=outcome.study, storage=f"sqlite:///{copy / 'study.db'}").set_user_attr(STUDY_HOLDER, me.to_dict())
+    os.utime(copy / "best.json", (me.started - 60, me.started - 60))
+    text = " ".join(CliRunner().invoke(app, ["status", str(copy)]).stdout.split())
+    assert f"confirmed by an earlier run of this search (best.json and train.py in {copy.resolve()}); the run in progress" in text
+    os.utime(copy / "best.json")  # written by the run in progress: its own winner
+    text = " ".join(CliRunner().invoke(app, ["status", str(copy)]).stdout.split())
+    assert f"confirmed by this search (best.json and train.py in {copy.resolve()})" in text
+
+
 def test_status_reads_a_search_directory_like_report(searched, tmp_path) -> None:
     """`autotune status DIR` reads DIR/study.db, as --storage sqlite:///DIR/study.db does, and DIR/best.json."""
     outcome, source = searched

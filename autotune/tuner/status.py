@@ -149,6 +149,9 @@ def study_status(storage: str, study: str | None = None, out: Path | None = None
         best = kept_winner(out, found, records)  # an interrupted search's or an unreadable best.json is no winner
         if best is not None:
             winner, winner_by = best, f"this search (best.json and train.py in {out.resolve()})"
+            if lone_holder is not None and lone_holder.alive() and _written_before(out / "best.json", lone_holder.started):
+                winner_by = (f"an earlier run of this search (best.json and train.py in {out.resolve()}); the run in progress "
+                             "confirms its own winner and replaces them")
     wanted = attrs.get(STUDY_BUDGET)
     electors = [Holder.from_dict(t.user_attrs.get(ATTR_WORKER)) for t in trials
                 if wanted and t.state == TrialState.FAIL and t.user_attrs.get(ATTR_MARKER) == confirm_marker(wanted)]
@@ -169,3 +172,11 @@ def study_status(storage: str, study: str | None = None, out: Path | None = None
         infeasible=len(unmeasured),
         infeasible_kinds=tuple(sorted({r.result.status for r in unmeasured})),
     )
+
+
+def _written_before(path: Path, when: float) -> bool:
+    """Whether ``path`` was last written before ``when`` (seconds since the epoch); False if it is gone."""
+    try:
+        return path.stat().st_mtime < when
+    except OSError:
+        return False
