@@ -61,7 +61,26 @@ def test_a_changed_effective_batch_scales_the_learning_rate_and_says_so() -> Non
     assert best.effective_batch == 256 and best.reference_batch == 32
     assert best.lr == pytest.approx(1e-3 * 8**0.5)  # AdamW: the square-root rule
     assert any("effective batch 256 differs" in n and "square root" in n for n in best.notes)
+    assert any(n.endswith("; pass --effective-batch 32 to keep the math") for n in best.notes)  # the search then tries batches <= 32
     assert any("amp=bf16 changes the numerics" in n for n in best.notes)
+
+
+def test_the_keep_the_math_hint_is_one_the_search_can_follow() -> None:
+    """--effective-batch R searches micro-batches dividing R: with --set batch_size=48 it cannot keep 32; with 8..48 it can."""
+    from autotune.tuner.constraints import parse_constraint
+
+    pinned = TrainSetup(batch_size=48)
+
+    def note(pin: str) -> str:
+        best = make_best(workload=WORKLOAD, hardware=HARDWARE, feasible=[*FEASIBLE, _record(3, pinned, 250.0)],
+                         confirmed=[_confirmed(pinned, (300.0,)), _confirmed(DEFAULTS, (100.0,))], defaults=DEFAULTS,
+                         effective_batch=None, command="autotune search", batch_pin=parse_constraint(pin))
+        assert best.setup == pinned
+        return next(n for n in best.notes if n.startswith("effective batch 48 differs"))
+
+    assert note("batch_size=48").endswith(
+        "to keep the math, pass --effective-batch 32 with a --set batch_size that divides it (--set batch_size=48 allows none)")
+    assert note("batch_size=8..48").endswith("; pass --effective-batch 32 to keep the math")
 
 
 def test_the_speedup_pairs_rounds_under_drifting_load() -> None:

@@ -382,6 +382,7 @@ def finish(
         interrupted=interrupted,
         excluded_by=excluding(merge_constraints(config.constraints), defaults),
         partly_confirmed=any(c.values for c in partial),
+        batch_pin=merge_constraints(config.constraints).get("batch_size"),
     )
     written = write_winner(best, out) if write else ()
     return SearchOutcome(

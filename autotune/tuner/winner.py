@@ -18,6 +18,7 @@ from autotune.output.compile_payoff import payoff_note
 from autotune.records import Calibration, Ceilings, Confirmed, TrialRecord, Workload
 from autotune.redact import hide_passwords
 from autotune.train_setup import TrainSetup
+from autotune.tuner.constraints import Constraint
 from autotune.tuner.noise import NOISE_FLOOR, beats, leader, margin, median_ratio, paired_ratios
 
 
@@ -34,6 +35,7 @@ def make_best(
     world_size: int = 1,
     excluded_by: str | None = None,
     partly_confirmed: bool = False,
+    batch_pin: Constraint | None = None,
 ) -> Best:
     """The ``best.json`` record: the confirmed winner, its speedup and the notes.
 
@@ -52,6 +54,7 @@ def make_best(
             (``--set num_workers=1``): they stay the baseline, and are the winner
             only when no setup within it measured a throughput.
         partly_confirmed: An interrupted confirmation measured some rounds (the note says so).
+        batch_pin: The user's ``--set batch_size=...``, if any: the note's way to keep the math respects it.
     """
     default_key = defaults.to_json()
     reference = effective_batch or defaults.effective_batch(world_size)
@@ -100,10 +103,12 @@ def make_best(
             if workload.lr_scaling == "sqrt"
             else f"linearly with the batch, {lr / workload.lr:.3g}x to {lr:g} (the linear rule for SGD, Goyal et al. 2017)"
         )
-        notes.append(
-            f"effective batch {effective} differs from the reference {reference}: the learning rate is scaled {rule}; "
-            f"pass --effective-batch {reference} to keep the math"
-        )
+        # --effective-batch R searches micro-batches that divide R: the hint must be one the user's --set batch_size allows.
+        fits = batch_pin is None or any(batch_pin.allows(b) for b in range(1, reference // world_size + 1) if reference % (b * world_size) == 0)
+        keep = (f"pass --effective-batch {reference} to keep the math" if fits else
+                f"to keep the math, pass --effective-batch {reference} with a --set batch_size that divides it "
+                f"(--set {batch_pin} allows none)")
+        notes.append(f"effective batch {effective} differs from the reference {reference}: the learning rate is scaled {rule}; {keep}")
     if base is None:
         notes.append(f"the PyTorch defaults ({defaults.describe()}) could not be measured (trials.csv gives their trial's "
                      "error: at your own recipe's batch), so no speedup is given")
