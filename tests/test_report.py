@@ -340,6 +340,16 @@ def test_knob_importance_names_its_evaluator_and_warns_on_few_trials() -> None:
     assert knob_importance(_records(2)) is None
 
 
+def test_knob_importance_leaves_out_the_defaults_so_pinned_knobs_get_no_credit() -> None:
+    """--set batch_size=48 --set prefetch_factor=4: only the defaults' trial differs in them; the credit goes to what was searched."""
+    defaults = TrialRecord(0, "defaults", TrainSetup(batch_size=32), TrialResult("ok", samples_per_s=50.0))
+    searched = [TrialRecord(i, "search", TrainSetup(batch_size=48, num_workers=1 + i % 2, prefetch_factor=4, amp="bf16" if i % 3 else "off"),
+                            TrialResult("ok", samples_per_s=100.0 + 40 * (i % 2) + i)) for i in range(1, 12)]
+    found = knob_importance([defaults, *searched])
+    assert found is not None and found.trials == 11
+    assert set(found.values) == {"num_workers", "amp"}  # batch_size and prefetch_factor never varied among them
+
+
 def test_time_spent_puts_each_trial_process_in_its_part() -> None:
     ok = TrialResult("ok", samples_per_s=10.0, warmup_s=2.0, measured_s=3.0)
     spent = (TimeSpent()

@@ -54,8 +54,13 @@ def _value(record: TrialRecord, knob: str) -> object:
 
 
 def knob_importance(records: Sequence[TrialRecord]) -> Importance | None:
-    """The importance of each knob that varied among the measured trials; None if none can be computed."""
-    feasible = [r for r in records if r.result.status in ("ok", "pruned") and r.result.samples_per_s and r.reused_from is None]
+    """The importance of each knob that varied among the measured trials; None if none can be computed.
+
+    The PyTorch defaults' trial is left out: it is the baseline, not a point of the searched space, and often
+    lies outside the user's ``--set`` pins (with it, a pinned knob would be credited with the pin's effect).
+    """
+    feasible = [r for r in records if r.result.status in ("ok", "pruned") and r.result.samples_per_s and r.reused_from is None
+                and r.role != "defaults"]
     varied = [k for k in KNOBS if len({_value(r, k) for r in feasible}) > 1]
     if len(feasible) < 3 or not varied:
         return None
