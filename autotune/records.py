@@ -361,6 +361,7 @@ class Confirmed:
     candidate: Candidate
     values: tuple[float, ...]
     failures: tuple[str, ...]
+    peak_bytes: int | None = None  # the highest peak memory of its runs in this process (not stored: None after a resume)
 
     @property
     def median(self) -> float | None:
@@ -374,9 +375,8 @@ class Confirmed:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (the ``confirmation`` entries of ``--json``)."""
-        setup, label = self.candidate.setup.to_dict(), self.candidate.label
-        return {"setup": setup, "label": label, "samples_per_s": self.median, "samples_per_s_spread": self.spread,
-                "measurements": list(self.values), "failures": list(self.failures)}
+        return {"setup": self.candidate.setup.to_dict(), "label": self.candidate.label, "samples_per_s": self.median,
+                "samples_per_s_spread": self.spread, "measurements": list(self.values), "failures": list(self.failures)}
 
 
 @dataclass(frozen=True)

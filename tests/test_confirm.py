@@ -160,3 +160,22 @@ def test_a_pair_s_median_margin_is_the_same_read_from_either_side() -> None:
     assert ab is not None and ba is not None and ab.won == 2
     assert (1 + ab.median_gain) * (1 + ba.median_gain) == pytest.approx(1.0)
     assert ab.median_gain == pytest.approx((1.0 * 2.72) ** 0.5 - 1)
+
+
+def test_a_leader_in_reduced_precision_meets_its_fp32_twin_in_the_confirmation() -> None:
+    """bf16 changes the numerics: it must win against the same setup in float32, not against whatever fp32 finalist there is."""
+    from autotune.tuner.confirm import TWIN
+
+    defaults = TrainSetup(batch_size=32)
+    bf16 = TrainSetup(batch_size=64, num_workers=1, prefetch_factor=2, persistent_workers=True, amp="bf16")
+    other = TrainSetup(batch_size=64, num_workers=2, prefetch_factor=1, persistent_workers=True)
+    feasible = [_record(0, defaults, 50.0), _record(1, bf16, 300.0), _record(2, other, 250.0)]
+    picked = pick_candidates(feasible, defaults, top=2, fp32_twin=True)
+    twin = bf16.replace(amp="off")
+    assert [c.setup for c in picked] == [bf16, other, twin, defaults]
+    assert picked[2].label == twin.describe() + TWIN
+    # Not when --set pins the precision (fp32_twin=False), nor when the twin is a finalist already (then labelled as its trial).
+    assert [c.setup for c in pick_candidates(feasible, defaults, top=2)] == [bf16, other, defaults]
+    with_twin = [*feasible, _record(3, twin, 240.0)]
+    assert [c.label for c in pick_candidates(with_twin, defaults, top=3, fp32_twin=True)][:3] == [
+        f"#1 {bf16.describe()}", f"#2 {other.describe()}", f"#3 {twin.describe()}"]

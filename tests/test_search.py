@@ -426,7 +426,8 @@ def test_rich_progress_shows_roles_and_bracketed_text(tmp_path, cache_dir) -> No
     trials = [line for line in text.splitlines() if line.startswith(("  1/3 #", "  2/3 #", "  3/3 #"))]
     assert len(trials) == 3 and all(line.rstrip().split("best ")[-1][0].isdigit() for line in trials), trials
     confirms = [line for line in text.splitlines() if line.startswith("  confirm ")]
-    assert confirms and all(line.rstrip().endswith("samples/s") for line in confirms), confirms
+    assert confirms and all(re.search(r": (\d+\.\d samples/s|[a-z_]+: .+)$", line.rstrip()) for line in confirms), confirms
+    assert not any(line.lstrip().startswith(("samples/s", "GiB")) for line in text.splitlines())  # nothing folded onto a line of its own
 
 
 def test_the_summary_in_a_narrow_log_keeps_paths_and_setups_whole(tmp_path, cache_dir) -> None:

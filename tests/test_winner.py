@@ -215,3 +215,16 @@ def test_a_search_on_a_busy_machine_says_how_busy() -> None:
     assert busy == [busy[0]] and "kept 0.9 of the 2 usable cores busy" in busy[0] and "median over 3 trials, up to 1.2" in busy[0]
     assert not any(n.startswith("other processes") for n in notes([0.0, 0.1, 0.3]))  # the median is under a quarter core
     assert not any(n.startswith("other processes") for n in notes([None, None]))  # not known (a quota below the affinity)
+
+
+def test_reduced_precision_that_gains_nothing_over_its_fp32_twin_gives_way() -> None:
+    """A bf16 leader within the noise of the same setup in float32: the float32 one wins (the numerics stay); a clear gain keeps bf16."""
+    bf16 = TrainSetup(batch_size=64, num_workers=1, prefetch_factor=2, persistent_workers=True, amp="bf16")  # batch 64: both change the math
+    twin = Confirmed(Candidate(bf16.replace(amp="off").to_json(), bf16.replace(amp="off"), "twin"), (199.0, 201.0, 200.0, 198.0), (), 3 * 2**30)
+    base = _confirmed(DEFAULTS, (100.0, 100.0, 100.0, 100.0))
+    tie = _best([_confirmed(bf16, (202.0, 200.0, 201.0, 199.0)), twin, base])
+    assert tie.setup == bf16.replace(amp="off") and tie.peak_memory_bytes == 3 * 2**30  # measured in the confirmation only
+    assert any("trains in float32 (no autocast) and is within the noise" in n for n in tie.notes)
+    assert not any("changes the numerics" in n for n in tie.notes)
+    clear = _best([_confirmed(bf16, (260.0, 255.0, 262.0, 258.0)), twin, base])
+    assert clear.setup == bf16 and any("amp=bf16 changes the numerics" in n for n in clear.notes)

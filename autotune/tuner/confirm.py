@@ -64,11 +64,12 @@ def confirm(
     """
     values = {c.key: list(known.get(c.key, ([], []))[0]) for c in candidates}
     failures = {c.key: list(known.get(c.key, ([], []))[1]) for c in candidates}
+    peaks: dict[str, int] = {}
     total = sum(max(0, rounds - len(values[c.key]) - len(failures[c.key])) for c in candidates)
     done = 0
 
     def results() -> list[Confirmed]:
-        return [Confirmed(c, tuple(values[c.key]), tuple(failures[c.key])) for c in candidates]
+        return [Confirmed(c, tuple(values[c.key]), tuple(failures[c.key]), peaks.get(c.key)) for c in candidates]
 
     active = {c.key for c in candidates}
     for round_index in range(rounds):
@@ -82,6 +83,8 @@ def confirm(
             result = runner(candidate.setup, workload, options)
             if result.ok and result.samples_per_s is not None:
                 values[candidate.key].append(result.samples_per_s)
+                if result.peak_memory_bytes:
+                    peaks[candidate.key] = max(peaks.get(candidate.key, 0), result.peak_memory_bytes)
             else:
                 failures[candidate.key].append(f"{result.status}: {result.error}")
             store(candidate.key, values[candidate.key], failures[candidate.key])
@@ -103,6 +106,10 @@ def _unresolved(confirmed: Sequence[Confirmed], active: set[str], baseline: str 
     return keep
 
 
+#: The label of a finalist no trial ran: the leader's twin in float32.
+TWIN = " (the leader in fp32)"
+
+
 def finalist_label(same: Sequence[TrialRecord]) -> str:
     """A finalist's name in the confirmation: the fastest trial of its setup (``same``, fastest first), marked when
     the PyTorch defaults' trial ran it. The search and any reader of the stored rounds name it alike."""
@@ -110,13 +117,20 @@ def finalist_label(same: Sequence[TrialRecord]) -> str:
     return f"#{same[0].number} {same[0].setup.describe()}{tag}"
 
 
-def pick_candidates(feasible: Sequence[TrialRecord], defaults: TrainSetup, top: int) -> list[Candidate]:
+def pick_candidates(feasible: Sequence[TrialRecord], defaults: TrainSetup, top: int, *, fp32_twin: bool = False) -> list[Candidate]:
     """The ``top`` fastest distinct setups, then the defaults (when they ran) for the speedup.
 
     A compiled setup is a finalist only when its trial was faster than the
     same setup eager by the noise floor: compiling is paid at every start of
     training (and in every confirmation round), so a gain within the noise
     does not earn it a place.
+
+    With ``fp32_twin`` (the space offers ``amp=off``), a leader in reduced
+    precision is joined by its twin in float32, every other knob alike, when
+    no finalist is that twin: precision changes the numerics, so it must win
+    against the same setup without it (a setup in float32 that wins by its
+    loader knobs says nothing about the precision). The twin is labelled
+    :data:`TWIN` when no trial ran it.
     """
     ranked = sorted(feasible, key=lambda r: r.result.samples_per_s or 0.0, reverse=True)
     eager = {r.setup.to_json(): r.result.samples_per_s or 0.0 for r in feasible if r.setup.compile == "off"}
@@ -132,6 +146,11 @@ def pick_candidates(feasible: Sequence[TrialRecord], defaults: TrainSetup, top: 
         candidates.append(Candidate(key, record.setup, finalist_label(same)))
         if len(candidates) == top:
             break
+    if fp32_twin and candidates and candidates[0].setup.amp != "off":
+        fp32 = candidates[0].setup.replace(amp="off")
+        if fp32.to_json() not in {c.key for c in candidates}:
+            ran = by_setup.get(fp32.to_json())
+            candidates.append(Candidate(fp32.to_json(), fp32, finalist_label(ran) if ran else fp32.describe() + TWIN))
     default_key = defaults.to_json()
     if default_key not in {c.key for c in candidates} and default_key in by_setup:
         candidates.append(Candidate(default_key, defaults, finalist_label(by_setup[default_key])))

@@ -208,6 +208,12 @@ def apply_constraints(
     return values
 
 
+def allows(constraints: Iterable[Constraint], knob: str, value: Any) -> bool:
+    """Whether the user's ``--set`` items leave ``knob`` free to take ``value``."""
+    constraint = merge_constraints(constraints).get(knob)
+    return constraint is None or constraint.allows(value)
+
+
 def allows_workers(constraint: Constraint | None) -> bool:
     """Whether a ``--set num_workers`` constraint (None: not given) leaves a count of one loader worker or more."""
     return constraint is None or any(constraint.allows(n) for n in range(1, INT_LIMITS["num_workers"] + 1))

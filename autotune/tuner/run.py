@@ -29,7 +29,7 @@ from autotune.tuner.budget import counted_records
 from autotune.tuner.calibrate import calibrate
 from autotune.tuner.config import SearchConfig, SearchOutcome, Timing
 from autotune.tuner.confirm import confirm, confirmation_plan, measure_ceilings, pick_candidates
-from autotune.tuner.constraints import allows_workers, check_constraints, check_effective_batch, excluding, merge_constraints
+from autotune.tuner.constraints import allows, allows_workers, check_constraints, check_effective_batch, excluding, merge_constraints
 from autotune.tuner.explore import Exploration, check_recipe
 from autotune.tuner.guesses import guess_setups
 from autotune.tuner.identity import machine_fingerprint, signature, study_name
@@ -323,7 +323,7 @@ def confirm_finalists(
     Raises:
         KeyboardInterrupt: Ctrl-C or SIGTERM; the rounds measured so far are stored.
     """
-    candidates = pick_candidates(feasible, defaults, config.confirm_top)
+    candidates = pick_candidates(feasible, defaults, config.confirm_top, fp32_twin=allows(config.constraints, "amp", "off"))
     reporter.message(confirmation_plan(len(candidates), options.trial_seconds, config.confirm_rounds))
     with sigterm_as_interrupt():
         return confirm(

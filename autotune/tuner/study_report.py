@@ -23,7 +23,7 @@ from autotune.time_spent import TimeSpent
 from autotune.train_setup import TrainSetup
 from autotune.tuner.budget import STUDY_BUDGET
 from autotune.tuner.config import SearchOutcome
-from autotune.tuner.confirm import finalist_label
+from autotune.tuner.confirm import TWIN, finalist_label
 from autotune.tuner.signals import interrupts_held
 from autotune.tuner.study import ATTR_WORKER, STUDY_SIGNATURE, STUDY_WINNER, Rounds, SearchStudy
 
@@ -122,7 +122,7 @@ def stored_confirmed(study: SearchStudy, records: list[TrialRecord], rounds: Rou
     for key, (values, failures) in (study.stored_confirmation() if rounds is None else rounds).items():
         setup = TrainSetup.from_json(key)
         same = sorted((r for r in records if r.setup == setup), key=lambda r: -(r.result.samples_per_s or 0.0))
-        label = finalist_label(same) if same else setup.describe()
+        label = finalist_label(same) if same else setup.describe() + TWIN  # only the fp32 twin is no trial's
         found.append(Confirmed(Candidate(key, setup, label), tuple(values), tuple(failures)))
     return tuple(found)
 

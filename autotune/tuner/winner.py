@@ -82,6 +82,7 @@ def make_best(
         else:
             notes.append("not confirmed: every confirmation run failed; the fastest single trial is shown")
     peaks = [r.result.peak_memory_bytes for r in feasible if r.setup == setup and r.result.peak_memory_bytes]
+    peaks += [c.peak_bytes for c in confirmed if c.candidate.setup == setup and c.peak_bytes]  # the fp32 twin ran there only
     effective = setup.effective_batch(world_size)
     lr = scaled_lr(workload.lr, effective, reference, workload.lr_scaling)
     if workload.data is None and workload.task is None:
@@ -178,9 +179,11 @@ def choose_winner(
     """The confirmed winner and the notes that explain the choice.
 
     The fastest median wins only when it beats, beyond the noise
-    (:func:`autotune.tuner.noise.beats`), the PyTorch defaults and the fastest
-    setup that keeps the training math; otherwise the defaults (or that
-    setup) are returned and the notes say why. Defaults that the user's
+    (:func:`autotune.tuner.noise.beats`), the PyTorch defaults, the fastest
+    finalist in float32 when it autocasts (its own fp32 twin is a finalist,
+    :func:`autotune.tuner.confirm.pick_candidates`) and the fastest setup that
+    keeps the training math; otherwise the defaults (or that setup) are
+    returned and the notes say why. Defaults that the user's
     ``--set`` excludes (``excluded_by``) are the baseline only: the fastest
     setup within it wins, unless none measured a throughput.
     """
@@ -213,6 +216,7 @@ def choose_winner(
         # Costs the fastest finalist may carry must pay for themselves beyond the noise.
         chosen = _prefer_within_noise(measured, chosen, defaults, notes, lambda s: s.compile != "off", "runs eagerly (no compilation at every start)")
         chosen = _prefer_within_noise(measured, chosen, defaults, notes, lambda s: changes_math(s, reference), "keeps the training math")
+        chosen = _prefer_within_noise(measured, chosen, defaults, notes, lambda s: s.amp != "off", "trains in float32 (no autocast)")
     rounds = max(len(c.values) + len(c.failures) for c in measured)
     runner_up = leader([c for c in measured if c is not chosen])
     text = f"confirmation: {rounds} interleaved round{'s' if rounds != 1 else ''}"
