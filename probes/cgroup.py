@@ -22,14 +22,17 @@ __all__ = [
     "CgroupEntry",
     "cpu_limit",
     "memory_limit",
+    "oom_kills",
     "parse_cfs_quota",
     "parse_cpu_max",
     "parse_memory_limit",
+    "parse_oom_kills",
     "parse_proc_cgroup",
 ]
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 PROC_SELF_CGROUP = Path("/proc/self/cgroup")
+PROC_VMSTAT = Path("/proc/vmstat")
 
 # cgroup v1 reports "no memory limit" as PAGE_COUNTER_MAX * page size, a value
 # near 2**63 that differs by page size; anything this large means unlimited.
@@ -237,3 +240,32 @@ def memory_limit(root: Path = CGROUP_ROOT, proc_cgroup: str | None = None) -> in
         if limit is not None:
             limits.append(limit)
     return min(limits) if limits else None
+
+
+def parse_oom_kills(text: str) -> int | None:
+    """The ``oom_kill`` counter in the contents of ``/proc/vmstat``, cgroup v2
+    ``memory.events`` or cgroup v1 ``memory.oom_control``; None if absent."""
+    for line in text.splitlines():
+        key, _, value = line.strip().partition(" ")
+        if key == "oom_kill" and value.strip().isdigit():
+            return int(value)
+    return None
+
+
+def oom_kills(root: Path = CGROUP_ROOT, proc_cgroup: str | None = None, vmstat: Path = PROC_VMSTAT) -> int | None:
+    """Processes the kernel's out-of-memory killer has killed, as far as this process can see.
+
+    The sum of the system's counter (``/proc/vmstat``) and those of this
+    process's memory cgroup and its visible ancestors (v2 ``memory.events``,
+    v1 ``memory.oom_control``; a container's limit is enforced there). Two
+    readings around a process's life tell whether the OOM killer acted
+    meanwhile: the counters are raised before its SIGKILL is sent.
+
+    Returns:
+        The sum, or None when no counter can be read (not Linux, kernel before 4.13).
+    """
+    entries = _entries(proc_cgroup)
+    files = [vmstat, *(d / "memory.events" for d in _v2_dirs(root, entries)),
+             *(d / "memory.oom_control" for d in _v1_dirs(root, entries, "memory"))]
+    counts = [n for n in (parse_oom_kills(text) for text in map(_read, files) if text is not None) if n is not None]
+    return sum(counts) if counts else None

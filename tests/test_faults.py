@@ -197,6 +197,56 @@ def test_a_trial_terminated_from_outside_is_interrupted_not_the_setups_failure(c
     assert "SIGTERM" in (result.error or "")
 
 
+@pytest.mark.parametrize("oom_killer_acted", [False, True])
+def test_a_trial_killed_from_outside_is_an_error_unless_the_oom_killer_acted(cache_dir, monkeypatch, oom_killer_acted) -> None:
+    """SIGKILL is the OOM killer's signal, but anyone may send it: the kernel's oom_kill counters tell which.
+
+    An outside kill is no memory limit (a memory pre-pass must not shrink the batch range for it); a kill with the
+    counters raised is ``oom``, as before.
+    """
+    import threading
+
+    import autotune.runner.failures as failures
+    from autotune.runner import run_trial
+
+    readings = iter([5, 6 if oom_killer_acted else 5])  # before the trial, then after its death
+    monkeypatch.setattr(failures, "oom_kills", lambda: next(readings))
+    monkeypatch.setattr("autotune.runner.launch.oom_kills", lambda: next(readings))
+    setup, workload, options = _never_ending(cache_dir)
+    killed: list[int] = []
+
+    def kill_the_trial() -> None:
+        deadline = time.monotonic() + WAIT_S
+        while time.monotonic() < deadline and not killed:
+            for pid in _trial_pids():
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+            time.sleep(0.1)
+
+    thread = threading.Thread(target=kill_the_trial, daemon=True)
+    thread.start()
+    result = run_trial(setup, workload, options)
+    thread.join()
+    assert killed
+    if oom_killer_acted:
+        assert result.status == "oom" and "most likely by the kernel's out-of-memory killer" in (result.error or "")
+    else:
+        assert result.status == "error" and failures.KILLED_FROM_OUTSIDE in (result.error or ""), result.error
+
+
+def test_the_oom_kill_counters_are_read_from_vmstat_and_the_memory_cgroup(tmp_path) -> None:
+    from probes.cgroup import oom_kills, parse_oom_kills
+
+    assert parse_oom_kills("pgfault 10\noom_kill 3\n") == 3 and parse_oom_kills("low 0\nhigh 0\n") is None
+    vmstat = tmp_path / "vmstat"
+    vmstat.write_text("nr_free_pages 1\noom_kill 2\n")
+    v1 = tmp_path / "cg" / "memory" / "job"
+    v1.mkdir(parents=True)
+    (v1 / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 4\n")
+    assert oom_kills(tmp_path / "cg", "4:memory:/job\n", vmstat) == 6
+    assert oom_kills(tmp_path / "none", "", tmp_path / "missing") is None  # not Linux: unknown, and a SIGKILL stays oom
+
+
 @pytest.mark.slow
 def test_a_fresh_trial_server_skips_unread_replies_and_ignores_the_working_directory(
     tmp_path, cache_dir, monkeypatch

@@ -10,6 +10,7 @@ from autotune.errors import AutotuneError
 from autotune.records import TrialResult
 from autotune.workloads.batches import hinted
 from autotune.workloads.data import BadImage
+from probes.cgroup import oom_kills
 
 
 class BudgetExceeded(AutotuneError):
@@ -66,3 +67,18 @@ def classify(exc: BaseException) -> TrialResult:
     ):
         return TrialResult(status="oom", error=_one_line(exc))
     return TrialResult(status="error", error=hinted(_one_line(exc)))
+
+
+#: The words of a SIGKILL the kernel's OOM killer did not send (:func:`killed`).
+KILLED_FROM_OUTSIDE = "was killed (SIGKILL) from outside"
+
+
+def killed(who: str, oom_before: int | None) -> TrialResult:
+    """The result of ``who`` killed by SIGKILL: ``oom`` unless the kernel's OOM kill counters, read before it started
+    (``oom_before``), show the OOM killer did not act since (then someone else killed it: it says nothing of the setup's
+    memory, and a memory pre-pass must not shrink the batch range for it)."""
+    after = oom_kills() if oom_before is not None else None
+    if after is not None and oom_before is not None and after == oom_before:
+        return TrialResult(status="error", error=f"{who} {KILLED_FROM_OUTSIDE}; not by the kernel's "
+                                                 "out-of-memory killer (its oom_kill counters did not change)")
+    return TrialResult(status="oom", error=f"{who} was killed (SIGKILL), most likely by the kernel's out-of-memory killer")

@@ -25,7 +25,9 @@ from typing import Any
 from autotune.files import maker_is_gone
 from autotune.records import MAX_SECONDS, TrialOptions, TrialResult, Workload
 from autotune.runner import zygote
+from autotune.runner.failures import killed
 from autotune.train_setup import TrainSetup
+from probes.cgroup import oom_kills
 
 #: Seconds added to a trial's timeout when it compiles the model (tens of seconds on a CPU, minutes for large models).
 COMPILE_ALLOWANCE_S = 300.0
@@ -77,15 +79,12 @@ def interrupted(why: str) -> TrialResult:
     return TrialResult(status="interrupted", error=why)
 
 
-def _signal_death(returncode: int, log_path: Path) -> TrialResult:
+def _signal_death(returncode: int, log_path: Path, oom_before: int | None) -> TrialResult:
     if returncode < 0 and -returncode in EXTERNAL_SIGNALS:
         name = signal.Signals(-returncode).name
         return interrupted(f"the trial process was terminated from outside ({name})")
     if returncode == -signal.SIGKILL:
-        return TrialResult(
-            status="oom",
-            error="the trial process was killed (SIGKILL), most likely by the kernel's out-of-memory killer",
-        )
+        return killed("the trial process", oom_before)
     if returncode < 0:
         name = signal.Signals(-returncode).name
         return TrialResult(status="error", error=f"the trial process died of {name}")
@@ -126,9 +125,10 @@ def run_trial(
     with tempfile.TemporaryDirectory(prefix=f"{PREFIX}{os.getpid()}-", ignore_cleanup_errors=True) as tmp:
         directory = Path(tmp)
         (directory / zygote.REQUEST).write_text(json.dumps(request), encoding="utf-8")
+        oom_before = oom_kills()
         proc = zygote.launch(directory)
         try:
-            return _supervise(proc, directory, options, on_window)
+            return _supervise(proc, directory, options, on_window, oom_before)
         finally:
             proc.kill()
             proc.wait_reaped(timeout=2.0)
@@ -170,7 +170,7 @@ def _pruned(window: dict[str, Any], value: float, measured: float, windows: tupl
 
 
 def _supervise(
-    proc: zygote.TrialProcess, directory: Path, options: TrialOptions, on_window: WindowCallback | None
+    proc: zygote.TrialProcess, directory: Path, options: TrialOptions, on_window: WindowCallback | None, oom_before: int | None
 ) -> TrialResult:
     deadline = time.monotonic() + options.effective_timeout_s
     windows: list[float] = []
@@ -193,7 +193,7 @@ def _supervise(
         if exitcode is None and proc.lost():
             return interrupted("the trial server was terminated from outside; its trial is gone")
         if exitcode is not None:
-            result = _signal_death(exitcode, directory / zygote.OUTPUT)
+            result = _signal_death(exitcode, directory / zygote.OUTPUT, oom_before)
             return TrialResult(**{**result.to_dict(), "windows": tuple(windows), "mode": options.mode})
         if time.monotonic() > deadline:
             proc.kill()

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotune.records import TrialOptions, TrialResult
+from autotune.runner.failures import killed
+from probes.cgroup import oom_kills
 
 #: Exit code of a rank that failed and wrote its result.
 RANK_FAILED = 3
@@ -143,12 +145,10 @@ class Rank:
 Execute = Callable[[Rank], TrialResult]
 
 
-def _death(rank: int, code: int) -> TrialResult:
+def _death(rank: int, code: int, oom_before: int | None) -> TrialResult:
     """The result of a rank that died without writing one."""
     if code == -signal.SIGKILL:
-        return TrialResult(
-            status="oom", error=f"rank {rank} was killed (SIGKILL), most likely by the kernel's out-of-memory killer"
-        )
+        return killed(f"rank {rank}", oom_before)
     if code < 0:
         return TrialResult(status="error", error=f"rank {rank} died of {signal.Signals(-code).name}")
     return TrialResult(status="error", error=f"rank {rank} exited with code {code} and no result")
@@ -171,6 +171,7 @@ def run_world(options: TrialOptions, execute: Execute) -> TrialResult:
     """
     port = free_port()
     world = options.world_size
+    oom_before = oom_kills()
     ranks: dict[int, tuple[int, int]] = {}  # pid -> (rank, read end of its result pipe)
     for rank in range(world):
         read_end, write_end = os.pipe()
@@ -195,7 +196,7 @@ def run_world(options: TrialOptions, execute: Execute) -> TrialResult:
                 failed = TrialResult.from_dict(json.loads(payload))
                 result = TrialResult(**{**failed.to_dict(), "error": f"rank {rank}: {failed.error}"})
             elif code != 0:
-                result = _death(rank, code)
+                result = _death(rank, code, oom_before)
     finally:
         for pid, (_, read_end) in ranks.items():
             try:

@@ -20,6 +20,7 @@ from autotune.devices import DeviceInfo
 from autotune.errors import WorkloadError
 from autotune.records import Calibration, LoaderPoint, MemoryPoint, PrecisionPoint, TrialOptions, TrialResult, Workload
 from autotune.runner import TrialRunner, run_trial
+from autotune.runner.failures import KILLED_FROM_OUTSIDE
 from autotune.train_setup import TrainSetup
 from autotune.tuner.space import powers_of_two, probe_batch
 from autotune.units import format_bytes
@@ -128,8 +129,12 @@ def calibrate(
     measured: dict[int, TrialResult] = {}  # the pre-pass runs by batch: fp32, contiguous, compute only
 
     def prepass(batch: int) -> TrialResult:
-        measured[batch] = runner(fp32.replace(batch_size=batch), workload, _with_budget(short, budget))
-        return measured[batch]
+        result = runner(fp32.replace(batch_size=batch), workload, _with_budget(short, budget))
+        if KILLED_FROM_OUTSIDE in (result.error or ""):  # not the batch's doing: it must not bound the space
+            log(f"memory pre-pass: batch {batch}: {result.error}; measuring it again")
+            result = runner(fp32.replace(batch_size=batch), workload, _with_budget(short, budget))
+        measured[batch] = result
+        return result
 
     subject = f"workload {workload.task}" if workload.task else f"model {workload.model}"
     for batch in (8, 32) if not cuda else (16, 64):
