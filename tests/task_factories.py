@@ -127,6 +127,13 @@ def raises() -> autotune.Task:
     raise RuntimeError("no data mounted")
 
 
+def exits() -> autotune.Task:
+    """The factory ends the interpreter, as a script's main guard might."""
+    import sys
+
+    sys.exit(3)
+
+
 def empty() -> autotune.Task:
     """An empty dataset."""
     return autotune.Task(nn.Linear(8, 3), TensorDataset(torch.zeros(0, 8), torch.zeros(0, dtype=torch.long)))

@@ -133,6 +133,7 @@ def test_good_workloads_become_workload_records() -> None:
         ("no_such_function", "has no callable 'no_such_function'"),
         ("not_a_task", "returned int, not an autotune.Task"),
         ("raises", "failed: RuntimeError: no data mounted"),
+        ("exits", "failed: SystemExit: 3"),  # not autotune's own exit code 3 with nothing said
         ("empty", "dataset (TensorDataset) is empty"),
         ("uncollatable", "dataset item 1 ((object, int)) cannot be collated"),
         ("ragged", "equal size, but got [3] at entry 0 and [4] at entry 1; items of one batch differ in shape: give the workload a collate_fn"),

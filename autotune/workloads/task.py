@@ -115,7 +115,7 @@ class Task:
                 raise WorkloadError(f"Task model must be an nn.Module or a factory of one, got {type(model).__name__}")
             try:
                 model = model()
-            except Exception as exc:
+            except (Exception, SystemExit) as exc:
                 raise WorkloadError(f"Task model factory failed: {type(exc).__name__}: {exc}") from None
             if not isinstance(model, torch.nn.Module):
                 raise WorkloadError(f"Task model factory returned {type(model).__name__}, not an nn.Module")

@@ -78,7 +78,7 @@ def load_task(ref: str, sys_path: Sequence[str] = ()) -> Task:
         task = func()
     except WorkloadError:
         raise
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:
         raise WorkloadError(f"workload {ref} failed: {type(exc).__name__}: {exc}") from None
     if not isinstance(task, Task):
         raise WorkloadError(f"workload {ref} returned {type(task).__name__}, not an autotune.Task")
@@ -162,7 +162,7 @@ def _first_items(task: Task, count: int) -> tuple[list[Any], bool, int | None]:
     for index in range(min(count, size)):
         try:
             items.append(dataset[index])
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:
             raise WorkloadError(f"dataset[{index}] failed: {type(exc).__name__}: {exc}") from None
     return items, False, size
 
@@ -173,7 +173,7 @@ def _collate(task: Task, items: list[Any]) -> Any:
     collate = task.collate_fn or default_collate
     try:
         return collate(items)
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:
         # Name the item at fault: the first that does not collate alone, else the mix.
         for index, item in enumerate(items):
             try:
@@ -213,7 +213,7 @@ def _check_loss(task: Task, model: Any, batch: Any) -> None:
     if task.step is not None:
         try:
             loss = task.step(model, batch)
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:
             raise WorkloadError(f"step(model, batch) failed on the first batch {shapes}: {type(exc).__name__}: {exc}") from None
         origin = "step(model, batch)"
     else:
@@ -224,13 +224,13 @@ def _check_loss(task: Task, model: Any, batch: Any) -> None:
         inputs, targets = batch
         try:
             output = model(inputs)
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:
             raise WorkloadError(
                 f"the model's forward failed on the first batch (inputs {describe_batch(inputs)}): {type(exc).__name__}: {exc}"
             ) from None
         try:
             loss = task.criterion()(output, targets)
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:
             raise WorkloadError(
                 f"the loss failed on output {describe_batch(output)} and targets {describe_batch(targets)}: {type(exc).__name__}: {exc}"
             ) from None
@@ -253,7 +253,7 @@ def _check_count(task: Task, batch: Any) -> None:
         count = task.samples_in(batch)
     except WorkloadError:
         raise
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:
         raise WorkloadError(f"{origin} failed on the first batch {describe_batch(batch)}: {type(exc).__name__}: {exc}") from None
     if count < 1:
         raise WorkloadError(f"{origin} returned {count} for the first batch {describe_batch(batch)}; it must be >= 1")
@@ -272,7 +272,7 @@ def _check_pickle(task: Task) -> None:
             continue
         try:
             pickle.dumps(value)
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:
             raise WorkloadError(
                 f"the workload's {name} ({type(value).__name__}) cannot be pickled for DataLoader workers: "
                 f"{type(exc).__name__}: {exc}; make it picklable (a top-level class; files and connections opened lazily "
@@ -313,7 +313,7 @@ def check_task(task: Task, *, workers: bool) -> TaskInfo:
         lr = task.recipe_lr(optimizer)
     except WorkloadError:
         raise
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:
         raise WorkloadError(f"the Task's optimizer factory failed: {type(exc).__name__}: {exc}") from None
     return TaskInfo(
         samples=size,
