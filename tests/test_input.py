@@ -88,6 +88,13 @@ def test_bad_values_are_refused_before_anything_is_written(tmp_path, extra, mess
     assert not out.exists() and not cache.exists()
 
 
+def test_a_file_given_as_the_cache_dir_is_named_as_such(tmp_path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    code, output, out = run(tmp_path, blocker)
+    assert code == 2 and one_line(output) == f"error: --cache-dir {blocker} is not a directory" and not out.exists()
+
+
 def test_a_refused_storage_search_creates_no_study(tmp_path, cache_dir) -> None:
     import optuna
 

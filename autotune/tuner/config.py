@@ -146,6 +146,8 @@ class SearchConfig:
             raise UsageError(f"--max-memory must be > 0, got {self.max_memory}")
         if not self.model.strip():
             raise UsageError("--model must not be empty")
+        if self.cache_dir is not None and self.cache_dir.exists() and not self.cache_dir.is_dir():
+            raise UsageError(f"--cache-dir {self.cache_dir} is not a directory")
         if self.confirm_top < 1 or self.confirm_rounds < 1:
             raise UsageError("--confirm-top and --confirm-rounds must be >= 1")
         if self.sampler not in ("tpe", "random"):

@@ -83,6 +83,9 @@ def generate_image_folder(
     if (target / ".complete").exists():
         return target
     tmp = target.parent / f".{target.name}.tmp-{os.getpid()}"
+    blocking = next((p for p in (target.parent, *target.parent.parents) if p.exists()), None)
+    if blocking is not None and not blocking.is_dir():
+        raise WorkloadError(f"cannot write synthetic data under {target.parent}: {blocking} is not a directory")
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         _remove_dead_copies(target)
