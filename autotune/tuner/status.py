@@ -53,7 +53,7 @@ class StudyStatus:
             study's workers; a lone search only while it runs: it writes its winner to
             best.json alone).
         out: The search directory read for its best.json (None: the study read by URL alone).
-        infeasible: Finished trials that measured no throughput (oom, timeout, error, diverged);
+        infeasible: Finished trials of the budget that measured no throughput (oom, timeout, error, diverged);
             ``failed`` counts trials that crashed or were interrupted instead.
         infeasible_kinds: The statuses those trials ended with.
         shared: Workers of a shared study ran it (``--storage`` with several workers).
@@ -142,7 +142,8 @@ def study_status(storage: str, study: str | None = None, out: Path | None = None
                                    seconds=max(0.0, time.time() - started) if started is not None else None))
     records = found.records()
     feasible = [r for r in records if r.result.ok and r.result.samples_per_s]
-    unmeasured = [r for r in records if not r.result.ok and r.result.status != "pruned"]
+    # Among the trials the budget counts: a setup that could not run (free) is not one of the "N finished".
+    unmeasured = [r for r in records if not r.result.ok and r.result.status != "pruned" and not r.free]
     lone = not run_by_workers(trials)
     winner, winner_by = published_winner(found) or (None, None)
     if winner is None and out is not None and lone:  # a shared study's worker's copy may be an earlier budget's
