@@ -346,6 +346,7 @@ def trial(
         AutotuneError: Bad input, found before the trial starts.
     """
     from autotune.runner import prestart, run_trial
+    from autotune.tuner.explore import unrunnable
 
     model, image_size = _shorthand(workload, model, data, image_size, "resnet18", cache_dir=cache_dir,
                                    synthetic_images=synthetic_images)
@@ -386,6 +387,8 @@ def trial(
         raise UsageError(f"num_workers={setup.num_workers}: {UNSHARDED}; use 0 or 1, or shard it")
     if setup.channels_last and not built.image_input:
         raise UsageError("channels_last: this workload's batches hold no 4-D floating tensor for it to act on")
+    if (refused := unrunnable(setup, built)) is not None:  # as the search and the emitted train.py refuse it
+        raise UsageError(f"{refused.error}; a search never runs it")
     if announce is not None:
         ranks = f"; {nproc_per_node} DDP ranks, samples/s counts them all" if nproc_per_node > 1 else ""
         announce(f"trial: {built.describe()} ({dev.label}{ranks})")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import functools
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -239,6 +240,12 @@ def test_a_trial_of_a_task_runs_at_its_batch_size_unless_another_is_given(monkey
     assert batches == [16, 8, 4, 16, 32]  # the good Task's batch_size is 16
     autotune.trial("task_factories:few", device="cpu")
     assert batches[-1] == 5  # all of fewer samples, as a search's defaults take them
+    # What the search never runs and train.py refuses is refused here too, not measured from an endless sampler.
+    for setup, said in ((autotune.TrainSetup(batch_size=8), "batch 8 x 1 accumulation = 8 exceeds the 5 training samples"),
+                        (autotune.TrainSetup(batch_size=2, num_workers=1, prefetch_factor=4), "the loader queue (1 workers x prefetch 4")):
+        with pytest.raises(UsageError, match=re.escape(said)):
+            autotune.trial("task_factories:few", device="cpu", setup=setup)
+    assert batches[-1] == 5
 
 
 @pytest.mark.parametrize(
