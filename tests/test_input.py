@@ -88,6 +88,28 @@ def test_bad_values_are_refused_before_anything_is_written(tmp_path, extra, mess
     assert not out.exists() and not cache.exists()
 
 
+def test_pinned_batches_that_do_not_divide_the_effective_batch_are_refused_before_calibrating(tmp_path, cache_dir) -> None:
+    code, output, out = run(tmp_path, cache_dir, "--effective-batch", "12", "--set", "batch_size=4,8")
+    assert code == 2 and one_line(output) == "error: --effective-batch 12 is not a multiple of batch_size 8 (--set batch_size=4,8)"
+    assert not out.exists()  # nothing calibrated or stored: the same --out takes the next command
+
+
+def test_an_out_holding_only_an_empty_study_takes_another_search(tmp_path) -> None:
+    """A search refused before its first trial leaves study.db with an empty study; that blocks no later search."""
+    import optuna
+
+    from autotune.errors import AutotuneError
+    from autotune.tuner.storage import check_one_study
+
+    out = tmp_path / "out"
+    out.mkdir()
+    optuna.create_study(study_name="earlier-eb3", storage=f"sqlite:///{out / 'study.db'}")
+    check_one_study(out, "resnet18-32px-cpu")  # nothing measured, nothing written: no refusal
+    (out / "trials.csv").write_text("trial,role\n")
+    with pytest.raises(AutotuneError, match="holds the search of study 'earlier-eb3'"):
+        check_one_study(out, "resnet18-32px-cpu")
+
+
 def test_a_file_given_as_the_cache_dir_is_named_as_such(tmp_path) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("x")

@@ -257,6 +257,11 @@ def check_effective_batch(
     if effective_batch is not None and pinned is not None and _smallest(pinned) > effective_batch:
         raise UsageError(f"--set {pinned}: every micro-batch it allows is larger than --effective-batch {effective_batch} "
                          "(micro-batch x accumulation steps = the effective batch)")
+    listed = (pinned.choices or (pinned.value,)) if pinned is not None and pinned.low is None and pinned.high is None else ()
+    if effective_batch is not None and listed:  # pinned batches the space would refuse only after calibrating
+        bad = [int(b) for b in listed if effective_batch % int(b)]
+        if bad:
+            raise UsageError(f"--effective-batch {effective_batch} is not a multiple of batch_size {bad[0]} (--set {pinned})")
     if images is None:
         return
     if effective_batch is not None and effective_batch > images:

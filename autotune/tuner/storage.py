@@ -104,8 +104,12 @@ def check_one_study(out: Path, name: str, *, local: bool = True) -> None:
     if not db.is_file() or db.stat().st_size == 0:
         return
     try:
-        names = optuna.get_all_study_names(f"sqlite:///{db.resolve()}")
+        summaries = optuna.get_all_study_summaries(f"sqlite:///{db.resolve()}", include_best_trial=False)
     except Exception:  # not a study database: opening it says so
+        return
+    names = [s.study_name for s in summaries]
+    outputs = [f for f in ("best.json", "train.py", "report.html", "trials.csv") if (out / f).exists()]
+    if not outputs and all(s.n_trials == 0 for s in summaries):  # a search refused before its first trial: nothing to lose
         return
     if names and name not in names:
         raise UsageError(
