@@ -478,6 +478,14 @@ def test_data_check_uses_the_loaders_rules_and_names_the_directory(tmp_path) -> 
     (data / "empty").mkdir()
     with pytest.raises(WorkloadError, match=r"photos/empty holds no images"):
         check_image_folder(data)
+    (data / "empty").rmdir()
+    # A link to a directory that holds it: ImageFolder would read the tree again and again through it.
+    (data / "cats" / "again").symlink_to("..")
+    with pytest.raises(WorkloadError, match=r"cats/again links to .*photos, which holds the link itself"):
+        check_image_folder(data)
+    (data / "cats" / "again").unlink()
+    (data / "cats" / "dogs").symlink_to(data / "dogs")  # a link elsewhere in the tree is no loop
+    assert check_image_folder(data).images == 3
 
 
 def test_split_folders_or_one_class_are_allowed_with_a_warning(tmp_path) -> None:

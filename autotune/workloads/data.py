@@ -186,6 +186,10 @@ def check_image_folder(path: str | Path) -> FolderInfo:
         raise WorkloadError(f"data directory {root} does not exist")
     if not root.is_dir():
         raise WorkloadError(f"data path {root} is not a directory")
+    loop = _symlink_loop(root)
+    if loop is not None:
+        raise WorkloadError(f"data directory {root}: {loop} links to {loop.resolve()}, which holds the link itself: ImageFolder "
+                            "follows it and reads the same images again, round after round; remove the link")
     try:
         classes, class_to_idx = find_classes(root)
         samples = make_dataset(root, class_to_idx, extensions=IMG_EXTENSIONS, allow_empty=True)
@@ -205,6 +209,24 @@ def check_image_folder(path: str | Path) -> FolderInfo:
             "remove it or move it out"
         )
     return FolderInfo(classes=len(classes), images=len(samples), warning=folder_warning(root, classes))
+
+
+def _symlink_loop(root: Path) -> Path | None:
+    """A directory symlink under ``root`` to a directory that holds it (itself or an ancestor), or None.
+
+    ImageFolder walks the tree following links: through such a link it enters
+    the same directories again until the path is too long (14 images counted
+    as 6314). This walk follows none, so it ends.
+    """
+    for directory, names, _ in os.walk(root, onerror=lambda _: None):
+        here = Path(directory).resolve()
+        for name in names:
+            link = Path(directory) / name
+            if link.is_symlink():
+                target = link.resolve()
+                if target == here or target in here.parents:
+                    return link
+    return None
 
 
 def train_transform(image_size: int) -> Any:
