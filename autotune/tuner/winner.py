@@ -305,7 +305,11 @@ def bottleneck_verdict(
             parts.append(f"loader alone up to {loader:.0f} samples/s")
         parts.append(f"together {together:.0f} samples/s")
         facts = "; ".join(parts)
-    images = best.workload.image_input
+    images = best.workload.image_input and best.workload.task is None  # files the loader decodes (a Task's items may be tensors)
+    if compute and together > UNCLEAR * compute:  # first: a ceiling below what training reached names no limit
+        why = ("the steps are too short or too noisy to compare" if ceilings is not None and ceilings.together
+               else "compute alone was measured at another batch or precision")
+        return f"unclear: training measured faster than computing alone ({facts}), so these figures name no limit; {why}."
     if wait is not None and wait > 0.2:
         cheaper = ("Cheaper decoding (smaller stored images, fewer augmentations)" if images
                    else f"A cheaper dataset {'__iter__' if best.workload.iterable else '__getitem__'} or collate_fn "
@@ -316,8 +320,4 @@ def bottleneck_verdict(
             f"CPU-shared: {'decoding' if images else 'data loading'} and training compete for the same cores ({facts}); "
             "each alone is faster than both together."
         )
-    if compute and together > UNCLEAR * compute:
-        why = ("the steps are too short or too noisy to compare" if ceilings is not None and ceilings.together
-               else "compute alone was measured at another batch or precision")
-        return f"unclear: training measured faster than computing alone ({facts}), so these figures name no limit; {why}."
     return f"compute-bound: the training step is the limit ({facts})."
