@@ -232,3 +232,15 @@ def test_reduced_precision_that_gains_nothing_over_its_fp32_twin_gives_way() -> 
     assert not any("changes the numerics" in n for n in tie.notes)
     clear = _best([_confirmed(bf16, (260.0, 255.0, 262.0, 258.0)), twin, base])
     assert clear.setup == bf16 and any("amp=bf16 changes the numerics" in n for n in clear.notes)
+
+
+def test_a_task_batch_larger_than_its_data_stays_the_learning_rate_reference() -> None:
+    """Task(batch_size=64, lr=1e-3) over 50 samples: the defaults run all 50, but the lr belongs to batch 64."""
+    workload = dataclasses.replace(WORKLOAD, task="m:make_task", reference_batch=64, images=50)
+    all50 = TrainSetup(batch_size=50)
+    best = make_best(workload=workload, hardware=HARDWARE, feasible=[_record(0, all50, 100.0)],
+                     confirmed=[_confirmed(all50, (100.0,))], defaults=all50, effective_batch=None, command="autotune search")
+    assert best.reference_batch == 64 and best.effective_batch == 50
+    assert best.lr == pytest.approx(1e-3 * (50 / 64) ** 0.5)
+    note = next(n for n in best.notes if n.startswith("effective batch 50 differs from the reference 64"))
+    assert note.endswith("the data holds 50 samples, fewer than one reference batch: no setup can keep the math"), note

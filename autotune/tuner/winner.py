@@ -20,6 +20,7 @@ from autotune.redact import hide_passwords
 from autotune.train_setup import TrainSetup
 from autotune.tuner.constraints import Constraint
 from autotune.tuner.noise import NOISE_FLOOR, beats, leader, margin, median_ratio, paired_ratios
+from autotune.tuner.space import DEFAULT_BATCH
 
 
 def make_best(
@@ -57,7 +58,8 @@ def make_best(
         batch_pin: The user's ``--set batch_size=...``, if any: the note's way to keep the math respects it.
     """
     default_key = defaults.to_json()
-    reference = effective_batch or defaults.effective_batch(world_size)
+    # The recipe's batch, even where the data holds fewer samples and the defaults ran all of them: the Task's lr is for it.
+    reference = effective_batch or (workload.reference_batch or DEFAULT_BATCH) * world_size
     notes: list[str] = []
     measured = [c for c in confirmed if c.median is not None]
     if measured:
@@ -106,7 +108,9 @@ def make_best(
         )
         # --effective-batch R searches micro-batches that divide R: the hint must be one the user's --set batch_size allows.
         fits = batch_pin is None or any(batch_pin.allows(b) for b in range(1, reference // world_size + 1) if reference % (b * world_size) == 0)
-        keep = (f"pass --effective-batch {reference} to keep the math" if fits else
+        keep = (f"the data holds {workload.images} samples{' per rank' if world_size > 1 else ''}, fewer than one reference "
+                "batch: no setup can keep the math" if workload.images is not None and reference // world_size > workload.images else
+                f"pass --effective-batch {reference} to keep the math" if fits else
                 f"to keep the math, pass --effective-batch {reference} with a --set batch_size that divides it "
                 f"(--set {batch_pin} allows none)")
         notes.append(f"effective batch {effective} differs from the reference {reference}: the learning rate is scaled {rule}; {keep}")
