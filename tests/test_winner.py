@@ -244,3 +244,14 @@ def test_a_task_batch_larger_than_its_data_stays_the_learning_rate_reference() -
     assert best.lr == pytest.approx(1e-3 * (50 / 64) ** 0.5)
     note = next(n for n in best.notes if n.startswith("effective batch 50 differs from the reference 64"))
     assert note.endswith("the data holds 50 samples, fewer than one reference batch: no setup can keep the math"), note
+
+
+def test_a_winner_whose_steps_leave_much_of_a_small_dataset_out_says_so() -> None:
+    workload = dataclasses.replace(WORKLOAD, task="m:make_task", reference_batch=16, images=50)
+    b32 = TrainSetup(batch_size=32)
+    best = make_best(workload=workload, hardware=HARDWARE, feasible=[_record(0, b32, 100.0)], confirmed=[_confirmed(b32, (100.0,))],
+                     defaults=TrainSetup(batch_size=16), effective_batch=None, command="autotune search")
+    assert any(n.startswith("an epoch holds whole optimizer steps of 32 only: each skips 18 of the 50 training samples") for n in best.notes)
+    many = make_best(workload=dataclasses.replace(workload, images=2000), hardware=HARDWARE, feasible=[_record(0, b32, 100.0)],
+                     confirmed=[_confirmed(b32, (100.0,))], defaults=TrainSetup(batch_size=16), effective_batch=None, command="x")
+    assert not any("skips" in n for n in many.notes)  # 16 of 2000 left out: no note

@@ -91,6 +91,12 @@ def make_best(
         notes.append("measured on synthetic JPEGs; re-run with --data DIR to tune on your own images")
     if setup.amp != "off":
         notes.append(f"amp={setup.amp} changes the numerics (autocast); check your accuracy once")
+    step = setup.batch_size * setup.accumulation_steps  # one rank's optimizer step; an epoch holds whole steps only
+    if workload.images and workload.images % step >= 0.1 * workload.images:
+        unit = "samples" if workload.task else "images"
+        notes.append(f"an epoch holds whole optimizer steps of {step} only: each skips {workload.images % step} of the "
+                     f"{workload.images} training {unit}{' of a rank' if world_size > 1 else ''} (a different one each epoch, "
+                     "as they are shuffled); a smaller batch uses more of a small dataset")
     if setup.tf32:
         notes.append("tf32 changes the numerics (float32 matmuls and convolutions in TF32); check your accuracy once")
     payoff = payoff_note(feasible, setup)
