@@ -375,19 +375,21 @@ def trial(
     if task_batch and built.reference_batch is not None:  # the Task's batch, or all of fewer samples (as a search's defaults)
         setup = setup.replace(batch_size=max(1, min(built.reference_batch, built.images or built.reference_batch)))
     setup.check_device(dev.name, bf16_supported=dev.bf16, tf32_supported=dev.tf32)
+    share = built  # what one rank reads: the unrunnable check below is per rank, as the search's
     if nproc_per_node != 1:
         from autotune.tuner.placement import place
 
-        slot = place(device, None, nproc_per_node, hardware).slots[0]
-        options = dataclasses.replace(options, world_size=nproc_per_node, cores=slot.cores)
-        built = dataclasses.replace(built, device=slot.device)
+        placement = place(device, None, nproc_per_node, hardware)
+        options = dataclasses.replace(options, world_size=nproc_per_node, cores=placement.slots[0].cores)
+        built = dataclasses.replace(built, device=placement.slots[0].device)
+        share = placement.rank_workload(built)
     if built.unsharded and setup.num_workers > 1:
         from autotune.workloads.streams import UNSHARDED
 
         raise UsageError(f"num_workers={setup.num_workers}: {UNSHARDED}; use 0 or 1, or shard it")
     if setup.channels_last and not built.image_input:
         raise UsageError("channels_last: this workload's batches hold no 4-D floating tensor for it to act on")
-    if (refused := unrunnable(setup, built)) is not None:  # as the search and the emitted train.py refuse it
+    if mode == "train" and (refused := unrunnable(setup, share)) is not None:  # as the search and train.py refuse it
         raise UsageError(f"{refused.error}; a search never runs it")
     if announce is not None:
         ranks = f"; {nproc_per_node} DDP ranks, samples/s counts them all" if nproc_per_node > 1 else ""
@@ -395,5 +397,4 @@ def trial(
     return TrialOutcome(setup=setup, workload=built, result=run_trial(setup, built, options))
 
 
-#: The same two functions for the CLI, whose refusals name its flags.
-cli_search, cli_trial = inspect.unwrap(search), inspect.unwrap(trial)
+cli_search, cli_trial = inspect.unwrap(search), inspect.unwrap(trial)  # for the CLI, whose refusals name its flags

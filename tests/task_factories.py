@@ -74,6 +74,21 @@ def iterable() -> autotune.Task:
     return autotune.Task(nn.Linear(8, 3), Stream())
 
 
+class ExitingStream(IterableDataset):
+    """A stream whose __iter__ ends the interpreter (a script's guard run on import)."""
+
+    def __iter__(self) -> Any:
+        import sys
+
+        sys.exit(4)
+        yield  # pragma: no cover
+
+
+def exiting_stream() -> autotune.Task:
+    """An IterableDataset that calls sys.exit() when iterated."""
+    return autotune.Task(nn.Linear(8, 3), ExitingStream())
+
+
 class ShardedStream(IterableDataset):
     """The 24 pairs of Stream, split among loader workers with get_worker_info()."""
 

@@ -315,3 +315,27 @@ def test_a_short_stream_bounds_the_batch_by_the_batches_it_fills() -> None:
     said = [line for line in logged if "no full batch" in line]
     assert said == ["the dataset yields no full batch of 64 samples (tried 256, 128, 64): the search keeps batch_size <= 32"]
     assert all(setup.batch_size <= 32 for mode, setup in runner.calls[-len(result.loader):] if mode == "loader")
+
+
+@pytest.mark.parametrize("kills", [1, 2])
+def test_a_pre_pass_run_killed_from_outside_is_measured_again_before_it_bounds_the_batch(kills: int) -> None:
+    """One kill -9 from outside says nothing of the batch's memory; two at the same batch are taken as a limit
+    (a user-space OOM daemon kills without the kernel's counters)."""
+    from autotune.runner.failures import KILLED_FROM_OUTSIDE
+
+    class KilledAt32(FakeRunner):
+        killed = 0
+
+        def __call__(self, setup, workload, options=None, *, on_window=None) -> TrialResult:
+            if options is not None and options.mode != "loader" and setup.batch_size == 32 and self.killed < kills:
+                self.killed += 1
+                return TrialResult(status="error", error=f"the trial process {KILLED_FROM_OUTSIDE}; not by ...")
+            return super().__call__(setup, workload, options, on_window=on_window)
+
+    logged: list[str] = []
+    result = calibrate(WORKLOAD, CPU, usable_cores=2, available_bytes=2**34, max_memory=None, trial_seconds=3.0,
+                       bf16_ok=True, log=logged.append, runner=KilledAt32(), batch_cap=256)
+    assert any("memory pre-pass: batch 32: the trial process was killed (SIGKILL) from outside" in line and
+               line.endswith("measuring it again") for line in logged)
+    status = next(p.status for p in result.memory_points if p.batch_size == 32)
+    assert status == ("ok" if kills == 1 else "oom")  # once: measured again and fit; twice: a memory limit, as before

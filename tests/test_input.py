@@ -94,8 +94,8 @@ def test_pinned_batches_that_do_not_divide_the_effective_batch_are_refused_befor
     assert not out.exists()  # nothing calibrated or stored: the same --out takes the next command
 
 
-def test_an_out_holding_only_an_empty_study_takes_another_search(tmp_path) -> None:
-    """A search refused before its first trial leaves study.db with an empty study; that blocks no later search."""
+def test_an_out_holding_a_study_without_trials_says_what_it_holds(tmp_path) -> None:
+    """A search stopped after calibrating keeps its study (its rerun resumes it); another study there is refused, truly worded."""
     import optuna
 
     from autotune.errors import AutotuneError
@@ -103,11 +103,10 @@ def test_an_out_holding_only_an_empty_study_takes_another_search(tmp_path) -> No
 
     out = tmp_path / "out"
     out.mkdir()
-    optuna.create_study(study_name="earlier-eb3", storage=f"sqlite:///{out / 'study.db'}")
-    check_one_study(out, "resnet18-32px-cpu")  # nothing measured, nothing written: no refusal
-    (out / "trials.csv").write_text("trial,role\n")
-    with pytest.raises(AutotuneError, match="holds the search of study 'earlier-eb3'"):
+    optuna.create_study(study_name="earlier-eb128", storage=f"sqlite:///{out / 'study.db'}")
+    with pytest.raises(AutotuneError, match=r"holds the search of study 'earlier-eb128' \(calibrated, no trial yet; its rerun"):
         check_one_study(out, "resnet18-32px-cpu")
+    check_one_study(out, "earlier-eb128")  # its own rerun goes on
 
 
 def test_a_file_given_as_the_cache_dir_is_named_as_such(tmp_path) -> None:

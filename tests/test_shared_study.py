@@ -328,3 +328,6 @@ def test_storages_that_cannot_open_say_why(tmp_path) -> None:
         open_storage(f"sqlite:///file:{tmp_path}/missing/study.db?uri=true")
     uri = f"sqlite:///file:{tmp_path}/study2.db?uri=true"
     assert open_storage(uri) == uri
+    from autotune.tuner.storage import storage_file
+
+    assert storage_file(uri) == tmp_path / "study2.db"  # status and report find the file the search wrote

@@ -135,6 +135,7 @@ def test_good_workloads_become_workload_records() -> None:
         ("not_a_task", "returned int, not an autotune.Task"),
         ("raises", "failed: RuntimeError: no data mounted"),
         ("exits", "failed: SystemExit: 3"),  # not autotune's own exit code 3 with nothing said
+        ("exiting_stream", "iterating the workload's dataset (ExitingStream) failed: SystemExit: 4"),
         ("empty", "dataset (TensorDataset) is empty"),
         ("uncollatable", "dataset item 1 ((object, int)) cannot be collated"),
         ("ragged", "equal size, but got [3] at entry 0 and [4] at entry 1; items of one batch differ in shape: give the workload a collate_fn"),
@@ -246,6 +247,12 @@ def test_a_trial_of_a_task_runs_at_its_batch_size_unless_another_is_given(monkey
         with pytest.raises(UsageError, match=re.escape(said)):
             autotune.trial("task_factories:few", device="cpu", setup=setup)
     assert batches[-1] == 5
+    # Per rank, as the search checks: 2 ranks read 2 of the 5 samples each. A compute-only trial reads no data.
+    with pytest.raises(UsageError, match=re.escape("batch 3 x 1 accumulation = 3 exceeds the 2 training samples")):
+        autotune.trial("task_factories:few", device="cpu", setup=autotune.TrainSetup(batch_size=3), nproc_per_node=2)
+    autotune.trial("task_factories:few", device="cpu", setup=autotune.TrainSetup(batch_size=2, num_workers=1, prefetch_factor=4),
+                   mode="compute")
+    assert batches[-1] == 2
 
 
 @pytest.mark.parametrize(

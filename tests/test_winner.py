@@ -107,9 +107,10 @@ def _calibration(compute: float, loader: float) -> Calibration:
 @pytest.mark.parametrize(
     ("wait", "compute", "loader", "verdict"),
     [(0.5, 1000.0, 1000.0, "input-bound"), (0.05, 1000.0, 1000.0, "CPU-shared"), (0.05, 250.0, 1000.0, "compute-bound"),
-     # Training at 240 samples/s against 50 computing alone: the figures name no limit, whatever the data wait.
+     # Training at 240 samples/s against 50 computing alone: the figures name no limit...
      (0.05, 50.0, 1000.0, "unclear: training measured faster than computing alone"),
-     (0.38, 50.0, 1000.0, "unclear: training measured faster than computing alone")],
+     # ... but the calibration's ceiling was measured at another batch or precision: the winner's own wait still tells.
+     (0.38, 50.0, 1000.0, "input-bound")],
 )
 def test_the_bottleneck_verdict(wait: float, compute: float, loader: float, verdict: str) -> None:
     best = _best([_confirmed(MID, (240.0,))])
@@ -255,3 +256,25 @@ def test_a_winner_whose_steps_leave_much_of_a_small_dataset_out_says_so() -> Non
     many = make_best(workload=dataclasses.replace(workload, images=2000), hardware=HARDWARE, feasible=[_record(0, b32, 100.0)],
                      confirmed=[_confirmed(b32, (100.0,))], defaults=TrainSetup(batch_size=16), effective_batch=None, command="x")
     assert not any("skips" in n for n in many.notes)  # 16 of 2000 left out: no note
+
+
+def test_the_winners_own_ceilings_below_its_speed_name_no_limit_whatever_its_wait() -> None:
+    """Measured like for like in the same rounds, compute alone at 6772 against 42342 together: no side is named."""
+    from autotune.records import Ceilings
+
+    best = _best([_confirmed(MID, (42342.0,))])
+    said = bottleneck_verdict(best, _calibration(1000.0, 1000.0), [_record(2, MID, 42342.0, wait=0.38)], CPU,
+                              Ceilings(together=42342.0, compute=6772.0, loader=117205.0, data_wait_fraction=0.38))
+    assert said.startswith("unclear: training measured faster than computing alone (at the winner's setup, same rounds")
+    assert said.endswith("the steps are too short or too noisy to compare.")
+
+
+def test_a_later_preference_never_brings_back_a_cost_an_earlier_one_removed() -> None:
+    """A compiled bf16 leader gives way to its eager twin; its compiled fp32 twin, as fast, is not then preferred."""
+    compiled = TrainSetup(batch_size=32, amp="bf16", compile="default")
+    eager = compiled.replace(compile="off")
+    fp32_compiled = compiled.replace(amp="off")
+    best = _best([_confirmed(compiled, (1000.0, 1001.0, 999.0, 1000.0)), _confirmed(eager, (995.0, 996.0, 994.0, 995.0)),
+                  _confirmed(fp32_compiled, (990.0, 991.0, 989.0, 990.0)), _confirmed(DEFAULTS, (500.0, 500.0, 500.0, 500.0))])
+    assert best.setup == eager
+    assert any("runs eagerly" in n for n in best.notes) and not any("trains in float32" in n for n in best.notes)

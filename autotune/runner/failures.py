@@ -79,6 +79,7 @@ def killed(who: str, oom_before: int | None) -> TrialResult:
     memory, and a memory pre-pass must not shrink the batch range for it)."""
     after = oom_kills() if oom_before is not None else None
     if after is not None and oom_before is not None and after == oom_before:
-        return TrialResult(status="error", error=f"{who} {KILLED_FROM_OUTSIDE}; not by the kernel's "
-                                                 "out-of-memory killer (its oom_kill counters did not change)")
+        return TrialResult(status="error", error=f"{who} {KILLED_FROM_OUTSIDE}; not by the kernel's out-of-memory killer "
+                                                 "(its oom_kill counters did not change): by a user, a supervisor or a "
+                                                 "user-space OOM daemon (earlyoom, systemd-oomd)")
     return TrialResult(status="oom", error=f"{who} was killed (SIGKILL), most likely by the kernel's out-of-memory killer")

@@ -47,5 +47,6 @@ def progress(trials: Sequence[FrozenTrial], wanted: int | None) -> tuple[int, in
 
 
 def counted_records(records: Iterable[TrialRecord]) -> int:
-    """Finished trials as ``--trials`` counts them in messages: every one but the free ones (:func:`counted`)."""
+    """Finished trials for messages: every one but the free ones (:func:`counted` also counts a converged
+    sampler's free trials beyond the budget, which this leaves out)."""
     return sum(not r.free for r in records)

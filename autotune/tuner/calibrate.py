@@ -130,9 +130,11 @@ def calibrate(
 
     def prepass(batch: int) -> TrialResult:
         result = runner(fp32.replace(batch_size=batch), workload, _with_budget(short, budget))
-        if KILLED_FROM_OUTSIDE in (result.error or ""):  # not the batch's doing: it must not bound the space
+        if KILLED_FROM_OUTSIDE in (result.error or ""):  # maybe not the batch's doing: it must not bound the space on one kill
             log(f"memory pre-pass: batch {batch}: {result.error}; measuring it again")
             result = runner(fp32.replace(batch_size=batch), workload, _with_budget(short, budget))
+            if KILLED_FROM_OUTSIDE in (result.error or ""):  # killed at this batch twice: a user-space OOM daemon's limit
+                result = TrialResult(status="oom", error=f"{result.error}; killed twice at this batch: taken as a memory limit")
         measured[batch] = result
         return result
 

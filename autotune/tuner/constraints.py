@@ -245,7 +245,8 @@ def check_constraints(constraints: dict[str, Constraint], device: DeviceInfo) ->
 
 
 def check_effective_batch(
-    effective_batch: int | None, images: int | None, *, constraints: dict[str, Constraint] | None = None, unit: str = "images"
+    effective_batch: int | None, images: int | None, *, constraints: dict[str, Constraint] | None = None, unit: str = "images",
+    ranks: int = 1,
 ) -> None:
     """Refuse an effective batch (one rank's), or ``--set`` batch and accumulation values whose smallest
     optimizer step is, larger than the training data (one rank's share of ``images`` training ``unit``).
@@ -261,7 +262,9 @@ def check_effective_batch(
     if effective_batch is not None and listed:  # pinned batches the space would refuse only after calibrating
         bad = [int(b) for b in listed if effective_batch % int(b)]
         if bad:
-            raise UsageError(f"--effective-batch {effective_batch} is not a multiple of batch_size {bad[0]} (--set {pinned})")
+            per_rank = f" ({effective_batch} per rank of {ranks})" if ranks > 1 else ""
+            raise UsageError(f"--effective-batch {effective_batch * ranks}{per_rank} is not a multiple of batch_size {bad[0]} "
+                             f"(--set {pinned})")
     if images is None:
         return
     if effective_batch is not None and effective_batch > images:

@@ -227,7 +227,8 @@ def prepare(config: SearchConfig, reporter: Reporter) -> Prepared:
     check_workload_constraints(constraints, workload, device)
     workload = placement.rank_workload(workload)  # with N ranks, each reads 1/N of the data
     check_effective_batch(  # before calibration runs
-        placement.rank_batch(config.effective_batch), workload.images, constraints=constraints, unit="samples" if workload.task else "images"
+        placement.rank_batch(config.effective_batch), workload.images, constraints=constraints, unit="samples" if workload.task else "images",
+        ranks=placement.world_size,
     )
     for warning in hardware.warnings:  # after the checks (an error stays one line): a small /dev/shm, a CPU quota, a ulimit -v
         reporter.message(f"probe: {warning}")

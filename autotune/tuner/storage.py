@@ -80,8 +80,19 @@ def storage_file(url: str) -> Path | None:
         return Path(journal)
     if not url.startswith("sqlite:///"):
         return None
-    path = url[len("sqlite:///") :].split("?", 1)[0]
+    path = sqlite_path(url)
     return Path(path) if path and path != ":memory:" else None
+
+
+def sqlite_path(url: str) -> str | None:
+    """The database file a ``sqlite://`` URL names (``:memory:`` for an in-memory one), a URI filename's too
+    (``sqlite:///file:PATH?uri=true``); None when it names none."""
+    parsed = sqlalchemy.engine.make_url(url)
+    where = parsed.database
+    if where and where.startswith("file:"):  # a SQLite URI filename: its path, or memory
+        path = urllib.parse.unquote(urllib.parse.urlsplit(where).path)
+        return ":memory:" if parsed.query.get("mode") == "memory" else path
+    return where
 
 
 def check_one_study(out: Path, name: str, *, local: bool = True) -> None:
@@ -108,12 +119,12 @@ def check_one_study(out: Path, name: str, *, local: bool = True) -> None:
     except Exception:  # not a study database: opening it says so
         return
     names = [s.study_name for s in summaries]
-    outputs = [f for f in ("best.json", "train.py", "report.html", "trials.csv") if (out / f).exists()]
-    if not outputs and all(s.n_trials == 0 for s in summaries):  # a search refused before its first trial: nothing to lose
-        return
     if names and name not in names:
+        # A calibrated study without a trial yet (Ctrl-C, a refusal after calibrating) is kept too: rerunning resumes it.
+        held = ("its best.json, train.py and report.html" if any(s.n_trials for s in summaries)
+                else "calibrated, no trial yet; its rerun resumes it and would write best.json, train.py and report.html here")
         raise UsageError(
-            f"{out} holds the search of study {', '.join(map(repr, names))} (its best.json, train.py and report.html): "
+            f"{out} holds the search of study {', '.join(map(repr, names))} ({held}): "
             f"study {name!r} would overwrite them; pass another --out, or --study {names[0]} to continue that search"
         )
 
@@ -141,11 +152,7 @@ def open_storage(url: str) -> str | BaseStorage:
         if path is not None:
             return JournalStorage(JournalFileBackend(os.path.abspath(path)))
         if url.startswith("sqlite"):
-            parsed = sqlalchemy.engine.make_url(url)
-            where = parsed.database
-            if where and where.startswith("file:"):  # a SQLite URI filename (?uri=true): its path, or memory
-                path = urllib.parse.unquote(urllib.parse.urlsplit(where).path)
-                where = ":memory:" if parsed.query.get("mode") == "memory" else path
+            where = sqlite_path(url)
             if not where or where == ":memory:":
                 raise StorageError(f"study storage {url!r} is an in-memory database, lost when the search ends: "
                                    "give a file (sqlite:///PATH)")

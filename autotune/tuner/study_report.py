@@ -121,7 +121,9 @@ def stored_confirmed(study: SearchStudy, records: list[TrialRecord], rounds: Rou
     found = []
     for key, (values, failures) in (study.stored_confirmation() if rounds is None else rounds).items():
         setup = TrainSetup.from_json(key)
-        same = sorted((r for r in records if r.setup == setup), key=lambda r: -(r.result.samples_per_s or 0.0))
+        # The trials that measured it, as the search picked its finalists from (a pruned twin stays "the leader in fp32").
+        same = sorted((r for r in records if r.setup == setup and r.result.ok and r.result.samples_per_s),
+                      key=lambda r: -(r.result.samples_per_s or 0.0))
         label = finalist_label(same) if same else setup.describe() + TWIN  # only the fp32 twin is no trial's
         found.append(Confirmed(Candidate(key, setup, label), tuple(values), tuple(failures)))
     return tuple(found)
@@ -136,7 +138,9 @@ def stored_best(out: Path, stored: SearchStudy, records: list[TrialRecord]) -> B
     signature = stored.study.user_attrs.get(STUDY_SIGNATURE) or {}
     if signature and (signature.get("model"), signature.get("task")) != (best.workload.model, best.workload.task):
         return None
-    return best if any(r.setup == best.setup for r in records) else None
+    # One of its trials' setups, or the leader's fp32 twin, which ran in its confirmation only.
+    ran = any(r.setup == best.setup for r in records) or best.setup.to_json() in stored.stored_confirmation()
+    return best if ran else None
 
 
 def storage_of(out: Path, storage: str | None) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import datetime as _dt
 import math
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from autotune.devices import DeviceInfo
@@ -223,10 +223,16 @@ def choose_winner(
             f"{NOISE_FLOOR:.0%} noise floor in 3 of 4 paired rounds ({_margin_text(top, defaults)}); the defaults are kept"
         )
     else:
-        # Costs the fastest finalist may carry must pay for themselves beyond the noise.
-        chosen = _prefer_within_noise(measured, chosen, defaults, notes, lambda s: s.compile != "off", "runs eagerly (no compilation at every start)")
-        chosen = _prefer_within_noise(measured, chosen, defaults, notes, lambda s: changes_math(s, reference), "keeps the training math")
-        chosen = _prefer_within_noise(measured, chosen, defaults, notes, lambda s: s.amp != "off", "trains in float32 (no autocast)")
+        # Costs the fastest finalist may carry must pay for themselves beyond the noise; a later rule never brings back
+        # a cost an earlier one removed (the fp32 twin of a compiled leader is compiled too).
+        rules: list[tuple[Callable[[TrainSetup], bool], str]] = [
+            (lambda s: s.compile != "off", "runs eagerly (no compilation at every start)"),
+            (lambda s: changes_math(s, reference), "keeps the training math"),
+            (lambda s: s.amp != "off", "trains in float32 (no autocast)"),
+        ]
+        for index, (costly, virtue) in enumerate(rules):
+            earlier = [rule for rule, _ in rules[:index]]
+            chosen = _prefer_within_noise(measured, chosen, defaults, notes, costly, virtue, earlier)
     rounds = max(len(c.values) + len(c.failures) for c in measured)
     runner_up = leader([c for c in measured if c is not chosen])
     text = f"confirmation: {rounds} interleaved round{'s' if rounds != 1 else ''}"
@@ -245,14 +251,18 @@ def _prefer_within_noise(
     notes: list[str],
     costly: Callable[[TrainSetup], bool],
     virtue: str,
+    earlier: Sequence[Callable[[TrainSetup], bool]] = (),
 ) -> Confirmed:
     """The fastest finalist without ``costly``'s cost when ``chosen`` has it and does not beat that one.
 
-    The defaults are not such an alternative: ``chosen`` already beat them.
+    The defaults are not such an alternative: ``chosen`` already beat them. Nor is a finalist with a cost of an
+    ``earlier`` rule that ``chosen`` is free of.
     """
     if not costly(chosen.candidate.setup):
         return chosen
-    keeper = leader([c for c in measured if c is not chosen and not costly(c.candidate.setup)])
+    setup = chosen.candidate.setup
+    keeper = leader([c for c in measured if c is not chosen and not costly(c.candidate.setup)
+                     and not any(rule(c.candidate.setup) and not rule(setup) for rule in earlier)])
     if keeper is None or keeper is defaults or beats(chosen, keeper):
         return chosen
     notes.append(
@@ -316,9 +326,10 @@ def bottleneck_verdict(
         parts.append(f"together {together:.0f} samples/s")
         facts = "; ".join(parts)
     images = best.workload.image_input and best.workload.task is None  # files the loader decodes (a Task's items may be tensors)
-    if compute and together > UNCLEAR * compute:  # first: a ceiling below what training reached names no limit
-        why = ("the steps are too short or too noisy to compare" if ceilings is not None and ceilings.together
-               else "compute alone was measured at another batch or precision")
+    own = ceilings is not None and bool(ceilings.together)  # like for like: the winner's own ceilings, same rounds
+    unclear = bool(compute) and together > UNCLEAR * compute
+    why = "the steps are too short or too noisy to compare" if own else "compute alone was measured at another batch or precision"
+    if unclear and own:  # its own compute ceiling below what it reached names no limit, whatever the wait
         return f"unclear: training measured faster than computing alone ({facts}), so these figures name no limit; {why}."
     if wait is not None and wait > 0.2:
         cheaper = ("Cheaper decoding (smaller stored images, fewer augmentations)" if images
@@ -330,4 +341,6 @@ def bottleneck_verdict(
             f"CPU-shared: {'decoding' if images else 'data loading'} and training compete for the same cores ({facts}); "
             "each alone is faster than both together."
         )
+    if unclear:
+        return f"unclear: training measured faster than computing alone ({facts}), so these figures name no limit; {why}."
     return f"compute-bound: the training step is the limit ({facts})."

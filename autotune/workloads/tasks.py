@@ -133,7 +133,7 @@ def fixed_shapes(task: Task, items: list[Any]) -> bool:
     collate = task.collate_fn or default_collate
     try:
         return same_shapes(items) and same_shapes([collate([item]) for item in items])
-    except Exception:
+    except (Exception, SystemExit):
         return False
 
 
@@ -143,10 +143,13 @@ def _first_items(task: Task, count: int) -> tuple[list[Any], bool, int | None]:
     dataset = task.dataset
     if isinstance(dataset, IterableDataset):
         items = []
-        for index, item in enumerate(dataset):
-            items.append(item)
-            if index + 1 >= count:
-                break
+        try:
+            for index, item in enumerate(dataset):
+                items.append(item)
+                if index + 1 >= count:
+                    break
+        except (Exception, SystemExit) as exc:
+            raise WorkloadError(f"iterating the workload's dataset ({type(dataset).__name__}) failed: {type(exc).__name__}: {exc}") from None
         if not items:
             raise WorkloadError(f"the workload's dataset ({type(dataset).__name__}) yields no items")
         return items, True, None
@@ -178,7 +181,7 @@ def _collate(task: Task, items: list[Any]) -> Any:
         for index, item in enumerate(items):
             try:
                 collate([item])
-            except Exception:
+            except (Exception, SystemExit):
                 raise WorkloadError(
                     f"dataset item {index} ({describe_batch(item)}) cannot be collated: {type(exc).__name__}: {exc}"
                 ) from None
