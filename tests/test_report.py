@@ -214,6 +214,27 @@ def test_status_names_an_earlier_runs_winner_while_a_rerun_is_in_progress(search
     assert f"confirmed by this search (best.json and train.py in {copy.resolve()})" in text
 
 
+def test_a_winner_that_ran_in_the_confirmation_only_is_the_studys(searched, tmp_path) -> None:
+    """The leader's fp32 twin is measured in the confirmation only, never as a trial: status still names it the winner."""
+    from autotune.output.best import write_best
+    from autotune.tuner.study import STUDY_CONFIRMATION
+
+    outcome, source = searched
+    copy = tmp_path / "copy"
+    shutil.copytree(source, copy)
+    best = read_best(copy / "best.json")
+    twin = best.setup.replace(batch_size=3)  # no trial ran batch 3
+    assert all(r.setup != twin for r in outcome.records)
+    write_best(copy / "best.json", dataclasses.replace(best, setup=twin))
+    study = optuna.load_study(study_name=outcome.study, storage=f"sqlite:///{copy / 'study.db'}")
+    stored = study.user_attrs[STUDY_CONFIRMATION]
+    rounds = stored.get("rounds", stored) if isinstance(stored, dict) else {}
+    rounds[twin.to_json()] = [[10.0, 11.0], []]
+    study.set_user_attr(STUDY_CONFIRMATION, {**stored, "rounds": rounds} if "rounds" in stored else rounds)
+    text = " ".join(CliRunner().invoke(app, ["status", str(copy)]).stdout.split())
+    assert f"winner: {twin.describe()}: " in text and "confirmed by this search" in text
+
+
 def test_status_reads_a_search_directory_like_report(searched, tmp_path) -> None:
     """`autotune status DIR` reads DIR/study.db, as --storage sqlite:///DIR/study.db does, and DIR/best.json."""
     outcome, source = searched
