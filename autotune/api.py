@@ -372,10 +372,7 @@ def trial(
         synthetic_images=synthetic_images,
         workers=setup.num_workers > 0,
     )
-    if task_batch and built.reference_batch is not None:  # the Task's batch, or all of fewer samples (as a search's defaults)
-        setup = setup.replace(batch_size=max(1, min(built.reference_batch, built.images or built.reference_batch)))
-    setup.check_device(dev.name, bf16_supported=dev.bf16, tf32_supported=dev.tf32)
-    share = built  # what one rank reads: the unrunnable check below is per rank, as the search's
+    share = built  # what one rank reads: the batch cap and the unrunnable check are per rank, as the search's
     if nproc_per_node != 1:
         from autotune.tuner.placement import place
 
@@ -383,6 +380,9 @@ def trial(
         options = dataclasses.replace(options, world_size=nproc_per_node, cores=placement.slots[0].cores)
         built = dataclasses.replace(built, device=placement.slots[0].device)
         share = placement.rank_workload(built)
+    if task_batch and built.reference_batch is not None:  # the Task's batch, or all of fewer samples (as a search's defaults)
+        setup = setup.replace(batch_size=max(1, min(built.reference_batch, share.images or built.reference_batch)))
+    setup.check_device(dev.name, bf16_supported=dev.bf16, tf32_supported=dev.tf32)
     if built.unsharded and setup.num_workers > 1:
         from autotune.workloads.streams import UNSHARDED
 

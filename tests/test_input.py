@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from test_cli import _search
 from typer.testing import CliRunner
@@ -94,8 +96,20 @@ def test_pinned_batches_that_do_not_divide_the_effective_batch_are_refused_befor
     assert not out.exists()  # nothing calibrated or stored: the same --out takes the next command
 
 
+def test_effective_batch_refusals_name_the_users_figure_under_ddp() -> None:
+    """run.py checks one rank's share (--effective-batch 96 over 2 ranks: 48); the message names the 96 the user typed."""
+    from autotune.errors import AutotuneError
+    from autotune.tuner.constraints import check_effective_batch, parse_constraint
+
+    pins = {"batch_size": parse_constraint("batch_size=32")}
+    with pytest.raises(AutotuneError, match=re.escape("--effective-batch 96 (48 per rank) is not a multiple of batch_size 32")):
+        check_effective_batch(48, None, constraints=pins, ranks=2)
+    with pytest.raises(AutotuneError, match=re.escape("--effective-batch 128 (64 per rank) is larger than the 50 training images of a rank")):
+        check_effective_batch(64, 50, ranks=2)
+
+
 def test_an_out_holding_a_study_without_trials_says_what_it_holds(tmp_path) -> None:
-    """A search stopped after calibrating keeps its study (its rerun resumes it); another study there is refused, truly worded."""
+    """A search stopped before its first trial keeps its study; another study there is refused, and told how to go on."""
     import optuna
 
     from autotune.errors import AutotuneError
@@ -104,7 +118,8 @@ def test_an_out_holding_a_study_without_trials_says_what_it_holds(tmp_path) -> N
     out = tmp_path / "out"
     out.mkdir()
     optuna.create_study(study_name="earlier-eb128", storage=f"sqlite:///{out / 'study.db'}")
-    with pytest.raises(AutotuneError, match=r"holds the search of study 'earlier-eb128' \(calibrated, no trial yet; its rerun"):
+    with pytest.raises(AutotuneError, match=r"holds study 'earlier-eb128', stopped before its first trial: pass another --out, "
+                       r"--study earlier-eb128 to continue it, or remove .*study.db to start afresh"):
         check_one_study(out, "resnet18-32px-cpu")
     check_one_study(out, "earlier-eb128")  # its own rerun goes on
 

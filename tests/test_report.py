@@ -215,24 +215,19 @@ def test_status_names_an_earlier_runs_winner_while_a_rerun_is_in_progress(search
 
 
 def test_a_winner_that_ran_in_the_confirmation_only_is_the_studys(searched, tmp_path) -> None:
-    """The leader's fp32 twin is measured in the confirmation only, never as a trial: status still names it the winner."""
+    """The leader's fp32 twin is measured in a confirmation only, never as a trial (and a rerun's rounds may have
+    replaced that confirmation's): status still names it this search's winner; a setup no trial is the twin of is not."""
     from autotune.output.best import write_best
-    from autotune.tuner.study import STUDY_CONFIRMATION
 
     outcome, source = searched
-    copy = tmp_path / "copy"
-    shutil.copytree(source, copy)
-    best = read_best(copy / "best.json")
-    twin = best.setup.replace(batch_size=3)  # no trial ran batch 3
-    assert all(r.setup != twin for r in outcome.records)
-    write_best(copy / "best.json", dataclasses.replace(best, setup=twin))
-    study = optuna.load_study(study_name=outcome.study, storage=f"sqlite:///{copy / 'study.db'}")
-    stored = study.user_attrs[STUDY_CONFIRMATION]
-    rounds = stored.get("rounds", stored) if isinstance(stored, dict) else {}
-    rounds[twin.to_json()] = [[10.0, 11.0], []]
-    study.set_user_attr(STUDY_CONFIRMATION, {**stored, "rounds": rounds} if "rounds" in stored else rounds)
-    text = " ".join(CliRunner().invoke(app, ["status", str(copy)]).stdout.split())
-    assert f"winner: {twin.describe()}: " in text and "confirmed by this search" in text
+    setups = {r.setup for r in outcome.records}
+    twin = next(r.setup.replace(amp="off") for r in outcome.records if r.setup.amp != "off" and r.setup.replace(amp="off") not in setups)
+    for setup, ours in ((twin, True), (twin.replace(batch_size=3), False)):
+        copy = tmp_path / f"copy-{ours}"
+        shutil.copytree(source, copy)
+        write_best(copy / "best.json", dataclasses.replace(read_best(copy / "best.json"), setup=setup))
+        text = " ".join(CliRunner().invoke(app, ["status", str(copy)]).stdout.split())
+        assert (f"winner: {setup.describe()}: " in text and "confirmed by this search" in text) is ours, text
 
 
 def test_status_reads_a_search_directory_like_report(searched, tmp_path) -> None:

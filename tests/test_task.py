@@ -253,6 +253,8 @@ def test_a_trial_of_a_task_runs_at_its_batch_size_unless_another_is_given(monkey
     autotune.trial("task_factories:few", device="cpu", setup=autotune.TrainSetup(batch_size=2, num_workers=1, prefetch_factor=4),
                    mode="compute")
     assert batches[-1] == 2
+    autotune.trial("task_factories:few", device="cpu", nproc_per_node=2)  # the Task's batch capped at one rank's 2 samples
+    assert batches[-1] == 2
 
 
 @pytest.mark.parametrize(

@@ -255,21 +255,21 @@ def check_effective_batch(
         UsageError: An epoch would hold no optimizer step, or every ``--set batch_size`` exceeds the effective batch.
     """
     pinned = (constraints or {}).get("batch_size")
+    # The user's figure (every rank's), with one rank's share where there are several.
+    said = f"--effective-batch {effective_batch * ranks}" + (f" ({effective_batch} per rank)" if ranks > 1 else "") if effective_batch else ""
     if effective_batch is not None and pinned is not None and _smallest(pinned) > effective_batch:
-        raise UsageError(f"--set {pinned}: every micro-batch it allows is larger than --effective-batch {effective_batch} "
+        raise UsageError(f"--set {pinned}: every micro-batch it allows is larger than {said} "
                          "(micro-batch x accumulation steps = the effective batch)")
     listed = (pinned.choices or (pinned.value,)) if pinned is not None and pinned.low is None and pinned.high is None else ()
     if effective_batch is not None and listed:  # pinned batches the space would refuse only after calibrating
         bad = [int(b) for b in listed if effective_batch % int(b)]
         if bad:
-            per_rank = f" ({effective_batch} per rank of {ranks})" if ranks > 1 else ""
-            raise UsageError(f"--effective-batch {effective_batch * ranks}{per_rank} is not a multiple of batch_size {bad[0]} "
-                             f"(--set {pinned})")
+            raise UsageError(f"{said} is not a multiple of batch_size {bad[0]} (--set {pinned})")
     if images is None:
         return
     if effective_batch is not None and effective_batch > images:
         raise UsageError(
-            f"--effective-batch {effective_batch} is larger than the {images} training {unit}: an epoch would hold no optimizer step"
+            f"{said} is larger than the {images} training {unit}{' of a rank' if ranks > 1 else ''}: an epoch would hold no optimizer step"
         )
     set_by = {knob: _smallest(c) for knob, c in (constraints or {}).items() if knob in ("batch_size", "accumulation_steps")}
     step = set_by.get("batch_size", 1) * set_by.get("accumulation_steps", 1)

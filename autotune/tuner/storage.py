@@ -120,11 +120,13 @@ def check_one_study(out: Path, name: str, *, local: bool = True) -> None:
         return
     names = [s.study_name for s in summaries]
     if names and name not in names:
-        # A calibrated study without a trial yet (Ctrl-C, a refusal after calibrating) is kept too: rerunning resumes it.
-        held = ("its best.json, train.py and report.html" if any(s.n_trials for s in summaries)
-                else "calibrated, no trial yet; its rerun resumes it and would write best.json, train.py and report.html here")
+        if not any(s.n_trials for s in summaries):  # kept after Ctrl-C (or a refusal) before its first trial
+            raise UsageError(
+                f"{out} holds study {', '.join(map(repr, names))}, stopped before its first trial: pass another --out, "
+                f"--study {names[0]} to continue it, or remove {db} to start afresh"
+            )
         raise UsageError(
-            f"{out} holds the search of study {', '.join(map(repr, names))} ({held}): "
+            f"{out} holds the search of study {', '.join(map(repr, names))} (its best.json, train.py and report.html): "
             f"study {name!r} would overwrite them; pass another --out, or --study {names[0]} to continue that search"
         )
 

@@ -138,9 +138,10 @@ def stored_best(out: Path, stored: SearchStudy, records: list[TrialRecord]) -> B
     signature = stored.study.user_attrs.get(STUDY_SIGNATURE) or {}
     if signature and (signature.get("model"), signature.get("task")) != (best.workload.model, best.workload.task):
         return None
-    # One of its trials' setups, or the leader's fp32 twin, which ran in its confirmation only.
-    ran = any(r.setup == best.setup for r in records) or best.setup.to_json() in stored.stored_confirmation()
-    return best if ran else None
+    # One of its trials' setups, or a trial's fp32 twin (the leader's, measured in a confirmation only; that run's
+    # rounds may since have been replaced by a rerun's).
+    twin = best.setup.amp == "off" and any(r.setup.replace(amp="off") == best.setup for r in records)
+    return best if twin or any(r.setup == best.setup for r in records) else None
 
 
 def storage_of(out: Path, storage: str | None) -> str:

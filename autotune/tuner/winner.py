@@ -326,7 +326,7 @@ def bottleneck_verdict(
         parts.append(f"together {together:.0f} samples/s")
         facts = "; ".join(parts)
     images = best.workload.image_input and best.workload.task is None  # files the loader decodes (a Task's items may be tensors)
-    own = ceilings is not None and bool(ceilings.together)  # like for like: the winner's own ceilings, same rounds
+    own = ceilings is not None and bool(ceilings.together and ceilings.compute and ceilings.loader)  # like for like, as above
     unclear = bool(compute) and together > UNCLEAR * compute
     why = "the steps are too short or too noisy to compare" if own else "compute alone was measured at another batch or precision"
     if unclear and own:  # its own compute ceiling below what it reached names no limit, whatever the wait
