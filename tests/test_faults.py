@@ -23,6 +23,7 @@ import pytest
 import studies
 from optuna.trial import TrialState
 
+from autotune.records import TrialResult
 from autotune.tuner.status import study_status
 
 TESTS = Path(__file__).parent
@@ -171,8 +172,8 @@ def _trial_pids() -> list[int]:
     return found
 
 
-@pytest.mark.slow
-def test_a_trial_terminated_from_outside_is_interrupted_not_the_setups_failure(cache_dir) -> None:
+def _run_and_signal_the_trial(cache_dir: Path, signum: int) -> TrialResult:
+    """Run a never-ending trial and send its process ``signum`` from another thread once it is up."""
     import threading
 
     from autotune.runner import run_trial
@@ -180,19 +181,25 @@ def test_a_trial_terminated_from_outside_is_interrupted_not_the_setups_failure(c
     setup, workload, options = _never_ending(cache_dir)
     killed: list[int] = []
 
-    def terminate_the_trial() -> None:
+    def signal_the_trial() -> None:
         deadline = time.monotonic() + WAIT_S
         while time.monotonic() < deadline and not killed:
             for pid in _trial_pids():
-                os.kill(pid, signal.SIGTERM)  # as a supervisor stopping every process would
+                os.kill(pid, signum)
                 killed.append(pid)
             time.sleep(0.1)
 
-    thread = threading.Thread(target=terminate_the_trial, daemon=True)
+    thread = threading.Thread(target=signal_the_trial, daemon=True)
     thread.start()
     result = run_trial(setup, workload, options)
     thread.join()
     assert killed
+    return result
+
+
+@pytest.mark.slow
+def test_a_trial_terminated_from_outside_is_interrupted_not_the_setups_failure(cache_dir) -> None:
+    result = _run_and_signal_the_trial(cache_dir, signal.SIGTERM)  # as a supervisor stopping every process would
     assert result.status == "interrupted"
     assert "SIGTERM" in (result.error or "")
 
@@ -204,30 +211,12 @@ def test_a_trial_killed_from_outside_is_an_error_unless_the_oom_killer_acted(cac
     An outside kill is no memory limit (a memory pre-pass must not shrink the batch range for it); a kill with the
     counters raised is ``oom``, as before.
     """
-    import threading
-
     import autotune.runner.failures as failures
-    from autotune.runner import run_trial
 
     readings = iter([5, 6 if oom_killer_acted else 5])  # before the trial, then after its death
     monkeypatch.setattr(failures, "oom_kills", lambda: next(readings))
     monkeypatch.setattr("autotune.runner.launch.oom_kills", lambda: next(readings))
-    setup, workload, options = _never_ending(cache_dir)
-    killed: list[int] = []
-
-    def kill_the_trial() -> None:
-        deadline = time.monotonic() + WAIT_S
-        while time.monotonic() < deadline and not killed:
-            for pid in _trial_pids():
-                os.kill(pid, signal.SIGKILL)
-                killed.append(pid)
-            time.sleep(0.1)
-
-    thread = threading.Thread(target=kill_the_trial, daemon=True)
-    thread.start()
-    result = run_trial(setup, workload, options)
-    thread.join()
-    assert killed
+    result = _run_and_signal_the_trial(cache_dir, signal.SIGKILL)
     if oom_killer_acted:
         assert result.status == "oom" and "most likely by the kernel's out-of-memory killer" in (result.error or "")
     else:
