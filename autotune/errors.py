@@ -15,6 +15,10 @@ from typing import Any, TypeVar
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+#: What a call into the user's code (a factory, a dataset, a loss) may raise that a check turns into one line:
+#: any exception, and ``SystemExit`` (a script's ``sys.exit()`` run on import or in the factory).
+USER_CODE_ERRORS = (Exception, SystemExit)
+
 
 class AutotuneError(Exception):
     """Base class of every error autotune raises on purpose.

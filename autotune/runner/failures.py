@@ -77,8 +77,7 @@ def killed(who: str, oom_before: int | None) -> TrialResult:
     """The result of ``who`` killed by SIGKILL: ``oom`` unless the kernel's OOM kill counters, read before it started
     (``oom_before``), show the OOM killer did not act since (then someone else killed it: it says nothing of the setup's
     memory, and a memory pre-pass must not shrink the batch range for it)."""
-    after = oom_kills() if oom_before is not None else None
-    if after is not None and oom_before is not None and after == oom_before:
+    if oom_before is not None and oom_kills() == oom_before:  # counters read both times, and unchanged
         return TrialResult(status="error", error=f"{who} {KILLED_FROM_OUTSIDE}; not by the kernel's out-of-memory killer "
                                                  "(its oom_kill counters did not change): by a user, a supervisor or a "
                                                  "user-space OOM daemon (earlyoom, systemd-oomd)")

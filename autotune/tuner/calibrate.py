@@ -129,10 +129,11 @@ def calibrate(
     measured: dict[int, TrialResult] = {}  # the pre-pass runs by batch: fp32, contiguous, compute only
 
     def prepass(batch: int) -> TrialResult:
-        result = runner(fp32.replace(batch_size=batch), workload, _with_budget(short, budget))
+        run = lambda: runner(fp32.replace(batch_size=batch), workload, _with_budget(short, budget))  # noqa: E731
+        result = run()
         if KILLED_FROM_OUTSIDE in (result.error or ""):  # maybe not the batch's doing: it must not bound the space on one kill
             log(f"memory pre-pass: batch {batch}: {result.error}; measuring it again")
-            result = runner(fp32.replace(batch_size=batch), workload, _with_budget(short, budget))
+            result = run()
             if KILLED_FROM_OUTSIDE in (result.error or ""):  # killed at this batch twice: a user-space OOM daemon's limit
                 result = TrialResult(status="oom", error=f"{result.error}; killed twice at this batch: taken as a memory limit")
         measured[batch] = result

@@ -140,8 +140,7 @@ def stored_best(out: Path, stored: SearchStudy, records: list[TrialRecord]) -> B
         return None
     # One of its trials' setups, or a trial's fp32 twin (the leader's, measured in a confirmation only; that run's
     # rounds may since have been replaced by a rerun's).
-    twin = best.setup.amp == "off" and any(r.setup.replace(amp="off") == best.setup for r in records)
-    return best if twin or any(r.setup == best.setup for r in records) else None
+    return best if any(best.setup in (r.setup, r.setup.replace(amp="off")) for r in records) else None
 
 
 def storage_of(out: Path, storage: str | None) -> str:

@@ -17,7 +17,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from autotune.errors import WorkloadError
+from autotune.errors import USER_CODE_ERRORS, WorkloadError
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -137,7 +137,7 @@ def load_factory(ref: str, sys_path: Sequence[str], what: str = "model") -> Call
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         raise WorkloadError(f"cannot import {module_name!r} for {what} {ref!r}: {exc}") from None
-    except (Exception, SystemExit) as exc:  # the user's module raised while importing
+    except USER_CODE_ERRORS as exc:  # the user's module raised while importing
         raise WorkloadError(f"importing {module_name!r} for {what} {ref!r} failed: {type(exc).__name__}: {exc}") from None
     func = getattr(module, func_name, None)
     if func is None or not callable(func):

@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import KW_ONLY, dataclass
 from typing import TYPE_CHECKING, Any
 
-from autotune.errors import WorkloadError
+from autotune.errors import USER_CODE_ERRORS, WorkloadError
 from autotune.workloads.batches import first_dim
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -115,7 +115,7 @@ class Task:
                 raise WorkloadError(f"Task model must be an nn.Module or a factory of one, got {type(model).__name__}")
             try:
                 model = model()
-            except (Exception, SystemExit) as exc:
+            except USER_CODE_ERRORS as exc:
                 raise WorkloadError(f"Task model factory failed: {type(exc).__name__}: {exc}") from None
             if not isinstance(model, torch.nn.Module):
                 raise WorkloadError(f"Task model factory returned {type(model).__name__}, not an nn.Module")

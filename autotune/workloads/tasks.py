@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from autotune.errors import WorkloadError
+from autotune.errors import USER_CODE_ERRORS, WorkloadError
 from autotune.records import Workload
 from autotune.workloads.batches import describe_batch, has_image_tensor, hinted
 from autotune.workloads.models import is_factory_ref, load_factory, validate_model_ref
@@ -78,7 +78,7 @@ def load_task(ref: str, sys_path: Sequence[str] = ()) -> Task:
         task = func()
     except WorkloadError:
         raise
-    except (Exception, SystemExit) as exc:
+    except USER_CODE_ERRORS as exc:
         raise WorkloadError(f"workload {ref} failed: {type(exc).__name__}: {exc}") from None
     if not isinstance(task, Task):
         raise WorkloadError(f"workload {ref} returned {type(task).__name__}, not an autotune.Task")
@@ -133,7 +133,7 @@ def fixed_shapes(task: Task, items: list[Any]) -> bool:
     collate = task.collate_fn or default_collate
     try:
         return same_shapes(items) and same_shapes([collate([item]) for item in items])
-    except (Exception, SystemExit):
+    except USER_CODE_ERRORS:
         return False
 
 
@@ -148,7 +148,7 @@ def _first_items(task: Task, count: int) -> tuple[list[Any], bool, int | None]:
                 items.append(item)
                 if index + 1 >= count:
                     break
-        except (Exception, SystemExit) as exc:
+        except USER_CODE_ERRORS as exc:
             raise WorkloadError(f"iterating the workload's dataset ({type(dataset).__name__}) failed: {type(exc).__name__}: {exc}") from None
         if not items:
             raise WorkloadError(f"the workload's dataset ({type(dataset).__name__}) yields no items")
@@ -165,7 +165,7 @@ def _first_items(task: Task, count: int) -> tuple[list[Any], bool, int | None]:
     for index in range(min(count, size)):
         try:
             items.append(dataset[index])
-        except (Exception, SystemExit) as exc:
+        except USER_CODE_ERRORS as exc:
             raise WorkloadError(f"dataset[{index}] failed: {type(exc).__name__}: {exc}") from None
     return items, False, size
 
@@ -176,12 +176,12 @@ def _collate(task: Task, items: list[Any]) -> Any:
     collate = task.collate_fn or default_collate
     try:
         return collate(items)
-    except (Exception, SystemExit) as exc:
+    except USER_CODE_ERRORS as exc:
         # Name the item at fault: the first that does not collate alone, else the mix.
         for index, item in enumerate(items):
             try:
                 collate([item])
-            except (Exception, SystemExit):
+            except USER_CODE_ERRORS:
                 raise WorkloadError(
                     f"dataset item {index} ({describe_batch(item)}) cannot be collated: {type(exc).__name__}: {exc}"
                 ) from None
@@ -216,7 +216,7 @@ def _check_loss(task: Task, model: Any, batch: Any) -> None:
     if task.step is not None:
         try:
             loss = task.step(model, batch)
-        except (Exception, SystemExit) as exc:
+        except USER_CODE_ERRORS as exc:
             raise WorkloadError(f"step(model, batch) failed on the first batch {shapes}: {type(exc).__name__}: {exc}") from None
         origin = "step(model, batch)"
     else:
@@ -227,13 +227,13 @@ def _check_loss(task: Task, model: Any, batch: Any) -> None:
         inputs, targets = batch
         try:
             output = model(inputs)
-        except (Exception, SystemExit) as exc:
+        except USER_CODE_ERRORS as exc:
             raise WorkloadError(
                 f"the model's forward failed on the first batch (inputs {describe_batch(inputs)}): {type(exc).__name__}: {exc}"
             ) from None
         try:
             loss = task.criterion()(output, targets)
-        except (Exception, SystemExit) as exc:
+        except USER_CODE_ERRORS as exc:
             raise WorkloadError(
                 f"the loss failed on output {describe_batch(output)} and targets {describe_batch(targets)}: {type(exc).__name__}: {exc}"
             ) from None
@@ -256,7 +256,7 @@ def _check_count(task: Task, batch: Any) -> None:
         count = task.samples_in(batch)
     except WorkloadError:
         raise
-    except (Exception, SystemExit) as exc:
+    except USER_CODE_ERRORS as exc:
         raise WorkloadError(f"{origin} failed on the first batch {describe_batch(batch)}: {type(exc).__name__}: {exc}") from None
     if count < 1:
         raise WorkloadError(f"{origin} returned {count} for the first batch {describe_batch(batch)}; it must be >= 1")
@@ -275,7 +275,7 @@ def _check_pickle(task: Task) -> None:
             continue
         try:
             pickle.dumps(value)
-        except (Exception, SystemExit) as exc:
+        except USER_CODE_ERRORS as exc:
             raise WorkloadError(
                 f"the workload's {name} ({type(value).__name__}) cannot be pickled for DataLoader workers: "
                 f"{type(exc).__name__}: {exc}; make it picklable (a top-level class; files and connections opened lazily "
@@ -316,7 +316,7 @@ def check_task(task: Task, *, workers: bool) -> TaskInfo:
         lr = task.recipe_lr(optimizer)
     except WorkloadError:
         raise
-    except (Exception, SystemExit) as exc:
+    except USER_CODE_ERRORS as exc:
         raise WorkloadError(f"the Task's optimizer factory failed: {type(exc).__name__}: {exc}") from None
     return TaskInfo(
         samples=size,
