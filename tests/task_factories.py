@@ -104,6 +104,34 @@ def sharded_iterable() -> autotune.Task:
     return autotune.Task(nn.Linear(8, 3), ShardedStream())
 
 
+class AugmentedStream(IterableDataset):
+    """The 24 pairs of Stream with random noise added as they are yielded (torch, ``random`` and NumPy draws)."""
+
+    def __init__(self, sharded: bool = False) -> None:
+        self.sharded = sharded
+
+    def __iter__(self) -> Any:
+        import random
+
+        import numpy
+
+        info = get_worker_info() if self.sharded else None
+        first, step = (info.id, info.num_workers) if info is not None else (0, 1)
+        for i in range(first, 24, step):
+            jitter = random.random() + float(numpy.random.rand())
+            yield torch.full((8,), float(i)) + torch.randn(8) + jitter, i % 3
+
+
+def augmented_iterable() -> autotune.Task:
+    """An IterableDataset that augments randomly and does not shard itself."""
+    return autotune.Task(nn.Linear(8, 3), AugmentedStream())
+
+
+def augmented_sharded_iterable() -> autotune.Task:
+    """An IterableDataset that augments randomly and shards itself among loader workers."""
+    return autotune.Task(nn.Linear(8, 3), AugmentedStream(sharded=True))
+
+
 def _two_groups(params: Any, lr: float) -> torch.optim.Optimizer:
     weight, bias = list(params)
     return torch.optim.SGD([{"params": [weight], "lr": lr}, {"params": [bias], "lr": lr * 0.01}], lr=lr)

@@ -160,6 +160,13 @@ def test_bad_workloads_fail_in_the_parent_with_one_line(name: str, message: str,
     assert "\n" not in str(info.value)
 
 
+def test_a_stream_that_augments_randomly_is_still_caught_yielding_whole_from_every_worker() -> None:
+    """Random noise before each yield made every worker's copy differ: the probing workers are seeded alike,
+    so the copies are equal again, while a stream that splits itself still yields different items."""
+    assert _workload("augmented_iterable").unsharded
+    assert not _workload("augmented_sharded_iterable").unsharded
+
+
 def test_unpicklable_dataset_is_fine_without_workers_or_with_workers_that_fork(monkeypatch: pytest.MonkeyPatch) -> None:
     import multiprocessing
 

@@ -5,7 +5,8 @@ must split itself, in ``__iter__``, with ``torch.utils.data.get_worker_info()``.
 One that does not yields its whole stream from every worker: with two
 workers every item arrives twice, and a trial would count the copies as
 speed. :func:`workers_repeat_items` asks two real workers for their first
-items and compares them.
+items and compares them, with every worker's random generators seeded alike
+so that random augmentation cannot hide the copies.
 """
 
 from __future__ import annotations
@@ -25,8 +26,31 @@ PROBE_ITEMS = 2
 PROBE_TIMEOUT_S = 120.0
 
 
+#: The seed every probing worker starts from (see :func:`_same_seed`).
+PROBE_SEED = 0
+
+
 def _as_is(item: Any) -> Any:
     return item
+
+
+def _same_seed(worker_id: int) -> None:
+    """Seed a probing worker's generators (torch, ``random``, NumPy) alike in every worker.
+
+    The loader seeds each worker differently, so a stream that augments
+    randomly before it yields (noise, a random crop) would hand two workers
+    different copies of the same item. Seeded alike, a stream that ignores
+    :func:`torch.utils.data.get_worker_info` yields equal items from both;
+    one that splits itself still yields different items.
+    """
+    import random
+
+    import numpy
+    import torch
+
+    torch.manual_seed(PROBE_SEED)
+    random.seed(PROBE_SEED)
+    numpy.random.seed(PROBE_SEED)
 
 
 def same_item(a: Any, b: Any) -> bool:
@@ -56,13 +80,16 @@ def workers_repeat_items(dataset: Any) -> bool:
 
     The loader takes its items from the workers in turn (worker 0, worker 1,
     worker 0, ...), so the stream's pairs hold one item of each. Every pair
-    equal means each worker yields the whole stream. A loader that fails or
+    equal means each worker yields the whole stream. The workers' generators
+    are seeded alike (:func:`_same_seed`). A loader that fails or
     stalls here says nothing (False): calibration measures workers anyway.
     """
     from torch.utils.data import DataLoader
 
     try:
-        loader = DataLoader(dataset, batch_size=None, num_workers=2, collate_fn=_as_is, timeout=PROBE_TIMEOUT_S)
+        loader = DataLoader(
+            dataset, batch_size=None, num_workers=2, collate_fn=_as_is, timeout=PROBE_TIMEOUT_S, worker_init_fn=_same_seed
+        )
         stream = iter(loader)
         items = list(itertools.islice(stream, 2 * PROBE_ITEMS))
         del stream  # stops the workers
