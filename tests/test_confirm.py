@@ -179,3 +179,19 @@ def test_a_leader_in_reduced_precision_meets_its_fp32_twin_in_the_confirmation()
     with_twin = [*feasible, _record(3, twin, 240.0)]
     assert [c.label for c in pick_candidates(with_twin, defaults, top=3, fp32_twin=True)][:3] == [
         f"#1 {bf16.describe()}", f"#2 {other.describe()}", f"#3 {twin.describe()}"]
+
+
+def test_the_fp32_twin_stays_out_when_its_trials_did_not_finish() -> None:
+    """A twin the search already stopped early (clearly slower) or that ran out of memory would cost two runs to say it
+    again; a twin whose trial was interrupted from outside says nothing about its setup and still joins."""
+    defaults = TrainSetup(batch_size=32)
+    bf16 = TrainSetup(batch_size=256, amp="bf16", channels_last=True)
+    twin = bf16.replace(amp="off")
+    base = [_record(0, defaults, 50.0), _record(1, bf16, 300.0)]
+    for status in ("pruned", "oom", "error", "timeout"):
+        records = [*base, TrialRecord(2, "search", twin, TrialResult(status=status, samples_per_s=120.0 if status == "pruned" else None))]
+        assert [c.setup for c in pick_candidates(records, defaults, top=1, fp32_twin=True)] == [bf16, defaults], status
+    stopped = [*base, TrialRecord(2, "search", twin, TrialResult(status="interrupted"))]
+    assert [c.setup for c in pick_candidates(stopped, defaults, top=1, fp32_twin=True)] == [bf16, twin, defaults]
+    finished_later = [*base, TrialRecord(2, "search", twin, TrialResult(status="pruned")), _record(3, twin, 200.0)]
+    assert [c.setup for c in pick_candidates(finished_later, defaults, top=1, fp32_twin=True)] == [bf16, twin, defaults]

@@ -117,7 +117,7 @@ def finalist_label(same: Sequence[TrialRecord]) -> str:
     return f"#{same[0].number} {same[0].setup.describe()}{tag}"
 
 
-def pick_candidates(feasible: Sequence[TrialRecord], defaults: TrainSetup, top: int, *, fp32_twin: bool = False) -> list[Candidate]:
+def pick_candidates(records: Sequence[TrialRecord], defaults: TrainSetup, top: int, *, fp32_twin: bool = False) -> list[Candidate]:
     """The ``top`` fastest distinct setups, then the defaults (when they ran) for the speedup.
 
     A compiled setup is a finalist only when its trial was faster than the
@@ -130,8 +130,17 @@ def pick_candidates(feasible: Sequence[TrialRecord], defaults: TrainSetup, top: 
     no finalist is that twin: precision changes the numerics, so it must win
     against the same setup without it (a setup in float32 that wins by its
     loader knobs says nothing about the precision). The twin is labelled
-    :data:`TWIN` when no trial ran it.
+    :data:`TWIN` when no trial ran it, and left out when trials ran it and
+    none finished (stopped early as clearly slower, out of memory, failed):
+    two more runs would only repeat that.
+
+    Args:
+        records: The search's trials; those that measured a throughput compete.
+        defaults: The PyTorch defaults' setup.
+        top: How many distinct setups.
+        fp32_twin: Whether the leader's float32 twin may join.
     """
+    feasible = [r for r in records if r.result.ok and r.result.samples_per_s]
     ranked = sorted(feasible, key=lambda r: r.result.samples_per_s or 0.0, reverse=True)
     eager = {r.setup.to_json(): r.result.samples_per_s or 0.0 for r in feasible if r.setup.compile == "off"}
     by_setup: dict[str, list[TrialRecord]] = {}
@@ -148,8 +157,9 @@ def pick_candidates(feasible: Sequence[TrialRecord], defaults: TrainSetup, top: 
             break
     if fp32_twin and candidates and candidates[0].setup.amp != "off":
         fp32 = candidates[0].setup.replace(amp="off")
-        if fp32.to_json() not in {c.key for c in candidates}:
-            ran = by_setup.get(fp32.to_json())
+        ran = by_setup.get(fp32.to_json())
+        unfinished = not ran and any(r.setup == fp32 and r.result.status != "interrupted" for r in records)
+        if fp32.to_json() not in {c.key for c in candidates} and not unfinished:
             candidates.append(Candidate(fp32.to_json(), fp32, finalist_label(ran) if ran else fp32.describe() + TWIN))
     default_key = defaults.to_json()
     if default_key not in {c.key for c in candidates} and default_key in by_setup:

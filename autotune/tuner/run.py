@@ -144,7 +144,7 @@ def _search(
     if not interrupted:
         timing.phase = "confirmation"
         interrupted = not runs_to_the_end(
-            lambda: confirmed.extend(confirm_finalists(config, prepared, feasible, defaults, options, reporter, placed))
+            lambda: confirmed.extend(confirm_finalists(config, prepared, records, defaults, options, reporter, placed))
         )
     kept = kept_winner(prepared.out, prepared.study, records) if interrupted and not confirmed else None
     # Interrupted mid-confirmation: its rounds so far are shown (too few to rank), never dropped.
@@ -313,7 +313,7 @@ def enqueue_first_trials(config: SearchConfig, prepared: Prepared, space: Space,
 def confirm_finalists(
     config: SearchConfig,
     prepared: Prepared,
-    feasible: list[TrialRecord],
+    records: list[TrialRecord],
     defaults: TrainSetup,
     options: TrialOptions,
     reporter: Reporter,
@@ -324,7 +324,7 @@ def confirm_finalists(
     Raises:
         KeyboardInterrupt: Ctrl-C or SIGTERM; the rounds measured so far are stored.
     """
-    candidates = pick_candidates(feasible, defaults, config.confirm_top, fp32_twin=allows(config.constraints, "amp", "off"))
+    candidates = pick_candidates(records, defaults, config.confirm_top, fp32_twin=allows(config.constraints, "amp", "off"))
     reporter.message(confirmation_plan(len(candidates), options.trial_seconds, config.confirm_rounds))
     with sigterm_as_interrupt():
         return confirm(
