@@ -333,6 +333,36 @@ def test_an_interrupted_trial_stops_the_search_and_is_never_stored(tmp_path, cac
     assert "result" not in study.trials[1].user_attrs  # not recorded as the setup's failure
 
 
+def test_a_ctrl_c_while_a_measured_trial_is_stored_keeps_it(tmp_path, cache_dir, monkeypatch) -> None:
+    """A real SIGINT that lands while the second trial's result is written waits for the write: the trial counts
+    (complete, in trials.csv) and the search stops after it, as docs/search.md promises."""
+    import csv
+
+    from autotune.errors import SearchInterrupted
+    from autotune.tuner import SearchConfig, run_search
+    from autotune.tuner.study import SearchStudy
+
+    record = SearchStudy.record
+
+    def record_then_ctrl_c(self, trial, *args, **kwargs):
+        if trial.number == 1:
+            os.kill(os.getpid(), signal.SIGINT)
+            sum(range(1000))  # the signal's handler runs here, inside the write
+        return record(self, trial, *args, **kwargs)
+
+    monkeypatch.setattr(SearchStudy, "record", record_then_ctrl_c)
+    config = SearchConfig(model="resnet18", trials=3, image_size=32, device="cpu", trial_seconds=1.0,
+                          out=tmp_path / "out", cache_dir=cache_dir, synthetic_images=64)
+    with pytest.raises(SearchInterrupted, match=r"^interrupted: 2 finished trials kept in "):
+        run_search(config, runner=steady_runner)
+    study = study_of(tmp_path / "out")
+    assert [t.state for t in study.trials[:2]] == [TrialState.COMPLETE, TrialState.COMPLETE]
+    assert TrialState.RUNNING not in [t.state for t in study.trials]
+    assert "result" in study.trials[1].user_attrs
+    with open(tmp_path / "out" / "trials.csv", newline="", encoding="utf-8") as fh:
+        assert [row["trial"] for row in csv.DictReader(fh)] == ["0", "1"]
+
+
 def steady_runner(setup, workload, options=None, *, on_window=None):
     """A fake trial: every setup ok, faster with a larger batch, the same every run."""
     from autotune.records import TrialResult

@@ -89,7 +89,7 @@ def explore(study: SearchStudy, plan: Exploration, reporter: Reporter, runner: T
     """
     study.study.set_user_attr(STUDY_BUDGET, plan.wanted)  # `autotune status` shows "done/wanted"
     while (done := study.finished(plan.wanted)) < plan.wanted:
-        trial = None
+        trial, told = None, False
         try:
             with interrupts_held():
                 queue_refinements(study, plan)
@@ -101,21 +101,22 @@ def explore(study: SearchStudy, plan: Exploration, reporter: Reporter, runner: T
                 result, reused_from = runner(setup, plan.workload, plan.options, on_window=pruning_hook(trial, role)), None
             else:
                 result, reused_from = known.result, known.reused_from
+            # Stored, told and written in one held block: an interrupt meanwhile takes effect once the trial counts.
             with interrupts_held():
                 study.record(trial, role, setup, result, reused_from, free=known is not None)
+                study.tell(trial, result)
+                told = True
+                records = study.records()
+                plan.write_csv(records)
+                check_recipe(records, plan.workload)
+                best = max((r.result.samples_per_s or 0.0 for r in records if r.result.ok), default=None)
+                record = next(r for r in records if r.number == trial.number)
+                reporter.trial_finished(study.finished(plan.wanted), plan.wanted, record, best)
         except BaseException:  # Ctrl-C, bad data: the unfinished trial does not count
-            if trial is not None:
+            if trial is not None and not told:
                 with interrupts_held():
                     study.fail(trial)
             raise
-        with interrupts_held():
-            study.tell(trial, result)
-            records = study.records()
-            plan.write_csv(records)
-            check_recipe(records, plan.workload)
-            best = max((r.result.samples_per_s or 0.0 for r in records if r.result.ok), default=None)
-            record = next(r for r in records if r.number == trial.number)
-            reporter.trial_finished(study.finished(plan.wanted), plan.wanted, record, best)
 
 
 def queue_refinements(study: SearchStudy, plan: Exploration) -> None:
