@@ -90,7 +90,7 @@ def test_a_failing_verification_halves_the_batch() -> None:
         WORKLOAD, CPU, usable_cores=4, available_bytes=64 * 2**30, max_memory=None, trial_seconds=10.0, bf16_ok=False, runner=runner
     )
     assert result.max_batch == 128
-    assert result.compute_setup["amp"] == "off"
+    assert result.compute_setup.amp == "off"
 
 
 def test_the_loader_ceiling_stops_once_far_above_the_device_and_bounds_the_workers() -> None:
@@ -152,12 +152,15 @@ def test_a_budget_that_fits_no_batch_is_one_line(tiny_workload) -> None:
     from autotune.errors import WorkloadError
 
     full = _gpu(memory_total_bytes=80 * 2**30, memory_free_bytes=50 * 2**20)  # 45 MiB budget, 100 MiB base
-    with pytest.raises(WorkloadError, match=r"not even batch 1 of resnet18 fits the memory budget of .* on cuda:0"):
+    with pytest.raises(WorkloadError, match=r"not even batch 1 of model resnet18 fits the memory budget of .* on cuda:0"):
         calibrate(tiny_workload, full, usable_cores=2, available_bytes=2**34, max_memory=None,
                   trial_seconds=3.0, bf16_ok=True, runner=FakeRunner())
     # On a CPU the budget is the model's share of --max-memory: the message says so, and what to shrink.
+    # A Task is named as the workload it is (its model field holds the factory's reference too).
     for work, hint in ((tiny_workload, "pick a smaller --image-size"), (replace(tiny_workload, task="m:f"), "the Task's model")):
-        with pytest.raises(WorkloadError, match=r"budget of 819 KiB on cpu: 80% of --max-memory 1 MiB, the rest left to loader "
+        name = "workload m:f" if work.task else "model resnet18"
+        with pytest.raises(WorkloadError, match=rf"^not even batch 1 of {name} fits the memory budget of 819 KiB on cpu: 80% of "
+                                                 r"--max-memory 1 MiB, the rest left to loader "
                                                  rf"workers; free some memory, raise --max-memory or .*{hint}"):
             calibrate(work, CPU, usable_cores=2, available_bytes=2**34, max_memory=2**20, trial_seconds=3.0, bf16_ok=False,
                       runner=FakeRunner())
@@ -176,7 +179,7 @@ def test_a_budget_under_the_fixed_cost_with_a_model_that_needs_two_samples_is_on
             return super().__call__(setup, workload, options, on_window=on_window)
 
     runner = FixedCost()
-    with pytest.raises(WorkloadError, match=r"no batch of resnet18 trains within the memory budget of 360 MiB on cpu: .* "
+    with pytest.raises(WorkloadError, match=r"no batch of model resnet18 trains within the memory budget of 360 MiB on cpu: .* "
                                             r"batches 2 to 8 ran out of it and batch 1 fails \(ValueError: Expected more than 1"):
         calibrate(tiny_workload, CPU, usable_cores=2, available_bytes=2**34, max_memory=450 * MIB, trial_seconds=1.0,
                   bf16_ok=False, runner=runner)
@@ -234,7 +237,7 @@ def test_every_precision_and_layout_is_measured_like_for_like_and_the_fastest_is
     compute_setups = [s for mode, s in runner.calls if mode == "compute" and s.batch_size == result.probe_batch]
     assert {s.batch_size for s in compute_setups} == {64}  # the same batch for all four
     assert result.compute_samples_per_s == 720.0
-    assert (result.compute_setup["amp"], result.compute_setup["channels_last"]) == ("bf16", True)
+    assert (result.compute_setup.amp, result.compute_setup.channels_last) == ("bf16", True)
     slower_bf16 = calibrate(
         WORKLOAD, CPU, usable_cores=2, available_bytes=64 * 2**30, max_memory=None, trial_seconds=3.0, bf16_ok=True,
         runner=FakeRunner(speed={("bf16", True): 0.6, ("bf16", False): 0.7, ("off", True): 0.9}),

@@ -162,7 +162,7 @@ def calibrate(
         where += f": {1 - WORKER_RESERVE:.0%} of {limit}, the rest left to loader workers"
     smaller = "pick a smaller --image-size" if workload.task is None else "make the Task's model or batches smaller"
     too_small = WorkloadError(
-        f"not even batch 1 of {workload.model} fits the memory budget of {format_bytes(budget)} on {where}; "
+        f"not even batch 1 of {subject} fits the memory budget of {format_bytes(budget)} on {where}; "
         f"free some memory, raise --max-memory or {smaller}"
     )
     fit = extrapolate_batch(points, budget) if budget is not None else batch_cap
@@ -196,7 +196,7 @@ def calibrate(
             raise too_small
         if not result.ok:  # every larger batch ran out of memory: no batch is left to search
             raise WorkloadError(
-                f"no batch of {workload.model} trains within the memory budget of {format_bytes(budget)} on {where}: "
+                f"no batch of {subject} trains within the memory budget of {format_bytes(budget)} on {where}: "
                 f"batches 2 to {max(p.batch_size for p in points)} ran out of it and batch 1 fails ({result.error}); "
                 f"free some memory, raise --max-memory or {smaller}"
             )
@@ -254,7 +254,7 @@ def calibrate(
         max_batch=max(1, max_batch),
         memory_points=tuple(points),
         probe_batch=middle,
-        compute_setup=compute_setup.to_dict(),
+        compute_setup=compute_setup,
         compute_samples_per_s=compute.samples_per_s if compute.ok else None,
         loader=tuple(loader_points),
         max_workers=worker_cap,
