@@ -130,7 +130,7 @@ ImageSizeOpt = Annotated[Optional[int], typer.Option("--image-size", help="Squar
 DataOpt = Annotated[Optional[Path], typer.Option("--data", parser=_path, help="ImageFolder directory (default: synthetic JPEGs, generated once).")]
 DeviceOpt = Annotated[str, typer.Option("--device", help="auto, cpu, cuda or cuda:K.")]
 TrialSecondsOpt = Annotated[float, typer.Option("--trial-seconds", help="Measured steady-state seconds per trial.")]
-MaxMemoryOpt = Annotated[Optional[str], typer.Option("--max-memory", help="Memory budget, e.g. 20GiB; a trial above it counts as oom.")]
+MaxMemoryOpt = Annotated[Optional[str], typer.Option("--max-memory", help="Memory budget: 20GiB (binary) or 20G (decimal); a trial above it is oom.")]
 CacheDirOpt = Annotated[
     Optional[Path], typer.Option("--cache-dir", parser=_path, help="Where synthetic data is generated (default ~/.cache/autotune).")
 ]
