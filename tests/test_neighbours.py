@@ -9,7 +9,7 @@ from autotune.devices import DeviceInfo
 from autotune.records import Calibration, LoaderPoint, TrialRecord, TrialResult
 from autotune.train_setup import KNOBS, TrainSetup
 from autotune.tuner import SearchConfig, run_search
-from autotune.tuner.neighbours import ROLE_NEIGHBOUR, moves, next_move, reserved
+from autotune.tuner.neighbours import ROLE_NEIGHBOUR, moves, neighbour_trials, next_move
 from autotune.tuner.space import Space, build_space
 
 CPU = DeviceInfo("cpu", bf16=True, memory_total_bytes=None, memory_free_bytes=None, label="test CPU")
@@ -17,7 +17,7 @@ CPU = DeviceInfo("cpu", bf16=True, memory_total_bytes=None, memory_free_bytes=No
 
 def space(effective_batch: int | None = None, images: int | None = None) -> Space:
     calibration = Calibration(
-        budget_bytes=2**33, max_batch=256, memory_points=(), probe_batch=64, compute_setup=TrainSetup().to_dict(),
+        budget_bytes=2**33, max_batch=256, memory_points=(), probe_batch=64, compute_setup=TrainSetup(),
         compute_samples_per_s=100.0, loader=(LoaderPoint(0, "ok", 50.0),), max_workers=2,
     )
     return build_space(device=CPU, calibration=calibration, usable_cores=2, effective_batch=effective_batch, constraints={},
@@ -108,7 +108,7 @@ def test_a_move_measured_before_is_never_queued() -> None:
 
 
 def test_reserved_share_of_the_budget() -> None:
-    assert (reserved(5), reserved(8), reserved(15), reserved(30)) == (0, 1, 2, 5)
+    assert (neighbour_trials(5), neighbour_trials(8), neighbour_trials(15), neighbour_trials(30)) == (0, 1, 2, 5)
 
 
 def fast_with_workers(setup: TrainSetup, workload, options=None, *, on_window=None) -> TrialResult:
@@ -125,7 +125,7 @@ def test_a_tpe_search_ends_its_sampled_trials_with_moves_from_the_leader(tmp_pat
                        cache_dir=cache_dir, synthetic_images=512, confirm_rounds=2, confirm_top=2, seed=3)
     records = sorted(run_search(cfg, runner=fast_with_workers).records, key=lambda r: r.number)
     neighbours = [r for r in records if r.role == ROLE_NEIGHBOUR]
-    assert len(neighbours) == reserved(12) == 2
+    assert len(neighbours) == neighbour_trials(12) == 2
     assert all(r.number >= 10 for r in neighbours)  # the last trials of the budget
     for move in neighbours:
         before = [r for r in records if r.number < move.number and r.result.ok]
@@ -141,5 +141,5 @@ def test_trials_run_two_at_once_get_the_moves_too(tmp_path: Path, cache_dir: Pat
                        out=tmp_path / "out", cache_dir=cache_dir, synthetic_images=512, confirm_rounds=2, confirm_top=2)
     records = run_search(cfg, runner=fast_with_workers).records
     neighbours = [r for r in records if r.role == ROLE_NEIGHBOUR]
-    assert 1 <= len(neighbours) <= reserved(12)  # a move waits while the other slot's trial may still lead
+    assert 1 <= len(neighbours) <= neighbour_trials(12)  # a move waits while the other slot's trial may still lead
     assert sum(not r.free for r in records) == 12

@@ -26,7 +26,7 @@ from autotune.train_setup import TrainSetup
 from autotune.tuner.budget import STUDY_BUDGET
 from autotune.tuner.neighbours import ROLE_NEIGHBOUR, enqueue_neighbour
 from autotune.tuner.progress import Reporter
-from autotune.tuner.refine import ROLE_COMPILE, compile_setup, enqueue_compile_trials, reserved
+from autotune.tuner.refine import ROLE_COMPILE, compile_setup, compile_trials, enqueue_compile_trials
 from autotune.tuner.signals import interrupts_held
 from autotune.tuner.space import Space
 from autotune.tuner.study import ROLE_DEFAULTS, ROLE_SEARCH, SearchStudy
@@ -44,7 +44,7 @@ class Exploration:
         wanted: Finished trials wanted in the study.
         csv_path: Where ``trials.csv`` is rewritten after every trial.
         neighbours: Trials of the budget for one-knob moves from the leader
-            (:func:`autotune.tuner.neighbours.reserved`; 0: none, as with the random sampler).
+            (:func:`autotune.tuner.neighbours.neighbour_trials`; 0: none, as with the random sampler).
     """
 
     space: Space
@@ -121,7 +121,7 @@ def explore(study: SearchStudy, plan: Exploration, reporter: Reporter, runner: T
 
 def queue_refinements(study: SearchStudy, plan: Exploration) -> None:
     """Queue the next neighbour move, or the compiled leader, once the budget has reached their trials."""
-    after = reserved(plan.space, plan.wanted)
+    after = compile_trials(plan.space, plan.wanted)  # the neighbour moves come just before the compiled trials
     skip = lambda setup: unrunnable(setup, plan.workload) is not None  # noqa: E731
     enqueue_neighbour(study, plan.space, plan.wanted, share=plan.neighbours, after=after, skip=skip)
     enqueue_compile_trials(study, plan.space, plan.wanted)

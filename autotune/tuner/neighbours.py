@@ -5,7 +5,7 @@ rarely tries the setups next to the best one it found, and where the
 optimum is flat the best setups differ by a few per cent in knobs it
 samples apart (on the text-transformer benchmark every search pick kept
 one knob at a slower value that the grid's pick did not). So about one
-trial in six (:func:`reserved`), just before the compile refinement, goes
+trial in six (:func:`neighbour_trials`), just before the compile refinement, goes
 to one-knob moves from the leading setup: the next value up and down of
 an ordered knob (batch, workers, prefetch depth, accumulation), every
 other value of a choice (precision, layout, threads, optimizer kernel).
@@ -58,7 +58,7 @@ PRIORITY = (
 BAR = max(CHECKPOINTS.values())
 
 
-def reserved(wanted: int) -> int:
+def neighbour_trials(wanted: int) -> int:
     """Trials of a TPE search's budget kept for neighbour moves (2 of 15, 5 of 30, none below 6)."""
     return wanted // SHARE
 
@@ -174,7 +174,7 @@ def enqueue_neighbour(study: SearchStudy, space: Space, wanted: int, *, share: i
         study: The search's study.
         space: Where the moves must stay.
         wanted: The trial budget.
-        share: Trials of the budget for neighbour moves (:func:`reserved`; 0: none).
+        share: Trials of the budget for neighbour moves (:func:`neighbour_trials`; 0: none).
         after: Trials of the budget that come after them (the compile refinement's).
         skip: Setups not to queue (those the data cannot feed).
     """

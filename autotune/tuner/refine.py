@@ -29,14 +29,14 @@ ATTR_COMPILE_SETUP = "compile_setup"
 MIN_TRIALS = 20
 
 
-def reserved(space: Space, wanted: int) -> int:
+def compile_trials(space: Space, wanted: int) -> int:
     """Trials of the budget kept for compiled runs of the leader."""
     return len(space.compile_modes()) if wanted >= MIN_TRIALS else 0
 
 
 def enqueue_compile_trials(study: SearchStudy, space: Space, wanted: int) -> None:
     """Once the eager trials are done, queue the fastest eager setup compiled in each offered mode (once per study)."""
-    count = reserved(space, wanted)
+    count = compile_trials(space, wanted)
     if not count:
         return
     live = study.study.get_trials(deepcopy=False, states=(*FINISHED, TrialState.WAITING, TrialState.RUNNING))

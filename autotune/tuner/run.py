@@ -35,7 +35,7 @@ from autotune.tuner.guesses import guess_setups
 from autotune.tuner.identity import machine_fingerprint, signature, study_name
 from autotune.tuner.leftovers import nothing_left_if_nothing_measured
 from autotune.tuner.lock import OutputLock
-from autotune.tuner.neighbours import reserved as reserved_neighbours
+from autotune.tuner.neighbours import neighbour_trials
 from autotune.tuner.offered import check_workload_constraints
 from autotune.tuner.parallel import explore_placed
 from autotune.tuner.placement import Placement, place
@@ -116,7 +116,7 @@ def _search(
     defaults = defaults_setup(prepared.placement.rank_batch(config.effective_batch), prepared.workload.reference_batch, prepared.workload.images)
     options = TrialOptions(trial_seconds=config.trial_seconds, timeout_s=config.timeout_s, max_memory_bytes=config.max_memory,
                            world_size=prepared.placement.world_size)
-    moves = reserved_neighbours(config.trials) if config.sampler == "tpe" else 0  # the random baseline stays random
+    moves = neighbour_trials(config.trials) if config.sampler == "tpe" else 0  # the random baseline stays random
     plan = Exploration(space, defaults, prepared.workload, options, config.trials, prepared.out / "trials.csv", moves)
     timing.phase = "search"
     check_recipe(prepared.study.records(), prepared.workload)  # a resumed study whose defaults diverged
