@@ -13,37 +13,19 @@ import itertools
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from autotune.records import TrialOptions, TrialResult, Workload
 from autotune.runner.failures import BudgetExceeded, CompileFailed, Diverged, classify
 from autotune.runner.measure import LoadMeter, MemoryMonitor, Stopwatch, summarize, sync
 from autotune.runner.ranks import Rank, pin, run_world
-from autotune.runner.windows import may_close, more_windows
+from autotune.runner.windows import Work, may_close, more_windows
 from autotune.train_setup import TrainSetup
 from autotune.units import format_bytes
 from autotune.workloads.batches import to_device
 from probes.cpu import usable_cores
 
 Send = Callable[[dict[str, Any]], None]
-
-@dataclass(frozen=True)
-class Work:
-    """What a trial repeats, and how it warms up.
-
-    Attributes:
-        unit: One micro-batch in train and compute mode (the last of every ``per_step`` also takes
-            the optimizer step), one batch in loader mode; windows close between units. Returns its samples.
-        warmup_step: One warm-up step (a micro-batch and its own optimizer step in train and compute mode).
-        warmup_steps: How many warm-up steps run before the windows.
-        per_step: Units per optimizer step (the accumulation steps; 1 in loader mode). The measurement ends on a step boundary.
-    """
-
-    unit: Callable[[], int]
-    warmup_step: Callable[[], int]
-    warmup_steps: int
-    per_step: int = 1
 
 
 #: Samples in the synthetic step of an eager CPU trial (see :meth:`TrialLoop.synthetic_step`).
@@ -89,6 +71,7 @@ class TrialLoop:
 
     # ----------------------------------------------------------------- build
     def build_dataset(self) -> Any:
+        """The workload's dataset, this rank's shard of it under DDP."""
         return self.rank.shard(self.pipeline.dataset())
 
     def start_loader(self, dataset: Any) -> Any:
@@ -99,6 +82,7 @@ class TrialLoop:
         return endless_batches(self.setup, dataset, collate_fn=self.pipeline.collate_fn(), seed=self.options.seed, epochs=not sized)
 
     def build_model(self) -> None:
+        """The model on the device with the setup's layout, DDP wrapper and compilation; its optimizer and grad scaler."""
         import torch
 
         model = self.setup.prepare_model(self.pipeline.model().to(self.device))
@@ -119,6 +103,7 @@ class TrialLoop:
 
     # ----------------------------------------------------------------- steps
     def micro_step(self, batch: Any, last: bool) -> None:
+        """One forward and backward pass (the optimizer step when ``last``); the first of a compiled model compiles it."""
         if self.compile_s is None and self.setup.compile != "off":
             self.first_compiled_step(batch, last)
         else:
@@ -184,6 +169,7 @@ class TrialLoop:
             raise Diverged("the loss became NaN or infinite")
 
     def peak_memory(self) -> int:
+        """Peak memory so far: the allocator's peak reserved on CUDA, the sampled PSS of the process tree on a CPU."""
         if self.device_type == "cuda":
             import torch
 
@@ -274,6 +260,16 @@ class TrialLoop:
 
     # --------------------------------------------------------------- measure
     def run(self) -> TrialResult:
+        """Warm up, measure the windows (each sent as a ``window`` event) and return the result.
+
+        The value is the median window's samples/s, or with accumulation the
+        samples over seconds across the whole steps. Every rank closes each
+        window at the same micro-batch, timed by the slowest rank.
+
+        Raises:
+            BudgetExceeded: Peak memory above the budget.
+            Diverged: A non-finite loss.
+        """
         work = self.unit_for_mode()
         unit = work.unit
         options = self.options
@@ -357,6 +353,7 @@ class TrialLoop:
         )
 
     def slowest(self, seconds: float) -> float:
+        """The largest of every rank's ``seconds`` (this rank's own when alone)."""
         return self.rank.reduce([seconds], "max")[0]
 
     def over(self, flag: bool) -> bool:

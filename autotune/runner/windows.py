@@ -1,8 +1,30 @@
-"""How long a trial measures: how many windows, and when the measurement ends."""
+"""What a trial repeats and how long it measures: its unit of work, how many windows, and when the measurement ends."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 from autotune.records import TrialOptions
+
+
+@dataclass(frozen=True)
+class Work:
+    """What a trial repeats, and how it warms up.
+
+    Attributes:
+        unit: One micro-batch in train and compute mode (the last of every ``per_step`` also takes
+            the optimizer step), one batch in loader mode; windows close between units. Returns its samples.
+        warmup_step: One warm-up step (a micro-batch and its own optimizer step in train and compute mode).
+        warmup_steps: How many warm-up steps run before the windows.
+        per_step: Units per optimizer step (the accumulation steps; 1 in loader mode). The measurement ends on a step boundary.
+    """
+
+    unit: Callable[[], int]
+    warmup_step: Callable[[], int]
+    warmup_steps: int
+    per_step: int = 1
+
 
 #: Windows measured even when fewer would fill the trial's seconds (slow steps).
 MIN_WINDOWS = 3
