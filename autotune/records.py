@@ -289,21 +289,21 @@ class Calibration:
     max_batch: int
     memory_points: tuple[MemoryPoint, ...]
     probe_batch: int
-    compute_setup: dict[str, Any]
+    compute_setup: TrainSetup
     compute_samples_per_s: float | None
     loader: tuple[LoaderPoint, ...]
     max_workers: int
     precisions: tuple[PrecisionPoint, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict."""
-        # asdict turns the nested points into dicts already.
+        """JSON-ready dict (asdict turns the nested points and the setup into dicts)."""
         return asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Calibration:
         """Inverse of :meth:`to_dict`."""
         data = dict(data)
+        data["compute_setup"] = TrainSetup.from_dict(data["compute_setup"])
         data["memory_points"] = tuple(MemoryPoint(**p) for p in data["memory_points"])
         data["loader"] = tuple(LoaderPoint(**p) for p in data["loader"])
         data["precisions"] = tuple(PrecisionPoint(**p) for p in data.get("precisions", ()))

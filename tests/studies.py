@@ -15,7 +15,7 @@ def seed_calibration(storage: str, study: str, *, trials: int = 30, shared: bool
 
     calibration = Calibration(
         budget_bytes=2**30, max_batch=64, memory_points=(), probe_batch=64,
-        compute_setup=TrainSetup(batch_size=64).to_dict(), compute_samples_per_s=1000.0,
+        compute_setup=TrainSetup(batch_size=64), compute_samples_per_s=1000.0,
         loader=(LoaderPoint(0, "ok", 300.0), LoaderPoint(1, "ok", 500.0)), max_workers=1,
     )
     SearchStudy.open(storage, study, trials=trials, shared=shared).store_calibration(calibration)

@@ -188,7 +188,7 @@ def test_cuda_space_offers_the_cuda_knobs() -> None:
 
     device = resolve_device("cuda", probes.collect())
     calibration = Calibration(budget_bytes=2**33, max_batch=64, memory_points=(MemoryPoint(64, "ok", 2**28, 100.0),),
-                              probe_batch=64, compute_setup={}, compute_samples_per_s=None, loader=(), max_workers=2)
+                              probe_batch=64, compute_setup=TrainSetup(), compute_samples_per_s=None, loader=(), max_workers=2)
     values = build_space(device=device, calibration=calibration, usable_cores=4, effective_batch=None, constraints={}).values
     assert values["cudnn_benchmark"] == (False, True) and values["decode"] == ("cpu", "gpu")
     assert "fused" in values["optimizer_impl"] and "reduce-overhead" in values["compile"]

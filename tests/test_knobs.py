@@ -38,7 +38,7 @@ QUICK = TrialOptions(trial_seconds=0.5, windows=2)
 def calibration() -> Calibration:
     return Calibration(
         budget_bytes=2**33, max_batch=64, memory_points=(MemoryPoint(64, "ok", 2**28, 100.0),), probe_batch=64,
-        compute_setup={}, compute_samples_per_s=None, loader=(), max_workers=2,
+        compute_setup=TrainSetup(), compute_samples_per_s=None, loader=(), max_workers=2,
     )
 
 

@@ -24,7 +24,7 @@ def calibration(max_batch: int = 256, max_workers: int = 4, memory_points: tuple
         max_batch=max_batch,
         memory_points=memory_points,
         probe_batch=64,
-        compute_setup=TrainSetup().to_dict(),
+        compute_setup=TrainSetup(),
         compute_samples_per_s=100.0,
         loader=(LoaderPoint(0, "ok", 50.0), LoaderPoint(1, "ok", 150.0)),
         max_workers=max_workers,

@@ -155,7 +155,7 @@ def test_calibration_survives_a_reopen_and_confirmation_stays_with_its_run(tmp_p
     study = _open(tmp_path)
     assert study.calibration() is None and study.confirmation() == {}
     calibration = Calibration(
-        budget_bytes=1, max_batch=64, memory_points=(), probe_batch=64, compute_setup={},
+        budget_bytes=1, max_batch=64, memory_points=(), probe_batch=64, compute_setup=TrainSetup(),
         compute_samples_per_s=None, loader=(), max_workers=2,
     )
     study.store_calibration(calibration)

@@ -99,7 +99,7 @@ def test_unmeasured_defaults_give_no_speedup() -> None:
 
 def _calibration(compute: float, loader: float) -> Calibration:
     return Calibration(
-        budget_bytes=None, max_batch=256, memory_points=(), probe_batch=64, compute_setup={},
+        budget_bytes=None, max_batch=256, memory_points=(), probe_batch=64, compute_setup=TrainSetup(),
         compute_samples_per_s=compute, loader=(LoaderPoint(1, "ok", loader),), max_workers=2,
     )
 

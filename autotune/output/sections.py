@@ -132,7 +132,7 @@ def ceiling_bars(data: ReportInput) -> list[tuple[str, float, str, str]]:
             bars.append(("together\n(same round)", own.together, "achieved", "the winner's real loop in that round"))
     elif cal is not None:
         if cal.compute_samples_per_s:
-            setup = ", ".join(f"{k}={v}" for k, v in cal.compute_setup.items() if v not in (None, False))
+            setup = cal.compute_setup.describe()
             bars.append(("compute only\n(calibration)", cal.compute_samples_per_s, "ceiling", f"model alone, one batch in memory ({setup})"))
         loader = [p for p in cal.loader if p.samples_per_s]
         if loader:
