@@ -226,6 +226,17 @@ def nan_loss() -> autotune.Task:
     return autotune.Task(nn.Linear(8, 3), _pairs(), loss=_NanLoss())
 
 
+def _nan_weights_step(model: nn.Module, batch: Any) -> torch.Tensor:
+    inputs, targets = batch
+    # sqrt at 0: the loss stays finite, its gradient does not (inf x 0), and the optimizer's step makes the weights NaN.
+    return nn.functional.cross_entropy(model(inputs), targets) + torch.sqrt((model.weight * 0).sum())
+
+
+def nan_weights() -> autotune.Task:
+    """Every step's loss is finite; the first optimizer step makes the weights NaN."""
+    return autotune.Task(nn.Linear(8, 3), _pairs(), step=_nan_weights_step)
+
+
 def _not_a_count(batch: Any) -> int:
     return "x"  # type: ignore[return-value]
 

@@ -591,6 +591,38 @@ def test_a_run_with_another_process_count_than_tuned_says_so(synthetic_data: Pat
     assert said.startswith("note: tuned with torchrun --nproc_per_node 2; this run has 1 process(es)") and "does not apply" in said
 
 
+def test_resume_stops_every_rank_when_only_some_find_the_checkpoint(synthetic_data: Path, tmp_path: Path) -> None:
+    """--output-dir on each node's local disk: ranks that found no checkpoint would train from step 0 beside the resumed
+    ones. Every rank sums who found it (one all_reduce), and all stop in one line when they disagree."""
+    import torch
+
+    namespace = load_script(write_script(make_best(synthetic_data, **CPU_KNOBS), tmp_path / "train.py"))
+    check = namespace["checkpoint_on_every_rank"]
+
+    class World:
+        """torch.distributed of a 2-process world whose other process found ``other``."""
+
+        def __init__(self, other: bool) -> None:
+            self.other = other
+
+        def is_available(self) -> bool:
+            return True
+
+        def is_initialized(self) -> bool:
+            return True
+
+        def all_reduce(self, tensor: torch.Tensor) -> None:
+            tensor += torch.tensor([float(self.other), float(not self.other)])
+
+    for here, other in ((True, False), (False, True)):
+        check.__globals__["dist"] = World(other)
+        with pytest.raises(SystemExit, match=r"^error: --resume: 1 process\(es\) found checkpoint.pth in --output-dir and 1 did not"):
+            check(here, torch.device("cpu"))
+    for both in (True, False):
+        check.__globals__["dist"] = World(both)
+        check(both, torch.device("cpu"))  # all agree: nothing to say
+
+
 def test_validation_classes_take_the_training_indices(synthetic_data: Path, tmp_path: Path) -> None:
     """ImageFolder numbers a folder's classes by name: a val split without some classes must not shift the labels."""
     from torchvision.datasets import ImageFolder

@@ -443,7 +443,10 @@ def test_the_task_script_refuses_a_bad_workload_or_checkpoint_in_one_line(
         assert not (tmp_path / "out").exists()
     # Recipes the search refuses stop the script in one line too, and no checkpoint of NaN weights is written.
     for flags, message in ((["--workload", "task_factories:non_scalar_loss"], "error: the Task's loss must be a scalar tensor, got (8,)"),
-                           (["--workload", "task_factories:nan_loss"], "error: the loss became NaN or infinite by step 1")):
+                           (["--workload", "task_factories:nan_loss"], "error: the loss or the weights became NaN or infinite by step 1"),
+                           # The last step's loss was finite, the step blew the weights up: still no checkpoint.
+                           (["--workload", "task_factories:nan_weights", "--max-steps", "1"],
+                            "error: the loss or the weights became NaN or infinite by step 1")):
         line, _ = in_process.refusal(script, ["--print-freq", "1", "--output-dir", "bad", *flags], script.parent, capfd, monkeypatch)
         assert line.startswith(message), line
         assert not (tmp_path / "bad" / "checkpoint.pth").exists()
@@ -455,6 +458,28 @@ def test_the_task_script_refuses_a_bad_workload_or_checkpoint_in_one_line(
     torch.save({**state, "args": {"batch_size": 8}}, tmp_path / "out" / "checkpoint.pth")  # another model's weights
     line, _ = in_process.refusal(script, ["--output-dir", "out", "--resume"], script.parent, capfd, monkeypatch)
     assert "does not fit this model or optimizer" in line, line
+
+
+def test_a_resumed_iterable_epoch_skips_what_it_trained_on(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stream of 24 samples at batch 8 is 3 steps an epoch: stopped after step 1, the resumed run reads past that
+    step's micro-batch and ends the epoch at step 3, not at step 4 with the first batch trained twice."""
+    script = _task_script(tmp_path, "iterable", autotune.TrainSetup(batch_size=8))
+    code, _, err = _run_here(script, capfd, monkeypatch, "--max-steps", "1")
+    assert code == 0, err
+    code, out, err = _run_here(script, capfd, monkeypatch, "--resume", "--epochs", "1")
+    assert code == 0, err
+    assert "skipping the 1 micro-batches of epoch 0 trained on before the checkpoint" in out
+    assert [int(line.split()[1]) for line in out.splitlines() if line.startswith("step ")] == [2, 3]
+    checkpoint = torch.load(tmp_path / "out" / "checkpoint.pth", weights_only=True)
+    assert (checkpoint["step"], checkpoint["epoch"], checkpoint["epoch_step"]) == (3, 1, 0)
+    # Stopped on the epoch's last step: the resumed run finds the epoch done and goes on to the next.
+    code, _, err = _run_here(script, capfd, monkeypatch, "--max-steps", "3", "--output-dir", "end")
+    assert code == 0, err
+    code, out, err = _run_here(script, capfd, monkeypatch, "--resume", "--epochs", "2", "--output-dir", "end")
+    assert code == 0, err
+    assert [int(line.split()[1]) for line in out.splitlines() if line.startswith("step ")] == [4, 5, 6]
 
 
 @pytest.mark.slow

@@ -70,7 +70,8 @@ class Task:
             same ratio. Default: AdamW at ``lr`` with the tuned
             ``optimizer_impl`` (a factory of your own is not given that knob).
         batch_size: The recipe's batch: the reference effective batch for the
-            learning-rate note and the batch of the "recipe" baseline.
+            learning-rate note and the batch of the "recipe" baseline (per
+            process under DDP trials, whose reference is then the world's).
         lr: The recipe's learning rate at ``batch_size`` (see ``optimizer``).
         batch_size_of: ``batch_size_of(batch) -> int``: samples in a batch
             (default: the first dimension of the batch's first tensor). Return
