@@ -18,6 +18,7 @@ import json
 import os
 import signal
 import socket
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -167,7 +168,9 @@ def run_world(options: TrialOptions, execute: Execute) -> TrialResult:
 
     Rank 0's result is the trial's, unless a rank ends badly first: then that
     rank's result (its exception classified, or its death) is, and every
-    other rank is killed.
+    other rank is killed. A rank whose collective failed because a peer died
+    usually reports first; a peer's death within :data:`DEATH_GRACE_S` is
+    then the result, since it is the cause.
     """
     port = free_port()
     world = options.world_size
@@ -194,7 +197,8 @@ def run_world(options: TrialOptions, execute: Execute) -> TrialResult:
                 result = TrialResult.from_dict(json.loads(payload))
             elif code == RANK_FAILED and payload:
                 failed = TrialResult.from_dict(json.loads(payload))
-                result = TrialResult(**{**failed.to_dict(), "error": f"rank {rank}: {failed.error}"})
+                # A collective fails on every rank when one dies: the death, if one follows at once, is the cause.
+                result = _death_among(ranks, oom_before) or TrialResult(**{**failed.to_dict(), "error": f"rank {rank}: {failed.error}"})
             elif code != 0:
                 result = _death(rank, code, oom_before)
     finally:
@@ -206,6 +210,27 @@ def run_world(options: TrialOptions, execute: Execute) -> TrialResult:
                 pass
             os.close(read_end)
     return result or TrialResult(status="error", error="no rank reported a result")
+
+
+#: Seconds a failed rank's peers are given to show whether one of them died (the failure's cause) before they are killed.
+DEATH_GRACE_S = 2.0
+
+
+def _death_among(ranks: dict[int, tuple[int, int]], oom_before: int | None) -> TrialResult | None:
+    """The death of a rank in ``ranks`` (killed by a signal) within :data:`DEATH_GRACE_S`, reaped and removed; else None."""
+    deadline = time.monotonic() + DEATH_GRACE_S
+    while ranks and time.monotonic() < deadline:
+        for pid in list(ranks):
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if not done:
+                continue
+            rank, read_end = ranks.pop(pid)
+            os.close(read_end)
+            code = os.waitstatus_to_exitcode(status)
+            if code < 0:
+                return _death(rank, code, oom_before)
+        time.sleep(0.02)
+    return None
 
 
 def _rank_main(rank: int, world: int, port: int, options: TrialOptions, execute: Execute, out: int) -> None:
