@@ -61,7 +61,7 @@ def not_a_module() -> str:
 
 def chatty(num_classes: int = 10) -> nn.Module:
     """A factory that prints, as user code does."""
-    print("hello from the factory")
+    print("hello from the factory", flush=True)  # written at once: a test reads the trial's log right after its result
     return tiny_cnn(num_classes)
 
 

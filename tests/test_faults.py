@@ -50,18 +50,30 @@ def start(cmd: list[str]) -> subprocess.Popen[bytes]:
 
 
 def wait_running(proc: subprocess.Popen[bytes], out: Path, number: int) -> None:
-    """Wait until trial ``number`` is RUNNING in the study of ``out``."""
+    """Wait until trial ``number`` is RUNNING in the study of ``out``, and leave ``proc`` frozen (SIGSTOP) with it so.
+
+    A frozen search tells nothing, so the trial stays RUNNING whatever the machine's load: a signal sent now lands
+    mid-trial (it is delivered at the SIGCONT). Seen RUNNING but finished by the time the search froze: thawed, wait on.
+    """
     storage = f"sqlite:///{out / 'study.db'}"
     deadline = time.monotonic() + WAIT_S
+
+    def running() -> bool:
+        try:
+            trials = optuna.load_study(study_name=None, storage=storage).get_trials(deepcopy=False)
+        except Exception:  # the study is still being created
+            trials = []
+        return any(t.number == number and t.state == TrialState.RUNNING for t in trials)
+
     while time.monotonic() < deadline:
         assert proc.poll() is None, proc.communicate()[1].decode()
-        if (out / "study.db").exists():
-            try:
-                trials = optuna.load_study(study_name=None, storage=storage).get_trials(deepcopy=False)
-            except Exception:  # the study is still being created
-                trials = []
-            if any(t.number == number and t.state == TrialState.RUNNING for t in trials):
+        if (out / "study.db").exists() and running():
+            proc.send_signal(signal.SIGSTOP)
+            while psutil.Process(proc.pid).status() != psutil.STATUS_STOPPED:
+                time.sleep(0.01)
+            if running():
                 return
+            proc.send_signal(signal.SIGCONT)
         time.sleep(0.2)
     proc.kill()
     pytest.fail(f"trial #{number} never ran")
@@ -88,14 +100,14 @@ def test_hangup_and_kill9_mid_trial_lose_nothing_and_a_second_search_is_refused(
     first = start(search_cmd(out, cache_dir))
     wait_running(first, out, 0)
     first.send_signal(signal.SIGHUP)
+    first.send_signal(signal.SIGCONT)  # the hangup is delivered as the search thaws, mid-trial
     _, stderr = first.communicate(timeout=WAIT_S)
     assert first.returncode == 130, stderr.decode()
     assert "Traceback" not in stderr.decode()
     assert study_of(out).trials[0].state == TrialState.FAIL
 
     resumed = start(search_cmd(out, cache_dir))
-    wait_running(resumed, out, 1)
-    resumed.send_signal(signal.SIGSTOP)  # frozen mid-trial: it certainly holds --out while the second one starts
+    wait_running(resumed, out, 1)  # frozen mid-trial: it certainly holds --out while the second one starts
     second = subprocess.run(search_cmd(out, cache_dir), capture_output=True, env=ENV, timeout=WAIT_S)
     storage = f"sqlite:///{out / 'study.db'}"
     live = study_status(storage)
@@ -165,7 +177,8 @@ def _trial_pids() -> list[int]:
     for child in psutil.Process().children(recursive=True):
         try:
             parent = child.parent()
-            if parent is not None and parent.pid != os.getpid() and "autotune.runner.server" in " ".join(parent.cmdline()):
+            if (parent is not None and parent.pid != os.getpid() and "autotune.runner.server" in " ".join(parent.cmdline())
+                    and child.status() != psutil.STATUS_ZOMBIE):  # an earlier trial, killed and not yet reaped, is not this one
                 found.append(child.pid)
         except psutil.Error:
             continue
@@ -180,13 +193,15 @@ def _run_and_signal_the_trial(cache_dir: Path, signum: int) -> TrialResult:
 
     setup, workload, options = _never_ending(cache_dir)
     killed: list[int] = []
+    earlier = set(_trial_pids())  # trials of earlier tests still exiting: not this one
 
     def signal_the_trial() -> None:
         deadline = time.monotonic() + WAIT_S
         while time.monotonic() < deadline and not killed:
-            for pid in _trial_pids():
+            for pid in set(_trial_pids()) - earlier:
                 os.kill(pid, signum)
                 killed.append(pid)
+                break
             time.sleep(0.1)
 
     thread = threading.Thread(target=signal_the_trial, daemon=True)
