@@ -623,6 +623,20 @@ def test_resume_stops_every_rank_when_only_some_find_the_checkpoint(synthetic_da
         check(both, torch.device("cpu"))  # all agree: nothing to say
 
 
+def test_a_resumed_run_keeps_the_warm_up_length_it_started_with(synthetic_data: Path, tmp_path: Path) -> None:
+    """--warmup-steps -1 is one epoch when the batch grew more than 4x; a resumed run takes the checkpoint's length (the
+    epoch length follows the data, which may have changed), and an explicit --warmup-steps wins."""
+    import argparse
+
+    warmup_steps = load_script(write_script(make_best(synthetic_data, **CPU_KNOBS), tmp_path / "train.py"))["warmup_steps"]
+    auto, explicit = argparse.Namespace(warmup_steps=-1, reference_batch=32), argparse.Namespace(warmup_steps=3, reference_batch=32)
+    assert warmup_steps(auto, None, 10, 1024) == 10 and warmup_steps(auto, None, 10, 128) == 0
+    assert warmup_steps(auto, None, None, 1024) == 0  # no epoch length (an iterable dataset): no automatic warm-up
+    assert warmup_steps(auto, {"args": {"warmup_steps": 7}}, 10, 1024) == 7
+    assert warmup_steps(auto, {"args": {}}, 10, 1024) == 10  # a checkpoint that did not say
+    assert warmup_steps(explicit, {"args": {"warmup_steps": 7}}, 10, 1024) == 3
+
+
 def test_validation_classes_take_the_training_indices(synthetic_data: Path, tmp_path: Path) -> None:
     """ImageFolder numbers a folder's classes by name: a val split without some classes must not shift the labels."""
     from torchvision.datasets import ImageFolder

@@ -495,6 +495,10 @@ def test_the_task_script_keeps_each_param_group_lr_and_warms_each_up_from_its_ow
     assert code == 0, err
     lrs = _checkpoint_lrs(tmp_path / "out2")
     assert lrs == pytest.approx([0.05, 0.0005])  # step 2 of 4: half of each group's own rate
+    # Resumed with a shorter warm-up than the step reached: it ends at the full rates, not stuck at half of them.
+    code, _, err = _run_here(script, capfd, monkeypatch, "--max-steps", "3", "--warmup-steps", "1", "--output-dir", "out2", "--resume")
+    assert code == 0, err
+    assert _checkpoint_lrs(tmp_path / "out2") == pytest.approx([0.1, 0.001])
     # A factory that sets 0.1 itself (Task.lr left at 1e-3): batch 16 x 2 doubles the recipe's batch, and SGD scales linearly.
     script = _task_script(tmp_path / "own", "sgd_own_rate", autotune.TrainSetup(batch_size=16, accumulation_steps=2))
     code, out, err = _run_here(script, capfd, monkeypatch, "--max-steps", "1")
