@@ -122,6 +122,19 @@ class AugmentedStream(IterableDataset):
             yield torch.full((8,), float(i)) + torch.randn(8) + jitter, i % 3
 
 
+class RandomStream(IterableDataset):
+    """An endless stream of random samples (a throughput benchmark's data): no worker repeats another's."""
+
+    def __iter__(self) -> Any:
+        while True:
+            yield torch.randn(8), int(torch.randint(0, 3, ()))
+
+
+def random_iterable() -> autotune.Task:
+    """An IterableDataset that generates its samples at random and does not shard itself (nothing to shard)."""
+    return autotune.Task(nn.Linear(8, 3), RandomStream())
+
+
 def augmented_iterable() -> autotune.Task:
     """An IterableDataset that augments randomly and does not shard itself."""
     return autotune.Task(nn.Linear(8, 3), AugmentedStream())

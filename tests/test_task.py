@@ -165,6 +165,8 @@ def test_a_stream_that_augments_randomly_is_still_caught_yielding_whole_from_eve
     so the copies are equal again, while a stream that splits itself still yields different items."""
     assert _workload("augmented_iterable").unsharded
     assert not _workload("augmented_sharded_iterable").unsharded
+    # Samples generated at random differ between workers in training (seeded apart): not copies, whatever the seeding.
+    assert not _workload("random_iterable").unsharded
 
 
 def test_unpicklable_dataset_is_fine_without_workers_or_with_workers_that_fork(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -479,6 +481,7 @@ def test_a_resumed_iterable_epoch_skips_what_it_trained_on(
     assert code == 0, err
     code, out, err = _run_here(script, capfd, monkeypatch, "--resume", "--epochs", "2", "--output-dir", "end")
     assert code == 0, err
+    assert "note: epoch 0 ended within the 3 micro-batches skipped" in out
     assert [int(line.split()[1]) for line in out.splitlines() if line.startswith("step ")] == [4, 5, 6]
 
 

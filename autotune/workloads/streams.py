@@ -75,25 +75,56 @@ def same_item(a: Any, b: Any) -> bool:
         return False
 
 
+def _discrete(item: Any) -> list[Any]:
+    """The parts of an item random augmentation leaves alone, in order: integers, booleans, strings, integer tensors."""
+    import numpy
+    import torch
+
+    if isinstance(item, torch.Tensor):
+        return [] if item.is_floating_point() or item.is_complex() else [item.tolist()]
+    if isinstance(item, numpy.ndarray):
+        return [item.tolist()] if item.dtype.kind in "iub" else []
+    if isinstance(item, Mapping):
+        return [part for key in item for part in [key, *_discrete(item[key])]]
+    if isinstance(item, (list, tuple)):
+        return [part for x in item for part in _discrete(x)]
+    return [item] if isinstance(item, (int, str, bytes)) else []  # bool is an int
+
+
+def _pairs(dataset: Any, seeded: bool) -> list[tuple[Any, Any]]:
+    """The first items of two real loader workers, one of each per pair (``seeded``: their generators seeded alike)."""
+    from torch.utils.data import DataLoader
+
+    loader = DataLoader(dataset, batch_size=None, num_workers=2, collate_fn=_as_is, timeout=PROBE_TIMEOUT_S,
+                        worker_init_fn=_same_seed if seeded else None)
+    stream = iter(loader)
+    items = list(itertools.islice(stream, 2 * PROBE_ITEMS))
+    del stream  # stops the workers
+    return [(items[i], items[i + 1]) for i in range(0, len(items) - 1, 2)]
+
+
 def workers_repeat_items(dataset: Any) -> bool:
     """Whether two loader workers yield the same first items of ``dataset`` (an ``IterableDataset``).
 
     The loader takes its items from the workers in turn (worker 0, worker 1,
     worker 0, ...), so the stream's pairs hold one item of each. Every pair
-    equal means each worker yields the whole stream. The workers' generators
-    are seeded alike (:func:`_same_seed`). A loader that fails or
-    stalls here says nothing (False): calibration measures workers anyway.
+    equal means each worker yields the whole stream. A stream that augments
+    randomly yields equal pairs only when the workers' generators are seeded
+    alike (:func:`_same_seed`); it is told from a stream that generates its
+    items at random (whose workers yield different items in training, as
+    they are seeded apart) by the parts augmentation leaves alone: labels,
+    token ids, strings agree between the workers, seeded apart as in
+    training. A stream with no such part is not taken for a copy then. A
+    loader that fails or stalls here says nothing (False): calibration
+    measures workers anyway.
     """
-    from torch.utils.data import DataLoader
-
     try:
-        loader = DataLoader(
-            dataset, batch_size=None, num_workers=2, collate_fn=_as_is, timeout=PROBE_TIMEOUT_S, worker_init_fn=_same_seed
-        )
-        stream = iter(loader)
-        items = list(itertools.islice(stream, 2 * PROBE_ITEMS))
-        del stream  # stops the workers
+        pairs = _pairs(dataset, seeded=False)
+        if pairs and all(same_item(a, b) for a, b in pairs):
+            return True
+        if not pairs or not all(_discrete(a) and _discrete(a) == _discrete(b) for a, b in pairs):
+            return False
+        seeded = _pairs(dataset, seeded=True)
     except Exception:
         return False
-    pairs = [(items[i], items[i + 1]) for i in range(0, len(items) - 1, 2)]
-    return bool(pairs) and all(same_item(a, b) for a, b in pairs)
+    return bool(seeded) and all(same_item(a, b) for a, b in seeded)
