@@ -147,6 +147,43 @@ def test_a_crashed_rank_ends_the_trial_and_leaves_no_process() -> None:
     assert not alive, f"orphan ranks: {alive}"
 
 
+def _broken_collective_first(then: str) -> Any:
+    """A rank body: rank 0 fails at once with the error a collective raises when its peer is gone; rank 1 then ``then``s."""
+    import resource
+    import signal
+
+    def body(rank: Any) -> TrialResult:
+        if rank.rank == 0:
+            time.sleep(0.1)
+            return TrialResult(status="error", error="RuntimeError: [gloo] Connection closed by peer [127.0.0.1]:29500")
+        time.sleep(0.5)
+        if then == "segfault":
+            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # no core file
+            os.kill(os.getpid(), signal.SIGSEGV)
+        if then == "oom":
+            return TrialResult(status="oom", error="RuntimeError: CPU out of memory")
+        time.sleep(600)  # never ends by itself: run_world must kill it
+        return TrialResult(status="ok", samples_per_s=1.0)
+
+    return body
+
+
+@pytest.mark.slow
+def test_a_rank_s_own_failure_is_named_not_the_collective_it_broke_on_its_peer() -> None:
+    """Whichever rank the supervisor reaps first, the trial's error is the cause: rank 1's death or its own failure,
+    not rank 0's broken collective; a rank that merely blocks is killed after a short grace, not waited for."""
+    from autotune.runner.ranks import run_world
+
+    options = TrialOptions(trial_seconds=1.0, windows=2, world_size=2, cores=two_cores(), timeout_s=60)
+    assert run_world(options, _broken_collective_first("segfault")).error == "rank 1 died of SIGSEGV"
+    oom = run_world(options, _broken_collective_first("oom"))
+    assert (oom.status, oom.error) == ("oom", "rank 1: RuntimeError: CPU out of memory")
+    began = time.monotonic()
+    blocked = run_world(options, _broken_collective_first("block"))
+    assert blocked.error is not None and blocked.error.startswith("rank 0: RuntimeError: [gloo] Connection closed by peer")
+    assert time.monotonic() - began < 300  # killed after the grace (2 s), not after its 600-s sleep
+
+
 def _alive(pid: int) -> bool:
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE

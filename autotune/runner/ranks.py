@@ -168,9 +168,9 @@ def run_world(options: TrialOptions, execute: Execute) -> TrialResult:
 
     Rank 0's result is the trial's, unless a rank ends badly first: then that
     rank's result (its exception classified, or its death) is, and every
-    other rank is killed. A rank whose collective failed because a peer died
-    usually reports first; a peer's death within :data:`DEATH_GRACE_S` is
-    then the result, since it is the cause.
+    other rank is killed. A rank whose collective broke because a peer ended
+    often reports first; a peer's death or own failure within
+    :data:`DEATH_GRACE_S` is then the result, since it is the cause.
     """
     port = free_port()
     world = options.world_size
@@ -197,8 +197,9 @@ def run_world(options: TrialOptions, execute: Execute) -> TrialResult:
                 result = TrialResult.from_dict(json.loads(payload))
             elif code == RANK_FAILED and payload:
                 failed = TrialResult.from_dict(json.loads(payload))
-                # A collective fails on every rank when one dies: the death, if one follows at once, is the cause.
-                result = _death_among(ranks, oom_before) or TrialResult(**{**failed.to_dict(), "error": f"rank {rank}: {failed.error}"})
+                result = TrialResult(**{**failed.to_dict(), "error": f"rank {rank}: {failed.error}"})
+                if _collective(failed.error):  # a peer's end broke the collective: the peer's own failure is the cause
+                    result = _cause_among(ranks, oom_before) or result
             elif code != 0:
                 result = _death(rank, code, oom_before)
     finally:
@@ -212,12 +213,21 @@ def run_world(options: TrialOptions, execute: Execute) -> TrialResult:
     return result or TrialResult(status="error", error="no rank reported a result")
 
 
-#: Seconds a failed rank's peers are given to show whether one of them died (the failure's cause) before they are killed.
+#: Seconds the peers of a rank whose collective broke are given to show their own failure (the cause) before they are killed.
 DEATH_GRACE_S = 2.0
+#: Words of the errors a collective raises when a peer is gone (gloo, NCCL): the peer's failure is the cause.
+COLLECTIVE_ERRORS = ("connection closed by peer", "connection reset by peer", "broken pipe", "gloo", "nccl", "processgroup")
 
 
-def _death_among(ranks: dict[int, tuple[int, int]], oom_before: int | None) -> TrialResult | None:
-    """The death of a rank in ``ranks`` (killed by a signal) within :data:`DEATH_GRACE_S`, reaped and removed; else None."""
+def _collective(error: str | None) -> bool:
+    """Whether a rank's error is a collective broken by a peer's end rather than its own failure."""
+    text = (error or "").lower()
+    return any(word in text for word in COLLECTIVE_ERRORS)
+
+
+def _cause_among(ranks: dict[int, tuple[int, int]], oom_before: int | None) -> TrialResult | None:
+    """Within :data:`DEATH_GRACE_S`, the first peer in ``ranks`` (reaped and removed) that died of a signal or failed
+    with an error of its own (not another broken collective); None if none did."""
     deadline = time.monotonic() + DEATH_GRACE_S
     while ranks and time.monotonic() < deadline:
         for pid in list(ranks):
@@ -225,10 +235,14 @@ def _death_among(ranks: dict[int, tuple[int, int]], oom_before: int | None) -> T
             if not done:
                 continue
             rank, read_end = ranks.pop(pid)
-            os.close(read_end)
+            payload = _read_all(read_end)
             code = os.waitstatus_to_exitcode(status)
             if code < 0:
                 return _death(rank, code, oom_before)
+            if code == RANK_FAILED and payload:
+                failed = TrialResult.from_dict(json.loads(payload))
+                if not _collective(failed.error):
+                    return TrialResult(**{**failed.to_dict(), "error": f"rank {rank}: {failed.error}"})
         time.sleep(0.02)
     return None
 
