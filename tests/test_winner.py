@@ -245,6 +245,7 @@ def test_a_task_batch_larger_than_its_data_stays_the_learning_rate_reference() -
     assert best.lr == pytest.approx(1e-3 * (50 / 64) ** 0.5)
     note = next(n for n in best.notes if n.startswith("effective batch 50 differs from the reference 64"))
     assert note.endswith("the data holds 50 samples, fewer than one reference batch: no setup can keep the math"), note
+    assert "the trials measured speed at your rate, so the scaled one is a rule, not tested for stability here" in note
 
 
 def test_a_winner_whose_steps_leave_much_of_a_small_dataset_out_says_so() -> None:

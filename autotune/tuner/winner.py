@@ -119,7 +119,9 @@ def make_best(
                 f"pass --effective-batch {reference} to keep the math" if fits else
                 f"to keep the math, pass --effective-batch {reference} with a --set batch_size that divides it "
                 f"(--set {batch_pin} allows none)")
-        notes.append(f"effective batch {effective} differs from the reference {reference}: the learning rate is scaled {rule}; {keep}")
+        notes.append(f"effective batch {effective} differs from the reference {reference}: the learning rate is scaled {rule}; "
+                     f"the trials measured speed at your rate, so the scaled one is a rule, not tested for stability here "
+                     f"(train.py stops on a NaN loss: then lower --lr); {keep}")
     if base is None:
         notes.append(f"the PyTorch defaults ({defaults.describe()}) could not be measured (trials.csv gives their trial's "
                      "error: at your own recipe's batch), so no speedup is given")
