@@ -177,8 +177,8 @@ class TrialResult:
 
     Attributes:
         status: ``ok``, ``oom``, ``timeout``, ``error``, ``diverged`` (or ``pruned`` when a search
-            stopped it early; ``interrupted`` when something outside terminated it; ``bad_data`` when a
-            file of the data cannot be decoded: neither is the setup's failure, nor stored as a measurement).
+            stopped it early; ``interrupted`` when something outside terminated it; ``bad_data`` when a data file
+            cannot be decoded or an item raises in ``compute`` mode's batch: neither is the setup's failure, nor stored).
         samples_per_s: Median steady-state window throughput (with accumulation: samples over the whole steps; pruned: its last window).
         samples_per_s_spread: Range (max - min) of the window throughputs.
         step_time_s: Wall time of one optimizer step (``accumulation_steps``

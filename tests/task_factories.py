@@ -323,6 +323,24 @@ def fails_in_workers() -> autotune.Task:
     return autotune.Task(nn.Linear(8, 3), _FailsInWorkers(), batch_size=8)
 
 
+class _CorruptRecord(Dataset):
+    def __init__(self) -> None:
+        self.data = _pairs(300)
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, index: int) -> Any:
+        if index == 250:
+            raise ValueError("corrupt record 250")
+        return self.data[index]
+
+
+def corrupt_record() -> autotune.Task:
+    """Item 250 of 300 raises: past the check's first items and the pre-pass's first batches."""
+    return autotune.Task(nn.Linear(8, 3), _CorruptRecord(), batch_size=8)
+
+
 #: Where :func:`crash_rank_one` records the pid of every rank that trained.
 RANK_PIDS = Path(tempfile.gettempdir()) / "autotune-test-rank-pids"
 

@@ -45,3 +45,25 @@ def test_a_dataset_that_fails_only_in_loader_workers_is_reported_as_such() -> No
     assert outcome.status == "error"
     assert outcome.result.error is not None and outcome.result.error.startswith("failed in a DataLoader worker")
     assert "database connection" in outcome.result.error
+
+
+@pytest.mark.slow
+def test_an_item_that_raises_in_a_batch_is_bad_data_and_stops_the_search_naming_it(tmp_path: Path) -> None:
+    """The memory pre-pass reads real items: the one that raises is the data's fault, not a memory limit of the batch."""
+    from autotune.errors import WorkloadError
+    from autotune.records import TrialOptions
+    from autotune.runner import run_trial
+    from autotune.workloads.tasks import build_task_workload
+
+    workload = build_task_workload("task_factories:corrupt_record", device="cpu", workers=False)
+    result = run_trial(autotune.TrainSetup(batch_size=256), workload, TrialOptions(trial_seconds=1.0, mode="compute"))
+    assert (result.status, result.error) == ("bad_data", "dataset[250] failed: ValueError: corrupt record 250")
+    from autotune.tuner.progress import SilentReporter
+
+    messages: list[str] = []
+    reporter = SilentReporter()
+    reporter.message = messages.append  # type: ignore[method-assign]
+    with pytest.raises(WorkloadError, match=r"^bad data: dataset\[250\] failed: ValueError: corrupt record 250; fix or remove it"):
+        autotune.search(workload="task_factories:corrupt_record", trials=2, device="cpu", trial_seconds=1.0,
+                        out=tmp_path / "out", reporter=reporter)
+    assert any("memory pre-pass: batch 32: ok" in m for m in messages) and not any("verify" in m for m in messages), messages

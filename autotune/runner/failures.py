@@ -9,7 +9,7 @@ from __future__ import annotations
 from autotune.errors import AutotuneError
 from autotune.records import TrialResult
 from autotune.workloads.batches import hinted
-from autotune.workloads.data import BadImage
+from autotune.workloads.data import BadData
 from probes.cgroup import oom_kills
 
 
@@ -49,12 +49,12 @@ def classify(exc: BaseException) -> TrialResult:
         return TrialResult(status="diverged", error=str(exc))
     if isinstance(exc, CompileFailed):
         return TrialResult(status="error", error=str(exc))
-    if isinstance(exc, BadImage):
+    if isinstance(exc, BadData):
         # Re-raised from a loader worker, the message is the worker's whole
-        # traceback; its last line is the original one, naming the file.
+        # traceback; its last line is the original one, naming the file or item.
         lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
         last = lines[-1] if lines else ""
-        return TrialResult(status="bad_data", error=last.split("BadImage: ", 1)[-1][:400])
+        return TrialResult(status="bad_data", error=last.split(f"{type(exc).__name__}: ", 1)[-1][:400])
     message = str(exc)
     if "DataLoader worker" in message:
         # PyTorch re-raises a worker's exception with the original traceback as text: keep its last line.

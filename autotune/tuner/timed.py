@@ -34,8 +34,9 @@ class TimedRunner:
         Raises:
             KeyboardInterrupt: Something outside terminated the trial: the
                 search stops as on Ctrl-C and stores nothing for it.
-            WorkloadError: A data file cannot be decoded: the search stops
-                naming it (every setup fast enough to reach it would fail).
+            WorkloadError: A data file cannot be decoded, or a dataset item
+                raises while a batch is assembled: the search stops naming it
+                (every setup fast enough to reach it would fail).
         """
         raise_if_stopped()
         began = time.monotonic()
@@ -46,6 +47,6 @@ class TimedRunner:
         raise_if_stopped()  # a Ctrl-C whose KeyboardInterrupt was dropped during the trial
         if result.status == "bad_data":
             raise WorkloadError(
-                f"bad data: {result.error}; fix or remove the file and rerun (finished trials are kept)"
+                f"bad data: {result.error}; fix or remove it and rerun (finished trials are kept)"
             )
         return result

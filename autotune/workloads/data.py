@@ -245,7 +245,11 @@ def train_transform(image_size: int) -> Any:
     )
 
 
-class BadImage(WorkloadError):
+class BadData(WorkloadError):
+    """An item of the data cannot be read: every setup that reaches it fails the same way (status ``bad_data``)."""
+
+
+class BadImage(BadData):
     """An image file of the data cannot be decoded (truncated, corrupt, not an image)."""
 
 

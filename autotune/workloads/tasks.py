@@ -19,6 +19,7 @@ from typing import Any
 from autotune.errors import USER_CODE_ERRORS, WorkloadError
 from autotune.records import Workload
 from autotune.workloads.batches import describe_batch, has_image_tensor, hinted
+from autotune.workloads.data import BadData
 from autotune.workloads.models import is_factory_ref, load_factory, validate_model_ref
 from autotune.workloads.task import Task
 
@@ -190,22 +191,36 @@ def _collate(task: Task, items: list[Any]) -> Any:
 
 
 def example_batch(task: Task, batch_size: int) -> Any:
-    """A batch of ``batch_size`` real items (repeated if the dataset is smaller), collated."""
+    """A batch of ``batch_size`` real items (repeated if the dataset is smaller), collated.
+
+    Raises:
+        BadData: Reading an item raised: the data's fault, not the batch size's
+            (a memory pre-pass must not take it for a limit of the batch).
+    """
     from torch.utils.data import IterableDataset
 
     dataset = task.dataset
+    items: list[Any] = []
     if isinstance(dataset, IterableDataset):
-        items: list[Any] = []
-        while len(items) < batch_size:
-            before = len(items)
-            for item in dataset:
-                items.append(item)
-                if len(items) >= batch_size:
-                    break
-            if len(items) == before:
-                raise WorkloadError("the workload's dataset yields no items")
+        try:
+            while len(items) < batch_size:
+                before = len(items)
+                for item in dataset:
+                    items.append(item)
+                    if len(items) >= batch_size:
+                        break
+                if len(items) == before:
+                    raise WorkloadError("the workload's dataset yields no items")
+        except WorkloadError:
+            raise
+        except USER_CODE_ERRORS as exc:
+            raise BadData(f"item {len(items)} of the workload's dataset failed: {type(exc).__name__}: {exc}") from None
     else:
-        items = [dataset[index % len(dataset)] for index in range(batch_size)]
+        for index in range(batch_size):
+            try:
+                items.append(dataset[index % len(dataset)])
+            except USER_CODE_ERRORS as exc:
+                raise BadData(f"dataset[{index % len(dataset)}] failed: {type(exc).__name__}: {exc}") from None
     return _collate(task, items)
 
 
