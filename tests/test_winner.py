@@ -222,6 +222,19 @@ def test_a_search_on_a_busy_machine_says_how_busy() -> None:
     assert not any(n.startswith("other processes") for n in notes([None, None]))  # not known (a quota below the affinity)
 
 
+def test_a_finalist_whose_rounds_disagree_with_its_trial_beyond_twice_is_named() -> None:
+    """The defaults' trial ran at 100 samples/s; rounds at 40 (the machine got busy) inflate the speedup: the note says so."""
+    drifted = _best([_confirmed(MID, (230.0, 220.0, 250.0)), _confirmed(DEFAULTS, (40.0, 45.0, 38.0))])
+    assert drifted.setup == MID and drifted.speedup == pytest.approx(5.75)
+    drift = [n for n in drifted.notes if n.startswith("the confirmation rounds and the trials disagree")]
+    assert len(drift) == 1 and f"{DEFAULTS.describe()}: 40.0 samples/s in the rounds, 100.0 in its trial" in drift[0]
+    assert MID.describe() not in drift[0]  # 230 against 240: noise
+    steady = _best([_confirmed(MID, (230.0, 220.0, 250.0)), _confirmed(DEFAULTS, (60.0, 55.0, 52.0))])  # 0.55x its trial: noise
+    assert not any("disagree" in n for n in steady.notes)
+    faster = _best([_confirmed(MID, (530.0, 520.0, 550.0)), _confirmed(DEFAULTS, (110.0, 100.0, 90.0))])  # the trial ran busy
+    assert any(f"{MID.describe()}: 530.0 samples/s in the rounds, 240.0 in its trial" in n for n in faster.notes)
+
+
 def test_reduced_precision_that_gains_nothing_over_its_fp32_twin_gives_way() -> None:
     """A bf16 leader within the noise of the same setup in float32: the float32 one wins (the numerics stay); a clear gain keeps bf16."""
     bf16 = TrainSetup(batch_size=64, num_workers=1, prefetch_factor=2, persistent_workers=True, amp="bf16")  # batch 64: both change the math

@@ -105,6 +105,9 @@ def make_best(
     busy = load_note(feasible, int(getattr(getattr(hardware, "cpu", None), "usable_cores", 0) or 0))
     if busy:
         notes.append(busy)
+    drift = drift_note(feasible, measured)
+    if drift:
+        notes.append(drift)
     if effective_batch is None and effective != reference:
         rule = (
             f"by the square root of the batch ratio, {lr / workload.lr:.3g}x to {lr:g} (the square-root rule for "
@@ -165,6 +168,29 @@ def load_note(feasible: list[TrialRecord], usable_cores: int) -> str | None:
         f"{len(loads)} trials, up to {max(loads):.1f}; trials.csv column other_cores): the figures and the winner hold "
         "for a machine that busy; run the search again on an idle machine to tune for one"
     )
+
+
+#: A finalist whose confirmation median is this many times above or below its trial: the machine's load changed meanwhile.
+DRIFT = 2.0
+
+
+def drift_note(feasible: list[TrialRecord], measured: list[Confirmed]) -> str | None:
+    """The note for best.json when a finalist's confirmation and its own trial disagree by more than :data:`DRIFT` times.
+
+    Noise moves a setup by 20-30 % between runs; more means something else took
+    or gave back the machine between the trial and the rounds. The ranking and
+    the speedup rest on the paired rounds, but the user should know.
+    """
+    far = []
+    for confirmed in measured:
+        trial = max((r.result.samples_per_s or 0.0 for r in feasible if r.setup == confirmed.candidate.setup), default=0.0)
+        if trial and confirmed.median and not 1 / DRIFT <= confirmed.median / trial <= DRIFT:  # the label names that trial
+            far.append(f"{confirmed.candidate.label}: {confirmed.median:.1f} samples/s in the rounds, {trial:.1f} in its trial")
+    if not far:
+        return None
+    return (f"the confirmation rounds and the trials disagree by more than {DRIFT:g}x ({'; '.join(far)}): the load on the "
+            "machine changed while the search ran (trials.csv column other_cores); the winner and "
+            "the speedup come from the paired rounds, but run the search again on an idle machine before relying on them")
 
 
 def scaled_lr(lr: float, effective: int, reference: int, rule: str = "sqrt") -> float:
