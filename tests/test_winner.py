@@ -292,3 +292,21 @@ def test_a_later_preference_never_brings_back_a_cost_an_earlier_one_removed() ->
                   _confirmed(fp32_compiled, (990.0, 991.0, 989.0, 990.0)), _confirmed(DEFAULTS, (500.0, 500.0, 500.0, 500.0))])
     assert best.setup == eager
     assert any("runs eagerly" in n for n in best.notes) and not any("trains in float32" in n for n in best.notes)
+
+
+def test_defaults_below_the_recipe_batch_under_a_pinned_effective_batch_say_why() -> None:
+    """--effective-batch 7 with a Task batch of 4: the defaults run 1 x 7 (4 does not divide 7), and the note says so."""
+    task = dataclasses.replace(WORKLOAD, task="m:make_task", reference_batch=4, images=100)
+    odd = TrainSetup(batch_size=1, accumulation_steps=7)
+
+    def notes(workload: Workload, defaults: TrainSetup, effective: int, world_size: int = 1) -> list[str]:
+        feasible = [_record(0, defaults, 50.0), _record(1, MID, 90.0)]
+        return [n for n in make_best(workload=workload, hardware=HARDWARE, feasible=feasible, confirmed=[], defaults=defaults,
+                                     effective_batch=effective, command="", world_size=world_size).notes if "PyTorch defaults ran" in n]
+
+    said = notes(task, odd, 7)
+    assert said == ["the PyTorch defaults ran batch 1 x 7 accumulation steps, the largest batch up to your recipe's 4 that divides "
+                    "--effective-batch 7: the math every setup keeps"]
+    assert notes(task, TrainSetup(batch_size=4, accumulation_steps=2), 8) == []  # the recipe's batch itself
+    ddp = notes(WORKLOAD, TrainSetup(batch_size=24, accumulation_steps=2), 96, 2)
+    assert "the default's 32 that divides --effective-batch 96 (48 per rank)" in ddp[0]

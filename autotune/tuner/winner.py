@@ -125,6 +125,12 @@ def make_best(
         notes.append(f"effective batch {effective} differs from the reference {reference}: the learning rate is scaled {rule}; "
                      f"the trials measured speed at your rate, so the scaled one is a rule, not tested for stability here "
                      f"(train.py stops on a NaN loss: then lower --lr); {keep}")
+    recipe = workload.reference_batch or DEFAULT_BATCH
+    if effective_batch is not None and defaults.batch_size < min(recipe, workload.images or recipe):
+        per_rank = f" ({effective_batch // world_size} per rank)" if world_size > 1 else ""
+        notes.append(f"the PyTorch defaults ran batch {defaults.batch_size} x {defaults.accumulation_steps} accumulation steps, "
+                     f"the largest batch up to {'your recipe' if workload.reference_batch else 'the default'}'s {recipe} "
+                     f"that divides --effective-batch {effective_batch}{per_rank}: the math every setup keeps")
     if base is None:
         notes.append(f"the PyTorch defaults ({defaults.describe()}) could not be measured (trials.csv gives their trial's "
                      "error: at your own recipe's batch), so no speedup is given")
