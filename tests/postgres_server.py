@@ -43,6 +43,7 @@ class PostgresServer:
         self.port = _free_port()
         self.url = f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
         self._as: list[str] = []
+        self._started = False
         if os.geteuid() == 0:
             user = pwd.getpwnam("postgres")
             os.chown(self.root, user.pw_uid, user.pw_gid)
@@ -56,9 +57,26 @@ class PostgresServer:
             raise RuntimeError(f"{tool} failed: {(proc.stderr or proc.stdout).strip()[-500:]}")
 
     def start(self) -> None:
-        """Start the server (it listens on 127.0.0.1 only; fsync off: a test server)."""
-        options = f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200"
-        self._run("pg_ctl", "-D", str(self.root / "data"), "-o", options, "-l", str(self.root / "log"), "-w", "-t", "60", "start")
+        """Start the server (it listens on 127.0.0.1 only; fsync off: a test server).
+
+        The first start moves to another free port when its own was taken
+        between :func:`_free_port` and the server's bind (up to 3 times); a
+        restart keeps the port, which the clients' URL names.
+        """
+        for attempt in range(4):
+            options = f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200"
+            try:
+                self._run("pg_ctl", "-D", str(self.root / "data"), "-o", options, "-l", str(self.root / "log"), "-w", "-t", "60", "start")
+            except RuntimeError:
+                log = (self.root / "log").read_text(errors="replace") if (self.root / "log").exists() else ""
+                if self._started or attempt == 3 or "could not bind" not in log:
+                    raise
+                self.port = _free_port()
+                self.url = f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+                (self.root / "log").unlink()
+                continue
+            self._started = True
+            return
 
     def stop(self) -> None:
         """Stop it at once (clients see their connections drop)."""
