@@ -283,6 +283,37 @@ def _count_nothing(batch: Any) -> int:
     return 0
 
 
+class _LenRaises(TensorDataset):
+    def __len__(self) -> int:
+        raise TypeError("no len")
+
+
+def len_raises() -> autotune.Task:
+    """A map-style dataset whose __len__ raises."""
+    return autotune.Task(nn.Linear(8, 3), _LenRaises(torch.randn(4, 8), torch.zeros(4, dtype=torch.long)))
+
+
+def _images_and_targets(items: list[Any]) -> Any:
+    return tuple(zip(*items, strict=True))  # torchvision's detection references: (images, targets) as tuples of the items
+
+
+def _detection_step(model: nn.Module, batch: Any) -> torch.Tensor:
+    images, targets = batch
+    losses = [nn.functional.cross_entropy(model(image).unsqueeze(0), target.view(1)) for image, target in zip(images, targets, strict=True)]
+    return torch.stack(losses).mean()
+
+
+def listed_batches() -> autotune.Task:
+    """Batches of tuples of items: the first tensor's first dimension is an item's (8 features), not a count of items."""
+    return autotune.Task(nn.Linear(8, 3), _pairs(), step=_detection_step, collate_fn=_images_and_targets)
+
+
+def listed_batches_counted() -> autotune.Task:
+    """The same, with batch_size_of counting the items."""
+    return autotune.Task(nn.Linear(8, 3), _pairs(), step=_detection_step, collate_fn=_images_and_targets,
+                         batch_size_of=lambda batch: len(batch[0]))
+
+
 def forward_fails() -> autotune.Task:
     """The model expects 5 features; the data has 8."""
     return autotune.Task(nn.Linear(5, 3), _pairs())

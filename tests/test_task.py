@@ -123,6 +123,7 @@ def test_good_workloads_become_workload_records() -> None:
     assert _workload("dict_batches").images == 20
     assert _workload("tensor_count").images == 40  # batch_size_of may return an integer 0-d tensor
     assert _workload("numpy_count").images == 40  # or a NumPy integer
+    assert _workload("listed_batches_counted").images == 40  # batches of item tuples, counted by the user
     stream = _workload("iterable")
     assert stream.iterable and stream.images is None
     assert work.lr_scaling == "sqrt" and _workload("sgd").lr_scaling == "linear"  # from the Task's optimizer
@@ -146,6 +147,9 @@ def test_good_workloads_become_workload_records() -> None:
         ("bad_count", "batch_size_of(batch) returned 'x' (str); it must return an int"),
         ("fractional_count", "batch_size_of(batch) returned 3.7 (float); it must return an int"),
         ("zero_count", "batch_size_of(batch) returned 0 for the first batch"),
+        ("len_raises", "len(dataset) of the workload's dataset (_LenRaises) failed: TypeError: no len"),
+        ("listed_batches", "the first dimension of the batch's first tensor (depth first) counts 8 samples in a batch of 2 items "
+                           "and 8 in a batch of 1"),
         ("forward_fails", "forward failed on the first batch (inputs Tensor[2, 8] float32): RuntimeError"),
         ("unpicklable", "dataset (_HoldsFile) cannot be pickled for DataLoader workers"),
     ],

@@ -159,7 +159,10 @@ def _first_items(task: Task, count: int) -> tuple[list[Any], bool, int | None]:
             f"the workload's dataset ({type(dataset).__name__}) is neither a map-style Dataset (__getitem__ and __len__) "
             "nor an IterableDataset"
         )
-    size = len(dataset)
+    try:
+        size = len(dataset)
+    except USER_CODE_ERRORS as exc:  # a __len__ that raises, or returns no int
+        raise WorkloadError(f"len(dataset) of the workload's dataset ({type(dataset).__name__}) failed: {type(exc).__name__}: {exc}") from None
     if size < 1:
         raise WorkloadError(f"the workload's dataset ({type(dataset).__name__}) is empty")
     items = []
@@ -264,8 +267,9 @@ def _check_loss(task: Task, model: Any, batch: Any) -> None:
         raise WorkloadError(f"{origin} returned a tensor that does not require grad (detached, or computed under no_grad)")
 
 
-def _check_count(task: Task, batch: Any) -> None:
-    """The samples of the first batch, as every trial counts them, must be a positive count."""
+def _check_count(task: Task, batch: Any, items: list[Any]) -> None:
+    """The samples of the first batch (``items`` collated), as every trial counts them, must be a positive count that
+    grows with the items."""
     origin = "batch_size_of(batch)" if task.batch_size_of is not None else "counting the samples"
     try:
         count = task.samples_in(batch)
@@ -275,6 +279,18 @@ def _check_count(task: Task, batch: Any) -> None:
         raise WorkloadError(f"{origin} failed on the first batch {describe_batch(batch)}: {type(exc).__name__}: {exc}") from None
     if count < 1:
         raise WorkloadError(f"{origin} returned {count} for the first batch {describe_batch(batch)}; it must be >= 1")
+    try:
+        alone = task.samples_in(_collate(task, items[:1]))
+    except USER_CODE_ERRORS:  # one item does not collate alone, or its count fails: nothing to compare
+        return
+    if len(items) > 1 and alone == count:  # twice the items, as many samples: a batch of 256 would count as few as one of 2
+        how = ("batch_size_of(batch)" if task.batch_size_of is not None
+               else "the first dimension of the batch's first tensor (depth first)")
+        fix = ("make it count the samples of a batch" if task.batch_size_of is not None
+               else "give autotune.Task(batch_size_of=...) the count (for batches of lists, such as detection's "
+                    "(images, targets): lambda batch: len(batch[0]))")
+        raise WorkloadError(f"{how} counts {count} samples in a batch of {len(items)} items and {alone} in a batch of 1 "
+                            f"({describe_batch(batch)}): it does not count the items, so samples/s would measure steps/s; {fix}")
 
 
 def _check_pickle(task: Task) -> None:
@@ -314,7 +330,7 @@ def check_task(task: Task, *, workers: bool) -> TaskInfo:
 
     items, iterable, size = _first_items(task, SHAPE_ITEMS)
     batch = _collate(task, items[:CHECK_ITEMS])
-    _check_count(task, batch)
+    _check_count(task, batch, items[:CHECK_ITEMS])
     model = task.build_model()
     model.train()
     with torch.random.fork_rng():
