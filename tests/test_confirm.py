@@ -181,6 +181,20 @@ def test_a_leader_in_reduced_precision_meets_its_fp32_twin_in_the_confirmation()
         f"#1 {bf16.describe()}", f"#2 {other.describe()}", f"#3 {twin.describe()}"]
 
 
+def test_every_finalist_in_reduced_precision_meets_its_fp32_twin_not_only_the_leader() -> None:
+    """The rounds may crown a bf16 finalist that was not the search's leader (or an fp32 leader such as the defaults):
+    its own twin must be there to beat."""
+    defaults = TrainSetup(batch_size=32)
+    bf16 = TrainSetup(batch_size=32, num_workers=1, prefetch_factor=1, persistent_workers=True, amp="bf16")
+    fp32_leader = TrainSetup(batch_size=8)
+    other = bf16.replace(batch_size=64)
+    feasible = [_record(0, defaults, 4221.0), _record(1, fp32_leader, 355.0), _record(2, bf16, 300.0), _record(3, other, 290.0)]
+    picked = [c.setup for c in pick_candidates(feasible, defaults, top=3, fp32_twin=True)]
+    assert picked == [defaults, fp32_leader, bf16, bf16.replace(amp="off")]
+    picked = [c.setup for c in pick_candidates(feasible[1:], defaults, top=3, fp32_twin=True)]
+    assert picked == [fp32_leader, bf16, other, bf16.replace(amp="off"), other.replace(amp="off")]
+
+
 def test_the_fp32_twin_stays_out_when_its_trials_did_not_finish() -> None:
     """A twin the search already stopped early (clearly slower) or that ran out of memory would cost two runs to say it
     again; a twin whose trial was interrupted from outside says nothing about its setup and still joins."""

@@ -106,8 +106,8 @@ def _unresolved(confirmed: Sequence[Confirmed], active: set[str], baseline: str 
     return keep
 
 
-#: The label of a finalist no trial ran: the leader's twin in float32.
-TWIN = " (the leader in fp32)"
+#: The label of a finalist no trial ran: a finalist's twin in float32.
+TWIN = " (a finalist in fp32)"
 
 
 def finalist_label(same: Sequence[TrialRecord]) -> str:
@@ -125,11 +125,12 @@ def pick_candidates(records: Sequence[TrialRecord], defaults: TrainSetup, top: i
     training (and in every confirmation round), so a gain within the noise
     does not earn it a place.
 
-    With ``fp32_twin`` (the space offers ``amp=off``), a leader in reduced
-    precision is joined by its twin in float32, every other knob alike, when
-    no finalist is that twin: precision changes the numerics, so it must win
-    against the same setup without it (a setup in float32 that wins by its
-    loader knobs says nothing about the precision). The twin is labelled
+    With ``fp32_twin`` (the space offers ``amp=off``), each finalist in
+    reduced precision is joined by its twin in float32, every other knob
+    alike, when no finalist is that twin: precision changes the numerics, so
+    whichever wins the rounds must win against the same setup without it (a
+    setup in float32 that wins by its loader knobs says nothing about the
+    precision). A twin is labelled
     :data:`TWIN` when no trial ran it, and left out when trials ran it and
     none finished (stopped early as clearly slower, out of memory, failed):
     two more runs would only repeat that.
@@ -138,7 +139,7 @@ def pick_candidates(records: Sequence[TrialRecord], defaults: TrainSetup, top: i
         records: The search's trials; those that measured a throughput compete.
         defaults: The PyTorch defaults' setup.
         top: How many distinct setups.
-        fp32_twin: Whether the leader's float32 twin may join.
+        fp32_twin: Whether the finalists' float32 twins may join.
     """
     feasible = [r for r in records if r.result.ok and r.result.samples_per_s]
     ranked = sorted(feasible, key=lambda r: r.result.samples_per_s or 0.0, reverse=True)
@@ -155,8 +156,10 @@ def pick_candidates(records: Sequence[TrialRecord], defaults: TrainSetup, top: i
         candidates.append(Candidate(key, record.setup, finalist_label(same)))
         if len(candidates) == top:
             break
-    if fp32_twin and candidates and candidates[0].setup.amp != "off":
-        fp32 = candidates[0].setup.replace(amp="off")
+    for finalist in list(candidates) if fp32_twin else []:  # any of them may win the rounds: each must beat its own twin
+        if finalist.setup.amp == "off":
+            continue
+        fp32 = finalist.setup.replace(amp="off")
         ran = by_setup.get(fp32.to_json())
         unfinished = not ran and any(r.setup == fp32 and r.result.status != "interrupted" for r in records)
         if fp32.to_json() not in {c.key for c in candidates} and not unfinished:

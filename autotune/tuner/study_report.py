@@ -121,7 +121,7 @@ def stored_confirmed(study: SearchStudy, records: list[TrialRecord], rounds: Rou
     found = []
     for key, (values, failures) in (study.stored_confirmation() if rounds is None else rounds).items():
         setup = TrainSetup.from_json(key)
-        # The trials that measured it, as the search picked its finalists from (a pruned twin stays "the leader in fp32").
+        # The trials that measured it, as the search picked its finalists from (a pruned twin stays "a finalist in fp32").
         same = sorted((r for r in records if r.setup == setup and r.result.ok and r.result.samples_per_s),
                       key=lambda r: -(r.result.samples_per_s or 0.0))
         label = finalist_label(same) if same else setup.describe() + TWIN  # only the fp32 twin is no trial's
@@ -138,7 +138,7 @@ def stored_best(out: Path, stored: SearchStudy, records: list[TrialRecord]) -> B
     signature = stored.study.user_attrs.get(STUDY_SIGNATURE) or {}
     if signature and (signature.get("model"), signature.get("task")) != (best.workload.model, best.workload.task):
         return None
-    # One of its trials' setups, or a trial's fp32 twin (the leader's, measured in a confirmation only; that run's
+    # One of its trials' setups, or a finalist's fp32 twin (measured in a confirmation only; that run's
     # rounds may since have been replaced by a rerun's).
     return best if any(best.setup in (r.setup, r.setup.replace(amp="off")) for r in records) else None
 
