@@ -15,7 +15,7 @@ from dataclasses import replace
 from autotune.records import Candidate, Ceilings, Confirmed, TrialOptions, TrialRecord, TrialResult, Workload
 from autotune.runner import TrialRunner, run_trial
 from autotune.train_setup import TrainSetup
-from autotune.tuner.noise import NOISE_FLOOR, beats, leader, resolved
+from autotune.tuner.noise import NOISE_FLOOR, beats, disagree, leader, resolved
 from autotune.tuner.study import ROLE_DEFAULTS
 
 Store = Callable[[str, list[float], list[str]], None]
@@ -56,7 +56,9 @@ def confirm(
     stop once none is left, at the latest after ``rounds`` rounds. The
     ``baseline`` candidate (the defaults, whose key it is) stops only once
     every other candidate still measured beats it, so whichever wins in the
-    end has paired rounds against it.
+    end has paired rounds against it, and while the leader's paired ratios
+    over it disagree by more than :data:`~autotune.tuner.noise.SPREAD` times
+    (a load spike in one round would make the speedup).
 
     Measurements already in ``known`` (from an interrupted run) count; only
     the missing ones run. ``store`` is called after every measurement so none
@@ -101,7 +103,9 @@ def _unresolved(confirmed: Sequence[Confirmed], active: set[str], baseline: str 
         return active
     keep = {c.candidate.key for c in measured if c is top or (c.median is not None and not resolved(top, c))}
     base = next((c for c in measured if c.candidate.key == baseline), None)
-    if base is not None and base.median is not None and not all(beats(c, base) for c in measured if c.candidate.key in keep - {baseline}):
+    if base is not None and base.median is not None and (
+        not all(beats(c, base) for c in measured if c.candidate.key in keep - {baseline}) or disagree(top, base)
+    ):  # the speedup is the median of the leader's paired ratios over the baseline: rounds that disagree need more
         keep.add(base.candidate.key)
     return keep
 

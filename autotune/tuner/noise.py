@@ -60,6 +60,17 @@ def equivalent(a: Confirmed, b: Confirmed, floor: float = NOISE_FLOOR) -> bool:
     return bool(ratios) and all(abs(r - 1.0) <= floor for r in ratios)
 
 
+#: Paired ratios further apart than this factor disagree: a load spike hit one round, and more rounds are needed.
+SPREAD = 2.0
+
+
+def disagree(a: Confirmed, b: Confirmed) -> bool:
+    """Whether ``a``'s paired ratios over ``b`` lie more than :data:`SPREAD` times apart (1.7x in one round, 350x in
+    the other: a median of two such rounds is a figure neither round measured)."""
+    ratios = [r for r in paired_ratios(a, b) if r > 0]
+    return len(ratios) > 1 and max(ratios) / min(ratios) > SPREAD
+
+
 def leader(confirmed: Sequence[Confirmed]) -> Confirmed | None:
     """The candidate with the highest median, or None when none measured."""
     measured = [c for c in confirmed if c.median is not None]
