@@ -300,8 +300,8 @@ def _prefer_within_noise(
     if keeper is None or keeper is defaults or beats(chosen, keeper):
         return chosen
     notes.append(
-        f"{keeper.candidate.setup.describe()} {virtue} and is within the noise of the fastest finalist "
-        f"{chosen.candidate.setup.describe()} ({_margin_text(chosen, keeper)}): it is preferred"
+        f"{keeper.candidate.setup.describe()} {virtue} and is within the noise of the finalist with the highest median, "
+        f"{chosen.candidate.setup.describe()} (against it, it {_margin_text(keeper, chosen)}): it is preferred"
     )
     return keeper
 
