@@ -314,6 +314,18 @@ def listed_batches_counted() -> autotune.Task:
                          batch_size_of=lambda batch: len(batch[0]))
 
 
+def _step_with_backward(model: nn.Module, batch: Any) -> torch.Tensor:
+    inputs, targets = batch
+    loss = nn.functional.cross_entropy(model(inputs), targets)
+    loss.backward()
+    return loss
+
+
+def calls_backward() -> autotune.Task:
+    """A step that calls backward() itself (the trial calls it again)."""
+    return autotune.Task(nn.Linear(8, 3), _pairs(), step=_step_with_backward)
+
+
 def forward_fails() -> autotune.Task:
     """The model expects 5 features; the data has 8."""
     return autotune.Task(nn.Linear(5, 3), _pairs())

@@ -67,3 +67,13 @@ def test_an_item_that_raises_in_a_batch_is_bad_data_and_stops_the_search_naming_
         autotune.search(workload="task_factories:corrupt_record", trials=2, device="cpu", trial_seconds=1.0,
                         out=tmp_path / "out", reporter=reporter)
     assert any("memory pre-pass: batch 32: ok" in m for m in messages) and not any("verify" in m for m in messages), messages
+
+
+@pytest.mark.slow
+def test_a_step_that_calls_backward_itself_is_told_to_return_the_loss_only() -> None:
+    outcome = autotune.trial(workload="task_factories:calls_backward", device="cpu", trial_seconds=1.0,
+                             setup=autotune.TrainSetup(batch_size=8))
+    assert outcome.status == "error" and outcome.result.error is not None
+    assert "backward through the graph a second time" in outcome.result.error
+    assert outcome.result.error.endswith("does the workload's step(model, batch) call backward()? It must return the loss only: "
+                                         "the trial (and train.py) call backward, with the gradient scaler and accumulation")

@@ -74,6 +74,14 @@ _RAGGED = "stack expects each tensor to be equal size"
 _RAGGED_HINT = "; items of one batch differ in shape: give the workload a collate_fn that pads them (autotune.Task(collate_fn=...))"
 
 
+#: What autograd says when the loss's graph was already freed: a ``step`` that called ``backward()`` itself.
+_TWICE = "backward through the graph a second time"
+_TWICE_HINT = ("; does the workload's step(model, batch) call backward()? It must return the loss only: the trial (and "
+               "train.py) call backward, with the gradient scaler and accumulation")
+
+
 def hinted(error: str) -> str:
     """``error`` with what fixes it, where the message alone does not say."""
-    return error + _RAGGED_HINT if _RAGGED in error else error
+    if _RAGGED in error:
+        return error + _RAGGED_HINT
+    return error + _TWICE_HINT if _TWICE in error else error
