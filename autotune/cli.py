@@ -152,9 +152,7 @@ NprocOpt = Annotated[int, typer.Option("--nproc-per-node", help="Ranks per trial
 def trial(
     model: ModelOpt = None,
     image_size: ImageSizeOpt = None,
-    batch_size: Annotated[
-        Optional[int], typer.Option("--batch-size", help="Micro-batch per step (default: 32; a Task's batch_size).")
-    ] = None,
+    batch_size: Annotated[Optional[int], typer.Option("--batch-size", help="Micro-batch per step (default: 32; a Task's batch_size).")] = None,
     workers: Annotated[int, typer.Option("--workers", help="DataLoader num_workers.")] = 0,
     prefetch: Annotated[Optional[int], typer.Option("--prefetch", help="DataLoader prefetch_factor (needs --workers > 0).")] = None,
     pin_memory: Annotated[bool, typer.Option("--pin-memory/--no-pin-memory", help="Pinned host memory (CUDA).")] = False,
@@ -310,6 +308,10 @@ def search(
             out.print(render_search(summary), crop=False)
         err.print(escape(str(exc)), style="yellow", highlight=False, soft_wrap=True)
         raise typer.Exit(exc.exit_code) from None
+    except AutotuneError as exc:  # the one line goes to stderr as always; a --json reader gets an object too
+        if as_json:
+            typer.echo(json.dumps({"best": None, "error": str(exc)}))
+        raise
     if as_json:
         typer.echo(json.dumps(outcome.to_dict()))
     else:
@@ -335,9 +337,7 @@ def emit(
 @handle_errors
 def report(
     directory: Annotated[Path, typer.Argument(parser=_path, help="A search output directory; report.html is written there.")] = Path("autotune-out"),
-    storage: Annotated[
-        Optional[str], typer.Option("--storage", help="Optuna storage URL (default DIR/study.db).")
-    ] = None,
+    storage: Annotated[Optional[str], typer.Option("--storage", help="Optuna storage URL (default DIR/study.db).")] = None,
     study: Annotated[Optional[str], typer.Option("--study", help="Study name (default: the only one there).")] = None,
 ) -> None:
     """Rewrite DIR/report.html (plots of the search) from the study, finished or still running."""

@@ -102,6 +102,24 @@ def test_trial_command_bad_setup_and_json(tmp_path, cache_dir) -> None:
     assert short.exit_code == 2 and "--trial-seconds must be >= 0.5" in _one_error_line(short.output)
 
 
+def test_a_refused_search_with_json_prints_an_object_naming_the_error(tmp_path, cache_dir) -> None:
+    result = runner.invoke(app, ["search", "--json", "--device", "cpu", "--model", "resnet18", "--image-size", "32",
+                                 "--effective-batch", "4096", "--cache-dir", str(cache_dir), "--synthetic-images", "64",
+                                 "--out", str(tmp_path / "out")])
+    assert result.exit_code == 2
+    said = json.loads(result.stdout)
+    assert said["best"] is None and said["error"].startswith("--effective-batch 4096 is larger than the")
+    assert not (tmp_path / "out").exists()
+
+
+def test_status_and_report_on_a_file_name_its_directory(tmp_path) -> None:
+    (tmp_path / "study.db").write_text("")
+    for command in ("status", "report"):
+        result = runner.invoke(app, [command, str(tmp_path / "study.db")])
+        assert result.exit_code != 0
+        assert f"{tmp_path / 'study.db'} is a file; pass the search's output directory ({tmp_path})" in _one_error_line(result.output)
+
+
 def test_trial_refuses_bf16_on_a_cpu_without_it(cache_dir, monkeypatch) -> None:
     # Whatever this machine's CPU: the probe finds none of the bf16 flags.
     monkeypatch.setattr("probes.cpu.BF16_FLAGS", ())

@@ -151,6 +151,8 @@ def storage_of(out: Path, storage: str | None) -> str:
     """
     if storage is not None:
         return storage
+    if out.is_file():
+        raise StorageError(f"{out} is a file; pass the search's output directory ({out.parent}), which holds study.db")
     db = out / "study.db"
     if not db.is_file():
         if (out / "trials.csv").is_file():  # a worker of a study kept in --storage (a server or a journal file)
