@@ -788,3 +788,38 @@ def test_a_bad_image_is_one_line_naming_it_and_a_bad_validation_image_loses_no_t
     proc = subprocess.run([sys.executable, str(script), "--max-steps", "1", "--batch-size", "2", "--image-size", "32", "--data", str(small),
                            "--workers", "0", "--output-dir", "out2"], cwd=tmp_path, capture_output=True, text=True, timeout=RUN_TIMEOUT)
     assert proc.returncode == 1 and proc.stderr.startswith(f"error: bad image {small / 'a' / 'broken.jpg'}"), proc.stderr[-2000:]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [2, 15], ids=["SIGINT", "SIGTERM"])
+def test_ctrl_c_or_sigterm_stops_after_the_step_with_a_checkpoint_to_resume_from(
+    synthetic_data: Path, tmp_path: Path, signum: int
+) -> None:
+    """A real signal to a real run with a loader worker: one line, exit 130, a checkpoint at the step it stopped after."""
+    import signal
+    import time
+
+    script = write_script(make_best(synthetic_data, **CPU_KNOBS), tmp_path / "train.py")
+    proc = subprocess.Popen([sys.executable, str(script), "--epochs", "1000", "--print-freq", "1", "--output-dir", "out"],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        deadline = time.monotonic() + RUN_TIMEOUT
+        for line in proc.stdout:  # the second step logged: the loader's worker is running
+            if line.startswith("step 2 ") or time.monotonic() > deadline:
+                break
+        proc.send_signal(signum)
+        rest, err = proc.communicate(timeout=RUN_TIMEOUT)
+    finally:
+        proc.kill()
+    name = signal.Signals(signum).name
+    said = [line for line in rest.splitlines() if line.startswith("stopped by")]
+    assert proc.returncode == 130 and "Traceback" not in err, f"exit {proc.returncode}\n{rest}\n{err}"
+    assert len(said) == 1 and said[0].startswith(f"stopped by {name} after step ")
+    step = int(said[0].split("after step ")[1].split(";")[0])
+    assert said[0].endswith("; checkpoint in out/checkpoint.pth; rerun with --resume to go on")
+    checkpoint = _checkpoint(tmp_path / "out" / "checkpoint.pth")
+    assert checkpoint["step"] == step >= 2 and checkpoint["epoch_step"] == step % 4 and checkpoint["epoch"] == step // 4
+    resumed = run_script([str(script), "--resume", "--max-steps", str(step + 1), "--print-freq", "1", "--output-dir", "out"],
+                         tmp_path)
+    assert f"resumed from out/checkpoint.pth at epoch {step // 4} step {step}" in resumed.stdout
