@@ -919,3 +919,42 @@ def test_an_interrupt_during_the_confirmation_shows_its_rounds_so_far(tmp_path, 
     assert "interrupted during the interleaved re-measurement (its rounds so far are shown" in note
     page = (out / "report.html").read_text()
     assert "no confirmation rounds" not in page and "measurement 1" in page and "Best so far (not confirmed)" in page
+
+
+def test_a_rerun_interrupted_during_its_confirmation_keeps_the_earlier_winner_s_rounds(tmp_path, cache_dir, monkeypatch) -> None:
+    """The kept winner's rounds are its evidence: the rerun's partial rounds never replace them, in the rerun's report or
+    in `autotune report`, and the rerun's own summary says its rounds were interrupted (not that none ran)."""
+    import autotune.tuner.study_report
+    from autotune.errors import SearchInterrupted
+    from autotune.records import TrialResult
+    from autotune.tuner import SearchConfig, run_search
+    from autotune.tuner.study import SearchStudy
+    from autotune.tuner.study_report import report_study
+
+    reports: list = []
+    real = autotune.tuner.study_report.write_report
+    monkeypatch.setattr(autotune.tuner.study_report, "write_report", lambda out, data: reports.append(data) or real(out, data))
+    out = tmp_path / "out"
+    config = SearchConfig(model="resnet18", trials=2, image_size=32, device="cpu", trial_seconds=1.0, confirm_rounds=2,
+                          out=out, cache_dir=cache_dir, synthetic_images=64, ceilings=False)
+    run_search(config, runner=steady_runner)
+    storage = f"sqlite:///{(out / 'study.db').resolve()}"
+    first = SearchStudy.load(storage).stored_confirmation()
+    calls: list[int] = []
+
+    def slower_then_stopped(setup, workload, options=None, *, on_window=None):  # one new trial, one confirmation run, then Ctrl-C
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return TrialResult(status="ok", samples_per_s=1000.0 + setup.batch_size, windows=(1000.0,), peak_memory_bytes=2**20)
+
+    with pytest.raises(SearchInterrupted, match="the confirmed winner of an earlier run stays in") as info:
+        run_search(replace(config, trials=3), runner=slower_then_stopped)
+    stored = SearchStudy.load(storage)
+    assert stored.winner_rounds() == first and stored.stored_confirmation() != first  # the rerun's one run is stored too
+    assert any(v for v, _ in stored.stored_confirmation().values())
+    notes = info.value.outcome.best.notes
+    assert any("interrupted during the interleaved re-measurement" in n for n in notes), notes
+    report_study(out)
+    for data in reports[-2:]:  # the rerun's report and `autotune report`'s show the kept winner with its own rounds
+        assert data.best.confirmed and {c.candidate.key: (list(c.values), list(c.failures)) for c in data.confirmed} == first

@@ -44,7 +44,7 @@ from autotune.tuner.signals import clear_stop, runs_to_the_end, sigterm_as_inter
 from autotune.tuner.space import Space, build_space, check_pins_act, defaults_setup
 from autotune.tuner.storage import check_one_study, is_shared
 from autotune.tuner.study import ROLE_DEFAULTS, ROLE_GUESS, SearchStudy
-from autotune.tuner.study_report import kept_winner, report_search, stored_confirmed
+from autotune.tuner.study_report import kept_outcome, kept_winner, report_search, stored_confirmed
 from autotune.tuner.timed import TimedRunner
 from autotune.tuner.winner import bottleneck_verdict, make_best
 from autotune.tuner.workers import Crew
@@ -148,7 +148,7 @@ def _search(
         )
     kept = kept_winner(prepared.out, prepared.study, records) if interrupted and not confirmed else None
     # Interrupted mid-confirmation: its rounds so far are shown (too few to rank), never dropped.
-    so_far = stored_confirmed(prepared.study, records, prepared.study.confirmation()) if interrupted and not kept else ()
+    so_far = stored_confirmed(prepared.study, records, prepared.study.confirmation()) if interrupted else ()
     outcome = finish(config, prepared, calibration, records, feasible, confirmed, defaults, interrupted, write=kept is None,
                      partial=so_far)
     if config.ceilings and confirmed and outcome.best is not None and not interrupted:
@@ -159,7 +159,7 @@ def _search(
     timing.wall_s = time.monotonic() - began
     status = ("finished" if not interrupted else "interrupted" if confirmed else
               "interrupted (an earlier run's confirmed winner kept)" if kept else "interrupted (winner not confirmed)")
-    shown = outcome if kept is None else replace(outcome, best=kept, verdict="")  # the report agrees with best.json
+    shown = outcome if kept is None else kept_outcome(outcome, kept, prepared.study, records)  # the report agrees with best.json
     written, spent = report_search(prepared.study, prepared.out, timing.record(), earlier, reporter.message, status, records, calibration, shown)
     outcome = replace(outcome, files=(*outcome.files, *written), time_spent=spent)
     timing.wall_s = time.monotonic() - began
@@ -327,17 +327,11 @@ def confirm_finalists(
     candidates = pick_candidates(records, defaults, config.confirm_top, fp32_twin=allows(config.constraints, "amp", "off"))
     reporter.message(confirmation_plan(len(candidates), options.trial_seconds, config.confirm_rounds))
     with sigterm_as_interrupt():
-        return confirm(
-            candidates,
-            prepared.workload,
-            options,
-            rounds=config.confirm_rounds,
-            known=prepared.study.confirmation(),
-            store=prepared.study.store_confirmation,
-            on_measure=lambda done, total, cand, result: reporter.confirm_progress(done, total, cand.label, result),
-            runner=runner,
-            baseline=defaults.to_json(),
-        )
+        confirmed = confirm(candidates, prepared.workload, options, rounds=config.confirm_rounds, known=prepared.study.confirmation(),
+                            store=prepared.study.store_confirmation, runner=runner, baseline=defaults.to_json(),
+                            on_measure=lambda done, total, cand, result: reporter.confirm_progress(done, total, cand.label, result))
+    prepared.study.keep_winner_rounds()  # finished: the winner written next rests on these rounds (a rerun's do not replace them)
+    return confirmed
 
 
 def with_ceilings(outcome: SearchOutcome, prepared: Prepared, options: TrialOptions, runner: TrialRunner) -> SearchOutcome:

@@ -3,7 +3,7 @@
 A :class:`SearchStudy` wraps one ``optuna.Study`` and is the only place that
 knows its user-attribute keys: per trial its role, setup, result and the
 trial it reused; per study the search signature, the calibration, the
-confirmation rounds and the TPE start-up schedule. Every write to the
+confirmation rounds (:mod:`autotune.tuner.stores`) and the TPE start-up schedule. Every write to the
 storage happens with interrupts held (:func:`~autotune.tuner.signals.interrupts_held`:
 the calibration and confirmation stores hold them themselves, the callers that
 write in a loop around the rest), so a Ctrl-C never lands half-way through a
@@ -15,23 +15,21 @@ from __future__ import annotations
 import json
 import uuid
 import warnings
-from dataclasses import asdict
 from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.errors import StorageError
-from autotune.records import Calibration, Ceilings, TrialRecord, TrialResult
+from autotune.records import TrialRecord, TrialResult
 from autotune.redact import hide_passwords
-from autotune.time_spent import TimeSpent
 from autotune.train_setup import TrainSetup
 from autotune.tuner.budget import ATTR_FREE, FINISHED, counted, progress
 from autotune.tuner.identity import signature_difference
 from autotune.tuner.lock import Holder
 from autotune.tuner.pruning import ScreeningPruner
-from autotune.tuner.signals import interrupts_held
 from autotune.tuner.storage import open_storage, storage_file
+from autotune.tuner.stores import StudyStores
 
 # Trial roles.
 ROLE_DEFAULTS = "defaults"
@@ -51,17 +49,9 @@ ATTR_STARTED, ATTR_ENDED = "started", "ended"
 
 # Study user attributes.
 STUDY_SIGNATURE = "signature"
-STUDY_CALIBRATION = "calibration"
-STUDY_CONFIRMATION = "confirmation"
 STUDY_STARTUP_TRIALS = "n_startup_trials"
 STUDY_HOLDER = "holder"
-STUDY_TIME_SPENT = "time_spent"
-STUDY_VERDICT = "verdict"
 STUDY_WINNER = "winner"  # a shared study's confirmed winner of a budget: {"trials", "best", "by", "out"}
-
-#: Confirmation measurements per candidate key: (samples/s values, failure lines).
-Rounds = dict[str, tuple[list[float], list[str]]]
-
 
 def startup_trials_for(trials: int) -> int:
     """TPE's random start-up trials for a search of ``trials`` trials."""
@@ -80,7 +70,7 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0][:200] if text else type(exc).__name__
 
 
-class SearchStudy:
+class SearchStudy(StudyStores):
     """One search's Optuna study and what the search stores in it.
 
     Attributes:
@@ -229,64 +219,6 @@ class SearchStudy:
     def delete(self) -> None:
         """Remove the study from its storage (a study that holds nothing, see :meth:`holds_nothing`)."""
         optuna.delete_study(study_name=self.name, storage=self.study._storage)
-
-    def calibration(self) -> Calibration | None:
-        """The calibration stored by an earlier run, if any."""
-        data = self.study.user_attrs.get(STUDY_CALIBRATION)
-        return Calibration.from_dict(data) if data is not None else None
-
-    def store_calibration(self, calibration: Calibration) -> None:
-        """Keep the calibration, so a resumed search reuses it (with interrupts held: never half stored)."""
-        with interrupts_held():
-            self.study.set_user_attr(STUDY_CALIBRATION, calibration.to_dict())
-            self.heartbeat()
-
-    def confirmation(self) -> Rounds:
-        """The confirmation measurements this run stored so far, per candidate key.
-
-        Rounds of an earlier run are never returned: measured at another
-        time (another load), they are not comparable with this run's.
-        """
-        stored = self.study.user_attrs.get(STUDY_CONFIRMATION, {})
-        if not isinstance(stored, dict) or stored.get("run") != self.run_id:
-            return {}
-        return {key: (list(v[0]), list(v[1])) for key, v in stored.get("rounds", {}).items()}
-
-    def stored_confirmation(self) -> Rounds:
-        """The confirmation rounds of the last run that measured any (for a report of the study)."""
-        stored = self.study.user_attrs.get(STUDY_CONFIRMATION, {})
-        if not isinstance(stored, dict):
-            return {}
-        rounds = stored.get("rounds", {}) if "run" in stored else stored  # before runs were recorded
-        return {key: (list(v[0]), list(v[1])) for key, v in rounds.items()}
-
-    def store_confirmation(self, key: str, values: list[float], failures: list[str]) -> None:
-        """Record one candidate's confirmation measurements (after every measurement), for this run only,
-        with interrupts held: a measurement is never half stored."""
-        rounds = {k: [list(v[0]), list(v[1])] for k, v in self.confirmation().items()}
-        rounds[key] = [values, failures]
-        with interrupts_held():
-            self.study.set_user_attr(STUDY_CONFIRMATION, {"run": self.run_id, "rounds": rounds})
-            self.heartbeat()
-
-    def time_spent(self) -> TimeSpent | None:
-        """Where the time of the earlier runs went, if they recorded it."""
-        data = self.study.user_attrs.get(STUDY_TIME_SPENT)
-        return TimeSpent.from_dict(data) if data is not None else None
-
-    def store_time_spent(self, spent: TimeSpent) -> None:
-        """Keep the time breakdown of every run so far (the report reads it)."""
-        self.study.set_user_attr(STUDY_TIME_SPENT, asdict(spent))
-
-    def verdict(self) -> tuple[str | None, Ceilings | None]:
-        """The bottleneck verdict of the last finished run and the winner's ceilings it rests on."""
-        data = self.study.user_attrs.get(STUDY_VERDICT) or {}
-        ceilings = data.get("ceilings")
-        return data.get("text"), Ceilings(**ceilings) if ceilings else None
-
-    def store_verdict(self, verdict: str, ceilings: Ceilings | None) -> None:
-        """Keep the verdict printed with best.json (the report shows it again)."""
-        self.study.set_user_attr(STUDY_VERDICT, {"text": verdict, "ceilings": ceilings.to_dict() if ceilings else None})
 
     def is_empty(self) -> bool:
         """Whether the study holds no trial at all (not even a failed one; workers' election markers aside)."""

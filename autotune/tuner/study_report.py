@@ -11,6 +11,7 @@ nothing is written to the study).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from optuna.trial import FrozenTrial, TrialState
@@ -25,7 +26,8 @@ from autotune.tuner.budget import STUDY_BUDGET
 from autotune.tuner.config import SearchOutcome
 from autotune.tuner.confirm import TWIN, finalist_label
 from autotune.tuner.signals import interrupts_held
-from autotune.tuner.study import ATTR_WORKER, STUDY_SIGNATURE, STUDY_WINNER, Rounds, SearchStudy
+from autotune.tuner.stores import Rounds
+from autotune.tuner.study import ATTR_WORKER, STUDY_SIGNATURE, STUDY_WINNER, SearchStudy
 
 
 def write_search_report(study: SearchStudy, out: Path, data: ReportInput, log: Callable[[str], None]) -> tuple[str, ...]:
@@ -90,6 +92,14 @@ def kept_winner(out: Path, study: SearchStudy, records: list[TrialRecord]) -> Be
     except AutotuneError:  # unreadable: nothing to keep
         return None
     return best if best is not None and best.confirmed else None
+
+
+def kept_outcome(outcome: SearchOutcome, kept: Best, study: SearchStudy, records: list[TrialRecord]) -> SearchOutcome:
+    """``outcome`` showing the ``kept`` winner of an earlier run with that run's rounds, verdict and ceilings (an
+    interrupted rerun measured rounds of its own: they are not the kept winner's evidence)."""
+    verdict, ceilings = study.verdict()
+    return replace(outcome, best=kept, verdict=verdict or "", ceilings=ceilings,
+                   confirmed=stored_confirmed(study, records, study.winner_rounds()))
 
 
 def run_by_workers(trials: Sequence[FrozenTrial]) -> bool:
@@ -210,7 +220,7 @@ def report_study(out: Path, *, storage: str | None = None, study: str | None = N
     data = ReportInput(
         records=tuple(records),
         calibration=calibration,
-        confirmed=stored_confirmed(stored, records),
+        confirmed=stored_confirmed(stored, records, stored.winner_rounds() if best is not None and best.confirmed else None),
         best=best,
         verdict=verdict,
         ceilings=ceilings,

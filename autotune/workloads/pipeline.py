@@ -13,8 +13,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
+from autotune.errors import USER_CODE_ERRORS, WorkloadError
 from autotune.records import Workload
 from autotune.workloads.batches import first_dim
+from autotune.workloads.data import BadData
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -153,10 +155,39 @@ class TaskPipeline:
         return self.task.samples_in(batch)
 
     def example_batch(self, batch_size: int) -> Any:
-        """``batch_size`` real items, collated."""
-        from autotune.workloads.tasks import example_batch
+        """``batch_size`` real items (repeated if the dataset is smaller), collated.
 
-        return example_batch(self.task, batch_size)
+        Raises:
+            BadData: Reading an item raised: the data's fault, not the batch size's
+                (a memory pre-pass must not take it for a limit of the batch).
+        """
+        from torch.utils.data import IterableDataset
+
+        from autotune.workloads.tasks import collate_items
+
+        dataset = self.task.dataset
+        items: list[Any] = []
+        if isinstance(dataset, IterableDataset):
+            try:
+                while len(items) < batch_size:
+                    before = len(items)
+                    for item in dataset:
+                        items.append(item)
+                        if len(items) >= batch_size:
+                            break
+                    if len(items) == before:
+                        raise WorkloadError("the workload's dataset yields no items")
+            except WorkloadError:
+                raise
+            except USER_CODE_ERRORS as exc:
+                raise BadData(f"item {len(items)} of the workload's dataset failed: {type(exc).__name__}: {exc}") from None
+        else:
+            for index in range(batch_size):
+                try:
+                    items.append(dataset[index % len(dataset)])
+                except USER_CODE_ERRORS as exc:
+                    raise BadData(f"dataset[{index % len(dataset)}] failed: {type(exc).__name__}: {exc}") from None
+        return collate_items(self.task, items)
 
 
 def open_pipeline(workload: Workload, decode: str = "cpu") -> Pipeline:

@@ -19,11 +19,10 @@ from typing import Any
 from autotune.errors import USER_CODE_ERRORS, WorkloadError
 from autotune.records import Workload
 from autotune.workloads.batches import describe_batch, has_image_tensor, hinted
-from autotune.workloads.data import BadData
 from autotune.workloads.models import is_factory_ref, load_factory, validate_model_ref
 from autotune.workloads.task import Task
 
-__all__ = ["TaskInfo", "build_task_workload", "check_task", "example_batch", "load_task", "task_ref"]
+__all__ = ["TaskInfo", "build_task_workload", "check_task", "collate_items", "load_task", "task_ref"]
 
 #: Items the parent-side check collates into its first batch.
 CHECK_ITEMS = 2
@@ -174,7 +173,8 @@ def _first_items(task: Task, count: int) -> tuple[list[Any], bool, int | None]:
     return items, False, size
 
 
-def _collate(task: Task, items: list[Any]) -> Any:
+def collate_items(task: Task, items: list[Any]) -> Any:
+    """``items`` through the Task's collate_fn (or PyTorch's default); one line naming the item at fault if that fails."""
     from torch.utils.data import default_collate
 
     collate = task.collate_fn or default_collate
@@ -191,40 +191,6 @@ def _collate(task: Task, items: list[Any]) -> Any:
                 ) from None
         kinds = ", ".join(f"item {i}: {describe_batch(item)}" for i, item in enumerate(items))
         raise WorkloadError(hinted(f"dataset items 0..{len(items) - 1} cannot be collated together ({kinds}): {type(exc).__name__}: {exc}")) from None
-
-
-def example_batch(task: Task, batch_size: int) -> Any:
-    """A batch of ``batch_size`` real items (repeated if the dataset is smaller), collated.
-
-    Raises:
-        BadData: Reading an item raised: the data's fault, not the batch size's
-            (a memory pre-pass must not take it for a limit of the batch).
-    """
-    from torch.utils.data import IterableDataset
-
-    dataset = task.dataset
-    items: list[Any] = []
-    if isinstance(dataset, IterableDataset):
-        try:
-            while len(items) < batch_size:
-                before = len(items)
-                for item in dataset:
-                    items.append(item)
-                    if len(items) >= batch_size:
-                        break
-                if len(items) == before:
-                    raise WorkloadError("the workload's dataset yields no items")
-        except WorkloadError:
-            raise
-        except USER_CODE_ERRORS as exc:
-            raise BadData(f"item {len(items)} of the workload's dataset failed: {type(exc).__name__}: {exc}") from None
-    else:
-        for index in range(batch_size):
-            try:
-                items.append(dataset[index % len(dataset)])
-            except USER_CODE_ERRORS as exc:
-                raise BadData(f"dataset[{index % len(dataset)}] failed: {type(exc).__name__}: {exc}") from None
-    return _collate(task, items)
 
 
 def _check_loss(task: Task, model: Any, batch: Any) -> None:
@@ -280,7 +246,7 @@ def _check_count(task: Task, batch: Any, items: list[Any]) -> None:
     if count < 1:
         raise WorkloadError(f"{origin} returned {count} for the first batch {describe_batch(batch)}; it must be >= 1")
     try:
-        alone = task.samples_in(_collate(task, items[:1]))
+        alone = task.samples_in(collate_items(task, items[:1]))
     except USER_CODE_ERRORS:  # one item does not collate alone, or its count fails: nothing to compare
         return
     if len(items) > 1 and alone == count:  # twice the items, as many samples: a batch of 256 would count as few as one of 2
@@ -329,7 +295,7 @@ def check_task(task: Task, *, workers: bool) -> TaskInfo:
     import torch
 
     items, iterable, size = _first_items(task, SHAPE_ITEMS)
-    batch = _collate(task, items[:CHECK_ITEMS])
+    batch = collate_items(task, items[:CHECK_ITEMS])
     _check_count(task, batch, items[:CHECK_ITEMS])
     model = task.build_model()
     model.train()

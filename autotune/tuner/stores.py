@@ -1,0 +1,106 @@
+"""What a search stores per study beside its trials: calibration, confirmation rounds, time spent, the verdict.
+
+:class:`StudyStores` is the part of :class:`~autotune.tuner.study.SearchStudy`
+that reads and writes these study user attributes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+import optuna
+
+from autotune.records import Calibration, Ceilings
+from autotune.time_spent import TimeSpent
+from autotune.tuner.signals import interrupts_held
+
+STUDY_CALIBRATION = "calibration"
+STUDY_CONFIRMATION = "confirmation"
+STUDY_WINNER_ROUNDS = "winner_rounds"
+STUDY_TIME_SPENT = "time_spent"
+STUDY_VERDICT = "verdict"
+
+#: Confirmation measurements per candidate key: (samples/s values, failure lines).
+Rounds = dict[str, tuple[list[float], list[str]]]
+
+
+class StudyStores:
+    """The study-level records of a search (a base of :class:`~autotune.tuner.study.SearchStudy`)."""
+
+    study: optuna.Study
+    #: This run (one process opening the study), so confirmation rounds are never mixed across runs.
+    run_id: str
+
+    def heartbeat(self) -> None:
+        """Refresh the claim's heartbeat (the study defines it)."""
+
+    def calibration(self) -> Calibration | None:
+        """The calibration stored by an earlier run, if any."""
+        data = self.study.user_attrs.get(STUDY_CALIBRATION)
+        return Calibration.from_dict(data) if data is not None else None
+
+    def store_calibration(self, calibration: Calibration) -> None:
+        """Keep the calibration, so a resumed search reuses it (with interrupts held: never half stored)."""
+        with interrupts_held():
+            self.study.set_user_attr(STUDY_CALIBRATION, calibration.to_dict())
+            self.heartbeat()
+
+    def confirmation(self) -> Rounds:
+        """The confirmation measurements this run stored so far, per candidate key.
+
+        Rounds of an earlier run are never returned: measured at another
+        time (another load), they are not comparable with this run's.
+        """
+        stored = self.study.user_attrs.get(STUDY_CONFIRMATION, {})
+        return _rounds(stored) if isinstance(stored, dict) and stored.get("run") == self.run_id else {}
+
+    def stored_confirmation(self) -> Rounds:
+        """The confirmation rounds of the last run that measured any (for a report of the study)."""
+        return _rounds(self.study.user_attrs.get(STUDY_CONFIRMATION))
+
+    def store_confirmation(self, key: str, values: list[float], failures: list[str]) -> None:
+        """Record one candidate's confirmation measurements (after every measurement), for this run only,
+        with interrupts held: a measurement is never half stored."""
+        rounds = {k: [list(v[0]), list(v[1])] for k, v in self.confirmation().items()}
+        rounds[key] = [values, failures]
+        with interrupts_held():
+            self.study.set_user_attr(STUDY_CONFIRMATION, {"run": self.run_id, "rounds": rounds})
+            self.heartbeat()
+
+    def keep_winner_rounds(self) -> None:
+        """Keep this run's finished confirmation as its winner's evidence (a rerun's rounds replace it only when finished)."""
+        with interrupts_held():
+            self.study.set_user_attr(STUDY_WINNER_ROUNDS, self.study.user_attrs.get(STUDY_CONFIRMATION, {}))
+
+    def winner_rounds(self) -> Rounds:
+        """The rounds of the last finished confirmation (of a study from before they were kept: the last run's)."""
+        stored = self.study.user_attrs.get(STUDY_WINNER_ROUNDS)
+        return _rounds(stored) if stored is not None else self.stored_confirmation()
+
+    def time_spent(self) -> TimeSpent | None:
+        """Where the time of the earlier runs went, if they recorded it."""
+        data = self.study.user_attrs.get(STUDY_TIME_SPENT)
+        return TimeSpent.from_dict(data) if data is not None else None
+
+    def store_time_spent(self, spent: TimeSpent) -> None:
+        """Keep the time breakdown of every run so far (the report reads it)."""
+        self.study.set_user_attr(STUDY_TIME_SPENT, asdict(spent))
+
+    def verdict(self) -> tuple[str | None, Ceilings | None]:
+        """The bottleneck verdict of the last finished run and the winner's ceilings it rests on."""
+        data = self.study.user_attrs.get(STUDY_VERDICT) or {}
+        ceilings = data.get("ceilings")
+        return data.get("text"), Ceilings(**ceilings) if ceilings else None
+
+    def store_verdict(self, verdict: str, ceilings: Ceilings | None) -> None:
+        """Keep the verdict printed with best.json (the report shows it again)."""
+        self.study.set_user_attr(STUDY_VERDICT, {"text": verdict, "ceilings": ceilings.to_dict() if ceilings else None})
+
+
+def _rounds(stored: Any) -> Rounds:
+    """The rounds of a stored confirmation: ``{"run": id, "rounds": {...}}``, or the bare rounds of an older version."""
+    if not isinstance(stored, dict):
+        return {}
+    rounds = stored.get("rounds", {}) if "run" in stored else stored
+    return {key: (list(v[0]), list(v[1])) for key, v in rounds.items()}
