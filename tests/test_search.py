@@ -278,8 +278,14 @@ def test_resume_with_a_different_search_is_refused(tmp_path, cache_dir) -> None:
     from autotune.errors import StorageError
 
     search(config(tmp_path, cache_dir, trials=2))
-    with pytest.raises(StorageError, match="different search"):
+    # The --out's own study: a new --study there would be refused too (an --out holds one search), so it is not offered.
+    with pytest.raises(StorageError, match=r"different search \(.*\); pass another --out for this one \(an --out holds one search\)$"):
         search(config(tmp_path, cache_dir, trials=3, constraints=(parse_constraint("amp=off"),)))
+    shared = f"sqlite:///{tmp_path / 'shared.db'}"  # a --storage of the user's: another study name there will do
+    search(config(tmp_path, cache_dir, trials=2, storage=shared, study="s", out=tmp_path / "a"))
+    with pytest.raises(StorageError, match=r"different search \(.*\); pass --study NEW_NAME or another --out$"):
+        search(config(tmp_path, cache_dir, trials=3, storage=shared, study="s", out=tmp_path / "b",
+                      constraints=(parse_constraint("amp=off"),)))
 
 
 def test_a_run_that_failed_before_measuring_anything_does_not_hold_its_settings(tmp_path, cache_dir) -> None:

@@ -106,7 +106,7 @@ def test_trials_sampled_from_other_choices_stop_the_search_in_one_line(tmp_path:
     assert setup_for(trial, role, plan((8, 16, 32))).batch_size in (8, 16, 32)
     study.tell(trial, TrialResult(status="ok", samples_per_s=1.0))
     trial, role = study.ask()
-    with pytest.raises(StorageError, match="holds trials sampled from other choices of a knob.*pass --study NEW_NAME"):
+    with pytest.raises(StorageError, match=r"holds trials sampled from other choices of a knob.*another --out \(with --storage: --study NEW_NAME\)"):
         setup_for(trial, role, plan((8, 16)))
 
 

@@ -142,7 +142,7 @@ def setup_for(trial: optuna.Trial, role: str, plan: Exploration) -> TrainSetup:
             f"study {trial.study.study_name!r} holds trials sampled from other choices of a knob than this search offers "
             "(its data or model changed since, --devices/--nproc-per-node split the cores another way, or an earlier "
             "autotune version built its space); "
-            "pass --study NEW_NAME or another --out"
+            "pass another --out (with --storage: --study NEW_NAME)"
         ) from None
 
 

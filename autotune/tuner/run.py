@@ -250,7 +250,7 @@ def prepare(config: SearchConfig, reporter: Reporter) -> Prepared:
             else:
                 study.claim()
                 stack.callback(study.release)
-                study.check_signature(signature(config, workload, machine_fingerprint(hardware, device)))
+                study.check_signature(signature(config, workload, machine_fingerprint(hardware, device)), in_out=config.storage is None)
                 stale = study.recover()
             held = stack.pop_all()
     except BaseException:

@@ -127,7 +127,8 @@ def check_one_study(out: Path, name: str, *, local: bool = True) -> None:
             )
         raise UsageError(
             f"{out} holds the search of study {', '.join(map(repr, names))} (its best.json, train.py and report.html): "
-            f"study {name!r} would overwrite them; pass another --out, or --study {names[0]} to continue that search"
+            f"study {name!r} would overwrite them; pass another --out for this search, or --study {names[0]} with that search's "
+            "own flags to continue it"
         )
 
 

@@ -192,7 +192,7 @@ class SearchStudy(StudyStores):
         if stored is not None and stored.same_process(Holder.me()):
             self.study.set_user_attr(STUDY_HOLDER, None)
 
-    def check_signature(self, signature: dict[str, Any]) -> None:
+    def check_signature(self, signature: dict[str, Any], *, in_out: bool = False) -> None:
         """Refuse to resume a study made for a different search; record the signature.
 
         A study that holds nothing measured (no calibration, no trial: its first
@@ -207,8 +207,8 @@ class SearchStudy(StudyStores):
             difference = signature_difference(stored, signature)
             if difference is not None and not self.holds_nothing():
                 raise StorageError(
-                    f"study {self.name!r} in {self.storage} was made for a different search "
-                    f"({difference}); pass --study NEW_NAME or another --out"
+                    f"study {self.name!r} in {self.storage} was made for a different search ({difference}); "
+                    + ("pass another --out for this one (an --out holds one search)" if in_out else "pass --study NEW_NAME or another --out")
                 )
         self.study.set_user_attr(STUDY_SIGNATURE, signature)
 
