@@ -326,6 +326,21 @@ def calls_backward() -> autotune.Task:
     return autotune.Task(nn.Linear(8, 3), _pairs(), step=_step_with_backward)
 
 
+class _WithUnusedHead(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Linear(8, 3)
+        self.unused = nn.Linear(3, 3)  # requires grad, never called: DDP waits for its gradient
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        return self.body(inputs)
+
+
+def unused_parameter() -> autotune.Task:
+    """A model with a parameter its forward never uses."""
+    return autotune.Task(_WithUnusedHead(), _pairs(), batch_size=4)
+
+
 def forward_fails() -> autotune.Task:
     """The model expects 5 features; the data has 8."""
     return autotune.Task(nn.Linear(5, 3), _pairs())

@@ -5,6 +5,8 @@ from __future__ import annotations
 import csv
 import os
 import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -243,6 +245,29 @@ def test_a_ddp_search_emits_train_py_for_its_world_size(tmp_path: Path) -> None:
     console.print(render_search(outcome))
     lines = console.export_text().splitlines()
     assert any(line.startswith("run it: torchrun --nproc_per_node 2 ") and line.endswith("train.py") for line in lines)
+
+
+@pytest.mark.slow
+def test_a_model_with_unused_parameters_names_the_fix_in_trials_and_in_train_py(tmp_path: Path) -> None:
+    """DDP's 'Expected to have finished reduction' says nothing of the model: the trial hints at requires_grad=False,
+    and train.py under torchrun stops in one line naming --find-unused-parameters, with which it trains."""
+    cores = two_cores()
+    result = run_trial(TrainSetup(batch_size=4), task_workload("unused_parameter"),
+                       TrialOptions(trial_seconds=1.0, windows=2, world_size=2, cores=cores, timeout_s=120))
+    assert result.status == "error" and result.error is not None
+    assert "Expected to have finished reduction" in result.error and "set requires_grad=False on them" in result.error
+    config = SearchConfig(model="ignored", trials=2, device="cpu", nproc_per_node=2, trial_seconds=1.0, out=tmp_path / "out",
+                          confirm_top=1, confirm_rounds=1, workload="task_factories:unused_parameter")
+    run_search(config, runner=fake_runner)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(tmp_path / "out" / "train.py"),
+               "--max-steps", "2", "--workers", "0", "--output-dir", str(tmp_path / "run")]
+    failed = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert failed.returncode != 0
+    assert ("error: under DDP, some of the model's parameters got no gradient in a step (not used in its forward): rerun with "
+            "--find-unused-parameters, or set requires_grad=False on them") in failed.stderr.splitlines()
+    trained = subprocess.run([*command, "--find-unused-parameters"], capture_output=True, text=True, timeout=300)
+    assert trained.returncode == 0, trained.stderr[-2000:]
+    assert "find_unused_parameters True" in trained.stdout and "done: step 2," in trained.stdout
 
 
 def test_cli_refuses_devices_all_on_a_cpu_host_in_one_line(tmp_path: Path) -> None:

@@ -80,8 +80,15 @@ _TWICE_HINT = ("; does the workload's step(model, batch) call backward()? It mus
                "train.py) call backward, with the gradient scaler and accumulation")
 
 
+#: DDP on a model with parameters that got no gradient in a step.
+_UNUSED = "Expected to have finished reduction in the prior iteration"
+_UNUSED_HINT = ("; some of the model's parameters get no gradient in a step (not used in its forward): set requires_grad=False "
+                "on them (the emitted train.py also takes --find-unused-parameters)")
+
+
 def hinted(error: str) -> str:
     """``error`` with what fixes it, where the message alone does not say."""
-    if _RAGGED in error:
-        return error + _RAGGED_HINT
-    return error + _TWICE_HINT if _TWICE in error else error
+    for cause, hint in ((_RAGGED, _RAGGED_HINT), (_TWICE, _TWICE_HINT), (_UNUSED, _UNUSED_HINT)):
+        if cause in error:
+            return error + hint
+    return error
