@@ -130,6 +130,21 @@ def test_the_bottleneck_verdict(wait: float, compute: float, loader: float, verd
         assert "A cheaper dataset __iter__ or collate_fn" in bottleneck_verdict(stream, _calibration(compute, loader), records, CPU)
 
 
+def test_without_the_winner_s_ceilings_the_verdict_takes_the_calibration_s_figures_nearest_its_setup() -> None:
+    """--set amp=off --set num_workers=0: not the bf16 compute figure nor the 2-worker loader's, which it excludes."""
+    from autotune.records import PrecisionPoint
+
+    plain = TrainSetup(batch_size=32)
+    calibration = dataclasses.replace(
+        _calibration(620.0, 0.0), loader=(LoaderPoint(0, "ok", 400.0), LoaderPoint(2, "ok", 1435.0)),
+        precisions=(PrecisionPoint("off", False, "ok", 300.0), PrecisionPoint("bf16", True, "ok", 620.0)))
+    best = make_best(workload=WORKLOAD, hardware=HARDWARE, feasible=[_record(0, plain, 185.0, wait=0.05)],
+                     confirmed=[_confirmed(plain, (185.0,))], defaults=plain, effective_batch=None, command="")
+    said = bottleneck_verdict(best, calibration, [_record(0, plain, 185.0, wait=0.05)], CPU)
+    assert "compute alone 300 samples/s (calibration, batch 64); loader alone 400 samples/s (0 workers)" in said, said
+    assert "620" not in said and "1435" not in said
+
+
 def test_a_winner_within_the_noise_of_the_defaults_returns_the_defaults() -> None:
     # Faster at the median, but not in every paired round: not beyond the noise.
     best = _best([_confirmed(FAST, (130.0, 95.0, 125.0)), _confirmed(DEFAULTS, (100.0, 100.0, 100.0))])

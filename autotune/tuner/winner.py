@@ -349,14 +349,20 @@ def bottleneck_verdict(
     else:
         winner = next((r for r in records if r.setup == best.setup and r.result.ok), None)
         wait = winner.result.data_wait_fraction if winner else None
-        compute = calibration.compute_samples_per_s or 0.0
-        loader = max((p.samples_per_s or 0.0 for p in calibration.loader), default=0.0)
+        # The calibration's figures nearest the winner's setup: its precision and layout, at most its workers (the best
+        # of them all would name a setting --set excluded); both at the probe batch.
+        setup = best.setup
+        compute = next((p.samples_per_s for p in calibration.precisions if p.samples_per_s and p.amp == setup.amp
+                        and p.channels_last == setup.channels_last), None) or calibration.compute_samples_per_s or 0.0
+        loaders = [p for p in calibration.loader if p.samples_per_s and p.num_workers <= setup.num_workers]
+        loader = max((p.samples_per_s or 0.0 for p in loaders), default=0.0)
+        workers = max((p.num_workers for p in loaders), default=0)
         together = best.samples_per_s
         parts = []
         if compute:
-            parts.append(f"compute alone {compute:.0f} samples/s")
+            parts.append(f"compute alone {compute:.0f} samples/s (calibration, batch {calibration.probe_batch})")
         if loader:
-            parts.append(f"loader alone up to {loader:.0f} samples/s")
+            parts.append(f"loader alone {loader:.0f} samples/s ({workers} worker{'s' if workers != 1 else ''})")
         parts.append(f"together {together:.0f} samples/s")
         facts = "; ".join(parts)
     images = best.workload.image_input and best.workload.task is None  # files the loader decodes (a Task's items may be tensors)
