@@ -213,6 +213,11 @@ def test_resume_adds_trials_instead_of_repeating(tmp_path, cache_dir) -> None:
     # The same command again runs nothing new.
     again = search(config(tmp_path, cache_dir, trials=6))
     assert len(optuna.load_study(study_name=None, storage=storage).trials) == len(study.trials)
+    # Nor does a smaller --trials: it says so, and the study's budget stays what it holds (status shows 6/6, not 6/3).
+    Said.lines.clear()
+    search(config(tmp_path, cache_dir, trials=3), reporter=Said())
+    assert "the study holds 6 finished trials, --trials 3 asks for no more: none runs (pass a larger --trials to search further)" in Said.lines
+    assert optuna.load_study(study_name=None, storage=storage).user_attrs["trials"] == 6
     assert again.records == outcome.records
 
 

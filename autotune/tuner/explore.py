@@ -87,7 +87,11 @@ def explore(study: SearchStudy, plan: Exploration, reporter: Reporter, runner: T
             failed (it does not count) and every finished one is kept.
         WorkloadError: A data file cannot be decoded; the same.
     """
-    study.study.set_user_attr(STUDY_BUDGET, plan.wanted)  # `autotune status` shows "done/wanted"
+    already = study.finished(plan.wanted)
+    if already >= plan.wanted:  # a rerun with fewer --trials than the study holds: say why no trial runs
+        reporter.message(f"the study holds {already} finished trials, --trials {plan.wanted} asks for no more: none runs "
+                         "(pass a larger --trials to search further)")
+    study.study.set_user_attr(STUDY_BUDGET, max(plan.wanted, already))  # `autotune status` shows "done/wanted"
     while (done := study.finished(plan.wanted)) < plan.wanted:
         trial, told = None, False
         try:
