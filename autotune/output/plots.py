@@ -18,6 +18,7 @@ from matplotlib.ticker import MaxNLocator, NullLocator
 
 from autotune.records import Calibration, Confirmed, TrialRecord
 from autotune.time_spent import TimeSpent
+from autotune.units import format_bytes
 
 #: One marker and colour per trial status (the same in every plot).
 STATUS_STYLE: dict[str, tuple[str, str]] = {
@@ -84,7 +85,7 @@ def history(records: Sequence[TrialRecord]) -> Figure:
         ax.set_xlim(middle - 1, middle + 1)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # trial numbers are whole
     ax.grid(alpha=0.3)
-    ax.legend(loc="lower right", fontsize=8, ncol=2)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.13), fontsize=8, ncol=4, frameon=False)  # below: it covers no marker
     return fig
 
 
@@ -134,7 +135,7 @@ def batch_size(records: Sequence[TrialRecord], budget_bytes: int | None) -> Figu
                                marker=marker, color=colour, s=50, label=f"{status} peak")
     if budget_bytes:
         bottom.axhline(budget_bytes / GIB, color="#d62728", linestyle="--", linewidth=1.2,
-                       label=f"budget the batch range was sized to, {budget_bytes / GIB:.1f} GiB")
+                       label=f"budget the batch range was sized to, {format_bytes(budget_bytes)}")
     top.set_xscale("log", base=2)
     sizes = sorted({r.setup.batch_size for r in records})
     bottom.set_xticks(sizes, [str(b) for b in sizes])
@@ -144,7 +145,7 @@ def batch_size(records: Sequence[TrialRecord], budget_bytes: int | None) -> Figu
     top.set_title("Batch size: where throughput stops rising, and how close each trial came to the memory budget")
     bottom.set_xlabel("micro-batch size (samples per step and rank, log scale)")
     bottom.set_ylabel("peak memory (GiB)")
-    bottom.set_ylim(bottom=0)
+    bottom.set_ylim(0, 1.1 * max(bottom.get_ylim()[1], (budget_bytes or 0) / GIB))  # markers at the top stay whole
     for ax in (top, bottom):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8, loc="best")
@@ -170,7 +171,8 @@ def loader(records: Sequence[TrialRecord], calibration: Calibration | None) -> F
     if points:
         top.plot([p.num_workers for p in points], [p.samples_per_s or 0.0 for p in points], "k--", marker="_", label="loader alone (ceiling)")
     top.set_ylabel("throughput (samples/s)")
-    top.set_ylim(bottom=0)
+    highest = max([p.samples_per_s or 0.0 for p in points] + [r.result.samples_per_s or 0.0 for g in series.values() for r in g] + [1.0])
+    top.set_ylim(0, 1.1 * highest)  # the ceiling's line and the top markers stay whole
     top.set_title("Loader workers: more workers help only while the loop waits on data")
     bottom.set_xlabel("DataLoader num_workers")
     bottom.set_ylabel("data wait (% of wall time)")
@@ -215,7 +217,8 @@ def confirmation(confirmed: Sequence[Confirmed]) -> Figure:
     ax.set_xlabel("throughput (samples/s)")
     ax.set_title("Confirmation: interleaved re-measurement; the spread of the dots is the noise")
     ax.grid(axis="x", alpha=0.3)
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.5 / max(len(ranked), 1) - 0.12), ncol=min(rounds + 1, 6),
+              frameon=False)  # below the axes: the figure keeps the page's width
     return fig
 
 
@@ -225,12 +228,12 @@ def time_spent(spent: TimeSpent) -> Figure:
     total = spent.wall_s or sum(v for _, v in parts) or 1.0
     fig = Figure(figsize=(8.5, 1.0 + 0.42 * len(parts)))
     ax = fig.add_subplot()
-    ax.barh([p[0] for p in parts], [p[1] / 60 for p in parts], color="#4a7ab5")
+    ax.barh([p[0] for p in parts], [p[1] for p in parts], color="#4a7ab5")
     for i, (_, v) in enumerate(parts):
-        ax.text(v / 60, i, f" {v:.0f} s ({v / total:.0%})" if v >= 10 else f" {v:.1f} s ({v / total:.1%})", va="center", fontsize=9)
+        ax.text(v, i, f" {v:.0f} s ({v / total:.0%})" if v >= 10 else f" {v:.1f} s ({v / total:.0%})", va="center", fontsize=9)
     ax.invert_yaxis()
-    ax.set_xlim(0, max((p[1] for p in parts), default=1.0) / 60 * 1.3 or 1.0)
-    ax.set_xlabel("wall time (minutes)")
+    ax.set_xlim(0, max((p[1] for p in parts), default=1.0) * 1.3 or 1.0)
+    ax.set_xlabel("wall time (s)")
     ax.set_title("Search cost: measured windows are the useful part; the rest is overhead")
     ax.grid(axis="x", alpha=0.3)
     return fig

@@ -74,7 +74,8 @@ def _section(section: Section) -> str:
     tables = [t for t in section.tables if t.rows]
     if tables:
         rows = sum(len(t.rows) for t in tables)
-        parts.append(f"<details><summary>data behind this plot ({rows} rows)</summary>{''.join(map(_table, tables))}</details>")
+        what = "data behind this plot" if section.image else "the data (no plot drawn)"
+        parts.append(f"<details><summary>{what} ({rows} rows)</summary>{''.join(map(_table, tables))}</details>")
     parts.append("</section>")
     return "".join(parts)
 
