@@ -382,21 +382,27 @@ def fails_in_workers() -> autotune.Task:
 
 
 class _CorruptRecord(Dataset):
-    def __init__(self) -> None:
+    def __init__(self, error: Exception) -> None:
         self.data = _pairs(300)
+        self.error = error
 
     def __len__(self) -> int:
         return len(self.data)
 
     def __getitem__(self, index: int) -> Any:
         if index == 250:
-            raise ValueError("corrupt record 250")
+            raise self.error
         return self.data[index]
 
 
 def corrupt_record() -> autotune.Task:
     """Item 250 of 300 raises: past the check's first items and the pre-pass's first batches."""
-    return autotune.Task(nn.Linear(8, 3), _CorruptRecord(), batch_size=8)
+    return autotune.Task(nn.Linear(8, 3), _CorruptRecord(ValueError("corrupt record 250\n(at byte 4096)")), batch_size=8)
+
+
+def record_out_of_memory() -> autotune.Task:
+    """Item 250 of 300 runs out of memory: the batch's doing, maybe, not the data's."""
+    return autotune.Task(nn.Linear(8, 3), _CorruptRecord(MemoryError("cannot allocate the decoded record")), batch_size=8)
 
 
 #: Where :func:`crash_rank_one` records the pid of every rank that trained.

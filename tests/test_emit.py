@@ -795,20 +795,21 @@ def test_a_bad_image_is_one_line_naming_it_and_a_bad_validation_image_loses_no_t
 def test_ctrl_c_or_sigterm_stops_after_the_step_with_a_checkpoint_to_resume_from(
     synthetic_data: Path, tmp_path: Path, signum: int
 ) -> None:
-    """A real signal to a real run with a loader worker: one line, exit 130, a checkpoint at the step it stopped after."""
+    """A real signal to a real run's whole process group, its loader worker too (as a terminal's Ctrl-C reaches them):
+    one line, exit 130, a checkpoint at the step it stopped after."""
     import signal
     import time
 
     script = write_script(make_best(synthetic_data, **CPU_KNOBS), tmp_path / "train.py")
     proc = subprocess.Popen([sys.executable, str(script), "--epochs", "1000", "--print-freq", "1", "--output-dir", "out"],
-                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         assert proc.stdout is not None
         deadline = time.monotonic() + RUN_TIMEOUT
         for line in proc.stdout:  # the second step logged: the loader's worker is running
             if line.startswith("step 2 ") or time.monotonic() > deadline:
                 break
-        proc.send_signal(signum)
+        os.killpg(proc.pid, signum)
         rest, err = proc.communicate(timeout=RUN_TIMEOUT)
     finally:
         proc.kill()

@@ -958,3 +958,22 @@ def test_a_rerun_interrupted_during_its_confirmation_keeps_the_earlier_winner_s_
     report_study(out)
     for data in reports[-2:]:  # the rerun's report and `autotune report`'s show the kept winner with its own rounds
         assert data.best.confirmed and {c.candidate.key: (list(c.values), list(c.failures)) for c in data.confirmed} == first
+
+
+def test_a_study_of_the_earlier_version_keeps_its_last_rounds_as_the_winner_s_when_a_rerun_confirms_again(tmp_path) -> None:
+    """Before the winner's rounds were kept apart, a study held only the last run's: a rerun's first measurement keeps them."""
+    import optuna
+
+    from autotune.tuner.stores import STUDY_CONFIRMATION, STUDY_WINNER_ROUNDS
+    from autotune.tuner.study import SearchStudy
+
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    optuna.create_study(study_name="old", storage=storage).set_user_attr(
+        STUDY_CONFIRMATION, {"run": "an-earlier-run", "rounds": {"a": [[100.0, 110.0], []]}})
+    rerun = SearchStudy.load(storage, "old")
+    assert rerun.winner_rounds() == {"a": ([100.0, 110.0], [])}  # read as the winner's until a rerun measures
+    rerun.store_confirmation("a", [300.0], [])
+    rerun.store_confirmation("b", [310.0], [])
+    again = SearchStudy.load(storage, "old")
+    assert again.winner_rounds() == {"a": ([100.0, 110.0], [])} and again.stored_confirmation() == {"a": ([300.0], []), "b": ([310.0], [])}
+    assert STUDY_WINNER_ROUNDS in again.study.user_attrs

@@ -114,6 +114,7 @@ def test_an_effective_batch_larger_than_the_data_is_refused_before_anything_runs
         check_effective_batch(None, 4, constraints=queue)
     check_effective_batch(None, 8, constraints=queue)  # an epoch of 8 holds it
     check_effective_batch(None, 4, constraints={**queue, "num_workers": parse_constraint("num_workers=0..2")})  # 0 workers: no queue
+    check_effective_batch(None, 4, constraints={**queue, "num_workers": parse_constraint("num_workers=..2")})  # so does an open range
     # A pinned micro-batch above --effective-batch, before calibration too.
     with pytest.raises(UsageError, match=re.escape("--set batch_size=64: every micro-batch it allows is larger than --effective-batch 32")):
         search(config(tmp_path, cache_dir, effective_batch=32, constraints=(parse_constraint("batch_size=64"),)), runner=recording)

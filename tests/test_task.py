@@ -148,8 +148,8 @@ def test_good_workloads_become_workload_records() -> None:
         ("fractional_count", "batch_size_of(batch) returned 3.7 (float); it must return an int"),
         ("zero_count", "batch_size_of(batch) returned 0 for the first batch"),
         ("len_raises", "len(dataset) of the workload's dataset (_LenRaises) failed: TypeError: no len"),
-        ("listed_batches", "the first dimension of the batch's first tensor (depth first) counts 8 samples in a batch of 2 items "
-                           "and 8 in a batch of 1"),
+        ("listed_batches", "the first dimension of the batch's first tensor (depth first) counts 8 samples in a batch of 2 items, "
+                           "8 in a batch of 1 and 8 in one of 8"),
         ("forward_fails", "forward failed on the first batch (inputs Tensor[2, 8] float32): RuntimeError"),
         ("unpicklable", "dataset (_HoldsFile) cannot be pickled for DataLoader workers"),
     ],

@@ -143,6 +143,11 @@ def test_without_the_winner_s_ceilings_the_verdict_takes_the_calibration_s_figur
     said = bottleneck_verdict(best, calibration, [_record(0, plain, 185.0, wait=0.05)], CPU)
     assert "compute alone 300 samples/s (calibration, batch 64); loader alone 400 samples/s (0 workers)" in said, said
     assert "620" not in said and "1435" not in said
+    # The loader's best point within the winner's workers, named by its own worker count (1 worker was slower).
+    slower = dataclasses.replace(calibration, loader=(LoaderPoint(0, "ok", 500.0), LoaderPoint(1, "ok", 450.0)))
+    one = make_best(workload=WORKLOAD, hardware=HARDWARE, feasible=[_record(0, MID, 185.0, wait=0.05)],
+                    confirmed=[_confirmed(MID, (185.0,))], defaults=plain, effective_batch=None, command="")
+    assert "loader alone 500 samples/s (0 workers)" in bottleneck_verdict(one, slower, [_record(0, MID, 185.0, wait=0.05)], CPU)
 
 
 def test_a_winner_within_the_noise_of_the_defaults_returns_the_defaults() -> None:

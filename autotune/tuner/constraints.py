@@ -278,14 +278,14 @@ def check_effective_batch(
         raise UsageError(f"{named}: an optimizer step of at least {step} is larger than the {images} training {unit}; "
                          "an epoch would hold no optimizer step")
     workers = (constraints or {}).get("num_workers")
-    if workers is not None and _smallest(workers) > 0:  # every setup has a loader queue: it must fit in an epoch
+    if workers is not None and not workers.allows(0):  # every setup has a loader queue: it must fit in an epoch
         prefetch = (constraints or {}).get("prefetch_factor")
         queue = _smallest(workers) * (_smallest(prefetch) if prefetch is not None else 1) * set_by.get("batch_size", 1)
         if queue > images:
             named = " and ".join(f"--set {c}" for c in (workers, prefetch, (constraints or {}).get("batch_size")) if c is not None)
             raise UsageError(f"{named}: the smallest loader queue they allow (workers x prefetch x batch = {queue} samples) is "
                              f"larger than the {images} training {unit}{' of a rank' if ranks > 1 else ''}, which no setup may "
-                             "prefetch; allow fewer workers or a smaller prefetch_factor")
+                             f"prefetch; allow fewer workers{' or a smaller prefetch_factor' if prefetch is not None else ''}")
 
 
 def _smallest(constraint: Constraint) -> int:

@@ -64,14 +64,19 @@ class StudyStores:
         with interrupts held: a measurement is never half stored."""
         rounds = {k: [list(v[0]), list(v[1])] for k, v in self.confirmation().items()}
         rounds[key] = [values, failures]
+        attrs = self.study.user_attrs
+        earlier = attrs.get(STUDY_CONFIRMATION)
         with interrupts_held():
+            if STUDY_WINNER_ROUNDS not in attrs and isinstance(earlier, dict) and earlier and earlier.get("run") != self.run_id:
+                self.study.set_user_attr(STUDY_WINNER_ROUNDS, earlier)  # a study of an earlier version: its last rounds are kept
             self.study.set_user_attr(STUDY_CONFIRMATION, {"run": self.run_id, "rounds": rounds})
             self.heartbeat()
 
     def keep_winner_rounds(self) -> None:
         """Keep this run's finished confirmation as its winner's evidence (a rerun's rounds replace it only when finished)."""
+        rounds = {k: [list(v[0]), list(v[1])] for k, v in self.confirmation().items()}  # this run's (not another worker's)
         with interrupts_held():
-            self.study.set_user_attr(STUDY_WINNER_ROUNDS, self.study.user_attrs.get(STUDY_CONFIRMATION, {}))
+            self.study.set_user_attr(STUDY_WINNER_ROUNDS, {"run": self.run_id, "rounds": rounds})
 
     def winner_rounds(self) -> Rounds:
         """The rounds of the last finished confirmation (of a study from before they were kept: the last run's)."""

@@ -354,9 +354,9 @@ def bottleneck_verdict(
         setup = best.setup
         compute = next((p.samples_per_s for p in calibration.precisions if p.samples_per_s and p.amp == setup.amp
                         and p.channels_last == setup.channels_last), None) or calibration.compute_samples_per_s or 0.0
-        loaders = [p for p in calibration.loader if p.samples_per_s and p.num_workers <= setup.num_workers]
-        loader = max((p.samples_per_s or 0.0 for p in loaders), default=0.0)
-        workers = max((p.num_workers for p in loaders), default=0)
+        nearest = max((p for p in calibration.loader if p.samples_per_s and p.num_workers <= setup.num_workers),
+                      key=lambda p: p.samples_per_s or 0.0, default=None)
+        loader, workers = (nearest.samples_per_s or 0.0, nearest.num_workers) if nearest is not None else (0.0, 0)
         together = best.samples_per_s
         parts = []
         if compute:
@@ -368,7 +368,7 @@ def bottleneck_verdict(
     images = best.workload.image_input and best.workload.task is None  # files the loader decodes (a Task's items may be tensors)
     own = ceilings is not None and bool(ceilings.together and ceilings.compute and ceilings.loader)  # like for like, as above
     unclear = bool(compute) and together > UNCLEAR * compute
-    why = "the steps are too short or too noisy to compare" if own else "compute alone was measured at another batch or precision"
+    why = "the steps are too short or too noisy to compare" if own else "compute alone was measured at another batch"
     if unclear and own:  # its own compute ceiling below what it reached names no limit, whatever the wait
         return f"unclear: training measured faster than computing alone ({facts}), so these figures name no limit; {why}."
     if wait is not None and wait > 0.2:

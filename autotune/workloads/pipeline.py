@@ -180,14 +180,24 @@ class TaskPipeline:
             except WorkloadError:
                 raise
             except USER_CODE_ERRORS as exc:
-                raise BadData(f"item {len(items)} of the workload's dataset failed: {type(exc).__name__}: {exc}") from None
+                raise _bad_item(exc, f"item {len(items)} of the workload's dataset") from None
         else:
             for index in range(batch_size):
                 try:
                     items.append(dataset[index % len(dataset)])
                 except USER_CODE_ERRORS as exc:
-                    raise BadData(f"dataset[{index % len(dataset)}] failed: {type(exc).__name__}: {exc}") from None
+                    raise _bad_item(exc, f"dataset[{index % len(dataset)}]") from None
         return collate_items(self.task, items)
+
+
+def _bad_item(exc: BaseException, item: str) -> BaseException:
+    """``exc``, raised reading ``item``, as :class:`BadData` in one line; running out of memory stays itself (the
+    batch's size may be at fault: a memory pre-pass halves it)."""
+    text = str(exc).strip()
+    if isinstance(exc, MemoryError) or "out of memory" in text.lower() or "can't allocate memory" in text:
+        return exc
+    first = text.splitlines()[0] if text else ""
+    return BadData(f"{item} failed: {type(exc).__name__}: {first}")
 
 
 def open_pipeline(workload: Workload, decode: str = "cpu") -> Pipeline:

@@ -234,8 +234,8 @@ def _check_loss(task: Task, model: Any, batch: Any) -> None:
 
 
 def _check_count(task: Task, batch: Any, items: list[Any]) -> None:
-    """The samples of the first batch (``items`` collated), as every trial counts them, must be a positive count that
-    grows with the items."""
+    """The samples of the first batch (the first of ``items`` collated), as every trial counts them, must be a positive
+    count; counted by the first dimension, it must grow with the items (1, 2 and all of ``items``)."""
     origin = "batch_size_of(batch)" if task.batch_size_of is not None else "counting the samples"
     try:
         count = task.samples_in(batch)
@@ -245,18 +245,19 @@ def _check_count(task: Task, batch: Any, items: list[Any]) -> None:
         raise WorkloadError(f"{origin} failed on the first batch {describe_batch(batch)}: {type(exc).__name__}: {exc}") from None
     if count < 1:
         raise WorkloadError(f"{origin} returned {count} for the first batch {describe_batch(batch)}; it must be >= 1")
-    try:
-        alone = task.samples_in(collate_items(task, items[:1]))
-    except USER_CODE_ERRORS:  # one item does not collate alone, or its count fails: nothing to compare
+    if task.batch_size_of is not None or len(items) < 2:  # the user's own count (tokens, a mask's sum) is theirs to define
         return
-    if len(items) > 1 and alone == count:  # twice the items, as many samples: a batch of 256 would count as few as one of 2
-        how = ("batch_size_of(batch)" if task.batch_size_of is not None
-               else "the first dimension of the batch's first tensor (depth first)")
-        fix = ("make it count the samples of a batch" if task.batch_size_of is not None
-               else "give autotune.Task(batch_size_of=...) the count (for batches of lists, such as detection's "
-                    "(images, targets): lambda batch: len(batch[0]))")
-        raise WorkloadError(f"{how} counts {count} samples in a batch of {len(items)} items and {alone} in a batch of 1 "
-                            f"({describe_batch(batch)}): it does not count the items, so samples/s would measure steps/s; {fix}")
+    try:
+        alone, every = (task.samples_in(collate_items(task, part)) for part in (items[:1], items))
+    except USER_CODE_ERRORS:  # one item does not collate alone, or the count fails: nothing to compare
+        return
+    if alone == count == every:  # 1, 2 and all the items read count alike: a batch of 256 would count as few as one of 2
+        raise WorkloadError(
+            f"the first dimension of the batch's first tensor (depth first) counts {count} samples in a batch of "
+            f"{min(len(items), CHECK_ITEMS)} items, {alone} in a batch of 1 and {every} in one of {len(items)} "
+            f"({describe_batch(batch)}): it does not count the items, so samples/s would measure steps/s; give "
+            "autotune.Task(batch_size_of=...) the count (for batches of lists, such as detection's (images, targets): "
+            "lambda batch: len(batch[0]))")
 
 
 def _check_pickle(task: Task) -> None:
@@ -296,7 +297,7 @@ def check_task(task: Task, *, workers: bool) -> TaskInfo:
 
     items, iterable, size = _first_items(task, SHAPE_ITEMS)
     batch = collate_items(task, items[:CHECK_ITEMS])
-    _check_count(task, batch, items[:CHECK_ITEMS])
+    _check_count(task, batch, items)
     model = task.build_model()
     model.train()
     with torch.random.fork_rng():
