@@ -16,13 +16,13 @@ from pathlib import Path
 from typing import Annotated, Any, Optional, TypeVar
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 
 from autotune._version import __version__
 from autotune.errors import AutotuneError, ProbeError
 from autotune.records import DEFAULT_TRIAL_SECONDS
 from autotune.redact import recorded_command
+from autotune.render import console
 from autotune.teardown import exit_at_once_on_interrupt
 from probes.hardware import address_space_note
 
@@ -35,8 +35,8 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
-out = Console()
-err = Console(stderr=True)
+out = console()
+err = console(stderr=True)
 _state = {"debug": False}
 
 

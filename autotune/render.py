@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
@@ -214,3 +217,15 @@ def render_search(outcome: SearchOutcome) -> Group:
     if report is not None:
         parts.append(_line(("report:", "bold"), f" {Path(report).resolve()} (plots; open it in a browser)"))
     return Group(*parts)
+
+
+#: Columns of output written to a file or a pipe (a log, `| tee`): Rich's 80 wrapped the tables' setups every few characters.
+PIPE_WIDTH = 160
+
+
+def console(stderr: bool = False) -> Console:
+    """Rich's console for stdout (or stderr): a terminal's own width; to a file or a pipe :data:`PIPE_WIDTH` columns,
+    unless ``COLUMNS`` says otherwise."""
+    stream = sys.stderr if stderr else sys.stdout
+    wide = stream.isatty() or "COLUMNS" in os.environ
+    return Console(stderr=stderr, width=None if wide else PIPE_WIDTH)

@@ -190,3 +190,16 @@ def test_a_ctrl_c_after_the_work_is_written_ends_the_program_at_once_with_its_co
     ran = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert (ran.returncode, ran.stdout, ran.stderr) == (3, "winner: written", "")
+
+
+def test_output_to_a_pipe_is_wide_enough_for_the_tables(monkeypatch) -> None:
+    """Rich gives a pipe or a file 80 columns, which wrapped every trial's setup over many lines: a log gets 160."""
+    import io
+
+    from autotune.render import PIPE_WIDTH, console
+
+    monkeypatch.delenv("COLUMNS", raising=False)
+    monkeypatch.setattr(sys, "stdout", io.StringIO())  # a pipe, whether or not pytest runs in a terminal
+    assert console().width == PIPE_WIDTH
+    monkeypatch.setenv("COLUMNS", "100")
+    assert console().width == 100  # the user's own choice wins
