@@ -78,6 +78,8 @@ def read_json(file: Path, error: type[AutotuneError], missing_hint: str = "") ->
         raise error(f"{file}: no such file{missing_hint}") from None
     except OSError as exc:
         raise error(f"{file}: cannot read: {exc.strerror}") from None
+    except UnicodeDecodeError:  # a database, an image: not a text file at all
+        raise error(f"{file}: not valid JSON (not even UTF-8 text)") from None
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:

@@ -337,6 +337,9 @@ def test_cli_emit_corrupt_best(tmp_path: Path) -> None:
     (tmp_path / "best.json").write_text('{"schema": 1, "setup": {}}')
     line = _one_error_line(CliRunner().invoke(app, ["emit", str(tmp_path)]))
     assert "workload" in line
+    (tmp_path / "study.db").write_bytes(b"SQLite format 3\x00\xfb\xff")  # the wrong file: not an internal error
+    result = CliRunner().invoke(app, ["emit", str(tmp_path / "study.db")])
+    assert result.exit_code != 3 and "not valid JSON (not even UTF-8 text)" in _one_error_line(result)
 
 
 def test_emit_under_a_file_names_the_file(synthetic_data: Path, tmp_path: Path) -> None:
@@ -824,3 +827,22 @@ def test_ctrl_c_or_sigterm_stops_after_the_step_with_a_checkpoint_to_resume_from
     resumed = run_script([str(script), "--resume", "--max-steps", str(step + 1), "--print-freq", "1", "--output-dir", "out"],
                          tmp_path)
     assert f"resumed from out/checkpoint.pth at epoch {step // 4} step {step}" in resumed.stdout
+
+
+def test_resume_on_data_of_another_size_is_refused_in_one_line(
+    synthetic_data: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The position in an epoch and its shuffle follow the number of samples: fewer of them crashed in islice, more
+    resumed silently into another order."""
+    script = write_script(make_best(synthetic_data, **CPU_KNOBS), tmp_path / "emit" / "train.py")
+    run, fewer = tmp_path / "run", tmp_path / "fewer"
+    run.mkdir()
+    for name in sorted(p.name for p in synthetic_data.iterdir() if p.is_dir()):
+        (fewer / name).mkdir(parents=True)
+        for image in sorted((synthetic_data / name).iterdir())[:4]:
+            (fewer / name / image.name).symlink_to(image)
+    run_here([str(script), "--max-steps", "3", "--workers", "0", "--output-dir", "out"], run, capfd, monkeypatch)
+    line, _ = in_process.refusal(script, ["--resume", "--workers", "0", "--data", str(fewer), "--output-dir", "out"], run, capfd,
+                                 monkeypatch)
+    assert line.startswith("error: --resume: out/checkpoint.pth was written for 64 samples per process, the data now holds ")
+    assert line.endswith("resume with the data it was written for, or pass another --output-dir to start afresh")

@@ -112,6 +112,9 @@ def test_load_setup_reads_best_json_and_bare_setup(tmp_path) -> None:
         load_setup(tmp_path / "bad.json")
     with pytest.raises(SetupError, match="no such file"):
         load_setup(tmp_path / "missing.json")
+    (tmp_path / "study.db").write_bytes(b"SQLite format 3\x00\xfb\xff")  # not text at all: one line too
+    with pytest.raises(SetupError, match=r"study.db: not valid JSON \(not even UTF-8 text\)"):
+        load_setup(tmp_path / "study.db")
     (tmp_path / "cut.json").write_text('{"schema": 1, "setup": {"amp": "bf')
     with pytest.raises(SetupError, match=r"not valid JSON \(line 1, column \d+: Unterminated string starting at\)$"):
         load_setup(tmp_path / "cut.json")
