@@ -20,6 +20,21 @@ F = TypeVar("F", bound=Callable[..., Any])
 USER_CODE_ERRORS = (Exception, SystemExit)
 
 
+def is_out_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` says memory ran out: ``MemoryError``, torch's ``OutOfMemoryError``, or a ``RuntimeError`` of
+    the CPU allocator (``can't allocate memory``) or of a device (``out of memory``)."""
+    try:
+        import torch
+
+        oom_types: tuple[type[BaseException], ...] = (torch.OutOfMemoryError, MemoryError)
+    except Exception:  # pragma: no cover - torch always imports where trials run
+        oom_types = (MemoryError,)
+    message = str(exc)
+    return isinstance(exc, oom_types) or (
+        isinstance(exc, RuntimeError) and ("can't allocate memory" in message or "out of memory" in message.lower())
+    )
+
+
 class AutotuneError(Exception):
     """Base class of every error autotune raises on purpose.
 

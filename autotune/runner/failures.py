@@ -6,7 +6,7 @@ Nothing is raised to the parent: :func:`classify` maps any exception to a
 
 from __future__ import annotations
 
-from autotune.errors import AutotuneError
+from autotune.errors import AutotuneError, is_out_of_memory
 from autotune.records import TrialResult
 from autotune.workloads.batches import hinted
 from autotune.workloads.data import BadData
@@ -37,12 +37,6 @@ def _one_line(exc: BaseException) -> str:
 
 def classify(exc: BaseException) -> TrialResult:
     """Map an exception raised in a trial to its result status."""
-    try:
-        import torch
-
-        oom_types: tuple[type[BaseException], ...] = (torch.OutOfMemoryError, MemoryError)
-    except Exception:  # pragma: no cover - torch always imports here
-        oom_types = (MemoryError,)
     if isinstance(exc, BudgetExceeded):
         return TrialResult(status="oom", error=str(exc))
     if isinstance(exc, Diverged):
@@ -61,10 +55,7 @@ def classify(exc: BaseException) -> TrialResult:
         lines = [ln.strip() for ln in message.splitlines() if ln.strip()]
         cause = lines[-1] if len(lines) > 1 else _one_line(exc)
         return TrialResult(status="error", error=hinted(f"failed in a DataLoader worker, not in the training loop: {cause}"[:300]))
-    if isinstance(exc, oom_types) or (
-        isinstance(exc, RuntimeError)
-        and ("can't allocate memory" in message or "out of memory" in message.lower())
-    ):
+    if is_out_of_memory(exc):
         return TrialResult(status="oom", error=_one_line(exc))
     return TrialResult(status="error", error=hinted(_one_line(exc)))
 

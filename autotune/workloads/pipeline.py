@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
-from autotune.errors import USER_CODE_ERRORS, WorkloadError
+from autotune.errors import USER_CODE_ERRORS, WorkloadError, is_out_of_memory
 from autotune.records import Workload
 from autotune.workloads.batches import first_dim
 from autotune.workloads.data import BadData
@@ -193,9 +193,9 @@ class TaskPipeline:
 def _bad_item(exc: BaseException, item: str) -> BaseException:
     """``exc``, raised reading ``item``, as :class:`BadData` in one line; running out of memory stays itself (the
     batch's size may be at fault: a memory pre-pass halves it)."""
-    text = str(exc).strip()
-    if isinstance(exc, MemoryError) or "out of memory" in text.lower() or "can't allocate memory" in text:
+    if is_out_of_memory(exc):
         return exc
+    text = str(exc).strip()
     first = text.splitlines()[0] if text else ""
     return BadData(f"{item} failed: {type(exc).__name__}: {first}")
 
