@@ -253,17 +253,17 @@ def test_without_bf16_only_fp32_layouts_are_measured() -> None:
 
 
 def test_precisions_layouts_and_worker_counts_the_user_excluded_are_not_measured() -> None:
-    from autotune.tuner.constraints import merge_constraints, parse_constraint
+    from autotune.tuner.constraints import parse_constraint
 
     runner = FakeRunner(speed={("bf16", True): 1.8})
-    pinned = merge_constraints([parse_constraint(c) for c in ("amp=off", "num_workers=0", "channels_last=false")])
+    pinned = [parse_constraint(c) for c in ("amp=off", "num_workers=0", "channels_last=false")]
     result = calibrate(WORKLOAD, CPU, usable_cores=2, available_bytes=64 * 2**30, max_memory=None, trial_seconds=3.0,
                        bf16_ok=True, runner=runner, pinned=pinned)
     assert [(p.amp, p.channels_last) for p in result.precisions] == [("off", False)]
     assert [p.num_workers for p in result.loader] == [0]  # the main process's loading: does the data load at all
     assert not any(s.amp != "off" or s.channels_last for mode, s in runner.calls if mode == "compute")
     two = calibrate(WORKLOAD, CPU, usable_cores=2, available_bytes=64 * 2**30, max_memory=None, trial_seconds=3.0, bf16_ok=True,
-                    runner=FakeRunner(), pinned=merge_constraints([parse_constraint("num_workers=2")]))
+                    runner=FakeRunner(), pinned=[parse_constraint("num_workers=2")])
     assert [p.num_workers for p in two.loader] == [0, 2]
 
 

@@ -13,7 +13,7 @@ Their results bound the search space and explain the final verdict.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 
 from autotune.devices import DeviceInfo
@@ -22,7 +22,7 @@ from autotune.records import Calibration, LoaderPoint, MemoryPoint, PrecisionPoi
 from autotune.runner import TrialRunner, run_trial
 from autotune.runner.failures import KILLED_FROM_OUTSIDE
 from autotune.train_setup import TrainSetup
-from autotune.tuner.constraints import Constraint
+from autotune.tuner.constraints import Constraint, allows
 from autotune.tuner.space import powers_of_two, probe_batch
 from autotune.units import format_bytes
 from autotune.workloads.streams import UNSHARDED
@@ -97,7 +97,7 @@ def calibrate(
     batch_cap: int = BATCH_CAP,
     world_size: int = 1,
     ram_share: int = 1,
-    pinned: Mapping[str, Constraint] | None = None,
+    pinned: Iterable[Constraint] = (),
 ) -> Calibration:
     """Run the pre-pass and ceilings; return what bounds the space.
 
@@ -213,11 +213,8 @@ def calibrate(
     compute, compute_setup = TrialResult(status="error", error="not measured"), TrainSetup(batch_size=middle)
     failed: list[str] = []
     # Like for like: every precision and layout at the same batch, so the first guesses follow the numbers.
-    def allowed(knob: str, value: object) -> bool:
-        return pinned is None or knob not in pinned or pinned[knob].allows(value)
-
-    for amp in [a for a in (("off", reduced) if reduced else ("off",)) if allowed("amp", a)]:
-        for channels_last in [c for c in ((False, True) if workload.image_input else (False,)) if allowed("channels_last", c)]:
+    for amp in [a for a in (("off", reduced) if reduced else ("off",)) if allows(pinned, "amp", a)]:
+        for channels_last in [c for c in ((False, True) if workload.image_input else (False,)) if allows(pinned, "channels_last", c)]:
             setup = TrainSetup(batch_size=middle, amp=amp, channels_last=channels_last)  # type: ignore[arg-type]
             same = measured.get(middle) if setup == fp32.replace(batch_size=middle) else None
             # The plain fp32 point at the pre-pass's own batch was measured there, with the same options.
@@ -239,7 +236,7 @@ def calibrate(
     if workload.unsharded:  # a second worker would only add copies of the stream
         worker_cap = min(usable_cores, 1)
         log(f"the dataset: {UNSHARDED}, so the search keeps num_workers <= 1")
-    counts = sorted(n for n in {0, *powers_of_two(1, worker_cap), worker_cap} if n == 0 or allowed("num_workers", n))
+    counts = sorted(n for n in {0, *powers_of_two(1, worker_cap), worker_cap} if n == 0 or allows(pinned, "num_workers", n))
     target = compute.samples_per_s if compute.ok else None
     worker_error: str | None = None
     for workers in counts:

@@ -291,7 +291,7 @@ def calibrate_once(config: SearchConfig, prepared: Prepared, reporter: Reporter,
                 runner=runner,
                 world_size=prepared.placement.world_size,
                 ram_share=prepared.placement.processes,
-                pinned=merge_constraints(config.constraints),
+                pinned=config.constraints,
             )
     except KeyboardInterrupt:
         raise SearchInterrupted("interrupted during calibration, before the first trial; rerun the same command to start again") from None
