@@ -52,8 +52,15 @@ class StudyStores:
         Rounds of an earlier run are never returned: measured at another
         time (another load), they are not comparable with this run's.
         """
-        stored = self.study.user_attrs.get(STUDY_CONFIRMATION, {})
+        return self._this_run(self.study.user_attrs)
+
+    def _this_run(self, attrs: dict[str, Any]) -> Rounds:
+        stored = attrs.get(STUDY_CONFIRMATION, {})
         return _rounds(stored) if isinstance(stored, dict) and stored.get("run") == self.run_id else {}
+
+    def _stamped(self, rounds: Rounds) -> dict[str, Any]:
+        """``rounds`` as stored: with this run's id."""
+        return {"run": self.run_id, "rounds": {key: [list(values), list(failures)] for key, (values, failures) in rounds.items()}}
 
     def stored_confirmation(self) -> Rounds:
         """The confirmation rounds of the last run that measured any (for a report of the study)."""
@@ -62,21 +69,20 @@ class StudyStores:
     def store_confirmation(self, key: str, values: list[float], failures: list[str]) -> None:
         """Record one candidate's confirmation measurements (after every measurement), for this run only,
         with interrupts held: a measurement is never half stored."""
-        rounds = {k: [list(v[0]), list(v[1])] for k, v in self.confirmation().items()}
-        rounds[key] = [values, failures]
-        attrs = self.study.user_attrs
+        attrs = self.study.user_attrs  # one read of the storage per measurement
+        rounds = {**self._this_run(attrs), key: (values, failures)}
         earlier = attrs.get(STUDY_CONFIRMATION)
         with interrupts_held():
             if STUDY_WINNER_ROUNDS not in attrs and isinstance(earlier, dict) and earlier and earlier.get("run") != self.run_id:
                 self.study.set_user_attr(STUDY_WINNER_ROUNDS, earlier)  # a study of an earlier version: its last rounds are kept
-            self.study.set_user_attr(STUDY_CONFIRMATION, {"run": self.run_id, "rounds": rounds})
+            self.study.set_user_attr(STUDY_CONFIRMATION, self._stamped(rounds))
             self.heartbeat()
 
     def keep_winner_rounds(self) -> None:
         """Keep this run's finished confirmation as its winner's evidence (a rerun's rounds replace it only when finished)."""
-        rounds = {k: [list(v[0]), list(v[1])] for k, v in self.confirmation().items()}  # this run's (not another worker's)
+        rounds = self.confirmation()  # this run's (not another worker's)
         with interrupts_held():
-            self.study.set_user_attr(STUDY_WINNER_ROUNDS, {"run": self.run_id, "rounds": rounds})
+            self.study.set_user_attr(STUDY_WINNER_ROUNDS, self._stamped(rounds))
 
     def winner_rounds(self) -> Rounds:
         """The rounds of the last finished confirmation (of a study from before they were kept: the last run's)."""
