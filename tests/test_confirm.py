@@ -24,7 +24,7 @@ def test_rounds_are_interleaved_and_each_measurement_is_stored() -> None:
         order.append(setup.batch_size)
         if setup is C and len([b for b in order if b == 128]) == 2:
             return TrialResult(status="timeout", error="slow")
-        return TrialResult(status="ok", samples_per_s=float(setup.batch_size + len(order)))
+        return TrialResult(status="ok", samples_per_s=float(1000 + setup.batch_size + len(order)))
 
     result = confirm(
         candidates(), WORKLOAD, TrialOptions(), rounds=3, known={}, min_rounds=3,
@@ -33,7 +33,7 @@ def test_rounds_are_interleaved_and_each_measurement_is_stored() -> None:
     assert order == [16, 64, 128] * 3  # A B C A B C A B C
     assert len(stored) == 9 and stored[-1] == (C.to_json(), 3)
     by_size = {c.candidate.setup.batch_size: c for c in result}
-    assert by_size[16].values == (17.0, 20.0, 23.0) and by_size[16].median == 20.0 and by_size[16].spread == 6.0
+    assert by_size[16].values == (1017.0, 1020.0, 1023.0) and by_size[16].median == 1020.0 and by_size[16].spread == 6.0
     assert by_size[128].failures == ("timeout: slow",) and len(by_size[128].values) == 2
 
 
@@ -42,7 +42,7 @@ def test_known_measurements_are_reused_and_only_the_missing_run() -> None:
 
     def runner(setup, workload, options=None, *, on_window=None) -> TrialResult:
         ran.append(setup.batch_size)
-        return TrialResult(status="ok", samples_per_s=1.0)
+        return TrialResult(status="ok", samples_per_s=6.5)
 
     known = {A.to_json(): ([5.0, 6.0], []), B.to_json(): ([7.0], ["oom: x"])}
     confirm(candidates(), WORKLOAD, TrialOptions(), rounds=2, known=known, store=lambda *a: None, runner=runner)
@@ -89,16 +89,32 @@ def _runner_with(rates: dict[int, list[float]], order: list[int]):
 
 def test_a_clear_leader_settles_after_the_minimum_rounds() -> None:
     order: list[int] = []
-    runner = _runner_with({16: [100.0, 90.0], 64: [150.0, 140.0], 128: [300.0, 280.0]}, order)
+    runner = _runner_with({16: [250.0, 240.0], 64: [260.0, 250.0], 128: [300.0, 290.0]}, order)
     result = confirm(candidates(), WORKLOAD, TrialOptions(), rounds=5, known={}, store=lambda *a: None, runner=runner)
     assert order == [16, 64, 128] * 2
     assert all(len(c.values) == 2 for c in result)
 
 
+def test_a_candidate_far_behind_the_leader_stops_after_one_round_but_never_the_baseline() -> None:
+    """Below 0.8x the leader in the first round (an fp32 twin far behind its finalist): a second round of it could not
+    make it win. The baseline keeps its second round: the speedup is the median of paired rounds."""
+    order: list[int] = []
+    rates = {16: [100.0, 90.0], 64: [150.0, 140.0], 128: [300.0, 280.0]}
+    result = confirm(candidates(), WORKLOAD, TrialOptions(), rounds=5, known={}, store=lambda *a: None,
+                     runner=_runner_with(rates, order), baseline=A.to_json())
+    assert order == [16, 64, 128, 16, 128]
+    assert [len(c.values) for c in result] == [2, 1, 2]
+    order.clear()
+    close = {16: [100.0, 90.0], 64: [241.0, 250.0, 260.0], 128: [300.0, 280.0, 270.0]}  # 0.803x: not far enough behind
+    confirm(candidates(), WORKLOAD, TrialOptions(), rounds=5, known={}, store=lambda *a: None,
+            runner=_runner_with(close, order), baseline=A.to_json())
+    assert order[:6] == [16, 64, 128] * 2
+
+
 def test_finalists_within_noise_get_more_rounds_up_to_the_maximum() -> None:
     order: list[int] = []
     # 128 and 64 swap places round by round: neither beats the other, and they differ by more than 3 %.
-    runner = _runner_with({16: [50.0], 64: [200.0, 180.0, 200.0, 180.0], 128: [180.0, 200.0, 180.0, 200.0]}, order)
+    runner = _runner_with({16: [170.0], 64: [200.0, 180.0, 200.0, 180.0], 128: [180.0, 200.0, 180.0, 200.0]}, order)
     result = confirm(candidates(), WORKLOAD, TrialOptions(), rounds=4, known={}, store=lambda *a: None, runner=runner)
     # 16 is beaten after the minimum rounds and measured no more; the two within noise go on.
     assert order == [16, 64, 128] * 2 + [64, 128] * 2
@@ -107,7 +123,7 @@ def test_finalists_within_noise_get_more_rounds_up_to_the_maximum() -> None:
 
 def test_the_baseline_stops_only_once_every_remaining_finalist_beats_it() -> None:
     # 128 leads and beats 16; 64 is within noise of 128 but not clearly faster than 16.
-    rates = {16: [150.0, 160.0], 64: [210.0, 150.0, 200.0, 150.0], 128: [200.0, 190.0, 180.0, 200.0]}
+    rates = {16: [175.0, 160.0], 64: [210.0, 150.0, 200.0, 150.0], 128: [200.0, 190.0, 180.0, 200.0]}
     order: list[int] = []
     confirm(candidates(), WORKLOAD, TrialOptions(), rounds=3, known={}, store=lambda *a: None,
             runner=_runner_with(rates, order), baseline=A.to_json())
@@ -127,13 +143,13 @@ def test_the_baseline_stays_while_the_leaders_ratios_over_it_disagree() -> None:
     order: list[int] = []
     result = confirm(candidates(), WORKLOAD, TrialOptions(), rounds=4, known={}, store=lambda *a: None,
                      runner=_runner_with(rates, order), baseline=A.to_json())
-    assert order == [16, 64, 128] * 2 + [16, 128]
+    assert order == [16, 64, 128, 16, 128, 16, 128]  # 64, far behind in the first round, stopped after it
     assert paired_speedup(result[2], result[0]) == pytest.approx(52300.8 / 30762.4)  # the median of 1.70, 350 and 1.70
     steady = {16: [30762.4, 20000.0], 64: [100.0], 128: [52300.8, 27434.9]}  # 1.70x and 1.37x: they agree
     order.clear()
     confirm(candidates(), WORKLOAD, TrialOptions(), rounds=4, known={}, store=lambda *a: None,
             runner=_runner_with(steady, order), baseline=A.to_json())
-    assert order == [16, 64, 128] * 2
+    assert order == [16, 64, 128, 16, 128]
 
 
 def test_a_finalist_that_never_measured_stops_after_the_minimum_rounds() -> None:
@@ -151,7 +167,7 @@ def test_a_finalist_that_never_measured_stops_after_the_minimum_rounds() -> None
 
 def test_finalists_equal_within_the_floor_do_not_need_more_rounds() -> None:
     order: list[int] = []
-    runner = _runner_with({16: [50.0], 64: [200.0, 201.0], 128: [201.0, 200.0]}, order)
+    runner = _runner_with({16: [190.0], 64: [200.0, 201.0], 128: [201.0, 200.0]}, order)
     confirm(candidates(), WORKLOAD, TrialOptions(), rounds=4, known={}, store=lambda *a: None, runner=runner)
     assert order == [16, 64, 128] * 2
 
@@ -160,7 +176,8 @@ def test_the_confirmation_line_says_its_rounds_plainly() -> None:
     from autotune.tuner.confirm import confirmation_plan
 
     assert confirmation_plan(4, 3.0, 4) == (
-        "confirmation: 4 setups in interleaved rounds of 3 s (2 to 4 rounds; a setup stops once the leader beats or equals it)"
+        "confirmation: 4 setups in interleaved rounds of 3 s (2 to 4 rounds; a setup stops once the leader beats or equals it, "
+        "or after one round below 0.8x the leader)"
     )
     assert "1 setup in interleaved rounds of 0.5 s (1 round;" in confirmation_plan(1, 0.5, 1)  # not "(2 to 1"
     assert "(2 rounds;" in confirmation_plan(2, 5.0, 2)

@@ -202,6 +202,26 @@ def test_a_setup_that_keeps_the_math_is_preferred_when_the_faster_one_is_within_
     assert _best(confirmed).setup == FAST
 
 
+def test_among_setups_that_all_change_the_batch_the_nearer_one_is_preferred_within_noise() -> None:
+    """A search's two bf16 finalists at 1024 and 512 tied (2 of 4 rounds, median +1 %): 1024 would leave 952 of 3,000
+    images out of each epoch and scale the learning rate further on a rule's word, for no measured gain."""
+    far, near = (TrainSetup(batch_size=b, accumulation_steps=4, amp="bf16", channels_last=True) for b in (256, 128))
+    confirmed = [
+        _confirmed(far, (264.6, 285.2, 321.1, 321.1)),
+        _confirmed(near, (255.2, 278.9, 325.9, 323.9)),
+        _confirmed(DEFAULTS, (175.9, 179.6)),
+    ]
+    best = _best(confirmed)
+    assert best.setup == near and best.effective_batch == 512
+    assert any(n.startswith(f"{near.describe()} keeps an effective batch nearer the reference 32 and is within the noise")
+               for n in best.notes)
+    # Beyond the noise, the farther batch wins; a setup that keeps the batch is not pushed aside by this rule.
+    confirmed[0] = _confirmed(far, (400.0, 410.0, 420.0, 405.0))
+    assert _best(confirmed).setup == far
+    same = _confirmed(TrainSetup(batch_size=32, amp="bf16"), (330.0, 330.0, 330.0, 330.0))
+    assert _best([same, _confirmed(near, (329.0, 331.0, 330.0, 329.0)), _confirmed(DEFAULTS, (175.9, 179.6))]).setup == same.candidate.setup
+
+
 def test_the_notes_say_how_the_confirmation_settled() -> None:
     best = _best([_confirmed(MID, (230.0, 240.0)), _confirmed(FAST, (200.0, 205.0)), _confirmed(DEFAULTS, (100.0, 100.0))])
     note = next(n for n in best.notes if n.startswith("confirmation:"))

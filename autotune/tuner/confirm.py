@@ -3,34 +3,40 @@
 A single measurement on a shared machine varies by 20-30 %; ranking close
 setups by one run picks noise. The finalists (and the PyTorch defaults, for
 the speedup) are measured again in rounds, each round running every
-candidate once, and compared by their medians.
+candidate once, and compared by their paired ratios round by round
+(:mod:`autotune.tuner.noise`); the leader is the highest median.
 """
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from autotune.records import Candidate, Ceilings, Confirmed, TrialOptions, TrialRecord, TrialResult, Workload
 from autotune.runner import TrialRunner, run_trial
 from autotune.train_setup import TrainSetup
-from autotune.tuner.noise import NOISE_FLOOR, beats, disagree, leader, resolved
+from autotune.tuner.noise import NOISE_FLOOR, beats, disagree, leader, paired_ratios, resolved
 from autotune.tuner.study import ROLE_DEFAULTS
 
 Store = Callable[[str, list[float], list[str]], None]
 
 
-#: Rounds always measured before the ranking may be called settled.
+#: Rounds every candidate runs (but one far behind, :data:`CLEARLY_SLOWER`) before any stops.
 MIN_ROUNDS = 2
+
+#: Before :data:`MIN_ROUNDS`, a candidate below this fraction of the leader in every paired round so far stops: the
+#: search's screening stops a trial at the same gap (:data:`autotune.tuner.pruning.CHECKPOINTS`), far beyond the few
+#: per cent by which paired rounds of one setup differ.
+CLEARLY_SLOWER = 0.8
 
 
 def confirmation_plan(setups: int, seconds: float, rounds: int, min_rounds: int = MIN_ROUNDS) -> str:
     """The line announcing the confirmation: how many setups, how long a run, how many rounds."""
     floor = min(min_rounds, rounds)
     span = f"{rounds} round{'s' if rounds > 1 else ''}" if floor == rounds else f"{floor} to {rounds} rounds"
+    early = f", or after one round below {CLEARLY_SLOWER:g}x the leader" if floor > 1 else ""
     return (f"confirmation: {setups} setup{'s' if setups != 1 else ''} in interleaved rounds of {seconds:g} s "
-            f"({span}; a setup stops once the leader beats or equals it)")
+            f"({span}; a setup stops once the leader beats or equals it{early})")
 
 
 def confirm(
@@ -46,14 +52,17 @@ def confirm(
     min_rounds: int = MIN_ROUNDS,
     baseline: str | None = None,
 ) -> list[Confirmed]:
-    """Measure the candidates in interleaved rounds until the ranking is settled.
+    """Measure the candidates in interleaved rounds until more rounds could not change the choice.
 
     Every candidate runs in the first ``min_rounds`` rounds (or ``rounds``,
     if fewer). After that, a candidate the leader already beats or equals
     beyond the noise (:func:`autotune.tuner.noise.resolved`) is no longer
     measured: more rounds of it could not change the choice. The rounds go
     on with the leader and the candidates still within the noise of it, and
-    stop once none is left, at the latest after ``rounds`` rounds. The
+    stop once none is left, at the latest after ``rounds`` rounds. Before
+    ``min_rounds``, a candidate below :data:`CLEARLY_SLOWER` times the leader
+    in every paired round so far stops already (an fp32 twin far behind its
+    finalist, a finalist whose trial was a lucky one). The
     ``baseline`` candidate (the defaults, whose key it is) stops only once
     every other candidate still measured beats it, so whichever wins in the
     end has paired rounds against it, and while the leader's paired ratios
@@ -79,6 +88,8 @@ def confirm(
             active = _unresolved(results(), active, baseline)
             if len(active) <= 1:
                 break
+        elif round_index > 0:
+            active -= _clearly_slower(results(), active, baseline)
         for candidate in candidates:
             if candidate.key not in active or len(values[candidate.key]) + len(failures[candidate.key]) > round_index:
                 continue
@@ -93,6 +104,21 @@ def confirm(
             done += 1
             on_measure(done, total, candidate, result)
     return results()
+
+
+def _clearly_slower(confirmed: Sequence[Confirmed], active: set[str], baseline: str | None) -> set[str]:
+    """The measured candidates below :data:`CLEARLY_SLOWER` times the leader in every paired round (never the baseline:
+    the speedup needs its rounds)."""
+    measured = [c for c in confirmed if c.candidate.key in active]
+    top = leader(measured)
+    if top is None:
+        return set()
+    slower = set()
+    for other in measured:
+        ratios = paired_ratios(other, top) if other is not top and other.candidate.key != baseline else []
+        if ratios and max(ratios) < CLEARLY_SLOWER:
+            slower.add(other.candidate.key)
+    return slower
 
 
 def _unresolved(confirmed: Sequence[Confirmed], active: set[str], baseline: str | None) -> set[str]:
@@ -174,26 +200,18 @@ def pick_candidates(records: Sequence[TrialRecord], defaults: TrainSetup, top: i
     return candidates
 
 
-def measure_ceilings(
-    setup: TrainSetup, workload: Workload, options: TrialOptions, *, rounds: int = 1, runner: TrialRunner = run_trial
-) -> Ceilings:
-    """The winner's setup in its three modes, interleaved (train, compute, loader per round).
+def measure_ceilings(setup: TrainSetup, workload: Workload, options: TrialOptions, *, runner: TrialRunner = run_trial) -> Ceilings:
+    """The winner's setup in its three modes, one run each in a row (train, compute, loader).
 
     The bottleneck verdict then compares like with like: the compute-only
     and loader-only rates at the winner's batch, precision, layout and
-    workers, measured beside the real loop.
+    workers, measured beside the real loop. A mode that fails has no figure.
     """
-    rates: dict[str, list[float]] = {"train": [], "compute": [], "loader": []}
-    waits: list[float] = []
-    for _ in range(rounds):
-        for mode in rates:
-            result = runner(setup, workload, replace(options, mode=mode))  # type: ignore[arg-type]
-            if result.ok and result.samples_per_s is not None:
-                rates[mode].append(result.samples_per_s)
-                if mode == "train" and result.data_wait_fraction is not None:
-                    waits.append(result.data_wait_fraction)
-
-    def median(values: list[float]) -> float | None:
-        return float(statistics.median(values)) if values else None
-
-    return Ceilings(median(rates["train"]), median(rates["compute"]), median(rates["loader"]), median(waits))
+    rates: dict[str, float | None] = {}
+    wait = None
+    for mode in ("train", "compute", "loader"):
+        result = runner(setup, workload, replace(options, mode=mode))
+        rates[mode] = result.samples_per_s if result.ok else None
+        if mode == "train" and result.ok:
+            wait = result.data_wait_fraction
+    return Ceilings(rates["train"], rates["compute"], rates["loader"], wait)

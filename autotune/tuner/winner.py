@@ -217,6 +217,11 @@ def changes_math(setup: TrainSetup, reference: int) -> bool:
     return setup.amp != "off" or setup.effective_batch() != reference
 
 
+def batch_change(setup: TrainSetup, reference: int) -> float:
+    """How far ``setup``'s effective batch lies from the reference, as a factor's logarithm (0 when they are equal)."""
+    return abs(math.log(setup.effective_batch() / reference))
+
+
 def choose_winner(
     measured: list[Confirmed], default_key: str, reference: int, excluded_by: str | None = None
 ) -> tuple[Confirmed, list[str]]:
@@ -225,9 +230,10 @@ def choose_winner(
     The fastest median wins only when it beats, beyond the noise
     (:func:`autotune.tuner.noise.beats`), the PyTorch defaults, the fastest
     finalist in float32 when it autocasts (each autocast finalist's fp32 twin is one,
-    :func:`autotune.tuner.confirm.pick_candidates`) and the fastest setup that
-    keeps the training math; otherwise the defaults (or that setup) are
-    returned and the notes say why. Defaults that the user's
+    :func:`autotune.tuner.confirm.pick_candidates`), the fastest setup that
+    keeps the training math and the fastest whose effective batch lies nearer
+    the reference; otherwise the defaults (or that setup) are returned and
+    the notes say why. Defaults that the user's
     ``--set`` excludes (``excluded_by``) are the baseline only: the fastest
     setup within it wins, unless none measured a throughput.
     """
@@ -267,6 +273,12 @@ def choose_winner(
         for index, (costly, virtue) in enumerate(rules):
             earlier = [rule for rule, _ in rules[:index]]
             chosen = _prefer_within_noise(measured, chosen, defaults, notes, costly, virtue, earlier)
+        # Then, among setups that all change the batch, the smaller change: fewer samples left out of a short epoch,
+        # a smaller learning-rate change taken on a rule's word.
+        farther = batch_change(chosen.candidate.setup, reference)
+        if farther:
+            chosen = _prefer_within_noise(measured, chosen, defaults, notes, lambda s: batch_change(s, reference) >= farther,
+                                          f"keeps an effective batch nearer the reference {reference}", [rule for rule, _ in rules])
     rounds = max(len(c.values) + len(c.failures) for c in measured)
     runner_up = leader([c for c in measured if c is not chosen])
     text = f"confirmation: {rounds} interleaved round{'s' if rounds != 1 else ''}"
