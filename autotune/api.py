@@ -69,18 +69,17 @@ class SearchResult:
     """What :func:`search` found.
 
     Attributes:
-        setup: The confirmed winner (``None`` only if nothing was feasible).
-        samples_per_s: Its confirmed median throughput.
-        speedup: Over the defaults: the median of the per-round ratios of the
-            rounds both ran (``None`` if they could not be measured).
+        setup: The winner (confirmed unless interrupted; with nothing measured, search raises).
+        samples_per_s: Its median throughput in the confirmation rounds.
+        speedup: Over the defaults: the median of the per-round ratios of the rounds both ran (``None``: not measured).
         best_json: The ``best.json`` written.
         train_py: The emitted ``train.py``.
         verdict: Which side limits training, in words.
         outcome: Everything else: every trial, calibration, confirmation.
     """
 
-    setup: TrainSetup | None
-    samples_per_s: float | None
+    setup: TrainSetup
+    samples_per_s: float
     speedup: float | None
     best_json: Path
     train_py: Path
@@ -245,10 +244,11 @@ def search(
     else:
         outcome = run_search(config, reporter)
     best = outcome.best
+    assert best is not None  # run_search raises instead
     return SearchResult(
-        setup=best.setup if best else None,
-        samples_per_s=best.samples_per_s if best else None,
-        speedup=best.speedup if best else None,
+        setup=best.setup,
+        samples_per_s=best.samples_per_s,
+        speedup=best.speedup,
         best_json=outcome.out / "best.json",
         train_py=outcome.out / "train.py",
         verdict=outcome.verdict,

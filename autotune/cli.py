@@ -264,14 +264,14 @@ def search(
     ] = None,
 ) -> None:
     """Search the fastest training setup with short, real, measured trials."""
-    from autotune.api import cli_search as run_one
+    from autotune.api import cli_search as run_search
     from autotune.errors import SearchInterrupted
     from autotune.render import RichReporter, render_search
     from autotune.tuner import SearchOutcome
 
     try:
         with RichReporter(err) as reporter:
-            outcome = run_one(
+            outcome = run_search(
                 workload,
                 model=model,
                 data=data,

@@ -381,12 +381,12 @@ class Confirmed:
 
 @dataclass(frozen=True)
 class Ceilings:
-    """The winner's setup trained, computed alone and loaded alone, in the same interleaved rounds.
+    """The winner's setup trained, computed alone and loaded alone, one run each, back to back.
 
     Attributes:
-        together: Median samples/s of the real loop.
-        compute: Median samples/s with one batch already on the device (no loader).
-        loader: Median samples/s of the DataLoader alone (no model).
+        together: Samples/s of the real loop.
+        compute: Samples/s with one batch already on the device (no loader).
+        loader: Samples/s of the DataLoader alone (no model).
         data_wait_fraction: Share of the real loop's time blocked on the loader.
     """
 

@@ -191,7 +191,7 @@ class TrainSetup:
         return cls.from_dict(data)
 
     def describe(self) -> str:
-        """A short human-readable summary, e.g. ``bs=64x2 w=2/pf4 bf16 cl``."""
+        """A short human-readable summary, e.g. ``bs=64x2 w=2/pf4/persist bf16 channels_last``."""
         parts = [f"bs={self.batch_size}" + (f"x{self.accumulation_steps}" if self.accumulation_steps > 1 else "")]
         if self.num_workers:
             parts.append(f"w={self.num_workers}/pf{self.prefetch_factor or 2}" + ("/persist" if self.persistent_workers else ""))

@@ -1,4 +1,4 @@
-"""report.html: a self-contained page that shows where a search's time went.
+"""report.html: a self-contained page that shows a search as plots, from the winner to where its time went.
 
 One HTML file with inline CSS and inline base64 PNGs (no script, no font,
 no network request), so it opens offline from a file manager. At a glance

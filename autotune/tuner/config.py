@@ -203,8 +203,8 @@ class SearchOutcome:
     """What a search produced.
 
     Attributes:
-        best: The winner (also written as best.json), None if interrupted
-            before any feasible trial.
+        best: The winner (also written as best.json). :func:`~autotune.tuner.run.run_search` raises
+            rather than return none; a report of a study still running has none yet.
         records: Every finished trial.
         confirmed: The confirmation measurements (after an interrupt, the rounds measured so far, unranked).
         calibration: The pre-search measurements.

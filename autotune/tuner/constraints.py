@@ -176,8 +176,9 @@ def apply_constraints(
 ) -> dict[str, tuple[Any, ...]]:
     """Narrow each knob's candidates by the user's constraints.
 
-    A pinned value the hardware does not offer (amp=bf16 on a CPU without
-    bf16, say) is an error rather than silently dropped.
+    A pinned value is taken as given, even outside the computed candidates;
+    whether the hardware offers it (amp=bf16 on a CPU without bf16, say) is
+    :func:`check_constraints`' refusal, made before the search starts.
 
     Raises:
         UsageError: A constraint that leaves no candidate.

@@ -86,19 +86,6 @@ def resolved(top: Confirmed, other: Confirmed) -> bool:
     return beats(top, other) or equivalent(top, other)
 
 
-def settled(confirmed: Sequence[Confirmed]) -> bool:
-    """Whether more rounds could change the ranking in a way that matters.
-
-    Settled when the leader beats, or is equivalent to, every other measured
-    candidate. Candidates that measured nothing cannot change the ranking.
-    """
-    top = leader(confirmed)
-    if top is None:
-        return False
-    others = [c for c in confirmed if c is not top and c.median is not None]
-    return all(resolved(top, c) for c in others)
-
-
 @dataclass(frozen=True)
 class Margin:
     """How clearly one candidate led another in the paired rounds.

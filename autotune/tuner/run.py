@@ -40,7 +40,7 @@ from autotune.tuner.offered import check_workload_constraints
 from autotune.tuner.parallel import explore_placed
 from autotune.tuner.placement import Placement, place
 from autotune.tuner.progress import Reporter, SilentReporter
-from autotune.tuner.signals import clear_stop, runs_to_the_end, sigterm_as_interrupt
+from autotune.tuner.signals import clear_stop, interrupts_held, runs_to_the_end, sigterm_as_interrupt
 from autotune.tuner.space import Space, build_space, check_pins_act, defaults_setup
 from autotune.tuner.storage import check_one_study, is_shared
 from autotune.tuner.study import ROLE_DEFAULTS, ROLE_GUESS, SearchStudy
@@ -304,10 +304,12 @@ def enqueue_first_trials(config: SearchConfig, prepared: Prepared, space: Space,
     study = prepared.study
     if not study.is_empty():
         return
-    study.enqueue(ROLE_DEFAULTS, {})
+    guesses = []
     if config.trials > 1 and config.sampler == "tpe":
-        usable = prepared.placement.rank_cores
-        for guess in guess_setups(space, calibration, prepared.device, usable)[: config.trials - 1]:
+        guesses = guess_setups(space, calibration, prepared.device, prepared.placement.rank_cores)[: config.trials - 1]
+    with interrupts_held():  # all or none: a rerun queues them only into an empty study
+        study.enqueue(ROLE_DEFAULTS, {})
+        for guess in guesses:
             study.enqueue(ROLE_GUESS, space.params_for(guess))
 
 

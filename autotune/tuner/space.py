@@ -74,9 +74,9 @@ class Space:
     """Allowed values per knob. A knob with one value is fixed, not searched.
 
     Attributes:
-        values: For each knob, its candidates in order. ``num_workers`` and
-            ``prefetch_factor`` are searched as integer ranges over their
-            min..max; the rest as categories.
+        values: For each knob, its candidates in order. Range knobs (workers,
+            prefetch, threads) are searched as integer ranges over their
+            min..max unless given as a list (:meth:`is_range`).
         effective_batch: When set, ``batch_size x accumulation_steps`` equals
             it and accumulation follows from the batch.
         images: Samples in one epoch of the data; the loader's queue is

@@ -1,13 +1,18 @@
 """Everything the search keeps in an Optuna storage.
 
-A :class:`SearchStudy` wraps one ``optuna.Study`` and is the only place that
-knows its user-attribute keys: per trial its role, setup, result and the
-trial it reused; per study the search signature, the calibration, the
-confirmation rounds (:mod:`autotune.tuner.stores`) and the TPE start-up schedule. Every write to the
-storage happens with interrupts held (:func:`~autotune.tuner.signals.interrupts_held`:
-the calibration and confirmation stores hold them themselves, the callers that
-write in a loop around the rest), so a Ctrl-C never lands half-way through a
-transaction.
+A :class:`SearchStudy` wraps one ``optuna.Study`` and reads and writes what
+every search keeps there: per trial its role, setup, result and the trial it
+reused; per study the search signature and the TPE start-up schedule. Each
+user-attribute key is a named constant in the module that owns it: this
+one's below; the budget and free trials in :mod:`~autotune.tuner.budget`; the
+neighbour and compile trials in :mod:`~autotune.tuner.neighbours` and
+:mod:`~autotune.tuner.refine`; a shared study's elections in
+:mod:`~autotune.tuner.workers`; the calibration, confirmation rounds, time
+spent and verdict in :mod:`~autotune.tuner.stores`. Writes that belong
+together happen with interrupts held (:func:`~autotune.tuner.signals.interrupts_held`:
+the calibration and confirmation stores hold them themselves, the callers
+that write in a loop or a sequence around the rest), so a Ctrl-C never
+leaves half of them written.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ from autotune.tuner.pruning import ScreeningPruner
 from autotune.tuner.storage import open_storage, storage_file
 from autotune.tuner.stores import StudyStores
 
-# Trial roles.
+# Trial roles (also ``neighbours.ROLE_NEIGHBOUR`` and ``refine.ROLE_COMPILE``).
 ROLE_DEFAULTS = "defaults"
 ROLE_GUESS = "guess"
 ROLE_SEARCH = "search"
