@@ -235,11 +235,9 @@ def search(
         devices=devices,
     )
     if reporter is None and progress:
-        from rich.console import Console
+        from autotune.render import RichReporter, console
 
-        from autotune.render import RichReporter
-
-        with RichReporter(Console(stderr=True)) as live:
+        with RichReporter(console(stderr=True)) as live:
             outcome = run_search(config, live)
     else:
         outcome = run_search(config, reporter)

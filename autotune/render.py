@@ -225,7 +225,8 @@ PIPE_WIDTH = 160
 
 def console(stderr: bool = False) -> Console:
     """Rich's console for stdout (or stderr): a terminal's own width; to a file or a pipe :data:`PIPE_WIDTH` columns,
-    unless ``COLUMNS`` says otherwise."""
+    unless ``COLUMNS`` says otherwise. Text is printed as typed: ``a:b:c`` or a path with ``:fire:`` in it stays text,
+    not an emoji."""
     stream = sys.stderr if stderr else sys.stdout
     wide = stream.isatty() or "COLUMNS" in os.environ
-    return Console(stderr=stderr, width=None if wide else PIPE_WIDTH)
+    return Console(stderr=stderr, width=None if wide else PIPE_WIDTH, emoji=False)

@@ -178,6 +178,12 @@ def not_a_task() -> int:
     return 3
 
 
+def loss_and_step() -> autotune.Task:
+    """A Task given both ways to compute the loss: refused by the Task itself."""
+    return autotune.Task(model=lambda: nn.Linear(8, 2), dataset=_pairs(), loss=nn.functional.cross_entropy,
+                         step=lambda model, batch: model(batch[0]).sum())
+
+
 def raises() -> autotune.Task:
     """The factory itself fails."""
     raise RuntimeError("no data mounted")

@@ -54,6 +54,8 @@ def _one_error_line(output: str) -> str:
         (("--device", "tpu"), 2, "bad device 'tpu'"),
         (("--max-memory", "lots"), 2, "not a memory size"),
         (("--sampler", "grid"), 2, "--sampler must be tpe or random"),
+        (("--set", "amp=:fire:"), 2, "got ':fire:'"),  # as typed: Rich would print an emoji for :fire:
+        (("--model", "a:b:c"), 1, "'a:b:c' is not a valid factory reference"),
     ],
 )
 def test_bad_search_input_is_one_line_and_writes_nothing(tmp_path, cache_dir, extra, code, message) -> None:
@@ -80,6 +82,10 @@ def test_unwritable_out_and_unreachable_storage(tmp_path, cache_dir) -> None:
     assert not out.exists()
     exit_code, output, out = _search(tmp_path, cache_dir, "--storage", "nosuchscheme://x")
     assert exit_code == 1 and "cannot open study storage" in _one_error_line(output)
+    fresh = tmp_path / "fresh-cache"  # a typo is refused before the synthetic JPEGs of a first run are written
+    exit_code, output, out = _search(tmp_path, fresh, "--storage", "notaurl")
+    assert exit_code == 1 and "cannot open study storage 'notaurl'" in _one_error_line(output)
+    assert not fresh.exists() and not out.exists()
 
 
 def test_version_help_and_debug(tmp_path, cache_dir) -> None:

@@ -132,9 +132,10 @@ def test_good_workloads_become_workload_records() -> None:
 @pytest.mark.parametrize(
     ("name", "message"),
     [
-        ("no_such_function", "has no callable 'no_such_function'"),
+        ("no_such_function", "has no function 'no_such_function'"),
         ("not_a_task", "returned int, not an autotune.Task"),
         ("raises", "failed: RuntimeError: no data mounted"),
+        ("loss_and_step", "workload task_factories:loss_and_step: Task takes loss= or step=, not both"),
         ("exits", "failed: SystemExit: 3"),  # not autotune's own exit code 3 with nothing said
         ("exiting_stream", "iterating the workload's dataset (ExitingStream) failed: SystemExit: 4"),
         ("empty", "dataset (TensorDataset) is empty"),

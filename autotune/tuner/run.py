@@ -42,7 +42,7 @@ from autotune.tuner.placement import Placement, place
 from autotune.tuner.progress import Reporter, SilentReporter
 from autotune.tuner.signals import clear_stop, interrupts_held, runs_to_the_end, sigterm_as_interrupt
 from autotune.tuner.space import Space, build_space, check_pins_act, defaults_setup
-from autotune.tuner.storage import check_one_study, is_shared
+from autotune.tuner.storage import check_one_study, check_storage_url, is_shared
 from autotune.tuner.study import ROLE_DEFAULTS, ROLE_GUESS, SearchStudy
 from autotune.tuner.study_report import kept_outcome, kept_winner, report_search, stored_confirmed
 from autotune.tuner.timed import TimedRunner
@@ -216,6 +216,8 @@ def prepare(config: SearchConfig, reporter: Reporter) -> Prepared:
     out = Path(config.out)
     check_writable(out)
     script_target(out / "train.py", "--out")  # the winner's script must not meet the user's own train.py at the end
+    if config.storage is not None:
+        check_storage_url(config.storage)  # a typo must not wait for the workload (thousands of JPEGs on a first run)
     if config.workload is not None:
         workload = build_task_workload(config.workload, device=device.name, workers=allows_workers(constraints.get("num_workers")))
     else:

@@ -139,29 +139,45 @@ def is_shared(url: str | None) -> bool:
     return journal_path(url) is not None or not url.startswith("sqlite")
 
 
+def check_storage_url(url: str) -> None:
+    """Refuse a ``--storage`` URL that no storage could open, without connecting (before the workload is built).
+
+    Raises:
+        StorageError: Not a URL of a known kind, or a SQLite file in a missing directory (the password is hidden).
+    """
+    if url.startswith("postgres:"):  # SQLAlchemy knows the dialect as postgresql only
+        raise StorageError(hide_passwords(f"cannot open study storage {url!r}: write postgresql:// (SQLAlchemy has no postgres:// dialect)"))
+    if journal_path(url) is not None:
+        return
+    if url.startswith("journal:"):  # journal://x or journal:x: not the three slashes of a path
+        raise StorageError(f"cannot open study storage {url!r}: write {JOURNAL_SCHEME}/ABSOLUTE/PATH.log (or a plain path ending .log)")
+    try:
+        if not url.startswith("sqlite"):
+            sqlalchemy.engine.make_url(url).get_dialect()  # the URL's form and its dialect; the driver loads on connecting
+            return
+        where = sqlite_path(url)
+    except Exception as exc:  # sqlalchemy's parse and plugin errors differ
+        raise StorageError(hide_passwords(f"cannot open study storage {url!r}: {first_line(exc)}")) from None
+    if not where or where == ":memory:":
+        raise StorageError(f"study storage {url!r} is an in-memory database, lost when the search ends: give a file (sqlite:///PATH)")
+    folder = os.path.dirname(os.path.abspath(where))
+    if not os.path.isdir(folder):
+        raise StorageError(f"cannot open study storage {url!r}: directory {folder} does not exist")
+
+
 def open_storage(url: str) -> str | BaseStorage:
     """The Optuna storage for ``url``: the URL itself for SQLite, a storage object otherwise.
 
     Raises:
         StorageError: The storage cannot be opened (the password is hidden).
     """
-    if url.startswith("postgres:"):  # SQLAlchemy knows the dialect as postgresql only
-        raise StorageError(hide_passwords(f"cannot open study storage {url!r}: write postgresql:// (SQLAlchemy has no postgres:// dialect)"))
+    check_storage_url(url)
     path = journal_path(url)
-    if path is None and url.startswith("journal:"):  # journal://x or journal:x: not the three slashes of a path
-        raise StorageError(f"cannot open study storage {url!r}: write {JOURNAL_SCHEME}/ABSOLUTE/PATH.log (or a plain path ending .log)")
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     try:
         if path is not None:
             return JournalStorage(JournalFileBackend(os.path.abspath(path)))
         if url.startswith("sqlite"):
-            where = sqlite_path(url)
-            if not where or where == ":memory:":
-                raise StorageError(f"study storage {url!r} is an in-memory database, lost when the search ends: "
-                                   "give a file (sqlite:///PATH)")
-            folder = os.path.dirname(os.path.abspath(where))
-            if not os.path.isdir(folder):
-                raise StorageError(f"cannot open study storage {url!r}: directory {folder} does not exist")
             return url
         engine: dict[str, Any] = {"pool_pre_ping": True}
         if url.startswith("postgresql"):

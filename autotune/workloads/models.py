@@ -141,7 +141,7 @@ def load_factory(ref: str, sys_path: Sequence[str], what: str = "model") -> Call
         raise WorkloadError(f"importing {module_name!r} for {what} {ref!r} failed: {type(exc).__name__}: {exc}") from None
     func = getattr(module, func_name, None)
     if func is None or not callable(func):
-        raise WorkloadError(f"{module_name} has no callable {func_name!r}")
+        raise WorkloadError(f"{module_name!r} has no function {func_name!r} for {what} {ref!r}")
     return func
 
 

@@ -76,8 +76,8 @@ def load_task(ref: str, sys_path: Sequence[str] = ()) -> Task:
     func = load_factory(task_ref(ref), sys_path, what="workload")
     try:
         task = func()
-    except WorkloadError:
-        raise
+    except WorkloadError as exc:  # the Task it built refused its own arguments (loss= and step=, say)
+        raise WorkloadError(f"workload {ref}: {exc}") from None
     except USER_CODE_ERRORS as exc:
         raise WorkloadError(f"workload {ref} failed: {type(exc).__name__}: {exc}") from None
     if not isinstance(task, Task):
