@@ -165,6 +165,17 @@ def test_a_finalist_that_never_measured_stops_after_the_minimum_rounds() -> None
     assert 128 not in order[6:]
 
 
+def test_a_lone_setup_is_measured_once() -> None:
+    """--trials 1: the defaults are the only candidate; a second round would compare them with themselves."""
+    from autotune.tuner.confirm import confirmation_plan
+
+    order: list[int] = []
+    confirm(candidates()[:1], WORKLOAD, TrialOptions(), rounds=4, known={}, store=lambda *a: None,
+            runner=_runner_with({16: [100.0, 50.0]}, order), baseline=A.to_json())
+    assert order == [16]
+    assert "1 setup in interleaved rounds of 5 s (1 round;" in confirmation_plan(1, 5.0, 4)
+
+
 def test_finalists_equal_within_the_floor_do_not_need_more_rounds() -> None:
     order: list[int] = []
     runner = _runner_with({16: [190.0], 64: [200.0, 201.0], 128: [201.0, 200.0]}, order)

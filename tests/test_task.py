@@ -435,6 +435,25 @@ def _run_here(script: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pyte
     return in_process.run_script(script, ["--print-freq", "1", "--output-dir", "out", *args], script.parent, capfd, monkeypatch)
 
 
+def test_the_task_script_logs_the_whole_job_s_samples_per_second(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under torchrun each process counts its own batches (a Task's may count differently per rank): the logged rate
+    is their sum, as the classifier script's is, not rank 0's share."""
+    import runpy
+
+    meter_class = runpy.run_path(str(_task_script(tmp_path, "good", autotune.TrainSetup(batch_size=8))), run_name="emitted")["Meter"]
+    script = meter_class.log.__globals__  # the script's own globals
+    lines: list[str] = []
+    monkeypatch.setitem(script, "log", lines.append)
+    monkeypatch.setattr(script["dist"], "is_initialized", lambda: True)
+    monkeypatch.setattr(script["dist"], "all_reduce", lambda tensor: tensor.mul_(2))  # two processes that counted alike
+    meter = meter_class(torch.device("cpu"))
+    meter.reset()
+    meter.samples, meter.start = 100_000, meter.start - 100.0  # 100,000 samples here over 100 s and more
+    meter.log(5)
+    rate = float(lines[0].rsplit(" ", 1)[1])
+    assert lines[0].startswith("step 5 loss 0.0000 samples/s ") and 1500.0 < rate <= 2000.0  # one process alone: <= 1000
+
+
 def test_the_task_script_refuses_a_bad_workload_or_checkpoint_in_one_line(
     tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -32,11 +32,18 @@ CLEARLY_SLOWER = 0.8
 
 def confirmation_plan(setups: int, seconds: float, rounds: int, min_rounds: int = MIN_ROUNDS) -> str:
     """The line announcing the confirmation: how many setups, how long a run, how many rounds."""
+    rounds = lone_rounds(setups, rounds)
     floor = min(min_rounds, rounds)
     span = f"{rounds} round{'s' if rounds > 1 else ''}" if floor == rounds else f"{floor} to {rounds} rounds"
     early = f", or after one round below {CLEARLY_SLOWER:g}x the leader" if floor > 1 else ""
     return (f"confirmation: {setups} setup{'s' if setups != 1 else ''} in interleaved rounds of {seconds:g} s "
             f"({span}; a setup stops once the leader beats or equals it{early})")
+
+
+def lone_rounds(setups: int, rounds: int) -> int:
+    """The rounds of a confirmation of ``setups``: one for a lone setup (``--trials 1``: the defaults), which has
+    nothing to be ranked against."""
+    return rounds if setups > 1 else min(rounds, 1)
 
 
 def confirm(
@@ -73,6 +80,7 @@ def confirm(
     the missing ones run. ``store`` is called after every measurement so none
     is lost.
     """
+    rounds = lone_rounds(len(candidates), rounds)
     values = {c.key: list(known.get(c.key, ([], []))[0]) for c in candidates}
     failures = {c.key: list(known.get(c.key, ([], []))[1]) for c in candidates}
     peaks: dict[str, int] = {}
