@@ -21,12 +21,12 @@ from autotune.tuner.study import ROLE_DEFAULTS
 Store = Callable[[str, list[float], list[str]], None]
 
 
-#: Rounds every candidate runs (but one far behind, :data:`CLEARLY_SLOWER`) before any stops.
+#: Rounds every candidate runs (but a twin far behind, :data:`CLEARLY_SLOWER`) before any stops.
 MIN_ROUNDS = 2
 
-#: Before :data:`MIN_ROUNDS`, a candidate below this fraction of the leader in every paired round so far stops: the
-#: search's screening stops a trial at the same gap (:data:`autotune.tuner.pruning.CHECKPOINTS`), far beyond the few
-#: per cent by which paired rounds of one setup differ.
+#: Before :data:`MIN_ROUNDS`, an fp32 twin no trial ran stops when below this fraction of the leader in every paired
+#: round so far: the search's screening stops a trial at the same gap (:data:`autotune.tuner.pruning.CHECKPOINTS`). A
+#: finalist does not: its trial put it near the top, and one slow run (a stall) is not enough to overrule that.
 CLEARLY_SLOWER = 0.8
 
 
@@ -35,7 +35,7 @@ def confirmation_plan(setups: int, seconds: float, rounds: int, min_rounds: int 
     rounds = lone_rounds(setups, rounds)
     floor = min(min_rounds, rounds)
     span = f"{rounds} round{'s' if rounds > 1 else ''}" if floor == rounds else f"{floor} to {rounds} rounds"
-    early = f", or after one round below {CLEARLY_SLOWER:g}x the leader" if floor > 1 else ""
+    early = f", an fp32 twin after one round below {CLEARLY_SLOWER:g}x the leader" if floor > 1 else ""
     return (f"confirmation: {setups} setup{'s' if setups != 1 else ''} in interleaved rounds of {seconds:g} s "
             f"({span}; a setup stops once the leader beats or equals it{early})")
 
@@ -67,9 +67,9 @@ def confirm(
     measured: more rounds of it could not change the choice. The rounds go
     on with the leader and the candidates still within the noise of it, and
     stop once none is left, at the latest after ``rounds`` rounds. Before
-    ``min_rounds``, a candidate below :data:`CLEARLY_SLOWER` times the leader
-    in every paired round so far stops already (an fp32 twin far behind its
-    finalist, a finalist whose trial was a lucky one). The
+    ``min_rounds``, an fp32 twin no trial ran (:data:`TWIN`) below
+    :data:`CLEARLY_SLOWER` times the leader in every paired round so far
+    stops already. The
     ``baseline`` candidate (the defaults, whose key it is) stops only once
     every other candidate still measured beats it, so whichever wins in the
     end has paired rounds against it, and while the leader's paired ratios
@@ -115,15 +115,16 @@ def confirm(
 
 
 def _clearly_slower(confirmed: Sequence[Confirmed], active: set[str], baseline: str | None) -> set[str]:
-    """The measured candidates below :data:`CLEARLY_SLOWER` times the leader in every paired round (never the baseline:
-    the speedup needs its rounds)."""
+    """The measured twins no trial ran below :data:`CLEARLY_SLOWER` times the leader in every paired round (never the
+    baseline: the speedup needs its rounds)."""
     measured = [c for c in confirmed if c.candidate.key in active]
     top = leader(measured)
     if top is None:
         return set()
     slower = set()
     for other in measured:
-        ratios = paired_ratios(other, top) if other is not top and other.candidate.key != baseline else []
+        twin = other.candidate.label.endswith(TWIN) and other.candidate.key != baseline
+        ratios = paired_ratios(other, top) if twin and other is not top else []
         if ratios and max(ratios) < CLEARLY_SLOWER:
             slower.add(other.candidate.key)
     return slower
