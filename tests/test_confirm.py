@@ -184,6 +184,37 @@ def test_a_lone_setup_is_measured_once() -> None:
     assert "1 setup in interleaved rounds of 5 s (1 round;" in confirmation_plan(1, 5.0, 4)
 
 
+def test_a_twin_as_slow_as_its_own_finalist_keeps_its_second_round() -> None:
+    """The twin is there to be compared with its own finalist: 0.78x the leader in round 1, but 0.95x its finalist
+    (slow in that round too), it runs again; a second round of both decides the precision, not one."""
+    from autotune.tuner.confirm import TWIN
+
+    lead, bf16 = TrainSetup(batch_size=128), TrainSetup(batch_size=64, amp="bf16")
+    fp32 = bf16.replace(amp="off")
+    pool = [Candidate(lead.to_json(), lead, "lead"), Candidate(bf16.to_json(), bf16, "bf16"),
+            Candidate(fp32.to_json(), fp32, f"fp32{TWIN}")]
+    rates = {lead: [100.0, 100.0], bf16: [82.0, 101.0], fp32: [78.0, 101.0]}
+    ran: list[TrainSetup] = []
+
+    def runner(setup, workload, options=None, *, on_window=None) -> TrialResult:
+        ran.append(setup)
+        return TrialResult(status="ok", samples_per_s=rates[setup][ran.count(setup) - 1])
+
+    result = confirm(pool, WORKLOAD, TrialOptions(), rounds=2, known={}, store=lambda *a: None, runner=runner)
+    assert [len(c.values) for c in result] == [2, 2, 2]
+
+
+def test_a_lone_setup_runs_again_while_its_runs_fail() -> None:
+    order: list[int] = []
+
+    def runner(setup, workload, options=None, *, on_window=None) -> TrialResult:
+        order.append(setup.batch_size)
+        return TrialResult(status="timeout", error="slow") if len(order) == 1 else TrialResult(status="ok", samples_per_s=9.0)
+
+    result = confirm(candidates()[:1], WORKLOAD, TrialOptions(), rounds=4, known={}, store=lambda *a: None, runner=runner)
+    assert order == [16, 16] and result[0].values == (9.0,) and result[0].failures == ("timeout: slow",)
+
+
 def test_finalists_equal_within_the_floor_do_not_need_more_rounds() -> None:
     order: list[int] = []
     runner = _runner_with({16: [190.0], 64: [200.0, 201.0], 128: [201.0, 200.0]}, order)

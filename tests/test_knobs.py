@@ -359,8 +359,8 @@ def test_break_even_is_compile_time_over_step_time_saved() -> None:
 
 def test_a_compiled_setup_must_beat_its_eager_twin_beyond_the_noise() -> None:
     from autotune.records import Candidate, Confirmed
+    from autotune.tuner.choice import choose_winner
     from autotune.tuner.confirm import pick_candidates
-    from autotune.tuner.winner import choose_winner
 
     eager, other, defaults = TrainSetup(batch_size=64), TrainSetup(batch_size=16), TrainSetup()
     compiled = eager.replace(compile="default")

@@ -63,6 +63,13 @@ def config(tmp_path: Path, cache_dir: Path, **kw) -> SearchConfig:
     return SearchConfig(**base)
 
 
+def test_a_sqlite_storage_inside_a_new_out_directory_is_taken(tmp_path, cache_dir) -> None:
+    """--out runs/a --storage sqlite:///runs/a/study.db on a first run: the URL is checked before --out exists."""
+    out = tmp_path / "runs" / "a"
+    outcome = search(config(tmp_path, cache_dir, trials=2, out=out, storage=f"sqlite:///{out}/study.db"))
+    assert outcome.best is not None and (out / "study.db").is_file()
+
+
 def test_fake_search_records_infeasible_and_writes_best(tmp_path, cache_dir) -> None:
     outcome = search(config(tmp_path, cache_dir, trials=12))
     statuses = [r.result.status for r in outcome.records]

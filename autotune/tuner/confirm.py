@@ -24,9 +24,10 @@ Store = Callable[[str, list[float], list[str]], None]
 #: Rounds every candidate runs (but a twin far behind, :data:`CLEARLY_SLOWER`) before any stops.
 MIN_ROUNDS = 2
 
-#: Before :data:`MIN_ROUNDS`, an fp32 twin no trial ran stops when below this fraction of the leader in every paired
-#: round so far: the search's screening stops a trial at the same gap (:data:`autotune.tuner.pruning.CHECKPOINTS`). A
-#: finalist does not: its trial put it near the top, and one slow run (a stall) is not enough to overrule that.
+#: Before :data:`MIN_ROUNDS`, an fp32 twin no trial ran stops when below this fraction of the leader and of its own
+#: finalist in every paired round so far (the search's screening stops a trial at this gap after its second window,
+#: :data:`autotune.tuner.pruning.CHECKPOINTS`). A finalist does not: its trial put it near the top, and one slow run (a
+#: stall) is not enough to overrule that.
 CLEARLY_SLOWER = 0.8
 
 
@@ -41,8 +42,8 @@ def confirmation_plan(setups: int, seconds: float, rounds: int, min_rounds: int 
 
 
 def lone_rounds(setups: int, rounds: int) -> int:
-    """The rounds of a confirmation of ``setups``: one for a lone setup (``--trials 1``: the defaults), which has
-    nothing to be ranked against."""
+    """The rounds a confirmation of ``setups`` plans: one for a lone setup (``--trials 1``: the defaults), which has
+    nothing to be ranked against (it runs again only while its runs fail)."""
     return rounds if setups > 1 else min(rounds, 1)
 
 
@@ -68,8 +69,9 @@ def confirm(
     on with the leader and the candidates still within the noise of it, and
     stop once none is left, at the latest after ``rounds`` rounds. Before
     ``min_rounds``, an fp32 twin no trial ran (:data:`TWIN`) below
-    :data:`CLEARLY_SLOWER` times the leader in every paired round so far
-    stops already. The
+    :data:`CLEARLY_SLOWER` times the leader and its own finalist in every
+    paired round so far stops already; a lone candidate stops once it
+    measured (nothing to rank it against). The
     ``baseline`` candidate (the defaults, whose key it is) stops only once
     every other candidate still measured beats it, so whichever wins in the
     end has paired rounds against it, and while the leader's paired ratios
@@ -80,11 +82,10 @@ def confirm(
     the missing ones run. ``store`` is called after every measurement so none
     is lost.
     """
-    rounds = lone_rounds(len(candidates), rounds)
     values = {c.key: list(known.get(c.key, ([], []))[0]) for c in candidates}
     failures = {c.key: list(known.get(c.key, ([], []))[1]) for c in candidates}
     peaks: dict[str, int] = {}
-    total = sum(max(0, rounds - len(values[c.key]) - len(failures[c.key])) for c in candidates)
+    total = sum(max(0, lone_rounds(len(candidates), rounds) - len(values[c.key]) - len(failures[c.key])) for c in candidates)
     done = 0
 
     def results() -> list[Confirmed]:
@@ -92,6 +93,8 @@ def confirm(
 
     active = {c.key for c in candidates}
     for round_index in range(rounds):
+        if len(candidates) == 1 and values[candidates[0].key]:
+            break
         if round_index >= min(min_rounds, rounds):
             active = _unresolved(results(), active, baseline)
             if len(active) <= 1:
@@ -115,16 +118,18 @@ def confirm(
 
 
 def _clearly_slower(confirmed: Sequence[Confirmed], active: set[str], baseline: str | None) -> set[str]:
-    """The measured twins no trial ran below :data:`CLEARLY_SLOWER` times the leader in every paired round (never the
-    baseline: the speedup needs its rounds)."""
+    """The measured twins no trial ran below :data:`CLEARLY_SLOWER` times the leader and every finalist they are the
+    twin of, in every paired round (never the baseline: the speedup needs its rounds)."""
     measured = [c for c in confirmed if c.candidate.key in active]
     top = leader(measured)
     if top is None:
         return set()
     slower = set()
     for other in measured:
-        twin = other.candidate.label.endswith(TWIN) and other.candidate.key != baseline
-        ratios = paired_ratios(other, top) if twin and other is not top else []
+        if other is top or not other.candidate.label.endswith(TWIN) or other.candidate.key == baseline:
+            continue
+        own = [c for c in measured if c.candidate.setup.amp != "off" and c.candidate.setup.replace(amp="off") == other.candidate.setup]
+        ratios = [ratio for against in (top, *own) for ratio in paired_ratios(other, against)]
         if ratios and max(ratios) < CLEARLY_SLOWER:
             slower.add(other.candidate.key)
     return slower

@@ -140,10 +140,11 @@ def is_shared(url: str | None) -> bool:
 
 
 def check_storage_url(url: str) -> None:
-    """Refuse a ``--storage`` URL that no storage could open, without connecting (before the workload is built).
+    """Refuse a ``--storage`` URL that no storage could open, without connecting or touching files (before the
+    workload is built, and before ``--out``, where its SQLite file may go, is made).
 
     Raises:
-        StorageError: Not a URL of a known kind, or a SQLite file in a missing directory (the password is hidden).
+        StorageError: Not a URL of a known kind, or an in-memory SQLite (the password is hidden).
     """
     if url.startswith("postgres:"):  # SQLAlchemy knows the dialect as postgresql only
         raise StorageError(hide_passwords(f"cannot open study storage {url!r}: write postgresql:// (SQLAlchemy has no postgres:// dialect)"))
@@ -159,10 +160,8 @@ def check_storage_url(url: str) -> None:
     except Exception as exc:  # sqlalchemy's parse and plugin errors differ
         raise StorageError(hide_passwords(f"cannot open study storage {url!r}: {first_line(exc)}")) from None
     if not where or where == ":memory:":
-        raise StorageError(f"study storage {url!r} is an in-memory database, lost when the search ends: give a file (sqlite:///PATH)")
-    folder = os.path.dirname(os.path.abspath(where))
-    if not os.path.isdir(folder):
-        raise StorageError(f"cannot open study storage {url!r}: directory {folder} does not exist")
+        raise StorageError(hide_passwords(f"study storage {url!r} is an in-memory database, lost when the search ends: "
+                                          "give a file (sqlite:///PATH)"))
 
 
 def open_storage(url: str) -> str | BaseStorage:
@@ -178,6 +177,9 @@ def open_storage(url: str) -> str | BaseStorage:
         if path is not None:
             return JournalStorage(JournalFileBackend(os.path.abspath(path)))
         if url.startswith("sqlite"):
+            folder = os.path.dirname(os.path.abspath(sqlite_path(url) or ""))
+            if not os.path.isdir(folder):
+                raise StorageError(hide_passwords(f"cannot open study storage {url!r}: directory {folder} does not exist"))
             return url
         engine: dict[str, Any] = {"pool_pre_ping": True}
         if url.startswith("postgresql"):

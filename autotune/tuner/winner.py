@@ -9,7 +9,6 @@ from __future__ import annotations
 import datetime as _dt
 import math
 import statistics
-from collections.abc import Callable, Sequence
 from typing import Any
 
 from autotune.devices import DeviceInfo
@@ -18,8 +17,9 @@ from autotune.output.compile_payoff import payoff_note
 from autotune.records import Calibration, Ceilings, Confirmed, TrialRecord, Workload
 from autotune.redact import hide_passwords
 from autotune.train_setup import TrainSetup
+from autotune.tuner.choice import choose_winner
 from autotune.tuner.constraints import Constraint
-from autotune.tuner.noise import NOISE_FLOOR, beats, leader, margin, median_ratio, paired_ratios
+from autotune.tuner.noise import median_ratio, paired_ratios
 from autotune.tuner.space import DEFAULT_BATCH
 
 
@@ -212,112 +212,6 @@ def scaled_lr(lr: float, effective: int, reference: int, rule: str = "sqrt") -> 
     return lr * (math.sqrt(ratio) if rule == "sqrt" else ratio)
 
 
-def changes_math(setup: TrainSetup, reference: int) -> bool:
-    """Whether ``setup`` trains other math than the reference recipe (reduced precision or another effective batch)."""
-    return setup.amp != "off" or setup.effective_batch() != reference
-
-
-def batch_change(setup: TrainSetup, reference: int) -> float:
-    """How far ``setup``'s effective batch lies from the reference, as a factor's logarithm (0 when they are equal)."""
-    return abs(math.log(setup.effective_batch() / reference))
-
-
-def choose_winner(
-    measured: list[Confirmed], default_key: str, reference: int, excluded_by: str | None = None
-) -> tuple[Confirmed, list[str]]:
-    """The confirmed winner and the notes that explain the choice.
-
-    The fastest median wins only when it beats, beyond the noise
-    (:func:`autotune.tuner.noise.beats`), the PyTorch defaults, the fastest
-    finalist in float32 when it autocasts (each autocast finalist's fp32 twin is one,
-    :func:`autotune.tuner.confirm.pick_candidates`), the fastest setup that
-    keeps the training math and the fastest whose effective batch lies nearer
-    the reference; otherwise the defaults (or that setup) are returned and
-    the notes say why. Defaults that the user's
-    ``--set`` excludes (``excluded_by``) are the baseline only: the fastest
-    setup within it wins, unless none measured a throughput.
-    """
-    notes: list[str] = []
-    defaults = next((c for c in measured if c.candidate.key == default_key), None)
-    if excluded_by is not None and defaults is not None:
-        within = leader([c for c in measured if c is not defaults])
-        if within is None:
-            notes.append(f"no setup within {excluded_by} measured a throughput (trials.csv says why): "
-                         "the PyTorch defaults, which it excludes, are returned")
-            return defaults, notes
-        if not beats(within, defaults):
-            notes.append(f"the fastest setup within {excluded_by} did not beat the PyTorch defaults (which it excludes) by the "
-                         f"{NOISE_FLOOR:.0%} noise floor ({_margin_text(within, defaults)}); it is returned as you asked")
-        measured = [c for c in measured if c is not defaults]
-        defaults = None
-    top = leader(measured)
-    assert top is not None
-    chosen = top
-    if top is defaults:
-        notes.append("nothing measurably faster than the PyTorch defaults was found: they led the confirmation")
-    elif defaults is not None and not beats(top, defaults):
-        chosen = defaults
-        notes.append(
-            f"nothing measurably faster than the PyTorch defaults was found: the fastest finalist "
-            f"({top.candidate.setup.describe()}, {top.median:.1f} samples/s) did not beat them by the "
-            f"{NOISE_FLOOR:.0%} noise floor in 3 of 4 paired rounds ({_margin_text(top, defaults)}); the defaults are kept"
-        )
-    else:
-        # Costs the fastest finalist may carry must pay for themselves beyond the noise; a later rule never brings back
-        # a cost an earlier one removed (the fp32 twin of a compiled leader is compiled too).
-        rules: list[tuple[Callable[[TrainSetup], bool], str]] = [
-            (lambda s: s.compile != "off", "runs eagerly (no compilation at every start)"),
-            (lambda s: changes_math(s, reference), "keeps the training math"),
-            (lambda s: s.amp != "off", "trains in float32 (no autocast)"),
-        ]
-        for index, (costly, virtue) in enumerate(rules):
-            earlier = [rule for rule, _ in rules[:index]]
-            chosen = _prefer_within_noise(measured, chosen, defaults, notes, costly, virtue, earlier)
-        # Then, among setups that all change the batch, the smaller change: fewer samples left out of a short epoch,
-        # a smaller learning-rate change taken on a rule's word.
-        farther = batch_change(chosen.candidate.setup, reference)
-        if farther:
-            chosen = _prefer_within_noise(measured, chosen, defaults, notes, lambda s: batch_change(s, reference) >= farther,
-                                          f"keeps an effective batch nearer the reference {reference}", [rule for rule, _ in rules])
-    rounds = max(len(c.values) + len(c.failures) for c in measured)
-    runner_up = leader([c for c in measured if c is not chosen])
-    text = f"confirmation: {rounds} interleaved round{'s' if rounds != 1 else ''}"
-    if runner_up is not None:
-        text += f"; against the runner-up {runner_up.candidate.setup.describe()} the winner {_margin_text(chosen, runner_up)}"
-    if defaults is not None and chosen is not defaults and runner_up is not defaults:  # the speedup's own evidence
-        text += f"; against the PyTorch defaults it {_margin_text(chosen, defaults)}"
-    notes.append(text)
-    return chosen, notes
-
-
-def _prefer_within_noise(
-    measured: list[Confirmed],
-    chosen: Confirmed,
-    defaults: Confirmed | None,
-    notes: list[str],
-    costly: Callable[[TrainSetup], bool],
-    virtue: str,
-    earlier: Sequence[Callable[[TrainSetup], bool]] = (),
-) -> Confirmed:
-    """The fastest finalist without ``costly``'s cost when ``chosen`` has it and does not beat that one.
-
-    The defaults are not such an alternative: ``chosen`` already beat them. Nor is a finalist with a cost of an
-    ``earlier`` rule that ``chosen`` is free of.
-    """
-    if not costly(chosen.candidate.setup):
-        return chosen
-    setup = chosen.candidate.setup
-    keeper = leader([c for c in measured if c is not chosen and not costly(c.candidate.setup)
-                     and not any(rule(c.candidate.setup) and not rule(setup) for rule in earlier)])
-    if keeper is None or keeper is defaults or beats(chosen, keeper):
-        return chosen
-    notes.append(
-        f"{keeper.candidate.setup.describe()} {virtue} and is within the noise of the finalist with the highest median, "
-        f"{chosen.candidate.setup.describe()} (against it, it {_margin_text(keeper, chosen)}): it is preferred"
-    )
-    return keeper
-
-
 def paired_speedup(winner: Confirmed, defaults: Confirmed) -> float | None:
     """The winner over the defaults: the median of their per-round ratios (1.0 when the defaults won).
 
@@ -330,11 +224,6 @@ def paired_speedup(winner: Confirmed, defaults: Confirmed) -> float | None:
         return 1.0
     ratios = paired_ratios(winner, defaults)
     return median_ratio(ratios) if ratios else None
-
-
-def _margin_text(a: Confirmed, b: Confirmed) -> str:
-    found = margin(a, b)
-    return found.describe() if found is not None else "no shared round"
 
 
 #: Training faster than this multiple of computing alone: the figures contradict each other.

@@ -1,0 +1,159 @@
+"""Which confirmed finalist wins: the fastest median, unless what it costs does not pay for itself.
+
+The fastest median among the setups measured to the last round must beat the
+PyTorch defaults beyond the noise (:mod:`autotune.tuner.noise`); a compiled
+one must beat the fastest eager finalist, one that changes the training math
+the fastest that keeps it, one in reduced precision the fastest in float32,
+and one whose effective batch lies further from the reference the fastest
+nearer it. Otherwise the other is returned, and a note says why.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+from autotune.records import Confirmed
+from autotune.train_setup import TrainSetup
+from autotune.tuner.noise import NOISE_FLOOR, beats, leader, margin
+
+#: A cost a setup may carry (a predicate) and, in words, the virtue of a setup without it.
+Rule = tuple[Callable[[TrainSetup], bool], str]
+
+def changes_math(setup: TrainSetup, reference: int) -> bool:
+    """Whether ``setup`` trains other math than the reference recipe (reduced precision or another effective batch)."""
+    return setup.amp != "off" or setup.effective_batch() != reference
+
+
+def batch_change(setup: TrainSetup, reference: int) -> float:
+    """How far ``setup``'s effective batch lies from the reference, as a factor's logarithm (0 when they are equal)."""
+    return abs(math.log(setup.effective_batch() / reference))
+
+
+def choose_winner(
+    measured: list[Confirmed], default_key: str, reference: int, excluded_by: str | None = None
+) -> tuple[Confirmed, list[str]]:
+    """The confirmed winner and the notes that explain the choice.
+
+    The fastest median wins only when it beats, beyond the noise
+    (:func:`autotune.tuner.noise.beats`), the PyTorch defaults, the fastest
+    finalist in float32 when it autocasts (each autocast finalist's fp32 twin is one,
+    :func:`autotune.tuner.confirm.pick_candidates`), the fastest setup that
+    keeps the training math and the fastest whose effective batch lies nearer
+    the reference; otherwise the defaults (or that setup) are returned and
+    the notes say why. Defaults that the user's
+    ``--set`` excludes (``excluded_by``) are the baseline only: the fastest
+    setup within it wins, unless none measured a throughput.
+    """
+    notes: list[str] = []
+    defaults = next((c for c in measured if c.candidate.key == default_key), None)
+    if excluded_by is not None and defaults is not None:
+        within = leader([c for c in measured if c is not defaults])
+        if within is None:
+            notes.append(f"no setup within {excluded_by} measured a throughput (trials.csv says why): "
+                         "the PyTorch defaults, which it excludes, are returned")
+            return defaults, notes
+        if not beats(within, defaults):
+            notes.append(f"the fastest setup within {excluded_by} did not beat the PyTorch defaults (which it excludes) by the "
+                         f"{NOISE_FLOOR:.0%} noise floor ({_margin_text(within, defaults)}); it is returned as you asked")
+        measured = [c for c in measured if c is not defaults]
+        defaults = None
+    top = leader(to_the_last_round(measured))
+    assert top is not None
+    chosen = top
+    if top is defaults:
+        notes.append("nothing measurably faster than the PyTorch defaults was found: they led the confirmation")
+    elif defaults is not None and not beats(top, defaults):
+        chosen = defaults
+        notes.append(
+            f"nothing measurably faster than the PyTorch defaults was found: the fastest finalist "
+            f"({top.candidate.setup.describe()}, {top.median:.1f} samples/s) did not beat them by the "
+            f"{NOISE_FLOOR:.0%} noise floor in 3 of 4 paired rounds ({_margin_text(top, defaults)}); the defaults are kept"
+        )
+    else:
+        # Costs the fastest finalist may carry must pay for themselves beyond the noise; a later rule never brings back
+        # a cost an earlier one removed (the fp32 twin of a compiled leader is compiled too).
+        rules: list[Rule] = [
+            (lambda s: s.compile != "off", "runs eagerly (no compilation at every start)"),
+            (lambda s: changes_math(s, reference), "keeps the training math"),
+            (lambda s: s.amp != "off", "trains in float32 (no autocast)"),
+        ]
+        chosen = _nearer_batch(measured, _rule_chain(measured, chosen, defaults, rules, notes), defaults, rules, reference, notes)
+    rounds = max(len(c.values) + len(c.failures) for c in measured)
+    runner_up = leader([c for c in measured if c is not chosen])
+    text = f"confirmation: {rounds} interleaved round{'s' if rounds != 1 else ''}"
+    if runner_up is not None:
+        text += f"; against the runner-up {runner_up.candidate.setup.describe()} the winner {_margin_text(chosen, runner_up)}"
+    if defaults is not None and chosen is not defaults and runner_up is not defaults:  # the speedup's own evidence
+        text += f"; against the PyTorch defaults it {_margin_text(chosen, defaults)}"
+    notes.append(text)
+    return chosen, notes
+
+
+def _rule_chain(measured: list[Confirmed], chosen: Confirmed, defaults: Confirmed | None, rules: Sequence[Rule],
+                notes: list[str]) -> Confirmed:
+    """``chosen``, or what each rule in turn prefers to it (:func:`_prefer_within_noise`)."""
+    for index, (costly, virtue) in enumerate(rules):
+        chosen = _prefer_within_noise(measured, chosen, defaults, notes, costly, virtue, [rule for rule, _ in rules[:index]])
+    return chosen
+
+
+def _nearer_batch(measured: list[Confirmed], chosen: Confirmed, defaults: Confirmed | None, rules: Sequence[Rule],
+                  reference: int, notes: list[str]) -> Confirmed:
+    """Among setups that all change the batch, the smaller change (fewer samples left out of a short epoch, a smaller
+    learning-rate change taken on a rule's word): the fastest finalist whose effective batch lies nearer the reference,
+    when ``chosen`` does not beat it and it meets every rule ``chosen`` met (it beats the defaults, and the rules would
+    keep it as it is: a cost it carries pays for itself)."""
+    farther = batch_change(chosen.candidate.setup, reference)
+    if not farther:
+        return chosen
+    setup = chosen.candidate.setup
+    keeper = leader([c for c in measured if c is not defaults and batch_change(c.candidate.setup, reference) < farther
+                     and not any(rule(c.candidate.setup) and not rule(setup) for rule, _ in rules) and not beats(chosen, c)
+                     and (defaults is None or beats(c, defaults)) and _rule_chain(measured, c, defaults, rules, []) is c])
+    if keeper is None:
+        return chosen
+    notes.append(f"{keeper.candidate.setup.describe()} keeps an effective batch nearer the reference and is within the noise of "
+                 f"{setup.describe()} (against it, it {_margin_text(keeper, chosen)}): it is preferred")
+    return keeper
+
+
+def to_the_last_round(measured: Sequence[Confirmed]) -> list[Confirmed]:
+    """The candidates measured in the most rounds, among whom the leader is: one that stopped sooner was beaten or
+    equalled by the leader of its round, and its median is from other minutes (a load that grew since would make it lead)."""
+    most = max(len(c.values) + len(c.failures) for c in measured)
+    return [c for c in measured if len(c.values) + len(c.failures) == most]
+
+
+def _prefer_within_noise(
+    measured: list[Confirmed],
+    chosen: Confirmed,
+    defaults: Confirmed | None,
+    notes: list[str],
+    costly: Callable[[TrainSetup], bool],
+    virtue: str,
+    earlier: Sequence[Callable[[TrainSetup], bool]] = (),
+) -> Confirmed:
+    """The fastest finalist without ``costly``'s cost when ``chosen`` has it and does not beat that one.
+
+    The defaults are not such an alternative: ``chosen`` already beat them. Nor is a finalist with a cost of an
+    ``earlier`` rule that ``chosen`` is free of.
+    """
+    if not costly(chosen.candidate.setup):
+        return chosen
+    setup = chosen.candidate.setup
+    keeper = leader([c for c in measured if c is not chosen and not costly(c.candidate.setup)
+                     and not any(rule(c.candidate.setup) and not rule(setup) for rule in earlier)])
+    if keeper is None or keeper is defaults or beats(chosen, keeper):
+        return chosen
+    notes.append(
+        f"{keeper.candidate.setup.describe()} {virtue} and is within the noise of "
+        f"{chosen.candidate.setup.describe()} (against it, it {_margin_text(keeper, chosen)}): it is preferred"
+    )
+    return keeper
+
+
+
+def _margin_text(a: Confirmed, b: Confirmed) -> str:
+    found = margin(a, b)
+    return found.describe() if found is not None else "no shared round"
