@@ -20,6 +20,7 @@ from autotune.tuner.noise import NOISE_FLOOR, beats, leader, margin
 #: A cost a setup may carry (a predicate) and, in words, the virtue of a setup without it.
 Rule = tuple[Callable[[TrainSetup], bool], str]
 
+
 def changes_math(setup: TrainSetup, reference: int) -> bool:
     """Whether ``setup`` trains other math than the reference recipe (reduced precision or another effective batch)."""
     return setup.amp != "off" or setup.effective_batch() != reference
