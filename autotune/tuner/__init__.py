@@ -3,7 +3,7 @@
 :func:`run_search` (in :mod:`.run`) reads as its steps: prepare, calibrate
 (:mod:`.calibrate`), build the space (:mod:`.space`, :mod:`.constraints`),
 explore (:mod:`.explore`, pruned by :mod:`.pruning`), confirm
-(:mod:`.confirm`), finish (:mod:`.winner`). The Optuna study is opened and
+(:mod:`.confirm`, :mod:`.choice`), finish (:mod:`.winner`). The Optuna study is opened and
 read through :mod:`.study`'s ``SearchStudy``; each module that keeps
 something in it names its own keys (see :mod:`.study`).
 """
