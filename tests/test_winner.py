@@ -167,6 +167,7 @@ def test_defaults_that_the_set_excludes_are_the_baseline_not_the_winner() -> Non
                      effective_batch=None, command="", excluded_by="--set num_workers=1")
     assert best.setup == MID and best.speedup == pytest.approx(0.9)  # slower than the defaults, and said so
     assert any(n.startswith("the fastest setup within --set num_workers=1 did not beat the PyTorch defaults") for n in best.notes)
+    assert any("against the PyTorch defaults it won 0 of 3 paired rounds, median -10%" in n for n in best.notes)  # the evidence
     only_defaults = make_best(workload=WORKLOAD, hardware=HARDWARE, feasible=FEASIBLE[:1], confirmed=rounds[1:], defaults=DEFAULTS,
                               effective_batch=None, command="", excluded_by="--set num_workers=1")
     assert only_defaults.setup == DEFAULTS
@@ -243,6 +244,31 @@ def test_a_setup_that_stopped_after_one_round_does_not_lead_on_a_median_of_other
                  _confirmed(lead.replace(amp="off"), (79.0,)), _confirmed(DEFAULTS, (50.0, 38.0))]
     best = _best(confirmed)
     assert best.setup.amp == "bf16" and best.setup != lead.replace(amp="off")
+
+
+def test_the_highest_median_gives_way_to_a_setup_that_beats_it_in_the_paired_rounds() -> None:
+    """A tester's rounds: A beat B in 3 of 4 paired rounds by a median 10 %, B's median is higher (110.9 against 108.7)."""
+    a, b = TrainSetup(batch_size=64, num_workers=1, prefetch_factor=2), TrainSetup(batch_size=16)
+    best = _best([_confirmed(a, (102.0, 115.3, 93.8, 148.0)), _confirmed(b, (115.1, 111.5, 79.4, 110.2)),
+                  _confirmed(DEFAULTS, (50.0, 50.0, 40.0, 50.0))])
+    assert best.setup == a
+
+
+def test_a_preferred_setup_must_beat_the_defaults_and_one_that_does_is_not_lost_behind_a_leader_that_does_not() -> None:
+    """A tester's rounds: the float32 setup the precision rule prefers won 1 of 2 rounds against the defaults (it is not
+    returned); and a math-keeping finalist beat the defaults 4 of 4 while the highest median did not (it is returned)."""
+    bf16, fp32 = TrainSetup(batch_size=32, amp="bf16"), TrainSetup(batch_size=64, num_workers=1, prefetch_factor=2)
+    best = _best([_confirmed(bf16, (98.0, 126.2)), _confirmed(fp32, (90.5, 133.1)), _confirmed(DEFAULTS, (96.7, 106.6))])
+    assert best.setup == bf16 and best.speedup is not None and best.speedup > 1.03
+    x, y = TrainSetup(batch_size=32, num_workers=1, prefetch_factor=2), TrainSetup(batch_size=64)
+    best = _best([_confirmed(x, (106.8, 133.4, 83.1, 134.1)), _confirmed(y, (120.0, 140.0, 70.0, 120.4)),
+                  _confirmed(DEFAULTS, (106.4, 127.8, 73.5, 127.5))])
+    assert best.setup == x and any("beat the PyTorch defaults beyond the noise" in n for n in best.notes)
+
+
+def test_only_the_defaults_measured_say_so() -> None:
+    best = _best([_confirmed(DEFAULTS, (100.0,))])
+    assert best.setup == DEFAULTS and "only the PyTorch defaults were measured: no speedup to report" in best.notes
 
 
 def test_the_notes_say_how_the_confirmation_settled() -> None:

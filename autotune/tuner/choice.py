@@ -1,7 +1,9 @@
 """Which confirmed finalist wins: the fastest median, unless what it costs does not pay for itself.
 
-The fastest median among the setups measured to the last round must beat the
-PyTorch defaults beyond the noise (:mod:`autotune.tuner.noise`); a compiled
+The fastest median among the setups measured to the last round (unless
+another of them beats it in the paired rounds) must beat the PyTorch
+defaults beyond the noise (:mod:`autotune.tuner.noise`), or a finalist that
+does is returned; a compiled
 one must beat the fastest eager finalist, one that changes the training math
 the fastest that keeps it, one in reduced precision the fastest in float32,
 and one whose effective batch lies further from the reference the fastest
@@ -48,6 +50,7 @@ def choose_winner(
     """
     notes: list[str] = []
     defaults = next((c for c in measured if c.candidate.key == default_key), None)
+    baseline = defaults  # the speedup's evidence, also where --set excludes the defaults from winning
     if excluded_by is not None and defaults is not None:
         within = leader([c for c in measured if c is not defaults])
         if within is None:
@@ -59,12 +62,17 @@ def choose_winner(
                          f"{NOISE_FLOOR:.0%} noise floor ({_margin_text(within, defaults)}); it is returned as you asked")
         measured = [c for c in measured if c is not defaults]
         defaults = None
-    top = leader(to_the_last_round(measured))
+    last = to_the_last_round(measured)
+    # The highest median, unless another setup measured as long beats it in the paired rounds.
+    top = leader([c for c in last if not any(beats(other, c) for other in last)]) or leader(last)
     assert top is not None
     chosen = top
+    clear = None if defaults is None or top is defaults or beats(top, defaults) else leader(
+        [c for c in measured if c is not defaults and beats(c, defaults) and not beats(top, c)])
     if top is defaults:
-        notes.append("nothing measurably faster than the PyTorch defaults was found: they led the confirmation")
-    elif defaults is not None and not beats(top, defaults):
+        notes.append("only the PyTorch defaults were measured: no speedup to report" if len(measured) == 1 else
+                     "nothing measurably faster than the PyTorch defaults was found: they led the confirmation")
+    elif defaults is not None and not beats(top, defaults) and clear is None:
         chosen = defaults
         notes.append(
             f"nothing measurably faster than the PyTorch defaults was found: the fastest finalist "
@@ -72,6 +80,11 @@ def choose_winner(
             f"{NOISE_FLOOR:.0%} noise floor in 3 of 4 paired rounds ({_margin_text(top, defaults)}); the defaults are kept"
         )
     else:
+        if clear is not None:
+            chosen = clear
+            notes.append(f"{clear.candidate.setup.describe()} beat the PyTorch defaults beyond the noise "
+                         f"({_margin_text(clear, defaults)}) and is not beaten by the leader, "  # type: ignore[arg-type]
+                         f"{top.candidate.setup.describe()}, which did not ({_margin_text(top, defaults)}): it is returned")  # type: ignore[arg-type]
         # Costs the fastest finalist may carry must pay for themselves beyond the noise; a later rule never brings back
         # a cost an earlier one removed (the fp32 twin of a compiled leader is compiled too).
         rules: list[Rule] = [
@@ -85,8 +98,8 @@ def choose_winner(
     text = f"confirmation: {rounds} interleaved round{'s' if rounds != 1 else ''}"
     if runner_up is not None:
         text += f"; against the runner-up {runner_up.candidate.setup.describe()} the winner {_margin_text(chosen, runner_up)}"
-    if defaults is not None and chosen is not defaults and runner_up is not defaults:  # the speedup's own evidence
-        text += f"; against the PyTorch defaults it {_margin_text(chosen, defaults)}"
+    if baseline is not None and chosen is not baseline and runner_up is not baseline:  # the speedup's own evidence
+        text += f"; against the PyTorch defaults it {_margin_text(chosen, baseline)}"
     notes.append(text)
     return chosen, notes
 
@@ -137,14 +150,15 @@ def _prefer_within_noise(
 ) -> Confirmed:
     """The fastest finalist without ``costly``'s cost when ``chosen`` has it and does not beat that one.
 
-    The defaults are not such an alternative: ``chosen`` already beat them. Nor is a finalist with a cost of an
-    ``earlier`` rule that ``chosen`` is free of.
+    The defaults are not such an alternative: ``chosen`` already beat them; nor is a finalist that does not beat
+    them too, or one with a cost of an ``earlier`` rule that ``chosen`` is free of.
     """
     if not costly(chosen.candidate.setup):
         return chosen
     setup = chosen.candidate.setup
     keeper = leader([c for c in measured if c is not chosen and not costly(c.candidate.setup)
-                     and not any(rule(c.candidate.setup) and not rule(setup) for rule in earlier)])
+                     and not any(rule(c.candidate.setup) and not rule(setup) for rule in earlier)
+                     and c is not defaults and (defaults is None or beats(c, defaults))])
     if keeper is None or keeper is defaults or beats(chosen, keeper):
         return chosen
     notes.append(
