@@ -67,24 +67,24 @@ def choose_winner(
     top = leader([c for c in last if not any(beats(other, c) for other in last)]) or leader(last)
     assert top is not None
     chosen = top
-    clear = None if defaults is None or top is defaults or beats(top, defaults) else leader(
-        [c for c in measured if c is not defaults and beats(c, defaults) and not beats(top, c)])
     if top is defaults:
         notes.append("only the PyTorch defaults were measured: no speedup to report" if len(measured) == 1 else
                      "nothing measurably faster than the PyTorch defaults was found: they led the confirmation")
-    elif defaults is not None and not beats(top, defaults) and clear is None:
-        chosen = defaults
-        notes.append(
-            f"nothing measurably faster than the PyTorch defaults was found: the fastest finalist "
-            f"({top.candidate.setup.describe()}, {top.median:.1f} samples/s) did not beat them by the "
-            f"{NOISE_FLOOR:.0%} noise floor in 3 of 4 paired rounds ({_margin_text(top, defaults)}); the defaults are kept"
-        )
-    else:
-        if clear is not None:
+    elif defaults is not None and not beats(top, defaults):
+        clear = leader([c for c in measured if c is not defaults and beats(c, defaults) and not beats(top, c)])
+        if clear is None:
+            chosen = defaults
+            notes.append(
+                f"nothing measurably faster than the PyTorch defaults was found: the fastest finalist "
+                f"({top.candidate.setup.describe()}, {top.median:.1f} samples/s) did not beat them by the "
+                f"{NOISE_FLOOR:.0%} noise floor in 3 of 4 paired rounds ({_margin_text(top, defaults)}); the defaults are kept"
+            )
+        else:
             chosen = clear
             notes.append(f"{clear.candidate.setup.describe()} beat the PyTorch defaults beyond the noise "
-                         f"({_margin_text(clear, defaults)}) and is not beaten by the leader, "  # type: ignore[arg-type]
-                         f"{top.candidate.setup.describe()}, which did not ({_margin_text(top, defaults)}): it is returned")  # type: ignore[arg-type]
+                         f"({_margin_text(clear, defaults)}) and is not beaten by the leader, "
+                         f"{top.candidate.setup.describe()}, which did not ({_margin_text(top, defaults)}): it is returned")
+    if chosen is not defaults:
         # Costs the fastest finalist may carry must pay for themselves beyond the noise; a later rule never brings back
         # a cost an earlier one removed (the fp32 twin of a compiled leader is compiled too).
         rules: list[Rule] = [
@@ -93,7 +93,7 @@ def choose_winner(
             (lambda s: s.amp != "off", "trains in float32 (no autocast)"),
         ]
         chosen = _nearer_batch(measured, _rule_chain(measured, chosen, defaults, rules, notes), defaults, rules, reference, notes)
-    rounds = max(len(c.values) + len(c.failures) for c in measured)
+    rounds = max(_runs(c) for c in measured)
     runner_up = leader([c for c in measured if c is not chosen])
     text = f"confirmation: {rounds} interleaved round{'s' if rounds != 1 else ''}"
     if runner_up is not None:
@@ -135,8 +135,13 @@ def _nearer_batch(measured: list[Confirmed], chosen: Confirmed, defaults: Confir
 def to_the_last_round(measured: Sequence[Confirmed]) -> list[Confirmed]:
     """The candidates measured in the most rounds, among whom the leader is: one that stopped sooner was beaten or
     equalled by the leader of its round, and its median is from other minutes (a load that grew since would make it lead)."""
-    most = max(len(c.values) + len(c.failures) for c in measured)
-    return [c for c in measured if len(c.values) + len(c.failures) == most]
+    most = max(_runs(c) for c in measured)
+    return [c for c in measured if _runs(c) == most]
+
+
+def _runs(confirmed: Confirmed) -> int:
+    """The rounds a candidate ran in, failed runs included."""
+    return len(confirmed.values) + len(confirmed.failures)
 
 
 def _prefer_within_noise(
@@ -159,7 +164,7 @@ def _prefer_within_noise(
     keeper = leader([c for c in measured if c is not chosen and not costly(c.candidate.setup)
                      and not any(rule(c.candidate.setup) and not rule(setup) for rule in earlier)
                      and c is not defaults and (defaults is None or beats(c, defaults))])
-    if keeper is None or keeper is defaults or beats(chosen, keeper):
+    if keeper is None or beats(chosen, keeper):
         return chosen
     notes.append(
         f"{keeper.candidate.setup.describe()} {virtue} and is within the noise of "
