@@ -1,12 +1,12 @@
 """Plain records that cross a process boundary or are stored, each a frozen dataclass with ``to_dict``/``from_dict``.
 
 A trial's request (:class:`Workload`, :class:`TrialOptions`, the setup) and its :class:`TrialResult` travel as
-JSON; the study stores results, the :class:`Calibration` and the confirmation rounds as JSON user attributes.
+JSON; the study stores results and the :class:`Calibration` as JSON user attributes (the confirmation's records are
+in :mod:`autotune.rounds`).
 """
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
@@ -343,58 +343,3 @@ class TrialRecord:
         setup, result = self.setup.to_dict(), self.result.to_dict()
         return {"number": self.number, "role": self.role, "setup": setup, "result": result,
                 "reused_from": self.reused_from, "free": self.free}
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """A setup to confirm, with the roles it played in the search."""
-
-    key: str
-    setup: TrainSetup
-    label: str
-
-
-@dataclass(frozen=True)
-class Confirmed:
-    """A candidate's confirmation measurements."""
-
-    candidate: Candidate
-    values: tuple[float, ...]
-    failures: tuple[str, ...]
-    peak_bytes: int | None = None  # the highest peak memory of its runs in this process (not stored: None after a resume)
-
-    @property
-    def median(self) -> float | None:
-        """Median of the successful measurements."""
-        return float(statistics.median(self.values)) if self.values else None
-
-    @property
-    def spread(self) -> float | None:
-        """Range (max - min) of the successful measurements."""
-        return float(max(self.values) - min(self.values)) if self.values else None
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict (the ``confirmation`` entries of ``--json``)."""
-        return {"setup": self.candidate.setup.to_dict(), "label": self.candidate.label, "samples_per_s": self.median,
-                "samples_per_s_spread": self.spread, "measurements": list(self.values), "failures": list(self.failures)}
-
-
-@dataclass(frozen=True)
-class Ceilings:
-    """The winner's setup trained, computed alone and loaded alone, one run each, back to back.
-
-    Attributes:
-        together: Samples/s of the real loop.
-        compute: Samples/s with one batch already on the device (no loader).
-        loader: Samples/s of the DataLoader alone (no model).
-        data_wait_fraction: Share of the real loop's time blocked on the loader.
-    """
-
-    together: float | None
-    compute: float | None
-    loader: float | None
-    data_wait_fraction: float | None
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict."""
-        return asdict(self)

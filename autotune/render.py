@@ -146,7 +146,7 @@ class RichReporter:
             self._trials = None
         if self._confirm is None:
             self._confirm = self._bar("confirmation", max(total, 1))
-        self.progress.update(self._confirm, completed=done, description="confirmation (interleaved)")
+        self.progress.update(self._confirm, completed=done, total=max(total, 1), description="confirmation (interleaved)")
         value = f"{fmt_rate(result.samples_per_s)} samples/s" if result.ok else f"{result.status}: {result.error}"
         self.progress.console.print(escape(f"  confirm {done}/{total} {label}: {value}"), highlight=False, soft_wrap=True)
 

@@ -358,7 +358,7 @@ def test_break_even_is_compile_time_over_step_time_saved() -> None:
 
 
 def test_a_compiled_setup_must_beat_its_eager_twin_beyond_the_noise() -> None:
-    from autotune.records import Candidate, Confirmed
+    from autotune.rounds import Candidate, Confirmed
     from autotune.tuner.choice import choose_winner
     from autotune.tuner.confirm import pick_candidates
 

@@ -8,7 +8,8 @@ from types import SimpleNamespace
 import pytest
 
 from autotune.devices import DeviceInfo
-from autotune.records import Calibration, Candidate, Confirmed, LoaderPoint, TrialRecord, TrialResult, Workload
+from autotune.records import Calibration, LoaderPoint, TrialRecord, TrialResult, Workload
+from autotune.rounds import Candidate, Confirmed
 from autotune.train_setup import TrainSetup
 from autotune.tuner.winner import bottleneck_verdict, make_best
 
@@ -364,7 +365,7 @@ def test_a_winner_whose_steps_leave_much_of_a_small_dataset_out_says_so() -> Non
 
 def test_the_winners_own_ceilings_below_its_speed_name_no_limit_whatever_its_wait() -> None:
     """Measured like for like in the same rounds, compute alone at 6772 against 42342 together: no side is named."""
-    from autotune.records import Ceilings
+    from autotune.rounds import Ceilings
 
     best = _best([_confirmed(MID, (42342.0,))])
     said = bottleneck_verdict(best, _calibration(1000.0, 1000.0), [_record(2, MID, 42342.0, wait=0.38)], CPU,
@@ -400,3 +401,17 @@ def test_defaults_below_the_recipe_batch_under_a_pinned_effective_batch_say_why(
     assert notes(task, TrainSetup(batch_size=4, accumulation_steps=2), 8) == []  # the recipe's batch itself
     ddp = notes(WORKLOAD, TrainSetup(batch_size=24, accumulation_steps=2), 96, 2)
     assert "the default's 32 that divides --effective-batch 96 (48 per rank)" in ddp[0]
+
+
+def test_a_winner_without_its_fp32_twin_says_what_stood_in_for_it() -> None:
+    """A bf16 finalist whose twin the calibration's figures made needless (confirm.autocast_evident): best.json names
+    that evidence, and no fp32 round is claimed. A winner that met its twin, or an fp32 winner, says nothing of it."""
+    why = "the calibration measured bf16 1.57x float32 computing alone (contiguous, batch 64) and its trial waited on the loader 0% of the time"
+    fast = Confirmed(Candidate(FAST.to_json(), FAST, FAST.describe(), no_twin=why), (300.0, 310.0), ())
+    best = _best([fast, _confirmed(MID, (230.0, 220.0)), _confirmed(DEFAULTS, (110.0, 100.0))])
+    assert best.setup == FAST
+    assert f"the winner's float32 twin was not re-measured: {why}, so the same setup in float32 would be clearly slower" in best.notes
+    plain = _best([_confirmed(FAST, (300.0, 310.0)), _confirmed(MID, (230.0, 220.0)), _confirmed(DEFAULTS, (110.0, 100.0))])
+    assert not any("twin" in n for n in plain.notes)
+    beaten = _best([fast, _confirmed(MID, (330.0, 340.0)), _confirmed(DEFAULTS, (110.0, 100.0))])
+    assert beaten.setup == MID and not any("twin" in n for n in beaten.notes)

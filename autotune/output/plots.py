@@ -16,7 +16,8 @@ from collections.abc import Sequence
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator, NullLocator
 
-from autotune.records import Calibration, Confirmed, TrialRecord
+from autotune.records import Calibration, TrialRecord
+from autotune.rounds import Confirmed
 from autotune.time_spent import TimeSpent
 from autotune.units import format_bytes
 

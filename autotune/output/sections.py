@@ -15,7 +15,8 @@ from typing import Any
 
 from autotune.output.best import Best
 from autotune.output.importance import knob_importance
-from autotune.records import Calibration, Ceilings, Confirmed, TrialRecord
+from autotune.records import Calibration, TrialRecord
+from autotune.rounds import Ceilings, Confirmed
 from autotune.time_spent import TimeSpent
 from autotune.units import format_bytes
 

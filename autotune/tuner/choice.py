@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
-from autotune.records import Confirmed
+from autotune.rounds import Confirmed
 from autotune.train_setup import TrainSetup
 from autotune.tuner.noise import NOISE_FLOOR, beats, leader, margin
 

@@ -11,7 +11,8 @@ from typing import Any, ClassVar
 
 from autotune.errors import UsageError
 from autotune.output.best import Best
-from autotune.records import DEFAULT_TRIAL_SECONDS, MAX_SECONDS, Calibration, Ceilings, Confirmed, TrialRecord, TrialResult
+from autotune.records import DEFAULT_TRIAL_SECONDS, MAX_SECONDS, Calibration, TrialRecord, TrialResult
+from autotune.rounds import Ceilings, Confirmed
 from autotune.time_spent import Phase, TimeSpent
 from autotune.tuner.constraints import Constraint, merge_constraints
 

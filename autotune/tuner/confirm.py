@@ -12,7 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-from autotune.records import Candidate, Ceilings, Confirmed, TrialOptions, TrialRecord, TrialResult, Workload
+from autotune.records import Calibration, TrialOptions, TrialRecord, TrialResult, Workload
+from autotune.rounds import Candidate, Ceilings, Confirmed
 from autotune.runner import TrialRunner, run_trial
 from autotune.train_setup import TrainSetup
 from autotune.tuner.noise import NOISE_FLOOR, beats, disagree, leader, paired_ratios, resolved
@@ -30,13 +31,24 @@ MIN_ROUNDS = 2
 #: stall) is not enough to overrule that.
 CLEARLY_SLOWER = 0.8
 
+#: A finalist's reduced precision that the calibration measured at least this many times faster than float32 (computing
+#: alone, same batch and layout) needs no fp32 twin when the finalist is compute-bound (:data:`COMPUTE_BOUND`): its twin
+#: would run at about the inverse (0.71x), below :data:`CLEARLY_SLOWER`, with room for the calibration's own noise.
+CLEAR_GAIN = 1.4
 
-def confirmation_plan(setups: int, seconds: float, rounds: int, min_rounds: int = MIN_ROUNDS) -> str:
+#: A trial that waited on the loader at most this share of its measured time is compute-bound: a slower step in float32
+#: slows the loop by as much.
+COMPUTE_BOUND = 0.05
+
+
+def confirmation_plan(candidates: Sequence[Candidate], seconds: float, rounds: int, min_rounds: int = MIN_ROUNDS) -> str:
     """The line announcing the confirmation: how many setups, how long a run, how many rounds."""
+    setups = len(candidates)
     rounds = lone_rounds(setups, rounds)
     floor = min(min_rounds, rounds)
     span = f"{rounds} round{'s' if rounds > 1 else ''}" if floor == rounds else f"{floor} to {rounds} rounds"
-    early = f", an fp32 twin after one round below {CLEARLY_SLOWER:g}x the leader" if floor > 1 else ""
+    twins = floor > 1 and any(c.twin for c in candidates)
+    early = f", an fp32 twin after one round below {CLEARLY_SLOWER:g}x the leader" if twins else ""
     return (f"confirmation: {setups} setup{'s' if setups != 1 else ''} in interleaved rounds of {seconds:g} s "
             f"({span}; a setup stops once the leader beats or equals it{early})")
 
@@ -85,25 +97,32 @@ def confirm(
     values = {c.key: list(known.get(c.key, ([], []))[0]) for c in candidates}
     failures = {c.key: list(known.get(c.key, ([], []))[1]) for c in candidates}
     peaks: dict[str, int] = {}
-    total = sum(max(0, lone_rounds(len(candidates), rounds) - len(values[c.key]) - len(failures[c.key])) for c in candidates)
-    done = 0
+    planned, done = lone_rounds(len(candidates), rounds), 0
+
+    def runs(key: str) -> int:
+        return len(values[key]) + len(failures[key])
 
     def results() -> list[Confirmed]:
         return [Confirmed(c, tuple(values[c.key]), tuple(failures[c.key]), peaks.get(c.key)) for c in candidates]
 
-    active = {c.key for c in candidates}
-    for round_index in range(rounds):
-        if len(candidates) == 1 and values[candidates[0].key]:
-            break
-        if round_index >= min(min_rounds, rounds):
+    def settle(next_round: int, active: set[str]) -> set[str]:
+        """Who runs in round ``next_round``, from the rounds so far (nobody: the confirmation ends)."""
+        if next_round >= rounds or (len(candidates) == 1 and values[candidates[0].key]):
+            return set()
+        if next_round >= min(min_rounds, rounds):
             active = _unresolved(results(), active, baseline)
-            if len(active) <= 1:
-                break
-        elif round_index > 0:
-            active -= _clearly_slower(results(), active, baseline)
-        for candidate in candidates:
-            if candidate.key not in active or len(values[candidate.key]) + len(failures[candidate.key]) > round_index:
-                continue
+            return active if len(active) > 1 else set()
+        return active - _clearly_slower(results(), active, baseline) if next_round > 0 else active
+
+    def at_most(active: set[str]) -> int:  # the progress's total: the runs done and those still possible
+        return done + max(len(active), sum(max(0, planned - runs(key)) for key in active))
+
+    active = settle(0, {c.key for c in candidates})
+    for round_index in range(rounds):
+        queue = [c for c in candidates if c.key in active and runs(c.key) <= round_index]
+        if not queue:
+            active = settle(round_index + 1, active)
+        for position, candidate in enumerate(queue, 1):
             result = runner(candidate.setup, workload, options)
             if result.ok and result.samples_per_s is not None:
                 values[candidate.key].append(result.samples_per_s)
@@ -113,7 +132,9 @@ def confirm(
                 failures[candidate.key].append(f"{result.status}: {result.error}")
             store(candidate.key, values[candidate.key], failures[candidate.key])
             done += 1
-            on_measure(done, total, candidate, result)
+            if position == len(queue):  # the round is whole: who runs next is known before the last line is shown
+                active = settle(round_index + 1, active)
+            on_measure(done, at_most(active), candidate, result)
     return results()
 
 
@@ -126,7 +147,7 @@ def _clearly_slower(confirmed: Sequence[Confirmed], active: set[str], baseline: 
         return set()
     slower = set()
     for other in measured:
-        if other is top or not other.candidate.label.endswith(TWIN) or other.candidate.key == baseline:
+        if other is top or not other.candidate.twin or other.candidate.key == baseline:
             continue
         own = [c for c in measured if c.candidate.setup.amp != "off" and c.candidate.setup.replace(amp="off") == other.candidate.setup]
         ratios = [ratio for against in (top, *own) for ratio in paired_ratios(other, against)]
@@ -161,7 +182,30 @@ def finalist_label(same: Sequence[TrialRecord]) -> str:
     return f"#{same[0].number} {same[0].setup.describe()}{tag}"
 
 
-def pick_candidates(records: Sequence[TrialRecord], defaults: TrainSetup, top: int, *, fp32_twin: bool = False) -> list[Candidate]:
+def autocast_evident(record: TrialRecord, calibration: Calibration | None) -> str | None:
+    """Why ``record``'s setup needs no fp32 twin in the confirmation, or None when it does.
+
+    Its reduced precision computed at least :data:`CLEAR_GAIN` times faster
+    than float32 in the calibration (computing alone, same layout, like for
+    like at the probe batch), and its trial waited on the loader at most
+    :data:`COMPUTE_BOUND` of its time: the float32 step, that much slower,
+    would slow the loop as much. Eager setups without TF32 only (the
+    calibration measured neither compilation nor TF32).
+    """
+    setup, wait = record.setup, record.result.data_wait_fraction
+    if calibration is None or setup.amp == "off" or setup.compile != "off" or setup.tf32 or wait is None or wait > COMPUTE_BOUND:
+        return None
+    rates = {(p.amp, p.channels_last): p.samples_per_s for p in calibration.precisions if p.status == "ok" and p.samples_per_s}
+    fast, slow = rates.get((setup.amp, setup.channels_last)), rates.get(("off", setup.channels_last))
+    if not fast or not slow or fast < CLEAR_GAIN * slow:
+        return None
+    layout = "channels_last" if setup.channels_last else "contiguous"
+    return (f"the calibration measured {setup.amp} {fast / slow:.2f}x float32 computing alone ({layout}, batch "
+            f"{calibration.probe_batch}) and its trial waited on the loader {wait:.0%} of the time")
+
+
+def pick_candidates(records: Sequence[TrialRecord], defaults: TrainSetup, top: int, *, fp32_twin: bool = False,
+                    calibration: Calibration | None = None) -> list[Candidate]:
     """The ``top`` fastest distinct setups, then the defaults (when they ran) for the speedup.
 
     A compiled setup is a finalist only when its trial was faster than the
@@ -177,13 +221,16 @@ def pick_candidates(records: Sequence[TrialRecord], defaults: TrainSetup, top: i
     precision). A twin is labelled
     :data:`TWIN` when no trial ran it, and left out when trials ran it and
     none finished (stopped early as clearly slower, out of memory, failed):
-    two more runs would only repeat that.
+    two more runs would only repeat that; nor does a twin join a finalist
+    whose precision ``calibration`` already measured clearly faster where it
+    is compute-bound (:func:`autocast_evident`): it would stop after one round.
 
     Args:
         records: The search's trials; those that measured a throughput compete.
         defaults: The PyTorch defaults' setup.
         top: How many distinct setups.
         fp32_twin: Whether the finalists' float32 twins may join.
+        calibration: The search's calibration (its like-for-like precisions), or None: every twin joins.
     """
     feasible = [r for r in records if r.result.ok and r.result.samples_per_s]
     ranked = sorted(feasible, key=lambda r: r.result.samples_per_s or 0.0, reverse=True)
@@ -200,14 +247,21 @@ def pick_candidates(records: Sequence[TrialRecord], defaults: TrainSetup, top: i
         candidates.append(Candidate(key, record.setup, finalist_label(same)))
         if len(candidates) == top:
             break
-    for finalist in list(candidates) if fp32_twin else []:  # any of them may win the rounds: each must beat its own twin
+    for index, finalist in enumerate(list(candidates) if fp32_twin else []):  # any of them may win: each must beat its twin
         if finalist.setup.amp == "off":
             continue
         fp32 = finalist.setup.replace(amp="off")
+        if fp32.to_json() in {c.key for c in candidates}:
+            continue
+        evident = autocast_evident(by_setup[finalist.key][0], calibration)
+        if evident:
+            candidates[index] = replace(finalist, no_twin=evident)
+            continue
         ran = by_setup.get(fp32.to_json())
-        unfinished = not ran and any(r.setup == fp32 and r.result.status != "interrupted" for r in records)
-        if fp32.to_json() not in {c.key for c in candidates} and not unfinished:
-            candidates.append(Candidate(fp32.to_json(), fp32, finalist_label(ran) if ran else fp32.describe() + TWIN))
+        if ran:
+            candidates.append(Candidate(fp32.to_json(), fp32, finalist_label(ran)))
+        elif not any(r.setup == fp32 and r.result.status != "interrupted" for r in records):  # none finished: left out
+            candidates.append(Candidate(fp32.to_json(), fp32, fp32.describe() + TWIN, twin=True))
     default_key = defaults.to_json()
     if default_key not in {c.key for c in candidates} and default_key in by_setup:
         candidates.append(Candidate(default_key, defaults, finalist_label(by_setup[default_key])))

@@ -23,7 +23,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from autotune.records import Confirmed
+from autotune.rounds import Confirmed
 
 #: Smallest median gain that counts as faster (3 %).
 NOISE_FLOOR = 0.03

@@ -22,7 +22,8 @@ from autotune.devices import DeviceInfo
 from autotune.errors import AutotuneError, SearchFailed, SearchInterrupted
 from autotune.files import check_writable
 from autotune.output.emit import script_target, write_winner
-from autotune.records import Calibration, Confirmed, TrialOptions, TrialRecord, Workload
+from autotune.records import Calibration, TrialOptions, TrialRecord, Workload
+from autotune.rounds import Confirmed
 from autotune.runner import TrialRunner, prestart, run_trial
 from autotune.train_setup import TrainSetup
 from autotune.tuner.budget import counted_records
@@ -144,7 +145,7 @@ def _search(
     if not interrupted:
         timing.phase = "confirmation"
         interrupted = not runs_to_the_end(
-            lambda: confirmed.extend(confirm_finalists(config, prepared, records, defaults, options, reporter, placed))
+            lambda: confirmed.extend(confirm_finalists(config, prepared, records, calibration, defaults, options, reporter, placed))
         )
     kept = kept_winner(prepared.out, prepared.study, records) if interrupted and not confirmed else None
     # Interrupted mid-confirmation: its rounds so far are shown (too few to rank), never dropped.
@@ -179,15 +180,9 @@ def _search(
 def first_steps(config: SearchConfig, prepared: Prepared, reporter: Reporter, runner: TrialRunner) -> tuple[Calibration, Space]:
     """Calibrate (or reuse the stored calibration), build the space, queue the first trials of a new study."""
     calibration = calibrate_once(config, prepared, reporter, runner)
-    space = build_space(
-        device=prepared.device,
-        calibration=calibration,
-        **prepared.placement.space_args(config.effective_batch),
-        constraints=merge_constraints(config.constraints),
-        images=prepared.workload.images,
-        image_input=prepared.workload.image_input,
-        workload=prepared.workload,
-    )
+    space = build_space(device=prepared.device, calibration=calibration, **prepared.placement.space_args(config.effective_batch),
+                        constraints=merge_constraints(config.constraints), images=prepared.workload.images,
+                        image_input=prepared.workload.image_input, workload=prepared.workload)
     reporter.message(space.describe())
     enqueue_first_trials(config, prepared, space, calibration)
     return calibration, space
@@ -319,6 +314,7 @@ def confirm_finalists(
     config: SearchConfig,
     prepared: Prepared,
     records: list[TrialRecord],
+    calibration: Calibration,
     defaults: TrainSetup,
     options: TrialOptions,
     reporter: Reporter,
@@ -329,8 +325,8 @@ def confirm_finalists(
     Raises:
         KeyboardInterrupt: Ctrl-C or SIGTERM; the rounds measured so far are stored.
     """
-    candidates = pick_candidates(records, defaults, config.confirm_top, fp32_twin=allows(config.constraints, "amp", "off"))
-    reporter.message(confirmation_plan(len(candidates), options.trial_seconds, config.confirm_rounds))
+    candidates = pick_candidates(records, defaults, config.confirm_top, fp32_twin=allows(config.constraints, "amp", "off"), calibration=calibration)
+    reporter.message(confirmation_plan(candidates, options.trial_seconds, config.confirm_rounds))
     with sigterm_as_interrupt():
         confirmed = confirm(candidates, prepared.workload, options, rounds=config.confirm_rounds, known=prepared.study.confirmation(),
                             store=prepared.study.store_confirmation, runner=runner, baseline=defaults.to_json(),

@@ -11,7 +11,8 @@ from typing import Any
 
 import optuna
 
-from autotune.records import Calibration, Ceilings
+from autotune.records import Calibration
+from autotune.rounds import Ceilings
 from autotune.time_spent import TimeSpent
 from autotune.tuner.signals import interrupts_held
 

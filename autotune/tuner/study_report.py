@@ -19,7 +19,8 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.errors import AutotuneError, StorageError
 from autotune.output.best import Best, read_best
 from autotune.output.report import ReportInput, write_report
-from autotune.records import Calibration, Candidate, Confirmed, TrialRecord
+from autotune.records import Calibration, TrialRecord
+from autotune.rounds import Candidate, Confirmed
 from autotune.time_spent import TimeSpent
 from autotune.train_setup import TrainSetup
 from autotune.tuner.budget import STUDY_BUDGET
@@ -135,7 +136,7 @@ def stored_confirmed(study: SearchStudy, records: list[TrialRecord], rounds: Rou
         same = sorted((r for r in records if r.setup == setup and r.result.ok and r.result.samples_per_s),
                       key=lambda r: -(r.result.samples_per_s or 0.0))
         label = finalist_label(same) if same else setup.describe() + TWIN  # only the fp32 twin is no trial's
-        found.append(Confirmed(Candidate(key, setup, label), tuple(values), tuple(failures)))
+        found.append(Confirmed(Candidate(key, setup, label, twin=not same), tuple(values), tuple(failures)))
     return tuple(found)
 
 

@@ -14,8 +14,9 @@ from typing import Any
 from autotune.devices import DeviceInfo
 from autotune.output.best import Best
 from autotune.output.compile_payoff import payoff_note
-from autotune.records import Calibration, Ceilings, Confirmed, TrialRecord, Workload
+from autotune.records import Calibration, TrialRecord, Workload
 from autotune.redact import hide_passwords
+from autotune.rounds import Ceilings, Confirmed
 from autotune.train_setup import TrainSetup
 from autotune.tuner.choice import choose_winner
 from autotune.tuner.constraints import Constraint
@@ -69,6 +70,9 @@ def make_best(
         base = baseline.median if baseline is not None else None
         speedup = paired_speedup(chosen, baseline) if baseline is not None else None
         notes.extend(why)
+        if chosen.candidate.no_twin and setup.amp != "off":
+            notes.append(f"the winner's float32 twin was not re-measured: {chosen.candidate.no_twin}, so the same setup in "
+                         "float32 would be clearly slower")
     else:
         allowed = [r for r in feasible if excluded_by is None or r.setup.to_json() != default_key]
         top = max(allowed or feasible, key=lambda r: r.result.samples_per_s or 0.0)

@@ -1,0 +1,75 @@
+"""The confirmation's records: a finalist to re-measure (:class:`Candidate`), its rounds (:class:`Confirmed`) and the
+winner's ceilings (:class:`Ceilings`). The study stores the rounds as JSON user attributes; reports are built from these."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from autotune.train_setup import TrainSetup
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A setup to confirm, with the roles it played in the search.
+
+    Attributes:
+        key: The setup's JSON, the key its rounds are stored under.
+        setup: The setup.
+        label: Its name in the console and the report (the fastest trial of it, or ``(a finalist in fp32)``).
+        twin: A finalist's float32 twin that no trial ran (nothing in the search speaks for it).
+        no_twin: Why this finalist in reduced precision has no float32 twin beside it (the calibration's evidence), if so.
+    """
+
+    key: str
+    setup: TrainSetup
+    label: str
+    twin: bool = False
+    no_twin: str | None = None
+
+
+@dataclass(frozen=True)
+class Confirmed:
+    """A candidate's confirmation measurements."""
+
+    candidate: Candidate
+    values: tuple[float, ...]
+    failures: tuple[str, ...]
+    peak_bytes: int | None = None  # the highest peak memory of its runs in this process (not stored: None after a resume)
+
+    @property
+    def median(self) -> float | None:
+        """Median of the successful measurements."""
+        return float(statistics.median(self.values)) if self.values else None
+
+    @property
+    def spread(self) -> float | None:
+        """Range (max - min) of the successful measurements."""
+        return float(max(self.values) - min(self.values)) if self.values else None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict (the ``confirmation`` entries of ``--json``)."""
+        return {"setup": self.candidate.setup.to_dict(), "label": self.candidate.label, "samples_per_s": self.median,
+                "samples_per_s_spread": self.spread, "measurements": list(self.values), "failures": list(self.failures)}
+
+
+@dataclass(frozen=True)
+class Ceilings:
+    """The winner's setup trained, computed alone and loaded alone, one run each, back to back.
+
+    Attributes:
+        together: Samples/s of the real loop.
+        compute: Samples/s with one batch already on the device (no loader).
+        loader: Samples/s of the DataLoader alone (no model).
+        data_wait_fraction: Share of the real loop's time blocked on the loader.
+    """
+
+    together: float | None
+    compute: float | None
+    loader: float | None
+    data_wait_fraction: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict."""
+        return asdict(self)
