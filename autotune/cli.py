@@ -19,12 +19,12 @@ import typer
 from rich.markup import escape
 
 from autotune._version import __version__
+from autotune.cli_errors import error_line, json_on_error
 from autotune.errors import AutotuneError, ProbeError
 from autotune.records import DEFAULT_TRIAL_SECONDS
 from autotune.redact import recorded_command
 from autotune.render import console
 from autotune.teardown import exit_at_once_on_interrupt
-from probes.hardware import address_space_note
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -53,18 +53,6 @@ def fail(message: str, code: int = 1) -> typer.Exit:
     return typer.Exit(code)
 
 
-def _error_line(exc: Exception) -> tuple[str, int]:
-    """The one line and the exit code of an error that reached the command line."""
-    if isinstance(exc, AutotuneError):
-        return str(exc), exc.exit_code
-    if isinstance(exc, OSError):  # the machine, not a bug: a full disk, a file another program removed
-        return str(exc), 1
-    if isinstance(exc, (ImportError, MemoryError)):  # the installation or the machine: a broken wheel, a ulimit -v
-        what = f"import failed: {exc}" if isinstance(exc, ImportError) else "out of memory (MemoryError)"
-        return what + address_space_note(), 1
-    return f"internal error: {type(exc).__name__}: {exc} (rerun as autotune --debug COMMAND ... for the traceback)", 3
-
-
 def handle_errors(func: F) -> F:
     """Turn AutotuneError (and unexpected bugs) into one line and an exit code."""
 
@@ -78,7 +66,7 @@ def handle_errors(func: F) -> F:
             if _debug():
                 exc.__suppress_context__ = False  # the user's own traceback (a Task's factory, a forward) under ours
                 raise
-            raise fail(*_error_line(exc)) from None
+            raise fail(*error_line(exc)) from None
 
     return wrapper  # type: ignore[return-value]
 
@@ -149,6 +137,7 @@ NprocOpt = Annotated[int, typer.Option("--nproc-per-node", help="Ranks per trial
 
 @app.command()
 @handle_errors
+@json_on_error(status=None, samples_per_s=None)
 def trial(
     model: ModelOpt = None,
     image_size: ImageSizeOpt = None,
@@ -222,6 +211,7 @@ def trial(
 
 @app.command()
 @handle_errors
+@json_on_error(best=None)
 def search(
     model: ModelOpt = None,
     trials: Annotated[int, typer.Option("--trials", "-n", help="Finished trials wanted in the study (resume counts).")] = 30,
@@ -308,10 +298,6 @@ def search(
             out.print(render_search(summary), crop=False)
         err.print(escape(str(exc)), style="yellow", highlight=False, soft_wrap=True)
         raise typer.Exit(exc.exit_code) from None
-    except AutotuneError as exc:  # the one line goes to stderr as always; a --json reader gets an object too
-        if as_json:
-            typer.echo(json.dumps({"best": None, "error": str(exc)}))
-        raise
     if as_json:
         typer.echo(json.dumps(outcome.to_dict()))
     else:
@@ -351,6 +337,7 @@ def report(
 
 @app.command()
 @handle_errors
+@json_on_error(study=None, best=None, winner=None)
 def status(
     directory: Annotated[Path, typer.Argument(parser=_path, help="A search output directory (its study.db) without --storage.")] = Path("autotune-out"),
     storage: Annotated[Optional[str], typer.Option("--storage", help="The study storage URL (postgresql://, journal:///FILE.log, sqlite:///).")] = None,

@@ -118,6 +118,20 @@ def test_a_refused_search_with_json_prints_an_object_naming_the_error(tmp_path, 
     assert not (tmp_path / "out").exists()
 
 
+def test_refused_trial_and_status_with_json_print_an_object_naming_the_error(tmp_path) -> None:
+    trial = runner.invoke(app, ["trial", "--json", "--workers", "0", "--prefetch", "2", "--device", "cpu"])
+    assert trial.exit_code == 2
+    said = json.loads(trial.stdout)
+    assert said["status"] is None and said["samples_per_s"] is None and "prefetch_factor needs num_workers > 0" in said["error"]
+    assert said["error"] in _one_error_line(trial.stderr)  # the same line, and still on stderr
+    status = runner.invoke(app, ["status", str(tmp_path), "--json"])
+    assert status.exit_code == 1
+    said = json.loads(status.stdout)
+    assert said["study"] is None and said["best"] is None and said["winner"] is None
+    assert said["error"] and said["error"] in _one_error_line(status.stderr)
+    assert runner.invoke(app, ["status", str(tmp_path)]).stdout == ""  # without --json: the stderr line alone
+
+
 def test_status_and_report_on_a_file_name_its_directory(tmp_path) -> None:
     (tmp_path / "study.db").write_text("")
     for command in ("status", "report"):
