@@ -178,11 +178,9 @@ def trial(
         from autotune.tuner.constraints import pinned_values
 
         pinned = pinned_values(knobs)
-    setup = TrainSetup(
-        num_workers=workers, prefetch_factor=prefetch, pin_memory=pin_memory, persistent_workers=persistent_workers,
-        batch_size=32 if batch_size is None else batch_size, accumulation_steps=accum, channels_last=channels_last,
-        amp=amp,  # type: ignore[arg-type]
-    ).replace(**pinned)
+    flags = dict(num_workers=workers, prefetch_factor=prefetch, pin_memory=pin_memory, persistent_workers=persistent_workers,
+                 batch_size=32 if batch_size is None else batch_size, accumulation_steps=accum, channels_last=channels_last, amp=amp)
+    setup = TrainSetup(**{**flags, **pinned})  # a --set knob replaces its flag's value before the setup is checked
     from autotune.tuner.signals import sigterm_as_interrupt
 
     with sigterm_as_interrupt():  # SIGTERM unwinds like Ctrl-C: the trial and its directory are removed

@@ -108,6 +108,15 @@ def test_trial_command_bad_setup_and_json(tmp_path, cache_dir) -> None:
     assert short.exit_code == 2 and "--trial-seconds must be >= 0.5" in _one_error_line(short.output)
 
 
+def test_a_trial_set_knob_replaces_its_flag_before_the_setup_is_checked(cache_dir) -> None:
+    # --workers 0 --prefetch 2 alone is refused; --set num_workers=2 makes it a setup that runs, refused later for pin_memory
+    result = runner.invoke(app, ["trial", "--workers", "0", "--prefetch", "2", "--set", "num_workers=2", "--set", "pin_memory=true",
+                                 "--device", "cpu", "--cache-dir", str(cache_dir), "--synthetic-images", "64"])
+    assert result.exit_code == 2
+    line = _one_error_line(result.output)
+    assert "needs a CUDA device" in line and "prefetch" not in line
+
+
 def test_a_refused_search_with_json_prints_an_object_naming_the_error(tmp_path, cache_dir) -> None:
     result = runner.invoke(app, ["search", "--json", "--device", "cpu", "--model", "resnet18", "--image-size", "32",
                                  "--effective-batch", "4096", "--cache-dir", str(cache_dir), "--synthetic-images", "64",
