@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autotune.errors import UsageError, worded_for_python
+from autotune.errors import SetupError, UsageError, worded_for_python
 from autotune.records import DEFAULT_TRIAL_SECONDS, TrialOptions, TrialResult, Workload
 from autotune.train_setup import TrainSetup
 from autotune.tuner import Reporter, SearchConfig, SearchOutcome, run_search
@@ -384,9 +384,9 @@ def trial(
     if built.unsharded and setup.num_workers > 1:
         from autotune.workloads.streams import UNSHARDED
 
-        raise UsageError(f"num_workers={setup.num_workers}: {UNSHARDED}; use 0 or 1, or shard it")
+        raise SetupError(f"num_workers={setup.num_workers}: {UNSHARDED}; use 0 or 1, or shard it")
     if setup.channels_last and not built.image_input:
-        raise UsageError("channels_last: this workload's batches hold no 4-D floating tensor for it to act on")
+        raise SetupError("channels_last: this workload's batches hold no 4-D floating tensor for it to act on")
     if mode == "train" and (refused := unrunnable(setup, share)) is not None:  # as the search and train.py refuse it
         raise UsageError(f"{refused.error}; a search never runs it")
     if announce is not None:

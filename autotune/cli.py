@@ -19,7 +19,7 @@ import typer
 from rich.markup import escape
 
 from autotune._version import __version__
-from autotune.cli_errors import error_line, json_on_error
+from autotune.cli_errors import error_line, json_on_error, trial_flags_named
 from autotune.errors import AutotuneError, ProbeError
 from autotune.records import DEFAULT_TRIAL_SECONDS
 from autotune.redact import recorded_command
@@ -180,10 +180,11 @@ def trial(
         pinned = pinned_values(knobs)
     flags = dict(num_workers=workers, prefetch_factor=prefetch, pin_memory=pin_memory, persistent_workers=persistent_workers,
                  batch_size=32 if batch_size is None else batch_size, accumulation_steps=accum, channels_last=channels_last, amp=amp)
-    setup = TrainSetup(**{**flags, **pinned})  # a --set knob replaces its flag's value before the setup is checked
     from autotune.tuner.signals import sigterm_as_interrupt
 
-    with sigterm_as_interrupt():  # SIGTERM unwinds like Ctrl-C: the trial and its directory are removed
+    # SIGTERM unwinds like Ctrl-C: the trial and its directory are removed. A refused setup names the flags typed.
+    with sigterm_as_interrupt(), trial_flags_named(pinned):
+        setup = TrainSetup(**{**flags, **pinned})  # a --set knob replaces its flag's value before the setup is checked
         outcome = run_one(
             workload,
             setup=setup,

@@ -100,7 +100,7 @@ def test_version_help_and_debug(tmp_path, cache_dir) -> None:
 
 def test_trial_command_bad_setup_and_json(tmp_path, cache_dir) -> None:
     bad = runner.invoke(app, ["trial", "--workers", "0", "--prefetch", "2", "--device", "cpu"])
-    assert bad.exit_code == 2 and "prefetch_factor needs num_workers > 0" in _one_error_line(bad.output)
+    assert bad.exit_code == 2 and "--prefetch needs --workers > 0" in _one_error_line(bad.output)
     fp16 = runner.invoke(app, ["trial", "--amp", "fp16", "--device", "cpu", "--cache-dir", str(cache_dir),
                                "--synthetic-images", "64"])
     assert fp16.exit_code == 2 and "fp16 needs a CUDA device" in _one_error_line(fp16.output)
@@ -117,6 +117,32 @@ def test_a_trial_set_knob_replaces_its_flag_before_the_setup_is_checked(cache_di
     assert "needs a CUDA device" in line and "prefetch" not in line
 
 
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--workers", "-1"], "--workers must be >= 0, got -1"),
+        (["--batch-size", "0"], "--batch-size must be >= 1, got 0"),
+        (["--accum", "0"], "--accum must be >= 1, got 0"),
+        (["--amp", "x"], "--amp must be one of off, bf16, fp16, got 'x'"),
+        (["--amp", "fp16"], "--amp fp16 needs a CUDA device; on a CPU use --amp "),
+        (["--prefetch", "2"], "--prefetch needs --workers > 0 (PyTorch rejects it with 0 workers)"),
+        (["--workers", "1", "--prefetch", "0"], "--prefetch must be >= 1, got 0"),
+        (["--persistent-workers"], "--persistent-workers needs --workers > 0"),
+        (["--pin-memory"], "--pin-memory only helps host-to-GPU copies"),
+        (["--workload", "task_factories:good", "--channels-last"], "--channels-last: this workload's batches hold no 4-D"),
+        (["--set", "num_workers=0", "--prefetch", "2"], "--prefetch needs --set num_workers > 0"),
+        (["--set", "prefetch_factor=2"], "--set prefetch_factor needs --workers > 0"),
+        (["--set", "static_graph=true", "--accum", "2"], "--set static_graph does not work with --accum > 1"),
+        (["--set", "compile=reduce-overhead"], "--set compile=reduce-overhead uses CUDA graphs and needs a CUDA device; use --set compile=default"),
+    ],
+)
+def test_trial_setup_refusals_name_the_flags_typed(cache_dir, args: list[str], message: str) -> None:
+    shorthand = [] if "--workload" in args else ["--cache-dir", str(cache_dir), "--synthetic-images", "64"]
+    result = runner.invoke(app, ["trial", "--device", "cpu", *shorthand, *args])
+    assert result.exit_code == 2
+    assert message in _one_error_line(result.output)
+
+
 def test_a_refused_search_with_json_prints_an_object_naming_the_error(tmp_path, cache_dir) -> None:
     result = runner.invoke(app, ["search", "--json", "--device", "cpu", "--model", "resnet18", "--image-size", "32",
                                  "--effective-batch", "4096", "--cache-dir", str(cache_dir), "--synthetic-images", "64",
@@ -131,7 +157,7 @@ def test_refused_trial_and_status_with_json_print_an_object_naming_the_error(tmp
     trial = runner.invoke(app, ["trial", "--json", "--workers", "0", "--prefetch", "2", "--device", "cpu"])
     assert trial.exit_code == 2
     said = json.loads(trial.stdout)
-    assert said["status"] is None and said["samples_per_s"] is None and "prefetch_factor needs num_workers > 0" in said["error"]
+    assert said["status"] is None and said["samples_per_s"] is None and "--prefetch needs --workers > 0" in said["error"]
     assert said["error"] in _one_error_line(trial.stderr)  # the same line, and still on stderr
     status = runner.invoke(app, ["status", str(tmp_path), "--json"])
     assert status.exit_code == 1
@@ -155,7 +181,7 @@ def test_trial_refuses_bf16_on_a_cpu_without_it(cache_dir, monkeypatch) -> None:
     result = runner.invoke(app, ["trial", "--amp", "bf16", "--device", "cpu", "--cache-dir", str(cache_dir),
                                  "--synthetic-images", "64"])
     assert result.exit_code == 2
-    assert "no native bf16" in _one_error_line(result.output) and "amp=off" in _one_error_line(result.output)
+    assert "--amp bf16: this CPU has no native bf16" in _one_error_line(result.output) and "use --amp off" in _one_error_line(result.output)
 
 
 @pytest.mark.slow

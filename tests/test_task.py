@@ -208,7 +208,7 @@ def test_a_stream_that_every_worker_yields_whole_gets_one_worker_at_most() -> No
         build_space(device=CPU, calibration=calibration, usable_cores=4, effective_batch=None,
                     constraints={"num_workers": parse_constraint("num_workers=2")}, workload=copies, image_input=False)
     refused = cli.invoke(app, ["trial", "--workload", "task_factories:iterable", "--workers", "2", "--device", "cpu"])
-    assert refused.exit_code == 2 and "every worker would yield every item" in refused.output
+    assert refused.exit_code == 2 and "--workers 2: this IterableDataset" in refused.output and "every worker would yield every item" in refused.output
     other = calibrate(sharded, CPU, usable_cores=4, available_bytes=2**34, max_memory=None, trial_seconds=3.0,
                       bf16_ok=False, runner=FakeRunner())
     assert other.max_workers > 1
