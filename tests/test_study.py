@@ -184,3 +184,38 @@ def test_status_names_a_running_trials_role_and_how_long_it_has_run(tmp_path: Pa
     assert running.seconds is not None and 0 <= running.seconds <= since + 1.0
     assert any(line.startswith(f"  running: #{trial.number} (defaults, ") and " s) on pid " in line for line in found.lines())
     assert found.to_dict()["running"][0]["role"] == ROLE_DEFAULTS
+
+
+def test_status_s_best_so_far_is_the_fastest_trial_the_stored_set_allows(tmp_path: Path) -> None:
+    from autotune.records import Workload
+    from autotune.tuner.config import SearchConfig
+    from autotune.tuner.constraints import parse_constraint
+    from autotune.tuner.identity import signature
+    from autotune.tuner.status import study_status
+
+    def told(study: SearchStudy, setup: TrainSetup, samples_per_s: float) -> None:
+        trial, role = study.ask()
+        result = TrialResult(status="ok", samples_per_s=samples_per_s, windows=(samples_per_s,))
+        study.record(trial, role, setup, result, reused_from=None)
+        study.tell(trial, result)
+
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    study = _open(tmp_path)
+    study.check_signature(signature(SearchConfig(model="resnet18", trials=3, constraints=("num_workers=1..2",)),
+                                    Workload(model="resnet18")))
+    study.enqueue(ROLE_DEFAULTS, {})
+    told(study, TrainSetup(), 300.0)  # the PyTorch defaults, 0 workers: the fastest, outside --set num_workers=1..2
+    alone = study_status(storage)
+    assert alone.best is not None and alone.best.number == 0 and alone.best_excluded_by == "--set num_workers=1..2"
+    assert "best so far: #0 " in " ".join(alone.lines()) and "(outside --set num_workers=1..2: no trial within it" in " ".join(alone.lines())
+    told(study, TrainSetup(num_workers=1), 200.0)
+    told(study, TrainSetup(num_workers=2), 250.0)
+    found = study_status(storage)
+    assert found.best is not None and found.best.number == 2 and found.best_excluded_by is None
+    assert any(line.startswith("best so far: #2 ") and line.endswith("250.0 samples/s") for line in found.lines())
+    assert found.to_dict()["best"]["number"] == 2 and found.to_dict()["best_excluded_by"] is None
+    # A study that stored each constraint's repr (earlier versions) reads the same; one without a signature shows the fastest.
+    study.study.set_user_attr("signature", {"constraints": [repr(parse_constraint("num_workers=1..2"))]})
+    assert study_status(storage).best.number == 2
+    study.study.set_user_attr("signature", None)
+    assert study_status(storage).best.number == 0

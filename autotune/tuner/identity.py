@@ -8,9 +8,10 @@ import re
 from typing import Any
 
 from autotune.devices import DeviceInfo
+from autotune.errors import UsageError
 from autotune.records import Workload
 from autotune.tuner.config import SearchConfig
-from autotune.tuner.constraints import Constraint
+from autotune.tuner.constraints import Constraint, merge_constraints, parse_constraint
 from autotune.tuner.space import SPACE_VERSION
 
 
@@ -78,6 +79,25 @@ def _as_set(entry: Any) -> Any:
         return str(Constraint(found["knob"], **parts))
     except (ValueError, SyntaxError):
         return entry
+
+
+def stored_constraints(signature: Any) -> dict[str, Constraint] | None:
+    """The ``--set`` constraints of a stored search signature, by knob.
+
+    Args:
+        signature: What a study stores of its search (:func:`signature`).
+
+    Returns:
+        The constraints (empty: no ``--set``), or None where the study stores none that
+        this version can read (no signature, or an entry it cannot parse).
+    """
+    entries = signature.get("constraints") if isinstance(signature, dict) else None
+    if not isinstance(entries, list) or not all(isinstance(entry, str) for entry in entries):
+        return None
+    try:
+        return merge_constraints(parse_constraint(_as_set(entry)) for entry in entries)
+    except UsageError:
+        return None
 
 
 #: Signature keys that studies of earlier versions did not store: such a study resumes without them.

@@ -12,8 +12,10 @@ from optuna.trial import TrialState
 from autotune.output.best import Best
 from autotune.records import TrialRecord
 from autotune.tuner.budget import STUDY_BUDGET, counted
+from autotune.tuner.constraints import excluding
+from autotune.tuner.identity import stored_constraints
 from autotune.tuner.lock import Holder
-from autotune.tuner.study import ATTR_MARKER, ATTR_ROLE, ATTR_WORKER, ROLE_SEARCH, STUDY_HOLDER, SearchStudy
+from autotune.tuner.study import ATTR_MARKER, ATTR_ROLE, ATTR_WORKER, ROLE_SEARCH, STUDY_HOLDER, STUDY_SIGNATURE, SearchStudy
 from autotune.tuner.study_report import kept_winner, published_winner, run_by_workers
 from autotune.tuner.workers import confirm_marker
 
@@ -46,7 +48,9 @@ class StudyStatus:
         finished: Trials that count toward the budget.
         failed: Failed trials (crashed workers, interruptions; not the election markers).
         running: Trials running now.
-        best: The fastest finished trial so far.
+        best: The fastest finished trial so far that the search's ``--set`` allows (the PyTorch defaults it
+            excludes are its baseline only), or the fastest of all while no trial within it measured a throughput.
+        best_excluded_by: The ``--set`` values ``best`` lies outside (that fallback), as the user wrote them.
         winner: The confirmed winner, once a worker stored it.
         winner_by: The worker that confirmed it and the directory it wrote to.
         confirming: A search that may still store a winner holds the study (a shared
@@ -73,6 +77,7 @@ class StudyStatus:
     infeasible: int = 0
     infeasible_kinds: tuple[str, ...] = ()
     shared: bool = False
+    best_excluded_by: str | None = None
 
     def lines(self) -> list[str]:
         """The status in plain lines."""
@@ -86,7 +91,8 @@ class StudyStatus:
         lines += [f"  left running by a search that died: #{r.number} ({r.worker}); the next run marks it failed"
                   for r in self.running if r.gone]
         if self.best is not None and self.best.result.samples_per_s:
-            lines.append(f"best so far: #{self.best.number} {self.best.setup.describe()}: {self.best.result.samples_per_s:.1f} samples/s")
+            outside = f" (outside {self.best_excluded_by}: no trial within it measured a throughput yet)" if self.best_excluded_by else ""
+            lines.append(f"best so far: #{self.best.number} {self.best.setup.describe()}: {self.best.result.samples_per_s:.1f} samples/s{outside}")
         if self.winner is not None:
             speedup = f", {self.winner.speedup:.2f}x the PyTorch defaults" if self.winner.speedup else ""
             lines.append(f"winner: {self.winner.setup.describe()}: {self.winner.samples_per_s:.1f} samples/s{speedup}")
@@ -112,6 +118,7 @@ class StudyStatus:
             "running": [{"number": r.number, "worker": r.worker, "gone": r.gone, "role": r.role, "seconds": r.seconds}
                         for r in self.running],
             "best": self.best.to_dict() if self.best else None,
+            "best_excluded_by": self.best_excluded_by,
             "winner": self.winner.to_dict() if self.winner else None,
             "winner_by": self.winner_by,
         }
@@ -142,6 +149,10 @@ def study_status(storage: str, study: str | None = None, out: Path | None = None
                                    seconds=max(0.0, time.time() - started) if started is not None else None))
     records = found.records()
     feasible = [r for r in records if r.result.ok and r.result.samples_per_s]
+    # The search's --set: the PyTorch defaults it excludes were measured as the baseline, never a winner.
+    constraints = stored_constraints(attrs.get(STUDY_SIGNATURE)) or {}
+    allowed = [r for r in feasible if excluding(constraints, r.setup) is None]
+    fastest = max(allowed or feasible, key=lambda r: r.result.samples_per_s or 0.0, default=None)
     # Among the trials the budget counts: a setup that could not run (free) is not one of the "N finished".
     unmeasured = [r for r in records if not r.result.ok and r.result.status != "pruned" and not r.free]
     lone = not run_by_workers(trials)
@@ -163,7 +174,8 @@ def study_status(storage: str, study: str | None = None, out: Path | None = None
         finished=counted(trials, attrs.get(STUDY_BUDGET)),
         failed=sum(t.state == TrialState.FAIL and ATTR_MARKER not in t.user_attrs for t in trials),
         running=tuple(running),
-        best=max(feasible, key=lambda r: r.result.samples_per_s or 0.0, default=None),
+        best=fastest,
+        best_excluded_by=excluding(constraints, fastest.setup) if fastest is not None else None,
         winner=winner,
         winner_by=winner_by,
         # A shared study is being confirmed while a worker that entered the election for its budget lives.
