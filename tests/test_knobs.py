@@ -223,10 +223,10 @@ def test_gpu_space_offers_cudnn_tf32_and_gpu_decode_where_they_work() -> None:
 @pytest.mark.parametrize(
     ("device", "workload", "text", "match"),
     [
-        (CPU, None, "tf32=true", "tf32 needs a CUDA device"),
-        (CPU, None, "cudnn_benchmark=true", "cudnn_benchmark needs a CUDA device"),
-        (CPU, None, "decode=gpu", "decode=gpu needs a CUDA device"),
-        (CPU, None, "compile=reduce-overhead", "needs a CUDA device"),
+        (CPU, None, "tf32=true", "^--set tf32 needs a CUDA device"),
+        (CPU, None, "cudnn_benchmark=true", "^--set cudnn_benchmark needs a CUDA device"),
+        (CPU, None, "decode=gpu", "^--set decode=gpu needs a CUDA device"),
+        (CPU, None, "compile=reduce-overhead", "^--set compile=reduce-overhead uses CUDA graphs .* use --set compile=default$"),
         (T4, None, "tf32=true", "no TF32 tensor cores"),
         (A100, Workload(model="m:f", device="cuda:0", task="m:f", fixed_shapes=False), "cudnn_benchmark=true", "change shape"),
         (A100, Workload(model="m:f", device="cuda:0", task="m:f"), "decode=gpu", "not to a Task"),
