@@ -56,13 +56,13 @@ class Confirmed:
 
 @dataclass(frozen=True)
 class Ceilings:
-    """The winner's setup trained, computed alone and loaded alone, one run each, back to back.
+    """The winner's setup computed alone and loaded alone, one run each right after its confirmation, and its real loop.
 
     Attributes:
-        together: Samples/s of the real loop.
+        together: Samples/s of the real loop: the winner's median in the confirmation rounds.
         compute: Samples/s with one batch already on the device (no loader).
         loader: Samples/s of the DataLoader alone (no model).
-        data_wait_fraction: Share of the real loop's time blocked on the loader.
+        data_wait_fraction: Share of the real loop's time blocked on the loader (in the winner's trial).
     """
 
     together: float | None

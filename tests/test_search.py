@@ -532,9 +532,15 @@ def test_the_verdict_compares_the_winner_with_its_own_ceilings(tmp_path, cache_d
         return fake_runner(setup, workload, options, on_window=on_window)
 
     outcome = search(config(tmp_path, cache_dir, trials=5), runner=recording)
-    assert modes[-3:] == ["train", "compute", "loader"]  # after confirmation, at the winner's setup
-    assert outcome.ceilings is not None and outcome.ceilings.compute == pytest.approx(2 * outcome.ceilings.together)
-    assert "at the winner's setup, same rounds" in outcome.verdict
+    # After the confirmation, at the winner's setup: computing and loading alone, two runs (training is its confirmed median).
+    assert modes[-2:] == ["compute", "loader"]
+    with_ceilings = list(modes)
+    modes.clear()
+    search(config(tmp_path / "without", cache_dir, trials=5, ceilings=False), runner=recording)
+    assert len(with_ceilings) == len(modes) + 2
+    assert outcome.ceilings is not None and outcome.ceilings.together == outcome.best.samples_per_s
+    assert outcome.ceilings.compute == pytest.approx(2 * outcome.ceilings.together)
+    assert "at the winner's setup: compute alone" in outcome.verdict and "its confirmed median" in outcome.verdict
     assert json.loads(json.dumps(outcome.to_dict()))["ceilings"]["loader"] > 0
 
 
@@ -558,7 +564,7 @@ def test_the_ceilings_can_be_skipped(tmp_path, cache_dir) -> None:
         return fake_runner(setup, workload, options, on_window=on_window)
 
     outcome = search(config(tmp_path, cache_dir, trials=3, ceilings=False), runner=recording)
-    assert outcome.ceilings is None and "same rounds" not in outcome.verdict
+    assert outcome.ceilings is None and "its confirmed median" not in outcome.verdict
     assert modes[-1] == "train"  # the confirmation was the last thing measured
 
 

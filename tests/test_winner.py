@@ -364,13 +364,13 @@ def test_a_winner_whose_steps_leave_much_of_a_small_dataset_out_says_so() -> Non
 
 
 def test_the_winners_own_ceilings_below_its_speed_name_no_limit_whatever_its_wait() -> None:
-    """Measured like for like in the same rounds, compute alone at 6772 against 42342 together: no side is named."""
+    """Measured like for like, compute alone at 6772 against 42342 together: no side is named."""
     from autotune.rounds import Ceilings
 
     best = _best([_confirmed(MID, (42342.0,))])
     said = bottleneck_verdict(best, _calibration(1000.0, 1000.0), [_record(2, MID, 42342.0, wait=0.38)], CPU,
                               Ceilings(together=42342.0, compute=6772.0, loader=117205.0, data_wait_fraction=0.38))
-    assert said.startswith("unclear: training measured faster than computing alone (at the winner's setup, same rounds")
+    assert said.startswith("unclear: training measured faster than computing alone (at the winner's setup: compute alone 6772")
     assert said.endswith("the steps are too short or too noisy to compare.")
 
 

@@ -120,17 +120,17 @@ def _winner(data: ReportInput) -> tuple[float | None, str, float | None]:
 def ceiling_bars(data: ReportInput) -> list[tuple[str, float, str, str]]:
     """(label, samples/s, kind, what) per bar of the ceilings plot; kind: ceiling, achieved or defaults.
 
-    The winner's own ceilings (measured beside it in one round) when the search
+    The winner's own ceilings (measured right after its confirmation rounds) when the search
     measured them, else the calibration's (measured at a probe setup before the search).
     """
     achieved, label, defaults = _winner(data)
     bars: list[tuple[str, float, str, str]] = []
     own, cal = data.ceilings, data.calibration
     if own is not None and own.compute and own.loader:
-        bars.append(("compute alone\n(winner's setup)", own.compute, "ceiling", "the winner's model step, one batch in memory, same round"))
-        bars.append(("loader alone\n(winner's setup)", own.loader, "ceiling", "the winner's DataLoader, no model, same round"))
+        bars.append(("compute alone\n(winner's setup)", own.compute, "ceiling", "the winner's model step, one batch in memory, after the rounds"))
+        bars.append(("loader alone\n(winner's setup)", own.loader, "ceiling", "the winner's DataLoader, no model, after the rounds"))
         if own.together:
-            bars.append(("together\n(same round)", own.together, "achieved", "the winner's real loop in that round"))
+            bars.append(("together\n(confirmed)", own.together, "achieved", "the winner's real loop, its median in the rounds just before"))
     elif cal is not None:
         if cal.compute_samples_per_s:
             setup = cal.compute_setup.describe()

@@ -268,18 +268,16 @@ def pick_candidates(records: Sequence[TrialRecord], defaults: TrainSetup, top: i
     return candidates
 
 
-def measure_ceilings(setup: TrainSetup, workload: Workload, options: TrialOptions, *, runner: TrialRunner = run_trial) -> Ceilings:
-    """The winner's setup in its three modes, one run each in a row (train, compute, loader).
+def measure_ceilings(setup: TrainSetup, workload: Workload, options: TrialOptions, *, together: float | None,
+                     wait: float | None, runner: TrialRunner = run_trial) -> Ceilings:
+    """The winner's setup computing alone and loading alone, one run each in a row, right after its confirmation.
 
     The bottleneck verdict then compares like with like: the compute-only
     and loader-only rates at the winner's batch, precision, layout and
-    workers, measured beside the real loop. A mode that fails has no figure.
+    workers, beside ``together``, its real loop's median in the rounds just
+    measured (a fourth run of it would say the same), and ``wait``, the share
+    of its trial's time it waited on the loader. A mode that fails has no figure.
     """
-    rates: dict[str, float | None] = {}
-    wait = None
-    for mode in ("train", "compute", "loader"):
-        result = runner(setup, workload, replace(options, mode=mode))
-        rates[mode] = result.samples_per_s if result.ok else None
-        if mode == "train" and result.ok:
-            wait = result.data_wait_fraction
-    return Ceilings(rates["train"], rates["compute"], rates["loader"], wait)
+    rates = {mode: runner(setup, workload, replace(options, mode=mode)) for mode in ("compute", "loader")}
+    compute, loader = (rates[mode].samples_per_s if rates[mode].ok else None for mode in ("compute", "loader"))
+    return Ceilings(together, compute, loader, wait)

@@ -336,16 +336,19 @@ def confirm_finalists(
 
 
 def with_ceilings(outcome: SearchOutcome, prepared: Prepared, options: TrialOptions, runner: TrialRunner) -> SearchOutcome:
-    """Measure the winner training, computing alone and loading alone in one round; redo the verdict with them.
+    """Measure the winner computing alone and loading alone; redo the verdict with them beside its confirmed median.
 
     Raises:
         KeyboardInterrupt: Ctrl-C or SIGTERM; best.json and train.py are already written.
     """
-    assert outcome.best is not None
+    best = outcome.best
+    assert best is not None
+    trial = max((r for r in outcome.records if r.setup == best.setup and r.result.ok), key=lambda r: r.result.samples_per_s or 0.0, default=None)
     short = replace(options, trial_seconds=max(1.0, options.trial_seconds / 2), windows=3)
     with sigterm_as_interrupt():
-        ceilings = measure_ceilings(outcome.best.setup, prepared.workload, short, runner=runner)
-    verdict = bottleneck_verdict(outcome.best, outcome.calibration, list(outcome.records), prepared.device, ceilings)
+        ceilings = measure_ceilings(best.setup, prepared.workload, short, together=best.samples_per_s,
+                                    wait=trial.result.data_wait_fraction if trial else None, runner=runner)
+    verdict = bottleneck_verdict(best, outcome.calibration, list(outcome.records), prepared.device, ceilings)
     return replace(outcome, ceilings=ceilings, verdict=verdict)
 
 

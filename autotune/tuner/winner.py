@@ -239,17 +239,17 @@ def bottleneck_verdict(
 ) -> str:
     """Which side limits training: the loader, the device, or both sharing CPUs.
 
-    With ``ceilings`` (the winner's own setup measured computing alone,
-    loading alone and training, in the same rounds) like is compared with
-    like; without them the calibration's ceilings stand in, measured at a
-    probe batch and precision.
+    With ``ceilings`` (the winner's own setup measured computing alone and
+    loading alone right after its confirmation rounds, beside its median
+    there) like is compared with like; without them the calibration's
+    ceilings stand in, measured at a probe batch and precision.
     """
     if ceilings is not None and ceilings.together and ceilings.compute and ceilings.loader:
         compute, loader, together = ceilings.compute, ceilings.loader, ceilings.together
         wait = ceilings.data_wait_fraction
         facts = (
-            f"at the winner's setup, same rounds: compute alone {compute:.0f} samples/s; "
-            f"loader alone {loader:.0f} samples/s; together {together:.0f} samples/s"
+            f"at the winner's setup: compute alone {compute:.0f} samples/s; loader alone {loader:.0f} samples/s, "
+            f"both right after the confirmation; together {together:.0f} samples/s, its confirmed median"
         )
     else:
         winner = next((r for r in records if r.setup == best.setup and r.result.ok), None)
