@@ -356,3 +356,56 @@ def test_the_progress_total_is_the_runs_still_possible_and_the_last_line_reads_n
     assert seen[3] == (4, 4 + 3 * 4)  # round 1 whole: the twin (0.47x) stops, the other three may run 4 more
     assert seen[-1] == (len(order), len(order)) == (7, 7)
     assert all(total >= done for done, total in seen)
+
+
+def test_a_twin_whose_sibling_pair_already_answered_does_not_run() -> None:
+    """A real confirmation's first round (resnet18, 64 px, 2026-12-03): three bf16 finalists at batch 512 differing only
+    in loader knobs, each waiting on the loader under 1 % of the time; the first twin ran 0.67x its finalist. The other
+    two twins would ask the same question of the same training step: they do not run, and their finalists say why.
+    A finalist that waits on the loader, or that trains another step (channels_last), still meets its own twin."""
+    from autotune.tuner.confirm import TWIN
+
+    defaults = TrainSetup(batch_size=32)
+    first = TrainSetup(batch_size=512, num_workers=1, prefetch_factor=5, persistent_workers=True, amp="bf16", optimizer_impl="fused")
+    second, third = first.replace(num_workers=2, prefetch_factor=2), first.replace(num_workers=2, prefetch_factor=1)
+    finalists = [first, second, third]
+
+    def pool(members: list[TrainSetup]) -> list[Candidate]:
+        named = [Candidate(s.to_json(), s, f"#{i}") for i, s in enumerate(members)]
+        twins = [Candidate(s.replace(amp="off").to_json(), s.replace(amp="off"), f"{i}{TWIN}", twin=True) for i, s in enumerate(members)]
+        return [*named, *twins, Candidate(defaults.to_json(), defaults, "defaults")]
+
+    def run(members: list[TrainSetup], rates: dict[TrainSetup, list[float]], waits: dict[TrainSetup, float]):
+        ran: list[TrainSetup] = []
+
+        def runner(setup, workload, options=None, *, on_window=None) -> TrialResult:
+            ran.append(setup)
+            return TrialResult(status="ok", samples_per_s=rates[setup][min(ran.count(setup), len(rates[setup])) - 1],
+                               data_wait_fraction=waits.get(setup, 0.001))
+
+        result = confirm(pool(members), WORKLOAD, TrialOptions(), rounds=4, known={}, store=lambda *a: None, runner=runner,
+                         baseline=defaults.to_json())
+        return ran, result
+
+    rates = {first: [274.1, 248.2], second: [245.7, 257.2], third: [278.5, 274.2], first.replace(amp="off"): [184.0],
+             second.replace(amp="off"): [181.7], third.replace(amp="off"): [179.0], defaults: [157.3, 170.5]}
+    ran, result = run(finalists, rates, {defaults: 0.23})
+    assert ran[:5] == [first, second, third, first.replace(amp="off"), defaults]
+    assert second.replace(amp="off") not in ran and third.replace(amp="off") not in ran
+    assert [c.candidate.setup for c in result] == [first, second, third, first.replace(amp="off"), defaults]
+    assert result[0].candidate.no_twin is None
+    assert result[1].candidate.no_twin == result[2].candidate.no_twin == (
+        "the twin of #0 (the same training step, other loader knobs) ran at most 0.67x that finalist, "
+        "and both waited on the loader at most 5% of the time")
+    ran, _ = run(finalists, rates, {defaults: 0.23, third: 0.3})  # the third waits on its loader: float32 may hide there
+    assert third.replace(amp="off") in ran and second.replace(amp="off") not in ran
+    close = {**rates, first.replace(amp="off"): [233.0, 220.0]}  # 0.85x: not far enough behind to answer for the others
+    ran, _ = run(finalists, close, {defaults: 0.23})
+    assert first.replace(amp="off") in ran and second.replace(amp="off") in ran  # the second pair (0.74x) answers
+    assert third.replace(amp="off") not in ran
+    ran, _ = run(finalists, {**close, second.replace(amp="off"): [226.0, 236.0]}, {defaults: 0.23})
+    assert {s.replace(amp="off") for s in finalists} <= set(ran)
+    other_step = [first, second, third.replace(channels_last=True)]
+    rates[other_step[2]], rates[other_step[2].replace(amp="off")] = [278.5, 274.2], [215.0]
+    ran, _ = run(other_step, rates, {defaults: 0.23})
+    assert other_step[2].replace(amp="off") in ran and second.replace(amp="off") not in ran

@@ -82,8 +82,11 @@ def confirm(
     stop once none is left, at the latest after ``rounds`` rounds. Before
     ``min_rounds``, an fp32 twin no trial ran (:data:`TWIN`) below
     :data:`CLEARLY_SLOWER` times the leader and its own finalist in every
-    paired round so far stops already; a lone candidate stops once it
-    measured (nothing to rank it against). The
+    paired round so far stops already, and one not measured yet does not
+    run once a sibling pair answers for it (the same training step with
+    other loader knobs, both compute-bound, its twin that far behind:
+    :func:`_settled_by_siblings`; the finalist's ``no_twin`` then says so);
+    a lone candidate stops once it measured (nothing to rank it against). The
     ``baseline`` candidate (the defaults, whose key it is) stops only once
     every other candidate still measured beats it, so whichever wins in the
     end has paired rounds against it, and while the leader's paired ratios
@@ -94,16 +97,19 @@ def confirm(
     the missing ones run. ``store`` is called after every measurement so none
     is lost.
     """
+    pool = list(candidates)  # a finalist whose twin a sibling pair settles is marked there (Candidate.no_twin)
     values = {c.key: list(known.get(c.key, ([], []))[0]) for c in candidates}
     failures = {c.key: list(known.get(c.key, ([], []))[1]) for c in candidates}
     peaks: dict[str, int] = {}
+    waits: dict[str, float] = {}  # the highest share of a run spent waiting on the loader, per candidate (this process's runs)
+    foregone: set[str] = set()
     planned, done = lone_rounds(len(candidates), rounds), 0
 
     def runs(key: str) -> int:
         return len(values[key]) + len(failures[key])
 
     def results() -> list[Confirmed]:
-        return [Confirmed(c, tuple(values[c.key]), tuple(failures[c.key]), peaks.get(c.key)) for c in candidates]
+        return [Confirmed(c, tuple(values[c.key]), tuple(failures[c.key]), peaks.get(c.key)) for c in pool if c.key not in foregone]
 
     def settle(next_round: int, active: set[str]) -> set[str]:
         """Who runs in round ``next_round``, from the rounds so far (nobody: the confirmation ends)."""
@@ -119,23 +125,71 @@ def confirm(
 
     active = settle(0, {c.key for c in candidates})
     for round_index in range(rounds):
-        queue = [c for c in candidates if c.key in active and runs(c.key) <= round_index]
+        queue = [c.key for c in pool if c.key in active and runs(c.key) <= round_index]
         if not queue:
             active = settle(round_index + 1, active)
-        for position, candidate in enumerate(queue, 1):
+        for position, key in enumerate(queue):
+            if key not in active:  # a twin a sibling pair settled meanwhile
+                continue
+            candidate = next(c for c in pool if c.key == key)
             result = runner(candidate.setup, workload, options)
             if result.ok and result.samples_per_s is not None:
-                values[candidate.key].append(result.samples_per_s)
+                values[key].append(result.samples_per_s)
                 if result.peak_memory_bytes:
-                    peaks[candidate.key] = max(peaks.get(candidate.key, 0), result.peak_memory_bytes)
+                    peaks[key] = max(peaks.get(key, 0), result.peak_memory_bytes)
+                if result.data_wait_fraction is not None:
+                    waits[key] = max(waits.get(key, 0.0), result.data_wait_fraction)
             else:
-                failures[candidate.key].append(f"{result.status}: {result.error}")
-            store(candidate.key, values[candidate.key], failures[candidate.key])
+                failures[key].append(f"{result.status}: {result.error}")
+            store(key, values[key], failures[key])
             done += 1
-            if position == len(queue):  # the round is whole: who runs next is known before the last line is shown
+            for twin, finalists in _settled_by_siblings(results(), active, waits).items():
+                active.discard(twin)
+                foregone.add(twin)
+                pool = [replace(c, no_twin=finalists[c.key]) if c.key in finalists else c for c in pool]
+            if not active.intersection(queue[position + 1:]):  # the round is whole: who runs next is known before the line shows
                 active = settle(round_index + 1, active)
             on_measure(done, at_most(active), candidate, result)
     return results()
+
+
+def _step(setup: TrainSetup) -> TrainSetup:
+    """``setup`` with its loader knobs at their defaults: the training step it runs."""
+    return setup.replace(num_workers=0, prefetch_factor=None, pin_memory=False, persistent_workers=False)
+
+
+def _settled_by_siblings(confirmed: Sequence[Confirmed], active: set[str], waits: dict[str, float]) -> dict[str, dict[str, str]]:
+    """The twins no trial ran, not measured yet, whose every finalist a measured sibling pair already answers; per twin,
+    why each of its finalists needs it no more.
+
+    A sibling pair is another finalist with the same training step (only loader knobs differ, :func:`_step`) and its
+    twin, measured below :data:`CLEARLY_SLOWER` times that finalist in every paired round. When both finalists waited
+    on the loader at most :data:`COMPUTE_BOUND` of every run, the step is the loop's limit in both, and the same float32
+    step would be as much slower in this one.
+    """
+    found: dict[str, dict[str, str]] = {}
+    for twin in confirmed:
+        key = twin.candidate.key
+        if not twin.candidate.twin or key not in active or twin.values or twin.failures:
+            continue
+        own = [c for c in confirmed if c.candidate.setup.amp != "off" and c.candidate.setup.replace(amp="off") == twin.candidate.setup]
+        reasons: dict[str, str] = {}
+        for finalist in own:
+            if waits.get(finalist.candidate.key, 1.0) > COMPUTE_BOUND:
+                continue
+            for sibling in confirmed:
+                pair = next((c for c in confirmed if c.values and c.candidate.setup == sibling.candidate.setup.replace(amp="off")), None)
+                if sibling is finalist or pair is None or _step(sibling.candidate.setup) != _step(finalist.candidate.setup):
+                    continue
+                ratios = paired_ratios(pair, sibling)
+                if ratios and max(ratios) < CLEARLY_SLOWER and waits.get(sibling.candidate.key, 1.0) <= COMPUTE_BOUND:
+                    reasons[finalist.candidate.key] = (
+                        f"the twin of {sibling.candidate.label} (the same training step, other loader knobs) ran at most "
+                        f"{max(ratios):.2f}x that finalist, and both waited on the loader at most {COMPUTE_BOUND:.0%} of the time")
+                    break
+        if own and len(reasons) == len(own):
+            found[key] = reasons
+    return found
 
 
 def _clearly_slower(confirmed: Sequence[Confirmed], active: set[str], baseline: str | None) -> set[str]:
