@@ -356,6 +356,13 @@ def test_the_progress_total_is_the_runs_still_possible_and_the_last_line_reads_n
     assert seen[3] == (4, 4 + 3 * 4)  # round 1 whole: the twin (0.47x) stops, the other three may run 4 more
     assert seen[-1] == (len(order), len(order)) == (7, 7)
     assert all(total >= done for done, total in seen)
+    seen.clear()
+    order.clear()
+    swapping = {16: [100.0, 90.0, 95.0], 64: [200.0, 215.0, 190.0], 128: [215.0, 200.0, 205.0]}  # within the noise: 3 rounds
+    confirm(candidates(), WORKLOAD, TrialOptions(), rounds=3, known={}, store=lambda *a: None, runner=_runner_with(swapping, order),
+            baseline=A.to_json(), on_measure=lambda done, total, *_: seen.append((done, total)))
+    assert order == [16, 64, 128, 16, 64, 128, 64, 128]
+    assert [total for _, total in seen] == [9, 9, 9, 9, 9, 8, 8, 8]  # never grows: the last round's runs are 2, then 1
 
 
 def test_a_twin_whose_sibling_pair_already_answered_does_not_run() -> None:
@@ -395,7 +402,7 @@ def test_a_twin_whose_sibling_pair_already_answered_does_not_run() -> None:
     assert [c.candidate.setup for c in result] == [first, second, third, first.replace(amp="off"), defaults]
     assert result[0].candidate.no_twin is None
     assert result[1].candidate.no_twin == result[2].candidate.no_twin == (
-        "the twin of #0 (the same training step, other loader knobs) ran at most 0.67x that finalist, "
+        "the twin of #0 (the same forward and backward pass) ran at most 0.67x that finalist, "
         "and both waited on the loader at most 5% of the time")
     ran, _ = run(finalists, rates, {defaults: 0.23, third: 0.3})  # the third waits on its loader: float32 may hide there
     assert third.replace(amp="off") in ran and second.replace(amp="off") not in ran
@@ -405,6 +412,12 @@ def test_a_twin_whose_sibling_pair_already_answered_does_not_run() -> None:
     assert third.replace(amp="off") not in ran
     ran, _ = run(finalists, {**close, second.replace(amp="off"): [226.0, 236.0]}, {defaults: 0.23})
     assert {s.replace(amp="off") for s in finalists} <= set(ran)
+    kernels = [first, second.replace(optimizer_impl="foreach"), third.replace(accumulation_steps=4)]  # the same pass
+    for setup, source in zip(kernels[1:], finalists[1:], strict=True):
+        rates[setup], rates[setup.replace(amp="off")] = rates[source], rates[source.replace(amp="off")]
+    ran, _ = run(kernels, rates, {defaults: 0.23})
+    assert ran[:5] == [*kernels, first.replace(amp="off"), defaults]
+    assert not {s.replace(amp="off") for s in kernels[1:]} & set(ran)
     other_step = [first, second, third.replace(channels_last=True)]
     rates[other_step[2]], rates[other_step[2].replace(amp="off")] = [278.5, 274.2], [215.0]
     ran, _ = run(other_step, rates, {defaults: 0.23})

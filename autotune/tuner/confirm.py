@@ -83,8 +83,8 @@ def confirm(
     ``min_rounds``, an fp32 twin no trial ran (:data:`TWIN`) below
     :data:`CLEARLY_SLOWER` times the leader and its own finalist in every
     paired round so far stops already, and one not measured yet does not
-    run once a sibling pair answers for it (the same training step with
-    other loader knobs, both compute-bound, its twin that far behind:
+    run once a sibling pair answers for it (the same forward and backward
+    pass with other loader knobs, both compute-bound, its twin that far behind:
     :func:`_settled_by_siblings`; the finalist's ``no_twin`` then says so);
     a lone candidate stops once it measured (nothing to rank it against). The
     ``baseline`` candidate (the defaults, whose key it is) stops only once
@@ -121,7 +121,8 @@ def confirm(
         return active - _clearly_slower(results(), active, baseline) if next_round > 0 else active
 
     def at_most(active: set[str]) -> int:  # the progress's total: the runs done and those still possible
-        return done + max(len(active), sum(max(0, planned - runs(key)) for key in active))
+        left = sum(max(0, planned - runs(key)) for key in active)
+        return done + (left or len(active))  # a lone candidate whose runs failed runs again
 
     active = settle(0, {c.key for c in candidates})
     for round_index in range(rounds):
@@ -153,19 +154,21 @@ def confirm(
     return results()
 
 
-def _step(setup: TrainSetup) -> TrainSetup:
-    """``setup`` with its loader knobs at their defaults: the training step it runs."""
-    return setup.replace(num_workers=0, prefetch_factor=None, pin_memory=False, persistent_workers=False)
+def _pass(setup: TrainSetup) -> TrainSetup:
+    """``setup`` with its loader and optimizer knobs at their defaults: the forward and backward pass it runs, which is
+    what autocast changes (the optimizer updates float32 weights either way, every ``accumulation_steps`` micro-batches)."""
+    return setup.replace(num_workers=0, prefetch_factor=None, pin_memory=False, persistent_workers=False, optimizer_impl=None,
+                         accumulation_steps=1)
 
 
 def _settled_by_siblings(confirmed: Sequence[Confirmed], active: set[str], waits: dict[str, float]) -> dict[str, dict[str, str]]:
     """The twins no trial ran, not measured yet, whose every finalist a measured sibling pair already answers; per twin,
     why each of its finalists needs it no more.
 
-    A sibling pair is another finalist with the same training step (only loader knobs differ, :func:`_step`) and its
-    twin, measured below :data:`CLEARLY_SLOWER` times that finalist in every paired round. When both finalists waited
-    on the loader at most :data:`COMPUTE_BOUND` of every run, the step is the loop's limit in both, and the same float32
-    step would be as much slower in this one.
+    A sibling pair is another finalist with the same forward and backward pass (only loader and optimizer knobs
+    differ, :func:`_pass`) and its twin, measured below :data:`CLEARLY_SLOWER` times that finalist in every paired
+    round. When both finalists waited on the loader at most :data:`COMPUTE_BOUND` of every run, the pass is the loop's
+    limit in both, and the same pass in float32 would be as much slower in this one.
     """
     found: dict[str, dict[str, str]] = {}
     for twin in confirmed:
@@ -179,12 +182,12 @@ def _settled_by_siblings(confirmed: Sequence[Confirmed], active: set[str], waits
                 continue
             for sibling in confirmed:
                 pair = next((c for c in confirmed if c.values and c.candidate.setup == sibling.candidate.setup.replace(amp="off")), None)
-                if sibling is finalist or pair is None or _step(sibling.candidate.setup) != _step(finalist.candidate.setup):
+                if sibling is finalist or pair is None or _pass(sibling.candidate.setup) != _pass(finalist.candidate.setup):
                     continue
                 ratios = paired_ratios(pair, sibling)
                 if ratios and max(ratios) < CLEARLY_SLOWER and waits.get(sibling.candidate.key, 1.0) <= COMPUTE_BOUND:
                     reasons[finalist.candidate.key] = (
-                        f"the twin of {sibling.candidate.label} (the same training step, other loader knobs) ran at most "
+                        f"the twin of {sibling.candidate.label} (the same forward and backward pass) ran at most "
                         f"{max(ratios):.2f}x that finalist, and both waited on the loader at most {COMPUTE_BOUND:.0%} of the time")
                     break
         if own and len(reasons) == len(own):
