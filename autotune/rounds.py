@@ -37,6 +37,7 @@ class Confirmed:
     values: tuple[float, ...]
     failures: tuple[str, ...]
     peak_bytes: int | None = None  # the highest peak memory of its runs in this process (not stored: None after a resume)
+    data_wait: float | None = None  # the highest share of a run it waited on the loader, in this process (not stored either)
 
     @property
     def median(self) -> float | None:

@@ -340,6 +340,30 @@ def test_no_fp32_twin_joins_a_compute_bound_finalist_whose_precision_the_calibra
     assert [c.setup for c in found] == [plain, plain.replace(amp="off"), defaults]
     unmeasured = pick_candidates([records[0], record(2, plain, 282.3, None)], defaults, top=1, fp32_twin=True, calibration=calibration)
     assert [c.setup for c in unmeasured] == [plain, plain.replace(amp="off"), defaults]
+    small = plain.replace(batch_size=32)  # below the probe batch: a CPU's bf16 units may idle there, the calibration says nothing
+    assert [c.setup for c in pick_candidates([records[0], record(2, small, 282.3)], defaults, top=1, fp32_twin=True,
+                                             calibration=calibration)] == [small, small.replace(amp="off"), defaults]
+    # A trial of the twin that finished is a measurement of it: it joins whatever the calibration said (0.99x here).
+    measured = [records[0], record(2, plain, 282.3), record(3, plain.replace(amp="off"), 280.0)]
+    found = pick_candidates(measured, defaults, top=1, fp32_twin=True, calibration=calibration)
+    assert [c.setup for c in found] == [plain, plain.replace(amp="off"), defaults] and found[0].no_twin is None
+
+
+def test_a_twin_shared_by_two_precisions_stays_unless_the_calibration_answers_for_both() -> None:
+    """bf16 and fp16 finalists with the same other knobs share one fp32 twin: it is left out only when the calibration
+    speaks for both (otherwise it runs, and neither finalist may claim it did not)."""
+    defaults = TrainSetup(batch_size=32)
+    bf16 = TrainSetup(batch_size=256, amp="bf16")
+    fp16 = bf16.replace(amp="fp16")
+    records = [TrialRecord(i, "search", s, TrialResult(status="ok", samples_per_s=r, data_wait_fraction=0.01))
+               for i, (s, r) in enumerate([(defaults, 100.0), (bf16, 300.0), (fp16, 290.0)])]
+    weak = _calibration({("off", False): 200.0, ("bf16", False): 320.0, ("fp16", False): 250.0})  # fp16 1.25x only
+    for order in (records, [records[0], records[2], records[1]]):
+        found = pick_candidates(order, defaults, top=2, fp32_twin=True, calibration=weak)
+        assert bf16.replace(amp="off") in [c.setup for c in found] and not any(c.no_twin for c in found)
+    strong = _calibration({("off", False): 200.0, ("bf16", False): 320.0, ("fp16", False): 300.0})
+    found = pick_candidates(records, defaults, top=2, fp32_twin=True, calibration=strong)
+    assert [c.setup for c in found] == [bf16, fp16, defaults] and all(c.no_twin for c in found[:2])
 
 
 def test_the_progress_total_is_the_runs_still_possible_and_the_last_line_reads_n_of_n() -> None:
@@ -403,7 +427,7 @@ def test_a_twin_whose_sibling_pair_already_answered_does_not_run() -> None:
     assert result[0].candidate.no_twin is None
     assert result[1].candidate.no_twin == result[2].candidate.no_twin == (
         "the twin of #0 (the same forward and backward pass) ran at most 0.67x that finalist, "
-        "and both waited on the loader at most 5% of the time")
+        "and both waited on the loader at most 5% of their runs until then")
     ran, _ = run(finalists, rates, {defaults: 0.23, third: 0.3})  # the third waits on its loader: float32 may hide there
     assert third.replace(amp="off") in ran and second.replace(amp="off") not in ran
     close = {**rates, first.replace(amp="off"): [233.0, 220.0]}  # 0.85x: not far enough behind to answer for the others
@@ -418,7 +442,51 @@ def test_a_twin_whose_sibling_pair_already_answered_does_not_run() -> None:
     ran, _ = run(kernels, rates, {defaults: 0.23})
     assert ran[:5] == [*kernels, first.replace(amp="off"), defaults]
     assert not {s.replace(amp="off") for s in kernels[1:]} & set(ran)
+    ran, result = run(finalists, rates, {defaults: 0.23, first: 0.001})
+    assert result[1].data_wait == 0.001  # the runs' wait, for the verdict beside the ceilings
     other_step = [first, second, third.replace(channels_last=True)]
     rates[other_step[2]], rates[other_step[2].replace(amp="off")] = [278.5, 274.2], [215.0]
     ran, _ = run(other_step, rates, {defaults: 0.23})
     assert other_step[2].replace(amp="off") in ran and second.replace(amp="off") not in ran
+
+
+def test_the_defaults_as_a_twin_always_run_they_are_the_baseline() -> None:
+    """The defaults join as the fp32 twin of a bf16 finalist with default knobs when their own trial did not finish; a
+    sibling pair may answer for that finalist's precision, but the defaults still run: the speedup needs them."""
+    from autotune.tuner.confirm import TWIN
+
+    defaults = TrainSetup()
+    first = defaults.replace(amp="bf16")
+    second = first.replace(optimizer_impl="foreach")
+    pool = [Candidate(first.to_json(), first, "#1"), Candidate(second.to_json(), second, "#2"),
+            Candidate(second.replace(amp="off").to_json(), second.replace(amp="off"), "twin" + TWIN, twin=True),
+            Candidate(defaults.to_json(), defaults, "defaults" + TWIN, twin=True)]
+    rates = {first: 300.0, second: 300.0, second.replace(amp="off"): 200.0, defaults: 200.0}
+    ran: list[TrainSetup] = []
+
+    def runner(setup, workload, options=None, *, on_window=None) -> TrialResult:
+        ran.append(setup)
+        return TrialResult(status="ok", samples_per_s=rates[setup], data_wait_fraction=0.0)
+
+    result = confirm(pool, WORKLOAD, TrialOptions(), rounds=3, known={}, store=lambda *a: None, runner=runner, baseline=defaults.to_json())
+    assert defaults in ran and defaults in [c.candidate.setup for c in result]
+
+
+def test_the_ceilings_train_once_more_only_when_the_rounds_give_no_median_or_wait() -> None:
+    """Beside the winner's confirmed median and wait, two runs (computing and loading alone); rounds of an earlier
+    process carry no wait (it is not stored), so a run trains it first, as an interrupted and resumed search needs."""
+    from autotune.tuner.confirm import measure_ceilings
+
+    modes: list[str] = []
+
+    def runner(setup, workload, options=None, *, on_window=None) -> TrialResult:
+        modes.append(options.mode)
+        return TrialResult(status="ok", samples_per_s={"train": 90.0, "compute": 300.0, "loader": 500.0}[options.mode],
+                           data_wait_fraction=0.4)
+
+    found = measure_ceilings(B, WORKLOAD, TrialOptions(), together=100.0, wait=0.02, runner=runner)
+    assert modes == ["compute", "loader"] and (found.together, found.compute, found.loader, found.data_wait_fraction) == (
+        100.0, 300.0, 500.0, 0.02)
+    modes.clear()
+    found = measure_ceilings(B, WORKLOAD, TrialOptions(), together=100.0, wait=None, runner=runner)
+    assert modes == ["train", "compute", "loader"] and (found.together, found.data_wait_fraction) == (100.0, 0.4)

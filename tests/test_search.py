@@ -539,6 +539,7 @@ def test_the_verdict_compares_the_winner_with_its_own_ceilings(tmp_path, cache_d
     search(config(tmp_path / "without", cache_dir, trials=5, ceilings=False), runner=recording)
     assert len(with_ceilings) == len(modes) + 2
     assert outcome.ceilings is not None and outcome.ceilings.together == outcome.best.samples_per_s
+    assert outcome.ceilings.data_wait_fraction == 0.1  # the wait of the winner's own confirmation runs
     assert outcome.ceilings.compute == pytest.approx(2 * outcome.ceilings.together)
     assert "at the winner's setup: compute alone" in outcome.verdict and "its confirmed median" in outcome.verdict
     assert json.loads(json.dumps(outcome.to_dict()))["ceilings"]["loader"] > 0

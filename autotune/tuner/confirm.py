@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-from autotune.records import Calibration, TrialOptions, TrialRecord, TrialResult, Workload
+from autotune.records import Calibration, Mode, TrialOptions, TrialRecord, TrialResult, Workload
 from autotune.rounds import Candidate, Ceilings, Confirmed
 from autotune.runner import TrialRunner, run_trial
 from autotune.train_setup import TrainSetup
@@ -109,7 +109,8 @@ def confirm(
         return len(values[key]) + len(failures[key])
 
     def results() -> list[Confirmed]:
-        return [Confirmed(c, tuple(values[c.key]), tuple(failures[c.key]), peaks.get(c.key)) for c in pool if c.key not in foregone]
+        return [Confirmed(c, tuple(values[c.key]), tuple(failures[c.key]), peaks.get(c.key), waits.get(c.key))
+                for c in pool if c.key not in foregone]
 
     def settle(next_round: int, active: set[str]) -> set[str]:
         """Who runs in round ``next_round``, from the rounds so far (nobody: the confirmation ends)."""
@@ -144,7 +145,7 @@ def confirm(
                 failures[key].append(f"{result.status}: {result.error}")
             store(key, values[key], failures[key])
             done += 1
-            for twin, finalists in _settled_by_siblings(results(), active, waits).items():
+            for twin, finalists in _settled_by_siblings(results(), active, waits, baseline).items():
                 active.discard(twin)
                 foregone.add(twin)
                 pool = [replace(c, no_twin=finalists[c.key]) if c.key in finalists else c for c in pool]
@@ -161,7 +162,8 @@ def _pass(setup: TrainSetup) -> TrainSetup:
                          accumulation_steps=1)
 
 
-def _settled_by_siblings(confirmed: Sequence[Confirmed], active: set[str], waits: dict[str, float]) -> dict[str, dict[str, str]]:
+def _settled_by_siblings(confirmed: Sequence[Confirmed], active: set[str], waits: dict[str, float],
+                         baseline: str | None) -> dict[str, dict[str, str]]:
     """The twins no trial ran, not measured yet, whose every finalist a measured sibling pair already answers; per twin,
     why each of its finalists needs it no more.
 
@@ -173,7 +175,7 @@ def _settled_by_siblings(confirmed: Sequence[Confirmed], active: set[str], waits
     found: dict[str, dict[str, str]] = {}
     for twin in confirmed:
         key = twin.candidate.key
-        if not twin.candidate.twin or key not in active or twin.values or twin.failures:
+        if not twin.candidate.twin or key not in active or twin.values or twin.failures or key == baseline:
             continue
         own = [c for c in confirmed if c.candidate.setup.amp != "off" and c.candidate.setup.replace(amp="off") == twin.candidate.setup]
         reasons: dict[str, str] = {}
@@ -188,7 +190,7 @@ def _settled_by_siblings(confirmed: Sequence[Confirmed], active: set[str], waits
                 if ratios and max(ratios) < CLEARLY_SLOWER and waits.get(sibling.candidate.key, 1.0) <= COMPUTE_BOUND:
                     reasons[finalist.candidate.key] = (
                         f"the twin of {sibling.candidate.label} (the same forward and backward pass) ran at most "
-                        f"{max(ratios):.2f}x that finalist, and both waited on the loader at most {COMPUTE_BOUND:.0%} of the time")
+                        f"{max(ratios):.2f}x that finalist, and both waited on the loader at most {COMPUTE_BOUND:.0%} of their runs until then")
                     break
         if own and len(reasons) == len(own):
             found[key] = reasons
@@ -247,10 +249,12 @@ def autocast_evident(record: TrialRecord, calibration: Calibration | None) -> st
     like at the probe batch), and its trial waited on the loader at most
     :data:`COMPUTE_BOUND` of its time: the float32 step, that much slower,
     would slow the loop as much. Eager setups without TF32 only (the
-    calibration measured neither compilation nor TF32).
+    calibration measured neither compilation nor TF32), at the probe batch
+    or a larger one (a small batch may leave a CPU's bf16 units idle).
     """
     setup, wait = record.setup, record.result.data_wait_fraction
-    if calibration is None or setup.amp == "off" or setup.compile != "off" or setup.tf32 or wait is None or wait > COMPUTE_BOUND:
+    if (calibration is None or setup.amp == "off" or setup.compile != "off" or setup.tf32 or setup.batch_size < calibration.probe_batch
+            or wait is None or wait > COMPUTE_BOUND):
         return None
     rates = {(p.amp, p.channels_last): p.samples_per_s for p in calibration.precisions if p.status == "ok" and p.samples_per_s}
     fast, slow = rates.get((setup.amp, setup.channels_last)), rates.get(("off", setup.channels_last))
@@ -280,7 +284,8 @@ def pick_candidates(records: Sequence[TrialRecord], defaults: TrainSetup, top: i
     none finished (stopped early as clearly slower, out of memory, failed):
     two more runs would only repeat that; nor does a twin join a finalist
     whose precision ``calibration`` already measured clearly faster where it
-    is compute-bound (:func:`autocast_evident`): it would stop after one round.
+    is compute-bound (:func:`autocast_evident`; every finalist sharing that
+    twin, and no trial of the twin finished): it would stop after one round.
 
     Args:
         records: The search's trials; those that measured a throughput compete.
@@ -304,17 +309,19 @@ def pick_candidates(records: Sequence[TrialRecord], defaults: TrainSetup, top: i
         candidates.append(Candidate(key, record.setup, finalist_label(same)))
         if len(candidates) == top:
             break
-    for index, finalist in enumerate(list(candidates) if fp32_twin else []):  # any of them may win: each must beat its twin
+    finalists = list(candidates)
+    for finalist in finalists if fp32_twin else []:  # any of them may win: each must beat its twin
         if finalist.setup.amp == "off":
             continue
         fp32 = finalist.setup.replace(amp="off")
         if fp32.to_json() in {c.key for c in candidates}:
             continue
-        evident = autocast_evident(by_setup[finalist.key][0], calibration)
-        if evident:
-            candidates[index] = replace(finalist, no_twin=evident)
-            continue
         ran = by_setup.get(fp32.to_json())
+        sharing = [c for c in finalists if c.setup.amp != "off" and c.setup.replace(amp="off") == fp32]  # bf16 and fp16 alike
+        evident = {c.key: autocast_evident(by_setup[c.key][0], calibration) for c in sharing}
+        if not ran and all(evident.values()):  # a trial of the twin that finished is a measurement: it joins
+            candidates = [replace(c, no_twin=evident[c.key]) if c.key in evident else c for c in candidates]
+            continue
         if ran:
             candidates.append(Candidate(fp32.to_json(), fp32, finalist_label(ran)))
         elif not any(r.setup == fp32 and r.result.status != "interrupted" for r in records):  # none finished: left out
@@ -325,16 +332,22 @@ def pick_candidates(records: Sequence[TrialRecord], defaults: TrainSetup, top: i
     return candidates
 
 
-def measure_ceilings(setup: TrainSetup, workload: Workload, options: TrialOptions, *, together: float | None,
-                     wait: float | None, runner: TrialRunner = run_trial) -> Ceilings:
+def measure_ceilings(setup: TrainSetup, workload: Workload, options: TrialOptions, *, together: float | None = None,
+                     wait: float | None = None, runner: TrialRunner = run_trial) -> Ceilings:
     """The winner's setup computing alone and loading alone, one run each in a row, right after its confirmation.
 
     The bottleneck verdict then compares like with like: the compute-only
     and loader-only rates at the winner's batch, precision, layout and
     workers, beside ``together``, its real loop's median in the rounds just
-    measured (a fourth run of it would say the same), and ``wait``, the share
-    of its trial's time it waited on the loader. A mode that fails has no figure.
+    measured (one more run of it would say the same), and ``wait``, the
+    highest share of those runs it waited on the loader. Without either
+    (rounds of an earlier process), one run trains it first and gives them.
+    A mode that fails has no figure.
     """
-    rates = {mode: runner(setup, workload, replace(options, mode=mode)) for mode in ("compute", "loader")}
-    compute, loader = (rates[mode].samples_per_s if rates[mode].ok else None for mode in ("compute", "loader"))
-    return Ceilings(together, compute, loader, wait)
+    modes: tuple[Mode, ...] = ("compute", "loader") if together is not None and wait is not None else ("train", "compute", "loader")
+    results = {mode: runner(setup, workload, replace(options, mode=mode)) for mode in modes}
+    rates = {mode: result.samples_per_s if result.ok else None for mode, result in results.items()}
+    if "train" in results:
+        together = together if together is not None else rates["train"]
+        wait = wait if wait is not None else results["train"].data_wait_fraction if results["train"].ok else None
+    return Ceilings(together, rates["compute"], rates["loader"], wait)

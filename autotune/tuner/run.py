@@ -343,11 +343,11 @@ def with_ceilings(outcome: SearchOutcome, prepared: Prepared, options: TrialOpti
     """
     best = outcome.best
     assert best is not None
-    trial = max((r for r in outcome.records if r.setup == best.setup and r.result.ok), key=lambda r: r.result.samples_per_s or 0.0, default=None)
+    rounds = next((c for c in outcome.confirmed if c.candidate.setup == best.setup and c.median is not None), None)
     short = replace(options, trial_seconds=max(1.0, options.trial_seconds / 2), windows=3)
     with sigterm_as_interrupt():
-        ceilings = measure_ceilings(best.setup, prepared.workload, short, together=best.samples_per_s,
-                                    wait=trial.result.data_wait_fraction if trial else None, runner=runner)
+        ceilings = measure_ceilings(best.setup, prepared.workload, short, together=rounds.median if rounds else None,
+                                    wait=rounds.data_wait if rounds else None, runner=runner)
     verdict = bottleneck_verdict(best, outcome.calibration, list(outcome.records), prepared.device, ceilings)
     return replace(outcome, ceilings=ceilings, verdict=verdict)
 

@@ -249,7 +249,8 @@ def bottleneck_verdict(
         wait = ceilings.data_wait_fraction
         facts = (
             f"at the winner's setup: compute alone {compute:.0f} samples/s; loader alone {loader:.0f} samples/s, "
-            f"both right after the confirmation; together {together:.0f} samples/s, its confirmed median"
+            f"both right after the confirmation; together {together:.0f} samples/s, "
+            f"{'its confirmed median' if best.confirmed else 'one run beside them'}"
         )
     else:
         winner = next((r for r in records if r.setup == best.setup and r.result.ok), None)
