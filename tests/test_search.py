@@ -592,3 +592,23 @@ def test_repeats_do_not_use_up_the_budget_and_a_converged_sampler_still_ends(tmp
     rows = list(csv.DictReader((tmp_path / "out" / "trials.csv").open()))
     assert len(rows) == 16 and sum(bool(r["reused_from"]) for r in rows) == 11
     assert f"(same setup as #{free[0].reused_from}: not run again, not counted)" in buffer.getvalue()
+
+
+def test_the_report_s_best_so_far_passes_over_defaults_the_set_excludes(tmp_path, cache_dir) -> None:
+    """With --set num_workers=1 the defaults (no workers) are the baseline only: when they run fastest, the history's
+    best-so-far line and table start at the first trial within the --set, as best.json and `autotune status` do."""
+
+    def defaults_fastest(setup, workload, options=None, *, on_window=None):
+        if options.mode == "train" and setup.num_workers == 0 and setup.batch_size == 32:
+            return TrialResult(status="ok", samples_per_s=5000.0, windows=(5000.0,), data_wait_fraction=0.1)
+        return fake_runner(setup, workload, options, on_window=on_window)
+
+    outcome = search(config(tmp_path, cache_dir, trials=3, constraints=(parse_constraint("num_workers=1"),)), runner=defaults_fastest)
+    assert outcome.best.setup.num_workers == 1
+    html = (tmp_path / "out" / "report.html").read_text()
+    table = html[html.index("<caption>trials</caption>"):]
+    rows = [re.findall(r"<td>(.*?)</td>", row) for row in re.findall(r"<tr>(.*?)</tr>", table[: table.index("</table>")])]
+    rows = [r for r in rows if r]
+    assert rows[0][1] == "defaults" and rows[0][4] == "5000.0" and rows[0][5] == "-"
+    allowed = max(float(r[4]) for r in rows[1:] if r[3] == "ok")
+    assert rows[-1][5] == f"{allowed:.1f}" and allowed < 5000.0

@@ -55,8 +55,9 @@ def plotted_rate(record: TrialRecord) -> float:
     return 0.0
 
 
-def history(records: Sequence[TrialRecord]) -> Figure:
-    """Samples/s per trial in order, the best so far, one marker per status."""
+def history(records: Sequence[TrialRecord], baseline_only: frozenset[int] = frozenset()) -> Figure:
+    """Samples/s per trial in order, the best so far (never a ``baseline_only`` trial: ``--set`` excludes it), one
+    marker per status."""
     fig = Figure(figsize=(8.5, 4.2))
     ax = fig.add_subplot()
     ordered = sorted(records, key=lambda r: r.number)
@@ -66,7 +67,7 @@ def history(records: Sequence[TrialRecord]) -> Figure:
             ax.scatter([p[0] for p in points], [p[1] for p in points], marker=marker, color=colour, s=46, label=f"{status} ({len(points)})", zorder=3)
     best, line = 0.0, []
     for r in ordered:
-        if r.result.ok:
+        if r.result.ok and r.number not in baseline_only:
             best = max(best, r.result.samples_per_s or 0.0)
         line.append((r.number, best))
     if line:

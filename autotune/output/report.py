@@ -129,7 +129,7 @@ def render_report(data: ReportInput) -> tuple[str, dict[str, bytes]]:
     records = data.records
     sections = [
         summary_section(data, plots),
-        history_section(records, plots),
+        history_section(records, plots, data.baseline_only),
         batch_section(records, data.calibration, plots),
         loader_section(records, data.calibration, plots),
         importance_section(records, plots),

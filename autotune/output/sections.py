@@ -38,9 +38,11 @@ class ReportInput:
         study: Study name.
         storage: Storage URL.
         status: One line on the state of the search (finished, interrupted, running).
-        ceilings: The winner's own setup computing alone, loading alone and
-            training, measured in one round after the confirmation (None when
-            not measured: the calibration's ceilings stand in).
+        ceilings: The winner's own setup computing alone and loading alone,
+            measured right after the confirmation, beside its confirmed median
+            (None when not measured: the calibration's ceilings stand in).
+        baseline_only: Trials whose setup the search's ``--set`` excludes (the
+            PyTorch defaults it measured as the baseline): never the best so far.
     """
 
     records: tuple[TrialRecord, ...]
@@ -54,6 +56,7 @@ class ReportInput:
     time_complete: bool = True
     status: str = "finished"
     ceilings: Ceilings | None = None
+    baseline_only: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -112,7 +115,7 @@ def _winner(data: ReportInput) -> tuple[float | None, str, float | None]:
     ok = [r for r in data.records if r.result.ok and r.result.samples_per_s]
     if not ok:
         return None, "", None
-    top = max(ok, key=lambda r: r.result.samples_per_s or 0.0)
+    top = max([r for r in ok if r.number not in data.baseline_only] or ok, key=lambda r: r.result.samples_per_s or 0.0)
     defaults = next((r.result.samples_per_s for r in ok if r.role == "defaults"), None)
     return top.result.samples_per_s, f"best trial so far\n(#{top.number}, unconfirmed)", defaults
 
@@ -164,11 +167,11 @@ def summary_section(data: ReportInput, plots: ModuleType | None) -> Section:
     )
 
 
-def history_section(records: Sequence[TrialRecord], plots: ModuleType | None) -> Section:
-    """Samples/s per trial in order with the best so far."""
+def history_section(records: Sequence[TrialRecord], plots: ModuleType | None, baseline_only: frozenset[int] = frozenset()) -> Section:
+    """Samples/s per trial in order with the best so far (of the trials the ``--set`` allows: not ``baseline_only``)."""
     rows, best = [], 0.0
     for r in sorted(records, key=lambda r: r.number):
-        if r.result.ok:
+        if r.result.ok and r.number not in baseline_only:
             best = max(best, r.result.samples_per_s or 0.0)
         reused = f"same setup as #{r.reused_from}" if r.reused_from is not None else ""
         rows.append((str(r.number), r.role, r.setup.describe(), r.result.status, _rate(r.result.samples_per_s),
@@ -180,7 +183,7 @@ def history_section(records: Sequence[TrialRecord], plots: ModuleType | None) ->
         "were stopped; oom, timeout and error trials sit at 0. Each marker is a single run under the machine's load of "
         "its moment (a resumed search's trials come from several runs, and a trial interrupted by Ctrl-C leaves a gap "
         "in the numbers): the confirmation rounds below compare setups under the same load.",
-        _draw(plots, "history", records) if records else None,
+        _draw(plots, "history", records, baseline_only) if records else None,
         (Table("trials", ("#", "role", "setup", "status", "samples/s", "best so far", "note"), tuple(rows)),),
         alt="scatter of samples/s per trial with a best-so-far line",
     )

@@ -26,6 +26,8 @@ from autotune.train_setup import TrainSetup
 from autotune.tuner.budget import STUDY_BUDGET
 from autotune.tuner.config import SearchOutcome
 from autotune.tuner.confirm import TWIN, finalist_label
+from autotune.tuner.constraints import excluding
+from autotune.tuner.identity import stored_constraints
 from autotune.tuner.signals import interrupts_held
 from autotune.tuner.stores import Rounds
 from autotune.tuner.study import ATTR_WORKER, STUDY_SIGNATURE, STUDY_WINNER, SearchStudy
@@ -81,8 +83,15 @@ def report_search(
         storage=study.storage,
         status=status,
         ceilings=outcome.ceilings if outcome else None,
+        baseline_only=baseline_only(study, records),
     )
     return write_search_report(study, out, data, log), spent
+
+
+def baseline_only(study: SearchStudy, records: Sequence[TrialRecord]) -> frozenset[int]:
+    """The trials whose setup the study's stored ``--set`` excludes: the PyTorch defaults it measured as the baseline."""
+    constraints = stored_constraints(study.study.user_attrs.get(STUDY_SIGNATURE)) or {}
+    return frozenset(r.number for r in records if excluding(constraints, r.setup) is not None)
 
 
 def kept_winner(out: Path, study: SearchStudy, records: list[TrialRecord]) -> Best | None:
@@ -230,5 +239,6 @@ def report_study(out: Path, *, storage: str | None = None, study: str | None = N
         storage=stored.storage,  # the password hidden
         time_complete=spent is not None,
         status=status,
+        baseline_only=baseline_only(stored, records),
     )
     return write_report(out, data)
