@@ -155,6 +155,11 @@ def confirm(
     return results()
 
 
+def autocasts_as(setup: TrainSetup, twin: TrainSetup) -> bool:
+    """Whether ``setup`` is in reduced precision and ``twin`` is the same setup in float32 (bf16 and fp16 share one twin)."""
+    return setup.amp != "off" and setup.replace(amp="off") == twin
+
+
 def _pass(setup: TrainSetup) -> TrainSetup:
     """``setup`` with its loader and optimizer knobs at their defaults: the forward and backward pass it runs, which is
     what autocast changes (the optimizer updates float32 weights either way, every ``accumulation_steps`` micro-batches)."""
@@ -177,17 +182,18 @@ def _settled_by_siblings(confirmed: Sequence[Confirmed], active: set[str], waits
         key = twin.candidate.key
         if not twin.candidate.twin or key not in active or twin.values or twin.failures or key == baseline:
             continue
-        own = [c for c in confirmed if c.candidate.setup.amp != "off" and c.candidate.setup.replace(amp="off") == twin.candidate.setup]
+        own = [c for c in confirmed if autocasts_as(c.candidate.setup, twin.candidate.setup)]
         reasons: dict[str, str] = {}
         for finalist in own:
             if waits.get(finalist.candidate.key, 1.0) > COMPUTE_BOUND:
                 continue
             for sibling in confirmed:
-                pair = next((c for c in confirmed if c.values and c.candidate.setup == sibling.candidate.setup.replace(amp="off")), None)
-                if sibling is finalist or pair is None or _pass(sibling.candidate.setup) != _pass(finalist.candidate.setup):
+                if (sibling is finalist or _pass(sibling.candidate.setup) != _pass(finalist.candidate.setup)
+                        or waits.get(sibling.candidate.key, 1.0) > COMPUTE_BOUND):
                     continue
-                ratios = paired_ratios(pair, sibling)
-                if ratios and max(ratios) < CLEARLY_SLOWER and waits.get(sibling.candidate.key, 1.0) <= COMPUTE_BOUND:
+                pair = next((c for c in confirmed if c.values and autocasts_as(sibling.candidate.setup, c.candidate.setup)), None)
+                ratios = paired_ratios(pair, sibling) if pair is not None else []
+                if ratios and max(ratios) < CLEARLY_SLOWER:
                     reasons[finalist.candidate.key] = (
                         f"the twin of {sibling.candidate.label} (the same forward and backward pass) ran at most "
                         f"{max(ratios):.2f}x that finalist, and both waited on the loader at most {COMPUTE_BOUND:.0%} of their runs until then")
@@ -208,7 +214,7 @@ def _clearly_slower(confirmed: Sequence[Confirmed], active: set[str], baseline: 
     for other in measured:
         if other is top or not other.candidate.twin or other.candidate.key == baseline:
             continue
-        own = [c for c in measured if c.candidate.setup.amp != "off" and c.candidate.setup.replace(amp="off") == other.candidate.setup]
+        own = [c for c in measured if autocasts_as(c.candidate.setup, other.candidate.setup)]
         ratios = [ratio for against in (top, *own) for ratio in paired_ratios(other, against)]
         if ratios and max(ratios) < CLEARLY_SLOWER:
             slower.add(other.candidate.key)
@@ -317,7 +323,7 @@ def pick_candidates(records: Sequence[TrialRecord], defaults: TrainSetup, top: i
         if fp32.to_json() in {c.key for c in candidates}:
             continue
         ran = by_setup.get(fp32.to_json())
-        sharing = [c for c in finalists if c.setup.amp != "off" and c.setup.replace(amp="off") == fp32]  # bf16 and fp16 alike
+        sharing = [c for c in finalists if autocasts_as(c.setup, fp32)]
         evident = {c.key: autocast_evident(by_setup[c.key][0], calibration) for c in sharing}
         if not ran and all(evident.values()):  # a trial of the twin that finished is a measurement: it joins
             candidates = [replace(c, no_twin=evident[c.key]) if c.key in evident else c for c in candidates]
