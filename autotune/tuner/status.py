@@ -13,10 +13,9 @@ from autotune.output.best import Best
 from autotune.records import TrialRecord
 from autotune.tuner.budget import STUDY_BUDGET, counted
 from autotune.tuner.constraints import excluding
-from autotune.tuner.identity import stored_constraints
 from autotune.tuner.lock import Holder
-from autotune.tuner.study import ATTR_MARKER, ATTR_ROLE, ATTR_WORKER, ROLE_SEARCH, STUDY_HOLDER, STUDY_SIGNATURE, SearchStudy
-from autotune.tuner.study_report import kept_winner, published_winner, run_by_workers
+from autotune.tuner.study import ATTR_MARKER, ATTR_ROLE, ATTR_WORKER, ROLE_SEARCH, STUDY_HOLDER, SearchStudy
+from autotune.tuner.study_report import kept_winner, published_winner, run_by_workers, stored_set
 from autotune.tuner.workers import confirm_marker
 
 
@@ -150,7 +149,7 @@ def study_status(storage: str, study: str | None = None, out: Path | None = None
     records = found.records()
     feasible = [r for r in records if r.result.ok and r.result.samples_per_s]
     # The search's --set: the PyTorch defaults it excludes were measured as the baseline, never a winner.
-    constraints = stored_constraints(attrs.get(STUDY_SIGNATURE)) or {}
+    constraints = stored_set(found)
     allowed = [r for r in feasible if excluding(constraints, r.setup) is None]
     fastest = max(allowed or feasible, key=lambda r: r.result.samples_per_s or 0.0, default=None)
     # Among the trials the budget counts: a setup that could not run (free) is not one of the "N finished".

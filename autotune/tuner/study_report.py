@@ -26,7 +26,7 @@ from autotune.train_setup import TrainSetup
 from autotune.tuner.budget import STUDY_BUDGET
 from autotune.tuner.config import SearchOutcome
 from autotune.tuner.confirm import TWIN, finalist_label
-from autotune.tuner.constraints import excluding
+from autotune.tuner.constraints import Constraint, excluding
 from autotune.tuner.identity import stored_constraints
 from autotune.tuner.signals import interrupts_held
 from autotune.tuner.stores import Rounds
@@ -88,9 +88,14 @@ def report_search(
     return write_search_report(study, out, data, log), spent
 
 
+def stored_set(study: SearchStudy) -> dict[str, Constraint]:
+    """The search's ``--set`` constraints as the study stored them in its signature (none: none stored or readable)."""
+    return stored_constraints(study.study.user_attrs.get(STUDY_SIGNATURE)) or {}
+
+
 def baseline_only(study: SearchStudy, records: Sequence[TrialRecord]) -> frozenset[int]:
     """The trials whose setup the study's stored ``--set`` excludes: the PyTorch defaults it measured as the baseline."""
-    constraints = stored_constraints(study.study.user_attrs.get(STUDY_SIGNATURE)) or {}
+    constraints = stored_set(study)
     return frozenset(r.number for r in records if excluding(constraints, r.setup) is not None)
 
 
