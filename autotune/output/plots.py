@@ -55,9 +55,9 @@ def plotted_rate(record: TrialRecord) -> float:
     return 0.0
 
 
-def history(records: Sequence[TrialRecord], baseline_only: frozenset[int] = frozenset()) -> Figure:
-    """Samples/s per trial in order, the best so far (never a ``baseline_only`` trial: ``--set`` excludes it), one
-    marker per status."""
+def history(records: Sequence[TrialRecord], best: Sequence[float]) -> Figure:
+    """Samples/s per trial in order, one marker per status, and ``best``, the best so far at each of them in that order
+    (:func:`autotune.output.sections.best_so_far`)."""
     fig = Figure(figsize=(8.5, 4.2))
     ax = fig.add_subplot()
     ordered = sorted(records, key=lambda r: r.number)
@@ -65,11 +65,7 @@ def history(records: Sequence[TrialRecord], baseline_only: frozenset[int] = froz
         points = [(r.number, plotted_rate(r)) for r in ordered if r.result.status == status]
         if points:
             ax.scatter([p[0] for p in points], [p[1] for p in points], marker=marker, color=colour, s=46, label=f"{status} ({len(points)})", zorder=3)
-    best, line = 0.0, []
-    for r in ordered:
-        if r.result.ok and r.number not in baseline_only:
-            best = max(best, r.result.samples_per_s or 0.0)
-        line.append((r.number, best))
+    line = list(zip((r.number for r in ordered), best, strict=True))
     if line:
         ax.step([p[0] for p in line], [p[1] for p in line], where="post", color="#1f4e79", linewidth=1.6, label="best so far", zorder=2)
     defaults = [r for r in ordered if r.role == "defaults" and r.result.ok]

@@ -167,12 +167,21 @@ def summary_section(data: ReportInput, plots: ModuleType | None) -> Section:
     )
 
 
-def history_section(records: Sequence[TrialRecord], plots: ModuleType | None, baseline_only: frozenset[int] = frozenset()) -> Section:
-    """Samples/s per trial in order with the best so far (of the trials the ``--set`` allows: not ``baseline_only``)."""
-    rows, best = [], 0.0
+def best_so_far(records: Sequence[TrialRecord], baseline_only: frozenset[int] = frozenset()) -> list[tuple[TrialRecord, float]]:
+    """Each trial in the order it ran with the best feasible samples/s up to it (0 before any), never that of a
+    ``baseline_only`` trial (one the search's ``--set`` excludes): the history's line and its table."""
+    best, line = 0.0, []
     for r in sorted(records, key=lambda r: r.number):
         if r.result.ok and r.number not in baseline_only:
             best = max(best, r.result.samples_per_s or 0.0)
+        line.append((r, best))
+    return line
+
+
+def history_section(records: Sequence[TrialRecord], plots: ModuleType | None, baseline_only: frozenset[int] = frozenset()) -> Section:
+    """Samples/s per trial in order with the best so far (of the trials the ``--set`` allows: not ``baseline_only``)."""
+    rows, line = [], best_so_far(records, baseline_only)
+    for r, best in line:
         reused = f"same setup as #{r.reused_from}" if r.reused_from is not None else ""
         rows.append((str(r.number), r.role, r.setup.describe(), r.result.status, _rate(r.result.samples_per_s),
                      _rate(best or None), r.result.error or reused))
@@ -183,7 +192,7 @@ def history_section(records: Sequence[TrialRecord], plots: ModuleType | None, ba
         "were stopped; oom, timeout and error trials sit at 0. Each marker is a single run under the machine's load of "
         "its moment (a resumed search's trials come from several runs, and a trial interrupted by Ctrl-C leaves a gap "
         "in the numbers): the confirmation rounds below compare setups under the same load.",
-        _draw(plots, "history", records, baseline_only) if records else None,
+        _draw(plots, "history", [r for r, _ in line], [best for _, best in line]) if records else None,
         (Table("trials", ("#", "role", "setup", "status", "samples/s", "best so far", "note"), tuple(rows)),),
         alt="scatter of samples/s per trial with a best-so-far line",
     )
