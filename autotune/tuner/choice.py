@@ -173,7 +173,6 @@ def _prefer_within_noise(
     return keeper
 
 
-
 def _margin_text(a: Confirmed, b: Confirmed) -> str:
     found = margin(a, b)
     return found.describe() if found is not None else "no shared round"
