@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import json
-import re
 from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -12,7 +11,7 @@ from typing import Any, TypeVar
 import typer
 
 from autotune.errors import AutotuneError, SetupError
-from autotune.train_setup import KNOBS
+from autotune.flag_terms import in_flag_terms
 from probes.hardware import address_space_note
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -70,34 +69,12 @@ TRIAL_FLAGS: dict[str, str] = {
     "persistent_workers": "--persistent-workers", "batch_size": "--batch-size", "accumulation_steps": "--accum",
     "amp": "--amp", "channels_last": "--channels-last",
 }
-# A knob's name as a setup refusal writes it, bare or as KNOB=VALUE; not inside another word, a quoted value or torch.compile.
-_KNOB = re.compile(r"(?<![\w.'\"=-])(" + "|".join(KNOBS) + r")(?:=([^\s;:,)]+))?(?![\w=-])")
-
-
-def in_flag_terms(error: SetupError, pinned: Collection[str]) -> SetupError:
-    """``error`` naming the ``autotune trial`` flags that set the knobs it names.
-
-    ``num_workers must be >= 0`` becomes ``--workers must be >= 0``, ``amp=fp16`` becomes ``--amp fp16``; a knob
-    pinned with ``--set`` (or without a flag of its own) reads ``--set KNOB`` or ``--set KNOB=VALUE``.
-
-    Args:
-        error: The refusal, worded for the :class:`~autotune.train_setup.TrainSetup`'s knobs.
-        pinned: The knobs the command line set with ``--set``.
-    """
-
-    def named(found: re.Match[str]) -> str:
-        knob, value = found.group(1), found.group(2)
-        if knob in TRIAL_FLAGS and knob not in pinned:
-            return TRIAL_FLAGS[knob] if value is None else f"{TRIAL_FLAGS[knob]} {value}"
-        return f"--set {knob}" if value is None else f"--set {knob}={value}"
-
-    message = _KNOB.sub(named, str(error))
-    return error if message == str(error) else type(error)(message)
 
 
 @contextmanager
 def trial_flags_named(pinned: Collection[str]) -> Iterator[None]:
-    """Within it, a :class:`~autotune.errors.SetupError` names the flags the user typed (:func:`in_flag_terms`).
+    """Within it, a :class:`~autotune.errors.SetupError` names the flags the user typed
+    (:func:`autotune.flag_terms.in_flag_terms` with :data:`TRIAL_FLAGS`).
 
     Args:
         pinned: The knobs the command line set with ``--set``.
@@ -105,7 +82,7 @@ def trial_flags_named(pinned: Collection[str]) -> Iterator[None]:
     try:
         yield
     except SetupError as error:
-        translated = in_flag_terms(error, pinned)
+        translated = in_flag_terms(error, pinned, TRIAL_FLAGS)
         if translated is error:
             raise
         raise translated from error

@@ -20,7 +20,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("autotune._version", "autotune.errors", "autotune.files", "autotune.units", "autotune.devices", "autotune.redact", "autotune.teardown",
      "autotune.nested", "autotune.torch_knobs", "autotune.setup_checks"),
     ("autotune.train_setup",),
-    ("autotune.records", "autotune.rounds", "autotune.time_spent"),
+    ("autotune.records", "autotune.rounds", "autotune.time_spent", "autotune.flag_terms"),
     ("autotune.workloads",),
     ("autotune.runner",),
     ("autotune.output",),

@@ -7,13 +7,13 @@ the result to the values the probe and calibration allow.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from autotune.devices import DeviceInfo
 from autotune.errors import SetupError, UsageError
+from autotune.flag_terms import in_flag_terms
 from autotune.torch_knobs import COMPILE_MODES, DECODES, OPTIMIZER_IMPLS
 from autotune.train_setup import AMP_MODES, KNOBS, TrainSetup
 
@@ -246,7 +246,7 @@ def check_constraints(constraints: dict[str, Constraint], device: DeviceInfo) ->
             try:
                 TrainSetup(**{knob: value}).check_device(device.name, bf16_supported=device.bf16, tf32_supported=device.tf32)
             except SetupError as error:  # worded for the setup's knobs: the user typed --set KNOB=VALUE
-                raise SetupError(re.sub(rf"(?<![\w-])({knob})(?=[=\s:])", r"--set \1", str(error))) from None
+                raise in_flag_terms(error, KNOBS) from None
 
 
 def check_effective_batch(
