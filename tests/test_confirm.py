@@ -223,6 +223,47 @@ def test_finalists_equal_within_the_floor_do_not_need_more_rounds() -> None:
     assert order == [16, 64, 128] * 2
 
 
+def test_a_finalist_behind_the_leader_in_every_round_stops_when_the_rounds_left_cannot_lift_its_median() -> None:
+    """Within the noise floor of the leader (neither beaten nor equal) but slower in all of 3 paired rounds with one
+    left: the last round cannot lift its median paired ratio to 1, so it does not run (the same math as the leader,
+    which no rule of the winner's choice prefers). With 3 rounds left, or fewer than 3 lost, it runs on."""
+    lead, close, slow = (TrainSetup(batch_size=64, num_workers=w) for w in (1, 2, 0))  # one pass, other loader knobs
+    finalists = [Candidate(s.to_json(), s, f"w={s.num_workers}") for s in (slow, lead, close)]
+    rates = {0: [150.0], 1: [200.0, 210.0, 200.0, 200.0], 2: [198.0, 201.0, 196.0, 208.0]}
+
+    def run(rounds: int, values: dict[int, list[float]] = rates) -> list[int]:
+        order: list[int] = []
+
+        def runner(setup, workload, options=None, *, on_window=None) -> TrialResult:
+            order.append(setup.num_workers)
+            got = values[setup.num_workers]
+            return TrialResult(status="ok", samples_per_s=got[min(len(got) - 1, order.count(setup.num_workers) - 1)])
+
+        confirm(finalists, WORKLOAD, TrialOptions(), rounds=rounds, known={}, store=lambda *a: None, runner=runner)
+        return order
+
+    assert run(4) == [0, 1, 2] * 2 + [1, 2]  # 0.99x, 0.96x, 0.98x: three rounds lost, one left
+    assert run(6)[6:10] == [1, 2] * 2  # three lost, three left: it runs a fourth round (and wins it)
+    won_one = {**rates, 2: [190.0, 214.0, 196.0, 196.0]}  # 1.02x in round 2
+    assert run(4, won_one) == [0, 1, 2] * 2 + [1, 2] * 2
+
+
+def test_a_finalist_behind_in_every_round_runs_on_where_the_winner_s_rules_may_still_prefer_it() -> None:
+    """The same rounds, the runner-up in float32 behind a bf16 leader: a fourth round could make the leader beat it
+    beyond the noise, else the fp32 one is returned (reduced precision must win beyond noise); it runs on."""
+    lead, fp32 = TrainSetup(batch_size=64, amp="bf16"), TrainSetup(batch_size=64)
+    finalists = [Candidate(s.to_json(), s, s.amp) for s in (lead, fp32)]
+    rates = {"bf16": [200.0, 210.0, 200.0, 200.0], "off": [198.0, 201.0, 196.0, 208.0]}
+    order: list[str] = []
+
+    def runner(setup, workload, options=None, *, on_window=None) -> TrialResult:
+        order.append(setup.amp)
+        return TrialResult(status="ok", samples_per_s=rates[setup.amp][order.count(setup.amp) - 1])
+
+    confirm(finalists, WORKLOAD, TrialOptions(), rounds=4, known={}, store=lambda *a: None, runner=runner)
+    assert order == ["bf16", "off"] * 4
+
+
 def test_the_confirmation_line_says_its_rounds_plainly() -> None:
     from autotune.tuner.confirm import confirmation_plan
 

@@ -33,6 +33,14 @@ def batch_change(setup: TrainSetup, reference: int) -> float:
     return abs(math.log(setup.effective_batch() / reference))
 
 
+def never_preferred(setup: TrainSetup, over: TrainSetup) -> bool:
+    """Whether no rule of :func:`choose_winner` can return ``setup`` instead of ``over`` when ``over`` leads within the
+    noise: the same effective batch (the math and batch rules tie), autocast where ``over`` autocasts and compiled
+    where it is compiled (the rules return a setup free of a cost the leader carries, never one with more)."""
+    return (setup.effective_batch() == over.effective_batch() and (over.amp == "off" or setup.amp != "off")
+            and (over.compile == "off" or setup.compile != "off"))
+
+
 def choose_winner(
     measured: list[Confirmed], default_key: str, reference: int, excluded_by: str | None = None
 ) -> tuple[Confirmed, list[str]]:

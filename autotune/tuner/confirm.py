@@ -16,7 +16,8 @@ from autotune.records import Calibration, Mode, TrialOptions, TrialRecord, Trial
 from autotune.rounds import Candidate, Ceilings, Confirmed
 from autotune.runner import TrialRunner, run_trial
 from autotune.train_setup import TrainSetup
-from autotune.tuner.noise import NOISE_FLOOR, beats, disagree, leader, paired_ratios, resolved
+from autotune.tuner.choice import never_preferred
+from autotune.tuner.noise import NOISE_FLOOR, beats, behind_throughout, disagree, leader, paired_ratios, resolved
 from autotune.tuner.study import ROLE_DEFAULTS
 
 Store = Callable[[str, list[float], list[str]], None]
@@ -117,7 +118,7 @@ def confirm(
         if next_round >= rounds or (len(candidates) == 1 and values[candidates[0].key]):
             return set()
         if next_round >= min(min_rounds, rounds):
-            active = _unresolved(results(), active, baseline)
+            active = _unresolved(results(), active, baseline, rounds - next_round)
             return active if len(active) > 1 else set()
         return active - _clearly_slower(results(), active, baseline) if next_round > 0 else active
 
@@ -221,13 +222,19 @@ def _clearly_slower(confirmed: Sequence[Confirmed], active: set[str], baseline: 
     return slower
 
 
-def _unresolved(confirmed: Sequence[Confirmed], active: set[str], baseline: str | None) -> set[str]:
-    """The leader and the still-measured candidates it neither beats nor equals yet (one that never measured is dropped)."""
+def _unresolved(confirmed: Sequence[Confirmed], active: set[str], baseline: str | None, left: int) -> set[str]:
+    """The leader and the still-measured candidates it neither beats nor equals yet (one that never measured is dropped),
+    but those behind it in every paired round, more than the ``left`` rounds to run, that the choice's rules would never
+    prefer to it (:func:`~autotune.tuner.noise.behind_throughout`, :func:`~autotune.tuner.choice.never_preferred`)."""
     measured = [c for c in confirmed if c.candidate.key in active]
     top = leader(measured)
     if top is None:
         return active
-    keep = {c.candidate.key for c in measured if c is top or (c.median is not None and not resolved(top, c))}
+
+    def settled(other: Confirmed) -> bool:
+        return resolved(top, other) or (behind_throughout(top, other, left) and never_preferred(other.candidate.setup, top.candidate.setup))
+
+    keep = {c.candidate.key for c in measured if c is top or (c.median is not None and not settled(c))}
     base = next((c for c in measured if c.candidate.key == baseline), None)
     if base is not None and base.median is not None and (
         not all(beats(c, base) for c in measured if c.candidate.key in keep - {baseline}) or disagree(top, base)

@@ -14,6 +14,12 @@ Two rules decide, both on the paired ratios of ``a`` over ``b``:
   four (a round with a load spike on one side must not undo a clear gain);
 * ``a`` and ``b`` are *equivalent* when every paired ratio lies within
   :data:`NOISE_FLOOR` of 1: which one wins makes no difference worth a round.
+
+A third rule says when more rounds are not worth running although neither
+holds: ``b`` was *behind throughout* when it was slower than ``a`` in every
+paired round, in more rounds than are left to run (and at least
+:data:`BEHIND_ROUNDS`): whatever the rounds left measure, the median of its
+paired ratios over ``a`` stays below 1.
 """
 
 from __future__ import annotations
@@ -79,6 +85,18 @@ def leader(confirmed: Sequence[Confirmed]) -> Confirmed | None:
     """The candidate with the highest median, or None when none measured."""
     measured = [c for c in confirmed if c.median is not None]
     return max(measured, key=lambda c: c.median or 0.0) if measured else None
+
+
+#: Fewest paired rounds, all lost, that end a setup's rounds by :func:`behind_throughout` (3 of 3 by chance: 1 in 8).
+BEHIND_ROUNDS = 3
+
+
+def behind_throughout(top: Confirmed, other: Confirmed, left: int) -> bool:
+    """Whether ``other`` was slower than ``top`` in every paired round, at least :data:`BEHIND_ROUNDS` of them and more
+    than the ``left`` rounds still to run: even if it is faster in all of those, most of its paired ratios over ``top``
+    stay below 1, and so does their median."""
+    ratios = paired_ratios(other, top)
+    return len(ratios) >= max(BEHIND_ROUNDS, left + 1) and max(ratios) < 1.0
 
 
 def resolved(top: Confirmed, other: Confirmed) -> bool:
