@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from autotune.records import TrialOptions, TrialRecord, TrialResult, Workload
@@ -277,6 +279,14 @@ def test_the_confirmation_line_says_its_rounds_plainly() -> None:
     assert confirmation_plan(four[:3], 3.0, 4).endswith("(2 to 4 rounds; a setup stops once the leader beats or equals it)")
     assert "1 setup in interleaved rounds of 0.5 s (1 round;" in confirmation_plan(four[:1], 0.5, 1)  # not "(2 to 1"
     assert "(2 rounds;" in confirmation_plan(four[:2], 5.0, 2)
+    # Two bf16 finalists with the same pass (other loader knobs), each with its twin: a sibling pair may settle one twin.
+    bf16 = [TrainSetup(batch_size=64, amp="bf16", num_workers=w) for w in (1, 2)]
+    pairs = [Candidate(s.to_json(), s, str(s.num_workers)) for s in bf16]
+    pairs += [Candidate(s.replace(amp="off").to_json(), s.replace(amp="off"), "twin", twin=True) for s in bf16]
+    assert confirmation_plan(pairs, 5.0, 4).startswith("confirmation: 3 to 4 setups in interleaved rounds of 5 s")  # one twin runs
+    assert confirmation_plan([pairs[0], pairs[2]], 5.0, 4).startswith("confirmation: 2 setups")
+    ran = [*pairs[:3], replace(pairs[3], twin=False)]  # the second twin is a finalist itself (a trial ran it): it answers
+    assert confirmation_plan(ran, 5.0, 4).startswith("confirmation: 3 to 4 setups")
 
 
 def test_a_pair_s_median_margin_is_the_same_read_from_either_side() -> None:

@@ -43,15 +43,28 @@ COMPUTE_BOUND = 0.05
 
 
 def confirmation_plan(candidates: Sequence[Candidate], seconds: float, rounds: int, min_rounds: int = MIN_ROUNDS) -> str:
-    """The line announcing the confirmation: how many setups, how long a run, how many rounds."""
+    """The line announcing the confirmation: how many setups (a range where a sibling pair may settle twins that have not
+    run, :func:`_settled_by_siblings`), how long a run, how many rounds."""
     setups = len(candidates)
     rounds = lone_rounds(setups, rounds)
     floor = min(min_rounds, rounds)
     span = f"{rounds} round{'s' if rounds > 1 else ''}" if floor == rounds else f"{floor} to {rounds} rounds"
     twins = floor > 1 and any(c.twin for c in candidates)
     early = f", an fp32 twin after one round below {CLEARLY_SLOWER:g}x the leader" if twins else ""
-    return (f"confirmation: {setups} setup{'s' if setups != 1 else ''} in interleaved rounds of {seconds:g} s "
-            f"({span}; a setup stops once the leader beats or equals it{early})")
+    spared = _may_be_settled(candidates)
+    count = f"{setups - spared} to {setups} setups" if spared else f"{setups} setup{'s' if setups != 1 else ''}"
+    return f"confirmation: {count} in interleaved rounds of {seconds:g} s ({span}; a setup stops once the leader beats or equals it{early})"
+
+
+def _may_be_settled(candidates: Sequence[Candidate]) -> int:
+    """How many twins no trial ran a sibling pair may settle before they run (:func:`_settled_by_siblings`): among the
+    fp32 twins of finalists with one forward and backward pass (:func:`_pass`), all but one when each of them is such a
+    twin, all when another is measured anyway (a finalist or the defaults)."""
+    groups: dict[str, list[Candidate]] = {}
+    for fp32 in candidates:
+        if any(autocasts_as(c.setup, fp32.setup) for c in candidates):
+            groups.setdefault(_pass(fp32.setup).to_json(), []).append(fp32)
+    return sum(max(0, sum(c.twin for c in group) - all(c.twin for c in group)) for group in groups.values())
 
 
 def lone_rounds(setups: int, rounds: int) -> int:
