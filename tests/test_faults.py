@@ -757,6 +757,41 @@ def test_copies_left_by_a_killed_generation_are_removed(tmp_path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.slow
+def test_ctrl_c_during_calibration_keeps_its_runs_and_the_rerun_reuses_them(tmp_path, cache_dir) -> None:
+    """A real SIGINT once the calibration stored two runs: exit 130, the last line counts the runs kept, and the same
+    command run again reuses exactly those (nothing measured is lost) and finishes the search."""
+    import re
+
+    out = tmp_path / "out"
+    cmd = search_cmd(out, cache_dir, trials=1)
+    proc = start(cmd)
+    deadline = time.monotonic() + WAIT_S
+
+    def kept() -> int:
+        try:
+            runs = study_of(out).user_attrs.get("calibration_runs") or {}
+        except Exception:  # the study is still being created
+            return 0
+        return sum(len(r) for r in runs.values())
+
+    while kept() < 2:
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1].decode()
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=120)
+    last = stderr.decode().strip().splitlines()[-1]
+    assert proc.returncode == 130, stderr.decode()
+    found = re.fullmatch(r"interrupted during calibration, before the first trial \(runs measured and kept: (\d+)\); "
+                         r"rerun the same command to go on", last)
+    assert found is not None and int(found.group(1)) == kept() >= 2, last
+    again = subprocess.run(cmd, capture_output=True, env=ENV, timeout=WAIT_S)
+    said = again.stdout.decode() + again.stderr.decode()
+    assert again.returncode == 0, said
+    assert f"(runs measured before an interruption, reused: {found.group(1)})" in said
+    assert (out / "best.json").is_file() and kept() == 0  # the whole calibration is stored instead
+
+
 def test_sigterm_while_the_jpegs_are_generated_stops_in_one_line_and_leaves_no_copy(tmp_path) -> None:
     cache = tmp_path / "cache"
     cmd = [sys.executable, "-m", "autotune", "search", "--model", "resnet18", "--image-size", "32", "--synthetic-images", "20000",

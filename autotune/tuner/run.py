@@ -34,6 +34,7 @@ from autotune.tuner.constraints import allows, allows_workers, check_constraints
 from autotune.tuner.explore import Exploration, check_recipe
 from autotune.tuner.guesses import guess_setups
 from autotune.tuner.identity import machine_fingerprint, signature, study_name
+from autotune.tuner.kept_runs import KeptRuns
 from autotune.tuner.leftovers import nothing_left_if_nothing_measured
 from autotune.tuner.lock import OutputLock
 from autotune.tuner.neighbours import neighbour_trials
@@ -68,9 +69,7 @@ class Prepared:
     made_out: Path | None = None  # --out when this search made it
 
 
-def run_search(
-    config: SearchConfig, reporter: Reporter | None = None, *, runner: TrialRunner = run_trial
-) -> SearchOutcome:
+def run_search(config: SearchConfig, reporter: Reporter | None = None, *, runner: TrialRunner = run_trial) -> SearchOutcome:
     """Search the fastest setup for the workload; write best.json, trials.csv, train.py and report.html.
 
     Args:
@@ -263,17 +262,19 @@ def prepare(config: SearchConfig, reporter: Reporter) -> Prepared:
 
 
 def calibrate_once(config: SearchConfig, prepared: Prepared, reporter: Reporter, runner: TrialRunner) -> Calibration:
-    """The calibration stored in the study, or a new one (then stored).
+    """The calibration stored in the study, or a new one (then stored; each run as it returns, :class:`KeptRuns`).
 
     Raises:
-        SearchInterrupted: Ctrl-C or SIGTERM during calibration.
+        SearchInterrupted: Ctrl-C or SIGTERM during calibration (its runs so far are kept).
     """
     stored = prepared.study.calibration()
     if stored is not None:
-        kept = counted_records(prepared.study.records())
-        reporter.message(f"continuing study {prepared.study.name!r}: calibration reused, {kept} finished trials kept")
+        trials = counted_records(prepared.study.records())
+        reporter.message(f"continuing study {prepared.study.name!r}: calibration reused, {trials} finished trials kept")
         return stored
-    reporter.message("calibration: memory pre-pass, compute-only and loader-only ceilings")
+    kept = KeptRuns(runner, prepared.study.calibration_runs(), prepared.study.store_calibration_runs)
+    resumed = f" (runs measured before an interruption, reused: {kept.measured})" if kept.measured else ""
+    reporter.message(f"calibration: memory pre-pass, compute-only and loader-only ceilings{resumed}")
     try:
         with sigterm_as_interrupt():
             calibration = calibrate(
@@ -285,13 +286,14 @@ def calibrate_once(config: SearchConfig, prepared: Prepared, reporter: Reporter,
                 trial_seconds=config.trial_seconds,
                 bf16_ok=prepared.device.bf16,
                 log=reporter.message,
-                runner=runner,
+                runner=kept,
                 world_size=prepared.placement.world_size,
                 ram_share=prepared.placement.processes,
                 pinned=config.constraints,
             )
     except KeyboardInterrupt:
-        raise SearchInterrupted("interrupted during calibration, before the first trial; rerun the same command to start again") from None
+        raise SearchInterrupted(f"interrupted during calibration, before the first trial (runs measured and kept: {kept.measured}); "
+                                "rerun the same command to go on") from None
     prepared.study.store_calibration(calibration)
     return calibration
 

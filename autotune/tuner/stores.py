@@ -14,9 +14,11 @@ import optuna
 from autotune.records import Calibration
 from autotune.rounds import Ceilings
 from autotune.time_spent import TimeSpent
+from autotune.tuner.kept_runs import KeptRun
 from autotune.tuner.signals import interrupts_held
 
 STUDY_CALIBRATION = "calibration"
+STUDY_CALIBRATION_RUNS = "calibration_runs"
 STUDY_CONFIRMATION = "confirmation"
 STUDY_WINNER_ROUNDS = "winner_rounds"
 STUDY_TIME_SPENT = "time_spent"
@@ -42,9 +44,25 @@ class StudyStores:
         return Calibration.from_dict(data) if data is not None else None
 
     def store_calibration(self, calibration: Calibration) -> None:
-        """Keep the calibration, so a resumed search reuses it (with interrupts held: never half stored)."""
+        """Keep the calibration, so a resumed search reuses it (with interrupts held: never half stored); its runs,
+        kept one by one meanwhile (:meth:`store_calibration_run`), are then no longer needed."""
         with interrupts_held():
             self.study.set_user_attr(STUDY_CALIBRATION, calibration.to_dict())
+            if STUDY_CALIBRATION_RUNS in self.study.user_attrs:
+                self.study.set_user_attr(STUDY_CALIBRATION_RUNS, {})
+            self.heartbeat()
+
+    def calibration_runs(self) -> dict[str, list[KeptRun]]:
+        """The runs of a calibration that was interrupted before it ended, per run key (:mod:`autotune.tuner.kept_runs`)."""
+        stored = self.study.user_attrs.get(STUDY_CALIBRATION_RUNS) or {}
+        return {key: [KeptRun.from_dict(r) for r in runs] for key, runs in stored.items()}
+
+    def store_calibration_runs(self, key: str, runs: list[KeptRun]) -> None:
+        """Keep the calibration's runs of one key the moment one returns (with interrupts held: never half stored)."""
+        stored = dict(self.study.user_attrs.get(STUDY_CALIBRATION_RUNS) or {})
+        stored[key] = [run.to_dict() for run in runs]
+        with interrupts_held():
+            self.study.set_user_attr(STUDY_CALIBRATION_RUNS, stored)
             self.heartbeat()
 
     def confirmation(self) -> Rounds:

@@ -1,0 +1,103 @@
+"""Calibration runs kept one by one, so an interrupted calibration resumes where it stopped.
+
+The calibration is a fixed sequence of short isolated runs (memory pre-pass,
+compute-only and loader-only ceilings) whose next run depends only on the
+results so far. :class:`KeptRuns` wraps the trial runner: every result that is
+a measurement (a throughput, or running out of memory at a batch) is stored
+in the study the moment it returns, and a rerun of the same command gets the
+stored results back, in the same order, without running them again. Errors
+are not kept: the code may have been fixed since (a rerun runs them again).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+from autotune.records import TrialOptions, TrialResult, Workload
+from autotune.runner import TrialRunner, WindowCallback
+from autotune.train_setup import TrainSetup
+
+#: Statuses a calibration run keeps: measurements a rerun would repeat (an ``error`` may be fixed meanwhile).
+KEPT_STATUSES = ("ok", "oom")
+
+#: A memory budget that moved by at most this share since a run was kept still reuses it (the available RAM it
+#: derives from moves a little with every other process); beyond it (another ``--max-memory``), the run runs again.
+BUDGET_DRIFT = 0.1
+
+
+@dataclass(frozen=True)
+class KeptRun:
+    """One stored calibration run: what it measured and the memory budget it ran under."""
+
+    result: TrialResult
+    budget: int | None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict."""
+        return {"result": self.result.to_dict(), "budget": self.budget}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> KeptRun:
+        """Inverse of :meth:`to_dict`."""
+        return cls(TrialResult.from_dict(data["result"]), data.get("budget"))
+
+    def fits(self, budget: int | None) -> bool:
+        """Whether the run holds under ``budget``: the same one, or within :data:`BUDGET_DRIFT` of it."""
+        if self.budget is None or budget is None:
+            return self.budget == budget
+        return abs(self.budget - budget) <= BUDGET_DRIFT * budget
+
+
+def run_key(setup: TrainSetup, options: TrialOptions) -> str:
+    """What identifies a calibration run: its setup and how it measured (mode, length, windows, ranks), the memory
+    budget aside (:meth:`KeptRun.fits` compares it)."""
+    return json.dumps({"setup": setup.to_dict(), "options": asdict(replace(options, max_memory_bytes=None))}, sort_keys=True, default=str)
+
+
+class KeptRuns:
+    """A trial runner that replays stored results of the same runs first and stores every new measurement.
+
+    Args:
+        runner: The runner that measures.
+        stored: Earlier runs per :func:`run_key`, in the order they were measured.
+        store: Called with a key and its runs after every new kept measurement.
+    """
+
+    def __init__(self, runner: TrialRunner, stored: dict[str, list[KeptRun]], store: Callable[[str, list[KeptRun]], None]) -> None:
+        self.runner = runner
+        self.stored = stored
+        self.store = store
+        self.calls: Counter[str] = Counter()
+        self.reused = 0
+
+    @property
+    def measured(self) -> int:
+        """Runs kept so far: those stored by earlier runs of the command and this one's."""
+        return sum(len(runs) for runs in self.stored.values())
+
+    def __call__(
+        self,
+        setup: TrainSetup,
+        workload: Workload,
+        options: TrialOptions | None = None,
+        *,
+        on_window: WindowCallback | None = None,
+    ) -> TrialResult:
+        """The stored result of the n-th call of this run, else a new measurement (stored when it is one)."""
+        options = options or TrialOptions()
+        key = run_key(setup, options)
+        index = self.calls[key]
+        self.calls[key] += 1
+        earlier = self.stored.get(key, [])
+        if index < len(earlier) and earlier[index].fits(options.max_memory_bytes):
+            self.reused += 1
+            return earlier[index].result
+        result = self.runner(setup, workload, options, on_window=on_window)
+        if result.status in KEPT_STATUSES:
+            self.stored[key] = [*earlier[:index], KeptRun(result, options.max_memory_bytes)]  # a run measured again replaces
+            self.store(key, self.stored[key])
+        return result
