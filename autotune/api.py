@@ -344,7 +344,7 @@ def trial(
         AutotuneError: Bad input, found before the trial starts.
     """
     from autotune.runner import prestart, run_trial
-    from autotune.tuner.explore import unrunnable
+    from autotune.tuner.explore import unfed
 
     model, image_size = _shorthand(workload, model, data, image_size, "resnet18", cache_dir=cache_dir,
                                    synthetic_images=synthetic_images)
@@ -387,8 +387,8 @@ def trial(
         raise SetupError(f"num_workers={setup.num_workers}: {UNSHARDED}; use 0 or 1, or shard it")
     if setup.channels_last and not built.image_input:
         raise SetupError("channels_last: this workload's batches hold no 4-D floating tensor for it to act on")
-    if mode == "train" and (refused := unrunnable(setup, share)) is not None:  # as the search and train.py refuse it
-        raise UsageError(f"{refused.error}; a search never runs it")
+    if mode == "train" and (refused := unfed(setup, share, knob_terms=True)) is not None:  # as the search and train.py do
+        raise SetupError(f"{refused}; a search never runs it")  # a SetupError: the CLI names the flags that set the knobs
     if announce is not None:
         ranks = f"; {nproc_per_node} DDP ranks, samples/s counts them all" if nproc_per_node > 1 else ""
         announce(f"trial: {built.describe()} ({dev.label}{ranks})")

@@ -134,6 +134,12 @@ def test_a_trial_set_knob_replaces_its_flag_before_the_setup_is_checked(cache_di
         (["--set", "prefetch_factor=2"], "--set prefetch_factor needs --workers > 0"),
         (["--set", "static_graph=true", "--accum", "2"], "--set static_graph does not work with --accum > 1"),
         (["--set", "compile=reduce-overhead"], "--set compile=reduce-overhead uses CUDA graphs and needs a CUDA device; use --set compile=default"),
+        # what the 64 images cannot feed, named as typed
+        (["--batch-size", "32", "--accum", "4"], "--batch-size 32 x --accum 4 = 128 exceeds the 64 training images: an epoch would hold no"),
+        (["--set", "batch_size=32", "--accum", "4"], "--set batch_size=32 x --accum 4 = 128 exceeds the 64 training images"),
+        (["--workers", "2", "--prefetch", "2", "--batch-size", "32"],
+         "the loader queue (--workers 2 x --prefetch 2 x --batch-size 32 = 128 samples) is larger than an epoch of 64 images"),
+        (["--set", "num_workers=2", "--batch-size", "32"], "the loader queue (--set num_workers=2 x --prefetch 2 x --batch-size 32 = 128 samples)"),
     ],
 )
 def test_trial_setup_refusals_name_the_flags_typed(cache_dir, args: list[str], message: str) -> None:

@@ -256,13 +256,15 @@ def test_a_trial_of_a_task_runs_at_its_batch_size_unless_another_is_given(monkey
     autotune.trial("task_factories:few", device="cpu")
     assert batches[-1] == 5  # all of fewer samples, as a search's defaults take them
     # What the search never runs and train.py refuses is refused here too, not measured from an endless sampler.
-    for setup, said in ((autotune.TrainSetup(batch_size=8), "batch 8 x 1 accumulation = 8 exceeds the 5 training samples"),
-                        (autotune.TrainSetup(batch_size=2, num_workers=1, prefetch_factor=4), "the loader queue (1 workers x prefetch 4")):
+    # Named as the TrainSetup's knobs, which the caller set.
+    for setup, said in ((autotune.TrainSetup(batch_size=8), "batch_size=8 x accumulation_steps=1 = 8 exceeds the 5 training samples"),
+                        (autotune.TrainSetup(batch_size=2, num_workers=1, prefetch_factor=4),
+                         "the loader queue (num_workers=1 x prefetch_factor=4 x batch_size=2 = 8 samples)")):
         with pytest.raises(UsageError, match=re.escape(said)):
             autotune.trial("task_factories:few", device="cpu", setup=setup)
     assert batches[-1] == 5
     # Per rank, as the search checks: 2 ranks read 2 of the 5 samples each. A compute-only trial reads no data.
-    with pytest.raises(UsageError, match=re.escape("batch 3 x 1 accumulation = 3 exceeds the 2 training samples")):
+    with pytest.raises(UsageError, match=re.escape("batch_size=3 x accumulation_steps=1 = 3 exceeds the 2 training samples")):
         autotune.trial("task_factories:few", device="cpu", setup=autotune.TrainSetup(batch_size=3), nproc_per_node=2)
     autotune.trial("task_factories:few", device="cpu", setup=autotune.TrainSetup(batch_size=2, num_workers=1, prefetch_factor=4),
                    mode="compute")

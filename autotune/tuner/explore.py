@@ -169,33 +169,39 @@ def known_result(study: SearchStudy, setup: TrainSetup, number: int, workload: W
 
 
 def unrunnable(setup: TrainSetup, workload: Workload) -> TrialResult | None:
-    """An infeasible result, not run, for a setup the data cannot feed.
+    """An infeasible result, not run, for a setup the data cannot feed (:func:`unfed` says why)."""
+    why = unfed(setup, workload)
+    return None if why is None else TrialResult(status="error", error=why)
+
+
+def unfed(setup: TrainSetup, workload: Workload, knob_terms: bool = False) -> str | None:
+    """Why the data cannot feed ``setup``, or None when it can (or its size is unknown).
 
     An optimizer step larger than the data holds no step per epoch; a loader
     queue (workers x prefetch x batch) larger than an epoch prefetches what
     the epoch does not hold, memory held for nothing.
+
+    Args:
+        setup: The setup to check.
+        workload: What it reads (one rank's share of it in a DDP trial).
+        knob_terms: Name each value by its knob (``batch_size=64``), as a refused setup does, so that
+            :func:`autotune.flag_terms.in_flag_terms` can name the flag that set it; otherwise the search's trial
+            record wording (``batch 64 x 4 accumulation``).
     """
     images = workload.images
     if images is None:
         return None
     unit = "samples" if workload.task else "images"
+    batch, prefetch = setup.batch_size, setup.prefetch_factor or 2
     if setup.effective_batch() > images:
-        return TrialResult(
-            status="error",
-            error=(
-                f"batch {setup.batch_size} x {setup.accumulation_steps} accumulation = {setup.effective_batch()} "
-                f"exceeds the {images} training {unit}: an epoch would hold no optimizer step"
-            ),
-        )
-    queue = setup.num_workers * (setup.prefetch_factor or 2) * setup.batch_size
+        step = (f"batch_size={batch} x accumulation_steps={setup.accumulation_steps}" if knob_terms
+                else f"batch {batch} x {setup.accumulation_steps} accumulation")
+        return f"{step} = {setup.effective_batch()} exceeds the {images} training {unit}: an epoch would hold no optimizer step"
+    queue = setup.num_workers * prefetch * batch
     if setup.num_workers and queue > images:
-        return TrialResult(
-            status="error",
-            error=(
-                f"the loader queue ({setup.num_workers} workers x prefetch {setup.prefetch_factor or 2} x batch "
-                f"{setup.batch_size} = {queue} samples) is larger than an epoch of {images} {unit}"
-            ),
-        )
+        held = (f"num_workers={setup.num_workers} x prefetch_factor={prefetch} x batch_size={batch}" if knob_terms
+                else f"{setup.num_workers} workers x prefetch {prefetch} x batch {batch}")
+        return f"the loader queue ({held} = {queue} samples) is larger than an epoch of {images} {unit}"
     return None
 
 
