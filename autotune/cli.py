@@ -19,7 +19,7 @@ import typer
 from rich.markup import escape
 
 from autotune._version import __version__
-from autotune.cli_errors import error_line, json_on_error, trial_flags_named
+from autotune.cli_errors import check_flags_agree, error_line, json_on_error, trial_flags_named
 from autotune.errors import AutotuneError, ProbeError
 from autotune.records import DEFAULT_TRIAL_SECONDS
 from autotune.redact import recorded_command
@@ -139,6 +139,7 @@ NprocOpt = Annotated[int, typer.Option("--nproc-per-node", help="Ranks per trial
 @handle_errors
 @json_on_error(status=None, samples_per_s=None)
 def trial(
+    ctx: typer.Context,
     model: ModelOpt = None,
     image_size: ImageSizeOpt = None,
     batch_size: Annotated[Optional[int], typer.Option("--batch-size", help="Micro-batch per step (default: 32; a Task's batch_size).")] = None,
@@ -180,6 +181,7 @@ def trial(
         pinned = pinned_values(knobs)
     flags = dict(num_workers=workers, prefetch_factor=prefetch, pin_memory=pin_memory, persistent_workers=persistent_workers,
                  batch_size=32 if batch_size is None else batch_size, accumulation_steps=accum, channels_last=channels_last, amp=amp)
+    check_flags_agree(ctx, flags, knobs or [])  # a flag left at its default gives way to its knob's --set
     from autotune.tuner.signals import sigterm_as_interrupt
 
     # SIGTERM unwinds like Ctrl-C: the trial and its directory are removed. A refused setup names the flags typed.

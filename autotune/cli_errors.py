@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import typer
 
-from autotune.errors import AutotuneError, SetupError
+from autotune.errors import AutotuneError, SetupError, UsageError
 from autotune.flag_terms import in_flag_terms
 from probes.hardware import address_space_note
 
@@ -86,3 +86,32 @@ def trial_flags_named(pinned: Collection[str]) -> Iterator[None]:
         if translated is error:
             raise
         raise translated from error
+
+
+def check_flags_agree(ctx: typer.Context, flags: Mapping[str, Any], sets: Sequence[str]) -> None:
+    """Refuse a knob's flag typed on the command line together with a ``--set`` of that knob to another value.
+
+    A flag left at its default gives way to the ``--set`` (``--prefetch 2 --set num_workers=2``); one the user typed
+    and a ``--set`` that differs would leave one of them silently unused.
+
+    Args:
+        ctx: The command's context: which of its options the command line gave.
+        flags: Each knob of :data:`TRIAL_FLAGS` at its flag's value.
+        sets: The ``--set KNOB=VALUE`` texts, as typed (already checked).
+
+    Raises:
+        UsageError: ``--workers 3 and --set num_workers=2 disagree; give one``.
+    """
+    from autotune.tuner.constraints import parse_constraint
+
+    options = {opt: param.name for param in ctx.command.params for opt in param.opts if param.name}
+    for text in sets:
+        pin = parse_constraint(text)
+        flag = TRIAL_FLAGS.get(pin.knob)
+        if flag is None or pin.value == flags[pin.knob]:
+            continue
+        source = ctx.get_parameter_source(options[flag])
+        if source is not None and source.name == "COMMANDLINE":
+            value = flags[pin.knob]
+            typed = (flag if value else f"--no-{flag[2:]}") if isinstance(value, bool) else f"{flag} {value}"
+            raise UsageError(f"{typed} and --set {text} disagree; give one")

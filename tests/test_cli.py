@@ -109,12 +109,34 @@ def test_trial_command_bad_setup_and_json(tmp_path, cache_dir) -> None:
 
 
 def test_a_trial_set_knob_replaces_its_flag_before_the_setup_is_checked(cache_dir) -> None:
-    # --workers 0 --prefetch 2 alone is refused; --set num_workers=2 makes it a setup that runs, refused later for pin_memory
-    result = runner.invoke(app, ["trial", "--workers", "0", "--prefetch", "2", "--set", "num_workers=2", "--set", "pin_memory=true",
-                                 "--device", "cpu", "--cache-dir", str(cache_dir), "--synthetic-images", "64"])
+    # --prefetch 2 alone is refused (--workers 0 by default); --set num_workers=2 makes it a setup that runs, refused later
+    # for pin_memory. A flag typed with the --set's own value agrees with it.
+    for workers in ([], ["--workers", "2"]):
+        result = runner.invoke(app, ["trial", *workers, "--prefetch", "2", "--set", "num_workers=2", "--set", "pin_memory=true",
+                                     "--device", "cpu", "--cache-dir", str(cache_dir), "--synthetic-images", "64"])
+        assert result.exit_code == 2
+        line = _one_error_line(result.output)
+        assert "needs a CUDA device" in line and "prefetch" not in line
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--workers", "3", "--set", "num_workers=2"], "--workers 3 and --set num_workers=2 disagree; give one"),
+        (["--set", "workers=2", "--workers", "0"], "--workers 0 and --set workers=2 disagree; give one"),  # a flag at its default value, typed
+        (["--no-pin-memory", "--set", "pin_memory=true"], "--no-pin-memory and --set pin_memory=true disagree; give one"),
+        (["--batch-size", "16", "--set", "batch_size=8"], "--batch-size 16 and --set batch_size=8 disagree; give one"),
+        (["--accum", "2", "--set", "accumulation_steps=4"], "--accum 2 and --set accumulation_steps=4 disagree; give one"),
+        (["--amp", "bf16", "--set", "amp=off"], "--amp bf16 and --set amp=off disagree; give one"),
+    ],
+)
+def test_a_trial_flag_typed_and_a_set_of_its_knob_that_disagree_are_refused(cache_dir, args: list[str], message: str) -> None:
+    data = ["--device", "cpu", "--cache-dir", str(cache_dir), "--synthetic-images", "64", "--trial-seconds", "0.5", "--timeout", "5"]
+    result = runner.invoke(app, ["trial", *data, *args])
     assert result.exit_code == 2
-    line = _one_error_line(result.output)
-    assert "needs a CUDA device" in line and "prefetch" not in line
+    assert _one_error_line(result.output) == f"error: {message}"
+    said = json.loads(runner.invoke(app, ["trial", "--json", *data, *args]).stdout)
+    assert said["error"] == message
 
 
 @pytest.mark.parametrize(
