@@ -19,7 +19,7 @@ import typer
 from rich.markup import escape
 
 from autotune._version import __version__
-from autotune.cli_errors import check_flags_agree, error_line, json_on_error, trial_flags_named
+from autotune.cli_errors import check_flags_agree, echo_error_object, error_line, json_error_shape, json_on_error, trial_flags_named
 from autotune.errors import AutotuneError, ProbeError
 from autotune.records import DEFAULT_TRIAL_SECONDS
 from autotune.redact import recorded_command
@@ -361,7 +361,9 @@ def main(argv: list[str] | None = None) -> None:
     """Console-script entry point.
 
     A usage error (an unknown or missing option, a value Typer cannot parse, an extra argument) is
-    one ``error:`` line naming the command's ``--help``, exit 2; Typer would draw a boxed panel.
+    one ``error:`` line naming the command's ``--help``, exit 2; Typer would draw a boxed panel. With
+    ``--json`` among its options, a command that prints a JSON object for its own errors (``trial``,
+    ``search``, ``status``) prints that object for the usage error too.
     """
     try:
         code = app(args=argv, standalone_mode=False)
@@ -373,10 +375,15 @@ def main(argv: list[str] | None = None) -> None:
             raise
         if type(exc).__name__ != "NoArgsIsHelpError":  # bare `autotune`: the help is printed already
             words = argv if argv is not None else sys.argv[1:]
-            names = {c.name or c.callback.__name__ for c in app.registered_commands if c.callback}
-            named = next((f"autotune {w}" for w in words if w in names), "autotune")  # Click gave no context
-            hint = f" (see {ctx.command_path if (ctx := getattr(exc, 'ctx', None)) is not None else named} --help)"
-            err.print(f"[bold red]error:[/] {escape(exc.format_message())}{escape(hint)}", highlight=False, soft_wrap=True)
+            commands = {c.name or c.callback.__name__: c.callback.__name__ for c in app.registered_commands if c.callback}
+            at = next((i for i, w in enumerate(words) if w in commands), len(words))  # len(words): none named
+            named = " ".join(["autotune", *words[at:at + 1]])  # Click gave no context
+            line = f"{exc.format_message()} (see {ctx.command_path if (ctx := getattr(exc, 'ctx', None)) is not None else named} --help)"
+            err.print(f"[bold red]error:[/] {escape(line)}", highlight=False, soft_wrap=True)
+            after = words[at + 1:]
+            shape = json_error_shape(commands[words[at]]) if at < len(words) else None
+            if shape is not None and "--json" in after[:after.index("--") if "--" in after else None]:  # its options, not after --
+                echo_error_object(line, shape)  # the object the command prints for its own errors with --json
         sys.exit(exit_code)
     if argv is None:  # the program, not a caller in Python: its work is written
         exit_at_once_on_interrupt(code if isinstance(code, int) else 0)

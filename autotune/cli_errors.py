@@ -37,11 +37,38 @@ def error_line(exc: Exception) -> tuple[str, int]:
     return f"internal error: {type(exc).__name__}: {exc} (rerun as autotune --debug COMMAND ... for the traceback)", 3
 
 
+#: The failure shape of each command decorated with :func:`json_on_error`, by its function's name.
+_ERROR_SHAPES: dict[str, dict[str, Any]] = {}
+
+
+def json_error_shape(command: str) -> dict[str, Any] | None:
+    """The keys of ``command``'s ``--json`` object on failure (see :func:`json_on_error`).
+
+    Args:
+        command: The command's function name (``trial``).
+
+    Returns:
+        The keys besides ``"error"``, or None for a command that prints no object on failure.
+    """
+    return _ERROR_SHAPES.get(command)
+
+
+def echo_error_object(line: str, shape: dict[str, Any]) -> None:
+    """Print the one JSON object of a failed ``--json`` command on stdout: ``shape`` and ``"error"``, the line stderr shows.
+
+    Args:
+        line: The error's one line, without stderr's ``error:``.
+        shape: The command's keys on failure (:func:`json_error_shape`).
+    """
+    typer.echo(json.dumps({**shape, "error": line}))
+
+
 def json_on_error(**shape: Any) -> Callable[[F], F]:
     """Decorate a command with a ``--json`` option (its ``as_json`` parameter) so that an error ending it also prints
     one JSON object on stdout: ``shape`` with an ``"error"`` key holding the line stderr shows.
 
-    The error itself goes on, to the stderr line and exit code of the command's error handling.
+    The error itself goes on, to the stderr line and exit code of the command's error handling. A usage error
+    found before the command runs (an unknown option) prints the same object from :func:`autotune.cli.main`.
 
     Args:
         **shape: The keys a reader of the command's JSON looks at first, as they read on failure
@@ -49,13 +76,15 @@ def json_on_error(**shape: Any) -> Callable[[F], F]:
     """
 
     def decorate(command: F) -> F:
+        _ERROR_SHAPES[command.__name__] = shape
+
         @functools.wraps(command)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             try:
                 return command(*args, **kwargs)
             except Exception as exc:
                 if kwargs.get("as_json") and not isinstance(exc, (typer.Exit, typer.Abort)):
-                    typer.echo(json.dumps({**shape, "error": error_line(exc)[0]}))
+                    echo_error_object(error_line(exc)[0], shape)
                 raise
 
         return wrapper  # type: ignore[return-value]

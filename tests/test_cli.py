@@ -251,6 +251,35 @@ def test_usage_errors_are_one_error_line(argv: list[str], message: str, capsys: 
     assert f"{argv[0]} --help)" in lines[0] and captured.out == ""
 
 
+@pytest.mark.parametrize(
+    ("argv", "message", "shape"),
+    [
+        (["trial", "--json", "--bogus"], "No such option: --bogus", {"status": None, "samples_per_s": None}),
+        (["trial", "--workers", "many", "--json"], "Invalid value for '--workers'", {"status": None, "samples_per_s": None}),
+        (["--debug", "search", "--json", "--trials", "abc"], "Invalid value for '--trials'", {"best": None}),
+        (["status", "--json", "--storage"], "Option '--storage' requires an argument", {"study": None, "best": None, "winner": None}),
+        (["status", "--json", "a", "b"], "unexpected extra argument", {"study": None, "best": None, "winner": None}),
+        (["probe", "--json", "--foo"], "No such option: --foo", None),  # probe prints no object for its errors either
+        (["status", "--bogus", "--", "--json"], "No such option: --bogus", None),  # after --: an argument, not the option
+    ],
+)
+def test_usage_errors_with_json_print_the_command_s_error_object(argv: list[str], message: str, shape: dict[str, None] | None,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    from autotune.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 2
+    captured = capsys.readouterr()
+    line = _one_error_line(captured.err)
+    assert message in line
+    if shape is None:
+        assert captured.out == ""
+    else:
+        assert json.loads(captured.out) == {**shape, "error": line.removeprefix("error: ")}
+        assert len(captured.out.splitlines()) == 1
+
+
 def test_main_exits_with_the_command_s_code(capsys: pytest.CaptureFixture[str]) -> None:
     from autotune.cli import main
 
