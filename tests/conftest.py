@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import base64
+import os
+import signal
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -40,6 +43,26 @@ def tiny_workload(cache_dir: Path) -> Workload:
         cache_dir=str(cache_dir),
         sys_path=(str(Path(__file__).parent),),
     )
+
+
+#: A test running longer than this fails with a traceback of where it was, and the run goes on (the longest ones take
+#: about 40 s on the 2-core CI machine): one hung test must not hold CI past its 15 minutes with nothing said.
+TEST_TIMEOUT_S = float(os.environ.get("AUTOTUNE_TEST_TIMEOUT_S", "300"))
+
+
+@pytest.fixture(autouse=True)
+def _time_limit() -> Iterator[None]:
+    """Fail the test at :data:`TEST_TIMEOUT_S` by SIGALRM (a process timer: forked trial servers do not inherit it)."""
+    def expire(signum: int, frame: object) -> None:
+        raise TimeoutError(f"the test ran over {TEST_TIMEOUT_S:g} s (AUTOTUNE_TEST_TIMEOUT_S)")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, TEST_TIMEOUT_S)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 #: A 1x1 PNG.
