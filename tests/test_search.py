@@ -6,6 +6,7 @@ import csv
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -299,6 +300,58 @@ def test_resume_with_a_different_search_is_refused(tmp_path, cache_dir) -> None:
     with pytest.raises(StorageError, match=r"different search \(.*\); pass --study NEW_NAME or another --out$"):
         search(config(tmp_path, cache_dir, trials=3, storage=shared, study="s", out=tmp_path / "b",
                       constraints=(parse_constraint("amp=off"),)))
+
+
+def test_another_synthetic_image_count_is_refused_before_any_jpeg_is_written(tmp_path, cache_dir) -> None:
+    """The signature check comes before the synthetic JPEGs: a refused rerun writes none (seconds to minutes for nothing)."""
+    from autotune.errors import StorageError
+    from autotune.tuner.progress import SilentReporter
+
+    class Said(SilentReporter):
+        def __init__(self) -> None:
+            self.lines: list[str] = []
+
+        def message(self, text: str) -> None:
+            self.lines.append(text)
+
+    cache = tmp_path / "cache"
+    shutil.copytree(cache_dir / "synthetic-v1-64", cache / "synthetic-v1-64")
+    search(config(tmp_path, cache, trials=2))
+    said = Said()
+    with pytest.raises(StorageError, match=r"different search \(samples: 64 there, 80 now\)"):
+        search(config(tmp_path, cache, trials=2, synthetic_images=80), reporter=said)
+    assert sorted(p.name for p in cache.iterdir()) == ["synthetic-v1-64"]  # no synthetic-v1-80, no half copy
+    assert not any("synthetic JPEGs" in text for text in said.lines)
+    # A new --out with that count writes them, and says so first.
+    search(config(tmp_path, cache, trials=2, synthetic_images=80, out=tmp_path / "other"), reporter=said)
+    assert (cache / "synthetic-v1-80" / ".complete").exists() and any("writing 80 synthetic JPEGs" in text for text in said.lines)
+
+
+def test_a_failed_synthetic_generation_leaves_no_empty_study(tmp_path, cache_dir, monkeypatch) -> None:
+    """The JPEGs are written after the study is opened: a failure there removes the study it opened (and an --out it made)."""
+    from autotune.errors import SearchInterrupted, WorkloadError
+    from autotune.workloads import data
+
+    def full_disk(*args, **kwargs):
+        raise WorkloadError("cannot write synthetic data under /x: No space left on device")
+
+    monkeypatch.setattr(data, "generate_image_folder", full_disk)
+    with pytest.raises(WorkloadError, match="No space left"):
+        search(config(tmp_path, tmp_path / "cache", trials=2))
+    assert not (tmp_path / "out").exists()
+    out = tmp_path / "kept"
+    out.mkdir()
+    with pytest.raises(WorkloadError, match="No space left"):
+        search(config(tmp_path, tmp_path / "cache", trials=2, out=out))
+    assert optuna.get_all_study_names(f"sqlite:///{out / 'study.db'}") == []
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(data, "generate_image_folder", interrupted)
+    with pytest.raises(SearchInterrupted, match="interrupted before the search started"):
+        search(config(tmp_path, tmp_path / "cache", trials=2, out=out))
+    assert optuna.get_all_study_names(f"sqlite:///{out / 'study.db'}") == []
 
 
 def test_a_run_that_failed_before_measuring_anything_does_not_hold_its_settings(tmp_path, cache_dir) -> None:

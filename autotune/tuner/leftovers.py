@@ -4,7 +4,9 @@ A model that fails in its first calibration run, or a ``--max-memory`` that
 fits no batch, is found only by running it, after the study was opened (and
 ``--out`` made). Its error tells the user what to change; an empty study kept
 in ``--out`` would then make ``autotune report`` ask which of several studies
-to read, though none holds anything.
+to read, though none holds anything. The synthetic JPEGs are written after
+the study is opened (its signature may refuse the workload first): a failure
+or an interrupt while they are written leaves no empty study either.
 """
 
 from __future__ import annotations
@@ -37,4 +39,24 @@ def nothing_left_if_nothing_measured(study: SearchStudy, made_out: Path | None, 
                 shutil.rmtree(made_out, ignore_errors=True)
             else:
                 study.delete()
+        raise
+
+
+@contextmanager
+def nothing_left_if_stopped(study: SearchStudy, shared: bool) -> Iterator[None]:
+    """On any error or interrupt (Ctrl-C too), remove the study if it holds nothing measured.
+
+    For the steps between opening the study and its first measurement, whose
+    interruption leaves nothing to resume (the synthetic JPEGs being written).
+
+    Args:
+        study: The search's study, claimed by this search.
+        shared: A study shared by several workers stays: another may be calibrating it.
+    """
+    try:
+        yield
+    except BaseException:
+        if not shared and study.holds_nothing():
+            study.release()  # before it is gone (releasing again later does nothing)
+            study.delete()
         raise

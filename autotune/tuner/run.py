@@ -35,7 +35,7 @@ from autotune.tuner.explore import Exploration, check_recipe
 from autotune.tuner.guesses import guess_setups
 from autotune.tuner.identity import machine_fingerprint, signature, study_name
 from autotune.tuner.kept_runs import KeptRuns
-from autotune.tuner.leftovers import nothing_left_if_nothing_measured
+from autotune.tuner.leftovers import nothing_left_if_nothing_measured, nothing_left_if_stopped
 from autotune.tuner.lock import OutputLock
 from autotune.tuner.neighbours import neighbour_trials
 from autotune.tuner.offered import check_workload_constraints
@@ -50,7 +50,7 @@ from autotune.tuner.study_report import kept_outcome, kept_winner, report_search
 from autotune.tuner.timed import TimedRunner
 from autotune.tuner.winner import bottleneck_verdict, make_best
 from autotune.tuner.workers import Crew
-from autotune.workloads import build_workload
+from autotune.workloads import build_workload, write_synthetic
 from autotune.workloads.tasks import build_task_workload
 
 
@@ -200,7 +200,7 @@ def _nothing_feasible(records: list[TrialRecord], storage: str, interrupted: boo
 def prepare(config: SearchConfig, reporter: Reporter) -> Prepared:
     """Probe, resolve the device, check the input and output, build the workload, open the study.
 
-    Nothing is written before every check has passed.
+    Nothing is written before every check has passed; the synthetic JPEGs not before the stored study accepts the workload.
     """
     hardware = probes.collect()
     placement = place(config.device, config.devices, config.nproc_per_node, hardware)
@@ -215,10 +215,8 @@ def prepare(config: SearchConfig, reporter: Reporter) -> Prepared:
     if config.workload is not None:
         workload = build_task_workload(config.workload, device=device.name, workers=allows_workers(constraints.get("num_workers")))
     else:
-        workload = build_workload(
-            model=config.model, image_size=config.image_size, data=config.data, device=device.name, cache_dir=config.cache_dir,
-            synthetic_images=config.synthetic_images, lr=config.lr, warn=reporter.message,
-        )
+        workload = build_workload(model=config.model, image_size=config.image_size, data=config.data, device=device.name, cache_dir=config.cache_dir,
+                                  synthetic_images=config.synthetic_images, lr=config.lr, warn=reporter.message, write_data=False)
     check_pins_act(constraints, workload.image_input, placement.world_size)
     check_workload_constraints(constraints, workload, device)
     workload = placement.rank_workload(workload)  # with N ranks, each reads 1/N of the data
@@ -248,6 +246,8 @@ def prepare(config: SearchConfig, reporter: Reporter) -> Prepared:
                 stack.callback(study.release)
                 study.check_signature(signature(config, workload, machine_fingerprint(hardware, device)), in_out=config.storage is None)
                 stale = study.recover()
+            with nothing_left_if_stopped(study, shared):  # after the signature: a refused rerun writes no JPEGs
+                write_synthetic(workload, reporter.message)
             held = stack.pop_all()
     except BaseException:
         if fresh:  # made just now and holding nothing of value: leave no trace

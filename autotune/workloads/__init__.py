@@ -17,7 +17,7 @@ from autotune.units import format_bytes
 from autotune.workloads.data import SYNTHETIC_CLASSES, SYNTHETIC_JPEG_BYTES, check_image_folder, ensure_synthetic, synthetic_dir
 from autotune.workloads.models import check_factory, check_model_name
 
-__all__ = ["build_workload"]
+__all__ = ["build_workload", "write_synthetic"]
 
 
 def build_workload(
@@ -30,12 +30,16 @@ def build_workload(
     synthetic_images: int = 2000,
     lr: float = 1e-3,
     warn: Callable[[str], None] | None = None,
+    write_data: bool = True,
 ) -> Workload:
     """Check the model and data and return a ready Workload.
 
-    Synthetic data is generated here (once) so that no trial pays for it.
-    ``warn`` is given what looks wrong but is allowed (one class folder, split
-    folders such as train/ and val/ taken as classes).
+    Synthetic data is generated here (once) so that no trial pays for it;
+    with ``write_data=False`` the caller does it later, with
+    :func:`write_synthetic` (a search, once the stored study's signature has
+    accepted the workload). ``warn`` is given what looks wrong but is
+    allowed (one class folder, split folders such as train/ and val/ taken as
+    classes) and the generation of many JPEGs.
 
     Raises:
         WorkloadError: Unknown model, unimportable factory, missing or empty data.
@@ -52,13 +56,9 @@ def build_workload(
         num_classes, images = folder.classes, folder.images
         data_text: str | None = str(data.resolve())
     else:
-        target = synthetic_dir(cache_dir, synthetic_images)
-        if warn is not None and not (target / ".complete").exists():  # minutes for a large count: say what runs
-            warn(f"writing {synthetic_images} synthetic JPEGs to {target} (about {format_bytes(synthetic_images * SYNTHETIC_JPEG_BYTES)}, once)")
-        ensure_synthetic(cache_dir, synthetic_images)
         num_classes, images = SYNTHETIC_CLASSES, synthetic_images
         data_text = None
-    return Workload(
+    workload = Workload(
         model=model,
         image_size=image_size,
         data=data_text,
@@ -70,3 +70,25 @@ def build_workload(
         cache_dir=str(Path(cache_dir).resolve()) if cache_dir else None,
         sys_path=sys_path,
     )
+    if write_data:
+        write_synthetic(workload, warn)
+    return workload
+
+
+def write_synthetic(workload: Workload, warn: Callable[[str], None] | None = None) -> None:
+    """Generate the synthetic JPEGs of a workload without data, once; nothing for ``--data`` or a Task.
+
+    Args:
+        workload: What :func:`build_workload` returned.
+        warn: Told first when the JPEGs are not there yet (minutes for a large count).
+
+    Raises:
+        WorkloadError: The cache directory is not writable.
+    """
+    if workload.data is not None or workload.task is not None:
+        return
+    count = workload.synthetic_images
+    target = synthetic_dir(workload.cache_dir, count)
+    if warn is not None and not (target / ".complete").exists():  # minutes for a large count: say what runs
+        warn(f"writing {count} synthetic JPEGs to {target} (about {format_bytes(count * SYNTHETIC_JPEG_BYTES)}, once)")
+    ensure_synthetic(workload.cache_dir, count)
