@@ -182,8 +182,52 @@ def test_report_command_reads_a_study_by_storage_and_name(searched, tmp_path) ->
     page = parse(tmp_path / "live" / REPORT)
     text = " ".join(page.text)
     assert "Best trial so far (not confirmed)" in text and "no best.json yet" in text
+    assert "resnet18 @ 32px on cpu, data: synthetic JPEGs (no --data given)" in text  # the workload, as the study stored it
     assert SECTIONS <= page.sections
     assert_self_contained(page)
+
+
+def test_the_report_of_a_search_interrupted_before_a_feasible_trial_names_its_workload(tmp_path, cache_dir) -> None:
+    """No best.json (nothing feasible yet): the header names the model, image size, device and data as a finished one does."""
+    from autotune.errors import SearchInterrupted
+
+    trials = []
+
+    def interrupted(setup, workload, options=None, *, on_window=None):
+        if options.mode != "train":  # calibration passes
+            return mixed_runner(setup, workload, options, on_window=on_window)
+        trials.append(setup)
+        if len(trials) > 1:  # Ctrl-C during the second trial
+            raise KeyboardInterrupt
+        return TrialResult(status="oom", error="no memory at all", peak_memory_bytes=2**30)
+
+    with pytest.raises(SearchInterrupted, match="interrupted before any feasible trial"):
+        run_search(_config(tmp_path / "out", cache_dir, trials=3), runner=interrupted)
+    assert not (tmp_path / "out" / "best.json").exists()
+    for rewrite in (False, True):  # the search's own report, and `autotune report` of the study
+        if rewrite:
+            result = CliRunner().invoke(app, ["report", str(tmp_path / "out")])
+            assert result.exit_code == 0, result.output
+        text = " ".join(" ".join(parse(tmp_path / "out" / REPORT).text).split())
+        assert "resnet18 @ 32px on cpu, data: synthetic JPEGs (no --data given) · 1 trials" in text, text[:400]
+
+
+def test_the_workload_line_of_a_stored_signature() -> None:
+    """A Task's reference, device and samples (no image size: its data is its own); nothing from a signature that says too little."""
+    from autotune.output.report import render_report
+    from autotune.output.sections import ReportInput
+    from autotune.tuner.identity import described_workload
+
+    task = {"task": "mytasks:make", "model": "mytasks:make", "image_size": 224, "data": None, "device": "cuda", "samples": 5000}
+    assert described_workload(task) == "workload mytasks:make on cuda, 5000 samples"
+    classifier = {"model": "resnet50", "image_size": 176, "data": "/data/train", "device": "cpu", "samples": 100}
+    assert described_workload(classifier) == "resnet50 @ 176px on cpu, data: /data/train"
+    for unreadable in (None, [], {}, {"model": "resnet50", "device": "cpu"}, {**classifier, "image_size": "big"}, {**classifier, "device": 3}):
+        assert described_workload(unreadable) is None, unreadable
+    data = ReportInput(records=(), calibration=None, confirmed=(), best=None, verdict=None, time_spent=None, study="s", storage="sqlite:///x",
+                       status="in progress or interrupted (no best.json yet)", workload=described_workload(task))
+    page, _ = render_report(data)
+    assert '<p class="meta">workload mytasks:make on cuda, 5000 samples &middot; 0 trials' in page
 
 
 def test_a_report_that_cannot_be_written_is_one_line(searched, tmp_path, monkeypatch) -> None:

@@ -86,11 +86,12 @@ def _header(data: ReportInput) -> str:
     tally = ", ".join(f"{n} {status}" for status, n in counts.most_common())
     lines = [f"<h1>autotune report: {escape(data.study)}</h1>"]
     meta = [f"{len(data.records)} trials ({tally or 'none'})", f"search {data.status}", f"storage <code>{escape(hide_passwords(data.storage))}</code>"]
-    if best is not None:
-        w = best.workload
-        meta.insert(0, escape(w.describe()))  # a Task's reference and sample count; the classifier's model, size and data
-        if best.command:
-            meta.append(f"command <code>{escape(best.command)}</code>")
+    # A Task's reference and sample count; the classifier's model, size and data (before best.json: as the study stored them).
+    workload = best.workload.describe() if best is not None else data.workload
+    if workload:
+        meta.insert(0, escape(workload))
+    if best is not None and best.command:
+        meta.append(f"command <code>{escape(best.command)}</code>")
     meta.append(f"written {_dt.datetime.now(_dt.timezone.utc).isoformat(timespec='seconds')}")
     lines.append(f'<p class="meta">{" &middot; ".join(meta)}</p>')
     if best is not None:

@@ -43,6 +43,8 @@ class ReportInput:
             (None when not measured: the calibration's ceilings stand in).
         baseline_only: Trials whose setup the search's ``--set`` excludes (the
             PyTorch defaults it measured as the baseline): never the best so far.
+        workload: What the search trains, in one line, as the study stored it (shown
+            when there is no ``best``, whose own workload says it otherwise).
     """
 
     records: tuple[TrialRecord, ...]
@@ -57,6 +59,7 @@ class ReportInput:
     status: str = "finished"
     ceilings: Ceilings | None = None
     baseline_only: frozenset[int] = frozenset()
+    workload: str | None = None
 
 
 @dataclass(frozen=True)

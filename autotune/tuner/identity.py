@@ -8,7 +8,7 @@ import re
 from typing import Any
 
 from autotune.devices import DeviceInfo
-from autotune.errors import UsageError
+from autotune.errors import AutotuneError, UsageError
 from autotune.records import Workload
 from autotune.tuner.config import SearchConfig
 from autotune.tuner.constraints import Constraint, merge_constraints, parse_constraint
@@ -48,6 +48,29 @@ def signature(config: SearchConfig, workload: Workload, machine: dict[str, Any] 
         "samples": workload.images,
         **({"parameters": workload.parameters} if workload.parameters is not None else {}),
     }
+
+
+def described_workload(signature: Any) -> str | None:
+    """What a stored search signature says the search trains, in the words of :meth:`Workload.describe`.
+
+    Args:
+        signature: What a study stores of its search (:func:`signature`).
+
+    Returns:
+        One line (model, image size, device and data; a Task's reference, device and samples),
+        or None where the study stores no signature or one that says too little.
+    """
+    if not isinstance(signature, dict) or not isinstance(signature.get("model"), str) or not isinstance(signature.get("device"), str):
+        return None
+    task, data, samples = signature.get("task"), signature.get("data"), signature.get("samples")
+    # A Task's data is its own: its line names no image size (the record's default stands in, unread).
+    size: Any = signature.get("image_size") if task is None else Workload.image_size
+    try:
+        workload = Workload(model=signature["model"], image_size=size, device=signature["device"], task=task if isinstance(task, str) else None,
+                            data=data if isinstance(data, str) else None, images=samples if isinstance(samples, int) else None)
+    except (AutotuneError, TypeError, ValueError):  # an image size this version cannot read
+        return None
+    return workload.describe()
 
 
 def machine_fingerprint(hardware: Any, device: Any) -> dict[str, Any]:

@@ -27,7 +27,7 @@ from autotune.tuner.budget import STUDY_BUDGET
 from autotune.tuner.config import SearchOutcome
 from autotune.tuner.confirm import TWIN, finalist_label
 from autotune.tuner.constraints import Constraint, excluding
-from autotune.tuner.identity import stored_constraints
+from autotune.tuner.identity import described_workload, stored_constraints
 from autotune.tuner.signals import interrupts_held
 from autotune.tuner.stores import Rounds
 from autotune.tuner.study import ATTR_WORKER, STUDY_SIGNATURE, STUDY_WINNER, SearchStudy
@@ -84,6 +84,7 @@ def report_search(
         status=status,
         ceilings=outcome.ceilings if outcome else None,
         baseline_only=baseline_only(study, records),
+        workload=stored_workload(study),
     )
     return write_search_report(study, out, data, log), spent
 
@@ -91,6 +92,11 @@ def report_search(
 def stored_set(study: SearchStudy) -> dict[str, Constraint]:
     """The search's ``--set`` constraints as the study stored them in its signature (none: none stored or readable)."""
     return stored_constraints(study.study.user_attrs.get(STUDY_SIGNATURE)) or {}
+
+
+def stored_workload(study: SearchStudy) -> str | None:
+    """What the study's search trains, in one line, from its stored signature (None: none stored or readable)."""
+    return described_workload(study.study.user_attrs.get(STUDY_SIGNATURE))
 
 
 def baseline_only(study: SearchStudy, records: Sequence[TrialRecord]) -> frozenset[int]:
@@ -245,5 +251,6 @@ def report_study(out: Path, *, storage: str | None = None, study: str | None = N
         time_complete=spent is not None,
         status=status,
         baseline_only=baseline_only(stored, records),
+        workload=stored_workload(stored),
     )
     return write_report(out, data)
