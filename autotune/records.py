@@ -30,7 +30,8 @@ class Workload:
     Attributes:
         model: A torchvision classification model name (``"resnet50"``) or a
             user factory ``"package.module:function"`` returning an nn.Module.
-        image_size: Side of the square crop fed to the model.
+        image_size: Side of the square crop fed to the model (a Task's data is
+            its own: unused, and left out of :meth:`to_dict`).
         data: An ImageFolder directory, or ``None`` for synthetic JPEGs.
         device: ``"cpu"``, ``"cuda"`` or ``"cuda:K"`` (already resolved).
         num_classes: Classes in the data (filled in from the data).
@@ -108,15 +109,20 @@ class Workload:
         return device_type(self.device)
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict."""
+        """JSON-ready dict; a Task's has no ``image_size`` (its data is its own: a crop size would mean nothing)."""
         data = asdict(self)
         data["sys_path"] = list(self.sys_path)
+        if self.task is not None:
+            del data["image_size"]
         return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Workload:
-        """Inverse of :meth:`to_dict`."""
-        return cls(**{**data, "sys_path": tuple(data.get("sys_path", ()))})
+        """Inverse of :meth:`to_dict`; a Task's ``image_size`` (earlier versions wrote the unused default) is not read."""
+        data = {**data, "sys_path": tuple(data.get("sys_path", ()))}
+        if data.get("task") is not None:
+            data.pop("image_size", None)
+        return cls(**data)
 
 
 Status = Literal["ok", "oom", "timeout", "error", "diverged", "pruned", "interrupted", "bad_data"]

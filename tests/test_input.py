@@ -223,6 +223,7 @@ def test_status_of_a_shared_workers_directory_asks_for_its_storage(tmp_path) -> 
         (lambda d: {**d, "confirmed": "yes"}, "field 'confirmed' must be"),
         (lambda d: {k: v for k, v in d.items() if k != "lr"}, "lacks the field 'lr'"),
         (lambda d: {**d, "workload": {**d["workload"], "sys_path": "/x"}}, "'workload.sys_path' must be a list"),
+        (lambda d: {**d, "workload": {**d["workload"], "image_size": None}}, "image size must be an integer >= 8, got None"),  # a Task's only
     ],
 )
 def test_bad_best_json_is_one_line_in_emit_and_load_setup(tmp_path, cache_dir, change, message) -> None:
@@ -256,6 +257,31 @@ def test_a_best_json_written_before_the_confirmed_field_reads_it_from_its_notes(
         older = {k: v for k, v in best.to_dict().items() if k != "confirmed"}
         (tmp_path / "best.json").write_text(json.dumps({**older, "notes": notes}))
         assert read_best(tmp_path / "best.json").confirmed is confirmed
+
+
+def test_best_json_has_an_image_size_for_the_classifier_only_and_reads_back_old_and_new_files(tmp_path) -> None:
+    """A Task's data is its own: its best.json names no image size; the classifier's keeps it. Files written either way read back."""
+    import json
+
+    from autotune.output.best import Best, read_best, write_best
+    from autotune.records import Workload
+    from autotune.train_setup import TrainSetup, load_setup
+
+    setup = TrainSetup(batch_size=16, amp="bf16")
+    task = Workload(model="mytasks:make", task="mytasks:make", images=500, image_input=False)
+    classifier = Workload(model="resnet18", image_size=64)
+    for workload in (task, classifier):
+        best = Best(setup=setup, workload=workload, samples_per_s=1.0, samples_per_s_spread=0.0, defaults_samples_per_s=1.0, speedup=1.0,
+                    peak_memory_bytes=None, effective_batch=16, reference_batch=32, lr=1e-3)
+        write_best(tmp_path / "best.json", best)
+        written = json.loads((tmp_path / "best.json").read_text())["workload"]
+        assert ("image_size" in written) is (workload.task is None)
+        assert written.get("image_size", 64) == 64
+        assert read_best(tmp_path).workload == workload and load_setup(tmp_path / "best.json") == setup
+        # Written by an earlier version: a Task's best.json carried the unused default (224); a null reads as well.
+        for older in ({**written, "image_size": 224}, {**written, "image_size": None}) if workload.task else ():
+            (tmp_path / "best.json").write_text(json.dumps({**best.to_dict(), "workload": older}))
+            assert read_best(tmp_path).workload == workload and load_setup(tmp_path / "best.json") == setup
 
 
 def test_load_setup_refuses_another_schema(tmp_path) -> None:

@@ -19,6 +19,7 @@ import autotune
 from autotune.cli import app
 from autotune.devices import DeviceInfo
 from autotune.errors import UsageError, WorkloadError
+from autotune.output.best import read_best
 from autotune.output.emit import render_script
 from autotune.records import LoaderPoint, TrialOptions, TrialResult, Workload
 from autotune.runner.child import classify
@@ -397,6 +398,11 @@ def test_a_task_search_with_a_fake_runner_writes_best_json_and_the_task_train_py
     script = (tmp_path / "out" / "train.py").read_text()
     assert "WORKLOAD = 'task_factories:dict_batches'" in script and "task.compute_loss(model, batch)" in script
     assert script == render_script(best)
+    # A Task's data is its own: no image size in best.json, the script's header or --json (it would mean nothing).
+    written = json.loads((tmp_path / "out" / "best.json").read_text())
+    assert "image_size" not in written["workload"] and "image_size" not in outcome.to_dict()["best"]["workload"]
+    assert "Tuned for: workload task_factories:dict_batches (autotune.Task) on cpu, 20 samples" in script and " px" not in script
+    assert read_best(tmp_path / "out").workload == best.workload
 
 
 def test_cli_trial_and_python_api_refuse_bad_workloads_before_running(tmp_path: Path) -> None:

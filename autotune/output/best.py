@@ -97,7 +97,8 @@ class Best:
 
     Attributes:
         setup: The winning TrainSetup.
-        workload: What was trained (model, image size, data, device).
+        workload: What was trained (model, image size, data, device; a Task:
+            its reference, and no image size in best.json).
         samples_per_s: The winner's confirmed median throughput.
         samples_per_s_spread: Range (max - min) of the confirmation rounds.
         defaults_samples_per_s: PyTorch defaults, measured in the same rounds.
