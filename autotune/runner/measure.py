@@ -94,13 +94,13 @@ def process_memory(pid: int) -> int:
         return 0
 
 
-def tree_memory(pid: int) -> int:
-    """Memory held by a process and its descendants (its loader workers), in bytes.
+def tree_memory(pids: Sequence[int]) -> int:
+    """Memory held by a process tree (a trial process and its loader workers, :func:`tree_pids`), in bytes.
 
     The sum of PSS: a page a forked loader worker shares with the trial
     process counts once in total, not once per worker as RSS would.
     """
-    return sum(process_memory(p) for p in tree_pids(pid))
+    return sum(process_memory(p) for p in pids)
 
 
 _PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
@@ -175,7 +175,7 @@ class MemoryMonitor:
         rss = sum(process_rss(p) for p in pids)
         if exact or pids != self._pids or now >= self._next_exact:
             began = time.perf_counter()
-            value = sum(process_memory(p) for p in pids)
+            value = tree_memory(pids)
             cost = time.perf_counter() - began
             self._pids, self._shared = pids, max(0, rss - value)
             self._next_exact = now + max(self.EXACT_EVERY_S, cost / self.EXACT_SHARE)
