@@ -793,6 +793,30 @@ def test_a_bad_image_is_one_line_naming_it_and_a_bad_validation_image_loses_no_t
     assert proc.returncode == 1 and proc.stderr.startswith(f"error: bad image {small / 'a' / 'broken.jpg'}"), proc.stderr[-2000:]
 
 
+@pytest.mark.parametrize("error", [RuntimeError("DataLoader worker (pid 7) is killed by signal: Terminated."), EOFError(),
+                                   ConnectionResetError(104, "Connection reset by peer")], ids=["loader", "eof", "reset"])
+def test_workers_ended_by_the_stop_signal_stop_training_however_the_loader_reports_it(synthetic_data: Path, tmp_path: Path,
+                                                                                      error: Exception) -> None:
+    """A job-wide SIGTERM ends the loader's worker too: the DataLoader says so in its own error, or, when the worker was
+    handing a batch over in shared memory, as that hand-over's connection closing (a CI run met an EOFError there,
+    exit 1 with a traceback). After the stop signal each means "stop after the last whole step"; before it, each is
+    an error of its own and is raised."""
+    namespace = load_script(write_script(make_best(synthetic_data, **CPU_KNOBS), tmp_path / "train.py"))
+    stop = namespace["GracefulStop"]()
+    try:
+        def work():
+            raise error
+
+        with pytest.raises(type(error)):
+            stop.unless_workers_gone(work, "gone")
+        stop.name = "SIGTERM"
+        assert stop.unless_workers_gone(work, "gone") == "gone" and stop.stopped
+        with pytest.raises(RuntimeError, match="CUDA"):
+            stop.unless_workers_gone(lambda: (_ for _ in ()).throw(RuntimeError("CUDA error")), "gone")
+    finally:
+        stop.close()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("signum", [2, 15], ids=["SIGINT", "SIGTERM"])
 def test_ctrl_c_or_sigterm_stops_after_the_step_with_a_checkpoint_to_resume_from(
