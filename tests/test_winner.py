@@ -131,6 +131,19 @@ def test_the_bottleneck_verdict(wait: float, compute: float, loader: float, verd
         assert "A cheaper dataset __iter__ or collate_fn" in bottleneck_verdict(stream, _calibration(compute, loader), records, CPU)
 
 
+def test_a_compute_ceiling_at_or_just_below_the_loop_s_rate_is_said_to_be_within_noise() -> None:
+    """The README's command, 2026-12-03: compute alone 245 samples/s, together 274 (1.12x, below the 1.25x of "unclear"):
+    compute-bound, and the verdict says why a ceiling below the rate reached is not a contradiction."""
+    from autotune.rounds import Ceilings
+
+    best = _best([_confirmed(MID, (274.0,))])
+    records = [_record(2, MID, 274.0, wait=0.0)]
+    said = bottleneck_verdict(best, _calibration(245.0, 1000.0), records, CPU, Ceilings(274.0, 245.0, 1096.0, 0.0))
+    assert said.startswith("compute-bound") and "as fast as computing alone, within the noise of these runs" in said
+    clear = bottleneck_verdict(best, _calibration(320.0, 1000.0), records, CPU, Ceilings(274.0, 320.0, 1096.0, 0.0))
+    assert clear.startswith("compute-bound") and "within the noise" not in clear
+
+
 def test_without_the_winner_s_ceilings_the_verdict_takes_the_calibration_s_figures_nearest_its_setup() -> None:
     """--set amp=off --set num_workers=0: not the bf16 compute figure nor the 2-worker loader's, which it excludes."""
     from autotune.records import PrecisionPoint

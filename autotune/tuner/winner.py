@@ -289,4 +289,7 @@ def bottleneck_verdict(
         )
     if unclear:
         return f"unclear: training measured faster than computing alone ({facts}), so these figures name no limit; {why}."
+    if compute and together >= compute:  # a single short run of each: within the noise, not a contradiction (UNCLEAR)
+        return (f"compute-bound: the training step is the limit ({facts}); training ran as fast as computing alone, "
+                f"within the noise of these runs: the loader costs it nothing.")
     return f"compute-bound: the training step is the limit ({facts})."
