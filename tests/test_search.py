@@ -519,16 +519,16 @@ def test_a_calibration_run_is_reused_only_when_it_measured_and_under_about_the_s
     saved: dict = {}
     results = iter([TrialResult(status="error", error="boom"), TrialResult(status="oom", error="over"),
                     TrialResult(status="ok", samples_per_s=5.0)])
-    kept = KeptRuns(lambda *a, **k: next(results), stored, saved.__setitem__)
+    kept = KeptRuns(lambda *a, **k: next(results), stored, saved.update)
     workload, options = Workload(model="resnet18", image_size=32, device="cpu"), TrialOptions(max_memory_bytes=1000, mode="compute")
     assert [kept(TrainSetup(batch_size=b), workload, options).status for b in (8, 16, 32)] == ["error", "oom", "ok"]
     assert sorted(runs[0].result.status for runs in saved.values()) == ["ok", "oom"] and kept.measured == 2
     fresh = TrialResult(status="ok", samples_per_s=9.0)
-    replay = KeptRuns(lambda *a, **k: fresh, dict(saved), saved.__setitem__)
+    replay = KeptRuns(lambda *a, **k: fresh, dict(saved), saved.update)
     drifted = TrialOptions(max_memory_bytes=950, mode="compute")
     assert [replay(TrainSetup(batch_size=b), workload, drifted).samples_per_s for b in (8, 16, 32)] == [9.0, None, 5.0]
     assert replay.reused == 2
-    other = KeptRuns(lambda *a, **k: fresh, dict(saved), saved.__setitem__)
+    other = KeptRuns(lambda *a, **k: fresh, dict(saved), saved.update)
     assert other(TrainSetup(batch_size=16), workload, TrialOptions(max_memory_bytes=2000, mode="compute")) is fresh
     assert other.reused == 0 and [run.budget for run in saved[next(k for k in saved if '"batch_size": 16' in k)]] == [2000]
 

@@ -64,10 +64,10 @@ class KeptRuns:
     Args:
         runner: The runner that measures.
         stored: Earlier runs per :func:`run_key`, in the order they were measured.
-        store: Called with a key and its runs after every new kept measurement.
+        store: Called with every run kept so far, per key, after each new kept measurement.
     """
 
-    def __init__(self, runner: TrialRunner, stored: dict[str, list[KeptRun]], store: Callable[[str, list[KeptRun]], None]) -> None:
+    def __init__(self, runner: TrialRunner, stored: dict[str, list[KeptRun]], store: Callable[[dict[str, list[KeptRun]]], None]) -> None:
         self.runner = runner
         self.stored = stored
         self.store = store
@@ -99,5 +99,5 @@ class KeptRuns:
         result = self.runner(setup, workload, options, on_window=on_window)
         if result.status in KEPT_STATUSES:
             self.stored[key] = [*earlier[:index], KeptRun(result, options.max_memory_bytes)]  # a run measured again replaces
-            self.store(key, self.stored[key])
+            self.store(self.stored)
         return result

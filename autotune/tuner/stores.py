@@ -45,7 +45,7 @@ class StudyStores:
 
     def store_calibration(self, calibration: Calibration) -> None:
         """Keep the calibration, so a resumed search reuses it (with interrupts held: never half stored); its runs,
-        kept one by one meanwhile (:meth:`store_calibration_run`), are then no longer needed."""
+        kept one by one meanwhile (:meth:`store_calibration_runs`), are then no longer needed."""
         with interrupts_held():
             self.study.set_user_attr(STUDY_CALIBRATION, calibration.to_dict())
             if STUDY_CALIBRATION_RUNS in self.study.user_attrs:
@@ -57,10 +57,9 @@ class StudyStores:
         stored = self.study.user_attrs.get(STUDY_CALIBRATION_RUNS) or {}
         return {key: [KeptRun.from_dict(r) for r in runs] for key, runs in stored.items()}
 
-    def store_calibration_runs(self, key: str, runs: list[KeptRun]) -> None:
-        """Keep the calibration's runs of one key the moment one returns (with interrupts held: never half stored)."""
-        stored = dict(self.study.user_attrs.get(STUDY_CALIBRATION_RUNS) or {})
-        stored[key] = [run.to_dict() for run in runs]
+    def store_calibration_runs(self, runs: dict[str, list[KeptRun]]) -> None:
+        """Keep the calibration's runs so far, per run key, the moment one returns (with interrupts held: never half stored)."""
+        stored = {key: [run.to_dict() for run in kept] for key, kept in runs.items()}
         with interrupts_held():
             self.study.set_user_attr(STUDY_CALIBRATION_RUNS, stored)
             self.heartbeat()
