@@ -110,16 +110,22 @@ def _draw(plots: ModuleType | None, name: str, *args: Any) -> bytes | None:
     return bytes(plots.png(fig))
 
 
+def fastest_trial(records: Sequence[TrialRecord], baseline_only: frozenset[int] = frozenset()) -> TrialRecord | None:
+    """The fastest trial that measured a throughput: of those the search's ``--set`` allows (not ``baseline_only``)
+    when any did, else of all (the report's and ``autotune status``'s best so far)."""
+    ok = [r for r in records if r.result.ok and r.result.samples_per_s]
+    return max([r for r in ok if r.number not in baseline_only] or ok, key=lambda r: r.result.samples_per_s or 0.0, default=None)
+
+
 def _winner(data: ReportInput) -> tuple[float | None, str, float | None]:
     """The achieved rate, its label and the defaults' rate (confirmed, or the best trial so far)."""
     if data.best is not None:
         label = "winner\n(confirmed median)" if data.best.confirmed else "winner\n(not confirmed)"
         return data.best.samples_per_s, label, data.best.defaults_samples_per_s
-    ok = [r for r in data.records if r.result.ok and r.result.samples_per_s]
-    if not ok:
+    top = fastest_trial(data.records, data.baseline_only)
+    if top is None:
         return None, "", None
-    top = max([r for r in ok if r.number not in data.baseline_only] or ok, key=lambda r: r.result.samples_per_s or 0.0)
-    defaults = next((r.result.samples_per_s for r in ok if r.role == "defaults"), None)
+    defaults = next((r.result.samples_per_s for r in data.records if r.role == "defaults" and r.result.ok and r.result.samples_per_s), None)
     return top.result.samples_per_s, f"best trial so far\n(#{top.number}, unconfirmed)", defaults
 
 

@@ -10,12 +10,13 @@ from typing import Any
 from optuna.trial import TrialState
 
 from autotune.output.best import Best
+from autotune.output.sections import fastest_trial
 from autotune.records import TrialRecord
 from autotune.tuner.budget import STUDY_BUDGET, counted
 from autotune.tuner.constraints import excluding
 from autotune.tuner.lock import Holder
 from autotune.tuner.study import ATTR_MARKER, ATTR_ROLE, ATTR_WORKER, ROLE_SEARCH, STUDY_HOLDER, SearchStudy
-from autotune.tuner.study_report import kept_winner, published_winner, run_by_workers, stored_set
+from autotune.tuner.study_report import baseline_only, kept_winner, published_winner, run_by_workers, stored_set
 from autotune.tuner.workers import confirm_marker
 
 
@@ -147,11 +148,9 @@ def study_status(storage: str, study: str | None = None, out: Path | None = None
                                    role=str(t.user_attrs.get(ATTR_ROLE, ROLE_SEARCH)),
                                    seconds=max(0.0, time.time() - started) if started is not None else None))
     records = found.records()
-    feasible = [r for r in records if r.result.ok and r.result.samples_per_s]
     # The search's --set: the PyTorch defaults it excludes were measured as the baseline, never a winner.
     constraints = stored_set(found)
-    allowed = [r for r in feasible if excluding(constraints, r.setup) is None]
-    fastest = max(allowed or feasible, key=lambda r: r.result.samples_per_s or 0.0, default=None)
+    fastest = fastest_trial(records, baseline_only(records, constraints))
     # Among the trials the budget counts: a setup that could not run (free) is not one of the "N finished".
     unmeasured = [r for r in records if not r.result.ok and r.result.status != "pruned" and not r.free]
     lone = not run_by_workers(trials)

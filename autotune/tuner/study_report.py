@@ -83,7 +83,7 @@ def report_search(
         storage=study.storage,
         status=status,
         ceilings=outcome.ceilings if outcome else None,
-        baseline_only=baseline_only(study, records),
+        baseline_only=baseline_only(records, stored_set(study)),
         workload=stored_workload(study),
     )
     return write_search_report(study, out, data, log), spent
@@ -99,9 +99,8 @@ def stored_workload(study: SearchStudy) -> str | None:
     return described_workload(study.study.user_attrs.get(STUDY_SIGNATURE))
 
 
-def baseline_only(study: SearchStudy, records: Sequence[TrialRecord]) -> frozenset[int]:
-    """The trials whose setup the study's stored ``--set`` excludes: the PyTorch defaults it measured as the baseline."""
-    constraints = stored_set(study)
+def baseline_only(records: Sequence[TrialRecord], constraints: dict[str, Constraint]) -> frozenset[int]:
+    """The trials whose setup the search's ``--set`` (:func:`stored_set`) excludes: the PyTorch defaults it measured as the baseline."""
     return frozenset(r.number for r in records if excluding(constraints, r.setup) is not None)
 
 
@@ -250,7 +249,7 @@ def report_study(out: Path, *, storage: str | None = None, study: str | None = N
         storage=stored.storage,  # the password hidden
         time_complete=spent is not None,
         status=status,
-        baseline_only=baseline_only(stored, records),
+        baseline_only=baseline_only(records, stored_set(stored)),
         workload=stored_workload(stored),
     )
     return write_report(out, data)
