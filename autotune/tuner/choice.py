@@ -33,12 +33,23 @@ def batch_change(setup: TrainSetup, reference: int) -> float:
     return abs(math.log(setup.effective_batch() / reference))
 
 
+def cost_rules(reference: int) -> list[Rule]:
+    """The costs a winner must pay for beyond the noise, in the order :func:`choose_winner` weighs them (a later rule
+    never brings back a cost an earlier one removed: the fp32 twin of a compiled leader is compiled too)."""
+    return [
+        (lambda s: s.compile != "off", "runs eagerly (no compilation at every start)"),
+        (lambda s: changes_math(s, reference), "keeps the training math"),
+        (lambda s: s.amp != "off", "trains in float32 (no autocast)"),
+    ]
+
+
 def never_preferred(setup: TrainSetup, over: TrainSetup) -> bool:
     """Whether no rule of :func:`choose_winner` can return ``setup`` instead of ``over`` when ``over`` leads within the
-    noise: the same effective batch (the math and batch rules tie), autocast where ``over`` autocasts and compiled
-    where it is compiled (the rules return a setup free of a cost the leader carries, never one with more)."""
-    return (setup.effective_batch() == over.effective_batch() and (over.amp == "off" or setup.amp != "off")
-            and (over.compile == "off" or setup.compile != "off"))
+    noise: the same effective batch (the batch rule ties, and the math rule's reference cancels out), and every cost
+    of :func:`cost_rules` that ``over`` carries ``setup`` carries too (the rules return a setup free of a cost the
+    leader carries, never one with more)."""
+    batch = setup.effective_batch()
+    return batch == over.effective_batch() and not any(costly(over) and not costly(setup) for costly, _ in cost_rules(batch))
 
 
 def choose_winner(
@@ -93,13 +104,7 @@ def choose_winner(
                          f"({_margin_text(clear, defaults)}) and is not beaten by the leader, "
                          f"{top.candidate.setup.describe()}, which did not ({_margin_text(top, defaults)}): it is returned")
     if chosen is not defaults:
-        # Costs the fastest finalist may carry must pay for themselves beyond the noise; a later rule never brings back
-        # a cost an earlier one removed (the fp32 twin of a compiled leader is compiled too).
-        rules: list[Rule] = [
-            (lambda s: s.compile != "off", "runs eagerly (no compilation at every start)"),
-            (lambda s: changes_math(s, reference), "keeps the training math"),
-            (lambda s: s.amp != "off", "trains in float32 (no autocast)"),
-        ]
+        rules = cost_rules(reference)  # costs the fastest finalist may carry must pay for themselves beyond the noise
         chosen = _nearer_batch(measured, _rule_chain(measured, chosen, defaults, rules, notes), defaults, rules, reference, notes)
     rounds = max(_runs(c) for c in measured)
     runner_up = leader([c for c in measured if c is not chosen])
