@@ -788,7 +788,8 @@ def test_ctrl_c_during_calibration_keeps_its_runs_and_the_rerun_reuses_them(tmp_
     again = subprocess.run(cmd, capture_output=True, env=ENV, timeout=WAIT_S)
     said = again.stdout.decode() + again.stderr.decode()
     assert again.returncode == 0, said
-    assert f"(runs measured before an interruption, reused: {found.group(1)})" in said
+    assert f"(runs measured before an interruption and kept: {found.group(1)})" in said
+    assert f"calibration: reused {found.group(1)} of the {found.group(1)} runs kept from before the interruption, measured " in said
     assert (out / "best.json").is_file() and kept() == 0  # the whole calibration is stored instead
 
 

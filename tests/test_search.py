@@ -504,7 +504,9 @@ def test_ctrl_c_during_calibration_keeps_its_runs_and_the_rerun_goes_on_from_the
     outcome = search(config(tmp_path, cache_dir, trials=3), runner=counting, reporter=Said())
     assert outcome.calibration.compute_samples_per_s and len(measured(outcome.records)) == 3
     assert again[0] == runs[2] and again.count(first[0]) == 0  # the third run first: the two before it are reused
-    assert "calibration: memory pre-pass, compute-only and loader-only ceilings (runs measured before an interruption, reused: 2)" in Said.lines
+    assert "calibration: memory pre-pass, compute-only and loader-only ceilings (runs measured before an interruption and kept: 2)" in Said.lines
+    assert any(re.fullmatch(r"calibration: reused 2 of the 2 runs kept from before the interruption, measured [1-9]\d* now", line)
+               for line in Said.lines)
     assert study.calibration_runs() == {}  # the whole calibration is stored now
 
 
@@ -527,9 +529,12 @@ def test_a_calibration_run_is_reused_only_when_it_measured_and_under_about_the_s
     replay = KeptRuns(lambda *a, **k: fresh, dict(saved), saved.update)
     drifted = TrialOptions(max_memory_bytes=950, mode="compute")
     assert [replay(TrainSetup(batch_size=b), workload, drifted).samples_per_s for b in (8, 16, 32)] == [9.0, None, 5.0]
-    assert replay.reused == 2
+    assert replay.reused == 2 and replay.ran == 1
+    assert replay.summary() == ("calibration: reused 2 of the 2 runs kept from before the interruption, measured 1 now")
     other = KeptRuns(lambda *a, **k: fresh, dict(saved), saved.update)
     assert other(TrainSetup(batch_size=16), workload, TrialOptions(max_memory_bytes=2000, mode="compute")) is fresh
+    assert other.summary() == ("calibration: reused 0 of the 3 runs kept from before the interruption (not the other 3: measured "
+                               "under another memory budget, or not asked for this time), measured 1 now")
     assert other.reused == 0 and [run.budget for run in saved[next(k for k in saved if '"batch_size": 16' in k)]] == [2000]
 
 

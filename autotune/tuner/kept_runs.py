@@ -73,11 +73,30 @@ class KeptRuns:
         self.store = store
         self.calls: Counter[str] = Counter()
         self.reused = 0
+        self.earlier = self.measured  # kept by earlier runs of the command
+
 
     @property
     def measured(self) -> int:
         """Runs kept so far: those stored by earlier runs of the command and this one's."""
         return sum(len(runs) for runs in self.stored.values())
+
+    @property
+    def ran(self) -> int:
+        """Runs this command measured (calls not answered by a kept run)."""
+        return sum(self.calls.values()) - self.reused
+
+    def opening(self) -> str:
+        """What the calibration's first line adds when an interrupted command kept runs (else nothing)."""
+        return f" (runs measured before an interruption and kept: {self.earlier})" if self.earlier else ""
+
+    def summary(self) -> str | None:
+        """How the runs kept by an earlier, interrupted command were used; None when there were none."""
+        if not self.earlier:
+            return None
+        rest = self.earlier - self.reused
+        other = f" (not the other {rest}: measured under another memory budget, or not asked for this time)" if rest else ""
+        return f"calibration: reused {self.reused} of the {self.earlier} runs kept from before the interruption{other}, measured {self.ran} now"
 
     def __call__(
         self,

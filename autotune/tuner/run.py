@@ -85,8 +85,7 @@ def run_search(config: SearchConfig, reporter: Reporter | None = None, *, runner
         WorkloadError: Unknown model, missing or empty data (nothing is written).
         StorageError: Unwritable output or unreachable storage.
         SearchFailed: Every trial failed.
-        SearchInterrupted: Ctrl-C; finished trials are kept and the best so far
-            is written.
+        SearchInterrupted: Ctrl-C; finished trials are kept and the best so far is written.
     """
     reporter = reporter or SilentReporter()
     config.validate()
@@ -273,8 +272,7 @@ def calibrate_once(config: SearchConfig, prepared: Prepared, reporter: Reporter,
         reporter.message(f"continuing study {prepared.study.name!r}: calibration reused, {trials} finished trials kept")
         return stored
     kept = KeptRuns(runner, prepared.study.calibration_runs(), prepared.study.store_calibration_runs)
-    resumed = f" (runs measured before an interruption, reused: {kept.measured})" if kept.measured else ""
-    reporter.message(f"calibration: memory pre-pass, compute-only and loader-only ceilings{resumed}")
+    reporter.message(f"calibration: memory pre-pass, compute-only and loader-only ceilings{kept.opening()}")
     try:
         with sigterm_as_interrupt():
             calibration = calibrate(
@@ -295,6 +293,8 @@ def calibrate_once(config: SearchConfig, prepared: Prepared, reporter: Reporter,
         raise SearchInterrupted(f"interrupted during calibration, before the first trial (runs measured and kept: {kept.measured}); "
                                 "rerun the same command to go on") from None
     prepared.study.store_calibration(calibration)
+    if (summary := kept.summary()) is not None:
+        reporter.message(summary)
     return calibration
 
 
