@@ -19,7 +19,7 @@ import typer
 from rich.markup import escape
 
 from autotune._version import __version__
-from autotune.cli_errors import check_flags_agree, echo_error_object, error_line, json_error_shape, json_on_error, trial_flags_named
+from autotune.cli_errors import check_flags_agree, echo_error_object, echo_json, error_line, json_error_shape, json_on_error, trial_flags_named
 from autotune.errors import AutotuneError, ProbeError
 from autotune.records import DEFAULT_TRIAL_SECONDS
 from autotune.redact import recorded_command
@@ -205,7 +205,7 @@ def trial(
             announce=None if as_json else lambda line: err.print(escape(line), highlight=False),
         )
     if as_json:
-        typer.echo(json.dumps(outcome.result.to_dict()))
+        echo_json(outcome.result.to_dict())
     else:
         out.print(render_trial(outcome.setup, outcome.result))
 
@@ -294,13 +294,13 @@ def search(
         # The best so far, marked interrupted, then the one yellow line.
         summary = exc.outcome if isinstance(exc.outcome, SearchOutcome) else None
         if as_json:
-            typer.echo(json.dumps(summary.to_dict() if summary is not None else {"best": None, "interrupted": True}))
+            echo_json(summary.to_dict() if summary is not None else {"best": None, "interrupted": True})
         elif summary is not None:
             out.print(render_search(summary), crop=False)
         err.print(escape(str(exc)), style="yellow", highlight=False, soft_wrap=True)
         raise typer.Exit(exc.exit_code) from None
     if as_json:
-        typer.echo(json.dumps(outcome.to_dict()))
+        echo_json(outcome.to_dict())
     else:
         out.print(render_search(outcome), crop=False)
 
@@ -351,7 +351,7 @@ def status(
 
     found = study_status(storage_of(directory, storage), study, out=None if storage else directory)
     if as_json:
-        typer.echo(json.dumps(found.to_dict()))
+        echo_json(found.to_dict())
     else:
         for line in found.lines():
             out.print(escape(line), highlight=False, soft_wrap=True)

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import functools
 import json
+import sys
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from typing import Any, TypeVar
+from contextlib import contextmanager, redirect_stdout
+from typing import Any, TextIO, TypeVar
 
 import typer
 
@@ -53,6 +54,22 @@ def json_error_shape(command: str) -> dict[str, Any] | None:
     return _ERROR_SHAPES.get(command)
 
 
+#: The real stdout of each ``--json`` command running (innermost last): while one runs, ``sys.stdout`` is stderr.
+_JSON_STDOUT: list[TextIO] = []
+
+
+def echo_json(value: Any) -> None:
+    """Print ``value`` as the one JSON object of a ``--json`` command, on the command's real stdout.
+
+    Within a command decorated with :func:`json_on_error` and given ``--json``, anything else written to
+    ``sys.stdout`` (a workload factory's or a dataset's ``print``) goes to stderr, so stdout holds this object alone.
+
+    Args:
+        value: The object (``json.dumps``-able).
+    """
+    typer.echo(json.dumps(value), file=_JSON_STDOUT[-1] if _JSON_STDOUT else sys.stdout)
+
+
 def echo_error_object(line: str, shape: dict[str, Any]) -> None:
     """Print the one JSON object of a failed ``--json`` command on stdout: ``shape`` and ``"error"``, the line stderr shows.
 
@@ -60,7 +77,7 @@ def echo_error_object(line: str, shape: dict[str, Any]) -> None:
         line: The error's one line, without stderr's ``error:``.
         shape: The command's keys on failure (:func:`json_error_shape`).
     """
-    typer.echo(json.dumps({**shape, "error": line}))
+    echo_json({**shape, "error": line})
 
 
 def json_on_error(**shape: Any) -> Callable[[F], F]:
@@ -69,6 +86,8 @@ def json_on_error(**shape: Any) -> Callable[[F], F]:
 
     The error itself goes on, to the stderr line and exit code of the command's error handling. A usage error
     found before the command runs (an unknown option) prints the same object from :func:`autotune.cli.main`.
+    With ``--json`` the command runs with ``sys.stdout`` sent to stderr (the user's code may print) and prints
+    its object with :func:`echo_json`, so that stdout holds one JSON object and nothing else.
 
     Args:
         **shape: The keys a reader of the command's JSON looks at first, as they read on failure
@@ -80,12 +99,18 @@ def json_on_error(**shape: Any) -> Callable[[F], F]:
 
         @functools.wraps(command)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            try:
+            if not kwargs.get("as_json"):
                 return command(*args, **kwargs)
+            _JSON_STDOUT.append(sys.stdout)
+            try:
+                with redirect_stdout(sys.stderr):
+                    return command(*args, **kwargs)
             except Exception as exc:
-                if kwargs.get("as_json") and not isinstance(exc, (typer.Exit, typer.Abort)):
+                if not isinstance(exc, (typer.Exit, typer.Abort)):
                     echo_error_object(error_line(exc)[0], shape)
                 raise
+            finally:
+                _JSON_STDOUT.pop()
 
         return wrapper  # type: ignore[return-value]
 

@@ -27,6 +27,12 @@ def good() -> autotune.Task:
     return autotune.Task(nn.Linear(8, 3), _pairs(), batch_size=16, lr=2e-3)
 
 
+def chatty() -> autotune.Task:
+    """The good Task from a factory that prints, as training scripts do."""
+    print("loading the data")
+    return good()
+
+
 def few() -> autotune.Task:
     """The good Task on 5 samples, fewer than its batch_size of 16."""
     return autotune.Task(nn.Linear(8, 3), _pairs(5), batch_size=16, lr=2e-3)

@@ -274,6 +274,18 @@ def test_a_trial_of_a_task_runs_at_its_batch_size_unless_another_is_given(monkey
     assert batches[-1] == 2
 
 
+def test_json_stdout_holds_the_object_alone_when_the_workload_prints(monkeypatch: pytest.MonkeyPatch) -> None:
+    import autotune.runner
+
+    monkeypatch.setattr(autotune.runner, "prestart", lambda: None)
+    monkeypatch.setattr(autotune.runner, "run_trial", lambda setup, workload, options: TrialResult(status="ok", samples_per_s=9.0))
+    for args in ([], ["--channels-last"]):  # measured, and refused after the factory ran: either way one object on stdout
+        result = cli.invoke(app, ["trial", "--workload", "task_factories:chatty", "--device", "cpu", "--json", *args])
+        said = json.loads(result.stdout)
+        assert said["samples_per_s"] == (9.0 if not args else None), result.output
+        assert "loading the data" in result.stderr  # the factory's print is kept, on stderr
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
