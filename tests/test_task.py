@@ -72,6 +72,13 @@ def test_the_recipe_rate_of_a_factory_without_lr_is_its_own() -> None:
     work = _workload("sgd_own_rate")
     assert work.lr == 0.1 and work.lr_scaling == "linear"
     assert _workload("sgd_groups").lr == 0.1  # a factory taking lr= is given Task.lr (0.1 there)
+    # A partial that binds lr= sets its own rate too: the user's 0.1, not the Task's default 1e-3, scaled for each group.
+    bound = autotune.Task(torch.nn.Linear(2, 2), [1], optimizer=functools.partial(torch.optim.SGD, lr=0.1, momentum=0.9))
+    unscaled = bound.build_optimizer(bound.build_model().parameters(), lr=None, cuda=False)
+    assert bound.recipe_lr(unscaled) == 0.1 and bound.lr_scaling(unscaled) == "linear"
+    assert bound.build_optimizer(bound.build_model().parameters(), lr=0.4, cuda=False).param_groups[0]["lr"] == 0.4
+    unbound = autotune.Task(torch.nn.Linear(2, 2), [1], optimizer=functools.partial(torch.optim.SGD, momentum=0.9), lr=0.2)
+    assert unbound.recipe_lr(unbound.build_optimizer(unbound.build_model().parameters(), lr=None, cuda=False)) == 0.2
 
 
 def test_the_learning_rate_rule_follows_the_optimizer_family() -> None:

@@ -65,7 +65,7 @@ class Task:
         optimizer: A factory ``params -> torch.optim.Optimizer``; it is
             called with ``lr=`` when it accepts that argument (the rate
             scaled to the tuned effective batch). A factory without ``lr``
-            sets its own rates: its first param group's is then the recipe's
+            (or a ``functools.partial`` that binds it) sets its own rates: its first param group's is then the recipe's
             rate (``lr`` is not used), and every group's is scaled by the
             same ratio. Default: AdamW at ``lr`` with the tuned
             ``optimizer_impl`` (a factory of your own is not given that knob).
@@ -132,8 +132,16 @@ class Task:
         return "sqrt" if names & ADAPTIVE_OPTIMIZERS else "linear"
 
     def _factory_takes_lr(self) -> bool:
+        """Whether the optimizer factory is to be given ``lr=``: it takes that argument and does not set it itself.
+
+        A ``functools.partial`` that binds ``lr`` (``partial(torch.optim.SGD, lr=0.1, momentum=0.9)``) sets its own
+        rate, as a factory without ``lr`` does: passing ``lr=`` would silently replace the rate the user wrote.
+        """
+        import functools
         import inspect
 
+        if isinstance(self.optimizer, functools.partial) and "lr" in self.optimizer.keywords:
+            return False
         try:
             return "lr" in inspect.signature(self.optimizer).parameters  # type: ignore[arg-type]
         except (TypeError, ValueError):
