@@ -48,6 +48,9 @@ def test_task_keeps_the_public_signature_and_rejects_loss_with_step() -> None:
         autotune.Task(torch.nn.Linear(2, 2), [1], loss=torch.nn.MSELoss(), step=lambda m, b: b)
     with pytest.raises(WorkloadError, match="batch_size"):
         autotune.Task(torch.nn.Linear(2, 2), [1], batch_size=0)
+    # The criterion's class where its instance belongs would fail later as "Boolean value of Tensor ... is ambiguous".
+    with pytest.raises(WorkloadError, match=re.escape("Task loss is the class MSELoss, not a loss function: pass an instance (loss=MSELoss())")):
+        autotune.Task(torch.nn.Linear(2, 2), [1], loss=torch.nn.MSELoss)
 
 
 def test_optimizer_factory_gets_the_scaled_lr() -> None:

@@ -100,6 +100,9 @@ class Task:
             value = getattr(self, name)
             if value is not None and not callable(value):
                 raise WorkloadError(f"Task {name} must be callable, got {type(value).__name__}")
+        if isinstance(self.loss, type):  # loss=nn.MSELoss: called on (output, targets) it would build a criterion, not a loss
+            name = self.loss.__name__
+            raise WorkloadError(f"Task loss is the class {name}, not a loss function: pass an instance (loss={name}())")
 
     # -------------------------------------------------------------- building
     def build_model(self) -> torch.nn.Module:
