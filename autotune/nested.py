@@ -1,11 +1,20 @@
-"""The tensors of a nested batch: a tensor, a tuple or list, a dict, or a mix of them."""
+"""The tensors of a nested batch: a tensor, a tuple or list, a dict, a dataclass instance, or a mix of them."""
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-__all__ = ["map_tensors", "tensors"]
+__all__ = ["dataclass_fields", "map_tensors", "tensors"]
+
+
+def dataclass_fields(value: Any) -> tuple[dataclasses.Field[Any], ...]:
+    """The fields of a dataclass instance (a ``Batch(x=..., y=...)`` a collate_fn returns); none for anything else."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.fields(value)
+    return ()
 
 
 def tensors(batch: Any) -> Iterator[Any]:
@@ -20,6 +29,9 @@ def tensors(batch: Any) -> Iterator[Any]:
     elif isinstance(batch, (tuple, list)):
         for value in batch:
             yield from tensors(value)
+    else:
+        for field in dataclass_fields(batch):
+            yield from tensors(getattr(batch, field.name))
 
 
 def map_tensors(batch: Any, func: Callable[[Any], Any]) -> Any:
@@ -40,4 +52,10 @@ def map_tensors(batch: Any, func: Callable[[Any], Any]) -> Any:
         return type(batch)(*(map_tensors(value, func) for value in batch))
     if isinstance(batch, (tuple, list)):
         return type(batch)(map_tensors(value, func) for value in batch)
+    fields = dataclass_fields(batch)
+    if fields:  # a copy with each field mapped: frozen, slotted and init=False fields too, without rerunning __post_init__
+        mapped_batch = copy.copy(batch)
+        for field in fields:
+            object.__setattr__(mapped_batch, field.name, map_tensors(getattr(batch, field.name), func))
+        return mapped_batch
     return batch

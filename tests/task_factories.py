@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import resource
 import signal
@@ -31,6 +32,22 @@ def chatty() -> autotune.Task:
     """The good Task from a factory that prints, as training scripts do."""
     print("loading the data")
     return good()
+
+
+@dataclasses.dataclass(frozen=True)
+class PairBatch:
+    """A batch as a dataclass, as a collate_fn of one's own may return it."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+
+
+def dataclass_batches() -> autotune.Task:
+    """The good Task's pairs collated into a PairBatch; a step() reads its fields."""
+    return autotune.Task(
+        lambda: nn.Linear(8, 3), _pairs(),
+        collate_fn=lambda items: PairBatch(torch.stack([x for x, _ in items]), torch.stack([y for _, y in items])),
+        step=lambda model, batch: nn.functional.cross_entropy(model(batch.x), batch.y), batch_size=4)
 
 
 def few() -> autotune.Task:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import dataclasses
 import functools
 import json
 import re
@@ -328,6 +329,26 @@ def test_batches_of_any_shape_move_and_count() -> None:
     assert describe_batch((torch.zeros(2, 3), 1)) == "(Tensor[2, 3] float32, int)"
     with pytest.raises(WorkloadError, match="batch_size_of"):
         first_dim({"text": "no tensors"})
+
+
+def test_dataclass_batches_move_and_count_like_dicts() -> None:
+    @dataclasses.dataclass(frozen=True)
+    class Batch:
+        image: torch.Tensor
+        label: torch.Tensor
+        name: str = "b"
+        extra: list = dataclasses.field(default_factory=list, init=False)  # type: ignore[type-arg]
+
+    batch = Batch(torch.zeros(4, 3, 8, 8), torch.zeros(4, dtype=torch.long))
+    object.__setattr__(batch, "extra", [torch.ones(4)])
+    moved = to_device(batch, "meta", channels_last=True)  # every tensor moved, the batch's type and other fields kept
+    assert isinstance(moved, Batch) and moved.name == "b" and batch.image.device.type == "cpu"
+    assert {t.device.type for t in (moved.image, moved.label, moved.extra[0])} == {"meta"}
+    assert moved.image.is_contiguous(memory_format=torch.channels_last)
+    assert first_dim(batch) == 4 and has_image_tensor(batch)
+    assert describe_batch(batch) == "Batch(image: Tensor[4, 3, 8, 8] float32, label: Tensor[4] int64, name: str, extra: [Tensor[4] float32])"
+    work = _workload("dataclass_batches")  # checked and counted without batch_size_of, as trials count it
+    assert work.task == "task_factories:dataclass_batches" and not work.image_input
 
 
 # ------------------------------------------------------------ search pieces

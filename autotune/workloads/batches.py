@@ -1,4 +1,4 @@
-"""Batches of any shape: a tensor, a tuple or list, a dict, or a nested mix.
+"""Batches of any shape: a tensor, a tuple or list, a dict, a dataclass instance, or a nested mix.
 
 The trial loop and the emitted script treat every batch the same way: move
 its tensors to the device (recursively, ``non_blocking`` only from pinned
@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from autotune.errors import WorkloadError
-from autotune.nested import map_tensors, tensors
+from autotune.nested import dataclass_fields, map_tensors, tensors
 
 __all__ = ["describe_batch", "first_dim", "has_image_tensor", "map_tensors", "tensors", "to_device"]
 
@@ -66,6 +66,9 @@ def describe_batch(batch: Any) -> str:
     if isinstance(batch, (tuple, list)):
         inner = ", ".join(describe_batch(value) for value in batch)
         return f"({inner})" if isinstance(batch, tuple) else f"[{inner}]"
+    fields = dataclass_fields(batch)
+    if fields:
+        return type(batch).__name__ + "(" + ", ".join(f"{f.name}: {describe_batch(getattr(batch, f.name))}" for f in fields) + ")"
     return type(batch).__name__
 
 
