@@ -50,6 +50,10 @@ def dataclass_batches() -> autotune.Task:
         step=lambda model, batch: nn.functional.cross_entropy(model(batch.x), batch.y), batch_size=4)
 
 
+#: A Task built at import, where a function that returns one belongs.
+TASK = autotune.Task(nn.Linear(8, 3), _pairs(), batch_size=16)
+
+
 def few() -> autotune.Task:
     """The good Task on 5 samples, fewer than its batch_size of 16."""
     return autotune.Task(nn.Linear(8, 3), _pairs(5), batch_size=16, lr=2e-3)

@@ -145,6 +145,8 @@ def test_good_workloads_become_workload_records() -> None:
     ("name", "message"),
     [
         ("no_such_function", "has no function 'no_such_function'"),
+        ("TASK", "'TASK' in 'task_factories' is a Task, not a function, for workload 'task_factories:TASK': name a function "
+                 "that returns it (def make_workload(): return TASK)"),
         ("not_a_task", "returned int, not an autotune.Task"),
         ("raises", "failed: RuntimeError: no data mounted"),
         ("loss_and_step", "workload task_factories:loss_and_step: Task takes loss= or step=, not both"),
@@ -511,6 +513,7 @@ def test_the_task_script_refuses_a_bad_workload_or_checkpoint_in_one_line(
     for flags, message in (
         (["--workload", "no_such_module_xyz:make"], "error: --workload no_such_module_xyz:make: cannot import no_such_module_xyz"),
         (["--workload", "task_factories:nothing_here"], "error: --workload task_factories:nothing_here: task_factories has no function"),
+        (["--workload", "task_factories:TASK"], "error: --workload task_factories:TASK: TASK is a Task, not a function that returns one"),
         (["--workload", "task_factories:raises"], "error: --workload task_factories:raises failed: RuntimeError: no data mounted"),
         (["--output-dir", "/proc/autotune-x"], "error: --output-dir /proc/autotune-x: No such file or directory"),
     ):

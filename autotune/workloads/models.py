@@ -140,8 +140,13 @@ def load_factory(ref: str, sys_path: Sequence[str], what: str = "model") -> Call
     except USER_CODE_ERRORS as exc:  # the user's module raised while importing
         raise WorkloadError(f"importing {module_name!r} for {what} {ref!r} failed: {type(exc).__name__}: {exc}") from None
     func = getattr(module, func_name, None)
-    if func is None or not callable(func):
+    if func is None:
         raise WorkloadError(f"{module_name!r} has no function {func_name!r} for {what} {ref!r}")
+    if not callable(func):  # TASK = autotune.Task(...) at the module's top level, named instead of its factory
+        raise WorkloadError(
+            f"{func_name!r} in {module_name!r} is a {type(func).__name__}, not a function, for {what} {ref!r}: "
+            f"name a function that returns it (def make_{what}(): return {func_name})"
+        )
     return func
 
 
