@@ -10,6 +10,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import in_process
 import pytest
@@ -194,6 +195,24 @@ def test_unpicklable_dataset_is_fine_without_workers_or_with_workers_that_fork(m
     assert _workload("unpicklable", workers=False).images == 40
     monkeypatch.setattr(multiprocessing, "get_all_start_methods", lambda: ["fork", "spawn", "forkserver"])
     assert _workload("unpicklable").images == 40  # forked workers inherit it: nothing is pickled
+
+
+def test_a_trial_whose_stream_holds_no_full_optimizer_step_per_pass_fails_as_train_py_would() -> None:
+    from autotune.workloads.pipeline import endless_batches
+
+    class Five(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
+        def __iter__(self):  # type: ignore[no-untyped-def]
+            return iter(torch.arange(5.0))
+
+    def take(setup: autotune.TrainSetup, count: int) -> list[Any]:
+        batches = endless_batches(setup, Five(), collate_fn=None, seed=0)
+        return [next(batches) for _ in range(count)]
+
+    assert len(take(autotune.TrainSetup(batch_size=2, accumulation_steps=2), 6)) == 6  # 2 batches a pass: a step each, looped
+    with pytest.raises(RuntimeError, match=re.escape("no full optimizer step of 2 x 4 in one pass (2 batches of 2)")):
+        take(autotune.TrainSetup(batch_size=2, accumulation_steps=4), 3)
+    with pytest.raises(RuntimeError, match="no full batch$"):  # the calibration's halving reads this one
+        take(autotune.TrainSetup(batch_size=8), 1)
 
 
 def test_a_stream_that_every_worker_yields_whole_gets_one_worker_at_most() -> None:

@@ -220,7 +220,9 @@ def endless_batches(
     A map-style dataset is read through the endless sampler and never ends
     an epoch, as the emitted script reads it. An iterable dataset (or one
     without a length, ``epochs``) is looped pass by pass, each pass
-    restarting the loader's pipeline, as the script does once per epoch.
+    restarting the loader's pipeline, as the script does once per epoch; a
+    pass that holds no full optimizer step (fewer batches than the setup's
+    accumulation steps) ends the trial in error, as it stops the script.
     """
     import torch
     from torch.utils.data import IterableDataset
@@ -240,12 +242,16 @@ def endless_batches(
     loader = setup.dataloader(dataset, **extra)
 
     def forever() -> Iterator[Any]:
+        steps = setup.accumulation_steps
         while True:
-            empty = True
+            count = 0
             for batch in loader:
-                empty = False
+                count += 1
                 yield batch
-            if empty:
+            if not count:
                 raise RuntimeError("the dataset yields no full batch")
+            if count < steps:  # the emitted script stops there too: its epochs would hold no optimizer step
+                raise RuntimeError(f"the dataset yields no full optimizer step of {setup.batch_size} x {steps} in one pass "
+                                   f"({count} batch{'es' if count > 1 else ''} of {setup.batch_size}); train.py would stop in its first epoch")
 
     return forever()
