@@ -241,7 +241,7 @@ def search(
         int, typer.Option("--confirm-rounds", help="Most interleaved re-measurement rounds (stops once settled).")
     ] = 4,
     ceilings: Annotated[
-        bool, typer.Option("--ceilings/--no-ceilings", help="Measure the winner computing alone and loading alone (3 runs).")
+        bool, typer.Option("--ceilings/--no-ceilings", help="Measure the winner computing alone and loading alone (2 runs).")
     ] = True,
     lr: Annotated[float, typer.Option("--lr", help="Learning rate at the reference batch.")] = 1e-3,
     timeout: Annotated[Optional[float], typer.Option("--timeout", help="Per-trial timeout in seconds.")] = None,
