@@ -84,6 +84,8 @@ def read_json(file: Path, error: type[AutotuneError], missing_hint: str = "") ->
         return json.loads(text)
     except json.JSONDecodeError as exc:
         raise error(f"{file}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
+    except RecursionError:  # arrays or objects nested deeper than Python's parser recurses: no file autotune wrote
+        raise error(f"{file}: not valid JSON for autotune (nested too deeply to parse)") from None
 
 
 def _can_write(directory: Path) -> bool:

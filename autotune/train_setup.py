@@ -188,6 +188,8 @@ class TrainSetup:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
             raise SetupError(f"setup is not valid JSON: {exc}") from None
+        except RecursionError:
+            raise SetupError("setup is not valid JSON: nested too deeply to parse") from None
         return cls.from_dict(data)
 
     def describe(self) -> str:

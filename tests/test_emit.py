@@ -340,6 +340,8 @@ def test_cli_emit_corrupt_best(tmp_path: Path) -> None:
     (tmp_path / "study.db").write_bytes(b"SQLite format 3\x00\xfb\xff")  # the wrong file: not an internal error
     result = CliRunner().invoke(app, ["emit", str(tmp_path / "study.db")])
     assert result.exit_code != 3 and "not valid JSON (not even UTF-8 text)" in _one_error_line(result)
+    (tmp_path / "best.json").write_text("[" * 100_000 + "]" * 100_000)  # deeper than json.loads recurses
+    assert "nested too deeply to parse" in _one_error_line(CliRunner().invoke(app, ["emit", str(tmp_path)]))
 
 
 def test_emit_under_a_file_names_the_file(synthetic_data: Path, tmp_path: Path) -> None:

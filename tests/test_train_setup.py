@@ -99,6 +99,8 @@ def test_unknown_keys_and_bad_json_are_rejected() -> None:
         TrainSetup.from_dict({"turbo": True})
     with pytest.raises(SetupError, match="not valid JSON"):
         TrainSetup.from_json("{")
+    with pytest.raises(SetupError, match="nested too deeply"):
+        TrainSetup.from_json("[" * 100_000 + "]" * 100_000)
 
 
 def test_load_setup_reads_best_json_and_bare_setup(tmp_path) -> None:
