@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import dataclasses
 import json
 import shutil
+import sqlite3
 import sys
 from html.parser import HTMLParser
 from pathlib import Path
@@ -311,7 +313,10 @@ def test_status_reads_a_search_directory_like_report(searched, tmp_path) -> None
 
 @pytest.mark.parametrize(
     ("command", "make"),
-    [("report", "nothing"), ("report", "empty study"), ("report", "empty file"), ("status", "nothing"), ("status", "empty file")],
+    [
+        ("report", "nothing"), ("report", "empty study"), ("report", "empty file"), ("status", "nothing"), ("status", "empty file"),
+        ("report", "another database"), ("status", "another database"),
+    ],
 )
 def test_reading_a_directory_without_trials_is_one_error_line(tmp_path, make: str, command: str) -> None:
     db = tmp_path / "study.db"
@@ -319,12 +324,22 @@ def test_reading_a_directory_without_trials_is_one_error_line(tmp_path, make: st
         optuna.create_study(study_name="empty", storage=f"sqlite:///{db}")
     elif make == "empty file":
         db.touch()
+    elif make == "another database":  # an SQLite file of another program
+        with contextlib.closing(sqlite3.connect(db)) as other:
+            other.execute("CREATE TABLE notes (x)")
+            other.commit()
     result = CliRunner().invoke(app, [command, str(tmp_path)])
     lines = [ln for ln in result.output.splitlines() if ln.strip()]
     assert result.exit_code == 1 and len(lines) == 1 and lines[0].startswith("error:") and "Traceback" not in result.output
-    assert {"nothing": "does not exist", "empty study": "holds no finished trial", "empty file": "holds no study"}[make] in lines[0]
+    assert {
+        "nothing": "does not exist", "empty study": "holds no finished trial", "empty file": "holds no study",
+        "another database": "an SQLite database without Optuna's tables (tables: notes)",
+    }[make] in lines[0]
     if make == "empty file":  # only read: no schema written into it
         assert db.stat().st_size == 0
+    if make == "another database":  # nor Optuna's tables into another program's database
+        with contextlib.closing(sqlite3.connect(db)) as other:
+            assert [row[0] for row in other.execute("SELECT name FROM sqlite_master")] == ["notes"]
 
 
 def test_reading_a_missing_journal_file_does_not_create_it(tmp_path) -> None:

@@ -17,6 +17,7 @@ A worker that cannot reach a shared storage retries with backoff
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import threading
@@ -82,6 +83,26 @@ def storage_file(url: str) -> Path | None:
         return None
     path = sqlite_path(url)
     return Path(path) if path and path != ":memory:" else None
+
+
+def foreign_sqlite(url: str, file: Path) -> str | None:
+    """Why the SQLite ``file`` of ``url`` holds no Optuna study, read without writing it; None when it may hold one.
+
+    Opening such a file with Optuna would create Optuna's tables in it, which a command that only reads must not do.
+    A journal file, or a file that is not a database at all (Optuna's own error names it), gives None.
+    """
+    if journal_path(url) is not None:
+        return None
+    import sqlite3
+
+    try:
+        with contextlib.closing(sqlite3.connect(f"{file.resolve().as_uri()}?mode=ro", uri=True)) as db:
+            tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    except sqlite3.Error:
+        return None
+    if "studies" in tables:
+        return None
+    return f"{file} is an SQLite database without Optuna's tables" + (f" (tables: {', '.join(sorted(tables)[:5])})" if tables else "")
 
 
 def sqlite_path(url: str) -> str | None:

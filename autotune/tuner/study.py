@@ -33,7 +33,7 @@ from autotune.tuner.budget import ATTR_FREE, FINISHED, counted, progress
 from autotune.tuner.identity import signature_difference
 from autotune.tuner.lock import Holder
 from autotune.tuner.pruning import ScreeningPruner
-from autotune.tuner.storage import open_storage, storage_file
+from autotune.tuner.storage import foreign_sqlite, open_storage, storage_file
 from autotune.tuner.stores import StudyStores
 
 # Trial roles (also ``neighbours.ROLE_NEIGHBOUR`` and ``refine.ROLE_COMPILE``).
@@ -152,6 +152,9 @@ class SearchStudy(StudyStores):
         file = storage_file(storage)
         if file is not None and (not file.is_file() or file.stat().st_size == 0):  # opening it would create or write it
             raise StorageError(f"{storage}: holds no study ({file} is {'empty' if file.is_file() else 'missing'})")
+        foreign = None if file is None else foreign_sqlite(storage, file)
+        if foreign is not None:  # Optuna would write its tables into it
+            raise StorageError(f"{hide_passwords(storage)}: holds no study ({foreign})")
         backend, storage = open_storage(storage), hide_passwords(storage)  # the URL only names it in messages below
         try:
             names = optuna.get_all_study_names(backend)
