@@ -207,6 +207,26 @@ def test_status_of_a_shared_workers_directory_asks_for_its_storage(tmp_path) -> 
         storage_of(tmp_path / "empty", None)
 
 
+
+def test_status_of_a_directory_whose_study_db_was_removed_says_so(tmp_path) -> None:
+    import dataclasses
+
+    from test_emit import make_best
+
+    from autotune.errors import StorageError
+    from autotune.output.best import write_best
+    from autotune.tuner.study_report import storage_of
+
+    (tmp_path / "trials.csv").write_text("trial\n")
+    best = make_best(tmp_path, command="autotune search --model resnet18 --out out")
+    write_best(tmp_path / "best.json", best)  # a search that kept its study in out/study.db, since removed
+    with pytest.raises(StorageError, match=r"study.db is missing, yet the search of .*best.json kept its study there .*removed or moved"):
+        storage_of(tmp_path, None)
+    write_best(tmp_path / "best.json", dataclasses.replace(best, command=best.command + " --storage postgresql://db/optuna"))
+    with pytest.raises(StorageError, match="its search kept the study in its --storage"):
+        storage_of(tmp_path, None)
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [

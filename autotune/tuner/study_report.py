@@ -173,6 +173,15 @@ def stored_best(out: Path, stored: SearchStudy, records: list[TrialRecord]) -> B
     return best if any(best.setup in (r.setup, r.setup.replace(amp="off")) for r in records) else None
 
 
+def _kept_in_out(out: Path) -> bool:
+    """Whether ``out/best.json`` records an ``autotune search`` command that kept its study in ``out/study.db`` (no --storage)."""
+    try:
+        command = read_best(out / "best.json").command
+    except AutotuneError:  # missing or broken: nothing tells where the study was kept
+        return False
+    return command.startswith("autotune search") and " --storage" not in command
+
+
 def storage_of(out: Path, storage: str | None) -> str:
     """``storage``, or else the SQLite study a search wrote in ``out``.
 
@@ -185,6 +194,11 @@ def storage_of(out: Path, storage: str | None) -> str:
         raise StorageError(f"{out} is a file; pass the search's output directory ({out.parent}), which holds study.db")
     db = out / "study.db"
     if not db.is_file():
+        if (out / "trials.csv").is_file() and _kept_in_out(out):
+            raise StorageError(
+                f"no study in {out}: {db} is missing, yet the search of {out / 'best.json'} kept its study there "
+                "(its command has no --storage): the file was removed or moved; put it back, or pass --storage URL --study NAME"
+            )
         if (out / "trials.csv").is_file():  # a worker of a study kept in --storage (a server or a journal file)
             raise StorageError(f"no study in {out}: its search kept the study in its --storage; pass that --storage URL --study NAME")
         raise StorageError(
