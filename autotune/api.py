@@ -32,7 +32,7 @@ from autotune.errors import SetupError, UsageError, worded_for_python
 from autotune.records import DEFAULT_TRIAL_SECONDS, TrialOptions, TrialResult, Workload
 from autotune.train_setup import TrainSetup
 from autotune.tuner import Reporter, SearchConfig, SearchOutcome, run_search
-from autotune.tuner.config import check_trial_seconds
+from autotune.tuner.config import check_timeout, check_trial_seconds
 
 __all__ = ["SearchResult", "TrialOutcome", "search", "trial"]
 
@@ -353,6 +353,7 @@ def trial(
     task_batch = task_batch or setup is None
     setup = setup or TrainSetup()
     check_trial_seconds(trial_seconds)
+    check_timeout(timeout_s, trial_seconds)
     prestart()  # the trial server's imports overlap the workload's checks below
     options = TrialOptions(
         trial_seconds=trial_seconds,

@@ -71,6 +71,7 @@ def test_tables_and_progress_print_bracketed_errors_as_typed() -> None:
         (("--trial-seconds", "nan"), "--trial-seconds must be >= 0.5"),
         (("--trial-seconds", "0.001"), "--trial-seconds must be >= 0.5 and <= 86400, got 0.001"),  # measures the prefetched queue
         (("--timeout", "inf"), "--timeout must be > 0"),
+        (("--timeout", "0.3", "--trial-seconds", "1"), "--timeout 0.3 must be longer than --trial-seconds 1: a trial measures"),
         (("--max-memory", "9" * 400), "memory size too large"),
         (("--max-memory", ""), "not a memory size: ''"),
         (("--set", "num_workers=0..1000000000000"), "--set num_workers: must be <= 1024"),
@@ -337,6 +338,7 @@ def test_train_py_header_names_the_factory_it_imports(tmp_path) -> None:
         ({"effective_batch": "64"}, "^effective_batch must be an integer"),
         ({"trial_seconds": "x"}, "^trial_seconds must be a number, got 'x'"),
         ({"timeout_s": "9"}, "^timeout_s must be a number"),
+        ({"timeout_s": 1.0, "trial_seconds": 1.0}, "^timeout_s 1 must be longer than trial_seconds 1"),
         ({"trials": None}, "^trials must be an integer, got None"),
         ({"trials": 0}, "^trials must be between 1 and"),
         ({"constraints": ["amp=xx"]}, "^constraints amp: expected one of off, bf16, fp16, got 'xx'"),
@@ -361,6 +363,7 @@ def test_the_cli_refusals_keep_naming_its_flags(tmp_path) -> None:
         (["search", "--trials", "0", "--out", str(tmp_path / "out")], "--trials must be between 1 and"),
         (["search", "--model", "resnet18", "--set", "amp=xx", "--out", str(tmp_path / "out")], "--set amp: expected one of"),
         (["trial", "--trial-seconds", "0"], "--trial-seconds must be >= 0.5"),
+        (["trial", "--timeout", "2", "--trial-seconds", "3"], "--timeout 2 must be longer than --trial-seconds 3"),
     ):
         result = runner.invoke(app, [*args, "--device", "cpu"])
         assert result.exit_code == 2, result.output

@@ -21,6 +21,25 @@ from autotune.tuner.constraints import Constraint, merge_constraints
 MIN_TRIAL_SECONDS = 0.5
 
 
+def check_timeout(timeout_s: float | None, trial_seconds: float) -> None:
+    """Refuse a ``--timeout`` outside (0, :data:`MAX_SECONDS`] (NaN too), or one every trial would reach.
+
+    A trial measures ``trial_seconds`` after its start-up, so a timeout no longer than that kills every trial.
+
+    Raises:
+        UsageError: With a one-line reason.
+    """
+    if timeout_s is None:
+        return
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)):
+        raise UsageError(f"--timeout must be a number, got {timeout_s!r}")
+    if not 0 < timeout_s <= MAX_SECONDS:
+        raise UsageError(f"--timeout must be > 0 and <= {MAX_SECONDS:.0f}, got {timeout_s}")
+    if timeout_s <= trial_seconds:
+        raise UsageError(f"--timeout {timeout_s:g} must be longer than --trial-seconds {trial_seconds:g}: a trial measures "
+                         "that long after its start-up, so every trial would time out")
+
+
 def check_trial_seconds(value: float) -> None:
     """Refuse a ``--trial-seconds`` outside [:data:`MIN_TRIAL_SECONDS`, :data:`MAX_SECONDS`] (NaN too).
 
@@ -132,8 +151,7 @@ class SearchConfig:
         if self.effective_batch is not None and self.effective_batch < 1:
             raise UsageError(f"--effective-batch must be >= 1, got {self.effective_batch}")
         check_trial_seconds(self.trial_seconds)
-        if self.timeout_s is not None and not 0 < self.timeout_s <= MAX_SECONDS:
-            raise UsageError(f"--timeout must be > 0 and <= {MAX_SECONDS:.0f}, got {self.timeout_s}")
+        check_timeout(self.timeout_s, self.trial_seconds)
         if not 0 < self.lr < math.inf:
             raise UsageError(f"--lr must be a finite number > 0, got {self.lr}")
         if not 0 <= self.seed < 2**32:
