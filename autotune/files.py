@@ -9,7 +9,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from autotune.errors import AutotuneError, StorageError
+from autotune.errors import AutotuneError, StorageError, UsageError
 
 
 def maker_is_gone(pid: str) -> bool:
@@ -116,3 +116,24 @@ def check_writable(out: Path) -> None:
         raise StorageError(f"--out {out} cannot be created: {parent} is not a directory")
     if not _can_write(parent):
         raise StorageError(f"--out {out} cannot be created: {parent} is not writable")
+
+
+def check_out(out: Path, data: Path | None) -> None:
+    """:func:`check_writable`, and that ``out`` lies outside the ImageFolder ``data`` (its root itself is fine).
+
+    torchvision's ImageFolder takes every sub-directory of ``data`` as a class: an ``--out`` below it would become
+    one (empty at first, then holding the report's PNGs), changing the data the search measures.
+
+    Raises:
+        StorageError: As :func:`check_writable`.
+        UsageError: ``out`` is below ``data``.
+    """
+    check_writable(out)
+    if data is None:
+        return
+    root, target = Path(data).resolve(), out.resolve()
+    if root in target.parents:
+        top = root / target.relative_to(root).parts[0]
+        raise UsageError(f"--out {out} is inside --data {data}: torchvision's ImageFolder would read it as part of class "
+                         f"{top.name} (the report's PNGs as images, a new empty directory as a class without any); "
+                         "pass an --out outside the data directory")

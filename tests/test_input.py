@@ -91,6 +91,23 @@ def test_bad_values_are_refused_before_anything_is_written(tmp_path, extra, mess
     assert not out.exists() and not cache.exists()
 
 
+@pytest.mark.parametrize("inside", ["results", "cats", "cats/results"])
+def test_an_out_inside_the_data_is_refused_before_anything_is_written(tmp_path, inside) -> None:
+    """ImageFolder takes every sub-directory of --data as a class: an --out there would change the data measured."""
+    from PIL import Image
+
+    data = tmp_path / "data"
+    for name in ("cats", "dogs"):
+        (data / name).mkdir(parents=True)
+        Image.new("RGB", (8, 8)).save(data / name / "a.jpg")
+    out = data / inside
+    result = runner.invoke(app, ["search", "--model", "resnet18", "--device", "cpu", "--data", str(data), "--out", str(out)])
+    assert result.exit_code == 2, result.output
+    line = one_line(result.output)
+    assert line.startswith(f"error: --out {out} is inside --data {data}: ") and f"part of class {inside.split('/')[0]} " in line
+    assert sorted(p.name for p in data.rglob("*")) == ["a.jpg", "a.jpg", "cats", "dogs"]  # nothing written
+
+
 def test_pinned_batches_that_do_not_divide_the_effective_batch_are_refused_before_calibrating(tmp_path, cache_dir) -> None:
     code, output, out = run(tmp_path, cache_dir, "--effective-batch", "12", "--set", "batch_size=4,8")
     assert code == 2 and one_line(output) == "error: --effective-batch 12 is not a multiple of batch_size 8 (--set batch_size=4,8)"

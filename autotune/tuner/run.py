@@ -20,7 +20,7 @@ from typing import Any
 import probes
 from autotune.devices import DeviceInfo
 from autotune.errors import AutotuneError, SearchFailed, SearchInterrupted
-from autotune.files import check_writable
+from autotune.files import check_out
 from autotune.output.emit import script_target, write_winner
 from autotune.records import Calibration, TrialOptions, TrialRecord, Workload
 from autotune.rounds import Confirmed
@@ -207,7 +207,7 @@ def prepare(config: SearchConfig, reporter: Reporter) -> Prepared:
     constraints = merge_constraints(config.constraints)
     check_constraints(constraints, device)
     out = Path(config.out)
-    check_writable(out)
+    check_out(out, config.data)
     script_target(out / "train.py", "--out")  # the winner's script must not meet the user's own train.py at the end
     if config.storage is not None:
         check_storage_url(config.storage)  # a typo must not wait for the workload (thousands of JPEGs on a first run)
