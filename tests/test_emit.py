@@ -380,6 +380,10 @@ def test_emit_overwrites_only_a_script_it_wrote_and_files_follow_the_umask(synth
         line = _one_error_line(CliRunner().invoke(app, ["emit", str(tmp_path), "-o", str(tmp_path / name)]))
         assert f"{tmp_path / name} exists and is not a script written by autotune: not overwritten" in line
         assert (tmp_path / name).read_bytes() == before
+    os.mkfifo(tmp_path / "pipe")  # as /dev/null, no regular file: the atomic rename would replace it by one
+    line = _one_error_line(CliRunner().invoke(app, ["emit", str(tmp_path), "-o", str(tmp_path / "pipe")]))
+    assert f"{tmp_path / 'pipe'} exists and is not a regular file: not overwritten (pass another --output)" in line
+    assert stat.S_ISFIFO((tmp_path / "pipe").stat().st_mode)
     assert CliRunner().invoke(app, ["emit", str(tmp_path)]).exit_code == 0
     again = CliRunner().invoke(app, ["emit", str(tmp_path)])  # its own script: rewritten
     assert again.exit_code == 0, again.output

@@ -267,7 +267,8 @@ def script_target(path: str | Path, flag: str = "--output") -> Path:
     """Where :func:`write_script` writes for ``path`` (a directory gets ``train.py``), checked before anything runs.
 
     Raises:
-        EmitError: A parent is a file, or the target is a file autotune did not write (the user's own train.py).
+        EmitError: A parent is a file, the target is a file autotune did not write (the user's own train.py), or it is
+            no regular file (a device such as ``/dev/null``, a FIFO), which writing by an atomic rename would replace.
     """
     target = Path(path)
     if target.is_dir():
@@ -275,6 +276,8 @@ def script_target(path: str | Path, flag: str = "--output") -> Path:
     blocker = next((d for d in (target.parent, *target.parent.parents) if d.exists() and not d.is_dir()), None)
     if blocker is not None:  # mkdir would say only "File exists"
         raise EmitError(f"cannot write {target}: {blocker} is a file, not a directory")
+    if target.exists() and not target.is_file():  # /dev/null, a FIFO, a socket: the atomic rename would replace it
+        raise EmitError(f"{target} exists and is not a regular file: not overwritten (pass another {flag})")
     if target.is_file() and not _written_by_autotune(target):  # best.json, study.db, the user's own train.py
         raise EmitError(f"{target} exists and is not a script written by autotune: not overwritten (pass another {flag})")
     return target
