@@ -182,10 +182,11 @@ def trial(
     flags = dict(num_workers=workers, prefetch_factor=prefetch, pin_memory=pin_memory, persistent_workers=persistent_workers,
                  batch_size=32 if batch_size is None else batch_size, accumulation_steps=accum, channels_last=channels_last, amp=amp)
     check_flags_agree(ctx, flags, knobs or [])  # a flag left at its default gives way to its knob's --set
+    from autotune.cli_errors import trial_interrupt_said
     from autotune.tuner.signals import sigterm_as_interrupt
 
     # SIGTERM unwinds like Ctrl-C: the trial and its directory are removed. A refused setup names the flags typed.
-    with sigterm_as_interrupt(), trial_flags_named(pinned):
+    with trial_interrupt_said(), sigterm_as_interrupt(), trial_flags_named(pinned):
         setup = TrainSetup(**{**flags, **pinned})  # a --set knob replaces its flag's value before the setup is checked
         outcome = run_one(
             workload,

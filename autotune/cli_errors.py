@@ -11,7 +11,7 @@ from typing import Any, TextIO, TypeVar
 
 import typer
 
-from autotune.errors import AutotuneError, SetupError, UsageError
+from autotune.errors import AutotuneError, SetupError, TrialInterrupted, UsageError
 from autotune.flag_terms import in_flag_terms
 from probes.hardware import address_space_note
 
@@ -140,6 +140,17 @@ def trial_flags_named(pinned: Collection[str]) -> Iterator[None]:
         if translated is error:
             raise
         raise translated from error
+
+
+@contextmanager
+def trial_interrupt_said() -> Iterator[None]:
+    """Within it, Ctrl-C (SIGTERM and SIGHUP raise it too, under ``sigterm_as_interrupt``) ends ``autotune trial`` as a
+    :class:`~autotune.errors.TrialInterrupted`: one line, exit 130, and with ``--json`` its error object on stdout."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        raise TrialInterrupted("interrupted before the trial's result: its processes were stopped and its directory removed; "
+                               "nothing was measured") from None
 
 
 def check_flags_agree(ctx: typer.Context, flags: Mapping[str, Any], sets: Sequence[str]) -> None:

@@ -92,6 +92,12 @@ class SearchInterrupted(AutotuneError):
         self.outcome = outcome
 
 
+class TrialInterrupted(AutotuneError):
+    """Ctrl-C (or SIGTERM, SIGHUP) stopped ``autotune trial`` before its result; its processes and directory are gone."""
+
+    exit_code = 130
+
+
 def in_python_terms(error: UsageError, parameters: Collection[str], renamed: Mapping[str, str]) -> UsageError:
     """``error`` naming a Python function's parameters where its message names the CLI's flags.
 

@@ -816,7 +816,7 @@ def test_sigterm_while_the_jpegs_are_generated_stops_in_one_line_and_leaves_no_c
 def test_autotune_trial_removes_its_directory_on_sigterm(tmp_path, cache_dir) -> None:
     env = {**ENV, "TMPDIR": str(tmp_path)}
     cmd = [sys.executable, "-m", "autotune", "trial", "--model", "factories:sleeps_forever", "--image-size", "32",
-           "--device", "cpu", "--cache-dir", str(cache_dir), "--synthetic-images", "64", "--trial-seconds", "1"]
+           "--device", "cpu", "--cache-dir", str(cache_dir), "--synthetic-images", "64", "--trial-seconds", "1", "--json"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
                             preexec_fn=lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL))
     deadline = time.monotonic() + WAIT_S
@@ -824,8 +824,10 @@ def test_autotune_trial_removes_its_directory_on_sigterm(tmp_path, cache_dir) ->
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1].decode()
         time.sleep(0.1)
     proc.send_signal(signal.SIGTERM)
-    proc.communicate(timeout=60)
-    assert proc.returncode != 0
+    stdout, stderr = proc.communicate(timeout=60)
+    line = "interrupted before the trial's result: its processes were stopped and its directory removed; nothing was measured"
+    assert proc.returncode == 130 and stderr.decode().strip().splitlines()[-1] == f"error: {line}", stderr.decode()
+    assert json.loads(stdout) == {"status": None, "samples_per_s": None, "error": line}  # a script reading --json gets its object
     assert not list(tmp_path.glob("autotune-trial-*"))
 
 
