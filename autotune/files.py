@@ -32,8 +32,12 @@ def _umask() -> int:
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:
-    """Write ``text`` to ``path`` (UTF-8) via a temporary file and ``os.replace``."""
-    atomic_write_bytes(path, text.encode("utf-8"))
+    """Write ``text`` to ``path`` (UTF-8) via a temporary file and ``os.replace``.
+
+    A lone surrogate, which Python makes of a byte of a file name that is not UTF-8 (``--data`` in Latin-1), is
+    written as its escape (``\\udcff``), as the ``train.py`` header names such a path: UTF-8 cannot hold it.
+    """
+    atomic_write_bytes(path, text.encode("utf-8", errors="backslashreplace"))
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:

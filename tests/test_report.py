@@ -342,6 +342,15 @@ def test_reading_a_directory_without_trials_is_one_error_line(tmp_path, make: st
             assert [row[0] for row in other.execute("SELECT name FROM sqlite_master")] == ["notes"]
 
 
+def test_a_search_whose_command_names_a_path_that_is_not_utf8_writes_its_report(tmp_path, cache_dir) -> None:
+    """Python decodes such a path's bytes to lone surrogates (surrogateescape): the page names them escaped, as train.py does."""
+    command = "autotune search --data 'bad\udcffname'"  # sys.argv of --data $'bad\xffname'
+    run_search(_config(tmp_path / "out", cache_dir, trials=4, command=command), runner=mixed_runner)
+    page = (tmp_path / "out" / REPORT).read_text(encoding="utf-8")
+    assert "bad\\udcffname" in page
+    assert CliRunner().invoke(app, ["report", str(tmp_path / "out")]).exit_code == 0
+
+
 def test_reading_a_missing_journal_file_does_not_create_it(tmp_path) -> None:
     for command in (["status"], ["report", str(tmp_path / "rep")]):
         result = CliRunner().invoke(app, [*command, "--storage", str(tmp_path / "typo.log"), "--study", "s1"])
