@@ -136,7 +136,25 @@ def test_gpu_budget_on_a_shared_card_and_with_unknown_memory() -> None:
     unknown = _gpu(memory_total_bytes=None, memory_free_bytes=None)  # NVML memory query not supported
     assert memory_budget(unknown, None, 0) is None  # no budget: the pre-pass finds the limit by OOM
     assert memory_budget(unknown, 4 * 2**30, 0) == 4 * 2**30
-    assert memory_budget(_gpu(memory_total_bytes=80 * 2**30, memory_free_bytes=0), None, 0) == 0
+    assert memory_budget(_gpu(memory_total_bytes=80 * 2**30, memory_free_bytes=0), None, 0) == 1  # a limit, not none
+    assert memory_budget(CPU, 1, 2**34) == 1  # --max-memory 1: 80 % of it is 0 B, which a trial read as no limit
+
+
+def test_a_budget_under_one_byte_still_limits_the_pre_pass(tiny_workload) -> None:
+    """--max-memory 1 left 0 B to the model, which the trials took for no limit: the pre-pass said "batch 8: ok"."""
+    from autotune.errors import WorkloadError
+
+    seen: list[int | None] = []
+
+    class Recording(FakeRunner):
+        def __call__(self, setup, workload, options=None, *, on_window=None) -> TrialResult:
+            seen.append(options.max_memory_bytes)
+            return super().__call__(setup, workload, options, on_window=on_window)
+
+    with pytest.raises(WorkloadError, match=r"^not even batch 1 of model resnet18 fits the memory budget of 1 B on cpu"):
+        calibrate(tiny_workload, CPU, usable_cores=2, available_bytes=2**34, max_memory=1, trial_seconds=3.0, bf16_ok=False,
+                  runner=Recording())
+    assert seen and set(seen) == {1}
 
 
 def test_unknown_gpu_memory_still_finds_large_batches(tiny_workload) -> None:

@@ -50,16 +50,16 @@ def memory_budget(device: DeviceInfo, max_memory: int | None, available_bytes: i
     taken from what is free, so a shared card still leaves a budget), capped
     by ``--max-memory``. When NVML cannot say how much is free, there is no
     budget but ``--max-memory``: the pre-pass then finds the limit by
-    running out of memory.
+    running out of memory. A budget is at least 1 byte: a trial's limit of 0 would be no limit at all.
     """
     if device.type == "cuda":
         free = device.memory_free_bytes
         if free is None:
             return max_memory
         budget = int(free * (1.0 - GPU_HEADROOM))
-        return min(budget, max_memory) if max_memory is not None else budget
+        return max(1, min(budget, max_memory) if max_memory is not None else budget)
     budget = max_memory if max_memory is not None else available_bytes // 2
-    return int(budget * (1.0 - WORKER_RESERVE))
+    return max(1, int(budget * (1.0 - WORKER_RESERVE)))
 
 
 def extrapolate_batch(points: list[MemoryPoint], budget: int) -> int | None:
@@ -316,7 +316,7 @@ def _size_hint(workload: Workload, error: str | None) -> str:
 
 
 def _with_budget(options: TrialOptions, budget: int | None) -> TrialOptions:
-    return replace(options, max_memory_bytes=budget if budget else None)
+    return replace(options, max_memory_bytes=budget)
 
 
 def _outcome(result: TrialResult) -> str:
