@@ -13,8 +13,12 @@ from typer.testing import CliRunner
 
 from autotune import __version__
 from autotune.cli import app
+from probes.cpu import collect_cpu
 
 runner = CliRunner()
+
+#: What the fp16 refusal offers instead on this host: bf16 only where the CPU computes it natively.
+CPU_FP16_INSTEAD = "--set amp=bf16 or --set amp=off" if collect_cpu().bf16 else "--set amp=off"
 
 
 def _search(tmp_path: Path, cache_dir: Path, *extra: str) -> tuple[int, str, Path]:
@@ -45,7 +49,7 @@ def _one_error_line(output: str) -> str:
         (("--model", "os:system('x')"), 1, "not a valid factory reference"),
         (("--model", "no_such_module:f"), 1, "cannot import 'no_such_module'"),
         (("--set", "turbo=1"), 2, "unknown knob 'turbo'"),
-        (("--set", "amp=fp16"), 2, "--set amp=fp16 needs a CUDA device; on a CPU use --set amp=bf16 or --set amp=off"),
+        (("--set", "amp=fp16"), 2, f"--set amp=fp16 needs a CUDA device; on a CPU use {CPU_FP16_INSTEAD}"),
         (("--set", "pin_memory=true"), 2, "--set pin_memory only helps host-to-GPU copies"),
         (("--set", "tf32=true"), 2, "--set tf32 needs a CUDA device"),
         (("--set", "compile=turbo"), 2, "expected one of off, default"),
