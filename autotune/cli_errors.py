@@ -21,6 +21,9 @@ F = TypeVar("F", bound=Callable[..., Any])
 def error_line(exc: Exception) -> tuple[str, int]:
     """The one line and the exit code of an error that reached the command line.
 
+    A line break in the message (a path holding one, a multi-line error of the user's code) is shown as ``\\n``,
+    so the error stays one line for the scripts that read it.
+
     Args:
         exc: The exception that ended the command.
 
@@ -28,6 +31,11 @@ def error_line(exc: Exception) -> tuple[str, int]:
         ``(line, exit code)``: an :class:`AutotuneError`'s own code, 1 for the machine (an ``OSError``, a
         failed import, no memory left), 3 for a bug.
     """
+    line, code = _error_text(exc)
+    return line.strip().replace("\r", "\\r").replace("\n", "\\n"), code
+
+
+def _error_text(exc: Exception) -> tuple[str, int]:
     if isinstance(exc, AutotuneError):
         return str(exc), exc.exit_code
     if isinstance(exc, OSError):  # the machine, not a bug: a full disk, a file another program removed

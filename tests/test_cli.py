@@ -75,6 +75,17 @@ def test_missing_and_empty_data_dirs(tmp_path, cache_dir) -> None:
     (tmp_path / "empty" / "class_a").mkdir(parents=True)
     exit_code, output, out = _search(tmp_path, cache_dir, "--data", str(tmp_path / "empty"))
     assert exit_code == 1 and "holds no images" in _one_error_line(output) and not out.exists()
+    exit_code, output, out = _search(tmp_path, cache_dir, "--data", str(tmp_path / "two\nlines"))  # a path holding a line break
+    assert exit_code == 1 and f"{tmp_path}/two\\nlines does not exist" in _one_error_line(output) and not out.exists()
+
+
+def test_an_error_whose_message_spans_lines_is_one_line_with_the_breaks_escaped() -> None:
+    from autotune.cli_errors import error_line
+    from autotune.errors import WorkloadError
+
+    assert error_line(WorkloadError("model fails: Error(s) in loading state_dict:\n\tMissing key(s): fc.weight\n")) == (
+        "model fails: Error(s) in loading state_dict:\\n\tMissing key(s): fc.weight", 1)
+    assert error_line(RuntimeError("a\r\nb"))[0].startswith("internal error: RuntimeError: a\\r\\nb (rerun as")
 
 
 def test_unwritable_out_and_unreachable_storage(tmp_path, cache_dir) -> None:
