@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import optuna
 import psutil
@@ -21,6 +22,7 @@ import sqlalchemy
 import studies
 from optuna.trial import TrialState
 
+from autotune.errors import StorageError
 from autotune.train_setup import TrainSetup
 from autotune.tuner.budget import counted
 from autotune.tuner.lock import Holder
@@ -310,7 +312,6 @@ def test_storage_urls() -> None:
 
 
 def test_storages_that_cannot_open_say_why(tmp_path) -> None:
-    from autotune.errors import StorageError
     from autotune.tuner.storage import open_storage
 
     with pytest.raises(StorageError, match=r"directory .*missing does not exist"):
@@ -331,3 +332,74 @@ def test_storages_that_cannot_open_say_why(tmp_path) -> None:
     from autotune.tuner.storage import storage_file
 
     assert storage_file(uri) == tmp_path / "study2.db"  # status and report find the file the search wrote
+
+
+
+class _Clock:
+    """The waits' clock: one poll of the study takes a minute."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += 60.0
+
+
+class _Watched(Crew):
+    """A waiting worker that sees the elected one at work: ``progress`` stored runs, one per poll, then its result."""
+
+    kind = "calibrate"
+    progress = 0
+    polls = 0
+
+    def _attrs(self) -> dict[str, Any]:
+        from autotune.tuner.stores import STUDY_CALIBRATION_RUNS, STUDY_CONFIRMATION
+        from autotune.tuner.workers import STUDY_READY, STUDY_WINNER
+
+        self.polls += 1
+        if self.polls <= self.progress:
+            self.study.study.set_user_attr(STUDY_CALIBRATION_RUNS if self.kind == "calibrate" else STUDY_CONFIRMATION, {"run": self.polls})
+        elif self.progress:
+            key = STUDY_READY if self.kind == "calibrate" else STUDY_WINNER
+            self.study.study.set_user_attr(key, {"trials": 4, "best": {}})
+        return super()._attrs()
+
+
+@pytest.mark.parametrize("kind", ["calibrate", "confirm"])
+@pytest.mark.parametrize("progress", [30, 0])
+def test_a_waiting_worker_waits_while_the_elected_one_stores_progress(postgres, monkeypatch, kind: str, progress: int) -> None:
+    """A live elected worker on this host that keeps storing calibration runs (or confirmation measurements) is
+    waited for however long it takes (30 minutes here); one that stores nothing for the whole wait is not. Before,
+    the others stopped 10 minutes after they began to wait (`did not finish calibrating within 600 s`), while a
+    resnet50 calibration or a long confirmation on a CPU was still running and storing its runs."""
+    from types import SimpleNamespace
+
+    from autotune.tuner import workers
+    from autotune.tuner.progress import SilentReporter
+    from autotune.tuner.workers import MARKER_CALIBRATE, confirm_marker
+
+    clock = _Clock()
+    monkeypatch.setattr(workers, "time", SimpleNamespace(monotonic=clock.monotonic, sleep=clock.sleep, time=time.time))
+    leader = subprocess.Popen(["sleep", "600"])  # the elected worker: a live process on this host
+    try:
+        holder = Holder(leader.pid, Holder.me().host, psutil.Process(leader.pid).create_time(), time.time())
+        study = SearchStudy.open(postgres.url, f"wait-{kind}-{progress}", shared=True)
+        election = MARKER_CALIBRATE if kind == "calibrate" else confirm_marker(4)
+        study.study.add_trial(optuna.create_trial(state=TrialState.FAIL, user_attrs={"marker": election, ATTR_WORKER: holder.to_dict()}))
+        crew = _Watched(study, wait_s=600.0, poll_s=1.0)
+        crew.kind, crew.progress = kind, progress
+        wait = (lambda: crew.once(lambda: "calibrated here", SilentReporter())) if kind == "calibrate" else (
+            lambda: crew.confirm_or_wait(4, SilentReporter()))
+        if progress:
+            assert wait() in (None, {"trials": 4, "best": {}})  # the leader's calibration, or its winner
+            assert crew.polls == progress + 1
+        else:
+            with pytest.raises(StorageError, match=f"pid {leader.pid} on .* stored no (calibration run|confirmation measurement) for 600 s"):
+                wait()
+            assert 10 <= crew.polls <= 12  # 600 s without progress, a minute per poll
+    finally:
+        leader.kill()
+        leader.wait()

@@ -49,7 +49,7 @@ from autotune.tuner.study import ROLE_DEFAULTS, ROLE_GUESS, SearchStudy
 from autotune.tuner.study_report import kept_outcome, kept_winner, report_search, stored_confirmed
 from autotune.tuner.timed import TimedRunner
 from autotune.tuner.winner import bottleneck_verdict, make_best
-from autotune.tuner.workers import Crew
+from autotune.tuner.workers import Crew, patience_s
 from autotune.workloads import build_workload, write_synthetic
 from autotune.workloads.tasks import build_task_workload
 
@@ -238,7 +238,7 @@ def prepare(config: SearchConfig, reporter: Reporter) -> Prepared:
             study = SearchStudy.open(storage, name, sampler=config.sampler, seed=seed, trials=config.trials, shared=shared,
                                      parallel=placement.parallel)
             if shared:
-                crew = Crew(study, wait_s=max(600.0, 60 * config.trial_seconds))
+                crew = Crew(study, wait_s=patience_s(config.trial_seconds, config.timeout_s))
                 stale = crew.join(signature(config, workload, machine_fingerprint(hardware, device)))
             else:
                 study.claim()

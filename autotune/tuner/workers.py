@@ -11,7 +11,9 @@ itself is the only coordinator:
   order (journal), so every worker sees the same winner. A marker whose
   worker is gone (a dead pid on this host; on another host, older than
   :data:`~autotune.tuner.lock.STALE_AFTER_S`) is passed over. The others
-  wait for the result (at most :attr:`Crew.wait_s`).
+  wait for the result while the elected worker makes progress: they stop
+  only after :attr:`Crew.wait_s` in which it stored nothing (no calibration
+  run, no confirmation measurement).
 * **Budget.** ``--trials`` is the total over workers: a worker asks only
   while finished plus running trials are below it, and after asking counts
   again; when the others' trials already fill the budget it gives its trial
@@ -39,7 +41,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.errors import StorageError
 from autotune.output.best import Best
-from autotune.records import Calibration, TrialRecord, TrialResult
+from autotune.records import Calibration, TrialOptions, TrialRecord, TrialResult
 from autotune.runner import TrialRunner
 from autotune.tuner.budget import STUDY_BUDGET
 from autotune.tuner.config import SearchOutcome
@@ -64,10 +66,47 @@ def confirm_marker(trials: int) -> str:
     return f"confirm@{trials}"
 
 
+def patience_s(trial_seconds: float, timeout_s: float | None) -> float:
+    """How long a worker waits for the elected one to store its next calibration run or confirmation measurement.
+
+    Long enough for one run that ends at its timeout, twice over (the winner's two ceiling runs come between the
+    last confirmation measurement and the stored winner), and never under 10 minutes or 60 trial lengths.
+    """
+    timeout = TrialOptions(trial_seconds=trial_seconds, timeout_s=timeout_s).effective_timeout_s
+    return max(600.0, 60.0 * trial_seconds, 2.0 * timeout + 60.0)
+
+
 def shared_signature(signature: dict[str, Any]) -> dict[str, Any]:
     """A signature all workers share: the device's kind, not its index (``cuda:1`` joins ``cuda:0``)."""
     device = str(signature.get("device", ""))
     return {**signature, "device": device.split(":")[0]}
+
+
+@dataclass
+class Patience:
+    """How long a waiting worker still waits: :attr:`wait_s` from the last change it saw in the study.
+
+    The elected worker stores every calibration run and every confirmation
+    measurement the moment it returns (study user attributes), so a change
+    there means it is at work: a long calibration or confirmation is waited
+    for, a worker that stopped storing anything is not.
+
+    Attributes:
+        wait_s: Seconds without a change before the wait ends.
+    """
+
+    wait_s: float
+    _seen: dict[str, Any] | None = None
+    _deadline: float = 0.0
+
+    def saw(self, attrs: dict[str, Any]) -> None:
+        """Look at the study's user attributes: a change (or the first look) starts the wait again."""
+        if self._seen is None or attrs != self._seen:
+            self._seen, self._deadline = attrs, time.monotonic() + self.wait_s
+
+    def over(self) -> bool:
+        """Whether :attr:`wait_s` passed since the last change."""
+        return time.monotonic() > self._deadline
 
 
 @dataclass
@@ -76,7 +115,7 @@ class Crew:
 
     Attributes:
         study: The shared study.
-        wait_s: The longest wait for another worker's calibration or confirmation.
+        wait_s: The longest wait without progress for another worker's calibration or confirmation.
         poll_s: Seconds between looks at the study while waiting.
         me: This worker.
     """
@@ -167,11 +206,12 @@ class Crew:
             What ``work`` returned in the worker that ran it; None in the others.
 
         Raises:
-            StorageError: Nobody finished the work within :attr:`wait_s`.
+            StorageError: The elected worker stored nothing for :attr:`wait_s`.
         """
-        deadline = time.monotonic() + self.wait_s
+        patience = Patience(self.wait_s)
         told = False
-        while self._attrs().get(STUDY_READY) is None:
+        while (attrs := self._attrs()).get(STUDY_READY) is None:
+            patience.saw(attrs)
             leader = self.leads(MARKER_CALIBRATE)
             if self.is_me(leader):
                 value = work()
@@ -180,10 +220,10 @@ class Crew:
             if not told:
                 reporter.message(f"worker of study {self.study.name!r}: waiting for {leader.describe()} to calibrate")
                 told = True
-            if time.monotonic() > deadline:
+            if patience.over():
                 raise StorageError(
-                    f"study {self.study.name!r}: {leader.describe()} did not finish calibrating within {self.wait_s:.0f} s; "
-                    "rerun this worker once it has (or once it is gone)"
+                    f"study {self.study.name!r}: {leader.describe()} stored no calibration run for {self.wait_s:.0f} s; "
+                    "rerun this worker once it has finished calibrating (or once it is gone)"
                 )
             time.sleep(self.poll_s)
         return None
@@ -192,12 +232,14 @@ class Crew:
         """The stored winner of this budget (waiting for the elected worker), or None when this worker confirms.
 
         Raises:
-            StorageError: No winner within :attr:`wait_s`, in one line.
+            StorageError: The elected worker stored nothing for :attr:`wait_s`, in one line.
         """
-        deadline = time.monotonic() + self.wait_s
+        patience = Patience(self.wait_s)
         told = False
         while True:
-            winner = self._attrs().get(STUDY_WINNER)
+            attrs = self._attrs()
+            patience.saw(attrs)
+            winner = attrs.get(STUDY_WINNER)
             if isinstance(winner, dict) and winner.get("trials") == trials:
                 return winner
             leader = self.leads(confirm_marker(trials))
@@ -206,9 +248,10 @@ class Crew:
             if not told:
                 reporter.message(f"{trials} trials finished: {leader.describe()} confirms the finalists; waiting for its winner")
                 told = True
-            if time.monotonic() > deadline:
+            if patience.over():
                 raise StorageError(
-                    f"study {self.study.name!r}: no winner from {leader.describe()} within {self.wait_s:.0f} s; "
+                    f"study {self.study.name!r}: no winner from {leader.describe()}, which stored no confirmation "
+                    f"measurement for {self.wait_s:.0f} s; "
                     "`autotune status` shows it once written"
                 )
             time.sleep(self.poll_s)
