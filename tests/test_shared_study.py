@@ -403,3 +403,38 @@ def test_a_waiting_worker_waits_while_the_elected_one_stores_progress(postgres, 
     finally:
         leader.kill()
         leader.wait()
+
+
+@pytest.mark.slow
+def test_the_last_stored_winner_stands_for_the_study_whatever_budget_a_later_worker_started_with(tmp_path, postgres) -> None:
+    """Workers of one study started with different --trials: the one still searching (--trials 3) confirms last, and
+    `autotune status` shows its winner. Before, a worker of --trials 2 that started after it left the study's budget
+    at 2, and status counted `3/2 trials finished` and said `winner: none confirmed: the worker confirming it stopped`."""
+    from autotune.tuner.budget import STUDY_BUDGET
+    from autotune.tuner.status import study_status
+
+    storage, name = postgres.url, "budgets"
+    studies.seed_calibration(storage, name, trials=3, shared=True)
+    slow_beats = {"AUTOTUNE_HEARTBEAT_S": "600"}  # a frozen worker's trial is not failed as stale meanwhile
+    code, _, stderr = finish(start(worker_cmd(tmp_path / "a", storage, name, trials=2), **slow_beats))
+    assert code == 0, stderr[-2000:]
+    searching = start(worker_cmd(tmp_path / "b", storage, name, trials=3), **slow_beats)
+    study = load(storage, name)
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline:  # until it stored its budget and runs a trial of it
+        assert searching.poll() is None, searching.communicate()[1][-2000:]
+        if study.user_attrs.get(STUDY_BUDGET) == 3 and study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            break
+        time.sleep(0.2)
+    searching.send_signal(signal.SIGSTOP)  # a worker of --trials 2 starts (and ends) while it searches
+    try:
+        code, _, stderr = finish(start(worker_cmd(tmp_path / "c", storage, name, trials=2), **slow_beats))
+        assert code == 0, stderr[-2000:]
+    finally:
+        searching.send_signal(signal.SIGCONT)
+    code, stdout, stderr = finish(searching)
+    assert code == 0, stderr[-2000:]
+    status = study_status(storage, name)
+    assert status.wanted == 3 and status.finished == 3
+    assert status.winner is not None and f"winner: {status.winner.setup.describe()}:" in " ".join(stdout.split())
+    assert not [line for line in status.lines() if line.startswith("winner: none")], status.lines()

@@ -257,10 +257,20 @@ class Crew:
             time.sleep(self.poll_s)
 
     def publish(self, best: Best, trials: int, out: Path) -> None:
-        """Store the confirmed winner for the other workers and ``autotune status``."""
+        """Store the confirmed winner for the other workers and ``autotune status``, with its budget as the study's.
+
+        Workers started with different ``--trials`` each store theirs when they start; the winner stored last
+        stands for the study, so its budget does too (``autotune status`` and ``report`` show a winner only
+        of the study's budget: otherwise a worker of another ``--trials`` that started after this one hid it).
+        """
         winner = {"trials": trials, "best": best.to_dict(), "by": self.me.describe(), "out": str(out.resolve())}
+
+        def step() -> None:
+            self.study.study.set_user_attr(STUDY_WINNER, winner)
+            self.study.study.set_user_attr(STUDY_BUDGET, trials)
+
         with interrupts_held():
-            self._retry(lambda: self.study.study.set_user_attr(STUDY_WINNER, winner))
+            self._retry(step)
 
     def outcome(
         self, winner: dict[str, Any], records: list[TrialRecord], calibration: Calibration, out: Path, csv_path: Path
