@@ -332,9 +332,8 @@ def trial(
         nproc_per_node: Ranks of the trial: a DDP trial under
             torch.distributed (gloo on a CPU, nccl on CUDA), each rank on its
             share of the usable cores; samples/s counts every rank.
-        task_batch: Measure a workload at its Task's ``batch_size`` (all its
-            samples when there are fewer) rather than ``setup.batch_size``
-            (``autotune trial --workload`` without ``--batch-size``).
+        task_batch: Measure at the Task's ``batch_size`` (a classifier's: ``setup.batch_size``), or all the
+            samples when there are fewer, as a search's defaults (``autotune trial`` without ``--batch-size``).
 
     Returns:
         The setup, the workload and what was measured; a failed trial is a
@@ -379,8 +378,9 @@ def trial(
         options = dataclasses.replace(options, world_size=nproc_per_node, cores=placement.slots[0].cores)
         built = dataclasses.replace(built, device=placement.slots[0].device)
         share = placement.rank_workload(built)
-    if task_batch and built.reference_batch is not None:  # the Task's batch, or all of fewer samples (as a search's defaults)
-        setup = setup.replace(batch_size=max(1, min(built.reference_batch, share.images or built.reference_batch)))
+    if task_batch:  # the Task's batch (a classifier's: 32), or all of fewer samples (as a search's defaults)
+        base = built.reference_batch or setup.batch_size
+        setup = setup.replace(batch_size=max(1, min(base, share.images or base)))
     setup.check_device(dev.name, bf16_supported=dev.bf16, tf32_supported=dev.tf32)
     if built.unsharded and setup.num_workers > 1:
         from autotune.workloads.streams import UNSHARDED

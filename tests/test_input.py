@@ -423,3 +423,26 @@ def test_an_out_holding_the_users_own_train_py_is_refused_before_anything_runs(t
     with pytest.raises(EmitError, match=r"train.py exists and is not a script written by autotune: not overwritten \(pass another --out\)"):
         run_search(config, runner=runner_)
     assert ran == [] and (out / "train.py").read_text() == "print('my own training')\n" and not (out / "study.db").exists()
+
+
+def test_a_classifier_trial_without_a_batch_size_takes_all_of_fewer_images_as_a_search_defaults_do(tmp_path, monkeypatch) -> None:
+    """On 3 images `autotune trial --model ... --data DIR` without --batch-size measures one batch of the 3, as the
+    search's defaults trial does; it was refused as `--batch-size 32 x --accum 1 = 32 exceeds the 3 training images`,
+    naming a flag never typed. A batch typed is still checked against the data."""
+    from PIL import Image
+
+    import autotune.runner
+    from autotune.records import TrialResult
+
+    for i in range(3):
+        (tmp_path / "data" / f"c{i % 2}").mkdir(parents=True, exist_ok=True)
+        Image.new("RGB", (8, 8)).save(tmp_path / "data" / f"c{i % 2}" / f"{i}.jpg")
+    batches: list[int] = []
+    monkeypatch.setattr(autotune.runner, "prestart", lambda: None)
+    monkeypatch.setattr(autotune.runner, "run_trial", lambda setup, workload, options: batches.append(setup.batch_size)
+                        or TrialResult(status="ok", samples_per_s=9.0))
+    args = ["trial", "--model", "resnet18", "--image-size", "32", "--device", "cpu", "--data", str(tmp_path / "data")]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0 and batches == [3], result.output
+    result = runner.invoke(app, [*args, "--batch-size", "4"])
+    assert result.exit_code == 2 and "--batch-size 4 x --accum 1 = 4 exceeds the 3 training images" in one_line(result.output)
