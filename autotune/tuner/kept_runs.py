@@ -75,7 +75,6 @@ class KeptRuns:
         self.reused = 0
         self.earlier = self.measured  # kept by earlier runs of the command
 
-
     @property
     def measured(self) -> int:
         """Runs kept so far: those stored by earlier runs of the command and this one's."""

@@ -194,12 +194,12 @@ def storage_of(out: Path, storage: str | None) -> str:
         raise StorageError(f"{out} is a file; pass the search's output directory ({out.parent}), which holds study.db")
     db = out / "study.db"
     if not db.is_file():
-        if (out / "trials.csv").is_file() and _kept_in_out(out):
-            raise StorageError(
-                f"no study in {out}: {db} is missing, yet the search of {out / 'best.json'} kept its study there "
-                "(its command has no --storage): the file was removed or moved; put it back, or pass --storage URL --study NAME"
-            )
-        if (out / "trials.csv").is_file():  # a worker of a study kept in --storage (a server or a journal file)
+        if (out / "trials.csv").is_file():  # a search wrote here: its study.db was removed, or it was kept in a --storage
+            if _kept_in_out(out):
+                raise StorageError(
+                    f"no study in {out}: {db} is missing, yet the search of {out / 'best.json'} kept its study there "
+                    "(its command has no --storage): the file was removed or moved; put it back, or pass --storage URL --study NAME"
+                )
             raise StorageError(f"no study in {out}: its search kept the study in its --storage; pass that --storage URL --study NAME")
         raise StorageError(
             f"no study in {out}: {db} does not exist (run `autotune search --out {out}` first, or pass --storage URL --study NAME)"
