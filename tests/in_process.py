@@ -56,3 +56,26 @@ def call(main: object, cwd: Path, capfd: pytest.CaptureFixture[str], monkeypatch
         torch.set_num_threads(threads)  # a setup's thread count stays with its run
     out, err = capfd.readouterr()
     return code, out, err + message
+
+
+def cli(args: list[str], cwd: Path) -> tuple[int, str, str]:
+    """``autotune ARGS`` run in this process from ``cwd``: its exit code, stdout and stderr.
+
+    This process's trial server is warm after the first search (seconds saved per run), and a model
+    named ``module:function`` is imported from ``cwd``, as a user's own is.
+    """
+    import os
+
+    from typer.testing import CliRunner
+
+    from autotune.cli import app
+
+    before = os.getcwd()
+    os.chdir(cwd)
+    try:
+        result = CliRunner().invoke(app, args)
+    finally:
+        os.chdir(before)
+    # An exception the CLI let through would be a traceback in a real process.
+    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
+    return result.exit_code, result.stdout, result.stderr

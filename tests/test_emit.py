@@ -826,7 +826,7 @@ def test_workers_ended_by_the_stop_signal_stop_training_however_the_loader_repor
 @pytest.mark.slow
 @pytest.mark.parametrize("signum", [2, 15], ids=["SIGINT", "SIGTERM"])
 def test_ctrl_c_or_sigterm_stops_after_the_step_with_a_checkpoint_to_resume_from(
-    synthetic_data: Path, tmp_path: Path, signum: int
+    synthetic_data: Path, tmp_path: Path, signum: int, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A real signal to a real run's whole process group, its loader worker too (as a terminal's Ctrl-C reaches them):
     one line, exit 130, a checkpoint at the step it stopped after."""
@@ -854,9 +854,9 @@ def test_ctrl_c_or_sigterm_stops_after_the_step_with_a_checkpoint_to_resume_from
     assert said[0].endswith("; checkpoint in out/checkpoint.pth; rerun with --resume to go on")
     checkpoint = _checkpoint(tmp_path / "out" / "checkpoint.pth")
     assert checkpoint["step"] == step >= 2 and checkpoint["epoch_step"] == step % 4 and checkpoint["epoch"] == step // 4
-    resumed = run_script([str(script), "--resume", "--max-steps", str(step + 1), "--print-freq", "1", "--output-dir", "out"],
-                         tmp_path)
-    assert f"resumed from out/checkpoint.pth at epoch {step // 4} step {step}" in resumed.stdout
+    resumed = run_here([str(script), "--resume", "--max-steps", str(step + 1), "--print-freq", "1", "--output-dir", "out"],
+                       tmp_path, capfd, monkeypatch)
+    assert f"resumed from out/checkpoint.pth at epoch {step // 4} step {step}" in resumed
 
 
 def test_resume_on_data_of_another_size_is_refused_in_one_line(

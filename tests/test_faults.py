@@ -17,6 +17,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import in_process
 import optuna
 import psutil
 import pytest
@@ -38,6 +39,13 @@ def search_cmd(out: Path, cache_dir: Path, *extra: str, trials: int = 2) -> list
             "--synthetic-images", "64", "--trial-seconds", "1", "--device", "cpu", "--trials", str(trials),
             "--confirm-top", "1", "--confirm-rounds", "1", "--no-ceilings", "--out", str(out), "--cache-dir", str(cache_dir),
             *extra]
+
+
+def run_here(cmd: list[str]) -> tuple[int, str, str]:
+    """``cmd`` (an ``autotune`` command line) run in this process from the tests' directory (:func:`in_process.cli`),
+    for the runs a test only reads the outcome of; the faults themselves hit real processes."""
+    assert cmd[:3] == [sys.executable, "-m", "autotune"], cmd
+    return in_process.cli(cmd[3:], TESTS)
 
 
 def start(cmd: list[str]) -> subprocess.Popen[bytes]:
@@ -125,9 +133,9 @@ def test_hangup_and_kill9_mid_trial_lose_nothing_and_a_second_search_is_refused(
     assert [(r.number, r.gone) for r in dead.running] == [(1, True)]
     assert ", 0 running," in dead.lines()[0] and "left running by a search that died: #1" in "\n".join(dead.lines())
 
-    final = subprocess.run(search_cmd(out, cache_dir, "--json"), capture_output=True, env=ENV, timeout=WAIT_S)
-    assert final.returncode == 0, final.stderr.decode()
-    summary = json.loads(final.stdout)
+    code, stdout, stderr = run_here(search_cmd(out, cache_dir, "--json"))
+    assert code == 0, stderr
+    summary = json.loads(stdout)
     assert summary["best"]["speedup"] is not None
     assert summary["ceilings"] is None and "its confirmed median" not in summary["verdict"]  # --no-ceilings
     assert summary["best"]["defaults_samples_per_s"] > 0
@@ -136,7 +144,7 @@ def test_hangup_and_kill9_mid_trial_lose_nothing_and_a_second_search_is_refused(
     finished = [t for t in study.trials if t.state == TrialState.COMPLETE]
     assert len(finished) == 2
     assert [t.user_attrs["role"] for t in finished].count("defaults") == 1
-    assert "left running by a search that died" in final.stderr.decode()
+    assert "left running by a search that died" in stderr
 
 
 def test_a_study_held_by_a_live_process_is_refused_and_a_dead_holder_is_taken_over(tmp_path) -> None:
@@ -614,12 +622,12 @@ def test_the_first_error_of_the_pre_pass_ends_calibration_naming_the_model(tiny_
 def test_a_broken_model_ends_the_search_at_once(tmp_path, cache_dir, factory) -> None:
     cmd = search_cmd(tmp_path / "out", cache_dir, trials=30)
     cmd[cmd.index("factories:tiny_cnn")] = f"factories:{factory}"
-    done = subprocess.run(cmd, capture_output=True, env=ENV, timeout=WAIT_S)
-    assert done.returncode == 1
-    lines = [ln for ln in done.stderr.decode().splitlines() if ln.startswith("error:")]
-    assert len(lines) == 1 and f"model factories:{factory} fails:" in lines[0], done.stderr.decode()
-    assert "Traceback" not in done.stderr.decode()
-    assert "memory pre-pass: verify" not in done.stderr.decode()  # not halved through the pre-pass
+    code, _, stderr = run_here(cmd)
+    assert code == 1
+    lines = [ln for ln in stderr.splitlines() if ln.startswith("error:")]
+    assert len(lines) == 1 and f"model factories:{factory} fails:" in lines[0], stderr
+    assert "Traceback" not in stderr
+    assert "memory pre-pass: verify" not in stderr  # not halved through the pre-pass
 
 
 # --------------------------------------------------------------- the memory figure
@@ -785,9 +793,9 @@ def test_ctrl_c_during_calibration_keeps_its_runs_and_the_rerun_reuses_them(tmp_
     found = re.fullmatch(r"interrupted during calibration, before the first trial \(runs measured and kept: (\d+)\); "
                          r"rerun the same command to go on", last)
     assert found is not None and int(found.group(1)) == kept() >= 2, last
-    again = subprocess.run(cmd, capture_output=True, env=ENV, timeout=WAIT_S)
-    said = again.stdout.decode() + again.stderr.decode()
-    assert again.returncode == 0, said
+    code, stdout, stderr = run_here(cmd)
+    said = stdout + stderr
+    assert code == 0, said
     assert f"(runs measured before an interruption and kept: {found.group(1)})" in said
     assert f"calibration: reused {found.group(1)} of the {found.group(1)} runs kept from before the interruption, measured " in said
     assert (out / "best.json").is_file() and kept() == 0  # the whole calibration is stored instead

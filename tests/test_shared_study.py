@@ -1,4 +1,5 @@
-"""One study, many workers: real ``autotune search`` processes on a real PostgreSQL server and on a journal file."""
+"""One study, many workers: real ``autotune search`` workers (processes, and this process beside them) on a real PostgreSQL
+server and on a journal file."""
 
 from __future__ import annotations
 
@@ -9,12 +10,14 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import in_process
 import optuna
 import psutil
 import pytest
@@ -80,6 +83,21 @@ def finish(proc: subprocess.Popen[str]) -> tuple[int, str, str]:
     return proc.returncode, stdout, stderr
 
 
+def two_workers(first: list[str], second: list[str]) -> list[tuple[int, str, str]]:
+    """Two ``autotune search`` workers at once: ``first`` as a process (its output read as it comes), ``second`` in
+    this process meanwhile (its trial server is warm: seconds saved). Their exit codes, stdout and stderr, in order."""
+    proc = start(first)
+    ran: list[tuple[int, str, str]] = []
+    reader = threading.Thread(target=lambda: ran.append(finish(proc)), daemon=True)
+    reader.start()
+    try:
+        here = in_process.cli(second[3:], TESTS)
+    finally:
+        reader.join(WAIT_S)
+    assert ran, "the worker process did not end"
+    return [ran[0], here]
+
+
 def load(storage: str, study: str) -> optuna.Study:
     return SearchStudy.load(storage, study).study
 
@@ -125,8 +143,7 @@ def shared(tmp_path_factory: pytest.TempPathFactory, postgres) -> Shared:
     (its calibration is reused), so each calibration is paid once."""
     root = tmp_path_factory.mktemp("workers")
     outs = [root / "w1", root / "w2"]
-    procs = [start(worker_cmd(out, postgres.url, "two", trials=4)) for out in outs]
-    return Shared(postgres.url, "two", outs, [finish(p) for p in procs])
+    return Shared(postgres.url, "two", outs, two_workers(*(worker_cmd(out, postgres.url, "two", trials=4) for out in outs)))
 
 
 @pytest.mark.slow
@@ -188,13 +205,12 @@ def test_a_worker_with_another_fingerprint_is_refused(shared: Shared, tmp_path) 
     stored = dict(study.user_attrs["signature"])
     study.set_user_attr("signature", {**stored, "cpu_model": "Some Other CPU"})
     try:
-        refused = subprocess.run(worker_cmd(tmp_path / "w3", shared.storage, shared.study, trials=4),
-                                 capture_output=True, text=True, env=env(), timeout=WAIT_S)
+        code, _, stderr = in_process.cli(worker_cmd(tmp_path / "w3", shared.storage, shared.study, trials=4)[3:], TESTS)
     finally:
         study.set_user_attr("signature", stored)
-    assert refused.returncode == 1
-    assert "cpu_model: 'Some Other CPU' there" in refused.stderr
-    assert len(refused.stderr.strip().splitlines()) == 1 and "Traceback" not in refused.stderr
+    assert code == 1
+    assert "cpu_model: 'Some Other CPU' there" in stderr
+    assert len(stderr.strip().splitlines()) == 1
 
 
 @pytest.mark.slow
@@ -202,8 +218,7 @@ def test_journal_file_workers_share_one_budget(tmp_path) -> None:
     storage = f"journal://{tmp_path / 'study.log'}"
     studies.seed_calibration(storage, "journal", trials=3, shared=True)  # calibrating once is the PostgreSQL test's
     outs = [tmp_path / "w1", tmp_path / "w2"]
-    procs = [start(worker_cmd(out, storage, "journal", trials=3)) for out in outs]
-    check_one_study(storage, "journal", 3, outs, [finish(p) for p in procs])
+    check_one_study(storage, "journal", 3, outs, two_workers(*(worker_cmd(out, storage, "journal", trials=3) for out in outs)))
 
 
 def beating_trials(storage: optuna.storages.RDBStorage) -> set[int]:
@@ -213,7 +228,7 @@ def beating_trials(storage: optuna.storages.RDBStorage) -> set[int]:
 
 
 @pytest.mark.slow
-def test_a_worker_killed_mid_trial_is_recovered_by_another(tmp_path, shared: Shared) -> None:
+def test_a_worker_killed_mid_trial_is_recovered_by_another(tmp_path, shared: Shared, monkeypatch) -> None:
     storage = optuna.storages.RDBStorage(shared.storage)
     study = optuna.load_study(study_name=shared.study, storage=storage)
     held = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
@@ -246,8 +261,8 @@ def test_a_worker_killed_mid_trial_is_recovered_by_another(tmp_path, shared: Sha
         except psutil.Error:
             pass
     assert study.get_trials(deepcopy=False)[number].state == TrialState.RUNNING  # killed mid-trial
-    survivor = start(worker_cmd(tmp_path / "w2", shared.storage, shared.study, trials=budget), AUTOTUNE_HEARTBEAT_S="1")
-    code, _, stderr = finish(survivor)
+    monkeypatch.setenv("AUTOTUNE_HEARTBEAT_S", "1")
+    code, _, stderr = in_process.cli(worker_cmd(tmp_path / "w2", shared.storage, shared.study, trials=budget)[3:], TESTS)  # warm
     assert code == 0, stderr[-2000:]
     assert f"left running by a search that died, marked failed: trial #{number}" in stderr
     trials = study.get_trials(deepcopy=False)
@@ -406,7 +421,8 @@ def test_a_waiting_worker_waits_while_the_elected_one_stores_progress(postgres, 
 
 
 @pytest.mark.slow
-def test_the_last_stored_winner_stands_for_the_study_whatever_budget_a_later_worker_started_with(tmp_path, postgres) -> None:
+def test_the_last_stored_winner_stands_for_the_study_whatever_budget_a_later_worker_started_with(tmp_path, postgres,
+                                                                                                  monkeypatch) -> None:
     """Workers of one study started with different --trials: the one still searching (--trials 3) confirms last, and
     `autotune status` shows its winner. Before, a worker of --trials 2 that started after it left the study's budget
     at 2, and status counted `3/2 trials finished` and said `winner: none confirmed: the worker confirming it stopped`."""
@@ -416,7 +432,9 @@ def test_the_last_stored_winner_stands_for_the_study_whatever_budget_a_later_wor
     storage, name = postgres.url, "budgets"
     studies.seed_calibration(storage, name, trials=3, shared=True)
     slow_beats = {"AUTOTUNE_HEARTBEAT_S": "600"}  # a frozen worker's trial is not failed as stale meanwhile
-    code, _, stderr = finish(start(worker_cmd(tmp_path / "a", storage, name, trials=2), **slow_beats))
+    monkeypatch.setenv("AUTOTUNE_HEARTBEAT_S", "600")
+    # The workers that run alone run in this process (its trial server is warm); the one frozen mid-trial is a process.
+    code, _, stderr = in_process.cli(worker_cmd(tmp_path / "a", storage, name, trials=2)[3:], TESTS)
     assert code == 0, stderr[-2000:]
     searching = start(worker_cmd(tmp_path / "b", storage, name, trials=3), **slow_beats)
     study = load(storage, name)
@@ -428,7 +446,7 @@ def test_the_last_stored_winner_stands_for_the_study_whatever_budget_a_later_wor
         time.sleep(0.2)
     searching.send_signal(signal.SIGSTOP)  # a worker of --trials 2 starts (and ends) while it searches
     try:
-        code, _, stderr = finish(start(worker_cmd(tmp_path / "c", storage, name, trials=2), **slow_beats))
+        code, _, stderr = in_process.cli(worker_cmd(tmp_path / "c", storage, name, trials=2)[3:], TESTS)
         assert code == 0, stderr[-2000:]
     finally:
         searching.send_signal(signal.SIGCONT)
