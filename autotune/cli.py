@@ -24,7 +24,7 @@ from autotune.errors import AutotuneError, ProbeError
 from autotune.records import DEFAULT_TRIAL_SECONDS
 from autotune.redact import recorded_command
 from autotune.render import console
-from autotune.teardown import exit_at_once_on_interrupt
+from autotune.teardown import without_teardown
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -358,6 +358,7 @@ def status(
             out.print(escape(line), highlight=False, soft_wrap=True)
 
 
+@without_teardown
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point.
 
@@ -386,8 +387,6 @@ def main(argv: list[str] | None = None) -> None:
             if shape is not None and "--json" in after[:after.index("--") if "--" in after else None]:  # its options, not after --
                 echo_error_object(line, shape)  # the object the command prints for its own errors with --json
         sys.exit(exit_code)
-    if argv is None:  # the program, not a caller in Python: its work is written
-        exit_at_once_on_interrupt(code if isinstance(code, int) else 0)
     sys.exit(code if isinstance(code, int) else 0)
 
 

@@ -319,6 +319,47 @@ def test_a_ctrl_c_after_the_work_is_written_ends_the_program_at_once_with_its_co
     assert (ran.returncode, ran.stdout, ran.stderr) == (3, "winner: written", "")
 
 
+@pytest.mark.parametrize(
+    ("argv", "code", "out", "err"),
+    [(["--version"], 0, f"autotune {__version__}", ""),
+     (["emit", "/nonexistent/autotune-out"], 1, "", "error: /nonexistent/autotune-out: no such file (run `autotune search` first)")],
+)
+def test_the_program_skips_the_interpreter_s_teardown_but_not_its_exit_callbacks(argv: list[str], code: int, out: str,
+                                                                                  err: str) -> None:
+    """The program ends without tearing its modules down (a second or more with torch imported), after what the
+    interpreter runs at exit (the trial server's shutdown is one): the command's output and exit code unchanged."""
+    script = ("import atexit, sys\nfrom autotune.cli import main\n"
+              "atexit.register(lambda: print('exit callback ran', file=sys.stderr))\n"
+              f"sys.argv = ['autotune', *{argv!r}]\nmain()\n")
+    ran = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert (ran.returncode, ran.stdout.strip(), ran.stderr.strip().splitlines()) == (code, out, [*([err] if err else []),
+                                                                                            "exit callback ran"])
+
+
+def test_a_thread_still_working_is_waited_for_as_the_interpreter_waits() -> None:
+    from autotune.teardown import exit_now
+
+    script = ("import threading, time\nfrom autotune.teardown import exit_now\n"
+              "threading.Thread(target=lambda: (time.sleep(0.5), print('thread done', flush=True))).start()\n"
+              "exit_now('stopped')\n")
+    ran = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert (ran.returncode, ran.stdout, ran.stderr) == (1, "thread done\n", "stopped\n")
+    import threading
+
+    caught: list[SystemExit] = []
+
+    def in_a_thread() -> None:  # a thread other than the main one: sys.exit, which ends that thread only
+        try:
+            exit_now(4)
+        except SystemExit as exc:
+            caught.append(exc)
+
+    worker = threading.Thread(target=in_a_thread)
+    worker.start()
+    worker.join()
+    assert [exc.code for exc in caught] == [4]
+
+
 def test_output_to_a_pipe_is_wide_enough_for_the_tables(monkeypatch) -> None:
     """Rich gives a pipe or a file 80 columns, which wrapped every trial's setup over many lines: a log gets 160."""
     import io
