@@ -201,6 +201,6 @@ def _supervise(
                 status="timeout",
                 windows=tuple(windows),
                 mode=options.mode,
-                error=f"no result within {options.effective_timeout_s:.0f} s; the process group was killed",
+                error=f"no result within {options.effective_timeout_s:g} s; the process group was killed",
             )
         time.sleep(0.05)
