@@ -85,11 +85,18 @@ def finish(proc: subprocess.Popen[str]) -> tuple[int, str, str]:
 
 def two_workers(first: list[str], second: list[str]) -> list[tuple[int, str, str]]:
     """Two ``autotune search`` workers at once: ``first`` as a process (its output read as it comes), ``second`` in
-    this process meanwhile (its trial server is warm: seconds saved). Their exit codes, stdout and stderr, in order."""
+    this process meanwhile (its trial server is warm: seconds saved). Their exit codes, stdout and stderr, in order.
+
+    The second starts once the first made its --out, just before it joins the study: both join before either has
+    calibrated, as two workers started together do (a warm worker started at once could finish before the other joined).
+    """
     proc = start(first)
     ran: list[tuple[int, str, str]] = []
     reader = threading.Thread(target=lambda: ran.append(finish(proc)), daemon=True)
     reader.start()
+    joining, deadline = Path(first[first.index("--out") + 1]), time.monotonic() + WAIT_S
+    while not joining.exists() and reader.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.05)
     try:
         here = in_process.cli(second[3:], TESTS)
     finally:
