@@ -690,6 +690,7 @@ def test_runs_under_torchrun(synthetic_data: Path, tmp_path: Path) -> None:
         cwd=tmp_path, capture_output=True, text=True, timeout=RUN_TIMEOUT,
     )
     assert refused.returncode != 0 and "error: --static-graph cannot be used with --accum-steps > 1" in refused.stderr
+    assert refused.stderr.count("error: --static-graph") == 1, refused.stderr  # rank 0 says it; rank 1 exits quietly
 
 
 @pytest.mark.slow
