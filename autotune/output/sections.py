@@ -110,10 +110,15 @@ def _draw(plots: ModuleType | None, name: str, *args: Any) -> bytes | None:
     return bytes(plots.png(fig))
 
 
+def _measured(record: TrialRecord) -> bool:
+    """Whether the trial measured a throughput."""
+    return record.result.ok and bool(record.result.samples_per_s)
+
+
 def fastest_trial(records: Sequence[TrialRecord], baseline_only: frozenset[int] = frozenset()) -> TrialRecord | None:
     """The fastest trial that measured a throughput: of those the search's ``--set`` allows (not ``baseline_only``)
     when any did, else of all (the report's and ``autotune status``'s best so far)."""
-    ok = [r for r in records if r.result.ok and r.result.samples_per_s]
+    ok = [r for r in records if _measured(r)]
     return max([r for r in ok if r.number not in baseline_only] or ok, key=lambda r: r.result.samples_per_s or 0.0, default=None)
 
 
@@ -125,7 +130,7 @@ def _winner(data: ReportInput) -> tuple[float | None, str, float | None]:
     top = fastest_trial(data.records, data.baseline_only)
     if top is None:
         return None, "", None
-    defaults = next((r.result.samples_per_s for r in data.records if r.role == "defaults" and r.result.ok and r.result.samples_per_s), None)
+    defaults = next((r.result.samples_per_s for r in data.records if r.role == "defaults" and _measured(r)), None)
     return top.result.samples_per_s, f"best trial so far\n(#{top.number}, unconfirmed)", defaults
 
 
