@@ -54,6 +54,7 @@ from autotune.tuner.study import ATTR_MARKER, ATTR_ROLE, ATTR_WORKER, ROLE_SEARC
 from autotune.tuner.study_report import stored_confirmed
 
 T = TypeVar("T")
+R = TypeVar("R")
 
 #: Study user attributes of a shared study.
 STUDY_READY = "first_trials"  # set once calibration and the first trials are in: who did it
@@ -208,25 +209,17 @@ class Crew:
         Raises:
             StorageError: The elected worker stored nothing for :attr:`wait_s`.
         """
-        patience = Patience(self.wait_s)
-        told = False
-        while (attrs := self._attrs()).get(STUDY_READY) is None:
-            patience.saw(attrs)
-            leader = self.leads(MARKER_CALIBRATE)
-            if self.is_me(leader):
-                value = work()
-                self._retry(lambda: self.study.study.set_user_attr(STUDY_READY, self.me.to_dict()))
-                return value
-            if not told:
-                reporter.message(f"worker of study {self.study.name!r}: waiting for {leader.describe()} to calibrate")
-                told = True
-            if patience.over():
-                raise StorageError(
-                    f"study {self.study.name!r}: {leader.describe()} stored no calibration run for {self.wait_s:.0f} s; "
-                    "rerun this worker once it has finished calibrating (or once it is gone)"
-                )
-            time.sleep(self.poll_s)
-        return None
+        ready = self._until(
+            MARKER_CALIBRATE, lambda attrs: attrs.get(STUDY_READY), reporter,
+            waiting=lambda leader: f"worker of study {self.study.name!r}: waiting for {leader.describe()} to calibrate",
+            gave_up=lambda leader: (f"study {self.study.name!r}: {leader.describe()} stored no calibration run for {self.wait_s:.0f} s; "
+                                    "rerun this worker once it has finished calibrating (or once it is gone)"),
+        )
+        if ready is not None:  # the elected worker's
+            return None
+        value = work()
+        self._retry(lambda: self.study.study.set_user_attr(STUDY_READY, self.me.to_dict()))
+        return value
 
     def confirm_or_wait(self, trials: int, reporter: Reporter) -> dict[str, Any] | None:
         """The stored winner of this budget (waiting for the elected worker), or None when this worker confirms.
@@ -234,27 +227,36 @@ class Crew:
         Raises:
             StorageError: The elected worker stored nothing for :attr:`wait_s`, in one line.
         """
+
+        def stored(attrs: dict[str, Any]) -> dict[str, Any] | None:
+            winner = attrs.get(STUDY_WINNER)
+            return winner if isinstance(winner, dict) and winner.get("trials") == trials else None
+
+        return self._until(
+            confirm_marker(trials), stored, reporter,
+            waiting=lambda leader: f"{trials} trials finished: {leader.describe()} confirms the finalists; waiting for its winner",
+            gave_up=lambda leader: (f"study {self.study.name!r}: no winner from {leader.describe()}, which stored no confirmation "
+                                    f"measurement for {self.wait_s:.0f} s; `autotune status` shows it once written"),
+        )
+
+    def _until(self, marker: str, found: Callable[[dict[str, Any]], R | None], reporter: Reporter, *,
+               waiting: Callable[[Holder], str], gave_up: Callable[[Holder], str]) -> R | None:
+        """What ``found`` reads in the study's attributes once it reads something (``waiting`` said once meanwhile), or
+        None once this worker is elected for ``marker``. A StorageError of ``gave_up``'s line after :attr:`wait_s` without progress."""
         patience = Patience(self.wait_s)
         told = False
-        while True:
-            attrs = self._attrs()
+        while (value := found(attrs := self._attrs())) is None:
             patience.saw(attrs)
-            winner = attrs.get(STUDY_WINNER)
-            if isinstance(winner, dict) and winner.get("trials") == trials:
-                return winner
-            leader = self.leads(confirm_marker(trials))
+            leader = self.leads(marker)
             if self.is_me(leader):
                 return None
             if not told:
-                reporter.message(f"{trials} trials finished: {leader.describe()} confirms the finalists; waiting for its winner")
+                reporter.message(waiting(leader))
                 told = True
             if patience.over():
-                raise StorageError(
-                    f"study {self.study.name!r}: no winner from {leader.describe()}, which stored no confirmation "
-                    f"measurement for {self.wait_s:.0f} s; "
-                    "`autotune status` shows it once written"
-                )
+                raise StorageError(gave_up(leader))
             time.sleep(self.poll_s)
+        return value
 
     def publish(self, best: Best, trials: int, out: Path) -> None:
         """Store the confirmed winner for the other workers and ``autotune status``, with its budget as the study's.
