@@ -224,6 +224,20 @@ def test_loader_pins_without_workers_are_refused() -> None:
     assert some.values["prefetch_factor"] == (4,) and some.values["num_workers"] == (0, 1, 2)
 
 
+def test_a_loader_pin_excludes_no_setup_without_workers() -> None:
+    from autotune.tuner.constraints import excluding
+
+    # prefetch_factor and persistent_workers act on the setups that have workers; one with none (the defaults) is within them.
+    for text in ("prefetch_factor=4", "persistent_workers=true"):
+        pins = merge_constraints([parse_constraint("num_workers=0..2"), parse_constraint(text)])
+        assert excluding(pins, TrainSetup()) is None
+        assert excluding(pins, TrainSetup(batch_size=64, num_threads=1)) is None
+    pins = merge_constraints([parse_constraint("prefetch_factor=4")])
+    assert excluding(pins, TrainSetup(num_workers=1, prefetch_factor=2)) == "--set prefetch_factor=4"
+    assert excluding(pins, TrainSetup(num_workers=1, prefetch_factor=4)) is None
+    assert excluding(merge_constraints([parse_constraint("num_workers=1")]), TrainSetup()) == "--set num_workers=1"
+
+
 def test_ddp_knobs_pin_with_several_ranks_and_are_refused_in_one_process() -> None:
     for text in ("bucket_cap_mb=10..20", "bucket_cap_mb=50", "bucket_cap_mb=10,50"):
         pins = merge_constraints([parse_constraint(text)])  # parsed like every integer knob, no internal error

@@ -222,8 +222,13 @@ def allows_workers(constraint: Constraint | None) -> bool:
 
 
 def excluding(constraints: dict[str, Constraint], setup: TrainSetup) -> str | None:
-    """The ``--set`` values ``setup`` does not satisfy, as the user wrote them (``--set num_workers=1``); None if it does."""
-    said = [f"--set {c}" for knob, c in constraints.items() if not c.allows(getattr(setup, knob))]
+    """The ``--set`` values ``setup`` does not satisfy, as the user wrote them (``--set num_workers=1``); None if it does.
+
+    A setup without loader workers satisfies every ``prefetch_factor`` and ``persistent_workers`` item: they act on
+    the setups that have workers (the space offers 0 workers beside them), so they exclude none without.
+    """
+    unused = ("prefetch_factor", "persistent_workers") if setup.num_workers == 0 else ()
+    said = [f"--set {c}" for knob, c in constraints.items() if knob not in unused and not c.allows(getattr(setup, knob))]
     return " ".join(said) or None
 
 
