@@ -67,6 +67,15 @@ def test_finalists_are_distinct_fastest_then_the_defaults() -> None:
     assert [c.setup for c in pick_candidates(feasible[1:], defaults, top=1)] == [B]
 
 
+def test_defaults_the_set_excludes_take_no_finalist_place() -> None:
+    """--set num_workers=1 --confirm-top 1: the fastest setup within the --set is confirmed, not the defaults alone."""
+    defaults = TrainSetup(batch_size=32)
+    feasible = [_record(0, defaults, 500.0), _record(1, B, 300.0), _record(2, C, 200.0)]
+    assert [c.setup for c in pick_candidates(feasible, defaults, top=1)] == [defaults]
+    assert [c.setup for c in pick_candidates(feasible, defaults, top=1, baseline_only=True)] == [B, defaults]
+    assert [c.setup for c in pick_candidates(feasible, defaults, top=2, baseline_only=True)] == [B, C, defaults]
+
+
 def test_the_search_and_a_reader_of_the_stored_rounds_name_the_finalists_alike() -> None:
     """The confirming worker's console and a waiting worker's (or the report's) table show the same labels."""
     from autotune.tuner.study_report import stored_confirmed

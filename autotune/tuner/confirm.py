@@ -292,7 +292,7 @@ def autocast_evident(record: TrialRecord, calibration: Calibration | None) -> st
 
 
 def pick_candidates(records: Sequence[TrialRecord], defaults: TrainSetup, top: int, *, fp32_twin: bool = False,
-                    calibration: Calibration | None = None) -> list[Candidate]:
+                    calibration: Calibration | None = None, baseline_only: bool = False) -> list[Candidate]:
     """The ``top`` fastest distinct setups, then the defaults (when they ran) for the speedup.
 
     A compiled setup is a finalist only when its trial was faster than the
@@ -319,6 +319,8 @@ def pick_candidates(records: Sequence[TrialRecord], defaults: TrainSetup, top: i
         top: How many distinct setups.
         fp32_twin: Whether the finalists' float32 twins may join.
         calibration: The search's calibration (its like-for-like precisions), or None: every twin joins.
+        baseline_only: Whether the user's ``--set`` excludes the defaults: they cannot win, so they take none
+            of the ``top`` places and join after the finalists for the speedup alone.
     """
     feasible = [r for r in records if r.result.ok and r.result.samples_per_s]
     ranked = sorted(feasible, key=lambda r: r.result.samples_per_s or 0.0, reverse=True)
@@ -328,6 +330,8 @@ def pick_candidates(records: Sequence[TrialRecord], defaults: TrainSetup, top: i
         by_setup.setdefault(record.setup.to_json(), []).append(record)
     candidates: list[Candidate] = []
     for key, same in by_setup.items():
+        if baseline_only and key == defaults.to_json():
+            continue
         record = same[0]
         twin = eager.get(record.setup.replace(compile="off").to_json()) if record.setup.compile != "off" else None
         if twin is not None and (record.result.samples_per_s or 0.0) < twin * (1.0 + NOISE_FLOOR):

@@ -103,9 +103,7 @@ def run_search(config: SearchConfig, reporter: Reporter | None = None, *, runner
         return _search(config, prepared, reporter, timed, timing, began)
 
 
-def _search(
-    config: SearchConfig, prepared: Prepared, reporter: Reporter, timed: TimedRunner, timing: Timing, began: float
-) -> SearchOutcome:
+def _search(config: SearchConfig, prepared: Prepared, reporter: Reporter, timed: TimedRunner, timing: Timing, began: float) -> SearchOutcome:
     """The steps after :func:`prepare`, while the output directory and the study are held."""
     earlier = prepared.study.time_spent()
     placed = prepared.placement.runner(timed)  # the trials' ranks, device and cores
@@ -327,7 +325,8 @@ def confirm_finalists(
     Raises:
         KeyboardInterrupt: Ctrl-C or SIGTERM; the rounds measured so far are stored.
     """
-    candidates = pick_candidates(records, defaults, config.confirm_top, fp32_twin=allows(config.constraints, "amp", "off"), calibration=calibration)
+    candidates = pick_candidates(records, defaults, config.confirm_top, fp32_twin=allows(config.constraints, "amp", "off"),
+                                 calibration=calibration, baseline_only=excluding(merge_constraints(config.constraints), defaults) is not None)
     reporter.message(confirmation_plan(candidates, options.trial_seconds, config.confirm_rounds))
     with sigterm_as_interrupt():
         confirmed = confirm(candidates, prepared.workload, options, rounds=config.confirm_rounds, known=prepared.study.confirmation(),
