@@ -412,6 +412,18 @@ def test_a_search_compiles_the_leading_setup_near_its_end(tmp_path: Path, cache_
 
 
 
+def test_the_space_line_of_a_short_search_says_it_compiles_nothing() -> None:
+    """--trials 8 --set compile=off,default: the compiled mode the line offers is never tried, and the line says so."""
+    from autotune.tuner.refine import compile_skipped
+
+    assert compile_skipped(space_for(CPU), MIN_TRIALS) == ""
+    assert compile_skipped(space_for(CPU, None, "compile=off,default"), 8) == (
+        "; compile=default not tried: a search of 8 trials (under 20) compiles no trial; "
+        "--set compile=default compiles every trial")
+    assert compile_skipped(space_for(CPU, None, "compile=default"), 8) == ""  # every trial compiles
+    assert compile_skipped(space_for(CPU, None, "compile=off"), 8) == ""
+
+
 def test_compile_trials_are_queued_counting_other_workers_running_trials(tmp_path: Path) -> None:
     """A shared study: trials other workers are running count, or every worker would queue its own compile trials late."""
     from autotune.tuner.refine import compile_setup, enqueue_compile_trials

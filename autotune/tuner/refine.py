@@ -34,6 +34,19 @@ def compile_trials(space: Space, wanted: int) -> int:
     return len(space.compile_modes()) if wanted >= MIN_TRIALS else 0
 
 
+def compile_skipped(space: Space, wanted: int) -> str:
+    """The end of the ``space:`` line when the space offers compiled modes that a search of ``wanted`` trials never tries.
+
+    Returns:
+        ``; compile=default not tried: ...`` naming the pin that compiles every trial, or ``""`` where nothing is left untried.
+    """
+    modes = space.compile_modes()
+    if not modes or compile_trials(space, wanted):
+        return ""
+    return (f"; compile={'|'.join(modes)} not tried: a search of {wanted} trials (under {MIN_TRIALS}) compiles no trial; "
+            f"--set compile={modes[0]} compiles every trial")
+
+
 def enqueue_compile_trials(study: SearchStudy, space: Space, wanted: int) -> None:
     """Once the eager trials are done, queue the fastest eager setup compiled in each offered mode (once per study)."""
     count = compile_trials(space, wanted)

@@ -42,6 +42,7 @@ from autotune.tuner.offered import check_workload_constraints
 from autotune.tuner.parallel import explore_placed
 from autotune.tuner.placement import Placement, place
 from autotune.tuner.progress import Reporter, SilentReporter
+from autotune.tuner.refine import compile_skipped
 from autotune.tuner.signals import clear_stop, interrupts_held, runs_to_the_end, sigterm_as_interrupt
 from autotune.tuner.space import Space, build_space, check_pins_act, defaults_setup
 from autotune.tuner.storage import check_one_study, check_storage_url, is_shared
@@ -179,7 +180,7 @@ def first_steps(config: SearchConfig, prepared: Prepared, reporter: Reporter, ru
     space = build_space(device=prepared.device, calibration=calibration, **prepared.placement.space_args(config.effective_batch),
                         constraints=merge_constraints(config.constraints), images=prepared.workload.images,
                         image_input=prepared.workload.image_input, workload=prepared.workload)
-    reporter.message(space.describe())
+    reporter.message(space.describe() + compile_skipped(space, config.trials))
     enqueue_first_trials(config, prepared, space, calibration)
     return calibration, space
 
