@@ -5,9 +5,12 @@ from __future__ import annotations
 import base64
 import contextlib
 import dataclasses
+import html as html_module
 import json
+import os
 import shutil
 import sqlite3
+import subprocess
 import sys
 from html.parser import HTMLParser
 from pathlib import Path
@@ -136,6 +139,51 @@ def test_a_search_writes_a_self_contained_report_with_every_plot(searched) -> No
     pngs = [f for f in written if f.suffix == ".png"]
     assert {p.name for p in pngs} == {"report-summary.png", "report-history.png", "report-confirmation.png"}
     assert all(p.read_bytes().startswith(PNG) for p in pngs)
+
+
+def chromium() -> str:
+    """Debian's chromium (``.ci/run`` installs it when missing): CI fails without it, elsewhere the test is skipped."""
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    if found is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("chromium is missing in CI (.ci/run installs Debian's chromium)")
+        pytest.skip("no chromium (apt-get install chromium)")
+    return found
+
+
+#: Appended to a copy of the page: once it has loaded, what the browser made of it, as JSON in a <pre>.
+BROWSER_CHECK = """<script>
+window.addEventListener("load", () => {
+  const images = [...document.images];
+  const said = document.createElement("pre");
+  said.id = "autotune-check";
+  said.textContent = JSON.stringify({
+    widths: images.map(i => (i.complete ? i.naturalWidth : 0)),
+    sections: [...document.querySelectorAll("section[id]")].map(s => s.id),
+    text: document.body.innerText,
+  });
+  document.body.appendChild(said);
+});
+</script>"""
+
+
+def test_the_report_shows_every_plot_in_a_real_browser(searched, tmp_path: Path) -> None:
+    """Headless Chromium opens report.html from disk as a user does: every plot decodes into an image, every section
+    is there, and the page says the winner's speedup."""
+    outcome, out = searched
+    page = tmp_path / "page.html"
+    html = (out / REPORT).read_text(encoding="utf-8")
+    assert html.count("</body>") == 1
+    page.write_text(html.replace("</body>", BROWSER_CHECK + "</body>"), encoding="utf-8")
+    shown = subprocess.run([chromium(), "--headless", "--no-sandbox", "--disable-gpu", f"--user-data-dir={tmp_path / 'profile'}",
+                            "--virtual-time-budget=10000", "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=180)
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    dumped = shown.stdout.split('<pre id="autotune-check">', 1)
+    assert len(dumped) == 2, shown.stdout[-2000:]
+    seen = json.loads(html_module.unescape(dumped[1].split("</pre>", 1)[0]))
+    assert len(seen["widths"]) == len(SECTIONS) and all(w > 100 for w in seen["widths"]), seen["widths"]  # decoded plots
+    assert SECTIONS <= set(seen["sections"])
+    assert f"{outcome.best.speedup:.2f}x" in seen["text"] and "Bottleneck:" in seen["text"]
 
 
 def test_the_time_breakdown_accounts_every_trial_process(searched) -> None:
