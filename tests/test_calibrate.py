@@ -331,6 +331,8 @@ def test_the_pre_pass_log_gives_the_reason_of_a_failed_batch() -> None:
               bf16_ok=True, log=lines.append, runner=FakeRunner(fail_above=8))
     assert "memory pre-pass: batch 8: ok, peak 108 MiB" in lines
     assert any(line.startswith("memory pre-pass: batch 32: oom (too big)") for line in lines), lines
+    loaders = [line.split(":")[0] for line in lines if line.startswith("loader only")]
+    assert loaders == ["loader only (0 workers)", "loader only (1 worker)", "loader only (2 workers)"], lines
 
 
 def test_a_short_stream_bounds_the_batch_by_the_batches_it_fills() -> None:

@@ -155,7 +155,8 @@ def ceiling_bars(data: ReportInput) -> list[tuple[str, float, str, str]]:
         loader = [p for p in cal.loader if p.samples_per_s]
         if loader:
             top = max(loader, key=lambda p: p.samples_per_s or 0.0)
-            bars.append((f"loader only\n(calibration, {top.num_workers} workers)", top.samples_per_s or 0.0, "ceiling", "DataLoader alone, no model"))
+            workers = f"{top.num_workers} worker{'' if top.num_workers == 1 else 's'}"
+            bars.append((f"loader only\n(calibration, {workers})", top.samples_per_s or 0.0, "ceiling", "DataLoader alone, no model"))
     if achieved:
         bars.append((label, achieved, "achieved", "the training loop, loader and model together"))
     if defaults:

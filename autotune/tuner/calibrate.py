@@ -251,7 +251,7 @@ def calibrate(
         loader_points.append(LoaderPoint(workers, result.status, result.samples_per_s))
         if workers > 0 and not result.ok and worker_error is None:
             worker_error = result.error
-        log(f"loader only ({workers} workers): {_rate(result)}")
+        log(f"loader only ({workers} worker{'' if workers == 1 else 's'}): {_rate(result)}")
         if target and result.ok and workers > 0 and (result.samples_per_s or 0) >= 2.0 * target:
             break  # far more than the device consumes: more workers cannot help
     calibration = Calibration(
