@@ -231,6 +231,26 @@ def test_resume_adds_trials_instead_of_repeating(tmp_path, cache_dir) -> None:
     assert again.records == outcome.records
 
 
+def test_the_best_so_far_on_each_trial_s_line_is_of_the_setups_the_set_allows(tmp_path, cache_dir) -> None:
+    """--set num_workers=1: the defaults (0 workers, the fastest here) are measured as the baseline only, so the progress
+    line's best so far is not theirs, as the report's and `autotune status`'s are not."""
+    from autotune.tuner.progress import SilentReporter
+
+    def defaults_fastest(setup: TrainSetup, workload, options=None, *, on_window=None) -> TrialResult:
+        rate = 1000.0 if setup.num_workers == 0 else 100.0 + setup.batch_size
+        return TrialResult(status="ok", samples_per_s=rate, windows=(rate,), peak_memory_bytes=2**28, step_time_s=0.1)
+
+    shown: list[tuple[int, float | None]] = []
+
+    class Said(SilentReporter):
+        def trial_finished(self, done: int, total: int, record, best: float | None) -> None:
+            shown.append((record.setup.num_workers, best))
+
+    search(config(tmp_path, cache_dir, trials=4, constraints=(parse_constraint("num_workers=1"),)), runner=defaults_fastest, reporter=Said())
+    assert shown[0] == (0, None)  # the defaults' trial: nothing within --set measured yet
+    assert [w for w, _ in shown[1:]] == [1, 1, 1] and all(best is not None and best < 1000.0 for _, best in shown[1:]), shown
+
+
 def test_a_data_warning_is_said_before_the_search_and_the_search_runs(tmp_path, cache_dir, synthetic_data) -> None:
     import shutil
 

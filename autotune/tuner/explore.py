@@ -13,7 +13,7 @@ rewritten after every trial, so nothing measured is lost.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import optuna
@@ -24,6 +24,7 @@ from autotune.records import TrialOptions, TrialRecord, TrialResult, Workload
 from autotune.runner import TrialRunner, WindowCallback
 from autotune.train_setup import TrainSetup
 from autotune.tuner.budget import STUDY_BUDGET
+from autotune.tuner.constraints import Constraint, excluding
 from autotune.tuner.neighbours import ROLE_NEIGHBOUR, enqueue_neighbour
 from autotune.tuner.progress import Reporter
 from autotune.tuner.refine import ROLE_COMPILE, compile_setup, compile_trials, enqueue_compile_trials
@@ -45,6 +46,8 @@ class Exploration:
         csv_path: Where ``trials.csv`` is rewritten after every trial.
         neighbours: Trials of the budget for one-knob moves from the leader
             (:func:`autotune.tuner.neighbours.neighbour_trials`; 0: none, as with the random sampler).
+        constraints: The search's ``--set``: a trial it excludes (the PyTorch defaults, measured as the
+            baseline) is never the best so far.
     """
 
     space: Space
@@ -54,10 +57,16 @@ class Exploration:
     wanted: int
     csv_path: Path
     neighbours: int = 0
+    constraints: dict[str, Constraint] = field(default_factory=dict)
 
     def write_csv(self, records: list[TrialRecord]) -> None:
         """Rewrite ``trials.csv`` with ``records`` (effective batches over every rank of a trial)."""
         write_trials_csv(self.csv_path, records, self.options.world_size)
+
+    def best(self, records: list[TrialRecord]) -> float | None:
+        """The best samples/s so far of the trials the ``--set`` allows (each finished trial's progress line); None before one."""
+        rates = [r.result.samples_per_s or 0.0 for r in records if r.result.ok and excluding(self.constraints, r.setup) is None]
+        return max(rates, default=None)
 
 
 def check_recipe(records: list[TrialRecord], workload: Workload) -> None:
@@ -113,7 +122,7 @@ def explore(study: SearchStudy, plan: Exploration, reporter: Reporter, runner: T
                 records = study.records()
                 plan.write_csv(records)
                 check_recipe(records, plan.workload)
-                best = max((r.result.samples_per_s or 0.0 for r in records if r.result.ok), default=None)
+                best = plan.best(records)
                 record = next(r for r in records if r.number == trial.number)
                 reporter.trial_finished(study.finished(plan.wanted), plan.wanted, record, best)
         except BaseException:  # Ctrl-C, bad data: the unfinished trial does not count

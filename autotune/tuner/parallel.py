@@ -141,7 +141,7 @@ class _Parallel:
             records = self.study.records()
             self.plan.write_csv(records)
             check_recipe(records, self.plan.workload)
-            best = max((r.result.samples_per_s or 0.0 for r in records if r.result.ok), default=None)
+            best = self.plan.best(records)
             record = next(r for r in records if r.number == trial.number)
             self.reporter.trial_finished(self.study.finished(self.plan.wanted), self.plan.wanted, record, best)
 

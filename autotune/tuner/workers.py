@@ -390,7 +390,7 @@ class Crew:
             records = self._retry(study.records, keep_locally)
             plan.write_csv(records)
             check_recipe(records, plan.workload)
-            best = max((r.result.samples_per_s or 0.0 for r in records if r.result.ok), default=None)
+            best = plan.best(records)
             record = next((r for r in records if r.number == trial.number), pending[0])
             reporter.trial_finished(self._retry(lambda: study.counts(plan.wanted))[0], plan.wanted, record, best)
         return records
