@@ -34,6 +34,7 @@ def calibration(max_batch: int = 256, max_workers: int = 4, memory_points: tuple
 def test_parse_constraint_forms() -> None:
     assert parse_constraint("amp=off").value == "off"
     assert parse_constraint("workers=4").knob == "num_workers"
+    assert parse_constraint("NUM_WORKERS=2").knob == "num_workers"  # knob names, like values, in any case
     assert parse_constraint("batch_size=16..128").low == 16
     assert parse_constraint("batch_size=..64").high == 64 and parse_constraint("batch_size=..64").low is None
     assert parse_constraint("amp=off,bf16").choices == ("off", "bf16")
@@ -50,6 +51,9 @@ def test_parse_constraint_forms() -> None:
         ("batch_size=0", "must be >= 1"),
         ("batch_size=64..16", "empty range"),
         ("amp=off..bf16", "ranges work for integer knobs only"),
+        ("num_workers=1...", "a range is LO..HI"),  # was "expected an integer, got '.'"
+        ("num_workers=1,2..3", "a range is LO..HI"),  # was "got '1,2'"
+        ("num_threads=auto,1..2", "a range is LO..HI"),
         ("channels_last=maybe", "expected true or false"),
     ],
 )

@@ -122,7 +122,7 @@ def parse_constraint(text: str) -> Constraint:
         UsageError: Unknown knob or malformed value.
     """
     knob, sep, rest = text.partition("=")
-    knob = knob.strip().replace("-", "_")
+    knob = knob.strip().lower().replace("-", "_")
     aliases = {"workers": "num_workers", "prefetch": "prefetch_factor", "batch": "batch_size", "accum": "accumulation_steps"}
     knob = aliases.get(knob, knob)
     if not sep or not rest.strip():
@@ -133,6 +133,8 @@ def parse_constraint(text: str) -> Constraint:
         if knob not in INT_KNOBS:
             raise UsageError(f"--set {text!r}: ranges work for integer knobs only ({', '.join(INT_KNOBS)})")
         low_text, _, high_text = rest.partition("..")
+        if "," in rest or "." in low_text + high_text:
+            raise UsageError(f"--set {text!r}: a range is LO..HI (either side may be empty), a list of choices A,B,C: not both")
         low = _parse_value(knob, low_text) if low_text.strip() else None
         high = _parse_value(knob, high_text) if high_text.strip() else None
         if (low_text.strip() and low is None) or (high_text.strip() and high is None):
