@@ -562,6 +562,28 @@ def test_bad_model_or_output_dir_is_one_line_before_any_work(
     assert out == "" and not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize(
+    ("factory", "message"),
+    [
+        ("def net(num_classes):\n    raise RuntimeError('no weights here')\n",
+         "error: --model factory_{0}:net failed: RuntimeError: no weights here"),
+        ("def net(depth):\n    return None\n",
+         "error: --model factory_{0}:net failed: TypeError: net() missing 1 required positional argument: 'depth'"),
+        ("def net():\n    return 'resnet18'\n", "error: --model factory_{0}:net returned str, not a torch.nn.Module"),
+    ],
+    ids=["raises", "needs_an_argument", "returns_text"],
+)
+def test_a_model_factory_that_fails_or_returns_no_module_is_one_line(
+    synthetic_data: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, factory: str,
+    message: str
+) -> None:
+    module = f"factory_{tmp_path.name}"  # one module per case: the test process keeps what it imported
+    (tmp_path / f"{module}.py").write_text(factory)
+    script = write_script(make_best(synthetic_data, **CPU_KNOBS), tmp_path / "train.py")
+    line, _ = in_process.refusal(script, ["--model", f"{module}:net", "--output-dir", "out"], tmp_path, capfd, monkeypatch)
+    assert line == message.format(tmp_path.name)
+
+
 def test_resume_refuses_a_checkpoint_it_cannot_continue_in_one_line(
     synthetic_data: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
