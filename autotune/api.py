@@ -32,7 +32,8 @@ from autotune.errors import SetupError, UsageError, worded_for_python
 from autotune.records import DEFAULT_TRIAL_SECONDS, TrialOptions, TrialResult, Workload
 from autotune.train_setup import TrainSetup
 from autotune.tuner import Reporter, SearchConfig, SearchOutcome, run_search
-from autotune.tuner.config import check_timeout, check_trial_seconds
+from autotune.tuner.config import check_timeout, check_trial_seconds, path_of
+from autotune.tuner.constraints import parse_constraints
 
 __all__ = ["SearchResult", "TrialOutcome", "search", "trial"]
 
@@ -110,14 +111,6 @@ class TrialOutcome:
     def samples_per_s(self) -> float | None:
         """Median steady-state throughput (``None`` unless ``ok``)."""
         return self.result.samples_per_s
-
-
-def _constraints(items: Sequence[str]) -> tuple[Any, ...]:
-    from autotune.tuner.constraints import parse_constraint
-
-    if isinstance(items, str):
-        items = [items]
-    return tuple(parse_constraint(item) for item in items)
 
 
 def _bytes(value: int | str | None) -> int | None:
@@ -211,18 +204,18 @@ def search(
         model=model,
         trials=trials,
         image_size=image_size,
-        data=Path(data) if data is not None else None,
+        data=None if data is None else path_of("--data", data),
         device=device,
         effective_batch=effective_batch,
         max_memory=_bytes(max_memory),
         trial_seconds=trial_seconds,
-        constraints=_constraints(constraints),
-        out=Path(out),
+        constraints=parse_constraints(constraints),
+        out=path_of("--out", out),
         study=study,
         storage=storage,
         seed=seed,
         sampler=sampler,
-        cache_dir=Path(cache_dir) if cache_dir is not None else None,
+        cache_dir=None if cache_dir is None else path_of("--cache-dir", cache_dir),
         synthetic_images=synthetic_images,
         confirm_top=confirm_top,
         confirm_rounds=confirm_rounds,
@@ -284,9 +277,9 @@ def trial_workload(
     built = build_workload(
         model=model,
         image_size=image_size,
-        data=Path(data) if data is not None else None,
+        data=None if data is None else path_of("--data", data),
         device=dev.name,
-        cache_dir=Path(cache_dir) if cache_dir is not None else None,
+        cache_dir=None if cache_dir is None else path_of("--cache-dir", cache_dir),
         synthetic_images=synthetic_images,
     )
     return hardware, dev, built

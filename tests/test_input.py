@@ -360,6 +360,14 @@ def test_train_py_header_names_the_factory_it_imports(tmp_path) -> None:
         ({"trials": 0}, "^trials must be between 1 and"),
         ({"constraints": ["amp=xx"]}, "^constraints amp: expected one of off, bf16, fp16, got 'xx'"),
         ({"lr": 0.5, "model": None, "workload": "task_factories:good"}, "^lr: for the classifier shorthand only"),
+        ({"model": 18}, "^model must be a string, got 18"),
+        ({"study": 3}, "^study must be a string, got 3"),
+        ({"devices": 2}, "^devices must be a string, got 2"),
+        ({"data": 7}, "^data must be a path \\(a str or os.PathLike\\), got 7"),
+        ({"cache_dir": b"cache"}, "^cache_dir must be a path \\(a str or os.PathLike\\), got b'cache'"),
+        ({"out": None}, "^out must be a path \\(a str or os.PathLike\\), got None"),
+        ({"constraints": None}, "^constraints must be a list of strings such as 'amp=bf16', got None"),
+        ({"constraints": ["amp=off", 3]}, "^constraints must be a list of strings such as 'amp=bf16', got 3 in it"),
     ],
 )
 def test_the_python_api_refuses_wrong_types_before_writing_anything(tmp_path, kwargs, message) -> None:
@@ -372,6 +380,23 @@ def test_the_python_api_refuses_wrong_types_before_writing_anything(tmp_path, kw
         autotune.search(**{"model": "resnet18", "trials": 2, "device": "cpu", "out": tmp_path / "out", **kwargs})
     assert "--" not in str(raised.value)
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"nproc_per_node": "2"}, "^nproc_per_node must be an integer, got '2'"),
+        ({"nproc_per_node": 2.5}, "^nproc_per_node must be an integer, got 2.5"),
+        ({"data": 7}, "^data must be a path \\(a str or os.PathLike\\), got 7"),
+        ({"cache_dir": 7}, "^cache_dir must be a path \\(a str or os.PathLike\\), got 7"),
+    ],
+)
+def test_a_trial_refuses_wrong_types_in_one_line(kwargs, message) -> None:
+    import autotune
+
+    with pytest.raises(autotune.errors.UsageError, match=message) as raised:
+        autotune.trial(**{"model": "resnet18", "device": "cpu", **kwargs})
+    assert "--" not in str(raised.value)
 
 
 def test_the_cli_refusals_keep_naming_its_flags(tmp_path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import threading
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
@@ -52,13 +53,27 @@ def check_trial_seconds(value: float) -> None:
         raise UsageError(f"--trial-seconds must be >= {MIN_TRIAL_SECONDS:g} and <= {MAX_SECONDS:.0f}, got {value}")
 
 
-#: The numeric fields of :class:`SearchConfig` and the type each must have: Python's own, as they are stored as JSON.
+def path_of(flag: str, value: object) -> Path:
+    """``value`` as a Path; the Python API takes any value where the CLI's Typer gave a path.
+
+    Raises:
+        UsageError: ``value`` is neither a str nor an os.PathLike (None, a number, bytes).
+    """
+    if not isinstance(value, (str, os.PathLike)) or not isinstance(os.fspath(value), str):
+        raise UsageError(f"{flag} must be a path (a str or os.PathLike), got {value!r}")
+    return Path(value)
+
+
+#: The numeric and text fields of :class:`SearchConfig` and the type each must have: Python's own, as they are stored as JSON.
 _TYPES: dict[str, type | tuple[type, ...]] = {
     "trials": int, "image_size": int, "effective_batch": int, "seed": int, "synthetic_images": int, "confirm_top": int,
     "confirm_rounds": int, "nproc_per_node": int, "timeout_s": (int, float), "lr": (int, float),
+    "model": str, "study": str, "storage": str, "devices": str, "command": str,
 }  # trial_seconds: check_trial_seconds, which trial() calls too
 #: Fields whose None means "not set".
-_OPTIONAL = ("effective_batch", "timeout_s")
+_OPTIONAL = ("effective_batch", "timeout_s", "study", "storage", "devices")
+#: How a refusal names each type.
+_TYPE_NAMES: dict[type | tuple[type, ...], str] = {int: "an integer", str: "a string", (int, float): "a number"}
 
 
 #: Most trials a search takes: at 5 s each, over a week of measuring (a larger number is a typo).
@@ -144,8 +159,7 @@ class SearchConfig:
         for name, kind in _TYPES.items():  # the Python API takes what Typer would have parsed
             value = getattr(self, name)
             if (value is not None or name not in _OPTIONAL) and (isinstance(value, bool) or not isinstance(value, kind)):
-                what = "an integer" if kind is int else "a number"
-                raise UsageError(f"--{name.removesuffix('_s').replace('_', '-')} must be {what}, got {value!r}")
+                raise UsageError(f"--{name.removesuffix('_s').replace('_', '-')} must be {_TYPE_NAMES[kind]}, got {value!r}")
         if not 1 <= self.trials <= MAX_TRIALS:
             raise UsageError(f"--trials must be between 1 and {MAX_TRIALS}, got {self.trials}")
         if self.effective_batch is not None and self.effective_batch < 1:

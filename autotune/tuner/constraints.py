@@ -7,7 +7,7 @@ the result to the values the probe and calibration allow.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -148,6 +148,19 @@ def parse_constraint(text: str) -> Constraint:
             raise UsageError(f"--set {text!r}: no values")
         return Constraint(knob, choices=values)
     return Constraint(knob, value=_parse_value(knob, rest))
+
+
+def parse_constraints(items: object) -> tuple[Constraint, ...]:
+    """Parse the ``--set`` arguments the Python API was given (``constraints=``): a list of them, or one.
+
+    Raises:
+        UsageError: ``items`` is not a string or a sequence of strings (None, a number), or one is malformed.
+    """
+    texts = [items] if isinstance(items, str) else items
+    if not isinstance(texts, Sequence) or not all(isinstance(text, str) for text in texts):
+        wrong = [f"{text!r} in it" for text in texts if not isinstance(text, str)] if isinstance(texts, Sequence) else []
+        raise UsageError(f"--set must be a list of strings such as 'amp=bf16', got {(wrong or [repr(items)])[0]}")
+    return tuple(parse_constraint(text) for text in texts)
 
 
 def pinned_values(texts: Iterable[str]) -> dict[str, Any]:

@@ -171,6 +171,8 @@ def place(device_text: str, devices: str | None, nproc_per_node: int, hardware: 
         UsageError: One line naming the problem.
     """
     device = resolve_device(device_text, hardware)
+    if isinstance(nproc_per_node, bool) or not isinstance(nproc_per_node, int):  # the Python API's trial() takes any value
+        raise UsageError(f"--nproc-per-node must be an integer, got {nproc_per_node!r}")
     if nproc_per_node < 1:
         raise UsageError(f"--nproc-per-node must be >= 1, got {nproc_per_node}")
     cores = usable_core_ids(int(hardware.cpu.usable_cores))
