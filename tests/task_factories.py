@@ -374,6 +374,11 @@ def unused_parameter() -> autotune.Task:
     return autotune.Task(_WithUnusedHead(), _pairs(), batch_size=4)
 
 
+def batch_norm() -> autotune.Task:
+    """A model with a BatchNorm1d, which cannot train on a batch of one sample."""
+    return autotune.Task(nn.Sequential(nn.Linear(8, 4), nn.BatchNorm1d(4), nn.Linear(4, 3)), _pairs(), batch_size=4)
+
+
 def forward_fails() -> autotune.Task:
     """The model expects 5 features; the data has 8."""
     return autotune.Task(nn.Linear(5, 3), _pairs())

@@ -558,6 +558,15 @@ def test_the_task_script_refuses_a_bad_workload_or_checkpoint_in_one_line(
     assert "does not fit this model or optimizer" in line, line
 
 
+@pytest.mark.slow
+def test_the_task_script_on_a_batch_norm_model_refuses_a_batch_of_one_in_one_line(tmp_path: Path) -> None:
+    """BatchNorm's own refusal of a micro-batch of one sample, raised in the first step, is one line naming the flag."""
+    failed = _run(_task_script(tmp_path, "batch_norm", autotune.TrainSetup(batch_size=4)), "--batch-size", "1")
+    assert failed.returncode == 1 and failed.stderr.splitlines() == [
+        "error: Expected more than 1 value per channel when training, got input size torch.Size([1, 4]); a BatchNorm "
+        "layer needs more than one value per channel to train on: pass --batch-size 2 or more"], failed.stderr
+
+
 def test_a_resumed_iterable_epoch_skips_what_it_trained_on(
     tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
