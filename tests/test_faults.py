@@ -116,13 +116,13 @@ def test_hangup_and_kill9_mid_trial_lose_nothing_and_a_second_search_is_refused(
 
     resumed = start(search_cmd(out, cache_dir))
     wait_running(resumed, out, 1)  # frozen mid-trial: it certainly holds --out while the second one starts
-    second = subprocess.run(search_cmd(out, cache_dir), capture_output=True, env=ENV, timeout=WAIT_S)
+    second = run_here(search_cmd(out, cache_dir))  # this process: the holder is the frozen search's
     storage = f"sqlite:///{out / 'study.db'}"
     live = study_status(storage)
     resumed.kill()  # kill -9: no handler runs, the trial stays RUNNING in the study
     resumed.communicate(timeout=WAIT_S)
-    assert second.returncode == 1
-    line = second.stderr.decode().strip()
+    assert second[0] == 1
+    line = second[2].strip()
     assert f"pid {resumed.pid} on" in line and "in use by another autotune search" in line
     assert len(line.splitlines()) == 1
     assert study_of(out).trials[1].state == TrialState.RUNNING
