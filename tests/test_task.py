@@ -632,3 +632,24 @@ def test_the_task_script_on_short_iterable_epochs_and_task_subclasses(
     assert code != 0 and "error: --workers 2: each DataLoader worker yields the whole iterable dataset" in err
     sub = _run(_task_script(tmp_path, "subclassed", autotune.TrainSetup(batch_size=16)), "--max-steps", "1")
     assert sub.returncode == 0 and "step 1 loss" in sub.stdout, sub.stderr
+
+
+@pytest.mark.parametrize("rank", ["0", "1"])
+def test_a_refusal_under_torchrun_is_said_by_rank_zero_alone_in_both_scripts(
+    tmp_path: Path, synthetic_data: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, rank: str
+) -> None:
+    """Each script's ``__main__`` block, run here with the RANK torchrun gives each process: a refusal every rank meets
+    (``--workers -1``) is one line on rank 0; another rank exits 1 without repeating it."""
+    import runpy
+
+    from test_emit import make_best, write_script
+
+    task = _task_script(tmp_path / "task", "good", autotune.TrainSetup(batch_size=4))
+    classifier = write_script(make_best(synthetic_data), tmp_path / "classifier" / "train.py")
+    monkeypatch.setenv("RANK", rank)
+    for script in (task, classifier):
+        monkeypatch.setattr(sys, "argv", [str(script), "--workers", "-1"])
+        with pytest.raises(SystemExit) as exited:
+            runpy.run_path(str(script), run_name="__main__")
+        assert exited.value.code == ("error: --workers must be >= 0" if rank == "0" else 1), script
+    assert capsys.readouterr().err == ""  # the message is the exit's, printed by the interpreter: once, on rank 0
