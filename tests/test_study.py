@@ -26,6 +26,34 @@ def test_the_startup_schedule_is_kept_when_a_study_is_resumed_with_more_trials(t
     assert again.study.sampler._n_startup_trials == 3
 
 
+def test_openers_of_a_new_sqlite_study_at_once_all_open_it(tmp_path: Path) -> None:
+    """Opening creates Optuna's tables; openers racing on a fresh file (``autotune status`` while a search starts, as a
+    CI run met) retry instead of failing on "table ... already exists". Four threads start together on each file."""
+    import threading
+
+    import optuna
+
+    from autotune.tuner.storage import open_storage
+
+    errors: list[str] = []
+    for round_ in range(2):
+        url, go = f"sqlite:///{tmp_path / f'race{round_}.db'}", threading.Barrier(4)
+
+        def open_it(url: str = url, go: threading.Barrier = go) -> None:
+            go.wait()
+            try:
+                optuna.create_study(storage=open_storage(url), study_name="s", load_if_exists=True)
+            except Exception as exc:  # what the race raised before
+                errors.append(f"{type(exc).__name__}: {exc}"[:200])
+
+        threads = [threading.Thread(target=open_it) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    assert not errors
+
+
 def test_an_unreachable_storage_is_one_error() -> None:
     with pytest.raises(StorageError, match="cannot open study storage"):
         SearchStudy.open("postgresql://nobody@127.0.0.1:1/none", "s")

@@ -201,7 +201,7 @@ def open_storage(url: str) -> str | BaseStorage:
             folder = os.path.dirname(os.path.abspath(sqlite_path(url) or ""))
             if not os.path.isdir(folder):
                 raise StorageError(hide_passwords(f"cannot open study storage {url!r}: directory {folder} does not exist"))
-            return url
+            return _rdb_storage(url, {}, heartbeats=False)
         engine: dict[str, Any] = {"pool_pre_ping": True}
         if url.startswith("postgresql"):
             engine["connect_args"] = {"connect_timeout": 10}
@@ -217,25 +217,33 @@ def open_storage(url: str) -> str | BaseStorage:
         raise StorageError(hide_passwords(f"cannot open study storage {url!r}: {why}")) from None
 
 
-def _rdb_storage(url: str, engine: dict[str, Any]) -> RDBStorage:
-    """Optuna's RDB storage with heartbeats; workers that create its tables at the same time retry."""
+def _rdb_storage(url: str, engine: dict[str, Any], *, heartbeats: bool = True) -> RDBStorage:
+    """Optuna's RDB storage (with heartbeats for a shared one); when another process creates its tables at the same
+    time (a second worker, or ``autotune status`` while a search starts), creating them again is retried."""
     beat = heartbeat_s()
     # Optuna warns that heartbeats are meant for Study.optimize; this search records them itself (heartbeats()).
     warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
+    kwargs: dict[str, Any] = {}
+    if heartbeats:
+        kwargs = {"heartbeat_interval": beat, "grace_period": 3 * beat,
+                  "heartbeat_stale_trial_callback": RetryHeartbeatStaleTrialCallback(max_retry=3)}
     for attempt in range(5):
         try:
-            return RDBStorage(
-                url,
-                engine_kwargs=engine,
-                heartbeat_interval=beat,
-                grace_period=3 * beat,
-                heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=3),
-            )
-        except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError):  # another worker created the tables
-            if attempt == 4:
+            return RDBStorage(url, engine_kwargs=engine, **kwargs)
+        except sqlalchemy.exc.DBAPIError as exc:
+            if attempt == 4 or not _created_meanwhile(exc):
                 raise
-            time.sleep(random.uniform(0.2, 1.0))
+            time.sleep(random.uniform(0.1, 0.5))
     raise AssertionError("unreachable")
+
+
+def _created_meanwhile(exc: sqlalchemy.exc.DBAPIError) -> bool:
+    """Whether creating the tables failed because another process created them first (SQLite says "table ... already
+    exists" or fails on the unique schema version; a server raises an integrity or "already exists" error)."""
+    if isinstance(exc, sqlalchemy.exc.IntegrityError | sqlalchemy.exc.ProgrammingError):
+        return True
+    text = str(exc).lower()
+    return "already exists" in text or "database is locked" in text
 
 
 def first_line(exc: BaseException) -> str:
