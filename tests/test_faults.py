@@ -765,7 +765,6 @@ def test_copies_left_by_a_killed_generation_are_removed(tmp_path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.slow
 def test_ctrl_c_during_calibration_keeps_its_runs_and_the_rerun_reuses_them(tmp_path, cache_dir) -> None:
     """A real SIGINT once the calibration stored two runs: exit 130, the last line counts the runs kept, and the same
     command run again reuses exactly those (nothing measured is lost) and finishes the search."""

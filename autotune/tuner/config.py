@@ -150,6 +150,15 @@ class SearchConfig:
     nproc_per_node: int = 1
     devices: str | None = None
 
+    @property
+    def pins(self) -> dict[str, Constraint]:
+        """The ``--set`` constraints by knob.
+
+        Raises:
+            UsageError: A knob is given twice.
+        """
+        return merge_constraints(self.constraints)
+
     def validate(self) -> None:
         """Reject bad values before anything runs or is written.
 
@@ -193,8 +202,7 @@ class SearchConfig:
             raise UsageError(
                 f"--effective-batch {self.effective_batch} is not a multiple of --nproc-per-node {self.nproc_per_node}"
             )
-        knobs = merge_constraints(self.constraints)
-        if self.effective_batch is not None and "accumulation_steps" in knobs:
+        if self.effective_batch is not None and "accumulation_steps" in self.pins:
             raise UsageError("--effective-batch fixes accumulation_steps; do not --set it as well")
 
 

@@ -30,7 +30,7 @@ from autotune.tuner.budget import counted_records
 from autotune.tuner.calibrate import calibrate
 from autotune.tuner.config import SearchConfig, SearchOutcome, Timing
 from autotune.tuner.confirm import confirm, confirmation_plan, measure_ceilings, pick_candidates
-from autotune.tuner.constraints import allows, allows_workers, check_constraints, check_effective_batch, excluding, merge_constraints
+from autotune.tuner.constraints import allows, allows_workers, check_constraints, check_effective_batch, excluding
 from autotune.tuner.explore import Exploration, check_recipe
 from autotune.tuner.guesses import guess_setups
 from autotune.tuner.identity import machine_fingerprint, signature, study_name
@@ -108,7 +108,7 @@ def _search(config: SearchConfig, prepared: Prepared, reporter: Reporter, timed:
     """The steps after :func:`prepare`, while the output directory and the study are held."""
     earlier = prepared.study.time_spent()
     placed = prepared.placement.runner(timed)  # the trials' ranks, device and cores
-    crew, constraints = prepared.crew, merge_constraints(config.constraints)
+    crew, constraints = prepared.crew, config.pins
     first = (crew.once(lambda: first_steps(config, prepared, reporter, placed), reporter) if crew else None)
     calibration, space = first or first_steps(config, prepared, reporter, placed)
     defaults = defaults_setup(prepared.placement.rank_batch(config.effective_batch), prepared.workload.reference_batch, prepared.workload.images)
@@ -178,7 +178,7 @@ def first_steps(config: SearchConfig, prepared: Prepared, reporter: Reporter, ru
     """Calibrate (or reuse the stored calibration), build the space, queue the first trials of a new study."""
     calibration = calibrate_once(config, prepared, reporter, runner)
     space = build_space(device=prepared.device, calibration=calibration, **prepared.placement.space_args(config.effective_batch),
-                        constraints=merge_constraints(config.constraints), images=prepared.workload.images,
+                        constraints=config.pins, images=prepared.workload.images,
                         image_input=prepared.workload.image_input, workload=prepared.workload)
     reporter.message(space.describe() + compile_skipped(space, config.trials))
     enqueue_first_trials(config, prepared, space, calibration)
@@ -203,7 +203,7 @@ def prepare(config: SearchConfig, reporter: Reporter) -> Prepared:
     hardware = probes.collect()
     placement = place(config.device, config.devices, config.nproc_per_node, hardware)
     device = placement.device
-    constraints = merge_constraints(config.constraints)
+    constraints = config.pins
     check_constraints(constraints, device)
     out = Path(config.out)
     check_out(out, config.data)
@@ -327,7 +327,7 @@ def confirm_finalists(
         KeyboardInterrupt: Ctrl-C or SIGTERM; the rounds measured so far are stored.
     """
     candidates = pick_candidates(records, defaults, config.confirm_top, fp32_twin=allows(config.constraints, "amp", "off"),
-                                 calibration=calibration, baseline_only=excluding(merge_constraints(config.constraints), defaults) is not None)
+                                 calibration=calibration, baseline_only=excluding(config.pins, defaults) is not None)
     reporter.message(confirmation_plan(candidates, options.trial_seconds, config.confirm_rounds))
     with sigterm_as_interrupt():
         confirmed = confirm(candidates, prepared.workload, options, rounds=config.confirm_rounds, known=prepared.study.confirmation(),
@@ -381,9 +381,9 @@ def finish(
         world_size=prepared.placement.world_size,
         command=config.command,
         interrupted=interrupted,
-        excluded_by=excluding(merge_constraints(config.constraints), defaults),
+        excluded_by=excluding(config.pins, defaults),
         partly_confirmed=any(c.values for c in partial),
-        batch_pin=merge_constraints(config.constraints).get("batch_size"),
+        batch_pin=config.pins.get("batch_size"),
     )
     written = write_winner(best, out) if write else ()
     return SearchOutcome(
