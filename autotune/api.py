@@ -34,6 +34,7 @@ from autotune.train_setup import TrainSetup
 from autotune.tuner import Reporter, SearchConfig, SearchOutcome, run_search
 from autotune.tuner.config import check_timeout, check_trial_seconds, path_of
 from autotune.tuner.constraints import parse_constraints
+from autotune.tuner.progress import check_reporter
 
 __all__ = ["SearchResult", "TrialOutcome", "search", "trial"]
 
@@ -200,6 +201,7 @@ def search(
     """
     model, image_size = _shorthand(workload, model, data, image_size, "resnet50", lr=lr, cache_dir=cache_dir,
                                    synthetic_images=synthetic_images)
+    check_reporter(reporter)
     config = SearchConfig(
         model=model,
         trials=trials,
@@ -342,6 +344,8 @@ def trial(
                                    synthetic_images=synthetic_images)
     if setup is not None and not isinstance(setup, TrainSetup):
         raise UsageError(f"setup must be an autotune.TrainSetup (autotune.load_setup(path) reads one from best.json), got {type(setup).__name__}")
+    if announce is not None and not callable(announce):
+        raise UsageError(f"announce must be a function called with one line, got {type(announce).__name__}")
     task_batch = task_batch or setup is None
     setup = setup or TrainSetup()
     check_trial_seconds(trial_seconds)

@@ -368,6 +368,8 @@ def test_train_py_header_names_the_factory_it_imports(tmp_path) -> None:
         ({"out": None}, "^out must be a path \\(a str or os.PathLike\\), got None"),
         ({"constraints": None}, "^constraints must be a list of strings such as 'amp=bf16', got None"),
         ({"constraints": ["amp=off", 3]}, "^constraints must be a list of strings such as 'amp=bf16', got 3 in it"),
+        ({"reporter": 3}, "^reporter must have the methods of autotune.Reporter .*; int lacks message, trial_started"),
+        ({"reporter": print}, "lacks message, trial_started, trial_finished, confirm_progress$"),
     ],
 )
 def test_the_python_api_refuses_wrong_types_before_writing_anything(tmp_path, kwargs, message) -> None:
@@ -389,6 +391,7 @@ def test_the_python_api_refuses_wrong_types_before_writing_anything(tmp_path, kw
         ({"nproc_per_node": 2.5}, "^nproc_per_node must be an integer, got 2.5"),
         ({"data": 7}, "^data must be a path \\(a str or os.PathLike\\), got 7"),
         ({"cache_dir": 7}, "^cache_dir must be a path \\(a str or os.PathLike\\), got 7"),
+        ({"announce": 3}, "^announce must be a function called with one line, got int"),
     ],
 )
 def test_a_trial_refuses_wrong_types_in_one_line(kwargs, message) -> None:

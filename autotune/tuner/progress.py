@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from autotune.errors import UsageError
 from autotune.records import TrialRecord, TrialResult
 from autotune.train_setup import TrainSetup
 
@@ -43,3 +44,19 @@ class SilentReporter:
 
     def confirm_progress(self, done: int, total: int, label: str, result: TrialResult) -> None:
         """Ignored."""
+
+
+#: The hooks a search calls.
+HOOKS = ("message", "trial_started", "trial_finished", "confirm_progress")
+
+
+def check_reporter(reporter: object) -> None:
+    """Refuse a ``reporter`` that lacks a hook of :class:`Reporter`, before the search starts (None is none).
+
+    Raises:
+        UsageError: Naming the hooks it lacks.
+    """
+    missing = [name for name in HOOKS if reporter is not None and not callable(getattr(reporter, name, None))]
+    if missing:
+        raise UsageError(f"reporter must have the methods of autotune.Reporter ({', '.join(HOOKS)}); "
+                         f"{type(reporter).__name__} lacks {', '.join(missing)}")
