@@ -136,8 +136,8 @@ def make_best(
                      f"the largest batch up to {'your recipe' if workload.reference_batch else 'the default'}'s {recipe} "
                      f"that divides --effective-batch {effective_batch}{per_rank}: the math every setup keeps")
     if base is None:
-        notes.append(f"the PyTorch defaults ({defaults.describe()}) could not be measured (trials.csv gives their trial's "
-                     "error: at your own recipe's batch), so no speedup is given")
+        notes.append(f"the PyTorch defaults ({defaults.describe()}) could not be measured: their trial ended without a "
+                     "throughput (trials.csv gives its status and error), so no speedup is given")
     hw = hardware.to_dict()
     return Best(
         setup=setup,
