@@ -127,14 +127,14 @@ def calibrate(
             fails: a dataset item raises or cannot be collated.
     """
     cuda = device.type == "cuda"
-    short = TrialOptions(trial_seconds=calibration_seconds(trial_seconds), windows=2, mode="compute")
     budget = memory_budget(device, max_memory, available_bytes // max(1, ram_share))
+    short = TrialOptions(trial_seconds=calibration_seconds(trial_seconds), windows=2, mode="compute", max_memory_bytes=budget)
     fp32 = TrainSetup()
     points: list[MemoryPoint] = []
     measured: dict[int, TrialResult] = {}  # the pre-pass runs by batch: fp32, contiguous, compute only
 
     def prepass(batch: int) -> TrialResult:
-        run = lambda: runner(fp32.replace(batch_size=batch), workload, _with_budget(short, budget))  # noqa: E731
+        run = lambda: runner(fp32.replace(batch_size=batch), workload, short)  # noqa: E731
         result = run()
         if KILLED_FROM_OUTSIDE in (result.error or ""):  # maybe not the batch's doing: it must not bound the space on one kill
             log(f"memory pre-pass: batch {batch}: {result.error}; measuring it again")
@@ -206,7 +206,7 @@ def calibrate(
                 f"free some memory, raise --max-memory or {smaller}"
             )
     if workload.iterable and max_batch > 1:  # a stream of unknown length: the batches it fills bound the space
-        max_batch = _stream_batch(max_batch, workload, runner, replace(short, mode="loader"), log)
+        max_batch = _stream_batch(max_batch, workload, runner, replace(short, mode="loader", max_memory_bytes=None), log)
     middle = probe_batch(max_batch, device)
     reduced = ("bf16" if bf16_ok else "fp16") if cuda else ("bf16" if bf16_ok else None)
     precisions: list[PrecisionPoint] = []
@@ -218,7 +218,7 @@ def calibrate(
             setup = TrainSetup(batch_size=middle, amp=amp, channels_last=channels_last)  # type: ignore[arg-type]
             same = measured.get(middle) if setup == fp32.replace(batch_size=middle) else None
             # The plain fp32 point at the pre-pass's own batch was measured there, with the same options.
-            result = same if same is not None and same.ok else runner(setup, workload, _with_budget(short, budget))
+            result = same if same is not None and same.ok else runner(setup, workload, short)
             precisions.append(PrecisionPoint(amp, channels_last, result.status, result.samples_per_s))
             layout = "channels_last" if channels_last else "contiguous"
             log(f"compute only (batch {middle}, {'fp32' if amp == 'off' else amp}, {layout}): {_rate(result)}")
@@ -313,10 +313,6 @@ def _size_hint(workload: Workload, error: str | None) -> str:
     if size != 224 and ("shape" in text or "size of tensor" in text):
         return f" (at --image-size {size}; the model may be built for 224 px: try --image-size 224)"
     return f" (at --image-size {size})"
-
-
-def _with_budget(options: TrialOptions, budget: int | None) -> TrialOptions:
-    return replace(options, max_memory_bytes=budget)
 
 
 def _outcome(result: TrialResult) -> str:
