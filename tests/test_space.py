@@ -104,6 +104,24 @@ def test_the_data_caps_batch_and_accumulation() -> None:
                     images=100)
 
 
+def test_a_pinned_accumulation_keeps_only_the_batches_whose_step_fits_the_data() -> None:
+    """``--set accumulation_steps=3`` on 64 images: batches 32 and 64 could hold no optimizer step (they would be sampled
+    and found infeasible, trial after trial); the space line shows the batches that can run, and a pin no batch meets is
+    refused up front."""
+    def space(*pins: str, images: int = 64):
+        return build_space(device=CPU, calibration=calibration(), usable_cores=2, effective_batch=None,
+                           constraints=merge_constraints(parse_constraint(p) for p in pins), images=images)
+
+    assert space("accumulation_steps=3").values["batch_size"] == (8, 16)
+    assert space("accumulation_steps=2..4").values["batch_size"] == (8, 16, 32)  # the fewest steps allowed decide
+    assert space("accumulation_steps=1").values["batch_size"] == (8, 16, 32, 64)
+    with pytest.raises(UsageError, match=r"^--set accumulation_steps=16: even the smallest batch the space allows \(8\) times 16 "
+                                         r"accumulation steps is more than the data's 64 samples"):
+        space("accumulation_steps=16")
+    with pytest.raises(UsageError, match="--set accumulation_steps=4: even the smallest batch .*\\(32\\)"):
+        space("accumulation_steps=4", "batch_size=32")
+
+
 def test_a_second_guess_at_the_largest_batch_when_throughput_still_rises() -> None:
     rising = calibration(memory_points=(MemoryPoint(8, "ok", 2**28, 80.0), MemoryPoint(32, "ok", 2**29, 130.0),
                                         MemoryPoint(256, "ok", 2**31, 170.0)))

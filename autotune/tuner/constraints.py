@@ -320,3 +320,19 @@ def _smallest(constraint: Constraint) -> int:
     if constraint.low is not None or constraint.high is not None:
         return constraint.low if constraint.low is not None else 1
     return int(constraint.value)
+
+
+def batches_that_fit(values: dict[str, tuple[Any, ...]], accumulation: Constraint, images: int) -> tuple[int, ...]:
+    """The space's batch sizes whose optimizer step (batch x the fewest accumulation steps ``accumulation`` allows)
+    fits in one epoch of ``images`` samples: the others could never run.
+
+    Raises:
+        UsageError: None fits.
+    """
+    steps = min(values["accumulation_steps"])
+    fit = tuple(b for b in values["batch_size"] if b * steps <= images)
+    if not fit:
+        raise UsageError(f"--set {accumulation}: even the smallest batch the space allows ({min(values['batch_size'])}) "
+                         f"times {steps} accumulation steps is more than the data's {images} samples: an epoch would hold "
+                         "no optimizer step; allow fewer accumulation steps or a smaller batch_size")
+    return fit

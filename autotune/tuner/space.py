@@ -23,6 +23,7 @@ from autotune.tuner.constraints import (
     Constraint,
     allows_workers,
     apply_constraints,
+    batches_that_fit,
     check_constraints,
     check_effective_batch,
     shown,
@@ -362,16 +363,12 @@ def build_space(
         batches = tuple(b for b in batches if effective_batch % b == 0) or (
             max(d for d in range(1, min(effective_batch, top) + 1) if effective_batch % d == 0),
         )
-    accumulation: tuple[int, ...] = (1,)
-    if effective_batch is None:
-        accumulation = tuple(a for a in (1, 2, 4) if images is None or a * min(batches) <= images) or (1,)
+    accumulation = (1,) if effective_batch is not None else tuple(a for a in (1, 2, 4) if images is None or a * min(batches) <= images) or (1,)
     base: dict[str, tuple[Any, ...]] = {
         "num_workers": tuple(range(0, max(0, min(usable_cores, calibration.max_workers)) + 1)),
         "prefetch_factor": tuple(range(1, 9)),
         "pin_memory": (False, True) if cuda else (False,),
-        # An endless sampler never ends an epoch inside a trial, so
-        # persistent_workers cannot be measured there; it only saves the
-        # worker restart at each epoch boundary, so it is on whenever workers are.
+        # Not measurable with an endless sampler (no epoch ends in a trial); it only saves each epoch's worker restart.
         "persistent_workers": (True,),
         "batch_size": batches,
         "accumulation_steps": accumulation,
@@ -390,6 +387,8 @@ def build_space(
         if not values["amp"]:
             raise UsageError(f"--set amp: the model failed in {' and '.join(f'{a} ({why})' for a, why in failed.items())} in every "
                              "compute-only run of the calibration (its lines above say why); allow amp=off")
+    if images is not None and "accumulation_steps" in constraints:  # a pinned accumulation: a step must fit in an epoch
+        values["batch_size"] = batches_that_fit(values, constraints["accumulation_steps"], images)
     if workload is not None and workload.unsharded:  # a range of workers (0..4) keeps its part that adds no copies
         values["num_workers"] = tuple(n for n in values["num_workers"] if n <= 1) or (0,)
     if effective_batch is not None:
