@@ -189,6 +189,22 @@ def test_a_stream_that_augments_randomly_is_still_caught_yielding_whole_from_eve
     assert not _workload("random_iterable").unsharded
 
 
+def test_a_stream_of_random_samples_with_few_labels_is_not_taken_for_copies_by_chance() -> None:
+    """Labels drawn from two classes agree between two workers seeded apart by chance: with 2 items compared per worker
+    (the check's first version) 1 stream in 4 passed for a copy, and got one loader worker. The seeds below (the loader
+    seeds its workers from torch's generator) are three where it did; each item compared more halves the chance."""
+    from autotune.workloads.streams import workers_repeat_items
+
+    class Coin(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
+        def __iter__(self):  # type: ignore[no-untyped-def]
+            while True:
+                yield torch.randn(4), int(torch.randint(0, 2, ()))
+
+    for seed in (2, 4, 5):
+        torch.manual_seed(seed)
+        assert not workers_repeat_items(Coin()), seed
+
+
 def test_unpicklable_dataset_is_fine_without_workers_or_with_workers_that_fork(monkeypatch: pytest.MonkeyPatch) -> None:
     import multiprocessing
 
@@ -444,6 +460,40 @@ def fake_runner(setup, workload, options=None, *, on_window=None) -> TrialResult
     rate = 50.0 * setup.batch_size ** 0.5 * (1 + 0.2 * setup.num_workers) * (2 if options.mode == "compute" else 1)
     return TrialResult(status="ok", samples_per_s=rate, samples_per_s_spread=0.0, windows=(rate,),
                        peak_memory_bytes=2**20 * (100 + setup.batch_size), data_wait_fraction=0.1)
+
+
+def test_steps_a_short_stream_cannot_fill_use_no_trial_and_larger_ones_never_run(tmp_path: Path) -> None:
+    """An IterableDataset of unknown length: a trial finds one pass too short for its step by running. That trial says
+    nothing of the setup's speed, so it does not use up --trials (as a step larger than a sized dataset), and a later
+    setup whose step is at least as large is recorded infeasible without running."""
+    ran: list[autotune.TrainSetup] = []
+
+    def stream_of_24(setup, workload, options=None, *, on_window=None) -> TrialResult:  # type: ignore[no-untyped-def]
+        mode = (options or TrialOptions()).mode
+        if mode == "loader" and setup.batch_size > 24:  # the calibration's probe bounds the batch: 16 at most
+            return TrialResult(status="error", error="RuntimeError: the dataset yields no full batch")
+        if mode == "train":
+            ran.append(setup)
+            batches = 24 // setup.batch_size
+            if batches < setup.accumulation_steps:  # what autotune.workloads.pipeline raises in such a trial
+                return TrialResult(status="error", error=f"RuntimeError: the dataset yields no full optimizer step of "
+                                                         f"{setup.batch_size} x {setup.accumulation_steps} in one pass ({batches} batches)")
+        return fake_runner(setup, workload, options, on_window=on_window)
+
+    config = SearchConfig(model="ignored", trials=8, device="cpu", trial_seconds=1.0, out=tmp_path / "out", sampler="random",
+                          confirm_top=1, confirm_rounds=1, workload="task_factories:iterable")
+    records = run_search(config, runner=stream_of_24).records
+    from autotune.tuner.budget import counted_records
+
+    starved = [r for r in records if "yields no full optimizer step" in (r.result.error or "")]
+    skipped = [r for r in records if "one pass of the dataset holds fewer than" in (r.result.error or "")]
+    assert starved and skipped, [(r.setup.describe(), r.result.error) for r in records]
+    assert all(r.free for r in starved + skipped)  # neither uses up the budget (the trials that measured a speed do)
+    assert counted_records(records) == sum(r.result.ok for r in records) and len(records) > counted_records(records)
+    shortest = min(r.setup.effective_batch() for r in starved)  # here the defaults' 32 x 1
+    assert all(r.setup.effective_batch() >= shortest for r in skipped)
+    assert all(s.effective_batch() < shortest for s in ran if s not in [r.setup for r in starved])  # none ran again
+    assert f"holds fewer than {shortest} samples (trial #{starved[0].number})" in (skipped[0].result.error or "")
 
 
 def test_a_task_search_with_a_fake_runner_writes_best_json_and_the_task_train_py(tmp_path: Path) -> None:

@@ -95,7 +95,8 @@ def test_the_speedup_pairs_rounds_under_drifting_load() -> None:
 
 def test_unmeasured_defaults_give_no_speedup() -> None:
     best = _best([_confirmed(MID, (200.0,))])
-    assert best.speedup is None and any("could not be measured: their trial ended without a throughput (trials.csv gives its status" in n for n in best.notes)
+    assert best.speedup is None
+    assert any("could not be measured: their trial ended without a throughput (trials.csv gives its status" in n for n in best.notes)
 
 
 def _calibration(compute: float, loader: float) -> Calibration:

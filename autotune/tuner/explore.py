@@ -7,7 +7,10 @@ time (:mod:`autotune.tuner.neighbours`), then re-run it with
 Infeasible trials (oom, timeout, error, diverged) are recorded as results,
 never raised; a setup measured before is reused instead of re-run; a step
 larger than the data is infeasible without running. Those two run nothing
-and do not use up ``--trials`` (:func:`autotune.tuner.budget.counted`). ``trials.csv`` is
+and do not use up ``--trials`` (:func:`autotune.tuner.budget.counted`), and
+neither does a trial that found a stream of unknown length too short for
+one optimizer step (:func:`starved`); a later step at least as large is
+infeasible without running. ``trials.csv`` is
 rewritten after every trial, so nothing measured is lost.
 """
 
@@ -31,6 +34,7 @@ from autotune.tuner.refine import ROLE_COMPILE, compile_setup, compile_trials, e
 from autotune.tuner.signals import interrupts_held
 from autotune.tuner.space import Space
 from autotune.tuner.study import ROLE_DEFAULTS, ROLE_SEARCH, SearchStudy
+from autotune.workloads.pipeline import NO_FULL_STEP
 
 
 @dataclass(frozen=True)
@@ -116,7 +120,7 @@ def explore(study: SearchStudy, plan: Exploration, reporter: Reporter, runner: T
                 result, reused_from = known.result, known.reused_from
             # Stored, told and written in one held block: an interrupt meanwhile takes effect once the trial counts.
             with interrupts_held():
-                study.record(trial, role, setup, result, reused_from, free=known is not None)
+                study.record(trial, role, setup, result, reused_from, free=known is not None or starved(result))
                 study.tell(trial, result)
                 told = True
                 records = study.records()
@@ -171,6 +175,8 @@ def known_result(study: SearchStudy, setup: TrainSetup, number: int, workload: W
     """What trial ``number`` is told without running (a free trial, see
     :func:`autotune.tuner.budget.counted`), or None when it must run."""
     too_big = unrunnable(setup, workload)
+    if too_big is None and workload.iterable and workload.images is None:
+        too_big = beyond_the_stream(setup, study.records())
     if too_big is not None:
         return Known(too_big)
     previous = study.same_setup(setup, number)
@@ -181,6 +187,26 @@ def unrunnable(setup: TrainSetup, workload: Workload) -> TrialResult | None:
     """An infeasible result, not run, for a setup the data cannot feed (:func:`unfed` says why)."""
     why = unfed(setup, workload)
     return None if why is None else TrialResult(status="error", error=why)
+
+
+def starved(result: TrialResult) -> bool:
+    """Whether one pass of the data held no optimizer step of the trial's setup (a stream of unknown length found
+    short by running): the setup's speed is not in question, so like a step :func:`unfed` refuses it is free."""
+    return NO_FULL_STEP in (result.error or "")
+
+
+def beyond_the_stream(setup: TrainSetup, records: list[TrialRecord]) -> TrialResult | None:
+    """An infeasible result, not run, for a stream of unknown length: a trial found one pass of it shorter than
+    ``batch x accumulation`` of its setup (it yielded fewer full batches than the steps), so a step at least as large
+    cannot fill from it either."""
+    short = [r for r in records if starved(r.result) and r.reused_from is None]
+    shortest = min(short, key=lambda r: r.setup.effective_batch(), default=None)
+    step = setup.effective_batch()
+    if shortest is None or step < shortest.setup.effective_batch():
+        return None
+    return TrialResult(status="error", error=(
+        f"batch {setup.batch_size} x {setup.accumulation_steps} accumulation = {step}: one pass of the dataset holds fewer "
+        f"than {shortest.setup.effective_batch()} samples (trial #{shortest.number}): an epoch would hold no optimizer step"))
 
 
 def unfed(setup: TrainSetup, workload: Workload, knob_terms: bool = False) -> str | None:

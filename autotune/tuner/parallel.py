@@ -20,7 +20,7 @@ import optuna
 from autotune.records import TrialResult
 from autotune.runner import TrialRunner, WindowCallback
 from autotune.train_setup import TrainSetup
-from autotune.tuner.explore import Exploration, check_recipe, explore, known_result, pruning_hook, queue_refinements, setup_for
+from autotune.tuner.explore import Exploration, check_recipe, explore, known_result, pruning_hook, queue_refinements, setup_for, starved
 from autotune.tuner.placement import Placement
 from autotune.tuner.progress import Reporter
 from autotune.tuner.signals import interrupts_held
@@ -136,7 +136,7 @@ class _Parallel:
         with interrupts_held():
             trial.set_user_attr(ATTR_STARTED, done.started)
             trial.set_user_attr(ATTR_ENDED, done.ended)
-            self.study.record(trial, entry.role, entry.setup, done.result, reused_from, free)
+            self.study.record(trial, entry.role, entry.setup, done.result, reused_from, free or starved(done.result))
             self.study.tell(trial, done.result)
             records = self.study.records()
             self.plan.write_csv(records)

@@ -45,7 +45,7 @@ from autotune.records import Calibration, TrialOptions, TrialRecord, TrialResult
 from autotune.runner import TrialRunner
 from autotune.tuner.budget import STUDY_BUDGET
 from autotune.tuner.config import SearchOutcome
-from autotune.tuner.explore import Exploration, check_recipe, known_result, pruning_hook, queue_refinements, setup_for
+from autotune.tuner.explore import Exploration, check_recipe, known_result, pruning_hook, queue_refinements, setup_for, starved
 from autotune.tuner.lock import Holder
 from autotune.tuner.progress import Reporter
 from autotune.tuner.signals import interrupts_held
@@ -373,7 +373,7 @@ class Crew:
                 reused_from = None
             else:
                 result, reused_from = without_run.result, without_run.reused_from
-            free = without_run is not None
+            free = without_run is not None or starved(result)
             pending.append(TrialRecord(trial.number, role, setup, result, reused_from, free))
             with interrupts_held():
                 self._retry(lambda: study.record(trial, role, setup, result, reused_from, free), keep_locally)

@@ -18,6 +18,9 @@ from autotune.records import Workload
 from autotune.workloads.batches import first_dim
 from autotune.workloads.data import BadData
 
+#: How a trial's error says that one pass of a stream held no optimizer step (the search counts such a trial free).
+NO_FULL_STEP = "yields no full optimizer step"
+
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
@@ -251,7 +254,7 @@ def endless_batches(
             if not count:
                 raise RuntimeError("the dataset yields no full batch")
             if count < steps:  # the emitted script stops there too: its epochs would hold no optimizer step
-                raise RuntimeError(f"the dataset yields no full optimizer step of {setup.batch_size} x {steps} in one pass "
+                raise RuntimeError(f"the dataset {NO_FULL_STEP} of {setup.batch_size} x {steps} in one pass "
                                    f"({count} batch{'es' if count > 1 else ''} of {setup.batch_size}); train.py would stop in its first epoch")
 
     return forever()
