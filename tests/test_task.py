@@ -97,6 +97,24 @@ def test_the_learning_rate_rule_follows_the_optimizer_family() -> None:
     assert task.lr_scaling(MyAdam(params)) == "sqrt"  # subclasses keep their family
     assert task.lr_scaling(torch.optim.RMSprop(params)) == "sqrt"
     assert task.lr_scaling(torch.optim.SGD(params, lr=0.1)) == "linear"
+    assert task.lr_scaling(torch.optim.Adafactor(params)) == "sqrt"  # torch's own adaptive optimizer
+
+    class AdamW8bit(torch.optim.Optimizer):  # another library's Adam, no subclass of torch's
+        def __init__(self, params: Any, lr: float = 1e-3) -> None:
+            super().__init__(params, {"lr": lr})
+
+    assert task.lr_scaling(AdamW8bit(params)) == "sqrt"
+
+
+def test_a_factory_taking_kwargs_is_given_the_tasks_lr() -> None:
+    # def make(params, **kwargs): return AdamW(params, **kwargs) takes lr=: it trains at Task.lr, not AdamW's default 1e-3.
+    def make(params: Any, **kwargs: Any) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(params, weight_decay=0.1, **kwargs)
+
+    task = autotune.Task(torch.nn.Linear(2, 2), [1], optimizer=make, lr=3e-4)
+    unscaled = task.build_optimizer(task.build_model().parameters(), lr=None, cuda=False)
+    assert unscaled.param_groups[0]["lr"] == 3e-4 and task.recipe_lr(unscaled) == 3e-4
+    assert task.build_optimizer(task.build_model().parameters(), lr=6e-4, cuda=False).param_groups[0]["lr"] == 6e-4
 
 
 def _local() -> None:  # pragma: no cover - only referenced

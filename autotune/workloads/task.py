@@ -41,7 +41,11 @@ __all__ = ["Task"]
 
 
 #: torch.optim classes (and their subclasses) whose learning rate follows the square-root rule.
-ADAPTIVE_OPTIMIZERS = frozenset({"Adam", "AdamW", "Adamax", "NAdam", "RAdam", "RMSprop", "Adagrad", "Adadelta", "SparseAdam"})
+ADAPTIVE_OPTIMIZERS = frozenset(
+    {"Adam", "AdamW", "Adamax", "NAdam", "RAdam", "RMSprop", "Adagrad", "Adadelta", "SparseAdam", "Adafactor"}
+)
+#: A class name holding this (any case) names an Adam variant of another library (AdamW8bit, FusedAdam, PagedAdamW).
+ADAM_FAMILY = "adam"
 
 
 @dataclass(frozen=True)
@@ -126,19 +130,25 @@ class Task:
         return model
 
     def lr_scaling(self, optimizer: torch.optim.Optimizer) -> str:
-        """``"sqrt"`` for an adaptive (Adam-family, RMSprop, Adagrad) optimizer, ``"linear"`` otherwise.
+        """``"sqrt"`` for an adaptive (Adam-family, Adafactor, RMSprop, Adagrad) optimizer, ``"linear"`` otherwise.
 
         The square-root rule keeps adaptive optimizers' dynamics when the batch
         grows (Malladi et al. 2022); the linear rule is SGD's (Goyal et al. 2017).
+        An optimizer of another library is adaptive when a class of its MRO
+        is one of torch's adaptive ones or is named for Adam (``AdamW8bit``,
+        ``FusedAdam``).
         """
         names = {cls.__name__ for cls in type(optimizer).__mro__}
-        return "sqrt" if names & ADAPTIVE_OPTIMIZERS else "linear"
+        adam_named = any(ADAM_FAMILY in name.lower() for name in names)
+        return "sqrt" if names & ADAPTIVE_OPTIMIZERS or adam_named else "linear"
 
     def _factory_takes_lr(self) -> bool:
         """Whether the optimizer factory is to be given ``lr=``: it takes that argument and does not set it itself.
 
         A ``functools.partial`` that binds ``lr`` (``partial(torch.optim.SGD, lr=0.1, momentum=0.9)``) sets its own
         rate, as a factory without ``lr`` does: passing ``lr=`` would silently replace the rate the user wrote.
+        A factory that takes ``**kwargs`` (``def make(params, **kwargs): return AdamW(params, **kwargs)``) takes
+        ``lr=`` too: left out, the optimizer's own default rate would silently replace the Task's ``lr``.
         """
         import functools
         import inspect
@@ -146,9 +156,10 @@ class Task:
         if isinstance(self.optimizer, functools.partial) and "lr" in self.optimizer.keywords:
             return False
         try:
-            return "lr" in inspect.signature(self.optimizer).parameters  # type: ignore[arg-type]
+            parameters = inspect.signature(self.optimizer).parameters  # type: ignore[arg-type]
         except (TypeError, ValueError):
             return False
+        return "lr" in parameters or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
 
     def recipe_lr(self, optimizer: torch.optim.Optimizer) -> float:
         """The recipe's learning rate at ``batch_size``, given the optimizer built with ``lr=None``.
