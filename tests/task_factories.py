@@ -101,6 +101,21 @@ def iterable() -> autotune.Task:
     return autotune.Task(nn.Linear(8, 3), Stream())
 
 
+class OneShotStream(IterableDataset):
+    """24 pairs from an iterator made once, in __init__: the first pass uses it up, a second yields nothing."""
+
+    def __init__(self) -> None:
+        self.items = iter([(torch.full((8,), float(i)), i % 3) for i in range(24)])
+
+    def __iter__(self) -> Any:
+        return self.items
+
+
+def one_shot_iterable() -> autotune.Task:
+    """An IterableDataset that can be iterated once."""
+    return autotune.Task(nn.Linear(8, 3), OneShotStream(), batch_size=4)
+
+
 class ExitingStream(IterableDataset):
     """A stream whose __iter__ ends the interpreter (a script's guard run on import)."""
 

@@ -249,6 +249,23 @@ def test_a_trial_whose_stream_holds_no_full_optimizer_step_per_pass_fails_as_tra
         take(autotune.TrainSetup(batch_size=8), 1)
 
 
+def test_a_stream_used_up_by_its_first_pass_is_named_not_taken_for_one_too_short_for_the_batch() -> None:
+    """A one-shot stream (an iterator made in __init__) yields nothing on its second pass: the trial and the memory
+    pre-pass say so, where they said "no full batch" (which the calibration halved to batch 1) or "yields no items"."""
+    from task_factories import OneShotStream
+
+    from autotune.workloads.data import BadData
+    from autotune.workloads.pipeline import REITERATED, endless_batches, open_pipeline
+
+    batches = endless_batches(autotune.TrainSetup(batch_size=4), OneShotStream(), collate_fn=None, seed=0)
+    assert len([next(batches) for _ in range(6)]) == 6  # the first pass: 24 items
+    with pytest.raises(RuntimeError) as raised:
+        next(batches)
+    assert str(raised.value) == REITERATED and "no full batch" not in REITERATED and "iterated a second time" in REITERATED
+    with pytest.raises(BadData, match="iterated a second time"):  # the pre-pass stops: no batch size would help
+        open_pipeline(_workload("one_shot_iterable")).example_batch(32)
+
+
 def test_a_stream_that_every_worker_yields_whole_gets_one_worker_at_most() -> None:
     """Two real loader workers of an IterableDataset that ignores get_worker_info() yield the same items:
     more workers would count copies as speed, so the space, the calibration and --set stop at one."""

@@ -26,7 +26,14 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from autotune.train_setup import TrainSetup
 
-__all__ = ["ClassifierPipeline", "Pipeline", "TaskPipeline", "endless_batches", "open_pipeline"]
+__all__ = ["REITERATED", "ClassifierPipeline", "Pipeline", "TaskPipeline", "endless_batches", "open_pipeline"]
+
+#: An iterable dataset whose second pass is empty: a one-shot stream (its ``__iter__`` returns an iterator made once).
+REITERATED = (
+    "the workload's dataset yields no items when iterated a second time (its first pass did): its __iter__ must "
+    "start the stream anew on every call (a DataLoader iterates it once per epoch); an iterator or generator made "
+    "once, in __init__, is used up by the first pass"
+)
 
 
 class Pipeline(Protocol):
@@ -161,8 +168,8 @@ class TaskPipeline:
         """``batch_size`` real items (repeated if the dataset is smaller), collated.
 
         Raises:
-            BadData: Reading an item raised: the data's fault, not the batch size's
-                (a memory pre-pass must not take it for a limit of the batch).
+            BadData: Reading an item raised, or an iterable dataset yields nothing when iterated again: the
+                data's fault, not the batch size's (a memory pre-pass must not take it for a limit of the batch).
         """
         from torch.utils.data import IterableDataset
 
@@ -178,6 +185,8 @@ class TaskPipeline:
                         items.append(item)
                         if len(items) >= batch_size:
                             break
+                    if len(items) == before and before:  # the data's fault at any batch: not a memory limit to halve
+                        raise BadData(REITERATED)
                     if len(items) == before:
                         raise WorkloadError("the workload's dataset yields no items")
             except WorkloadError:
@@ -245,14 +254,17 @@ def endless_batches(
     loader = setup.dataloader(dataset, **extra)
 
     def forever() -> Iterator[Any]:
-        steps = setup.accumulation_steps
+        steps, passes = setup.accumulation_steps, 0
         while True:
             count = 0
             for batch in loader:
                 count += 1
                 yield batch
+            if not count and passes:  # not a batch too large for the stream: the calibration's halving must not read it so
+                raise RuntimeError(REITERATED)
             if not count:
                 raise RuntimeError("the dataset yields no full batch")
+            passes += 1
             if count < steps:  # the emitted script stops there too: its epochs would hold no optimizer step
                 raise RuntimeError(f"the dataset {NO_FULL_STEP} of {setup.batch_size} x {steps} in one pass "
                                    f"({count} batch{'es' if count > 1 else ''} of {setup.batch_size}); train.py would stop in its first epoch")
