@@ -575,6 +575,23 @@ def test_a_truncated_jpeg_is_bad_data_naming_the_file(tmp_path, synthetic_data, 
     assert str(victim) in (result.error or "") and "cannot decode" in (result.error or "")
 
 
+def test_an_image_over_pils_pixel_limit_is_bad_data_naming_the_file(tmp_path, monkeypatch) -> None:
+    """PIL refuses an enormous image with DecompressionBombError, not an OSError: it was a setup's ``error``
+    that named no file (the search said only 'loading the data fails'), and fast setups failed where slow ones did not."""
+    from PIL import Image
+
+    from autotune.runner.failures import classify
+    from autotune.workloads.data import BadImage, load_image
+
+    victim = tmp_path / "huge.png"
+    Image.new("RGB", (20, 20)).save(victim)
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 100)  # 400 pixels is over twice the limit: refused
+    with pytest.raises(BadImage) as caught:
+        load_image(str(victim))
+    result = classify(caught.value)
+    assert result.status == "bad_data" and str(victim) in (result.error or "") and "too large" in (result.error or "")
+
+
 def test_bad_data_in_a_trial_stops_the_search_naming_the_file(tmp_path, cache_dir) -> None:
     from autotune.errors import WorkloadError
     from autotune.records import TrialResult

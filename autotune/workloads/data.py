@@ -264,6 +264,8 @@ def load_image(path: str) -> Any:
     try:
         with open(path, "rb") as fh:
             return Image.open(fh).convert("RGB")
+    except Image.DecompressionBombError as exc:  # not an OSError: it stopped a trial as a setup's error, unnamed
+        raise BadImage(f"{path}: too large to decode ({exc})") from None
     except (OSError, SyntaxError, ValueError) as exc:  # what PIL raises for a bad file
         raise BadImage(f"{path}: cannot decode ({type(exc).__name__}: {exc})") from None
 
