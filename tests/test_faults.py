@@ -411,6 +411,51 @@ def test_an_interrupt_during_the_winner_s_ceilings_keeps_the_confirmed_winner(tm
     assert "unconfirmed" not in str(info.value) and read_best(tmp_path / "out" / "best.json").confirmed
 
 
+class _Stopped(Exception):
+    """What this test's own SIGTERM handler raises where the search has none (before: the process died, exit 143)."""
+
+
+@pytest.mark.parametrize("stop", ["sigterm", "ctrl-c"])
+def test_a_stop_while_the_report_is_drawn_ends_as_interrupted_with_the_winner_written(tmp_path, cache_dir, monkeypatch, stop) -> None:
+    """Drawing report.html takes seconds after the last measurement. A SIGTERM there killed the search silently (exit 143,
+    no summary) and a Ctrl-C ended it as a bare KeyboardInterrupt ('Aborted!', exit 1): now either ends it as interrupted
+    (exit 130), with the confirmed winner in best.json and train.py, and the page left to `autotune report`."""
+    import autotune.tuner.study_report
+    from autotune.errors import SearchInterrupted
+    from autotune.output.best import read_best
+    from autotune.tuner import SearchConfig, run_search
+    from autotune.tuner.study_report import report_study
+
+    def drawn(out, data):
+        if stop == "sigterm":
+            os.kill(os.getpid(), signal.SIGTERM)  # delivered at once: the handler runs on this thread's next bytecode
+            sum(range(1000))
+        raise KeyboardInterrupt
+
+    def refused(signum, frame):
+        raise _Stopped
+
+    monkeypatch.setattr(autotune.tuner.study_report, "write_report", drawn)
+    previous = signal.signal(signal.SIGTERM, refused)
+    out = tmp_path / "out"
+    config = SearchConfig(model="resnet18", trials=2, image_size=32, device="cpu", trial_seconds=1.0, confirm_rounds=2,
+                          out=out, cache_dir=cache_dir, synthetic_images=64)
+    caught: BaseException | None = None
+    try:
+        run_search(config, runner=steady_runner)
+    except BaseException as exc:  # a bare KeyboardInterrupt must fail this test, not stop the test session
+        caught = exc
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert isinstance(caught, SearchInterrupted), repr(caught)
+    assert caught.exit_code == 130 and "interrupted while report.html was written" in str(caught)
+    assert caught.outcome is not None and caught.outcome.best is not None and caught.outcome.ceilings is not None
+    assert read_best(out / "best.json").confirmed and (out / "train.py").exists() and not (out / "report.html").exists()
+    monkeypatch.undo()
+    report_study(out)  # the page the message names
+    assert "Winner:" in (out / "report.html").read_text()
+
+
 def test_a_rerun_interrupted_before_its_confirmation_keeps_the_earlier_confirmed_winner(tmp_path, cache_dir, monkeypatch) -> None:
     """Rerunning a finished search re-confirms; a Ctrl-C then must not replace the confirmed best.json with a guess."""
     import autotune.tuner.run

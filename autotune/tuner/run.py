@@ -43,7 +43,7 @@ from autotune.tuner.parallel import explore_placed
 from autotune.tuner.placement import Placement, place
 from autotune.tuner.progress import Reporter, SilentReporter
 from autotune.tuner.refine import compile_skipped
-from autotune.tuner.signals import clear_stop, interrupts_held, runs_to_the_end, sigterm_as_interrupt
+from autotune.tuner.signals import clear_stop, interrupts_held, runs_to_the_end, sigterm_as_interrupt, stop_requested
 from autotune.tuner.space import Space, build_space, check_pins_act, defaults_setup
 from autotune.tuner.storage import check_one_study, check_storage_url, is_shared
 from autotune.tuner.study import ROLE_DEFAULTS, ROLE_GUESS, SearchStudy
@@ -101,7 +101,11 @@ def run_search(config: SearchConfig, reporter: Reporter | None = None, *, runner
     except KeyboardInterrupt:
         raise SearchInterrupted("interrupted before the search started (nothing measured); rerun the same command to start") from None
     with nothing_left_if_nothing_measured(prepared.study, prepared.made_out, prepared.crew is not None), prepared.held:
-        return _search(config, prepared, reporter, timed, timing, began)
+        outcome = _search(config, prepared, reporter, timed, timing, began)
+    if stop_requested():  # while report.html was drawn (its one line said so): the rest is written, the page is not
+        raise SearchInterrupted(f"interrupted while report.html was written; best.json, train.py and trials.csv are written in {prepared.out}: "
+                                f"`autotune report {prepared.out}` writes the page", outcome=outcome)
+    return outcome
 
 
 def _search(config: SearchConfig, prepared: Prepared, reporter: Reporter, timed: TimedRunner, timing: Timing, began: float) -> SearchOutcome:
@@ -127,7 +131,7 @@ def _search(config: SearchConfig, prepared: Prepared, reporter: Reporter, timed:
         timing.wall_s = time.monotonic() - began
         status = "interrupted" if interrupted else "failed: no feasible trial"
         written, _ = report_search(prepared.study, prepared.out, timing.record(), earlier, reporter.message, status, records, calibration)
-        raise _nothing_feasible(records, prepared.study.storage, interrupted, written[0] if written else None)
+        raise _nothing_feasible(records, prepared.study.storage, interrupted or stop_requested(), written[0] if written else None)
     if crew is not None and not interrupted and (winner := crew.confirm_or_wait(config.trials, reporter)) is not None:
         shared = crew.outcome(winner, records, calibration, prepared.out, plan.csv_path)
         assert shared.best is not None  # a published winner always has one
@@ -372,18 +376,9 @@ def finish(
     """
     out = prepared.out
     best = make_best(
-        workload=prepared.workload,
-        hardware=prepared.hardware,
-        feasible=feasible,
-        confirmed=confirmed,
-        defaults=defaults,
-        effective_batch=config.effective_batch,
-        world_size=prepared.placement.world_size,
-        command=config.command,
-        interrupted=interrupted,
-        excluded_by=excluding(config.pins, defaults),
-        partly_confirmed=any(c.values for c in partial),
-        batch_pin=config.pins.get("batch_size"),
+        workload=prepared.workload, hardware=prepared.hardware, feasible=feasible, confirmed=confirmed, defaults=defaults,
+        effective_batch=config.effective_batch, world_size=prepared.placement.world_size, command=config.command, interrupted=interrupted,
+        excluded_by=excluding(config.pins, defaults), partly_confirmed=any(c.values for c in partial), batch_pin=config.pins.get("batch_size"),
     )
     written = write_winner(best, out) if write else ()
     return SearchOutcome(

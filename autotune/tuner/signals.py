@@ -27,6 +27,16 @@ def clear_stop() -> None:
     _stop.clear()
 
 
+def remember_stop() -> None:
+    """Remember a stop whose KeyboardInterrupt a step caught to end early (a real signal's handler remembers its own)."""
+    _stop.set()
+
+
+def stop_requested() -> bool:
+    """Whether a stop signal arrived since :func:`clear_stop` (one a step caught and ended early on counts too)."""
+    return _stop.is_set()
+
+
 def raise_if_stopped() -> None:
     """Raise KeyboardInterrupt if a stop signal arrived whose own KeyboardInterrupt may have been dropped."""
     if _stop.is_set():

@@ -28,7 +28,7 @@ from autotune.tuner.config import SearchOutcome
 from autotune.tuner.confirm import TWIN, finalist_label
 from autotune.tuner.constraints import Constraint, excluding
 from autotune.tuner.identity import described_workload, stored_constraints
-from autotune.tuner.signals import interrupts_held
+from autotune.tuner.signals import interrupts_held, remember_stop, sigterm_as_interrupt
 from autotune.tuner.stores import Rounds
 from autotune.tuner.study import ATTR_WORKER, STUDY_SIGNATURE, STUDY_WINNER, SearchStudy
 
@@ -38,18 +38,24 @@ def write_search_report(study: SearchStudy, out: Path, data: ReportInput, log: C
 
     The report is never worth a search: if it cannot be written, ``log`` gets
     one line saying why and the search goes on (best.json and trials.csv are
-    already written).
+    already written); a Ctrl-C, SIGTERM or SIGHUP while it is written ends the
+    page only (the caller sees :func:`~autotune.tuner.signals.stop_requested`).
 
     Returns:
         The files written (report.html first), or none.
     """
     try:
-        with interrupts_held():
-            if data.time_spent is not None:
-                study.store_time_spent(data.time_spent)
-            if data.verdict is not None:
-                study.store_verdict(data.verdict, data.ceilings)
-        return tuple(str(p) for p in write_report(out, data))
+        with sigterm_as_interrupt():  # SIGTERM and SIGHUP too: a stop while the page is drawn costs the page, not the search
+            with interrupts_held():
+                if data.time_spent is not None:
+                    study.store_time_spent(data.time_spent)
+                if data.verdict is not None:
+                    study.store_verdict(data.verdict, data.ceilings)
+            return tuple(str(p) for p in write_report(out, data))
+    except KeyboardInterrupt:  # remembered: the search ends as interrupted once its files are written (signals.stop_requested)
+        remember_stop()
+        log(f"report.html not written: interrupted (`autotune report {out}` writes it from the study)")
+        return ()
     except Exception as exc:  # a storage, plotting or disk failure must not cost the measured search
         log(f"report.html not written: {type(exc).__name__}: {exc}")
         return ()
