@@ -833,6 +833,18 @@ def test_a_bad_image_is_one_line_naming_it_and_a_bad_validation_image_loses_no_t
     assert proc.returncode == 1 and proc.stderr.startswith(f"error: bad image {small / 'a' / 'broken.jpg'}"), proc.stderr[-2000:]
 
 
+def test_an_image_over_pils_pixel_limit_is_a_bad_image_naming_it(synthetic_data: Path, tmp_path: Path, monkeypatch) -> None:
+    """PIL's DecompressionBombError is not an OSError: train.py ended in a traceback that named no file."""
+    from PIL import Image
+
+    namespace = load_script(write_script(make_best(synthetic_data), tmp_path / "train.py"))
+    huge = tmp_path / "huge.png"
+    Image.new("RGB", (20, 20)).save(huge)
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 100)  # 400 pixels is over twice the limit: refused
+    with pytest.raises(namespace["BadImage"], match=f"^bad image {huge}: DecompressionBombError: "):
+        namespace["load_rgb"](str(huge))
+
+
 @pytest.mark.parametrize("error", [RuntimeError("DataLoader worker (pid 7) is killed by signal: Terminated."), EOFError(),
                                    ConnectionResetError(104, "Connection reset by peer")], ids=["loader", "eof", "reset"])
 def test_workers_ended_by_the_stop_signal_stop_training_however_the_loader_reports_it(synthetic_data: Path, tmp_path: Path,
