@@ -149,6 +149,27 @@ def test_a_file_given_as_the_cache_dir_is_named_as_such(tmp_path) -> None:
     assert code == 2 and one_line(output) == f"error: --cache-dir {blocker} is not a directory" and not out.exists()
 
 
+@pytest.mark.parametrize("name", ["best.json", "trials.csv"])
+def test_a_result_file_that_is_a_directory_is_refused_before_anything_runs(tmp_path, cache_dir, name) -> None:
+    """Its atomic rename failed only after the calibration, the trials and the confirmation, naming a temporary file."""
+    from autotune.errors import StorageError
+    from autotune.tuner import SearchConfig, run_search
+
+    out = tmp_path / "out"
+    (out / name).mkdir(parents=True)
+    ran: list[object] = []
+
+    def runner(*args, **kwargs):
+        ran.append(args)
+        raise AssertionError("no trial may run")
+
+    config = SearchConfig(model="resnet18", trials=2, image_size=32, device="cpu", trial_seconds=1.0, out=out,
+                          cache_dir=cache_dir, synthetic_images=64)
+    with pytest.raises(StorageError, match=f"^{re.escape(str(out / name))} exists and is not a regular file: "):
+        run_search(config, runner=runner)
+    assert not ran and sorted(p.name for p in out.iterdir()) == [name]
+
+
 def test_a_refused_storage_search_creates_no_study(tmp_path, cache_dir) -> None:
     import optuna
 
