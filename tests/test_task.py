@@ -116,6 +116,15 @@ def test_a_factory_taking_kwargs_is_given_the_tasks_lr() -> None:
     assert unscaled.param_groups[0]["lr"] == 3e-4 and task.recipe_lr(unscaled) == 3e-4
     assert task.build_optimizer(task.build_model().parameters(), lr=6e-4, cuda=False).param_groups[0]["lr"] == 6e-4
 
+    # def make(params, **kwargs): return SGD(params, lr=0.1, **kwargs) sets its own rate: its 0.1 is the recipe's.
+    def own_rate(params: Any, **kwargs: Any) -> torch.optim.Optimizer:
+        return torch.optim.SGD(params, lr=0.1, momentum=0.9, **kwargs)
+
+    task = autotune.Task(torch.nn.Linear(2, 2), [1], optimizer=own_rate, lr=3e-4)
+    unscaled = task.build_optimizer(task.build_model().parameters(), lr=None, cuda=False)
+    assert unscaled.param_groups[0]["lr"] == 0.1 and task.recipe_lr(unscaled) == 0.1
+    assert task.build_optimizer(task.build_model().parameters(), lr=0.2, cuda=False).param_groups[0]["lr"] == 0.2
+
 
 def _local() -> None:  # pragma: no cover - only referenced
     pass

@@ -148,7 +148,8 @@ class Task:
         A ``functools.partial`` that binds ``lr`` (``partial(torch.optim.SGD, lr=0.1, momentum=0.9)``) sets its own
         rate, as a factory without ``lr`` does: passing ``lr=`` would silently replace the rate the user wrote.
         A factory that takes ``**kwargs`` (``def make(params, **kwargs): return AdamW(params, **kwargs)``) takes
-        ``lr=`` too: left out, the optimizer's own default rate would silently replace the Task's ``lr``.
+        ``lr=`` too: left out, the optimizer's own default rate would silently replace the Task's ``lr``; unless it sets
+        ``lr`` itself beside them (``SGD(params, lr=0.1, **kwargs)``, see :func:`_passes_its_own_lr`).
         """
         import functools
         import inspect
@@ -159,7 +160,10 @@ class Task:
             parameters = inspect.signature(self.optimizer).parameters  # type: ignore[arg-type]
         except (TypeError, ValueError):
             return False
-        return "lr" in parameters or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+        if "lr" in parameters:
+            return True
+        keywords = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+        return keywords and self.optimizer is not None and not _passes_its_own_lr(self.optimizer)
 
     def recipe_lr(self, optimizer: torch.optim.Optimizer) -> float:
         """The recipe's learning rate at ``batch_size``, given the optimizer built with ``lr=None``.
@@ -244,3 +248,17 @@ class Task:
         if isinstance(count, bool) or not isinstance(count, numbers.Integral):
             raise WorkloadError(f"batch_size_of(batch) returned {count!r} ({type(count).__name__}); it must return an int")
         return int(count)
+
+
+def _passes_its_own_lr(factory: Callable[..., Any]) -> bool:
+    """Whether a ``**kwargs`` optimizer factory sets ``lr`` itself beside them (``SGD(params, lr=0.1, **kwargs)``):
+    built once over a dummy parameter with ``lr=`` given, it fails on the duplicate keyword."""
+    import torch
+
+    try:
+        factory([torch.nn.Parameter(torch.zeros(1))], lr=1e-3)
+    except TypeError as exc:
+        return "multiple values for keyword argument 'lr'" in str(exc)
+    except Exception:  # the factory wants real parameters: taken as passing lr= on; building it says what is wrong
+        return False
+    return False
