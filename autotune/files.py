@@ -129,12 +129,12 @@ def check_out(out: Path, data: Path | None) -> None:
     one (empty at first, then holding the report's PNGs), changing the data the search measures.
 
     Raises:
-        StorageError: As :func:`check_writable`, or a result file of ``out`` (``best.json``, ``trials.csv``,
+        StorageError: As :func:`check_writable`, or a result file of ``out`` (``best.json``, ``train.py``, ``trials.csv``,
             ``report.html``) is a directory, a FIFO or a device: its rename would fail after the whole search, or replace it.
         UsageError: ``out`` is below ``data``.
     """
     check_writable(out)
-    for name in ("best.json", "trials.csv", "report.html"):  # written by an atomic rename, which fails on a directory only at the end
+    for name in ("best.json", "train.py", "trials.csv", "report.html"):  # written by an atomic rename, which fails on a directory only at the end
         if (out / name).exists() and not (out / name).is_file():
             raise StorageError(f"{out / name} exists and is not a regular file: the search writes its results there; "
                                "move it away or pass another --out")
