@@ -104,10 +104,10 @@ def test_the_data_caps_batch_and_accumulation() -> None:
                     images=100)
 
 
-def test_a_pinned_accumulation_keeps_only_the_batches_whose_step_fits_the_data() -> None:
+def test_a_pinned_accumulation_or_batch_keeps_only_the_partners_whose_step_fits_the_data() -> None:
     """``--set accumulation_steps=3`` on 64 images: batches 32 and 64 could hold no optimizer step (they would be sampled
-    and found infeasible, trial after trial); the space line shows the batches that can run, and a pin no batch meets is
-    refused up front."""
+    and found infeasible, trial after trial), so the space line shows the batches that can run; ``--set batch_size=32``
+    keeps the accumulations that fit. A pin no partner meets is refused in one line."""
     def space(*pins: str, images: int = 64):
         return build_space(device=CPU, calibration=calibration(), usable_cores=2, effective_batch=None,
                            constraints=merge_constraints(parse_constraint(p) for p in pins), images=images)
@@ -115,10 +115,12 @@ def test_a_pinned_accumulation_keeps_only_the_batches_whose_step_fits_the_data()
     assert space("accumulation_steps=3").values["batch_size"] == (8, 16)
     assert space("accumulation_steps=2..4").values["batch_size"] == (8, 16, 32)  # the fewest steps allowed decide
     assert space("accumulation_steps=1").values["batch_size"] == (8, 16, 32, 64)
-    with pytest.raises(UsageError, match=r"^--set accumulation_steps=16: even the smallest batch the space allows \(8\) times 16 "
-                                         r"accumulation steps is more than the data's 64 samples"):
+    assert space("batch_size=32").values["accumulation_steps"] == (1, 2)
+    assert space().values["accumulation_steps"] == (1, 2, 4) and space().values["batch_size"] == (8, 16, 32, 64)
+    with pytest.raises(UsageError, match=r"^--set accumulation_steps=16: the smallest optimizer step it allows, batch 8 x 16 "
+                                         r"accumulation, is more than the data's 64 samples"):
         space("accumulation_steps=16")
-    with pytest.raises(UsageError, match="--set accumulation_steps=4: even the smallest batch .*\\(32\\)"):
+    with pytest.raises(UsageError, match=r"^--set batch_size=32 --set accumulation_steps=4: the smallest .* batch 32 x 4 "):
         space("accumulation_steps=4", "batch_size=32")
 
 

@@ -322,17 +322,20 @@ def _smallest(constraint: Constraint) -> int:
     return int(constraint.value)
 
 
-def batches_that_fit(values: dict[str, tuple[Any, ...]], accumulation: Constraint, images: int) -> tuple[int, ...]:
-    """The space's batch sizes whose optimizer step (batch x the fewest accumulation steps ``accumulation`` allows)
-    fits in one epoch of ``images`` samples: the others could never run.
+
+def fit_steps_to_data(values: dict[str, tuple[Any, ...]], constraints: dict[str, Constraint], images: int) -> None:
+    """Keep the batch sizes and accumulation steps of ``values`` whose optimizer step, with the smallest partner the
+    space allows, fits in one epoch of ``images`` samples: the others could only be sampled and found infeasible
+    (``--set accumulation_steps=3`` on 64 samples keeps batches up to 16; ``--set batch_size=32``, accumulations up to 2).
 
     Raises:
-        UsageError: None fits.
+        UsageError: Not even the smallest batch times the fewest steps fits.
     """
-    steps = min(values["accumulation_steps"])
-    fit = tuple(b for b in values["batch_size"] if b * steps <= images)
-    if not fit:
-        raise UsageError(f"--set {accumulation}: even the smallest batch the space allows ({min(values['batch_size'])}) "
-                         f"times {steps} accumulation steps is more than the data's {images} samples: an epoch would hold "
-                         "no optimizer step; allow fewer accumulation steps or a smaller batch_size")
-    return fit
+    batches, steps = values["batch_size"], values["accumulation_steps"]
+    values["batch_size"] = tuple(b for b in batches if b * min(steps) <= images)
+    values["accumulation_steps"] = tuple(a for a in steps if a * min(batches) <= images)
+    if not values["batch_size"]:
+        pins = " ".join(f"--set {constraints[k]}" for k in ("batch_size", "accumulation_steps") if k in constraints)
+        raise UsageError(f"{pins or 'the space'}: the smallest optimizer step it allows, batch {min(batches)} x {min(steps)} "
+                         f"accumulation, is more than the data's {images} samples: an epoch would hold no optimizer step; "
+                         "allow fewer accumulation steps or a smaller batch_size")

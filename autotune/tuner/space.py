@@ -23,9 +23,9 @@ from autotune.tuner.constraints import (
     Constraint,
     allows_workers,
     apply_constraints,
-    batches_that_fit,
     check_constraints,
     check_effective_batch,
+    fit_steps_to_data,
     shown,
 )
 from autotune.tuner.offered import check_workload_constraints, torch_knob_values
@@ -387,8 +387,8 @@ def build_space(
         if not values["amp"]:
             raise UsageError(f"--set amp: the model failed in {' and '.join(f'{a} ({why})' for a, why in failed.items())} in every "
                              "compute-only run of the calibration (its lines above say why); allow amp=off")
-    if images is not None and "accumulation_steps" in constraints:  # a pinned accumulation: a step must fit in an epoch
-        values["batch_size"] = batches_that_fit(values, constraints["accumulation_steps"], images)
+    if images is not None:  # a step must fit in an epoch: a pinned accumulation bounds the batch, a pinned batch the steps
+        fit_steps_to_data(values, constraints, images)
     if workload is not None and workload.unsharded:  # a range of workers (0..4) keeps its part that adds no copies
         values["num_workers"] = tuple(n for n in values["num_workers"] if n <= 1) or (0,)
     if effective_batch is not None:
