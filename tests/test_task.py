@@ -106,6 +106,17 @@ def test_the_learning_rate_rule_follows_the_optimizer_family() -> None:
     assert task.lr_scaling(AdamW8bit(params)) == "sqrt"
 
 
+def test_numpy_numbers_are_taken_as_python_ones() -> None:
+    """A recipe read with NumPy (np.int64(16), np.float32(3e-4)): Python's int and float, as best.json writes them."""
+    import numpy
+
+    task = autotune.Task(torch.nn.Linear(2, 2), [1], batch_size=numpy.int64(16), lr=numpy.float32(3e-4))
+    assert type(task.batch_size) is int and task.batch_size == 16
+    assert type(task.lr) is float and task.lr == pytest.approx(3e-4)
+    with pytest.raises(WorkloadError, match="batch_size must be an integer >= 1, got 16.0"):
+        autotune.Task(torch.nn.Linear(2, 2), [1], batch_size=16.0)  # type: ignore[arg-type]
+
+
 def test_a_factory_taking_kwargs_is_given_the_tasks_lr() -> None:
     # def make(params, **kwargs): return AdamW(params, **kwargs) takes lr=: it trains at Task.lr, not AdamW's default 1e-3.
     def make(params: Any, **kwargs: Any) -> torch.optim.Optimizer:
@@ -254,7 +265,7 @@ def test_a_trial_whose_stream_holds_no_full_optimizer_step_per_pass_fails_as_tra
     assert len(take(autotune.TrainSetup(batch_size=2, accumulation_steps=2), 6)) == 6  # 2 batches a pass: a step each, looped
     with pytest.raises(RuntimeError, match=re.escape("no full optimizer step of 2 x 4 in one pass (2 batches of 2)")):
         take(autotune.TrainSetup(batch_size=2, accumulation_steps=4), 3)
-    with pytest.raises(RuntimeError, match="no full batch$"):  # the calibration's halving reads this one
+    with pytest.raises(RuntimeError, match="^the dataset yields no full batch of 8 samples$"):  # the calibration's halving reads this one
         take(autotune.TrainSetup(batch_size=8), 1)
 
 

@@ -263,7 +263,7 @@ def endless_batches(
             if not count and passes:  # not a batch too large for the stream: the calibration's halving must not read it so
                 raise RuntimeError(REITERATED)
             if not count:
-                raise RuntimeError("the dataset yields no full batch")
+                raise RuntimeError(f"the dataset yields no full batch of {setup.batch_size} samples")
             passes += 1
             if count < steps:  # the emitted script stops there too: its epochs would hold no optimizer step
                 raise RuntimeError(f"the dataset {NO_FULL_STEP} of {setup.batch_size} x {steps} in one pass "

@@ -96,10 +96,13 @@ class Task:
     def __post_init__(self) -> None:
         if self.loss is not None and self.step is not None:
             raise WorkloadError("Task takes loss= or step=, not both")
-        if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
+        if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, numbers.Integral) or self.batch_size < 1:
             raise WorkloadError(f"Task batch_size must be an integer >= 1, got {self.batch_size!r}")
-        if isinstance(self.lr, bool) or not isinstance(self.lr, (int, float)) or not self.lr > 0:
+        if isinstance(self.lr, bool) or not isinstance(self.lr, numbers.Real) or not self.lr > 0:
             raise WorkloadError(f"Task lr must be a number > 0, got {self.lr!r}")
+        # NumPy's numbers (a config read with NumPy) as Python's: best.json and the emitted script write them as JSON.
+        object.__setattr__(self, "batch_size", int(self.batch_size))
+        object.__setattr__(self, "lr", float(self.lr))
         for name in ("loss", "step", "collate_fn", "optimizer", "batch_size_of"):
             value = getattr(self, name)
             if value is not None and not callable(value):
