@@ -456,6 +456,42 @@ def test_a_stop_while_the_report_is_drawn_ends_as_interrupted_with_the_winner_wr
     assert "Winner:" in (out / "report.html").read_text()
 
 
+def test_a_stop_while_the_winner_is_written_waits_for_best_json_and_skips_only_the_ceilings(tmp_path, cache_dir, monkeypatch) -> None:
+    """A SIGTERM after the confirmation, while the winner is chosen and best.json and train.py are written: before, the
+    search died there (exit 143), possibly between the two files; now they are written whole, the confirmed winner
+    stands, and the search ends as interrupted (exit 130) with its report."""
+    import autotune.tuner.run
+    from autotune.errors import SearchInterrupted
+    from autotune.output.best import read_best
+    from autotune.tuner import SearchConfig, run_search
+
+    original = autotune.tuner.run.finish
+
+    def finish(*args, **kwargs):  # type: ignore[no-untyped-def]
+        os.kill(os.getpid(), signal.SIGTERM)
+        sum(range(1000))  # the handler runs on this thread's next bytecodes
+        return original(*args, **kwargs)
+
+    def refused(signum, frame):  # type: ignore[no-untyped-def]
+        raise _Stopped
+
+    monkeypatch.setattr(autotune.tuner.run, "finish", finish)
+    previous = signal.signal(signal.SIGTERM, refused)
+    out = tmp_path / "out"
+    config = SearchConfig(model="resnet18", trials=2, image_size=32, device="cpu", trial_seconds=1.0, confirm_rounds=2,
+                          out=out, cache_dir=cache_dir, synthetic_images=64)
+    caught: BaseException | None = None
+    try:
+        run_search(config, runner=steady_runner)
+    except BaseException as exc:  # _Stopped before: the search had no handler there
+        caught = exc
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert isinstance(caught, SearchInterrupted), repr(caught)
+    assert caught.exit_code == 130 and "only its ceilings were skipped" in str(caught)
+    assert read_best(out / "best.json").confirmed and (out / "train.py").exists() and (out / "report.html").exists()
+
+
 def test_a_rerun_interrupted_before_its_confirmation_keeps_the_earlier_confirmed_winner(tmp_path, cache_dir, monkeypatch) -> None:
     """Rerunning a finished search re-confirms; a Ctrl-C then must not replace the confirmed best.json with a guess."""
     import autotune.tuner.run

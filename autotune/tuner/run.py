@@ -148,11 +148,15 @@ def _search(config: SearchConfig, prepared: Prepared, reporter: Reporter, timed:
         interrupted = not runs_to_the_end(
             lambda: confirmed.extend(confirm_finalists(config, prepared, records, calibration, defaults, options, reporter, placed))
         )
-    kept = kept_winner(prepared.out, prepared.study, records) if interrupted and not confirmed else None
-    # Interrupted mid-confirmation: its rounds so far are shown (too few to rank), never dropped.
-    so_far = stored_confirmed(prepared.study, records, prepared.study.confirmation()) if interrupted else ()
-    outcome = finish(config, prepared, calibration, records, feasible, confirmed, defaults, interrupted, write=kept is None,
-                     partial=so_far)
+    try:
+        with interrupts_held():  # a stop now waits for best.json and train.py, then skips only the ceilings
+            kept = kept_winner(prepared.out, prepared.study, records) if interrupted and not confirmed else None
+            # Interrupted mid-confirmation: its rounds so far are shown (too few to rank), never dropped.
+            so_far = stored_confirmed(prepared.study, records, prepared.study.confirmation()) if interrupted else ()
+            outcome = finish(config, prepared, calibration, records, feasible, confirmed, defaults, interrupted, write=kept is None,
+                             partial=so_far)
+    except KeyboardInterrupt:
+        interrupted = True
     if config.ceilings and confirmed and outcome.best is not None and not interrupted:
         timing.phase = "ceilings"
         measured = [outcome]
