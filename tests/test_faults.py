@@ -415,6 +415,26 @@ class _Stopped(Exception):
     """What this test's own SIGTERM handler raises where the search has none (before: the process died, exit 143)."""
 
 
+def _search_stopped(out: Path, cache_dir: Path) -> BaseException | None:
+    """A tiny search in this process with a SIGTERM handler of the test's own (:class:`_Stopped`) where the search
+    installs none; what it raised (a bare KeyboardInterrupt fails the test instead of stopping the session)."""
+    from autotune.tuner import SearchConfig, run_search
+
+    def refused(signum, frame):  # type: ignore[no-untyped-def]
+        raise _Stopped
+
+    previous = signal.signal(signal.SIGTERM, refused)
+    config = SearchConfig(model="resnet18", trials=2, image_size=32, device="cpu", trial_seconds=1.0, confirm_rounds=2,
+                          out=out, cache_dir=cache_dir, synthetic_images=64)
+    try:
+        run_search(config, runner=steady_runner)
+    except BaseException as exc:
+        return exc
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    return None
+
+
 @pytest.mark.parametrize("stop", ["sigterm", "ctrl-c"])
 def test_a_stop_while_the_report_is_drawn_ends_as_interrupted_with_the_winner_written(tmp_path, cache_dir, monkeypatch, stop) -> None:
     """Drawing report.html takes seconds after the last measurement. A SIGTERM there killed the search silently (exit 143,
@@ -423,7 +443,6 @@ def test_a_stop_while_the_report_is_drawn_ends_as_interrupted_with_the_winner_wr
     import autotune.tuner.study_report
     from autotune.errors import SearchInterrupted
     from autotune.output.best import read_best
-    from autotune.tuner import SearchConfig, run_search
     from autotune.tuner.study_report import report_study
 
     def drawn(out, data):
@@ -432,21 +451,9 @@ def test_a_stop_while_the_report_is_drawn_ends_as_interrupted_with_the_winner_wr
             sum(range(1000))
         raise KeyboardInterrupt
 
-    def refused(signum, frame):
-        raise _Stopped
-
     monkeypatch.setattr(autotune.tuner.study_report, "write_report", drawn)
-    previous = signal.signal(signal.SIGTERM, refused)
     out = tmp_path / "out"
-    config = SearchConfig(model="resnet18", trials=2, image_size=32, device="cpu", trial_seconds=1.0, confirm_rounds=2,
-                          out=out, cache_dir=cache_dir, synthetic_images=64)
-    caught: BaseException | None = None
-    try:
-        run_search(config, runner=steady_runner)
-    except BaseException as exc:  # a bare KeyboardInterrupt must fail this test, not stop the test session
-        caught = exc
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    caught = _search_stopped(out, cache_dir)
     assert isinstance(caught, SearchInterrupted), repr(caught)
     assert caught.exit_code == 130 and "interrupted while report.html was written" in str(caught)
     assert caught.outcome is not None and caught.outcome.best is not None and caught.outcome.ceilings is not None
@@ -463,7 +470,6 @@ def test_a_stop_while_the_winner_is_written_waits_for_best_json_and_skips_only_t
     import autotune.tuner.run
     from autotune.errors import SearchInterrupted
     from autotune.output.best import read_best
-    from autotune.tuner import SearchConfig, run_search
 
     original = autotune.tuner.run.finish
 
@@ -472,21 +478,9 @@ def test_a_stop_while_the_winner_is_written_waits_for_best_json_and_skips_only_t
         sum(range(1000))  # the handler runs on this thread's next bytecodes
         return original(*args, **kwargs)
 
-    def refused(signum, frame):  # type: ignore[no-untyped-def]
-        raise _Stopped
-
     monkeypatch.setattr(autotune.tuner.run, "finish", finish)
-    previous = signal.signal(signal.SIGTERM, refused)
     out = tmp_path / "out"
-    config = SearchConfig(model="resnet18", trials=2, image_size=32, device="cpu", trial_seconds=1.0, confirm_rounds=2,
-                          out=out, cache_dir=cache_dir, synthetic_images=64)
-    caught: BaseException | None = None
-    try:
-        run_search(config, runner=steady_runner)
-    except BaseException as exc:  # _Stopped before: the search had no handler there
-        caught = exc
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    caught = _search_stopped(out, cache_dir)  # _Stopped before: the search had no handler there
     assert isinstance(caught, SearchInterrupted), repr(caught)
     assert caught.exit_code == 130 and "only its ceilings were skipped" in str(caught)
     assert read_best(out / "best.json").confirmed and (out / "train.py").exists() and (out / "report.html").exists()
