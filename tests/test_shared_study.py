@@ -340,7 +340,10 @@ def test_storages_that_cannot_open_say_why(tmp_path) -> None:
         open_storage(f"sqlite:///{tmp_path}/missing/study.db")
     with pytest.raises(StorageError, match=r"'mysql://u:\*\*\*@localhost/db': no database driver for mysql is installed"):
         open_storage("mysql://u:secret@localhost/db")  # no MySQL driver among autotune's dependencies
-    assert open_storage(f"sqlite:///{tmp_path}/study.db").url == f"sqlite:///{tmp_path}/study.db"  # type: ignore[union-attr]
+    from optuna.storages import RDBStorage
+
+    sqlite = open_storage(f"sqlite:///{tmp_path}/study.db")
+    assert isinstance(sqlite, RDBStorage) and sqlite.url == f"sqlite:///{tmp_path}/study.db"
     with pytest.raises(StorageError, match=r"write journal:///ABSOLUTE/PATH.log"):
         open_storage("journal://")  # no path: SQLAlchemy would look for a "journal" dialect
     for memory in ("sqlite://", "sqlite:///:memory:", "sqlite:///file:x?mode=memory&uri=true"):  # nothing would be kept to resume
@@ -350,7 +353,8 @@ def test_storages_that_cannot_open_say_why(tmp_path) -> None:
     with pytest.raises(StorageError, match=r"directory .*missing does not exist"):
         open_storage(f"sqlite:///file:{tmp_path}/missing/study.db?uri=true")
     uri = f"sqlite:///file:{tmp_path}/study2.db?uri=true"
-    assert open_storage(uri).url == uri  # type: ignore[union-attr]
+    sqlite = open_storage(uri)
+    assert isinstance(sqlite, RDBStorage) and sqlite.url == uri
     from autotune.tuner.storage import storage_file
 
     assert storage_file(uri) == tmp_path / "study2.db"  # status and report find the file the search wrote

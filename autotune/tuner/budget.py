@@ -26,9 +26,9 @@ FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
 def counted(trials: Iterable[FrozenTrial], wanted: int | None) -> int:
     """How many of the finished ``trials`` count toward a budget of ``wanted``.
 
-    A free trial ran nothing: the sampler proposed a setup measured before
+    A free trial measured nothing: the sampler proposed a setup measured before
     (its measurement is told again, so the sampler learns) or one the data
-    cannot feed. It does not use up the budget, so ``--trials 30`` means 30
+    cannot feed (known before running, or by running for a stream of unknown length). It does not use up the budget, so ``--trials 30`` means 30
     measurements, until there are more than ``wanted`` free trials: a sampler
     that keeps proposing measured setups has converged, and the search ends
     after at most ``2 x wanted`` trials. Without ``wanted`` every finished

@@ -322,11 +322,15 @@ def _smallest(constraint: Constraint) -> int:
     return int(constraint.value)
 
 
-
 def fit_steps_to_data(values: dict[str, tuple[Any, ...]], constraints: dict[str, Constraint], images: int) -> None:
     """Keep the batch sizes and accumulation steps of ``values`` whose optimizer step, with the smallest partner the
     space allows, fits in one epoch of ``images`` samples: the others could only be sampled and found infeasible
     (``--set accumulation_steps=3`` on 64 samples keeps batches up to 16; ``--set batch_size=32``, accumulations up to 2).
+
+    Args:
+        values: The space's candidates per knob, narrowed in place.
+        constraints: The ``--set`` constraints (named in the refusal).
+        images: Samples in one epoch.
 
     Raises:
         UsageError: Not even the smallest batch times the fewest steps fits.

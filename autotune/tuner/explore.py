@@ -191,15 +191,26 @@ def unrunnable(setup: TrainSetup, workload: Workload) -> TrialResult | None:
 
 def starved(result: TrialResult) -> bool:
     """Whether one pass of the data held no optimizer step of the trial's setup (a stream of unknown length found
-    short by running): the setup's speed is not in question, so like a step :func:`unfed` refuses it is free."""
+    short by running): the setup's speed is not in question, so like a step :func:`unfed` refuses it is free (it ran,
+    but it uses up no trial of ``--trials``).
+
+    Args:
+        result: A trial's result.
+    """
     return NO_FULL_STEP in (result.error or "")
 
 
 def beyond_the_stream(setup: TrainSetup, records: list[TrialRecord]) -> TrialResult | None:
-    """An infeasible result, not run, for a stream of unknown length: a trial found one pass of it shorter than
-    ``batch x accumulation`` of its setup (it yielded fewer full batches than the steps), so a step at least as large
-    cannot fill from it either."""
-    short = [r for r in records if starved(r.result) and r.reused_from is None]
+    """An infeasible result, not run, for a stream of unknown length: a trial with at most one loader worker found one
+    pass of it shorter than ``batch x accumulation`` of its setup (it yielded fewer full batches than the steps), so a
+    step at least as large cannot fill from it either. (With more workers each one drops its own last partial batch,
+    so a pass holds fewer batches than its length says: such a trial bounds nothing.)
+
+    Args:
+        setup: The setup to run next.
+        records: The study's trials so far.
+    """
+    short = [r for r in records if starved(r.result) and r.reused_from is None and r.setup.num_workers <= 1]
     shortest = min(short, key=lambda r: r.setup.effective_batch(), default=None)
     step = setup.effective_batch()
     if shortest is None or step < shortest.setup.effective_batch():

@@ -148,11 +148,11 @@ def _search(config: SearchConfig, prepared: Prepared, reporter: Reporter, timed:
         interrupted = not runs_to_the_end(
             lambda: confirmed.extend(confirm_finalists(config, prepared, records, calibration, defaults, options, reporter, placed))
         )
+    kept = kept_winner(prepared.out, prepared.study, records) if interrupted and not confirmed else None
+    # Interrupted mid-confirmation: its rounds so far are shown (too few to rank), never dropped.
+    so_far = stored_confirmed(prepared.study, records, prepared.study.confirmation()) if interrupted else ()
     try:
         with interrupts_held():  # a stop now waits for best.json and train.py, then skips only the ceilings
-            kept = kept_winner(prepared.out, prepared.study, records) if interrupted and not confirmed else None
-            # Interrupted mid-confirmation: its rounds so far are shown (too few to rank), never dropped.
-            so_far = stored_confirmed(prepared.study, records, prepared.study.confirmation()) if interrupted else ()
             outcome = finish(config, prepared, calibration, records, feasible, confirmed, defaults, interrupted, write=kept is None,
                              partial=so_far)
     except KeyboardInterrupt:
@@ -174,7 +174,7 @@ def _search(config: SearchConfig, prepared: Prepared, reporter: Reporter, timed:
         crew.publish(outcome.best, config.trials, prepared.out)
     if interrupted:  # after a finished confirmation only the winner's ceilings were left
         best_json = prepared.out / "best.json"
-        said = (f"the confirmed winner is in {best_json}; only its ceilings were skipped" if confirmed else
+        said = (f"the confirmed winner is in {best_json}{'; only its ceilings were skipped' * config.ceilings}" if confirmed else
                 f"the confirmed winner of an earlier run stays in {best_json} (this run's best so far is not confirmed); "
                 "rerun the same command to resume" if kept else
                 f"best so far written to {best_json} (unconfirmed); rerun the same command to resume")

@@ -80,7 +80,8 @@ def sigterm_as_interrupt() -> Iterator[None]:
 
 @contextmanager
 def interrupts_held() -> Iterator[None]:
-    """Hold Ctrl-C, SIGTERM and SIGHUP until the block ends, then raise KeyboardInterrupt.
+    """Hold Ctrl-C, SIGTERM and SIGHUP until the block ends, then raise KeyboardInterrupt (an error the block raised
+    goes on instead; the stop stays remembered for :func:`raise_if_stopped`).
 
     Storage writes (ask, tell, user attributes) run inside it, so an
     interrupt never lands half-way through a database transaction; the
@@ -93,12 +94,10 @@ def interrupts_held() -> Iterator[None]:
         _stop.set()
         caught.append(signum)
 
-    try:
-        with signals_handled(held, hold):
-            yield
-    finally:
-        if caught:
-            raise KeyboardInterrupt
+    with signals_handled(held, hold):
+        yield
+    if caught:  # only once the block ended normally: an error it raised is not replaced (the stop stays remembered)
+        raise KeyboardInterrupt
 
 
 def runs_to_the_end(step: Callable[[], object]) -> bool:

@@ -185,8 +185,9 @@ def check_storage_url(url: str) -> None:
                                           "give a file (sqlite:///PATH)"))
 
 
-def open_storage(url: str) -> str | BaseStorage:
-    """The Optuna storage for ``url``: the URL itself for SQLite, a storage object otherwise.
+def open_storage(url: str) -> BaseStorage:
+    """The Optuna storage for ``url`` (SQLite and servers: an RDB storage whose tables are created once, however many
+    processes open it at the same time; a journal file: a journal storage).
 
     Raises:
         StorageError: The storage cannot be opened (the password is hidden).

@@ -26,11 +26,11 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from autotune.train_setup import TrainSetup
 
-__all__ = ["REITERATED", "ClassifierPipeline", "Pipeline", "TaskPipeline", "endless_batches", "open_pipeline"]
+__all__ = ["NO_FULL_STEP", "REITERATED", "ClassifierPipeline", "Pipeline", "TaskPipeline", "endless_batches", "open_pipeline"]
 
 #: An iterable dataset whose second pass is empty: a one-shot stream (its ``__iter__`` returns an iterator made once).
 REITERATED = (
-    "the workload's dataset yields no items when iterated a second time (its first pass did): its __iter__ must "
+    "the workload's dataset yields not one batch when iterated a second time (its first pass did): its __iter__ must "
     "start the stream anew on every call (a DataLoader iterates it once per epoch); an iterator or generator made "
     "once, in __init__, is used up by the first pass"
 )

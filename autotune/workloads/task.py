@@ -27,6 +27,7 @@ the backward pass, the optimizer step, autocast and accumulation).
 from __future__ import annotations
 
 import numbers
+import re
 from collections.abc import Callable
 from dataclasses import KW_ONLY, dataclass
 from typing import TYPE_CHECKING, Any
@@ -102,7 +103,7 @@ class Task:
             raise WorkloadError(f"Task lr must be a number > 0, got {self.lr!r}")
         # NumPy's numbers (a config read with NumPy) as Python's: best.json and the emitted script write them as JSON.
         object.__setattr__(self, "batch_size", int(self.batch_size))
-        object.__setattr__(self, "lr", float(self.lr))
+        object.__setattr__(self, "lr", float(self.lr) if isinstance(self.lr, int | float) else float(str(self.lr)))  # 3e-4, not 3.0000001e-4
         for name in ("loss", "step", "collate_fn", "optimizer", "batch_size_of"):
             value = getattr(self, name)
             if value is not None and not callable(value):
@@ -254,14 +255,15 @@ class Task:
 
 
 def _passes_its_own_lr(factory: Callable[..., Any]) -> bool:
-    """Whether a ``**kwargs`` optimizer factory sets ``lr`` itself beside them (``SGD(params, lr=0.1, **kwargs)``):
-    built once over a dummy parameter with ``lr=`` given, it fails on the duplicate keyword."""
+    """Whether a ``**kwargs`` optimizer factory sets ``lr`` itself beside them (``SGD(params, lr=0.1, **kwargs)``, or
+    ``SGD(params, 0.1, **kwargs)``) or builds an optimizer that takes none: built once over a dummy parameter with
+    ``lr=`` given, it fails on that keyword."""
     import torch
 
     try:
         factory([torch.nn.Parameter(torch.zeros(1))], lr=1e-3)
-    except TypeError as exc:
-        return "multiple values for keyword argument 'lr'" in str(exc)
+    except TypeError as exc:  # lr given twice (by keyword or by position), or an optimizer that takes no lr
+        return re.search(r"multiple values for (keyword )?argument 'lr'|unexpected keyword argument 'lr'", str(exc)) is not None
     except Exception:  # the factory wants real parameters: taken as passing lr= on; building it says what is wrong
         return False
     return False
