@@ -632,6 +632,28 @@ def test_interrupts_are_held_until_the_storage_write_is_done() -> None:
     signal.signal(signal.SIGINT, before)
 
 
+def test_a_held_interrupt_does_not_replace_the_error_of_its_block() -> None:
+    """A Ctrl-C held while a write fails (a full disk, a lost database): the write's own error reaches the user,
+    not a KeyboardInterrupt over it, and the stop stays remembered for the next check."""
+    from autotune.tuner.signals import clear_stop, interrupts_held, stop_requested
+
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    caught: BaseException | None = None
+    try:
+        with interrupts_held():
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)
+            raise OSError(28, "No space left on device")
+    except BaseException as exc:  # a KeyboardInterrupt must fail this test, not stop the session
+        caught = exc
+    finally:
+        stopped = stop_requested()
+        clear_stop()
+        signal.signal(signal.SIGINT, before)
+    assert isinstance(caught, OSError) and "No space left" in str(caught), repr(caught)
+    assert stopped
+
+
 def test_failed_confirmation_is_not_called_an_interruption(tmp_path, cache_dir) -> None:
     from autotune.tuner.progress import SilentReporter
 
