@@ -174,7 +174,7 @@ def _search(config: SearchConfig, prepared: Prepared, reporter: Reporter, timed:
         crew.publish(outcome.best, config.trials, prepared.out)
     if interrupted:  # after a finished confirmation only the winner's ceilings were left
         best_json = prepared.out / "best.json"
-        said = (f"the confirmed winner is in {best_json}{'; only its ceilings were skipped' * config.ceilings}" if confirmed else
+        said = (f"the confirmed winner is in {best_json}{'; only its ceilings were skipped' if config.ceilings else ''}" if confirmed else
                 f"the confirmed winner of an earlier run stays in {best_json} (this run's best so far is not confirmed); "
                 "rerun the same command to resume" if kept else
                 f"best so far written to {best_json} (unconfirmed); rerun the same command to resume")
