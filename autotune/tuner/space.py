@@ -363,7 +363,7 @@ def build_space(
         batches = tuple(b for b in batches if effective_batch % b == 0) or (
             max(d for d in range(1, min(effective_batch, top) + 1) if effective_batch % d == 0),
         )
-    accumulation = (1,) if effective_batch is not None else tuple(a for a in (1, 2, 4) if images is None or a * min(batches) <= images) or (1,)
+    accumulation = (1,) if effective_batch is not None else (1, 2, 4)  # the data's bound comes with the --set ones (fit_steps_to_data)
     base: dict[str, tuple[Any, ...]] = {
         "num_workers": tuple(range(0, max(0, min(usable_cores, calibration.max_workers)) + 1)),
         "prefetch_factor": tuple(range(1, 9)),
