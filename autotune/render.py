@@ -131,9 +131,9 @@ class RichReporter:
         if record.reused_from is not None:
             reused = f" (same setup as #{record.reused_from}: not run again{', not counted' if record.free else ''})"
         else:
-            from autotune.workloads.pipeline import NO_FULL_STEP  # a stream too short for the step: found by running
+            from autotune.tuner.explore import starved  # a stream too short for the step: found by running
 
-            ran = "ran" if NO_FULL_STEP in (result.error or "") else "not run"
+            ran = "ran" if starved(result) else "not run"
             reused = f" ({ran}: not counted)" if record.free else ""
         why = f" - {escape(result.error)}" if result.error and not result.ok else ""
         self.progress.console.print(

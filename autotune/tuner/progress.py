@@ -56,7 +56,9 @@ def check_reporter(reporter: object) -> None:
     Raises:
         UsageError: Naming the hooks it lacks.
     """
-    missing = [name for name in HOOKS if reporter is not None and not callable(getattr(reporter, name, None))]
+    if reporter is None:
+        return
+    missing = [name for name in HOOKS if not callable(getattr(reporter, name, None))]
     if missing:
         raise UsageError(f"reporter must have the methods of autotune.Reporter ({', '.join(HOOKS)}); "
                          f"{type(reporter).__name__} lacks {', '.join(missing)}")
