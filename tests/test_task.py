@@ -141,6 +141,21 @@ def test_a_factory_taking_kwargs_is_given_the_tasks_lr() -> None:
         assert task.build_optimizer(task.build_model().parameters(), lr=0.2, cuda=False).param_groups[0]["lr"] == 0.2
 
 
+def test_a_kwargs_factory_is_tried_once_per_task_not_once_per_optimizer() -> None:
+    # Whether a **kwargs factory sets lr itself is found by building it once over a dummy parameter: once per Task.
+    calls: list[int] = []
+
+    def make(params: Any, **kwargs: Any) -> torch.optim.Optimizer:
+        calls.append(1)
+        return torch.optim.SGD(params, lr=0.1, **kwargs)
+
+    task = autotune.Task(torch.nn.Linear(2, 2), [1], optimizer=make)
+    for lr in (None, 0.2, 0.4):
+        optimizer = task.build_optimizer(task.build_model().parameters(), lr=lr, cuda=False)
+        assert task.recipe_lr(optimizer) == 0.1 if lr is None else optimizer.param_groups[0]["lr"] == lr
+    assert len(calls) == 1 + 3  # the one try, then the three optimizers
+
+
 def _local() -> None:  # pragma: no cover - only referenced
     pass
 

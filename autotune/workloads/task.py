@@ -26,6 +26,7 @@ the backward pass, the optimizer step, autocast and accumulation).
 
 from __future__ import annotations
 
+import functools
 import numbers
 import re
 from collections.abc import Callable
@@ -146,8 +147,11 @@ class Task:
         adam_named = any(ADAM_FAMILY in name.lower() for name in names)
         return "sqrt" if names & ADAPTIVE_OPTIMIZERS or adam_named else "linear"
 
+    @functools.cached_property
     def _factory_takes_lr(self) -> bool:
         """Whether the optimizer factory is to be given ``lr=``: it takes that argument and does not set it itself.
+
+        Decided once per Task: a ``**kwargs`` factory is built once over a dummy parameter to find out.
 
         A ``functools.partial`` that binds ``lr`` (``partial(torch.optim.SGD, lr=0.1, momentum=0.9)``) sets its own
         rate, as a factory without ``lr`` does: passing ``lr=`` would silently replace the rate the user wrote.
@@ -155,7 +159,6 @@ class Task:
         ``lr=`` too: left out, the optimizer's own default rate would silently replace the Task's ``lr``; unless it sets
         ``lr`` itself beside them (``SGD(params, lr=0.1, **kwargs)``, see :func:`_passes_its_own_lr`).
         """
-        import functools
         import inspect
 
         if isinstance(self.optimizer, functools.partial) and "lr" in self.optimizer.keywords:
@@ -175,7 +178,7 @@ class Task:
         ``lr``, unless the optimizer factory takes no ``lr``: its first param
         group's rate is then the recipe's (the factory sets its own rates).
         """
-        if self.optimizer is None or self._factory_takes_lr():
+        if self.optimizer is None or self._factory_takes_lr:
             return float(self.lr)
         return float(optimizer.param_groups[0]["lr"])
 
@@ -199,7 +202,7 @@ class Task:
         given = float(self.lr) if lr is None else lr
         if self.optimizer is None:
             return torch.optim.AdamW(params, lr=given, **optimizer_kwargs(impl))
-        takes_lr = self._factory_takes_lr()
+        takes_lr = self._factory_takes_lr
         optimizer = self.optimizer(params, lr=given) if takes_lr else self.optimizer(params)
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise WorkloadError(f"Task optimizer factory returned {type(optimizer).__name__}, not a torch.optim.Optimizer")
