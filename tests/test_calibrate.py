@@ -84,6 +84,25 @@ def test_ddp_ranks_split_the_time_cap_and_the_default_ram_budget() -> None:
     assert shared.budget_bytes is not None and one.budget_bytes is not None and shared.budget_bytes <= one.budget_bytes // 2
 
 
+class TokenRunner(FakeRunner):
+    """A Task whose ``batch_size_of`` counts 100 tokens per item: samples/s is 100x the items/s, as its step time tells."""
+
+    def __call__(self, setup, workload, options=None, *, on_window=None) -> TrialResult:
+        result = super().__call__(setup, workload, options, on_window=on_window)
+        if not result.ok or result.samples_per_s is None:
+            return result
+        return replace(result, samples_per_s=100 * result.samples_per_s, step_time_s=setup.batch_size / result.samples_per_s)
+
+
+def test_the_time_cap_counts_items_when_batch_size_of_counts_tokens() -> None:
+    # 400 items/s: a batch of 1024 items takes 2.56 s, over half a 5-s trial, though 40,000 tokens/s would allow 100,000.
+    items = calibrate(WORKLOAD, CPU, usable_cores=4, available_bytes=64 * 2**30, max_memory=None, trial_seconds=5.0,
+                      bf16_ok=False, runner=FakeRunner())
+    tokens = calibrate(WORKLOAD, CPU, usable_cores=4, available_bytes=64 * 2**30, max_memory=None, trial_seconds=5.0,
+                       bf16_ok=False, runner=TokenRunner())
+    assert items.max_batch == tokens.max_batch == 512
+
+
 def test_a_failing_verification_halves_the_batch() -> None:
     runner = FakeRunner(fail_above=128)
     result = calibrate(

@@ -173,7 +173,7 @@ def calibrate(
     fit = extrapolate_batch(points, budget) if budget is not None else batch_cap
     if fit is not None and fit < 1:
         raise too_small
-    rate = max((p.samples_per_s or 0.0) for p in points) / world_size if points else 0.0  # one rank's
+    rate = max((_items_per_s(batch, result, world_size) for batch, result in measured.items()), default=0.0)  # one rank's
     # A trial must hold a few optimizer steps: a batch whose step takes more
     # than half the trial cannot be measured in steady state. Never below the
     # PyTorch default of 32, so the defaults stay inside the space.
@@ -273,6 +273,15 @@ def calibrate(
         log(f"loader workers fail ({broken}); the search keeps num_workers=0")
         calibration = replace(calibration, max_workers=0)
     return calibration
+
+
+def _items_per_s(batch: int, result: TrialResult, world_size: int) -> float:
+    """One rank's items per second at ``batch``: the batch over its step time, since samples/s counts what the Task's
+    ``batch_size_of`` counts (tokens, say, not the items a batch size holds); the world's samples/s over its ranks
+    when the runner reports no step time."""
+    if result.ok and result.step_time_s:
+        return batch / result.step_time_s
+    return (result.samples_per_s or 0.0) / world_size
 
 
 def _stream_batch(max_batch: int, workload: Workload, runner: TrialRunner, options: TrialOptions, log: Log) -> int:
