@@ -118,6 +118,24 @@ def test_a_changed_task_model_or_data_size_is_another_search() -> None:
     assert signature_difference(older, signed(300, 1000)) is None
 
 
+def test_a_changed_task_batch_size_is_another_search() -> None:
+    """The Task's batch_size is the PyTorch defaults' batch, the speedup's baseline: a study whose defaults ran another
+    batch would have no baseline trial for this one (and say its trial had failed)."""
+    from autotune.records import Workload
+    from autotune.tuner.config import SearchConfig
+    from autotune.tuner.identity import signature
+
+    def signed(batch: int | None) -> dict:
+        workload = Workload(model="m:f", task="m:f", images=200, parameters=10, reference_batch=batch)
+        return signature(SearchConfig(model="resnet18", trials=3, workload="m:f"), workload)
+
+    assert signature_difference(signed(16), signed(16)) is None
+    assert signature_difference(signed(16), signed(32)) == "batch_size: 16 there, 32 now"
+    older = {k: v for k, v in signed(16).items() if k != "batch_size"}  # stored by earlier versions
+    assert signature_difference(older, signed(32)) is None
+    assert "batch_size" not in signature(SearchConfig(model="resnet18", trials=3), Workload(model="resnet18"))
+
+
 def test_trials_sampled_from_other_choices_stop_the_search_in_one_line(tmp_path: Path) -> None:
     """Optuna cannot sample a knob whose choices changed within a study: the search says why, never crashes."""
     from autotune.records import TrialOptions, Workload

@@ -47,6 +47,8 @@ def signature(config: SearchConfig, workload: Workload, machine: dict[str, Any] 
         # The data's size bounds the space (batches, loader queues); a Task's model is told by its size.
         "samples": workload.images,
         **({"parameters": workload.parameters} if workload.parameters is not None else {}),
+        # A Task's batch_size is the PyTorch defaults' batch: a study whose defaults ran another has no baseline for this one.
+        **({"batch_size": workload.reference_batch} if workload.reference_batch is not None else {}),
     }
 
 
@@ -124,7 +126,7 @@ def stored_constraints(signature: Any) -> dict[str, Constraint] | None:
 
 
 #: Signature keys that studies of earlier versions did not store: such a study resumes without them.
-_ADDED = ("samples", "parameters")
+_ADDED = ("samples", "parameters", "batch_size")
 #: The value of a signature key that is stored only when it is not the default.
 _ABSENT: dict[str, Any] = {"nproc_per_node": 1}
 
