@@ -55,6 +55,17 @@ def test_task_keeps_the_public_signature_and_rejects_loss_with_step() -> None:
         autotune.Task(torch.nn.Linear(2, 2), [1], loss=torch.nn.MSELoss)
 
 
+def test_a_loss_modules_own_tensors_follow_the_models_output_to_its_device() -> None:
+    # A class weight of nn.CrossEntropyLoss built on the CPU, as a Task factory builds it: on a GPU every trial (and
+    # train.py) failed "Expected all tensors to be on the same device". The meta device stands in for CUDA here.
+    weight = torch.tensor([1.0, 3.0])
+    task = autotune.Task(lambda: torch.nn.Linear(4, 2, device="meta"), [1], loss=torch.nn.CrossEntropyLoss(weight=weight))
+    batch = (torch.zeros(8, 4, device="meta"), torch.zeros(8, dtype=torch.long, device="meta"))
+    loss = task.compute_loss(task.build_model(), batch)
+    assert loss.device.type == "meta" and loss.dim() == 0
+    assert task.loss is not None and task.loss.weight.device.type == "meta"  # type: ignore[union-attr]
+
+
 def test_optimizer_factory_gets_the_scaled_lr() -> None:
     task = autotune.Task(torch.nn.Linear(2, 2), [1], optimizer=lambda params, lr: torch.optim.SGD(params, lr=lr))
     optimizer = task.build_optimizer(task.build_model().parameters(), lr=0.25, cuda=False)

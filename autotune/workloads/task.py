@@ -34,7 +34,7 @@ from dataclasses import KW_ONLY, dataclass
 from typing import TYPE_CHECKING, Any
 
 from autotune.errors import USER_CODE_ERRORS, WorkloadError
-from autotune.workloads.batches import first_dim
+from autotune.workloads.batches import first_dim, tensors
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -62,8 +62,9 @@ class Task:
             sampler, no epoch-size cap and no per-worker sharding (their own
             ``__iter__`` must shard with ``get_worker_info()``).
         loss: A criterion applied as ``loss(model(inputs), targets)`` to
-            ``(inputs, targets)`` batches. Default: cross-entropy when
-            ``step`` is not given either.
+            ``(inputs, targets)`` batches (an ``nn.Module``'s own tensors, such
+            as a class ``weight``, follow the model's output to its device).
+            Default: cross-entropy when ``step`` is not given either.
         step: ``step(model, batch) -> loss`` for any other batch (dicts,
             several inputs, outputs that are dicts). Exactly one of ``loss``
             and ``step`` may be given.
@@ -228,7 +229,10 @@ class Task:
                 f"a Task with loss= needs (inputs, targets) batches, got {type(batch).__name__}; give step=(model, batch) instead"
             )
         inputs, targets = batch
-        return self.criterion()(model(inputs), targets)
+        output = model(inputs)
+        criterion = self.criterion()
+        _follow(criterion, output)
+        return criterion(output, targets)
 
     def criterion(self) -> Callable[..., Any]:
         """``loss``, or cross-entropy by default."""
@@ -255,6 +259,18 @@ class Task:
         if isinstance(count, bool) or not isinstance(count, numbers.Integral):
             raise WorkloadError(f"batch_size_of(batch) returned {count!r} ({type(count).__name__}); it must return an int")
         return int(count)
+
+
+def _follow(criterion: Callable[..., Any], output: Any) -> None:
+    """Move a criterion module's own tensors (a class ``weight``, a ``pos_weight``) to the device of the model's output,
+    as the model and the batches are moved: built on the CPU by the factory, they would not meet a GPU's output."""
+    import torch
+
+    if not isinstance(criterion, torch.nn.Module):
+        return
+    device = next((t.device for t in tensors(output)), None)
+    if device is not None and any(t.device != device for t in (*criterion.parameters(), *criterion.buffers())):
+        criterion.to(device)
 
 
 def _passes_its_own_lr(factory: Callable[..., Any]) -> bool:
