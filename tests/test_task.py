@@ -115,6 +115,9 @@ def test_the_learning_rate_rule_follows_the_optimizer_family() -> None:
             super().__init__(params, {"lr": lr})
 
     assert task.lr_scaling(AdamW8bit(params)) == "sqrt"
+    for name in ("Lamb", "AdaBelief"):  # torch_optimizer's LAMB (its paper scales by the square root), AdaBelief
+        adaptive = type(name, (torch.optim.Optimizer,), {})
+        assert task.lr_scaling(adaptive(params, {"lr": 1e-3})) == "sqrt"
 
 
 def test_numpy_numbers_are_taken_as_python_ones() -> None:
@@ -537,6 +540,15 @@ def test_items_of_different_shapes_are_told_to_pad_in_a_collate_fn() -> None:
         error = classify(exc).error or ""
         assert "stack expects each tensor to be equal size" in error and "collate_fn that pads them" in error, error
     assert "collate_fn" not in (classify(RuntimeError("shape mismatch")).error or "")
+
+
+def test_batch_norm_on_a_batch_of_one_is_told_the_batch_it_needs() -> None:
+    """A Task whose recipe batch is 1 on a BatchNorm model: the defaults' trial fails with the fix named."""
+    with pytest.raises(ValueError) as caught:
+        torch.nn.BatchNorm1d(4).train()(torch.zeros(1, 4))
+    error = classify(caught.value).error or ""
+    assert error.startswith("ValueError: Expected more than 1 value per channel when training"), error
+    assert error.endswith("a BatchNorm layer needs more than one value per channel to train on: a batch of 2 or more samples"), error
 
 
 def fake_runner(setup, workload, options=None, *, on_window=None) -> TrialResult:  # type: ignore[no-untyped-def]

@@ -88,10 +88,14 @@ _UNUSED = "Expected to have finished reduction in the prior iteration"
 _UNUSED_HINT = ("; some of the model's parameters get no gradient in a step (not used in its forward): set requires_grad=False "
                 "on them (the emitted train.py also takes --find-unused-parameters)")
 
+#: BatchNorm training on a batch that gives it one value per channel (one sample, at a 1x1 feature map for a 2-D one).
+_ONE_VALUE = "Expected more than 1 value per channel when training"
+_ONE_VALUE_HINT = "; a BatchNorm layer needs more than one value per channel to train on: a batch of 2 or more samples"
+
 
 def hinted(error: str) -> str:
     """``error`` with what fixes it, where the message alone does not say."""
-    for cause, hint in ((_RAGGED, _RAGGED_HINT), (_TWICE, _TWICE_HINT), (_UNUSED, _UNUSED_HINT)):
+    for cause, hint in ((_RAGGED, _RAGGED_HINT), (_TWICE, _TWICE_HINT), (_UNUSED, _UNUSED_HINT), (_ONE_VALUE, _ONE_VALUE_HINT)):
         if cause in error:
             return error + hint
     return error

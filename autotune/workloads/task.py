@@ -46,8 +46,9 @@ __all__ = ["Task"]
 ADAPTIVE_OPTIMIZERS = frozenset(
     {"Adam", "AdamW", "Adamax", "NAdam", "RAdam", "RMSprop", "Adagrad", "Adadelta", "SparseAdam", "Adafactor"}
 )
-#: A class name holding this (any case) names an Adam variant of another library (AdamW8bit, FusedAdam, PagedAdamW).
-ADAM_FAMILY = "adam"
+#: A class name holding one of these (any case) names an adaptive optimizer of another library: an Adam variant
+#: (AdamW8bit, FusedAdam, PagedAdamW), LAMB (whose paper scales its rate by the square root) or AdaBelief.
+ADAPTIVE_NAME_PARTS = ("adam", "lamb", "adabelief")
 
 
 @dataclass(frozen=True)
@@ -142,11 +143,11 @@ class Task:
         grows (Malladi et al. 2022); the linear rule is SGD's (Goyal et al. 2017).
         An optimizer of another library is adaptive when a class of its MRO
         is one of torch's adaptive ones or is named for Adam (``AdamW8bit``,
-        ``FusedAdam``).
+        ``FusedAdam``), LAMB or AdaBelief.
         """
         names = {cls.__name__ for cls in type(optimizer).__mro__}
-        adam_named = any(ADAM_FAMILY in name.lower() for name in names)
-        return "sqrt" if names & ADAPTIVE_OPTIMIZERS or adam_named else "linear"
+        named = any(part in name.lower() for name in names for part in ADAPTIVE_NAME_PARTS)
+        return "sqrt" if names & ADAPTIVE_OPTIMIZERS or named else "linear"
 
     @functools.cached_property
     def _factory_takes_lr(self) -> bool:
