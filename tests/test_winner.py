@@ -84,6 +84,20 @@ def test_the_keep_the_math_hint_is_one_the_search_can_follow() -> None:
     assert note("batch_size=8..48").endswith("; pass --effective-batch 32 to keep the math")
 
 
+def test_an_effective_batch_other_than_the_tasks_batch_says_the_lr_is_taken_as_its_own() -> None:
+    """--effective-batch 256 with a Task's batch_size 32: the Task's lr applies at 256 unscaled, and the note says so."""
+    task_workload = dataclasses.replace(WORKLOAD, reference_batch=32)
+    best = make_best(workload=task_workload, hardware=HARDWARE, feasible=FEASIBLE, confirmed=[_confirmed(FAST, (300.0,))],
+                     defaults=DEFAULTS, effective_batch=256, command="autotune search")
+    assert best.lr == pytest.approx(1e-3) and best.reference_batch == 256
+    assert "your lr 0.001 is taken as tuned for --effective-batch 256, as given, not for the Task's batch_size 32: train.py uses " \
+           "it unscaled (scale it yourself if it was tuned for 32)" in best.notes
+    same = make_best(workload=dataclasses.replace(WORKLOAD, reference_batch=256), hardware=HARDWARE, feasible=FEASIBLE,
+                     confirmed=[_confirmed(FAST, (300.0,))], defaults=DEFAULTS, effective_batch=256, command="autotune search")
+    assert not any("is taken as tuned for" in n for n in same.notes)
+    assert not any("is taken as tuned for" in n for n in _best([_confirmed(FAST, (300.0,))], effective_batch=256).notes)  # no Task
+
+
 def test_the_speedup_pairs_rounds_under_drifting_load() -> None:
     # The machine slows down round by round; the defaults stopped after two rounds (already beaten).
     # The ratio of the medians (150 / 110 = 1.36) would set the winner's slow late rounds against the defaults' fast early ones.
