@@ -29,7 +29,8 @@ if [ "$STAGE" = all ] || [ "$STAGE" = tests ]; then
     python3 -c "import torch, torchvision, optuna; print('torch', torch.__version__, 'torchvision', torchvision.__version__, \
 'optuna', optuna.__version__, 'cuda', torch.cuda.is_available())" | tee "$OUT_DIR/versions.txt"
     "${AUTOTUNE[@]}" probe --json > "$OUT_DIR/probe.json" 2>&1
-    timeout 180 python3 -m pytest -m cuda -q -p no:cacheprovider tests 2>&1 | tee "$OUT_DIR/pytest-cuda.log" | tail -15
+    # -o addopts='': one process (one GPU; the machine has no pytest-xdist), the slowest tests listed.
+    timeout 180 python3 -m pytest -o addopts='-ra --durations=20' -m cuda -q -p no:cacheprovider tests 2>&1 | tee "$OUT_DIR/pytest-cuda.log" | tail -15
     # One trial per torch knob (resnet18 at 64 px, 2 s): each line: the knob, then the TrialResult as JSON.
     for knob in "num_threads=4" "cudnn_benchmark=true" "tf32=true" "optimizer_impl=fused" "optimizer_impl=foreach" \
                 "decode=gpu" "compile=default" "compile=reduce-overhead"; do
