@@ -265,3 +265,16 @@ def test_status_s_best_so_far_is_the_fastest_trial_the_stored_set_allows(tmp_pat
     assert study_status(storage).best.number == 2
     study.study.set_user_attr("signature", None)
     assert study_status(storage).best.number == 0
+
+
+def test_a_study_another_program_filled_is_refused_before_anything_runs(tmp_path: Path) -> None:
+    """A plain Optuna study (trials, no search signature) named by --study is not taken over: before, the search
+    calibrated into it, then ended with ``all 0 trials failed ()`` as its trials counted toward --trials."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    foreign = optuna.create_study(storage=f"sqlite:///{tmp_path / 'study.db'}", study_name="s", direction="maximize")
+    foreign.optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=2)
+    with pytest.raises(StorageError, match=r"study 's' in .* holds 2 trials but no autotune search signature: another program made it; pass --study"):
+        _open(tmp_path).check_signature({"model": "resnet18", "trial_seconds": 3.0})
+    assert "signature" not in optuna.load_study(study_name="s", storage=f"sqlite:///{tmp_path / 'study.db'}").user_attrs

@@ -208,9 +208,14 @@ class SearchStudy(StudyStores):
         the new signature instead, so the corrected command is not refused.
 
         Raises:
-            StorageError: The stored signature differs, naming the first difference.
+            StorageError: The stored signature differs, naming the first difference; or the study holds
+                trials but no signature (another program's study, named by ``--study``).
         """
         stored = self.study.user_attrs.get(STUDY_SIGNATURE)
+        if stored is None and not self.is_empty():
+            held = sum(ATTR_MARKER not in t.user_attrs for t in self.study.get_trials(deepcopy=False))
+            raise StorageError(f"study {self.name!r} in {self.storage} holds {held} trials but no autotune search signature: "
+                               "another program made it; pass --study NEW_NAME")
         if stored is not None:
             difference = signature_difference(stored, signature)
             if difference is not None and not self.holds_nothing():
