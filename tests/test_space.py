@@ -54,6 +54,8 @@ def test_parse_constraint_forms() -> None:
         ("num_workers=1...", "a range is LO..HI"),  # was "expected an integer, got '.'"
         ("num_workers=1,2..3", "a range is LO..HI"),  # was "got '1,2'"
         ("num_threads=auto,1..2", "a range is LO..HI"),
+        ("num_workers=..", "a range needs a bound"),  # was a pin to None: an internal error, or num_threads pinned to auto
+        ("num_threads= .. ", "a range needs a bound"),
         ("channels_last=maybe", "expected true or false"),
     ],
 )

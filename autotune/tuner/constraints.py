@@ -116,7 +116,7 @@ def parse_constraint(text: str) -> Constraint:
     """Parse one ``--set`` argument.
 
     Forms: ``knob=value`` (pin), ``knob=a,b,c`` (choices), ``knob=lo..hi``
-    (integer bounds, either side may be empty).
+    (integer bounds, either side may be empty, not both).
 
     Raises:
         UsageError: Unknown knob or malformed value.
@@ -139,6 +139,8 @@ def parse_constraint(text: str) -> Constraint:
         high = _parse_value(knob, high_text) if high_text.strip() else None
         if (low_text.strip() and low is None) or (high_text.strip() and high is None):
             raise UsageError(f"--set {text!r}: a range bounds thread counts; offer torch's own choice as a choice (num_threads=auto,1,2)")
+        if low is None and high is None:  # would read as a pin to None (torch's own thread count, or no value at all)
+            raise UsageError(f"--set {text!r}: a range needs a bound, LO.. or ..HI (leave the knob out to search all its values)")
         if low is not None and high is not None and low > high:
             raise UsageError(f"--set {text!r}: empty range")
         return Constraint(knob, low=low, high=high)
