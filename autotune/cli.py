@@ -18,6 +18,7 @@ from typing import Annotated, Any, Optional, TypeVar
 import typer
 from rich.markup import escape
 
+from autotune import cli_errors
 from autotune._version import __version__
 from autotune.cli_errors import check_flags_agree, echo_error_object, echo_json, error_line, json_error_shape, json_on_error, trial_flags_named
 from autotune.errors import AutotuneError, ProbeError
@@ -66,6 +67,8 @@ def handle_errors(func: F) -> F:
             if _debug():
                 exc.__suppress_context__ = False  # the user's own traceback (a Task's factory, a forward) under ours
                 raise
+            if cli_errors.reader_gone(exc):
+                raise typer.Exit(1) from None
             raise fail(*error_line(exc)) from None
 
     return wrapper  # type: ignore[return-value]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import functools
 import json
+import os
+import select
 import sys
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager, redirect_stdout
@@ -44,6 +46,29 @@ def _error_text(exc: Exception) -> tuple[str, int]:
         what = f"import failed: {exc}" if isinstance(exc, ImportError) else "out of memory (MemoryError)"
         return what + address_space_note(), 1
     return f"internal error: {type(exc).__name__}: {exc} (rerun as autotune --debug COMMAND ... for the traceback)", 3
+
+
+def reader_gone(exc: Exception) -> bool:
+    """Whether ``exc`` is the broken pipe of a stdout whose reader went away (``autotune probe --json | head -c0``):
+    not an error to report, as for the commands without ``--json``. Stdout then points at /dev/null, so that
+    nothing more fails writing to it.
+
+    Args:
+        exc: The exception that ended the command.
+    """
+    if not isinstance(exc, BrokenPipeError):
+        return False
+    try:
+        poller = select.poll()
+        poller.register(1, select.POLLOUT)  # fd 1 itself: a --json command's sys.stdout is stderr while it runs
+        gone = any(events & select.POLLERR for _, events in poller.poll(0))  # a pipe whose read end is closed
+        if gone:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, 1)
+            os.close(devnull)
+    except (AttributeError, OSError, ValueError):  # no poll on this platform, no fd 1
+        return False
+    return gone
 
 
 #: The failure shape of each command decorated with :func:`json_on_error`, by its function's name.

@@ -568,6 +568,23 @@ def test_cli_probe_json_is_one_json_object() -> None:
     assert data["gpus"] == [] and data["gpu_error"]
 
 
+def test_a_closed_stdout_ends_the_command_quietly_and_other_broken_pipes_are_errors() -> None:
+    """``autotune probe --json | head -c0``: the reader went away, which is no error to report (exit 1, nothing said),
+    as without --json; a broken pipe elsewhere, with stdout still read, stays an error."""
+    from autotune.cli_errors import reader_gone
+
+    for args in (["probe", "--json"], ["probe"]):
+        read_end, write_end = os.pipe()
+        os.close(read_end)
+        try:
+            done = subprocess.run([sys.executable, "-m", "autotune", *args], stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=120)
+        finally:
+            os.close(write_end)
+        assert done.returncode == 1 and done.stderr == "", (args, done.stderr)
+    assert not reader_gone(BrokenPipeError(32, "Broken pipe"))  # this process's stdout has its reader
+    assert not reader_gone(OSError(28, "No space left on device"))
+
+
 def test_cli_probe_prints_tables() -> None:
     result = runner.invoke(app, ["probe"])
     assert result.exit_code == 0, result.output
