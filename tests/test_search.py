@@ -376,6 +376,25 @@ def test_a_failed_synthetic_generation_leaves_no_empty_study(tmp_path, cache_dir
     assert optuna.get_all_study_names(f"sqlite:///{out / 'study.db'}") == []
 
 
+def test_a_stop_while_a_rerun_is_prepared_keeps_the_studys_trials_and_says_so(tmp_path, cache_dir, monkeypatch) -> None:
+    """Ctrl-C (or SIGTERM) in a rerun's first seconds, before it measures: the line does not claim nothing was measured."""
+    from autotune.errors import SearchInterrupted
+    from autotune.tuner import run
+
+    first = search(config(tmp_path, cache_dir, trials=2))
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(run, "write_synthetic", interrupted)
+    with pytest.raises(SearchInterrupted) as stopped:
+        search(config(tmp_path, cache_dir, trials=3))
+    assert str(stopped.value) == ("interrupted before the search started, before this run measured anything (a study's earlier runs "
+                                  "are kept); rerun the same command to go on")
+    monkeypatch.undo()
+    assert search(config(tmp_path, cache_dir, trials=3)).records[: len(first.records)] == first.records
+
+
 def test_a_run_that_failed_before_measuring_anything_does_not_hold_its_settings(tmp_path, cache_dir) -> None:
     """The error names a setting to change; the same --out with that setting changed runs (nothing was measured)."""
     from autotune.errors import UsageError, WorkloadError

@@ -99,7 +99,8 @@ def run_search(config: SearchConfig, reporter: Reporter | None = None, *, runner
         with sigterm_as_interrupt():  # SIGTERM or SIGHUP while the checks run (or JPEGs are generated) as Ctrl-C
             prepared = prepare(config, reporter)
     except KeyboardInterrupt:
-        raise SearchInterrupted("interrupted before the search started (nothing measured); rerun the same command to start") from None
+        raise SearchInterrupted("interrupted before the search started, before this run measured anything (a study's earlier runs "
+                                "are kept); rerun the same command to go on") from None
     with nothing_left_if_nothing_measured(prepared.study, prepared.made_out, prepared.crew is not None), prepared.held:
         outcome = _search(config, prepared, reporter, timed, timing, began)
     if stop_requested():  # while report.html was drawn (its one line said so): the rest is written, the page is not
