@@ -61,7 +61,7 @@ def reader_gone(exc: Exception) -> bool:
     try:
         poller = select.poll()
         poller.register(1, select.POLLOUT)  # fd 1 itself: a --json command's sys.stdout is stderr while it runs
-        gone = any(events & select.POLLERR for _, events in poller.poll(0))  # a pipe whose read end is closed
+        gone = any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))  # a closed pipe or socket peer
         if gone:
             devnull = os.open(os.devnull, os.O_WRONLY)
             os.dup2(devnull, 1)

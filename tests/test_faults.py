@@ -907,8 +907,8 @@ def test_sigterm_while_the_jpegs_are_generated_stops_in_one_line_and_leaves_no_c
     assert proc.returncode == 130, stderr.decode()
     assert f"writing 20000 synthetic JPEGs to {cache / 'synthetic-v1-20000'} (about " in stderr.decode()  # minutes: said first
     assert stderr.decode().strip().splitlines()[-1] == (
-        "interrupted before the search started, before this run measured anything (a study's earlier runs are kept); "
-        "rerun the same command to go on")
+        "interrupted while the search was prepared: this run measured nothing (what earlier runs of the study measured "
+        "is kept); rerun the same command")
     assert list(cache.iterdir()) == []  # the half-written copy is gone
 
 

@@ -581,8 +581,19 @@ def test_a_closed_stdout_ends_the_command_quietly_and_other_broken_pipes_are_err
         finally:
             os.close(write_end)
         assert done.returncode == 1 and done.stderr == "", (args, done.stderr)
-    assert not reader_gone(BrokenPipeError(32, "Broken pipe"))  # this process's stdout has its reader
-    assert not reader_gone(OSError(28, "No space left on device"))
+    saved = os.dup(1)
+    try:  # fd 1 a pipe, its reader alive: another broken pipe stays an error; its reader gone: the command ends quietly
+        read_end, write_end = os.pipe()
+        os.dup2(write_end, 1)
+        os.close(write_end)
+        assert not reader_gone(BrokenPipeError(32, "Broken pipe"))
+        assert not reader_gone(OSError(28, "No space left on device"))
+        os.close(read_end)
+        assert reader_gone(BrokenPipeError(32, "Broken pipe"))
+        assert os.write(1, b"x") == 1  # stdout now goes to /dev/null
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def test_cli_probe_prints_tables() -> None:

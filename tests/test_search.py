@@ -371,7 +371,7 @@ def test_a_failed_synthetic_generation_leaves_no_empty_study(tmp_path, cache_dir
         raise KeyboardInterrupt
 
     monkeypatch.setattr(data, "generate_image_folder", interrupted)
-    with pytest.raises(SearchInterrupted, match="interrupted before the search started"):
+    with pytest.raises(SearchInterrupted, match="interrupted while the search was prepared"):
         search(config(tmp_path, tmp_path / "cache", trials=2, out=out))
     assert optuna.get_all_study_names(f"sqlite:///{out / 'study.db'}") == []
 
@@ -386,12 +386,11 @@ def test_a_stop_while_a_rerun_is_prepared_keeps_the_studys_trials_and_says_so(tm
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(run, "write_synthetic", interrupted)
-    with pytest.raises(SearchInterrupted) as stopped:
+    with monkeypatch.context() as patched, pytest.raises(SearchInterrupted) as stopped:
+        patched.setattr(run, "write_synthetic", interrupted)
         search(config(tmp_path, cache_dir, trials=3))
-    assert str(stopped.value) == ("interrupted before the search started, before this run measured anything (a study's earlier runs "
-                                  "are kept); rerun the same command to go on")
-    monkeypatch.undo()
+    assert str(stopped.value) == ("interrupted while the search was prepared: this run measured nothing (what earlier runs of the "
+                                  "study measured is kept); rerun the same command")
     assert search(config(tmp_path, cache_dir, trials=3)).records[: len(first.records)] == first.records
 
 

@@ -174,6 +174,7 @@ def test_a_study_sampled_in_an_older_space_is_refused_not_crashed(tmp_path: Path
 
 def test_trials_are_stored_told_and_read_back(tmp_path: Path) -> None:
     study = _open(tmp_path)
+    study.check_signature({"model": "resnet18"})  # as every search does before its first trial
     study.enqueue(ROLE_DEFAULTS, {})
     setup = TrainSetup(batch_size=16)
     trial, role = study.ask()
@@ -275,6 +276,10 @@ def test_a_study_another_program_filled_is_refused_before_anything_runs(tmp_path
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     foreign = optuna.create_study(storage=f"sqlite:///{tmp_path / 'study.db'}", study_name="s", direction="maximize")
     foreign.optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=2)
-    with pytest.raises(StorageError, match=r"study 's' in .* holds 2 trials but no autotune search signature: another program made it; pass --study"):
-        _open(tmp_path).check_signature({"model": "resnet18", "trial_seconds": 3.0})
-    assert "signature" not in optuna.load_study(study_name="s", storage=f"sqlite:///{tmp_path / 'study.db'}").user_attrs
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    with pytest.raises(StorageError, match=r"study 's' in .* holds 2 trials but no autotune search signature: another program made it; "
+                                           r"pass --study NEW_NAME$"):
+        SearchStudy.open(url, "s")
+    with pytest.raises(StorageError, match="another program made it; pass another --out$"):  # --out's own study.db: not another name
+        SearchStudy.open(url, "s", in_out=True)
+    assert optuna.load_study(study_name="s", storage=url).user_attrs == {}  # nothing written to it

@@ -65,6 +65,26 @@ def test_a_loss_modules_own_tensors_follow_the_models_output_to_its_device() -> 
     assert loss.device.type == "meta" and loss.dim() == 0
     assert task.loss is not None and task.loss.weight.device.type == "meta"  # type: ignore[union-attr]
 
+    class SideOutput(torch.nn.Module):  # a CPU side tensor beside the logits: the loss is left where the user built it
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = torch.nn.Linear(4, 2, device="meta")
+
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return torch.zeros(1), self.linear(x)
+
+    class OnLogits(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("scale", torch.ones(2, device="meta"))
+
+        def forward(self, output: tuple[torch.Tensor, torch.Tensor], targets: torch.Tensor) -> torch.Tensor:
+            return (output[1] * self.scale).sum()
+
+    task = autotune.Task(SideOutput, [1], loss=OnLogits())
+    assert task.compute_loss(task.build_model(), batch).device.type == "meta"
+    assert task.loss is not None and task.loss.scale.device.type == "meta"  # type: ignore[union-attr]
+
 
 def test_optimizer_factory_gets_the_scaled_lr() -> None:
     task = autotune.Task(torch.nn.Linear(2, 2), [1], optimizer=lambda params, lr: torch.optim.SGD(params, lr=lr))

@@ -99,8 +99,8 @@ def run_search(config: SearchConfig, reporter: Reporter | None = None, *, runner
         with sigterm_as_interrupt():  # SIGTERM or SIGHUP while the checks run (or JPEGs are generated) as Ctrl-C
             prepared = prepare(config, reporter)
     except KeyboardInterrupt:
-        raise SearchInterrupted("interrupted before the search started, before this run measured anything (a study's earlier runs "
-                                "are kept); rerun the same command to go on") from None
+        raise SearchInterrupted("interrupted while the search was prepared: this run measured nothing (what earlier runs of the "
+                                "study measured is kept); rerun the same command") from None
     with nothing_left_if_nothing_measured(prepared.study, prepared.made_out, prepared.crew is not None), prepared.held:
         outcome = _search(config, prepared, reporter, timed, timing, began)
     if stop_requested():  # while report.html was drawn (its one line said so): the rest is written, the page is not
@@ -244,7 +244,7 @@ def prepare(config: SearchConfig, reporter: Reporter) -> Prepared:
             stack.enter_context(OutputLock(out))
             seed = (config.seed + os.getpid()) % 2**32 if shared else config.seed  # workers sample apart
             study = SearchStudy.open(storage, name, sampler=config.sampler, seed=seed, trials=config.trials, shared=shared,
-                                     parallel=placement.parallel)
+                                     parallel=placement.parallel, in_out=config.storage is None)
             if shared:
                 crew = Crew(study, wait_s=patience_s(config.trial_seconds, config.timeout_s))
                 stale = crew.join(signature(config, workload, machine_fingerprint(hardware, device)))

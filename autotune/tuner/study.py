@@ -95,7 +95,7 @@ class SearchStudy(StudyStores):
     @classmethod
     def open(
         cls, storage: str, name: str, *, sampler: str = "tpe", seed: int = 0, trials: int = 30, shared: bool = False,
-        parallel: bool = False,
+        parallel: bool = False, in_out: bool = False,
     ) -> SearchStudy:
         """Create or resume the study ``name`` in ``storage`` (URL forms in :mod:`autotune.tuner.storage`).
 
@@ -107,20 +107,27 @@ class SearchStudy(StudyStores):
         so workers do not all sample the same point.
 
         Raises:
-            StorageError: The storage cannot be opened.
+            StorageError: The storage cannot be opened, or ``name`` is a study another program filled (trials, no
+                search signature), refused before anything is written to it (``in_out``: the storage is
+                ``--out``'s own ``study.db``).
         """
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
         n_startup = startup_trials_for(trials)
         backend = open_storage(storage)
-        drawn = 0
+        drawn, foreign = 0, 0
         try:
             existing = optuna.load_study(study_name=name, storage=backend)
             n_startup = int(existing.user_attrs.get(STUDY_STARTUP_TRIALS, n_startup))
             # A sampler seeded as in the first run would draw the first run's points again.
             drawn = len(existing.get_trials(deepcopy=False))
+            if STUDY_SIGNATURE not in existing.user_attrs:  # every search stores its signature before its first trial
+                foreign = sum(ATTR_MARKER not in t.user_attrs for t in existing.get_trials(deepcopy=False))
         except Exception:  # a new study, or a storage error reported just below
             pass
+        if foreign:
+            raise StorageError(f"study {name!r} in {hide_passwords(storage)} holds {foreign} trials but no autotune search signature: "
+                               f"another program made it; pass {'another --out' if in_out else '--study NEW_NAME'}")
         try:
             study = optuna.create_study(
                 storage=backend,
@@ -208,14 +215,10 @@ class SearchStudy(StudyStores):
         the new signature instead, so the corrected command is not refused.
 
         Raises:
-            StorageError: The stored signature differs, naming the first difference; or the study holds
-                trials but no signature (another program's study, named by ``--study``).
+            StorageError: The stored signature differs, naming the first difference (a study another program
+                filled is refused by :meth:`open`).
         """
         stored = self.study.user_attrs.get(STUDY_SIGNATURE)
-        if stored is None and not self.is_empty():
-            held = sum(ATTR_MARKER not in t.user_attrs for t in self.study.get_trials(deepcopy=False))
-            raise StorageError(f"study {self.name!r} in {self.storage} holds {held} trials but no autotune search signature: "
-                               "another program made it; pass --study NEW_NAME")
         if stored is not None:
             difference = signature_difference(stored, signature)
             if difference is not None and not self.holds_nothing():

@@ -131,9 +131,10 @@ def make_best(
                      f"(train.py stops on a NaN loss: then lower --lr); {keep}")
     recipe = workload.reference_batch or DEFAULT_BATCH
     if effective_batch is not None and workload.reference_batch is not None and effective_batch != recipe * world_size:
+        ranks = f" ({recipe} per rank)" if world_size > 1 else ""
         notes.append(f"your lr {workload.lr:g} is taken as tuned for --effective-batch {effective_batch}, as given, not for the "
-                     f"Task's batch_size {recipe}{' per rank' if world_size > 1 else ''}: train.py uses it unscaled "
-                     f"(scale it yourself if it was tuned for {recipe})")
+                     f"Task's batch_size {recipe * world_size}{ranks}: train.py uses it unscaled "
+                     f"(scale it yourself if it was tuned for {recipe * world_size})")
     if effective_batch is not None and defaults.batch_size < min(recipe, workload.images or recipe):
         per_rank = f" ({effective_batch // world_size} per rank)" if world_size > 1 else ""
         notes.append(f"the PyTorch defaults ran batch {defaults.batch_size} x {defaults.accumulation_steps} accumulation steps, "

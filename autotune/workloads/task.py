@@ -269,8 +269,11 @@ def _follow(criterion: Callable[..., Any], output: Any) -> None:
 
     if not isinstance(criterion, torch.nn.Module):
         return
-    device = next((t.device for t in tensors(output)), None)
-    if device is not None and any(t.device != device for t in (*criterion.parameters(), *criterion.buffers())):
+    devices = {t.device for t in tensors(output)}
+    if len(devices) != 1:  # no tensor, or tensors on several devices (a CPU side output beside the logits): left as built
+        return
+    (device,) = devices
+    if any(t.device != device for t in (*criterion.parameters(), *criterion.buffers())):
         criterion.to(device)
 
 
