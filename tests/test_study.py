@@ -219,6 +219,7 @@ def test_status_names_a_running_trials_role_and_how_long_it_has_run(tmp_path: Pa
 
     study = _open(tmp_path)
     study.claim()  # a live lone search holds the study: its RUNNING trial is its own
+    study.check_signature({"model": "resnet18"})
     study.enqueue(ROLE_DEFAULTS, {})
     before = time.time()
     trial, role = study.ask()
@@ -283,3 +284,5 @@ def test_a_study_another_program_filled_is_refused_before_anything_runs(tmp_path
     with pytest.raises(StorageError, match="another program made it; pass another --out$"):  # --out's own study.db: not another name
         SearchStudy.open(url, "s", in_out=True)
     assert optuna.load_study(study_name="s", storage=url).user_attrs == {}  # nothing written to it
+    with pytest.raises(StorageError, match="another program made it; autotune reads only the studies of its own searches$"):
+        SearchStudy.load(url)  # autotune status and autotune report: no setups, no results to show

@@ -121,13 +121,11 @@ class SearchStudy(StudyStores):
             n_startup = int(existing.user_attrs.get(STUDY_STARTUP_TRIALS, n_startup))
             # A sampler seeded as in the first run would draw the first run's points again.
             drawn = len(existing.get_trials(deepcopy=False))
-            if STUDY_SIGNATURE not in existing.user_attrs:  # every search stores its signature before its first trial
-                foreign = sum(ATTR_MARKER not in t.user_attrs for t in existing.get_trials(deepcopy=False))
+            foreign = _foreign_trials(existing)
         except Exception:  # a new study, or a storage error reported just below
             pass
         if foreign:
-            raise StorageError(f"study {name!r} in {hide_passwords(storage)} holds {foreign} trials but no autotune search signature: "
-                               f"another program made it; pass {'another --out' if in_out else '--study NEW_NAME'}")
+            raise _foreign(name, hide_passwords(storage), foreign, f"pass {'another --out' if in_out else '--study NEW_NAME'}")
         try:
             study = optuna.create_study(
                 storage=backend,
@@ -153,7 +151,7 @@ class SearchStudy(StudyStores):
             name: Study name; None picks the only study in the storage.
 
         Raises:
-            StorageError: The storage cannot be read, or holds no such study.
+            StorageError: The storage cannot be read, or holds no such study, or another program filled it.
         """
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         file = storage_file(storage)
@@ -174,7 +172,10 @@ class SearchStudy(StudyStores):
             name = names[0]
         elif name not in names:
             raise StorageError(f"{storage}: no study {name!r} (studies there: {found or 'none'})")
-        return cls(optuna.load_study(study_name=name, storage=backend), storage, name)
+        study = optuna.load_study(study_name=name, storage=backend)
+        if foreign_trials := _foreign_trials(study):  # its trials are no search's: no setups, no results to show
+            raise _foreign(name, storage, foreign_trials, "autotune reads only the studies of its own searches")
+        return cls(study, storage, name)
 
     # ------------------------------------------------------------ study level
     def claim(self) -> None:
@@ -326,6 +327,18 @@ class SearchStudy(StudyStores):
     def fail(self, trial: optuna.Trial) -> None:
         """Mark an interrupted trial failed: it does not count toward ``--trials``."""
         self.study.tell(trial, state=TrialState.FAIL)
+
+
+def _foreign_trials(study: optuna.Study) -> int:
+    """The trials of a study another program filled (no search signature: every search stores its own before its
+    first trial); 0 for a search's study."""
+    if STUDY_SIGNATURE in study.user_attrs:
+        return 0
+    return sum(ATTR_MARKER not in t.user_attrs for t in study.get_trials(deepcopy=False))
+
+
+def _foreign(name: str, storage: str, trials: int, advice: str) -> StorageError:
+    return StorageError(f"study {name!r} in {storage} holds {trials} trials but no autotune search signature: another program made it; {advice}")
 
 
 def _queued_key(trial: FrozenTrial) -> tuple[str, str]:
