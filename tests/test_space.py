@@ -57,6 +57,9 @@ def test_parse_constraint_forms() -> None:
         ("num_workers=..", "a range needs a bound"),  # was a pin to None: an internal error, or num_threads pinned to auto
         ("num_threads= .. ", "a range needs a bound"),
         ("channels_last=maybe", "expected true or false"),
+        ("num_workers=1,,2", "an empty value in the list of choices"),  # was taken as 1,2: a typo passed unnoticed
+        ("amp=off,bf16,", "an empty value in the list of choices"),
+        ("amp=,", "no values"),
     ],
 )
 def test_parse_constraint_errors(text: str, message: str) -> None:

@@ -145,10 +145,12 @@ def parse_constraint(text: str) -> Constraint:
             raise UsageError(f"--set {text!r}: empty range")
         return Constraint(knob, low=low, high=high)
     if "," in rest:
-        values = tuple(dict.fromkeys(_parse_value(knob, part) for part in rest.split(",") if part.strip()))
-        if not values:
+        parts = rest.split(",")
+        if not any(part.strip() for part in parts):
             raise UsageError(f"--set {text!r}: no values")
-        return Constraint(knob, choices=values)
+        if any(not part.strip() for part in parts):  # 1,,2 or 2,8, : a value left out by a typo
+            raise UsageError(f"--set {text!r}: an empty value in the list of choices A,B,C")
+        return Constraint(knob, choices=tuple(dict.fromkeys(_parse_value(knob, part) for part in parts)))
     return Constraint(knob, value=_parse_value(knob, rest))
 
 
