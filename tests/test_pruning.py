@@ -53,3 +53,34 @@ def test_nothing_is_pruned_before_a_feasible_trial_finished() -> None:
 def test_bad_checkpoints_are_refused(checkpoints: dict[int, float]) -> None:
     with pytest.raises(ValueError):
         ScreeningPruner(checkpoints)
+
+
+def test_defaults_the_set_excludes_are_no_bar_for_the_trials_within_it(tmp_path) -> None:
+    """--set batch_size=16: the defaults (batch 32) are the baseline only, as in the progress line, not a bar to prune by."""
+    from autotune.records import TrialResult
+    from autotune.train_setup import TrainSetup
+    from autotune.tuner.constraints import merge_constraints, parse_constraint
+    from autotune.tuner.study import ROLE_DEFAULTS, ROLE_SEARCH, SearchStudy
+
+    pins = merge_constraints([parse_constraint("batch_size=16")])
+    study = SearchStudy.open(f"sqlite:///{tmp_path / 'study.db'}", "s", pins=pins)
+    trial, _ = study.ask()
+    result = TrialResult(status="ok", samples_per_s=100.0)
+    study.record(trial, ROLE_DEFAULTS, TrainSetup(batch_size=32), result, None)
+    study.tell(trial, result)
+    within = TrainSetup(batch_size=16)
+    trial, _ = study.ask()
+    result = TrialResult(status="ok", samples_per_s=40.0)
+    study.record(trial, ROLE_SEARCH, within, result, None)
+    study.tell(trial, result)
+    trial, _ = study.ask()
+    for step, value in enumerate([70.0, 75.0]):  # faster than every setup within the --set, below 0.8 x the defaults
+        trial.report(value, step=step)
+    assert not trial.should_prune()
+    result = TrialResult(status="ok", samples_per_s=70.0)
+    study.record(trial, ROLE_SEARCH, within, result, None)
+    study.tell(trial, result)
+    trial, _ = study.ask()
+    for step, value in enumerate([20.0, 20.0]):  # below 0.8 x the fastest within the --set still stops
+        trial.report(value, step=step)
+    assert trial.should_prune()

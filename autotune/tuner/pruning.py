@@ -17,7 +17,7 @@ by replaying measured traces (``python -m benchmarks.fidelity``).
 from __future__ import annotations
 
 import statistics
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
@@ -32,9 +32,11 @@ class ScreeningPruner(optuna.pruners.BasePruner):
     Args:
         checkpoints: Windows measured -> ratio in (0, 1). Between and after
             the checkpoints nothing is stopped.
+        counts: Which finished trials set the bar (None: all). The search leaves out the
+            PyTorch defaults its ``--set`` excludes: they are the baseline only.
     """
 
-    def __init__(self, checkpoints: Mapping[int, float] = CHECKPOINTS) -> None:
+    def __init__(self, checkpoints: Mapping[int, float] = CHECKPOINTS, counts: Callable[[FrozenTrial], bool] | None = None) -> None:
         if not checkpoints:
             raise ValueError("at least one checkpoint is needed")
         for windows, ratio in checkpoints.items():
@@ -43,6 +45,7 @@ class ScreeningPruner(optuna.pruners.BasePruner):
             if not 0 < ratio < 1:
                 raise ValueError(f"ratio must be in (0, 1), got {ratio}")
         self.checkpoints = dict(checkpoints)
+        self.counts = counts
 
     def prune(self, study: optuna.Study, trial: FrozenTrial) -> bool:
         """Optuna's pruning hook: called after each reported window."""
@@ -53,7 +56,7 @@ class ScreeningPruner(optuna.pruners.BasePruner):
         best = [
             t.value
             for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-            if t.value is not None and t.value > 0
+            if t.value is not None and t.value > 0 and (self.counts is None or self.counts(t))
         ]
         if not best:
             return False

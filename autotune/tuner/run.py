@@ -244,7 +244,7 @@ def prepare(config: SearchConfig, reporter: Reporter) -> Prepared:
             stack.enter_context(OutputLock(out))
             seed = (config.seed + os.getpid()) % 2**32 if shared else config.seed  # workers sample apart
             study = SearchStudy.open(storage, name, sampler=config.sampler, seed=seed, trials=config.trials, shared=shared,
-                                     parallel=placement.parallel, in_out=config.storage is None)
+                                     parallel=placement.parallel, in_out=config.storage is None, pins=config.pins)
             if shared:
                 crew = Crew(study, wait_s=patience_s(config.trial_seconds, config.timeout_s))
                 stale = crew.join(signature(config, workload, machine_fingerprint(hardware, device)))

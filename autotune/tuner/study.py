@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import uuid
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import optuna
@@ -30,6 +31,7 @@ from autotune.records import TrialRecord, TrialResult
 from autotune.redact import hide_passwords
 from autotune.train_setup import TrainSetup
 from autotune.tuner.budget import ATTR_FREE, FINISHED, counted, progress
+from autotune.tuner.constraints import Constraint, excluding
 from autotune.tuner.identity import signature_difference
 from autotune.tuner.lock import Holder
 from autotune.tuner.pruning import ScreeningPruner
@@ -95,7 +97,7 @@ class SearchStudy(StudyStores):
     @classmethod
     def open(
         cls, storage: str, name: str, *, sampler: str = "tpe", seed: int = 0, trials: int = 30, shared: bool = False,
-        parallel: bool = False, in_out: bool = False,
+        parallel: bool = False, in_out: bool = False, pins: dict[str, Constraint] | None = None,
     ) -> SearchStudy:
         """Create or resume the study ``name`` in ``storage`` (URL forms in :mod:`autotune.tuner.storage`).
 
@@ -105,6 +107,8 @@ class SearchStudy(StudyStores):
         so it draws new points rather than the first run's again.
         A ``shared`` study's TPE lies about running trials (``constant_liar``)
         so workers do not all sample the same point.
+        The screening pruner's bar is the fastest finished trial the search's ``pins``
+        (its ``--set``) allow: the PyTorch defaults they exclude are the baseline only.
 
         Raises:
             StorageError: The storage cannot be opened, or ``name`` is a study another program filled (trials, no
@@ -132,7 +136,7 @@ class SearchStudy(StudyStores):
                 study_name=name,
                 direction="maximize",
                 sampler=_sampler(sampler, seed + drawn, n_startup, shared or parallel),
-                pruner=ScreeningPruner(),
+                pruner=ScreeningPruner(counts=_within(pins) if pins else None),
                 load_if_exists=True,
             )
         except Exception as exc:  # sqlalchemy / redis / journal errors all differ
@@ -339,6 +343,16 @@ def _foreign_trials(study: optuna.Study) -> int:
 
 def _foreign(name: str, storage: str, trials: int, advice: str) -> StorageError:
     return StorageError(f"study {name!r} in {storage} holds {trials} trials but no autotune search signature: another program made it; {advice}")
+
+
+def _within(pins: dict[str, Constraint]) -> Callable[[FrozenTrial], bool]:
+    """Whether a finished trial's setup is one ``pins`` allow (a trial without a stored setup counts)."""
+
+    def counts(trial: FrozenTrial) -> bool:
+        stored = trial.user_attrs.get(ATTR_SETUP)
+        return stored is None or excluding(pins, TrainSetup.from_dict(stored)) is None
+
+    return counts
 
 
 def _queued_key(trial: FrozenTrial) -> tuple[str, str]:
