@@ -145,6 +145,15 @@ def test_header_documents_the_search(synthetic_data: Path) -> None:
     assert "(effective batch 32 with 2 processes -> lr" in ddp.split('"""', 1)[0]
 
 
+
+def test_header_says_how_the_speedup_was_measured(synthetic_data: Path) -> None:
+    """The speedup is the median of the paired ratios, not winner / defaults: the line says so, as the console and report.html do."""
+    best = dataclasses.replace(make_best(synthetic_data, **CPU_KNOBS), samples_per_s=96.5, defaults_samples_per_s=42.4, speedup=2.41)
+    header = render_script(best).split('"""', 1)[0]
+    assert "speedup 2.41x (median of the paired rounds)" in header  # 96.5 / 42.4 is 2.28
+    unconfirmed = render_script(dataclasses.replace(best, confirmed=False)).split('"""', 1)[0]
+    assert "speedup 2.41x (single trials, unconfirmed)" in unconfirmed
+
 def test_imports_only_torch_torchvision_and_stdlib(synthetic_data: Path) -> None:
     tree = ast.parse(render_script(make_best(synthetic_data, **CPU_KNOBS)))
     modules = set()

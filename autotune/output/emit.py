@@ -149,8 +149,9 @@ def _header(best: Best, data_is_synthetic: bool) -> str:
     measured = f"Measured: {best.samples_per_s:.1f} samples/s{spread}"
     if best.defaults_samples_per_s:
         measured += f"; PyTorch defaults {best.defaults_samples_per_s:.1f} samples/s"
-    if best.speedup:
-        measured += f"; speedup {best.speedup:.2f}x"
+    if best.speedup:  # not winner / defaults when confirmed: the median of the paired ratios, as the console says
+        how = "median of the paired rounds" if best.confirmed else "single trials, unconfirmed"
+        measured += f"; speedup {best.speedup:.2f}x ({how})"
     lines.append(measured)
     lines.append(
         f"Learning rate: {workload.lr:g} at effective batch {best.reference_batch}, scaled "
