@@ -394,6 +394,20 @@ def test_a_stop_while_a_rerun_is_prepared_keeps_the_studys_trials_and_says_so(tm
     assert search(config(tmp_path, cache_dir, trials=3)).records[: len(first.records)] == first.records
 
 
+def test_a_reporter_stopping_the_search_on_its_first_line_leaves_out_unlocked(tmp_path, cache_dir) -> None:
+    """A reporter's Ctrl-C at the line that ends the checks: the rerun in the same process is not refused as 'in use'."""
+    from autotune.errors import SearchInterrupted
+    from autotune.tuner.progress import SilentReporter
+
+    class Stops(SilentReporter):
+        def message(self, text: str) -> None:
+            raise KeyboardInterrupt
+
+    with pytest.raises(SearchInterrupted):
+        search(config(tmp_path, cache_dir, trials=2), reporter=Stops())
+    assert search(config(tmp_path, cache_dir, trials=2)).best is not None
+
+
 def test_a_run_that_failed_before_measuring_anything_does_not_hold_its_settings(tmp_path, cache_dir) -> None:
     """The error names a setting to change; the same --out with that setting changed runs (nothing was measured)."""
     from autotune.errors import UsageError, WorkloadError

@@ -255,16 +255,16 @@ def prepare(config: SearchConfig, reporter: Reporter) -> Prepared:
                 stale = study.recover()
             with nothing_left_if_stopped(study, shared):  # after the signature: a refused rerun writes no JPEGs
                 write_synthetic(workload, reporter.message)
+            if stale:  # the reporter's lines while the stack holds the lock: one that raises (a Ctrl-C) releases it
+                reporter.message(f"left running by a search that died, marked failed: {', '.join(f'trial #{n}' for n in stale)}")
+            reporter.message(f"{workload.describe()} ({device.label}); {int(hardware.cpu.usable_cores)} usable CPU cores")
+            if placement.world_size > 1 or placement.parallel:
+                reporter.message(placement.describe())
             held = stack.pop_all()
     except BaseException:
         if fresh:  # made just now and holding nothing of value: leave no trace
             shutil.rmtree(out, ignore_errors=True)
         raise
-    if stale:
-        reporter.message(f"left running by a search that died, marked failed: {', '.join(f'trial #{n}' for n in stale)}")
-    reporter.message(f"{workload.describe()} ({device.label}); {int(hardware.cpu.usable_cores)} usable CPU cores")
-    if placement.world_size > 1 or placement.parallel:
-        reporter.message(placement.describe())
     return Prepared(hardware, device, workload, study, out, held, placement, crew, out if fresh else None)
 
 
