@@ -115,8 +115,11 @@ class TrialOutcome:
 
 
 def _bytes(value: int | str | None) -> int | None:
+    """``max_memory`` in bytes; a UsageError for anything but an int, a size text or None (a bool, a float, a list)."""
     from autotune.units import parse_size
 
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, str))):
+        raise UsageError(f"--max-memory must be bytes (an integer) or a size such as '20GiB', got {value!r}")
     return parse_size(value) if isinstance(value, str) else value
 
 

@@ -391,6 +391,8 @@ def test_train_py_header_names_the_factory_it_imports(tmp_path) -> None:
         ({"constraints": ["amp=off", 3]}, "^constraints must be a list of strings such as 'amp=bf16', got 3 in it"),
         ({"reporter": 3}, "^reporter must have the methods of autotune.Reporter .*; int lacks message, trial_started"),
         ({"reporter": print}, "lacks message, trial_started, trial_finished, confirm_progress$"),
+        ({"max_memory": [1]}, "^max_memory must be bytes \\(an integer\\) or a size such as '20GiB', got \\[1\\]"),
+        ({"max_memory": True}, "^max_memory must be bytes \\(an integer\\) or a size such as '20GiB', got True"),
     ],
 )
 def test_the_python_api_refuses_wrong_types_before_writing_anything(tmp_path, kwargs, message) -> None:
@@ -413,6 +415,8 @@ def test_the_python_api_refuses_wrong_types_before_writing_anything(tmp_path, kw
         ({"data": 7}, "^data must be a path \\(a str or os.PathLike\\), got 7"),
         ({"cache_dir": 7}, "^cache_dir must be a path \\(a str or os.PathLike\\), got 7"),
         ({"announce": 3}, "^announce must be a function called with one line, got int"),
+        ({"max_memory": [1]}, "^max_memory must be bytes \\(an integer\\) or a size such as '20GiB', got \\[1\\]"),
+        ({"max_memory": True}, "^max_memory must be bytes \\(an integer\\) or a size such as '20GiB', got True"),
     ],
 )
 def test_a_trial_refuses_wrong_types_in_one_line(kwargs, message) -> None:
