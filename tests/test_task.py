@@ -50,6 +50,9 @@ def test_task_keeps_the_public_signature_and_rejects_loss_with_step() -> None:
         autotune.Task(torch.nn.Linear(2, 2), [1], loss=torch.nn.MSELoss(), step=lambda m, b: b)
     with pytest.raises(WorkloadError, match="batch_size"):
         autotune.Task(torch.nn.Linear(2, 2), [1], batch_size=0)
+    for lr in (float("inf"), float("nan"), 0.0):  # as --lr: an infinite rate was taken, and every trial diverged
+        with pytest.raises(WorkloadError, match=f"^Task lr must be a finite number > 0, got {lr}$"):
+            autotune.Task(torch.nn.Linear(2, 2), [1], lr=lr)
     # The criterion's class where its instance belongs would fail later as "Boolean value of Tensor ... is ambiguous".
     with pytest.raises(WorkloadError, match=re.escape("Task loss is the class MSELoss, not a loss function: pass an instance (loss=MSELoss())")):
         autotune.Task(torch.nn.Linear(2, 2), [1], loss=torch.nn.MSELoss)

@@ -27,6 +27,7 @@ the backward pass, the optimizer step, autocast and accumulation).
 from __future__ import annotations
 
 import functools
+import math
 import numbers
 import re
 from collections.abc import Callable
@@ -102,8 +103,8 @@ class Task:
             raise WorkloadError("Task takes loss= or step=, not both")
         if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, numbers.Integral) or self.batch_size < 1:
             raise WorkloadError(f"Task batch_size must be an integer >= 1, got {self.batch_size!r}")
-        if isinstance(self.lr, bool) or not isinstance(self.lr, numbers.Real) or not self.lr > 0:
-            raise WorkloadError(f"Task lr must be a number > 0, got {self.lr!r}")
+        if isinstance(self.lr, bool) or not isinstance(self.lr, numbers.Real) or not 0 < self.lr < math.inf:
+            raise WorkloadError(f"Task lr must be a finite number > 0, got {self.lr!r}")
         # NumPy's numbers (a config read with NumPy) as Python's: best.json and the emitted script write them as JSON.
         object.__setattr__(self, "batch_size", int(self.batch_size))
         object.__setattr__(self, "lr", float(self.lr) if isinstance(self.lr, int | float) else float(str(self.lr)))  # 3e-4, not 3.0000001e-4
