@@ -391,6 +391,7 @@ def test_train_py_header_names_the_factory_it_imports(tmp_path) -> None:
         ({"constraints": ["amp=off", 3]}, "^constraints must be a list of strings such as 'amp=bf16', got 3 in it"),
         ({"reporter": 3}, "^reporter must have the methods of autotune.Reporter .*; int lacks message, trial_started"),
         ({"reporter": print}, "lacks message, trial_started, trial_finished, confirm_progress$"),
+        ({"ceilings": "no"}, "^ceilings must be True or False, got 'no'"),
         ({"max_memory": [1]}, "^max_memory must be bytes \\(an integer\\) or a size such as '20GiB', got \\[1\\]"),
         ({"max_memory": True}, "^max_memory must be bytes \\(an integer\\) or a size such as '20GiB', got True"),
     ],
