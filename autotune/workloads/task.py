@@ -270,11 +270,14 @@ def _follow(criterion: Callable[..., Any], output: Any) -> None:
 
     if not isinstance(criterion, torch.nn.Module):
         return
+    own = [*criterion.parameters(), *criterion.buffers()]
+    if not own:  # nn.CrossEntropyLoss() without weights: nothing to move, and the output is not walked every step
+        return
     devices = {t.device for t in tensors(output)}
     if len(devices) != 1:  # no tensor, or tensors on several devices (a CPU side output beside the logits): left as built
         return
     (device,) = devices
-    if any(t.device != device for t in (*criterion.parameters(), *criterion.buffers())):
+    if any(t.device != device for t in own):
         criterion.to(device)
 
 
