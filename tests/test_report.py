@@ -314,6 +314,25 @@ def test_status_names_an_earlier_runs_winner_while_a_rerun_is_in_progress(search
     assert f"confirmed by this search (best.json and train.py in {copy.resolve()})" in text
 
 
+def test_status_says_trials_after_the_winner_are_not_confirmed(searched, tmp_path) -> None:
+    """A rerun with more --trials stopped before its confirmation: best.json is the earlier run's, and status says the
+    later trials are not confirmed, as the report does ("an earlier run's confirmed winner kept")."""
+    import os
+
+    outcome, source = searched
+    copy = tmp_path / "copy"
+    shutil.copytree(source, copy)
+    starts = sorted(t.datetime_start.timestamp() for t in optuna.load_study(
+        study_name=outcome.study, storage=f"sqlite:///{copy / 'study.db'}").get_trials() if t.datetime_start is not None)
+    os.utime(copy / "best.json", (starts[-2] + 0.001, starts[-2] + 0.001))  # written between the last two trials' starts
+    text = " ".join(CliRunner().invoke(app, ["status", str(copy)]).stdout.split())
+    assert (f"confirmed by an earlier run of this search (best.json and train.py in {copy.resolve()}); 1 trial(s) measured after it "
+            "are not confirmed: rerun the search's command to confirm them") in text, text
+    os.utime(copy / "best.json")
+    text = " ".join(CliRunner().invoke(app, ["status", str(copy)]).stdout.split())
+    assert "confirmed by this search" in text and "not confirmed" not in text, text
+
+
 def test_a_winner_that_ran_in_the_confirmation_only_is_the_studys(searched, tmp_path) -> None:
     """The leader's fp32 twin is measured in a confirmation only, never as a trial (and a rerun's rounds may have
     replaced that confirmation's): status still names it this search's winner; a setup no trial is the twin of is not."""

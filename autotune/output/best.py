@@ -105,7 +105,9 @@ class Best:
         speedup: Over the defaults: the median of the per-round ratios of the
             rounds both ran (confirmed), else ``samples_per_s /
             defaults_samples_per_s``; None if unknown.
-        peak_memory_bytes: Peak memory of the winner's trial.
+        peak_memory_bytes: Peak memory of the winner's setup: the largest of
+            its trials and its confirmation runs, so it can exceed the figure
+            in the trial's own trials.csv row.
         effective_batch: micro-batch x accumulation x world size.
         reference_batch: The effective batch the learning rate refers to.
         lr: The learning rate at ``reference_batch`` scaled to ``effective_batch``

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from optuna.trial import TrialState
+from optuna.trial import FrozenTrial, TrialState
 
 from autotune.output.best import Best
 from autotune.output.sections import fastest_trial
@@ -162,6 +163,9 @@ def study_status(storage: str, study: str | None = None, out: Path | None = None
             if lone_holder is not None and lone_holder.alive() and _written_before(out / "best.json", lone_holder.started):
                 winner_by = (f"an earlier run of this search (best.json and train.py in {out.resolve()}); the run in progress "
                              "confirms its own winner and replaces them")
+            elif later := _started_after(trials, out / "best.json"):  # a rerun (more --trials) stopped before confirming
+                winner_by = (f"an earlier run of this search (best.json and train.py in {out.resolve()}); {later} trial(s) "
+                             "measured after it are not confirmed: rerun the search's command to confirm them")
     wanted = attrs.get(STUDY_BUDGET)
     electors = [Holder.from_dict(t.user_attrs.get(ATTR_WORKER)) for t in trials
                 if wanted and t.state == TrialState.FAIL and t.user_attrs.get(ATTR_MARKER) == confirm_marker(wanted)]
@@ -183,6 +187,15 @@ def study_status(storage: str, study: str | None = None, out: Path | None = None
         infeasible=len(unmeasured),
         infeasible_kinds=tuple(sorted({r.result.status for r in unmeasured})),
     )
+
+
+def _started_after(trials: Sequence[FrozenTrial], path: Path) -> int:
+    """How many of ``trials`` started after ``path`` was last written (0 if it is gone)."""
+    try:
+        written = path.stat().st_mtime
+    except OSError:
+        return 0
+    return sum(t.datetime_start is not None and t.datetime_start.timestamp() > written for t in trials)
 
 
 def _written_before(path: Path, when: float) -> bool:
