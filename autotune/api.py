@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autotune.errors import SetupError, UsageError, worded_for_python
+from autotune.errors import SetupError, UsageError, check_bool, worded_for_python
 from autotune.records import DEFAULT_TRIAL_SECONDS, TrialOptions, TrialResult, Workload
 from autotune.train_setup import TrainSetup
 from autotune.tuner import Reporter, SearchConfig, SearchOutcome, run_search
@@ -232,7 +232,7 @@ def search(
         nproc_per_node=nproc_per_node,
         devices=devices,
     )
-    if reporter is None and progress:
+    if check_bool("progress", progress) and reporter is None:
         from autotune.render import RichReporter, console
 
         with RichReporter(console(stderr=True)) as live:
@@ -349,7 +349,7 @@ def trial(
         raise UsageError(f"setup must be an autotune.TrainSetup (autotune.load_setup(path) reads one from best.json), got {type(setup).__name__}")
     if announce is not None and not callable(announce):
         raise UsageError(f"announce must be a function called with one line, got {type(announce).__name__}")
-    task_batch = task_batch or setup is None
+    task_batch = check_bool("task_batch", task_batch) or setup is None
     setup = setup or TrainSetup()
     check_trial_seconds(trial_seconds)
     check_timeout(timeout_s, trial_seconds)

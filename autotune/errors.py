@@ -98,6 +98,13 @@ class TrialInterrupted(AutotuneError):
     exit_code = 130
 
 
+def check_bool(name: str, value: object) -> bool:
+    """``value`` when it is True or False; a UsageError naming ``name`` otherwise ("no" and "x" are truthy in Python)."""
+    if not isinstance(value, bool):
+        raise UsageError(f"{name} must be True or False, got {value!r}")
+    return value
+
+
 def in_python_terms(error: UsageError, parameters: Collection[str], renamed: Mapping[str, str]) -> UsageError:
     """``error`` naming a Python function's parameters where its message names the CLI's flags.
 

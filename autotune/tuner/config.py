@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, ClassVar
 
-from autotune.errors import UsageError
+from autotune.errors import UsageError, check_bool
 from autotune.output.best import Best
 from autotune.records import DEFAULT_TRIAL_SECONDS, MAX_SECONDS, Calibration, TrialRecord, TrialResult
 from autotune.rounds import Ceilings, Confirmed
@@ -169,8 +169,7 @@ class SearchConfig:
             value = getattr(self, name)
             if (value is not None or name not in _OPTIONAL) and (isinstance(value, bool) or not isinstance(value, kind)):
                 raise UsageError(f"--{name.removesuffix('_s').replace('_', '-')} must be {_TYPE_NAMES[kind]}, got {value!r}")
-        if not isinstance(self.ceilings, bool):  # "no" is truthy: three more runs the caller turned off
-            raise UsageError(f"--ceilings must be True or False, got {self.ceilings!r}")
+        check_bool("--ceilings", self.ceilings)  # "no" is truthy: three more runs the caller turned off
         if not 1 <= self.trials <= MAX_TRIALS:
             raise UsageError(f"--trials must be between 1 and {MAX_TRIALS}, got {self.trials}")
         if self.effective_batch is not None and self.effective_batch < 1:
