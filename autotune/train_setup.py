@@ -21,7 +21,6 @@ user runs.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import os
 from dataclasses import dataclass
@@ -155,8 +154,8 @@ class TrainSetup:
         return self.batch_size * self.accumulation_steps * world_size
 
     def replace(self, **changes: Any) -> TrainSetup:
-        """A copy with some knobs changed (validated)."""
-        return dataclasses.replace(self, **changes)
+        """A copy with some knobs changed (validated; an unknown knob is a SetupError naming it)."""
+        return self.from_dict({**self.to_dict(), **changes})
 
     # ----------------------------------------------------------------- JSON
     def to_dict(self) -> dict[str, Any]:

@@ -97,6 +97,9 @@ def test_json_round_trip_is_lossless() -> None:
 def test_unknown_keys_and_bad_json_are_rejected() -> None:
     with pytest.raises(SetupError, match="unknown setup keys: turbo"):
         TrainSetup.from_dict({"turbo": True})
+    with pytest.raises(SetupError, match="unknown setup keys: bacth_size"):  # a typo in the own-loop API: not a TypeError
+        TrainSetup().replace(bacth_size=64)
+    assert TrainSetup().replace(batch_size=64).batch_size == 64
     with pytest.raises(SetupError, match="not valid JSON"):
         TrainSetup.from_json("{")
     with pytest.raises(SetupError, match="nested too deeply"):
