@@ -298,6 +298,23 @@ def nan_weights() -> autotune.Task:
     return autotune.Task(nn.Linear(8, 3), _pairs(), step=_nan_weights_step)
 
 
+class _NanStatistics(nn.Linear):
+    """A running statistic (a float buffer) turns NaN while the loss and the weights stay finite."""
+
+    def __init__(self) -> None:
+        super().__init__(8, 3)
+        self.register_buffer("running", torch.zeros(3))
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        self.running.fill_(float("nan"))
+        return super().forward(inputs)
+
+
+def nan_buffer() -> autotune.Task:
+    """Every step's loss and every weight are finite; a float buffer is NaN from the first step."""
+    return autotune.Task(_NanStatistics(), _pairs())
+
+
 def _not_a_count(batch: Any) -> int:
     return "x"  # type: ignore[return-value]
 

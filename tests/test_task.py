@@ -715,6 +715,9 @@ def test_the_task_script_refuses_a_bad_workload_or_checkpoint_in_one_line(
                            (["--workload", "task_factories:nan_loss"], "error: the loss or the weights became NaN or infinite by step 1"),
                            # The last step's loss was finite, the step blew the weights up: still no checkpoint.
                            (["--workload", "task_factories:nan_weights", "--max-steps", "1"],
+                            "error: the loss or the weights became NaN or infinite by step 1"),
+                           # A running statistic (BatchNorm's) turned NaN: the checkpoint would be unusable too.
+                           (["--workload", "task_factories:nan_buffer", "--max-steps", "1"],
                             "error: the loss or the weights became NaN or infinite by step 1")):
         line, _ = in_process.refusal(script, ["--print-freq", "1", "--output-dir", "bad", *flags], script.parent, capfd, monkeypatch)
         assert line.startswith(message), line
