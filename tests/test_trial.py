@@ -320,12 +320,26 @@ def test_pruning_callback_stops_the_trial(tiny_workload) -> None:
     options = dataclasses.replace(QUICK, windows=4, trial_seconds=2.0)
     result = run_trial(TrainSetup(batch_size=8, num_workers=1, num_threads=1), tiny_workload, options, on_window=stop_after_first)
     assert result.status == "pruned"
-    assert len(seen) == 1 and result.windows == tuple(seen)
+    assert len(seen) == 1 and result.windows == tuple(seen) and result.samples_per_s == seen[0]
     # What the one window saw is kept for trials.csv: threads, data wait, peak memory, warm-up.
     assert result.num_threads == 1
     assert result.data_wait_fraction is not None and 0.0 <= result.data_wait_fraction <= 1.0
     assert result.peak_memory_bytes and result.peak_memory_bytes > 10 * 2**20
     assert result.warmup_s and result.warmup_s > 0 and result.measured_s and result.measured_s > 0
+
+
+def test_a_trial_pruned_after_windows_shows_their_median(tiny_workload) -> None:
+    """The screening judges the median of the windows so far: the pruned row shows that figure, not the last window."""
+    seen: list[float] = []
+
+    def stop_after_third(index: int, value: float) -> bool:
+        seen.append(value)
+        return index == 2
+
+    options = dataclasses.replace(QUICK, windows=5, trial_seconds=2.5)
+    result = run_trial(TrainSetup(batch_size=8, num_threads=1), tiny_workload, options, on_window=stop_after_third)
+    assert result.status == "pruned" and result.windows == tuple(seen) and len(seen) == 3
+    assert result.samples_per_s == statistics.median(seen)
 
 
 def test_result_json_round_trip() -> None:

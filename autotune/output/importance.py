@@ -2,8 +2,8 @@
 
 The records are copied into an in-memory Optuna study (one complete trial per
 trial that measured a throughput, its knobs as parameters, samples/s as
-value; a pruned trial counts with the last window it measured, a lower bound
-of its throughput), so the report needs no access to the study's storage. Optuna's fANOVA and mean-decrease-
+value; a pruned trial counts with the median of the windows it measured,
+the figure the screening judged), so the report needs no access to the study's storage. Optuna's fANOVA and mean-decrease-
 impurity evaluators need scikit-learn; without it Optuna's PED-ANOVA
 evaluator (numpy and scipy only, Optuna's default from version 5) is used.
 """

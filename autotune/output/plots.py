@@ -49,7 +49,7 @@ def precision_label(amp: str, channels_last: bool) -> str:
 
 
 def plotted_rate(record: TrialRecord) -> float:
-    """Where a trial sits on a samples/s axis: its rate; the last window of a pruned one; 0 if infeasible."""
+    """Where a trial sits on a samples/s axis: its rate (a pruned one's: the median of its windows so far); 0 if infeasible."""
     if record.result.ok or record.result.status == "pruned":
         return record.result.samples_per_s or 0.0
     return 0.0
@@ -124,7 +124,7 @@ def batch_size(records: Sequence[TrialRecord], budget_bytes: int | None) -> Figu
         bad = [r for r in records if r.result.status == status]
         if bad:
             marker, colour = STATUS_STYLE[status]
-            where = "last window" if status == "pruned" else "at 0"
+            where = "windows so far" if status == "pruned" else "at 0"
             top.scatter([r.setup.batch_size for r in bad], [plotted_rate(r) for r in bad], marker=marker, color=colour, s=50,
                         label=f"{status} ({where})")
             peaks = [r for r in bad if r.result.peak_memory_bytes]

@@ -261,7 +261,7 @@ def importance_section(records: Sequence[TrialRecord], plots: ModuleType | None)
     """Which knob mattered (Optuna's importance evaluators)."""
     found = knob_importance(records)
     reading = ("Bars are Optuna's parameter importances over the trials that measured a throughput (a pruned trial "
-               "counts with its last window): the share of the throughput's variation each knob explains. A knob near 0 "
+               "counts with the median of its windows so far): the share of the throughput's variation each knob explains. A knob near 0 "
                "could be left at any value the search tried.")
     if found is None:
         return Section("importance", "4. Knob importance", reading, None, (),

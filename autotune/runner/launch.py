@@ -15,6 +15,7 @@ import json
 import os
 import shutil
 import signal
+import statistics
 import tempfile
 import time
 from collections.abc import Callable
@@ -152,12 +153,13 @@ def _read_events(path: Path, offset: int) -> tuple[list[dict[str, Any]], int]:
     return events, offset + end
 
 
-def _pruned(window: dict[str, Any], value: float, measured: float, windows: tuple[float, ...], options: TrialOptions) -> TrialResult:
-    """A trial stopped after ``window``: its last window's throughput, what the windows so far waited, peaked and used."""
+def _pruned(window: dict[str, Any], measured: float, windows: tuple[float, ...], options: TrialOptions) -> TrialResult:
+    """A trial stopped after ``window``: the median of its windows so far (what the screening judged), what they waited,
+    peaked and used."""
     wait = window.get("wait_s")
     return TrialResult(
         status="pruned",
-        samples_per_s=value,
+        samples_per_s=statistics.median(windows),
         measured_s=measured,
         data_wait_fraction=min(1.0, float(wait) / measured) if wait is not None and measured > 0 else None,
         peak_memory_bytes=int(window["peak_bytes"]) if "peak_bytes" in window else None,
@@ -189,7 +191,7 @@ def _supervise(
                 measured += float(event.get("seconds", 0.0))
                 if on_window is not None and on_window(int(event["index"]), value):
                     proc.kill()
-                    return _pruned(event, value, measured, tuple(windows), options)
+                    return _pruned(event, measured, tuple(windows), options)
         if exitcode is None and proc.lost():
             return interrupted("the trial server was terminated from outside; its trial is gone")
         if exitcode is not None:

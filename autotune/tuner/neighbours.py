@@ -123,7 +123,7 @@ def sampled_as(space: Space, setup: TrainSetup) -> TrainSetup | None:
 
 
 def evidence(records: Sequence[TrialRecord], knob: str, value: Any) -> float | None:
-    """The fastest trial that ran ``knob`` at ``value`` (a pruned one counts its last window); None if none did."""
+    """The fastest trial that ran ``knob`` at ``value`` (a pruned one counts the median of its windows so far); None if none did."""
     rates = [
         r.result.samples_per_s
         for r in records
