@@ -333,6 +333,24 @@ def test_status_says_trials_after_the_winner_are_not_confirmed(searched, tmp_pat
     assert "confirmed by this search" in text and "not confirmed" not in text, text
 
 
+def test_a_best_json_of_another_image_size_or_device_is_not_the_studys(searched, tmp_path) -> None:
+    """``autotune report o1 --storage sqlite:///o2/study.db``: o1's best.json of the same model at another image size
+    (or device, or data) is not drawn beside o2's trials as their winner, even when its setup is one they ran."""
+    from autotune.output.best import write_best
+
+    outcome, source = searched
+    for change in ({"image_size": 48}, {"device": "cuda:0"}, {"data": "/elsewhere"}, {}):
+        copy = tmp_path / f"copy-{len(change)}-{next(iter(change), 'same')}"
+        shutil.copytree(source, copy)
+        best = read_best(copy / "best.json")
+        write_best(copy / "best.json", dataclasses.replace(best, workload=dataclasses.replace(best.workload, **change)))
+        text = " ".join(CliRunner().invoke(app, ["status", str(copy)]).stdout.split())
+        assert ("confirmed by this search" in text) is (not change), (change, text)
+        assert CliRunner().invoke(app, ["report", str(copy)]).exit_code == 0
+        page = " ".join((copy / REPORT).read_text(encoding="utf-8").split())
+        assert (f"winner not shown: {copy / 'best.json'} is another search's" in page) is bool(change)
+
+
 def test_a_winner_that_ran_in_the_confirmation_only_is_the_studys(searched, tmp_path) -> None:
     """The leader's fp32 twin is measured in a confirmation only, never as a trial (and a rerun's rounds may have
     replaced that confirmation's): status still names it this search's winner; a setup no trial is the twin of is not."""

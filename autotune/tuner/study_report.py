@@ -166,13 +166,18 @@ def stored_confirmed(study: SearchStudy, records: list[TrialRecord], rounds: Rou
 
 
 def stored_best(out: Path, stored: SearchStudy, records: list[TrialRecord]) -> Best | None:
-    """``out/best.json`` if it is this study's: one of its setups, its model or Task (not one left by another search)."""
+    """``out/best.json`` if it is this study's: one of its setups, its model or Task, image size, data and device (not
+    one left by another search, such as ``autotune report o1 --storage sqlite:///o2/study.db`` of another image size)."""
     path = out / "best.json"
     if not path.is_file():
         return None
     best = read_best(path)
     signature = stored.study.user_attrs.get(STUDY_SIGNATURE) or {}
     if signature and (signature.get("model"), signature.get("task")) != (best.workload.model, best.workload.task):
+        return None
+    told = {"device": best.workload.device, "data": best.workload.data,
+            **({"image_size": best.workload.image_size} if best.workload.task is None else {})}  # a Task's image size is unread
+    if any(key in signature and signature[key] != value for key, value in told.items()):  # an older study may lack a key
         return None
     # One of its trials' setups, or a finalist's fp32 twin (measured in a confirmation only; that run's
     # rounds may since have been replaced by a rerun's).
@@ -251,6 +256,9 @@ def report_study(out: Path, *, storage: str | None = None, study: str | None = N
         status = f"winner not shown: {unreadable}; rerun the search's command to write best.json again"
     elif best is None and not any(r.result.ok for r in records) and not stored.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         status = "failed: no feasible trial"
+    elif best is None and not shared and (out / "best.json").is_file():
+        status = (f"winner not shown: {out / 'best.json'} is another search's (another workload or setups), not study "
+                  f"{stored.name!r}'s")
     elif best is None:
         status = "in progress or interrupted (no confirmed winner for this budget yet)" if shared else "in progress or interrupted (no best.json yet)"
     elif not best.confirmed:
