@@ -650,6 +650,25 @@ def test_a_truncated_jpeg_is_bad_data_naming_the_file(tmp_path, synthetic_data, 
     assert str(victim) in (result.error or "") and "cannot decode" in (result.error or "")
 
 
+@pytest.mark.slow
+def test_a_fifo_named_like_an_image_is_bad_data_not_a_timeout(tmp_path, synthetic_data) -> None:
+    """open() of a FIFO waits for a writer that never comes: the trial ran into its timeout. It is bad data, named."""
+    import os
+
+    from autotune.records import TrialOptions, Workload
+    from autotune.runner import run_trial
+    from autotune.train_setup import TrainSetup
+
+    victim = _truncated_data(tmp_path, synthetic_data)
+    victim.unlink()
+    os.mkfifo(victim)
+    workload = Workload(model="factories:tiny_cnn", image_size=32, device="cpu", num_classes=10, images=64,
+                        data=str(victim.parent.parent), sys_path=(str(TESTS),))
+    result = run_trial(TrainSetup(batch_size=64), workload, TrialOptions(trial_seconds=1.0, mode="loader", timeout_s=60.0))
+    assert result.status == "bad_data", result
+    assert f"{victim}: not a regular file" in (result.error or "")
+
+
 def test_an_image_over_pils_pixel_limit_is_bad_data_naming_the_file(tmp_path, monkeypatch) -> None:
     """PIL refuses an enormous image with DecompressionBombError, not an OSError: it was a setup's ``error``
     that named no file (the search said only 'loading the data fails'), and fast setups failed where slow ones did not."""

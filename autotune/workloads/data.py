@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import random
 import shutil
+import stat
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -262,6 +263,8 @@ def load_image(path: str) -> Any:
     from PIL import Image
 
     try:
+        if not stat.S_ISREG(os.stat(path).st_mode):  # open() of a FIFO named *.jpg waits for a writer: the trial timed out
+            raise BadImage(f"{path}: not a regular file (a FIFO, socket or device): it cannot be read as an image")
         with open(path, "rb") as fh:
             return Image.open(fh).convert("RGB")
     except Image.DecompressionBombError as exc:  # not an OSError: it stopped a trial as a setup's error, unnamed
