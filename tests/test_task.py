@@ -221,6 +221,28 @@ def test_workload_callables_the_trials_cannot_import_are_refused_with_the_fix() 
         task_ref("pkg/train.py:make_task")
 
 
+def test_a_workload_module_that_searches_at_import_is_refused_with_the_guard(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A script that calls autotune.search() at its top level, without the __main__ guard, is imported by the search
+    (and by every trial): the import started a second search, which failed in its trials naming the first one's --out lock."""
+    (tmp_path / "searches_at_import.py").write_text(
+        "import autotune\n"
+        "from task_factories import good as make_task\n"
+        f"autotune.search(workload='searches_at_import:make_task', trials=1, device='cpu', out={str(tmp_path / 'out')!r})\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(WorkloadError) as info:
+        build_task_workload("searches_at_import:make_task", device="cpu")
+    assert str(info.value) == (
+        "importing 'searches_at_import' for workload 'searches_at_import:make_task' starts autotune again: its top level "
+        'calls autotune.search() or autotune.trial(), and every trial process imports it; put that call under if __name__ == "__main__":'
+    )
+    assert not (tmp_path / "out").exists()
+    assert "searches_at_import" not in sys.modules
+    # The refusal is for the nested import only: the next import of the module is checked anew.
+    (tmp_path / "searches_at_import.py").write_text("from task_factories import good as make_task\n")
+    assert build_task_workload("searches_at_import:make_task", device="cpu").images == 40
+
+
 # ------------------------------------------------------------ parent checks
 def test_good_workloads_become_workload_records() -> None:
     work = _workload("good")

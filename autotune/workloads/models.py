@@ -115,6 +115,14 @@ def check_model_name(ref: str) -> None:
         raise WorkloadError(f"unknown model {ref!r}{hint}")
 
 
+class StartsAutotune(WorkloadError):
+    """A factory's module that calls autotune at import (a search at the top level of the user's script)."""
+
+
+#: Modules :func:`load_factory` is importing now (one asked for again while its import runs calls autotune at import).
+_importing: set[str] = set()
+
+
 def load_factory(ref: str, sys_path: Sequence[str], what: str = "model") -> Callable[..., Any]:
     """Import ``package.module:function`` (``sys_path`` entries first) and return the function.
 
@@ -133,12 +141,22 @@ def load_factory(ref: str, sys_path: Sequence[str], what: str = "model") -> Call
     for entry in sys_path:
         if entry not in sys.path:
             sys.path.append(entry)
+    if module_name in _importing:  # its top level, run by the import below, asked for it again: it starts autotune itself
+        raise StartsAutotune(
+            f"importing {module_name!r} for {what} {ref!r} starts autotune again: its top level calls autotune.search() or "
+            "autotune.trial(), and every trial process imports it; put that call under if __name__ == \"__main__\":"
+        )
+    _importing.add(module_name)
     try:
         module = importlib.import_module(module_name)
+    except StartsAutotune:  # said once, by the inner call, not wrapped in this import's words
+        raise
     except ModuleNotFoundError as exc:
         raise WorkloadError(f"cannot import {module_name!r} for {what} {ref!r}: {exc}") from None
     except USER_CODE_ERRORS as exc:  # the user's module raised while importing
         raise WorkloadError(f"importing {module_name!r} for {what} {ref!r} failed: {type(exc).__name__}: {exc}") from None
+    finally:
+        _importing.discard(module_name)
     func = getattr(module, func_name, None)
     if func is None:
         raise WorkloadError(f"{module_name!r} has no function {func_name!r} for {what} {ref!r}")
