@@ -494,3 +494,15 @@ def _crash_rank_one_step(model: nn.Module, batch: Any) -> torch.Tensor:
 def crash_rank_one() -> autotune.Task:
     """The good Task whose rank 1 dies of SIGSEGV once both ranks trained (pids recorded in RANK_PIDS)."""
     return autotune.Task(nn.Linear(8, 3), _pairs(), step=_crash_rank_one_step, batch_size=4)
+
+
+def lazy_modules() -> autotune.Task:
+    """A model of lazy modules (their parameters take their shapes from the first forward) on image batches."""
+    images = TensorDataset(torch.randn(12, 3, 6, 6), torch.arange(12) % 3)
+    return autotune.Task(lambda: nn.Sequential(nn.LazyConv2d(4, 3), nn.LazyBatchNorm2d(), nn.Flatten(), nn.LazyLinear(3)),
+                         images, batch_size=4)
+
+
+def lazy_modules_stream() -> autotune.Task:
+    """A lazy module over an iterable dataset."""
+    return autotune.Task(lambda: nn.LazyLinear(3), Stream())

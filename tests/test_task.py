@@ -9,6 +9,7 @@ import json
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from autotune.output.best import read_best
 from autotune.output.emit import render_script
 from autotune.records import LoaderPoint, TrialOptions, TrialResult, Workload
 from autotune.runner.child import classify
+from autotune.train_setup import TrainSetup
 from autotune.tuner import SearchConfig, run_search
 from autotune.tuner.calibrate import calibrate, workers_broken
 from autotune.tuner.constraints import parse_constraint
@@ -526,6 +528,27 @@ def _calibration(max_batch: int = 64) -> autotune.records.Calibration:  # type: 
     from autotune.records import Calibration
 
     return Calibration(None, max_batch, (), 32, {}, 100.0, (), 2)
+
+
+def test_lazy_modules_are_materialized_before_channels_last_and_the_optimizer() -> None:
+    """nn.LazyConv2d's parameters have no shape until a forward: channels_last (and DDP) failed every such trial with
+    'Attempted to use an uninitialized parameter', and so did the emitted train.py."""
+    import task_factories
+    from torch.nn.parameter import is_lazy
+
+    from autotune.runner import child
+
+    for name in ("lazy_modules", "lazy_modules_stream"):
+        task = getattr(task_factories, name)()
+        model = task.build_model()
+        assert model.training and not any(is_lazy(t) for t in [*model.parameters(), *model.buffers()]), name
+    model = task_factories.lazy_modules().build_model()
+    assert model[1].num_batches_tracked.item() == 0  # the shaping forward ran in eval mode: no statistics taken
+    setup = TrainSetup(batch_size=4, channels_last=True, optimizer_impl="foreach")
+    options = TrialOptions(trial_seconds=0.3, windows=2)
+    request = {"setup": setup.to_dict(), "workload": _workload("lazy_modules").to_dict(), "options": dataclasses.asdict(options)}
+    result = child.execute(request, started=time.perf_counter(), send=lambda event: None)
+    assert result.status == "ok", result.error
 
 
 def test_space_offers_channels_last_only_for_image_batches_and_defaults_use_the_recipe_batch() -> None:

@@ -135,7 +135,34 @@ class Task:
                 raise WorkloadError(f"Task model factory failed: {type(exc).__name__}: {exc}") from None
             if not isinstance(model, torch.nn.Module):
                 raise WorkloadError(f"Task model factory returned {type(model).__name__}, not an nn.Module")
+        self._materialize(model)
         return model
+
+    def _materialize(self, model: torch.nn.Module) -> None:
+        """Give lazy modules' parameters (``nn.LazyLinear``, ``nn.LazyConv2d``) their shapes: one forward, in eval mode and
+        without gradients, on the first two items. Left uninitialized, channels_last, DDP and an optimizer's state would
+        meet parameters without a shape (``Attempted to use an uninitialized parameter``)."""
+        import itertools
+
+        import torch
+        from torch.nn.parameter import is_lazy
+        from torch.utils.data import IterableDataset, default_collate
+
+        if not any(is_lazy(t) for t in itertools.chain(model.parameters(), model.buffers())):
+            return
+        dataset = self.dataset
+        source = iter(dataset) if isinstance(dataset, IterableDataset) else (dataset[i] for i in range(min(2, len(dataset))))
+        training = model.training
+        model.eval()
+        try:
+            with torch.no_grad(), torch.random.fork_rng():
+                self.compute_loss(model, (self.collate_fn or default_collate)(list(itertools.islice(source, 2))))
+        except WorkloadError:
+            raise
+        except USER_CODE_ERRORS as exc:
+            raise WorkloadError(f"the first forward of the model's lazy modules failed: {type(exc).__name__}: {exc}") from None
+        finally:
+            model.train(training)
 
     def lr_scaling(self, optimizer: torch.optim.Optimizer) -> str:
         """``"sqrt"`` for an adaptive (Adam-family, Adafactor, RMSprop, Adagrad) optimizer, ``"linear"`` otherwise.
