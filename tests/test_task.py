@@ -215,6 +215,16 @@ def test_workload_callables_the_trials_cannot_import_are_refused_with_the_fix() 
     in_main.__module__, in_main.__qualname__, in_main.__name__ = "__main__", "make_task", "make_task"
     with pytest.raises(WorkloadError, match="defined in __main__"):
         task_ref(in_main)
+    # No name to import: read as 'functools:', and refused as "model 'functools:' is not a valid factory reference".
+    with pytest.raises(WorkloadError, match=r"^workload partial object: the trial processes import the workload by its name, so it must be a function"):
+        task_ref(functools.partial(task_factories.good))
+
+    class Factory:
+        def __call__(self) -> autotune.Task:
+            return task_factories.good()
+
+    with pytest.raises(WorkloadError, match=r"^workload Factory object: .* \(not a functools.partial or a callable object\)"):
+        task_ref(Factory())
     with pytest.raises(WorkloadError, match="package.module:function"):
         task_ref("just_a_name")
     with pytest.raises(WorkloadError, match="name the module, not its file: train:make_task"):

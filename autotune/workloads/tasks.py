@@ -59,6 +59,11 @@ def task_ref(workload: str | Callable[..., Any]) -> str:
     qualname = getattr(workload, "__qualname__", "") or ""
     name = getattr(workload, "__name__", type(workload).__name__)
     fix = "define it at the top level of an importable module (a .py file) and pass it, or pass 'module:function'"
+    if not isinstance(getattr(workload, "__qualname__", None), str):  # a functools.partial, a callable object: no name to import
+        raise WorkloadError(
+            f"workload {type(workload).__name__} object: the trial processes import the workload by its name, so it must be "
+            f"a function (not a functools.partial or a callable object); {fix}"
+        )
     if name == "<lambda>" or "<locals>" in qualname or "." in qualname or not module:
         raise WorkloadError(f"workload {name} cannot be imported by the trial processes (a lambda or nested function); {fix}")
     if module == "__main__":
