@@ -506,3 +506,19 @@ def lazy_modules() -> autotune.Task:
 def lazy_modules_stream() -> autotune.Task:
     """A lazy module over an iterable dataset."""
     return autotune.Task(lambda: nn.LazyLinear(3), Stream())
+
+
+#: torch's intra-op thread count at each step of :func:`sets_its_threads` (in this process).
+THREADS_SEEN: list[int] = []
+
+
+def _threads_step(model: nn.Module, batch: Any) -> torch.Tensor:
+    THREADS_SEEN.append(torch.get_num_threads())
+    inputs, targets = batch
+    return nn.functional.cross_entropy(model(inputs), targets)
+
+
+def sets_its_threads() -> autotune.Task:
+    """A factory that sets torch's thread count itself, as training scripts often do at their top."""
+    torch.set_num_threads(1)
+    return autotune.Task(nn.Linear(8, 3), _pairs(), step=_threads_step, batch_size=4)

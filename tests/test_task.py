@@ -733,6 +733,33 @@ def _run_here(script: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pyte
     return in_process.run_script(script, ["--print-freq", "1", "--output-dir", "out", *args], script.parent, capfd, monkeypatch)
 
 
+def test_the_tuned_thread_count_stands_over_the_factory_s_own(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A factory that calls torch.set_num_threads(1) ran every trial, and train.py, on one thread whatever their
+    num_threads (the knob was applied before the factory ran): the search measured one setup under several names."""
+    import task_factories
+
+    from autotune.runner import child
+
+    before = torch.get_num_threads()
+    try:
+        setup = TrainSetup(batch_size=4, num_threads=2)
+        request = {"setup": setup.to_dict(), "workload": _workload("sets_its_threads").to_dict(),
+                   "options": dataclasses.asdict(TrialOptions(trial_seconds=0.3, windows=2))}
+        task_factories.THREADS_SEEN.clear()
+        result = child.execute(request, started=time.perf_counter(), send=lambda event: None)
+        assert result.status == "ok", result.error
+        assert set(task_factories.THREADS_SEEN) == {2}
+        script = _task_script(tmp_path, "sets_its_threads", setup)
+        task_factories.THREADS_SEEN.clear()
+        code, _, err = _run_here(script, capfd, monkeypatch, "--max-steps", "2")
+        assert code == 0, err
+        assert set(task_factories.THREADS_SEEN) == {2}
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_the_task_script_logs_the_whole_job_s_samples_per_second(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Under torchrun each process counts its own batches (a Task's may count differently per rank): the logged rate
     is their sum, as the classifier script's is, not rank 0's share."""

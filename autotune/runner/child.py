@@ -48,7 +48,6 @@ class TrialLoop:
         self.rank = rank = rank or Rank()
         self.device = torch.device(rank.device(workload.device))
         self.device_type = self.device.type
-        setup.configure_torch(self.device)  # threads, cuDNN autotuning, TF32: before the model runs
         self.compile_s: float | None = None
         budget = options.max_memory_bytes if self.device_type == "cpu" else None
         # On CUDA the allocator reports the peak; no thread samples the host.
@@ -63,6 +62,9 @@ class TrialLoop:
         from autotune.workloads.pipeline import open_pipeline
 
         self.pipeline = open_pipeline(workload, decode=setup.decode)
+        # Threads, cuDNN autotuning, TF32: before the model runs, after the Task's factory and its module, whose own
+        # torch.set_num_threads would otherwise stand in every trial whatever its num_threads.
+        setup.configure_torch(self.device)
         self.decoder = None
         if setup.decode == "gpu":
             from autotune.workloads.gpu_decode import GpuDecoder
