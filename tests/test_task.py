@@ -255,6 +255,24 @@ def test_a_workload_module_that_searches_at_import_is_refused_with_the_guard(tmp
     assert build_task_workload("searches_at_import:make_task", device="cpu").images == 40
 
 
+def test_a_workload_file_named_like_another_module_is_refused_naming_both(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A test.py in the user's directory: this process (cwd first on sys.path under python -m) imported it, every trial
+    (the user's directories last) imported the standard library's test package and failed 'has no function'."""
+    factory = "from task_factories import good as make_task\n"
+    (tmp_path / "test.py").write_text(factory)
+    (tmp_path / "typer.py").write_text(factory)  # an installed package's name (typer, imported already)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(WorkloadError, match=re.escape(f"{tmp_path / 'test.py'} for workload 'test:make_task' has the name of a "
+                                                      "module of Python's standard library (")) as info:
+        build_task_workload("test:make_task", device="cpu")
+    assert str(info.value).endswith("test/__init__.py), which imports find first; rename it")
+    import typer
+
+    with pytest.raises(WorkloadError, match=re.escape(f"'typer' for workload 'typer:make_task' imported {typer.__file__}, not "
+                                                      f"your {tmp_path / 'typer.py'}: an installed module of that name comes first")):
+        build_task_workload("typer:make_task", device="cpu")
+
+
 # ------------------------------------------------------------ parent checks
 def test_good_workloads_become_workload_records() -> None:
     work = _workload("good")

@@ -12,6 +12,7 @@ import difflib
 import importlib
 import inspect
 import keyword
+import os
 import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -119,6 +120,41 @@ class StartsAutotune(WorkloadError):
     """A factory's module that calls autotune at import (a search at the top level of the user's script)."""
 
 
+def _users_copy(module_name: str, sys_path: Sequence[str]) -> str | None:
+    """The file of ``module_name``'s top-level module or package in one of ``sys_path`` (the user's directories)."""
+    top = module_name.partition(".")[0]
+    for entry in sys_path:
+        for candidate in (os.path.join(entry, top + ".py"), os.path.join(entry, top, "__init__.py")):
+            if os.path.isfile(candidate):
+                return candidate
+    return None
+
+
+def _stdlib_twin(module_name: str) -> str | None:
+    """Where the standard library holds a module of the same top-level name (``test``, ``code``, ``tokenize``): imports
+    find it before the user's directories, which every trial process puts last on ``sys.path``."""
+    import importlib.machinery
+    import sysconfig
+
+    top = module_name.partition(".")[0]
+    if top in sys.builtin_module_names:
+        return "built in"
+    stdlib = sysconfig.get_paths()["stdlib"]
+    spec = importlib.machinery.PathFinder.find_spec(top, [stdlib, os.path.join(stdlib, "lib-dynload")])
+    return None if spec is None else spec.origin or stdlib
+
+
+def _not_the_users(module_name: str, sys_path: Sequence[str], what: str, ref: str) -> str | None:
+    """Why the module imported for ``module_name`` is not the user's file of that name, if it is not (another of that
+    name, installed, comes first on ``sys.path``)."""
+    mine = _users_copy(module_name, sys_path)
+    loaded = getattr(sys.modules.get(module_name.partition(".")[0]), "__file__", None)
+    if mine is None or not loaded or os.path.realpath(loaded) == os.path.realpath(mine):
+        return None
+    return (f"{module_name!r} for {what} {ref!r} imported {loaded}, not your {mine}: an installed module of that name comes "
+            f"first on sys.path; rename yours")
+
+
 #: Modules :func:`load_factory` is importing now (one asked for again while its import runs calls autotune at import).
 _importing: set[str] = set()
 
@@ -141,6 +177,10 @@ def load_factory(ref: str, sys_path: Sequence[str], what: str = "model") -> Call
     for entry in sys_path:
         if entry not in sys.path:
             sys.path.append(entry)
+    twin = _stdlib_twin(module_name) if _users_copy(module_name, sys_path) else None
+    if twin is not None:  # this process may import the user's file (its directory first), the trials would not
+        raise WorkloadError(f"{_users_copy(module_name, sys_path)} for {what} {ref!r} has the name of a module of Python's "
+                            f"standard library ({twin}), which imports find first; rename it")
     if module_name in _importing:  # its top level, run by the import below, asked for it again: it starts autotune itself
         raise StartsAutotune(
             f"importing {module_name!r} for {what} {ref!r} starts autotune again: its top level calls autotune.search() or "
@@ -159,7 +199,8 @@ def load_factory(ref: str, sys_path: Sequence[str], what: str = "model") -> Call
         _importing.discard(module_name)
     func = getattr(module, func_name, None)
     if func is None:
-        raise WorkloadError(f"{module_name!r} has no function {func_name!r} for {what} {ref!r}")
+        raise WorkloadError(_not_the_users(module_name, sys_path, what, ref)
+                            or f"{module_name!r} has no function {func_name!r} for {what} {ref!r}")
     if not callable(func):  # TASK = autotune.Task(...) at the module's top level, named instead of its factory
         raise WorkloadError(
             f"{func_name!r} in {module_name!r} is a {type(func).__name__}, not a function, for {what} {ref!r}: "
