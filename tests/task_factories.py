@@ -522,3 +522,22 @@ def sets_its_threads() -> autotune.Task:
     """A factory that sets torch's thread count itself, as training scripts often do at their top."""
     torch.set_num_threads(1)
     return autotune.Task(nn.Linear(8, 3), _pairs(), step=_threads_step, batch_size=4)
+
+
+def _still_backbone(params: Any) -> torch.optim.Optimizer:
+    weight, bias = list(params)
+    return torch.optim.SGD([{"params": [weight], "lr": 0.0}, {"params": [bias], "lr": 0.1}], momentum=0.9)
+
+
+def frozen_by_rate() -> autotune.Task:
+    """An optimizer factory without lr= whose first param group trains at rate 0 (a backbone held still)."""
+    return autotune.Task(nn.Linear(8, 3), _pairs(), batch_size=16, optimizer=_still_backbone)
+
+
+def _all_still(params: Any) -> torch.optim.Optimizer:
+    return torch.optim.SGD(params, lr=0.0)
+
+
+def still_everywhere() -> autotune.Task:
+    """An optimizer factory that sets rate 0 in every group."""
+    return autotune.Task(nn.Linear(8, 3), _pairs(), batch_size=16, optimizer=_all_still)

@@ -122,6 +122,20 @@ def test_the_recipe_rate_of_a_factory_without_lr_is_its_own() -> None:
     assert unbound.recipe_lr(unbound.build_optimizer(unbound.build_model().parameters(), lr=None, cuda=False)) == 0.2
 
 
+def test_a_param_group_at_rate_0_is_not_the_recipe_s_rate() -> None:
+    """A factory whose first group holds a backbone still (rate 0) was refused as 'learning rate must be > 0, got 0.0';
+    the first group that trains sets the recipe's rate, and the group at 0 stays at 0 when the rate is scaled."""
+    work = _workload("frozen_by_rate")
+    assert work.lr == 0.1 and work.lr_scaling == "linear"
+    import task_factories
+
+    task = task_factories.frozen_by_rate()
+    scaled = task.build_optimizer(task.build_model().parameters(), lr=0.4, cuda=False)
+    assert [g["lr"] for g in scaled.param_groups] == [0.0, 0.4]
+    with pytest.raises(WorkloadError, match=r"^the Task's optimizer factory sets a learning rate of 0 in every param group"):
+        _workload("still_everywhere")
+
+
 def test_the_learning_rate_rule_follows_the_optimizer_family() -> None:
     task = autotune.Task(torch.nn.Linear(2, 2), [1])
     params = list(torch.nn.Linear(2, 2).parameters())

@@ -74,7 +74,7 @@ class Task:
         optimizer: A factory ``params -> torch.optim.Optimizer``; it is
             called with ``lr=`` when it accepts that argument (the rate
             scaled to the tuned effective batch). A factory without ``lr``
-            (or a ``functools.partial`` that binds it) sets its own rates: its first param group's is then the recipe's
+            (or a ``functools.partial`` that binds it) sets its own rates: its first param group's (not at 0) is then the recipe's
             rate (``lr`` is not used), and every group's is scaled by the
             same ratio. Default: AdamW at ``lr`` with the tuned
             ``optimizer_impl`` (a factory of your own is not given that knob).
@@ -206,11 +206,17 @@ class Task:
         """The recipe's learning rate at ``batch_size``, given the optimizer built with ``lr=None``.
 
         ``lr``, unless the optimizer factory takes no ``lr``: its first param
-        group's rate is then the recipe's (the factory sets its own rates).
+        group's rate not at 0 is then the recipe's (the factory sets its own rates).
+
+        Raises:
+            WorkloadError: Such a factory sets every group's rate to 0.
         """
         if self.optimizer is None or self._factory_takes_lr:
             return float(self.lr)
-        return float(optimizer.param_groups[0]["lr"])
+        rate = _first_rate(optimizer)
+        if rate is None:
+            raise WorkloadError("the Task's optimizer factory sets a learning rate of 0 in every param group: nothing would train")
+        return rate
 
     def build_optimizer(
         self, params: Any, *, lr: float | None, cuda: bool, impl: str | None = None
@@ -218,7 +224,7 @@ class Task:
         """The optimizer over ``params`` at learning rate ``lr`` (``impl`` applies to the default AdamW).
 
         A factory that takes no ``lr`` sets its own rates, and its first param
-        group's is the recipe's: each group's rate is multiplied by ``lr /
+        group's not at 0 is the recipe's: each group's rate is multiplied by ``lr /
         that rate``, so the scaled rate applies and the factory's ratios
         between groups stay. ``lr=None`` leaves the recipe's rates.
 
@@ -237,8 +243,8 @@ class Task:
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise WorkloadError(f"Task optimizer factory returned {type(optimizer).__name__}, not a torch.optim.Optimizer")
         if not takes_lr and lr is not None:
-            base = float(optimizer.param_groups[0]["lr"])
-            if base > 0 and lr != base:
+            base = _first_rate(optimizer)
+            if base is not None and lr != base:
                 for group in optimizer.param_groups:
                     group["lr"] = group["lr"] * (lr / base)
         return optimizer
@@ -306,6 +312,12 @@ def _follow(criterion: Callable[..., Any], output: Any) -> None:
     (device,) = devices
     if any(t.device != device for t in own):
         criterion.to(device)
+
+
+def _first_rate(optimizer: torch.optim.Optimizer) -> float | None:
+    """The recipe's rate of an optimizer whose factory sets its own: its first param group's that is not 0 (a group at
+    rate 0, such as a backbone held still while a head trains, scales to 0 whatever the batch); ``None`` if all are."""
+    return next((float(group["lr"]) for group in optimizer.param_groups if float(group["lr"]) > 0), None)
 
 
 def _passes_its_own_lr(factory: Callable[..., Any]) -> bool:
