@@ -289,6 +289,10 @@ class Calibration:
         max_workers: Upper bound for ``num_workers`` in the space.
         precisions: Compute-only speed of every precision and layout the
             device offers, like for like at ``probe_batch``.
+        stream_batch: The largest batch an iterable dataset fills, when its
+            stream is too short for the largest batch the memory allows
+            (``None``: not bounded by the stream); the PyTorch defaults' batch
+            when their own is larger.
     """
 
     budget_bytes: int | None
@@ -300,6 +304,7 @@ class Calibration:
     loader: tuple[LoaderPoint, ...]
     max_workers: int
     precisions: tuple[PrecisionPoint, ...] = ()
+    stream_batch: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (asdict turns the nested points and the setup into dicts)."""

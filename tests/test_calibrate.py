@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 from autotune.devices import DeviceInfo
-from autotune.records import MemoryPoint, TrialOptions, TrialResult, Workload
+from autotune.records import Calibration, MemoryPoint, TrialOptions, TrialResult, Workload
 from autotune.train_setup import TrainSetup
 from autotune.tuner.calibrate import GPU_HEADROOM, WORKER_RESERVE, calibrate, extrapolate_batch, memory_budget
 
@@ -368,7 +368,11 @@ def test_a_short_stream_bounds_the_batch_by_the_batches_it_fills() -> None:
     stream = Workload(model="m:f", task="m:f", device="cpu", images=None, iterable=True, image_input=False)
     result = calibrate(stream, CPU, usable_cores=2, available_bytes=2**40, max_memory=None, trial_seconds=3.0,
                        bf16_ok=True, log=logged.append, runner=runner, batch_cap=256)
-    assert result.max_batch == 32 and result.probe_batch <= 32
+    assert result.max_batch == 32 and result.probe_batch <= 32 and result.stream_batch == 32
+    assert Calibration.from_dict(result.to_dict()) == result
+    whole = calibrate(WORKLOAD, CPU, usable_cores=2, available_bytes=2**40, max_memory=None, trial_seconds=3.0,
+                      bf16_ok=True, log=logged.append, runner=FakeRunner(), batch_cap=256)
+    assert whole.stream_batch is None  # a sized dataset: its batches are bounded by its length, not by a stream
     said = [line for line in logged if "no full batch" in line]
     assert said == ["the dataset yields no full batch of 64 samples (tried 256, 128, 64): the search keeps batch_size <= 32"]
     assert all(setup.batch_size <= 32 for mode, setup in runner.calls[-len(result.loader):] if mode == "loader")

@@ -680,7 +680,7 @@ def test_steps_a_short_stream_cannot_fill_use_no_trial_and_larger_ones_never_run
             return TrialResult(status="error", error="RuntimeError: the dataset yields no full batch")
         if mode == "train":
             batches = 24 // setup.batch_size
-            if not batches:  # as autotune.workloads.pipeline.endless_batches says it (the defaults' batch of 32)
+            if not batches:  # as autotune.workloads.pipeline.endless_batches says it
                 return TrialResult(status="error", error=f"RuntimeError: the dataset yields no full batch of {setup.batch_size} samples")
             if batches < setup.accumulation_steps:  # what autotune.workloads.pipeline raises in such a trial
                 return TrialResult(status="error", error=f"RuntimeError: the dataset yields no full optimizer step of "
@@ -702,6 +702,9 @@ def test_steps_a_short_stream_cannot_fill_use_no_trial_and_larger_ones_never_run
     assert all(r.setup.effective_batch() < first.setup.effective_batch() for r in later)
     assert all(r.setup.effective_batch() >= min(s.setup.effective_batch() for s in starved) for r in skipped)
     assert "one pass of the dataset holds fewer than" in (skipped[0].result.error or "")
+    # The PyTorch defaults' batch (the Task's 32) is longer than the stream: they run at the largest batch it fills,
+    # as a sized dataset smaller than the batch runs as one batch; at 32 their trial failed and no speedup was given.
+    assert (records[0].setup.batch_size, records[0].result.status) == (16, "ok")
 
 
 def test_a_task_search_with_a_fake_runner_writes_best_json_and_the_task_train_py(tmp_path: Path) -> None:

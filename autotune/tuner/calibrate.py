@@ -205,8 +205,10 @@ def calibrate(
                 f"batches 2 to {max(p.batch_size for p in points)} ran out of it and batch 1 fails ({result.error}); "
                 f"free some memory, raise --max-memory or {smaller}"
             )
+    stream_batch = None
     if workload.iterable and max_batch > 1:  # a stream of unknown length: the batches it fills bound the space
-        max_batch = _stream_batch(max_batch, workload, runner, replace(short, mode="loader", max_memory_bytes=None), log)
+        filled = _stream_batch(max_batch, workload, runner, replace(short, mode="loader", max_memory_bytes=None), log)
+        max_batch, stream_batch = filled, (filled if filled < max_batch else None)
     middle = probe_batch(max_batch, device)
     reduced = ("bf16" if bf16_ok else "fp16") if cuda else ("bf16" if bf16_ok else None)
     precisions: list[PrecisionPoint] = []
@@ -264,6 +266,7 @@ def calibrate(
         loader=tuple(loader_points),
         max_workers=worker_cap,
         precisions=tuple(precisions),
+        stream_batch=stream_batch,
     )
     enough = calibration.workers_enough()
     if enough is not None:

@@ -113,10 +113,10 @@ def _search(config: SearchConfig, prepared: Prepared, reporter: Reporter, timed:
     """The steps after :func:`prepare`, while the output directory and the study are held."""
     earlier = prepared.study.time_spent()
     placed = prepared.placement.runner(timed)  # the trials' ranks, device and cores
-    crew, constraints = prepared.crew, config.pins
+    crew, constraints, work = prepared.crew, config.pins, prepared.workload
     first = (crew.once(lambda: first_steps(config, prepared, reporter, placed), reporter) if crew else None)
     calibration, space = first or first_steps(config, prepared, reporter, placed)
-    defaults = defaults_setup(prepared.placement.rank_batch(config.effective_batch), prepared.workload.reference_batch, prepared.workload.images)
+    defaults = defaults_setup(prepared.placement.rank_batch(config.effective_batch), work.reference_batch, work.images or calibration.stream_batch)
     options = TrialOptions(trial_seconds=config.trial_seconds, timeout_s=config.timeout_s, max_memory_bytes=config.max_memory,
                            world_size=prepared.placement.world_size)
     moves = neighbour_trials(config.trials) if config.sampler == "tpe" else 0  # the random baseline stays random

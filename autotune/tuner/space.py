@@ -260,7 +260,8 @@ def defaults_setup(effective_batch: int | None, batch: int | None = None, images
     the same math when the effective batch is pinned (accumulation makes up the difference).
 
     Data of fewer ``images`` than that batch is one batch of all of them, as a
-    DataLoader of it yields (a trial keeps whole batches only, so batch 32 could not run).
+    DataLoader of it yields (a trial keeps whole batches only, so batch 32 could not run);
+    for a stream too short for it, ``images`` is the largest batch the stream fills.
     """
     base = batch or DEFAULT_BATCH
     if images is not None:
