@@ -386,6 +386,33 @@ def test_a_ctrl_c_while_a_measured_trial_is_stored_keeps_it(tmp_path, cache_dir,
         assert [row["trial"] for row in csv.DictReader(fh)] == ["0", "1"]
 
 
+def test_a_study_storage_that_fails_mid_search_is_one_line_and_keeps_the_trials_stored(tmp_path, cache_dir, monkeypatch) -> None:
+    """A full disk under study.db while a trial is stored (SQLite's own error, wrapped by Optuna as on a real full
+    tmpfs): one StorageError line naming the cause and the rerun, not an internal error; the trials before stay."""
+    import sqlalchemy.exc
+
+    from autotune.errors import StorageError
+    from autotune.tuner import SearchConfig, run_search
+    from autotune.tuner.study import SearchStudy
+
+    record = SearchStudy.record
+
+    def record_on_a_full_disk(self, trial, *args, **kwargs):
+        if trial.number == 1:
+            full = sqlalchemy.exc.OperationalError("INSERT INTO trial_user_attributes ...", {}, Exception("database or disk is full"))
+            raise optuna.exceptions.StorageInternalError("An exception is raised during the commit.") from full
+        return record(self, trial, *args, **kwargs)
+
+    monkeypatch.setattr(SearchStudy, "record", record_on_a_full_disk)
+    config = SearchConfig(model="resnet18", trials=3, image_size=32, device="cpu", trial_seconds=1.0,
+                          out=tmp_path / "out", cache_dir=cache_dir, synthetic_images=64)
+    with pytest.raises(StorageError, match=r"^cannot write to the study storage sqlite:///.*study.db: .*database or disk is full; "
+                                           r".*rerun the same command") as caught:
+        run_search(config, runner=steady_runner)
+    assert "\n" not in str(caught.value)
+    assert study_of(tmp_path / "out").trials[0].state == TrialState.COMPLETE  # measured before the disk filled: kept
+
+
 def steady_runner(setup, workload, options=None, *, on_window=None):
     """A fake trial: every setup ok, faster with a larger batch, the same every run."""
     from autotune.records import TrialResult

@@ -45,7 +45,7 @@ from autotune.tuner.progress import Reporter, SilentReporter
 from autotune.tuner.refine import compile_skipped
 from autotune.tuner.signals import clear_stop, interrupts_held, runs_to_the_end, sigterm_as_interrupt, stop_requested
 from autotune.tuner.space import Space, build_space, check_pins_act, defaults_setup
-from autotune.tuner.storage import check_one_study, check_storage_url, is_shared
+from autotune.tuner.storage import check_one_study, check_storage_url, is_shared, storage_failures_said
 from autotune.tuner.study import ROLE_DEFAULTS, ROLE_GUESS, SearchStudy
 from autotune.tuner.study_report import kept_outcome, kept_winner, report_search, stored_confirmed
 from autotune.tuner.timed import TimedRunner
@@ -101,7 +101,9 @@ def run_search(config: SearchConfig, reporter: Reporter | None = None, *, runner
     except KeyboardInterrupt:
         raise SearchInterrupted("interrupted while the search was prepared: this run measured nothing (what earlier runs of the "
                                 "study measured is kept); rerun the same command") from None
-    with nothing_left_if_nothing_measured(prepared.study, prepared.made_out, prepared.crew is not None), prepared.held:
+    # A storage that fails mid-search is one StorageError (an empty study is then removed, as on any error).
+    with nothing_left_if_nothing_measured(prepared.study, prepared.made_out, prepared.crew is not None), \
+            storage_failures_said(prepared.study.storage), prepared.held:
         outcome = _search(config, prepared, reporter, timed, timing, began)
     if stop_requested():  # while report.html was drawn (its one line said so): the rest is written, the page is not
         raise SearchInterrupted(f"interrupted while report.html was written; best.json, train.py and trials.csv are written in {prepared.out}: "
@@ -284,18 +286,10 @@ def calibrate_once(config: SearchConfig, prepared: Prepared, reporter: Reporter,
     try:
         with sigterm_as_interrupt():
             calibration = calibrate(
-                prepared.workload,
-                prepared.device,
-                usable_cores=prepared.placement.rank_cores,
-                available_bytes=int(prepared.hardware.memory.available_bytes),
-                max_memory=config.max_memory,
-                trial_seconds=config.trial_seconds,
-                bf16_ok=prepared.device.bf16,
-                log=reporter.message,
-                runner=kept,
-                world_size=prepared.placement.world_size,
-                ram_share=prepared.placement.processes,
-                pinned=config.constraints,
+                prepared.workload, prepared.device, usable_cores=prepared.placement.rank_cores,
+                available_bytes=int(prepared.hardware.memory.available_bytes), max_memory=config.max_memory,
+                trial_seconds=config.trial_seconds, bf16_ok=prepared.device.bf16, log=reporter.message, runner=kept,
+                world_size=prepared.placement.world_size, ram_share=prepared.placement.processes, pinned=config.constraints,
             )
     except KeyboardInterrupt:
         raise SearchInterrupted(f"interrupted during calibration, before the first trial (runs measured and kept: {kept.measured}); "

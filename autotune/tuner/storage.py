@@ -293,6 +293,26 @@ def with_retries(step: Callable[[], T], storage: str, *, on_give_up: Callable[[]
     raise AssertionError("unreachable")
 
 
+@contextmanager
+def storage_failures_said(storage: str) -> Iterator[None]:
+    """Turn a study storage that fails while the search writes to it (SQLite on a full disk, a server gone) into one line.
+
+    Args:
+        storage: The storage URL, for the message (password hidden).
+
+    Raises:
+        StorageError: Naming the storage and its error (Optuna's wrapper of a failed commit: the error it wraps).
+    """
+    try:
+        yield
+    except CONNECTION_ERRORS[:-1] as exc:  # an OSError is the command line's own one-line error already
+        cause = exc.__cause__ if isinstance(exc, optuna.exceptions.StorageInternalError) and exc.__cause__ is not None else exc
+        raise StorageError(hide_passwords(
+            f"cannot write to the study storage {storage}: {first_line(cause)}; what it stored before this is kept "
+            "(finished trials, calibration): free disk space or bring the storage back, then rerun the same command to resume"
+        )) from None
+
+
 def supports_heartbeat(study: optuna.Study) -> bool:
     """Whether the study's storage records trial heartbeats."""
     return optuna.storages._heartbeat.is_heartbeat_enabled(study._storage)
