@@ -736,6 +736,39 @@ def test_bad_data_in_a_trial_stops_the_search_naming_the_file(tmp_path, cache_di
     assert study.trials[1].state == TrialState.FAIL and "result" not in study.trials[1].user_attrs
 
 
+def test_bad_data_advice_matches_what_a_rerun_accepts(tmp_path, synthetic_data) -> None:
+    """The bad-data line found in a trial says to fix the file in place: a rerun after removing it is refused (the
+    study was made for that many samples), so its advice names another --out for that (before: "fix or remove it and
+    rerun (finished trials are kept)", and the rerun after removing it said "made for a different search")."""
+    import shutil
+
+    from autotune.errors import StorageError, WorkloadError
+    from autotune.records import TrialResult
+    from autotune.tuner import SearchConfig, run_search
+
+    data = tmp_path / "data"
+    shutil.copytree(synthetic_data, data)
+    victim = next(iter(sorted((data / "class_03").iterdir())))
+    trained: list[int] = []
+
+    def runner(setup, workload, options=None, *, on_window=None):
+        trained.extend([1] if options.mode == "train" else [])
+        if len(trained) == 2:
+            return TrialResult(status="bad_data", error=f"{victim}: cannot decode (OSError: image file is truncated)")
+        return TrialResult(status="ok", samples_per_s=100.0, windows=(100.0,), peak_memory_bytes=2**20)
+
+    config = SearchConfig(model="resnet18", trials=3, image_size=32, device="cpu", trial_seconds=1.0, out=tmp_path / "out", data=data)
+    with pytest.raises(WorkloadError) as caught:
+        run_search(config, runner=runner)
+    advice = str(caught.value)
+    assert advice.startswith(f"bad data: {victim}: cannot decode") and "rerun the same command" in advice
+    assert "fix or remove it and rerun" not in advice and "another --out" in advice, advice
+    victim.unlink()  # what the advice says a rerun on the same --out does not take
+    with pytest.raises(StorageError, match=r"made for a different search \(samples: 64 there, 63 now\)"):
+        run_search(config, runner=runner)
+    assert study_of(tmp_path / "out").trials[0].state == TrialState.COMPLETE
+
+
 def test_the_first_error_of_the_pre_pass_ends_calibration_naming_the_model(tiny_workload) -> None:
     from autotune.devices import DeviceInfo
     from autotune.errors import WorkloadError

@@ -65,7 +65,7 @@ def test_an_item_that_raises_in_a_batch_is_bad_data_and_stops_the_search_naming_
     messages: list[str] = []
     reporter = SilentReporter()
     reporter.message = messages.append  # type: ignore[method-assign]
-    with pytest.raises(WorkloadError, match=r"^bad data: dataset\[250\] failed: ValueError: corrupt record 250; fix or remove it"):
+    with pytest.raises(WorkloadError, match=r"^bad data: dataset\[250\] failed: ValueError: corrupt record 250; fix or replace it in place"):
         autotune.search(workload="task_factories:corrupt_record", trials=2, device="cpu", trial_seconds=1.0,
                         out=tmp_path / "out", reporter=reporter)
     assert any("memory pre-pass: batch 32: ok" in m for m in messages) and not any("verify" in m for m in messages), messages

@@ -47,6 +47,7 @@ class TimedRunner:
         raise_if_stopped()  # a Ctrl-C whose KeyboardInterrupt was dropped during the trial
         if result.status == "bad_data":
             raise WorkloadError(
-                f"bad data: {result.error}; fix or remove it and rerun (finished trials are kept)"
+                f"bad data: {result.error}; fix or replace it in place and rerun the same command (finished trials are kept); "
+                "removing it changes the number of samples the study was made for, so a rerun without it needs another --out"
             )
         return result
