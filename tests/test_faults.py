@@ -769,6 +769,39 @@ def test_bad_data_advice_matches_what_a_rerun_accepts(tmp_path, synthetic_data) 
     assert study_of(tmp_path / "out").trials[0].state == TrialState.COMPLETE
 
 
+def test_bad_data_in_the_synthetic_jpegs_says_to_remove_their_directory(tmp_path, synthetic_data) -> None:
+    """A damaged file among the synthetic JPEGs autotune wrote (no --data): the line says to remove their directory,
+    which the rerun of the same command writes again, the same files, and resumes (before: "fix or remove it", a
+    file the user never made and cannot fix; removed alone, the rerun was refused for its sample count)."""
+    import shutil
+
+    from autotune.errors import WorkloadError
+    from autotune.records import TrialResult
+    from autotune.tuner import SearchConfig, run_search
+
+    cache = tmp_path / "cache"
+    shutil.copytree(synthetic_data, cache / synthetic_data.name)
+    victim = cache / synthetic_data.name / "class_03" / "img_000003.jpg"
+    trained: list[int] = []
+
+    def runner(setup, workload, options=None, *, on_window=None):
+        trained.extend([1] if options.mode == "train" else [])
+        if len(trained) == 2:
+            return TrialResult(status="bad_data", error=f"{victim}: cannot decode (OSError: image file is truncated)")
+        return TrialResult(status="ok", samples_per_s=100.0, windows=(100.0,), peak_memory_bytes=2**20)
+
+    config = SearchConfig(model="resnet18", trials=3, image_size=32, device="cpu", trial_seconds=1.0, out=tmp_path / "out",
+                          cache_dir=cache, synthetic_images=64)
+    with pytest.raises(WorkloadError) as caught:
+        run_search(config, runner=runner)
+    assert str(caught.value).startswith(f"bad data: {victim}: cannot decode") and "fix or replace" not in str(caught.value)
+    assert f"synthetic JPEGs in {cache / synthetic_data.name} are damaged: remove that directory" in str(caught.value)
+    shutil.rmtree(cache / synthetic_data.name)  # as the line says
+    outcome = run_search(config, runner=steady_runner)
+    assert outcome.best is not None and (cache / synthetic_data.name / "class_03" / "img_000003.jpg").is_file()
+    assert study_of(tmp_path / "out").trials[0].state == TrialState.COMPLETE
+
+
 def test_the_first_error_of_the_pre_pass_ends_calibration_naming_the_model(tiny_workload) -> None:
     from autotune.devices import DeviceInfo
     from autotune.errors import WorkloadError

@@ -12,6 +12,7 @@ from autotune.runner import TrialRunner, WindowCallback
 from autotune.train_setup import TrainSetup
 from autotune.tuner.config import Timing
 from autotune.tuner.signals import raise_if_stopped
+from autotune.workloads.data import synthetic_dir
 
 
 class TimedRunner:
@@ -46,8 +47,16 @@ class TimedRunner:
             raise KeyboardInterrupt
         raise_if_stopped()  # a Ctrl-C whose KeyboardInterrupt was dropped during the trial
         if result.status == "bad_data":
-            raise WorkloadError(
-                f"bad data: {result.error}; fix or replace it in place and rerun the same command (finished trials are kept); "
-                "removing it changes the number of samples the study was made for, so a rerun without it needs another --out"
-            )
+            raise WorkloadError(f"bad data: {result.error}; {bad_data_advice(workload)}")
         return result
+
+
+def bad_data_advice(workload: Workload) -> str:
+    """What to do about a file or record that cannot be read: the user's own is fixed in place (removed, the data's
+    size changes, which the study was made for); the synthetic JPEGs autotune wrote are written again."""
+    if workload.task is None and workload.data is None:
+        where = synthetic_dir(workload.cache_dir, workload.synthetic_images)
+        return (f"the synthetic JPEGs in {where} are damaged: remove that directory and rerun the same command "
+                "(it writes them again, the same files; finished trials are kept)")
+    return ("fix or replace it in place and rerun the same command (finished trials are kept); removing it changes the "
+            "number of samples the study was made for, so a rerun without it needs another --out")
