@@ -107,6 +107,9 @@ def check_writable(out: Path) -> None:
         StorageError: ``out`` is a file, or it or its nearest existing parent
             is not a writable directory.
     """
+    if out.is_symlink() and not out.exists():  # mkdir would say only "File exists"
+        raise StorageError(f"--out {out} is a symbolic link to {os.readlink(out)}, which leads to no directory: "
+                           "create its target or pass another --out")
     if out.exists():
         if not out.is_dir():
             raise StorageError(f"--out {out} exists and is not a directory")

@@ -170,6 +170,23 @@ def test_a_result_file_that_is_a_directory_is_refused_before_anything_runs(tmp_p
     assert not ran and sorted(p.name for p in out.iterdir()) == [name]
 
 
+@pytest.mark.parametrize("link", ["dangling", "loop"])
+def test_an_out_that_is_a_broken_symbolic_link_is_named_as_such(tmp_path, cache_dir, link) -> None:
+    """Before: `error: [Errno 17] File exists: 'OUT'` (mkdir of a link that leads nowhere)."""
+    out = tmp_path / "out"
+    if link == "dangling":
+        out.symlink_to(tmp_path / "gone" / "results")
+    else:
+        out.symlink_to(tmp_path / "other")
+        (tmp_path / "other").symlink_to(out)
+    result = runner.invoke(app, ["search", "--model", "resnet18", "--image-size", "32", "--device", "cpu", "--out", str(out),
+                                 "--cache-dir", str(cache_dir), "--synthetic-images", "64"])
+    target = tmp_path / ("gone/results" if link == "dangling" else "other")
+    assert result.exit_code == 1 and one_line(result.output) == (
+        f"error: --out {out} is a symbolic link to {target}, which leads to no directory: create its target or pass another --out")
+    assert out.is_symlink() and not (tmp_path / "gone").exists()
+
+
 def test_a_refused_storage_search_creates_no_study(tmp_path, cache_dir) -> None:
     import optuna
 
