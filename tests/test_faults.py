@@ -802,6 +802,40 @@ def test_bad_data_in_the_synthetic_jpegs_says_to_remove_their_directory(tmp_path
     assert study_of(tmp_path / "out").trials[0].state == TrialState.COMPLETE
 
 
+def test_a_data_directory_removed_mid_search_stops_it_without_blaming_the_setups(tmp_path, synthetic_data) -> None:
+    """--data removed (or unmounted) after the first trial: the search stops at once in one line, the failed trial is
+    not stored as its setup's failure, and the rerun with the data back goes on. Before, every later trial and every
+    confirmation run ended `error` (FileNotFoundError), their setups were stored as failing, and the search ended with
+    exit 0 and the defaults as an unconfirmed winner."""
+    import shutil
+
+    from autotune.errors import WorkloadError
+    from autotune.records import TrialResult
+    from autotune.tuner import SearchConfig, run_search
+
+    data, kept = tmp_path / "data", tmp_path / "kept"
+    shutil.copytree(synthetic_data, data)
+    trained: list[int] = []
+
+    def runner(setup, workload, options=None, *, on_window=None):
+        trained.extend([1] if options.mode == "train" else [])
+        if len(trained) == 2:
+            data.rename(kept)  # gone while the trial ran
+        if not data.is_dir():
+            return TrialResult(status="error", error=f"FileNotFoundError: [Errno 2] No such file or directory: '{data}'")
+        return TrialResult(status="ok", samples_per_s=100.0, windows=(100.0,), peak_memory_bytes=2**20)
+
+    config = SearchConfig(model="resnet18", trials=3, image_size=32, device="cpu", trial_seconds=1.0, out=tmp_path / "out", data=data)
+    with pytest.raises(WorkloadError, match=rf"^data directory {data} is gone .*put it back and rerun the same command"):
+        run_search(config, runner=runner)
+    study = study_of(tmp_path / "out")
+    assert study.trials[0].state == TrialState.COMPLETE
+    assert study.trials[1].state == TrialState.FAIL and "result" not in study.trials[1].user_attrs
+    kept.rename(data)
+    assert run_search(config, runner=runner).best is not None
+    assert len([t for t in study_of(tmp_path / "out").trials if t.state == TrialState.COMPLETE]) == 3
+
+
 def test_the_first_error_of_the_pre_pass_ends_calibration_naming_the_model(tiny_workload) -> None:
     from autotune.devices import DeviceInfo
     from autotune.errors import WorkloadError

@@ -5,6 +5,7 @@ exceptions that stop it."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 from autotune.errors import WorkloadError
 from autotune.records import TrialOptions, TrialResult, Workload
@@ -35,7 +36,7 @@ class TimedRunner:
         Raises:
             KeyboardInterrupt: Something outside terminated the trial: the
                 search stops as on Ctrl-C and stores nothing for it.
-            WorkloadError: A data file cannot be decoded, or a dataset item
+            WorkloadError: The data directory is gone (:func:`data_gone`), a data file cannot be decoded, or a dataset item
                 raises while a batch is assembled: the search stops naming it
                 (every setup fast enough to reach it would fail).
         """
@@ -46,9 +47,26 @@ class TimedRunner:
         if result.status == "interrupted":
             raise KeyboardInterrupt
         raise_if_stopped()  # a Ctrl-C whose KeyboardInterrupt was dropped during the trial
+        if result.status not in ("ok", "pruned") and (gone := data_gone(workload)) is not None:
+            raise WorkloadError(gone)  # not the setup's failure: stop before it is stored as one
         if result.status == "bad_data":
             raise WorkloadError(f"bad data: {result.error}; {bad_data_advice(workload)}")
         return result
+
+
+def data_gone(workload: Workload) -> str | None:
+    """Why every trial from now on fails, when the data directory it reads is no longer there (removed or unmounted
+    while the search ran); None while it is (a Task reads its own data)."""
+    if workload.task is not None:
+        return None
+    root = Path(workload.data) if workload.data is not None else synthetic_dir(workload.cache_dir, workload.synthetic_images)
+    if root.is_dir():
+        return None
+    if workload.data is None:
+        return (f"the synthetic JPEGs in {root} are gone (removed while the search ran): rerun the same command "
+                "(it writes them again, the same files; finished trials are kept)")
+    return (f"data directory {root} is gone (removed, moved or unmounted while the search ran): put it back and rerun the "
+            "same command (finished trials are kept)")
 
 
 def bad_data_advice(workload: Workload) -> str:
