@@ -430,6 +430,29 @@ def test_reading_a_directory_without_trials_is_one_error_line(tmp_path, make: st
             assert [row[0] for row in other.execute("SELECT name FROM sqlite_master")] == ["notes"]
 
 
+@pytest.mark.parametrize("damage", ["truncated", "overwritten"])
+@pytest.mark.parametrize("command", ["status", "report", "search"])
+def test_a_damaged_study_db_is_named_as_damaged_with_what_to_do(tmp_path, damage: str, command: str) -> None:
+    """A study.db cut short (a full disk, a copy that stopped) or overwritten: one line saying the file is damaged and
+    what to do, not SQLite's words alone (before: `cannot open study storage ...: (sqlite3.DatabaseError) database
+    disk image is malformed`)."""
+    db = tmp_path / "study.db"
+    study = optuna.create_study(study_name="s", storage=f"sqlite:///{db}")
+    for _ in range(30):
+        study.add_trial(optuna.trial.create_trial(value=1.0, params={}, distributions={}, user_attrs={"pad": "x" * 4000}))
+    if damage == "truncated":
+        os.truncate(db, db.stat().st_size // 2)
+    else:
+        db.write_bytes(os.urandom(db.stat().st_size))
+    size = db.stat().st_size
+    args = [command, str(tmp_path)] if command != "search" else [command, "--model", "resnet18", "--device", "cpu", "--out", str(tmp_path)]
+    result = CliRunner().invoke(app, args)
+    lines = [ln for ln in result.output.splitlines() if ln.strip()]
+    assert result.exit_code == 1 and len(lines) == 1 and "Traceback" not in result.output, result.output
+    assert f"{db} is damaged (not a readable SQLite database): restore it from a backup, or move it away" in lines[0], lines[0]
+    assert db.stat().st_size == size  # only read
+
+
 def test_a_search_whose_command_names_a_path_that_is_not_utf8_writes_its_report(tmp_path, cache_dir) -> None:
     """Python decodes such a path's bytes to lone surrogates (surrogateescape): the page names them escaped, as train.py does."""
     command = "autotune search --data 'bad\udcffname'"  # sys.argv of --data $'bad\xffname'

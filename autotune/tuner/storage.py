@@ -215,6 +215,9 @@ def open_storage(url: str) -> BaseStorage:
             dialect = url.split(":", 1)[0]
             why = (f"no database driver for {dialect} is installed in this environment (autotune brings psycopg for "
                    "postgresql+psycopg://; install the SQLAlchemy driver your URL names)")
+        elif url.startswith("sqlite") and isinstance(exc, sqlalchemy.exc.DatabaseError) and _damaged(why):
+            why += (f": {sqlite_path(url)} is damaged (not a readable SQLite database): restore it from a backup, or move it "
+                    "away and pass another --out (or --storage) for a new search")
         raise StorageError(hide_passwords(f"cannot open study storage {url!r}: {why}")) from None
 
 
@@ -245,6 +248,11 @@ def _created_meanwhile(exc: sqlalchemy.exc.DBAPIError) -> bool:
         return True
     text = str(exc).lower()
     return "already exists" in text or "database is locked" in text
+
+
+def _damaged(why: str) -> bool:
+    """Whether SQLite's error says its file is damaged (cut short, overwritten), not busy or unreachable."""
+    return "malformed" in why or "file is not a database" in why
 
 
 def first_line(exc: BaseException) -> str:
