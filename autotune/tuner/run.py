@@ -19,7 +19,7 @@ from typing import Any
 
 import probes
 from autotune.devices import DeviceInfo
-from autotune.errors import AutotuneError, SearchFailed, SearchInterrupted
+from autotune.errors import AutotuneError, EmitError, SearchFailed, SearchInterrupted, StorageError
 from autotune.files import check_out
 from autotune.output.emit import script_target, write_winner
 from autotune.records import Calibration, TrialOptions, TrialRecord, Workload
@@ -379,7 +379,12 @@ def finish(
         effective_batch=config.effective_batch, world_size=prepared.placement.world_size, command=config.command, interrupted=interrupted,
         excluded_by=excluding(config.pins, defaults), partly_confirmed=any(c.values for c in partial), batch_pin=config.pins.get("batch_size"),
     )
-    written = write_winner(best, out) if write else ()
+    try:
+        written = write_winner(best, out) if write else ()
+    except EmitError as exc:  # a full disk at the very end: what is stored stays, the rerun writes the winner
+        raise StorageError(f"{exc}; the {counted_records(records)} finished trials are kept in {prepared.study.storage}: fix that (a "
+                           "full disk: free some space) and rerun the same command (it confirms the finalists again, then writes "
+                           "best.json and train.py)") from None
     return SearchOutcome(
         best=best,
         records=tuple(records),
