@@ -566,6 +566,37 @@ def test_ctrl_c_during_calibration_keeps_its_runs_and_the_rerun_goes_on_from_the
     assert study.calibration_runs() == {}  # the whole calibration is stored now
 
 
+def test_a_calibration_that_fails_keeps_its_runs_and_another_search_in_the_study_does_not_reuse_them(tmp_path, cache_dir) -> None:
+    """A calibration that stops on an error (data gone, a model that fails at some batch) keeps the runs it measured,
+    and its --out, for the rerun of the same command. A changed command on that --out takes the study over (nothing
+    finished in it), but the kept runs measured the other search: they are dropped, never reused."""
+    from autotune.errors import AutotuneError
+    from autotune.tuner.study import SearchStudy
+
+    runs: list[tuple[int, str]] = []
+
+    def fails_third(setup, workload, options=None, *, on_window=None):
+        runs.append((setup.batch_size, options.mode))
+        if len(runs) == 3:
+            return TrialResult(status="bad_data", error="/data/a/1.jpg: a failure of the third run")
+        return fake_runner(setup, workload, options, on_window=on_window)
+
+    with pytest.raises(AutotuneError, match="a failure of the third run"):
+        search(config(tmp_path, cache_dir, trials=3), runner=fails_third)
+    study = SearchStudy.open(f"sqlite:///{tmp_path / 'out' / 'study.db'}", "resnet18-32px-cpu")
+    assert study.calibration() is None and study.is_empty()
+    assert sum(len(r) for r in study.calibration_runs().values()) == 2  # kept, with the --out that holds them
+    again: list[tuple[int, str]] = []
+
+    def counting(setup, workload, options=None, *, on_window=None):
+        again.append((setup.batch_size, options.mode))
+        return fake_runner(setup, workload, options, on_window=on_window)
+
+    outcome = search(config(tmp_path, cache_dir, trials=3, synthetic_images=96), runner=counting)  # another search
+    assert outcome.calibration.compute_samples_per_s is not None
+    assert again[:2] == runs[:2]  # measured again for this search's data, not taken from the other's runs
+
+
 def test_a_calibration_run_is_reused_only_when_it_measured_and_under_about_the_same_memory_budget() -> None:
     """An error is not kept (the code may be fixed by the rerun); a throughput and an out-of-memory are, and come back
     in the order they ran while the budget moved by at most a tenth (the available RAM it derives from drifts); under

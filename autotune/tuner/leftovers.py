@@ -34,7 +34,7 @@ def nothing_left_if_nothing_measured(study: SearchStudy, made_out: Path | None, 
     try:
         yield
     except AutotuneError as exc:
-        if not isinstance(exc, SearchInterrupted) and not shared and study.holds_nothing():
+        if not isinstance(exc, SearchInterrupted) and not shared and study.measured_nothing():
             if made_out is not None:
                 shutil.rmtree(made_out, ignore_errors=True)
             else:
@@ -56,7 +56,7 @@ def nothing_left_if_stopped(study: SearchStudy, shared: bool) -> Iterator[None]:
     try:
         yield
     except BaseException:
-        if not shared and study.holds_nothing():
+        if not shared and study.measured_nothing():
             study.release()  # before it is gone (releasing again later does nothing)
             study.delete()
         raise

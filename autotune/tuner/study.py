@@ -215,9 +215,10 @@ class SearchStudy(StudyStores):
     def check_signature(self, signature: dict[str, Any], *, in_out: bool = False) -> None:
         """Refuse to resume a study made for a different search; record the signature.
 
-        A study that holds nothing measured (no calibration, no trial: its first
-        run failed before any, on input its error told the user to change) takes
-        the new signature instead, so the corrected command is not refused.
+        A study that holds no calibration and no trial (its first run failed
+        before any, on input its error told the user to change) takes the new
+        signature instead, so the corrected command is not refused; the runs of
+        a calibration it kept are then dropped: they measured the other search.
 
         Raises:
             StorageError: The stored signature differs, naming the first difference (a study another program
@@ -231,14 +232,20 @@ class SearchStudy(StudyStores):
                     f"study {self.name!r} in {self.storage} was made for a different search ({difference}); "
                     + ("pass another --out for this one (an --out holds one search)" if in_out else "pass --study NEW_NAME or another --out")
                 )
+            if difference is not None and self.calibration_runs():  # keyed by setup, not workload: never reused for another
+                self.store_calibration_runs({})
         self.study.set_user_attr(STUDY_SIGNATURE, signature)
 
     def holds_nothing(self) -> bool:
-        """Whether nothing was measured into the study yet: no calibration, no trial (see :meth:`is_empty`)."""
+        """Whether the study holds no calibration and no trial (see :meth:`is_empty`); runs of an unfinished calibration aside."""
         return self.calibration() is None and self.is_empty()
 
+    def measured_nothing(self) -> bool:
+        """Whether nothing at all was measured into the study: :meth:`holds_nothing`, and no calibration run kept either."""
+        return self.holds_nothing() and not self.calibration_runs()
+
     def delete(self) -> None:
-        """Remove the study from its storage (a study that holds nothing, see :meth:`holds_nothing`)."""
+        """Remove the study from its storage (a study that measured nothing, see :meth:`measured_nothing`)."""
         optuna.delete_study(study_name=self.name, storage=self.study._storage)
 
     def is_empty(self) -> bool:
