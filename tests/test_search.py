@@ -586,6 +586,10 @@ def test_a_calibration_that_fails_keeps_its_runs_and_another_search_in_the_study
     study = SearchStudy.open(f"sqlite:///{tmp_path / 'out' / 'study.db'}", "resnet18-32px-cpu")
     assert study.calibration() is None and study.is_empty()
     assert sum(len(r) for r in study.calibration_runs().values()) == 2  # kept, with the --out that holds them
+    from autotune.tuner.status import study_status
+
+    said = study_status(f"sqlite:///{tmp_path / 'out' / 'study.db'}").lines()
+    assert said[1] == "  calibration not finished: 2 of its runs measured and kept; the trials follow it", said
     again: list[tuple[int, str]] = []
 
     def counting(setup, workload, options=None, *, on_window=None):

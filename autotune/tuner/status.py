@@ -62,6 +62,8 @@ class StudyStatus:
             ``failed`` counts trials that crashed or were interrupted instead.
         infeasible_kinds: The statuses those trials ended with.
         shared: Workers of a shared study ran it (``--storage`` with several workers).
+        calibration_runs: While the calibration is not finished, how many of its runs are measured and kept
+            (None once it is).
     """
 
     study: str
@@ -79,6 +81,7 @@ class StudyStatus:
     infeasible_kinds: tuple[str, ...] = ()
     shared: bool = False
     best_excluded_by: str | None = None
+    calibration_runs: int | None = None
 
     def lines(self) -> list[str]:
         """The status in plain lines."""
@@ -88,6 +91,8 @@ class StudyStatus:
         infeasible = f" ({self.infeasible} infeasible: {kinds})" if self.infeasible else ""
         lines = [f"study {self.study!r} in {self.storage}: {self.finished}{budget} trials finished{infeasible}, "
                  f"{len(alive)} running, {self.failed} failed"]
+        if self.calibration_runs is not None:  # no trial runs before it: "0 running" alone read as a stalled search
+            lines.append(f"  calibration not finished: {self.calibration_runs} of its runs measured and kept; the trials follow it")
         lines += [f"  running: {r.describe()}" for r in alive]
         lines += [f"  left running by a search that died: #{r.number} ({r.worker}); the next run marks it failed"
                   for r in self.running if r.gone]
@@ -122,6 +127,7 @@ class StudyStatus:
             "best_excluded_by": self.best_excluded_by,
             "winner": self.winner.to_dict() if self.winner else None,
             "winner_by": self.winner_by,
+            "calibration_runs": self.calibration_runs,
         }
 
 
@@ -186,6 +192,7 @@ def study_status(storage: str, study: str | None = None, out: Path | None = None
         out=out,
         infeasible=len(unmeasured),
         infeasible_kinds=tuple(sorted({r.result.status for r in unmeasured})),
+        calibration_runs=sum(map(len, found.calibration_runs().values())) if found.calibration() is None else None,
     )
 
 
