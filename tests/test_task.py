@@ -247,6 +247,24 @@ def test_workload_callables_the_trials_cannot_import_are_refused_with_the_fix() 
         task_ref("pkg/train.py:make_task")
 
 
+def test_a_workload_module_that_parses_its_arguments_at_import_is_told_about_the_guard(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A training script whose top level runs argparse exits on autotune's own arguments: the one line says so."""
+    (tmp_path / "parses_at_import.py").write_text(
+        "import argparse\n"
+        "from task_factories import good as make_task\n"
+        "parser = argparse.ArgumentParser()\n"
+        "parser.add_argument('--epochs', type=int, required=True)\n"
+        "args = parser.parse_args()\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["autotune", "search", "--workload", "parses_at_import:make_task"])
+    with pytest.raises(WorkloadError) as info:
+        build_task_workload("parses_at_import:make_task", device="cpu")
+    assert str(info.value) == (
+        "importing 'parses_at_import' for workload 'parses_at_import:make_task' failed: SystemExit: 2; its top level exits when "
+        'imported: put the script\'s own code under if __name__ == "__main__":')
+
+
 def test_a_workload_module_that_searches_at_import_is_refused_with_the_guard(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A script that calls autotune.search() at its top level, without the __main__ guard, is imported by the search
     (and by every trial): the import started a second search, which failed in its trials naming the first one's --out lock."""

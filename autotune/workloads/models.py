@@ -194,7 +194,10 @@ def load_factory(ref: str, sys_path: Sequence[str], what: str = "model") -> Call
     except ModuleNotFoundError as exc:
         raise WorkloadError(f"cannot import {module_name!r} for {what} {ref!r}: {exc}") from None
     except USER_CODE_ERRORS as exc:  # the user's module raised while importing
-        raise WorkloadError(f"importing {module_name!r} for {what} {ref!r} failed: {type(exc).__name__}: {exc}") from None
+        # A script's top level that parses sys.argv (argparse) or calls sys.exit: it runs again in every trial process.
+        exits = "; its top level exits when imported: put the script's own code under if __name__ == \"__main__\":"
+        raise WorkloadError(f"importing {module_name!r} for {what} {ref!r} failed: {type(exc).__name__}: {exc}"
+                            f"{exits if isinstance(exc, SystemExit) else ''}") from None
     finally:
         _importing.discard(module_name)
     func = getattr(module, func_name, None)
