@@ -59,6 +59,11 @@ class WorkloadError(AutotuneError):
     """The model or data of a workload cannot be built."""
 
 
+class DataError(WorkloadError):
+    """The data cannot be read now (a file that cannot be decoded, the directory gone): once it is fixed in place, the
+    same command resumes the search, so what the search measured before it is kept."""
+
+
 class ProbeError(AutotuneError):
     """The hardware could not be read."""
 

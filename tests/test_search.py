@@ -601,6 +601,22 @@ def test_a_calibration_that_fails_keeps_its_runs_and_another_search_in_the_study
     assert again[:2] == runs[:2]  # measured again for this search's data, not taken from the other's runs
 
 
+def test_a_calibration_that_fits_no_batch_leaves_the_out_free_for_the_smaller_image_size_it_advises(tmp_path, cache_dir) -> None:
+    """Out of memory at every batch (runs a rerun would reuse) ends in advice to change the command: the study, which
+    holds no calibration and no trial, is not kept, so the advised --image-size (another study name) runs on that --out."""
+    from autotune.errors import WorkloadError
+
+    def fits_at_32_only(setup, workload, options=None, *, on_window=None):
+        if workload.image_size > 32 and options.mode != "loader":
+            return TrialResult(status="oom", error="out of memory", peak_memory_bytes=2**30)
+        return fake_runner(setup, workload, options, on_window=on_window)
+
+    with pytest.raises(WorkloadError, match=r"^not even batch 1 .* a smaller --image-size"):
+        search(config(tmp_path, cache_dir, trials=2, image_size=64), runner=fits_at_32_only)
+    assert not (tmp_path / "out").exists()
+    assert search(config(tmp_path, cache_dir, trials=2, image_size=32), runner=fits_at_32_only).best is not None
+
+
 def test_a_calibration_run_is_reused_only_when_it_measured_and_under_about_the_same_memory_budget() -> None:
     """An error is not kept (the code may be fixed by the rerun); a throughput and an out-of-memory are, and come back
     in the order they ran while the budget moved by at most a tenth (the available RAM it derives from drifts); under

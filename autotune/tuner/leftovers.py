@@ -4,9 +4,13 @@ A model that fails in its first calibration run, or a ``--max-memory`` that
 fits no batch, is found only by running it, after the study was opened (and
 ``--out`` made). Its error tells the user what to change; an empty study kept
 in ``--out`` would then make ``autotune report`` ask which of several studies
-to read, though none holds anything. The synthetic JPEGs are written after
-the study is opened (its signature may refuse the workload first): a failure
-or an interrupt while they are written leaves no empty study either.
+to read, though none holds anything, and a changed ``--image-size`` on that
+``--out`` would be refused. The runs of a calibration that stopped there are
+kept only when the error says to rerun the same command (:class:`DataError`:
+the data fixed in place); a study whose storage failed is left untouched.
+The synthetic JPEGs are written after the study is opened (its signature may
+refuse the workload first): a failure or an interrupt while they are written
+leaves no empty study either.
 """
 
 from __future__ import annotations
@@ -16,15 +20,17 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from autotune.errors import AutotuneError, SearchInterrupted
+from autotune.errors import AutotuneError, DataError, SearchInterrupted, StorageError
+from autotune.tuner.storage import CONNECTION_ERRORS
 from autotune.tuner.study import SearchStudy
 
 
 @contextmanager
 def nothing_left_if_nothing_measured(study: SearchStudy, made_out: Path | None, shared: bool) -> Iterator[None]:
-    """On an :class:`AutotuneError`, remove the study if it holds nothing measured.
+    """On an :class:`AutotuneError`, remove the study if it holds no calibration and no trial.
 
-    An interrupt (Ctrl-C) leaves it: its message says to rerun the same command.
+    An interrupt (Ctrl-C) leaves it: its message says to rerun the same command; so does a :class:`DataError` when
+    calibration runs were kept. A :class:`StorageError` leaves the storage alone.
 
     Args:
         study: The search's study.
@@ -34,11 +40,16 @@ def nothing_left_if_nothing_measured(study: SearchStudy, made_out: Path | None, 
     try:
         yield
     except AutotuneError as exc:
-        if not isinstance(exc, SearchInterrupted) and not shared and study.measured_nothing():
-            if made_out is not None:
+        if isinstance(exc, (SearchInterrupted, StorageError)) or shared:
+            raise
+        try:
+            empty = study.measured_nothing() if isinstance(exc, DataError) else study.holds_nothing()
+            if empty and made_out is not None:
                 shutil.rmtree(made_out, ignore_errors=True)
-            else:
+            elif empty:
                 study.delete()
+        except CONNECTION_ERRORS:  # the storage failed meanwhile: the error already raised is the one to say
+            pass
         raise
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from autotune.errors import WorkloadError
+from autotune.errors import DataError
 from autotune.records import TrialOptions, TrialResult, Workload
 from autotune.runner import TrialRunner, WindowCallback
 from autotune.train_setup import TrainSetup
@@ -48,9 +48,9 @@ class TimedRunner:
             raise KeyboardInterrupt
         raise_if_stopped()  # a Ctrl-C whose KeyboardInterrupt was dropped during the trial
         if result.status not in ("ok", "pruned") and (gone := data_gone(workload)) is not None:
-            raise WorkloadError(gone)  # not the setup's failure: stop before it is stored as one
+            raise DataError(gone)  # not the setup's failure: stop before it is stored as one
         if result.status == "bad_data":
-            raise WorkloadError(f"bad data: {result.error}; {bad_data_advice(workload)}")
+            raise DataError(f"bad data: {result.error}; {bad_data_advice(workload)}")
         return result
 
 
