@@ -315,6 +315,22 @@ def nan_buffer() -> autotune.Task:
     return autotune.Task(_NanStatistics(), _pairs())
 
 
+class _MaskedLinear(nn.Linear):
+    """A buffer of -inf on purpose, as an attention mask: nothing is wrong with this model's state."""
+
+    def __init__(self) -> None:
+        super().__init__(8, 3)
+        self.register_buffer("mask", torch.full((3,), float("-inf")))
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        return super().forward(inputs) + self.mask.exp()  # exp(-inf) = 0
+
+
+def inf_mask_buffer() -> autotune.Task:
+    """A model whose -inf buffer is a mask: it trains, and its checkpoints are written."""
+    return autotune.Task(_MaskedLinear(), _pairs())
+
+
 def _not_a_count(batch: Any) -> int:
     return "x"  # type: ignore[return-value]
 

@@ -857,6 +857,10 @@ def test_the_task_script_refuses_a_bad_workload_or_checkpoint_in_one_line(
         line, _ = in_process.refusal(script, ["--print-freq", "1", "--output-dir", "bad", *flags], script.parent, capfd, monkeypatch)
         assert line.startswith(message), line
         assert not (tmp_path / "bad" / "checkpoint.pth").exists()
+    # A buffer of -inf on purpose (an attention mask) is not a blown-up state: the script trains and saves.
+    code, _, err = in_process.run_script(script, ["--print-freq", "1", "--output-dir", "masked", "--workload", "task_factories:inf_mask_buffer",
+                                                  "--max-steps", "2"], script.parent, capfd, monkeypatch)
+    assert code == 0 and (tmp_path / "masked" / "checkpoint.pth").exists(), err
     (tmp_path / "out").mkdir()
     state = {"model": {}, "optimizer": {}, "epoch": 0, "epoch_step": 1, "step": 1}
     torch.save({**state, "args": {"batch_size": 8, "lr_scaling": "linear"}}, tmp_path / "out" / "checkpoint.pth")
