@@ -104,7 +104,11 @@ class TrialInterrupted(AutotuneError):
 
 
 def check_bool(name: str, value: object) -> bool:
-    """``value`` when it is True or False; a UsageError naming ``name`` otherwise ("no" and "x" are truthy in Python)."""
+    """``value`` when it is True or False.
+
+    Raises:
+        UsageError: Naming ``name``, for anything else ("no" and "x" are truthy in Python).
+    """
     if not isinstance(value, bool):
         raise UsageError(f"{name} must be True or False, got {value!r}")
     return value

@@ -77,4 +77,4 @@ def bad_data_advice(workload: Workload) -> str:
         return (f"the synthetic JPEGs in {where} are damaged: remove that directory and rerun the same command "
                 "(it writes them again, the same files; finished trials are kept)")
     return ("fix or replace it in place and rerun the same command (finished trials are kept); removing it changes the "
-            "number of samples the study was made for, so a rerun without it needs another --out")
+            "number of samples the study was made for, so a rerun without it needs another --out (with --storage: another --study)")

@@ -177,9 +177,10 @@ def load_factory(ref: str, sys_path: Sequence[str], what: str = "model") -> Call
     for entry in sys_path:
         if entry not in sys.path:
             sys.path.append(entry)
-    twin = _stdlib_twin(module_name) if _users_copy(module_name, sys_path) else None
+    mine = _users_copy(module_name, sys_path)
+    twin = _stdlib_twin(module_name) if mine else None
     if twin is not None:  # this process may import the user's file (its directory first), the trials would not
-        raise WorkloadError(f"{_users_copy(module_name, sys_path)} for {what} {ref!r} has the name of a module of Python's "
+        raise WorkloadError(f"{mine} for {what} {ref!r} has the name of a module of Python's "
                             f"standard library ({twin}), which imports find first; rename it")
     if module_name in _importing:  # its top level, run by the import below, asked for it again: it starts autotune itself
         raise StartsAutotune(

@@ -155,7 +155,7 @@ class Task:
         training = model.training
         model.eval()
         try:
-            with torch.no_grad(), torch.random.fork_rng():
+            with torch.no_grad(), torch.random.fork_rng(devices=[]):  # the forward runs on the CPU: no CUDA device is touched
                 self.compute_loss(model, (self.collate_fn or default_collate)(list(itertools.islice(source, 2))))
         except WorkloadError:
             raise
