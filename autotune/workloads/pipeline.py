@@ -141,8 +141,13 @@ class TaskPipeline:
         self.task = load_task(workload.task, workload.sys_path)
 
     def dataset(self) -> Any:
-        """The Task's dataset."""
-        return self.task.dataset
+        """The Task's dataset; a map-style one names an item that raises (:class:`NamedItems`)."""
+        from torch.utils.data import IterableDataset
+
+        dataset = self.task.dataset
+        if isinstance(dataset, IterableDataset) or not hasattr(dataset, "__len__") or hasattr(dataset, "__getitems__"):
+            return dataset  # a stream has no index to name; a batched __getitems__ of its own is kept as it is
+        return NamedItems(dataset)
 
     def collate_fn(self) -> Callable[[list[Any]], Any] | None:
         """The Task's collate_fn."""
@@ -200,6 +205,23 @@ class TaskPipeline:
                 except USER_CODE_ERRORS as exc:
                     raise _bad_item(exc, f"dataset[{index % len(dataset)}]") from None
         return collate_items(self.task, items)
+
+
+class NamedItems:
+    """A map-style dataset whose item that raises is :class:`BadData` naming it (``dataset[250] failed: ...``), in the
+    loader's batches as in :meth:`TaskPipeline.example_batch`: the data's fault, whichever run meets it first."""
+
+    def __init__(self, dataset: Any) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> Any:
+        try:
+            return self.dataset[index]
+        except USER_CODE_ERRORS as exc:
+            raise _bad_item(exc, f"dataset[{index}]") from None
 
 
 def _bad_item(exc: BaseException, item: str) -> BaseException:
