@@ -208,8 +208,10 @@ class TaskPipeline:
 
 
 class NamedItems:
-    """A map-style dataset whose item that raises is :class:`BadData` naming it (``dataset[250] failed: ...``), in the
-    loader's batches as in :meth:`TaskPipeline.example_batch`: the data's fault, whichever run meets it first."""
+    """A map-style dataset whose item that raises in the trial's own process is :class:`BadData` naming it
+    (``dataset[250] failed: ...``), as in :meth:`TaskPipeline.example_batch`: the data's fault, whichever run meets it
+    first. In a loader worker the error stays itself: a dataset may fail only there (a connection that cannot be
+    forked), the fault of the setups with workers, not of the data."""
 
     def __init__(self, dataset: Any) -> None:
         self.dataset = dataset
@@ -218,9 +220,13 @@ class NamedItems:
         return len(self.dataset)
 
     def __getitem__(self, index: int) -> Any:
+        from torch.utils.data import get_worker_info
+
         try:
             return self.dataset[index]
         except USER_CODE_ERRORS as exc:
+            if get_worker_info() is not None:
+                raise
             raise _bad_item(exc, f"dataset[{index}]") from None
 
 
