@@ -866,6 +866,9 @@ def test_the_task_script_refuses_a_bad_workload_or_checkpoint_in_one_line(
     torch.save({**state, "args": {"batch_size": 8, "lr_scaling": "linear"}}, tmp_path / "out" / "checkpoint.pth")
     code, out, err = _run_here(script, capfd, monkeypatch, "--resume", "--lr-scaling", "sqrt")
     assert code == 1 and "was written with --lr-scaling linear (now sqrt)" in err and "step 1 loss" not in out
+    torch.save({**state, "args": {"batch_size": 8, "seed": 3}}, tmp_path / "out" / "checkpoint.pth")  # another shuffle
+    code, out, err = _run_here(script, capfd, monkeypatch, "--resume")
+    assert code == 1 and "was written with --seed 3 (now 0)" in err and "step 1 loss" not in out
     torch.save({**state, "args": {"batch_size": 8}}, tmp_path / "out" / "checkpoint.pth")  # another model's weights
     line, _ = in_process.refusal(script, ["--output-dir", "out", "--resume"], script.parent, capfd, monkeypatch)
     assert "does not fit this model or optimizer" in line, line
