@@ -231,6 +231,20 @@ def raises() -> autotune.Task:
     raise RuntimeError("no data mounted")
 
 
+def _no_model() -> nn.Module:
+    raise RuntimeError("no weights mounted")
+
+
+def model_fails() -> autotune.Task:
+    """The factory returns a Task whose model factory fails (the Task refuses it as the model is built)."""
+    return autotune.Task(model=_no_model, dataset=_pairs(), batch_size=16, lr=2e-3)
+
+
+def not_an_optimizer() -> autotune.Task:
+    """An optimizer factory that returns no optimizer (the Task refuses it as the optimizer is built)."""
+    return autotune.Task(nn.Linear(8, 3), _pairs(), optimizer=lambda params, lr: "adamw", batch_size=16, lr=2e-3)
+
+
 def exits() -> autotune.Task:
     """The factory ends the interpreter, as a script's main guard might."""
     import sys

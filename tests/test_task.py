@@ -847,6 +847,10 @@ def test_the_task_script_refuses_a_bad_workload_or_checkpoint_in_one_line(
         assert not (tmp_path / "out").exists()
     # Recipes the search refuses stop the script in one line too, and no checkpoint of NaN weights is written.
     for flags, message in ((["--workload", "task_factories:non_scalar_loss"], "error: the Task's loss must be a scalar tensor, got (8,)"),
+                           # The Task's own refusals, raised as its parts are built: one line too, not a traceback.
+                           (["--workload", "task_factories:model_fails"], "error: Task model factory failed: RuntimeError: no weights mounted"),
+                           (["--workload", "task_factories:not_an_optimizer"],
+                            "error: Task optimizer factory returned str, not a torch.optim.Optimizer"),
                            (["--workload", "task_factories:nan_loss"], "error: the loss or the weights became NaN or infinite by step 1"),
                            # The last step's loss was finite, the step blew the weights up: still no checkpoint.
                            (["--workload", "task_factories:nan_weights", "--max-steps", "1"],
