@@ -550,6 +550,7 @@ def test_bad_data_directories_name_their_flag(
         (["--weight-decay", "-1"], "--weight-decay must be a finite number >= 0"),
         (["--weight-decay", "nan"], "--weight-decay must be a finite number >= 0"),
         (["--threads", "0"], "--threads must be >= 1"),
+        (["--seed", str(2**64)], "--seed must be a 64-bit integer (-2**63 to 2**63 - 1)"),  # torch's overflow traceback before
     ],
 )
 def test_bad_numbers_are_one_line_before_any_work(

@@ -841,6 +841,7 @@ def test_the_task_script_refuses_a_bad_workload_or_checkpoint_in_one_line(
         (["--workload", "task_factories:TASK"], "error: --workload task_factories:TASK: TASK is a Task, not a function that returns one"),
         (["--workload", "task_factories:raises"], "error: --workload task_factories:raises failed: RuntimeError: no data mounted"),
         (["--output-dir", "/proc/autotune-x"], "error: --output-dir /proc/autotune-x: No such file or directory"),
+        (["--seed", str(-2**64)], "error: --seed must be a 64-bit integer (-2**63 to 2**63 - 1)"),
     ):
         line, _ = in_process.refusal(script, ["--print-freq", "1", "--output-dir", "out", *flags], script.parent, capfd, monkeypatch)
         assert line.startswith(message), line
