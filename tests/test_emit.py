@@ -934,3 +934,30 @@ def test_resume_on_data_of_another_size_is_refused_in_one_line(
                                  monkeypatch)
     assert line.startswith("error: --resume: out/checkpoint.pth was written for 64 samples per process, the data now holds ")
     assert line.endswith("resume with the data it was written for, or pass another --output-dir to start afresh")
+
+
+def test_a_second_ctrl_c_during_a_checkpoint_write_leaves_no_partial_file(
+    synthetic_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A second Ctrl-C stops at once, also inside torch.save (Python runs the handler between the records it writes):
+    the partial checkpoint.pth.tmp (a model's size) is removed, and the checkpoint written before it is kept."""
+    import argparse
+
+    import torch
+
+    namespace = load_script(write_script(make_best(synthetic_data, **CPU_KNOBS), tmp_path / "train.py"))
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.AdamW(model.parameters())
+    args = argparse.Namespace(output_dir=str(tmp_path), batch_size=8)
+    namespace["save_checkpoint"](args, model, optimizer, None, {"epoch": 0, "epoch_step": 3, "step": 3})
+
+    def interrupted(obj: Any, path: str) -> None:
+        Path(path).write_bytes(b"PK partial")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(torch, "save", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        namespace["save_checkpoint"](args, model, optimizer, None, {"epoch": 0, "epoch_step": 4, "step": 4})
+    monkeypatch.undo()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.pth", "train.py"]
+    assert torch.load(tmp_path / "checkpoint.pth", weights_only=True)["step"] == 3
