@@ -961,3 +961,23 @@ def test_a_second_ctrl_c_during_a_checkpoint_write_leaves_no_partial_file(
     monkeypatch.undo()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.pth", "train.py"]
     assert torch.load(tmp_path / "checkpoint.pth", weights_only=True)["step"] == 3
+
+
+@pytest.mark.parametrize("text", ["DataLoader worker (pid 5495) is killed by signal: Killed. ",
+                                  "DataLoader worker (pid(s) 5495, 5496) exited unexpectedly"])
+def test_a_loader_worker_killed_from_outside_is_one_line_in_both_scripts(synthetic_data: Path, tmp_path: Path, text: str) -> None:
+    """The kernel's out-of-memory killer ends a loader worker mid-epoch (as kill -9 of the worker does): the DataLoader's
+    RuntimeError reached the user as a 40-line traceback through the optimizer step it interrupted."""
+    from test_task import _task_script
+
+    import autotune
+
+    classifier = write_script(make_best(synthetic_data, **CPU_KNOBS), tmp_path / "train.py")
+    task = _task_script(tmp_path / "task", "good", autotune.TrainSetup(batch_size=4))
+    for script in (classifier, task):
+        with pytest.raises(SystemExit) as exited:
+            load_script(script)["known_failure"](RuntimeError(text))
+        said = text.strip().rstrip(".")
+        assert exited.value.code == (f"error: {said}: a loader worker process was ended from outside (most often by the "
+                                     "kernel's out-of-memory killer); lower --workers or --prefetch-factor, then rerun "
+                                     "with --resume to go on from the last checkpoint")
