@@ -879,6 +879,21 @@ def test_the_task_script_refuses_a_bad_workload_or_checkpoint_in_one_line(
     assert "does not fit this model or optimizer" in line, line
 
 
+def test_a_run_without_resume_over_a_checkpoint_says_it_will_replace_it(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rerunning the same command after a preemption, --resume forgotten, trained from step 0 and its first save
+    replaced the earlier run's checkpoint without a word."""
+    script = _task_script(tmp_path, "good", autotune.TrainSetup(batch_size=8))
+    code, out, err = _run_here(script, capfd, monkeypatch, "--max-steps", "2")
+    assert code == 0 and "note:" not in out, err
+    code, out, err = _run_here(script, capfd, monkeypatch, "--max-steps", "1")
+    note = f"note: {Path('out') / 'checkpoint.pth'} exists and this run starts from step 0 (no --resume): its first checkpoint replaces"
+    assert code == 0 and note in out, out
+    code, out, err = _run_here(script, capfd, monkeypatch, "--resume", "--max-steps", "2")
+    assert code == 0 and "note:" not in out, err
+
+
 @pytest.mark.slow
 def test_the_task_script_on_a_batch_norm_model_refuses_a_batch_of_one_in_one_line(tmp_path: Path) -> None:
     """BatchNorm's own refusal of a micro-batch of one sample, raised in the first step, is one line naming the flag."""
