@@ -879,6 +879,18 @@ def test_the_task_script_refuses_a_bad_workload_or_checkpoint_in_one_line(
     assert "does not fit this model or optimizer" in line, line
 
 
+def test_the_task_script_without_autotune_installed_says_so_in_one_line(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The script needs autotune only through the factory's module: where it is not installed, the factory's import
+    fails in one line naming the module, as for any other import the factory lacks."""
+    script = _task_script(tmp_path, "good", autotune.TrainSetup(batch_size=8))
+    (tmp_path / f"needs_autotune_{tmp_path.name}.py").write_text("import autotune\n\ndef make():\n    return None\n")
+    monkeypatch.setitem(sys.modules, "autotune", None)  # import autotune raises ImportError, as where it is not installed
+    line, _ = in_process.refusal(script, ["--workload", f"needs_autotune_{tmp_path.name}:make"], tmp_path, capfd, monkeypatch)
+    assert line.startswith(f"error: --workload needs_autotune_{tmp_path.name}:make: cannot import needs_autotune_"), line
+
+
 def test_a_run_without_resume_over_a_checkpoint_says_it_will_replace_it(
     tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
