@@ -981,3 +981,24 @@ def test_a_loader_worker_killed_from_outside_is_one_line_in_both_scripts(synthet
         assert exited.value.code == (f"error: {said}: a loader worker process was ended from outside (most often by the "
                                      "kernel's out-of-memory killer); lower --workers or --prefetch-factor, then rerun "
                                      "with --resume to go on from the last checkpoint")
+
+
+def test_data_whose_class_folders_are_splits_gets_the_search_s_warning(
+    synthetic_data: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """python train.py --data /data/imagenet (the level above train/ and val/) trained a 2-class model on the splits
+    without a word, where the search warns about the same folder."""
+    import shutil
+
+    images = sorted(synthetic_data.rglob("*.jpg"))
+    for split, files in (("train", images[:8]), ("val", images[8:12])):
+        (tmp_path / "imagenet" / split / "n0").mkdir(parents=True)
+        for file in files:
+            shutil.copy(file, tmp_path / "imagenet" / split / "n0" / file.name)
+    script = write_script(make_best(synthetic_data, **CPU_KNOBS), tmp_path / "train.py")
+    code, out, err = in_process.run_script(
+        script, ["--data", "imagenet", "--batch-size", "2", "--accum-steps", "1", "--workers", "0", "--max-steps", "1",
+                 "--output-dir", "out"], tmp_path, capfd, monkeypatch)
+    assert code == 0, err
+    assert (f"warning: the class folders of imagenet are train, val, which look like dataset splits: did you mean --data "
+            f"{Path('imagenet') / 'train'}?") in out

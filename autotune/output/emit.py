@@ -34,7 +34,7 @@ from autotune.records import LR_SCALINGS
 from autotune.redact import hide_passwords
 from autotune.torch_knobs import COMPILE_MODES, DECODES, OPTIMIZER_IMPLS
 from autotune.train_setup import AMP_MODES
-from autotune.workloads.data import synthetic_dir
+from autotune.workloads.data import SPLITS, synthetic_dir
 from autotune.workloads.models import validate_model_ref
 from probes.cpu import BF16_FLAGS
 
@@ -238,6 +238,7 @@ def _values(best: Best) -> dict[str, str]:
         "unsharded": _bool("unsharded", workload.unsharded),
         "workload": repr(model if workload.task is None else _task_ref(workload.task)),
         "bf16_flags": repr(tuple(BF16_FLAGS)),
+        "split_names": repr(tuple(sorted(SPLITS))),
     }
     # Numbers only reach the header comment, but a NaN there would still mislead.
     for name in ("samples_per_s", "samples_per_s_spread", "defaults_samples_per_s", "speedup", "lr"):
