@@ -760,6 +760,21 @@ def test_bad_data_in_a_trial_stops_the_search_naming_the_file(tmp_path, cache_di
     assert study.trials[1].state == TrialState.FAIL and "result" not in study.trials[1].user_attrs
 
 
+def _bad_data_in_the_second_trial(victim: Path):  # type: ignore[no-untyped-def]
+    """A runner whose second search trial meets ``victim`` truncated; every other run measures 100 samples/s."""
+    from autotune.records import TrialResult
+
+    trained: list[int] = []
+
+    def runner(setup, workload, options=None, *, on_window=None):  # type: ignore[no-untyped-def]
+        trained.extend([1] if options.mode == "train" else [])
+        if len(trained) == 2:
+            return TrialResult(status="bad_data", error=f"{victim}: cannot decode (OSError: image file is truncated)")
+        return TrialResult(status="ok", samples_per_s=100.0, windows=(100.0,), peak_memory_bytes=2**20)
+
+    return runner
+
+
 def test_bad_data_advice_matches_what_a_rerun_accepts(tmp_path, synthetic_data) -> None:
     """The bad-data line found in a trial says to fix the file in place: a rerun after removing it is refused (the
     study was made for that many samples), so its advice names another --out for that (before: "fix or remove it and
@@ -767,19 +782,12 @@ def test_bad_data_advice_matches_what_a_rerun_accepts(tmp_path, synthetic_data) 
     import shutil
 
     from autotune.errors import StorageError, WorkloadError
-    from autotune.records import TrialResult
     from autotune.tuner import SearchConfig, run_search
 
     data = tmp_path / "data"
     shutil.copytree(synthetic_data, data)
     victim = next(iter(sorted((data / "class_03").iterdir())))
-    trained: list[int] = []
-
-    def runner(setup, workload, options=None, *, on_window=None):
-        trained.extend([1] if options.mode == "train" else [])
-        if len(trained) == 2:
-            return TrialResult(status="bad_data", error=f"{victim}: cannot decode (OSError: image file is truncated)")
-        return TrialResult(status="ok", samples_per_s=100.0, windows=(100.0,), peak_memory_bytes=2**20)
+    runner = _bad_data_in_the_second_trial(victim)
 
     config = SearchConfig(model="resnet18", trials=3, image_size=32, device="cpu", trial_seconds=1.0, out=tmp_path / "out", data=data)
     with pytest.raises(WorkloadError) as caught:
@@ -800,19 +808,12 @@ def test_bad_data_in_the_synthetic_jpegs_says_to_remove_their_directory(tmp_path
     import shutil
 
     from autotune.errors import WorkloadError
-    from autotune.records import TrialResult
     from autotune.tuner import SearchConfig, run_search
 
     cache = tmp_path / "cache"
     shutil.copytree(synthetic_data, cache / synthetic_data.name)
     victim = cache / synthetic_data.name / "class_03" / "img_000003.jpg"
-    trained: list[int] = []
-
-    def runner(setup, workload, options=None, *, on_window=None):
-        trained.extend([1] if options.mode == "train" else [])
-        if len(trained) == 2:
-            return TrialResult(status="bad_data", error=f"{victim}: cannot decode (OSError: image file is truncated)")
-        return TrialResult(status="ok", samples_per_s=100.0, windows=(100.0,), peak_memory_bytes=2**20)
+    runner = _bad_data_in_the_second_trial(victim)
 
     config = SearchConfig(model="resnet18", trials=3, image_size=32, device="cpu", trial_seconds=1.0, out=tmp_path / "out",
                           cache_dir=cache, synthetic_images=64)
