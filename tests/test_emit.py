@@ -881,6 +881,34 @@ def test_workers_ended_by_the_stop_signal_stop_training_however_the_loader_repor
         stop.close()
 
 
+@pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptionWarning")  # the OSError surfaces as one in a C call
+def test_a_sigchld_pending_with_the_stop_signal_raises_nothing(synthetic_data: Path, tmp_path: Path) -> None:
+    """A job-wide SIGTERM and the SIGCHLD of the worker it ended, pending together: Python runs their handlers in
+    signal order, the stop's first. It swapped PyTorch's SIGCHLD handler for SIG_DFL, so the pending SIGCHLD then
+    raised "OSError: Signal 17 ignored due to race condition" mid-step (a CI run's traceback)."""
+    import signal
+    import time
+
+    namespace = load_script(write_script(make_best(synthetic_data, **CPU_KNOBS), tmp_path / "train.py"))
+    children: list[int] = []
+    before = signal.signal(signal.SIGCHLD, lambda signum, frame: children.append(signum))  # as PyTorch's DataLoader sets one
+    both = {signal.SIGTERM, signal.SIGCHLD}
+    stop = namespace["GracefulStop"]()
+    try:
+        signal.pthread_sigmask(signal.SIG_BLOCK, both)
+        os.kill(os.getpid(), signal.SIGCHLD)
+        os.kill(os.getpid(), signal.SIGTERM)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, both)  # both delivered now; the handlers run at the next bytecode
+        for _ in range(3):
+            time.sleep(0.01)
+        assert stop.name == "SIGTERM"
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, both)
+        stop.close()
+        signal.signal(signal.SIGCHLD, before)
+    assert signal.getsignal(signal.SIGCHLD) is before
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("signum", [2, 15], ids=["SIGINT", "SIGTERM"])
 def test_ctrl_c_or_sigterm_stops_after_the_step_with_a_checkpoint_to_resume_from(
