@@ -101,7 +101,7 @@ def run_search(config: SearchConfig, reporter: Reporter | None = None, *, runner
     except KeyboardInterrupt:
         raise SearchInterrupted("interrupted while the search was prepared: this run measured nothing (what earlier runs of the "
                                 "study measured is kept); rerun the same command") from None
-    # A storage that fails mid-search is one StorageError (an empty study is then removed, as on any error).
+    # A storage that fails mid-search is one StorageError (the clean-up then leaves the storage alone).
     with nothing_left_if_nothing_measured(prepared.study, prepared.made_out, prepared.crew is not None), \
             storage_failures_said(prepared.study.storage), prepared.held:
         outcome = _search(config, prepared, reporter, timed, timing, began)

@@ -261,13 +261,14 @@ def first_line(exc: BaseException) -> str:
     return text.splitlines()[0][:200] if text else type(exc).__name__
 
 
-#: What a lost database connection or an unreachable journal file raises.
-CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
+#: What a database that fails or drops its connection raises.
+DATABASE_ERRORS: tuple[type[BaseException], ...] = (
     sqlalchemy.exc.OperationalError,
     sqlalchemy.exc.InterfaceError,
     optuna.exceptions.StorageInternalError,  # Optuna's wrapper of a failed commit
-    OSError,
 )
+#: What a lost database connection or an unreachable journal file raises.
+CONNECTION_ERRORS: tuple[type[BaseException], ...] = (*DATABASE_ERRORS, OSError)
 
 
 def with_retries(step: Callable[[], T], storage: str, *, on_give_up: Callable[[], None] | None = None) -> T:
@@ -313,7 +314,7 @@ def storage_failures_said(storage: str) -> Iterator[None]:
     """
     try:
         yield
-    except CONNECTION_ERRORS[:-1] as exc:  # an OSError is the command line's own one-line error already
+    except DATABASE_ERRORS as exc:  # an OSError is the command line's own one-line error already
         cause = exc.__cause__ if isinstance(exc, optuna.exceptions.StorageInternalError) and exc.__cause__ is not None else exc
         raise StorageError(hide_passwords(
             f"cannot write to the study storage {storage}: {first_line(cause)}; what it stored before this is kept "

@@ -36,7 +36,7 @@ class TimedRunner:
         Raises:
             KeyboardInterrupt: Something outside terminated the trial: the
                 search stops as on Ctrl-C and stores nothing for it.
-            WorkloadError: The data directory is gone (:func:`data_gone`), a data file cannot be decoded, or a dataset item
+            DataError: The data directory is gone (:func:`data_gone`), a data file cannot be decoded, or a dataset item
                 raises while a batch is assembled: the search stops naming it
                 (every setup fast enough to reach it would fail).
         """

@@ -220,11 +220,11 @@ class NamedItems:
         return len(self.dataset)
 
     def __getitem__(self, index: int) -> Any:
-        from torch.utils.data import get_worker_info
-
         try:
             return self.dataset[index]
         except USER_CODE_ERRORS as exc:
+            from torch.utils.data import get_worker_info  # here, not per item: the loader's hot path stays the dataset's
+
             if get_worker_info() is not None:
                 raise
             raise _bad_item(exc, f"dataset[{index}]") from None
