@@ -983,10 +983,9 @@ def test_a_second_ctrl_c_during_a_checkpoint_write_leaves_no_partial_file(
         Path(path).write_bytes(b"PK partial")
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(torch, "save", interrupted)
-    with pytest.raises(KeyboardInterrupt):
+    with monkeypatch.context() as patched, pytest.raises(KeyboardInterrupt):  # undone here, not conftest's own patches
+        patched.setattr(torch, "save", interrupted)
         namespace["save_checkpoint"](args, model, optimizer, None, {"epoch": 0, "epoch_step": 4, "step": 4})
-    monkeypatch.undo()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.pth", "train.py"]
     assert torch.load(tmp_path / "checkpoint.pth", weights_only=True)["step"] == 3
 
