@@ -27,15 +27,19 @@ DECODES: tuple[str, ...] = ("cpu", "gpu")
 def configure_torch(
     device: str | torch.device, *, num_threads: int | None, cudnn_benchmark: bool, tf32: bool
 ) -> None:
-    """Apply the process-wide settings; ``None`` and ``False`` leave torch's defaults untouched.
+    """Apply the process-wide settings, the CUDA flags both ways.
+
+    The CUDA flags are set on and off: a training module that turned TF32 or cuDNN autotuning on at
+    import would otherwise keep them on in a trial whose setup has them off, measured under the
+    wrong label. ``num_threads=None`` leaves torch's thread count as it is.
 
     Args:
         device: The training device (the CUDA flags apply only to ``cuda``).
         num_threads: Intra-op threads (``torch.set_num_threads``).
         cudnn_benchmark: ``torch.backends.cudnn.benchmark``.
-        tf32: TF32 for float32 matmuls (``torch.set_float32_matmul_precision("high")``)
-            and convolutions (``torch.backends.cudnn.conv.fp32_precision``;
-            ``allow_tf32`` on a torch older than 2.9).
+        tf32: TF32 for float32 matmuls (``torch.set_float32_matmul_precision("high")``; off:
+            ``"highest"``, torch's default) and convolutions (``torch.backends.cudnn.conv.fp32_precision``;
+            ``allow_tf32`` on a torch older than 2.9; off: left as torch sets them, which is TF32).
     """
     import torch
 
@@ -43,13 +47,13 @@ def configure_torch(
         torch.set_num_threads(num_threads)
     if device_type(device) != "cuda":
         return
-    if cudnn_benchmark:
-        torch.backends.cudnn.benchmark = True
+    torch.backends.cudnn.benchmark = cudnn_benchmark
+    # Matmuls through torch.set_float32_matmul_precision, not matmul.fp32_precision: once the
+    # latter is set, torch.get_float32_matmul_precision() raises ("mix of the legacy and new
+    # APIs"), and inductor's autotuning (compile=max-autotune-no-cudagraphs) calls it. The call
+    # also resets a module's matmul.allow_tf32 or matmul.fp32_precision.
+    torch.set_float32_matmul_precision("high" if tf32 else "highest")
     if tf32:
-        # Matmuls through torch.set_float32_matmul_precision, not matmul.fp32_precision: once the
-        # latter is set, torch.get_float32_matmul_precision() raises ("mix of the legacy and new
-        # APIs"), and inductor's autotuning (compile=max-autotune-no-cudagraphs) calls it.
-        torch.set_float32_matmul_precision("high")
         if hasattr(torch.backends.cudnn, "conv"):  # the per-backend precision API, torch >= 2.9
             torch.backends.cudnn.conv.fp32_precision = "tf32"
         else:

@@ -103,6 +103,8 @@ def test_cuda_flags_apply_through_the_precision_api() -> None:
             assert torch.backends.cuda.matmul.fp32_precision == "tf32"
             assert torch.backends.cudnn.conv.fp32_precision == "tf32"
             assert torch.get_float32_matmul_precision() == "high"  # readable: inductor's autotuning reads it
+        TrainSetup(cudnn_benchmark=False, tf32=False).configure_torch("cuda:0")  # off undoes on
+        assert torch.backends.cudnn.benchmark is False and torch.get_float32_matmul_precision() == "highest"
     finally:
         torch.backends.cudnn.benchmark = before[0]
         torch.set_float32_matmul_precision(before[1])

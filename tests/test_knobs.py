@@ -160,21 +160,28 @@ def test_the_random_batch_is_pixels_and_skips_the_gpu_decoder(tiny_workload: Wor
     loop.monitor.stop()
 
 
+def _template_function(template: str, name: str) -> dict[str, Any]:
+    """A namespace holding one top-level function of an emitted script's template (with the shared code in place)."""
+    import re
+
+    import autotune.output.emit
+
+    source = autotune.output.emit._template(template).template
+    function = re.search(rf"^def {name}\(.*\):\n(?:    .*\n|\n)+?(?=\n\ndef )", source, re.M)
+    assert function is not None
+    namespace: dict[str, Any] = {"torch": torch, "sys": sys}
+    exec(function.group(0), namespace)
+    return namespace
+
+
 @pytest.mark.parametrize("template", ["train.py.tmpl", "train_task.py.tmpl"])
 def test_tf32_leaves_the_matmul_precision_readable(template: str) -> None:
     """TF32 on, the matmul precision still reads back: inductor's autotuning calls
     torch.get_float32_matmul_precision(), which raises once matmul.fp32_precision was set.
     The flags need no GPU to be set, so this runs on the CPU, for the trials' helper and both scripts."""
     import argparse
-    import re
 
-    import autotune.output.emit
-
-    source = autotune.output.emit._template(template).template  # with the code both scripts share in place
-    function = re.search(r"^def configure_torch\(args, device\):\n(?:    .*\n|\n)+?(?=\n\ndef )", source, re.M)
-    assert function is not None
-    namespace: dict[str, Any] = {"torch": torch, "sys": sys}
-    exec(function.group(0), namespace)
+    namespace = _template_function(template, "configure_torch")
     args = argparse.Namespace(threads=None, cudnn_benchmark=False, tf32=True, compile="off", decode="cpu")
     from autotune.torch_knobs import configure_torch  # what TrainSetup.configure_torch applies once the device is checked
 
@@ -190,6 +197,32 @@ def test_tf32_leaves_the_matmul_precision_readable(template: str) -> None:
         finally:
             torch.set_float32_matmul_precision(before[0])
             torch.backends.cudnn.conv.fp32_precision = before[1]
+
+
+@pytest.mark.parametrize("template", ["train.py.tmpl", "train_task.py.tmpl"])
+def test_off_flags_undo_what_the_training_module_turned_on(template: str) -> None:
+    """A module that turns TF32 and cuDNN autotuning on at import (it runs before the flags are
+    applied) does not keep them on in a tf32=false, cudnn_benchmark=false trial or script run."""
+    import argparse
+
+    from autotune.torch_knobs import configure_torch
+
+    namespace = _template_function(template, "configure_torch")
+    args = argparse.Namespace(threads=None, cudnn_benchmark=False, tf32=False, compile="off", decode="cpu")
+    appliers = [lambda: configure_torch("cuda:0", num_threads=None, cudnn_benchmark=False, tf32=False),
+                lambda: namespace["configure_torch"](args, torch.device("cuda", 0))]
+    before = (torch.get_float32_matmul_precision(), torch.backends.cudnn.benchmark)
+    for apply in appliers:
+        try:
+            torch.backends.cuda.matmul.allow_tf32 = True  # what the module did
+            torch.backends.cudnn.benchmark = True
+            apply()
+            assert torch.get_float32_matmul_precision() == "highest"
+            assert torch.backends.cuda.matmul.allow_tf32 is False
+            assert torch.backends.cudnn.benchmark is False
+        finally:
+            torch.set_float32_matmul_precision(before[0])
+            torch.backends.cudnn.benchmark = before[1]
 
 
 # ------------------------------------------------------- space and --set
