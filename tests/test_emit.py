@@ -979,8 +979,8 @@ def test_a_second_ctrl_c_during_a_checkpoint_write_leaves_no_partial_file(
     args = argparse.Namespace(output_dir=str(tmp_path), batch_size=8)
     namespace["save_checkpoint"](args, model, optimizer, None, {"epoch": 0, "epoch_step": 3, "step": 3})
 
-    def interrupted(obj: Any, path: str) -> None:
-        Path(path).write_bytes(b"PK partial")
+    def interrupted(obj: Any, file: Any) -> None:
+        file.write(b"PK partial")
         raise KeyboardInterrupt
 
     with monkeypatch.context() as patched, pytest.raises(KeyboardInterrupt):  # undone here, not conftest's own patches
@@ -988,6 +988,28 @@ def test_a_second_ctrl_c_during_a_checkpoint_write_leaves_no_partial_file(
         namespace["save_checkpoint"](args, model, optimizer, None, {"epoch": 0, "epoch_step": 4, "step": 4})
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.pth", "train.py"]
     assert torch.load(tmp_path / "checkpoint.pth", weights_only=True)["step"] == 3
+
+
+def test_a_checkpoint_is_on_disk_before_it_replaces_the_last_one(synthetic_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The new checkpoint is fsynced, whole, before the rename: after a power cut the file is the old or the new one."""
+    import argparse
+
+    import torch
+
+    namespace = load_script(write_script(make_best(synthetic_data, **CPU_KNOBS), tmp_path / "train.py"))
+    model = torch.nn.Linear(4, 2)
+    args = argparse.Namespace(output_dir=str(tmp_path), batch_size=8)
+    synced: list[tuple[str, int]] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        name = os.readlink(f"/proc/self/fd/{fd}")
+        synced.append((os.path.basename(name), os.path.getsize(name)))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    namespace["save_checkpoint"](args, model, torch.optim.AdamW(model.parameters()), None, {"epoch": 0, "epoch_step": 3, "step": 3})
+    assert synced == [("checkpoint.pth.tmp", (tmp_path / "checkpoint.pth").stat().st_size)]
 
 
 @pytest.mark.parametrize("text", ["DataLoader worker (pid 5495) is killed by signal: Killed. ",
