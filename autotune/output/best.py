@@ -8,6 +8,7 @@ atomic: a reader never sees a half-written file.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,13 @@ FIELDS: dict[str, tuple[type, ...]] = {
     "world_size": (int,),
     "confirmed": (bool,),
 }
+#: The lowest value of each numeric field (a hand-edited ``"lr": -1`` reached train.py's defaults).
+_LOWEST: dict[str, float] = {
+    "samples_per_s": 0, "samples_per_s_spread": 0, "defaults_samples_per_s": 0, "speedup": 0, "lr": 0,
+    "effective_batch": 1, "reference_batch": 1, "world_size": 1, "peak_memory_bytes": 0,
+}
+#: Fields whose lowest value is allowed (the others must be above it).
+_AT_LEAST = ("samples_per_s_spread", "effective_batch", "reference_batch", "world_size", "peak_memory_bytes")
 #: Fields that may be missing (they have defaults).
 OPTIONAL = ("hardware", "versions", "command", "created", "notes", "world_size", "confirmed")
 
@@ -72,6 +80,11 @@ def check_best_dict(data: Any) -> dict[str, Any]:
         value = data[name]
         if (isinstance(value, bool) and bool not in types) or not isinstance(value, types):  # True is an int, not a number
             raise AutotuneError(f"best.json field {name!r} must be {_expected(types)}, not a {_json_type(value)}")
+    for name, low in _LOWEST.items():
+        value = data.get(name)
+        if isinstance(value, (int, float)) and not (low <= value < math.inf if name in _AT_LEAST else low < value < math.inf):
+            bound = f">= {low}" if name in _AT_LEAST else f"> {low}"
+            raise AutotuneError(f"best.json field {name!r} must be a finite number {bound}, got {value!r}")
     notes = data.get("notes", [])
     if not all(isinstance(n, str) for n in notes):
         raise AutotuneError("best.json field 'notes' must be a list of strings")
