@@ -100,6 +100,15 @@ def _can_write(directory: Path) -> bool:
         return False
 
 
+def _refuse_dangling(out: Path, path: Path) -> None:
+    """Refuse ``out`` when ``path`` (``out`` or a directory above it) is a symbolic link that leads to no directory:
+    ``mkdir`` would say only "File exists"."""
+    if path.is_symlink() and not path.exists():
+        where = f"--out {out}" if path == out else f"--out {out} cannot be created: {path}"
+        raise StorageError(f"{where} is a symbolic link to {os.readlink(path)}, which leads to no directory: "
+                           "create its target or pass another --out")
+
+
 def check_writable(out: Path) -> None:
     """Fail early (leaving nothing behind) when ``out`` cannot be created or written.
 
@@ -107,9 +116,7 @@ def check_writable(out: Path) -> None:
         StorageError: ``out`` is a file, or it or its nearest existing parent
             is not a writable directory.
     """
-    if out.is_symlink() and not out.exists():  # mkdir would say only "File exists"
-        raise StorageError(f"--out {out} is a symbolic link to {os.readlink(out)}, which leads to no directory: "
-                           "create its target or pass another --out")
+    _refuse_dangling(out, out)
     if out.exists():
         if not out.is_dir():
             raise StorageError(f"--out {out} exists and is not a directory")
@@ -118,6 +125,7 @@ def check_writable(out: Path) -> None:
         return
     parent = out.absolute().parent
     while not parent.exists():
+        _refuse_dangling(out, parent)
         parent = parent.parent
     if not parent.is_dir():
         raise StorageError(f"--out {out} cannot be created: {parent} is not a directory")

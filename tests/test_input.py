@@ -187,6 +187,18 @@ def test_an_out_that_is_a_broken_symbolic_link_is_named_as_such(tmp_path, cache_
     assert out.is_symlink() and not (tmp_path / "gone").exists()
 
 
+def test_an_out_below_a_broken_symbolic_link_is_named_as_such(tmp_path, cache_dir) -> None:
+    """``--out link/sub`` with ``link`` leading nowhere: before, `error: [Errno 17] File exists: '.../link'`."""
+    (tmp_path / "link").symlink_to(tmp_path / "gone")
+    out = tmp_path / "link" / "sub" / "out"
+    result = runner.invoke(app, ["search", "--model", "resnet18", "--image-size", "32", "--device", "cpu", "--out", str(out),
+                                 "--cache-dir", str(cache_dir), "--synthetic-images", "64"])
+    assert result.exit_code == 1 and one_line(result.output) == (
+        f"error: --out {out} cannot be created: {tmp_path / 'link'} is a symbolic link to {tmp_path / 'gone'}, which leads "
+        "to no directory: create its target or pass another --out")
+    assert not (tmp_path / "gone").exists()
+
+
 def test_a_refused_storage_search_creates_no_study(tmp_path, cache_dir) -> None:
     import optuna
 
