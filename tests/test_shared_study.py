@@ -29,7 +29,7 @@ from autotune.errors import StorageError
 from autotune.train_setup import TrainSetup
 from autotune.tuner.budget import counted
 from autotune.tuner.lock import Holder
-from autotune.tuner.storage import heartbeats, is_shared, journal_path
+from autotune.tuner.storage import heartbeats, is_shared, journal_path, with_retries
 from autotune.tuner.study import SearchStudy
 from autotune.tuner.workers import ATTR_WORKER, Crew
 
@@ -323,6 +323,22 @@ def test_a_lost_database_is_retried_then_one_line_and_nothing_measured_lost(tmp_
     kept = len(list(csv.DictReader((out / "trials.csv").open())))
     stored = load(shared.storage, shared.study).get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
     assert kept >= max(rows, len(stored))  # every trial the study holds, and any measured after the loss
+
+
+def test_a_lost_database_names_its_own_error_not_optuna_s_guess_at_invalid_data(monkeypatch) -> None:
+    """Optuna wraps a commit on a dropped connection in StorageInternalError, whose words blame invalid data."""
+    monkeypatch.setenv("AUTOTUNE_STORAGE_RETRIES", "1")
+
+    def step() -> None:
+        refused = sqlalchemy.exc.OperationalError("COMMIT", {}, Exception("connection failed: Connection refused"))
+        raise optuna.exceptions.StorageInternalError(
+            "An exception is raised during the commit. This typically happens due to invalid data in the commit"
+        ) from refused
+
+    with pytest.raises(StorageError) as raised:
+        with_retries(step, "postgresql://u:***@db/x")
+    assert "Connection refused" in str(raised.value) and "invalid data" not in str(raised.value)
+    assert "1 attempts" in str(raised.value)
 
 
 def test_storage_urls() -> None:

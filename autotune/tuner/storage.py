@@ -261,6 +261,13 @@ def first_line(exc: BaseException) -> str:
     return text.splitlines()[0][:200] if text else type(exc).__name__
 
 
+def storage_cause(exc: BaseException) -> BaseException:
+    """The database's own error behind Optuna's wrapper of a failed commit (whose words guess at invalid data), else ``exc``."""
+    if isinstance(exc, optuna.exceptions.StorageInternalError) and exc.__cause__ is not None:
+        return exc.__cause__
+    return exc
+
+
 #: What a database that fails or drops its connection raises.
 DATABASE_ERRORS: tuple[type[BaseException], ...] = (
     sqlalchemy.exc.OperationalError,
@@ -293,7 +300,7 @@ def with_retries(step: Callable[[], T], storage: str, *, on_give_up: Callable[[]
                 waited = FIRST_PAUSE_S * (2 ** (attempts - 1) - 1)
                 raise StorageError(
                     hide_passwords(
-                        f"lost the study storage {storage}: {first_line(exc)} "
+                        f"lost the study storage {storage}: {first_line(storage_cause(exc))} "
                         f"({attempts} attempts over {waited:.0f} s); finished trials are kept, rerun to resume"
                     )
                 ) from None
@@ -315,9 +322,8 @@ def storage_failures_said(storage: str) -> Iterator[None]:
     try:
         yield
     except DATABASE_ERRORS as exc:  # an OSError is the command line's own one-line error already
-        cause = exc.__cause__ if isinstance(exc, optuna.exceptions.StorageInternalError) and exc.__cause__ is not None else exc
         raise StorageError(hide_passwords(
-            f"cannot write to the study storage {storage}: {first_line(cause)}; what it stored before this is kept "
+            f"cannot write to the study storage {storage}: {first_line(storage_cause(exc))}; what it stored before this is kept "
             "(finished trials, calibration): free disk space or bring the storage back, then rerun the same command to resume"
         )) from None
 
