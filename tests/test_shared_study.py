@@ -483,3 +483,48 @@ def test_the_last_stored_winner_stands_for_the_study_whatever_budget_a_later_wor
     assert status.wanted == 3 and status.finished == 3
     assert status.winner is not None and f"winner: {status.winner.setup.describe()}:" in " ".join(stdout.split())
     assert not [line for line in status.lines() if line.startswith("winner: none")], status.lines()
+
+
+class _SignalOnWait:
+    """A reporter that sends this process ``signum`` when the worker says it waits."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        self.said: list[str] = []
+
+    def message(self, text: str) -> None:
+        self.said.append(text)
+        if "waiting for" in text:
+            os.kill(os.getpid(), self.signum)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+@pytest.mark.parametrize("kind", ["calibrate", "confirm"])
+def test_a_stop_while_a_worker_waits_for_the_elected_one_is_one_line(tmp_path, kind: str, signum: int) -> None:
+    """Ctrl-C or SIGTERM while a worker waits for another's calibration or confirmation. Before, SIGTERM there killed
+    the worker silently (exit 143) and Ctrl-C ended it as a bare KeyboardInterrupt (exit 130, nothing said)."""
+    from autotune.errors import SearchInterrupted
+    from autotune.tuner.signals import signals_handled
+    from autotune.tuner.workers import MARKER_CALIBRATE, confirm_marker
+
+    def unhandled(signum: int, frame: object) -> None:
+        raise RuntimeError(f"signal {signum} reached the test: the wait does not handle it")
+
+    leader = subprocess.Popen(["sleep", "600"])  # the elected worker: a live process on this host
+    try:
+        holder = Holder(leader.pid, Holder.me().host, psutil.Process(leader.pid).create_time(), time.time())
+        study = SearchStudy.open(f"journal:///{tmp_path}/study.log", "waits", shared=True)
+        election = MARKER_CALIBRATE if kind == "calibrate" else confirm_marker(4)
+        study.study.add_trial(optuna.create_trial(state=TrialState.FAIL, user_attrs={"marker": election, ATTR_WORKER: holder.to_dict()}))
+        crew, reporter = Crew(study, wait_s=600.0, poll_s=0.01), _SignalOnWait(signum)
+        with signals_handled((signum,), unhandled), pytest.raises(SearchInterrupted) as raised:
+            if kind == "calibrate":
+                crew.once(lambda: "calibrated here", reporter)
+            else:
+                crew.confirm_or_wait(4, reporter)
+    finally:
+        leader.kill()
+        leader.wait()
+    said = str(raised.value)
+    assert said.startswith(f"interrupted while pid {leader.pid} on ") and "\n" not in said, said
+    assert ("this worker measured nothing" if kind == "calibrate" else "finished trials are kept in journal:") in said

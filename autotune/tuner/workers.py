@@ -39,7 +39,7 @@ from typing import Any, TypeVar
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.errors import StorageError
+from autotune.errors import SearchInterrupted, StorageError
 from autotune.output.best import Best
 from autotune.records import Calibration, TrialOptions, TrialRecord, TrialResult
 from autotune.runner import TrialRunner
@@ -47,8 +47,9 @@ from autotune.tuner.budget import STUDY_BUDGET
 from autotune.tuner.config import SearchOutcome
 from autotune.tuner.explore import Exploration, check_recipe, known_result, pruning_hook, queue_refinements, setup_for, starved
 from autotune.tuner.lock import Holder
+from autotune.tuner.patience import Patience
 from autotune.tuner.progress import Reporter
-from autotune.tuner.signals import interrupts_held
+from autotune.tuner.signals import interrupts_held, sigterm_as_interrupt
 from autotune.tuner.storage import heartbeats, with_retries
 from autotune.tuner.study import ATTR_MARKER, ATTR_ROLE, ATTR_WORKER, ROLE_SEARCH, STUDY_WINNER, SearchStudy
 from autotune.tuner.study_report import stored_confirmed
@@ -81,33 +82,6 @@ def shared_signature(signature: dict[str, Any]) -> dict[str, Any]:
     """A signature all workers share: the device's kind, not its index (``cuda:1`` joins ``cuda:0``)."""
     device = str(signature.get("device", ""))
     return {**signature, "device": device.split(":")[0]}
-
-
-@dataclass
-class Patience:
-    """How long a waiting worker still waits: :attr:`wait_s` from the last change it saw in the study.
-
-    The elected worker stores every calibration run and every confirmation
-    measurement the moment it returns (study user attributes), so a change
-    there means it is at work: a long calibration or confirmation is waited
-    for, a worker that stopped storing anything is not.
-
-    Attributes:
-        wait_s: Seconds without a change before the wait ends.
-    """
-
-    wait_s: float
-    _seen: dict[str, Any] | None = None
-    _deadline: float = 0.0
-
-    def saw(self, attrs: dict[str, Any]) -> None:
-        """Look at the study's user attributes: a change (or the first look) starts the wait again."""
-        if self._seen is None or attrs != self._seen:
-            self._seen, self._deadline = attrs, time.monotonic() + self.wait_s
-
-    def over(self) -> bool:
-        """Whether :attr:`wait_s` passed since the last change."""
-        return time.monotonic() > self._deadline
 
 
 @dataclass
@@ -208,12 +182,15 @@ class Crew:
 
         Raises:
             StorageError: The elected worker stored nothing for :attr:`wait_s`.
+            SearchInterrupted: Ctrl-C, SIGTERM or SIGHUP while this worker waited.
         """
         ready = self._until(
             MARKER_CALIBRATE, lambda attrs: attrs.get(STUDY_READY), reporter,
             waiting=lambda leader: f"worker of study {self.study.name!r}: waiting for {leader.describe()} to calibrate",
             gave_up=lambda leader: (f"study {self.study.name!r}: {leader.describe()} stored no calibration run for {self.wait_s:.0f} s; "
                                     "rerun this worker once it has finished calibrating (or once it is gone)"),
+            stopped=lambda leader: (f"interrupted while {leader} calibrated study {self.study.name!r}: this worker measured nothing; "
+                                    "rerun the same command to join the study again"),
         )
         if ready is not None:  # the elected worker's
             return None
@@ -226,6 +203,7 @@ class Crew:
 
         Raises:
             StorageError: The elected worker stored nothing for :attr:`wait_s`, in one line.
+            SearchInterrupted: Ctrl-C, SIGTERM or SIGHUP while this worker waited (its finished trials are in the study).
         """
 
         def stored(attrs: dict[str, Any]) -> dict[str, Any] | None:
@@ -237,25 +215,33 @@ class Crew:
             waiting=lambda leader: f"{trials} trials finished: {leader.describe()} confirms the finalists; waiting for its winner",
             gave_up=lambda leader: (f"study {self.study.name!r}: no winner from {leader.describe()}, which stored no confirmation "
                                     f"measurement for {self.wait_s:.0f} s; `autotune status` shows it once written"),
+            stopped=lambda leader: (f"interrupted while {leader} confirmed the finalists of study {self.study.name!r}: "
+                                    f"the {trials} finished trials are kept in {self.study.storage}; `autotune status` shows its winner "
+                                    "once written, and the same command reruns to write it to this --out"),
         )
 
     def _until(self, marker: str, found: Callable[[dict[str, Any]], R | None], reporter: Reporter, *,
-               waiting: Callable[[Holder], str], gave_up: Callable[[Holder], str]) -> R | None:
+               waiting: Callable[[Holder], str], gave_up: Callable[[Holder], str], stopped: Callable[[str], str]) -> R | None:
         """What ``found`` reads in the study's attributes once it reads something (``waiting`` said once meanwhile), or
-        None once this worker is elected for ``marker``. A StorageError of ``gave_up``'s line after :attr:`wait_s` without progress."""
-        patience = Patience(self.wait_s)
-        told = False
-        while (value := found(attrs := self._attrs())) is None:
-            patience.saw(attrs)
-            leader = self.leads(marker)
-            if self.is_me(leader):
-                return None
-            if not told:
-                reporter.message(waiting(leader))
-                told = True
-            if patience.over():
-                raise StorageError(gave_up(leader))
-            time.sleep(self.poll_s)
+        None once this worker is elected for ``marker``. A StorageError of ``gave_up``'s line after :attr:`wait_s` without
+        progress; a SearchInterrupted of ``stopped``'s line (given the elected worker) on Ctrl-C, SIGTERM or SIGHUP meanwhile."""
+        patience = Patience(self.wait_s, time.monotonic)
+        told, leader = False, None
+        try:
+            with sigterm_as_interrupt():
+                while (value := found(attrs := self._attrs())) is None:
+                    patience.saw(attrs)
+                    leader = self.leads(marker)
+                    if self.is_me(leader):
+                        return None
+                    if not told:
+                        reporter.message(waiting(leader))
+                        told = True
+                    if patience.over():
+                        raise StorageError(gave_up(leader))
+                    time.sleep(self.poll_s)
+        except KeyboardInterrupt:
+            raise SearchInterrupted(stopped(leader.describe() if leader is not None else "another worker")) from None
         return value
 
     def publish(self, best: Best, trials: int, out: Path) -> None:
