@@ -409,6 +409,30 @@ def test_a_trial_whose_stream_holds_no_full_optimizer_step_per_pass_fails_as_tra
         take(autotune.TrainSetup(batch_size=8), 1)
 
 
+def test_a_huge_map_style_dataset_is_read_at_random_indices_without_permuting_all_of_it() -> None:
+    """A dataset of a trillion items (a window at every position of a token corpus) was read through a permutation of
+    all its indices: 8 TB asked for at the first batch, and every trial and loader calibration ended oom."""
+    from autotune.workloads.pipeline import endless_batches
+
+    class Windows(torch.utils.data.Dataset):  # type: ignore[type-arg]
+        def __len__(self) -> int:
+            return 10**12
+
+        def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+            return torch.full((4,), float(index)), index % 2
+
+    batches = endless_batches(autotune.TrainSetup(batch_size=8), Windows(), collate_fn=None, seed=0)
+    firsts = [next(batches)[0][:, 0] for _ in range(3)]
+    indices = torch.cat(firsts)
+    assert len(indices) == 24 and len(set(indices.tolist())) == 24 and bool((indices >= 0).all())
+    from autotune.workloads.data import PERMUTED_ITEMS, InfiniteSampler
+
+    small = InfiniteSampler(PERMUTED_ITEMS // 2**10, seed=1)  # a dataset of up to PERMUTED_ITEMS: epoch after epoch, each a permutation
+    stream = iter(small)
+    for _ in range(2):
+        assert sorted(next(stream) for _ in range(small.size)) == list(range(small.size))
+
+
 def test_a_stream_used_up_by_its_first_pass_is_named_not_taken_for_one_too_short_for_the_batch() -> None:
     """A one-shot stream (an iterator made in __init__) yields nothing on its second pass: the trial and the memory
     pre-pass say so, where they said "no full batch" (which the calibration halved to batch 1) or "yields no items"."""
