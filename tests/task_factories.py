@@ -403,6 +403,34 @@ def listed_batches() -> autotune.Task:
     return autotune.Task(nn.Linear(8, 3), _pairs(), step=_detection_step, collate_fn=_images_and_targets)
 
 
+def _sentences() -> list[tuple[torch.Tensor, int]]:
+    return [(torch.arange(1, 3 + (i * 5) % 11), i % 2) for i in range(40)]  # lengths 2 to 12, the first item among the shortest
+
+
+def _sequence_first(items: list[Any]) -> Any:
+    sequences, labels = zip(*items, strict=True)
+    return nn.utils.rnn.pad_sequence(list(sequences)), torch.tensor(labels)  # [length, batch], pad_sequence's default
+
+
+class _SequenceFirst(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed, self.head = nn.Embedding(16, 8), nn.Linear(8, 2)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.head(self.embed(tokens).mean(0))
+
+
+def sequence_first() -> autotune.Task:
+    """Padded [length, batch] token batches: the first dimension is the longest item's length, which grows with the items."""
+    return autotune.Task(_SequenceFirst, _sentences(), collate_fn=_sequence_first)
+
+
+def sequence_first_counted() -> autotune.Task:
+    """The same, with batch_size_of counting the items."""
+    return autotune.Task(_SequenceFirst, _sentences(), collate_fn=_sequence_first, batch_size_of=lambda batch: batch[0].shape[1])
+
+
 def listed_batches_counted() -> autotune.Task:
     """The same, with batch_size_of counting the items."""
     return autotune.Task(nn.Linear(8, 3), _pairs(), step=_detection_step, collate_fn=_images_and_targets,

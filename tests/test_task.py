@@ -315,6 +315,7 @@ def test_good_workloads_become_workload_records() -> None:
     assert _workload("tensor_count").images == 40  # batch_size_of may return an integer 0-d tensor
     assert _workload("numpy_count").images == 40  # or a NumPy integer
     assert _workload("listed_batches_counted").images == 40  # batches of item tuples, counted by the user
+    assert _workload("sequence_first_counted").images == 40  # [length, batch] batches, counted by the user along the second dimension
     stream = _workload("iterable")
     assert stream.iterable and stream.images is None
     assert work.lr_scaling == "sqrt" and _workload("sgd").lr_scaling == "linear"  # from the Task's optimizer
@@ -344,6 +345,8 @@ def test_good_workloads_become_workload_records() -> None:
         ("len_raises", "len(dataset) of the workload's dataset (_LenRaises) failed: TypeError: no len"),
         ("listed_batches", "the first dimension of the batch's first tensor (depth first) counts 8 samples in a batch of 2 items, "
                            "8 in a batch of 1 and 8 in one of 8"),
+        ("sequence_first", "counts 12 samples in a batch of 8 items ((Tensor[12, 8] int64, Tensor[8] int64)), where its second "
+                           "dimension holds the items: a sequence-first batch"),
         ("forward_fails", "forward failed on the first batch (inputs Tensor[2, 8] float32): RuntimeError"),
         ("unpicklable", "dataset (_HoldsFile) cannot be pickled for DataLoader workers"),
     ],

@@ -14,7 +14,7 @@ from typing import Any
 from autotune.errors import WorkloadError
 from autotune.nested import dataclass_fields, map_tensors, tensors
 
-__all__ = ["describe_batch", "first_dim", "has_image_tensor", "map_tensors", "tensors", "to_device"]
+__all__ = ["describe_batch", "first_dim", "first_tensor", "has_image_tensor", "map_tensors", "tensors", "to_device"]
 
 
 def to_device(batch: Any, device: Any, *, channels_last: bool = False) -> Any:
@@ -40,15 +40,20 @@ def has_image_tensor(batch: Any) -> bool:
     return any(t.dim() == 4 and t.is_floating_point() for t in tensors(batch))
 
 
+def first_tensor(batch: Any) -> Any:
+    """The first tensor of a batch (depth first) that has a dimension, the one :func:`first_dim` counts; ``None`` if none."""
+    return next((tensor for tensor in tensors(batch) if tensor.dim() > 0), None)
+
+
 def first_dim(batch: Any) -> int:
     """Samples in a batch: the size of the first dimension of its first tensor.
 
     Raises:
         WorkloadError: The batch holds no tensor with a dimension.
     """
-    for tensor in tensors(batch):
-        if tensor.dim() > 0:
-            return int(tensor.shape[0])
+    tensor = first_tensor(batch)
+    if tensor is not None:
+        return int(tensor.shape[0])
     raise WorkloadError(
         f"cannot count the samples of a {type(batch).__name__} batch without tensors; give the Task a batch_size_of="
     )

@@ -18,7 +18,7 @@ from typing import Any
 
 from autotune.errors import USER_CODE_ERRORS, WorkloadError
 from autotune.records import Workload
-from autotune.workloads.batches import describe_batch, has_image_tensor, hinted
+from autotune.workloads.batches import describe_batch, first_tensor, has_image_tensor, hinted
 from autotune.workloads.models import is_factory_ref, load_factory, validate_model_ref
 from autotune.workloads.task import Task
 
@@ -253,9 +253,17 @@ def _check_count(task: Task, batch: Any, items: list[Any]) -> None:
     if task.batch_size_of is not None or len(items) < 2:  # the user's own count (tokens, a mask's sum) is theirs to define
         return
     try:
-        alone, every = (task.samples_in(collate_items(task, part)) for part in (items[:1], items))
+        one, whole = collate_items(task, items[:1]), collate_items(task, items)
+        alone, every = task.samples_in(one), task.samples_in(whole)
     except USER_CODE_ERRORS:  # one item does not collate alone, or the count fails: nothing to compare
         return
+    heads = [(n, first_tensor(b)) for n, b in ((1, one), (min(len(items), CHECK_ITEMS), batch), (len(items), whole))]
+    if any(t.shape[0] != n for n, t in heads) and all(t.dim() > 1 and t.shape[1] == n for n, t in heads):
+        raise WorkloadError(  # [length, batch]: the count would be the longest item's length, whatever the batch
+            f"the first dimension of the batch's first tensor (depth first) counts {every} samples in a batch of {len(items)} "
+            f"items ({describe_batch(whole)}), where its second dimension holds the items: a sequence-first batch (as "
+            "pad_sequence makes by default) would count the length of its longest item, so samples/s would not count "
+            "samples; give autotune.Task(batch_size_of=...) the count (lambda batch: batch[0].shape[1] for (inputs, targets))")
     if alone == count == every:  # 1, 2 and all the items read count alike: a batch of 256 would count as few as one of 2
         raise WorkloadError(
             f"the first dimension of the batch's first tensor (depth first) counts {count} samples in a batch of "
