@@ -108,6 +108,21 @@ def test_optimizer_factory_gets_the_scaled_lr() -> None:
     assert task.recipe_lr(optimizer) == task.lr  # a factory that takes lr= is given the Task's
 
 
+def test_an_optimizer_factory_may_read_its_params_twice_for_param_groups() -> None:
+    """A factory that builds a group of weights, then one of biases, reads ``params`` twice: given the generator
+    ``model.parameters()``, the biases' group came out empty, and trials and train.py never trained them."""
+    def by_shape(params: Any) -> torch.optim.Optimizer:
+        weights = [p for p in params if p.ndim > 1]
+        return torch.optim.SGD([{"params": weights, "weight_decay": 1e-4}, {"params": [p for p in params if p.ndim <= 1]}],
+                               lr=0.1, momentum=0.9)
+
+    task = autotune.Task(torch.nn.Linear(8, 2), [1], optimizer=by_shape)
+    model = task.build_model()
+    optimizer = task.build_optimizer(model.parameters(), lr=0.2, cuda=False)
+    assert [len(group["params"]) for group in optimizer.param_groups] == [1, 1]
+    assert optimizer.param_groups[1]["params"][0] is model.bias
+
+
 def test_the_recipe_rate_of_a_factory_without_lr_is_its_own() -> None:
     # Task.lr is left at 1e-3; the factory sets 0.1: the note, best.json and the script scale 0.1, the rate it trains at.
     work = _workload("sgd_own_rate")

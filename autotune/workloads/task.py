@@ -223,6 +223,9 @@ class Task:
     ) -> torch.optim.Optimizer:
         """The optimizer over ``params`` at learning rate ``lr`` (``impl`` applies to the default AdamW).
 
+        The factory is given ``params`` as a list (``model.parameters()`` is a generator, which a factory that builds
+        param groups by reading it twice would find spent the second time, leaving a group empty and untrained).
+
         A factory that takes no ``lr`` sets its own rates, and its first param
         group's not at 0 is the recipe's: each group's rate is multiplied by ``lr /
         that rate``, so the scaled rate applies and the factory's ratios
@@ -236,6 +239,7 @@ class Task:
         from autotune.torch_knobs import optimizer_kwargs
 
         given = float(self.lr) if lr is None else lr
+        params = list(params)  # a factory may read them twice (a group of weights, then one of biases): not a spent generator
         if self.optimizer is None:
             return torch.optim.AdamW(params, lr=given, **optimizer_kwargs(impl))
         takes_lr = self._factory_takes_lr
