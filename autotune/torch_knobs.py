@@ -67,6 +67,31 @@ def optimizer_kwargs(impl: str | None) -> dict[str, Any]:
     return {"for-loop": {"foreach": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}[impl]
 
 
+def build_optimizer(impl: str | None, params: Any, *, lr: float, cls: Any = None, **kwargs: Any) -> torch.optim.Optimizer:
+    """An optimizer (AdamW unless ``cls`` is given) with the ``impl`` kernels, see :meth:`TrainSetup.optimizer`.
+
+    A ``foreach=`` or ``fused=`` among ``kwargs`` is the caller's choice of kernel: it replaces the tuned one (given
+    beside it, ``AdamW`` got ``foreach`` twice, or ``fused`` and ``foreach`` both true).
+
+    Raises:
+        SetupError: ``cls`` has no such implementation (LBFGS takes no ``foreach``).
+    """
+    import inspect
+
+    import torch
+
+    from autotune.errors import SetupError
+
+    chosen = cls or torch.optim.AdamW
+    tuned = {} if {"foreach", "fused"} & set(kwargs) else optimizer_kwargs(impl)
+    missing = [k for k in tuned if k not in inspect.signature(chosen).parameters]
+    if missing:
+        raise SetupError(f"optimizer_impl={impl}: {chosen.__name__} takes no {missing[0]}= argument; "
+                         "use setup.replace(optimizer_impl=None) for torch's own choice")
+    optimizer: torch.optim.Optimizer = chosen(params, lr=lr, **tuned, **kwargs)
+    return optimizer
+
+
 def fused_supported(device: str | torch.device) -> bool:
     """Whether the installed torch has fused optimizer kernels for this device type."""
     try:

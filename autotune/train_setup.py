@@ -32,11 +32,7 @@ from autotune.errors import SetupError
 from autotune.nested import map_tensors
 from autotune.setup_checks import AMP_MODES as AMP_MODES  # re-exported: users and modules read it here
 from autotune.setup_checks import check_setup_device, validate_setup
-from autotune.torch_knobs import (
-    compile_model,
-    configure_torch,
-    optimizer_kwargs,
-)
+from autotune.torch_knobs import build_optimizer, compile_model, configure_torch, optimizer_kwargs
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     import torch
@@ -327,22 +323,13 @@ class TrainSetup:
         return optimizer_kwargs(self.optimizer_impl)
 
     def optimizer(self, params: Any, *, lr: float, cls: type[torch.optim.Optimizer] | None = None, **kwargs: Any) -> torch.optim.Optimizer:
-        """An optimizer (AdamW unless ``cls`` is given) with the tuned kernel implementation.
+        """An optimizer (AdamW unless ``cls`` is given) with the tuned kernel implementation; ``kwargs`` go to it
+        (a ``foreach=`` or ``fused=`` of yours replaces the tuned kernel).
 
         Raises:
             SetupError: ``cls`` has no such implementation (LBFGS takes no ``foreach``).
         """
-        import inspect
-
-        import torch
-
-        chosen = cls or torch.optim.AdamW
-        impl = self.optimizer_kwargs()
-        missing = [k for k in impl if k not in inspect.signature(chosen).parameters]
-        if missing:
-            raise SetupError(f"optimizer_impl={self.optimizer_impl}: {chosen.__name__} takes no {missing[0]}= argument; "
-                             "use setup.replace(optimizer_impl=None) for torch's own choice")
-        return chosen(params, lr=lr, **impl, **kwargs)
+        return build_optimizer(self.optimizer_impl, params, lr=lr, cls=cls, **kwargs)
 
     def compile_model(self, model: torch.nn.Module) -> torch.nn.Module:
         """``torch.compile(model)`` in the tuned mode (the model itself when compile is off)."""

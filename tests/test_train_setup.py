@@ -67,6 +67,18 @@ def test_an_optimizer_without_the_tuned_kernel_and_a_bad_world_size_are_one_line
             TrainSetup().effective_batch(bad)  # type: ignore[arg-type]
 
 
+def test_a_kernel_the_caller_gives_the_optimizer_replaces_the_tuned_one() -> None:
+    """setup.optimizer(..., foreach=False) under a tuned foreach raised AdamW's TypeError (foreach given twice), and
+    fused=True under it torch's RuntimeError (fused and foreach both true)."""
+    setup = TrainSetup(optimizer_impl="foreach")
+    model = torch.nn.Linear(2, 2)
+    assert setup.optimizer(model.parameters(), lr=1.0).defaults["foreach"] is True
+    mine = setup.optimizer(model.parameters(), lr=1.0, foreach=False, weight_decay=0.0)
+    assert (mine.defaults["foreach"], mine.defaults["fused"], mine.defaults["weight_decay"]) == (False, None, 0.0)
+    fused = setup.optimizer(model.parameters(), lr=1.0, cls=torch.optim.SGD, fused=True, momentum=0.9)
+    assert (fused.defaults["foreach"], fused.defaults["fused"]) == (None, True)
+
+
 def test_a_cuda_device_this_machine_lacks_is_refused_when_asked_without_its_facts() -> None:
     import torch
 
