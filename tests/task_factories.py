@@ -101,6 +101,18 @@ def iterable() -> autotune.Task:
     return autotune.Task(nn.Linear(8, 3), Stream())
 
 
+class SizedStream(Stream):
+    """The 24 pairs of Stream, with a length (as webdataset's with_length() or a wrapper of a Hugging Face stream gives)."""
+
+    def __len__(self) -> int:
+        return 24
+
+
+def sized_iterable() -> autotune.Task:
+    """An IterableDataset with a __len__: still a stream (torch.utils.data.Dataset gives it a __getitem__ that raises)."""
+    return autotune.Task(nn.Linear(8, 3), SizedStream(), batch_size=4)
+
+
 class OneShotStream(IterableDataset):
     """24 pairs from an iterator made once, in __init__: the first pass uses it up, a second yields nothing."""
 

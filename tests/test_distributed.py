@@ -131,6 +131,20 @@ def test_two_rank_trial_counts_the_samples_of_both_ranks() -> None:
     assert result.peak_memory_bytes and result.data_wait_fraction is not None
 
 
+def test_an_iterable_dataset_with_a_length_is_read_whole_by_each_rank_not_indexed() -> None:
+    """A sized IterableDataset was sharded as map-style data (it has __len__, and Dataset's __getitem__ that raises):
+    every DDP trial ended in error, NotImplementedError: Subclasses of Dataset should implement __getitem__."""
+    from task_factories import SizedStream
+
+    from autotune.runner.ranks import Rank
+
+    result = run_trial(TrainSetup(batch_size=4), task_workload("sized_iterable"),
+                       TrialOptions(trial_seconds=1.0, windows=3, world_size=2, cores=two_cores()))
+    assert result.ok, result.error
+    stream = SizedStream()
+    assert Rank(rank=1, world_size=2).shard(stream) is stream
+
+
 @pytest.mark.slow
 def test_a_crashed_rank_ends_the_trial_and_leaves_no_process() -> None:
     from task_factories import RANK_PIDS

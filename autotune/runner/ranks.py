@@ -123,11 +123,14 @@ class Rank:
         return self.reduce([1.0 if flag else 0.0], "max")[0] > 0
 
     def shard(self, dataset: Any) -> Any:
-        """This rank's share of a map-style dataset (every ``world_size``-th item); an iterable one as is."""
-        if not self.distributed or not hasattr(dataset, "__len__") or not hasattr(dataset, "__getitem__"):
-            return dataset
-        from torch.utils.data import Subset
+        """This rank's share of a map-style dataset (every ``world_size``-th item); an iterable one as is, a sized one
+        too (an ``IterableDataset`` inherits ``Dataset.__getitem__``, which raises: a Subset of it fails every batch)."""
+        from torch.utils.data import IterableDataset, Subset
 
+        if not self.distributed or isinstance(dataset, IterableDataset) or not hasattr(dataset, "__len__"):
+            return dataset
+        if not hasattr(dataset, "__getitem__"):
+            return dataset
         return Subset(dataset, range(self.rank, len(dataset), self.world_size))
 
     def device(self, name: str) -> str:
