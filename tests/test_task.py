@@ -60,6 +60,19 @@ def test_task_keeps_the_public_signature_and_rejects_loss_with_step() -> None:
         autotune.Task(torch.nn.Linear(2, 2), [1], loss=torch.nn.MSELoss)
 
 
+def test_a_tuple_of_input_and_target_tensors_is_told_to_be_a_tensor_dataset() -> None:
+    """dataset=(inputs, targets), as fit(X, y) takes them, is a dataset of two items, the whole tensors: the check said
+    they "differ in shape: give the workload a collate_fn that pads them"."""
+    inputs, targets = torch.randn(64, 8), torch.randint(0, 2, (64,))
+    with pytest.raises(WorkloadError, match=re.escape(
+            "Task dataset is a tuple of 2 tensors (Tensor[64, 8] float32, Tensor[64] int64), whose items are the whole tensors; "
+            "for the 64 samples along their first dimension pass torch.utils.data.TensorDataset(inputs, targets)")):
+        autotune.Task(torch.nn.Linear(8, 2), (inputs, targets))
+    samples = tuple(torch.randn(8) for _ in range(4))  # a tuple of samples of one shape stays a dataset of them
+    assert autotune.Task(torch.nn.Linear(8, 2), samples).dataset is samples
+    assert autotune.Task(torch.nn.Linear(8, 2), (inputs, targets), collate_fn=lambda items: items).dataset[1] is targets
+
+
 def test_a_loss_modules_own_tensors_follow_the_models_output_to_its_device() -> None:
     # A class weight of nn.CrossEntropyLoss built on the CPU, as a Task factory builds it: on a GPU every trial (and
     # train.py) failed "Expected all tensors to be on the same device". The meta device stands in for CUDA here.

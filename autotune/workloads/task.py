@@ -35,7 +35,7 @@ from dataclasses import KW_ONLY, dataclass
 from typing import TYPE_CHECKING, Any
 
 from autotune.errors import USER_CODE_ERRORS, WorkloadError
-from autotune.workloads.batches import first_dim, tensors
+from autotune.workloads.batches import describe_batch, first_dim, tensors
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -115,6 +115,8 @@ class Task:
         if isinstance(self.loss, type):  # loss=nn.MSELoss: called on (output, targets) it would build a criterion, not a loss
             name = self.loss.__name__
             raise WorkloadError(f"Task loss is the class {name}, not a loss function: pass an instance (loss={name}())")
+        if isinstance(self.dataset, tuple) and self.collate_fn is None:
+            _refuse_tensor_columns(self.dataset)
 
     # -------------------------------------------------------------- building
     def build_model(self) -> torch.nn.Module:
@@ -298,6 +300,20 @@ class Task:
         if isinstance(count, bool) or not isinstance(count, numbers.Integral):
             raise WorkloadError(f"batch_size_of(batch) returned {count!r} ({type(count).__name__}); it must return an int")
         return int(count)
+
+
+def _refuse_tensor_columns(dataset: tuple[Any, ...]) -> None:
+    """Refuse ``dataset=(inputs, targets)``: tensors of one length but different shapes, whose items would be the whole
+    tensors (they cannot be stacked into a batch), where the ``TensorDataset`` of their rows was meant."""
+    import torch
+
+    if len(dataset) < 2 or not all(isinstance(t, torch.Tensor) and t.dim() > 0 for t in dataset):
+        return
+    if len({t.shape[0] for t in dataset}) == 1 and len({t.shape for t in dataset}) > 1:
+        shapes = ", ".join(describe_batch(t) for t in dataset)
+        raise WorkloadError(f"Task dataset is a tuple of {len(dataset)} tensors ({shapes}), whose items are the whole tensors; "
+                            f"for the {dataset[0].shape[0]} samples along their first dimension pass "
+                            "torch.utils.data.TensorDataset(inputs, targets)")
 
 
 def _follow(criterion: Callable[..., Any], output: Any) -> None:
