@@ -344,7 +344,7 @@ def report(
 @handle_errors
 @json_on_error(study=None, best=None, winner=None)
 def status(
-    directory: Annotated[Path, typer.Argument(parser=_path, help="A search output directory (its study.db) without --storage.")] = Path("autotune-out"),
+    directory: Annotated[Optional[Path], typer.Argument(parser=_path, help="A search's --out: its study.db (with --storage: its best.json).")] = None,
     storage: Annotated[Optional[str], typer.Option("--storage", help="The study storage URL (postgresql://, journal:///FILE.log, sqlite:///).")] = None,
     study: Annotated[Optional[str], typer.Option("--study", help="Study name (default: the only one there).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
@@ -353,7 +353,8 @@ def status(
     from autotune.tuner.status import study_status
     from autotune.tuner.study_report import storage_of
 
-    found = study_status(storage_of(directory, storage), study, out=None if storage else directory)
+    where = Path("autotune-out") if directory is None else directory  # with --storage, DIR's best.json is the lone search's winner
+    found = study_status(storage_of(where, storage), study, out=None if storage and directory is None else where)
     if as_json:
         echo_json(found.to_dict())
     else:

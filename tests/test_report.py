@@ -399,6 +399,18 @@ def test_status_reads_a_search_directory_like_report(searched, tmp_path) -> None
     assert missing.exit_code == 1 and len(lines) == 1 and lines[0].startswith("error: no study in ")
 
 
+def test_status_of_a_directory_with_its_storage_reads_the_directory_s_winner(searched, tmp_path) -> None:
+    """`autotune status DIR --storage URL` (a lone search run with --storage keeps no study.db in DIR, and stores no
+    winner in its study) names DIR/best.json as the winner; DIR was ignored, and each form pointed to the other."""
+    _, source = searched
+    url = f"sqlite:///{(source / 'study.db').resolve()}"
+    both = CliRunner().invoke(app, ["status", str(source), "--storage", url, "--json"])
+    assert both.exit_code == 0, both.output
+    assert json.loads(both.stdout)["winner"]["samples_per_s"] == read_best(source / "best.json").samples_per_s
+    by_url_text = " ".join(CliRunner().invoke(app, ["status", "--storage", url]).stdout.split())
+    assert "(autotune status DIR --storage URL shows it)" in by_url_text
+
+
 @pytest.mark.parametrize(
     ("command", "make"),
     [

@@ -108,7 +108,7 @@ class StudyStatus:
             lines.append("winner: none: no trial measured a throughput (trials.csv says why)" if no_throughput else
                          "winner: being confirmed" if self.confirming else
                          "winner: none confirmed: the worker confirming it stopped; rerun a worker's search command" if self.shared else
-                         "winner: in the best.json of the search's directory (autotune status DIR shows it)" if self.out is None else
+                         "winner: in the best.json of the search's directory (autotune status DIR --storage URL shows it)" if self.out is None else
                          f"winner: none confirmed in {self.out / 'best.json'}; rerun the search's command to confirm one")
         return lines
 
