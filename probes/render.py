@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from rich.console import Group, RenderableType
+from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
+from rich.measure import Measurement
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
@@ -88,7 +89,7 @@ def _gpu_table(hw: Hardware) -> RenderableType:
     return table
 
 
-def _software_table(hw: Hardware) -> Table:
+def _software_table(hw: Hardware) -> RenderableType:
     sw = hw.software
     cuda = sw.cuda
     if cuda is None:
@@ -102,11 +103,29 @@ def _software_table(hw: Hardware) -> Table:
         ("optuna", sw.optuna),
         ("autotune", sw.autotune),
     ]
-    table = Table(title="Software", title_justify="left", box=None, padding=(0, 1), header_style="bold cyan")
-    for name, _ in columns:
-        table.add_column(name)
-    table.add_row(*(version if version is not None else "-" for _, version in columns))
-    return table
+    values = [(name, version if version is not None else "-") for name, version in columns]
+    wide = Table(title="Software", title_justify="left", box=None, padding=(0, 1), header_style="bold cyan")
+    for name, _ in values:
+        wide.add_column(name)
+    wide.add_row(*(version for _, version in values))
+    tall = Table(title="Software", title_justify="left", show_header=False, box=None, padding=(0, 2))
+    tall.add_column(style="bold cyan", no_wrap=True)
+    tall.add_column()
+    for name, version in values:
+        tall.add_row(name, version)
+    return _WideOrTall(wide, tall)
+
+
+class _WideOrTall:
+    """A one-row table where it fits the console's width, else the same fields one per line: Rich would cut
+    each cell of a row too wide for a narrow terminal to a few characters and an ellipsis (``2.1…`` for 2.14.1)."""
+
+    def __init__(self, wide: Table, tall: Table) -> None:
+        self.wide, self.tall = wide, tall
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        natural = Measurement.get(console, options.update_width(1 << 20), self.wide).maximum
+        yield self.wide if natural <= options.max_width else self.tall
 
 
 def render(hw: Hardware) -> RenderableType:

@@ -530,8 +530,8 @@ def test_format_cudnn_version(raw: int, text: str) -> None:
 # --------------------------------------------------------------------------- rendering
 
 
-def _render_text(hw: Hardware) -> str:
-    console = Console(file=io.StringIO(), width=120, color_system=None)
+def _render_text(hw: Hardware, width: int = 120) -> str:
+    console = Console(file=io.StringIO(), width=width, color_system=None)
     console.print(probes.render(hw))
     return console.file.getvalue()  # type: ignore[attr-defined]
 
@@ -543,6 +543,21 @@ def test_render_with_gpus_and_warnings(fake_nvml: FakeNvml) -> None:
     assert "9.0" in text and "gen5 x16" in text
     assert "64.0 GiB / 80.0 GiB" in text
     assert "warnings" in text and "80%" in text
+
+
+def test_render_in_a_narrow_terminal_keeps_every_version_whole() -> None:
+    """Too narrow for the one-row Software table (COLUMNS=40), each version goes on its own line instead of
+    being cut to ``2.1…``; where the row fits, it stays one row."""
+    hw = probes.collect()
+    versions = [hw.software.python, hw.software.torch, hw.software.torchvision, hw.software.optuna, hw.software.autotune]
+    for width in (40, 120):
+        lines = _render_text(hw, width).splitlines()
+        software = lines[next(i for i, line in enumerate(lines) if line.strip() == "Software"):]
+        for name, version in zip(("python", "torch", "torchvision", "optuna", "autotune"), versions, strict=True):
+            assert version is not None and any(version in line for line in software), (width, version, software)
+            row = any(line.split() == [name, version] for line in software)
+            assert row is (width == 40), (width, name, software)
+        assert "…" not in "".join(software)
 
 
 def test_render_without_gpu_shows_the_reason() -> None:
