@@ -302,6 +302,22 @@ def test_cli_refuses_devices_all_on_a_cpu_host_in_one_line(tmp_path: Path) -> No
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("storage", ["postgresql://tuner:secret@db.example.org/autotune", "journal:///{tmp}/study.log"])
+def test_cli_refuses_devices_in_a_worker_of_a_shared_study_in_one_line(tmp_path: Path, storage: str) -> None:
+    """A shared study's worker runs one trial at a time on its first slot. Before, `--devices cpu,cpu --storage URL`
+    printed `parallel trials: 2 at a time` and then ran every trial alone on the first slot's share of the cores."""
+    from typer.testing import CliRunner
+
+    from autotune.cli import app
+
+    result = CliRunner().invoke(app, ["search", "--devices", "cpu,cpu", "--device", "cpu", "--workload", "task_factories:good",
+                                      "--storage", storage.format(tmp=tmp_path), "--study", "s1", "--out", str(tmp_path / "out")])
+    assert result.exit_code == 2, result.output
+    assert "start one worker per device" in result.output and len(result.output.strip().splitlines()) == 1
+    assert "secret" not in result.output
+    assert not (tmp_path / "out").exists()
+
+
 def test_cli_trial_refuses_more_ranks_than_cores_in_one_line() -> None:
     from typer.testing import CliRunner
 

@@ -13,9 +13,11 @@ from typing import Any, ClassVar
 from autotune.errors import UsageError, check_bool
 from autotune.output.best import Best
 from autotune.records import DEFAULT_TRIAL_SECONDS, MAX_SECONDS, Calibration, TrialRecord, TrialResult
+from autotune.redact import hide_passwords
 from autotune.rounds import Ceilings, Confirmed
 from autotune.time_spent import Phase, TimeSpent
 from autotune.tuner.constraints import Constraint, merge_constraints
+from autotune.tuner.storage import is_shared
 
 #: The shortest ``--trial-seconds`` a user may ask for: shorter windows measure the loader's prefetched
 #: queue, not its steady rate (0.001 s once reported 3.35x the defaults, above the loader's own ceiling).
@@ -205,6 +207,12 @@ class SearchConfig:
             )
         if self.effective_batch is not None and "accumulation_steps" in self.pins:
             raise UsageError("--effective-batch fixes accumulation_steps; do not --set it as well")
+        if self.devices is not None and is_shared(self.storage):  # a worker's loop runs one trial at a time, on the first slot
+            raise UsageError(
+                f"--devices {self.devices} runs parallel trials in one search, not in a worker of a shared study (--storage "
+                f"{hide_passwords(str(self.storage))}), whose trials run one at a time: start one worker per device instead "
+                "(--device cuda:K, each with its own --out; on a CPU host, each pinned to its cores with taskset)"
+            )
 
 
 @dataclass
