@@ -26,6 +26,7 @@ import studies
 from optuna.trial import TrialState
 
 from autotune.errors import StorageError
+from autotune.records import TrialResult
 from autotune.train_setup import TrainSetup
 from autotune.tuner.budget import counted
 from autotune.tuner.lock import Holder
@@ -528,3 +529,30 @@ def test_a_stop_while_a_worker_waits_for_the_elected_one_is_one_line(tmp_path, k
     said = str(raised.value)
     assert said.startswith(f"interrupted while pid {leader.pid} on ") and "\n" not in said, said
     assert ("this worker measured nothing" if kind == "calibrate" else "finished trials are kept in journal:") in said
+
+
+def test_the_calibration_and_confirmation_stores_of_a_shared_study_retry_a_lost_connection(tmp_path, monkeypatch) -> None:
+    """Every storage step of a shared study is retried, the calibration's and the confirmation's too. Before, a
+    PostgreSQL server restarting for a few seconds while a worker calibrated or confirmed stopped it at once
+    (`cannot write to the study storage ...: connection failed`), while the same outage during its trials was retried."""
+    import autotune.tuner.storage as storage_module
+    from autotune.tuner.kept_runs import KeptRun
+    from autotune.tuner.stores import STUDY_CALIBRATION_RUNS
+
+    monkeypatch.setattr(storage_module, "FIRST_PAUSE_S", 0.0)
+    study = SearchStudy.open(f"journal:///{tmp_path}/study.log", "flaky", shared=True)
+    set_attr, drops = study.study.set_user_attr, [2]
+
+    def dropped_once(key: str, value: Any) -> None:
+        if drops[0]:
+            drops[0] -= 1
+            raise sqlalchemy.exc.OperationalError("UPDATE", {}, Exception("server closed the connection unexpectedly"))
+        set_attr(key, value)
+
+    monkeypatch.setattr(study.study, "set_user_attr", dropped_once)
+    run = KeptRun(TrialResult(status="ok", samples_per_s=10.0), None)
+    study.store_calibration_runs({"run": [run]})
+    study.store_confirmation("#1", [10.0], [])
+    assert drops == [0]
+    assert study.study.user_attrs[STUDY_CALIBRATION_RUNS] == {"run": [run.to_dict()]}
+    assert study.confirmation() == {"#1": ([10.0], [])}

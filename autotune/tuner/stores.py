@@ -6,6 +6,7 @@ that reads and writes these study user attributes.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
@@ -16,6 +17,7 @@ from autotune.rounds import Ceilings
 from autotune.time_spent import TimeSpent
 from autotune.tuner.kept_runs import KeptRun
 from autotune.tuner.signals import interrupts_held
+from autotune.tuner.storage import is_shared, with_retries
 
 STUDY_CALIBRATION = "calibration"
 STUDY_CALIBRATION_RUNS = "calibration_runs"
@@ -32,11 +34,24 @@ class StudyStores:
     """The study-level records of a search (a base of :class:`~autotune.tuner.study.SearchStudy`)."""
 
     study: optuna.Study
+    #: Its storage URL, password hidden.
+    storage: str
     #: This run (one process opening the study), so confirmation rounds are never mixed across runs.
     run_id: str
 
     def heartbeat(self) -> None:
         """Refresh the claim's heartbeat (the study defines it)."""
+
+    def _write(self, step: Callable[[], None]) -> None:
+        """Run ``step``'s reads and writes of study attributes with interrupts held (never half stored). On a shared
+        storage (a database server, a journal file) a lost connection is retried as every worker's step is
+        (:func:`~autotune.tuner.storage.with_retries`): before, a server restarting during the calibration or the
+        confirmation stopped the search at once."""
+        with interrupts_held():
+            if is_shared(self.storage):
+                with_retries(step, self.storage)
+            else:
+                step()
 
     def calibration(self) -> Calibration | None:
         """The calibration stored by an earlier run, if any."""
@@ -46,11 +61,13 @@ class StudyStores:
     def store_calibration(self, calibration: Calibration) -> None:
         """Keep the calibration, so a resumed search reuses it (with interrupts held: never half stored); its runs,
         kept one by one meanwhile (:meth:`store_calibration_runs`), are then no longer needed."""
-        with interrupts_held():
+        def step() -> None:
             self.study.set_user_attr(STUDY_CALIBRATION, calibration.to_dict())
             if STUDY_CALIBRATION_RUNS in self.study.user_attrs:
                 self.study.set_user_attr(STUDY_CALIBRATION_RUNS, {})
             self.heartbeat()
+
+        self._write(step)
 
     def calibration_runs(self) -> dict[str, list[KeptRun]]:
         """The runs of a calibration that was interrupted before it ended, per run key (:mod:`autotune.tuner.kept_runs`)."""
@@ -60,9 +77,12 @@ class StudyStores:
     def store_calibration_runs(self, runs: dict[str, list[KeptRun]]) -> None:
         """Keep the calibration's runs so far, per run key, the moment one returns (with interrupts held: never half stored)."""
         stored = {key: [run.to_dict() for run in kept] for key, kept in runs.items()}
-        with interrupts_held():
+
+        def step() -> None:
             self.study.set_user_attr(STUDY_CALIBRATION_RUNS, stored)
             self.heartbeat()
+
+        self._write(step)
 
     def confirmation(self) -> Rounds:
         """The confirmation measurements this run stored so far, per candidate key.
@@ -87,20 +107,20 @@ class StudyStores:
     def store_confirmation(self, key: str, values: list[float], failures: list[str]) -> None:
         """Record one candidate's confirmation measurements (after every measurement), for this run only,
         with interrupts held: a measurement is never half stored."""
-        attrs = self.study.user_attrs  # one read of the storage per measurement
-        rounds = {**self._this_run(attrs), key: (values, failures)}
-        earlier = attrs.get(STUDY_CONFIRMATION)
-        with interrupts_held():
+        def step() -> None:
+            attrs = self.study.user_attrs  # one read of the storage per measurement
+            rounds = {**self._this_run(attrs), key: (values, failures)}
+            earlier = attrs.get(STUDY_CONFIRMATION)
             if STUDY_WINNER_ROUNDS not in attrs and isinstance(earlier, dict) and earlier and earlier.get("run") != self.run_id:
                 self.study.set_user_attr(STUDY_WINNER_ROUNDS, earlier)  # a study of an earlier version: its last rounds are kept
             self.study.set_user_attr(STUDY_CONFIRMATION, self._stamped(rounds))
             self.heartbeat()
 
+        self._write(step)
+
     def keep_winner_rounds(self) -> None:
         """Keep this run's finished confirmation as its winner's evidence (a rerun's rounds replace it only when finished)."""
-        rounds = self.confirmation()  # this run's (not another worker's)
-        with interrupts_held():
-            self.study.set_user_attr(STUDY_WINNER_ROUNDS, self._stamped(rounds))
+        self._write(lambda: self.study.set_user_attr(STUDY_WINNER_ROUNDS, self._stamped(self.confirmation())))  # this run's
 
     def winner_rounds(self) -> Rounds:
         """The rounds of the last finished confirmation (of a study from before they were kept: the last run's)."""
@@ -114,7 +134,7 @@ class StudyStores:
 
     def store_time_spent(self, spent: TimeSpent) -> None:
         """Keep the time breakdown of every run so far (the report reads it)."""
-        self.study.set_user_attr(STUDY_TIME_SPENT, asdict(spent))
+        self._write(lambda: self.study.set_user_attr(STUDY_TIME_SPENT, asdict(spent)))
 
     def verdict(self) -> tuple[str | None, Ceilings | None]:
         """The bottleneck verdict of the last finished run and the winner's ceilings it rests on."""
@@ -124,7 +144,7 @@ class StudyStores:
 
     def store_verdict(self, verdict: str, ceilings: Ceilings | None) -> None:
         """Keep the verdict printed with best.json (the report shows it again)."""
-        self.study.set_user_attr(STUDY_VERDICT, {"text": verdict, "ceilings": ceilings.to_dict() if ceilings else None})
+        self._write(lambda: self.study.set_user_attr(STUDY_VERDICT, {"text": verdict, "ceilings": ceilings.to_dict() if ceilings else None}))
 
 
 def _rounds(stored: Any) -> Rounds:
