@@ -363,6 +363,9 @@ def test_storages_that_cannot_open_say_why(tmp_path) -> None:
     assert isinstance(sqlite, RDBStorage) and sqlite.url == f"sqlite:///{tmp_path}/study.db"
     with pytest.raises(StorageError, match=r"write journal:///ABSOLUTE/PATH.log"):
         open_storage("journal://")  # no path: SQLAlchemy would look for a "journal" dialect
+    for path in (f"{tmp_path}/study.db", "study.db"):  # before: "Could not parse SQLAlchemy URL from given URL string"
+        with pytest.raises(StorageError, match=rf"not a storage URL; write sqlite:///{os.path.abspath(path)} for an SQLite file"):
+            open_storage(path)
     for memory in ("sqlite://", "sqlite:///:memory:", "sqlite:///file:x?mode=memory&uri=true"):  # nothing would be kept to resume
         with pytest.raises(StorageError, match="in-memory database, lost when the search ends"):
             open_storage(memory)

@@ -173,6 +173,9 @@ def check_storage_url(url: str) -> None:
         return
     if url.startswith("journal:"):  # journal://x or journal:x: not the three slashes of a path
         raise StorageError(f"cannot open study storage {url!r}: write {JOURNAL_SCHEME}/ABSOLUTE/PATH.log (or a plain path ending .log)")
+    if "://" not in url:  # a file path (the default study.db's): SQLAlchemy says only "Could not parse SQLAlchemy URL"
+        raise StorageError(f"cannot open study storage {url!r}: not a storage URL; write sqlite:///{os.path.abspath(url)} for an "
+                           "SQLite file (a search alone), a path ending .log for a journal file, or postgresql://USER@HOST/DB")
     try:
         if not url.startswith("sqlite"):
             sqlalchemy.engine.make_url(url).get_dialect()  # the URL's form and its dialect; the driver loads on connecting
