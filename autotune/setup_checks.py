@@ -9,6 +9,7 @@ one-line reason.
 
 from __future__ import annotations
 
+import numbers
 from typing import TYPE_CHECKING, Any
 
 from autotune.devices import device_type
@@ -19,6 +20,19 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
     import torch
 
 AMP_MODES: tuple[str, ...] = ("off", "bf16", "fp16")
+
+
+#: The knobs that hold an integer (``prefetch_factor`` and ``num_threads`` may also be ``None``).
+INTEGER_KNOBS: tuple[str, ...] = ("num_workers", "prefetch_factor", "batch_size", "accumulation_steps", "num_threads", "bucket_cap_mb")
+
+
+def python_integers(setup: Any) -> None:
+    """Store NumPy's integers (``np.int64(64)``, read from a CSV or a config with NumPy or pandas) as Python ints, as
+    :class:`~autotune.workloads.task.Task` does: best.json and the emitted script write them as JSON."""
+    for name in INTEGER_KNOBS:
+        value = getattr(setup, name)
+        if isinstance(value, numbers.Integral) and not isinstance(value, (int, bool)):
+            object.__setattr__(setup, name, int(value))
 
 
 def validate_setup(setup: Any) -> None:

@@ -79,6 +79,19 @@ def test_a_kernel_the_caller_gives_the_optimizer_replaces_the_tuned_one() -> Non
     assert (fused.defaults["foreach"], fused.defaults["fused"]) == (None, True)
 
 
+def test_numpy_integers_are_taken_as_python_ones() -> None:
+    """TrainSetup(batch_size=np.int64(64)), a value read with NumPy or pandas, said "batch_size must be an integer,
+    got np.int64(64)" (a Task takes NumPy's numbers)."""
+    import numpy as np
+
+    setup = TrainSetup(batch_size=np.int64(64), num_workers=np.int32(2), prefetch_factor=np.int64(4), num_threads=np.int8(1))
+    assert setup == TrainSetup(batch_size=64, num_workers=2, prefetch_factor=4, num_threads=1)
+    assert type(setup.batch_size) is int and TrainSetup.from_json(setup.to_json()) == setup
+    assert type(setup.replace(accumulation_steps=np.int16(2)).accumulation_steps) is int
+    with pytest.raises(SetupError, match="batch_size must be an integer, got np.float64"):
+        TrainSetup(batch_size=np.float64(8))
+
+
 def test_a_cuda_device_this_machine_lacks_is_refused_when_asked_without_its_facts() -> None:
     import torch
 
