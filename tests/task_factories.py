@@ -287,6 +287,12 @@ def ragged() -> autotune.Task:
     return autotune.Task(nn.Linear(8, 3), [(torch.zeros(3 + i % 5), 0) for i in range(8)])
 
 
+def ragged_lists() -> autotune.Task:
+    """Token-id lists of different lengths (not yet tensors) without a collate_fn that pads them."""
+    return autotune.Task(nn.Linear(8, 3), [{"input_ids": list(range(3 + i % 5)), "labels": 0} for i in range(8)],
+                         step=lambda model, batch: model(batch["input_ids"]).sum())
+
+
 def non_scalar_loss() -> autotune.Task:
     """The loss keeps the batch dimension."""
     return autotune.Task(nn.Linear(8, 3), _pairs(), loss=nn.CrossEntropyLoss(reduction="none"))

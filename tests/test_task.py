@@ -363,6 +363,7 @@ def test_good_workloads_become_workload_records() -> None:
         ("empty", "dataset (TensorDataset) is empty"),
         ("uncollatable", "dataset item 1 ((object, int)) cannot be collated"),
         ("ragged", "equal size, but got [3] at entry 0 and [4] at entry 1; items of one batch differ in shape: give the workload a collate_fn"),
+        ("ragged_lists", "each element in list of batch should be of equal size; items of one batch differ in shape: give the workload a collate_fn"),
         ("non_scalar_loss", "the loss must return a scalar floating tensor, got Tensor[2] float32"),
         ("frozen_model", "the model has no trainable parameters (none requires grad)"),
         ("detached_loss", "step(model, batch) returned a tensor that does not require grad"),
