@@ -356,6 +356,34 @@ def test_an_interrupted_trial_stops_the_search_and_is_never_stored(tmp_path, cac
     assert "result" not in study.trials[1].user_attrs  # not recorded as the setup's failure
 
 
+def test_defaults_interrupted_then_a_rerun_stopped_before_them_says_they_were_not_measured_yet(tmp_path, cache_dir) -> None:
+    """The defaults (#0) interrupted, the rerun runs them again after the guesses; stopped before them, its best.json
+    says they were not measured yet, not that their trial ended without a throughput (trials.csv has no row of them)."""
+    from autotune.errors import SearchInterrupted
+    from autotune.output.best import read_best
+    from autotune.tuner import SearchConfig, run_search
+
+    calls: list[str] = []
+
+    def runner(setup, workload, options=None, *, on_window=None):
+        if options.mode != "train":
+            return TrialResult(status="ok", samples_per_s=100.0, windows=(100.0,), peak_memory_bytes=2**20)
+        calls.append(setup.describe())
+        if len(calls) in (1, 3):  # the defaults in the first run; the rerun's second trial
+            return TrialResult(status="interrupted", error="the trial process was terminated from outside (SIGTERM)")
+        return TrialResult(status="ok", samples_per_s=100.0, windows=(100.0,), peak_memory_bytes=2**20)
+
+    config = SearchConfig(model="resnet18", trials=4, image_size=32, device="cpu", trial_seconds=1.0,
+                          out=tmp_path / "out", cache_dir=cache_dir, synthetic_images=64)
+    for _ in range(2):
+        with pytest.raises(SearchInterrupted):
+            run_search(config, runner=runner)
+    assert calls[0] == "bs=32 w=0 fp32" and "bs=32 w=0 fp32" not in calls[1:], calls
+    notes = read_best(tmp_path / "out" / "best.json").notes
+    assert any(n.startswith("the PyTorch defaults (bs=32 w=0 fp32) were not measured yet") for n in notes), notes
+    assert not any("ended without a throughput" in n for n in notes), notes
+
+
 def test_a_ctrl_c_while_a_measured_trial_is_stored_keeps_it(tmp_path, cache_dir, monkeypatch) -> None:
     """A real SIGINT that lands while the second trial's result is written waits for the write: the trial counts
     (complete, in trials.csv) and the search stops after it, as docs/search.md promises."""

@@ -462,3 +462,16 @@ def test_a_setup_never_preferred_to_a_leader_within_noise_is_never_returned_inst
     best = _best([_confirmed(leader, (200.0, 210.0, 200.0)), _confirmed(other, (198.0, 201.0, 196.0)),
                   _confirmed(DEFAULTS, (100.0, 100.0, 100.0))])
     assert never_preferred(other, leader) == (best.setup == leader)
+
+
+def test_defaults_not_run_yet_are_not_said_to_have_failed() -> None:
+    """A search stopped before the defaults' trial (a resumed one runs them again, last): no speedup, and the note
+    says they were not measured yet, not that their trial ended without a throughput (trials.csv has no such row)."""
+    best = make_best(workload=WORKLOAD, hardware=HARDWARE, feasible=FEASIBLE[1:], confirmed=[], defaults=DEFAULTS,
+                     effective_batch=None, command="", interrupted=True, defaults_ran=False)
+    assert best.speedup is None and best.defaults_samples_per_s is None
+    assert any(n.startswith("the PyTorch defaults (bs=32 w=0 fp32) were not measured yet") for n in best.notes), best.notes
+    assert not any("ended without a throughput" in n for n in best.notes)
+    failed = make_best(workload=WORKLOAD, hardware=HARDWARE, feasible=FEASIBLE[1:], confirmed=[], defaults=DEFAULTS,
+                       effective_batch=None, command="", interrupted=True)
+    assert any("could not be measured: their trial ended without a throughput" in n for n in failed.notes)

@@ -38,6 +38,7 @@ def make_best(
     excluded_by: str | None = None,
     partly_confirmed: bool = False,
     batch_pin: Constraint | None = None,
+    defaults_ran: bool = True,
 ) -> Best:
     """The ``best.json`` record: the confirmed winner, its speedup and the notes.
 
@@ -57,6 +58,8 @@ def make_best(
             only when no setup within it measured a throughput.
         partly_confirmed: An interrupted confirmation measured some rounds (the note says so).
         batch_pin: The user's ``--set batch_size=...``, if any: the note's way to keep the math respects it.
+        defaults_ran: A trial of the defaults finished (with or without a throughput); False when the search
+            stopped before their trial (a resumed search runs the defaults interrupted earlier again, last).
     """
     default_key = defaults.to_json()
     # The recipe's batch, even where the data holds fewer samples and the defaults ran all of them: the Task's lr is for it.
@@ -140,7 +143,10 @@ def make_best(
         notes.append(f"the PyTorch defaults ran batch {defaults.batch_size} x {defaults.accumulation_steps} accumulation steps, "
                      f"the largest batch up to {'your recipe' if workload.reference_batch else 'the default'}'s {recipe} "
                      f"that divides --effective-batch {effective_batch}{per_rank}: the math every setup keeps")
-    if base is None:
+    if base is None and not defaults_ran:
+        notes.append(f"the PyTorch defaults ({defaults.describe()}) were not measured yet: the search stopped before their "
+                     "trial, so no speedup is given; rerun the same command to measure them")
+    elif base is None:
         notes.append(f"the PyTorch defaults ({defaults.describe()}) could not be measured: their trial ended without a "
                      "throughput (trials.csv gives its status and error), so no speedup is given")
     hw = hardware.to_dict()
