@@ -133,6 +133,19 @@ def check_writable(out: Path) -> None:
         raise StorageError(f"--out {out} cannot be created: {parent} is not writable")
 
 
+#: What the first bytes of the result files autotune writes hold: one without it, in an --out no search wrote to, is the user's.
+_OURS = {"best.json": b'{\n  "schema": ', "report.html": b"<title>autotune report: "}
+
+
+def _starts_with(path: Path, mark: bytes) -> bool:
+    """Whether the first 400 bytes of ``path`` hold ``mark`` (False when it cannot be read)."""
+    try:
+        with path.open("rb") as fh:
+            return mark in fh.read(400)
+    except OSError:
+        return False
+
+
 def check_out(out: Path, data: Path | None) -> None:
     """:func:`check_writable`, and that ``out`` lies outside the ImageFolder ``data`` (its root itself is fine).
 
@@ -141,7 +154,9 @@ def check_out(out: Path, data: Path | None) -> None:
 
     Raises:
         StorageError: As :func:`check_writable`, or a result file of ``out`` (``best.json``, ``train.py``, ``trials.csv``,
-            ``report.html``) is a directory, a FIFO or a device: its rename would fail after the whole search, or replace it.
+            ``report.html``) is a directory, a FIFO or a device: its rename would fail after the whole search, or replace it;
+            or, in an ``out`` no search wrote to (no ``study.db``, no ``trials.csv``), ``best.json`` or ``report.html`` is
+            a file autotune did not write (the user's own), which the search would replace.
         UsageError: ``out`` is below ``data``.
     """
     check_writable(out)
@@ -149,6 +164,11 @@ def check_out(out: Path, data: Path | None) -> None:
         if (out / name).exists() and not (out / name).is_file():
             raise StorageError(f"{out / name} exists and is not a regular file: the search writes its results there; "
                                "move it away or pass another --out")
+    searched = (out / "study.db").exists() or (out / "trials.csv").exists()  # a search wrote here: its own results (or hand-broken)
+    for name, mark in _OURS.items():  # train.py: checked as emit checks its --output
+        if not searched and (out / name).is_file() and not _starts_with(out / name, mark):
+            raise StorageError(f"{out / name} exists and was not written by autotune: the search would replace it with its "
+                               "results; move it away or pass another --out")
     if data is None:
         return
     root, target = Path(data).resolve(), out.resolve()

@@ -513,6 +513,40 @@ def test_an_out_holding_the_users_own_train_py_is_refused_before_anything_runs(t
     assert ran == [] and (out / "train.py").read_text() == "print('my own training')\n" and not (out / "study.db").exists()
 
 
+@pytest.mark.parametrize(("name", "text"), [("best.json", '{"lr": 0.1, "acc": 0.93}\n'), ("report.html", "<html>my own page</html>\n")])
+def test_an_out_holding_the_users_own_best_json_or_report_is_refused_before_anything_runs(tmp_path, cache_dir, name, text) -> None:
+    """An --out no search wrote to (no study.db, no trials.csv) whose best.json or report.html autotune did not write:
+    the search replaced it with its results at the end, without a word. Its own files are rewritten by a rerun."""
+    from autotune.errors import StorageError
+    from autotune.tuner import SearchConfig, run_search
+
+    ran = []
+
+    def runner_(setup, workload, options=None, *, on_window=None):
+        ran.append(setup)
+        raise AssertionError("nothing may run")
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / name).write_text(text)
+    config = SearchConfig(model="resnet18", trials=2, image_size=32, device="cpu", trial_seconds=1.0, out=out,
+                          cache_dir=cache_dir, synthetic_images=64)
+    with pytest.raises(StorageError, match=f"{name} exists and was not written by autotune: the search would replace it with its "
+                                           r"results; move it away or pass another --out"):
+        run_search(config, runner=runner_)
+    assert ran == [] and (out / name).read_text() == text and not (out / "study.db").exists()
+    from test_emit import make_best
+
+    from autotune.files import check_out
+    from autotune.output.best import write_best
+
+    if name == "best.json":  # autotune's own (a copy moved there alone) is no user's file
+        write_best(out / name, make_best(tmp_path))
+    else:
+        (out / name).write_text('<!DOCTYPE html>\n<html lang="en"><head><title>autotune report: s</title></head></html>\n')
+    check_out(out, None)
+
+
 def test_a_classifier_trial_without_a_batch_size_takes_all_of_fewer_images_as_a_search_defaults_do(tmp_path, monkeypatch) -> None:
     """On 3 images `autotune trial --model ... --data DIR` without --batch-size measures one batch of the 3, as the
     search's defaults trial does; it was refused as `--batch-size 32 x --accum 1 = 32 exceeds the 3 training images`,
