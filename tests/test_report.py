@@ -602,3 +602,31 @@ def test_the_history_plot_has_whole_trial_numbers_and_room_above_the_best() -> N
     assert all(float(tick).is_integer() for tick in one.get_xticks())
     best = max(r.result.samples_per_s or 0.0 for r in _records(3))
     assert ax.get_ylim()[1] > best * 1.03 and ax.get_ylim()[0] < 0
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "said"),
+    [
+        ("result", '"garbage"', "trial #1 holds an unreadable result (dictionary update sequence"),
+        ("result", '{"status": "ok", "samples_per_s": "fast"}', "trial #1 holds an unreadable result (field 'samples_per_s': 'fast')"),
+        ("result", '{"status": "ok", "bogus": 1}', "trial #1 holds an unreadable result ("),
+        ("result", '{"status": 7}', "trial #1 holds an unreadable result (field 'status': 7)"),
+        ("result", '{"status": "ok", "windows": [1.0, "x"]}', "trial #1 holds an unreadable result (field 'windows'"),
+        ("setup", '{"batch_size": "x"}', "trial #1 holds an unreadable setup (batch_size must be an integer"),
+    ],
+)
+def test_a_hand_edited_trial_record_is_one_line_naming_the_trial(searched, tmp_path, key, value, said) -> None:
+    """A study whose trial record was edited (or written by another program): `autotune status` and `autotune report`
+    name the trial, exit 1; they ended as `internal error: ValueError ...` (exit 3), or drew the page from a wrong figure."""
+    _, source = searched
+    copy = tmp_path / "edited"
+    shutil.copytree(source, copy)
+    with contextlib.closing(sqlite3.connect(copy / "study.db")) as db:
+        trial_id = db.execute("SELECT trial_id FROM trials WHERE number = 1").fetchone()[0]
+        db.execute("UPDATE trial_user_attributes SET value_json = ? WHERE trial_id = ? AND key = ?", (value, trial_id, key))
+        db.commit()
+    for command in ("status", "report"):
+        result = CliRunner().invoke(app, [command, str(copy)])
+        assert result.exit_code == 1, result.output
+        lines = [line for line in result.output.splitlines() if line.strip()]
+        assert len(lines) == 1 and said in lines[0] and "the study was edited or written by another program" in lines[0], lines

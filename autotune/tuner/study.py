@@ -36,6 +36,7 @@ from autotune.tuner.identity import signature_difference
 from autotune.tuner.lock import Holder
 from autotune.tuner.pruning import ScreeningPruner
 from autotune.tuner.storage import foreign_sqlite, open_storage, storage_file
+from autotune.tuner.stored_records import UnreadableRecord, stored_result, stored_setup
 from autotune.tuner.stores import StudyStores
 
 # Trial roles (also ``neighbours.ROLE_NEIGHBOUR`` and ``refine.ROLE_COMPILE``).
@@ -294,8 +295,16 @@ class SearchStudy(StudyStores):
         return progress([t for t in trials if t.number != besides], wanted)
 
     def records(self) -> list[TrialRecord]:
-        """Every finished trial that carries a setup and a result."""
-        return [r for t in self.study.get_trials(deepcopy=False, states=FINISHED) if (r := _record(t)) is not None]
+        """Every finished trial that carries a setup and a result.
+
+        Raises:
+            StorageError: A trial's stored setup or result is not one autotune wrote (the study was edited).
+        """
+        try:
+            return [r for t in self.study.get_trials(deepcopy=False, states=FINISHED) if (r := _record(t)) is not None]
+        except UnreadableRecord as exc:
+            raise StorageError(f"study {self.name!r} in {self.storage}: {exc}; the study was edited or written by another "
+                               "program: restore it from a backup, or start afresh with another --out (--study)") from None
 
     def ask(self) -> tuple[optuna.Trial, str]:
         """The next trial and its role."""
@@ -375,8 +384,8 @@ def _record(trial: FrozenTrial) -> TrialRecord | None:
     return TrialRecord(
         number=trial.number,
         role=attrs.get(ATTR_ROLE, ROLE_SEARCH),
-        setup=TrainSetup.from_dict(attrs[ATTR_SETUP]),
-        result=TrialResult.from_dict(attrs[ATTR_RESULT]),
+        setup=stored_setup(trial.number, attrs[ATTR_SETUP]),
+        result=stored_result(trial.number, attrs[ATTR_RESULT]),
         reused_from=attrs.get(ATTR_REUSED_FROM),
         free=bool(attrs.get(ATTR_FREE)),
     )
