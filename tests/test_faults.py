@@ -1314,3 +1314,42 @@ def test_a_study_of_the_earlier_version_keeps_its_last_rounds_as_the_winner_s_wh
     again = SearchStudy.load(storage, "old")
     assert again.winner_rounds() == {"a": ([100.0, 110.0], [])} and again.stored_confirmation() == {"a": ([300.0], []), "b": ([310.0], [])}
     assert STUDY_WINNER_ROUNDS in again.study.user_attrs
+
+
+def test_a_stop_while_a_shared_study_worker_writes_the_study_s_winner_waits_for_both_files(tmp_path, cache_dir, monkeypatch) -> None:
+    """A worker that finds the study's winner published writes it to its own --out: a SIGTERM there waits until best.json
+    and train.py are both whole, then ends the worker as interrupted (exit 130), naming the winner's file. Before, the
+    signal killed the worker (exit 143), possibly between the two files."""
+    import autotune.tuner.run
+    from autotune.errors import SearchInterrupted
+    from autotune.output.best import read_best
+    from autotune.tuner import SearchConfig, run_search
+
+    storage = f"journal:///{tmp_path / 'study.log'}"
+    config = SearchConfig(model="resnet18", trials=2, image_size=32, device="cpu", trial_seconds=1.0, confirm_rounds=2,
+                          out=tmp_path / "first", cache_dir=cache_dir, synthetic_images=64, storage=storage, study="shared",
+                          ceilings=False)
+    run_search(config, runner=steady_runner)  # the elected worker: it confirms and publishes the winner
+    original = autotune.tuner.run.write_winner
+
+    def write_winner(*args, **kwargs):  # type: ignore[no-untyped-def]
+        os.kill(os.getpid(), signal.SIGTERM)
+        sum(range(1000))  # the handler runs on this thread's next bytecodes
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(autotune.tuner.run, "write_winner", write_winner)
+    second = tmp_path / "second"
+
+    def refused(signum, frame):  # type: ignore[no-untyped-def]
+        raise _Stopped
+
+    previous = signal.signal(signal.SIGTERM, refused)  # where the search installs no handler of its own
+    try:
+        with pytest.raises(SearchInterrupted, match=r"^interrupted: the study's confirmed winner is in .*second/best.json"):
+            run_search(replace(config, out=second), runner=steady_runner)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert read_best(second / "best.json").setup == read_best(tmp_path / "first" / "best.json").setup
+    script = (second / "train.py").read_text()
+    compile(script, "train.py", "exec")  # whole
+    assert "this worker wrote the same to" in script and not (second / "report.html").exists()

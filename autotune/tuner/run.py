@@ -1,28 +1,21 @@
 """The search: prepare, calibrate, explore, confirm, finish.
 
 :func:`run_search` is the library entry point behind ``autotune search``.
-Each step is a function below; the trial runner is handed in (``runner=``),
+Each step is a function below (the first, :func:`~autotune.tuner.prepare.prepare`,
+in a module of its own); the trial runner is handed in (``runner=``),
 so tests pass a fake one. The study lives in an Optuna storage (SQLite in
 the output directory by default), so re-running the same command resumes it.
 """
 
 from __future__ import annotations
 
-import os
-import shutil
 import time
-from contextlib import ExitStack
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from functools import partial
-from pathlib import Path
-from typing import Any
 
-import probes
-from autotune.devices import DeviceInfo
 from autotune.errors import AutotuneError, EmitError, SearchFailed, SearchInterrupted, StorageError
-from autotune.files import check_out
-from autotune.output.emit import script_target, write_winner
-from autotune.records import Calibration, TrialOptions, TrialRecord, Workload
+from autotune.output.emit import write_winner
+from autotune.records import Calibration, TrialOptions, TrialRecord
 from autotune.rounds import Confirmed
 from autotune.runner import TrialRunner, prestart, run_trial
 from autotune.train_setup import TrainSetup
@@ -30,44 +23,23 @@ from autotune.tuner.budget import counted_records
 from autotune.tuner.calibrate import calibrate
 from autotune.tuner.config import SearchConfig, SearchOutcome, Timing
 from autotune.tuner.confirm import confirm, confirmation_plan, measure_ceilings, pick_candidates
-from autotune.tuner.constraints import allows, allows_workers, check_constraints, check_effective_batch, excluding
+from autotune.tuner.constraints import allows, excluding
 from autotune.tuner.explore import Exploration, check_recipe
 from autotune.tuner.guesses import guess_setups
-from autotune.tuner.identity import machine_fingerprint, signature, study_name
 from autotune.tuner.kept_runs import KeptRuns
-from autotune.tuner.leftovers import nothing_left_if_nothing_measured, nothing_left_if_stopped
-from autotune.tuner.lock import OutputLock
+from autotune.tuner.leftovers import nothing_left_if_nothing_measured
 from autotune.tuner.neighbours import neighbour_trials
-from autotune.tuner.offered import check_workload_constraints
 from autotune.tuner.parallel import explore_placed
-from autotune.tuner.placement import Placement, place
+from autotune.tuner.prepare import Prepared, prepare
 from autotune.tuner.progress import Reporter, SilentReporter
 from autotune.tuner.refine import compile_skipped
 from autotune.tuner.signals import clear_stop, interrupts_held, runs_to_the_end, sigterm_as_interrupt, stop_requested
-from autotune.tuner.space import Space, build_space, check_pins_act, defaults_setup
-from autotune.tuner.storage import check_one_study, check_storage_url, is_shared, storage_failures_said
-from autotune.tuner.study import ROLE_DEFAULTS, ROLE_GUESS, SearchStudy
+from autotune.tuner.space import Space, build_space, defaults_setup
+from autotune.tuner.storage import storage_failures_said
+from autotune.tuner.study import ROLE_DEFAULTS, ROLE_GUESS
 from autotune.tuner.study_report import kept_outcome, kept_winner, report_search, stored_confirmed
 from autotune.tuner.timed import TimedRunner
 from autotune.tuner.winner import bottleneck_verdict, make_best
-from autotune.tuner.workers import Crew, patience_s
-from autotune.workloads import build_workload, write_synthetic
-from autotune.workloads.tasks import build_task_workload
-
-
-@dataclass(frozen=True)
-class Prepared:
-    """What the first step checked and opened."""
-
-    hardware: Any
-    device: DeviceInfo
-    workload: Workload
-    study: SearchStudy
-    out: Path
-    held: ExitStack
-    placement: Placement
-    crew: Crew | None = None  # this worker's view of a shared study (None: the study is this search's alone)
-    made_out: Path | None = None  # --out when this search made it
 
 
 def run_search(config: SearchConfig, reporter: Reporter | None = None, *, runner: TrialRunner = run_trial) -> SearchOutcome:
@@ -138,8 +110,15 @@ def _search(config: SearchConfig, prepared: Prepared, reporter: Reporter, timed:
     if crew is not None and not interrupted and (winner := crew.confirm_or_wait(config.trials, reporter)) is not None:
         shared = crew.outcome(winner, records, calibration, prepared.out, plan.csv_path)
         assert shared.best is not None  # a published winner always has one
-        # This worker's --out holds the study's winner too (not a stale best.json of an interrupted run of its own).
-        files = (*shared.files, *write_winner(shared.best, prepared.out))
+        # This worker's --out holds the study's winner too (not a stale best.json of an interrupted run of its own),
+        # best.json and train.py both whole: a stop waits for them, then ends the search without its report.
+        try:
+            with interrupts_held():
+                files = (*shared.files, *write_winner(shared.best, prepared.out))
+        except KeyboardInterrupt:
+            raise SearchInterrupted(f"interrupted: the study's confirmed winner is in {prepared.out / 'best.json'}; only this worker's "
+                                    f"report was skipped (`autotune report {prepared.out} --storage URL --study {prepared.study.name}` "
+                                    "writes it)", outcome=shared) from None
         timing.wall_s = time.monotonic() - began
         written, spent = report_search(prepared.study, prepared.out, timing.record(), earlier, reporter.message,
                                        f"finished: confirmed by {winner.get('by')}", records, calibration, shared)
@@ -204,70 +183,6 @@ def _nothing_feasible(records: list[TrialRecord], storage: str, interrupted: boo
     reasons = sorted({f"{r.result.status}: {r.result.error}" for r in records})
     where = f"; every trial's reason in {report}" if report else ""
     return SearchFailed(f"all {len(records)} trials failed ({'; '.join(reasons)[:300]}){where}")
-
-
-def prepare(config: SearchConfig, reporter: Reporter) -> Prepared:
-    """Probe, resolve the device, check the input and output, build the workload, open the study.
-
-    Nothing is written before every check has passed; the synthetic JPEGs not before the stored study accepts the workload.
-    """
-    hardware = probes.collect()
-    placement = place(config.device, config.devices, config.nproc_per_node, hardware)
-    device = placement.device
-    constraints = config.pins
-    check_constraints(constraints, device)
-    out = Path(config.out)
-    check_out(out, config.data)
-    script_target(out / "train.py", "--out")  # the winner's script must not meet the user's own train.py at the end
-    if config.storage is not None:
-        check_storage_url(config.storage)  # a typo must not wait for the workload (thousands of JPEGs on a first run)
-    if config.workload is not None:
-        workload = build_task_workload(config.workload, device=device.name, workers=allows_workers(constraints.get("num_workers")))
-    else:
-        workload = build_workload(model=config.model, image_size=config.image_size, data=config.data, device=device.name, cache_dir=config.cache_dir,
-                                  synthetic_images=config.synthetic_images, lr=config.lr, warn=reporter.message, write_data=False)
-    check_pins_act(constraints, workload.image_input, placement.world_size)
-    check_workload_constraints(constraints, workload, device)
-    workload = placement.rank_workload(workload)  # with N ranks, each reads 1/N of the data
-    check_effective_batch(  # before calibration runs
-        placement.rank_batch(config.effective_batch), workload.images, constraints=constraints, unit="samples" if workload.task else "images",
-        ranks=placement.world_size,
-    )
-    for warning in hardware.warnings:  # after the checks (an error stays one line): a small /dev/shm, a CPU quota, a ulimit -v
-        reporter.message(f"probe: {warning}")
-    name = config.study or study_name(config, device, workload)
-    check_one_study(out, name, local=config.storage is None)
-    fresh = not out.exists()
-    out.mkdir(parents=True, exist_ok=True)
-    storage = config.storage or f"sqlite:///{(out / 'study.db').resolve()}"
-    shared, crew = is_shared(storage), None
-    try:
-        with ExitStack() as stack:  # on an error below, both are released at once
-            stack.enter_context(OutputLock(out))
-            seed = (config.seed + os.getpid()) % 2**32 if shared else config.seed  # workers sample apart
-            study = SearchStudy.open(storage, name, sampler=config.sampler, seed=seed, trials=config.trials, shared=shared,
-                                     parallel=placement.parallel, in_out=config.storage is None, pins=config.pins)
-            if shared:
-                crew = Crew(study, wait_s=patience_s(config.trial_seconds, config.timeout_s))
-                stale = crew.join(signature(config, workload, machine_fingerprint(hardware, device)))
-            else:
-                study.claim()
-                stack.callback(study.release)
-                study.check_signature(signature(config, workload, machine_fingerprint(hardware, device)), in_out=config.storage is None)
-                stale = study.recover()
-            with nothing_left_if_stopped(study, shared):  # after the signature: a refused rerun writes no JPEGs
-                write_synthetic(workload, reporter.message)
-            if stale:  # the reporter's lines while the stack holds the lock: one that raises (a Ctrl-C) releases it
-                reporter.message(f"left running by a search that died, marked failed: {', '.join(f'trial #{n}' for n in stale)}")
-            reporter.message(f"{workload.describe()} ({device.label}); {int(hardware.cpu.usable_cores)} usable CPU cores")
-            if placement.world_size > 1 or placement.parallel:
-                reporter.message(placement.describe())
-            held = stack.pop_all()
-    except BaseException:
-        if fresh:  # made just now and holding nothing of value: leave no trace
-            shutil.rmtree(out, ignore_errors=True)
-        raise
-    return Prepared(hardware, device, workload, study, out, held, placement, crew, out if fresh else None)
 
 
 def calibrate_once(config: SearchConfig, prepared: Prepared, reporter: Reporter, runner: TrialRunner) -> Calibration:

@@ -1,0 +1,113 @@
+"""The first step of a search: probe, check the input and output, build the workload, open the study.
+
+Nothing is written before every check has passed: a refused command leaves no output directory, no
+study and no synthetic JPEGs behind (:func:`prepare`).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import probes
+from autotune.devices import DeviceInfo
+from autotune.files import check_out
+from autotune.output.emit import script_target
+from autotune.records import Workload
+from autotune.tuner.config import SearchConfig
+from autotune.tuner.constraints import allows_workers, check_constraints, check_effective_batch
+from autotune.tuner.identity import machine_fingerprint, signature, study_name
+from autotune.tuner.leftovers import nothing_left_if_stopped
+from autotune.tuner.lock import OutputLock
+from autotune.tuner.offered import check_workload_constraints
+from autotune.tuner.placement import Placement, place
+from autotune.tuner.progress import Reporter
+from autotune.tuner.space import check_pins_act
+from autotune.tuner.storage import check_one_study, check_storage_url, is_shared
+from autotune.tuner.study import SearchStudy
+from autotune.tuner.workers import Crew, patience_s
+from autotune.workloads import build_workload, write_synthetic
+from autotune.workloads.tasks import build_task_workload
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """What the first step checked and opened."""
+
+    hardware: Any
+    device: DeviceInfo
+    workload: Workload
+    study: SearchStudy
+    out: Path
+    held: ExitStack
+    placement: Placement
+    crew: Crew | None = None  # this worker's view of a shared study (None: the study is this search's alone)
+    made_out: Path | None = None  # --out when this search made it
+
+
+def prepare(config: SearchConfig, reporter: Reporter) -> Prepared:
+    """Probe, resolve the device, check the input and output, build the workload, open the study.
+
+    Nothing is written before every check has passed; the synthetic JPEGs not before the stored study accepts the workload.
+    """
+    hardware = probes.collect()
+    placement = place(config.device, config.devices, config.nproc_per_node, hardware)
+    device = placement.device
+    constraints = config.pins
+    check_constraints(constraints, device)
+    out = Path(config.out)
+    check_out(out, config.data)
+    script_target(out / "train.py", "--out")  # the winner's script must not meet the user's own train.py at the end
+    if config.storage is not None:
+        check_storage_url(config.storage)  # a typo must not wait for the workload (thousands of JPEGs on a first run)
+    if config.workload is not None:
+        workload = build_task_workload(config.workload, device=device.name, workers=allows_workers(constraints.get("num_workers")))
+    else:
+        workload = build_workload(model=config.model, image_size=config.image_size, data=config.data, device=device.name, cache_dir=config.cache_dir,
+                                  synthetic_images=config.synthetic_images, lr=config.lr, warn=reporter.message, write_data=False)
+    check_pins_act(constraints, workload.image_input, placement.world_size)
+    check_workload_constraints(constraints, workload, device)
+    workload = placement.rank_workload(workload)  # with N ranks, each reads 1/N of the data
+    check_effective_batch(  # before calibration runs
+        placement.rank_batch(config.effective_batch), workload.images, constraints=constraints, unit="samples" if workload.task else "images",
+        ranks=placement.world_size,
+    )
+    for warning in hardware.warnings:  # after the checks (an error stays one line): a small /dev/shm, a CPU quota, a ulimit -v
+        reporter.message(f"probe: {warning}")
+    name = config.study or study_name(config, device, workload)
+    check_one_study(out, name, local=config.storage is None)
+    fresh = not out.exists()
+    out.mkdir(parents=True, exist_ok=True)
+    storage = config.storage or f"sqlite:///{(out / 'study.db').resolve()}"
+    shared, crew = is_shared(storage), None
+    try:
+        with ExitStack() as stack:  # on an error below, both are released at once
+            stack.enter_context(OutputLock(out))
+            seed = (config.seed + os.getpid()) % 2**32 if shared else config.seed  # workers sample apart
+            study = SearchStudy.open(storage, name, sampler=config.sampler, seed=seed, trials=config.trials, shared=shared,
+                                     parallel=placement.parallel, in_out=config.storage is None, pins=config.pins)
+            if shared:
+                crew = Crew(study, wait_s=patience_s(config.trial_seconds, config.timeout_s))
+                stale = crew.join(signature(config, workload, machine_fingerprint(hardware, device)))
+            else:
+                study.claim()
+                stack.callback(study.release)
+                study.check_signature(signature(config, workload, machine_fingerprint(hardware, device)), in_out=config.storage is None)
+                stale = study.recover()
+            with nothing_left_if_stopped(study, shared):  # after the signature: a refused rerun writes no JPEGs
+                write_synthetic(workload, reporter.message)
+            if stale:  # the reporter's lines while the stack holds the lock: one that raises (a Ctrl-C) releases it
+                reporter.message(f"left running by a search that died, marked failed: {', '.join(f'trial #{n}' for n in stale)}")
+            reporter.message(f"{workload.describe()} ({device.label}); {int(hardware.cpu.usable_cores)} usable CPU cores")
+            if placement.world_size > 1 or placement.parallel:
+                reporter.message(placement.describe())
+            held = stack.pop_all()
+    except BaseException:
+        if fresh:  # made just now and holding nothing of value: leave no trace
+            shutil.rmtree(out, ignore_errors=True)
+        raise
+    return Prepared(hardware, device, workload, study, out, held, placement, crew, out if fresh else None)
