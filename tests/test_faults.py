@@ -441,27 +441,31 @@ def test_a_study_storage_that_fails_mid_search_is_one_line_and_keeps_the_trials_
     assert study_of(tmp_path / "out").trials[0].state == TrialState.COMPLETE  # measured before the disk filled: kept
 
 
-def test_a_full_disk_while_the_winner_is_written_says_what_is_kept_and_to_rerun(tmp_path, cache_dir, monkeypatch) -> None:
-    """train.py cannot be written (ENOSPC) after the confirmation: the line says the trials are kept and the rerun
-    writes the winner; the rerun does (before: `cannot write OUT/train.py: No space left on device`, no advice)."""
+@pytest.mark.parametrize("file", ["train.py", "best.json"])
+def test_a_full_disk_while_the_winner_is_written_says_what_is_kept_and_to_rerun(tmp_path, cache_dir, monkeypatch, file: str) -> None:
+    """train.py or best.json (written after it) cannot be written (ENOSPC) after the confirmation: the line says the
+    trials are kept and the rerun writes the winner; the rerun does (before: `cannot write OUT/train.py: No space left on
+    device`, no advice; for best.json a bare `[Errno 28] No space left on device`, naming no file)."""
     import errno
 
+    import autotune.output.best
     import autotune.output.emit
     from autotune.errors import AutotuneError
     from autotune.tuner import SearchConfig, run_search
 
-    write = autotune.output.emit.atomic_write_text
+    module = autotune.output.emit if file == "train.py" else autotune.output.best
+    write = module.atomic_write_text
 
     def full(path, text):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(autotune.output.emit, "atomic_write_text", full)
+    monkeypatch.setattr(module, "atomic_write_text", full)
     config = SearchConfig(model="resnet18", trials=2, image_size=32, device="cpu", trial_seconds=1.0,
                           out=tmp_path / "out", cache_dir=cache_dir, synthetic_images=64)
-    with pytest.raises(AutotuneError, match=r"^cannot write .*train.py: No space left on device; the 2 finished trials are kept in "
+    with pytest.raises(AutotuneError, match=rf"^cannot write .*{file}: No space left on device; the 2 finished trials are kept in "
                                             r"sqlite:///.*: fix that \(a full disk: free some space\) and rerun the same command"):
         run_search(config, runner=steady_runner)
-    monkeypatch.setattr(autotune.output.emit, "atomic_write_text", write)
+    monkeypatch.setattr(module, "atomic_write_text", write)
     assert run_search(config, runner=steady_runner).best is not None and (tmp_path / "out" / "best.json").is_file()
 
 

@@ -335,9 +335,15 @@ def write_winner(best: Best, out: Path) -> tuple[str, str]:
 
     Returns:
         The two paths written, best.json first.
+
+    Raises:
+        EmitError: The script cannot be rendered, or either file cannot be written (a full disk).
     """
     write_script(best, out / "train.py")
-    write_best(out / "best.json", best)
+    try:
+        write_best(out / "best.json", best)
+    except OSError as exc:
+        raise EmitError(f"cannot write {out / 'best.json'}: {exc.strerror or exc}") from None
     return str(out / "best.json"), str(out / "train.py")
 
 
