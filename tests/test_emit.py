@@ -620,7 +620,7 @@ def test_resume_refuses_a_checkpoint_it_cannot_continue_in_one_line(
         (lambda: torch.save({"weights": torch.zeros(2)}, checkpoint), "is not a checkpoint this script wrote"),
         (lambda: torch.save({**state, "args": {**written_with, "batch_size": 16, "accum_steps": 1}}, checkpoint),
          "was written with --batch-size 16 (now 8), --accum-steps 1 (now 2); resume with the flags it was written with"),
-        (lambda: torch.save({**state, "args": {**written_with, "world_size": 2}}, checkpoint), "was written with processes 2 (now 1)"),
+        (lambda: torch.save({**state, "args": {**written_with, "world_size": 2}}, checkpoint), "was written with 2 processes (now 1)"),
         # Another --seed shuffles the epoch otherwise: skipping its first samples would train some twice, some never.
         (lambda: torch.save({**state, "args": {**written_with, "seed": 5}}, checkpoint), "was written with --seed 5 (now 0)"),
         # Same flags, another model's weights: found once the model is built.
