@@ -113,6 +113,21 @@ def sized_iterable() -> autotune.Task:
     return autotune.Task(nn.Linear(8, 3), SizedStream(), batch_size=4)
 
 
+class _Trillion(Dataset):  # type: ignore[type-arg]
+    """10**12 items made from their index (a window at every position of a token corpus)."""
+
+    def __len__(self) -> int:
+        return 10**12
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        return torch.full((8,), float(index % 1000)), index % 3
+
+
+def trillion_items() -> autotune.Task:
+    """A map-style dataset too large for a permutation of its indices."""
+    return autotune.Task(nn.Linear(8, 3), _Trillion(), batch_size=4)
+
+
 class OneShotStream(IterableDataset):
     """24 pairs from an iterator made once, in __init__: the first pass uses it up, a second yields nothing."""
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
+import itertools
 import json
 import re
 import subprocess
@@ -867,6 +868,30 @@ def test_the_tuned_thread_count_stands_over_the_factory_s_own(
         assert set(task_factories.THREADS_SEEN) == {2}
     finally:
         torch.set_num_threads(before)
+
+
+def test_the_task_script_reads_a_dataset_too_large_to_permute_at_random_indices(tmp_path: Path) -> None:
+    """The script's DistributedSampler permuted all 10**12 indices at its first batch (8 TB asked for): a traceback,
+    where the search now measures such a dataset."""
+    script = _task_script(tmp_path, "trillion_items", autotune.TrainSetup(batch_size=4))
+    first = _run(script, "--max-steps", "2", "--workers", "0")
+    assert first.returncode == 0 and "done: step 2" in first.stdout, first.stderr[-2000:]
+    resumed = _run(script, "--max-steps", "3", "--workers", "0", "--resume")
+    assert resumed.returncode == 0 and "done: step 3" in resumed.stdout, resumed.stderr[-2000:]
+    sampler_class = runpy_sampler(script)
+    dataset = torch.utils.data.TensorDataset(torch.zeros(10))
+    sampler_class.DRAWN_ABOVE = 4  # a small dataset read the same way: the two ranks' indices, epoch by epoch
+    ranks = [sampler_class(dataset, num_replicas=2, rank=rank, seed=0) for rank in (0, 1)]
+    epochs = [[list(itertools.islice(sampler.shard(epoch), 5)) for sampler in ranks] for epoch in (0, 1)]
+    assert all(0 <= i < 10 for epoch in epochs for shard in epoch for i in shard) and epochs[0] != epochs[1]
+    assert [list(itertools.islice(ranks[0].shard(0), 5))] == epochs[0][:1]  # the same epoch draws the same indices again
+
+
+def runpy_sampler(script: Path) -> Any:
+    """The emitted script's ResumableSampler class."""
+    import runpy
+
+    return runpy.run_path(str(script), run_name="emitted")["ResumableSampler"]
 
 
 def test_the_task_script_logs_the_whole_job_s_samples_per_second(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
