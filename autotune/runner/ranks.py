@@ -127,9 +127,8 @@ class Rank:
         too (an ``IterableDataset`` inherits ``Dataset.__getitem__``, which raises: a Subset of it fails every batch)."""
         from torch.utils.data import IterableDataset, Subset
 
-        if not self.distributed or isinstance(dataset, IterableDataset) or not hasattr(dataset, "__len__"):
-            return dataset
-        if not hasattr(dataset, "__getitem__"):
+        map_style = hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__") and not isinstance(dataset, IterableDataset)
+        if not self.distributed or not map_style:
             return dataset
         return Subset(dataset, range(self.rank, len(dataset), self.world_size))
 
