@@ -310,11 +310,12 @@ def test_status_of_a_directory_whose_study_db_was_removed_says_so(tmp_path) -> N
         (lambda d: {**d, "extra": 1}, "unknown fields: extra"),
         (lambda d: {**d, "confirmed": "yes"}, "field 'confirmed' must be"),
         (lambda d: {k: v for k, v in d.items() if k != "lr"}, "lacks the field 'lr'"),
-        (lambda d: {**d, "lr": -1}, "field 'lr' must be a finite number > 0, got -1"),  # hand-edited: reached train.py's default
-        (lambda d: {**d, "effective_batch": 0}, "field 'effective_batch' must be a finite number >= 1, got 0"),
-        (lambda d: {**d, "samples_per_s": 1e999}, "field 'samples_per_s' must be a finite number > 0, got inf"),
+        (lambda d: {**d, "lr": -1}, "field 'lr' must be > 0, got -1"),  # hand-edited: reached train.py's default
+        (lambda d: {**d, "effective_batch": 0}, "field 'effective_batch' must be >= 1, got 0"),
         (lambda d: {**d, "workload": {**d["workload"], "sys_path": "/x"}}, "'workload.sys_path' must be a list"),
         (lambda d: {**d, "workload": {**d["workload"], "image_size": None}}, "image size must be an integer >= 8, got None"),  # a Task's only
+        (lambda d: {**d, "samples_per_s": float("nan")}, "field 'samples_per_s' must be a finite number, not nan"),  # status printed it
+        (lambda d: {**d, "speedup": float("inf")}, "field 'speedup' must be a finite number, not inf"),
     ],
 )
 def test_bad_best_json_is_one_line_in_emit_and_load_setup(tmp_path, cache_dir, change, message) -> None:

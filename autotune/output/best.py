@@ -80,11 +80,13 @@ def check_best_dict(data: Any) -> dict[str, Any]:
         value = data[name]
         if (isinstance(value, bool) and bool not in types) or not isinstance(value, types):  # True is an int, not a number
             raise AutotuneError(f"best.json field {name!r} must be {_expected(types)}, not a {_json_type(value)}")
+        if isinstance(value, float) and not math.isfinite(value):  # JSON's NaN and Infinity: printed as "nan samples/s"
+            raise AutotuneError(f"best.json field {name!r} must be a finite number, not {value}")
     for name, low in _LOWEST.items():
         value = data.get(name)
-        if isinstance(value, (int, float)) and not (low <= value < math.inf if name in _AT_LEAST else low < value < math.inf):
+        if isinstance(value, (int, float)) and not (low <= value if name in _AT_LEAST else low < value):
             bound = f">= {low}" if name in _AT_LEAST else f"> {low}"
-            raise AutotuneError(f"best.json field {name!r} must be a finite number {bound}, got {value!r}")
+            raise AutotuneError(f"best.json field {name!r} must be {bound}, got {value!r}")
     notes = data.get("notes", [])
     if not all(isinstance(n, str) for n in notes):
         raise AutotuneError("best.json field 'notes' must be a list of strings")
