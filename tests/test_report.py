@@ -202,6 +202,12 @@ def test_the_time_breakdown_accounts_every_trial_process(searched) -> None:
     assert TimeSpent(wall_s=1.0, measured_s=4.0).other_s == 0.0
     timing = outcome.to_dict()["timing"]  # --json: this run's breakdown carries its wall time too
     assert timing["spent"]["wall_s"] == timing["wall_s"] > 0
+    # The page's table: every figure in its "seconds" column is seconds; the count of processes is not one of them.
+    from autotune.output.sections import time_section
+
+    rows = time_section(spent, True, None).tables[0].rows
+    assert (f"trial processes started: {spent.runs}", "", "") in rows
+    assert all(float(seconds) >= 0 for _, seconds, _ in rows if seconds) and str(spent.runs) not in [r[1] for r in rows]
 
 
 def test_resumed_search_adds_its_time_to_the_stored_breakdown(tmp_path, cache_dir) -> None:

@@ -306,7 +306,7 @@ def time_section(spent: TimeSpent | None, complete: bool, plots: ModuleType | No
     parts = spent.breakdown()
     total = spent.wall_s or sum(v for _, v in parts) or 1.0
     rows = tuple((label, f"{value:.1f}", f"{value / total:.0%}") for label, value in parts)
-    rows += (("wall time", f"{spent.wall_s:.1f}", "100%"), ("trial processes", str(spent.runs), "")) if spent.wall_s else ()
+    rows += (("wall time", f"{spent.wall_s:.1f}", "100%"), (f"trial processes started: {spent.runs}", "", "")) if spent.wall_s else ()
     caveat = None if complete else (
         "rebuilt from the trial records only (the search has not recorded its time yet, e.g. it is still running): "
         "calibration, confirmation, start/stop and wall time are missing"
