@@ -636,3 +636,17 @@ def test_a_hand_edited_trial_record_is_one_line_naming_the_trial(searched, tmp_p
         assert result.exit_code == 1, result.output
         lines = [line for line in result.output.splitlines() if line.strip()]
         assert len(lines) == 1 and said in lines[0] and "the study was edited or written by another program" in lines[0], lines
+
+
+def test_the_ceilings_section_of_a_search_without_a_confirmed_winner_is_not_titled_winner(searched, tmp_path) -> None:
+    """While the search runs (no best.json yet) or after it was interrupted, the bars show the best trial so far,
+    unconfirmed: the section was titled "Winner against the ceilings" all the same."""
+    _, source = searched
+    copy = tmp_path / "running"
+    shutil.copytree(source, copy)
+    (copy / "best.json").unlink()
+    result = CliRunner().invoke(app, ["report", str(copy)])
+    assert result.exit_code == 0, result.output
+    page = (copy / "report.html").read_text()
+    assert ">Best so far against the ceilings<" in page and "Winner against the ceilings" not in page
+    assert ">Winner against the ceilings<" in (source / "report.html").read_text()

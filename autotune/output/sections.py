@@ -171,8 +171,9 @@ def summary_section(data: ReportInput, plots: ModuleType | None) -> Section:
     rows = tuple((label.replace("\n", " "), _rate(value), what) for label, value, _, what in bars)
     loader = [p for p in (data.calibration.loader if data.calibration else ())]
     calibration = tuple((f"{p.num_workers} workers", p.status, _rate(p.samples_per_s)) for p in loader)
+    confirmed = data.best is not None and data.best.confirmed  # else the bars show the best trial so far, unconfirmed
     return Section(
-        "summary", "Winner against the ceilings",
+        "summary", "Winner against the ceilings" if confirmed else "Best so far against the ceilings",
         "Each ceiling is one side measured alone: the model with one batch already in memory, and the DataLoader "
         "with no model. Training with both can reach neither; the closer ceiling names the side that limits it.",
         _draw(plots, "ceilings", [(b[0], b[1], b[2]) for b in bars]) if any(b[2] == "achieved" for b in bars) else None,
