@@ -301,6 +301,23 @@ def test_a_fresh_trial_server_skips_unread_replies_and_ignores_the_working_direc
     assert not marker.exists()
 
 
+def test_the_server_going_away_kills_a_trial_that_has_not_reached_its_setsid_yet(monkeypatch) -> None:
+    """A trial forked just before the search went (an interrupt right after the launch) leads no process group until
+    its setsid(): the server's killpg at the end of its input missed it, and it ran on orphaned, its directory
+    removed under it (a loader trial hung in poll for an hour). A process in this test's group stands in for it."""
+    from autotune.runner import server
+
+    orphan = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])  # no group of its own, as before setsid
+    try:
+        monkeypatch.setattr(server, "_children", {orphan.pid: "/nonexistent/trial"})
+        server.kill_children()
+        assert orphan.wait(timeout=30) == -signal.SIGKILL
+    finally:
+        if orphan.poll() is None:
+            orphan.kill()
+            orphan.wait()
+
+
 def test_a_prestarted_server_serves_the_first_trial_and_an_unused_one_is_killed_not_waited_for(tmp_path, cache_dir) -> None:
     """A search starts the server before its own checks; a bad input found by them must not wait for its imports."""
     from dataclasses import asdict

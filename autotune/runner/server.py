@@ -110,6 +110,18 @@ def _reap(signum: int, frame: Any) -> None:
                 pass
 
 
+def kill_children() -> None:
+    """SIGKILL every trial forked and not yet reaped: its process group, and the trial itself, which leads no group
+    until its ``setsid()``. A trial forked just before the parent went (an interrupt right after the launch) may not
+    have reached it yet: ``killpg`` alone missed it, and it ran on, orphaned, its directory removed under it."""
+    for pid in list(_children):
+        for kill in (os.killpg, os.kill):
+            try:
+                kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+
 def serve() -> None:
     """Import the heavy modules once, then fork a trial per request line."""
     import autotune.runner._preload  # noqa: F401
@@ -133,11 +145,7 @@ def serve() -> None:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGCHLD])
         out.write(f"{pid} {trial_dir}\n")
         out.flush()
-    for pid in list(_children):  # the parent is gone: take the trials with us
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except OSError:
-            pass
+    kill_children()  # the parent is gone: take the trials with us
     # Nothing is left to write or release; tearing down the preloaded torch took about 2 s of every command's exit.
     out.flush()
     os._exit(0)
