@@ -379,7 +379,7 @@ def test_a_failed_synthetic_generation_leaves_no_empty_study(tmp_path, cache_dir
 def test_a_stop_while_a_rerun_is_prepared_keeps_the_studys_trials_and_says_so(tmp_path, cache_dir, monkeypatch) -> None:
     """Ctrl-C (or SIGTERM) in a rerun's first seconds, before it measures: the line does not claim nothing was measured."""
     from autotune.errors import SearchInterrupted
-    from autotune.tuner import run
+    from autotune.tuner import prepare
 
     first = search(config(tmp_path, cache_dir, trials=2))
 
@@ -387,7 +387,7 @@ def test_a_stop_while_a_rerun_is_prepared_keeps_the_studys_trials_and_says_so(tm
         raise KeyboardInterrupt
 
     with monkeypatch.context() as patched, pytest.raises(SearchInterrupted) as stopped:
-        patched.setattr(run, "write_synthetic", interrupted)
+        patched.setattr(prepare, "write_synthetic", interrupted)
         search(config(tmp_path, cache_dir, trials=3))
     assert str(stopped.value) == ("interrupted while the search was prepared: this run measured nothing (what earlier runs of the "
                                   "study measured is kept); rerun the same command")
