@@ -590,6 +590,7 @@ def test_a_calibration_that_fails_keeps_its_runs_and_another_search_in_the_study
 
     said = study_status(f"sqlite:///{tmp_path / 'out' / 'study.db'}").lines()
     assert said[1] == "  calibration not finished: 2 of its runs measured and kept; the trials follow it", said
+    assert ": 0/3 trials finished, 0 running" in said[0], said  # the budget is known before the first trial
     again: list[tuple[int, str]] = []
 
     def counting(setup, workload, options=None, *, on_window=None):

@@ -30,7 +30,7 @@ from autotune.errors import StorageError
 from autotune.records import TrialRecord, TrialResult
 from autotune.redact import hide_passwords
 from autotune.train_setup import TrainSetup
-from autotune.tuner.budget import ATTR_FREE, FINISHED, counted, progress
+from autotune.tuner.budget import ATTR_FREE, FINISHED, STUDY_BUDGET, counted, progress
 from autotune.tuner.constraints import Constraint, excluding
 from autotune.tuner.identity import signature_difference
 from autotune.tuner.lock import Holder
@@ -145,6 +145,8 @@ class SearchStudy(StudyStores):
             raise StorageError(hide_passwords(message)) from None
         if STUDY_STARTUP_TRIALS not in study.user_attrs:
             study.set_user_attr(STUDY_STARTUP_TRIALS, n_startup)
+        if not shared and STUDY_BUDGET not in study.user_attrs:  # `autotune status` reads "0/N" during the calibration
+            study.set_user_attr(STUDY_BUDGET, trials)
         return cls(study, storage, name)
 
     @classmethod
