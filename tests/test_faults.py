@@ -16,6 +16,7 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import in_process
 import optuna
@@ -511,6 +512,17 @@ def test_an_interrupt_during_the_winner_s_ceilings_keeps_the_confirmed_winner(tm
     assert "unconfirmed" not in str(info.value) and read_best(tmp_path / "out" / "best.json").confirmed
 
 
+def _terminated_before(step: Any) -> Any:
+    """``step`` that first sends this process SIGTERM (the search's handler, where it has one, runs before ``step`` does)."""
+
+    def terminated(*args: Any, **kwargs: Any) -> Any:
+        os.kill(os.getpid(), signal.SIGTERM)
+        sum(range(1000))  # the handler runs on this thread's next bytecodes
+        return step(*args, **kwargs)
+
+    return terminated
+
+
 class _Stopped(Exception):
     """What this test's own SIGTERM handler raises where the search has none (before: the process died, exit 143)."""
 
@@ -571,14 +583,7 @@ def test_a_stop_while_the_winner_is_written_waits_for_best_json_and_skips_only_t
     from autotune.errors import SearchInterrupted
     from autotune.output.best import read_best
 
-    original = autotune.tuner.run.finish
-
-    def finish(*args, **kwargs):  # type: ignore[no-untyped-def]
-        os.kill(os.getpid(), signal.SIGTERM)
-        sum(range(1000))  # the handler runs on this thread's next bytecodes
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(autotune.tuner.run, "finish", finish)
+    monkeypatch.setattr(autotune.tuner.run, "finish", _terminated_before(autotune.tuner.run.finish))
     out = tmp_path / "out"
     caught = _search_stopped(out, cache_dir)  # _Stopped before: the search had no handler there
     assert isinstance(caught, SearchInterrupted), repr(caught)
@@ -1351,14 +1356,7 @@ def test_a_stop_while_a_shared_study_worker_writes_the_study_s_winner_waits_for_
                           out=tmp_path / "first", cache_dir=cache_dir, synthetic_images=64, storage=storage, study="shared",
                           ceilings=False)
     run_search(config, runner=steady_runner)  # the elected worker: it confirms and publishes the winner
-    original = autotune.tuner.run.write_winner
-
-    def write_winner(*args, **kwargs):  # type: ignore[no-untyped-def]
-        os.kill(os.getpid(), signal.SIGTERM)
-        sum(range(1000))  # the handler runs on this thread's next bytecodes
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(autotune.tuner.run, "write_winner", write_winner)
+    monkeypatch.setattr(autotune.tuner.run, "write_winner", _terminated_before(autotune.tuner.run.write_winner))
     second = tmp_path / "second"
 
     def refused(signum, frame):  # type: ignore[no-untyped-def]
