@@ -326,6 +326,58 @@ def test_a_lost_database_is_retried_then_one_line_and_nothing_measured_lost(tmp_
     assert kept >= max(rows, len(stored))  # every trial the study holds, and any measured after the loss
 
 
+@pytest.mark.parametrize("when", ["attempt", "pause"])
+def test_a_stop_while_a_lost_storage_is_retried_ends_the_retries(monkeypatch, when: str) -> None:
+    """Ctrl-C while a step held by interrupts_held (the calibration's and confirmation's stores, a worker's ask and tell)
+    is retried against a storage that is gone: the retries end at once, in the one line of a lost storage. Before, the
+    stop waited out every pause (31 s by default), then said only that the storage was lost."""
+    import autotune.tuner.storage as storage_module
+    from autotune.tuner.signals import clear_stop, interrupts_held
+
+    monkeypatch.setenv("AUTOTUNE_STORAGE_RETRIES", "3")
+    monkeypatch.setattr(storage_module, "FIRST_PAUSE_S", 20.0)  # without the stop: 20 s, then 40 s
+    calls: list[float] = []
+    timer = threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT))
+
+    def step() -> None:
+        calls.append(time.monotonic())
+        if len(calls) == 1:  # a Ctrl-C during the first attempt, or in the pause after it
+            os.kill(os.getpid(), signal.SIGINT) if when == "attempt" else timer.start()
+        raise sqlalchemy.exc.OperationalError("UPDATE", {}, Exception("server closed the connection unexpectedly"))
+
+    clear_stop()
+    began = time.monotonic()
+    try:
+        with pytest.raises(StorageError, match=r"unexpectedly \(\d attempts, then the stop\); finished trials are kept"):
+            with interrupts_held():
+                with_retries(step, "postgresql://u:***@db/x")
+    finally:
+        timer.cancel()
+        clear_stop()
+    assert time.monotonic() - began < 15.0 and len(calls) == (1 if when == "attempt" else 2), calls  # the stop comes at 0.2 s
+
+
+def test_a_stop_before_a_step_leaves_its_retries_as_they_were(monkeypatch) -> None:
+    """A stopped search still writes what it measured: a stop that came before the step does not end its retries."""
+    import autotune.tuner.storage as storage_module
+    from autotune.tuner.signals import clear_stop, remember_stop
+
+    monkeypatch.setattr(storage_module, "FIRST_PAUSE_S", 0.0)
+    drops = [2]
+
+    def step() -> str:
+        if drops[0]:
+            drops[0] -= 1
+            raise sqlalchemy.exc.OperationalError("UPDATE", {}, Exception("server closed the connection unexpectedly"))
+        return "stored"
+
+    remember_stop()
+    try:
+        assert with_retries(step, "postgresql://u:***@db/x") == "stored" and drops == [0]
+    finally:
+        clear_stop()
+
+
 def test_a_lost_database_names_its_own_error_not_optuna_s_guess_at_invalid_data(monkeypatch) -> None:
     """Optuna wraps a commit on a dropped connection in StorageInternalError, whose words blame invalid data."""
     monkeypatch.setenv("AUTOTUNE_STORAGE_RETRIES", "1")

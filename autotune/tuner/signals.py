@@ -37,6 +37,11 @@ def stop_requested() -> bool:
     return _stop.is_set()
 
 
+def wait_unless_stopped(seconds: float) -> bool:
+    """Wait ``seconds``, less when a stop signal arrives meanwhile (one :func:`interrupts_held` holds too); True if one did."""
+    return _stop.wait(seconds)
+
+
 def raise_if_stopped() -> None:
     """Raise KeyboardInterrupt if a stop signal arrived whose own KeyboardInterrupt may have been dropped."""
     if _stop.is_set():

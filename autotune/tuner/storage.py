@@ -36,6 +36,7 @@ from optuna.storages.journal import JournalFileBackend
 
 from autotune.errors import StorageError, UsageError
 from autotune.redact import hide_passwords
+from autotune.tuner.signals import stop_requested, wait_unless_stopped
 
 T = TypeVar("T")
 
@@ -284,30 +285,41 @@ CONNECTION_ERRORS: tuple[type[BaseException], ...] = (*DATABASE_ERRORS, OSError)
 def with_retries(step: Callable[[], T], storage: str, *, on_give_up: Callable[[], None] | None = None) -> T:
     """Run a storage step; on a lost connection retry it with doubling pauses.
 
+    Most steps run inside :func:`~autotune.tuner.signals.interrupts_held`, which holds a stop signal (Ctrl-C,
+    SIGTERM, SIGHUP) until they end: one that arrives while the step is retried cuts the pause short and ends the
+    retries after one more attempt, where waiting out the pauses held it for 31 s. A stop that came before the call
+    (a stopped search writing what it measured) waits them out as before.
+
     Args:
         step: The storage calls (repeatable: a retry runs all of it again).
         storage: The storage URL, for the message (password hidden).
         on_give_up: Called once before giving up (keep what is only in memory).
 
     Raises:
-        StorageError: Still unreachable after :func:`retries` attempts, in one line.
+        StorageError: Still unreachable after :func:`retries` attempts, or when a stop arrived meanwhile, in one line.
     """
     pause, attempts = FIRST_PAUSE_S, retries()
+    stopped_before = stop_requested()
     for attempt in range(1, attempts + 1):
         try:
             return step()
         except CONNECTION_ERRORS as exc:
-            if attempt == attempts:
+            if attempt == attempts or (not stopped_before and stop_requested()):
                 if on_give_up is not None:
                     on_give_up()
-                waited = FIRST_PAUSE_S * (2 ** (attempts - 1) - 1)
+                tried = (f"{attempts} attempts over {FIRST_PAUSE_S * (2 ** (attempts - 1) - 1):.0f} s" if attempt == attempts
+                         else f"{attempt} attempts, then the stop")
                 raise StorageError(
                     hide_passwords(
                         f"lost the study storage {storage}: {first_line(storage_cause(exc))} "
-                        f"({attempts} attempts over {waited:.0f} s); finished trials are kept, rerun to resume"
+                        f"({tried}); finished trials are kept, rerun to resume"
                     )
                 ) from None
-            time.sleep(pause * random.uniform(0.8, 1.2))
+            wait = pause * random.uniform(0.8, 1.2)
+            if stopped_before:
+                time.sleep(wait)
+            else:
+                wait_unless_stopped(wait)  # a stop meanwhile: one more attempt at once, then the line above
             pause *= 2
     raise AssertionError("unreachable")
 
