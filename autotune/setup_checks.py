@@ -26,13 +26,23 @@ AMP_MODES: tuple[str, ...] = ("off", "bf16", "fp16")
 INTEGER_KNOBS: tuple[str, ...] = ("num_workers", "prefetch_factor", "batch_size", "accumulation_steps", "num_threads", "bucket_cap_mb")
 
 
-def python_integers(setup: Any) -> None:
-    """Store NumPy's integers (``np.int64(64)``, read from a CSV or a config with NumPy or pandas) as Python ints, as
-    :class:`~autotune.workloads.task.Task` does: best.json and the emitted script write them as JSON."""
+#: The knobs that hold true or false.
+BOOL_KNOBS: tuple[str, ...] = ("pin_memory", "persistent_workers", "channels_last", "cudnn_benchmark", "tf32", "gradient_as_bucket_view",
+                               "static_graph")
+
+
+def python_numbers(setup: Any) -> None:
+    """Store NumPy's integers and booleans (``np.int64(64)``, ``np.True_``: a row of trials.csv read with pandas, a config
+    read with NumPy) as Python's, as :class:`~autotune.workloads.task.Task` does: best.json and the emitted script write
+    them as JSON."""
     for name in INTEGER_KNOBS:
         value = getattr(setup, name)
         if isinstance(value, numbers.Integral) and not isinstance(value, (int, bool)):
             object.__setattr__(setup, name, int(value))
+    for name in BOOL_KNOBS:
+        value = getattr(setup, name)
+        if type(value).__module__ == "numpy" and type(value).__name__ in ("bool", "bool_"):  # not an Integral: np.True_
+            object.__setattr__(setup, name, bool(value))
 
 
 def validate_setup(setup: Any) -> None:
@@ -45,7 +55,7 @@ def validate_setup(setup: Any) -> None:
         value = getattr(setup, name)
         if not isinstance(value, int) or isinstance(value, bool):
             raise SetupError(f"{name} must be an integer, got {value!r}")
-    for name in ("pin_memory", "persistent_workers", "channels_last", "cudnn_benchmark", "tf32", "gradient_as_bucket_view", "static_graph"):
+    for name in BOOL_KNOBS:
         if not isinstance(getattr(setup, name), bool):
             raise SetupError(f"{name} must be true or false, got {getattr(setup, name)!r}")
     if setup.num_workers < 0:

@@ -31,7 +31,7 @@ from autotune.devices import device_type
 from autotune.errors import SetupError
 from autotune.nested import map_tensors
 from autotune.setup_checks import AMP_MODES as AMP_MODES  # re-exported: users and modules read it here
-from autotune.setup_checks import check_setup_device, python_integers, validate_setup
+from autotune.setup_checks import check_setup_device, python_numbers, validate_setup
 from autotune.torch_knobs import build_optimizer, compile_model, configure_torch, optimizer_kwargs
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -117,7 +117,7 @@ class TrainSetup:
     static_graph: bool = False
 
     def __post_init__(self) -> None:
-        python_integers(self)
+        python_numbers(self)
         self.validate()
 
     # ------------------------------------------------------------------ checks

@@ -92,6 +92,18 @@ def test_numpy_integers_are_taken_as_python_ones() -> None:
         TrainSetup(batch_size=np.float64(8))
 
 
+def test_numpy_booleans_are_taken_as_python_ones() -> None:
+    """A row of trials.csv read with pandas holds np.True_ for its true-or-false knobs, beside np.int64 for the integers:
+    TrainSetup took the integers and still said "pin_memory must be true or false, got np.True_"."""
+    import numpy as np
+
+    setup = TrainSetup(batch_size=np.int64(8), pin_memory=np.True_, channels_last=np.False_, tf32=np.bool_(True))
+    assert setup == TrainSetup(batch_size=8, pin_memory=True, tf32=True)
+    assert type(setup.pin_memory) is bool and type(setup.channels_last) is bool and TrainSetup.from_json(setup.to_json()) == setup
+    with pytest.raises(SetupError, match="pin_memory must be true or false, got 1"):
+        TrainSetup(pin_memory=1)  # type: ignore[arg-type]
+
+
 def test_a_cuda_device_this_machine_lacks_is_refused_when_asked_without_its_facts() -> None:
     import torch
 
