@@ -418,6 +418,10 @@ def test_storages_that_cannot_open_say_why(tmp_path) -> None:
     for path in (f"{tmp_path}/study.db", "study.db"):  # before: "Could not parse SQLAlchemy URL from given URL string"
         with pytest.raises(StorageError, match=rf"not a storage URL; write sqlite:///{os.path.abspath(path)} for an SQLite file"):
             open_storage(path)
+    for typo in ("postgresql:tuner:secret@db.example.org/autotune", "sqlite:study.db"):  # a URL without its //, not a path
+        with pytest.raises(StorageError, match=r"its (postgresql|sqlite): is not followed by //; write postgresql://USER@HOST/DB") as raised:
+            open_storage(typo)
+        assert "secret" not in str(raised.value) and "sqlite:////" not in str(raised.value)
     for memory in ("sqlite://", "sqlite:///:memory:", "sqlite:///file:x?mode=memory&uri=true"):  # nothing would be kept to resume
         with pytest.raises(StorageError, match="in-memory database, lost when the search ends"):
             open_storage(memory)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import re
 import threading
 import time
 import urllib.parse
@@ -174,6 +175,9 @@ def check_storage_url(url: str) -> None:
         return
     if url.startswith("journal:"):  # journal://x or journal:x: not the three slashes of a path
         raise StorageError(f"cannot open study storage {url!r}: write {JOURNAL_SCHEME}/ABSOLUTE/PATH.log (or a plain path ending .log)")
+    if "://" not in url and (scheme := re.match(r"([A-Za-z][A-Za-z0-9+.-]*):", url)):  # postgresql:host/db: not echoed, it may hold a password
+        raise StorageError(f"cannot open study storage {scheme.group(1)}:...: its {scheme.group(1)}: is not followed by //; write "
+                           f"postgresql://USER@HOST/DB, sqlite:///ABSOLUTE/PATH.db or {JOURNAL_SCHEME}/ABSOLUTE/PATH.log")
     if "://" not in url:  # a file path (the default study.db's): SQLAlchemy says only "Could not parse SQLAlchemy URL"
         raise StorageError(f"cannot open study storage {url!r}: not a storage URL; write sqlite:///{os.path.abspath(url)} for an "
                            "SQLite file (a search alone), a path ending .log for a journal file, or postgresql://USER@HOST/DB")
