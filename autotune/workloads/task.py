@@ -238,12 +238,12 @@ class Task:
         """
         import torch
 
-        from autotune.torch_knobs import optimizer_kwargs
+        from autotune.torch_knobs import build_optimizer
 
         given = float(self.lr) if lr is None else lr
         params = list(params)  # a factory may read them twice (a group of weights, then one of biases): not a spent generator
         if self.optimizer is None:
-            return torch.optim.AdamW(params, lr=given, **optimizer_kwargs(impl))
+            return build_optimizer(impl, params, lr=given)
         takes_lr = self._factory_takes_lr
         optimizer = self.optimizer(params, lr=given) if takes_lr else self.optimizer(params)
         if not isinstance(optimizer, torch.optim.Optimizer):
