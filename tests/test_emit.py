@@ -990,6 +990,33 @@ def test_a_second_ctrl_c_during_a_checkpoint_write_leaves_no_partial_file(
     assert torch.load(tmp_path / "checkpoint.pth", weights_only=True)["step"] == 3
 
 
+def test_a_checkpoint_that_cannot_be_written_is_one_line_keeping_the_last_one(synthetic_data: Path, tmp_path: Path,
+                                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch.save reports a full disk as a RuntimeError: one line naming the file, the partial .tmp removed, the
+    checkpoint written before it kept."""
+    import argparse
+
+    import torch
+
+    namespace = load_script(write_script(make_best(synthetic_data, **CPU_KNOBS), tmp_path / "train.py"))
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.AdamW(model.parameters())
+    args = argparse.Namespace(output_dir=str(tmp_path), batch_size=8)
+    namespace["save_checkpoint"](args, model, optimizer, None, {"epoch": 0, "epoch_step": 3, "step": 3})
+
+    def full(obj: Any, file: Any) -> None:
+        file.write(b"PK partial")
+        raise RuntimeError("[enforce fail at inline_container.cc:664] . unexpected pos 64 vs 0: No space left on device")
+
+    with monkeypatch.context() as patched, pytest.raises(SystemExit) as stopped:
+        patched.setattr(torch, "save", full)
+        namespace["save_checkpoint"](args, model, optimizer, None, {"epoch": 0, "epoch_step": 4, "step": 4})
+    assert str(stopped.value.code).startswith(f"error: cannot write {tmp_path / 'checkpoint.pth'}: [enforce fail")
+    assert str(stopped.value.code).endswith("No space left on device; the checkpoint written before it is kept")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.pth", "train.py"]
+    assert torch.load(tmp_path / "checkpoint.pth", weights_only=True)["step"] == 3
+
+
 def test_a_checkpoint_is_on_disk_before_it_replaces_the_last_one(synthetic_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The new checkpoint is fsynced, whole, before the rename: after a power cut the file is the old or the new one."""
     import argparse
