@@ -133,11 +133,11 @@ def check_writable(out: Path) -> None:
         raise StorageError(f"--out {out} cannot be created: {parent} is not writable")
 
 
-#: What the first bytes of the result files autotune writes hold: one without it, in an --out no search wrote to, is the user's.
+#: What the head of each result file autotune writes holds: one without it, in an --out no search wrote to, is the user's.
 _OURS = {"best.json": b'{\n  "schema": ', "report.html": b"<title>autotune report: "}
 
 
-def _starts_with(path: Path, mark: bytes) -> bool:
+def _head_holds(path: Path, mark: bytes) -> bool:
     """Whether the first 400 bytes of ``path`` hold ``mark`` (False when it cannot be read)."""
     try:
         with path.open("rb") as fh:
@@ -166,7 +166,7 @@ def check_out(out: Path, data: Path | None) -> None:
                                "move it away or pass another --out")
     searched = (out / "study.db").exists() or (out / "trials.csv").exists()  # a search wrote here: its own results (or hand-broken)
     for name, mark in _OURS.items():  # train.py: checked as emit checks its --output
-        if not searched and (out / name).is_file() and not _starts_with(out / name, mark):
+        if not searched and (out / name).is_file() and not _head_holds(out / name, mark):
             raise StorageError(f"{out / name} exists and was not written by autotune: the search would replace it with its "
                                "results; move it away or pass another --out")
     if data is None:

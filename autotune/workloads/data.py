@@ -293,7 +293,8 @@ class InfiniteSampler:
     restarts the loader pipeline, a stall a real epoch of a million images
     does not have. A dataset of more than :data:`PERMUTED_ITEMS` items is read
     at indices drawn uniformly at random, :data:`DRAWN_ITEMS` at a time: a
-    permutation of all of them (about 48 GB at a billion items: 8 bytes per index in the tensor, 40 per Python integer in its list, measured at 10**7)
+    permutation of all of them (about 48 GB at a billion items: 8 bytes per
+    index in the tensor, 40 per Python integer in its list, measured at 10**7)
     would cost a trial, which reads a few thousand batches, its memory
     (``oom``) and start-up, a cost a real epoch spreads over all its steps.
     """
