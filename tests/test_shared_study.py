@@ -338,11 +338,19 @@ def test_a_stop_while_a_lost_storage_is_retried_ends_the_retries(monkeypatch, wh
     monkeypatch.setattr(storage_module, "FIRST_PAUSE_S", 20.0)  # without the stop: 20 s, then 40 s
     calls: list[float] = []
     timer = threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT))
+    pause = storage_module.wait_unless_stopped
+
+    def paused(seconds: float) -> bool:  # the Ctrl-C 0.2 s into the pause (16-24 s), whenever the pause begins
+        timer.start()
+        return pause(seconds)
+
+    if when == "pause":
+        monkeypatch.setattr(storage_module, "wait_unless_stopped", paused)
 
     def step() -> None:
         calls.append(time.monotonic())
-        if len(calls) == 1:  # a Ctrl-C during the first attempt, or in the pause after it
-            os.kill(os.getpid(), signal.SIGINT) if when == "attempt" else timer.start()
+        if len(calls) == 1 and when == "attempt":  # a Ctrl-C during the first attempt
+            os.kill(os.getpid(), signal.SIGINT)
         raise sqlalchemy.exc.OperationalError("UPDATE", {}, Exception("server closed the connection unexpectedly"))
 
     clear_stop()
