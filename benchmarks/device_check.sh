@@ -1,54 +1,98 @@
 #!/usr/bin/env bash
-# The GPU check for a lent GPU machine, in two stages of under 5 minutes each
-# (one `run` call each; both by default):
-#   bash benchmarks/device_check.sh tests    # probe, the CUDA-marked tests, one `autotune trial` per torch knob
-#   bash benchmarks/device_check.sh search   # one real search of resnet50 at 224 px, 30 trials; --devices all
-# Before the first call, run benchmarks/device_wheels.sh here and carry .whl
-# (the GPU machine has torch but not optuna, and fetches nothing). Logs and
-# outputs go under $OUT (or ./device-check-out).
+# The GPU check for a lent GPU machine, in two `run` calls made back to back (the machine stays warm 30 s),
+# each time-boxed to BUDGET_S seconds so that it ends inside its timeout_s with every stage's output kept:
+#   bash benchmarks/device_check.sh tests    # env, tests, knobs   (BUDGET_S default 280: timeout_s=300)
+#   bash benchmarks/device_check.sh search   # env, search, script (BUDGET_S default 390: timeout_s=420)
+#   env     versions, nvidia-smi, `autotune probe --json`
+#   search  one real search: resnet50 at 224 px on the synthetic JPEGs, 12 trials of 2 s, compile off (at most 240 s)
+#   script  the emitted train.py for 60 optimizer steps, plain and under torchrun (DDP, NCCL, one rank)
+#   tests   the CUDA-marked tests (4 pytest-xdist processes on the one GPU: correctness, not speed)
+#   knobs   one `autotune trial` of resnet18 at 64 px per torch knob, while time is left
+# Before the call, run benchmarks/device_wheels.sh here and carry .whl (the GPU machine has torch but not
+# optuna, and fetches nothing):  run(command="bash benchmarks/device_check.sh tests", carry=[".whl"], timeout_s=300)
+# Everything lands in $OUT (or ./device-check-out): summary.log, pytest-cuda.log, device-check.tgz (the search directory and logs), knobs.txt.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-STAGE="${1:-all}"
-case "$STAGE" in all|tests|search) ;; *) echo "device_check: unknown stage '$STAGE' (all, tests or search)" >&2; exit 2 ;; esac
+STAGE="${1:-}"
+case "$STAGE" in
+    tests) BUDGET_S="${BUDGET_S:-280}" ;;
+    search) BUDGET_S="${BUDGET_S:-390}" ;;
+    *) echo "device_check: name the stage: tests or search" >&2; exit 2 ;;
+esac
 OUT_DIR="${OUT:-device-check-out}"
-mkdir -p "$OUT_DIR"
+WORK=/tmp/device-check
+mkdir -p "$OUT_DIR" "$WORK"
+exec > >(tee -a "$OUT_DIR/summary.log") 2>&1
 export PYTHONUNBUFFERED=1
-if ! python3 -c "import optuna" 2>/dev/null; then
+left() { echo $(( BUDGET_S - SECONDS )); }
+stage() { echo; echo "=== $1 (at ${SECONDS} s of ${BUDGET_S})"; }
+
+if ! python3 -c "import optuna, typer" 2>/dev/null || [ -d .whl ]; then
     if ! ls .whl/*.whl > /dev/null 2>&1; then
-        echo "device_check: optuna is missing and there is no .whl; run benchmarks/device_wheels.sh here first and carry .whl" >&2
+        echo "device_check: optuna is missing and there is no .whl; run benchmarks/device_wheels.sh here first and carry .whl"
         exit 1
     fi
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-        > "$OUT_DIR/install.log" 2>&1 || { echo "device_check: installing .whl failed, see install.log" >&2; exit 1; }
+        > "$WORK/install.log" 2>&1 || { cat "$WORK/install.log"; echo "device_check: installing .whl failed"; exit 1; }
 fi
 # The checkout itself is the package (no install): the repository root first, then the carried wheels.
 export PYTHONPATH="$PWD:/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
 AUTOTUNE=(python3 -m autotune)
 
-if [ "$STAGE" = all ] || [ "$STAGE" = tests ]; then
-    python3 -c "import torch, torchvision, optuna; print('torch', torch.__version__, 'torchvision', torchvision.__version__, \
-'optuna', optuna.__version__, 'cuda', torch.cuda.is_available())" | tee "$OUT_DIR/versions.txt"
-    "${AUTOTUNE[@]}" probe --json > "$OUT_DIR/probe.json" 2>&1
-    # -o addopts='': one process (one GPU; the machine has no pytest-xdist), the slowest tests listed.
-    timeout 180 python3 -m pytest -o addopts='-ra --durations=20' -m cuda -q -p no:cacheprovider tests 2>&1 | tee "$OUT_DIR/pytest-cuda.log" | tail -15
-    # One trial per torch knob (resnet18 at 64 px, 2 s): each line: the knob, then the TrialResult as JSON.
-    for knob in "num_threads=4" "cudnn_benchmark=true" "tf32=true" "optimizer_impl=fused" "optimizer_impl=foreach" \
-                "decode=gpu" "compile=default" "compile=reduce-overhead"; do
-        printf '%s ' "$knob" >> "$OUT_DIR/knob-trials.txt"
-        timeout 90 "${AUTOTUNE[@]}" trial --model resnet18 --image-size 64 --device cuda --trial-seconds 2 --batch-size 128 \
-            --workers 4 --prefetch 2 --pin-memory --set "$knob" --json >> "$OUT_DIR/knob-trials.txt" 2>> "$OUT_DIR/knob-trials.log" \
-            || echo '{"status": "failed or over 90 s, see knob-trials.log"}' >> "$OUT_DIR/knob-trials.txt"
-    done
-    cut -c1-240 "$OUT_DIR/knob-trials.txt"
+stage env
+date -u +%Y-%m-%dT%H:%M:%SZ
+python3 -c "import torch, torchvision, optuna, typer; print('torch', torch.__version__, 'cuda', torch.version.cuda, \
+'torchvision', torchvision.__version__, 'optuna', optuna.__version__, 'typer', typer.__version__, \
+'gpu', torch.cuda.is_available() and torch.cuda.get_device_name(0))"
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv
+nproc
+"${AUTOTUNE[@]}" probe --json > "$WORK/probe.json"; echo "probe exit $?"
+"${AUTOTUNE[@]}" probe | head -30
+
+if [ "$STAGE" = search ]; then
+stage search
+# Ctrl-C (SIGINT) at its time box: a stopped search keeps its measured trials (trials.csv, study.db).
+S=(--model resnet50 --image-size 224 --trials 12 --trial-seconds 2 --device cuda --set compile=off --out "$WORK/search")
+echo "autotune search ${S[*]}"
+start=$SECONDS
+timeout -s INT -k 30 240 "${AUTOTUNE[@]}" search "${S[@]}" > "$WORK/search-summary.txt" 2> "$WORK/search.log"
+echo "search exit $? after $(( SECONDS - start )) s"
+tail -30 "$WORK/search.log"
+cat "$WORK/search-summary.txt"
+cut -d, -f1-40 "$WORK/search/trials.csv" 2>/dev/null | head -40
+tar czf "$OUT_DIR/device-check.tgz" -C "$WORK" --exclude='*.pt' . 2>/dev/null
+
+stage script
+if [ -f "$WORK/search/train.py" ] && [ "$(left)" -gt 100 ]; then
+    grep -n "^# \|default=" "$WORK/search/train.py" | head -5
+    start=$SECONDS
+    timeout 60 python3 "$WORK/search/train.py" --max-steps 60 > "$WORK/train-plain.log" 2>&1
+    echo "train.py exit $? after $(( SECONDS - start )) s"; tail -6 "$WORK/train-plain.log"
+    start=$SECONDS
+    timeout 60 torchrun --standalone --nproc-per-node 1 "$WORK/search/train.py" --max-steps 60 > "$WORK/train-ddp.log" 2>&1
+    echo "torchrun train.py exit $? after $(( SECONDS - start )) s"; tail -6 "$WORK/train-ddp.log"
+    tar czf "$OUT_DIR/device-check.tgz" -C "$WORK" --exclude='*.pt' . 2>/dev/null
 fi
 
-if [ "$STAGE" = all ] || [ "$STAGE" = search ]; then
-    # compile=off: compiling resnet50 takes minutes per trial and is checked on resnet18 above.
-    ( time timeout 240 "${AUTOTUNE[@]}" search --model resnet50 --image-size 224 --trials 30 --trial-seconds 2 \
-          --device cuda --set compile=off --out "$OUT_DIR/search" --json > "$OUT_DIR/search.json" ) 2> "$OUT_DIR/search.log"
-    tail -8 "$OUT_DIR/search.log"
-    # Parallel single-GPU trials on every GPU the probe sees (one slot on a 1-GPU machine); DDP needs 2 GPUs.
-    ( time timeout 90 "${AUTOTUNE[@]}" search --model resnet18 --image-size 64 --trials 6 --trial-seconds 2 \
-          --devices all --out "$OUT_DIR/search-devices" --json > "$OUT_DIR/search-devices.json" ) 2> "$OUT_DIR/search-devices.log"
-    tail -3 "$OUT_DIR/search-devices.log"
 fi
+
+if [ "$STAGE" = tests ]; then
+stage tests
+# -o addopts='...': 4 processes on the one GPU, each test file split across them; the slowest tests listed.
+timeout "$(( $(left) - 60 ))" python3 -m pytest -o addopts='-ra --durations=25' -n 4 --dist load -m cuda -q -p no:cacheprovider tests \
+    > "$OUT_DIR/pytest-cuda.log" 2>&1
+echo "pytest exit $?"
+tail -40 "$OUT_DIR/pytest-cuda.log"
+
+stage knobs
+# One trial per torch knob (resnet18 at 64 px, 2 s): each line: the knob, then the TrialResult as JSON.
+for knob in "compile=default" "decode=gpu" "optimizer_impl=fused" "compile=reduce-overhead" "num_threads=4" "tf32=true"; do
+    [ "$(left)" -gt 45 ] || { echo "knobs: out of time before $knob"; break; }
+    result=$(timeout "$(( $(left) - 10 ))" "${AUTOTUNE[@]}" trial --model resnet18 --image-size 64 --device cuda --trial-seconds 2 \
+        --batch-size 128 --workers 4 --prefetch 2 --pin-memory --set "$knob" --json 2>> "$WORK/knobs.log")
+    echo "$knob ${result:-{\"status\": \"no result: killed at its time box, see knobs.log\"}}" >> "$OUT_DIR/knobs.txt"
+done
+cut -c1-300 "$OUT_DIR/knobs.txt"
+tar czf "$OUT_DIR/device-check.tgz" -C "$WORK" --exclude='*.pt' . 2>/dev/null
+fi
+echo "=== done at ${SECONDS} s"
