@@ -87,7 +87,9 @@ def test_tiny_cuda_search(tmp_path, cache_dir) -> None:
     best = read_best(tmp_path / "out" / "best.json")
     assert best.workload.device == "cuda:0"
     assert outcome.best is not None and best.samples_per_s > 0
-    assert "fp16" in outcome.records[1].setup.amp or "bf16" in outcome.records[1].setup.amp  # the guess uses AMP
+    guess, fastest = outcome.records[1].setup, outcome.calibration.fastest_precision()
+    assert {p.amp for p in outcome.calibration.precisions} >= {"off", "bf16"}  # measured like for like
+    assert fastest is not None and (guess.amp, guess.channels_last) == (fastest.amp, fastest.channels_last)  # the guess follows them
 
 
 # ------------------------------------------------------------- torch knobs

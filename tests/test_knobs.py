@@ -143,6 +143,32 @@ def test_gpu_decode_batches_count_images_not_bytes(tiny_workload: Workload) -> N
     assert pipeline.samples((images, labels)) == 4
 
 
+def test_decode_gpu_workers_read_bytes_in_plain_python(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """decode=gpu's loader workers (trials' and train.py's) read each file's exact bytes without torchvision's
+    read_file, which never returned in a worker forked after CUDA started (an H200, docs/benchmarks.md)."""
+    import torchvision.io
+    from torch.utils.data import DataLoader
+
+    from autotune.workloads.gpu_decode import byte_folder, collate_bytes, read_bytes
+
+    def hangs(path: str) -> Any:
+        raise AssertionError("torchvision.io.read_file called in a loader worker")
+
+    monkeypatch.setattr(torchvision.io, "read_file", hangs)
+    (tmp_path / "a").mkdir()
+    files = {"x.jpg": bytes(range(256)) * 3, "y.jpg": b"\xff\xd8tail", "z.jpg": b""}
+    for name, data in files.items():
+        (tmp_path / "a" / name).write_bytes(data)
+    script_read = _template_function("train.py.tmpl", "read_bytes")["read_bytes"]
+    for reader in (read_bytes, script_read):
+        assert [bytes(reader(str(tmp_path / "a" / name)).numpy()) for name in files] == list(files.values())
+        assert reader(str(tmp_path / "a" / "z.jpg")).dtype == torch.uint8
+    loader = DataLoader(byte_folder(str(tmp_path)), batch_size=3, num_workers=2, collate_fn=collate_bytes,
+                        multiprocessing_context="fork")
+    (batch, labels), = list(loader)
+    assert [bytes(t.numpy()) for t in batch] == list(files.values()) and labels.tolist() == [0, 0, 0]
+
+
 def test_the_random_batch_is_pixels_and_skips_the_gpu_decoder(tiny_workload: Workload) -> None:
     """The synthetic step and the compute-only mode feed random pixels, which the decoder of files must not see."""
     from autotune.runner.child import TrialLoop

@@ -16,10 +16,18 @@ from autotune.workloads.data import IMAGENET_MEAN, IMAGENET_STD
 
 
 def read_bytes(path: str) -> Any:
-    """The raw bytes of one image file as a uint8 tensor."""
-    from torchvision.io import read_file
+    """The raw bytes of one image file as a uint8 tensor, read in plain Python.
 
-    return read_file(path)
+    Not ``torchvision.io.read_file``: the loader's workers are forked from a
+    process that has started CUDA, and there that op never returned (torch
+    2.11 and torchvision 0.26 on an H200, ``benchmarks/device_check.sh``;
+    docs/benchmarks.md): every ``decode=gpu`` trial with workers timed out.
+    """
+    import torch
+
+    with open(path, "rb") as file:
+        data = bytearray(file.read())
+    return torch.frombuffer(data, dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
 
 
 def byte_folder(path: str) -> Any:
