@@ -341,10 +341,15 @@ def storage_failures_said(storage: str) -> Iterator[None]:
     try:
         yield
     except DATABASE_ERRORS as exc:  # an OSError is the command line's own one-line error already
-        raise StorageError(hide_passwords(
-            f"cannot write to the study storage {storage}: {first_line(storage_cause(exc))}; what it stored before this is kept "
-            "(finished trials, calibration): free disk space or bring the storage back, then rerun the same command to resume"
-        )) from None
+        raise storage_failure(storage, exc) from None
+
+
+def storage_failure(storage: str, exc: BaseException) -> StorageError:
+    """The one line of :func:`storage_failures_said` for the database error ``exc`` of ``storage``."""
+    return StorageError(hide_passwords(
+        f"cannot write to the study storage {storage}: {first_line(storage_cause(exc))}; what it stored before this is kept "
+        "(finished trials, calibration): free disk space or bring the storage back, then rerun the same command to resume"
+    ))
 
 
 def supports_heartbeat(study: optuna.Study) -> bool:
