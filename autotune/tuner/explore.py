@@ -29,10 +29,12 @@ from autotune.train_setup import TrainSetup
 from autotune.tuner.budget import STUDY_BUDGET
 from autotune.tuner.constraints import Constraint, excluding
 from autotune.tuner.neighbours import ROLE_NEIGHBOUR, enqueue_neighbour
+from autotune.tuner.pending import PendingTrial, kept_pending
 from autotune.tuner.progress import Reporter
 from autotune.tuner.refine import ROLE_COMPILE, compile_setup, compile_trials, enqueue_compile_trials
 from autotune.tuner.signals import interrupts_held
 from autotune.tuner.space import Space
+from autotune.tuner.storage import DATABASE_ERRORS, storage_failure
 from autotune.tuner.study import ROLE_DEFAULTS, ROLE_SEARCH, SearchStudy
 from autotune.workloads.pipeline import NO_FULL_STEP
 
@@ -62,6 +64,11 @@ class Exploration:
     csv_path: Path
     neighbours: int = 0
     constraints: dict[str, Constraint] = field(default_factory=dict)
+
+    @property
+    def out(self) -> Path:
+        """The search's output directory (where ``trials.csv`` is)."""
+        return self.csv_path.parent
 
     def write_csv(self, records: list[TrialRecord]) -> None:
         """Rewrite ``trials.csv`` with ``records`` (effective batches over every rank of a trial)."""
@@ -120,8 +127,14 @@ def explore(study: SearchStudy, plan: Exploration, reporter: Reporter, runner: T
                 result, reused_from = known.result, known.reused_from
             # Stored, told and written in one held block: an interrupt meanwhile takes effect once the trial counts.
             with interrupts_held():
-                study.record(trial, role, setup, result, reused_from, free=known is not None or starved(result))
-                study.tell(trial, result)
+                free = known is not None or starved(result)
+                try:
+                    study.record(trial, role, setup, result, reused_from, free=free)
+                    study.tell(trial, result)
+                except DATABASE_ERRORS as exc:  # measured, not stored: kept in --out for the rerun, which fails the trial
+                    told = True
+                    entry = PendingTrial.of(study, trial, role, setup, result, reused_from, free)
+                    raise kept_pending(plan.out, entry, storage_failure(study.storage, exc)) from None
                 told = True
                 records = study.records()
                 plan.write_csv(records)

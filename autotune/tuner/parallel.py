@@ -21,9 +21,11 @@ from autotune.records import TrialResult
 from autotune.runner import TrialRunner, WindowCallback
 from autotune.train_setup import TrainSetup
 from autotune.tuner.explore import Exploration, check_recipe, explore, known_result, pruning_hook, queue_refinements, setup_for, starved
+from autotune.tuner.pending import PendingTrial, kept_pending
 from autotune.tuner.placement import Placement
 from autotune.tuner.progress import Reporter
 from autotune.tuner.signals import interrupts_held
+from autotune.tuner.storage import DATABASE_ERRORS, storage_failure
 from autotune.tuner.study import ATTR_ENDED, ATTR_STARTED, SearchStudy
 
 #: How long the main thread waits for the running trials to stop after an interrupt.
@@ -82,7 +84,10 @@ class _Parallel:
             self.cancel.set()
             with interrupts_held():
                 for entry in self.running.values():
-                    self.study.fail(entry.trial)
+                    try:
+                        self.study.fail(entry.trial)
+                    except DATABASE_ERRORS:  # the storage is gone: the error already raised says so; the rerun fails it
+                        pass
             self.drain()
             raise
 
@@ -134,10 +139,16 @@ class _Parallel:
             raise done.error or RuntimeError("a parallel trial ended without a result")
         trial = entry.trial
         with interrupts_held():
-            trial.set_user_attr(ATTR_STARTED, done.started)
-            trial.set_user_attr(ATTR_ENDED, done.ended)
-            self.study.record(trial, entry.role, entry.setup, done.result, reused_from, free or starved(done.result))
-            self.study.tell(trial, done.result)
+            free = free or starved(done.result)
+            try:
+                trial.set_user_attr(ATTR_STARTED, done.started)
+                trial.set_user_attr(ATTR_ENDED, done.ended)
+                self.study.record(trial, entry.role, entry.setup, done.result, reused_from, free)
+                self.study.tell(trial, done.result)
+            except DATABASE_ERRORS as exc:  # measured, not stored: kept in --out for the rerun, which fails the trial
+                kept = PendingTrial.of(self.study, trial, entry.role, entry.setup, done.result, reused_from, free,
+                                       **{ATTR_STARTED: done.started, ATTR_ENDED: done.ended})
+                raise kept_pending(self.plan.out, kept, storage_failure(self.study.storage, exc)) from None
             records = self.study.records()
             self.plan.write_csv(records)
             check_recipe(records, self.plan.workload)

@@ -24,6 +24,7 @@ from autotune.tuner.identity import machine_fingerprint, signature, study_name
 from autotune.tuner.leftovers import nothing_left_if_stopped
 from autotune.tuner.lock import OutputLock
 from autotune.tuner.offered import check_workload_constraints
+from autotune.tuner.pending import add_pending
 from autotune.tuner.placement import Placement, place
 from autotune.tuner.progress import Reporter
 from autotune.tuner.space import check_pins_act
@@ -92,10 +93,12 @@ def prepare(config: SearchConfig, reporter: Reporter) -> Prepared:
                                      parallel=placement.parallel, in_out=config.storage is None, pins=config.pins)
             if shared:
                 crew = Crew(study, wait_s=patience_s(config.trial_seconds, config.timeout_s))
+                add_pending(study, out, reporter.message)  # before the stale trials: the measured one is not queued again
                 stale = crew.join(signature(config, workload, machine_fingerprint(hardware, device)))
             else:
                 study.claim()
                 stack.callback(study.release)
+                add_pending(study, out, reporter.message)  # before recover(): a measured defaults trial is not queued again
                 study.check_signature(signature(config, workload, machine_fingerprint(hardware, device)), in_out=config.storage is None)
                 stale = study.recover()
             with nothing_left_if_stopped(study, shared):  # after the signature: a refused rerun writes no JPEGs

@@ -48,6 +48,7 @@ from autotune.tuner.config import SearchOutcome
 from autotune.tuner.explore import Exploration, check_recipe, known_result, pruning_hook, queue_refinements, setup_for, starved
 from autotune.tuner.lock import Holder
 from autotune.tuner.patience import Patience
+from autotune.tuner.pending import PendingTrial, kept_pending
 from autotune.tuner.progress import Reporter
 from autotune.tuner.signals import interrupts_held, sigterm_as_interrupt
 from autotune.tuner.storage import heartbeats, with_retries
@@ -362,8 +363,11 @@ class Crew:
             free = without_run is not None or starved(result)
             pending.append(TrialRecord(trial.number, role, setup, result, reused_from, free))
             with interrupts_held():
-                self._retry(lambda: study.record(trial, role, setup, result, reused_from, free), keep_locally)
-                self._retry(lambda: study.tell(trial, result), keep_locally)
+                try:
+                    self._retry(lambda: study.record(trial, role, setup, result, reused_from, free), keep_locally)
+                    self._retry(lambda: study.tell(trial, result), keep_locally)
+                except StorageError as exc:  # measured, not stored: kept in --out until the rerun adds it
+                    raise kept_pending(plan.out, PendingTrial.of(study, trial, role, setup, result, reused_from, free), exc) from None
         except BaseException as exc:  # Ctrl-C, bad data: the unfinished trial does not count; it is queued again
             if not isinstance(exc, StorageError):
                 with interrupts_held():

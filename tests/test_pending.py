@@ -1,0 +1,151 @@
+"""A trial measured while the study storage was lost is kept in ``OUT/pending-trials.json`` and added by the rerun.
+
+Real searches (the tiny resnet18 workload, a fake runner: every setup the same figures every run) on a real study:
+``study.db`` in ``--out``, or a journal file shared as workers share one. Storing trial #1's record or tell fails as a
+full disk or a journal file out of reach does; the rerun adds the measurement, and measures it no second time.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+import sqlalchemy.exc
+from optuna.trial import TrialState
+
+from autotune.cli_errors import error_line
+from autotune.errors import PendingTrialsError, StorageError
+from autotune.records import TrialResult
+from autotune.tuner import SearchConfig, SilentReporter, run_search
+from autotune.tuner.pending import PENDING_FILE
+from autotune.tuner.study import SearchStudy
+
+LOST = 1  # the trial whose record the storage does not take
+
+
+class Runner:
+    """A fake trial: every setup ok, faster with a larger batch, the same every run; each setup it ran, in order."""
+
+    def __init__(self) -> None:
+        self.ran: list[dict[str, Any]] = []
+
+    def __call__(self, setup, workload, options=None, *, on_window=None) -> TrialResult:
+        self.ran.append(setup.to_dict())
+        return TrialResult(status="ok", samples_per_s=100.0 + setup.batch_size, windows=(100.0,), peak_memory_bytes=2**20)
+
+
+class Said(SilentReporter):
+    """The search's progress lines."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def message(self, text: str) -> None:
+        self.lines.append(text)
+
+
+def config(tmp_path: Path, cache_dir: Path, storage: str | None = None, devices: str | None = None) -> SearchConfig:
+    return SearchConfig(model="resnet18", trials=3, image_size=32, device="cpu", trial_seconds=1.0, out=tmp_path / "out",
+                        cache_dir=cache_dir, synthetic_images=64, storage=storage, study="pending" if storage else None, devices=devices)
+
+
+def full_disk() -> Exception:
+    full = sqlalchemy.exc.OperationalError("INSERT INTO trial_user_attributes ...", {}, Exception("database or disk is full"))
+    try:
+        raise optuna.exceptions.StorageInternalError("An exception is raised during the commit.") from full
+    except optuna.exceptions.StorageInternalError as exc:
+        return exc
+
+
+def lose_storage_at(monkeypatch: pytest.MonkeyPatch, method: str, error: Exception, lost: int = LOST) -> None:
+    """``SearchStudy.<method>`` raises ``error`` for trial ``lost`` (the measurement is made; only storing it fails)."""
+    original = getattr(SearchStudy, method)
+
+    def failing(self, trial, *args, **kwargs):
+        if trial.number == lost:
+            raise error
+        return original(self, trial, *args, **kwargs)
+
+    monkeypatch.setattr(SearchStudy, method, failing)
+
+
+def check_kept_then_added(monkeypatch: pytest.MonkeyPatch, cfg: SearchConfig, first: Runner, storage: str, lost: int = LOST) -> None:
+    """The pending file holds trial ``lost``'s measurement; the rerun adds it (complete, its samples/s), fails the trial it
+    ran as, removes the file, and never runs that setup again; trials.csv holds it."""
+    out = Path(cfg.out)
+    kept = json.loads((out / PENDING_FILE).read_text())["trials"]
+    assert [(e["number"], e["study"]) for e in kept] == [(lost, cfg.study or kept[0]["study"])]
+    setup, result = kept[0]["setup"], kept[0]["result"]
+    assert setup in first.ran and result["samples_per_s"] == 100.0 + setup["batch_size"] and kept[0]["distributions"] is not None
+    monkeypatch.undo()
+    said = Said()
+    outcome = run_search(cfg, said, runner=Runner())
+    lines = said.lines
+    assert not (out / PENDING_FILE).exists()
+    assert any(f"trial #{lost}, measured before the study storage was lost" in line for line in lines), lines
+    trials = SearchStudy.load(storage, cfg.study).study.get_trials(deepcopy=False)
+    assert trials[lost].state == TrialState.FAIL  # the trial it ran as, left running
+    added = [t for t in trials if t.state == TrialState.COMPLETE and t.user_attrs.get("setup") == setup and "reused_from" not in t.user_attrs]
+    assert len(added) == 1 and added[0].number > lost  # measured once, in the first run (a trial of it since reuses that)
+    assert added[0].value == result["samples_per_s"] and added[0].user_attrs["result"] == result
+    assert added[0].user_attrs["role"] == kept[0]["role"] and added[0].params == kept[0]["params"]
+    assert not [t for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)]
+    assert any(r.setup.to_dict() == setup for r in outcome.records)  # counts toward --trials, in trials.csv
+    assert str(result["samples_per_s"]) in (out / "trials.csv").read_text()
+
+
+@pytest.mark.parametrize(("lost", "devices"), [(0, None), (1, None), (1, "cpu,cpu")], ids=["defaults", "guess", "guess-devices"])
+def test_a_trial_measured_while_study_db_fails_is_kept_and_added_by_the_rerun(tmp_path, cache_dir, monkeypatch, lost: int,
+                                                                             devices: str | None) -> None:
+    """A full disk under study.db as a trial is stored (one at a time, or one per device of --devices): the one line says
+    where the measurement is kept; the rerun adds it (the defaults are not queued again). Before, the measurement was
+    lost and the rerun measured its setup again."""
+    cfg = config(tmp_path, cache_dir, devices=devices)
+    lose_storage_at(monkeypatch, "record", full_disk(), lost)
+    first = Runner()
+    with pytest.raises(StorageError) as caught:
+        run_search(cfg, runner=first)
+    said = str(caught.value)
+    assert said.startswith("cannot write to the study storage sqlite:///") and "database or disk is full" in said and "\n" not in said
+    assert said.endswith(f"; trial #{lost}, measured meanwhile, is kept in {cfg.out / PENDING_FILE} and added to the study on rerun")
+    check_kept_then_added(monkeypatch, cfg, first, f"sqlite:///{cfg.out / 'study.db'}", lost)
+
+
+def test_a_worker_that_loses_its_journal_file_after_a_trial_keeps_it_for_the_rerun(tmp_path, cache_dir, monkeypatch) -> None:
+    """A worker of a shared study (a journal file) whose tell of a measured trial gives up its retries: the line of a
+    lost storage says the trial is kept; the rerun adds it and fails the trial the worker left running."""
+    storage = f"journal://{tmp_path / 'study.log'}"
+    cfg = config(tmp_path, cache_dir, storage)
+    monkeypatch.setenv("AUTOTUNE_STORAGE_RETRIES", "1")  # gives up at once: no pauses
+    lose_storage_at(monkeypatch, "tell", PermissionError(13, "Permission denied", str(tmp_path / "study.log")))
+    first = Runner()
+    with pytest.raises(StorageError) as caught:
+        run_search(cfg, runner=first)
+    said = str(caught.value)
+    assert said.startswith(f"lost the study storage {storage}: ") and "finished trials are kept, rerun to resume" in said, said
+    assert f"trial #{LOST}, measured meanwhile, is kept in {cfg.out / PENDING_FILE}" in said
+    running = SearchStudy.load(storage, "pending").study.get_trials(deepcopy=False)[LOST]
+    assert running.state == TrialState.RUNNING  # as a worker that lost its storage leaves it
+    check_kept_then_added(monkeypatch, cfg, first, storage)
+
+
+@pytest.mark.parametrize("damage", ["{\"format\": 1, \"trials\": [", "{\"format\": 1, \"trials\": [{\"number\": 1}]}"])
+def test_a_damaged_pending_file_stops_the_rerun_in_one_line_and_is_kept(tmp_path, cache_dir, monkeypatch, damage: str) -> None:
+    """The rerun cannot read the measurements it should add: one line, exit 1, the file left as it is (never dropped)."""
+    cfg = config(tmp_path, cache_dir)
+    lose_storage_at(monkeypatch, "record", full_disk())
+    with pytest.raises(StorageError):
+        run_search(cfg, runner=Runner())
+    monkeypatch.undo()
+    file = Path(cfg.out) / PENDING_FILE
+    file.write_text(damage)
+    again = Runner()
+    with pytest.raises(PendingTrialsError) as caught:
+        run_search(cfg, runner=again)
+    line, code = error_line(caught.value)
+    assert code == 1 and "\n" not in line and line.startswith(f"{file}: "), line
+    assert "it holds trials measured before the study storage was lost" in line and ("entry 1 is unreadable" in line) == ("number" in damage)
+    assert file.read_text() == damage and not again.ran
