@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import optuna
 import pytest
 
@@ -141,6 +143,22 @@ def test_a_second_guess_at_the_largest_batch_when_throughput_still_rises() -> No
     bounded = build_space(device=CPU, calibration=rising, usable_cores=2, effective_batch=None,
                           constraints=merge_constraints([parse_constraint("batch_size=8..64")]))
     assert [g.batch_size for g in guess_setups(bounded, rising, CPU, 2)] == [64, 64]  # nothing larger than the first
+
+
+def test_the_large_batch_guess_keeps_the_workers_the_first_guess_needs_on_a_small_dataset() -> None:
+    """On 2000 images the largest batch (1024) fits only one worker's queue in an epoch: the second guess takes the
+    largest batch the first guess's workers still feed (7 x 1 x 256 <= 2000), not 1024 with one worker."""
+    rising = dataclasses.replace(  # the loader calibration's one worker does not feed 4000 samples/s: 16 workers wanted
+        calibration(memory_points=(MemoryPoint(16, "ok", 2**28, 300.0), MemoryPoint(1024, "ok", 2**33, 4000.0)),
+                    max_batch=1024, max_workers=16), compute_samples_per_s=4000.0)
+    space = build_space(device=GPU, calibration=rising, usable_cores=16, effective_batch=None, constraints={}, images=2000)
+    first, *rest = guess_setups(space, rising, GPU, 16)
+    assert first.batch_size == 256 and first.num_workers == 7 and first.prefetch_factor == 1  # 1792 <= 2000
+    assert rest == []  # no larger batch keeps 7 workers within an epoch (7 x 1 x 512 > 2000)
+    more = build_space(device=GPU, calibration=rising, usable_cores=16, effective_batch=None, constraints={}, images=16384)
+    first, second = guess_setups(more, rising, GPU, 16)
+    assert second.num_workers == first.num_workers and second.batch_size > first.batch_size
+    assert more.queue_fits(second.num_workers, second.prefetch_factor or 1, second.batch_size)
 
 
 def test_on_a_cpu_a_guess_splits_the_cores_between_loader_workers_and_training_threads() -> None:
