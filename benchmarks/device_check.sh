@@ -6,7 +6,8 @@
 #   env     versions, nvidia-smi, `autotune probe --json`
 #   search  one real search: resnet50 at 224 px on the synthetic JPEGs, 12 trials of 2 s, compile off (at most 240 s)
 #   script  the emitted train.py for 60 optimizer steps, plain and under torchrun (DDP, NCCL, one rank)
-#   tests   the CUDA-marked tests (4 pytest-xdist processes on the one GPU: correctness, not speed)
+#   tests   benchmarks/gpu_decode_check.py's variants, then the CUDA-marked tests (4 pytest-xdist processes on the
+#           one GPU: correctness, not speed)
 #   knobs   one `autotune trial` of resnet18 at 64 px per torch knob, while time is left
 # Before the call, run benchmarks/device_wheels.sh here and carry .whl (the GPU machine has torch but not
 # optuna, and fetches nothing):  run(command="bash benchmarks/device_check.sh tests", carry=[".whl"], timeout_s=300)
@@ -78,6 +79,12 @@ fi
 
 if [ "$STAGE" = tests ]; then
 stage tests
+# Where a decode=gpu loader stops, one variant per process; workers-torchvision-read is expected to hang (exit 1, stacks).
+for variant in no-workers workers workers-torchvision-read; do
+    timeout 40 python3 -m benchmarks.gpu_decode_check "$variant" > "$WORK/decode-$variant.log" 2>&1 &
+done
+wait
+for variant in no-workers workers workers-torchvision-read; do echo "decode check $variant: $(tail -1 "$WORK/decode-$variant.log")"; done
 # -o addopts='...': 4 processes on the one GPU, each test file split across them; the slowest tests listed.
 timeout "$(( $(left) - 60 ))" python3 -m pytest -o addopts='-ra --durations=25' -n 4 --dist load -m cuda -q -p no:cacheprovider tests \
     > "$OUT_DIR/pytest-cuda.log" 2>&1
