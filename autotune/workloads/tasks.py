@@ -19,7 +19,7 @@ from typing import Any
 from autotune.errors import USER_CODE_ERRORS, WorkloadError
 from autotune.records import Workload
 from autotune.workloads.batches import describe_batch, first_tensor, has_image_tensor, hinted
-from autotune.workloads.models import is_factory_ref, load_factory, validate_model_ref
+from autotune.workloads.models import is_factory_ref, load_factory, torchvision_models, validate_model_ref
 from autotune.workloads.task import Task
 
 __all__ = ["TaskInfo", "build_task_workload", "check_task", "collate_items", "load_task", "task_ref"]
@@ -48,7 +48,9 @@ def task_ref(workload: str | Callable[..., Any]) -> str:
             dotted = file[:-3].replace("/", ".").strip(".")
             raise WorkloadError(f"workload {workload!r}: name the module, not its file: {dotted}:{function}")
         if not is_factory_ref(workload):
-            raise WorkloadError(f"workload {workload!r} must be package.module:function (a factory returning autotune.Task)")
+            shorthand = (f"; {workload!r} is a torchvision model: pass --model {workload} (model={workload!r} "
+                         "in Python) to tune it on images") if workload in torchvision_models() else ""
+            raise WorkloadError(f"workload {workload!r} must be package.module:function (a factory returning autotune.Task){shorthand}")
         try:
             return validate_model_ref(workload)
         except WorkloadError:
