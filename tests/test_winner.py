@@ -146,6 +146,23 @@ def test_the_bottleneck_verdict(wait: float, compute: float, loader: float, verd
         assert "A cheaper dataset __iter__ or collate_fn" in bottleneck_verdict(stream, _calibration(compute, loader), records, CPU)
 
 
+def test_an_input_bound_winner_held_to_few_workers_by_a_small_dataset_is_told_so() -> None:
+    """resnet50 on 2000 images on a GPU (2026-12-04): 7 workers x batch 256 fill an epoch, so the advice to add
+    cores misleads; the verdict names the data's size as what held the loader. Not where one more worker fits."""
+    best = _best([_confirmed(MID, (240.0,))])
+    records = [_record(2, MID, 240.0, wait=0.5)]
+    small = dataclasses.replace(best, workload=dataclasses.replace(best.workload, images=100))  # 2 x 64 > 100
+    said = bottleneck_verdict(small, _calibration(1000.0, 1000.0), records, CPU)
+    assert said.startswith("input-bound") and said.endswith(
+        "; here the data's size held the loader to 1 worker: a queue of 2 workers x batch 64 would hold more than one epoch "
+        "of its 100 samples, so a larger dataset (or a smaller batch) lets more workers feed it.")
+    for images in (None, 128):  # unknown, or room for a second worker's batch
+        roomy = dataclasses.replace(best, workload=dataclasses.replace(best.workload, images=images))
+        assert "data's size" not in bottleneck_verdict(roomy, _calibration(1000.0, 1000.0), records, CPU)
+    every_core = dataclasses.replace(_calibration(1000.0, 1000.0), max_workers=1)  # the space offered no more workers
+    assert "data's size" not in bottleneck_verdict(small, every_core, records, CPU)
+
+
 def test_a_compute_ceiling_at_or_just_below_the_loop_s_rate_is_said_to_be_within_noise() -> None:
     """The README's command, 2026-12-03: compute alone 245 samples/s, together 274 (1.12x, below the 1.25x of "unclear"):
     compute-bound, and the verdict says why a ceiling below the rate reached is not a contradiction."""

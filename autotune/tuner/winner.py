@@ -241,6 +241,19 @@ def paired_speedup(winner: Confirmed, defaults: Confirmed) -> float | None:
     return median_ratio(ratios) if ratios else None
 
 
+def _held_by_the_epoch(best: Best, calibration: Calibration) -> str:
+    """Why an input-bound winner has fewer loader workers than the machine offers, when one epoch of the data held its
+    queue (one more worker's batch would not fit): the data's size, not the cores, set the limit; else empty."""
+    setup, images = best.setup, best.workload.images
+    if images is None or setup.num_workers == 0 or setup.num_workers >= calibration.max_workers:
+        return ""
+    if (setup.num_workers + 1) * setup.batch_size <= images:
+        return ""
+    return (f"; here the data's size held the loader to {setup.num_workers} worker{'s' if setup.num_workers != 1 else ''}: "
+            f"a queue of {setup.num_workers + 1} workers x batch {setup.batch_size} would hold more than one epoch of its "
+            f"{images} samples, so a larger dataset (or a smaller batch) lets more workers feed it")
+
+
 #: Training faster than this multiple of computing alone: the figures contradict each other.
 UNCLEAR = 1.25
 
@@ -292,7 +305,8 @@ def bottleneck_verdict(
         cheaper = ("Cheaper decoding (smaller stored images, fewer augmentations)" if images
                    else f"A cheaper dataset {'__iter__' if best.workload.iterable else '__getitem__'} or collate_fn "
                    "(tensors prepared once, not per item)")
-        return f"input-bound: the winner waits on the DataLoader {wait:.0%} of the time ({facts}). {cheaper} or more CPU cores would help."
+        return (f"input-bound: the winner waits on the DataLoader {wait:.0%} of the time ({facts}). {cheaper} or more CPU cores "
+                f"would help{_held_by_the_epoch(best, calibration)}.")
     if device.type == "cpu" and compute and loader and together < 0.8 * min(compute, loader):
         return (
             f"CPU-shared: {'decoding' if images else 'data loading'} and training compete for the same cores ({facts}); "
