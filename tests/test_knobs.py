@@ -167,6 +167,15 @@ def test_decode_gpu_workers_read_bytes_in_plain_python(tmp_path: Path, monkeypat
                         multiprocessing_context="fork")
     (batch, labels), = list(loader)
     assert [bytes(t.numpy()) for t in batch] == list(files.values()) and labels.tolist() == [0, 0, 0]
+    import os
+
+    from autotune.workloads.data import BadImage
+
+    os.mkfifo(tmp_path / "a" / "fifo.jpg")  # open() would wait for a writer: refused by name, as the CPU pipeline does
+    with pytest.raises(BadImage, match=r"fifo.jpg: not a regular file"):
+        read_bytes(str(tmp_path / "a" / "fifo.jpg"))
+    with pytest.raises(BadImage, match=r"gone.jpg: cannot read \(No such file or directory\)"):
+        read_bytes(str(tmp_path / "a" / "gone.jpg"))
 
 
 def test_the_random_batch_is_pixels_and_skips_the_gpu_decoder(tiny_workload: Workload) -> None:

@@ -254,6 +254,18 @@ class BadImage(BadData):
     """An image file of the data cannot be decoded (truncated, corrupt, not an image)."""
 
 
+def check_regular_file(path: str) -> None:
+    """Refuse a FIFO, socket or device named like an image: open() of a FIFO named *.jpg waits for a writer (the
+    trial timed out).
+
+    Raises:
+        BadImage: ``path: not a regular file ...``.
+        OSError: ``path`` cannot be read at all.
+    """
+    if not stat.S_ISREG(os.stat(path).st_mode):
+        raise BadImage(f"{path}: not a regular file (a FIFO, socket or device): it cannot be read as an image")
+
+
 def load_image(path: str) -> Any:
     """Open one image as RGB, as ImageFolder's default loader does, naming the file on failure.
 
@@ -263,8 +275,7 @@ def load_image(path: str) -> Any:
     from PIL import Image
 
     try:
-        if not stat.S_ISREG(os.stat(path).st_mode):  # open() of a FIFO named *.jpg waits for a writer: the trial timed out
-            raise BadImage(f"{path}: not a regular file (a FIFO, socket or device): it cannot be read as an image")
+        check_regular_file(path)
         with open(path, "rb") as fh:
             return Image.open(fh).convert("RGB")
     except Image.DecompressionBombError as exc:  # not an OSError: it stopped a trial as a setup's error, unnamed

@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from autotune.workloads.data import IMAGENET_MEAN, IMAGENET_STD
+from autotune.workloads.data import IMAGENET_MEAN, IMAGENET_STD, BadImage, check_regular_file
 
 
 def read_bytes(path: str) -> Any:
@@ -22,11 +22,18 @@ def read_bytes(path: str) -> Any:
     process that has started CUDA, and there that op never returned (torch
     2.11 and torchvision 0.26 on an H200, ``benchmarks/device_check.sh``;
     docs/benchmarks.md): every ``decode=gpu`` trial with workers timed out.
+
+    Raises:
+        BadImage: Not a regular file, or unreadable, naming it.
     """
     import torch
 
-    with open(path, "rb") as file:
-        data = bytearray(file.read())
+    try:
+        check_regular_file(path)
+        with open(path, "rb") as file:
+            data = bytearray(file.read())
+    except OSError as exc:  # as the CPU pipeline's loader names it (a file removed or unreadable meanwhile)
+        raise BadImage(f"{path}: cannot read ({exc.strerror or exc})") from None
     return torch.frombuffer(data, dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
 
 
