@@ -355,6 +355,11 @@ def test_a_search_on_a_busy_machine_says_how_busy() -> None:
     assert busy == [busy[0]] and "kept 0.9 of the 2 usable cores busy" in busy[0] and "median over 3 trials, up to 1.2" in busy[0]
     assert not any(n.startswith("other processes") for n in notes([0.0, 0.1, 0.3]))  # the median is under a quarter core
     assert not any(n.startswith("other processes") for n in notes([None, None]))  # not known (a quota below the affinity)
+    from autotune.tuner.winner import load_note
+
+    feasible = [loaded(i, 0.6) for i in range(3)]
+    assert "kept 0.6 of the 1 usable core busy" in (load_note(feasible, 1) or "")
+    assert "kept 0.6 cores busy" in (load_note(feasible, 0) or "")  # the usable count unknown
 
 
 def test_a_finalist_whose_rounds_disagree_with_its_trial_beyond_twice_is_named() -> None:

@@ -183,9 +183,9 @@ def load_note(feasible: list[TrialRecord], usable_cores: int) -> str | None:
     loads = [r.result.other_cores for r in feasible if r.result.other_cores is not None]
     if not loads or statistics.median(loads) < BUSY_CORES:
         return None
-    of = f" of the {usable_cores} usable" if usable_cores else ""
+    of = f" of the {usable_cores} usable core{'s' if usable_cores != 1 else ''}" if usable_cores else " cores"
     return (
-        f"other processes kept {statistics.median(loads):.1f}{of} cores busy while the trials measured (median over "
+        f"other processes kept {statistics.median(loads):.1f}{of} busy while the trials measured (median over "
         f"{len(loads)} trials, up to {max(loads):.1f}; trials.csv column other_cores): the figures and the winner hold "
         "for a machine that busy; run the search again on an idle machine to tune for one"
     )
