@@ -147,7 +147,7 @@ def search(
     timeout_s: float | None = None,
     lr: float = 1e-3,
     cache_dir: str | Path | None = None,
-    synthetic_images: int = 2000,
+    synthetic_images: int | None = None,
     reporter: Reporter | None = None,
     progress: bool = False,
     command: str | None = None,
@@ -185,7 +185,7 @@ def search(
         timeout_s: Per-trial timeout.
         lr: Learning rate at the reference batch (shorthand only; a Task has its own).
         cache_dir: Synthetic data cache (shorthand only).
-        synthetic_images: Files in the synthetic dataset (shorthand only).
+        synthetic_images: Files in the synthetic dataset (shorthand only; None: 2000 on a CPU, 16384 on CUDA).
         reporter: Progress hooks (see :class:`autotune.tuner.Reporter`).
         progress: Draw the CLI's live progress on stderr (when no reporter is given).
         command: The command line recorded in best.json and train.py
@@ -260,7 +260,7 @@ def trial_workload(
     data: str | Path | None,
     device: str,
     cache_dir: str | Path | None,
-    synthetic_images: int,
+    synthetic_images: int | None,
     workers: bool,
 ) -> tuple[Any, Any, Workload]:
     """Probe the machine, resolve the device and build the checked workload of one trial.
@@ -304,7 +304,7 @@ def trial(
     timeout_s: float | None = None,
     max_memory: int | str | None = None,
     cache_dir: str | Path | None = None,
-    synthetic_images: int = 2000,
+    synthetic_images: int | None = None,
     announce: Callable[[str], None] | None = None,
     nproc_per_node: int = 1,
     task_batch: bool = False,
@@ -324,7 +324,7 @@ def trial(
         timeout_s: Kill the trial after this many seconds.
         max_memory: Memory budget; a peak above it is an ``oom``.
         cache_dir: Synthetic data cache (shorthand only).
-        synthetic_images: Files in the synthetic dataset (shorthand only).
+        synthetic_images: Files in the synthetic dataset (shorthand only; None: 2000 on a CPU, 16384 on CUDA).
         announce: Called with one line saying what is trained, once the
             workload is checked and before the trial starts.
         nproc_per_node: Ranks of the trial: a DDP trial under

@@ -125,7 +125,10 @@ MaxMemoryOpt = Annotated[Optional[str], typer.Option("--max-memory", help="Memor
 CacheDirOpt = Annotated[
     Optional[Path], typer.Option("--cache-dir", parser=_path, help="Where synthetic data is generated (default ~/.cache/autotune).")
 ]
-SyntheticOpt = Annotated[int, typer.Option("--synthetic-images", help="Files in the synthetic dataset (without --data; 16 to 100000).")]
+SyntheticOpt = Annotated[
+    Optional[int],
+    typer.Option("--synthetic-images", help="Files in the synthetic dataset (without --data; 16 to 100000; default 2000 on a CPU, 16384 on CUDA)."),
+]
 WorkloadOpt = Annotated[
     Optional[str],
     typer.Option(
@@ -164,7 +167,7 @@ def trial(
     max_memory: MaxMemoryOpt = None,
     mode: Annotated[str, typer.Option("--mode", help="train, compute (no loader) or loader (no model).")] = "train",
     cache_dir: CacheDirOpt = None,
-    synthetic_images: SyntheticOpt = 2000,
+    synthetic_images: SyntheticOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the TrialResult as one JSON object.")] = False,
     workload: WorkloadOpt = None,
     knobs: Annotated[
@@ -250,7 +253,7 @@ def search(
     lr: Annotated[float, typer.Option("--lr", help="Learning rate at the reference batch.")] = 1e-3,
     timeout: Annotated[Optional[float], typer.Option("--timeout", help="Per-trial timeout in seconds.")] = None,
     cache_dir: CacheDirOpt = None,
-    synthetic_images: SyntheticOpt = 2000,
+    synthetic_images: SyntheticOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the final summary as one JSON object.")] = False,
     workload: WorkloadOpt = None,
     nproc_per_node: NprocOpt = 1,

@@ -555,3 +555,21 @@ def test_a_classifier_trial_without_a_batch_size_takes_all_of_fewer_images_as_a_
     assert result.exit_code == 0 and batches == [3], result.output
     result = runner.invoke(app, [*args, "--batch-size", "4"])
     assert result.exit_code == 2 and "--batch-size 4 x --accum 1 = 4 exceeds the 3 training images" in one_line(result.output)
+
+
+def test_the_synthetic_set_is_sized_for_the_device(tmp_path) -> None:
+    """Without --data: 2000 JPEGs on a CPU, 2**14 on CUDA, where an epoch of 2000 held the loader to a few workers
+    (an H200, 2026-12-04); --synthetic-images wins on either. Nothing is written (write_data=False), no GPU needed."""
+    from autotune.tuner.config import SearchConfig
+    from autotune.workloads import build_workload
+
+    def built(device: str, count: int | None = None) -> tuple[int, int | None]:
+        workload = build_workload(model="resnet18", image_size=32, data=None, device=device, cache_dir=tmp_path,
+                                  synthetic_images=count, write_data=False)
+        return workload.synthetic_images, workload.images
+
+    assert built("cpu") == (2000, 2000)
+    assert built("cuda:0") == built("cuda") == (16384, 16384)
+    assert built("cuda:0", 3000) == (3000, 3000) and built("cpu", 64) == (64, 64)
+    assert SearchConfig(model="resnet18", trials=2).synthetic_images is None  # resolved where the device is known
+    assert not any(tmp_path.iterdir())

@@ -73,7 +73,7 @@ _TYPES: dict[str, type | tuple[type, ...]] = {
     "model": str, "study": str, "storage": str, "devices": str, "command": str,
 }  # trial_seconds: check_trial_seconds, which trial() calls too
 #: Fields whose None means "not set".
-_OPTIONAL = ("effective_batch", "timeout_s", "study", "storage", "devices")
+_OPTIONAL = ("effective_batch", "timeout_s", "study", "storage", "devices", "synthetic_images")
 #: How a refusal names each type.
 _TYPE_NAMES: dict[type | tuple[type, ...], str] = {int: "an integer", str: "a string", (int, float): "a number"}
 
@@ -104,7 +104,8 @@ class SearchConfig:
         seed: Sampler seed.
         sampler: ``tpe`` (default) or ``random`` (a baseline for comparisons).
         cache_dir: Synthetic data cache.
-        synthetic_images: Files in the synthetic dataset.
+        synthetic_images: Files in the synthetic dataset (None: 2000 on a
+            CPU, 16384 on CUDA, :func:`~autotune.workloads.data.default_synthetic_images`).
         confirm_top: Finalists re-measured.
         confirm_rounds: Most interleaved rounds of re-measurement (fewer
             when the ranking settles after two).
@@ -141,7 +142,7 @@ class SearchConfig:
     seed: int = 0
     sampler: str = "tpe"
     cache_dir: Path | None = None
-    synthetic_images: int = 2000
+    synthetic_images: int | None = None
     confirm_top: int = 3
     confirm_rounds: int = 4
     lr: float = 1e-3
@@ -182,7 +183,7 @@ class SearchConfig:
             raise UsageError(f"--lr must be a finite number > 0, got {self.lr}")
         if not 0 <= self.seed < 2**32:
             raise UsageError(f"--seed must be between 0 and 2**32 - 1, got {self.seed}")
-        if not 16 <= self.synthetic_images <= MAX_SYNTHETIC_IMAGES:
+        if self.synthetic_images is not None and not 16 <= self.synthetic_images <= MAX_SYNTHETIC_IMAGES:
             raise UsageError(f"--synthetic-images must be between 16 and {MAX_SYNTHETIC_IMAGES}, got {self.synthetic_images}")
         for flag, value in (("--study", self.study), ("--storage", self.storage)):
             if value is not None and not value.strip():

@@ -14,7 +14,14 @@ from pathlib import Path
 
 from autotune.records import Workload
 from autotune.units import format_bytes
-from autotune.workloads.data import SYNTHETIC_CLASSES, SYNTHETIC_JPEG_BYTES, check_image_folder, ensure_synthetic, synthetic_dir
+from autotune.workloads.data import (
+    SYNTHETIC_CLASSES,
+    SYNTHETIC_JPEG_BYTES,
+    check_image_folder,
+    default_synthetic_images,
+    ensure_synthetic,
+    synthetic_dir,
+)
 from autotune.workloads.models import check_factory, check_model_name
 
 __all__ = ["build_workload", "write_synthetic"]
@@ -27,7 +34,7 @@ def build_workload(
     data: Path | None,
     device: str,
     cache_dir: Path | None = None,
-    synthetic_images: int = 2000,
+    synthetic_images: int | None = None,
     lr: float = 1e-3,
     warn: Callable[[str], None] | None = None,
     write_data: bool = True,
@@ -39,12 +46,15 @@ def build_workload(
     :func:`write_synthetic` (a search, once the stored study's signature has
     accepted the workload). ``warn`` is given what looks wrong but is
     allowed (one class folder, split folders such as train/ and val/ taken as
-    classes) and the generation of many JPEGs.
+    classes) and the generation of many JPEGs. ``synthetic_images`` None:
+    the device's default (:func:`~autotune.workloads.data.default_synthetic_images`).
 
     Raises:
         WorkloadError: Unknown model, unimportable factory, missing or empty data.
     """
     sys_path = (os.getcwd(),)
+    if synthetic_images is None:
+        synthetic_images = default_synthetic_images(device)
     # The numbers are checked before any data is generated.
     Workload(model=model, image_size=image_size, device=device, lr=lr, synthetic_images=synthetic_images)
     check_model_name(model)

@@ -24,6 +24,12 @@ if TYPE_CHECKING:  # pragma: no cover
     from torch.utils.data import Dataset
 
 SYNTHETIC_CLASSES = 10
+#: Synthetic JPEGs without --data on a CPU (the default when the device is a CPU).
+SYNTHETIC_IMAGES_CPU = 2000
+#: ... and on a CUDA device, which trains an epoch of 2000 in under a second (resnet50 at 224 px on an H200: 4,652
+#: samples/s computing alone): there an epoch that small held the loader's queue (workers x prefetch x batch) to a few
+#: workers. 2**14 holds batch 1024 with 8 workers x prefetch 2 (docs/benchmarks.md, "The first GPU run").
+SYNTHETIC_IMAGES_CUDA = 2**14
 #: Bytes of one synthetic JPEG on disk, about (``du -sh`` of the 64-image set: 3.4 MiB).
 SYNTHETIC_JPEG_BYTES = 53 * 1024
 _SYNTHETIC_VERSION = 1
@@ -39,6 +45,12 @@ def default_cache_dir() -> Path:
     xdg = os.environ.get("XDG_CACHE_HOME")
     base = Path(xdg) if xdg else Path.home() / ".cache"
     return base / "autotune"
+
+
+def default_synthetic_images(device: str) -> int:
+    """The synthetic JPEGs a workload without data gets on ``device`` (``cpu``, ``cuda``, ``cuda:K``) when
+    ``--synthetic-images`` is not given."""
+    return SYNTHETIC_IMAGES_CUDA if device.startswith("cuda") else SYNTHETIC_IMAGES_CPU
 
 
 def synthetic_dir(cache_dir: str | Path | None, n_images: int) -> Path:
