@@ -100,6 +100,25 @@ def _constant_from_source(source: str, name: str) -> str | None:
     return None
 
 
+def autotune_version() -> str | None:
+    """autotune's version: the installed distribution's, else the ``__version__`` of the ``autotune`` package on the
+    import path (a checkout run in place, ``PYTHONPATH=.``, as on a GPU machine that installs nothing), read without
+    importing it; None when neither is found."""
+    installed = package_version("autotune")
+    if installed is not None:
+        return installed
+    try:
+        spec = importlib.util.find_spec("autotune")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.origin:
+        return None
+    try:
+        return _constant_from_source((Path(spec.origin).parent / "_version.py").read_text(), "__version__")
+    except (OSError, SyntaxError, ValueError):
+        return None
+
+
 def torch_cuda_build() -> str | None:
     """The CUDA version torch was built with (``torch.version.cuda``), cheaply.
 
@@ -180,6 +199,6 @@ def collect_software(driver_loaded: bool) -> SoftwareInfo:
         cuda=cuda,
         cudnn=cudnn_version() if cuda else None,
         optuna=package_version("optuna"),
-        autotune=package_version("autotune"),
+        autotune=autotune_version(),
         torch_cuda_build=build,
     )

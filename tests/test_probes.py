@@ -522,6 +522,35 @@ def test_torch_cuda_build_matches_torch_version_without_importing_torch() -> Non
     assert ours == theirs
 
 
+def test_autotune_s_version_is_read_from_a_checkout_run_in_place(tmp_path, monkeypatch) -> None:
+    """A checkout on the import path without an installed distribution (the GPU machine's PYTHONPATH=.): its
+    _version.py, read without importing autotune, where the probe showed '-' before."""
+    import importlib.metadata
+
+    import probes.software as software
+    from autotune import __version__
+
+    assert software.autotune_version() == __version__  # installed (editable) here
+    real = importlib.metadata.version
+
+    def not_installed(name: str) -> str:
+        if name == "autotune":
+            raise importlib.metadata.PackageNotFoundError(name)
+        return real(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", not_installed)
+    assert software.package_version("autotune") is None
+    assert software.autotune_version() == __version__
+    (tmp_path / "autotune").mkdir()
+    (tmp_path / "autotune" / "__init__.py").write_text("")
+    (tmp_path / "autotune" / "_version.py").write_text('__version__ = "9.9.9"\n')
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import importlib.metadata as m; m.version = lambda n: "
+            "(_ for _ in ()).throw(m.PackageNotFoundError(n)); import probes.software as s; v = s.autotune_version(); "
+            "assert 'autotune' not in sys.modules, 'imported'; print(v)")
+    shown = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=60, check=True)
+    assert shown.stdout.strip() == "9.9.9"
+
+
 @pytest.mark.parametrize(("raw", "text"), [(92400, "9.24.0"), (90100, "9.1.0"), (8902, "8.9.2"), (8700, "8.7.0")])
 def test_format_cudnn_version(raw: int, text: str) -> None:
     assert format_cudnn_version(raw) == text
