@@ -125,10 +125,7 @@ MaxMemoryOpt = Annotated[Optional[str], typer.Option("--max-memory", help="Memor
 CacheDirOpt = Annotated[
     Optional[Path], typer.Option("--cache-dir", parser=_path, help="Where synthetic data is generated (default ~/.cache/autotune).")
 ]
-SyntheticOpt = Annotated[
-    Optional[int],
-    typer.Option("--synthetic-images", help="Files in the synthetic dataset (without --data; 16 to 100000; default 2000 on a CPU, 16384 on CUDA)."),
-]
+SyntheticOpt = Annotated[Optional[int], typer.Option("--synthetic-images", help="JPEGs made without --data: 16-100000 (default 2000; 16384 on CUDA).")]
 WorkloadOpt = Annotated[
     Optional[str],
     typer.Option(
