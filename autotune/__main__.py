@@ -1,3 +1,4 @@
 from autotune.cli import main
 
-main()
+if __name__ == "__main__":  # not when imported again, as multiprocessing's spawn start method imports the main module
+    main()
