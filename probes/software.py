@@ -104,19 +104,7 @@ def autotune_version() -> str | None:
     """autotune's version: the installed distribution's, else the ``__version__`` of the ``autotune`` package on the
     import path (a checkout run in place, ``PYTHONPATH=.``, as on a GPU machine that installs nothing), read without
     importing it; None when neither is found."""
-    installed = package_version("autotune")
-    if installed is not None:
-        return installed
-    try:
-        spec = importlib.util.find_spec("autotune")
-    except (ImportError, ValueError):
-        return None
-    if spec is None or not spec.origin:
-        return None
-    try:
-        return _constant_from_source((Path(spec.origin).parent / "_version.py").read_text(), "__version__")
-    except (OSError, SyntaxError, ValueError):
-        return None
+    return package_version("autotune") or _constant_in_package("autotune", "_version.py", "__version__")
 
 
 def torch_cuda_build() -> str | None:
@@ -132,14 +120,19 @@ def torch_cuda_build() -> str | None:
         version = getattr(sys.modules["torch"], "version", None)
         cuda = getattr(version, "cuda", None)
         return str(cuda) if cuda else None
+    return _constant_in_package("torch", "version.py", "cuda")
+
+
+def _constant_in_package(package: str, file: str, name: str) -> str | None:
+    """The string assigned to ``name`` in ``file`` of the package on the import path, read without importing it."""
     try:
-        spec = importlib.util.find_spec("torch")
+        spec = importlib.util.find_spec(package)
     except (ImportError, ValueError):
         return None
     if spec is None or not spec.origin:
         return None
     try:
-        return _constant_from_source((Path(spec.origin).parent / "version.py").read_text(), "cuda")
+        return _constant_from_source((Path(spec.origin).parent / file).read_text(), name)
     except (OSError, SyntaxError, ValueError):
         return None
 
