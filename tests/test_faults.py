@@ -1065,6 +1065,42 @@ def test_interrupted_data_generation_leaves_no_hidden_copy(tmp_path, fault) -> N
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_sigterm_whose_interrupt_a_finalizer_swallowed_still_stops_the_generation(tmp_path, monkeypatch) -> None:
+    """SIGTERM in a search raises KeyboardInterrupt from its handler; when the handler runs inside a finalizer
+    (``__del__``, a weakref callback: seen in SQLAlchemy's registry), Python prints "Exception ignored" and drops it.
+    The stop is remembered: the generation looks at it before each file and stops, leaving no copy."""
+    import random
+
+    from autotune.tuner.signals import clear_stop, sigterm_as_interrupt, stop_requested
+    from autotune.workloads.data import generate_image_folder
+
+    class SignalledInFinalizer:
+        def __del__(self) -> None:
+            os.kill(os.getpid(), signal.SIGTERM)
+            deadline = time.monotonic() + 5
+            while not stop_requested() and time.monotonic() < deadline:  # the handler runs here, inside __del__
+                pass
+
+    made: list[str] = []
+    swallowed: list[type] = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda unraisable: swallowed.append(unraisable.exc_type))  # Python's "Exception ignored"
+
+    def make_image(rng: random.Random, path: Path) -> None:
+        if len(made) == 5:
+            SignalledInFinalizer()  # dropped at once: its finalizer runs the handler
+        made.append(path.name)
+        path.write_bytes(b"x")
+
+    clear_stop()
+    try:
+        with sigterm_as_interrupt(), pytest.raises(KeyboardInterrupt):
+            generate_image_folder(tmp_path / "synthetic", 40, make_image, seed=0, note="t", stop=stop_requested)
+    finally:
+        clear_stop()
+    assert swallowed == [KeyboardInterrupt]  # dropped there, as in the search
+    assert len(made) == 6 and list(tmp_path.iterdir()) == []
+
+
 def test_copies_left_by_a_killed_generation_are_removed(tmp_path) -> None:
     from autotune.workloads.data import generate_image_folder
 

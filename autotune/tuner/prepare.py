@@ -27,6 +27,7 @@ from autotune.tuner.offered import check_workload_constraints
 from autotune.tuner.pending import add_pending
 from autotune.tuner.placement import Placement, place
 from autotune.tuner.progress import Reporter
+from autotune.tuner.signals import stop_requested
 from autotune.tuner.space import check_pins_act
 from autotune.tuner.storage import check_one_study, check_storage_url, is_shared
 from autotune.tuner.study import SearchStudy
@@ -102,7 +103,7 @@ def prepare(config: SearchConfig, reporter: Reporter) -> Prepared:
                 study.check_signature(signature(config, workload, machine_fingerprint(hardware, device)), in_out=config.storage is None)
                 stale = study.recover()
             with nothing_left_if_stopped(study, shared):  # after the signature: a refused rerun writes no JPEGs
-                write_synthetic(workload, reporter.message)
+                write_synthetic(workload, reporter.message, stop_requested)  # a stop whose interrupt was swallowed
             if stale:  # the reporter's lines while the stack holds the lock: one that raises (a Ctrl-C) releases it
                 reporter.message(f"left running by a search that died, marked failed: {', '.join(f'trial #{n}' for n in stale)}")
             reporter.message(f"{workload.describe()} ({device.label}); {int(hardware.cpu.usable_cores)} usable CPU cores")

@@ -85,12 +85,13 @@ def build_workload(
     return workload
 
 
-def write_synthetic(workload: Workload, warn: Callable[[str], None] | None = None) -> None:
+def write_synthetic(workload: Workload, warn: Callable[[str], None] | None = None, stop: Callable[[], bool] | None = None) -> None:
     """Generate the synthetic JPEGs of a workload without data, once; nothing for ``--data`` or a Task.
 
     Args:
         workload: What :func:`build_workload` returned.
         warn: Told first when the JPEGs are not there yet (minutes for a large count).
+        stop: Whether the caller was asked to stop meanwhile (a search's remembered stop signal).
 
     Raises:
         WorkloadError: The cache directory is not writable.
@@ -101,4 +102,4 @@ def write_synthetic(workload: Workload, warn: Callable[[str], None] | None = Non
     target = synthetic_dir(workload.cache_dir, count)
     if warn is not None and not (target / ".complete").exists():  # minutes for a large count: say what runs
         warn(f"writing {count} synthetic JPEGs to {target} (about {format_bytes(count * SYNTHETIC_JPEG_BYTES)}, once)")
-    ensure_synthetic(workload.cache_dir, count)
+    ensure_synthetic(workload.cache_dir, count, stop)

@@ -76,7 +76,8 @@ def _make_image(rng: random.Random, path: Path) -> None:
 
 
 def generate_image_folder(
-    target: Path, n_images: int, make_image: Callable[[random.Random, Path], None], *, seed: int, note: str
+    target: Path, n_images: int, make_image: Callable[[random.Random, Path], None], *, seed: int, note: str,
+    stop: Callable[[], bool] | None = None,
 ) -> Path:
     """Write ``n_images`` files into a 10-class ImageFolder at ``target``, once.
 
@@ -89,9 +90,13 @@ def generate_image_folder(
         make_image: Writes one image file from the shared random generator.
         seed: Seed of that generator (the same seed gives the same files).
         note: Text of the ``.complete`` marker.
+        stop: Whether the caller was asked to stop meanwhile, looked at before each file: a search's stop signal
+            raises KeyboardInterrupt, which a garbage-collection callback running at that moment swallows ("Exception
+            ignored in ..."), while the stop stays remembered.
 
     Raises:
         WorkloadError: The parent directory is not writable.
+        KeyboardInterrupt: ``stop`` said so (no copy is left).
     """
     if (target / ".complete").exists():
         return target
@@ -107,6 +112,8 @@ def generate_image_folder(
         for cls in range(SYNTHETIC_CLASSES):
             (tmp / f"class_{cls:02d}").mkdir(parents=True)
         for i in range(n_images):
+            if stop is not None and stop():
+                raise KeyboardInterrupt
             make_image(rng, tmp / f"class_{i % SYNTHETIC_CLASSES:02d}" / f"img_{i:06d}.jpg")
         (tmp / ".complete").write_text(note + "\n")
         try:
@@ -135,8 +142,8 @@ def _remove_dead_copies(target: Path) -> None:
             shutil.rmtree(stale, ignore_errors=True)
 
 
-def ensure_synthetic(cache_dir: str | Path | None = None, n_images: int = 2000) -> Path:
-    """Generate the synthetic ImageFolder once; return its directory.
+def ensure_synthetic(cache_dir: str | Path | None = None, n_images: int = 2000, stop: Callable[[], bool] | None = None) -> Path:
+    """Generate the synthetic ImageFolder once; return its directory (``stop``: as for :func:`generate_image_folder`).
 
     Raises:
         WorkloadError: The cache directory is not writable.
@@ -147,6 +154,7 @@ def ensure_synthetic(cache_dir: str | Path | None = None, n_images: int = 2000) 
         _make_image,
         seed=1234,
         note=f"{n_images} synthetic JPEGs, version {_SYNTHETIC_VERSION}",
+        stop=stop,
     )
 
 
