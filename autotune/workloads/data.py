@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.errors import WorkloadError
 from autotune.files import maker_is_gone
+from autotune.workloads.file_workers import worker_count, write_in_processes, writer_reference
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch.utils.data import Dataset
@@ -59,13 +60,17 @@ def synthetic_dir(cache_dir: str | Path | None, n_images: int) -> Path:
     return root / f"synthetic-v{_SYNTHETIC_VERSION}-{n_images}"
 
 
-def _make_image(rng: random.Random, path: Path) -> None:
+def _draw_image(rng: random.Random) -> tuple[int, int, int]:
+    """Width, height and pixel seed of one synthetic JPEG, drawn in file order from the generator of the whole set."""
+    return rng.randint(400, 600), rng.randint(300, 450), rng.getrandbits(32)  # width, height, pixel seed
+
+
+def write_image(spec: tuple[int, ...], path: Path) -> None:
+    """Write one synthetic JPEG of the parameters :func:`_draw_image` drew (a worker process imports it by name)."""
     import numpy as np
     from PIL import Image
 
-    width = rng.randint(400, 600)
-    height = rng.randint(300, 450)
-    seed = rng.getrandbits(32)
+    width, height, seed = spec
     gen = np.random.default_rng(seed)
     # A smooth colour field with fine noise on top: decodes like a photo,
     # neither a flat image (too cheap) nor pure noise (too expensive).
@@ -75,28 +80,53 @@ def _make_image(rng: random.Random, path: Path) -> None:
     Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8)).save(path, format="JPEG", quality=90)
 
 
+@dataclass(frozen=True)
+class ImageMaker:
+    """Each file of a set made in two steps, so that worker processes can share the writing.
+
+    Attributes:
+        draw: One file's parameters (a few integers) from the set's generator, drawn in file order in the calling
+            process: the files do not depend on the number of processes.
+        write: Writes one file from its parameters; a module-level function, imported by name in a worker process
+            (a lambda or closure is called in the calling process only).
+    """
+
+    draw: Callable[[random.Random], tuple[int, ...]]
+    write: Callable[[tuple[int, ...], Path], None]
+
+
+#: The synthetic JPEGs (the same bytes as when one function drew and wrote each file in turn: synthetic-v1 stands).
+SYNTHETIC_JPEG = ImageMaker(draw=_draw_image, write=write_image)
+
+
 def generate_image_folder(
-    target: Path, n_images: int, make_image: Callable[[random.Random, Path], None], *, seed: int, note: str,
-    stop: Callable[[], bool] | None = None,
+    target: Path, n_images: int, make_image: Callable[[random.Random, Path], None] | ImageMaker, *, seed: int, note: str,
+    stop: Callable[[], bool] | None = None, processes: int | None = None,
 ) -> Path:
     """Write ``n_images`` files into a 10-class ImageFolder at ``target``, once.
 
     The files are written to a temporary directory and renamed into place, so
-    an interrupted or concurrent generation never leaves a half dataset.
+    an interrupted or concurrent generation never leaves a half dataset. An
+    :class:`ImageMaker` whose ``write`` a worker process can import writes
+    them in worker processes over the usable cores (:mod:`.file_workers`),
+    the same files as one process writes.
 
     Args:
         target: The ImageFolder root.
         n_images: Files to write, spread over the classes.
-        make_image: Writes one image file from the shared random generator.
+        make_image: Writes one image file from the shared random generator (in this process), or an
+            :class:`ImageMaker`.
         seed: Seed of that generator (the same seed gives the same files).
         note: Text of the ``.complete`` marker.
-        stop: Whether the caller was asked to stop meanwhile, looked at before each file: a search's stop signal
-            raises KeyboardInterrupt, which a garbage-collection callback running at that moment swallows ("Exception
-            ignored in ..."), while the stop stays remembered.
+        stop: Whether the caller was asked to stop meanwhile, looked at before each file (with worker processes:
+            every 50 ms): a search's stop signal raises KeyboardInterrupt, which a garbage-collection callback
+            running at that moment swallows ("Exception ignored in ..."), while the stop stays remembered.
+        processes: Processes that write an ImageMaker's files (None: one per usable core, each with at least
+            :data:`~autotune.workloads.file_workers.FILES_PER_PROCESS` files; 1: this process alone).
 
     Raises:
-        WorkloadError: The parent directory is not writable.
-        KeyboardInterrupt: ``stop`` said so (no copy is left).
+        WorkloadError: The parent directory is not writable, or a worker process failed.
+        KeyboardInterrupt: ``stop`` said so (no copy is left, no worker process either).
     """
     if (target / ".complete").exists():
         return target
@@ -108,13 +138,9 @@ def generate_image_folder(
         target.parent.mkdir(parents=True, exist_ok=True)
         _remove_dead_copies(target)
         shutil.rmtree(tmp, ignore_errors=True)
-        rng = random.Random(seed)
         for cls in range(SYNTHETIC_CLASSES):
             (tmp / f"class_{cls:02d}").mkdir(parents=True)
-        for i in range(n_images):
-            if stop is not None and stop():
-                raise KeyboardInterrupt
-            make_image(rng, tmp / f"class_{i % SYNTHETIC_CLASSES:02d}" / f"img_{i:06d}.jpg")
+        _write_files(tmp, n_images, make_image, random.Random(seed), stop, processes)
         (tmp / ".complete").write_text(note + "\n")
         try:
             os.rename(tmp, target)
@@ -133,6 +159,25 @@ def generate_image_folder(
     return target
 
 
+def _write_files(tmp: Path, n_images: int, make_image: Callable[[random.Random, Path], None] | ImageMaker,
+                 rng: random.Random, stop: Callable[[], bool] | None, processes: int | None) -> None:
+    """Write the files of :func:`generate_image_folder` into ``tmp``: in worker processes where they pay, else here."""
+    paths = [tmp / f"class_{i % SYNTHETIC_CLASSES:02d}" / f"img_{i:06d}.jpg" for i in range(n_images)]
+    specs = [make_image.draw(rng) for _ in paths] if isinstance(make_image, ImageMaker) else []  # in file order, always
+    if isinstance(make_image, ImageMaker) and writer_reference(make_image.write) is not None:
+        count = worker_count(n_images) if processes is None else max(1, processes)
+        if count > 1:
+            write_in_processes(make_image.write, list(zip(paths, specs, strict=True)), count, stop)
+            return
+    for i, path in enumerate(paths):
+        if stop is not None and stop():
+            raise KeyboardInterrupt
+        if isinstance(make_image, ImageMaker):
+            make_image.write(specs[i], path)
+        else:
+            make_image(rng, path)
+
+
 def _remove_dead_copies(target: Path) -> None:
     """Remove the temporary copies of processes that died while generating (``kill -9``), of any size
     (``synthetic-v1-500`` sweeps ``.synthetic-v1-*.tmp-PID`` copies)."""
@@ -142,8 +187,10 @@ def _remove_dead_copies(target: Path) -> None:
             shutil.rmtree(stale, ignore_errors=True)
 
 
-def ensure_synthetic(cache_dir: str | Path | None = None, n_images: int = 2000, stop: Callable[[], bool] | None = None) -> Path:
-    """Generate the synthetic ImageFolder once; return its directory (``stop``: as for :func:`generate_image_folder`).
+def ensure_synthetic(cache_dir: str | Path | None = None, n_images: int = 2000, stop: Callable[[], bool] | None = None,
+                     processes: int | None = None) -> Path:
+    """Generate the synthetic ImageFolder once; return its directory (``stop``, ``processes``: as for
+    :func:`generate_image_folder`).
 
     Raises:
         WorkloadError: The cache directory is not writable.
@@ -151,10 +198,11 @@ def ensure_synthetic(cache_dir: str | Path | None = None, n_images: int = 2000, 
     return generate_image_folder(
         synthetic_dir(cache_dir, n_images),
         n_images,
-        _make_image,
+        SYNTHETIC_JPEG,
         seed=1234,
         note=f"{n_images} synthetic JPEGs, version {_SYNTHETIC_VERSION}",
         stop=stop,
+        processes=processes,
     )
 
 
