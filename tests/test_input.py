@@ -573,3 +573,37 @@ def test_the_synthetic_set_is_sized_for_the_device(tmp_path) -> None:
     assert built("cuda:0", 3000) == (3000, 3000) and built("cpu", 64) == (64, 64)
     assert SearchConfig(model="resnet18", trials=2).synthetic_images is None  # resolved where the device is known
     assert not any(tmp_path.iterdir())
+
+
+def test_a_search_on_cuda_is_prepared_with_16384_synthetic_images_unless_told(tmp_path, monkeypatch) -> None:
+    """The device is resolved in prepare (a fake A100 here, no GPU needed): the workload, the study's signature
+    (``samples``) and the JPEGs written all see the resolved count; --synthetic-images wins. A CPU search keeps 2000."""
+    from autotune.devices import DeviceInfo
+    from autotune.tuner import placement, prepare
+    from autotune.tuner.config import SearchConfig
+    from autotune.tuner.study import STUDY_SIGNATURE
+
+    a100 = DeviceInfo("cuda:0", True, 80 * 2**30, 80 * 2**30, "A100", tf32=True)
+    cpu = DeviceInfo("cpu", True, None, None, "test CPU")
+    written: list[int] = []
+    monkeypatch.setattr(prepare, "write_synthetic", lambda workload, *args: written.append(workload.synthetic_images))
+
+    class Quiet:
+        def message(self, text: str) -> None:
+            pass
+
+    def prepared(device: DeviceInfo, out: str, count: int | None = None) -> tuple[int, int]:
+        monkeypatch.setattr(placement, "resolve_device", lambda text, hardware: device)
+        config = SearchConfig(model="resnet18", image_size=32, trials=2, device=device.name, out=tmp_path / out,
+                              cache_dir=tmp_path / "cache", synthetic_images=count)
+        ready = prepare.prepare(config, Quiet())
+        try:
+            return ready.workload.synthetic_images, ready.study.study.user_attrs[STUDY_SIGNATURE]["samples"]
+        finally:
+            ready.held.close()
+
+    assert prepared(a100, "cuda") == (16384, 16384)
+    assert prepared(a100, "cuda-told", 3000) == (3000, 3000)
+    assert prepared(cpu, "cpu") == (2000, 2000)
+    assert prepared(cpu, "cpu", 2000) == (2000, 2000)  # the rerun of a CPU search that named 2000 resumes the same study
+    assert written == [16384, 3000, 2000, 2000]
