@@ -340,7 +340,7 @@ def test_another_synthetic_image_count_is_refused_before_any_jpeg_is_written(tmp
     shutil.copytree(cache_dir / "synthetic-v1-64", cache / "synthetic-v1-64")
     search(config(tmp_path, cache, trials=2))
     said = Said()
-    with pytest.raises(StorageError, match=r"different search \(samples: 64 there, 80 now\)"):
+    with pytest.raises(StorageError, match=r"different search \(synthetic JPEGs: 64 there, 80 now; --synthetic-images 64 continues it "):
         search(config(tmp_path, cache, trials=2, synthetic_images=80), reporter=said)
     assert sorted(p.name for p in cache.iterdir()) == ["synthetic-v1-64"]  # no synthetic-v1-80, no half copy
     assert not any("synthetic JPEGs" in text for text in said.lines)

@@ -102,6 +102,24 @@ def test_a_study_without_ddp_is_named_one_rank_when_ddp_is_asked() -> None:
     assert signature_difference(ddp, lone) == "nproc_per_node: 2 there, 1 now"
 
 
+def test_another_synthetic_count_names_the_flag_that_continues_the_study() -> None:
+    """A study made with another count of synthetic JPEGs (a CUDA study from before 16384 became CUDA's default, made with
+    2000): the refusal names --synthetic-images with the stored count, where it alone differs; not where more differs."""
+    from autotune.records import Workload
+    from autotune.tuner.config import SearchConfig
+    from autotune.tuner.identity import signature
+
+    def signed(images: int, device: str = "cuda:0") -> dict:
+        workload = Workload(model="resnet18", device=device, images=images, synthetic_images=images)
+        return signature(SearchConfig(model="resnet18", trials=3), workload)
+
+    assert signature_difference(signed(2000), signed(16384)) == (
+        "synthetic JPEGs: 2000 there, 16384 now; --synthetic-images 2000 continues it (without it: 2000 on a CPU, 16384 on CUDA)")
+    older = {k: v for k, v in signed(2000).items() if k != "samples"}  # stored by an earlier version
+    assert signature_difference(older, signed(16384)).startswith("synthetic JPEGs: 2000 there, 16384 now; --synthetic-images 2000")
+    assert signature_difference(signed(2000), signed(16384, device="cuda:1")) == "device: 'cuda:0' there, 'cuda:1' now"
+
+
 def test_a_changed_task_model_or_data_size_is_another_search() -> None:
     from autotune.records import Workload
     from autotune.tuner.config import SearchConfig

@@ -13,6 +13,7 @@ from autotune.records import Workload
 from autotune.tuner.config import SearchConfig
 from autotune.tuner.constraints import Constraint, merge_constraints, parse_constraint
 from autotune.tuner.space import SPACE_VERSION
+from autotune.workloads.data import SYNTHETIC_IMAGES_CPU, SYNTHETIC_IMAGES_CUDA
 
 
 def study_name(config: SearchConfig, device: DeviceInfo, workload: Workload | None = None) -> str:
@@ -143,6 +144,11 @@ def signature_difference(stored: dict[str, Any], current: dict[str, Any]) -> str
         stored = {**stored, "constraints": sorted(_as_set(c) for c in stored["constraints"])}
     if stored == normalized:
         return None
+    counts = stored.get("synthetic_images"), normalized.get("synthetic_images")
+    others = {k for k in set(stored) | set(normalized) if stored.get(k) != normalized.get(k)} - {"synthetic_images", "samples"}
+    if not others and all(isinstance(n, int) for n in counts) and counts[0] != counts[1]:  # the flag alone continues it
+        return (f"synthetic JPEGs: {counts[0]} there, {counts[1]} now; --synthetic-images {counts[0]} continues it "
+                f"(without it: {SYNTHETIC_IMAGES_CPU} on a CPU, {SYNTHETIC_IMAGES_CUDA} on CUDA)")
     for key in sorted(set(stored) | set(normalized)):
         if stored.get(key) != normalized.get(key):
             if key == "constraints":
