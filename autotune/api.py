@@ -261,9 +261,9 @@ def trial_workload(
     device: str,
     cache_dir: str | Path | None,
     synthetic_images: int | None,
-    workers: bool,
+    workers: bool, warn: Callable[[str], None] | None = None,
 ) -> tuple[Any, Any, Workload]:
-    """Probe the machine, resolve the device and build the checked workload of one trial.
+    """Probe the machine, resolve the device and build the checked workload of one trial (``warn``: build_workload's).
 
     Returns:
         ``(hardware, device, workload)``.
@@ -285,7 +285,7 @@ def trial_workload(
         data=None if data is None else path_of("--data", data),
         device=dev.name,
         cache_dir=None if cache_dir is None else path_of("--cache-dir", cache_dir),
-        synthetic_images=synthetic_images,
+        synthetic_images=synthetic_images, warn=warn,
     )
     return hardware, dev, built
 
@@ -326,7 +326,8 @@ def trial(
         cache_dir: Synthetic data cache (shorthand only).
         synthetic_images: Files in the synthetic dataset (shorthand only; None: 2000 on a CPU, 16384 on CUDA).
         announce: Called with one line saying what is trained, once the
-            workload is checked and before the trial starts.
+            workload is checked and before the trial starts (first with any
+            data warning, and before synthetic JPEGs are written).
         nproc_per_node: Ranks of the trial: a DDP trial under
             torch.distributed (gloo on a CPU, nccl on CUDA), each rank on its
             share of the usable cores; samples/s counts every rank.
@@ -368,7 +369,7 @@ def trial(
         device=device,
         cache_dir=cache_dir,
         synthetic_images=synthetic_images,
-        workers=setup.num_workers > 0,
+        workers=setup.num_workers > 0, warn=announce,  # a minute or more before 16384 synthetic JPEGs on CUDA
     )
     share = built  # what one rank reads: the batch cap and the unrunnable check are per rank, as the search's
     if nproc_per_node != 1:

@@ -607,3 +607,21 @@ def test_a_search_on_cuda_is_prepared_with_16384_synthetic_images_unless_told(tm
     assert prepared(cpu, "cpu") == (2000, 2000)
     assert prepared(cpu, "cpu", 2000) == (2000, 2000)  # the rerun of a CPU search that named 2000 resumes the same study
     assert written == [16384, 3000, 2000, 2000]
+
+
+def test_a_trial_announces_the_synthetic_jpegs_before_it_writes_them(tmp_path, monkeypatch) -> None:
+    """`autotune trial` without --data says it writes the synthetic JPEGs (16384 by default on CUDA: a minute or more the
+    first time) before writing them, then what it trains; before, the generation ran silently. No trial runs here."""
+    import autotune
+    import autotune.runner
+    from autotune.records import TrialResult
+
+    monkeypatch.setattr(autotune.runner, "prestart", lambda: None)
+    monkeypatch.setattr(autotune.runner, "run_trial", lambda setup, workload, options: TrialResult(status="ok", samples_per_s=1.0))
+    lines: list[str] = []
+    autotune.trial(model="resnet18", image_size=32, device="cpu", cache_dir=tmp_path, synthetic_images=16, announce=lines.append)
+    assert len(lines) == 2 and lines[0].startswith(f"writing 16 synthetic JPEGs to {tmp_path / 'synthetic-v1-16'}"), lines
+    assert lines[1].startswith("trial: resnet18") and (tmp_path / "synthetic-v1-16" / ".complete").exists()
+    lines.clear()
+    autotune.trial(model="resnet18", image_size=32, device="cpu", cache_dir=tmp_path, synthetic_images=16, announce=lines.append)
+    assert len(lines) == 1 and lines[0].startswith("trial: resnet18")  # written once: nothing more to say
