@@ -156,9 +156,11 @@ def test_an_input_bound_winner_held_to_few_workers_by_a_small_dataset_is_told_so
     assert said.startswith("input-bound") and said.endswith(
         "; here the data's size held the loader to 1 worker: a queue of 2 workers x batch 64 would hold more than one epoch "
         "of its 100 samples, so a larger dataset (or a smaller batch) lets more workers feed it.")
+    assert "more CPU cores" not in said  # more cores would feed no more workers there
     for images in (None, 128):  # unknown, or room for a second worker's batch
         roomy = dataclasses.replace(best, workload=dataclasses.replace(best.workload, images=images))
-        assert "data's size" not in bottleneck_verdict(roomy, _calibration(1000.0, 1000.0), records, CPU)
+        told = bottleneck_verdict(roomy, _calibration(1000.0, 1000.0), records, CPU)
+        assert "data's size" not in told and "or more CPU cores would help." in told
     every_core = dataclasses.replace(_calibration(1000.0, 1000.0), max_workers=1)  # the space offered no more workers
     assert "data's size" not in bottleneck_verdict(small, every_core, records, CPU)
 

@@ -305,8 +305,9 @@ def bottleneck_verdict(
         cheaper = ("Cheaper decoding (smaller stored images, fewer augmentations)" if images
                    else f"A cheaper dataset {'__iter__' if best.workload.iterable else '__getitem__'} or collate_fn "
                    "(tensors prepared once, not per item)")
-        return (f"input-bound: the winner waits on the DataLoader {wait:.0%} of the time ({facts}). {cheaper} or more CPU cores "
-                f"would help{_held_by_the_epoch(best, calibration)}.")
+        held = _held_by_the_epoch(best, calibration)  # then more cores would feed no more workers: not advised
+        return (f"input-bound: the winner waits on the DataLoader {wait:.0%} of the time ({facts}). {cheaper}"
+                f"{'' if held else ' or more CPU cores'} would help{held}.")
     if device.type == "cpu" and compute and loader and together < 0.8 * min(compute, loader):
         return (
             f"CPU-shared: {'decoding' if images else 'data loading'} and training compete for the same cores ({facts}); "
