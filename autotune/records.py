@@ -23,6 +23,15 @@ MAX_SECONDS = 86400.0
 #: Measured seconds per trial unless asked otherwise (``python -m benchmarks.fidelity compare`` measured 5 against 10).
 DEFAULT_TRIAL_SECONDS = 5.0
 
+
+def queue_fits(workers: int, prefetch: int, batch: int, images: int | None) -> bool:
+    """Whether a loader queue of ``workers x prefetch x batch`` samples fits in one epoch of ``images`` (unknown: yes).
+
+    A larger queue prefetches batches the epoch does not hold: the space does
+    not offer it, the search refuses it, and the verdict names it as the limit.
+    """
+    return images is None or workers * prefetch * batch <= images
+
 @dataclass(frozen=True)
 class Workload:
     """What a trial trains.

@@ -23,7 +23,7 @@ import optuna
 
 from autotune.errors import StorageError, WorkloadError
 from autotune.output.trials_csv import write_trials_csv
-from autotune.records import TrialOptions, TrialRecord, TrialResult, Workload
+from autotune.records import TrialOptions, TrialRecord, TrialResult, Workload, queue_fits
 from autotune.runner import TrialRunner, WindowCallback
 from autotune.train_setup import TrainSetup
 from autotune.tuner.budget import STUDY_BUDGET
@@ -257,7 +257,7 @@ def unfed(setup: TrainSetup, workload: Workload, knob_terms: bool = False) -> st
                 else f"batch {batch} x {setup.accumulation_steps} accumulation")
         return f"{step} = {setup.effective_batch()} exceeds the {images} training {unit}: an epoch would hold no optimizer step"
     queue = setup.num_workers * prefetch * batch
-    if setup.num_workers and queue > images:
+    if not queue_fits(setup.num_workers, prefetch, batch, images):
         held = (f"num_workers={setup.num_workers} x prefetch_factor={prefetch} x batch_size={batch}" if knob_terms
                 else f"{setup.num_workers} workers x prefetch {prefetch} x batch {batch}")
         return f"the loader queue ({held} = {queue} samples) is larger than an epoch of {images} {unit}"

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.devices import DeviceInfo
 from autotune.errors import UsageError
-from autotune.records import Calibration, Workload
+from autotune.records import Calibration, Workload, queue_fits
 from autotune.train_setup import DDP_KNOBS, KNOBS, TrainSetup
 from autotune.tuner.constraints import (
     RANGE_KNOBS,
@@ -181,7 +181,7 @@ class Space:
 
     def queue_fits(self, workers: int, prefetch: int, batch: int) -> bool:
         """Whether a loader queue of ``workers x prefetch x batch`` samples fits in one epoch (always, epoch unknown)."""
-        return self.images is None or workers * prefetch * batch <= self.images
+        return queue_fits(workers, prefetch, batch, self.images)
 
     def describe(self) -> str:
         """One line: every knob's values (ranges as ``lo..hi``)."""

@@ -14,7 +14,7 @@ from typing import Any
 from autotune.devices import DeviceInfo
 from autotune.output.best import Best
 from autotune.output.compile_payoff import payoff_note
-from autotune.records import Calibration, TrialRecord, Workload
+from autotune.records import Calibration, TrialRecord, Workload, queue_fits
 from autotune.redact import hide_passwords
 from autotune.rounds import Ceilings, Confirmed
 from autotune.train_setup import TrainSetup
@@ -247,7 +247,7 @@ def _held_by_the_epoch(best: Best, calibration: Calibration) -> str:
     setup, images = best.setup, best.workload.images
     if images is None or setup.num_workers == 0 or setup.num_workers >= calibration.max_workers:
         return ""
-    if (setup.num_workers + 1) * setup.batch_size <= images:
+    if queue_fits(setup.num_workers + 1, 1, setup.batch_size, images):
         return ""
     return (f"; here the data's size held the loader to {setup.num_workers} worker{'s' if setup.num_workers != 1 else ''}: "
             f"a queue of {setup.num_workers + 1} workers x batch {setup.batch_size} would hold more than one epoch of its "
