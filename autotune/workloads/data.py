@@ -14,6 +14,7 @@ import shutil
 import stat
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -163,19 +164,19 @@ def _write_files(tmp: Path, n_images: int, make_image: Callable[[random.Random, 
                  rng: random.Random, stop: Callable[[], bool] | None, processes: int | None) -> None:
     """Write the files of :func:`generate_image_folder` into ``tmp``: in worker processes where they pay, else here."""
     paths = [tmp / f"class_{i % SYNTHETIC_CLASSES:02d}" / f"img_{i:06d}.jpg" for i in range(n_images)]
-    specs = [make_image.draw(rng) for _ in paths] if isinstance(make_image, ImageMaker) else []  # in file order, always
-    if isinstance(make_image, ImageMaker) and writer_reference(make_image.write) is not None:
+    if isinstance(make_image, ImageMaker):  # drawn in file order, always: the bytes do not depend on the process count
+        jobs = [(path, make_image.draw(rng)) for path in paths]
         count = worker_count(n_images) if processes is None else max(1, processes)
-        if count > 1:
-            write_in_processes(make_image.write, list(zip(paths, specs, strict=True)), count, stop)
+        if count > 1 and writer_reference(make_image.write) is not None:
+            write_in_processes(make_image.write, jobs, count, stop)
             return
-    for i, path in enumerate(paths):
+        writes = [partial(make_image.write, spec, path) for path, spec in jobs]
+    else:  # a plain function draws from the generator as it writes
+        writes = [partial(make_image, rng, path) for path in paths]
+    for write in writes:
         if stop is not None and stop():
             raise KeyboardInterrupt
-        if isinstance(make_image, ImageMaker):
-            make_image.write(specs[i], path)
-        else:
-            make_image(rng, path)
+        write()
 
 
 def _remove_dead_copies(target: Path) -> None:
