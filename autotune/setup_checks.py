@@ -155,3 +155,32 @@ def _check_cuda_present(device: str | torch.device) -> None:
     if index >= count:
         have = "no CUDA GPU is usable here" if count == 0 else f"this machine has {count} CUDA GPU(s), cuda:0 to cuda:{count - 1}"
         raise SetupError(f"device {str(device)!r}: {have}")
+
+
+def helper_device_type(device: object, method: str) -> str:
+    """``"cpu"`` or ``"cuda"`` for the device a :class:`~autotune.train_setup.TrainSetup` helper was given.
+
+    Raises:
+        SetupError: ``device`` names no CPU or CUDA device (``"gpu"``, ``"cuda:x"``, ``None``).
+    """
+    import torch
+
+    try:
+        kind = torch.device(device).type  # anything else is the error below
+    except (RuntimeError, TypeError, ValueError):
+        kind = None
+    if kind not in ("cpu", "cuda"):
+        raise SetupError(f"TrainSetup.{method}: unsupported device {device!r}; use cpu, cuda or cuda:K")
+    return kind
+
+
+def helper_module(model: object, method: str, *, callables: bool = False) -> None:
+    """Refuse a ``model`` that is no ``torch.nn.Module`` (with ``callables``: no callable either, as ``torch.compile`` takes).
+
+    Raises:
+        SetupError: With the type that was given.
+    """
+    import torch
+
+    if not isinstance(model, torch.nn.Module) and not (callables and callable(model)):
+        raise SetupError(f"TrainSetup.{method} takes a torch.nn.Module, got {type(model).__name__}")

@@ -27,11 +27,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from autotune.devices import device_type
 from autotune.errors import SetupError
 from autotune.nested import map_tensors
 from autotune.setup_checks import AMP_MODES as AMP_MODES  # re-exported: users and modules read it here
-from autotune.setup_checks import check_setup_device, python_numbers, validate_setup
+from autotune.setup_checks import check_setup_device, helper_device_type, helper_module, python_numbers, validate_setup
 from autotune.torch_knobs import build_optimizer, compile_model, configure_torch, optimizer_kwargs
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -270,11 +269,17 @@ class TrainSetup:
         Args:
             model: The model, already on ``device``.
             device: This rank's device; a CUDA device becomes ``device_ids``.
+
+        Raises:
+            SetupError: No process group, ``model`` no ``torch.nn.Module``, ``device`` no CPU or CUDA device.
         """
         import torch
         from torch.nn.parallel import DistributedDataParallel
 
-        ids = [torch.device(device)] if device is not None and device_type(device) == "cuda" else None
+        helper_module(model, "wrap_ddp")
+        if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+            raise SetupError("TrainSetup.wrap_ddp needs a process group: call torch.distributed.init_process_group first")
+        ids = [torch.device(device)] if device is not None and helper_device_type(device, "wrap_ddp") == "cuda" else None
         return DistributedDataParallel(model, device_ids=ids, **self.ddp_kwargs())
 
     def amp_dtype(self) -> torch.dtype | None:
@@ -284,26 +289,29 @@ class TrainSetup:
         return {"off": None, "bf16": torch.bfloat16, "fp16": torch.float16}[self.amp]
 
     def autocast(self, device: str | torch.device) -> contextlib.AbstractContextManager[Any]:
-        """A ``torch.autocast`` context for the tuned precision (a no-op for fp32)."""
+        """A ``torch.autocast`` context for the tuned precision (a no-op for fp32); SetupError: ``device`` is no CPU or CUDA device."""
         import torch
 
+        kind = helper_device_type(device, "autocast")
         dtype = self.amp_dtype()
         if dtype is None:
             return contextlib.nullcontext()
-        return torch.autocast(device_type=device_type(device), dtype=dtype)
+        return torch.autocast(device_type=kind, dtype=dtype)
 
     def grad_scaler(self, device: str | torch.device) -> torch.amp.GradScaler | None:
-        """A ``torch.amp.GradScaler`` for fp16, ``None`` otherwise (bf16 needs none)."""
+        """A ``torch.amp.GradScaler`` for fp16, ``None`` otherwise (bf16 needs none); SetupError as for :meth:`autocast`."""
         import torch
 
+        kind = helper_device_type(device, "grad_scaler")
         if self.amp != "fp16":
             return None
-        return torch.amp.GradScaler(device_type(device))
+        return torch.amp.GradScaler(kind)
 
     def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
-        """Convert ``model`` to channels_last when the setup asks for it."""
+        """Convert ``model`` to channels_last when the setup asks for it; SetupError: ``model`` is no ``torch.nn.Module``."""
         import torch
 
+        helper_module(model, "prepare_model")
         if self.channels_last:
             model = model.to(memory_format=torch.channels_last)
         return model
@@ -333,7 +341,8 @@ class TrainSetup:
         return build_optimizer(self.optimizer_impl, params, lr=lr, cls=cls, **kwargs)
 
     def compile_model(self, model: torch.nn.Module) -> torch.nn.Module:
-        """``torch.compile(model)`` in the tuned mode (the model itself when compile is off)."""
+        """``torch.compile(model)`` in the tuned mode (the model itself when compile is off); SetupError: ``model`` is not callable."""
+        helper_module(model, "compile_model", callables=True)
         return compile_model(model, self.compile)
 
     def prepare_batch(self, batch: Any) -> Any:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -203,3 +205,34 @@ def test_dataloader_overrides_that_pytorch_would_refuse_with_the_tuned_knobs() -
     batches = setup.dataloader(dataset, num_workers=0, batch_sampler=BatchSampler(SequentialSampler(dataset), 6, False))
     assert [len(b[0]) for b in batches] == [6, 6]  # the batch sampler's size, not the tuned one
     assert setup.dataloader(dataset).prefetch_factor == 4  # untouched otherwise
+
+
+def test_helpers_refuse_misuse_in_one_line() -> None:
+    """A wrong device or model reaches the helpers as an AutotuneError naming the helper, not as torch's own error."""
+    setup = TrainSetup(amp="bf16", channels_last=True, compile="default")
+    for call, words in (
+        (lambda: setup.autocast("gpu"), "TrainSetup.autocast: unsupported device 'gpu'"),
+        (lambda: TrainSetup(amp="fp16").grad_scaler("cuda:x"), "TrainSetup.grad_scaler: unsupported device 'cuda:x'"),
+        (lambda: setup.prepare_model("resnet50"), "TrainSetup.prepare_model takes a torch.nn.Module, got str"),
+        (lambda: setup.compile_model(None), "TrainSetup.compile_model takes a torch.nn.Module, got NoneType"),
+        (lambda: setup.wrap_ddp(torch.nn.Linear(2, 2)), "needs a process group: call torch.distributed.init_process_group"),
+    ):
+        with pytest.raises(SetupError, match=re.escape(words)):
+            call()
+
+
+def test_wrap_ddp_applies_the_ddp_knobs(tmp_path: Path) -> None:
+    """In a real (one-process, gloo) process group the model is wrapped with the tuned bucket size and flags."""
+    import torch.distributed as dist
+
+    setup = TrainSetup(bucket_cap_mb=7, gradient_as_bucket_view=True, static_graph=True)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        with pytest.raises(SetupError, match="takes a torch.nn.Module, got str"):
+            setup.wrap_ddp("model")
+        ddp = setup.wrap_ddp(torch.nn.Linear(2, 2), device="cpu")
+        assert isinstance(ddp, torch.nn.parallel.DistributedDataParallel)
+        assert ddp.bucket_bytes_cap == 7 * 1024 * 1024 and ddp.gradient_as_bucket_view and ddp.static_graph
+        ddp(torch.ones(3, 2)).sum().backward()  # a step runs through the wrapped model
+    finally:
+        dist.destroy_process_group()
