@@ -21,6 +21,7 @@ from autotune.errors import PendingTrialsError, StorageError
 from autotune.records import TrialResult
 from autotune.tuner import SearchConfig, SilentReporter, run_search
 from autotune.tuner.pending import PENDING_FILE
+from autotune.tuner.status import study_status
 from autotune.tuner.study import SearchStudy
 
 LOST = 1  # the trial whose record the storage does not take
@@ -81,10 +82,13 @@ def check_kept_then_added(monkeypatch: pytest.MonkeyPatch, cfg: SearchConfig, fi
     setup, result = kept[0]["setup"], kept[0]["result"]
     assert setup in first.ran and result["samples_per_s"] == 100.0 + setup["batch_size"] and kept[0]["distributions"] is not None
     monkeypatch.undo()
+    waiting = study_status(storage, cfg.study, out)  # autotune status OUT names what the rerun will add
+    assert waiting.pending is not None and f"measured but not in the study: trial #{lost}, kept in {out / PENDING_FILE}" in waiting.pending
+    assert any(waiting.pending in line for line in waiting.lines())
     said = Said()
     outcome = run_search(cfg, said, runner=Runner())
     lines = said.lines
-    assert not (out / PENDING_FILE).exists()
+    assert not (out / PENDING_FILE).exists() and study_status(storage, cfg.study, out).pending is None
     assert any(f"trial #{lost}, measured before the study storage was lost" in line for line in lines), lines
     trials = SearchStudy.load(storage, cfg.study).study.get_trials(deepcopy=False)
     assert trials[lost].state == TrialState.FAIL  # the trial it ran as, left running
@@ -149,3 +153,25 @@ def test_a_damaged_pending_file_stops_the_rerun_in_one_line_and_is_kept(tmp_path
     assert code == 1 and "\n" not in line and line.startswith(f"{file}: "), line
     assert "it holds trials measured before the study storage was lost" in line and ("entry 1 is unreadable" in line) == ("number" in damage)
     assert file.read_text() == damage and not again.ran
+    assert study_status(f"sqlite:///{cfg.out / 'study.db'}", None, Path(cfg.out)).pending == str(caught.value)  # said, not raised
+
+
+def test_a_pending_trial_of_another_study_is_named_and_kept(tmp_path, cache_dir, monkeypatch) -> None:
+    """A kept trial whose study is not the rerun's (another search wrote to the same --out): the rerun says so in one
+    note, does not add it, and leaves it in the file for its own search; autotune status of this study does not count it."""
+    cfg = config(tmp_path, cache_dir)
+    lose_storage_at(monkeypatch, "record", full_disk())
+    with pytest.raises(StorageError):
+        run_search(cfg, runner=Runner())
+    monkeypatch.undo()
+    file = Path(cfg.out) / PENDING_FILE
+    data = json.loads(file.read_text())
+    data["trials"][0]["study"] = "another-search"
+    file.write_text(json.dumps(data))
+    said = Said()
+    run_search(cfg, said, runner=Runner())
+    notes = [line for line in said.lines if str(file) in line]
+    assert notes == [f"note: {file} also keeps trial(s) #{LOST} of study 'another-search' in {data['trials'][0]['storage']}, not "
+                     "this search's: the search that measured them adds them when it is rerun with its own command"], said.lines
+    assert json.loads(file.read_text())["trials"] == data["trials"]
+    assert study_status(f"sqlite:///{cfg.out / 'study.db'}", None, Path(cfg.out)).pending is None

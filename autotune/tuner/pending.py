@@ -236,6 +236,10 @@ def add_pending(study: SearchStudy, out: Path, say: Callable[[str], None]) -> li
     """
     entries = read_pending(out)
     mine = [e for e in entries if e.study == study.name and e.storage == hide_passwords(study.storage)]
+    for other in sorted({(e.study, e.storage) for e in entries if e not in mine}):
+        numbers = ", ".join(f"#{e.number}" for e in entries if (e.study, e.storage) == other)
+        say(f"note: {pending_file(out)} also keeps trial(s) {numbers} of study {other[0]!r} in {other[1]}, not this search's: "
+            "the search that measured them adds them when it is rerun with its own command")
     if not mine:
         return []
     added: list[int] = []

@@ -10,12 +10,15 @@ from typing import Any
 
 from optuna.trial import FrozenTrial, TrialState
 
+from autotune.errors import PendingTrialsError
 from autotune.output.best import Best
 from autotune.output.sections import fastest_trial
 from autotune.records import TrialRecord
+from autotune.redact import hide_passwords
 from autotune.tuner.budget import STUDY_BUDGET, counted
 from autotune.tuner.constraints import excluding
 from autotune.tuner.lock import Holder
+from autotune.tuner.pending import pending_file, read_pending
 from autotune.tuner.study import ATTR_MARKER, ATTR_ROLE, ATTR_WORKER, ROLE_SEARCH, STUDY_HOLDER, SearchStudy
 from autotune.tuner.study_report import baseline_only, kept_winner, published_winner, run_by_workers, stored_set
 from autotune.tuner.workers import confirm_marker
@@ -64,6 +67,8 @@ class StudyStatus:
         shared: Workers of a shared study ran it (``--storage`` with several workers).
         calibration_runs: While the calibration is not finished, how many of its runs are measured and kept
             (None once it is).
+        pending: A line about the measured trials ``out``'s pending-trials.json keeps for this study (the storage
+            could not take them; the search's rerun adds them), or why that file is unreadable; None: none kept.
     """
 
     study: str
@@ -82,6 +87,7 @@ class StudyStatus:
     shared: bool = False
     best_excluded_by: str | None = None
     calibration_runs: int | None = None
+    pending: str | None = None
 
     def lines(self) -> list[str]:
         """The status in plain lines."""
@@ -93,6 +99,8 @@ class StudyStatus:
                  f"{len(alive)} running, {self.failed} failed"]
         if self.calibration_runs is not None:  # no trial runs before it: "0 running" alone read as a stalled search
             lines.append(f"  calibration not finished: {self.calibration_runs} of its runs measured and kept; the trials follow it")
+        if self.pending is not None:
+            lines.append(f"  {self.pending}")
         lines += [f"  running: {r.describe()}" for r in alive]
         lines += [f"  left running by a search that died: #{r.number} ({r.worker}); the next run marks it failed"
                   for r in self.running if r.gone]
@@ -128,6 +136,7 @@ class StudyStatus:
             "winner": self.winner.to_dict() if self.winner else None,
             "winner_by": self.winner_by,
             "calibration_runs": self.calibration_runs,
+            "pending": self.pending,
         }
 
 
@@ -193,7 +202,21 @@ def study_status(storage: str, study: str | None = None, out: Path | None = None
         infeasible=len(unmeasured),
         infeasible_kinds=tuple(sorted({r.result.status for r in unmeasured})),
         calibration_runs=sum(map(len, found.calibration_runs().values())) if found.calibration() is None else None,
+        pending=_pending(out, found) if out is not None else None,
     )
+
+
+def _pending(out: Path, found: SearchStudy) -> str | None:
+    """What ``out``'s pending-trials.json keeps for ``found`` (see :attr:`StudyStatus.pending`)."""
+    try:
+        kept = [e.number for e in read_pending(out) if e.study == found.name and e.storage == hide_passwords(found.storage)]
+    except PendingTrialsError as exc:
+        return str(exc)
+    if not kept:
+        return None
+    numbers = ", ".join(f"#{n}" for n in kept)
+    return (f"measured but not in the study: trial{'s' if len(kept) > 1 else ''} {numbers}, kept in {pending_file(out)} "
+            "when the study storage failed; rerun the search's command to add them")
 
 
 def _started_after(trials: Sequence[FrozenTrial], path: Path) -> int:
