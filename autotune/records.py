@@ -32,6 +32,7 @@ def queue_fits(workers: int, prefetch: int, batch: int, images: int | None) -> b
     """
     return images is None or workers * prefetch * batch <= images
 
+
 @dataclass(frozen=True)
 class Workload:
     """What a trial trains.
