@@ -11,10 +11,11 @@ from autotune.devices import DeviceInfo
 from autotune.errors import SetupError, UsageError
 from autotune.records import Calibration, LoaderPoint, MemoryPoint
 from autotune.train_setup import TrainSetup
+from autotune.tuner.batch_sizes import powers_of_two
 from autotune.tuner.calibrate import extrapolate_batch
 from autotune.tuner.constraints import merge_constraints, parse_constraint
 from autotune.tuner.guesses import guess_setups
-from autotune.tuner.space import build_space, defaults_setup, powers_of_two
+from autotune.tuner.space import SPACE_VERSION, build_space, defaults_setup, space_version
 
 CPU = DeviceInfo("cpu", bf16=True, memory_total_bytes=None, memory_free_bytes=None, label="test CPU")
 GPU = DeviceInfo("cuda:0", bf16=True, memory_total_bytes=80 * 2**30, memory_free_bytes=80 * 2**30, label="test GPU")
@@ -83,7 +84,7 @@ def test_space_from_probe_and_calibration() -> None:
 
 def test_effective_batch_fixes_accumulation() -> None:
     space = build_space(device=CPU, calibration=calibration(), usable_cores=2, effective_batch=96, constraints={})
-    assert space.values["batch_size"] == (8, 16, 32)
+    assert space.values["batch_size"] == (8, 12, 16, 24, 32, 48, 96)  # every divisor: 96 x 1 too (before: 8, 16, 32 only)
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=1))
     for _ in range(20):
         setup = space.suggest(study.ask())
@@ -347,3 +348,17 @@ def test_a_precision_that_failed_every_calibration_run_is_left_out() -> None:
     oom = replace(failing, precisions=(*failing.precisions[:2], PrecisionPoint("bf16", False, "oom", None),
                                        PrecisionPoint("bf16", True, "error", None)))
     assert build_space(device=CPU, calibration=oom, usable_cores=2, effective_batch=None, constraints={}).values["amp"] == ("off", "bf16")
+
+
+def test_a_pinned_effective_batch_offers_its_divisors_that_fit() -> None:
+    """Every batch that divides the effective batch, from 8 up to the largest that fits; its largest divisor when none
+    lies in that range. A power of two keeps the powers of two, and the space version of its studies."""
+    def batches(effective: int, max_batch: int = 256) -> tuple[int, ...]:
+        space = build_space(device=CPU, calibration=calibration(max_batch=max_batch), usable_cores=2, effective_batch=effective,
+                            constraints={})
+        return space.values["batch_size"]
+
+    assert batches(96, max_batch=64) == (8, 12, 16, 24, 32, 48)
+    assert batches(256) == powers_of_two(8, 256) and batches(1000) == (8, 10, 20, 25, 40, 50, 100, 125, 200, 250)
+    assert batches(20) == (10, 20) and batches(12) == (12,) and batches(12, max_batch=10) == (6,)
+    assert (space_version(None), space_version(256), space_version(96)) == (SPACE_VERSION, SPACE_VERSION, 3)

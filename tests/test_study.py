@@ -190,6 +190,26 @@ def test_a_study_sampled_in_an_older_space_is_refused_not_crashed(tmp_path: Path
         _open(tmp_path).check_signature(current)
 
 
+
+def test_a_study_of_an_effective_batch_whose_batches_changed_is_refused(tmp_path: Path) -> None:
+    """--effective-batch 96 offers every divisor now (a changed distribution Optuna refuses): its older study is refused
+    in words; one of a power of two (the same batches) is not."""
+    from autotune.records import Workload
+    from autotune.tuner.config import SearchConfig
+    from autotune.tuner.identity import signature
+
+    for effective, refused in ((96, True), (256, False)):
+        current = signature(SearchConfig(model="resnet18", trials=3, effective_batch=effective), Workload(model="resnet18"))
+        study = _open(tmp_path, name=f"eb{effective}")
+        study.check_signature({**current, "space": 2})  # as the version before wrote it
+        study.study.enqueue_trial({"batch_size": 32})
+        if refused:
+            with pytest.raises(StorageError, match="space: 2 there, 3 now: another autotune version sampled it"):
+                _open(tmp_path, name=f"eb{effective}").check_signature(current)
+        else:
+            _open(tmp_path, name=f"eb{effective}").check_signature(current)
+
+
 def test_trials_are_stored_told_and_read_back(tmp_path: Path) -> None:
     study = _open(tmp_path)
     study.check_signature({"model": "resnet18"})  # as every search does before its first trial

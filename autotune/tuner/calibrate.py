@@ -22,8 +22,9 @@ from autotune.records import Calibration, LoaderPoint, MemoryPoint, PrecisionPoi
 from autotune.runner import TrialRunner, run_trial
 from autotune.runner.failures import KILLED_FROM_OUTSIDE
 from autotune.train_setup import TrainSetup
+from autotune.tuner.batch_sizes import powers_of_two
 from autotune.tuner.constraints import Constraint, allows
-from autotune.tuner.space import powers_of_two, probe_batch
+from autotune.tuner.space import probe_batch
 from autotune.units import format_bytes
 from autotune.workloads.streams import UNSHARDED
 

@@ -12,7 +12,7 @@ from autotune.errors import AutotuneError, UsageError
 from autotune.records import Workload
 from autotune.tuner.config import SearchConfig
 from autotune.tuner.constraints import Constraint, merge_constraints, parse_constraint
-from autotune.tuner.space import SPACE_VERSION
+from autotune.tuner.space import space_version
 from autotune.workloads.data import SYNTHETIC_IMAGES_CPU, SYNTHETIC_IMAGES_CUDA
 
 
@@ -43,7 +43,7 @@ def signature(config: SearchConfig, workload: Workload, machine: dict[str, Any] 
         "max_memory": config.max_memory,
         "trial_seconds": config.trial_seconds,
         "constraints": sorted(str(c) for c in config.constraints),  # as --set writes them
-        "space": SPACE_VERSION,
+        "space": space_version(config.effective_batch),
         **({"nproc_per_node": config.nproc_per_node} if config.nproc_per_node > 1 else {}),
         # The data's size bounds the space (batches, loader queues); a Task's model is told by its size.
         "samples": workload.images,
@@ -153,6 +153,8 @@ def signature_difference(stored: dict[str, Any], current: dict[str, Any]) -> str
         if stored.get(key) != normalized.get(key):
             if key == "constraints":
                 return f"{_said(stored.get(key))} there, {_said(normalized.get(key))} now"
+            if key == "space":
+                return f"space: {stored.get(key)!r} there, {normalized.get(key)!r} now: another autotune version sampled it"
             absent = _ABSENT.get(key)  # a key left out of a signature for its default
             return f"{key}: {stored.get(key, absent)!r} there, {normalized.get(key, absent)!r} now"
     return "settings differ"

@@ -18,6 +18,7 @@ from autotune.devices import DeviceInfo
 from autotune.errors import UsageError
 from autotune.records import Calibration, Workload, queue_fits
 from autotune.train_setup import DDP_KNOBS, KNOBS, TrainSetup
+from autotune.tuner.batch_sizes import batch_sizes, divisor_space
 from autotune.tuner.constraints import (
     RANGE_KNOBS,
     Constraint,
@@ -39,24 +40,19 @@ DEFAULT_BATCH = 32
 #: study sampled another space, and Optuna refuses a parameter whose
 #: distribution changed, so it is part of a study's signature. 2: torch's own
 #: thread count joined ``num_threads`` (a choice, no longer an integer range).
+#: 3 (only a study whose pinned effective batch is no power of two, see
+#: :func:`space_version`): every divisor of it became a batch.
 SPACE_VERSION = 2
+
+
+def space_version(effective_batch: int | None) -> int:
+    """The version of the space a search of ``effective_batch`` samples (:data:`SPACE_VERSION`; 3 where the batches
+    became every divisor of the effective batch, the one space that rule changed)."""
+    return 3 if divisor_space(effective_batch) else SPACE_VERSION
 
 def probe_batch(max_batch: int, device: DeviceInfo) -> int:
     """The middle batch of the compute ceiling and the first guess: 64 on a CPU, 256 on a GPU."""
     return min(max_batch, 256 if device.type == "cuda" else 64)
-
-
-def powers_of_two(low: int, high: int) -> tuple[int, ...]:
-    """Powers of two in ``[low, high]``."""
-    if high < 1:
-        return ()
-    start = max(0, math.ceil(math.log2(max(1, low))))
-    values = []
-    k = start
-    while 2**k <= high:
-        values.append(2**k)
-        k += 1
-    return tuple(values)
 
 
 #: The torch knobs at PyTorch's defaults (a space that does not search them).
@@ -359,11 +355,7 @@ def build_space(
     # Batch 1 breaks BatchNorm in training mode; 8 is small enough everywhere.
     top = calibration.max_batch if images is None else max(1, min(calibration.max_batch, images))
     floor = 8 if top >= 8 else min(2, top)
-    batches = powers_of_two(floor, top)
-    if effective_batch is not None:
-        batches = tuple(b for b in batches if effective_batch % b == 0) or (
-            max(d for d in range(1, min(effective_batch, top) + 1) if effective_batch % d == 0),
-        )
+    batches = batch_sizes(floor, top, effective_batch)
     accumulation = (1,) if effective_batch is not None else (1, 2, 4)  # the data's bound comes with the --set ones (fit_steps_to_data)
     base: dict[str, tuple[Any, ...]] = {
         "num_workers": tuple(range(0, max(0, min(usable_cores, calibration.max_workers)) + 1)),
