@@ -598,6 +598,40 @@ def test_a_stop_while_a_worker_waits_for_the_elected_one_is_one_line(tmp_path, k
     assert ("this worker measured nothing" if kind == "calibrate" else "finished trials are kept in journal:") in said
 
 
+def test_the_first_trials_of_a_shared_study_are_queued_through_a_lost_connection(tmp_path, cache_dir, monkeypatch) -> None:
+    """The elected worker queues the defaults and the guesses after its calibration: a connection lost then is
+    retried like every other step of a worker. Before, it stopped that worker with `cannot write to the study storage`
+    right after a calibration of minutes."""
+    import autotune.tuner.storage as storage_module
+    from autotune.tuner import SearchConfig, run_search
+
+    monkeypatch.setattr(storage_module, "FIRST_PAUSE_S", 0.0)
+    real_enqueue, real_empty, drops = SearchStudy.enqueue, SearchStudy.is_empty, {"enqueue": 2, "is_empty": 1}
+
+    def dropped(name: str, real: Any) -> Any:
+        def step(self: SearchStudy, *args: Any) -> Any:
+            if drops[name]:
+                drops[name] -= 1
+                raise sqlalchemy.exc.OperationalError("INSERT", {}, Exception("server closed the connection unexpectedly"))
+            return real(self, *args)
+        return step
+
+    monkeypatch.setattr(SearchStudy, "enqueue", dropped("enqueue", real_enqueue))
+    monkeypatch.setattr(SearchStudy, "is_empty", dropped("is_empty", real_empty))
+    storage = f"journal:///{tmp_path}/study.log"
+
+    def runner(setup, workload, options=None, *, on_window=None) -> TrialResult:
+        return TrialResult(status="ok", samples_per_s=100.0 + setup.batch_size, windows=(100.0,), peak_memory_bytes=2**20)
+
+    config = SearchConfig(model="resnet18", trials=3, image_size=32, device="cpu", trial_seconds=1.0, out=tmp_path / "out",
+                          cache_dir=cache_dir, synthetic_images=64, storage=storage, study="first")
+    outcome = run_search(config, runner=runner)
+    assert drops == {"enqueue": 0, "is_empty": 0}
+    roles = [t.user_attrs.get("role") for t in SearchStudy.load(storage, "first").study.get_trials(deepcopy=False)
+             if t.state == TrialState.COMPLETE]
+    assert roles[:3] == ["defaults", "guess", "guess"] and outcome.best is not None, roles
+
+
 def test_the_calibration_and_confirmation_stores_of_a_shared_study_retry_a_lost_connection(tmp_path, monkeypatch) -> None:
     """Every storage step of a shared study is retried, the calibration's and the confirmation's too. Before, a
     PostgreSQL server restarting for a few seconds while a worker calibrated or confirmed stopped it at once

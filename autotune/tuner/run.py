@@ -10,8 +10,10 @@ the output directory by default), so re-running the same command resumes it.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from functools import partial
+from typing import TypeVar
 
 from autotune.errors import AutotuneError, EmitError, SearchFailed, SearchInterrupted, StorageError
 from autotune.output.emit import write_winner
@@ -35,11 +37,13 @@ from autotune.tuner.progress import Reporter, SilentReporter
 from autotune.tuner.refine import compile_skipped
 from autotune.tuner.signals import clear_stop, interrupts_held, runs_to_the_end, sigterm_as_interrupt, stop_requested
 from autotune.tuner.space import Space, build_space, defaults_setup
-from autotune.tuner.storage import storage_failures_said
+from autotune.tuner.storage import is_shared, storage_failures_said, with_retries
 from autotune.tuner.study import ROLE_DEFAULTS, ROLE_GUESS
 from autotune.tuner.study_report import kept_outcome, kept_winner, report_search, stored_confirmed
 from autotune.tuner.timed import TimedRunner
 from autotune.tuner.winner import bottleneck_verdict, make_best
+
+T = TypeVar("T")
 
 
 def run_search(config: SearchConfig, reporter: Reporter | None = None, *, runner: TrialRunner = run_trial) -> SearchOutcome:
@@ -216,17 +220,27 @@ def calibrate_once(config: SearchConfig, prepared: Prepared, reporter: Reporter,
 
 
 def enqueue_first_trials(config: SearchConfig, prepared: Prepared, space: Space, calibration: Calibration) -> None:
-    """In a new study: the PyTorch defaults first, then the probe-informed guesses (TPE only)."""
+    """In a new study: the PyTorch defaults first, then the probe-informed guesses (TPE only).
+
+    In a shared study each step is retried through a lost connection (:func:`with_retries`), as every other step of
+    a worker is: before, a database restarting just then stopped the elected worker right after its calibration.
+    """
     study = prepared.study
-    if not study.is_empty():
+    retried = partial(with_retries, storage=study.storage) if is_shared(study.storage) else _at_once
+    if not retried(study.is_empty):
         return
     guesses = []
     if config.trials > 1 and config.sampler == "tpe":
         guesses = guess_setups(space, calibration, prepared.device, prepared.placement.rank_cores)[: config.trials - 1]
     with interrupts_held():  # all or none: a rerun queues them only into an empty study
-        study.enqueue(ROLE_DEFAULTS, {})
+        retried(partial(study.enqueue, ROLE_DEFAULTS, {}))
         for guess in guesses:
-            study.enqueue(ROLE_GUESS, space.params_for(guess))
+            retried(partial(study.enqueue, ROLE_GUESS, space.params_for(guess)))
+
+
+def _at_once(step: Callable[[], T]) -> T:
+    """Run a storage step once (a lone study's: its storage is a local file)."""
+    return step()
 
 
 def confirm_finalists(
