@@ -87,6 +87,7 @@ fi
 if [ "$STAGE" = tests ]; then
 stage tests
 "${SYNTHETIC[@]}" > "$WORK/synthetic.log" 2>&1 &
+synthetic_pid=$!
 # Where a decode=gpu loader stops, one variant per process; workers-torchvision-read is expected to hang (exit 1, stacks).
 checks=()
 for variant in no-workers workers workers-torchvision-read; do
@@ -107,9 +108,14 @@ for knob in "compile=default" "decode=gpu" "optimizer_impl=fused" "compile=reduc
     [ "$(left)" -gt 45 ] || { echo "knobs: out of time before $knob"; break; }
     result=$(timeout "$(( $(left) - 10 ))" "${AUTOTUNE[@]}" trial --model resnet18 --image-size 64 --device cuda --trial-seconds 2 \
         --batch-size 128 --workers 4 --prefetch 2 --pin-memory --set "$knob" --json 2>> "$WORK/knobs.log")
-    echo "$knob ${result:-{\"status\": \"no result: killed at its time box, see knobs.log\"}}" >> "$OUT_DIR/knobs.txt"
+    killed='{"status": "no result: killed at its time box, see knobs.log"}'
+    echo "$knob ${result:-$killed}" >> "$OUT_DIR/knobs.txt"
 done
 cut -c1-300 "$OUT_DIR/knobs.txt"
+# The search stage reuses the JPEGs written beside the tests: wait for them while time is left (else it writes them).
+while kill -0 "$synthetic_pid" 2> /dev/null && [ "$(left)" -gt 5 ]; do sleep 1; done
+if kill -0 "$synthetic_pid" 2> /dev/null; then echo "synthetic JPEGs: still being written at the time box"
+else wait "$synthetic_pid"; echo "synthetic JPEGs: exit $?"; tail -2 "$WORK/synthetic.log"; fi
 tar czf "$OUT_DIR/device-check.tgz" -C "$WORK" --exclude='*.pt' . 2>/dev/null
 fi
 echo "=== done at ${SECONDS} s"
