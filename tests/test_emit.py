@@ -678,13 +678,19 @@ def test_resume_stops_every_rank_when_only_some_find_the_checkpoint(synthetic_da
 
 
 def test_a_resumed_run_keeps_the_warm_up_length_it_started_with(synthetic_data: Path, tmp_path: Path) -> None:
-    """--warmup-steps -1 is one epoch when the batch grew more than 4x; a resumed run takes the checkpoint's length (the
-    epoch length follows the data, which may have changed), and an explicit --warmup-steps wins."""
+    """--warmup-steps -1 is one epoch when the batch grew more than 4x, at most a tenth of the run (--epochs, or
+    --max-steps when fewer: one epoch of a huge dataset would be all of it); a resumed run takes the checkpoint's length
+    (the epoch length follows the data, which may have changed), and an explicit --warmup-steps wins."""
     import argparse
 
     warmup_steps = load_script(write_script(make_best(synthetic_data, **CPU_KNOBS), tmp_path / "train.py"))["warmup_steps"]
-    auto, explicit = argparse.Namespace(warmup_steps=-1, reference_batch=32), argparse.Namespace(warmup_steps=3, reference_batch=32)
+    run = {"reference_batch": 32, "epochs": 10, "max_steps": None}
+    auto, explicit = argparse.Namespace(warmup_steps=-1, **run), argparse.Namespace(warmup_steps=3, **run)
     assert warmup_steps(auto, None, 10, 1024) == 10 and warmup_steps(auto, None, 10, 128) == 0
+    one_epoch = argparse.Namespace(**{**vars(auto), "epochs": 1})
+    assert warmup_steps(one_epoch, None, 10**6, 1024) == 10**5  # a tenth of the run, not all of it
+    assert warmup_steps(argparse.Namespace(**{**vars(auto), "max_steps": 200}), None, 10**6, 1024) == 20
+    assert warmup_steps(argparse.Namespace(**{**vars(one_epoch), "max_steps": 5}), None, 10**6, 1024) == 1  # at least one
     assert warmup_steps(auto, None, None, 1024) == 0  # no epoch length (an iterable dataset): no automatic warm-up
     assert warmup_steps(auto, {"args": {"warmup_steps": 7}}, 10, 1024) == 7
     assert warmup_steps(auto, {"args": {}}, 10, 1024) == 10  # a checkpoint that did not say
@@ -763,11 +769,12 @@ def test_fp32_factory_model_with_eval_runs(synthetic_data: Path, tmp_path: Path)
 def test_a_much_larger_batch_warms_the_learning_rate_up(
     synthetic_data: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Effective batch 16 against a reference of 2 (8x): one epoch of linear warm-up, lr x sqrt(8)."""
+    """Effective batch 16 against a reference of 2 (8x): linear warm-up (its length: the test above), lr x sqrt(8)."""
     script = write_script(make_best(synthetic_data, **CPU_KNOBS), tmp_path / "emit" / "train.py")
     run = tmp_path / "run"
     run.mkdir()
-    out = run_here([str(script), "--max-steps", "1", "--reference-batch", "2", "--output-dir", "out"], run, capfd, monkeypatch)
+    out = run_here([str(script), "--max-steps", "1", "--reference-batch", "2", "--warmup-steps", "4", "--output-dir", "out"],
+                   run, capfd, monkeypatch)
     assert "lr 0.001 x sqrt(16 / 2) = 0.00282843, warm-up 4 steps" in out
     checkpoint = _checkpoint(run / "out" / "checkpoint.pth")
     lr = checkpoint["optimizer"]["param_groups"][0]["lr"]
