@@ -50,6 +50,7 @@ def space_version(effective_batch: int | None) -> int:
     became every divisor of the effective batch, the one space that rule changed)."""
     return 3 if divisor_space(effective_batch) else SPACE_VERSION
 
+
 def probe_batch(max_batch: int, device: DeviceInfo) -> int:
     """The middle batch of the compute ceiling and the first guess: 64 on a CPU, 256 on a GPU."""
     return min(max_batch, 256 if device.type == "cuda" else 64)
