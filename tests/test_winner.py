@@ -163,6 +163,11 @@ def test_an_input_bound_winner_held_to_few_workers_by_a_small_dataset_is_told_so
         assert "data's size" not in told and "or more CPU cores would help." in told
     every_core = dataclasses.replace(_calibration(1000.0, 1000.0), max_workers=1)  # the space offered no more workers
     assert "data's size" not in bottleneck_verdict(small, every_core, records, CPU)
+    # Under DDP each rank's loader reads its share: 200 samples over 2 ranks hold no second worker's batch of 64.
+    ranks = dataclasses.replace(best, workload=dataclasses.replace(best.workload, images=200), world_size=2)
+    assert bottleneck_verdict(ranks, _calibration(1000.0, 1000.0), records, CPU).endswith(
+        "would hold more than one epoch of one rank's 100 samples (200 over 2 ranks), so a larger dataset (or a smaller "
+        "batch) lets more workers feed it.")
 
 
 def test_a_compute_ceiling_at_or_just_below_the_loop_s_rate_is_said_to_be_within_noise() -> None:

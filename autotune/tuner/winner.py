@@ -243,15 +243,18 @@ def paired_speedup(winner: Confirmed, defaults: Confirmed) -> float | None:
 
 def _held_by_the_epoch(best: Best, calibration: Calibration) -> str:
     """Why an input-bound winner has fewer loader workers than the machine offers, when one epoch of the data held its
-    queue (one more worker's batch would not fit): the data's size, not the cores, set the limit; else empty."""
-    setup, images = best.setup, best.workload.images
+    queue (one more worker's batch would not fit): the data's size, not the cores, set the limit; else empty. Under DDP
+    each rank's loader reads its share of the samples."""
+    setup, images, world = best.setup, best.workload.images, max(1, best.world_size)
     if images is None or setup.num_workers == 0 or setup.num_workers >= calibration.max_workers:
         return ""
-    if queue_fits(setup.num_workers + 1, 1, setup.batch_size, images):
+    share = max(1, images // world)
+    if queue_fits(setup.num_workers + 1, 1, setup.batch_size, share):
         return ""
+    of = f"its {images} samples" if world == 1 else f"one rank's {share} samples ({images} over {world} ranks)"
     return (f"; here the data's size held the loader to {setup.num_workers} worker{'s' if setup.num_workers != 1 else ''}: "
-            f"a queue of {setup.num_workers + 1} workers x batch {setup.batch_size} would hold more than one epoch of its "
-            f"{images} samples, so a larger dataset (or a smaller batch) lets more workers feed it")
+            f"a queue of {setup.num_workers + 1} workers x batch {setup.batch_size} would hold more than one epoch of "
+            f"{of}, so a larger dataset (or a smaller batch) lets more workers feed it")
 
 
 #: Training faster than this multiple of computing alone: the figures contradict each other.
