@@ -136,15 +136,20 @@ def test_a_worker_that_loses_its_journal_file_after_a_trial_keeps_it_for_the_rer
     check_kept_then_added(monkeypatch, cfg, first, storage)
 
 
-@pytest.mark.parametrize("damage", ["{\"format\": 1, \"trials\": [", "{\"format\": 1, \"trials\": [{\"number\": 1}]}"])
-def test_a_damaged_pending_file_stops_the_rerun_in_one_line_and_is_kept(tmp_path, cache_dir, monkeypatch, damage: str) -> None:
-    """The rerun cannot read the measurements it should add: one line, exit 1, the file left as it is (never dropped)."""
+def kept_after_a_full_disk(tmp_path: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[SearchConfig, Path]:
+    """A lone search whose study.db takes no record of trial #1 (a full disk): its config and the pending file kept."""
     cfg = config(tmp_path, cache_dir)
     lose_storage_at(monkeypatch, "record", full_disk())
     with pytest.raises(StorageError):
         run_search(cfg, runner=Runner())
     monkeypatch.undo()
-    file = Path(cfg.out) / PENDING_FILE
+    return cfg, Path(cfg.out) / PENDING_FILE
+
+
+@pytest.mark.parametrize("damage", ["{\"format\": 1, \"trials\": [", "{\"format\": 1, \"trials\": [{\"number\": 1}]}"])
+def test_a_damaged_pending_file_stops_the_rerun_in_one_line_and_is_kept(tmp_path, cache_dir, monkeypatch, damage: str) -> None:
+    """The rerun cannot read the measurements it should add: one line, exit 1, the file left as it is (never dropped)."""
+    cfg, file = kept_after_a_full_disk(tmp_path, cache_dir, monkeypatch)
     file.write_text(damage)
     again = Runner()
     with pytest.raises(PendingTrialsError) as caught:
@@ -159,12 +164,7 @@ def test_a_damaged_pending_file_stops_the_rerun_in_one_line_and_is_kept(tmp_path
 def test_a_pending_trial_of_another_study_is_named_and_kept(tmp_path, cache_dir, monkeypatch) -> None:
     """A kept trial whose study is not the rerun's (another search wrote to the same --out): the rerun says so in one
     note, does not add it, and leaves it in the file for its own search; autotune status of this study does not count it."""
-    cfg = config(tmp_path, cache_dir)
-    lose_storage_at(monkeypatch, "record", full_disk())
-    with pytest.raises(StorageError):
-        run_search(cfg, runner=Runner())
-    monkeypatch.undo()
-    file = Path(cfg.out) / PENDING_FILE
+    cfg, file = kept_after_a_full_disk(tmp_path, cache_dir, monkeypatch)
     data = json.loads(file.read_text())
     data["trials"][0]["study"] = "another-search"
     file.write_text(json.dumps(data))
