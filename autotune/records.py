@@ -7,7 +7,7 @@ in :mod:`autotune.rounds`).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
 from autotune.devices import device_type
@@ -117,6 +117,12 @@ class Workload:
     def device_type(self) -> str:
         """``"cpu"`` or ``"cuda"``."""
         return device_type(self.device)
+
+    def rank_share(self, world_size: int) -> Workload:
+        """The workload as one of ``world_size`` ranks sees it: its share of the samples (each rank reads every N-th one)."""
+        if world_size <= 1 or self.images is None:
+            return self
+        return replace(self, images=max(1, self.images // world_size))
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict; a Task's has no ``image_size`` (its data is its own: a crop size would mean nothing)."""

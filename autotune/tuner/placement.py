@@ -75,9 +75,7 @@ class Placement:
         A step, a batch and a loader queue must fit in one rank's share of an
         epoch, so the space, the calibration and the checks before a trial use it.
         """
-        if self.world_size == 1 or workload.images is None:
-            return workload
-        return replace(workload, images=max(1, workload.images // self.world_size))
+        return workload.rank_share(self.world_size)
 
     def runner(self, runner: TrialRunner, index: int = 0) -> TrialRunner:
         """``runner`` with its trials placed on slot ``index``."""

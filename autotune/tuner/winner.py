@@ -246,9 +246,9 @@ def _held_by_the_epoch(best: Best, calibration: Calibration) -> str:
     queue (one more worker's batch would not fit): the data's size, not the cores, set the limit; else empty. Under DDP
     each rank's loader reads its share of the samples."""
     setup, images, world = best.setup, best.workload.images, max(1, best.world_size)
-    if images is None or setup.num_workers == 0 or setup.num_workers >= calibration.max_workers:
+    share = best.workload.rank_share(world).images
+    if images is None or share is None or setup.num_workers == 0 or setup.num_workers >= calibration.max_workers:
         return ""
-    share = max(1, images // world)
     if queue_fits(setup.num_workers + 1, 1, setup.batch_size, share):
         return ""
     of = f"its {images} samples" if world == 1 else f"one rank's {share} samples ({images} over {world} ranks)"
