@@ -97,8 +97,9 @@ def write_in_processes(write: Writer, files: Sequence[tuple[Path, tuple[int, ...
             stderr = tempfile.TemporaryFile()
             workers.append((subprocess.Popen([sys.executable, "-c", _BOOT], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                                              stderr=stderr, start_new_session=True), stderr))
+        sys_path = _import_path()
         for index, (proc, _) in enumerate(workers):  # all started first: each reads its job while the next starts
-            job = {"sys_path": _import_path(), "write": reference, "parent": os.getpid(),
+            job = {"sys_path": sys_path, "write": reference, "parent": os.getpid(),
                    "files": [[str(path), list(spec)] for path, spec in files[index::processes]]}
             assert proc.stdin is not None
             proc.stdin.write(json.dumps(job).encode())
