@@ -190,7 +190,6 @@ def test_a_study_sampled_in_an_older_space_is_refused_not_crashed(tmp_path: Path
         _open(tmp_path).check_signature(current)
 
 
-
 def test_a_study_of_an_effective_batch_whose_batches_changed_is_refused(tmp_path: Path) -> None:
     """--effective-batch 96 offers every divisor now (a changed distribution Optuna refuses): its older study is refused
     in words; one of a power of two (the same batches) is not."""
