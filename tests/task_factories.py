@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 import resource
 import signal
@@ -566,8 +567,9 @@ def record_out_of_memory() -> autotune.Task:
     return autotune.Task(nn.Linear(8, 3), _CorruptRecord(MemoryError("cannot allocate the decoded record")), batch_size=8)
 
 
-#: Where :func:`crash_rank_one` records the pid of every rank that trained.
-RANK_PIDS = Path(tempfile.gettempdir()) / "autotune-test-rank-pids"
+#: Where :func:`crash_rank_one` records the pid of every rank that trained: one directory per checkout, so that two
+#: test runs of two checkouts on one machine (CI's and the README's command) do not count each other's ranks.
+RANK_PIDS = Path(tempfile.gettempdir()) / f"autotune-test-rank-pids-{hashlib.sha1(str(Path(__file__).resolve()).encode()).hexdigest()[:10]}"
 
 
 def _crash_rank_one_step(model: nn.Module, batch: Any) -> torch.Tensor:

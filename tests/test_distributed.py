@@ -157,6 +157,7 @@ def test_a_crashed_rank_ends_the_trial_and_leaves_no_process() -> None:
     assert result.status == "error"
     assert result.error is not None and "rank 1 died of SIGSEGV" in result.error
     pids = [int(p.name) for p in RANK_PIDS.iterdir()]
+    shutil.rmtree(RANK_PIDS, ignore_errors=True)
     assert len(pids) == 2  # both ranks trained before rank 1 crashed
     deadline = time.monotonic() + 20
     while (alive := [p for p in pids if _alive(p)]) and time.monotonic() < deadline:
