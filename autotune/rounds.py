@@ -3,11 +3,17 @@ winner's ceilings (:class:`Ceilings`). The study stores the rounds as JSON user 
 
 from __future__ import annotations
 
+import itertools
 import statistics
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from autotune.train_setup import TrainSetup
+
+#: One candidate's confirmation runs as stored: the samples/s of the runs that measured, the failed runs' lines, and
+#: the rounds (0-based) those failed in. A candidate's k-th run is its k-th round: the rounds are interleaved, and a
+#: candidate once left out is never measured again.
+Runs = tuple[list[float], list[str], list[int]]
 
 
 @dataclass(frozen=True)
@@ -31,18 +37,36 @@ class Candidate:
 
 @dataclass(frozen=True)
 class Confirmed:
-    """A candidate's confirmation measurements."""
+    """A candidate's confirmation measurements.
+
+    Attributes:
+        candidate: What was measured.
+        values: Samples/s of the runs that measured, in round order.
+        failures: The failed runs' lines.
+        peak_bytes: The highest peak memory of its runs in this process (not stored: None after a resume).
+        data_wait: The highest share of a run it waited on the loader, in this process (not stored either).
+        failed_rounds: The rounds (0-based) the failures happened in; fewer than ``failures`` when not known (stored
+            by an older version), and then :meth:`by_round` cannot place its measurements.
+    """
 
     candidate: Candidate
     values: tuple[float, ...]
     failures: tuple[str, ...]
-    peak_bytes: int | None = None  # the highest peak memory of its runs in this process (not stored: None after a resume)
-    data_wait: float | None = None  # the highest share of a run it waited on the loader, in this process (not stored either)
+    peak_bytes: int | None = None
+    data_wait: float | None = None
+    failed_rounds: tuple[int, ...] = ()
 
     @property
     def median(self) -> float | None:
         """Median of the successful measurements."""
         return float(statistics.median(self.values)) if self.values else None
+
+    def by_round(self) -> dict[int, float] | None:
+        """Each measurement by the round (0-based) it ran in; None when the rounds its failures took are unknown."""
+        if len(self.failed_rounds) != len(self.failures):
+            return None
+        failed = set(self.failed_rounds)
+        return dict(zip((r for r in itertools.count() if r not in failed), self.values, strict=False))
 
     @property
     def spread(self) -> float | None:

@@ -471,8 +471,8 @@ def check_goals(result: dict[str, Any]) -> list[dict[str, Any]]:
 def _paired(a: dict[str, Any], b: dict[str, Any], name: str) -> str:
     """How often ``a`` led ``b`` in the final rounds, round by round (the rounds are interleaved, so paired).
 
-    A failed round is left out of ``measurements`` and shifts the pairing, so with
-    failures nothing is said (as :func:`autotune.tuner.noise.paired_ratios` falls back to the medians).
+    A failed round is left out of ``measurements`` and its round is not recorded, so with
+    failures nothing is said (the search's confirmation records it: :func:`autotune.tuner.noise.paired_ratios`).
     """
     pairs = list(zip(a.get("measurements") or [], b.get("measurements") or [], strict=False))
     if not pairs or a.get("setup") == b.get("setup") or a.get("failures") or b.get("failures"):

@@ -31,7 +31,7 @@ def test_rounds_are_interleaved_and_each_measurement_is_stored() -> None:
 
     result = confirm(
         candidates(), WORKLOAD, TrialOptions(), rounds=3, known={}, min_rounds=3,
-        store=lambda key, values, failures: stored.append((key, len(values) + len(failures))), runner=runner,
+        store=lambda key, runs: stored.append((key, len(runs[0]) + len(runs[1]))), runner=runner,
     )
     assert order == [16, 64, 128] * 3  # A B C A B C A B C
     assert len(stored) == 9 and stored[-1] == (C.to_json(), 3)
@@ -47,7 +47,7 @@ def test_known_measurements_are_reused_and_only_the_missing_run() -> None:
         ran.append(setup.batch_size)
         return TrialResult(status="ok", samples_per_s=6.5)
 
-    known = {A.to_json(): ([5.0, 6.0], []), B.to_json(): ([7.0], ["oom: x"])}
+    known = {A.to_json(): ([5.0, 6.0], [], []), B.to_json(): ([7.0], ["oom: x"], [1])}
     confirm(candidates(), WORKLOAD, TrialOptions(), rounds=2, known=known, store=lambda *a: None, runner=runner)
     assert ran == [128, 128]
 
@@ -78,6 +78,7 @@ def test_defaults_the_set_excludes_take_no_finalist_place() -> None:
 
 def test_the_search_and_a_reader_of_the_stored_rounds_name_the_finalists_alike() -> None:
     """The confirming worker's console and a waiting worker's (or the report's) table show the same labels."""
+    from autotune.tuner.stores import Rounds
     from autotune.tuner.study_report import stored_confirmed
 
     defaults = TrainSetup(batch_size=32)
@@ -85,7 +86,7 @@ def test_the_search_and_a_reader_of_the_stored_rounds_name_the_finalists_alike()
                 _record(2, B, 310.0), _record(3, C, 200.0)]
     picked = pick_candidates(feasible, defaults, top=2)
     assert [c.label for c in picked] == [f"#2 {B.describe()}", f"#3 {C.describe()}", f"#0 {defaults.describe()} (defaults)"]
-    rounds = {c.key: ([1.0], []) for c in picked}
+    rounds: Rounds = {c.key: ([1.0], [], []) for c in picked}
     stored = stored_confirmed(None, feasible, rounds)  # type: ignore[arg-type]  # the rounds are given: no study is read
     assert [c.candidate.label for c in stored] == [c.label for c in picked]
 
@@ -310,6 +311,50 @@ def test_a_pair_s_median_margin_is_the_same_read_from_either_side() -> None:
     assert ab is not None and ba is not None and ab.won == 2
     assert (1 + ab.median_gain) * (1 + ba.median_gain) == pytest.approx(1.0)
     assert ab.median_gain == pytest.approx((1.0 * 2.72) ** 0.5 - 1)
+
+
+def test_a_failed_run_pairs_nothing_and_the_other_rounds_stay_paired() -> None:
+    """A run that fails takes its round with it: the pairs are the rounds both measured, never the k-th success of one
+    with the k-th of the other (A failing in round 1 and B in round 2 share no round at all)."""
+    from autotune.rounds import Confirmed
+    from autotune.tuner.noise import margin, paired_ratios
+
+    def confirmed(key: str, runs: list[float | None]) -> Confirmed:
+        values = tuple(v for v in runs if v is not None)
+        failed = tuple(r for r, v in enumerate(runs) if v is None)
+        return Confirmed(Candidate(key, TrainSetup(), key), values, tuple("error: x" for _ in failed), failed_rounds=failed)
+
+    a = confirmed("a", [200.0, None, 300.0, 330.0])
+    b = confirmed("b", [100.0, 150.0, None, 110.0])
+    assert paired_ratios(a, b) == [2.0, 3.0]  # rounds 0 and 3
+    disjoint = confirmed("c", [None, 400.0]), confirmed("d", [100.0, None])
+    assert paired_ratios(*disjoint) == [] and margin(*disjoint) is None
+    # Rounds stored by an older version did not say which rounds failed: the medians only.
+    old = Confirmed(Candidate("e", TrainSetup(), "e"), (300.0,), ("error: x",))
+    assert old.by_round() is None and paired_ratios(old, b) == [300.0 / 110.0]
+
+
+def test_the_confirmation_records_the_rounds_its_failures_took() -> None:
+    """The defaults fail in round 2, the finalist in round 1: they share no round, so no speedup rests on them."""
+    fast, defaults = TrainSetup(batch_size=64), TrainSetup(batch_size=32)
+    pool = [Candidate(fast.to_json(), fast, "#1"), Candidate(defaults.to_json(), defaults, "#0 (defaults)")]
+    calls: list[int] = []
+    stored: dict[str, tuple[list[float], list[str], list[int]]] = {}
+
+    def runner(setup, workload, options=None, *, on_window=None) -> TrialResult:
+        calls.append(setup.batch_size)
+        failing = (setup is fast and len(calls) == 1) or (setup is defaults and len(calls) == 4)
+        return TrialResult(status="error", error="flaky") if failing else TrialResult(status="ok", samples_per_s=100.0 + len(calls))
+
+    result = confirm(pool, WORKLOAD, TrialOptions(), rounds=2, known={}, store=lambda key, runs: stored.update({key: runs}),
+                     runner=runner, baseline=defaults.to_json())
+    by_size = {c.candidate.setup.batch_size: c for c in result}
+    assert calls == [64, 32, 64, 32]
+    assert by_size[64].by_round() == {1: 103.0} and by_size[32].by_round() == {0: 102.0}
+    assert stored[fast.to_json()] == ([103.0], ["error: flaky"], [0]) and stored[defaults.to_json()][2] == [1]
+    from autotune.tuner.winner import paired_speedup
+
+    assert paired_speedup(by_size[64], by_size[32]) is None
 
 
 def test_a_leader_in_reduced_precision_meets_its_fp32_twin_in_the_confirmation() -> None:

@@ -1351,12 +1351,12 @@ def test_a_rerun_interrupted_during_its_confirmation_keeps_the_earlier_winner_s_
         run_search(replace(config, trials=3), runner=slower_then_stopped)
     stored = SearchStudy.load(storage)
     assert stored.winner_rounds() == first and stored.stored_confirmation() != first  # the rerun's one run is stored too
-    assert any(v for v, _ in stored.stored_confirmation().values())
+    assert any(values for values, _, _ in stored.stored_confirmation().values())
     notes = info.value.outcome.best.notes
     assert any("interrupted during the interleaved re-measurement" in n for n in notes), notes
     report_study(out)
     for data in reports[-2:]:  # the rerun's report and `autotune report`'s show the kept winner with its own rounds
-        assert data.best.confirmed and {c.candidate.key: (list(c.values), list(c.failures)) for c in data.confirmed} == first
+        assert data.best.confirmed and {c.candidate.key: (list(c.values), list(c.failures), list(c.failed_rounds)) for c in data.confirmed} == first
 
 
 def test_a_study_of_the_earlier_version_keeps_its_last_rounds_as_the_winner_s_when_a_rerun_confirms_again(tmp_path) -> None:
@@ -1370,11 +1370,12 @@ def test_a_study_of_the_earlier_version_keeps_its_last_rounds_as_the_winner_s_wh
     optuna.create_study(study_name="old", storage=storage).set_user_attr(
         STUDY_CONFIRMATION, {"run": "an-earlier-run", "rounds": {"a": [[100.0, 110.0], []]}})
     rerun = SearchStudy.load(storage, "old")
-    assert rerun.winner_rounds() == {"a": ([100.0, 110.0], [])}  # read as the winner's until a rerun measures
-    rerun.store_confirmation("a", [300.0], [])
-    rerun.store_confirmation("b", [310.0], [])
+    assert rerun.winner_rounds() == {"a": ([100.0, 110.0], [], [])}  # read as the winner's until a rerun measures
+    rerun.store_confirmation("a", ([300.0], [], []))
+    rerun.store_confirmation("b", ([310.0], [], []))
     again = SearchStudy.load(storage, "old")
-    assert again.winner_rounds() == {"a": ([100.0, 110.0], [])} and again.stored_confirmation() == {"a": ([300.0], []), "b": ([310.0], [])}
+    assert again.winner_rounds() == {"a": ([100.0, 110.0], [], [])}
+    assert again.stored_confirmation() == {"a": ([300.0], [], []), "b": ([310.0], [], [])}
     assert STUDY_WINNER_ROUNDS in again.study.user_attrs
 
 

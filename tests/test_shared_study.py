@@ -653,7 +653,7 @@ def test_the_calibration_and_confirmation_stores_of_a_shared_study_retry_a_lost_
     monkeypatch.setattr(study.study, "set_user_attr", dropped_once)
     run = KeptRun(TrialResult(status="ok", samples_per_s=10.0), None)
     study.store_calibration_runs({"run": [run]})
-    study.store_confirmation("#1", [10.0], [])
+    study.store_confirmation("#1", ([10.0], [], []))
     assert drops == [0]
     assert study.study.user_attrs[STUDY_CALIBRATION_RUNS] == {"run": [run.to_dict()]}
-    assert study.confirmation() == {"#1": ([10.0], [])}
+    assert study.confirmation() == {"#1": ([10.0], [], [])}

@@ -243,9 +243,9 @@ def test_calibration_survives_a_reopen_and_confirmation_stays_with_its_run(tmp_p
         compute_samples_per_s=None, loader=(), max_workers=2,
     )
     study.store_calibration(calibration)
-    study.store_confirmation("a", [1.0, 2.0], [])
-    study.store_confirmation("b", [], ["oom: x"])
-    assert study.confirmation() == {"a": ([1.0, 2.0], []), "b": ([], ["oom: x"])}
+    study.store_confirmation("a", ([1.0, 2.0], [], []))
+    study.store_confirmation("b", ([], ["oom: x"], [0]))
+    assert study.confirmation() == {"a": ([1.0, 2.0], [], []), "b": ([], ["oom: x"], [0])}
     reopened = _open(tmp_path)
     assert reopened.calibration() == calibration
     assert reopened.confirmation() == {}  # another run: its rounds are measured anew, never mixed

@@ -13,14 +13,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from autotune.records import Calibration, Mode, TrialOptions, TrialRecord, TrialResult, Workload
-from autotune.rounds import Candidate, Ceilings, Confirmed
+from autotune.rounds import Candidate, Ceilings, Confirmed, Runs
 from autotune.runner import TrialRunner, run_trial
 from autotune.train_setup import TrainSetup
 from autotune.tuner.choice import never_preferred
 from autotune.tuner.noise import NOISE_FLOOR, beats, behind_throughout, disagree, leader, paired_ratios, resolved
 from autotune.tuner.study import ROLE_DEFAULTS
 
-Store = Callable[[str, list[float], list[str]], None]
+Store = Callable[[str, Runs], None]
 
 
 #: Rounds every candidate runs (but a twin far behind, :data:`CLEARLY_SLOWER`) before any stops.
@@ -79,7 +79,7 @@ def confirm(
     options: TrialOptions,
     *,
     rounds: int,
-    known: dict[str, tuple[list[float], list[str]]],
+    known: dict[str, Runs],
     store: Store,
     on_measure: Callable[[int, int, Candidate, TrialResult], None] = lambda *_: None,
     runner: TrialRunner = run_trial,
@@ -112,8 +112,9 @@ def confirm(
     is lost.
     """
     pool = list(candidates)  # a finalist whose twin a sibling pair settles is marked there (Candidate.no_twin)
-    values = {c.key: list(known.get(c.key, ([], []))[0]) for c in candidates}
-    failures = {c.key: list(known.get(c.key, ([], []))[1]) for c in candidates}
+    values = {c.key: list(known.get(c.key, ([], [], []))[0]) for c in candidates}
+    failures = {c.key: list(known.get(c.key, ([], [], []))[1]) for c in candidates}
+    failed_rounds = {c.key: list(known.get(c.key, ([], [], []))[2]) for c in candidates}
     peaks: dict[str, int] = {}
     waits: dict[str, float] = {}  # the highest share of a run spent waiting on the loader, per candidate (this process's runs)
     foregone: set[str] = set()
@@ -123,8 +124,8 @@ def confirm(
         return len(values[key]) + len(failures[key])
 
     def results() -> list[Confirmed]:
-        return [Confirmed(c, tuple(values[c.key]), tuple(failures[c.key]), peaks.get(c.key), waits.get(c.key))
-                for c in pool if c.key not in foregone]
+        return [Confirmed(c, tuple(values[c.key]), tuple(failures[c.key]), peaks.get(c.key), waits.get(c.key),
+                          tuple(failed_rounds[c.key])) for c in pool if c.key not in foregone]
 
     def settle(next_round: int, active: set[str]) -> set[str]:
         """Who runs in round ``next_round``, from the rounds so far (nobody: the confirmation ends)."""
@@ -156,8 +157,9 @@ def confirm(
                 if result.data_wait_fraction is not None:
                     waits[key] = max(waits.get(key, 0.0), result.data_wait_fraction)
             else:
+                failed_rounds[key].append(runs(key))
                 failures[key].append(f"{result.status}: {result.error}")
-            store(key, values[key], failures[key])
+            store(key, (values[key], failures[key], failed_rounds[key]))
             done += 1
             for twin, finalists in _settled_by_siblings(results(), active, waits, baseline).items():
                 active.discard(twin)

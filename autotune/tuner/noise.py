@@ -36,13 +36,12 @@ NOISE_FLOOR = 0.03
 
 
 def paired_ratios(a: Confirmed, b: Confirmed) -> list[float]:
-    """``a / b`` per round, over the rounds both measured (in round order)."""
-    if a.failures or b.failures:
-        # A failed round shifts the alignment; compare the medians only.
-        if a.median and b.median:
-            return [a.median / b.median]
-        return []
-    return [x / y for x, y in zip(a.values, b.values, strict=False) if y > 0]
+    """``a / b`` per round, over the rounds both measured (in round order): a round in which either failed pairs
+    nothing. Rounds stored by an older version without the rounds of their failures compare the medians only."""
+    a_rounds, b_rounds = a.by_round(), b.by_round()
+    if a_rounds is None or b_rounds is None:
+        return [a.median / b.median] if a.median and b.median else []
+    return [a_rounds[r] / b_rounds[r] for r in sorted(a_rounds.keys() & b_rounds.keys()) if b_rounds[r] > 0]
 
 
 def median_ratio(ratios: list[float]) -> float:

@@ -13,7 +13,7 @@ from typing import Any
 import optuna
 
 from autotune.records import Calibration
-from autotune.rounds import Ceilings
+from autotune.rounds import Ceilings, Runs
 from autotune.time_spent import TimeSpent
 from autotune.tuner.kept_runs import KeptRun
 from autotune.tuner.signals import interrupts_held
@@ -26,8 +26,8 @@ STUDY_WINNER_ROUNDS = "winner_rounds"
 STUDY_TIME_SPENT = "time_spent"
 STUDY_VERDICT = "verdict"
 
-#: Confirmation measurements per candidate key: (samples/s values, failure lines).
-Rounds = dict[str, tuple[list[float], list[str]]]
+#: Confirmation measurements per candidate key.
+Rounds = dict[str, Runs]
 
 
 class StudyStores:
@@ -98,18 +98,18 @@ class StudyStores:
 
     def _stamped(self, rounds: Rounds) -> dict[str, Any]:
         """``rounds`` as stored: with this run's id."""
-        return {"run": self.run_id, "rounds": {key: [list(values), list(failures)] for key, (values, failures) in rounds.items()}}
+        return {"run": self.run_id, "rounds": {key: [list(part) for part in runs] for key, runs in rounds.items()}}
 
     def stored_confirmation(self) -> Rounds:
         """The confirmation rounds of the last run that measured any (for a report of the study)."""
         return _rounds(self.study.user_attrs.get(STUDY_CONFIRMATION))
 
-    def store_confirmation(self, key: str, values: list[float], failures: list[str]) -> None:
+    def store_confirmation(self, key: str, runs: Runs) -> None:
         """Record one candidate's confirmation measurements (after every measurement), for this run only,
         with interrupts held: a measurement is never half stored."""
         def step() -> None:
             attrs = self.study.user_attrs  # one read of the storage per measurement
-            rounds = {**self._this_run(attrs), key: (values, failures)}
+            rounds = {**self._this_run(attrs), key: runs}
             earlier = attrs.get(STUDY_CONFIRMATION)
             if STUDY_WINNER_ROUNDS not in attrs and isinstance(earlier, dict) and earlier and earlier.get("run") != self.run_id:
                 self.study.set_user_attr(STUDY_WINNER_ROUNDS, earlier)  # a study of an earlier version: its last rounds are kept
@@ -148,8 +148,9 @@ class StudyStores:
 
 
 def _rounds(stored: Any) -> Rounds:
-    """The rounds of a stored confirmation: ``{"run": id, "rounds": {...}}``, or the bare rounds of an older version."""
+    """The rounds of a stored confirmation: ``{"run": id, "rounds": {...}}``, or the bare rounds of an older version
+    (whose entries do not say which rounds failed)."""
     if not isinstance(stored, dict):
         return {}
     rounds = stored.get("rounds", {}) if "run" in stored else stored
-    return {key: (list(v[0]), list(v[1])) for key, v in rounds.items()}
+    return {key: (list(v[0]), list(v[1]), list(v[2]) if len(v) > 2 else []) for key, v in rounds.items()}

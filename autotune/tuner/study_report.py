@@ -155,13 +155,14 @@ def published_winner(study: SearchStudy) -> tuple[Best, str] | None:
 def stored_confirmed(study: SearchStudy, records: list[TrialRecord], rounds: Rounds | None = None) -> tuple[Confirmed, ...]:
     """The stored confirmation rounds (or ``rounds``), labelled like the search labels them."""
     found = []
-    for key, (values, failures) in (study.stored_confirmation() if rounds is None else rounds).items():
+    for key, (values, failures, failed_rounds) in (study.stored_confirmation() if rounds is None else rounds).items():
         setup = TrainSetup.from_json(key)
         # The trials that measured it, as the search picked its finalists from (a pruned twin stays "a finalist in fp32").
         same = sorted((r for r in records if r.setup == setup and r.result.ok and r.result.samples_per_s),
                       key=lambda r: -(r.result.samples_per_s or 0.0))
         label = finalist_label(same) if same else setup.describe() + TWIN  # only the fp32 twin is no trial's
-        found.append(Confirmed(Candidate(key, setup, label, twin=not same), tuple(values), tuple(failures)))
+        found.append(Confirmed(Candidate(key, setup, label, twin=not same), tuple(values), tuple(failures),
+                               failed_rounds=tuple(failed_rounds)))
     return tuple(found)
 
 
