@@ -567,7 +567,7 @@ def test_bad_numbers_are_one_line_before_any_work(
     [
         (["--model", "nosuchmodel"], "error: --model nosuchmodel is neither a torchvision classification model"),
         (["--model", "fcn_resnet50"], "error: --model fcn_resnet50 is neither a torchvision classification model"),
-        (["--model", "no_such_module_xyz:make"], "error: --model no_such_module_xyz:make: cannot import no_such_module_xyz"),
+        (["--model", "no_such_module_xyz:make"], "error: --model no_such_module_xyz:make: cannot find module no_such_module_xyz; run from"),
         (["--model", "os:no_such_function"], "error: --model os:no_such_function: os has no function no_such_function"),
         (["--model", "models:"], "error: --model models:: expected module:function"),
         (["--output-dir", "/proc/autotune-x"], "error: --output-dir /proc/autotune-x: No such file or directory"),

@@ -922,7 +922,7 @@ def test_the_task_script_refuses_a_bad_workload_or_checkpoint_in_one_line(
 ) -> None:
     script = _task_script(tmp_path, "good", autotune.TrainSetup(batch_size=8))
     for flags, message in (
-        (["--workload", "no_such_module_xyz:make"], "error: --workload no_such_module_xyz:make: cannot import no_such_module_xyz"),
+        (["--workload", "no_such_module_xyz:make"], "error: --workload no_such_module_xyz:make: cannot find module no_such_module_xyz; run from"),
         (["--workload", "task_factories:nothing_here"], "error: --workload task_factories:nothing_here: task_factories has no function"),
         (["--workload", "task_factories:TASK"], "error: --workload task_factories:TASK: TASK is a Task, not a function that returns one"),
         (["--workload", "task_factories:raises"], "error: --workload task_factories:raises failed: RuntimeError: no data mounted"),
@@ -974,7 +974,29 @@ def test_the_task_script_without_autotune_installed_says_so_in_one_line(
     (tmp_path / f"needs_autotune_{tmp_path.name}.py").write_text("import autotune\n\ndef make():\n    return None\n")
     monkeypatch.setitem(sys.modules, "autotune", None)  # import autotune raises ImportError, as where it is not installed
     line, _ = in_process.refusal(script, ["--workload", f"needs_autotune_{tmp_path.name}:make"], tmp_path, capfd, monkeypatch)
-    assert line.startswith(f"error: --workload needs_autotune_{tmp_path.name}:make: cannot import needs_autotune_"), line
+    name = f"needs_autotune_{tmp_path.name}"
+    assert line.startswith(f"error: --workload {name}:make: importing {name} failed: "), line
+    assert "autotune" in line.removeprefix(f"error: --workload {name}:make: importing {name}") and line.endswith("(install it)"), line
+
+
+@pytest.mark.parametrize(
+    ("code", "message"),
+    [
+        ("import no_such_dependency_xyz\n", "importing {m} failed: No module named 'no_such_dependency_xyz' (install it)"),
+        ("def make(:\n    pass\n", "importing {m} failed: SyntaxError: "),
+        ("x = 1 / 0\n", "importing {m} failed: ZeroDivisionError: division by zero"),
+    ],
+)
+def test_the_task_script_refuses_a_workload_module_that_fails_to_import_in_one_line(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, code: str, message: str
+) -> None:
+    """The module is found but its own import fails: the line names why, not 'run from the directory that holds it'
+    (a dependency it lacks) nor a traceback (its code raised, a syntax error)."""
+    script = _task_script(tmp_path, "good", autotune.TrainSetup(batch_size=8))
+    module = f"broken_{tmp_path.name}"
+    (tmp_path / f"{module}.py").write_text(code)
+    line, _ = in_process.refusal(script, ["--workload", f"{module}:make"], tmp_path, capfd, monkeypatch)
+    assert line.startswith(f"error: --workload {module}:make: " + message.format(m=module)), line
 
 
 def test_a_run_without_resume_over_a_checkpoint_says_it_will_replace_it(
