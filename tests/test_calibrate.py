@@ -400,3 +400,38 @@ def test_a_pre_pass_run_killed_from_outside_is_measured_again_before_it_bounds_t
                line.endswith("measuring it again") for line in logged)
     status = next(p.status for p in result.memory_points if p.batch_size == 32)
     assert status == ("ok" if kills == 1 else "oom")  # once: measured again and fit; twice: a memory limit, as before
+
+
+@pytest.mark.parametrize(
+    ("result", "message"),
+    [
+        (TrialResult(status="error", error="item 300 failed: OSError: truncated"),
+         r"loading the data fails \(loader alone, no workers, batch \d+\): item 300 failed: OSError: truncated; fix the dataset"),
+        (TrialResult(status="timeout", error="no result within 20 s; the process group was killed"),
+         r"loading the data measured nothing in time \(loader alone, no workers, batch \d+\): no result within 20 s; .*a dataset "
+         r"item hangs or takes minutes .*raise --timeout"),
+        # The factory worked in the parent's check and fails in this run: it, not the data, is named.
+        (TrialResult(status="error", error="workload mod:make failed: ConnectionError: storage away"),
+         r"^workload mod:make: the factory failed in a calibration run \(loader alone, no workers, batch \d+\) after it worked in "
+         r"the first check: ConnectionError: storage away; every trial calls it"),
+    ],
+)
+def test_loading_alone_that_fails_or_hangs_stops_the_search_naming_why(result: TrialResult, message: str) -> None:
+    """Every setup reads the same data: a failure or a hang of the loader alone, in the main process, ends the search
+    at calibration instead of every trial failing or timing out after it. The user's --timeout bounds every run."""
+    from autotune.errors import WorkloadError
+
+    timeouts: list[float | None] = []
+
+    class Unloadable(FakeRunner):
+        def __call__(self, setup, workload, options=None, *, on_window=None) -> TrialResult:
+            timeouts.append(options.timeout_s)
+            if options.mode == "loader" and setup.num_workers == 0:
+                return result
+            return super().__call__(setup, workload, options, on_window=on_window)
+
+    task = Workload(model="", task="mod:make", device="cpu", images=1000)
+    with pytest.raises(WorkloadError, match=message):
+        calibrate(task, CPU, usable_cores=2, available_bytes=2**33, max_memory=None, trial_seconds=3.0, bf16_ok=False,
+                  runner=Unloadable(), timeout_s=20.0)
+    assert timeouts and set(timeouts) == {20.0}

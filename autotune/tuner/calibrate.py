@@ -99,6 +99,7 @@ def calibrate(
     world_size: int = 1,
     ram_share: int = 1,
     pinned: Iterable[Constraint] = (),
+    timeout_s: float | None = None,
 ) -> Calibration:
     """Run the pre-pass and ceilings; return what bounds the space.
 
@@ -120,16 +121,20 @@ def calibrate(
         pinned: The user's ``--set`` constraints: precisions, layouts and worker
             counts they exclude are not measured (the main process's loading,
             0 workers, always is: it tells whether the data loads at all).
+        timeout_s: The user's ``--timeout`` for each run (default: the trials' own, from their length).
 
     Raises:
         WorkloadError: The model fails (not out of memory) at the first,
             smallest pre-pass batch: the factory raises, the forward does not
             fit the input shape. Or loading the data alone, without workers,
-            fails: a dataset item raises or cannot be collated.
+            fails: a dataset item raises or cannot be collated, or it measures
+            nothing within the timeout (an item hangs), or the Task's factory
+            fails in it (it worked in the parent's check: it fails now and then).
     """
     cuda = device.type == "cuda"
     budget = memory_budget(device, max_memory, available_bytes // max(1, ram_share))
-    short = TrialOptions(trial_seconds=calibration_seconds(trial_seconds), windows=2, mode="compute", max_memory_bytes=budget)
+    short = TrialOptions(trial_seconds=calibration_seconds(trial_seconds), windows=2, mode="compute", max_memory_bytes=budget,
+                         timeout_s=timeout_s)
     fp32 = TrainSetup()
     points: list[MemoryPoint] = []
     measured: dict[int, TrialResult] = {}  # the pre-pass runs by batch: fp32, contiguous, compute only
@@ -234,7 +239,7 @@ def calibrate(
         raise WorkloadError(f"{subject}: batch 1 is the only batch the search could try ({why}) and the model's step fails there "
                             f"({failed[0] if failed else 'not measured'}); give it more samples or memory")
     loader_points: list[LoaderPoint] = []
-    loader_opts = TrialOptions(trial_seconds=short.trial_seconds, windows=2, mode="loader")
+    loader_opts = TrialOptions(trial_seconds=short.trial_seconds, windows=2, mode="loader", timeout_s=timeout_s)
     worker_cap = usable_cores
     if workload.unsharded:  # a second worker would only add copies of the stream
         worker_cap = min(usable_cores, 1)
@@ -247,10 +252,8 @@ def calibrate(
             batch_size=middle, num_workers=workers, prefetch_factor=2 if workers else None, pin_memory=cuda
         )
         result = runner(setup, workload, loader_opts)
-        if workers == 0 and result.status == "error":
-            # Loading alone, in the main process, failed: every setup reads the same data and would fail too.
-            raise WorkloadError(f"{subject}: loading the data fails (loader alone, no workers, batch {middle}): {result.error}; "
-                                "fix the dataset (every setup reads the same data)")
+        if workers == 0:
+            _refuse_unloadable(subject, workload, result, middle)
         loader_points.append(LoaderPoint(workers, result.status, result.samples_per_s))
         if workers > 0 and not result.ok and worker_error is None:
             worker_error = result.error
@@ -338,3 +341,21 @@ def _rate(result: TrialResult) -> str:
         return f"{result.samples_per_s:.1f} samples/s"
     return _outcome(result)
 
+
+def _refuse_unloadable(subject: str, workload: Workload, result: TrialResult, batch: int) -> None:
+    """Stop the search when loading alone, in the main process, failed: every setup reads the same data (and calls the
+    same factory), so every trial would fail too.
+
+    Raises:
+        WorkloadError: The run failed (an item raises, the factory failed) or measured nothing within its timeout.
+    """
+    run = f"loader alone, no workers, batch {batch}"
+    factory_failed = f"workload {workload.task} failed: "
+    if result.status == "error" and workload.task and (result.error or "").startswith(factory_failed):
+        raise WorkloadError(f"{subject}: the factory failed in a calibration run ({run}) after it worked in the first check: "
+                            f"{(result.error or '').removeprefix(factory_failed)}; every trial calls it, so it must not fail now and then")
+    if result.status == "error":
+        raise WorkloadError(f"{subject}: loading the data fails ({run}): {result.error}; fix the dataset (every setup reads the same data)")
+    if result.status == "timeout":
+        raise WorkloadError(f"{subject}: loading the data measured nothing in time ({run}): {result.error}; a dataset item "
+                            "hangs or takes minutes (every setup reads the same data); fix it, or raise --timeout")
