@@ -325,6 +325,12 @@ def detached_loss() -> autotune.Task:
     return autotune.Task(nn.Linear(8, 3), _pairs(), step=lambda model, batch: nn.functional.cross_entropy(model(batch[0]), batch[1]).detach())
 
 
+def one_output_default_loss() -> autotune.Task:
+    """A regression model (one output) left with the default cross-entropy: 0 over one class, nothing would train."""
+    inputs = torch.randn(16, 8)
+    return autotune.Task(nn.Linear(8, 1), TensorDataset(inputs, inputs.sum(1, keepdim=True)))
+
+
 class _NanLoss(nn.Module):
     def forward(self, output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return output.sum() * float("nan")

@@ -374,6 +374,8 @@ def test_good_workloads_become_workload_records() -> None:
         ("frozen_model", "the model has no trainable parameters (none requires grad)"),
         ("detached_loss", "step(model, batch) returned a tensor that does not require grad"),
         ("nan_loss", "the loss returned nan on the first batch"),
+        ("one_output_default_loss", "the model outputs one value per sample (Tensor[2, 1] float32) and the default loss is "
+                                    "cross-entropy, which is 0 over a single class: nothing would train; pass autotune.Task(loss=...)"),
         ("bad_count", "batch_size_of(batch) returned 'x' (str); it must return an int"),
         ("fractional_count", "batch_size_of(batch) returned 3.7 (float); it must return an int"),
         ("zero_count", "batch_size_of(batch) returned 0 for the first batch"),

@@ -222,6 +222,10 @@ def _check_loss(task: Task, model: Any, batch: Any) -> None:
             raise WorkloadError(
                 f"the model's forward failed on the first batch (inputs {describe_batch(inputs)}): {type(exc).__name__}: {exc}"
             ) from None
+        if task.loss is None and isinstance(output, torch.Tensor) and output.dim() >= 2 and output.shape[1] == 1:
+            raise WorkloadError(f"the model outputs one value per sample ({describe_batch(output)}) and the default loss is "
+                                "cross-entropy, which is 0 over a single class: nothing would train; pass autotune.Task(loss=...), "
+                                "such as nn.MSELoss() for regression or nn.BCEWithLogitsLoss() for one logit")
         try:
             loss = task.criterion()(output, targets)
         except USER_CODE_ERRORS as exc:
