@@ -7,6 +7,7 @@ process (the standalone script, its own ``sys.path``); the others use this.
 
 from __future__ import annotations
 
+import atexit
 import runpy
 from pathlib import Path
 
@@ -43,6 +44,9 @@ def call(main: object, cwd: Path, capfd: pytest.CaptureFixture[str], monkeypatch
     monkeypatch.chdir(cwd)
     capfd.readouterr()  # what the test printed before
     threads = torch.get_num_threads()
+    at_exit: list[tuple[object, tuple[object, ...]]] = []  # run when the call ends, as a process runs them when it exits
+    register = atexit.register
+    atexit.register = lambda func, *args: at_exit.append((func, args))  # type: ignore[assignment]
     code, message = 0, ""
     try:
         returned = main()  # type: ignore[operator]
@@ -54,6 +58,9 @@ def call(main: object, cwd: Path, capfd: pytest.CaptureFixture[str], monkeypatch
             code = int(exc.code or 0)
     finally:
         torch.set_num_threads(threads)  # a setup's thread count stays with its run
+        atexit.register = register
+        for func, args in reversed(at_exit):
+            func(*args)  # type: ignore[operator]
     out, err = capfd.readouterr()
     return code, out, err + message
 

@@ -489,11 +489,14 @@ def test_runs_and_resumes(
 def test_a_batch_of_one_for_batch_norm_is_one_line(synthetic_data: Path, tmp_path: Path) -> None:
     # resnet18 at 32 px ends in a 1x1 feature map: its last BatchNorm sees one value per channel at batch 1.
     script = write_script(make_best(synthetic_data), tmp_path / "train.py")
-    failed = subprocess.run([sys.executable, str(script), "--batch-size", "1", "--output-dir", "out"], cwd=tmp_path,
+    (tmp_path / "runs").mkdir()
+    failed = subprocess.run([sys.executable, str(script), "--batch-size", "1", "--output-dir", "runs/a/b"], cwd=tmp_path,
                             capture_output=True, text=True, timeout=RUN_TIMEOUT)
     assert failed.returncode == 1 and failed.stderr.splitlines() == [
         "error: Expected more than 1 value per channel when training, got input size torch.Size([1, 512, 1, 1]); "
         "a BatchNorm layer needs more than one value per channel to train on: pass --batch-size 2 or more"], failed.stderr
+    # The folders it created for the checkpoint, still empty, are removed at exit; the one that was there stays.
+    assert (tmp_path / "runs").is_dir() and not (tmp_path / "runs" / "a").exists()
 
 
 def test_the_script_tells_a_native_bf16_cpu_by_its_flags(synthetic_data: Path, tmp_path: Path) -> None:
