@@ -279,6 +279,11 @@ def test_workload_callables_the_trials_cannot_import_are_refused_with_the_fix() 
         task_ref("train.py:make_task")
     with pytest.raises(WorkloadError, match="not its file: pkg.train:make_task"):
         task_ref("pkg/train.py:make_task")
+    # No dotted name reaches a file given by an absolute path or through '..' (work.main.pkg.train would not import).
+    for given in ("/work/main/pkg/train.py", "../main/pkg/train.py"):
+        with pytest.raises(WorkloadError, match=r"not its file: from (/work|\.\.)/main/pkg \(or with it on PYTHONPATH\) pass "
+                                                r"train:make_task$"):
+            task_ref(f"{given}:make_task")
 
 
 def test_a_workload_module_that_parses_its_arguments_at_import_is_told_about_the_guard(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

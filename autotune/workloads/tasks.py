@@ -14,6 +14,7 @@ import os
 import pickle
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import PurePath
 from typing import Any
 
 from autotune.errors import USER_CODE_ERRORS, WorkloadError
@@ -44,9 +45,11 @@ def task_ref(workload: str | Callable[..., Any]) -> str:
     """
     if isinstance(workload, str):
         file, _, function = workload.partition(":")
-        if file.endswith(".py"):  # a file name where a module name goes
-            dotted = file[:-3].replace("/", ".").strip(".")
-            raise WorkloadError(f"workload {workload!r}: name the module, not its file: {dotted}:{function}")
+        if file.endswith(".py"):  # a file name where a module name goes; none reaches an absolute one or one through ..
+            path = PurePath(file[:-3])
+            far = path.is_absolute() or ".." in path.parts
+            module = f"from {path.parent} (or with it on PYTHONPATH) pass {path.name}" if far else ".".join(path.parts)
+            raise WorkloadError(f"workload {workload!r}: name the module, not its file: {module}:{function}")
         if not is_factory_ref(workload):
             shorthand = (f"; {workload!r} is a torchvision model: pass --model {workload} (model={workload!r} "
                          "in Python) to tune it on images") if workload in torchvision_models() else ""
@@ -62,10 +65,8 @@ def task_ref(workload: str | Callable[..., Any]) -> str:
     name = getattr(workload, "__name__", type(workload).__name__)
     fix = "define it at the top level of an importable module (a .py file) and pass it, or pass 'module:function'"
     if not isinstance(getattr(workload, "__qualname__", None), str):  # a functools.partial, a callable object: no name to import
-        raise WorkloadError(
-            f"workload {type(workload).__name__} object: the trial processes import the workload by its name, so it must be "
-            f"a function (not a functools.partial or a callable object); {fix}"
-        )
+        raise WorkloadError(f"workload {type(workload).__name__} object: the trial processes import the workload by its name, "
+                            f"so it must be a function (not a functools.partial or a callable object); {fix}")
     if name == "<lambda>" or "<locals>" in qualname or "." in qualname or not module:
         raise WorkloadError(f"workload {name} cannot be imported by the trial processes (a lambda or nested function); {fix}")
     if module == "__main__":
