@@ -48,8 +48,8 @@ def task_ref(workload: str | Callable[..., Any]) -> str:
         if file.endswith(".py"):  # a file name where a module name goes; none reaches an absolute one or one through ..
             path = PurePath(file[:-3])
             far = path.is_absolute() or ".." in path.parts
-            module = f"from {path.parent} (or with it on PYTHONPATH) pass {path.name}" if far else ".".join(path.parts)
-            raise WorkloadError(f"workload {workload!r}: name the module, not its file: {module}:{function}")
+            named = f"from {path.parent} (or with it on PYTHONPATH) pass {path.name}" if far else ".".join(path.parts)
+            raise WorkloadError(f"workload {workload!r}: name the module, not its file: {named}:{function}")
         if not is_factory_ref(workload):
             shorthand = (f"; {workload!r} is a torchvision model: pass --model {workload} (model={workload!r} "
                          "in Python) to tune it on images") if workload in torchvision_models() else ""
