@@ -396,17 +396,24 @@ def test_reduced_precision_that_gains_nothing_over_its_fp32_twin_gives_way() -> 
     assert clear.setup == bf16 and any("amp=bf16 changes the numerics" in n for n in clear.notes)
 
 
-def test_a_task_batch_larger_than_its_data_stays_the_learning_rate_reference() -> None:
-    """Task(batch_size=64, lr=1e-3) over 50 samples: the defaults run all 50, but the lr belongs to batch 64."""
+def test_a_task_batch_larger_than_its_data_gives_way_to_the_batch_a_dataloader_makes_of_it() -> None:
+    """Task(batch_size=64, lr=1e-3) over 50 samples: the user's own loop trains batches of all 50 at lr 1e-3, as the
+    defaults ran; a winner that runs them too keeps that rate (it was scaled to batch 50 from 64, the defaults winning)."""
     workload = dataclasses.replace(WORKLOAD, task="m:make_task", reference_batch=64, images=50)
     all50 = TrainSetup(batch_size=50)
     best = make_best(workload=workload, hardware=HARDWARE, feasible=[_record(0, all50, 100.0)],
                      confirmed=[_confirmed(all50, (100.0,))], defaults=all50, effective_batch=None, command="autotune search")
-    assert best.reference_batch == 64 and best.effective_batch == 50
-    assert best.lr == pytest.approx(1e-3 * (50 / 64) ** 0.5)
-    note = next(n for n in best.notes if n.startswith("effective batch 50 differs from the reference 64"))
-    assert note.endswith("the data holds 50 samples, fewer than one reference batch: no setup can keep the math"), note
-    assert "the trials measured speed at your rate, so the scaled one is a rule, not tested for stability here" in note
+    assert best.reference_batch == 50 and best.effective_batch == 50 and best.lr == pytest.approx(1e-3)
+    assert not any(n.startswith("effective batch") for n in best.notes), best.notes
+    assert ("the data holds 50 samples, fewer than your recipe's batch 64: a DataLoader's batch holds them all, as the defaults "
+            "ran, so your lr 0.001 is taken as the rate for batch 50") in best.notes
+    # A smaller batch than all 50 scales from 50.
+    b16 = TrainSetup(batch_size=16)
+    smaller = make_best(workload=workload, hardware=HARDWARE, feasible=[_record(0, all50, 100.0), _record(1, b16, 200.0)],
+                        confirmed=[_confirmed(b16, (200.0, 201.0, 199.0)), _confirmed(all50, (100.0, 101.0, 99.0))], defaults=all50,
+                        effective_batch=None, command="autotune search")
+    assert smaller.setup == b16 and smaller.lr == pytest.approx(1e-3 * (16 / 50) ** 0.5)
+    assert any(n.startswith("effective batch 16 differs from the reference 50") for n in smaller.notes), smaller.notes
 
 
 def test_a_winner_whose_steps_leave_much_of_a_small_dataset_out_says_so() -> None:

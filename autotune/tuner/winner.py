@@ -62,8 +62,10 @@ def make_best(
             stopped before their trial (a resumed search runs the defaults interrupted earlier again, last).
     """
     default_key = defaults.to_json()
-    # The recipe's batch, even where the data holds fewer samples and the defaults ran all of them: the Task's lr is for it.
-    reference = effective_batch or (workload.reference_batch or DEFAULT_BATCH) * world_size
+    # The batch the defaults run, as the user's own loop would: the recipe's, or all the samples where the data holds fewer
+    # (a DataLoader's one batch of them, which the recipe's lr then trains).
+    reference = effective_batch or defaults.effective_batch(world_size)
+    recipe = workload.reference_batch or DEFAULT_BATCH
     notes: list[str] = []
     measured = [c for c in confirmed if c.median is not None]
     if measured:
@@ -124,15 +126,16 @@ def make_best(
         )
         # --effective-batch R searches micro-batches that divide R: the hint must be one the user's --set batch_size allows.
         fits = batch_pin is None or any(batch_pin.allows(b) for b in range(1, reference // world_size + 1) if reference % (b * world_size) == 0)
-        keep = (f"the data holds {workload.images} samples{' per rank' if world_size > 1 else ''}, fewer than one reference "
-                "batch: no setup can keep the math" if workload.images is not None and reference // world_size > workload.images else
-                f"pass --effective-batch {reference} to keep the math" if fits else
+        keep = (f"pass --effective-batch {reference} to keep the math" if fits else
                 f"to keep the math, pass --effective-batch {reference} with a --set batch_size that divides it "
                 f"(--set {batch_pin} allows none)")
         notes.append(f"effective batch {effective} differs from the reference {reference}: the learning rate is scaled {rule}; "
                      f"the trials measured speed at your rate, so the scaled one is a rule, not tested for stability here "
                      f"(train.py stops on a NaN loss: then lower --lr); {keep}")
-    recipe = workload.reference_batch or DEFAULT_BATCH
+    if effective_batch is None and reference < recipe * world_size:
+        notes.append(f"the data holds {workload.images} samples{' per rank' if world_size > 1 else ''}, fewer than "
+                     f"{'your recipe' if workload.reference_batch else 'the default'}'s batch {recipe}: a DataLoader's batch holds "
+                     f"them all, as the defaults ran, so your lr {workload.lr:g} is taken as the rate for batch {reference}")
     if effective_batch is not None and workload.reference_batch is not None and effective_batch != recipe * world_size:
         ranks = f" ({recipe} per rank)" if world_size > 1 else ""
         notes.append(f"your lr {workload.lr:g} is taken as tuned for --effective-batch {effective_batch}, as given, not for the "
