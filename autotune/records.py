@@ -182,7 +182,7 @@ class TrialOptions:
         if self.max_memory_bytes is not None and self.max_memory_bytes <= 0:
             raise UsageError(f"max memory must be > 0, got {self.max_memory_bytes}")
         if self.mode not in ("train", "compute", "loader"):
-            raise UsageError(f"unknown trial mode {self.mode!r}")
+            raise UsageError(f"unknown trial mode {self.mode!r}; modes: train, compute (no loader) or loader (no model)")
         if self.world_size < 1 or (self.cores and len(self.cores) < self.world_size):
             raise UsageError(f"{self.world_size} ranks need >= 1 rank and a core each, got cores {self.cores}")
         object.__setattr__(self, "cores", tuple(self.cores))

@@ -43,6 +43,7 @@ def _one_error_line(output: str) -> str:
         (("--trials", "0"), 2, "--trials must be between 1 and 100000, got 0"),
         (("--trials", "99999999999999999999"), 2, "--trials must be between 1 and 100000"),
         (("--model", "resnet1800"), 1, "unknown model 'resnet1800'; did you mean resnet18"),
+        (("--model", "ResNet18"), 1, "unknown model 'ResNet18'; did you mean resnet18?"),  # names are lower-case
         (("--model", "fcn_resnet50"), 1, "fcn_resnet50 is a torchvision segmentation model; --model tunes image classifiers"),
         (("--model", "fasterrcnn_resnet50_fpn"), 1, "torchvision detection model; --model tunes image classifiers"),
         (("--model", "quantized_resnet18"), 1, "for inference only; tune its float version (resnet18)"),
@@ -121,6 +122,9 @@ def test_trial_command_bad_setup_and_json(tmp_path, cache_dir) -> None:
     assert fp16.exit_code == 2 and "fp16 needs a CUDA device" in _one_error_line(fp16.output)
     short = runner.invoke(app, ["trial", "--trial-seconds", "0.01", "--device", "cpu"])
     assert short.exit_code == 2 and "--trial-seconds must be >= 0.5" in _one_error_line(short.output)
+    mode = runner.invoke(app, ["trial", "--mode", "foo", "--device", "cpu"])
+    assert mode.exit_code == 2 and _one_error_line(mode.output).endswith(
+        "unknown trial mode 'foo'; modes: train, compute (no loader) or loader (no model)")
 
 
 def test_a_trial_set_knob_replaces_its_flag_before_the_setup_is_checked(cache_dir) -> None:
@@ -216,6 +220,11 @@ def test_status_and_report_on_a_file_name_its_directory(tmp_path) -> None:
         result = runner.invoke(app, [command, str(tmp_path / "study.db")])
         assert result.exit_code != 0
         assert f"{tmp_path / 'study.db'} is a file; pass the search's output directory ({tmp_path})" in _one_error_line(result.output)
+    # A file beside no study: no folder is named (it would hold no study.db either).
+    (tmp_path / "notes.txt").write_text("")
+    (tmp_path / "study.db").unlink()
+    result = runner.invoke(app, ["status", str(tmp_path / "notes.txt")])
+    assert _one_error_line(result.output).endswith("notes.txt is a file; pass the search's output directory, which holds study.db")
 
 
 def test_trial_refuses_bf16_on_a_cpu_without_it(cache_dir, monkeypatch) -> None:

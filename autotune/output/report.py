@@ -18,6 +18,7 @@ from collections import Counter
 from html import escape
 from pathlib import Path
 
+from autotune.errors import EmitError
 from autotune.files import atomic_write_bytes, atomic_write_text
 from autotune.output.compile_payoff import compile_section
 from autotune.output.emit import run_command
@@ -158,16 +159,22 @@ def write_report(out: Path, data: ReportInput) -> tuple[Path, ...]:
 
     Returns:
         The paths written, report.html first.
+
+    Raises:
+        EmitError: A file cannot be written (a read-only or full disk), named (not its temporary copy).
     """
     page, images = render_report(data)
-    out.mkdir(parents=True, exist_ok=True)
-    written = [out / REPORT]
-    atomic_write_text(out / REPORT, page)
-    for name in HEADLINE:
-        path = out / f"report-{name}.png"
-        if name in images:
-            atomic_write_bytes(path, images[name])
-            written.append(path)
-        else:
-            path.unlink(missing_ok=True)
+    written, path = [out / REPORT], out / REPORT
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(path, page)
+        for name in HEADLINE:
+            path = out / f"report-{name}.png"
+            if name in images:
+                atomic_write_bytes(path, images[name])
+                written.append(path)
+            else:
+                path.unlink(missing_ok=True)
+    except OSError as exc:
+        raise EmitError(f"cannot write {path}: {exc.strerror or exc}") from None
     return tuple(written)

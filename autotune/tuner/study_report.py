@@ -203,7 +203,8 @@ def storage_of(out: Path, storage: str | None) -> str:
     if storage is not None:
         return storage
     if out.is_file():
-        raise StorageError(f"{out} is a file; pass the search's output directory ({out.parent}), which holds study.db")
+        where = f" ({out.parent})" if (out.parent / "study.db").is_file() else ""  # not a folder without a study
+        raise StorageError(f"{out} is a file; pass the search's output directory{where}, which holds study.db")
     db = out / "study.db"
     if not db.is_file():
         if (out / "trials.csv").is_file():  # a search wrote here: its study.db was removed, or it was kept in a --storage

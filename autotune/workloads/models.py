@@ -111,7 +111,7 @@ def check_model_name(ref: str) -> None:
                 f"{ref} is a torchvision {kind} model; --model tunes image classifiers: describe its training "
                 "(dataset, loss) as an autotune.Task and pass --workload module:factory (docs/workloads.md)"
             )
-        close = difflib.get_close_matches(ref, names, n=3, cutoff=0.5)
+        close = [ref.lower()] if ref.lower() in names else difflib.get_close_matches(ref, names, n=3, cutoff=0.5)
         hint = f"; did you mean {', '.join(close)}?" if close else "; see torchvision.models.list_models()"
         raise WorkloadError(f"unknown model {ref!r}{hint}")
 
