@@ -61,7 +61,17 @@ class WorkloadError(AutotuneError):
 
 class DataError(WorkloadError):
     """The data cannot be read now (a file that cannot be decoded, the directory gone): once it is fixed in place, the
-    same command resumes the search, so what the search measured before it is kept."""
+    same command resumes the search, so what the search measured before it is kept.
+
+    Args:
+        message: What is wrong and what to do.
+        if_kept: Said after ``message`` while the study that the error stops holds a measurement (what a rerun on
+            the same ``--out`` must then respect); :attr:`alone` is the message without it, for a study removed.
+    """
+
+    def __init__(self, message: str, *, if_kept: str = "") -> None:
+        super().__init__(message + if_kept)
+        self.alone = message
 
 
 class ProbeError(AutotuneError):

@@ -855,6 +855,32 @@ def test_bad_data_advice_matches_what_a_rerun_accepts(tmp_path, synthetic_data) 
     assert study_of(tmp_path / "out").trials[0].state == TrialState.COMPLETE
 
 
+def test_bad_data_met_before_anything_was_measured_leaves_no_study_and_says_nothing_of_another_out(tmp_path, synthetic_data) -> None:
+    """The first calibration run meets the file: the study measured nothing and is removed, so a rerun on the same
+    --out without the file is a new search, and the line does not send the user to another --out."""
+    import shutil
+
+    from autotune.errors import DataError
+    from autotune.records import TrialResult
+    from autotune.tuner import SearchConfig, run_search
+
+    data = tmp_path / "data"
+    shutil.copytree(synthetic_data, data)
+    victim = next(iter(sorted((data / "class_03").iterdir())))
+
+    def at_once(setup, workload, options=None, *, on_window=None):  # type: ignore[no-untyped-def]
+        return TrialResult(status="bad_data", error=f"{victim}: cannot decode (OSError: image file is truncated)")
+
+    config = SearchConfig(model="resnet18", trials=2, image_size=32, device="cpu", trial_seconds=1.0, out=tmp_path / "out", data=data)
+    with pytest.raises(DataError) as caught:
+        run_search(config, runner=at_once)
+    assert str(caught.value) == (f"bad data: {victim}: cannot decode (OSError: image file is truncated); fix or replace it in "
+                                 "place and rerun the same command (finished trials are kept)")
+    victim.unlink()
+    outcome = run_search(config, runner=steady_runner)  # the same --out takes the smaller data
+    assert outcome.best is not None
+
+
 def test_bad_data_in_the_synthetic_jpegs_says_to_remove_their_directory(tmp_path, synthetic_data) -> None:
     """A damaged file among the synthetic JPEGs autotune wrote (no --data): the line says to remove their directory,
     which the rerun of the same command writes again, the same files, and resumes (before: "fix or remove it", a

@@ -42,6 +42,7 @@ def nothing_left_if_nothing_measured(study: SearchStudy, made_out: Path | None, 
     except AutotuneError as exc:
         if isinstance(exc, (SearchInterrupted, StorageError)) or shared:
             raise
+        empty = False
         try:
             empty = study.measured_nothing() if isinstance(exc, DataError) else study.holds_nothing()
             if empty and made_out is not None:
@@ -50,6 +51,8 @@ def nothing_left_if_nothing_measured(study: SearchStudy, made_out: Path | None, 
                 study.delete()
         except CONNECTION_ERRORS:  # the storage failed meanwhile: the error already raised is the one to say
             pass
+        if empty and isinstance(exc, DataError) and exc.alone != str(exc):
+            raise DataError(exc.alone) from None  # no study is left whose data size a rerun must keep
         raise
 
 

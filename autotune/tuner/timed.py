@@ -50,7 +50,8 @@ class TimedRunner:
         if result.status not in ("ok", "pruned") and (gone := data_gone(workload)) is not None:
             raise DataError(gone)  # not the setup's failure: stop before it is stored as one
         if result.status == "bad_data":
-            raise DataError(f"bad data: {result.error}; {bad_data_advice(workload)}")
+            user_data = workload.task is not None or workload.data is not None  # fixed in place: the data's size is the study's
+            raise DataError(f"bad data: {result.error}; {bad_data_advice(workload)}", if_kept=SIZE_NOTE if user_data else "")
         return result
 
 
@@ -71,10 +72,15 @@ def data_gone(workload: Workload) -> str | None:
 
 def bad_data_advice(workload: Workload) -> str:
     """What to do about a file or record that cannot be read: the user's own is fixed in place (removed, the data's
-    size changes, which the study was made for); the synthetic JPEGs autotune wrote are written again."""
+    size changes, which a study holding a measurement was made for: :data:`SIZE_NOTE`); the synthetic JPEGs autotune
+    wrote are written again."""
     if workload.task is None and workload.data is None:
         where = synthetic_dir(workload.cache_dir, workload.synthetic_images)
         return (f"the synthetic JPEGs in {where} are damaged: remove that directory and rerun the same command "
                 "(it writes them again, the same files; finished trials are kept)")
-    return ("fix or replace it in place and rerun the same command (finished trials are kept); removing it changes the "
-            "number of samples the study was made for, so a rerun without it needs another --out (with --storage: another --study)")
+    return "fix or replace it in place and rerun the same command (finished trials are kept)"
+
+
+#: Said of bad user data while the study holds a measurement: its signature counts the samples.
+SIZE_NOTE = ("; removing it changes the number of samples the study was made for, so a rerun without it needs another --out "
+             "(with --storage: another --study)")
