@@ -35,6 +35,7 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
+    rich_markup_mode=None,  # Click's help: it wraps at any terminal width (Rich's option table cut names at 80 columns)
 )
 out = console()
 err = console(stderr=True)

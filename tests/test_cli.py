@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import typer
 from typer.testing import CliRunner
 
 from autotune import __version__
@@ -107,8 +108,13 @@ def test_unwritable_out_and_unreachable_storage(tmp_path, cache_dir) -> None:
 def test_version_help_and_debug(tmp_path, cache_dir) -> None:
     assert runner.invoke(app, ["--version"]).output.strip() == f"autotune {__version__}"
     for command in ([], ["probe"], ["trial"], ["search"], ["emit"]):
-        result = runner.invoke(app, [*command, "--help"])
+        result = runner.invoke(app, [*command, "--help"], terminal_width=80)
         assert result.exit_code == 0 and "Usage" in result.output
+        # Every option's names whole on an 80-column terminal (Rich's table cut them: --persistent-work…).
+        shown = result.output.replace("\n", " ")
+        params = typer.main.get_command(app).commands[command[0]].params if command else []  # type: ignore[attr-defined]
+        names = [name for param in params for name in (*param.opts, *param.secondary_opts)]
+        assert all(name in shown for name in names) and "…" not in shown, [n for n in names if n not in shown]
     result = runner.invoke(app, ["--debug", "search", "--model", "resnet1800", "--device", "cpu", "--out",
                                 str(tmp_path / "o"), "--cache-dir", str(cache_dir), "--synthetic-images", "64"])
     assert result.exit_code != 0 and result.exception is not None  # --debug lets the exception through
