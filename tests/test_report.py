@@ -354,6 +354,8 @@ def test_a_best_json_of_another_image_size_or_device_is_not_the_studys(searched,
         write_best(copy / "best.json", dataclasses.replace(best, workload=dataclasses.replace(best.workload, **change)))
         text = " ".join(CliRunner().invoke(app, ["status", str(copy)]).stdout.split())
         assert ("confirmed by this search" in text) is (not change), (change, text)
+        foreign = f"winner: none of this study's in {copy}: its best.json is another search's (another storage or study)"
+        assert (foreign in text) is bool(change) and "rerun the search's command to confirm one" not in text, (change, text)
         assert CliRunner().invoke(app, ["report", str(copy)]).exit_code == 0
         page = " ".join((copy / REPORT).read_text(encoding="utf-8").split())
         assert (f"winner not shown: {copy / 'best.json'} is another search's" in page) is bool(change)

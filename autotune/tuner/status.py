@@ -20,7 +20,7 @@ from autotune.tuner.constraints import excluding
 from autotune.tuner.lock import Holder
 from autotune.tuner.pending import pending_file, read_pending
 from autotune.tuner.study import ATTR_MARKER, ATTR_ROLE, ATTR_WORKER, ROLE_SEARCH, STUDY_HOLDER, SearchStudy
-from autotune.tuner.study_report import baseline_only, kept_winner, published_winner, run_by_workers, stored_set
+from autotune.tuner.study_report import baseline_only, is_another_searchs, kept_winner, published_winner, run_by_workers, stored_set
 from autotune.tuner.workers import confirm_marker
 
 
@@ -69,6 +69,7 @@ class StudyStatus:
             (None once it is).
         pending: A line about the measured trials ``out``'s pending-trials.json keeps for this study (the storage
             could not take them; the search's rerun adds them), or why that file is unreadable; None: none kept.
+        foreign_best: ``out/best.json`` is readable and another search's (``--storage`` naming another study).
     """
 
     study: str
@@ -88,6 +89,7 @@ class StudyStatus:
     best_excluded_by: str | None = None
     calibration_runs: int | None = None
     pending: str | None = None
+    foreign_best: bool = False
 
     def lines(self) -> list[str]:
         """The status in plain lines."""
@@ -117,6 +119,8 @@ class StudyStatus:
                          "winner: being confirmed" if self.confirming else
                          "winner: none confirmed: the worker confirming it stopped; rerun a worker's search command" if self.shared else
                          "winner: in the best.json of the search's directory (autotune status DIR --storage URL shows it)" if self.out is None else
+                         f"winner: none of this study's in {self.out}: its best.json is another search's (another storage or study)"
+                         if self.foreign_best else
                          f"winner: none confirmed in {self.out / 'best.json'}; rerun the search's command to confirm one")
         return lines
 
@@ -171,6 +175,7 @@ def study_status(storage: str, study: str | None = None, out: Path | None = None
     unmeasured = [r for r in records if not r.result.ok and r.result.status != "pruned" and not r.free]
     lone = not run_by_workers(trials)
     winner, winner_by = published_winner(found) or (None, None)
+    foreign = winner is None and out is not None and lone and is_another_searchs(out, found, records)
     if winner is None and out is not None and lone:  # a shared study's worker's copy may be an earlier budget's
         best = kept_winner(out, found, records)  # an interrupted search's or an unreadable best.json is no winner
         if best is not None:
@@ -201,6 +206,7 @@ def study_status(storage: str, study: str | None = None, out: Path | None = None
         out=out,
         infeasible=len(unmeasured),
         infeasible_kinds=tuple(sorted({r.result.status for r in unmeasured})),
+        foreign_best=foreign,
         calibration_runs=sum(map(len, found.calibration_runs().values())) if found.calibration() is None else None,
         pending=_pending(out, found) if out is not None else None,
     )

@@ -120,6 +120,16 @@ def kept_winner(out: Path, study: SearchStudy, records: list[TrialRecord]) -> Be
     return best if best is not None and best.confirmed else None
 
 
+def is_another_searchs(out: Path, study: SearchStudy, records: list[TrialRecord]) -> bool:
+    """Whether ``out/best.json`` is readable and another search's, not ``study``'s (``--storage`` of another study)."""
+    if not (out / "best.json").is_file():
+        return False
+    try:
+        return stored_best(out, study, records) is None
+    except AutotuneError:  # unreadable: not known to be another's
+        return False
+
+
 def kept_outcome(outcome: SearchOutcome, kept: Best, study: SearchStudy, records: list[TrialRecord]) -> SearchOutcome:
     """``outcome`` showing the ``kept`` winner of an earlier run with that run's rounds, verdict and ceilings (an
     interrupted rerun measured rounds of its own: they are not the kept winner's evidence)."""
