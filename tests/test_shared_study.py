@@ -657,3 +657,31 @@ def test_the_calibration_and_confirmation_stores_of_a_shared_study_retry_a_lost_
     assert drops == [0]
     assert study.study.user_attrs[STUDY_CALIBRATION_RUNS] == {"run": [run.to_dict()]}
     assert study.confirmation() == {"#1": ([10.0], [], [])}
+
+
+def test_a_worker_joining_with_other_settings_is_refused_while_the_first_lives(tmp_path) -> None:
+    """Two workers started at the same moment with different --image-size both joined a study that held nothing yet
+    (each took it as a fresh one) and mixed their measurements. Joining is an election: while the first live worker
+    runs, one with other settings is refused in one line; the same settings join; once it is gone, and the study
+    still holds nothing, the corrected command takes the study over."""
+    from autotune.tuner.workers import MARKER_JOIN
+
+    storage = f"journal://{tmp_path / 'study.log'}"
+    study = SearchStudy.open(storage, "race", shared=True)
+    at_32 = {"model": "resnet18", "image_size": 32, "device": "cpu", "constraints": []}
+    first = subprocess.Popen(["sleep", "600"])  # the first worker: a live process on this host
+    try:
+        holder = Holder(first.pid, Holder.me().host, psutil.Process(first.pid).create_time(), time.time())
+        study.study.add_trial(optuna.create_trial(state=TrialState.FAIL, user_attrs={
+            "marker": MARKER_JOIN, ATTR_WORKER: holder.to_dict(), "signature": at_32}))
+        study.study.set_user_attr("signature", at_32)
+        with pytest.raises(StorageError, match=rf"^study 'race' in {storage} is being searched by pid {first.pid} on .* for a different "
+                                               r"search \(image_size: 32 there, 48 now\); start this worker with the same settings"):
+            Crew(study, wait_s=60.0).join({**at_32, "image_size": 48})
+        assert study.study.user_attrs["signature"] == at_32  # the first worker's search stands
+        Crew(study, wait_s=60.0).join({**at_32, "device": "cpu"})  # the same search joins
+    finally:
+        first.kill()
+        first.wait()
+    Crew(study, wait_s=60.0).join({**at_32, "image_size": 48})  # the first is gone and nothing was measured
+    assert SearchStudy.load(storage, "race").study.user_attrs["signature"]["image_size"] == 48

@@ -3,17 +3,15 @@
 Every worker runs the same search loop against the shared study; the study
 itself is the only coordinator:
 
-* **Elections.** Work that must happen once (the calibration and the first
+* **Elections** (:mod:`autotune.tuner.elections`). Work that must happen once (the calibration and the first
   trials; the confirmation of a ``--trials`` budget) goes to the worker with
-  the lowest-numbered election marker: a FAIL-state trial carrying
-  :data:`~autotune.tuner.study.ATTR_MARKER` and the worker. Optuna numbers
-  trials in creation order under a lock on the study row (RDB) or in log
-  order (journal), so every worker sees the same winner. A marker whose
-  worker is gone (a dead pid on this host; on another host, older than
-  :data:`~autotune.tuner.lock.STALE_AFTER_S`) is passed over. The others
+  the lowest-numbered live election marker. The others
   wait for the result while the elected worker makes progress: they stop
   only after :attr:`Crew.wait_s` in which it stored nothing (no calibration
-  run, no confirmation measurement).
+  run, no confirmation measurement). Joining is an election too: the first
+  live worker's search settings (its signature) are the study's, so a worker
+  started at the same moment with another ``--image-size`` or ``--set`` is
+  refused before the study stores either.
 * **Budget.** ``--trials`` is the total over workers: a worker asks only
   while finished plus running trials are below it, and after asking counts
   again; when the others' trials already fill the budget it gives its trial
@@ -43,16 +41,18 @@ from autotune.errors import SearchInterrupted, StorageError
 from autotune.output.best import Best
 from autotune.records import Calibration, TrialOptions, TrialRecord, TrialResult
 from autotune.runner import TrialRunner
+from autotune.tuner import elections
 from autotune.tuner.budget import STUDY_BUDGET
 from autotune.tuner.config import SearchOutcome
 from autotune.tuner.explore import Exploration, check_recipe, known_result, pruning_hook, queue_refinements, setup_for, starved
+from autotune.tuner.identity import signature_difference
 from autotune.tuner.lock import Holder
 from autotune.tuner.patience import Patience
 from autotune.tuner.pending import PendingTrial, kept_pending
 from autotune.tuner.progress import Reporter
 from autotune.tuner.signals import interrupts_held, sigterm_as_interrupt
 from autotune.tuner.storage import heartbeats, with_retries
-from autotune.tuner.study import ATTR_MARKER, ATTR_ROLE, ATTR_WORKER, ROLE_SEARCH, STUDY_WINNER, SearchStudy
+from autotune.tuner.study import ATTR_ROLE, ATTR_WORKER, ROLE_SEARCH, STUDY_WINNER, SearchStudy
 from autotune.tuner.study_report import stored_confirmed
 
 T = TypeVar("T")
@@ -62,6 +62,9 @@ R = TypeVar("R")
 STUDY_READY = "first_trials"  # set once calibration and the first trials are in: who did it
 
 MARKER_CALIBRATE = "calibrate"
+#: The election of the worker whose search settings (signature, on its marker) the others must share.
+MARKER_JOIN = "join"
+ATTR_SIGNATURE = "signature"
 
 
 def confirm_marker(trials: int) -> str:
@@ -114,7 +117,14 @@ class Crew:
         Raises:
             StorageError: The fingerprint or the search differs, naming the first difference.
         """
-        self._retry(lambda: self.study.check_signature(shared_signature(signature)))
+        mine = shared_signature(signature)
+        with interrupts_held():  # the first live worker to join sets the search: one started with other settings is refused
+            first, marker = self._retry(lambda: elections.enter(self.study.study, self.me, MARKER_JOIN, {ATTR_SIGNATURE: mine}))
+        difference = None if self.is_me(first) else signature_difference(marker.user_attrs.get(ATTR_SIGNATURE) or {}, mine)
+        if difference is not None:
+            raise StorageError(f"study {self.study.name!r} in {self.study.storage} is being searched by {first.describe()} for a "
+                               f"different search ({difference}); start this worker with the same settings, or pass --study NEW_NAME")
+        self._retry(lambda: self.study.check_signature(mine))
         return self.fail_stale()
 
     def fail_stale(self) -> list[int]:
@@ -154,22 +164,8 @@ class Crew:
     # ------------------------------------------------------------ elections
     def leads(self, kind: str) -> Holder:
         """Enter the election ``kind`` (once) and return its winner among the live markers."""
-
-        def markers() -> list[FrozenTrial]:
-            trials = self.study.study.get_trials(deepcopy=False, states=(TrialState.FAIL,))
-            return sorted((t for t in trials if t.user_attrs.get(ATTR_MARKER) == kind), key=lambda t: t.number)
-
-        def step() -> Holder:
-            found = markers()
-            if not any(self.me.same_process(h) for h in _holders(found)):
-                marker = optuna.create_trial(state=TrialState.FAIL, user_attrs={ATTR_MARKER: kind, ATTR_WORKER: self.me.to_dict()})
-                self.study.study.add_trial(marker)
-                found = markers()
-            live = [h for h in _holders(found) if h.alive() or self.me.same_process(h)]
-            return live[0]
-
         with interrupts_held():
-            return self._retry(step)
+            return self._retry(lambda: elections.enter(self.study.study, self.me, kind))[0]
 
     def is_me(self, holder: Holder) -> bool:
         """Whether ``holder`` is this worker."""
@@ -384,7 +380,3 @@ class Crew:
             record = next((r for r in records if r.number == trial.number), pending[0])
             reporter.trial_finished(self._retry(lambda: study.counts(plan.wanted))[0], plan.wanted, record, best)
         return records
-
-
-def _holders(markers: list[FrozenTrial]) -> list[Holder]:
-    return [h for t in markers if (h := Holder.from_dict(t.user_attrs.get(ATTR_WORKER))) is not None]
