@@ -14,6 +14,8 @@ from pathlib import Path
 #: ``scheme://user:password@``: the password is whatever lies between the
 #: first ``:`` after the scheme and the last ``@`` before the host.
 _CREDENTIALS = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.\-]*://[^:/@\s]*:)(?P<password>[^\s]*)(?P<at>@)")
+#: A password given as a query parameter (``postgresql://me@db/optuna?password=...``, libpq's ``sslpassword`` too).
+_QUERY_PASSWORD = re.compile(r"(?P<head>[?&](?:ssl)?password=)(?P<password>[^&\s'\"]*)", re.IGNORECASE)
 
 
 def hide_passwords(text: str) -> str:
@@ -21,8 +23,11 @@ def hide_passwords(text: str) -> str:
 
     >>> hide_passwords("--storage postgresql://me:s3cr:et@db:5432/optuna")
     '--storage postgresql://me:***@db:5432/optuna'
+    >>> hide_passwords("postgresql://me@db/optuna?sslmode=require&password=s3cret")
+    'postgresql://me@db/optuna?sslmode=require&password=***'
     """
-    return _CREDENTIALS.sub(lambda m: f"{m.group('head')}***{m.group('at')}", text)
+    text = _CREDENTIALS.sub(lambda m: f"{m.group('head')}***{m.group('at')}", text)
+    return _QUERY_PASSWORD.sub(lambda m: f"{m.group('head')}***", text)
 
 
 def recorded_command(argv: list[str]) -> str:

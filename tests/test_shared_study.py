@@ -423,6 +423,18 @@ def test_storages_that_cannot_open_say_why(tmp_path) -> None:
     assert isinstance(sqlite, RDBStorage) and sqlite.url == f"sqlite:///{tmp_path}/study.db"
     with pytest.raises(StorageError, match=r"write journal:///ABSOLUTE/PATH.log"):
         open_storage("journal://")  # no path: SQLAlchemy would look for a "journal" dialect
+    with pytest.raises(StorageError, match=r"'jornal:///tmp/s.log': no storage kind jornal://; write postgresql://USER@HOST/DB, "
+                                           r"sqlite:///ABSOLUTE/PATH.db or journal:///ABSOLUTE/PATH.log$"):
+        open_storage("jornal:///tmp/s.log")  # before: SQLAlchemy's "Can't load plugin: sqlalchemy.dialects:jornal"
+    # An '@' left in the password: the driver read its tail as the host and named it ("failed to resolve host 'ss9Q@...'").
+    with pytest.raises(StorageError, match=r"'postgresql://u:\*\*\*@127.0.0.1:1/db': more than one '@' before the host; "
+                                           r"percent-encode an '@' in the user name or password as %40") as raised:
+        open_storage("postgresql://u:pa@ss9Q@127.0.0.1:1/db")
+    assert "ss9Q" not in str(raised.value)
+    # A password given as a query parameter is hidden too.
+    with pytest.raises(StorageError) as raised:
+        open_storage("postgresql://u@127.0.0.1:1/db?connect_timeout=1&password=s3cr3tQ")
+    assert "s3cr3tQ" not in str(raised.value) and "password=***" in str(raised.value), str(raised.value)
     for path in (f"{tmp_path}/study.db", "study.db"):  # before: "Could not parse SQLAlchemy URL from given URL string"
         with pytest.raises(StorageError, match=rf"not a storage URL; write sqlite:///{os.path.abspath(path)} for an SQLite file"):
             open_storage(path)

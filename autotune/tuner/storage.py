@@ -181,11 +181,17 @@ def check_storage_url(url: str) -> None:
     if "://" not in url:  # a file path (the default study.db's): SQLAlchemy says only "Could not parse SQLAlchemy URL"
         raise StorageError(f"cannot open study storage {url!r}: not a storage URL; write sqlite:///{os.path.abspath(url)} for an "
                            "SQLite file (a search alone), a path ending .log for a journal file, or postgresql://USER@HOST/DB")
+    if url.split("://", 1)[1].split("/", 1)[0].count("@") > 1:  # the driver would read the password's tail as the host
+        raise StorageError(hide_passwords(f"cannot open study storage {url!r}: more than one '@' before the host; percent-encode "
+                                          "an '@' in the user name or password as %40"))
     try:
         if not url.startswith("sqlite"):
             sqlalchemy.engine.make_url(url).get_dialect()  # the URL's form and its dialect; the driver loads on connecting
             return
         where = sqlite_path(url)
+    except sqlalchemy.exc.NoSuchModuleError:  # a typo in the scheme (jornal://): SQLAlchemy names its plugin loader
+        raise StorageError(hide_passwords(f"cannot open study storage {url!r}: no storage kind {url.split(':', 1)[0]}://; write "
+                                          f"postgresql://USER@HOST/DB, sqlite:///ABSOLUTE/PATH.db or {JOURNAL_SCHEME}/ABSOLUTE/PATH.log")) from None
     except Exception as exc:  # sqlalchemy's parse and plugin errors differ
         raise StorageError(hide_passwords(f"cannot open study storage {url!r}: {first_line(exc)}")) from None
     if not where or where == ":memory:":
