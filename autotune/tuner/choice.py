@@ -1,7 +1,7 @@
-"""Which confirmed finalist wins: the fastest median, unless what it costs does not pay for itself.
+"""Which confirmed finalist wins: the fastest, unless what it costs does not pay for itself.
 
-The fastest median among the setups measured to the last round (unless
-another of them beats it in the paired rounds) must beat the PyTorch
+The leader among the setups measured to the last round that no other beats in the paired rounds (ahead of most by
+paired median: :func:`~autotune.tuner.noise.paired_leader`) must beat the PyTorch
 defaults beyond the noise (:mod:`autotune.tuner.noise`), or a finalist that
 does is returned; a compiled
 one must beat the fastest eager finalist, one that changes the training math
@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 
 from autotune.rounds import Confirmed
 from autotune.train_setup import TrainSetup
-from autotune.tuner.noise import NOISE_FLOOR, beats, leader, margin
+from autotune.tuner.noise import NOISE_FLOOR, beats, leader, margin, paired_leader
 
 #: A cost a setup may carry (a predicate) and, in words, the virtue of a setup without it.
 Rule = tuple[Callable[[TrainSetup], bool], str]
@@ -82,8 +82,8 @@ def choose_winner(
         measured = [c for c in measured if c is not defaults]
         defaults = None
     last = to_the_last_round(measured)
-    # The highest median, unless another setup measured as long beats it in the paired rounds.
-    top = leader([c for c in last if not any(beats(other, c) for other in last)]) or leader(last)
+    # Among the setups measured as long that none beats in the paired rounds, the one ahead of most by paired median.
+    top = paired_leader([c for c in last if not any(beats(other, c) for other in last)]) or leader(last)
     assert top is not None
     chosen = top
     if top is defaults:

@@ -86,6 +86,19 @@ def leader(confirmed: Sequence[Confirmed]) -> Confirmed | None:
     return max(measured, key=lambda c: c.median or 0.0) if measured else None
 
 
+def paired_leader(confirmed: Sequence[Confirmed]) -> Confirmed | None:
+    """The candidate whose paired median leads the most others (ratio above 1 over the rounds both measured), the
+    highest median among those leading as many; None when none measured. Under a load that swings between rounds, a
+    setup's own median can lead while it lost to the other round by round (a -29 % paired median); the paired
+    ratios cancel the load their two runs shared, so they rank first."""
+    measured = [c for c in confirmed if c.median is not None]
+
+    def leads(c: Confirmed) -> int:
+        return sum(bool(ratios := paired_ratios(c, o)) and median_ratio(ratios) > 1.0 for o in measured if o is not c)
+
+    return max(measured, key=lambda c: (leads(c), c.median or 0.0)) if measured else None
+
+
 #: Fewest paired rounds, all lost, that end a setup's rounds by :func:`behind_throughout` (3 of 3 by chance: 1 in 8).
 BEHIND_ROUNDS = 3
 
