@@ -7,9 +7,11 @@ import contextlib
 import dataclasses
 import os
 import runpy
+import shutil
 import stat
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -925,7 +927,8 @@ def test_a_sigchld_pending_with_the_stop_signal_raises_nothing(synthetic_data: P
 @pytest.mark.slow
 @pytest.mark.parametrize("signum", [2, 15], ids=["SIGINT", "SIGTERM"])
 def test_ctrl_c_or_sigterm_stops_after_the_step_with_a_checkpoint_to_resume_from(
-    synthetic_data: Path, tmp_path: Path, signum: int, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    synthetic_data: Path, tmp_path: Path, signum: int, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+    request: pytest.FixtureRequest,
 ) -> None:
     """A real signal to a real run's whole process group, its loader worker too (as a terminal's Ctrl-C reaches them):
     one line, exit 130, a checkpoint at the step it stopped after."""
@@ -933,8 +936,10 @@ def test_ctrl_c_or_sigterm_stops_after_the_step_with_a_checkpoint_to_resume_from
     import time
 
     script = write_script(make_best(synthetic_data, **CPU_KNOBS), tmp_path / "train.py")
-    temp = tmp_path / "tmp"  # the loader worker's multiprocessing directory (pymp-*) goes here
-    temp.mkdir()
+    # The loader worker's multiprocessing directory (pymp-*) goes here. A short path: its socket path (pymp-*/listener-*)
+    # under pytest-xdist's tmp_path passed the 107 bytes AF_UNIX allows, and the run hung at its first batches.
+    temp = Path(tempfile.mkdtemp(prefix="at-", dir="/tmp"))
+    request.addfinalizer(lambda: shutil.rmtree(temp, ignore_errors=True))
     proc = subprocess.Popen([sys.executable, str(script), "--epochs", "1000", "--print-freq", "1", "--output-dir", "out"],
                             cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
                             env={**os.environ, "TMPDIR": str(temp)})

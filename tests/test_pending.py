@@ -124,16 +124,17 @@ def test_a_worker_that_loses_its_journal_file_after_a_trial_keeps_it_for_the_rer
     storage = f"journal://{tmp_path / 'study.log'}"
     cfg = config(tmp_path, cache_dir, storage)
     monkeypatch.setenv("AUTOTUNE_STORAGE_RETRIES", "1")  # gives up at once: no pauses
-    lose_storage_at(monkeypatch, "tell", PermissionError(13, "Permission denied", str(tmp_path / "study.log")))
+    lost = LOST + 1  # a shared study's trial #0 is the worker's join marker (joining is an election)
+    lose_storage_at(monkeypatch, "tell", PermissionError(13, "Permission denied", str(tmp_path / "study.log")), lost)
     first = Runner()
     with pytest.raises(StorageError) as caught:
         run_search(cfg, runner=first)
     said = str(caught.value)
     assert said.startswith(f"lost the study storage {storage}: ") and "finished trials are kept, rerun to resume" in said, said
-    assert f"trial #{LOST}, measured meanwhile, is kept in {cfg.out / PENDING_FILE}" in said
-    running = SearchStudy.load(storage, "pending").study.get_trials(deepcopy=False)[LOST]
+    assert f"trial #{lost}, measured meanwhile, is kept in {cfg.out / PENDING_FILE}" in said
+    running = SearchStudy.load(storage, "pending").study.get_trials(deepcopy=False)[lost]
     assert running.state == TrialState.RUNNING  # as a worker that lost its storage leaves it
-    check_kept_then_added(monkeypatch, cfg, first, storage)
+    check_kept_then_added(monkeypatch, cfg, first, storage, lost)
 
 
 def kept_after_a_full_disk(tmp_path: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[SearchConfig, Path]:
