@@ -146,6 +146,24 @@ def _head_holds(path: Path, mark: bytes) -> bool:
         return False
 
 
+#: A DataLoader worker hands tensors over through multiprocessing's socket TMPDIR/pymp-XXXXXXXX/listener-XXXXXXXX, whose
+#: path a Unix socket holds in 107 bytes: past them the worker fails to send and the loop waits for its batch for good.
+SOCKET_PATH_BYTES, SOCKET_TAIL = 107, len("/pymp-XXXXXXXX/listener-XXXXXXXX")
+
+
+def check_temp_dir_for_workers(root: str | None = None) -> None:
+    """Refuse a temporary directory too long for the loader workers' sockets (a job scheduler's deep TMPDIR).
+
+    Raises:
+        UsageError: The socket path would pass :data:`SOCKET_PATH_BYTES`.
+    """
+    root = root or tempfile.gettempdir()
+    if len(os.fsencode(root)) + SOCKET_TAIL > SOCKET_PATH_BYTES:
+        raise UsageError(f"the temporary directory {root} is too long for DataLoader workers: their sockets under it pass the "
+                         f"{SOCKET_PATH_BYTES} bytes of a Unix socket path, and a trial with workers would hang at its first "
+                         "batch; set TMPDIR to a shorter directory (TMPDIR=/tmp), or pass --set num_workers=0")
+
+
 def check_out(out: Path, data: Path | None) -> None:
     """:func:`check_writable`, and that ``out`` lies outside the ImageFolder ``data`` (its root itself is fine).
 

@@ -1113,3 +1113,20 @@ def test_data_whose_class_folders_are_splits_gets_the_search_s_warning(
     assert code == 0, err
     assert (f"warning: the class folders of imagenet are train, val, which look like dataset splits: did you mean --data "
             f"{Path('imagenet') / 'train'}?") in out
+
+
+def test_a_temporary_directory_too_long_for_the_workers_sockets_is_one_line(
+    synthetic_data: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under a TMPDIR past 75 bytes the loader worker's socket path passes 107 and the first batch never comes (a run
+    hung until killed); --workers 0 needs no socket."""
+    script = write_script(make_best(synthetic_data, **CPU_KNOBS), tmp_path / "train.py")
+    deep = tmp_path / ("d" * (110 - len(str(tmp_path))))
+    deep.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(deep))
+    line, _ = in_process.refusal(script, ["--output-dir", "out", "--max-steps", "1"], tmp_path, capfd, monkeypatch)
+    assert line == (f"error: --workers 1: the temporary directory {deep} is too long for the loader workers' sockets (107 bytes); "
+                    "set TMPDIR to a shorter directory (TMPDIR=/tmp), or pass --workers 0")
+    code, out, err = in_process.run_script(script, ["--output-dir", "out", "--max-steps", "1", "--workers", "0"], tmp_path, capfd,
+                                           monkeypatch)
+    assert code == 0 and "done: step 1," in out, err

@@ -625,3 +625,25 @@ def test_a_trial_announces_the_synthetic_jpegs_before_it_writes_them(tmp_path, m
     lines.clear()
     autotune.trial(model="resnet18", image_size=32, device="cpu", cache_dir=tmp_path, synthetic_images=16, announce=lines.append)
     assert len(lines) == 1 and lines[0].startswith("trial: resnet18")  # written once: nothing more to say
+
+
+def test_a_temporary_directory_too_long_for_the_workers_sockets_is_refused(tmp_path, monkeypatch) -> None:
+    """A job scheduler's deep TMPDIR: multiprocessing's socket under it (pymp-*/listener-*) passed the 107 bytes of a Unix
+    socket path and every trial with loader workers hung at its first batch until its timeout. Refused before anything
+    is written, unless --set num_workers=0 keeps the workers out."""
+    import tempfile
+
+    deep = tmp_path / ("d" * (110 - len(str(tmp_path))))
+    deep.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(deep))
+    cache = tmp_path / "cache"
+    code, output, out = run(tmp_path, cache)
+    assert code == 2 and one_line(output).startswith(f"error: the temporary directory {deep} is too long for DataLoader workers")
+    assert "set TMPDIR to a shorter directory (TMPDIR=/tmp), or pass --set num_workers=0" in output
+    assert not out.exists() and not cache.exists()
+    from autotune.files import check_temp_dir_for_workers
+
+    check_temp_dir_for_workers("/tmp")  # the usual one passes
+    check_temp_dir_for_workers("/" + "x" * 74)  # 75 bytes: the socket path is 107
+    with pytest.raises(Exception, match="too long"):
+        check_temp_dir_for_workers("/" + "x" * 75)

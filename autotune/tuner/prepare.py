@@ -15,7 +15,7 @@ from typing import Any
 
 import probes
 from autotune.devices import DeviceInfo
-from autotune.files import check_out
+from autotune.files import check_out, check_temp_dir_for_workers
 from autotune.output.emit import script_target
 from autotune.records import Workload
 from autotune.tuner.config import SearchConfig
@@ -61,6 +61,8 @@ def prepare(config: SearchConfig, reporter: Reporter) -> Prepared:
     device = placement.device
     constraints = config.pins
     check_constraints(constraints, device)
+    if allows_workers(constraints.get("num_workers")):
+        check_temp_dir_for_workers()
     out = Path(config.out)
     check_out(out, config.data)
     script_target(out / "train.py", "--out")  # the winner's script must not meet the user's own train.py at the end
