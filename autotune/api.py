@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import SetupError, UsageError, check_bool, worded_for_python
+from autotune.files import check_temp_dir_for_workers
 from autotune.records import DEFAULT_TRIAL_SECONDS, TrialOptions, TrialResult, Workload
 from autotune.train_setup import TrainSetup
 from autotune.tuner import Reporter, SearchConfig, SearchOutcome, run_search
@@ -354,13 +355,11 @@ def trial(
     setup = setup or TrainSetup()
     check_trial_seconds(trial_seconds)
     check_timeout(timeout_s, trial_seconds)
+    if setup.num_workers > 0 and mode != "compute":  # their sockets must fit under TMPDIR, or the trial hangs to its timeout
+        check_temp_dir_for_workers()
     prestart()  # the trial server's imports overlap the workload's checks below
-    options = TrialOptions(
-        trial_seconds=trial_seconds,
-        timeout_s=timeout_s,
-        max_memory_bytes=_bytes(max_memory),
-        mode=mode,  # type: ignore[arg-type]
-    )
+    options = TrialOptions(trial_seconds=trial_seconds, timeout_s=timeout_s, max_memory_bytes=_bytes(max_memory),
+                           mode=mode)  # type: ignore[arg-type]
     hardware, dev, built = trial_workload(
         workload,
         model=model,

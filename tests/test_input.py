@@ -641,6 +641,8 @@ def test_a_temporary_directory_too_long_for_the_workers_sockets_is_refused(tmp_p
     assert code == 2 and one_line(output).startswith(f"error: the temporary directory {deep} is too long for DataLoader workers")
     assert "set TMPDIR to a shorter directory (TMPDIR=/tmp), or pass --set num_workers=0" in output
     assert not out.exists() and not cache.exists()
+    trial = CliRunner().invoke(app, ["trial", "--workers", "1", "--prefetch", "2", "--device", "cpu", "--cache-dir", str(cache)])
+    assert trial.exit_code == 2 and one_line(trial.output).startswith(f"error: the temporary directory {deep} is too long")
     from autotune.files import check_temp_dir_for_workers
 
     check_temp_dir_for_workers("/tmp")  # the usual one passes
