@@ -112,9 +112,10 @@ def confirm(
     is lost.
     """
     pool = list(candidates)  # a finalist whose twin a sibling pair settles is marked there (Candidate.no_twin)
-    values = {c.key: list(known.get(c.key, ([], [], []))[0]) for c in candidates}
-    failures = {c.key: list(known.get(c.key, ([], [], []))[1]) for c in candidates}
-    failed_rounds = {c.key: list(known.get(c.key, ([], [], []))[2]) for c in candidates}
+    kept = {c.key: known.get(c.key, ([], [], [])) for c in candidates}
+    values = {key: list(runs[0]) for key, runs in kept.items()}
+    failures = {key: list(runs[1]) for key, runs in kept.items()}
+    failed_rounds = {key: list(runs[2]) for key, runs in kept.items()}
     peaks: dict[str, int] = {}
     waits: dict[str, float] = {}  # the highest share of a run spent waiting on the loader, per candidate (this process's runs)
     foregone: set[str] = set()

@@ -61,7 +61,8 @@ def prepare(config: SearchConfig, reporter: Reporter) -> Prepared:
     device = placement.device
     constraints = config.pins
     check_constraints(constraints, device)
-    if allows_workers(constraints.get("num_workers")):
+    workers = allows_workers(constraints.get("num_workers"))
+    if workers:
         check_temp_dir_for_workers()
     out = Path(config.out)
     check_out(out, config.data)
@@ -69,7 +70,7 @@ def prepare(config: SearchConfig, reporter: Reporter) -> Prepared:
     if config.storage is not None:
         check_storage_url(config.storage)  # a typo must not wait for the workload (thousands of JPEGs on a first run)
     if config.workload is not None:
-        workload = build_task_workload(config.workload, device=device.name, workers=allows_workers(constraints.get("num_workers")))
+        workload = build_task_workload(config.workload, device=device.name, workers=workers)
     else:
         workload = build_workload(model=config.model, image_size=config.image_size, data=config.data, device=device.name, cache_dir=config.cache_dir,
                                   synthetic_images=config.synthetic_images, lr=config.lr, warn=reporter.message, write_data=False)

@@ -175,9 +175,10 @@ def study_status(storage: str, study: str | None = None, out: Path | None = None
     unmeasured = [r for r in records if not r.result.ok and r.result.status != "pruned" and not r.free]
     lone = not run_by_workers(trials)
     winner, winner_by = published_winner(found) or (None, None)
-    foreign = winner is None and out is not None and lone and is_another_searchs(out, found, records)
+    foreign = False
     if winner is None and out is not None and lone:  # a shared study's worker's copy may be an earlier budget's
         best = kept_winner(out, found, records)  # an interrupted search's or an unreadable best.json is no winner
+        foreign = best is None and is_another_searchs(out, found, records)
         if best is not None:
             winner, winner_by = best, f"this search (best.json and train.py in {out.resolve()})"
             if lone_holder is not None and lone_holder.alive() and _written_before(out / "best.json", lone_holder.started):

@@ -50,8 +50,8 @@ class TimedRunner:
         if result.status not in ("ok", "pruned") and (gone := data_gone(workload)) is not None:
             raise DataError(gone)  # not the setup's failure: stop before it is stored as one
         if result.status == "bad_data":
-            user_data = workload.task is not None or workload.data is not None  # fixed in place: the data's size is the study's
-            raise DataError(f"bad data: {result.error}; {bad_data_advice(workload)}", if_kept=SIZE_NOTE if user_data else "")
+            advice, if_kept = bad_data_advice(workload)
+            raise DataError(f"bad data: {result.error}; {advice}", if_kept=if_kept)
         return result
 
 
@@ -70,15 +70,15 @@ def data_gone(workload: Workload) -> str | None:
             "same command (finished trials are kept)")
 
 
-def bad_data_advice(workload: Workload) -> str:
-    """What to do about a file or record that cannot be read: the user's own is fixed in place (removed, the data's
-    size changes, which a study holding a measurement was made for: :data:`SIZE_NOTE`); the synthetic JPEGs autotune
-    wrote are written again."""
+def bad_data_advice(workload: Workload) -> tuple[str, str]:
+    """What to do about a file or record that cannot be read, and what to add while the study holds a measurement:
+    the user's own is fixed in place (removed, the data's size changes, which that study was made for:
+    :data:`SIZE_NOTE`); the synthetic JPEGs autotune wrote are written again."""
     if workload.task is None and workload.data is None:
         where = synthetic_dir(workload.cache_dir, workload.synthetic_images)
         return (f"the synthetic JPEGs in {where} are damaged: remove that directory and rerun the same command "
-                "(it writes them again, the same files; finished trials are kept)")
-    return "fix or replace it in place and rerun the same command (finished trials are kept)"
+                "(it writes them again, the same files; finished trials are kept)"), ""
+    return "fix or replace it in place and rerun the same command (finished trials are kept)", SIZE_NOTE
 
 
 #: Said of bad user data while the study holds a measurement: its signature counts the samples.
