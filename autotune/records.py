@@ -217,6 +217,9 @@ class TrialResult:
         num_threads: ``torch.get_num_threads()`` in the training process.
         other_cores: Cores other processes (or the hypervisor) kept busy during the windows
             (:class:`autotune.runner.measure.LoadMeter`); ``None`` where unknown.
+        loader_samples_per_s: Samples/s the loader's workers make when all are busy, each timing its own batches
+            (:mod:`autotune.workloads.production`); no window counts more. ``None`` without workers, for an iterable
+            dataset, and in results stored before it was measured.
         measured_s: Wall time of the measured windows.
         error: One line saying what went wrong, or ``None``.
         windows: Each window's throughput, in order.
@@ -239,6 +242,7 @@ class TrialResult:
     compile_s: float | None = None
     num_threads: int | None = None
     other_cores: float | None = None
+    loader_samples_per_s: float | None = None
 
     @property
     def ok(self) -> bool:

@@ -640,3 +640,29 @@ def _all_still(params: Any) -> torch.optim.Optimizer:
 def still_everywhere() -> autotune.Task:
     """An optimizer factory that sets rate 0 in every group."""
     return autotune.Task(nn.Linear(8, 3), _pairs(), batch_size=16, optimizer=_all_still)
+
+
+class _SlowItems(Dataset):  # type: ignore[type-arg]
+    """Each item takes 20 ms to read: a worker makes a batch of 32 in 0.64 s at best."""
+
+    def __len__(self) -> int:
+        return 10_000
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        import time
+
+        time.sleep(0.02)
+        return torch.zeros(8), index % 2
+
+
+def _step_at_500_per_s(model: nn.Module, batch: Any) -> torch.Tensor:
+    import time
+
+    inputs, targets = batch
+    time.sleep(0.002 * len(targets))  # the training step consumes 500 samples/s at most
+    return nn.functional.cross_entropy(model(inputs), targets)
+
+
+def slow_loader() -> autotune.Task:
+    """A step (500 samples/s) faster than 8 workers make batches (400 samples/s at most)."""
+    return autotune.Task(nn.Linear(8, 2), _SlowItems(), step=_step_at_500_per_s, batch_size=32)

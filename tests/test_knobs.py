@@ -21,7 +21,7 @@ from autotune.output.best import read_best, write_best
 from autotune.output.compile_payoff import compile_section, payoff_note, payoffs
 from autotune.records import Calibration, MemoryPoint, TrialOptions, TrialRecord, TrialResult, Workload
 from autotune.runner import run_trial
-from autotune.runner.child import execute
+from autotune.runner.entry import execute
 from autotune.train_setup import KNOBS, TrainSetup, load_setup
 from autotune.tuner.constraints import merge_constraints, parse_constraint, pinned_values
 from autotune.tuner.refine import MIN_TRIALS, ROLE_COMPILE

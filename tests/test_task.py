@@ -26,7 +26,7 @@ from autotune.errors import UsageError, WorkloadError
 from autotune.output.best import read_best
 from autotune.output.emit import render_script
 from autotune.records import LoaderPoint, TrialOptions, TrialResult, Workload
-from autotune.runner.child import classify
+from autotune.runner.failures import classify
 from autotune.train_setup import TrainSetup
 from autotune.tuner import SearchConfig, run_search
 from autotune.tuner.calibrate import calibrate, workers_broken
@@ -665,7 +665,7 @@ def test_lazy_modules_are_materialized_before_channels_last_and_the_optimizer() 
     import task_factories
     from torch.nn.parameter import is_lazy
 
-    from autotune.runner import child
+    from autotune.runner import entry
 
     for name in ("lazy_modules", "lazy_modules_stream"):
         task = getattr(task_factories, name)()
@@ -676,7 +676,7 @@ def test_lazy_modules_are_materialized_before_channels_last_and_the_optimizer() 
     setup = TrainSetup(batch_size=4, channels_last=True, optimizer_impl="foreach")
     options = TrialOptions(trial_seconds=0.3, windows=2)
     request = {"setup": setup.to_dict(), "workload": _workload("lazy_modules").to_dict(), "options": dataclasses.asdict(options)}
-    result = child.execute(request, started=time.perf_counter(), send=lambda event: None)
+    result = entry.execute(request, started=time.perf_counter(), send=lambda event: None)
     assert result.status == "ok", result.error
 
 
@@ -862,7 +862,7 @@ def test_the_tuned_thread_count_stands_over_the_factory_s_own(
     num_threads (the knob was applied before the factory ran): the search measured one setup under several names."""
     import task_factories
 
-    from autotune.runner import child
+    from autotune.runner import entry
 
     before = torch.get_num_threads()
     try:
@@ -870,7 +870,7 @@ def test_the_tuned_thread_count_stands_over_the_factory_s_own(
         request = {"setup": setup.to_dict(), "workload": _workload("sets_its_threads").to_dict(),
                    "options": dataclasses.asdict(TrialOptions(trial_seconds=0.3, windows=2))}
         task_factories.THREADS_SEEN.clear()
-        result = child.execute(request, started=time.perf_counter(), send=lambda event: None)
+        result = entry.execute(request, started=time.perf_counter(), send=lambda event: None)
         assert result.status == "ok", result.error
         assert set(task_factories.THREADS_SEEN) == {2}
         script = _task_script(tmp_path, "sets_its_threads", setup)

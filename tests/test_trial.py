@@ -170,10 +170,57 @@ def test_fast_steps_measure_until_the_trial_length_is_spent(tiny_workload) -> No
         assert result.measured_s >= options.trial_seconds
 
 
+def test_the_loader_ceiling_sums_each_workers_rate_without_its_first_batch() -> None:
+    from autotune.workloads.production import ProductionClock
+
+    clock = ProductionClock(3)
+    assert clock.batches_per_s() is None
+    for seconds in (5.0, 0.5, 0.5):  # worker 0: its start-up, then 2 batches a second
+        clock.record(0, seconds)
+    clock.record(1, 0.25)  # worker 1: only its first batch, 4 a second
+    assert clock.batches_per_s() == pytest.approx(9.0)  # worker 2 made none yet: counted at the others' mean
+
+
+def test_timed_workers_keep_the_items_and_count_the_batches_they_make() -> None:
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from autotune.workloads.production import ProductionClock
+
+    class Batched(TensorDataset):  # a dataset with its own batched read is read through it
+        def __getitems__(self, indices):
+            return [self[i] for i in indices]
+
+    clock = ProductionClock(2)
+    for data in (TensorDataset(torch.arange(12)), Batched(torch.arange(12))):
+        dataset, collate = clock.wrap(data, None)
+        loader = DataLoader(dataset, batch_size=4, num_workers=2, collate_fn=collate)
+        assert sorted(torch.cat([b[0] for b in loader]).tolist()) == list(range(12))
+    made = [clock._slots[w * 3] for w in range(2)]
+    assert sum(made) == 6 and clock.batches_per_s() > 0  # 3 batches each pass, each counted in its worker
+
+
+def test_a_window_never_counts_more_than_the_loader_workers_make() -> None:
+    """Workers that start together deliver their batches in waves, each at the pace the training consumed the last
+    one: a window inside a wave measured the step's 500 samples/s, not the 400 that 8 workers make at most (32 items
+    of 20 ms each: 0.64 s a batch), and took a loader-bound setup for up to 1.25x faster than it runs."""
+    from autotune.workloads.tasks import build_task_workload
+
+    workload = build_task_workload("task_factories:slow_loader", device="cpu", workers=True)
+    setup = TrainSetup(batch_size=32, num_workers=8, prefetch_factor=1)
+    result = run_trial(setup, workload, TrialOptions(trial_seconds=1.5, windows=5, timeout_s=120))
+    assert result.status == "ok", result.error
+    assert result.loader_samples_per_s is not None and result.loader_samples_per_s <= 400 * 1.01
+    assert result.samples_per_s is not None and result.samples_per_s <= result.loader_samples_per_s
+    assert max(result.windows) <= result.loader_samples_per_s
+    without = run_trial(dataclasses.replace(setup, num_workers=0, prefetch_factor=None), workload, QUICK)
+    assert without.status == "ok" and without.loader_samples_per_s is None  # no workers: nothing to time
+
+
 def test_loader_starts_after_the_first_step_so_its_queue_starts_empty(tiny_workload, monkeypatch) -> None:
     """With workers, lazy initialisation runs on a random batch before the
     loader exists; warm-up is then one step per worker, not the prefetch queue."""
-    from autotune.runner import child
+    from autotune.runner import child, entry
 
     calls: list[str] = []
     real_synthetic, real_start = child.TrialLoop.synthetic_step, child.TrialLoop.start_loader
@@ -199,7 +246,7 @@ def test_loader_starts_after_the_first_step_so_its_queue_starts_empty(tiny_workl
         return work
 
     monkeypatch.setattr(child.TrialLoop, "unit_for_mode", units)
-    result = child.execute(request, started=time.perf_counter(), send=lambda event: None)
+    result = entry.execute(request, started=time.perf_counter(), send=lambda event: None)
     assert result.status == "ok", result.error
     assert calls == ["synthetic_step", "start_loader"]
     assert runner_units == [2]  # one per worker, not 2 x 8 queued batches

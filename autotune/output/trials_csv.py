@@ -24,6 +24,7 @@ RESULT_COLUMNS = (
     "compile_s",
     "threads_used",
     "other_cores",
+    "loader_samples_per_s",
 )
 _FIELDS = {"threads_used": "num_threads"}
 

@@ -12,6 +12,6 @@ import torchvision.datasets
 import torchvision.models
 import torchvision.transforms.v2  # noqa: F401
 
-import autotune.runner.child
+import autotune.runner.entry
 import autotune.workloads.data
 import autotune.workloads.models  # noqa: F401

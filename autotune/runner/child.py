@@ -3,27 +3,30 @@
 Builds the workload, applies the setup, warms up, measures steady-state
 windows and sends events to the parent (see :mod:`autotune.runner.zygote` for
 the transport): one ``window`` event per measured window, then one ``result``
-event. Any failure becomes a result with a status; the parent never parses a
-traceback.
+event (:mod:`autotune.runner.entry` turns any failure into a result).
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 import os
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autotune.records import TrialOptions, TrialResult, Workload
-from autotune.runner.failures import BudgetExceeded, CompileFailed, Diverged, classify
+from autotune.runner.failures import BudgetExceeded, CompileFailed, Diverged
 from autotune.runner.measure import LoadMeter, MemoryMonitor, Stopwatch, summarize, sync
-from autotune.runner.ranks import Rank, pin, run_world
+from autotune.runner.ranks import Rank
 from autotune.runner.windows import Work, may_close, more_windows
 from autotune.train_setup import TrainSetup
 from autotune.units import format_bytes
 from autotune.workloads.batches import to_device
 from probes.cpu import usable_cores
+
+if TYPE_CHECKING:  # pragma: no cover
+    from autotune.workloads.production import ProductionClock
 
 Send = Callable[[dict[str, Any]], None]
 
@@ -49,6 +52,7 @@ class TrialLoop:
         self.device = torch.device(rank.device(workload.device))
         self.device_type = self.device.type
         self.compile_s: float | None = None
+        self.clock: ProductionClock | None = None  # the loader workers' own timing, once the loader starts
         budget = options.max_memory_bytes if self.device_type == "cpu" else None
         # On CUDA the allocator reports the peak; no thread samples the host.
         self.monitor = MemoryMonitor(budget_bytes=budget, enabled=self.device_type == "cpu").start()
@@ -77,11 +81,16 @@ class TrialLoop:
         return self.rank.shard(self.pipeline.dataset())
 
     def start_loader(self, dataset: Any) -> Any:
-        """The loader's batches, endless as the emitted script streams epochs (an iterable dataset re-iterated)."""
+        """The loader's batches, endless as the emitted script streams epochs (an iterable dataset re-iterated);
+        the workers of a map-style dataset time the batches they make (:attr:`clock`)."""
         from autotune.workloads.pipeline import endless_batches
+        from autotune.workloads.production import ProductionClock
 
+        self.clock = ProductionClock(self.setup.num_workers) if self.setup.num_workers > 0 else None
         sized = hasattr(dataset, "__len__")
-        return endless_batches(self.setup, dataset, collate_fn=self.pipeline.collate_fn(), seed=self.options.seed, epochs=not sized)
+        return endless_batches(
+            self.setup, dataset, collate_fn=self.pipeline.collate_fn(), seed=self.options.seed, epochs=not sized, clock=self.clock
+        )
 
     def build_model(self) -> None:
         """The model on the device with the setup's layout, DDP wrapper and compilation; its optimizer and grad scaler."""
@@ -266,7 +275,9 @@ class TrialLoop:
 
         The value is the median window's samples/s, or with accumulation the
         samples over seconds across the whole steps. Every rank closes each
-        window at the same micro-batch, timed by the slowest rank.
+        window at the same micro-batch, timed by the slowest rank. No window
+        counts more than the loader's workers make (:meth:`loader_ceiling`);
+        once the training consumed faster than that, the workers' rate is the value.
 
         Raises:
             BudgetExceeded: Peak memory above the budget.
@@ -298,11 +309,12 @@ class TrialLoop:
         import torch
         threads = torch.get_num_threads()
         load = LoadMeter(usable_cores(), os.getpgrp())  # the trial leads its own session: its ranks and workers are its tree
+        ceiling, paced = None, False  # paced: the training consumed faster than the loader's workers make
         for index in itertools.count():
             if not more_windows(index, measured_s, options):
                 break
             start = time.perf_counter()
-            samples = 0
+            samples, units_before = 0, units
             while True:
                 samples += unit()
                 units += 1
@@ -316,11 +328,14 @@ class TrialLoop:
                     break
             elapsed = time.perf_counter() - start
             self.check()
+            ceiling = self.loader_ceiling(samples / (units - units_before))
             # The world's samples in the same window, timed by its slowest rank.
             samples = int(self.rank.reduce([samples], "sum")[0])
             # Data wait and peak memory so far of the worst rank: a pruned trial's record keeps them.
             elapsed, waited, peak = self.rank.reduce([elapsed, self.data_wait.total_s - wait_before, self.peak_memory()], "max")
-            rate = samples / elapsed
+            # No window counts more than the loader's workers make: a window inside a wave of their batches would.
+            rate = samples / elapsed if ceiling is None else min(samples / elapsed, ceiling)
+            paced = paced or rate < samples / elapsed
             rates.append(rate)
             measured_s += elapsed
             total_samples += samples
@@ -329,6 +344,10 @@ class TrialLoop:
         stats = summarize(rates)
         # Windows that close inside an optimizer step hold its cost unevenly: count time over the whole steps.
         figure = total_samples / measured_s if work.per_step > 1 else stats.median
+        if ceiling is not None and (paced or figure > ceiling):
+            # The workers set the pace: with all of them busy the loop runs at their rate, whichever windows
+            # fell into the waits between waves of batches.
+            figure = ceiling
         wait = self.data_wait.total_s - wait_before
         self.monitor.stop()
         self.check()
@@ -352,7 +371,15 @@ class TrialLoop:
             compile_s=self.compile_s,
             num_threads=threads,
             other_cores=load.other_cores(),
+            loader_samples_per_s=ceiling,
         )
+
+    def loader_ceiling(self, samples_per_batch: float) -> float | None:
+        """Samples/s the world's loader workers make at most: the slowest rank's times the ranks (``None``: not known,
+        as without workers or for an iterable dataset; :class:`~autotune.workloads.production.ProductionClock`)."""
+        made = self.clock.batches_per_s() if self.clock is not None else None
+        slowest = -self.rank.reduce([-math.inf if made is None else -made * samples_per_batch], "max")[0]
+        return None if math.isinf(slowest) else slowest * self.rank.world_size
 
     def slowest(self, seconds: float) -> float:
         """The largest of every rank's ``seconds`` (this rank's own when alone)."""
@@ -361,39 +388,3 @@ class TrialLoop:
     def over(self, flag: bool) -> bool:
         """Whether ``flag`` holds on any rank: every rank ends a window (or the warm-up) at the same step."""
         return self.rank.any(flag) if self.rank.distributed else flag
-
-
-def _quiet(event: dict[str, Any]) -> None:
-    """The events of ranks other than 0: rank 0 speaks for the world."""
-
-
-def execute(request: dict[str, Any], *, started: float, send: Send) -> TrialResult:
-    """Run one trial request; every failure is returned as a status."""
-    try:
-        options = TrialOptions(**request["options"])
-        if options.world_size > 1:
-            return run_world(options, lambda rank: execute_rank(request, started, send if rank.rank == 0 else _quiet, rank))
-        pin(options.cores)
-    except BaseException as exc:  # every failure is a result, never a traceback
-        return classify(exc)
-    return execute_rank(request, started, send, Rank())
-
-
-def execute_rank(request: dict[str, Any], started: float, send: Send, rank: Rank) -> TrialResult:
-    """Run one rank of a trial request (the only one when alone); every failure is returned as a status."""
-    loop: TrialLoop | None = None
-    try:
-        setup = TrainSetup.from_dict(request["setup"])
-        workload = Workload.from_dict(request["workload"])
-        options = TrialOptions(**request["options"])
-        loop = TrialLoop(setup, workload, options, started=started, send=send, rank=rank)
-        return loop.run()
-    except BaseException as exc:  # every failure is a result, never a traceback
-        result = classify(exc)
-        if loop is None:
-            return result
-        try:
-            peak: int | None = loop.peak_memory()
-        except Exception:
-            peak = None
-        return TrialResult(**{**result.to_dict(), "peak_memory_bytes": peak, "mode": loop.options.mode})

@@ -67,7 +67,7 @@ def run_child(trial_dir: str, *, new_session: bool) -> None:
         def send(event: dict[str, Any]) -> None:
             os.write(events, (json.dumps(event) + "\n").encode())
 
-        from autotune.runner.child import execute
+        from autotune.runner.entry import execute
 
         request = json.loads((directory / REQUEST).read_text(encoding="utf-8"))
         result = execute(request, started=started, send=send)

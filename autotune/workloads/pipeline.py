@@ -25,6 +25,7 @@ if TYPE_CHECKING:  # pragma: no cover
     import torch
 
     from autotune.train_setup import TrainSetup
+    from autotune.workloads.production import ProductionClock
 
 __all__ = ["NO_FULL_STEP", "REITERATED", "ClassifierPipeline", "Pipeline", "TaskPipeline", "endless_batches", "open_pipeline"]
 
@@ -253,12 +254,19 @@ def open_pipeline(workload: Workload, decode: str = "cpu") -> Pipeline:
 
 
 def endless_batches(
-    setup: TrainSetup, dataset: Any, *, collate_fn: Callable[[list[Any]], Any] | None, seed: int, epochs: bool = False
+    setup: TrainSetup,
+    dataset: Any,
+    *,
+    collate_fn: Callable[[list[Any]], Any] | None,
+    seed: int,
+    epochs: bool = False,
+    clock: ProductionClock | None = None,
 ) -> Iterator[Any]:
     """The loader's batches, forever, with the setup's knobs.
 
     A map-style dataset is read through the endless sampler and never ends
-    an epoch, as the emitted script reads it. An iterable dataset (or one
+    an epoch, as the emitted script reads it; with a ``clock`` its workers
+    time each batch they make. An iterable dataset (or one
     without a length, ``epochs``) is looped pass by pass, each pass
     restarting the loader's pipeline, as the script does once per epoch; a
     pass that holds no full optimizer step (fewer batches than the setup's
@@ -274,7 +282,10 @@ def endless_batches(
         extra["collate_fn"] = collate_fn
     iterable = isinstance(dataset, IterableDataset)
     if not iterable and not epochs:
-        return iter(setup.dataloader(dataset, sampler=InfiniteSampler(len(dataset), seed=seed), **extra))
+        sampler = InfiniteSampler(len(dataset), seed=seed)
+        if clock is not None:
+            dataset, extra["collate_fn"] = clock.wrap(dataset, collate_fn)
+        return iter(setup.dataloader(dataset, sampler=sampler, **extra))
     if not iterable:
         generator = torch.Generator()
         generator.manual_seed(seed)

@@ -1,0 +1,107 @@
+"""How fast the DataLoader's workers can make batches, read from inside the workers.
+
+A trial's windows count the batches the training consumed. Over a short
+window that can exceed what the loader sustains: workers that started
+together deliver their batches in waves, each wave arriving at the pace the
+training consumed the last one, with a wait before the next. A window
+inside a wave measures the training's own pace; the loader's, over a whole
+cycle, is lower. On a GPU this is the rule, not the exception: 16 workers
+each take seconds for one batch of 1,024 JPEGs, longer than a window.
+
+So each worker times its own batches (from the first item read to the
+collated batch) in shared memory, and :meth:`ProductionClock.batches_per_s`
+sums the workers' rates: no pipeline sustains more than its workers make.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+#: Per worker: batches made, seconds making them, seconds of the first batch (start-up, kept apart).
+_SLOTS = 3
+
+
+class ProductionClock:
+    """Each loader worker's batches and the seconds it spent making them, in memory the workers share.
+
+    Built before the DataLoader, in the trial process; the wrapped dataset
+    and collate function (:meth:`wrap`) write, the trial process reads.
+    """
+
+    def __init__(self, workers: int) -> None:
+        from multiprocessing.sharedctypes import RawArray
+
+        self.workers = workers
+        self._slots = RawArray("d", workers * _SLOTS)
+
+    def wrap(self, dataset: Any, collate_fn: Callable[[list[Any]], Any] | None) -> tuple[TimedItems, TimedCollate]:
+        """The map-style ``dataset`` and its ``collate_fn`` (``None``: PyTorch's default), timed per batch in the workers."""
+        from torch.utils.data import default_collate
+
+        items = TimedItems(dataset)
+        return items, TimedCollate(collate_fn or default_collate, self, items)
+
+    def record(self, worker: int, seconds: float) -> None:
+        """Count one batch that worker ``worker`` made in ``seconds`` (called in that worker)."""
+        base = worker * _SLOTS
+        if self._slots[base] == 0:
+            self._slots[base + 2] = seconds
+        self._slots[base] += 1
+        self._slots[base + 1] += seconds
+
+    def batches_per_s(self) -> float | None:
+        """Batches a second all workers together make when each is busy: the sum of each worker's own rate.
+
+        A worker's rate leaves out its first batch (its start-up) once it made
+        another; a worker that made none yet counts at the mean of the others.
+        ``None`` before any worker made a batch.
+        """
+        rates = []
+        for worker in range(self.workers):
+            made, seconds, first = self._slots[worker * _SLOTS : (worker + 1) * _SLOTS]
+            if made >= 2 and seconds > first:
+                rates.append((made - 1) / (seconds - first))
+            elif made >= 1 and seconds > 0:
+                rates.append(made / seconds)
+        if not rates:
+            return None
+        return sum(rates) / len(rates) * self.workers
+
+
+class TimedItems:
+    """A map-style dataset read a batch at a time (``__getitems__``), noting when a worker starts a batch."""
+
+    def __init__(self, dataset: Any) -> None:
+        self.dataset = dataset
+        self.started = 0.0
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> Any:
+        return self.dataset[index]
+
+    def __getitems__(self, indices: list[int]) -> list[Any]:
+        self.started = time.perf_counter()
+        items = getattr(self.dataset, "__getitems__", None)
+        return list(items(indices)) if items is not None else [self.dataset[i] for i in indices]
+
+
+class TimedCollate:
+    """A collate function that counts each batch a worker made, from its first item to its collated batch."""
+
+    def __init__(self, collate_fn: Callable[[list[Any]], Any], clock: ProductionClock, items: TimedItems) -> None:
+        self.collate_fn = collate_fn
+        self.clock = clock
+        self.items = items  # the dataset the same worker reads: it noted when the batch began
+
+    def __call__(self, items: list[Any]) -> Any:
+        from torch.utils.data import get_worker_info
+
+        batch = self.collate_fn(items)
+        info = get_worker_info()
+        if info is not None and self.items.started:
+            self.clock.record(info.id, time.perf_counter() - self.items.started)
+        return batch
