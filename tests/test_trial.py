@@ -196,8 +196,8 @@ def test_timed_workers_keep_the_items_and_count_the_batches_they_make() -> None:
         dataset, collate = clock.wrap(data, None)
         loader = DataLoader(dataset, batch_size=4, num_workers=2, collate_fn=collate)
         assert sorted(torch.cat([b[0] for b in loader]).tolist()) == list(range(12))
-    made = [clock._slots[w * 3] for w in range(2)]
-    assert sum(made) == 6 and clock.batches_per_s() > 0  # 3 batches each pass, each counted in its worker
+    rates = clock._rates[:]
+    assert all(rate > 0 for rate in rates), rates  # each worker made batches and published its rate
 
 
 def test_a_window_never_counts_more_than_the_loader_workers_make() -> None:

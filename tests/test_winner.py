@@ -381,6 +381,8 @@ def test_a_search_on_a_busy_machine_says_how_busy() -> None:
     feasible = [loaded(i, 0.6) for i in range(3)]
     assert "kept 0.6 of the 1 usable core busy" in (load_note(feasible, 1) or "")
     assert "kept 0.6 cores busy" in (load_note(feasible, 0) or "")  # the usable count unknown
+    assert load_note(feasible, 16) is None  # under a tenth of 16 cores: within the noise (the H200 host read 0.6 idle)
+    assert "kept 2.0 of the 16 usable cores busy" in (load_note([loaded(i, 2.0) for i in range(3)], 16) or "")
 
 
 def test_a_finalist_whose_rounds_disagree_with_its_trial_beyond_twice_is_named() -> None:

@@ -276,8 +276,9 @@ class TrialLoop:
         The value is the median window's samples/s, or with accumulation the
         samples over seconds across the whole steps. Every rank closes each
         window at the same micro-batch, timed by the slowest rank. No window
-        counts more than the loader's workers make (:meth:`loader_ceiling`);
-        once the training consumed faster than that, the workers' rate is the value.
+        counts more than the loader's workers make (:meth:`loader_ceiling`, as
+        the last window knew it); once the training consumed faster than that,
+        the workers' rate is the value.
 
         Raises:
             BudgetExceeded: Peak memory above the budget.
@@ -309,12 +310,12 @@ class TrialLoop:
         import torch
         threads = torch.get_num_threads()
         load = LoadMeter(usable_cores(), os.getpgrp())  # the trial leads its own session: its ranks and workers are its tree
-        ceiling, paced = None, False  # paced: the training consumed faster than the loader's workers make
+        ceiling, local_samples = None, 0
         for index in itertools.count():
             if not more_windows(index, measured_s, options):
                 break
             start = time.perf_counter()
-            samples, units_before = 0, units
+            samples = 0
             while True:
                 samples += unit()
                 units += 1
@@ -328,19 +329,22 @@ class TrialLoop:
                     break
             elapsed = time.perf_counter() - start
             self.check()
-            ceiling = self.loader_ceiling(samples / (units - units_before))
+            local_samples += samples
+            ceiling = self.loader_ceiling(local_samples / units)  # this rank's samples per batch so far
             # The world's samples in the same window, timed by its slowest rank.
             samples = int(self.rank.reduce([samples], "sum")[0])
             # Data wait and peak memory so far of the worst rank: a pruned trial's record keeps them.
             elapsed, waited, peak = self.rank.reduce([elapsed, self.data_wait.total_s - wait_before, self.peak_memory()], "max")
             # No window counts more than the loader's workers make: a window inside a wave of their batches would.
             rate = samples / elapsed if ceiling is None else min(samples / elapsed, ceiling)
-            paced = paced or rate < samples / elapsed
-            rates.append(rate)
+            rates.append(samples / elapsed)
             measured_s += elapsed
             total_samples += samples
             self.send({"event": "window", "index": index, "samples_per_s": rate, "seconds": elapsed, "wait_s": waited,
                        "peak_bytes": int(peak), "warmup_s": warmup_s, "threads": threads})
+        # The workers' rate as the last window knew it, from the most batches, caps every window.
+        paced = ceiling is not None and max(rates) > ceiling  # the training consumed faster than the workers make
+        rates = [min(rate, ceiling) for rate in rates] if ceiling is not None else rates
         stats = summarize(rates)
         # Windows that close inside an optimizer step hold its cost unevenly: count time over the whole steps.
         figure = total_samples / measured_s if work.per_step > 1 else stats.median

@@ -173,8 +173,11 @@ def make_best(
         confirmed=bool(measured),
     )
 
-#: Cores kept busy by other processes, median over the trials, from which a search's figures say so.
+#: Cores kept busy by other processes, median over the trials, from which a search's figures say so ...
 BUSY_CORES = 0.25
+#: ... and the share of the usable cores, where that is more: 0.6 of 16 cores busy (a GPU host's driver threads, say)
+#: perturbs a trial no more than the run-to-run noise does.
+BUSY_SHARE = 0.1
 
 
 def load_note(feasible: list[TrialRecord], usable_cores: int) -> str | None:
@@ -184,7 +187,7 @@ def load_note(feasible: list[TrialRecord], usable_cores: int) -> str | None:
     may lose on an idle one: the user should know which machine was tuned for.
     """
     loads = [r.result.other_cores for r in feasible if r.result.other_cores is not None]
-    if not loads or statistics.median(loads) < BUSY_CORES:
+    if not loads or statistics.median(loads) < max(BUSY_CORES, BUSY_SHARE * usable_cores):
         return None
     of = f" of the {usable_cores} usable core{'s' if usable_cores != 1 else ''}" if usable_cores else " cores"
     return (

@@ -19,22 +19,22 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-#: Per worker: batches made, seconds making them, seconds of the first batch (start-up, kept apart).
-_SLOTS = 3
-
 
 class ProductionClock:
-    """Each loader worker's batches and the seconds it spent making them, in memory the workers share.
+    """Each loader worker's rate of making batches, in memory the workers share.
 
     Built before the DataLoader, in the trial process; the wrapped dataset
-    and collate function (:meth:`wrap`) write, the trial process reads.
+    and collate function (:meth:`wrap`) write, the trial process reads. A
+    worker keeps its own counts and publishes one number, its rate, so a
+    reader never sees a count without its seconds.
     """
 
     def __init__(self, workers: int) -> None:
         from multiprocessing.sharedctypes import RawArray
 
         self.workers = workers
-        self._slots = RawArray("d", workers * _SLOTS)
+        self._rates = RawArray("d", workers)  # batches/s of each worker, 0 until its first batch
+        self._own: dict[int, list[float]] = {}  # in each worker: batches made, seconds making them, its first's seconds
 
     def wrap(self, dataset: Any, collate_fn: Callable[[list[Any]], Any] | None) -> tuple[TimedItems, TimedCollate]:
         """The map-style ``dataset`` and its ``collate_fn`` (``None``: PyTorch's default), timed per batch in the workers."""
@@ -44,27 +44,26 @@ class ProductionClock:
         return items, TimedCollate(collate_fn or default_collate, self, items)
 
     def record(self, worker: int, seconds: float) -> None:
-        """Count one batch that worker ``worker`` made in ``seconds`` (called in that worker)."""
-        base = worker * _SLOTS
-        if self._slots[base] == 0:
-            self._slots[base + 2] = seconds
-        self._slots[base] += 1
-        self._slots[base + 1] += seconds
+        """Count one batch that worker ``worker`` made in ``seconds`` (called in that worker) and publish its rate.
+
+        The rate leaves out the worker's first batch (its start-up) once it made another.
+        """
+        own = self._own.setdefault(worker, [0.0, 0.0, seconds])
+        own[0] += 1
+        own[1] += seconds
+        made, total, first = own
+        if made >= 2 and total > first:
+            self._rates[worker] = (made - 1) / (total - first)
+        elif total > 0:
+            self._rates[worker] = made / total
 
     def batches_per_s(self) -> float | None:
         """Batches a second all workers together make when each is busy: the sum of each worker's own rate.
 
-        A worker's rate leaves out its first batch (its start-up) once it made
-        another; a worker that made none yet counts at the mean of the others.
+        A worker that made none yet counts at the mean of the others.
         ``None`` before any worker made a batch.
         """
-        rates = []
-        for worker in range(self.workers):
-            made, seconds, first = self._slots[worker * _SLOTS : (worker + 1) * _SLOTS]
-            if made >= 2 and seconds > first:
-                rates.append((made - 1) / (seconds - first))
-            elif made >= 1 and seconds > 0:
-                rates.append(made / seconds)
+        rates = [rate for rate in self._rates[:] if rate > 0]
         if not rates:
             return None
         return sum(rates) / len(rates) * self.workers
@@ -83,10 +82,10 @@ class TimedItems:
     def __getitem__(self, index: int) -> Any:
         return self.dataset[index]
 
-    def __getitems__(self, indices: list[int]) -> list[Any]:
+    def __getitems__(self, indices: list[int]) -> Any:
         self.started = time.perf_counter()
-        items = getattr(self.dataset, "__getitems__", None)
-        return list(items(indices)) if items is not None else [self.dataset[i] for i in indices]
+        items = getattr(self.dataset, "__getitems__", None)  # the dataset's own batched read returns what it returns
+        return items(indices) if items is not None else [self.dataset[i] for i in indices]
 
 
 class TimedCollate:
