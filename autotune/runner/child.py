@@ -275,10 +275,9 @@ class TrialLoop:
 
         The value is the median window's samples/s, or with accumulation the
         samples over seconds across the whole steps. Every rank closes each
-        window at the same micro-batch, timed by the slowest rank. No window
-        counts more than the loader's workers make (:meth:`loader_ceiling`, as
-        the last window knew it); once the training consumed faster than that,
-        the workers' rate is the value.
+        window at the same micro-batch, timed by the slowest rank. Neither a
+        window nor the value counts more than the loader's workers make
+        (:meth:`loader_ceiling`, as the last window knew it).
 
         Raises:
             BudgetExceeded: Peak memory above the budget.
@@ -342,16 +341,12 @@ class TrialLoop:
             total_samples += samples
             self.send({"event": "window", "index": index, "samples_per_s": rate, "seconds": elapsed, "wait_s": waited,
                        "peak_bytes": int(peak), "warmup_s": warmup_s, "threads": threads})
-        # The workers' rate as the last window knew it, from the most batches, caps every window.
-        paced = ceiling is not None and max(rates) > ceiling  # the training consumed faster than the workers make
+        # The workers' rate as the last window knew it, from the most batches, caps every window and the value.
         rates = [min(rate, ceiling) for rate in rates] if ceiling is not None else rates
         stats = summarize(rates)
         # Windows that close inside an optimizer step hold its cost unevenly: count time over the whole steps.
         figure = total_samples / measured_s if work.per_step > 1 else stats.median
-        if ceiling is not None and (paced or figure > ceiling):
-            # The workers set the pace: with all of them busy the loop runs at their rate, whichever windows
-            # fell into the waits between waves of batches.
-            figure = ceiling
+        figure = min(figure, ceiling) if ceiling is not None else figure
         wait = self.data_wait.total_s - wait_before
         self.monitor.stop()
         self.check()

@@ -46,7 +46,8 @@ class ProductionClock:
     def record(self, worker: int, seconds: float) -> None:
         """Count one batch that worker ``worker`` made in ``seconds`` (called in that worker) and publish its rate.
 
-        The rate leaves out the worker's first batch (its start-up) once it made another.
+        The rate leaves out the worker's first batch once it made another, as a trial's warm-up leaves out the
+        first steps (the first batch meets cold caches and lazy initialisation in the dataset).
         """
         own = self._own.setdefault(worker, [0.0, 0.0, seconds])
         own[0] += 1
