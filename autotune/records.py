@@ -201,7 +201,8 @@ class TrialResult:
         status: ``ok``, ``oom``, ``timeout``, ``error``, ``diverged`` (or ``pruned`` when a search
             stopped it early; ``interrupted`` when something outside terminated it; ``bad_data`` when a data file
             cannot be decoded or an item raises in ``compute`` mode's batch: neither is the setup's failure, nor stored).
-        samples_per_s: Median steady-state window throughput (with accumulation: samples over the whole steps; pruned: the median of its windows).
+        samples_per_s: Median steady-state window throughput (with accumulation: samples over the whole steps; pruned: the median of its windows),
+            at most ``loader_samples_per_s``.
         samples_per_s_spread: Range (max - min) of the window throughputs.
         step_time_s: Wall time of one optimizer step (``accumulation_steps``
             micro-batches) at the median throughput.

@@ -175,8 +175,8 @@ def make_best(
 
 #: Cores kept busy by other processes, median over the trials, from which a search's figures say so ...
 BUSY_CORES = 0.25
-#: ... and the share of the usable cores, where that is more: 0.6 of 16 cores busy (a GPU host's driver threads, say)
-#: perturbs a trial no more than the run-to-run noise does.
+#: ... and the share of the usable cores, where that is more: 0.6 of 16 cores busy (as an idle H200 host read, cause
+#: not traced) perturbs a trial no more than the run-to-run noise does.
 BUSY_SHARE = 0.1
 
 
