@@ -107,7 +107,8 @@ tail -40 "$OUT_DIR/pytest-cuda.log"
 stage knobs
 # One trial per torch knob (resnet18 at 64 px, 2 s): each line: the knob, then the TrialResult as JSON. The quick knobs
 # first: each compile trial warms up for about 30 s (2026-12-04), and the time box ended the stage before the last two.
-for knob in "decode=gpu" "optimizer_impl=fused" "tf32=true" "num_threads=4" "compile=default" "compile=reduce-overhead"; do
+# cudnn_benchmark=true against the others' default (off) isolates cuDNN autotuning's share of a GPU trial's warm-up.
+for knob in "decode=gpu" "optimizer_impl=fused" "tf32=true" "num_threads=4" "cudnn_benchmark=true" "compile=default" "compile=reduce-overhead"; do
     [ "$(left)" -gt 45 ] || { echo "knobs: out of time before $knob"; break; }
     result=$(timeout "$(( $(left) - 10 ))" "${AUTOTUNE[@]}" trial --model resnet18 --image-size 64 --device cuda --trial-seconds 2 \
         --batch-size 128 --workers 4 --prefetch 2 --pin-memory --set "$knob" --json 2>> "$WORK/knobs.log")
