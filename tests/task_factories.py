@@ -666,3 +666,30 @@ def _step_at_500_per_s(model: nn.Module, batch: Any) -> torch.Tensor:
 def slow_loader() -> autotune.Task:
     """A step (500 samples/s) faster than 8 workers make batches (400 samples/s at most)."""
     return autotune.Task(nn.Linear(8, 2), _SlowItems(), step=_step_at_500_per_s, batch_size=32)
+
+
+class _BatchedDict(Dataset):  # type: ignore[type-arg]
+    """A dataset read a batch at a time, as many tabular and Hugging Face datasets are: ``__getitems__`` returns one dict
+    of stacked tensors (``__getitem__``, which a DataLoader then never calls, returns a pair)."""
+
+    def __init__(self) -> None:
+        self.inputs = torch.randn(64, 8, generator=torch.Generator().manual_seed(0))
+
+    def __len__(self) -> int:
+        return len(self.inputs)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        return self.inputs[index], 0
+
+    def __getitems__(self, indices: list[int]) -> dict[str, torch.Tensor]:
+        rows = self.inputs[indices]
+        return {"x": rows, "y": (rows.sum(1) > 0).long()}
+
+
+def _dict_to_pair(batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    return batch["x"], batch["y"]
+
+
+def batched_reads() -> autotune.Task:
+    """A dataset whose own batched read returns a dict, which its collate_fn turns into (inputs, targets)."""
+    return autotune.Task(nn.Linear(8, 2), _BatchedDict(), collate_fn=_dict_to_pair, batch_size=16)

@@ -26,7 +26,7 @@ from autotune.train_setup import KNOBS, TrainSetup, load_setup
 from autotune.tuner.constraints import merge_constraints, parse_constraint, pinned_values
 from autotune.tuner.refine import MIN_TRIALS, ROLE_COMPILE
 from autotune.tuner.space import build_space
-from autotune.workloads.tasks import same_shapes
+from autotune.workloads.collation import same_shapes
 
 CPU = DeviceInfo("cpu", True, None, None, "Test CPU")
 A100 = DeviceInfo("cuda:0", True, 80 * 2**30, 80 * 2**30, "A100", tf32=True)

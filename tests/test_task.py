@@ -659,6 +659,24 @@ def _calibration(max_batch: int = 64) -> autotune.records.Calibration:  # type: 
     return Calibration(None, max_batch, (), 32, {}, 100.0, (), 2)
 
 
+def test_a_dataset_with_its_own_batched_read_is_checked_and_trained_as_a_dataloader_reads_it() -> None:
+    """A DataLoader hands what ``__getitems__`` returns (here one dict) to the collate_fn and never calls ``__getitem__``;
+    the check read the items one by one and refused the Task ("list indices must be integers or slices, not str")."""
+    from autotune.runner import entry
+
+    workload = _workload("batched_reads")
+    assert workload.fixed_shapes
+    for workers in (0, 2):
+        setup = TrainSetup(batch_size=8, num_workers=workers)
+        request = {"setup": setup.to_dict(), "workload": workload.to_dict(),
+                   "options": dataclasses.asdict(TrialOptions(trial_seconds=0.3, windows=2))}
+        result = entry.execute(request, started=time.perf_counter(), send=lambda event: None)
+        assert result.status == "ok", result.error
+    request = {"setup": TrainSetup(batch_size=8).to_dict(), "workload": workload.to_dict(),  # compute mode's batch too
+               "options": dataclasses.asdict(TrialOptions(trial_seconds=0.3, windows=2, mode="compute"))}
+    assert entry.execute(request, started=time.perf_counter(), send=lambda event: None).status == "ok"
+
+
 def test_lazy_modules_are_materialized_before_channels_last_and_the_optimizer() -> None:
     """nn.LazyConv2d's parameters have no shape until a forward: channels_last (and DDP) failed every such trial with
     'Attempted to use an uninitialized parameter', and so did the emitted train.py."""

@@ -170,15 +170,21 @@ def test_fast_steps_measure_until_the_trial_length_is_spent(tiny_workload) -> No
         assert result.measured_s >= options.trial_seconds
 
 
-def test_the_loader_ceiling_sums_each_workers_rate_without_its_first_batch() -> None:
+def test_the_loader_ceiling_is_the_workers_over_their_mean_time_per_batch_without_the_first() -> None:
     from autotune.workloads.production import ProductionClock
 
     clock = ProductionClock(3)
     assert clock.batches_per_s() is None
-    for seconds in (5.0, 0.5, 0.5):  # worker 0: its start-up, then 2 batches a second
+    for seconds in (5.0, 0.5, 0.5):  # worker 0: a slow first batch, then 0.5 s a batch
         clock.record(0, seconds)
-    clock.record(1, 0.25)  # worker 1: only its first batch, 4 a second
-    assert clock.batches_per_s() == pytest.approx(9.0)  # worker 2 made none yet: counted at the others' mean
+    clock.record(1, 0.25)  # worker 1: only its first batch
+    assert clock.batches_per_s() == pytest.approx(3 / 0.375)  # worker 2 made none yet: it counts as the others
+    lucky = ProductionClock(2)  # a worker whose one batch after its first held only cheap items (1 ms)
+    for seconds in (0.2, 0.001):
+        lucky.record(0, seconds)
+    for seconds in (0.2, 0.2):
+        lucky.record(1, seconds)
+    assert lucky.batches_per_s() == pytest.approx(2 / ((0.001 + 0.2) / 2))  # about 20 a second, not 1,005 (1/0.001 + 1/0.2)
 
 
 def test_timed_workers_keep_the_items_and_count_the_batches_they_make() -> None:
@@ -196,8 +202,8 @@ def test_timed_workers_keep_the_items_and_count_the_batches_they_make() -> None:
         dataset, collate = clock.wrap(data, None)
         loader = DataLoader(dataset, batch_size=4, num_workers=2, collate_fn=collate)
         assert sorted(torch.cat([b[0] for b in loader]).tolist()) == [scale * i for i in range(12)]
-        rates = clock._rates[:]
-        assert all(rate > 0 for rate in rates), rates  # each worker made batches and published its rate
+        means = clock._seconds[:]
+        assert all(mean > 0 for mean in means), means  # each worker made batches and published its mean
 
 
 def test_a_window_never_counts_more_than_the_loader_workers_make() -> None:

@@ -179,7 +179,7 @@ class TaskPipeline:
         """
         from torch.utils.data import IterableDataset
 
-        from autotune.workloads.tasks import collate_items
+        from autotune.workloads.collation import batched_read, collate_items, read_batch
 
         dataset = self.task.dataset
         items: list[Any] = []
@@ -199,6 +199,12 @@ class TaskPipeline:
                 raise
             except USER_CODE_ERRORS as exc:
                 raise _bad_item(exc, f"item {len(items)} of the workload's dataset") from None
+        elif batched_read(dataset) is not None:  # read as the DataLoader reads it, then collated
+            indices = [index % len(dataset) for index in range(batch_size)]
+            try:
+                return read_batch(self.task, indices)
+            except WorkloadError as exc:
+                raise BadData(str(exc)) from None
         else:
             for index in range(batch_size):
                 try:

@@ -10,7 +10,8 @@ each take seconds for one batch of 1,024 JPEGs, longer than a window.
 
 So each worker times its own batches (from the first item read to the
 collated batch) in shared memory, and :meth:`ProductionClock.batches_per_s`
-sums the workers' rates: no pipeline sustains more than its workers make.
+turns their mean time per batch into batches a second: no pipeline
+sustains more than its workers make.
 """
 
 from __future__ import annotations
@@ -21,19 +22,19 @@ from typing import Any
 
 
 class ProductionClock:
-    """Each loader worker's rate of making batches, in memory the workers share.
+    """Each loader worker's mean time per batch, in memory the workers share.
 
     Built before the DataLoader, in the trial process; the wrapped dataset
     and collate function (:meth:`wrap`) write, the trial process reads. A
-    worker keeps its own counts and publishes one number, its rate, so a
-    reader never sees a count without its seconds.
+    worker keeps its own counts and publishes one number, its mean seconds
+    per batch, so a reader never sees a count without its seconds.
     """
 
     def __init__(self, workers: int) -> None:
         from multiprocessing.sharedctypes import RawArray
 
         self.workers = workers
-        self._rates = RawArray("d", workers)  # batches/s of each worker, 0 until its first batch
+        self._seconds = RawArray("d", workers)  # mean seconds per batch of each worker, 0 until its first batch
         self._own: dict[int, list[float]] = {}  # in each worker: batches made, seconds making them, its first's seconds
 
     def wrap(self, dataset: Any, collate_fn: Callable[[list[Any]], Any] | None) -> tuple[TimedItems, TimedCollate]:
@@ -44,30 +45,30 @@ class ProductionClock:
         return items, TimedCollate(collate_fn or default_collate, self, items)
 
     def record(self, worker: int, seconds: float) -> None:
-        """Count one batch that worker ``worker`` made in ``seconds`` (called in that worker) and publish its rate.
+        """Count one batch that worker ``worker`` made in ``seconds`` (called in that worker) and publish its mean.
 
-        The rate leaves out the worker's first batch once it made another, as a trial's warm-up leaves out the
+        The mean leaves out the worker's first batch once it made another, as a trial's warm-up leaves out the
         first steps (the first batch meets cold caches and lazy initialisation in the dataset).
         """
         own = self._own.setdefault(worker, [0.0, 0.0, seconds])
         own[0] += 1
         own[1] += seconds
         made, total, first = own
-        if made >= 2 and total > first:
-            self._rates[worker] = (made - 1) / (total - first)
-        elif total > 0:
-            self._rates[worker] = made / total
+        mean = (total - first) / (made - 1) if made >= 2 else total
+        if mean > 0:
+            self._seconds[worker] = mean
 
     def batches_per_s(self) -> float | None:
-        """Batches a second all workers together make when each is busy: the sum of each worker's own rate.
+        """Batches a second all workers together make when each is busy: the workers over their mean time per batch.
 
-        A worker that made none yet counts at the mean of the others.
-        ``None`` before any worker made a batch.
+        The mean of the workers' means, not a sum of their rates: a worker that made one quick batch (its items
+        happened to be cheap) would count as if it made them all that fast. A worker that made none yet counts as
+        the others. ``None`` before any worker made a batch.
         """
-        rates = [rate for rate in self._rates[:] if rate > 0]
-        if not rates:
+        means = [seconds for seconds in self._seconds[:] if seconds > 0]
+        if not means:
             return None
-        return sum(rates) / len(rates) * self.workers
+        return self.workers / (sum(means) / len(means))
 
 
 class TimedItems:

@@ -19,7 +19,8 @@ from typing import Any
 
 from autotune.errors import USER_CODE_ERRORS, WorkloadError
 from autotune.records import Workload
-from autotune.workloads.batches import describe_batch, first_tensor, has_image_tensor, hinted
+from autotune.workloads.batches import describe_batch, first_tensor, has_image_tensor
+from autotune.workloads.collation import batched_fixed_shapes, batched_read, collate_items, fixed_shapes, read_batch
 from autotune.workloads.models import is_factory_ref, load_factory, torchvision_models, validate_model_ref
 from autotune.workloads.task import Task
 
@@ -121,30 +122,6 @@ class TaskInfo:
     parameters: int = 0
 
 
-def same_shapes(items: list[Any]) -> bool:
-    """Whether every item holds tensors of the same shapes."""
-    from autotune.workloads.batches import tensors
-
-    shapes = {tuple(tuple(t.shape) for t in tensors(item)) for item in items}
-    return len(shapes) <= 1
-
-
-def fixed_shapes(task: Task, items: list[Any]) -> bool:
-    """Whether every batch keeps its shapes (then cuDNN autotuning is safe).
-
-    Judged on the items and on each item collated alone: token lists a
-    ``collate_fn`` pads hold no tensors until collated. A collate that fails
-    alone counts as changing shapes (the knob is then not offered).
-    """
-    from torch.utils.data import default_collate
-
-    collate = task.collate_fn or default_collate
-    try:
-        return same_shapes(items) and same_shapes([collate([item]) for item in items])
-    except USER_CODE_ERRORS:
-        return False
-
-
 def _first_items(task: Task, count: int) -> tuple[list[Any], bool, int | None]:
     from torch.utils.data import IterableDataset
 
@@ -172,6 +149,8 @@ def _first_items(task: Task, count: int) -> tuple[list[Any], bool, int | None]:
         raise WorkloadError(f"len(dataset) of the workload's dataset ({type(dataset).__name__}) failed: {type(exc).__name__}: {exc}") from None
     if size < 1:
         raise WorkloadError(f"the workload's dataset ({type(dataset).__name__}) is empty")
+    if batched_read(dataset) is not None:  # read as the DataLoader reads it: by index lists, see read_batch
+        return list(range(min(count, size))), False, size
     items = []
     for index in range(min(count, size)):
         try:
@@ -179,26 +158,6 @@ def _first_items(task: Task, count: int) -> tuple[list[Any], bool, int | None]:
         except USER_CODE_ERRORS as exc:
             raise WorkloadError(f"dataset[{index}] failed: {type(exc).__name__}: {exc}") from None
     return items, False, size
-
-
-def collate_items(task: Task, items: list[Any]) -> Any:
-    """``items`` through the Task's collate_fn (or PyTorch's default); one line naming the item at fault if that fails."""
-    from torch.utils.data import default_collate
-
-    collate = task.collate_fn or default_collate
-    try:
-        return collate(items)
-    except USER_CODE_ERRORS as exc:
-        # Name the item at fault: the first that does not collate alone, else the mix.
-        for index, item in enumerate(items):
-            try:
-                collate([item])
-            except USER_CODE_ERRORS:
-                raise WorkloadError(
-                    f"dataset item {index} ({describe_batch(item)}) cannot be collated: {type(exc).__name__}: {exc}"
-                ) from None
-        kinds = ", ".join(f"item {i}: {describe_batch(item)}" for i, item in enumerate(items))
-        raise WorkloadError(hinted(f"dataset items 0..{len(items) - 1} cannot be collated together ({kinds}): {type(exc).__name__}: {exc}")) from None
 
 
 def _check_loss(task: Task, model: Any, batch: Any) -> None:
@@ -245,9 +204,9 @@ def _check_loss(task: Task, model: Any, batch: Any) -> None:
         raise WorkloadError(f"{origin} returned a tensor that does not require grad (detached, or computed under no_grad)")
 
 
-def _check_count(task: Task, batch: Any, items: list[Any]) -> None:
-    """The samples of the first batch (the first of ``items`` collated), as every trial counts them, must be a positive
-    count; counted by the first dimension, it must grow with the items (1, 2 and all of ``items``)."""
+def _check_count(task: Task, batch: Any, first: Callable[[int], Any], available: int) -> None:
+    """The samples of the first batch, as every trial counts them, must be a positive count; counted by the first
+    dimension, it must grow with the items (``first(n)``: the first n items collated, for 1, 2 and ``available``)."""
     origin = "batch_size_of(batch)" if task.batch_size_of is not None else "counting the samples"
     try:
         count = task.samples_in(batch)
@@ -257,24 +216,24 @@ def _check_count(task: Task, batch: Any, items: list[Any]) -> None:
         raise WorkloadError(f"{origin} failed on the first batch {describe_batch(batch)}: {type(exc).__name__}: {exc}") from None
     if count < 1:
         raise WorkloadError(f"{origin} returned {count} for the first batch {describe_batch(batch)}; it must be >= 1")
-    if task.batch_size_of is not None or len(items) < 2:  # the user's own count (tokens, a mask's sum) is theirs to define
+    if task.batch_size_of is not None or available < 2:  # the user's own count (tokens, a mask's sum) is theirs to define
         return
     try:
-        one, whole = collate_items(task, items[:1]), collate_items(task, items)
+        one, whole = first(1), first(available)
         alone, every = task.samples_in(one), task.samples_in(whole)
-    except USER_CODE_ERRORS:  # one item does not collate alone, or the count fails: nothing to compare
+    except (WorkloadError, *USER_CODE_ERRORS):  # one item does not collate alone, or the count fails: nothing to compare
         return
-    heads = [(n, first_tensor(b)) for n, b in ((1, one), (min(len(items), CHECK_ITEMS), batch), (len(items), whole))]
+    heads = [(n, first_tensor(b)) for n, b in ((1, one), (min(available, CHECK_ITEMS), batch), (available, whole))]
     if any(t.shape[0] != n for n, t in heads) and all(t.dim() > 1 and t.shape[1] == n for n, t in heads):
         raise WorkloadError(  # [length, batch]: the count would be the longest item's length, whatever the batch
-            f"the first dimension of the batch's first tensor (depth first) counts {every} samples in a batch of {len(items)} "
+            f"the first dimension of the batch's first tensor (depth first) counts {every} samples in a batch of {available} "
             f"items ({describe_batch(whole)}), where its second dimension holds the items: a sequence-first batch (as "
             "pad_sequence makes by default) would count the length of its longest item, so samples/s would not count "
             "samples; give autotune.Task(batch_size_of=...) the count (lambda batch: batch[0].shape[1] for (inputs, targets))")
     if alone == count == every:  # 1, 2 and all the items read count alike: a batch of 256 would count as few as one of 2
         raise WorkloadError(
             f"the first dimension of the batch's first tensor (depth first) counts {count} samples in a batch of "
-            f"{min(len(items), CHECK_ITEMS)} items, {alone} in a batch of 1 and {every} in one of {len(items)} "
+            f"{min(available, CHECK_ITEMS)} items, {alone} in a batch of 1 and {every} in one of {available} "
             f"({describe_batch(batch)}): it does not count the items, so samples/s would measure steps/s; give "
             "autotune.Task(batch_size_of=...) the count (for batches of lists, such as detection's (images, targets): "
             "lambda batch: len(batch[0]))")
@@ -316,8 +275,13 @@ def check_task(task: Task, *, workers: bool) -> TaskInfo:
     import torch
 
     items, iterable, size = _first_items(task, SHAPE_ITEMS)
-    batch = collate_items(task, items[:CHECK_ITEMS])
-    _check_count(task, batch, items)
+    batched = not iterable and batched_read(task.dataset) is not None  # items are then indices, read_batch reads them
+
+    def first(count: int) -> Any:
+        return read_batch(task, items[:count]) if batched else collate_items(task, items[:count])
+
+    batch = first(CHECK_ITEMS)
+    _check_count(task, batch, first, len(items))
     model = task.build_model()
     model.train()
     with torch.random.fork_rng():
@@ -343,7 +307,7 @@ def check_task(task: Task, *, workers: bool) -> TaskInfo:
         batch=describe_batch(batch),
         lr_scaling=task.lr_scaling(optimizer),
         lr=lr,
-        fixed_shapes=fixed_shapes(task, items),
+        fixed_shapes=batched_fixed_shapes(task, items) if batched else fixed_shapes(task, items),
         unsharded=unsharded,
         parameters=sum(p.numel() for p in model.parameters() if p.requires_grad),
     )

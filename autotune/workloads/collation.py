@@ -1,0 +1,98 @@
+"""How a Task's items become a batch, as a DataLoader makes it: item by item through the collate function, or through
+the dataset's own batched read (``__getitems__``); and whether batches keep their shapes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from autotune.errors import USER_CODE_ERRORS, WorkloadError
+from autotune.workloads.batches import describe_batch, hinted
+
+if TYPE_CHECKING:  # pragma: no cover
+    from autotune.workloads.task import Task
+
+__all__ = ["batched_fixed_shapes", "batched_read", "collate_items", "fixed_shapes", "read_batch", "same_shapes"]
+
+
+def same_shapes(items: list[Any]) -> bool:
+    """Whether every item holds tensors of the same shapes."""
+    from autotune.workloads.batches import tensors
+
+    shapes = {tuple(tuple(t.shape) for t in tensors(item)) for item in items}
+    return len(shapes) <= 1
+
+
+def fixed_shapes(task: Task, items: list[Any]) -> bool:
+    """Whether every batch keeps its shapes (then cuDNN autotuning is safe).
+
+    Judged on the items and on each item collated alone: token lists a
+    ``collate_fn`` pads hold no tensors until collated. A collate that fails
+    alone counts as changing shapes (the knob is then not offered).
+    """
+    from torch.utils.data import default_collate
+
+    collate = task.collate_fn or default_collate
+    try:
+        return same_shapes(items) and same_shapes([collate([item]) for item in items])
+    except USER_CODE_ERRORS:
+        return False
+
+
+def collate_items(task: Task, items: list[Any]) -> Any:
+    """``items`` through the Task's collate_fn (or PyTorch's default); one line naming the item at fault if that fails."""
+    from torch.utils.data import default_collate
+
+    collate = task.collate_fn or default_collate
+    try:
+        return collate(items)
+    except USER_CODE_ERRORS as exc:
+        # Name the item at fault: the first that does not collate alone, else the mix.
+        for index, item in enumerate(items):
+            try:
+                collate([item])
+            except USER_CODE_ERRORS:
+                raise WorkloadError(
+                    f"dataset item {index} ({describe_batch(item)}) cannot be collated: {type(exc).__name__}: {exc}"
+                ) from None
+        kinds = ", ".join(f"item {i}: {describe_batch(item)}" for i, item in enumerate(items))
+        raise WorkloadError(hinted(f"dataset items 0..{len(items) - 1} cannot be collated together ({kinds}): {type(exc).__name__}: {exc}")) from None
+
+
+def batched_read(dataset: Any) -> Callable[[list[int]], Any] | None:
+    """The dataset's own batched read (``__getitems__``), which a DataLoader calls instead of ``__getitem__`` and
+    hands to the collate function as it returns it (a list, a dict, a tensor); ``None`` where it has none."""
+    read = getattr(dataset, "__getitems__", None)
+    return read if callable(read) else None
+
+
+def read_batch(task: Task, indices: list[int]) -> Any:
+    """The first batch a DataLoader makes of ``indices`` through the dataset's own ``__getitems__`` and the Task's
+    collate_fn (or PyTorch's default); one line if either fails.
+
+    Raises:
+        WorkloadError: The read or the collation failed.
+    """
+    from torch.utils.data import default_collate
+
+    read = batched_read(task.dataset)
+    assert read is not None
+    span = f"[{indices[0]}]" if len(indices) == 1 else f"[{indices[0]}..{indices[-1]}]"
+    try:
+        data = read(list(indices))
+    except USER_CODE_ERRORS as exc:
+        raise WorkloadError(f"dataset.__getitems__({span}) failed: {type(exc).__name__}: {exc}") from None
+    try:
+        return (task.collate_fn or default_collate)(data)
+    except USER_CODE_ERRORS as exc:
+        raise WorkloadError(
+            f"what dataset.__getitems__({span}) returned ({describe_batch(data)}) cannot be collated: {type(exc).__name__}: {exc}"
+        ) from None
+
+
+def batched_fixed_shapes(task: Task, indices: list[int]) -> bool:
+    """:func:`fixed_shapes` for a dataset with its own ``__getitems__``: each index read and collated alone."""
+    try:
+        return same_shapes([read_batch(task, [index]) for index in indices])
+    except WorkloadError:
+        return False
