@@ -693,3 +693,8 @@ def _dict_to_pair(batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.T
 def batched_reads() -> autotune.Task:
     """A dataset whose own batched read returns a dict, which its collate_fn turns into (inputs, targets)."""
     return autotune.Task(nn.Linear(8, 2), _BatchedDict(), collate_fn=_dict_to_pair, batch_size=16)
+
+
+def batched_reads_lazy() -> autotune.Task:
+    """:func:`batched_reads` with a lazy module, shaped by a first forward on what the batched read returns."""
+    return autotune.Task(nn.LazyLinear(2), _BatchedDict(), collate_fn=_dict_to_pair, batch_size=16)

@@ -666,6 +666,7 @@ def test_a_dataset_with_its_own_batched_read_is_checked_and_trained_as_a_dataloa
 
     workload = _workload("batched_reads")
     assert workload.fixed_shapes
+    assert _workload("batched_reads_lazy").parameters == 8 * 2 + 2  # the lazy module shaped from the batched read
     for workers in (0, 2):
         setup = TrainSetup(batch_size=8, num_workers=workers)
         request = {"setup": setup.to_dict(), "workload": workload.to_dict(),
