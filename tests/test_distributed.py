@@ -107,6 +107,8 @@ def test_placements_split_the_cores() -> None:
     ddp = place("cpu", None, 2, cpu_hardware(2))
     assert (ddp.world_size, ddp.rank_cores, ddp.slots[0].cores) == (2, 1, cores)
     assert ddp.rank_batch(64) == 32 and ddp.processes == 2  # two ranks share the host's RAM
+    assert ddp.describe().endswith("1/2 of the samples per rank")
+    assert "the whole iterable dataset per rank" in ddp.describe(iterable=True)  # it said 1/2 of the samples there too
     parallel = place("auto", "cpu,cpu", 1, cpu_hardware(2))
     assert parallel.parallel and [s.cores for s in parallel.slots] == [cores[:1], cores[1:]] and parallel.processes == 2
     plain = place("cpu", None, 1, cpu_hardware(2))

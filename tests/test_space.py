@@ -297,6 +297,13 @@ def test_ddp_knobs_pin_with_several_ranks_and_are_refused_in_one_process() -> No
     with pytest.raises(UsageError, match="--set static_graph: a DDP knob"):
         build_space(device=CPU, calibration=calibration(), usable_cores=2, effective_batch=None,
                     constraints=merge_constraints([parse_constraint("static_graph=true")]))
+    # static_graph with every accumulation above 1: the space would drop it silently (a new user's DDP search did).
+    both = merge_constraints([parse_constraint("static_graph=true"), parse_constraint("accumulation_steps=2")])
+    with pytest.raises(UsageError, match="static_graph=true does not work with accumulation_steps > 1"):
+        build_space(device=CPU, calibration=calibration(), usable_cores=2, effective_batch=None, constraints=both, world_size=2)
+    some = merge_constraints([parse_constraint("static_graph=true"), parse_constraint("accumulation_steps=1,2")])
+    assert build_space(device=CPU, calibration=calibration(), usable_cores=2, effective_batch=None, constraints=some,
+                       world_size=2).values["static_graph"] == (True,)
     # Bounds that allow PyTorch's own value, what one process runs anyway: allowed.
     one = build_space(device=CPU, calibration=calibration(), usable_cores=2, effective_batch=None,
                       constraints=merge_constraints([parse_constraint("bucket_cap_mb=10..50"),

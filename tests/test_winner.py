@@ -40,6 +40,19 @@ def _best(confirmed: list[Confirmed], effective_batch: int | None = None):
     )
 
 
+def test_an_iterable_dataset_under_ddp_says_each_rank_reads_it_whole() -> None:
+    stream = dataclasses.replace(WORKLOAD, task="m:f", iterable=True)
+    confirmed = [_confirmed(MID, (200.0,)), _confirmed(DEFAULTS, (100.0,))]
+
+    def notes(world_size: int) -> list[str]:
+        best = make_best(workload=stream, hardware=HARDWARE, feasible=FEASIBLE, confirmed=confirmed, defaults=DEFAULTS,
+                         effective_batch=None, command="autotune search", world_size=world_size)
+        return [n for n in best.notes if "IterableDataset" in n]
+
+    assert len(notes(2)) == 1 and "each of the 2 ranks reads whole" in notes(2)[0]
+    assert notes(1) == []
+
+
 def test_under_a_swinging_load_the_paired_rounds_rank_not_the_own_medians() -> None:
     """Neither beats the other, a's own median is higher, but b led a round by round (a's paired median -1 %): b wins.
     Before, the higher own median won, and the note read 'the winner won 2 of 4 paired rounds, median -29%'."""

@@ -111,7 +111,7 @@ def prepare(config: SearchConfig, reporter: Reporter) -> Prepared:
                 reporter.message(f"left running by a search that died, marked failed: {', '.join(f'trial #{n}' for n in stale)}")
             reporter.message(f"{workload.describe()} ({device.label}); {int(hardware.cpu.usable_cores)} usable CPU cores")
             if placement.world_size > 1 or placement.parallel:
-                reporter.message(placement.describe())
+                reporter.message(placement.describe(workload.iterable))
             held = stack.pop_all()
     except BaseException:
         if fresh:  # made just now and holding nothing of value: leave no trace

@@ -274,7 +274,8 @@ def check_pins_act(constraints: dict[str, Constraint], image_input: bool, world_
 
     ``channels_last=true`` for a workload whose batches hold no 4-D floating
     tensor; ``prefetch_factor`` or ``persistent_workers`` with ``num_workers``
-    pinned to 0 (the DataLoader uses them only with workers); a DDP knob
+    pinned to 0 (the DataLoader uses them only with workers); ``static_graph=true``
+    with every accumulation pinned above 1 (the space offers it only without); a DDP knob
     (``bucket_cap_mb``, ``gradient_as_bucket_view``, ``static_graph``) away
     from PyTorch's default in a search of one rank.
 
@@ -288,6 +289,10 @@ def check_pins_act(constraints: dict[str, Constraint], image_input: bool, world_
         for knob in ("prefetch_factor", "persistent_workers"):
             if knob in constraints:
                 raise UsageError(f"--set {knob}: the DataLoader uses it only with workers, and --set num_workers=0 leaves none")
+    static, accumulation = constraints.get("static_graph"), constraints.get("accumulation_steps")
+    if static is not None and not static.allows(False) and accumulation is not None and not accumulation.allows(1):
+        raise UsageError("--set static_graph=true does not work with accumulation_steps > 1 (DDP's no_sync breaks its "
+                         "reducer), and --set accumulation_steps leaves no step of 1")
     if world_size > 1:
         return
     for knob, (default,) in ddp_values(1).items():

@@ -106,6 +106,10 @@ def make_best(
         notes.append(f"an epoch holds whole optimizer steps of {step} only: each skips {workload.images % step} of the "
                      f"{workload.images} training {unit}{' of a rank' if world_size > 1 else ''} (a different one each epoch, "
                      "as they are shuffled); a smaller batch uses more of a small dataset")
+    if workload.iterable and world_size > 1:
+        notes.append(f"the dataset is an IterableDataset, which each of the {world_size} ranks reads whole: samples/s "
+                     "counts every rank's items, copies of one another unless its __iter__ splits the stream by "
+                     "torch.distributed.get_rank() (docs/distributed.md)")
     if setup.tf32:
         notes.append("tf32 changes the numerics (float32 matmuls and convolutions in TF32); check your accuracy once")
     payoff = payoff_note(feasible, setup)
