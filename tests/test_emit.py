@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import in_process
+import psutil
 import pytest
 from typer.testing import CliRunner
 
@@ -750,6 +751,36 @@ def test_runs_under_torchrun(synthetic_data: Path, tmp_path: Path) -> None:
     )
     assert refused.returncode != 0 and "error: --static-graph cannot be used with --accum-steps > 1" in refused.stderr
     assert refused.stderr.count("error: --static-graph") == 1, refused.stderr  # rank 0 says it; rank 1 exits quietly
+
+
+@pytest.mark.slow
+def test_a_rank_killed_under_torchrun_leaves_one_line_on_the_others(synthetic_data: Path, tmp_path: Path) -> None:
+    """kill -9 of one rank: the other met gloo's 'Connection reset by peer' in its all-reduce and printed a
+    25-line traceback; now one line naming --resume."""
+    best = dataclasses.replace(make_best(synthetic_data, **CPU_KNOBS), world_size=2)
+    script = write_script(best, tmp_path / "train.py")
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script),
+               "--max-steps", "100000", "--epochs", "100000", "--batch-size", "4", "--workers", "0", "--print-freq", "1",
+               "--output-dir", "out"]
+    proc = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:  # rank 0 logs each step: both ranks are training
+            if line.startswith("step 2 loss"):
+                break
+        rank_one = [child for child in psutil.Process(proc.pid).children(recursive=True)
+                    if child.environ().get("RANK") == "1" and str(script) in " ".join(child.cmdline())]
+        assert len(rank_one) == 1, rank_one
+        rank_one[0].kill()
+        _, err = proc.communicate(timeout=RUN_TIMEOUT)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0
+    assert "error: rank 0: another process of the job ended (" in err and "--resume" in err, err
+    assert "Connection reset by peer)" in err and "GLHF" not in err  # gloo's first sentence, not its advice
+    # Rank 0 printed no traceback; torchrun's own summary of the failed job (its own traceback) follows the line.
+    assert "[rank0]:" not in err and "Traceback" not in err.split("error: rank 0:")[0], err
 
 
 @pytest.mark.slow
