@@ -152,17 +152,15 @@ class Task:
 
         if not any(is_lazy(t) for t in itertools.chain(model.parameters(), model.buffers())):
             return
-        from autotune.workloads.collation import batched_read
-
         dataset = self.dataset
-        read = None if isinstance(dataset, IterableDataset) else batched_read(dataset)
+        read = None if isinstance(dataset, IterableDataset) else getattr(dataset, "__getitems__", None)
         source = iter(dataset) if isinstance(dataset, IterableDataset) else (dataset[i] for i in range(min(2, len(dataset))))
         training = model.training
         model.eval()
         try:
             with torch.no_grad(), torch.random.fork_rng(devices=[]):  # the forward runs on the CPU: no CUDA device is touched
                 # Read as a DataLoader reads it: through the dataset's own batched read where it has one.
-                data = read(list(range(min(2, len(dataset))))) if read is not None else list(itertools.islice(source, 2))
+                data = read(list(range(min(2, len(dataset))))) if callable(read) else list(itertools.islice(source, 2))
                 self.compute_loss(model, (self.collate_fn or default_collate)(data))
         except WorkloadError:
             raise
