@@ -203,8 +203,10 @@ class TaskPipeline:
             indices = [index % len(dataset) for index in range(batch_size)]
             try:
                 return read_batch(self.task, indices)
-            except WorkloadError as exc:
-                raise BadData(str(exc)) from None
+            except WorkloadError as exc:  # a read that raises is the data's fault, as an item's is; a collation, the workload's
+                if str(exc).startswith("dataset.__getitems__("):
+                    raise BadData(str(exc)) from None
+                raise
         else:
             for index in range(batch_size):
                 try:
