@@ -698,3 +698,11 @@ def batched_reads() -> autotune.Task:
 def batched_reads_lazy() -> autotune.Task:
     """:func:`batched_reads` with a lazy module, shaped by a first forward on what the batched read returns."""
     return autotune.Task(nn.LazyLinear(2), _BatchedDict(), collate_fn=_dict_to_pair, batch_size=16)
+
+
+def corrupt_record_subset() -> autotune.Task:
+    """:func:`corrupt_record` through a Subset, whose own ``__getitems__`` the DataLoader (and the check) reads."""
+    from torch.utils.data import Subset
+
+    dataset = _CorruptRecord(ValueError("corrupt record 250\n(at byte 4096)"))
+    return autotune.Task(nn.Linear(8, 3), Subset(dataset, range(len(dataset))), batch_size=8)

@@ -58,6 +58,9 @@ def test_an_item_that_raises_in_a_batch_is_bad_data_and_stops_the_search_naming_
     workload = build_task_workload("task_factories:corrupt_record", device="cpu", workers=False)
     result = run_trial(autotune.TrainSetup(batch_size=256), workload, TrialOptions(trial_seconds=1.0, mode="compute"))
     assert (result.status, result.error) == ("bad_data", "dataset[250] failed: ValueError: corrupt record 250")  # its first line
+    subset = build_task_workload("task_factories:corrupt_record_subset", device="cpu", workers=False)  # read by __getitems__
+    result = run_trial(autotune.TrainSetup(batch_size=256), subset, TrialOptions(trial_seconds=1.0, mode="compute"))
+    assert (result.status, result.error) == ("bad_data", "dataset[250] failed: ValueError: corrupt record 250")
     # The loader's batches in the trial's own process name it too: whichever run meets it first (the pre-pass reaches
     # item 250 only when the machine is fast enough for batch 256, else the calibration's loader run), the search says
     # the same. In a worker it stays the setup's error: a dataset may fail only there (test above).

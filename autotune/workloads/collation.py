@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from autotune.errors import USER_CODE_ERRORS, WorkloadError
+from autotune.errors import USER_CODE_ERRORS, WorkloadError, is_out_of_memory
 from autotune.workloads.batches import describe_batch, hinted
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -81,13 +81,28 @@ def read_batch(task: Task, indices: list[int]) -> Any:
     try:
         data = read(list(indices))
     except USER_CODE_ERRORS as exc:
-        raise WorkloadError(f"dataset.__getitems__({span}) failed: {type(exc).__name__}: {exc}") from None
+        if is_out_of_memory(exc):  # the batch's size may be at fault: a memory pre-pass halves it
+            raise
+        first = (str(exc).strip().splitlines() or [""])[0]
+        raise WorkloadError(f"{_failing_item(task.dataset, indices) or f'dataset.__getitems__({span})'} failed: "
+                            f"{type(exc).__name__}: {first}") from None
     try:
         return (task.collate_fn or default_collate)(data)
     except USER_CODE_ERRORS as exc:
         raise WorkloadError(
             f"what dataset.__getitems__({span}) returned ({describe_batch(data)}) cannot be collated: {type(exc).__name__}: {exc}"
         ) from None
+
+
+def _failing_item(dataset: Any, indices: list[int]) -> str | None:
+    """``dataset[i]`` for the first of ``indices`` whose item raises when read alone (a Subset's batched read is its
+    items'), or None when each reads."""
+    for index in indices:
+        try:
+            dataset[index]
+        except USER_CODE_ERRORS:
+            return f"dataset[{index}]"
+    return None
 
 
 def batched_fixed_shapes(task: Task, indices: list[int]) -> bool:

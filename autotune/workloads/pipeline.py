@@ -204,7 +204,7 @@ class TaskPipeline:
             try:
                 return read_batch(self.task, indices)
             except WorkloadError as exc:  # a read that raises is the data's fault, as an item's is; a collation, the workload's
-                if str(exc).startswith("dataset.__getitems__("):
+                if str(exc).startswith(("dataset.__getitems__(", "dataset[")):
                     raise BadData(str(exc)) from None
                 raise
         else:
