@@ -178,7 +178,13 @@ def test_the_loader_ceiling_is_the_workers_over_their_mean_time_per_batch_withou
     for seconds in (5.0, 0.5, 0.5):  # worker 0: a slow first batch, then 0.5 s a batch
         clock.record(0, seconds)
     clock.record(1, 0.25)  # worker 1: only its first batch
-    assert clock.batches_per_s() == pytest.approx(3 / 0.375)  # worker 2 made none yet: it counts as the others
+    assert clock.batches_per_s() == pytest.approx(3 / 0.5)  # worker 1's first only and worker 2's none: as worker 0
+    cold = ProductionClock(4)  # three workers at 50 ms a batch, one that made only its cold first batch of 5 s
+    for worker in range(3):
+        for seconds in (0.05, 0.05, 0.05):
+            cold.record(worker, seconds)
+    cold.record(3, 5.0)
+    assert cold.batches_per_s() == pytest.approx(4 / 0.05)
     lucky = ProductionClock(2)  # a worker whose one batch after its first held only cheap items (1 ms)
     for seconds in (0.2, 0.001):
         lucky.record(0, seconds)
@@ -202,7 +208,7 @@ def test_timed_workers_keep_the_items_and_count_the_batches_they_make() -> None:
         dataset, collate = clock.wrap(data, None)
         loader = DataLoader(dataset, batch_size=4, num_workers=2, collate_fn=collate)
         assert sorted(torch.cat([b[0] for b in loader]).tolist()) == [scale * i for i in range(12)]
-        means = clock._seconds[:]
+        means = clock._mean[:]
         assert all(mean > 0 for mean in means), means  # each worker made batches and published its mean
 
 

@@ -83,9 +83,11 @@ def read_batch(task: Task, indices: list[int]) -> Any:
     except USER_CODE_ERRORS as exc:
         if is_out_of_memory(exc):  # the batch's size may be at fault: a memory pre-pass halves it
             raise
-        first = (str(exc).strip().splitlines() or [""])[0]
-        raise WorkloadError(f"{_failing_item(task.dataset, indices) or f'dataset.__getitems__({span})'} failed: "
-                            f"{type(exc).__name__}: {first}") from None
+        where, error = _failing_item(task.dataset, indices) or (f"dataset.__getitems__({span})", exc)
+        first = (str(error).strip().splitlines() or [""])[0]
+        raise WorkloadError(f"{where} failed: {type(error).__name__}: {first}") from None
+    if isinstance(data, list):  # items, as a Subset's batched read returns them: the item at fault is named
+        return collate_items(task, data)
     try:
         return (task.collate_fn or default_collate)(data)
     except USER_CODE_ERRORS as exc:
@@ -94,14 +96,17 @@ def read_batch(task: Task, indices: list[int]) -> Any:
         ) from None
 
 
-def _failing_item(dataset: Any, indices: list[int]) -> str | None:
-    """``dataset[i]`` for the first of ``indices`` whose item raises when read alone (a Subset's batched read is its
-    items'), or None when each reads."""
+def _failing_item(dataset: Any, indices: list[int]) -> tuple[str, BaseException] | None:
+    """``dataset[i]`` and its error for the first of ``indices`` whose item raises when read alone (a Subset's batched
+    read is its items'); None when each reads, or where ``__getitem__`` is not the dataset's (``Dataset``'s own raises
+    NotImplementedError: a dataset read only in batches)."""
     for index in indices:
         try:
             dataset[index]
-        except USER_CODE_ERRORS:
-            return f"dataset[{index}]"
+        except NotImplementedError:
+            return None
+        except USER_CODE_ERRORS as exc:
+            return f"dataset[{index}]", exc
     return None
 
 

@@ -22,19 +22,21 @@ from typing import Any
 
 
 class ProductionClock:
-    """Each loader worker's mean time per batch, in memory the workers share.
+    """Each loader worker's batches and mean time per batch, in memory the workers share.
 
     Built before the DataLoader, in the trial process; the wrapped dataset
     and collate function (:meth:`wrap`) write, the trial process reads. A
-    worker keeps its own counts and publishes one number, its mean seconds
-    per batch, so a reader never sees a count without its seconds.
+    worker keeps its own counts and publishes its mean seconds per batch
+    and how many batches after its first that mean covers; a reader that
+    sees one updated before the other only weighs that worker a batch off.
     """
 
     def __init__(self, workers: int) -> None:
         from multiprocessing.sharedctypes import RawArray
 
         self.workers = workers
-        self._seconds = RawArray("d", workers)  # mean seconds per batch of each worker, 0 until its first batch
+        self._mean = RawArray("d", workers)  # mean seconds per batch of each worker, 0 until its first batch
+        self._after = RawArray("d", workers)  # batches after its first that the mean covers (0: the first's seconds)
         self._own: dict[int, list[float]] = {}  # in each worker: batches made, seconds making them, its first's seconds
 
     def wrap(self, dataset: Any, collate_fn: Callable[[list[Any]], Any] | None) -> tuple[TimedItems, TimedCollate]:
@@ -56,19 +58,25 @@ class ProductionClock:
         made, total, first = own
         mean = (total - first) / (made - 1) if made >= 2 else total
         if mean > 0:
-            self._seconds[worker] = mean
+            self._after[worker] = made - 1
+            self._mean[worker] = mean
 
     def batches_per_s(self) -> float | None:
         """Batches a second all workers together make when each is busy: the workers over their mean time per batch.
 
-        The mean of the workers' means, not a sum of their rates: a worker that made one quick batch (its items
-        happened to be cheap) would count as if it made them all that fast. A worker that made none yet counts as
-        the others. ``None`` before any worker made a batch.
+        The mean pools every worker's batches after its first (a worker that made only its first counts only while
+        none made more), not a sum of the workers' rates: a worker whose one batch after its first held only cheap
+        items would count as if all its batches were that quick. ``None`` before any worker made a batch.
         """
-        means = [seconds for seconds in self._seconds[:] if seconds > 0]
-        if not means:
+        pairs = [(after, mean) for after, mean in zip(self._after[:], self._mean[:], strict=True) if mean > 0]
+        if not pairs:
             return None
-        return self.workers / (sum(means) / len(means))
+        steady = [(after, mean) for after, mean in pairs if after >= 1]
+        if steady:
+            mean = sum(after * mean for after, mean in steady) / sum(after for after, _ in steady)
+        else:
+            mean = sum(mean for _, mean in pairs) / len(pairs)
+        return self.workers / mean
 
 
 class TimedItems:

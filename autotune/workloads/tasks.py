@@ -281,6 +281,8 @@ def check_task(task: Task, *, workers: bool) -> TaskInfo:
         return read_batch(task, items[:count]) if batched else collate_items(task, items[:count])
 
     batch = first(CHECK_ITEMS)
+    if batched:
+        first(len(items))  # every item the per-item path reads, read as strictly
     _check_count(task, batch, first, len(items))
     model = task.build_model()
     model.train()
