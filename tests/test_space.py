@@ -301,6 +301,9 @@ def test_ddp_knobs_pin_with_several_ranks_and_are_refused_in_one_process() -> No
     both = merge_constraints([parse_constraint("static_graph=true"), parse_constraint("accumulation_steps=2")])
     with pytest.raises(UsageError, match="static_graph=true does not work with accumulation_steps > 1"):
         build_space(device=CPU, calibration=calibration(), usable_cores=2, effective_batch=None, constraints=both, world_size=2)
+    pinned = merge_constraints([parse_constraint("static_graph=true"), parse_constraint("batch_size=64")])
+    with pytest.raises(UsageError, match="static_graph=true does not work with accumulation_steps > 1"):  # 256 = 64 x 4
+        build_space(device=CPU, calibration=calibration(), usable_cores=2, effective_batch=256, constraints=pinned, world_size=2)
     some = merge_constraints([parse_constraint("static_graph=true"), parse_constraint("accumulation_steps=1,2")])
     assert build_space(device=CPU, calibration=calibration(), usable_cores=2, effective_batch=None, constraints=some,
                        world_size=2).values["static_graph"] == (True,)

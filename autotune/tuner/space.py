@@ -274,8 +274,7 @@ def check_pins_act(constraints: dict[str, Constraint], image_input: bool, world_
 
     ``channels_last=true`` for a workload whose batches hold no 4-D floating
     tensor; ``prefetch_factor`` or ``persistent_workers`` with ``num_workers``
-    pinned to 0 (the DataLoader uses them only with workers); ``static_graph=true``
-    with every accumulation pinned above 1 (the space offers it only without); a DDP knob
+    pinned to 0 (the DataLoader uses them only with workers); a DDP knob
     (``bucket_cap_mb``, ``gradient_as_bucket_view``, ``static_graph``) away
     from PyTorch's default in a search of one rank.
 
@@ -289,10 +288,6 @@ def check_pins_act(constraints: dict[str, Constraint], image_input: bool, world_
         for knob in ("prefetch_factor", "persistent_workers"):
             if knob in constraints:
                 raise UsageError(f"--set {knob}: the DataLoader uses it only with workers, and --set num_workers=0 leaves none")
-    static, accumulation = constraints.get("static_graph"), constraints.get("accumulation_steps")
-    if static is not None and not static.allows(False) and accumulation is not None and not accumulation.allows(1):
-        raise UsageError("--set static_graph=true does not work with accumulation_steps > 1 (DDP's no_sync breaks its "
-                         "reducer), and --set accumulation_steps leaves no step of 1")
     if world_size > 1:
         return
     for knob, (default,) in ddp_values(1).items():
@@ -394,5 +389,9 @@ def build_space(
         bad = [b for b in values["batch_size"] if effective_batch % b]
         if bad:
             raise UsageError(f"--effective-batch {effective_batch} is not a multiple of batch_size {bad[0]}")
+    if values["static_graph"] == (True,) and (1 not in values["accumulation_steps"] or (  # offered only without accumulation
+            effective_batch is not None and all(b < effective_batch for b in values["batch_size"]))):
+        raise UsageError("--set static_graph=true does not work with accumulation_steps > 1 (DDP's no_sync breaks its "
+                         "reducer), and the --set pins and --effective-batch leave no step of one micro-batch")
     note = "; ".join(f"amp={a} left out: every compute-only run in it ended {why} in the calibration" for a, why in failed.items())
     return Space(values=values, effective_batch=effective_batch, images=images, note=note)
