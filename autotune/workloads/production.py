@@ -26,9 +26,10 @@ class ProductionClock:
 
     Built before the DataLoader, in the trial process; the wrapped dataset
     and collate function (:meth:`wrap`) write, the trial process reads. A
-    worker keeps its own counts and publishes its mean seconds per batch
-    and how many batches after its first that mean covers; a reader that
-    sees one updated before the other only weighs that worker a batch off.
+    worker keeps its own counts and publishes its mean seconds per batch,
+    then how many batches after its first that mean covers; a reader
+    between the two weighs that worker a batch off, or takes its first
+    steady mean for a first batch, never its cold first for a steady one.
     """
 
     def __init__(self, workers: int) -> None:
@@ -57,9 +58,9 @@ class ProductionClock:
         own[1] += seconds
         made, total, first = own
         mean = (total - first) / (made - 1) if made >= 2 else total
-        if mean > 0:
-            self._after[worker] = made - 1
+        if mean > 0:  # the mean first: read between the two, a new steady mean still counts as a first batch
             self._mean[worker] = mean
+            self._after[worker] = made - 1
 
     def batches_per_s(self) -> float | None:
         """Batches a second all workers together make when each is busy: the workers over their mean time per batch.
