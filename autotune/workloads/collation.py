@@ -8,11 +8,12 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.errors import USER_CODE_ERRORS, WorkloadError, is_out_of_memory
 from autotune.workloads.batches import describe_batch, hinted
+from autotune.workloads.data import BadData
 
 if TYPE_CHECKING:  # pragma: no cover
     from autotune.workloads.task import Task
 
-__all__ = ["batched_fixed_shapes", "batched_read", "collate_items", "fixed_shapes", "read_batch", "same_shapes"]
+__all__ = ["bad_item", "batched_fixed_shapes", "batched_read", "collate_items", "fixed_shapes", "read_batch", "same_shapes"]
 
 
 def same_shapes(items: list[Any]) -> bool:
@@ -71,7 +72,8 @@ def read_batch(task: Task, indices: list[int]) -> Any:
     collate_fn (or PyTorch's default); one line if either fails.
 
     Raises:
-        WorkloadError: The read or the collation failed.
+        BadData: The read failed (the data's fault, whichever run meets it).
+        WorkloadError: The collation failed.
     """
     from torch.utils.data import default_collate
 
@@ -84,8 +86,7 @@ def read_batch(task: Task, indices: list[int]) -> Any:
         if is_out_of_memory(exc):  # the batch's size may be at fault: a memory pre-pass halves it
             raise
         where, error = _failing_item(task.dataset, indices) or (f"dataset.__getitems__({span})", exc)
-        first = (str(error).strip().splitlines() or [""])[0]
-        raise WorkloadError(f"{where} failed: {type(error).__name__}: {first}") from None
+        raise bad_item(error, where) from None
     if isinstance(data, list):  # items, as a Subset's batched read returns them: the item at fault is named
         return collate_items(task, data)
     try:
@@ -94,6 +95,16 @@ def read_batch(task: Task, indices: list[int]) -> Any:
         raise WorkloadError(
             f"what dataset.__getitems__({span}) returned ({describe_batch(data)}) cannot be collated: {type(exc).__name__}: {exc}"
         ) from None
+
+
+def bad_item(exc: BaseException, item: str) -> BaseException:
+    """``exc``, raised reading ``item``, as :class:`BadData` in one line; running out of memory stays itself (the
+    batch's size may be at fault: a memory pre-pass halves it)."""
+    if is_out_of_memory(exc):
+        return exc
+    text = str(exc).strip()
+    first = text.splitlines()[0] if text else ""
+    return BadData(f"{item} failed: {type(exc).__name__}: {first}")
 
 
 def _failing_item(dataset: Any, indices: list[int]) -> tuple[str, BaseException] | None:

@@ -13,9 +13,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
-from autotune.errors import USER_CODE_ERRORS, WorkloadError, is_out_of_memory
+from autotune.errors import USER_CODE_ERRORS, WorkloadError
 from autotune.records import Workload
 from autotune.workloads.batches import first_dim
+from autotune.workloads.collation import bad_item, batched_read, collate_items, read_batch
 from autotune.workloads.data import BadData
 
 #: How a trial's error says that one pass of a stream held no optimizer step (the search counts such a trial free).
@@ -179,8 +180,6 @@ class TaskPipeline:
         """
         from torch.utils.data import IterableDataset
 
-        from autotune.workloads.collation import batched_read, collate_items, read_batch
-
         dataset = self.task.dataset
         items: list[Any] = []
         if isinstance(dataset, IterableDataset):
@@ -198,21 +197,15 @@ class TaskPipeline:
             except WorkloadError:
                 raise
             except USER_CODE_ERRORS as exc:
-                raise _bad_item(exc, f"item {len(items)} of the workload's dataset") from None
-        elif batched_read(dataset) is not None:  # read as the DataLoader reads it, then collated
-            indices = [index % len(dataset) for index in range(batch_size)]
-            try:
-                return read_batch(self.task, indices)
-            except WorkloadError as exc:  # a read that raises is the data's fault, as an item's is; a collation, the workload's
-                if str(exc).startswith(("dataset.__getitems__(", "dataset[")):
-                    raise BadData(str(exc)) from None
-                raise
+                raise bad_item(exc, f"item {len(items)} of the workload's dataset") from None
+        elif batched_read(dataset) is not None:  # read as the DataLoader reads it (a read that raises is BadData), then collated
+            return read_batch(self.task, [index % len(dataset) for index in range(batch_size)])
         else:
             for index in range(batch_size):
                 try:
                     items.append(dataset[index % len(dataset)])
                 except USER_CODE_ERRORS as exc:
-                    raise _bad_item(exc, f"dataset[{index % len(dataset)}]") from None
+                    raise bad_item(exc, f"dataset[{index % len(dataset)}]") from None
         return collate_items(self.task, items)
 
 
@@ -236,17 +229,7 @@ class NamedItems:
 
             if get_worker_info() is not None:
                 raise
-            raise _bad_item(exc, f"dataset[{index}]") from None
-
-
-def _bad_item(exc: BaseException, item: str) -> BaseException:
-    """``exc``, raised reading ``item``, as :class:`BadData` in one line; running out of memory stays itself (the
-    batch's size may be at fault: a memory pre-pass halves it)."""
-    if is_out_of_memory(exc):
-        return exc
-    text = str(exc).strip()
-    first = text.splitlines()[0] if text else ""
-    return BadData(f"{item} failed: {type(exc).__name__}: {first}")
+            raise bad_item(exc, f"dataset[{index}]") from None
 
 
 def open_pipeline(workload: Workload, decode: str = "cpu") -> Pipeline:

@@ -10,6 +10,7 @@ naming the object, index, types or shapes at fault.
 
 from __future__ import annotations
 
+import functools
 import os
 import pickle
 from collections.abc import Callable, Sequence
@@ -277,6 +278,7 @@ def check_task(task: Task, *, workers: bool) -> TaskInfo:
     items, iterable, size = _first_items(task, SHAPE_ITEMS)
     batched = not iterable and batched_read(task.dataset) is not None  # items are then indices, read_batch reads them
 
+    @functools.cache  # each count read and collated once: the strict read of all of them serves the count check too
     def first(count: int) -> Any:
         return read_batch(task, items[:count]) if batched else collate_items(task, items[:count])
 
