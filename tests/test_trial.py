@@ -191,6 +191,15 @@ def test_the_loader_ceiling_is_the_workers_over_their_mean_time_per_batch_withou
     for seconds in (0.2, 0.2):
         lucky.record(1, seconds)
     assert lucky.batches_per_s() == pytest.approx(2 / ((0.001 + 0.2) / 2))  # about 20 a second, not 1,005 (1/0.001 + 1/0.2)
+    # The trial turns batches a second into samples a second (one process: its world is itself).
+    from types import SimpleNamespace
+
+    from autotune.runner.child import TrialLoop
+    from autotune.runner.ranks import Rank
+
+    loop = SimpleNamespace(clock=cold, rank=Rank())
+    assert TrialLoop.loader_ceiling(loop, 32.0) == pytest.approx(4 / 0.05 * 32)  # type: ignore[arg-type]
+    assert TrialLoop.loader_ceiling(SimpleNamespace(clock=None, rank=Rank()), 32.0) is None  # type: ignore[arg-type]
 
 
 def test_timed_workers_keep_the_items_and_count_the_batches_they_make() -> None:
@@ -223,8 +232,9 @@ def test_a_window_never_counts_more_than_the_loader_workers_make() -> None:
     result = run_trial(setup, workload, TrialOptions(trial_seconds=1.5, windows=5, timeout_s=120))
     assert result.status == "ok", result.error
     assert max(result.windows) <= 400 * 1.01  # more than the workers can make: the old trial's windows read up to 441
-    # The workers' rate as measured: at most what their sleeps allow, and not far below (sleeping costs no CPU).
-    assert result.loader_samples_per_s is not None and 200 <= result.loader_samples_per_s <= 400 * 1.01
+    # The workers' rate as measured: at most what their sleeps allow (a load can only lengthen a sleep, so no bound
+    # below: the arithmetic from batches to samples is checked on fixed timings above).
+    assert result.loader_samples_per_s is not None and 0 < result.loader_samples_per_s <= 400 * 1.01
     assert result.samples_per_s is not None and result.samples_per_s <= result.loader_samples_per_s
     without = run_trial(dataclasses.replace(setup, num_workers=0, prefetch_factor=None), workload, QUICK)
     assert without.status == "ok" and without.loader_samples_per_s is None  # no workers: nothing to time
