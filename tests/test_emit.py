@@ -1164,3 +1164,34 @@ def test_a_temporary_directory_too_long_for_the_workers_sockets_is_one_line(
     code, out, err = in_process.run_script(script, ["--output-dir", "out", "--max-steps", "1", "--workers", "0"], tmp_path, capfd,
                                            monkeypatch)
     assert code == 0 and "done: step 1," in out, err
+
+
+@pytest.mark.parametrize("task", [None, "task_factories:dict_batches"], ids=["model", "task"])
+def test_ctrl_c_while_torch_loads_is_one_line(synthetic_data: Path, tmp_path: Path, task: str | None) -> None:
+    """Ctrl-C in the seconds ``import torch`` takes: the one line and exit 130 of any other Ctrl-C, no traceback. A
+    stand-in ``torch`` package that blocks in its import holds the script there, whatever the machine's load."""
+    import signal
+    import time
+
+    best = make_best(synthetic_data)
+    if task is not None:
+        best = dataclasses.replace(best, workload=dataclasses.replace(best.workload, task=task))
+    script = write_script(best, tmp_path / "train.py")
+    assert ("WORKLOAD = " in script.read_text()) == (task is not None)
+    ready = tmp_path / "importing"
+    (tmp_path / "stand-in" / "torch").mkdir(parents=True)
+    (tmp_path / "stand-in" / "torch" / "__init__.py").write_text(
+        f"import pathlib, time\npathlib.Path({str(ready)!r}).touch()\ntime.sleep({RUN_TIMEOUT})\n")
+    proc = subprocess.Popen([sys.executable, str(script)], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env={**os.environ, "PYTHONPATH": str(tmp_path / "stand-in")})
+    try:
+        deadline = time.monotonic() + RUN_TIMEOUT
+        while not ready.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert ready.exists(), proc.communicate()
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=RUN_TIMEOUT)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, f"exit {proc.returncode}\n{out}\n{err}"
+    assert err.strip().splitlines() == ["error: interrupted; --resume goes on from the last checkpoint written, if any"]
