@@ -161,7 +161,8 @@ def helper_device_type(device: object, method: str) -> str:
     """``"cpu"`` or ``"cuda"`` for the device a :class:`~autotune.train_setup.TrainSetup` helper was given.
 
     Raises:
-        SetupError: ``device`` names no CPU or CUDA device (``"gpu"``, ``"cuda:x"``, ``None``).
+        SetupError: ``device`` names no CPU or CUDA device (``"gpu"``, ``"cuda:x"``, ``None``), or a CUDA device
+            torch cannot use here.
     """
     import torch
 
@@ -171,6 +172,11 @@ def helper_device_type(device: object, method: str) -> str:
         kind = None
     if kind not in ("cpu", "cuda"):
         raise SetupError(f"TrainSetup.{method}: unsupported device {device!r}; use cpu, cuda or cuda:K")
+    if kind == "cuda":  # torch itself only warns, and its autocast or grad scaler then does nothing
+        try:
+            _check_cuda_present(device)
+        except SetupError as exc:
+            raise SetupError(f"TrainSetup.{method}: {exc}") from None
     return kind
 
 

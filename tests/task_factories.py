@@ -325,6 +325,11 @@ def detached_loss() -> autotune.Task:
     return autotune.Task(nn.Linear(8, 3), _pairs(), step=lambda model, batch: nn.functional.cross_entropy(model(batch[0]), batch[1]).detach())
 
 
+def dict_loss() -> autotune.Task:
+    """The step returns a dict holding the loss (as models with dict outputs do), not the loss."""
+    return autotune.Task(nn.Linear(8, 3), _pairs(), step=lambda model, batch: {"loss": nn.functional.cross_entropy(model(batch[0]), batch[1])})
+
+
 def one_output_default_loss() -> autotune.Task:
     """A regression model (one output) left with the default cross-entropy: 0 over one class, nothing would train."""
     inputs = torch.randn(16, 8)

@@ -959,7 +959,11 @@ def test_the_task_script_refuses_a_bad_workload_or_checkpoint_in_one_line(
         assert line.startswith(message), line
         assert not (tmp_path / "out").exists()
     # Recipes the search refuses stop the script in one line too, and no checkpoint of NaN weights is written.
-    for flags, message in ((["--workload", "task_factories:non_scalar_loss"], "error: the Task's loss must be a scalar tensor, got (8,)"),
+    for flags, message in ((["--workload", "task_factories:non_scalar_loss"], "error: the Task's loss must be a scalar tensor, got shape (8,)"),
+                           (["--workload", "task_factories:dict_loss"], "error: the Task's loss must be a scalar floating tensor, got dict"),
+                           (["--workload", "task_factories:detached_loss"], "error: the Task's loss does not require grad (detached"),
+                           (["--workload", "task_factories:frozen_model"],
+                            "error: the model has no trainable parameters (none requires grad): there is nothing to train"),
                            # The Task's own refusals, raised as its parts are built: one line too, not a traceback.
                            (["--workload", "task_factories:model_fails"], "error: Task model factory failed: RuntimeError: no weights mounted"),
                            (["--workload", "task_factories:not_an_optimizer"],

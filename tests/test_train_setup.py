@@ -188,7 +188,11 @@ def test_helpers_apply_the_knobs() -> None:
         assert torch.get_autocast_dtype("cpu") == torch.bfloat16
         assert torch.is_autocast_enabled("cpu")
     assert setup.grad_scaler("cpu") is None
-    assert TrainSetup(amp="fp16").grad_scaler("cuda") is not None
+    if torch.cuda.is_available():
+        assert TrainSetup(amp="fp16").grad_scaler("cuda") is not None
+    else:  # torch's scaler would do nothing here: refused, as autocast is (test_helpers_refuse_misuse_in_one_line)
+        with pytest.raises(SetupError, match="no CUDA GPU is usable here"):
+            TrainSetup(amp="fp16").grad_scaler("cuda")
     with TrainSetup().autocast("cpu"):
         assert not torch.is_autocast_enabled("cpu")
 
@@ -213,6 +217,9 @@ def test_helpers_refuse_misuse_in_one_line() -> None:
     for call, words in (
         (lambda: setup.autocast("gpu"), "TrainSetup.autocast: unsupported device 'gpu'"),
         (lambda: TrainSetup(amp="fp16").grad_scaler("cuda:x"), "TrainSetup.grad_scaler: unsupported device 'cuda:x'"),
+        # torch only warns, and its autocast and grad scaler do nothing: a bf16 setup would train in fp32
+        (lambda: setup.autocast("cuda:99"), "TrainSetup.autocast: device 'cuda:99': "),
+        (lambda: TrainSetup(amp="fp16").grad_scaler("cuda:99"), "TrainSetup.grad_scaler: device 'cuda:99': "),
         (lambda: setup.prepare_model("resnet50"), "TrainSetup.prepare_model takes a torch.nn.Module, got str"),
         (lambda: setup.compile_model(None), "TrainSetup.compile_model takes a torch.nn.Module, got NoneType"),
         (lambda: setup.wrap_ddp(torch.nn.Linear(2, 2)), "needs a process group: call torch.distributed.init_process_group"),
