@@ -289,7 +289,8 @@ class TrainSetup:
         return {"off": None, "bf16": torch.bfloat16, "fp16": torch.float16}[self.amp]
 
     def autocast(self, device: str | torch.device) -> contextlib.AbstractContextManager[Any]:
-        """A ``torch.autocast`` context for the tuned precision (a no-op for fp32); SetupError: ``device`` is no CPU or CUDA device."""
+        """A ``torch.autocast`` context for the tuned precision (a no-op for fp32); SetupError: ``device`` is no CPU or CUDA
+        device, or a CUDA device torch cannot use here (torch would only warn and autocast nothing)."""
         import torch
 
         kind = helper_device_type(device, "autocast")
