@@ -881,6 +881,38 @@ def test_bad_data_met_before_anything_was_measured_leaves_no_study_and_says_noth
     assert outcome.best is not None
 
 
+def test_bad_data_met_after_calibration_runs_were_kept_says_the_same_out_takes_the_data_without_the_file(
+    tmp_path, synthetic_data, capsys
+) -> None:
+    """The loader-only calibration runs meet the file after the compute-only ones were kept: a rerun for fewer samples
+    drops those runs and calibrates again on the same --out, so the line says that, not "needs another --out" (which
+    it said, while the same --out took the data without the file)."""
+    import shutil
+
+    from autotune.errors import DataError
+    from autotune.tuner import SearchConfig, run_search
+
+    data = tmp_path / "data"
+    shutil.copytree(synthetic_data, data)
+    victim = next(iter(sorted((data / "class_03").iterdir())))
+
+    def loader_meets_it(setup, workload, options=None, *, on_window=None):  # type: ignore[no-untyped-def]
+        if options is not None and options.mode == "loader":
+            return TrialResult(status="bad_data", error=f"{victim}: cannot decode (OSError: image file is truncated)")
+        return steady_runner(setup, workload, options, on_window=on_window)
+
+    config = SearchConfig(model="resnet18", trials=2, image_size=32, device="cpu", trial_seconds=1.0, out=tmp_path / "out", data=data)
+    with pytest.raises(DataError) as caught:
+        run_search(config, runner=loader_meets_it)
+    assert str(caught.value) == (f"bad data: {victim}: cannot decode (OSError: image file is truncated); fix or replace it in "
+                                 "place and rerun the same command (finished trials are kept); removing it works too: the same "
+                                 "command then measures the calibration again")
+    assert (tmp_path / "out" / "study.db").exists()  # its kept runs stay for a fix in place
+    victim.unlink()
+    outcome = run_search(config, runner=steady_runner)  # the same --out takes the smaller data
+    assert outcome.best is not None and outcome.best.workload.images == 63
+
+
 def test_bad_data_in_the_synthetic_jpegs_says_to_remove_their_directory(tmp_path, synthetic_data) -> None:
     """A damaged file among the synthetic JPEGs autotune wrote (no --data): the line says to remove their directory,
     which the rerun of the same command writes again, the same files, and resumes (before: "fix or remove it", a

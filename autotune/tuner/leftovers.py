@@ -23,6 +23,7 @@ from pathlib import Path
 from autotune.errors import AutotuneError, DataError, SearchInterrupted, StorageError
 from autotune.tuner.storage import CONNECTION_ERRORS
 from autotune.tuner.study import SearchStudy
+from autotune.tuner.timed import RECALIBRATE_NOTE
 
 
 @contextmanager
@@ -42,17 +43,20 @@ def nothing_left_if_nothing_measured(study: SearchStudy, made_out: Path | None, 
     except AutotuneError as exc:
         if isinstance(exc, (SearchInterrupted, StorageError)) or shared:
             raise
-        empty = False
+        empty, held = False, True
         try:
             empty = study.measured_nothing() if isinstance(exc, DataError) else study.holds_nothing()
+            held = not study.holds_nothing()  # a finished calibration or a trial: the data's size is the study's
             if empty and made_out is not None:
                 shutil.rmtree(made_out, ignore_errors=True)
             elif empty:
                 study.delete()
         except CONNECTION_ERRORS:  # the storage failed meanwhile: the error already raised is the one to say
             pass
-        if empty and isinstance(exc, DataError) and exc.alone != str(exc):
-            raise DataError(exc.alone) from None  # no study is left whose data size a rerun must keep
+        if isinstance(exc, DataError) and exc.alone != str(exc) and not held:
+            # No study is left whose data size a rerun must keep, or only an unfinished calibration's runs, which a
+            # rerun for another size drops (SearchStudy.check_signature): the same --out takes the data without the file.
+            raise DataError(exc.alone + ("" if empty else RECALIBRATE_NOTE)) from None
         raise
 
 

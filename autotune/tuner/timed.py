@@ -84,3 +84,5 @@ def bad_data_advice(workload: Workload) -> tuple[str, str]:
 #: Said of bad user data while the study holds a measurement: its signature counts the samples.
 SIZE_NOTE = ("; removing it changes the number of samples the study was made for, so a rerun without it needs another --out "
              "(with --storage: another --study)")
+#: Said instead while the study holds only runs of an unfinished calibration: a rerun for another size drops them.
+RECALIBRATE_NOTE = "; removing it works too: the same command then measures the calibration again"
