@@ -641,9 +641,25 @@ def test_a_calibration_run_is_reused_only_when_it_measured_and_under_about_the_s
     assert replay.summary() == ("calibration: reused 2 of the 2 runs kept from before the interruption, measured 1 now")
     other = KeptRuns(lambda *a, **k: fresh, dict(saved), saved.update)
     assert other(TrainSetup(batch_size=16), workload, TrialOptions(max_memory_bytes=2000, mode="compute")) is fresh
-    assert other.summary() == ("calibration: reused 0 of the 3 runs kept from before the interruption (not the other 3: measured "
+    assert other.summary() == ("calibration: none of the 3 runs kept from before the interruption could be reused (measured "
                                "under another memory budget, or not asked for this time), measured 1 now")
     assert other.reused == 0 and [run.budget for run in saved[next(k for k in saved if '"batch_size": 16' in k)]] == [2000]
+
+
+def test_a_kept_calibration_run_far_below_either_memory_budget_is_reused_when_the_budget_moved_further() -> None:
+    """The budget derives from the available RAM, which another process moves by more than a tenth in a minute: a run
+    that held far below the new budget would measure the same, and one over its budget would be over a smaller one too
+    (before, both ran again, and an interrupted calibration on a busy machine resumed nothing)."""
+    from autotune.tuner.kept_runs import KeptRun
+
+    held = KeptRun(TrialResult(status="ok", samples_per_s=5.0, peak_memory_bytes=400), 10_000)
+    assert held.fits(10_500) and held.fits(5_000) and held.fits(40_000) and held.fits(445)  # 400 <= 0.9 x 445
+    assert not held.fits(420) and not held.fits(None)  # near or over the new budget; no budget at all now
+    unknown = KeptRun(TrialResult(status="ok", samples_per_s=5.0), 10_000)  # no peak recorded: only the drift holds
+    assert unknown.fits(9_500) and not unknown.fits(5_000)
+    over = KeptRun(TrialResult(status="oom", error="over", peak_memory_bytes=12_000), 10_000)
+    assert over.fits(10_900) and over.fits(3_000)  # within the drift, or a smaller budget: over it again
+    assert not over.fits(12_000) and not over.fits(40_000)  # a larger budget may hold it: measured again
 
 
 def test_rich_progress_shows_roles_and_bracketed_text(tmp_path, cache_dir) -> None:

@@ -46,10 +46,18 @@ class KeptRun:
         return cls(TrialResult.from_dict(data["result"]), data.get("budget"))
 
     def fits(self, budget: int | None) -> bool:
-        """Whether the run holds under ``budget``: the same one, or within :data:`BUDGET_DRIFT` of it."""
+        """Whether the run would end the same under ``budget``: any run within :data:`BUDGET_DRIFT` of its own budget;
+        beyond, a run that held (``ok``) and peaked at most ``1 - BUDGET_DRIFT`` of ``budget`` (the available RAM the
+        budget derives from moves with every other process: a run far below either budget measures the same), and a run
+        over its own budget (``oom``) under a smaller one. Without budgets, only a run without one."""
         if self.budget is None or budget is None:
             return self.budget == budget
-        return abs(self.budget - budget) <= BUDGET_DRIFT * budget
+        if abs(self.budget - budget) <= BUDGET_DRIFT * budget:
+            return True
+        if self.result.status == "oom":
+            return budget < self.budget
+        peak = self.result.peak_memory_bytes
+        return self.result.status == "ok" and peak is not None and peak <= (1 - BUDGET_DRIFT) * budget
 
 
 def run_key(setup: TrainSetup, options: TrialOptions) -> str:
@@ -93,8 +101,12 @@ class KeptRuns:
         """How the runs kept by an earlier, interrupted command were used; None when there were none."""
         if not self.earlier:
             return None
+        why = "measured under another memory budget, or not asked for this time"
+        if not self.reused:
+            return (f"calibration: none of the {self.earlier} runs kept from before the interruption could be reused ({why}), "
+                    f"measured {self.ran} now")
         rest = self.earlier - self.reused
-        other = f" (not the other {rest}: measured under another memory budget, or not asked for this time)" if rest else ""
+        other = f" (not the other {rest}: {why})" if rest else ""
         return f"calibration: reused {self.reused} of the {self.earlier} runs kept from before the interruption{other}, measured {self.ran} now"
 
     def __call__(
