@@ -217,6 +217,24 @@ def test_resumed_search_adds_its_time_to_the_stored_breakdown(tmp_path, cache_di
     assert second.time_spent.wall_s > first.time_spent.wall_s
 
 
+def test_every_run_s_time_is_kept_however_runs_sharing_the_study_overlap(tmp_path) -> None:
+    """Two workers of one study, each storing its own run's breakdown when it ends: the study sums both, whichever
+    ends last (before, each stored the total it read at its start plus its own, and the last worker's replaced the
+    other's: a shared study's page read 0 s of confirmation beside the confirmation it plotted)."""
+    from autotune.tuner.study import SearchStudy
+
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    optuna.create_study(storage=storage, study_name="s", direction="maximize")
+    optuna.load_study(study_name="s", storage=storage).set_user_attr("time_spent", {"wall_s": 5.0, "runs": 1})  # an older run
+    first, second = SearchStudy.load(storage, "s"), SearchStudy.load(storage, "s")
+    first.store_time_spent(TimeSpent(wall_s=100.0, calibration_s=40.0, runs=5))
+    second.store_time_spent(TimeSpent(wall_s=90.0, confirmation_s=30.0, ceilings_s=6.0, runs=7))
+    first.store_time_spent(TimeSpent(wall_s=110.0, calibration_s=40.0, runs=6))  # stored again: replaces its own
+    total = SearchStudy.load(storage, "s").time_spent()
+    assert total == TimeSpent(wall_s=205.0, calibration_s=40.0, confirmation_s=30.0, ceilings_s=6.0, runs=14)
+    assert second.time_spent(others=True) == TimeSpent(wall_s=115.0, calibration_s=40.0, runs=7)
+
+
 def test_report_command_rewrites_the_report_from_the_study(searched, tmp_path) -> None:
     _, source = searched
     out = tmp_path / "copy"

@@ -27,6 +27,7 @@ from optuna.trial import TrialState
 
 from autotune.errors import StorageError
 from autotune.records import TrialResult
+from autotune.time_spent import TimeSpent
 from autotune.train_setup import TrainSetup
 from autotune.tuner.budget import counted
 from autotune.tuner.lock import Holder
@@ -163,6 +164,12 @@ def test_two_workers_share_one_budget_on_postgresql(shared: Shared) -> None:
                             capture_output=True, text=True, env=env(), timeout=120)
     assert status.returncode == 0, status.stderr
     assert "4/4 trials finished" in status.stdout and ", 0 running, " in status.stdout and "winner:" in status.stdout
+    # Each worker's run keeps its own time: the study's breakdown holds the calibration and the confirmation, whoever ran them.
+    stored = SearchStudy.load(shared.storage, shared.study)
+    runs = [TimeSpent.from_dict(v) for k, v in stored.study.user_attrs.items() if k.startswith("time_spent:")]
+    total = stored.time_spent()
+    assert len(runs) >= 2 and total is not None and total.wall_s == pytest.approx(sum(r.wall_s for r in runs))
+    assert total.calibration_s > 0 and total.confirmation_s > 0
 
 
 @pytest.mark.slow

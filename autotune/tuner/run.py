@@ -89,7 +89,6 @@ def run_search(config: SearchConfig, reporter: Reporter | None = None, *, runner
 
 def _search(config: SearchConfig, prepared: Prepared, reporter: Reporter, timed: TimedRunner, timing: Timing, began: float) -> SearchOutcome:
     """The steps after :func:`prepare`, while the output directory and the study are held."""
-    earlier = prepared.study.time_spent()
     placed = prepared.placement.runner(timed)  # the trials' ranks, device and cores
     crew, constraints, work = prepared.crew, config.pins, prepared.workload
     first = (crew.once(lambda: first_steps(config, prepared, reporter, placed), reporter) if crew else None)
@@ -109,7 +108,7 @@ def _search(config: SearchConfig, prepared: Prepared, reporter: Reporter, timed:
     if not feasible:
         timing.wall_s = time.monotonic() - began
         status = "interrupted" if interrupted else "failed: no feasible trial"
-        written, _ = report_search(prepared.study, prepared.out, timing.record(), earlier, reporter.message, status, records, calibration)
+        written, _ = report_search(prepared.study, prepared.out, timing.record(), reporter.message, status, records, calibration)
         raise _nothing_feasible(records, prepared.study.storage, interrupted or stop_requested(), written[0] if written else None)
     if crew is not None and not interrupted and (winner := crew.confirm_or_wait(config.trials, reporter)) is not None:
         shared = crew.outcome(winner, records, calibration, prepared.out, plan.csv_path)
@@ -124,7 +123,7 @@ def _search(config: SearchConfig, prepared: Prepared, reporter: Reporter, timed:
                                     f"report was skipped (`autotune report {prepared.out} --storage URL --study {prepared.study.name}` "
                                     "writes it)", outcome=shared) from None
         timing.wall_s = time.monotonic() - began
-        written, spent = report_search(prepared.study, prepared.out, timing.record(), earlier, reporter.message,
+        written, spent = report_search(prepared.study, prepared.out, timing.record(), reporter.message,
                                        f"finished: confirmed by {winner.get('by')}", records, calibration, shared)
         files = (*files, *written)
         return replace(shared, files=files, time_spent=spent, timing=timing)
@@ -152,7 +151,7 @@ def _search(config: SearchConfig, prepared: Prepared, reporter: Reporter, timed:
     status = ("finished" if not interrupted else "interrupted" if confirmed else
               "interrupted (an earlier run's confirmed winner kept)" if kept else "interrupted (winner not confirmed)")
     shown = outcome if kept is None else kept_outcome(outcome, kept, prepared.study, records)  # the report agrees with best.json
-    written, spent = report_search(prepared.study, prepared.out, timing.record(), earlier, reporter.message, status, records, calibration, shown)
+    written, spent = report_search(prepared.study, prepared.out, timing.record(), reporter.message, status, records, calibration, shown)
     outcome = replace(outcome, files=(*outcome.files, *written), time_spent=spent)
     timing.wall_s = time.monotonic() - began
     outcome = replace(outcome, timing=timing)

@@ -127,14 +127,23 @@ class StudyStores:
         stored = self.study.user_attrs.get(STUDY_WINNER_ROUNDS)
         return _rounds(stored) if stored is not None else self.stored_confirmation()
 
-    def time_spent(self) -> TimeSpent | None:
-        """Where the time of the earlier runs went, if they recorded it."""
-        data = self.study.user_attrs.get(STUDY_TIME_SPENT)
-        return TimeSpent.from_dict(data) if data is not None else None
+    def time_spent(self, *, others: bool = False) -> TimeSpent | None:
+        """Where the time of the study's runs went, summed over every run that recorded it (with ``others``: but
+        this one); None when none did.
+
+        Each run keeps its own breakdown (:meth:`store_time_spent`): workers sharing a study each add theirs,
+        however their runs overlap (one total, read at a run's start and written at its end, kept the last
+        worker's alone). A study of an older version holds one total of its runs under the bare key.
+        """
+        own = f"{STUDY_TIME_SPENT}:{self.run_id}"
+        parts = [TimeSpent.from_dict(value) for key, value in self.study.user_attrs.items()
+                 if value is not None and (key == STUDY_TIME_SPENT or key.startswith(f"{STUDY_TIME_SPENT}:"))
+                 and not (others and key == own)]
+        return sum(parts[1:], parts[0]) if parts else None
 
     def store_time_spent(self, spent: TimeSpent) -> None:
-        """Keep the time breakdown of every run so far (the report reads it)."""
-        self._write(lambda: self.study.set_user_attr(STUDY_TIME_SPENT, asdict(spent)))
+        """Keep this run's own time breakdown (stored again, it replaces this run's); the report sums every run's."""
+        self._write(lambda: self.study.set_user_attr(f"{STUDY_TIME_SPENT}:{self.run_id}", asdict(spent)))
 
     def verdict(self) -> tuple[str | None, Ceilings | None]:
         """The bottleneck verdict of the last finished run and the winner's ceilings it rests on."""

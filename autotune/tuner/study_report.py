@@ -33,8 +33,9 @@ from autotune.tuner.stores import Rounds
 from autotune.tuner.study import ATTR_WORKER, STUDY_SIGNATURE, STUDY_WINNER, SearchStudy
 
 
-def write_search_report(study: SearchStudy, out: Path, data: ReportInput, log: Callable[[str], None]) -> tuple[str, ...]:
-    """Store the time breakdown (and the winner's ceilings and verdict) in the study; write report.html.
+def write_search_report(study: SearchStudy, out: Path, data: ReportInput, log: Callable[[str], None], *,
+                        own: TimeSpent | None = None) -> tuple[str, ...]:
+    """Store this run's time breakdown ``own`` (and the winner's ceilings and verdict) in the study; write report.html.
 
     The report is never worth a search: if it cannot be written, ``log`` gets
     one line saying why and the search goes on (best.json and trials.csv are
@@ -47,8 +48,8 @@ def write_search_report(study: SearchStudy, out: Path, data: ReportInput, log: C
     try:
         with sigterm_as_interrupt():  # SIGTERM and SIGHUP too: a stop while the page is drawn costs the page, not the search
             with interrupts_held():
-                if data.time_spent is not None:
-                    study.store_time_spent(data.time_spent)
+                if own is not None:
+                    study.store_time_spent(own)
                 if data.verdict is not None:
                     study.store_verdict(data.verdict, data.ceilings)
             return tuple(str(p) for p in write_report(out, data))
@@ -65,19 +66,23 @@ def report_search(
     study: SearchStudy,
     out: Path,
     spent: TimeSpent,
-    earlier: TimeSpent | None,
     log: Callable[[str], None],
     status: str,
     records: list[TrialRecord],
     calibration: Calibration,
     outcome: SearchOutcome | None = None,
 ) -> tuple[tuple[str, ...], TimeSpent]:
-    """Write report.html at a search's end, with this run's time (``spent``) plus the study's earlier runs.
+    """Store this run's time (``spent``) in the study; write report.html with it plus every other run's of the study
+    (its earlier runs, and the other workers' of a shared one, as stored by now).
 
     Returns:
         The files written and the time breakdown the report shows.
     """
-    spent = spent + earlier if earlier else spent
+    try:
+        others = study.time_spent(others=True)
+    except Exception:  # a storage failing now must not cost the measured search: the report shows this run's time
+        others = None
+    own, spent = spent, spent + others if others else spent
     data = ReportInput(
         records=tuple(records),
         calibration=calibration,
@@ -92,7 +97,7 @@ def report_search(
         baseline_only=baseline_only(records, stored_set(study)),
         workload=stored_workload(study),
     )
-    return write_search_report(study, out, data, log), spent
+    return write_search_report(study, out, data, log, own=own), spent
 
 
 def stored_set(study: SearchStudy) -> dict[str, Constraint]:
