@@ -319,7 +319,8 @@ def test_resume_with_a_different_search_is_refused(tmp_path, cache_dir) -> None:
         search(config(tmp_path, cache_dir, trials=3, constraints=(parse_constraint("amp=off"),)))
     shared = f"sqlite:///{tmp_path / 'shared.db'}"  # a --storage of the user's: another study name there will do
     search(config(tmp_path, cache_dir, trials=2, storage=shared, study="s", out=tmp_path / "a"))
-    with pytest.raises(StorageError, match=r"different search \(.*\); pass --study NEW_NAME or another --out$"):
+    refusal = r"different search \(.*\); pass --study NEW_NAME \(the study lives in --storage: another --out names the same one\)$"
+    with pytest.raises(StorageError, match=refusal):
         search(config(tmp_path, cache_dir, trials=3, storage=shared, study="s", out=tmp_path / "b",
                       constraints=(parse_constraint("amp=off"),)))
 

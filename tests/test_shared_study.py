@@ -704,3 +704,80 @@ def test_a_worker_joining_with_other_settings_is_refused_while_the_first_lives(t
         first.wait()
     Crew(study, wait_s=60.0).join({**at_32, "image_size": 48})  # the first is gone and nothing was measured
     assert SearchStudy.load(storage, "race").study.user_attrs["signature"]["image_size"] == 48
+
+
+def test_status_never_counts_more_finished_trials_than_their_budget() -> None:
+    """A worker of --trials 3 stored its winner and budget while one of --trials 5 searches on: `5/3 trials finished`
+    read as a miscount; the line says whose budget 3 is."""
+    from autotune.tuner.status import StudyStatus
+
+    line = StudyStatus(study="s", storage="postgresql://u:***@h/db", wanted=3, finished=5, failed=0, running=(), best=None,
+                       winner=None, winner_by=None, shared=True).lines()[0]
+    assert "5 trials finished (the stored winner's --trials: 3; a worker with more goes on)" in line and "5/3" not in line
+    line = StudyStatus(study="s", storage="x", wanted=3, finished=3, failed=0, running=(), best=None, winner=None, winner_by=None).lines()[0]
+    assert ": 3/3 trials finished, 0 running, 0 failed" in line
+
+
+class _Said:
+    """A reporter that keeps what the worker says."""
+
+    def __init__(self) -> None:
+        self.said: list[str] = []
+
+    def message(self, text: str) -> None:
+        self.said.append(text)
+
+
+class _KillOnWait(_Said):
+    """A reporter that kills the elected worker ``victim`` when this worker says it waits for it."""
+
+    def __init__(self, victim: subprocess.Popen[bytes]) -> None:
+        super().__init__()
+        self.victim = victim
+
+    def message(self, text: str) -> None:
+        super().message(text)
+        if "wait" in text:
+            self.victim.kill()
+            self.victim.wait()
+
+
+@pytest.mark.parametrize("kind", ["calibrate", "confirm"])
+def test_a_worker_that_takes_over_from_a_dead_elected_one_says_so(tmp_path, kind: str) -> None:
+    """The elected worker dies while another waits for its calibration or confirmation: the waiting one is elected and
+    says whose work it takes over (before, its next line was its own calibration or confirmation, unexplained)."""
+    from autotune.tuner.workers import MARKER_CALIBRATE, confirm_marker
+
+    leader = subprocess.Popen(["sleep", "600"])  # the elected worker: a live process on this host
+    try:
+        holder = Holder(leader.pid, Holder.me().host, psutil.Process(leader.pid).create_time(), time.time())
+        study = SearchStudy.open(f"journal:///{tmp_path}/study.log", "takeover", shared=True)
+        election = MARKER_CALIBRATE if kind == "calibrate" else confirm_marker(4)
+        study.study.add_trial(optuna.create_trial(state=TrialState.FAIL, user_attrs={"marker": election, ATTR_WORKER: holder.to_dict()}))
+        crew, reporter = Crew(study, wait_s=600.0, poll_s=0.01), _KillOnWait(leader)
+        if kind == "calibrate":
+            assert crew.once(lambda: "calibrated here", reporter) == "calibrated here"
+        else:
+            assert crew.confirm_or_wait(4, reporter) is None  # this worker confirms
+    finally:
+        leader.kill()
+        leader.wait()
+    assert reporter.said[-1].startswith(f"pid {leader.pid} on ") and reporter.said[-1].endswith(
+        " is gone before it was done; this worker takes over"), reporter.said
+
+
+def test_a_searching_worker_says_when_it_fails_a_dead_worker_s_trial(tmp_path) -> None:
+    """A worker already searching finds the trial of a worker that died mid-trial: it fails it, queues it again and
+    says so (before, only a worker joining afterwards said it; one already searching re-ran the trial silently)."""
+    from types import SimpleNamespace
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    holder = Holder(dead.pid, Holder.me().host, time.time() - 5, time.time() - 5)  # this host, no such process now
+    study = SearchStudy.open(f"journal:///{tmp_path}/study.log", "stale", shared=True)
+    trial = study.study.ask()
+    trial.set_user_attr(ATTR_WORKER, holder.to_dict())
+    crew, reporter = Crew(study, wait_s=600.0, poll_s=0.01), _Said()
+    crew.explore(study, SimpleNamespace(wanted=0), reporter, runner=None)  # type: ignore[arg-type]
+    assert f"left running by a worker that is gone, marked failed and queued again: trial #{trial.number}" in reporter.said
+    assert study.study.get_trials(deepcopy=False)[trial.number].state == TrialState.FAIL

@@ -110,7 +110,8 @@ def choose_winner(
     runner_up = leader([c for c in measured if c is not chosen])
     text = f"confirmation: {rounds} interleaved round{'s' if rounds != 1 else ''}"
     if runner_up is not None:
-        text += f"; against the runner-up {runner_up.candidate.setup.describe()} the winner {_margin_text(chosen, runner_up)}"
+        named = " (the PyTorch defaults)" if runner_up is baseline else ""
+        text += f"; against the runner-up {runner_up.candidate.setup.describe()}{named} the winner {_margin_text(chosen, runner_up)}"
     if baseline is not None and chosen is not baseline and runner_up is not baseline:  # the speedup's own evidence
         text += f"; against the PyTorch defaults it {_margin_text(chosen, baseline)}"
     notes.append(text)

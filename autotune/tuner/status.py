@@ -93,11 +93,13 @@ class StudyStatus:
 
     def lines(self) -> list[str]:
         """The status in plain lines."""
-        budget = f"/{self.wanted}" if self.wanted else ""
+        count = f"{self.finished}/{self.wanted} trials finished" if self.wanted else f"{self.finished} trials finished"
+        if self.wanted and self.finished > self.wanted:  # a worker of a larger --trials searches on after one of the stored budget
+            count = f"{self.finished} trials finished (the stored winner's --trials: {self.wanted}; a worker with more goes on)"
         alive = [r for r in self.running if not r.gone]
         kinds = ", ".join(self.infeasible_kinds) or "oom, timeout, error, diverged"
         infeasible = f" ({self.infeasible} infeasible: {kinds})" if self.infeasible else ""
-        lines = [f"study {self.study!r} in {self.storage}: {self.finished}{budget} trials finished{infeasible}, "
+        lines = [f"study {self.study!r} in {self.storage}: {count}{infeasible}, "
                  f"{len(alive)} running, {self.failed} failed"]
         if self.calibration_runs is not None:  # no trial runs before it: "0 running" alone read as a stalled search
             lines.append(f"  calibration not finished: {self.calibration_runs} of its runs measured and kept; the trials follow it")

@@ -233,7 +233,8 @@ class SearchStudy(StudyStores):
             if difference is not None and not self.holds_nothing():
                 raise StorageError(
                     f"study {self.name!r} in {self.storage} was made for a different search ({difference}); "
-                    + ("pass another --out for this one (an --out holds one search)" if in_out else "pass --study NEW_NAME or another --out")
+                    + ("pass another --out for this one (an --out holds one search)" if in_out
+                       else "pass --study NEW_NAME (the study lives in --storage: another --out names the same one)")
                 )
             if difference is not None and self.calibration_runs():  # keyed by setup, not workload: never reused for another
                 self.store_calibration_runs({})

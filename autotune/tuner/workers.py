@@ -228,8 +228,10 @@ class Crew:
             with sigterm_as_interrupt():
                 while (value := found(attrs := self._attrs())) is None:
                     patience.saw(attrs)
-                    leader = self.leads(marker)
+                    waited_for, leader = leader, self.leads(marker)
                     if self.is_me(leader):
+                        if waited_for is not None and not self.is_me(waited_for):  # its marker lapsed: it is gone
+                            reporter.message(f"{waited_for.describe()} is gone before it was done; this worker takes over")
                         return None
                     if not told:
                         reporter.message(waiting(leader))
@@ -290,7 +292,9 @@ class Crew:
         known = self._retry(study.records)  # what trials.csv holds if the storage is lost before the next trial ends
         waiting = False
         while True:
-            self.fail_stale()
+            if stale := self.fail_stale():  # a worker that died mid-trial: its trial runs again here or in another worker
+                reporter.message(f"left running by a worker that is gone, marked failed and queued again: "
+                                 f"{', '.join(f'trial #{n}' for n in stale)}")
             finished, running = self._retry(lambda: study.counts(plan.wanted))
             if finished >= plan.wanted:
                 return
