@@ -1,8 +1,9 @@
 """Where the wall time of a search went: :class:`TimeSpent`.
 
 A plain record beside :mod:`autotune.records`: the search accounts every
-trial process to its part (``autotune.tuner.config.Timing``), stores the sum
-over resumed runs in the study, and report.html draws it.
+trial process to its part (``autotune.tuner.config.Timing``), stores each
+run's in the study, and report.html draws their sum over the resumed runs and
+the workers of a shared study.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ class TimeSpent:
         confirmation_s: Trial processes of the interleaved re-measurement.
         ceilings_s: Trial processes measuring the winner's own ceilings after it.
         runs: Trial processes started.
+        searches: Runs of the search summed here (resumed runs, the workers of a shared study; a study of an older
+            version stored its runs as one).
     """
 
     wall_s: float = 0.0
@@ -43,6 +46,7 @@ class TimeSpent:
     confirmation_s: float = 0.0
     ceilings_s: float = 0.0
     runs: int = 0
+    searches: int = 1
 
     #: The parts of the wall time, in the order a search spends them, with their labels.
     PARTS = (("calibration_s", "calibration"), ("warmup_s", "warm-ups"), ("measured_s", "measured windows"),

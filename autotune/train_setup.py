@@ -271,7 +271,8 @@ class TrainSetup:
             device: This rank's device; a CUDA device becomes ``device_ids``.
 
         Raises:
-            SetupError: No process group, ``model`` no ``torch.nn.Module``, ``device`` no CPU or CUDA device.
+            SetupError: No process group, ``model`` no ``torch.nn.Module``, ``device`` no CPU or CUDA device or one torch
+                cannot use here.
         """
         import torch
         from torch.nn.parallel import DistributedDataParallel

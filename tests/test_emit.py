@@ -779,8 +779,12 @@ def test_a_rank_killed_under_torchrun_leaves_one_line_on_the_others(synthetic_da
     assert proc.returncode != 0
     assert "error: rank 0: another process of the job ended (" in err and "--resume" in err, err
     # gloo's first sentence, not its advice; which words depend on where rank 0 was when its peer went (reading,
-    # writing, or after torchrun's SIGTERM), so any of them.
-    assert any(f"{words})" in err for words in ("Connection reset by peer", "Connection closed by peer", "Broken pipe")), err
+    # writing, or after torchrun's SIGTERM), so any of them, with or without the peer's address after them
+    # ('Connection closed by peer [127.0.0.1]:63104', met on a loaded machine).
+    said = next(line for line in err.splitlines() if line.startswith("error: rank 0: another process of the job ended ("))
+    gloo = said.split("ended (", 1)[1].rsplit("); --resume", 1)[0]
+    assert any(words in gloo for words in ("Connection reset by peer", "Connection closed by peer", "Broken pipe")), said
+    assert "\n" not in gloo and len(gloo) < 200, said
     assert "GLHF" not in err
     # Rank 0 printed no traceback; torchrun's own summary of the failed job (its own traceback) follows the line.
     assert "[rank0]:" not in err and "Traceback" not in err.split("error: rank 0:")[0], err

@@ -231,8 +231,13 @@ def test_every_run_s_time_is_kept_however_runs_sharing_the_study_overlap(tmp_pat
     second.store_time_spent(TimeSpent(wall_s=90.0, confirmation_s=30.0, ceilings_s=6.0, runs=7))
     first.store_time_spent(TimeSpent(wall_s=110.0, calibration_s=40.0, runs=6))  # stored again: replaces its own
     total = SearchStudy.load(storage, "s").time_spent()
-    assert total == TimeSpent(wall_s=205.0, calibration_s=40.0, confirmation_s=30.0, ceilings_s=6.0, runs=14)
-    assert second.time_spent(others=True) == TimeSpent(wall_s=115.0, calibration_s=40.0, runs=7)
+    assert total == TimeSpent(wall_s=205.0, calibration_s=40.0, confirmation_s=30.0, ceilings_s=6.0, runs=14, searches=3)
+    assert second.time_spent(others=True) == TimeSpent(wall_s=115.0, calibration_s=40.0, runs=7, searches=2)
+    # The page says its wall time is a sum of runs (workers of a shared study overlap in time).
+    from autotune.output.sections import time_section
+
+    assert ("wall time, summed over 3 runs of the search", "205.0", "100%") in time_section(total, True, None).tables[0].rows
+    assert ("wall time", "90.0", "100%") in time_section(TimeSpent(wall_s=90.0), True, None).tables[0].rows
 
 
 def test_report_command_rewrites_the_report_from_the_study(searched, tmp_path) -> None:

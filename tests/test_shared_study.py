@@ -13,7 +13,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -707,13 +707,14 @@ def test_a_worker_joining_with_other_settings_is_refused_while_the_first_lives(t
 
 
 def test_status_never_counts_more_finished_trials_than_their_budget() -> None:
-    """A worker of --trials 3 stored its winner and budget while one of --trials 5 searches on: `5/3 trials finished`
-    read as a miscount; the line says whose budget 3 is."""
+    """A worker of --trials 3 stored its winner and budget while one of --trials 5 searched on: `5/3 trials finished`
+    read as a miscount; the line says what the 3 is."""
     from autotune.tuner.status import StudyStatus
 
     line = StudyStatus(study="s", storage="postgresql://u:***@h/db", wanted=3, finished=5, failed=0, running=(), best=None,
                        winner=None, winner_by=None, shared=True).lines()[0]
-    assert "5 trials finished (the stored winner's --trials: 3; a worker with more goes on)" in line and "5/3" not in line
+    assert "5 trials finished (the study's last stored --trials: 3; a worker with a larger one searched past it)" in line
+    assert "5/3" not in line
     line = StudyStatus(study="s", storage="x", wanted=3, finished=3, failed=0, running=(), best=None, winner=None, winner_by=None).lines()[0]
     assert ": 3/3 trials finished, 0 running, 0 failed" in line
 
@@ -779,5 +780,17 @@ def test_a_searching_worker_says_when_it_fails_a_dead_worker_s_trial(tmp_path) -
     trial.set_user_attr(ATTR_WORKER, holder.to_dict())
     crew, reporter = Crew(study, wait_s=600.0, poll_s=0.01), _Said()
     crew.explore(study, SimpleNamespace(wanted=0), reporter, runner=None)  # type: ignore[arg-type]
-    assert f"left running by a worker that is gone, marked failed and queued again: trial #{trial.number}" in reporter.said
+    assert f"left running by a worker that is gone, marked failed: trial #{trial.number}" in reporter.said
     assert study.study.get_trials(deepcopy=False)[trial.number].state == TrialState.FAIL
+
+
+def test_an_election_marker_carries_the_time_it_was_entered(tmp_path) -> None:
+    """On another host a marker older than 30 minutes is passed over: stamped with the worker's start, every worker of
+    a search that ran longer than that was passed over at the confirmation, and each elected itself."""
+    study = SearchStudy.open(f"journal:///{tmp_path}/study.log", "stamped", shared=True)
+    started_long_ago = replace(Holder.me(), heartbeat=time.time() - 3600)
+    Crew(study, wait_s=600.0, me=started_long_ago).leads("confirm-4")
+    marker = next(t for t in study.study.get_trials(deepcopy=False) if t.user_attrs.get("marker") == "confirm-4")
+    stamped = Holder.from_dict(marker.user_attrs[ATTR_WORKER])
+    assert stamped is not None and stamped.same_process(started_long_ago) and time.time() - stamped.heartbeat < 60
+    assert replace(stamped, host="another-host").alive()  # as a worker on another host sees it

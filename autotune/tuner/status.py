@@ -95,7 +95,7 @@ class StudyStatus:
         """The status in plain lines."""
         count = f"{self.finished}/{self.wanted} trials finished" if self.wanted else f"{self.finished} trials finished"
         if self.wanted and self.finished > self.wanted:  # a worker of a larger --trials searches on after one of the stored budget
-            count = f"{self.finished} trials finished (the stored winner's --trials: {self.wanted}; a worker with more goes on)"
+            count = f"{self.finished} trials finished (the study's last stored --trials: {self.wanted}; a worker with a larger one searched past it)"
         alive = [r for r in self.running if not r.gone]
         kinds = ", ".join(self.infeasible_kinds) or "oom, timeout, error, diverged"
         infeasible = f" ({self.infeasible} infeasible: {kinds})" if self.infeasible else ""

@@ -363,6 +363,11 @@ def supports_heartbeat(study: optuna.Study) -> bool:
     return optuna.storages._heartbeat.is_heartbeat_enabled(study._storage)
 
 
+def stale_trial_ids(study: optuna.Study) -> set[int]:
+    """Running trials with a stale heartbeat: what ``optuna.storages.fail_stale_trials`` fails next (none without)."""
+    return set(study._storage._get_stale_trial_ids(study._study_id)) if supports_heartbeat(study) else set()  # type: ignore[attr-defined]
+
+
 @contextmanager
 def heartbeats(study: optuna.Study, trial_id: int) -> Iterator[None]:
     """Record the trial's heartbeat in a thread while the block runs (a no-op without heartbeats).

@@ -137,7 +137,7 @@ class StudyStores:
         """
         own = f"{STUDY_TIME_SPENT}:{self.run_id}"
         parts = [TimeSpent.from_dict(value) for key, value in self.study.user_attrs.items()
-                 if value is not None and (key == STUDY_TIME_SPENT or key.startswith(f"{STUDY_TIME_SPENT}:"))
+                 if isinstance(value, dict) and (key == STUDY_TIME_SPENT or key.startswith(f"{STUDY_TIME_SPENT}:"))
                  and not (others and key == own)]
         return sum(parts[1:], parts[0]) if parts else None
 

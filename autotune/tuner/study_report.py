@@ -29,6 +29,7 @@ from autotune.tuner.confirm import TWIN, finalist_label
 from autotune.tuner.constraints import Constraint, excluding
 from autotune.tuner.identity import described_workload, stored_constraints
 from autotune.tuner.signals import interrupts_held, remember_stop, sigterm_as_interrupt
+from autotune.tuner.storage import CONNECTION_ERRORS, first_line, is_shared, with_retries
 from autotune.tuner.stores import Rounds
 from autotune.tuner.study import ATTR_WORKER, STUDY_SIGNATURE, STUDY_WINNER, SearchStudy
 
@@ -62,6 +63,10 @@ def write_search_report(study: SearchStudy, out: Path, data: ReportInput, log: C
         return ()
 
 
+#: What reading the other runs' time may raise at a search's end: the storage lost (after its retries, when shared).
+READ_ERRORS: tuple[type[BaseException], ...] = (StorageError, *CONNECTION_ERRORS)
+
+
 def report_search(
     study: SearchStudy,
     out: Path,
@@ -79,8 +84,10 @@ def report_search(
         The files written and the time breakdown the report shows.
     """
     try:
-        others = study.time_spent(others=True)
-    except Exception:  # a storage failing now must not cost the measured search: the report shows this run's time
+        others = with_retries(lambda: study.time_spent(others=True), study.storage) if is_shared(study.storage) else (
+            study.time_spent(others=True))
+    except READ_ERRORS as exc:  # the storage stayed lost: the search's files are written already
+        log(f"report.html shows this run's time only: {first_line(exc)}")
         others = None
     own, spent = spent, spent + others if others else spent
     data = ReportInput(

@@ -51,7 +51,7 @@ from autotune.tuner.patience import Patience
 from autotune.tuner.pending import PendingTrial, kept_pending
 from autotune.tuner.progress import Reporter
 from autotune.tuner.signals import interrupts_held, sigterm_as_interrupt
-from autotune.tuner.storage import heartbeats, with_retries
+from autotune.tuner.storage import heartbeats, stale_trial_ids, with_retries
 from autotune.tuner.study import ATTR_ROLE, ATTR_WORKER, ROLE_SEARCH, STUDY_WINNER, SearchStudy
 from autotune.tuner.study_report import stored_confirmed
 
@@ -131,10 +131,15 @@ class Crew:
         """Fail (and queue again) trials left running by dead workers; their numbers."""
 
         def step() -> list[int]:
-            before = {t.number for t in self.study.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))}
-            if not before:
+            running = self.study.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+            if not running:
                 return []
+            # A heartbeat this stale is failed by Optuna just below: those are this call's (another worker may fail
+            # some first; then both say so). A live worker's own give-back or stop, failed meanwhile, is not.
+            stale_ids = stale_trial_ids(self.study.study)
+            stale = {t.number for t in running if t._trial_id in stale_ids}
             optuna.storages.fail_stale_trials(self.study.study)
+            failed = {t.number for t in self.study.study.get_trials(deepcopy=False, states=(TrialState.FAIL,))} & stale
             for t in self.study.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
                 holder = Holder.from_dict(t.user_attrs.get(ATTR_WORKER))
                 if holder is not None and holder.host == self.me.host and not holder.alive():
@@ -143,8 +148,8 @@ class Crew:
                     except Exception:  # another worker failed it first
                         continue
                     self._requeue(t)
-            failed = self.study.study.get_trials(deepcopy=False, states=(TrialState.FAIL,))
-            return sorted(t.number for t in failed if t.number in before)
+                    failed.add(t.number)
+            return sorted(failed)
 
         with interrupts_held():
             return self._retry(step)
@@ -164,8 +169,11 @@ class Crew:
     # ------------------------------------------------------------ elections
     def leads(self, kind: str) -> Holder:
         """Enter the election ``kind`` (once) and return its winner among the live markers."""
+        # The marker carries the time it was entered: on another host a marker older than STALE_AFTER_S is passed over,
+        # and one stamped with this worker's start was, once a search had run that long.
+        entering = replace(self.me, heartbeat=time.time())
         with interrupts_held():
-            return self._retry(lambda: elections.enter(self.study.study, self.me, kind))[0]
+            return self._retry(lambda: elections.enter(self.study.study, entering, kind))[0]
 
     def is_me(self, holder: Holder) -> bool:
         """Whether ``holder`` is this worker."""
@@ -230,8 +238,11 @@ class Crew:
                     patience.saw(attrs)
                     waited_for, leader = leader, self.leads(marker)
                     if self.is_me(leader):
-                        if waited_for is not None and not self.is_me(waited_for):  # its marker lapsed: it is gone
-                            reporter.message(f"{waited_for.describe()} is gone before it was done; this worker takes over")
+                        if waited_for is None or self.is_me(waited_for):
+                            return None
+                        if (value := found(self._attrs())) is not None:  # it stored its result, then ended
+                            return value
+                        reporter.message(f"{waited_for.describe()} is gone before it was done; this worker takes over")
                         return None
                     if not told:
                         reporter.message(waiting(leader))
@@ -293,8 +304,7 @@ class Crew:
         waiting = False
         while True:
             if stale := self.fail_stale():  # a worker that died mid-trial: its trial runs again here or in another worker
-                reporter.message(f"left running by a worker that is gone, marked failed and queued again: "
-                                 f"{', '.join(f'trial #{n}' for n in stale)}")
+                reporter.message(f"left running by a worker that is gone, marked failed: {', '.join(f'trial #{n}' for n in stale)}")
             finished, running = self._retry(lambda: study.counts(plan.wanted))
             if finished >= plan.wanted:
                 return
