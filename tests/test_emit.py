@@ -784,7 +784,7 @@ def test_a_rank_killed_under_torchrun_leaves_one_line_on_the_others(synthetic_da
     said = next(line for line in err.splitlines() if line.startswith("error: rank 0: another process of the job ended ("))
     gloo = said.split("ended (", 1)[1].rsplit("); --resume", 1)[0]
     assert any(words in gloo for words in ("Connection reset by peer", "Connection closed by peer", "Broken pipe")), said
-    assert "\n" not in gloo and len(gloo) < 200, said
+    assert len(gloo) < 200, said  # its first sentence, not its advice
     assert "GLHF" not in err
     # Rank 0 printed no traceback; torchrun's own summary of the failed job (its own traceback) follows the line.
     assert "[rank0]:" not in err and "Traceback" not in err.split("error: rank 0:")[0], err
