@@ -330,6 +330,11 @@ def dict_loss() -> autotune.Task:
     return autotune.Task(nn.Linear(8, 3), _pairs(), step=lambda model, batch: {"loss": nn.functional.cross_entropy(model(batch[0]), batch[1])})
 
 
+def integer_loss() -> autotune.Task:
+    """The step returns a count (an integer scalar), not a loss."""
+    return autotune.Task(nn.Linear(8, 3), _pairs(), step=lambda model, batch: (model(batch[0]).argmax(1) == batch[1]).sum())
+
+
 def one_output_default_loss() -> autotune.Task:
     """A regression model (one output) left with the default cross-entropy: 0 over one class, nothing would train."""
     inputs = torch.randn(16, 8)

@@ -961,6 +961,7 @@ def test_the_task_script_refuses_a_bad_workload_or_checkpoint_in_one_line(
     # Recipes the search refuses stop the script in one line too, and no checkpoint of NaN weights is written.
     for flags, message in ((["--workload", "task_factories:non_scalar_loss"], "error: the Task's loss must be a scalar tensor, got shape (8,)"),
                            (["--workload", "task_factories:dict_loss"], "error: the Task's loss must be a scalar floating tensor, got dict"),
+                           (["--workload", "task_factories:integer_loss"], "error: the Task's loss must be a scalar floating tensor, got torch.int64"),
                            (["--workload", "task_factories:detached_loss"], "error: the Task's loss does not require grad (detached"),
                            (["--workload", "task_factories:frozen_model"],
                             "error: the model has no trainable parameters (none requires grad): there is nothing to train"),
