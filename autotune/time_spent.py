@@ -31,6 +31,7 @@ class TimeSpent:
         infeasible_s: Trial processes that ended oom, timeout, error or diverged.
         confirmation_s: Trial processes of the interleaved re-measurement.
         ceilings_s: Trial processes measuring the winner's own ceilings after it.
+        waiting_s: A worker of a shared study waiting for the others (their calibration, confirmation or last trials).
         runs: Trial processes started.
         searches: Runs of the search summed here (resumed runs, the workers of a shared study; a study of an older
             version stored its runs as one).
@@ -45,13 +46,14 @@ class TimeSpent:
     infeasible_s: float = 0.0
     confirmation_s: float = 0.0
     ceilings_s: float = 0.0
+    waiting_s: float = 0.0
     runs: int = 0
     searches: int = 1
 
     #: The parts of the wall time, in the order a search spends them, with their labels.
     PARTS = (("calibration_s", "calibration"), ("warmup_s", "warm-ups"), ("measured_s", "measured windows"),
              ("launch_s", "trial start/stop"), ("pruned_s", "pruned trials"), ("infeasible_s", "infeasible trials"),
-             ("confirmation_s", "confirmation"), ("ceilings_s", "winner's ceilings"))
+             ("confirmation_s", "confirmation"), ("ceilings_s", "winner's ceilings"), ("waiting_s", "waiting for other workers"))
 
     @property
     def other_s(self) -> float:

@@ -200,6 +200,9 @@ def test_the_time_breakdown_accounts_every_trial_process(searched) -> None:
     # "other" is the wall time outside the trial processes; a fake runner's made-up seconds can exceed the wall: none then.
     assert TimeSpent(wall_s=10.0, calibration_s=2.0, measured_s=4.0, warmup_s=1.0).other_s == pytest.approx(3.0)
     assert TimeSpent(wall_s=1.0, measured_s=4.0).other_s == 0.0
+    # A shared study's worker waiting for the others: its own part, not "other".
+    waited = TimeSpent(wall_s=10.0, measured_s=4.0, waiting_s=5.0)
+    assert waited.other_s == pytest.approx(1.0) and ("waiting for other workers", 5.0) in waited.breakdown()
     timing = outcome.to_dict()["timing"]  # --json: this run's breakdown carries its wall time too
     assert timing["spent"]["wall_s"] == timing["wall_s"] > 0
     # The page's table: every figure in its "seconds" column is seconds; the count of processes is not one of them.

@@ -765,6 +765,7 @@ def test_a_worker_that_takes_over_from_a_dead_elected_one_says_so(tmp_path, kind
         leader.wait()
     assert reporter.said[-1].startswith(f"pid {leader.pid} on ") and reporter.said[-1].endswith(
         " is gone before it was done; this worker takes over"), reporter.said
+    assert crew.waited_s > 0  # the report's "waiting for other workers"
 
 
 def test_a_searching_worker_says_when_it_fails_a_dead_worker_s_trial(tmp_path) -> None:

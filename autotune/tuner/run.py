@@ -20,6 +20,7 @@ from autotune.output.emit import write_winner
 from autotune.records import Calibration, TrialOptions, TrialRecord
 from autotune.rounds import Confirmed
 from autotune.runner import TrialRunner, prestart, run_trial
+from autotune.time_spent import TimeSpent
 from autotune.train_setup import TrainSetup
 from autotune.tuner.budget import counted_records
 from autotune.tuner.calibrate import calibrate
@@ -91,6 +92,10 @@ def _search(config: SearchConfig, prepared: Prepared, reporter: Reporter, timed:
     """The steps after :func:`prepare`, while the output directory and the study are held."""
     placed = prepared.placement.runner(timed)  # the trials' ranks, device and cores
     crew, constraints, work = prepared.crew, config.pins, prepared.workload
+
+    def this_run() -> TimeSpent:  # this run's time so far, a worker's waits for the others included
+        return replace(timing.record(), waiting_s=crew.waited_s) if crew else timing.record()
+
     first = (crew.once(lambda: first_steps(config, prepared, reporter, placed), reporter) if crew else None)
     calibration, space = first or first_steps(config, prepared, reporter, placed)
     defaults = defaults_setup(prepared.placement.rank_batch(config.effective_batch), work.reference_batch, work.images or calibration.stream_batch)
@@ -108,7 +113,7 @@ def _search(config: SearchConfig, prepared: Prepared, reporter: Reporter, timed:
     if not feasible:
         timing.wall_s = time.monotonic() - began
         status = "interrupted" if interrupted else "failed: no feasible trial"
-        written, _ = report_search(prepared.study, prepared.out, timing.record(), reporter.message, status, records, calibration)
+        written, _ = report_search(prepared.study, prepared.out, this_run(), reporter.message, status, records, calibration)
         raise _nothing_feasible(records, prepared.study.storage, interrupted or stop_requested(), written[0] if written else None)
     if crew is not None and not interrupted and (winner := crew.confirm_or_wait(config.trials, reporter)) is not None:
         shared = crew.outcome(winner, records, calibration, prepared.out, plan.csv_path)
@@ -123,7 +128,7 @@ def _search(config: SearchConfig, prepared: Prepared, reporter: Reporter, timed:
                                     f"report was skipped (`autotune report {prepared.out} --storage URL --study {prepared.study.name}` "
                                     "writes it)", outcome=shared) from None
         timing.wall_s = time.monotonic() - began
-        written, spent = report_search(prepared.study, prepared.out, timing.record(), reporter.message,
+        written, spent = report_search(prepared.study, prepared.out, this_run(), reporter.message,
                                        f"finished: confirmed by {winner.get('by')}", records, calibration, shared)
         files = (*files, *written)
         return replace(shared, files=files, time_spent=spent, timing=timing)
@@ -151,7 +156,7 @@ def _search(config: SearchConfig, prepared: Prepared, reporter: Reporter, timed:
     status = ("finished" if not interrupted else "interrupted" if confirmed else
               "interrupted (an earlier run's confirmed winner kept)" if kept else "interrupted (winner not confirmed)")
     shown = outcome if kept is None else kept_outcome(outcome, kept, prepared.study, records)  # the report agrees with best.json
-    written, spent = report_search(prepared.study, prepared.out, timing.record(), reporter.message, status, records, calibration, shown)
+    written, spent = report_search(prepared.study, prepared.out, this_run(), reporter.message, status, records, calibration, shown)
     outcome = replace(outcome, files=(*outcome.files, *written), time_spent=spent)
     timing.wall_s = time.monotonic() - began
     outcome = replace(outcome, timing=timing)

@@ -103,6 +103,7 @@ class Crew:
     wait_s: float
     poll_s: float = 1.0
     me: Holder = field(default_factory=Holder.me)
+    waited_s: float = field(default=0.0, init=False)  #: waiting for the others (their calibration, confirmation, last trials)
 
     def _retry(self, step: Callable[[], T], on_give_up: Callable[[], None] | None = None) -> T:
         return with_retries(step, self.study.storage, on_give_up=on_give_up)
@@ -134,8 +135,7 @@ class Crew:
             running = self.study.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
             if not running:
                 return []
-            # A heartbeat this stale is failed by Optuna just below: those are this call's (another worker may fail
-            # some first; then both say so). A live worker's own give-back or stop, failed meanwhile, is not.
+            # Failed by Optuna just below: this call's (another worker may fail some first; then both say so).
             stale_ids = stale_trial_ids(self.study.study)
             stale = {t.number for t in running if t._trial_id in stale_ids}
             optuna.storages.fail_stale_trials(self.study.study)
@@ -231,7 +231,7 @@ class Crew:
         None once this worker is elected for ``marker``. A StorageError of ``gave_up``'s line after :attr:`wait_s` without
         progress; a SearchInterrupted of ``stopped``'s line (given the elected worker) on Ctrl-C, SIGTERM or SIGHUP meanwhile."""
         patience = Patience(self.wait_s, time.monotonic)
-        told, leader = False, None
+        told, leader, began = False, None, time.monotonic()
         try:
             with sigterm_as_interrupt():
                 while (value := found(attrs := self._attrs())) is None:
@@ -252,6 +252,8 @@ class Crew:
                     time.sleep(self.poll_s)
         except KeyboardInterrupt:
             raise SearchInterrupted(stopped(leader.describe() if leader is not None else "another worker")) from None
+        finally:
+            self.waited_s += time.monotonic() - began
         return value
 
     def publish(self, best: Best, trials: int, out: Path) -> None:
@@ -312,7 +314,9 @@ class Crew:
                 if not waiting:
                     reporter.message(f"{finished}/{plan.wanted} trials finished; the last ones run on other workers")
                     waiting = True
+                began = time.monotonic()
                 time.sleep(self.poll_s)
+                self.waited_s += time.monotonic() - began
                 continue
             waiting = False
             self._retry(lambda: queue_refinements(study, plan))
@@ -327,7 +331,7 @@ class Crew:
 
         def step() -> optuna.Trial:
             trial, _ = study.ask()
-            trial.set_user_attr(ATTR_WORKER, self.me.to_dict())
+            trial.set_user_attr(ATTR_WORKER, replace(self.me, heartbeat=time.time()).to_dict())  # another host: alive 30 min
             return trial
 
         with interrupts_held():
