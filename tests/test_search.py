@@ -642,8 +642,8 @@ def test_a_calibration_run_is_reused_only_when_it_measured_and_under_about_the_s
     assert replay.summary() == ("calibration: reused 2 of the 2 runs kept from before the interruption, measured 1 now")
     other = KeptRuns(lambda *a, **k: fresh, dict(saved), saved.update)
     assert other(TrainSetup(batch_size=16), workload, TrialOptions(max_memory_bytes=2000, mode="compute")) is fresh
-    assert other.summary() == ("calibration: none of the 3 runs kept from before the interruption could be reused (measured "
-                               "under a memory budget they may end otherwise under now, or not asked for this time), measured 1 now")
+    assert other.summary() == ("calibration: none of the 3 runs kept from before the interruption could be reused (the memory "
+                               "budget moved too far for them to stand, or they were not asked for this time), measured 1 now")
     assert other.reused == 0 and [run.budget for run in saved[next(k for k in saved if '"batch_size": 16' in k)]] == [2000]
 
 

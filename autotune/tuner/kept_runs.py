@@ -101,7 +101,7 @@ class KeptRuns:
         """How the runs kept by an earlier, interrupted command were used; None when there were none."""
         if not self.earlier:
             return None
-        why = "measured under a memory budget they may end otherwise under now, or not asked for this time"
+        why = "the memory budget moved too far for them to stand, or they were not asked for this time"
         if not self.reused:
             return (f"calibration: none of the {self.earlier} runs kept from before the interruption could be reused ({why}), "
                     f"measured {self.ran} now")
