@@ -122,7 +122,7 @@ ImageSizeOpt = Annotated[Optional[int], typer.Option("--image-size", help="Squar
 DataOpt = Annotated[Optional[Path], typer.Option("--data", parser=_path, help="ImageFolder directory (default: synthetic JPEGs, generated once).")]
 DeviceOpt = Annotated[str, typer.Option("--device", help="auto, cpu, cuda or cuda:K.")]
 TrialSecondsOpt = Annotated[float, typer.Option("--trial-seconds", help="Measured steady-state seconds per trial.")]
-MaxMemoryOpt = Annotated[Optional[str], typer.Option("--max-memory", help="Memory budget: 20GiB (binary) or 20G (decimal); a trial above it is oom.")]
+MaxMemoryOpt = Annotated[Optional[str], typer.Option("--max-memory", help="Memory budget, 20GiB or 20G (default: half the RAM).")]
 CacheDirOpt = Annotated[
     Optional[Path], typer.Option("--cache-dir", parser=_path, help="Where synthetic data is generated (default ~/.cache/autotune).")
 ]
@@ -160,7 +160,7 @@ def trial(
     device: DeviceOpt = "auto",
     data: DataOpt = None,
     timeout: Annotated[
-        Optional[float], typer.Option("--timeout", help="Kill the trial after this many seconds (start-up included).")
+        Optional[float], typer.Option("--timeout", help="Kill the trial after this many seconds, start-up included (default 90 + 6 x --trial-seconds).")
     ] = None,
     max_memory: MaxMemoryOpt = None,
     mode: Annotated[str, typer.Option("--mode", help="train, compute (no loader) or loader (no model).")] = "train",
@@ -249,7 +249,7 @@ def search(
         bool, typer.Option("--ceilings/--no-ceilings", help="Measure the winner computing alone and loading alone (2 runs).")
     ] = True,
     lr: Annotated[float, typer.Option("--lr", help="Learning rate at the reference batch.")] = 1e-3,
-    timeout: Annotated[Optional[float], typer.Option("--timeout", help="Per-trial timeout in seconds.")] = None,
+    timeout: Annotated[Optional[float], typer.Option("--timeout", help="Seconds a trial process may run (default 90 + 6 x --trial-seconds).")] = None,
     cache_dir: CacheDirOpt = None,
     synthetic_images: SyntheticOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the final summary as one JSON object.")] = False,
@@ -345,7 +345,7 @@ def report(
 @handle_errors
 @json_on_error(study=None, best=None, winner=None)
 def status(
-    directory: Annotated[Optional[Path], typer.Argument(parser=_path, help="A search's --out: its study.db (with --storage: its best.json).")] = None,
+    directory: Annotated[Optional[Path], typer.Argument(parser=_path, help="A search's --out (default autotune-out); --storage: best.json.")] = None,
     storage: Annotated[Optional[str], typer.Option("--storage", help="The study storage URL (postgresql://, journal:///FILE.log, sqlite:///).")] = None,
     study: Annotated[Optional[str], typer.Option("--study", help="Study name (default: the only one there).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
