@@ -585,6 +585,18 @@ class _SignalOnWait:
             os.kill(os.getpid(), self.signum)
 
 
+def _elected(tmp_path: Path, name: str, kind: str, leader: subprocess.Popen[bytes]) -> SearchStudy:
+    """A journal study in which the live process ``leader`` (on this host) won the election ``kind`` (calibrate or
+    confirm, for a budget of 4)."""
+    from autotune.tuner.workers import MARKER_CALIBRATE, confirm_marker
+
+    holder = Holder(leader.pid, Holder.me().host, psutil.Process(leader.pid).create_time(), time.time())
+    study = SearchStudy.open(f"journal:///{tmp_path}/study.log", name, shared=True)
+    election = MARKER_CALIBRATE if kind == "calibrate" else confirm_marker(4)
+    study.study.add_trial(optuna.create_trial(state=TrialState.FAIL, user_attrs={"marker": election, ATTR_WORKER: holder.to_dict()}))
+    return study
+
+
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 @pytest.mark.parametrize("kind", ["calibrate", "confirm"])
 def test_a_stop_while_a_worker_waits_for_the_elected_one_is_one_line(tmp_path, kind: str, signum: int) -> None:
@@ -592,17 +604,13 @@ def test_a_stop_while_a_worker_waits_for_the_elected_one_is_one_line(tmp_path, k
     the worker silently (exit 143) and Ctrl-C ended it as a bare KeyboardInterrupt (exit 130, nothing said)."""
     from autotune.errors import SearchInterrupted
     from autotune.tuner.signals import signals_handled
-    from autotune.tuner.workers import MARKER_CALIBRATE, confirm_marker
 
     def unhandled(signum: int, frame: object) -> None:
         raise RuntimeError(f"signal {signum} reached the test: the wait does not handle it")
 
     leader = subprocess.Popen(["sleep", "600"])  # the elected worker: a live process on this host
     try:
-        holder = Holder(leader.pid, Holder.me().host, psutil.Process(leader.pid).create_time(), time.time())
-        study = SearchStudy.open(f"journal:///{tmp_path}/study.log", "waits", shared=True)
-        election = MARKER_CALIBRATE if kind == "calibrate" else confirm_marker(4)
-        study.study.add_trial(optuna.create_trial(state=TrialState.FAIL, user_attrs={"marker": election, ATTR_WORKER: holder.to_dict()}))
+        study = _elected(tmp_path, "waits", kind, leader)
         crew, reporter = Crew(study, wait_s=600.0, poll_s=0.01), _SignalOnWait(signum)
         with signals_handled((signum,), unhandled), pytest.raises(SearchInterrupted) as raised:
             if kind == "calibrate":
@@ -747,14 +755,10 @@ class _KillOnWait(_Said):
 def test_a_worker_that_takes_over_from_a_dead_elected_one_says_so(tmp_path, kind: str) -> None:
     """The elected worker dies while another waits for its calibration or confirmation: the waiting one is elected and
     says whose work it takes over (before, its next line was its own calibration or confirmation, unexplained)."""
-    from autotune.tuner.workers import MARKER_CALIBRATE, confirm_marker
 
     leader = subprocess.Popen(["sleep", "600"])  # the elected worker: a live process on this host
     try:
-        holder = Holder(leader.pid, Holder.me().host, psutil.Process(leader.pid).create_time(), time.time())
-        study = SearchStudy.open(f"journal:///{tmp_path}/study.log", "takeover", shared=True)
-        election = MARKER_CALIBRATE if kind == "calibrate" else confirm_marker(4)
-        study.study.add_trial(optuna.create_trial(state=TrialState.FAIL, user_attrs={"marker": election, ATTR_WORKER: holder.to_dict()}))
+        study = _elected(tmp_path, "takeover", kind, leader)
         crew, reporter = Crew(study, wait_s=600.0, poll_s=0.01), _KillOnWait(leader)
         if kind == "calibrate":
             assert crew.once(lambda: "calibrated here", reporter) == "calibrated here"
