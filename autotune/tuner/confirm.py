@@ -17,7 +17,7 @@ from autotune.rounds import Candidate, Ceilings, Confirmed, Runs
 from autotune.runner import TrialRunner, run_trial
 from autotune.train_setup import TrainSetup
 from autotune.tuner.choice import never_preferred
-from autotune.tuner.noise import NOISE_FLOOR, beats, behind_throughout, disagree, leader, paired_ratios, resolved
+from autotune.tuner.noise import NOISE_FLOOR, beats, behind_throughout, disagree, equivalent, leader, paired_ratios, resolved
 from autotune.tuner.study import ROLE_DEFAULTS
 
 Store = Callable[[str, Runs], None]
@@ -241,7 +241,8 @@ def _clearly_slower(confirmed: Sequence[Confirmed], active: set[str], baseline: 
 def _unresolved(confirmed: Sequence[Confirmed], active: set[str], baseline: str | None, left: int) -> set[str]:
     """The leader and the still-measured candidates it neither beats nor equals yet (one that never measured is dropped),
     but those behind it in every paired round, more than the ``left`` rounds to run, that the choice's rules would never
-    prefer to it (:func:`~autotune.tuner.noise.behind_throughout`, :func:`~autotune.tuner.choice.never_preferred`)."""
+    prefer to it (:func:`~autotune.tuner.noise.behind_throughout`, :func:`~autotune.tuner.choice.never_preferred`);
+    while any such candidate goes on, those the leader equals go on too."""
     measured = [c for c in confirmed if c.candidate.key in active]
     top = leader(measured)
     if top is None:
@@ -251,6 +252,9 @@ def _unresolved(confirmed: Sequence[Confirmed], active: set[str], baseline: str 
         return resolved(top, other) or (behind_throughout(top, other, left) and never_preferred(other.candidate.setup, top.candidate.setup))
 
     keep = {c.candidate.key for c in measured if c is top or (c.median is not None and not settled(c))}
+    if len(keep) > 1:  # the leader may yet change: one equal to it goes on, or the choice (among those measured to the
+        # last round) lost it to a later leader never compared with it round for round (the README's search: -6 %)
+        keep |= {c.candidate.key for c in measured if c.median is not None and equivalent(top, c)}
     base = next((c for c in measured if c.candidate.key == baseline), None)
     if base is not None and base.median is not None and (
         not all(beats(c, base) for c in measured if c.candidate.key in keep - {baseline}) or disagree(top, base)
