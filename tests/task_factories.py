@@ -8,6 +8,7 @@ import os
 import resource
 import signal
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -24,9 +25,26 @@ def _pairs(n: int = 40) -> TensorDataset:
     return TensorDataset(torch.randn(n, 8, generator=gen), torch.randint(0, 3, (n,), generator=gen))
 
 
+class _Slowed(Dataset):
+    """``dataset`` whose every item takes ``seconds`` longer to read."""
+
+    def __init__(self, dataset: Dataset, seconds: float) -> None:
+        self.dataset, self.seconds = dataset, seconds
+
+    def __len__(self) -> int:
+        return len(self.dataset)  # type: ignore[arg-type]
+
+    def __getitem__(self, index: int) -> Any:
+        time.sleep(self.seconds)
+        return self.dataset[index]
+
+
 def good() -> autotune.Task:
-    """(inputs, targets) pairs, a linear model, the default cross-entropy."""
-    return autotune.Task(nn.Linear(8, 3), _pairs(), batch_size=16, lr=2e-3)
+    """(inputs, targets) pairs, a linear model, the default cross-entropy. ``TASK_FACTORIES_SLOW_ITEM_S`` in the
+    environment makes every item that much slower to read (a test's worker whose trials must last seconds to be seen
+    running; the study's signature, which names the factory, stays the same)."""
+    slow = float(os.environ.get("TASK_FACTORIES_SLOW_ITEM_S", "0"))
+    return autotune.Task(nn.Linear(8, 3), _Slowed(_pairs(), slow) if slow else _pairs(), batch_size=16, lr=2e-3)
 
 
 def chatty() -> autotune.Task:

@@ -550,7 +550,9 @@ def test_the_last_stored_winner_stands_for_the_study_whatever_budget_a_later_wor
     # The workers that run alone run in this process (its trial server is warm); the one frozen mid-trial is a process.
     code, _, stderr = in_process.cli(worker_cmd(tmp_path / "a", storage, name, trials=2)[3:], TESTS)
     assert code == 0, stderr[-2000:]
-    searching = start(worker_cmd(tmp_path / "b", storage, name, trials=3), **slow_beats)
+    # Its items read slowly, so each trial it runs stays RUNNING for seconds: a polling test on a loaded machine saw
+    # none when the trials it ran were short (CI, 2026-12-05: a pruned 1-s trial and two not run).
+    searching = start(worker_cmd(tmp_path / "b", storage, name, trials=3), **slow_beats, TASK_FACTORIES_SLOW_ITEM_S="0.05")
     study = load(storage, name)
     deadline = time.monotonic() + WAIT_S
     while time.monotonic() < deadline:  # until it stored its budget and runs a trial of it
