@@ -31,27 +31,21 @@ def fixed_shapes(task: Task, items: list[Any]) -> bool:
     ``collate_fn`` pads hold no tensors until collated. A collate that fails
     alone counts as changing shapes (the knob is then not offered).
     """
-    from torch.utils.data import default_collate
-
-    collate = task.collate_fn or default_collate
     try:
-        return same_shapes(items) and same_shapes([collate([item]) for item in items])
+        return same_shapes(items) and same_shapes([task.collate([item]) for item in items])
     except USER_CODE_ERRORS:
         return False
 
 
 def collate_items(task: Task, items: list[Any]) -> Any:
     """``items`` through the Task's collate_fn (or PyTorch's default); one line naming the item at fault if that fails."""
-    from torch.utils.data import default_collate
-
-    collate = task.collate_fn or default_collate
     try:
-        return collate(items)
+        return task.collate(items)
     except USER_CODE_ERRORS as exc:
         # Name the item at fault: the first that does not collate alone, else the mix.
         for index, item in enumerate(items):
             try:
-                collate([item])
+                task.collate([item])
             except USER_CODE_ERRORS:
                 raise WorkloadError(
                     f"dataset item {index} ({describe_batch(item)}) cannot be collated: {type(exc).__name__}: {exc}"
@@ -75,8 +69,6 @@ def read_batch(task: Task, indices: list[int]) -> Any:
         BadData: The read failed (the data's fault, whichever run meets it).
         WorkloadError: The collation failed.
     """
-    from torch.utils.data import default_collate
-
     read = batched_read(task.dataset)
     assert read is not None
     span = f"[{indices[0]}]" if len(indices) == 1 else f"[{indices[0]}..{indices[-1]}]"
@@ -90,7 +82,7 @@ def read_batch(task: Task, indices: list[int]) -> Any:
     if isinstance(data, list):  # items, as a Subset's batched read returns them: the item at fault is named
         return collate_items(task, data)
     try:
-        return (task.collate_fn or default_collate)(data)
+        return task.collate(data)
     except USER_CODE_ERRORS as exc:
         raise WorkloadError(
             f"what dataset.__getitems__({span}) returned ({describe_batch(data)}) cannot be collated: {type(exc).__name__}: {exc}"

@@ -148,7 +148,7 @@ class Task:
 
         import torch
         from torch.nn.parameter import is_lazy
-        from torch.utils.data import IterableDataset, default_collate
+        from torch.utils.data import IterableDataset
 
         if not any(is_lazy(t) for t in itertools.chain(model.parameters(), model.buffers())):
             return
@@ -161,7 +161,7 @@ class Task:
             with torch.no_grad(), torch.random.fork_rng(devices=[]):  # the forward runs on the CPU: no CUDA device is touched
                 # Read as a DataLoader reads it: through the dataset's own batched read where it has one.
                 data = read(list(range(min(2, len(dataset))))) if callable(read) else list(itertools.islice(source, 2))
-                self.compute_loss(model, (self.collate_fn or default_collate)(data))
+                self.compute_loss(model, self.collate(data))
         except WorkloadError:
             raise
         except USER_CODE_ERRORS as exc:
@@ -259,6 +259,13 @@ class Task:
         return optimizer
 
     # ------------------------------------------------------------- one batch
+    def collate(self, data: Any) -> Any:
+        """``data`` (items, or what the dataset's own ``__getitems__`` returned) as a DataLoader collates it: through
+        ``collate_fn``, or PyTorch's default."""
+        from torch.utils.data import default_collate
+
+        return (self.collate_fn or default_collate)(data)
+
     def compute_loss(self, model: Any, batch: Any) -> Any:
         """The loss of one batch: ``step(model, batch)`` or ``loss(model(inputs), targets)``.
 
