@@ -796,8 +796,9 @@ def test_an_election_marker_carries_the_time_it_was_entered(tmp_path) -> None:
     a search that ran longer than that was passed over at the confirmation, and each elected itself."""
     study = SearchStudy.open(f"journal:///{tmp_path}/study.log", "stamped", shared=True)
     started_long_ago = replace(Holder.me(), heartbeat=time.time() - 3600)
+    entering = time.time()
     Crew(study, wait_s=600.0, me=started_long_ago).leads("confirm-4")
     marker = next(t for t in study.study.get_trials(deepcopy=False) if t.user_attrs.get("marker") == "confirm-4")
     stamped = Holder.from_dict(marker.user_attrs[ATTR_WORKER])
-    assert stamped is not None and stamped.same_process(started_long_ago) and time.time() - stamped.heartbeat < 60
+    assert stamped is not None and stamped.same_process(started_long_ago) and stamped.heartbeat >= entering
     assert replace(stamped, host="another-host").alive()  # as a worker on another host sees it
