@@ -18,6 +18,8 @@ from autotune.train_setup import TrainSetup
 LOADER_MARGIN = 1.25
 #: How a learning rate follows the effective batch: square root (adaptive optimizers) or linear (SGD-like).
 LR_SCALINGS = ("sqrt", "linear")
+#: Workload fields of the image-classifier shorthand only: a Task brings its own data.
+SHORTHAND_ONLY = ("image_size", "data", "synthetic_images", "cache_dir")
 #: The longest trial or timeout accepted (a day): ``inf`` or a typo would never end.
 MAX_SECONDS = 86400.0
 #: Measured seconds per trial unless asked otherwise (``python -m benchmarks.fidelity compare`` measured 5 against 10).
@@ -125,19 +127,21 @@ class Workload:
         return replace(self, images=max(1, self.images // world_size))
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict; a Task's has no ``image_size`` (its data is its own: a crop size would mean nothing)."""
+        """JSON-ready dict; a Task's leaves out the shorthand's data fields (its data is its own: a crop size would mean nothing)."""
         data = asdict(self)
         data["sys_path"] = list(self.sys_path)
         if self.task is not None:
-            del data["image_size"]
+            for name in SHORTHAND_ONLY:
+                del data[name]
         return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Workload:
-        """Inverse of :meth:`to_dict`; a Task's ``image_size`` (earlier versions wrote the unused default) is not read."""
+        """Inverse of :meth:`to_dict`; a Task's shorthand fields (earlier versions wrote their unused defaults) are not read."""
         data = {**data, "sys_path": tuple(data.get("sys_path", ()))}
         if data.get("task") is not None:
-            data.pop("image_size", None)
+            for name in SHORTHAND_ONLY:
+                data.pop(name, None)
         return cls(**data)
 
 

@@ -352,7 +352,7 @@ def test_a_best_json_written_before_the_confirmed_field_reads_it_from_its_notes(
 
 
 def test_best_json_has_an_image_size_for_the_classifier_only_and_reads_back_old_and_new_files(tmp_path) -> None:
-    """A Task's data is its own: its best.json names no image size; the classifier's keeps it. Files written either way read back."""
+    """A Task's data is its own: its best.json names no image size or synthetic data; the classifier's does. Files written either way read back."""
     import json
 
     from autotune.output.best import Best, read_best, write_best
@@ -367,11 +367,13 @@ def test_best_json_has_an_image_size_for_the_classifier_only_and_reads_back_old_
                     peak_memory_bytes=None, effective_batch=16, reference_batch=32, lr=1e-3)
         write_best(tmp_path / "best.json", best)
         written = json.loads((tmp_path / "best.json").read_text())["workload"]
-        assert ("image_size" in written) is (workload.task is None)
+        for name in ("image_size", "data", "synthetic_images", "cache_dir"):
+            assert (name in written) is (workload.task is None), name
         assert written.get("image_size", 64) == 64
         assert read_best(tmp_path).workload == workload and load_setup(tmp_path / "best.json") == setup
         # Written by an earlier version: a Task's best.json carried the unused default (224); a null reads as well.
-        for older in ({**written, "image_size": 224}, {**written, "image_size": None}) if workload.task else ():
+        earlier = {"image_size": 224, "data": None, "synthetic_images": 2000, "cache_dir": None}
+        for older in ({**written, **earlier}, {**written, "image_size": None}) if workload.task else ():
             (tmp_path / "best.json").write_text(json.dumps({**best.to_dict(), "workload": older}))
             assert read_best(tmp_path).workload == workload and load_setup(tmp_path / "best.json") == setup
 
