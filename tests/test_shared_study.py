@@ -802,3 +802,30 @@ def test_an_election_marker_carries_the_time_it_was_entered(tmp_path) -> None:
     stamped = Holder.from_dict(marker.user_attrs[ATTR_WORKER])
     assert stamped is not None and stamped.same_process(started_long_ago) and stamped.heartbeat >= entering
     assert replace(stamped, host="another-host").alive()  # as a worker on another host sees it
+
+
+def test_an_elected_worker_on_another_host_stays_elected_while_it_stores_its_work(tmp_path) -> None:
+    """A calibration or confirmation longer than 30 minutes: the elected worker's marker, entered that long ago, was
+    passed over by every worker on another host, each of which then elected itself and did the same work again. The
+    elected worker now stamps the study with each calibration run and confirmation measurement it stores, and a
+    worker on another host counts its marker alive from the last stamp."""
+    study = SearchStudy.open(f"journal:///{tmp_path}/study.log", "stamps", shared=True)
+    waiting = Crew(study, wait_s=600.0)
+    remote = Holder(4242, "another-host", time.time() - 7200, time.time() - 3600)  # entered its marker an hour ago
+    study.study.add_trial(optuna.create_trial(state=TrialState.FAIL, user_attrs={"marker": "confirm@4", ATTR_WORKER: remote.to_dict()}))
+    assert waiting.is_me(waiting.leads("confirm@4"))  # nothing from it for an hour: passed over, as before
+
+    study.study.add_trial(optuna.create_trial(state=TrialState.FAIL, user_attrs={"marker": "calibrate", ATTR_WORKER: remote.to_dict()}))
+    study.study.set_user_attr(remote.alive_key(), time.time() - 60)  # it stored a calibration run a minute ago
+    leader = waiting.leads("calibrate")
+    assert leader.same_process(remote) and not waiting.is_me(leader)
+
+    # What stamps it: a shared study's worker storing a confirmation measurement or a calibration run.
+    before = time.time()
+    study.store_confirmation("#1", ([10.0], [], []))
+    stamp = study.study.user_attrs[Holder.me().alive_key()]
+    study.store_calibration_runs({})
+    assert before <= stamp <= study.study.user_attrs[Holder.me().alive_key()] <= time.time()
+    alone = SearchStudy.open(f"sqlite:///{tmp_path}/alone.db", "alone")  # a search of its own stamps nothing
+    alone.store_confirmation("#1", ([10.0], [], []))
+    assert not any(key.startswith("alive:") for key in alone.study.user_attrs)

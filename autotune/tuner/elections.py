@@ -3,8 +3,10 @@
 A marker is a FAIL-state trial carrying :data:`~autotune.tuner.study.ATTR_MARKER` (the election's kind) and
 :data:`~autotune.tuner.study.ATTR_WORKER` (who entered). Optuna numbers trials in creation order under a lock on the
 study row (RDB) or in log order (journal), so every worker that reads the markers sees the same winner. A marker
-whose worker is gone (a dead pid on this host; on another host, older than
-:data:`~autotune.tuner.lock.STALE_AFTER_S`) is passed over.
+whose worker is gone (a dead pid on this host; on another host, one that neither entered it nor stamped the study
+(:meth:`~autotune.tuner.lock.Holder.refreshed`) within :data:`~autotune.tuner.lock.STALE_AFTER_S`) is passed over:
+the elected worker stamps the study with every calibration run and confirmation measurement it stores, so a
+calibration or confirmation that takes longer than that keeps its marker.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ def enter(study: optuna.Study, me: Holder, kind: str, attrs: dict[str, Any] | No
     def markers() -> list[tuple[Holder, FrozenTrial]]:
         trials = study.get_trials(deepcopy=False, states=(TrialState.FAIL,))
         found = sorted((t for t in trials if t.user_attrs.get(ATTR_MARKER) == kind), key=lambda t: t.number)
-        return [(h, t) for t in found if (h := Holder.from_dict(t.user_attrs.get(ATTR_WORKER))) is not None]
+        attrs = study.user_attrs
+        return [(h.refreshed(attrs), t) for t in found if (h := Holder.from_dict(t.user_attrs.get(ATTR_WORKER))) is not None]
 
     found = markers()
     if not any(me.same_process(h) for h, _ in found):

@@ -23,7 +23,7 @@ import fcntl
 import os
 import socket
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,9 @@ LOCK_FILE = "autotune.lock"
 
 #: A study holder on another host whose heartbeat is older than this is taken over.
 STALE_AFTER_S = 30 * 60.0
+#: Prefix of a shared study's user attribute ``alive:HOST:PID:START`` holding when that worker last stored a
+#: calibration run or a confirmation measurement: on another host its election marker counts as alive from then.
+ALIVE = "alive"
 
 
 @dataclass(frozen=True)
@@ -83,6 +86,15 @@ class Holder:
             return (now if now is not None else time.time()) - self.heartbeat < STALE_AFTER_S
         started = _started(self.pid)
         return started is not None and abs(started - self.started) < 1.0
+
+    def alive_key(self) -> str:
+        """The study user attribute where this worker stamps the time it last proved alive (:data:`ALIVE`)."""
+        return f"{ALIVE}:{self.host}:{self.pid}:{self.started:.2f}"
+
+    def refreshed(self, attrs: dict[str, Any]) -> Holder:
+        """This holder with the heartbeat it stamped in the study's user attributes ``attrs``, when later."""
+        stamp = attrs.get(self.alive_key())
+        return replace(self, heartbeat=stamp) if isinstance(stamp, (int, float)) and stamp > self.heartbeat else self
 
     def describe(self) -> str:
         """``pid N on HOST``."""

@@ -7,6 +7,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from autotune.records import TrialOptions
+
 
 @dataclass
 class Patience:
@@ -35,3 +37,13 @@ class Patience:
     def over(self) -> bool:
         """Whether :attr:`wait_s` passed since the last change."""
         return self.clock() > self._deadline
+
+
+def patience_s(trial_seconds: float, timeout_s: float | None) -> float:
+    """How long a worker waits for the elected one to store its next calibration run or confirmation measurement.
+
+    Long enough for one run that ends at its timeout, twice over (the winner's two ceiling runs come between the
+    last confirmation measurement and the stored winner), and never under 10 minutes or 60 trial lengths.
+    """
+    timeout = TrialOptions(trial_seconds=trial_seconds, timeout_s=timeout_s).effective_timeout_s
+    return max(600.0, 60.0 * trial_seconds, 2.0 * timeout + 60.0)

@@ -24,6 +24,7 @@ from autotune.tuner.identity import machine_fingerprint, signature, study_name
 from autotune.tuner.leftovers import nothing_left_if_stopped
 from autotune.tuner.lock import OutputLock
 from autotune.tuner.offered import check_workload_constraints
+from autotune.tuner.patience import patience_s
 from autotune.tuner.pending import add_pending
 from autotune.tuner.placement import Placement, place
 from autotune.tuner.progress import Reporter
@@ -31,7 +32,7 @@ from autotune.tuner.signals import stop_requested
 from autotune.tuner.space import check_pins_act
 from autotune.tuner.storage import check_one_study, check_storage_url, is_shared
 from autotune.tuner.study import SearchStudy
-from autotune.tuner.workers import Crew, patience_s
+from autotune.tuner.workers import Crew
 from autotune.workloads import build_workload, write_synthetic
 from autotune.workloads.tasks import build_task_workload
 

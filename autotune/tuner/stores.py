@@ -6,6 +6,7 @@ that reads and writes these study user attributes.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
@@ -16,6 +17,7 @@ from autotune.records import Calibration
 from autotune.rounds import Ceilings, Runs
 from autotune.time_spent import TimeSpent
 from autotune.tuner.kept_runs import KeptRun
+from autotune.tuner.lock import Holder
 from autotune.tuner.signals import interrupts_held
 from autotune.tuner.storage import is_shared, with_retries
 
@@ -39,8 +41,19 @@ class StudyStores:
     #: This run (one process opening the study), so confirmation rounds are never mixed across runs.
     run_id: str
 
+    #: Whether this run is a worker of a shared study: it then stamps the study whenever it stores a calibration run
+    #: or a confirmation measurement (:meth:`~autotune.tuner.lock.Holder.alive_key`), which keeps its election
+    #: marker alive for workers on other hosts however long the work takes.
+    stamps_alive: bool = False
+
     def heartbeat(self) -> None:
         """Refresh the claim's heartbeat (the study defines it)."""
+
+    def _proved_alive(self) -> None:
+        """Refresh the claim's heartbeat and, for a worker of a shared study, its stamp."""
+        self.heartbeat()
+        if self.stamps_alive:
+            self.study.set_user_attr(Holder.me().alive_key(), time.time())
 
     def _write(self, step: Callable[[], None]) -> None:
         """Run ``step``'s reads and writes of study attributes with interrupts held (never half stored). On a shared
@@ -65,7 +78,7 @@ class StudyStores:
             self.study.set_user_attr(STUDY_CALIBRATION, calibration.to_dict())
             if STUDY_CALIBRATION_RUNS in self.study.user_attrs:
                 self.study.set_user_attr(STUDY_CALIBRATION_RUNS, {})
-            self.heartbeat()
+            self._proved_alive()
 
         self._write(step)
 
@@ -80,7 +93,7 @@ class StudyStores:
 
         def step() -> None:
             self.study.set_user_attr(STUDY_CALIBRATION_RUNS, stored)
-            self.heartbeat()
+            self._proved_alive()
 
         self._write(step)
 
@@ -114,7 +127,7 @@ class StudyStores:
             if STUDY_WINNER_ROUNDS not in attrs and isinstance(earlier, dict) and earlier and earlier.get("run") != self.run_id:
                 self.study.set_user_attr(STUDY_WINNER_ROUNDS, earlier)  # a study of an earlier version: its last rounds are kept
             self.study.set_user_attr(STUDY_CONFIRMATION, self._stamped(rounds))
-            self.heartbeat()
+            self._proved_alive()
 
         self._write(step)
 

@@ -39,7 +39,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.errors import SearchInterrupted, StorageError
 from autotune.output.best import Best
-from autotune.records import Calibration, TrialOptions, TrialRecord, TrialResult
+from autotune.records import Calibration, TrialRecord, TrialResult
 from autotune.runner import TrialRunner
 from autotune.tuner import elections
 from autotune.tuner.budget import STUDY_BUDGET
@@ -72,16 +72,6 @@ def confirm_marker(trials: int) -> str:
     return f"confirm@{trials}"
 
 
-def patience_s(trial_seconds: float, timeout_s: float | None) -> float:
-    """How long a worker waits for the elected one to store its next calibration run or confirmation measurement.
-
-    Long enough for one run that ends at its timeout, twice over (the winner's two ceiling runs come between the
-    last confirmation measurement and the stored winner), and never under 10 minutes or 60 trial lengths.
-    """
-    timeout = TrialOptions(trial_seconds=trial_seconds, timeout_s=timeout_s).effective_timeout_s
-    return max(600.0, 60.0 * trial_seconds, 2.0 * timeout + 60.0)
-
-
 def shared_signature(signature: dict[str, Any]) -> dict[str, Any]:
     """A signature all workers share: the device's kind, not its index (``cuda:1`` joins ``cuda:0``)."""
     device = str(signature.get("device", ""))
@@ -104,6 +94,9 @@ class Crew:
     poll_s: float = 1.0
     me: Holder = field(default_factory=Holder.me)
     waited_s: float = field(default=0.0, init=False)  #: waiting for the others (their calibration, confirmation, last trials)
+
+    def __post_init__(self) -> None:
+        self.study.stamps_alive = True  # its calibration and confirmation keep its election marker alive
 
     def _retry(self, step: Callable[[], T], on_give_up: Callable[[], None] | None = None) -> T:
         return with_retries(step, self.study.storage, on_give_up=on_give_up)
