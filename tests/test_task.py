@@ -7,9 +7,12 @@ import dataclasses
 import functools
 import itertools
 import json
+import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -996,6 +999,36 @@ def test_the_task_script_refuses_a_bad_workload_or_checkpoint_in_one_line(
     assert "does not fit this model or optimizer" in line, line
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_the_task_script_says_bad_data_in_one_line_and_leaves_no_loader_files(
+    tmp_path: Path, workers: int, request: pytest.FixtureRequest
+) -> None:
+    """An item that raises, a stream that raises, a batch that cannot be collated: one line naming it, as the search
+    says it (before, the DataLoader's traceback of 35-40 lines through the script's own frames), and, with loader
+    workers, no pymp-* folder left in the temporary directory (the exit now comes after the loader shut them down)."""
+    script = _task_script(tmp_path, "good", autotune.TrainSetup(batch_size=8))
+    temp = Path(tempfile.mkdtemp(prefix="at-", dir="/tmp"))  # short: a worker's socket path must fit in 107 bytes
+    request.addfinalizer(lambda: shutil.rmtree(temp, ignore_errors=True))
+    again = "; fix or replace it, then rerun (--resume goes on from the last checkpoint)"
+    for workload, flags, message in (
+        ("corrupt_item", [], f"error: bad data: dataset[13] failed: ValueError: corrupt record 13{again}"),
+        ("broken_stream", ["--batch-size", "4"],
+         f"error: bad data: iterating the dataset (_BrokenStream) failed: OSError: connection reset reading shard 2{again}"),
+        ("ragged", ["--batch-size", "4"], "error: batch items 0..3 cannot be collated together (item 0: (Tensor["),
+    ):
+        result = subprocess.run(
+            [sys.executable, str(script), "--output-dir", "out", "--workload", f"task_factories:{workload}", "--workers",
+             str(workers), "--max-steps", "30", *flags],
+            cwd=script.parent, capture_output=True, text=True, timeout=120, env={**os.environ, "TMPDIR": str(temp)},
+        )
+        line = result.stderr.strip().splitlines()[-1]
+        assert result.returncode == 1 and line.startswith(message) and "Traceback" not in result.stderr, result.stderr
+        if workload == "ragged":
+            assert line.endswith("items of one batch differ in shape: give the workload a collate_fn that pads them "
+                                 "(autotune.Task(collate_fn=...))"), line
+        assert not list(temp.glob("pymp-*"))
+
+
 def test_the_task_script_without_autotune_installed_says_so_in_one_line(
     tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -1140,3 +1173,24 @@ def test_a_refusal_under_torchrun_is_said_by_rank_zero_alone_in_both_scripts(
             runpy.run_path(str(script), run_name="__main__")
         assert exited.value.code == ("error: --workers must be >= 0" if rank == "0" else 1), script
     assert capsys.readouterr().err == ""  # the message is the exit's, printed by the interpreter: once, on rank 0
+
+
+def test_the_task_script_s_data_error_line_names_the_rank_and_reads_a_loader_worker_s_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The line train.py exits with: the DataLoader raises a worker's error again with the worker's traceback as its
+    message, whose last line is the error; under torchrun the data's fault names the rank (each reads its own share),
+    while a Task's own refusal, which every rank meets, does not."""
+    from autotune.errors import WorkloadError
+    from autotune.workloads.data import BadData
+    from autotune.workloads.named import BadBatch, error_line
+
+    quoted = ("Caught BadData in DataLoader worker process 1.\nOriginal Traceback (most recent call last):\n"
+              '  File "worker.py", line 349, in _worker_loop\n    data = fetcher.fetch(index)\n'
+              "autotune.workloads.data.BadData: dataset[13] failed: ValueError: corrupt record 13\n")
+    hint = "; fix or replace it, then rerun (--resume goes on from the last checkpoint)"
+    for exc in (BadData(quoted), BadData("dataset[13] failed: ValueError: corrupt record 13")):
+        assert error_line(exc) == f"error: bad data: dataset[13] failed: ValueError: corrupt record 13{hint}"
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    assert error_line(BadData(quoted)) == f"error: rank 1: bad data: dataset[13] failed: ValueError: corrupt record 13{hint}"
+    assert error_line(BadBatch("batch items 0..3 cannot be collated together")) == "error: rank 1: batch items 0..3 cannot be collated together"
+    assert error_line(WorkloadError("Task model factory failed: RuntimeError: x")) == "error: Task model factory failed: RuntimeError: x"

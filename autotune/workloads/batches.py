@@ -81,7 +81,7 @@ def describe_batch(batch: Any) -> str:
 _RAGGED = "stack expects each tensor to be equal size"
 #: The same on items holding lists of different lengths (token ids not yet tensors).
 _RAGGED_LISTS = "each element in list of batch should be of equal size"
-_RAGGED_HINT = "; items of one batch differ in shape: give the workload a collate_fn that pads them (autotune.Task(collate_fn=...))"
+RAGGED_HINT = "; items of one batch differ in shape: give the workload a collate_fn that pads them (autotune.Task(collate_fn=...))"
 
 
 #: What autograd says when the loss's graph was already freed: a ``step`` that called ``backward()`` itself.
@@ -102,7 +102,7 @@ _ONE_VALUE_HINT = "; a BatchNorm layer needs more than one value per channel to 
 
 def hinted(error: str) -> str:
     """``error`` with what fixes it, where the message alone does not say."""
-    hints = ((_RAGGED, _RAGGED_HINT), (_RAGGED_LISTS, _RAGGED_HINT), (_TWICE, _TWICE_HINT), (_UNUSED, _UNUSED_HINT),
+    hints = ((_RAGGED, RAGGED_HINT), (_RAGGED_LISTS, RAGGED_HINT), (_TWICE, _TWICE_HINT), (_UNUSED, _UNUSED_HINT),
              (_ONE_VALUE, _ONE_VALUE_HINT))
     for cause, hint in hints:
         if cause in error:

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from autotune.errors import USER_CODE_ERRORS, WorkloadError, is_out_of_memory
-from autotune.workloads.batches import describe_batch, hinted
+from autotune.workloads.batches import RAGGED_HINT, describe_batch, hinted
 from autotune.workloads.data import BadData
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -37,21 +37,28 @@ def fixed_shapes(task: Task, items: list[Any]) -> bool:
         return False
 
 
-def collate_items(task: Task, items: list[Any]) -> Any:
-    """``items`` through the Task's collate_fn (or PyTorch's default); one line naming the item at fault if that fails."""
+def collate_items(collate: Callable[[list[Any]], Any], items: list[Any], label: str = "dataset item") -> Any:
+    """``items`` through ``collate`` (a Task's :meth:`~autotune.Task.collate`); one line naming the item at fault if
+    that fails (``label`` and its place: the search reads the dataset's first items, a loader's batch holds any)."""
     try:
-        return task.collate(items)
+        return collate(items)
     except USER_CODE_ERRORS as exc:
         # Name the item at fault: the first that does not collate alone, else the mix.
         for index, item in enumerate(items):
             try:
-                task.collate([item])
+                collate([item])
             except USER_CODE_ERRORS:
                 raise WorkloadError(
-                    f"dataset item {index} ({describe_batch(item)}) cannot be collated: {type(exc).__name__}: {exc}"
+                    f"{label} {index} ({describe_batch(item)}) cannot be collated: {type(exc).__name__}: {exc}"
                 ) from None
-        kinds = ", ".join(f"item {i}: {describe_batch(item)}" for i, item in enumerate(items))
-        raise WorkloadError(hinted(f"dataset items 0..{len(items) - 1} cannot be collated together ({kinds}): {type(exc).__name__}: {exc}")) from None
+        first: dict[str, int] = {}  # each kind of item once, at its first place: a loader's batch holds hundreds
+        for index, item in enumerate(items):
+            first.setdefault(describe_batch(item), index)
+        kinds = ", ".join(f"item {i}: {kind}" for kind, i in list(first.items())[:4]) + (", ..." if len(first) > 4 else "")
+        error = hinted(f"{label}s 0..{len(items) - 1} cannot be collated together ({kinds}): {type(exc).__name__}: {exc}")
+        if not same_shapes(items) and RAGGED_HINT not in error:  # in a loader worker the default collate words it otherwise
+            error += RAGGED_HINT
+        raise WorkloadError(error) from None
 
 
 def batched_read(dataset: Any) -> Callable[[list[int]], Any] | None:
@@ -80,7 +87,7 @@ def read_batch(task: Task, indices: list[int]) -> Any:
         where, error = _failing_item(task.dataset, indices) or (f"dataset.__getitems__({span})", exc)
         raise bad_item(error, where) from None
     if isinstance(data, list):  # items, as a Subset's batched read returns them: the item at fault is named
-        return collate_items(task, data)
+        return collate_items(task.collate, data)
     try:
         return task.collate(data)
     except USER_CODE_ERRORS as exc:

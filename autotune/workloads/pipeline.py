@@ -206,7 +206,7 @@ class TaskPipeline:
                     items.append(dataset[index % len(dataset)])
                 except USER_CODE_ERRORS as exc:
                     raise bad_item(exc, f"dataset[{index % len(dataset)}]") from None
-        return collate_items(self.task, items)
+        return collate_items(self.task.collate, items)
 
 
 class NamedItems:

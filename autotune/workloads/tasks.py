@@ -280,7 +280,7 @@ def check_task(task: Task, *, workers: bool) -> TaskInfo:
 
     @functools.cache  # each count read and collated once: the strict read of all of them serves the count check too
     def first(count: int) -> Any:
-        return read_batch(task, items[:count]) if batched else collate_items(task, items[:count])
+        return read_batch(task, items[:count]) if batched else collate_items(task.collate, items[:count])
 
     batch = first(CHECK_ITEMS)
     if batched:
