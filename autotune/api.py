@@ -33,7 +33,7 @@ from autotune.files import check_temp_dir_for_workers
 from autotune.records import DEFAULT_TRIAL_SECONDS, TrialOptions, TrialResult, Workload
 from autotune.train_setup import TrainSetup
 from autotune.tuner import Reporter, SearchConfig, SearchOutcome, run_search
-from autotune.tuner.config import check_timeout, check_trial_seconds, path_of
+from autotune.tuner.config import check_synthetic_images, check_timeout, check_trial_seconds, path_of
 from autotune.tuner.constraints import parse_constraints
 from autotune.tuner.progress import check_reporter
 
@@ -274,6 +274,7 @@ def trial_workload(
     from autotune.workloads import build_workload
     from autotune.workloads.tasks import build_task_workload
 
+    check_synthetic_images(synthetic_images, data)  # before the probe: a typo must not write 500 GB of JPEGs
     hardware = probes.collect()
     dev = resolve_device(device, hardware)
     if workload is not None:

@@ -91,6 +91,21 @@ def test_bad_values_are_refused_before_anything_is_written(tmp_path, extra, mess
     assert not out.exists() and not cache.exists()
 
 
+@pytest.mark.parametrize("command", ["trial", "search"])
+def test_synthetic_images_out_of_range_or_beside_data_are_refused_by_trial_and_search_alike(tmp_path, command) -> None:
+    """``trial`` checked only the lower bound: ``--synthetic-images 100001`` wrote 5.2 GB of JPEGs before its trial (a
+    typo of one more zero, 500 GB). Beside ``--data`` the flag was ignored without a word."""
+    cache, data = tmp_path / "cache", tmp_path / "data"
+    (data / "a").mkdir(parents=True)
+    base = [command, "--model", "resnet18", "--image-size", "32", "--device", "cpu", "--cache-dir", str(cache)]
+    for extra, message in ((["--synthetic-images", "100001"], "error: --synthetic-images must be between 16 and 100000, got 100001"),
+                           (["--synthetic-images", "64", "--data", str(data)],
+                            "error: --synthetic-images sizes the synthetic JPEGs made without --data; leave one of them out")):
+        result = runner.invoke(app, [*base, *extra, *(["--out", str(tmp_path / "out")] if command == "search" else [])])
+        assert result.exit_code == 2 and one_line(result.output) == message, result.output
+    assert not cache.exists() and not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("inside", ["results", "cats", "cats/results"])
 def test_an_out_inside_the_data_is_refused_before_anything_is_written(tmp_path, inside) -> None:
     """ImageFolder takes every sub-directory of --data as a class: an --out there would change the data measured."""

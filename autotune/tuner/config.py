@@ -43,6 +43,10 @@ def check_timeout(timeout_s: float | None, trial_seconds: float) -> None:
                          "that long after its start-up, so every trial would time out")
 
 
+#: The most synthetic JPEGs a search or trial writes (about 5 GiB: see workloads.data.SYNTHETIC_JPEG_BYTES).
+MAX_SYNTHETIC_IMAGES = 100_000
+
+
 def check_trial_seconds(value: float) -> None:
     """Refuse a ``--trial-seconds`` outside [:data:`MIN_TRIAL_SECONDS`, :data:`MAX_SECONDS`] (NaN too).
 
@@ -53,6 +57,21 @@ def check_trial_seconds(value: float) -> None:
         raise UsageError(f"--trial-seconds must be a number, got {value!r}")
     if not MIN_TRIAL_SECONDS <= value <= MAX_SECONDS:
         raise UsageError(f"--trial-seconds must be >= {MIN_TRIAL_SECONDS:g} and <= {MAX_SECONDS:.0f}, got {value}")
+
+
+def check_synthetic_images(count: int | None, data: object) -> None:
+    """Refuse a ``--synthetic-images`` outside 16..:data:`MAX_SYNTHETIC_IMAGES`, or given with ``--data`` (where no
+    synthetic JPEGs are made: it would be ignored); ``None`` is "not set".
+
+    Raises:
+        UsageError: With a one-line reason.
+    """
+    if count is None:
+        return
+    if data is not None:
+        raise UsageError("--synthetic-images sizes the synthetic JPEGs made without --data; leave one of them out")
+    if isinstance(count, bool) or not isinstance(count, int) or not 16 <= count <= MAX_SYNTHETIC_IMAGES:
+        raise UsageError(f"--synthetic-images must be between 16 and {MAX_SYNTHETIC_IMAGES}, got {count!r}")
 
 
 def path_of(flag: str, value: object) -> Path:
@@ -80,8 +99,6 @@ _TYPE_NAMES: dict[type | tuple[type, ...], str] = {int: "an integer", str: "a st
 
 #: Most trials a search takes: at 5 s each, over a week of measuring (a larger number is a typo).
 MAX_TRIALS = 100_000
-#: The most synthetic JPEGs a search writes (about 5 GiB: see workloads.data.SYNTHETIC_JPEG_BYTES).
-MAX_SYNTHETIC_IMAGES = 100_000
 
 @dataclass(frozen=True)
 class SearchConfig:
@@ -183,8 +200,7 @@ class SearchConfig:
             raise UsageError(f"--lr must be a finite number > 0, got {self.lr}")
         if not 0 <= self.seed < 2**32:
             raise UsageError(f"--seed must be between 0 and 2**32 - 1, got {self.seed}")
-        if self.synthetic_images is not None and not 16 <= self.synthetic_images <= MAX_SYNTHETIC_IMAGES:
-            raise UsageError(f"--synthetic-images must be between 16 and {MAX_SYNTHETIC_IMAGES}, got {self.synthetic_images}")
+        check_synthetic_images(self.synthetic_images, self.data)
         for flag, value in (("--study", self.study), ("--storage", self.storage)):
             if value is not None and not value.strip():
                 raise UsageError(f"{flag} must not be empty (leave it out for the default)")
