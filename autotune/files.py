@@ -77,7 +77,7 @@ def read_json(file: Path, error: type[AutotuneError], missing_hint: str = "") ->
             line that names the file.
     """
     try:
-        text = file.read_text(encoding="utf-8")
+        text = file.read_text(encoding="utf-8-sig")  # a byte-order mark (Windows Notepad saves one) is no error
     except FileNotFoundError:
         raise error(f"{file}: no such file{missing_hint}") from None
     except OSError as exc:

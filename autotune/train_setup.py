@@ -364,6 +364,8 @@ class TrainSetup:
 
 #: The version of best.json this autotune writes and reads.
 BEST_SCHEMA = 1
+#: The knobs every best.json has held (a file of an earlier version lacks the later ones: they take their defaults).
+FIRST_KNOBS = KNOBS[:8]
 
 
 def load_setup(path: str | Path) -> TrainSetup:
@@ -389,10 +391,10 @@ def load_setup(path: str | Path) -> TrainSetup:
             raise SetupError(f"{file}: best.json has schema {data.get('schema')!r}; this autotune reads the integer schema {BEST_SCHEMA}")
         if not isinstance(data.get("setup"), dict):
             raise SetupError(f"{file}: best.json has no \"setup\" object")
+        if missing := [knob for knob in FIRST_KNOBS if knob not in data["setup"]]:  # a default would not be what was measured
+            raise SetupError(f"{file}: best.json lacks the field 'setup.{missing[0]}'")
         data = data["setup"]
     try:
         return TrainSetup.from_dict(data)
-    except SetupError as exc:
-        raise SetupError(f"{file}: {exc}") from None
-    except TypeError as exc:
+    except (SetupError, TypeError) as exc:
         raise SetupError(f"{file}: {exc}") from None

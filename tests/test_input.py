@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
 from test_cli import _search
 from typer.testing import CliRunner
 
+import autotune
 from autotune.cli import app
 
 runner = CliRunner()
@@ -331,6 +333,10 @@ def test_status_of_a_directory_whose_study_db_was_removed_says_so(tmp_path) -> N
         (lambda d: {**d, "workload": {**d["workload"], "image_size": None}}, "image size must be an integer >= 8, got None"),  # a Task's only
         (lambda d: {**d, "samples_per_s": float("nan")}, "field 'samples_per_s' must be a finite number, not nan"),  # status printed it
         (lambda d: {**d, "speedup": float("inf")}, "field 'speedup' must be a finite number, not inf"),
+        # A knob left out took its default: train.py's header claimed the measured speed for batch 32, never measured.
+        (lambda d: {**d, "setup": {k: v for k, v in d["setup"].items() if k != "batch_size"}}, "lacks the field 'setup.batch_size'"),
+        (lambda d: {**d, "setup": {k: v for k, v in d["setup"].items() if k != "num_workers"}}, "lacks the field 'setup.num_workers'"),
+        (lambda d: {**d, "workload": {k: v for k, v in d["workload"].items() if k != "model"}}, "lacks the field 'workload.model'"),
     ],
 )
 def test_bad_best_json_is_one_line_in_emit_and_load_setup(tmp_path, cache_dir, change, message) -> None:
@@ -349,6 +355,23 @@ def test_bad_best_json_is_one_line_in_emit_and_load_setup(tmp_path, cache_dir, c
         read_best(tmp_path)
     result = runner.invoke(app, ["emit", str(tmp_path)])
     assert result.exit_code == 1 and message in one_line(result.output)
+    if "'setup." in message:
+        with pytest.raises(AutotuneError, match=message):
+            autotune.load_setup(tmp_path)
+
+
+def test_a_best_json_with_a_byte_order_mark_reads_as_any_other(tmp_path) -> None:
+    """Saved by an editor that writes a UTF-8 byte-order mark (Windows Notepad): refused before as `Unexpected UTF-8 BOM`."""
+    from autotune.output.best import Best, read_best
+    from autotune.records import Workload
+    from autotune.train_setup import TrainSetup
+
+    best = Best(setup=TrainSetup(batch_size=64), workload=Workload(model="resnet18"), samples_per_s=1.0, samples_per_s_spread=0.0,
+                defaults_samples_per_s=1.0, speedup=1.0, peak_memory_bytes=None, effective_batch=64, reference_batch=32, lr=1e-3)
+    (tmp_path / "best.json").write_bytes(b"\xef\xbb\xbf" + json.dumps(best.to_dict()).encode())
+    assert read_best(tmp_path) == best and autotune.load_setup(tmp_path).batch_size == 64
+    result = runner.invoke(app, ["emit", str(tmp_path)])
+    assert result.exit_code == 0 and (tmp_path / "train.py").exists(), result.output
 
 
 def test_a_best_json_written_before_the_confirmed_field_reads_it_from_its_notes(tmp_path) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 from autotune.errors import AutotuneError, SetupError
 from autotune.files import atomic_write_text, read_json
 from autotune.records import Workload
-from autotune.train_setup import BEST_SCHEMA, TrainSetup
+from autotune.train_setup import BEST_SCHEMA, FIRST_KNOBS, TrainSetup
 
 SCHEMA_VERSION = BEST_SCHEMA
 
@@ -90,6 +90,10 @@ def check_best_dict(data: Any) -> dict[str, Any]:
     notes = data.get("notes", [])
     if not all(isinstance(n, str) for n in notes):
         raise AutotuneError("best.json field 'notes' must be a list of strings")
+    # A knob or the model left out would take its default: a setup that was not measured, under the measured speed.
+    for section, required in (("setup", FIRST_KNOBS), ("workload", ("model",))):
+        if missing := [name for name in required if name not in data[section]]:
+            raise AutotuneError(f"best.json lacks the field '{section}.{missing[0]}'")
     sys_path = data["workload"].get("sys_path", [])
     if not isinstance(sys_path, list) or not all(isinstance(p, str) for p in sys_path):
         raise AutotuneError("best.json field 'workload.sys_path' must be a list of strings")
