@@ -35,7 +35,9 @@ from autotune.train_setup import TrainSetup
 from autotune.tuner import Reporter, SearchConfig, SearchOutcome, run_search
 from autotune.tuner.config import check_synthetic_images, check_timeout, check_trial_seconds, path_of
 from autotune.tuner.constraints import parse_constraints
+from autotune.tuner.placement import Placement
 from autotune.tuner.progress import check_reporter
+from autotune.units import parse_size
 
 __all__ = ["SearchResult", "TrialOutcome", "search", "trial"]
 
@@ -117,8 +119,6 @@ class TrialOutcome:
 
 def _bytes(value: int | str | None) -> int | None:
     """``max_memory`` in bytes; a UsageError for anything but an int, a size text or None (a bool, a float, a list)."""
-    from autotune.units import parse_size
-
     if value is not None and (isinstance(value, bool) or not isinstance(value, (int, str))):
         raise UsageError(f"--max-memory must be bytes (an integer) or a size such as '20GiB', got {value!r}")
     return parse_size(value) if isinstance(value, str) else value
@@ -262,25 +262,24 @@ def trial_workload(
     device: str,
     cache_dir: str | Path | None,
     synthetic_images: int | None,
-    workers: bool, warn: Callable[[str], None] | None = None,
-) -> tuple[Any, Any, Workload]:
-    """Probe the machine, resolve the device and build the checked workload of one trial (``warn``: build_workload's).
-
-    Returns:
-        ``(hardware, device, workload)``.
-    """
+    workers: bool, nproc_per_node: int = 1, warn: Callable[[str], None] | None = None,
+) -> tuple[Any, Any, Workload, Placement]:
+    """``(hardware, device, workload, placement)`` of one trial: the probe, the device and ranks checked (before any
+    synthetic JPEGs are written), and the checked workload (``warn``: build_workload's)."""
     import probes
     from autotune.devices import resolve_device
+    from autotune.tuner.placement import place
     from autotune.workloads import build_workload
     from autotune.workloads.tasks import build_task_workload
 
     check_synthetic_images(synthetic_images, data)  # before the probe: a typo must not write 500 GB of JPEGs
     hardware = probes.collect()
     dev = resolve_device(device, hardware)
+    placement = place(device, None, nproc_per_node, hardware)
     if workload is not None:
         if data is not None:
             raise UsageError(WORKLOAD_AND_DATA)
-        return hardware, dev, build_task_workload(workload, device=dev.name, workers=workers)
+        return hardware, dev, build_task_workload(workload, device=dev.name, workers=workers), placement
     built = build_workload(
         model=model,
         image_size=image_size,
@@ -289,7 +288,7 @@ def trial_workload(
         cache_dir=None if cache_dir is None else path_of("--cache-dir", cache_dir),
         synthetic_images=synthetic_images, warn=warn,
     )
-    return hardware, dev, built
+    return hardware, dev, built, placement
 
 
 @worded_for_python({"timeout": "timeout_s"})
@@ -345,6 +344,8 @@ def trial(
     """
     from autotune.runner import prestart, run_trial
     from autotune.tuner.explore import unfed
+    from autotune.tuner.space import ddp_values
+    from autotune.workloads.streams import UNSHARDED
 
     model, image_size = _shorthand(workload, model, data, image_size, "resnet18", cache_dir=cache_dir,
                                    synthetic_images=synthetic_images)
@@ -356,12 +357,14 @@ def trial(
     setup = setup or TrainSetup()
     check_trial_seconds(trial_seconds)
     check_timeout(timeout_s, trial_seconds)
+    if nproc_per_node == 1 and (ddp := [knob for knob, (default,) in ddp_values(1).items() if getattr(setup, knob) != default]):
+        raise SetupError(f"{ddp[0]}: a DDP knob; it changes nothing in a trial of one process (pass --nproc-per-node 2 or more)")
     if setup.num_workers > 0 and mode != "compute":  # their sockets must fit under TMPDIR, or the trial hangs to its timeout
         check_temp_dir_for_workers()
     prestart()  # the trial server's imports overlap the workload's checks below
     options = TrialOptions(trial_seconds=trial_seconds, timeout_s=timeout_s, max_memory_bytes=_bytes(max_memory),
                            mode=mode)  # type: ignore[arg-type]
-    hardware, dev, built = trial_workload(
+    hardware, dev, built, placement = trial_workload(
         workload,
         model=model,
         image_size=image_size,
@@ -369,13 +372,10 @@ def trial(
         device=device,
         cache_dir=cache_dir,
         synthetic_images=synthetic_images,
-        workers=setup.num_workers > 0, warn=announce,  # a minute or more before 16384 synthetic JPEGs on CUDA
+        workers=setup.num_workers > 0, nproc_per_node=nproc_per_node, warn=announce,  # a minute or more before 16384 JPEGs on CUDA
     )
     share = built  # what one rank reads: the batch cap and the unrunnable check are per rank, as the search's
     if nproc_per_node != 1:
-        from autotune.tuner.placement import place
-
-        placement = place(device, None, nproc_per_node, hardware)
         options = dataclasses.replace(options, world_size=nproc_per_node, cores=placement.slots[0].cores)
         built = dataclasses.replace(built, device=placement.slots[0].device)
         share = placement.rank_workload(built)
@@ -384,8 +384,6 @@ def trial(
         setup = setup.replace(batch_size=max(1, min(base, share.images or base)))
     setup.check_device(dev.name, bf16_supported=dev.bf16, tf32_supported=dev.tf32)
     if built.unsharded and setup.num_workers > 1:
-        from autotune.workloads.streams import UNSHARDED
-
         raise SetupError(f"num_workers={setup.num_workers}: {UNSHARDED}; use 0 or 1, or shard it")
     if setup.channels_last and not built.image_input:
         raise SetupError("channels_last: this workload's batches hold no 4-D floating tensor for it to act on")

@@ -24,8 +24,9 @@ CPU_FP16_INSTEAD = "--set amp=bf16 or --set amp=off" if collect_cpu().bf16 else 
 
 def _search(tmp_path: Path, cache_dir: Path, *extra: str) -> tuple[int, str, Path]:
     out = tmp_path / "out"
+    synthetic = [] if "--data" in extra else ["--synthetic-images", "64"]  # refused beside --data
     args = ["search", "--model", "resnet18", "--image-size", "32", "--trials", "2", "--device", "cpu",
-            "--out", str(out), "--cache-dir", str(cache_dir), "--synthetic-images", "64", *extra]
+            "--out", str(out), "--cache-dir", str(cache_dir), *synthetic, *extra]
     result = runner.invoke(app, args)
     return result.exit_code, result.output, out
 

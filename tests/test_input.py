@@ -689,3 +689,25 @@ def test_a_temporary_directory_too_long_for_the_workers_sockets_is_refused(tmp_p
     check_temp_dir_for_workers("/" + "x" * 74)  # 75 bytes: the socket path is 107
     with pytest.raises(Exception, match="too long"):
         check_temp_dir_for_workers("/" + "x" * 75)
+
+
+@pytest.mark.parametrize("knob", ["bucket_cap_mb=10", "gradient_as_bucket_view=true", "static_graph=true"])
+def test_a_trial_of_one_process_refuses_a_ddp_knob_as_the_search_does(tmp_path, knob) -> None:
+    """The search refuses a DDP knob away from PyTorch's default without --nproc-per-node 2 or more; the trial ran it
+    (status ok) and a user could take the figure for the knob's effect."""
+    result = runner.invoke(app, ["trial", "--model", "resnet18", "--image-size", "32", "--device", "cpu", "--trial-seconds", "1",
+                                 "--cache-dir", str(tmp_path / "cache"), "--set", knob])
+    name = knob.split("=")[0]
+    assert result.exit_code == 2 and one_line(result.output) == (
+        f"error: --set {name}: a DDP knob; it changes nothing in a trial of one process (pass --nproc-per-node 2 or more)"), result.output
+    assert not (tmp_path / "cache").exists()  # refused before the synthetic JPEGs were written
+
+
+def test_a_trial_refuses_its_ranks_before_writing_synthetic_jpegs(tmp_path) -> None:
+    """``--nproc-per-node 0`` (or more ranks than cores) was refused only after 2000 synthetic JPEGs were written."""
+    for ranks, message in (("0", "error: --nproc-per-node must be >= 1, got 0"),
+                           ("999", "error: --nproc-per-node 999: only ")):
+        result = runner.invoke(app, ["trial", "--model", "resnet18", "--image-size", "32", "--device", "cpu", "--trial-seconds", "1",
+                                     "--cache-dir", str(tmp_path / "cache"), "--nproc-per-node", ranks])
+        assert result.exit_code == 2 and one_line(result.output).startswith(message), result.output
+        assert not (tmp_path / "cache").exists()
