@@ -24,6 +24,10 @@ AMP_MODES: tuple[str, ...] = ("off", "bf16", "fp16")
 
 #: The knobs that hold an integer (``prefetch_factor`` and ``num_threads`` may also be ``None``).
 INTEGER_KNOBS: tuple[str, ...] = ("num_workers", "prefetch_factor", "batch_size", "accumulation_steps", "num_threads", "bucket_cap_mb")
+#: The largest value per integer knob, in a setup and in ``--set``: far above any real machine, low enough that a typo
+#: cannot start a million loader workers (a hand-edited best.json's train.py hung) or build a range that exhausts memory.
+INT_LIMITS = {"num_workers": 1024, "prefetch_factor": 1024, "batch_size": 2**20, "accumulation_steps": 2**16, "num_threads": 1024,
+              "bucket_cap_mb": 2**16}
 
 
 #: The knobs that hold true or false.
@@ -66,6 +70,9 @@ def validate_setup(setup: Any) -> None:
         raise SetupError(f"accumulation_steps must be >= 1, got {setup.accumulation_steps}")
     if setup.bucket_cap_mb < 1:
         raise SetupError(f"bucket_cap_mb must be >= 1, got {setup.bucket_cap_mb}")
+    for name, limit in INT_LIMITS.items():
+        if isinstance(getattr(setup, name), int) and getattr(setup, name) > limit:
+            raise SetupError(f"{name} must be <= {limit}, got {getattr(setup, name)}")
     if setup.static_graph and setup.accumulation_steps > 1:
         raise SetupError("static_graph does not work with accumulation_steps > 1 (DDP's no_sync breaks its reducer)")
     if setup.amp not in AMP_MODES:

@@ -546,6 +546,7 @@ def test_bad_data_directories_name_their_flag(
     ("flags", "message"),
     [
         (["--workers", "-1"], "--workers must be >= 0"),
+        (["--workers", "1000000"], "--workers must be <= 1024, got 1000000"),  # a million processes: the run hung
         (["--workers", "1", "--prefetch-factor", "0"], "--prefetch-factor must be >= 1"),
         (["--epochs", "0"], "--epochs must be >= 1"),
         (["--max-steps", "-3"], "--max-steps must be >= 1"),

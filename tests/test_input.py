@@ -333,6 +333,8 @@ def test_status_of_a_directory_whose_study_db_was_removed_says_so(tmp_path) -> N
         (lambda d: {**d, "workload": {**d["workload"], "image_size": None}}, "image size must be an integer >= 8, got None"),  # a Task's only
         (lambda d: {**d, "samples_per_s": float("nan")}, "field 'samples_per_s' must be a finite number, not nan"),  # status printed it
         (lambda d: {**d, "speedup": float("inf")}, "field 'speedup' must be a finite number, not inf"),
+        # A million loader workers: the emitted script hung without a word.
+        (lambda d: {**d, "setup": {**d["setup"], "num_workers": 1_000_000}}, "num_workers must be <= 1024, got 1000000"),
         # A knob left out took its default: train.py's header claimed the measured speed for batch 32, never measured.
         (lambda d: {**d, "setup": {k: v for k, v in d["setup"].items() if k != "batch_size"}}, "lacks the field 'setup.batch_size'"),
         (lambda d: {**d, "setup": {k: v for k, v in d["setup"].items() if k != "num_workers"}}, "lacks the field 'setup.num_workers'"),

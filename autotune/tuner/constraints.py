@@ -14,6 +14,7 @@ from typing import Any
 from autotune.devices import DeviceInfo
 from autotune.errors import SetupError, UsageError
 from autotune.flag_terms import in_flag_terms
+from autotune.setup_checks import INT_LIMITS
 from autotune.torch_knobs import COMPILE_MODES, DECODES, OPTIMIZER_IMPLS
 from autotune.train_setup import AMP_MODES, KNOBS, TrainSetup
 
@@ -23,16 +24,6 @@ INT_KNOBS = ("num_workers", "prefetch_factor", "batch_size", "accumulation_steps
 RANGE_KNOBS = ("num_workers", "prefetch_factor", "num_threads")
 #: Knobs with named values.
 CHOICE_KNOBS: dict[str, tuple[str, ...]] = {"compile": COMPILE_MODES, "optimizer_impl": OPTIMIZER_IMPLS, "decode": DECODES}
-#: The largest value ``--set`` accepts per integer knob: far above any real
-#: machine, low enough that a typo cannot build a range that exhausts memory.
-INT_LIMITS = {
-    "num_workers": 1024,
-    "prefetch_factor": 1024,
-    "batch_size": 2**20,
-    "accumulation_steps": 2**16,
-    "num_threads": 1024,
-    "bucket_cap_mb": 2**16,
-}
 #: Knobs a device may refuse (checked against the device when pinned or offered).
 DEVICE_KNOBS = ("amp", "pin_memory", "cudnn_benchmark", "tf32", "compile", "optimizer_impl", "decode")
 
