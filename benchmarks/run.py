@@ -283,7 +283,7 @@ def run_workload(
         trial_seconds=budget.trial_seconds,
         seed=budget.seed,
         cache_dir=cache_dir,
-        synthetic_images=spec.images,
+        synthetic_images=spec.images if data is None else None,  # the small images are --data: refused beside it
         confirm_top=budget.confirm_top,
         confirm_rounds=budget.confirm_rounds,
         command=command,

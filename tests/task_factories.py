@@ -336,20 +336,6 @@ def corrupt_item() -> autotune.Task:
     return autotune.Task(nn.Linear(8, 3), _Corrupt(), batch_size=8)
 
 
-class _BrokenStream(IterableDataset):  # type: ignore[type-arg]
-    """A stream that fails after 12 pairs (a shard that cannot be read)."""
-
-    def __iter__(self) -> Any:
-        for i in range(12):
-            yield torch.full((8,), float(i)), i % 3
-        raise OSError("connection reset reading shard 2")
-
-
-def broken_stream() -> autotune.Task:
-    """An IterableDataset whose stream raises."""
-    return autotune.Task(nn.Linear(8, 3), _BrokenStream(), batch_size=4)
-
-
 def ragged() -> autotune.Task:
     """Variable-length items without a collate_fn that pads them."""
     return autotune.Task(nn.Linear(8, 3), [(torch.zeros(3 + i % 5), 0) for i in range(8)])

@@ -62,6 +62,8 @@ def config(tmp_path: Path, cache_dir: Path, **kw) -> SearchConfig:
     base = dict(model="resnet18", trials=6, image_size=32, device="cpu", trial_seconds=1.0, out=tmp_path / "out",
                 cache_dir=cache_dir, synthetic_images=64, confirm_rounds=2, confirm_top=2)
     base.update(kw)
+    if base.get("data") is not None:
+        base.pop("synthetic_images")  # refused beside --data
     return SearchConfig(**base)
 
 

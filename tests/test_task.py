@@ -999,21 +999,22 @@ def test_the_task_script_refuses_a_bad_workload_or_checkpoint_in_one_line(
     assert "does not fit this model or optimizer" in line, line
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workers", [0, 2])
 def test_the_task_script_says_bad_data_in_one_line_and_leaves_no_loader_files(
     tmp_path: Path, workers: int, request: pytest.FixtureRequest
 ) -> None:
-    """An item that raises, a stream that raises, a batch that cannot be collated: one line naming it, as the search
-    says it (before, the DataLoader's traceback of 35-40 lines through the script's own frames), and, with loader
+    """An item that raises, a batch that cannot be collated: one line naming it, its whole traceback in a file the line
+    names (before, the DataLoader's traceback of 35-40 lines through the script's own frames), and, with loader
     workers, no pymp-* folder left in the temporary directory (the exit now comes after the loader shut them down)."""
     script = _task_script(tmp_path, "good", autotune.TrainSetup(batch_size=8))
     temp = Path(tempfile.mkdtemp(prefix="at-", dir="/tmp"))  # short: a worker's socket path must fit in 107 bytes
     request.addfinalizer(lambda: shutil.rmtree(temp, ignore_errors=True))
-    again = "; fix or replace it, then rerun (--resume goes on from the last checkpoint)"
+    worker = " (in a loader worker)" if workers else ""
+    log = "; its traceback: out/error.log"
     for workload, flags, message in (
-        ("corrupt_item", [], f"error: bad data: dataset[13] failed: ValueError: corrupt record 13{again}"),
-        ("broken_stream", ["--batch-size", "4"],
-         f"error: bad data: iterating the dataset (_BrokenStream) failed: OSError: connection reset reading shard 2{again}"),
+        ("corrupt_item", [], f"error: dataset[13] failed{worker}: ValueError: corrupt record 13; fix the item or the dataset's code, "
+                             f"then rerun (--resume goes on from the last checkpoint){log}"),
         ("ragged", ["--batch-size", "4"], "error: batch items 0..3 cannot be collated together (item 0: (Tensor["),
     ):
         result = subprocess.run(
@@ -1025,7 +1026,9 @@ def test_the_task_script_says_bad_data_in_one_line_and_leaves_no_loader_files(
         assert result.returncode == 1 and line.startswith(message) and "Traceback" not in result.stderr, result.stderr
         if workload == "ragged":
             assert line.endswith("items of one batch differ in shape: give the workload a collate_fn that pads them "
-                                 "(autotune.Task(collate_fn=...))"), line
+                                 f"(autotune.Task(collate_fn=...)){log}"), line
+        written = (tmp_path / "out" / "error.log").read_text()  # the whole traceback, the worker's too, where the line says
+        assert "Traceback" in written and ("corrupt record 13" if workload == "corrupt_item" else "cannot be collated") in written
         assert not list(temp.glob("pymp-*"))
 
 
@@ -1175,22 +1178,52 @@ def test_a_refusal_under_torchrun_is_said_by_rank_zero_alone_in_both_scripts(
     assert capsys.readouterr().err == ""  # the message is the exit's, printed by the interpreter: once, on rank 0
 
 
-def test_the_task_script_s_data_error_line_names_the_rank_and_reads_a_loader_worker_s_error(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_task_script_s_data_error_line_names_the_rank_and_reads_a_loader_worker_s_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The line train.py exits with: the DataLoader raises a worker's error again with the worker's traceback as its
-    message, whose last line is the error; under torchrun the data's fault names the rank (each reads its own share),
-    while a Task's own refusal, which every rank meets, does not."""
+    message, whose last line is the error; the whole traceback goes to a file the line names; under torchrun the data's
+    fault names the rank (each reads its own share) and its file, while a Task's own refusal, which every rank meets,
+    does not."""
     from autotune.errors import WorkloadError
-    from autotune.workloads.data import BadData
-    from autotune.workloads.named import BadBatch, error_line
+    from autotune.workloads.named import BadBatch, BadItem, error_line
 
-    quoted = ("Caught BadData in DataLoader worker process 1.\nOriginal Traceback (most recent call last):\n"
+    quoted = ("Caught BadItem in DataLoader worker process 1.\nOriginal Traceback (most recent call last):\n"
               '  File "worker.py", line 349, in _worker_loop\n    data = fetcher.fetch(index)\n'
-              "autotune.workloads.data.BadData: dataset[13] failed: ValueError: corrupt record 13\n")
-    hint = "; fix or replace it, then rerun (--resume goes on from the last checkpoint)"
-    for exc in (BadData(quoted), BadData("dataset[13] failed: ValueError: corrupt record 13")):
-        assert error_line(exc) == f"error: bad data: dataset[13] failed: ValueError: corrupt record 13{hint}"
+              "autotune.workloads.named.BadItem: dataset[13] failed (in a loader worker): ValueError: corrupt record 13\n")
+    hint = "; fix the item or the dataset's code, then rerun (--resume goes on from the last checkpoint)"
+    assert error_line(BadItem(quoted)) == f"error: dataset[13] failed (in a loader worker): ValueError: corrupt record 13{hint}"
+    assert error_line(BadItem(quoted), tmp_path) == (f"error: dataset[13] failed (in a loader worker): ValueError: corrupt record 13{hint}"
+                                                     f"; its traceback: {tmp_path / 'error.log'}")
+    assert "fetcher.fetch(index)" in (tmp_path / "error.log").read_text()  # the worker's frames, quoted in the message
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "1")
-    assert error_line(BadData(quoted)) == f"error: rank 1: bad data: dataset[13] failed: ValueError: corrupt record 13{hint}"
+    assert error_line(BadItem("dataset[13] failed: ValueError: x"), tmp_path) == (
+        f"error: rank 1: dataset[13] failed: ValueError: x{hint}; its traceback: {tmp_path / 'error-rank1.log'}")
     assert error_line(BadBatch("batch items 0..3 cannot be collated together")) == "error: rank 1: batch items 0..3 cannot be collated together"
-    assert error_line(WorkloadError("Task model factory failed: RuntimeError: x")) == "error: Task model factory failed: RuntimeError: x"
+    assert error_line(WorkloadError("Task model factory failed: RuntimeError: x"), tmp_path) == "error: Task model factory failed: RuntimeError: x"
+    assert error_line(BadItem("dataset[1] failed: E: y"), tmp_path / "missing").endswith(hint)  # no folder: no file named
+
+
+def test_the_task_script_s_loader_data_keeps_datapipes_streams_and_pickles_without_the_task() -> None:
+    """The wrappers leave what the DataLoader must see as it is (an iterable dataset, a DataPipe it shards), name the
+    item at fault of a Subset's batched read as the search does, and pickle as what they hold: a spawn-started worker
+    gets the dataset and the collate_fn, never the Task (its model and lambdas)."""
+    import pickle
+
+    import task_factories
+    from torch.utils.data import Subset
+    from torch.utils.data.datapipes.map import SequenceWrapper
+
+    from autotune.workloads.named import BadItem, named_data
+
+    stream, pipe = task_factories.Stream(), SequenceWrapper(list(range(8)))
+    assert named_data(stream, None)[0] is stream and named_data(pipe, None)[0] is pipe
+    subset = Subset(task_factories._Corrupt(), list(range(40)))
+    named, collate = named_data(subset, None)
+    with pytest.raises(BadItem, match=r"^dataset\[13\] failed: ValueError: corrupt record 13$"):
+        named.__getitems__([21, 13, 5])
+    assert collate([named[0], named[1]])[0].shape == (2, 8)
+    again, _ = pickle.loads(pickle.dumps((named, collate)))
+    assert len(again) == 40
+

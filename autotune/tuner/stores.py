@@ -43,7 +43,7 @@ class StudyStores:
 
     #: Whether this run is a worker of a shared study: it then stamps the study whenever it stores a calibration run
     #: or a confirmation measurement (:meth:`~autotune.tuner.lock.Holder.alive_key`), which keeps its election
-    #: marker alive for workers on other hosts however long the work takes.
+    #: marker alive for workers on other hosts while it stores one at least every STALE_AFTER_S (30 minutes).
     stamps_alive: bool = False
 
     def heartbeat(self) -> None:

@@ -7,13 +7,13 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from autotune.errors import USER_CODE_ERRORS, WorkloadError, is_out_of_memory
-from autotune.workloads.batches import RAGGED_HINT, describe_batch, hinted
+from autotune.workloads.batches import describe_batch, hinted
 from autotune.workloads.data import BadData
 
 if TYPE_CHECKING:  # pragma: no cover
     from autotune.workloads.task import Task
 
-__all__ = ["bad_item", "batched_fixed_shapes", "batched_read", "collate_items", "fixed_shapes", "read_batch", "same_shapes"]
+__all__ = ["bad_item", "batched_fixed_shapes", "batched_read", "collate_items", "failing_item", "fixed_shapes", "read_batch", "same_shapes"]
 
 
 def same_shapes(items: list[Any]) -> bool:
@@ -50,15 +50,12 @@ def collate_items(collate: Callable[[list[Any]], Any], items: list[Any], label: 
             except USER_CODE_ERRORS:
                 raise WorkloadError(
                     f"{label} {index} ({describe_batch(item)}) cannot be collated: {type(exc).__name__}: {exc}"
-                ) from None
+                ) from exc
         first: dict[str, int] = {}  # each kind of item once, at its first place: a loader's batch holds hundreds
         for index, item in enumerate(items):
             first.setdefault(describe_batch(item), index)
         kinds = ", ".join(f"item {i}: {kind}" for kind, i in list(first.items())[:4]) + (", ..." if len(first) > 4 else "")
-        error = hinted(f"{label}s 0..{len(items) - 1} cannot be collated together ({kinds}): {type(exc).__name__}: {exc}")
-        if not same_shapes(items) and RAGGED_HINT not in error:  # in a loader worker the default collate words it otherwise
-            error += RAGGED_HINT
-        raise WorkloadError(error) from None
+        raise WorkloadError(hinted(f"{label}s 0..{len(items) - 1} cannot be collated together ({kinds}): {type(exc).__name__}: {exc}")) from exc
 
 
 def batched_read(dataset: Any) -> Callable[[list[int]], Any] | None:
@@ -84,7 +81,7 @@ def read_batch(task: Task, indices: list[int]) -> Any:
     except USER_CODE_ERRORS as exc:
         if is_out_of_memory(exc):  # the batch's size may be at fault: a memory pre-pass halves it
             raise
-        where, error = _failing_item(task.dataset, indices) or (f"dataset.__getitems__({span})", exc)
+        where, error = failing_item(task.dataset, indices) or (f"dataset.__getitems__({span})", exc)
         raise bad_item(error, where) from None
     if isinstance(data, list):  # items, as a Subset's batched read returns them: the item at fault is named
         return collate_items(task.collate, data)
@@ -106,7 +103,7 @@ def bad_item(exc: BaseException, item: str) -> BaseException:
     return BadData(f"{item} failed: {type(exc).__name__}: {first}")
 
 
-def _failing_item(dataset: Any, indices: list[int]) -> tuple[str, BaseException] | None:
+def failing_item(dataset: Any, indices: list[int]) -> tuple[str, BaseException] | None:
     """``dataset[i]`` and its error for the first of ``indices`` whose item raises when read alone (a Subset's batched
     read is its items'); None when each reads, or where ``__getitem__`` is not the dataset's (``Dataset``'s own raises
     NotImplementedError: a dataset read only in batches)."""

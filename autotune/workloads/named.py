@@ -1,66 +1,87 @@
-"""The data of the emitted Task script (``train.py``), whose failure names itself in one line, as in the search.
+"""The data of the emitted Task script (``train.py``), whose failure names itself in one line.
 
-Without it, a dataset item that raises (``dataset[250]``: a corrupt record), a stream that raises, or a batch that
-cannot be collated (items of different shapes) ended hours of training with the DataLoader's traceback, 40 lines
-through the script's own frames, while the search said the same fault in one line. :func:`named_data` wraps the
-dataset and the collate function the script hands its DataLoader; :func:`error_line` is the line the script exits
-with for any of autotune's errors, also for one a loader worker raised (the DataLoader raises it again in the main process, the worker's
-traceback in its message).
+Without it, a dataset item that raises (``dataset[250]``: a corrupt record, or a case the dataset's own code gets
+wrong) or a batch that cannot be collated (items of different shapes) ended hours of training with the DataLoader's
+traceback, 40 lines through the script's own frames. :func:`named_data` wraps a map-style dataset and the collate
+function the script hands its DataLoader; :func:`error_line` is the line the script exits with, after it wrote the
+whole traceback (a loader worker's too) to a file it names. An iterable dataset is handed over as it is: it names no
+item, and the DataLoader shards a DataPipe only when it sees one.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+import traceback
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-from torch.utils.data import Dataset, IterableDataset
+from torch.utils.data import Dataset, IterableDataset, MapDataPipe, default_collate, get_worker_info
 
-from autotune.errors import USER_CODE_ERRORS, AutotuneError, WorkloadError
-from autotune.workloads.batches import describe_batch, hinted
-from autotune.workloads.collation import bad_item, batched_read, collate_items
-from autotune.workloads.data import BadData
+from autotune.errors import USER_CODE_ERRORS, AutotuneError, WorkloadError, is_out_of_memory
+from autotune.workloads.batches import RAGGED_HINT, describe_batch, hinted
+from autotune.workloads.collation import batched_read, collate_items, failing_item, same_shapes
 
-__all__ = ["BadBatch", "error_line", "named_data"]
+__all__ = ["BadBatch", "BadItem", "error_line", "named_data"]
 
-#: What the script adds to a :class:`BadData` line.
-BAD_DATA_HINT = "fix or replace it, then rerun (--resume goes on from the last checkpoint)"
+#: What the script adds to the line of an item that failed.
+BAD_ITEM_HINT = "fix the item or the dataset's code, then rerun (--resume goes on from the last checkpoint)"
 
 
-def named_data(dataset: Any, collate: Callable[[list[Any]], Any]) -> tuple[Any, Callable[[Any], Any]]:
-    """``dataset`` and ``collate`` (a Task's :meth:`~autotune.Task.collate`) as the script's DataLoader takes them:
-    an item, a batched read (``__getitems__``) or an iterable's stream that fails is :class:`BadData` naming it; a
-    batch that cannot be collated is a :class:`WorkloadError` naming the item at fault and the fix. What the loader
-    yields is unchanged."""
-    if isinstance(dataset, IterableDataset):
-        named: Any = _NamedStream(dataset)
-    elif batched_read(dataset) is not None:
-        named = _NamedBatches(dataset)
-    else:
-        named = _NamedItems(dataset)
-    return named, _NamedCollate(collate)
+class BadItem(WorkloadError):
+    """A dataset item, or a batched read, raised: the data, or the dataset's code on it."""
 
 
 class BadBatch(WorkloadError):
-    """A batch of the loader cannot be collated (a collate_fn is needed, or the one given fails on this batch)."""
+    """A batch cannot be collated (items that differ in shape need a collate_fn that pads them, or the one given fails)."""
 
 
-def error_line(exc: AutotuneError) -> str:
-    """The line the script exits with for ``exc`` (from :func:`named_data`'s data, or a Task's own refusal): its
-    message, or, raised again by the DataLoader for a loader worker, the last line of the worker's traceback it quotes.
-    Under torchrun (``WORLD_SIZE`` over 1) the data's fault names the rank that met it: ``error: rank 1: bad data: ...``."""
+def named_data(dataset: Any, collate_fn: Callable[[list[Any]], Any] | None) -> tuple[Any, Callable[[Any], Any]]:
+    """``dataset`` and ``collate_fn`` (a Task's; ``None``: PyTorch's default) as the script's DataLoader takes them: an
+    item or a batched read (``__getitems__``) of a map-style dataset that raises is :class:`BadItem` naming it; a batch
+    that cannot be collated is :class:`BadBatch` naming the item at fault (and, for PyTorch's default collate on items
+    of different shapes, the fix). What the loader yields is unchanged; each wrapper pickles as what it holds, for
+    workers started by spawn or forkserver."""
+    collate = _NamedCollate(collate_fn)
+    if isinstance(dataset, (IterableDataset, MapDataPipe)):
+        return dataset, collate
+    return (_NamedBatches if batched_read(dataset) is not None else _NamedItems)(dataset), collate
+
+
+def error_line(exc: AutotuneError, output_dir: str | Path | None = None) -> str:
+    """The line the script exits with for ``exc`` (from :func:`named_data`'s data, or a Task's own refusal).
+
+    Its message, or, raised again by the DataLoader for a loader worker, the last line of the worker's traceback it
+    quotes. For the data's fault: the whole traceback is written to ``OUTPUT_DIR/error.log`` (``error-rank1.log`` ...
+    under torchrun) and named, and under torchrun the line names the rank that met it (each reads its own share).
+    """
     text = str(exc).strip()
     if text.startswith("Caught ") and "\n" in text:
         cls = type(exc)
         text = text.splitlines()[-1].removeprefix(f"{cls.__module__}.{cls.__qualname__}: ")
-    if not isinstance(exc, (BadData, BadBatch)):
+    if not isinstance(exc, (BadItem, BadBatch)):
         return f"error: {text}"
-    said = f"bad data: {text}; {BAD_DATA_HINT}" if isinstance(exc, BadData) else text
-    return f"error: rank {os.environ.get('RANK', '?')}: {said}" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else f"error: {said}"
+    said = f"{text}; {BAD_ITEM_HINT}" if isinstance(exc, BadItem) else text
+    ranks = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    if output_dir is not None:
+        log = Path(output_dir) / (f"error-rank{os.environ.get('RANK', '0')}.log" if ranks else "error.log")
+        try:
+            log.write_text("".join(traceback.format_exception(exc)))
+            said += f"; its traceback: {log}"
+        except OSError:
+            pass
+    return f"error: rank {os.environ.get('RANK', '?')}: {said}" if ranks else f"error: {said}"
+
+
+def _failed(exc: BaseException, where: str) -> str:
+    """``where failed (in a loader worker): Type: first line``."""
+    first = (str(exc).strip().splitlines() or [""])[0]
+    worker = " (in a loader worker)" if get_worker_info() is not None else ""
+    return f"{where} failed{worker}: {type(exc).__name__}: {first}"
 
 
 class _NamedItems(Dataset):
-    """A map-style dataset whose item that raises is :class:`BadData` ``dataset[i] failed: ...``."""
+    """A map-style dataset whose item that raises is :class:`BadItem` ``dataset[i] failed: ...``."""
 
     def __init__(self, dataset: Any) -> None:
         self.dataset = dataset
@@ -72,58 +93,44 @@ class _NamedItems(Dataset):
         try:
             return self.dataset[index]
         except USER_CODE_ERRORS as exc:
-            raise bad_item(exc, f"dataset[{index}]") from None
+            if is_out_of_memory(exc):
+                raise
+            raise BadItem(_failed(exc, f"dataset[{index}]")) from exc
 
 
 class _NamedBatches(_NamedItems):
-    """A map-style dataset with its own batched read, which the DataLoader calls instead of ``__getitem__``."""
+    """A map-style dataset with its own batched read (a ``Subset`` has one), which the DataLoader calls instead of
+    ``__getitem__``: the item at fault is named where it fails when read alone, as the search names it."""
 
     def __getitems__(self, indices: list[int]) -> Any:
         try:
             return self.dataset.__getitems__(indices)
         except USER_CODE_ERRORS as exc:
-            span = f"[{indices[0]}]" if len(indices) == 1 else f"[{indices[0]}..{indices[-1]}]"
-            raise bad_item(exc, f"dataset.__getitems__({span})") from None
-
-
-class _NamedStream(IterableDataset):
-    """An iterable dataset whose stream that raises is :class:`BadData` naming the dataset's type.
-
-    Its ``__iter__`` runs in each loader worker, where the dataset's own sharding (``get_worker_info()``) sees the
-    worker as before."""
-
-    def __init__(self, dataset: Any) -> None:
-        self.dataset = dataset
-
-    def __iter__(self) -> Iterator[Any]:
-        what = f"iterating the dataset ({type(self.dataset).__name__})"
-        try:
-            stream = iter(self.dataset)
-        except USER_CODE_ERRORS as exc:
-            raise bad_item(exc, what) from None
-        while True:
-            try:
-                item = next(stream)
-            except StopIteration:
-                return
-            except USER_CODE_ERRORS as exc:
-                raise bad_item(exc, what) from None
-            yield item
+            if is_out_of_memory(exc):
+                raise
+            shown = ", ".join(str(i) for i in indices[:8]) + (", ..." if len(indices) > 8 else "")
+            where, error = failing_item(self.dataset, indices) or (f"dataset.__getitems__([{shown}])", exc)
+            raise BadItem(_failed(error, where)) from exc
 
 
 class _NamedCollate:
     """The collate function: a batch that cannot be collated names the item at fault, and the fix."""
 
-    def __init__(self, collate: Callable[[list[Any]], Any]) -> None:
-        self.collate = collate
+    def __init__(self, collate_fn: Callable[[list[Any]], Any] | None) -> None:
+        self.collate = collate_fn if collate_fn is not None else default_collate
+        self.default = collate_fn is None
 
     def __call__(self, batch: Any) -> Any:
         try:
             if isinstance(batch, list):  # items (from __getitem__, a stream, or a batched read that returns them)
                 return collate_items(self.collate, batch, label="batch item")
             return self.collate(batch)
-        except WorkloadError as exc:
-            raise BadBatch(str(exc)) from None
+        except WorkloadError as exc:  # collate_items's line, naming the item at fault
+            said = str(exc)
+            # In a loader worker the default collate says "Trying to resize storage", not what differs.
+            if self.default and RAGGED_HINT not in said and isinstance(batch, list) and not same_shapes(batch):
+                said += RAGGED_HINT
+            raise BadBatch(said) from exc.__cause__
         except USER_CODE_ERRORS as exc:
             raise BadBatch(hinted(f"what the dataset's __getitems__ returned ({describe_batch(batch)}) cannot be "
-                                       f"collated: {type(exc).__name__}: {exc}")) from None
+                                  f"collated: {type(exc).__name__}: {exc}")) from exc
