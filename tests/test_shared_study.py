@@ -819,6 +819,12 @@ def test_an_elected_worker_on_another_host_stays_elected_while_it_stores_its_wor
     study.study.set_user_attr(remote.alive_key(), time.time() - 60)  # it stored a calibration run a minute ago
     leader = waiting.leads("calibrate")
     assert leader.same_process(remote) and not waiting.is_me(leader)
+    # One run longer than 30 minutes (--trial-seconds 600: the wait for the next stored run is 3600 s): still elected
+    # while its last stamp is younger than that wait.
+    study.study.add_trial(optuna.create_trial(state=TrialState.FAIL, user_attrs={"marker": "confirm@8", ATTR_WORKER: remote.to_dict()}))
+    study.study.set_user_attr(remote.alive_key(), time.time() - 2400)
+    assert Crew(study, wait_s=3600.0).leads("confirm@8").same_process(remote)
+    assert Crew(study, wait_s=600.0).is_me(Crew(study, wait_s=600.0).leads("confirm@8"))  # 40 minutes: gone for a 10-minute wait
 
     # What stamps it: a shared study's worker storing a confirmation measurement or a calibration run.
     before = time.time()

@@ -4,7 +4,8 @@ A marker is a FAIL-state trial carrying :data:`~autotune.tuner.study.ATTR_MARKER
 :data:`~autotune.tuner.study.ATTR_WORKER` (who entered). Optuna numbers trials in creation order under a lock on the
 study row (RDB) or in log order (journal), so every worker that reads the markers sees the same winner. A marker
 whose worker is gone (a dead pid on this host; on another host, one that neither entered it nor stamped the study
-(:meth:`~autotune.tuner.lock.Holder.refreshed`) within :data:`~autotune.tuner.lock.STALE_AFTER_S`) is passed over:
+(:meth:`~autotune.tuner.lock.Holder.refreshed`) within :data:`~autotune.tuner.lock.STALE_AFTER_S`, or longer
+where one run may take longer) is passed over:
 the elected worker stamps the study with every calibration run and confirmation measurement it stores, so a
 calibration or confirmation that takes longer than that keeps its marker.
 """
@@ -16,12 +17,14 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.tuner.lock import Holder
+from autotune.tuner.lock import STALE_AFTER_S, Holder
 from autotune.tuner.study import ATTR_MARKER, ATTR_WORKER
 
 
-def enter(study: optuna.Study, me: Holder, kind: str, attrs: dict[str, Any] | None = None) -> tuple[Holder, FrozenTrial]:
-    """Enter the election ``kind`` once (with ``attrs`` on the marker) and return its winner and the winner's marker.
+def enter(study: optuna.Study, me: Holder, kind: str, attrs: dict[str, Any] | None = None,
+          stale_after: float = STALE_AFTER_S) -> tuple[Holder, FrozenTrial]:
+    """Enter the election ``kind`` once (with ``attrs`` on the marker) and return its winner and the winner's marker
+    (one on another host counts as alive while it stamped within ``stale_after``: longer than one run can take).
 
     Not retried here: the caller wraps it in the storage's retries, with interrupts held (a marker is added whole).
     """
@@ -37,4 +40,4 @@ def enter(study: optuna.Study, me: Holder, kind: str, attrs: dict[str, Any] | No
         study.add_trial(optuna.create_trial(state=TrialState.FAIL, user_attrs={**(attrs or {}), ATTR_MARKER: kind,
                                                                                 ATTR_WORKER: me.to_dict()}))
         found = markers()
-    return next((h, t) for h, t in found if h.alive() or me.same_process(h))
+    return next((h, t) for h, t in found if h.alive(stale_after=stale_after) or me.same_process(h))

@@ -80,10 +80,11 @@ class Holder:
         """Whether both name one process (same host, pid and start time)."""
         return self.host == other.host and self.pid == other.pid and abs(self.started - other.started) < 1.0
 
-    def alive(self, now: float | None = None) -> bool:
-        """Whether the holder may still be running (see the module rules)."""
+    def alive(self, now: float | None = None, stale_after: float = STALE_AFTER_S) -> bool:
+        """Whether the holder may still be running (see the module rules; on another host: a heartbeat younger than
+        ``stale_after``)."""
         if self.host != socket.gethostname():
-            return (now if now is not None else time.time()) - self.heartbeat < STALE_AFTER_S
+            return (now if now is not None else time.time()) - self.heartbeat < stale_after
         started = _started(self.pid)
         return started is not None and abs(started - self.started) < 1.0
 

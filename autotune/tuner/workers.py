@@ -46,7 +46,7 @@ from autotune.tuner.budget import STUDY_BUDGET
 from autotune.tuner.config import SearchOutcome
 from autotune.tuner.explore import Exploration, check_recipe, known_result, pruning_hook, queue_refinements, setup_for, starved
 from autotune.tuner.identity import signature_difference
-from autotune.tuner.lock import Holder
+from autotune.tuner.lock import STALE_AFTER_S, Holder
 from autotune.tuner.patience import Patience
 from autotune.tuner.pending import PendingTrial, kept_pending
 from autotune.tuner.progress import Reporter
@@ -166,7 +166,8 @@ class Crew:
         # and one stamped with this worker's start was, once a search had run that long.
         entering = replace(self.me, heartbeat=time.time())
         with interrupts_held():
-            return self._retry(lambda: elections.enter(self.study.study, entering, kind))[0]
+            # A run of the elected worker may last longer than STALE_AFTER_S: its marker counts as alive that long.
+            return self._retry(lambda: elections.enter(self.study.study, entering, kind, stale_after=max(STALE_AFTER_S, self.wait_s)))[0]
 
     def is_me(self, holder: Holder) -> bool:
         """Whether ``holder`` is this worker."""
