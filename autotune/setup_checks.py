@@ -85,9 +85,9 @@ def validate_setup(setup: Any) -> None:
             raise SetupError(f"{name} must be one of {shown}, got {getattr(setup, name)!r}")
     if setup.num_workers == 0:
         if setup.prefetch_factor is not None:
-            raise SetupError("prefetch_factor needs num_workers > 0 (PyTorch rejects it with 0 workers)")
+            raise SetupError("prefetch_factor needs num_workers > 0 (PyTorch rejects it with 0 workers): leave it unset with 0 workers")
         if setup.persistent_workers:
-            raise SetupError("persistent_workers needs num_workers > 0")
+            raise SetupError("persistent_workers needs num_workers > 0: leave it off with 0 workers")
     elif setup.prefetch_factor is not None:
         if isinstance(setup.prefetch_factor, bool) or not isinstance(setup.prefetch_factor, int):
             raise SetupError(f"prefetch_factor must be an integer, got {setup.prefetch_factor!r}")
@@ -164,12 +164,13 @@ def _check_cuda_present(device: str | torch.device) -> None:
         raise SetupError(f"device {str(device)!r}: {have}")
 
 
-def helper_device_type(device: object, method: str) -> str:
+def helper_device_type(device: object, method: str, amp: str = "off") -> str:
     """``"cpu"`` or ``"cuda"`` for the device a :class:`~autotune.train_setup.TrainSetup` helper was given.
 
     Raises:
         SetupError: ``device`` names no CPU or CUDA device (``"gpu"``, ``"cuda:x"``, ``None``), or a CUDA device
-            torch cannot use here.
+            torch cannot use here, or a CPU for ``amp="fp16"`` (refused as :meth:`~autotune.train_setup.TrainSetup.check_device` refuses it: torch's
+            CPU autocast would run fp16 there, which no search measured).
     """
     import torch
 
@@ -179,6 +180,8 @@ def helper_device_type(device: object, method: str) -> str:
         kind = None
     if kind not in ("cpu", "cuda"):
         raise SetupError(f"TrainSetup.{method}: unsupported device {device!r}; use cpu, cuda or cuda:K")
+    if kind == "cpu" and amp == "fp16":
+        raise SetupError(f"TrainSetup.{method}: amp=fp16 needs a CUDA device; on a CPU use amp=bf16 or amp=off")
     if kind == "cuda":  # torch itself only warns, and its autocast or grad scaler then does nothing
         try:
             _check_cuda_present(device)

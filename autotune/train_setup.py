@@ -291,10 +291,10 @@ class TrainSetup:
 
     def autocast(self, device: str | torch.device) -> contextlib.AbstractContextManager[Any]:
         """A ``torch.autocast`` context for the tuned precision (a no-op for fp32); SetupError: ``device`` is no CPU or CUDA
-        device, or a CUDA device torch cannot use here (torch would only warn and autocast nothing)."""
+        device, a CUDA device torch cannot use here (torch would only warn and autocast nothing), or a CPU for fp16."""
         import torch
 
-        kind = helper_device_type(device, "autocast")
+        kind = helper_device_type(device, "autocast", self.amp)
         dtype = self.amp_dtype()
         if dtype is None:
             return contextlib.nullcontext()
@@ -304,7 +304,7 @@ class TrainSetup:
         """A ``torch.amp.GradScaler`` for fp16, ``None`` otherwise (bf16 needs none); SetupError as for :meth:`autocast`."""
         import torch
 
-        kind = helper_device_type(device, "grad_scaler")
+        kind = helper_device_type(device, "grad_scaler", self.amp)
         if self.amp != "fp16":
             return None
         return torch.amp.GradScaler(kind)

@@ -245,18 +245,36 @@ def _local() -> None:  # pragma: no cover - only referenced
     pass
 
 
+class _Factories:
+    @staticmethod
+    def make() -> None:  # pragma: no cover - only referenced
+        pass
+
+
 def test_workload_callables_the_trials_cannot_import_are_refused_with_the_fix() -> None:
     import task_factories
 
     assert task_ref(task_factories.good) == "task_factories:good"
-    with pytest.raises(WorkloadError, match="lambda or nested function.*top level of an importable module"):
+    with pytest.raises(WorkloadError, match=r"\(a lambda\); define it at the top level of an importable module"):
         task_ref(lambda: None)
 
     def nested() -> None:
         pass
 
-    with pytest.raises(WorkloadError, match="nested"):
+    with pytest.raises(WorkloadError, match=r"\(a nested function\)"):
         task_ref(nested)
+
+    with pytest.raises(WorkloadError, match=r"^workload make cannot be imported by the trial processes \(a method or an attribute of a class\)"):
+        task_ref(_Factories.make)
+    # A module loaded from a file under another name (importlib's spec_from_file_location): the trials cannot import it.
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("renamed_factories", task_factories.__file__)
+    assert spec is not None and spec.loader is not None
+    renamed = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(renamed)
+    with pytest.raises(WorkloadError, match=r"^workload good: its module 'renamed_factories' was loaded under a name the trial processes cannot"):
+        task_ref(renamed.good)
     in_main = functools.wraps(_local)(lambda: None)
     in_main.__module__, in_main.__qualname__, in_main.__name__ = "__main__", "make_task", "make_task"
     with pytest.raises(WorkloadError, match="defined in __main__"):

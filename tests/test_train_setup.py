@@ -220,6 +220,9 @@ def test_helpers_refuse_misuse_in_one_line() -> None:
         # torch only warns, and its autocast and grad scaler do nothing: a bf16 setup would train in fp32
         (lambda: setup.autocast("cuda:99"), "TrainSetup.autocast: device 'cuda:99': "),
         (lambda: TrainSetup(amp="fp16").grad_scaler("cuda:99"), "TrainSetup.grad_scaler: device 'cuda:99': "),
+        # torch's CPU autocast runs fp16 (slowly, and no search measured it): refused as check_device refuses it
+        (lambda: TrainSetup(amp="fp16").autocast("cpu"), "TrainSetup.autocast: amp=fp16 needs a CUDA device; on a CPU use amp=bf16"),
+        (lambda: TrainSetup(amp="fp16").grad_scaler("cpu"), "TrainSetup.grad_scaler: amp=fp16 needs a CUDA device"),
         (lambda: setup.prepare_model("resnet50"), "TrainSetup.prepare_model takes a torch.nn.Module, got str"),
         (lambda: setup.compile_model(None), "TrainSetup.compile_model takes a torch.nn.Module, got NoneType"),
         (lambda: setup.wrap_ddp(torch.nn.Linear(2, 2)), "needs a process group: call torch.distributed.init_process_group"),

@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import os
 import pickle
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import PurePath
@@ -70,9 +71,17 @@ def task_ref(workload: str | Callable[..., Any]) -> str:
         raise WorkloadError(f"workload {type(workload).__name__} object: the trial processes import the workload by its name, "
                             f"so it must be a function (not a functools.partial or a callable object); {fix}")
     if name == "<lambda>" or "<locals>" in qualname or "." in qualname or not module:
-        raise WorkloadError(f"workload {name} cannot be imported by the trial processes (a lambda or nested function); {fix}")
+        kind = ("a lambda" if name == "<lambda>" else "a nested function" if "<locals>" in qualname
+                else "a method or an attribute of a class" if "." in qualname else "a function of no module")
+        raise WorkloadError(f"workload {name} cannot be imported by the trial processes ({kind}); {fix}")
     if module == "__main__":
         raise WorkloadError(f"workload {name} is defined in __main__, which the trial processes cannot import; {fix}")
+    loaded = sys.modules.get(module)
+    origin = str(getattr(getattr(loaded, "__spec__", None), "origin", None) or "")
+    if loaded is None or (origin.endswith(".py") and PurePath(origin).stem not in (module.rpartition(".")[2], "__init__")):
+        where = f" from {origin}" if origin else ""
+        raise WorkloadError(f"workload {name}: its module {module!r} was loaded{where} under a name the trial processes "
+                            f"cannot import (importlib.util.spec_from_file_location?); {fix}")
     return validate_model_ref(f"{module}:{qualname}")
 
 
