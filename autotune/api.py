@@ -24,15 +24,15 @@ import inspect
 import shlex
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from autotune.api_results import SearchResult, TrialOutcome
 from autotune.errors import SetupError, UsageError, check_bool, worded_for_python
 from autotune.files import check_temp_dir_for_workers
-from autotune.records import DEFAULT_TRIAL_SECONDS, TrialOptions, TrialResult, Workload
+from autotune.records import DEFAULT_TRIAL_SECONDS, TrialOptions, Workload
 from autotune.train_setup import TrainSetup
-from autotune.tuner import Reporter, SearchConfig, SearchOutcome, run_search
+from autotune.tuner import Reporter, SearchConfig, run_search
 from autotune.tuner.config import check_synthetic_images, check_timeout, check_trial_seconds, path_of
 from autotune.tuner.constraints import parse_constraints
 from autotune.tuner.placement import Placement
@@ -67,54 +67,6 @@ def _shorthand(
         flags = ", ".join("--" + name.replace("_", "-") for name in changed)
         raise UsageError(f"{flags}: for the classifier shorthand only; a workload's Task sets its own learning rate and data")
     return model if model is not None else default_model, image_size if image_size is not None else 224
-
-
-@dataclass(frozen=True)
-class SearchResult:
-    """What :func:`search` found.
-
-    Attributes:
-        setup: The winner (confirmed unless interrupted; with nothing measured, search raises).
-        samples_per_s: Its median throughput in the confirmation rounds.
-        speedup: Over the defaults: the median of the per-round ratios of the rounds both ran (``None``: not measured).
-        best_json: The ``best.json`` written.
-        train_py: The emitted ``train.py``.
-        verdict: Which side limits training, in words.
-        outcome: Everything else: every trial, calibration, confirmation.
-    """
-
-    setup: TrainSetup
-    samples_per_s: float
-    speedup: float | None
-    best_json: Path
-    train_py: Path
-    verdict: str
-    outcome: SearchOutcome
-
-
-@dataclass(frozen=True)
-class TrialOutcome:
-    """What :func:`trial` measured for one setup.
-
-    Attributes:
-        setup: The setup measured.
-        workload: The checked workload record.
-        result: The measurement (status, samples/s, spread, data wait, peak memory, ...).
-    """
-
-    setup: TrainSetup
-    workload: Workload
-    result: TrialResult
-
-    @property
-    def status(self) -> str:
-        """``ok``, ``oom``, ``timeout``, ``error``, ``diverged``, ``bad_data`` or ``interrupted``."""
-        return self.result.status
-
-    @property
-    def samples_per_s(self) -> float | None:
-        """Median steady-state throughput (``None`` unless ``ok``)."""
-        return self.result.samples_per_s
 
 
 def _bytes(value: int | str | None) -> int | None:
@@ -238,6 +190,8 @@ def search(
 
         with RichReporter(console(stderr=True)) as live:
             outcome = run_search(config, live)
+        for note in outcome.best.notes if outcome.best is not None else ():  # as the CLI prints them
+            console(stderr=True).print(f"note: {note}", style="yellow", markup=False, highlight=False)
     else:
         outcome = run_search(config, reporter)
     best = outcome.best
@@ -249,6 +203,7 @@ def search(
         best_json=outcome.out / "best.json",
         train_py=outcome.out / "train.py",
         verdict=outcome.verdict,
+        notes=best.notes,
         outcome=outcome,
     )
 

@@ -20,9 +20,13 @@ def test_example_is_tuned_and_its_train_py_runs_the_workload(
     monkeypatch.syspath_prepend(str(EXAMPLES))
     result = autotune.search(
         workload=f"{example}:make_task", trials=2, device="cpu", trial_seconds=1.0, confirm_top=1, confirm_rounds=1,
-        ceilings=False, out=tmp_path / "out",  # the winner's ceilings: covered by test_search.py
+        ceilings=False, out=tmp_path / "out", progress=example == "segmentation",  # ceilings: covered by test_search.py
     )
     assert result.setup is not None and result.samples_per_s and result.samples_per_s > 0
+    # What qualifies the figures, as the CLI's note: lines; progress=True prints them too (the API showed none).
+    assert result.notes == result.outcome.best.notes and result.notes  # at least "confirmation: 1 interleaved round"
+    printed = capsys.readouterr().err
+    assert all((f"note: {note}" in " ".join(printed.split())) is (example == "segmentation") for note in result.notes), printed
     assert result.best_json.exists() and result.outcome.best is not None
     assert result.outcome.best.workload.task == f"{example}:make_task"
     if example == "text_classifier":
