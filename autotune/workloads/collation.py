@@ -13,7 +13,8 @@ from autotune.workloads.data import BadData
 if TYPE_CHECKING:  # pragma: no cover
     from autotune.workloads.task import Task
 
-__all__ = ["bad_item", "batched_fixed_shapes", "batched_read", "collate_items", "failing_item", "fixed_shapes", "read_batch", "same_shapes"]
+__all__ = ["ItemsWrapper", "bad_item", "batched_fixed_shapes", "batched_read", "collate_items", "failing_item", "fixed_shapes", "read_batch",
+           "same_shapes"]
 
 
 def same_shapes(items: list[Any]) -> bool:
@@ -123,3 +124,24 @@ def batched_fixed_shapes(task: Task, indices: list[int]) -> bool:
         return same_shapes([read_batch(task, [index]) for index in indices])
     except WorkloadError:
         return False
+
+
+class ItemsWrapper:
+    """A map-style dataset that hands the error of an item that raises to :meth:`failed`, with the item's index: the
+    trial's and the emitted script's wrappers each raise it their own way."""
+
+    def __init__(self, dataset: Any) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> Any:
+        try:
+            return self.dataset[index]
+        except USER_CODE_ERRORS as exc:
+            self.failed(exc, index)
+            raise  # as it is, where failed() raised nothing else
+
+    def failed(self, exc: BaseException, index: int) -> None:
+        """Raise what ``exc``, met reading ``dataset[index]``, becomes; return to let it pass as it is."""

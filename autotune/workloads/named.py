@@ -16,11 +16,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from torch.utils.data import Dataset, IterableDataset, MapDataPipe, default_collate, get_worker_info
+from torch.utils.data import IterableDataset, MapDataPipe, default_collate, get_worker_info
 
 from autotune.errors import USER_CODE_ERRORS, AutotuneError, WorkloadError, is_out_of_memory
 from autotune.workloads.batches import RAGGED_HINT, describe_batch, hinted
-from autotune.workloads.collation import batched_read, collate_items, failing_item, same_shapes
+from autotune.workloads.collation import ItemsWrapper, batched_read, collate_items, failing_item, same_shapes
 
 __all__ = ["BadBatch", "BadItem", "error_line", "named_data"]
 
@@ -80,21 +80,12 @@ def _failed(exc: BaseException, where: str) -> str:
     return f"{where} failed{worker}: {type(exc).__name__}: {first}"
 
 
-class _NamedItems(Dataset):
-    """A map-style dataset whose item that raises is :class:`BadItem` ``dataset[i] failed: ...``."""
+class _NamedItems(ItemsWrapper):
+    """A map-style dataset whose item that raises is :class:`BadItem` ``dataset[i] failed: ...`` (running out of
+    memory stays itself)."""
 
-    def __init__(self, dataset: Any) -> None:
-        self.dataset = dataset
-
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-    def __getitem__(self, index: int) -> Any:
-        try:
-            return self.dataset[index]
-        except USER_CODE_ERRORS as exc:
-            if is_out_of_memory(exc):
-                raise
+    def failed(self, exc: BaseException, index: int) -> None:
+        if not is_out_of_memory(exc):
             raise BadItem(_failed(exc, f"dataset[{index}]")) from exc
 
 

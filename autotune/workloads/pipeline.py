@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from autotune.errors import USER_CODE_ERRORS, WorkloadError
 from autotune.records import Workload
 from autotune.workloads.batches import first_dim
-from autotune.workloads.collation import bad_item, batched_read, collate_items, read_batch
+from autotune.workloads.collation import ItemsWrapper, bad_item, batched_read, collate_items, read_batch
 from autotune.workloads.data import BadData
 
 #: How a trial's error says that one pass of a stream held no optimizer step (the search counts such a trial free).
@@ -209,26 +209,16 @@ class TaskPipeline:
         return collate_items(self.task.collate, items)
 
 
-class NamedItems:
+class NamedItems(ItemsWrapper):
     """A map-style dataset whose item that raises in the trial's own process is :class:`BadData` naming it
     (``dataset[250] failed: ...``), as in :meth:`TaskPipeline.example_batch`: the data's fault, whichever run meets it
     first. In a loader worker the error stays itself: a dataset may fail only there (a connection that cannot be
     forked), the fault of the setups with workers, not of the data."""
 
-    def __init__(self, dataset: Any) -> None:
-        self.dataset = dataset
+    def failed(self, exc: BaseException, index: int) -> None:
+        from torch.utils.data import get_worker_info  # here, not per item: the loader's hot path stays the dataset's
 
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-    def __getitem__(self, index: int) -> Any:
-        try:
-            return self.dataset[index]
-        except USER_CODE_ERRORS as exc:
-            from torch.utils.data import get_worker_info  # here, not per item: the loader's hot path stays the dataset's
-
-            if get_worker_info() is not None:
-                raise
+        if get_worker_info() is None:
             raise bad_item(exc, f"dataset[{index}]") from None
 
 
