@@ -197,7 +197,7 @@ def render_search(outcome: SearchOutcome) -> Group:
     if best is not None:
         speed = f"{best.samples_per_s:.1f} samples/s"
         if best.speedup:
-            how = "median of the paired rounds" if best.confirmed else "single trials, unconfirmed"
+            how = best.speedup_basis
             speed += f", {best.speedup:.2f}x the PyTorch defaults ({best.defaults_samples_per_s:.1f} samples/s; {how})"
         title = "best so far (interrupted)" if outcome.interrupted else "winner"
         # The summary's lines stay whole in a log file or pipe (Rich would wrap them at 80 columns): grep-able.

@@ -543,3 +543,23 @@ def test_defaults_not_run_yet_are_not_said_to_have_failed() -> None:
                        effective_batch=None, command="", interrupted=True)
     assert any("could not be measured: their trial ended without a throughput" in n for n in failed.notes)
 
+
+
+def test_an_interrupted_confirmation_s_rounds_give_the_speedup_where_the_pick_and_the_defaults_shared_one() -> None:
+    """Under a swamped machine the defaults' single trial read 4.9 samples/s and best.json said 27x; the rounds the
+    interrupted confirmation measured side by side said about 1.1x. The pick stays the fastest single trial
+    (unconfirmed); its speedup over the defaults is their paired ratio there, and the defaults' rate theirs."""
+    feasible = [_record(0, DEFAULTS, 4.9), _record(1, FAST, 132.0), _record(2, MID, 120.0)]
+    partial = (_confirmed(FAST, (210.0,)), _confirmed(DEFAULTS, (190.0,)), _confirmed(MID, ()))
+
+    def best(rounds: tuple[Confirmed, ...]):
+        return make_best(workload=WORKLOAD, hardware=HARDWARE, feasible=feasible, confirmed=[], defaults=DEFAULTS,
+                         effective_batch=None, command="autotune search", interrupted=True, partial=rounds)
+
+    paired = best(partial)
+    assert paired.setup == FAST and not paired.confirmed
+    assert paired.speedup == pytest.approx(210.0 / 190.0) and paired.defaults_samples_per_s == 190.0
+    assert paired.speedup_basis == "paired rounds of an interrupted confirmation, unconfirmed"
+    assert any("their paired ratio in the rounds both ran" in note for note in paired.notes)
+    single = best(partial[1:])  # the pick measured no round: the single trials' ratio, as before
+    assert single.speedup == pytest.approx(132.0 / 4.9) and single.speedup_basis == "single trials, unconfirmed"

@@ -19,6 +19,8 @@ from autotune.records import Workload
 from autotune.train_setup import BEST_SCHEMA, FIRST_KNOBS, TrainSetup
 
 SCHEMA_VERSION = BEST_SCHEMA
+#: The words of an unconfirmed winner's note whose speedup is the paired ratio of an interrupted confirmation's rounds.
+PAIRED_SO_FAR = "its speedup over the defaults is their paired ratio in the rounds both ran"
 
 _NUMBER = (int, float)
 #: Every field of best.json and the JSON types it may hold (``None``: null allowed).
@@ -159,6 +161,16 @@ class Best:
     notes: tuple[str, ...] = ()
     world_size: int = 1
     confirmed: bool = True
+
+    @property
+    def speedup_basis(self) -> str:
+        """What :attr:`speedup` rests on, in words: the confirmation's paired rounds, those an interrupted one measured
+        (its note says so), or two single trials."""
+        if self.confirmed:
+            return "median of the paired rounds"
+        if any(PAIRED_SO_FAR in note for note in self.notes):
+            return "paired rounds of an interrupted confirmation, unconfirmed"
+        return "single trials, unconfirmed"
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (``schema`` first)."""

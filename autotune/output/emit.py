@@ -150,7 +150,7 @@ def _header(best: Best, data_is_synthetic: bool) -> str:
     if best.defaults_samples_per_s:
         measured += f"; PyTorch defaults {best.defaults_samples_per_s:.1f} samples/s"
     if best.speedup:  # not winner / defaults when confirmed: the median of the paired ratios, as the console says
-        how = "median of the paired rounds" if best.confirmed else "single trials, unconfirmed"
+        how = best.speedup_basis
         measured += f"; speedup {best.speedup:.2f}x ({how})"
     lines.append(measured)
     lines.append(

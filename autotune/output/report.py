@@ -98,7 +98,7 @@ def _header(data: ReportInput) -> str:
     if best is not None:
         speed = f"{best.samples_per_s:.1f} samples/s (spread {best.samples_per_s_spread:.1f})"
         if best.speedup:
-            how = "median of the paired rounds" if best.confirmed else "single trials, unconfirmed"
+            how = best.speedup_basis
             speed += f", <b>{best.speedup:.2f}x</b> the PyTorch defaults ({best.defaults_samples_per_s:.1f} samples/s; {how})"
         title = "Winner" if best.confirmed else "Best so far (not confirmed)"
         world = (f"; DDP with {best.world_size} ranks: samples/s counts every rank, the batch in the setup and the peak "

@@ -311,7 +311,7 @@ def finish(
     best = make_best(
         workload=prepared.workload, hardware=prepared.hardware, feasible=feasible, confirmed=confirmed, defaults=defaults,
         effective_batch=config.effective_batch, world_size=prepared.placement.world_size, command=config.command, interrupted=interrupted,
-        excluded_by=excluding(config.pins, defaults), partly_confirmed=any(c.values for c in partial), batch_pin=config.pins.get("batch_size"),
+        excluded_by=excluding(config.pins, defaults), partial=partial, batch_pin=config.pins.get("batch_size"),
         defaults_ran=any(r.setup == defaults for r in records),
     )
     try:

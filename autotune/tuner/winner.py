@@ -12,7 +12,7 @@ import statistics
 from typing import Any
 
 from autotune.devices import DeviceInfo
-from autotune.output.best import Best
+from autotune.output.best import PAIRED_SO_FAR, Best
 from autotune.output.compile_payoff import payoff_note
 from autotune.records import Calibration, TrialRecord, Workload, queue_fits
 from autotune.redact import hide_passwords
@@ -36,7 +36,7 @@ def make_best(
     interrupted: bool = False,
     world_size: int = 1,
     excluded_by: str | None = None,
-    partly_confirmed: bool = False,
+    partial: tuple[Confirmed, ...] = (),
     batch_pin: Constraint | None = None,
     defaults_ran: bool = True,
 ) -> Best:
@@ -56,7 +56,8 @@ def make_best(
         excluded_by: The user's ``--set`` that the defaults do not satisfy
             (``--set num_workers=1``): they stay the baseline, and are the winner
             only when no setup within it measured a throughput.
-        partly_confirmed: An interrupted confirmation measured some rounds (the note says so).
+        partial: The rounds an interrupted confirmation measured (the note says so): where the pick and the defaults
+            shared a round, the speedup is their paired ratio there, not the ratio of two single trials run minutes apart.
         batch_pin: The user's ``--set batch_size=...``, if any: the note's way to keep the math respects it.
         defaults_ran: A trial of the defaults finished (with or without a throughput); False when the search
             stopped before their trial (a resumed search runs the defaults interrupted earlier again, last).
@@ -85,9 +86,15 @@ def make_best(
         base_records = [r for r in feasible if r.setup.to_json() == default_key]
         base = base_records[0].result.samples_per_s if base_records else None
         speedup = rate / base if base else None
-        if interrupted and partly_confirmed:
+        pick, baseline = (next((c for c in partial if c.candidate.setup.to_json() == key and c.values), None)
+                          for key in (setup.to_json(), default_key))
+        paired = paired_speedup(pick, baseline) if pick is not None and baseline is not None else None
+        if paired is not None and baseline is not None:
+            speedup, base = paired, baseline.median
+        if interrupted and any(c.values for c in partial):
+            shared = f" ({PAIRED_SO_FAR})" if paired is not None else ""
             notes.append("not confirmed: the search was interrupted during the interleaved re-measurement "
-                         "(its rounds so far are shown, too few to rank; rerun the same command to confirm)")
+                         f"(its rounds so far are shown, too few to rank; rerun the same command to confirm){shared}")
         elif interrupted:
             notes.append("not confirmed: the search was interrupted before the interleaved re-measurement")
         else:
