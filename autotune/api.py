@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.api_results import SearchResult, TrialOutcome
-from autotune.errors import SetupError, UsageError, check_bool, worded_for_python
+from autotune.errors import SearchInterrupted, SetupError, UsageError, check_bool, worded_for_python
 from autotune.files import check_temp_dir_for_workers
 from autotune.records import DEFAULT_TRIAL_SECONDS, TrialOptions, Workload
 from autotune.train_setup import TrainSetup
@@ -188,10 +188,13 @@ def search(
     if check_bool("progress", progress) and reporter is None:
         from autotune.render import RichReporter, console
 
-        with RichReporter(console(stderr=True)) as live:
-            outcome = run_search(config, live)
-        for note in outcome.best.notes if outcome.best is not None else ():  # as the CLI prints them
-            console(stderr=True).print(f"note: {note}", style="yellow", markup=False, highlight=False)
+        try:
+            with RichReporter(console(stderr=True)) as live:
+                outcome = run_search(config, live)
+        except SearchInterrupted as exc:  # the best so far's notes, as the CLI's summary shows them
+            _print_notes(getattr(exc.outcome, "best", None))
+            raise
+        _print_notes(outcome.best)
     else:
         outcome = run_search(config, reporter)
     best = outcome.best
@@ -206,6 +209,14 @@ def search(
         notes=best.notes,
         outcome=outcome,
     )
+
+
+def _print_notes(best: Any) -> None:
+    """The ``note:`` lines of ``best`` (a :class:`~autotune.output.best.Best`, or None) on stderr, unwrapped, as the CLI prints them."""
+    from autotune.render import console
+
+    for note in best.notes if best is not None else ():
+        console(stderr=True).print(f"note: {note}", style="yellow", markup=False, highlight=False, soft_wrap=True, crop=False)
 
 
 def trial_workload(

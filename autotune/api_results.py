@@ -23,9 +23,9 @@ class SearchResult:
         best_json: The ``best.json`` written.
         train_py: The emitted ``train.py``.
         verdict: Which side limits training, in words.
+        outcome: Everything else: every trial, calibration, confirmation.
         notes: What qualifies the figures (the CLI's ``note:`` lines): a busy machine, rounds that disagree with the
             trials, a changed precision or effective batch, an interrupted confirmation.
-        outcome: Everything else: every trial, calibration, confirmation.
     """
 
     setup: TrainSetup
@@ -34,8 +34,8 @@ class SearchResult:
     best_json: Path
     train_py: Path
     verdict: str
-    notes: tuple[str, ...]
     outcome: SearchOutcome
+    notes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -251,7 +251,7 @@ class _Factories:
         pass
 
 
-def test_workload_callables_the_trials_cannot_import_are_refused_with_the_fix() -> None:
+def test_workload_callables_the_trials_cannot_import_are_refused_with_the_fix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import task_factories
 
     assert task_ref(task_factories.good) == "task_factories:good"
@@ -275,6 +275,13 @@ def test_workload_callables_the_trials_cannot_import_are_refused_with_the_fix() 
     spec.loader.exec_module(renamed)
     with pytest.raises(WorkloadError, match=r"^workload good: its module 'renamed_factories' was loaded under a name the trial processes cannot"):
         task_ref(renamed.good)
+    # Run by runpy under its own name (never imported, so not in sys.modules): importable by that name, so taken.
+    import runpy
+
+    (tmp_path / "run_by_runpy.py").write_text("def make_task():\n    return None\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert "run_by_runpy" not in sys.modules
+    assert task_ref(runpy.run_module("run_by_runpy", run_name="run_by_runpy")["make_task"]) == "run_by_runpy:make_task"
     in_main = functools.wraps(_local)(lambda: None)
     in_main.__module__, in_main.__qualname__, in_main.__name__ = "__main__", "make_task", "make_task"
     with pytest.raises(WorkloadError, match="defined in __main__"):

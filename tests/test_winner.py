@@ -548,7 +548,7 @@ def test_defaults_not_run_yet_are_not_said_to_have_failed() -> None:
 def test_an_interrupted_confirmation_s_rounds_give_the_speedup_where_the_pick_and_the_defaults_shared_one() -> None:
     """Under a swamped machine the defaults' single trial read 4.9 samples/s and best.json said 27x; the rounds the
     interrupted confirmation measured side by side said about 1.1x. The pick stays the fastest single trial
-    (unconfirmed); its speedup over the defaults is their paired ratio there, and the defaults' rate theirs."""
+    (unconfirmed); its speedup over the defaults is their paired ratio there, and both rates are theirs there."""
     feasible = [_record(0, DEFAULTS, 4.9), _record(1, FAST, 132.0), _record(2, MID, 120.0)]
     partial = (_confirmed(FAST, (210.0,)), _confirmed(DEFAULTS, (190.0,)), _confirmed(MID, ()))
 
@@ -559,6 +559,7 @@ def test_an_interrupted_confirmation_s_rounds_give_the_speedup_where_the_pick_an
     paired = best(partial)
     assert paired.setup == FAST and not paired.confirmed
     assert paired.speedup == pytest.approx(210.0 / 190.0) and paired.defaults_samples_per_s == 190.0
+    assert paired.samples_per_s == 210.0  # its rate from the same rounds: never a speedup beside a lower rate
     assert paired.speedup_basis == "paired rounds of an interrupted confirmation, unconfirmed"
     assert any("their paired ratio in the rounds both ran" in note for note in paired.notes)
     single = best(partial[1:])  # the pick measured no round: the single trials' ratio, as before

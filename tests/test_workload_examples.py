@@ -26,7 +26,7 @@ def test_example_is_tuned_and_its_train_py_runs_the_workload(
     # What qualifies the figures, as the CLI's note: lines; progress=True prints them too (the API showed none).
     assert result.notes == result.outcome.best.notes and result.notes  # at least "confirmation: 1 interleaved round"
     printed = capsys.readouterr().err
-    assert all((f"note: {note}" in " ".join(printed.split())) is (example == "segmentation") for note in result.notes), printed
+    assert all((f"note: {note}" in printed) is (example == "segmentation") for note in result.notes), printed  # unwrapped
     assert result.best_json.exists() and result.outcome.best is not None
     assert result.outcome.best.workload.task == f"{example}:make_task"
     if example == "text_classifier":

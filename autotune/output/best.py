@@ -120,12 +120,13 @@ class Best:
         setup: The winning TrainSetup.
         workload: What was trained (model, image size, data, device; a Task:
             its reference, and no image size in best.json).
-        samples_per_s: The winner's confirmed median throughput.
-        samples_per_s_spread: Range (max - min) of the confirmation rounds.
-        defaults_samples_per_s: PyTorch defaults, measured in the same rounds.
-        speedup: Over the defaults: the median of the per-round ratios of the
-            rounds both ran (confirmed), else ``samples_per_s /
-            defaults_samples_per_s``; None if unknown.
+        samples_per_s: The winner's confirmed median throughput (unconfirmed: its median in the rounds an
+            interrupted confirmation measured, else its single trial's).
+        samples_per_s_spread: Range (max - min) of those rounds (of its trial's windows).
+        defaults_samples_per_s: PyTorch defaults, measured in the same rounds (or their single trial).
+        speedup: Over the defaults: the median of the per-round ratios of the rounds both ran (confirmed, or
+            those of an interrupted confirmation), else ``samples_per_s / defaults_samples_per_s``; None if
+            unknown (:attr:`speedup_basis` says which).
         peak_memory_bytes: Peak memory of the winner's setup: the largest of
             its trials and its confirmation runs, so it can exceed the figure
             in the trial's own trials.csv row.

@@ -101,7 +101,7 @@ class _NamedBatches(_NamedItems):
                 raise
             shown = ", ".join(str(i) for i in indices[:8]) + (", ..." if len(indices) > 8 else "")
             where, error = failing_item(self.dataset, indices) or (f"dataset.__getitems__([{shown}])", exc)
-            raise BadItem(_failed(error, where)) from exc
+            raise BadItem(_failed(error, where)) from error  # the traceback of the error the line names
 
 
 class _NamedCollate:

@@ -11,6 +11,7 @@ naming the object, index, types or shapes at fault.
 from __future__ import annotations
 
 import functools
+import importlib.util
 import os
 import pickle
 import sys
@@ -78,11 +79,21 @@ def task_ref(workload: str | Callable[..., Any]) -> str:
         raise WorkloadError(f"workload {name} is defined in __main__, which the trial processes cannot import; {fix}")
     loaded = sys.modules.get(module)
     origin = str(getattr(getattr(loaded, "__spec__", None), "origin", None) or "")
-    if loaded is None or (origin.endswith(".py") and PurePath(origin).stem not in (module.rpartition(".")[2], "__init__")):
+    path, last = PurePath(origin), module.rpartition(".")[2]
+    named_so = path.stem == last or (path.stem == "__init__" and path.parent.name == last)  # a module, or a package
+    if (loaded is None and not _findable(module)) or (origin.endswith(".py") and not named_so):
         where = f" from {origin}" if origin else ""
         raise WorkloadError(f"workload {name}: its module {module!r} was loaded{where} under a name the trial processes "
                             f"cannot import (importlib.util.spec_from_file_location?); {fix}")
     return validate_model_ref(f"{module}:{qualname}")
+
+
+def _findable(module: str) -> bool:
+    """Whether ``module`` can be imported by its name (a function's module run by runpy is not in sys.modules)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def load_task(ref: str, sys_path: Sequence[str] = ()) -> Task:
