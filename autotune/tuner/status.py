@@ -93,9 +93,12 @@ class StudyStatus:
 
     def lines(self) -> list[str]:
         """The status in plain lines."""
-        count = f"{self.finished}/{self.wanted} trials finished" if self.wanted else f"{self.finished} trials finished"
-        if self.wanted and self.finished > self.wanted:  # a worker of a larger --trials searches on after one of the stored budget
+        if not self.wanted:
+            count = f"{self.finished} trials finished"
+        elif self.finished > self.wanted:  # a worker of a larger --trials searches on after one of the stored budget
             count = f"{self.finished} trials finished (the study's last stored --trials: {self.wanted}; a worker with a larger one searched past it)"
+        else:
+            count = f"{self.finished}/{self.wanted} trials finished"
         alive = [r for r in self.running if not r.gone]
         kinds = ", ".join(self.infeasible_kinds) or "oom, timeout, error, diverged"
         infeasible = f" ({self.infeasible} infeasible: {kinds})" if self.infeasible else ""

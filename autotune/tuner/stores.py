@@ -17,7 +17,6 @@ from autotune.records import Calibration
 from autotune.rounds import Ceilings, Runs
 from autotune.time_spent import TimeSpent
 from autotune.tuner.kept_runs import KeptRun
-from autotune.tuner.lock import Holder
 from autotune.tuner.signals import interrupts_held
 from autotune.tuner.storage import is_shared, with_retries
 
@@ -41,10 +40,10 @@ class StudyStores:
     #: This run (one process opening the study), so confirmation rounds are never mixed across runs.
     run_id: str
 
-    #: Whether this run is a worker of a shared study: it then stamps the study whenever it stores a calibration run
-    #: or a confirmation measurement (:meth:`~autotune.tuner.lock.Holder.alive_key`), which keeps its election
+    #: For a worker of a shared study, the user attribute (:meth:`~autotune.tuner.lock.Holder.alive_key`) it stamps
+    #: with the time whenever it stores a calibration run or a confirmation measurement, which keeps its election
     #: marker alive for workers on other hosts while it stores one at least every STALE_AFTER_S (30 minutes).
-    stamps_alive: bool = False
+    alive_key: str | None = None
 
     def heartbeat(self) -> None:
         """Refresh the claim's heartbeat (the study defines it)."""
@@ -52,8 +51,8 @@ class StudyStores:
     def _proved_alive(self) -> None:
         """Refresh the claim's heartbeat and, for a worker of a shared study, its stamp."""
         self.heartbeat()
-        if self.stamps_alive:
-            self.study.set_user_attr(Holder.me().alive_key(), time.time())
+        if self.alive_key is not None:
+            self.study.set_user_attr(self.alive_key, time.time())
 
     def _write(self, step: Callable[[], None]) -> None:
         """Run ``step``'s reads and writes of study attributes with interrupts held (never half stored). On a shared

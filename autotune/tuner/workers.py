@@ -96,7 +96,7 @@ class Crew:
     waited_s: float = field(default=0.0, init=False)  #: waiting for the others (their calibration, confirmation, last trials)
 
     def __post_init__(self) -> None:
-        self.study.stamps_alive = True  # its calibration and confirmation keep its election marker alive
+        self.study.alive_key = self.me.alive_key()  # its calibration and confirmation keep its election marker alive
 
     def _retry(self, step: Callable[[], T], on_give_up: Callable[[], None] | None = None) -> T:
         return with_retries(step, self.study.storage, on_give_up=on_give_up)
