@@ -215,8 +215,9 @@ def _print_notes(best: Any) -> None:
     """The ``note:`` lines of ``best`` (a :class:`~autotune.output.best.Best`, or None) on stderr, unwrapped, as the CLI prints them."""
     from autotune.render import console
 
+    stderr = console(stderr=True)
     for note in best.notes if best is not None else ():
-        console(stderr=True).print(f"note: {note}", style="yellow", markup=False, highlight=False, soft_wrap=True, crop=False)
+        stderr.print(f"note: {note}", style="yellow", markup=False, highlight=False, soft_wrap=True, crop=False)
 
 
 def trial_workload(
@@ -233,15 +234,14 @@ def trial_workload(
     """``(hardware, device, workload, placement)`` of one trial: the probe, the device and ranks checked (before any
     synthetic JPEGs are written), and the checked workload (``warn``: build_workload's)."""
     import probes
-    from autotune.devices import resolve_device
     from autotune.tuner.placement import place
     from autotune.workloads import build_workload
     from autotune.workloads.tasks import build_task_workload
 
     check_synthetic_images(synthetic_images, data)  # before the probe: a typo must not write 500 GB of JPEGs
     hardware = probes.collect()
-    dev = resolve_device(device, hardware)
-    placement = place(device, None, nproc_per_node, hardware)
+    placement = place(device, None, nproc_per_node, hardware)  # resolves the device, checks the ranks
+    dev = placement.device
     if workload is not None:
         if data is not None:
             raise UsageError(WORKLOAD_AND_DATA)
