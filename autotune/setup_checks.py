@@ -24,6 +24,9 @@ AMP_MODES: tuple[str, ...] = ("off", "bf16", "fp16")
 
 #: The knobs that hold an integer (``prefetch_factor`` and ``num_threads`` may also be ``None``).
 INTEGER_KNOBS: tuple[str, ...] = ("num_workers", "prefetch_factor", "batch_size", "accumulation_steps", "num_threads", "bucket_cap_mb")
+#: The knobs every best.json has held: a file of an earlier version lacks the later ones, which take their defaults.
+FIRST_KNOBS = ("num_workers", "prefetch_factor", "pin_memory", "persistent_workers", "batch_size", "accumulation_steps", "amp",
+               "channels_last")
 #: The largest value per integer knob, in a setup and in ``--set``: far above any real machine, low enough that a typo
 #: cannot start a million loader workers (a hand-edited best.json's train.py hung) or build a range that exhausts memory.
 INT_LIMITS = {"num_workers": 1024, "prefetch_factor": 1024, "batch_size": 2**20, "accumulation_steps": 2**16, "num_threads": 1024,
@@ -47,6 +50,11 @@ def python_numbers(setup: Any) -> None:
         value = getattr(setup, name)
         if type(value).__module__ == "numpy" and type(value).__name__ in ("bool", "bool_"):  # not an Integral: np.True_
             object.__setattr__(setup, name, bool(value))
+
+
+def missing_knob(setup: dict[str, Any]) -> str | None:
+    """The first of :data:`FIRST_KNOBS` a best.json's ``setup`` lacks (its default would not be what was measured), or None."""
+    return next((knob for knob in FIRST_KNOBS if knob not in setup), None)
 
 
 def validate_setup(setup: Any) -> None:

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from autotune.errors import SetupError
 from autotune.nested import map_tensors
 from autotune.setup_checks import AMP_MODES as AMP_MODES  # re-exported: users and modules read it here
-from autotune.setup_checks import check_setup_device, helper_device_type, helper_module, python_numbers, validate_setup
+from autotune.setup_checks import check_setup_device, helper_device_type, helper_module, missing_knob, python_numbers, validate_setup
 from autotune.torch_knobs import build_optimizer, compile_model, configure_torch, optimizer_kwargs
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -364,8 +364,6 @@ class TrainSetup:
 
 #: The version of best.json this autotune writes and reads.
 BEST_SCHEMA = 1
-#: The knobs every best.json has held (a file of an earlier version lacks the later ones: they take their defaults).
-FIRST_KNOBS = KNOBS[:8]
 
 
 def load_setup(path: str | Path) -> TrainSetup:
@@ -391,8 +389,8 @@ def load_setup(path: str | Path) -> TrainSetup:
             raise SetupError(f"{file}: best.json has schema {data.get('schema')!r}; this autotune reads the integer schema {BEST_SCHEMA}")
         if not isinstance(data.get("setup"), dict):
             raise SetupError(f"{file}: best.json has no \"setup\" object")
-        if missing := [knob for knob in FIRST_KNOBS if knob not in data["setup"]]:  # a default would not be what was measured
-            raise SetupError(f"{file}: best.json lacks the field 'setup.{missing[0]}'")
+        if (missing := missing_knob(data["setup"])) is not None:
+            raise SetupError(f"{file}: best.json lacks the field 'setup.{missing}'")
         data = data["setup"]
     try:
         return TrainSetup.from_dict(data)

@@ -16,7 +16,8 @@ from typing import Any
 from autotune.errors import AutotuneError, SetupError
 from autotune.files import atomic_write_text, read_json
 from autotune.records import Workload
-from autotune.train_setup import BEST_SCHEMA, FIRST_KNOBS, TrainSetup
+from autotune.setup_checks import missing_knob
+from autotune.train_setup import BEST_SCHEMA, TrainSetup
 
 SCHEMA_VERSION = BEST_SCHEMA
 #: The words of an unconfirmed winner's note whose speedup is the paired ratio of an interrupted confirmation's rounds.
@@ -93,9 +94,10 @@ def check_best_dict(data: Any) -> dict[str, Any]:
     if not all(isinstance(n, str) for n in notes):
         raise AutotuneError("best.json field 'notes' must be a list of strings")
     # A knob or the model left out would take its default: a setup that was not measured, under the measured speed.
-    for section, required in (("setup", FIRST_KNOBS), ("workload", ("model",))):
-        if missing := [name for name in required if name not in data[section]]:
-            raise AutotuneError(f"best.json lacks the field '{section}.{missing[0]}'")
+    knob = missing_knob(data["setup"])
+    missing = f"setup.{knob}" if knob is not None else ("workload.model" if "model" not in data["workload"] else None)
+    if missing is not None:
+        raise AutotuneError(f"best.json lacks the field '{missing}'")
     sys_path = data["workload"].get("sys_path", [])
     if not isinstance(sys_path, list) or not all(isinstance(p, str) for p in sys_path):
         raise AutotuneError("best.json field 'workload.sys_path' must be a list of strings")

@@ -88,9 +88,9 @@ def make_best(
         speedup = rate / base if base else None
         pick, baseline = (next((c for c in partial if c.candidate.setup.to_json() == key and c.values), None)
                           for key in (setup.to_json(), default_key))
-        paired = paired_speedup(pick, baseline) if pick is not None and baseline is not None else None
-        if paired is not None and pick is not None and baseline is not None:  # every figure from those rounds
-            speedup, base, rate, spread = paired, baseline.median, pick.median or rate, pick.spread or 0.0
+        paired = None
+        if pick is not None and baseline is not None and (paired := paired_speedup(pick, baseline)) is not None:
+            speedup, base, rate, spread = paired, baseline.median, pick.median or rate, pick.spread or 0.0  # all from those rounds
         if interrupted and any(c.values for c in partial):
             shared = f" ({PAIRED_SO_FAR})" if paired is not None else ""
             notes.append("not confirmed: the search was interrupted during the interleaved re-measurement "
