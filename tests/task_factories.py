@@ -336,6 +336,23 @@ def corrupt_item() -> autotune.Task:
     return autotune.Task(nn.Linear(8, 3), _Corrupt(), batch_size=8)
 
 
+class _CorruptStream(IterableDataset):  # type: ignore[type-arg]
+    """The 40 pairs of ``_pairs()`` as a stream that splits itself among loader workers; record 13 cannot be read."""
+
+    def __iter__(self) -> Any:
+        info = get_worker_info()
+        pairs = _pairs()
+        for index in range(info.id if info else 0, len(pairs), info.num_workers if info else 1):
+            if index == 13:
+                raise ValueError("corrupt record 13")
+            yield pairs[index]
+
+
+def corrupt_stream() -> autotune.Task:
+    """Record 13 of a stream raises when read."""
+    return autotune.Task(nn.Linear(8, 3), _CorruptStream(), batch_size=8)
+
+
 def ragged() -> autotune.Task:
     """Variable-length items without a collate_fn that pads them."""
     return autotune.Task(nn.Linear(8, 3), [(torch.zeros(3 + i % 5), 0) for i in range(8)])

@@ -1029,8 +1029,9 @@ def test_the_task_script_refuses_a_bad_workload_or_checkpoint_in_one_line(
 def test_the_task_script_says_bad_data_in_one_line_and_leaves_no_loader_files(
     tmp_path: Path, workers: int, request: pytest.FixtureRequest
 ) -> None:
-    """An item that raises, a batch that cannot be collated: one line naming it, its whole traceback in a file the line
-    names (before, the DataLoader's traceback of 35-40 lines through the script's own frames), and, with loader
+    """An item that raises, a batch that cannot be collated, a stream that raises: one line naming it (a stream by how
+    far its pass got), its whole traceback in a file the line names (before, the DataLoader's traceback of 35-40 lines
+    through the script's own frames), and, with loader
     workers, no pymp-* folder left in the temporary directory (the exit now comes after the loader shut them down)."""
     script = _task_script(tmp_path, "good", autotune.TrainSetup(batch_size=8))
     temp = Path(tempfile.mkdtemp(prefix="at-", dir="/tmp"))  # short: a worker's socket path must fit in 107 bytes
@@ -1041,6 +1042,8 @@ def test_the_task_script_says_bad_data_in_one_line_and_leaves_no_loader_files(
         ("corrupt_item", [], f"error: dataset[13] failed{worker}: ValueError: corrupt record 13; fix the item or the dataset's code, "
                              f"then rerun (--resume goes on from the last checkpoint){log}"),
         ("ragged", ["--batch-size", "4"], "error: batch items 0..3 cannot be collated together (item 0: (Tensor["),
+        ("corrupt_stream", [], f"error: the dataset's stream failed {'in loader worker 1 of 2, at its item 7' if workers else 'at item 14'} "
+                               "of this pass: ValueError: corrupt record 13; fix the item or the dataset's code"),
     ):
         result = subprocess.run(
             [sys.executable, str(script), "--output-dir", "out", "--workload", f"task_factories:{workload}", "--workers",
@@ -1053,7 +1056,7 @@ def test_the_task_script_says_bad_data_in_one_line_and_leaves_no_loader_files(
             assert line.endswith("items of one batch differ in shape: give the workload a collate_fn that pads them "
                                  f"(autotune.Task(collate_fn=...)){log}"), line
         written = (tmp_path / "out" / "error.log").read_text()  # the whole traceback, the worker's too, where the line says
-        assert "Traceback" in written and ("corrupt record 13" if workload == "corrupt_item" else "cannot be collated") in written
+        assert "Traceback" in written and ("cannot be collated" if workload == "ragged" else "corrupt record 13") in written
         assert not list(temp.glob("pymp-*"))
 
 
@@ -1237,13 +1240,18 @@ def test_the_task_script_s_loader_data_keeps_datapipes_streams_and_pickles_witho
     import pickle
 
     import task_factories
-    from torch.utils.data import Subset
+    from torch.utils.data import IterableDataset, Subset
+    from torch.utils.data.datapipes.iter import IterableWrapper
     from torch.utils.data.datapipes.map import SequenceWrapper
 
     from autotune.workloads.named import BadItem, named_data
 
-    stream, pipe = task_factories.Stream(), SequenceWrapper(list(range(8)))
-    assert named_data(stream, None)[0] is stream and named_data(pipe, None)[0] is pipe
+    stream, sized, pipe, iter_pipe = (task_factories.Stream(), task_factories.SizedStream(), SequenceWrapper(list(range(8))),
+                                      IterableWrapper(range(8)))
+    assert named_data(pipe, None)[0] is pipe and named_data(iter_pipe, None)[0] is iter_pipe  # the loader shards these
+    named_stream = named_data(stream, None)[0]
+    assert isinstance(named_stream, IterableDataset) and [i for _, i in named_stream] == [i for _, i in stream] and not hasattr(named_stream, "__len__")
+    assert len(named_data(sized, None)[0]) == len(sized)
     subset = Subset(task_factories._Corrupt(), list(range(40)))
     named, collate = named_data(subset, None)
     with pytest.raises(BadItem, match=r"^dataset\[13\] failed: ValueError: corrupt record 13$"):

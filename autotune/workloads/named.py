@@ -4,8 +4,8 @@ Without it, a dataset item that raises (``dataset[250]``: a corrupt record, or a
 wrong) or a batch that cannot be collated (items of different shapes) ended hours of training with the DataLoader's
 traceback, 40 lines through the script's own frames. :func:`named_data` wraps a map-style dataset and the collate
 function the script hands its DataLoader; :func:`error_line` is the line the script exits with, after it wrote the
-whole traceback (a loader worker's too) to a file it names. An iterable dataset is handed over as it is: it names no
-item, and the DataLoader shards a DataPipe only when it sees one.
+whole traceback (a loader worker's too) to a file it names. An iterable dataset's stream that raises is named by how far
+its pass got (it has no index); a DataPipe is handed over as it is: the DataLoader shards one only when it sees it.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from torch.utils.data import IterableDataset, MapDataPipe, default_collate, get_worker_info
+from torch.utils.data.datapipes.datapipe import IterDataPipe
 
 from autotune.errors import USER_CODE_ERRORS, AutotuneError, WorkloadError, is_out_of_memory
 from autotune.workloads.batches import RAGGED_HINT, describe_batch, hinted
@@ -40,11 +41,14 @@ def named_data(dataset: Any, collate_fn: Callable[[list[Any]], Any] | None) -> t
     """``dataset`` and ``collate_fn`` (a Task's; ``None``: PyTorch's default) as the script's DataLoader takes them: an
     item or a batched read (``__getitems__``) of a map-style dataset that raises is :class:`BadItem` naming it; a batch
     that cannot be collated is :class:`BadBatch` naming the item at fault (and, for PyTorch's default collate on items
-    of different shapes, the fix). What the loader yields is unchanged; each wrapper pickles as what it holds, for
-    workers started by spawn or forkserver."""
+    of different shapes, the fix); an iterable dataset's stream that raises is :class:`BadItem` naming the item of
+    its pass it failed on (a DataPipe is kept as it is). What the loader yields is unchanged; each wrapper pickles as
+    what it holds, for workers started by spawn or forkserver."""
     collate = _NamedCollate(collate_fn)
-    if isinstance(dataset, (IterableDataset, MapDataPipe)):
+    if isinstance(dataset, (IterDataPipe, MapDataPipe)):
         return dataset, collate
+    if isinstance(dataset, IterableDataset):
+        return (_NamedSizedStream if hasattr(dataset, "__len__") else _NamedStream)(dataset), collate
     return (_NamedBatches if batched_read(dataset) is not None else _NamedItems)(dataset), collate
 
 
@@ -102,6 +106,42 @@ class _NamedBatches(_NamedItems):
             shown = ", ".join(str(i) for i in indices[:8]) + (", ..." if len(indices) > 8 else "")
             where, error = failing_item(self.dataset, indices) or (f"dataset.__getitems__([{shown}])", exc)
             raise BadItem(_failed(error, where)) from error  # the traceback of the error the line names
+
+
+class _NamedStream(IterableDataset):
+    """An iterable dataset (not a DataPipe) whose stream that raises is :class:`BadItem` ``the dataset's stream failed
+    at item 76 of this pass: ...`` (in a loader worker: ``in loader worker 1 of 2, at its item 76``, each worker reading
+    its own part); running out of memory stays itself. Its ``__iter__`` runs where the wrapped one would, so a stream
+    that splits itself by get_worker_info() still does."""
+
+    def __init__(self, dataset: IterableDataset) -> None:
+        self.dataset = dataset
+
+    def __iter__(self) -> Any:
+        count = 0
+        try:
+            iterator = iter(self.dataset)
+            while True:
+                try:
+                    item = next(iterator)
+                except StopIteration:
+                    return
+                count += 1
+                yield item
+        except USER_CODE_ERRORS as exc:
+            if is_out_of_memory(exc):
+                raise
+            info = get_worker_info()
+            where = f"in loader worker {info.id} of {info.num_workers}, at its item" if info is not None else "at item"
+            first = (str(exc).strip().splitlines() or [""])[0]
+            raise BadItem(f"the dataset's stream failed {where} {count + 1} of this pass: {type(exc).__name__}: {first}") from exc
+
+
+class _NamedSizedStream(_NamedStream):
+    """A :class:`_NamedStream` of a stream with a length (webdataset's with_length()), which the DataLoader reads."""
+
+    def __len__(self) -> int:
+        return len(self.dataset)
 
 
 class _NamedCollate:
