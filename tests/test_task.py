@@ -1260,3 +1260,13 @@ def test_the_task_script_s_loader_data_keeps_datapipes_streams_and_pickles_witho
     again, _ = pickle.loads(pickle.dumps((named, collate)))
     assert len(again) == 40
 
+    class Batched:  # read only in batches: no __getitem__ to name one item by (before, its TypeError was named)
+        def __len__(self) -> int:
+            return 8
+
+        def __getitems__(self, indices: list[int]) -> Any:
+            raise ValueError("shard 2 unreadable")
+
+    with pytest.raises(BadItem, match=r"^dataset\.__getitems__\(\[1, 2\]\) failed: ValueError: shard 2 unreadable$"):
+        named_data(Batched(), None)[0].__getitems__([1, 2])
+

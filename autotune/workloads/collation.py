@@ -107,7 +107,9 @@ def bad_item(exc: BaseException, item: str) -> BaseException:
 def failing_item(dataset: Any, indices: list[int]) -> tuple[str, BaseException] | None:
     """``dataset[i]`` and its error for the first of ``indices`` whose item raises when read alone (a Subset's batched
     read is its items'); None when each reads, or where ``__getitem__`` is not the dataset's (``Dataset``'s own raises
-    NotImplementedError: a dataset read only in batches)."""
+    NotImplementedError: a dataset read only in batches, as is one that has none)."""
+    if not hasattr(type(dataset), "__getitem__"):
+        return None
     for index in indices:
         try:
             dataset[index]
