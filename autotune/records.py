@@ -318,6 +318,9 @@ class Calibration:
             stream is too short for the largest batch the memory allows
             (``None``: not bounded by the stream); the PyTorch defaults' batch
             when their own is larger.
+        batch_limit: Why no batch above ``max_batch`` is searched, in words
+            (the memory budget, the trial's length, the data); "" where a
+            calibration of an earlier version did not record it.
     """
 
     budget_bytes: int | None
@@ -330,6 +333,7 @@ class Calibration:
     max_workers: int
     precisions: tuple[PrecisionPoint, ...] = ()
     stream_batch: int | None = None
+    batch_limit: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (asdict turns the nested points and the setup into dicts)."""

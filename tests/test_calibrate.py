@@ -61,6 +61,7 @@ def test_calibration_bounds_the_batch_by_memory_and_verifies_it() -> None:
         WORKLOAD, CPU, usable_cores=4, available_bytes=0, max_memory=budget, trial_seconds=10.0, bf16_ok=True, runner=runner
     )
     assert result.max_batch == 512
+    assert result.batch_limit == "a larger one does not fit the memory budget of 612 MiB"
     verified = [p.batch_size for p in result.memory_points]
     assert verified == [8, 32, 512]  # the extrapolated bound was run once
     assert result.compute_samples_per_s == 400.0
@@ -74,6 +75,8 @@ def test_ddp_ranks_split_the_time_cap_and_the_default_ram_budget() -> None:
     ranks = calibrate(WORKLOAD, CPU, usable_cores=1, available_bytes=64 * 2**30, max_memory=None, trial_seconds=5.0,
                       bf16_ok=False, runner=FakeRunner(), world_size=4)
     assert (alone.max_batch, ranks.max_batch) == (512, 128)
+    assert alone.batch_limit.startswith("one step of a larger one would take over half of a 5-s trial at the 400 samples/s the "
+                                        "calibration measured: raise --trial-seconds, or pin one batch")
     # Half the RAM less the workers' reserve fits batch 512 for one process; two processes share it: 206 MiB over the base.
     available = 2 * (int(612 * MIB / (1 - WORKER_RESERVE)) + 1)
     one = calibrate(WORKLOAD, CPU, usable_cores=2, available_bytes=available, max_memory=None, trial_seconds=100.0,
@@ -109,6 +112,7 @@ def test_a_failing_verification_halves_the_batch() -> None:
         WORKLOAD, CPU, usable_cores=4, available_bytes=64 * 2**30, max_memory=None, trial_seconds=10.0, bf16_ok=False, runner=runner
     )
     assert result.max_batch == 128
+    assert result.batch_limit.startswith("a larger one does not fit the memory budget")  # batch 256 ran out of memory
     assert result.compute_setup.amp == "off"
 
 

@@ -326,8 +326,15 @@ def test_a_batch_range_between_the_searched_powers_of_two_keeps_its_bounds() -> 
     assert batches("batch_size=5..7", images=12) == (5, 7)  # none inside: the bounds, as pins would be
     assert batches("batch_size=2..4") == (2, 4)  # below the searched floor of 8
     assert batches("batch_size=..6", images=12) == (6,)
-    with pytest.raises(UsageError, match=r"--set batch_size: no value left \(searched here: 8\)"):
+    with pytest.raises(UsageError, match=r"--set batch_size: no value left \(searched here: 8; no batch above 12: an optimizer "
+                                         r"step must fit in the data's 12 samples\)$"):
         batches("batch_size=1000..2000", images=12)
+    # A range above the calibration's largest batch says why the search ends there (before: the values searched alone).
+    limited = dataclasses.replace(calibration(max_batch=32), batch_limit="one step of a larger one would take over half of a 2-s trial")
+    with pytest.raises(UsageError, match=r"\(searched here: 8, 16, 32; no batch above 32: one step of a larger one would take "
+                                         r"over half of a 2-s trial\)$"):
+        build_space(device=CPU, calibration=limited, usable_cores=2, effective_batch=None,
+                    constraints=merge_constraints([parse_constraint("batch_size=128..512")]))
 
 
 def test_the_space_line_leaves_out_worker_knobs_when_no_worker_is_searched() -> None:

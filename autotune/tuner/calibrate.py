@@ -186,7 +186,8 @@ def calibrate(
     time_cap = max(32, int(rate * trial_seconds / 2)) if rate > 0 else batch_cap
     # An optimizer step must fit in one epoch of the data: no batch above len(dataset).
     data_cap = workload.images if workload.images is not None else batch_cap
-    candidates = powers_of_two(1, min(batch_cap, time_cap, data_cap, fit if fit is not None else 8))
+    caps = {"memory": fit if fit is not None else 8, "trial": time_cap, "data": data_cap, "cap": batch_cap}
+    candidates = powers_of_two(1, min(caps.values()))
     max_batch = candidates[-1] if candidates else 1
     # Verify the extrapolated bound; halve on failure.
     while max_batch > 1:
@@ -215,6 +216,8 @@ def calibrate(
     if workload.iterable and max_batch > 1:  # a stream of unknown length: the batches it fills bound the space
         filled = _stream_batch(max_batch, workload, runner, replace(short, mode="loader", max_memory_bytes=None), log)
         max_batch, stream_batch = filled, (filled if filled < max_batch else None)
+    bound = "stream" if stream_batch is not None else min(caps, key=lambda k: caps[k]) if candidates and max_batch == candidates[-1] else "memory"
+    limit = _batch_limit(bound, budget=budget, trial_seconds=trial_seconds, rate=rate, data=data_cap, cap=batch_cap)
     middle = probe_batch(max_batch, device)
     reduced = ("bf16" if bf16_ok else "fp16") if cuda else ("bf16" if bf16_ok else None)
     precisions: list[PrecisionPoint] = []
@@ -271,6 +274,7 @@ def calibrate(
         max_workers=worker_cap,
         precisions=tuple(precisions),
         stream_batch=stream_batch,
+        batch_limit=limit,
     )
     enough = calibration.workers_enough()
     if enough is not None:
@@ -280,6 +284,20 @@ def calibrate(
         log(f"loader workers fail ({broken}); the search keeps num_workers=0")
         calibration = replace(calibration, max_workers=0)
     return calibration
+
+
+def _batch_limit(bound: str, *, budget: int | None, trial_seconds: float, rate: float, data: int, cap: int) -> str:
+    """Why no larger batch than the calibration's largest is searched (``bound``: the cap that set it), in words."""
+    if bound == "memory":
+        return f"a larger one does not fit the memory budget of {format_bytes(budget)}" if budget is not None else "a larger one ran out of memory"
+    if bound == "trial":
+        return (f"one step of a larger one would take over half of a {trial_seconds:g}-s trial at the {rate:.0f} samples/s the "
+                "calibration measured: raise --trial-seconds, or pin one batch (--set batch_size=N runs it as given)")
+    if bound == "data":
+        return f"an optimizer step must fit in the data's {data} samples"
+    if bound == "stream":
+        return "one pass of the dataset's stream fills no larger one"
+    return f"{cap} is the largest batch autotune searches (--set batch_size=N runs a larger one as given)"
 
 
 def _items_per_s(batch: int, result: TrialResult, world_size: int) -> float:
