@@ -579,6 +579,20 @@ def forward_fails() -> autotune.Task:
     return autotune.Task(nn.Linear(5, 3), _pairs())
 
 
+class _TwoInputs(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 3), nn.Linear(4, 3)
+
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return self.a(a) + self.b(b)
+
+
+def two_inputs() -> autotune.Task:
+    """A model of two inputs given loss=, whose batches hold the inputs as a pair: the model is called with the pair."""
+    return autotune.Task(_TwoInputs(), [((torch.zeros(8), torch.zeros(4)), i % 3) for i in range(8)], loss=nn.CrossEntropyLoss())
+
+
 class _HoldsFile(Dataset):
     def __init__(self) -> None:
         self.handle = tempfile.TemporaryFile()

@@ -418,6 +418,8 @@ def test_good_workloads_become_workload_records() -> None:
         ("sequence_first", "counts 12 samples in a batch of 8 items ((Tensor[12, 8] int64, Tensor[8] int64)), where its second "
                            "dimension holds the items: a sequence-first batch"),
         ("forward_fails", "forward failed on the first batch (inputs Tensor[2, 8] float32): RuntimeError"),
+        ("two_inputs", "missing 1 required positional argument: 'b'; with loss=, the model is called with one argument, the "
+                       "batch's inputs: for a model that takes several, give step=lambda model, batch: ... instead"),
         ("unpicklable", "dataset (_HoldsFile) cannot be pickled for DataLoader workers"),
     ],
 )

@@ -200,8 +200,11 @@ def _check_loss(task: Task, model: Any, batch: Any) -> None:
         try:
             output = model(inputs)
         except USER_CODE_ERRORS as exc:
+            several = isinstance(exc, TypeError) and "required positional argument" in str(exc)  # forward(a, b)
             raise WorkloadError(
                 f"the model's forward failed on the first batch (inputs {describe_batch(inputs)}): {type(exc).__name__}: {exc}"
+                + ("; with loss=, the model is called with one argument, the batch's inputs: for a model that takes several, "
+                   "give step=lambda model, batch: ... instead" if several else "")
             ) from None
         if task.loss is None and isinstance(output, torch.Tensor) and output.dim() >= 2 and output.shape[1] == 1:
             raise WorkloadError(f"the model outputs one value per sample ({describe_batch(output)}) and the default loss is "
