@@ -347,7 +347,7 @@ def run_workload(
     maxb = max_batch_method(
         workload,
         device,
-        available_bytes=int(hardware.memory.available_bytes),
+        available_bytes=hardware.memory.usable_bytes(),
         trial_seconds=budget.trial_seconds,
         cap=budget.max_batch_cap,
         log=log,

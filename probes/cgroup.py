@@ -21,6 +21,7 @@ __all__ = [
     "PROC_SELF_CGROUP",
     "CgroupEntry",
     "cpu_limit",
+    "memory_headroom",
     "memory_limit",
     "oom_kills",
     "parse_cfs_quota",
@@ -217,6 +218,20 @@ def cpu_limit(root: Path = CGROUP_ROOT, proc_cgroup: str | None = None) -> float
     return min(limits) if limits else None
 
 
+def _memory_levels(root: Path, proc_cgroup: str | None) -> list[tuple[Path, int]]:
+    """Each memory cgroup of this process and its visible ancestors that sets a limit, with the limit in bytes."""
+    entries = _entries(proc_cgroup)
+    levels = []
+    for d, name in [(d, "memory.max") for d in _v2_dirs(root, entries)] + [
+        (d, "memory.limit_in_bytes") for d in _v1_dirs(root, entries, "memory")
+    ]:
+        text = _read(d / name)
+        limit = parse_memory_limit(text) if text is not None else None
+        if limit is not None:
+            levels.append((d, limit))
+    return levels
+
+
 def memory_limit(root: Path = CGROUP_ROOT, proc_cgroup: str | None = None) -> int | None:
     """The effective cgroup memory limit of this process, in bytes.
 
@@ -230,16 +245,33 @@ def memory_limit(root: Path = CGROUP_ROOT, proc_cgroup: str | None = None) -> in
     Returns:
         The limit in bytes, or None when unlimited or unreadable.
     """
-    entries = _entries(proc_cgroup)
-    limits: list[int] = []
-    for d, name in [(d, "memory.max") for d in _v2_dirs(root, entries)] + [
-        (d, "memory.limit_in_bytes") for d in _v1_dirs(root, entries, "memory")
-    ]:
-        text = _read(d / name)
-        limit = parse_memory_limit(text) if text is not None else None
-        if limit is not None:
-            limits.append(limit)
+    limits = [limit for _, limit in _memory_levels(root, proc_cgroup)]
     return min(limits) if limits else None
+
+
+#: The ``memory.stat`` entries of what a cgroup holds that the kernel cannot reclaim without swap: v2's, then v1's.
+_HELD = (("anon", "shmem"), ("total_rss", "total_shmem"))
+
+
+def memory_headroom(root: Path = CGROUP_ROOT, proc_cgroup: str | None = None) -> int | None:
+    """What the cgroup memory limits leave this process: at each level that sets one, the limit less what the group
+    holds (``memory.stat``: anonymous memory and shared memory such as /dev/shm files; page cache, which the kernel
+    reclaims before it kills, left aside); the smallest.
+
+    Args:
+        root: Where the cgroup filesystems are mounted.
+        proc_cgroup: Contents of ``/proc/self/cgroup``; read when None.
+
+    Returns:
+        The bytes left, or None when no limit is set or readable (a level whose ``memory.stat`` is unreadable counts
+        its whole limit).
+    """
+    room = []
+    for directory, limit in _memory_levels(root, proc_cgroup):
+        stat = {key: value for key, _, value in (line.partition(" ") for line in (_read(directory / "memory.stat") or "").splitlines())}
+        held = next((sum(int(stat[k]) for k in keys) for keys in _HELD if all(stat.get(k, "").strip().isdigit() for k in keys)), 0)
+        room.append(max(0, limit - held))
+    return min(room) if room else None
 
 
 def parse_oom_kills(text: str) -> int | None:

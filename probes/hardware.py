@@ -113,6 +113,18 @@ def _gpu_warning(gpu: GpuInfo) -> str | None:
     )
 
 
+def _cgroup_memory_warning(memory: MemoryInfo) -> str | None:
+    limit, usable = memory.cgroup_limit_bytes, memory.usable_bytes()
+    if limit is None or usable >= memory.available_bytes:
+        return None
+    return (
+        f"the cgroup memory limit is {format_bytes(limit)} ({format_bytes(usable)} of it free; docker --memory, Kubernetes "
+        f"limits.memory) while the host has {format_bytes(memory.available_bytes)} available: training, its DataLoader "
+        "workers and their shared memory all count against the limit, and a process over it is killed; a search sizes "
+        "its batches to what the limit leaves."
+    )
+
+
 def _address_space(limit: int) -> str:
     return f"ulimit -v limits this process to {format_bytes(limit)} of address space"
 
@@ -144,15 +156,17 @@ def hardware_warnings(
         cpu: The CPU probe.
         shm: The /dev/shm probe.
         gpus: The GPU probes.
-        memory: The memory probe (its ``ulimit -v``); None leaves that check out.
+        memory: The memory probe (its ``ulimit -v``, its cgroup limit); None leaves those checks out.
 
     Returns:
         One sentence per problem: /dev/shm under 1 GiB, fewer usable than
         logical cores, GPUs with more than half of their memory used by others,
-        an address-space limit (``ulimit -v``).
+        an address-space limit (``ulimit -v``), a cgroup memory limit that leaves
+        less than the host's available RAM.
     """
     limit = memory.address_space_limit_bytes if memory is not None else None
-    found = [_shm_warning(shm), _cores_warning(cpu), *(_gpu_warning(g) for g in gpus), address_space_warning(limit)]
+    found = [_shm_warning(shm), _cores_warning(cpu), *(_gpu_warning(g) for g in gpus), address_space_warning(limit),
+             _cgroup_memory_warning(memory) if memory is not None else None]
     return tuple(w for w in found if w)
 
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from probes.cgroup import CGROUP_ROOT, memory_limit
+from probes.cgroup import CGROUP_ROOT, memory_headroom, memory_limit
 
 __all__ = ["SHM_PATH", "MemoryInfo", "ShmInfo", "address_space_limit", "collect_memory", "collect_shm"]
 
@@ -26,12 +26,21 @@ class MemoryInfo:
             container's ``--memory``), None when unlimited or unknown.
         address_space_limit_bytes: The virtual memory this process may map
             (``ulimit -v``, the soft ``RLIMIT_AS``), None when unlimited.
+        cgroup_available_bytes: What the cgroup limit leaves: the limit less
+            the group's anonymous and shared memory; None without a limit.
     """
 
     total_bytes: int
     available_bytes: int
     cgroup_limit_bytes: int | None = None
     address_space_limit_bytes: int | None = None
+    cgroup_available_bytes: int | None = None
+
+    def usable_bytes(self) -> int:
+        """RAM this process may still use: the host's available RAM, or less where a cgroup limit (a container's
+        ``--memory``) leaves less."""
+        room = self.cgroup_available_bytes
+        return self.available_bytes if room is None else min(self.available_bytes, room)
 
     def to_dict(self) -> dict[str, Any]:
         """Return the JSON-ready form (the ``memory`` object)."""
@@ -40,6 +49,7 @@ class MemoryInfo:
             "available_bytes": self.available_bytes,
             "cgroup_limit_bytes": self.cgroup_limit_bytes,
             "address_space_limit_bytes": self.address_space_limit_bytes,
+            "cgroup_available_bytes": self.cgroup_available_bytes,
         }
 
 
@@ -86,6 +96,7 @@ def collect_memory(cgroup_root: Path = CGROUP_ROOT, proc_cgroup: str | None = No
         available_bytes=int(vm.available),
         cgroup_limit_bytes=memory_limit(cgroup_root, proc_cgroup),
         address_space_limit_bytes=address_space_limit(),
+        cgroup_available_bytes=memory_headroom(cgroup_root, proc_cgroup),
     )
 
 

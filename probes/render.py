@@ -42,7 +42,10 @@ def _system_table(hw: Hardware) -> Table:
     bf16 = _yes_no(cpu.bf16) + (f" ({', '.join(cpu.bf16_flags)})" if cpu.bf16_flags else "")
     table.add_row("CPU bf16", bf16)
     ram = f"{format_bytes(mem.available_bytes)} available of {format_bytes(mem.total_bytes)}"
-    if mem.cgroup_limit_bytes is not None:
+    if mem.cgroup_limit_bytes is not None and mem.usable_bytes() < mem.available_bytes:  # the container's limit leaves less
+        ram = (f"[yellow]{format_bytes(mem.usable_bytes())} available[/] (cgroup limit {format_bytes(mem.cgroup_limit_bytes)}; "
+               f"the host: {ram})")
+    elif mem.cgroup_limit_bytes is not None:
         ram += f" (cgroup limit {format_bytes(mem.cgroup_limit_bytes)})"
     if mem.address_space_limit_bytes is not None:
         ram += f" ([yellow]ulimit -v {format_bytes(mem.address_space_limit_bytes)}[/])"

@@ -14,6 +14,7 @@ import platform
 import resource
 import subprocess
 import sys
+import time
 import types
 from pathlib import Path
 from typing import Any
@@ -26,11 +27,11 @@ from typer.testing import CliRunner
 import probes
 import probes.software
 from autotune.cli import app
-from probes.cgroup import cpu_limit, memory_limit, parse_cfs_quota, parse_cpu_max, parse_memory_limit
+from probes.cgroup import cpu_limit, memory_headroom, memory_limit, parse_cfs_quota, parse_cpu_max, parse_memory_limit
 from probes.cpu import collect_cpu, quota_to_cores, read_cpuinfo, usable_cores
 from probes.gpu import GpuInfo, collect_gpus
 from probes.hardware import Hardware, hardware_warnings
-from probes.memory import ShmInfo, address_space_limit
+from probes.memory import MemoryInfo, ShmInfo, address_space_limit
 from probes.software import format_cudnn_version, torch_cuda_build
 from probes.units import GIB, MIB
 
@@ -176,6 +177,82 @@ def test_cgroup_limits_from_fixtures(name: str, cpus: float | None, memory: int 
     root, proc = fixture(name)
     assert cpu_limit(root, proc) == cpus
     assert memory_limit(root, proc) == memory
+
+
+@pytest.mark.parametrize(
+    ("name", "headroom"),
+    [
+        ("hybrid", 2 * GIB - 512 * MIB - 100 * MIB),  # v2: the limit less anon and shmem; page cache (file) is reclaimable
+        ("v1_quota", 4 * GIB - GIB - 256 * MIB),  # v1: less total_rss and total_shmem (the group's and its children's)
+        ("v2_quota", 8 * GIB),  # no memory.stat to read: the whole limit
+        ("v1_none", None),  # no limit
+    ],
+)
+def test_the_memory_a_cgroup_limit_leaves_is_the_limit_less_what_the_group_holds(name: str, headroom: int | None) -> None:
+    root, proc = fixture(name)
+    assert memory_headroom(root, proc) == headroom
+
+
+def test_a_container_s_memory_limit_bounds_the_usable_ram_and_is_a_warning() -> None:
+    """A search sizes its batches to half the usable RAM: in a 2 GiB container on a 24 GiB host that is what the
+    limit leaves, not the host's available RAM (before, a search in such a container sized batches to 9 GiB)."""
+    shm = ShmInfo("/dev/shm", 8 * GIB, 8 * GIB)
+    cpu = collect_cpu()
+    host = MemoryInfo(total_bytes=24 * GIB, available_bytes=22 * GIB)
+    boxed = MemoryInfo(total_bytes=24 * GIB, available_bytes=22 * GIB, cgroup_limit_bytes=2 * GIB, cgroup_available_bytes=GIB + GIB // 2)
+    roomy = MemoryInfo(total_bytes=24 * GIB, available_bytes=22 * GIB, cgroup_limit_bytes=64 * GIB, cgroup_available_bytes=60 * GIB)
+    assert (host.usable_bytes(), boxed.usable_bytes(), roomy.usable_bytes()) == (22 * GIB, GIB + GIB // 2, 22 * GIB)
+    said = [w for w in hardware_warnings(cpu, shm, (), boxed) if w.startswith("the cgroup memory limit")]
+    assert said == ["the cgroup memory limit is 2.0 GiB (1.5 GiB of it free; docker --memory, Kubernetes limits.memory) while "
+                    "the host has 22.0 GiB available: training, its DataLoader workers and their shared memory all count "
+                    "against the limit, and a process over it is killed; a search sizes its batches to what the limit leaves."]
+    assert not [w for w in hardware_warnings(cpu, shm, (), roomy) if "cgroup memory" in w]
+
+
+def _new_memory_cgroup(limit: int) -> Path | None:
+    """A fresh memory cgroup limited to ``limit`` bytes (v1's memory hierarchy, or v2 where its root delegates the
+    memory controller); None where this process may not make one (not root, cgroups read-only)."""
+    name = f"autotune-test-{os.getpid()}"
+    v1, v2 = Path("/sys/fs/cgroup/memory"), Path("/sys/fs/cgroup")
+    if (v1 / "cgroup.procs").exists():
+        group, limit_file = v1 / name, "memory.limit_in_bytes"
+    elif "memory" in (v2 / "cgroup.subtree_control").read_text(errors="replace").split() if (v2 / "cgroup.subtree_control").exists() else False:
+        group, limit_file = v2 / name, "memory.max"
+    else:
+        return None
+    try:
+        group.mkdir()
+        (group / limit_file).write_text(str(limit))
+    except OSError:
+        return None
+    return group
+
+
+def test_a_process_in_a_memory_limited_cgroup_sees_the_limit_and_what_it_leaves(request: pytest.FixtureRequest) -> None:
+    """A real memory cgroup (as docker --memory makes), the probe run in it as a second process: the kernel's own
+    limit and memory.stat files give the limit, what it leaves (less than the limit: the probe's own Python holds some)
+    and the warning."""
+    group = _new_memory_cgroup(GIB)
+    if group is None:
+        pytest.skip("this process may not make a memory cgroup (the fixture trees above cover the reading)")
+
+    def remove() -> None:
+        for _ in range(50):  # the exited probe leaves the group a moment later
+            try:
+                group.rmdir()
+                return
+            except OSError:
+                time.sleep(0.1)
+
+    request.addfinalizer(remove)
+    probe = subprocess.run([sys.executable, "-m", "autotune", "probe", "--json"], capture_output=True, text=True, timeout=120,
+                           preexec_fn=lambda: (group / "cgroup.procs").write_text(str(os.getpid())))
+    assert probe.returncode == 0, probe.stderr
+    data = json.loads(probe.stdout)
+    memory = data["memory"]
+    assert memory["cgroup_limit_bytes"] == GIB
+    assert 0 < memory["cgroup_available_bytes"] < GIB, memory
+    assert any(w.startswith("the cgroup memory limit is 1.0 GiB (") for w in data["warnings"]), data["warnings"]
 
 
 def test_cgroup_limits_without_cgroup_files(tmp_path: Path) -> None:

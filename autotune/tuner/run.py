@@ -210,7 +210,7 @@ def calibrate_once(config: SearchConfig, prepared: Prepared, reporter: Reporter,
         with sigterm_as_interrupt():
             calibration = calibrate(
                 prepared.workload, prepared.device, usable_cores=prepared.placement.rank_cores,
-                available_bytes=int(prepared.hardware.memory.available_bytes), max_memory=config.max_memory,
+                available_bytes=prepared.hardware.memory.usable_bytes(), max_memory=config.max_memory,
                 trial_seconds=config.trial_seconds, bf16_ok=prepared.device.bf16, log=reporter.message, runner=kept,
                 world_size=prepared.placement.world_size, ram_share=prepared.placement.processes, pinned=config.constraints,
                 timeout_s=config.timeout_s,
