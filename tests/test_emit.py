@@ -1138,6 +1138,47 @@ def test_a_loader_worker_killed_from_outside_is_one_line_in_both_scripts(synthet
                                      "with --resume to go on from the last checkpoint")
 
 
+@pytest.mark.parametrize("text", [
+    "Caught RuntimeError in DataLoader worker process 0.\nOriginal Traceback (most recent call last):\n  File \"x.py\"\n"
+    "RuntimeError: unable to allocate shared memory(shm) for file </torch_3716_310_0>: No space left on device (28)\n",
+    "DataLoader worker (pid 5495) is killed by signal: Bus error. It is possible that dataloader's workers are out of shared "
+    "memory. Please try to raise your shared memory limit.",
+])
+def test_loader_workers_that_found_dev_shm_full_are_one_line_naming_it_in_both_scripts(
+    synthetic_data: Path, tmp_path: Path, text: str
+) -> None:
+    """A container's small /dev/shm (Docker's 64 MiB) fills with the batches in flight: one line naming /dev/shm, its size
+    and the fixes (before: a 60-line traceback, or for a SIGBUS the out-of-memory killer's hint, the wrong cause)."""
+    from test_task import _task_script
+
+    import autotune
+
+    classifier = write_script(make_best(synthetic_data, **CPU_KNOBS), tmp_path / "train.py")
+    task = _task_script(tmp_path / "task", "good", autotune.TrainSetup(batch_size=4))
+    for script in (classifier, task):
+        line = load_script(script)["known_failure"](RuntimeError(text))
+        assert line.startswith("error: the loader's workers ran out of shared memory (/dev/shm holds ") and "\n" not in line, line
+        assert line.endswith("; give the container more (docker run --shm-size=8g or --ipc=host), or lower --workers, "
+                             "--prefetch-factor or --batch-size (--workers 0 uses none), then rerun with --resume to go on "
+                             "from the last checkpoint"), line
+
+
+@pytest.mark.slow
+def test_the_classifier_script_on_a_real_full_dev_shm_says_so_in_one_line(synthetic_data: Path, tmp_path: Path) -> None:
+    """A real 64 KiB /dev/shm (a tmpfs mounted in a private mount namespace, as a container's is), the script run there
+    with loader workers: the batches in flight do not fit, and the script ends in the one line naming it, exit 1."""
+    script = write_script(make_best(synthetic_data, **CPU_KNOBS), tmp_path / "train.py")
+    run = [sys.executable, str(script), "--max-steps", "3", "--output-dir", str(tmp_path / "out"), "--batch-size", "16"]
+    mount = "mount --make-rprivate / && mount -t tmpfs -o size=64k tmpfs /dev/shm && exec \"$@\""
+    allowed = subprocess.run(["unshare", "-m", "sh", "-c", mount, "sh", "true"], capture_output=True, timeout=60, check=False)
+    if allowed.returncode != 0:
+        pytest.skip(f"this process may not mount a private /dev/shm: {allowed.stderr.decode(errors='replace').strip()}")
+    result = subprocess.run(["unshare", "-m", "sh", "-c", mount, "sh", *run], capture_output=True, text=True, timeout=300)
+    line = result.stderr.strip().splitlines()[-1]
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    assert line.startswith("error: the loader's workers ran out of shared memory (/dev/shm holds 64 KiB, "), line
+
+
 def test_data_whose_class_folders_are_splits_gets_the_search_s_warning(
     synthetic_data: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -247,6 +247,90 @@ def test_a_trial_killed_from_outside_is_an_error_unless_the_oom_killer_acted(cac
         assert result.status == "error" and failures.KILLED_FROM_OUTSIDE in (result.error or ""), result.error
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("oom_killer_acted", [False, True])
+def test_a_loader_worker_killed_while_the_oom_killer_acted_is_oom(cache_dir, monkeypatch, oom_killer_acted) -> None:
+    """A loader worker's memory counts against the machine's (or the container's) limit too, and the OOM killer may pick
+    it: its SIGKILL ends the trial with the DataLoader's "killed by signal" error, which is ``oom`` where the kernel's
+    counters rose during the trial (before: ``error``, as for a kill from outside, which it stays)."""
+    import threading
+
+    import autotune.runner.failures as failures
+    from autotune.records import TrialOptions, Workload
+    from autotune.runner import run_trial
+    from autotune.train_setup import TrainSetup
+
+    readings = iter([5, 6 if oom_killer_acted else 5])  # before the trial, then after its result
+    monkeypatch.setattr(failures, "oom_kills", lambda: next(readings))
+    monkeypatch.setattr("autotune.runner.launch.oom_kills", lambda: next(readings))
+    workload = Workload(model="factories:tiny_cnn", image_size=32, device="cpu", num_classes=10, synthetic_images=64,
+                        cache_dir=str(cache_dir), sys_path=(str(TESTS),))
+    setup = TrainSetup(batch_size=8, num_workers=1, prefetch_factor=2, persistent_workers=True)
+    earlier = set(_trial_pids())
+    killed: list[int] = []
+
+    def kill_the_worker() -> None:
+        deadline = time.monotonic() + WAIT_S
+        while time.monotonic() < deadline and not killed:
+            for pid in set(_trial_pids()) - earlier:
+                try:
+                    workers = psutil.Process(pid).children()
+                except psutil.Error:
+                    continue
+                if workers:
+                    os.kill(workers[0].pid, signal.SIGKILL)
+                    killed.append(workers[0].pid)
+                    break
+            time.sleep(0.1)
+
+    thread = threading.Thread(target=kill_the_worker, daemon=True)
+    thread.start()
+    result = run_trial(setup, workload, TrialOptions(trial_seconds=60.0, timeout_s=WAIT_S))
+    thread.join()
+    assert killed and "DataLoader worker" in (result.error or ""), result
+    if oom_killer_acted:
+        assert result.status == "oom" and (result.error or "").startswith(
+            "a loader worker was killed, most likely by the kernel's out-of-memory killer (its oom_kill counters rose"), result.error
+    else:
+        assert result.status == "error" and "out-of-memory killer" not in (result.error or ""), result.error
+
+
+def test_a_loader_worker_that_found_dev_shm_full_names_it_and_the_fix() -> None:
+    """The DataLoader's words for a /dev/shm too small for the batches in flight (a container's 64 MiB default): the
+    trial's error names /dev/shm, its size and the fix (before: PyTorch's message alone)."""
+    from autotune.runner.failures import classify
+
+    full = ("Caught RuntimeError in DataLoader worker process 0.\nOriginal Traceback (most recent call last):\n  File \"x.py\""
+            "\nRuntimeError: unable to allocate shared memory(shm) for file </torch_28891_1_0>: No space left on device (28)")
+    bus = ("DataLoader worker (pid 31337) is killed by signal: Bus error. It is possible that dataloader's workers are out of "
+           "shared memory. Please try to raise your shared memory limit.")
+    for message in (full, bus):
+        error = classify(RuntimeError(message)).error or ""
+        assert "failed in a DataLoader worker" in error and "; /dev/shm (" in error, error
+        assert error.endswith("is too small for this setup's batches in flight (workers x prefetch x batch): fewer workers, a "
+                              "smaller prefetch or batch fit it; to search them all, give the container more shared memory "
+                              "(docker run --shm-size=8g or --ipc=host)"), error
+    assert "/dev/shm" not in (classify(RuntimeError("DataLoader worker (pid 1) exited unexpectedly")).error or "")
+
+
+@pytest.mark.slow
+def test_a_trial_on_a_real_full_dev_shm_names_it(cache_dir) -> None:
+    """``autotune trial`` with a loader worker in a private mount namespace whose /dev/shm is a 64 KiB tmpfs (as a
+    container's may be): the trial's error names /dev/shm, its size and the fix."""
+    mount = "mount --make-rprivate / && mount -t tmpfs -o size=64k tmpfs /dev/shm && exec \"$@\""
+    allowed = subprocess.run(["unshare", "-m", "sh", "-c", mount, "sh", "true"], capture_output=True, timeout=60, check=False)
+    if allowed.returncode != 0:
+        pytest.skip(f"this process may not mount a private /dev/shm: {allowed.stderr.decode(errors='replace').strip()}")
+    trial = [sys.executable, "-m", "autotune", "trial", "--model", "factories:tiny_cnn", "--image-size", "32", "--synthetic-images",
+             "64", "--cache-dir", str(cache_dir), "--device", "cpu", "--trial-seconds", "1", "--batch-size", "16", "--workers", "1",
+             "--json"]
+    result = subprocess.run(["unshare", "-m", "sh", "-c", mount, "sh", *trial], capture_output=True, text=True, timeout=WAIT_S,
+                            cwd=TESTS)
+    error = json.loads(result.stdout)["error"]
+    assert "failed in a DataLoader worker" in error and "; /dev/shm (64 KiB, " in error, error
+    assert error.endswith("(docker run --shm-size=8g or --ipc=host)"), error
+
+
 def test_the_oom_kill_counters_are_read_from_vmstat_and_the_memory_cgroup(tmp_path) -> None:
     from probes.cgroup import oom_kills, parse_oom_kills
 

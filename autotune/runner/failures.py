@@ -6,11 +6,15 @@ Nothing is raised to the parent: :func:`classify` maps any exception to a
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from autotune.errors import AutotuneError, is_out_of_memory
 from autotune.records import TrialResult
 from autotune.workloads.batches import hinted
 from autotune.workloads.data import BadData
 from probes.cgroup import oom_kills
+from probes.memory import collect_shm
+from probes.units import format_bytes
 
 
 class BudgetExceeded(AutotuneError):
@@ -54,10 +58,27 @@ def classify(exc: BaseException) -> TrialResult:
         # PyTorch re-raises a worker's exception with the original traceback as text: keep its last line.
         lines = [ln.strip() for ln in message.splitlines() if ln.strip()]
         cause = lines[-1] if len(lines) > 1 else _one_line(exc)
-        return TrialResult(status="error", error=hinted(f"failed in a DataLoader worker, not in the training loop: {cause}"[:300]))
+        said = hinted(f"failed in a DataLoader worker, not in the training loop: {cause}"[:300])
+        return TrialResult(status="error", error=said + shm_hint(message))
     if is_out_of_memory(exc):
         return TrialResult(status="oom", error=_one_line(exc))
-    return TrialResult(status="error", error=hinted(_one_line(exc)))
+    return TrialResult(status="error", error=hinted(_one_line(exc)) + shm_hint(message))
+
+
+#: How PyTorch says that loader workers found /dev/shm full: a tensor it cannot allocate there, or a worker's SIGBUS.
+SHM_FULL = ("unable to allocate shared memory", "out of shared memory", "killed by signal: Bus error")
+
+
+def shm_hint(message: str) -> str:
+    """``; /dev/shm (64.0 MiB, 0 B free) is too small ...`` where ``message`` says the loader's workers found it full;
+    "" otherwise."""
+    if not any(words in message for words in SHM_FULL):
+        return ""
+    shm = collect_shm()
+    size = f" ({format_bytes(shm.total_bytes)}, {format_bytes(shm.free_bytes)} free)" if shm.total_bytes is not None else ""
+    return (f"; {shm.path}{size} is too small for this setup's batches in flight (workers x prefetch x batch): fewer "
+            "workers, a smaller prefetch or batch fit it; to search them all, give the container more shared memory "
+            "(docker run --shm-size=8g or --ipc=host)")
 
 
 #: The words of a SIGKILL the kernel's OOM killer did not send (:func:`killed`).
@@ -73,3 +94,21 @@ def killed(who: str, oom_before: int | None) -> TrialResult:
                                                  "(its oom_kill counters did not change): by a user, a supervisor or a "
                                                  "user-space OOM daemon (earlyoom, systemd-oomd)")
     return TrialResult(status="oom", error=f"{who} was killed (SIGKILL), most likely by the kernel's out-of-memory killer")
+
+
+#: How PyTorch says a loader worker died: killed by a signal (SIGKILL says "Killed"), or gone without a word.
+WORKER_DEATHS = ("killed by signal: Killed", "exited unexpectedly")
+
+
+def worker_oom(result: TrialResult, oom_before: int | None) -> TrialResult:
+    """``result`` as ``oom`` where it is the error of a loader worker that died while the kernel's out-of-memory killer
+    acted (its counters, read before the trial started as ``oom_before``, rose): a worker's memory counts against the
+    machine's or the container's limit too. Any other result is returned as it is."""
+    error = result.error or ""
+    if result.status != "error" or "DataLoader worker" not in error or not any(d in error for d in WORKER_DEATHS):
+        return result
+    now = oom_kills() if oom_before is not None else None
+    if now is None or now == oom_before:
+        return result
+    return replace(result, status="oom", error=f"a loader worker was killed, most likely by the kernel's out-of-memory killer "
+                                              f"(its oom_kill counters rose during the trial): {error}"[:400])

@@ -26,7 +26,7 @@ from typing import Any
 from autotune.files import maker_is_gone
 from autotune.records import MAX_SECONDS, TrialOptions, TrialResult, Workload
 from autotune.runner import zygote
-from autotune.runner.failures import killed
+from autotune.runner.failures import killed, worker_oom
 from autotune.train_setup import TrainSetup
 from probes.cgroup import oom_kills
 
@@ -184,7 +184,7 @@ def _supervise(
         for event in events:
             kind = event.get("event")
             if kind == "result":
-                return TrialResult.from_dict(event["result"])
+                return worker_oom(TrialResult.from_dict(event["result"]), oom_before)
             if kind == "window":
                 value = float(event["samples_per_s"])
                 windows.append(value)
