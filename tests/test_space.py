@@ -162,6 +162,29 @@ def test_the_large_batch_guess_keeps_the_workers_the_first_guess_needs_on_a_smal
     assert more.queue_fits(second.num_workers, second.prefetch_factor or 1, second.batch_size)
 
 
+def test_data_that_loads_faster_in_the_training_process_gets_a_guess_without_workers() -> None:
+    """Small items (token ids, tabular rows): loading them in the training process (no workers) is several times faster
+    than workers hand them over, and as fast as the overlap could be. That setup is a guess of its own (before, a search
+    of few trials tried no workers only in the PyTorch defaults' setup), first where it is expected to be faster."""
+    def tiny_items(alone: float, one_worker: float, computing: float) -> Calibration:
+        return dataclasses.replace(calibration(), compute_samples_per_s=computing,
+                                   loader=(LoaderPoint(0, "ok", alone), LoaderPoint(1, "ok", one_worker)))
+
+    close = tiny_items(261_000.0, 38_000.0, 43_000.0)  # in turn 1 / (1/261k + 1/43k) = 36.9k against at most 38k
+    space = build_space(device=CPU, calibration=close, usable_cores=2, effective_batch=None, constraints={})
+    first, in_process, split = guess_setups(space, close, CPU, 2)
+    assert first.num_workers == 1 and in_process == first.replace(num_workers=0, prefetch_factor=None, persistent_workers=False)
+    assert split.num_workers == 1 and split.num_threads == 1
+    faster = tiny_items(400_000.0, 20_000.0, 43_000.0)  # 38.8k in turn against 20k the one worker delivers
+    assert guess_setups(space, faster, CPU, 2)[0].num_workers == 0
+    # Images decoded in the training process hold the step up (300 computing, 678 loading: 208 in turn against 300).
+    jpegs = tiny_items(678.0, 655.0, 300.0)
+    assert [g.num_workers for g in guess_setups(space, jpegs, CPU, 2)] == [1, 1]
+    pinned = build_space(device=CPU, calibration=close, usable_cores=2, effective_batch=None,
+                         constraints=merge_constraints([parse_constraint("num_workers=1..2")]))
+    assert all(g.num_workers for g in guess_setups(pinned, close, CPU, 2))  # no 0 workers in the space
+
+
 def test_on_a_cpu_a_guess_splits_the_cores_between_loader_workers_and_training_threads() -> None:
     space = build_space(device=CPU, calibration=calibration(), usable_cores=2, effective_batch=None, constraints={})
     first, split = guess_setups(space, calibration(), CPU, 2)

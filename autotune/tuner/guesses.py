@@ -11,6 +11,10 @@ from autotune.tuner.space import Space, probe_batch
 #: the largest batch worth a first trial of its own.
 BATCH_GAIN = 1.10
 
+#: Share of the first guess's expected rate at which loading in the training process (no loader workers) is expected
+#: to come close enough to be a guess of its own (:func:`in_process_guess`).
+IN_PROCESS_SHARE = 0.8
+
 
 def guess_setups(space: Space, calibration: Calibration, device: DeviceInfo, usable_cores: int) -> list[TrainSetup]:
     """Probe-informed first trials, after the defaults (clipped into the space by the caller).
@@ -22,6 +26,9 @@ def guess_setups(space: Space, calibration: Calibration, device: DeviceInfo, usa
     largest batch at least 10 % faster than the smallest), a second guess
     is the first at the largest batch of the space that its loader workers
     can still feed within one epoch of the data (:func:`_largest_fed_batch`).
+    Where the data loads so fast in the training process that handing it over
+    from workers costs about as much, the first without workers is a guess
+    too (:func:`in_process_guess`).
 
     On a CPU, where loader workers and training threads share the cores, one
     more guess gives each worker a core of its own: the first guess with at
@@ -32,6 +39,9 @@ def guess_setups(space: Space, calibration: Calibration, device: DeviceInfo, usa
     """
     first = guess_setup(space, calibration, device, usable_cores)
     guesses = [first]
+    in_process = in_process_guess(space, calibration, first)
+    if in_process is not None:  # ahead of the first where it is expected to be faster
+        guesses.insert(0 if in_process[1] >= 1.0 else 1, in_process[0])
     split = core_split(space, first, device, usable_cores)
     if split is not None:
         guesses.append(split)
@@ -42,6 +52,28 @@ def guess_setups(space: Space, calibration: Calibration, device: DeviceInfo, usa
     if len(rates) >= 2 and rates[-1][1] >= BATCH_GAIN * rates[0][1] and larger > first.batch_size:
         guesses.append(first.replace(batch_size=larger))
     return [_queue_within_epoch(space, guess) for guess in guesses]
+
+
+def in_process_guess(space: Space, calibration: Calibration, first: TrainSetup) -> tuple[TrainSetup, float] | None:
+    """``first`` without loader workers, with its expected rate over ``first``'s, where that ratio is at least
+    :data:`IN_PROCESS_SHARE`; None otherwise (or where the space offers no 0 workers, or the calibration lacks a rate).
+
+    Without workers the training process loads and computes in turn: ``1 / (1 / loading + 1 / computing)`` from the
+    calibration's loader-only rate without workers and its compute-only rate. With ``first``'s workers the two overlap:
+    at most the smaller of their loader-only rate and the compute-only rate (on a CPU less, as the workers take cores
+    from training). Small items (token ids, tabular rows) load in the training process several times faster than
+    workers hand them over (the batches pass through shared memory and a queue): there no workers can win, and a
+    search of a few trials would otherwise try it only in the PyTorch defaults' setup."""
+    if not first.num_workers or 0 not in space.values["num_workers"]:
+        return None
+    rates = {p.num_workers: p.samples_per_s for p in calibration.loader if p.status == "ok" and p.samples_per_s}
+    computing, alone, fed = calibration.compute_samples_per_s, rates.get(0), rates.get(first.num_workers)
+    if not computing or not alone or not fed:
+        return None
+    ratio = (1.0 / (1.0 / alone + 1.0 / computing)) / min(fed, computing)
+    if ratio < IN_PROCESS_SHARE:
+        return None
+    return first.replace(num_workers=0, prefetch_factor=None, persistent_workers=False), ratio
 
 
 def _largest_fed_batch(space: Space, first: TrainSetup) -> int:
