@@ -413,6 +413,22 @@ def test_a_finalist_whose_rounds_disagree_with_its_trial_beyond_twice_is_named()
     assert any(f"{MID.describe()}: 530.0 samples/s in the rounds, 240.0 in its trial" in n for n in faster.notes)
 
 
+def test_a_speedup_whose_paired_rounds_disagree_is_said_to_be_no_figure_to_rely_on() -> None:
+    """The defaults' torch-chosen thread count collapsed whenever another process took a core (27,098 samples/s, then
+    432, 374, 27,104): the paired ratios ran from 0.078x to 59.9x, and their median 2.63x sat beside two medians 1.02x
+    apart with no word (a probe on a shared 2-core machine). The note says the speedup cannot be relied on."""
+    defaults = (27098.0, 432.0, 374.0, 27104.0)
+    swung = _best([_confirmed(MID, tuple(r * d for r, d in zip((1.19, 59.9, 5.8, 0.078), defaults, strict=True))),
+                   _confirmed(DEFAULTS, defaults)])
+    assert swung.setup == MID and swung.speedup == pytest.approx(2.627, abs=0.01)
+    (note,) = [n for n in swung.notes if n.startswith("the winner's paired rounds against the PyTorch defaults disagree")]
+    assert note == ("the winner's paired rounds against the PyTorch defaults disagree (ratios 0.078x to 59.9x over 4 rounds): "
+                    "the load on the machine changed within rounds, which pairing does not cancel, so the 2.63x speedup is no "
+                    "figure to rely on; run the search again on an idle machine")
+    steady = _best([_confirmed(MID, (230.0, 220.0, 250.0)), _confirmed(DEFAULTS, (100.0, 105.0, 98.0))])
+    assert not any("paired rounds against the PyTorch defaults disagree" in n for n in steady.notes)
+
+
 def test_reduced_precision_that_gains_nothing_over_its_fp32_twin_gives_way() -> None:
     """A bf16 leader within the noise of the same setup in float32: the float32 one wins (the numerics stay); a clear gain keeps bf16."""
     bf16 = TrainSetup(batch_size=64, num_workers=1, prefetch_factor=2, persistent_workers=True, amp="bf16")  # batch 64: both change the math

@@ -20,7 +20,7 @@ from autotune.rounds import Ceilings, Confirmed
 from autotune.train_setup import TrainSetup
 from autotune.tuner.choice import choose_winner
 from autotune.tuner.constraints import Constraint
-from autotune.tuner.noise import median_ratio, paired_ratios
+from autotune.tuner.noise import disagree, median_ratio, paired_ratios
 from autotune.tuner.space import DEFAULT_BATCH
 
 
@@ -76,6 +76,12 @@ def make_best(
         base = baseline.median if baseline is not None else None
         speedup = paired_speedup(chosen, baseline) if baseline is not None else None
         notes.extend(why)
+        if baseline is not None and baseline is not chosen and speedup is not None and disagree(chosen, baseline):
+            ratios = sorted(paired_ratios(chosen, baseline))
+            notes.append(f"the winner's paired rounds against the PyTorch defaults disagree (ratios {ratios[0]:.3g}x to "
+                         f"{ratios[-1]:.3g}x over {len(ratios)} rounds): the load on the machine changed within rounds, which "
+                         f"pairing does not cancel, so the {speedup:.2f}x speedup is no figure to rely on; run the search "
+                         "again on an idle machine")
         if chosen.candidate.no_twin and setup.amp != "off":
             notes.append(f"the winner's float32 twin was not re-measured: {chosen.candidate.no_twin}, so the same setup in "
                          "float32 would be clearly slower")
