@@ -13,6 +13,7 @@ from typing import Any, Literal
 from autotune.devices import device_type
 from autotune.errors import UsageError
 from autotune.train_setup import TrainSetup
+from autotune.units import counted
 
 #: Share above the compute-only rate a loader must deliver to keep the device fed despite its jitter.
 LOADER_MARGIN = 1.25
@@ -110,7 +111,7 @@ class Workload:
     def describe(self) -> str:
         """One line: what is trained, on which device, from which data."""
         if self.task is not None:
-            size = f"{self.images} samples" if self.images is not None else "an iterable dataset"
+            size = counted(self.images, "sample") if self.images is not None else "an iterable dataset"
             return f"workload {self.task} on {self.device}, {size}"
         data = self.data or "synthetic JPEGs (no --data given)"
         return f"{self.model} @ {self.image_size}px on {self.device}, data: {data}"

@@ -11,7 +11,7 @@ import re
 from autotune.errors import UsageError
 from probes.units import format_bytes
 
-__all__ = ["format_bytes", "parse_size"]
+__all__ = ["counted", "format_bytes", "parse_size"]
 
 _UNITS = {
     "": 1,
@@ -50,3 +50,8 @@ def parse_size(text: str) -> int:
     if value <= 0:
         raise UsageError(f"memory size must be > 0, got {text!r}")
     return value
+
+
+def counted(count: int, noun: str) -> str:
+    """``1 sample``, ``2 samples``: ``count`` and ``noun``, plural unless the count is one (the noun takes an ``s``)."""
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"

@@ -34,6 +34,7 @@ from autotune.records import LR_SCALINGS
 from autotune.redact import hide_passwords
 from autotune.torch_knobs import COMPILE_MODES, DECODES, OPTIMIZER_IMPLS
 from autotune.train_setup import AMP_MODES
+from autotune.units import counted
 from autotune.workloads.data import SPLITS, synthetic_dir
 from autotune.workloads.models import validate_model_ref
 from probes.cpu import BF16_FLAGS
@@ -116,7 +117,7 @@ def _hardware_summary(hardware: dict[str, Any]) -> str:
 def _header(best: Best, data_is_synthetic: bool) -> str:
     workload, setup = best.workload, best.setup
     if workload.task is not None:
-        size = f"{workload.images} samples" if workload.images is not None else "an iterable dataset"
+        size = counted(workload.images, "sample") if workload.images is not None else "an iterable dataset"
         tuned = f"Tuned for: workload {workload.task} (autotune.Task) on {workload.device}, {size}"
     else:
         tuned = f"Tuned for: {workload.model} at {workload.image_size} px on {workload.device}, " + (

@@ -36,6 +36,7 @@ from autotune.tuner.signals import interrupts_held
 from autotune.tuner.space import Space
 from autotune.tuner.storage import DATABASE_ERRORS, storage_failure
 from autotune.tuner.study import ROLE_DEFAULTS, ROLE_SEARCH, SearchStudy
+from autotune.units import counted
 from autotune.workloads.pipeline import NO_FULL_STEP
 
 
@@ -250,17 +251,17 @@ def unfed(setup: TrainSetup, workload: Workload, knob_terms: bool = False) -> st
     images = workload.images
     if images is None:
         return None
-    unit = "samples" if workload.task else "images"
+    unit = "sample" if workload.task else "image"
     batch, prefetch = setup.batch_size, setup.prefetch_factor or 2
     if setup.effective_batch() > images:
         step = (f"batch_size={batch} x accumulation_steps={setup.accumulation_steps}" if knob_terms
                 else f"batch {batch} x {setup.accumulation_steps} accumulation")
-        return f"{step} = {setup.effective_batch()} exceeds the {images} training {unit}: an epoch would hold no optimizer step"
+        return f"{step} = {setup.effective_batch()} exceeds the {counted(images, 'training ' + unit)}: an epoch would hold no optimizer step"
     queue = setup.num_workers * prefetch * batch
     if not queue_fits(setup.num_workers, prefetch, batch, images):
         held = (f"num_workers={setup.num_workers} x prefetch_factor={prefetch} x batch_size={batch}" if knob_terms
                 else f"{setup.num_workers} workers x prefetch {prefetch} x batch {batch}")
-        return f"the loader queue ({held} = {queue} samples) is larger than an epoch of {images} {unit}"
+        return f"the loader queue ({held} = {queue} samples) is larger than an epoch of {counted(images, unit)}"
     return None
 
 

@@ -22,6 +22,7 @@ from autotune.tuner.choice import choose_winner
 from autotune.tuner.constraints import Constraint
 from autotune.tuner.noise import disagree, median_ratio, paired_ratios
 from autotune.tuner.space import DEFAULT_BATCH
+from autotune.units import counted
 
 
 def make_best(
@@ -150,7 +151,7 @@ def make_best(
                      f"the trials measured speed at your rate, so the scaled one is a rule, not tested for stability here "
                      f"(train.py stops on a NaN loss: then lower --lr); {keep}")
     if effective_batch is None and reference < recipe * world_size:
-        notes.append(f"the data holds {workload.images} samples{' per rank' if world_size > 1 else ''}, fewer than "
+        notes.append(f"the data holds {counted(workload.images or 0, 'sample')}{' per rank' if world_size > 1 else ''}, fewer than "
                      f"{'your recipe' if workload.reference_batch else 'the default'}'s batch {recipe}: a DataLoader's batch holds "
                      f"them all, as the defaults ran, so your lr {workload.lr:g} is taken as the rate for batch {reference}")
     if effective_batch is not None and workload.reference_batch is not None and effective_batch != recipe * world_size:
