@@ -388,6 +388,11 @@ def test_a_precision_that_failed_every_calibration_run_is_left_out() -> None:
     oom = replace(failing, precisions=(*failing.precisions[:2], PrecisionPoint("bf16", False, "oom", None),
                                        PrecisionPoint("bf16", True, "error", None)))
     assert build_space(device=CPU, calibration=oom, usable_cores=2, effective_batch=None, constraints={}).values["amp"] == ("off", "bf16")
+    # A loss that turns NaN after some steps diverges in float32 too: not bf16's fault, and bf16 stays (before, it was
+    # left out "as every run in it diverged", while the defaults' trial then stopped the search for the same NaN).
+    later_nan = replace(failing, precisions=(PrecisionPoint("off", False, "diverged", None), PrecisionPoint("bf16", False, "diverged", None)))
+    kept = build_space(device=CPU, calibration=later_nan, usable_cores=2, effective_batch=None, constraints={})
+    assert kept.values["amp"] == ("off", "bf16") and "left out" not in kept.describe()
 
 
 def test_a_pinned_effective_batch_offers_its_divisors_that_fit() -> None:

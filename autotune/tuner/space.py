@@ -305,13 +305,12 @@ def ddp_values(world_size: int) -> dict[str, tuple[Any, ...]]:
 
 
 def failed_precisions(calibration: Calibration) -> dict[str, str]:
-    """The reduced precisions in which every compute-only run of the calibration failed (not for memory), with the status."""
-    failed: dict[str, str] = {}
-    for amp in {p.amp for p in calibration.precisions} - {"off"}:
-        statuses = {p.status for p in calibration.precisions if p.amp == amp}
-        if statuses and statuses <= {"error", "diverged"}:
-            failed[amp] = "/".join(sorted(statuses))
-    return failed
+    """The reduced precisions in which every compute-only run of the calibration failed (not for memory), with the status;
+    none where every float32 run failed too (a loss that turns NaN after some steps: not the precision's fault)."""
+    statuses = {amp: {p.status for p in calibration.precisions if p.amp == amp} for amp in {p.amp for p in calibration.precisions}}
+    if statuses.get("off", {"ok"}) <= {"error", "diverged"}:
+        return {}
+    return {amp: "/".join(sorted(seen)) for amp, seen in statuses.items() if amp != "off" and seen <= {"error", "diverged"}}
 
 
 def build_space(
