@@ -196,6 +196,20 @@ def test_an_input_bound_winner_held_to_few_workers_by_a_small_dataset_is_told_so
         "batch) lets more workers feed it.")
 
 
+def test_an_input_bound_winner_whose_workers_deliver_less_than_loading_in_process_is_pointed_to_no_workers() -> None:
+    """Small items (a dict batch of token ids, a probe of 2026-12-05): one worker delivered 12,030 samples/s, the training
+    process alone 34,900; the advice named a cheaper __getitem__ or more cores, never loading without workers."""
+    best = _best([_confirmed(MID, (240.0,))])
+    records = [_record(2, MID, 240.0, wait=0.5)]
+    handover = dataclasses.replace(_calibration(1000.0, 12030.0), loader=(LoaderPoint(0, "ok", 34900.0), LoaderPoint(1, "ok", 12030.0)))
+    said = bottleneck_verdict(best, handover, records, CPU)
+    assert said.startswith("input-bound") and said.endswith(
+        " Loading in the training process measured faster than the winner's workers deliver (34900 against 12030 samples/s: "
+        "handing the items over costs more than making them), so --set num_workers=0 searches that side."), said
+    slower = dataclasses.replace(handover, loader=(LoaderPoint(0, "ok", 600.0), LoaderPoint(1, "ok", 12030.0)))
+    assert "training process" not in bottleneck_verdict(best, slower, records, CPU)
+
+
 def test_a_compute_ceiling_at_or_just_below_the_loop_s_rate_is_said_to_be_within_noise() -> None:
     """The README's command, 2026-12-03: compute alone 245 samples/s, together 274 (1.12x, below the 1.25x of "unclear"):
     compute-bound, and the verdict says why a ceiling below the rate reached is not a contradiction."""

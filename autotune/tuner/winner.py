@@ -333,8 +333,13 @@ def bottleneck_verdict(
                    else f"A cheaper dataset {'__iter__' if best.workload.iterable else '__getitem__'} or collate_fn "
                    "(tensors prepared once, not per item)")
         held = _held_by_the_epoch(best, calibration)  # then more cores would feed no more workers: not advised
+        rates = {p.num_workers: p.samples_per_s for p in calibration.loader if p.samples_per_s}
+        alone, fed = rates.get(0), loader if own else rates.get(best.setup.num_workers)  # the winner's workers' rate
+        handover = (f" Loading in the training process measured faster than the winner's workers deliver ({alone:.0f} "
+                    f"against {fed:.0f} samples/s: handing the items over costs more than making them), so "
+                    "--set num_workers=0 searches that side." if best.setup.num_workers and alone and fed and alone > fed else "")
         return (f"input-bound: the winner waits on the DataLoader {wait:.0%} of the time ({facts}). {cheaper}"
-                f"{'' if held else ' or more CPU cores'} would help{held}.")
+                f"{'' if held else ' or more CPU cores'} would help{held}.{handover}")
     if device.type == "cpu" and compute and loader and together < 0.8 * min(compute, loader):
         return (
             f"CPU-shared: {'decoding' if images else 'data loading'} and training compete for the same cores ({facts}); "
