@@ -787,7 +787,7 @@ def test_a_searching_worker_says_when_it_fails_a_dead_worker_s_trial(tmp_path) -
     trial.set_user_attr(ATTR_WORKER, holder.to_dict())
     crew, reporter = Crew(study, wait_s=600.0, poll_s=0.01), _Said()
     crew.explore(study, SimpleNamespace(wanted=0), reporter, runner=None)  # type: ignore[arg-type]
-    assert f"left running by a worker that is gone, marked failed: trial #{trial.number}" in reporter.said
+    assert f"left running by a worker that is gone, marked failed and queued again: trial #{trial.number}" in reporter.said
     assert study.study.get_trials(deepcopy=False)[trial.number].state == TrialState.FAIL
 
 

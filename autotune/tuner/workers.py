@@ -300,7 +300,7 @@ class Crew:
         waiting = False
         while True:
             if stale := self.fail_stale():  # a worker that died mid-trial: its trial runs again here or in another worker
-                reporter.message(f"left running by a worker that is gone, marked failed: {', '.join(f'trial #{n}' for n in stale)}")
+                reporter.message(f"left running by a worker that is gone, marked failed and queued again: {', '.join(f'trial #{n}' for n in stale)}")
             finished, running = self._retry(lambda: study.counts(plan.wanted))
             if finished >= plan.wanted:
                 return
