@@ -30,8 +30,9 @@ from autotune.records import TrialResult
 from autotune.time_spent import TimeSpent
 from autotune.train_setup import TrainSetup
 from autotune.tuner.budget import counted
+from autotune.tuner.heartbeats import heartbeats
 from autotune.tuner.lock import Holder
-from autotune.tuner.storage import heartbeats, is_shared, journal_path, with_retries
+from autotune.tuner.storage import is_shared, journal_path, with_retries
 from autotune.tuner.study import SearchStudy
 from autotune.tuner.workers import ATTR_WORKER, Crew
 

@@ -3,7 +3,7 @@
 * ``sqlite:///...`` (the default, in ``--out``): embedded, one search at a time.
 * ``postgresql://user@host/db`` (or another server URL Optuna's RDB storage
   takes): a study shared by workers on many machines. Every running trial
-  records an Optuna heartbeat every :func:`heartbeat_s` seconds; a trial
+  records an Optuna heartbeat every :func:`~autotune.tuner.heartbeats.heartbeat_s` seconds; a trial
   whose heartbeat is older than three intervals is failed by the next worker
   that looks (``optuna.storages.fail_stale_trials``) and queued again with
   its parameters (``RetryHeartbeatStaleTrialCallback``).
@@ -21,7 +21,6 @@ import contextlib
 import os
 import random
 import re
-import threading
 import time
 import urllib.parse
 import warnings
@@ -37,14 +36,13 @@ from optuna.storages.journal import JournalFileBackend
 
 from autotune.errors import StorageError, UsageError
 from autotune.redact import hide_passwords
+from autotune.tuner.heartbeats import heartbeat_s
 from autotune.tuner.signals import stop_requested, wait_unless_stopped
 
 T = TypeVar("T")
 
 JOURNAL_SCHEME = "journal://"
 
-#: Seconds between a running trial's heartbeats (``AUTOTUNE_HEARTBEAT_S`` overrides it).
-HEARTBEAT_S = 10
 #: Attempts and first pause of a worker that lost its storage (the pause doubles: 1+2+4+8+16 s;
 #: ``AUTOTUNE_STORAGE_RETRIES`` overrides the attempts).
 RETRIES = 6
@@ -57,14 +55,6 @@ def retries() -> int:
         return max(1, int(os.environ.get("AUTOTUNE_STORAGE_RETRIES", RETRIES)))
     except ValueError:
         return RETRIES
-
-
-def heartbeat_s() -> int:
-    """The heartbeat interval in whole seconds (Optuna takes an int)."""
-    try:
-        return max(1, int(os.environ.get("AUTOTUNE_HEARTBEAT_S", HEARTBEAT_S)))
-    except ValueError:
-        return HEARTBEAT_S
 
 
 def journal_path(url: str) -> str | None:
@@ -356,44 +346,3 @@ def storage_failure(storage: str, exc: BaseException) -> StorageError:
         f"cannot write to the study storage {storage}: {first_line(storage_cause(exc))}; what it stored before this is kept "
         "(finished trials, calibration): free disk space or bring the storage back, then rerun the same command to resume"
     ))
-
-
-def supports_heartbeat(study: optuna.Study) -> bool:
-    """Whether the study's storage records trial heartbeats."""
-    return optuna.storages._heartbeat.is_heartbeat_enabled(study._storage)
-
-
-def stale_trial_ids(study: optuna.Study) -> set[int]:
-    """Running trials with a stale heartbeat: what ``optuna.storages.fail_stale_trials`` fails next (none without)."""
-    return set(study._storage._get_stale_trial_ids(study._study_id)) if supports_heartbeat(study) else set()  # type: ignore[attr-defined]
-
-
-@contextmanager
-def heartbeats(study: optuna.Study, trial_id: int) -> Iterator[None]:
-    """Record the trial's heartbeat in a thread while the block runs (a no-op without heartbeats).
-
-    A heartbeat that fails (a lost connection) is skipped: the worker's next
-    storage call finds the loss and retries.
-    """
-    if not supports_heartbeat(study):
-        yield
-        return
-    storage: Any = study._storage
-    stop = threading.Event()
-
-    def beat() -> None:
-        while True:
-            try:
-                storage.record_heartbeat(trial_id)
-            except Exception:  # the main loop reports a lost storage
-                pass
-            if stop.wait(storage.get_heartbeat_interval()):
-                return
-
-    thread = threading.Thread(target=beat, name="autotune-heartbeat", daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join(timeout=5)

@@ -45,13 +45,14 @@ from autotune.tuner import elections
 from autotune.tuner.budget import STUDY_BUDGET
 from autotune.tuner.config import SearchOutcome
 from autotune.tuner.explore import Exploration, check_recipe, known_result, pruning_hook, queue_refinements, setup_for, starved
+from autotune.tuner.heartbeats import heartbeats, stale_trial_ids
 from autotune.tuner.identity import signature_difference
 from autotune.tuner.lock import STALE_AFTER_S, Holder
 from autotune.tuner.patience import Patience
 from autotune.tuner.pending import PendingTrial, kept_pending
 from autotune.tuner.progress import Reporter
 from autotune.tuner.signals import interrupts_held, sigterm_as_interrupt
-from autotune.tuner.storage import heartbeats, stale_trial_ids, with_retries
+from autotune.tuner.storage import with_retries
 from autotune.tuner.study import ATTR_ROLE, ATTR_WORKER, ROLE_SEARCH, STUDY_WINNER, SearchStudy
 from autotune.tuner.study_report import stored_confirmed
 
