@@ -394,6 +394,32 @@ def test_a_stop_before_a_step_leaves_its_retries_as_they_were(monkeypatch) -> No
         clear_stop()
 
 
+@pytest.mark.slow
+def test_a_study_opened_while_its_server_restarts_is_retried_not_refused(postgres, monkeypatch, capfd) -> None:
+    """The server restarts (a failover, a restart of PostgreSQL) right after a worker reached it, while it opens the
+    study: the opening is retried like every other storage step. Before, the worker stopped at once with `cannot open
+    study storage ...: server closed the connection unexpectedly` (or Optuna's guess at invalid data), after Optuna
+    printed its query and parameters in a 9-line notice."""
+    import threading
+
+    import autotune.tuner.study as study_module
+    from autotune.tuner.storage import open_storage
+
+    url = postgres.url
+    backend = open_storage(url)  # the server reached, as the worker's first step does
+    monkeypatch.setattr(study_module, "open_storage", lambda _url: backend)
+    SearchStudy.open(url, "restarted", shared=True).study.set_user_attr("before", 1)  # a connection in the pool; the server goes
+    postgres.stop()
+    restart = threading.Timer(2.0, postgres.start)
+    restart.start()
+    try:
+        study = SearchStudy.open(url, "restarted", shared=True)
+    finally:
+        restart.join()
+    assert study.name == "restarted" and study.study.user_attrs["before"] == 1
+    assert "Caught an error from sqlalchemy" not in capfd.readouterr().err
+
+
 def test_a_lost_database_names_its_own_error_not_optuna_s_guess_at_invalid_data(monkeypatch) -> None:
     """Optuna wraps a commit on a dropped connection in StorageInternalError, whose words blame invalid data."""
     monkeypatch.setenv("AUTOTUNE_STORAGE_RETRIES", "1")

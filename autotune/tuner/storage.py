@@ -18,6 +18,7 @@ A worker that cannot reach a shared storage retries with backoff
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import random
 import re
@@ -40,6 +41,16 @@ from autotune.tuner.heartbeats import heartbeat_s
 from autotune.tuner.signals import stop_requested, wait_unless_stopped
 
 T = TypeVar("T")
+
+
+def _no_fallback_notice(record: logging.LogRecord) -> bool:
+    """Optuna's notice of a query it runs again another way (``Caught an error from sqlalchemy ... Falling back to a
+    slower alternative``): on a lost connection it printed the SQL with its parameters, 9 lines guessing at too many
+    query variables. The retries and their one line say what failed."""
+    return not record.getMessage().startswith("Caught an error from sqlalchemy")
+
+
+logging.getLogger("optuna.storages._rdb.storage").addFilter(_no_fallback_notice)
 
 JOURNAL_SCHEME = "journal://"
 

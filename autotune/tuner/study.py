@@ -35,7 +35,7 @@ from autotune.tuner.constraints import Constraint, excluding
 from autotune.tuner.identity import signature_difference
 from autotune.tuner.lock import Holder
 from autotune.tuner.pruning import ScreeningPruner
-from autotune.tuner.storage import foreign_sqlite, open_storage, storage_file
+from autotune.tuner.storage import foreign_sqlite, open_storage, storage_cause, storage_file, with_retries
 from autotune.tuner.stored_records import UnreadableRecord, stored_result, stored_setup
 from autotune.tuner.stores import StudyStores
 
@@ -112,26 +112,25 @@ class SearchStudy(StudyStores):
         (its ``--set``) allow: the PyTorch defaults they exclude are the baseline only.
 
         Raises:
-            StorageError: The storage cannot be opened, or ``name`` is a study another program filled (trials, no
-                search signature), refused before anything is written to it (``in_out``: the storage is
-                ``--out``'s own ``study.db``).
+            StorageError: The storage cannot be opened (a connection lost meanwhile is retried, as every storage
+                step is), or ``name`` is a study another program filled (trials, no search signature), refused
+                before anything is written to it (``in_out``: the storage is ``--out``'s own ``study.db``).
         """
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
-        n_startup = startup_trials_for(trials)
-        backend = open_storage(storage)
-        drawn, foreign = 0, 0
-        try:
-            existing = optuna.load_study(study_name=name, storage=backend)
-            n_startup = int(existing.user_attrs.get(STUDY_STARTUP_TRIALS, n_startup))
-            # A sampler seeded as in the first run would draw the first run's points again.
-            drawn = len(existing.get_trials(deepcopy=False))
-            foreign = _foreign_trials(existing)
-        except Exception:  # a new study, or a storage error reported just below
-            pass
-        if foreign:
-            raise _foreign(name, hide_passwords(storage), foreign, f"pass {'another --out' if in_out else '--study NEW_NAME'}")
-        try:
+        backend = open_storage(storage)  # a URL that reaches nothing fails here, at once
+
+        def opened() -> optuna.Study:  # repeatable: a connection lost meanwhile (a server restarting) runs it again
+            n_startup, drawn = startup_trials_for(trials), 0
+            try:
+                existing = optuna.load_study(study_name=name, storage=backend)
+            except KeyError:  # a new study
+                existing = None
+            if existing is not None:
+                n_startup = int(existing.user_attrs.get(STUDY_STARTUP_TRIALS, n_startup))
+                drawn = len(existing.get_trials(deepcopy=False))  # a sampler seeded as in the first run draws its points again
+                if foreign := _foreign_trials(existing):
+                    raise _foreign(name, hide_passwords(storage), foreign, f"pass {'another --out' if in_out else '--study NEW_NAME'}")
             study = optuna.create_study(
                 storage=backend,
                 study_name=name,
@@ -140,14 +139,19 @@ class SearchStudy(StudyStores):
                 pruner=ScreeningPruner(counts=_within(pins) if pins else None),
                 load_if_exists=True,
             )
+            if STUDY_STARTUP_TRIALS not in study.user_attrs:
+                study.set_user_attr(STUDY_STARTUP_TRIALS, n_startup)
+            if not shared and STUDY_BUDGET not in study.user_attrs:  # `autotune status` reads "0/N" during the calibration
+                study.set_user_attr(STUDY_BUDGET, trials)
+            return study
+
+        try:
+            return cls(with_retries(opened, hide_passwords(storage)), storage, name)
+        except StorageError:
+            raise
         except Exception as exc:  # sqlalchemy / redis / journal errors all differ
-            message = f"cannot open study storage {storage!r}: {_first_line(exc)}"
+            message = f"cannot open study storage {storage!r}: {_first_line(storage_cause(exc))}"
             raise StorageError(hide_passwords(message)) from None
-        if STUDY_STARTUP_TRIALS not in study.user_attrs:
-            study.set_user_attr(STUDY_STARTUP_TRIALS, n_startup)
-        if not shared and STUDY_BUDGET not in study.user_attrs:  # `autotune status` reads "0/N" during the calibration
-            study.set_user_attr(STUDY_BUDGET, trials)
-        return cls(study, storage, name)
 
     @classmethod
     def load(cls, storage: str, name: str | None = None) -> SearchStudy:
