@@ -465,6 +465,11 @@ def test_storages_that_cannot_open_say_why(tmp_path) -> None:
                                            r"percent-encode an '@' in the user name or password as %40") as raised:
         open_storage("postgresql://u:pa@ss9Q@127.0.0.1:1/db")
     assert "ss9Q" not in str(raised.value)
+    # Python's and SQLAlchemy's words for a port that is no number and a URL pasted with a space.
+    with pytest.raises(StorageError, match=r"'postgresql://u:\*\*\*@localhost:abc/db': its port 'abc' is not a number$"):
+        open_storage("postgresql://u:pw@localhost:abc/db")  # before: "invalid literal for int() with base 10: 'abc'"
+    with pytest.raises(StorageError, match=r"' postgresql://u@localhost/db': it begins or ends with a space$"):
+        open_storage(" postgresql://u@localhost/db")  # before: "Could not parse SQLAlchemy URL from given URL string"
     # A password given as a query parameter is hidden too.
     with pytest.raises(StorageError) as raised:
         open_storage("postgresql://u@127.0.0.1:1/db?connect_timeout=1&password=s3cr3tQ")

@@ -194,7 +194,12 @@ def check_storage_url(url: str) -> None:
         raise StorageError(hide_passwords(f"cannot open study storage {url!r}: no storage kind {url.split(':', 1)[0]}://; write "
                                           f"postgresql://USER@HOST/DB, sqlite:///ABSOLUTE/PATH.db or {JOURNAL_SCHEME}/ABSOLUTE/PATH.log")) from None
     except Exception as exc:  # sqlalchemy's parse and plugin errors differ
-        raise StorageError(hide_passwords(f"cannot open study storage {url!r}: {first_line(exc)}")) from None
+        why = first_line(exc)
+        if "invalid literal for int()" in why:  # postgresql://HOST:abc/DB
+            why = f"its port {why.rsplit(': ', 1)[-1]} is not a number"
+        elif url != url.strip():  # pasted with a space
+            why = "it begins or ends with a space"
+        raise StorageError(hide_passwords(f"cannot open study storage {url!r}: {why}")) from None
     if not where or where == ":memory:":
         raise StorageError(hide_passwords(f"study storage {url!r} is an in-memory database, lost when the search ends: "
                                           "give a file (sqlite:///PATH)"))
