@@ -295,30 +295,6 @@ def test_a_loader_worker_killed_while_the_oom_killer_acted_is_oom(cache_dir, mon
         assert result.status == "error" and "out-of-memory killer" not in (result.error or ""), result.error
 
 
-def test_the_batch_file_a_killed_loader_worker_left_in_dev_shm_is_removed_after_its_trial(tmp_path) -> None:
-    """A worker killed by the OOM killer while it filled a batch file left it in /dev/shm (616 MB after one trial of a
-    probe, held until reboot). After each trial, such files of a process that is gone, written during the trial, go;
-    those of a live process, written before the trial or not named by torch stay."""
-    from autotune.runner.shm_files import remove_dead_files
-
-    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True)
-    dead = int(gone.stdout)
-    assert not psutil.pid_exists(dead)
-    since = time.time() - 1.0
-    left = tmp_path / f"torch_{dead}_349324020_0"
-    left.write_bytes(b"x" * 4096)
-    alive = tmp_path / f"torch_{os.getpid()}_1_0"  # a live process's batch in flight
-    alive.write_bytes(b"y")
-    older = tmp_path / f"torch_{dead}_2_0"  # another program's, from before the trial
-    older.write_bytes(b"z")
-    os.utime(older, (since - 60, since - 60))
-    other = tmp_path / f"PostgreSQL.{dead}"
-    other.write_bytes(b"w")
-    assert remove_dead_files(since, tmp_path) == 4096
-    assert not left.exists() and alive.exists() and older.exists() and other.exists()
-    assert remove_dead_files(since, tmp_path / "missing") == 0
-
-
 def test_a_loader_worker_that_found_dev_shm_full_names_it_and_the_fix() -> None:
     """The DataLoader's words for a /dev/shm too small for the batches in flight (a container's 64 MiB default): the
     trial's error names /dev/shm, its size and the fix (before: PyTorch's message alone)."""

@@ -27,7 +27,6 @@ from autotune.files import maker_is_gone
 from autotune.records import MAX_SECONDS, TrialOptions, TrialResult, Workload
 from autotune.runner import zygote
 from autotune.runner.failures import killed, worker_oom
-from autotune.runner.shm_files import remove_dead_files
 from autotune.train_setup import TrainSetup
 from probes.cgroup import oom_kills
 
@@ -127,14 +126,13 @@ def run_trial(
     with tempfile.TemporaryDirectory(prefix=f"{PREFIX}{os.getpid()}-", ignore_cleanup_errors=True) as tmp:
         directory = Path(tmp)
         (directory / zygote.REQUEST).write_text(json.dumps(request), encoding="utf-8")
-        oom_before, started = oom_kills(), time.time() - 1.0  # a second's slack for file times
+        oom_before = oom_kills()
         proc = zygote.launch(directory)
         try:
             return _supervise(proc, directory, options, on_window, oom_before)
         finally:
             proc.kill()
             proc.wait_reaped(timeout=2.0)
-            remove_dead_files(started)  # a batch file of a loader worker killed while it wrote it
 
 
 def _read_events(path: Path, offset: int) -> tuple[list[dict[str, Any]], int]:
