@@ -35,6 +35,16 @@ def is_out_of_memory(exc: BaseException) -> bool:
     )
 
 
+#: How PyTorch says that loader workers found /dev/shm full: a batch it cannot allocate there, or a worker's SIGBUS
+#: (its message adds that the workers may be out of shared memory).
+SHM_FULL = ("unable to allocate shared memory", "killed by signal: Bus error")
+
+
+def is_shm_full(exc: BaseException) -> bool:
+    """Whether ``exc`` (a ``RuntimeError`` of the DataLoader or its collate) says /dev/shm ran full (:data:`SHM_FULL`)."""
+    return isinstance(exc, RuntimeError) and any(words in str(exc) for words in SHM_FULL)
+
+
 class AutotuneError(Exception):
     """Base class of every error autotune raises on purpose.
 

@@ -348,6 +348,11 @@ class _CorruptStream(IterableDataset):  # type: ignore[type-arg]
             yield pairs[index]
 
 
+def large_items() -> autotune.Task:
+    """64 items of 4096 values: a batch of 16 is 256 KiB, more than a 64 KiB /dev/shm holds."""
+    return autotune.Task(nn.Linear(4096, 3), [(torch.zeros(4096), i % 3) for i in range(64)], batch_size=16)
+
+
 def corrupt_stream() -> autotune.Task:
     """Record 13 of a stream raises when read."""
     return autotune.Task(nn.Linear(8, 3), _CorruptStream(), batch_size=8)

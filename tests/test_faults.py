@@ -295,10 +295,15 @@ def test_a_loader_worker_killed_while_the_oom_killer_acted_is_oom(cache_dir, mon
         assert result.status == "error" and "out-of-memory killer" not in (result.error or ""), result.error
 
 
-def test_a_loader_worker_that_found_dev_shm_full_names_it_and_the_fix() -> None:
+def test_a_loader_worker_that_found_dev_shm_full_names_it_and_the_fix(monkeypatch) -> None:
     """The DataLoader's words for a /dev/shm too small for the batches in flight (a container's 64 MiB default): the
-    trial's error names /dev/shm, its size and the fix (before: PyTorch's message alone)."""
+    trial's error names /dev/shm, its size and the fix (before: PyTorch's message alone). A worker's bus error says so
+    only where /dev/shm is small: with GiB of it, a memory-mapped file cut short raises it too."""
+    import autotune.runner.failures as failures
     from autotune.runner.failures import classify
+    from probes.memory import ShmInfo
+
+    monkeypatch.setattr(failures, "collect_shm", lambda: ShmInfo("/dev/shm", 64 * 2**20, 60 * 2**20))
 
     full = ("Caught RuntimeError in DataLoader worker process 0.\nOriginal Traceback (most recent call last):\n  File \"x.py\""
             "\nRuntimeError: unable to allocate shared memory(shm) for file </torch_28891_1_0>: No space left on device (28)")
@@ -311,6 +316,11 @@ def test_a_loader_worker_that_found_dev_shm_full_names_it_and_the_fix() -> None:
                               "smaller prefetch or batch fit it; to search them all, give the container more shared memory "
                               "(docker run --shm-size=8g or --ipc=host)"), error
     assert "/dev/shm" not in (classify(RuntimeError("DataLoader worker (pid 1) exited unexpectedly")).error or "")
+    monkeypatch.setattr(failures, "collect_shm", lambda: ShmInfo("/dev/shm", 32 * 2**30, 32 * 2**30))
+    assert (classify(RuntimeError(bus)).error or "").endswith(
+        "; a worker's bus error (SIGBUS) means /dev/shm (32.0 GiB, 32.0 GiB free) ran full for a moment, or a memory-mapped "
+        "file the dataset reads was cut short")
+    assert "is too small" in (classify(RuntimeError(full)).error or "")  # that one cannot be a file cut short
 
 
 @pytest.mark.slow

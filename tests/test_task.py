@@ -1062,6 +1062,24 @@ def test_the_task_script_says_bad_data_in_one_line_and_leaves_no_loader_files(
         assert not list(temp.glob("pymp-*"))
 
 
+@pytest.mark.slow
+def test_the_task_script_on_a_real_full_dev_shm_says_so_not_that_the_batch_cannot_be_collated(tmp_path: Path) -> None:
+    """With loader workers PyTorch's default collate allocates the batch in /dev/shm: a 64 KiB tmpfs (in a private
+    mount namespace, as a container's may be) cannot hold it. The line names /dev/shm; before, the script's collate
+    wrapper took the allocation's RuntimeError for items that cannot be collated together."""
+    script = _task_script(tmp_path, "large_items", autotune.TrainSetup(batch_size=16))
+    mount = "mount --make-rprivate / && mount -t tmpfs -o size=64k tmpfs /dev/shm && exec \"$@\""
+    allowed = subprocess.run(["unshare", "-m", "sh", "-c", mount, "sh", "true"], capture_output=True, timeout=60, check=False)
+    if allowed.returncode != 0:
+        pytest.skip(f"this process may not mount a private /dev/shm: {allowed.stderr.decode(errors='replace').strip()}")
+    run = [sys.executable, str(script), "--output-dir", "out", "--workers", "1", "--max-steps", "3"]
+    result = subprocess.run(["unshare", "-m", "sh", "-c", mount, "sh", *run], cwd=script.parent, capture_output=True, text=True,
+                            timeout=300)
+    line = result.stderr.strip().splitlines()[-1]
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    assert line.startswith("error: the loader's workers ran out of shared memory (/dev/shm holds 64 KiB, "), line
+
+
 def test_the_task_script_without_autotune_installed_says_so_in_one_line(
     tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

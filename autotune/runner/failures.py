@@ -8,11 +8,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from autotune.errors import AutotuneError, is_out_of_memory
+from autotune.errors import SHM_FULL, AutotuneError, is_out_of_memory
 from autotune.records import TrialResult
 from autotune.workloads.batches import hinted
 from autotune.workloads.data import BadData
 from probes.cgroup import oom_kills
+from probes.hardware import SHM_MIN_BYTES
 from probes.memory import collect_shm
 from probes.units import format_bytes
 
@@ -65,17 +66,18 @@ def classify(exc: BaseException) -> TrialResult:
     return TrialResult(status="error", error=hinted(_one_line(exc)) + shm_hint(message))
 
 
-#: How PyTorch says that loader workers found /dev/shm full: a tensor it cannot allocate there, or a worker's SIGBUS.
-SHM_FULL = ("unable to allocate shared memory", "out of shared memory", "killed by signal: Bus error")
-
-
 def shm_hint(message: str) -> str:
-    """``; /dev/shm (64.0 MiB, 0 B free) is too small ...`` where ``message`` says the loader's workers found it full;
-    "" otherwise."""
-    if not any(words in message for words in SHM_FULL):
+    """``; /dev/shm (64.0 MiB, 0 B free) is too small ...`` where ``message`` says the loader's workers found it full
+    (a worker's SIGBUS says so where /dev/shm is under 1 GiB; above, it may be a memory-mapped file cut short); ""
+    otherwise."""
+    full, bus = (words in message for words in SHM_FULL)
+    if not full and not bus:
         return ""
     shm = collect_shm()
     size = f" ({format_bytes(shm.total_bytes)}, {format_bytes(shm.free_bytes)} free)" if shm.total_bytes is not None else ""
+    if not full and (shm.total_bytes is None or shm.total_bytes >= SHM_MIN_BYTES):
+        return (f"; a worker's bus error (SIGBUS) means {shm.path}{size} ran full for a moment, or a memory-mapped file the "
+                "dataset reads was cut short")
     return (f"; {shm.path}{size} is too small for this setup's batches in flight (workers x prefetch x batch): fewer "
             "workers, a smaller prefetch or batch fit it; to search them all, give the container more shared memory "
             "(docker run --shm-size=8g or --ipc=host)")

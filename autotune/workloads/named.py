@@ -19,7 +19,7 @@ from typing import Any
 from torch.utils.data import IterableDataset, MapDataPipe, default_collate, get_worker_info
 from torch.utils.data.datapipes.datapipe import IterDataPipe
 
-from autotune.errors import USER_CODE_ERRORS, AutotuneError, WorkloadError, is_out_of_memory
+from autotune.errors import USER_CODE_ERRORS, AutotuneError, WorkloadError, is_out_of_memory, is_shm_full
 from autotune.workloads.batches import RAGGED_HINT, describe_batch, hinted
 from autotune.workloads.collation import ItemsWrapper, batched_read, collate_items, failing_item, same_shapes
 
@@ -89,7 +89,7 @@ class _NamedItems(ItemsWrapper):
     memory stays itself)."""
 
     def failed(self, exc: BaseException, index: int) -> None:
-        if not is_out_of_memory(exc):
+        if not is_out_of_memory(exc) and not is_shm_full(exc):
             raise BadItem(_failed(exc, f"dataset[{index}]")) from exc
 
 
@@ -101,7 +101,7 @@ class _NamedBatches(_NamedItems):
         try:
             return self.dataset.__getitems__(indices)
         except USER_CODE_ERRORS as exc:
-            if is_out_of_memory(exc):
+            if is_out_of_memory(exc) or is_shm_full(exc):
                 raise
             shown = ", ".join(str(i) for i in indices[:8]) + (", ..." if len(indices) > 8 else "")
             where, error = failing_item(self.dataset, indices) or (f"dataset.__getitems__([{shown}])", exc)
@@ -129,7 +129,7 @@ class _NamedStream(IterableDataset):
                 count += 1
                 yield item
         except USER_CODE_ERRORS as exc:
-            if is_out_of_memory(exc):
+            if is_out_of_memory(exc) or is_shm_full(exc):
                 raise
             info = get_worker_info()
             where = f"in loader worker {info.id} of {info.num_workers}, at its item" if info is not None else "at item"
@@ -157,11 +157,15 @@ class _NamedCollate:
                 return collate_items(self.collate, batch, label="batch item")
             return self.collate(batch)
         except WorkloadError as exc:  # collate_items's line, naming the item at fault
+            if exc.__cause__ is not None and (is_out_of_memory(exc.__cause__) or is_shm_full(exc.__cause__)):
+                raise exc.__cause__ from None  # not the items' fault: the script's own line says what ran out
             said = str(exc)
             # In a loader worker the default collate says "Trying to resize storage", not what differs.
             if self.default and RAGGED_HINT not in said and isinstance(batch, list) and not same_shapes(batch):
                 said += RAGGED_HINT
             raise BadBatch(said) from exc.__cause__
         except USER_CODE_ERRORS as exc:
+            if is_out_of_memory(exc) or is_shm_full(exc):
+                raise
             raise BadBatch(hinted(f"what the dataset's __getitems__ returned ({describe_batch(batch)}) cannot be "
                                   f"collated: {type(exc).__name__}: {exc}")) from exc
