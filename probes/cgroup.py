@@ -249,14 +249,15 @@ def memory_limit(root: Path = CGROUP_ROOT, proc_cgroup: str | None = None) -> in
     return min(limits) if limits else None
 
 
-#: The ``memory.stat`` entries of what a cgroup holds that the kernel cannot reclaim without swap: v2's, then v1's.
+#: The ``memory.stat`` entries of what a cgroup holds that the kernel cannot reclaim without swap, each with the shared
+#: memory that older kernels do not list (v1 before 4.x has no ``total_shmem``): v2's, then v1's hierarchical ones.
 _HELD = (("anon", "shmem"), ("total_rss", "total_shmem"))
 
 
 def memory_headroom(root: Path = CGROUP_ROOT, proc_cgroup: str | None = None) -> int | None:
     """What the cgroup memory limits leave this process: at each level that sets one, the limit less what the group
     holds (``memory.stat``: anonymous memory and shared memory such as /dev/shm files; page cache, which the kernel
-    reclaims before it kills, left aside); the smallest.
+    reclaims before it kills, and kernel memory left aside); the smallest.
 
     Args:
         root: Where the cgroup filesystems are mounted.
@@ -269,7 +270,8 @@ def memory_headroom(root: Path = CGROUP_ROOT, proc_cgroup: str | None = None) ->
     room = []
     for directory, limit in _memory_levels(root, proc_cgroup):
         stat = {key: value for key, _, value in (line.partition(" ") for line in (_read(directory / "memory.stat") or "").splitlines())}
-        held = next((sum(int(stat[k]) for k in keys) for keys in _HELD if all(stat.get(k, "").strip().isdigit() for k in keys)), 0)
+        counts = {key: int(value) for key, value in stat.items() if value.strip().isdigit()}
+        held = next((counts[main] + counts.get(shared, 0) for main, shared in _HELD if main in counts), 0)
         room.append(max(0, limit - held))
     return min(room) if room else None
 

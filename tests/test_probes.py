@@ -184,6 +184,7 @@ def test_cgroup_limits_from_fixtures(name: str, cpus: float | None, memory: int 
     [
         ("hybrid", 2 * GIB - 512 * MIB - 100 * MIB),  # v2: the limit less anon and shmem; page cache (file) is reclaimable
         ("v1_quota", 4 * GIB - GIB - 256 * MIB),  # v1: less total_rss and total_shmem (the group's and its children's)
+        ("v1_old", GIB - 256 * MIB),  # a v1 kernel before total_shmem: total_rss alone
         ("v2_quota", 8 * GIB),  # no memory.stat to read: the whole limit
         ("v1_none", None),  # no limit
     ],
