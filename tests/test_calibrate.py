@@ -112,7 +112,7 @@ def test_a_failing_verification_halves_the_batch() -> None:
         WORKLOAD, CPU, usable_cores=4, available_bytes=64 * 2**30, max_memory=None, trial_seconds=10.0, bf16_ok=False, runner=runner
     )
     assert result.max_batch == 128
-    assert result.batch_limit.startswith("a larger one does not fit the memory budget")  # batch 256 ran out of memory
+    assert result.batch_limit == "batch 256 ran out of memory in the memory pre-pass"
     assert result.compute_setup.amp == "off"
 
 
@@ -187,6 +187,10 @@ def test_unknown_gpu_memory_still_finds_large_batches(tiny_workload) -> None:
                     trial_seconds=100.0, bf16_ok=True, runner=runner)
     assert cal.budget_bytes is None
     assert cal.max_batch == 512  # found by running out of memory, not collapsed to batch 1
+    assert cal.batch_limit.endswith("ran out of memory in the memory pre-pass")  # the run that did, not a budget
+    fits = calibrate(replace(tiny_workload, images=100_000), unknown, usable_cores=2, available_bytes=2**34, max_memory=None,
+                     trial_seconds=100.0, bf16_ok=True, runner=FakeRunner())
+    assert fits.batch_limit.startswith("4096 is the largest batch autotune searches")  # no budget: nothing ran out
 
 
 def test_a_budget_that_fits_no_batch_is_one_line(tiny_workload) -> None:

@@ -349,6 +349,7 @@ def test_a_batch_range_between_the_searched_powers_of_two_keeps_its_bounds() -> 
     assert batches("batch_size=5..7", images=12) == (5, 7)  # none inside: the bounds, as pins would be
     assert batches("batch_size=2..4") == (2, 4)  # below the searched floor of 8
     assert batches("batch_size=..6", images=12) == (6,)
+    assert batches("batch_size=10..12", images=12) == (10, 12)  # above the powers searched, within the data (before: refused)
     with pytest.raises(UsageError, match=r"--set batch_size: no value left \(searched here: 8; no batch above 12: an optimizer "
                                          r"step must fit in the data's 12 samples\)$"):
         batches("batch_size=1000..2000", images=12)

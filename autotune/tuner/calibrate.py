@@ -216,7 +216,10 @@ def calibrate(
     if workload.iterable and max_batch > 1:  # a stream of unknown length: the batches it fills bound the space
         filled = _stream_batch(max_batch, workload, runner, replace(short, mode="loader", max_memory_bytes=None), log)
         max_batch, stream_batch = filled, (filled if filled < max_batch else None)
-    bound = "stream" if stream_batch is not None else min(caps, key=lambda k: caps[k]) if candidates and max_batch == candidates[-1] else "memory"
+    above = min((p for p in points if p.batch_size > max_batch and p.status != "ok"), key=lambda p: p.batch_size, default=None)
+    # On a tie the plainest reason: the data's size, the trial's length, the largest batch searched, then memory.
+    bound = ("stream" if stream_batch is not None else f"failed {above.batch_size} {above.status}" if above is not None
+             else min(("data", "trial", "cap", "memory"), key=lambda k: caps[k]))
     limit = _batch_limit(bound, budget=budget, trial_seconds=trial_seconds, rate=rate, data=data_cap, cap=batch_cap)
     middle = probe_batch(max_batch, device)
     reduced = ("bf16" if bf16_ok else "fp16") if cuda else ("bf16" if bf16_ok else None)
@@ -287,7 +290,11 @@ def calibrate(
 
 
 def _batch_limit(bound: str, *, budget: int | None, trial_seconds: float, rate: float, data: int, cap: int) -> str:
-    """Why no larger batch than the calibration's largest is searched (``bound``: the cap that set it), in words."""
+    """Why no larger batch than the calibration's largest is searched (``bound``: the cap that set it, or ``failed N
+    STATUS``: the memory pre-pass's run of batch N ended so), in words."""
+    if bound.startswith("failed "):
+        _, batch, status = bound.split(" ", 2)
+        return f"batch {batch} {'ran out of memory' if status == 'oom' else f'ended {status}'} in the memory pre-pass"
     if bound == "memory":
         return f"a larger one does not fit the memory budget of {format_bytes(budget)}" if budget is not None else "a larger one ran out of memory"
     if bound == "trial":

@@ -183,14 +183,16 @@ def merge_constraints(items: Iterable[Constraint]) -> dict[str, Constraint]:
 
 
 def apply_constraints(
-    base: dict[str, tuple[Any, ...]], constraints: dict[str, Constraint], why: dict[str, str] | None = None
+    base: dict[str, tuple[Any, ...]], constraints: dict[str, Constraint], why: dict[str, str] | None = None,
+    top: dict[str, int] | None = None,
 ) -> dict[str, tuple[Any, ...]]:
     """Narrow each knob's candidates by the user's constraints.
 
     A pinned value is taken as given, even outside the computed candidates;
     whether the hardware offers it (amp=bf16 on a CPU without bf16, say) is
     :func:`check_constraints`' refusal, made before the search starts.
-    ``why`` says, by knob, why its candidates end where they do (the refusal adds it).
+    ``why`` says, by knob, why its candidates end where they do (the refusal adds it); ``top`` gives, by knob, the
+    largest value a bound may keep where its candidates (powers of two) stop below it.
 
     Raises:
         UsageError: A constraint that leaves no candidate.
@@ -214,7 +216,8 @@ def apply_constraints(
             kept = tuple(v for v in base[knob] if constraint.allows(v))
             if not kept and knob == "batch_size":
                 # No power of two in the bounds: the bounds themselves, as pins would be, up to the largest batch.
-                kept = tuple(sorted({b for b in (constraint.low, constraint.high) if b is not None and b <= max(base[knob])}))
+                largest = (top or {}).get(knob, max(base[knob]))
+                kept = tuple(sorted({b for b in (constraint.low, constraint.high) if b is not None and b <= largest}))
         if not kept:
             reason = f"; {why[knob]}" if why and why.get(knob) else ""
             raise UsageError(f"--set {knob}: no value left (searched here: {', '.join(map(shown, base[knob]))}{reason})")

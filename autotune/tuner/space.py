@@ -374,7 +374,7 @@ def build_space(
     check_pins_act(constraints, image_input, world_size)
     check_workload_constraints(constraints, workload, device)
     limit = calibration.batch_limit if top == calibration.max_batch else f"an optimizer step must fit in the data's {images} samples"
-    values = apply_constraints(base, constraints, {"batch_size": f"no batch above {top}: {limit}" if limit else ""})
+    values = apply_constraints(base, constraints, {"batch_size": f"no batch above {top}: {limit}" if limit else ""}, {"batch_size": top})
     failed = failed_precisions(calibration)
     if failed:  # a precision whose compute-only runs all failed fails in every trial too
         values["amp"] = tuple(a for a in values["amp"] if a not in failed)
