@@ -593,6 +593,20 @@ class _TwoInputs(nn.Module):
         return self.a(a) + self.b(b)
 
 
+class _MaskedInside(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = _TwoInputs()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(x)  # the submodule's second input forgotten: the user's bug, not a model of two inputs
+
+
+def masked_inside() -> autotune.Task:
+    """One input, passed on to a submodule that takes two."""
+    return autotune.Task(_MaskedInside(), [(torch.zeros(8), i % 3) for i in range(8)], loss=nn.CrossEntropyLoss())
+
+
 def two_inputs() -> autotune.Task:
     """A model of two inputs given loss=, whose batches hold the inputs as a pair: the model is called with the pair."""
     return autotune.Task(_TwoInputs(), [((torch.zeros(8), torch.zeros(4)), i % 3) for i in range(8)], loss=nn.CrossEntropyLoss())

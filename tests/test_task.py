@@ -420,6 +420,7 @@ def test_good_workloads_become_workload_records() -> None:
         ("forward_fails", "forward failed on the first batch (inputs Tensor[2, 8] float32): RuntimeError"),
         ("two_inputs", "missing 1 required positional argument: 'b'; with loss=, the model is called with one argument, the "
                        "batch's inputs: for a model that takes several, give step=lambda model, batch: ... instead"),
+        ("masked_inside", "TypeError: _TwoInputs.forward() missing 1 required positional argument: 'b'"),  # no step= hint
         ("unpicklable", "dataset (_HoldsFile) cannot be pickled for DataLoader workers"),
     ],
 )
@@ -431,6 +432,7 @@ def test_bad_workloads_fail_in_the_parent_with_one_line(name: str, message: str,
         _workload(name)
     assert message in str(info.value)
     assert "\n" not in str(info.value)
+    assert name == "two_inputs" or "step=lambda" not in str(info.value)  # the hint only where the model's own forward missed one
 
 
 def test_a_stream_that_augments_randomly_is_still_caught_yielding_whole_from_every_worker() -> None:

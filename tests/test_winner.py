@@ -208,6 +208,9 @@ def test_an_input_bound_winner_whose_workers_deliver_less_than_loading_in_proces
         "handing the items over costs more than making them), so --set num_workers=0 searches that side."), said
     slower = dataclasses.replace(handover, loader=(LoaderPoint(0, "ok", 600.0), LoaderPoint(1, "ok", 12030.0)))
     assert "training process" not in bottleneck_verdict(best, slower, records, CPU)
+    lost = [*records, TrialRecord(3, "guess", MID.replace(num_workers=0, prefetch_factor=None, persistent_workers=False),
+                                  TrialResult(status="ok", samples_per_s=200.0))]  # no workers tried beyond the defaults, and slower
+    assert "training process" not in bottleneck_verdict(best, handover, lost, CPU)
 
 
 def test_a_compute_ceiling_at_or_just_below_the_loop_s_rate_is_said_to_be_within_noise() -> None:

@@ -22,6 +22,7 @@ from autotune.tuner.choice import choose_winner
 from autotune.tuner.constraints import Constraint
 from autotune.tuner.noise import disagree, median_ratio, paired_ratios
 from autotune.tuner.space import DEFAULT_BATCH
+from autotune.tuner.study import ROLE_DEFAULTS
 from autotune.units import counted
 
 
@@ -335,9 +336,11 @@ def bottleneck_verdict(
         held = _held_by_the_epoch(best, calibration)  # then more cores would feed no more workers: not advised
         rates = {p.num_workers: p.samples_per_s for p in calibration.loader if p.samples_per_s}
         alone, fed = rates.get(0), loader if own else rates.get(best.setup.num_workers)  # the winner's workers' rate
+        tried = any(r.setup.num_workers == 0 and r.role != ROLE_DEFAULTS and r.result.ok for r in records)  # and lost
         handover = (f" Loading in the training process measured faster than the winner's workers deliver ({alone:.0f} "
                     f"against {fed:.0f} samples/s: handing the items over costs more than making them), so "
-                    "--set num_workers=0 searches that side." if best.setup.num_workers and alone and fed and alone > fed else "")
+                    "--set num_workers=0 searches that side." if best.setup.num_workers and alone and fed and alone > fed
+                    and not tried else "")
         return (f"input-bound: the winner waits on the DataLoader {wait:.0%} of the time ({facts}). {cheaper}"
                 f"{'' if held else ' or more CPU cores'} would help{held}.{handover}")
     if device.type == "cpu" and compute and loader and together < 0.8 * min(compute, loader):

@@ -200,7 +200,8 @@ def _check_loss(task: Task, model: Any, batch: Any) -> None:
         try:
             output = model(inputs)
         except USER_CODE_ERRORS as exc:
-            several = isinstance(exc, TypeError) and "required positional argument" in str(exc)  # forward(a, b)
+            own = f"{getattr(type(model).forward, '__qualname__', 'forward')}() missing"  # the model's forward(a, b), not a submodule's
+            several = isinstance(exc, TypeError) and str(exc).startswith(own) and "required positional argument" in str(exc)
             raise WorkloadError(
                 f"the model's forward failed on the first batch (inputs {describe_batch(inputs)}): {type(exc).__name__}: {exc}"
                 + ("; with loss=, the model is called with one argument, the batch's inputs: for a model that takes several, "
