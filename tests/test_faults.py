@@ -273,8 +273,8 @@ def test_a_loader_worker_killed_while_the_oom_killer_acted_is_oom(cache_dir, mon
         deadline = time.monotonic() + WAIT_S
         while time.monotonic() < deadline and not killed:
             for pid in set(_trial_pids()) - earlier:
-                try:
-                    workers = psutil.Process(pid).children()
+                try:  # the loader's worker (torch names it; a forkserver start method adds its server as a child)
+                    workers = [c for c in psutil.Process(pid).children() if c.name() == "pt_data_worker"]
                 except psutil.Error:
                     continue
                 if workers:

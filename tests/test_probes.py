@@ -238,7 +238,7 @@ def test_a_process_in_a_memory_limited_cgroup_sees_the_limit_and_what_it_leaves(
         pytest.skip("this process may not make a memory cgroup (the fixture trees above cover the reading)")
 
     def remove() -> None:
-        for _ in range(50):  # the exited probe leaves the group a moment later
+        for _ in range(600):  # the exited probe leaves the group a moment later (60 s at most, on a loaded machine)
             try:
                 group.rmdir()
                 return
