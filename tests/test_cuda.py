@@ -161,9 +161,10 @@ def test_gpu_decode_falls_back_for_a_png(tmp_path) -> None:
     (tmp_path / "a").mkdir()
     Image.new("RGB", (40, 30), (200, 10, 10)).save(tmp_path / "a" / "x.png")
     Image.new("RGB", (40, 30), (10, 200, 10)).save(tmp_path / "a" / "y.jpg", quality=90)
+    Image.new("RGB", (40, 30), (10, 10, 200)).save(tmp_path / "a" / "z.bmp")  # torchvision's decoder refuses it: PIL
     dataset = byte_folder(str(tmp_path))
-    images, _ = GpuDecoder(16, "cuda:0")(collate_bytes([dataset[0], dataset[1]]))
-    assert images.shape == (2, 3, 16, 16) and torch.isfinite(images).all()
+    images, _ = GpuDecoder(16, "cuda:0")(collate_bytes([dataset[i] for i in range(3)]))
+    assert images.shape == (3, 3, 16, 16) and torch.isfinite(images).all() and images.device.type == "cuda"
 
 
 def test_cuda_trial_with_gpu_decode(tiny_workload) -> None:

@@ -143,6 +143,31 @@ def test_gpu_decode_batches_count_images_not_bytes(tiny_workload: Workload) -> N
     assert pipeline.samples((images, labels)) == 4
 
 
+def test_gpu_decode_reads_every_format_image_folder_reads(tmp_path: Path, synthetic_data: Path) -> None:
+    """decode=gpu decodes a file that is not a JPEG on the CPU: torchvision's decoder refuses BMP, TIFF, PPM and 16-bit
+    PNG (a probe's folder crashed a decode=gpu batch with "Unsupported image file" or "Promotion for uint16"), which
+    ImageFolder and the CPU pipeline read through PIL; so do both decoders now (the trial's and train.py's)."""
+    import numpy as np
+    from PIL import Image
+    from test_emit import load_script, make_best, write_script
+
+    from autotune.workloads.gpu_decode import GpuDecoder, byte_folder, collate_bytes
+
+    (tmp_path / "a").mkdir()
+    Image.new("RGB", (40, 30), (200, 10, 10)).save(tmp_path / "a" / "0.jpg", quality=90)
+    for name in ("1.bmp", "2.tif", "3.ppm"):
+        Image.new("RGB", (40, 30), (10, 200, 10)).save(tmp_path / "a" / name)
+    Image.fromarray(np.full((30, 40), 40000, dtype=np.uint16)).save(tmp_path / "a" / "4.png")  # 16-bit grayscale
+    dataset = byte_folder(str(tmp_path))
+    files, labels = collate_bytes([dataset[i] for i in range(len(dataset))])
+    images, _ = GpuDecoder(16, "cpu")((files, labels))
+    assert images.shape == (5, 3, 16, 16) and torch.isfinite(images).all()
+    script = load_script(write_script(make_best(synthetic_data, **{"decode": "cpu"}), tmp_path / "train.py"))
+    for data in files[1:]:
+        decoded = script["decode_on_cpu"](data)
+        assert decoded.dtype == torch.uint8 and decoded.shape == (3, 30, 40)
+
+
 def test_decode_gpu_workers_read_bytes_in_plain_python(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """decode=gpu's loader workers (trials' and train.py's) read each file's exact bytes without torchvision's
     read_file, which never returned in a worker forked after CUDA started (an H200, docs/benchmarks.md)."""

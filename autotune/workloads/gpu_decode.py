@@ -51,6 +51,27 @@ def collate_bytes(items: list[tuple[Any, int]]) -> tuple[list[Any], Any]:
     return [data for data, _ in items], torch.tensor([label for _, label in items], dtype=torch.long)
 
 
+def decode_on_cpu(data: Any) -> Any:
+    """One file's bytes as a 3 x H x W uint8 tensor, on the CPU: torchvision's decoder (PNG, WebP, GIF), else PIL, as the
+    CPU pipeline's loader decodes (BMP, TIFF, PPM, 16-bit PNG: torchvision's decoder refuses those, which ImageFolder
+    reads)."""
+    import io
+
+    import torch
+    from PIL import Image
+    from torchvision.io import ImageReadMode, decode_image
+    from torchvision.transforms.v2.functional import pil_to_tensor
+
+    try:
+        decoded = decode_image(data, mode=ImageReadMode.RGB)
+        if decoded.dtype == torch.uint8:  # a 16-bit PNG decodes to uint16: PIL makes it 8 bits as the CPU loader does
+            return decoded
+    except (RuntimeError, ValueError):
+        pass
+    with Image.open(io.BytesIO(data.numpy().tobytes())) as image:
+        return pil_to_tensor(image.convert("RGB"))
+
+
 class GpuDecoder:
     """Decode and augment a batch of JPEG bytes on the CUDA device."""
 
@@ -66,7 +87,7 @@ class GpuDecoder:
 
     def decode(self, files: list[Any]) -> list[Any]:
         """Each file as a 3 x H x W uint8 tensor on the device."""
-        from torchvision.io import ImageReadMode, decode_image, decode_jpeg
+        from torchvision.io import ImageReadMode, decode_jpeg
 
         try:
             return list(decode_jpeg(files, mode=ImageReadMode.RGB, device=self.device))
@@ -79,7 +100,7 @@ class GpuDecoder:
                     if not self.noted:
                         print("note: decode=gpu: a file is not a JPEG; such files are decoded on the CPU", file=sys.stderr)
                         self.noted = True
-                    images.append(decode_image(data, mode=ImageReadMode.RGB).to(self.device))
+                    images.append(decode_on_cpu(data).to(self.device))
             return images
 
     def __call__(self, batch: tuple[list[Any], Any], *, channels_last: bool = False) -> tuple[Any, Any]:
