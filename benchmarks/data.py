@@ -13,7 +13,8 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from autotune.workloads.data import check_image_folder, default_cache_dir, generate_image_folder
+from autotune.workloads.data import default_cache_dir, generate_image_folder
+from autotune.workloads.folders import check_image_folder
 
 _VERSION = 1
 

@@ -35,7 +35,8 @@ from autotune.redact import hide_passwords
 from autotune.torch_knobs import COMPILE_MODES, DECODES, OPTIMIZER_IMPLS
 from autotune.train_setup import AMP_MODES
 from autotune.units import counted
-from autotune.workloads.data import SPLITS, synthetic_dir
+from autotune.workloads.data import synthetic_dir
+from autotune.workloads.folders import SPLITS
 from autotune.workloads.models import validate_model_ref
 from probes.cpu import BF16_FLAGS
 

@@ -74,7 +74,8 @@ def prepare(config: SearchConfig, reporter: Reporter) -> Prepared:
         workload = build_task_workload(config.workload, device=device.name, workers=workers)
     else:
         workload = build_workload(model=config.model, image_size=config.image_size, data=config.data, device=device.name, cache_dir=config.cache_dir,
-                                  synthetic_images=config.synthetic_images, lr=config.lr, warn=reporter.message, write_data=False)
+                                  synthetic_images=config.synthetic_images, lr=config.lr, warn=reporter.message, write_data=False,
+                                  tell=reporter.message)
     check_pins_act(constraints, workload.image_input, placement.world_size)
     check_workload_constraints(constraints, workload, device)
     workload = placement.rank_workload(workload)  # with N ranks, each reads 1/N of the data

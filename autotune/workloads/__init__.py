@@ -2,8 +2,9 @@
 
 :func:`build_workload` turns what the user typed (model, data, image size)
 into a checked Workload in the parent, before any trial, so bad input fails
-fast with one line. :mod:`.models` resolves model references, :mod:`.data`
-holds ImageFolder checks, the synthetic JPEGs and the endless sampler.
+fast with one line. :mod:`.models` resolves model references, :mod:`.folders`
+checks ImageFolder directories, :mod:`.data` holds the synthetic JPEGs, the
+transform and the endless sampler.
 """
 
 from __future__ import annotations
@@ -14,14 +15,8 @@ from pathlib import Path
 
 from autotune.records import Workload
 from autotune.units import format_bytes
-from autotune.workloads.data import (
-    SYNTHETIC_CLASSES,
-    SYNTHETIC_JPEG_BYTES,
-    check_image_folder,
-    default_synthetic_images,
-    ensure_synthetic,
-    synthetic_dir,
-)
+from autotune.workloads.data import SYNTHETIC_CLASSES, SYNTHETIC_JPEG_BYTES, default_synthetic_images, ensure_synthetic, synthetic_dir
+from autotune.workloads.folders import check_image_folder
 from autotune.workloads.models import check_factory, check_model_name
 
 __all__ = ["build_workload", "write_synthetic"]
@@ -38,6 +33,7 @@ def build_workload(
     lr: float = 1e-3,
     warn: Callable[[str], None] | None = None,
     write_data: bool = True,
+    tell: Callable[[str], None] | None = None,
 ) -> Workload:
     """Check the model and data and return a ready Workload.
 
@@ -47,7 +43,8 @@ def build_workload(
     accepted the workload). ``warn`` is given what looks wrong but is
     allowed (one class folder, split folders such as train/ and val/ taken as
     classes) and the generation of many JPEGs. ``synthetic_images`` None:
-    the device's default (:func:`~autotune.workloads.data.default_synthetic_images`).
+    the device's default (:func:`~autotune.workloads.data.default_synthetic_images`). ``tell`` is given what a
+    ``--data`` folder holds: its images and classes, and the files ImageFolder skips.
 
     Raises:
         WorkloadError: Unknown model, unimportable factory, missing or empty data.
@@ -61,6 +58,8 @@ def build_workload(
     check_factory(model, sys_path)
     if data is not None:
         folder = check_image_folder(data)
+        if tell is not None:
+            tell(folder.summary)  # what the trials will read: the images, the classes, the files ImageFolder skips
         if folder.warning and warn is not None:
             warn(f"warning: {folder.warning}")
         num_classes, images = folder.classes, folder.images

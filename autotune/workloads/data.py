@@ -1,4 +1,4 @@
-"""Training data: ImageFolder directories and a synthetic JPEG stand-in.
+"""Training data: ImageFolder directories (their checks in :mod:`.folders`) and a synthetic JPEG stand-in.
 
 Without ``--data`` autotune generates, once, a synthetic ImageFolder of real
 JPEG files of ImageNet-like size (about 500x375, quality 90) into a cache
@@ -205,98 +205,6 @@ def ensure_synthetic(cache_dir: str | Path | None = None, n_images: int = 2000, 
         stop=stop,
         processes=processes,
     )
-
-
-@dataclass(frozen=True)
-class FolderInfo:
-    """What an ImageFolder directory holds.
-
-    Attributes:
-        classes: Class folders with at least one image.
-        images: Image files over all class folders.
-        warning: What looks wrong but is allowed (see :func:`folder_warning`), or None.
-    """
-
-    classes: int
-    images: int
-    warning: str | None = None
-
-
-#: Folder names of dataset splits: as the only class folders, --data most likely names the level above the split.
-SPLITS = frozenset({"train", "training", "val", "valid", "validation", "test", "testing"})
-
-
-def folder_warning(root: Path, classes: list[str]) -> str | None:
-    """What looks wrong with an ImageFolder's classes: one class only, or split folders taken as classes."""
-    if classes and all(name.lower() in SPLITS for name in classes):
-        split = next((n for n in classes if n.lower() in ("train", "training")), classes[0])
-        return (f"the class folders of {root} are {', '.join(classes)}, which look like dataset splits: "
-                f"did you mean --data {root / split}?")
-    if len(classes) == 1:
-        return f"{root} holds one class folder ({classes[0]}): every image gets the same label"
-    return None
-
-
-def check_image_folder(path: str | Path) -> FolderInfo:
-    """Check an ImageFolder directory with the rules of the loader itself; count its classes and images.
-
-    torchvision's ``ImageFolder`` (whose own ``find_classes`` and
-    ``make_dataset`` run here) takes every sub-directory as a class, hidden
-    ones too, finds images recursively by extension and fails on a class
-    without one; so does this check, before any trial runs.
-
-    Raises:
-        WorkloadError: Missing, not a directory, no class directory, or a
-            class directory without images (named).
-    """
-    from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, make_dataset
-
-    root = Path(path)
-    if not root.exists():
-        raise WorkloadError(f"data directory {root} does not exist")
-    if not root.is_dir():
-        raise WorkloadError(f"data path {root} is not a directory")
-    loop = _symlink_loop(root)
-    if loop is not None:
-        raise WorkloadError(f"data directory {root}: {loop} links to {loop.resolve()}, which holds the link itself: ImageFolder "
-                            "follows it and reads the same images again, round after round; remove the link")
-    try:
-        classes, class_to_idx = find_classes(root)
-        samples = make_dataset(root, class_to_idx, extensions=IMG_EXTENSIONS, allow_empty=True)
-    except FileNotFoundError:
-        raise WorkloadError(
-            f"data directory {root} holds no class directory (ImageFolder layout: DIR/<class>/<image>.jpg)"
-        ) from None
-    except OSError as exc:
-        raise WorkloadError(f"data directory {root} cannot be read: {exc.strerror or exc}") from None
-    used = {index for _, index in samples}
-    empty = [name for name in classes if class_to_idx[name] not in used]
-    if empty:
-        more = f" (and {len(empty) - 1} more)" if len(empty) > 1 else ""
-        raise WorkloadError(
-            f"class directory {root / empty[0]}{more} holds no images ({', '.join(IMG_EXTENSIONS)}); "
-            "torchvision's ImageFolder takes every sub-directory of --data as a class, hidden ones too: "
-            "remove it or move it out"
-        )
-    return FolderInfo(classes=len(classes), images=len(samples), warning=folder_warning(root, classes))
-
-
-def _symlink_loop(root: Path) -> Path | None:
-    """A directory symlink under ``root`` to a directory that holds it (itself or an ancestor), or None.
-
-    ImageFolder walks the tree following links: through such a link it enters
-    the same directories again until the path is too long (14 files counted
-    574 times in one tree, docs/faults.md). This walk follows none, so it ends.
-    """
-    for directory, names, _ in os.walk(root, onerror=lambda _: None):
-        here = Path(directory).resolve()
-        for name in names:
-            link = Path(directory) / name
-            if link.is_symlink():
-                target = link.resolve()
-                if target == here or target in here.parents:
-                    return link
-    return None
 
 
 def train_transform(image_size: int) -> Any:

@@ -1,0 +1,179 @@
+"""What an ImageFolder directory given as ``--data`` holds, checked with the loader's own rules before any trial.
+
+torchvision's ``ImageFolder`` takes every sub-directory as a class, hidden ones too, and finds images recursively by
+extension. :func:`check_image_folder` runs its own ``find_classes`` and ``make_dataset``, refuses what would fail or
+train on the wrong data (no class, an empty class, a link loop, the macOS metadata an archive made on a Mac unpacks),
+and says what looks wrong but is allowed (one class, split folders or hidden folders taken as classes) and what the
+folder holds.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+from autotune.errors import WorkloadError
+
+__all__ = ["SPLITS", "FolderInfo", "check_image_folder", "folder_warning"]
+
+
+@dataclass(frozen=True)
+class FolderInfo:
+    """What an ImageFolder directory holds.
+
+    Attributes:
+        classes: Class folders with at least one image.
+        images: Image files over all class folders.
+        warning: What looks wrong but is allowed (see :func:`folder_warning`), or None.
+        summary: What it holds, in one line: images, classes, the files ImageFolder skips ("" where not counted).
+    """
+
+    classes: int
+    images: int
+    warning: str | None = None
+    summary: str = ""
+
+
+#: Folder names of dataset splits: as the only class folders, --data most likely names the level above the split.
+SPLITS = frozenset({"train", "training", "val", "valid", "validation", "test", "testing"})
+
+
+def folder_warning(root: Path, classes: list[str], samples: list[tuple[str, int]] | None = None) -> str | None:
+    """What looks wrong with an ImageFolder's classes: one class only, split folders taken as classes, or hidden and
+    system folders (``.thumbnails``, Synology's ``@eaDir``) read as classes or as images of a class."""
+    hidden = _hidden_warning(root, classes, samples or [])
+    if hidden:
+        return hidden
+    if classes and all(name.lower() in SPLITS for name in classes):
+        split = next((n for n in classes if n.lower() in ("train", "training")), classes[0])
+        return (f"the class folders of {root} are {', '.join(classes)}, which look like dataset splits: "
+                f"did you mean --data {root / split}?")
+    if len(classes) == 1:
+        return f"{root} holds one class folder ({classes[0]}): every image gets the same label"
+    return None
+
+
+def _hidden(name: str) -> bool:
+    """A hidden folder (``.thumbnails``) or a NAS's system folder (Synology's ``@eaDir``)."""
+    return name.startswith((".", "@"))
+
+
+def _hidden_warning(root: Path, classes: list[str], samples: list[tuple[str, int]]) -> str | None:
+    said = []
+    hidden = [name for name in classes if _hidden(name)]
+    if hidden:
+        said.append(f"hidden or system folders of {root} are read as classes ({', '.join(hidden[:4])}{', ...' if len(hidden) > 4 else ''})")
+    inside = [Path(path).relative_to(root) for path, _ in samples]
+    inside = [rel for rel in inside if not _hidden(rel.parts[0]) and any(_hidden(part) for part in rel.parts[1:-1])]
+    if inside:
+        one = len(inside) == 1
+        said.append(f"{len(inside)} image{'' if one else 's'} in hidden or system folders inside class folders "
+                    f"{'is read as an image of its class' if one else 'are read as images of their class'} ({inside[0]}{'' if one else ', ...'})")
+    if not said:
+        return None
+    return "; ".join(said) + ": ImageFolder takes them as any other; thumbnails or copies would train as data, so move them out"
+
+
+#: The extensions of the files ImageFolder skipped, most common first, in a summary.
+SHOWN_EXTENSIONS = 4
+
+
+def _summary(root: Path, classes: list[str], images: int, skipped: Counter[str]) -> str:
+    """``data: DIR: 78 images in 2 classes (cat, dog); 12 other files skipped, as ImageFolder skips them (.gif 4, ...)``
+    (``skipped``: the extensions of the files that are no image's, counted)."""
+    shown = ", ".join(classes[:6]) + (f", ... ({len(classes) - 6} more)" if len(classes) > 6 else "")
+    line = f"data: {root}: {images} image{'s' if images != 1 else ''} in {len(classes)} class{'es' if len(classes) != 1 else ''} ({shown})"
+    if skipped:
+        kinds = ", ".join(f"{ext} {n}" for ext, n in skipped.most_common(SHOWN_EXTENSIONS))
+        more = ", ..." if len(skipped) > SHOWN_EXTENSIONS else ""
+        line += f"; {sum(skipped.values())} other files skipped, as ImageFolder skips them ({kinds}{more})"
+    return line
+
+
+def _macos_metadata(root: Path, classes: list[str], samples: list[tuple[str, int]]) -> None:
+    """Refuse the AppleDouble files (``._name.jpg``) and ``__MACOSX`` folder that unpacking an archive made on a Mac
+    leaves: ImageFolder reads them as images and fails on the first, one rerun per file."""
+    junk = [Path(path) for path, _ in samples if Path(path).name.startswith("._") or "__MACOSX" in Path(path).relative_to(root).parts]
+    folder = "__MACOSX" in classes
+    if not junk and not folder:
+        return
+    parts = ([f"{len(junk)} macOS metadata file{'s' if len(junk) != 1 else ''} ('._' files such as {junk[0].relative_to(root)})"]
+             if junk else []) + (["a __MACOSX folder"] if folder else [])
+    removal = "; ".join(([f"find {root} -name '._*' -delete"] if junk else []) + ([f"rm -rf {root / '__MACOSX'}"] if folder else []))
+    raise WorkloadError(f"data directory {root} holds {' and '.join(parts)}, which unpacking an archive made on a Mac leaves: not "
+                        f"images, but ImageFolder reads them as images (or a class) and fails on them; remove them ({removal}) "
+                        "and rerun")
+
+
+def check_image_folder(path: str | Path) -> FolderInfo:
+    """Check an ImageFolder directory with the rules of the loader itself; count its classes and images.
+
+    torchvision's ``ImageFolder`` (whose own ``find_classes`` and
+    ``make_dataset`` run here) takes every sub-directory as a class, hidden
+    ones too, finds images recursively by extension and fails on a class
+    without one; so does this check, before any trial runs.
+
+    Raises:
+        WorkloadError: Missing, not a directory, no class directory, or a
+            class directory without images (named).
+    """
+    from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, make_dataset
+
+    root = Path(path)
+    if not root.exists():
+        raise WorkloadError(f"data directory {root} does not exist")
+    if not root.is_dir():
+        raise WorkloadError(f"data path {root} is not a directory")
+    loop = _symlink_loop(root)
+    if loop is not None:
+        raise WorkloadError(f"data directory {root}: {loop} links to {loop.resolve()}, which holds the link itself: ImageFolder "
+                            "follows it and reads the same images again, round after round; remove the link")
+    try:
+        classes, class_to_idx = find_classes(root)
+        skipped: Counter[str] = Counter()
+
+        def image(file: str) -> bool:  # ImageFolder's rule (an image extension); the files it skips, counted
+            if file.lower().endswith(IMG_EXTENSIONS):
+                return True
+            skipped[Path(file).suffix.lower() or "no extension"] += 1
+            return False
+
+        samples = make_dataset(root, class_to_idx, is_valid_file=image, allow_empty=True)
+    except FileNotFoundError:
+        raise WorkloadError(
+            f"data directory {root} holds no class directory (ImageFolder layout: DIR/<class>/<image>.jpg)"
+        ) from None
+    except OSError as exc:
+        raise WorkloadError(f"data directory {root} cannot be read: {exc.strerror or exc}") from None
+    _macos_metadata(root, classes, samples)
+    used = {index for _, index in samples}
+    empty = [name for name in classes if class_to_idx[name] not in used]
+    if empty:
+        more = f" (and {len(empty) - 1} more)" if len(empty) > 1 else ""
+        raise WorkloadError(
+            f"class directory {root / empty[0]}{more} holds no images ({', '.join(IMG_EXTENSIONS)}); "
+            "torchvision's ImageFolder takes every sub-directory of --data as a class, hidden ones too: "
+            "remove it or move it out"
+        )
+    return FolderInfo(classes=len(classes), images=len(samples), warning=folder_warning(root, classes, samples),
+                      summary=_summary(root, classes, len(samples), skipped))
+
+
+def _symlink_loop(root: Path) -> Path | None:
+    """A directory symlink under ``root`` to a directory that holds it (itself or an ancestor), or None.
+
+    ImageFolder walks the tree following links: through such a link it enters
+    the same directories again until the path is too long (14 files counted
+    574 times in one tree, docs/faults.md). This walk follows none, so it ends.
+    """
+    for directory, names, _ in os.walk(root, onerror=lambda _: None):
+        here = Path(directory).resolve()
+        for name in names:
+            link = Path(directory) / name
+            if link.is_symlink():
+                target = link.resolve()
+                if target == here or target in here.parents:
+                    return link
+    return None
