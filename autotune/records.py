@@ -128,12 +128,15 @@ class Workload:
         return replace(self, images=max(1, self.images // world_size))
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict; a Task's leaves out the shorthand's data fields (its data is its own: a crop size would mean nothing)."""
+        """JSON-ready dict; a Task's leaves out the shorthand's data fields (its data is its own: a crop size would mean nothing),
+        and one with ``--data`` the synthetic image count it does not use."""
         data = asdict(self)
         data["sys_path"] = list(self.sys_path)
         if self.task is not None:
             for name in SHORTHAND_ONLY:
                 del data[name]
+        elif self.data is not None:
+            del data["synthetic_images"]
         return data
 
     @classmethod

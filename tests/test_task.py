@@ -378,6 +378,9 @@ def test_good_workloads_become_workload_records() -> None:
     assert (work.task, work.images, work.reference_batch, work.lr, work.image_input) == ("task_factories:good", 40, 16, 2e-3, False)
     assert str(Path(__file__).parent) in work.sys_path
     assert Workload.from_dict(json.loads(json.dumps(work.to_dict()))) == work
+    # The classifier on --data records no synthetic image count (best.json said 2000 beside the data it named).
+    folder = Workload(model="resnet18", image_size=32, device="cpu", data="/data/train", images=500, num_classes=5)
+    assert "synthetic_images" not in folder.to_dict() and Workload.from_dict(folder.to_dict()) == folder
     assert _workload("dict_batches").images == 20
     assert _workload("tensor_count").images == 40  # batch_size_of may return an integer 0-d tensor
     assert _workload("numpy_count").images == 40  # or a NumPy integer
