@@ -325,6 +325,8 @@ class Calibration:
         batch_limit: Why no batch above ``max_batch`` is searched, in words
             (the memory budget, the trial's length, the data); "" where a
             calibration of an earlier version did not record it.
+        batch_bound: Which bound that is: ``data``, ``trial``, ``cap``,
+            ``memory``, ``stream``, or ``failed`` (a pre-pass run); "" unknown.
     """
 
     budget_bytes: int | None
@@ -338,6 +340,7 @@ class Calibration:
     precisions: tuple[PrecisionPoint, ...] = ()
     stream_batch: int | None = None
     batch_limit: str = ""
+    batch_bound: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (asdict turns the nested points and the setup into dicts)."""

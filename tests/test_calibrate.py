@@ -106,6 +106,21 @@ def test_the_time_cap_counts_items_when_batch_size_of_counts_tokens() -> None:
     assert items.max_batch == tokens.max_batch == 512
 
 
+def test_a_batch_range_above_the_powers_of_two_a_small_dataset_allows_is_searched_up_to_the_data() -> None:
+    """12 samples: the calibration's largest batch is 8 (a power of two within the data), yet batches 10 and 12 fit the
+    data; --set batch_size=10..12 keeps them (a second reading found the first fix tested against a calibration of
+    batch 256 only, which calibrate() never gives for 12 samples)."""
+    from autotune.tuner.constraints import merge_constraints, parse_constraint
+    from autotune.tuner.space import build_space
+
+    small = calibrate(replace(WORKLOAD, images=12), CPU, usable_cores=2, available_bytes=64 * 2**30, max_memory=None,
+                      trial_seconds=10.0, bf16_ok=False, runner=FakeRunner())
+    assert (small.max_batch, small.batch_bound) == (8, "data")
+    space = build_space(device=CPU, calibration=small, usable_cores=2, effective_batch=None, images=12,
+                        constraints=merge_constraints([parse_constraint("batch_size=10..12")]))
+    assert space.values["batch_size"] == (10, 12)
+
+
 def test_a_failing_verification_halves_the_batch() -> None:
     runner = FakeRunner(fail_above=128)
     result = calibrate(

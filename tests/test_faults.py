@@ -835,12 +835,12 @@ def test_a_folder_unpacked_from_a_mac_archive_is_refused_in_one_line_listing_its
         (data / name).write_bytes(b"x")
     with pytest.raises(WorkloadError, match=rf"^data directory {data} holds 4 macOS metadata files \('\._' files such as "
                                             rf"__MACOSX/cat/\._a\.jpg\) and a __MACOSX folder, which unpacking .*; remove them "
-                                            rf"\(find {data} -name '\._\*' -delete; rm -rf {data}/__MACOSX\) and rerun$"):
+                                            rf"\(find -L {data} -name '\._\*' -delete; rm -rf {data}/__MACOSX\) and rerun$"):
         check_image_folder(data)
     import shutil
 
     shutil.rmtree(data / "__MACOSX")
-    with pytest.raises(WorkloadError, match=r"holds 2 macOS metadata files .*; remove them \(find \S+ -name '\._\*' -delete\) and rerun$"):
+    with pytest.raises(WorkloadError, match=r"holds 2 macOS metadata files .*; remove them \(find -L \S+ -name '\._\*' -delete\) and rerun$"):
         check_image_folder(data)
     for junk in data.glob("*/._*"):
         junk.unlink()
@@ -860,11 +860,33 @@ def test_hidden_and_system_folders_read_as_classes_or_images_are_a_warning_and_t
         (data / name).write_bytes(b"x")
     folder = check_image_folder(data)
     assert (folder.images, folder.classes) == (4, 3)
-    assert folder.warning == (f"hidden or system folders of {data} are read as classes (.thumbnails); 1 image in hidden or system "
+    assert folder.warning == (f"a hidden or system folder of {data} is read as a class (.thumbnails); 1 image in hidden or system "
                               "folders inside class folders is read as an image of its class (cat/@eaDir/a.jpg/a_THUMB.jpg): "
                               "ImageFolder takes them as any other; thumbnails or copies would train as data, so move them out")
     assert folder.summary == (f"data: {data}: 4 images in 3 classes (.thumbnails, cat, dog); 3 other files skipped, as "
                               "ImageFolder skips them (.gif 2, .jfif 1)")
+    # A class named like a handle (@alice) is no system folder; split folders and a hidden one are both said.
+    people = tmp_path / "people"
+    for name in ("@alice/a.jpg", "@bob/b.jpg", "spaced out/c.txt"):
+        (people / name).parent.mkdir(parents=True, exist_ok=True)
+        (people / name).write_bytes(b"x")
+    (people / "spaced out" / "c.jpg").write_bytes(b"x")
+    named = check_image_folder(people)
+    assert named.warning is None and named.summary.endswith("; 1 other file skipped, as ImageFolder skips them (.txt 1)")
+    splits = tmp_path / "splits"
+    for name in ("train/a.jpg", "val/b.jpg", "train/.cache/c.jpg"):
+        (splits / name).parent.mkdir(parents=True, exist_ok=True)
+        (splits / name).write_bytes(b"x")
+    warned = check_image_folder(splits).warning or ""
+    assert warned.startswith(f"the class folders of {splits} are train, val, which look like dataset splits") and (
+        "; 1 image in hidden or system folders inside class folders is read as an image of its class (train/.cache/c.jpg)" in warned)
+    # A path with a space: the removal command quotes it.
+    mac = tmp_path / "cats and dogs"
+    (mac / "cat").mkdir(parents=True)
+    (mac / "cat" / "a.jpg").write_bytes(b"x")
+    (mac / "cat" / "._a.jpg").write_bytes(b"x")
+    with pytest.raises(Exception, match=r"find -L '.*/cats and dogs' -name"):
+        check_image_folder(mac)
 
 
 def _truncated_data(tmp_path: Path, synthetic_data: Path) -> Path:

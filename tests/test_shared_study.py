@@ -420,6 +420,33 @@ def test_a_study_opened_while_its_server_restarts_is_retried_not_refused(postgre
     assert "Caught an error from sqlalchemy" not in capfd.readouterr().err
 
 
+def test_a_study_file_that_refuses_writes_fails_at_once_not_after_the_retries_of_a_lost_server(tmp_path, monkeypatch) -> None:
+    """A study.db on a read-only mount: SQLite's refusal stays, so the opening is not retried (a second reading measured
+    33 s of retries, then `lost the study storage ...; rerun to resume`, which reran into the same refusal)."""
+    import autotune.tuner.study as study_module
+
+    url = f"sqlite:///{tmp_path}/study.db"
+    SearchStudy.open(url, "kept")  # the tables exist: the refusal comes when the study is written
+
+    def read_only(**kwargs: Any) -> None:
+        refused = sqlalchemy.exc.OperationalError("INSERT", {}, Exception("attempt to write a readonly database"))
+        raise optuna.exceptions.StorageInternalError("An exception is raised during the commit.") from refused
+
+    monkeypatch.setattr(study_module.optuna, "create_study", read_only)
+    monkeypatch.setattr(study_module, "with_retries", lambda *a, **k: pytest.fail("retried a refusal that stays"))
+    with pytest.raises(StorageError, match=r"cannot open study storage '.*study\.db': .*attempt to write a readonly database"):
+        SearchStudy.open(url, "kept")
+    # A server's lost connection is retried (the test above, with a real one): the same error of a server URL is.
+    from autotune.tuner.storage import connection_lost
+
+    lost = optuna.exceptions.StorageInternalError("commit")
+    lost.__cause__ = sqlalchemy.exc.OperationalError("COMMIT", {}, Exception("server closed the connection unexpectedly"))
+    assert connection_lost("postgresql://u@db/x", lost) and not connection_lost(url, lost)
+    denied = optuna.exceptions.StorageInternalError("commit")
+    denied.__cause__ = sqlalchemy.exc.ProgrammingError("INSERT", {}, Exception("permission denied for table studies"))
+    assert not connection_lost("postgresql://u@db/x", denied)
+
+
 def test_a_lost_database_names_its_own_error_not_optuna_s_guess_at_invalid_data(monkeypatch) -> None:
     """Optuna wraps a commit on a dropped connection in StorageInternalError, whose words blame invalid data."""
     monkeypatch.setenv("AUTOTUNE_STORAGE_RETRIES", "1")
@@ -470,6 +497,8 @@ def test_storages_that_cannot_open_say_why(tmp_path) -> None:
         open_storage("postgresql://u:pw@localhost:abc/db")  # before: "invalid literal for int() with base 10: 'abc'"
     with pytest.raises(StorageError, match=r"' postgresql://u@localhost/db': it begins or ends with a space$"):
         open_storage(" postgresql://u@localhost/db")  # before: "Could not parse SQLAlchemy URL from given URL string"
+    with pytest.raises(StorageError, match=r"'postgresql://u:\*\*\*@localhost/db ': it begins or ends with a space$"):
+        open_storage("postgresql://u:pw@localhost/db ")  # before: it connected to the database "db "
     # A password given as a query parameter is hidden too.
     with pytest.raises(StorageError) as raised:
         open_storage("postgresql://u@127.0.0.1:1/db?connect_timeout=1&password=s3cr3tQ")

@@ -216,8 +216,10 @@ def calibrate(
     if workload.iterable and max_batch > 1:  # a stream of unknown length: the batches it fills bound the space
         filled = _stream_batch(max_batch, workload, runner, replace(short, mode="loader", max_memory_bytes=None), log)
         max_batch, stream_batch = filled, (filled if filled < max_batch else None)
-    above = min((p for p in points if p.batch_size > max_batch and p.status != "ok"), key=lambda p: p.batch_size, default=None)
-    # On a tie the plainest reason: the data's size, the trial's length, the largest batch searched, then memory.
+    # A pre-pass run that failed below every cap set the bound; else the smallest cap, on a tie the plainest reason: the
+    # data's size, the trial's length, the largest batch searched, then memory.
+    above = min((p for p in points if max_batch < p.batch_size <= min(caps.values()) and p.status != "ok"),
+                key=lambda p: p.batch_size, default=None)
     bound = ("stream" if stream_batch is not None else f"failed {above.batch_size} {above.status}" if above is not None
              else min(("data", "trial", "cap", "memory"), key=lambda k: caps[k]))
     limit = _batch_limit(bound, budget=budget, trial_seconds=trial_seconds, rate=rate, data=data_cap, cap=batch_cap)
@@ -278,6 +280,7 @@ def calibrate(
         precisions=tuple(precisions),
         stream_batch=stream_batch,
         batch_limit=limit,
+        batch_bound=bound.split(" ", 1)[0],
     )
     enough = calibration.workers_enough()
     if enough is not None:
@@ -294,7 +297,7 @@ def _batch_limit(bound: str, *, budget: int | None, trial_seconds: float, rate: 
     STATUS``: the memory pre-pass's run of batch N ended so), in words."""
     if bound.startswith("failed "):
         _, batch, status = bound.split(" ", 2)
-        return f"batch {batch} {'ran out of memory' if status == 'oom' else f'ended {status}'} in the memory pre-pass"
+        return f"batch {batch} {'ran out of memory' if status == 'oom' else f'failed ({status})'} in the memory pre-pass"
     if bound == "memory":
         return f"a larger one does not fit the memory budget of {format_bytes(budget)}" if budget is not None else "a larger one ran out of memory"
     if bound == "trial":

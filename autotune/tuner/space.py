@@ -373,8 +373,10 @@ def build_space(
     check_constraints(constraints, device)
     check_pins_act(constraints, image_input, world_size)
     check_workload_constraints(constraints, workload, device)
-    limit = calibration.batch_limit if top == calibration.max_batch else f"an optimizer step must fit in the data's {images} samples"
-    values = apply_constraints(base, constraints, {"batch_size": f"no batch above {top}: {limit}" if limit else ""}, {"batch_size": top})
+    data_bound = images is not None and (top < calibration.max_batch or calibration.batch_bound == "data")  # a range may reach it
+    limit = f"an optimizer step must fit in the data's {images} samples" if data_bound else calibration.batch_limit
+    most = images if data_bound and images is not None else top
+    values = apply_constraints(base, constraints, {"batch_size": f"no batch above {most}: {limit}" if limit else ""}, {"batch_size": most})
     failed = failed_precisions(calibration)
     if failed:  # a precision whose compute-only runs all failed fails in every trial too
         values["amp"] = tuple(a for a in values["amp"] if a not in failed)

@@ -170,6 +170,8 @@ def check_storage_url(url: str) -> None:
     Raises:
         StorageError: Not a URL of a known kind, or an in-memory SQLite (the password is hidden).
     """
+    if url != url.strip():  # pasted with a space: a trailing one would name another database (postgresql://h/db )
+        raise StorageError(hide_passwords(f"cannot open study storage {url!r}: it begins or ends with a space"))
     if url.startswith("postgres:"):  # SQLAlchemy knows the dialect as postgresql only
         raise StorageError(hide_passwords(f"cannot open study storage {url!r}: write postgresql:// (SQLAlchemy has no postgres:// dialect)"))
     if journal_path(url) is not None:
@@ -197,8 +199,6 @@ def check_storage_url(url: str) -> None:
         why = first_line(exc)
         if "invalid literal for int()" in why:  # postgresql://HOST:abc/DB
             why = f"its port {why.rsplit(': ', 1)[-1]} is not a number"
-        elif url != url.strip():  # pasted with a space
-            why = "it begins or ends with a space"
         raise StorageError(hide_passwords(f"cannot open study storage {url!r}: {why}")) from None
     if not where or where == ":memory:":
         raise StorageError(hide_passwords(f"study storage {url!r} is an in-memory database, lost when the search ends: "
@@ -286,6 +286,13 @@ def storage_cause(exc: BaseException) -> BaseException:
     if isinstance(exc, optuna.exceptions.StorageInternalError) and exc.__cause__ is not None:
         return exc.__cause__
     return exc
+
+
+def connection_lost(url: str, exc: BaseException) -> bool:
+    """Whether ``exc`` is a database server's lost connection (retrying may succeed once it is back), not a refusal that
+    stays (a read-only SQLite file, a full disk, a permission): an ``OperationalError`` or ``InterfaceError`` behind
+    Optuna's wrapper, of a server URL."""
+    return not url.startswith("sqlite") and isinstance(storage_cause(exc), sqlalchemy.exc.OperationalError | sqlalchemy.exc.InterfaceError)
 
 
 #: What a database that fails or drops its connection raises.

@@ -35,7 +35,7 @@ from autotune.tuner.constraints import Constraint, excluding
 from autotune.tuner.identity import signature_difference
 from autotune.tuner.lock import Holder
 from autotune.tuner.pruning import ScreeningPruner
-from autotune.tuner.storage import foreign_sqlite, open_storage, storage_cause, storage_file, with_retries
+from autotune.tuner.storage import DATABASE_ERRORS, connection_lost, foreign_sqlite, open_storage, storage_cause, storage_file, with_retries
 from autotune.tuner.stored_records import UnreadableRecord, stored_result, stored_setup
 from autotune.tuner.stores import StudyStores
 
@@ -112,8 +112,8 @@ class SearchStudy(StudyStores):
         (its ``--set``) allow: the PyTorch defaults they exclude are the baseline only.
 
         Raises:
-            StorageError: The storage cannot be opened (a connection lost meanwhile is retried, as every storage
-                step is), or ``name`` is a study another program filled (trials, no search signature), refused
+            StorageError: The storage cannot be opened (a database server's connection lost meanwhile is retried, as
+                every storage step is), or ``name`` is a study another program filled (trials, no search signature), refused
                 before anything is written to it (``in_out``: the storage is ``--out``'s own ``study.db``).
         """
         optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -131,14 +131,9 @@ class SearchStudy(StudyStores):
                 drawn = len(existing.get_trials(deepcopy=False))  # a sampler seeded as in the first run draws its points again
                 if foreign := _foreign_trials(existing):
                     raise _foreign(name, hide_passwords(storage), foreign, f"pass {'another --out' if in_out else '--study NEW_NAME'}")
-            study = optuna.create_study(
-                storage=backend,
-                study_name=name,
-                direction="maximize",
-                sampler=_sampler(sampler, seed + drawn, n_startup, shared or parallel),
-                pruner=ScreeningPruner(counts=_within(pins) if pins else None),
-                load_if_exists=True,
-            )
+            study = optuna.create_study(storage=backend, study_name=name, direction="maximize", load_if_exists=True,
+                                        sampler=_sampler(sampler, seed + drawn, n_startup, shared or parallel),
+                                        pruner=ScreeningPruner(counts=_within(pins) if pins else None))
             if STUDY_STARTUP_TRIALS not in study.user_attrs:
                 study.set_user_attr(STUDY_STARTUP_TRIALS, n_startup)
             if not shared and STUDY_BUDGET not in study.user_attrs:  # `autotune status` reads "0/N" during the calibration
@@ -146,7 +141,13 @@ class SearchStudy(StudyStores):
             return study
 
         try:
-            return cls(with_retries(opened, hide_passwords(storage)), storage, name)
+            try:
+                study = opened()
+            except DATABASE_ERRORS as exc:  # a server's lost connection is retried; a file that fails stays failed (read-only)
+                if not connection_lost(storage, exc):
+                    raise
+                study = with_retries(opened, hide_passwords(storage))
+            return cls(study, storage, name)
         except StorageError:
             raise
         except Exception as exc:  # sqlalchemy / redis / journal errors all differ

@@ -10,6 +10,8 @@ folder holds.
 from __future__ import annotations
 
 import os
+import re
+import shlex
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,36 +43,56 @@ SPLITS = frozenset({"train", "training", "val", "valid", "validation", "test", "
 
 
 def folder_warning(root: Path, classes: list[str], samples: list[tuple[str, int]] | None = None) -> str | None:
-    """What looks wrong with an ImageFolder's classes: one class only, split folders taken as classes, or hidden and
+    """What looks wrong with an ImageFolder's classes: one class only, split folders taken as classes, and hidden or
     system folders (``.thumbnails``, Synology's ``@eaDir``) read as classes or as images of a class."""
-    hidden = _hidden_warning(root, classes, samples or [])
-    if hidden:
-        return hidden
+    said = []
     if classes and all(name.lower() in SPLITS for name in classes):
         split = next((n for n in classes if n.lower() in ("train", "training")), classes[0])
-        return (f"the class folders of {root} are {', '.join(classes)}, which look like dataset splits: "
-                f"did you mean --data {root / split}?")
-    if len(classes) == 1:
-        return f"{root} holds one class folder ({classes[0]}): every image gets the same label"
-    return None
+        said.append(f"the class folders of {root} are {', '.join(classes)}, which look like dataset splits: "
+                    f"did you mean --data {root / split}?")
+    elif len(classes) == 1:
+        said.append(f"{root} holds one class folder ({classes[0]}): every image gets the same label")
+    hidden = _hidden_warning(root, classes, samples or [])
+    return "; ".join([*said, hidden] if hidden else said) or None
+
+
+#: Folders that file servers and operating systems add beside the user's (a NAS's thumbnails, a recycle bin).
+SYSTEM_FOLDERS = frozenset({"@eaDir", "@Recycle", "@Recently-Snapshot", "#recycle", "#snapshot", "$RECYCLE.BIN",
+                            "System Volume Information", "lost+found"})
 
 
 def _hidden(name: str) -> bool:
-    """A hidden folder (``.thumbnails``) or a NAS's system folder (Synology's ``@eaDir``)."""
-    return name.startswith((".", "@"))
+    """A hidden folder (``.thumbnails``) or a system folder (Synology's ``@eaDir``, :data:`SYSTEM_FOLDERS`)."""
+    return (name.startswith(".") and name not in (".", "..")) or name in SYSTEM_FOLDERS
+
+
+def _relative_parts(root: Path, samples: list[tuple[str, int]], marks: re.Pattern[str]) -> list[list[str]]:
+    """The paths below ``root``, split into their parts, of the samples whose path ``marks`` finds something in (a
+    string search first: a million files in a fraction of a second, where splitting them all took over a second)."""
+    prefix = os.path.join(os.path.expanduser(os.fspath(root)), "")  # as make_dataset joined them
+    found = [path for path, _ in samples if marks.search(path)]
+    return [(path[len(prefix):] if path.startswith(prefix) else os.path.relpath(path, root)).split(os.sep) for path in found]
+
+
+_SEP = re.escape(os.sep)
+#: A path with a hidden or system folder or file in it, or macOS metadata.
+_HIDDEN_MARK = re.compile(f"{_SEP}(?:\\.|{'|'.join(re.escape(name) + _SEP for name in SYSTEM_FOLDERS)})")
+_MACOS_MARK = re.compile(f"{_SEP}\\._|__MACOSX")
 
 
 def _hidden_warning(root: Path, classes: list[str], samples: list[tuple[str, int]]) -> str | None:
     said = []
     hidden = [name for name in classes if _hidden(name)]
     if hidden:
-        said.append(f"hidden or system folders of {root} are read as classes ({', '.join(hidden[:4])}{', ...' if len(hidden) > 4 else ''})")
-    inside = [Path(path).relative_to(root) for path, _ in samples]
-    inside = [rel for rel in inside if not _hidden(rel.parts[0]) and any(_hidden(part) for part in rel.parts[1:-1])]
+        one = len(hidden) == 1
+        said.append(f"{'a hidden or system folder' if one else 'hidden or system folders'} of {root} {'is' if one else 'are'} read "
+                    f"as {'a class' if one else 'classes'} ({', '.join(hidden[:4])}{', ...' if len(hidden) > 4 else ''})")
+    inside = [parts for parts in _relative_parts(root, samples, _HIDDEN_MARK) if not _hidden(parts[0]) and any(map(_hidden, parts[1:-1]))]
     if inside:
         one = len(inside) == 1
         said.append(f"{len(inside)} image{'' if one else 's'} in hidden or system folders inside class folders "
-                    f"{'is read as an image of its class' if one else 'are read as images of their class'} ({inside[0]}{'' if one else ', ...'})")
+                    f"{'is read as an image of its class' if one else 'are read as images of their class'} "
+                    f"({'/'.join(inside[0])}{'' if one else ', ...'})")
     if not said:
         return None
     return "; ".join(said) + ": ImageFolder takes them as any other; thumbnails or copies would train as data, so move them out"
@@ -87,21 +109,23 @@ def _summary(root: Path, classes: list[str], images: int, skipped: Counter[str])
     line = f"data: {root}: {images} image{'s' if images != 1 else ''} in {len(classes)} class{'es' if len(classes) != 1 else ''} ({shown})"
     if skipped:
         kinds = ", ".join(f"{ext} {n}" for ext, n in skipped.most_common(SHOWN_EXTENSIONS))
-        more = ", ..." if len(skipped) > SHOWN_EXTENSIONS else ""
-        line += f"; {sum(skipped.values())} other files skipped, as ImageFolder skips them ({kinds}{more})"
+        more, total = (", ..." if len(skipped) > SHOWN_EXTENSIONS else ""), sum(skipped.values())
+        line += f"; {total} other file{'' if total == 1 else 's'} skipped, as ImageFolder skips them ({kinds}{more})"
     return line
 
 
 def _macos_metadata(root: Path, classes: list[str], samples: list[tuple[str, int]]) -> None:
     """Refuse the AppleDouble files (``._name.jpg``) and ``__MACOSX`` folder that unpacking an archive made on a Mac
     leaves: ImageFolder reads them as images and fails on the first, one rerun per file."""
-    junk = [Path(path) for path, _ in samples if Path(path).name.startswith("._") or "__MACOSX" in Path(path).relative_to(root).parts]
+    junk = [parts for parts in _relative_parts(root, samples, _MACOS_MARK) if parts[-1].startswith("._") or "__MACOSX" in parts]
     folder = "__MACOSX" in classes
     if not junk and not folder:
         return
-    parts = ([f"{len(junk)} macOS metadata file{'s' if len(junk) != 1 else ''} ('._' files such as {junk[0].relative_to(root)})"]
+    parts = ([f"{len(junk)} macOS metadata file{'s' if len(junk) != 1 else ''} ('._' files such as {'/'.join(junk[0])})"]
              if junk else []) + (["a __MACOSX folder"] if folder else [])
-    removal = "; ".join(([f"find {root} -name '._*' -delete"] if junk else []) + ([f"rm -rf {root / '__MACOSX'}"] if folder else []))
+    # -L: into linked class folders too (a link loop was refused before); quoted: a path with spaces must not split.
+    removal = "; ".join(([f"find -L {shlex.quote(str(root))} -name '._*' -delete"] if junk else [])
+                        + ([f"rm -rf {shlex.quote(str(root / '__MACOSX'))}"] if folder else []))
     raise WorkloadError(f"data directory {root} holds {' and '.join(parts)}, which unpacking an archive made on a Mac leaves: not "
                         f"images, but ImageFolder reads them as images (or a class) and fails on them; remove them ({removal}) "
                         "and rerun")
