@@ -845,6 +845,24 @@ def test_a_folder_unpacked_from_a_mac_archive_is_refused_in_one_line_listing_its
     for junk in data.glob("*/._*"):
         junk.unlink()
     assert check_image_folder(data).images == 2
+    flat = tmp_path / "flat"  # images with no class folder: the layout, and what to do
+    flat.mkdir()
+    for name in ("a.jpg", "b.png", "notes.txt"):
+        (flat / name).write_bytes(b"x")
+    with pytest.raises(WorkloadError, match=r"holds no class directory \(ImageFolder layout: DIR/<class>/<image>\.jpg\): its 2 "
+                                            r"images lie in it directly; move them into one folder per class$"):
+        check_image_folder(flat)
+
+
+def test_a_link_to_an_image_that_is_gone_is_named_as_such(tmp_path) -> None:
+    """A symbolic link whose target was moved read as "cannot decode (FileNotFoundError ...)"."""
+    from autotune.workloads.data import BadImage, load_image
+
+    (tmp_path / "cat").mkdir()
+    link = tmp_path / "cat" / "a.jpg"
+    link.symlink_to(tmp_path / "moved.jpg")
+    with pytest.raises(BadImage, match=rf"^{link}: a symbolic link to {tmp_path}/moved\.jpg, which does not exist$"):
+        load_image(str(link))
 
 
 def test_hidden_and_system_folders_read_as_classes_or_images_are_a_warning_and_the_summary_counts_what_is_skipped(tmp_path) -> None:

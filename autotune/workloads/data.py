@@ -257,6 +257,9 @@ def load_image(path: str) -> Any:
             return Image.open(fh).convert("RGB")
     except Image.DecompressionBombError as exc:  # not an OSError: it stopped a trial as a setup's error, unnamed
         raise BadImage(f"{path}: too large to decode ({exc})") from None
+    except FileNotFoundError as exc:  # a link whose target is gone reads as a missing file
+        gone = f"a symbolic link to {os.readlink(path)}, which does not exist" if os.path.islink(path) else f"cannot read ({exc.strerror})"
+        raise BadImage(f"{path}: {gone}") from None
     except (OSError, SyntaxError, ValueError) as exc:  # what PIL raises for a bad file
         raise BadImage(f"{path}: cannot decode ({type(exc).__name__}: {exc})") from None
 

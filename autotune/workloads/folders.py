@@ -166,8 +166,11 @@ def check_image_folder(path: str | Path) -> FolderInfo:
 
         samples = make_dataset(root, class_to_idx, is_valid_file=image, allow_empty=True)
     except FileNotFoundError:
+        loose = sum(1 for entry in os.scandir(root) if entry.name.lower().endswith(IMG_EXTENSIONS))
+        here = (f": its {loose} image{'' if loose == 1 else 's'} lie in it directly; move them into one folder per class"
+                if loose else "")
         raise WorkloadError(
-            f"data directory {root} holds no class directory (ImageFolder layout: DIR/<class>/<image>.jpg)"
+            f"data directory {root} holds no class directory (ImageFolder layout: DIR/<class>/<image>.jpg){here}"
         ) from None
     except OSError as exc:
         raise WorkloadError(f"data directory {root} cannot be read: {exc.strerror or exc}") from None
