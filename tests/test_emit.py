@@ -724,8 +724,15 @@ def test_validation_classes_take_the_training_indices(synthetic_data: Path, tmp_
     assert val.targets == [3, 3, 7, 7] and [label for _, label in val.samples] == [3, 3, 7, 7]
     (tmp_path / "val" / "zebra").mkdir()
     (tmp_path / "val" / "zebra" / "z.jpg").symlink_to(next((synthetic_data / kept[0]).iterdir()))
-    with pytest.raises(SystemExit, match="error: --val-data val has classes that --data lacks: zebra"):
+    with pytest.raises(SystemExit, match="error: --val-data val has classes that --data lacks: zebra$"):
         namespace["match_classes"](ImageFolder(str(tmp_path / "val")), train, "val")
+    # --val-data one level too high (its class folders are the splits): the line says which one was meant.
+    for split in ("train", "val"):
+        (tmp_path / "splits" / split / kept[0]).mkdir(parents=True)
+        (tmp_path / "splits" / split / kept[0] / "a.jpg").symlink_to(next((synthetic_data / kept[0]).iterdir()))
+    with pytest.raises(SystemExit, match=r"error: --val-data splits has classes that --data lacks: train, val; its class folders "
+                                         r"look like dataset splits: did you mean --val-data splits/val\?$"):
+        namespace["match_classes"](ImageFolder(str(tmp_path / "splits")), train, "splits")
 
 
 @pytest.mark.slow
