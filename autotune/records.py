@@ -361,6 +361,11 @@ class Calibration:
         measured = [p for p in self.precisions if p.status == "ok" and p.samples_per_s]
         return max(measured, key=lambda p: p.samples_per_s or 0.0) if measured else None
 
+    def loader_rate(self, workers: int) -> float | None:
+        """What the loader delivered alone with ``workers`` loader workers (0: in the training process); None where
+        that count was not measured or measured nothing."""
+        return next((p.samples_per_s for p in self.loader if p.num_workers == workers and p.status == "ok" and p.samples_per_s), None)
+
     def workers_enough(self) -> int | None:
         """Fewest loader workers whose loader-only rate covers the device.
 

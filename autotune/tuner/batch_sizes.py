@@ -1,4 +1,4 @@
-"""The micro-batch sizes a search offers: powers of two, or every divisor of a pinned effective batch."""
+"""The micro-batch sizes a search offers: powers of two, or every divisor of a pinned effective batch; and why the data bounds them."""
 
 from __future__ import annotations
 
@@ -36,3 +36,8 @@ def divisor_space(effective_batch: int | None) -> bool:
     """Whether :func:`batch_sizes` may offer other batches for ``effective_batch`` than powers of two (versions before
     this rule offered only those: a study of such an effective batch sampled another space)."""
     return effective_batch is not None and effective_batch & (effective_batch - 1) != 0
+
+
+def data_limit(samples: int) -> str:
+    """Why the data's size bounds the batch, in words (the calibration's reason, and the space's)."""
+    return f"an optimizer step must fit in the data's {samples} samples"

@@ -22,7 +22,7 @@ from autotune.records import Calibration, LoaderPoint, MemoryPoint, PrecisionPoi
 from autotune.runner import TrialRunner, run_trial
 from autotune.runner.failures import KILLED_FROM_OUTSIDE
 from autotune.train_setup import TrainSetup
-from autotune.tuner.batch_sizes import powers_of_two
+from autotune.tuner.batch_sizes import data_limit, powers_of_two
 from autotune.tuner.constraints import Constraint, allows
 from autotune.tuner.space import probe_batch
 from autotune.units import format_bytes
@@ -304,7 +304,7 @@ def _batch_limit(bound: str, *, budget: int | None, trial_seconds: float, rate: 
         return (f"one step of a larger one would take over half of a {trial_seconds:g}-s trial at the {rate:.0f} samples/s the "
                 "calibration measured: raise --trial-seconds, or pin one batch (--set batch_size=N runs it as given)")
     if bound == "data":
-        return f"an optimizer step must fit in the data's {data} samples"
+        return data_limit(data)
     if bound == "stream":
         return "one pass of the dataset's stream fills no larger one"
     return f"{cap} is the largest batch autotune searches (--set batch_size=N runs a larger one as given)"

@@ -66,8 +66,7 @@ def in_process_guess(space: Space, calibration: Calibration, first: TrainSetup) 
     search of a few trials would otherwise try it only in the PyTorch defaults' setup."""
     if not first.num_workers or 0 not in space.values["num_workers"]:
         return None
-    rates = {p.num_workers: p.samples_per_s for p in calibration.loader if p.status == "ok" and p.samples_per_s}
-    computing, alone, fed = calibration.compute_samples_per_s, rates.get(0), rates.get(first.num_workers)
+    computing, alone, fed = calibration.compute_samples_per_s, calibration.loader_rate(0), calibration.loader_rate(first.num_workers)
     if not computing or not alone or not fed:
         return None
     ratio = (1.0 / (1.0 / alone + 1.0 / computing)) / min(fed, computing)

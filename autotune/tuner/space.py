@@ -18,7 +18,7 @@ from autotune.devices import DeviceInfo
 from autotune.errors import UsageError
 from autotune.records import Calibration, Workload, queue_fits
 from autotune.train_setup import DDP_KNOBS, KNOBS, TrainSetup
-from autotune.tuner.batch_sizes import batch_sizes, divisor_space
+from autotune.tuner.batch_sizes import batch_sizes, data_limit, divisor_space
 from autotune.tuner.constraints import (
     RANGE_KNOBS,
     Constraint,
@@ -374,7 +374,7 @@ def build_space(
     check_pins_act(constraints, image_input, world_size)
     check_workload_constraints(constraints, workload, device)
     data_bound = images is not None and (top < calibration.max_batch or calibration.batch_bound == "data")  # a range may reach it
-    limit = f"an optimizer step must fit in the data's {images} samples" if data_bound else calibration.batch_limit
+    limit = data_limit(images) if data_bound and images is not None else calibration.batch_limit
     most = images if data_bound and images is not None else top
     values = apply_constraints(base, constraints, {"batch_size": f"no batch above {most}: {limit}" if limit else ""}, {"batch_size": most})
     failed = failed_precisions(calibration)

@@ -334,8 +334,7 @@ def bottleneck_verdict(
                    else f"A cheaper dataset {'__iter__' if best.workload.iterable else '__getitem__'} or collate_fn "
                    "(tensors prepared once, not per item)")
         held = _held_by_the_epoch(best, calibration)  # then more cores would feed no more workers: not advised
-        rates = {p.num_workers: p.samples_per_s for p in calibration.loader if p.samples_per_s}
-        alone, fed = rates.get(0), loader if own else rates.get(best.setup.num_workers)  # the winner's workers' rate
+        alone, fed = calibration.loader_rate(0), loader if own else calibration.loader_rate(best.setup.num_workers)  # the winner's workers
         tried = any(r.setup.num_workers == 0 and r.role != ROLE_DEFAULTS and r.result.status in ("ok", "pruned") for r in records)
         handover = (f" Loading in the training process measured faster than the winner's workers deliver ({alone:.0f} "
                     f"against {fed:.0f} samples/s: handing the items over costs more than making them), so "

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from autotune.errors import WorkloadError
+from autotune.units import counted
 
 __all__ = ["SPLITS", "FolderInfo", "check_image_folder", "folder_warning"]
 
@@ -90,7 +91,7 @@ def _hidden_warning(root: Path, classes: list[str], samples: list[tuple[str, int
     inside = [parts for parts in _relative_parts(root, samples, _HIDDEN_MARK) if not _hidden(parts[0]) and any(map(_hidden, parts[1:-1]))]
     if inside:
         one = len(inside) == 1
-        said.append(f"{len(inside)} image{'' if one else 's'} in hidden or system folders inside class folders "
+        said.append(f"{counted(len(inside), 'image')} in hidden or system folders inside class folders "
                     f"{'is read as an image of its class' if one else 'are read as images of their class'} "
                     f"({'/'.join(inside[0])}{'' if one else ', ...'})")
     if not said:
@@ -106,11 +107,11 @@ def _summary(root: Path, classes: list[str], images: int, skipped: Counter[str])
     """``data: DIR: 78 images in 2 classes (cat, dog); 12 other files skipped, as ImageFolder skips them (.gif 4, ...)``
     (``skipped``: the extensions of the files that are no image's, counted)."""
     shown = ", ".join(classes[:6]) + (f", ... ({len(classes) - 6} more)" if len(classes) > 6 else "")
-    line = f"data: {root}: {images} image{'s' if images != 1 else ''} in {len(classes)} class{'es' if len(classes) != 1 else ''} ({shown})"
+    line = f"data: {root}: {counted(images, 'image')} in {len(classes)} class{'es' if len(classes) != 1 else ''} ({shown})"
     if skipped:
         kinds = ", ".join(f"{ext} {n}" for ext, n in skipped.most_common(SHOWN_EXTENSIONS))
-        more, total = (", ..." if len(skipped) > SHOWN_EXTENSIONS else ""), sum(skipped.values())
-        line += f"; {total} other file{'' if total == 1 else 's'} skipped, as ImageFolder skips them ({kinds}{more})"
+        more = ", ..." if len(skipped) > SHOWN_EXTENSIONS else ""
+        line += f"; {counted(sum(skipped.values()), 'other file')} skipped, as ImageFolder skips them ({kinds}{more})"
     return line
 
 
@@ -121,7 +122,7 @@ def _macos_metadata(root: Path, classes: list[str], samples: list[tuple[str, int
     folder = "__MACOSX" in classes
     if not junk and not folder:
         return
-    parts = ([f"{len(junk)} macOS metadata file{'s' if len(junk) != 1 else ''} ('._' files such as {'/'.join(junk[0])})"]
+    parts = ([f"{counted(len(junk), 'macOS metadata file')} ('._' files such as {'/'.join(junk[0])})"]
              if junk else []) + (["a __MACOSX folder"] if folder else [])
     # -L: into linked class folders too (a link loop was refused before); quoted: a path with spaces must not split.
     removal = "; ".join(([f"find -L {shlex.quote(str(root))} -name '._*' -delete"] if junk else [])
