@@ -39,7 +39,7 @@ def guess_setups(space: Space, calibration: Calibration, device: DeviceInfo, usa
     """
     first = guess_setup(space, calibration, device, usable_cores)
     guesses = [first]
-    in_process = in_process_guess(space, calibration, first)
+    in_process = in_process_guess(space, calibration, first, device, usable_cores)
     if in_process is not None:  # ahead of the first where it is expected to be faster
         guesses.insert(0 if in_process[1] >= 1.0 else 1, in_process[0])
     split = core_split(space, first, device, usable_cores)
@@ -54,22 +54,29 @@ def guess_setups(space: Space, calibration: Calibration, device: DeviceInfo, usa
     return [_queue_within_epoch(space, guess) for guess in guesses]
 
 
-def in_process_guess(space: Space, calibration: Calibration, first: TrainSetup) -> tuple[TrainSetup, float] | None:
+def in_process_guess(
+    space: Space, calibration: Calibration, first: TrainSetup, device: DeviceInfo, usable_cores: int
+) -> tuple[TrainSetup, float] | None:
     """``first`` without loader workers, with its expected rate over ``first``'s, where that ratio is at least
     :data:`IN_PROCESS_SHARE`; None otherwise (or where the space offers no 0 workers, or the calibration lacks a rate).
 
     Without workers the training process loads and computes in turn: ``1 / (1 / loading + 1 / computing)`` from the
     calibration's loader-only rate without workers and its compute-only rate. With ``first``'s workers the two overlap:
-    at most the smaller of their loader-only rate and the compute-only rate (on a CPU less, as the workers take cores
-    from training). Small items (token ids, tabular rows) load in the training process several times faster than
-    workers hand them over (the batches pass through shared memory and a queue): there no workers can win, and a
-    search of a few trials would otherwise try it only in the PyTorch defaults' setup."""
+    at most the smaller of their loader-only rate and the compute-only rate. On a CPU the workers' loading takes its
+    core-seconds from the training threads too: at most ``1 / (1 / computing + 1 / (cores x loading))``, the cores
+    doing both. Small items (token ids, tabular rows) load in the training process several times faster than workers
+    hand them over (the batches pass through shared memory and a queue), and on a CPU small decoded images may load
+    in turn about as fast as beside workers that take cores from the step: there no workers can win, and a search of
+    a few trials would otherwise try it only in the PyTorch defaults' setup."""
     if not first.num_workers or 0 not in space.values["num_workers"]:
         return None
     computing, alone, fed = calibration.compute_samples_per_s, calibration.loader_rate(0), calibration.loader_rate(first.num_workers)
     if not computing or not alone or not fed:
         return None
-    ratio = (1.0 / (1.0 / alone + 1.0 / computing)) / min(fed, computing)
+    overlapped = min(fed, computing)
+    if device.type == "cpu":
+        overlapped = min(overlapped, 1.0 / (1.0 / computing + 1.0 / (max(1, usable_cores) * alone)))
+    ratio = (1.0 / (1.0 / alone + 1.0 / computing)) / overlapped
     if ratio < IN_PROCESS_SHARE:
         return None
     return first.replace(num_workers=0, prefetch_factor=None, persistent_workers=False), ratio
