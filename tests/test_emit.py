@@ -8,6 +8,7 @@ import dataclasses
 import os
 import runpy
 import shutil
+import signal
 import stat
 import subprocess
 import sys
@@ -735,6 +736,29 @@ def test_validation_classes_take_the_training_indices(synthetic_data: Path, tmp_
         namespace["match_classes"](ImageFolder(str(tmp_path / "splits")), train, "splits")
 
 
+def test_data_unpacked_from_a_mac_archive_is_refused_in_one_line_before_training(synthetic_data: Path, tmp_path: Path) -> None:
+    """The search refuses '._' AppleDouble files and a __MACOSX folder (ImageFolder reads them as images); the script
+    stopped on the first of them mid-epoch, telling to fix the file and resume. It names them all, before a step."""
+    namespace = load_script(write_script(make_best(synthetic_data, **CPU_KNOBS), tmp_path / "train.py"))
+    data = tmp_path / "my pets"
+    for name in ("cat", "dog"):
+        (data / name).mkdir(parents=True)
+        (data / name / "a.jpg").symlink_to(next(synthetic_data.glob("*/*.jpg")))
+        (data / name / "._a.jpg").write_bytes(b"\x00\x05\x16\x07")
+    with pytest.raises(SystemExit, match=rf"^error: --val-data {data} holds macOS metadata \(2 files such as .+/\._a\.jpg\) "
+                                         rf"that unpacking .*; remove them \(find -L '{data}' -name '\._\*' -delete\) and rerun$"):
+        namespace["image_folder"](str(data), None, flag="--val-data")
+    (data / "__MACOSX" / "cat").mkdir(parents=True)
+    (data / "__MACOSX" / "cat" / "b.jpg").symlink_to(data / "cat" / "a.jpg")
+    for junk in data.glob("*/._*"):
+        junk.unlink()
+    with pytest.raises(SystemExit, match=rf"\(1 file such as .+/__MACOSX/cat/b\.jpg\).*; remove them "
+                                         rf"\(find -L '{data}' -name '\._\*' -delete; rm -rf '{data}/__MACOSX'\) and rerun$"):
+        namespace["image_folder"](str(data), None)
+    shutil.rmtree(data / "__MACOSX")
+    assert len(namespace["image_folder"](str(data), None)) == 2
+
+
 @pytest.mark.slow
 def test_runs_under_torchrun(synthetic_data: Path, tmp_path: Path) -> None:
     # Measured with 2 ranks and DDP knobs other than PyTorch's defaults: the script applies them.
@@ -948,12 +972,41 @@ def test_workers_ended_by_the_stop_signal_stop_training_however_the_loader_repor
         stop.close()
 
 
+def test_torchrun_s_sigterm_after_a_peer_s_end_waits_for_the_error_s_line(synthetic_data: Path, tmp_path: Path) -> None:
+    """A rank killed under torchrun: the other meets gloo's error, and torchrun sends it SIGTERM at about the same time.
+    The handlers went back to SIG_DFL as the error left training, so a SIGTERM 2 ms later ended the rank before it
+    printed its line (1 run in 8 of ``test_a_rank_killed_under_torchrun_leaves_one_line_on_the_others``). SIGTERM now
+    waits for the line, then ends the process as it would have; a process in which none came goes on."""
+    script = write_script(make_best(synthetic_data, **CPU_KNOBS), tmp_path / "train.py")
+    program = (
+        "import os, runpy, signal, sys, time\n"
+        f"ns = runpy.run_path({str(script)!r}, run_name='as_torchrun_rank')\n"
+        "stop = ns['GracefulStop']()\n"
+        "try:\n"
+        "    try:\n"
+        "        raise RuntimeError('Connection reset by peer')\n"
+        "    finally:\n"
+        "        stop.close()\n"
+        "except RuntimeError:\n"
+        "    if sys.argv[1] == 'term':\n"
+        "        os.kill(os.getpid(), signal.SIGTERM)\n"
+        "        time.sleep(0.2)\n"
+        "    print('the error line', flush=True)\n"
+        "ns['after_error']()\n"
+        "time.sleep(0.2)\n"
+        "print('went on', signal.getsignal(signal.SIGTERM) is signal.SIG_DFL, flush=True)\n"
+    )
+    term = subprocess.run([sys.executable, "-c", program, "term"], capture_output=True, text=True, timeout=RUN_TIMEOUT)
+    assert term.stdout == "the error line\n" and term.returncode == -signal.SIGTERM, (term.stdout, term.stderr)
+    calm = subprocess.run([sys.executable, "-c", program, "none"], capture_output=True, text=True, timeout=RUN_TIMEOUT)
+    assert calm.stdout == "the error line\nwent on True\n" and calm.returncode == 0, (calm.stdout, calm.stderr)
+
+
 @pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptionWarning")  # the OSError surfaces as one in a C call
 def test_a_sigchld_pending_with_the_stop_signal_raises_nothing(synthetic_data: Path, tmp_path: Path) -> None:
     """A job-wide SIGTERM and the SIGCHLD of the worker it ended, pending together: Python runs their handlers in
     signal order, the stop's first. It swapped PyTorch's SIGCHLD handler for SIG_DFL, so the pending SIGCHLD then
     raised "OSError: Signal 17 ignored due to race condition" mid-step (a CI run's traceback)."""
-    import signal
     import time
 
     namespace = load_script(write_script(make_best(synthetic_data, **CPU_KNOBS), tmp_path / "train.py"))
@@ -984,7 +1037,6 @@ def test_ctrl_c_or_sigterm_stops_after_the_step_with_a_checkpoint_to_resume_from
 ) -> None:
     """A real signal to a real run's whole process group, its loader worker too (as a terminal's Ctrl-C reaches them):
     one line, exit 130, a checkpoint at the step it stopped after."""
-    import signal
     import time
 
     script = write_script(make_best(synthetic_data, **CPU_KNOBS), tmp_path / "train.py")
@@ -1230,7 +1282,6 @@ def test_a_temporary_directory_too_long_for_the_workers_sockets_is_one_line(
 def test_ctrl_c_while_torch_loads_is_one_line(synthetic_data: Path, tmp_path: Path, task: str | None) -> None:
     """Ctrl-C in the seconds ``import torch`` takes: the one line and exit 130 of any other Ctrl-C, no traceback. A
     stand-in ``torch`` package that blocks in its import holds the script there, whatever the machine's load."""
-    import signal
     import time
 
     best = make_best(synthetic_data)
