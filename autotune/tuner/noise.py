@@ -69,14 +69,20 @@ def equivalent(a: Confirmed, b: Confirmed, floor: float = NOISE_FLOOR) -> bool:
 SPREAD = 2.0
 
 
-def disagree(a: Confirmed, b: Confirmed) -> bool:
-    """Whether ``a``'s paired ratios over ``b`` lie more than :data:`SPREAD` times apart (1.7x in one round, 350x in
-    the other: a median of two such rounds is a figure neither round measured). From three rounds on, the one
-    farthest from the median is left out: a single stalled round among agreeing ones no longer moves the median."""
+def compared_ratios(a: Confirmed, b: Confirmed) -> list[float]:
+    """``a``'s positive paired ratios over ``b``, sorted, that :func:`disagree` compares: from three rounds on, the
+    one farthest from the median is left out (a single stalled round among agreeing ones no longer moves the median)."""
     ratios = sorted(r for r in paired_ratios(a, b) if r > 0)
     if len(ratios) > 2:
         middle = median_ratio(ratios)
         ratios.remove(max(ratios, key=lambda r: abs(math.log(r / middle))))
+    return ratios
+
+
+def disagree(a: Confirmed, b: Confirmed) -> bool:
+    """Whether ``a``'s paired ratios over ``b`` (:func:`compared_ratios`) lie more than :data:`SPREAD` times apart
+    (1.7x in one round, 350x in the other: a median of two such rounds is a figure neither round measured)."""
+    ratios = compared_ratios(a, b)
     return len(ratios) > 1 and ratios[-1] / ratios[0] > SPREAD
 
 

@@ -20,7 +20,7 @@ from autotune.rounds import Ceilings, Confirmed
 from autotune.train_setup import TrainSetup
 from autotune.tuner.choice import choose_winner
 from autotune.tuner.constraints import Constraint
-from autotune.tuner.noise import disagree, median_ratio, paired_ratios
+from autotune.tuner.noise import compared_ratios, disagree, median_ratio, paired_ratios
 from autotune.tuner.space import DEFAULT_BATCH
 from autotune.tuner.study import ROLE_DEFAULTS
 from autotune.units import counted
@@ -79,9 +79,10 @@ def make_best(
         speedup = paired_speedup(chosen, baseline) if baseline is not None else None
         notes.extend(why)
         if baseline is not None and baseline is not chosen and speedup is not None and disagree(chosen, baseline):
-            ratios = sorted(paired_ratios(chosen, baseline))
+            ratios, rounds = compared_ratios(chosen, baseline), len(paired_ratios(chosen, baseline))
+            over = f"{len(ratios)} of {rounds} rounds, the one farthest from their median left out" if rounds > len(ratios) else f"{rounds} rounds"
             notes.append(f"the winner's paired rounds against the PyTorch defaults disagree (ratios {ratios[0]:.3g}x to "
-                         f"{ratios[-1]:.3g}x over {len(ratios)} rounds): the load on the machine changed within rounds, which "
+                         f"{ratios[-1]:.3g}x over {over}): the load on the machine changed within rounds, which "
                          f"pairing does not cancel, so the {speedup:.2f}x speedup is no figure to rely on; run the search "
                          "again on an idle machine")
         if chosen.candidate.no_twin and setup.amp != "off":
