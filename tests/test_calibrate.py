@@ -425,6 +425,32 @@ def test_a_pre_pass_run_killed_from_outside_is_measured_again_before_it_bounds_t
     assert status == ("ok" if kills == 1 else "oom")  # once: measured again and fit; twice: a memory limit, as before
 
 
+@pytest.mark.parametrize("timeouts", [1, 2])
+def test_a_pre_pass_run_that_times_out_is_measured_again_before_it_bounds_the_batch(timeouts: int) -> None:
+    """A pre-pass run that ended without a result in time, as on a machine busy for a while, bounded the batch range
+    for good (a probe's search timed out at batch 8 and kept batch 2 only; a rerun reused that calibration). Once, it
+    is measured again; twice at the same batch, it bounds the range as before, the reason said."""
+
+    class SlowAt32(FakeRunner):
+        slow = 0
+
+        def __call__(self, setup, workload, options=None, *, on_window=None) -> TrialResult:
+            if options is not None and options.mode == "compute" and setup.batch_size == 8 and self.slow < timeouts:
+                self.slow += 1
+                return TrialResult(status="timeout", error="no result within 93 s; the process group was killed")
+            return super().__call__(setup, workload, options, on_window=on_window)
+
+    logged: list[str] = []
+    result = calibrate(WORKLOAD, CPU, usable_cores=2, available_bytes=2**34, max_memory=None, trial_seconds=3.0,
+                       bf16_ok=True, log=logged.append, runner=SlowAt32(), batch_cap=256)
+    assert "memory pre-pass: batch 8: timeout (no result within 93 s; the process group was killed); measuring it again" in logged
+    status = next(p.status for p in result.memory_points if p.batch_size == 8)
+    assert status == ("ok" if timeouts == 1 else "timeout")
+    assert (result.max_batch > 8) == (timeouts == 1)
+    if timeouts == 2:
+        assert result.batch_limit == "batch 8 failed (timeout) in the memory pre-pass"
+
+
 @pytest.mark.parametrize(
     ("result", "message"),
     [

@@ -147,6 +147,9 @@ def calibrate(
             result = run()
             if KILLED_FROM_OUTSIDE in (result.error or ""):  # killed at this batch twice: a user-space OOM daemon's limit
                 result = TrialResult(status="oom", error=f"{result.error}; killed twice at this batch: taken as a memory limit")
+        elif result.status == "timeout":  # a machine busy for a while, as often as a batch too slow: once is no bound
+            log(f"memory pre-pass: batch {batch}: timeout ({result.error}); measuring it again")
+            result = run()
         measured[batch] = result
         return result
 
