@@ -680,3 +680,18 @@ def test_the_ceilings_section_of_a_search_without_a_confirmed_winner_is_not_titl
     page = (copy / "report.html").read_text()
     assert ">Best so far against the ceilings<" in page and "Winner against the ceilings" not in page
     assert ">Winner against the ceilings<" in (source / "report.html").read_text()
+
+
+def test_an_unwritable_home_leaves_no_matplotlib_warnings_on_stderr(tmp_path: Path) -> None:
+    """With HOME unwritable, matplotlib cannot make its config and cache directories: it says so in two lines of its
+    own on stderr ("mkdir -p failed ...", "Matplotlib created a temporary cache directory ..."), between autotune's
+    lines, and goes on with a temporary one. The report's plots import it quietly."""
+    env = {k: v for k, v in os.environ.items() if k not in ("MPLCONFIGDIR", "XDG_CONFIG_HOME", "XDG_CACHE_HOME")}
+    env["HOME"] = "/proc"  # exists, and no directory can be made in it (as root too)
+    draw = "import matplotlib.figure; matplotlib.figure.Figure().savefig(__import__('io').BytesIO())"
+    plain = subprocess.run([sys.executable, "-c", draw], env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert "Matplotlib created a temporary cache directory" in plain.stderr  # what the quiet import keeps off stderr
+    quiet = subprocess.run([sys.executable, "-c", "from autotune.output.sections import plotting; "
+                            "plots = plotting(); plots.png(plots.ceilings([('computing', 100.0, 'ceiling')]))"],
+                           env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert quiet.returncode == 0 and quiet.stderr == "", quiet.stderr

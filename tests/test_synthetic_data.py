@@ -79,7 +79,8 @@ def test_how_many_processes_write() -> None:
 
 
 def test_a_full_disk_in_a_worker_is_one_line_and_leaves_no_copy(tmp_path) -> None:
-    with pytest.raises(WorkloadError, match=r"^cannot write synthetic data under .*: No space left on device$"):
+    with pytest.raises(WorkloadError, match=r"^cannot write synthetic data under .*: No space left on device; "
+                                            r"pass --cache-dir DIR to write it elsewhere$"):
         generate_image_folder(tmp_path / "synthetic", 40, ImageMaker(_draw, full_disk), seed=0, note="t", processes=2)
     assert list(tmp_path.iterdir()) == [] and _no_workers_left()
 

@@ -85,13 +85,23 @@ class Section:
 
 
 def plotting() -> ModuleType | None:
-    """The plotting module, or None when matplotlib cannot be imported (checked on every call)."""
+    """The plotting module, or None when matplotlib cannot be imported (checked on every call).
+
+    matplotlib's warnings as it imports are not printed: where its config and cache directories cannot be made (an
+    unwritable HOME), it says so in two lines of its own and uses a temporary directory, which serves the report."""
+    import logging
+
+    quiet = logging.getLogger("matplotlib")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
     try:
         import matplotlib  # noqa: F401
+
+        from autotune.output import plots
     except ImportError:
         return None
-    from autotune.output import plots
-
+    finally:
+        quiet.setLevel(level)
     return plots
 
 

@@ -37,6 +37,8 @@ SYNTHETIC_JPEG_BYTES = 53 * 1024
 _SYNTHETIC_VERSION = 1
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
+#: What a failed write of the synthetic data suggests (its cache defaults to ~/.cache/autotune: an unwritable HOME, a full disk).
+ELSEWHERE = "pass --cache-dir DIR to write it elsewhere"
 
 
 def default_cache_dir() -> Path:
@@ -134,7 +136,7 @@ def generate_image_folder(
     tmp = target.parent / f".{target.name}.tmp-{os.getpid()}"
     blocking = next((p for p in (target.parent, *target.parent.parents) if p.exists()), None)
     if blocking is not None and not blocking.is_dir():
-        raise WorkloadError(f"cannot write synthetic data under {target.parent}: {blocking} is not a directory")
+        raise WorkloadError(f"cannot write synthetic data under {target.parent}: {blocking} is not a directory; {ELSEWHERE}")
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         _remove_dead_copies(target)
@@ -155,7 +157,7 @@ def generate_image_folder(
     except BaseException as exc:  # Ctrl-C, a full disk: leave no half copy behind
         shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(exc, OSError):
-            raise WorkloadError(f"cannot write synthetic data under {target.parent}: {exc.strerror or exc}") from None
+            raise WorkloadError(f"cannot write synthetic data under {target.parent}: {exc.strerror or exc}; {ELSEWHERE}") from None
         raise
     return target
 
