@@ -713,6 +713,11 @@ def test_a_rerun_interrupted_before_its_confirmation_keeps_the_earlier_confirmed
     assert (out / "best.json").read_bytes() == before["best.json"]
 
 
+def status_line(out: Path) -> str:
+    """The last line of ``autotune status OUT``."""
+    return study_status(f"sqlite:///{out / 'study.db'}", None, out=out).lines()[-1]
+
+
 def test_another_study_on_an_output_directory_is_refused_and_a_broken_best_json_blocks_nothing(tmp_path, cache_dir) -> None:
     from autotune.errors import UsageError
     from autotune.tuner import SearchConfig, run_search
@@ -730,6 +735,11 @@ def test_another_study_on_an_output_directory_is_refused_and_a_broken_best_json_
     (out / "best.json").write_bytes(best[:300])  # truncated: status and report still read the study
     status = study_status(f"sqlite:///{out / 'study.db'}", None, out=out)
     assert status.winner is None and f"winner: none confirmed in {out / 'best.json'}" in status.lines()[-1]
+    truncated = (out / "best.json").read_bytes()
+    (out / "best.json").unlink()  # a search killed before it wrote one: no file is named that is not there
+    assert status_line(out) == (f"winner: none confirmed ({out} holds no best.json: the search stopped before it wrote one); "
+                                "rerun the search's command to confirm one")
+    (out / "best.json").write_bytes(truncated)
     report_study(out)
     assert "winner not shown: " in (out / "report.html").read_text()
     # An emptied or removed study.db beside the trials.csv it wrote: a new search would overwrite the only record left.

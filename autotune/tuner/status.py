@@ -126,7 +126,10 @@ class StudyStatus:
                          "winner: in the best.json of the search's directory (autotune status DIR --storage URL shows it)" if self.out is None else
                          f"winner: none of this study's in {self.out}: its best.json is another search's (another storage or study)"
                          if self.foreign_best else
-                         f"winner: none confirmed in {self.out / 'best.json'}; rerun the search's command to confirm one")
+                         f"winner: none confirmed in {self.out / 'best.json'}; rerun the search's command to confirm one"
+                         if (self.out / "best.json").exists() else
+                         f"winner: none confirmed ({self.out} holds no best.json: the search stopped before it wrote one); rerun the "
+                         "search's command to confirm one")
         return lines
 
     def to_dict(self) -> dict[str, Any]:
