@@ -148,6 +148,33 @@ def test_hangup_and_kill9_mid_trial_lose_nothing_and_a_second_search_is_refused(
     assert "left running by a search that died" in stderr
 
 
+def test_an_out_in_use_is_refused_before_the_workload_is_built(tmp_path) -> None:
+    """A second search on a busy --out was refused only once it held the workload (torchvision imported, a Task's
+    module run): 8 s on an idle machine, over 60 s on a busy one, where it looked hung. It is refused first now; the
+    check takes and makes nothing (no lock file where none was)."""
+    from autotune.errors import StorageError
+    from autotune.tuner import SearchConfig
+    from autotune.tuner.lock import LOCK_FILE, OutputLock
+    from autotune.tuner.prepare import prepare
+    from autotune.tuner.progress import SilentReporter
+
+    out = tmp_path / "out"
+    out.mkdir()
+    OutputLock(out).refuse_if_held()
+    assert not (out / LOCK_FILE).exists()
+    holding = ("import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT); fcntl.flock(fd, fcntl.LOCK_EX); "
+               "os.write(fd, b'pid %d on a host' % os.getpid()); print('held', flush=True); sys.stdin.read()")
+    with subprocess.Popen([sys.executable, "-c", holding, str(out / LOCK_FILE)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                          text=True) as holder:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        # A workload whose module does not exist: building it would fail with its own error, after the lock's.
+        config = SearchConfig(model=None, workload="no_such_module_here:make", trials=2, device="cpu", out=out)
+        with pytest.raises(StorageError, match=rf"^--out {out} is in use by another autotune search \(pid {holder.pid} on a host\)"):
+            prepare(config, SilentReporter())
+        holder.stdin.close()  # type: ignore[union-attr]
+    OutputLock(out).refuse_if_held()  # its holder gone: the kernel dropped the lock
+
+
 def test_a_study_held_by_a_live_process_is_refused_and_a_dead_holder_is_taken_over(tmp_path) -> None:
     """The study lock (a search on another --out with the same --storage): real live and dead holders."""
     from autotune.errors import StorageError

@@ -135,15 +135,35 @@ class OutputLock:
             holder = os.read(fd, 200).decode(errors="replace").strip() or "another process"
             os.close(fd)
             if exc.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
-                raise StorageError(
-                    f"--out {self.path.parent} is in use by another autotune search ({holder}); "
-                    "wait for it to finish or pass another --out"
-                ) from None
+                raise self._in_use(holder) from None
             raise StorageError(f"cannot lock {self.path}: {exc.strerror}") from None
         me = Holder.me()
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{me.describe()}\n".encode(), 0)
         self._fd = fd
+
+    def refuse_if_held(self) -> None:
+        """Refuse as :meth:`acquire` would where a live process holds the lock, taking nor creating anything: a search's
+        first check, before the seconds its workload takes to build (torchvision's import, a Task's module).
+
+        Raises:
+            StorageError: Another live process holds it.
+        """
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except OSError:
+            return  # none yet, or unreadable: acquire() says what it meets
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                raise self._in_use(os.read(fd, 200).decode(errors="replace").strip() or "another process") from None
+        finally:
+            os.close(fd)  # drops the shared lock, where it was taken
+
+    def _in_use(self, holder: str) -> StorageError:
+        return StorageError(f"--out {self.path.parent} is in use by another autotune search ({holder}); "
+                            "wait for it to finish or pass another --out")
 
     def release(self) -> None:
         """Drop the lock (the file stays: removing it would race a new holder)."""

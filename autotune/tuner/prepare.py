@@ -67,6 +67,7 @@ def prepare(config: SearchConfig, reporter: Reporter) -> Prepared:
         check_temp_dir_for_workers()
     out = Path(config.out)
     check_out(out, config.data)
+    OutputLock(out).refuse_if_held()  # at once, not after the workload's imports
     script_target(out / "train.py", "--out")  # the winner's script must not meet the user's own train.py at the end
     if config.storage is not None:
         check_storage_url(config.storage)  # a typo must not wait for the workload (thousands of JPEGs on a first run)
