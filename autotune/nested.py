@@ -34,14 +34,15 @@ def tensors(batch: Any) -> Iterator[Any]:
             yield from tensors(getattr(batch, field.name))
 
 
-def map_tensors(batch: Any, func: Callable[[Any], Any]) -> Any:
-    """The batch with ``func`` applied to each tensor; containers keep their type."""
+def map_tensors(batch: Any, func: Callable[[Any], Any], other: Callable[[Any], Any] | None = None) -> Any:
+    """The batch with ``func`` applied to each tensor; containers keep their type. ``other``, where given, is applied to
+    each value that is neither a tensor nor a container looked into (the rest pass through as they are)."""
     import torch
 
     if isinstance(batch, torch.Tensor):
         return func(batch)
     if isinstance(batch, Mapping):
-        mapped = {key: map_tensors(value, func) for key, value in batch.items()}
+        mapped = {key: map_tensors(value, func, other) for key, value in batch.items()}
         if type(batch) is dict:
             return mapped
         try:  # keep dict subclasses (OrderedDict, BatchEncoding) where they rebuild from a dict
@@ -49,13 +50,13 @@ def map_tensors(batch: Any, func: Callable[[Any], Any]) -> Any:
         except Exception:
             return mapped
     if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # a namedtuple
-        return type(batch)(*(map_tensors(value, func) for value in batch))
+        return type(batch)(*(map_tensors(value, func, other) for value in batch))
     if isinstance(batch, (tuple, list)):
-        return type(batch)(map_tensors(value, func) for value in batch)
+        return type(batch)(map_tensors(value, func, other) for value in batch)
     fields = dataclass_fields(batch)
     if fields:  # a copy with each field mapped: frozen, slotted and init=False fields too, without rerunning __post_init__
         mapped_batch = copy.copy(batch)
         for field in fields:
-            object.__setattr__(mapped_batch, field.name, map_tensors(getattr(batch, field.name), func))
+            object.__setattr__(mapped_batch, field.name, map_tensors(getattr(batch, field.name), func, other))
         return mapped_batch
-    return batch
+    return other(batch) if other is not None else batch

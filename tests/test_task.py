@@ -687,6 +687,34 @@ def test_dataclass_batches_move_and_count_like_dicts() -> None:
     assert work.task == "task_factories:dataclass_batches" and not work.image_input
 
 
+class MovesItself:
+    """A batch class of the kind a collate_fn returns (a graph library's too): it moves itself by PyTorch's ``to``."""
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        self.x, self.y = x, y
+
+    def to(self, device: object) -> MovesItself:
+        return MovesItself(self.x.to(device), self.y.to(device))  # type: ignore[arg-type]
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+
+def test_a_batch_object_with_its_own_to_method_moves_itself() -> None:
+    """A ``Batch`` with ``to(device)`` (tensors as attributes) stayed where it was, so on a GPU the model met CPU
+    tensors; its count said the batch held no tensors. It moves itself now, alone or nested; the count names what
+    autotune looks into and the fix."""
+    batch = MovesItself(torch.zeros(4, 3), torch.zeros(4, dtype=torch.long))
+    moved = to_device(batch, "meta")
+    assert isinstance(moved, MovesItself) and {moved.x.device.type, moved.y.device.type} == {"meta"}
+    nested = to_device({"graph": batch, "kind": MovesItself, "ids": ["a", "b"], "to": 3}, "meta")
+    assert nested["graph"].x.device.type == "meta" and nested["kind"] is MovesItself and nested["ids"] == ["a", "b"]
+    with pytest.raises(WorkloadError, match=r"^cannot count the samples of a MovesItself batch: it holds no tensor where autotune "
+                                            r"looks \(tensors, tuples, lists, dicts and dataclasses, nested\); give the Task a "
+                                            r"batch_size_of= \(a function of the batch\)$"):
+        first_dim(batch)
+
+
 # ------------------------------------------------------------ search pieces
 def _calibration(max_batch: int = 64) -> autotune.records.Calibration:  # type: ignore[name-defined]
     from autotune.records import Calibration

@@ -22,7 +22,9 @@ def to_device(batch: Any, device: Any, *, channels_last: bool = False) -> Any:
 
     The copy is non-blocking only from pinned memory (where it overlaps with
     compute); with ``channels_last`` every 4-D floating tensor is converted
-    to the NHWC layout, other tensors are left as they are.
+    to the NHWC layout, other tensors are left as they are. An object of another class with a ``to`` method (a
+    ``Batch`` a collate_fn returns, a graph library's batch) moves itself, as PyTorch's convention has it: its
+    ``to(device)`` is called (its tensors keep their layout).
     """
     import torch
 
@@ -32,7 +34,12 @@ def to_device(batch: Any, device: Any, *, channels_last: bool = False) -> Any:
             tensor = tensor.contiguous(memory_format=torch.channels_last)
         return tensor
 
-    return map_tensors(batch, move)
+    def move_itself(value: Any) -> Any:
+        if isinstance(value, type) or not callable(getattr(value, "to", None)):
+            return value
+        return value.to(device)
+
+    return map_tensors(batch, move, move_itself)
 
 
 def has_image_tensor(batch: Any) -> bool:
@@ -55,7 +62,8 @@ def first_dim(batch: Any) -> int:
     if tensor is not None:
         return int(tensor.shape[0])
     raise WorkloadError(
-        f"cannot count the samples of a {type(batch).__name__} batch without tensors; give the Task a batch_size_of="
+        f"cannot count the samples of a {type(batch).__name__} batch: it holds no tensor where autotune looks (tensors, "
+        "tuples, lists, dicts and dataclasses, nested); give the Task a batch_size_of= (a function of the batch)"
     )
 
 
