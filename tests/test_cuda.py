@@ -248,3 +248,14 @@ def outcome_study_trials(tmp_path):  # type: ignore[no-untyped-def]
     from autotune.tuner.study import SearchStudy
 
     return SearchStudy.load(f"sqlite:///{tmp_path / 'out' / 'study.db'}").study.trials
+
+
+def test_a_batch_object_with_its_own_to_method_reaches_the_gpu() -> None:
+    """A collate_fn's ``Batch`` with ``to(device)``: it stayed on the CPU while the model sat on the GPU."""
+    import torch
+    from test_task import MovesItself
+
+    from autotune.workloads.batches import to_device
+
+    moved = to_device({"batch": MovesItself(torch.zeros(4, 3), torch.zeros(4))}, "cuda")
+    assert moved["batch"].x.is_cuda and moved["batch"].y.is_cuda
