@@ -255,8 +255,22 @@ def test_workload_callables_the_trials_cannot_import_are_refused_with_the_fix(tm
     import task_factories
 
     assert task_ref(task_factories.good) == "task_factories:good"
-    with pytest.raises(WorkloadError, match=r"\(a lambda\); define it at the top level of an importable module"):
+    with pytest.raises(WorkloadError, match=r"\(a lambda\) by its own name; otherwise define it at the top level of an importable module"):
         task_ref(lambda: None)
+    # A lambda bound to a name at a module's top level: that name imports it ('task_factories:as_lambda' works).
+    monkeypatch.setattr(task_factories, "as_lambda", eval("lambda: good()", vars(task_factories)), raising=False)
+    with pytest.raises(WorkloadError, match=r"\(a lambda\) by its own name; it is task_factories.as_lambda: pass 'task_factories:as_lambda'; "):
+        task_ref(task_factories.as_lambda)
+    # A built Task: each trial process builds its own, from the function.
+    with pytest.raises(WorkloadError, match=r"^workload is a built autotune.Task: every trial process builds its own, so pass the function"):
+        task_ref(task_factories.good())
+    # '__main__:f' names the user's script here, found in this process; in a trial process __main__ is autotune's own.
+    with pytest.raises(WorkloadError, match=r"^workload '__main__:make_task': __main__ is the script run, which the trial processes "
+                                            r"cannot import; name its module instead: '\w+:make_task'"):
+        task_ref("__main__:make_task")
+    monkeypatch.setattr(sys.modules["__main__"], "__file__", "/home/me/train_it.py", raising=False)
+    with pytest.raises(WorkloadError, match=r"name its module instead: 'train_it:make_task', with the call to autotune under if __name__"):
+        task_ref("__main__:make_task")
 
     def nested() -> None:
         pass

@@ -59,9 +59,19 @@ def task_ref(workload: str | Callable[..., Any]) -> str:
                          "in Python) to tune it on images") if workload in torchvision_models() else ""
             raise WorkloadError(f"workload {workload!r} must be package.module:function (a factory returning autotune.Task){shorthand}")
         try:
-            return validate_model_ref(workload)
+            ref = validate_model_ref(workload)
         except WorkloadError:
             raise WorkloadError(f"workload {workload!r} is not a valid reference; expected package.module:function") from None
+        if file == "__main__":  # found in this process, the user's script; a trial process's __main__ is autotune's own
+            script = str(getattr(sys.modules.get("__main__"), "__file__", None) or "")
+            named = (f"'{PurePath(script).stem}:{function}'" if script.endswith(".py") and PurePath(script).stem.isidentifier()
+                     else f"'myscript:{function}' for myscript.py")
+            raise WorkloadError(f"workload {workload!r}: __main__ is the script run, which the trial processes cannot import; "
+                                f"name its module instead: {named}, with the call to autotune under if __name__ == \"__main__\":")
+        return ref
+    if type(workload).__name__ == "Task" and hasattr(workload, "build_model"):
+        raise WorkloadError("workload is a built autotune.Task: every trial process builds its own, so pass the function "
+                            "that returns it (a function at the top level of an importable module, or 'module:function')")
     if not callable(workload):
         raise WorkloadError(f"workload must be 'package.module:function' or a function, got {type(workload).__name__}")
     module = getattr(workload, "__module__", None)
@@ -74,7 +84,11 @@ def task_ref(workload: str | Callable[..., Any]) -> str:
     if name == "<lambda>" or "<locals>" in qualname or "." in qualname or not module:
         kind = ("a lambda" if name == "<lambda>" else "a nested function" if "<locals>" in qualname
                 else "a method or an attribute of a class" if "." in qualname else "a function of no module")
-        raise WorkloadError(f"workload {name} cannot be imported by the trial processes ({kind}); {fix}")
+        owner = sys.modules.get(module) if module and module != "__main__" else None
+        held = [key for key, value in vars(owner).items() if value is workload] if owner is not None else []
+        known = f"; it is {module}.{held[0]}: pass '{module}:{held[0]}'" if held else ""
+        raise WorkloadError(f"workload {name} cannot be imported by the trial processes ({kind}) by its own name{known}; "
+                            f"otherwise {fix}")
     if module == "__main__":
         raise WorkloadError(f"workload {name} is defined in __main__, which the trial processes cannot import; {fix}")
     loaded = sys.modules.get(module)
