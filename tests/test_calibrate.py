@@ -273,6 +273,12 @@ def test_one_sample_and_a_model_that_needs_two_stops_at_calibration() -> None:
         ("RuntimeError: shape '[8, 64, 2, 7, 2, 7]' is invalid for input of size 131072",
          "(at --image-size 32; the model may be built for 224 px: try --image-size 224)"),
         ("RuntimeError: boom", "(at --image-size 32)"),
+        # inception_v3 at the default 224 px: its auxiliary classifier's kernel outgrows the map; built for 299 px.
+        ("RuntimeError: Calculated padded input size per channel: (3 x 3). Kernel size: (5 x 5). Kernel size can't be greater than "
+         "actual input size", "inception_v3:224:(at --image-size 224; the model needs larger images: it is built for 299 px, try --image-size 299)"),
+        # vit_b_16 at 60 px: the size must be a multiple of the patch size (64 trains), not 224.
+        ("AssertionError: Input shape indivisible by patch size!",
+         "vit_b_16:60:(at --image-size 60; the model cuts images into patches: pass an --image-size its patch size divides, as 224 is)"),
     ],
 )
 def test_a_model_that_fails_at_once_is_told_what_its_failure_may_depend_on(error: str, hint: str) -> None:
@@ -281,8 +287,12 @@ def test_a_model_that_fails_at_once_is_told_what_its_failure_may_depend_on(error
     def failing(setup, workload, options=None, *, on_window=None) -> TrialResult:
         return TrialResult(status="error", error=error)
 
+    work = WORKLOAD
+    if hint.count(":") >= 2 and not hint.startswith("("):  # MODEL:SIZE:hint
+        model, size, hint = hint.split(":", 2)
+        work = replace(WORKLOAD, model=model, image_size=int(size))
     with pytest.raises(WorkloadError) as info:
-        calibrate(WORKLOAD, CPU, usable_cores=2, available_bytes=2**33, max_memory=None, trial_seconds=3.0, bf16_ok=False, runner=failing)
+        calibrate(work, CPU, usable_cores=2, available_bytes=2**33, max_memory=None, trial_seconds=3.0, bf16_ok=False, runner=failing)
     assert hint in str(info.value), str(info.value)
 
 

@@ -26,6 +26,7 @@ from autotune.tuner.batch_sizes import data_limit, powers_of_two
 from autotune.tuner.constraints import Constraint, allows
 from autotune.tuner.space import probe_batch
 from autotune.units import format_bytes
+from autotune.workloads.models import built_size
 from autotune.workloads.streams import UNSHARDED
 
 #: Largest micro-batch the pre-pass proposes; pin a larger one with --set.
@@ -355,10 +356,14 @@ def _size_hint(workload: Workload, error: str | None) -> str:
     if "Target" in text and "out of bounds" in text:
         return (f" (the data has {workload.num_classes} classes: the model must output as many; "
                 "a factory that takes num_classes= is given it)")
-    if "too small" in text:
-        return f" (at --image-size {size}; the model needs larger images)"
-    if size != 224 and ("shape" in text or "size of tensor" in text):
-        return f" (at --image-size {size}; the model may be built for 224 px: try --image-size 224)"
+    built = built_size(workload.model) or 224
+    if "too small" in text or "Kernel size can't be greater than actual input size" in text:
+        larger = f": it is built for {built} px, try --image-size {built}" if built > size else ""
+        return f" (at --image-size {size}; the model needs larger images{larger})"
+    if "indivisible by patch size" in text:
+        return f" (at --image-size {size}; the model cuts images into patches: pass an --image-size its patch size divides, as {built} is)"
+    if size != built and ("shape" in text or "size of tensor" in text):
+        return f" (at --image-size {size}; the model may be built for {built} px: try --image-size {built})"
     return f" (at --image-size {size})"
 
 

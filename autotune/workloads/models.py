@@ -256,6 +256,20 @@ def build_model(ref: str, *, num_classes: int, image_size: int, sys_path: Sequen
     return torchvision.models.get_model(ref, **options)
 
 
+def built_size(ref: str) -> int | None:
+    """The image size a torchvision classifier is built and trained for (the crop of its published weights' transforms:
+    299 for inception_v3, 600 for efficientnet_b7); None for a factory, or where torchvision does not say."""
+    if is_factory_ref(ref):
+        return None
+    try:
+        from torchvision.models import get_model_weights
+
+        crop = getattr(get_model_weights(ref).DEFAULT.transforms, "keywords", {}).get("crop_size")
+    except Exception:  # an unknown name, a torchvision without weights metadata for it
+        return None
+    return int(crop[0] if isinstance(crop, (list, tuple)) else crop) if crop else None
+
+
 #: Weight of each auxiliary classifier's loss, by how many a model has: Inception v3
 #: trains its one with 0.4, GoogLeNet its two with 0.3 each (as their papers do).
 AUX_WEIGHTS = {1: 0.4, 2: 0.3}

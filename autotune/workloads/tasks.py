@@ -11,21 +11,20 @@ naming the object, index, types or shapes at fault.
 from __future__ import annotations
 
 import functools
-import importlib.util
 import os
 import pickle
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import PurePath
 from typing import Any
 
 from autotune.errors import USER_CODE_ERRORS, WorkloadError
 from autotune.records import Workload
 from autotune.workloads.batches import describe_batch, first_tensor, has_image_tensor
 from autotune.workloads.collation import batched_fixed_shapes, batched_read, collate_items, fixed_shapes, read_batch
-from autotune.workloads.models import is_factory_ref, load_factory, torchvision_models, validate_model_ref
+from autotune.workloads.models import load_factory
 from autotune.workloads.task import Task
+from autotune.workloads.task_refs import task_ref
 
 __all__ = ["TaskInfo", "build_task_workload", "check_task", "collate_items", "load_task", "task_ref"]
 
@@ -33,81 +32,6 @@ __all__ = ["TaskInfo", "build_task_workload", "check_task", "collate_items", "lo
 CHECK_ITEMS = 2
 #: Items read to judge whether batches keep their shapes (variable-length items are often the exception, not the rule).
 SHAPE_ITEMS = 8
-
-
-def task_ref(workload: str | Callable[..., Any]) -> str:
-    """The ``package.module:function`` reference of a workload factory.
-
-    Args:
-        workload: The reference itself, or the factory function (it must be
-            importable by the trial processes under that name).
-
-    Raises:
-        WorkloadError: Malformed text, or a callable the trial processes
-            cannot import (a lambda, a nested function, a function defined
-            in ``__main__``), with how to fix it.
-    """
-    if isinstance(workload, str):
-        file, _, function = workload.partition(":")
-        if file.endswith(".py"):  # a file name where a module name goes; none reaches an absolute one or one through ..
-            path = PurePath(file[:-3])
-            far = path.is_absolute() or ".." in path.parts
-            named = f"from {path.parent} (or with it on PYTHONPATH) pass {path.name}" if far else ".".join(path.parts)
-            raise WorkloadError(f"workload {workload!r}: name the module, not its file: {named}:{function}")
-        if not is_factory_ref(workload):
-            shorthand = (f"; {workload!r} is a torchvision model: pass --model {workload} (model={workload!r} "
-                         "in Python) to tune it on images") if workload in torchvision_models() else ""
-            raise WorkloadError(f"workload {workload!r} must be package.module:function (a factory returning autotune.Task){shorthand}")
-        try:
-            ref = validate_model_ref(workload)
-        except WorkloadError:
-            raise WorkloadError(f"workload {workload!r} is not a valid reference; expected package.module:function") from None
-        if file == "__main__":  # found in this process, the user's script; a trial process's __main__ is autotune's own
-            script = str(getattr(sys.modules.get("__main__"), "__file__", None) or "")
-            named = (f"'{PurePath(script).stem}:{function}'" if script.endswith(".py") and PurePath(script).stem.isidentifier()
-                     else f"'myscript:{function}' for myscript.py")
-            raise WorkloadError(f"workload {workload!r}: __main__ is the script run, which the trial processes cannot import; "
-                                f"name its module instead: {named}, with the call to autotune under if __name__ == \"__main__\":")
-        return ref
-    if type(workload).__name__ == "Task" and hasattr(workload, "build_model"):
-        raise WorkloadError("workload is a built autotune.Task: every trial process builds its own, so pass the function "
-                            "that returns it (a function at the top level of an importable module, or 'module:function')")
-    if not callable(workload):
-        raise WorkloadError(f"workload must be 'package.module:function' or a function, got {type(workload).__name__}")
-    module = getattr(workload, "__module__", None)
-    qualname = getattr(workload, "__qualname__", "") or ""
-    name = getattr(workload, "__name__", type(workload).__name__)
-    fix = "define it at the top level of an importable module (a .py file) and pass it, or pass 'module:function'"
-    if not isinstance(getattr(workload, "__qualname__", None), str):  # a functools.partial, a callable object: no name to import
-        raise WorkloadError(f"workload {type(workload).__name__} object: the trial processes import the workload by its name, "
-                            f"so it must be a function (not a functools.partial or a callable object); {fix}")
-    if name == "<lambda>" or "<locals>" in qualname or "." in qualname or not module:
-        kind = ("a lambda" if name == "<lambda>" else "a nested function" if "<locals>" in qualname
-                else "a method or an attribute of a class" if "." in qualname else "a function of no module")
-        owner = sys.modules.get(module) if module and module != "__main__" else None
-        held = [key for key, value in vars(owner).items() if value is workload] if owner is not None else []
-        known = f"; it is {module}.{held[0]}: pass '{module}:{held[0]}'" if held else ""
-        raise WorkloadError(f"workload {name} cannot be imported by the trial processes ({kind}) by its own name{known}; "
-                            f"otherwise {fix}")
-    if module == "__main__":
-        raise WorkloadError(f"workload {name} is defined in __main__, which the trial processes cannot import; {fix}")
-    loaded = sys.modules.get(module)
-    origin = str(getattr(getattr(loaded, "__spec__", None), "origin", None) or "")
-    path, last = PurePath(origin), module.rpartition(".")[2]
-    named_so = path.stem == last or (path.stem == "__init__" and path.parent.name == last)  # a module, or a package
-    if (loaded is None and not _findable(module)) or (origin.endswith(".py") and not named_so):
-        where = f" from {origin}" if origin else ""
-        raise WorkloadError(f"workload {name}: its module {module!r} was loaded{where} under a name the trial processes "
-                            f"cannot import (importlib.util.spec_from_file_location?); {fix}")
-    return validate_model_ref(f"{module}:{qualname}")
-
-
-def _findable(module: str) -> bool:
-    """Whether ``module`` can be imported by its name (a function's module run by runpy is not in sys.modules)."""
-    try:
-        return importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):
-        return False
 
 
 def load_task(ref: str, sys_path: Sequence[str] = ()) -> Task:
@@ -357,7 +281,6 @@ def check_task(task: Task, *, workers: bool) -> TaskInfo:
 
 def _import_root(module_name: str) -> str | None:
     """The sys.path entry an imported module was found under (so trials import it the same way)."""
-    import sys
 
     module = sys.modules.get(module_name)
     file = getattr(module, "__file__", None)

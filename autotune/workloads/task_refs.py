@@ -1,0 +1,94 @@
+"""The ``package.module:function`` reference of a workload factory, from the text or the function the user gave.
+
+The trial processes import the factory by that name: a reference they cannot import (a lambda, a nested function, a
+method, a function of the script run as ``__main__``, a module loaded under another name) is refused here, in this
+process, with what to pass instead.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from collections.abc import Callable
+from pathlib import PurePath
+from typing import Any
+
+from autotune.errors import WorkloadError
+from autotune.workloads.models import is_factory_ref, torchvision_models, validate_model_ref
+
+__all__ = ["task_ref"]
+
+
+def task_ref(workload: str | Callable[..., Any]) -> str:
+    """The ``package.module:function`` reference of a workload factory.
+
+    Args:
+        workload: The reference itself, or the factory function (it must be
+            importable by the trial processes under that name).
+
+    Raises:
+        WorkloadError: Malformed text, or a callable the trial processes
+            cannot import (a lambda, a nested function, a function defined
+            in ``__main__``), with how to fix it.
+    """
+    if isinstance(workload, str):
+        file, _, function = workload.partition(":")
+        if file.endswith(".py"):  # a file name where a module name goes; none reaches an absolute one or one through ..
+            path = PurePath(file[:-3])
+            far = path.is_absolute() or ".." in path.parts
+            named = f"from {path.parent} (or with it on PYTHONPATH) pass {path.name}" if far else ".".join(path.parts)
+            raise WorkloadError(f"workload {workload!r}: name the module, not its file: {named}:{function}")
+        if not is_factory_ref(workload):
+            shorthand = (f"; {workload!r} is a torchvision model: pass --model {workload} (model={workload!r} "
+                         "in Python) to tune it on images") if workload in torchvision_models() else ""
+            raise WorkloadError(f"workload {workload!r} must be package.module:function (a factory returning autotune.Task){shorthand}")
+        try:
+            ref = validate_model_ref(workload)
+        except WorkloadError:
+            raise WorkloadError(f"workload {workload!r} is not a valid reference; expected package.module:function") from None
+        if file == "__main__":  # found in this process, the user's script; a trial process's __main__ is autotune's own
+            script = str(getattr(sys.modules.get("__main__"), "__file__", None) or "")
+            named = (f"'{PurePath(script).stem}:{function}'" if script.endswith(".py") and PurePath(script).stem.isidentifier()
+                     else f"'myscript:{function}' for myscript.py")
+            raise WorkloadError(f"workload {workload!r}: __main__ is the script run, which the trial processes cannot import; "
+                                f"name its module instead: {named}, with the call to autotune under if __name__ == \"__main__\":")
+        return ref
+    if type(workload).__name__ == "Task" and hasattr(workload, "build_model"):
+        raise WorkloadError("workload is a built autotune.Task: every trial process builds its own, so pass the function "
+                            "that returns it (a function at the top level of an importable module, or 'module:function')")
+    if not callable(workload):
+        raise WorkloadError(f"workload must be 'package.module:function' or a function, got {type(workload).__name__}")
+    module = getattr(workload, "__module__", None)
+    qualname = getattr(workload, "__qualname__", "") or ""
+    name = getattr(workload, "__name__", type(workload).__name__)
+    fix = "define it at the top level of an importable module (a .py file) and pass it, or pass 'module:function'"
+    if not isinstance(getattr(workload, "__qualname__", None), str):  # a functools.partial, a callable object: no name to import
+        raise WorkloadError(f"workload {type(workload).__name__} object: the trial processes import the workload by its name, "
+                            f"so it must be a function (not a functools.partial or a callable object); {fix}")
+    if name == "<lambda>" or "<locals>" in qualname or "." in qualname or not module:
+        kind = ("a lambda" if name == "<lambda>" else "a nested function" if "<locals>" in qualname
+                else "a method or an attribute of a class" if "." in qualname else "a function of no module")
+        owner = sys.modules.get(module) if module and module != "__main__" else None
+        held = [key for key, value in vars(owner).items() if value is workload] if owner is not None else []
+        known = f"; it is {module}.{held[0]}: pass '{module}:{held[0]}'" if held else ""
+        raise WorkloadError(f"workload {name} cannot be imported by the trial processes ({kind}) by its own name{known}; "
+                            f"otherwise {fix}")
+    if module == "__main__":
+        raise WorkloadError(f"workload {name} is defined in __main__, which the trial processes cannot import; {fix}")
+    loaded = sys.modules.get(module)
+    origin = str(getattr(getattr(loaded, "__spec__", None), "origin", None) or "")
+    path, last = PurePath(origin), module.rpartition(".")[2]
+    named_so = path.stem == last or (path.stem == "__init__" and path.parent.name == last)  # a module, or a package
+    if (loaded is None and not _findable(module)) or (origin.endswith(".py") and not named_so):
+        where = f" from {origin}" if origin else ""
+        raise WorkloadError(f"workload {name}: its module {module!r} was loaded{where} under a name the trial processes "
+                            f"cannot import (importlib.util.spec_from_file_location?); {fix}")
+    return validate_model_ref(f"{module}:{qualname}")
+
+
+def _findable(module: str) -> bool:
+    """Whether ``module`` can be imported by its name (a function's module run by runpy is not in sys.modules)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
