@@ -246,6 +246,34 @@ def test_a_budget_under_the_fixed_cost_with_a_model_that_needs_two_samples_is_on
     assert all(mode == "compute" for mode, _ in runner.calls)  # stopped before any other run
 
 
+def test_no_batch_that_trains_for_reasons_other_than_memory_is_not_called_a_memory_limit(tiny_workload) -> None:
+    """A probe's inception_v3 on a busy machine: batch 8 timed out twice, the smaller ones met the model's own size error,
+    and the search said "batches 2 to 8 ran out of [the memory budget] ... pick a smaller --image-size" at peaks of
+    380 MiB against 7.8 GiB, the opposite of the fix. It says what each run did, and the size the model needs."""
+    from autotune.errors import WorkloadError
+
+    kernel = ("RuntimeError: Calculated padded input size per channel: (3 x 3). Kernel size: (5 x 5). Kernel size can't be "
+              "greater than actual input size")
+
+    class BusyAndTooSmall(FakeRunner):
+        def __call__(self, setup, workload, options=None, *, on_window=None) -> TrialResult:
+            if options.mode != "loader" and setup.batch_size >= 8:
+                return TrialResult(status="timeout", error="no result within 93 s; the process group was killed")
+            if options.mode != "loader":
+                return TrialResult(status="error", error=kernel, peak_memory_bytes=380 * MIB)
+            return super().__call__(setup, workload, options, on_window=on_window)
+
+    work = replace(tiny_workload, model="inception_v3", image_size=224)
+    with pytest.raises(WorkloadError) as refused:
+        calibrate(work, CPU, usable_cores=2, available_bytes=2**34, max_memory=None, trial_seconds=1.0, bf16_ok=False,
+                  runner=BusyAndTooSmall())
+    said = str(refused.value)
+    assert said.startswith("no batch of model inception_v3 trains: batch 2 error, batch 4 error, batch 8 timeout, and batch 1 fails "
+                           "(RuntimeError: Calculated padded"), said
+    assert "try --image-size 299" in said and said.endswith("rerun on an idle one or raise --timeout")
+    assert "memory" not in said
+
+
 def test_one_sample_and_a_model_that_needs_two_stops_at_calibration() -> None:
     """The pre-pass runs synthetic batches of 8 and 32; the data caps the space at batch 1, where BatchNorm fails."""
     from autotune.errors import WorkloadError

@@ -26,7 +26,7 @@ from autotune.tuner.batch_sizes import data_limit, powers_of_two
 from autotune.tuner.constraints import Constraint, allows
 from autotune.tuner.space import probe_batch
 from autotune.units import format_bytes
-from autotune.workloads.models import built_size
+from autotune.workloads.models import size_hint
 from autotune.workloads.streams import UNSHARDED
 
 #: Largest micro-batch the pre-pass proposes; pin a larger one with --set.
@@ -160,7 +160,7 @@ def calibrate(
         if result.status == "error" and not points:
             # The model fails at a small batch with the plainest setup, and not
             # for memory: no setup can work, so stop now, not after every trial.
-            raise WorkloadError(f"{subject} fails: {result.error}{_size_hint(workload, result.error)}")
+            raise WorkloadError(f"{subject} fails: {result.error}{size_hint(workload, result.error)}")
         if result.status == "diverged" and not points:
             # Not a memory limit: the plainest setup diverges, so every setup would.
             raise WorkloadError(f"{subject}: the loss became NaN or infinite in the first run (batch size {batch}, fp32, "
@@ -210,12 +210,19 @@ def calibrate(
         log(f"memory pre-pass: batch 1: {_outcome(result)}, peak {format_bytes(result.peak_memory_bytes)}")
         if result.status == "oom":
             raise too_small
-        if not result.ok:  # every larger batch ran out of memory: no batch is left to search
+        larger = sorted((p.batch_size, p.status) for p in points if p.batch_size > 1)
+        if not result.ok and {status for _, status in larger} == {"oom"}:  # every larger batch ran out of memory
             raise WorkloadError(
                 f"no batch of {subject} trains within the memory budget of {format_bytes(budget)} on {where}: "
                 f"batches 2 to {max(p.batch_size for p in points)} ran out of it and batch 1 fails ({result.error}); "
                 f"free some memory, raise --max-memory or {smaller}"
             )
+        if not result.ok:  # not memory alone: say what each run did (a run timed out on a busy machine, the model failed)
+            said = ", ".join(f"batch {batch} {status}" for batch, status in larger)
+            busy = "; a run that timed out may have met a busy machine: rerun on an idle one or raise --timeout" if any(
+                status == "timeout" for _, status in larger) else ""
+            raise WorkloadError(f"no batch of {subject} trains: {said}, and batch 1 fails ({result.error})"
+                                f"{size_hint(workload, result.error)}{busy}")
     stream_batch = None
     if workload.iterable and max_batch > 1:  # a stream of unknown length: the batches it fills bound the space
         filled = _stream_batch(max_batch, workload, runner, replace(short, mode="loader", max_memory_bytes=None), log)
@@ -345,26 +352,6 @@ def workers_broken(points: list[LoaderPoint], first_error: str | None) -> str | 
     if not main or main[0].status != "ok" or not workers or any(p.status == "ok" for p in workers):
         return None
     return first_error or "every loader-only measurement with workers failed"
-
-
-def _size_hint(workload: Workload, error: str | None) -> str:
-    """What the classifier's failure may depend on: the class count, the image size (a shape error
-    often does), a hint when the input is too small (pooling leaves nothing) or off the model's 224 px."""
-    if workload.task is not None:
-        return ""
-    text, size = error or "", workload.image_size
-    if "Target" in text and "out of bounds" in text:
-        return (f" (the data has {workload.num_classes} classes: the model must output as many; "
-                "a factory that takes num_classes= is given it)")
-    built = built_size(workload.model) or 224
-    if "too small" in text or "Kernel size can't be greater than actual input size" in text:
-        larger = f": it is built for {built} px, try --image-size {built}" if built > size else ""
-        return f" (at --image-size {size}; the model needs larger images{larger})"
-    if "indivisible by patch size" in text:
-        return f" (at --image-size {size}; the model cuts images into patches: pass an --image-size its patch size divides, as {built} is)"
-    if size != built and ("shape" in text or "size of tensor" in text):
-        return f" (at --image-size {size}; the model may be built for {built} px: try --image-size {built})"
-    return f" (at --image-size {size})"
 
 
 def _outcome(result: TrialResult) -> str:

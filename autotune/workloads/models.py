@@ -23,6 +23,8 @@ from autotune.errors import USER_CODE_ERRORS, WorkloadError
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
+    from autotune.records import Workload
+
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
@@ -268,6 +270,26 @@ def built_size(ref: str) -> int | None:
     except Exception:  # an unknown name, a torchvision without weights metadata for it
         return None
     return int(crop[0] if isinstance(crop, (list, tuple)) else crop) if crop else None
+
+
+def size_hint(workload: Workload, error: str | None) -> str:
+    """What the classifier's failure may depend on: the class count, the image size (a shape error
+    often does), a hint when the input is too small (pooling leaves nothing) or off the model's 224 px."""
+    if workload.task is not None:
+        return ""
+    text, size = error or "", workload.image_size
+    if "Target" in text and "out of bounds" in text:
+        return (f" (the data has {workload.num_classes} classes: the model must output as many; "
+                "a factory that takes num_classes= is given it)")
+    built = built_size(workload.model) or 224
+    if "too small" in text or "Kernel size can't be greater than actual input size" in text:
+        larger = f": it is built for {built} px, try --image-size {built}" if built > size else ""
+        return f" (at --image-size {size}; the model needs larger images{larger})"
+    if "indivisible by patch size" in text:
+        return f" (at --image-size {size}; the model cuts images into patches: pass an --image-size its patch size divides, as {built} is)"
+    if size != built and ("shape" in text or "size of tensor" in text):
+        return f" (at --image-size {size}; the model may be built for {built} px: try --image-size {built})"
+    return f" (at --image-size {size})"
 
 
 #: Weight of each auxiliary classifier's loss, by how many a model has: Inception v3
