@@ -9,6 +9,7 @@ Public API::
 
     result = autotune.search(workload="mypkg.train:make_task", trials=30)
     setup = autotune.load_setup(result.best_json)
+    best = autotune.load_best(result.best_json)    # all of it: best.lr, the learning rate scaled for its batch
 
 Also: ``autotune.trial(...)`` (one measured trial), ``TrainSetup``,
 ``run_search`` with ``SearchConfig`` (the lower-level entry point).
@@ -24,6 +25,7 @@ from autotune.errors import AutotuneError
 
 if TYPE_CHECKING:
     from autotune.api import SearchResult, TrialOutcome, search, trial
+    from autotune.output.best import Best, load_best
     from autotune.train_setup import TrainSetup, load_setup
     from autotune.tuner import SearchConfig, SearchOutcome, run_search
     from autotune.workloads.task import Task
@@ -36,6 +38,8 @@ _LAZY = {
     "search": "autotune.api",
     "trial": "autotune.api",
     "TrainSetup": "autotune.train_setup",
+    "Best": "autotune.output.best",
+    "load_best": "autotune.output.best",
     "load_setup": "autotune.train_setup",
     "SearchConfig": "autotune.tuner",
     "SearchOutcome": "autotune.tuner",
@@ -59,6 +63,7 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "AutotuneError",
+    "Best",
     "SearchConfig",
     "SearchOutcome",
     "SearchResult",
@@ -66,6 +71,7 @@ __all__ = [
     "TrainSetup",
     "TrialOutcome",
     "__version__",
+    "load_best",
     "load_setup",
     "run_search",
     "search",

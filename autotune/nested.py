@@ -1,4 +1,4 @@
-"""The tensors of a nested batch: a tensor, a tuple or list, a dict, a dataclass instance, or a mix of them."""
+"""The tensors of a nested batch (a tensor, a tuple or list, a dict, a dataclass instance, or a mix of them): find, map, move."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import dataclasses
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-__all__ = ["dataclass_fields", "map_tensors", "tensors"]
+__all__ = ["dataclass_fields", "map_tensors", "tensors", "to_device"]
 
 
 def dataclass_fields(value: Any) -> tuple[dataclasses.Field[Any], ...]:
@@ -60,3 +60,28 @@ def map_tensors(batch: Any, func: Callable[[Any], Any], other: Callable[[Any], A
             object.__setattr__(mapped_batch, field.name, map_tensors(getattr(batch, field.name), func, other))
         return mapped_batch
     return other(batch) if other is not None else batch
+
+
+def to_device(batch: Any, device: Any, *, channels_last: bool = False) -> Any:
+    """Move every tensor of ``batch`` to ``device``.
+
+    The copy is non-blocking only from pinned memory (where it overlaps with
+    compute); with ``channels_last`` every 4-D floating tensor is converted
+    to the NHWC layout, other tensors are left as they are. An object of another class with a ``to`` method (a
+    ``Batch`` a collate_fn returns, a graph library's batch) moves itself, as PyTorch's convention has it: its
+    ``to(device)`` is called (its tensors keep their layout).
+    """
+    import torch
+
+    def move(tensor: Any) -> Any:
+        tensor = tensor.to(device, non_blocking=bool(tensor.is_pinned()) if tensor.device.type == "cpu" else False)
+        if channels_last and tensor.dim() == 4 and tensor.is_floating_point():
+            tensor = tensor.contiguous(memory_format=torch.channels_last)
+        return tensor
+
+    def move_itself(value: Any) -> Any:
+        if isinstance(value, type) or not callable(getattr(value, "to", None)):
+            return value
+        return value.to(device)
+
+    return map_tensors(batch, move, move_itself)

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from autotune.errors import SetupError
-from autotune.nested import map_tensors
+from autotune.nested import map_tensors, to_device
 from autotune.setup_checks import AMP_MODES as AMP_MODES  # re-exported: users and modules read it here
 from autotune.setup_checks import check_setup_device, helper_device_type, helper_module, missing_knob, python_numbers, validate_setup
 from autotune.torch_knobs import build_optimizer, compile_model, configure_torch, optimizer_kwargs
@@ -347,19 +347,20 @@ class TrainSetup:
         helper_module(model, "compile_model", callables=True)
         return compile_model(model, self.compile)
 
-    def prepare_batch(self, batch: Any) -> Any:
-        """The batch with every 4-D floating tensor in channels_last when the setup asks for it.
+    def to_device(self, batch: Any, device: str | torch.device) -> Any:
+        """``batch`` on ``device`` as the trials moved it: every tensor of a tensor, tuple, list, dict, namedtuple or
+        dataclass (nested), non-blocking from pinned memory, 4-D floating ones in channels_last when the setup asks;
+        an object with its own ``to`` method moves itself; other values (ids, strings) as they are."""
+        return to_device(batch, device, channels_last=self.channels_last)
 
-        ``batch`` is a tensor, or a tuple, list or dict of them (nested, as a
-        Task's batches may be); it keeps its structure, other tensors are left as they are.
-        """
+    def prepare_batch(self, batch: Any) -> Any:
+        """The batch (a tensor, or a tuple, list or dict of them, nested) with every 4-D floating tensor in channels_last
+        when the setup asks for it; its structure and other tensors as they are."""
         import torch
 
         if not self.channels_last:
             return batch
-        return map_tensors(
-            batch, lambda t: t.contiguous(memory_format=torch.channels_last) if t.dim() == 4 and t.is_floating_point() else t
-        )
+        return map_tensors(batch, lambda t: t.contiguous(memory_format=torch.channels_last) if t.dim() == 4 and t.is_floating_point() else t)
 
 
 #: The version of best.json this autotune writes and reads.

@@ -3,8 +3,8 @@
     python examples/own_loop.py                        # a setup built inline
     python examples/own_loop.py autotune-out/best.json # the setup a search found
 
-``autotune.load_setup`` reads the winning TrainSetup from ``best.json``; its
-helpers apply every knob: the DataLoader arguments, the torch settings
+``autotune.load_best`` reads ``best.json``: the winning TrainSetup, whose
+helpers apply every knob, and the learning rate scaled for its batch. The helpers apply the DataLoader arguments, the torch settings
 (threads, cuDNN autotuning, TF32), torch.compile, the optimizer's kernels,
 channels_last, autocast, the GradScaler (fp16 only) and the accumulation steps. The model and data here
 are tiny stand-ins (resnet18 on random 32x32 images, three optimizer steps).
@@ -27,10 +27,13 @@ STEPS = 3
 
 
 def main(argv: list[str]) -> int:
+    # Your recipe's rate (1e-3 at batch 256 here); best.json holds it scaled to the tuned effective batch.
     if len(argv) > 1:
-        setup = autotune.load_setup(argv[1])
+        best = autotune.load_best(argv[1])
+        setup, lr = best.setup, best.lr
     else:
         setup = autotune.TrainSetup(batch_size=16, accumulation_steps=2, amp="bf16", channels_last=True)
+        lr = 1e-3 * math.sqrt(setup.effective_batch() / 256)  # the square-root rule for AdamW, as the search scales it
     device = "cuda" if torch.cuda.is_available() else "cpu"
     try:
         setup.check_device(device)
@@ -49,16 +52,12 @@ def main(argv: list[str]) -> int:
     loader = setup.dataloader(dataset, shuffle=True, drop_last=True)
     model = setup.prepare_model(model.to(device))
     scaler = setup.grad_scaler(device)  # None unless amp is fp16
-    # Your recipe's rate (1e-3 at batch 256 here) scaled to the setup's effective batch by the square-root rule
-    # for AdamW, as the search scales it (linear for SGD); best.json's "lr" holds the rate the search derived.
-    lr = 1e-3 * math.sqrt(setup.effective_batch() / 256)
     optimizer = setup.optimizer(model.parameters(), lr=lr)  # AdamW with the tuned kernels (optimizer_impl)
     model = setup.compile_model(model)  # torch.compile when the setup compiles; the model itself otherwise
     model.train()
     start = time.perf_counter()
     for i, (images, labels) in enumerate(loader):
-        images = setup.prepare_batch(images.to(device, non_blocking=True))
-        labels = labels.to(device, non_blocking=True)
+        images, labels = setup.to_device((images, labels), device)  # non-blocking from pinned memory; channels_last
         with setup.autocast(device):
             loss = F.cross_entropy(model(images), labels) / setup.accumulation_steps
         (scaler.scale(loss) if scaler is not None else loss).backward()

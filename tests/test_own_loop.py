@@ -47,6 +47,22 @@ def test_load_setup_reads_best_json(tmp_path: Path) -> None:
     setup = TrainSetup(num_workers=1, prefetch_factor=2, batch_size=8, accumulation_steps=2, amp="bf16")
     write_cpu_best(tmp_path / "best.json", setup)
     assert autotune.load_setup(tmp_path / "best.json") == setup
+    # The whole file, public: the learning rate scaled for the tuned batch, which a loop of one's own trains with.
+    best = autotune.load_best(tmp_path)
+    assert isinstance(best, autotune.Best) and best.setup == setup and best.lr == 1e-3
+
+
+def test_a_nested_batch_moves_as_the_trials_moved_it() -> None:
+    """A Task's dict or nested batch in one's own loop: one call, as the trials did it (the README's loop moved x and y
+    by hand, and only the internal batches.to_device did it for a dict)."""
+    import torch
+
+    setup = TrainSetup(channels_last=True)
+    batch = {"image": torch.zeros(2, 3, 8, 8), "mask": torch.zeros(2, 8, 8, dtype=torch.long), "ids": ["a", "b"]}
+    moved = setup.to_device(batch, "meta")
+    assert {moved["image"].device.type, moved["mask"].device.type} == {"meta"} and moved["ids"] == ["a", "b"]
+    assert moved["image"].is_contiguous(memory_format=torch.channels_last) and moved["mask"].is_contiguous()
+    assert TrainSetup().to_device(batch, "meta")["image"].is_contiguous()
 
 
 @pytest.mark.slow
@@ -96,7 +112,7 @@ def test_custom_model_example(tmp_path: Path, capfd: pytest.CaptureFixture[str],
 
 
 def test_docs_own_loop_snippet_runs(tmp_path: Path) -> None:
-    """The thirteen-line loop in docs/emit.md runs as written (on the CPU), and README.md shows the same."""
+    """The fourteen-line loop in docs/emit.md runs as written (on the CPU), and README.md shows the same."""
     import torch
     from torch import nn
     from torch.utils.data import TensorDataset
@@ -104,7 +120,7 @@ def test_docs_own_loop_snippet_runs(tmp_path: Path) -> None:
     text = (Path(__file__).resolve().parents[1] / "docs" / "emit.md").read_text(encoding="utf-8")
     section = text[text.index("## Using the setup in your own loop"):]
     code = section.split("```python\n", 1)[1].split("```", 1)[0]
-    assert len(code.strip().splitlines()) <= 13
+    assert len(code.strip().splitlines()) <= 14
     assert code in (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
     setup = TrainSetup(batch_size=4, accumulation_steps=2, amp="bf16", channels_last=True, optimizer_impl="for-loop")
     write_cpu_best(tmp_path / "best.json", setup)
@@ -114,7 +130,7 @@ def test_docs_own_loop_snippet_runs(tmp_path: Path) -> None:
     dataset = TensorDataset(torch.randn(16, 3, 8, 8), torch.randint(0, 10, (16,)))
     namespace = {
         "autotune": autotune, "torch": torch, "dataset": dataset, "model": model,
-        "lr": 1e-2, "criterion": nn.CrossEntropyLoss(), "device": "cpu",
+        "criterion": nn.CrossEntropyLoss(), "device": "cpu",
     }
     exec(compile(code, "docs/emit.md", "exec"), namespace)
     assert namespace["i"] == 3  # 16 samples / batch 4 = 4 micro-batches = 2 optimizer steps

@@ -12,34 +12,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from autotune.errors import WorkloadError
-from autotune.nested import dataclass_fields, map_tensors, tensors
+from autotune.nested import dataclass_fields, map_tensors, tensors, to_device
 
 __all__ = ["describe_batch", "first_dim", "first_tensor", "has_image_tensor", "map_tensors", "tensors", "to_device"]
-
-
-def to_device(batch: Any, device: Any, *, channels_last: bool = False) -> Any:
-    """Move every tensor of ``batch`` to ``device``.
-
-    The copy is non-blocking only from pinned memory (where it overlaps with
-    compute); with ``channels_last`` every 4-D floating tensor is converted
-    to the NHWC layout, other tensors are left as they are. An object of another class with a ``to`` method (a
-    ``Batch`` a collate_fn returns, a graph library's batch) moves itself, as PyTorch's convention has it: its
-    ``to(device)`` is called (its tensors keep their layout).
-    """
-    import torch
-
-    def move(tensor: Any) -> Any:
-        tensor = tensor.to(device, non_blocking=bool(tensor.is_pinned()) if tensor.device.type == "cpu" else False)
-        if channels_last and tensor.dim() == 4 and tensor.is_floating_point():
-            tensor = tensor.contiguous(memory_format=torch.channels_last)
-        return tensor
-
-    def move_itself(value: Any) -> Any:
-        if isinstance(value, type) or not callable(getattr(value, "to", None)):
-            return value
-        return value.to(device)
-
-    return map_tensors(batch, move, move_itself)
 
 
 def has_image_tensor(batch: Any) -> bool:
