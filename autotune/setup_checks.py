@@ -124,18 +124,32 @@ def check_setup_device(
     if setup.optimizer_impl == "fused" and kind in ("cpu", "cuda") and not fused_supported(kind):
         raise SetupError(f"optimizer_impl=fused: the installed torch has no fused optimizer kernels for {kind}")
     if kind == "cpu":
-        for name, on in (("cudnn_benchmark", setup.cudnn_benchmark), ("tf32", setup.tf32), ("decode=gpu", setup.decode == "gpu")):
+        said: list[str] = []  # every knob a CPU cannot run, at once (a GPU's best.json holds several)
+        fix: dict[str, str] = {}
+        for name, knob, on, off in (("cudnn_benchmark", "cudnn_benchmark", setup.cudnn_benchmark, "False"),
+                                    ("tf32", "tf32", setup.tf32, "False"), ("decode=gpu", "decode", setup.decode == "gpu", "'cpu'")):
             if on:
-                raise SetupError(f"{name} needs a CUDA device; it changes nothing on a CPU")
+                said.append(f"{name} needs a CUDA device; it changes nothing on a CPU")
+                fix[knob] = off
         if setup.compile == "reduce-overhead":
-            raise SetupError("compile=reduce-overhead uses CUDA graphs and needs a CUDA device; use compile=default")
+            said.append("compile=reduce-overhead uses CUDA graphs and needs a CUDA device; use compile=default")
+            fix["compile"] = "'default'"
         if setup.amp == "fp16":
             other = "amp=off" if bf16_supported is False else "amp=bf16 or amp=off"
-            raise SetupError(f"amp=fp16 needs a CUDA device; on a CPU use {other}")
+            said.append(f"amp=fp16 needs a CUDA device; on a CPU use {other}")
+            fix["amp"] = "'off'" if bf16_supported is False else "'bf16'"
         if setup.pin_memory:
-            raise SetupError("pin_memory only helps host-to-GPU copies; it needs a CUDA device")
+            said.append("pin_memory only helps host-to-GPU copies; it needs a CUDA device")
+            fix["pin_memory"] = "False"
         if bf16_supported is False and setup.amp == "bf16":
-            raise SetupError("amp=bf16: this CPU has no native bf16 (AMX / AVX512-BF16); use amp=off")
+            said.append("amp=bf16: this CPU has no native bf16 (AMX / AVX512-BF16); use amp=off")
+            fix["amp"] = "'off'"
+        if len(said) == 1:
+            raise SetupError(said[0])
+        if said:
+            change = ", ".join(f"{knob}={value}" for knob, value in fix.items())
+            raise SetupError(f"{len(said)} knobs of this setup cannot run on a CPU: {'; '.join(said)} (setup.replace({change}) "
+                             "runs it here)")
     elif kind == "cuda":
         if bf16_supported is None and tf32_supported is None:  # asked without the device's facts: it must be here
             _check_cuda_present(device)

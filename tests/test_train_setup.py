@@ -45,6 +45,16 @@ def test_device_checks() -> None:
         TrainSetup().check_device("mps")
     TrainSetup(amp="bf16").check_device("cpu", bf16_supported=True)
     TrainSetup(amp="fp16", pin_memory=True).check_device("cuda:1", bf16_supported=False)
+    # A GPU's best.json on a CPU: every knob the CPU cannot run in one line, and the call that runs the setup here
+    # (before: one knob per attempt, five attempts for this one).
+    gpu = TrainSetup(pin_memory=True, amp="fp16", cudnn_benchmark=True, tf32=True, decode="gpu")
+    with pytest.raises(SetupError) as refused:
+        gpu.check_device("cpu")
+    said = str(refused.value)
+    assert said.startswith("5 knobs of this setup cannot run on a CPU: cudnn_benchmark needs a CUDA device; "), said
+    change = "cudnn_benchmark=False, tf32=False, decode='cpu', amp='bf16', pin_memory=False"
+    assert said.endswith(f"(setup.replace({change}) runs it here)"), said
+    eval(f"gpu.replace({change})").check_device("cpu")  # what the line says runs
 
 
 
