@@ -41,9 +41,17 @@ def configure_torch(
             ``"highest"``, torch's default) and convolutions (``torch.backends.cudnn.conv.fp32_precision``;
             ``allow_tf32`` on a torch older than 2.9; off: left as torch sets them, which is TF32).
     """
+    import os
+    import warnings
+
     import torch
 
     if num_threads is not None:
+        usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or num_threads)
+        if num_threads > usable:  # a best.json tuned on a larger machine: its threads would share these cores
+            warnings.warn(f"num_threads={num_threads} is more than the {usable} CPU cores this process may use (a setup tuned "
+                          "on another machine?): the threads share the cores, which slows the step; tune on this machine, "
+                          "or pass setup.replace(num_threads=None) for torch's own count", stacklevel=3)
         torch.set_num_threads(num_threads)
     if device_type(device) != "cuda":
         return

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import warnings
 from pathlib import Path
 
 import pytest
@@ -67,6 +69,17 @@ def test_configure_torch_refuses_a_gpu_s_setup_on_a_cpu_before_applying_anything
     assert torch.get_num_threads() == threads
     with pytest.raises(SetupError, match="unsupported device 'banana'"):
         TrainSetup().configure_torch("banana")
+    # A best.json tuned on a larger machine: its thread count applied here is said (it was set without a word).
+    cores = len(os.sched_getaffinity(0))
+    try:
+        with pytest.warns(UserWarning, match=rf"^num_threads=64 is more than the {cores} CPU cores this process may use \(a setup tuned "
+                                             r"on another machine\?\).*setup.replace\(num_threads=None\)"):
+            TrainSetup(num_threads=64).configure_torch("cpu")
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            TrainSetup(num_threads=cores).configure_torch("cpu")
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_an_optimizer_without_the_tuned_kernel_and_a_bad_world_size_are_one_line_errors() -> None:
