@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from autotune._version import __version__
 from autotune.errors import SetupError
 from autotune.nested import map_tensors, to_device
 from autotune.setup_checks import AMP_MODES as AMP_MODES  # re-exported: users and modules read it here
@@ -169,7 +170,7 @@ class TrainSetup:
             raise SetupError(f"a setup must be a JSON object, got {type(data).__name__}")
         unknown = sorted(set(data) - set(KNOBS))
         if unknown:
-            raise SetupError(f"unknown setup keys: {', '.join(unknown)}")
+            raise SetupError(f"unknown setup keys: {', '.join(unknown)} (a typo, or a setup of a newer autotune than {__version__})")
         return cls(**data)
 
     def to_json(self) -> str:

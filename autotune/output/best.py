@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from autotune._version import __version__
 from autotune.errors import AutotuneError, SetupError
 from autotune.files import atomic_write_text, read_json
 from autotune.records import Workload
@@ -74,7 +75,8 @@ def check_best_dict(data: Any) -> dict[str, Any]:
         )
     unknown = sorted(set(data) - set(FIELDS))
     if unknown:
-        raise AutotuneError(f"best.json has unknown fields: {', '.join(map(str, unknown))[:200]}")
+        raise AutotuneError(f"best.json has unknown fields: {', '.join(map(str, unknown))[:200]} (a hand edit, or a best.json of a "
+                            f"newer autotune than {__version__})")
     for name, types in FIELDS.items():
         if name not in data:
             if name in OPTIONAL:
