@@ -736,6 +736,23 @@ def test_validation_classes_take_the_training_indices(synthetic_data: Path, tmp_
         namespace["match_classes"](ImageFolder(str(tmp_path / "splits")), train, "splits")
 
 
+def test_a_model_that_cannot_take_the_image_size_ends_the_script_in_one_line(
+    synthetic_data: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--model inception_v3 on the search's 32 px (or a ViT at a size its patches do not divide): a 20-line traceback
+    from deep in torchvision. The script's last word is one line naming --image-size; other errors keep their traceback."""
+    script = write_script(make_best(synthetic_data, **CPU_KNOBS), tmp_path / "train.py")
+    namespace = runpy.run_path(str(script), run_name="in_process")
+    with pytest.raises(RuntimeError) as failed:
+        in_process.run_script(script, ["--model", "inception_v3", "--max-steps", "1", "--workers", "0", "--batch-size", "2",
+                                       "--output-dir", "out"], tmp_path, capfd, monkeypatch)
+    line = namespace["size_failure"](failed.value)
+    assert line.startswith("error: the model cannot train on images of 32 px (RuntimeError: ") and line.endswith(
+        "pass an --image-size it takes (the search measured 32; inception_v3 needs 299, a ViT a multiple of its patch size)"), line
+    assert namespace["size_failure"](AssertionError("Input shape indivisible by patch size!")).startswith("error: the model cannot")
+    assert namespace["size_failure"](RuntimeError("CUDA error: an illegal memory access")) is None
+
+
 def test_data_unpacked_from_a_mac_archive_is_refused_in_one_line_before_training(synthetic_data: Path, tmp_path: Path) -> None:
     """The search refuses '._' AppleDouble files and a __MACOSX folder (ImageFolder reads them as images); the script
     stopped on the first of them mid-epoch, telling to fix the file and resume. It names them all, before a step."""
