@@ -21,14 +21,7 @@ def run_script(script: Path, args: list[str], cwd: Path, capfd: pytest.CaptureFi
     what a process the script starts prints is there too). A ``sys.exit("message")`` prints the
     message to stderr and exits 1, as the interpreter does."""
     namespace = runpy.run_path(str(script), run_name="in_process")
-
-    def main() -> object:
-        try:
-            return namespace["main"](namespace["get_args_parser"]().parse_args(args))
-        finally:  # as the script's own ``__main__`` block does: SIGTERM's handler, held while an error left training, back
-            namespace["after_error"]()
-
-    return call(main, cwd, capfd, monkeypatch)
+    return call(lambda: namespace["main"](namespace["get_args_parser"]().parse_args(args)), cwd, capfd, monkeypatch)
 
 
 def refusal(script: Path, args: list[str], cwd: Path, capfd: pytest.CaptureFixture[str],

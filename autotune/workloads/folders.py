@@ -125,8 +125,9 @@ def _macos_metadata(root: Path, classes: list[str], samples: list[tuple[str, int
     parts = ([f"{counted(len(junk), 'macOS metadata file')} ('._' files such as {'/'.join(junk[0])})"]
              if junk else []) + (["a __MACOSX folder"] if folder else [])
     # -L: into linked class folders too (a link loop was refused before); quoted: a path with spaces must not split.
+    nested = folder or any("__MACOSX" in parts for parts in junk)  # a class of its own, or inside a class
     removal = "; ".join(([f"find -L {shlex.quote(str(root))} -name '._*' -delete"] if junk else [])
-                        + ([f"rm -rf {shlex.quote(str(root / '__MACOSX'))}"] if folder else []))
+                        + ([f"find -L {shlex.quote(str(root))} -name __MACOSX -prune -exec rm -rf {{}} +"] if nested else []))
     raise WorkloadError(f"data directory {root} holds {' and '.join(parts)}, which unpacking an archive made on a Mac leaves: not "
                         f"images, but ImageFolder reads them as images (or a class) and fails on them; remove them ({removal}) "
                         "and rerun")
