@@ -872,7 +872,8 @@ def test_a_folder_unpacked_from_a_mac_archive_is_refused_in_one_line_listing_its
         (data / name).write_bytes(b"x")
     with pytest.raises(WorkloadError, match=rf"^data directory {data} holds 4 macOS metadata files \('\._' files such as "
                                             rf"__MACOSX/cat/\._a\.jpg\) and a __MACOSX folder, which unpacking .*; remove them "
-                                            rf"\(find -L {data} -name '\._\*' -delete; find -L {data} -name __MACOSX -prune -exec rm -rf \{{\}} \+\) and rerun$"):
+                                            rf"\(find -L {data} -name '\._\*' -delete; find -L {data} -name __MACOSX -prune "
+                                            rf"-exec rm -rf \{{\}} \+\) and rerun$"):
         check_image_folder(data)
     import shutil
 
