@@ -49,6 +49,8 @@ def map_tensors(batch: Any, func: Callable[[Any], Any], other: Callable[[Any], A
             return type(batch)(mapped)  # type: ignore[call-arg]
         except Exception:
             return mapped
+    if other is not None and not isinstance(batch, (Mapping, list)) and callable(getattr(type(batch), "to", None)):
+        return other(batch)  # a namedtuple or dataclass with a mover of its own (PackedSequence keeps batch_sizes on the CPU)
     if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # a namedtuple
         return type(batch)(*(map_tensors(value, func, other) for value in batch))
     if isinstance(batch, (tuple, list)):
@@ -82,6 +84,7 @@ def to_device(batch: Any, device: Any, *, channels_last: bool = False) -> Any:
     def move_itself(value: Any) -> Any:
         if isinstance(value, type) or not callable(getattr(value, "to", None)):
             return value
-        return value.to(device)
+        moved = value.to(device)
+        return value if moved is None else moved  # a to() that moves in place returns nothing
 
     return map_tensors(batch, move, move_itself)

@@ -723,6 +723,10 @@ def test_a_batch_object_with_its_own_to_method_moves_itself() -> None:
     assert isinstance(moved, MovesItself) and {moved.x.device.type, moved.y.device.type} == {"meta"}
     nested = to_device({"graph": batch, "kind": MovesItself, "ids": ["a", "b"], "to": 3}, "meta")
     assert nested["graph"].x.device.type == "meta" and nested["kind"] is MovesItself and nested["ids"] == ["a", "b"]
+    # PyTorch's own: a PackedSequence (a namedtuple whose to() keeps batch_sizes on the CPU) failed field by field.
+    packed = torch.nn.utils.rnn.pack_padded_sequence(torch.zeros(3, 2, 4), torch.tensor([3, 2]))
+    moved_packed = to_device({"x": packed}, "meta")["x"]
+    assert moved_packed.data.device.type == "meta" and moved_packed.batch_sizes.device.type == "cpu"
     with pytest.raises(WorkloadError, match=r"^cannot count the samples of a MovesItself batch: it holds no tensor where autotune "
                                             r"looks \(tensors, tuples, lists, dicts and dataclasses, nested\); give the Task a "
                                             r"batch_size_of= \(a function of the batch\)$"):
