@@ -41,13 +41,14 @@ def configure_torch(
             ``"highest"``, torch's default) and convolutions (``torch.backends.cudnn.conv.fp32_precision``;
             ``allow_tf32`` on a torch older than 2.9; off: left as torch sets them, which is TF32).
     """
-    import os
     import warnings
 
     import torch
 
+    from probes.cpu import usable_cores
+
     if num_threads is not None:
-        usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or num_threads)
+        usable = usable_cores()  # the affinity mask capped by a container's CPU quota, as the search counts them
         if num_threads > usable:  # a best.json tuned on a larger machine: its threads would share these cores
             warnings.warn(f"num_threads={num_threads} is more than the {usable} CPU cores this process may use (a setup tuned "
                           "on another machine?): the threads share the cores, which slows the step; tune on this machine, "

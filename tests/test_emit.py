@@ -768,6 +768,17 @@ def test_a_model_that_cannot_take_the_image_size_ends_the_script_in_one_line(
         "--image-size it takes (the search measured 32; inception_v3 needs 299, a ViT a multiple of its patch size)"], ran.stderr
 
 
+def test_more_threads_than_cores_are_said(synthetic_data: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str],
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A best.json tuned on a larger machine: its --threads set beyond the cores here, without a word."""
+    script = write_script(make_best(synthetic_data, **CPU_KNOBS), tmp_path / "train.py")
+    cores = len(os.sched_getaffinity(0))
+    code, out, err = in_process.run_script(script, ["--threads", str(cores + 1), "--max-steps", "1", "--workers", "0",
+                                                     "--batch-size", "2", "--output-dir", "out"], tmp_path, capfd, monkeypatch)
+    assert code == 0, err
+    assert f"warning: --threads {cores + 1} is more than the {cores} CPU cores this process may use" in out
+
+
 def test_data_unpacked_from_a_mac_archive_is_refused_in_one_line_before_training(synthetic_data: Path, tmp_path: Path) -> None:
     """The search refuses '._' AppleDouble files and a __MACOSX folder (ImageFolder reads them as images); the script
     stopped on the first of them mid-epoch, telling to fix the file and resume. It names them all, before a step."""

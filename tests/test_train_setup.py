@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import warnings
 from pathlib import Path
@@ -70,11 +69,13 @@ def test_configure_torch_refuses_a_gpu_s_setup_on_a_cpu_before_applying_anything
     with pytest.raises(SetupError, match="unsupported device 'banana'"):
         TrainSetup().configure_torch("banana")
     # A best.json tuned on a larger machine: its thread count applied here is said (it was set without a word).
-    cores = len(os.sched_getaffinity(0))
+    from probes.cpu import usable_cores
+
+    cores = usable_cores()
     try:
-        with pytest.warns(UserWarning, match=rf"^num_threads=64 is more than the {cores} CPU cores this process may use \(a setup tuned "
-                                             r"on another machine\?\).*setup.replace\(num_threads=None\)"):
-            TrainSetup(num_threads=64).configure_torch("cpu")
+        with pytest.warns(UserWarning, match=rf"^num_threads={cores + 1} is more than the {cores} CPU cores this process may use "
+                                             r"\(a setup tuned on another machine\?\).*setup.replace\(num_threads=None\)"):
+            TrainSetup(num_threads=cores + 1).configure_torch("cpu")
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             TrainSetup(num_threads=cores).configure_torch("cpu")
