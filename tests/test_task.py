@@ -266,10 +266,23 @@ def test_workload_callables_the_trials_cannot_import_are_refused_with_the_fix(tm
         task_ref(task_factories.good())
     # '__main__:f' names the user's script here, found in this process; in a trial process __main__ is autotune's own.
     with pytest.raises(WorkloadError, match=r"^workload '__main__:make_task': __main__ is the script run, which the trial processes "
-                                            r"cannot import; name its module instead: '\w+:make_task'"):
+                                            r"cannot import; name its module instead: '[\w.]+:make_task'"):
         task_ref("__main__:make_task")
-    monkeypatch.setattr(sys.modules["__main__"], "__file__", "/home/me/train_it.py", raising=False)
+    import importlib.machinery
+
+    main = sys.modules["__main__"]
+    monkeypatch.setattr(main, "__spec__", None, raising=False)
+    monkeypatch.setattr(main, "__file__", "/home/me/train_it.py", raising=False)
     with pytest.raises(WorkloadError, match=r"name its module instead: 'train_it:make_task', with the call to autotune under if __name__"):
+        task_ref("__main__:make_task")
+    # python -m mypkg.train: the module's own name, not its file's stem.
+    monkeypatch.setattr(main, "__spec__", importlib.machinery.ModuleSpec("mypkg.train", None), raising=False)
+    with pytest.raises(WorkloadError, match=r"name its module instead: 'mypkg.train:make_task'"):
+        task_ref("__main__:make_task")
+    # The autotune command itself (python -m autotune search --workload __main__:f): no module of the user's to name.
+    monkeypatch.setattr(main, "__spec__", importlib.machinery.ModuleSpec("autotune.__main__", None), raising=False)
+    with pytest.raises(WorkloadError, match=r"^workload '__main__:make_task': __main__ names no module of yours here .*; pass "
+                                            r"package.module:function"):
         task_ref("__main__:make_task")
 
     def nested() -> None:

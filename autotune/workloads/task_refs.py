@@ -47,11 +47,16 @@ def task_ref(workload: str | Callable[..., Any]) -> str:
         except WorkloadError:
             raise WorkloadError(f"workload {workload!r} is not a valid reference; expected package.module:function") from None
         if file == "__main__":  # found in this process, the user's script; a trial process's __main__ is autotune's own
-            script = str(getattr(sys.modules.get("__main__"), "__file__", None) or "")
-            named = (f"'{PurePath(script).stem}:{function}'" if script.endswith(".py") and PurePath(script).stem.isidentifier()
-                     else f"'myscript:{function}' for myscript.py")
+            main = sys.modules.get("__main__")
+            spec = getattr(getattr(main, "__spec__", None), "name", None)  # python -m mypkg.train: mypkg.train
+            script = PurePath(str(getattr(main, "__file__", None) or ""))
+            module = spec if spec and spec != "__main__" else script.stem if script.suffix == ".py" and script.stem.isidentifier() else None
+            if module is None or module.partition(".")[0] == "autotune":  # the autotune command itself: no module of the user's
+                raise WorkloadError(f"workload {workload!r}: __main__ names no module of yours here (the trial processes cannot "
+                                    "import it); pass package.module:function, the module that defines it")
             raise WorkloadError(f"workload {workload!r}: __main__ is the script run, which the trial processes cannot import; "
-                                f"name its module instead: {named}, with the call to autotune under if __name__ == \"__main__\":")
+                                f"name its module instead: '{module}:{function}', with the call to autotune under "
+                                "if __name__ == \"__main__\":")
         return ref
     if type(workload).__name__ == "Task" and hasattr(workload, "build_model"):
         raise WorkloadError("workload is a built autotune.Task: every trial process builds its own, so pass the function "
