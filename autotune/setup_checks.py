@@ -137,7 +137,7 @@ def check_setup_device(
         if setup.amp == "fp16":
             other = "amp=off" if bf16_supported is False else "amp=bf16 or amp=off"
             said.append(f"amp=fp16 needs a CUDA device; on a CPU use {other}")
-            fix["amp"] = "'off'" if bf16_supported is False else "'bf16'"
+            fix["amp"] = "'bf16'" if bf16_supported else "'off'"  # bf16 only where known native: emulated, it is slower
         if setup.pin_memory:
             said.append("pin_memory only helps host-to-GPU copies; it needs a CUDA device")
             fix["pin_memory"] = "False"

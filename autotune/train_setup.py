@@ -4,15 +4,15 @@ A :class:`TrainSetup` is a plain, frozen dataclass. It validates itself,
 round-trips through JSON without loss, and carries the few helpers a user's
 own training loop needs to adopt a tuned setup::
 
-    setup = autotune.load_setup("autotune-out/best.json")
-    loader = setup.dataloader(dataset, shuffle=True)
-    model = setup.prepare_model(model)
+    best = autotune.load_best("autotune-out/best.json")  # best.setup; best.lr, the rate for its batch
+    setup = best.setup
     setup.configure_torch("cuda")          # threads, cuDNN autotuning, TF32
-    model = setup.compile_model(model)     # torch.compile, when tuned on
-    optimizer = setup.optimizer(model.parameters(), lr=1e-3)  # AdamW, tuned kernel
-    scaler = setup.grad_scaler("cuda")
+    loader = setup.dataloader(dataset, shuffle=True)
+    model = setup.compile_model(setup.prepare_model(model))  # channels_last; torch.compile, when tuned on
+    optimizer = setup.optimizer(model.parameters(), lr=best.lr)  # AdamW, tuned kernel
+    images, labels = setup.to_device((images, labels), "cuda")
     with setup.autocast("cuda"):
-        loss = criterion(model(setup.prepare_batch(images)), labels)
+        loss = criterion(model(images), labels)
 
 The trial runner uses the very same helpers, so what was measured is what the
 user runs.

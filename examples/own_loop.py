@@ -27,7 +27,7 @@ STEPS = 3
 
 
 def main(argv: list[str]) -> int:
-    # Your recipe's rate (1e-3 at batch 256 here); best.json holds it scaled to the tuned effective batch.
+    # best.json holds the search's --lr scaled to the tuned effective batch; inline, this example's recipe (1e-3 at 256).
     if len(argv) > 1:
         best = autotune.load_best(argv[1])
         setup, lr = best.setup, best.lr

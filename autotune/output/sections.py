@@ -95,11 +95,11 @@ def plotting() -> ModuleType | None:
     level = quiet.level
     quiet.setLevel(logging.ERROR)
     try:
-        import matplotlib  # noqa: F401
-
-        from autotune.output import plots
-    except ImportError:
-        return None
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:  # the plots extra is not installed: the report says so
+            return None
+        from autotune.output import plots  # its matplotlib imports make the cache: quiet too; its own errors surface
     finally:
         quiet.setLevel(level)
     return plots

@@ -139,6 +139,7 @@ def calibrate(
     fp32 = TrainSetup()
     points: list[MemoryPoint] = []
     measured: dict[int, TrialResult] = {}  # the pre-pass runs by batch: fp32, contiguous, compute only
+    retried: list[int] = []  # the batch whose timeout was measured again (one per calibration)
 
     def prepass(batch: int) -> TrialResult:
         run = lambda: runner(fp32.replace(batch_size=batch), workload, short)  # noqa: E731
@@ -148,7 +149,8 @@ def calibrate(
             result = run()
             if KILLED_FROM_OUTSIDE in (result.error or ""):  # killed at this batch twice: a user-space OOM daemon's limit
                 result = TrialResult(status="oom", error=f"{result.error}; killed twice at this batch: taken as a memory limit")
-        elif result.status == "timeout":  # a machine busy for a while, as often as a batch too slow: once is no bound
+        elif result.status == "timeout" and not retried:  # a machine busy for a while, as often as a batch too slow: the
+            retried.append(batch)  # first timeout is no bound; a model that is only slow pays one more, not one per batch
             log(f"memory pre-pass: batch {batch}: timeout ({result.error}); measuring it again")
             result = run()
         measured[batch] = result

@@ -146,6 +146,9 @@ class OutputLock:
         """Refuse as :meth:`acquire` would where a live process holds the lock, taking nor creating anything: a search's
         first check, before the seconds its workload takes to build (torchvision's import, a Task's module).
 
+        Never call it in a process that holds the lock: on NFS, where flock is emulated by POSIX locks, closing any
+        descriptor of the file drops the process's own lock.
+
         Raises:
             StorageError: Another live process holds it.
         """

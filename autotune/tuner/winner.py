@@ -79,7 +79,7 @@ def make_best(
         speedup = paired_speedup(chosen, baseline) if baseline is not None else None
         notes.extend(why)
         if baseline is not None and baseline is not chosen and speedup is not None and disagree(chosen, baseline):
-            ratios, rounds = compared_ratios(chosen, baseline), len(paired_ratios(chosen, baseline))
+            ratios, rounds = compared_ratios(chosen, baseline), sum(r > 0 for r in paired_ratios(chosen, baseline))
             over = f"{len(ratios)} of {rounds} rounds, the one farthest from their median left out" if rounds > len(ratios) else f"{rounds} rounds"
             notes.append(f"the winner's paired rounds against the PyTorch defaults disagree (ratios {ratios[0]:.3g}x to "
                          f"{ratios[-1]:.3g}x over {over}): the load on the machine changed within rounds, which "
