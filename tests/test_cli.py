@@ -46,6 +46,11 @@ def _one_error_line(output: str) -> str:
         (("--trials", "99999999999999999999"), 2, "--trials must be between 1 and 100000"),
         (("--model", "resnet1800"), 1, "unknown model 'resnet1800'; did you mean resnet18"),
         (("--model", "ResNet18"), 1, "unknown model 'ResNet18'; did you mean resnet18?"),  # names are lower-case
+        (("--model", "vit"), 1, "unknown model 'vit'; did you mean vit_b_16, vit_b_32, vit_h_14?"),  # the family, smallest first
+        (("--model", "efficientnet"), 1, "did you mean efficientnet_b0, efficientnet_b1, efficientnet_b2?"),
+        (("--model", "nonsense_model"), 1, "unknown model 'nonsense_model'; see torchvision.models.list_models()"),  # no random pick
+        (("--model", "torchvision.models.resnet18"), 1, "is not a valid model name; did you mean resnet18?"),
+        (("--model", "resnet18 "), 1, "model 'resnet18 ' is not a valid model name; did you mean resnet18?"),
         (("--model", "fcn_resnet50"), 1, "fcn_resnet50 is a torchvision segmentation model; --model tunes image classifiers"),
         (("--model", "fasterrcnn_resnet50_fpn"), 1, "torchvision detection model; --model tunes image classifiers"),
         (("--model", "quantized_resnet18"), 1, "for inference only; tune its float version (resnet18)"),

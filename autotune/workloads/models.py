@@ -61,7 +61,9 @@ def validate_model_ref(ref: str) -> str:
             )
         return ref
     if not _is_identifier(ref):
-        raise WorkloadError(f"model {ref!r} is not a valid model name")
+        plain = ref.strip().removeprefix("torchvision.models.")  # a space pasted along, the module path of the name
+        hint = f"; did you mean {plain}?" if plain != ref and _is_identifier(plain) else ""
+        raise WorkloadError(f"model {ref!r} is not a valid model name{hint}")
     return ref
 
 
@@ -113,9 +115,15 @@ def check_model_name(ref: str) -> None:
                 f"{ref} is a torchvision {kind} model; --model tunes image classifiers: describe its training "
                 "(dataset, loss) as an autotune.Task and pass --workload module:factory (docs/workloads.md)"
             )
-        close = [ref.lower()] if ref.lower() in names else difflib.get_close_matches(ref, names, n=3, cutoff=0.5)
+        family = sorted((n for n in names if n.startswith(f"{ref.lower()}_")), key=_natural)[:3]  # vit: vit_b_16 first
+        close = [ref.lower()] if ref.lower() in names else family or difflib.get_close_matches(ref, names, n=3, cutoff=0.6)
         hint = f"; did you mean {', '.join(close)}?" if close else "; see torchvision.models.list_models()"
         raise WorkloadError(f"unknown model {ref!r}{hint}")
+
+
+def _natural(name: str) -> list[Any]:
+    """``name`` split into text and numbers, so efficientnet_b2 sorts before efficientnet_b10."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
 
 
 class StartsAutotune(WorkloadError):
