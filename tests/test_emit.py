@@ -768,6 +768,17 @@ def test_a_model_that_cannot_take_the_image_size_ends_the_script_in_one_line(
         "--image-size it takes (the search measured 32; inception_v3 needs 299, a ViT a multiple of its patch size)"], ran.stderr
 
 
+@pytest.mark.filterwarnings("error::FutureWarning")
+def test_googlenet_and_inception_build_without_torchvision_s_warning(synthetic_data: Path, tmp_path: Path) -> None:
+    """torchvision warns that their default initialisation will change: the search and the script both ask for it."""
+    from autotune.workloads.models import build_model
+
+    namespace = load_script(write_script(make_best(synthetic_data, **CPU_KNOBS), tmp_path / "train.py"))
+    for name in ("googlenet", "inception_v3"):
+        assert namespace["build_model"](name, None, 10, 299).fc.out_features == 10
+        assert build_model(name, num_classes=10, image_size=299).fc.out_features == 10
+
+
 def test_more_threads_than_cores_are_said(synthetic_data: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str],
                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """A best.json tuned on a larger machine: its --threads set beyond the cores here, without a word."""

@@ -260,9 +260,11 @@ def build_model(ref: str, *, num_classes: int, image_size: int, sys_path: Sequen
         return model
     import torchvision
 
-    options: dict[str, int | None] = {"weights": None, "num_classes": num_classes}
+    options: dict[str, int | bool | None] = {"weights": None, "num_classes": num_classes}
     if ref.startswith("vit_"):
         options["image_size"] = image_size
+    if ref in ("googlenet", "inception_v3"):  # their default initialisation, said without torchvision's FutureWarning
+        options["init_weights"] = True
     return torchvision.models.get_model(ref, **options)
 
 
