@@ -779,6 +779,35 @@ def test_googlenet_and_inception_build_without_torchvision_s_warning(synthetic_d
         assert build_model(name, num_classes=10, image_size=299).fc.out_features == 10
 
 
+def test_a_second_run_on_one_output_dir_is_refused_and_a_closed_stdout_stops_nothing(
+    synthetic_data: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two runs on one --output-dir replaced each other's checkpoint.pth (a probe's run said done while the file held
+    the other's weights); the second is refused while the first holds the directory. And a run whose stdout went away
+    (| head, a tee that ended) ended in a BrokenPipeError's traceback without its checkpoint: it trains on."""
+    script = write_script(make_best(synthetic_data, **CPU_KNOBS), tmp_path / "train.py")
+    (tmp_path / "out").mkdir()
+    holding = ("import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT); fcntl.flock(fd, fcntl.LOCK_EX); "
+               "os.write(fd, b'pid 4242 on node7'); print('held', flush=True); sys.stdin.read()")
+    with subprocess.Popen([sys.executable, "-c", holding, str(tmp_path / "out" / ".train.lock")], stdin=subprocess.PIPE,
+                          stdout=subprocess.PIPE, text=True) as holder:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        line, _ = in_process.refusal(script, ["--max-steps", "1", "--workers", "0", "--output-dir", "out"], tmp_path, capfd,
+                                     monkeypatch)
+        holder.stdin.close()  # type: ignore[union-attr]
+    assert line == ("error: --output-dir out is in use by another training run (pid 4242 on node7); wait for it to end or pass "
+                    "another --output-dir")
+    assert not (tmp_path / "out" / "checkpoint.pth").exists()
+    run_here([str(script), "--max-steps", "1", "--workers", "0", "--output-dir", "out"], tmp_path, capfd, monkeypatch)  # free
+    closed = subprocess.Popen([sys.executable, str(script), "--max-steps", "3", "--workers", "0", "--print-freq", "1",
+                               "--output-dir", "piped"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert closed.stdout is not None and closed.stderr is not None
+    closed.stdout.close()  # the reader went away before the first line
+    err = closed.stderr.read()
+    assert closed.wait(timeout=RUN_TIMEOUT) == 0 and "Traceback" not in err, err
+    assert _checkpoint(tmp_path / "piped" / "checkpoint.pth")["step"] == 3
+
+
 def test_more_threads_than_cores_are_said(synthetic_data: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str],
                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """A best.json tuned on a larger machine: its --threads set beyond the cores here, without a word."""
@@ -1103,7 +1132,7 @@ def test_a_sigchld_pending_with_the_stop_signal_raises_nothing(synthetic_data: P
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("signum", [2, 15], ids=["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("signum", [2, 15, 1], ids=["SIGINT", "SIGTERM", "SIGHUP"])  # SIGHUP: a terminal closed (no nohup)
 def test_ctrl_c_or_sigterm_stops_after_the_step_with_a_checkpoint_to_resume_from(
     synthetic_data: Path, tmp_path: Path, signum: int, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
     request: pytest.FixtureRequest,
