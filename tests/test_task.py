@@ -1268,6 +1268,22 @@ def test_the_task_script_on_short_iterable_epochs_and_task_subclasses(
     assert sub.returncode == 0 and "step 1 loss" in sub.stdout, sub.stderr
 
 
+def test_the_task_script_without_autotune_is_refused_in_one_line(tmp_path: Path) -> None:
+    """The Task script needs autotune (the Task is one): run where autotune cannot be imported, it ended in a 5-line
+    ModuleNotFoundError traceback; it says so in one line."""
+    import subprocess
+
+    script = _task_script(tmp_path / "task", "good", autotune.TrainSetup(batch_size=4))
+    shadow = tmp_path / "shadow"
+    shadow.mkdir()
+    (shadow / "autotune.py").write_text("raise ImportError('no autotune here')\n")
+    ran = subprocess.run([sys.executable, str(script), "--max-steps", "1"], capture_output=True, text=True, timeout=180,
+                         cwd=shadow, env={**os.environ, "PYTHONPATH": str(shadow)})
+    assert ran.returncode == 1 and ran.stderr.strip().splitlines() == [
+        "error: this script trains an autotune.Task and needs autotune where it runs (pip install -e the autotune checkout "
+        "the search ran from): ImportError: no autotune here"], ran.stderr
+
+
 @pytest.mark.parametrize("rank", ["0", "1"])
 def test_a_refusal_under_torchrun_is_said_by_rank_zero_alone_in_both_scripts(
     tmp_path: Path, synthetic_data: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, rank: str
