@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import runpy
 from pathlib import Path
 
@@ -34,7 +35,11 @@ def test_example_is_tuned_and_its_train_py_runs_the_workload(
     # The emitted script imports the same factory (run in this process: torch is already imported).
     script = runpy.run_path(str(result.train_py), run_name="emitted_train")
     monkeypatch.chdir(tmp_path)
+    exits: list[tuple[object, tuple[object, ...]]] = []  # run when main() ends, as the process would at its exit
+    monkeypatch.setattr(atexit, "register", lambda func, *args: exits.append((func, args)))
     script["main"](script["get_args_parser"]().parse_args(["--max-steps", "2", "--print-freq", "1", "--output-dir", "train-out"]))
+    for func, args in reversed(exits):
+        func(*args)  # type: ignore[operator]
     printed = capsys.readouterr().out
     assert f"workload {example}:make_task" in printed and "step 2 loss" in printed
     assert (tmp_path / "train-out" / "checkpoint.pth").exists()
