@@ -808,6 +808,17 @@ def test_a_second_run_on_one_output_dir_is_refused_and_a_closed_stdout_stops_not
     assert _checkpoint(tmp_path / "piped" / "checkpoint.pth")["step"] == 3
 
 
+def test_a_resumed_run_whose_epochs_are_used_up_says_so(synthetic_data: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str],
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """--resume --max-steps 100 after one epoch of --epochs 1 printed "done: step 2" and trained nothing, not saying why."""
+    script = write_script(make_best(synthetic_data, **CPU_KNOBS), tmp_path / "train.py")
+    flags = ["--epochs", "1", "--workers", "0", "--batch-size", "16", "--output-dir", "out"]
+    run_here([str(script), *flags], tmp_path, capfd, monkeypatch)
+    resumed = run_here([str(script), *flags, "--resume", "--max-steps", "100"], tmp_path, capfd, monkeypatch)
+    assert "already at epoch 1 of --epochs 1 (step 2); nothing to do: raise --epochs to train on" in resumed, resumed  # 64 / (16 x 2)
+    assert "done:" not in resumed
+
+
 def test_more_threads_than_cores_are_said(synthetic_data: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str],
                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """A best.json tuned on a larger machine: its --threads set beyond the cores here, without a word."""
