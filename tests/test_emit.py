@@ -1267,6 +1267,23 @@ def test_a_checkpoint_that_cannot_be_written_is_one_line_keeping_the_last_one(sy
     assert str(stopped.value.code).endswith("No space left on device; the checkpoint written before it is kept")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.pth", "train.py"]
     assert torch.load(tmp_path / "checkpoint.pth", weights_only=True)["step"] == 3
+    # The words torch really gave a probe's full tmpfs name no full disk: the free space, read before the partial file
+    # goes, says it.
+
+    def unsaid(obj: Any, file: Any) -> None:
+        file.write(b"PK partial")
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 1216 vs 1110")
+
+    class Full:
+        f_frsize, f_bavail = 4096, 3
+
+    with monkeypatch.context() as patched, pytest.raises(SystemExit) as stopped:
+        patched.setattr(torch, "save", unsaid)
+        patched.setattr(os, "statvfs", lambda path: Full())
+        namespace["save_checkpoint"](args, model, optimizer, None, {"epoch": 0, "epoch_step": 4, "step": 4})
+    assert str(stopped.value.code) == (f"error: cannot write {tmp_path / 'checkpoint.pth'}: No space left on device (12 KiB free; "
+                                       "torch said: [enforce fail at inline_container.cc:672] . unexpected pos 1216 vs 1110); "
+                                       "the checkpoint written before it is kept")
 
 
 def test_a_checkpoint_is_on_disk_before_it_replaces_the_last_one(synthetic_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
