@@ -7,7 +7,7 @@ import dataclasses
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-__all__ = ["dataclass_fields", "map_tensors", "tensors", "to_device"]
+__all__ = ["as_channels_last", "dataclass_fields", "map_tensors", "tensors", "to_device"]
 
 
 def dataclass_fields(value: Any) -> tuple[dataclasses.Field[Any], ...]:
@@ -64,6 +64,15 @@ def map_tensors(batch: Any, func: Callable[[Any], Any], other: Callable[[Any], A
     return other(batch) if other is not None else batch
 
 
+def as_channels_last(tensor: Any) -> Any:
+    """A 4-D floating tensor (images) in the NHWC layout; any other tensor as it is."""
+    import torch
+
+    if tensor.dim() == 4 and tensor.is_floating_point():
+        return tensor.contiguous(memory_format=torch.channels_last)
+    return tensor
+
+
 def to_device(batch: Any, device: Any, *, channels_last: bool = False) -> Any:
     """Move every tensor of ``batch`` to ``device``.
 
@@ -73,13 +82,10 @@ def to_device(batch: Any, device: Any, *, channels_last: bool = False) -> Any:
     ``Batch`` a collate_fn returns, a graph library's batch) moves itself, as PyTorch's convention has it: its
     ``to(device)`` is called (its tensors keep their layout).
     """
-    import torch
 
     def move(tensor: Any) -> Any:
         tensor = tensor.to(device, non_blocking=bool(tensor.is_pinned()) if tensor.device.type == "cpu" else False)
-        if channels_last and tensor.dim() == 4 and tensor.is_floating_point():
-            tensor = tensor.contiguous(memory_format=torch.channels_last)
-        return tensor
+        return as_channels_last(tensor) if channels_last else tensor
 
     def move_itself(value: Any) -> Any:
         if isinstance(value, type) or not callable(getattr(value, "to", None)):

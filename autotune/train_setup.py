@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from autotune._version import __version__
 from autotune.errors import SetupError
-from autotune.nested import map_tensors, to_device
+from autotune.nested import as_channels_last, map_tensors, to_device
 from autotune.setup_checks import AMP_MODES as AMP_MODES  # re-exported: users and modules read it here
 from autotune.setup_checks import check_setup_device, helper_device_type, helper_module, missing_knob, python_numbers, validate_setup
 from autotune.torch_knobs import build_optimizer, compile_model, configure_torch, optimizer_kwargs
@@ -357,11 +357,7 @@ class TrainSetup:
     def prepare_batch(self, batch: Any) -> Any:
         """The batch (a tensor, or a tuple, list or dict of them, nested) with every 4-D floating tensor in channels_last
         when the setup asks for it; its structure and other tensors as they are."""
-        import torch
-
-        if not self.channels_last:
-            return batch
-        return map_tensors(batch, lambda t: t.contiguous(memory_format=torch.channels_last) if t.dim() == 4 and t.is_floating_point() else t)
+        return map_tensors(batch, as_channels_last) if self.channels_last else batch
 
 
 #: The version of best.json this autotune writes and reads.

@@ -212,19 +212,10 @@ def write_best(path: str | Path, best: Best) -> None:
     atomic_write_text(path, json.dumps(best.to_dict(), indent=2) + "\n")
 
 
-def load_best(path: str | Path) -> Best:
+def read_best(path: str | Path) -> Best:
     """Read ``best.json`` (or the ``best.json`` of a directory) whole: ``setup``, ``lr`` (the learning rate scaled for
     the winner's effective batch, what the emitted ``train.py`` trains with), ``samples_per_s``, ``speedup``,
-    ``workload``, ``hardware`` and the notes. Public as ``autotune.load_best``; :func:`read_best` is the same.
-
-    Raises:
-        AutotuneError: The file is missing, unreadable, not JSON or invalid.
-    """
-    return read_best(path)
-
-
-def read_best(path: str | Path) -> Best:
-    """Read ``best.json``.
+    ``workload``, ``hardware`` and the notes. Public as ``autotune.load_best``.
 
     Raises:
         AutotuneError: The file is missing, unreadable, not JSON or invalid.
@@ -237,3 +228,7 @@ def read_best(path: str | Path) -> Best:
         return Best.from_dict(data)
     except AutotuneError as exc:
         raise AutotuneError(f"{file}: {exc}") from None
+
+
+#: The public name of :func:`read_best` (``autotune.load_best``).
+load_best = read_best

@@ -281,7 +281,6 @@ def check_task(task: Task, *, workers: bool) -> TaskInfo:
 
 def _import_root(module_name: str) -> str | None:
     """The sys.path entry an imported module was found under (so trials import it the same way)."""
-
     module = sys.modules.get(module_name)
     file = getattr(module, "__file__", None)
     if not file:
