@@ -579,7 +579,7 @@ def test_bad_numbers_are_one_line_before_any_work(
         (["--model", "os:no_such_function"], "error: --model os:no_such_function: os has no function no_such_function"),
         (["--model", "models:"], "error: --model models:: expected module:function"),
         (["--output-dir", "/proc/autotune-x"], "error: --output-dir /proc/autotune-x: No such file or directory"),
-        (["--output-dir", "train.py"], "error: --output-dir train.py: File exists"),
+        (["--output-dir", "train.py"], "error: --output-dir train.py is a file, not a folder; pass another --output-dir"),
     ],
 )
 def test_bad_model_or_output_dir_is_one_line_before_any_work(
@@ -806,6 +806,28 @@ def test_a_second_run_on_one_output_dir_is_refused_and_a_closed_stdout_stops_not
     err = closed.stderr.read()
     assert closed.wait(timeout=RUN_TIMEOUT) == 0 and "Traceback" not in err, err
     assert _checkpoint(tmp_path / "piped" / "checkpoint.pth")["step"] == 3
+
+
+def test_an_output_dir_that_cannot_hold_a_checkpoint_is_refused_and_a_partial_save_goes(
+    synthetic_data: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--output-dir naming a file said only "File exists"; a checkpoint.pth that is a folder was met at the first save,
+    after the training; a checkpoint.pth.tmp left by a run killed mid-save (kill -9) stayed for good."""
+    script = write_script(make_best(synthetic_data, **CPU_KNOBS), tmp_path / "train.py")
+    flags = ["--max-steps", "1", "--workers", "0", "--batch-size", "2"]
+    (tmp_path / "a-file").write_text("")
+    for output_dir, named in (("a-file", "a-file"), ("a-file/sub", f"a-file/sub: {tmp_path / 'a-file'}")):
+        line, _ = in_process.refusal(script, [*flags, "--output-dir", output_dir], tmp_path, capfd, monkeypatch)
+        assert line == f"error: --output-dir {named} is a file, not a folder; pass another --output-dir"
+    (tmp_path / "out" / "checkpoint.pth").mkdir(parents=True)
+    line, _ = in_process.refusal(script, [*flags, "--output-dir", "out"], tmp_path, capfd, monkeypatch)
+    assert line == (f"error: --output-dir out: {os.path.join('out', 'checkpoint.pth')} is not a file, so no checkpoint can be "
+                    "written there; move it away or pass another --output-dir")
+    (tmp_path / "out" / "checkpoint.pth").rmdir()
+    (tmp_path / "out" / "checkpoint.pth.tmp").write_bytes(b"partial")
+    run_here([str(script), *flags, "--output-dir", "out"], tmp_path, capfd, monkeypatch)
+    assert not (tmp_path / "out" / "checkpoint.pth.tmp").exists()
+    assert _checkpoint(tmp_path / "out" / "checkpoint.pth")["step"] == 1
 
 
 def test_a_resumed_run_whose_epochs_are_used_up_says_so(synthetic_data: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str],

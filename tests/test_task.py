@@ -1306,6 +1306,37 @@ def test_a_refusal_under_torchrun_is_said_by_rank_zero_alone_in_both_scripts(
         assert capsys.readouterr().err == ("error: --workers must be >= 0\n" if rank == "0" else ""), script
 
 
+def test_the_task_script_compiled_on_a_cpu_trains_without_inductor_s_cuda_warning(tmp_path: Path) -> None:
+    """--compile on a machine without CUDA printed "No CUDA runtime is found, using CUDA_HOME=..." at the first step."""
+    script = _task_script(tmp_path, "good", autotune.TrainSetup(batch_size=4, compile="default"))
+    ran = _run(script, "--max-steps", "2", "--workers", "0")
+    assert ran.returncode == 0, ran.stderr
+    assert "CUDA" not in ran.stderr, ran.stderr
+
+
+@pytest.mark.parametrize("rank", ["0", "1"])
+def test_a_bad_flag_is_one_line_in_both_scripts(
+    tmp_path: Path, synthetic_data: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, rank: str
+) -> None:
+    """A mistyped flag or value printed argparse's usage of every flag first (25 lines), once per torchrun rank."""
+    import runpy
+
+    from test_emit import make_best, write_script
+
+    task = _task_script(tmp_path / "task", "good", autotune.TrainSetup(batch_size=4))
+    classifier = write_script(make_best(synthetic_data), tmp_path / "classifier" / "train.py")
+    monkeypatch.setenv("RANK", rank)
+    for script in (task, classifier):
+        for flags, said in ((["--bacth-size", "8"], "unrecognized arguments: --bacth-size 8"),
+                            (["--lr", "fast"], "argument --lr: invalid float value: 'fast'")):
+            monkeypatch.setattr(sys, "argv", [str(script), *flags])
+            with pytest.raises(SystemExit) as exited:
+                runpy.run_path(str(script), run_name="__main__")
+            assert exited.value.code == 2, script
+            expected = f"error: {said} (python train.py --help lists the flags)\n" if rank == "0" else ""
+            assert capsys.readouterr().err == expected, script
+
+
 def test_the_task_script_s_data_error_line_names_the_rank_and_reads_a_loader_worker_s_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
