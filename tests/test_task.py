@@ -851,6 +851,33 @@ def test_items_of_different_shapes_are_told_to_pad_in_a_collate_fn() -> None:
     assert "collate_fn" not in (classify(RuntimeError("shape mismatch")).error or "")
 
 
+class _SometimesNone(torch.utils.data.Dataset):  # type: ignore[type-arg]
+    """Dict items whose "meta" is text in the first 4 and None after: the first batch of 6 collates, the second does not."""
+
+    def __len__(self) -> int:
+        return 12
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        return {"x": torch.zeros(8), "y": index % 3, "meta": "note" if index < 4 else None}
+
+
+def test_a_batch_that_cannot_be_collated_names_its_items_not_only_pytorch_s_type_error() -> None:
+    """Items that collate only in some mixes passed the check of the first ones and stopped calibration with
+    default_collate's TypeError, naming no key; in a loader worker the error stays itself."""
+    from torch.utils.data import DataLoader
+
+    from autotune.workloads.pipeline import NamedCollate, TaskPipeline
+
+    collate = TaskPipeline(_workload("good")).collate_fn()
+    assert isinstance(collate, NamedCollate) and collate([_SometimesNone()[i] for i in range(4)])["meta"] == ["note"] * 4
+    loader = DataLoader(_SometimesNone(), batch_size=6, collate_fn=collate)
+    with pytest.raises(WorkloadError, match=r"^batch item 0 \(\{x: Tensor\[8\] float32, y: int, meta: NoneType\}\) cannot be "
+                                            r"collated: TypeError: default_collate: .* found <class 'NoneType'>$"):
+        list(loader)
+    with pytest.raises(TypeError, match="found <class 'NoneType'>"):
+        list(DataLoader(_SometimesNone(), batch_size=6, collate_fn=collate, num_workers=1))
+
+
 def test_batch_norm_on_a_batch_of_one_is_told_the_batch_it_needs() -> None:
     """A Task whose recipe batch is 1 on a BatchNorm model: the defaults' trial fails with the fix named."""
     with pytest.raises(ValueError) as caught:

@@ -152,8 +152,10 @@ class TaskPipeline:
         return NamedItems(dataset)
 
     def collate_fn(self) -> Callable[[list[Any]], Any] | None:
-        """The Task's collate_fn."""
-        return self.task.collate_fn
+        """The Task's collate_fn (or PyTorch's default), whose failure in the trial's own process names the items."""
+        from torch.utils.data import default_collate
+
+        return NamedCollate(self.task.collate_fn or default_collate)  # not the Task's method: workers would pickle the Task
 
     def model(self) -> torch.nn.Module:
         """The Task's model (its factory called, when it is one)."""
@@ -220,6 +222,29 @@ class NamedItems(ItemsWrapper):
 
         if get_worker_info() is None:
             raise bad_item(exc, f"dataset[{index}]") from None
+
+
+class NamedCollate:
+    """A Task's collate, whose batch that cannot be collated in the trial's own process is :class:`WorkloadError`
+    naming the item at fault, or each kind of item the batch mixes (``item 0: {meta: str}, item 9: {meta: NoneType}``),
+    not PyTorch's ``TypeError`` naming no key: items that collate only in some mixes pass the search's check of the
+    first ones and failed so in calibration. In a loader worker the error stays itself, as :class:`NamedItems`'s."""
+
+    def __init__(self, collate: Callable[[Any], Any]) -> None:
+        self.collate = collate
+
+    def __call__(self, batch: Any) -> Any:
+        try:
+            return self.collate(batch)
+        except USER_CODE_ERRORS as exc:
+            from torch.utils.data import get_worker_info
+
+            from autotune.errors import is_out_of_memory, is_shm_full
+
+            if not isinstance(batch, list) or get_worker_info() is not None or is_out_of_memory(exc) or is_shm_full(exc):
+                raise
+            collate_items(self.collate, batch, label="batch item")  # raises, naming the items (unless it now collates)
+            raise
 
 
 def open_pipeline(workload: Workload, decode: str = "cpu") -> Pipeline:
