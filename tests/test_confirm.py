@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 from autotune.records import TrialOptions, TrialRecord, TrialResult, Workload
-from autotune.rounds import Candidate
+from autotune.rounds import Candidate, Confirmed
 from autotune.train_setup import TrainSetup
 from autotune.tuner.confirm import confirm, pick_candidates
 
@@ -65,6 +65,25 @@ def test_finalists_are_distinct_fastest_then_the_defaults() -> None:
     # The defaults among the top are not added twice; unmeasured defaults are not added at all.
     assert [c.setup for c in pick_candidates(feasible, defaults, top=5)] == [B, C, A, defaults]
     assert [c.setup for c in pick_candidates(feasible[1:], defaults, top=1)] == [B]
+
+
+def test_defaults_whose_trial_timed_out_are_confirmed_for_the_speedup() -> None:
+    """The defaults' trial timed out on a busy machine: the search had no baseline and gave no speedup. They join the
+    confirmation's rounds (a reader of the stored rounds names them alike); a trial that failed otherwise does not."""
+    from autotune.tuner.stores import Rounds
+    from autotune.tuner.study_report import stored_confirmed
+
+    defaults = TrainSetup(batch_size=32)
+    timed_out = TrialRecord(0, "defaults", defaults, TrialResult(status="timeout", error="no result within 20 s"))
+    feasible = [timed_out, _record(1, B, 300.0), _record(2, C, 200.0)]
+    picked = pick_candidates(feasible, defaults, top=1)
+    assert [(c.setup, c.label, c.twin) for c in picked] == [
+        (B, f"#1 {B.describe()}", False), (defaults, f"#0 {defaults.describe()} (defaults) (timed out in its trial)", False)]
+    rounds: Rounds = {c.key: ([1.0], [], []) for c in picked}
+    assert stored_confirmed(None, feasible, rounds) == tuple(  # type: ignore[arg-type]  # the rounds are given
+        Confirmed(c, (1.0,), ()) for c in picked)
+    failed = [replace(timed_out, result=TrialResult(status="error", error="ValueError: x")), *feasible[1:]]
+    assert [c.setup for c in pick_candidates(failed, defaults, top=1)] == [B]
 
 
 def test_defaults_the_set_excludes_take_no_finalist_place() -> None:

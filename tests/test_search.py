@@ -161,6 +161,23 @@ def test_data_smaller_than_the_default_batch_still_has_a_baseline(tmp_path, cach
     assert not any("could not be measured" in n for n in outcome.best.notes)
 
 
+def test_defaults_whose_trial_timed_out_get_their_speedup_from_the_confirmation(tmp_path, cache_dir) -> None:
+    """The defaults' trial timed out on a busy machine: best.json had no speedup (the note said so). The confirmation
+    measures them in its rounds like the finalists."""
+    timed_out: list[TrainSetup] = []
+
+    def busy_at_first(setup, workload, options=None, *, on_window=None):
+        if options.mode == "train" and setup == TrainSetup(batch_size=32) and not timed_out:
+            timed_out.append(setup)
+            return TrialResult(status="timeout", error="no result within 20 s")
+        return fake_runner(setup, workload, options, on_window=on_window)
+
+    outcome = search(config(tmp_path, cache_dir, trials=4), runner=busy_at_first)
+    assert timed_out and next(r for r in outcome.records if r.role == "defaults").result.status == "timeout"
+    assert outcome.best.defaults_samples_per_s and outcome.best.speedup and outcome.best.speedup > 1
+    assert not any("could not be measured" in n for n in outcome.best.notes), outcome.best.notes
+
+
 def test_second_guess_at_the_largest_batch_when_throughput_rises(tmp_path, cache_dir) -> None:
     outcome = search(config(tmp_path, cache_dir, trials=4, synthetic_images=256, trial_seconds=4.0))  # batch cap 256
     roles = [r.role for r in outcome.records]

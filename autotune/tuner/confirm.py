@@ -265,6 +265,8 @@ def _unresolved(confirmed: Sequence[Confirmed], active: set[str], baseline: str 
 
 #: The label of a finalist no trial ran: a finalist's twin in float32.
 TWIN = " (a finalist in fp32)"
+#: The label's mark for the defaults confirmed after their trial timed out (no trial measured them).
+TIMED_OUT = " (timed out in its trial)"
 
 
 def finalist_label(same: Sequence[TrialRecord]) -> str:
@@ -300,7 +302,7 @@ def autocast_evident(record: TrialRecord, calibration: Calibration | None) -> st
 
 def pick_candidates(records: Sequence[TrialRecord], defaults: TrainSetup, top: int, *, fp32_twin: bool = False,
                     calibration: Calibration | None = None, baseline_only: bool = False) -> list[Candidate]:
-    """The ``top`` fastest distinct setups, then the defaults (when they ran) for the speedup.
+    """The ``top`` fastest distinct setups, then the defaults (when they ran, or their trial timed out) for the speedup.
 
     A compiled setup is a finalist only when its trial was faster than the
     same setup eager by the noise floor: compiling is paid at every start of
@@ -363,9 +365,11 @@ def pick_candidates(records: Sequence[TrialRecord], defaults: TrainSetup, top: i
             candidates.append(Candidate(fp32.to_json(), fp32, finalist_label(ran)))
         elif not any(r.setup == fp32 and r.result.status != "interrupted" for r in records):  # none finished: left out
             candidates.append(Candidate(fp32.to_json(), fp32, fp32.describe() + TWIN, twin=True))
-    default_key = defaults.to_json()
+    default_key, timed_out = defaults.to_json(), [r for r in records if r.setup == defaults and r.result.status == "timeout"]
     if default_key not in {c.key for c in candidates} and default_key in by_setup:
         candidates.append(Candidate(default_key, defaults, finalist_label(by_setup[default_key])))
+    elif default_key not in {c.key for c in candidates} and timed_out:  # a busy moment, say: the speedup needs its rounds
+        candidates.append(Candidate(default_key, defaults, finalist_label(timed_out) + TIMED_OUT))
     return candidates
 
 

@@ -25,7 +25,7 @@ from autotune.time_spent import TimeSpent
 from autotune.train_setup import TrainSetup
 from autotune.tuner.budget import STUDY_BUDGET
 from autotune.tuner.config import SearchOutcome
-from autotune.tuner.confirm import TWIN, finalist_label
+from autotune.tuner.confirm import TIMED_OUT, TWIN, finalist_label
 from autotune.tuner.constraints import Constraint, excluding
 from autotune.tuner.identity import described_workload, stored_constraints
 from autotune.tuner.signals import interrupts_held, remember_stop, sigterm_as_interrupt
@@ -182,8 +182,9 @@ def stored_confirmed(study: SearchStudy, records: list[TrialRecord], rounds: Rou
         # The trials that measured it, as the search picked its finalists from (a pruned twin stays "a finalist in fp32").
         same = sorted((r for r in records if r.setup == setup and r.result.ok and r.result.samples_per_s),
                       key=lambda r: -(r.result.samples_per_s or 0.0))
-        label = finalist_label(same) if same else setup.describe() + TWIN  # only the fp32 twin is no trial's
-        found.append(Confirmed(Candidate(key, setup, label, twin=not same), tuple(values), tuple(failures),
+        timed_out = [r for r in records if r.setup == setup and r.result.status == "timeout"]  # the defaults' trial, say
+        label = finalist_label(same) if same else finalist_label(timed_out) + TIMED_OUT if timed_out else setup.describe() + TWIN
+        found.append(Confirmed(Candidate(key, setup, label, twin=not same and not timed_out), tuple(values), tuple(failures),
                                failed_rounds=tuple(failed_rounds)))
     return tuple(found)
 
