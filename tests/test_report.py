@@ -12,6 +12,7 @@ import shutil
 import sqlite3
 import subprocess
 import sys
+from collections.abc import Callable
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -575,15 +576,27 @@ def _records(n: int) -> list[TrialRecord]:
             for i, s in enumerate(setups)]
 
 
-def test_knob_importance_names_its_evaluator_and_warns_on_few_trials() -> None:
-    few, many = knob_importance(_records(6)), knob_importance(_records(FEW_TRIALS + 4))
-    assert few is not None and many is not None
-    assert few.caveat is not None and "only 6 measured trials" in few.caveat
-    assert many.caveat is None
-    assert set(many.values) == {"batch_size", "num_workers", "prefetch_factor", "amp"}
-    assert sum(many.values.values()) == pytest.approx(1.0)
-    assert many.evaluator in ("PedAnovaImportanceEvaluator", "FanovaImportanceEvaluator")
-    assert knob_importance(_records(2)) is None
+def test_knob_importance_follows_the_measurements_and_is_not_drawn_from_too_few() -> None:
+    """With 3-4 trials PED-ANOVA's top group held the fastest trial alone: the bars were the same for rates 15x apart
+    and for equal ones. Now no importance below FEW_TRIALS, and the knob that sets the rates apart leads."""
+    from autotune.output.sections import importance_section
+
+    def records(n: int, rate: Callable[[TrainSetup], float]) -> list[TrialRecord]:
+        return [TrialRecord(i, "search", r.setup, TrialResult("ok", samples_per_s=rate(r.setup))) for i, r in enumerate(_records(n))]
+
+    by_amp = knob_importance(records(FEW_TRIALS + 10, lambda s: 200.0 if s.amp == "bf16" else 100.0))
+    by_batch = knob_importance(records(FEW_TRIALS + 10, lambda s: 10.0 * s.batch_size))
+    assert by_amp is not None and by_batch is not None
+    assert max(by_amp.values, key=by_amp.values.__getitem__) == "amp", by_amp
+    assert max(by_batch.values, key=by_batch.values.__getitem__) == "batch_size", by_batch
+    assert set(by_amp.values) == {"batch_size", "num_workers", "prefetch_factor", "amp"}
+    assert sum(by_amp.values.values()) == pytest.approx(1.0) and by_amp.trials == FEW_TRIALS + 10
+    if by_amp.evaluator == "PedAnovaImportanceEvaluator":  # its top group holds 5 trials at least
+        assert by_amp.top == 5 and knob_importance(_records(FEW_TRIALS)).top == 5  # type: ignore[union-attr]
+    assert knob_importance(_records(FEW_TRIALS - 1)) is None
+    section = importance_section(_records(6), None)
+    assert section.caveat == (f"not computed: 6 measured trials, and importances need at least {FEW_TRIALS}: with fewer, they "
+                              "follow the fastest trial's knobs, not what the others measured")
 
 
 def test_knob_importance_leaves_out_the_defaults_so_pinned_knobs_get_no_credit() -> None:

@@ -11,6 +11,7 @@ evaluator (numpy and scipy only, Optuna's default from version 5) is used.
 from __future__ import annotations
 
 import importlib.util
+import math
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -21,8 +22,11 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution, IntD
 from autotune.records import TrialRecord
 from autotune.train_setup import KNOBS
 
-#: Fewer measured trials than this and the importances are mostly noise.
+#: Fewer measured trials than this and no importance is computed: PED-ANOVA's top group would hold one or two trials,
+#: and its bars followed the fastest trial's knobs whatever the others measured (equal rates or 15x apart alike).
 FEW_TRIALS = 10
+#: The fewest trials in PED-ANOVA's top group (Optuna advises at least 5 for a stable figure).
+TOP_TRIALS = 5
 
 
 @dataclass(frozen=True)
@@ -33,19 +37,24 @@ class Importance:
         values: Importance per knob that varied, largest first.
         evaluator: The Optuna evaluator's name.
         trials: Trials they rest on (feasible and pruned).
-        caveat: One line the reader must see first, or None.
+        top: PED-ANOVA's top group: the fastest trials whose knobs it compares with all of them (None: fANOVA).
     """
 
     values: dict[str, float]
     evaluator: str
     trials: int
-    caveat: str | None
+    top: int | None
 
 
-def _evaluator() -> optuna.importance.BaseImportanceEvaluator:
+def _evaluator(trials: int) -> optuna.importance.BaseImportanceEvaluator:
     if importlib.util.find_spec("sklearn") is not None:
         return optuna.importance.FanovaImportanceEvaluator(seed=0)
-    return optuna.importance.PedAnovaImportanceEvaluator()
+    return optuna.importance.PedAnovaImportanceEvaluator(target_quantile=_quantile(trials))
+
+
+def _quantile(trials: int) -> float:
+    """PED-ANOVA's target quantile: its 10 %, or more where that holds fewer than :data:`TOP_TRIALS` trials."""
+    return min(0.5, max(0.1, TOP_TRIALS / trials))
 
 
 def _value(record: TrialRecord, knob: str) -> object:
@@ -53,16 +62,20 @@ def _value(record: TrialRecord, knob: str) -> object:
     return 0 if value is None else value  # prefetch_factor without workers
 
 
-def knob_importance(records: Sequence[TrialRecord]) -> Importance | None:
-    """The importance of each knob that varied among the measured trials; None if none can be computed.
+def measured_trials(records: Sequence[TrialRecord]) -> list[TrialRecord]:
+    """The trials the importances rest on: those that measured a throughput (a pruned one with the median of its
+    windows), but the PyTorch defaults' (the baseline, not a point of the searched space: with it, a knob the user's
+    ``--set`` pinned would be credited with the pin's effect) and those reused from another study."""
+    return [r for r in records if r.result.status in ("ok", "pruned") and r.result.samples_per_s and r.reused_from is None
+            and r.role != "defaults"]
 
-    The PyTorch defaults' trial is left out: it is the baseline, not a point of the searched space, and often
-    lies outside the user's ``--set`` pins (with it, a pinned knob would be credited with the pin's effect).
-    """
-    feasible = [r for r in records if r.result.status in ("ok", "pruned") and r.result.samples_per_s and r.reused_from is None
-                and r.role != "defaults"]
+
+def knob_importance(records: Sequence[TrialRecord]) -> Importance | None:
+    """The importance of each knob that varied among :func:`measured_trials`; None with fewer than
+    :data:`FEW_TRIALS` of them or no knob that varied."""
+    feasible = measured_trials(records)
     varied = [k for k in KNOBS if len({_value(r, k) for r in feasible}) > 1]
-    if len(feasible) < 3 or not varied:
+    if len(feasible) < FEW_TRIALS or not varied:
         return None
     distributions: dict[str, BaseDistribution] = {}
     for knob in varied:
@@ -76,14 +89,11 @@ def knob_importance(records: Sequence[TrialRecord]) -> Importance | None:
     for r in feasible:
         params = {k: _value(r, k) for k in varied}
         study.add_trial(optuna.trial.create_trial(params=params, distributions=distributions, value=r.result.samples_per_s))
-    evaluator = _evaluator()
+    evaluator = _evaluator(len(feasible))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         found = optuna.importance.get_param_importances(study, evaluator=evaluator, normalize=True)
-    caveat = None
-    if len(feasible) < FEW_TRIALS:
-        caveat = (
-            f"only {len(feasible)} measured trials: importances from so few points are rough; "
-            f"read them as a hint, not a ranking (about {FEW_TRIALS}+ are needed)"
-        )
-    return Importance(dict(found), type(evaluator).__name__, len(feasible), caveat)
+    top = None
+    if isinstance(evaluator, optuna.importance.PedAnovaImportanceEvaluator):
+        top = math.ceil(_quantile(len(feasible)) * len(feasible))  # as Optuna cuts (ties at the cut join it)
+    return Importance(dict(found), type(evaluator).__name__, len(feasible), top)

@@ -14,7 +14,7 @@ from types import ModuleType
 from typing import Any
 
 from autotune.output.best import Best
-from autotune.output.importance import knob_importance
+from autotune.output.importance import FEW_TRIALS, knob_importance, measured_trials
 from autotune.records import Calibration, TrialRecord
 from autotune.rounds import Ceilings, Confirmed
 from autotune.time_spent import TimeSpent
@@ -271,17 +271,26 @@ def loader_section(records: Sequence[TrialRecord], calibration: Calibration | No
 def importance_section(records: Sequence[TrialRecord], plots: ModuleType | None) -> Section:
     """Which knob mattered (Optuna's importance evaluators)."""
     found = knob_importance(records)
-    reading = ("Bars are Optuna's parameter importances over the trials that measured a throughput (a pruned trial "
-               "counts with the median of its windows so far): the share of the throughput's variation each knob explains. A knob near 0 "
-               "could be left at any value the search tried.")
     if found is None:
-        return Section("importance", "4. Knob importance", reading, None, (),
-                       caveat="not computed: it needs at least 3 measured trials in which some knob varied")
+        count = len(measured_trials(records))
+        why = (f"{count} measured {'trial' if count == 1 else 'trials'}, and importances need at least {FEW_TRIALS}: with fewer, "
+               "they follow the fastest trial's knobs, not what the others measured" if count < FEW_TRIALS else
+               "no knob varied among the measured trials")
+        return Section("importance", "4. Knob importance", "Which knobs set the fast setups apart (Optuna's parameter "
+                       "importances), from the search's measured trials.", None, (), caveat=f"not computed: {why}")
+    if found.top is None:
+        reading = "the share of the throughput's variation each knob explains"
+    else:
+        reading = (f"how far each knob's values among the {found.top} fastest trials differ from its values over all "
+                   f"{found.trials}: the knobs that set the fastest setups apart")
     rows = tuple((k, f"{100 * v:.1f} %") for k, v in found.values.items())
     return Section(
-        "importance", "4. Knob importance", reading + f" Computed by {found.evaluator} over {found.trials} trials.",
+        "importance", "4. Knob importance",
+        f"Bars are Optuna's parameter importances ({found.evaluator}) over the {found.trials} trials that measured a "
+        f"throughput (a pruned trial counts with the median of its windows so far), the PyTorch defaults' left out: {reading}. "
+        "A knob near 0 could be left at any value the search tried; read them as a hint beside the trials' own figures.",
         _draw(plots, "importance", found.values, found.evaluator),
-        (Table("importance per knob", ("knob", "importance"), rows),), caveat=found.caveat,
+        (Table("importance per knob", ("knob", "importance"), rows),),
         alt="horizontal bars: importance per knob",
     )
 
