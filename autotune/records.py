@@ -366,12 +366,14 @@ class Calibration:
         that count was not measured or measured nothing."""
         return next((p.samples_per_s for p in self.loader if p.num_workers == workers and p.status == "ok" and p.samples_per_s), None)
 
-    def workers_enough(self) -> int | None:
-        """Fewest loader workers whose loader-only rate covers the device.
+    def fastest_loader(self, within: int | None = None) -> LoaderPoint | None:
+        """The loader-only point that delivered most, with at most ``within`` workers (None: any count)."""
+        points = [p for p in self.loader if p.samples_per_s and (within is None or p.num_workers <= within)]
+        return max(points, key=lambda p: p.samples_per_s or 0.0, default=None)
 
-        "Covers" means at least :data:`LOADER_MARGIN` x the compute-only rate;
-        None when the compute rate is unknown or no worker count reached it.
-        """
+    def workers_enough(self) -> int | None:
+        """Fewest loader workers whose loader-only rate covers the device (at least :data:`LOADER_MARGIN` x the
+        compute-only rate); None when the compute rate is unknown or no worker count reached it."""
         target = self.compute_samples_per_s
         if not target:
             return None

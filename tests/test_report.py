@@ -637,6 +637,34 @@ def test_an_unconfirmed_winner_is_not_called_confirmed(searched, monkeypatch) ->
     assert "single trials, unconfirmed" in page and "paired rounds" not in page  # no rounds were measured
 
 
+def test_the_ceilings_plot_draws_each_figure_once_with_what_it_rests_on(searched) -> None:
+    """A probe's pages: "together (confirmed)" beside "winner (confirmed median)", one figure drawn twice; the defaults'
+    confirmation-round figure of an interrupted search labelled "single trial"; a 1-worker loader bar beside a verdict
+    that quoted the 0-worker figure the winner's setup runs."""
+    from dataclasses import replace
+
+    from autotune.output.best import PAIRED_SO_FAR
+    from autotune.output.sections import ReportInput, ceiling_bars
+    from autotune.records import LoaderPoint
+    from autotune.rounds import Ceilings
+
+    outcome, _ = searched
+    best = outcome.best
+    base = ReportInput(outcome.records, outcome.calibration, (), best, None, None, "s", "sqlite://")
+    own = replace(base, ceilings=Ceilings(best.samples_per_s, 500.0, 900.0, 0.1))
+    assert [label for label, *_ in ceiling_bars(own)] == [
+        "compute alone\n(winner's setup)", "loader alone\n(winner's setup)", "winner\n(confirmed median)", "PyTorch defaults\n(same rounds)"]
+    interrupted = replace(best, confirmed=False, notes=(f"not confirmed: ...; {PAIRED_SO_FAR}",))
+    assert ceiling_bars(replace(base, best=interrupted))[-1][0] == "PyTorch defaults\n(rounds so far)"
+    assert ceiling_bars(replace(base, best=replace(interrupted, notes=())))[-1][0] == "PyTorch defaults\n(single trial)"
+    calibration = replace(outcome.calibration, loader=(LoaderPoint(0, "ok", 181.0), LoaderPoint(1, "ok", 403.0)))
+    for workers, bar in ((0, ("loader only\n(calibration, 0 workers)", 181.0)), (2, ("loader only\n(calibration, 1 worker)", 403.0))):
+        winner = replace(best, setup=best.setup.replace(num_workers=workers, prefetch_factor=2 if workers else None,
+                                                        persistent_workers=bool(workers), pin_memory=False))
+        bars = ceiling_bars(replace(base, calibration=calibration, best=winner))
+        assert [b[:2] for b in bars if b[0].startswith("loader")] == [bar]
+
+
 def test_the_history_plot_has_whole_trial_numbers_and_room_above_the_best() -> None:
     from autotune.output import plots
     from autotune.output.sections import best_so_far

@@ -36,7 +36,7 @@ from autotune.output.sections import (
     time_section,
 )
 from autotune.redact import hide_passwords
-from autotune.units import format_bytes
+from autotune.units import counted, format_bytes
 
 __all__ = ["HEADLINE", "PLOTS_HINT", "REPORT", "ReportInput", "render_report", "write_report"]
 
@@ -76,7 +76,7 @@ def _section(section: Section) -> str:
     if tables:
         rows = sum(len(t.rows) for t in tables)
         what = "data behind this plot" if section.image else "the data (no plot drawn)"
-        parts.append(f"<details><summary>{what} ({rows} rows)</summary>{''.join(map(_table, tables))}</details>")
+        parts.append(f"<details><summary>{what} ({counted(rows, 'row')})</summary>{''.join(map(_table, tables))}</details>")
     parts.append("</section>")
     return "".join(parts)
 
@@ -96,7 +96,7 @@ def _header(data: ReportInput) -> str:
     meta.append(f"written {_dt.datetime.now(_dt.timezone.utc).isoformat(timespec='seconds')}")
     lines.append(f'<p class="meta">{" &middot; ".join(meta)}</p>')
     if best is not None:
-        speed = f"{best.samples_per_s:.1f} samples/s (spread {best.samples_per_s_spread:.1f})"
+        speed = f"{best.samples_per_s:.1f} samples/s (spread {best.samples_per_s_spread:.1f} samples/s)"
         if best.speedup:
             how = best.speedup_basis
             speed += f", <b>{best.speedup:.2f}x</b> the PyTorch defaults ({best.defaults_samples_per_s:.1f} samples/s; {how})"

@@ -18,7 +18,7 @@ from autotune.output.importance import FEW_TRIALS, knob_importance, measured_tri
 from autotune.records import Calibration, TrialRecord
 from autotune.rounds import Ceilings, Confirmed
 from autotune.time_spent import TimeSpent
-from autotune.units import format_bytes
+from autotune.units import counted, format_bytes
 
 
 @dataclass(frozen=True)
@@ -132,16 +132,19 @@ def fastest_trial(records: Sequence[TrialRecord], baseline_only: frozenset[int] 
     return max([r for r in ok if r.number not in baseline_only] or ok, key=lambda r: r.result.samples_per_s or 0.0, default=None)
 
 
-def _winner(data: ReportInput) -> tuple[float | None, str, float | None]:
-    """The achieved rate, its label and the defaults' rate (confirmed, or the best trial so far)."""
+def _winner(data: ReportInput) -> tuple[float | None, str, float | None, str, int | None]:
+    """The achieved rate, its label, the defaults' rate, what that rests on, and the winner's loader workers
+    (confirmed, or the best trial so far)."""
     if data.best is not None:
         label = "winner\n(confirmed median)" if data.best.confirmed else "winner\n(not confirmed)"
-        return data.best.samples_per_s, label, data.best.defaults_samples_per_s
+        basis = data.best.speedup_basis  # their rounds, those of an interrupted confirmation, or their single trial
+        rounds = "same rounds" if data.best.confirmed else "single trial" if basis.startswith("single") else "rounds so far"
+        return data.best.samples_per_s, label, data.best.defaults_samples_per_s, rounds, data.best.setup.num_workers
     top = fastest_trial(data.records, data.baseline_only)
     if top is None:
-        return None, "", None
+        return None, "", None, "", None
     defaults = next((r.result.samples_per_s for r in data.records if r.role == "defaults" and _measured(r)), None)
-    return top.result.samples_per_s, f"best trial so far\n(#{top.number}, unconfirmed)", defaults
+    return top.result.samples_per_s, f"best trial so far\n(#{top.number}, unconfirmed)", defaults, "single trial", top.setup.num_workers
 
 
 def ceiling_bars(data: ReportInput) -> list[tuple[str, float, str, str]]:
@@ -150,27 +153,25 @@ def ceiling_bars(data: ReportInput) -> list[tuple[str, float, str, str]]:
     The winner's own ceilings (measured right after its confirmation rounds) when the search
     measured them, else the calibration's (measured at a probe setup before the search).
     """
-    achieved, label, defaults = _winner(data)
+    achieved, label, defaults, rounds, workers = _winner(data)
     bars: list[tuple[str, float, str, str]] = []
     own, cal = data.ceilings, data.calibration
     if own is not None and own.compute and own.loader:
         bars.append(("compute alone\n(winner's setup)", own.compute, "ceiling", "the winner's model step, one batch in memory, after the rounds"))
         bars.append(("loader alone\n(winner's setup)", own.loader, "ceiling", "the winner's DataLoader, no model, after the rounds"))
-        if own.together:
+        if own.together and own.together != achieved:  # else the winner's own bar below: one figure, not two that agree
             bars.append(("together\n(confirmed)", own.together, "achieved", "the winner's real loop, its median in the rounds just before"))
     elif cal is not None:
         if cal.compute_samples_per_s:
             setup = cal.compute_setup.describe()
             bars.append(("compute only\n(calibration)", cal.compute_samples_per_s, "ceiling", f"model alone, one batch in memory ({setup})"))
-        loader = [p for p in cal.loader if p.samples_per_s]
-        if loader:
-            top = max(loader, key=lambda p: p.samples_per_s or 0.0)
-            workers = f"{top.num_workers} worker{'' if top.num_workers == 1 else 's'}"
-            bars.append((f"loader only\n(calibration, {workers})", top.samples_per_s or 0.0, "ceiling", "DataLoader alone, no model"))
+        top = cal.fastest_loader(within=workers)  # the bottleneck line's figure: at most the winner's workers
+        if top is not None:
+            count = f"{top.num_workers} worker{'' if top.num_workers == 1 else 's'}"
+            bars.append((f"loader only\n(calibration, {count})", top.samples_per_s or 0.0, "ceiling", "DataLoader alone, no model"))
     if achieved:
         bars.append((label, achieved, "achieved", "the training loop, loader and model together"))
     if defaults:
-        rounds = "same rounds" if data.best is not None and data.best.confirmed else "single trial"
         bars.append((f"PyTorch defaults\n({rounds})", defaults, "defaults", "the workload's batch, no workers, fp32"))
     return bars
 
@@ -180,7 +181,7 @@ def summary_section(data: ReportInput, plots: ModuleType | None) -> Section:
     bars = ceiling_bars(data)
     rows = tuple((label.replace("\n", " "), _rate(value), what) for label, value, _, what in bars)
     loader = [p for p in (data.calibration.loader if data.calibration else ())]
-    calibration = tuple((f"{p.num_workers} workers", p.status, _rate(p.samples_per_s)) for p in loader)
+    calibration = tuple((counted(p.num_workers, "worker"), p.status, _rate(p.samples_per_s)) for p in loader)
     confirmed = data.best is not None and data.best.confirmed  # else the bars show the best trial so far, unconfirmed
     return Section(
         "summary", "Winner against the ceilings" if confirmed else "Best so far against the ceilings",

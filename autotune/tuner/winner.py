@@ -212,7 +212,7 @@ def load_note(feasible: list[TrialRecord], usable_cores: int) -> str | None:
     of = f" of the {usable_cores} usable core{'s' if usable_cores != 1 else ''}" if usable_cores else " cores"
     return (
         f"other processes kept {statistics.median(loads):.1f}{of} busy while the trials measured (median over "
-        f"{len(loads)} trials, up to {max(loads):.1f}; trials.csv column other_cores): the figures and the winner hold "
+        f"{counted(len(loads), 'trial')}, up to {max(loads):.1f}; trials.csv column other_cores): the figures and the winner hold "
         "for a machine that busy; run the search again on an idle machine to tune for one"
     )
 
@@ -313,8 +313,7 @@ def bottleneck_verdict(
         setup = best.setup
         compute = next((p.samples_per_s for p in calibration.precisions if p.samples_per_s and p.amp == setup.amp
                         and p.channels_last == setup.channels_last), None) or calibration.compute_samples_per_s or 0.0
-        nearest = max((p for p in calibration.loader if p.samples_per_s and p.num_workers <= setup.num_workers),
-                      key=lambda p: p.samples_per_s or 0.0, default=None)
+        nearest = calibration.fastest_loader(within=setup.num_workers)
         loader, workers = (nearest.samples_per_s or 0.0, nearest.num_workers) if nearest is not None else (0.0, 0)
         together = best.samples_per_s
         parts = []
