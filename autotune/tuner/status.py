@@ -50,7 +50,8 @@ class StudyStatus:
         storage: Its storage URL (password hidden).
         wanted: The ``--trials`` budget its search ran for (None: a study from before it was stored).
         finished: Trials that count toward the budget.
-        failed: Failed trials (crashed workers, interruptions; not the election markers).
+        failed: Trials cut short: a run of the search stopped (Ctrl-C, a signal, an error that ended it) or died during
+            them (not the election markers); they do not count toward the budget.
         running: Trials running now.
         best: The fastest finished trial so far that the search's ``--set`` allows (the PyTorch defaults it
             excludes are its baseline only), or the fastest of all while no trial within it measured a throughput.
@@ -102,8 +103,10 @@ class StudyStatus:
         alive = [r for r in self.running if not r.gone]
         kinds = ", ".join(self.infeasible_kinds) or "oom, timeout, error, diverged"
         infeasible = f" ({self.infeasible} infeasible: {kinds})" if self.infeasible else ""
-        lines = [f"study {self.study!r} in {self.storage}: {count}{infeasible}, "
-                 f"{len(alive)} running, {self.failed} failed"]
+        # A FAIL trial is one a run of the search stopped or died during (Ctrl-C, a signal, kill -9), not a setup that
+        # failed (those are infeasible): a probe read "1 failed" for a Ctrl-C long after the search finished.
+        unfinished = f", {self.failed} cut short (a search stopped or died during it; not counted)" if self.failed else ""
+        lines = [f"study {self.study!r} in {self.storage}: {count}{infeasible}, {len(alive)} running{unfinished}"]
         if self.calibration_runs is not None:  # no trial runs before it: "0 running" alone read as a stalled search
             lines.append(f"  calibration not finished: {self.calibration_runs} of its runs measured and kept; the trials follow it")
         if self.pending is not None:
