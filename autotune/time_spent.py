@@ -29,6 +29,7 @@ class TimeSpent:
         launch_s: The rest of those trials' processes: fork, first import, teardown.
         pruned_s: Trial processes the pruner stopped early.
         infeasible_s: Trial processes that ended oom, timeout, error or diverged.
+        interrupted_s: Search trial processes a stop of the search cut short (Ctrl-C, a signal).
         confirmation_s: Trial processes of the interleaved re-measurement.
         ceilings_s: Trial processes measuring the winner's own ceilings after it.
         waiting_s: A worker of a shared study waiting for the others (their calibration, confirmation or last trials).
@@ -44,6 +45,7 @@ class TimeSpent:
     launch_s: float = 0.0
     pruned_s: float = 0.0
     infeasible_s: float = 0.0
+    interrupted_s: float = 0.0
     confirmation_s: float = 0.0
     ceilings_s: float = 0.0
     waiting_s: float = 0.0
@@ -53,6 +55,7 @@ class TimeSpent:
     #: The parts of the wall time, in the order a search spends them, with their labels.
     PARTS = (("calibration_s", "calibration"), ("warmup_s", "warm-ups"), ("measured_s", "measured windows"),
              ("launch_s", "trial start/stop"), ("pruned_s", "pruned trials"), ("infeasible_s", "infeasible trials"),
+             ("interrupted_s", "trials cut short by a stop"),
              ("confirmation_s", "confirmation"), ("ceilings_s", "winner's ceilings"), ("waiting_s", "waiting for other workers"))
 
     @property
@@ -72,6 +75,8 @@ class TimeSpent:
             add["calibration_s"] = wall_s
         elif phase in ("confirmation", "ceilings"):
             add[f"{phase}_s"] = wall_s
+        elif result.status == "interrupted":
+            add["interrupted_s"] = wall_s
         elif result.status == "pruned":
             add["pruned_s"] = wall_s
         elif not result.ok:

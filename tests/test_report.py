@@ -12,6 +12,7 @@ import shutil
 import sqlite3
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from html.parser import HTMLParser
 from pathlib import Path
@@ -25,7 +26,7 @@ from autotune.cli import app
 from autotune.output.best import read_best, write_best
 from autotune.output.importance import FEW_TRIALS, knob_importance
 from autotune.output.report import REPORT
-from autotune.records import TrialRecord, TrialResult
+from autotune.records import TrialRecord, TrialResult, Workload
 from autotune.time_spent import TimeSpent
 from autotune.train_setup import TrainSetup
 from autotune.tuner import SearchConfig, run_search
@@ -622,6 +623,24 @@ def test_time_spent_puts_each_trial_process_in_its_part() -> None:
     total = TimeSpent(wall_s=60.0) + spent
     assert total.other_s == pytest.approx(60.0 - 52.0)
     assert TimeSpent.from_dict({**total.__dict__, "unknown": 1}) == total
+
+
+def test_a_trial_a_stop_cut_short_is_its_own_part_of_the_time() -> None:
+    """A probe's page filed the trial Ctrl-C stopped (20-25 s) under "other (sampler, storage, files)": 30 % of the wall."""
+    from autotune.tuner.config import Timing
+    from autotune.tuner.timed import TimedRunner
+
+    def stopped(setup, workload, options=None, *, on_window=None) -> TrialResult:  # type: ignore[no-untyped-def]
+        time.sleep(0.2)
+        raise KeyboardInterrupt
+
+    timing = Timing(phase="search")
+    with pytest.raises(KeyboardInterrupt):
+        TimedRunner(stopped, timing)(TrainSetup(), Workload(model="resnet18", image_size=32, device="cpu"))
+    assert timing.spent.interrupted_s >= 0.2 and timing.spent.runs == 1
+    spent = TimeSpent().with_trial("search", TrialResult("interrupted"), 20.0)
+    assert (spent.interrupted_s, spent.infeasible_s) == (20.0, 0.0)
+    assert ("trials cut short by a stop", 20.0) in dataclasses.replace(spent, wall_s=30.0).breakdown()
 
 
 def test_an_unconfirmed_winner_is_not_called_confirmed(searched, monkeypatch) -> None:

@@ -42,7 +42,11 @@ class TimedRunner:
         """
         raise_if_stopped()
         began = time.monotonic()
-        result = self.runner(setup, workload, options, on_window=on_window)
+        try:
+            result = self.runner(setup, workload, options, on_window=on_window)
+        except BaseException:  # Ctrl-C met while the trial ran: its time is the stop's, not the sampler's or the storage's
+            self.timing.add(TrialResult(status="interrupted"), time.monotonic() - began)
+            raise
         self.timing.add(result, time.monotonic() - began)
         if result.status == "interrupted":
             raise KeyboardInterrupt
