@@ -366,6 +366,7 @@ def test_a_preferred_setup_must_beat_the_defaults_and_one_that_does_is_not_lost_
 def test_only_the_defaults_measured_say_so() -> None:
     best = _best([_confirmed(DEFAULTS, (100.0,))])
     assert best.setup == DEFAULTS and "the PyTorch defaults were the only setup the confirmation measured: no speedup to report" in best.notes
+    assert best.speedup is None and best.defaults_samples_per_s == 100.0  # not "1.00x ... median of the paired rounds"
 
 
 def test_the_notes_say_how_the_confirmation_settled() -> None:

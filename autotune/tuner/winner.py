@@ -76,7 +76,8 @@ def make_best(
         setup, rate, spread = chosen.candidate.setup, chosen.median or 0.0, chosen.spread or 0.0
         baseline = next((c for c in measured if c.candidate.key == default_key), None)
         base = baseline.median if baseline is not None else None
-        speedup = paired_speedup(chosen, baseline) if baseline is not None else None
+        # The defaults measured alone (--trials 1) have no ratio: "1.00x ... median of the paired rounds" paired nothing.
+        speedup = paired_speedup(chosen, baseline) if baseline is not None and len(measured) > 1 else None
         notes.extend(why)
         if baseline is not None and baseline is not chosen and speedup is not None and disagree(chosen, baseline):
             ratios, rounds = compared_ratios(chosen, baseline), sum(r > 0 for r in paired_ratios(chosen, baseline))
