@@ -86,6 +86,12 @@ def make_best(
                          f"{ratios[-1]:.3g}x over {over}): the load on the machine changed within rounds, which "
                          f"pairing does not cancel, so the {speedup:.2f}x speedup is no figure to rely on; run the search "
                          "again on an idle machine")
+        elif baseline is not None and baseline is not chosen and speedup and base and rate and (
+                abs(math.log(speedup * base / rate)) > math.log(MEDIANS_APART)):  # the line's three figures disagree
+            each = ", ".join(f"{r:.2f}x" for r in sorted(r for r in paired_ratios(chosen, baseline) if r > 0))
+            notes.append(f"the {speedup:.2f}x speedup is the median of the paired rounds' ratios ({each}); the two "
+                         f"medians ({rate:.1f} against {base:.1f} samples/s) are {rate / base:.2f}x apart: the load on the "
+                         "machine changed between rounds, which the pairing cancels")
         if chosen.candidate.no_twin and setup.amp != "off":
             notes.append(f"the winner's float32 twin was not re-measured: {chosen.candidate.no_twin}, so the same setup in "
                          "float32 would be clearly slower")
@@ -283,6 +289,9 @@ def _held_by_the_epoch(best: Best, calibration: Calibration) -> str:
             f"a queue of {setup.num_workers + 1} workers x batch {setup.batch_size} would hold more than one epoch of "
             f"{of}, so a larger dataset (or a smaller batch) lets more workers feed it")
 
+
+#: The speedup (a median of paired ratios) this far from the ratio of the two medians beside it: a note says both.
+MEDIANS_APART = 1.15
 
 #: Training faster than this multiple of computing alone: the figures contradict each other.
 UNCLEAR = 1.25
