@@ -18,7 +18,7 @@ import pytest
 import studies
 from hosts import pretend_bf16_cpu
 
-from autotune.errors import SearchFailed
+from autotune.errors import SearchFailed, UsageError
 from autotune.output.best import read_best
 from autotune.records import TrialResult
 from autotune.train_setup import TrainSetup
@@ -470,6 +470,23 @@ def test_pinned_knobs_are_respected(tmp_path, cache_dir) -> None:
     pinned = search(config(tmp_path / "w", cache_dir, trials=3, constraints=(parse_constraint("num_workers=1"), parse_constraint("amp=off"))))
     assert pinned.best.setup.num_workers == 0 and pinned.best.speedup is None  # the defaults alone measured: nothing to pair
     assert any(n.startswith("no setup within --set num_workers=1 measured a throughput") for n in pinned.best.notes)
+
+
+def test_pinned_workers_whose_every_queue_outgrows_the_data_are_refused_before_any_trial(tmp_path, cache_dir) -> None:
+    """--set num_workers=99 on 256 images: every trial was infeasible (a queue of 99 x 1 x 8 samples or more), and the
+    search returned the PyTorch defaults the pin excludes, as a result."""
+    ran: list[TrainSetup] = []
+
+    def recording(setup, workload, options=None, *, on_window=None):
+        if options.mode == "train":
+            ran.append(setup)
+        return fake_runner(setup, workload, options, on_window=on_window)
+
+    with pytest.raises(UsageError, match=re.escape("--set num_workers=99: the smallest loader queue it allows (99 workers x "
+                                                   "prefetch 1 x batch 8 = 792 samples) is larger than the data's 256 samples")):
+        search(config(tmp_path, cache_dir, trials=3, synthetic_images=256, constraints=(parse_constraint("num_workers=99"),)),
+               runner=recording)
+    assert ran == []
 
 
 def test_effective_batch_keeps_the_math(tmp_path, cache_dir) -> None:

@@ -14,6 +14,7 @@ from typing import Any
 from autotune.devices import DeviceInfo
 from autotune.errors import SetupError, UsageError
 from autotune.flag_terms import in_flag_terms
+from autotune.records import queue_fits
 from autotune.setup_checks import INT_LIMITS
 from autotune.torch_knobs import COMPILE_MODES, DECODES, OPTIMIZER_IMPLS
 from autotune.train_setup import AMP_MODES, KNOBS, TrainSetup
@@ -333,7 +334,9 @@ def fit_steps_to_data(values: dict[str, tuple[Any, ...]], constraints: dict[str,
         images: Samples in one epoch.
 
     Raises:
-        UsageError: Not even the smallest batch times the fewest steps fits.
+        UsageError: Not even the smallest batch times the fewest steps fits, or the smallest loader queue (fewest
+            workers x smallest prefetch x smallest batch) the pins allow is larger than the data: every trial would be
+            infeasible, and the PyTorch defaults the pins exclude came back as the result.
     """
     batches, steps = values["batch_size"], values["accumulation_steps"]
     values["batch_size"] = tuple(b for b in batches if b * min(steps) <= images)
@@ -343,3 +346,9 @@ def fit_steps_to_data(values: dict[str, tuple[Any, ...]], constraints: dict[str,
         raise UsageError(f"{pins or 'the space'}: the smallest optimizer step it allows, batch {min(batches)} x {min(steps)} "
                          f"accumulation, is more than the data's {images} samples: an epoch would hold no optimizer step; "
                          "allow fewer accumulation steps or a smaller batch_size")
+    workers, depth, batch = min(values["num_workers"]), min(values["prefetch_factor"]), min(values["batch_size"])
+    if not queue_fits(workers, depth, batch, images):
+        pins = " ".join(f"--set {constraints[k]}" for k in ("num_workers", "prefetch_factor", "batch_size") if k in constraints)
+        raise UsageError(f"{pins or 'the space'}: the smallest loader queue it allows ({workers} workers x prefetch {depth} x "
+                         f"batch {batch} = {workers * depth * batch} samples) is larger than the data's {images} samples, "
+                         "which no setup may prefetch; allow fewer workers")
