@@ -474,6 +474,12 @@ def test_a_task_batch_larger_than_its_data_gives_way_to_the_batch_a_dataloader_m
     assert not any(n.startswith("effective batch") for n in best.notes), best.notes
     assert ("the data holds 50 samples, fewer than your recipe's batch 64: a DataLoader's batch holds them all, as the defaults "
             "ran, so your lr 0.001 is taken as the rate for batch 50") in best.notes
+    # A stream of 5 items (no length) under batch_size 32: "the data holds 0 samples" said a probe's note.
+    stream, four = dataclasses.replace(workload, images=None, iterable=True, reference_batch=32), TrainSetup(batch_size=4)
+    short = make_best(workload=stream, hardware=HARDWARE, feasible=[_record(0, four, 100.0)], confirmed=[_confirmed(four, (100.0,))],
+                      defaults=four, effective_batch=None, command="autotune search")
+    assert ("a pass of the stream yields no full batch of your recipe's batch 32: the defaults ran its largest full batch, so "
+            "your lr 0.001 is taken as the rate for batch 4") in short.notes, short.notes
     # A smaller batch than all 50 scales from 50.
     b16 = TrainSetup(batch_size=16)
     smaller = make_best(workload=workload, hardware=HARDWARE, feasible=[_record(0, all50, 100.0), _record(1, b16, 200.0)],

@@ -160,9 +160,14 @@ def make_best(
                      f"the trials measured speed at your rate, so the scaled one is a rule, not tested for stability here "
                      f"(train.py stops on a NaN loss: then lower --lr); {keep}")
     if effective_batch is None and reference < recipe * world_size:
-        notes.append(f"the data holds {counted(workload.images or 0, 'sample')}{' per rank' if world_size > 1 else ''}, fewer than "
-                     f"{'your recipe' if workload.reference_batch else 'the default'}'s batch {recipe}: a DataLoader's batch holds "
-                     f"them all, as the defaults ran, so your lr {workload.lr:g} is taken as the rate for batch {reference}")
+        whose = f"{'your recipe' if workload.reference_batch else 'the default'}'s batch {recipe}"
+        if workload.images is None:  # a stream's pass, whose length is not known: its largest full batch ran as the defaults
+            notes.append(f"a pass of the stream yields no full batch of {whose}{' per rank' if world_size > 1 else ''}: the "
+                         f"defaults ran its largest full batch, so your lr {workload.lr:g} is taken as the rate for batch {reference}")
+        else:
+            notes.append(f"the data holds {counted(workload.images, 'sample')}{' per rank' if world_size > 1 else ''}, fewer than "
+                         f"{whose}: a DataLoader's batch holds them all, as the defaults ran, so your lr {workload.lr:g} is taken as "
+                         f"the rate for batch {reference}")
     if effective_batch is not None and workload.reference_batch is not None and effective_batch != recipe * world_size:
         ranks = f" ({recipe} per rank)" if world_size > 1 else ""
         notes.append(f"your lr {workload.lr:g} is taken as tuned for --effective-batch {effective_batch}, as given, not for the "
