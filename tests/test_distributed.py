@@ -24,6 +24,7 @@ from autotune.runner.ranks import share
 from autotune.train_setup import TrainSetup, load_setup
 from autotune.tuner.config import SearchConfig
 from autotune.tuner.placement import place, usable_core_ids
+from autotune.tuner.progress import SilentReporter
 from autotune.tuner.run import run_search
 from autotune.tuner.study import ATTR_ENDED, ATTR_REUSED_FROM, ATTR_STARTED, SearchStudy
 from autotune.workloads.tasks import build_task_workload
@@ -276,7 +277,14 @@ def test_a_model_with_unused_parameters_names_the_fix_in_trials_and_in_train_py(
     assert "Expected to have finished reduction" in result.error and "set requires_grad=False on them" in result.error
     config = SearchConfig(model="ignored", trials=2, device="cpu", nproc_per_node=2, trial_seconds=1.0, out=tmp_path / "out",
                           confirm_top=1, confirm_rounds=1, workload="task_factories:unused_parameter")
-    run_search(config, runner=fake_runner)
+    said: list[str] = []
+
+    class Said(SilentReporter):
+        def message(self, text: str) -> None:
+            said.append(text)
+
+    run_search(config, Said(), runner=fake_runner)
+    assert any(line.startswith("workload task_factories:unused_parameter on cpu, 20 samples per rank (") for line in said), said
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(tmp_path / "out" / "train.py"),
                "--max-steps", "2", "--workers", "0", "--output-dir", str(tmp_path / "run")]
     failed = subprocess.run(command, capture_output=True, text=True, timeout=300)

@@ -1428,3 +1428,15 @@ def test_the_task_script_s_loader_data_keeps_datapipes_streams_and_pickles_witho
     with pytest.raises(BadItem, match=r"^dataset\.__getitems__\(\[1, 2\]\) failed: ValueError: shard 2 unreadable$"):
         named_data(Batched(), None)[0].__getitems__([1, 2])
 
+
+
+def test_a_long_error_is_cut_at_a_word_end_before_its_hint() -> None:
+    """DDP's unused-parameter error ended `... find_unused_parameters=True` to `t; some of the model's ...`."""
+    message = ("Expected to have finished reduction in the prior iteration before starting a new one. This error indicates "
+               "that your module has parameters that were not used in producing loss. You can enable unused parameter "
+               "detection by passing the keyword argument `find_unused_parameters=True` to `torch.nn.parallel."
+               "DistributedDataParallel`, and by making sure all `forward` function outputs participate in calculating loss.")
+    error = classify(RuntimeError(message)).error or ""
+    said, hint = error.split("; some of the model's parameters get no gradient", 1)
+    assert said.endswith(" ...") and len(said) <= 300 and said[:-4] == said[:-4].rstrip() and message.startswith(said[14:-4]), said
+    assert hint.endswith("(the emitted train.py also takes --find-unused-parameters)")

@@ -36,8 +36,16 @@ def _one_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     first = next((ln.strip() for ln in text if ln.strip()), "")
     if isinstance(exc, AutotuneError) and first:
-        return first[:300]
-    return f"{type(exc).__name__}: {first}"[:300] if first else type(exc).__name__
+        return clipped(first)
+    return clipped(f"{type(exc).__name__}: {first}") if first else type(exc).__name__
+
+
+def clipped(text: str, limit: int = 300) -> str:
+    """``text`` cut to ``limit`` characters at a word's end, marked `...` (not mid-word before a hint: `` to `t; ``)."""
+    if len(text) <= limit:
+        return text
+    cut = text[:limit - 4]
+    return (cut[:cut.rfind(" ")] if " " in cut else cut) + " ..."
 
 
 def classify(exc: BaseException) -> TrialResult:
@@ -59,7 +67,7 @@ def classify(exc: BaseException) -> TrialResult:
         # PyTorch re-raises a worker's exception with the original traceback as text: keep its last line.
         lines = [ln.strip() for ln in message.splitlines() if ln.strip()]
         cause = lines[-1] if len(lines) > 1 else _one_line(exc)
-        said = hinted(f"failed in a DataLoader worker, not in the training loop: {cause}"[:300])
+        said = hinted(clipped(f"failed in a DataLoader worker, not in the training loop: {cause}"))
         return TrialResult(status="error", error=said + shm_hint(message))
     if is_out_of_memory(exc):
         return TrialResult(status="oom", error=_one_line(exc))
