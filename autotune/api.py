@@ -310,7 +310,7 @@ def trial(
     """
     from autotune.runner import prestart, run_trial
     from autotune.tuner.explore import unfed
-    from autotune.tuner.space import ddp_values
+    from autotune.tuner.pins import ddp_values
     from autotune.workloads.streams import UNSHARDED
 
     model, image_size = _shorthand(workload, model, data, image_size, "resnet18", cache_dir=cache_dir,

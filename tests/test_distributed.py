@@ -313,6 +313,20 @@ def test_cli_refuses_devices_all_on_a_cpu_host_in_one_line(tmp_path: Path) -> No
     assert not (tmp_path / "out").exists()
 
 
+def test_cli_refuses_static_graph_with_accumulation_before_the_calibration(tmp_path: Path) -> None:
+    """The pair was refused after the calibration, leaving a study the corrected command in the same --out could not
+    reuse (its --set differed)."""
+    from typer.testing import CliRunner
+
+    from autotune.cli import app
+
+    result = CliRunner().invoke(app, ["search", "--workload", "task_factories:good", "--device", "cpu", "--nproc-per-node", "2",
+                                      "--set", "static_graph=true", "--set", "accumulation_steps=2", "--out", str(tmp_path / "out")])
+    assert result.exit_code == 2, result.output
+    assert result.output.strip().endswith("and --set accumulation_steps=2 allows no step of one micro-batch")
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("storage", ["postgresql://tuner:secret@db.example.org/autotune", "journal:///{tmp}/study.log"])
 def test_cli_refuses_devices_in_a_worker_of_a_shared_study_in_one_line(tmp_path: Path, storage: str) -> None:
     """A shared study's worker runs one trial at a time on its first slot. Before, `--devices cpu,cpu --storage URL`

@@ -15,6 +15,7 @@ from autotune.tuner.batch_sizes import powers_of_two
 from autotune.tuner.calibrate import extrapolate_batch
 from autotune.tuner.constraints import merge_constraints, parse_constraint
 from autotune.tuner.guesses import guess_setups
+from autotune.tuner.pins import check_pins_act
 from autotune.tuner.space import SPACE_VERSION, build_space, defaults_setup, space_version
 
 CPU = DeviceInfo("cpu", bf16=True, memory_total_bytes=None, memory_free_bytes=None, label="test CPU")
@@ -333,10 +334,11 @@ def test_ddp_knobs_pin_with_several_ranks_and_are_refused_in_one_process() -> No
                     constraints=merge_constraints([parse_constraint("static_graph=true")]))
     # static_graph with every accumulation above 1: the space would drop it silently (a new user's DDP search did).
     both = merge_constraints([parse_constraint("static_graph=true"), parse_constraint("accumulation_steps=2")])
-    with pytest.raises(UsageError, match="static_graph=true does not work with accumulation_steps > 1"):
-        build_space(device=CPU, calibration=calibration(), usable_cores=2, effective_batch=None, constraints=both, world_size=2)
+    with pytest.raises(UsageError, match=r"static_graph=true does not work with accumulation_steps > 1 \(DDP's no_sync breaks "
+                                         r"its reducer\), and --set accumulation_steps=2 allows no step of one micro-batch$"):
+        check_pins_act(both, True, 2)  # the pins alone, before the calibration (after it, a study the fix could not reuse)
     pinned = merge_constraints([parse_constraint("static_graph=true"), parse_constraint("batch_size=64")])
-    with pytest.raises(UsageError, match="static_graph=true does not work with accumulation_steps > 1"):  # 256 = 64 x 4
+    with pytest.raises(UsageError, match="and --effective-batch 256 with the batches the --set pins allow leaves no step"):  # 64 x 4
         build_space(device=CPU, calibration=calibration(), usable_cores=2, effective_batch=256, constraints=pinned, world_size=2)
     some = merge_constraints([parse_constraint("static_graph=true"), parse_constraint("accumulation_steps=1,2")])
     assert build_space(device=CPU, calibration=calibration(), usable_cores=2, effective_batch=None, constraints=some,

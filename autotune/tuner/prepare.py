@@ -26,10 +26,10 @@ from autotune.tuner.lock import OutputLock
 from autotune.tuner.offered import check_workload_constraints
 from autotune.tuner.patience import patience_s
 from autotune.tuner.pending import add_pending
+from autotune.tuner.pins import check_pins_act
 from autotune.tuner.placement import Placement, place
 from autotune.tuner.progress import Reporter
 from autotune.tuner.signals import stop_requested
-from autotune.tuner.space import check_pins_act
 from autotune.tuner.storage import check_one_study, check_storage_url, is_shared
 from autotune.tuner.study import SearchStudy
 from autotune.tuner.workers import Crew

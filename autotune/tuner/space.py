@@ -22,7 +22,6 @@ from autotune.tuner.batch_sizes import batch_sizes, data_limit, divisor_space
 from autotune.tuner.constraints import (
     RANGE_KNOBS,
     Constraint,
-    allows_workers,
     apply_constraints,
     check_constraints,
     check_effective_batch,
@@ -30,6 +29,7 @@ from autotune.tuner.constraints import (
     shown,
 )
 from autotune.tuner.offered import check_workload_constraints, torch_knob_values
+from autotune.tuner.pins import check_pins_act, ddp_values
 
 if TYPE_CHECKING:  # pragma: no cover
     import optuna
@@ -269,41 +269,6 @@ def defaults_setup(effective_batch: int | None, batch: int | None = None, images
     return TrainSetup(batch_size=batch, accumulation_steps=effective_batch // batch)
 
 
-def check_pins_act(constraints: dict[str, Constraint], image_input: bool, world_size: int = 1) -> None:
-    """Refuse a ``--set`` pin that has nothing to act on.
-
-    ``channels_last=true`` for a workload whose batches hold no 4-D floating
-    tensor; ``prefetch_factor`` or ``persistent_workers`` with ``num_workers``
-    pinned to 0 (the DataLoader uses them only with workers); a DDP knob
-    (``bucket_cap_mb``, ``gradient_as_bucket_view``, ``static_graph``) away
-    from PyTorch's default in a search of one rank.
-
-    Raises:
-        UsageError: The first such pin.
-    """
-    pinned = constraints.get("channels_last")
-    if not image_input and pinned is not None and pinned.allows(True) and not pinned.allows(False):
-        raise UsageError("--set channels_last=true: this workload's batches hold no 4-D floating tensor for it to act on")
-    if not allows_workers(constraints.get("num_workers")):
-        for knob in ("prefetch_factor", "persistent_workers"):
-            if knob in constraints:
-                raise UsageError(f"--set {knob}: the DataLoader uses it only with workers, and --set num_workers=0 leaves none")
-    if world_size > 1:
-        return
-    for knob, (default,) in ddp_values(1).items():
-        pin = constraints.get(knob)
-        if pin is not None and not pin.allows(default):
-            raise UsageError(f"--set {knob}: a DDP knob; it changes nothing in a search of one process "
-                             "(search with --nproc-per-node 2 or more)")
-
-
-def ddp_values(world_size: int) -> dict[str, tuple[Any, ...]]:
-    """The DDP knobs' candidates: searched with more than one rank, PyTorch's defaults otherwise."""
-    if world_size > 1:
-        return {"bucket_cap_mb": (10, 25, 50, 100), "gradient_as_bucket_view": (False, True), "static_graph": (False, True)}
-    return {"bucket_cap_mb": (25,), "gradient_as_bucket_view": (False,), "static_graph": (False,)}
-
-
 def failed_precisions(calibration: Calibration) -> dict[str, str]:
     """The reduced precisions in which every compute-only run of the calibration failed (not for memory), with the status;
     none where every float32 run failed too (a loss that turns NaN after some steps: not the precision's fault)."""
@@ -391,9 +356,9 @@ def build_space(
         bad = [b for b in values["batch_size"] if effective_batch % b]
         if bad:
             raise UsageError(f"--effective-batch {effective_batch} is not a multiple of batch_size {bad[0]}")
-    if values["static_graph"] == (True,) and (1 not in values["accumulation_steps"] or (  # offered only without accumulation
-            effective_batch is not None and all(b < effective_batch for b in values["batch_size"]))):
-        raise UsageError("--set static_graph=true does not work with accumulation_steps > 1 (DDP's no_sync breaks its "
-                         "reducer), and the --set pins and --effective-batch leave no step of one micro-batch")
+    if values["static_graph"] == (True,) and effective_batch is not None and all(b < effective_batch for b in values["batch_size"]):
+        raise UsageError(f"--set static_graph=true does not work with accumulation_steps > 1 (DDP's no_sync breaks its reducer), "
+                         f"and --effective-batch {effective_batch} with the batches the --set pins allow leaves no step of one "
+                         "micro-batch")  # the pins alone: check_pins_act, before the calibration
     note = "; ".join(f"amp={a} left out: every compute-only run in it ended {why} in the calibration" for a, why in failed.items())
     return Space(values=values, effective_batch=effective_batch, images=images, note=note)
