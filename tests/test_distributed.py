@@ -178,6 +178,8 @@ def _broken_collective_first(then: str) -> Any:
             time.sleep(0.1)
             return TrialResult(status="error", error="RuntimeError: [gloo] Connection closed by peer [127.0.0.1]:29500")
         time.sleep(0.5)
+        if then == "sigterm":  # earlyoom's first signal, or a supervisor's, to one rank
+            os.kill(os.getpid(), signal.SIGTERM)
         if then == "segfault":
             resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # no core file
             os.kill(os.getpid(), signal.SIGSEGV)
@@ -197,6 +199,10 @@ def test_a_rank_s_own_failure_is_named_not_the_collective_it_broke_on_its_peer()
 
     options = TrialOptions(trial_seconds=1.0, windows=2, world_size=2, cores=two_cores(), timeout_s=60)
     assert run_world(options, _broken_collective_first("segfault")).error == "rank 1 died of SIGSEGV"
+    # A SIGTERM from outside says nothing of the setup (a DDP trial stored it as an infeasible error): interrupted, as
+    # one process's trial is, so the search stops as on Ctrl-C and stores nothing for it.
+    stopped = run_world(options, _broken_collective_first("sigterm"))
+    assert (stopped.status, stopped.error) == ("interrupted", "rank 1 was terminated from outside (SIGTERM)")
     oom = run_world(options, _broken_collective_first("oom"))
     assert (oom.status, oom.error) == ("oom", "rank 1: RuntimeError: CPU out of memory")
     began = time.monotonic()

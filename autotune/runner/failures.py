@@ -6,6 +6,7 @@ Nothing is raised to the parent: :func:`classify` maps any exception to a
 
 from __future__ import annotations
 
+import signal
 from dataclasses import replace
 
 from autotune.errors import SHM_FULL, AutotuneError, is_out_of_memory
@@ -93,6 +94,15 @@ def shm_hint(message: str) -> str:
 
 #: The words of a SIGKILL the kernel's OOM killer did not send (:func:`killed`).
 KILLED_FROM_OUTSIDE = "was killed (SIGKILL) from outside"
+
+
+#: Deaths that come from outside the trial (a supervisor, a closed terminal, Ctrl-C, earlyoom's first signal).
+EXTERNAL_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT, signal.SIGQUIT)
+
+
+def interrupted(why: str) -> TrialResult:
+    """The result of a trial stopped from outside: says nothing about its setup."""
+    return TrialResult(status="interrupted", error=why)
 
 
 def killed(who: str, oom_before: int | None) -> TrialResult:

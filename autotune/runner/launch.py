@@ -26,7 +26,7 @@ from typing import Any
 from autotune.files import maker_is_gone
 from autotune.records import MAX_SECONDS, TrialOptions, TrialResult, Workload
 from autotune.runner import zygote
-from autotune.runner.failures import killed, worker_oom
+from autotune.runner.failures import EXTERNAL_SIGNALS, interrupted, killed, worker_oom
 from autotune.train_setup import TrainSetup
 from probes.cgroup import oom_kills
 
@@ -69,15 +69,6 @@ def _last_line(path: Path) -> str:
         if not line.startswith(("warnings.warn", "File ", "^")):
             return line[:300]
     return ""
-
-
-#: Deaths that come from outside the trial (a supervisor, a closed terminal, Ctrl-C).
-EXTERNAL_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT, signal.SIGQUIT)
-
-
-def interrupted(why: str) -> TrialResult:
-    """The result of a trial stopped from outside: says nothing about its setup."""
-    return TrialResult(status="interrupted", error=why)
 
 
 def _signal_death(returncode: int, log_path: Path, oom_before: int | None) -> TrialResult:

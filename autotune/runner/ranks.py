@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotune.records import TrialOptions, TrialResult
-from autotune.runner.failures import killed
+from autotune.runner.failures import EXTERNAL_SIGNALS, interrupted, killed
 from probes.cgroup import oom_kills
 
 #: Exit code of a rank that failed and wrote its result.
@@ -152,6 +152,8 @@ def _death(rank: int, code: int, oom_before: int | None) -> TrialResult:
     """The result of a rank that died without writing one."""
     if code == -signal.SIGKILL:
         return killed(f"rank {rank}", oom_before)
+    if code < 0 and -code in EXTERNAL_SIGNALS:  # as one process's trial: the search stops, nothing is stored for the setup
+        return interrupted(f"rank {rank} was terminated from outside ({signal.Signals(-code).name})")
     if code < 0:
         return TrialResult(status="error", error=f"rank {rank} died of {signal.Signals(-code).name}")
     return TrialResult(status="error", error=f"rank {rank} exited with code {code} and no result")
