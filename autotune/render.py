@@ -229,7 +229,48 @@ PIPE_WIDTH = 160
 def console(stderr: bool = False) -> Console:
     """Rich's console for stdout (or stderr): a terminal's own width; to a file or a pipe :data:`PIPE_WIDTH` columns,
     unless ``COLUMNS`` says otherwise. Text is printed as typed: ``a:b:c`` or a path with ``:fire:`` in it stays text,
-    not an emoji."""
+    not an emoji. Stderr's (the progress of a search) outlives its reader (:class:`ReaderMayLeave`)."""
     stream = sys.stderr if stderr else sys.stdout
     wide = stream.isatty() or "COLUMNS" in os.environ
-    return Console(stderr=stderr, width=None if wide else PIPE_WIDTH, emoji=False)
+    if stderr:
+        return Console(file=ReaderMayLeave(), width=None if wide else PIPE_WIDTH, emoji=False)  # type: ignore[arg-type]
+    return Console(width=None if wide else PIPE_WIDTH, emoji=False)
+
+
+class ReaderMayLeave:
+    """``sys.stderr`` (looked up at each write, as Rich does) whose reader may go away mid-search (``2>&1 | head``, a
+    ``tee`` that ended, a closed terminal): its lines then go to /dev/null and the search goes on, where a write's
+    ``BrokenPipeError`` ended it, exit 1 without a word (nothing measured was lost: the rerun resumes it)."""
+
+    def write(self, text: str) -> int:
+        try:
+            return sys.stderr.write(text)
+        except OSError:
+            if not self._to_devnull():
+                raise
+            return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        try:
+            sys.stderr.flush()
+        except OSError:
+            if not self._to_devnull():
+                raise
+            sys.stderr.flush()
+
+    @staticmethod
+    def _to_devnull() -> bool:
+        """Point stderr's file descriptor at /dev/null (the text still buffered, and all that follows, is dropped there);
+        False where it has none (a stream in memory)."""
+        try:
+            fd, devnull = sys.stderr.fileno(), os.open(os.devnull, os.O_WRONLY)
+        except (OSError, ValueError):
+            return False
+        try:
+            os.dup2(devnull, fd)
+        finally:
+            os.close(devnull)
+        return True
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(sys.stderr, name)  # isatty, fileno, encoding: what Rich asks of its file

@@ -718,6 +718,23 @@ def test_a_closed_stdout_ends_the_command_quietly_and_other_broken_pipes_are_err
         os.close(saved)
 
 
+def test_a_closed_stderr_leaves_the_progress_lines_to_dev_null_and_the_work_goes_on() -> None:
+    """``autotune search ... 2>&1 | head -3``: the search's progress on stderr met the closed pipe mid-calibration and
+    the search ended, exit 1, without a word; its lines now go to /dev/null and the search goes on."""
+    code = ("from autotune.render import console\n"
+            "err = console(stderr=True)\n"
+            "for i in range(2000):\n"
+            "    err.print(f'calibration line {i} ' + 'x' * 60)\n"
+            "print('went on', flush=True)\n")
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        done = subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=write_end, text=True, timeout=120)
+    finally:
+        os.close(write_end)
+    assert done.returncode == 0 and done.stdout == "went on\n"
+
+
 def test_cli_probe_prints_tables() -> None:
     result = runner.invoke(app, ["probe"])
     assert result.exit_code == 0, result.output
