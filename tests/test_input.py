@@ -329,6 +329,7 @@ def test_status_of_a_directory_whose_study_db_was_removed_says_so(tmp_path) -> N
         (lambda d: {k: v for k, v in d.items() if k != "lr"}, "lacks the field 'lr'"),
         (lambda d: {**d, "lr": -1}, "field 'lr' must be > 0, got -1"),  # hand-edited: reached train.py's default
         (lambda d: {**d, "effective_batch": 0}, "field 'effective_batch' must be >= 1, got 0"),
+        (lambda d: {**d, "world_size": 100000}, "field 'world_size' must be <= 1024, got 100000: the processes on one machine"),
         (lambda d: {**d, "workload": {**d["workload"], "sys_path": "/x"}}, "'workload.sys_path' must be a list"),
         (lambda d: {**d, "workload": {**d["workload"], "image_size": None}}, "image size must be an integer >= 8, got None"),  # a Task's only
         (lambda d: {**d, "samples_per_s": float("nan")}, "field 'samples_per_s' must be a finite number, not nan"),  # status printed it

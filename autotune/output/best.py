@@ -53,6 +53,8 @@ _LOWEST: dict[str, float] = {
 }
 #: Fields whose lowest value is allowed (the others must be above it).
 _AT_LEAST = ("samples_per_s_spread", "effective_batch", "reference_batch", "world_size", "peak_memory_bytes")
+#: The highest value of a field (a hand-edited ``"world_size": 100000`` wrote ``torchrun --nproc_per_node 100000``).
+_HIGHEST: dict[str, int] = {"world_size": 1024}
 #: Fields that may be missing (they have defaults).
 OPTIONAL = ("hardware", "versions", "command", "created", "notes", "world_size", "confirmed")
 
@@ -92,6 +94,9 @@ def check_best_dict(data: Any) -> dict[str, Any]:
         if isinstance(value, (int, float)) and not (low <= value if name in _AT_LEAST else low < value):
             bound = f">= {low}" if name in _AT_LEAST else f"> {low}"
             raise AutotuneError(f"best.json field {name!r} must be {bound}, got {value!r}")
+    for name, high in _HIGHEST.items():
+        if isinstance(data.get(name), int) and data[name] > high:
+            raise AutotuneError(f"best.json field {name!r} must be <= {high}, got {data[name]!r}: the processes on one machine")
     notes = data.get("notes", [])
     if not all(isinstance(n, str) for n in notes):
         raise AutotuneError("best.json field 'notes' must be a list of strings")
