@@ -401,6 +401,19 @@ def one_output_default_loss() -> autotune.Task:
     return autotune.Task(nn.Linear(8, 1), TensorDataset(inputs, inputs.sum(1, keepdim=True)))
 
 
+def multi_hot_default_loss() -> autotune.Task:
+    """A multi-label model (rows of 0/1 targets, several 1s) left with the default cross-entropy: it trained without a
+    word on unnormalised class probabilities; with BCEWithLogitsLoss it is a good Task."""
+    gen = torch.Generator().manual_seed(0)
+    return autotune.Task(nn.Linear(8, 5), TensorDataset(torch.randn(16, 8, generator=gen), (torch.rand(16, 5, generator=gen) > 0.4).float()))
+
+
+def soft_labels() -> autotune.Task:
+    """Float targets that are probabilities summing to 1 (label smoothing, mixup): the default cross-entropy takes them."""
+    gen = torch.Generator().manual_seed(0)
+    return autotune.Task(nn.Linear(8, 5), TensorDataset(torch.randn(16, 8, generator=gen), torch.full((16, 5), 0.2)))
+
+
 class _NanLoss(nn.Module):
     def forward(self, output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return output.sum() * float("nan")

@@ -412,6 +412,7 @@ def test_good_workloads_become_workload_records() -> None:
     assert _workload("numpy_count").images == 40  # or a NumPy integer
     assert _workload("listed_batches_counted").images == 40  # batches of item tuples, counted by the user
     assert _workload("sequence_first_counted").images == 40  # [length, batch] batches, counted by the user along the second dimension
+    assert _workload("soft_labels").images == 16  # probabilities summing to 1 (label smoothing, mixup): cross-entropy takes them
     stream = _workload("iterable")
     assert stream.iterable and stream.images is None
     assert work.lr_scaling == "sqrt" and _workload("sgd").lr_scaling == "linear"  # from the Task's optimizer
@@ -438,6 +439,9 @@ def test_good_workloads_become_workload_records() -> None:
         ("nan_loss", "the loss returned nan on the first batch"),
         ("one_output_default_loss", "the model outputs one value per sample (Tensor[2, 1] float32) and the default loss is "
                                     "cross-entropy, which is 0 over a single class: nothing would train; pass autotune.Task(loss=...)"),
+        ("multi_hot_default_loss", "the targets are rows of 0 and 1 with several 1s (Tensor[2, 5] float32): a multi-label task, and "
+                                   "the default loss is cross-entropy over classes, which takes class indices or probabilities "
+                                   "summing to 1; pass autotune.Task(loss=nn.BCEWithLogitsLoss())"),
         ("bad_count", "batch_size_of(batch) returned 'x' (str); it must return an int"),
         ("fractional_count", "batch_size_of(batch) returned 3.7 (float); it must return an int"),
         ("zero_count", "batch_size_of(batch) returned 0 for the first batch"),

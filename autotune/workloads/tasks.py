@@ -149,6 +149,10 @@ def _check_loss(task: Task, model: Any, batch: Any) -> None:
             raise WorkloadError(f"the model outputs one value per sample ({describe_batch(output)}) and the default loss is "
                                 "cross-entropy, which is 0 over a single class: nothing would train; pass autotune.Task(loss=...), "
                                 "such as nn.MSELoss() for regression or nn.BCEWithLogitsLoss() for one logit")
+        if task.loss is None and _multi_hot(output, targets):
+            raise WorkloadError(f"the targets are rows of 0 and 1 with several 1s ({describe_batch(targets)}): a multi-label task, and "
+                                "the default loss is cross-entropy over classes, which takes class indices or probabilities "
+                                "summing to 1; pass autotune.Task(loss=nn.BCEWithLogitsLoss())")
         try:
             loss = task.criterion()(output, targets)
         except USER_CODE_ERRORS as exc:
@@ -165,6 +169,18 @@ def _check_loss(task: Task, model: Any, batch: Any) -> None:
         if not any(p.requires_grad for p in model.parameters()):
             raise WorkloadError("the model has no trainable parameters (none requires grad): there is nothing to train")
         raise WorkloadError(f"{origin} returned a tensor that does not require grad (detached, or computed under no_grad)")
+
+
+def _multi_hot(output: Any, targets: Any) -> bool:
+    """Whether ``targets`` are multi-hot rows (floats of 0 and 1, some row with more than one 1) shaped as ``output``:
+    cross-entropy reads them as unnormalised class probabilities and trains without a word."""
+    import torch
+
+    if not (isinstance(output, torch.Tensor) and isinstance(targets, torch.Tensor) and targets.is_floating_point()
+            and targets.shape == output.shape and targets.dim() >= 2):
+        return False
+    binary = bool(((targets == 0) | (targets == 1)).all())
+    return binary and bool((targets.sum(dim=1) > 1).any())
 
 
 def _check_count(task: Task, batch: Any, first: Callable[[int], Any], available: int) -> None:
