@@ -619,3 +619,13 @@ def test_a_speedup_far_from_the_ratio_of_the_medians_beside_it_says_both() -> No
             "cancels") in best.notes
     steady = _best([_confirmed(winner, (200.0, 210.0, 205.0)), _confirmed(DEFAULTS, (100.0, 104.0, 101.0))])
     assert not any("median of the paired rounds' ratios" in note for note in steady.notes)
+
+
+def test_a_winner_that_accumulates_says_batch_norm_sees_the_micro_batch() -> None:
+    """--effective-batch 64 won as 16 x 4: the optimizer's math is kept, a BatchNorm layer's statistics are not."""
+    accumulating = TrainSetup(batch_size=16, accumulation_steps=4)
+    best = _best([_confirmed(accumulating, (300.0, 310.0)), _confirmed(DEFAULTS, (100.0, 101.0))], effective_batch=64)
+    assert ("accumulation keeps the optimizer's step of 64 samples, but a BatchNorm layer (where the model has one) computes "
+            "its statistics over each micro-batch of 16: check your accuracy once, or --set accumulation_steps=1") in best.notes
+    plain = _best([_confirmed(TrainSetup(batch_size=64), (300.0, 310.0)), _confirmed(DEFAULTS, (100.0, 101.0))])
+    assert not any("BatchNorm" in note for note in plain.notes)
