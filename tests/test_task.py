@@ -466,6 +466,8 @@ def test_bad_workloads_fail_in_the_parent_with_one_line(name: str, message: str,
     assert message in str(info.value)
     assert "\n" not in str(info.value)
     assert name == "two_inputs" or "step=lambda" not in str(info.value)  # the hint only where the model's own forward missed one
+    if name == "raises":  # a Python caller sees the factory's own traceback as the cause (from None hid it)
+        assert isinstance(info.value.__cause__, RuntimeError) and info.value.__cause__.__traceback__ is not None
 
 
 def test_a_stream_that_augments_randomly_is_still_caught_yielding_whole_from_every_worker() -> None:

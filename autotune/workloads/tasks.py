@@ -46,8 +46,8 @@ def load_task(ref: str, sys_path: Sequence[str] = ()) -> Task:
         task = func()
     except WorkloadError as exc:  # the Task it built refused its own arguments (loss= and step=, say)
         raise WorkloadError(f"workload {ref}: {exc}") from None
-    except USER_CODE_ERRORS as exc:
-        raise WorkloadError(f"workload {ref} failed: {type(exc).__name__}: {exc}") from None
+    except USER_CODE_ERRORS as exc:  # its traceback is the user's own code's: a Python caller sees it as the cause
+        raise WorkloadError(f"workload {ref} failed: {type(exc).__name__}: {exc}") from exc
     if not isinstance(task, Task):
         raise WorkloadError(f"workload {ref} returned {type(task).__name__}, not an autotune.Task")
     return task
