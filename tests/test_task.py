@@ -255,11 +255,13 @@ def test_workload_callables_the_trials_cannot_import_are_refused_with_the_fix(tm
     import task_factories
 
     assert task_ref(task_factories.good) == "task_factories:good"
-    with pytest.raises(WorkloadError, match=r"\(a lambda\) by its own name; otherwise define it at the top level of an importable module"):
+    with pytest.raises(WorkloadError, match=r"^workload <lambda> is a lambda, which the trial processes cannot import by its own "
+                                            r"name; define it at the top level of an importable module"):
         task_ref(lambda: None)
     # A lambda bound to a name at a module's top level: that name imports it ('task_factories:as_lambda' works).
     monkeypatch.setattr(task_factories, "as_lambda", eval("lambda: good()", vars(task_factories)), raising=False)
-    with pytest.raises(WorkloadError, match=r"\(a lambda\) by its own name; it is task_factories.as_lambda: pass 'task_factories:as_lambda'; "):
+    with pytest.raises(WorkloadError, match=r"a lambda, which .* by its own name; it is bound to task_factories.as_lambda: pass "
+                                            r"'task_factories:as_lambda', or define it"):
         task_ref(task_factories.as_lambda)
     # A built Task: each trial process builds its own, from the function.
     with pytest.raises(WorkloadError, match=r"^workload is a built autotune.Task: every trial process builds its own, so pass the function"):
@@ -287,10 +289,15 @@ def test_workload_callables_the_trials_cannot_import_are_refused_with_the_fix(tm
     def nested() -> None:
         pass
 
-    with pytest.raises(WorkloadError, match=r"\(a nested function\)"):
+    with pytest.raises(WorkloadError, match=r"is a nested function, which"):
         task_ref(nested)
+    cell: dict[str, Any] = {"__name__": "notebook_cell"}  # a function defined by exec(), as notebook tools do
+    exec("def make_task():\n    pass\n", cell)
+    with pytest.raises(WorkloadError, match=r"^workload make_task: its module 'notebook_cell' was loaded under a name the trial "
+                                            r"processes cannot import \(exec\(\) or a notebook cell\?\); define it"):
+        task_ref(cell["make_task"])
 
-    with pytest.raises(WorkloadError, match=r"^workload make cannot be imported by the trial processes \(a method or an attribute of a class\)"):
+    with pytest.raises(WorkloadError, match=r"^workload make is a method or an attribute of a class, which the trial processes cannot"):
         task_ref(_Factories.make)
     # A module loaded from a file under another name (importlib's spec_from_file_location): the trials cannot import it.
     import importlib.util

@@ -75,9 +75,8 @@ def task_ref(workload: str | Callable[..., Any]) -> str:
                 else "a method or an attribute of a class" if "." in qualname else "a function of no module")
         owner = sys.modules.get(module) if module and module != "__main__" else None
         held = [key for key, value in vars(owner).items() if value is workload] if owner is not None else []
-        known = f"; it is {module}.{held[0]}: pass '{module}:{held[0]}'" if held else ""
-        raise WorkloadError(f"workload {name} cannot be imported by the trial processes ({kind}) by its own name{known}; "
-                            f"otherwise {fix}")
+        known = f"; it is bound to {module}.{held[0]}: pass '{module}:{held[0]}', or {fix}" if held else f"; {fix}"
+        raise WorkloadError(f"workload {name} is {kind}, which the trial processes cannot import by its own name{known}")
     if module == "__main__":
         raise WorkloadError(f"workload {name} is defined in __main__, which the trial processes cannot import; {fix}")
     loaded = sys.modules.get(module)
@@ -86,8 +85,9 @@ def task_ref(workload: str | Callable[..., Any]) -> str:
     named_so = path.stem == last or (path.stem == "__init__" and path.parent.name == last)  # a module, or a package
     if (loaded is None and not _findable(module)) or (origin.endswith(".py") and not named_so):
         where = f" from {origin}" if origin else ""
+        how = " (importlib.util.spec_from_file_location?)" if origin.endswith(".py") else " (exec() or a notebook cell?)"
         raise WorkloadError(f"workload {name}: its module {module!r} was loaded{where} under a name the trial processes "
-                            f"cannot import (importlib.util.spec_from_file_location?); {fix}")
+                            f"cannot import{how}; {fix}")
     return validate_model_ref(f"{module}:{qualname}")
 
 
