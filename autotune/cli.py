@@ -335,7 +335,8 @@ def report(
     """Rewrite DIR/report.html (plots of the search) from the study, finished or still running."""
     from autotune.tuner.study_report import report_study
 
-    written = report_study(directory, storage=storage, study=study)
+    written = report_study(directory, storage=storage, study=study,
+                           warn=lambda why: err.print(escape(f"warning: {why}"), highlight=False, soft_wrap=True))
     for path in written[1:]:
         out.print(escape(f"wrote {path}"), highlight=False, soft_wrap=True)
     out.print(escape(f"report: {written[0].resolve()}"), highlight=False, soft_wrap=True)

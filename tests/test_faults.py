@@ -767,8 +767,16 @@ def test_another_study_on_an_output_directory_is_refused_and_a_broken_best_json_
     assert status_line(out) == (f"winner: none confirmed ({out} holds no best.json: the search stopped before it wrote one); "
                                 "rerun the search's command to confirm one")
     (out / "best.json").write_bytes(truncated)
-    report_study(out)
+    warned: list[str] = []
+    report_study(out, warn=warned.append)
     assert "winner not shown: " in (out / "report.html").read_text()
+    assert len(warned) == 1 and warned[0].startswith(f"winner not shown: {out / 'best.json'}: not valid JSON"), warned  # and on stderr
+    from typer.testing import CliRunner
+
+    from autotune.cli import app
+
+    said = CliRunner().invoke(app, ["report", str(out)])
+    assert said.exit_code == 0 and f"warning: {warned[0]}" in " ".join(said.output.split()), said.output
     # An emptied or removed study.db beside the trials.csv it wrote: a new search would overwrite the only record left.
     trials = (out / "trials.csv").read_bytes()
     for lost in ("empty", "missing"):

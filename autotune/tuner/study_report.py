@@ -243,13 +243,16 @@ def storage_of(out: Path, storage: str | None) -> str:
     return f"sqlite:///{db.resolve()}"
 
 
-def report_study(out: Path, *, storage: str | None = None, study: str | None = None) -> tuple[Path, ...]:
+def report_study(out: Path, *, storage: str | None = None, study: str | None = None,
+                 warn: Callable[[str], None] | None = None) -> tuple[Path, ...]:
     """Write ``out/report.html`` (and its PNG copies) from a stored study.
 
     Args:
         out: The search's output directory; the report is written there.
         storage: Optuna storage URL (default: ``out/study.db``).
         study: Study name (default: the only study in the storage).
+        warn: Told why the page shows no winner where ``out/best.json`` cannot be read or is another search's
+            (the CLI's warning line: the page alone said it).
 
     Returns:
         The files written, report.html first.
@@ -290,6 +293,8 @@ def report_study(out: Path, *, storage: str | None = None, study: str | None = N
         status = "interrupted (winner not confirmed)"
     else:
         status = "finished"
+    if warn is not None and status.startswith("winner not shown"):
+        warn(status)
     data = ReportInput(
         records=tuple(records),
         calibration=calibration,
