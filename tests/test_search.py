@@ -489,6 +489,24 @@ def test_pinned_workers_whose_every_queue_outgrows_the_data_are_refused_before_a
     assert ran == []
 
 
+def test_the_report_draws_max_memory_beside_the_budget_the_batches_were_sized_to(tmp_path, cache_dir) -> None:
+    """A probe's oom trials failed against --max-memory 560 MiB while the plot drew only the 448 MiB budget (80 % of it)."""
+    from autotune.output import plots
+    from autotune.output.sections import batch_section
+    from autotune.tuner.study import SearchStudy
+    from autotune.tuner.study_report import stored_max_memory
+
+    outcome = search(config(tmp_path, cache_dir, trials=2, max_memory=2**33))
+    stored = SearchStudy.load(f"sqlite:///{tmp_path / 'out' / 'study.db'}", None)
+    assert stored_max_memory(stored) == 2**33
+    page = (tmp_path / "out" / "report.html").read_text()
+    assert "given, drawn too: 8.0 GiB)" in page
+    figure = plots.batch_size(outcome.records, 2**32, 2**33)
+    labels = [line.get_label() for line in figure.axes[1].get_lines()]
+    assert "--max-memory, a peak above it is oom: 8.0 GiB" in labels and "budget the batch range was sized to, 4.0 GiB" in labels
+    assert "drawn too" not in batch_section(outcome.records, outcome.calibration, None).reading
+
+
 def test_effective_batch_keeps_the_math(tmp_path, cache_dir) -> None:
     outcome = search(config(tmp_path, cache_dir, trials=6, effective_batch=64))
     assert all(r.setup.effective_batch() == 64 for r in outcome.records)

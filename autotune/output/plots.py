@@ -105,7 +105,7 @@ def ceilings(bars: Sequence[tuple[str, float, str]]) -> Figure:
     return fig
 
 
-def batch_size(records: Sequence[TrialRecord], budget_bytes: int | None) -> Figure:
+def batch_size(records: Sequence[TrialRecord], budget_bytes: int | None, limit_bytes: int | None = None) -> Figure:
     """Samples/s (top) and peak memory (bottom) against the micro-batch, one series per precision."""
     fig = Figure(figsize=(8.5, 6.4))
     top, bottom = fig.subplots(2, 1, sharex=True, height_ratios=(3, 2))
@@ -134,6 +134,9 @@ def batch_size(records: Sequence[TrialRecord], budget_bytes: int | None) -> Figu
     if budget_bytes:
         bottom.axhline(budget_bytes / GIB, color="#d62728", linestyle="--", linewidth=1.2,
                        label=f"budget the batch range was sized to, {format_bytes(budget_bytes)}")
+    if limit_bytes and limit_bytes != budget_bytes:  # what a trial ran out of memory against: --max-memory
+        bottom.axhline(limit_bytes / GIB, color="#7f0000", linestyle="-", linewidth=1.2,
+                       label=f"--max-memory, a peak above it is oom: {format_bytes(limit_bytes)}")
     top.set_xscale("log", base=2)
     sizes = sorted({r.setup.batch_size for r in records})
     bottom.set_xticks(sizes, [str(b) for b in sizes])

@@ -132,7 +132,7 @@ def render_report(data: ReportInput) -> tuple[str, dict[str, bytes]]:
     sections = [
         summary_section(data, plots),
         history_section(records, plots, data.baseline_only),
-        batch_section(records, data.calibration, plots),
+        batch_section(records, data.calibration, plots, data.max_memory_bytes),
         loader_section(records, data.calibration, plots),
         importance_section(records, plots),
         confirmation_section(data.confirmed, plots, data.status),

@@ -45,6 +45,7 @@ class ReportInput:
             PyTorch defaults it measured as the baseline): never the best so far.
         workload: What the search trains, in one line, as the study stored it (shown
             when there is no ``best``, whose own workload says it otherwise).
+        max_memory_bytes: The search's ``--max-memory`` (a peak above it is an ``oom``), or None.
     """
 
     records: tuple[TrialRecord, ...]
@@ -60,6 +61,7 @@ class ReportInput:
     ceilings: Ceilings | None = None
     baseline_only: frozenset[int] = frozenset()
     workload: str | None = None
+    max_memory_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -225,8 +227,9 @@ def history_section(records: Sequence[TrialRecord], plots: ModuleType | None, ba
     )
 
 
-def batch_section(records: Sequence[TrialRecord], calibration: Calibration | None, plots: ModuleType | None) -> Section:
-    """Samples/s and peak memory against the batch size."""
+def batch_section(records: Sequence[TrialRecord], calibration: Calibration | None, plots: ModuleType | None,
+                  limit: int | None = None) -> Section:
+    """Samples/s and peak memory against the batch size (``limit``: the search's ``--max-memory``)."""
     budget = calibration.budget_bytes if calibration else None
     rows = tuple(
         (str(r.number), str(r.setup.batch_size), str(r.setup.accumulation_steps), r.setup.amp,
@@ -243,8 +246,8 @@ def batch_section(records: Sequence[TrialRecord], calibration: Calibration | Non
         f"memory against the budget the batch range was sized to ({format_bytes(budget)}: on a CPU 80 % of --max-memory or of "
         "half the available RAM split among DDP ranks and parallel trials, the rest left to loader workers; on a GPU 90 % of "
         "the free memory). A trial ran out of memory where its status says oom (on a CPU: above --max-memory, where one was "
-        "given). Batch and memory are one rank's.",
-        _draw(plots, "batch_size", records, budget) if records else None,
+        f"given{f', drawn too: {format_bytes(limit)}' if limit else ''}). Batch and memory are one rank's.",
+        _draw(plots, "batch_size", records, budget, limit) if records else None,
         (Table("trials by batch size", ("#", "batch", "accumulation", "amp", "channels_last", "status", "samples/s", "peak memory"), rows),
          Table("memory pre-pass (calibration)", ("batch", "status", "peak memory", "samples/s"), points)),
         alt="two panels: samples/s and peak memory against micro-batch size",

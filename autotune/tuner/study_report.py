@@ -103,6 +103,7 @@ def report_search(
         ceilings=outcome.ceilings if outcome else None,
         baseline_only=baseline_only(records, stored_set(study)),
         workload=stored_workload(study),
+        max_memory_bytes=stored_max_memory(study),
     )
     return write_search_report(study, out, data, log, own=own), spent
 
@@ -115,6 +116,12 @@ def stored_set(study: SearchStudy) -> dict[str, Constraint]:
 def stored_workload(study: SearchStudy) -> str | None:
     """What the study's search trains, in one line, from its stored signature (None: none stored or readable)."""
     return described_workload(study.study.user_attrs.get(STUDY_SIGNATURE))
+
+
+def stored_max_memory(study: SearchStudy) -> int | None:
+    """The search's ``--max-memory`` in bytes, from its stored signature (None: none given, stored or readable)."""
+    value = (study.study.user_attrs.get(STUDY_SIGNATURE) or {}).get("max_memory")
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 def baseline_only(records: Sequence[TrialRecord], constraints: dict[str, Constraint]) -> frozenset[int]:
@@ -309,5 +316,6 @@ def report_study(out: Path, *, storage: str | None = None, study: str | None = N
         status=status,
         baseline_only=baseline_only(records, stored_set(stored)),
         workload=stored_workload(stored),
+        max_memory_bytes=stored_max_memory(stored),
     )
     return write_report(out, data)
