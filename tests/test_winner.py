@@ -172,6 +172,19 @@ def test_the_bottleneck_verdict(wait: float, compute: float, loader: float, verd
         assert "A cheaper dataset __iter__ or collate_fn" in bottleneck_verdict(stream, _calibration(compute, loader), records, CPU)
 
 
+def test_a_winner_without_loader_workers_is_called_serial_not_cpu_shared() -> None:
+    """A probe's --trials 1 winner, bs=32 w=0: "CPU-shared: decoding and training compete for the same cores", where one
+    process decodes and then trains, each in turn."""
+    alone = TrainSetup(batch_size=64)
+    best = _best([_confirmed(alone, (240.0,))])
+    calibration = dataclasses.replace(_calibration(1000.0, 1000.0), loader=(LoaderPoint(0, "ok", 900.0), LoaderPoint(1, "ok", 1000.0)))
+    said = bottleneck_verdict(best, calibration, [_record(2, alone, 240.0, wait=0.05)], CPU)
+    assert said.startswith("serial: without loader workers the training process decodes each batch and then trains on it (")
+    assert said.endswith("so their times add up; workers would overlap the two on spare cores (no setup with workers was measured).")
+    measured = [_record(2, alone, 240.0, wait=0.05), _record(3, MID, 200.0, wait=0.05)]
+    assert "(the setups with workers the search measured were not faster here)" in bottleneck_verdict(best, calibration, measured, CPU)
+
+
 def test_an_input_bound_winner_held_to_few_workers_by_a_small_dataset_is_told_so() -> None:
     """resnet50 on 2000 images on a GPU (2026-12-04): 7 workers x batch 256 fill an epoch, so the advice to add
     cores misleads; the verdict names the data's size as what held the loader. Not where one more worker fits."""
