@@ -137,6 +137,9 @@ def test_unmeasured_defaults_give_no_speedup() -> None:
     best = _best([_confirmed(MID, (200.0,))])
     assert best.speedup is None
     assert any("could not be measured: their trial ended without a throughput (trials.csv gives its status" in n for n in best.notes)
+    # A recipe that cannot train (BatchNorm at batch 1, say) still sets the rate the winner's is scaled from: said so.
+    assert any(n.endswith("no speedup is given; the learning rate is still scaled from their batch 32, your recipe's, which did "
+                          "not train here") for n in best.notes), best.notes
 
 
 def _calibration(compute: float, loader: float) -> Calibration:

@@ -186,8 +186,10 @@ def make_best(
         notes.append(f"the PyTorch defaults ({defaults.describe()}) were not measured yet: the search stopped before their "
                      "trial, so no speedup is given; rerun the same command to measure them")
     elif base is None:
+        scaled = (f"; the learning rate is still scaled from their batch {reference}, your recipe's, which did not train here"
+                  if setup.effective_batch(world_size) != reference else "")
         notes.append(f"the PyTorch defaults ({defaults.describe()}) could not be measured: their trial ended without a "
-                     "throughput (trials.csv gives its status and error), so no speedup is given")
+                     f"throughput (trials.csv gives its status and error), so no speedup is given{scaled}")
     hw = hardware.to_dict()
     return Best(
         setup=setup,
