@@ -483,10 +483,18 @@ def test_pinned_workers_whose_every_queue_outgrows_the_data_are_refused_before_a
         return fake_runner(setup, workload, options, on_window=on_window)
 
     with pytest.raises(UsageError, match=re.escape("--set num_workers=99: the smallest loader queue it allows (99 workers x "
-                                                   "prefetch 1 x batch 8 = 792 samples) is larger than the data's 256 samples")):
+                                                   "prefetch 1 x batch 8 = 792 samples) is larger than the data's 256 samples, "
+                                                   "which no setup may prefetch; allow fewer workers")):
         search(config(tmp_path, cache_dir, trials=3, synthetic_images=256, constraints=(parse_constraint("num_workers=99"),)),
                runner=recording)
     assert ran == []
+    # The refusal comes after the calibration; the study it stored refused the corrected --set in the same --out.
+    fixed = search(config(tmp_path, cache_dir, trials=3, synthetic_images=256, constraints=(parse_constraint("num_workers=1"),)),
+                   runner=recording)
+    assert fixed.best is not None and ran
+    with pytest.raises(UsageError, match=re.escape("allow fewer workers, a smaller prefetch_factor or a smaller batch_size")):
+        search(config(tmp_path / "b", cache_dir, trials=3, synthetic_images=256, constraints=tuple(
+            map(parse_constraint, ("num_workers=20", "prefetch_factor=2", "batch_size=4..64")))), runner=recording)
 
 
 def test_the_report_draws_max_memory_beside_the_budget_the_batches_were_sized_to(tmp_path, cache_dir) -> None:

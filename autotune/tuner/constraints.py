@@ -314,6 +314,12 @@ def check_effective_batch(
                              f"prefetch; allow fewer workers{' or a smaller prefetch_factor' if prefetch is not None else ''}")
 
 
+def _fewer(constraints: dict[str, Constraint]) -> str:
+    """What a too-large loader queue asks of the user's pins: fewer workers, and a smaller prefetch or batch where pinned."""
+    asked = ["fewer workers"] + [f"a smaller {knob}" for knob in ("prefetch_factor", "batch_size") if knob in constraints]
+    return ", ".join(asked[:-1]) + " or " + asked[-1] if len(asked) > 1 else asked[0]
+
+
 def _smallest(constraint: Constraint) -> int:
     """The smallest integer a ``--set`` constraint of an integer knob allows."""
     if constraint.choices is not None:
@@ -351,4 +357,4 @@ def fit_steps_to_data(values: dict[str, tuple[Any, ...]], constraints: dict[str,
         pins = " ".join(f"--set {constraints[k]}" for k in ("num_workers", "prefetch_factor", "batch_size") if k in constraints)
         raise UsageError(f"{pins or 'the space'}: the smallest loader queue it allows ({workers} workers x prefetch {depth} x "
                          f"batch {batch} = {workers * depth * batch} samples) is larger than the data's {images} samples, "
-                         "which no setup may prefetch; allow fewer workers")
+                         f"which no setup may prefetch; allow {_fewer(constraints)}")

@@ -15,7 +15,7 @@ from dataclasses import replace
 from functools import partial
 from typing import TypeVar
 
-from autotune.errors import AutotuneError, EmitError, SearchFailed, SearchInterrupted, StorageError
+from autotune.errors import AutotuneError, EmitError, SearchFailed, SearchInterrupted, StorageError, UsageError
 from autotune.output.emit import write_winner
 from autotune.records import Calibration, TrialOptions, TrialRecord
 from autotune.rounds import Confirmed
@@ -175,9 +175,14 @@ def _search(config: SearchConfig, prepared: Prepared, reporter: Reporter, timed:
 def first_steps(config: SearchConfig, prepared: Prepared, reporter: Reporter, runner: TrialRunner) -> tuple[Calibration, Space]:
     """Calibrate (or reuse the stored calibration), build the space, queue the first trials of a new study."""
     calibration = calibrate_once(config, prepared, reporter, runner)
-    space = build_space(device=prepared.device, calibration=calibration, **prepared.placement.space_args(config.effective_batch),
-                        constraints=config.pins, images=prepared.workload.images,
-                        image_input=prepared.workload.image_input, workload=prepared.workload)
+    try:
+        space = build_space(device=prepared.device, calibration=calibration, **prepared.placement.space_args(config.effective_batch),
+                            constraints=config.pins, images=prepared.workload.images,
+                            image_input=prepared.workload.image_input, workload=prepared.workload)
+    except UsageError:  # pins only the calibrated batches refuse: a study kept with its calibration refused the corrected --set
+        if prepared.crew is None and prepared.study.is_empty():
+            prepared.study.forget_calibration()  # then it holds nothing and goes: the corrected command calibrates again
+        raise
     reporter.message(space.describe() + compile_skipped(space, config.trials))
     enqueue_first_trials(config, prepared, space, calibration)
     return calibration, space

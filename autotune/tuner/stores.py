@@ -81,6 +81,10 @@ class StudyStores:
 
         self._write(step)
 
+    def forget_calibration(self) -> None:
+        """Drop the stored calibration (a search refused on its pins after calibrating: its study then holds nothing)."""
+        self._write(lambda: self.study.set_user_attr(STUDY_CALIBRATION, None))
+
     def calibration_runs(self) -> dict[str, list[KeptRun]]:
         """The runs of a calibration that was interrupted before it ended, per run key (:mod:`autotune.tuner.kept_runs`)."""
         stored = self.study.user_attrs.get(STUDY_CALIBRATION_RUNS) or {}
