@@ -164,7 +164,7 @@ def test_two_workers_share_one_budget_on_postgresql(shared: Shared) -> None:
     status = subprocess.run([sys.executable, "-m", "autotune", "status", "--storage", shared.storage, "--study", shared.study],
                             capture_output=True, text=True, env=env(), timeout=120)
     assert status.returncode == 0, status.stderr
-    assert "4/4 trials finished" in status.stdout and ", 0 running, " in status.stdout and "winner:" in status.stdout
+    assert "4/4 trials finished" in status.stdout and ", 0 running\n" in status.stdout and "winner:" in status.stdout
     # Each worker's run keeps its own time: the study's breakdown holds the calibration and the confirmation, whoever ran them.
     stored = SearchStudy.load(shared.storage, shared.study)
     runs = [TimeSpent.from_dict(v) for k, v in stored.study.user_attrs.items() if k.startswith("time_spent:")]
