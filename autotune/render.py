@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.markup import escape
@@ -231,39 +232,47 @@ def console(stderr: bool = False) -> Console:
     unless ``COLUMNS`` says otherwise. Text is printed as typed: ``a:b:c`` or a path with ``:fire:`` in it stays text,
     not an emoji. Stderr's (the progress of a search) outlives its reader (:class:`ReaderMayLeave`)."""
     stream = sys.stderr if stderr else sys.stdout
-    wide = stream.isatty() or "COLUMNS" in os.environ
-    if stderr:
+    wide = (stream is not None and stream.isatty()) or "COLUMNS" in os.environ
+    if stderr and stream is not None:  # none under pythonw: Rich's own stand-in
         return Console(file=ReaderMayLeave(), width=None if wide else PIPE_WIDTH, emoji=False)  # type: ignore[arg-type]
-    return Console(width=None if wide else PIPE_WIDTH, emoji=False)
+    return Console(stderr=stderr, width=None if wide else PIPE_WIDTH, emoji=False)
+
+
+#: What a write to a reader that went away raises: a closed pipe, a closed terminal (a full disk is no such thing).
+_GONE = (errno.EPIPE, errno.EIO)
 
 
 class ReaderMayLeave:
     """``sys.stderr`` (looked up at each write, as Rich does) whose reader may go away mid-search (``2>&1 | head``, a
     ``tee`` that ended, a closed terminal): its lines then go to /dev/null and the search goes on, where a write's
-    ``BrokenPipeError`` ended it, exit 1 without a word (nothing measured was lost: the rerun resumes it)."""
+    ``BrokenPipeError`` ended it, exit 1 without a word (nothing measured was lost: the rerun resumes it). While Rich's
+    progress display holds ``sys.stderr`` (its proxy), the file under the proxy is the one written."""
+
+    @staticmethod
+    def _stream() -> Any:
+        return getattr(sys.stderr, "rich_proxied_file", sys.stderr)
 
     def write(self, text: str) -> int:
         try:
-            return sys.stderr.write(text)
-        except OSError:
-            if not self._to_devnull():
+            return int(self._stream().write(text))
+        except OSError as exc:
+            if exc.errno not in _GONE or not self._to_devnull():
                 raise
-            return sys.stderr.write(text)
+            return int(self._stream().write(text))
 
     def flush(self) -> None:
         try:
-            sys.stderr.flush()
-        except OSError:
-            if not self._to_devnull():
+            self._stream().flush()
+        except OSError as exc:
+            if exc.errno not in _GONE or not self._to_devnull():
                 raise
-            sys.stderr.flush()
+            self._stream().flush()
 
-    @staticmethod
-    def _to_devnull() -> bool:
+    def _to_devnull(self) -> bool:
         """Point stderr's file descriptor at /dev/null (the text still buffered, and all that follows, is dropped there);
         False where it has none (a stream in memory)."""
         try:
-            fd, devnull = sys.stderr.fileno(), os.open(os.devnull, os.O_WRONLY)
+            fd, devnull = self._stream().fileno(), os.open(os.devnull, os.O_WRONLY)
         except (OSError, ValueError):
             return False
         try:
@@ -273,4 +282,6 @@ class ReaderMayLeave:
         return True
 
     def __getattr__(self, name: str) -> object:
-        return getattr(sys.stderr, name)  # isatty, fileno, encoding: what Rich asks of its file
+        if name == "rich_proxied_file":  # Rich would write past this wrapper to the file its proxy holds
+            raise AttributeError(name)
+        return getattr(self._stream(), name)  # isatty, fileno, encoding: what Rich asks of its file

@@ -718,21 +718,36 @@ def test_a_closed_stdout_ends_the_command_quietly_and_other_broken_pipes_are_err
         os.close(saved)
 
 
-def test_a_closed_stderr_leaves_the_progress_lines_to_dev_null_and_the_work_goes_on() -> None:
+def test_a_closed_stderr_leaves_the_progress_lines_to_dev_null_and_the_work_goes_on(tmp_path: Path) -> None:
     """``autotune search ... 2>&1 | head -3``: the search's progress on stderr met the closed pipe mid-calibration and
-    the search ended, exit 1, without a word; its lines now go to /dev/null and the search goes on."""
-    code = ("from autotune.render import console\n"
-            "err = console(stderr=True)\n"
-            "for i in range(2000):\n"
-            "    err.print(f'calibration line {i} ' + 'x' * 60)\n"
-            "print('went on', flush=True)\n")
-    read_end, write_end = os.pipe()
-    os.close(read_end)
-    try:
-        done = subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=write_end, text=True, timeout=120)
-    finally:
+    the search ended, exit 1, without a word; its lines now go to /dev/null and the search goes on, also while the
+    progress bar of a terminal (FORCE_COLOR here) holds sys.stderr in Rich's proxy."""
+    code = ("import sys, time\n"
+            "from autotune.render import RichReporter, console\n"
+            "with RichReporter(console(stderr=True)) as reporter:\n"
+            "    reporter._bar('trials', 10)  # the progress display: Rich proxies sys.stderr on a terminal\n"
+            "    for i in range(100):\n"
+            "        reporter.message(f'calibration line {i} ' + 'x' * 200)\n"
+            "        time.sleep(0.01)\n"
+            "open(sys.argv[1], 'w').write('went on')\n")
+    for terminal in ("", "1"):  # a pipe; and one Rich takes for a terminal
+        done = tmp_path / f"done{terminal}"
+        read_end, write_end = os.pipe()
+        child = subprocess.Popen([sys.executable, "-c", code, str(done)], stdout=write_end, stderr=write_end,
+                                 env={**os.environ, "FORCE_COLOR": terminal} if terminal else None)
         os.close(write_end)
-    assert done.returncode == 0 and done.stdout == "went on\n"
+        os.read(read_end, 100)  # the reader takes its first lines, then goes away (head)
+        os.close(read_end)
+        assert child.wait(timeout=120) == 0 and done.read_text() == "went on", terminal
+    # A process without stderr (pythonw): Rich's stand-in, as before, not an AttributeError at the first line.
+    from autotune.render import console
+
+    saved = sys.stderr
+    try:
+        sys.stderr = None  # type: ignore[assignment]
+        console(stderr=True).print("nowhere")
+    finally:
+        sys.stderr = saved
 
 
 def test_cli_probe_prints_tables() -> None:
