@@ -488,8 +488,10 @@ def test_an_interrupted_trial_stops_the_search_and_is_never_stored(tmp_path, cac
 
     config = SearchConfig(model="resnet18", trials=3, image_size=32, device="cpu", trial_seconds=1.0,
                           out=tmp_path / "out", cache_dir=cache_dir, synthetic_images=64)
-    with pytest.raises(SearchInterrupted, match=r"^interrupted: 1 finished trials kept in "):  # the interrupted one is not kept
+    with pytest.raises(SearchInterrupted, match=r"^interrupted: 1 finished trials kept in ") as stopped:  # the interrupted one is not kept
         run_search(config, runner=runner)
+    # The user pressed nothing (earlyoom's SIGTERM, say): the line says what stopped the search.
+    assert str(stopped.value).endswith("(what stopped it: the trial process was terminated from outside (SIGTERM))")
     study = study_of(tmp_path / "out")
     assert [t.state for t in study.trials[:2]] == [TrialState.COMPLETE, TrialState.FAIL]
     assert "result" not in study.trials[1].user_attrs  # not recorded as the setup's failure

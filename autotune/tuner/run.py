@@ -36,7 +36,7 @@ from autotune.tuner.parallel import explore_placed
 from autotune.tuner.prepare import Prepared, prepare
 from autotune.tuner.progress import Reporter, SilentReporter
 from autotune.tuner.refine import compile_skipped
-from autotune.tuner.signals import clear_stop, interrupts_held, runs_to_the_end, sigterm_as_interrupt, stop_requested
+from autotune.tuner.signals import clear_stop, interrupts_held, runs_to_the_end, sigterm_as_interrupt, stop_reason, stop_requested
 from autotune.tuner.space import Space, build_space, defaults_setup
 from autotune.tuner.storage import is_shared, storage_failures_said, with_retries
 from autotune.tuner.study import ROLE_DEFAULTS, ROLE_GUESS
@@ -79,9 +79,14 @@ def run_search(config: SearchConfig, reporter: Reporter | None = None, *, runner
         raise SearchInterrupted("interrupted while the search was prepared: this run measured nothing (what earlier runs of the "
                                 "study measured is kept); rerun the same command") from None
     # A storage that fails mid-search is one StorageError (the clean-up then leaves the storage alone).
-    with nothing_left_if_nothing_measured(prepared.study, prepared.made_out, prepared.crew is not None), \
-            storage_failures_said(prepared.study.storage), prepared.held:
-        outcome = _search(config, prepared, reporter, timed, timing, began)
+    try:
+        with nothing_left_if_nothing_measured(prepared.study, prepared.made_out, prepared.crew is not None), \
+                storage_failures_said(prepared.study.storage), prepared.held:
+            outcome = _search(config, prepared, reporter, timed, timing, began)
+    except SearchInterrupted as exc:  # a trial terminated from outside (earlyoom's SIGTERM, say): the user pressed nothing
+        if (why := stop_reason()) is None:
+            raise
+        raise SearchInterrupted(f"{exc} (what stopped it: {why})", outcome=exc.outcome) from None
     if stop_requested():  # while report.html was drawn (its one line said so): the rest is written, the page is not
         raise SearchInterrupted(f"interrupted while report.html was written; best.json, train.py and trials.csv are written in {prepared.out}: "
                                 f"`autotune report {prepared.out}` writes the page", outcome=outcome)

@@ -20,16 +20,26 @@ from typing import Any
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 _stop = threading.Event()  # a stop signal arrived since clear_stop()
+_why: list[str] = []  # what stopped it, where it was no signal to this process (a trial terminated from outside)
 
 
 def clear_stop() -> None:
     """Forget earlier stop signals (a new search in the same process begins)."""
     _stop.clear()
+    _why.clear()
 
 
-def remember_stop() -> None:
-    """Remember a stop whose KeyboardInterrupt a step caught to end early (a real signal's handler remembers its own)."""
+def remember_stop(why: str | None = None) -> None:
+    """Remember a stop whose KeyboardInterrupt a step caught to end early (a real signal's handler remembers its own);
+    ``why``: what stopped it, where the user pressed nothing (a trial's process or rank terminated from outside)."""
+    if why is not None and not _why:
+        _why.append(why)
     _stop.set()
+
+
+def stop_reason() -> str | None:
+    """What stopped the search where no signal reached this process (:func:`remember_stop`'s ``why``), or None."""
+    return _why[0] if _why else None
 
 
 def stop_requested() -> bool:

@@ -12,7 +12,7 @@ from autotune.records import TrialOptions, TrialResult, Workload
 from autotune.runner import TrialRunner, WindowCallback
 from autotune.train_setup import TrainSetup
 from autotune.tuner.config import Timing
-from autotune.tuner.signals import raise_if_stopped
+from autotune.tuner.signals import raise_if_stopped, remember_stop
 from autotune.workloads.data import synthetic_dir
 
 
@@ -48,7 +48,8 @@ class TimedRunner:
             self.timing.add(TrialResult(status="interrupted"), time.monotonic() - began)
             raise
         self.timing.add(result, time.monotonic() - began)
-        if result.status == "interrupted":
+        if result.status == "interrupted":  # the search stops as on Ctrl-C, and its line says what stopped the trial
+            remember_stop(result.error or "a trial was terminated from outside")
             raise KeyboardInterrupt
         raise_if_stopped()  # a Ctrl-C whose KeyboardInterrupt was dropped during the trial
         if result.status not in ("ok", "pruned") and (gone := data_gone(workload)) is not None:
