@@ -26,6 +26,7 @@ class Candidate:
         label: Its name in the console and the report (the fastest trial of it, or ``(a finalist in fp32)``).
         twin: A finalist's float32 twin that no trial ran (nothing in the search speaks for it).
         no_twin: Why this finalist in reduced precision has no float32 twin beside it (the calibration's evidence), if so.
+        timed_out: The PyTorch defaults whose trial timed out: a run of them that fails too ends their rounds.
     """
 
     key: str
@@ -33,6 +34,7 @@ class Candidate:
     label: str
     twin: bool = False
     no_twin: str | None = None
+    timed_out: bool = False
 
 
 @dataclass(frozen=True)

@@ -84,6 +84,16 @@ def test_defaults_whose_trial_timed_out_are_confirmed_for_the_speedup() -> None:
         Confirmed(c, (1.0,), ()) for c in picked)
     failed = [replace(timed_out, result=TrialResult(status="error", error="ValueError: x")), *feasible[1:]]
     assert [c.setup for c in pick_candidates(failed, defaults, top=1)] == [B]
+    # Defaults that time out again in the rounds run once there: not a timeout per round (120 s each by default).
+    ran: list[int] = []
+
+    def runner(setup, workload, options=None, *, on_window=None) -> TrialResult:  # type: ignore[no-untyped-def]
+        ran.append(setup.batch_size)
+        return TrialResult(status="timeout", error="slow") if setup == defaults else TrialResult(status="ok", samples_per_s=300.0)
+
+    confirmed = confirm(picked, WORKLOAD, TrialOptions(), rounds=4, known={}, min_rounds=2, store=lambda *a: None, runner=runner,
+                        baseline=defaults.to_json())
+    assert ran.count(32) == 1 and [c.failures for c in confirmed if c.candidate.setup == defaults] == [("timeout: slow",)]
 
 
 def test_defaults_the_set_excludes_take_no_finalist_place() -> None:

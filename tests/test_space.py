@@ -337,6 +337,8 @@ def test_ddp_knobs_pin_with_several_ranks_and_are_refused_in_one_process() -> No
     with pytest.raises(UsageError, match=r"static_graph=true does not work with accumulation_steps > 1 \(DDP's no_sync breaks "
                                          r"its reducer\), and --set accumulation_steps=2 allows no step of one micro-batch$"):
         check_pins_act(both, True, 2)  # the pins alone, before the calibration (after it, a study the fix could not reuse)
+    with pytest.raises(UsageError, match="--set static_graph: a DDP knob"):  # one process: that first, not two round trips
+        check_pins_act(both, True, 1)
     pinned = merge_constraints([parse_constraint("static_graph=true"), parse_constraint("batch_size=64")])
     with pytest.raises(UsageError, match="and --effective-batch 256 with the batches the --set pins allow leaves no step"):  # 64 x 4
         build_space(device=CPU, calibration=calibration(), usable_cores=2, effective_batch=256, constraints=pinned, world_size=2)

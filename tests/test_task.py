@@ -294,7 +294,7 @@ def test_workload_callables_the_trials_cannot_import_are_refused_with_the_fix(tm
     cell: dict[str, Any] = {"__name__": "notebook_cell"}  # a function defined by exec(), as notebook tools do
     exec("def make_task():\n    pass\n", cell)
     with pytest.raises(WorkloadError, match=r"^workload make_task: its module 'notebook_cell' was loaded under a name the trial "
-                                            r"processes cannot import \(exec\(\) or a notebook cell\?\); define it"):
+                                            r"processes cannot import \(made by exec\(\)\?\); define it"):
         task_ref(cell["make_task"])
 
     with pytest.raises(WorkloadError, match=r"^workload make is a method or an attribute of a class, which the trial processes cannot"):
@@ -1453,3 +1453,6 @@ def test_a_long_error_is_cut_at_a_word_end_before_its_hint() -> None:
     said, hint = error.split("; some of the model's parameters get no gradient", 1)
     assert said.endswith(" ...") and len(said) <= 300 and said[:-4] == said[:-4].rstrip() and message.startswith(said[14:-4]), said
     assert hint.endswith("(the emitted train.py also takes --find-unused-parameters)")
+    path = "/data/" + "x" * 320 + ".jpg"  # no space near the end: cut inside the path, not back to before it
+    said = classify(FileNotFoundError(2, "No such file or directory", path)).error or ""
+    assert said.startswith("FileNotFoundError: [Errno 2] No such file or directory: '/data/xxx") and said.endswith("x ...")

@@ -631,8 +631,8 @@ def test_a_speedup_far_from_the_ratio_of_the_medians_beside_it_says_both() -> No
     best = _best([_confirmed(winner, (5625.4, 2871.3, 2732.7)), _confirmed(DEFAULTS, (2564.8, 2837.4, 848.5))])
     assert best.setup == winner and best.speedup == pytest.approx(5625.4 / 2564.8)
     assert ("the 2.19x speedup is the median of the paired rounds' ratios (1.01x, 2.19x, 3.22x); the two medians (2871.3 "
-            "against 2564.8 samples/s) are 1.12x apart: the load on the machine changed between rounds, which the pairing "
-            "cancels") in best.notes
+            "against 2564.8 samples/s) are 1.12x apart: each comes from its own runs (the load changed between rounds, or one "
+            "of them ran fewer rounds), which the pairing of each round's two runs cancels") in best.notes
     steady = _best([_confirmed(winner, (200.0, 210.0, 205.0)), _confirmed(DEFAULTS, (100.0, 104.0, 101.0))])
     assert not any("median of the paired rounds' ratios" in note for note in steady.notes)
 

@@ -46,7 +46,8 @@ def clipped(text: str, limit: int = 300) -> str:
     if len(text) <= limit:
         return text
     cut = text[:limit - 4]
-    return (cut[:cut.rfind(" ")] if " " in cut else cut) + " ..."
+    space = cut.rfind(" ")
+    return (cut[:space] if space > limit - 60 else cut) + " ..."  # a long path or word: cut inside it, not all of it
 
 
 def classify(exc: BaseException) -> TrialResult:

@@ -160,6 +160,8 @@ def confirm(
             else:
                 failed_rounds[key].append(runs(key))
                 failures[key].append(f"{result.status}: {result.error}")
+                if candidate.timed_out and not values[key]:  # their trial timed out and so did this run: no more timeouts
+                    active.discard(key)
             store(key, (values[key], failures[key], failed_rounds[key]))
             done += 1
             for twin, finalists in _settled_by_siblings(results(), active, waits, baseline).items():
@@ -369,7 +371,7 @@ def pick_candidates(records: Sequence[TrialRecord], defaults: TrainSetup, top: i
     if default_key not in {c.key for c in candidates} and default_key in by_setup:
         candidates.append(Candidate(default_key, defaults, finalist_label(by_setup[default_key])))
     elif default_key not in {c.key for c in candidates} and timed_out:  # a busy moment, say: the speedup needs its rounds
-        candidates.append(Candidate(default_key, defaults, finalist_label(timed_out) + TIMED_OUT))
+        candidates.append(Candidate(default_key, defaults, finalist_label(timed_out) + TIMED_OUT, timed_out=True))
     return candidates
 
 

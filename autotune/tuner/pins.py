@@ -35,17 +35,15 @@ def check_pins_act(constraints: dict[str, Constraint], image_input: bool, world_
         for knob in ("prefetch_factor", "persistent_workers"):
             if knob in constraints:
                 raise UsageError(f"--set {knob}: the DataLoader uses it only with workers, and --set num_workers=0 leaves none")
-    steps, static = constraints.get("accumulation_steps"), constraints.get("static_graph")
-    if static is not None and not static.allows(False) and steps is not None and not steps.allows(1):
-        raise UsageError(f"--set static_graph=true does not work with accumulation_steps > 1 (DDP's no_sync breaks its reducer), "
-                         f"and --set {steps} allows no step of one micro-batch")
-    if world_size > 1:
-        return
-    for knob, (default,) in ddp_values(1).items():
+    for knob, (default,) in ddp_values(1).items() if world_size <= 1 else ():  # first: the pair below needs DDP to matter
         pin = constraints.get(knob)
         if pin is not None and not pin.allows(default):
             raise UsageError(f"--set {knob}: a DDP knob; it changes nothing in a search of one process "
                              "(search with --nproc-per-node 2 or more)")
+    steps, static = constraints.get("accumulation_steps"), constraints.get("static_graph")
+    if static is not None and not static.allows(False) and steps is not None and not steps.allows(1):
+        raise UsageError(f"--set static_graph=true does not work with accumulation_steps > 1 (DDP's no_sync breaks its reducer), "
+                         f"and --set {steps} allows no step of one micro-batch")
 
 
 def ddp_values(world_size: int) -> dict[str, tuple[Any, ...]]:

@@ -105,7 +105,8 @@ class StudyStatus:
         infeasible = f" ({self.infeasible} infeasible: {kinds})" if self.infeasible else ""
         # A FAIL trial is one a run of the search stopped or died during (Ctrl-C, a signal, kill -9), not a setup that
         # failed (those are infeasible): a probe read "1 failed" for a Ctrl-C long after the search finished.
-        unfinished = f", {self.failed} cut short (a search stopped or died during it; not counted)" if self.failed else ""
+        them = "it" if self.failed == 1 else "them"
+        unfinished = f", {self.failed} cut short (a search stopped or died during {them}; not counted)" if self.failed else ""
         lines = [f"study {self.study!r} in {self.storage}: {count}{infeasible}, {len(alive)} running{unfinished}"]
         if self.calibration_runs is not None:  # no trial runs before it: "0 running" alone read as a stalled search
             lines.append(f"  calibration not finished: {self.calibration_runs} of its runs measured and kept; the trials follow it")

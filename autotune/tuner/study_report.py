@@ -191,7 +191,8 @@ def stored_confirmed(study: SearchStudy, records: list[TrialRecord], rounds: Rou
                       key=lambda r: -(r.result.samples_per_s or 0.0))
         timed_out = [r for r in records if r.setup == setup and r.result.status == "timeout"]  # the defaults' trial, say
         label = finalist_label(same) if same else finalist_label(timed_out) + TIMED_OUT if timed_out else setup.describe() + TWIN
-        found.append(Confirmed(Candidate(key, setup, label, twin=not same and not timed_out), tuple(values), tuple(failures),
+        found.append(Confirmed(Candidate(key, setup, label, twin=not same and not timed_out, timed_out=not same and bool(timed_out)),
+                               tuple(values), tuple(failures),
                                failed_rounds=tuple(failed_rounds)))
     return tuple(found)
 

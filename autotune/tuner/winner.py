@@ -90,8 +90,9 @@ def make_best(
                 abs(math.log(speedup * base / rate)) > math.log(MEDIANS_APART)):  # the line's three figures disagree
             each = ", ".join(f"{r:.2f}x" for r in sorted(r for r in paired_ratios(chosen, baseline) if r > 0))
             notes.append(f"the {speedup:.2f}x speedup is the median of the paired rounds' ratios ({each}); the two "
-                         f"medians ({rate:.1f} against {base:.1f} samples/s) are {rate / base:.2f}x apart: the load on the "
-                         "machine changed between rounds, which the pairing cancels")
+                         f"medians ({rate:.1f} against {base:.1f} samples/s) are {rate / base:.2f}x apart: each comes from "
+                         "its own runs (the load changed between rounds, or one of them ran fewer rounds), which the "
+                         "pairing of each round's two runs cancels")
         if chosen.candidate.no_twin and setup.amp != "off":
             notes.append(f"the winner's float32 twin was not re-measured: {chosen.candidate.no_twin}, so the same setup in "
                          "float32 would be clearly slower")

@@ -85,7 +85,7 @@ def task_ref(workload: str | Callable[..., Any]) -> str:
     named_so = path.stem == last or (path.stem == "__init__" and path.parent.name == last)  # a module, or a package
     if (loaded is None and not _findable(module)) or (origin.endswith(".py") and not named_so):
         where = f" from {origin}" if origin else ""
-        how = " (importlib.util.spec_from_file_location?)" if origin.endswith(".py") else " (exec() or a notebook cell?)"
+        how = " (importlib.util.spec_from_file_location?)" if origin.endswith(".py") else " (made by exec()?)"
         raise WorkloadError(f"workload {name}: its module {module!r} was loaded{where} under a name the trial processes "
                             f"cannot import{how}; {fix}")
     return validate_model_ref(f"{module}:{qualname}")
