@@ -14,6 +14,7 @@ from collections.abc import Callable, Collection, Mapping
 from typing import Any, TypeVar
 
 F = TypeVar("F", bound=Callable[..., Any])
+E = TypeVar("E", bound="AutotuneError")
 
 #: What a call into the user's code (a factory, a dataset, a loss) may raise that a check turns into one line:
 #: any exception, and ``SystemExit`` (a script's ``sys.exit()`` run on import or in the factory).
@@ -139,7 +140,7 @@ def check_bool(name: str, value: object) -> bool:
     return value
 
 
-def in_python_terms(error: UsageError, parameters: Collection[str], renamed: Mapping[str, str]) -> UsageError:
+def in_python_terms(error: E, parameters: Collection[str], renamed: Mapping[str, str]) -> E:
     """``error`` naming a Python function's parameters where its message names the CLI's flags.
 
     ``--trial-seconds must be ...`` becomes ``trial_seconds must be ...`` for
@@ -164,7 +165,9 @@ def in_python_terms(error: UsageError, parameters: Collection[str], renamed: Map
 
 
 def worded_for_python(renamed: Mapping[str, str]) -> Callable[[F], F]:
-    """Decorate an API function so that its :class:`UsageError` names its parameters, not CLI flags (:func:`in_python_terms`)."""
+    """Decorate an API function so that its errors name its parameters, not CLI flags (:func:`in_python_terms`): a
+    :class:`UsageError`, and any other :class:`AutotuneError` made of its message alone (a :class:`StorageError`'s
+    ``--out /proc/x cannot be created``; not one that carries more, such as :class:`SearchInterrupted`'s outcome)."""
 
     def decorate(function: F) -> F:
         parameters = frozenset(inspect.signature(function).parameters)
@@ -173,7 +176,9 @@ def worded_for_python(renamed: Mapping[str, str]) -> Callable[[F], F]:
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             try:
                 return function(*args, **kwargs)
-            except UsageError as error:
+            except AutotuneError as error:
+                if type(error).__init__ is not AutotuneError.__init__:  # more than a message: kept as it is
+                    raise
                 translated = in_python_terms(error, parameters, renamed)
                 if translated is error:
                     raise

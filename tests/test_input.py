@@ -485,6 +485,15 @@ def test_the_python_api_refuses_wrong_types_before_writing_anything(tmp_path, kw
     assert not (tmp_path / "out").exists()
 
 
+def test_the_python_api_names_its_parameters_in_storage_errors_too(tmp_path) -> None:
+    """A probe's search(out='/proc/x') read "StorageError: --out /proc/x cannot be created": a flag the caller never typed."""
+    import autotune
+
+    with pytest.raises(autotune.errors.StorageError, match="^out /proc/autotune-x cannot be created: /proc is not writable") as raised:
+        autotune.search(model="resnet18", trials=2, device="cpu", out="/proc/autotune-x")
+    assert "--" not in str(raised.value)
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
