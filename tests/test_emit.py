@@ -830,6 +830,22 @@ def test_an_output_dir_that_cannot_hold_a_checkpoint_is_refused_and_a_partial_sa
     assert _checkpoint(tmp_path / "out" / "checkpoint.pth")["step"] == 1
 
 
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a machine without CUDA")
+def test_a_gpu_setup_run_on_a_cpu_names_every_flag_to_change_in_one_line(
+    synthetic_data: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A GPU search's train.py on a CPU refused --device cuda, then --amp fp16, then --cudnn-benchmark, ...: one per run."""
+    script = write_script(make_best(synthetic_data, device="cuda", batch_size=8, amp="fp16", cudnn_benchmark=True, tf32=True,
+                                    compile="reduce-overhead"), tmp_path / "train.py")
+    line, _ = in_process.refusal(script, ["--max-steps", "1", "--workers", "0"], tmp_path, capfd, monkeypatch)
+    amp = "bf16" if collect_cpu().bf16 else "off"
+    assert line == ("error: no CUDA device is visible, and this run's flags need one (a GPU's setup); to train here, add: "
+                    f"--device cpu --amp {amp} --no-cudnn-benchmark --no-tf32 --compile default")
+    flags = ["--device", "cpu", "--amp", amp, "--no-cudnn-benchmark", "--no-tf32", "--compile", "off", "--workers", "0"]
+    run_here([str(script), "--max-steps", "1", *flags, "--output-dir", "out"], tmp_path, capfd, monkeypatch)  # then it trains
+    assert _checkpoint(tmp_path / "out" / "checkpoint.pth")["step"] == 1
+
+
 def test_a_resumed_run_whose_epochs_are_used_up_says_so(synthetic_data: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str],
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """--resume --max-steps 100 after one epoch of --epochs 1 printed "done: step 2" and trained nothing, not saying why."""
