@@ -222,3 +222,14 @@ def helper_module(model: object, method: str, *, callables: bool = False) -> Non
 
     if not isinstance(model, torch.nn.Module) and not (callables and callable(model)):
         raise SetupError(f"TrainSetup.{method} takes a torch.nn.Module, got {type(model).__name__}")
+
+
+def native_cpu_bf16(device: str | torch.device) -> bool | None:
+    """True where ``device`` is this machine's CPU and ``/proc/cpuinfo`` names a native bf16 unit; None otherwise
+    (unknown: :func:`check_setup_device` then refuses nothing for it, and names amp='off' as a CPU's fix)."""
+    from probes.cpu import BF16_FLAGS, read_cpuinfo
+
+    if device_type(device) != "cpu":
+        return None
+    flags = read_cpuinfo()[1]
+    return True if flags is not None and any(f in flags for f in BF16_FLAGS) else None

@@ -327,7 +327,9 @@ class TrainSetup:
             SetupError: The setup cannot run on ``device`` (a GPU's best.json on a CPU: fp16,
                 pinned memory; a CUDA device this machine lacks).
         """
-        self.check_device(device)
+        from autotune.setup_checks import native_cpu_bf16  # a refusal's fix then names amp='bf16' where native
+
+        self.check_device(device, bf16_supported=native_cpu_bf16(device))
         configure_torch(device, num_threads=self.num_threads, cudnn_benchmark=self.cudnn_benchmark, tf32=self.tf32)
 
     def optimizer_kwargs(self) -> dict[str, Any]:

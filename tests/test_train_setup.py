@@ -68,6 +68,12 @@ def test_configure_torch_refuses_a_gpu_s_setup_on_a_cpu_before_applying_anything
     assert torch.get_num_threads() == threads
     with pytest.raises(SetupError, match="unsupported device 'banana'"):
         TrainSetup().configure_torch("banana")
+    # The fix it names is bf16 where this CPU has it natively (a probe's bf16 CPU was told amp='off').
+    from probes.cpu import collect_cpu
+
+    with pytest.raises(SetupError) as refused:
+        TrainSetup(amp="fp16", tf32=True).configure_torch("cpu")
+    assert f"amp='{'bf16' if collect_cpu().bf16 else 'off'}'" in str(refused.value), refused.value
     # A best.json tuned on a larger machine: its thread count applied here is said (it was set without a word).
     from probes.cpu import usable_cores
 
