@@ -23,6 +23,7 @@ import dataclasses
 import inspect
 import shlex
 import sys
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -358,6 +359,11 @@ def trial(
     if announce is not None:
         ranks = f"; {nproc_per_node} DDP ranks, samples/s counts them all" if nproc_per_node > 1 else ""
         announce(f"trial: {built.describe()} ({dev.label}{ranks})")
+    cores = len(options.cores) if options.cores else int(hardware.cpu.usable_cores)
+    if setup.num_threads is not None and setup.num_threads > cores:  # measured at 9 samples/s against 200: said, as train.py says it
+        said = (f"num_threads={setup.num_threads} is more than the {cores} CPU cores this trial may use: the threads share "
+                "them, which slows the step")
+        announce(f"warning: {said}") if announce is not None else warnings.warn(said, stacklevel=2)
     return TrialOutcome(setup=setup, workload=built, result=run_trial(setup, built, options))
 
 
