@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import multiprocessing.util
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -235,11 +236,9 @@ class TrainSetup:
 
         Args:
             dataset: Any map-style or iterable dataset.
-            **overrides: Extra or replacing DataLoader arguments
-                (``shuffle=True``, ``sampler=...``, ``drop_last=True``, ...).
-                ``num_workers=0`` drops the tuned prefetch and persistence
-                (PyTorch refuses them without workers); a ``batch_sampler``
-                replaces the tuned ``batch_size``.
+            **overrides: Extra or replacing DataLoader arguments (``shuffle=True``, ``sampler=...``, ``drop_last=True``, ...).
+                ``num_workers=0`` drops the tuned prefetch and persistence (PyTorch refuses them without workers); a
+                ``batch_sampler`` replaces the tuned ``batch_size``.
         """
         from torch.utils.data import DataLoader
 
@@ -251,6 +250,8 @@ class TrainSetup:
                     kwargs.pop(name, None)
         if kwargs.get("batch_sampler") is not None and "batch_size" not in overrides:
             kwargs.pop("batch_size", None)
+        if kwargs.get("num_workers"):  # forked workers share this process's pymp-* folder (removed at its exit), not one each
+            multiprocessing.util.get_temp_dir()
         return DataLoader(dataset, **kwargs)
 
     def ddp_kwargs(self) -> dict[str, Any]:

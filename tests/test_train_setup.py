@@ -276,3 +276,20 @@ def test_wrap_ddp_applies_the_ddp_knobs(tmp_path: Path) -> None:
         ddp(torch.ones(3, 2)).sum().backward()  # a step runs through the wrapped model
     finally:
         dist.destroy_process_group()
+
+
+def test_a_loader_with_persistent_workers_leaves_no_temporary_folders(tmp_path) -> None:
+    """Own loops through setup.dataloader left one /tmp/pymp-* per persistent worker on every run (a probe counted 12)."""
+    import subprocess
+    import sys
+
+    code = ("import torch\n"
+            "from autotune import TrainSetup\n"
+            "setup = TrainSetup(batch_size=4, num_workers=2, prefetch_factor=2, persistent_workers=True)\n"
+            "loader = setup.dataloader(torch.utils.data.TensorDataset(torch.zeros(16, 3)))\n"
+            "for epoch in range(2):\n"
+            "    assert sum(1 for _ in loader) == 4\n")
+    done = subprocess.run([sys.executable, "-c", code], env={**__import__("os").environ, "TMPDIR": str(tmp_path)},
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("pymp-")) == []
