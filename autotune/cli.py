@@ -207,7 +207,6 @@ def trial(
             synthetic_images=synthetic_images,
             nproc_per_node=nproc_per_node,
             task_batch=batch_size is None and "batch_size" not in pinned,
-            # With --json only a warning's line (stdout holds the object alone): not Python's UserWarning with its source line.
             announce=lambda line: None if as_json and not line.startswith("warning:") else err.print(escape(line), highlight=False),
         )
     if as_json:

@@ -392,3 +392,20 @@ def test_output_to_a_pipe_is_wide_enough_for_the_tables(monkeypatch) -> None:
     assert console().width == PIPE_WIDTH
     monkeypatch.setenv("COLUMNS", "100")
     assert console().width == 100  # the user's own choice wins
+
+
+def test_a_ctrl_c_while_the_cli_imports_is_one_line_and_exit_130() -> None:
+    """A Ctrl-C in the first half second of `autotune trial --json` printed a KeyboardInterrupt traceback through the
+    CLI's imports. The signal is sent here the moment autotune.cli is imported: no timing involved."""
+    code = ("import builtins, os, signal, sys\n"
+            "sys.argv = ['autotune', 'probe']\n"
+            "real = builtins.__import__\n"
+            "def importing(name, *args, **kwargs):\n"
+            "    if name == 'autotune.cli':\n"
+            "        os.kill(os.getpid(), signal.SIGINT)\n"
+            "    return real(name, *args, **kwargs)\n"
+            "builtins.__import__ = importing\n"
+            "from autotune.entry import main\n"
+            "main()\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stderr, done.stdout) == (130, "error: interrupted (before the command started)\n", "")
