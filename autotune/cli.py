@@ -184,7 +184,7 @@ def trial(
 
         pinned = pinned_values(knobs)
     flags = dict(num_workers=workers, prefetch_factor=prefetch, pin_memory=pin_memory, persistent_workers=persistent_workers,
-                 batch_size=32 if batch_size is None else batch_size, accumulation_steps=accum, channels_last=channels_last, amp=amp)
+                 batch_size=32 if batch_size is None else batch_size, accumulation_steps=accum, channels_last=channels_last, amp=amp.lower())
     check_flags_agree(ctx, flags, knobs or [])  # a flag left at its default gives way to its knob's --set
     from autotune.cli_errors import trial_interrupt_said
     from autotune.tuner.signals import sigterm_as_interrupt

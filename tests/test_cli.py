@@ -178,6 +178,7 @@ def test_a_trial_flag_typed_and_a_set_of_its_knob_that_disagree_are_refused(cach
         (["--accum", "0"], "--accum must be >= 1, got 0"),
         (["--amp", "x"], "--amp must be one of off, bf16, fp16, got 'x'"),
         (["--amp", "fp16"], "--amp fp16 needs a CUDA device; on a CPU use --amp "),
+        (["--amp", "FP16"], "--amp fp16 needs a CUDA device; on a CPU use --amp "),  # any case, as --set amp=FP16 reads it
         (["--prefetch", "2"], "--prefetch needs --workers > 0 (PyTorch rejects it with 0 workers)"),
         (["--workers", "1", "--prefetch", "0"], "--prefetch must be >= 1, got 0"),
         (["--persistent-workers"], "--persistent-workers needs --workers > 0"),

@@ -140,6 +140,8 @@ def test_header_documents_the_search(synthetic_data: Path) -> None:
     text = render_script(make_best(synthetic_data, **CPU_KNOBS))
     header = text.split('"""', 1)[0]
     assert "Test CPU (2 usable cores)" in header
+    one = render_script(make_best(synthetic_data, hardware={"cpu": {"model": "Test CPU", "usable_cores": 1}}, **CPU_KNOBS))
+    assert "Test CPU (1 usable core)" in one.split('"""', 1)[0]  # a taskset -c 0 search's header said "1 usable cores"
     assert "120.0 samples/s" in header and "80.0 samples/s" in header and "1.50x" in header
     assert "autotune search --model resnet18 --image-size 32" in header
     assert "Note: synthetic data" in header

@@ -317,7 +317,7 @@ def test_status_of_a_directory_whose_study_db_was_removed_says_so(tmp_path) -> N
     [
         (lambda d: [d], "must hold a JSON object, not a list"),
         (lambda d: {**d, "schema": 2}, "has schema 2; this autotune reads schema 1"),
-        (lambda d: {k: v for k, v in d.items() if k != "schema"}, "has schema None"),
+        (lambda d: {k: v for k, v in d.items() if k != "schema"}, "this JSON file is not a best.json of autotune"),
         (lambda d: {**d, "notes": "abc"}, "field 'notes' must be list, not a string"),
         (lambda d: {**d, "notes": [1]}, "'notes' must be a list of strings"),
         (lambda d: {**d, "workload": "resnet18"}, "field 'workload' must be object, not a string"),

@@ -70,6 +70,9 @@ def check_best_dict(data: Any) -> dict[str, Any]:
     """
     if not isinstance(data, dict):
         raise AutotuneError(f"best.json must hold a JSON object, not a {_json_type(data)}")
+    if "schema" not in data:  # another program's JSON object: "has schema None" read as a version mismatch
+        raise AutotuneError("this JSON file is not a best.json of autotune (it has no 'schema' field); pass the "
+                            "directory or best.json an `autotune search` wrote")
     if data.get("schema") != SCHEMA_VERSION:
         raise AutotuneError(
             f"best.json has schema {data.get('schema')!r}; this autotune reads schema {SCHEMA_VERSION} "

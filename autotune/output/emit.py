@@ -107,11 +107,11 @@ def _hardware_summary(hardware: dict[str, Any]) -> str:
     cpu = hardware.get("cpu") or {}
     if cpu.get("model"):
         cores = cpu.get("usable_cores")
-        parts.append(f"{cpu['model']} ({cores} usable cores)" if isinstance(cores, int) else str(cpu["model"]))
+        parts.append(f"{cpu['model']} ({counted(cores, 'usable core')})" if isinstance(cores, int) else str(cpu["model"]))
     names = [str(g["name"]) for g in hardware.get("gpus") or [] if isinstance(g, dict) and g.get("name")]
     if names:
-        counted = {name: names.count(name) for name in dict.fromkeys(names)}
-        parts.append(", ".join(f"{n} x {name}" if n > 1 else name for name, n in counted.items()))
+        each = {name: names.count(name) for name in dict.fromkeys(names)}
+        parts.append(", ".join(f"{n} x {name}" if n > 1 else name for name, n in each.items()))
     return "; ".join(parts) or "unknown (no probe summary in best.json)"
 
 
