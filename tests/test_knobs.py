@@ -575,5 +575,4 @@ def test_emitted_script_applies_threads_and_optimizer_kernels(
     checkpoint = torch.load(tmp_path / "out" / "checkpoint.pth", map_location="cpu", weights_only=True)
     assert checkpoint["optimizer"]["param_groups"][0]["foreach"] is False
     code, _, err = in_process.run_script(script, ["--tf32", "--max-steps", "1"], tmp_path, capfd, monkeypatch)
-    said = "error: --tf32 needs a CUDA device" if torch.cuda.is_available() else "to train here, add: --no-tf32"  # --device cpu on a GPU host
-    assert code != 0 and said in err, err
+    assert code != 0 and "this run's flags need" in err and "to train here, add: --no-tf32" in err, err  # --device cpu on a GPU host too
