@@ -225,11 +225,8 @@ def helper_module(model: object, method: str, *, callables: bool = False) -> Non
 
 
 def native_cpu_bf16(device: str | torch.device) -> bool | None:
-    """True where ``device`` is this machine's CPU and ``/proc/cpuinfo`` names a native bf16 unit; None otherwise
+    """True where ``device`` is this machine's CPU and it has a native bf16 unit (the probe's ``bf16``); None otherwise
     (unknown: :func:`check_setup_device` then refuses nothing for it, and names amp='off' as a CPU's fix)."""
-    from probes.cpu import BF16_FLAGS, read_cpuinfo
+    from probes.cpu import native_bf16_flags
 
-    if device_type(device) != "cpu":
-        return None
-    flags = read_cpuinfo()[1]
-    return True if flags is not None and any(f in flags for f in BF16_FLAGS) else None
+    return True if device_type(device) == "cpu" and native_bf16_flags() else None

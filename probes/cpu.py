@@ -17,6 +17,7 @@ __all__ = [
     "CpuInfo",
     "affinity_cores",
     "collect_cpu",
+    "native_bf16_flags",
     "quota_to_cores",
     "read_cpuinfo",
     "usable_cores",
@@ -169,6 +170,15 @@ def _torch_bf16_flags() -> tuple[str, ...]:
         return ()
 
 
+def native_bf16_flags(cpuinfo: Path = CPUINFO) -> tuple[str, ...]:
+    """The CPU's native bf16 units: from ``/proc/cpuinfo``'s flags; torch's view where it has no flags line (not Linux)."""
+    return _bf16_units(read_cpuinfo(cpuinfo)[1])
+
+
+def _bf16_units(flags: frozenset[str] | None) -> tuple[str, ...]:
+    return tuple(f for f in BF16_FLAGS if f in flags) if flags is not None else _torch_bf16_flags()
+
+
 def collect_cpu(cpuinfo: Path = CPUINFO, cgroup_root: Path = CGROUP_ROOT, proc_cgroup: str | None = None) -> CpuInfo:
     """Probe the CPU.
 
@@ -186,12 +196,8 @@ def collect_cpu(cpuinfo: Path = CPUINFO, cgroup_root: Path = CGROUP_ROOT, proc_c
     import psutil
 
     model, flags = read_cpuinfo(cpuinfo)
-    if model is None:
-        model = platform.processor() or None
-    if flags is not None:
-        bf16_flags = tuple(f for f in BF16_FLAGS if f in flags)
-    else:
-        bf16_flags = _torch_bf16_flags()
+    model = model or platform.processor() or None
+    bf16_flags = _bf16_units(flags)
     affinity = affinity_cores()
     limit = cpu_limit(cgroup_root, proc_cgroup)
     usable = min(affinity, quota_to_cores(limit)) if limit is not None else affinity
