@@ -363,7 +363,10 @@ def trial(
     if setup.num_threads is not None and setup.num_threads > cores:  # measured at 9 samples/s against 200: said, as train.py says it
         said = (f"num_threads={setup.num_threads} is more than the {cores} CPU cores this trial may use: the threads share "
                 "them, which slows the step")
-        announce(f"warning: {said}") if announce is not None else warnings.warn(said, stacklevel=2)
+        if announce is not None:
+            announce(f"warning: {said}")
+        else:
+            warnings.warn(said, stacklevel=2)
     return TrialOutcome(setup=setup, workload=built, result=run_trial(setup, built, options))
 
 

@@ -364,12 +364,12 @@ def bottleneck_verdict(
                     and not tried else "")
         return (f"input-bound: the winner waits on the DataLoader {wait:.0%} of the time ({facts}). {cheaper}"
                 f"{'' if held else ' or more CPU cores'} would help{held}.{handover}")
-    if device.type == "cpu" and compute and loader and together < 0.8 * min(compute, loader) and not best.setup.num_workers:
-        tried = any(r.setup.num_workers and r.result.status in ("ok", "pruned") for r in records)
-        return (f"serial: without loader workers the training process {'decodes' if images else 'loads'} each batch and then "
-                f"trains on it ({facts}), so their times add up; workers would overlap the two on spare cores "
-                f"({'the setups with workers the search measured were not faster here' if tried else 'no setup with workers was measured'}).")
     if device.type == "cpu" and compute and loader and together < 0.8 * min(compute, loader):
+        if not best.setup.num_workers:  # one process loads, then trains: nothing ran side by side
+            tried = any(r.setup.num_workers and r.result.status in ("ok", "pruned") for r in records)
+            return (f"serial: without loader workers the training process {'decodes' if images else 'loads'} each batch and "
+                    f"then trains on it ({facts}), so their times add up; workers would overlap the two on spare cores "
+                    f"({'the setups with workers the search measured were not faster here' if tried else 'no setup with workers was measured'}).")
         return (
             f"CPU-shared: {'decoding' if images else 'data loading'} and training compete for the same cores ({facts}); "
             "each alone is faster than both together."
