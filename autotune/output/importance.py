@@ -95,5 +95,5 @@ def knob_importance(records: Sequence[TrialRecord]) -> Importance | None:
         found = optuna.importance.get_param_importances(study, evaluator=evaluator, normalize=True)
     top = None
     if isinstance(evaluator, optuna.importance.PedAnovaImportanceEvaluator):
-        top = math.ceil(_quantile(len(feasible)) * len(feasible))  # as Optuna cuts (ties at the cut join it)
+        top = math.ceil(_quantile(len(feasible)) * len(feasible))  # Optuna's cut (trials tied with the last join it too)
     return Importance(dict(found), type(evaluator).__name__, len(feasible), top)

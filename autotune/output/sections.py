@@ -169,8 +169,8 @@ def ceiling_bars(data: ReportInput) -> list[tuple[str, float, str, str]]:
             bars.append(("compute only\n(calibration)", cal.compute_samples_per_s, "ceiling", f"model alone, one batch in memory ({setup})"))
         top = cal.fastest_loader(within=workers)  # the bottleneck line's figure: at most the winner's workers
         if top is not None:
-            count = f"{top.num_workers} worker{'' if top.num_workers == 1 else 's'}"
-            bars.append((f"loader only\n(calibration, {count})", top.samples_per_s or 0.0, "ceiling", "DataLoader alone, no model"))
+            bars.append((f"loader only\n(calibration, {counted(top.num_workers, 'worker')})", top.samples_per_s or 0.0, "ceiling",
+                         "DataLoader alone, no model"))
     if achieved:
         bars.append((label, achieved, "achieved", "the training loop, loader and model together"))
     if defaults:
@@ -277,7 +277,7 @@ def importance_section(records: Sequence[TrialRecord], plots: ModuleType | None)
     found = knob_importance(records)
     if found is None:
         count = len(measured_trials(records))
-        why = (f"{count} measured {'trial' if count == 1 else 'trials'}, and importances need at least {FEW_TRIALS}: with fewer, "
+        why = (f"{counted(count, 'measured trial')}, and importances need at least {FEW_TRIALS}: with fewer, "
                "they follow the fastest trial's knobs, not what the others measured" if count < FEW_TRIALS else
                "no knob varied among the measured trials")
         return Section("importance", "4. Knob importance", "Which knobs set the fast setups apart (Optuna's parameter "
