@@ -168,16 +168,19 @@ def test_a_crashed_rank_ends_the_trial_and_leaves_no_process() -> None:
     assert not alive, f"orphan ranks: {alive}"
 
 
-def _broken_collective_first(then: str) -> Any:
-    """A rank body: rank 0 fails at once with the error a collective raises when its peer is gone; rank 1 then ``then``s."""
+def _broken_collective_first(then: str, ready: Path) -> Any:
+    """A rank body: rank 0 fails with the error a collective raises when its peer is gone, once rank 1 is about to
+    ``then`` (its ``ready`` file made: no race between the two ranks' start-ups on a loaded machine)."""
     import resource
     import signal
 
     def body(rank: Any) -> TrialResult:
         if rank.rank == 0:
-            time.sleep(0.1)
+            deadline = time.monotonic() + 60
+            while not ready.exists() and time.monotonic() < deadline:
+                time.sleep(0.01)
             return TrialResult(status="error", error="RuntimeError: [gloo] Connection closed by peer [127.0.0.1]:29500")
-        time.sleep(0.5)
+        ready.touch()
         if then == "sigterm":  # earlyoom's first signal, or a supervisor's, to one rank
             os.kill(os.getpid(), signal.SIGTERM)
         if then == "segfault":
@@ -192,21 +195,21 @@ def _broken_collective_first(then: str) -> Any:
 
 
 @pytest.mark.slow
-def test_a_rank_s_own_failure_is_named_not_the_collective_it_broke_on_its_peer() -> None:
+def test_a_rank_s_own_failure_is_named_not_the_collective_it_broke_on_its_peer(tmp_path: Path) -> None:
     """Whichever rank the supervisor reaps first, the trial's error is the cause: rank 1's death or its own failure,
     not rank 0's broken collective; a rank that merely blocks is killed after a short grace, not waited for."""
     from autotune.runner.ranks import run_world
 
     options = TrialOptions(trial_seconds=1.0, windows=2, world_size=2, cores=two_cores(), timeout_s=60)
-    assert run_world(options, _broken_collective_first("segfault")).error == "rank 1 died of SIGSEGV"
+    assert run_world(options, _broken_collective_first("segfault", tmp_path / "segfault")).error == "rank 1 died of SIGSEGV"
     # A SIGTERM from outside says nothing of the setup (a DDP trial stored it as an infeasible error): interrupted, as
     # one process's trial is, so the search stops as on Ctrl-C and stores nothing for it.
-    stopped = run_world(options, _broken_collective_first("sigterm"))
+    stopped = run_world(options, _broken_collective_first("sigterm", tmp_path / "sigterm"))
     assert (stopped.status, stopped.error) == ("interrupted", "rank 1 was terminated from outside (SIGTERM)")
-    oom = run_world(options, _broken_collective_first("oom"))
+    oom = run_world(options, _broken_collective_first("oom", tmp_path / "oom"))
     assert (oom.status, oom.error) == ("oom", "rank 1: RuntimeError: CPU out of memory")
     began = time.monotonic()
-    blocked = run_world(options, _broken_collective_first("block"))
+    blocked = run_world(options, _broken_collective_first("block", tmp_path / "block"))
     assert blocked.error is not None and blocked.error.startswith("rank 0: RuntimeError: [gloo] Connection closed by peer")
     assert time.monotonic() - began < 300  # killed after the grace (2 s), not after its 600-s sleep
 
