@@ -20,7 +20,7 @@ from rich.markup import escape
 
 from autotune import cli_errors
 from autotune._version import __version__
-from autotune.cli_errors import check_flags_agree, echo_error_object, echo_json, error_line, json_error_shape, json_on_error, trial_flags_named
+from autotune.cli_errors import check_flags_agree, echo_json, error_line, json_on_error, trial_flags_named
 from autotune.errors import AutotuneError, ProbeError
 from autotune.records import DEFAULT_TRIAL_SECONDS
 from autotune.redact import recorded_command
@@ -314,13 +314,16 @@ def search(
 @handle_errors
 def emit(
     directory: Annotated[Path, typer.Argument(parser=_path, help="A search output directory holding best.json (or that file).")] = Path("autotune-out"),
-    output: Annotated[Optional[Path], typer.Option("--output", "-o", parser=_path, help="Where to write the script (default DIR/train.py).")] = None,
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", parser=_path, help="The script (default DIR/train.py; - for stdout).")] = None,
 ) -> None:
     """Write a standalone, DDP-ready train.py from DIR/best.json."""
     from autotune.output.best import read_best
-    from autotune.output.emit import write_script
+    from autotune.output.emit import render_script, write_script
 
     best = read_best(directory)
+    if output == Path("-"):
+        sys.stdout.write(render_script(best))
+        return
     path = write_script(best, output or ((directory.parent if directory.is_file() else directory) / "train.py"))
     out.print(escape(f"wrote {path}"), highlight=False, soft_wrap=True)
 
@@ -382,16 +385,8 @@ def main(argv: list[str] | None = None) -> None:
         if not (hasattr(exc, "format_message") and isinstance(exit_code, int)):
             raise
         if type(exc).__name__ != "NoArgsIsHelpError":  # bare `autotune`: the help is printed already
-            words = argv if argv is not None else sys.argv[1:]
             commands = {c.name or c.callback.__name__: c.callback.__name__ for c in app.registered_commands if c.callback}
-            at = next((i for i, w in enumerate(words) if w in commands), len(words))  # len(words): none named
-            named = " ".join(["autotune", *words[at:at + 1]])  # Click gave no context
-            line = f"{exc.format_message()} (see {ctx.command_path if (ctx := getattr(exc, 'ctx', None)) is not None else named} --help)"
-            err.print(f"[bold red]error:[/] {escape(line)}", highlight=False, soft_wrap=True)
-            after = words[at + 1:]
-            shape = json_error_shape(commands[words[at]]) if at < len(words) else None
-            if shape is not None and "--json" in after[:after.index("--") if "--" in after else None]:  # its options, not after --
-                echo_error_object(line, shape)  # the object the command prints for its own errors with --json
+            cli_errors.usage_error(exc, argv if argv is not None else sys.argv[1:], commands, err)
         sys.exit(exit_code)
     sys.exit(code if isinstance(code, int) else 0)
 

@@ -12,6 +12,8 @@ from contextlib import contextmanager, redirect_stdout
 from typing import Any, TextIO, TypeVar
 
 import typer
+from rich.console import Console
+from rich.markup import escape
 
 from autotune.errors import AutotuneError, SetupError, TrialInterrupted, UsageError
 from autotune.flag_terms import in_flag_terms
@@ -213,3 +215,23 @@ def check_flags_agree(ctx: typer.Context, flags: Mapping[str, Any], sets: Sequen
             value = flags[pin.knob]
             typed = (flag if value else f"--no-{flag[2:]}") if isinstance(value, bool) else f"{flag} {value}"
             raise UsageError(f"{typed} and --set {text} disagree; give one")
+
+
+def usage_error(exc: Exception, words: Sequence[str], commands: Mapping[str, str], err: Console) -> None:
+    """Print a usage error (Click's, matched by shape) as one line naming the command's ``--help``.
+
+    Args:
+        exc: Click's exception (``format_message``, maybe ``ctx``).
+        words: The command line's arguments after ``autotune``.
+        commands: Each command's name to its function's name.
+        err: The console for stderr.
+    """
+    at = next((i for i, w in enumerate(words) if w in commands), len(words))  # len(words): none named
+    named = " ".join(["autotune", *words[at:at + 1]])  # Click gave no context
+    ctx = getattr(exc, "ctx", None)
+    line = f"{exc.format_message()} (see {ctx.command_path if ctx is not None else named} --help)"  # type: ignore[attr-defined]
+    err.print(f"[bold red]error:[/] {escape(line)}", highlight=False, soft_wrap=True)
+    after = list(words[at + 1:])
+    shape = json_error_shape(commands[words[at]]) if at < len(words) else None
+    if shape is not None and "--json" in after[:after.index("--") if "--" in after else None]:  # its options, not after --
+        echo_error_object(line, shape)  # the object the command prints for its own errors with --json

@@ -386,6 +386,15 @@ def test_cli_emit_writes_train_py(synthetic_data: Path, tmp_path: Path) -> None:
     assert result.exit_code == 0 and (tmp_path / "train.py").is_file(), result.output
 
 
+def test_cli_emit_dash_prints_the_script_and_writes_no_file(synthetic_data: Path, tmp_path: Path, monkeypatch) -> None:
+    write_best(tmp_path / "best.json", make_best(synthetic_data, **CPU_KNOBS))
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["emit", str(tmp_path), "-o", "-"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout == render_script(make_best(synthetic_data, **CPU_KNOBS))
+    assert not (tmp_path / "-").exists() and not (tmp_path / "train.py").exists()
+
+
 def test_emit_overwrites_only_a_script_it_wrote_and_files_follow_the_umask(synthetic_data: Path, tmp_path: Path) -> None:
     write_best(tmp_path / "best.json", make_best(synthetic_data, **CPU_KNOBS))
     (tmp_path / "study.db").write_bytes(b"SQLite format 3\x00")
