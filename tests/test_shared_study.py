@@ -849,7 +849,8 @@ def test_a_searching_worker_says_when_it_fails_a_dead_worker_s_trial(tmp_path) -
     trial = study.study.ask()
     trial.set_user_attr(ATTR_WORKER, holder.to_dict())
     crew, reporter = Crew(study, wait_s=600.0, poll_s=0.01), _Said()
-    crew.explore(study, SimpleNamespace(wanted=0), reporter, runner=None)  # type: ignore[arg-type]
+    plan = SimpleNamespace(wanted=0, workload=SimpleNamespace(device="cpu"), options=SimpleNamespace(cores=()))
+    crew.explore(study, plan, reporter, runner=None)  # type: ignore[arg-type]
     assert f"left running by a worker that is gone, marked failed and queued again: trial #{trial.number}" in reporter.said
     assert study.study.get_trials(deepcopy=False)[trial.number].state == TrialState.FAIL
 
@@ -898,3 +899,50 @@ def test_an_elected_worker_on_another_host_stays_elected_while_it_stores_its_wor
     alone = SearchStudy.open(f"sqlite:///{tmp_path}/alone.db", "alone")  # a search of its own stamps nothing
     alone.store_confirmation("#1", ([10.0], [], []))
     assert not any(key.startswith("alive:") for key in alone.study.user_attrs)
+
+
+class _SaidSharing(_Said):
+    """Stops the worker's loop at its warning about shared cores (the trial it asked stays RUNNING)."""
+
+    def message(self, text: str) -> None:
+        super().message(text)
+        if "runs trials of this study on cores" in text:
+            raise LookupError(text)
+
+
+def test_a_worker_says_once_when_another_worker_on_this_host_runs_trials_on_its_cores(tmp_path, monkeypatch) -> None:
+    """Two workers of one study on one CPU host without ``taskset`` slow each other's every measurement; before, neither
+    said a word. A live process of this host holding a running trial on this worker's cores is named once; the worker's
+    own trials, a GPU worker's and a worker pinned to other cores are not."""
+    from autotune.tuner.cohosts import CoreSharing
+
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        pytest.skip("needs two usable cores to pin a worker apart")
+    other = subprocess.Popen(["sleep", "600"])  # another worker: a live process on this host
+    try:
+        me = Holder.me()
+        study = SearchStudy.open(f"journal:///{tmp_path}/study.log", "cores", shared=True)
+        for holder in (me, Holder(other.pid, me.host, psutil.Process(other.pid).create_time(), time.time())):
+            study.study.ask().set_user_attr(ATTR_WORKER, holder.to_dict())
+        sharing = CoreSharing(me, "cpu")
+        said = sharing.check(study)
+        assert said is not None and said.startswith(f"warning: worker pid {other.pid} on this host runs trials of this study on cores ")
+        assert said.endswith("give each worker its own cores (taskset -c, docs/distributed.md)")
+        assert sharing.check(study) is None  # once per worker
+        assert CoreSharing(me, "cuda:0").check(study) is None
+        os.sched_setaffinity(other.pid, {cores[-1]})  # taskset -c LAST for the other, the rest for this one
+        assert CoreSharing(me, "cpu", cores[:-1]).check(study) is None
+        said = CoreSharing(me, "cpu", cores).check(study)
+        assert said is not None and f"on cores {cores[-1]}, which" in said
+        # The searching worker's loop says it before its next trial.
+        from types import SimpleNamespace
+
+        monkeypatch.setattr("autotune.tuner.workers.queue_refinements", lambda study, plan: None)
+        plan = SimpleNamespace(wanted=5, workload=SimpleNamespace(device="cpu"), options=SimpleNamespace(cores=tuple(cores)))
+        with pytest.raises(LookupError, match=f"worker pid {other.pid} on this host"):
+            Crew(study, wait_s=600.0, poll_s=0.01, me=me).explore(study, plan, _SaidSharing(), runner=None)  # type: ignore[arg-type]
+    finally:
+        other.kill()
+        other.wait()
+    assert CoreSharing(me, "cpu").check(study) is None  # a worker that is gone measures nothing

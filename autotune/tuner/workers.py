@@ -43,6 +43,7 @@ from autotune.records import Calibration, TrialRecord, TrialResult
 from autotune.runner import TrialRunner
 from autotune.tuner import elections
 from autotune.tuner.budget import STUDY_BUDGET
+from autotune.tuner.cohosts import CoreSharing
 from autotune.tuner.config import SearchOutcome
 from autotune.tuner.explore import Exploration, check_recipe, known_result, pruning_hook, queue_refinements, setup_for, starved
 from autotune.tuner.heartbeats import heartbeats, stale_trial_ids
@@ -298,7 +299,7 @@ class Crew:
         """
         self._retry(lambda: study.study.set_user_attr(STUDY_BUDGET, plan.wanted))
         known = self._retry(study.records)  # what trials.csv holds if the storage is lost before the next trial ends
-        waiting = False
+        waiting, sharing = False, CoreSharing(self.me, plan.workload.device, plan.options.cores)
         while True:
             if stale := self.fail_stale():  # a worker that died mid-trial: its trial runs again here or in another worker
                 reporter.message(f"left running by a worker that is gone, marked failed and queued again: {', '.join(f'trial #{n}' for n in stale)}")
@@ -319,6 +320,8 @@ class Crew:
             if trial is None:
                 time.sleep(self.poll_s * random.uniform(0.5, 1.5))
                 continue
+            if said := self._retry(lambda: sharing.check(study)):  # another worker on these cores: both measure each other
+                reporter.message(said)
             known = self._one(study, plan, reporter, runner, trial, known)
 
     def _ask(self, study: SearchStudy, wanted: int) -> optuna.Trial | None:
