@@ -21,7 +21,7 @@ from rich.markup import escape
 from autotune import cli_errors
 from autotune._version import __version__
 from autotune.cli_errors import check_flags_agree, echo_json, error_line, json_on_error, trial_flags_named
-from autotune.errors import AutotuneError, ProbeError
+from autotune.errors import BEFORE_START, AutotuneError, ProbeError
 from autotune.records import DEFAULT_TRIAL_SECONDS
 from autotune.redact import recorded_command
 from autotune.render import console
@@ -62,8 +62,10 @@ def handle_errors(func: F) -> F:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return func(*args, **kwargs)
-        except (typer.Exit, typer.Abort, KeyboardInterrupt):
+        except (typer.Exit, typer.Abort):
             raise
+        except KeyboardInterrupt:  # one the command did not answer itself (Typer would exit 130 without a word)
+            raise fail(cli_errors.stopped_line(func.__name__), 130) from None
         except Exception as exc:
             if _debug():
                 exc.__suppress_context__ = False  # the user's own traceback (a Task's factory, a forward) under ours
@@ -349,7 +351,7 @@ def report(
 @handle_errors
 @json_on_error(study=None, best=None, winner=None)
 def status(
-    directory: Annotated[Optional[Path], typer.Argument(parser=_path, help="A search's --out (default autotune-out); --storage: best.json.")] = None,
+    directory: Annotated[Optional[Path], typer.Argument(parser=_path, help="A search's --out: its best.json is read (default autotune-out).")] = None,
     storage: Annotated[Optional[str], typer.Option("--storage", help="The study storage URL (postgresql://, journal:///FILE.log, sqlite:///).")] = None,
     study: Annotated[Optional[str], typer.Option("--study", help="Study name (default: the only one there).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
@@ -378,6 +380,8 @@ def main(argv: list[str] | None = None) -> None:
     """
     try:
         code = app(args=argv, standalone_mode=False)
+    except KeyboardInterrupt:  # while Typer builds the command, before any command runs
+        sys.exit(fail(BEFORE_START, 130).exit_code)
     except typer.Abort:  # an EOF at a prompt (a RuntimeError: caught before the ClickException family below)
         sys.exit(1)
     except Exception as exc:  # Typer's ClickException family (its click is vendored: matched by shape, not class)

@@ -115,6 +115,11 @@ def echo_error_object(line: str, shape: dict[str, Any]) -> None:
     echo_json({**shape, "error": line})
 
 
+def stopped_line(command: str) -> str:
+    """The line of a command that a stop (Ctrl-C, SIGTERM, SIGHUP) ended before it answered the stop itself."""
+    return f"interrupted: autotune {command} stopped before it was done"
+
+
 def json_on_error(**shape: Any) -> Callable[[F], F]:
     """Decorate a command with a ``--json`` option (its ``as_json`` parameter) so that an error ending it also prints
     one JSON object on stdout: ``shape`` with an ``"error"`` key holding the line stderr shows.
@@ -140,6 +145,9 @@ def json_on_error(**shape: Any) -> Callable[[F], F]:
             try:
                 with redirect_stdout(sys.stderr):
                     return command(*args, **kwargs)
+            except KeyboardInterrupt:  # one the command did not answer itself
+                echo_error_object(stopped_line(command.__name__), shape)
+                raise
             except Exception as exc:
                 if not isinstance(exc, (typer.Exit, typer.Abort)):
                     echo_error_object(error_line(exc)[0], shape)

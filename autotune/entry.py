@@ -1,4 +1,5 @@
-"""The ``autotune`` command's entry point: a Ctrl-C while the CLI's modules are imported ends it as a later one does.
+"""The ``autotune`` command's entry point: a stop (Ctrl-C, SIGTERM, SIGHUP) while the CLI's modules are imported ends it
+as a later one does.
 
 Importing the CLI (Typer, Rich, the error handling) takes about half a second; a Ctrl-C in it printed
 a ``KeyboardInterrupt`` traceback through those imports, and ``--json`` commands then printed no object.
@@ -11,22 +12,29 @@ import signal
 import sys
 from typing import Any
 
-#: What an interrupted command says (the search's and the trial's own stops say more).
-INTERRUPTED = "interrupted"
+from autotune.errors import BEFORE_START
 
 
 def _stopped_while_importing(signum: int, frame: Any) -> None:
     try:
-        print(f"error: {INTERRUPTED} (before the command started)", file=sys.stderr, flush=True)
+        print(f"error: {BEFORE_START}", file=sys.stderr, flush=True)
     finally:
         os._exit(130)
 
 
+def _stop_as_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
 def main() -> None:
-    """Run the CLI (:func:`autotune.cli.main`), a Ctrl-C during its imports answered with one line and exit 130."""
-    before = signal.signal(signal.SIGINT, _stopped_while_importing) if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN else None
+    """Run the CLI (:func:`autotune.cli.main`): a Ctrl-C, SIGTERM or SIGHUP during its imports is answered with one line
+    and exit 130; after them SIGTERM and SIGHUP raise KeyboardInterrupt as Ctrl-C does, so that a stop from outside ends
+    every command as Ctrl-C does (one line, exit 130; before, a silent exit 143 until a command handled it). A signal
+    the process was started to ignore (nohup, a shell's background job) stays ignored."""
+    stops = tuple(sig for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP) if signal.getsignal(sig) is not signal.SIG_IGN)
+    before = {sig: signal.signal(sig, _stopped_while_importing) for sig in stops}
     from autotune.cli import main as cli_main
 
-    if before is not None:
-        signal.signal(signal.SIGINT, before)
+    for sig, handler in before.items():
+        signal.signal(sig, handler if sig == signal.SIGINT else _stop_as_interrupt)
     cli_main()

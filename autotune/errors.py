@@ -46,6 +46,9 @@ def is_shm_full(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and any(words in str(exc) for words in SHM_FULL)
 
 
+#: What a command stopped (Ctrl-C, SIGTERM, SIGHUP) before it began says (``autotune/entry.py``, ``autotune/cli.py``).
+BEFORE_START = "interrupted (before the command started)"
+
 class AutotuneError(Exception):
     """Base class of every error autotune raises on purpose.
 

@@ -26,7 +26,8 @@ def _flush() -> None:
 
 
 def exit_at_once_on_interrupt(code: int) -> None:
-    """From now on a Ctrl-C ends this process at once with ``code``.
+    """From now on a Ctrl-C (or a SIGTERM or SIGHUP, which the ``autotune`` command turns into one) ends this process at
+    once with ``code``.
 
     For a command whose work is done and written: a Ctrl-C in an atexit
     callback was printed as a traceback.
@@ -36,7 +37,9 @@ def exit_at_once_on_interrupt(code: int) -> None:
         _flush()
         os._exit(code)
 
-    signal.signal(signal.SIGINT, leave)
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(sig) is not signal.SIG_IGN:
+            signal.signal(sig, leave)
 
 
 def status_of(code: str | int | None) -> int:

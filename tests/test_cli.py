@@ -410,3 +410,41 @@ def test_a_ctrl_c_while_the_cli_imports_is_one_line_and_exit_130() -> None:
             "main()\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert (done.returncode, done.stderr, done.stdout) == (130, "error: interrupted (before the command started)\n", "")
+
+
+_SIGNAL_AT = ("import builtins, os, signal, sys, typer.main\n"
+              "sys.argv = ['autotune', *{argv!r}]\n"
+              "real = builtins.__import__\n"
+              "def importing(name, *args, **kwargs):\n"
+              "    if name == {module!r}:\n"
+              "        os.kill(os.getpid(), signal.{signal})\n"
+              "    return real(name, *args, **kwargs)\n"
+              "builtins.__import__ = importing\n"
+              "building = typer.main.get_command\n"
+              "def build(*args, **kwargs):\n"
+              "    if {module!r} == 'typer.main.get_command':\n"
+              "        os.kill(os.getpid(), signal.{signal})\n"
+              "    return building(*args, **kwargs)\n"
+              "typer.main.get_command = build\n"
+              "from autotune.entry import main\n"
+              "main()\n")
+
+
+@pytest.mark.parametrize(("signal_name", "argv", "module", "line", "shape"), [
+    ("SIGTERM", ["probe"], "autotune.cli", "interrupted (before the command started)", None),
+    ("SIGINT", ["status", "nowhere"], "typer.main.get_command", "interrupted (before the command started)", None),
+    ("SIGINT", ["status", "nowhere", "--json"], "autotune.tuner.status", "interrupted: autotune status stopped before it was done",
+     {"study": None, "best": None, "winner": None}),
+    ("SIGTERM", ["search", "--model", "resnet18", "--json"], "autotune.api",
+     "interrupted: autotune search stopped before it was done", {"best": None}),
+    ("SIGHUP", ["report", "nowhere"], "autotune.tuner.study_report", "interrupted: autotune report stopped before it was done", None),
+], ids=["sigterm-importing", "sigint-building", "sigint-status-json", "sigterm-search-json", "sighup-report"])
+def test_a_stop_before_a_command_answers_stops_itself_is_one_line_and_exit_130(signal_name, argv, module, line, shape) -> None:
+    """A Ctrl-C, SIGTERM or SIGHUP after the CLI's imports and before a command handles stops itself: Typer turned
+    the Ctrl-C into a silent exit 130 (or a traceback while it built the command), and SIGTERM ended the process with
+    a silent 143. Each is one line and exit 130, with ``--json`` the command's error object. No timing: the signal is
+    sent as the named module is imported (or as Typer builds the command)."""
+    code = _SIGNAL_AT.format(argv=argv, module=module, signal=signal_name)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stderr) == (130, f"error: {line}\n")
+    assert (json.loads(done.stdout) if shape is not None else done.stdout) == ({**shape, "error": line} if shape is not None else "")
