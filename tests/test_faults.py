@@ -488,7 +488,7 @@ def test_an_interrupted_trial_stops_the_search_and_is_never_stored(tmp_path, cac
 
     config = SearchConfig(model="resnet18", trials=3, image_size=32, device="cpu", trial_seconds=1.0,
                           out=tmp_path / "out", cache_dir=cache_dir, synthetic_images=64)
-    with pytest.raises(SearchInterrupted, match=r"^interrupted: 1 finished trials kept in ") as stopped:  # the interrupted one is not kept
+    with pytest.raises(SearchInterrupted, match=r"^interrupted: 1 finished trial kept in ") as stopped:  # the interrupted one is not kept
         run_search(config, runner=runner)
     # The user pressed nothing (earlyoom's SIGTERM, say): the line says what stopped the search.
     assert str(stopped.value).endswith("(what stopped it: the trial process was terminated from outside (SIGTERM))")
@@ -603,7 +603,7 @@ def test_a_full_disk_while_the_winner_is_written_says_what_is_kept_and_to_rerun(
     monkeypatch.setattr(module, "atomic_write_text", full)
     config = SearchConfig(model="resnet18", trials=2, image_size=32, device="cpu", trial_seconds=1.0,
                           out=tmp_path / "out", cache_dir=cache_dir, synthetic_images=64)
-    with pytest.raises(AutotuneError, match=rf"^cannot write .*{file}: No space left on device; the 2 finished trials are kept in "
+    with pytest.raises(AutotuneError, match=rf"^cannot write .*{file}: No space left on device; 2 finished trials kept in "
                                             r"sqlite:///.*: fix that \(a full disk: free some space\) and rerun the same command"):
         run_search(config, runner=steady_runner)
     monkeypatch.setattr(module, "atomic_write_text", write)
@@ -680,13 +680,13 @@ def test_a_stop_while_the_report_is_drawn_ends_as_interrupted_with_the_winner_wr
     from autotune.output.best import read_best
     from autotune.tuner.study_report import report_study
 
-    def drawn(out, data):
+    def drawn(data):
         if stop == "sigterm":
             os.kill(os.getpid(), signal.SIGTERM)  # delivered at once: the handler runs on this thread's next bytecode
             sum(range(1000))
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(autotune.tuner.study_report, "write_report", drawn)
+    monkeypatch.setattr(autotune.tuner.study_report, "render_report", drawn)
     out = tmp_path / "out"
     caught = _search_stopped(out, cache_dir)
     assert isinstance(caught, SearchInterrupted), repr(caught)
@@ -696,6 +696,34 @@ def test_a_stop_while_the_report_is_drawn_ends_as_interrupted_with_the_winner_wr
     monkeypatch.undo()
     report_study(out)  # the page the message names
     assert "Winner:" in (out / "report.html").read_text()
+
+
+def test_a_stop_while_the_report_s_files_are_written_waits_for_them_and_says_they_are(tmp_path, cache_dir, monkeypatch) -> None:
+    """A Ctrl-C as report.html and its PNG copies were written left a new page beside an earlier run's PNGs, and the
+    search said "report.html not written". The files of one report are written whole (a stop waits milliseconds for
+    them), and the search's line says they are."""
+    import autotune.tuner.study_report
+    from autotune.errors import SearchInterrupted
+    from autotune.output.best import read_best
+
+    real = autotune.tuner.study_report.write_rendered
+    stale = [p for p in (tmp_path / "out" / f"report-{n}.png" for n in ("summary", "history"))]
+
+    def written(out, page, images):
+        os.kill(os.getpid(), signal.SIGINT)  # a Ctrl-C as the first file is written
+        sum(range(1000))
+        return real(out, page, images)
+
+    monkeypatch.setattr(autotune.tuner.study_report, "write_rendered", written)
+    out = tmp_path / "out"
+    out.mkdir()
+    for path in stale:
+        path.write_bytes(b"an earlier run's plot")
+    caught = _search_stopped(out, cache_dir)
+    assert isinstance(caught, SearchInterrupted), repr(caught)
+    assert caught.exit_code == 130 and "interrupted as report.html was written; it is written" in str(caught)
+    assert read_best(out / "best.json").confirmed and "Winner:" in (out / "report.html").read_text()
+    assert not any(p.exists() and p.read_bytes() == b"an earlier run's plot" for p in stale)
 
 
 def test_a_stop_while_the_winner_is_written_waits_for_best_json_and_skips_only_the_ceilings(tmp_path, cache_dir, monkeypatch) -> None:
@@ -1403,7 +1431,7 @@ def test_copies_left_by_a_killed_generation_are_removed(tmp_path) -> None:
 
 
 @pytest.mark.slow
-def test_ctrl_c_during_calibration_keeps_its_runs_and_the_rerun_reuses_them(tmp_path, cache_dir) -> None:
+def test_ctrl_c_during_calibration_keeps_its_runs_and_the_rerun_reuses_them(tmp_path, cache_dir, monkeypatch) -> None:
     """A real SIGINT once the calibration stored two runs: exit 130, the last line counts the runs kept, and the same
     command run again reuses exactly those (nothing measured is lost) and finishes the search."""
     import re
@@ -1430,6 +1458,26 @@ def test_ctrl_c_during_calibration_keeps_its_runs_and_the_rerun_reuses_them(tmp_
     found = re.fullmatch(r"interrupted during calibration, before the first trial \(runs measured and kept: (\d+)\); "
                          r"rerun the same command to go on", last)
     assert found is not None and int(found.group(1)) == kept() >= 2, last
+    # Another search in a copy of that --out takes it over (nothing else is held) and says that it drops the runs.
+    import shutil
+
+    from autotune.tuner import SearchConfig
+    from autotune.tuner.prepare import prepare
+
+    class Said:
+        lines: list[str] = []
+
+        def message(self, text: str) -> None:
+            self.lines.append(text)
+
+    other = shutil.copytree(out, tmp_path / "copy")
+    config = SearchConfig(model="factories:tiny_cnn", image_size=32, synthetic_images=64, trial_seconds=3.0, device="cpu", trials=1,
+                          out=other, cache_dir=cache_dir)
+    monkeypatch.chdir(TESTS)  # the model's module is imported from the working directory, as a user's own is
+    prepare(config, Said()).held.close()  # type: ignore[arg-type]
+    monkeypatch.undo()
+    assert (f"dropped the {found.group(1)} calibration runs that a search with other settings kept here (it stopped before "
+            "its calibration ended): they measured that search, not this one") in Said.lines, Said.lines
     code, stdout, stderr = run_here(cmd)
     said = stdout + stderr
     assert code == 0, said
@@ -1616,8 +1664,8 @@ def test_a_rerun_interrupted_during_its_confirmation_keeps_the_earlier_winner_s_
     from autotune.tuner.study_report import report_study
 
     reports: list = []
-    real = autotune.tuner.study_report.write_report
-    monkeypatch.setattr(autotune.tuner.study_report, "write_report", lambda out, data: reports.append(data) or real(out, data))
+    real = autotune.tuner.study_report.render_report
+    monkeypatch.setattr(autotune.tuner.study_report, "render_report", lambda data: reports.append(data) or real(data))
     out = tmp_path / "out"
     config = SearchConfig(model="resnet18", trials=2, image_size=32, device="cpu", trial_seconds=1.0, confirm_rounds=2,
                           out=out, cache_dir=cache_dir, synthetic_images=64, ceilings=False)

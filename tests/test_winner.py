@@ -624,6 +624,22 @@ def test_an_interrupted_confirmation_s_rounds_give_the_speedup_where_the_pick_an
     assert single.speedup == pytest.approx(132.0 / 4.9) and single.speedup_basis == "single trials, unconfirmed"
 
 
+def test_an_interrupted_confirmation_s_rounds_rank_the_single_trials_they_ran_side_by_side() -> None:
+    """A probe's Ctrl-C at the second run of the confirmation: the defaults' single trial (63.3 samples/s in a quiet
+    minute) was the pick, written to best.json and train.py, though the round just measured ran them at 12.2 and trial
+    #5's setup at 82.0, side by side. A setup ahead of the fastest single trial's in the rounds both ran leads."""
+    feasible = [_record(0, DEFAULTS, 63.3), _record(1, FAST, 60.0), _record(2, MID, 50.0)]
+    partial = (_confirmed(DEFAULTS, (12.2,)), _confirmed(FAST, (82.0,)), _confirmed(MID, ()))
+    best = make_best(workload=WORKLOAD, hardware=HARDWARE, feasible=feasible, confirmed=[], defaults=DEFAULTS,
+                     effective_batch=None, command="autotune search", interrupted=True, partial=partial)
+    assert best.setup == FAST and not best.confirmed
+    assert best.samples_per_s == 82.0 and best.speedup == pytest.approx(82.0 / 12.2)
+    behind = (_confirmed(DEFAULTS, (90.0,)), _confirmed(FAST, (82.0,)), _confirmed(MID, ()))  # the rounds agree with the trials
+    kept = make_best(workload=WORKLOAD, hardware=HARDWARE, feasible=feasible, confirmed=[], defaults=DEFAULTS,
+                     effective_batch=None, command="autotune search", interrupted=True, partial=behind)
+    assert kept.setup == DEFAULTS
+
+
 def test_a_speedup_far_from_the_ratio_of_the_medians_beside_it_says_both() -> None:
     """A probe's line: "2871.3 samples/s, 2.19x the PyTorch defaults (2564.8 samples/s; median of the paired rounds)":
     2871.3 / 2564.8 is 1.12; the rounds paired 2.19x, 1.01x and 3.22x, and no note said why the figures differ."""

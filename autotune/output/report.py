@@ -38,7 +38,7 @@ from autotune.output.sections import (
 from autotune.redact import hide_passwords
 from autotune.units import counted, format_bytes
 
-__all__ = ["HEADLINE", "PLOTS_HINT", "REPORT", "ReportInput", "render_report", "write_report"]
+__all__ = ["HEADLINE", "PLOTS_HINT", "REPORT", "ReportInput", "render_report", "write_rendered", "write_report"]
 
 REPORT = "report.html"
 #: Sections whose plot is also written as ``report-<id>.png`` next to the HTML.
@@ -163,7 +163,12 @@ def write_report(out: Path, data: ReportInput) -> tuple[Path, ...]:
     Raises:
         EmitError: A file cannot be written (a read-only or full disk), named (not its temporary copy).
     """
-    page, images = render_report(data)
+    return write_rendered(out, *render_report(data))
+
+
+def write_rendered(out: Path, page: str, images: dict[str, bytes]) -> tuple[Path, ...]:
+    """:func:`write_report` for a page and images :func:`render_report` drew (the seconds of drawing apart from the
+    milliseconds of writing, which a caller may keep whole: a page and PNGs of one report, never of two)."""
     written, path = [out / REPORT], out / REPORT
     try:
         out.mkdir(parents=True, exist_ok=True)

@@ -33,6 +33,7 @@ from autotune.tuner.signals import stop_requested
 from autotune.tuner.storage import check_one_study, check_storage_url, is_shared
 from autotune.tuner.study import SearchStudy
 from autotune.tuner.workers import Crew
+from autotune.units import counted
 from autotune.workloads import build_workload, write_synthetic
 from autotune.workloads.tasks import build_task_workload
 
@@ -106,7 +107,11 @@ def prepare(config: SearchConfig, reporter: Reporter) -> Prepared:
                 study.claim()
                 stack.callback(study.release)
                 add_pending(study, out, reporter.message)  # before recover(): a measured defaults trial is not queued again
+                kept = study.calibration_runs()
                 study.check_signature(signature(config, workload, machine_fingerprint(hardware, device)), in_out=config.storage is None)
+                if kept and not study.calibration_runs():  # a study holding nothing else takes the new settings
+                    reporter.message(f"dropped the {counted(len(kept), 'calibration run')} that a search with other settings kept here "
+                                     "(it stopped before its calibration ended): they measured that search, not this one")
                 stale = study.recover()
             with nothing_left_if_stopped(study, shared):  # after the signature: a refused rerun writes no JPEGs
                 write_synthetic(workload, reporter.message, stop_requested)  # a stop whose interrupt was swallowed

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from functools import partial
+from pathlib import Path
 from typing import TypeVar
 
 from autotune.errors import AutotuneError, EmitError, SearchFailed, SearchInterrupted, StorageError, UsageError
@@ -43,6 +44,7 @@ from autotune.tuner.study import ROLE_DEFAULTS, ROLE_GUESS
 from autotune.tuner.study_report import kept_outcome, kept_winner, report_search, stored_confirmed
 from autotune.tuner.timed import TimedRunner
 from autotune.tuner.winner import bottleneck_verdict, make_best
+from autotune.units import counted
 
 T = TypeVar("T")
 
@@ -87,6 +89,9 @@ def run_search(config: SearchConfig, reporter: Reporter | None = None, *, runner
         if (why := stop_reason()) is None:
             raise
         raise SearchInterrupted(f"{exc} (what stopped it: {why})", outcome=exc.outcome) from None
+    if stop_requested() and any(Path(f).name == "report.html" for f in outcome.files):  # held while the page was written: all is
+        raise SearchInterrupted(f"interrupted as report.html was written; it is written, with best.json, train.py and trials.csv, "
+                                f"in {prepared.out}", outcome=outcome)
     if stop_requested():  # while report.html was drawn (its one line said so): the rest is written, the page is not
         raise SearchInterrupted(f"interrupted while report.html was written; best.json, train.py and trials.csv are written in {prepared.out}: "
                                 f"`autotune report {prepared.out}` writes the page", outcome=outcome)
@@ -173,7 +178,8 @@ def _search(config: SearchConfig, prepared: Prepared, reporter: Reporter, timed:
                 f"the confirmed winner of an earlier run stays in {best_json} (this run's best so far is not confirmed); "
                 "rerun the same command to resume" if kept else
                 f"best so far written to {best_json} (unconfirmed); rerun the same command to resume")
-        raise SearchInterrupted(f"interrupted: {counted_records(records)} finished trials kept in {prepared.study.storage}; {said}", outcome=outcome)
+        kept_line = counted(counted_records(records), "finished trial")
+        raise SearchInterrupted(f"interrupted: {kept_line} kept in {prepared.study.storage}; {said}", outcome=outcome)
     return outcome
 
 
@@ -196,8 +202,8 @@ def first_steps(config: SearchConfig, prepared: Prepared, reporter: Reporter, ru
 def _nothing_feasible(records: list[TrialRecord], storage: str, interrupted: bool, report: str | None = None) -> AutotuneError:
     """The error when no trial measured a throughput: interrupted, or every trial failed (``report``: report.html, if written)."""
     if interrupted:
-        kept = counted_records(records)
-        return SearchInterrupted(f"interrupted before any feasible trial; {kept} trials kept in {storage}; rerun the same command to resume")
+        kept = counted(counted_records(records), "trial")
+        return SearchInterrupted(f"interrupted before any feasible trial; {kept} kept in {storage}; rerun the same command to resume")
     reasons = sorted({f"{r.result.status}: {r.result.error}" for r in records})
     where = f"; every trial's reason in {report}" if report else ""
     return SearchFailed(f"all {len(records)} trials failed ({'; '.join(reasons)[:300]}){where}")
@@ -327,7 +333,7 @@ def finish(
     try:
         written = write_winner(best, out) if write else ()
     except EmitError as exc:  # a full disk at the very end: what is stored stays, the rerun writes the winner
-        raise StorageError(f"{exc}; the {counted_records(records)} finished trials are kept in {prepared.study.storage}: fix that (a "
+        raise StorageError(f"{exc}; {counted(counted_records(records), 'finished trial')} kept in {prepared.study.storage}: fix that (a "
                            "full disk: free some space) and rerun the same command (it confirms the finalists again, then writes "
                            "best.json and train.py)") from None
     return SearchOutcome(

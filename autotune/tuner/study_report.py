@@ -18,7 +18,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.errors import AutotuneError, StorageError
 from autotune.output.best import Best, read_best
-from autotune.output.report import ReportInput, write_report
+from autotune.output.report import ReportInput, render_report, write_rendered, write_report
 from autotune.records import Calibration, TrialRecord
 from autotune.rounds import Candidate, Confirmed
 from autotune.time_spent import TimeSpent
@@ -46,6 +46,7 @@ def write_search_report(study: SearchStudy, out: Path, data: ReportInput, log: C
     Returns:
         The files written (report.html first), or none.
     """
+    written: tuple[Path, ...] = ()
     try:
         with sigterm_as_interrupt():  # SIGTERM and SIGHUP too: a stop while the page is drawn costs the page, not the search
             with interrupts_held():
@@ -53,11 +54,15 @@ def write_search_report(study: SearchStudy, out: Path, data: ReportInput, log: C
                     study.store_time_spent(own)
                 if data.verdict is not None:
                     study.store_verdict(data.verdict, data.ceilings)
-            return tuple(str(p) for p in write_report(out, data))
+            page, images = render_report(data)
+            with interrupts_held():  # the page and its PNGs of one report, never of two (a stop waits milliseconds)
+                written = write_rendered(out, page, images)
+            return tuple(str(p) for p in written)
     except KeyboardInterrupt:  # remembered: the search ends as interrupted once its files are written (signals.stop_requested)
         remember_stop()
-        log(f"report.html not written: interrupted (`autotune report {out}` writes it from the study)")
-        return ()
+        if not written:
+            log(f"report.html not written: interrupted (`autotune report {out}` writes it from the study)")
+        return tuple(str(p) for p in written)
     except Exception as exc:  # a storage, plotting or disk failure must not cost the measured search
         log(f"report.html not written: {type(exc).__name__}: {exc}")
         return ()
@@ -293,8 +298,8 @@ def report_study(out: Path, *, storage: str | None = None, study: str | None = N
     elif best is None and not any(r.result.ok for r in records) and not stored.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         status = "failed: no feasible trial"
     elif best is None and not shared and (out / "best.json").is_file():
-        status = (f"winner not shown: {out / 'best.json'} is another search's (another workload or setups), not study "
-                  f"{stored.name!r}'s")
+        status = (f"winner not shown: {out / 'best.json'} is another search's (another workload or setups), not the winner "
+                  f"of study {stored.name!r}")
     elif best is None:
         status = "in progress or interrupted (no confirmed winner for this budget yet)" if shared else "in progress or interrupted (no best.json yet)"
     elif not best.confirmed:
