@@ -129,7 +129,7 @@ def search(
         confirm_rounds: Most interleaved rounds of re-measurement (fewer when
             the ranking settles after two).
         ceilings: Measure the winner computing alone and loading alone after
-            the confirmation (three more runs), for a bottleneck verdict at the
+            the confirmation (two more runs), for a bottleneck verdict at the
             winner's own setup; ``False`` skips them (the verdict then uses the
             calibration's ceilings).
         seed: Sampler seed.

@@ -48,7 +48,7 @@ def main(argv: list[str]) -> int:
         synthetic_images=64,
         confirm_top=1,
         confirm_rounds=1,
-        ceilings=False,  # a demo: skip the three runs that re-measure the ceilings at the winner's setup
+        ceilings=False,  # a demo: skip the two runs that re-measure the ceilings at the winner's setup
         command="python examples/custom_model.py",
     )
     outcome = run_search(config)

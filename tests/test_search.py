@@ -115,13 +115,13 @@ def test_an_effective_batch_larger_than_the_data_is_refused_before_anything_runs
                           (["batch_size=32..64", "accumulation_steps=4"], "--set batch_size (at least 32) and --set accumulation_steps"),
                           (["num_workers=2..4", "prefetch_factor=2", "batch_size=32"],
                            "--set num_workers=2..4 and --set prefetch_factor=2 and --set batch_size=32: the smallest loader queue they "
-                           "allow (workers x prefetch x batch = 128 samples)")):
+                           "allow (2 workers x prefetch 2 x batch 32 = 128 samples)")):
         with pytest.raises(UsageError, match=re.escape(message)):
             search(config(tmp_path, cache_dir, constraints=tuple(parse_constraint(p) for p in pins)), runner=recording)
     assert ran == [] and not (tmp_path / "out").exists()
     check_effective_batch(None, 64, constraints={"batch_size": parse_constraint("batch_size=8..1000")})
     queue = {"num_workers": parse_constraint("num_workers=2"), "prefetch_factor": parse_constraint("prefetch_factor=4")}
-    with pytest.raises(UsageError, match=re.escape("(workers x prefetch x batch = 8 samples) is larger than the 4 training images")):
+    with pytest.raises(UsageError, match=re.escape("(2 workers x prefetch 4 x batch 1 = 8 samples) is larger than the 4 training images")):
         check_effective_batch(None, 4, constraints=queue)
     check_effective_batch(None, 8, constraints=queue)  # an epoch of 8 holds it
     check_effective_batch(None, 4, constraints={**queue, "num_workers": parse_constraint("num_workers=0..2")})  # 0 workers: no queue

@@ -189,7 +189,7 @@ class SearchConfig:
             value = getattr(self, name)
             if (value is not None or name not in _OPTIONAL) and (isinstance(value, bool) or not isinstance(value, kind)):
                 raise UsageError(f"--{name.removesuffix('_s').replace('_', '-')} must be {_TYPE_NAMES[kind]}, got {value!r}")
-        check_bool("--ceilings", self.ceilings)  # "no" is truthy: three more runs the caller turned off
+        check_bool("--ceilings", self.ceilings)  # "no" is truthy: two more runs the caller turned off
         if not 1 <= self.trials <= MAX_TRIALS:
             raise UsageError(f"--trials must be between 1 and {MAX_TRIALS}, got {self.trials}")
         if self.effective_batch is not None and self.effective_batch < 1:

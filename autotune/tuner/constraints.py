@@ -306,10 +306,12 @@ def check_effective_batch(
     workers = (constraints or {}).get("num_workers")
     if workers is not None and not workers.allows(0):  # every setup has a loader queue: it must fit in an epoch
         prefetch = (constraints or {}).get("prefetch_factor")
-        queue = _smallest(workers) * (_smallest(prefetch) if prefetch is not None else 1) * set_by.get("batch_size", 1)
+        least = (_smallest(workers), _smallest(prefetch) if prefetch is not None else 1, set_by.get("batch_size", 1))
+        queue = least[0] * least[1] * least[2]
         if queue > images:
             named = " and ".join(f"--set {c}" for c in (workers, prefetch, (constraints or {}).get("batch_size")) if c is not None)
-            raise UsageError(f"{named}: the smallest loader queue they allow (workers x prefetch x batch = {queue} samples) is "
+            raise UsageError(f"{named}: the smallest loader queue they allow ({least[0]} workers x prefetch {least[1]} x batch "
+                             f"{least[2]} = {queue} samples) is "
                              f"larger than the {images} training {unit}{' of a rank' if ranks > 1 else ''}, which no setup may "
                              f"prefetch; allow fewer workers{' or a smaller prefetch_factor' if prefetch is not None else ''}")
 
