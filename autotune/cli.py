@@ -388,9 +388,8 @@ def main(argv: list[str] | None = None) -> None:
         exit_code = getattr(exc, "exit_code", None)
         if not (hasattr(exc, "format_message") and isinstance(exit_code, int)):
             raise
-        if type(exc).__name__ != "NoArgsIsHelpError":  # bare `autotune`: the help is printed already
-            commands = {c.name or c.callback.__name__: c.callback.__name__ for c in app.registered_commands if c.callback}
-            cli_errors.usage_error(exc, argv if argv is not None else sys.argv[1:], commands, err)
+        commands = {c.name or c.callback.__name__: c.callback.__name__ for c in app.registered_commands if c.callback}
+        cli_errors.usage_error(exc, argv if argv is not None else sys.argv[1:], commands, err)
         sys.exit(exit_code)
     sys.exit(code if isinstance(code, int) else 0)
 

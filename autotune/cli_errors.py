@@ -226,7 +226,8 @@ def check_flags_agree(ctx: typer.Context, flags: Mapping[str, Any], sets: Sequen
 
 
 def usage_error(exc: Exception, words: Sequence[str], commands: Mapping[str, str], err: Console) -> None:
-    """Print a usage error (Click's, matched by shape) as one line naming the command's ``--help``.
+    """Print a usage error (Click's, matched by shape) as one line naming the command's ``--help``; a bare ``autotune``
+    gets the help (on stderr, exit 2, as Click gives it).
 
     Args:
         exc: Click's exception (``format_message``, maybe ``ctx``).
@@ -234,6 +235,9 @@ def usage_error(exc: Exception, words: Sequence[str], commands: Mapping[str, str
         commands: Each command's name to its function's name.
         err: The console for stderr.
     """
+    if type(exc).__name__ == "NoArgsIsHelpError":
+        exc.show()  # type: ignore[attr-defined]
+        return
     at = next((i for i, w in enumerate(words) if w in commands), len(words))  # len(words): none named
     named = " ".join(["autotune", *words[at:at + 1]])  # Click gave no context
     ctx = getattr(exc, "ctx", None)

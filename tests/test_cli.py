@@ -448,3 +448,12 @@ def test_a_stop_before_a_command_answers_stops_itself_is_one_line_and_exit_130(s
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert (done.returncode, done.stderr) == (130, f"error: {line}\n")
     assert (json.loads(done.stdout) if shape is not None else done.stdout) == ({**shape, "error": line} if shape is not None else "")
+
+
+def test_a_bare_autotune_prints_its_help() -> None:
+    """``autotune`` with no command printed nothing at all and exited 2: the usage-error handling skipped the help Click
+    had not printed yet."""
+    done = subprocess.run([sys.executable, "-m", "autotune"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.startswith("Usage: ") and "Commands:" in done.stderr
+    assert all(f"  {name} " in done.stderr for name in ("probe", "trial", "search", "emit", "report", "status"))
