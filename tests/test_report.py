@@ -432,6 +432,12 @@ def test_status_reads_a_search_directory_like_report(searched, tmp_path) -> None
     best = read_best(other / "best.json")
     write_best(other / "best.json", dataclasses.replace(best, workload=dataclasses.replace(best.workload, model="mobilenet_v3_small")))
     assert json.loads(CliRunner().invoke(app, ["status", str(other), "--json"]).stdout)["winner"] is None
+    # A damaged best.json is said to be one, as report and emit say it (it read "none confirmed ...; rerun to confirm one").
+    text = (source / "best.json").read_text()
+    (other / "best.json").write_text(text[: len(text) // 2])
+    said = " ".join(CliRunner().invoke(app, ["status", str(other)]).stdout.split())
+    assert f"winner: not shown: {other / 'best.json'}" in said and "none confirmed" not in said, said
+    assert said.endswith("rerun the search's command to write best.json again"), said
     missing = CliRunner().invoke(app, ["status", str(tmp_path / "nowhere")])
     lines = [ln for ln in missing.output.splitlines() if ln.strip()]
     assert missing.exit_code == 1 and len(lines) == 1 and lines[0].startswith("error: no study in ")

@@ -20,7 +20,7 @@ from autotune.tuner.constraints import excluding
 from autotune.tuner.lock import Holder
 from autotune.tuner.pending import pending_file, read_pending
 from autotune.tuner.study import ATTR_MARKER, ATTR_ROLE, ATTR_WORKER, ROLE_SEARCH, STUDY_HOLDER, SearchStudy
-from autotune.tuner.study_report import baseline_only, is_another_searchs, kept_winner, published_winner, run_by_workers, stored_set
+from autotune.tuner.study_report import baseline_only, best_unreadable, is_another_searchs, kept_winner, published_winner, run_by_workers, stored_set
 from autotune.tuner.workers import confirm_marker
 
 
@@ -71,6 +71,7 @@ class StudyStatus:
         pending: A line about the measured trials ``out``'s pending-trials.json keeps for this study (the storage
             could not take them; the search's rerun adds them), or why that file is unreadable; None: none kept.
         foreign_best: ``out/best.json`` is readable and another search's (``--storage`` naming another study).
+        unreadable_best: Why ``out/best.json`` cannot be read (damaged, another version's), or None.
     """
 
     study: str
@@ -91,6 +92,7 @@ class StudyStatus:
     calibration_runs: int | None = None
     pending: str | None = None
     foreign_best: bool = False
+    unreadable_best: str | None = None
 
     def lines(self) -> list[str]:
         """The status in plain lines."""
@@ -130,6 +132,8 @@ class StudyStatus:
                          "winner: in the best.json of the search's directory (autotune status DIR --storage URL shows it)" if self.out is None else
                          f"winner: none of this study's in {self.out}: its best.json is another search's (another storage or study)"
                          if self.foreign_best else
+                         f"winner: not shown: {self.unreadable_best}; rerun the search's command to write best.json again"
+                         if self.unreadable_best else
                          f"winner: none confirmed in {self.out / 'best.json'}; rerun the search's command to confirm one"
                          if (self.out / "best.json").exists() else
                          f"winner: none confirmed ({self.out} holds no best.json: the search stopped before it wrote one); rerun the "
@@ -187,10 +191,11 @@ def study_status(storage: str, study: str | None = None, out: Path | None = None
     unmeasured = [r for r in records if not r.result.ok and r.result.status != "pruned" and not r.free]
     lone = not run_by_workers(trials)
     winner, winner_by = published_winner(found) or (None, None)
-    foreign = False
+    foreign, unreadable = False, None
     if winner is None and out is not None and lone:  # a shared study's worker's copy may be an earlier budget's
         best = kept_winner(out, found, records)  # an interrupted search's or an unreadable best.json is no winner
         foreign = best is None and is_another_searchs(out, found, records)
+        unreadable = best_unreadable(out, found, records) if best is None and not foreign else None
         if best is not None:
             winner, winner_by = best, f"this search (best.json and train.py in {out.resolve()})"
             if lone_holder is not None and lone_holder.alive() and _written_before(out / "best.json", lone_holder.started):
@@ -220,6 +225,7 @@ def study_status(storage: str, study: str | None = None, out: Path | None = None
         infeasible=len(unmeasured),
         infeasible_kinds=tuple(sorted({r.result.status for r in unmeasured})),
         foreign_best=foreign,
+        unreadable_best=unreadable,
         calibration_runs=sum(map(len, found.calibration_runs().values())) if found.calibration() is None else None,
         pending=_pending(out, found) if out is not None else None,
     )

@@ -154,6 +154,17 @@ def is_another_searchs(out: Path, study: SearchStudy, records: list[TrialRecord]
         return False
 
 
+def best_unreadable(out: Path, study: SearchStudy, records: list[TrialRecord]) -> str | None:
+    """Why ``out/best.json`` cannot be read (damaged, another version's schema), or None when it is absent or readable."""
+    if not (out / "best.json").is_file():
+        return None
+    try:
+        stored_best(out, study, records)
+    except AutotuneError as exc:
+        return str(exc)
+    return None
+
+
 def kept_outcome(outcome: SearchOutcome, kept: Best, study: SearchStudy, records: list[TrialRecord]) -> SearchOutcome:
     """``outcome`` showing the ``kept`` winner of an earlier run with that run's rounds, verdict and ceilings (an
     interrupted rerun measured rounds of its own: they are not the kept winner's evidence)."""
