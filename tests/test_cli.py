@@ -66,6 +66,7 @@ def _one_error_line(output: str) -> str:
         (("--device", "tpu"), 2, "bad device 'tpu'"),
         (("--max-memory", "lots"), 2, "not a memory size"),
         (("--sampler", "grid"), 2, "--sampler must be tpe or random"),
+        (("--confirm-rounds", "0"), 2, "--confirm-rounds must be >= 1, got 0"),  # it named --confirm-top too, and no value
         (("--set", "amp=:fire:"), 2, "got ':fire:'"),  # as typed: Rich would print an emoji for :fire:
         (("--model", "a:b:c"), 1, "'a:b:c' is not a valid factory reference"),
     ],
@@ -457,3 +458,12 @@ def test_a_bare_autotune_prints_its_help() -> None:
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.startswith("Usage: ") and "Commands:" in done.stderr
     assert all(f"  {name} " in done.stderr for name in ("probe", "trial", "search", "emit", "report", "status"))
+
+
+def test_the_sampler_is_read_in_any_case_as_amp_and_device_are() -> None:
+    """``--sampler RANDOM`` was refused while ``--amp BF16`` and ``--device CPU`` were read."""
+    from autotune.tuner import SearchConfig
+
+    config = SearchConfig(model="resnet18", trials=3, sampler="Random")
+    config.validate()
+    assert config.sampler == "random"

@@ -482,6 +482,14 @@ def test_storages_that_cannot_open_say_why(tmp_path) -> None:
 
     sqlite = open_storage(f"sqlite:///{tmp_path}/study.db")
     assert isinstance(sqlite, RDBStorage) and sqlite.url == f"sqlite:///{tmp_path}/study.db"
+    # A journal URL naming that database, or a text file: said so (before: "'utf-8' codec can't decode byte 0xfb ...").
+    optuna.create_study(storage=sqlite, study_name="made")
+    with pytest.raises(StorageError, match=rf"{tmp_path}/study.db is not an Optuna journal file \(a JSON record per line\): it is an "
+                                           rf"SQLite database; pass sqlite:///{tmp_path}/study.db$"):
+        open_storage(f"journal:///{tmp_path}/study.db")
+    (tmp_path / "notes.log").write_text("hello\nworld\n")
+    with pytest.raises(StorageError, match=rf"notes.log is not an Optuna journal file \(a JSON record per line\)$"):
+        open_storage(f"journal:///{tmp_path}/notes.log")
     with pytest.raises(StorageError, match=r"write journal:///ABSOLUTE/PATH.log"):
         open_storage("journal://")  # no path: SQLAlchemy would look for a "journal" dialect
     with pytest.raises(StorageError, match=r"'jornal:///tmp/s.log': no storage kind jornal://; write postgresql://USER@HOST/DB, "

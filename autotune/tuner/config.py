@@ -210,8 +210,10 @@ class SearchConfig:
             raise UsageError("--model must not be empty")
         if self.cache_dir is not None and self.cache_dir.exists() and not self.cache_dir.is_dir():
             raise UsageError(f"--cache-dir {self.cache_dir} is not a directory")
-        if self.confirm_top < 1 or self.confirm_rounds < 1:
-            raise UsageError("--confirm-top and --confirm-rounds must be >= 1")
+        for flag, count in (("--confirm-top", self.confirm_top), ("--confirm-rounds", self.confirm_rounds)):
+            if count < 1:
+                raise UsageError(f"{flag} must be >= 1, got {count}")
+        object.__setattr__(self, "sampler", self.sampler.lower())  # as --amp BF16 and --device CPU are read
         if self.sampler not in ("tpe", "random"):
             raise UsageError(f"--sampler must be tpe or random, got {self.sampler!r}")
         if self.workload is None and self.image_size < 8:

@@ -235,10 +235,22 @@ def open_storage(url: str) -> BaseStorage:
             dialect = url.split(":", 1)[0]
             why = (f"no database driver for {dialect} is installed in this environment (autotune brings psycopg for "
                    "postgresql+psycopg://; install the SQLAlchemy driver your URL names)")
+        elif path is not None and isinstance(exc, (UnicodeDecodeError, ValueError)):  # JSON lines expected: binary or other text
+            why = (f"{path} is not an Optuna journal file (a JSON record per line)" + (
+                f": it is an SQLite database; pass sqlite:///{os.path.realpath(path)}" if _is_sqlite(path) else ""))
         elif url.startswith("sqlite") and isinstance(exc, sqlalchemy.exc.DatabaseError) and _damaged(why):
             why += (f": {sqlite_path(url)} is damaged (not a readable SQLite database): restore it from a backup, or move it "
                     "away and pass another --out (or --storage) for a new search")
         raise StorageError(hide_passwords(f"cannot open study storage {url!r}: {why}")) from None
+
+
+def _is_sqlite(path: str) -> bool:
+    """Whether the file at ``path`` begins as an SQLite database does."""
+    try:
+        with open(path, "rb") as file:
+            return file.read(16) == b"SQLite format 3\x00"
+    except OSError:
+        return False
 
 
 def _rdb_storage(url: str, engine: dict[str, Any], *, heartbeats: bool = True) -> RDBStorage:
