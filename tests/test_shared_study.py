@@ -488,7 +488,7 @@ def test_storages_that_cannot_open_say_why(tmp_path) -> None:
                                            rf"SQLite database; pass sqlite:///{tmp_path}/study.db$"):
         open_storage(f"journal:///{tmp_path}/study.db")
     (tmp_path / "notes.log").write_text("hello\nworld\n")
-    with pytest.raises(StorageError, match=rf"notes.log is not an Optuna journal file \(a JSON record per line\)$"):
+    with pytest.raises(StorageError, match=r"notes.log is not an Optuna journal file \(a JSON record per line\)$"):
         open_storage(f"journal:///{tmp_path}/notes.log")
     with pytest.raises(StorageError, match=r"write journal:///ABSOLUTE/PATH.log"):
         open_storage("journal://")  # no path: SQLAlchemy would look for a "journal" dialect
