@@ -66,7 +66,8 @@ def _shorthand(
     changed = [name for name, value in shorthand_only.items() if value != SHORTHAND_DEFAULTS[name]]
     if workload is not None and changed:
         flags = ", ".join("--" + name.replace("_", "-") for name in changed)
-        raise UsageError(f"{flags}: for the classifier shorthand only; a workload's Task sets its own learning rate and data")
+        owns = " and ".join(w for w, on in (("learning rate", "lr" in changed), ("data", set(changed) - {"lr"})) if on)
+        raise UsageError(f"{flags}: for the classifier shorthand only; a workload's Task sets its own {owns}")
     return model if model is not None else default_model, image_size if image_size is not None else 224
 
 
