@@ -6,6 +6,7 @@ import ast
 import contextlib
 import dataclasses
 import os
+import re
 import runpy
 import shutil
 import signal
@@ -1077,6 +1078,14 @@ def test_a_bad_image_is_one_line_naming_it_and_a_bad_validation_image_loses_no_t
     assert proc.stderr.startswith(f"error: bad image {val / name / 'broken.jpg'}: ") and "Traceback" not in proc.stderr
     assert not list(temp.glob("pymp-*"))  # the loader's worker shut down before the exit: it left no pymp-* folder
     assert _checkpoint(tmp_path / "out" / "checkpoint.pth")["epoch"] == 1  # the epoch before the evaluation is kept
+    # The file removed, --resume evaluates that epoch (before, it said "nothing to do": no accuracy was ever reported).
+    (val / name / "broken.jpg").unlink()
+    proc = subprocess.run([sys.executable, str(script), "--epochs", "1", "--batch-size", "4", "--image-size", "32", "--amp", "off",
+                           "--data", str(data), "--val-data", str(val), "--workers", "0", "--output-dir", "out", "--resume"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=RUN_TIMEOUT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert re.search(r"epoch 0 val top1 [0-9.]+ \(evaluated on resuming\)", proc.stdout), proc.stdout
+    assert "already at epoch 1 of --epochs 1" in proc.stdout
     # In the main process (no worker): one step of a batch of 2 reads both images of this folder.
     small = tmp_path / "small"
     (small / "a").mkdir(parents=True)
@@ -1098,6 +1107,28 @@ def test_an_image_over_pils_pixel_limit_is_a_bad_image_naming_it(synthetic_data:
     monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 100)  # 400 pixels is over twice the limit: refused
     with pytest.raises(namespace["BadImage"], match=f"^bad image {huge}: DecompressionBombError: "):
         namespace["load_rgb"](str(huge))
+
+
+def test_a_fifo_named_like_an_image_and_a_link_loop_are_refused_as_the_search_refuses_them(synthetic_data: Path, tmp_path: Path) -> None:
+    """A FIFO named pipe.jpg: the script took a step and then waited for a writer for good (the trial names it). A
+    link to a folder that holds it: the script trained on the same images round after round (the search refuses it)."""
+    namespace = load_script(write_script(make_best(synthetic_data), tmp_path / "train.py"))
+    fifo = tmp_path / "pipe.jpg"
+    os.mkfifo(fifo)
+    with pytest.raises(namespace["BadImage"], match=f"^bad image {fifo}: ValueError: not a regular file \\(a FIFO, socket or device\\)$"):
+        namespace["load_rgb"](str(fifo))
+    with pytest.raises(namespace["BadImage"], match=f"^bad image {fifo}: not a regular file"):
+        namespace["read_bytes"](str(fifo))  # --decode gpu
+    data = tmp_path / "loop"
+    (data / "a").mkdir(parents=True)
+    (data / "a" / "x.jpg").symlink_to(next(synthetic_data.glob("*/*.jpg")))
+    (data / "a" / "up").symlink_to(data)
+    with pytest.raises(SystemExit, match=rf"^error: --data {data}: {data}/a/up links to {data}, which holds the link itself: "
+                                         "ImageFolder follows it and reads the same images again, round after round; remove the link$"):
+        namespace["image_folder"](str(data), None)
+    (data / "a" / "up").unlink()
+    (data / "a" / "elsewhere").symlink_to(synthetic_data)  # a link to a folder that does not hold it is read as before
+    assert len(namespace["image_folder"](str(data), None).samples) == 1 + len(list(synthetic_data.glob("*/*.jpg")))
 
 
 @pytest.mark.parametrize("error", [RuntimeError("DataLoader worker (pid 7) is killed by signal: Terminated."), EOFError(),
