@@ -355,7 +355,8 @@ def trial(
         raise SetupError(f"num_workers={setup.num_workers}: {UNSHARDED}; use 0 or 1, or shard it")
     if setup.channels_last and not built.image_input:
         raise SetupError("channels_last: this workload's batches hold no 4-D floating tensor for it to act on")
-    if mode == "train" and (refused := unfed(setup, share, knob_terms=True)) is not None:  # as the search and train.py do
+    fed = setup if mode == "train" else setup.replace(accumulation_steps=1)  # the loader alone: its batches and queue
+    if mode != "compute" and (refused := unfed(fed, share, knob_terms=True)) is not None:  # as the search and train.py do
         raise SetupError(f"{refused}; a search never runs it")  # a SetupError: the CLI names the flags that set the knobs
     if announce is not None:
         ranks = f"; {nproc_per_node} DDP ranks, samples/s counts them all" if nproc_per_node > 1 else ""

@@ -195,6 +195,9 @@ def test_a_trial_flag_typed_and_a_set_of_its_knob_that_disagree_are_refused(cach
         (["--workers", "2", "--prefetch", "2", "--batch-size", "32"],
          "the loader queue (--workers 2 x --prefetch 2 x --batch-size 32 = 128 samples) is larger than an epoch of 64 images"),
         (["--set", "num_workers=2", "--batch-size", "32"], "the loader queue (--set num_workers=2 x --prefetch 2 x --batch-size 32 = 128 samples)"),
+        # the loader alone too (it measured batches padded by repeated samples); its accumulation trains nothing there
+        (["--mode", "loader", "--batch-size", "128"], "--batch-size 128 x --accum 1 = 128 exceeds the 64 training images"),
+        (["--mode", "loader", "--workers", "2", "--prefetch", "2", "--batch-size", "32"], "the loader queue (--workers 2 x --prefetch 2"),
     ],
 )
 def test_trial_setup_refusals_name_the_flags_typed(cache_dir, args: list[str], message: str) -> None:
