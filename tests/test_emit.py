@@ -1109,6 +1109,28 @@ def test_an_image_over_pils_pixel_limit_is_a_bad_image_naming_it(synthetic_data:
         namespace["load_rgb"](str(huge))
 
 
+def test_hidden_and_system_folders_are_said_as_the_search_says_them(synthetic_data: Path, tmp_path: Path) -> None:
+    """The search warns of a `.thumbs` folder read as a class and of images in a hidden folder inside a class; the
+    script trained on them without a word. It says what the search says."""
+    from torchvision.datasets import ImageFolder
+
+    from autotune.workloads.folders import folder_warning
+
+    namespace = load_script(write_script(make_best(synthetic_data), tmp_path / "train.py"))
+    image = next(synthetic_data.glob("*/*.jpg"))
+    data = tmp_path / "data"
+    for folder in ("a", "b", ".thumbs", "a/.thumbs", "b/@eaDir", "b/fine"):
+        (data / folder).mkdir(parents=True, exist_ok=True)
+        (data / folder / "x.jpg").symlink_to(image)
+    found = ImageFolder(str(data))
+    said = namespace["folder_warning"](str(data), found.classes, found.samples)
+    assert said == folder_warning(data, found.classes, found.samples), said
+    assert said.startswith(f"a hidden or system folder of {data} is read as a class (.thumbs); 2 images in hidden or system folders "
+                           "inside class folders are read as images of their class (a/.thumbs/x.jpg, ...): ImageFolder takes them")
+    clean = ImageFolder(str(synthetic_data))
+    assert namespace["folder_warning"](str(synthetic_data), clean.classes, clean.samples) is None
+
+
 def test_a_fifo_named_like_an_image_and_a_link_loop_are_refused_as_the_search_refuses_them(synthetic_data: Path, tmp_path: Path) -> None:
     """A FIFO named pipe.jpg: the script took a step and then waited for a writer for good (the trial names it). A
     link to a folder that holds it: the script trained on the same images round after round (the search refuses it)."""

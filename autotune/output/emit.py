@@ -36,7 +36,7 @@ from autotune.torch_knobs import COMPILE_MODES, DECODES, OPTIMIZER_IMPLS
 from autotune.train_setup import AMP_MODES
 from autotune.units import counted
 from autotune.workloads.data import synthetic_dir
-from autotune.workloads.folders import SPLITS
+from autotune.workloads.folders import SPLITS, SYSTEM_FOLDERS
 from autotune.workloads.models import validate_model_ref
 from probes.cpu import BF16_FLAGS
 
@@ -241,6 +241,7 @@ def _values(best: Best) -> dict[str, str]:
         "workload": repr(model if workload.task is None else _task_ref(workload.task)),
         "bf16_flags": repr(tuple(BF16_FLAGS)),
         "split_names": repr(tuple(sorted(SPLITS))),
+        "system_folders": repr(tuple(sorted(SYSTEM_FOLDERS))),
     }
     # Numbers only reach the header comment, but a NaN there would still mislead.
     for name in ("samples_per_s", "samples_per_s_spread", "defaults_samples_per_s", "speedup", "lr"):
