@@ -858,6 +858,17 @@ def test_a_gpu_setup_run_on_a_cpu_names_every_flag_to_change_in_one_line(
     assert _checkpoint(tmp_path / "out" / "checkpoint.pth")["step"] == 1
 
 
+def test_data_too_small_for_one_step_names_the_flags_to_lower(synthetic_data: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str],
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """It read "13 images are too few for one step of 16 x 1 x 1 processes", naming no flag."""
+    script = write_script(make_best(synthetic_data, **CPU_KNOBS), tmp_path / "train.py")
+    images = len(list(synthetic_data.glob("*/*.jpg")))
+    line, _ = in_process.refusal(script, ["--batch-size", str(images), "--accum-steps", "2", "--workers", "0", "--output-dir", "out"],
+                                 tmp_path, capfd, monkeypatch)
+    assert line == (f"error: {images} images are too few for one optimizer step of --batch-size {images} x --accum-steps 2; "
+                    "pass a smaller --batch-size or --accum-steps")
+
+
 def test_a_resumed_run_whose_epochs_are_used_up_says_so(synthetic_data: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str],
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """--resume --max-steps 100 after one epoch of --epochs 1 printed "done: step 2" and trained nothing, not saying why."""
