@@ -405,6 +405,19 @@ def test_a_loss_that_diverges_at_the_first_batch_stops_the_search_and_is_not_rea
     assert calls == [8]  # no smaller batch tried: divergence is not a memory limit
 
 
+def test_a_max_memory_above_the_ram_available_is_said() -> None:
+    """--max-memory 20TB on a 23.5-GiB machine ran without a word; its batches swap or are killed, not counted out of memory."""
+    lines: list[str] = []
+    calibrate(WORKLOAD, CPU, usable_cores=2, available_bytes=2**34, max_memory=2**41, trial_seconds=3.0,
+              bf16_ok=True, log=lines.append, runner=FakeRunner())
+    assert lines[0] == ("--max-memory 2048.0 GiB is more than the 16.0 GiB of RAM available now: a batch that needs it swaps, or is "
+                        "killed before the budget counts it out of memory"), lines[0]
+    lines.clear()
+    calibrate(WORKLOAD, CPU, usable_cores=2, available_bytes=2**34, max_memory=2**33, trial_seconds=3.0,
+              bf16_ok=True, log=lines.append, runner=FakeRunner())
+    assert not any("--max-memory" in line for line in lines)
+
+
 def test_the_pre_pass_log_gives_the_reason_of_a_failed_batch() -> None:
     lines: list[str] = []
     calibrate(WORKLOAD, CPU, usable_cores=2, available_bytes=2**34, max_memory=None, trial_seconds=3.0,

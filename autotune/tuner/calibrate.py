@@ -134,6 +134,9 @@ def calibrate(
     """
     cuda = device.type == "cuda"
     budget = memory_budget(device, max_memory, available_bytes // max(1, ram_share))
+    if not cuda and max_memory is not None and 0 < available_bytes < max_memory:
+        log(f"--max-memory {format_bytes(max_memory)} is more than the {format_bytes(available_bytes)} of RAM available now: a "
+            "batch that needs it swaps, or is killed before the budget counts it out of memory")
     short = TrialOptions(trial_seconds=calibration_seconds(trial_seconds), windows=2, mode="compute", max_memory_bytes=budget,
                          timeout_s=timeout_s)
     fp32 = TrainSetup()
