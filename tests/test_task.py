@@ -1457,3 +1457,13 @@ def test_a_long_error_is_cut_at_a_word_end_before_its_hint() -> None:
     path = "/data/" + "x" * 320 + ".jpg"  # no space near the end: cut inside the path, not back to before it
     said = classify(FileNotFoundError(2, "No such file or directory", path)).error or ""
     assert said.startswith("FileNotFoundError: [Errno 2] No such file or directory: '/data/xxx") and said.endswith("x ...")
+
+
+def test_a_task_factory_given_as_a_model_is_told_to_use_workload() -> None:
+    """``--model mod:make_task`` said only that the factory returned Task, not a Module."""
+    from autotune.errors import WorkloadError
+    from autotune.workloads.models import build_model
+
+    with pytest.raises(WorkloadError, match=r"^factory task_factories:good returned Task, not a torch.nn.Module \(an autotune.Task "
+                                            r"is given with --workload, not --model\)$"):
+        build_model("task_factories:good", num_classes=2, image_size=32, sys_path=[str(Path(__file__).parent)])

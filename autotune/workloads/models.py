@@ -256,7 +256,8 @@ def build_model(ref: str, *, num_classes: int, image_size: int, sys_path: Sequen
             kwargs["image_size"] = image_size
         model = func(**kwargs)
         if not isinstance(model, torch.nn.Module):
-            raise WorkloadError(f"factory {ref} returned {type(model).__name__}, not a torch.nn.Module")
+            task = " (an autotune.Task is given with --workload, not --model)" if type(model).__name__ == "Task" else ""
+            raise WorkloadError(f"factory {ref} returned {type(model).__name__}, not a torch.nn.Module{task}")
         return model
     import torchvision
 
