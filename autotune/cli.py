@@ -39,7 +39,7 @@ app = typer.Typer(
 )
 out = console()
 err = console(stderr=True)
-_state = {"debug": False}
+_state = {"debug": False, "ran": False}
 
 
 def _debug() -> bool:
@@ -60,6 +60,7 @@ def handle_errors(func: F) -> F:
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        _state["ran"] = True  # the command line is parsed
         try:
             return func(*args, **kwargs)
         except (typer.Exit, typer.Abort):
@@ -129,14 +130,8 @@ CacheDirOpt = Annotated[
     Optional[Path], typer.Option("--cache-dir", parser=_path, help="Where synthetic data is generated (default ~/.cache/autotune).")
 ]
 SyntheticOpt = Annotated[Optional[int], typer.Option("--synthetic-images", help="JPEGs made without --data: 16-100000 (default 2000; 16384 on CUDA).")]
-WorkloadOpt = Annotated[
-    Optional[str],
-    typer.Option(
-        "--workload",
-        "-w",
-        help="Your training: package.module:function returning autotune.Task (replaces --model/--data/--image-size).",
-    ),
-]
+WorkloadOpt = Annotated[Optional[str], typer.Option(
+    "--workload", "-w", help="Your training: package.module:function returning autotune.Task (replaces --model/--data/--image-size).")]
 
 NprocOpt = Annotated[int, typer.Option("--nproc-per-node", help="Ranks per trial: DDP trials (gloo on CPU, nccl on CUDA).")]
 
@@ -378,6 +373,7 @@ def main(argv: list[str] | None = None) -> None:
     ``--json`` among its options, a command that prints a JSON object for its own errors (``trial``,
     ``search``, ``status``) prints that object for the usage error too.
     """
+    _state["ran"] = False
     try:
         code = app(args=argv, standalone_mode=False)
     except KeyboardInterrupt:  # while Typer builds the command, before any command runs
@@ -391,6 +387,8 @@ def main(argv: list[str] | None = None) -> None:
         commands = {c.name or c.callback.__name__: c.callback.__name__ for c in app.registered_commands if c.callback}
         cli_errors.usage_error(exc, argv if argv is not None else sys.argv[1:], commands, err)
         sys.exit(exit_code)
+    if code == 130 and not _state["ran"]:  # a stop while Typer parsed the command line: it exits 130 without a word
+        fail(BEFORE_START)
     sys.exit(code if isinstance(code, int) else 0)
 
 

@@ -91,6 +91,8 @@ def json_error_shape(command: str) -> dict[str, Any] | None:
 
 #: The real stdout of each ``--json`` command running (innermost last): while one runs, ``sys.stdout`` is stderr.
 _JSON_STDOUT: list[TextIO] = []
+#: Whether each of them printed its object (a stop that lands after it adds none).
+_JSON_PRINTED: list[bool] = []
 
 
 def echo_json(value: Any) -> None:
@@ -103,6 +105,8 @@ def echo_json(value: Any) -> None:
         value: The object (``json.dumps``-able).
     """
     typer.echo(json.dumps(value), file=_JSON_STDOUT[-1] if _JSON_STDOUT else sys.stdout)
+    if _JSON_PRINTED:
+        _JSON_PRINTED[-1] = True
 
 
 def echo_error_object(line: str, shape: dict[str, Any]) -> None:
@@ -142,18 +146,21 @@ def json_on_error(**shape: Any) -> Callable[[F], F]:
             if not kwargs.get("as_json"):
                 return command(*args, **kwargs)
             _JSON_STDOUT.append(sys.stdout)
+            _JSON_PRINTED.append(False)
             try:
                 with redirect_stdout(sys.stderr):
                     return command(*args, **kwargs)
             except KeyboardInterrupt:  # one the command did not answer itself
-                echo_error_object(stopped_line(command.__name__), shape)
+                if not _JSON_PRINTED[-1]:
+                    echo_error_object(stopped_line(command.__name__), shape)
                 raise
             except Exception as exc:
-                if not isinstance(exc, (typer.Exit, typer.Abort)):
+                if not isinstance(exc, (typer.Exit, typer.Abort)) and not _JSON_PRINTED[-1]:
                     echo_error_object(error_line(exc)[0], shape)
                 raise
             finally:
                 _JSON_STDOUT.pop()
+                _JSON_PRINTED.pop()
 
         return wrapper  # type: ignore[return-value]
 

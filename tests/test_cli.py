@@ -430,6 +430,13 @@ _SIGNAL_AT = ("import builtins, os, signal, sys, typer.main\n"
               "        os.kill(os.getpid(), signal.{signal})\n"
               "    return building(*args, **kwargs)\n"
               "typer.main.get_command = build\n"
+              "import typer._click.core as click_core\n"
+              "parsing = click_core.Command.parse_args\n"
+              "def parse(*args, **kwargs):\n"
+              "    if {module!r} == 'parse_args':\n"
+              "        os.kill(os.getpid(), signal.{signal})\n"
+              "    return parsing(*args, **kwargs)\n"
+              "click_core.Command.parse_args = parse\n"
               "from autotune.entry import main\n"
               "main()\n")
 
@@ -437,12 +444,13 @@ _SIGNAL_AT = ("import builtins, os, signal, sys, typer.main\n"
 @pytest.mark.parametrize(("signal_name", "argv", "module", "line", "shape"), [
     ("SIGTERM", ["probe"], "autotune.cli", "interrupted (before the command started)", None),
     ("SIGINT", ["status", "nowhere"], "typer.main.get_command", "interrupted (before the command started)", None),
+    ("SIGTERM", ["status", "nowhere"], "parse_args", "interrupted (before the command started)", None),
     ("SIGINT", ["status", "nowhere", "--json"], "autotune.tuner.status", "interrupted: autotune status stopped before it was done",
      {"study": None, "best": None, "winner": None}),
     ("SIGTERM", ["search", "--model", "resnet18", "--json"], "autotune.api",
      "interrupted: autotune search stopped before it was done", {"best": None}),
     ("SIGHUP", ["report", "nowhere"], "autotune.tuner.study_report", "interrupted: autotune report stopped before it was done", None),
-], ids=["sigterm-importing", "sigint-building", "sigint-status-json", "sigterm-search-json", "sighup-report"])
+], ids=["sigterm-importing", "sigint-building", "sigterm-parsing", "sigint-status-json", "sigterm-search-json", "sighup-report"])
 def test_a_stop_before_a_command_answers_stops_itself_is_one_line_and_exit_130(signal_name, argv, module, line, shape) -> None:
     """A Ctrl-C, SIGTERM or SIGHUP after the CLI's imports and before a command handles stops itself: Typer turned
     the Ctrl-C into a silent exit 130 (or a traceback while it built the command), and SIGTERM ended the process with
@@ -470,3 +478,17 @@ def test_the_sampler_is_read_in_any_case_as_amp_and_device_are() -> None:
     config = SearchConfig(model="resnet18", trials=3, sampler="Random")
     config.validate()
     assert config.sampler == "random"
+
+
+def test_a_stop_after_a_json_command_printed_its_object_adds_no_second_one(capsys) -> None:
+    """A second Ctrl-C after an interrupted search printed its summary printed a second object (`{"best": null, ...}`)."""
+    from autotune.cli_errors import echo_json, json_on_error
+
+    @json_on_error(best=None)
+    def printed_then_stopped(as_json: bool) -> None:
+        echo_json({"best": 1})
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        printed_then_stopped(as_json=True)
+    assert capsys.readouterr().out == '{"best": 1}\n'

@@ -1097,6 +1097,8 @@ def test_a_bad_image_is_one_line_naming_it_and_a_bad_validation_image_loses_no_t
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert re.search(r"epoch 0 val top1 [0-9.]+ \(evaluated on resuming\)", proc.stdout), proc.stdout
     assert "already at epoch 1 of --epochs 1" in proc.stdout
+    again = subprocess.run(proc.args, cwd=tmp_path, capture_output=True, text=True, timeout=RUN_TIMEOUT)  # evaluated now: not again
+    assert again.returncode == 0 and "val top1" not in again.stdout and "already at epoch 1" in again.stdout, again.stdout
     # In the main process (no worker): one step of a batch of 2 reads both images of this folder.
     small = tmp_path / "small"
     (small / "a").mkdir(parents=True)

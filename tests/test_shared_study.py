@@ -490,6 +490,13 @@ def test_storages_that_cannot_open_say_why(tmp_path) -> None:
     (tmp_path / "notes.log").write_text("hello\nworld\n")
     with pytest.raises(StorageError, match=r"notes.log is not an Optuna journal file \(a JSON record per line\)$"):
         open_storage(f"journal:///{tmp_path}/notes.log")
+    journal = tmp_path / "real.log"  # a real journal with one record cut short (two writers on NFS): damaged, not foreign
+    open_storage(f"journal:///{journal}")
+    optuna.create_study(storage=open_storage(f"journal:///{journal}"), study_name="s").ask()
+    lines = journal.read_text().splitlines(keepends=True)
+    journal.write_text("".join(lines[:-1]) + lines[-1][: len(lines[-1]) // 2] + "\n" + lines[-1])
+    with pytest.raises(StorageError, match=rf"{journal} is a damaged Optuna journal \(.*\): restore it from a backup"):
+        open_storage(f"journal:///{journal}")
     with pytest.raises(StorageError, match=r"write journal:///ABSOLUTE/PATH.log"):
         open_storage("journal://")  # no path: SQLAlchemy would look for a "journal" dialect
     with pytest.raises(StorageError, match=r"'jornal:///tmp/s.log': no storage kind jornal://; write postgresql://USER@HOST/DB, "
@@ -910,7 +917,7 @@ def test_an_elected_worker_on_another_host_stays_elected_while_it_stores_its_wor
 
 
 class _SaidSharing(_Said):
-    """Stops the worker's loop at its warning about shared cores (the trial it asked stays RUNNING)."""
+    """Stops the worker's loop at its warning about shared cores (said before it asks for its next trial)."""
 
     def message(self, text: str) -> None:
         super().message(text)
@@ -950,6 +957,7 @@ def test_a_worker_says_once_when_another_worker_on_this_host_runs_trials_on_its_
         plan = SimpleNamespace(wanted=5, workload=SimpleNamespace(device="cpu"), options=SimpleNamespace(cores=tuple(cores)))
         with pytest.raises(LookupError, match=f"worker pid {other.pid} on this host"):
             Crew(study, wait_s=600.0, poll_s=0.01, me=me).explore(study, plan, _SaidSharing(), runner=None)  # type: ignore[arg-type]
+        assert len(study.study.get_trials(deepcopy=False)) == 2  # said before it asked: a stop there strands no trial of its own
     finally:
         other.kill()
         other.wait()

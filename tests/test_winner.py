@@ -634,7 +634,7 @@ def test_an_interrupted_confirmation_s_rounds_rank_the_single_trials_they_ran_si
                      effective_batch=None, command="autotune search", interrupted=True, partial=partial)
     assert best.setup == FAST and not best.confirmed
     assert best.samples_per_s == 82.0 and best.speedup == pytest.approx(82.0 / 12.2)
-    behind = (_confirmed(DEFAULTS, (90.0,)), _confirmed(FAST, (82.0,)), _confirmed(MID, ()))  # the rounds agree with the trials
+    behind = (_confirmed(DEFAULTS, (81.0,)), _confirmed(FAST, (82.0,)), _confirmed(MID, ()))  # within the noise floor: kept
     kept = make_best(workload=WORKLOAD, hardware=HARDWARE, feasible=feasible, confirmed=[], defaults=DEFAULTS,
                      effective_batch=None, command="autotune search", interrupted=True, partial=behind)
     assert kept.setup == DEFAULTS

@@ -110,8 +110,9 @@ def prepare(config: SearchConfig, reporter: Reporter) -> Prepared:
                 kept = study.calibration_runs()
                 study.check_signature(signature(config, workload, machine_fingerprint(hardware, device)), in_out=config.storage is None)
                 if kept and not study.calibration_runs():  # a study holding nothing else takes the new settings
-                    reporter.message(f"dropped the {counted(len(kept), 'calibration run')} that a search with other settings kept here "
-                                     "(it stopped before its calibration ended): they measured that search, not this one")
+                    runs = counted(sum(map(len, kept.values())), "calibration run")
+                    reporter.message(f"dropped the {runs} that a search with other settings kept here (it stopped before its "
+                                     "calibration ended): they measured that search, not this one")
                 stale = study.recover()
             with nothing_left_if_stopped(study, shared):  # after the signature: a refused rerun writes no JPEGs
                 write_synthetic(workload, reporter.message, stop_requested)  # a stop whose interrupt was swallowed

@@ -18,6 +18,7 @@ A worker that cannot reach a shared storage retries with backoff
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import random
@@ -235,13 +236,25 @@ def open_storage(url: str) -> BaseStorage:
             dialect = url.split(":", 1)[0]
             why = (f"no database driver for {dialect} is installed in this environment (autotune brings psycopg for "
                    "postgresql+psycopg://; install the SQLAlchemy driver your URL names)")
-        elif path is not None and isinstance(exc, (UnicodeDecodeError, ValueError)):  # JSON lines expected: binary or other text
+        elif path is not None and isinstance(exc, ValueError) and not _journal_begins(path):  # binary, or text of another kind
             why = (f"{path} is not an Optuna journal file (a JSON record per line)" + (
                 f": it is an SQLite database; pass sqlite:///{os.path.realpath(path)}" if _is_sqlite(path) else ""))
+        elif path is not None and isinstance(exc, ValueError):  # a journal with a broken record (two writers on NFS, say)
+            why = f"{path} is a damaged Optuna journal ({why}): restore it from a backup, or pass another --storage for a new search"
         elif url.startswith("sqlite") and isinstance(exc, sqlalchemy.exc.DatabaseError) and _damaged(why):
             why += (f": {sqlite_path(url)} is damaged (not a readable SQLite database): restore it from a backup, or move it "
                     "away and pass another --out (or --storage) for a new search")
         raise StorageError(hide_passwords(f"cannot open study storage {url!r}: {why}")) from None
+
+
+def _journal_begins(path: str) -> bool:
+    """Whether the file at ``path`` begins with a JSON record, as an Optuna journal does."""
+    try:
+        with open(path, "rb") as file:
+            json.loads(file.readline(1 << 20))
+    except (OSError, ValueError):
+        return False
+    return True
 
 
 def _is_sqlite(path: str) -> bool:

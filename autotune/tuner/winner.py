@@ -20,7 +20,7 @@ from autotune.rounds import Ceilings, Confirmed
 from autotune.train_setup import TrainSetup
 from autotune.tuner.choice import choose_winner
 from autotune.tuner.constraints import Constraint
-from autotune.tuner.noise import compared_ratios, disagree, median_ratio, paired_ratios
+from autotune.tuner.noise import beats, compared_ratios, disagree, median_ratio, paired_ratios
 from autotune.tuner.space import DEFAULT_BATCH
 from autotune.tuner.study import ROLE_DEFAULTS
 from autotune.units import counted
@@ -276,14 +276,15 @@ def scaled_lr(lr: float, effective: int, reference: int, rule: str = "sqrt") -> 
 
 
 def _ahead_in_rounds(top: TrialRecord, others: list[TrialRecord], partial: tuple[Confirmed, ...]) -> TrialRecord | None:
-    """The trial whose setup ran furthest ahead of ``top``'s in the rounds both ran (the median of their paired ratios above
-    1), or None when none did or ``top``'s setup ran no round."""
+    """The trial whose setup beat ``top``'s in the rounds both ran (:func:`~autotune.tuner.noise.beats`: beyond the noise
+    floor, in 3 of 4 rounds) by the most, or None when none did or ``top``'s setup ran no round."""
     rounds = {c.candidate.key: c for c in partial if c.values}
     mine = rounds.get(top.setup.to_json())
     if mine is None:
         return None
-    ratios = {r.number: paired_speedup(rounds[r.setup.to_json()], mine) for r in others if r.setup.to_json() in rounds and r.setup != top.setup}
-    best = max((n for n, ratio in ratios.items() if ratio is not None and ratio > 1.0), key=lambda n: ratios[n] or 0.0, default=None)
+    ahead = {r.number: paired_speedup(rounds[r.setup.to_json()], mine) or 0.0 for r in others
+             if r.setup.to_json() in rounds and r.setup != top.setup and beats(rounds[r.setup.to_json()], mine)}
+    best = max(ahead, key=lambda n: ahead[n], default=None)
     return next((r for r in others if r.number == best), None)
 
 

@@ -316,12 +316,12 @@ class Crew:
                 continue
             waiting = False
             self._retry(lambda: queue_refinements(study, plan))
+            if said := self._retry(lambda: sharing.check(study)):  # another worker on these cores: both measure each other
+                reporter.message(said)
             trial = self._ask(study, plan.wanted)
             if trial is None:
                 time.sleep(self.poll_s * random.uniform(0.5, 1.5))
                 continue
-            if said := self._retry(lambda: sharing.check(study)):  # another worker on these cores: both measure each other
-                reporter.message(said)
             known = self._one(study, plan, reporter, runner, trial, known)
 
     def _ask(self, study: SearchStudy, wanted: int) -> optuna.Trial | None:
