@@ -229,7 +229,10 @@ def _template_function(template: str, name: str) -> dict[str, Any]:
     source = autotune.output.emit._template(template).template
     function = re.search(rf"^def {name}\(.*\):\n(?:    .*\n|\n)+?(?=\n\ndef )", source, re.M)
     assert function is not None
-    namespace: dict[str, Any] = {"torch": torch, "sys": sys}
+    import os
+    import stat
+
+    namespace: dict[str, Any] = {"torch": torch, "sys": sys, "os": os, "stat": stat, "BadImage": type("BadImage", (Exception,), {})}
     exec(function.group(0), namespace)
     return namespace
 
