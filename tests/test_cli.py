@@ -47,6 +47,8 @@ def _one_error_line(output: str) -> str:
         (("--model", "resnet1800"), 1, "unknown model 'resnet1800'; did you mean resnet18"),
         (("--model", "ResNet18"), 1, "unknown model 'ResNet18'; did you mean resnet18?"),  # names are lower-case
         (("--model", "vit"), 1, "unknown model 'vit'; did you mean vit_b_16, vit_b_32, vit_h_14?"),  # the family, smallest first
+        (("--model", "ViT-B-16"), 1, "unknown model 'ViT-B-16'; did you mean vit_b_16?"),  # as papers write it: no suggestion before
+        (("--model", "mobilenetv3small"), 1, "unknown model 'mobilenetv3small'; did you mean mobilenet_v3_small?"),
         (("--model", "efficientnet"), 1, "did you mean efficientnet_b0, efficientnet_b1, efficientnet_b2?"),
         (("--model", "nonsense_model"), 1, "unknown model 'nonsense_model'; see torchvision.models.list_models()"),  # no random pick
         (("--model", "torchvision.models.resnet18"), 1, "is not a valid model name; did you mean resnet18?"),

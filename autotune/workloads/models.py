@@ -101,6 +101,10 @@ def check_model_name(ref: str) -> None:
     Raises:
         WorkloadError: Unknown name, with the closest matches suggested.
     """
+    if not is_factory_ref(ref) and "-" in ref:  # resnet-18, ViT-B-16 as papers write them: not an identifier, but meant
+        squeezed = [n for n in torchvision_models() if n.replace("_", "") == ref.strip().lower().replace("-", "").replace("_", "")]
+        if squeezed:
+            raise WorkloadError(f"unknown model {ref!r}; did you mean {squeezed[0]}?")
     validate_model_ref(ref)
     if is_factory_ref(ref):
         return
@@ -116,7 +120,8 @@ def check_model_name(ref: str) -> None:
                 "(dataset, loss) as an autotune.Task and pass --workload module:factory (docs/workloads.md)"
             )
         family = sorted((n for n in names if n.startswith(f"{ref.lower()}_")), key=_natural)[:3]  # vit: vit_b_16 first
-        close = [ref.lower()] if ref.lower() in names else family or difflib.get_close_matches(ref, names, n=3, cutoff=0.6)
+        squeezed = [n for n in names if n.replace("_", "") == ref.lower().replace("_", "")]  # mobilenetv3small
+        close = [ref.lower()] if ref.lower() in names else squeezed or family or difflib.get_close_matches(ref, names, n=3, cutoff=0.6)
         hint = f"; did you mean {', '.join(close)}?" if close else "; see torchvision.models.list_models()"
         raise WorkloadError(f"unknown model {ref!r}{hint}")
 
