@@ -761,3 +761,24 @@ def test_an_unwritable_home_leaves_no_matplotlib_warnings_on_stderr(tmp_path: Pa
                             "plots = plotting(); plots.png(plots.ceilings([('computing', 100.0, 'ceiling')]))"],
                            env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert quiet.returncode == 0 and quiet.stderr == "", quiet.stderr
+
+
+def test_report_of_a_search_stopped_after_its_calibration_shows_it(tmp_path) -> None:
+    """A search stopped before its first trial finished wrote report.html (its calibration); `autotune report DIR` then
+    refused: "holds no finished trial yet: nothing to report". A study without even a calibration is still refused."""
+    import studies
+
+    out = tmp_path / "out"
+    out.mkdir()
+    storage = f"sqlite:///{out / 'study.db'}"
+    from autotune.tuner.study import SearchStudy
+
+    SearchStudy.open(f"sqlite:///{tmp_path / 'bare.db'}", "bare", trials=3)
+    bare = CliRunner().invoke(app, ["report", str(tmp_path / "none"), "--storage", f"sqlite:///{tmp_path / 'bare.db'}"])
+    assert bare.exit_code == 1 and "holds no finished trial yet: nothing to report" in bare.output, bare.output
+    studies.seed_calibration(storage, "calibrated")
+    written = CliRunner().invoke(app, ["report", str(out)])
+    assert written.exit_code == 0, written.output
+    page = (out / REPORT).read_text()
+    assert "calibrated, no trial finished yet (in progress or interrupted)" in page
+    assert "1000" in page  # the calibration's compute-only ceiling

@@ -287,9 +287,9 @@ def report_study(out: Path, *, storage: str | None = None, study: str | None = N
     storage = storage_of(out, storage)
     stored = SearchStudy.load(storage, study)
     records = stored.records()
-    if not records:
-        raise StorageError(f"study {stored.name!r} in {stored.storage} holds no finished trial yet: nothing to report")
     calibration = stored.calibration()
+    if not records and calibration is None:
+        raise StorageError(f"study {stored.name!r} in {stored.storage} holds no finished trial yet: nothing to report")
     # A shared study's winner is the one stored for its current budget: a best.json here may be an interrupted
     # run's unconfirmed pick, or this worker's copy of an earlier budget's winner.
     shared = run_by_workers(stored.study.get_trials(deepcopy=False))
@@ -306,6 +306,8 @@ def report_study(out: Path, *, storage: str | None = None, study: str | None = N
         status = f"finished: confirmed by {published[1]}"
     elif unreadable:
         status = f"winner not shown: {unreadable}; rerun the search's command to write best.json again"
+    elif not records:  # calibrated: the page shows its ceilings, as the search's own page did
+        status = "calibrated, no trial finished yet (in progress or interrupted)"
     elif best is None and not any(r.result.ok for r in records) and not stored.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         status = "failed: no feasible trial"
     elif best is None and not shared and (out / "best.json").is_file():
