@@ -38,7 +38,7 @@ from autotune.tuner.config import check_synthetic_images, check_timeout, check_t
 from autotune.tuner.constraints import parse_constraints
 from autotune.tuner.placement import Placement
 from autotune.tuner.progress import check_reporter
-from autotune.units import parse_size
+from autotune.units import counted, parse_size
 
 __all__ = ["SearchResult", "TrialOutcome", "search", "trial"]
 
@@ -363,7 +363,7 @@ def trial(
         announce(f"trial: {built.describe()} ({dev.label}{ranks})")
     cores = len(options.cores) if options.cores else int(hardware.cpu.usable_cores)
     if setup.num_threads is not None and setup.num_threads > cores:  # measured at 9 samples/s against 200: said, as train.py says it
-        said = (f"num_threads={setup.num_threads} is more than the {cores} CPU cores this trial may use: the threads share "
+        said = (f"num_threads={setup.num_threads} is more than the {counted(cores, 'CPU core')} this trial may use: the threads share "
                 "them, which slows the step")
         if announce is not None:
             announce(f"warning: {said}")

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from autotune.devices import device_type
+from autotune.units import counted
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     import torch
@@ -50,7 +51,7 @@ def configure_torch(
     if num_threads is not None:
         usable = usable_cores()  # the affinity mask capped by a container's CPU quota, as the search counts them
         if num_threads > usable:  # a best.json tuned on a larger machine: its threads would share these cores
-            warnings.warn(f"num_threads={num_threads} is more than the {usable} CPU cores this process may use (a setup tuned "
+            warnings.warn(f"num_threads={num_threads} is more than the {counted(usable, 'CPU core')} this process may use (a setup tuned "
                           "on another machine?): the threads share the cores, which slows the step; tune on this machine, "
                           "or pass setup.replace(num_threads=None) for torch's own count", stacklevel=3)
         torch.set_num_threads(num_threads)

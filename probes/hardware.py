@@ -91,11 +91,11 @@ def _cores_warning(cpu: CpuInfo) -> str | None:
         )
     if cpu.cgroup_cpu_limit is not None and quota_to_cores(cpu.cgroup_cpu_limit) < cpu.affinity_cores:
         reasons.append(
-            f"the cgroup CPU quota is {cpu.cgroup_cpu_limit:g} CPUs (docker --cpus, Kubernetes limits.cpu)"
+            f"the cgroup CPU quota is {cpu.cgroup_cpu_limit:g} CPU{'' if cpu.cgroup_cpu_limit == 1 else 's'} (docker --cpus, Kubernetes limits.cpu)"
         )
     why = "; ".join(reasons) or "the platform reports fewer cores for this process"
     return (
-        f"only {cpu.usable_cores} of {cpu.logical_cores} logical cores are usable: {why}. "
+        f"only {cpu.usable_cores} of {cpu.logical_cores} logical cores {'is' if cpu.usable_cores == 1 else 'are'} usable: {why}. "
         f"os.cpu_count() still says {cpu.logical_cores}; more DataLoader workers than "
         f"{cpu.usable_cores} just compete for the same cores."
     )

@@ -35,7 +35,7 @@ def _system_table(hw: Hardware) -> Table:
     if cpu.affinity_cores < cpu.logical_cores:
         limits.append(f"affinity {cpu.affinity_cores}")
     if cpu.cgroup_cpu_limit is not None:
-        limits.append(f"cgroup quota {cpu.cgroup_cpu_limit:g} CPUs")
+        limits.append(f"cgroup quota {cpu.cgroup_cpu_limit:g} CPU{'' if cpu.cgroup_cpu_limit == 1 else 's'}")
     if limits:
         cores += f" ({', '.join(limits)})"
     table.add_row("Cores", cores)

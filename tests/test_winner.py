@@ -661,3 +661,17 @@ def test_a_winner_that_accumulates_says_batch_norm_sees_the_micro_batch() -> Non
             "its statistics over each micro-batch of 16: check your accuracy once, or --set accumulation_steps=1") in best.notes
     plain = _best([_confirmed(TrainSetup(batch_size=64), (300.0, 310.0)), _confirmed(DEFAULTS, (100.0, 101.0))])
     assert not any("BatchNorm" in note for note in plain.notes)
+
+
+def test_a_failed_confirmation_run_of_the_winner_or_the_defaults_is_said() -> None:
+    """A probe's defaults run killed by the kernel in the second round: the summary read '1.74x the PyTorch defaults ...
+    won 1 of 1 paired rounds', the kill unsaid."""
+    from dataclasses import replace
+
+    killed = "oom: the trial process was killed (SIGKILL), most likely by the kernel's out-of-memory killer"
+    defaults = replace(_confirmed(DEFAULTS, (100.0,)), failures=(killed,), failed_rounds=(1,))
+    best = _best([_confirmed(FAST, (174.0, 170.0)), defaults])
+    assert best.setup == FAST
+    assert f"1 of 2 confirmation runs of the PyTorch defaults failed ({killed}): the figures count the rounds it measured in" in best.notes
+    clean = _best([_confirmed(FAST, (174.0, 170.0)), _confirmed(DEFAULTS, (100.0, 101.0))])
+    assert not any("confirmation runs of" in note for note in clean.notes)

@@ -115,6 +115,11 @@ def choose_winner(
     if baseline is not None and chosen is not baseline and runner_up is not baseline:  # the speedup's own evidence
         text += f"; against the PyTorch defaults it {_margin_text(chosen, baseline)}"
     notes.append(text)
+    for who, confirmed in (("the winner", chosen), ("the PyTorch defaults", baseline)):
+        if confirmed is not None and confirmed.failures and (who == "the winner" or confirmed is not chosen):
+            runs = len(confirmed.failures)
+            notes.append(f"{runs} of {runs + len(confirmed.values)} confirmation runs of {who} failed ({confirmed.failures[0]}): the "
+                         "figures count the rounds it measured in")
     return chosen, notes
 
 

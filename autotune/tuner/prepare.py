@@ -119,7 +119,7 @@ def prepare(config: SearchConfig, reporter: Reporter) -> Prepared:
             if stale:  # the reporter's lines while the stack holds the lock: one that raises (a Ctrl-C) releases it
                 reporter.message(f"left running by a search that died, marked failed: {', '.join(f'trial #{n}' for n in stale)}")
             share = " per rank" if placement.world_size > 1 and workload.task is not None and workload.images is not None else ""
-            reporter.message(f"{workload.describe()}{share} ({device.label}); {int(hardware.cpu.usable_cores)} usable CPU cores")
+            reporter.message(f"{workload.describe()}{share} ({device.label}); {counted(int(hardware.cpu.usable_cores), 'usable CPU core')}")
             if placement.world_size > 1 or placement.parallel:
                 reporter.message(placement.describe(workload.iterable))
             held = stack.pop_all()
