@@ -229,10 +229,12 @@ def _template_function(template: str, name: str) -> dict[str, Any]:
     source = autotune.output.emit._template(template).template
     function = re.search(rf"^def {name}\(.*\):\n(?:    .*\n|\n)+?(?=\n\ndef )", source, re.M)
     assert function is not None
+    import math
     import os
     import stat
 
-    namespace: dict[str, Any] = {"torch": torch, "sys": sys, "os": os, "stat": stat, "BadImage": type("BadImage", (Exception,), {})}
+    namespace: dict[str, Any] = {"torch": torch, "sys": sys, "os": os, "stat": stat, "math": math,
+                                 "BadImage": type("BadImage", (Exception,), {})}
     exec(function.group(0), namespace)
     return namespace
 
@@ -579,3 +581,24 @@ def test_emitted_script_applies_threads_and_optimizer_kernels(
     assert checkpoint["optimizer"]["param_groups"][0]["foreach"] is False
     code, _, err = in_process.run_script(script, ["--tf32", "--max-steps", "1"], tmp_path, capfd, monkeypatch)
     assert code != 0 and "this run's flags need" in err and "to train here, add: --no-tf32" in err, err  # --device cpu on a GPU host too
+
+
+@pytest.mark.parametrize("template", ["train.py.tmpl", "train_task.py.tmpl"])
+def test_the_script_counts_the_cores_a_container_quota_leaves(template: str, tmp_path: Path) -> None:
+    """train.py's --threads warning counted the affinity mask alone: under docker --cpus=1 on 2 cores, --threads 2
+    went unsaid where the search (probes.usable_cores) counts 1."""
+    import os
+
+    usable = _template_function(template, "usable_cores")["usable_cores"]
+    mask = len(os.sched_getaffinity(0))
+    assert usable(str(tmp_path / "none")) == mask  # no cgroup files: the affinity mask
+    (tmp_path / "v2").mkdir()
+    for text, cores in (("max 100000\n", mask), ("100000 100000\n", 1), ("150000 100000\n", 1), ("50000 100000\n", 1),
+                        (f"{100000 * (mask + 4)} 100000\n", mask)):
+        (tmp_path / "v2" / "cpu.max").write_text(text)
+        assert usable(str(tmp_path / "v2")) == cores, text
+    (tmp_path / "v1" / "cpu").mkdir(parents=True)
+    (tmp_path / "v1" / "cpu" / "cpu.cfs_period_us").write_text("100000\n")
+    for quota, cores in (("-1", mask), ("100000", 1)):
+        (tmp_path / "v1" / "cpu" / "cpu.cfs_quota_us").write_text(quota + "\n")
+        assert usable(str(tmp_path / "v1")) == cores, quota
