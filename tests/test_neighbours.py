@@ -98,6 +98,10 @@ def test_moves_go_round_the_knobs_in_priority_order_then_by_evidence() -> None:
     assert knob == "num_threads" and setup.num_threads is None
     assert next_move(space(), records, skip=lambda s: True) is None
     assert next_move(space(), [record(0, leader, 0.0, "oom")], skip=lambda s: False) is None  # no leader yet
+    # The PyTorch defaults a --set excludes lead no move (a probe's moves started from them, clipped into the space).
+    outside = sampled(batch_size=32, amp="off", num_threads=1)
+    knob, setup = next_move(space(), [record(0, outside, 500.0), *records], lambda s: False, allowed=lambda s: s != outside)
+    assert knob == "batch_size" and setup == leader.replace(batch_size=32)
 
 
 def test_a_move_measured_before_is_never_queued() -> None:

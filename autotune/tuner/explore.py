@@ -154,8 +154,9 @@ def queue_refinements(study: SearchStudy, plan: Exploration) -> None:
     """Queue the next neighbour move, or the compiled leader, once the budget has reached their trials."""
     after = compile_trials(plan.space, plan.wanted)  # the neighbour moves come just before the compiled trials
     skip = lambda setup: unrunnable(setup, plan.workload) is not None  # noqa: E731
-    enqueue_neighbour(study, plan.space, plan.wanted, share=plan.neighbours, after=after, skip=skip)
-    enqueue_compile_trials(study, plan.space, plan.wanted)
+    allowed = lambda setup: excluding(plan.constraints, setup) is None  # noqa: E731  (defaults a --set excludes: baseline only)
+    enqueue_neighbour(study, plan.space, plan.wanted, share=plan.neighbours, after=after, skip=skip, allowed=allowed)
+    enqueue_compile_trials(study, plan.space, plan.wanted, allowed)
 
 
 def setup_for(trial: optuna.Trial, role: str, plan: Exploration) -> TrainSetup:

@@ -137,7 +137,8 @@ def _priority(knob: str) -> int:
 
 
 def next_move(
-    space: Space, records: Sequence[TrialRecord], skip: Callable[[TrainSetup], bool], moved: Counter[str] | None = None
+    space: Space, records: Sequence[TrialRecord], skip: Callable[[TrainSetup], bool], moved: Counter[str] | None = None,
+    allowed: Callable[[TrainSetup], bool] = lambda setup: True,
 ) -> tuple[str, TrainSetup] | None:
     """The next neighbour of the fastest eager trial as (knob, setup); None when every move was tried or ``skip``-ped.
 
@@ -146,8 +147,9 @@ def next_move(
         records: The study's finished trials.
         skip: Setups not to propose.
         moved: Moves already made per knob in this search; the knob moved least goes next.
+        allowed: Setups that may lead (the PyTorch defaults a ``--set`` excludes are the baseline only).
     """
-    eager = [r for r in records if r.result.ok and r.result.samples_per_s and r.setup.compile == "off"]
+    eager = [r for r in records if r.result.ok and r.result.samples_per_s and r.setup.compile == "off" and allowed(r.setup)]
     if not eager:
         return None
     leader = max(eager, key=lambda r: r.result.samples_per_s or 0.0)
@@ -167,7 +169,8 @@ def next_move(
     return knob, setup
 
 
-def enqueue_neighbour(study: SearchStudy, space: Space, wanted: int, *, share: int, after: int, skip: Callable[[TrainSetup], bool]) -> None:
+def enqueue_neighbour(study: SearchStudy, space: Space, wanted: int, *, share: int, after: int, skip: Callable[[TrainSetup], bool],
+                      allowed: Callable[[TrainSetup], bool] = lambda setup: True) -> None:
     """Queue the next neighbour move while the search is in its neighbour trials (one waits at a time).
 
     Args:
@@ -177,6 +180,7 @@ def enqueue_neighbour(study: SearchStudy, space: Space, wanted: int, *, share: i
         share: Trials of the budget for neighbour moves (:func:`neighbour_trials`; 0: none).
         after: Trials of the budget that come after them (the compile refinement's).
         skip: Setups not to queue (those the data cannot feed).
+        allowed: Setups that may lead (:func:`next_move`).
     """
     if share <= 0:
         return
@@ -189,7 +193,7 @@ def enqueue_neighbour(study: SearchStudy, space: Space, wanted: int, *, share: i
     mine = [t for t in live if ATTR_MOVE in t.user_attrs]
     queued = {_key(TrainSetup.from_dict(t.user_attrs[ATTR_MOVE]["setup"])) for t in mine}
     moved = Counter(str(t.user_attrs[ATTR_MOVE]["knob"]) for t in mine)
-    found = next_move(space, study.records(), lambda s: skip(s) or _key(s) in queued, moved)
+    found = next_move(space, study.records(), lambda s: skip(s) or _key(s) in queued, moved, allowed)
     if found is not None:
         knob, setup = found
         move = {"knob": knob, "setup": setup.to_dict()}

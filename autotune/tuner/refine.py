@@ -15,6 +15,8 @@ the sampled knobs.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from optuna.trial import TrialState
 
 from autotune.train_setup import TrainSetup
@@ -47,8 +49,9 @@ def compile_skipped(space: Space, wanted: int) -> str:
             f"--set compile={modes[0]} compiles every trial")
 
 
-def enqueue_compile_trials(study: SearchStudy, space: Space, wanted: int) -> None:
-    """Once the eager trials are done, queue the fastest eager setup compiled in each offered mode (once per study)."""
+def enqueue_compile_trials(study: SearchStudy, space: Space, wanted: int, allowed: Callable[[TrainSetup], bool] = lambda setup: True) -> None:
+    """Once the eager trials are done, queue the fastest eager setup that may lead (``allowed``: not the PyTorch defaults a
+    ``--set`` excludes, the baseline only) compiled in each offered mode (once per study)."""
     count = compile_trials(space, wanted)
     if not count:
         return
@@ -56,7 +59,7 @@ def enqueue_compile_trials(study: SearchStudy, space: Space, wanted: int) -> Non
     done, running = progress(live, wanted)  # running: other workers' trials too
     if done + running < wanted - count or any(t.user_attrs.get(ATTR_ROLE) == ROLE_COMPILE for t in live):
         return
-    eager = [r for r in study.records() if r.result.ok and r.result.samples_per_s and r.setup.compile == "off"]
+    eager = [r for r in study.records() if r.result.ok and r.result.samples_per_s and r.setup.compile == "off" and allowed(r.setup)]
     if not eager:
         return
     leader = max(eager, key=lambda r: r.result.samples_per_s or 0.0).setup
