@@ -675,3 +675,18 @@ def test_a_failed_confirmation_run_of_the_winner_or_the_defaults_is_said() -> No
     assert f"1 of 2 confirmation runs of the PyTorch defaults failed ({killed}): the figures count the rounds it measured in" in best.notes
     clean = _best([_confirmed(FAST, (174.0, 170.0)), _confirmed(DEFAULTS, (100.0, 101.0))])
     assert not any("confirmation runs of" in note for note in clean.notes)
+
+
+def test_the_runner_up_named_is_one_that_ran_as_many_rounds_as_the_winner() -> None:
+    """A probe's note: "against the runner-up bs=512 w=0 bf16 ... the winner won 1 of 2 paired rounds, median -27%": that
+    setup stopped after two rounds (another beat it there) and its median, of other minutes, read highest."""
+    from autotune.tuner.choice import choose_winner
+
+    winner = TrainSetup(batch_size=32, num_workers=2, prefetch_factor=2, persistent_workers=True)
+    second = TrainSetup(batch_size=32, num_workers=1, prefetch_factor=2, persistent_workers=True)
+    stopped = _confirmed(MID, (300.0, 290.0))  # beaten in round 2 by the second, which the winner then beat
+    chosen, notes = choose_winner([_confirmed(winner, (250.0, 252.0, 251.0, 249.0)), _confirmed(second, (240.0, 241.0, 239.0, 238.0)),
+                                   stopped, _confirmed(DEFAULTS, (100.0, 101.0, 99.0, 100.0))], DEFAULTS.to_json(), 32)
+    assert chosen.candidate.setup == winner
+    line = next(n for n in notes if n.startswith("confirmation: 4 interleaved rounds"))
+    assert f"against the runner-up {second.describe()}" in line and MID.describe() not in line, line

@@ -107,7 +107,9 @@ def choose_winner(
         rules = cost_rules(reference)  # costs the fastest finalist may carry must pay for themselves beyond the noise
         chosen = _nearer_batch(measured, _rule_chain(measured, chosen, defaults, rules, notes), defaults, rules, reference, notes)
     rounds = max(_runs(c) for c in measured)
-    runner_up = leader([c for c in measured if c is not chosen])
+    # Among the setups that ran as many rounds first: one that stopped sooner was beaten there, and its median is of
+    # other minutes (it could read as ahead of a winner that beat the setup that beat it).
+    runner_up = leader([c for c in last if c is not chosen]) or leader([c for c in measured if c is not chosen])
     text = f"confirmation: {rounds} interleaved round{'s' if rounds != 1 else ''}"
     if runner_up is not None:
         named = " (the PyTorch defaults)" if runner_up is baseline else ""
