@@ -345,6 +345,10 @@ def test_status_names_an_earlier_runs_winner_while_a_rerun_is_in_progress(search
     os.utime(copy / "best.json", (me.started - 60, me.started - 60))
     text = " ".join(CliRunner().invoke(app, ["status", str(copy)]).stdout.split())
     assert f"confirmed by an earlier run of this search (best.json and train.py in {copy.resolve()}); the run in progress" in text
+    # The report says so too (it read "search finished" with the earlier run's winner, as if the rerun had ended).
+    assert CliRunner().invoke(app, ["report", str(copy)]).exit_code == 0
+    page = " ".join((copy / REPORT).read_text().split())
+    assert "search in progress: a rerun is searching; the winner shown is an earlier run's" in page and "search finished" not in page
     os.utime(copy / "best.json")  # written by the run in progress: its own winner
     text = " ".join(CliRunner().invoke(app, ["status", str(copy)]).stdout.split())
     assert f"confirmed by this search (best.json and train.py in {copy.resolve()})" in text

@@ -20,7 +20,16 @@ from autotune.tuner.constraints import excluding
 from autotune.tuner.lock import Holder
 from autotune.tuner.pending import pending_file, read_pending
 from autotune.tuner.study import ATTR_MARKER, ATTR_ROLE, ATTR_WORKER, ROLE_SEARCH, STUDY_HOLDER, SearchStudy
-from autotune.tuner.study_report import baseline_only, best_unreadable, is_another_searchs, kept_winner, published_winner, run_by_workers, stored_set
+from autotune.tuner.study_report import (
+    baseline_only,
+    best_unreadable,
+    is_another_searchs,
+    kept_winner,
+    published_winner,
+    run_by_workers,
+    stored_set,
+    written_before,
+)
 from autotune.tuner.workers import confirm_marker
 
 
@@ -198,7 +207,7 @@ def study_status(storage: str, study: str | None = None, out: Path | None = None
         unreadable = best_unreadable(out, found, records) if best is None and not foreign else None
         if best is not None:
             winner, winner_by = best, f"this search (best.json and train.py in {out.resolve()})"
-            if lone_holder is not None and lone_holder.alive() and _written_before(out / "best.json", lone_holder.started):
+            if lone_holder is not None and lone_holder.alive() and written_before(out / "best.json", lone_holder.started):
                 winner_by = (f"an earlier run of this search (best.json and train.py in {out.resolve()}); the run in progress "
                              "confirms its own winner and replaces them")
             elif later := _started_after(trials, out / "best.json"):  # a rerun (more --trials) stopped before confirming
@@ -253,9 +262,3 @@ def _started_after(trials: Sequence[FrozenTrial], path: Path) -> int:
     return sum(t.datetime_start is not None and t.datetime_start.timestamp() > written for t in trials)
 
 
-def _written_before(path: Path, when: float) -> bool:
-    """Whether ``path`` was last written before ``when`` (seconds since the epoch); False if it is gone."""
-    try:
-        return path.stat().st_mtime < when
-    except OSError:
-        return False

@@ -28,10 +28,11 @@ from autotune.tuner.config import SearchOutcome
 from autotune.tuner.confirm import TIMED_OUT, TWIN, finalist_label
 from autotune.tuner.constraints import Constraint, excluding
 from autotune.tuner.identity import described_workload, stored_constraints
+from autotune.tuner.lock import Holder
 from autotune.tuner.signals import interrupts_held, remember_stop, sigterm_as_interrupt
 from autotune.tuner.storage import CONNECTION_ERRORS, first_line, is_shared, with_retries
 from autotune.tuner.stores import Rounds
-from autotune.tuner.study import ATTR_WORKER, STUDY_SIGNATURE, STUDY_WINNER, SearchStudy
+from autotune.tuner.study import ATTR_WORKER, STUDY_HOLDER, STUDY_SIGNATURE, STUDY_WINNER, SearchStudy
 
 
 def write_search_report(study: SearchStudy, out: Path, data: ReportInput, log: Callable[[str], None], *,
@@ -151,6 +152,14 @@ def is_another_searchs(out: Path, study: SearchStudy, records: list[TrialRecord]
     try:
         return stored_best(out, study, records) is None
     except AutotuneError:  # unreadable: not known to be another's
+        return False
+
+
+def written_before(path: Path, when: float) -> bool:
+    """Whether ``path`` was last written before ``when`` (seconds since the epoch); False if it is gone."""
+    try:
+        return path.stat().st_mtime < when
+    except OSError:
         return False
 
 
@@ -302,6 +311,8 @@ def report_study(out: Path, *, storage: str | None = None, study: str | None = N
         best = published[0]
     verdict, ceilings = stored.verdict() if best is not None else (None, None)
     spent = stored.time_spent()
+    holder = None if shared else Holder.from_dict(stored.study.user_attrs.get(STUDY_HOLDER))  # a lone search running now
+    rerun = best is not None and holder is not None and holder.alive() and written_before(out / "best.json", holder.started)
     if published is not None:
         status = f"finished: confirmed by {published[1]}"
     elif unreadable:
@@ -315,6 +326,9 @@ def report_study(out: Path, *, storage: str | None = None, study: str | None = N
                   f"of study {stored.name!r}")
     elif best is None:
         status = "in progress or interrupted (no confirmed winner for this budget yet)" if shared else "in progress or interrupted (no best.json yet)"
+    elif rerun:
+        status = ("in progress: a rerun is searching; the winner shown is an earlier run's (best.json and train.py), which it "
+                  "replaces once it confirms its own")
     elif not best.confirmed:
         status = "interrupted (winner not confirmed)"
     else:
