@@ -296,7 +296,7 @@ def test_the_report_of_a_search_interrupted_before_a_feasible_trial_names_its_wo
             result = CliRunner().invoke(app, ["report", str(tmp_path / "out")])
             assert result.exit_code == 0, result.output
         text = " ".join(" ".join(parse(tmp_path / "out" / REPORT).text).split())
-        assert "resnet18 @ 32px on cpu, data: synthetic JPEGs (no --data given) · 1 trials" in text, text[:400]
+        assert "resnet18 @ 32px on cpu, data: synthetic JPEGs (no --data given) · 1 trial" in text, text[:400]
 
 
 def test_the_workload_line_of_a_stored_signature() -> None:
@@ -315,6 +315,13 @@ def test_the_workload_line_of_a_stored_signature() -> None:
                        status="in progress or interrupted (no best.json yet)", workload=described_workload(task))
     page, _ = render_report(data)
     assert '<p class="meta">workload mytasks:make on cuda, 5000 samples &middot; 0 trials' in page
+    # Trials counted as the budget and `autotune status` count them: a repeat that did not run is said apart (a probe's
+    # header read "45 trials" beside status's "40/40 trials finished").
+    setup = TrainSetup(batch_size=16)
+    ok = TrialResult(status="ok", samples_per_s=100.0)
+    records = (TrialRecord(0, "search", setup, ok), TrialRecord(1, "search", setup, ok, reused_from=0, free=True))
+    page, _ = render_report(dataclasses.replace(data, records=records))
+    assert "&middot; 1 trial (1 ok; 1 more not run (a setup measured before, or one the data cannot feed))" in page
 
 
 def test_a_report_that_cannot_be_written_is_one_line(searched, tmp_path, monkeypatch) -> None:

@@ -83,10 +83,13 @@ def _section(section: Section) -> str:
 
 def _header(data: ReportInput) -> str:
     best = data.best
-    counts = Counter(r.result.status for r in data.records)
+    ran = [r for r in data.records if not r.free]  # as the budget (and autotune status) counts them
+    counts = Counter(r.result.status for r in ran)
     tally = ", ".join(f"{n} {status}" for status, n in counts.most_common())
+    free = len(data.records) - len(ran)
+    others = f"; {free} more not run (a setup measured before, or one the data cannot feed)" if free else ""
     lines = [f"<h1>autotune report: {escape(data.study)}</h1>"]
-    meta = [f"{len(data.records)} trials ({tally or 'none'})", f"search {data.status}", f"storage <code>{escape(hide_passwords(data.storage))}</code>"]
+    meta = [f"{counted(len(ran), 'trial')} ({tally or 'none'}{others})", f"search {data.status}", f"storage <code>{escape(hide_passwords(data.storage))}</code>"]
     # A Task's reference and sample count; the classifier's model, size and data (before best.json: as the study stored them).
     workload = best.workload.describe() if best is not None else data.workload
     if workload:
