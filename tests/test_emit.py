@@ -950,6 +950,20 @@ def test_runs_under_torchrun(synthetic_data: Path, tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+def test_a_resume_under_torchrun_evaluates_an_unevaluated_epoch_on_every_rank(synthetic_data: Path, tmp_path: Path) -> None:
+    """Rank 0 decides whether a resumed run evaluates first, for every rank (the evaluation sums over ranks: ranks that
+    decided apart, reading OUTPUT_DIRs of their own nodes, would hang in it)."""
+    script = write_script(dataclasses.replace(make_best(synthetic_data, **CPU_KNOBS), world_size=2), tmp_path / "train.py")
+    flags = [str(script), "--epochs", "1", "--batch-size", "4", "--workers", "0", "--val-data", str(synthetic_data),
+             "--output-dir", "out"]
+    first = run_script(flags, tmp_path, torchrun=True)
+    assert first.stdout.count("epoch 0 val top1") == 1 and (tmp_path / "out" / "evaluated-checkpoint").is_file()
+    (tmp_path / "out" / "evaluated-checkpoint").unlink()  # as if the evaluation had not finished
+    resumed = run_script([*flags, "--resume"], tmp_path, torchrun=True)
+    assert resumed.stdout.count("(evaluated on resuming)") == 1 and "already at epoch 1 of --epochs 1" in resumed.stdout
+
+
+@pytest.mark.slow
 def test_a_rank_killed_under_torchrun_leaves_one_line_on_the_others(synthetic_data: Path, tmp_path: Path) -> None:
     """kill -9 of one rank: the other met gloo's 'Connection reset by peer' in its all-reduce and printed a
     25-line traceback; now one line naming --resume."""
@@ -1099,6 +1113,14 @@ def test_a_bad_image_is_one_line_naming_it_and_a_bad_validation_image_loses_no_t
     assert "already at epoch 1 of --epochs 1" in proc.stdout
     again = subprocess.run(proc.args, cwd=tmp_path, capture_output=True, text=True, timeout=RUN_TIMEOUT)  # evaluated now: not again
     assert again.returncode == 0 and "val top1" not in again.stdout and "already at epoch 1" in again.stdout, again.stdout
+    # A fresh run in that directory whose evaluation fails: the earlier run's record names another checkpoint, so the
+    # resume evaluates this one (a record by step number matched it, and the evaluation was skipped).
+    (val / name / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 not a jpeg")
+    fresh = subprocess.run([arg for arg in proc.args if arg != "--resume"], cwd=tmp_path, capture_output=True, text=True, timeout=RUN_TIMEOUT)
+    assert fresh.returncode == 1 and "bad image" in fresh.stderr, fresh.stderr[-2000:]
+    (val / name / "broken.jpg").unlink()
+    resumed = subprocess.run(proc.args, cwd=tmp_path, capture_output=True, text=True, timeout=RUN_TIMEOUT)
+    assert resumed.returncode == 0 and "(evaluated on resuming)" in resumed.stdout, resumed.stdout
     # In the main process (no worker): one step of a batch of 2 reads both images of this folder.
     small = tmp_path / "small"
     (small / "a").mkdir(parents=True)

@@ -89,7 +89,8 @@ def _header(data: ReportInput) -> str:
     free = len(data.records) - len(ran)
     others = f"; {free} more not run (a setup measured before, or one the data cannot feed)" if free else ""
     lines = [f"<h1>autotune report: {escape(data.study)}</h1>"]
-    meta = [f"{counted(len(ran), 'trial')} ({tally or 'none'}{others})", f"search {data.status}", f"storage <code>{escape(hide_passwords(data.storage))}</code>"]
+    meta = [f"{counted(len(ran), 'trial')} ({tally or 'none'}{others})", f"search {data.status}",
+            f"storage <code>{escape(hide_passwords(data.storage))}</code>"]
     # A Task's reference and sample count; the classifier's model, size and data (before best.json: as the study stored them).
     workload = best.workload.describe() if best is not None else data.workload
     if workload:
