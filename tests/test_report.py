@@ -356,6 +356,12 @@ def test_status_names_an_earlier_runs_winner_while_a_rerun_is_in_progress(search
     assert CliRunner().invoke(app, ["report", str(copy)]).exit_code == 0
     page = " ".join((copy / REPORT).read_text().split())
     assert "search in progress: a rerun is searching; the winner shown is an earlier run's" in page and "search finished" not in page
+    confirmed = (copy / "best.json").read_bytes()
+    write_best(copy / "best.json", dataclasses.replace(read_best(copy / "best.json"), confirmed=False))  # an interrupted run's pick
+    os.utime(copy / "best.json", (me.started - 60, me.started - 60))
+    assert CliRunner().invoke(app, ["report", str(copy)]).exit_code == 0
+    assert "search interrupted (winner not confirmed)" in (copy / REPORT).read_text()
+    (copy / "best.json").write_bytes(confirmed)
     os.utime(copy / "best.json")  # written by the run in progress: its own winner
     text = " ".join(CliRunner().invoke(app, ["status", str(copy)]).stdout.split())
     assert f"confirmed by this search (best.json and train.py in {copy.resolve()})" in text

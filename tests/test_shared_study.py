@@ -487,9 +487,10 @@ def test_storages_that_cannot_open_say_why(tmp_path) -> None:
     with pytest.raises(StorageError, match=rf"{tmp_path}/study.db is not an Optuna journal file \(a JSON record per line\): it is an "
                                            rf"SQLite database; pass sqlite:///{tmp_path}/study.db$"):
         open_storage(f"journal:///{tmp_path}/study.db")
-    (tmp_path / "notes.log").write_text("hello\nworld\n")
-    with pytest.raises(StorageError, match=r"notes.log is not an Optuna journal file \(a JSON record per line\)$"):
-        open_storage(f"journal:///{tmp_path}/notes.log")
+    for text in ("hello\nworld\n", '{"a": 1}\n{"b": 2}\n', "42\n43\n"):  # text; another tool's JSON lines; numbers
+        (tmp_path / "notes.log").write_text(text)
+        with pytest.raises(StorageError, match=r"notes.log is not an Optuna journal file \(a JSON record per line\)$"):
+            open_storage(f"journal:///{tmp_path}/notes.log")
     journal = tmp_path / "real.log"  # a real journal with one record cut short (two writers on NFS): damaged, not foreign
     open_storage(f"journal:///{journal}")
     optuna.create_study(storage=open_storage(f"journal:///{journal}"), study_name="s").ask()

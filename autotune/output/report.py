@@ -83,7 +83,7 @@ def _section(section: Section) -> str:
 
 def _header(data: ReportInput) -> str:
     best = data.best
-    ran = [r for r in data.records if not r.free]  # as the budget (and autotune status) counts them
+    ran = [r for r in data.records if not r.free]  # the trials that ran: a repeat or an unfed setup is said apart
     counts = Counter(r.result.status for r in ran)
     tally = ", ".join(f"{n} {status}" for status, n in counts.most_common())
     free = len(data.records) - len(ran)

@@ -236,7 +236,7 @@ def open_storage(url: str) -> BaseStorage:
             dialect = url.split(":", 1)[0]
             why = (f"no database driver for {dialect} is installed in this environment (autotune brings psycopg for "
                    "postgresql+psycopg://; install the SQLAlchemy driver your URL names)")
-        elif path is not None and isinstance(exc, ValueError) and not _journal_begins(path):  # binary, or text of another kind
+        elif path is not None and isinstance(exc, (ValueError, KeyError, TypeError)) and not _journal_begins(path):  # not a journal
             why = (f"{path} is not an Optuna journal file (a JSON record per line)" + (
                 f": it is an SQLite database; pass sqlite:///{os.path.realpath(path)}" if _is_sqlite(path) else ""))
         elif path is not None and isinstance(exc, ValueError):  # a journal with a broken record (two writers on NFS, say)
@@ -248,13 +248,13 @@ def open_storage(url: str) -> BaseStorage:
 
 
 def _journal_begins(path: str) -> bool:
-    """Whether the file at ``path`` begins with a JSON record, as an Optuna journal does."""
+    """Whether the file at ``path`` begins with an Optuna journal record (a JSON object with an ``op_code``)."""
     try:
         with open(path, "rb") as file:
-            json.loads(file.readline(1 << 20))
+            record = json.loads(file.readline(1 << 20))
     except (OSError, ValueError):
         return False
-    return True
+    return isinstance(record, dict) and "op_code" in record
 
 
 def _is_sqlite(path: str) -> bool:

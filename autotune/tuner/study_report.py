@@ -312,7 +312,8 @@ def report_study(out: Path, *, storage: str | None = None, study: str | None = N
     verdict, ceilings = stored.verdict() if best is not None else (None, None)
     spent = stored.time_spent()
     holder = None if shared else Holder.from_dict(stored.study.user_attrs.get(STUDY_HOLDER))  # a lone search running now
-    rerun = best is not None and holder is not None and holder.alive() and written_before(out / "best.json", holder.started)
+    rerun = (best is not None and best.confirmed and holder is not None and holder.alive()
+             and written_before(out / "best.json", holder.started))
     if published is not None:
         status = f"finished: confirmed by {published[1]}"
     elif unreadable:
