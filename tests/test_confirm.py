@@ -202,6 +202,17 @@ def test_the_baseline_stays_while_the_leaders_ratios_over_it_disagree() -> None:
     assert order == [16, 64, 128] * 2
 
 
+def test_the_baseline_stays_while_any_setup_still_measured_has_ratios_over_it_that_disagree() -> None:
+    """A probe's defaults left after round 2, where the leader's ratios over them agreed; the setup still measured beside
+    it, whose two ratios (137x, 551x on a loaded machine) did not, won later: its speedup was their median, 275x."""
+    # 128 leads (median 145) with agreeing ratios (2.0x, 2.25x); 64 (median 142.5) is not beaten by it, its ratios 1.2x and 4.1x.
+    rates = {16: [100.0, 40.0, 100.0, 100.0], 64: [120.0, 165.0, 190.0, 190.0], 128: [200.0, 90.0, 190.0, 185.0]}
+    order: list[int] = []
+    confirm(candidates(), WORKLOAD, TrialOptions(), rounds=4, known={}, store=lambda *a: None,
+            runner=_runner_with(rates, order), baseline=A.to_json())
+    assert order[6:9] == [16, 64, 128], order  # the defaults run in round 3 too
+
+
 def test_a_finalist_that_never_measured_stops_after_the_minimum_rounds() -> None:
     order: list[int] = []
 

@@ -103,9 +103,10 @@ def confirm(
     a lone candidate stops once it measured (nothing to rank it against). The
     ``baseline`` candidate (the defaults, whose key it is) stops only once
     every other candidate still measured beats it, so whichever wins in the
-    end has paired rounds against it, and while the leader's paired ratios
-    over it disagree by more than :data:`~autotune.tuner.noise.SPREAD` times
-    (a load spike in one round would make the speedup).
+    end has paired rounds against it, and while the paired ratios over it of
+    the leader or of any candidate still measured disagree by more than
+    :data:`~autotune.tuner.noise.SPREAD` times (a load spike in one round
+    would make the speedup of whichever wins).
 
     Measurements already in ``known`` (from an interrupted run) count; only
     the missing ones run. ``store`` is called after every measurement so none
@@ -258,9 +259,11 @@ def _unresolved(confirmed: Sequence[Confirmed], active: set[str], baseline: str 
         # last round) lost it to a later leader never compared with it round for round (the README's search: -6 %)
         keep |= {c.candidate.key for c in measured if c.median is not None and equivalent(top, c)}
     base = next((c for c in measured if c.candidate.key == baseline), None)
+    others = [c for c in measured if c.candidate.key in keep - {baseline}]
     if base is not None and base.median is not None and (
-        not all(beats(c, base) for c in measured if c.candidate.key in keep - {baseline}) or disagree(top, base)
-    ):  # the speedup is the median of the leader's paired ratios over the baseline: rounds that disagree need more
+        not all(beats(c, base) for c in others) or any(disagree(c, base) for c in [top, *others])
+    ):  # the speedup is the median of the winner's paired ratios over the baseline, and any setup still measured may
+        # win: rounds that disagree need more (a probe's winner led only after the defaults stopped: 137x and 551x)
         keep.add(base.candidate.key)
     return keep
 
