@@ -22,9 +22,7 @@ from autotune.tuner.pending import pending_file, read_pending
 from autotune.tuner.study import ATTR_MARKER, ATTR_ROLE, ATTR_WORKER, ROLE_SEARCH, STUDY_HOLDER, SearchStudy
 from autotune.tuner.study_report import (
     baseline_only,
-    best_unreadable,
-    is_another_searchs,
-    kept_winner,
+    best_json_of,
     published_winner,
     run_by_workers,
     stored_set,
@@ -202,9 +200,9 @@ def study_status(storage: str, study: str | None = None, out: Path | None = None
     winner, winner_by = published_winner(found) or (None, None)
     foreign, unreadable = False, None
     if winner is None and out is not None and lone:  # a shared study's worker's copy may be an earlier budget's
-        best = kept_winner(out, found, records)  # an interrupted search's or an unreadable best.json is no winner
-        foreign = best is None and is_another_searchs(out, found, records)
-        unreadable = best_unreadable(out, found, records) if best is None and not foreign else None
+        mine, unreadable = best_json_of(out, found, records)
+        best = mine if mine is not None and mine.confirmed else None  # an interrupted search's or an unreadable best.json is no winner
+        foreign = mine is None and unreadable is None and (out / "best.json").is_file()  # another search's
         if best is not None:
             winner, winner_by = best, f"this search (best.json and train.py in {out.resolve()})"
             if lone_holder is not None and lone_holder.alive() and written_before(out / "best.json", lone_holder.started):

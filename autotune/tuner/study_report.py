@@ -145,16 +145,6 @@ def kept_winner(out: Path, study: SearchStudy, records: list[TrialRecord]) -> Be
     return best if best is not None and best.confirmed else None
 
 
-def is_another_searchs(out: Path, study: SearchStudy, records: list[TrialRecord]) -> bool:
-    """Whether ``out/best.json`` is readable and another search's, not ``study``'s (``--storage`` of another study)."""
-    if not (out / "best.json").is_file():
-        return False
-    try:
-        return stored_best(out, study, records) is None
-    except AutotuneError:  # unreadable: not known to be another's
-        return False
-
-
 def written_before(path: Path, when: float) -> bool:
     """Whether ``path`` was last written before ``when`` (seconds since the epoch); False if it is gone."""
     try:
@@ -163,15 +153,13 @@ def written_before(path: Path, when: float) -> bool:
         return False
 
 
-def best_unreadable(out: Path, study: SearchStudy, records: list[TrialRecord]) -> str | None:
-    """Why ``out/best.json`` cannot be read (damaged, another version's schema), or None when it is absent or readable."""
-    if not (out / "best.json").is_file():
-        return None
+def best_json_of(out: Path, study: SearchStudy, records: list[TrialRecord]) -> tuple[Best | None, str | None]:
+    """``out/best.json`` read once: the Best if it is this study's (:func:`stored_best`), and why it cannot be read
+    (damaged, another version's schema), or None; ``(None, None)`` when it is absent or another search's."""
     try:
-        stored_best(out, study, records)
+        return stored_best(out, study, records), None
     except AutotuneError as exc:
-        return str(exc)
-    return None
+        return None, str(exc)
 
 
 def kept_outcome(outcome: SearchOutcome, kept: Best, study: SearchStudy, records: list[TrialRecord]) -> SearchOutcome:
@@ -302,10 +290,7 @@ def report_study(out: Path, *, storage: str | None = None, study: str | None = N
     # A shared study's winner is the one stored for its current budget: a best.json here may be an interrupted
     # run's unconfirmed pick, or this worker's copy of an earlier budget's winner.
     shared = run_by_workers(stored.study.get_trials(deepcopy=False))
-    try:
-        best, unreadable = (None if shared else stored_best(out, stored, records)), ""
-    except AutotuneError as exc:  # the study still holds every trial: report them without a winner
-        best, unreadable = None, str(exc)
+    best, unreadable = best_json_of(out, stored, records) if not shared else (None, None)  # unreadable: the trials, no winner
     published = published_winner(stored)
     if published is not None:  # a shared study: another worker confirmed and wrote its best.json
         best = published[0]
