@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -253,20 +254,19 @@ class ReaderMayLeave:
         return getattr(sys.stderr, "rich_proxied_file", sys.stderr)
 
     def write(self, text: str) -> int:
-        try:
-            return int(self._stream().write(text))
-        except OSError as exc:
-            if exc.errno not in _GONE or not self._to_devnull():
-                raise
-            return int(self._stream().write(text))
+        return int(self._outliving(lambda stream: stream.write(text)))
 
     def flush(self) -> None:
+        self._outliving(lambda stream: stream.flush())
+
+    def _outliving(self, step: Callable[[Any], Any]) -> Any:
+        """``step`` on the stream; once more on /dev/null where its reader went away."""
         try:
-            self._stream().flush()
+            return step(self._stream())
         except OSError as exc:
             if exc.errno not in _GONE or not self._to_devnull():
                 raise
-            self._stream().flush()
+            return step(self._stream())
 
     def _to_devnull(self) -> bool:
         """Point stderr's file descriptor at /dev/null (the text still buffered, and all that follows, is dropped there);

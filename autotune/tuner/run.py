@@ -89,11 +89,10 @@ def run_search(config: SearchConfig, reporter: Reporter | None = None, *, runner
         if (why := stop_reason()) is None:
             raise
         raise SearchInterrupted(f"{exc} (what stopped it: {why})", outcome=exc.outcome) from None
-    if stop_requested() and any(Path(f).name == "report.html" for f in outcome.files):  # held while the page was written: all is
+    if stop_requested():  # while report.html was drawn (its one line said so), or written (held: then it is whole)
         raise SearchInterrupted(f"interrupted as report.html was written; it is written, with best.json, train.py and trials.csv, "
-                                f"in {prepared.out}", outcome=outcome)
-    if stop_requested():  # while report.html was drawn (its one line said so): the rest is written, the page is not
-        raise SearchInterrupted(f"interrupted while report.html was written; best.json, train.py and trials.csv are written in {prepared.out}: "
+                                f"in {prepared.out}" if any(Path(f).name == "report.html" for f in outcome.files) else
+                                f"interrupted while report.html was written; best.json, train.py and trials.csv are written in {prepared.out}: "
                                 f"`autotune report {prepared.out}` writes the page", outcome=outcome)
     return outcome
 

@@ -102,7 +102,7 @@ def check_model_name(ref: str) -> None:
         WorkloadError: Unknown name, with the closest matches suggested.
     """
     if not is_factory_ref(ref) and "-" in ref:  # resnet-18, ViT-B-16 as papers write them: not an identifier, but meant
-        squeezed = [n for n in torchvision_models() if n.replace("_", "") == ref.strip().lower().replace("-", "").replace("_", "")]
+        squeezed = _same_but_separators(ref, torchvision_models())
         if squeezed:
             raise WorkloadError(f"unknown model {ref!r}; did you mean {squeezed[0]}?")
     validate_model_ref(ref)
@@ -120,10 +120,16 @@ def check_model_name(ref: str) -> None:
                 "(dataset, loss) as an autotune.Task and pass --workload module:factory (docs/workloads.md)"
             )
         family = sorted((n for n in names if n.startswith(f"{ref.lower()}_")), key=_natural)[:3]  # vit: vit_b_16 first
-        squeezed = [n for n in names if n.replace("_", "") == ref.lower().replace("_", "")]  # mobilenetv3small
+        squeezed = _same_but_separators(ref, names)  # mobilenetv3small
         close = [ref.lower()] if ref.lower() in names else squeezed or family or difflib.get_close_matches(ref, names, n=3, cutoff=0.6)
         hint = f"; did you mean {', '.join(close)}?" if close else "; see torchvision.models.list_models()"
         raise WorkloadError(f"unknown model {ref!r}{hint}")
+
+
+def _same_but_separators(ref: str, names: list[str]) -> list[str]:
+    """The names that read as ``ref`` in any case, without its hyphens and underscores (``ViT-B-16``: vit_b_16)."""
+    key = ref.strip().lower().replace("-", "").replace("_", "")
+    return [n for n in names if n.replace("_", "") == key]
 
 
 def _natural(name: str) -> list[Any]:
