@@ -49,6 +49,7 @@ def is_shm_full(exc: BaseException) -> bool:
 #: What a command stopped (Ctrl-C, SIGTERM, SIGHUP) before it began says (``autotune/entry.py``, ``autotune/cli.py``).
 BEFORE_START = "interrupted (before the command started)"
 
+
 class AutotuneError(Exception):
     """Base class of every error autotune raises on purpose.
 

@@ -11,7 +11,7 @@ from probes.cpu import CpuInfo, collect_cpu, quota_to_cores
 from probes.gpu import GpuInfo, collect_gpus
 from probes.memory import MemoryInfo, ShmInfo, address_space_limit, collect_memory, collect_shm
 from probes.software import SoftwareInfo, collect_software
-from probes.units import GIB, format_bytes
+from probes.units import GIB, format_bytes, format_cpus
 
 __all__ = ["GPU_BUSY_FRACTION", "SHM_MIN_BYTES", "Hardware", "address_space_note", "address_space_warning", "collect", "hardware_warnings"]
 
@@ -91,7 +91,7 @@ def _cores_warning(cpu: CpuInfo) -> str | None:
         )
     if cpu.cgroup_cpu_limit is not None and quota_to_cores(cpu.cgroup_cpu_limit) < cpu.affinity_cores:
         reasons.append(
-            f"the cgroup CPU quota is {cpu.cgroup_cpu_limit:g} CPU{'' if cpu.cgroup_cpu_limit == 1 else 's'} (docker --cpus, Kubernetes limits.cpu)"
+            f"the cgroup CPU quota is {format_cpus(cpu.cgroup_cpu_limit)} (docker --cpus, Kubernetes limits.cpu)"
         )
     why = "; ".join(reasons) or "the platform reports fewer cores for this process"
     return (

@@ -10,7 +10,7 @@ from rich.text import Text
 
 from probes.gpu import GpuInfo
 from probes.hardware import Hardware
-from probes.units import format_bytes
+from probes.units import format_bytes, format_cpus
 
 __all__ = ["render"]
 
@@ -35,7 +35,7 @@ def _system_table(hw: Hardware) -> Table:
     if cpu.affinity_cores < cpu.logical_cores:
         limits.append(f"affinity {cpu.affinity_cores}")
     if cpu.cgroup_cpu_limit is not None:
-        limits.append(f"cgroup quota {cpu.cgroup_cpu_limit:g} CPU{'' if cpu.cgroup_cpu_limit == 1 else 's'}")
+        limits.append(f"cgroup quota {format_cpus(cpu.cgroup_cpu_limit)}")
     if limits:
         cores += f" ({', '.join(limits)})"
     table.add_row("Cores", cores)

@@ -1,4 +1,4 @@
-"""Human-readable byte sizes, shared by the warnings and the renderer."""
+"""Human-readable byte sizes and CPU quotas, shared by the warnings and the renderer."""
 
 from __future__ import annotations
 
@@ -25,3 +25,8 @@ def format_bytes(n: int | None) -> str:
     if n >= KIB:
         return f"{n / KIB:.0f} KiB"
     return f"{n} B"
+
+
+def format_cpus(quota: float) -> str:
+    """A CPU quota as the warnings and the table say it: ``1 CPU``, ``1.5 CPUs``."""
+    return f"{quota:g} CPU{'' if quota == 1 else 's'}"
