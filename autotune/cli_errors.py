@@ -9,6 +9,7 @@ import select
 import sys
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager, redirect_stdout
+from dataclasses import dataclass
 from typing import Any, TextIO, TypeVar
 
 import typer
@@ -89,10 +90,17 @@ def json_error_shape(command: str) -> dict[str, Any] | None:
     return _ERROR_SHAPES.get(command)
 
 
-#: The real stdout of each ``--json`` command running (innermost last): while one runs, ``sys.stdout`` is stderr.
-_JSON_STDOUT: list[TextIO] = []
-#: Whether each of them printed its object (a stop that lands after it adds none).
-_JSON_PRINTED: list[bool] = []
+@dataclass
+class _JsonCommand:
+    """A ``--json`` command running: its real stdout (``sys.stdout`` is stderr meanwhile), and whether it printed its
+    object (a stop that lands after it adds none)."""
+
+    stdout: TextIO
+    printed: bool = False
+
+
+#: The ``--json`` commands running, innermost last.
+_JSON_RUNNING: list[_JsonCommand] = []
 
 
 def echo_json(value: Any) -> None:
@@ -104,9 +112,9 @@ def echo_json(value: Any) -> None:
     Args:
         value: The object (``json.dumps``-able).
     """
-    typer.echo(json.dumps(value), file=_JSON_STDOUT[-1] if _JSON_STDOUT else sys.stdout)
-    if _JSON_PRINTED:
-        _JSON_PRINTED[-1] = True
+    typer.echo(json.dumps(value), file=_JSON_RUNNING[-1].stdout if _JSON_RUNNING else sys.stdout)
+    if _JSON_RUNNING:
+        _JSON_RUNNING[-1].printed = True
 
 
 def echo_error_object(line: str, shape: dict[str, Any]) -> None:
@@ -145,22 +153,21 @@ def json_on_error(**shape: Any) -> Callable[[F], F]:
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             if not kwargs.get("as_json"):
                 return command(*args, **kwargs)
-            _JSON_STDOUT.append(sys.stdout)
-            _JSON_PRINTED.append(False)
+            running = _JsonCommand(sys.stdout)
+            _JSON_RUNNING.append(running)
             try:
                 with redirect_stdout(sys.stderr):
                     return command(*args, **kwargs)
             except KeyboardInterrupt:  # one the command did not answer itself
-                if not _JSON_PRINTED[-1]:
+                if not running.printed:
                     echo_error_object(stopped_line(command.__name__), shape)
                 raise
             except Exception as exc:
-                if not isinstance(exc, (typer.Exit, typer.Abort)) and not _JSON_PRINTED[-1]:
+                if not isinstance(exc, (typer.Exit, typer.Abort)) and not running.printed:
                     echo_error_object(error_line(exc)[0], shape)
                 raise
             finally:
-                _JSON_STDOUT.pop()
-                _JSON_PRINTED.pop()
+                _JSON_RUNNING.pop()
 
         return wrapper  # type: ignore[return-value]
 
