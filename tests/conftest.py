@@ -45,6 +45,29 @@ def tiny_workload(cache_dir: Path) -> Workload:
     )
 
 
+@pytest.fixture
+def broken_hand_over() -> BaseException:
+    """The EOFError a real DataLoader raises when a worker ends while it hands a batch over in shared memory: its queue's
+    connection closes before PyTorch sees the worker gone (here the queue's read is made to raise it, the worker alive)."""
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    loader = DataLoader(TensorDataset(torch.zeros(8, 2)), batch_size=2, num_workers=1)
+    batches = iter(loader)
+
+    def closed(timeout: float | None = None) -> object:
+        raise EOFError
+
+    batches._data_queue.get = closed  # type: ignore[attr-defined]
+    try:
+        next(batches)
+    except EOFError as exc:
+        return exc
+    finally:
+        batches._shutdown_workers()  # type: ignore[attr-defined]
+    raise AssertionError("the DataLoader did not raise the EOFError of its queue")
+
+
 #: A test running longer than this fails with a traceback of where it was, and the run goes on (the longest ones take
 #: about 130 s on the 2-core CI machine, beside another test file's in the second pytest-xdist process): one hung test
 #: must not hold CI past its 15 minutes with nothing said. A test marked ``time_limit(S)`` gets ``S`` seconds when that

@@ -1464,6 +1464,27 @@ def test_a_loader_worker_killed_from_outside_is_one_line_in_both_scripts(synthet
                                      "with --resume to go on from the last checkpoint")
 
 
+def test_a_loader_worker_ended_while_it_handed_a_batch_over_is_one_line_in_both_scripts(
+    synthetic_data: Path, tmp_path: Path, broken_hand_over: BaseException
+) -> None:
+    """Killed while it hands a batch over, a worker closes the queue's connection before PyTorch sees it gone: the
+    scripts ended in a bare EOFError's traceback. An EOFError from elsewhere is raised again, its traceback kept."""
+    from test_task import _task_script
+
+    import autotune
+
+    classifier = write_script(make_best(synthetic_data, **CPU_KNOBS), tmp_path / "train.py")
+    task = _task_script(tmp_path / "task", "good", autotune.TrainSetup(batch_size=4))
+    for script in (classifier, task):
+        known_failure = load_script(script)["known_failure"]
+        assert known_failure(broken_hand_over) == (
+            "error: a DataLoader worker exited unexpectedly while it handed a batch over (EOFError): a loader worker process "
+            "was ended from outside (most often by the kernel's out-of-memory killer); lower --workers or --prefetch-factor, "
+            "then rerun with --resume to go on from the last checkpoint")
+        with pytest.raises(EOFError, match="input ended"):
+            known_failure(EOFError("input ended"))
+
+
 @pytest.mark.parametrize("text", [
     "Caught RuntimeError in DataLoader worker process 0.\nOriginal Traceback (most recent call last):\n  File \"x.py\"\n"
     "RuntimeError: unable to allocate shared memory(shm) for file </torch_3716_310_0>: No space left on device (28)\n",

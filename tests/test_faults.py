@@ -322,6 +322,21 @@ def test_a_loader_worker_killed_while_the_oom_killer_acted_is_oom(cache_dir, mon
         assert result.status == "error" and "out-of-memory killer" not in (result.error or ""), result.error
 
 
+def test_a_loader_worker_that_ended_while_it_handed_a_batch_over_is_a_worker_death(broken_hand_over, monkeypatch) -> None:
+    """A worker killed (by the OOM killer, or kill -9) while it hands a batch over closes the queue's connection before
+    PyTorch sees it gone: the trial's error was a bare ``EOFError``, neither named as a loader worker's death nor ``oom``
+    where the kernel's counters rose. An EOFError from elsewhere stays what it was."""
+    import autotune.runner.failures as failures
+    from autotune.runner.failures import classify, worker_oom
+
+    result = classify(broken_hand_over)
+    assert result.status == "error" and result.error == ("a DataLoader worker exited unexpectedly while it handed a batch "
+                                                         "over (EOFError): it was killed, or ended by a signal"), result
+    monkeypatch.setattr(failures, "oom_kills", lambda: 6)
+    assert worker_oom(result, 5).status == "oom" and worker_oom(result, 6) == result
+    assert classify(EOFError("input ended")) == TrialResult(status="error", error="EOFError: input ended")
+
+
 def test_a_loader_worker_that_found_dev_shm_full_names_it_and_the_fix(monkeypatch) -> None:
     """The DataLoader's words for a /dev/shm too small for the batches in flight (a container's 64 MiB default): the
     trial's error names /dev/shm, its size and the fix (before: PyTorch's message alone). A worker's bus error says so

@@ -6,6 +6,7 @@ Nothing is raised to the parent: :func:`classify` maps any exception to a
 
 from __future__ import annotations
 
+import os
 import signal
 from dataclasses import replace
 
@@ -64,6 +65,9 @@ def classify(exc: BaseException) -> TrialResult:
         lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
         last = lines[-1] if lines else ""
         return TrialResult(status="bad_data", error=last.split(f"{type(exc).__name__}: ", 1)[-1][:400])
+    if broken_hand_over(exc):
+        return TrialResult(status="error", error=f"a DataLoader worker {HAND_OVER_BROKE} ({type(exc).__name__}): it was "
+                                                 "killed, or ended by a signal")
     message = str(exc)
     if "DataLoader worker" in message:
         # PyTorch re-raises a worker's exception with the original traceback as text: keep its last line.
@@ -74,6 +78,27 @@ def classify(exc: BaseException) -> TrialResult:
     if is_out_of_memory(exc):
         return TrialResult(status="oom", error=_one_line(exc))
     return TrialResult(status="error", error=hinted(_one_line(exc)) + shm_hint(message))
+
+
+#: How a loader worker's death reads when it came while the worker handed a batch over (:func:`broken_hand_over`).
+HAND_OVER_BROKE = "exited unexpectedly while it handed a batch over"
+
+#: The DataLoader's own module: a frame in it shows that an error came from fetching a batch.
+_DATALOADER_FILE = os.path.join("torch", "utils", "data", "dataloader.py")
+
+
+def broken_hand_over(exc: BaseException) -> bool:
+    """Whether ``exc`` is a loader worker that ended while it handed a batch over in shared memory: the hand-over's
+    connection closes (EOFError, ConnectionError) inside the DataLoader's fetch before PyTorch has seen the worker end,
+    so its own "DataLoader worker (pid ...) exited unexpectedly" is never raised."""
+    if not isinstance(exc, (EOFError, ConnectionError)):
+        return False
+    frame = exc.__traceback__
+    while frame is not None:
+        if frame.tb_frame.f_code.co_filename.endswith(_DATALOADER_FILE):
+            return True
+        frame = frame.tb_next
+    return False
 
 
 def shm_hint(message: str) -> str:
@@ -118,7 +143,7 @@ def killed(who: str, oom_before: int | None) -> TrialResult:
 
 
 #: How PyTorch says a loader worker died: killed by a signal (SIGKILL says "Killed"), or gone without a word.
-WORKER_DEATHS = ("killed by signal: Killed", "exited unexpectedly")
+WORKER_DEATHS = ("killed by signal: Killed", "exited unexpectedly")  # HAND_OVER_BROKE says the second too
 
 
 def worker_oom(result: TrialResult, oom_before: int | None) -> TrialResult:
