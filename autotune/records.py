@@ -327,6 +327,7 @@ class Calibration:
             calibration of an earlier version did not record it.
         batch_bound: Which bound that is: ``data``, ``trial``, ``cap``,
             ``memory``, ``stream``, or ``failed`` (a pre-pass run); "" unknown.
+        torch_threads: Torch's own thread count in a trial (its compute-only runs'); None where not measured.
     """
 
     budget_bytes: int | None
@@ -341,6 +342,7 @@ class Calibration:
     stream_batch: int | None = None
     batch_limit: str = ""
     batch_bound: str = ""
+    torch_threads: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (asdict turns the nested points and the setup into dicts)."""
@@ -362,8 +364,7 @@ class Calibration:
         return max(measured, key=lambda p: p.samples_per_s or 0.0) if measured else None
 
     def loader_rate(self, workers: int) -> float | None:
-        """What the loader delivered alone with ``workers`` loader workers (0: in the training process); None where
-        that count was not measured or measured nothing."""
+        """What the loader delivered alone with ``workers`` workers (0: in the training process); None if not measured."""
         return next((p.samples_per_s for p in self.loader if p.num_workers == workers and p.status == "ok" and p.samples_per_s), None)
 
     def fastest_loader(self, within: int | None = None) -> LoaderPoint | None:
@@ -394,6 +395,5 @@ class TrialRecord:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict."""
-        setup, result = self.setup.to_dict(), self.result.to_dict()
-        return {"number": self.number, "role": self.role, "setup": setup, "result": result,
+        return {"number": self.number, "role": self.role, "setup": self.setup.to_dict(), "result": self.result.to_dict(),
                 "reused_from": self.reused_from, "free": self.free}

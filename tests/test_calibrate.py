@@ -37,7 +37,7 @@ class FakeRunner:
         if options.max_memory_bytes is not None and peak > options.max_memory_bytes:
             return TrialResult(status="oom", error="over budget", peak_memory_bytes=peak)
         rate = 400.0 * self.speed.get((setup.amp, setup.channels_last), 1.0)
-        return TrialResult(status="ok", samples_per_s=rate, peak_memory_bytes=peak)
+        return TrialResult(status="ok", samples_per_s=rate, peak_memory_bytes=peak, num_threads=setup.num_threads or 3)
 
 
 def test_memory_budget_cpu_and_gpu() -> None:
@@ -152,6 +152,7 @@ def test_calibration_round_trips_through_json() -> None:
     from autotune.records import Calibration
 
     assert Calibration.from_dict(result.to_dict()) == result
+    assert result.torch_threads == 3  # torch's own count in the compute-only runs, for the guesses under a CPU quota
 
 
 def _gpu(**memory) -> DeviceInfo:
@@ -444,6 +445,7 @@ def test_a_short_stream_bounds_the_batch_by_the_batches_it_fills() -> None:
                        bf16_ok=True, log=logged.append, runner=runner, batch_cap=256)
     assert result.max_batch == 32 and result.probe_batch <= 32 and result.stream_batch == 32
     assert Calibration.from_dict(result.to_dict()) == result
+    assert result.torch_threads == 3  # torch's own count in the compute-only runs, for the guesses under a CPU quota
     whole = calibrate(WORKLOAD, CPU, usable_cores=2, available_bytes=2**40, max_memory=None, trial_seconds=3.0,
                       bf16_ok=True, log=logged.append, runner=FakeRunner(), batch_cap=256)
     assert whole.stream_batch is None  # a sized dataset: its batches are bounded by its length, not by a stream

@@ -219,6 +219,29 @@ def test_on_a_cpu_a_guess_splits_the_cores_between_loader_workers_and_training_t
     assert len(guess_setups(pinned, calibration(), CPU, 2)) == 1
 
 
+def test_under_a_cpu_quota_below_torch_s_own_thread_count_the_guesses_name_the_usable_cores() -> None:
+    """Torch counts the cores it sees, not a container's CPU quota: under a 1-CPU quota on 2 cores one thread trained
+    1.2-1.9x as fast as its own two (docs/benchmarks.md), and every guess left the count to torch, so a short search
+    measured 1 thread only where its sampler happened to pick it. The guesses that leave the count to torch name the
+    usable cores where the calibration's trials ran more threads than that; not where they ran no more, on a GPU, or
+    where the space does not offer the count."""
+    quota = dataclasses.replace(calibration(), torch_threads=2)
+    one = build_space(device=CPU, calibration=quota, usable_cores=1, effective_batch=None, constraints={})
+    assert [(g.num_workers, g.num_threads) for g in guess_setups(one, quota, CPU, 1)] == [(0, 1), (1, 1)]
+    four = build_space(device=CPU, calibration=dataclasses.replace(quota, torch_threads=16), usable_cores=4,
+                       effective_batch=None, constraints={})
+    first, split = guess_setups(four, dataclasses.replace(quota, torch_threads=16), CPU, 4)
+    assert first.num_threads == 4 and split.num_workers + split.num_threads == 4  # the split keeps its own count
+    two = build_space(device=CPU, calibration=quota, usable_cores=2, effective_batch=None, constraints={})
+    assert guess_setups(two, quota, CPU, 2)[0].num_threads is None  # torch's own count is the usable cores' already
+    assert guess_setups(one, calibration(), CPU, 1)[0].num_threads is None  # an earlier calibration did not record it
+    gpu = build_space(device=GPU, calibration=quota, usable_cores=1, effective_batch=None, constraints={})
+    assert guess_setups(gpu, quota, GPU, 1)[0].num_threads is None
+    pinned = build_space(device=CPU, calibration=quota, usable_cores=1, effective_batch=None,
+                         constraints=merge_constraints([parse_constraint("num_threads=auto")]))
+    assert all(g.num_threads is None for g in guess_setups(pinned, quota, CPU, 1))
+
+
 def test_constraints_pin_and_bound() -> None:
     constraints = merge_constraints(
         [parse_constraint("amp=off"), parse_constraint("num_workers=1..2"), parse_constraint("batch_size=16..64")]

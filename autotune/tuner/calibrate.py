@@ -297,6 +297,7 @@ def calibrate(
         stream_batch=stream_batch,
         batch_limit=limit,
         batch_bound=bound.split(" ", 1)[0],
+        torch_threads=compute.num_threads if compute.ok else None,
     )
     enough = calibration.workers_enough()
     if enough is not None:
