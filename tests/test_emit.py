@@ -1184,6 +1184,15 @@ def test_a_fifo_named_like_an_image_and_a_link_loop_are_refused_as_the_search_re
                                          "ImageFolder follows it and reads the same images again, round after round; remove the link$"):
         namespace["image_folder"](str(data), None)
     (data / "a" / "up").unlink()
+    (data / "b").mkdir()
+    (data / "a" / "to_b").symlink_to(data / "b")
+    (data / "b" / "to_a").symlink_to(data / "a")  # a loop of two links: the search refuses it too
+    with pytest.raises(SystemExit, match=rf"^error: --data {data}: {data}/(a/to_b/to_a links to {data}/a|b/to_a/to_b links to "
+                                         rf"{data}/b), which holds the link"):  # whichever the walk meets first
+        namespace["image_folder"](str(data), None)
+    (data / "b" / "to_a").unlink()
+    (data / "a" / "to_b").unlink()
+    (data / "b").rmdir()
     (data / "a" / "elsewhere").symlink_to(synthetic_data)  # a link to a folder that does not hold it is read as before
     assert len(namespace["image_folder"](str(data), None).samples) == 1 + len(list(synthetic_data.glob("*/*.jpg")))
 

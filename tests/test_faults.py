@@ -892,6 +892,23 @@ def test_data_check_uses_the_loaders_rules_and_names_the_directory(tmp_path) -> 
     (data / "cats" / "again").unlink()
     (data / "cats" / "dogs").symlink_to(data / "dogs")  # a link elsewhere in the tree is no loop
     assert check_image_folder(data).images == 3
+    (data / "cats" / "dogs").unlink()
+    # Loops through more than one link, which a walk that follows none missed: two folders linking to each other, and a
+    # loop inside a class folder that is itself a link (ImageFolder follows both, round after round).
+    (data / "cats" / "to_dogs").symlink_to(data / "dogs")
+    (data / "dogs" / "to_cats").symlink_to(data / "cats")
+    with pytest.raises(WorkloadError, match=r"(cats/to_dogs/to_cats links to .*photos/cats|dogs/to_cats/to_dogs links to "
+                                            r".*photos/dogs), which holds the link itself"):  # whichever the walk meets first
+        check_image_folder(data)
+    (data / "cats" / "to_dogs").unlink()
+    (data / "dogs" / "to_cats").unlink()
+    elsewhere = tmp_path / "birds"
+    (elsewhere / "inner").mkdir(parents=True)
+    (elsewhere / "c.jpg").write_bytes(b"x")
+    (elsewhere / "inner" / "back").symlink_to(elsewhere)
+    (data / "birds").symlink_to(elsewhere)
+    with pytest.raises(WorkloadError, match=r"photos/birds/inner/back links to .*/birds, which holds the link itself"):
+        check_image_folder(data)
 
 
 def test_split_folders_or_one_class_are_allowed_with_a_warning(tmp_path) -> None:

@@ -191,18 +191,21 @@ def check_image_folder(path: str | Path) -> FolderInfo:
 
 
 def _symlink_loop(root: Path) -> Path | None:
-    """A directory symlink under ``root`` to a directory that holds it (itself or an ancestor), or None.
+    """A directory link under ``root`` that leads back to a directory on its own path, or None: to itself or a directory
+    that holds it, through one link or several (two folders linking to each other; a loop inside a linked class folder).
 
     ImageFolder walks the tree following links: through such a link it enters
     the same directories again until the path is too long (14 files counted
-    574 times in one tree, docs/faults.md). This walk follows none, so it ends.
+    574 times in one tree, docs/faults.md). This walk follows links as it
+    does, but ends at the first directory met again on its own path.
     """
-    for directory, names, _ in os.walk(root, onerror=lambda _: None):
-        here = Path(directory).resolve()
+    chains: dict[str, frozenset[str]] = {str(root): frozenset({os.path.realpath(root)})}
+    for directory, names, _ in os.walk(root, followlinks=True, onerror=lambda _: None):
+        chain = chains.pop(directory, frozenset())
         for name in names:
-            link = Path(directory) / name
-            if link.is_symlink():
-                target = link.resolve()
-                if target == here or target in here.parents:
-                    return link
+            path = os.path.join(directory, name)
+            real = os.path.realpath(path)
+            if real in chain:
+                return Path(path)
+            chains[path] = chain | {real}
     return None
