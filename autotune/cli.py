@@ -115,7 +115,8 @@ def _path(value: str | Path) -> Path:
     """A path option or argument; an empty one, which Path reads as the current directory, is refused."""
     if value == "":
         raise typer.BadParameter("an empty path (write . for the current directory)")
-    return Path(value)
+    path = Path(value)
+    return path.absolute() if path == Path("-") and value != "-" else path  # ./- names a file (emit's - is stdout)
 
 
 ModelOpt = Annotated[

@@ -394,6 +394,9 @@ def test_cli_emit_dash_prints_the_script_and_writes_no_file(synthetic_data: Path
     assert result.exit_code == 0, result.output
     assert result.stdout == render_script(make_best(synthetic_data, **CPU_KNOBS))
     assert not (tmp_path / "-").exists() and not (tmp_path / "train.py").exists()
+    result = CliRunner().invoke(app, ["emit", str(tmp_path), "-o", "./-"])  # a file named -, as a shell's ./- is
+    assert result.exit_code == 0 and result.stdout.startswith("wrote "), result.output
+    assert (tmp_path / "-").read_text() == render_script(make_best(synthetic_data, **CPU_KNOBS))
 
 
 def test_emit_overwrites_only_a_script_it_wrote_and_files_follow_the_umask(synthetic_data: Path, tmp_path: Path) -> None:
