@@ -168,6 +168,32 @@ def test_gpu_decode_reads_every_format_image_folder_reads(tmp_path: Path, synthe
         assert decoded.dtype == torch.uint8 and decoded.shape == (3, 30, 40)
 
 
+def test_16_bit_grayscale_is_scaled_to_8_bits_not_clipped_by_every_loader(tmp_path: Path, synthetic_data: Path) -> None:
+    """PIL's RGB conversion, which torchvision's ImageFolder loader uses, clips a 16-bit value above 255 to 255: a 16-bit
+    scan (40000 of 65535 everywhere) trained as a white image in the search, the trial and train.py alike. Every loader
+    now scales it (40000 / 256 = 156): the CPU pipeline's, the --decode gpu fallback's, and the script's two."""
+    import numpy as np
+    from PIL import Image
+    from test_emit import load_script, make_best, write_script
+
+    from autotune.workloads.data import load_image
+    from autotune.workloads.gpu_decode import decode_on_cpu, read_bytes
+
+    for name in ("scan.png", "scan.tif"):  # torchvision decodes the PNG (to uint16), PIL the TIFF
+        Image.fromarray(np.full((30, 40), 40000, dtype=np.uint16)).save(tmp_path / name)
+    script = load_script(write_script(make_best(synthetic_data, **{"decode": "cpu"}), tmp_path / "train.py"))
+    for name in ("scan.png", "scan.tif"):
+        path = str(tmp_path / name)
+        assert Image.open(path).mode == "I;16" and set(np.asarray(Image.open(path).convert("RGB")).flat) == {255}  # PIL's
+        for image in (load_image(path), script["load_rgb"](path)):
+            assert image.mode == "RGB" and set(np.asarray(image).flat) == {156}, name
+        for decode in (decode_on_cpu, script["decode_on_cpu"]):
+            decoded = decode(read_bytes(path))
+            assert decoded.dtype == torch.uint8 and set(decoded.flatten().tolist()) == {156}, name
+    Image.new("RGB", (4, 4), (200, 10, 10)).save(tmp_path / "colour.png")  # 8-bit images are read as before
+    assert np.asarray(load_image(str(tmp_path / "colour.png")))[0, 0].tolist() == [200, 10, 10]
+
+
 def test_decode_gpu_workers_read_bytes_in_plain_python(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """decode=gpu's loader workers (trials' and train.py's) read each file's exact bytes without torchvision's
     read_file, which never returned in a worker forked after CUDA started (an H200, docs/benchmarks.md)."""

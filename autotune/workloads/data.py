@@ -245,8 +245,18 @@ def check_regular_file(path: str) -> None:
         raise BadImage(f"{path}: not a regular file (a FIFO, socket or device): it cannot be read as an image")
 
 
+def rgb(image: Any) -> Any:
+    """A PIL ``image`` as RGB, 16-bit grayscale (PNG, TIFF: PIL's ``I;16`` modes) scaled to 8 bits (value / 256): PIL's
+    own conversion, which torchvision's ImageFolder loader uses, clips every value above 255, so a 16-bit scan trained as
+    a white image."""
+    if image.mode.startswith("I;16"):
+        image = image.convert("I").point(lambda value: value * (1 / 256))
+    return image.convert("RGB")
+
+
 def load_image(path: str) -> Any:
-    """Open one image as RGB, as ImageFolder's default loader does, naming the file on failure.
+    """Open one image as RGB, as ImageFolder's default loader does (16-bit grayscale scaled, :func:`rgb`), naming the
+    file on failure.
 
     Raises:
         BadImage: ``path: cannot decode (...)``.
@@ -256,7 +266,7 @@ def load_image(path: str) -> Any:
     try:
         check_regular_file(path)
         with open(path, "rb") as fh:
-            return Image.open(fh).convert("RGB")
+            return rgb(Image.open(fh))
     except Image.DecompressionBombError as exc:  # not an OSError: it stopped a trial as a setup's error, unnamed
         raise BadImage(f"{path}: too large to decode ({exc})") from None
     except FileNotFoundError as exc:  # a link whose target is gone reads as a missing file

@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from autotune.workloads.data import IMAGENET_MEAN, IMAGENET_STD, BadImage, check_regular_file
+from autotune.workloads.data import IMAGENET_MEAN, IMAGENET_STD, BadImage, check_regular_file, rgb
 
 
 def read_bytes(path: str) -> Any:
@@ -52,9 +52,9 @@ def collate_bytes(items: list[tuple[Any, int]]) -> tuple[list[Any], Any]:
 
 
 def decode_on_cpu(data: Any) -> Any:
-    """One file's bytes as a 3 x H x W uint8 tensor, on the CPU: torchvision's decoder (PNG, WebP, GIF), else PIL, as the
-    CPU pipeline's loader decodes (BMP, TIFF, PPM, 16-bit PNG: torchvision's decoder refuses those, which ImageFolder
-    reads)."""
+    """One file's bytes as a 3 x H x W uint8 tensor, on the CPU: torchvision's decoder (PNG, WebP, GIF; a 16-bit PNG
+    scaled to 8 bits as the CPU pipeline's loader scales it), else PIL, as that loader decodes (BMP, TIFF, PPM:
+    torchvision's decoder refuses those, which ImageFolder reads)."""
     import io
 
     import torch
@@ -64,12 +64,14 @@ def decode_on_cpu(data: Any) -> Any:
 
     try:
         decoded = decode_image(data, mode=ImageReadMode.RGB)
-        if decoded.dtype == torch.uint8:  # a 16-bit PNG decodes to uint16: PIL makes it 8 bits as the CPU loader does
+        if decoded.dtype == torch.uint16:  # a 16-bit PNG: to 8 bits as the CPU loader scales it (value / 256)
+            return (decoded >> 8).to(torch.uint8)
+        if decoded.dtype == torch.uint8:
             return decoded
     except (RuntimeError, ValueError):
         pass
     with Image.open(io.BytesIO(data.numpy().tobytes())) as image:
-        return pil_to_tensor(image.convert("RGB"))
+        return pil_to_tensor(rgb(image))
 
 
 class GpuDecoder:
