@@ -171,8 +171,9 @@ def test_a_crashed_rank_ends_the_trial_and_leaves_no_process() -> None:
 def _broken_collective_first(then: str, ready: Path) -> Any:
     """A rank body: rank 0 fails with the error a collective raises when its peer is gone, once rank 1 is about to
     ``then`` (its ``ready`` file made: no race between the two ranks' start-ups on a loaded machine)."""
-    import resource
     import signal
+
+    from task_factories import no_core_dump
 
     def body(rank: Any) -> TrialResult:
         if rank.rank == 0:
@@ -184,7 +185,7 @@ def _broken_collective_first(then: str, ready: Path) -> Any:
         if then == "sigterm":  # earlyoom's first signal, or a supervisor's, to one rank
             os.kill(os.getpid(), signal.SIGTERM)
         if then == "segfault":
-            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # no core file
+            no_core_dump()  # a dump piped to a handler would hold its death for seconds
             os.kill(os.getpid(), signal.SIGSEGV)
         if then == "oom":
             return TrialResult(status="oom", error="RuntimeError: CPU out of memory")

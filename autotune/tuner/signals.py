@@ -11,7 +11,7 @@ every trial of a search starts and ends with :func:`raise_if_stopped`.
 from __future__ import annotations
 
 import signal
-import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -19,13 +19,16 @@ from typing import Any
 #: Signals that stop a search as Ctrl-C does: a supervisor's stop, a closed terminal.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
-_stop = threading.Event()  # a stop signal arrived since clear_stop()
+#: Whether a stop signal arrived since clear_stop(). A plain flag, not a threading.Event: a signal's handler runs on the
+#: main thread wherever it is, and an Event's set() takes the lock that the main thread may hold just then inside the
+#: same Event's wait() or set(), a deadlock (the search hung on a Ctrl-C during a storage retry's pause).
+_stop = [False]
 _why: list[str] = []  # what stopped it, where it was no signal to this process (a trial terminated from outside)
 
 
 def clear_stop() -> None:
     """Forget earlier stop signals (a new search in the same process begins)."""
-    _stop.clear()
+    _stop[0] = False
     _why.clear()
 
 
@@ -34,7 +37,7 @@ def remember_stop(why: str | None = None) -> None:
     ``why``: what stopped it, where the user pressed nothing (a trial's process or rank terminated from outside)."""
     if why is not None and not _why:
         _why.append(why)
-    _stop.set()
+    _stop[0] = True
 
 
 def stop_reason() -> str | None:
@@ -44,17 +47,20 @@ def stop_reason() -> str | None:
 
 def stop_requested() -> bool:
     """Whether a stop signal arrived since :func:`clear_stop` (one a step caught and ended early on counts too)."""
-    return _stop.is_set()
+    return _stop[0]
 
 
 def wait_unless_stopped(seconds: float) -> bool:
     """Wait ``seconds``, less when a stop signal arrives meanwhile (one :func:`interrupts_held` holds too); True if one did."""
-    return _stop.wait(seconds)
+    deadline = time.monotonic() + seconds
+    while not _stop[0] and (left := deadline - time.monotonic()) > 0:
+        time.sleep(min(left, 0.1))  # a signal's handler runs between the sleeps' slices
+    return _stop[0]
 
 
 def raise_if_stopped() -> None:
     """Raise KeyboardInterrupt if a stop signal arrived whose own KeyboardInterrupt may have been dropped."""
-    if _stop.is_set():
+    if _stop[0]:
         raise KeyboardInterrupt
 
 
@@ -86,7 +92,7 @@ def sigterm_as_interrupt() -> Iterator[None]:
     """Inside the block SIGTERM and SIGHUP raise KeyboardInterrupt, as Ctrl-C does; each of the three is remembered."""
 
     def handler(signum: int, frame: Any) -> None:
-        _stop.set()
+        _stop[0] = True
         raise KeyboardInterrupt
 
     with signals_handled(_not_ignored(STOP_SIGNALS), handler):
@@ -106,7 +112,7 @@ def interrupts_held() -> Iterator[None]:
     held = _not_ignored(STOP_SIGNALS)
 
     def hold(signum: int, frame: Any) -> None:
-        _stop.set()
+        _stop[0] = True
         caught.append(signum)
 
     with signals_handled(held, hold):
