@@ -68,6 +68,8 @@ def _shorthand(
         flags = ", ".join("--" + name.replace("_", "-") for name in changed)
         owns = " and ".join(w for w, on in (("learning rate", "lr" in changed), ("data", set(changed) - {"lr"})) if on)
         raise UsageError(f"{flags}: for the classifier shorthand only; a workload's Task sets its own {owns}")
+    if model is not None and not isinstance(model, str):
+        raise UsageError(f"--model must be a string, got {model!r}")
     return model if model is not None else default_model, image_size if image_size is not None else 224
 
 
@@ -121,7 +123,7 @@ def search(
         image_size: Crop size (shorthand only; default 224).
         trials: Finished trials wanted in the study.
         device: ``auto``, ``cpu``, ``cuda`` or ``cuda:K``.
-        out: Output directory (``best.json``, ``trials.csv``, ``train.py``).
+        out: Output directory (``best.json``, ``trials.csv``, ``train.py``); ``~`` is the home directory, as in a shell.
         trial_seconds: Measured seconds per trial.
         effective_batch: Pin micro-batch x accumulation.
         max_memory: Memory budget (bytes or text such as ``"20GiB"``).
@@ -323,8 +325,8 @@ def trial(
         raise UsageError(f"announce must be a function called with one line, got {type(announce).__name__}")
     task_batch = check_bool("task_batch", task_batch) or setup is None
     setup = setup or TrainSetup()
-    check_trial_seconds(trial_seconds)
-    check_timeout(timeout_s, trial_seconds)
+    trial_seconds = check_trial_seconds(trial_seconds)
+    timeout_s = check_timeout(timeout_s, trial_seconds)
     if nproc_per_node == 1 and (ddp := [knob for knob, (default,) in ddp_values(1).items() if getattr(setup, knob) != default]):
         raise SetupError(f"{ddp[0]}: a DDP knob; it changes nothing in a trial of one process (pass --nproc-per-node 2 or more)")
     if setup.num_workers > 0 and mode != "compute":  # their sockets must fit under TMPDIR, or the trial hangs to its timeout
@@ -368,7 +370,7 @@ def trial(
         if announce is not None:
             announce(f"warning: {said}")
         else:
-            warnings.warn(said, stacklevel=2)
+            warnings.warn(said, stacklevel=3)  # the caller's line, past worded_for_python's wrapper
     return TrialOutcome(setup=setup, workload=built, result=run_trial(setup, built, options))
 
 

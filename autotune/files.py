@@ -90,6 +90,8 @@ def read_json(file: Path, error: type[AutotuneError], missing_hint: str = "") ->
         raise error(f"{file}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
     except RecursionError:  # arrays or objects nested deeper than Python's parser recurses: no file autotune wrote
         raise error(f"{file}: not valid JSON for autotune (nested too deeply to parse)") from None
+    except ValueError as exc:  # an integer of more than 4300 digits (Python's limit on reading one): no file autotune wrote
+        raise error(f"{file}: not valid JSON for autotune ({exc})") from None
 
 
 def _can_write(directory: Path) -> bool:

@@ -463,6 +463,8 @@ def test_train_py_header_names_the_factory_it_imports(tmp_path) -> None:
         ({"data": 7}, "^data must be a path \\(a str or os.PathLike\\), got 7"),
         ({"cache_dir": b"cache"}, "^cache_dir must be a path \\(a str or os.PathLike\\), got b'cache'"),
         ({"out": None}, "^out must be a path \\(a str or os.PathLike\\), got None"),
+        ({"out": ""}, "^out must not be empty \\(write . for the current directory\\)"),  # it wrote into the cwd
+        ({"sampler": None}, "^sampler must be a string, got None"),  # AttributeError: 'NoneType' ... 'lower'
         ({"constraints": None}, "^constraints must be a list of strings such as 'amp=bf16', got None"),
         ({"constraints": ["amp=off", 3]}, "^constraints must be a list of strings such as 'amp=bf16', got 3 in it"),
         ({"reporter": 3}, "^reporter must have the methods of autotune.Reporter .*; int lacks message, trial_started"),
@@ -502,6 +504,7 @@ def test_the_python_api_names_its_parameters_in_storage_errors_too(tmp_path) -> 
         ({"data": 7}, "^data must be a path \\(a str or os.PathLike\\), got 7"),
         ({"cache_dir": 7}, "^cache_dir must be a path \\(a str or os.PathLike\\), got 7"),
         ({"announce": 3}, "^announce must be a function called with one line, got int"),
+        ({"model": 5}, "^model must be a string, got 5"),  # TypeError: argument of type 'int' is not iterable
         ({"task_batch": "no"}, "^task_batch must be True or False, got 'no'"),
         ({"max_memory": [1]}, "^max_memory must be bytes \\(an integer\\) or a size such as '20GiB', got \\[1\\]"),
         ({"max_memory": True}, "^max_memory must be bytes \\(an integer\\) or a size such as '20GiB', got True"),
@@ -694,8 +697,9 @@ def test_a_trial_with_more_threads_than_cores_says_so(tmp_path, monkeypatch) -> 
     autotune.trial(setup=autotune.TrainSetup(batch_size=8, num_threads=cores + 1), announce=lines.append, **common)
     assert lines[-1] == (f"warning: num_threads={cores + 1} is more than the {cores} CPU cores this trial may use: the threads "
                          "share them, which slows the step")
-    with pytest.warns(UserWarning, match=f"num_threads={cores + 1} is more than the {cores} CPU cores"):
+    with pytest.warns(UserWarning, match=f"num_threads={cores + 1} is more than the {cores} CPU cores") as warned:
         autotune.trial(setup=autotune.TrainSetup(batch_size=8, num_threads=cores + 1), **common)
+    assert warned[0].filename == __file__  # the caller's line, not autotune's wrapper
     lines.clear()
     autotune.trial(setup=autotune.TrainSetup(batch_size=8, num_threads=cores), announce=lines.append, **common)
     assert not any(line.startswith("warning:") for line in lines)
@@ -745,3 +749,46 @@ def test_a_trial_refuses_its_ranks_before_writing_synthetic_jpegs(tmp_path) -> N
                                      "--cache-dir", str(tmp_path / "cache"), "--nproc-per-node", ranks])
         assert result.exit_code == 2 and one_line(result.output).startswith(message), result.output
         assert not (tmp_path / "cache").exists()
+
+
+def test_the_python_api_takes_numpy_numbers_a_home_relative_out_and_string_constraints(tmp_path, monkeypatch) -> None:
+    """What a probe's Python caller met: NumPy numbers (a config read through NumPy or pandas) refused as "must be an
+    integer, got np.int64(2)"; out="~/runs/x" made a folder named ~ in the working directory; SearchConfig required
+    model and trials for a workload and took constraints as Constraint objects only ('str' object has no attribute
+    'knob'); run_search(None) and load_best(None) were Python's AttributeError and TypeError."""
+    import numpy as np
+
+    import autotune
+    from autotune.tuner.config import path_of
+    from autotune.tuner.constraints import parse_constraint
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert path_of("--out", "~/runs/x") == tmp_path / "runs" / "x"
+    config = autotune.SearchConfig(workload="task_factories:good", trials=np.int64(2), trial_seconds=np.float32(1.5),
+                                   timeout_s=np.float64(60), lr=np.float32(0.01), constraints=["amp=off", parse_constraint("batch_size=8")])
+    config.validate()
+    assert (type(config.trials), type(config.trial_seconds), type(config.timeout_s)) == (int, float, float)
+    assert (config.trials, config.trial_seconds, config.timeout_s) == (2, 1.5, 60.0)
+    assert config.constraints == (parse_constraint("amp=off"), parse_constraint("batch_size=8")) and config.model == "resnet50"
+    with pytest.raises(autotune.errors.UsageError, match="^--trials must be an integer, got np.float64\\(2.0\\)"):
+        autotune.SearchConfig(trials=np.float64(2.0)).validate()
+    with pytest.raises(autotune.errors.UsageError, match="^--set: each constraint is a KNOB=VALUE string \\(amp=bf16\\), got 3"):
+        autotune.SearchConfig(constraints=("amp=off", 3)).validate()
+    for wrong in (None, {"model": "resnet18"}):
+        with pytest.raises(autotune.errors.UsageError, match="^run_search takes an autotune.SearchConfig, got "):
+            autotune.run_search(wrong)
+    with pytest.raises(autotune.errors.UsageError, match="^reporter must have the methods of autotune.Reporter"):
+        autotune.run_search(config, 5)
+    for wrong in (None, 5, b"best.json"):
+        with pytest.raises(autotune.AutotuneError, match="^load_best takes the path of a best.json, got "):
+            autotune.load_best(wrong)
+
+
+def test_a_best_json_holding_an_integer_python_will_not_read_is_one_line(tmp_path) -> None:
+    """An integer of more than 4300 digits (Python's limit on reading one) escaped json.loads as a ValueError."""
+    import autotune
+
+    (tmp_path / "best.json").write_text('{"schema": ' + "9" * 5000 + "}")
+    for load in (autotune.load_setup, autotune.load_best):
+        with pytest.raises(autotune.AutotuneError, match="best.json: not valid JSON for autotune \\(Exceeds the limit"):
+            load(tmp_path)

@@ -929,3 +929,20 @@ def test_the_report_s_best_so_far_passes_over_defaults_the_set_excludes(tmp_path
     assert rows[0][1] == "defaults" and rows[0][4] == "5000.0" and rows[0][5] == "-"
     allowed = max(float(r[4]) for r in rows[1:] if r[3] == "ok")
     assert rows[-1][5] == f"{allowed:.1f}" and allowed < 5000.0
+
+
+def test_a_search_leaves_optuna_s_log_level_and_the_warnings_filters_as_it_found_them(tmp_path, cache_dir) -> None:
+    """The search quiets optuna's per-trial INFO lines and its experimental-feature warnings for itself: they stayed
+    quiet in the caller's process after it returned (a notebook's own optuna studies printed nothing)."""
+    import warnings
+
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.DEBUG)
+    filters = list(warnings.filters)
+    try:
+        outcome = search(config(tmp_path, cache_dir, trials=2))
+        assert outcome.best is not None
+        assert optuna.logging.get_verbosity() == optuna.logging.DEBUG and warnings.filters == filters
+    finally:
+        optuna.logging.set_verbosity(optuna.logging.WARNING)

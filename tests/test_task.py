@@ -198,6 +198,9 @@ def test_numpy_numbers_are_taken_as_python_ones() -> None:
     task = autotune.Task(torch.nn.Linear(2, 2), [1], batch_size=numpy.int64(16), lr=numpy.float32(3e-4))
     assert type(task.batch_size) is int and task.batch_size == 16
     assert type(task.lr) is float and task.lr == 3e-4  # its shortest decimal form, as best.json shows it
+    from fractions import Fraction
+
+    assert autotune.Task(torch.nn.Linear(2, 2), [1], lr=Fraction(1, 1000)).lr == 0.001  # its text, 1/1000, is no float
     with pytest.raises(WorkloadError, match="batch_size must be an integer >= 1, got 16.0"):
         autotune.Task(torch.nn.Linear(2, 2), [1], batch_size=16.0)  # type: ignore[arg-type]
 

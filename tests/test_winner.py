@@ -266,7 +266,10 @@ def test_a_winner_within_the_noise_of_the_defaults_returns_the_defaults() -> Non
     # Faster at the median, but not in every paired round: not beyond the noise.
     best = _best([_confirmed(FAST, (130.0, 95.0, 125.0)), _confirmed(DEFAULTS, (100.0, 100.0, 100.0))])
     assert best.setup == DEFAULTS and best.speedup == pytest.approx(1.0)
-    assert any("nothing measurably faster" in n for n in best.notes)
+    # The rounds it had to win, of those it shared (three quarters): it said "3 of 4" whatever ran.
+    assert any("nothing measurably faster" in n and "noise floor in 3 of 3 paired rounds (won 2 of 3" in n for n in best.notes), best.notes
+    two = _best([_confirmed(FAST, (130.0, 95.0)), _confirmed(DEFAULTS, (100.0, 100.0))])
+    assert any("noise floor in 2 of 2 paired rounds (won 1 of 2" in n for n in two.notes), two.notes
     # Faster in every round, but by less than the 3 % floor at the median.
     best = _best([_confirmed(FAST, (101.0, 102.0, 101.5)), _confirmed(DEFAULTS, (100.0, 100.0, 100.0))])
     assert best.setup == DEFAULTS

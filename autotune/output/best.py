@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -228,6 +229,8 @@ def read_best(path: str | Path) -> Best:
     Raises:
         AutotuneError: The file is missing, unreadable, not JSON or invalid.
     """
+    if not isinstance(path, (str, os.PathLike)) or not isinstance(os.fspath(path), str):
+        raise AutotuneError(f"load_best takes the path of a best.json, got {type(path).__name__}")
     file = Path(path)
     if file.is_dir():
         file = file / "best.json"

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 
 from autotune.rounds import Confirmed
 from autotune.train_setup import TrainSetup
-from autotune.tuner.noise import NOISE_FLOOR, beats, leader, margin, paired_leader
+from autotune.tuner.noise import NOISE_FLOOR, beats, leader, margin, paired_leader, paired_ratios
 
 #: A cost a setup may carry (a predicate) and, in words, the virtue of a setup without it.
 Rule = tuple[Callable[[TrainSetup], bool], str]
@@ -96,7 +96,8 @@ def choose_winner(
             notes.append(
                 f"nothing measurably faster than the PyTorch defaults was found: the fastest finalist "
                 f"({top.candidate.setup.describe()}, {top.median:.1f} samples/s) did not beat them by the "
-                f"{NOISE_FLOOR:.0%} noise floor in 3 of 4 paired rounds ({_margin_text(top, defaults)}); the defaults are kept"
+                f"{NOISE_FLOOR:.0%} noise floor in {_rounds_needed(top, defaults)} paired rounds ({_margin_text(top, defaults)}); "
+                "the defaults are kept"
             )
         else:
             chosen = clear
@@ -197,3 +198,9 @@ def _prefer_within_noise(
 def _margin_text(a: Confirmed, b: Confirmed) -> str:
     found = margin(a, b)
     return found.describe() if found is not None else "no shared round"
+
+
+def _rounds_needed(a: Confirmed, b: Confirmed) -> str:
+    """``3 of 4``: how many of the paired rounds ``a`` and ``b`` shared it must win to beat ``b`` (:func:`beats`)."""
+    shared = len(paired_ratios(a, b))
+    return f"{math.ceil(0.75 * shared)} of {shared}"

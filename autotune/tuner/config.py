@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 import os
 import threading
 from collections.abc import Callable
@@ -16,7 +17,7 @@ from autotune.records import DEFAULT_TRIAL_SECONDS, MAX_SECONDS, Calibration, Tr
 from autotune.redact import hide_passwords
 from autotune.rounds import Ceilings, Confirmed
 from autotune.time_spent import Phase, TimeSpent
-from autotune.tuner.constraints import Constraint, merge_constraints
+from autotune.tuner.constraints import Constraint, merge_constraints, parse_constraint
 from autotune.tuner.storage import is_shared
 
 #: The shortest ``--trial-seconds`` a user may ask for: shorter windows measure the loader's prefetched
@@ -24,8 +25,9 @@ from autotune.tuner.storage import is_shared
 MIN_TRIAL_SECONDS = 0.5
 
 
-def check_timeout(timeout_s: float | None, trial_seconds: float) -> None:
-    """Refuse a ``--timeout`` outside (0, :data:`MAX_SECONDS`] (NaN too), or one every trial would reach.
+def check_timeout(timeout_s: float | None, trial_seconds: float) -> float | None:
+    """``timeout_s`` as a Python float (NumPy's numbers too); refuse one outside (0, :data:`MAX_SECONDS`] (NaN too), or
+    one every trial would reach.
 
     A trial measures ``trial_seconds`` after its start-up, so a timeout no longer than that kills every trial.
 
@@ -33,30 +35,33 @@ def check_timeout(timeout_s: float | None, trial_seconds: float) -> None:
         UsageError: With a one-line reason.
     """
     if timeout_s is None:
-        return
-    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)):
+        return None
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, numbers.Real):
         raise UsageError(f"--timeout must be a number, got {timeout_s!r}")
     if not 0 < timeout_s <= MAX_SECONDS:
         raise UsageError(f"--timeout must be > 0 and <= {MAX_SECONDS:.0f}, got {timeout_s}")
     if timeout_s <= trial_seconds:
         raise UsageError(f"--timeout {timeout_s:g} must be longer than --trial-seconds {trial_seconds:g}: a trial measures "
                          "that long after its start-up, so every trial would time out")
+    return float(timeout_s)
 
 
 #: The most synthetic JPEGs a search or trial writes (about 5 GiB: see workloads.data.SYNTHETIC_JPEG_BYTES).
 MAX_SYNTHETIC_IMAGES = 100_000
 
 
-def check_trial_seconds(value: float) -> None:
-    """Refuse a ``--trial-seconds`` outside [:data:`MIN_TRIAL_SECONDS`, :data:`MAX_SECONDS`] (NaN too).
+def check_trial_seconds(value: float) -> float:
+    """``value`` as a Python float (NumPy's numbers too); refuse a ``--trial-seconds`` outside [:data:`MIN_TRIAL_SECONDS`,
+    :data:`MAX_SECONDS`] (NaN too).
 
     Raises:
         UsageError: With a one-line reason.
     """
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise UsageError(f"--trial-seconds must be a number, got {value!r}")
     if not MIN_TRIAL_SECONDS <= value <= MAX_SECONDS:
         raise UsageError(f"--trial-seconds must be >= {MIN_TRIAL_SECONDS:g} and <= {MAX_SECONDS:.0f}, got {value}")
+    return float(value)
 
 
 def check_synthetic_images(count: int | None, data: object) -> None:
@@ -78,21 +83,25 @@ def path_of(flag: str, value: object) -> Path:
     """``value`` as a Path; the Python API takes any value where the CLI's Typer gave a path.
 
     Raises:
-        UsageError: ``value`` is neither a str nor an os.PathLike (None, a number, bytes).
+        UsageError: ``value`` is neither a str nor an os.PathLike (None, a number, bytes), or is empty.
     """
     if not isinstance(value, (str, os.PathLike)) or not isinstance(os.fspath(value), str):
         raise UsageError(f"{flag} must be a path (a str or os.PathLike), got {value!r}")
-    return Path(value)
+    if not os.fspath(value):  # Path("") is the current directory
+        raise UsageError(f"{flag} must not be empty (write . for the current directory)")
+    return Path(value).expanduser()  # ~ as a shell expands it, not a folder named ~
 
 
 #: The numeric and text fields of :class:`SearchConfig` and the type each must have: Python's own, as they are stored as JSON.
 _TYPES: dict[str, type | tuple[type, ...]] = {
     "trials": int, "image_size": int, "effective_batch": int, "seed": int, "synthetic_images": int, "confirm_top": int,
     "confirm_rounds": int, "nproc_per_node": int, "timeout_s": (int, float), "lr": (int, float),
-    "model": str, "study": str, "storage": str, "devices": str, "command": str,
+    "model": str, "study": str, "storage": str, "devices": str, "command": str, "sampler": str,
 }  # trial_seconds: check_trial_seconds, which trial() calls too
 #: Fields whose None means "not set".
 _OPTIONAL = ("effective_batch", "timeout_s", "study", "storage", "devices", "synthetic_images")
+#: The abstract number each numeric type takes (NumPy's and Python's alike), turned into Python's own before it is stored.
+_NUMBERS: dict[type | tuple[type, ...], type] = {int: numbers.Integral, (int, float): numbers.Real}
 #: How a refusal names each type.
 _TYPE_NAMES: dict[type | tuple[type, ...], str] = {int: "an integer", str: "a string", (int, float): "a number"}
 
@@ -106,15 +115,16 @@ class SearchConfig:
 
     Attributes:
         model: torchvision name or ``package.module:function`` (the
-            image-classifier shorthand; ignored with ``workload``).
-        trials: Finished trials wanted in the study, in total (resume included).
+            image-classifier shorthand, resnet50 by default; ignored with ``workload``).
+        trials: Finished trials wanted in the study, in total (resume included; 30 by default).
         image_size: Crop size fed to the model.
         data: ImageFolder directory, or None for synthetic JPEGs.
         device: ``auto``, ``cpu``, ``cuda`` or ``cuda:K``.
         effective_batch: Pin micro-batch x accumulation to this value.
         max_memory: Memory budget in bytes.
         trial_seconds: Measured seconds per trial.
-        constraints: The user's ``--set`` pins and bounds.
+        constraints: The user's ``--set`` pins and bounds: ``Constraint`` objects or ``KNOB=VALUE`` strings
+            (``"amp=bf16"``, ``"batch_size=32..256"``), the strings parsed by :meth:`validate`.
         out: Output directory.
         study: Study name (default derived from the workload).
         storage: Optuna storage URL (default SQLite in ``out``).
@@ -144,8 +154,8 @@ class SearchConfig:
             ``cpu,cpu,...``; one trial per device at the same time.
     """
 
-    model: str
-    trials: int
+    model: str = "resnet50"  # the classifier shorthand's (a workload's Task replaces it)
+    trials: int = 30
     image_size: int = 224
     data: Path | None = None
     device: str = "auto"
@@ -187,15 +197,26 @@ class SearchConfig:
         """
         for name, kind in _TYPES.items():  # the Python API takes what Typer would have parsed
             value = getattr(self, name)
-            if (value is not None or name not in _OPTIONAL) and (isinstance(value, bool) or not isinstance(value, kind)):
+            if value is None and name in _OPTIONAL:
+                continue
+            number = _NUMBERS.get(kind)  # NumPy's integers and floats too (a config read through NumPy or pandas)
+            if not isinstance(value, bool) and number is not None and isinstance(value, number) and not isinstance(value, kind):
+                value = int(value) if isinstance(value, numbers.Integral) else float(value)  # type: ignore[arg-type]
+                object.__setattr__(self, name, value)  # stored as JSON: Python's own type
+            if isinstance(value, bool) or not isinstance(value, kind):
                 raise UsageError(f"--{name.removesuffix('_s').replace('_', '-')} must be {_TYPE_NAMES[kind]}, got {value!r}")
         check_bool("--ceilings", self.ceilings)  # "no" is truthy: two more runs the caller turned off
+        if isinstance(self.constraints, (str, Constraint)) or not isinstance(self.constraints, (tuple, list)):
+            raise UsageError(f"--set: constraints must be a list of KNOB=VALUE strings, got {self.constraints!r}")
+        if bad := [c for c in self.constraints if not isinstance(c, (str, Constraint))]:
+            raise UsageError(f"--set: each constraint is a KNOB=VALUE string (amp=bf16), got {bad[0]!r}")
+        object.__setattr__(self, "constraints", tuple(parse_constraint(c) if isinstance(c, str) else c for c in self.constraints))
         if not 1 <= self.trials <= MAX_TRIALS:
             raise UsageError(f"--trials must be between 1 and {MAX_TRIALS}, got {self.trials}")
         if self.effective_batch is not None and self.effective_batch < 1:
             raise UsageError(f"--effective-batch must be >= 1, got {self.effective_batch}")
-        check_trial_seconds(self.trial_seconds)
-        check_timeout(self.timeout_s, self.trial_seconds)
+        object.__setattr__(self, "trial_seconds", check_trial_seconds(self.trial_seconds))
+        object.__setattr__(self, "timeout_s", check_timeout(self.timeout_s, self.trial_seconds))
         if not 0 < self.lr < math.inf:
             raise UsageError(f"--lr must be a finite number > 0, got {self.lr}")
         if not 0 <= self.seed < 2**32:

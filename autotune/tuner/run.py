@@ -10,7 +10,9 @@ the output directory by default), so re-running the same command resumes it.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -35,7 +37,7 @@ from autotune.tuner.leftovers import nothing_left_if_nothing_measured
 from autotune.tuner.neighbours import neighbour_trials
 from autotune.tuner.parallel import explore_placed
 from autotune.tuner.prepare import Prepared, prepare
-from autotune.tuner.progress import Reporter, SilentReporter
+from autotune.tuner.progress import Reporter, SilentReporter, check_reporter
 from autotune.tuner.refine import compile_skipped
 from autotune.tuner.signals import clear_stop, interrupts_held, runs_to_the_end, sigterm_as_interrupt, stop_reason, stop_requested
 from autotune.tuner.space import Space, build_space, defaults_setup
@@ -67,7 +69,29 @@ def run_search(config: SearchConfig, reporter: Reporter | None = None, *, runner
         SearchFailed: Every trial failed.
         SearchInterrupted: Ctrl-C; finished trials are kept and the best so far is written.
     """
-    reporter = reporter or SilentReporter()
+    if not isinstance(config, SearchConfig):
+        raise UsageError(f"run_search takes an autotune.SearchConfig, got {type(config).__name__}")
+    check_reporter(reporter)
+    with _optuna_settings_kept():
+        return _run_search(config, reporter or SilentReporter(), runner)
+
+
+@contextmanager
+def _optuna_settings_kept() -> Iterator[None]:
+    """Run the block with optuna's log level and the warnings filters restored after it: the search quiets optuna's
+    per-trial INFO lines and its experimental-feature warnings for itself, not for the rest of the caller's process."""
+    import optuna
+
+    verbosity = optuna.logging.get_verbosity()
+    with warnings.catch_warnings():
+        try:
+            yield
+        finally:
+            optuna.logging.set_verbosity(verbosity)
+
+
+def _run_search(config: SearchConfig, reporter: Reporter, runner: TrialRunner) -> SearchOutcome:
+    """:func:`run_search` once its arguments are checked."""
     config.validate()
     if runner is run_trial:
         prestart()  # the trial server's imports overlap the checks of prepare()

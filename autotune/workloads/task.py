@@ -107,7 +107,7 @@ class Task:
             raise WorkloadError(f"Task lr must be a finite number > 0, got {self.lr!r}")
         # NumPy's numbers (a config read with NumPy) as Python's: best.json and the emitted script write them as JSON.
         object.__setattr__(self, "batch_size", int(self.batch_size))
-        object.__setattr__(self, "lr", float(self.lr) if isinstance(self.lr, int | float) else float(str(self.lr)))  # 3e-4, not 3.0000001e-4
+        object.__setattr__(self, "lr", float(self.lr) if isinstance(self.lr, int | float) else _as_float(self.lr))
         for name in ("loss", "step", "collate_fn", "optimizer", "batch_size_of"):
             value = getattr(self, name)
             if value is not None and not callable(value):
@@ -310,6 +310,15 @@ class Task:
         if isinstance(count, bool) or not isinstance(count, numbers.Integral):
             raise WorkloadError(f"batch_size_of(batch) returned {count!r} ({type(count).__name__}); it must return an int")
         return int(count)
+
+
+def _as_float(number: numbers.Real) -> float:
+    """A Real that is not Python's own as a float: through its text where that reads back (NumPy's float32 3e-4 is
+    0.0003, not 3.0000001e-4), else its value (a Fraction's text is 1/1000)."""
+    try:
+        return float(str(number))
+    except ValueError:
+        return float(number)
 
 
 def _refuse_tensor_columns(dataset: tuple[Any, ...]) -> None:
