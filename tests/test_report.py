@@ -799,3 +799,45 @@ def test_report_of_a_search_stopped_after_its_calibration_shows_it(tmp_path) -> 
     page = (out / REPORT).read_text()
     assert "calibrated, no trial finished yet (in progress or interrupted)" in page
     assert "1000" in page  # the calibration's compute-only ceiling
+
+
+def test_kept_defaults_are_one_bar_a_single_measurement_has_no_spread_and_the_header_s_best_is_the_plots(searched, monkeypatch) -> None:
+    """A probe's pages: where nothing beat the PyTorch defaults, "winner" and "PyTorch defaults" were two bars of one
+    figure, and its "spread 0.0 samples/s" came from one measurement; without best.json the header's best trial so far
+    was the defaults that --set excludes while the ceilings plot named another; the confirmation axis began at 14.4."""
+    from dataclasses import replace
+
+    from autotune.output.report import render_report
+    from autotune.output.sections import ReportInput, ceiling_bars
+    from autotune.rounds import Candidate, Confirmed
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # tables only: fast
+    outcome, _ = searched
+    records = outcome.records
+    defaults = next(r for r in records if r.role == "defaults")
+    kept = replace(outcome.best, setup=defaults.setup, samples_per_s=15.2, samples_per_s_spread=0.0, speedup=None,
+                   defaults_samples_per_s=15.2)
+    once = (Confirmed(Candidate(defaults.setup.to_json(), defaults.setup, "defaults"), (15.2,), ()),)
+    base = ReportInput(records, outcome.calibration, once, kept, None, None, "s", "sqlite://")
+    labels = [label for label, *_ in ceiling_bars(base)]
+    assert labels[-1] == "PyTorch defaults\n(kept: nothing beat them)" and not any(label.startswith("winner") for label in labels)
+    page, _ = render_report(base)
+    assert "15.2 samples/s (one measurement: no spread)" in page and "spread 0.0" not in page
+    # The header's best so far passes over the defaults that --set excludes, as the plots and `autotune status` do.
+    fastest = replace(defaults, result=replace(defaults.result, samples_per_s=1e6))
+    others = tuple(fastest if r is defaults else r for r in records)
+    top = max((r for r in records if r is not defaults and r.result.ok and r.result.samples_per_s),
+              key=lambda r: r.result.samples_per_s or 0.0)
+    page, _ = render_report(ReportInput(others, outcome.calibration, (), None, None, None, "s", "sqlite://",
+                                        baseline_only=frozenset({defaults.number})))
+    assert f"Best trial so far (not confirmed): #{top.number} " in page, page
+
+
+def test_the_confirmation_plot_starts_at_zero() -> None:
+    from autotune.output import plots
+    from autotune.rounds import Candidate, Confirmed
+    from autotune.train_setup import TrainSetup
+
+    setup = TrainSetup()
+    fig = plots.confirmation([Confirmed(Candidate(setup.to_json(), setup, "a"), (14.6, 15.9), ())])
+    assert fig.axes[0].get_xlim()[0] == 0.0

@@ -28,6 +28,7 @@ from autotune.output.sections import (
     Table,
     batch_section,
     confirmation_section,
+    fastest_trial,
     history_section,
     importance_section,
     loader_section,
@@ -100,7 +101,9 @@ def _header(data: ReportInput) -> str:
     meta.append(f"written {_dt.datetime.now(_dt.timezone.utc).isoformat(timespec='seconds')}")
     lines.append(f'<p class="meta">{" &middot; ".join(meta)}</p>')
     if best is not None:
-        speed = f"{best.samples_per_s:.1f} samples/s (spread {best.samples_per_s_spread:.1f} samples/s)"
+        runs = next((len(c.values) for c in data.confirmed if c.candidate.setup == best.setup), None)
+        spread = "one measurement: no spread" if runs == 1 else f"spread {best.samples_per_s_spread:.1f} samples/s"
+        speed = f"{best.samples_per_s:.1f} samples/s ({spread})"
         if best.speedup:
             how = best.speedup_basis
             speed += f", <b>{best.speedup:.2f}x</b> the PyTorch defaults ({best.defaults_samples_per_s:.1f} samples/s; {how})"
@@ -113,9 +116,8 @@ def _header(data: ReportInput) -> str:
         lines.append(f'<p class="next">Use it: <code>{escape(run_command(best))}</code> beside this page trains with it (its flags default to '
                      'this setup), or read <code>best.json</code> in your own loop with <code>autotune.load_setup("best.json")</code>.</p>')
     else:
-        ok = [r for r in data.records if r.result.ok and r.result.samples_per_s]
-        if ok:
-            top = max(ok, key=lambda r: r.result.samples_per_s or 0.0)
+        top = fastest_trial(data.records, data.baseline_only)  # as the plots and `autotune status` name it
+        if top is not None:
             lines.append(f'<p class="winner">Best trial so far (not confirmed): #{top.number} '
                          f"<code>{escape(top.setup.describe())}</code>: {top.result.samples_per_s:.1f} samples/s</p>")
         else:
