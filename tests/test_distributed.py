@@ -323,6 +323,22 @@ def test_cli_refuses_devices_all_on_a_cpu_host_in_one_line(tmp_path: Path) -> No
     assert not (tmp_path / "out").exists()
 
 
+def test_an_empty_devices_entry_names_the_form_this_host_takes() -> None:
+    """`--devices cpu,` on a CPU host was told to use cuda:0,cuda:1,... or all, neither of which it has."""
+    from dataclasses import replace
+
+    from autotune.errors import UsageError
+
+    hardware = __import__("probes").collect()
+    cpu_host = replace(hardware, gpus=[])
+    for text in ("cpu,", ",cpu", ""):
+        with pytest.raises(UsageError, match=r"an empty entry; use cpu,cpu,\.\.\. \(one trial per share of the cores\)$"):
+            place("cpu", text, 1, cpu_host)
+    gpu_host = replace(hardware, gpus=[object()])
+    with pytest.raises(UsageError, match=r"an empty entry; use cuda:0,cuda:1,\.\.\. or all$"):
+        place("auto", "cuda:0,", 1, gpu_host)
+
+
 def test_cli_refuses_static_graph_with_accumulation_before_the_calibration(tmp_path: Path) -> None:
     """The pair was refused after the calibration, leaving a study the corrected command in the same --out could not
     reuse (its --set differed)."""
