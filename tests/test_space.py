@@ -42,6 +42,8 @@ def test_parse_constraint_forms() -> None:
     assert parse_constraint("batch_size=16..128").low == 16
     assert parse_constraint("batch_size=..64").high == 64 and parse_constraint("batch_size=..64").low is None
     assert parse_constraint("amp=off,bf16").choices == ("off", "bf16")
+    assert parse_constraint("batch_size=8|16|32").choices == (8, 16, 32)  # as the space: line prints choices
+    assert parse_constraint("num_threads=auto|1").choices == (None, 1)
     assert parse_constraint("channels_last=yes").value is True
 
 

@@ -107,13 +107,14 @@ def _parse_value(knob: str, text: str) -> Any:
 def parse_constraint(text: str) -> Constraint:
     """Parse one ``--set`` argument.
 
-    Forms: ``knob=value`` (pin), ``knob=a,b,c`` (choices), ``knob=lo..hi``
+    Forms: ``knob=value`` (pin), ``knob=a,b,c`` (choices; ``a|b|c`` as the search's ``space:`` line prints them), ``knob=lo..hi``
     (integer bounds, either side may be empty, not both).
 
     Raises:
         UsageError: Unknown knob or malformed value.
     """
     knob, sep, rest = text.partition("=")
+    rest = rest.replace("|", ",")  # choices as the search's space: line prints them (batch_size=8|16|32)
     knob = knob.strip().lower().replace("-", "_")
     aliases = {"workers": "num_workers", "prefetch": "prefetch_factor", "batch": "batch_size", "accum": "accumulation_steps"}
     knob = aliases.get(knob, knob)
