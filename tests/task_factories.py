@@ -401,6 +401,19 @@ def one_output_default_loss() -> autotune.Task:
     return autotune.Task(nn.Linear(8, 1), TensorDataset(inputs, inputs.sum(1, keepdim=True)))
 
 
+def broadcast_regression() -> autotune.Task:
+    """A regression model (output [N, 1]) with MSELoss and targets [N]: the loss broadcast them into [N, N] and trained
+    every output against every target of the batch, with PyTorch's one warning and a speedup reported as usual."""
+    inputs = torch.randn(16, 8)
+    return autotune.Task(nn.Linear(8, 1), TensorDataset(inputs, inputs.sum(1)), loss=nn.MSELoss())
+
+
+def shaped_regression() -> autotune.Task:
+    """The same with targets [N, 1]: a good Task."""
+    inputs = torch.randn(16, 8)
+    return autotune.Task(nn.Linear(8, 1), TensorDataset(inputs, inputs.sum(1, keepdim=True)), loss=nn.MSELoss())
+
+
 def multi_hot_default_loss() -> autotune.Task:
     """A multi-label model (rows of 0/1 targets, several 1s) left with the default cross-entropy: it trained without a
     word on unnormalised class probabilities; with BCEWithLogitsLoss it is a good Task."""

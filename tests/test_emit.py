@@ -1291,6 +1291,32 @@ def test_a_sigchld_pending_with_the_stop_signal_raises_nothing(synthetic_data: P
     assert signal.getsignal(signal.SIGCHLD) is before
 
 
+def test_a_stopped_script_exits_without_pytorch_s_sigchld_handler_back(synthetic_data: Path, tmp_path: Path) -> None:
+    """A job-wide SIGTERM ends the loader's workers too; the script stopped cleanly, then now and then printed a 20-line
+    "Exception ignored in ... _MultiProcessingDataLoaderIter.__del__ ... DataLoader worker (pid N) is killed by signal:
+    Terminated": PyTorch's SIGCHLD handler, put back as the stop's SystemExit left training, ran as the loader shut its
+    dead workers down at exit. It stays off on that way out; any other way out puts it back."""
+    namespace = load_script(write_script(make_best(synthetic_data, **CPU_KNOBS), tmp_path / "train.py"))
+    def pytorch_s(signum: int, frame: Any) -> None:  # as PyTorch's DataLoader sets one
+        pass
+
+    before = signal.getsignal(signal.SIGCHLD)
+    try:
+        for leaving, kept in ((SystemExit(130), True), (RuntimeError("another error"), False)):
+            signal.signal(signal.SIGCHLD, pytorch_s)
+            stop = namespace["GracefulStop"]()
+            stop._received(signal.SIGTERM, None)
+            with pytest.raises(type(leaving)):
+                try:
+                    raise leaving
+                finally:
+                    stop.close()
+            assert signal.getsignal(signal.SIGCHLD) == (stop._child_ended if kept else pytorch_s), leaving
+            assert signal.getsignal(signal.SIGTERM) != stop._received  # the stop handlers go back either way
+    finally:
+        signal.signal(signal.SIGCHLD, before)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("signum", [2, 15, 1], ids=["SIGINT", "SIGTERM", "SIGHUP"])  # SIGHUP: a terminal closed (no nohup)
 def test_ctrl_c_or_sigterm_stops_after_the_step_with_a_checkpoint_to_resume_from(

@@ -423,6 +423,7 @@ def test_good_workloads_become_workload_records() -> None:
     assert _workload("listed_batches_counted").images == 40  # batches of item tuples, counted by the user
     assert _workload("sequence_first_counted").images == 40  # [length, batch] batches, counted by the user along the second dimension
     assert _workload("soft_labels").images == 16  # probabilities summing to 1 (label smoothing, mixup): cross-entropy takes them
+    assert _workload("shaped_regression").images == 16  # MSELoss on targets shaped as the output
     stream = _workload("iterable")
     assert stream.iterable and stream.images is None
     assert work.lr_scaling == "sqrt" and _workload("sgd").lr_scaling == "linear"  # from the Task's optimizer
@@ -452,6 +453,9 @@ def test_good_workloads_become_workload_records() -> None:
         ("multi_hot_default_loss", "the targets are rows of 0 and 1 with several 1s (Tensor[2, 5] float32): a multi-label task, and "
                                    "the default loss is cross-entropy over classes, which takes class indices or probabilities "
                                    "summing to 1; pass autotune.Task(loss=nn.BCEWithLogitsLoss())"),
+        ("broadcast_regression", "the loss got output Tensor[2, 1] float32 and targets Tensor[2] float32 of another shape and "
+                                 "broadcasts them (PyTorch's warning), so it would train every output against every target of "
+                                 "the batch: give the targets the output's shape (targets.unsqueeze(1)"),
         ("bad_count", "batch_size_of(batch) returned 'x' (str); it must return an int"),
         ("fractional_count", "batch_size_of(batch) returned 3.7 (float); it must return an int"),
         ("zero_count", "batch_size_of(batch) returned 0 for the first batch"),

@@ -14,6 +14,7 @@ import functools
 import os
 import pickle
 import sys
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -154,11 +155,23 @@ def _check_loss(task: Task, model: Any, batch: Any) -> None:
                                 "the default loss is cross-entropy over classes, which takes class indices or probabilities "
                                 "summing to 1; pass autotune.Task(loss=nn.BCEWithLogitsLoss())")
         try:
-            loss = task.criterion()(output, targets)
+            with warnings.catch_warnings(record=True) as warned:
+                warnings.simplefilter("always")
+                loss = task.criterion()(output, targets)
         except USER_CODE_ERRORS as exc:
             raise WorkloadError(
                 f"the loss failed on output {describe_batch(output)} and targets {describe_batch(targets)}: {type(exc).__name__}: {exc}"
             ) from None
+        for said in warned:  # anything else the loss warns of reaches the user as it would have
+            if BROADCAST_WARNING not in str(said.message):
+                warnings.warn_explicit(said.message, said.category, said.filename, said.lineno)
+            else:
+                raise WorkloadError(
+                    f"the loss got output {describe_batch(output)} and targets {describe_batch(targets)} of another shape and "
+                    "broadcasts them (PyTorch's warning), so it would train every output against every target of the batch: "
+                    "give the targets the output's shape (targets.unsqueeze(1) for one value per sample, or float targets "
+                    "shaped as the output), or squeeze the model's output"
+                )
         origin = "the loss"
     if not isinstance(loss, torch.Tensor) or loss.dim() != 0 or not loss.is_floating_point():
         got = describe_batch(loss) if isinstance(loss, torch.Tensor) else type(loss).__name__
@@ -169,6 +182,11 @@ def _check_loss(task: Task, model: Any, batch: Any) -> None:
         if not any(p.requires_grad for p in model.parameters()):
             raise WorkloadError("the model has no trainable parameters (none requires grad): there is nothing to train")
         raise WorkloadError(f"{origin} returned a tensor that does not require grad (detached, or computed under no_grad)")
+
+
+#: What PyTorch's element-wise losses (MSE, L1, smooth L1, Huber) warn when the targets' shape differs from the output's:
+#: they broadcast the two, an [N, 1] output against [N] targets into an [N, N] loss, and train without an error.
+BROADCAST_WARNING = "that is different to the input size"
 
 
 def _multi_hot(output: Any, targets: Any) -> bool:
