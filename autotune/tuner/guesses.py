@@ -19,7 +19,9 @@ IN_PROCESS_SHARE = 0.8
 def guess_setups(space: Space, calibration: Calibration, device: DeviceInfo, usable_cores: int) -> list[TrainSetup]:
     """Probe-informed first trials, after the defaults (clipped into the space by the caller).
 
-    The first guess takes workers from the loader ceiling, a middle batch
+    The first guess takes workers from the loader ceiling (the fewest that
+    feed the device; where none does, half the cores, or more where more
+    loaded the most), a middle batch
     (64 on a CPU, 256 on a GPU), and the precision and layout that computed
     fastest at that batch in the calibration (measured like for like). When the
     memory pre-pass measured throughput still rising with the batch (the
@@ -144,8 +146,11 @@ def guess_setup(space: Space, calibration: Calibration, device: DeviceInfo, usab
     cuda = device.type == "cuda"
     workers = max(1, min(calibration.max_workers, usable_cores // 2 if not cuda else usable_cores))
     enough = calibration.workers_enough()
+    fastest = calibration.fastest_loader()
     if enough:
         workers = enough
+    elif enough is None and fastest is not None:  # no count feeds the device: as many as loaded the most, if more
+        workers = max(workers, fastest.num_workers)  # (a dataset that waits: 2 workers loaded 384 samples/s, 1 loaded 189)
     workers = min(workers, max(space.values["num_workers"]))
     batch = probe_batch(calibration.max_batch, device)
     amp, channels_last = ("bf16" if device.bf16 else ("fp16" if cuda else "off")), True
