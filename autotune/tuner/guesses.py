@@ -146,11 +146,11 @@ def guess_setup(space: Space, calibration: Calibration, device: DeviceInfo, usab
     cuda = device.type == "cuda"
     workers = max(1, min(calibration.max_workers, usable_cores // 2 if not cuda else usable_cores))
     enough = calibration.workers_enough()
-    fastest = calibration.fastest_loader()
+    loaded_most = calibration.fastest_loader()
     if enough:
         workers = enough
-    elif enough is None and fastest is not None:  # no count feeds the device: as many as loaded the most, if more
-        workers = max(workers, fastest.num_workers)  # (a dataset that waits: 2 workers loaded 384 samples/s, 1 loaded 189)
+    elif enough is None and loaded_most is not None:  # no count feeds the device: as many as loaded the most, if more
+        workers = max(workers, loaded_most.num_workers)  # (a dataset that waits: 2 workers loaded 384 samples/s, 1 loaded 189)
     workers = min(workers, max(space.values["num_workers"]))
     batch = probe_batch(calibration.max_batch, device)
     amp, channels_last = ("bf16" if device.bf16 else ("fp16" if cuda else "off")), True
