@@ -638,6 +638,20 @@ def two_inputs() -> autotune.Task:
     return autotune.Task(_TwoInputs(), [((torch.zeros(8), torch.zeros(4)), i % 3) for i in range(8)], loss=nn.CrossEntropyLoss())
 
 
+class _WithAuxiliary(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.head, self.aux = nn.Linear(8, 3), nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.head(x), self.aux(x)
+
+
+def tuple_output() -> autotune.Task:
+    """A model that returns (logits, auxiliary logits), given loss= that takes one tensor."""
+    return autotune.Task(_WithAuxiliary(), _pairs(), loss=nn.CrossEntropyLoss())
+
+
 class _HoldsFile(Dataset):
     def __init__(self) -> None:
         self.handle = tempfile.TemporaryFile()

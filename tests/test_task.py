@@ -469,6 +469,8 @@ def test_good_workloads_become_workload_records() -> None:
                        "batch's inputs: for a model that takes several, give step=lambda model, batch: ... instead"),
         ("masked_inside", "TypeError: _TwoInputs.forward() missing 1 required positional argument: 'b'"),  # no step= hint
         ("unpicklable", "dataset (_HoldsFile) cannot be pickled for DataLoader workers"),
+        ("tuple_output", "must be Tensor, not tuple; the model returns a tuple, and loss= gets it whole: give a loss that takes "
+                         "it, or step=lambda model, batch: ... that picks the output to train on"),
     ],
 )
 def test_bad_workloads_fail_in_the_parent_with_one_line(name: str, message: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -479,7 +481,7 @@ def test_bad_workloads_fail_in_the_parent_with_one_line(name: str, message: str,
         _workload(name)
     assert message in str(info.value)
     assert "\n" not in str(info.value)
-    assert name == "two_inputs" or "step=lambda" not in str(info.value)  # the hint only where the model's own forward missed one
+    assert name in ("two_inputs", "tuple_output") or "step=lambda" not in str(info.value)  # only where it is the fix
     if name == "raises":  # a Python caller sees the factory's own traceback as the cause (from None hid it)
         assert isinstance(info.value.__cause__, RuntimeError) and info.value.__cause__.__traceback__ is not None
 
