@@ -386,7 +386,7 @@ def load_setup(path: str | Path) -> TrainSetup:
         file = file / "best.json"
     data = read_json(file, SetupError)
     if isinstance(data, dict) and ("setup" in data or "schema" in data):
-        if data.get("schema") != BEST_SCHEMA:
+        if type(data.get("schema")) is not int or data["schema"] != BEST_SCHEMA:  # 1.0 and true are no schema 1
             raise SetupError(f"{file}: best.json has schema {data.get('schema')!r}; this autotune reads the integer schema {BEST_SCHEMA}")
         if not isinstance(data.get("setup"), dict):
             raise SetupError(f"{file}: best.json has no \"setup\" object")

@@ -340,6 +340,11 @@ def test_status_of_a_directory_whose_study_db_was_removed_says_so(tmp_path) -> N
         (lambda d: {**d, "setup": {k: v for k, v in d["setup"].items() if k != "batch_size"}}, "lacks the field 'setup.batch_size'"),
         (lambda d: {**d, "setup": {k: v for k, v in d["setup"].items() if k != "num_workers"}}, "lacks the field 'setup.num_workers'"),
         (lambda d: {**d, "workload": {k: v for k, v in d["workload"].items() if k != "model"}}, "lacks the field 'workload.model'"),
+        # A probe's hand edits read "must be number, not a number", "'<' not supported", "Workload.__init__() got ...".
+        (lambda d: {**d, "schema": 1.0}, "has schema 1.0; this autotune reads schema 1"),
+        (lambda d: {**d, "workload": {**d["workload"], "zzz": 1}}, "unknown fields: workload.zzz"),
+        (lambda d: {**d, "workload": {**d["workload"], "images": "x"}}, "field 'workload.images' must be a whole number, not a string"),
+        (lambda d: {**d, "workload": {**d["workload"], "model": 5}}, "field 'workload.model' must be a string, not a number"),
     ],
 )
 def test_bad_best_json_is_one_line_in_emit_and_load_setup(tmp_path, cache_dir, change, message) -> None:

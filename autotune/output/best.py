@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -74,7 +74,7 @@ def check_best_dict(data: Any) -> dict[str, Any]:
     if "schema" not in data:  # another program's JSON object: "has schema None" read as a version mismatch
         raise AutotuneError("this JSON file is not a best.json of autotune (it has no 'schema' field); pass the "
                             "directory or best.json an `autotune search` wrote")
-    if data.get("schema") != SCHEMA_VERSION:
+    if type(data.get("schema")) is not int or data["schema"] != SCHEMA_VERSION:  # 1.0 and true are no schema 1, as load_setup reads it
         raise AutotuneError(
             f"best.json has schema {data.get('schema')!r}; this autotune reads schema {SCHEMA_VERSION} "
             "(rerun `autotune search`)"
@@ -109,6 +109,16 @@ def check_best_dict(data: Any) -> dict[str, Any]:
     missing = f"setup.{knob}" if knob is not None else ("workload.model" if "model" not in data["workload"] else None)
     if missing is not None:
         raise AutotuneError(f"best.json lacks the field '{missing}'")
+    if stray := sorted(set(data["workload"]) - {f.name for f in fields(Workload)}):
+        raise AutotuneError(f"best.json has unknown fields: {', '.join(f'workload.{k}' for k in map(str, stray))[:200]} (a hand "
+                            f"edit, or a best.json of a newer autotune than {__version__})")
+    for name in ("images", "image_size", "num_classes", "synthetic_images"):  # counts: "x" failed later as '<' not supported
+        value = data["workload"].get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise AutotuneError(f"best.json field 'workload.{name}' must be a whole number, not a {_json_type(value)}")
+    for name in ("model", "device"):
+        if not isinstance(data["workload"].get(name, ""), str):
+            raise AutotuneError(f"best.json field 'workload.{name}' must be a string, not a {_json_type(data['workload'][name])}")
     sys_path = data["workload"].get("sys_path", [])
     if not isinstance(sys_path, list) or not all(isinstance(p, str) for p in sys_path):
         raise AutotuneError("best.json field 'workload.sys_path' must be a list of strings")
