@@ -430,9 +430,10 @@ def test_load_setup_refuses_another_schema(tmp_path) -> None:
     from autotune.errors import SetupError
     from autotune.train_setup import TrainSetup, load_setup
 
-    (tmp_path / "best.json").write_text(json.dumps({"schema": 2, "setup": TrainSetup().to_dict()}))
-    with pytest.raises(SetupError, match="schema 2"):
-        load_setup(tmp_path / "best.json")
+    for schema in (2, 1.0, True):  # 1.0 and true read as 1 here and were refused by load_best
+        (tmp_path / "best.json").write_text(json.dumps({"schema": schema, "setup": TrainSetup().to_dict()}))
+        with pytest.raises(SetupError, match=f"schema {schema!r}"):
+            load_setup(tmp_path / "best.json")
 
 
 def test_train_py_header_names_the_factory_it_imports(tmp_path) -> None:
