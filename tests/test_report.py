@@ -261,14 +261,17 @@ def test_report_command_rewrites_the_report_from_the_study(searched, tmp_path) -
 
 
 def test_report_command_reads_a_study_by_storage_and_name(searched, tmp_path) -> None:
-    """No best.json there, as for a search still running: the best trial so far, unconfirmed."""
+    """No best.json there: the best trial so far, unconfirmed; the study's confirmation finished, so the status says where
+    its winner is (it read "in progress or interrupted (no best.json yet)" for a search that had finished)."""
     outcome, source = searched
     storage = f"sqlite:///{source / 'study.db'}"
     result = CliRunner().invoke(app, ["report", str(tmp_path / "live"), "--storage", storage, "--study", outcome.study])
     assert result.exit_code == 0, result.output
     page = parse(tmp_path / "live" / REPORT)
     text = " ".join(page.text)
-    assert "Best trial so far (not confirmed)" in text and "no best.json yet" in text
+    assert "Best trial so far (not confirmed)" in text and "in progress" not in text
+    assert (f"winner not shown: {tmp_path / 'live'} holds no best.json; the study's confirmed winner is in the best.json of "
+            "the search's own --out: report that directory") in text
     assert "resnet18 @ 32px on cpu, data: synthetic JPEGs (no --data given)" in text  # the workload, as the study stored it
     assert SECTIONS <= page.sections
     assert_self_contained(page)

@@ -31,7 +31,7 @@ from autotune.tuner.identity import described_workload, stored_constraints
 from autotune.tuner.lock import Holder
 from autotune.tuner.signals import interrupts_held, remember_stop, sigterm_as_interrupt
 from autotune.tuner.storage import CONNECTION_ERRORS, first_line, is_shared, with_retries
-from autotune.tuner.stores import Rounds
+from autotune.tuner.stores import STUDY_WINNER_ROUNDS, Rounds
 from autotune.tuner.study import ATTR_WORKER, STUDY_HOLDER, STUDY_SIGNATURE, STUDY_WINNER, SearchStudy
 
 
@@ -310,6 +310,9 @@ def report_study(out: Path, *, storage: str | None = None, study: str | None = N
     elif best is None and not shared and (out / "best.json").is_file():
         status = (f"winner not shown: {out / 'best.json'} is another search's (another workload or setups), not the winner "
                   f"of study {stored.name!r}")
+    elif best is None and not shared and STUDY_WINNER_ROUNDS in stored.study.user_attrs and not (holder and holder.alive()):
+        status = (f"winner not shown: {out} holds no best.json; the study's confirmed winner is in the best.json of the "
+                  "search's own --out: report that directory")
     elif best is None:
         status = "in progress or interrupted (no confirmed winner for this budget yet)" if shared else "in progress or interrupted (no best.json yet)"
     elif rerun:
