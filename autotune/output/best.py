@@ -24,6 +24,8 @@ from autotune.train_setup import BEST_SCHEMA, TrainSetup
 SCHEMA_VERSION = BEST_SCHEMA
 #: The words of an unconfirmed winner's note whose speedup is the paired ratio of an interrupted confirmation's rounds.
 PAIRED_SO_FAR = "its speedup over the defaults is their paired ratio in the rounds both ran"
+#: The words of the note that the speedup and the two medians beside it disagree (each median from runs of its own).
+MEDIANS_APART_NOTE = "speedup is the median of the paired rounds' ratios"
 
 _NUMBER = (int, float)
 #: Every field of best.json and the JSON types it may hold (``None``: null allowed).
@@ -190,8 +192,9 @@ class Best:
     def speedup_basis(self) -> str:
         """What :attr:`speedup` rests on, in words: the confirmation's paired rounds, those an interrupted one measured
         (its note says so), or two single trials."""
-        if self.confirmed:
-            return "median of the paired rounds"
+        if self.confirmed:  # medians of runs of their own beside it: the line's three figures disagree, said in a note
+            apart = any(MEDIANS_APART_NOTE in note for note in self.notes)
+            return "median of the paired rounds" + ("; the two medians were measured apart: see the note" if apart else "")
         if any(PAIRED_SO_FAR in note for note in self.notes):
             return "paired rounds of an interrupted confirmation, unconfirmed"
         return "single trials, unconfirmed"

@@ -12,7 +12,7 @@ import statistics
 from typing import Any
 
 from autotune.devices import DeviceInfo
-from autotune.output.best import PAIRED_SO_FAR, Best
+from autotune.output.best import MEDIANS_APART_NOTE, PAIRED_SO_FAR, Best
 from autotune.output.compile_payoff import payoff_note
 from autotune.records import Calibration, TrialRecord, Workload, queue_fits
 from autotune.redact import hide_passwords
@@ -89,7 +89,7 @@ def make_best(
         elif baseline is not None and baseline is not chosen and speedup and base and rate and (
                 abs(math.log(speedup * base / rate)) > math.log(MEDIANS_APART)):  # the line's three figures disagree
             each = ", ".join(f"{r:.2f}x" for r in sorted(r for r in paired_ratios(chosen, baseline) if r > 0))
-            notes.append(f"the {speedup:.2f}x speedup is the median of the paired rounds' ratios ({each}); the two "
+            notes.append(f"the {speedup:.2f}x {MEDIANS_APART_NOTE} ({each}); the two "
                          f"medians ({rate:.1f} against {base:.1f} samples/s) are {rate / base:.2f}x apart: each comes from "
                          "its own runs (the load changed between rounds, or one of them ran fewer rounds), which the "
                          "pairing of each round's two runs cancels")
