@@ -55,9 +55,11 @@ def render_trial(setup: TrainSetup, result: TrialResult) -> Table:
         table.add_row("samples/s", f"{fmt_rate(result.samples_per_s)}{spread}")
     if result.windows:
         table.add_row("windows", ", ".join(f"{w:.1f}" for w in result.windows))
+    loading = result.mode == "loader"  # no model, no optimizer: a batch loaded is its step, and waiting is all it does
     if result.step_time_s is not None:
-        table.add_row("step time", f"{result.step_time_s * 1000:.1f} ms per optimizer step")
-    if result.data_wait_fraction is not None:
+        table.add_row("batch time" if loading else "step time",
+                      f"{result.step_time_s * 1000:.1f} ms per {'batch loaded' if loading else 'optimizer step'}")
+    if result.data_wait_fraction is not None and not loading:
         table.add_row("data wait", f"{result.data_wait_fraction:.0%} of wall time blocked on the loader")
     table.add_row("peak memory", format_bytes(result.peak_memory_bytes))
     if result.warmup_s is not None:

@@ -66,6 +66,28 @@ def test_tables_and_progress_print_bracketed_errors_as_typed() -> None:
     assert "#3 [guess]" in text
 
 
+def test_a_loader_trial_shows_its_batch_time_and_no_data_wait() -> None:
+    """`autotune trial --mode loader` printed "ms per optimizer step" and "78% of wall time blocked on the loader" for a
+    measurement with no model and no optimizer."""
+    import io
+
+    from rich.console import Console
+
+    from autotune.records import TrialResult
+    from autotune.render import render_trial
+    from autotune.train_setup import TrainSetup
+
+    def shown(mode: str) -> str:
+        result = TrialResult(status="ok", samples_per_s=100.0, step_time_s=0.32, data_wait_fraction=0.78, mode=mode)  # type: ignore[arg-type]
+        buffer = io.StringIO()
+        Console(file=buffer, width=200, color_system=None).print(render_trial(TrainSetup(), result))
+        return buffer.getvalue()
+
+    loading, training = shown("loader"), shown("train")
+    assert "320.0 ms per batch loaded" in loading and "optimizer step" not in loading and "blocked on the loader" not in loading
+    assert "320.0 ms per optimizer step" in training and "78% of wall time blocked on the loader" in training
+
+
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
