@@ -7,7 +7,7 @@ import os
 import signal
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -45,20 +45,27 @@ def tiny_workload(cache_dir: Path) -> Workload:
     )
 
 
+def closed_connection() -> Any:
+    """A multiprocessing connection whose other end is closed: reading it raises EOFError in multiprocessing's code, as
+    a loader worker that ended while it handed a batch over leaves the DataLoader's queue."""
+    import multiprocessing
+
+    reader, writer = multiprocessing.Pipe(duplex=False)
+    writer.close()
+    return reader
+
+
 @pytest.fixture
 def broken_hand_over() -> BaseException:
     """The EOFError a real DataLoader raises when a worker ends while it hands a batch over in shared memory: its queue's
-    connection closes before PyTorch sees the worker gone (here the queue's read is made to raise it, the worker alive)."""
+    connection closes before PyTorch sees the worker gone (here the queue reads a closed connection, the worker alive)."""
     import torch
     from torch.utils.data import DataLoader, TensorDataset
 
     loader = DataLoader(TensorDataset(torch.zeros(8, 2)), batch_size=2, num_workers=1)
     batches = iter(loader)
-
-    def closed(timeout: float | None = None) -> object:
-        raise EOFError
-
-    batches._data_queue.get = closed  # type: ignore[attr-defined]
+    reader = closed_connection()
+    batches._data_queue.get = lambda timeout=None: reader.recv()  # type: ignore[attr-defined]
     try:
         next(batches)
     except EOFError as exc:

@@ -337,6 +337,8 @@ def test_an_empty_devices_entry_names_the_form_this_host_takes() -> None:
     gpu_host = replace(hardware, gpus=[object()])
     with pytest.raises(UsageError, match=r"an empty entry; use cuda:0,cuda:1,\.\.\. or all$"):
         place("auto", "cuda:0,", 1, gpu_host)
+    with pytest.raises(UsageError, match=r"an empty entry; use cpu,cpu,\.\.\."):  # CPU trials on a GPU host
+        place("cpu", "cpu,", 1, gpu_host)
 
 
 def test_cli_refuses_static_graph_with_accumulation_before_the_calibration(tmp_path: Path) -> None:

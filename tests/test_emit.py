@@ -1196,6 +1196,10 @@ def test_a_fifo_named_like_an_image_and_a_link_loop_are_refused_as_the_search_re
     (data / "b" / "to_a").unlink()
     (data / "a" / "to_b").unlink()
     (data / "b").rmdir()
+    (data / "a" / "top").symlink_to(tmp_path)  # above --data: named at once, as the link itself
+    with pytest.raises(SystemExit, match=rf"^error: --data {data}: {data}/a/top links to {tmp_path}, which holds the link"):
+        namespace["image_folder"](str(data), None)
+    (data / "a" / "top").unlink()
     (data / "a" / "elsewhere").symlink_to(synthetic_data)  # a link to a folder that does not hold it is read as before
     assert len(namespace["image_folder"](str(data), None).samples) == 1 + len(list(synthetic_data.glob("*/*.jpg")))
 
@@ -1521,6 +1525,43 @@ def test_a_loader_worker_ended_while_it_handed_a_batch_over_is_one_line_in_both_
             "then rerun with --resume to go on from the last checkpoint")
         with pytest.raises(EOFError, match="input ended"):
             known_failure(EOFError("input ended"))
+        for own in _datasets_own_eof_errors():  # a truncated pickle the dataset reads: its own error, traceback kept
+            with pytest.raises(EOFError):
+                known_failure(own)
+    # The script run as a program: its __main__ block caught no EOFError, so the line above was never said.
+    patch = ("import multiprocessing, runpy, sys, torch.utils.data.dataloader as d\n"
+             "reader, writer = multiprocessing.Pipe(duplex=False); writer.close()\n"
+             "d._MultiProcessingDataLoaderIter._get_data = lambda self: reader.recv()\n"
+             f"sys.argv = [{str(classifier)!r}, '--max-steps', '2', '--output-dir', {str(tmp_path / 'out')!r}]\n"
+             f"runpy.run_path({str(classifier)!r}, run_name='__main__')\n")
+    ran = subprocess.run([sys.executable, "-c", patch], cwd=tmp_path, capture_output=True, text=True, timeout=RUN_TIMEOUT)
+    assert ran.returncode == 1 and ran.stderr.strip().splitlines()[-1].startswith(
+        "error: a DataLoader worker exited unexpectedly while it handed a batch over (EOFError)"), ran.stderr
+    assert "Traceback" not in ran.stderr, ran.stderr
+
+
+def _datasets_own_eof_errors() -> list[BaseException]:
+    """A dataset's own EOFError (a truncated pickle it reads), fetched without workers and through one."""
+    import pickle
+
+    import torch
+    from torch.utils.data import DataLoader, Dataset
+
+    class Truncated(Dataset):
+        def __len__(self) -> int:
+            return 4
+
+        def __getitem__(self, index: int) -> torch.Tensor:
+            return pickle.loads(b"")
+
+    errors: list[BaseException] = []
+    for workers in (0, 1):
+        try:
+            next(iter(DataLoader(Truncated(), batch_size=2, num_workers=workers)))
+        except EOFError as exc:
+            errors.append(exc)
+    assert len(errors) == 2
+    return errors
 
 
 @pytest.mark.parametrize("text", [

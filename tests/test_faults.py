@@ -322,6 +322,9 @@ def test_a_loader_worker_killed_while_the_oom_killer_acted_is_oom(cache_dir, mon
         assert result.status == "error" and "out-of-memory killer" not in (result.error or ""), result.error
 
 
+HAND_OVER_WORDS = "while it handed a batch over"
+
+
 def test_a_loader_worker_that_ended_while_it_handed_a_batch_over_is_a_worker_death(broken_hand_over, monkeypatch) -> None:
     """A worker killed (by the OOM killer, or kill -9) while it hands a batch over closes the queue's connection before
     PyTorch sees it gone: the trial's error was a bare ``EOFError``, neither named as a loader worker's death nor ``oom``
@@ -335,6 +338,10 @@ def test_a_loader_worker_that_ended_while_it_handed_a_batch_over_is_a_worker_dea
     monkeypatch.setattr(failures, "oom_kills", lambda: 6)
     assert worker_oom(result, 5).status == "oom" and worker_oom(result, 6) == result
     assert classify(EOFError("input ended")) == TrialResult(status="error", error="EOFError: input ended")
+    from test_emit import _datasets_own_eof_errors
+
+    for own in _datasets_own_eof_errors():  # a truncated pickle the dataset reads, without workers and through one
+        assert not failures.broken_hand_over(own) and HAND_OVER_WORDS not in (classify(own).error or ""), classify(own)
 
 
 def test_a_loader_worker_that_found_dev_shm_full_names_it_and_the_fix(monkeypatch) -> None:
@@ -908,6 +915,11 @@ def test_data_check_uses_the_loaders_rules_and_names_the_directory(tmp_path) -> 
     (elsewhere / "inner" / "back").symlink_to(elsewhere)
     (data / "birds").symlink_to(elsewhere)
     with pytest.raises(WorkloadError, match=r"photos/birds/inner/back links to .*/birds, which holds the link itself"):
+        check_image_folder(data)
+    (data / "birds").unlink()
+    # A link to a folder above --data (its parent, /): named at once, not after a walk of every tree beside --data.
+    (data / "cats" / "top").symlink_to(tmp_path)
+    with pytest.raises(WorkloadError, match=r"photos/cats/top links to .*, which holds the link itself"):
         check_image_folder(data)
 
 

@@ -190,6 +190,13 @@ def test_16_bit_grayscale_is_scaled_to_8_bits_not_clipped_by_every_loader(tmp_pa
         for decode in (decode_on_cpu, script["decode_on_cpu"]):
             decoded = decode(read_bytes(path))
             assert decoded.dtype == torch.uint8 and set(decoded.flatten().tolist()) == {156}, name
+    older = Image.fromarray(np.full((3, 4), 40000, dtype=np.int32), mode="I")  # as Pillow < 10.3 opens a 16-bit PNG
+    older.format = "PNG"
+    script_rgb = script["load_rgb"].__globals__["rgb"]
+    from autotune.workloads.data import rgb
+
+    for convert in (rgb, script_rgb):
+        assert set(np.asarray(convert(older)).flat) == {156}
     Image.new("RGB", (4, 4), (200, 10, 10)).save(tmp_path / "colour.png")  # 8-bit images are read as before
     assert np.asarray(load_image(str(tmp_path / "colour.png")))[0, 0].tolist() == [200, 10, 10]
 
@@ -624,8 +631,9 @@ def test_the_script_counts_the_cores_a_cpu_quota_leaves_on_its_cgroup_or_an_ance
     (tmp_path / "v1").write_text("4:cpu,cpuacct:/\n2:memory:/\n")
     assert usable(str(tmp_path / "none"), str(tmp_path / "v2")) == mask  # no cgroup files: the affinity mask
     root_v2.mkdir()
+    (root_v2 / "cgroup.controllers").write_text("cpu memory\n")  # what marks a cgroup v2 mount
     for text, cores in (("max 100000\n", mask), ("100000 100000\n", 1), ("150000 100000\n", 1), ("50000 100000\n", 1),
-                        (f"{100000 * (mask + 4)} 100000\n", mask)):
+                        (f"{100000 * (mask + 4)} 100000\n", mask), ("100000 0\n", mask), ("-5 100000\n", mask)):  # malformed: none
         (root_v2 / "cpu.max").write_text(text)
         assert usable(str(root_v2), str(tmp_path / "v2")) == cores, text
     (root_v1 / "cpu,cpuacct").mkdir(parents=True)
@@ -650,6 +658,12 @@ def test_the_script_counts_the_cores_a_cpu_quota_leaves_on_its_cgroup_or_an_ance
     assert usable(str(root_v1), str(tmp_path / "v1")) == mask
     (tmp_path / "outside").write_text("4:cpu,cpuacct:/../host/q1\n")  # outside the container's view: its root alone
     assert usable(str(root_v1), str(tmp_path / "outside")) == mask
+    # The hybrid layout (v1 controllers, v2 at unified/): a quota on the v2 mount there is read too.
+    hybrid = tmp_path / "hybrid"
+    (hybrid / "unified").mkdir(parents=True)
+    (hybrid / "unified" / "cgroup.controllers").write_text("cpu\n")
+    (hybrid / "unified" / "cpu.max").write_text("100000 100000\n")
+    assert usable(str(hybrid), str(tmp_path / "v2")) == 1
 
 
 def test_the_script_says_torch_s_own_thread_count_is_above_a_cpu_quota(synthetic_data: Path, tmp_path: Path,

@@ -270,6 +270,9 @@ def test_a_winner_within_the_noise_of_the_defaults_returns_the_defaults() -> Non
     assert any("nothing measurably faster" in n and "noise floor in 3 of 3 paired rounds (won 2 of 3" in n for n in best.notes), best.notes
     two = _best([_confirmed(FAST, (130.0, 95.0)), _confirmed(DEFAULTS, (100.0, 100.0))])
     assert any("noise floor in 2 of 2 paired rounds (won 1 of 2" in n for n in two.notes), two.notes
+    apart = _best([Confirmed(Candidate(FAST.to_json(), FAST, FAST.describe()), (130.0,), ("failed",), failed_rounds=(1,)),
+                   Confirmed(Candidate(DEFAULTS.to_json(), DEFAULTS, DEFAULTS.describe()), (100.0,), ("failed",), failed_rounds=(0,))])
+    assert any("did not beat them by the 3% noise floor (no shared round)" in n for n in apart.notes), apart.notes  # not "0 of 0"
     # Faster in every round, but by less than the 3 % floor at the median.
     best = _best([_confirmed(FAST, (101.0, 102.0, 101.5)), _confirmed(DEFAULTS, (100.0, 100.0, 100.0))])
     assert best.setup == DEFAULTS

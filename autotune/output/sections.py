@@ -171,7 +171,8 @@ def ceiling_bars(data: ReportInput) -> list[tuple[str, float, str, str]]:
         if top is not None:
             bars.append((f"loader only\n(calibration, {counted(top.num_workers, 'worker')})", top.samples_per_s or 0.0, "ceiling",
                          "DataLoader alone, no model"))
-    kept = data.best is not None and data.best.setup == next((r.setup for r in data.records if r.role == "defaults"), None)
+    kept = (data.best is not None and data.best.confirmed
+            and data.best.setup == next((r.setup for r in data.records if r.role == "defaults"), None))
     if achieved and kept:  # nothing beat them: one bar of one figure, not a winner's and the defaults' alike
         bars.append(("PyTorch defaults\n(kept: nothing beat them)", achieved, "defaults", "the workload's batch, no workers, fp32"))
     elif achieved:

@@ -85,20 +85,23 @@ HAND_OVER_BROKE = "exited unexpectedly while it handed a batch over"
 
 #: The DataLoader's own module: a frame in it shows that an error came from fetching a batch.
 _DATALOADER_FILE = os.path.join("torch", "utils", "data", "dataloader.py")
+#: Where multiprocessing's own code lies: the hand-over's connection raised the error there.
+_MULTIPROCESSING = os.sep + "multiprocessing" + os.sep
 
 
 def broken_hand_over(exc: BaseException) -> bool:
     """Whether ``exc`` is a loader worker that ended while it handed a batch over in shared memory: the hand-over's
-    connection closes (EOFError, ConnectionError) inside the DataLoader's fetch before PyTorch has seen the worker end,
-    so its own "DataLoader worker (pid ...) exited unexpectedly" is never raised."""
-    if not isinstance(exc, (EOFError, ConnectionError)):
+    connection closes (EOFError, ConnectionError, raised by multiprocessing) inside the DataLoader's fetch before
+    PyTorch has seen the worker end, so its own "DataLoader worker (pid ...) exited unexpectedly" is never raised.
+    Not a dataset's own EOFError (a truncated pickle, a network read): raised in the dataset's code, or by a worker
+    and raised again with its traceback in the message."""
+    if not isinstance(exc, (EOFError, ConnectionError)) or "in DataLoader worker" in str(exc):
         return False
-    frame = exc.__traceback__
+    files, frame = [], exc.__traceback__
     while frame is not None:
-        if frame.tb_frame.f_code.co_filename.endswith(_DATALOADER_FILE):
-            return True
+        files.append(frame.tb_frame.f_code.co_filename)
         frame = frame.tb_next
-    return False
+    return any(f.endswith(_DATALOADER_FILE) for f in files) and _MULTIPROCESSING in files[-1]
 
 
 def shm_hint(message: str) -> str:

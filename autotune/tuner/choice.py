@@ -96,7 +96,7 @@ def choose_winner(
             notes.append(
                 f"nothing measurably faster than the PyTorch defaults was found: the fastest finalist "
                 f"({top.candidate.setup.describe()}, {top.median:.1f} samples/s) did not beat them by the "
-                f"{NOISE_FLOOR:.0%} noise floor in {_rounds_needed(top, defaults)} paired rounds ({_margin_text(top, defaults)}); "
+                f"{NOISE_FLOOR:.0%} noise floor{_rounds_needed(top, defaults)} ({_margin_text(top, defaults)}); "
                 "the defaults are kept"
             )
         else:
@@ -201,6 +201,7 @@ def _margin_text(a: Confirmed, b: Confirmed) -> str:
 
 
 def _rounds_needed(a: Confirmed, b: Confirmed) -> str:
-    """``3 of 4``: how many of the paired rounds ``a`` and ``b`` shared it must win to beat ``b`` (:func:`beats`)."""
+    """`` in 3 of 4 paired rounds``: how many of the rounds ``a`` and ``b`` shared it must win to beat ``b``
+    (:func:`beats`); "" where they shared none."""
     shared = len(paired_ratios(a, b))
-    return f"{math.ceil(0.75 * shared)} of {shared}"
+    return f" in {math.ceil(0.75 * shared)} of {shared} paired rounds" if shared else ""  # none shared: the margin says so

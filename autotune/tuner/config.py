@@ -79,6 +79,15 @@ def check_synthetic_images(count: int | None, data: object) -> None:
         raise UsageError(f"--synthetic-images must be between 16 and {MAX_SYNTHETIC_IMAGES}, got {count!r}")
 
 
+def _as_float(number: object) -> float:
+    """A Real that is not Python's own as a float, through its text where that reads back (NumPy's float32 0.01 is
+    0.01, not 0.009999999776482582), else its value."""
+    try:
+        return float(str(number))
+    except ValueError:
+        return float(number)  # type: ignore[arg-type]
+
+
 def path_of(flag: str, value: object) -> Path:
     """``value`` as a Path; the Python API takes any value where the CLI's Typer gave a path.
 
@@ -89,7 +98,10 @@ def path_of(flag: str, value: object) -> Path:
         raise UsageError(f"{flag} must be a path (a str or os.PathLike), got {value!r}")
     if not os.fspath(value):  # Path("") is the current directory
         raise UsageError(f"{flag} must not be empty (write . for the current directory)")
-    return Path(value).expanduser()  # ~ as a shell expands it, not a folder named ~
+    try:
+        return Path(value).expanduser()  # ~ as a shell expands it, not a folder named ~
+    except RuntimeError:  # ~nosuchuser, or no home directory to read
+        raise UsageError(f"{flag} {os.fspath(value)}: its ~ names no home directory here; write the path out") from None
 
 
 #: The numeric and text fields of :class:`SearchConfig` and the type each must have: Python's own, as they are stored as JSON.
@@ -201,7 +213,7 @@ class SearchConfig:
                 continue
             number = _NUMBERS.get(kind)  # NumPy's integers and floats too (a config read through NumPy or pandas)
             if not isinstance(value, bool) and number is not None and isinstance(value, number) and not isinstance(value, kind):
-                value = int(value) if isinstance(value, numbers.Integral) else float(value)  # type: ignore[arg-type]
+                value = int(value) if isinstance(value, numbers.Integral) else _as_float(value)
                 object.__setattr__(self, name, value)  # stored as JSON: Python's own type
             if isinstance(value, bool) or not isinstance(value, kind):
                 raise UsageError(f"--{name.removesuffix('_s').replace('_', '-')} must be {_TYPE_NAMES[kind]}, got {value!r}")

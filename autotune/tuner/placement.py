@@ -140,7 +140,7 @@ def _devices(text: str, device: str, hardware: Any) -> list[DeviceInfo]:
             count += 1
         names = [f"cuda:{k}" for k in range(count)]
     if any(not n for n in names):
-        gpu = bool(getattr(hardware, "gpus", None))
+        gpu = bool(getattr(hardware, "gpus", None)) and not any(n.strip().lower().startswith("cpu") for n in names)
         raise UsageError(f"--devices {text!r}: an empty entry; use "
                          f"{'cuda:0,cuda:1,... or all' if gpu else 'cpu,cpu,... (one trial per share of the cores)'}")
     try:

@@ -249,7 +249,7 @@ def rgb(image: Any) -> Any:
     """A PIL ``image`` as RGB, 16-bit grayscale (PNG, TIFF: PIL's ``I;16`` modes) scaled to 8 bits (value / 256): PIL's
     own conversion, which torchvision's ImageFolder loader uses, clips every value above 255, so a 16-bit scan trained as
     a white image."""
-    if image.mode.startswith("I;16"):
+    if image.mode.startswith("I;16") or (image.mode == "I" and image.format == "PNG"):  # Pillow < 10.3 opens 16-bit PNGs as I
         image = image.convert("I").point(lambda value: value * (1 / 256))
     return image.convert("RGB")
 

@@ -205,7 +205,7 @@ def _symlink_loop(root: Path) -> Path | None:
         for name in names:
             path = os.path.join(directory, name)
             real = os.path.realpath(path)
-            if real in chain:
+            if any(seen == real or seen.startswith(real.rstrip(os.sep) + os.sep) for seen in chain):  # or above --data
                 return Path(path)
             chains[path] = chain | {real}
     return None
