@@ -794,11 +794,11 @@ def test_the_python_api_takes_numpy_numbers_a_home_relative_out_and_string_const
     assert path_of("--out", "~/runs/x") == tmp_path / "runs" / "x"
     with pytest.raises(autotune.errors.UsageError, match="^--out ~nosuchuser-autotune/x: its ~ names no home directory here"):
         path_of("--out", "~nosuchuser-autotune/x")
-    config = autotune.SearchConfig(workload="task_factories:good", trials=np.int64(2), trial_seconds=np.float32(1.5),
+    config = autotune.SearchConfig(workload="task_factories:good", trials=np.int64(2), trial_seconds=np.float32(1.7),
                                    timeout_s=np.float64(60), lr=np.float32(0.01), constraints=["amp=off", parse_constraint("batch_size=8")])
     config.validate()
     assert (type(config.trials), type(config.trial_seconds), type(config.timeout_s)) == (int, float, float)
-    assert (config.trials, config.trial_seconds, config.timeout_s, config.lr) == (2, 1.5, 60.0, 0.01)  # not 0.009999999776
+    assert (config.trials, config.trial_seconds, config.timeout_s, config.lr) == (2, 1.7, 60.0, 0.01)  # not 1.7000000476
     assert config.constraints == (parse_constraint("amp=off"), parse_constraint("batch_size=8")) and config.model == "resnet50"
     with pytest.raises(autotune.errors.UsageError, match="^--trials must be an integer, got np.float64\\(2.0\\)"):
         autotune.SearchConfig(trials=np.float64(2.0)).validate()

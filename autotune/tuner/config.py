@@ -43,7 +43,7 @@ def check_timeout(timeout_s: float | None, trial_seconds: float) -> float | None
     if timeout_s <= trial_seconds:
         raise UsageError(f"--timeout {timeout_s:g} must be longer than --trial-seconds {trial_seconds:g}: a trial measures "
                          "that long after its start-up, so every trial would time out")
-    return float(timeout_s)
+    return _as_float(timeout_s)
 
 
 #: The most synthetic JPEGs a search or trial writes (about 5 GiB: see workloads.data.SYNTHETIC_JPEG_BYTES).
@@ -61,7 +61,7 @@ def check_trial_seconds(value: float) -> float:
         raise UsageError(f"--trial-seconds must be a number, got {value!r}")
     if not MIN_TRIAL_SECONDS <= value <= MAX_SECONDS:
         raise UsageError(f"--trial-seconds must be >= {MIN_TRIAL_SECONDS:g} and <= {MAX_SECONDS:.0f}, got {value}")
-    return float(value)
+    return _as_float(value)
 
 
 def check_synthetic_images(count: int | None, data: object) -> None:
@@ -80,8 +80,10 @@ def check_synthetic_images(count: int | None, data: object) -> None:
 
 
 def _as_float(number: object) -> float:
-    """A Real that is not Python's own as a float, through its text where that reads back (NumPy's float32 0.01 is
-    0.01, not 0.009999999776482582), else its value."""
+    """A Real as Python's float, through its text where that reads back (NumPy's float32 0.01 is 0.01, not
+    0.009999999776482582), else its value (a Fraction's text is 1/100)."""
+    if isinstance(number, (int, float)):
+        return float(number)
     try:
         return float(str(number))
     except ValueError:
