@@ -761,6 +761,40 @@ def test_the_first_trials_of_a_shared_study_are_queued_through_a_lost_connection
     assert roles[:3] == ["defaults", "guess", "guess"] and outcome.best is not None, roles
 
 
+def test_a_worker_whose_trial_another_failed_while_it_stalled_says_so_and_goes_on(tmp_path, cache_dir) -> None:
+    """A worker paused past the heartbeat grace (kill -STOP, a suspended VM): another worker failed its running trial as
+    stale and queued it again. When it resumed, storing its result raised UpdateFinishedTrialError, giving the trial back
+    raised "Cannot tell a FAIL trial", and the worker ended with exit 3 (internal error) holding nothing in --out. It
+    says so in one line and goes on; the budget is still filled."""
+    from autotune.tuner import SearchConfig, run_search
+
+    storage, failed = f"journal:///{tmp_path}/study.log", []
+
+    class Said(_Said):
+        def trial_started(self, *args: Any) -> None: ...
+        def trial_finished(self, *args: Any) -> None: ...
+        def confirm_progress(self, *args: Any) -> None: ...
+
+    def runner(setup, workload, options=None, *, on_window=None) -> TrialResult:
+        if not failed and options.mode == "train":  # as the worker that found this trial's heartbeat stale does
+            other = SearchStudy.load(storage, "stalled").study
+            running = other.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+            if running:
+                other.tell(running[0].number, state=TrialState.FAIL)
+                failed.append(running[0].number)
+        return TrialResult(status="ok", samples_per_s=100.0 + setup.batch_size, windows=(100.0,), peak_memory_bytes=2**20)
+
+    config = SearchConfig(model="resnet18", trials=3, image_size=32, device="cpu", trial_seconds=1.0, out=tmp_path / "out",
+                          cache_dir=cache_dir, synthetic_images=64, storage=storage, study="stalled")
+    reporter = Said()
+    outcome = run_search(config, reporter, runner=runner)
+    assert failed and outcome.best is not None
+    assert any(line.startswith(f"trial #{failed[0]} was failed and queued again by another worker while this one stalled")
+               for line in reporter.said), reporter.said
+    trials = SearchStudy.load(storage, "stalled").study.get_trials(deepcopy=False)
+    assert trials[failed[0]].state == TrialState.FAIL and sum(t.state == TrialState.COMPLETE for t in trials) >= 3
+
+
 def test_the_calibration_and_confirmation_stores_of_a_shared_study_retry_a_lost_connection(tmp_path, monkeypatch) -> None:
     """Every storage step of a shared study is retried, the calibration's and the confirmation's too. Before, a
     PostgreSQL server restarting for a few seconds while a worker calibrated or confirmed stopped it at once

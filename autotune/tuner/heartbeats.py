@@ -33,6 +33,19 @@ def stale_trial_ids(study: optuna.Study) -> set[int]:
     return set(study._storage._get_stale_trial_ids(study._study_id)) if supports_heartbeat(study) else set()  # type: ignore[attr-defined]
 
 
+def failed_elsewhere(study: optuna.Study, number: int) -> bool:
+    """Whether trial ``number``, which this worker still ran, is finished in the storage: another worker failed it as
+    stale and queued it again while this one stalled past the grace (a paused VM, a suspend, ``kill -STOP``)."""
+    return study.get_trials(deepcopy=False)[number].state.is_finished()
+
+
+def stalled_line(number: int) -> str:
+    """What a worker says of a trial :func:`failed_elsewhere`: nothing of it is stored, and why."""
+    return (f"trial #{number} was failed and queued again by another worker while this one stalled (no heartbeat for "
+            f"{3 * heartbeat_s()} s: a paused VM, a suspend, kill -STOP): what it measured here is not stored, as the stall "
+            "may lie in its windows; the queued copy measures it again")
+
+
 @contextmanager
 def heartbeats(study: optuna.Study, trial_id: int) -> Iterator[None]:
     """Record the trial's heartbeat in a thread while the block runs (a no-op without heartbeats).

@@ -46,7 +46,7 @@ from autotune.tuner.budget import STUDY_BUDGET
 from autotune.tuner.cohosts import CoreSharing
 from autotune.tuner.config import SearchOutcome
 from autotune.tuner.explore import Exploration, check_recipe, known_result, pruning_hook, queue_refinements, setup_for, starved
-from autotune.tuner.heartbeats import heartbeats, stale_trial_ids
+from autotune.tuner.heartbeats import failed_elsewhere, heartbeats, stale_trial_ids, stalled_line
 from autotune.tuner.identity import signature_difference
 from autotune.tuner.lock import STALE_AFTER_S, Holder
 from autotune.tuner.patience import Patience
@@ -151,15 +151,10 @@ class Crew:
 
     def _requeue(self, trial: FrozenTrial) -> None:
         """Queue a failed trial again with its parameters, role and fixed parameters."""
-        self.study.study.add_trial(
-            optuna.create_trial(
-                state=TrialState.WAITING,
-                params=trial.params,
-                distributions=trial.distributions,
-                user_attrs={k: v for k, v in trial.user_attrs.items() if k != ATTR_WORKER},
-                system_attrs={**trial.system_attrs, "failed_trial": trial.number},
-            )
-        )
+        self.study.study.add_trial(optuna.create_trial(
+            state=TrialState.WAITING, params=trial.params, distributions=trial.distributions,
+            user_attrs={k: v for k, v in trial.user_attrs.items() if k != ATTR_WORKER},
+            system_attrs={**trial.system_attrs, "failed_trial": trial.number}))
 
     # ------------------------------------------------------------ elections
     def leads(self, kind: str) -> Holder:
@@ -343,6 +338,8 @@ class Crew:
     def _give_back(self, study: SearchStudy, trial: optuna.Trial) -> None:
         def step() -> None:
             frozen = study.study.get_trials(deepcopy=False)[trial.number]
+            if frozen.state.is_finished():  # failed and queued again by another worker while this one stalled
+                return
             study.study.tell(trial.number, state=TrialState.FAIL)
             if ATTR_ROLE in frozen.user_attrs or frozen.system_attrs.get("fixed_params") or frozen.params:
                 self._requeue(frozen)
@@ -380,6 +377,11 @@ class Crew:
                     self._retry(lambda: study.tell(trial, result), keep_locally)
                 except StorageError as exc:  # measured, not stored: kept in --out until the rerun adds it
                     raise kept_pending(plan.out, PendingTrial.of(study, trial, role, setup, result, reused_from, free), exc) from None
+                except (optuna.exceptions.UpdateFinishedTrialError, ValueError):  # ValueError: "Cannot tell a FAIL trial"
+                    if not self._retry(lambda: failed_elsewhere(study.study, trial.number)):
+                        raise
+                    reporter.message(stalled_line(trial.number))
+                    return self._retry(study.records, keep_locally)
         except BaseException as exc:  # Ctrl-C, bad data: the unfinished trial does not count; it is queued again
             if not isinstance(exc, StorageError):
                 with interrupts_held():
