@@ -417,6 +417,27 @@ def test_a_stop_before_a_step_leaves_its_retries_as_they_were(monkeypatch) -> No
         clear_stop()
 
 
+def test_a_lost_storage_is_said_once_while_it_is_retried(monkeypatch, capsys) -> None:
+    """A database down for 13 s mid-search: both workers waited out the retries (up to 31 s) without a word, which read
+    as a hung trial. The first retry of an outage says so, once, on stderr, the password hidden."""
+    import autotune.tuner.storage as storage_module
+
+    monkeypatch.setattr(storage_module, "FIRST_PAUSE_S", 0.0)
+    drops = [3]
+
+    def step() -> str:
+        if drops[0]:
+            drops[0] -= 1
+            raise sqlalchemy.exc.OperationalError("UPDATE", {}, Exception("server closed the connection unexpectedly"))
+        return "stored"
+
+    assert with_retries(step, "postgresql://u:secret@db/x") == "stored"
+    err = capsys.readouterr().err
+    assert err.count("autotune: lost the study storage postgresql://u:***@db/x (") == 1 and "retrying for up to" in err, err
+    assert "secret" not in err
+    assert with_retries(lambda: "stored", "postgresql://u:secret@db/x") == "stored" and capsys.readouterr().err == ""
+
+
 @pytest.mark.slow
 def test_a_study_opened_while_its_server_restarts_is_retried_not_refused(postgres, monkeypatch, capfd) -> None:
     """The server restarts (a failover, a restart of PostgreSQL) right after a worker reached it, while it opens the

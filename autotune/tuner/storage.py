@@ -23,6 +23,7 @@ import logging
 import os
 import random
 import re
+import sys
 import time
 import urllib.parse
 import warnings
@@ -363,6 +364,9 @@ def with_retries(step: Callable[[], T], storage: str, *, on_give_up: Callable[[]
                         f"({tried}); finished trials are kept, rerun to resume"
                     )
                 ) from None
+            if attempt == 1:  # said once per outage: a worker silent for half a minute reads as hung
+                sys.stderr.write(hide_passwords(f"autotune: lost the study storage {storage} ({first_line(storage_cause(exc))}); "
+                                                f"retrying for up to {FIRST_PAUSE_S * (2 ** (attempts - 1) - 1):.0f} s\n"))
             wait = pause * random.uniform(0.8, 1.2)
             if stopped_before:
                 time.sleep(wait)
