@@ -816,6 +816,31 @@ def test_a_worker_whose_trial_another_failed_while_it_stalled_says_so_and_goes_o
     assert trials[failed[0]].state == TrialState.FAIL and sum(t.state == TrialState.COMPLETE for t in trials) >= 3
 
 
+def test_a_worker_with_another_trials_budget_says_so_as_it_joins(tmp_path, cache_dir) -> None:
+    """A worker started with --trials 4 on a study of 6: nothing said, both budgets confirmed winners of their own, and
+    the one stored last stood for the study (a typo on one node changed the study's result without a word)."""
+    from autotune.tuner import SearchConfig, run_search
+
+    class Said(_Said):
+        def trial_started(self, *args: Any) -> None: ...
+        def trial_finished(self, *args: Any) -> None: ...
+        def confirm_progress(self, *args: Any) -> None: ...
+
+    def runner(setup, workload, options=None, *, on_window=None) -> TrialResult:
+        return TrialResult(status="ok", samples_per_s=100.0 + setup.batch_size, windows=(100.0,), peak_memory_bytes=2**20)
+
+    said: dict[int, list[str]] = {}
+    for trials, out in ((3, "a"), (3, "b"), (2, "c")):
+        config = SearchConfig(model="resnet18", trials=trials, image_size=32, device="cpu", trial_seconds=1.0, out=tmp_path / out,
+                              cache_dir=cache_dir, synthetic_images=64, storage=f"journal:///{tmp_path}/study.log", study="budgets")
+        reporter = Said()
+        run_search(config, reporter, runner=runner)
+        said[len(said)] = reporter.said
+    line = ("the study's budget was --trials 3; this worker's --trials 2 replaces it: workers of both budgets may each "
+            "confirm a winner, and the one stored last stands for the study")
+    assert line in said[2] and not any("budget was" in s for s in said[0] + said[1]), said
+
+
 def test_the_calibration_and_confirmation_stores_of_a_shared_study_retry_a_lost_connection(tmp_path, monkeypatch) -> None:
     """Every storage step of a shared study is retried, the calibration's and the confirmation's too. Before, a
     PostgreSQL server restarting for a few seconds while a worker calibrated or confirmed stopped it at once

@@ -12,17 +12,15 @@ itself is the only coordinator:
   live worker's search settings (its signature) are the study's, so a worker
   started at the same moment with another ``--image-size`` or ``--set`` is
   refused before the study stores either.
-* **Budget.** ``--trials`` is the total over workers: a worker asks only
-  while finished plus running trials are below it, and after asking counts
-  again; when the others' trials already fill the budget it gives its trial
-  back (failed, its fixed parameters queued again) and waits.
+* **Budget.** ``--trials`` is the total over workers: a worker asks only while finished plus running trials are
+  below it, and after asking counts again; when the others' trials already fill the budget it gives its trial back
+  (failed, its fixed parameters queued again) and waits. A worker of another ``--trials`` says so as it joins.
 * **Crashes.** A running trial records Optuna heartbeats (server storages);
   every worker fails trials whose heartbeat went stale
   (``optuna.storages.fail_stale_trials``, which queues them again) and, on
   any storage, trials of a worker on this host whose process is gone.
-* **Lost storage.** Every storage step is retried with backoff
-  (:func:`~autotune.tuner.storage.with_retries`); a worker that gives up
-  writes what it measured to its own ``trials.csv`` first.
+* **Lost storage.** Every storage step is retried with backoff (:func:`~autotune.tuner.storage.with_retries`); a
+  worker that gives up writes what it measured to its own ``trials.csv`` first.
 """
 
 from __future__ import annotations
@@ -125,7 +123,6 @@ class Crew:
 
     def fail_stale(self) -> list[int]:
         """Fail (and queue again) trials left running by dead workers; their numbers."""
-
         def step() -> list[int]:
             running = self.study.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
             if not running:
@@ -292,6 +289,9 @@ class Crew:
             KeyboardInterrupt: Ctrl-C or SIGTERM; the running trial is failed and queued again.
             StorageError: The storage stayed unreachable; this worker's results are in its trials.csv.
         """
+        if (earlier := self._attrs().get(STUDY_BUDGET)) not in (None, plan.wanted):  # a typo on one node changes the result
+            reporter.message(f"the study's budget was --trials {earlier}; this worker's --trials {plan.wanted} replaces it: "
+                             "workers of both budgets may each confirm a winner, and the one stored last stands for the study")
         self._retry(lambda: study.study.set_user_attr(STUDY_BUDGET, plan.wanted))
         known = self._retry(study.records)  # what trials.csv holds if the storage is lost before the next trial ends
         waiting, sharing = False, CoreSharing(self.me, plan.workload.device, plan.options.cores)
