@@ -12,7 +12,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -396,13 +396,9 @@ def test_a_stop_while_a_lost_storage_is_retried_ends_the_retries(monkeypatch, wh
     assert time.monotonic() - began < 15.0 and len(calls) == (1 if when == "attempt" else 2), calls  # the stop comes at 0.2 s
 
 
-def test_a_stop_before_a_step_leaves_its_retries_as_they_were(monkeypatch) -> None:
-    """A stopped search still writes what it measured: a stop that came before the step does not end its retries."""
-    import autotune.tuner.storage as storage_module
-    from autotune.tuner.signals import clear_stop, remember_stop
-
-    monkeypatch.setattr(storage_module, "FIRST_PAUSE_S", 0.0)
-    drops = [2]
+def _dropping(times: int) -> tuple[Callable[[], str], list[int]]:
+    """A storage step whose connection drops ``times`` times, then stores; and the drops left."""
+    drops = [times]
 
     def step() -> str:
         if drops[0]:
@@ -410,6 +406,16 @@ def test_a_stop_before_a_step_leaves_its_retries_as_they_were(monkeypatch) -> No
             raise sqlalchemy.exc.OperationalError("UPDATE", {}, Exception("server closed the connection unexpectedly"))
         return "stored"
 
+    return step, drops
+
+
+def test_a_stop_before_a_step_leaves_its_retries_as_they_were(monkeypatch) -> None:
+    """A stopped search still writes what it measured: a stop that came before the step does not end its retries."""
+    import autotune.tuner.storage as storage_module
+    from autotune.tuner.signals import clear_stop, remember_stop
+
+    monkeypatch.setattr(storage_module, "FIRST_PAUSE_S", 0.0)
+    step, drops = _dropping(2)
     remember_stop()
     try:
         assert with_retries(step, "postgresql://u:***@db/x") == "stored" and drops == [0]
@@ -423,14 +429,7 @@ def test_a_lost_storage_is_said_once_while_it_is_retried(monkeypatch, capsys) ->
     import autotune.tuner.storage as storage_module
 
     monkeypatch.setattr(storage_module, "FIRST_PAUSE_S", 0.0)
-    drops = [3]
-
-    def step() -> str:
-        if drops[0]:
-            drops[0] -= 1
-            raise sqlalchemy.exc.OperationalError("UPDATE", {}, Exception("server closed the connection unexpectedly"))
-        return "stored"
-
+    step, _ = _dropping(3)
     assert with_retries(step, "postgresql://u:secret@db/x") == "stored"
     err = capsys.readouterr().err
     assert err.count("autotune: lost the study storage postgresql://u:***@db/x (") == 1 and "retrying for up to" in err, err
