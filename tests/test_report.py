@@ -270,8 +270,8 @@ def test_report_command_reads_a_study_by_storage_and_name(searched, tmp_path) ->
     page = parse(tmp_path / "live" / REPORT)
     text = " ".join(page.text)
     assert "Best trial so far (not confirmed)" in text and "in progress" not in text
-    assert (f"winner not shown: {tmp_path / 'live'} holds no best.json; the study's confirmed winner is in the best.json of "
-            "the search's own --out: report that directory") in text
+    assert (f"winner confirmed, not shown here: it is in the best.json of the search's own --out ({tmp_path / 'live'} holds "
+            "none); report that directory to show it") in text
     assert "resnet18 @ 32px on cpu, data: synthetic JPEGs (no --data given)" in text  # the workload, as the study stored it
     assert SECTIONS <= page.sections
     assert_self_contained(page)

@@ -311,8 +311,8 @@ def report_study(out: Path, *, storage: str | None = None, study: str | None = N
         status = (f"winner not shown: {out / 'best.json'} is another search's (another workload or setups), not the winner "
                   f"of study {stored.name!r}")
     elif best is None and not shared and STUDY_WINNER_ROUNDS in stored.study.user_attrs and not (holder and holder.alive()):
-        status = (f"winner not shown: {out} holds no best.json; the study's confirmed winner is in the best.json of the "
-                  "search's own --out: report that directory")
+        status = (f"winner confirmed, not shown here: it is in the best.json of the search's own --out ({out} holds none); "
+                  "report that directory to show it")
     elif best is None:
         status = "in progress or interrupted (no confirmed winner for this budget yet)" if shared else "in progress or interrupted (no best.json yet)"
     elif rerun:
