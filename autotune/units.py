@@ -1,4 +1,4 @@
-"""Parsing and printing sizes such as ``20GiB``.
+"""Parsing and printing sizes such as ``20GiB``, counts, and numbers given as NumPy's.
 
 Printing has one implementation for the whole project,
 :func:`probes.units.format_bytes`, re-exported here.
@@ -11,7 +11,7 @@ import re
 from autotune.errors import UsageError
 from probes.units import format_bytes
 
-__all__ = ["counted", "format_bytes", "parse_size"]
+__all__ = ["as_float", "counted", "format_bytes", "parse_size"]
 
 _UNITS = {
     "": 1,
@@ -55,3 +55,15 @@ def parse_size(text: str) -> int:
 def counted(count: int, noun: str) -> str:
     """``1 sample``, ``2 samples``: ``count`` and ``noun``, plural unless the count is one (the noun takes an ``s``)."""
     return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+
+
+def as_float(number: object) -> float:
+    """A real number (Python's, NumPy's, a Fraction) as Python's float, through its text where that reads back: NumPy's
+    float32 0.01 is 0.01, as the caller wrote it and best.json shows it, not 0.009999999776482582 (a Fraction's text,
+    1/100, does not read back: its value then)."""
+    if isinstance(number, (int, float)):
+        return float(number)
+    try:
+        return float(str(number))
+    except ValueError:
+        return float(number)  # type: ignore[arg-type]

@@ -19,6 +19,7 @@ from autotune.rounds import Ceilings, Confirmed
 from autotune.time_spent import Phase, TimeSpent
 from autotune.tuner.constraints import Constraint, merge_constraints, parse_constraint
 from autotune.tuner.storage import is_shared
+from autotune.units import as_float
 
 #: The shortest ``--trial-seconds`` a user may ask for: shorter windows measure the loader's prefetched
 #: queue, not its steady rate (0.001 s once reported 3.35x the defaults, above the loader's own ceiling).
@@ -43,7 +44,7 @@ def check_timeout(timeout_s: float | None, trial_seconds: float) -> float | None
     if timeout_s <= trial_seconds:
         raise UsageError(f"--timeout {timeout_s:g} must be longer than --trial-seconds {trial_seconds:g}: a trial measures "
                          "that long after its start-up, so every trial would time out")
-    return _as_float(timeout_s)
+    return as_float(timeout_s)
 
 
 #: The most synthetic JPEGs a search or trial writes (about 5 GiB: see workloads.data.SYNTHETIC_JPEG_BYTES).
@@ -61,7 +62,7 @@ def check_trial_seconds(value: float) -> float:
         raise UsageError(f"--trial-seconds must be a number, got {value!r}")
     if not MIN_TRIAL_SECONDS <= value <= MAX_SECONDS:
         raise UsageError(f"--trial-seconds must be >= {MIN_TRIAL_SECONDS:g} and <= {MAX_SECONDS:.0f}, got {value}")
-    return _as_float(value)
+    return as_float(value)
 
 
 def check_synthetic_images(count: int | None, data: object) -> None:
@@ -77,17 +78,6 @@ def check_synthetic_images(count: int | None, data: object) -> None:
         raise UsageError("--synthetic-images sizes the synthetic JPEGs made without --data; leave one of them out")
     if isinstance(count, bool) or not isinstance(count, int) or not 16 <= count <= MAX_SYNTHETIC_IMAGES:
         raise UsageError(f"--synthetic-images must be between 16 and {MAX_SYNTHETIC_IMAGES}, got {count!r}")
-
-
-def _as_float(number: object) -> float:
-    """A Real as Python's float, through its text where that reads back (NumPy's float32 0.01 is 0.01, not
-    0.009999999776482582), else its value (a Fraction's text is 1/100)."""
-    if isinstance(number, (int, float)):
-        return float(number)
-    try:
-        return float(str(number))
-    except ValueError:
-        return float(number)  # type: ignore[arg-type]
 
 
 def path_of(flag: str, value: object) -> Path:
@@ -215,7 +205,7 @@ class SearchConfig:
                 continue
             number = _NUMBERS.get(kind)  # NumPy's integers and floats too (a config read through NumPy or pandas)
             if not isinstance(value, bool) and number is not None and isinstance(value, number) and not isinstance(value, kind):
-                value = int(value) if isinstance(value, numbers.Integral) else _as_float(value)
+                value = int(value) if isinstance(value, numbers.Integral) else as_float(value)
                 object.__setattr__(self, name, value)  # stored as JSON: Python's own type
             if isinstance(value, bool) or not isinstance(value, kind):
                 raise UsageError(f"--{name.removesuffix('_s').replace('_', '-')} must be {_TYPE_NAMES[kind]}, got {value!r}")

@@ -35,6 +35,7 @@ from dataclasses import KW_ONLY, dataclass
 from typing import TYPE_CHECKING, Any
 
 from autotune.errors import USER_CODE_ERRORS, WorkloadError
+from autotune.units import as_float
 from autotune.workloads.batches import describe_batch, first_dim, tensors
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -107,7 +108,7 @@ class Task:
             raise WorkloadError(f"Task lr must be a finite number > 0, got {self.lr!r}")
         # NumPy's numbers (a config read with NumPy) as Python's: best.json and the emitted script write them as JSON.
         object.__setattr__(self, "batch_size", int(self.batch_size))
-        object.__setattr__(self, "lr", float(self.lr) if isinstance(self.lr, int | float) else _as_float(self.lr))
+        object.__setattr__(self, "lr", as_float(self.lr))  # NumPy's float32 3e-4 as 3e-4, not 3.0000001e-4
         for name in ("loss", "step", "collate_fn", "optimizer", "batch_size_of"):
             value = getattr(self, name)
             if value is not None and not callable(value):
@@ -310,15 +311,6 @@ class Task:
         if isinstance(count, bool) or not isinstance(count, numbers.Integral):
             raise WorkloadError(f"batch_size_of(batch) returned {count!r} ({type(count).__name__}); it must return an int")
         return int(count)
-
-
-def _as_float(number: numbers.Real) -> float:
-    """A Real that is not Python's own as a float: through its text where that reads back (NumPy's float32 3e-4 is
-    0.0003, not 3.0000001e-4), else its value (a Fraction's text is 1/1000)."""
-    try:
-        return float(str(number))
-    except ValueError:
-        return float(number)
 
 
 def _refuse_tensor_columns(dataset: tuple[Any, ...]) -> None:
