@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 
 from autotune.rounds import Confirmed
 from autotune.train_setup import TrainSetup
-from autotune.tuner.noise import NOISE_FLOOR, beats, leader, margin, paired_leader, paired_ratios
+from autotune.tuner.noise import NOISE_FLOOR, beats, leader, margin, paired_leader, paired_ratios, wins_needed
 
 #: A cost a setup may carry (a predicate) and, in words, the virtue of a setup without it.
 Rule = tuple[Callable[[TrainSetup], bool], str]
@@ -204,4 +204,4 @@ def _rounds_needed(a: Confirmed, b: Confirmed) -> str:
     """`` in 3 of 4 paired rounds``: how many of the rounds ``a`` and ``b`` shared it must win to beat ``b``
     (:func:`beats`); "" where they shared none."""
     shared = len(paired_ratios(a, b))
-    return f" in {math.ceil(0.75 * shared)} of {shared} paired rounds" if shared else ""  # none shared: the margin says so
+    return f" in {wins_needed(shared)} of {shared} paired rounds" if shared else ""  # none shared: the margin says so

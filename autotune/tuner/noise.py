@@ -52,11 +52,16 @@ def median_ratio(ratios: list[float]) -> float:
     return math.exp(statistics.median(math.log(r) for r in ratios))
 
 
+def wins_needed(shared: int) -> int:
+    """The paired rounds of ``shared`` that a setup must win to beat another (:func:`beats`): three quarters."""
+    return math.ceil(0.75 * shared)
+
+
 def beats(a: Confirmed, b: Confirmed, floor: float = NOISE_FLOOR) -> bool:
     """Whether ``a`` is faster than ``b`` beyond the noise (see the module docstring)."""
     ratios = paired_ratios(a, b)
     wins = sum(r > 1.0 for r in ratios)
-    return bool(ratios) and wins >= math.ceil(0.75 * len(ratios)) and median_ratio(ratios) >= 1.0 + floor
+    return bool(ratios) and wins >= wins_needed(len(ratios)) and median_ratio(ratios) >= 1.0 + floor
 
 
 def equivalent(a: Confirmed, b: Confirmed, floor: float = NOISE_FLOOR) -> bool:
