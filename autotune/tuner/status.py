@@ -24,9 +24,9 @@ from autotune.tuner.study_report import (
     baseline_only,
     best_json_of,
     published_winner,
+    rerun_replaces,
     run_by_workers,
     stored_set,
-    written_before,
 )
 from autotune.tuner.workers import confirm_marker
 
@@ -205,7 +205,7 @@ def study_status(storage: str, study: str | None = None, out: Path | None = None
         foreign = mine is None and unreadable is None and (out / "best.json").is_file()  # another search's
         if best is not None:
             winner, winner_by = best, f"this search (best.json and train.py in {out.resolve()})"
-            if lone_holder is not None and lone_holder.alive() and written_before(out / "best.json", lone_holder.started):
+            if rerun_replaces(out, lone_holder):
                 winner_by = (f"an earlier run of this search (best.json and train.py in {out.resolve()}); the run in progress "
                              "confirms its own winner and replaces them")
             elif later := _started_after(trials, out / "best.json"):  # a rerun (more --trials) stopped before confirming

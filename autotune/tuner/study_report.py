@@ -145,10 +145,13 @@ def kept_winner(out: Path, study: SearchStudy, records: list[TrialRecord]) -> Be
     return best if best is not None and best.confirmed else None
 
 
-def written_before(path: Path, when: float) -> bool:
-    """Whether ``path`` was last written before ``when`` (seconds since the epoch); False if it is gone."""
+def rerun_replaces(out: Path, holder: Holder | None) -> bool:
+    """Whether ``out/best.json`` is an earlier run's that the lone search holding the study now (``holder``, alive) will
+    replace once it confirms its own: written before that run started. False if it is gone or no run is alive."""
+    if holder is None or not holder.alive():
+        return False
     try:
-        return path.stat().st_mtime < when
+        return (out / "best.json").stat().st_mtime < holder.started
     except OSError:
         return False
 
@@ -297,8 +300,7 @@ def report_study(out: Path, *, storage: str | None = None, study: str | None = N
     verdict, ceilings = stored.verdict() if best is not None else (None, None)
     spent = stored.time_spent()
     holder = None if shared else Holder.from_dict(stored.study.user_attrs.get(STUDY_HOLDER))  # a lone search running now
-    rerun = (best is not None and best.confirmed and holder is not None and holder.alive()
-             and written_before(out / "best.json", holder.started))
+    rerun = best is not None and best.confirmed and rerun_replaces(out, holder)
     if published is not None:
         status = f"finished: confirmed by {published[1]}"
     elif unreadable:
