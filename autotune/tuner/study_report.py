@@ -138,10 +138,7 @@ def baseline_only(records: Sequence[TrialRecord], constraints: dict[str, Constra
 def kept_winner(out: Path, study: SearchStudy, records: list[TrialRecord]) -> Best | None:
     """The confirmed winner a run of ``study`` left in ``out/best.json`` (an interrupted rerun keeps it;
     ``autotune status DIR`` names it); None when there is none or the file cannot be read."""
-    try:
-        best = stored_best(out, study, records)
-    except AutotuneError:  # unreadable: nothing to keep
-        return None
+    best, _ = best_json_of(out, study, records)  # unreadable: nothing to keep
     return best if best is not None and best.confirmed else None
 
 
