@@ -211,6 +211,8 @@ def trial(
         echo_json(outcome.result.to_dict())
     else:
         out.print(render_trial(outcome.setup, outcome.result))
+    if outcome.result.status != "ok":  # measured, and printed, but no throughput: a shell's `&&` must not go on
+        raise typer.Exit(1)
 
 
 @app.command()

@@ -270,6 +270,18 @@ def test_trial_command_prints_one_json_result(cache_dir) -> None:
     assert data["status"] == "ok" and data["samples_per_s"] > 0
 
 
+@pytest.mark.slow
+def test_a_trial_that_ran_and_failed_prints_its_result_and_exits_1(cache_dir) -> None:
+    """A trial past --max-memory is an oom: its result is printed (JSON or the table) and the exit is 1, so that
+    `autotune trial ... && next` stops; it exited 0, as if it had measured."""
+    args = ["trial", "--model", "resnet18", "--image-size", "32", "--batch-size", "8", "--trial-seconds", "1", "--device", "cpu",
+            "--max-memory", "1MiB", "--cache-dir", str(cache_dir), "--synthetic-images", "64"]
+    said = runner.invoke(app, [*args, "--json"])
+    assert said.exit_code == 1 and json.loads(said.stdout)["status"] == "oom", said.output
+    table = runner.invoke(app, args)
+    assert table.exit_code == 1 and "oom" in table.stdout, table.output
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
