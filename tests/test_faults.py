@@ -493,6 +493,51 @@ def test_a_prestarted_server_serves_the_first_trial_and_an_unused_one_is_killed_
     assert importing is not None and importing.returncode == -signal.SIGKILL and unused._proc is None
 
 
+@pytest.mark.slow
+def test_an_idle_trial_server_ends_and_the_next_trial_starts_another(tmp_path, cache_dir, monkeypatch) -> None:
+    """A Python caller's search() or trial() left the server (torch imported: hundreds of MiB) until its own exit. It
+    now ends once idle, never while a trial of its own runs, and the next launch starts another, a second time where
+    the server ended as the request went to it (a stand-in that reads the request and exits 0 without a reply)."""
+    from dataclasses import asdict
+
+    from autotune.runner import zygote as zygote_module
+    from autotune.runner.server import IDLE_ENV
+    from autotune.runner.zygote import REQUEST, Zygote
+
+    monkeypatch.setenv(IDLE_ENV, "1")
+    setup, workload, options = _never_ending(cache_dir)
+    request = json.dumps({"setup": setup.to_dict(), "workload": workload.to_dict(), "options": asdict(options)})
+    directories = [tmp_path / name for name in ("a", "b", "c")]
+    for directory in directories:
+        directory.mkdir()
+        (directory / REQUEST).write_text(request)
+    zygote = Zygote()
+    zygote.disabled = False
+    try:
+        first = zygote.launch(directories[0])
+        server = zygote._proc
+        assert server is not None and first._server is server
+        time.sleep(3)  # three idle periods while the trial runs: the server stays
+        assert server.poll() is None
+        first.kill()
+        assert first.wait_reaped(timeout=60.0)
+        assert server.wait(timeout=60) == 0  # idle: it ends by itself
+        second = zygote.launch(directories[1])
+        assert second._server is not None and second._server is not server  # another server, not the fresh-interpreter fallback
+        second.kill()
+        assert second.wait_reaped(timeout=60.0)
+        zygote.close()
+        real = zygote_module.server_command()
+        commands = iter([[sys.executable, "-c", "import sys; print('ready', flush=True); sys.stdin.readline()"], real])
+        monkeypatch.setattr(zygote_module, "server_command", lambda: next(commands, real))
+        third = zygote.launch(directories[2])
+        assert third._server is not None and third._server.args == real  # the second try, on a real server
+        third.kill()
+        assert third.wait_reaped(timeout=60.0) and third.exitcode() == -signal.SIGKILL
+    finally:
+        zygote.close()
+
+
 def test_an_interrupted_trial_stops_the_search_and_is_never_stored(tmp_path, cache_dir) -> None:
     from autotune.errors import SearchInterrupted
     from autotune.records import TrialResult

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -122,6 +124,35 @@ def kill_children() -> None:
                 pass
 
 
+#: An idle server (no trial running, no request) exits after this long: a Python caller's search or trial left one holding
+#: hundreds of MiB (torch and torchvision imported) until its own exit. The client starts another on the next trial.
+IDLE_S = 60.0
+IDLE_ENV = "AUTOTUNE_SERVER_IDLE_S"
+
+
+def _requests(idle_s: float) -> Iterator[str]:
+    """The trial directories read from stdin, one per line, until its end or until the server has been idle (no request
+    and no trial of its own running) for ``idle_s``."""
+    buffer, active = b"", time.monotonic()
+    while True:
+        while b"\n" in buffer:
+            line, _, buffer = buffer.partition(b"\n")
+            if line.strip():
+                yield line.decode().strip()
+            active = time.monotonic()
+        readable, _, _ = select.select([0], [], [], min(1.0, idle_s))
+        if _children:
+            active = time.monotonic()
+        if not readable:
+            if time.monotonic() - active >= idle_s:
+                return
+            continue
+        chunk = os.read(0, 4096)
+        if not chunk:
+            return
+        buffer += chunk
+
+
 def serve() -> None:
     """Import the heavy modules once, then fork a trial per request line."""
     import autotune.runner._preload  # noqa: F401
@@ -131,10 +162,7 @@ def serve() -> None:
     out = sys.stdout
     out.write("ready\n")
     out.flush()
-    for line in sys.stdin:
-        trial_dir = line.strip()
-        if not trial_dir:
-            continue
+    for trial_dir in _requests(float(os.environ.get(IDLE_ENV, IDLE_S))):
         signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGCHLD])
         try:
             pid = os.fork()

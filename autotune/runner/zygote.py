@@ -191,30 +191,36 @@ class Zygote:
                 except OSError:
                     self._proc = None  # launch() falls back to one interpreter per trial
 
+    def _request(self, directory: Path) -> int | None:
+        """Ask the ready server to fork the trial of ``directory``: its pid, or None where the server did not answer."""
+        assert self._proc is not None and self._proc.stdin is not None
+        try:
+            self._proc.stdin.write(f"{directory}\n".encode())
+            self._proc.stdin.flush()
+            return self._reply_for(directory)
+        except OSError:
+            return None
+        except BaseException:  # Ctrl-C mid-exchange: the server and its trial go too
+            self.close()
+            raise
+
     def launch(self, directory: Path) -> TrialProcess:
         """Start the trial whose request is in ``directory``."""
         with self._lock:
-            if not self.disabled:
-                if not self._start():
-                    self.disabled = True  # fall back to one interpreter per trial
-                    sys.stderr.write(
-                        f"autotune: the trial server did not start within {START_TIMEOUT_S:.0f} s; each trial now starts "
-                        "its own interpreter (seconds more per trial, measured windows unchanged)\n"
-                    )
-                if not self.disabled:
-                    assert self._proc is not None and self._proc.stdin is not None
-                    try:
-                        self._proc.stdin.write(f"{directory}\n".encode())
-                        self._proc.stdin.flush()
-                        pid = self._reply_for(directory)
-                    except OSError:
-                        pid = None
-                    except BaseException:  # Ctrl-C mid-exchange: the server and its trial go too
-                        self.close()
-                        raise
-                    if pid is not None:
-                        return TrialProcess(pid, directory, server=self._proc)
-                    self.close()
+            if not self.disabled and not self._start():
+                self.disabled = True  # fall back to one interpreter per trial
+                sys.stderr.write(
+                    f"autotune: the trial server did not start within {START_TIMEOUT_S:.0f} s; each trial now starts "
+                    "its own interpreter (seconds more per trial, measured windows unchanged)\n"
+                )
+            for _ in range(2):  # a second try where the server ended idle as the request went to it
+                if self.disabled or not self._start():
+                    break
+                pid = self._request(directory)
+                if pid is not None:
+                    return TrialProcess(pid, directory, server=self._proc)
+                if self.close() != 0:
+                    break
             popen = subprocess.Popen(
                 [*server_command(), "--single", str(directory)],
                 stdin=subprocess.DEVNULL,
@@ -225,12 +231,12 @@ class Zygote:
             )
             return TrialProcess(popen.pid, directory, popen)
 
-    def close(self) -> None:
-        """Stop the server (it kills any trial still running)."""
+    def close(self) -> int | None:
+        """Stop the server (it kills any trial still running); its exit code (0: it ended on its own or at end of input)."""
         proc, self._proc = self._proc, None
         ready, self._ready = self._ready, False
         if proc is None:
-            return
+            return None
         try:
             if proc.stdin is not None:
                 proc.stdin.close()  # a ready server winds down at end of input, its trials with it
@@ -243,6 +249,7 @@ class Zygote:
             proc.wait()
         if proc.stdout is not None:
             proc.stdout.close()
+        return proc.returncode
 
 
 _ZYGOTE = Zygote()
