@@ -1309,8 +1309,13 @@ def test_the_task_script_on_short_iterable_epochs_and_task_subclasses(
     assert "epoch 2 done at step 3" in out
     code, out, err = _run_here(script, capfd, monkeypatch, "--max-steps", "1", "--output-dir", "one")
     assert code == 0 and "epoch 0 done" not in out, err  # stopped by --max-steps, not at the stream's end
-    code, _, err = _run_here(script, capfd, monkeypatch, "--batch-size", "32", "--accum-steps", "1")
-    assert code != 0 and "yielded no full optimizer step of 32 x 1" in err
+    code, _, err = _run_here(script, capfd, monkeypatch, "--batch-size", "32")
+    assert code != 0 and "yielded no full optimizer step of 32 x 2" in err
+    # The stream's short last batch is trained (items 16-23 of 24 at batch 16), not dropped every epoch as it was.
+    code, out, err = _run_here(script, capfd, monkeypatch, "--batch-size", "16", "--accum-steps", "1", "--epochs", "2", "--output-dir", "tail")
+    assert code == 0 and "epoch 1 done at step 4" in out, err
+    code, out, err = _run_here(script, capfd, monkeypatch, "--batch-size", "32", "--accum-steps", "1", "--epochs", "1", "--output-dir", "short")
+    assert code == 0 and "epoch 0 done at step 1" in out, err  # a stream shorter than a batch: one step of its 24 items
     # Every worker of this stream yields it whole (the search found so and offered one worker at most): refused.
     code, _, err = _run_here(script, capfd, monkeypatch, "--workers", "2")
     assert code != 0 and "error: --workers 2: each DataLoader worker yields the whole iterable dataset" in err
