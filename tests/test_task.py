@@ -474,9 +474,9 @@ def test_good_workloads_become_workload_records() -> None:
     ],
 )
 def test_bad_workloads_fail_in_the_parent_with_one_line(name: str, message: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    import multiprocessing
+    from autotune.workloads import tasks
 
-    monkeypatch.setattr(multiprocessing, "get_all_start_methods", lambda: ["spawn", "fork"])  # workers that unpickle the dataset
+    monkeypatch.setattr(tasks, "worker_start_method", lambda: "spawn")  # workers that unpickle the dataset
     with pytest.raises(WorkloadError) as info:
         _workload(name)
     assert message in str(info.value)
@@ -512,11 +512,29 @@ def test_a_stream_of_random_samples_with_few_labels_is_not_taken_for_copies_by_c
 
 
 def test_unpicklable_dataset_is_fine_without_workers_or_with_workers_that_fork(monkeypatch: pytest.MonkeyPatch) -> None:
-    import multiprocessing
+    from autotune.workloads import tasks
 
     assert _workload("unpicklable", workers=False).images == 40
-    monkeypatch.setattr(multiprocessing, "get_all_start_methods", lambda: ["fork", "spawn", "forkserver"])
+    monkeypatch.setattr(tasks, "worker_start_method", lambda: "fork")
     assert _workload("unpicklable").images == 40  # forked workers inherit it: nothing is pickled
+
+
+@pytest.mark.slow
+def test_a_workload_module_that_sets_spawn_has_its_unpicklable_collate_refused_before_any_trial(tmp_path: Path) -> None:
+    """A module that calls set_start_method("spawn", force=True) as it is imported (common in CUDA code) starts the
+    trials' loader workers by spawn too; the check read the platform's default (fork) and passed, and the calibration's
+    runs with workers failed on the pickling instead of the one line naming the fix."""
+    import subprocess
+
+    (tmp_path / "spawned.py").write_text(
+        "import multiprocessing\nimport torch\nfrom torch import nn\nfrom torch.utils.data import TensorDataset\n"
+        "import autotune\n\nmultiprocessing.set_start_method('spawn', force=True)\n\n\n"
+        "def make():\n    data = TensorDataset(torch.randn(32, 8), torch.randint(0, 2, (32,)))\n"
+        "    return autotune.Task(nn.Linear(8, 2), data, collate_fn=lambda items: torch.utils.data.default_collate(items))\n")
+    ran = subprocess.run([sys.executable, "-m", "autotune", "search", "--workload", "spawned:make", "--device", "cpu", "--trials", "2",
+                          "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert ran.returncode != 0 and "error: the workload's collate_fn (function) cannot be pickled for DataLoader workers" in ran.stderr, ran.stderr
+    assert not (tmp_path / "out" / "study.db").exists()
 
 
 def test_a_trial_whose_stream_holds_no_full_optimizer_step_per_pass_fails_as_train_py_would() -> None:

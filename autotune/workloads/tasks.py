@@ -239,12 +239,18 @@ def _check_count(task: Task, batch: Any, first: Callable[[int], Any], available:
             "lambda batch: len(batch[0]))")
 
 
-def _check_pickle(task: Task) -> None:
-    """Workers started by fork (Linux's default up to Python 3.13) inherit the dataset and collate_fn;
-    other start methods (spawn, forkserver) pickle them. Trials and train.py start from a fresh interpreter: its default counts."""
+def worker_start_method() -> str:
+    """How DataLoader workers start here: the method set in this process (a workload's module may set one as it is
+    imported, as trials and train.py import it too), or the platform's default."""
     import multiprocessing
 
-    if multiprocessing.get_all_start_methods()[0] == "fork":
+    return multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_all_start_methods()[0]
+
+
+def _check_pickle(task: Task) -> None:
+    """Workers started by fork (Linux's default up to Python 3.13) inherit the dataset and collate_fn;
+    other start methods (spawn, forkserver) pickle them."""
+    if worker_start_method() == "fork":
         return
     for name in ("dataset", "collate_fn"):
         value = getattr(task, name)
