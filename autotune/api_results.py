@@ -19,7 +19,9 @@ class SearchResult:
     Attributes:
         setup: The winner (confirmed unless interrupted; with nothing measured, search raises).
         samples_per_s: Its median throughput in the confirmation rounds.
-        speedup: Over the defaults: the median of the per-round ratios of the rounds both ran (``None``: not measured).
+        speedup: Over the defaults: the median of the per-round ratios of the rounds both ran (``None``: nothing compared
+            with them: they were the only setup the confirmation measured, their trial failed, or the search stopped
+            before it; ``notes`` says which).
         best_json: The ``best.json`` written.
         train_py: The emitted ``train.py``.
         verdict: Which side limits training, in words.

@@ -33,7 +33,8 @@ def run_example(workload: str, work_dir: str | None = None, trials: int = 3) -> 
         progress=True,
     )
     assert result.setup is not None
-    speedup = f"{result.speedup:.2f}x the defaults" if result.speedup else "no defaults measured"
+    # speedup is None where nothing was compared with the defaults (they won alone, failed or never ran): the notes say which.
+    speedup = f"{result.speedup:.2f}x the defaults" if result.speedup is not None else "no speedup: see the notes above"
     print(f"winner: {result.setup.describe()} at {result.samples_per_s:.1f} samples/s ({speedup})")
     print(f"wrote {result.best_json} and {result.train_py}")
     command = [sys.executable, str(result.train_py), "--max-steps", "2", "--print-freq", "1", "--output-dir", str(work / "train-out")]
