@@ -239,6 +239,10 @@ def check_flags_agree(ctx: typer.Context, flags: Mapping[str, Any], sets: Sequen
             raise UsageError(f"{typed} and --set {text} disagree; give one")
 
 
+#: The options of ``autotune`` itself, given before the command.
+ROOT_OPTIONS = ("--debug", "--version")
+
+
 def usage_error(exc: Exception, words: Sequence[str], commands: Mapping[str, str], err: Console) -> None:
     """Print a usage error (Click's, matched by shape) as one line naming the command's ``--help``; a bare ``autotune``
     gets the help (on stderr, exit 2, as Click gives it).
@@ -256,6 +260,10 @@ def usage_error(exc: Exception, words: Sequence[str], commands: Mapping[str, str
     named = " ".join(["autotune", *words[at:at + 1]])  # Click gave no context
     ctx = getattr(exc, "ctx", None)
     line = f"{exc.format_message()} (see {ctx.command_path if ctx is not None else named} --help)"  # type: ignore[attr-defined]
+    option = getattr(exc, "option_name", None)  # a NoSuchOption's
+    if at < len(words) and option in ROOT_OPTIONS:  # Click suggested one of the command's
+        example = f"autotune --debug {words[at]} ..." if option == "--debug" else f"autotune {option}"
+        line = f"{option} is an option of autotune itself, given before the command: {example} (see autotune --help)"
     err.print(f"[bold red]error:[/] {escape(line)}", highlight=False, soft_wrap=True)
     after = list(words[at + 1:])
     shape = json_error_shape(commands[words[at]]) if at < len(words) else None

@@ -316,6 +316,10 @@ def test_usage_errors_are_one_error_line(argv: list[str], message: str, capsys: 
         (["status", "--json", "a", "b"], "unexpected extra argument", {"study": None, "best": None, "winner": None}),
         (["probe", "--json", "--foo"], "No such option: --foo", None),  # probe prints no object for its errors either
         (["status", "--bogus", "--", "--json"], "No such option: --bogus", None),  # after --: an argument, not the option
+        # autotune's own options after a command: Click suggested the command's (`Possible options: --mode`)
+        (["trial", "--debug", "--json"], "--debug is an option of autotune itself, given before the command: autotune --debug trial ...",
+         {"status": None, "samples_per_s": None}),
+        (["search", "--version"], "--version is an option of autotune itself, given before the command: autotune --version", None),
     ],
 )
 def test_usage_errors_with_json_print_the_command_s_error_object(argv: list[str], message: str, shape: dict[str, None] | None,
