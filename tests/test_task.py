@@ -336,9 +336,11 @@ def test_workload_callables_the_trials_cannot_import_are_refused_with_the_fix(tm
         task_ref("just_a_name")
     assert "torchvision" not in str(refused.value)
     # A torchvision model name where a workload goes (autotune.search("resnet18"): its first argument is the workload).
-    with pytest.raises(WorkloadError, match=r"a factory returning autotune.Task\); 'resnet18' is a torchvision model: pass "
-                                            r"--model resnet18 \(model='resnet18' in Python\) to tune it on images$"):
+    with pytest.raises(WorkloadError, match=r"a factory returning autotune.Task\); 'resnet18' is a torchvision model: --model "
+                                            r"takes it, to tune it on images \(the classifier shorthand\)$"):
         task_ref("resnet18")
+    with pytest.raises(WorkloadError, match=r"'resnet18' is a torchvision model: model takes it, to tune it on images"):
+        autotune.search("resnet18", trials=1)  # as the API's caller reads it
     with pytest.raises(WorkloadError, match="name the module, not its file: train:make_task"):
         task_ref("train.py:make_task")
     with pytest.raises(WorkloadError, match="not its file: pkg.train:make_task"):

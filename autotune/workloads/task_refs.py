@@ -39,8 +39,9 @@ def task_ref(workload: str | Callable[..., Any]) -> str:
             named = f"from {path.parent} (or with it on PYTHONPATH) pass {path.name}" if far else ".".join(path.parts)
             raise WorkloadError(f"workload {workload!r}: name the module, not its file: {named}:{function}")
         if not is_factory_ref(workload):
-            shorthand = (f"; {workload!r} is a torchvision model: pass --model {workload} (model={workload!r} "
-                         "in Python) to tune it on images") if workload in torchvision_models() else ""
+            # Worded for both: the Python API's callers read "model takes it" (errors.in_python_terms).
+            shorthand = (f"; {workload!r} is a torchvision model: --model takes it, to tune it on images (the classifier "
+                         "shorthand)") if workload in torchvision_models() else ""
             raise WorkloadError(f"workload {workload!r} must be package.module:function (a factory returning autotune.Task){shorthand}")
         try:
             ref = validate_model_ref(workload)
