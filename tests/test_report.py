@@ -380,10 +380,18 @@ def test_status_says_trials_after_the_winner_are_not_confirmed(searched, tmp_pat
     shutil.copytree(source, copy)
     starts = sorted(t.datetime_start.timestamp() for t in optuna.load_study(
         study_name=outcome.study, storage=f"sqlite:///{copy / 'study.db'}").get_trials() if t.datetime_start is not None)
+    study = optuna.load_study(study_name=outcome.study, storage=f"sqlite:///{copy / 'study.db'}")
+    study.tell(study.ask(), state=optuna.trial.TrialState.FAIL)  # cut short by the stop: it measured nothing
+    study.ask()  # left running by a search that was killed: nor did it
     os.utime(copy / "best.json", (starts[-2] + 0.001, starts[-2] + 0.001))  # written between the last two trials' starts
     text = " ".join(CliRunner().invoke(app, ["status", str(copy)]).stdout.split())
     assert (f"confirmed by an earlier run of this search (best.json and train.py in {copy.resolve()}); 1 trial(s) measured after it "
             "are not confirmed: rerun the search's command to confirm them") in text, text
+    # The report says so too (it read "search finished", the later trial unmentioned).
+    assert CliRunner().invoke(app, ["report", str(copy)]).exit_code == 0
+    page = " ".join((copy / REPORT).read_text().split())
+    assert ("search interrupted (an earlier run's confirmed winner kept; 1 trial(s) measured after it are not confirmed: rerun "
+            "the search's command to confirm them)") in page and "search finished" not in page
     os.utime(copy / "best.json")
     text = " ".join(CliRunner().invoke(app, ["status", str(copy)]).stdout.split())
     assert "confirmed by this search" in text and "not confirmed" not in text, text

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from optuna.trial import FrozenTrial, TrialState
+from optuna.trial import TrialState
 
 from autotune.errors import PendingTrialsError
 from autotune.output.best import Best
@@ -23,6 +22,7 @@ from autotune.tuner.study import ATTR_MARKER, ATTR_ROLE, ATTR_WORKER, ROLE_SEARC
 from autotune.tuner.study_report import (
     baseline_only,
     best_json_of,
+    measured_after,
     published_winner,
     rerun_replaces,
     run_by_workers,
@@ -208,7 +208,7 @@ def study_status(storage: str, study: str | None = None, out: Path | None = None
             if rerun_replaces(out, lone_holder):
                 winner_by = (f"an earlier run of this search (best.json and train.py in {out.resolve()}); the run in progress "
                              "confirms its own winner and replaces them")
-            elif later := _started_after(trials, out / "best.json"):  # a rerun (more --trials) stopped before confirming
+            elif later := measured_after(trials, out / "best.json"):  # a rerun (more --trials) stopped before confirming
                 winner_by = (f"an earlier run of this search (best.json and train.py in {out.resolve()}); {later} trial(s) "
                              "measured after it are not confirmed: rerun the search's command to confirm them")
     wanted = attrs.get(STUDY_BUDGET)
@@ -249,14 +249,3 @@ def _pending(out: Path, found: SearchStudy) -> str | None:
     numbers = ", ".join(f"#{n}" for n in kept)
     return (f"measured but not in the study: trial{'s' if len(kept) > 1 else ''} {numbers}, kept in {pending_file(out)} "
             "when the study storage failed; rerun the search's command to add them")
-
-
-def _started_after(trials: Sequence[FrozenTrial], path: Path) -> int:
-    """How many of ``trials`` started after ``path`` was last written (0 if it is gone)."""
-    try:
-        written = path.stat().st_mtime
-    except OSError:
-        return 0
-    return sum(t.datetime_start is not None and t.datetime_start.timestamp() > written for t in trials)
-
-

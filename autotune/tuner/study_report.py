@@ -23,7 +23,7 @@ from autotune.records import Calibration, TrialRecord
 from autotune.rounds import Candidate, Confirmed
 from autotune.time_spent import TimeSpent
 from autotune.train_setup import TrainSetup
-from autotune.tuner.budget import STUDY_BUDGET
+from autotune.tuner.budget import ATTR_FREE, FINISHED, STUDY_BUDGET
 from autotune.tuner.config import SearchOutcome
 from autotune.tuner.confirm import TIMED_OUT, TWIN, finalist_label
 from autotune.tuner.constraints import Constraint, excluding
@@ -151,6 +151,18 @@ def rerun_replaces(out: Path, holder: Holder | None) -> bool:
         return (out / "best.json").stat().st_mtime < holder.started
     except OSError:
         return False
+
+
+def measured_after(trials: Sequence[FrozenTrial], path: Path) -> int:
+    """How many of ``trials`` measured a setup (finished, not free) after ``path`` was last written (0 if it is gone):
+    a rerun's trials that its confirmation, interrupted, never took in. A trial not run, cut short or left running
+    measured nothing."""
+    try:
+        written = path.stat().st_mtime
+    except OSError:
+        return 0
+    return sum(t.state in FINISHED and not t.user_attrs.get(ATTR_FREE) and t.datetime_start is not None
+               and t.datetime_start.timestamp() > written for t in trials)
 
 
 def best_json_of(out: Path, study: SearchStudy, records: list[TrialRecord]) -> tuple[Best | None, str | None]:
@@ -319,6 +331,9 @@ def report_study(out: Path, *, storage: str | None = None, study: str | None = N
                   "replaces once it confirms its own")
     elif not best.confirmed:
         status = "interrupted (winner not confirmed)"
+    elif not shared and (later := measured_after(stored.study.get_trials(deepcopy=False), out / "best.json")):
+        status = (f"interrupted (an earlier run's confirmed winner kept; {later} trial(s) measured after it are not confirmed: "
+                  "rerun the search's command to confirm them)")
     else:
         status = "finished"
     if warn is not None and status.startswith("winner not shown"):
