@@ -13,6 +13,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+import types
 from collections.abc import Callable
 from html.parser import HTMLParser
 from pathlib import Path
@@ -819,7 +820,7 @@ def test_kept_defaults_are_one_bar_a_single_measurement_has_no_spread_and_the_he
     from dataclasses import replace
 
     from autotune.output.report import render_report
-    from autotune.output.sections import ReportInput, ceiling_bars
+    from autotune.output.sections import ReportInput, ceiling_bars, summary_section
     from autotune.rounds import Candidate, Confirmed
 
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # tables only: fast
@@ -832,6 +833,9 @@ def test_kept_defaults_are_one_bar_a_single_measurement_has_no_spread_and_the_he
     base = ReportInput(records, outcome.calibration, once, kept, None, None, "s", "sqlite://")
     labels = [label for label, *_ in ceiling_bars(base)]
     assert labels[-1] == "PyTorch defaults\n(kept: nothing beat them)" and not any(label.startswith("winner") for label in labels)
+    drawn: list[list[tuple[str, float, str]]] = []  # and drawn: the bar's kind is "defaults", and only "achieved" was drawn
+    plots = types.SimpleNamespace(ceilings=lambda bars: drawn.append(bars) or "figure", png=lambda figure: b"png")
+    assert summary_section(base, plots).image == b"png" and drawn[0][-1][0] == labels[-1]  # type: ignore[arg-type]
     page, _ = render_report(base)
     assert "15.2 samples/s (one measurement: no spread)" in page and "spread 0.0" not in page
     # The header's best so far passes over the defaults that --set excludes, as the plots and `autotune status` do.
