@@ -1004,6 +1004,39 @@ def test_a_rank_killed_under_torchrun_leaves_one_line_on_the_others(synthetic_da
 
 
 @pytest.mark.slow
+def test_a_sigterm_to_torchrun_stops_every_rank_after_a_step_with_its_checkpoint_between_log_lines(
+    synthetic_data: Path, tmp_path: Path
+) -> None:
+    """The ranks checked for a stop at every --print-freq-th step only: with steps of seconds that outlasted torchrun's
+    30-s grace, and it killed them without the stop's checkpoint. A --print-freq no step reaches here: they still stop
+    after a step of their own, together, with the checkpoint of that step."""
+    import time
+
+    best = dataclasses.replace(make_best(synthetic_data, **CPU_KNOBS), world_size=2)
+    script = write_script(best, tmp_path / "train.py")
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script),
+               "--max-steps", "100000", "--epochs", "100000", "--batch-size", "4", "--workers", "0", "--print-freq", "100000",
+               "--output-dir", "out"]
+    proc = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:  # rank 0 is about to train
+            if "process(es) on cpu" in line:
+                break
+        time.sleep(5)  # some steps in (no step is logged), checkpoint-every's 60 s away
+        proc.send_signal(signal.SIGTERM)  # as a scheduler stops torchrun: it passes the signal to the ranks
+        rest, err = proc.communicate(timeout=RUN_TIMEOUT)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    said = [line for line in rest.splitlines() if line.startswith("stopped by SIGTERM after step ")]
+    assert len(said) == 1, f"{rest}\n{err}"
+    step = int(said[0].split("after step ")[1].split(";")[0])
+    assert 0 < step < 100000 and _checkpoint(tmp_path / "out" / "checkpoint.pth")["step"] == step
+    assert "forcefully exiting" not in err, err  # stopped within torchrun's grace, not killed
+
+
+@pytest.mark.slow
 def test_fp32_factory_model_with_eval_runs(synthetic_data: Path, tmp_path: Path) -> None:
     # amp off, no workers, no channels_last, a module:function factory imported
     # from the cwd, and an evaluation pass.
