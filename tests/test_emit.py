@@ -1414,6 +1414,26 @@ def test_resume_on_data_of_another_size_is_refused_in_one_line(
                                  monkeypatch)
     assert line.startswith("error: --resume: out/checkpoint.pth was written for 64 samples per process, the data now holds ")
     assert line.endswith("resume with the data it was written for, or pass another --output-dir to start afresh")
+    # A class folder renamed (as many images): the labels after it shift by one, and the resume went on silently.
+    renamed = tmp_path / "renamed"
+    classes = sorted(p.name for p in synthetic_data.iterdir() if p.is_dir())
+    first = classes[0]
+    for name in classes:
+        shutil.copytree(synthetic_data / name, renamed / ("zz_last" if name == first else name))
+    line, _ = in_process.refusal(script, ["--resume", "--workers", "0", "--data", str(renamed), "--output-dir", "out"], run, capfd,
+                                 monkeypatch)
+    assert line == (f"error: --resume: out/checkpoint.pth was written for other class folders (gone: {first}; new: zz_last): the "
+                    "labels would change meaning; resume with the data it was written for, or pass another --output-dir to start "
+                    "afresh")
+    # Damaged bytes that still load (a weight turned NaN) are the file's fault, not the learning rate's.
+    import torch
+
+    checkpoint = _checkpoint(run / "out" / "checkpoint.pth")
+    weight = next(key for key, value in checkpoint["model"].items() if value.is_floating_point() and value.numel() > 1)
+    checkpoint["model"][weight] = torch.full_like(checkpoint["model"][weight], float("nan"))
+    torch.save(checkpoint, run / "out" / "checkpoint.pth")
+    line, _ = in_process.refusal(script, ["--resume", "--workers", "0", "--output-dir", "out"], run, capfd, monkeypatch)
+    assert line.startswith("error: --resume: out/checkpoint.pth holds NaN or infinite weights") and "damaged" in line, line
 
 
 def test_a_second_ctrl_c_during_a_checkpoint_write_leaves_no_partial_file(
