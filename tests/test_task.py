@@ -1258,6 +1258,9 @@ def test_a_run_without_resume_over_a_checkpoint_says_it_will_replace_it(
     code, out, err = _run_here(script, capfd, monkeypatch, "--max-steps", "1")
     note = f"note: {Path('out') / 'checkpoint.pth'} exists and this run starts from step 0 (no --resume): its first checkpoint replaces"
     assert code == 0 and note in out, out
+    # A refusal of the data is the only line: the note came before it.
+    code, out, err = _run_here(script, capfd, monkeypatch, "--max-steps", "1", "--batch-size", "100000")
+    assert code != 0 and "note:" not in out and err.strip().splitlines()[-1].startswith("error: "), out + err
     code, out, err = _run_here(script, capfd, monkeypatch, "--resume", "--max-steps", "2")
     assert code == 0 and "note:" not in out, err
 
