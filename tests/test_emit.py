@@ -569,6 +569,7 @@ def test_bad_data_directories_name_their_flag(
         (["--image-size", "0"], "--image-size must be >= 8"),
         (["--lr", "-1"], "--lr must be a finite number > 0"),
         (["--clip-grad-norm", "nan"], "--clip-grad-norm must be a finite number > 0"),
+        (["--checkpoint-every", "nan"], "--checkpoint-every must be a number of seconds (0: every epoch)"),
         (["--warmup-steps", "-5"], "--warmup-steps must be >= -1"),
         (["--weight-decay", "-1"], "--weight-decay must be a finite number >= 0"),
         (["--weight-decay", "nan"], "--weight-decay must be a finite number >= 0"),
