@@ -653,7 +653,16 @@ def test_a_calibration_that_fails_keeps_its_runs_and_another_search_in_the_study
     from autotune.tuner.status import study_status
 
     said = study_status(f"sqlite:///{tmp_path / 'out' / 'study.db'}").lines()
-    assert said[1] == "  calibration not finished: 2 of its runs measured and kept; the trials follow it", said
+    assert said[1] == ("  calibration not finished, and no search runs it now: 2 of its runs measured and kept; rerun the "
+                       "search's command to go on from them"), said
+    from autotune.tuner.lock import Holder
+    from autotune.tuner.study import STUDY_HOLDER
+
+    me = Holder.me()  # a search measuring it now: not the same words as one stopped (a probe read them alike)
+    study.study.set_user_attr(STUDY_HOLDER, me.to_dict())
+    said = study_status(f"sqlite:///{tmp_path / 'out' / 'study.db'}").lines()
+    assert said[1] == f"  calibrating now ({me.describe()}): 2 of its runs measured so far; the trials follow it", said
+    study.study.set_user_attr(STUDY_HOLDER, None)
     assert ": 0/3 trials finished, 0 running" in said[0], said  # the budget is known before the first trial
     again: list[tuple[int, str]] = []
 

@@ -75,6 +75,8 @@ class StudyStatus:
         shared: Workers of a shared study ran it (``--storage`` with several workers).
         calibration_runs: While the calibration is not finished, how many of its runs are measured and kept
             (None once it is).
+        calibrating: The lone search measuring that calibration now (``pid N on HOST``); None where none runs
+            (interrupted: the same command goes on from the runs kept) or the study is shared.
         pending: A line about the measured trials ``out``'s pending-trials.json keeps for this study (the storage
             could not take them; the search's rerun adds them), or why that file is unreadable; None: none kept.
         foreign_best: ``out/best.json`` is readable and another search's (``--storage`` naming another study).
@@ -97,6 +99,7 @@ class StudyStatus:
     shared: bool = False
     best_excluded_by: str | None = None
     calibration_runs: int | None = None
+    calibrating: str | None = None
     pending: str | None = None
     foreign_best: bool = False
     unreadable_best: str | None = None
@@ -118,7 +121,14 @@ class StudyStatus:
         unfinished = f", {self.failed} cut short (a search stopped or died during {them}; not counted)" if self.failed else ""
         lines = [f"study {self.study!r} in {self.storage}: {count}{infeasible}, {len(alive)} running{unfinished}"]
         if self.calibration_runs is not None:  # no trial runs before it: "0 running" alone read as a stalled search
-            lines.append(f"  calibration not finished: {self.calibration_runs} of its runs measured and kept; the trials follow it")
+            if self.calibrating is not None:
+                lines.append(f"  calibrating now ({self.calibrating}): {self.calibration_runs} of its runs measured so far; "
+                             "the trials follow it")
+            elif not self.shared:
+                lines.append(f"  calibration not finished, and no search runs it now: {self.calibration_runs} of its runs "
+                             "measured and kept; rerun the search's command to go on from them")
+            else:
+                lines.append(f"  calibration not finished: {self.calibration_runs} of its runs measured and kept; the trials follow it")
         if self.pending is not None:
             lines.append(f"  {self.pending}")
         lines += [f"  running: {r.describe()}" for r in alive]
@@ -163,6 +173,7 @@ class StudyStatus:
             "winner": self.winner.to_dict() if self.winner else None,
             "winner_by": self.winner_by,
             "calibration_runs": self.calibration_runs,
+            "calibrating": self.calibrating,
             "pending": self.pending,
         }
 
@@ -234,6 +245,7 @@ def study_status(storage: str, study: str | None = None, out: Path | None = None
         foreign_best=foreign,
         unreadable_best=unreadable,
         calibration_runs=sum(map(len, found.calibration_runs().values())) if found.calibration() is None else None,
+        calibrating=lone_holder.describe() if lone and lone_holder is not None and lone_holder.alive() else None,
         pending=_pending(out, found) if out is not None else None,
     )
 
