@@ -240,8 +240,8 @@ def calibrate_once(config: SearchConfig, prepared: Prepared, reporter: Reporter,
     """
     stored = prepared.study.calibration()
     if stored is not None:
-        trials = counted_records(prepared.study.records())
-        reporter.message(f"continuing study {prepared.study.name!r}: calibration reused, {trials} finished trials kept")
+        trials = counted(counted_records(prepared.study.records()), "finished trial")
+        reporter.message(f"continuing study {prepared.study.name!r}: calibration reused, {trials} kept")
         return stored
     kept = KeptRuns(runner, prepared.study.calibration_runs(), prepared.study.store_calibration_runs)
     reporter.message(f"calibration: memory pre-pass, compute-only and loader-only ceilings{kept.opening()}")
