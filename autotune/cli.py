@@ -261,49 +261,37 @@ def search(
 ) -> None:
     """Search the fastest training setup with short, real, measured trials."""
     from autotune.api import cli_search as run_search
-    from autotune.errors import SearchInterrupted
     from autotune.render import RichReporter, render_search
-    from autotune.tuner import SearchOutcome
 
-    try:
-        with RichReporter(err) as reporter:
-            outcome = run_search(
-                workload,
-                model=model,
-                data=data,
-                image_size=image_size,
-                trials=trials,
-                device=device,
-                out=out_dir,
-                trial_seconds=trial_seconds,
-                effective_batch=effective_batch,
-                max_memory=max_memory,
-                constraints=set_ or (),
-                confirm_top=confirm_top,
-                confirm_rounds=confirm_rounds,
-                ceilings=ceilings,
-                seed=seed,
-                sampler=sampler,
-                study=study,
-                storage=storage,
-                timeout_s=timeout,
-                lr=lr,
-                cache_dir=cache_dir,
-                synthetic_images=synthetic_images,
-                reporter=reporter,
-                command=recorded_command(sys.argv),
-                nproc_per_node=nproc_per_node,
-                devices=devices,
-            ).outcome
-    except SearchInterrupted as exc:
-        # The best so far, marked interrupted, then the one yellow line.
-        summary = exc.outcome if isinstance(exc.outcome, SearchOutcome) else None
-        if as_json:
-            echo_json(summary.to_dict() if summary is not None else {"best": None, "interrupted": True})
-        elif summary is not None:
-            out.print(render_search(summary), crop=False)
-        err.print(escape(str(exc)), style="yellow", highlight=False, soft_wrap=True)
-        raise typer.Exit(exc.exit_code) from None
+    with cli_errors.search_interrupt_said(as_json, out, err), RichReporter(err) as reporter:
+        outcome = run_search(
+            workload,
+            model=model,
+            data=data,
+            image_size=image_size,
+            trials=trials,
+            device=device,
+            out=out_dir,
+            trial_seconds=trial_seconds,
+            effective_batch=effective_batch,
+            max_memory=max_memory,
+            constraints=set_ or (),
+            confirm_top=confirm_top,
+            confirm_rounds=confirm_rounds,
+            ceilings=ceilings,
+            seed=seed,
+            sampler=sampler,
+            study=study,
+            storage=storage,
+            timeout_s=timeout,
+            lr=lr,
+            cache_dir=cache_dir,
+            synthetic_images=synthetic_images,
+            reporter=reporter,
+            command=recorded_command(sys.argv),
+            nproc_per_node=nproc_per_node,
+            devices=devices,
+        ).outcome
     if as_json:
         echo_json(outcome.to_dict())
     else:

@@ -16,7 +16,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from autotune.errors import AutotuneError, SetupError, TrialInterrupted, UsageError
+from autotune.errors import AutotuneError, SetupError, TrialInterrupted, UsageError, interrupted_in
 from autotune.flag_terms import in_flag_terms
 from probes.hardware import address_space_note
 
@@ -208,6 +208,30 @@ def trial_interrupt_said() -> Iterator[None]:
     except KeyboardInterrupt:
         raise TrialInterrupted("interrupted before the trial's result: its processes were stopped and its directory removed; "
                                "nothing was measured") from None
+
+
+@contextmanager
+def search_interrupt_said(as_json: bool, out: Console, err: Console) -> Iterator[None]:
+    """Within it, a stopped search (:class:`~autotune.errors.SearchInterrupted`, also behind a second Ctrl-C that landed
+    as it unwound) ends ``autotune search`` with its best so far, marked interrupted (with ``--json`` as the object),
+    then its one yellow line, exit 130; further stop signals cannot cut them short."""
+    try:
+        yield
+    except (AutotuneError, KeyboardInterrupt) as caught:
+        if (exc := interrupted_in(caught)) is None:
+            raise
+        from autotune.render import render_search
+        from autotune.tuner import SearchOutcome
+        from autotune.tuner.signals import stops_ignored
+
+        summary = exc.outcome if isinstance(exc.outcome, SearchOutcome) else None
+        with stops_ignored():
+            if as_json:
+                echo_json(summary.to_dict() if summary is not None else {"best": None, "interrupted": True})
+            elif summary is not None:
+                out.print(render_search(summary), crop=False)
+            err.print(escape(str(exc)), style="yellow", highlight=False, soft_wrap=True)
+        raise typer.Exit(exc.exit_code) from None
 
 
 def check_flags_agree(ctx: typer.Context, flags: Mapping[str, Any], sets: Sequence[str]) -> None:

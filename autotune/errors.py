@@ -127,6 +127,18 @@ class SearchInterrupted(AutotuneError):
         self.outcome = outcome
 
 
+def interrupted_in(exc: BaseException) -> SearchInterrupted | None:
+    """The search's interruption behind ``exc``: ``exc`` itself, or one it was raised while handling (a second Ctrl-C
+    that landed as the first one's SearchInterrupted unwound, through the lock's release or the display's teardown).
+    None where there is none."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, SearchInterrupted):
+            return seen
+        seen = seen.__context__
+    return None
+
+
 class TrialInterrupted(AutotuneError):
     """Ctrl-C (or SIGTERM, SIGHUP) stopped ``autotune trial`` before its result; its processes and directory are gone."""
 

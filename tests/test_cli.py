@@ -510,3 +510,27 @@ def test_a_stop_after_a_json_command_printed_its_object_adds_no_second_one(capsy
     with pytest.raises(KeyboardInterrupt):
         printed_then_stopped(as_json=True)
     assert capsys.readouterr().out == '{"best": 1}\n'
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_a_second_ctrl_c_as_the_first_one_unwinds_still_ends_the_search_as_interrupted(monkeypatch, as_json: bool) -> None:
+    """Three quick Ctrl-Cs during the calibration once ended with the generic `interrupted: autotune search stopped before it
+    was done`: the second one's KeyboardInterrupt, raised as the first one's SearchInterrupted unwound (the lock's
+    release, the display's teardown), replaced it. The search's own line and exit 130 stand, with --json its object."""
+    import autotune.api
+    from autotune.errors import SearchInterrupted
+
+    line = "interrupted during calibration, before the first trial (runs measured and kept: 2); rerun the same command to go on"
+
+    def stopped_twice(*args: object, **kwargs: object) -> None:
+        try:
+            raise SearchInterrupted(line)
+        finally:
+            raise KeyboardInterrupt  # the second signal, in a finally the first one's unwinding runs
+
+    monkeypatch.setattr(autotune.api, "cli_search", stopped_twice)
+    result = runner.invoke(app, ["search", "--model", "resnet18", "--device", "cpu", *(["--json"] if as_json else [])])
+    assert result.exit_code == 130, result.output
+    assert result.stderr.strip().splitlines()[-1] == line, result.stderr
+    if as_json:
+        assert json.loads(result.stdout) == {"best": None, "interrupted": True}

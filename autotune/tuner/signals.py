@@ -88,6 +88,14 @@ def signals_handled(signals: tuple[int, ...], handler: Callable[[int, Any], None
 
 
 @contextmanager
+def stops_ignored() -> Iterator[None]:
+    """Inside the block Ctrl-C, SIGTERM and SIGHUP do nothing: what is said after a stop (the summary, its line) is
+    said whole."""
+    with signals_handled(_not_ignored(STOP_SIGNALS), lambda signum, frame: None):
+        yield
+
+
+@contextmanager
 def sigterm_as_interrupt() -> Iterator[None]:
     """Inside the block SIGTERM and SIGHUP raise KeyboardInterrupt, as Ctrl-C does; each of the three is remembered."""
 
