@@ -220,12 +220,13 @@ def search_interrupt_said(as_json: bool, out: Console, err: Console) -> Iterator
     except (AutotuneError, KeyboardInterrupt) as caught:
         if (exc := interrupted_in(caught)) is None:
             raise
-        from autotune.render import render_search
-        from autotune.tuner import SearchOutcome
         from autotune.tuner.signals import stops_ignored
 
-        summary = exc.outcome if isinstance(exc.outcome, SearchOutcome) else None
         with stops_ignored():
+            from autotune.render import render_search
+            from autotune.tuner import SearchOutcome
+
+            summary = exc.outcome if isinstance(exc.outcome, SearchOutcome) else None
             if as_json:
                 echo_json(summary.to_dict() if summary is not None else {"best": None, "interrupted": True})
             elif summary is not None:

@@ -135,7 +135,9 @@ def interrupted_in(exc: BaseException) -> SearchInterrupted | None:
     while seen is not None:
         if isinstance(seen, SearchInterrupted):
             return seen
-        seen = seen.__context__
+        # An error raised over it on purpose (``raise ... from None``: a storage that failed as the lock was released)
+        # is said instead.
+        seen = None if seen.__suppress_context__ else seen.__context__
     return None
 
 

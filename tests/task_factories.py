@@ -120,6 +120,19 @@ def iterable() -> autotune.Task:
     return autotune.Task(nn.Linear(8, 3), Stream())
 
 
+class _Stream17(IterableDataset):  # type: ignore[type-arg]
+    """17 pairs: at batch 16 the last batch holds one sample."""
+
+    def __iter__(self) -> Any:
+        for i in range(17):
+            yield torch.full((8,), float(i)), i % 3
+
+
+def iterable_batch_norm() -> autotune.Task:
+    """A stream whose last batch at batch 16 is one sample, for a model with a BatchNorm layer."""
+    return autotune.Task(nn.Sequential(nn.Linear(8, 8), nn.BatchNorm1d(8), nn.Linear(8, 3)), _Stream17(), batch_size=16)
+
+
 class SizedStream(Stream):
     """The 24 pairs of Stream, with a length (as webdataset's with_length() or a wrapper of a Hugging Face stream gives)."""
 

@@ -534,3 +534,15 @@ def test_a_second_ctrl_c_as_the_first_one_unwinds_still_ends_the_search_as_inter
     assert result.stderr.strip().splitlines()[-1] == line, result.stderr
     if as_json:
         assert json.loads(result.stdout) == {"best": None, "interrupted": True}
+
+    def storage_failed_as_it_unwound(*args: object, **kwargs: object) -> None:
+        try:
+            raise SearchInterrupted(line)
+        finally:
+            raise StorageError("cannot write to the study storage: disk full") from None  # said over it on purpose
+
+    from autotune.errors import StorageError
+
+    monkeypatch.setattr(autotune.api, "cli_search", storage_failed_as_it_unwound)
+    result = runner.invoke(app, ["search", "--model", "resnet18", "--device", "cpu"])
+    assert result.exit_code == 1 and "cannot write to the study storage: disk full" in result.stderr, result.output

@@ -1303,6 +1303,40 @@ def test_torchrun_s_sigterm_after_a_peer_s_end_waits_for_the_error_s_line(synthe
 
 
 @pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptionWarning")  # the OSError surfaces as one in a C call
+def test_under_torchrun_the_ranks_check_for_a_stop_every_two_seconds_of_the_slowest_rank_s_steps(
+    synthetic_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The checks' schedule, on a clock of our own: the first step starts it, the second checks, and each check sets the
+    next CHECK_EVERY_S of the slowest rank's steps later (every rank gets the same all-reduced time, so they agree)."""
+    import argparse
+
+    import torch
+
+    namespace = load_script(write_script(make_best(synthetic_data, **CPU_KNOBS), tmp_path / "train.py"))
+    now = [100.0]
+    monkeypatch.setattr(namespace["time"], "monotonic", lambda: now[0])
+    reduced: list[int] = []
+
+    def all_reduce(told: torch.Tensor, op: object = None) -> None:  # the slower peer's time per step
+        told[1] = max(float(told[1]), 0.5)
+        reduced.append(len(reduced))
+
+    monkeypatch.setattr(namespace["dist"], "all_reduce", all_reduce)
+    args = argparse.Namespace(distributed=True)
+    stop = namespace["GracefulStop"]()
+    try:
+        said = []
+        for step in range(1, 12):
+            if step == 3:
+                stop._received(signal.SIGTERM, None)
+            said.append(stop.now(step, args, torch.device("cpu")))
+            now[0] += 0.1  # this rank's steps: 0.1 s; the slowest's 0.5 s
+        # Step 2 checks (1 step of 0.5 s: the next 4 steps on); step 6 finds the stop, however many steps ran meanwhile.
+        assert said == [False] * 5 + [True] * 6 and reduced[:2] == [0, 1], said
+    finally:
+        stop.close()
+
+
 def test_a_sigchld_pending_with_the_stop_signal_raises_nothing(synthetic_data: Path, tmp_path: Path) -> None:
     """A job-wide SIGTERM and the SIGCHLD of the worker it ended, pending together: Python runs their handlers in
     signal order, the stop's first. It swapped PyTorch's SIGCHLD handler for SIG_DFL, so the pending SIGCHLD then

@@ -497,17 +497,18 @@ def test_a_prestarted_server_serves_the_first_trial_and_an_unused_one_is_killed_
 def test_an_idle_trial_server_ends_and_the_next_trial_starts_another(tmp_path, cache_dir, monkeypatch) -> None:
     """A Python caller's search() or trial() left the server (torch imported: hundreds of MiB) until its own exit. It
     now ends once idle, never while a trial of its own runs, and the next launch starts another, a second time where
-    the server ended as the request went to it (a stand-in that reads the request and exits 0 without a reply)."""
+    the server ended idle as the request went to it (a stand-in that reads the request and exits with the idle code);
+    a server that ended otherwise without answering gets the fresh-interpreter fallback, not a second try."""
     from dataclasses import asdict
 
     from autotune.runner import zygote as zygote_module
     from autotune.runner.server import IDLE_ENV
-    from autotune.runner.zygote import REQUEST, Zygote
+    from autotune.runner.zygote import IDLE_EXIT, REQUEST, Zygote
 
-    monkeypatch.setenv(IDLE_ENV, "1")
+    monkeypatch.setenv(IDLE_ENV, "3")
     setup, workload, options = _never_ending(cache_dir)
     request = json.dumps({"setup": setup.to_dict(), "workload": workload.to_dict(), "options": asdict(options)})
-    directories = [tmp_path / name for name in ("a", "b", "c")]
+    directories = [tmp_path / name for name in ("a", "b", "c", "d")]
     for directory in directories:
         directory.mkdir()
         (directory / REQUEST).write_text(request)
@@ -517,25 +518,40 @@ def test_an_idle_trial_server_ends_and_the_next_trial_starts_another(tmp_path, c
         first = zygote.launch(directories[0])
         server = zygote._proc
         assert server is not None and first._server is server
-        time.sleep(3)  # three idle periods while the trial runs: the server stays
+        time.sleep(7)  # two idle periods while the trial runs: the server stays
         assert server.poll() is None
         first.kill()
         assert first.wait_reaped(timeout=60.0)
-        assert server.wait(timeout=60) == 0  # idle: it ends by itself
+        assert server.wait(timeout=120) == IDLE_EXIT  # idle: it ends by itself
         second = zygote.launch(directories[1])
         assert second._server is not None and second._server is not server  # another server, not the fresh-interpreter fallback
         second.kill()
         assert second.wait_reaped(timeout=60.0)
         zygote.close()
         real = zygote_module.server_command()
-        commands = iter([[sys.executable, "-c", "import sys; print('ready', flush=True); sys.stdin.readline()"], real])
+        answers_nothing = [sys.executable, "-c", "import os, sys; print('ready', flush=True); sys.stdin.readline(); os._exit({})"]
+        commands = iter([[*answers_nothing[:2], answers_nothing[2].format(IDLE_EXIT)], real,
+                         [*answers_nothing[:2], answers_nothing[2].format(0)], real])
         monkeypatch.setattr(zygote_module, "server_command", lambda: next(commands, real))
         third = zygote.launch(directories[2])
         assert third._server is not None and third._server.args == real  # the second try, on a real server
         third.kill()
         assert third.wait_reaped(timeout=60.0) and third.exitcode() == -signal.SIGKILL
+        zygote.close()
+        fourth = zygote.launch(directories[3])  # ended, not idle: the fallback, which starts its own interpreter
+        assert fourth._server is None and fourth._popen is not None
+        fourth.kill()
     finally:
         zygote.close()
+
+
+def test_the_trial_server_s_idle_time_is_read_before_it_is_ready_and_a_bad_one_is_the_default(monkeypatch) -> None:
+    """A bad AUTOTUNE_SERVER_IDLE_S ended the server right after "ready" (a ValueError, or at once for 0)."""
+    from autotune.runner.server import IDLE_ENV, IDLE_S, idle_seconds
+
+    for value, seconds in (("5", 5.0), ("abc", IDLE_S), ("0", IDLE_S), ("-3", IDLE_S), ("inf", IDLE_S), ("nan", IDLE_S)):
+        monkeypatch.setenv(IDLE_ENV, value)
+        assert idle_seconds() == seconds, value
 
 
 def test_an_interrupted_trial_stops_the_search_and_is_never_stored(tmp_path, cache_dir) -> None:

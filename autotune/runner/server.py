@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from autotune.runner.zygote import EVENTS, EXIT, OUTPUT, REQUEST
+from autotune.runner.zygote import EVENTS, EXIT, IDLE_EXIT, OUTPUT, REQUEST
 
 # ---------------------------------------------------------------- the trial
 #: Longest directory for multiprocessing's files: its listener socket, ``DIR/listener-XXXXXXXX``,
@@ -128,24 +128,44 @@ def kill_children() -> None:
 #: hundreds of MiB (torch and torchvision imported) until its own exit. The client starts another on the next trial.
 IDLE_S = 60.0
 IDLE_ENV = "AUTOTUNE_SERVER_IDLE_S"
+#: Before its first request a server waits this many times longer: it is started ahead of a search's own preparation
+#: (checks, synthetic JPEGs), which may take minutes.
+FIRST_REQUEST_FACTOR = 10
+
+
+def idle_seconds() -> float:
+    """``AUTOTUNE_SERVER_IDLE_S`` where it is a number of seconds > 0, else :data:`IDLE_S`."""
+    try:
+        seconds = float(os.environ.get(IDLE_ENV, IDLE_S))
+    except ValueError:
+        return IDLE_S
+    return seconds if 0 < seconds < float("inf") else IDLE_S
+
+
+class Idle(Exception):
+    """The server has been idle for its time: no request, and no trial of its own running."""
 
 
 def _requests(idle_s: float) -> Iterator[str]:
-    """The trial directories read from stdin, one per line, until its end or until the server has been idle (no request
-    and no trial of its own running) for ``idle_s``."""
-    buffer, active = b"", time.monotonic()
+    """The trial directories read from stdin, one per line, until its end.
+
+    Raises:
+        Idle: No request and no trial of its own running for ``idle_s`` (before the first request, FIRST_REQUEST_FACTOR
+            times that).
+    """
+    buffer, active, wait = b"", time.monotonic(), idle_s * FIRST_REQUEST_FACTOR
     while True:
         while b"\n" in buffer:
             line, _, buffer = buffer.partition(b"\n")
             if line.strip():
                 yield line.decode().strip()
-            active = time.monotonic()
-        readable, _, _ = select.select([0], [], [], min(1.0, idle_s))
+            active, wait = time.monotonic(), idle_s
+        readable, _, _ = select.select([0], [], [], min(1.0, wait))
         if _children:
             active = time.monotonic()
         if not readable:
-            if time.monotonic() - active >= idle_s:
-                return
+            if time.monotonic() - active >= wait:
+                raise Idle
             continue
         chunk = os.read(0, 4096)
         if not chunk:
@@ -160,9 +180,23 @@ def serve() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGCHLD, _reap)
     out = sys.stdout
+    idle_s = idle_seconds()
     out.write("ready\n")
     out.flush()
-    for trial_dir in _requests(float(os.environ.get(IDLE_ENV, IDLE_S))):
+    try:
+        serve_requests(_requests(idle_s), out)
+    except Idle:
+        out.flush()
+        os._exit(IDLE_EXIT)
+    kill_children()  # the parent is gone: take the trials with us
+    # Nothing is left to write or release; tearing down the preloaded torch took about 2 s of every command's exit.
+    out.flush()
+    os._exit(0)
+
+
+def serve_requests(requests: Iterator[str], out: Any) -> None:
+    """Fork a trial for each request and answer with its pid and directory."""
+    for trial_dir in requests:
         signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGCHLD])
         try:
             pid = os.fork()
@@ -173,10 +207,6 @@ def serve() -> None:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGCHLD])
         out.write(f"{pid} {trial_dir}\n")
         out.flush()
-    kill_children()  # the parent is gone: take the trials with us
-    # Nothing is left to write or release; tearing down the preloaded torch took about 2 s of every command's exit.
-    out.flush()
-    os._exit(0)
 
 
 if __name__ == "__main__":

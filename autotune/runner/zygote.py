@@ -36,6 +36,8 @@ EVENTS = "events.jsonl"
 OUTPUT = "output.txt"
 EXIT = "exit"
 START_TIMEOUT_S = 120.0
+#: The exit code of a server that ended idle (:mod:`autotune.runner.server`, which imports it from here).
+IDLE_EXIT = 75
 
 
 # --------------------------------------------------------------- the client
@@ -213,13 +215,13 @@ class Zygote:
                     f"autotune: the trial server did not start within {START_TIMEOUT_S:.0f} s; each trial now starts "
                     "its own interpreter (seconds more per trial, measured windows unchanged)\n"
                 )
-            for _ in range(2):  # a second try where the server ended idle as the request went to it
+            for _ in range(2):  # a second try where the server ended idle as the request went to it (it forked nothing)
                 if self.disabled or not self._start():
                     break
                 pid = self._request(directory)
                 if pid is not None:
                     return TrialProcess(pid, directory, server=self._proc)
-                if self.close() != 0:
+                if self.close() != IDLE_EXIT:
                     break
             popen = subprocess.Popen(
                 [*server_command(), "--single", str(directory)],
@@ -232,7 +234,7 @@ class Zygote:
             return TrialProcess(popen.pid, directory, popen)
 
     def close(self) -> int | None:
-        """Stop the server (it kills any trial still running); its exit code (0: it ended on its own or at end of input)."""
+        """Stop the server (it kills any trial still running); its exit code (IDLE_EXIT: it had ended idle)."""
         proc, self._proc = self._proc, None
         ready, self._ready = self._ready, False
         if proc is None:
