@@ -70,7 +70,10 @@ def _shorthand(
         raise UsageError(f"{flags}: for the classifier shorthand only; a workload's Task sets its own {owns}")
     if model is not None and not isinstance(model, str):
         raise UsageError(f"--model must be a string, got {model!r}")
-    return model if model is not None else default_model, image_size if image_size is not None else 224
+    from autotune.workloads.models import default_image_size
+
+    model = model if model is not None else default_model
+    return model, image_size if image_size is not None else default_image_size(model)
 
 
 def _bytes(value: int | str | None) -> int | None:
@@ -371,7 +374,12 @@ def trial(
             announce(f"warning: {said}")
         else:
             warnings.warn(said, stacklevel=3)  # the caller's line, past worded_for_python's wrapper
-    return TrialOutcome(setup=setup, workload=built, result=run_trial(setup, built, options))
+    result = run_trial(setup, built, options)
+    if result.status == "error" and result.error and built.task is None:  # the size a classifier needs, as the search says
+        from autotune.workloads.models import size_hint
+
+        result = dataclasses.replace(result, error=result.error + size_hint(built, result.error))
+    return TrialOutcome(setup=setup, workload=built, result=result)
 
 
 cli_search, cli_trial = inspect.unwrap(search), inspect.unwrap(trial)  # for the CLI, whose refusals name its flags

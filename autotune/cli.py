@@ -122,7 +122,7 @@ def _path(value: str | Path) -> Path:
 ModelOpt = Annotated[
     Optional[str], typer.Option("--model", "-m", help="torchvision model name or package.module:function (search: resnet50, trial: resnet18).")
 ]
-ImageSizeOpt = Annotated[Optional[int], typer.Option("--image-size", help="Square crop size fed to the model (default 224).")]
+ImageSizeOpt = Annotated[Optional[int], typer.Option("--image-size", help="Square crop size fed to the model (default 224; inception_v3 299).")]
 DataOpt = Annotated[Optional[Path], typer.Option("--data", parser=_path, help="ImageFolder directory (default: synthetic JPEGs, generated once).")]
 DeviceOpt = Annotated[str, typer.Option("--device", help="auto, cpu, cuda or cuda:K.")]
 TrialSecondsOpt = Annotated[float, typer.Option("--trial-seconds", help="Measured steady-state seconds per trial.")]

@@ -546,3 +546,18 @@ def test_a_second_ctrl_c_as_the_first_one_unwinds_still_ends_the_search_as_inter
     monkeypatch.setattr(autotune.api, "cli_search", storage_failed_as_it_unwound)
     result = runner.invoke(app, ["search", "--model", "resnet18", "--device", "cpu"])
     assert result.exit_code == 1 and "cannot write to the study storage: disk full" in result.stderr, result.output
+
+
+def test_a_classifier_s_trial_says_the_size_it_needs_and_inception_v3_defaults_to_299(cache_dir) -> None:
+    """`autotune trial` printed the model's bare shape error where the search names the image size it needs; and
+    inception_v3 (whose auxiliary head fails below 299 px in training) failed at the shorthand's default 224."""
+    from autotune.api import _shorthand
+
+    result = runner.invoke(app, ["trial", "--model", "alexnet", "--image-size", "32", "--batch-size", "4", "--trial-seconds", "1",
+                                 "--device", "cpu", "--synthetic-images", "64", "--cache-dir", str(cache_dir), "--json"])
+    error = json.loads(result.stdout)["error"]
+    assert result.exit_code == 1 and error.endswith("(at --image-size 32; the model needs larger images: it is built for 224 px, "
+                                                    "try --image-size 224)"), error
+    assert _shorthand(None, "inception_v3", None, None, "resnet50")[1] == 299
+    assert _shorthand(None, None, None, None, "resnet50") == ("resnet50", 224)
+    assert _shorthand(None, "inception_v3", None, 320, "resnet50")[1] == 320  # a size given stays

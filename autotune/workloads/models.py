@@ -280,6 +280,16 @@ def build_model(ref: str, *, num_classes: int, image_size: int, sys_path: Sequen
     return torchvision.models.get_model(ref, **options)
 
 
+#: The smallest --image-size a torchvision classifier trains at, where the default 224 is too small: Inception v3's
+#: auxiliary head fails below 299 px in training mode (298 fails, 299 trains).
+SMALLEST_SIZE = {"inception_v3": 299}
+
+
+def default_image_size(ref: str) -> int:
+    """The shorthand's --image-size when none is given: 224, or more where the model cannot train at 224."""
+    return max(224, SMALLEST_SIZE.get(ref, 0))
+
+
 def built_size(ref: str) -> int | None:
     """The image size a torchvision classifier is built and trained for (the crop of its published weights' transforms:
     299 for inception_v3, 600 for efficientnet_b7); None for a factory, or where torchvision does not say."""
