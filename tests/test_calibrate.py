@@ -19,18 +19,22 @@ MIB = 2**20
 
 class FakeRunner:
     """Memory grows 1 MiB per sample over a 100 MiB base; the device runs 400 samples/s in fp32
-    (``speed`` scales it per precision and layout); the loader delivers 150 samples/s per worker (100 with none)."""
+    (``speed`` scales it per precision and layout); the loader delivers 150 samples/s per worker (100 with none), up to
+    ``loader_cores`` workers where it computes (its items do not wait: more workers than cores add nothing)."""
 
-    def __init__(self, fail_above: int | None = None, speed: dict[tuple[str, bool], float] | None = None) -> None:
+    def __init__(self, fail_above: int | None = None, speed: dict[tuple[str, bool], float] | None = None,
+                 loader_cores: int | None = None) -> None:
         self.calls: list[tuple[str, TrainSetup]] = []
         self.fail_above = fail_above
         self.speed = speed or {}
+        self.loader_cores = loader_cores
 
     def __call__(self, setup, workload, options=None, *, on_window=None) -> TrialResult:
         options = options or TrialOptions()
         self.calls.append((options.mode, setup))
         if options.mode == "loader":
-            return TrialResult(status="ok", samples_per_s=100.0 + 150.0 * setup.num_workers)
+            workers = setup.num_workers if self.loader_cores is None else min(setup.num_workers, self.loader_cores)
+            return TrialResult(status="ok", samples_per_s=100.0 + 150.0 * workers)
         if self.fail_above is not None and setup.batch_size > self.fail_above:
             return TrialResult(status="oom", error="too big")
         peak = 100 * MIB + setup.batch_size * MIB
@@ -422,11 +426,12 @@ def test_a_max_memory_above_the_ram_available_is_said() -> None:
 def test_the_pre_pass_log_gives_the_reason_of_a_failed_batch() -> None:
     lines: list[str] = []
     calibrate(WORKLOAD, CPU, usable_cores=2, available_bytes=2**34, max_memory=None, trial_seconds=3.0,
-              bf16_ok=True, log=lines.append, runner=FakeRunner(fail_above=8))
+              bf16_ok=True, log=lines.append, runner=FakeRunner(fail_above=8, loader_cores=2))
     assert "memory pre-pass: batch 8: ok, peak 108 MiB" in lines
     assert any(line.startswith("memory pre-pass: batch 32: oom (too big)") for line in lines), lines
     loaders = [line.split(":")[0] for line in lines if line.startswith("loader only")]
-    assert loaders == ["loader only (0 workers)", "loader only (1 worker)", "loader only (2 workers)"], lines
+    # 2 workers load 400 samples/s, short of the device: 4 are tried, and load no more (a loader that computes).
+    assert loaders == ["loader only (0 workers)", "loader only (1 worker)", "loader only (2 workers)", "loader only (4 workers)"], lines
 
 
 def test_a_short_stream_bounds_the_batch_by_the_batches_it_fills() -> None:
@@ -538,3 +543,28 @@ def test_loading_alone_that_fails_or_hangs_stops_the_search_naming_why(result: T
         calibrate(task, CPU, usable_cores=2, available_bytes=2**33, max_memory=None, trial_seconds=3.0, bf16_ok=False,
                   runner=Unloadable(), timeout_s=20.0)
     assert timeouts and set(timeouts) == {20.0}
+
+
+def test_a_loader_that_waits_is_measured_past_the_cores_and_one_that_computes_is_not() -> None:
+    """A dataset whose items wait (network storage) loaded 189, 189 and 384 samples/s with 0, 1 and 2 workers on 2
+    cores, and the space stopped at 2 workers, as many as cores. Where the loader alone falls short of the device at the
+    cores, counts past them are measured, doubling while each loads 1.3x the last; the space offers up to the best."""
+    from autotune.tuner.constraints import parse_constraint
+
+    lines: list[str] = []
+    waits = calibrate(WORKLOAD, CPU, usable_cores=2, available_bytes=2**34, max_memory=None, trial_seconds=3.0, bf16_ok=False,
+                      log=lines.append, runner=FakeRunner(speed={("off", False): 4.0}))  # the device: 1600 samples/s
+    assert [p.num_workers for p in waits.loader] == [0, 1, 2, 4, 8, 16]  # 16 workers: 2500 >= 1.25 x 1600, enough
+    assert waits.max_workers == 16 and any(line.startswith("the loader alone falls short of the device") for line in lines)
+    computes = calibrate(WORKLOAD, CPU, usable_cores=2, available_bytes=2**34, max_memory=None, trial_seconds=3.0, bf16_ok=False,
+                         runner=FakeRunner(speed={("off", False): 4.0}, loader_cores=2))
+    assert [p.num_workers for p in computes.loader] == [0, 1, 2, 4] and computes.max_workers == 2  # 4 loaded no more
+    capped = calibrate(WORKLOAD, CPU, usable_cores=2, available_bytes=2**34, max_memory=None, trial_seconds=3.0, bf16_ok=False,
+                       runner=FakeRunner(speed={("off", False): 100.0}))  # a device no loader feeds: 8 workers per core at most
+    assert max(p.num_workers for p in capped.loader) == 16 and capped.max_workers == 16
+    fed = calibrate(WORKLOAD, CPU, usable_cores=2, available_bytes=2**34, max_memory=None, trial_seconds=3.0, bf16_ok=False,
+                    runner=FakeRunner())  # 400 samples/s: 2 workers load 400, short of 1.25 x; 4 load 700, enough
+    assert [p.num_workers for p in fed.loader] == [0, 1, 2, 4] and fed.max_workers == 4
+    pinned = calibrate(WORKLOAD, CPU, usable_cores=2, available_bytes=2**34, max_memory=None, trial_seconds=3.0, bf16_ok=False,
+                       runner=FakeRunner(speed={("off", False): 4.0}), pinned=[parse_constraint("num_workers=0..2")])
+    assert max(p.num_workers for p in pinned.loader) == 2  # a --set bound is not measured past

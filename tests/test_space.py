@@ -74,8 +74,10 @@ def test_parse_constraint_errors(text: str, message: str) -> None:
 
 
 def test_space_from_probe_and_calibration() -> None:
-    space = build_space(device=CPU, calibration=calibration(), usable_cores=2, effective_batch=None, constraints={})
-    assert space.values["num_workers"] == (0, 1, 2)  # usable cores, not os.cpu_count()
+    space = build_space(device=CPU, calibration=calibration(max_workers=2), usable_cores=2, effective_batch=None, constraints={})
+    assert space.values["num_workers"] == (0, 1, 2)  # the calibration's count (the usable cores), not os.cpu_count()
+    waits = build_space(device=CPU, calibration=calibration(max_workers=8), usable_cores=2, effective_batch=None, constraints={})
+    assert waits.values["num_workers"] == tuple(range(9))  # past the cores where the loader measured it waits, not computes
     assert space.values["batch_size"] == (8, 16, 32, 64, 128, 256)
     assert space.values["amp"] == ("off", "bf16")  # no fp16 on a CPU
     assert space.values["pin_memory"] == (False,)

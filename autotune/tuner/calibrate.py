@@ -24,10 +24,10 @@ from autotune.runner.failures import KILLED_FROM_OUTSIDE
 from autotune.train_setup import TrainSetup
 from autotune.tuner.batch_sizes import data_limit, powers_of_two
 from autotune.tuner.constraints import Constraint, allows
+from autotune.tuner.loader_ceiling import loader_ceiling, outcome_text, rate_text
 from autotune.tuner.space import probe_batch
 from autotune.units import format_bytes
 from autotune.workloads.models import size_hint
-from autotune.workloads.streams import UNSHARDED
 
 #: Largest micro-batch the pre-pass proposes; pin a larger one with --set.
 BATCH_CAP = 4096
@@ -171,7 +171,7 @@ def calibrate(
             raise WorkloadError(f"{subject}: the loss became NaN or infinite in the first run (batch size {batch}, fp32, "
                                 "the PyTorch defaults); check the model, the loss and the learning rate")
         points.append(MemoryPoint(batch, result.status, result.peak_memory_bytes, result.samples_per_s))
-        log(f"memory pre-pass: batch {batch}: {_outcome(result)}, peak {format_bytes(result.peak_memory_bytes)}")
+        log(f"memory pre-pass: batch {batch}: {outcome_text(result)}, peak {format_bytes(result.peak_memory_bytes)}")
         if result.status != "ok":
             break
     where = f"{device.name} ({format_bytes(device.memory_free_bytes)} free)" if cuda else device.name
@@ -208,11 +208,11 @@ def calibrate(
             continue
         result = prepass(max_batch)
         points.append(MemoryPoint(max_batch, result.status, result.peak_memory_bytes, result.samples_per_s))
-        log(f"memory pre-pass: verify batch {max_batch}: {_outcome(result)}, peak {format_bytes(result.peak_memory_bytes)}")
+        log(f"memory pre-pass: verify batch {max_batch}: {outcome_text(result)}, peak {format_bytes(result.peak_memory_bytes)}")
     if not any(p.status == "ok" for p in points):
         result = prepass(1)
         points.append(MemoryPoint(1, result.status, result.peak_memory_bytes, result.samples_per_s))
-        log(f"memory pre-pass: batch 1: {_outcome(result)}, peak {format_bytes(result.peak_memory_bytes)}")
+        log(f"memory pre-pass: batch 1: {outcome_text(result)}, peak {format_bytes(result.peak_memory_bytes)}")
         if result.status == "oom":
             raise too_small
         larger = sorted((p.batch_size, p.status) for p in points if p.batch_size > 1)
@@ -253,7 +253,7 @@ def calibrate(
             result = same if same is not None and same.ok else runner(setup, workload, short)
             precisions.append(PrecisionPoint(amp, channels_last, result.status, result.samples_per_s))
             layout = "channels_last" if channels_last else "contiguous"
-            log(f"compute only (batch {middle}, {'fp32' if amp == 'off' else amp}, {layout}): {_rate(result)}")
+            log(f"compute only (batch {middle}, {'fp32' if amp == 'off' else amp}, {layout}): {rate_text(result)}")
             if result.ok and (result.samples_per_s or 0.0) > (compute.samples_per_s or 0.0):
                 compute, compute_setup = result, setup
             elif not result.ok:
@@ -262,28 +262,10 @@ def calibrate(
         why = f"the data holds {workload.images} sample" if workload.images == 1 else "no larger one fits the memory budget"
         raise WorkloadError(f"{subject}: batch 1 is the only batch the search could try ({why}) and the model's step fails there "
                             f"({failed[0] if failed else 'not measured'}); give it more samples or memory")
-    loader_points: list[LoaderPoint] = []
     loader_opts = TrialOptions(trial_seconds=short.trial_seconds, windows=2, mode="loader", timeout_s=timeout_s)
-    worker_cap = usable_cores
-    if workload.unsharded:  # a second worker would only add copies of the stream
-        worker_cap = min(usable_cores, 1)
-        log(f"the dataset: {UNSHARDED}, so the search keeps num_workers <= 1")
-    counts = sorted(n for n in {0, *powers_of_two(1, worker_cap), worker_cap} if n == 0 or allows(pinned, "num_workers", n))
-    target = compute.samples_per_s if compute.ok else None
-    worker_error: str | None = None
-    for workers in counts:
-        setup = TrainSetup(
-            batch_size=middle, num_workers=workers, prefetch_factor=2 if workers else None, pin_memory=cuda
-        )
-        result = runner(setup, workload, loader_opts)
-        if workers == 0:
-            _refuse_unloadable(subject, workload, result, middle)
-        loader_points.append(LoaderPoint(workers, result.status, result.samples_per_s))
-        if workers > 0 and not result.ok and worker_error is None:
-            worker_error = result.error
-        log(f"loader only ({workers} worker{'' if workers == 1 else 's'}): {_rate(result)}")
-        if target and result.ok and workers > 0 and (result.samples_per_s or 0) >= 2.0 * target:
-            break  # far more than the device consumes: more workers cannot help
+    loader_points, worker_cap, worker_error = loader_ceiling(
+        subject, workload, runner, loader_opts, batch=middle, cuda=cuda, usable_cores=usable_cores, pinned=pinned,
+        target=compute.samples_per_s if compute.ok else None, log=log)
     calibration = Calibration(
         budget_bytes=budget,
         max_batch=max(1, max_batch),
@@ -358,33 +340,3 @@ def workers_broken(points: list[LoaderPoint], first_error: str | None) -> str | 
     if not main or main[0].status != "ok" or not workers or any(p.status == "ok" for p in workers):
         return None
     return first_error or "every loader-only measurement with workers failed"
-
-
-def _outcome(result: TrialResult) -> str:
-    """``ok``, or the status with its reason (``error (...)``)."""
-    return result.status if result.ok or not result.error else f"{result.status} ({result.error})"
-
-
-def _rate(result: TrialResult) -> str:
-    if result.ok and result.samples_per_s is not None:
-        return f"{result.samples_per_s:.1f} samples/s"
-    return _outcome(result)
-
-
-def _refuse_unloadable(subject: str, workload: Workload, result: TrialResult, batch: int) -> None:
-    """Stop the search when loading alone, in the main process, failed: every setup reads the same data (and calls the
-    same factory), so every trial would fail too.
-
-    Raises:
-        WorkloadError: The run failed (an item raises, the factory failed) or measured nothing within its timeout.
-    """
-    run = f"loader alone, no workers, batch {batch}"
-    factory_failed = f"workload {workload.task} failed: "
-    if result.status == "error" and workload.task and (result.error or "").startswith(factory_failed):
-        raise WorkloadError(f"{subject}: the factory failed in a calibration run ({run}) after it worked in the first check: "
-                            f"{(result.error or '').removeprefix(factory_failed)}; every trial calls it, so it must not fail now and then")
-    if result.status == "error":
-        raise WorkloadError(f"{subject}: loading the data fails ({run}): {result.error}; fix the dataset (every setup reads the same data)")
-    if result.status == "timeout":
-        raise WorkloadError(f"{subject}: loading the data measured nothing in time ({run}): {result.error}; a dataset item "
-                            "hangs or takes minutes (every setup reads the same data); fix it, or raise --timeout")

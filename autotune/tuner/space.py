@@ -1,7 +1,8 @@
 """The search space: which values each knob may take, and how Optuna samples it.
 
 The space comes from the probe and the calibration measurements, never from
-rules of thumb: ``num_workers`` runs up to the cores this process may use,
+rules of thumb: ``num_workers`` runs up to the cores this process may use
+(past them where the calibration measured a loader that waits gain from more),
 the batch sizes up to the largest that fits the memory budget, ``amp`` offers
 only the precisions the device runs natively. Users pin or bound any knob
 with ``--set``.
@@ -323,7 +324,8 @@ def build_space(
     batches = batch_sizes(floor, top, effective_batch)
     accumulation = (1,) if effective_batch is not None else (1, 2, 4)  # the data's bound comes with the --set ones (fit_steps_to_data)
     base: dict[str, tuple[Any, ...]] = {
-        "num_workers": tuple(range(0, max(0, min(usable_cores, calibration.max_workers)) + 1)),
+        # Up to the cores, or past them where the calibration measured a loader that waits gain from more (loader_ceiling).
+        "num_workers": tuple(range(0, max(0, calibration.max_workers) + 1)),
         "prefetch_factor": tuple(range(1, 9)),
         "pin_memory": (False, True) if cuda else (False,),
         # Not measurable with an endless sampler (no epoch ends in a trial); it only saves each epoch's worker restart.
