@@ -568,3 +568,8 @@ def test_a_loader_that_waits_is_measured_past_the_cores_and_one_that_computes_is
     pinned = calibrate(WORKLOAD, CPU, usable_cores=2, available_bytes=2**34, max_memory=None, trial_seconds=3.0, bf16_ok=False,
                        runner=FakeRunner(speed={("off", False): 4.0}), pinned=[parse_constraint("num_workers=0..2")])
     assert max(p.num_workers for p in pinned.loader) == 2  # a --set bound is not measured past
+    # The verdict on an input-bound winner with workers past the cores names more workers, not more cores.
+    from autotune.tuner.loader_ceiling import more_to_load
+
+    assert more_to_load(16, 2).endswith("workers past the 2 cores kept adding speed; --set num_workers=16..64 measures more)")
+    assert more_to_load(2, 2) == more_to_load(3, None) == " or more CPU cores"

@@ -102,6 +102,15 @@ def loader_ceiling(
     return points, cap, first_error
 
 
+def more_to_load(workers: int, usable_cores: object) -> str:
+    """What else would feed an input-bound winner of ``workers`` loader workers: more CPU cores, or, where it has more
+    workers than cores (a loader that waits, measured gaining from them), more workers still."""
+    if isinstance(usable_cores, (int, float)) and 0 < usable_cores < workers:
+        return (f" or more loader workers than its {workers} (its items wait: workers past the {usable_cores:g} cores kept "
+                f"adding speed; --set num_workers={workers}..{4 * workers} measures more)")
+    return " or more CPU cores"
+
+
 def _rate_at(points: list[LoaderPoint], workers: int) -> float | None:
     """What the run of ``workers`` loaded, or None where it failed or did not run."""
     return next((p.samples_per_s for p in points if p.num_workers == workers and p.status == "ok"), None)

@@ -20,6 +20,7 @@ from autotune.rounds import Ceilings, Confirmed
 from autotune.train_setup import TrainSetup
 from autotune.tuner.choice import choose_winner
 from autotune.tuner.constraints import Constraint
+from autotune.tuner.loader_ceiling import more_to_load
 from autotune.tuner.noise import beats, compared_ratios, disagree, median_ratio, paired_ratios
 from autotune.tuner.space import DEFAULT_BATCH
 from autotune.tuner.study import ROLE_DEFAULTS
@@ -379,7 +380,8 @@ def bottleneck_verdict(
                     "--set num_workers=0 searches that side." if best.setup.num_workers and alone and fed and alone > fed
                     and not tried else "")
         return (f"input-bound: the winner waits on the DataLoader {wait:.0%} of the time ({facts}). {cheaper}"
-                f"{'' if held else ' or more CPU cores'} would help{held}.{handover}")
+                f"{'' if held else more_to_load(best.setup.num_workers, best.hardware.get('cpu', {}).get('usable_cores'))} would help"
+                f"{held}.{handover}")
     if device.type == "cpu" and compute and loader and together < 0.8 * min(compute, loader):
         if not best.setup.num_workers:  # one process loads, then trains: nothing ran side by side
             tried = any(r.setup.num_workers and r.result.status in ("ok", "pruned") for r in records)
