@@ -375,10 +375,10 @@ def trial(
         else:
             warnings.warn(said, stacklevel=3)  # the caller's line, past worded_for_python's wrapper
     result = run_trial(setup, built, options)
-    if result.status == "error" and result.error and built.task is None:  # the size a classifier needs, as the search says
-        from autotune.workloads.models import size_hint
+    if result.status == "error" and result.error and built.task is None and "DataLoader worker" not in result.error:  # the model's:
+        from autotune.workloads.models import size_hint  # the image size a classifier needs, as the search says it
 
-        result = dataclasses.replace(result, error=result.error + size_hint(built, result.error))
+        result = dataclasses.replace(result, error=result.error + size_hint(built, result.error, named_only=True))
     return TrialOutcome(setup=setup, workload=built, result=result)
 
 

@@ -304,9 +304,10 @@ def built_size(ref: str) -> int | None:
     return int(crop[0] if isinstance(crop, (list, tuple)) else crop) if crop else None
 
 
-def size_hint(workload: Workload, error: str | None) -> str:
+def size_hint(workload: Workload, error: str | None, *, named_only: bool = False) -> str:
     """What the classifier's failure may depend on: the class count, the image size (a shape error
-    often does), a hint when the input is too small (pooling leaves nothing) or off the model's 224 px."""
+    often does), a hint when the input is too small (pooling leaves nothing) or off the model's 224 px;
+    ``named_only``: only where the error names one of those (not the bare image size)."""
     if workload.task is not None:
         return ""
     text, size = error or "", workload.image_size
@@ -314,14 +315,14 @@ def size_hint(workload: Workload, error: str | None) -> str:
         return (f" (the data has {workload.num_classes} classes: the model must output as many; "
                 "a factory that takes num_classes= is given it)")
     built = built_size(workload.model) or 224
-    if "too small" in text or "Kernel size can't be greater than actual input size" in text:
+    if "Output size is too small" in text or "Kernel size can't be greater than actual input size" in text:
         larger = f": it is built for {built} px, try --image-size {built}" if built > size else ""
         return f" (at --image-size {size}; the model needs larger images{larger})"
     if "indivisible by patch size" in text:
         return f" (at --image-size {size}; the model cuts images into patches: pass an --image-size its patch size divides, as {built} is)"
     if size != built and ("shape" in text or "size of tensor" in text):
         return f" (at --image-size {size}; the model may be built for {built} px: try --image-size {built})"
-    return f" (at --image-size {size})"
+    return "" if named_only else f" (at --image-size {size})"
 
 
 #: Weight of each auxiliary classifier's loss, by how many a model has: Inception v3
