@@ -967,16 +967,20 @@ def test_a_resume_under_torchrun_evaluates_an_unevaluated_epoch_on_every_rank(sy
     assert resumed.stdout.count("(evaluated on resuming)") == 1 and "already at epoch 1 of --epochs 1" in resumed.stdout
 
 
+def _training_for_good_under_torchrun(synthetic_data: Path, tmp_path: Path, print_freq: int) -> tuple[Path, subprocess.Popen[str]]:
+    """The emitted train.py for 2 ranks, started under torchrun to train until stopped (stdout and stderr piped)."""
+    script = write_script(dataclasses.replace(make_best(synthetic_data, **CPU_KNOBS), world_size=2), tmp_path / "train.py")
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script),
+               "--max-steps", "100000", "--epochs", "100000", "--batch-size", "4", "--workers", "0", "--print-freq", str(print_freq),
+               "--output-dir", "out"]
+    return script, subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
 @pytest.mark.slow
 def test_a_rank_killed_under_torchrun_leaves_one_line_on_the_others(synthetic_data: Path, tmp_path: Path) -> None:
     """kill -9 of one rank: the other met gloo's 'Connection reset by peer' in its all-reduce and printed a
     25-line traceback; now one line naming --resume."""
-    best = dataclasses.replace(make_best(synthetic_data, **CPU_KNOBS), world_size=2)
-    script = write_script(best, tmp_path / "train.py")
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script),
-               "--max-steps", "100000", "--epochs", "100000", "--batch-size", "4", "--workers", "0", "--print-freq", "1",
-               "--output-dir", "out"]
-    proc = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    script, proc = _training_for_good_under_torchrun(synthetic_data, tmp_path, print_freq=1)
     try:
         assert proc.stdout is not None
         for line in proc.stdout:  # rank 0 logs each step: both ranks are training
@@ -1013,12 +1017,7 @@ def test_a_sigterm_to_torchrun_stops_every_rank_after_a_step_with_its_checkpoint
     after a step of their own, together, with the checkpoint of that step."""
     import time
 
-    best = dataclasses.replace(make_best(synthetic_data, **CPU_KNOBS), world_size=2)
-    script = write_script(best, tmp_path / "train.py")
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script),
-               "--max-steps", "100000", "--epochs", "100000", "--batch-size", "4", "--workers", "0", "--print-freq", "100000",
-               "--output-dir", "out"]
-    proc = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _, proc = _training_for_good_under_torchrun(synthetic_data, tmp_path, print_freq=100000)
     try:
         assert proc.stdout is not None
         for line in proc.stdout:  # rank 0 is about to train
