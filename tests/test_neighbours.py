@@ -47,6 +47,20 @@ def test_moves_go_one_step_along_ordered_knobs_and_to_every_other_choice() -> No
         assert changed(leader, setup) <= {knob, "prefetch_factor", "persistent_workers"}
 
 
+def test_a_move_to_accumulation_from_a_static_graph_leader_switches_the_static_graph_off() -> None:
+    """A DDP search (--nproc-per-node 2) ended `error: static_graph does not work with accumulation_steps > 1` at its
+    moves from a static-graph leader, and every rerun of it again: the setup refused the move before it was mended."""
+    calibration = Calibration(
+        budget_bytes=2**33, max_batch=256, memory_points=(), probe_batch=64, compute_setup=TrainSetup(),
+        compute_samples_per_s=100.0, loader=(LoaderPoint(0, "ok", 50.0),), max_workers=1,
+    )
+    ddp = build_space(device=CPU, calibration=calibration, usable_cores=1, effective_batch=None, constraints={}, world_size=2)
+    leader = sampled(batch_size=64, static_graph=True)
+    found = {(knob, value): setup for knob, value, setup in moves(ddp, leader)}
+    assert found[("accumulation_steps", 2)].static_graph is False and found[("accumulation_steps", 2)].accumulation_steps == 2
+    assert ("static_graph", False) in found
+
+
 def test_a_move_to_workers_starts_a_loader_queue_and_one_to_none_removes_it() -> None:
     by_value = {value: setup for knob, value, setup in moves(space(), sampled(batch_size=64)) if knob == "num_workers"}
     assert by_value[1].prefetch_factor == 2 and by_value[1].persistent_workers

@@ -33,6 +33,7 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
+from autotune.errors import SetupError
 from autotune.records import TrialRecord
 from autotune.train_setup import TrainSetup
 from autotune.tuner.budget import FINISHED, progress
@@ -73,7 +74,10 @@ def moves(space: Space, leader: TrainSetup) -> list[tuple[str, Any, TrainSetup]]
         if knob == "accumulation_steps" and space.effective_batch is not None:
             continue
         for value in _next_values(space.values[knob], getattr(leader, knob), knob in ORDERED):
-            setup = _moved(space, leader, knob, value)
+            try:
+                setup = _moved(space, leader, knob, value)
+            except SetupError:  # a combination no setup may hold: not a move, never the search's end
+                continue
             if setup is not None:
                 found.append((knob, value, setup))
     return found
@@ -100,14 +104,14 @@ def _moved(space: Space, leader: TrainSetup, knob: str, value: Any) -> TrainSetu
             changes.update(prefetch_factor=2, persistent_workers=True)
     if knob == "batch_size" and space.effective_batch is not None:
         changes["accumulation_steps"] = space.effective_batch // value
+    if changes.get("accumulation_steps", leader.accumulation_steps) > 1 and changes.get("static_graph", leader.static_graph):
+        changes["static_graph"] = False  # DDP's static graph is only offered without accumulation (replace() refuses both)
     setup = leader.replace(**changes)
     if setup.num_workers and setup.prefetch_factor is not None:  # the loader queue stays within an epoch
         fitting = space.prefetch_within_epoch(setup.num_workers, setup.batch_size)
         if setup.prefetch_factor not in fitting:
             lower = [p for p in fitting if p <= setup.prefetch_factor]
             setup = setup.replace(prefetch_factor=max(lower) if lower else min(fitting))
-    if setup.accumulation_steps > 1 and setup.static_graph:
-        setup = setup.replace(static_graph=False)  # DDP's static graph is only offered without accumulation
     if not space.contains(setup):
         return None
     sampled = sampled_as(space, setup)
