@@ -186,6 +186,23 @@ def _check_cuda_present(device: str | torch.device) -> None:
         raise SetupError(f"device {str(device)!r}: {have}")
 
 
+def check_move_device(device: object) -> None:
+    """Refuse, for :meth:`~autotune.train_setup.TrainSetup.to_device`, a device torch cannot name (``"gpu"``) or a CUDA
+    device torch cannot use here, as the other helpers refuse them; any other device torch names (``meta``) is taken.
+
+    Raises:
+        SetupError: Naming the helper, not torch's own error.
+    """
+    import torch
+
+    try:
+        kind = torch.device(device).type
+    except (RuntimeError, TypeError, ValueError):
+        kind = None
+    if kind in (None, "cuda"):
+        helper_device_type(device, "to_device")
+
+
 def helper_device_type(device: object, method: str, amp: str = "off") -> str:
     """``"cpu"`` or ``"cuda"`` for the device a :class:`~autotune.train_setup.TrainSetup` helper was given.
 

@@ -32,7 +32,7 @@ from autotune._version import __version__
 from autotune.errors import SetupError
 from autotune.nested import as_channels_last, map_tensors, to_device
 from autotune.setup_checks import AMP_MODES as AMP_MODES  # re-exported: users and modules read it here
-from autotune.setup_checks import check_setup_device, helper_device_type, helper_module, missing_knob, python_numbers, validate_setup
+from autotune.setup_checks import check_move_device, check_setup_device, helper_device_type, helper_module, missing_knob, python_numbers, validate_setup
 from autotune.torch_knobs import build_optimizer, compile_model, configure_torch, optimizer_kwargs
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -355,6 +355,7 @@ class TrainSetup:
         """``batch`` on ``device`` as the trials moved it: every tensor of a tensor, tuple, list, dict, namedtuple or
         dataclass (nested), non-blocking from pinned memory, 4-D floating ones in channels_last when the setup asks;
         an object with its own ``to`` method moves itself; other values (ids, strings) as they are."""
+        check_move_device(device)  # SetupError for a device torch cannot name, or CUDA where there is none
         return to_device(batch, device, channels_last=self.channels_last)
 
     def prepare_batch(self, batch: Any) -> Any:

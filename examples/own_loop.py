@@ -29,7 +29,11 @@ STEPS = 3
 def main(argv: list[str]) -> int:
     # best.json holds the search's --lr scaled to the tuned effective batch; inline, this example's recipe (1e-3 at 256).
     if len(argv) > 1:
-        best = autotune.load_best(argv[1])
+        try:
+            best = autotune.load_best(argv[1])
+        except autotune.AutotuneError as exc:  # no best.json there, or a damaged one: one line
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
         setup, lr = best.setup, best.lr
     else:
         setup = autotune.TrainSetup(batch_size=16, accumulation_steps=2, amp="bf16", channels_last=True)

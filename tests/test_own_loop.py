@@ -63,6 +63,14 @@ def test_a_nested_batch_moves_as_the_trials_moved_it() -> None:
     assert {moved["image"].device.type, moved["mask"].device.type} == {"meta"} and moved["ids"] == ["a", "b"]
     assert moved["image"].is_contiguous(memory_format=torch.channels_last) and moved["mask"].is_contiguous()
     assert TrainSetup().to_device(batch, "meta")["image"].is_contiguous()
+    # A device torch cannot name, or CUDA where there is none, is the helpers' one SetupError, not torch's RuntimeError.
+    from autotune.errors import SetupError
+
+    with pytest.raises(SetupError, match=r"^TrainSetup.to_device: unsupported device 'gpu'; use cpu, cuda or cuda:K$"):
+        setup.to_device(batch, "gpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(SetupError, match=r"^TrainSetup.to_device: device 'cuda': no CUDA GPU is usable here"):
+            setup.to_device(batch, "cuda")
 
 
 @pytest.mark.slow
@@ -95,6 +103,8 @@ def test_own_loop_rejects_a_setup_the_device_cannot_run(
     write_cpu_best(tmp_path / "best.json", TrainSetup(batch_size=8, amp="fp16"))
     _, err = run_example([str(EXAMPLES / "own_loop.py"), "best.json"], tmp_path, capfd, monkeypatch, code=2)
     assert "fp16 needs a CUDA device" in err and "Traceback" not in err
+    _, err = run_example([str(EXAMPLES / "own_loop.py"), "nowhere"], tmp_path, capfd, monkeypatch, code=2)
+    assert err.strip() == "error: nowhere: no such file (run `autotune search` first)", err  # a 10-line traceback before
 
 
 @pytest.mark.slow
