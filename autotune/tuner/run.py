@@ -353,6 +353,12 @@ def finish(
         excluded_by=excluding(config.pins, defaults), partial=partial, batch_pin=config.pins.get("batch_size"),
         defaults_ran=any(r.setup == defaults for r in records),
     )
+    slots = prepared.placement.slots
+    if prepared.placement.parallel and prepared.device.type == "cpu":  # each trial had a share of the cores; train.py has all
+        best = replace(best, notes=(*best.notes, (
+            f"measured with --devices: every trial, the PyTorch defaults' too, ran pinned to {counted(len(slots[0].cores), 'core')} "
+            f"beside {counted(len(slots) - 1, 'other trial')}; train.py runs one process on every core, so its speed, and the "
+            "num_workers and num_threads that suit it, may differ from these figures (a search without --devices measures that run)")))
     try:
         written = write_winner(best, out) if write else ()
     except EmitError as exc:  # a full disk at the very end: what is stored stays, the rerun writes the winner
