@@ -87,18 +87,17 @@ def loader_ceiling(
             return points, cap, first_error  # far more than the device consumes: more workers cannot help
     if not target or workload.unsharded:
         return points, cap, first_error
-    workers, best = cap, _rate_at(points, cap)
-    while best and best < LOADER_MARGIN * target and 2 * workers <= MOST_PER_CORE * usable_cores:
-        if not allows(pinned, "num_workers", 2 * workers):
+    best = _rate_at(points, cap)
+    while best and best < LOADER_MARGIN * target and 2 * cap <= MOST_PER_CORE * usable_cores:
+        if not allows(pinned, "num_workers", 2 * cap):
             break
-        if workers == usable_cores:
+        if cap == usable_cores:
             log(f"the loader alone falls short of the device ({target:.1f} samples/s) with as many workers as cores: "
                 "measuring more, for a dataset whose items wait rather than compute")
-        result = run(2 * workers)
+        result = run(2 * cap)
         if not result.ok or (result.samples_per_s or 0.0) < BEYOND_CORES_GAIN * best:
             break
-        workers, best = 2 * workers, result.samples_per_s or 0.0
-        cap = workers
+        cap, best = 2 * cap, result.samples_per_s or 0.0
     return points, cap, first_error
 
 
