@@ -209,14 +209,15 @@ class Zygote:
     def launch(self, directory: Path) -> TrialProcess:
         """Start the trial whose request is in ``directory``."""
         with self._lock:
-            if not self.disabled and not self._start():
-                self.disabled = True  # fall back to one interpreter per trial
-                sys.stderr.write(
-                    f"autotune: the trial server did not start within {START_TIMEOUT_S:.0f} s; each trial now starts "
-                    "its own interpreter (seconds more per trial, measured windows unchanged)\n"
-                )
             for _ in range(2):  # a second try where the server ended idle as the request went to it (it forked nothing)
-                if self.disabled or not self._start():
+                if self.disabled:
+                    break
+                if not self._start():
+                    self.disabled = True  # fall back to one interpreter per trial
+                    sys.stderr.write(
+                        f"autotune: the trial server did not start within {START_TIMEOUT_S:.0f} s; each trial now starts "
+                        "its own interpreter (seconds more per trial, measured windows unchanged)\n"
+                    )
                     break
                 pid = self._request(directory)
                 if pid is not None:
