@@ -1017,13 +1017,23 @@ def test_a_sigterm_to_torchrun_stops_every_rank_after_a_step_with_its_checkpoint
     after a step of their own, together, with the checkpoint of that step."""
     import time
 
-    _, proc = _training_for_good_under_torchrun(synthetic_data, tmp_path, print_freq=100000)
+    script, proc = _training_for_good_under_torchrun(synthetic_data, tmp_path, print_freq=100000)
     try:
         assert proc.stdout is not None
         for line in proc.stdout:  # rank 0 is about to train
             if "process(es) on cpu" in line:
                 break
-        time.sleep(5)  # some steps in (no step is logged), checkpoint-every's 60 s away
+        # Both ranks have their stop handler (SIGTERM caught: its bit in /proc/PID/status's SigCgt), however slow the machine.
+        deadline = time.monotonic() + RUN_TIMEOUT
+        while True:
+            ranks = [child for child in psutil.Process(proc.pid).children(recursive=True)
+                     if str(script) in " ".join(child.cmdline()) and child.environ().get("RANK") in ("0", "1")]
+            caught = [int(next(line.split()[1] for line in Path(f"/proc/{rank.pid}/status").read_text().splitlines()
+                               if line.startswith("SigCgt:")), 16) >> (signal.SIGTERM - 1) & 1 for rank in ranks]
+            if len(ranks) == 2 and all(caught):
+                break
+            assert time.monotonic() < deadline and proc.poll() is None, (ranks, caught)
+            time.sleep(0.1)
         proc.send_signal(signal.SIGTERM)  # as a scheduler stops torchrun: it passes the signal to the ranks
         rest, err = proc.communicate(timeout=RUN_TIMEOUT)
     finally:
