@@ -108,10 +108,11 @@ class Workload:
         if self.reference_batch is not None and self.reference_batch < 1:
             raise UsageError(f"reference batch must be >= 1, got {self.reference_batch}")
 
-    def describe(self) -> str:
-        """One line: what is trained, on which device, from which data."""
+    def describe(self, world_size: int = 1) -> str:
+        """One line: what is trained, on which device, from which data (a Task's samples: one of ``world_size`` ranks')."""
         if self.task is not None:
-            size = counted(self.images, "sample") if self.images is not None else "an iterable dataset"
+            share = " per rank" if world_size > 1 else ""
+            size = f"{counted(self.images, 'sample')}{share}" if self.images is not None else "an iterable dataset"
             return f"workload {self.task} on {self.device}, {size}"
         data = self.data or "synthetic JPEGs (no --data given)"
         return f"{self.model} @ {self.image_size}px on {self.device}, data: {data}"
@@ -161,11 +162,9 @@ class TrialOptions:
     Attributes:
         trial_seconds: Length of the steady-state measurement.
         windows: Number of windows the measurement is split into.
-        timeout_s: Wall-clock limit of the whole child, start-up included
-            (``None``: 90 s + 6 x ``trial_seconds``).
+        timeout_s: Wall-clock limit of the whole child, start-up included (``None``: 90 s + 6 x ``trial_seconds``).
         max_memory_bytes: Memory budget; a peak above it is an ``oom``.
-        mode: ``train`` (the real loop), ``compute`` (one batch already on the
-            device, no loader) or ``loader`` (the loader alone, no model).
+        mode: ``train`` (the real loop), ``compute`` (one batch already on the device, no loader) or ``loader`` (the loader alone, no model).
         seed: Seed for model initialisation and sampling.
         world_size: Ranks of the trial (DDP under torch.distributed when > 1).
         cores: CPU cores of the trial, split among its ranks (empty: not pinned).
@@ -318,10 +317,8 @@ class Calibration:
         max_workers: Upper bound for ``num_workers`` in the space.
         precisions: Compute-only speed of every precision and layout the
             device offers, like for like at ``probe_batch``.
-        stream_batch: The largest batch an iterable dataset fills, when its
-            stream is too short for the largest batch the memory allows
-            (``None``: not bounded by the stream); the PyTorch defaults' batch
-            when their own is larger.
+        stream_batch: The largest batch an iterable dataset fills, when its stream is too short for the largest batch
+            the memory allows (``None``: not bounded by the stream); the PyTorch defaults' batch when their own is larger.
         batch_limit: Why no batch above ``max_batch`` is searched, in words
             (the memory budget, the trial's length, the data); "" where a
             calibration of an earlier version did not record it.
@@ -362,6 +359,10 @@ class Calibration:
         """The precision and layout that computed fastest, or None if none was measured."""
         measured = [p for p in self.precisions if p.status == "ok" and p.samples_per_s]
         return max(measured, key=lambda p: p.samples_per_s or 0.0) if measured else None
+
+    def precision_of(self, setup: TrainSetup) -> PrecisionPoint | None:
+        """The compute-only point measured at ``setup``'s precision and layout (like for like), or None."""
+        return next((p for p in self.precisions if p.samples_per_s and (p.amp, p.channels_last) == (setup.amp, setup.channels_last)), None)
 
     def loader_rate(self, workers: int) -> float | None:
         """What the loader delivered alone with ``workers`` workers (0: in the training process); None if not measured."""

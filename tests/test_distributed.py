@@ -18,7 +18,7 @@ import pytest
 
 from autotune.errors import SetupError, UsageError
 from autotune.output.best import Best
-from autotune.records import TrialOptions, TrialResult
+from autotune.records import TrialOptions, TrialResult, Workload
 from autotune.runner import run_trial
 from autotune.runner.ranks import share
 from autotune.train_setup import TrainSetup, load_setup
@@ -110,6 +110,10 @@ def test_placements_split_the_cores() -> None:
     assert ddp.rank_batch(64) == 32 and ddp.processes == 2  # two ranks share the host's RAM
     assert ddp.describe().endswith("1/2 of the samples per rank")
     assert "the whole iterable dataset per rank" in ddp.describe(iterable=True)  # it said 1/2 of the samples there too
+    # A Task's sample count under DDP trials is a rank's share: said so on the report's line as on the search's (it read
+    # "256 samples" for a dataset of 512).
+    task = Workload(model="m:f", task="m:f", images=256)
+    assert task.describe(2).endswith(", 256 samples per rank") and task.describe().endswith(", 256 samples")
     parallel = place("auto", "cpu,cpu", 1, cpu_hardware(2))
     assert parallel.parallel and [s.cores for s in parallel.slots] == [cores[:1], cores[1:]] and parallel.processes == 2
     plain = place("cpu", None, 1, cpu_hardware(2))

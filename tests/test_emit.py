@@ -240,6 +240,7 @@ def test_prefetch_only_with_workers(synthetic_data: Path, tmp_path: Path) -> Non
         "a.b:c d",
         "a..b:c",
         "import:x",
+        "\ufb01le:make",  # "ﬁle": Python reads it as "file" in source (NFKC), another module than the one searched
         "",
     ],
 )
@@ -251,6 +252,9 @@ def test_hostile_model_is_rejected(synthetic_data: Path, model: str) -> None:
 def test_factory_model_is_rendered_as_literal(synthetic_data: Path) -> None:
     text = render_script(make_best(synthetic_data, model="my_pkg.nets:tiny"))
     assert add_argument_default(text, "--model") == "my_pkg.nets:tiny"
+    # A module name Python takes (a non-ASCII identifier) is one autotune takes too: it refused `tab_ünï:make_task`.
+    text = render_script(make_best(synthetic_data, model="tab_\u00fcn\u00ef.netze:kl\u00e9in"))
+    assert add_argument_default(text, "--model") == "tab_\u00fcn\u00ef.netze:kl\u00e9in"
 
 
 HOSTILE_PATH = "/tmp/it's a \"path\"\nimport os; os.system('echo pwned')\r\n#\\x00 \u2028end"

@@ -363,8 +363,17 @@ def test_status_names_an_earlier_runs_winner_while_a_rerun_is_in_progress(search
     confirmed = (copy / "best.json").read_bytes()
     write_best(copy / "best.json", dataclasses.replace(read_best(copy / "best.json"), confirmed=False))  # an interrupted run's pick
     os.utime(copy / "best.json", (me.started - 60, me.started - 60))
+    # A rerun of an interrupted search is in progress: its trials are newer evidence than the earlier run's unconfirmed pick
+    # (the page said "search interrupted" with that pick while `autotune status` said a search was running).
+    assert CliRunner().invoke(app, ["report", str(copy)]).exit_code == 0
+    page = " ".join((copy / REPORT).read_text().split())
+    assert "search in progress: a rerun is searching; the best trial so far is shown, not confirmed" in page, page
+    assert "Best trial so far (not confirmed): #" in page and "interrupted" not in page.split("<h2>")[0]
+    study = optuna.load_study(study_name=outcome.study, storage=f"sqlite:///{copy / 'study.db'}")
+    study.set_user_attr(STUDY_HOLDER, dataclasses.replace(me, started=me.started - 3600).to_dict())  # ended: its pid reused since
     assert CliRunner().invoke(app, ["report", str(copy)]).exit_code == 0
     assert "search interrupted (winner not confirmed)" in (copy / REPORT).read_text()
+    study.set_user_attr(STUDY_HOLDER, me.to_dict())
     (copy / "best.json").write_bytes(confirmed)
     os.utime(copy / "best.json")  # written by the run in progress: its own winner
     text = " ".join(CliRunner().invoke(app, ["status", str(copy)]).stdout.split())
@@ -416,6 +425,26 @@ def test_a_best_json_of_another_image_size_or_device_is_not_the_studys(searched,
         assert CliRunner().invoke(app, ["report", str(copy)]).exit_code == 0
         page = " ".join((copy / REPORT).read_text(encoding="utf-8").split())
         assert (f"winner not shown: {copy / 'best.json'} is another search's" in page) is bool(change)
+
+
+def test_a_best_json_of_another_study_of_the_same_workload_is_not_the_studys(searched, tmp_path) -> None:
+    """Two studies of one workload in one storage (--study alpha, --study beta) share setups (the defaults at least):
+    `autotune report DIR_OF_ALPHA --study beta` showed alpha's winner as beta's, and called beta interrupted."""
+    outcome, source = searched
+    assert read_best(source / "best.json").study == outcome.study  # the search names the study it kept its trials in
+    copy = tmp_path / "copy"
+    shutil.copytree(source, copy)
+    write_best(copy / "best.json", dataclasses.replace(read_best(copy / "best.json"), study="beta"))
+    result = CliRunner().invoke(app, ["report", str(copy)])
+    assert result.exit_code == 0, result.output
+    page = " ".join((copy / REPORT).read_text().split())
+    assert f"is another search's (another study, workload or setups), not the winner of study {outcome.study!r}" in html_module.unescape(page)
+    assert "Winner:" not in page and "warning: winner not shown" in " ".join(result.output.split())
+    text = " ".join(CliRunner().invoke(app, ["status", str(copy)]).stdout.split())
+    assert "its best.json is another search's (another storage or study)" in text, text
+    write_best(copy / "best.json", dataclasses.replace(read_best(copy / "best.json"), study=""))  # written before the field
+    assert CliRunner().invoke(app, ["report", str(copy)]).exit_code == 0
+    assert "Winner:" in (copy / REPORT).read_text()
 
 
 def test_a_winner_that_ran_in_the_confirmation_only_is_the_studys(searched, tmp_path) -> None:
@@ -699,7 +728,7 @@ def test_the_ceilings_plot_draws_each_figure_once_with_what_it_rests_on(searched
 
     from autotune.output.best import PAIRED_SO_FAR
     from autotune.output.sections import ReportInput, ceiling_bars
-    from autotune.records import LoaderPoint
+    from autotune.records import LoaderPoint, PrecisionPoint
     from autotune.rounds import Ceilings
 
     outcome, _ = searched
@@ -717,6 +746,15 @@ def test_the_ceilings_plot_draws_each_figure_once_with_what_it_rests_on(searched
                                                         persistent_workers=bool(workers), pin_memory=False))
         bars = ceiling_bars(replace(base, calibration=calibration, best=winner))
         assert [b[:2] for b in bars if b[0].startswith("loader")] == [bar]
+    # The compute bar is the calibration's at the winner's precision and layout, the figure the bottleneck line quotes (it
+    # drew the fastest precision's, bf16 + channels_last, beside an fp32 winner, above what that winner reached).
+    precisions = (PrecisionPoint("off", False, "ok", 9.0), PrecisionPoint("bf16", True, "ok", 11.9))
+    calibration = replace(outcome.calibration, precisions=precisions, compute_samples_per_s=11.9,
+                          compute_setup=outcome.calibration.compute_setup.replace(amp="bf16", channels_last=True))
+    for amp, layout, rate in (("off", False, 9.0), ("bf16", True, 11.9), ("fp16", False, 11.9)):  # fp16: not measured, the fastest
+        winner = replace(best, setup=best.setup.replace(amp=amp, channels_last=layout))
+        compute = [b for b in ceiling_bars(replace(base, calibration=calibration, best=winner)) if b[0].startswith("compute")]
+        assert [b[1] for b in compute] == [rate] and ("fp32" in compute[0][3]) == (rate == 9.0), compute
 
 
 def test_the_history_plot_has_whole_trial_numbers_and_room_above_the_best() -> None:
@@ -730,7 +768,12 @@ def test_the_history_plot_has_whole_trial_numbers_and_room_above_the_best() -> N
     ax = history(_records(3)).axes[0]
     assert all(float(tick).is_integer() for tick in ax.get_xticks())
     one = history(_records(1)).axes[0]  # a single trial: matplotlib's default view is +-0.045 around it
-    assert all(float(tick).is_integer() for tick in one.get_xticks())
+    assert list(one.get_xticks()) == [0]  # not -1, 0, 1: no trial -1
+    # A repeat (a setup measured before, not run) is drawn apart: three green dots of one figure read as three runs that agree.
+    records = _records(3)
+    repeat = dataclasses.replace(records[1], number=3, reused_from=1, free=True)
+    labels = history([*records, repeat]).axes[0].get_legend_handles_labels()[1]
+    assert "ok (3)" in labels and "not run: its earlier trial's figure (1)" in labels, labels
     best = max(r.result.samples_per_s or 0.0 for r in _records(3))
     assert ax.get_ylim()[1] > best * 1.03 and ax.get_ylim()[0] < 0
 
@@ -811,6 +854,8 @@ def test_report_of_a_search_stopped_after_its_calibration_shows_it(tmp_path) -> 
     page = (out / REPORT).read_text()
     assert "calibrated, no trial finished yet (in progress or interrupted)" in page
     assert "1000" in page  # the calibration's compute-only ceiling
+    # No trial ran: none failed (the page said "every trial failed (see the history table for why)"), and there is no best so far.
+    assert "No trial finished yet" in page and "every trial failed" not in page and ">Ceilings<" in page and "Best so far" not in page
 
 
 def test_kept_defaults_are_one_bar_a_single_measurement_has_no_spread_and_the_header_s_best_is_the_plots(searched, monkeypatch) -> None:
@@ -856,3 +901,28 @@ def test_the_confirmation_plot_starts_at_zero() -> None:
     setup = TrainSetup()
     fig = plots.confirmation([Confirmed(Candidate(setup.to_json(), setup, "a"), (14.6, 15.9), ())])
     assert fig.axes[0].get_xlim()[0] == 0.0
+
+
+def test_the_winner_is_marked_among_the_finalists_and_the_sections_count_on_past_the_compile_one(searched, monkeypatch) -> None:
+    """Within the noise a simpler setup wins over a higher median (fp32 over bf16): the confirmation plot and table,
+    sorted by median, put the other on top and marked no winner. The torch.compile section, when there, is numbered
+    and the sections after it count one on (they kept their numbers: "4. Knob importance", "torch.compile ...", "5. ...")."""
+    from autotune.output.report import render_report
+    from autotune.output.sections import ReportInput, confirmation_section
+    from autotune.rounds import Candidate, Confirmed
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # tables only: fast
+    outcome, _ = searched
+    fp32, bf16 = TrainSetup(batch_size=64), TrainSetup(batch_size=64, amp="bf16")
+    rounds = (Confirmed(Candidate(bf16.to_json(), bf16, "#2 bs=64 bf16"), (661.0, 640.0), ()),
+              Confirmed(Candidate(fp32.to_json(), fp32, "#1 bs=64 fp32"), (405.9, 650.0), ()))
+    rows = confirmation_section(rounds, None, winner=fp32).tables[0].rows
+    assert [row[0] for row in rows] == ["#2 bs=64 bf16", "#1 bs=64 fp32 (winner)"], rows
+    assert [row[0] for row in confirmation_section(rounds, None).tables[0].rows] == ["#2 bs=64 bf16", "#1 bs=64 fp32"]
+    compiled = dataclasses.replace(outcome.records[-1], number=99, setup=outcome.records[-1].setup.replace(compile="default"),
+                                   result=dataclasses.replace(outcome.records[-1].result, compile_s=20.0))
+    page, _ = render_report(ReportInput((*outcome.records, compiled), outcome.calibration, outcome.confirmed, outcome.best,
+                                        None, None, "s", "sqlite://"))
+    titles = [html_module.unescape(t.split("</h2>")[0]) for t in page.split("<h2>")[1:]]
+    assert [t.split(". ", 1)[0] for t in titles[1:]] == [str(n) for n in range(1, len(titles))], titles
+    assert any(t.endswith(". torch.compile on the leading setup") for t in titles) and titles[-1] == f"{len(titles) - 1}. Where the search's time went"

@@ -673,6 +673,8 @@ def test_a_calibration_that_fails_keeps_its_runs_and_another_search_in_the_study
     outcome = search(config(tmp_path, cache_dir, trials=3, synthetic_images=96), runner=counting)  # another search
     assert outcome.calibration.compute_samples_per_s is not None
     assert again[:2] == runs[:2]  # measured again for this search's data, not taken from the other's runs
+    study.study.set_user_attr(STUDY_HOLDER, me.to_dict())  # a search holding a calibrated study measures trials
+    assert study_status(f"sqlite:///{tmp_path / 'out' / 'study.db'}").calibrating is None  # `status --json` said calibrating to the end
 
 
 def test_a_calibration_that_fits_no_batch_leaves_the_out_free_for_the_smaller_image_size_it_advises(tmp_path, cache_dir) -> None:

@@ -48,6 +48,7 @@ FIELDS: dict[str, tuple[type, ...]] = {
     "notes": (list,),
     "world_size": (int,),
     "confirmed": (bool,),
+    "study": (str,),
 }
 #: The lowest value of each numeric field (a hand-edited ``"lr": -1`` reached train.py's defaults).
 _LOWEST: dict[str, float] = {
@@ -59,7 +60,7 @@ _AT_LEAST = ("samples_per_s_spread", "effective_batch", "reference_batch", "worl
 #: The highest value of a field (a hand-edited ``"world_size": 100000`` wrote ``torchrun --nproc_per_node 100000``).
 _HIGHEST: dict[str, int] = {"world_size": 1024}
 #: Fields that may be missing (they have defaults).
-OPTIONAL = ("hardware", "versions", "command", "created", "notes", "world_size", "confirmed")
+OPTIONAL = ("hardware", "versions", "command", "created", "notes", "world_size", "confirmed", "study")
 
 
 def check_best_dict(data: Any) -> dict[str, Any]:
@@ -168,6 +169,9 @@ class Best:
         world_size: Ranks the setup was measured with (run under torchrun when > 1).
         confirmed: Chosen by the interleaved confirmation rounds; False for the
             fastest single trial of an interrupted search (its notes say why).
+        study: The name of the study the search kept its trials in (``autotune report`` and ``autotune status``
+            tell this search's best.json from another study's in the same storage); empty in a best.json written
+            before the field.
     """
 
     setup: TrainSetup
@@ -187,6 +191,7 @@ class Best:
     notes: tuple[str, ...] = ()
     world_size: int = 1
     confirmed: bool = True
+    study: str = ""
 
     @property
     def speedup_basis(self) -> str:

@@ -55,6 +55,11 @@ def plotted_rate(record: TrialRecord) -> float:
     return 0.0
 
 
+def _repeat(record: TrialRecord) -> bool:
+    """Whether a trial is a setup measured before, not run again: it holds its earlier trial's figure, no measurement of its own."""
+    return record.free and record.reused_from is not None
+
+
 def history(records: Sequence[TrialRecord], best: Sequence[float]) -> Figure:
     """Samples/s per trial in order, one marker per status, and ``best``, the best so far at each of them in that order
     (:func:`autotune.output.sections.best_so_far`)."""
@@ -62,9 +67,13 @@ def history(records: Sequence[TrialRecord], best: Sequence[float]) -> Figure:
     ax = fig.add_subplot()
     ordered = sorted(records, key=lambda r: r.number)
     for status, (marker, colour) in STATUS_STYLE.items():
-        points = [(r.number, plotted_rate(r)) for r in ordered if r.result.status == status]
+        points = [(r.number, plotted_rate(r)) for r in ordered if r.result.status == status and not _repeat(r)]
         if points:
             ax.scatter([p[0] for p in points], [p[1] for p in points], marker=marker, color=colour, s=46, label=f"{status} ({len(points)})", zorder=3)
+    repeats = [r for r in ordered if _repeat(r)]
+    if repeats:
+        ax.scatter([r.number for r in repeats], [plotted_rate(r) for r in repeats], marker="o", facecolors="none", edgecolors="#888888",
+                   s=46, label=f"not run: its earlier trial's figure ({len(repeats)})", zorder=3)
     line = list(zip((r.number for r in ordered), best, strict=True))
     if line:
         ax.step([p[0] for p in line], [p[1] for p in line], where="post", color="#1f4e79", linewidth=1.6, label="best so far", zorder=2)
@@ -77,11 +86,12 @@ def history(records: Sequence[TrialRecord], best: Sequence[float]) -> Figure:
     ax.set_title("Optimization history: how soon the search found its best (infeasible trials at 0)")
     high = max(ax.get_ylim()[1], 1.0)
     ax.set_ylim(-0.03 * high, 1.06 * high)  # markers at 0 and at the top stay whole
-    low, high_x = ax.get_xlim()
-    if high_x - low < 2:  # one trial: the locator needs two whole numbers in view to keep to whole ticks
-        middle = (low + high_x) / 2
-        ax.set_xlim(middle - 1, middle + 1)
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # trial numbers are whole
+    numbers = sorted({r.number for r in ordered})
+    if len(numbers) == 1:  # one trial: one tick (a whole-number locator around it named trials that do not exist)
+        ax.set_xlim(numbers[0] - 1, numbers[0] + 1)
+        ax.set_xticks(numbers)
+    else:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # trial numbers are whole
     ax.grid(alpha=0.3)
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.13), fontsize=8, ncol=4, frameon=False)  # below: it covers no marker
     return fig
@@ -142,7 +152,8 @@ def batch_size(records: Sequence[TrialRecord], budget_bytes: int | None, limit_b
     bottom.set_xticks(sizes, [str(b) for b in sizes])
     bottom.xaxis.set_minor_locator(NullLocator())
     top.set_ylabel("throughput (samples/s)")
-    top.set_ylim(bottom=-0.03 * max(top.get_ylim()[1], 1.0))
+    high = max(top.get_ylim()[1], 1.0)  # every trial at 0 (all failed): an axis of its own, not -0.03 to 0.05
+    top.set_ylim(-0.03 * high, high)
     top.set_title("Batch size: where throughput stops rising, and how close each trial came to the memory budget")
     bottom.set_xlabel("micro-batch size (samples per step and rank, log scale)")
     bottom.set_ylabel("peak memory (GiB)")

@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import datetime as _dt
 from collections import Counter
+from dataclasses import replace
 from html import escape
 from pathlib import Path
 
@@ -93,7 +94,7 @@ def _header(data: ReportInput) -> str:
     meta = [f"{counted(len(ran), 'trial')} ({tally or 'none'}{others})", f"search {data.status}",
             f"storage <code>{escape(hide_passwords(data.storage))}</code>"]
     # A Task's reference and sample count; the classifier's model, size and data (before best.json: as the study stored them).
-    workload = best.workload.describe() if best is not None else data.workload
+    workload = best.workload.describe(best.world_size) if best is not None else data.workload
     if workload:
         meta.insert(0, escape(workload))
     if best is not None and best.command:
@@ -120,8 +121,10 @@ def _header(data: ReportInput) -> str:
         if top is not None:
             lines.append(f'<p class="winner">Best trial so far (not confirmed): #{top.number} '
                          f"<code>{escape(top.setup.describe())}</code>: {top.result.samples_per_s:.1f} samples/s</p>")
-        else:
+        elif ran:
             lines.append('<p class="caveat">No feasible trial: every trial failed (see the history table for why).</p>')
+        else:
+            lines.append('<p class="caveat">No trial finished yet: the ceilings below are the calibration\'s.</p>')
     if data.verdict:
         lines.append(f'<p class="verdict">Bottleneck: {escape(data.verdict)}</p>')
     return "".join(lines)
@@ -141,12 +144,13 @@ def render_report(data: ReportInput) -> tuple[str, dict[str, bytes]]:
         batch_section(records, data.calibration, plots, data.max_memory_bytes),
         loader_section(records, data.calibration, plots),
         importance_section(records, plots),
-        confirmation_section(data.confirmed, plots, data.status),
+        confirmation_section(data.confirmed, plots, data.status, data.best.setup if data.best is not None and data.best.confirmed else None),
         time_section(data.time_spent, data.time_complete, plots),
     ]
     compiled = compile_section(records)
     if compiled is not None:
         sections.insert(-2, compiled)
+    sections[1:] = [replace(s, title=f"{n}. {s.title}") for n, s in enumerate(sections[1:], 1)]  # below the summary, numbered
     hint = "" if plots is not None else f'<p class="hint">{escape(PLOTS_HINT)}</p>'
     body = _header(data) + hint + "".join(_section(s) for s in sections)
     page = (

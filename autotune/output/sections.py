@@ -9,7 +9,7 @@ as tables. :mod:`autotune.output.report` assembles them into the page.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import ModuleType
 from typing import Any
 
@@ -18,6 +18,7 @@ from autotune.output.importance import FEW_TRIALS, knob_importance, measured_tri
 from autotune.records import Calibration, TrialRecord
 from autotune.rounds import Ceilings, Confirmed
 from autotune.time_spent import TimeSpent
+from autotune.train_setup import TrainSetup
 from autotune.units import counted, format_bytes
 
 
@@ -134,19 +135,19 @@ def fastest_trial(records: Sequence[TrialRecord], baseline_only: frozenset[int] 
     return max([r for r in ok if r.number not in baseline_only] or ok, key=lambda r: r.result.samples_per_s or 0.0, default=None)
 
 
-def _winner(data: ReportInput) -> tuple[float | None, str, float | None, str, int | None]:
-    """The achieved rate, its label, the defaults' rate, what that rests on, and the winner's loader workers
+def _winner(data: ReportInput) -> tuple[float | None, str, float | None, str, TrainSetup | None]:
+    """The achieved rate, its label, the defaults' rate, what that rests on, and the winner's setup
     (confirmed, or the best trial so far)."""
     if data.best is not None:
         label = "winner\n(confirmed median)" if data.best.confirmed else "winner\n(not confirmed)"
         basis = data.best.speedup_basis  # their rounds, those of an interrupted confirmation, or their single trial
         rounds = "same rounds" if data.best.confirmed else "single trial" if basis.startswith("single") else "rounds so far"
-        return data.best.samples_per_s, label, data.best.defaults_samples_per_s, rounds, data.best.setup.num_workers
+        return data.best.samples_per_s, label, data.best.defaults_samples_per_s, rounds, data.best.setup
     top = fastest_trial(data.records, data.baseline_only)
     if top is None:
         return None, "", None, "", None
     defaults = next((r.result.samples_per_s for r in data.records if r.role == "defaults" and _measured(r)), None)
-    return top.result.samples_per_s, f"best trial so far\n(#{top.number}, unconfirmed)", defaults, "single trial", top.setup.num_workers
+    return top.result.samples_per_s, f"best trial so far\n(#{top.number}, unconfirmed)", defaults, "single trial", top.setup
 
 
 def ceiling_bars(data: ReportInput) -> list[tuple[str, float, str, str]]:
@@ -155,7 +156,7 @@ def ceiling_bars(data: ReportInput) -> list[tuple[str, float, str, str]]:
     The winner's own ceilings (measured right after its confirmation rounds) when the search
     measured them, else the calibration's (measured at a probe setup before the search).
     """
-    achieved, label, defaults, rounds, workers = _winner(data)
+    achieved, label, defaults, rounds, winner = _winner(data)
     bars: list[tuple[str, float, str, str]] = []
     own, cal = data.ceilings, data.calibration
     if own is not None and own.compute and own.loader:
@@ -164,10 +165,13 @@ def ceiling_bars(data: ReportInput) -> list[tuple[str, float, str, str]]:
         if own.together and own.together != achieved:  # else the winner's own bar below: one figure, not two that agree
             bars.append(("together\n(confirmed)", own.together, "achieved", "the winner's real loop, its median in the rounds just before"))
     elif cal is not None:
-        if cal.compute_samples_per_s:
-            setup = cal.compute_setup.describe()
-            bars.append(("compute only\n(calibration)", cal.compute_samples_per_s, "ceiling", f"model alone, one batch in memory ({setup})"))
-        top = cal.fastest_loader(within=workers)  # the bottleneck line's figure: at most the winner's workers
+        # The bottleneck line's figures: compute at the winner's precision and layout, the loader at most its workers.
+        compute, setup = cal.compute_samples_per_s, cal.compute_setup
+        if winner is not None and (like := cal.precision_of(winner)) is not None:
+            compute, setup = like.samples_per_s, replace(setup, amp=winner.amp, channels_last=winner.channels_last)
+        if compute:
+            bars.append(("compute only\n(calibration)", compute, "ceiling", f"model alone, one batch in memory ({setup.describe()})"))
+        top = cal.fastest_loader(within=winner.num_workers if winner is not None else None)
         if top is not None:
             bars.append((f"loader only\n(calibration, {counted(top.num_workers, 'worker')})", top.samples_per_s or 0.0, "ceiling",
                          "DataLoader alone, no model"))
@@ -189,12 +193,13 @@ def summary_section(data: ReportInput, plots: ModuleType | None) -> Section:
     loader = [p for p in (data.calibration.loader if data.calibration else ())]
     calibration = tuple((counted(p.num_workers, "worker"), p.status, _rate(p.samples_per_s)) for p in loader)
     confirmed = data.best is not None and data.best.confirmed  # else the bars show the best trial so far, unconfirmed
+    achieved = any(b[2] != "ceiling" for b in bars)  # none before a trial measured a throughput
     return Section(
-        "summary", "Winner against the ceilings" if confirmed else "Best so far against the ceilings",
+        "summary", "Winner against the ceilings" if confirmed else "Best so far against the ceilings" if achieved else "Ceilings",
         "Each ceiling is one side measured alone: the model with one batch already in memory, and the DataLoader "
         "with no model. Training with both can reach neither; the closer ceiling names the side that limits it.",
         # Drawn with a figure achieved: the winner's, or the kept defaults' (one bar of kind "defaults").
-        _draw(plots, "ceilings", [(b[0], b[1], b[2]) for b in bars]) if any(b[2] != "ceiling" for b in bars) else None,
+        _draw(plots, "ceilings", [(b[0], b[1], b[2]) for b in bars]) if achieved else None,
         (Table("ceilings and achieved throughput", ("measurement", "samples/s", "what"), rows),
          Table("loader alone per worker count (calibration)", ("workers", "status", "samples/s"), calibration)),
         alt="bar chart: compute-only and loader-only ceilings against the achieved throughput",
@@ -220,7 +225,7 @@ def history_section(records: Sequence[TrialRecord], plots: ModuleType | None, ba
         rows.append((str(r.number), r.role, r.setup.describe(), r.result.status, _rate(r.result.samples_per_s),
                      _rate(best or None), r.result.error or reused))
     return Section(
-        "history", "1. Optimization history",
+        "history", "Optimization history",
         "Each marker is one trial in the order it ran; the line is the best feasible throughput so far. A line that "
         "stops rising early means more trials would probably not help. Pruned trials sit at the window where they "
         "were stopped; oom, timeout and error trials sit at 0. Each marker is a single run under the machine's load of "
@@ -245,7 +250,7 @@ def batch_section(records: Sequence[TrialRecord], calibration: Calibration | Non
     points = tuple((str(p.batch_size), p.status, format_bytes(p.peak_bytes), _rate(p.samples_per_s))
                    for p in (calibration.memory_points if calibration else ()))
     return Section(
-        "batch-size", "2. Throughput and memory against batch size",
+        "batch-size", "Throughput and memory against batch size",
         "Top: samples/s per micro-batch size, one series per precision. Throughput usually rises and then flattens; "
         "past the knee a larger batch only costs memory (and changes the training math). Bottom: each trial's peak "
         f"memory against the budget the batch range was sized to ({format_bytes(budget)}: on a CPU 80 % of --max-memory or of "
@@ -266,7 +271,7 @@ def loader_section(records: Sequence[TrialRecord], calibration: Calibration | No
                   _pct(r.result.data_wait_fraction)) for r in ok)
     points = tuple((str(p.num_workers), p.status, _rate(p.samples_per_s)) for p in (calibration.loader if calibration else ()))
     return Section(
-        "loader", "3. Throughput and data wait against loader workers",
+        "loader", "Throughput and data wait against loader workers",
         "Top: samples/s per DataLoader worker count, one series per prefetch factor; the dashed line is what the "
         "loader alone delivers. Bottom: the share of wall time the loop waited for data. Workers help while the wait "
         "is high; once it is near 0, more workers only take CPU from the model.",
@@ -285,7 +290,7 @@ def importance_section(records: Sequence[TrialRecord], plots: ModuleType | None)
         why = (f"{counted(count, 'measured trial')}, and importances need at least {FEW_TRIALS}: with fewer, "
                "they follow the fastest trial's knobs, not what the others measured" if count < FEW_TRIALS else
                "no knob varied among the measured trials")
-        return Section("importance", "4. Knob importance", "Which knobs set the fast setups apart (Optuna's parameter "
+        return Section("importance", "Knob importance", "Which knobs set the fast setups apart (Optuna's parameter "
                        "importances), from the search's measured trials.", None, (), caveat=f"not computed: {why}")
     if found.top is None:
         reading = "the share of the throughput's variation each knob explains"
@@ -294,7 +299,7 @@ def importance_section(records: Sequence[TrialRecord], plots: ModuleType | None)
                    f"{found.trials}: the knobs that set the fastest setups apart")
     rows = tuple((k, f"{100 * v:.1f} %") for k, v in found.values.items())
     return Section(
-        "importance", "4. Knob importance",
+        "importance", "Knob importance",
         f"Bars are Optuna's parameter importances ({found.evaluator}) over the {found.trials} trials that measured a "
         f"throughput (a pruned trial counts with the median of its windows so far), the PyTorch defaults' left out: {reading}. "
         "A knob near 0 could be left at any value the search tried; read them as a hint beside the trials' own figures.",
@@ -304,8 +309,12 @@ def importance_section(records: Sequence[TrialRecord], plots: ModuleType | None)
     )
 
 
-def confirmation_section(confirmed: Sequence[Confirmed], plots: ModuleType | None, status: str = "") -> Section:
-    """Every finalist's re-measurements with the median (``status``: the search's, which says why there are none)."""
+def confirmation_section(confirmed: Sequence[Confirmed], plots: ModuleType | None, status: str = "",
+                         winner: TrainSetup | None = None) -> Section:
+    """Every finalist's re-measurements with the median (``status``: the search's, which says why there are none); the
+    ``winner``'s row is marked (within the noise a simpler setup wins over a higher median: the top row may not be it)."""
+    confirmed = [replace(c, candidate=replace(c.candidate, label=f"{c.candidate.label} (winner)")) if c.candidate.setup == winner else c
+                 for c in confirmed]
     rounds = max((len(c.values) for c in confirmed), default=0)
     ranked = sorted(confirmed, key=lambda c: c.median or 0.0, reverse=True)
     rows = tuple((c.candidate.label, *(_rate(c.values[k]) if k < len(c.values) else "-" for k in range(rounds)),
@@ -313,7 +322,7 @@ def confirmation_section(confirmed: Sequence[Confirmed], plots: ModuleType | Non
     headers = ("setup", *(f"measurement {k + 1}" for k in range(rounds)), "median", "spread", "failures")
     measured = any(c.values for c in confirmed)
     return Section(
-        "confirmation", "5. Confirmation rounds",
+        "confirmation", "Confirmation rounds",
         "The finalists and the PyTorch defaults re-measured in interleaved rounds (A B C A B C), so each round saw the "
         "same machine load. Dots are single measurements, the bar is the median the winner is chosen by. Dots of two "
         "setups that overlap mean the difference between them is within the noise.",
@@ -331,7 +340,7 @@ def time_section(spent: TimeSpent | None, complete: bool, plots: ModuleType | No
                "start/stop and calibration are the price of measuring in isolated processes, and pruned time is "
                "what stopping slow trials early still cost.")
     if spent is None:
-        return Section("time", "6. Where the search's time went", reading, None, (), caveat="no timing recorded")
+        return Section("time", "Where the search's time went", reading, None, (), caveat="no timing recorded")
     parts = spent.breakdown()
     total = spent.wall_s or sum(v for _, v in parts) or 1.0
     rows = tuple((label, f"{value:.1f}", f"{value / total:.0%}") for label, value in parts)
@@ -342,6 +351,6 @@ def time_section(spent: TimeSpent | None, complete: bool, plots: ModuleType | No
         "rebuilt from the trial records only (the search has not recorded its time yet, e.g. it is still running): "
         "calibration, confirmation, start/stop and wall time are missing"
     )
-    return Section("time", "6. Where the search's time went", reading, _draw(plots, "time_spent", spent),
+    return Section("time", "Where the search's time went", reading, _draw(plots, "time_spent", spent),
                    (Table("time per part", ("part", "seconds", "share"), rows),), caveat=caveat,
                    alt="horizontal bars: seconds per part of the search")

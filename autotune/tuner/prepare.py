@@ -118,8 +118,8 @@ def prepare(config: SearchConfig, reporter: Reporter) -> Prepared:
                 write_synthetic(workload, reporter.message, stop_requested)  # a stop whose interrupt was swallowed
             if stale:  # the reporter's lines while the stack holds the lock: one that raises (a Ctrl-C) releases it
                 reporter.message(f"left running by a search that died, marked failed: {', '.join(f'trial #{n}' for n in stale)}")
-            share = " per rank" if placement.world_size > 1 and workload.task is not None and workload.images is not None else ""
-            reporter.message(f"{workload.describe()}{share} ({device.label}); {counted(int(hardware.cpu.usable_cores), 'usable CPU core')}")
+            cores = counted(int(hardware.cpu.usable_cores), "usable CPU core")
+            reporter.message(f"{workload.describe(placement.world_size)} ({device.label}); {cores}")
             if placement.world_size > 1 or placement.parallel:
                 reporter.message(placement.describe(workload.iterable))
             held = stack.pop_all()

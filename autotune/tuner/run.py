@@ -353,6 +353,7 @@ def finish(
         excluded_by=excluding(config.pins, defaults), partial=partial, batch_pin=config.pins.get("batch_size"),
         defaults_ran=any(r.setup == defaults for r in records),
     )
+    best = replace(best, study=prepared.study.name)
     slots = prepared.placement.slots
     if prepared.placement.parallel and prepared.device.type == "cpu":  # each trial had a share of the cores; train.py has all
         best = replace(best, notes=(*best.notes, (

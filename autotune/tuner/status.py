@@ -191,6 +191,7 @@ def study_status(storage: str, study: str | None = None, out: Path | None = None
     trials = found.study.get_trials(deepcopy=False)
     attrs = found.study.user_attrs
     lone_holder = Holder.from_dict(attrs.get(STUDY_HOLDER))  # a lone search holds the study while it runs
+    calibrated = found.calibration() is not None
     running = []
     for t in trials:
         if t.state == TrialState.RUNNING:
@@ -244,8 +245,8 @@ def study_status(storage: str, study: str | None = None, out: Path | None = None
         infeasible_kinds=tuple(sorted({r.result.status for r in unmeasured})),
         foreign_best=foreign,
         unreadable_best=unreadable,
-        calibration_runs=sum(map(len, found.calibration_runs().values())) if found.calibration() is None else None,
-        calibrating=lone_holder.describe() if lone and lone_holder is not None and lone_holder.alive() else None,
+        calibration_runs=None if calibrated else sum(map(len, found.calibration_runs().values())),
+        calibrating=lone_holder.describe() if not calibrated and lone and lone_holder is not None and lone_holder.alive() else None,
         pending=_pending(out, found) if out is not None else None,
     )
 

@@ -223,12 +223,15 @@ def stored_confirmed(study: SearchStudy, records: list[TrialRecord], rounds: Rou
 
 
 def stored_best(out: Path, stored: SearchStudy, records: list[TrialRecord]) -> Best | None:
-    """``out/best.json`` if it is this study's: one of its setups, its model or Task, image size, data and device (not
-    one left by another search, such as ``autotune report o1 --storage sqlite:///o2/study.db`` of another image size)."""
+    """``out/best.json`` if it is this study's: its study name, one of its setups, its model or Task, image size, data and
+    device (not one left by another search, such as ``autotune report o1 --storage sqlite:///o2/study.db`` of another
+    image size, or ``--study beta`` of the same workload)."""
     path = out / "best.json"
     if not path.is_file():
         return None
     best = read_best(path)
+    if best.study and best.study != stored.study.study_name:  # a search of the same workload kept in another study
+        return None
     signature = stored.study.user_attrs.get(STUDY_SIGNATURE) or {}
     if signature and (signature.get("model"), signature.get("task")) != (best.workload.model, best.workload.task):
         return None
@@ -306,20 +309,25 @@ def report_study(out: Path, *, storage: str | None = None, study: str | None = N
     published = published_winner(stored)
     if published is not None:  # a shared study: another worker confirmed and wrote its best.json
         best = published[0]
+    holder = None if shared else Holder.from_dict(stored.study.user_attrs.get(STUDY_HOLDER))  # a lone search running now
+    rerun = best is not None and rerun_replaces(out, holder)
+    superseded = rerun and best is not None and not best.confirmed  # an interrupted run's pick: the rerun's trials are newer
+    if superseded:
+        best = None
     verdict, ceilings = stored.verdict() if best is not None else (None, None)
     spent = stored.time_spent()
-    holder = None if shared else Holder.from_dict(stored.study.user_attrs.get(STUDY_HOLDER))  # a lone search running now
-    rerun = best is not None and best.confirmed and rerun_replaces(out, holder)
     if published is not None:
         status = f"finished: confirmed by {published[1]}"
     elif unreadable:
         status = f"winner not shown: {unreadable}; rerun the search's command to write best.json again"
     elif not records:  # calibrated: the page shows its ceilings, as the search's own page did
         status = "calibrated, no trial finished yet (in progress or interrupted)"
+    elif superseded:
+        status = "in progress: a rerun is searching; the best trial so far is shown, not confirmed"
     elif best is None and not any(r.result.ok for r in records) and not stored.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         status = "failed: no feasible trial"
     elif best is None and not shared and (out / "best.json").is_file():
-        status = (f"winner not shown: {out / 'best.json'} is another search's (another workload or setups), not the winner "
+        status = (f"winner not shown: {out / 'best.json'} is another search's (another study, workload or setups), not the winner "
                   f"of study {stored.name!r}")
     elif best is None and not shared and STUDY_WINNER_ROUNDS in stored.study.user_attrs and not (holder and holder.alive()):
         status = (f"winner confirmed, not shown here: it is in the best.json of the search's own --out ({out} holds none); "

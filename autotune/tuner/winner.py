@@ -350,8 +350,7 @@ def bottleneck_verdict(
         # The calibration's figures nearest the winner's setup: its precision and layout, at most its workers (the best
         # of them all would name a setting --set excluded); both at the probe batch.
         setup = best.setup
-        compute = next((p.samples_per_s for p in calibration.precisions if p.samples_per_s and p.amp == setup.amp
-                        and p.channels_last == setup.channels_last), None) or calibration.compute_samples_per_s or 0.0
+        compute = (point.samples_per_s if (point := calibration.precision_of(setup)) else None) or calibration.compute_samples_per_s or 0.0
         nearest = calibration.fastest_loader(within=setup.num_workers)
         loader, workers = (nearest.samples_per_s or 0.0, nearest.num_workers) if nearest is not None else (0.0, 0)
         together = best.samples_per_s

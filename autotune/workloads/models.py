@@ -15,6 +15,7 @@ import keyword
 import os
 import re
 import sys
+import unicodedata
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -25,11 +26,10 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from autotune.records import Workload
 
-_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
-
-
 def _is_identifier(part: str) -> bool:
-    return bool(_IDENT.match(part)) and not keyword.iskeyword(part)
+    """A Python identifier (``tab_ünï`` too) that is no keyword and reads the same after NFKC normalization, as Python
+    reads names in source (the emitted script's import then names the module that was searched)."""
+    return part.isidentifier() and not keyword.iskeyword(part) and unicodedata.normalize("NFKC", part) == part
 
 
 def is_factory_ref(ref: str) -> bool:
