@@ -443,6 +443,29 @@ def test_a_precision_that_failed_every_calibration_run_is_left_out() -> None:
     oom = replace(failing, precisions=(*failing.precisions[:2], PrecisionPoint("bf16", False, "oom", None),
                                        PrecisionPoint("bf16", True, "error", None)))
     assert build_space(device=CPU, calibration=oom, usable_cores=2, effective_batch=None, constraints={}).values["amp"] == ("off", "bf16")
+
+
+def test_a_layout_that_failed_every_calibration_run_is_left_out() -> None:
+    """A model that flattens with ``view`` (or holds 5-D weights beside a 4-D input) fails in every channels_last run: the
+    calibration said so, and the search still spent trials on it (its one-knob move of the leader among them)."""
+    from dataclasses import replace
+
+    from autotune.records import PrecisionPoint
+
+    failing = replace(calibration(), precisions=(
+        PrecisionPoint("off", False, "ok", 100.0), PrecisionPoint("off", True, "error", None),
+        PrecisionPoint("bf16", False, "ok", 150.0), PrecisionPoint("bf16", True, "error", None)))
+    space = build_space(device=CPU, calibration=failing, usable_cores=2, effective_batch=None, constraints={})
+    assert space.values["channels_last"] == (False,) and space.values["amp"] == ("off", "bf16")
+    assert space.describe().endswith("; channels_last=true left out: every compute-only run in it ended error in the calibration")
+    with pytest.raises(UsageError, match=r"^--set channels_last=true: the model failed in channels_last \(error\) in every compute-only"):
+        build_space(device=CPU, calibration=failing, usable_cores=2, effective_batch=None,
+                    constraints=merge_constraints([parse_constraint("channels_last=true")]))
+    # One layout run that ran, or a model that failed in every layout (not the layout's fault), leaves the knob in.
+    for precisions in ((*failing.precisions[:3], PrecisionPoint("bf16", True, "ok", 160.0)),
+                       (PrecisionPoint("off", False, "error", None), PrecisionPoint("off", True, "error", None))):
+        kept = build_space(device=CPU, calibration=replace(failing, precisions=precisions), usable_cores=2, effective_batch=None, constraints={})
+        assert kept.values["channels_last"] == (False, True)
     # A loss that turns NaN after some steps diverges in float32 too: not bf16's fault, and bf16 stays (before, it was
     # left out "as every run in it diverged", while the defaults' trial then stopped the search for the same NaN).
     later_nan = replace(failing, precisions=(PrecisionPoint("off", False, "diverged", None), PrecisionPoint("bf16", False, "diverged", None)))

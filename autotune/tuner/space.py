@@ -279,6 +279,15 @@ def failed_precisions(calibration: Calibration) -> dict[str, str]:
     return {amp: "/".join(sorted(seen)) for amp, seen in statuses.items() if amp != "off" and seen <= {"error", "diverged"}}
 
 
+def failed_layout(calibration: Calibration) -> str | None:
+    """The status of the channels_last layout where every compute-only run of the calibration in it failed (not for
+    memory: a model that flattens with ``view``, one with 5-D weights); None where any ran, or every contiguous one failed too."""
+    statuses = {layout: {p.status for p in calibration.precisions if p.channels_last == layout} for layout in (False, True)}
+    if not statuses[True] or (statuses[False] and statuses[False] <= {"error", "diverged"}):
+        return None
+    return "/".join(sorted(statuses[True])) if statuses[True] <= {"error", "diverged"} else None
+
+
 def build_space(
     *,
     device: DeviceInfo,
@@ -350,6 +359,12 @@ def build_space(
         if not values["amp"]:
             raise UsageError(f"--set amp: the model failed in {' and '.join(f'{a} ({why})' for a, why in failed.items())} in every "
                              "compute-only run of the calibration (its lines above say why); allow amp=off")
+    layout = failed_layout(calibration)
+    if layout:  # as a precision: channels_last fails in every trial too
+        values["channels_last"] = tuple(c for c in values["channels_last"] if not c)
+        if not values["channels_last"]:
+            raise UsageError(f"--set channels_last=true: the model failed in channels_last ({layout}) in every compute-only run of the "
+                             "calibration (its lines above say why); allow channels_last=false")
     if images is not None:  # a step must fit in an epoch: a pinned accumulation bounds the batch, a pinned batch the steps
         fit_steps_to_data(values, constraints, images)
     if workload is not None and workload.unsharded:  # a range of workers (0..4) keeps its part that adds no copies
@@ -362,5 +377,6 @@ def build_space(
         raise UsageError(f"--set static_graph=true does not work with accumulation_steps > 1 (DDP's no_sync breaks its reducer), "
                          f"and --effective-batch {effective_batch} with the batches the --set pins allow leaves no step of one "
                          "micro-batch")  # the pins alone: check_pins_act, before the calibration
-    note = "; ".join(f"amp={a} left out: every compute-only run in it ended {why} in the calibration" for a, why in failed.items())
+    left = {f"amp={a}": why for a, why in failed.items()} | ({"channels_last=true": layout} if layout else {})
+    note = "; ".join(f"{knob} left out: every compute-only run in it ended {why} in the calibration" for knob, why in left.items())
     return Space(values=values, effective_batch=effective_batch, images=images, note=note)
