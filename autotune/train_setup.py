@@ -46,22 +46,8 @@ Decode = Literal["cpu", "gpu"]
 
 #: The knobs, in the order they are shown to users.
 KNOBS: tuple[str, ...] = (
-    "num_workers",
-    "prefetch_factor",
-    "pin_memory",
-    "persistent_workers",
-    "batch_size",
-    "accumulation_steps",
-    "amp",
-    "channels_last",
-    "num_threads",
-    "compile",
-    "cudnn_benchmark",
-    "tf32",
-    "optimizer_impl",
-    "decode",
-    "bucket_cap_mb",
-    "gradient_as_bucket_view",
+    "num_workers", "prefetch_factor", "pin_memory", "persistent_workers", "batch_size", "accumulation_steps", "amp", "channels_last",
+    "num_threads", "compile", "cudnn_benchmark", "tf32", "optimizer_impl", "decode", "bucket_cap_mb", "gradient_as_bucket_view",
     "static_graph",
 )
 #: The knobs of DistributedDataParallel: searched only when a trial has more than one rank.
@@ -312,12 +298,17 @@ class TrainSetup:
         return torch.amp.GradScaler(kind)
 
     def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
-        """Convert ``model`` to channels_last when the setup asks for it; SetupError: ``model`` is no ``torch.nn.Module``."""
+        """Convert ``model`` to channels_last when the setup asks for it; SetupError: ``model`` is no ``torch.nn.Module``,
+        or one channels_last cannot hold (a 5-D weight: Conv3d)."""
         import torch
 
         helper_module(model, "prepare_model")
         if self.channels_last:
-            model = model.to(memory_format=torch.channels_last)
+            try:
+                model = model.to(memory_format=torch.channels_last)
+            except RuntimeError as exc:  # torch's "required rank 4 tensor to use channels_last format"
+                raise SetupError(f"prepare_model: channels_last cannot convert this model ({exc}): use a setup with "
+                                 "channels_last=false") from None
         return model
 
     def configure_torch(self, device: str | torch.device) -> None:

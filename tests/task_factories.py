@@ -866,3 +866,25 @@ def corrupt_record_subset() -> autotune.Task:
 
     dataset = _CorruptRecord(ValueError("corrupt record 250\n(at byte 4096)"))
     return autotune.Task(nn.Linear(8, 3), Subset(dataset, range(len(dataset))), batch_size=8)
+
+
+class _VideoAndImage(nn.Module):
+    """A clip through Conv3d (5-D weights) beside an image through Conv2d: channels_last acts on the image batch and
+    cannot convert the model."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.clip = nn.Sequential(nn.Conv3d(3, 4, 3, padding=1), nn.AdaptiveAvgPool3d(1), nn.Flatten())
+        self.image = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.AdaptiveAvgPool2d(1), nn.Flatten())
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, clip: torch.Tensor, image: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.cat([self.clip(clip), self.image(image)], 1))
+
+
+def video_and_image() -> autotune.Task:
+    """Batches of (clip, image) pairs and labels; a model channels_last cannot hold."""
+    clips, images = torch.randn(16, 3, 2, 4, 4), torch.randn(16, 3, 4, 4)
+    data = TensorDataset(clips, images, torch.arange(16) % 3)
+    return autotune.Task(_VideoAndImage, data, batch_size=4,
+                         step=lambda model, batch: nn.functional.cross_entropy(model(batch[0], batch[1]), batch[2]))

@@ -25,7 +25,7 @@ from typer.testing import CliRunner
 import autotune
 from autotune.cli import app
 from autotune.devices import DeviceInfo
-from autotune.errors import UsageError, WorkloadError
+from autotune.errors import SetupError, UsageError, WorkloadError
 from autotune.output.best import read_best
 from autotune.output.emit import render_script
 from autotune.records import LoaderPoint, TrialOptions, TrialResult, Workload
@@ -1272,6 +1272,17 @@ def test_the_task_script_on_a_batch_norm_model_refuses_a_batch_of_one_in_one_lin
     assert failed.returncode == 1 and failed.stderr.splitlines() == [
         "error: Expected more than 1 value per channel when training, got input size torch.Size([1, 4]); a BatchNorm "
         "layer needs more than one value per channel to train on: pass --batch-size 2 or more"], failed.stderr
+
+
+def test_channels_last_on_a_model_with_5d_weights_is_one_line_in_the_script_and_the_helpers(tmp_path: Path) -> None:
+    """A Conv3d beside a 4-D image input: `train.py --channels-last` ended in torch's 27-line traceback ("required rank 4
+    tensor to use channels_last format"), and prepare_model in one's own loop raised torch's RuntimeError."""
+    failed = _run(_task_script(tmp_path, "video_and_image", autotune.TrainSetup(batch_size=4, channels_last=True)), "--max-steps", "1")
+    assert failed.returncode == 1 and len(failed.stderr.splitlines()) == 1, failed.stderr
+    assert failed.stderr.startswith("error: --channels-last: the model cannot take it (") and "pass --no-channels-last" in failed.stderr
+    assert _run(tmp_path / "train.py", "--max-steps", "1", "--no-channels-last").returncode == 0
+    with pytest.raises(SetupError, match=r"^prepare_model: channels_last cannot convert this model \(.*rank 4.*\): use a setup with"):
+        autotune.TrainSetup(channels_last=True).prepare_model(torch.nn.Conv3d(3, 4, 3))
 
 
 def test_a_resumed_iterable_epoch_skips_what_it_trained_on(
