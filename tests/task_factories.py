@@ -665,6 +665,11 @@ def tuple_output() -> autotune.Task:
     return autotune.Task(_WithAuxiliary(), _pairs(), loss=nn.CrossEntropyLoss())
 
 
+def tuple_output_default_loss() -> autotune.Task:
+    """The same model with the default loss (cross-entropy), which takes one tensor."""
+    return autotune.Task(_WithAuxiliary(), _pairs())
+
+
 class _HoldsFile(Dataset):
     def __init__(self) -> None:
         self.handle = tempfile.TemporaryFile()

@@ -473,6 +473,7 @@ def test_good_workloads_become_workload_records() -> None:
         ("unpicklable", "dataset (_HoldsFile) cannot be pickled for DataLoader workers"),
         ("tuple_output", "must be Tensor, not tuple; the model returns a tuple, and loss= gets it whole: give a loss that takes "
                          "it, or step=lambda model, batch: ... that picks the output to train on"),
+        ("tuple_output_default_loss", "the model returns a tuple, and the default loss gets it whole: give a loss that takes it"),
     ],
 )
 def test_bad_workloads_fail_in_the_parent_with_one_line(name: str, message: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -483,7 +484,7 @@ def test_bad_workloads_fail_in_the_parent_with_one_line(name: str, message: str,
         _workload(name)
     assert message in str(info.value)
     assert "\n" not in str(info.value)
-    assert name in ("two_inputs", "tuple_output") or "step=lambda" not in str(info.value)  # only where it is the fix
+    assert name in ("two_inputs", "tuple_output", "tuple_output_default_loss") or "step=lambda" not in str(info.value)  # only where it is the fix
     if name == "raises":  # a Python caller sees the factory's own traceback as the cause (from None hid it)
         assert isinstance(info.value.__cause__, RuntimeError) and info.value.__cause__.__traceback__ is not None
 
@@ -995,8 +996,11 @@ def test_a_task_search_with_a_fake_runner_writes_best_json_and_the_task_train_py
     # A Task's data is its own: no image size in best.json, the script's header or --json (it would mean nothing).
     written = json.loads((tmp_path / "out" / "best.json").read_text())
     assert "image_size" not in written["workload"] and "image_size" not in outcome.to_dict()["best"]["workload"]
-    assert "Tuned for: workload task_factories:dict_batches (autotune.Task) on cpu, 20 samples" in script and " px" not in script
+    assert "Tuned for: workload task_factories:dict_batches (autotune.Task) on cpu, 20 samples\n" in script and " px" not in script
     assert read_best(tmp_path / "out").workload == best.workload
+    # Under DDP trials a Task's sample count is a rank's share: the header says so, as the search's line does.
+    ddp = render_script(dataclasses.replace(best, world_size=2, workload=best.workload.rank_share(2)))
+    assert "Tuned for: workload task_factories:dict_batches (autotune.Task) on cpu, 10 samples per rank\n" in ddp
 
 
 def test_cli_trial_and_python_api_refuse_bad_workloads_before_running(tmp_path: Path) -> None:
@@ -1505,7 +1509,8 @@ def test_a_long_error_is_cut_at_a_word_end_before_its_hint() -> None:
     error = classify(RuntimeError(message)).error or ""
     said, hint = error.split("; some of the model's parameters get no gradient", 1)
     assert said.endswith(" ...") and len(said) <= 300 and said[:-4] == said[:-4].rstrip() and message.startswith(said[14:-4]), said
-    assert hint.endswith("(the emitted train.py also takes --find-unused-parameters)")
+    assert hint.endswith("needs find_unused_parameters, which DDP trials do not measure: search it without --nproc-per-node "
+                         "(the emitted train.py takes --find-unused-parameters)")
     path = "/data/" + "x" * 320 + ".jpg"  # no space near the end: cut inside the path, not back to before it
     said = classify(FileNotFoundError(2, "No such file or directory", path)).error or ""
     assert said.startswith("FileNotFoundError: [Errno 2] No such file or directory: '/data/xxx") and said.endswith("x ...")

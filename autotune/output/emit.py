@@ -118,7 +118,8 @@ def _hardware_summary(hardware: dict[str, Any]) -> str:
 def _header(best: Best, data_is_synthetic: bool) -> str:
     workload, setup = best.workload, best.setup
     if workload.task is not None:
-        size = counted(workload.images, "sample") if workload.images is not None else "an iterable dataset"
+        share = " per rank" if best.world_size > 1 else ""
+        size = f"{counted(workload.images, 'sample')}{share}" if workload.images is not None else "an iterable dataset"
         tuned = f"Tuned for: workload {workload.task} (autotune.Task) on {workload.device}, {size}"
     else:
         tuned = f"Tuned for: {workload.model} at {workload.image_size} px on {workload.device}, " + (

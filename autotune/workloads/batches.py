@@ -76,7 +76,9 @@ _TWICE_HINT = ("; does the workload's step(model, batch) call backward()? It mus
 #: DDP on a model with parameters that got no gradient in a step.
 _UNUSED = "Expected to have finished reduction in the prior iteration"
 _UNUSED_HINT = ("; some of the model's parameters get no gradient in a step (not used in its forward): set requires_grad=False "
-                "on them (the emitted train.py also takes --find-unused-parameters)")
+                "on those it never uses; a model whose forward skips some in some steps (a branch per step, layer drop, "
+                "experts) needs find_unused_parameters, which DDP trials do not measure: search it without --nproc-per-node "
+                "(the emitted train.py takes --find-unused-parameters)")
 
 #: BatchNorm training on a batch that gives it one value per channel (one sample, at a 1x1 feature map for a 2-D one).
 _ONE_VALUE = "Expected more than 1 value per channel when training"

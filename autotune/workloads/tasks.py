@@ -162,8 +162,9 @@ def _check_loss(task: Task, model: Any, batch: Any) -> None:
             several = isinstance(output, (tuple, list, dict))  # auxiliary heads, (logits, features), a dict of outputs
             raise WorkloadError(
                 f"the loss failed on output {describe_batch(output)} and targets {describe_batch(targets)}: {type(exc).__name__}: {exc}"
-                + (f"; the model returns a {type(output).__name__}, and loss= gets it whole: give a loss that takes it, or "
-                   "step=lambda model, batch: ... that picks the output to train on" if several else "")
+                + (f"; the model returns a {type(output).__name__}, and {'loss=' if task.loss is not None else 'the default loss'} "
+                   "gets it whole: give a loss that takes it, or step=lambda model, batch: ... that picks the output to train on"
+                   if several else "")
             ) from None
         for said in warned:  # anything else the loss warns of reaches the user as it would have
             if BROADCAST_WARNING not in str(said.message):
