@@ -893,3 +893,4 @@ def video_and_image() -> autotune.Task:
     data = TensorDataset(clips, images, torch.arange(16) % 3)
     return autotune.Task(_VideoAndImage, data, batch_size=4,
                          step=lambda model, batch: nn.functional.cross_entropy(model(batch[0], batch[1]), batch[2]))
+

@@ -274,6 +274,41 @@ def test_a_trial_killed_from_outside_is_an_error_unless_the_oom_killer_acted(cac
         assert result.status == "error" and failures.KILLED_FROM_OUTSIDE in (result.error or ""), result.error
 
 
+def test_the_oom_killer_takes_a_trial_or_the_trial_server_before_the_search(cache_dir) -> None:
+    """Under a container's memory limit the kernel's OOM killer takes the process of the highest score, by default the
+    largest: it took the search itself (exit 137, not a word), which holds torch as a trial does. A trial volunteers
+    first (its death is an ``oom`` trial), the trial server next (started again); the search keeps its own score."""
+    import threading
+
+    from autotune.runner import run_trial
+    from autotune.runner.server import SERVER_OOM_SCORE, TRIAL_OOM_SCORE
+
+    setup, workload, options = _never_ending(cache_dir)
+    earlier, seen = set(_trial_pids()), {}
+
+    def read_then_stop() -> None:
+        deadline = time.monotonic() + WAIT_S
+        while time.monotonic() < deadline and not seen:
+            for pid in set(_trial_pids()) - earlier:
+                server = psutil.Process(pid).ppid()
+                while _oom_score(pid) != TRIAL_OOM_SCORE and time.monotonic() < deadline:  # forked: it sets its own first thing
+                    time.sleep(0.05)
+                seen.update(trial=_oom_score(pid), server=_oom_score(server))
+                os.kill(pid, signal.SIGTERM)
+                break
+            time.sleep(0.1)
+
+    thread = threading.Thread(target=read_then_stop, daemon=True)
+    thread.start()
+    run_trial(setup, workload, options)
+    thread.join()
+    assert seen == {"trial": TRIAL_OOM_SCORE, "server": SERVER_OOM_SCORE} and _oom_score(os.getpid()) < SERVER_OOM_SCORE, seen
+
+
+def _oom_score(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/oom_score_adj").read_text())
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("oom_killer_acted", [False, True])
 def test_a_loader_worker_killed_while_the_oom_killer_acted_is_oom(cache_dir, monkeypatch, oom_killer_acted) -> None:

@@ -45,11 +45,28 @@ def keep_multiprocessing_files_in(trial_dir: Path) -> None:
         multiprocessing.current_process()._config["tempdir"] = str(folder)  # type: ignore[attr-defined]
 
 
+#: How much sooner than the search the kernel's OOM killer takes a trial (and its loader workers, which inherit it) and the
+#: trial server: out of memory under a container's limit, a trial is recorded as ``oom`` and a server started again,
+#: where the killer took the search itself, the largest process (exit 137, not a word). 1000 is the most; no privilege is needed.
+TRIAL_OOM_SCORE = 1000
+SERVER_OOM_SCORE = 500
+
+
+def volunteer_for_oom_kill(score: int) -> None:
+    """Raise this process's ``oom_score_adj`` to ``score`` (its children inherit it); nothing where /proc says no."""
+    try:
+        with open("/proc/self/oom_score_adj", "w", encoding="ascii") as fh:
+            fh.write(str(score))
+    except OSError:
+        pass
+
+
 def run_child(trial_dir: str, *, new_session: bool) -> None:
     """Execute the trial in ``trial_dir`` in this process, then ``_exit``."""
     status = 0
     try:
         started = time.perf_counter()
+        volunteer_for_oom_kill(TRIAL_OOM_SCORE)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGCHLD])
@@ -175,6 +192,7 @@ def _requests(idle_s: float) -> Iterator[str]:
 
 def serve() -> None:
     """Import the heavy modules once, then fork a trial per request line."""
+    volunteer_for_oom_kill(SERVER_OOM_SCORE)  # before torch's import, the server's largest allocation
     import autotune.runner._preload  # noqa: F401
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -47,6 +47,7 @@ from autotune.tuner.study_report import kept_outcome, kept_winner, report_search
 from autotune.tuner.timed import TimedRunner
 from autotune.tuner.winner import bottleneck_verdict, make_best
 from autotune.units import counted
+from probes.memory import collect_memory
 
 T = TypeVar("T")
 
@@ -232,6 +233,13 @@ def _nothing_feasible(records: list[TrialRecord], storage: str, interrupted: boo
     return SearchFailed(f"all {len(records)} trials failed ({'; '.join(reasons)[:300]}){where}")
 
 
+def available_now(prepared: Prepared) -> int:
+    """RAM left now, after the probe: less this search's own torch and its trial server's (about 400 MiB each), which
+    a container's memory limit holds too (read at the probe, a budget of half of a 1.2 GiB limit left no room for them,
+    and the kernel's OOM killer stopped the search itself without a word)."""
+    return min(prepared.hardware.memory.usable_bytes(), collect_memory().usable_bytes())
+
+
 def calibrate_once(config: SearchConfig, prepared: Prepared, reporter: Reporter, runner: TrialRunner) -> Calibration:
     """The calibration stored in the study, or a new one (then stored; each run as it returns, :class:`KeptRuns`).
 
@@ -249,7 +257,7 @@ def calibrate_once(config: SearchConfig, prepared: Prepared, reporter: Reporter,
         with sigterm_as_interrupt():
             calibration = calibrate(
                 prepared.workload, prepared.device, usable_cores=prepared.placement.rank_cores,
-                available_bytes=prepared.hardware.memory.usable_bytes(), max_memory=config.max_memory,
+                available_bytes=available_now(prepared), max_memory=config.max_memory,
                 trial_seconds=config.trial_seconds, bf16_ok=prepared.device.bf16, log=reporter.message, runner=kept,
                 world_size=prepared.placement.world_size, ram_share=prepared.placement.processes, pinned=config.constraints,
                 timeout_s=config.timeout_s,
