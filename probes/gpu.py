@@ -212,6 +212,8 @@ def collect_gpus() -> GpuReport:
         import pynvml as nvml
     except ImportError as exc:
         return GpuReport((), f"nvidia-ml-py is not installed ({exc})", driver_loaded=False)
+    except Exception as exc:  # a broken build or a shim that raises as it loads: the GPUs are unknown, the rest stands
+        return GpuReport((), f"nvidia-ml-py failed to import: {_error_text(exc)}", driver_loaded=False)
 
     try:
         nvml.nvmlInit()

@@ -69,6 +69,10 @@ def _shm_warning(shm: ShmInfo) -> str | None:
             "to the main process through shared memory there; mount a tmpfs on it "
             "(in Docker: --shm-size=8g or --ipc=host)."
         )
+    if not shm.writable:
+        return (f"{shm.path} is read-only to this process: DataLoader workers (num_workers > 0) pass every batch to the main "
+                "process through files there, so every setup with workers fails; mount a writable tmpfs on it "
+                "(in Docker: drop a read-only --tmpfs /dev/shm, or use --shm-size=8g or --ipc=host).")
     if shm.total_bytes >= SHM_MIN_BYTES:
         return None
     return (

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import resource
 import shutil
 from dataclasses import dataclass
@@ -61,15 +62,18 @@ class ShmInfo:
         path: The directory probed (``/dev/shm``).
         total_bytes: Its size, None when it is missing or unreadable.
         free_bytes: Its free space, None when missing or unreadable.
+        writable: Whether this process may create files in it (a read-only mount, or one without write permission:
+            every loader worker fails to hand a batch over).
     """
 
     path: str
     total_bytes: int | None
     free_bytes: int | None
+    writable: bool = True
 
     def to_dict(self) -> dict[str, Any]:
         """Return the JSON-ready form (the ``shm`` object)."""
-        return {"path": self.path, "total_bytes": self.total_bytes, "free_bytes": self.free_bytes}
+        return {"path": self.path, "total_bytes": self.total_bytes, "free_bytes": self.free_bytes, "writable": self.writable}
 
 
 def address_space_limit() -> int | None:
@@ -111,6 +115,8 @@ def collect_shm(path: str = SHM_PATH) -> ShmInfo:
     """
     try:
         usage = shutil.disk_usage(path)
+        read_only = bool(os.statvfs(path).f_flag & os.ST_RDONLY)
     except OSError:
-        return ShmInfo(path=path, total_bytes=None, free_bytes=None)
-    return ShmInfo(path=path, total_bytes=int(usage.total), free_bytes=int(usage.free))
+        return ShmInfo(path=path, total_bytes=None, free_bytes=None, writable=False)
+    writable = not read_only and os.access(path, os.W_OK | os.X_OK)
+    return ShmInfo(path=path, total_bytes=int(usage.total), free_bytes=int(usage.free), writable=writable)

@@ -54,7 +54,8 @@ def _system_table(hw: Hardware) -> Table:
         table.add_row(shm.path, "[red]missing[/]")
     else:
         style = "yellow" if any(w.startswith(shm.path) for w in hw.warnings) else ""
-        text = f"{format_bytes(shm.free_bytes)} free of {format_bytes(shm.total_bytes)}"
+        text = f"{format_bytes(shm.free_bytes)} free of {format_bytes(shm.total_bytes)}" + ("" if shm.writable else ", read-only")
+        style = style if shm.writable else "red"
         table.add_row(shm.path, f"[{style}]{text}[/]" if style else text)
     return table
 

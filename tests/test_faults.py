@@ -425,6 +425,29 @@ def test_a_trial_on_a_real_full_dev_shm_names_it(cache_dir) -> None:
     assert error.endswith("(docker run --shm-size=8g or --ipc=host)"), error
 
 
+def test_a_read_only_dev_shm_is_named_by_the_probe_and_a_trial(cache_dir, tmp_path) -> None:
+    """A read-only /dev/shm (a container's read-only tmpfs): the probe showed its free space without a warning, and a
+    trial with a loader worker ended `OSError: [Errno 30] Read-only file system: '/dev/shm/pym-...'` with no advice."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    mount = f"mount --make-rprivate / && mount --bind {empty} /dev/shm && mount -o remount,bind,ro /dev/shm && exec \"$@\""
+    allowed = subprocess.run(["unshare", "-m", "sh", "-c", mount, "sh", "true"], capture_output=True, timeout=60, check=False)
+    if allowed.returncode != 0:
+        pytest.skip(f"this process may not mount a private /dev/shm: {allowed.stderr.decode(errors='replace').strip()}")
+    probe = subprocess.run(["unshare", "-m", "sh", "-c", mount, "sh", sys.executable, "-m", "autotune", "probe", "--json"],
+                           capture_output=True, text=True, timeout=WAIT_S, cwd=TESTS)
+    report = json.loads(probe.stdout)
+    assert report["shm"]["writable"] is False and any(w.startswith("/dev/shm is read-only") for w in report["warnings"]), report
+    trial = [sys.executable, "-m", "autotune", "trial", "--model", "factories:tiny_cnn", "--image-size", "32", "--synthetic-images",
+             "64", "--cache-dir", str(cache_dir), "--device", "cpu", "--trial-seconds", "1", "--batch-size", "16", "--workers", "1",
+             "--json"]
+    result = subprocess.run(["unshare", "-m", "sh", "-c", mount, "sh", *trial], capture_output=True, text=True, timeout=WAIT_S,
+                            cwd=TESTS)
+    error = json.loads(result.stdout)["error"]
+    assert "Read-only file system" in error and error.endswith("; /dev/shm is read-only to this process: loader workers hand every "
+                                                                "batch over through it (mount a writable tmpfs there)"), error
+
+
 def test_the_oom_kill_counters_are_read_from_vmstat_and_the_memory_cgroup(tmp_path) -> None:
     from probes.cgroup import oom_kills, parse_oom_kills
 

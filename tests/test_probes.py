@@ -370,7 +370,7 @@ def test_a_command_the_address_space_limit_breaks_ends_in_one_line_naming_it() -
 
 def test_missing_shm_gives_null_sizes(tmp_path: Path) -> None:
     shm = probes.collect_shm(str(tmp_path / "no-such-dir"))
-    assert shm.to_dict() == {"path": str(tmp_path / "no-such-dir"), "total_bytes": None, "free_bytes": None}
+    assert shm.to_dict() == {"path": str(tmp_path / "no-such-dir"), "total_bytes": None, "free_bytes": None, "writable": False}
 
 
 # --------------------------------------------------------------------------- NVML (fake pynvml)
@@ -568,6 +568,17 @@ def test_nvidia_ml_py_not_installed(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "pynvml", None)  # makes `import pynvml` raise ImportError
     report = collect_gpus()
     assert report.gpus == () and report.error is not None and "nvidia-ml-py" in report.error
+
+
+def test_a_pynvml_that_raises_as_it_loads_leaves_the_rest_of_the_probe(tmp_path: Path) -> None:
+    """A broken build (an undefined symbol) or a shim that raises at import: `autotune probe` failed whole, and a CPU
+    search ended in an internal error (exit 3), though it needs no NVML."""
+    (tmp_path / "pynvml.py").write_text('raise RuntimeError("broken pynvml build: undefined symbol nvmlFoo")\n')
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-m", "autotune", "probe", "--json"], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["gpu_error"] == "nvidia-ml-py failed to import: broken pynvml build: undefined symbol nvmlFoo" and report["cpu"]["usable_cores"] >= 1
 
 
 def test_gpu_mostly_used_by_others_warns(fake_nvml: FakeNvml) -> None:

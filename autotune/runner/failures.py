@@ -16,7 +16,7 @@ from autotune.workloads.batches import hinted
 from autotune.workloads.data import BadData
 from probes.cgroup import oom_kills
 from probes.hardware import SHM_MIN_BYTES
-from probes.memory import collect_shm
+from probes.memory import SHM_PATH, collect_shm
 from probes.units import format_bytes
 
 
@@ -109,9 +109,11 @@ def shm_hint(message: str) -> str:
     (a worker's SIGBUS says so where /dev/shm is under 1 GiB; above, it may be a memory-mapped file cut short); ""
     otherwise."""
     full, bus = (words in message for words in SHM_FULL)
-    if not full and not bus:
+    shm = collect_shm() if full or bus or SHM_PATH in message else None
+    if shm is not None and not shm.writable and SHM_PATH in message:  # Errno 30 (read-only) or 13 on a worker's file there
+        return f"; {shm.path} is read-only to this process: loader workers hand every batch over through it (mount a writable tmpfs there)"
+    if shm is None or (not full and not bus):
         return ""
-    shm = collect_shm()
     size = f" ({format_bytes(shm.total_bytes)}, {format_bytes(shm.free_bytes)} free)" if shm.total_bytes is not None else ""
     if not full and (shm.total_bytes is None or shm.total_bytes >= SHM_MIN_BYTES):
         return (f"; a worker's bus error (SIGBUS) means {shm.path}{size} ran full for a moment, or a memory-mapped file the "
