@@ -448,6 +448,47 @@ def test_a_read_only_dev_shm_is_named_by_the_probe_and_a_trial(cache_dir, tmp_pa
                                                                 "batch over through it (mount a writable tmpfs there)"), error
 
 
+def test_a_full_temporary_directory_is_one_line_not_a_server_terminated_from_outside(cache_dir, tmp_path) -> None:
+    """TMPDIR on a full filesystem: the trial could not write its files, nor its server the exit status, and the trial
+    read `interrupted: the trial server was terminated from outside` (a search stopped as if by Ctrl-C, exit 130)."""
+    full = tmp_path / "full"
+    full.mkdir()
+    mount = f"mount --make-rprivate / && mount -t tmpfs -o size=4k tmpfs {full} && exec \"$@\""
+    allowed = subprocess.run(["unshare", "-m", "sh", "-c", mount, "sh", "true"], capture_output=True, timeout=60, check=False)
+    if allowed.returncode != 0:
+        pytest.skip(f"this process may not mount a private tmpfs: {allowed.stderr.decode(errors='replace').strip()}")
+    trial = [sys.executable, "-m", "autotune", "trial", "--model", "factories:tiny_cnn", "--image-size", "32", "--synthetic-images",
+             "64", "--cache-dir", str(cache_dir), "--device", "cpu", "--trial-seconds", "1"]
+    result = subprocess.run(["unshare", "-m", "sh", "-c", mount, "sh", *trial], capture_output=True, text=True, timeout=WAIT_S,
+                            cwd=TESTS, env={**os.environ, "TMPDIR": str(full)})
+    assert result.returncode == 1 and result.stderr.splitlines()[-1] == (
+        f"error: cannot write a trial's files in the temporary directory {full} (0 B free): free space there, or point TMPDIR at a "
+        "directory with room"), result.stderr
+
+
+def test_a_trial_server_that_ended_by_itself_is_no_interrupt(tmp_path) -> None:
+    """The trial's exit status went unwritten and its server ended with a code of its own (its idle exit): that is an
+    error of the trial, said with the room left; only a server ended by a signal was terminated from outside."""
+    from autotune.records import TrialOptions
+    from autotune.runner.launch import _supervise
+
+    class Gone:
+        def __init__(self, server: int) -> None:
+            self.server = server
+
+        def exitcode(self) -> None:
+            return None
+
+        def lost(self) -> int:
+            return self.server
+
+    ended = _supervise(Gone(75), tmp_path, TrialOptions(), None, None)  # type: ignore[arg-type]
+    assert ended.status == "error" and ended.error is not None and ended.error.startswith(
+        f"the trial server ended (exit 75) without the trial's exit status, which it writes in {tmp_path.parent} ("), ended
+    terminated = _supervise(Gone(-signal.SIGTERM), tmp_path, TrialOptions(), None, None)  # type: ignore[arg-type]
+    assert terminated.status == "interrupted" and "terminated from outside" in (terminated.error or "")
+
+
 def test_the_oom_kill_counters_are_read_from_vmstat_and_the_memory_cgroup(tmp_path) -> None:
     from probes.cgroup import oom_kills, parse_oom_kills
 

@@ -23,11 +23,13 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
+from autotune.errors import AutotuneError
 from autotune.files import maker_is_gone
 from autotune.records import MAX_SECONDS, TrialOptions, TrialResult, Workload
 from autotune.runner import zygote
 from autotune.runner.failures import EXTERNAL_SIGNALS, interrupted, killed, worker_oom
 from autotune.train_setup import TrainSetup
+from autotune.units import format_bytes
 from probes.cgroup import oom_kills
 
 #: Seconds added to a trial's timeout when it compiles the model (tens of seconds on a CPU, minutes for large models).
@@ -36,6 +38,8 @@ COMPILE_ALLOWANCE_S = 300.0
 WindowCallback = Callable[[int, float], bool]
 #: A trial directory is ``PREFIX<pid of the search>-<random>`` in the temporary directory.
 PREFIX = "autotune-trial-"
+#: Free space a trial's files need in the temporary directory: its log, its events, the exit status the server writes.
+TRIAL_FILES_MIN_BYTES = 256 * 1024
 #: A dead search's trial directory untouched this long is removed (a live one is written every window).
 STALE_AFTER_S = 3600.0
 _swept: set[str] = set()
@@ -114,9 +118,19 @@ def run_trial(
     if root not in _swept:  # once per process and temporary directory
         _swept.add(root)
         remove_stale_trial_dirs(Path(root))
-    with tempfile.TemporaryDirectory(prefix=f"{PREFIX}{os.getpid()}-", ignore_cleanup_errors=True) as tmp:
+    try:
+        made = tempfile.TemporaryDirectory(prefix=f"{PREFIX}{os.getpid()}-", ignore_cleanup_errors=True)
+    except OSError as exc:
+        raise _no_room(root, exc.strerror or str(exc)) from None
+    with made as tmp:
         directory = Path(tmp)
-        (directory / zygote.REQUEST).write_text(json.dumps(request), encoding="utf-8")
+        try:
+            (directory / zygote.REQUEST).write_text(json.dumps(request), encoding="utf-8")
+            free = shutil.disk_usage(directory).free
+        except OSError as exc:
+            raise _no_room(root, exc.strerror or str(exc)) from None
+        if free < TRIAL_FILES_MIN_BYTES:  # the trial's log and events, the exit status: unwritten, the trial looked killed from outside
+            raise _no_room(root, f"{format_bytes(free)} free")
         oom_before = oom_kills()
         proc = zygote.launch(directory)
         try:
@@ -124,6 +138,12 @@ def run_trial(
         finally:
             proc.kill()
             proc.wait_reaped(timeout=2.0)
+
+
+def _no_room(root: str, why: str) -> AutotuneError:
+    """The error of a temporary directory that cannot hold a trial's files: every trial would fail alike."""
+    return AutotuneError(f"cannot write a trial's files in the temporary directory {root} ({why}): free space there, or point "
+                         "TMPDIR at a directory with room")
 
 
 def _read_events(path: Path, offset: int) -> tuple[list[dict[str, Any]], int]:
@@ -183,8 +203,12 @@ def _supervise(
                 if on_window is not None and on_window(int(event["index"]), value):
                     proc.kill()
                     return _pruned(event, measured, tuple(windows), options)
-        if exitcode is None and proc.lost():
-            return interrupted("the trial server was terminated from outside; its trial is gone")
+        if exitcode is None and (server := proc.lost()) is not None:
+            if server < 0:
+                return interrupted("the trial server was terminated from outside; its trial is gone")
+            free = format_bytes(shutil.disk_usage(directory).free) if directory.is_dir() else "gone"
+            return TrialResult(status="error", mode=options.mode, error=f"the trial server ended (exit {server}) without the trial's "
+                               f"exit status, which it writes in {directory.parent} ({free} free there)")
         if exitcode is not None:
             result = _signal_death(exitcode, directory / zygote.OUTPUT, oom_before)
             return TrialResult(**{**result.to_dict(), "windows": tuple(windows), "mode": options.mode})

@@ -56,18 +56,19 @@ class TrialProcess:
         self._popen = popen
         self._server = server
 
-    def lost(self) -> bool:
-        """Whether the trial is gone without an exit status: its server died (was
-        terminated) and nobody will ever write the ``exit`` file."""
-        if self._server is None or self._server.poll() is None or self.exitcode() is not None:
-            return False
+    def lost(self) -> int | None:
+        """The exit code of the trial's server (negative: a signal's) where the trial is gone without an exit status, which
+        nobody will ever write now (the server was terminated, or it could not write the ``exit`` file); else None."""
+        code = self._server.poll() if self._server is not None else None
+        if code is None or self.exitcode() is not None:
+            return None
         try:
             os.kill(self.pid, 0)
         except ProcessLookupError:
-            return True
+            return code
         except OSError:
-            return False
-        return False
+            return None
+        return None
 
     def exitcode(self) -> int | None:
         """The exit code once the process is gone (negative: killed by a signal)."""
