@@ -764,6 +764,36 @@ def test_a_study_storage_that_fails_mid_search_is_one_line_and_keeps_the_trials_
     assert study_of(tmp_path / "out").trials[0].state == TrialState.COMPLETE  # measured before the disk filled: kept
 
 
+@pytest.mark.parametrize("damage", ["removed", "truncated"])
+def test_a_study_db_removed_or_damaged_mid_search_is_said_as_such(tmp_path, cache_dir, monkeypatch, damage: str) -> None:
+    """study.db deleted (or cut short) while the search runs: the line said `what it stored before this is kept ...: free
+    disk space`, both untrue; it names the file and what happened to it."""
+    from autotune.errors import StorageError
+    from autotune.tuner import SearchConfig, run_search
+    from autotune.tuner.study import SearchStudy
+
+    record, db = SearchStudy.record, tmp_path / "out" / "study.db"
+
+    def record_after_the_damage(self, trial, *args, **kwargs):
+        if trial.number == 1:
+            if damage == "removed":
+                db.unlink()
+            else:
+                with open(db, "r+b") as fh:
+                    fh.truncate(8192)
+                    fh.seek(100)
+                    fh.write(b"\xff" * 4000)
+        return record(self, trial, *args, **kwargs)
+
+    monkeypatch.setattr(SearchStudy, "record", record_after_the_damage)
+    config = SearchConfig(model="resnet18", trials=3, image_size=32, device="cpu", trial_seconds=1.0,
+                          out=tmp_path / "out", cache_dir=cache_dir, synthetic_images=64)
+    said = f"{db} was removed or moved while the search ran" if damage == "removed" else f"{db} was damaged while the search ran"
+    with pytest.raises(StorageError, match=r"^cannot write to the study storage sqlite:///") as caught:
+        run_search(config, runner=steady_runner)
+    assert said in str(caught.value) and "free disk space" not in str(caught.value) and "\n" not in str(caught.value), caught.value
+
+
 @pytest.mark.parametrize("file", ["train.py", "best.json"])
 def test_a_full_disk_while_the_winner_is_written_says_what_is_kept_and_to_rerun(tmp_path, cache_dir, monkeypatch, file: str) -> None:
     """train.py or best.json (written after it) cannot be written (ENOSPC) after the confirmation: the line says the

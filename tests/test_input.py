@@ -307,8 +307,9 @@ def test_status_of_a_shared_workers_directory_asks_for_its_storage(tmp_path) -> 
     from autotune.errors import StorageError
     from autotune.tuner.study_report import storage_of
 
-    (tmp_path / "trials.csv").write_text("trial\n")  # a worker's --out: its study is in the --storage it was given
-    with pytest.raises(StorageError, match="its search kept the study in its --storage; pass that --storage URL --study NAME"):
+    (tmp_path / "trials.csv").write_text("trial\n")  # a worker's --out, or a lone search's whose study.db was removed: no best.json tells
+    with pytest.raises(StorageError, match=r"study.db is missing; it was removed or moved \(put it back\), or the search kept its study "
+                                           r"in a --storage \(pass that --storage URL --study NAME\)$"):
         storage_of(tmp_path, None)
     with pytest.raises(StorageError, match="run `autotune search --out"):
         storage_of(tmp_path / "empty", None)

@@ -63,11 +63,9 @@ FIRST_PAUSE_S = 1.0
 
 
 def retries() -> int:
-    """Attempts at a storage step before a worker gives up."""
-    try:
-        return max(1, int(os.environ.get("AUTOTUNE_STORAGE_RETRIES", RETRIES)))
-    except ValueError:
-        return RETRIES
+    """Attempts at a storage step before a worker gives up (``AUTOTUNE_STORAGE_RETRIES``, else :data:`RETRIES`)."""
+    value = os.environ.get("AUTOTUNE_STORAGE_RETRIES", "")
+    return max(1, int(value)) if value.strip().lstrip("-").isdigit() else RETRIES
 
 
 def journal_path(url: str) -> str | None:
@@ -160,9 +158,7 @@ def check_one_study(out: Path, name: str, *, local: bool = True) -> None:
 
 def is_shared(url: str | None) -> bool:
     """Whether the storage is meant for many workers (a database server or a journal file)."""
-    if url is None:
-        return False
-    return journal_path(url) is not None or not url.startswith("sqlite")
+    return url is not None and (journal_path(url) is not None or not url.startswith("sqlite"))
 
 
 def check_storage_url(url: str) -> None:
@@ -322,11 +318,8 @@ def connection_lost(url: str, exc: BaseException) -> bool:
 
 
 #: What a database that fails or drops its connection raises.
-DATABASE_ERRORS: tuple[type[BaseException], ...] = (
-    sqlalchemy.exc.OperationalError,
-    sqlalchemy.exc.InterfaceError,
-    optuna.exceptions.StorageInternalError,  # Optuna's wrapper of a failed commit
-)
+DATABASE_ERRORS: tuple[type[BaseException], ...] = (  # the last: Optuna's wrapper of a failed commit
+    sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError, optuna.exceptions.StorageInternalError)
 #: What a lost database connection or an unreachable journal file raises.
 CONNECTION_ERRORS: tuple[type[BaseException], ...] = (*DATABASE_ERRORS, OSError)
 
@@ -393,8 +386,15 @@ def storage_failures_said(storage: str) -> Iterator[None]:
 
 
 def storage_failure(storage: str, exc: BaseException) -> StorageError:
-    """The one line of :func:`storage_failures_said` for the database error ``exc`` of ``storage``."""
-    return StorageError(hide_passwords(
-        f"cannot write to the study storage {storage}: {first_line(storage_cause(exc))}; what it stored before this is kept "
-        "(finished trials, calibration): free disk space or bring the storage back, then rerun the same command to resume"
-    ))
+    """The one line of :func:`storage_failures_said` for the database error ``exc`` of ``storage`` (an SQLite file removed or
+    damaged while the search ran is said as such: what it stored is not kept there)."""
+    why, file = first_line(storage_cause(exc)), storage_file(storage) if storage.startswith("sqlite") else None
+    what = ("what it stored before this is kept (finished trials, calibration): free disk space or bring the storage back, then "
+            "rerun the same command to resume")
+    if file is not None and not file.exists():
+        what = (f"{file} was removed or moved while the search ran, and what it stored with it (trials.csv beside it lists the "
+                "finished trials): put it back, or move that --out away and search again")
+    elif file is not None and _damaged(why):
+        what = (f"{file} was damaged while the search ran (not a readable SQLite database): restore it from a backup, or move that "
+                "--out away and search again")
+    return StorageError(hide_passwords(f"cannot write to the study storage {storage}: {why}; {what}"))

@@ -272,7 +272,10 @@ def storage_of(out: Path, storage: str | None) -> str:
                     f"no study in {out}: {db} is missing, yet the search of {out / 'best.json'} kept its study there "
                     "(its command has no --storage): the file was removed or moved; put it back, or pass --storage URL --study NAME"
                 )
-            raise StorageError(f"no study in {out}: its search kept the study in its --storage; pass that --storage URL --study NAME")
+            if (out / "best.json").is_file():  # its command names no study.db here: the study is in the --storage it names
+                raise StorageError(f"no study in {out}: its search kept the study in its --storage; pass that --storage URL --study NAME")
+            raise StorageError(f"no study in {out}: {db} is missing; it was removed or moved (put it back), or the search kept its "
+                               "study in a --storage (pass that --storage URL --study NAME)")
         raise StorageError(
             f"no study in {out}: {db} does not exist (run `autotune search --out {out}` first, or pass --storage URL --study NAME)"
         )
