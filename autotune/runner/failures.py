@@ -104,6 +104,10 @@ def broken_hand_over(exc: BaseException) -> bool:
     return any(f.endswith(_DATALOADER_FILE) for f in files) and _MULTIPROCESSING in files[-1]
 
 
+#: The words of a trial whose loader workers found /dev/shm too small (:func:`shm_hint`): the search skips larger queues.
+SHM_TOO_SMALL = "is too small for this setup's batches in flight"
+
+
 def shm_hint(message: str) -> str:
     """``; /dev/shm (64.0 MiB, 0 B free) is too small ...`` where ``message`` says the loader's workers found it full
     (a worker's SIGBUS says so where /dev/shm is under 1 GiB; above, it may be a memory-mapped file cut short); ""
@@ -118,7 +122,7 @@ def shm_hint(message: str) -> str:
     if not full and (shm.total_bytes is None or shm.total_bytes >= SHM_MIN_BYTES):
         return (f"; a worker's bus error (SIGBUS) means {shm.path}{size} ran full for a moment, or a memory-mapped file the "
                 "dataset reads was cut short")
-    return (f"; {shm.path}{size} is too small for this setup's batches in flight (workers x prefetch x batch): fewer "
+    return (f"; {shm.path}{size} {SHM_TOO_SMALL} (workers x prefetch x batch): fewer "
             "workers, a smaller prefetch or batch fit it; to search them all, give the container more shared memory "
             "(docker run --shm-size=8g or --ipc=host)")
 

@@ -10,7 +10,8 @@ larger than the data is infeasible without running. Those two run nothing
 and do not use up ``--trials`` (:func:`autotune.tuner.budget.counted`), and
 neither does a trial that found a stream of unknown length too short for
 one optimizer step (:func:`starved`); a later step at least as large is
-infeasible without running. ``trials.csv`` is
+infeasible without running, as is a loader queue no smaller than one that
+found /dev/shm too small (:func:`beyond_the_shm`). ``trials.csv`` is
 rewritten after every trial, so nothing measured is lost.
 """
 
@@ -25,6 +26,7 @@ from autotune.errors import StorageError, WorkloadError
 from autotune.output.trials_csv import write_trials_csv
 from autotune.records import TrialOptions, TrialRecord, TrialResult, Workload, queue_fits
 from autotune.runner import TrialRunner, WindowCallback
+from autotune.runner.failures import SHM_TOO_SMALL
 from autotune.train_setup import TrainSetup
 from autotune.tuner.budget import STUDY_BUDGET
 from autotune.tuner.constraints import Constraint, excluding
@@ -192,6 +194,8 @@ def known_result(study: SearchStudy, setup: TrainSetup, number: int, workload: W
     too_big = unrunnable(setup, workload)
     if too_big is None and workload.iterable and workload.images is None:
         too_big = beyond_the_stream(setup, study.records())
+    if too_big is None and setup.num_workers:
+        too_big = beyond_the_shm(setup, study.records())
     if too_big is not None:
         return Known(too_big)
     previous = study.same_setup(setup, number)
@@ -233,6 +237,29 @@ def beyond_the_stream(setup: TrainSetup, records: list[TrialRecord]) -> TrialRes
     return TrialResult(status="error", error=(
         f"batch {setup.batch_size} x {setup.accumulation_steps} accumulation = {step}: one pass of the dataset holds fewer "
         f"than {shortest.setup.effective_batch()} samples (trial #{shortest.number}): an epoch would hold no optimizer step"))
+
+
+def in_flight(setup: TrainSetup) -> int:
+    """Samples the loader's workers hold in /dev/shm at most: workers x prefetch x batch."""
+    return setup.num_workers * (setup.prefetch_factor or 2) * setup.batch_size
+
+
+def beyond_the_shm(setup: TrainSetup, records: list[TrialRecord]) -> TrialResult | None:
+    """An infeasible result, not run, for a setup with loader workers whose batches in flight are at least those a trial
+    found /dev/shm too small for (a container's default 64 MiB): it fails alike, where the search spent trial after
+    trial on it.
+
+    Args:
+        setup: The setup to run next.
+        records: The study's trials so far.
+    """
+    full = [r for r in records if SHM_TOO_SMALL in (r.result.error or "") and r.reused_from is None and r.setup.num_workers]
+    smallest = min(full, key=lambda r: in_flight(r.setup), default=None)
+    if smallest is None or in_flight(setup) < in_flight(smallest.setup):
+        return None
+    return TrialResult(status="error", error=(
+        f"{in_flight(setup)} samples in flight (workers x prefetch x batch) are no fewer than the {in_flight(smallest.setup)} "
+        f"that /dev/shm could not hold in trial #{smallest.number}: not run"))
 
 
 def unfed(setup: TrainSetup, workload: Workload, knob_terms: bool = False) -> str | None:
