@@ -651,8 +651,11 @@ def test_a_waiting_worker_waits_while_the_elected_one_stores_progress(postgres, 
             assert wait() in (None, {"trials": 4, "best": {}})  # the leader's calibration, or its winner
             assert crew.polls == progress + 1
         else:
-            with pytest.raises(StorageError, match=f"pid {leader.pid} on .* stored no (calibration run|confirmation measurement) for 600 s"):
+            with pytest.raises(StorageError, match=f"pid {leader.pid} on .* stored no (calibration run|confirmation measurement) for 600 s"
+                               ) as raised:
                 wait()
+            if kind == "confirm":  # the way on: a rerun takes over once that worker is gone
+                assert str(raised.value).endswith("; rerun a worker's search command to confirm it"), raised.value
             assert 10 <= crew.polls <= 12  # 600 s without progress, a minute per poll
     finally:
         leader.kill()
@@ -960,6 +963,56 @@ def test_a_worker_that_takes_over_from_a_dead_elected_one_says_so(tmp_path, kind
     assert crew.waited_s > 0  # the report's "waiting for other workers"
 
 
+class _StopOnWait(_Said):
+    """A reporter that, when this worker says it waits, interrupts the frozen worker ``elected`` (SIGINT, then SIGCONT)."""
+
+    def __init__(self, elected: subprocess.Popen[str]) -> None:
+        super().__init__()
+        self.elected = elected
+
+    def message(self, text: str) -> None:
+        super().message(text)
+        if "waiting for its winner" in text:
+            self.elected.send_signal(signal.SIGINT)
+            self.elected.send_signal(signal.SIGCONT)
+
+
+def test_a_worker_interrupted_while_it_confirms_leaves_the_election_to_a_worker_on_another_host_at_once(tmp_path, monkeypatch) -> None:
+    """Ctrl-C on the worker confirming a study shared with a worker on another host. Before, the other worker counted
+    the interrupted one's election marker alive for 30 minutes (its heartbeat): it waited 10 minutes, stopped without a
+    winner, and every rerun within those 30 minutes did the same. A worker leaving the search stamps itself gone: the
+    waiting worker takes the confirmation over as soon as the interrupted one has ended."""
+    import socket
+
+    from autotune.tuner.lock import GONE
+    from autotune.tuner.study import STUDY_WINNER
+    from autotune.tuner.workers import confirm_marker
+
+    storage, name, here = f"journal:///{tmp_path}/study.log", "withdraws", socket.gethostname()
+    studies.seed_calibration(storage, name, trials=2, shared=True)
+    cmd = worker_cmd(tmp_path / "a", storage, name, trials=2)
+    cmd[cmd.index("--confirm-rounds") + 1] = "3"  # a confirmation of several measurements: frozen in it, not after it
+    elected = start(cmd)
+    try:
+        study, deadline = load(storage, name), time.monotonic() + WAIT_S
+        while not [t for t in study.get_trials(deepcopy=False, states=(TrialState.FAIL,)) if t.user_attrs.get("marker") == confirm_marker(2)]:
+            assert elected.poll() is None and time.monotonic() < deadline, elected.communicate()[1][-2000:]
+            time.sleep(0.02)
+        elected.send_signal(signal.SIGSTOP)  # elected (it entered first, alone) and confirming, until this worker waits
+        assert STUDY_WINNER not in load(storage, name).user_attrs
+        monkeypatch.setattr(socket, "gethostname", lambda: "another-host")  # this process: a worker on another host
+        crew, reporter = Crew(SearchStudy.open(storage, name, shared=True), wait_s=WAIT_S, poll_s=0.05), _StopOnWait(elected)
+        assert crew.confirm_or_wait(2, reporter) is None  # this worker confirms
+        code, _, stderr = finish(elected)
+    finally:
+        elected.send_signal(signal.SIGCONT)
+        elected.kill()
+        elected.wait()
+    assert code == 130 and "interrupted" in stderr, stderr[-2000:]
+    assert reporter.said[-1] == f"pid {elected.pid} on {here} is gone before it was done; this worker takes over", reporter.said
+    assert [v for k, v in load(storage, name).user_attrs.items() if k.startswith(f"alive:{here}:{elected.pid}:")] == [GONE]
+
+
 def test_a_searching_worker_says_when_it_fails_a_dead_worker_s_trial(tmp_path) -> None:
     """A worker already searching finds the trial of a worker that died mid-trial: it fails it, queues it again and
     says so (before, only a worker joining afterwards said it; one already searching re-ran the trial silently)."""
@@ -1022,6 +1075,26 @@ def test_an_elected_worker_on_another_host_stays_elected_while_it_stores_its_wor
     alone = SearchStudy.open(f"sqlite:///{tmp_path}/alone.db", "alone")  # a search of its own stamps nothing
     alone.store_confirmation("#1", ([10.0], [], []))
     assert not any(key.startswith("alive:") for key in alone.study.user_attrs)
+
+
+def test_a_worker_that_withdrew_is_passed_over_at_once_and_a_later_search_of_its_process_is_not(tmp_path) -> None:
+    """A worker on another host that stamped itself gone (it left the search) loses its elections at once, not 30
+    minutes later; a search that starts later in the process of one that withdrew (the API, in-process tests) enters
+    its elections alive again."""
+    from autotune.tuner import elections
+    from autotune.tuner.lock import GONE
+
+    study = SearchStudy.open(f"journal:///{tmp_path}/study.log", "left", shared=True)
+    remote = Holder(4242, "another-host", time.time() - 60, time.time())  # entered its marker just now
+    study.study.add_trial(optuna.create_trial(state=TrialState.FAIL, user_attrs={"marker": "confirm@4", ATTR_WORKER: remote.to_dict()}))
+    waiting = Crew(study, wait_s=600.0)
+    assert waiting.leads("confirm@4").same_process(remote)
+    elections.withdraw(study.study, remote)
+    assert study.study.user_attrs[remote.alive_key()] == GONE
+    assert waiting.is_me(waiting.leads("confirm@4"))
+    elections.withdraw(study.study, waiting.me)  # this process's search ended; the next one joins
+    assert waiting.is_me(Crew(study, wait_s=600.0).leads("join"))
+    assert isinstance(study.study.user_attrs[waiting.me.alive_key()], float)
 
 
 class _SaidSharing(_Said):

@@ -7,17 +7,21 @@ whose worker is gone (a dead pid on this host; on another host, one that neither
 (:meth:`~autotune.tuner.lock.Holder.refreshed`) within :data:`~autotune.tuner.lock.STALE_AFTER_S`, or longer
 where one run may take longer) is passed over:
 the elected worker stamps the study with every calibration run and confirmation measurement it stores, so a
-calibration or confirmation that takes longer than that keeps its marker.
+calibration or confirmation that takes longer than that keeps its marker. A worker that leaves the search in an
+orderly way (done, an error, Ctrl-C or SIGTERM) withdraws (:func:`withdraw`): its markers are passed over at once on
+every host, so a worker waiting for its work, or the rerun of a search command, takes over without waiting.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.tuner.lock import STALE_AFTER_S, Holder
+from autotune.tuner.lock import GONE, STALE_AFTER_S, Holder
+from autotune.tuner.signals import interrupts_held
 from autotune.tuner.study import ATTR_MARKER, ATTR_WORKER
 
 
@@ -35,9 +39,26 @@ def enter(study: optuna.Study, me: Holder, kind: str, attrs: dict[str, Any] | No
         attrs = study.user_attrs
         return [(h.refreshed(attrs), t) for t in found if (h := Holder.from_dict(t.user_attrs.get(ATTR_WORKER))) is not None]
 
+    if study.user_attrs.get(me.alive_key()) == GONE:  # an earlier search of this process (the API, tests) withdrew it
+        study.set_user_attr(me.alive_key(), time.time())
     found = markers()
     if not any(me.same_process(h) for h, _ in found):
         study.add_trial(optuna.create_trial(state=TrialState.FAIL, user_attrs={**(attrs or {}), ATTR_MARKER: kind,
                                                                                 ATTR_WORKER: me.to_dict()}))
         found = markers()
     return next((h, t) for h, t in found if h.alive(stale_after=stale_after) or me.same_process(h))
+
+
+def withdraw(study: optuna.Study, me: Holder) -> None:
+    """Stamp ``me`` gone (:data:`~autotune.tuner.lock.GONE`) as it leaves the search: every worker, on any host, then
+    passes its markers over at once. Before, a worker on another host counted them alive for 30 minutes: waited for a
+    confirmation that never came, and elected the gone worker again on every rerun meanwhile.
+
+    One try, never raising: a worker that leaves because the storage is lost does not wait for it again (its markers
+    then age out as a killed worker's do). A stop meanwhile stays remembered, not raised: the search ends anyway.
+    """
+    try:
+        with interrupts_held():
+            study.set_user_attr(me.alive_key(), GONE)
+    except (KeyboardInterrupt, Exception):  # a stop held meanwhile; whatever a lost storage raises (sqlalchemy's, OSError)
+        pass

@@ -13,7 +13,9 @@ slowed measurements and overwrite each other's ``best.json``. The rules:
   search on another ``--out`` with the same ``--storage`` and study is
   refused too. A holder on this host counts as alive while its process
   exists; a holder on another host while its heartbeat is younger than
-  :data:`STALE_AFTER_S`.
+  :data:`STALE_AFTER_S`. A worker of a shared study that leaves in an orderly
+  way (done, an error, Ctrl-C or SIGTERM) stamps itself :data:`GONE`: then it
+  counts as gone at once, on every host.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import fcntl
 import os
 import socket
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +40,9 @@ STALE_AFTER_S = 30 * 60.0
 #: Prefix of a shared study's user attribute ``alive:HOST:PID:START`` holding when that worker last stored a
 #: calibration run or a confirmation measurement: on another host its election marker counts as alive from then.
 ALIVE = "alive"
+#: What a worker stamps on its ``alive:`` attribute as it leaves the search: without it, a worker on another host counted
+#: its election markers alive for STALE_AFTER_S after it ended, and waited for its work that long.
+GONE = "gone"
 
 
 @dataclass(frozen=True)
@@ -50,12 +55,14 @@ class Holder:
         started: Its process start time (seconds since the epoch), so a
             reused pid is not mistaken for the holder.
         heartbeat: When it last proved alive (seconds since the epoch).
+        left: It stamped itself :data:`GONE` (read by :meth:`refreshed`; never stored on a marker).
     """
 
     pid: int
     host: str
     started: float = 0.0
     heartbeat: float = 0.0
+    left: bool = field(default=False, compare=False)
 
     @classmethod
     def me(cls) -> Holder:
@@ -74,7 +81,7 @@ class Holder:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict."""
-        return asdict(self)
+        return {k: v for k, v in asdict(self).items() if k != "left"}
 
     def same_process(self, other: Holder) -> bool:
         """Whether both name one process (same host, pid and start time)."""
@@ -82,7 +89,9 @@ class Holder:
 
     def alive(self, now: float | None = None, stale_after: float = STALE_AFTER_S) -> bool:
         """Whether the holder may still be running (see the module rules; on another host: a heartbeat younger than
-        ``stale_after``)."""
+        ``stale_after``); never once it stamped itself :data:`GONE`."""
+        if self.left:
+            return False
         if self.host != socket.gethostname():
             return (now if now is not None else time.time()) - self.heartbeat < stale_after
         started = _started(self.pid)
@@ -93,8 +102,11 @@ class Holder:
         return f"{ALIVE}:{self.host}:{self.pid}:{self.started:.2f}"
 
     def refreshed(self, attrs: dict[str, Any]) -> Holder:
-        """This holder with the heartbeat it stamped in the study's user attributes ``attrs``, when later."""
+        """This holder with the heartbeat it stamped in the study's user attributes ``attrs``, when later; ``left``
+        where it stamped itself :data:`GONE`."""
         stamp = attrs.get(self.alive_key())
+        if stamp == GONE:
+            return replace(self, left=True)
         return replace(self, heartbeat=stamp) if isinstance(stamp, (int, float)) and stamp > self.heartbeat else self
 
     def describe(self) -> str:

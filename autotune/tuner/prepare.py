@@ -18,6 +18,7 @@ from autotune.devices import DeviceInfo
 from autotune.files import check_out, check_temp_dir_for_workers
 from autotune.output.emit import script_target
 from autotune.records import Workload
+from autotune.tuner import elections
 from autotune.tuner.config import SearchConfig
 from autotune.tuner.constraints import allows_workers, check_constraints, check_effective_batch
 from autotune.tuner.identity import machine_fingerprint, signature, study_name
@@ -101,6 +102,7 @@ def prepare(config: SearchConfig, reporter: Reporter) -> Prepared:
                                      parallel=placement.parallel, in_out=config.storage is None, pins=config.pins)
             if shared:
                 crew = Crew(study, wait_s=patience_s(config.trial_seconds, config.timeout_s))
+                stack.callback(elections.withdraw, study.study, crew.me)  # however it ends: its elections go on without it
                 add_pending(study, out, reporter.message)  # before the stale trials: the measured one is not queued again
                 stale = crew.join(signature(config, workload, machine_fingerprint(hardware, device)))
             else:
