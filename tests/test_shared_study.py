@@ -1097,6 +1097,44 @@ def test_a_worker_that_withdrew_is_passed_over_at_once_and_a_later_search_of_its
     assert isinstance(study.study.user_attrs[waiting.me.alive_key()], float)
 
 
+def test_status_says_no_winner_is_being_confirmed_when_the_elected_worker_stopped_and_the_other_waits_for_it(tmp_path) -> None:
+    """The worker elected to confirm was killed on this host while one on another host waits for it (its marker lives
+    there for 30 minutes). Before, `autotune status` said `winner: being confirmed` as long as any worker that entered
+    the election lived, the waiting one too; it looks at the worker the election picks, as that worker sees it."""
+    from autotune.records import TrialResult
+    from autotune.tuner import elections
+    from autotune.tuner.budget import STUDY_BUDGET
+    from autotune.tuner.status import study_status
+    from autotune.tuner.workers import confirm_marker
+
+    storage, name = f"journal:///{tmp_path}/study.log", "confirming"
+    study = SearchStudy.open(storage, name, shared=True)
+    study.check_signature({"model": "resnet18"})  # an autotune search's study
+    me = Holder.me()
+    for batch in (8, 16):  # the budget's two trials, finished by a worker
+        trial = study.study.ask()
+        trial.set_user_attr(ATTR_WORKER, me.to_dict())
+        result = TrialResult(status="ok", samples_per_s=100.0 + batch)
+        study.record(trial, "search", TrainSetup(batch_size=batch), result, None)
+        study.tell(trial, result)
+    study.study.set_user_attr(STUDY_BUDGET, 2)
+    killed = subprocess.Popen(["true"])
+    killed.wait()
+    elected = Holder(killed.pid, me.host, time.time() - 5, time.time())  # this host, its process gone; entered first
+    waiting = Holder(4242, "another-host", time.time() - 60, time.time())  # alive by its fresh heartbeat
+    for holder in (elected, waiting):
+        study.study.add_trial(optuna.create_trial(state=TrialState.FAIL, user_attrs={"marker": confirm_marker(2), ATTR_WORKER: holder.to_dict()}))
+
+    def winner_line() -> str:
+        return next(line for line in study_status(storage, name).lines() if line.startswith("winner:"))
+
+    assert winner_line() == "winner: none confirmed: the worker confirming it stopped; rerun a worker's search command"
+    elections.withdraw(study.study, elected)  # one that withdrew is passed over by the waiting one too: it confirms
+    assert winner_line() == "winner: being confirmed"
+    elections.withdraw(study.study, waiting)
+    assert winner_line() == "winner: none confirmed: the worker confirming it stopped; rerun a worker's search command"
+
+
 class _SaidSharing(_Said):
     """Stops the worker's loop at its warning about shared cores (said before it asks for its next trial)."""
 

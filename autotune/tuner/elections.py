@@ -15,6 +15,7 @@ every host, so a worker waiting for its work, or the rerun of a search command, 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import optuna
@@ -34,10 +35,7 @@ def enter(study: optuna.Study, me: Holder, kind: str, attrs: dict[str, Any] | No
     """
 
     def markers() -> list[tuple[Holder, FrozenTrial]]:
-        trials = study.get_trials(deepcopy=False, states=(TrialState.FAIL,))
-        found = sorted((t for t in trials if t.user_attrs.get(ATTR_MARKER) == kind), key=lambda t: t.number)
-        attrs = study.user_attrs
-        return [(h.refreshed(attrs), t) for t in found if (h := Holder.from_dict(t.user_attrs.get(ATTR_WORKER))) is not None]
+        return _markers(study.get_trials(deepcopy=False, states=(TrialState.FAIL,)), study.user_attrs, kind)
 
     if study.user_attrs.get(me.alive_key()) == GONE:  # an earlier search of this process (the API, tests) withdrew it
         study.set_user_attr(me.alive_key(), time.time())
@@ -47,6 +45,33 @@ def enter(study: optuna.Study, me: Holder, kind: str, attrs: dict[str, Any] | No
                                                                                 ATTR_WORKER: me.to_dict()}))
         found = markers()
     return next((h, t) for h, t in found if h.alive(stale_after=stale_after) or me.same_process(h))
+
+
+def _markers(trials: Sequence[FrozenTrial], attrs: dict[str, Any], kind: str) -> list[tuple[Holder, FrozenTrial]]:
+    """The markers of election ``kind`` among ``trials``, lowest number first, each worker refreshed by its stamp in the
+    study's user attributes ``attrs``."""
+    found = sorted((t for t in trials if t.state == TrialState.FAIL and t.user_attrs.get(ATTR_MARKER) == kind), key=lambda t: t.number)
+    return [(h.refreshed(attrs), t) for t in found if (h := Holder.from_dict(t.user_attrs.get(ATTR_WORKER))) is not None]
+
+
+def acting(trials: Sequence[FrozenTrial], attrs: dict[str, Any], kind: str, stale_after: float = STALE_AFTER_S) -> Holder | None:
+    """The worker doing the work of election ``kind`` now, as a process that enters no election reads it (``autotune
+    status``): the lowest-numbered marker alive as seen here, unless that worker still sees an earlier one alive and
+    waits for it (a dead worker of this host, seen from another host, lives by its heartbeat). None: no worker does it
+    (the elected one stopped, and the others wait for it or are gone).
+
+    Args:
+        trials: The study's trials.
+        attrs: The study's user attributes (the workers' stamps).
+        kind: The election.
+        stale_after: How long a stamp keeps a worker of another host alive.
+    """
+    holders = [h for h, _ in _markers(trials, attrs, kind)]
+    for index, holder in enumerate(holders):
+        if holder.alive(stale_after=stale_after):
+            waits = any(h.alive(stale_after=stale_after, seen_from=holder.host) for h in holders[:index])
+            return None if waits else holder
+    return None
 
 
 def withdraw(study: optuna.Study, me: Holder) -> None:

@@ -87,12 +87,14 @@ class Holder:
         """Whether both name one process (same host, pid and start time)."""
         return self.host == other.host and self.pid == other.pid and abs(self.started - other.started) < 1.0
 
-    def alive(self, now: float | None = None, stale_after: float = STALE_AFTER_S) -> bool:
+    def alive(self, now: float | None = None, stale_after: float = STALE_AFTER_S, seen_from: str | None = None) -> bool:
         """Whether the holder may still be running (see the module rules; on another host: a heartbeat younger than
-        ``stale_after``); never once it stamped itself :data:`GONE`."""
+        ``stale_after``); never once it stamped itself :data:`GONE`. ``seen_from``: as a process on that host sees it
+        (default: this one); a process is looked up only where both are this host's, any other by its heartbeat."""
         if self.left:
             return False
-        if self.host != socket.gethostname():
+        here = socket.gethostname()
+        if self.host != here or (seen_from or here) != here:
             return (now if now is not None else time.time()) - self.heartbeat < stale_after
         started = _started(self.pid)
         return started is not None and abs(started - self.started) < 1.0

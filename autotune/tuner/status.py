@@ -14,6 +14,7 @@ from autotune.output.best import Best
 from autotune.output.sections import fastest_trial
 from autotune.records import TrialRecord
 from autotune.redact import hide_passwords
+from autotune.tuner import elections
 from autotune.tuner.budget import STUDY_BUDGET, counted
 from autotune.tuner.constraints import excluding
 from autotune.tuner.lock import Holder
@@ -65,9 +66,9 @@ class StudyStatus:
         best_excluded_by: The ``--set`` values ``best`` lies outside (that fallback), as the user wrote them.
         winner: The confirmed winner, once a worker stored it.
         winner_by: The worker that confirmed it and the directory it wrote to.
-        confirming: A search that may still store a winner holds the study (a shared
-            study's workers; a lone search only while it runs: it writes its winner to
-            best.json alone).
+        confirming: A search that may still store a winner holds the study (of a shared
+            study's workers, the one its budget's election picks, alive and waiting for
+            no other; a lone search only while it runs: it writes its winner to best.json alone).
         out: The search directory read for its best.json (None: the study read by URL alone).
         infeasible: Finished trials of the budget that measured no throughput (oom, timeout, error, diverged);
             ``failed`` counts trials that crashed or were interrupted instead.
@@ -224,8 +225,9 @@ def study_status(storage: str, study: str | None = None, out: Path | None = None
                 winner_by = (f"an earlier run of this search (best.json and train.py in {out.resolve()}); {later} trial(s) "
                              "measured after it are not confirmed: rerun the search's command to confirm them")
     wanted = attrs.get(STUDY_BUDGET)
-    electors = [Holder.from_dict(t.user_attrs.get(ATTR_WORKER)) for t in trials
-                if wanted and t.state == TrialState.FAIL and t.user_attrs.get(ATTR_MARKER) == confirm_marker(wanted)]
+    # The worker confirming the budget: the one its election picks, not any that entered it (one waiting for a worker
+    # that stopped read as "being confirmed" for the 30 minutes the stopped one's marker lives on other hosts).
+    confirming = elections.acting(trials, attrs, confirm_marker(wanted)) if wanted else None
     return StudyStatus(
         study=found.name,
         storage=found.storage,
@@ -237,8 +239,7 @@ def study_status(storage: str, study: str | None = None, out: Path | None = None
         best_excluded_by=excluding(constraints, fastest.setup) if fastest is not None else None,
         winner=winner,
         winner_by=winner_by,
-        # A shared study is being confirmed while a worker that entered the election for its budget lives.
-        confirming=any(h is not None and h.alive() for h in electors) if not lone else (lone_holder is not None and lone_holder.alive()),
+        confirming=confirming is not None if not lone else (lone_holder is not None and lone_holder.alive()),
         shared=not lone,
         out=out,
         infeasible=len(unmeasured),
