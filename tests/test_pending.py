@@ -8,6 +8,10 @@ full disk or a journal file out of reach does; the rerun adds the measurement, a
 from __future__ import annotations
 
 import json
+import socket
+import subprocess
+import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +24,12 @@ from autotune.cli_errors import error_line
 from autotune.errors import PendingTrialsError, StorageError
 from autotune.records import TrialResult
 from autotune.tuner import SearchConfig, SilentReporter, run_search
-from autotune.tuner.pending import PENDING_FILE
+from autotune.tuner.budget import counted
+from autotune.tuner.lock import Holder
+from autotune.tuner.pending import PENDING_FILE, add_pending
 from autotune.tuner.status import study_status
-from autotune.tuner.study import SearchStudy
+from autotune.tuner.study import ATTR_WORKER, SearchStudy
+from autotune.tuner.workers import Crew
 
 LOST = 1  # the trial whose record the storage does not take
 
@@ -176,3 +183,60 @@ def test_a_pending_trial_of_another_study_is_named_and_kept(tmp_path, cache_dir,
                      "this search's: the search that measured them adds them when it is rerun with its own command"], said.lines
     assert json.loads(file.read_text())["trials"] == data["trials"]
     assert study_status(f"sqlite:///{cfg.out / 'study.db'}", None, Path(cfg.out)).pending is None
+
+
+def lost_by_a_worker_now_gone(tmp_path: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[SearchConfig, str, int]:
+    """A worker of a shared study (a journal file) that gave up storing a measured trial (kept in its pending file) and
+    is gone, its trial left running: its config, the storage and that trial's number."""
+    storage = f"journal://{tmp_path / 'study.log'}"
+    cfg = config(tmp_path, cache_dir, storage)
+    monkeypatch.setenv("AUTOTUNE_STORAGE_RETRIES", "1")
+    lost = LOST + 1  # a shared study's trial #0 is the worker's join marker
+    lose_storage_at(monkeypatch, "tell", PermissionError(13, "Permission denied", str(tmp_path / "study.log")), lost)
+    with pytest.raises(StorageError):
+        run_search(cfg, runner=Runner())
+    monkeypatch.undo()
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    study = SearchStudy.load(storage, "pending").study
+    left = study.get_trials(deepcopy=False)[lost]
+    assert left.state == TrialState.RUNNING
+    # Its process is gone, as a worker's that lost the storage ends (this process stands in for it).
+    study._storage.set_trial_user_attr(left._trial_id, ATTR_WORKER, Holder(dead.pid, socket.gethostname(), time.time() - 5).to_dict())
+    return cfg, storage, lost
+
+
+def test_a_kept_trial_another_worker_measured_again_meanwhile_is_not_counted_twice(tmp_path, cache_dir, monkeypatch) -> None:
+    """Two workers lost the storage; the one rerun first failed the other's left-running trial, queued it again and
+    measured that copy. Before, the other's rerun added its kept measurement of the same trial too: the study held one
+    more trial than --trials, two of one setup, and `autotune status` blamed a worker with a larger budget."""
+    cfg, storage, lost = lost_by_a_worker_now_gone(tmp_path, cache_dir, monkeypatch)
+    code = run_search(replace(cfg, out=tmp_path / "b"), Said(), runner=Runner())  # the other worker, rerun first
+    assert code.best is not None
+    copy = next(t for t in SearchStudy.load(storage, "pending").study.get_trials(deepcopy=False) if t.system_attrs.get("failed_trial") == lost)
+    assert copy.state == TrialState.COMPLETE
+    said = Said()
+    run_search(cfg, said, runner=Runner())
+    file = Path(cfg.out) / PENDING_FILE
+    assert (f"trial #{lost}, measured before the study storage was lost (kept in {file}), not added: its copy queued again when it "
+            f"was marked failed, trial #{copy.number}, measured it meanwhile") in said.lines, said.lines
+    assert not file.exists()
+    trials = SearchStudy.load(storage, "pending").study.get_trials(deepcopy=False)
+    assert counted(trials, cfg.trials) == cfg.trials
+    status = study_status(storage, "pending")
+    assert status.finished == cfg.trials and not any("past it" in line for line in status.lines()), status.lines()
+
+
+def test_a_kept_trial_whose_copy_another_worker_measures_now_is_not_added(tmp_path, cache_dir, monkeypatch) -> None:
+    """The same, the copy still running in the other worker: its measurement counts; the kept one is not added."""
+    cfg, storage, lost = lost_by_a_worker_now_gone(tmp_path, cache_dir, monkeypatch)
+    study = SearchStudy.open(storage, "pending", shared=True)
+    Crew(study, wait_s=600.0).fail_stale()  # another worker fails the gone worker's trial and queues it again ...
+    running = next(t for t in study.study.get_trials(deepcopy=False) if t.system_attrs.get("failed_trial") == lost)
+    study.study._storage.set_trial_state_values(running._trial_id, TrialState.RUNNING)  # ... and runs that copy (as its ask does)
+    said: list[str] = []
+    assert add_pending(study, Path(cfg.out), said.append) == []
+    assert said == [f"trial #{lost}, measured before the study storage was lost (kept in {Path(cfg.out) / PENDING_FILE}), not added: its "
+                    f"copy queued again when it was marked failed, trial #{running.number}, is measuring it now"]
+    assert not (Path(cfg.out) / PENDING_FILE).exists()
+    assert study.study.get_trials(deepcopy=False)[running.number].state == TrialState.RUNNING

@@ -5,7 +5,9 @@ When storing a trial that was already measured fails (a shared storage lost for 
 measurement is written to ``OUT/pending-trials.json`` (:func:`kept_pending`) with everything needed to tell it later:
 its params and their Optuna distributions, its user attributes, setup and result. The rerun of the same command adds
 each one to the study before any new trial starts (:func:`add_pending`), fails the trial it ran as if that is still
-running, then removes it from the file: nothing measured is measured twice or lost.
+running, then removes it from the file: nothing measured is measured twice or lost. Where another worker measured
+a queued copy of that trial meanwhile (or measures it now), the copy counts instead and the record is not added:
+both counted toward ``--trials``.
 """
 
 from __future__ import annotations
@@ -224,8 +226,9 @@ def add_pending(study: SearchStudy, out: Path, say: Callable[[str], None]) -> li
 
     Call it before any new trial starts. The trial each one ran as is failed if it is still running and was this
     search's (the same worker); a queued copy of it (a worker or Optuna's heartbeat check failed it meanwhile) is
-    failed too, so it is not measured again. A record added before (its file not rewritten then) is not added twice,
-    nor one whose trial the study holds finished.
+    failed too while it waits, so it is not measured again. A record added before (its file not rewritten then) is not
+    added twice, nor one whose trial the study holds finished, nor one whose queued copy another worker measured
+    meanwhile or measures now (that copy counts toward ``--trials``; said in one line): before, both counted.
 
     Returns:
         The numbers of the trials added.
@@ -245,31 +248,41 @@ def add_pending(study: SearchStudy, out: Path, say: Callable[[str], None]) -> li
     added: list[int] = []
     for entry in mine:
         if is_shared(study.storage):
-            number = with_retries(partial(_add, study, entry), study.storage)
+            number, copy = with_retries(partial(_add, study, entry), study.storage)
         else:
             with storage_failures_said(study.storage):
-                number = _add(study, entry)
+                number, copy = _add(study, entry)
+        kept = f"trial #{entry.number}, measured before the study storage was lost (kept in {pending_file(out)}),"
         if number is not None:
             added.append(number)
-            say(f"trial #{entry.number}, measured before the study storage was lost (kept in {pending_file(out)}), "
-                f"added to the study as trial #{number}")
+            say(f"{kept} added to the study as trial #{number}")
+        elif copy is not None:  # it counts once: a second measurement of one setup would overshoot --trials
+            say(f"{kept} not added: its copy queued again when it was marked failed, trial #{copy.number}, "
+                + ("is measuring it now" if copy.state == TrialState.RUNNING else "measured it meanwhile"))
     _write(out, [e for e in entries if e not in mine])
     return added
 
 
-def _add(study: SearchStudy, entry: PendingTrial) -> int | None:
-    """Add one record (failing the trial it ran as and its queued copies); its new number, or None when the study
-    holds it already."""
+def _add(study: SearchStudy, entry: PendingTrial) -> tuple[int | None, FrozenTrial | None]:
+    """Add one record (failing the trial it ran as and its waiting copies). Its new number, or None when the study holds
+    it already or a copy of it queued again (or a copy's copy) finished or runs: then that copy, which counts instead."""
     trials = study.study.get_trials(deepcopy=False)
     if any(t.system_attrs.get(SYSTEM_PENDING) == entry.key for t in trials):
-        return None
+        return None, None
     ran = next((t for t in trials if t.number == entry.number), None)
     if ran is not None and ran.state in FINISHED and ATTR_RESULT in ran.user_attrs:  # told after all (a reply lost)
-        return None
+        return None, None
+    copies, numbers = [], {entry.number}
+    for t in sorted(trials, key=lambda t: t.number):  # a copy comes after the trial it copies
+        if t.system_attrs.get(SYSTEM_FAILED_TRIAL) in numbers:
+            copies.append(t)
+            numbers.add(t.number)
+    if measuring := next((t for t in copies if t.state in (*FINISHED, TrialState.RUNNING)), None):
+        return None, measuring
     if ran is not None and ran.state == TrialState.RUNNING and ran.user_attrs.get(ATTR_WORKER) == entry.attrs.get(ATTR_WORKER):
         study.study.tell(entry.number, state=TrialState.FAIL)
-    for copy in trials:
-        if copy.state == TrialState.WAITING and copy.system_attrs.get(SYSTEM_FAILED_TRIAL) == entry.number:
+    for copy in copies:
+        if copy.state == TrialState.WAITING:
             study.study._storage.set_trial_state_values(copy._trial_id, TrialState.FAIL)
     study.study.add_trial(entry.frozen())
-    return next(t.number for t in study.study.get_trials(deepcopy=False) if t.system_attrs.get(SYSTEM_PENDING) == entry.key)
+    return next(t.number for t in study.study.get_trials(deepcopy=False) if t.system_attrs.get(SYSTEM_PENDING) == entry.key), None
