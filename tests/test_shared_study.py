@@ -909,9 +909,13 @@ def test_status_never_counts_more_finished_trials_than_their_budget() -> None:
     from autotune.tuner.status import StudyStatus
 
     line = StudyStatus(study="s", storage="postgresql://u:***@h/db", wanted=3, finished=5, failed=0, running=(), best=None,
-                       winner=None, winner_by=None, shared=True).lines()[0]
+                       winner=None, winner_by=None, shared=True, largest=5).lines()[0]
     assert "5 trials finished (the study's last stored --trials: 3; a worker with a larger one searched past it)" in line
     assert "5/3" not in line
+    # No worker stored a larger budget (a kept trial counted twice by an earlier version): no such worker is named.
+    line = StudyStatus(study="s", storage="postgresql://u:***@h/db", wanted=3, finished=4, failed=0, running=(), best=None,
+                       winner=None, winner_by=None, shared=True, largest=3).lines()[0]
+    assert line.endswith(": 4 trials finished (the study's --trials: 3; 1 more stored past it), 0 running"), line
     line = StudyStatus(study="s", storage="x", wanted=3, finished=3, failed=0, running=(), best=None, winner=None, winner_by=None).lines()[0]
     assert line.endswith(": 3/3 trials finished, 0 running")
     line = StudyStatus(study="s", storage="x", wanted=3, finished=3, failed=1, running=(), best=None, winner=None, winner_by=None).lines()[0]

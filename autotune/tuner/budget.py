@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.records import TrialRecord
@@ -18,6 +19,10 @@ ATTR_FREE = "free"
 
 #: The study attribute holding the latest ``--trials`` a search ran for (``autotune status`` reads it).
 STUDY_BUDGET = "trials"
+
+#: The study attribute holding the largest ``--trials`` a worker of a shared study searched for (``autotune status`` says
+#: a worker searched past the stored budget only where one did).
+STUDY_LARGEST_BUDGET = "largest_trials"
 
 #: Trials that count toward ``--trials`` (free ones only beyond a limit: :func:`counted`).
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
@@ -50,3 +55,11 @@ def counted_records(records: Iterable[TrialRecord]) -> int:
     """Finished trials for messages: every one but the free ones (:func:`counted` also counts a converged
     sampler's free trials beyond the budget, which this leaves out)."""
     return sum(not r.free for r in records)
+
+
+def store_budget(study: optuna.Study, wanted: int) -> None:
+    """Store a worker's ``--trials`` as the study's budget (:data:`STUDY_BUDGET`), and as the largest one
+    (:data:`STUDY_LARGEST_BUDGET`) where it is."""
+    study.set_user_attr(STUDY_BUDGET, wanted)
+    if wanted > (study.user_attrs.get(STUDY_LARGEST_BUDGET) or 0):
+        study.set_user_attr(STUDY_LARGEST_BUDGET, wanted)

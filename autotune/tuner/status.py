@@ -15,7 +15,7 @@ from autotune.output.sections import fastest_trial
 from autotune.records import TrialRecord
 from autotune.redact import hide_passwords
 from autotune.tuner import elections
-from autotune.tuner.budget import STUDY_BUDGET, counted
+from autotune.tuner.budget import STUDY_BUDGET, STUDY_LARGEST_BUDGET, counted
 from autotune.tuner.constraints import excluding
 from autotune.tuner.lock import Holder
 from autotune.tuner.pending import pending_file, read_pending
@@ -82,6 +82,7 @@ class StudyStatus:
             could not take them; the search's rerun adds them), or why that file is unreadable; None: none kept.
         foreign_best: ``out/best.json`` is readable and another search's (``--storage`` naming another study).
         unreadable_best: Why ``out/best.json`` cannot be read (damaged, another version's), or None.
+        largest: The largest ``--trials`` a worker of the shared study searched for (None: none stored).
     """
 
     study: str
@@ -104,13 +105,16 @@ class StudyStatus:
     pending: str | None = None
     foreign_best: bool = False
     unreadable_best: str | None = None
+    largest: int | None = None
 
     def lines(self) -> list[str]:
         """The status in plain lines."""
         if not self.wanted:
             count = f"{self.finished} trials finished"
-        elif self.finished > self.wanted:  # a worker of a larger --trials searches on after one of the stored budget
+        elif self.finished > self.wanted and (self.largest or 0) > self.wanted:  # a worker of a larger --trials went on
             count = f"{self.finished} trials finished (the study's last stored --trials: {self.wanted}; a worker with a larger one searched past it)"
+        elif self.finished > self.wanted:  # no worker had more (an earlier version counted a kept trial twice, say)
+            count = f"{self.finished} trials finished (the study's --trials: {self.wanted}; {self.finished - self.wanted} more stored past it)"
         else:
             count = f"{self.finished}/{self.wanted} trials finished"
         alive = [r for r in self.running if not r.gone]
@@ -249,6 +253,7 @@ def study_status(storage: str, study: str | None = None, out: Path | None = None
         calibration_runs=None if calibrated else sum(map(len, found.calibration_runs().values())),
         calibrating=lone_holder.describe() if not calibrated and lone and lone_holder is not None and lone_holder.alive() else None,
         pending=_pending(out, found) if out is not None else None,
+        largest=attrs.get(STUDY_LARGEST_BUDGET),
     )
 
 

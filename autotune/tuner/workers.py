@@ -40,7 +40,7 @@ from autotune.output.best import Best
 from autotune.records import Calibration, TrialRecord, TrialResult
 from autotune.runner import TrialRunner
 from autotune.tuner import elections
-from autotune.tuner.budget import STUDY_BUDGET
+from autotune.tuner.budget import STUDY_BUDGET, store_budget
 from autotune.tuner.cohosts import CoreSharing
 from autotune.tuner.config import SearchOutcome
 from autotune.tuner.explore import Exploration, check_recipe, known_result, pruning_hook, queue_refinements, setup_for, starved
@@ -292,7 +292,7 @@ class Crew:
         if (earlier := self._attrs().get(STUDY_BUDGET)) not in (None, plan.wanted):  # a typo on one node changes the result
             reporter.message(f"the study's budget was --trials {earlier}; this worker's --trials {plan.wanted} replaces it: "
                              "workers of both budgets may each confirm a winner, and the one stored last stands for the study")
-        self._retry(lambda: study.study.set_user_attr(STUDY_BUDGET, plan.wanted))
+        self._retry(lambda: store_budget(study.study, plan.wanted))
         known = self._retry(study.records)  # what trials.csv holds if the storage is lost before the next trial ends
         waiting, sharing = False, CoreSharing(self.me, plan.workload.device, plan.options.cores)
         while True:
