@@ -392,7 +392,7 @@ class TrialRecord:
     setup: TrainSetup
     result: TrialResult
     reused_from: int | None = None
-    free: bool = False  # nothing ran: a setup measured before (``reused_from``) or one the data cannot feed
+    free: bool = False  # nothing ran: a setup measured before (``reused_from``) or one the data or /dev/shm cannot feed
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict."""

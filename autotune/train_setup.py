@@ -306,7 +306,9 @@ class TrainSetup:
         if self.channels_last:
             try:
                 model = model.to(memory_format=torch.channels_last)
-            except RuntimeError as exc:  # torch's "required rank 4 tensor to use channels_last format"
+            except RuntimeError as exc:  # torch's "required rank 4 tensor to use channels_last format"; an OOM stays one
+                if "channels_last format" not in str(exc):
+                    raise
                 raise SetupError(f"prepare_model: channels_last cannot convert this model ({exc}): use a setup with "
                                  "channels_last=false") from None
         return model

@@ -325,7 +325,7 @@ def test_the_workload_line_of_a_stored_signature() -> None:
     ok = TrialResult(status="ok", samples_per_s=100.0)
     records = (TrialRecord(0, "search", setup, ok), TrialRecord(1, "search", setup, ok, reused_from=0, free=True))
     page, _ = render_report(dataclasses.replace(data, records=records))
-    assert "&middot; 1 trial (1 ok; 1 more not run (a setup measured before, or one the data cannot feed))" in page
+    assert "&middot; 1 trial (1 ok; 1 more not run (a setup measured before, or one the data or /dev/shm cannot feed))" in page
 
 
 def test_a_report_that_cannot_be_written_is_one_line(searched, tmp_path, monkeypatch) -> None:

@@ -959,19 +959,24 @@ def test_a_search_leaves_optuna_s_log_level_and_the_warnings_filters_as_it_found
         optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
-def test_a_loader_queue_dev_shm_could_not_hold_is_not_run_again_at_its_size_or_larger(tmp_path, cache_dir) -> None:
+def test_a_loader_queue_dev_shm_could_not_hold_is_not_run_again_at_its_size_or_larger(tmp_path, cache_dir, monkeypatch) -> None:
     """In a container's default 64 MiB /dev/shm, every setup whose workers hold more batches in flight than it fits fails
     alike: a search spent trial after trial on them (both guesses, in a probe). A queue no smaller than one that failed is
-    not run again (free, as a setup the data cannot feed), and smaller ones still run."""
+    not run again (free, as a setup the data cannot feed), and smaller ones still run; a rerun in a larger /dev/shm
+    runs them."""
+    import autotune.tuner.explore as explore
     from autotune.runner.failures import SHM_TOO_SMALL
     from autotune.tuner.explore import in_flight
+    from probes.memory import ShmInfo
+
+    monkeypatch.setattr(explore, "collect_shm", lambda: ShmInfo("/dev/shm", 64 * 2**20, 0))
 
     ran: list[TrainSetup] = []
 
     def small_shm(setup, workload, options=None, *, on_window=None) -> TrialResult:
         if options.mode == "train" and setup.num_workers and in_flight(setup) >= 64:
             ran.append(setup)
-            return TrialResult(status="error", error=f"failed in a DataLoader worker ...; /dev/shm (64 KiB, 0 B free) {SHM_TOO_SMALL} "
+            return TrialResult(status="error", error=f"failed in a DataLoader worker ...; /dev/shm (64 MiB, 0 B free) {SHM_TOO_SMALL} "
                                                      "(workers x prefetch x batch): fewer workers ...")
         return fake_runner(setup, workload, options, on_window=on_window)
 
@@ -980,3 +985,7 @@ def test_a_loader_queue_dev_shm_could_not_hold_is_not_run_again_at_its_size_or_l
     assert queues and all(q < min(queues[:i]) for i, q in enumerate(queues) if i), queues  # each below every queue that failed before
     skipped = [r for r in outcome.records if r.free and "that /dev/shm could not hold in trial #" in (r.result.error or "")]
     assert skipped and all(in_flight(r.setup) >= min(queues) for r in skipped), skipped
+    records = list(outcome.records)
+    assert explore.beyond_the_shm(skipped[0].setup, records) is not None
+    monkeypatch.setattr(explore, "collect_shm", lambda: ShmInfo("/dev/shm", 8 * 2**30, 8 * 2**30))  # --shm-size=8g, rerun
+    assert explore.beyond_the_shm(skipped[0].setup, records) is None

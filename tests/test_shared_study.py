@@ -967,6 +967,20 @@ def test_a_worker_that_takes_over_from_a_dead_elected_one_says_so(tmp_path, kind
     assert crew.waited_s > 0  # the report's "waiting for other workers"
 
 
+def freeze_outside_the_journal_lock(proc: subprocess.Popen[str], journal: Path) -> None:
+    """SIGSTOP ``proc`` at a moment it holds no lock of the journal file: frozen inside one, it would block every other
+    writer of the journal for Optuna's 30-s grace, which then breaks the lock under it (its release fails at SIGCONT)."""
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        proc.send_signal(signal.SIGSTOP)
+        while psutil.Process(proc.pid).status() != psutil.STATUS_STOPPED:
+            time.sleep(0.005)
+        if not os.path.lexists(f"{journal}.lock") or time.monotonic() > deadline:
+            return
+        proc.send_signal(signal.SIGCONT)
+        time.sleep(0.01)
+
+
 class _StopOnWait(_Said):
     """A reporter that, when this worker says it waits, interrupts the frozen worker ``elected`` (SIGINT, then SIGCONT)."""
 
@@ -1002,7 +1016,7 @@ def test_a_worker_interrupted_while_it_confirms_leaves_the_election_to_a_worker_
         while not [t for t in study.get_trials(deepcopy=False, states=(TrialState.FAIL,)) if t.user_attrs.get("marker") == confirm_marker(2)]:
             assert elected.poll() is None and time.monotonic() < deadline, elected.communicate()[1][-2000:]
             time.sleep(0.02)
-        elected.send_signal(signal.SIGSTOP)  # elected (it entered first, alone) and confirming, until this worker waits
+        freeze_outside_the_journal_lock(elected, tmp_path / "study.log")  # elected (it entered first, alone) and confirming
         assert STUDY_WINNER not in load(storage, name).user_attrs
         monkeypatch.setattr(socket, "gethostname", lambda: "another-host")  # this process: a worker on another host
         crew, reporter = Crew(SearchStudy.open(storage, name, shared=True), wait_s=WAIT_S, poll_s=0.05), _StopOnWait(elected)

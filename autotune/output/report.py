@@ -89,7 +89,7 @@ def _header(data: ReportInput) -> str:
     counts = Counter(r.result.status for r in ran)
     tally = ", ".join(f"{n} {status}" for status, n in counts.most_common())
     free = len(data.records) - len(ran)
-    others = f"; {free} more not run (a setup measured before, or one the data cannot feed)" if free else ""
+    others = f"; {free} more not run (a setup measured before, or one the data or /dev/shm cannot feed)" if free else ""
     lines = [f"<h1>autotune report: {escape(data.study)}</h1>"]
     meta = [f"{counted(len(ran), 'trial')} ({tally or 'none'}{others})", f"search {data.status}",
             f"storage <code>{escape(hide_passwords(data.storage))}</code>"]

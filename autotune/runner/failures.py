@@ -114,7 +114,8 @@ def shm_hint(message: str) -> str:
     otherwise."""
     full, bus = (words in message for words in SHM_FULL)
     shm = collect_shm() if full or bus or SHM_PATH in message else None
-    if shm is not None and not shm.writable and SHM_PATH in message:  # Errno 30 (read-only) or 13 on a worker's file there
+    refused = "Read-only file system" in message or "Permission denied" in message  # Errno 30 or 13 on a worker's file there
+    if shm is not None and shm.total_bytes is not None and not shm.writable and refused:
         return f"; {shm.path} is read-only to this process: loader workers hand every batch over through it (mount a writable tmpfs there)"
     if shm is None or (not full and not bus):
         return ""

@@ -204,7 +204,10 @@ def _supervise(
                     proc.kill()
                     return _pruned(event, measured, tuple(windows), options)
         if exitcode is None and (server := proc.lost()) is not None:
-            if server < 0:
+            if server == -signal.SIGKILL and oom_before is not None and (oom_kills() or 0) > oom_before:  # started again
+                return TrialResult(status="oom", windows=tuple(windows), mode=options.mode, error=(
+                    "the trial server, and its trial with it, was killed (SIGKILL) by the kernel's out-of-memory killer"))
+            if server <= 0:  # a signal; or 0, the end of its input: this search closed it (a stop, a reply never read)
                 return interrupted("the trial server was terminated from outside; its trial is gone")
             free = format_bytes(shutil.disk_usage(directory).free) if directory.is_dir() else "gone"
             return TrialResult(status="error", mode=options.mode, error=f"the trial server ended (exit {server}) without the trial's "

@@ -38,8 +38,10 @@ from autotune.tuner.signals import interrupts_held
 from autotune.tuner.space import Space
 from autotune.tuner.storage import DATABASE_ERRORS, storage_failure
 from autotune.tuner.study import ROLE_DEFAULTS, ROLE_SEARCH, SearchStudy
-from autotune.units import counted
+from autotune.units import counted, format_bytes
 from autotune.workloads.pipeline import NO_FULL_STEP
+from probes.hardware import SHM_MIN_BYTES
+from probes.memory import collect_shm
 
 
 @dataclass(frozen=True)
@@ -247,14 +249,19 @@ def in_flight(setup: TrainSetup) -> int:
 def beyond_the_shm(setup: TrainSetup, records: list[TrialRecord]) -> TrialResult | None:
     """An infeasible result, not run, for a setup with loader workers whose batches in flight are at least those a trial
     found /dev/shm too small for (a container's default 64 MiB): it fails alike, where the search spent trial after
-    trial on it.
+    trial on it. Only while this host's /dev/shm is small and as large as the trial's error names it (a rerun in a larger
+    one runs it), and for the same ``decode`` (GPU decoding hands over compressed files).
 
     Args:
         setup: The setup to run next.
         records: The study's trials so far.
     """
-    full = [r for r in records if SHM_TOO_SMALL in (r.result.error or "") and r.reused_from is None and r.setup.num_workers]
-    smallest = min(full, key=lambda r: in_flight(r.setup), default=None)
+    full = [r for r in records if SHM_TOO_SMALL in (r.result.error or "") and r.reused_from is None and r.setup.decode == setup.decode]
+    shm = collect_shm() if full else None
+    if shm is None or shm.total_bytes is None or shm.total_bytes >= SHM_MIN_BYTES:
+        return None
+    size = f"{shm.path} ({format_bytes(shm.total_bytes)}, "  # the trial's error: "/dev/shm (64 MiB, 2 MiB free) is too small ..."
+    smallest = min((r for r in full if size in (r.result.error or "")), key=lambda r: in_flight(r.setup), default=None)
     if smallest is None or in_flight(setup) < in_flight(smallest.setup):
         return None
     return TrialResult(status="error", error=(

@@ -73,7 +73,8 @@ def described_workload(signature: Any) -> str | None:
                             data=data if isinstance(data, str) else None, images=samples if isinstance(samples, int) else None)
     except (AutotuneError, TypeError, ValueError):  # an image size this version cannot read
         return None
-    return workload.describe()
+    ranks = signature.get("nproc_per_node")
+    return workload.describe(ranks if isinstance(ranks, int) and not isinstance(ranks, bool) else 1)  # its samples: a rank's share
 
 
 def machine_fingerprint(hardware: Any, device: Any) -> dict[str, Any]:

@@ -281,11 +281,13 @@ def failed_precisions(calibration: Calibration) -> dict[str, str]:
 
 def failed_layout(calibration: Calibration) -> str | None:
     """The status of the channels_last layout where every compute-only run of the calibration in it failed (not for
-    memory: a model that flattens with ``view``, one with 5-D weights); None where any ran, or every contiguous one failed too."""
-    statuses = {layout: {p.status for p in calibration.precisions if p.channels_last == layout} for layout in (False, True)}
-    if not statuses[True] or (statuses[False] and statuses[False] <= {"error", "diverged"}):
+    memory: a model that flattens with ``view``, one with 5-D weights) while the contiguous run of each of those precisions
+    ran (like for like: the layout's fault, not the model's or the precision's); else None."""
+    runs = {(p.amp, p.channels_last): p.status for p in calibration.precisions}
+    layout = {amp: status for (amp, last), status in runs.items() if last}
+    if not layout or not all(status in ("error", "diverged") and runs.get((amp, False)) == "ok" for amp, status in layout.items()):
         return None
-    return "/".join(sorted(statuses[True])) if statuses[True] <= {"error", "diverged"} else None
+    return "/".join(sorted(set(layout.values())))
 
 
 def build_space(

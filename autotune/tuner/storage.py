@@ -64,8 +64,10 @@ FIRST_PAUSE_S = 1.0
 
 def retries() -> int:
     """Attempts at a storage step before a worker gives up (``AUTOTUNE_STORAGE_RETRIES``, else :data:`RETRIES`)."""
-    value = os.environ.get("AUTOTUNE_STORAGE_RETRIES", "")
-    return max(1, int(value)) if value.strip().lstrip("-").isdigit() else RETRIES
+    try:
+        return max(1, int(os.environ.get("AUTOTUNE_STORAGE_RETRIES", RETRIES)))
+    except ValueError:
+        return RETRIES
 
 
 def journal_path(url: str) -> str | None:
@@ -317,8 +319,8 @@ def connection_lost(url: str, exc: BaseException) -> bool:
     return not url.startswith("sqlite") and isinstance(storage_cause(exc), sqlalchemy.exc.OperationalError | sqlalchemy.exc.InterfaceError)
 
 
-#: What a database that fails or drops its connection raises.
-DATABASE_ERRORS: tuple[type[BaseException], ...] = (  # the last: Optuna's wrapper of a failed commit
+#: What a database that fails or drops its connection raises (the last: Optuna's wrapper of a failed commit).
+DATABASE_ERRORS: tuple[type[BaseException], ...] = (
     sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError, optuna.exceptions.StorageInternalError)
 #: What a lost database connection or an unreachable journal file raises.
 CONNECTION_ERRORS: tuple[type[BaseException], ...] = (*DATABASE_ERRORS, OSError)
@@ -373,11 +375,8 @@ def with_retries(step: Callable[[], T], storage: str, *, on_give_up: Callable[[]
 def storage_failures_said(storage: str) -> Iterator[None]:
     """Turn a study storage that fails while the search writes to it (SQLite on a full disk, a server gone) into one line.
 
-    Args:
-        storage: The storage URL, for the message (password hidden).
-
     Raises:
-        StorageError: Naming the storage and its error (Optuna's wrapper of a failed commit: the error it wraps).
+        StorageError: Naming ``storage`` (password hidden) and its error (Optuna's wrapper of a failed commit: the error it wraps).
     """
     try:
         yield
@@ -392,9 +391,9 @@ def storage_failure(storage: str, exc: BaseException) -> StorageError:
     what = ("what it stored before this is kept (finished trials, calibration): free disk space or bring the storage back, then "
             "rerun the same command to resume")
     if file is not None and not file.exists():
-        what = (f"{file} was removed or moved while the search ran, and what it stored with it (trials.csv beside it lists the "
-                "finished trials): put it back, or move that --out away and search again")
+        what = (f"{file} was removed or moved while the search ran, and what it stored with it (the search's trials.csv lists "
+                "the finished trials): put it back, or search again with another --out or --storage")
     elif file is not None and _damaged(why):
-        what = (f"{file} was damaged while the search ran (not a readable SQLite database): restore it from a backup, or move that "
-                "--out away and search again")
+        what = (f"{file} was damaged while the search ran (not a readable SQLite database): restore it from a backup, or search "
+                "again with another --out or --storage")
     return StorageError(hide_passwords(f"cannot write to the study storage {storage}: {why}; {what}"))
