@@ -655,7 +655,7 @@ def test_a_waiting_worker_waits_while_the_elected_one_stores_progress(postgres, 
                                ) as raised:
                 wait()
             if kind == "confirm":  # the way on: a rerun takes over once that worker is gone
-                assert str(raised.value).endswith("; rerun a worker's search command to confirm it"), raised.value
+                assert str(raised.value).endswith("; rerun a worker's search command to confirm it once that worker has ended"), raised.value
             assert 10 <= crew.polls <= 12  # 600 s without progress, a minute per poll
     finally:
         leader.kill()

@@ -207,7 +207,7 @@ class Crew:
             confirm_marker(trials), stored, reporter,
             waiting=lambda leader: f"{trials} trials finished: {leader.describe()} confirms the finalists; waiting for its winner",
             gave_up=lambda leader: (f"study {self.study.name!r}: no winner from {leader.describe()}, which stored no confirmation "
-                                    f"measurement for {self.wait_s:.0f} s; rerun a worker's search command to confirm it"),
+                                    f"measurement for {self.wait_s:.0f} s; rerun a worker's search command to confirm it once that worker has ended"),
             stopped=lambda leader: (f"interrupted while {leader} confirmed the finalists of study {self.study.name!r}: "
                                     f"the study's finished trials are kept in {self.study.storage}; `autotune status` shows its winner "
                                     "once written, and the same command reruns to write it to this --out"),
