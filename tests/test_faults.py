@@ -410,17 +410,26 @@ def test_a_loader_worker_that_found_dev_shm_full_names_it_and_the_fix(monkeypatc
     assert "is too small" in (classify(RuntimeError(full)).error or "")  # that one cannot be a file cut short
 
 
+def _skip_unless_mounts_are_private(mount: str) -> None:
+    """Skip where this process may not run ``mount`` (``sh -c``) in a private mount namespace (``unshare -m``: root)."""
+    allowed = subprocess.run(["unshare", "-m", "sh", "-c", mount, "sh", "true"], capture_output=True, timeout=60, check=False)
+    if allowed.returncode != 0:
+        pytest.skip(f"this process may not mount in a private namespace: {allowed.stderr.decode(errors='replace').strip()}")
+
+
+def _tiny_trial(cache_dir: Path, *extra: str) -> list[str]:
+    """``autotune trial`` of a tiny CNN at 32 px for 1 s on the CPU, and ``extra`` flags."""
+    return [sys.executable, "-m", "autotune", "trial", "--model", "factories:tiny_cnn", "--image-size", "32", "--synthetic-images",
+            "64", "--cache-dir", str(cache_dir), "--device", "cpu", "--trial-seconds", "1", *extra]
+
+
 @pytest.mark.slow
 def test_a_trial_on_a_real_full_dev_shm_names_it(cache_dir) -> None:
     """``autotune trial`` with a loader worker in a private mount namespace whose /dev/shm is a 64 KiB tmpfs (as a
     container's may be): the trial's error names /dev/shm, its size and the fix."""
     mount = "mount --make-rprivate / && mount -t tmpfs -o size=64k tmpfs /dev/shm && exec \"$@\""
-    allowed = subprocess.run(["unshare", "-m", "sh", "-c", mount, "sh", "true"], capture_output=True, timeout=60, check=False)
-    if allowed.returncode != 0:
-        pytest.skip(f"this process may not mount a private /dev/shm: {allowed.stderr.decode(errors='replace').strip()}")
-    trial = [sys.executable, "-m", "autotune", "trial", "--model", "factories:tiny_cnn", "--image-size", "32", "--synthetic-images",
-             "64", "--cache-dir", str(cache_dir), "--device", "cpu", "--trial-seconds", "1", "--batch-size", "16", "--workers", "1",
-             "--json"]
+    _skip_unless_mounts_are_private(mount)
+    trial = _tiny_trial(cache_dir, "--batch-size", "16", "--workers", "1", "--json")
     result = subprocess.run(["unshare", "-m", "sh", "-c", mount, "sh", *trial], capture_output=True, text=True, timeout=WAIT_S,
                             cwd=TESTS)
     error = json.loads(result.stdout)["error"]
@@ -434,16 +443,12 @@ def test_a_read_only_dev_shm_is_named_by_the_probe_and_a_trial(cache_dir, tmp_pa
     empty = tmp_path / "empty"
     empty.mkdir()
     mount = f"mount --make-rprivate / && mount --bind {empty} /dev/shm && mount -o remount,bind,ro /dev/shm && exec \"$@\""
-    allowed = subprocess.run(["unshare", "-m", "sh", "-c", mount, "sh", "true"], capture_output=True, timeout=60, check=False)
-    if allowed.returncode != 0:
-        pytest.skip(f"this process may not mount a private /dev/shm: {allowed.stderr.decode(errors='replace').strip()}")
+    _skip_unless_mounts_are_private(mount)
     probe = subprocess.run(["unshare", "-m", "sh", "-c", mount, "sh", sys.executable, "-m", "autotune", "probe", "--json"],
                            capture_output=True, text=True, timeout=WAIT_S, cwd=TESTS)
     report = json.loads(probe.stdout)
     assert report["shm"]["writable"] is False and any(w.startswith("/dev/shm is read-only") for w in report["warnings"]), report
-    trial = [sys.executable, "-m", "autotune", "trial", "--model", "factories:tiny_cnn", "--image-size", "32", "--synthetic-images",
-             "64", "--cache-dir", str(cache_dir), "--device", "cpu", "--trial-seconds", "1", "--batch-size", "16", "--workers", "1",
-             "--json"]
+    trial = _tiny_trial(cache_dir, "--batch-size", "16", "--workers", "1", "--json")
     result = subprocess.run(["unshare", "-m", "sh", "-c", mount, "sh", *trial], capture_output=True, text=True, timeout=WAIT_S,
                             cwd=TESTS)
     error = json.loads(result.stdout)["error"]
@@ -457,11 +462,8 @@ def test_a_full_temporary_directory_is_one_line_not_a_server_terminated_from_out
     full = tmp_path / "full"
     full.mkdir()
     mount = f"mount --make-rprivate / && mount -t tmpfs -o size=4k tmpfs {full} && exec \"$@\""
-    allowed = subprocess.run(["unshare", "-m", "sh", "-c", mount, "sh", "true"], capture_output=True, timeout=60, check=False)
-    if allowed.returncode != 0:
-        pytest.skip(f"this process may not mount a private tmpfs: {allowed.stderr.decode(errors='replace').strip()}")
-    trial = [sys.executable, "-m", "autotune", "trial", "--model", "factories:tiny_cnn", "--image-size", "32", "--synthetic-images",
-             "64", "--cache-dir", str(cache_dir), "--device", "cpu", "--trial-seconds", "1"]
+    _skip_unless_mounts_are_private(mount)
+    trial = _tiny_trial(cache_dir)
     result = subprocess.run(["unshare", "-m", "sh", "-c", mount, "sh", *trial], capture_output=True, text=True, timeout=WAIT_S,
                             cwd=TESTS, env={**os.environ, "TMPDIR": str(full)})
     last = result.stderr.splitlines()[-1] if result.stderr else ""
