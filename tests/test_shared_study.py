@@ -1199,3 +1199,17 @@ def test_a_worker_says_once_when_another_worker_on_this_host_runs_trials_on_its_
         other.kill()
         other.wait()
     assert CoreSharing(me, "cpu").check(study) is None  # a worker that is gone measures nothing
+
+
+def test_a_trial_given_back_as_the_others_filled_the_budget_is_not_cut_short(tmp_path) -> None:
+    """Two workers ask for a trial as the budget's last one runs: one gives its trial back, failed, not run. `autotune
+    status` counted it `1 cut short (a search stopped or died during them)`: no search stopped (CI, 2026-12-05)."""
+    from autotune.tuner.status import study_status
+
+    storage = f"journal:///{tmp_path}/study.log"
+    study = SearchStudy.open(storage, "back", shared=True)
+    crew = Crew(study, wait_s=WAIT_S, poll_s=0.05)
+    trial, _ = study.ask()
+    crew._give_back(study, trial)
+    assert study.study.get_trials(deepcopy=False)[trial.number].state == TrialState.FAIL
+    assert study_status(storage, "back").failed == 0

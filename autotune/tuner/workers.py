@@ -52,7 +52,7 @@ from autotune.tuner.pending import PendingTrial, kept_pending
 from autotune.tuner.progress import Reporter
 from autotune.tuner.signals import interrupts_held, sigterm_as_interrupt
 from autotune.tuner.storage import with_retries
-from autotune.tuner.study import ATTR_ROLE, ATTR_WORKER, ROLE_SEARCH, STUDY_WINNER, SearchStudy
+from autotune.tuner.study import ATTR_MARKER, ATTR_ROLE, ATTR_WORKER, ROLE_SEARCH, STUDY_WINNER, SearchStudy
 from autotune.tuner.study_report import stored_confirmed
 
 T = TypeVar("T")
@@ -321,7 +321,6 @@ class Crew:
 
     def _ask(self, study: SearchStudy, wanted: int) -> optuna.Trial | None:
         """A trial of this worker, or None when the others filled the budget meanwhile (given back)."""
-
         def step() -> optuna.Trial:
             trial, _ = study.ask()
             trial.set_user_attr(ATTR_WORKER, replace(self.me, heartbeat=time.time()).to_dict())  # another host: alive 30 min
@@ -340,6 +339,7 @@ class Crew:
             frozen = study.study.get_trials(deepcopy=False)[trial.number]
             if frozen.state.is_finished():  # failed and queued again by another worker while this one stalled
                 return
+            trial.set_user_attr(ATTR_MARKER, "given back")  # no measurement, nor one a stop cut short (`autotune status`)
             study.study.tell(trial.number, state=TrialState.FAIL)
             if ATTR_ROLE in frozen.user_attrs or frozen.system_attrs.get("fixed_params") or frozen.params:
                 self._requeue(frozen)
