@@ -932,18 +932,17 @@ class _Said:
         self.said.append(text)
 
 
-class _KillOnWait(_Said):
-    """A reporter that kills the elected worker ``victim`` when this worker says it waits for it."""
+class _OnWait(_Said):
+    """A reporter that calls ``act`` (on the elected worker) when this worker says ``words`` (that it waits for it)."""
 
-    def __init__(self, victim: subprocess.Popen[bytes]) -> None:
+    def __init__(self, words: str, act: Callable[[], object]) -> None:
         super().__init__()
-        self.victim = victim
+        self.words, self.act = words, act
 
     def message(self, text: str) -> None:
         super().message(text)
-        if "wait" in text:
-            self.victim.kill()
-            self.victim.wait()
+        if self.words in text:
+            self.act()
 
 
 @pytest.mark.parametrize("kind", ["calibrate", "confirm"])
@@ -954,7 +953,7 @@ def test_a_worker_that_takes_over_from_a_dead_elected_one_says_so(tmp_path, kind
     leader = subprocess.Popen(["sleep", "600"])  # the elected worker: a live process on this host
     try:
         study = _elected(tmp_path, "takeover", kind, leader)
-        crew, reporter = Crew(study, wait_s=600.0, poll_s=0.01), _KillOnWait(leader)
+        crew, reporter = Crew(study, wait_s=600.0, poll_s=0.01), _OnWait("wait", lambda: (leader.kill(), leader.wait()))
         if kind == "calibrate":
             assert crew.once(lambda: "calibrated here", reporter) == "calibrated here"
         else:
@@ -981,20 +980,6 @@ def freeze_outside_the_journal_lock(proc: subprocess.Popen[str], journal: Path) 
         time.sleep(0.01)
 
 
-class _StopOnWait(_Said):
-    """A reporter that, when this worker says it waits, interrupts the frozen worker ``elected`` (SIGINT, then SIGCONT)."""
-
-    def __init__(self, elected: subprocess.Popen[str]) -> None:
-        super().__init__()
-        self.elected = elected
-
-    def message(self, text: str) -> None:
-        super().message(text)
-        if "waiting for its winner" in text:
-            self.elected.send_signal(signal.SIGINT)
-            self.elected.send_signal(signal.SIGCONT)
-
-
 def test_a_worker_interrupted_while_it_confirms_leaves_the_election_to_a_worker_on_another_host_at_once(tmp_path, monkeypatch) -> None:
     """Ctrl-C on the worker confirming a study shared with a worker on another host. Before, the other worker counted
     the interrupted one's election marker alive for 30 minutes (its heartbeat): it waited 10 minutes, stopped without a
@@ -1019,7 +1004,8 @@ def test_a_worker_interrupted_while_it_confirms_leaves_the_election_to_a_worker_
         freeze_outside_the_journal_lock(elected, tmp_path / "study.log")  # elected (it entered first, alone) and confirming
         assert STUDY_WINNER not in load(storage, name).user_attrs
         monkeypatch.setattr(socket, "gethostname", lambda: "another-host")  # this process: a worker on another host
-        crew, reporter = Crew(SearchStudy.open(storage, name, shared=True), wait_s=WAIT_S, poll_s=0.05), _StopOnWait(elected)
+        interrupt = lambda: (elected.send_signal(signal.SIGINT), elected.send_signal(signal.SIGCONT))  # noqa: E731  (then thawed)
+        crew, reporter = Crew(SearchStudy.open(storage, name, shared=True), wait_s=WAIT_S, poll_s=0.05), _OnWait("waiting for its winner", interrupt)
         assert crew.confirm_or_wait(2, reporter) is None  # this worker confirms
         code, _, stderr = finish(elected)
     finally:
