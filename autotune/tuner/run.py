@@ -234,9 +234,9 @@ def _nothing_feasible(records: list[TrialRecord], storage: str, interrupted: boo
 
 
 def available_now(prepared: Prepared) -> int:
-    """RAM left now, after the probe: less this search's own torch and its trial server's (about 400 MiB each), which
-    a container's memory limit holds too (read at the probe, a budget of half of a 1.2 GiB limit left no room for them,
-    and the kernel's OOM killer stopped the search itself without a word)."""
+    """RAM left now, after the probe: less this search's own torch (about 400 MiB) and as much of its trial server's as
+    that holds by now (still importing, not all of it), which a container's memory limit holds too (read at the probe, a
+    budget of half of a 1.2 GiB limit left no room for them, and the kernel's OOM killer stopped the search itself)."""
     return min(prepared.hardware.memory.usable_bytes(), collect_memory().usable_bytes())
 
 
