@@ -187,7 +187,7 @@ def test_the_baseline_stops_only_once_every_remaining_finalist_beats_it() -> Non
 def test_the_baseline_stays_while_the_leaders_ratios_over_it_disagree() -> None:
     """Beaten in both rounds, but by 1.7x in one and by 350x in the other (a stalled round): the median of two such
     rounds is a speedup neither measured, so the baseline and the leader go on until a third round outvotes it."""
-    from autotune.tuner.winner import paired_speedup
+    from autotune.tuner.noise import paired_speedup
 
     rates = {16: [30762.4, 78.4, 30000.0, 31000.0], 64: [100.0], 128: [52300.8, 27434.9, 51000.0, 52000.0]}
     order: list[int] = []
@@ -405,7 +405,7 @@ def test_the_confirmation_records_the_rounds_its_failures_took() -> None:
     assert calls == [64, 32, 64, 32]
     assert by_size[64].by_round() == {1: 103.0} and by_size[32].by_round() == {0: 102.0}
     assert stored[fast.to_json()] == ([103.0], ["error: flaky"], [0]) and stored[defaults.to_json()][2] == [1]
-    from autotune.tuner.winner import paired_speedup
+    from autotune.tuner.noise import paired_speedup
 
     assert paired_speedup(by_size[64], by_size[32]) is None
 

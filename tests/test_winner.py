@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from autotune.devices import DeviceInfo
+from autotune.errors import AutotuneError
 from autotune.records import Calibration, LoaderPoint, TrialRecord, TrialResult, Workload
 from autotune.rounds import Candidate, Confirmed
 from autotune.train_setup import TrainSetup
@@ -658,8 +659,30 @@ def test_a_speedup_far_from_the_ratio_of_the_medians_beside_it_says_both() -> No
     steady = _best([_confirmed(winner, (200.0, 210.0, 205.0)), _confirmed(DEFAULTS, (100.0, 104.0, 101.0))])
     assert not any("median of the paired rounds' ratios" in note for note in steady.notes)
     # The line itself points at the note (a probe's "1810.4 samples/s, 2.15x the PyTorch defaults (18503.9 samples/s; ...)").
-    assert best.speedup_basis == "median of the paired rounds; the two medians were measured apart: see the note"
-    assert steady.speedup_basis == "median of the paired rounds"
+    assert best.speedup_basis == "median of 3 paired rounds, 1.01x to 3.22x; the two medians were measured apart: see the note"
+    assert steady.speedup_basis == "median of 3 paired rounds, 2.00x to 2.03x"
+
+
+def test_the_speedup_says_how_many_paired_rounds_it_is_the_median_of_and_their_range() -> None:
+    """A harness's search printed "1.91x the PyTorch defaults (96.9 samples/s; median of the paired rounds)" from 2 rounds
+    (1.90x and 1.92x), where fresh rounds of the same pair measured 1.55x to 2.02x: the line gives the rounds and their
+    range, best.json keeps the ratios, and a best.json written before the field still reads."""
+    from autotune.output.best import Best
+
+    winner = TrainSetup(batch_size=64, num_workers=1, prefetch_factor=2)
+    best = _best([_confirmed(winner, (190.0, 192.0)), _confirmed(DEFAULTS, (100.0, 100.0))])
+    assert best.speedup_rounds == pytest.approx((1.90, 1.92)) and best.speedup == pytest.approx((1.90 * 1.92) ** 0.5)
+    assert best.speedup_basis == "median of 2 paired rounds, 1.90x to 1.92x"
+    assert Best.from_dict(best.to_dict()) == best
+    one = _best([_confirmed(winner, (190.0,)), _confirmed(DEFAULTS, (100.0,))])
+    assert one.speedup_basis == "one paired round" and one.speedup_rounds == pytest.approx((1.9,))
+    older = best.to_dict()
+    del older["speedup_rounds"]
+    assert Best.from_dict(older).speedup_basis == "median of the paired rounds"
+    kept = _best([_confirmed(DEFAULTS, (100.0, 100.0)), _confirmed(winner, (90.0, 95.0))])  # the defaults won: nothing paired
+    assert kept.setup == DEFAULTS and kept.speedup == 1.0 and kept.speedup_rounds == ()
+    with pytest.raises(AutotuneError, match="'speedup_rounds' must be a list of positive numbers"):
+        Best.from_dict({**best.to_dict(), "speedup_rounds": [1.9, -1]})
 
 
 def test_a_winner_that_accumulates_says_batch_norm_sees_the_micro_batch() -> None:

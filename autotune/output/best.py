@@ -37,6 +37,7 @@ FIELDS: dict[str, tuple[type, ...]] = {
     "samples_per_s_spread": _NUMBER,
     "defaults_samples_per_s": (*_NUMBER, type(None)),
     "speedup": (*_NUMBER, type(None)),
+    "speedup_rounds": (list,),
     "peak_memory_bytes": (int, type(None)),
     "effective_batch": (int,),
     "reference_batch": (int,),
@@ -60,7 +61,7 @@ _AT_LEAST = ("samples_per_s_spread", "effective_batch", "reference_batch", "worl
 #: The highest value of a field (a hand-edited ``"world_size": 100000`` wrote ``torchrun --nproc_per_node 100000``).
 _HIGHEST: dict[str, int] = {"world_size": 1024}
 #: Fields that may be missing (they have defaults).
-OPTIONAL = ("hardware", "versions", "command", "created", "notes", "world_size", "confirmed", "study")
+OPTIONAL = ("hardware", "versions", "command", "created", "notes", "world_size", "confirmed", "study", "speedup_rounds")
 
 
 def check_best_dict(data: Any) -> dict[str, Any]:
@@ -107,6 +108,9 @@ def check_best_dict(data: Any) -> dict[str, Any]:
     notes = data.get("notes", [])
     if not all(isinstance(n, str) for n in notes):
         raise AutotuneError("best.json field 'notes' must be a list of strings")
+    ratios = data.get("speedup_rounds", [])
+    if not all(isinstance(r, _NUMBER) and not isinstance(r, bool) and math.isfinite(r) and r > 0 for r in ratios):
+        raise AutotuneError("best.json field 'speedup_rounds' must be a list of positive numbers")
     # A knob or the model left out would take its default: a setup that was not measured, under the measured speed.
     knob = missing_knob(data["setup"])
     missing = f"setup.{knob}" if knob is not None else ("workload.model" if "model" not in data["workload"] else None)
@@ -153,6 +157,8 @@ class Best:
         speedup: Over the defaults: the median of the per-round ratios of the rounds both ran (confirmed, or
             those of an interrupted confirmation), else ``samples_per_s / defaults_samples_per_s``; None if
             unknown (:attr:`speedup_basis` says which).
+        speedup_rounds: The paired rounds' ratios that :attr:`speedup` is the median of, in ascending order; empty
+            where it rests on no paired round (or in a best.json written before the field).
         peak_memory_bytes: Peak memory of the winner's setup: the largest of
             its trials and its confirmation runs, so it can exceed the figure
             in the trial's own trials.csv row.
@@ -192,16 +198,20 @@ class Best:
     world_size: int = 1
     confirmed: bool = True
     study: str = ""
+    speedup_rounds: tuple[float, ...] = ()
 
     @property
     def speedup_basis(self) -> str:
         """What :attr:`speedup` rests on, in words: the confirmation's paired rounds, those an interrupted one measured
         (its note says so), or two single trials."""
+        ratios = self.speedup_rounds
+        spread = f"{ratios[0]:.2f}x to {ratios[-1]:.2f}x" if len(ratios) > 1 else ""
         if self.confirmed:  # medians of runs of their own beside it: the line's three figures disagree, said in a note
             apart = any(MEDIANS_APART_NOTE in note for note in self.notes)
-            return "median of the paired rounds" + ("; the two medians were measured apart: see the note" if apart else "")
+            rounds = f"median of {len(ratios)} paired rounds, {spread}" if spread else "one paired round" if ratios else "median of the paired rounds"
+            return rounds + ("; the two medians were measured apart: see the note" if apart else "")
         if any(PAIRED_SO_FAR in note for note in self.notes):
-            return "paired rounds of an interrupted confirmation, unconfirmed"
+            return "paired rounds of an interrupted confirmation" + (f" ({spread})" if spread else "") + ", unconfirmed"
         return "single trials, unconfirmed"
 
     def to_dict(self) -> dict[str, Any]:
@@ -210,6 +220,7 @@ class Best:
         data["setup"] = self.setup.to_dict()
         data["workload"] = self.workload.to_dict()
         data["notes"] = list(self.notes)
+        data["speedup_rounds"] = list(self.speedup_rounds)
         return {"schema": SCHEMA_VERSION, **data}
 
     @classmethod
@@ -225,6 +236,7 @@ class Best:
             data["setup"] = TrainSetup.from_dict(data["setup"])
             data["workload"] = Workload.from_dict(data["workload"])
             data["notes"] = tuple(data.get("notes", ()))
+            data["speedup_rounds"] = tuple(float(r) for r in data.get("speedup_rounds", ()))
             if "confirmed" not in data:  # written before the field: its notes said so
                 data["confirmed"] = not any(str(n).startswith("not confirmed") for n in data["notes"])
             return cls(**data)

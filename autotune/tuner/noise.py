@@ -52,6 +52,20 @@ def median_ratio(ratios: list[float]) -> float:
     return math.exp(statistics.median(math.log(r) for r in ratios))
 
 
+def paired_speedup(winner: Confirmed, defaults: Confirmed) -> float | None:
+    """The winner over the defaults: the median of their per-round ratios (1.0 when the defaults won).
+
+    Each round measured both seconds apart, so the ratio cancels the load they
+    shared; the ratio of the two medians does not where the defaults stopped
+    early or the load drifted. This is the figure the confirmation note's
+    ``median +N%`` gives.
+    """
+    if winner is defaults:
+        return 1.0
+    ratios = paired_ratios(winner, defaults)
+    return median_ratio(ratios) if ratios else None
+
+
 def wins_needed(shared: int) -> int:
     """The paired rounds of ``shared`` that a setup must win to beat another (:func:`beats`): three quarters."""
     return math.ceil(0.75 * shared)

@@ -21,7 +21,7 @@ from autotune.train_setup import TrainSetup
 from autotune.tuner.choice import choose_winner
 from autotune.tuner.constraints import Constraint
 from autotune.tuner.loader_ceiling import more_to_load
-from autotune.tuner.noise import beats, compared_ratios, disagree, median_ratio, paired_ratios
+from autotune.tuner.noise import beats, compared_ratios, disagree, paired_ratios, paired_speedup
 from autotune.tuner.space import DEFAULT_BATCH
 from autotune.tuner.study import ROLE_DEFAULTS
 from autotune.units import counted
@@ -71,6 +71,7 @@ def make_best(
     reference = effective_batch or defaults.effective_batch(world_size)
     recipe = workload.reference_batch or DEFAULT_BATCH
     notes: list[str] = []
+    rounds: list[float] = []  # the winner's paired ratios over the defaults, which the speedup is the median of
     measured = [c for c in confirmed if c.median is not None]
     if measured:
         chosen, why = choose_winner(measured, default_key, reference // world_size, excluded_by)
@@ -79,17 +80,19 @@ def make_best(
         base = baseline.median if baseline is not None else None
         # The defaults measured alone (--trials 1) have no ratio: "1.00x ... median of the paired rounds" paired nothing.
         speedup = paired_speedup(chosen, baseline) if baseline is not None and len(measured) > 1 else None
+        rounds = sorted(r for r in paired_ratios(chosen, baseline) if r > 0) if speedup and baseline is not None and baseline is not chosen else []
         notes.extend(why)
         if baseline is not None and baseline is not chosen and speedup is not None and disagree(chosen, baseline):
-            ratios, rounds = compared_ratios(chosen, baseline), sum(r > 0 for r in paired_ratios(chosen, baseline))
-            over = f"{len(ratios)} of {rounds} rounds, the one farthest from their median left out" if rounds > len(ratios) else f"{rounds} rounds"
+            ratios = compared_ratios(chosen, baseline)
+            over = (f"{len(ratios)} of {len(rounds)} rounds, the one farthest from their median left out" if len(rounds) > len(ratios)
+                    else f"{len(rounds)} rounds")
             notes.append(f"the winner's paired rounds against the PyTorch defaults disagree (ratios {ratios[0]:.3g}x to "
                          f"{ratios[-1]:.3g}x over {over}): the load on the machine changed within rounds, which "
                          f"pairing does not cancel, so the {speedup:.2f}x speedup is no figure to rely on; run the search "
                          "again on an idle machine")
         elif baseline is not None and baseline is not chosen and speedup and base and rate and (
                 abs(math.log(speedup * base / rate)) > math.log(MEDIANS_APART)):  # the line's three figures disagree
-            each = ", ".join(f"{r:.2f}x" for r in sorted(r for r in paired_ratios(chosen, baseline) if r > 0))
+            each = ", ".join(f"{r:.2f}x" for r in rounds)
             notes.append(f"the {speedup:.2f}x {MEDIANS_APART_NOTE} ({each}); the two "
                          f"medians ({rate:.1f} against {base:.1f} samples/s) are {rate / base:.2f}x apart: each comes from "
                          "its own runs (the load changed between rounds, or one of them ran fewer rounds), which the "
@@ -112,6 +115,7 @@ def make_best(
         paired = None
         if pick is not None and baseline is not None and (paired := paired_speedup(pick, baseline)) is not None:
             speedup, base, rate, spread = paired, baseline.median, pick.median or rate, pick.spread or 0.0  # all from those rounds
+            rounds = sorted(r for r in paired_ratios(pick, baseline) if r > 0) if pick is not baseline else []
         if interrupted and any(c.values for c in partial):
             shared = f" ({PAIRED_SO_FAR})" if paired is not None else ""
             notes.append("not confirmed: the search was interrupted during the interleaved re-measurement "
@@ -203,6 +207,7 @@ def make_best(
         samples_per_s_spread=spread,
         defaults_samples_per_s=base,
         speedup=speedup,
+        speedup_rounds=tuple(rounds),
         peak_memory_bytes=max(peaks) if peaks else None,
         effective_batch=effective,
         reference_batch=reference,
@@ -287,20 +292,6 @@ def _ahead_in_rounds(top: TrialRecord, others: list[TrialRecord], partial: tuple
              if r.setup.to_json() in rounds and r.setup != top.setup and beats(rounds[r.setup.to_json()], mine)}
     best = max(ahead, key=lambda n: ahead[n], default=None)
     return next((r for r in others if r.number == best), None)
-
-
-def paired_speedup(winner: Confirmed, defaults: Confirmed) -> float | None:
-    """The winner over the defaults: the median of their per-round ratios (1.0 when the defaults won).
-
-    Each round measured both seconds apart, so the ratio cancels the load they
-    shared; the ratio of the two medians does not where the defaults stopped
-    early or the load drifted. This is the figure the confirmation note's
-    ``median +N%`` gives.
-    """
-    if winner is defaults:
-        return 1.0
-    ratios = paired_ratios(winner, defaults)
-    return median_ratio(ratios) if ratios else None
 
 
 def _held_by_the_epoch(best: Best, calibration: Calibration) -> str:
