@@ -13,11 +13,16 @@ NVML lists every GPU of the machine in PCI bus order and ignores
 from __future__ import annotations
 
 import os
+import threading
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
 __all__ = ["GpuInfo", "GpuReport", "collect_gpus"]
+
+#: Seconds NVML may take to answer before the probe gives up on it: a hung driver or GPU blocks ``nvmlInit`` (and
+#: ``nvidia-smi``) for good, and the probe (every search starts with it) with it.
+NVML_TIMEOUT_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -203,7 +208,9 @@ def collect_gpus() -> GpuReport:
 
     Without ``nvidia-ml-py``, the NVML library or a running driver, the
     report has no GPUs and a one-line ``error``. A GPU whose queries fail in
-    part keeps the other fields (see :attr:`GpuInfo.query_errors`).
+    part keeps the other fields (see :attr:`GpuInfo.query_errors`). NVML that
+    has not answered after :data:`NVML_TIMEOUT_S` (a hung driver) is left
+    behind in its thread, and the report says so.
 
     Returns:
         The :class:`GpuReport`.
@@ -215,6 +222,19 @@ def collect_gpus() -> GpuReport:
     except Exception as exc:  # a broken build or a shim that raises as it loads: the GPUs are unknown, the rest stands
         return GpuReport((), f"nvidia-ml-py failed to import: {_error_text(exc)}", driver_loaded=False)
 
+    answers: list[GpuReport] = []
+    # In a thread of its own: one stuck in the driver cannot be stopped, but the probe can go on without it.
+    reader = threading.Thread(target=lambda: answers.append(_read_gpus(nvml)), name="autotune-nvml", daemon=True)
+    reader.start()
+    reader.join(NVML_TIMEOUT_S)
+    if not answers:
+        return GpuReport((), f"NVML did not answer within {NVML_TIMEOUT_S:g} s (a hung NVIDIA driver or GPU: nvidia-smi would hang "
+                             "too), so the GPUs are unknown", driver_loaded=False)
+    return answers[0]
+
+
+def _read_gpus(nvml: ModuleType) -> GpuReport:
+    """:func:`collect_gpus`'s reading through an imported NVML module; never raises."""
     try:
         nvml.nvmlInit()
     except Exception as exc:
@@ -228,7 +248,10 @@ def collect_gpus() -> GpuReport:
             driver = _decode(nvml.nvmlSystemGetDriverVersion())
         except Exception:
             driver = None
-        gpus = tuple(_read_gpu(nvml, i, driver) for i in range(count))
+        try:
+            gpus = tuple(_read_gpu(nvml, i, driver) for i in range(count))
+        except Exception as exc:  # not a query's failure (each is kept per field): a broken module
+            return GpuReport((), f"NVML failed while reading the GPUs: {_error_text(exc)}", driver_loaded=True)
         error = None if gpus else "the NVIDIA driver is loaded but NVML reports no GPU"
         return GpuReport(gpus, error, driver_loaded=True)
     finally:

@@ -581,6 +581,20 @@ def test_a_pynvml_that_raises_as_it_loads_leaves_the_rest_of_the_probe(tmp_path:
     assert report["gpu_error"] == "nvidia-ml-py failed to import: broken pynvml build: undefined symbol nvmlFoo" and report["cpu"]["usable_cores"] >= 1
 
 
+def test_an_nvml_that_never_answers_leaves_the_rest_of_the_probe(tmp_path: Path) -> None:
+    """A hung NVIDIA driver blocks nvmlInit (and nvidia-smi) for good: `autotune probe`, and every search, which starts
+    with it, hung with it. The probe gives up on NVML after NVML_TIMEOUT_S, says so, and exits."""
+    (tmp_path / "pynvml.py").write_text("import time\n\ndef nvmlInit():\n    time.sleep(3600)\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    code = "import runpy, probes.gpu; probes.gpu.NVML_TIMEOUT_S = 1; runpy.run_module('autotune', run_name='__main__')"
+    done = subprocess.run([sys.executable, "-c", code, "probe", "--json"], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["gpu_error"] == ("NVML did not answer within 1 s (a hung NVIDIA driver or GPU: nvidia-smi would hang too), so "
+                                   "the GPUs are unknown")
+    assert report["gpus"] == [] and report["cpu"]["usable_cores"] >= 1
+
+
 def test_gpu_mostly_used_by_others_warns(fake_nvml: FakeNvml) -> None:
     # GPU 0: 80 % taken by another process; GPU 1: 60 % taken, but by us.
     fake_nvml.devices = [
