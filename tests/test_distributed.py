@@ -362,6 +362,38 @@ def test_cli_refuses_static_graph_with_accumulation_before_the_calibration(tmp_p
     assert not (tmp_path / "out").exists()
 
 
+def test_parallel_trials_refused_for_a_study_of_other_choices_leave_no_trial_running(tmp_path: Path) -> None:
+    """A probe's rerun of a finished study with `--devices cpu,cpu` (its knob choices differ) was refused in one line
+    that named no knob, and left the trial it had asked RUNNING: `autotune status` then showed `1 running: #4 (search)
+    on an unknown worker` for good. The refusal names the knob, and the trial is failed as the sequential loop fails it."""
+    from optuna.trial import TrialState
+
+    from autotune.errors import StorageError
+    from autotune.train_setup import KNOBS
+    from autotune.tuner.explore import Exploration, setup_for
+    from autotune.tuner.parallel import explore_placed
+    from autotune.tuner.space import Space
+    from autotune.tuner.study import SearchStudy
+
+    def plan(batches: tuple[int, ...]) -> Exploration:
+        fixed = {k: (getattr(TrainSetup(), k),) for k in KNOBS}
+        return Exploration(Space({**fixed, "batch_size": batches}), TrainSetup(), Workload(model="resnet18"), TrialOptions(), 3,
+                           tmp_path / "trials.csv")
+
+    def never_run(*args: Any, **kwargs: Any) -> TrialResult:
+        raise AssertionError("no trial runs")
+
+    study = SearchStudy.open(f"sqlite:///{tmp_path / 'study.db'}", "s", trials=3)
+    trial, role = study.ask()
+    setup_for(trial, role, plan((8, 16, 32)))
+    study.tell(trial, TrialResult(status="ok", samples_per_s=1.0))
+    reporter = SimpleNamespace(message=lambda text: None, trial_started=lambda *a: None, trial_finished=lambda *a: None)
+    with pytest.raises(StorageError, match=r"other choices of a knob than this search offers \(batch_size=8\|16\|32 in the study's "
+                                           r"trials, batch_size=8\|16 in this search; its data"):
+        explore_placed(place("auto", "cpu,cpu", 1, cpu_hardware(2)), study, plan((8, 16)), reporter, never_run)
+    assert study.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)) == []
+
+
 @pytest.mark.parametrize("storage", ["postgresql://tuner:secret@db.example.org/autotune", "journal:///{tmp}/study.log"])
 def test_cli_refuses_devices_in_a_worker_of_a_shared_study_in_one_line(tmp_path: Path, storage: str) -> None:
     """A shared study's worker runs one trial at a time on its first slot. Before, `--devices cpu,cpu --storage URL`

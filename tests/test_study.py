@@ -170,7 +170,9 @@ def test_trials_sampled_from_other_choices_stop_the_search_in_one_line(tmp_path:
     assert setup_for(trial, role, plan((8, 16, 32))).batch_size in (8, 16, 32)
     study.tell(trial, TrialResult(status="ok", samples_per_s=1.0))
     trial, role = study.ask()
-    with pytest.raises(StorageError, match=r"holds trials sampled from other choices of a knob.*another --out \(with --storage: --study NEW_NAME\)"):
+    with pytest.raises(StorageError, match=r"holds trials sampled from other choices of a knob than this search offers \(batch_size="
+                                           r"8\|16\|32 in the study's trials, batch_size=8\|16 in this search; .*another --out \(with "
+                                           r"--storage: --study NEW_NAME\)"):
         setup_for(trial, role, plan((8, 16)))
 
 

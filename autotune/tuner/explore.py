@@ -174,9 +174,11 @@ def setup_for(trial: optuna.Trial, role: str, plan: Exploration) -> TrainSetup:
     except ValueError as exc:  # Optuna: a knob's choices differ from those of the study's earlier trials
         if "dynamic value space" not in str(exc):
             raise
+        prefix = "dynamic value space: "  # Space names the knob after it
+        which = str(exc).removeprefix(prefix) + "; " if str(exc).startswith(prefix) else ""
         raise StorageError(
             f"study {trial.study.study_name!r} holds trials sampled from other choices of a knob than this search offers "
-            "(its data or model changed since, --devices/--nproc-per-node split the cores another way, or an earlier "
+            f"({which}its data or model changed since, --devices/--nproc-per-node split the cores another way, or an earlier "
             "autotune version built its space); "
             "pass another --out (with --storage: --study NEW_NAME)"
         ) from None

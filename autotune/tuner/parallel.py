@@ -98,9 +98,13 @@ class _Parallel:
             with interrupts_held():
                 queue_refinements(self.study, self.plan)
                 trial, role = self.study.ask()
-                setup = setup_for(trial, role, self.plan)
-                self.reporter.trial_started(done + len(self.running), self.plan.wanted, role, setup)
-                known = known_result(self.study, setup, trial.number, self.plan.workload)
+                try:
+                    setup = setup_for(trial, role, self.plan)
+                    self.reporter.trial_started(done + len(self.running), self.plan.wanted, role, setup)
+                    known = known_result(self.study, setup, trial.number, self.plan.workload)
+                except BaseException:  # a space the study's trials were not sampled from: not left RUNNING in the study
+                    self.study.fail(trial)
+                    raise
             self.running[slot] = _Running(trial, role, setup)
             if known is not None:
                 now = time.time()

@@ -118,7 +118,18 @@ class Space:
             return options[0]
         if self.is_range(knob):
             return trial.suggest_int(knob, min(options), max(options))
-        return trial.suggest_categorical(knob, list(options))
+        try:
+            return trial.suggest_categorical(knob, list(options))
+        except ValueError as exc:  # Optuna's words name no knob: the user must know which one changed
+            from optuna.distributions import CategoricalDistribution
+
+            study = getattr(trial, "study", None)
+            trials = study.get_trials(deepcopy=False) if study is not None and "dynamic value space" in str(exc) else []
+            earlier = next((t.distributions[knob] for t in trials if knob in t.distributions), None)
+            if not isinstance(earlier, CategoricalDistribution):
+                raise
+            raise ValueError(f"dynamic value space: {knob}={'|'.join(map(shown, earlier.choices))} in the study's trials, "
+                             f"{knob}={'|'.join(map(shown, options))} in this search") from None
 
     def suggest(self, trial: optuna.trial.BaseTrial) -> TrainSetup:
         """Sample one TrainSetup through an Optuna trial (define-by-run)."""
