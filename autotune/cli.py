@@ -330,7 +330,9 @@ def report(
                            warn=lambda why: err.print(escape(f"warning: {why}"), highlight=False, soft_wrap=True))
     for path in written[1:]:
         out.print(escape(f"wrote {path}"), highlight=False, soft_wrap=True)
-    out.print(escape(f"report: {written[0].resolve()}"), highlight=False, soft_wrap=True)
+    from autotune.output.report import report_holds
+
+    out.print(escape(f"report: {written[0].resolve()} ({report_holds()}; open it in a browser)"), highlight=False, soft_wrap=True)
 
 
 @app.command()

@@ -222,7 +222,9 @@ def render_search(outcome: SearchOutcome) -> Group:
         parts.append(_line((f"run it: {run_command(best, script)}", "bold")))
     report = next((f for f in outcome.files if f.endswith("report.html")), None)
     if report is not None:
-        parts.append(_line(("report:", "bold"), f" {Path(report).resolve()} (plots; open it in a browser)"))
+        from autotune.output.report import report_holds
+
+        parts.append(_line(("report:", "bold"), f" {Path(report).resolve()} ({report_holds()}; open it in a browser)"))
     return Group(*parts)
 
 

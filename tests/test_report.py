@@ -592,6 +592,15 @@ def test_without_matplotlib_the_report_is_text_only_and_names_the_extra(tmp_path
     assert SECTIONS <= page.sections and page.tables > 0
     assert_self_contained(page)
     assert not any(f.endswith(".png") for f in outcome.files)
+    # The console named it "(plots; open it in a browser)" all the same: a user looked for plots that were never drawn.
+    from rich.console import Console
+
+    from autotune.render import render_search
+
+    console = Console(width=400, record=True)
+    console.print(render_search(outcome), crop=False)
+    assert f'report: {(tmp_path / "out" / REPORT).resolve()} (tables only: pip install "autotune[plots]" for its plots; open it in a ' \
+           "browser)" in console.export_text()
 
 
 def test_a_search_where_every_trial_failed_still_writes_its_report(tmp_path, cache_dir) -> None:
