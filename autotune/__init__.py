@@ -25,6 +25,7 @@ from autotune.errors import AutotuneError
 
 if TYPE_CHECKING:
     from autotune.api import SearchResult, TrialOutcome, search, trial
+    from autotune.errors import SearchStopped
     from autotune.output.best import Best, load_best
     from autotune.train_setup import TrainSetup, load_setup
     from autotune.tuner import SearchConfig, SearchOutcome, run_search
@@ -43,6 +44,7 @@ _LAZY = {
     "load_setup": "autotune.train_setup",
     "SearchConfig": "autotune.tuner",
     "SearchOutcome": "autotune.tuner",
+    "SearchStopped": "autotune.errors",
     "run_search": "autotune.tuner",
     "Task": "autotune.workloads.task",
 }
@@ -67,6 +69,7 @@ __all__ = [
     "SearchConfig",
     "SearchOutcome",
     "SearchResult",
+    "SearchStopped",
     "Task",
     "TrainSetup",
     "TrialOutcome",

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.api_results import SearchResult, TrialOutcome
-from autotune.errors import SearchInterrupted, SetupError, UsageError, check_bool, worded_for_python
+from autotune.errors import SearchInterrupted, SearchStopped, SetupError, UsageError, check_bool, worded_for_python
 from autotune.files import check_temp_dir_for_workers
 from autotune.records import DEFAULT_TRIAL_SECONDS, TrialOptions, Workload
 from autotune.train_setup import TrainSetup
@@ -160,7 +160,9 @@ def search(
 
     Raises:
         AutotuneError: Bad input (before anything is written), an unusable
-            storage, no feasible trial, or an interruption (finished trials kept).
+            storage or no feasible trial.
+        SearchStopped: Ctrl-C, SIGTERM or SIGHUP (finished trials kept): a
+            ``KeyboardInterrupt``, which ``except AutotuneError`` lets through.
     """
     model, image_size = _shorthand(workload, model, data, image_size, "resnet50", lr=lr, cache_dir=cache_dir,
                                    synthetic_images=synthetic_images)
@@ -192,18 +194,21 @@ def search(
         nproc_per_node=nproc_per_node,
         devices=devices,
     )
-    if check_bool("progress", progress) and reporter is None:
-        from autotune.render import RichReporter, console
+    try:
+        if check_bool("progress", progress) and reporter is None:
+            from autotune.render import RichReporter, console
 
-        try:
-            with RichReporter(console(stderr=True)) as live:
-                outcome = run_search(config, live)
-        except SearchInterrupted as exc:  # the best so far's notes, as the CLI's summary shows them
-            _print_notes(getattr(exc.outcome, "best", None))
-            raise
-        _print_notes(outcome.best)
-    else:
-        outcome = run_search(config, reporter)
+            try:
+                with RichReporter(console(stderr=True)) as live:
+                    outcome = run_search(config, live)
+            except SearchInterrupted as exc:  # the best so far's notes, as the CLI's summary shows them
+                _print_notes(getattr(exc.outcome, "best", None))
+                raise
+            _print_notes(outcome.best)
+        else:
+            outcome = run_search(config, reporter)
+    except SearchInterrupted as exc:  # a stop, not an error: `except AutotuneError` in a loop of searches must let it through
+        raise SearchStopped(str(exc), exc.outcome) from None
     best = outcome.best
     assert best is not None  # run_search raises instead
     return SearchResult(

@@ -127,6 +127,20 @@ class SearchInterrupted(AutotuneError):
         self.outcome = outcome
 
 
+class SearchStopped(KeyboardInterrupt):
+    """What :func:`autotune.search` raises where the CLI's search ends interrupted (Ctrl-C, SIGTERM, SIGHUP): a
+    ``KeyboardInterrupt``, as Python raises for Ctrl-C, so that a loop of searches that skips failed ones with
+    ``except autotune.AutotuneError`` (or ``except Exception``) stops as asked. Finished trials are kept.
+
+    Attributes:
+        outcome: As :attr:`SearchInterrupted.outcome`: the best setup so far, or None.
+    """
+
+    def __init__(self, message: str, outcome: object | None = None) -> None:
+        super().__init__(message)
+        self.outcome = outcome
+
+
 def interrupted_in(exc: BaseException) -> SearchInterrupted | None:
     """The search's interruption behind ``exc``: ``exc`` itself, or one it was raised while handling (a second Ctrl-C
     that landed as the first one's SearchInterrupted unwound, through the lock's release or the display's teardown).
@@ -135,6 +149,8 @@ def interrupted_in(exc: BaseException) -> SearchInterrupted | None:
     while seen is not None:
         if isinstance(seen, SearchInterrupted):
             return seen
+        if isinstance(seen, SearchStopped):  # the Python API's form of it, which the CLI's search calls too
+            return SearchInterrupted(str(seen), seen.outcome)
         # An error raised over it on purpose (``raise ... from None``: a storage that failed as the lock was released)
         # is said instead.
         seen = None if seen.__suppress_context__ else seen.__context__

@@ -67,6 +67,33 @@ def config(tmp_path: Path, cache_dir: Path, **kw) -> SearchConfig:
     return SearchConfig(**base)
 
 
+def test_a_stop_in_the_python_api_gets_through_except_autotune_error(tmp_path, cache_dir, monkeypatch) -> None:
+    """A loop of searches that skips failed ones with `except autotune.AutotuneError` (as the docs show) skipped a
+    Ctrl-C to the next search, and a scheduler's SIGTERM to a clean exit 0: the stop was an AutotuneError. It is a
+    KeyboardInterrupt (SearchStopped) with the best so far, and the finished trial is kept."""
+    import autotune
+    import autotune.api
+
+    trained: list[TrainSetup] = []
+
+    def stopped_at_the_second_trial(setup, workload, options=None, *, on_window=None) -> TrialResult:
+        if options.mode == "train" and len(trained) == 1:
+            raise KeyboardInterrupt
+        trained.extend([setup] if options.mode == "train" else [])
+        return fake_runner(setup, workload, options, on_window=on_window)
+
+    monkeypatch.setattr(autotune.api, "run_search", lambda cfg, reporter=None: run_search(cfg, reporter, runner=stopped_at_the_second_trial))
+    with pytest.raises(autotune.SearchStopped, match=r"^interrupted: 1 finished trial kept in ") as stopped:
+        try:
+            autotune.search(model="resnet18", image_size=32, trials=4, device="cpu", out=tmp_path / "out", cache_dir=cache_dir,
+                            synthetic_images=64)
+        except autotune.AutotuneError as exc:
+            pytest.fail(f"a stop caught as an error: {exc!r}")
+    assert isinstance(stopped.value, KeyboardInterrupt) and not isinstance(stopped.value, autotune.AutotuneError)
+    assert stopped.value.outcome.interrupted and stopped.value.outcome.best.setup == trained[0]
+    assert read_best(tmp_path / "out").setup == trained[0]
+
+
 def test_a_sqlite_storage_inside_a_new_out_directory_is_taken(tmp_path, cache_dir) -> None:
     """--out runs/a --storage sqlite:///runs/a/study.db on a first run: the URL is checked before --out exists."""
     out = tmp_path / "runs" / "a"
