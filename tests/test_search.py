@@ -94,6 +94,20 @@ def test_a_stop_in_the_python_api_gets_through_except_autotune_error(tmp_path, c
     assert read_best(tmp_path / "out").setup == trained[0]
 
 
+def test_a_rerun_with_parallel_trials_is_refused_for_a_study_of_lone_trials(tmp_path, cache_dir) -> None:
+    """Trials run one per core beside another (`--devices cpu,cpu`) measure another machine than trials alone on every
+    core. A probe's rerun with --devices was accepted: its trials were pruned against the lone ones' best, and best.json
+    said every trial ran pinned beside another, false for those of the first run."""
+    from autotune.errors import StorageError
+
+    search(config(tmp_path, cache_dir, trials=2, confirm_top=1))
+    records = (tmp_path / "out" / "trials.csv").read_text()
+    with pytest.raises(StorageError, match=r"was made for a different search \(parallel_trials: 1 there, 2 now\)"):
+        search(config(tmp_path, cache_dir, trials=4, devices="cpu,cpu"))
+    assert (tmp_path / "out" / "trials.csv").read_text() == records
+    search(config(tmp_path, cache_dir, trials=3))  # without --devices it goes on
+
+
 def test_a_sqlite_storage_inside_a_new_out_directory_is_taken(tmp_path, cache_dir) -> None:
     """--out runs/a --storage sqlite:///runs/a/study.db on a first run: the URL is checked before --out exists."""
     out = tmp_path / "runs" / "a"

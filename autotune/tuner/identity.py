@@ -27,8 +27,9 @@ def study_name(config: SearchConfig, device: DeviceInfo, workload: Workload | No
     return name
 
 
-def signature(config: SearchConfig, workload: Workload, machine: dict[str, Any] | None = None) -> dict[str, Any]:
-    """What must match for a stored study to be resumed by this search (``machine``: its fingerprint)."""
+def signature(config: SearchConfig, workload: Workload, machine: dict[str, Any] | None = None, parallel_trials: int = 1) -> dict[str, Any]:
+    """What must match for a stored study to be resumed by this search (``machine``: its fingerprint; ``parallel_trials``:
+    trials run at once, ``--devices``, each on its share of the cores beside the others)."""
     task = {"task": workload.task} if workload.task is not None else {}
     return {
         **task,
@@ -45,6 +46,7 @@ def signature(config: SearchConfig, workload: Workload, machine: dict[str, Any] 
         "constraints": sorted(str(c) for c in config.constraints),  # as --set writes them
         "space": space_version(config.effective_batch),
         **({"nproc_per_node": config.nproc_per_node} if config.nproc_per_node > 1 else {}),
+        **({"parallel_trials": parallel_trials} if parallel_trials > 1 else {}),
         # The data's size bounds the space (batches, loader queues); a Task's model is told by its size.
         "samples": workload.images,
         **({"parameters": workload.parameters} if workload.parameters is not None else {}),
@@ -130,7 +132,7 @@ def stored_constraints(signature: Any) -> dict[str, Constraint] | None:
 #: Signature keys that studies of earlier versions did not store: such a study resumes without them.
 _ADDED = ("samples", "parameters", "batch_size")
 #: The value of a signature key that is stored only when it is not the default.
-_ABSENT: dict[str, Any] = {"nproc_per_node": 1}
+_ABSENT: dict[str, Any] = {"nproc_per_node": 1, "parallel_trials": 1}
 
 
 def _said(constraints: Any) -> str:

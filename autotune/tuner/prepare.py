@@ -104,13 +104,14 @@ def prepare(config: SearchConfig, reporter: Reporter) -> Prepared:
                 crew = Crew(study, wait_s=patience_s(config.trial_seconds, config.timeout_s))
                 stack.callback(elections.withdraw, study.study, crew.me)  # however it ends: its elections go on without it
                 add_pending(study, out, reporter.message)  # before the stale trials: the measured one is not queued again
-                stale = crew.join(signature(config, workload, machine_fingerprint(hardware, device)))
+                stale = crew.join(signature(config, workload, machine_fingerprint(hardware, device), len(placement.slots)))
             else:
                 study.claim()
                 stack.callback(study.release)
                 add_pending(study, out, reporter.message)  # before recover(): a measured defaults trial is not queued again
                 kept = study.calibration_runs()
-                study.check_signature(signature(config, workload, machine_fingerprint(hardware, device)), in_out=config.storage is None)
+                searched = signature(config, workload, machine_fingerprint(hardware, device), len(placement.slots))
+                study.check_signature(searched, in_out=config.storage is None)
                 if kept and not study.calibration_runs():  # a study holding nothing else takes the new settings
                     runs = counted(sum(map(len, kept.values())), "calibration run")
                     reporter.message(f"dropped the {runs} that a search with other settings kept here (it stopped before its "
