@@ -805,6 +805,18 @@ def test_the_python_api_takes_numpy_numbers_a_home_relative_out_and_string_const
         autotune.SearchConfig(trials=np.float64(2.0)).validate()
     with pytest.raises(autotune.errors.UsageError, match="^--set: each constraint is a KNOB=VALUE string \\(amp=bf16\\), got 3"):
         autotune.SearchConfig(constraints=("amp=off", 3)).validate()
+    # What autotune.search() takes, its config-object form takes too: str paths and a size text were AttributeError
+    # ('str' object has no attribute 'exists') and TypeError tracebacks.
+    texts = autotune.SearchConfig(out=str(tmp_path / "o"), cache_dir="~/c", data=str(tmp_path), max_memory="20GiB")
+    texts.validate()
+    assert (texts.out, texts.cache_dir, texts.data, texts.max_memory) == (tmp_path / "o", tmp_path / "c", tmp_path, 20 * 2**30)
+    numpy_budget = autotune.SearchConfig(max_memory=np.int64(2**30))
+    numpy_budget.validate()
+    assert type(numpy_budget.max_memory) is int and numpy_budget.max_memory == 2**30  # stored as JSON
+    for field, wrong, message in (("max_memory", 1.5, "--max-memory must be bytes"), ("cache_dir", 5, "--cache-dir must be a path"),
+                                  ("out", None, "--out must be a path"), ("max_memory", "lots", "not a memory size")):
+        with pytest.raises(autotune.errors.UsageError, match=message):
+            autotune.SearchConfig(**{field: wrong}).validate()
     for wrong in (None, {"model": "resnet18"}):
         with pytest.raises(autotune.errors.UsageError, match="^run_search takes an autotune.SearchConfig, got "):
             autotune.run_search(wrong)

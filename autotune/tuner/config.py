@@ -19,7 +19,7 @@ from autotune.rounds import Ceilings, Confirmed
 from autotune.time_spent import Phase, TimeSpent
 from autotune.tuner.constraints import Constraint, merge_constraints, parse_constraint
 from autotune.tuner.storage import is_shared
-from autotune.units import as_float
+from autotune.units import as_float, parse_size
 
 #: The shortest ``--trial-seconds`` a user may ask for: shorter windows measure the loader's prefetched
 #: queue, not its steady rate (0.001 s once reported 3.35x the defaults, above the loader's own ceiling).
@@ -199,6 +199,16 @@ class SearchConfig:
         Raises:
             UsageError: With a one-line reason.
         """
+        # The paths and the memory budget as autotune.search() takes them (str paths, "20GiB"): the config-object form.
+        for name in ("data", "out", "cache_dir"):
+            if getattr(self, name) is not None or name == "out":
+                object.__setattr__(self, name, path_of(f"--{name.replace('_', '-')}", getattr(self, name)))
+        if isinstance(self.max_memory, str):
+            object.__setattr__(self, "max_memory", parse_size(self.max_memory))
+        elif self.max_memory is not None and (isinstance(self.max_memory, bool) or not isinstance(self.max_memory, numbers.Integral)):
+            raise UsageError(f"--max-memory must be bytes (an integer) or a size such as '20GiB', got {self.max_memory!r}")
+        elif self.max_memory is not None:
+            object.__setattr__(self, "max_memory", int(self.max_memory))  # NumPy's integers as Python's: stored as JSON
         for name, kind in _TYPES.items():  # the Python API takes what Typer would have parsed
             value = getattr(self, name)
             if value is None and name in _OPTIONAL:
