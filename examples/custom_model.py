@@ -12,7 +12,8 @@ winner's bottleneck verdict uses the calibration's ceilings), the Python
 equivalent of::
 
     cd WORK_DIR && autotune search --model tiny_net:tiny_net --image-size 32 --trials 3 \
-        --trial-seconds 1 --device cpu --no-ceilings --out out
+        --trial-seconds 1 --device cpu --synthetic-images 64 --cache-dir cache \
+        --confirm-top 1 --confirm-rounds 1 --no-ceilings --out out
 
 then runs the emitted ``out/train.py`` for two optimizer steps.
 """
