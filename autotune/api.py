@@ -241,10 +241,11 @@ def trial_workload(
     device: str,
     cache_dir: str | Path | None,
     synthetic_images: int | None,
-    workers: bool, nproc_per_node: int = 1, warn: Callable[[str], None] | None = None,
+    workers: bool, nproc_per_node: int = 1, warn: Callable[[str], None] | None = None, options: TrialOptions | None = None,
 ) -> tuple[Any, Any, Workload, Placement]:
     """``(hardware, device, workload, placement)`` of one trial: the probe, the device and ranks checked (before any
-    synthetic JPEGs are written), and the checked workload (``warn``: build_workload's)."""
+    synthetic JPEGs are written), and the checked workload (``warn``: build_workload's; ``options``: the run's, whose
+    timeout a Task's factory must fit in)."""
     import probes
     from autotune.tuner.placement import place
     from autotune.workloads import build_workload
@@ -257,7 +258,7 @@ def trial_workload(
     if workload is not None:
         if data is not None:
             raise UsageError(WORKLOAD_AND_DATA)
-        return hardware, dev, build_task_workload(workload, device=dev.name, workers=workers), placement
+        return hardware, dev, build_task_workload(workload, device=dev.name, workers=workers, options=options, warn=warn), placement
     built = build_workload(
         model=model,
         image_size=image_size,
@@ -351,6 +352,7 @@ def trial(
         cache_dir=cache_dir,
         synthetic_images=synthetic_images,
         workers=setup.num_workers > 0, nproc_per_node=nproc_per_node, warn=announce,  # a minute or more before 16384 JPEGs on CUDA
+        options=options,
     )
     share = built  # what one rank reads: the batch cap and the unrunnable check are per rank, as the search's
     if nproc_per_node != 1:

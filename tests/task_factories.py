@@ -47,6 +47,13 @@ def good() -> autotune.Task:
     return autotune.Task(nn.Linear(8, 3), _Slowed(_pairs(), slow) if slow else _pairs(), batch_size=16, lr=2e-3)
 
 
+def slow_to_build() -> autotune.Task:
+    """The good Task from a factory that takes ``TASK_FACTORIES_BUILD_S`` seconds (default 3), as one that loads or
+    tokenizes a corpus does: every calibration run and trial builds it again."""
+    time.sleep(float(os.environ.get("TASK_FACTORIES_BUILD_S", "3")))
+    return good()
+
+
 def chatty() -> autotune.Task:
     """The good Task from a factory that prints, as training scripts do."""
     print("loading the data")

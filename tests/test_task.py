@@ -642,6 +642,36 @@ def test_shorthand_only_options_are_refused_next_to_a_workload(extra: list[str],
     assert not (tmp_path / "o").exists()
 
 
+def test_a_factory_slower_than_the_runs_timeout_is_refused_before_any_run(tmp_path) -> None:
+    """A factory that loads a corpus for longer than a run's timeout made all five runs of the memory pre-pass time out
+    (10 minutes at the default timeout), then blamed a busy machine: every run builds the Task again within it."""
+    from autotune.cli import app
+
+    refused = CliRunner().invoke(app, ["search", "--workload", "task_factories:slow_to_build", "--device", "cpu", "--timeout", "4",
+                                       "--trial-seconds", "1", "--out", str(tmp_path / "o")])
+    assert refused.exit_code == 1, refused.output
+    assert re.fullmatch(r"error: workload task_factories:slow_to_build: its factory took \d+\.\d s here, and every calibration run and "
+                        r"trial calls it again within a timeout of 4 s \(--timeout\): pass --timeout \d+0 or more, or make the "
+                        r"factory cheaper \(prepare the data once, into files its dataset reads\)\n", refused.output), refused.output
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_slow_factory_that_fits_is_said_and_the_default_timeout_named() -> None:
+    from autotune.errors import WorkloadError
+    from autotune.records import TrialOptions
+    from autotune.workloads.factory_time import check_factory_time
+
+    said: list[str] = []
+    check_factory_time("m:f", 12.0, TrialOptions(trial_seconds=5.0), said.append)  # the default timeout, 120 s: it fits
+    assert said == ["the workload's factory took 12.0 s here: every calibration run and trial calls it again, on top of its 5 "
+                    "measured seconds (prepare the data once, into files its dataset reads, to search faster)"]
+    check_factory_time("m:f", 4.0, TrialOptions(trial_seconds=5.0), said.append)  # less than a trial: not worth a line
+    assert len(said) == 1
+    with pytest.raises(WorkloadError, match=r"within a timeout of 120 s \(the default, 90 s \+ 6 x --trial-seconds 5\): pass "
+                                            r"--timeout 260 or more"):
+        check_factory_time("m:f", 70.0, TrialOptions(trial_seconds=5.0), said.append)
+
+
 def test_debug_shows_the_users_own_traceback_under_the_one_line_error() -> None:
     import traceback
 

@@ -17,7 +17,7 @@ import probes
 from autotune.devices import DeviceInfo
 from autotune.files import check_out, check_temp_dir_for_workers
 from autotune.output.emit import script_target
-from autotune.records import Workload
+from autotune.records import TrialOptions, Workload
 from autotune.tuner import elections
 from autotune.tuner.config import SearchConfig
 from autotune.tuner.constraints import allows_workers, check_constraints, check_effective_batch
@@ -74,7 +74,8 @@ def prepare(config: SearchConfig, reporter: Reporter) -> Prepared:
     if config.storage is not None:
         check_storage_url(config.storage)  # a typo must not wait for the workload (thousands of JPEGs on a first run)
     if config.workload is not None:
-        workload = build_task_workload(config.workload, device=device.name, workers=workers)
+        timed = TrialOptions(trial_seconds=config.trial_seconds, timeout_s=config.timeout_s)  # a Task's factory must fit in its timeout
+        workload = build_task_workload(config.workload, device=device.name, workers=workers, options=timed, warn=reporter.message)
     else:
         workload = build_workload(model=config.model, image_size=config.image_size, data=config.data, device=device.name, cache_dir=config.cache_dir,
                                   synthetic_images=config.synthetic_images, lr=config.lr, warn=reporter.message, write_data=False,

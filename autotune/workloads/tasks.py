@@ -14,15 +14,17 @@ import functools
 import os
 import pickle
 import sys
+import time
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from autotune.errors import USER_CODE_ERRORS, WorkloadError
-from autotune.records import Workload
+from autotune.records import TrialOptions, Workload
 from autotune.workloads.batches import describe_batch, first_tensor, has_image_tensor
 from autotune.workloads.collation import batched_fixed_shapes, batched_read, collate_items, fixed_shapes, read_batch
+from autotune.workloads.factory_time import check_factory_time
 from autotune.workloads.models import load_factory
 from autotune.workloads.task import Task
 from autotune.workloads.task_refs import task_ref
@@ -42,7 +44,16 @@ def load_task(ref: str, sys_path: Sequence[str] = ()) -> Task:
         WorkloadError: The factory cannot be imported, fails, or returns
             something other than an ``autotune.Task``.
     """
-    func = load_factory(task_ref(ref), sys_path, what="workload")
+    return call_factory(ref, load_factory(task_ref(ref), sys_path, what="workload"))[0]
+
+
+def call_factory(ref: str, func: Callable[[], Any]) -> tuple[Task, float]:
+    """Call an imported workload factory: its Task and the seconds the call took.
+
+    Raises:
+        WorkloadError: As :func:`load_task`.
+    """
+    started = time.perf_counter()
     try:
         task = func()
     except WorkloadError as exc:  # the Task it built refused its own arguments (loss= and step=, say)
@@ -51,7 +62,7 @@ def load_task(ref: str, sys_path: Sequence[str] = ()) -> Task:
         raise WorkloadError(f"workload {ref} failed: {type(exc).__name__}: {exc}") from exc
     if not isinstance(task, Task):
         raise WorkloadError(f"workload {ref} returned {type(task).__name__}, not an autotune.Task")
-    return task
+    return task, time.perf_counter() - started
 
 
 @dataclass(frozen=True)
@@ -336,20 +347,25 @@ def _import_root(module_name: str) -> str | None:
     return root
 
 
-def build_task_workload(workload: str | Callable[..., Any], *, device: str, workers: bool = True) -> Workload:
+def build_task_workload(workload: str | Callable[..., Any], *, device: str, workers: bool = True, options: TrialOptions | None = None,
+                        warn: Callable[[str], None] | None = None) -> Workload:
     """Load and check the user's workload factory; return its Workload record.
 
     Args:
         workload: ``"package.module:function"`` or the factory itself.
         device: The resolved device.
         workers: Whether the search may use loader workers.
+        options: The runs' options, whose timeout the factory's time is checked against (None: not checked).
+        warn: Where a slow factory is said (:func:`~autotune.workloads.factory_time.check_factory_time`).
 
     Raises:
-        WorkloadError: See :func:`load_task` and :func:`check_task`.
+        WorkloadError: See :func:`load_task` and :func:`check_task`; a factory too slow for the runs' timeout.
     """
     ref = task_ref(workload)
     sys_path: tuple[str, ...] = (os.getcwd(),)
-    task = load_task(ref, sys_path)
+    task, took = call_factory(ref, load_factory(ref, sys_path, what="workload"))
+    if options is not None:
+        check_factory_time(ref, took, options, warn)
     root = _import_root(ref.partition(":")[0])
     if root is not None and root not in sys_path:
         sys_path += (root,)  # where this process found the module, so trials and train.py find it too
