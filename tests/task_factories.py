@@ -441,6 +441,13 @@ def multi_hot_default_loss() -> autotune.Task:
     return autotune.Task(nn.Linear(8, 5), TensorDataset(torch.randn(16, 8, generator=gen), (torch.rand(16, 5, generator=gen) > 0.4).float()))
 
 
+def regression_default_loss() -> autotune.Task:
+    """Three float targets per sample, shaped as the output, left with the default cross-entropy: it trained on them as
+    class probabilities without a word (train.py printed negative losses); with MSELoss it is a good Task."""
+    gen = torch.Generator().manual_seed(0)
+    return autotune.Task(nn.Linear(8, 3), TensorDataset(torch.randn(16, 8, generator=gen), torch.randn(16, 3, generator=gen)))
+
+
 def soft_labels() -> autotune.Task:
     """Float targets that are probabilities summing to 1 (label smoothing, mixup): the default cross-entropy takes them."""
     gen = torch.Generator().manual_seed(0)
@@ -580,6 +587,13 @@ class _SequenceFirst(nn.Module):
 def sequence_first() -> autotune.Task:
     """Padded [length, batch] token batches: the first dimension is the longest item's length, which grows with the items."""
     return autotune.Task(_SequenceFirst, _sentences(), collate_fn=_sequence_first)
+
+
+def length_sorted() -> autotune.Task:
+    """Token sequences sorted by length, as a corpus bucketed for padding is (item i holds i + 2 tokens), padded [length,
+    batch] and counted by items."""
+    ordered = sorted(_sentences() + [(torch.arange(1, 3 + i) % 15 + 1, i % 2) for i in range(40)], key=lambda item: len(item[0]))
+    return autotune.Task(_SequenceFirst, ordered, collate_fn=_sequence_first, batch_size_of=lambda batch: batch[0].shape[1])
 
 
 def sequence_first_counted() -> autotune.Task:

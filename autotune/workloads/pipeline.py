@@ -174,7 +174,7 @@ class TaskPipeline:
         return self.task.samples_in(batch)
 
     def example_batch(self, batch_size: int) -> Any:
-        """``batch_size`` real items (repeated if the dataset is smaller), collated.
+        """``batch_size`` real items (repeated if the dataset is smaller; of a map-style one, :func:`spread_indices`), collated.
 
         Raises:
             BadData: Reading an item raised, or an iterable dataset yields nothing when iterated again: the
@@ -201,14 +201,24 @@ class TaskPipeline:
             except USER_CODE_ERRORS as exc:
                 raise bad_item(exc, f"item {len(items)} of the workload's dataset") from None
         elif batched_read(dataset) is not None:  # read as the DataLoader reads it (a read that raises is BadData), then collated
-            return read_batch(self.task, [index % len(dataset) for index in range(batch_size)])
+            return read_batch(self.task, spread_indices(batch_size, len(dataset)))
         else:
-            for index in range(batch_size):
+            for index in spread_indices(batch_size, len(dataset)):
                 try:
-                    items.append(dataset[index % len(dataset)])
+                    items.append(dataset[index])
                 except USER_CODE_ERRORS as exc:
-                    raise bad_item(exc, f"dataset[{index % len(dataset)}]") from None
+                    raise bad_item(exc, f"dataset[{index}]") from None
         return collate_items(self.task.collate, items)
+
+
+def spread_indices(count: int, size: int) -> list[int]:
+    """``count`` indices into a map-style dataset of ``size`` items: every item in turn where it holds no more, else
+    spread evenly from its first item to its last. A dataset sorted by length holds its longest items at one end: a
+    batch of its first items padded to the shortest, and the memory pre-pass and the compute-only ceiling measured a
+    batch far lighter than the trials' (217 MiB against 434-555 MiB in a probe)."""
+    if count >= size:
+        return [index % size for index in range(count)]
+    return [index * (size - 1) // max(1, count - 1) for index in range(count)]
 
 
 class NamedItems(ItemsWrapper):

@@ -161,10 +161,10 @@ def _check_loss(task: Task, model: Any, batch: Any) -> None:
             raise WorkloadError(f"the model outputs one value per sample ({describe_batch(output)}) and the default loss is "
                                 "cross-entropy, which is 0 over a single class: nothing would train; pass autotune.Task(loss=...), "
                                 "such as nn.MSELoss() for regression or nn.BCEWithLogitsLoss() for one logit")
-        if task.loss is None and _multi_hot(output, targets):
-            raise WorkloadError(f"the targets are rows of 0 and 1 with several 1s ({describe_batch(targets)}): a multi-label task, and "
-                                "the default loss is cross-entropy over classes, which takes class indices or probabilities "
-                                "summing to 1; pass autotune.Task(loss=nn.BCEWithLogitsLoss())")
+        if task.loss is None and (kind := _float_targets(output, targets)) is not None:
+            what, why, fix = kind
+            raise WorkloadError(f"the targets are {what} ({describe_batch(targets)}): {why}, and the default loss is cross-entropy over "
+                                f"classes, which takes class indices or probabilities summing to 1; pass autotune.Task(loss={fix})")
         try:
             with warnings.catch_warnings(record=True) as warned:
                 warnings.simplefilter("always")
@@ -204,16 +204,24 @@ def _check_loss(task: Task, model: Any, batch: Any) -> None:
 BROADCAST_WARNING = "that is different to the input size"
 
 
-def _multi_hot(output: Any, targets: Any) -> bool:
-    """Whether ``targets`` are multi-hot rows (floats of 0 and 1, some row with more than one 1) shaped as ``output``:
-    cross-entropy reads them as unnormalised class probabilities and trains without a word."""
+def _float_targets(output: Any, targets: Any) -> tuple[str, str, str] | None:
+    """What float ``targets`` shaped as ``output`` are, why, and the loss to pass, where they are no class probabilities
+    (values in [0, 1] summing to 1 over the classes, as label smoothing or mixup make): multi-hot rows (a multi-label
+    task) or other values (regression: cross-entropy trained on them without a word, its losses negative). None for
+    probabilities or other targets."""
     import torch
 
     if not (isinstance(output, torch.Tensor) and isinstance(targets, torch.Tensor) and targets.is_floating_point()
             and targets.shape == output.shape and targets.dim() >= 2):
-        return False
-    binary = bool(((targets == 0) | (targets == 1)).all())
-    return binary and bool((targets.sum(dim=1) > 1).any())
+        return None
+    values = targets.detach().float()
+    sums = values.sum(dim=1)
+    if bool(((values == 0) | (values == 1)).all()) and bool((sums > 1).any()):
+        return "rows of 0 and 1 with several 1s", "a multi-label task", "nn.BCEWithLogitsLoss())"
+    if bool(((values >= 0) & (values <= 1)).all()) and bool(torch.allclose(sums, torch.ones_like(sums), atol=1e-3)):
+        return None
+    return ("float values shaped as the output, no class probabilities", "a regression task, say",
+            "...), such as nn.MSELoss() for regression")
 
 
 def _check_count(task: Task, batch: Any, first: Callable[[int], Any], available: int) -> None:
