@@ -441,6 +441,23 @@ def multi_hot_default_loss() -> autotune.Task:
     return autotune.Task(nn.Linear(8, 5), TensorDataset(torch.randn(16, 8, generator=gen), (torch.rand(16, 5, generator=gen) > 0.4).float()))
 
 
+class _UncertaintyWeighted(nn.Module):
+    """Cross-entropy weighted by a learned log-variance, as losses with weights of their own (ArcFace heads, learned task
+    weights) are."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.log_var = nn.Parameter(torch.zeros(()))
+
+    def forward(self, output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return nn.functional.cross_entropy(output, targets) * torch.exp(-self.log_var) + self.log_var
+
+
+def learned_loss() -> autotune.Task:
+    """A loss with a trainable parameter: the optimizer gets the model's parameters only, so it never trained."""
+    return autotune.Task(nn.Linear(8, 3), _pairs(), loss=_UncertaintyWeighted())
+
+
 def regression_default_loss() -> autotune.Task:
     """Three float targets per sample, shaped as the output, left with the default cross-entropy: it trained on them as
     class probabilities without a word (train.py printed negative losses); with MSELoss it is a good Task."""

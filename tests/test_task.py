@@ -455,6 +455,8 @@ def test_good_workloads_become_workload_records() -> None:
         ("multi_hot_default_loss", "the targets are rows of 0 and 1 with several 1s (Tensor[2, 5] float32): a multi-label task, and "
                                    "the default loss is cross-entropy over classes, which takes class indices or probabilities "
                                    "summing to 1; pass autotune.Task(loss=nn.BCEWithLogitsLoss())"),
+        ("learned_loss", "the Task's loss (_UncertaintyWeighted) holds 1 trainable parameter, which the optimizer never sees (it "
+                         "gets the model's) and no checkpoint keeps: put them in the model, or give step= a model that holds both"),
         ("regression_default_loss", "the targets are float values shaped as the output, no class probabilities (Tensor[2, 3] "
                                     "float32): a regression task, say, and the default loss is cross-entropy over classes, which "
                                     "takes class indices or probabilities summing to 1; pass autotune.Task(loss=...), such as "
@@ -488,7 +490,8 @@ def test_bad_workloads_fail_in_the_parent_with_one_line(name: str, message: str,
         _workload(name)
     assert message in str(info.value)
     assert "\n" not in str(info.value)
-    assert name in ("two_inputs", "tuple_output", "tuple_output_default_loss") or "step=lambda" not in str(info.value)  # only where it is the fix
+    suggests_step = ("two_inputs", "tuple_output", "tuple_output_default_loss", "learned_loss")
+    assert name in suggests_step or "step=lambda" not in str(info.value)  # only where it is the fix
     if name == "raises":  # a Python caller sees the factory's own traceback as the cause (from None hid it)
         assert isinstance(info.value.__cause__, RuntimeError) and info.value.__cause__.__traceback__ is not None
 

@@ -22,9 +22,11 @@ from typing import Any
 
 from autotune.errors import USER_CODE_ERRORS, WorkloadError
 from autotune.records import TrialOptions, Workload
+from autotune.units import counted
 from autotune.workloads.batches import describe_batch, first_tensor, has_image_tensor
 from autotune.workloads.collation import batched_fixed_shapes, batched_read, collate_items, fixed_shapes, read_batch
 from autotune.workloads.factory_time import check_factory_time
+from autotune.workloads.loss_inputs import float_targets
 from autotune.workloads.models import load_factory
 from autotune.workloads.task import Task
 from autotune.workloads.task_refs import task_ref
@@ -161,7 +163,7 @@ def _check_loss(task: Task, model: Any, batch: Any) -> None:
             raise WorkloadError(f"the model outputs one value per sample ({describe_batch(output)}) and the default loss is "
                                 "cross-entropy, which is 0 over a single class: nothing would train; pass autotune.Task(loss=...), "
                                 "such as nn.MSELoss() for regression or nn.BCEWithLogitsLoss() for one logit")
-        if task.loss is None and (kind := _float_targets(output, targets)) is not None:
+        if task.loss is None and (kind := float_targets(output, targets)) is not None:
             what, why, fix = kind
             raise WorkloadError(f"the targets are {what} ({describe_batch(targets)}): {why}, and the default loss is cross-entropy over "
                                 f"classes, which takes class indices or probabilities summing to 1; pass autotune.Task(loss={fix})")
@@ -202,26 +204,6 @@ def _check_loss(task: Task, model: Any, batch: Any) -> None:
 #: What PyTorch's element-wise losses (MSE, L1, smooth L1, Huber) warn when the targets' shape differs from the output's:
 #: they broadcast the two, an [N, 1] output against [N] targets into an [N, N] loss, and train without an error.
 BROADCAST_WARNING = "that is different to the input size"
-
-
-def _float_targets(output: Any, targets: Any) -> tuple[str, str, str] | None:
-    """What float ``targets`` shaped as ``output`` are, why, and the loss to pass, where they are no class probabilities
-    (values in [0, 1] summing to 1 over the classes, as label smoothing or mixup make): multi-hot rows (a multi-label
-    task) or other values (regression: cross-entropy trained on them without a word, its losses negative). None for
-    probabilities or other targets."""
-    import torch
-
-    if not (isinstance(output, torch.Tensor) and isinstance(targets, torch.Tensor) and targets.is_floating_point()
-            and targets.shape == output.shape and targets.dim() >= 2):
-        return None
-    values = targets.detach().float()
-    sums = values.sum(dim=1)
-    if bool(((values == 0) | (values == 1)).all()) and bool((sums > 1).any()):
-        return "rows of 0 and 1 with several 1s", "a multi-label task", "nn.BCEWithLogitsLoss())"
-    if bool(((values >= 0) & (values <= 1)).all()) and bool(torch.allclose(sums, torch.ones_like(sums), atol=1e-3)):
-        return None
-    return ("float values shaped as the output, no class probabilities", "a regression task, say",
-            "...), such as nn.MSELoss() for regression")
 
 
 def _check_count(task: Task, batch: Any, first: Callable[[int], Any], available: int) -> None:
@@ -315,6 +297,11 @@ def check_task(task: Task, *, workers: bool) -> TaskInfo:
     model.train()
     with torch.random.fork_rng():
         _check_loss(task, model, batch)
+    if isinstance(task.loss, torch.nn.Module) and (weights := sum(p.numel() for p in task.loss.parameters() if p.requires_grad)):
+        raise WorkloadError(
+            f"the Task's loss ({type(task.loss).__name__}) holds {counted(weights, 'trainable parameter')}, which the optimizer never sees "
+            "(it gets the model's) and no checkpoint keeps: put them in the model, or give step= a model that holds both "
+            "(autotune.Task(model=WithLoss(net, loss), step=lambda model, batch: model(*batch)), its forward returning the loss)")
     unsharded = False
     if workers:
         _check_pickle(task)
