@@ -108,6 +108,17 @@ def test_a_rerun_with_parallel_trials_is_refused_for_a_study_of_lone_trials(tmp_
     search(config(tmp_path, cache_dir, trials=3))  # without --devices it goes on
 
 
+def test_a_rerun_of_parallel_trials_with_a_larger_budget_stores_it(tmp_path, cache_dir) -> None:
+    """`autotune status` read `3/4` while a rerun with `--devices cpu,cpu --trials 6` ran, then `6 trials finished (the
+    study's --trials: 4; 2 more stored past it)`: only the one-at-a-time loop stored a rerun's larger --trials."""
+    from autotune.tuner.budget import STUDY_BUDGET
+
+    search(config(tmp_path, cache_dir, trials=2, devices="cpu,cpu", confirm_top=1))
+    search(config(tmp_path, cache_dir, trials=4, devices="cpu,cpu", confirm_top=1))
+    stored = optuna.load_study(study_name="resnet18-32px-cpu", storage=f"sqlite:///{tmp_path / 'out' / 'study.db'}")
+    assert stored.user_attrs[STUDY_BUDGET] == 4
+
+
 def test_a_sqlite_storage_inside_a_new_out_directory_is_taken(tmp_path, cache_dir) -> None:
     """--out runs/a --storage sqlite:///runs/a/study.db on a first run: the URL is checked before --out exists."""
     out = tmp_path / "runs" / "a"

@@ -112,11 +112,7 @@ def explore(study: SearchStudy, plan: Exploration, reporter: Reporter, runner: T
             failed (it does not count) and every finished one is kept.
         WorkloadError: A data file cannot be decoded; the same.
     """
-    already = study.finished(plan.wanted)
-    if already >= plan.wanted:  # a rerun with fewer --trials than the study holds: say why no trial runs
-        reporter.message(f"the study holds {already} finished trials, --trials {plan.wanted} asks for no more: none runs "
-                         "(pass a larger --trials to search further)")
-    study.study.set_user_attr(STUDY_BUDGET, max(plan.wanted, already))  # `autotune status` shows "done/wanted"
+    store_budget(study, plan, reporter)
     while (done := study.finished(plan.wanted)) < plan.wanted:
         trial, told = None, False
         try:
@@ -152,6 +148,16 @@ def explore(study: SearchStudy, plan: Exploration, reporter: Reporter, runner: T
                 with interrupts_held():
                     study.fail(trial)
             raise
+
+
+def store_budget(study: SearchStudy, plan: Exploration, reporter: Reporter) -> None:
+    """Store the trials this search wants in the study (``autotune status`` shows "done/wanted"), or say why a rerun with
+    fewer ``--trials`` than the study holds runs none."""
+    already = study.finished(plan.wanted)
+    if already >= plan.wanted:
+        reporter.message(f"the study holds {already} finished trials, --trials {plan.wanted} asks for no more: none runs "
+                         "(pass a larger --trials to search further)")
+    study.study.set_user_attr(STUDY_BUDGET, max(plan.wanted, already))
 
 
 def queue_refinements(study: SearchStudy, plan: Exploration) -> None:

@@ -20,7 +20,17 @@ import optuna
 from autotune.records import TrialResult
 from autotune.runner import TrialRunner, WindowCallback
 from autotune.train_setup import TrainSetup
-from autotune.tuner.explore import Exploration, check_recipe, explore, known_result, pruning_hook, queue_refinements, setup_for, starved
+from autotune.tuner.explore import (
+    Exploration,
+    check_recipe,
+    explore,
+    known_result,
+    pruning_hook,
+    queue_refinements,
+    setup_for,
+    starved,
+    store_budget,
+)
 from autotune.tuner.pending import PendingTrial, kept_pending
 from autotune.tuner.placement import Placement
 from autotune.tuner.progress import Reporter
@@ -43,6 +53,7 @@ def explore_placed(placement: Placement, study: SearchStudy, plan: Exploration, 
     if not placement.parallel:
         explore(study, plan, reporter, placement.runner(runner))
         return
+    store_budget(study, plan, reporter)  # as explore() does: `autotune status` shows the rerun's larger --trials
     _Parallel(placement, study, plan, reporter, runner).run()
 
 
