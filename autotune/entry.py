@@ -7,6 +7,7 @@ a ``KeyboardInterrupt`` traceback through those imports, and ``--json`` commands
 
 from __future__ import annotations
 
+import io
 import os
 import signal
 import sys
@@ -31,6 +32,9 @@ def main() -> None:
     and exit 130; after them SIGTERM and SIGHUP raise KeyboardInterrupt as Ctrl-C does, so that a stop from outside ends
     every command as Ctrl-C does (one line, exit 130; before, a silent exit 143 until a command handled it). A signal
     the process was started to ignore (nohup, a shell's background job) stays ignored."""
+    for stream in (sys.stdout, sys.stderr):  # an encoding that cannot write a path's characters (PYTHONIOENCODING=ascii,
+        if isinstance(stream, io.TextIOWrapper):  # a latin-1 locale) escapes them: no internal error once the work is done
+            stream.reconfigure(errors="backslashreplace")
     stops = tuple(sig for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP) if signal.getsignal(sig) is not signal.SIG_IGN)
     before = {sig: signal.signal(sig, _stopped_while_importing) for sig in stops}
     from autotune.cli import main as cli_main

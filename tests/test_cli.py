@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -415,6 +416,22 @@ def test_output_to_a_pipe_is_wide_enough_for_the_tables(monkeypatch) -> None:
     assert console().width == PIPE_WIDTH
     monkeypatch.setenv("COLUMNS", "100")
     assert console().width == 100  # the user's own choice wins
+
+
+def test_an_output_encoding_that_cannot_write_a_path_escapes_it_after_the_work_is_done(tmp_path: Path) -> None:
+    """`autotune report` (search, status, emit alike) on a directory named `runs_ü` wrote its files, then exited 3 with an
+    internal error where stdout's encoding is ASCII (PYTHONIOENCODING=ascii, a latin-1 locale): printing the path failed."""
+    import studies
+
+    out = tmp_path / "runs_ü"
+    out.mkdir()
+    studies.seed_calibration(f"sqlite:///{out / 'study.db'}", "s", trials=2)
+    env = {**os.environ, "PYTHONIOENCODING": "ascii"}
+    done = subprocess.run([sys.executable, "-m", "autotune", "report", str(out)], env=env, capture_output=True, text=True,
+                          encoding="ascii", errors="replace", timeout=180)
+    assert done.returncode == 0, done.stdout + done.stderr
+    escaped = str(out.resolve()).replace("ü", "\\xfc")
+    assert f"report: {escaped}/report.html (" in done.stdout and (out / "report.html").exists()
 
 
 def test_a_ctrl_c_while_the_cli_imports_is_one_line_and_exit_130() -> None:
