@@ -391,6 +391,17 @@ def test_cli_emit_writes_train_py(synthetic_data: Path, tmp_path: Path) -> None:
     assert result.exit_code == 0 and (tmp_path / "train.py").is_file(), result.output
 
 
+@pytest.mark.parametrize("hardware", [{"cpu": "x"}, {"gpus": "H100"}, {"gpus": [5, {"name": "T4"}]}])
+def test_a_hand_edited_probe_summary_is_no_internal_error(synthetic_data: Path, tmp_path: Path, hardware: dict[str, Any]) -> None:
+    """best.json's `hardware` feeds only train.py's header comment: `"cpu": "x"` ended `autotune emit` with exit 3."""
+    write_best(tmp_path / "best.json", dataclasses.replace(make_best(synthetic_data, **CPU_KNOBS), hardware=hardware))
+    result = CliRunner().invoke(app, ["emit", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    header = (tmp_path / "train.py").read_text()
+    assert ("Hardware: T4\n" in header) if "gpus" in hardware and isinstance(hardware["gpus"], list) else (
+        "Hardware: unknown (no probe summary in best.json)\n" in header)
+
+
 def test_cli_emit_dash_prints_the_script_and_writes_no_file(synthetic_data: Path, tmp_path: Path, monkeypatch) -> None:
     write_best(tmp_path / "best.json", make_best(synthetic_data, **CPU_KNOBS))
     monkeypatch.chdir(tmp_path)

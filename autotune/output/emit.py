@@ -104,11 +104,12 @@ def _comment_text(value: Any) -> str:
 def _hardware_summary(hardware: dict[str, Any]) -> str:
     """CPU model and GPU names from the probe summary in best.json."""
     parts: list[str] = []
-    cpu = hardware.get("cpu") or {}
-    if cpu.get("model"):
+    cpu = hardware.get("cpu")
+    if isinstance(cpu, dict) and cpu.get("model"):  # a hand-edited best.json may hold anything there: it is a comment only
         cores = cpu.get("usable_cores")
         parts.append(f"{cpu['model']} ({counted(cores, 'usable core')})" if isinstance(cores, int) else str(cpu["model"]))
-    names = [str(g["name"]) for g in hardware.get("gpus") or [] if isinstance(g, dict) and g.get("name")]
+    gpus = hardware.get("gpus")
+    names = [str(g["name"]) for g in gpus if isinstance(g, dict) and g.get("name")] if isinstance(gpus, list) else []
     if names:
         each = {name: names.count(name) for name in dict.fromkeys(names)}
         parts.append(", ".join(f"{n} x {name}" if n > 1 else name for name, n in each.items()))
