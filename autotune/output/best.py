@@ -17,7 +17,7 @@ from typing import Any
 from autotune._version import __version__
 from autotune.errors import AutotuneError, SetupError
 from autotune.files import atomic_write_text, read_json
-from autotune.records import Workload
+from autotune.records import SHORTHAND_ONLY, Workload
 from autotune.setup_checks import missing_knob
 from autotune.train_setup import BEST_SCHEMA, TrainSetup
 
@@ -60,6 +60,12 @@ _LOWEST: dict[str, float] = {
 _AT_LEAST = ("samples_per_s_spread", "effective_batch", "reference_batch", "world_size", "peak_memory_bytes")
 #: The highest value of a field (a hand-edited ``"world_size": 100000`` wrote ``torchrun --nproc_per_node 100000``).
 _HIGHEST: dict[str, int] = {"world_size": 1024}
+#: The JSON types a workload field of each annotation may hold, and their words; a Python int is a JSON number too.
+_WORKLOAD_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
+    "int": ((int,), "a whole number"), "int | None": ((int, type(None)), "a whole number or null"),
+    "float": (_NUMBER, "a number"), "str": ((str,), "a string"), "str | None": ((str, type(None)), "a string or null"),
+    "bool": ((bool,), "true or false"),
+}
 #: Fields that may be missing (they have defaults).
 OPTIONAL = ("hardware", "versions", "command", "created", "notes", "world_size", "confirmed", "study", "speedup_rounds")
 
@@ -119,13 +125,12 @@ def check_best_dict(data: Any) -> dict[str, Any]:
     if stray := sorted(set(data["workload"]) - {f.name for f in fields(Workload)}):
         raise AutotuneError(f"best.json has unknown fields: {', '.join(f'workload.{k}' for k in map(str, stray))[:200]} (a hand "
                             f"edit, or a best.json of a newer autotune than {__version__})")
-    for name in ("images", "image_size", "num_classes", "synthetic_images"):  # counts: "x" failed later as '<' not supported
-        value = data["workload"].get(name)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-            raise AutotuneError(f"best.json field 'workload.{name}' must be a whole number, not a {_json_type(value)}")
-    for name in ("model", "device"):
-        if not isinstance(data["workload"].get(name, ""), str):
-            raise AutotuneError(f"best.json field 'workload.{name}' must be a string, not a {_json_type(data['workload'][name])}")
+    for item in fields(Workload):  # by its annotation: "x" for a count failed later as '<' not supported, naming no field
+        kinds, words = _WORKLOAD_TYPES.get(str(item.type), ((object,), ""))
+        value = data["workload"].get(item.name)
+        unread = item.name in SHORTHAND_ONLY and data["workload"].get("task") is not None  # earlier versions wrote null there
+        if item.name in data["workload"] and not unread and ((isinstance(value, bool) and bool not in kinds) or not isinstance(value, kinds)):
+            raise AutotuneError(f"best.json field 'workload.{item.name}' must be {words}, not a {_json_type(value)}")
     sys_path = data["workload"].get("sys_path", [])
     if not isinstance(sys_path, list) or not all(isinstance(p, str) for p in sys_path):
         raise AutotuneError("best.json field 'workload.sys_path' must be a list of strings")
