@@ -174,14 +174,14 @@ def check_out(out: Path, data: Path | None) -> None:
 
     Raises:
         StorageError: As :func:`check_writable`, or a result file of ``out`` (``best.json``, ``train.py``, ``trials.csv``,
-            ``report.html``) is a directory, a FIFO or a device: its rename would fail after the whole search, or replace it;
+            ``report.html``, ``study.db``) is a directory, a FIFO or a device: its rename would fail after the whole search, or replace it;
             or, in an ``out`` no search wrote to (no ``study.db``, no ``trials.csv``), ``best.json`` or ``report.html`` is
             a file autotune did not write (the user's own), which the search would replace.
         UsageError: ``out`` is below ``data``.
     """
     check_writable(out)
-    for name in ("best.json", "train.py", "trials.csv", "report.html"):  # written by an atomic rename, which fails on a directory only at the end
-        if (out / name).exists() and not (out / name).is_file():
+    for name in ("best.json", "train.py", "trials.csv", "report.html", "study.db"):  # written by an atomic rename, which fails on
+        if (out / name).exists() and not (out / name).is_file():                      # a directory only at the end (study.db: at once)
             raise StorageError(f"{out / name} exists and is not a regular file: the search writes its results there; "
                                "move it away or pass another --out")
     searched = (out / "study.db").exists() or (out / "trials.csv").exists()  # a search wrote here: its own results (or hand-broken)

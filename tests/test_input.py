@@ -188,7 +188,7 @@ def test_a_file_given_as_the_cache_dir_is_named_as_such(tmp_path) -> None:
     assert code == 2 and one_line(output) == f"error: --cache-dir {blocker} is not a directory" and not out.exists()
 
 
-@pytest.mark.parametrize("name", ["best.json", "train.py", "trials.csv"])
+@pytest.mark.parametrize("name", ["best.json", "train.py", "trials.csv", "study.db"])  # study.db: sqlite's "unable to open database file"
 def test_a_result_file_that_is_a_directory_is_refused_before_anything_runs(tmp_path, cache_dir, name) -> None:
     """Its atomic rename failed only after the calibration, the trials and the confirmation, naming a temporary file."""
     from autotune.errors import StorageError

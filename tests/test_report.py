@@ -499,6 +499,15 @@ def test_status_reads_a_search_directory_like_report(searched, tmp_path) -> None
     missing = CliRunner().invoke(app, ["status", str(tmp_path / "nowhere")])
     lines = [ln for ln in missing.output.splitlines() if ln.strip()]
     assert missing.exit_code == 1 and len(lines) == 1 and lines[0].startswith("error: no study in ")
+    # A directory named study.db read "does not exist"; an empty --storage, as a path, named the working directory.
+    (tmp_path / "odd" / "study.db").mkdir(parents=True)
+    for command in (["status", str(tmp_path / "odd")], ["report", str(tmp_path / "odd")]):
+        odd = CliRunner().invoke(app, command)
+        assert odd.exit_code == 1 and odd.output.strip() == (f"error: no study in {tmp_path / 'odd'}: {tmp_path / 'odd' / 'study.db'} is "
+                                                             "not a file (a directory, say), where a search keeps its study database")
+    for command in ("status", "report"):
+        empty = CliRunner().invoke(app, [command, str(source), "--storage", " "])
+        assert empty.exit_code == 2 and empty.output.strip() == f"error: --storage must not be empty (leave it out for {source / 'study.db'})"
 
 
 def test_status_of_a_directory_with_its_storage_reads_the_directory_s_winner(searched, tmp_path) -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.errors import AutotuneError, StorageError
+from autotune.errors import AutotuneError, StorageError, UsageError
 from autotune.output.best import Best, read_best
 from autotune.output.report import ReportInput, render_report, write_rendered, write_report
 from autotune.records import Calibration, TrialRecord
@@ -258,13 +258,18 @@ def storage_of(out: Path, storage: str | None) -> str:
 
     Raises:
         StorageError: No storage given and ``out/study.db`` does not exist.
+        UsageError: An empty ``storage`` (the search refuses it too; taken as a path, it read as the working directory).
     """
+    if storage is not None and not storage.strip():
+        raise UsageError(f"--storage must not be empty (leave it out for {out / 'study.db'})")
     if storage is not None:
         return storage
     if out.is_file():
         where = f" ({out.parent})" if (out.parent / "study.db").is_file() else ""  # not a folder without a study
         raise StorageError(f"{out} is a file; pass the search's output directory{where}, which holds study.db")
     db = out / "study.db"
+    if db.exists() and not db.is_file():
+        raise StorageError(f"no study in {out}: {db} is not a file (a directory, say), where a search keeps its study database")
     if not db.is_file():
         if (out / "trials.csv").is_file():  # a search wrote here: its study.db was removed, or it was kept in a --storage
             if _kept_in_out(out):
