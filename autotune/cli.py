@@ -126,7 +126,7 @@ ImageSizeOpt = Annotated[Optional[int], typer.Option("--image-size", help="Squar
 DataOpt = Annotated[Optional[Path], typer.Option("--data", parser=_path, help="ImageFolder directory (default: synthetic JPEGs, generated once).")]
 DeviceOpt = Annotated[str, typer.Option("--device", help="auto, cpu, cuda or cuda:K.")]
 TrialSecondsOpt = Annotated[float, typer.Option("--trial-seconds", help="Measured steady-state seconds per trial.")]
-MaxMemoryOpt = Annotated[Optional[str], typer.Option("--max-memory", help="Memory budget, 20GiB or 20G (default: half the RAM).")]
+MaxMemoryOpt = Annotated[Optional[str], typer.Option("--max-memory", help="Memory budget, 20GiB (or 20G, 20e9 bytes) (default: half the RAM).")]
 CacheDirOpt = Annotated[
     Optional[Path], typer.Option("--cache-dir", parser=_path, help="Where synthetic data is generated (default ~/.cache/autotune).")
 ]
@@ -160,7 +160,7 @@ def trial(
     timeout: Annotated[
         Optional[float], typer.Option("--timeout", help="Kill the trial after this many seconds, start-up included (default 90 + 6 x --trial-seconds).")
     ] = None,
-    max_memory: Annotated[Optional[str], typer.Option("--max-memory", help="A peak above it is an oom, 20GiB or 20G (default: none).")] = None,
+    max_memory: Annotated[Optional[str], typer.Option("--max-memory", help="A peak above it is an oom: 20GiB, or 20G (20e9 B).")] = None,
     mode: Annotated[str, typer.Option("--mode", help="train, compute (no loader) or loader (no model).")] = "train",
     cache_dir: CacheDirOpt = None,
     synthetic_images: SyntheticOpt = None,

@@ -35,10 +35,10 @@ _SIZE = re.compile(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*\Z")
 
 
 def parse_size(text: str) -> int:
-    """Parse ``"20GiB"``, ``"512MB"``, ``"1.5G"`` or a plain byte count.
+    """Parse ``"20GiB"``, ``"512MB"``, ``"1.5G"`` (decimal units: 1.5e9 bytes) or a plain byte count of 1 MiB or more.
 
     Raises:
-        UsageError: Not a positive size.
+        UsageError: Not a positive size, or a plain number under 1 MiB (a unit left out).
     """
     match = _SIZE.match(text)
     if not match or match.group(2).lower() not in _UNITS:
@@ -49,6 +49,8 @@ def parse_size(text: str) -> int:
     value = int(number)
     if value <= 0:
         raise UsageError(f"memory size must be > 0, got {text!r}")
+    if not match.group(2) and value < 2**20:  # "20" meant 20 GiB: as 20 bytes, it failed after a minute of memory pre-pass
+        raise UsageError(f"memory size {text.strip()!r} has no unit, so it is {counted(value, 'byte')}: write one (20GiB, 512MiB)")
     return value
 
 

@@ -98,6 +98,8 @@ def test_a_loader_trial_shows_its_batch_time_and_no_data_wait() -> None:
         (("--timeout", "0.3", "--trial-seconds", "1"), "--timeout 0.3 must be longer than --trial-seconds 1: a trial measures"),
         (("--max-memory", "9" * 400), "memory size too large"),
         (("--max-memory", ""), "not a memory size: ''"),
+        # 20 GiB meant: 20 bytes failed after a minute of memory pre-pass.
+        (("--max-memory", "20"), "memory size '20' has no unit, so it is 20 bytes: write one (20GiB, 512MiB)"),
         (("--set", "num_workers=0..1000000000000"), "--set num_workers: must be <= 1024"),
         (("--seed", "-1"), "--seed must be between 0 and 2**32 - 1"),
         (("--synthetic-images", "0"), "--synthetic-images must be between 16 and 100000, got 0"),
