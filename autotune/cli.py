@@ -160,7 +160,9 @@ def trial(
     timeout: Annotated[
         Optional[float], typer.Option("--timeout", help="Kill the trial after this many seconds, start-up included (default 90 + 6 x --trial-seconds).")
     ] = None,
-    max_memory: Annotated[Optional[str], typer.Option("--max-memory", help="A peak above it is an oom: 20GiB, or 20G (20e9 B).")] = None,
+    max_memory: Annotated[Optional[str], typer.Option(
+        "--max-memory", help="A peak above it is an oom: 20GiB, or 20G (20e9 B); none by default.",
+    )] = None,
     mode: Annotated[str, typer.Option("--mode", help="train, compute (no loader) or loader (no model).")] = "train",
     cache_dir: CacheDirOpt = None,
     synthetic_images: SyntheticOpt = None,
