@@ -458,6 +458,14 @@ def learned_loss() -> autotune.Task:
     return autotune.Task(nn.Linear(8, 3), _pairs(), loss=_UncertaintyWeighted())
 
 
+_GLOBAL_NET = nn.Linear(8, 3)
+
+
+def step_with_another_model() -> autotune.Task:
+    """A step that computes its loss with a global model, not the one it is given: the trials trained nothing of it."""
+    return autotune.Task(nn.Linear(8, 3), _pairs(), step=lambda model, batch: nn.functional.cross_entropy(_GLOBAL_NET(batch[0]), batch[1]))
+
+
 def regression_default_loss() -> autotune.Task:
     """Three float targets per sample, shaped as the output, left with the default cross-entropy: it trained on them as
     class probabilities without a word (train.py printed negative losses); with MSELoss it is a good Task."""

@@ -457,6 +457,8 @@ def test_good_workloads_become_workload_records() -> None:
                                    "summing to 1; pass autotune.Task(loss=nn.BCEWithLogitsLoss())"),
         ("learned_loss", "the Task's loss (_UncertaintyWeighted) holds 1 trainable parameter, which the optimizer never sees (it "
                          "gets the model's) and no checkpoint keeps: put them in the model, or give step= a model that holds both"),
+        ("step_with_another_model", "step(model, batch) returned a loss that no parameter of the model it was given reaches (it "
+                                    "computes it with another model, a global one, say)"),
         ("regression_default_loss", "the targets are float values shaped as the output, no class probabilities (Tensor[2, 3] "
                                     "float32): a regression task, say, and the default loss is cross-entropy over classes, which "
                                     "takes class indices or probabilities summing to 1; pass autotune.Task(loss=...), such as "

@@ -195,10 +195,15 @@ def _check_loss(task: Task, model: Any, batch: Any) -> None:
         raise WorkloadError(f"{origin} must return a scalar floating tensor, got {got}")
     if not bool(torch.isfinite(loss.detach())):
         raise WorkloadError(f"{origin} returned {loss.item()} on the first batch {shapes}: the loss must be finite")
+    trainable = [p for p in model.parameters() if p.requires_grad]
     if not loss.requires_grad:
-        if not any(p.requires_grad for p in model.parameters()):
+        if not trainable:
             raise WorkloadError("the model has no trainable parameters (none requires grad): there is nothing to train")
         raise WorkloadError(f"{origin} returned a tensor that does not require grad (detached, or computed under no_grad)")
+    if trainable and all(grad is None for grad in torch.autograd.grad(loss, trainable, allow_unused=True)):
+        raise WorkloadError(f"{origin} returned a loss that no parameter of the model it was given reaches (it computes it with "
+                            "another model, a global one, say): every trial and train.py would train nothing of it; compute the "
+                            "loss with the model that step() receives")
 
 
 #: What PyTorch's element-wise losses (MSE, L1, smooth L1, Huber) warn when the targets' shape differs from the output's:
