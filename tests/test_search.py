@@ -119,6 +119,21 @@ def test_a_rerun_of_parallel_trials_with_a_larger_budget_stores_it(tmp_path, cac
     assert stored.user_attrs[STUDY_BUDGET] == 4
 
 
+def test_a_stop_as_the_calibration_line_is_printed_is_a_stop_during_calibration(tmp_path, cache_dir) -> None:
+    """A SIGTERM right as calibration started (1 in about 10 of a probe's tries) ended with the CLI's generic `interrupted:
+    autotune search stopped before it was done`: the line announcing the calibration was printed outside its guard."""
+    from autotune.errors import SearchInterrupted
+    from autotune.tuner.progress import SilentReporter
+
+    class StoppedThere(SilentReporter):
+        def message(self, text: str) -> None:
+            if text.startswith("calibration:"):
+                raise KeyboardInterrupt
+
+    with pytest.raises(SearchInterrupted, match=r"^interrupted during calibration, before the first trial \(runs measured and kept: 0\)"):
+        search(config(tmp_path, cache_dir, trials=2), reporter=StoppedThere())
+
+
 def test_a_sqlite_storage_inside_a_new_out_directory_is_taken(tmp_path, cache_dir) -> None:
     """--out runs/a --storage sqlite:///runs/a/study.db on a first run: the URL is checked before --out exists."""
     out = tmp_path / "runs" / "a"

@@ -252,8 +252,8 @@ def calibrate_once(config: SearchConfig, prepared: Prepared, reporter: Reporter,
         reporter.message(f"continuing study {prepared.study.name!r}: calibration reused, {trials} kept")
         return stored
     kept = KeptRuns(runner, prepared.study.calibration_runs(), prepared.study.store_calibration_runs)
-    reporter.message(f"calibration: memory pre-pass, compute-only and loader-only ceilings{kept.opening()}")
-    try:
+    try:  # the line too: a stop as it is printed is one during calibration (it ended as the CLI's generic interruption)
+        reporter.message(f"calibration: memory pre-pass, compute-only and loader-only ceilings{kept.opening()}")
         with sigterm_as_interrupt():
             calibration = calibrate(
                 prepared.workload, prepared.device, usable_cores=prepared.placement.rank_cores,
