@@ -76,6 +76,8 @@ def read_json(file: Path, error: type[AutotuneError], missing_hint: str = "") ->
         AutotuneError: (as ``error``) missing, unreadable or not JSON, in one
             line that names the file.
     """
+    if file.exists() and not file.is_file():  # a FIFO blocked its read for good, /dev/zero filled the memory
+        raise error(f"{file}: not a regular file ({'a directory' if file.is_dir() else 'a FIFO, a device or a socket'})")
     try:
         text = file.read_text(encoding="utf-8-sig")  # a byte-order mark (Windows Notepad saves one) is no error
     except FileNotFoundError:

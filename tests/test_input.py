@@ -398,6 +398,26 @@ def test_bad_best_json_is_one_line_in_emit_and_load_setup(tmp_path, cache_dir, c
             autotune.load_setup(tmp_path)
 
 
+def test_a_best_json_that_is_a_fifo_or_a_device_is_refused_not_read(tmp_path) -> None:
+    """`autotune emit DIR` whose best.json was a FIFO waited for a writer for good; one linked to /dev/zero was read until
+    the kernel killed the process. Neither is a file a search wrote."""
+    import os
+
+    from autotune.errors import AutotuneError, SetupError
+    from autotune.output.best import read_best
+    from autotune.train_setup import load_setup
+
+    os.mkfifo(tmp_path / "best.json")
+    with pytest.raises(AutotuneError, match=r"best.json: not a regular file \(a FIFO, a device or a socket\)$"):
+        read_best(tmp_path)
+    with pytest.raises(SetupError, match=r"not a regular file"):
+        load_setup(tmp_path / "best.json")
+    (tmp_path / "best.json").unlink()
+    (tmp_path / "best.json").symlink_to("/dev/zero")
+    result = runner.invoke(app, ["emit", str(tmp_path)])
+    assert result.exit_code == 1 and one_line(result.output).endswith("best.json: not a regular file (a FIFO, a device or a socket)")
+
+
 def test_a_best_json_with_a_byte_order_mark_reads_as_any_other(tmp_path) -> None:
     """Saved by an editor that writes a UTF-8 byte-order mark (Windows Notepad): refused before as `Unexpected UTF-8 BOM`."""
     from autotune.output.best import Best, read_best
