@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import functools
 import json
 import os
@@ -43,6 +44,11 @@ def error_line(exc: Exception) -> tuple[str, int]:
 def _error_text(exc: Exception) -> tuple[str, int]:
     if isinstance(exc, AutotuneError):
         return str(exc), exc.exit_code
+    if isinstance(exc, OSError) and exc.errno == errno.ENAMETOOLONG and exc.filename is not None:  # a path, not a flag's value
+        name = os.fsdecode(exc.filename)
+        longest = max((len(os.fsencode(part)) for part in name.split("/")), default=0)
+        return (f"a path is too long for the file system: {name[:120]}{'...' if len(name) > 120 else ''} (its longest name is "
+                f"{longest} bytes, the path {len(os.fsencode(name))}; most file systems allow 255 and 4096)"), 1
     if isinstance(exc, OSError):  # the machine, not a bug: a full disk, a file another program removed
         return str(exc), 1
     if isinstance(exc, (ImportError, MemoryError)):  # the installation or the machine: a broken wheel, a ulimit -v

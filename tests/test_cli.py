@@ -418,6 +418,17 @@ def test_output_to_a_pipe_is_wide_enough_for_the_tables(monkeypatch) -> None:
     assert console().width == 100  # the user's own choice wins
 
 
+def test_a_path_too_long_for_the_file_system_is_said_as_one(tmp_path: Path) -> None:
+    """A 300-character --out read `error: [Errno 36] File name too long: '/tmp/xxx...'`, the whole path after it."""
+    long = tmp_path / ("x" * 300)
+    for command in (["status", str(long)], ["search", "--model", "resnet18", "--device", "cpu", "--trials", "2", "--out", str(long)]):
+        result = CliRunner().invoke(app, command)
+        line = result.output.strip()
+        assert result.exit_code == 1 and "\n" not in line, result.output
+        assert line.startswith(f"error: a path is too long for the file system: {str(long)[:120]}...") and line.endswith(
+            f"(its longest name is 300 bytes, the path {len(str(long))}; most file systems allow 255 and 4096)"), line
+
+
 def test_an_output_encoding_that_cannot_write_a_path_escapes_it_after_the_work_is_done(tmp_path: Path) -> None:
     """`autotune report` (search, status, emit alike) on a directory named `runs_ü` wrote its files, then exited 3 with an
     internal error where stdout's encoding is ASCII (PYTHONIOENCODING=ascii, a latin-1 locale): printing the path failed."""
