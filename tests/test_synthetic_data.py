@@ -80,9 +80,24 @@ def test_how_many_processes_write() -> None:
 
 def test_a_full_disk_in_a_worker_is_one_line_and_leaves_no_copy(tmp_path) -> None:
     with pytest.raises(WorkloadError, match=r"^cannot write synthetic data under .*: No space left on device; "
-                                            r"pass --cache-dir DIR to write it elsewhere$"):
+                                            r"pass another --cache-dir, or free space in this one$"):
         generate_image_folder(tmp_path / "synthetic", 40, ImageMaker(_draw, full_disk), seed=0, note="t", processes=2)
     assert list(tmp_path.iterdir()) == [] and _no_workers_left()
+
+
+def test_a_failed_write_of_the_synthetic_data_names_where_its_directory_came_from(tmp_path, monkeypatch) -> None:
+    """Every failed write said "pass --cache-dir DIR to write it elsewhere", to a user who had passed it, and where
+    $AUTOTUNE_CACHE had chosen the directory."""
+    from autotune.workloads.data import elsewhere
+
+    monkeypatch.delenv("AUTOTUNE_CACHE", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert elsewhere(tmp_path / "xdg" / "autotune" / "synthetic-64") == (
+        f"pass --cache-dir DIR to write it elsewhere (the default is {tmp_path / 'xdg' / 'autotune'})")
+    assert elsewhere(tmp_path / "mine" / "synthetic-64") == "pass another --cache-dir, or free space in this one"
+    monkeypatch.setenv("AUTOTUNE_CACHE", str(tmp_path / "env"))
+    assert elsewhere(tmp_path / "env" / "synthetic-64") == (
+        f"$AUTOTUNE_CACHE chose {tmp_path / 'env'}: pass --cache-dir DIR (or set AUTOTUNE_CACHE) to write it elsewhere")
 
 
 def test_a_killed_worker_is_one_line_and_leaves_no_copy(tmp_path) -> None:

@@ -37,8 +37,16 @@ SYNTHETIC_JPEG_BYTES = 53 * 1024
 _SYNTHETIC_VERSION = 1
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
-#: What a failed write of the synthetic data suggests (its cache defaults to ~/.cache/autotune: an unwritable HOME, a full disk).
-ELSEWHERE = "pass --cache-dir DIR to write it elsewhere"
+def elsewhere(target: Path) -> str:
+    """What a failed write of the synthetic data under ``target`` suggests, by where its cache directory came from (it
+    defaults to ~/.cache/autotune: an unwritable HOME, a full disk). A ``--cache-dir`` the user gave was told to be
+    passed."""
+    chosen = default_cache_dir()
+    if chosen not in (target, *target.parents):
+        return "pass another --cache-dir, or free space in this one"
+    if os.environ.get("AUTOTUNE_CACHE"):
+        return f"$AUTOTUNE_CACHE chose {chosen}: pass --cache-dir DIR (or set AUTOTUNE_CACHE) to write it elsewhere"
+    return f"pass --cache-dir DIR to write it elsewhere (the default is {chosen})"
 
 
 def default_cache_dir() -> Path:
@@ -136,7 +144,7 @@ def generate_image_folder(
     tmp = target.parent / f".{target.name}.tmp-{os.getpid()}"
     blocking = next((p for p in (target.parent, *target.parent.parents) if p.exists()), None)
     if blocking is not None and not blocking.is_dir():
-        raise WorkloadError(f"cannot write synthetic data under {target.parent}: {blocking} is not a directory; {ELSEWHERE}")
+        raise WorkloadError(f"cannot write synthetic data under {target.parent}: {blocking} is not a directory; {elsewhere(target)}")
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         _remove_dead_copies(target)
@@ -157,7 +165,7 @@ def generate_image_folder(
     except BaseException as exc:  # Ctrl-C, a full disk: leave no half copy behind
         shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(exc, OSError):
-            raise WorkloadError(f"cannot write synthetic data under {target.parent}: {exc.strerror or exc}; {ELSEWHERE}") from None
+            raise WorkloadError(f"cannot write synthetic data under {target.parent}: {exc.strerror or exc}; {elsewhere(target)}") from None
         raise
     return target
 
