@@ -1834,7 +1834,7 @@ def test_a_study_from_another_machine_or_timeout_is_refused_naming_the_differenc
     with pytest.raises(StorageError, match=r"cpu_model: 'Other CPU' there, .* now"):
         run_search(_config(tmp_path, cache_dir), runner=_fake)
     study.set_user_attr("signature", stored)
-    with pytest.raises(StorageError, match=r"timeout_s: None there, 30.0 now"):
+    with pytest.raises(StorageError, match=r"timeout_s: the default there, 30.0 now"):  # it read "None there"
         run_search(_config(tmp_path, cache_dir, timeout_s=30.0), runner=_fake)
 
 

@@ -135,6 +135,15 @@ _ADDED = ("samples", "parameters", "batch_size")
 _ABSENT: dict[str, Any] = {"nproc_per_node": 1, "parallel_trials": 1}
 
 
+#: What a signature's null means, by key (``timeout_s: None there, 30.0 now`` read as a timeout of None).
+_NULL_MEANS = {"timeout_s": "the default", "max_memory": "the default (half the RAM)", "effective_batch": "none pinned",
+               "data": "synthetic JPEGs"}
+
+
+def _said_value(key: str, value: Any) -> str:
+    return _NULL_MEANS[key] if value is None and key in _NULL_MEANS else repr(value)
+
+
 def _said(constraints: Any) -> str:
     return " ".join(f"--set {c}" for c in constraints or ()) or "no --set"
 
@@ -159,5 +168,6 @@ def signature_difference(stored: dict[str, Any], current: dict[str, Any]) -> str
             if key == "space":
                 return f"space: {stored.get(key)!r} there, {normalized.get(key)!r} now: another autotune version sampled it"
             absent = _ABSENT.get(key)  # a key left out of a signature for its default
-            return f"{key}: {stored.get(key, absent)!r} there, {normalized.get(key, absent)!r} now"
+            there, now = (_said_value(key, side.get(key, absent)) for side in (stored, normalized))
+            return f"{key}: {there} there, {now} now"
     return "settings differ"
