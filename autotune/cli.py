@@ -126,7 +126,7 @@ ImageSizeOpt = Annotated[Optional[int], typer.Option("--image-size", help="Squar
 DataOpt = Annotated[Optional[Path], typer.Option("--data", parser=_path, help="ImageFolder directory (default: synthetic JPEGs, generated once).")]
 DeviceOpt = Annotated[str, typer.Option("--device", help="auto, cpu, cuda or cuda:K.")]
 TrialSecondsOpt = Annotated[float, typer.Option("--trial-seconds", help="Measured steady-state seconds per trial.")]
-MaxMemoryOpt = Annotated[Optional[str], typer.Option("--max-memory", help="Memory budget, 20GiB (or 20G, 20e9 bytes) (default: half the RAM).")]
+MaxMemoryOpt = Annotated[Optional[str], typer.Option("--max-memory", help="Memory budget: 20GiB, or 20G (20e9 B); half the RAM by default.")]
 CacheDirOpt = Annotated[
     Optional[Path], typer.Option("--cache-dir", parser=_path, help="Where synthetic data is generated (default ~/.cache/autotune).")
 ]
