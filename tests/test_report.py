@@ -253,7 +253,7 @@ def test_report_command_rewrites_the_report_from_the_study(searched, tmp_path) -
     (out / REPORT).unlink()
     result = CliRunner().invoke(app, ["report", str(out)])
     assert result.exit_code == 0, result.output
-    assert result.output.strip().splitlines()[-1].endswith(f"{REPORT}")
+    assert result.output.strip().splitlines()[-1] == f"report: {(out / REPORT).resolve()} (plots; open it in a browser)"
     page = parse(out / REPORT)
     assert SECTIONS <= page.sections and len(page.images) == len(SECTIONS)
     text = " ".join(page.text)

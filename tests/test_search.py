@@ -851,7 +851,7 @@ def test_the_summary_in_a_narrow_log_keeps_paths_and_setups_whole(tmp_path, cach
     # The winner's line and its notes stay whole: `grep winner:` gives the setup and its speed.
     winner = next(line for line in lines if line.startswith("winner: "))
     assert winner.startswith(f"winner: {outcome.best.setup.describe()}: ") and "x the PyTorch defaults (" in winner
-    assert winner.rstrip().endswith("rounds)"), winner
+    assert re.search(r"median of \d+ paired rounds, (all [\d.]+x|[\d.]+x to [\d.]+x)\)$", winner.rstrip()), winner
 
 
 def test_interrupts_are_held_until_the_storage_write_is_done() -> None:

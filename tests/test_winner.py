@@ -679,6 +679,8 @@ def test_the_speedup_says_how_many_paired_rounds_it_is_the_median_of_and_their_r
     older = best.to_dict()
     del older["speedup_rounds"]
     assert Best.from_dict(older).speedup_basis == "median of the paired rounds"
+    alike = _best([_confirmed(winner, (190.0, 380.0)), _confirmed(DEFAULTS, (100.0, 200.0))])  # "1.90x to 1.90x"
+    assert alike.speedup_basis == "median of 2 paired rounds, all 1.90x"
     kept = _best([_confirmed(DEFAULTS, (100.0, 100.0)), _confirmed(winner, (90.0, 95.0))])  # the defaults won: nothing paired
     assert kept.setup == DEFAULTS and kept.speedup == 1.0 and kept.speedup_rounds == ()
     with pytest.raises(AutotuneError, match="'speedup_rounds' must be a list of positive numbers"):

@@ -210,7 +210,8 @@ class Best:
         """What :attr:`speedup` rests on, in words: the confirmation's paired rounds, those an interrupted one measured
         (its note says so), or two single trials."""
         ratios = self.speedup_rounds
-        spread = f"{ratios[0]:.2f}x to {ratios[-1]:.2f}x" if len(ratios) > 1 else ""
+        low, high = (f"{r:.2f}x" for r in (ratios[0], ratios[-1])) if ratios else ("", "")
+        spread = ("" if len(ratios) < 2 else f"all {low}" if low == high else f"{low} to {high}")
         if self.confirmed:  # medians of runs of their own beside it: the line's three figures disagree, said in a note
             apart = any(MEDIANS_APART_NOTE in note for note in self.notes)
             rounds = f"median of {len(ratios)} paired rounds, {spread}" if spread else "one paired round" if ratios else "median of the paired rounds"
