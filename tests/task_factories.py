@@ -458,6 +458,25 @@ def learned_loss() -> autotune.Task:
     return autotune.Task(nn.Linear(8, 3), _pairs(), loss=_UncertaintyWeighted())
 
 
+class _Checkpointed(nn.Module):
+    """A model whose second layer runs under reentrant activation checkpointing (Hugging Face's default), which
+    torch.autograd.grad refuses."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first, self.second = nn.Linear(8, 8), nn.Linear(8, 3)
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        from torch.utils.checkpoint import checkpoint
+
+        return checkpoint(self.second, self.first(inputs), use_reentrant=True)
+
+
+def reentrant_checkpoint() -> autotune.Task:
+    """A good Task whose model checkpoints a layer reentrantly."""
+    return autotune.Task(_Checkpointed, _pairs())
+
+
 _GLOBAL_NET = nn.Linear(8, 3)
 
 

@@ -1,4 +1,5 @@
-"""What a Task's targets are, where the default loss (cross-entropy over classes) would train on them without a word."""
+"""What a Task's loss takes and reaches: targets the default loss (cross-entropy over classes) would train on without a
+word, and whether a loss reaches the model's parameters at all."""
 
 from __future__ import annotations
 
@@ -23,3 +24,21 @@ def float_targets(output: Any, targets: Any) -> tuple[str, str, str] | None:
         return None
     return ("float values shaped as the output, no class probabilities", "a regression task, say",
             "...), such as nn.MSELoss() for regression")
+
+
+def reaches(loss: Any, parameters: list[Any]) -> bool | None:
+    """Whether the autograd graph of ``loss`` reaches any of ``parameters``, walked without a backward pass (no gradient
+    memory, and reentrant activation checkpointing, which refuses ``torch.autograd.grad``, is no error). None where the
+    walk meets a node it cannot see through (a checkpointed segment): not known, so not refused."""
+    wanted, seen, stack = {id(p) for p in parameters}, set(), [loss.grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        if id(getattr(node, "variable", None)) in wanted:  # a parameter's AccumulateGrad
+            return True
+        if "Checkpoint" in type(node).__name__:
+            return None
+        stack.extend(following for following, _ in node.next_functions)
+    return False

@@ -26,7 +26,7 @@ from autotune.units import counted
 from autotune.workloads.batches import describe_batch, first_tensor, has_image_tensor
 from autotune.workloads.collation import batched_fixed_shapes, batched_read, collate_items, fixed_shapes, read_batch
 from autotune.workloads.factory_time import check_factory_time
-from autotune.workloads.loss_inputs import float_targets
+from autotune.workloads.loss_inputs import float_targets, reaches
 from autotune.workloads.models import load_factory
 from autotune.workloads.task import Task
 from autotune.workloads.task_refs import task_ref
@@ -200,7 +200,7 @@ def _check_loss(task: Task, model: Any, batch: Any) -> None:
         if not trainable:
             raise WorkloadError("the model has no trainable parameters (none requires grad): there is nothing to train")
         raise WorkloadError(f"{origin} returned a tensor that does not require grad (detached, or computed under no_grad)")
-    if trainable and all(grad is None for grad in torch.autograd.grad(loss, trainable, allow_unused=True)):
+    if trainable and reaches(loss, trainable) is False:
         raise WorkloadError(f"{origin} returned a loss that no parameter of the model it was given reaches (it computes it with "
                             "another model, a global one, say): every trial and train.py would train nothing of it; compute the "
                             "loss with the model that step() receives")
