@@ -453,6 +453,30 @@ class _UncertaintyWeighted(nn.Module):
         return nn.functional.cross_entropy(output, targets) * torch.exp(-self.log_var) + self.log_var
 
 
+class _Penalised(nn.Module):
+    """Cross-entropy plus an L2 penalty on the model's weights: a loss that holds the model, whose parameters the optimizer
+    trains."""
+
+    def __init__(self, net: nn.Module) -> None:
+        super().__init__()
+        self.net = net
+
+    def forward(self, output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return nn.functional.cross_entropy(output, targets) + 1e-4 * sum(p.pow(2).sum() for p in self.net.parameters())
+
+
+def penalised_loss() -> autotune.Task:
+    """A good Task whose loss holds the model it penalises."""
+    net = nn.Linear(8, 3)
+    return autotune.Task(net, _pairs(), loss=_Penalised(net))
+
+
+def learned_loss_own_optimizer() -> autotune.Task:
+    """A loss with a trainable parameter that the Task's own optimizer factory adds: it trains."""
+    loss = _UncertaintyWeighted()
+    return autotune.Task(nn.Linear(8, 3), _pairs(), loss=loss, optimizer=lambda params, lr: torch.optim.AdamW([*params, *loss.parameters()], lr=lr))
+
+
 def learned_loss() -> autotune.Task:
     """A loss with a trainable parameter: the optimizer gets the model's parameters only, so it never trained."""
     return autotune.Task(nn.Linear(8, 3), _pairs(), loss=_UncertaintyWeighted())

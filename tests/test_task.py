@@ -424,6 +424,8 @@ def test_good_workloads_become_workload_records() -> None:
     assert _workload("numpy_count").images == 40  # or a NumPy integer
     assert _workload("listed_batches_counted").images == 40  # batches of item tuples, counted by the user
     assert _workload("sequence_first_counted").images == 40  # [length, batch] batches, counted by the user along the second dimension
+    assert _workload("penalised_loss").images == 40  # a loss that holds the model: its parameters are the model's
+    assert _workload("learned_loss_own_optimizer").images == 40  # the loss's own weight, trained by the Task's optimizer
     assert _workload("reentrant_checkpoint").images == 40  # whether its loss reaches the model is walked, not differentiated
     assert _workload("soft_labels").images == 16  # probabilities summing to 1 (label smoothing, mixup): cross-entropy takes them
     assert _workload("shaped_regression").images == 16  # MSELoss on targets shaped as the output

@@ -3,7 +3,13 @@ word, and whether a loss reaches the model's parameters at all."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from autotune.errors import WorkloadError
+from autotune.units import counted
+
+if TYPE_CHECKING:
+    from autotune.workloads.task import Task
 
 
 def float_targets(output: Any, targets: Any) -> tuple[str, str, str] | None:
@@ -42,3 +48,20 @@ def reaches(loss: Any, parameters: list[Any]) -> bool | None:
             return None
         stack.extend(following for following, _ in node.next_functions)
     return False
+
+
+def check_loss_weights(task: Task, model: Any, optimizer: Any) -> None:
+    """Refuse a ``loss=`` module with trainable parameters of its own (learned loss weights, an ArcFace head) that the
+    optimizer does not train: it gets the model's (a loss that holds the model, a weight penalty, holds those)."""
+    import torch
+
+    if not isinstance(task.loss, torch.nn.Module):
+        return
+    trained = {id(p) for p in model.parameters()} | {id(p) for group in optimizer.param_groups for p in group["params"]}
+    weights = sum(p.numel() for p in task.loss.parameters() if p.requires_grad and id(p) not in trained)
+    if weights:
+        raise WorkloadError(
+            f"the Task's loss ({type(task.loss).__name__}) holds {counted(weights, 'trainable parameter')}, which the optimizer never "
+            "sees (it gets the model's) and no checkpoint keeps: put them in the model, or give step= a model that holds both "
+            "(autotune.Task(model=WithLoss(net, loss), step=lambda model, batch: model(*batch)), its forward returning the loss); "
+            "if they are not meant to train, freeze them (loss.requires_grad_(False))")

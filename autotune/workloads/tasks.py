@@ -22,11 +22,10 @@ from typing import Any
 
 from autotune.errors import USER_CODE_ERRORS, WorkloadError
 from autotune.records import TrialOptions, Workload
-from autotune.units import counted
 from autotune.workloads.batches import describe_batch, first_tensor, has_image_tensor
 from autotune.workloads.collation import batched_fixed_shapes, batched_read, collate_items, fixed_shapes, read_batch
 from autotune.workloads.factory_time import check_factory_time
-from autotune.workloads.loss_inputs import float_targets, reaches
+from autotune.workloads.loss_inputs import check_loss_weights, float_targets, reaches
 from autotune.workloads.models import load_factory
 from autotune.workloads.task import Task
 from autotune.workloads.task_refs import task_ref
@@ -302,11 +301,6 @@ def check_task(task: Task, *, workers: bool) -> TaskInfo:
     model.train()
     with torch.random.fork_rng():
         _check_loss(task, model, batch)
-    if isinstance(task.loss, torch.nn.Module) and (weights := sum(p.numel() for p in task.loss.parameters() if p.requires_grad)):
-        raise WorkloadError(
-            f"the Task's loss ({type(task.loss).__name__}) holds {counted(weights, 'trainable parameter')}, which the optimizer never sees "
-            "(it gets the model's) and no checkpoint keeps: put them in the model, or give step= a model that holds both "
-            "(autotune.Task(model=WithLoss(net, loss), step=lambda model, batch: model(*batch)), its forward returning the loss)")
     unsharded = False
     if workers:
         _check_pickle(task)
@@ -321,6 +315,7 @@ def check_task(task: Task, *, workers: bool) -> TaskInfo:
         raise
     except USER_CODE_ERRORS as exc:
         raise WorkloadError(f"the Task's optimizer factory failed: {type(exc).__name__}: {exc}") from None
+    check_loss_weights(task, model, optimizer)
     return TaskInfo(
         samples=size,
         iterable=iterable,
