@@ -106,6 +106,13 @@ def test_a_rerun_with_parallel_trials_is_refused_for_a_study_of_lone_trials(tmp_
         search(config(tmp_path, cache_dir, trials=4, devices="cpu,cpu"))
     assert (tmp_path / "out" / "trials.csv").read_text() == records
     search(config(tmp_path, cache_dir, trials=3))  # without --devices it goes on
+    # A study stored before the key (lone trials or parallel: which, it does not say) resumes, as it did: an older study
+    # of parallel trials was refused on the same command, read as "parallel_trials: 1 there, 2 now".
+    older = tmp_path / "older"
+    search(config(tmp_path, cache_dir, trials=2, devices="cpu,cpu", confirm_top=1, out=older))
+    stored = optuna.load_study(study_name="resnet18-32px-cpu", storage=f"sqlite:///{older / 'study.db'}")
+    stored.set_user_attr("signature", {k: v for k, v in stored.user_attrs["signature"].items() if k != "parallel_trials"})
+    search(config(tmp_path, cache_dir, trials=4, devices="cpu,cpu", confirm_top=1, out=older))
 
 
 def test_a_rerun_of_parallel_trials_with_a_larger_budget_stores_it(tmp_path, cache_dir) -> None:

@@ -46,7 +46,7 @@ def signature(config: SearchConfig, workload: Workload, machine: dict[str, Any] 
         "constraints": sorted(str(c) for c in config.constraints),  # as --set writes them
         "space": space_version(config.effective_batch),
         **({"nproc_per_node": config.nproc_per_node} if config.nproc_per_node > 1 else {}),
-        **({"parallel_trials": parallel_trials} if parallel_trials > 1 else {}),
+        "parallel_trials": parallel_trials,
         # The data's size bounds the space (batches, loader queues); a Task's model is told by its size.
         "samples": workload.images,
         **({"parameters": workload.parameters} if workload.parameters is not None else {}),
@@ -130,9 +130,9 @@ def stored_constraints(signature: Any) -> dict[str, Constraint] | None:
 
 
 #: Signature keys that studies of earlier versions did not store: such a study resumes without them.
-_ADDED = ("samples", "parameters", "batch_size")
+_ADDED = ("samples", "parameters", "batch_size", "parallel_trials")
 #: The value of a signature key that is stored only when it is not the default.
-_ABSENT: dict[str, Any] = {"nproc_per_node": 1, "parallel_trials": 1}
+_ABSENT: dict[str, Any] = {"nproc_per_node": 1}
 
 
 #: What a signature's null means, by key (``timeout_s: None there, 30.0 now`` read as a timeout of None).
