@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.api_results import SearchResult, TrialOutcome
-from autotune.errors import SearchInterrupted, SearchStopped, SetupError, UsageError, check_bool, worded_for_python
+from autotune.errors import SearchInterrupted, SearchStopped, SetupError, UsageError, check_bool, interrupted_in, worded_for_python
 from autotune.files import check_temp_dir_for_workers
 from autotune.records import DEFAULT_TRIAL_SECONDS, TrialOptions, Workload
 from autotune.train_setup import TrainSetup
@@ -207,8 +207,11 @@ def search(
             _print_notes(outcome.best)
         else:
             outcome = run_search(config, reporter)
-    except SearchInterrupted as exc:  # a stop, not an error: `except AutotuneError` in a loop of searches must let it through
-        raise SearchStopped(str(exc), exc.outcome) from None
+    except BaseException as exc:  # a stop, not an error: `except AutotuneError` in a loop of searches must let it through
+        stop = interrupted_in(exc)  # also behind a second Ctrl-C that landed as the display was torn down
+        if stop is None or stop.trial_stopped:
+            raise
+        raise SearchStopped(str(stop), stop.outcome) from None
     best = outcome.best
     assert best is not None  # run_search raises instead
     return SearchResult(

@@ -118,19 +118,23 @@ class SearchInterrupted(AutotuneError):
         outcome: The search's summary with the best setup so far (a
             ``tuner.SearchOutcome`` marked interrupted), or None when no
             trial had measured a throughput yet.
+        trial_stopped: Nothing stopped this process: a trial was terminated from outside (earlyoom's SIGTERM, a
+            supervisor's), which stops the search as a stop would.
     """
 
     exit_code = 130
 
-    def __init__(self, message: str, outcome: object | None = None) -> None:
+    def __init__(self, message: str, outcome: object | None = None, *, trial_stopped: bool = False) -> None:
         super().__init__(message)
         self.outcome = outcome
+        self.trial_stopped = trial_stopped
 
 
 class SearchStopped(KeyboardInterrupt):
-    """What :func:`autotune.search` raises where the CLI's search ends interrupted (Ctrl-C, SIGTERM, SIGHUP): a
+    """What :func:`autotune.search` raises where a stop reached the process (Ctrl-C, SIGTERM, SIGHUP): a
     ``KeyboardInterrupt``, as Python raises for Ctrl-C, so that a loop of searches that skips failed ones with
-    ``except autotune.AutotuneError`` (or ``except Exception``) stops as asked. Finished trials are kept.
+    ``except autotune.AutotuneError`` (or ``except Exception``) stops as asked. Finished trials are kept. A trial
+    terminated from outside, with no stop of this process, stays a :class:`SearchInterrupted`.
 
     Attributes:
         outcome: As :attr:`SearchInterrupted.outcome`: the best setup so far, or None.

@@ -93,6 +93,18 @@ def test_a_stop_in_the_python_api_gets_through_except_autotune_error(tmp_path, c
     assert stopped.value.outcome.interrupted and stopped.value.outcome.best.setup == trained[0]
     assert read_best(tmp_path / "out").setup == trained[0]
 
+    # A trial terminated from outside (earlyoom's SIGTERM) stops the search, but nothing stopped this process: the loop's
+    # `except AutotuneError` takes it, where a KeyboardInterrupt ended the loop of a caller who had pressed nothing.
+    def terminated(setup, workload, options=None, *, on_window=None) -> TrialResult:
+        if options.mode == "train":
+            return TrialResult(status="interrupted", error="the trial process was terminated from outside (SIGTERM)")
+        return fake_runner(setup, workload, options, on_window=on_window)
+
+    monkeypatch.setattr(autotune.api, "run_search", lambda cfg, reporter=None: run_search(cfg, reporter, runner=terminated))
+    with pytest.raises(autotune.AutotuneError, match=r"\(what stopped it: the trial process was terminated from outside \(SIGTERM\)\)"):
+        autotune.search(model="resnet18", image_size=32, trials=4, device="cpu", out=tmp_path / "other", cache_dir=cache_dir,
+                        synthetic_images=64)
+
 
 def test_a_rerun_with_parallel_trials_is_refused_for_a_study_of_lone_trials(tmp_path, cache_dir) -> None:
     """Trials run one per core beside another (`--devices cpu,cpu`) measure another machine than trials alone on every

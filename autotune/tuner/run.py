@@ -113,7 +113,7 @@ def _run_search(config: SearchConfig, reporter: Reporter, runner: TrialRunner) -
     except SearchInterrupted as exc:  # a trial terminated from outside (earlyoom's SIGTERM, say): the user pressed nothing
         if (why := stop_reason()) is None:
             raise
-        raise SearchInterrupted(f"{exc} (what stopped it: {why})", outcome=exc.outcome) from None
+        raise SearchInterrupted(f"{exc} (what stopped it: {why})", outcome=exc.outcome, trial_stopped=True) from None
     if stop_requested():  # while report.html was drawn (its one line said so), or written (held: then it is whole)
         raise SearchInterrupted(f"interrupted as report.html was written; it is written, with best.json, train.py and trials.csv, "
                                 f"in {prepared.out}" if any(Path(f).name == "report.html" for f in outcome.files) else
