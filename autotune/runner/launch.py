@@ -27,7 +27,7 @@ from autotune.errors import AutotuneError
 from autotune.files import maker_is_gone
 from autotune.records import MAX_SECONDS, TrialOptions, TrialResult, Workload
 from autotune.runner import zygote
-from autotune.runner.failures import EXTERNAL_SIGNALS, KILLED_FROM_OUTSIDE, interrupted, killed, worker_oom
+from autotune.runner.failures import EXTERNAL_SIGNALS, interrupted, killed, worker_oom
 from autotune.train_setup import TrainSetup
 from autotune.units import format_bytes
 from probes.cgroup import oom_kills
@@ -182,19 +182,6 @@ def _pruned(window: dict[str, Any], measured: float, windows: tuple[float, ...],
     )
 
 
-def _server_killed(windows: tuple[float, ...], options: TrialOptions, now: int | None, before: int | None) -> TrialResult:
-    """The trial of a server killed by SIGKILL: ``oom`` where the kernel's out-of-memory killer acted (its counters rose
-    from ``before`` to ``now``), else an ``error``: a user-space OOM daemon (earlyoom picks the highest oom_score_adj
-    left, the server's 500 once no trial runs), a supervisor or a user killed it, which says nothing of the setup's memory."""
-    who = "the trial server, and its trial with it,"
-    if now is not None and before is not None and now > before:
-        return TrialResult(status="oom", windows=windows, mode=options.mode, error=f"{who} was killed (SIGKILL) by the kernel's "
-                                                                                     "out-of-memory killer")
-    why = ("; not by the kernel's out-of-memory killer (its oom_kill counters did not change): by a user, a supervisor or a "
-           "user-space OOM daemon (earlyoom, systemd-oomd)") if now is not None else ""
-    return TrialResult(status="error", windows=windows, mode=options.mode, error=f"{who} {KILLED_FROM_OUTSIDE}{why}")
-
-
 def _supervise(
     proc: zygote.TrialProcess, directory: Path, options: TrialOptions, on_window: WindowCallback | None, oom_before: int | None
 ) -> TrialResult:
@@ -218,7 +205,8 @@ def _supervise(
                     return _pruned(event, measured, tuple(windows), options)
         if exitcode is None and (server := proc.lost()) is not None:
             if server == -signal.SIGKILL:  # the next trial starts another server: the search goes on, as after a trial's SIGKILL
-                return _server_killed(tuple(windows), options, oom_kills() if oom_before is not None else None, oom_before)
+                result = killed("the trial server, and its trial with it,", oom_before)
+                return TrialResult(**{**result.to_dict(), "windows": tuple(windows), "mode": options.mode})
             if server <= 0:  # a signal; or 0, the end of its input: this search closed it (a stop, a reply never read)
                 return interrupted("the trial server was terminated from outside; its trial is gone")
             free = format_bytes(shutil.disk_usage(directory).free) if directory.is_dir() else "gone"
