@@ -34,11 +34,11 @@ from autotune.files import check_temp_dir_for_workers
 from autotune.records import DEFAULT_TRIAL_SECONDS, TrialOptions, Workload
 from autotune.train_setup import TrainSetup
 from autotune.tuner import Reporter, SearchConfig, run_search
-from autotune.tuner.config import check_synthetic_images, check_timeout, check_trial_seconds, path_of
+from autotune.tuner.config import check_synthetic_images, check_timeout, check_trial_seconds, memory_budget, path_of
 from autotune.tuner.constraints import parse_constraints
 from autotune.tuner.placement import Placement
 from autotune.tuner.progress import check_reporter
-from autotune.units import counted, parse_size
+from autotune.units import counted
 
 __all__ = ["SearchResult", "TrialOutcome", "search", "trial"]
 
@@ -74,13 +74,6 @@ def _shorthand(
 
     model = model if model is not None else default_model
     return model, image_size if image_size is not None else default_image_size(model)
-
-
-def _bytes(value: int | str | None) -> int | None:
-    """``max_memory`` in bytes; a UsageError for anything but an int, a size text or None (a bool, a float, a list)."""
-    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, str))):
-        raise UsageError(f"--max-memory must be bytes (an integer) or a size such as '20GiB', got {value!r}")
-    return parse_size(value) if isinstance(value, str) else value
 
 
 @worded_for_python({"set": "constraints", "timeout": "timeout_s"})
@@ -174,7 +167,7 @@ def search(
         data=None if data is None else path_of("--data", data),
         device=device,
         effective_batch=effective_batch,
-        max_memory=_bytes(max_memory),
+        max_memory=memory_budget(max_memory),
         trial_seconds=trial_seconds,
         constraints=parse_constraints(constraints),
         out=path_of("--out", out),
@@ -344,7 +337,7 @@ def trial(
     if setup.num_workers > 0 and mode != "compute":  # their sockets must fit under TMPDIR, or the trial hangs to its timeout
         check_temp_dir_for_workers()
     prestart()  # the trial server's imports overlap the workload's checks below
-    options = TrialOptions(trial_seconds=trial_seconds, timeout_s=timeout_s, max_memory_bytes=_bytes(max_memory),
+    options = TrialOptions(trial_seconds=trial_seconds, timeout_s=timeout_s, max_memory_bytes=memory_budget(max_memory),
                            mode=mode)  # type: ignore[arg-type]
     hardware, dev, built, placement = trial_workload(
         workload,

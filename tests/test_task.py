@@ -427,6 +427,10 @@ def test_good_workloads_become_workload_records() -> None:
     assert _workload("penalised_loss").images == 40  # a loss that holds the model: its parameters are the model's
     assert _workload("learned_loss_own_optimizer").images == 40  # the loss's own weight, trained by the Task's optimizer
     assert _workload("reentrant_checkpoint").images == 40  # whether its loss reaches the model is walked, not differentiated
+    from autotune.workloads.loss_inputs import float_targets
+
+    masked = torch.tensor([[0.25] * 4, [0.0] * 4, [0.0, 0.0, 1.0, 0.0]])  # a zeroed (masked) row adds nothing to cross-entropy
+    assert float_targets(torch.zeros(3, 4), masked) is None and float_targets(torch.zeros(3, 4), masked * 3) is not None
     assert _workload("soft_labels").images == 16  # probabilities summing to 1 (label smoothing, mixup): cross-entropy takes them
     assert _workload("shaped_regression").images == 16  # MSELoss on targets shaped as the output
     stream = _workload("iterable")
@@ -682,6 +686,12 @@ def test_a_slow_factory_that_fits_is_said_and_the_default_timeout_named() -> Non
     with pytest.raises(WorkloadError, match=r"within a timeout of 120 s \(the default, 90 s \+ 6 x --trial-seconds 5\): pass "
                                             r"--timeout 260 or more"):
         check_factory_time("m:f", 70.0, TrialOptions(trial_seconds=5.0), said.append)
+    # Slow on its first call only (a download, a cache written once): the runs' calls are timed by the second.
+    check_factory_time("m:f", 70.0, TrialOptions(trial_seconds=5.0), said.append, again=lambda: 2.0)
+    assert said[-1] == ("the workload's factory took 70.0 s on its first call and 2.0 s on the next (a download or a cache, say): "
+                        "the runs' calls are the later ones")
+    with pytest.raises(WorkloadError, match=r"its factory took 68.0 s here"):
+        check_factory_time("m:f", 70.0, TrialOptions(trial_seconds=5.0), said.append, again=lambda: 68.0)
 
 
 def test_debug_shows_the_users_own_traceback_under_the_one_line_error() -> None:

@@ -96,6 +96,20 @@ def path_of(flag: str, value: object) -> Path:
         raise UsageError(f"{flag} {os.fspath(value)}: its ~ names no home directory here; write the path out") from None
 
 
+def memory_budget(value: object) -> int | None:
+    """``--max-memory`` (``max_memory=``) in bytes: an integer (NumPy's as Python's, stored as JSON), a size text
+    (``"20GiB"``) or None.
+
+    Raises:
+        UsageError: Anything else (a bool, a float, a list), or a text that is no size.
+    """
+    if isinstance(value, str):
+        return parse_size(value)
+    if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral)):
+        raise UsageError(f"--max-memory must be bytes (an integer) or a size such as '20GiB', got {value!r}")
+    return None if value is None else int(value)
+
+
 #: The numeric and text fields of :class:`SearchConfig` and the type each must have: Python's own, as they are stored as JSON.
 _TYPES: dict[str, type | tuple[type, ...]] = {
     "trials": int, "image_size": int, "effective_batch": int, "seed": int, "synthetic_images": int, "confirm_top": int,
@@ -203,12 +217,7 @@ class SearchConfig:
         for name in ("data", "out", "cache_dir"):
             if getattr(self, name) is not None or name == "out":
                 object.__setattr__(self, name, path_of(f"--{name.replace('_', '-')}", getattr(self, name)))
-        if isinstance(self.max_memory, str):
-            object.__setattr__(self, "max_memory", parse_size(self.max_memory))
-        elif self.max_memory is not None and (isinstance(self.max_memory, bool) or not isinstance(self.max_memory, numbers.Integral)):
-            raise UsageError(f"--max-memory must be bytes (an integer) or a size such as '20GiB', got {self.max_memory!r}")
-        elif self.max_memory is not None:
-            object.__setattr__(self, "max_memory", int(self.max_memory))  # NumPy's integers as Python's: stored as JSON
+        object.__setattr__(self, "max_memory", memory_budget(self.max_memory))
         for name, kind in _TYPES.items():  # the Python API takes what Typer would have parsed
             value = getattr(self, name)
             if value is None and name in _OPTIONAL:

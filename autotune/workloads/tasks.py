@@ -358,9 +358,10 @@ def build_task_workload(workload: str | Callable[..., Any], *, device: str, work
     """
     ref = task_ref(workload)
     sys_path: tuple[str, ...] = (os.getcwd(),)
-    task, took = call_factory(ref, load_factory(ref, sys_path, what="workload"))
+    factory = load_factory(ref, sys_path, what="workload")
+    task, took = call_factory(ref, factory)
     if options is not None:
-        check_factory_time(ref, took, options, warn)
+        check_factory_time(ref, took, options, warn, again=lambda: call_factory(ref, factory)[1])
     root = _import_root(ref.partition(":")[0])
     if root is not None and root not in sys_path:
         sys_path += (root,)  # where this process found the module, so trials and train.py find it too
