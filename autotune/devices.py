@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from autotune.errors import UsageError
+from probes.gpu import NVML_HUNG
 
 if TYPE_CHECKING:  # pragma: no cover - the probe is only read here
     from probes import Hardware
@@ -94,6 +95,10 @@ def resolve_device(text: str, hardware: Hardware) -> DeviceInfo:
     cpu = hardware.cpu
     choice = str(text).strip().lower()  # a torch.device reads as "cpu" or "cuda:0"
     if choice == "auto":
+        error = str(getattr(hardware, "gpu_error", None) or "")
+        if not gpus and error.startswith(NVML_HUNG):  # a GPU host whose driver hangs: not a CPU search without a word
+            raise UsageError(f"--device auto cannot tell whether this machine has a GPU: {error}; pass --device cpu to search the "
+                             "CPU, or --device cuda once nvidia-smi answers")
         choice = "cuda:0" if gpus else "cpu"
     if choice == "cpu":
         model = getattr(cpu, "model", None) or "CPU"

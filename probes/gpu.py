@@ -18,11 +18,13 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-__all__ = ["GpuInfo", "GpuReport", "collect_gpus"]
+__all__ = ["NVML_HUNG", "GpuInfo", "GpuReport", "collect_gpus"]
 
 #: Seconds NVML may take to answer before the probe gives up on it: a hung driver or GPU blocks ``nvmlInit`` (and
 #: ``nvidia-smi``) for good, and the probe (every search starts with it) with it.
 NVML_TIMEOUT_S = 30.0
+#: How the probe's ``gpu_error`` starts when NVML did not answer in time.
+NVML_HUNG = "NVML did not answer within"
 
 
 @dataclass(frozen=True)
@@ -224,11 +226,17 @@ def collect_gpus() -> GpuReport:
 
     answers: list[GpuReport] = []
     # In a thread of its own: one stuck in the driver cannot be stopped, but the probe can go on without it.
-    reader = threading.Thread(target=lambda: answers.append(_read_gpus(nvml)), name="autotune-nvml", daemon=True)
+    def read() -> None:
+        try:
+            answers.append(_read_gpus(nvml))
+        except BaseException as exc:  # a shim's SystemExit, an error no query caught: said as what it is, not as a hang
+            answers.append(GpuReport((), f"NVML failed: {_error_text(exc)}", driver_loaded=False))
+
+    reader = threading.Thread(target=read, name="autotune-nvml", daemon=True)
     reader.start()
     reader.join(NVML_TIMEOUT_S)
     if not answers:
-        return GpuReport((), f"NVML did not answer within {NVML_TIMEOUT_S:g} s (a hung NVIDIA driver or GPU: nvidia-smi would hang "
+        return GpuReport((), f"{NVML_HUNG} {NVML_TIMEOUT_S:g} s (a hung NVIDIA driver or GPU: nvidia-smi would hang "
                              "too), so the GPUs are unknown", driver_loaded=False)
     return answers[0]
 

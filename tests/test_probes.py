@@ -593,6 +593,29 @@ def test_an_nvml_that_never_answers_leaves_the_rest_of_the_probe(tmp_path: Path)
     assert report["gpu_error"] == ("NVML did not answer within 1 s (a hung NVIDIA driver or GPU: nvidia-smi would hang too), so "
                                    "the GPUs are unknown")
     assert report["gpus"] == [] and report["cpu"]["usable_cores"] >= 1
+    # --device auto on such a host ran an hours-long CPU search of a GPU machine without a word: refused in one line.
+    search = [sys.executable, "-c", code, "search", "--model", "resnet18", "--trials", "2", "--out", str(tmp_path / "out")]
+    refused = subprocess.run(search, env=env, capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and refused.stderr.strip() == (
+        "error: --device auto cannot tell whether this machine has a GPU: NVML did not answer within 1 s (a hung NVIDIA driver "
+        "or GPU: nvidia-smi would hang too), so the GPUs are unknown; pass --device cpu to search the CPU, or --device cuda "
+        "once nvidia-smi answers"), refused.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_nvml_whose_reading_dies_is_said_as_such_not_as_a_hang(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reading thread's death (a shim's SystemExit) read as `NVML did not answer within 30 s`, after the 30 s."""
+    shim = types.ModuleType("pynvml")
+
+    def exits() -> None:
+        raise SystemExit(3)
+
+    shim.nvmlInit = exits  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "pynvml", shim)
+    started = time.monotonic()
+    report = collect_gpus()
+    assert report.gpus == () and report.error is not None and report.error.startswith("NVML failed: "), report.error
+    assert time.monotonic() - started < 10
 
 
 def test_gpu_mostly_used_by_others_warns(fake_nvml: FakeNvml) -> None:
