@@ -155,9 +155,9 @@ class TrainSetup:
         """
         if not isinstance(data, dict):
             raise SetupError(f"a setup must be a JSON object, got {type(data).__name__}")
-        unknown = sorted(set(data) - set(KNOBS))
+        unknown = sorted(map(str, set(data) - set(KNOBS)))  # a key that is no string ({1: 2}) garbled the join
         if unknown:
-            raise SetupError(f"unknown setup keys: {', '.join(unknown)} (a typo, or a setup of a newer autotune than {__version__})")
+            raise SetupError(f"unknown setup keys: {', '.join(unknown)[:200]} (a typo, or a setup of a newer autotune than {__version__})")
         return cls(**data)
 
     def to_json(self) -> str:
@@ -375,6 +375,8 @@ def load_setup(path: str | Path) -> TrainSetup:
 
     if not isinstance(path, (str, os.PathLike)):
         raise SetupError(f"load_setup takes the path of a best.json, got {type(path).__name__}")
+    if not os.fspath(path):  # Path("") is the working directory: its best.json was read
+        raise SetupError("load_setup takes the path of a best.json, got an empty path")
     file = Path(path)
     if file.is_dir():  # a search's output directory, as emit, report and status take it
         file = file / "best.json"

@@ -600,6 +600,8 @@ def test_api_setup_and_device_arguments_in_other_shapes(tmp_path) -> None:
             autotune.trial(model="resnet18", setup=setup, device="cpu")  # type: ignore[arg-type]
     with pytest.raises(autotune.AutotuneError, match="load_setup takes the path of a best.json, got NoneType"):
         autotune.load_setup(None)  # type: ignore[arg-type]
+    with pytest.raises(autotune.AutotuneError, match="^load_setup takes the path of a best.json, got an empty path$"):
+        autotune.load_setup("")  # it read the working directory's best.json
     with pytest.raises(autotune.AutotuneError, match=f"{tmp_path / 'best.json'}: no such file"):
         autotune.load_setup(tmp_path)  # a search's directory: its best.json
 

@@ -54,6 +54,11 @@ def test_task_keeps_the_public_signature_and_rejects_loss_with_step() -> None:
         autotune.Task(torch.nn.Linear(2, 2), [1], None)  # type: ignore[misc]  # loss= is keyword-only
     with pytest.raises(WorkloadError, match="loss= or step=, not both"):
         autotune.Task(torch.nn.Linear(2, 2), [1], loss=torch.nn.MSELoss(), step=lambda m, b: b)
+    # Built without a word, refused only once a search or trial checked the Task (the Python API's callers build it first).
+    with pytest.raises(WorkloadError, match="^Task model must be an nn.Module or a factory of one, got NoneType$"):
+        autotune.Task(None, [1])
+    with pytest.raises(WorkloadError, match="^Task dataset must be a torch.utils.data.Dataset, got None$"):
+        autotune.Task(torch.nn.Linear(2, 2), None)
     with pytest.raises(WorkloadError, match="batch_size"):
         autotune.Task(torch.nn.Linear(2, 2), [1], batch_size=0)
     for lr in (float("inf"), float("nan"), 0.0):  # as --lr: an infinite rate was taken, and every trial diverged

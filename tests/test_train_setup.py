@@ -166,6 +166,8 @@ def test_json_round_trip_is_lossless() -> None:
 def test_unknown_keys_and_bad_json_are_rejected() -> None:
     with pytest.raises(SetupError, match=r"unknown setup keys: turbo \(a typo, or a setup of a newer autotune than \d"):
         TrainSetup.from_dict({"turbo": True})
+    with pytest.raises(SetupError, match="^unknown setup keys: 1, x "):  # a key that is no string: the join raised TypeError
+        TrainSetup.from_dict({1: 2, "x": 3})
     with pytest.raises(SetupError, match="unknown setup keys: bacth_size"):  # a typo in the own-loop API: not a TypeError
         TrainSetup().replace(bacth_size=64)
     assert TrainSetup().replace(batch_size=64).batch_size == 64

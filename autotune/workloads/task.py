@@ -102,6 +102,10 @@ class Task:
     def __post_init__(self) -> None:
         if self.loss is not None and self.step is not None:
             raise WorkloadError("Task takes loss= or step=, not both")
+        if not callable(self.model):  # an nn.Module is callable too; None was refused only when a search checked the Task
+            raise WorkloadError(f"Task model must be an nn.Module or a factory of one, got {type(self.model).__name__}")
+        if self.dataset is None:
+            raise WorkloadError("Task dataset must be a torch.utils.data.Dataset, got None")
         if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, numbers.Integral) or self.batch_size < 1:
             raise WorkloadError(f"Task batch_size must be an integer >= 1, got {self.batch_size!r}")
         if isinstance(self.lr, bool) or not isinstance(self.lr, numbers.Real) or not 0 < self.lr < math.inf:
