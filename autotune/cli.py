@@ -169,7 +169,7 @@ def trial(
     as_json: Annotated[bool, typer.Option("--json", help="Print the TrialResult as one JSON object.")] = False,
     workload: WorkloadOpt = None,
     knobs: Annotated[
-        Optional[list[str]], typer.Option("--set", help="Any other knob, KNOB=VALUE (num_threads=2, compile=default, ...).")
+        Optional[list[str]], typer.Option("--set", metavar="KNOB=VALUE", help="Any other knob, KNOB=VALUE (num_threads=2, compile=default, ...).")
     ] = None,
     nproc_per_node: NprocOpt = 1,
 ) -> None:
@@ -234,7 +234,7 @@ def search(
     trial_seconds: TrialSecondsOpt = DEFAULT_TRIAL_SECONDS,
     set_: Annotated[
         Optional[list[str]],
-        typer.Option("--set", help="Pin or bound a knob: KNOB=V, KNOB=A,B or KNOB=LO..HI (repeatable)."),
+        typer.Option("--set", metavar="KNOB=VALUE", help="Pin or bound a knob: KNOB=V, KNOB=A,B or KNOB=LO..HI (repeatable)."),
     ] = None,
     out_dir: Annotated[Path, typer.Option("--out", parser=_path, help="Output directory.")] = Path("autotune-out"),
     study: Annotated[Optional[str], typer.Option("--study", help="Study name (default from the workload).")] = None,
