@@ -606,6 +606,9 @@ def test_bad_numbers_are_one_line_before_any_work(
     [
         (["--model", "nosuchmodel"], "error: --model nosuchmodel is neither a torchvision classification model"),
         (["--model", "fcn_resnet50"], "error: --model fcn_resnet50 is neither a torchvision classification model"),
+        # The search suggests close names; the script named none.
+        (["--model", "resnet1"], "error: --model resnet1 is neither a torchvision classification model (torchvision.models.list_models("
+                                 "module=torchvision.models)) nor a module:function factory; did you mean resnet18, resnet152, resnet101?"),
         (["--model", "no_such_module_xyz:make"], "error: --model no_such_module_xyz:make: cannot find module no_such_module_xyz; run from"),
         (["--model", "os:no_such_function"], "error: --model os:no_such_function: os has no function no_such_function"),
         (["--model", "models:"], "error: --model models:: expected module:function"),

@@ -149,6 +149,8 @@ def test_a_changed_task_batch_size_is_another_search() -> None:
 
     assert signature_difference(signed(16), signed(16)) is None
     assert signature_difference(signed(16), signed(32)) == "batch_size: 16 there, 32 now"
+    # Internal names said in the user's words: it read "max_memory: None there, 4294967296 now".
+    assert signature_difference({"max_memory": None}, {"max_memory": 2**32}) == "max_memory: the default (half the RAM) there, 4.0 GiB now"
     older = {k: v for k, v in signed(16).items() if k != "batch_size"}  # stored by earlier versions
     assert signature_difference(older, signed(32)) is None
     assert "batch_size" not in signature(SearchConfig(model="resnet18", trials=3), Workload(model="resnet18"))

@@ -13,6 +13,7 @@ from autotune.records import Workload
 from autotune.tuner.config import SearchConfig
 from autotune.tuner.constraints import Constraint, merge_constraints, parse_constraint
 from autotune.tuner.space import space_version
+from autotune.units import format_bytes
 from autotune.workloads.data import SYNTHETIC_IMAGES_CPU, SYNTHETIC_IMAGES_CUDA
 
 
@@ -141,7 +142,9 @@ _NULL_MEANS = {"timeout_s": "the default", "max_memory": "the default (half the 
 
 
 def _said_value(key: str, value: Any) -> str:
-    return _NULL_MEANS[key] if value is None and key in _NULL_MEANS else repr(value)
+    if value is None and key in _NULL_MEANS:
+        return _NULL_MEANS[key]
+    return format_bytes(value) if key == "max_memory" and isinstance(value, int) else repr(value)  # not 4294967296
 
 
 def _said(constraints: Any) -> str:
