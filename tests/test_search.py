@@ -1072,6 +1072,6 @@ def test_a_loader_queue_dev_shm_could_not_hold_is_not_run_again_at_its_size_or_l
     skipped = [r for r in outcome.records if r.free and "that /dev/shm could not hold in trial #" in (r.result.error or "")]
     assert skipped and all(in_flight(r.setup) >= min(queues) for r in skipped), skipped
     records = list(outcome.records)
-    assert explore.beyond_the_shm(skipped[0].setup, records) is not None
+    assert explore.beyond_the_shm(skipped[0].setup, lambda: records) is not None
     monkeypatch.setattr(explore, "collect_shm", lambda: ShmInfo("/dev/shm", 8 * 2**30, 8 * 2**30))  # --shm-size=8g, rerun
-    assert explore.beyond_the_shm(skipped[0].setup, records) is None
+    assert explore.beyond_the_shm(skipped[0].setup, lambda: records) is None

@@ -17,6 +17,7 @@ rewritten after every trial, so nothing measured is lost.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -205,7 +206,7 @@ def known_result(study: SearchStudy, setup: TrainSetup, number: int, workload: W
     if too_big is None and workload.iterable and workload.images is None:
         too_big = beyond_the_stream(setup, study.records())
     if too_big is None and setup.num_workers:
-        too_big = beyond_the_shm(setup, study.records())
+        too_big = beyond_the_shm(setup, study.records)
     if too_big is not None:
         return Known(too_big)
     previous = study.same_setup(setup, number)
@@ -254,7 +255,7 @@ def in_flight(setup: TrainSetup) -> int:
     return setup.num_workers * (setup.prefetch_factor or 2) * setup.batch_size
 
 
-def beyond_the_shm(setup: TrainSetup, records: list[TrialRecord]) -> TrialResult | None:
+def beyond_the_shm(setup: TrainSetup, records: Callable[[], list[TrialRecord]]) -> TrialResult | None:
     """An infeasible result, not run, for a setup with loader workers whose batches in flight are at least those a trial
     found /dev/shm too small for (a container's default 64 MiB): it fails alike, where the search spent trial after
     trial on it. Only while this host's /dev/shm is small and as large as the trial's error names it (a rerun in a larger
@@ -262,12 +263,12 @@ def beyond_the_shm(setup: TrainSetup, records: list[TrialRecord]) -> TrialResult
 
     Args:
         setup: The setup to run next.
-        records: The study's trials so far.
+        records: Reads the study's trials so far: only where /dev/shm is small (on most hosts, never).
     """
-    full = [r for r in records if SHM_TOO_SMALL in (r.result.error or "") and r.reused_from is None and r.setup.decode == setup.decode]
-    shm = collect_shm() if full else None
-    if shm is None or shm.total_bytes is None or shm.total_bytes >= SHM_MIN_BYTES:
+    shm = collect_shm()
+    if shm.total_bytes is None or shm.total_bytes >= SHM_MIN_BYTES:
         return None
+    full = [r for r in records() if SHM_TOO_SMALL in (r.result.error or "") and r.reused_from is None and r.setup.decode == setup.decode]
     size = f"{shm.path} ({format_bytes(shm.total_bytes)}, "  # the trial's error: "/dev/shm (64 MiB, 2 MiB free) is too small ..."
     smallest = min((r for r in full if size in (r.result.error or "")), key=lambda r: in_flight(r.setup), default=None)
     if smallest is None or in_flight(setup) < in_flight(smallest.setup):
