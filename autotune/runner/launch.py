@@ -206,7 +206,7 @@ def _supervise(
         if exitcode is None and (server := proc.lost()) is not None:
             if server == -signal.SIGKILL:  # the next trial starts another server: the search goes on, as after a trial's SIGKILL
                 result = killed("the trial server, and its trial with it,", oom_before)
-                return TrialResult(**{**result.to_dict(), "windows": tuple(windows), "mode": options.mode})
+                return replace(result, windows=tuple(windows), mode=options.mode)
             if server <= 0:  # a signal; or 0, the end of its input: this search closed it (a stop, a reply never read)
                 return interrupted("the trial server was terminated from outside; its trial is gone")
             free = format_bytes(shutil.disk_usage(directory).free) if directory.is_dir() else "gone"
@@ -214,7 +214,7 @@ def _supervise(
                                f"exit status, which it writes in {directory.parent} ({free} free there)")
         if exitcode is not None:
             result = _signal_death(exitcode, directory / zygote.OUTPUT, oom_before)
-            return TrialResult(**{**result.to_dict(), "windows": tuple(windows), "mode": options.mode})
+            return replace(result, windows=tuple(windows), mode=options.mode)
         if time.monotonic() > deadline:
             proc.kill()
             return TrialResult(

@@ -113,7 +113,7 @@ def explore(study: SearchStudy, plan: Exploration, reporter: Reporter, runner: T
             failed (it does not count) and every finished one is kept.
         WorkloadError: A data file cannot be decoded; the same.
     """
-    store_budget(study, plan, reporter)
+    store_lone_budget(study, plan, reporter)
     while (done := study.finished(plan.wanted)) < plan.wanted:
         trial, told = None, False
         try:
@@ -151,9 +151,10 @@ def explore(study: SearchStudy, plan: Exploration, reporter: Reporter, runner: T
             raise
 
 
-def store_budget(study: SearchStudy, plan: Exploration, reporter: Reporter) -> None:
-    """Store the trials this search wants in the study (``autotune status`` shows "done/wanted"), or say why a rerun with
-    fewer ``--trials`` than the study holds runs none."""
+def store_lone_budget(study: SearchStudy, plan: Exploration, reporter: Reporter) -> None:
+    """Store the trials this lone search wants in its study (``autotune status`` shows "done/wanted"), or say why a rerun
+    with fewer ``--trials`` than the study holds runs none. A shared study's worker stores its own
+    (:func:`~autotune.tuner.budget.store_budget`)."""
     already = study.finished(plan.wanted)
     if already >= plan.wanted:
         reporter.message(f"the study holds {already} finished trials, --trials {plan.wanted} asks for no more: none runs "

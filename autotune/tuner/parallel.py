@@ -29,7 +29,7 @@ from autotune.tuner.explore import (
     queue_refinements,
     setup_for,
     starved,
-    store_budget,
+    store_lone_budget,
 )
 from autotune.tuner.pending import PendingTrial, kept_pending
 from autotune.tuner.placement import Placement
@@ -53,7 +53,7 @@ def explore_placed(placement: Placement, study: SearchStudy, plan: Exploration, 
     if not placement.parallel:
         explore(study, plan, reporter, placement.runner(runner))
         return
-    store_budget(study, plan, reporter)  # as explore() does: `autotune status` shows the rerun's larger --trials
+    store_lone_budget(study, plan, reporter)  # as explore() does: `autotune status` shows the rerun's larger --trials
     _Parallel(placement, study, plan, reporter, runner).run()
 
 

@@ -37,6 +37,8 @@ SYNTHETIC_JPEG_BYTES = 53 * 1024
 _SYNTHETIC_VERSION = 1
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
 def elsewhere(target: Path) -> str:
     """What a failed write of the synthetic data under ``target`` suggests, by where its cache directory came from (it
     defaults to ~/.cache/autotune: an unwritable HOME, a full disk). A ``--cache-dir`` the user gave was told to be
