@@ -612,10 +612,8 @@ def test_an_nvml_whose_reading_dies_is_said_as_such_not_as_a_hang(monkeypatch: p
 
     shim.nvmlInit = exits  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "pynvml", shim)
-    started = time.monotonic()
-    report = collect_gpus()
+    report = collect_gpus()  # a hang's line would say "did not answer" (after the timeout): the words tell, not a clock
     assert report.gpus == () and report.error is not None and report.error.startswith("NVML failed: "), report.error
-    assert time.monotonic() - started < 10
 
 
 def test_gpu_mostly_used_by_others_warns(fake_nvml: FakeNvml) -> None:
