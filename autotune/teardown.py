@@ -9,6 +9,7 @@ temporary directories) and then ends the process without the module teardown.
 from __future__ import annotations
 
 import atexit
+import ctypes
 import functools
 import os
 import signal
@@ -92,3 +93,27 @@ def without_teardown(main: Main) -> Main:
             raise
 
     return program
+
+
+#: ``prctl``'s option that sends a signal to this process when its parent ends (Linux).
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """Have the kernel SIGKILL this process when its parent ends (Linux; elsewhere nothing).
+
+    A stopped process runs no code of its own: a held trial (:mod:`autotune.runner.pause`) whose trial server was
+    killed (SIGKILL to the search and the server at once) would stay stopped for good, and so would its loader
+    workers, which call it too (:func:`autotune.workloads.pipeline.endless_batches`).
+    """
+    if sys.platform != "linux":
+        return
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def worker_dies_with_trial(worker_id: int) -> None:
+    """A loader worker's ``worker_init_fn``: it ends with the trial process (:func:`die_with_parent`)."""
+    die_with_parent()

@@ -137,7 +137,9 @@ def test_hangup_and_kill9_mid_trial_lose_nothing_and_a_second_search_is_refused(
     code, stdout, stderr = run_here(search_cmd(out, cache_dir, "--json"))
     assert code == 0, stderr
     summary = json.loads(stdout)
-    assert summary["best"]["speedup"] is not None
+    # A speedup, unless the defaults were the top trial and so confirmed alone (a guess that ran slower on a busy machine).
+    alone = [c["label"].endswith("(defaults)") for c in summary["confirmation"]] == [True]
+    assert summary["best"]["speedup"] is not None or alone, summary["confirmation"]
     assert summary["ceilings"] is None and "its confirmed median" not in summary["verdict"]  # --no-ceilings
     assert summary["best"]["defaults_samples_per_s"] > 0
     study = study_of(out)
@@ -479,7 +481,7 @@ def test_a_trial_server_that_ended_by_itself_is_no_interrupt(tmp_path, monkeypat
     goes on, where it stopped as interrupted (exit 130)."""
     import autotune.runner.failures as failures
     from autotune.records import TrialOptions
-    from autotune.runner.launch import _supervise
+    from autotune.runner.launch import supervise
 
     class Gone:
         def __init__(self, server: int) -> None:
@@ -491,19 +493,19 @@ def test_a_trial_server_that_ended_by_itself_is_no_interrupt(tmp_path, monkeypat
         def lost(self) -> int:
             return self.server
 
-    ended = _supervise(Gone(75), tmp_path, TrialOptions(), None, None)  # type: ignore[arg-type]
+    ended = supervise(Gone(75), tmp_path, TrialOptions(), None, None).result  # type: ignore[arg-type]
     assert ended.status == "error" and ended.error is not None and ended.error.startswith(
         f"the trial server ended (exit 75) without the trial's exit status, which it writes in {tmp_path.parent} ("), ended
     for code in (-signal.SIGTERM, 0):
-        terminated = _supervise(Gone(code), tmp_path, TrialOptions(), None, 5)  # type: ignore[arg-type]
+        terminated = supervise(Gone(code), tmp_path, TrialOptions(), None, 5).result  # type: ignore[arg-type]
         assert terminated.status == "interrupted" and "terminated from outside" in (terminated.error or ""), (code, terminated)
     monkeypatch.setattr(failures, "oom_kills", lambda: 5)  # the kernel's counters as when the trial started: no OOM kill
-    killed = _supervise(Gone(-signal.SIGKILL), tmp_path, TrialOptions(), None, 5)  # type: ignore[arg-type]
+    killed = supervise(Gone(-signal.SIGKILL), tmp_path, TrialOptions(), None, 5).result  # type: ignore[arg-type]
     assert killed.status == "error" and (killed.error or "").startswith(
         "the trial server, and its trial with it, was killed (SIGKILL) from outside; not by the kernel's out-of-memory killer"), killed
     assert "user-space OOM daemon (earlyoom, systemd-oomd)" in (killed.error or "")
     monkeypatch.setattr(failures, "oom_kills", lambda: 6)  # the counters rose since the trial started (5)
-    oom = _supervise(Gone(-signal.SIGKILL), tmp_path, TrialOptions(), None, 5)  # type: ignore[arg-type]
+    oom = supervise(Gone(-signal.SIGKILL), tmp_path, TrialOptions(), None, 5).result  # type: ignore[arg-type]
     assert oom.status == "oom" and "by the kernel's out-of-memory killer" in (oom.error or ""), oom
 
 

@@ -363,7 +363,7 @@ def test_user_prints_do_not_reach_our_stdout(tiny_workload, capfd, monkeypatch) 
     from autotune.runner import launch, zygote
 
     logs: list[str] = []
-    supervise = launch._supervise
+    supervise = launch.supervise
 
     def reading_the_log(proc, directory, *args):  # type: ignore[no-untyped-def]
         try:
@@ -371,7 +371,7 @@ def test_user_prints_do_not_reach_our_stdout(tiny_workload, capfd, monkeypatch) 
         finally:
             logs.append((directory / zygote.OUTPUT).read_text(encoding="utf-8"))
 
-    monkeypatch.setattr(launch, "_supervise", reading_the_log)
+    monkeypatch.setattr(launch, "supervise", reading_the_log)
     workload = dataclasses.replace(tiny_workload, model="factories:chatty")
     result = run_trial(TrainSetup(batch_size=8), workload, QUICK)
     assert result.status == "ok", result.error

@@ -53,6 +53,7 @@ class TrialLoop:
         self.device_type = self.device.type
         self.compile_s: float | None = None
         self.clock: ProductionClock | None = None  # the loader workers' own timing, once the loader starts
+        self.work: Work | None = None  # built by the first run(); a held trial's next rounds run it again
         budget = options.max_memory_bytes if self.device_type == "cpu" else None
         # On CUDA the allocator reports the peak; no thread samples the host.
         self.monitor = MemoryMonitor(budget_bytes=budget, enabled=self.device_type == "cpu").start()
@@ -283,7 +284,7 @@ class TrialLoop:
             BudgetExceeded: Peak memory above the budget.
             Diverged: A non-finite loss.
         """
-        work = self.unit_for_mode()
+        work = self.work = self.work or self.unit_for_mode()
         unit = work.unit
         options = self.options
         # Warm-up (worker start-up, lazy init, cuDNN), capped so a slow step cannot eat the timeout.

@@ -11,6 +11,7 @@ from typing import Any
 from autotune.records import TrialOptions, TrialResult, Workload
 from autotune.runner.child import Send, TrialLoop
 from autotune.runner.failures import classify
+from autotune.runner.pause import pause
 from autotune.runner.ranks import Rank, pin, run_world
 from autotune.train_setup import TrainSetup
 
@@ -28,18 +29,25 @@ def execute(request: dict[str, Any], *, started: float, send: Send) -> TrialResu
         pin(options.cores)
     except BaseException as exc:  # every failure is a result, never a traceback
         return classify(exc)
-    return execute_rank(request, started, send, Rank())
+    return execute_rank(request, started, send, Rank(), hold=request.get("hold") is True)
 
 
-def execute_rank(request: dict[str, Any], started: float, send: Send, rank: Rank) -> TrialResult:
-    """Run one rank of a trial request (the only one when alone); every failure is returned as a status."""
+def execute_rank(request: dict[str, Any], started: float, send: Send, rank: Rank, *, hold: bool = False) -> TrialResult:
+    """Run one rank of a trial request (the only one when alone); every failure is returned as a status.
+
+    ``hold``: after each measured round the trial stops until its parent continues it for the next
+    (:func:`autotune.runner.pause.pause`); the last round's result (a failure, or where it cannot hold) is returned.
+    """
     loop: TrialLoop | None = None
     try:
         setup = TrainSetup.from_dict(request["setup"])
         workload = Workload.from_dict(request["workload"])
         options = TrialOptions(**request["options"])
         loop = TrialLoop(setup, workload, options, started=started, send=send, rank=rank)
-        return loop.run()
+        result = loop.run()
+        while hold and result.ok and pause(loop, send, result):
+            result = loop.run()
+        return result
     except BaseException as exc:  # every failure is a result, never a traceback
         result = classify(exc)
         if loop is None:

@@ -19,7 +19,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -107,11 +107,30 @@ def run_trial(
     Returns:
         The measured result; failures are statuses, not exceptions.
     """
-    options = options or TrialOptions()
-    if setup.compile != "off":
-        # Compilation is warm-up, but it can take minutes: the timeout makes room for it.
-        options = replace(options, timeout_s=min(MAX_SECONDS, options.effective_timeout_s + COMPILE_ALLOWANCE_S))
-    request = {"setup": setup.to_dict(), "workload": workload.to_dict(), "options": asdict(options)}
+    options = with_compile_allowance(setup, options or TrialOptions())
+    made, proc, oom_before = start_trial(setup, workload, options)
+    with made as tmp:
+        try:
+            return supervise(proc, Path(tmp), options, on_window, oom_before).result
+        finally:
+            proc.kill()
+            proc.wait_reaped(timeout=2.0)
+
+
+def start_trial(
+    setup: TrainSetup, workload: Workload, options: TrialOptions, *, hold: bool = False
+) -> tuple[tempfile.TemporaryDirectory[str], zygote.TrialProcess, int | None]:
+    """Write the trial's request in a directory of its own and start its process (``hold``: it stops after each
+    round's result until continued, :mod:`autotune.runner.pause`); ``options`` as :func:`with_compile_allowance` returns them.
+
+    Returns:
+        The directory (removed when closed: after the process is reaped), the process, and the kernel's OOM kills
+        before it started.
+
+    Raises:
+        AutotuneError: The temporary directory cannot hold the trial's files.
+    """
+    request = {"setup": setup.to_dict(), "workload": workload.to_dict(), "options": asdict(options), "hold": hold}
     # The zygote writes the exit file when it reaps the trial, possibly while
     # the directory is being removed: cleanup errors must not fail the trial.
     root = tempfile.gettempdir()
@@ -122,22 +141,30 @@ def run_trial(
         made = tempfile.TemporaryDirectory(prefix=f"{PREFIX}{os.getpid()}-", ignore_cleanup_errors=True)
     except OSError as exc:
         raise _no_room(root, exc.strerror or str(exc)) from None
-    with made as tmp:
-        directory = Path(tmp)
-        try:
-            (directory / zygote.REQUEST).write_text(json.dumps(request), encoding="utf-8")
-            free = shutil.disk_usage(directory).free
-        except OSError as exc:
-            raise _no_room(root, exc.strerror or str(exc)) from None
-        if free < TRIAL_FILES_MIN_BYTES:  # the trial's log and events, the exit status: unwritten, the trial looked killed from outside
-            raise _no_room(root, f"{format_bytes(free)} free")
-        oom_before = oom_kills()
-        proc = zygote.launch(directory)
-        try:
-            return _supervise(proc, directory, options, on_window, oom_before)
-        finally:
-            proc.kill()
-            proc.wait_reaped(timeout=2.0)
+    directory = Path(made.name)
+    try:
+        (directory / zygote.REQUEST).write_text(json.dumps(request), encoding="utf-8")
+        free = shutil.disk_usage(directory).free
+    except OSError as exc:
+        made.cleanup()
+        raise _no_room(root, exc.strerror or str(exc)) from None
+    if free < TRIAL_FILES_MIN_BYTES:  # the trial's log and events, the exit status: unwritten, the trial looked killed from outside
+        made.cleanup()
+        raise _no_room(root, f"{format_bytes(free)} free")
+    oom_before = oom_kills()
+    try:
+        return made, zygote.launch(directory), oom_before
+    except BaseException:
+        made.cleanup()
+        raise
+
+
+def with_compile_allowance(setup: TrainSetup, options: TrialOptions) -> TrialOptions:
+    """``options`` with room in the timeout for compiling the model, where the setup compiles it (compilation is
+    warm-up, but it can take minutes)."""
+    if setup.compile == "off":
+        return options
+    return replace(options, timeout_s=min(MAX_SECONDS, options.effective_timeout_s + COMPILE_ALLOWANCE_S))
 
 
 def _no_room(root: str, why: str) -> AutotuneError:
@@ -182,45 +209,61 @@ def _pruned(window: dict[str, Any], measured: float, windows: tuple[float, ...],
     )
 
 
-def _supervise(
-    proc: zygote.TrialProcess, directory: Path, options: TrialOptions, on_window: WindowCallback | None, oom_before: int | None
-) -> TrialResult:
+@dataclass(frozen=True)
+class Supervised:
+    """What :func:`supervise` saw: the result, how far the events were read, and whether the trial is held (it sent a
+    held round's result and stops itself now, :mod:`autotune.runner.pause`)."""
+
+    result: TrialResult
+    offset: int = 0
+    held: bool = False
+
+
+def supervise(
+    proc: zygote.TrialProcess,
+    directory: Path,
+    options: TrialOptions,
+    on_window: WindowCallback | None,
+    oom_before: int | None,
+    offset: int = 0,
+) -> Supervised:
+    """Follow a started (or continued) trial's events from ``offset`` until its result, its death or its timeout
+    (``options``' own: pass them through :func:`with_compile_allowance`), killing it on a timeout or a prune."""
     deadline = time.monotonic() + options.effective_timeout_s
     windows: list[float] = []
     measured = 0.0
-    offset = 0
     while True:
         exitcode = proc.exitcode()  # read before the events: no event is lost
         events, offset = _read_events(directory / zygote.EVENTS, offset)
         for event in events:
             kind = event.get("event")
             if kind == "result":
-                return worker_oom(TrialResult.from_dict(event["result"]), oom_before)
+                return Supervised(worker_oom(TrialResult.from_dict(event["result"]), oom_before), offset, event.get("held") is True)
             if kind == "window":
                 value = float(event["samples_per_s"])
                 windows.append(value)
                 measured += float(event.get("seconds", 0.0))
                 if on_window is not None and on_window(int(event["index"]), value):
                     proc.kill()
-                    return _pruned(event, measured, tuple(windows), options)
+                    return Supervised(_pruned(event, measured, tuple(windows), options), offset)
         if exitcode is None and (server := proc.lost()) is not None:
             if server == -signal.SIGKILL:  # the next trial starts another server: the search goes on, as after a trial's SIGKILL
                 result = killed("the trial server, and its trial with it,", oom_before)
-                return replace(result, windows=tuple(windows), mode=options.mode)
+                return Supervised(replace(result, windows=tuple(windows), mode=options.mode), offset)
             if server <= 0:  # a signal; or 0, the end of its input: this search closed it (a stop, a reply never read)
-                return interrupted("the trial server was terminated from outside; its trial is gone")
+                return Supervised(interrupted("the trial server was terminated from outside; its trial is gone"), offset)
             free = format_bytes(shutil.disk_usage(directory).free) if directory.is_dir() else "gone"
-            return TrialResult(status="error", mode=options.mode, error=f"the trial server ended (exit {server}) without the trial's "
-                               f"exit status, which it writes in {directory.parent} ({free} free there)")
+            return Supervised(TrialResult(status="error", mode=options.mode, error=f"the trial server ended (exit {server}) without "
+                                          f"the trial's exit status, which it writes in {directory.parent} ({free} free there)"), offset)
         if exitcode is not None:
             result = _signal_death(exitcode, directory / zygote.OUTPUT, oom_before)
-            return replace(result, windows=tuple(windows), mode=options.mode)
+            return Supervised(replace(result, windows=tuple(windows), mode=options.mode), offset)
         if time.monotonic() > deadline:
             proc.kill()
-            return TrialResult(
+            return Supervised(TrialResult(
                 status="timeout",
                 windows=tuple(windows),
                 mode=options.mode,
                 error=f"no result within {options.effective_timeout_s:g} s; the process group was killed",
-            )
+            ), offset)
         time.sleep(0.05)

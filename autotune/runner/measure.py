@@ -166,6 +166,13 @@ class MemoryMonitor:
             self._thread.start()
         return self
 
+    def restart(self) -> None:
+        """Sample again after :meth:`stop` (a held trial's next round); the peak so far stays."""
+        if self.enabled and not self._thread.is_alive():
+            self._stop = threading.Event()
+            self._thread = threading.Thread(target=self._run, name="autotune-memory", daemon=True)
+            self._thread.start()
+
     def sample(self, *, exact: bool = False) -> int:
         """Take one sample now (``exact``: a PSS reading, see the class docstring); return it (0 when disabled)."""
         if not self.enabled:

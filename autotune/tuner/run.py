@@ -23,6 +23,7 @@ from autotune.output.emit import write_winner
 from autotune.records import Calibration, TrialOptions, TrialRecord
 from autotune.rounds import Confirmed
 from autotune.runner import TrialRunner, prestart, run_trial
+from autotune.runner.held import HeldTrials, holding
 from autotune.time_spent import TimeSpent
 from autotune.train_setup import TrainSetup
 from autotune.tuner.budget import counted_records
@@ -98,7 +99,7 @@ def _run_search(config: SearchConfig, reporter: Reporter, runner: TrialRunner) -
         prestart()  # the trial server's imports overlap the checks of prepare()
     clear_stop()
     timing, began = Timing(), time.monotonic()
-    timed = TimedRunner(runner, timing)
+    timed = TimedRunner(HeldTrials() if runner is run_trial else runner, timing)  # the confirmation holds its trials
     try:
         with sigterm_as_interrupt():  # SIGTERM or SIGHUP while the checks run (or JPEGs are generated) as Ctrl-C
             prepared = prepare(config, reporter)
@@ -169,9 +170,10 @@ def _search(config: SearchConfig, prepared: Prepared, reporter: Reporter, timed:
     confirmed: list[Confirmed] = []
     if not interrupted:
         timing.phase = "confirmation"
-        interrupted = not runs_to_the_end(
-            lambda: confirmed.extend(confirm_finalists(config, prepared, records, calibration, defaults, options, reporter, placed))
-        )
+        with holding(timed.runner):  # a finalist's process is kept between its rounds
+            interrupted = not runs_to_the_end(
+                lambda: confirmed.extend(confirm_finalists(config, prepared, records, calibration, defaults, options, reporter, placed))
+            )
     kept = kept_winner(prepared.out, prepared.study, records) if interrupted and not confirmed else None
     # Interrupted mid-confirmation: its rounds so far are shown (too few to rank), never dropped.
     so_far = stored_confirmed(prepared.study, records, prepared.study.confirmation()) if interrupted else ()

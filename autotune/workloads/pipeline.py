@@ -291,9 +291,10 @@ def endless_batches(
     import torch
     from torch.utils.data import IterableDataset
 
+    from autotune.teardown import worker_dies_with_trial
     from autotune.workloads.data import InfiniteSampler
 
-    extra: dict[str, Any] = {"drop_last": True}
+    extra: dict[str, Any] = {"drop_last": True, "worker_init_fn": worker_dies_with_trial}
     if collate_fn is not None:
         extra["collate_fn"] = collate_fn
     iterable = isinstance(dataset, IterableDataset)

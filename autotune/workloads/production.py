@@ -33,11 +33,12 @@ class ProductionClock:
     """
 
     def __init__(self, workers: int) -> None:
-        from multiprocessing.sharedctypes import RawArray
+        from multiprocessing.sharedctypes import RawArray, RawValue
 
         self.workers = workers
         self._mean = RawArray("d", workers)  # mean seconds per batch of each worker, 0 until its first batch
         self._after = RawArray("d", workers)  # batches after its first that the mean covers (0: the first's seconds)
+        self._paused = RawValue("d", -1.0)  # when the trial last paused (a held trial between rounds, :meth:`pause`)
         self._own: dict[int, list[float]] = {}  # in each worker: batches made, seconds making them, its first's seconds
 
     def wrap(self, dataset: Any, collate_fn: Callable[[list[Any]], Any] | None) -> tuple[TimedItems, TimedCollate]:
@@ -47,12 +48,21 @@ class ProductionClock:
         items = TimedItems(dataset)
         return items, TimedCollate(collate_fn or default_collate, self, items)
 
-    def record(self, worker: int, seconds: float) -> None:
-        """Count one batch that worker ``worker`` made in ``seconds`` (called in that worker) and publish its mean.
+    def pause(self) -> None:
+        """Note that the trial's process group stops now (a held trial between its rounds): a batch a worker was making
+        then would count the whole pause as its own time, and is left out (:meth:`record`)."""
+        self._paused.value = time.perf_counter()
+
+    def record(self, worker: int, seconds: float, started: float | None = None) -> None:
+        """Count one batch that worker ``worker`` made in ``seconds`` from ``started`` (called in that worker) and
+        publish its mean.
 
         The mean leaves out the worker's first batch once it made another, as a trial's warm-up leaves out the
-        first steps (the first batch meets cold caches and lazy initialisation in the dataset).
+        first steps (the first batch meets cold caches and lazy initialisation in the dataset), and a batch made
+        across a pause (:meth:`pause`).
         """
+        if started is not None and started < self._paused.value < started + seconds:
+            return
         own = self._own.setdefault(worker, [0.0, 0.0, seconds])
         own[0] += 1
         own[1] += seconds
@@ -113,5 +123,5 @@ class TimedCollate:
         batch = self.collate_fn(items)
         info = get_worker_info()
         if info is not None and self.items.started:
-            self.clock.record(info.id, time.perf_counter() - self.items.started)
+            self.clock.record(info.id, time.perf_counter() - self.items.started, self.items.started)
         return batch

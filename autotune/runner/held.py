@@ -1,0 +1,176 @@
+"""Held trials, the parent's side: one process per finalist across the confirmation's rounds.
+
+A fresh trial process pays the model's build, the loader's first batches and
+the warm-up before its windows; the confirmation paid them again in every
+round of every finalist. While :meth:`HeldTrials.holding`, a trial on the CPU
+is started with ``hold`` instead: after each round's result it stops its own
+process group (:mod:`autotune.runner.pause`, the trial's side), and the next
+call for the same setup continues it (``SIGCONT``) for a round that warms up
+with one step and measures as the first did. Nothing of a stopped trial runs
+while the others measure, and its loader resumes as full or as empty as it
+was, so the rounds stay interleaved and independent of each other's
+pipelines.
+
+Trials are held only while the memory allows it: the peaks of the held
+trials and the largest of them once more (the next round's) stay within the
+trial's memory budget, and the memory available stays at least twice that
+largest peak. Once a trial finds no room, every held trial is released and
+the block's other calls run fresh processes, so no setup keeps measuring
+warm beside others measured cold (held rounds of finalists with loader
+workers measured 0-7 % above fresh ones, ``python -m benchmarks.held_rounds``).
+On a GPU (a stopped process keeps its device memory), with several ranks, or
+when a caller watches the windows, every call runs a fresh process
+(:func:`~autotune.runner.launch.run_trial`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import psutil
+
+from autotune.records import TrialOptions, TrialResult, Workload
+from autotune.runner import zygote
+from autotune.runner.launch import WindowCallback, run_trial, start_trial, supervise, with_compile_allowance
+from autotune.train_setup import TrainSetup
+from probes.cgroup import oom_kills
+
+#: Seconds a held trial may take to stop after its result (it stops at once; a busy machine delays it).
+STOP_WAIT_S = 10.0
+
+
+@dataclass
+class Held:
+    """A held trial between its rounds: its process, its directory, how far its events were read, its peak memory."""
+
+    proc: zygote.TrialProcess
+    made: tempfile.TemporaryDirectory[str]
+    offset: int = 0
+    peak: int = 0
+
+    def close(self) -> None:
+        """Kill the trial's process group (a stopped process dies of SIGKILL too) and remove its directory."""
+        self.proc.kill()
+        self.proc.wait_reaped(timeout=2.0)
+        self.made.cleanup()
+
+
+def stopped(pid: int) -> bool:
+    """Whether the process ``pid`` is stopped, and every process of its group under it (those that exited count)."""
+    try:
+        process = psutil.Process(pid)
+        if process.status() != psutil.STATUS_STOPPED:  # a zombie: killed, not reaped yet
+            return False
+        members = [p for p in process.children(recursive=True) if _group(p.pid) == pid]
+        return all(p.status() in (psutil.STATUS_STOPPED, psutil.STATUS_ZOMBIE) for p in members)
+    except psutil.Error:
+        return False
+
+
+def _group(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except OSError:
+        return None
+
+
+def wait_stopped(pid: int, timeout: float = STOP_WAIT_S) -> bool:
+    """Wait up to ``timeout`` seconds for :func:`stopped`; whether it is."""
+    deadline = time.monotonic() + timeout
+    while not stopped(pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+class HeldTrials:
+    """A trial runner that keeps each setup's process between its calls while :meth:`holding` (module docstring)."""
+
+    def __init__(self) -> None:
+        self._held: dict[str, Held] = {}
+        self._on = False
+        self._full = False  # a trial found no room: the block's other calls run fresh processes too
+
+    @contextmanager
+    def holding(self) -> Iterator[None]:
+        """Hold trials inside the block; every held process is killed when it ends (a stop included)."""
+        self._on, self._full = True, False
+        try:
+            yield
+        finally:
+            self._on = False
+            self.close()
+
+    def close(self) -> None:
+        """Kill every held trial."""
+        while self._held:
+            self._held.popitem()[1].close()
+
+    def __call__(
+        self,
+        setup: TrainSetup,
+        workload: Workload,
+        options: TrialOptions | None = None,
+        *,
+        on_window: WindowCallback | None = None,
+    ) -> TrialResult:
+        """Run the trial as :func:`~autotune.runner.launch.run_trial` does, in the process this setup's last call held
+        where there is one."""
+        options = options or TrialOptions()
+        if not self._on or self._full or on_window is not None or workload.device != "cpu" or options.world_size > 1:
+            return run_trial(setup, workload, options, on_window=on_window)
+        timed = with_compile_allowance(setup, options)
+        key = json.dumps([setup.to_dict(), workload.to_dict(), asdict(options)], sort_keys=True)
+        held = self._held.pop(key, None)
+        if held is not None and not stopped(held.proc.pid):  # gone meanwhile (the OOM killer's pick): a fresh process
+            held.close()
+            held = None
+        oom_before = oom_kills()
+        if held is None:
+            made, proc, oom_before = start_trial(setup, workload, timed, hold=True)
+            held = Held(proc, made)
+        else:
+            os.killpg(held.proc.pid, signal.SIGCONT)
+        try:
+            seen = supervise(held.proc, Path(held.made.name), timed, None, oom_before, held.offset)
+        except BaseException:
+            held.close()
+            raise
+        held.offset = seen.offset
+        held.peak = max(held.peak, seen.result.peak_memory_bytes or 0)
+        if seen.held and not self._room(held, options.max_memory_bytes):
+            self._full = True  # every round from now on in fresh processes: none measures warmer than the others
+            self.close()
+        if seen.held and not self._full and wait_stopped(held.proc.pid):
+            self._held[key] = held
+        else:
+            held.close()
+        return seen.result
+
+    def _room(self, held: Held, budget: int | None) -> bool:
+        """Whether ``held`` may stay: the held peaks with it, and the largest once more, within ``budget``; at least
+        twice the largest peak available."""
+        peaks = [h.peak for h in self._held.values()] + [held.peak]
+        largest = max(peaks)
+        if not largest or (budget is not None and sum(peaks) + largest > budget):
+            return False
+        return psutil.virtual_memory().available >= 2 * largest
+
+
+@contextmanager
+def holding(runner: object) -> Iterator[None]:
+    """``runner.holding()`` where ``runner`` is :class:`HeldTrials`; nothing for any other runner (a test's fake)."""
+    if isinstance(runner, HeldTrials):
+        with runner.holding():
+            yield
+    else:
+        yield

@@ -1,0 +1,54 @@
+"""A held trial between its rounds, on the trial's side: it stops its whole process group, then runs the next round.
+
+The confirmation measures each finalist in several interleaved rounds
+(:mod:`autotune.tuner.confirm`). A fresh process per round pays the model's
+build, the loader's first batches and the warm-up every time, seconds before
+its windows (``python -m benchmarks.trial_startup``). A held trial
+(:class:`autotune.runner.held.HeldTrials`) keeps its process instead: after
+each round's result it stops itself and its loader workers with one
+``SIGSTOP`` to its process group, so nothing of it runs while the other
+candidates measure, and its pipeline resumes where it was, neither drained
+nor filled by the pause. The parent continues it (``SIGCONT``) for its next
+round, which warms up with :data:`RESUMED_WARMUP_STEPS` and measures as the
+first did.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from dataclasses import replace
+from typing import Any
+
+from autotune.records import TrialResult
+from autotune.runner.child import Send, TrialLoop
+from autotune.teardown import die_with_parent
+
+#: Warm-up steps of a resumed round: the pipeline is where the last round left it; one step brings the caches back.
+RESUMED_WARMUP_STEPS = 1
+
+
+def pause(loop: TrialLoop, send: Send, result: TrialResult) -> bool:
+    """Send ``result`` as a held round's, stop the trial's process group until the parent continues it, and prepare the
+    next round.
+
+    Returns:
+        False, having sent nothing, where the trial does not lead its own process group (a trial forked by the trial
+        server calls ``setsid()``; one run in an interpreter of its own is started in a new session): stopping the
+        group would stop whoever leads it. The trial then ends as any trial does.
+    """
+    if os.getpgrp() != os.getpid():
+        return False
+    die_with_parent()
+    if loop.clock is not None:
+        loop.clock.pause()
+    event: dict[str, Any] = {"event": "result", "result": result.to_dict(), "held": True}
+    send(event)
+    os.killpg(os.getpgrp(), signal.SIGSTOP)
+    # Continued: the next round.
+    loop.started = time.perf_counter()
+    assert loop.work is not None  # run() built it
+    loop.work = replace(loop.work, warmup_steps=RESUMED_WARMUP_STEPS)
+    loop.monitor.restart()
+    return True
