@@ -33,7 +33,7 @@ class TimeSpent:
         confirmation_s: Trial processes of the interleaved re-measurement.
         ceilings_s: Trial processes measuring the winner's own ceilings after it.
         waiting_s: A worker of a shared study waiting for the others (their calibration, confirmation or last trials).
-        runs: Trial processes started.
+        runs: Trial runs (a finalist held between confirmation rounds counts each round; its process started once).
         searches: Runs of the search summed here (resumed runs, the workers of a shared study; a study of an older
             version stored its runs as one).
     """

@@ -106,20 +106,25 @@ def test_once_a_trial_finds_no_room_in_the_memory_budget_no_trial_is_held(tiny_w
         assert len(held._held) == 1
 
 
-def test_a_held_trial_killed_between_rounds_is_started_afresh(tiny_workload) -> None:
-    """The OOM killer's pick between rounds (a stopped trial has the highest oom_score_adj): the next round runs in a
-    new process, and no worker of the killed one is left stopped."""
+def test_a_held_trial_killed_between_rounds_is_started_afresh_and_nothing_is_held_after(tiny_workload) -> None:
+    """The OOM killer's pick between rounds: the next round runs in a new process, no worker of the killed one is
+    left stopped, and the other rounds run fresh."""
     held = HeldTrials()
     with held.holding():
         assert held(WORKERS, tiny_workload, QUICK).status == "ok"
         pid, _ = _only_held(held)
         workers = _tree(pid)[1:]
         assert workers
+        assert held(TrainSetup(batch_size=8), tiny_workload, QUICK).status == "ok"
+        other = next(v.proc.pid for v in held._held.values() if v.proc.pid != pid)
         os.kill(pid, signal.SIGKILL)  # the trial alone: its stopped workers die with it (their parent-death signal)
         assert _gone(workers), [psutil.Process(p).status() for p in workers if psutil.pid_exists(p)]
         result = held(WORKERS, tiny_workload, QUICK)
         assert result.status == "ok", result.error
-        assert _only_held(held)[0] != pid
+        # Run fresh, and from now on every round is fresh: the other finalist is released too, none measures warm
+        # beside one measured cold.
+        assert not held._held and _gone([other])
+        assert held(TrainSetup(batch_size=8), tiny_workload, QUICK).status == "ok" and not held._held
 
 
 def test_a_held_trial_dies_with_its_trial_server(tiny_workload) -> None:
@@ -156,6 +161,10 @@ def test_a_batch_made_across_a_pause_is_left_out_of_the_workers_time() -> None:
     clock.pause()
     clock.record(0, 30.0, started=began - 0.1)  # began before the pause, ended after it
     assert clock.batches_per_s() == before == pytest.approx(2.0)
+    began = time.perf_counter()  # begun after the note, before the stop, ended after the trial went on
+    clock.resume()
+    clock.record(0, time.perf_counter() - began + 20.0, started=began)
+    assert clock.batches_per_s() == pytest.approx(2.0)
     clock.record(0, 0.25, started=time.perf_counter())  # a batch after the pause counts
     assert clock.batches_per_s() == pytest.approx(1 / ((0.5 + 0.25) / 2))
 
@@ -198,3 +207,45 @@ def test_on_a_gpu_and_for_ddp_trials_every_round_is_a_fresh_process(tiny_workloa
         held(TrainSetup(batch_size=8), dataclasses.replace(tiny_workload, device="cuda:0"), QUICK)
         held(TrainSetup(batch_size=8), tiny_workload, dataclasses.replace(QUICK, world_size=2))
     assert fresh == [("cuda:0", 1), ("cpu", 2)]
+
+
+def test_a_held_trial_whose_trial_server_dies_in_its_first_round_dies_too(tiny_workload) -> None:
+    """Armed as it starts (not at its first stop): killed with the search and its server mid-round, it would otherwise
+    finish the round, stop, and stay stopped for good."""
+    from autotune.runner.launch import start_trial
+
+    made, proc, _ = start_trial(WORKERS, tiny_workload, TrialOptions(trial_seconds=20, windows=3, timeout_s=120), hold=True)
+    try:
+        deadline = time.monotonic() + 60
+        while '"event": "window"' not in _text(Path(made.name) / "events.jsonl"):  # measuring: its workers run
+            assert time.monotonic() < deadline and proc.exitcode() is None
+            time.sleep(0.1)
+        tree = _tree(proc.pid)
+        assert len(tree) >= 2, tree
+        server = psutil.Process(proc.pid).ppid()
+        assert server != os.getpid()
+        os.kill(server, signal.SIGKILL)
+        assert _gone(tree), [(p, psutil.Process(p).status()) for p in tree if psutil.pid_exists(p)]
+    finally:
+        proc.kill()
+        made.cleanup()
+
+
+def _text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError:
+        return ""
+
+
+def test_nothing_is_held_where_dev_shm_is_small(tiny_workload, monkeypatch) -> None:
+    """A stopped trial keeps its loader's queued batches in /dev/shm: on a container's 64 MiB the next finalist's
+    workers could find it full."""
+    from autotune.runner import held as held_module
+    from probes.memory import ShmInfo
+
+    monkeypatch.setattr(held_module, "collect_shm", lambda: ShmInfo(path="/dev/shm", total_bytes=64 << 20, free_bytes=60 << 20))
+    held = HeldTrials()
+    with held.holding():
+        assert held(TrainSetup(batch_size=8), tiny_workload, QUICK).status == "ok"
+        assert not held._held

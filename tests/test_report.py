@@ -212,7 +212,7 @@ def test_the_time_breakdown_accounts_every_trial_process(searched) -> None:
     from autotune.output.sections import time_section
 
     rows = time_section(spent, True, None).tables[0].rows
-    assert (f"trial processes started: {spent.runs}", "", "") in rows
+    assert (f"trial runs: {spent.runs}", "", "") in rows
     assert all(float(seconds) >= 0 for _, seconds, _ in rows if seconds) and str(spent.runs) not in [r[1] for r in rows]
 
 

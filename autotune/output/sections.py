@@ -346,7 +346,7 @@ def time_section(spent: TimeSpent | None, complete: bool, plots: ModuleType | No
     rows = tuple((label, f"{value:.1f}", f"{value / total:.0%}") for label, value in parts)
     # Runs summed (resumed, or workers of a shared study) add their wall times: worker-seconds, not the study's clock time.
     wall = "wall time" if spent.searches <= 1 else f"wall time, summed over {spent.searches} runs of the search"
-    rows += ((wall, f"{spent.wall_s:.1f}", "100%"), (f"trial processes started: {spent.runs}", "", "")) if spent.wall_s else ()
+    rows += ((wall, f"{spent.wall_s:.1f}", "100%"), (f"trial runs: {spent.runs}", "", "")) if spent.wall_s else ()
     caveat = None if complete else (
         "rebuilt from the trial records only (the search has not recorded its time yet, e.g. it is still running): "
         "calibration, confirmation, start/stop and wall time are missing"

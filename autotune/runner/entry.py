@@ -11,7 +11,7 @@ from typing import Any
 from autotune.records import TrialOptions, TrialResult, Workload
 from autotune.runner.child import Send, TrialLoop
 from autotune.runner.failures import classify
-from autotune.runner.pause import pause
+from autotune.runner.pause import arm, pause
 from autotune.runner.ranks import Rank, pin, run_world
 from autotune.train_setup import TrainSetup
 
@@ -43,6 +43,8 @@ def execute_rank(request: dict[str, Any], started: float, send: Send, rank: Rank
         setup = TrainSetup.from_dict(request["setup"])
         workload = Workload.from_dict(request["workload"])
         options = TrialOptions(**request["options"])
+        if hold:
+            arm(setup.compile != "off")
         loop = TrialLoop(setup, workload, options, started=started, send=send, rank=rank)
         result = loop.run()
         while hold and result.ok and pause(loop, send, result):

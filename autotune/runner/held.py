@@ -13,14 +13,18 @@ pipelines.
 
 Trials are held only while the memory allows it: the peaks of the held
 trials and the largest of them once more (the next round's) stay within the
-trial's memory budget, and the memory available stays at least twice that
-largest peak. Once a trial finds no room, every held trial is released and
-the block's other calls run fresh processes, so no setup keeps measuring
-warm beside others measured cold (held rounds of finalists with loader
-workers measured 0-7 % above fresh ones, ``python -m benchmarks.held_rounds``).
-On a GPU (a stopped process keeps its device memory), with several ranks, or
-when a caller watches the windows, every call runs a fresh process
-(:func:`~autotune.runner.launch.run_trial`).
+trial's memory budget, and the memory available to this process (a
+container's limit included) stays at least twice that largest peak. Once a
+trial cannot be held or kept (no room, a failed round, one that did not
+stop, one gone between rounds), every held trial is released and the block's
+other calls run fresh processes: held rounds measure nearer a long run's
+steady state (finalists with loader workers -1 to +7 % against fresh ones,
+``python -m benchmarks.held_rounds``), and a finalist measured cold beside
+warm ones is confined to the round where that happened. Nothing is held
+where /dev/shm is small (a container's 64 MiB: the stopped trials' loader
+queues stay in it), on a GPU (a stopped process keeps its device memory),
+with several ranks, or when a caller watches the windows: every call runs a
+fresh process (:func:`~autotune.runner.launch.run_trial`).
 """
 
 from __future__ import annotations
@@ -42,6 +46,8 @@ from autotune.runner import zygote
 from autotune.runner.launch import WindowCallback, run_trial, start_trial, supervise, with_compile_allowance
 from autotune.train_setup import TrainSetup
 from probes.cgroup import oom_kills
+from probes.hardware import SHM_MIN_BYTES
+from probes.memory import collect_memory, collect_shm
 
 #: Seconds a held trial may take to stop after its result (it stops at once; a busy machine delays it).
 STOP_WAIT_S = 10.0
@@ -82,11 +88,11 @@ def _group(pid: int) -> int | None:
         return None
 
 
-def wait_stopped(pid: int, timeout: float = STOP_WAIT_S) -> bool:
-    """Wait up to ``timeout`` seconds for :func:`stopped`; whether it is."""
+def wait_stopped(proc: zygote.TrialProcess, timeout: float = STOP_WAIT_S) -> bool:
+    """Wait up to ``timeout`` seconds for :func:`stopped`; whether it is (not where the trial exited meanwhile)."""
     deadline = time.monotonic() + timeout
-    while not stopped(pid):
-        if time.monotonic() > deadline:
+    while not stopped(proc.pid):
+        if proc.exitcode() is not None or time.monotonic() > deadline:
             return False
         time.sleep(0.01)
     return True
@@ -98,12 +104,14 @@ class HeldTrials:
     def __init__(self) -> None:
         self._held: dict[str, Held] = {}
         self._on = False
-        self._full = False  # a trial found no room: the block's other calls run fresh processes too
+        self._full = False  # a trial could not be held (or kept): the block's other calls run fresh processes too
 
     @contextmanager
     def holding(self) -> Iterator[None]:
-        """Hold trials inside the block; every held process is killed when it ends (a stop included)."""
-        self._on, self._full = True, False
+        """Hold trials inside the block; every held process is killed when it ends (a stop included). Where /dev/shm
+        is small (a container's 64 MiB), nothing is held: the stopped trials' loader queues would stay in it."""
+        shm = collect_shm().total_bytes
+        self._on, self._full = True, shm is not None and shm < SHM_MIN_BYTES
         try:
             yield
         finally:
@@ -111,9 +119,12 @@ class HeldTrials:
             self.close()
 
     def close(self) -> None:
-        """Kill every held trial."""
-        while self._held:
-            self._held.popitem()[1].close()
+        """Kill every held trial (every group first, then the waits for their ends)."""
+        held, self._held = list(self._held.values()), {}
+        for each in held:
+            each.proc.kill()
+        for each in held:
+            each.close()
 
     def __call__(
         self,
@@ -131,30 +142,31 @@ class HeldTrials:
         timed = with_compile_allowance(setup, options)
         key = json.dumps([setup.to_dict(), workload.to_dict(), asdict(options)], sort_keys=True)
         held = self._held.pop(key, None)
-        if held is not None and not stopped(held.proc.pid):  # gone meanwhile (the OOM killer's pick): a fresh process
-            held.close()
-            held = None
-        oom_before = oom_kills()
-        if held is None:
-            made, proc, oom_before = start_trial(setup, workload, timed, hold=True)
-            held = Held(proc, made)
-        else:
-            os.killpg(held.proc.pid, signal.SIGCONT)
+        kept = False
         try:
+            if held is not None and not stopped(held.proc.pid):  # gone meanwhile (the OOM killer's pick): a fresh process
+                held.close()
+                held = None
+                self._full = True  # this round fresh beside resumed ones; the next rounds all fresh
+            oom_before = oom_kills()
+            if held is None:
+                made, proc, oom_before = start_trial(setup, workload, timed, hold=True)
+                held = Held(proc, made)
+            else:
+                os.killpg(held.proc.pid, signal.SIGCONT)
             seen = supervise(held.proc, Path(held.made.name), timed, None, oom_before, held.offset)
-        except BaseException:
-            held.close()
-            raise
-        held.offset = seen.offset
-        held.peak = max(held.peak, seen.result.peak_memory_bytes or 0)
-        if seen.held and not self._room(held, options.max_memory_bytes):
-            self._full = True  # every round from now on in fresh processes: none measures warmer than the others
-            self.close()
-        if seen.held and not self._full and wait_stopped(held.proc.pid):
-            self._held[key] = held
-        else:
-            held.close()
-        return seen.result
+            held.offset = seen.offset
+            held.peak = max(held.peak, seen.result.peak_memory_bytes or 0)
+            kept = seen.held and not self._full and self._room(held, options.max_memory_bytes) and wait_stopped(held.proc)
+            if kept:
+                self._held[key] = held
+            else:  # failed, out of room, or not stopped: every round from now on in fresh processes, none warmer
+                self._full = True
+                self.close()
+            return seen.result
+        finally:
+            if held is not None and not kept:
+                held.close()
 
     def _room(self, held: Held, budget: int | None) -> bool:
         """Whether ``held`` may stay: the held peaks with it, and the largest once more, within ``budget``; at least
@@ -163,7 +175,7 @@ class HeldTrials:
         largest = max(peaks)
         if not largest or (budget is not None and sum(peaks) + largest > budget):
             return False
-        return psutil.virtual_memory().available >= 2 * largest
+        return collect_memory().usable_bytes() >= 2 * largest  # the host's available RAM, or a container's room
 
 
 @contextmanager

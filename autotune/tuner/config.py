@@ -286,7 +286,7 @@ class Timing:
         wall_s: Wall time of :func:`run_search`.
         measured_s: Steady-state windows measured, summed over every trial
             run (calibration, search trials, confirmation).
-        runs: Trial processes started.
+        runs: Trial runs (a held finalist's rounds each count, :class:`~autotune.runner.held.HeldTrials`).
         phase: The step now running; each trial process counts toward it.
         spent: The breakdown by step (its ``wall_s`` is set by :meth:`record`).
     """

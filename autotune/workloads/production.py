@@ -16,6 +16,7 @@ sustains more than its workers make.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -39,6 +40,7 @@ class ProductionClock:
         self._mean = RawArray("d", workers)  # mean seconds per batch of each worker, 0 until its first batch
         self._after = RawArray("d", workers)  # batches after its first that the mean covers (0: the first's seconds)
         self._paused = RawValue("d", -1.0)  # when the trial last paused (a held trial between rounds, :meth:`pause`)
+        self._resumed = RawValue("d", -1.0)  # and when it went on (:meth:`resume`)
         self._own: dict[int, list[float]] = {}  # in each worker: batches made, seconds making them, its first's seconds
 
     def wrap(self, dataset: Any, collate_fn: Callable[[list[Any]], Any] | None) -> tuple[TimedItems, TimedCollate]:
@@ -52,6 +54,11 @@ class ProductionClock:
         """Note that the trial's process group stops now (a held trial between its rounds): a batch a worker was making
         then would count the whole pause as its own time, and is left out (:meth:`record`)."""
         self._paused.value = time.perf_counter()
+        self._resumed.value = math.inf  # until :meth:`resume`: a batch begun after this note and before the stop
+
+    def resume(self) -> None:
+        """Note that the trial's process group goes on (after :meth:`pause`)."""
+        self._resumed.value = time.perf_counter()
 
     def record(self, worker: int, seconds: float, started: float | None = None) -> None:
         """Count one batch that worker ``worker`` made in ``seconds`` from ``started`` (called in that worker) and
@@ -61,8 +68,8 @@ class ProductionClock:
         first steps (the first batch meets cold caches and lazy initialisation in the dataset), and a batch made
         across a pause (:meth:`pause`).
         """
-        if started is not None and started < self._paused.value < started + seconds:
-            return
+        if started is not None and started < self._resumed.value and started + seconds > self._paused.value:
+            return  # made across the pause: from before its end to after its start
         own = self._own.setdefault(worker, [0.0, 0.0, seconds])
         own[0] += 1
         own[1] += seconds
