@@ -249,3 +249,19 @@ def test_nothing_is_held_where_dev_shm_is_small(tiny_workload, monkeypatch) -> N
     with held.holding():
         assert held(TrainSetup(batch_size=8), tiny_workload, QUICK).status == "ok"
         assert not held._held
+
+
+def test_the_memory_monitor_samples_again_in_a_held_trial_s_next_round() -> None:
+    """A held round enforces the memory budget as the first did, even where the last round's sampler is still ending."""
+    from autotune.runner.measure import MemoryMonitor
+
+    monitor = MemoryMonitor(interval_s=0.01).start()
+    first = monitor._thread
+    monitor.stop()
+    monitor.restart()
+    assert monitor._thread is not first and monitor._thread.is_alive() and not monitor._stop.is_set()
+    ending = monitor._thread
+    monitor._stop.set()  # told to stop, not joined yet: the next round's sampler does not wait for it
+    monitor.restart()
+    assert monitor._thread is not ending and monitor._thread.is_alive()
+    assert monitor.stop() > 0

@@ -154,7 +154,7 @@ class MemoryMonitor:
         self.over_budget = threading.Event()
         self._stop = threading.Event()
         self._pid = os.getpid()
-        self._thread = threading.Thread(target=self._run, name="autotune-memory", daemon=True)
+        self._thread = threading.Thread(target=self._run, args=(self._stop,), name="autotune-memory", daemon=True)
         self._pids: list[int] = []
         self._shared = 0
         self._next_exact = 0.0
@@ -167,10 +167,11 @@ class MemoryMonitor:
         return self
 
     def restart(self) -> None:
-        """Sample again after :meth:`stop` (a held trial's next round); the peak so far stays."""
-        if self.enabled and not self._thread.is_alive():
+        """Sample again after :meth:`stop` (a held trial's next round) in a thread of its own (the last one, told to
+        stop, may still be ending); the peak so far stays."""
+        if self.enabled:
             self._stop = threading.Event()
-            self._thread = threading.Thread(target=self._run, name="autotune-memory", daemon=True)
+            self._thread = threading.Thread(target=self._run, args=(self._stop,), name="autotune-memory", daemon=True)
             self._thread.start()
 
     def sample(self, *, exact: bool = False) -> int:
@@ -194,8 +195,8 @@ class MemoryMonitor:
             self.over_budget.set()
         return value
 
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
+    def _run(self, stop: threading.Event) -> None:
+        while not stop.wait(self.interval_s):
             self.sample()
 
     def stop(self) -> int:
