@@ -148,11 +148,11 @@ class HeldTrials:
                 held.close()
                 held = None
                 self._full = True  # this round fresh beside resumed ones; the next rounds all fresh
-            oom_before = oom_kills()
             if held is None:
                 made, proc, oom_before = start_trial(setup, workload, timed, hold=True)
                 held = Held(proc, made)
             else:
+                oom_before = oom_kills()
                 os.killpg(held.proc.pid, signal.SIGCONT)
             seen = supervise(held.proc, Path(held.made.name), timed, None, oom_before, held.offset)
             held.offset = seen.offset
