@@ -27,7 +27,7 @@ def _tree(pid: int) -> list[int]:
         return []
 
 
-def _gone(pids: list[int], timeout: float = 10.0) -> bool:
+def _gone(pids: list[int], timeout: float = 60.0) -> bool:
     """Whether every pid ended (a zombie left to its parent counts as ended) within ``timeout``."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -216,12 +216,10 @@ def test_a_held_trial_whose_trial_server_dies_in_its_first_round_dies_too(tiny_w
 
     made, proc, _ = start_trial(WORKERS, tiny_workload, TrialOptions(trial_seconds=20, windows=3, timeout_s=120), hold=True)
     try:
-        deadline = time.monotonic() + 60
-        while '"event": "window"' not in _text(Path(made.name) / "events.jsonl"):  # measuring: its workers run
+        deadline = time.monotonic() + 120  # the trial's own timeout
+        while len(tree := _tree(proc.pid)) < 2:  # its loader worker started: mid-round, 20 s of windows ahead
             assert time.monotonic() < deadline and proc.exitcode() is None
             time.sleep(0.1)
-        tree = _tree(proc.pid)
-        assert len(tree) >= 2, tree
         server = psutil.Process(proc.pid).ppid()
         assert server != os.getpid()
         os.kill(server, signal.SIGKILL)
@@ -229,13 +227,6 @@ def test_a_held_trial_whose_trial_server_dies_in_its_first_round_dies_too(tiny_w
     finally:
         proc.kill()
         made.cleanup()
-
-
-def _text(path: Path) -> str:
-    try:
-        return path.read_text(encoding="utf-8")
-    except OSError:
-        return ""
 
 
 def test_nothing_is_held_where_dev_shm_is_small(tiny_workload, monkeypatch) -> None:

@@ -49,9 +49,6 @@ from probes.cgroup import oom_kills
 from probes.hardware import SHM_MIN_BYTES
 from probes.memory import collect_memory, collect_shm
 
-#: Seconds a held trial may take to stop after its result (it stops at once; a busy machine delays it).
-STOP_WAIT_S = 10.0
-
 
 @dataclass
 class Held:
@@ -88,8 +85,9 @@ def _group(pid: int) -> int | None:
         return None
 
 
-def wait_stopped(proc: zygote.TrialProcess, timeout: float = STOP_WAIT_S) -> bool:
-    """Wait up to ``timeout`` seconds for :func:`stopped`; whether it is (not where the trial exited meanwhile)."""
+def wait_stopped(proc: zygote.TrialProcess, timeout: float) -> bool:
+    """Wait up to ``timeout`` seconds for :func:`stopped`; whether it is (not where the trial exited meanwhile). A held
+    trial stops right after its result; ``timeout`` is the trial's own, so a busy machine does not make it a failure."""
     deadline = time.monotonic() + timeout
     while not stopped(proc.pid):
         if proc.exitcode() is not None or time.monotonic() > deadline:
@@ -157,7 +155,7 @@ class HeldTrials:
             seen = supervise(held.proc, Path(held.made.name), timed, None, oom_before, held.offset)
             held.offset = seen.offset
             held.peak = max(held.peak, seen.result.peak_memory_bytes or 0)
-            kept = seen.held and not self._full and self._room(held, options.max_memory_bytes) and wait_stopped(held.proc)
+            kept = seen.held and not self._full and self._room(held, options.max_memory_bytes) and wait_stopped(held.proc, timed.effective_timeout_s)
             if kept:
                 self._held[key] = held
             else:  # failed, out of room, or not stopped: every round from now on in fresh processes, none warmer
