@@ -724,3 +724,16 @@ def test_the_runner_up_named_is_one_that_ran_as_many_rounds_as_the_winner() -> N
     assert chosen.candidate.setup == winner
     line = next(n for n in notes if n.startswith("confirmation: 4 interleaved rounds"))
     assert f"against the runner-up {second.describe()}" in line and MID.describe() not in line, line
+
+
+def test_a_twin_that_wins_with_no_peak_measured_alone_says_its_peak_was_not_measured() -> None:
+    """An fp32 twin no trial ran has peaks from its confirmation rounds only; a round run beside held finalists gives
+    none (their shared pages make it read low): best.json then has no peak and says why, and one measured alone counts."""
+    twin = FAST.replace(amp="off")
+    rounds = [Confirmed(Candidate(twin.to_json(), twin, twin.describe(), twin=True), (300.0, 310.0), ()),
+              _confirmed(FAST, (200.0, 210.0)), _confirmed(DEFAULTS, (100.0, 100.0))]
+    best = _best(rounds)
+    assert best.setup == twin and best.peak_memory_bytes is None
+    assert any(n.startswith("peak memory not measured: no search trial ran this setup") for n in best.notes)
+    alone = _best([dataclasses.replace(rounds[0], peak_bytes=3 * 2**30), *rounds[1:]])
+    assert alone.peak_memory_bytes == 3 * 2**30 and not any(n.startswith("peak memory not measured") for n in alone.notes)

@@ -166,7 +166,8 @@ class Best:
             where it rests on no paired round (or in a best.json written before the field).
         peak_memory_bytes: Peak memory of the winner's setup: the largest of
             its trials and its confirmation runs, so it can exceed the figure
-            in the trial's own trials.csv row.
+            in the trial's own trials.csv row (a confirmation run measured
+            beside held finalists gives none: :mod:`autotune.runner.held`).
         effective_batch: micro-batch x accumulation x world size.
         reference_batch: The effective batch the learning rate refers to.
         lr: The learning rate at ``reference_batch`` scaled to ``effective_batch``
