@@ -27,15 +27,6 @@ MAX_SECONDS = 86400.0
 DEFAULT_TRIAL_SECONDS = 5.0
 
 
-def queue_fits(workers: int, prefetch: int, batch: int, images: int | None) -> bool:
-    """Whether a loader queue of ``workers x prefetch x batch`` samples fits in one epoch of ``images`` (unknown: yes).
-
-    A larger queue prefetches batches the epoch does not hold: the space does
-    not offer it, the search refuses it, and the verdict names it as the limit.
-    """
-    return images is None or workers * prefetch * batch <= images
-
-
 @dataclass(frozen=True)
 class Workload:
     """What a trial trains.
@@ -72,6 +63,9 @@ class Workload:
             (``optimizer_impl`` is then not offered).
         unsharded: An iterable dataset that every loader worker yields whole: one worker at most.
         parameters: Trainable parameters of a Task's model (a changed model is another search).
+        precision: A Task's model's floating parameters' dtype when not float32 (``"float64"``, ``"float16"``, ``"bfloat16"``;
+            several joined by ``+``): an autocast to that dtype is not searched, nor any for float64 (which autocast leaves
+            alone). Left out of :meth:`to_dict` when None.
     """
 
     model: str
@@ -93,6 +87,7 @@ class Workload:
     own_optimizer: bool = False
     unsharded: bool = False
     parameters: int | None = None
+    precision: str | None = None
 
     def __post_init__(self) -> None:
         if self.lr_scaling not in LR_SCALINGS:
@@ -138,6 +133,8 @@ class Workload:
                 del data[name]
         elif self.data is not None:
             del data["synthetic_images"]
+        if self.precision is None:  # as versions before the field wrote it (their readers check the keys)
+            del data["precision"]
         return data
 
     @classmethod

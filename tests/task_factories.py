@@ -983,3 +983,34 @@ def video_and_image() -> autotune.Task:
     return autotune.Task(_VideoAndImage, data, batch_size=4,
                          step=lambda model, batch: nn.functional.cross_entropy(model(batch[0], batch[1]), batch[2]))
 
+
+
+def _pairs_in(dtype: torch.dtype) -> TensorDataset:
+    inputs, targets = _pairs().tensors
+    return TensorDataset(inputs.to(dtype), targets)
+
+
+def float64() -> autotune.Task:
+    """A float64 model on float64 inputs: CPU autocast leaves it alone, so amp=bf16 would compute as amp=off."""
+    return autotune.Task(lambda: nn.Linear(8, 3).double(), _pairs_in(torch.float64), batch_size=16, lr=2e-3)
+
+
+def bfloat16() -> autotune.Task:
+    """A bfloat16 model: an autocast to bf16 changes nothing, one to fp16 (CUDA) would."""
+    return autotune.Task(lambda: nn.Linear(8, 3).to(torch.bfloat16), _pairs_in(torch.bfloat16), batch_size=16, lr=2e-3)
+
+
+class _HalfHead(nn.Module):
+    """A float32 layer, then a float16 one (its output back in float32 for the loss)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body, self.head = nn.Linear(8, 8), nn.Linear(8, 3).half()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.body(x).half()).float()
+
+
+def half_and_single() -> autotune.Task:
+    """A model with a float16 layer beside a float32 one: an autocast acts on the float32 one."""
+    return autotune.Task(_HalfHead, _pairs(), batch_size=16, lr=2e-3)

@@ -17,8 +17,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 #: Lowest first; a module may import its own layer or lower ones only.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("autotune._version", "autotune.errors", "autotune.files", "autotune.units", "autotune.devices", "autotune.redact", "autotune.teardown",
-     "autotune.nested", "autotune.torch_knobs", "autotune.setup_checks"),
+    ("autotune._version", "autotune.errors", "autotune.files", "autotune.units", "autotune.epochs", "autotune.devices", "autotune.redact",
+     "autotune.teardown", "autotune.nested", "autotune.torch_knobs", "autotune.setup_checks"),
     ("autotune.train_setup",),
     ("autotune.records", "autotune.rounds", "autotune.time_spent", "autotune.flag_terms"),
     ("autotune.workloads",),

@@ -1594,3 +1594,51 @@ def test_a_task_factory_given_as_a_model_is_told_to_use_workload() -> None:
     with pytest.raises(WorkloadError, match=r"^factory task_factories:good returned Task, not a torch.nn.Module \(an autotune.Task "
                                             r"is given with --workload, not --model\)$"):
         build_model("task_factories:good", num_classes=2, image_size=32, sys_path=[str(Path(__file__).parent)])
+
+
+def test_a_task_model_not_in_float32_is_not_offered_an_autocast_that_would_change_nothing() -> None:
+    """CPU autocast leaves a float64 model alone, and one to bf16 leaves a bfloat16 model as it is: a trial of either
+    would measure amp=off labelled bf16. The Task's check reads the model's dtypes; the calibration measures no reduced
+    precision for it, the space leaves those values out and says what "fp32" means there, and --set asking only for
+    them is refused in one line."""
+    from test_calibrate import FakeRunner
+
+    plain, wide, brain, mixed = _workload("good"), _workload("float64"), _workload("bfloat16"), _workload("half_and_single")
+    assert (plain.precision, wide.precision, brain.precision, mixed.precision) == (None, "float64", "bfloat16", "float16+float32")
+    assert "precision" not in plain.to_dict()  # as before the field: an older version reads this best.json
+    assert Workload.from_dict(json.loads(json.dumps(wide.to_dict()))) == wide
+
+    def space(workload: Workload, **constraints: str):
+        return build_space(device=CPU, calibration=_calibration(), usable_cores=2, effective_batch=None, image_input=False,
+                           constraints={k: parse_constraint(f"{k}={v}") for k, v in constraints.items()}, workload=workload)
+
+    assert space(plain).values["amp"] == ("off", "bf16") and not space(plain).note
+    assert space(wide).values["amp"] == ("off",) and space(brain).values["amp"] == ("off",)
+    assert space(mixed).values["amp"] == ("off", "bf16")  # it acts on the float32 layer
+    assert "the Task's model is in float64: fp32 in a setup's name means no autocast" in space(wide).note
+    with pytest.raises(UsageError, match=r"^--set amp: the Task's model is in float64, where an autocast .* allow amp=off$"):
+        space(wide, amp="bf16")
+    assert space(wide, amp="off").values["amp"] == ("off",)
+
+    runner, lines = FakeRunner(), []
+    calibration = calibrate(wide, CPU, usable_cores=2, available_bytes=2**34, max_memory=None, trial_seconds=3.0, bf16_ok=True,
+                            runner=runner, log=lines.append)
+    assert {p.amp for p in calibration.precisions} == {"off"} and {s.amp for mode, s in runner.calls} == {"off"}
+    assert any(line.startswith("compute only (batch ") and ", float64, contiguous): " in line for line in lines), lines
+    calibration = calibrate(plain, CPU, usable_cores=2, available_bytes=2**34, max_memory=None, trial_seconds=3.0, bf16_ok=True,
+                            runner=FakeRunner(), log=lambda line: None)
+    assert {p.amp for p in calibration.precisions} == {"off", "bf16"}
+
+
+def test_a_search_of_a_float64_task_trains_it_in_float64_and_its_best_json_says_what_fp32_means(tmp_path: Path) -> None:
+    """End to end with real trials: no trial autocasts, and the winner's notes say the model's own dtype ran."""
+    config = SearchConfig(model="ignored", trials=3, device="cpu", trial_seconds=0.5, out=tmp_path / "out", confirm_top=1,
+                          confirm_rounds=1, ceilings=False, workload="task_factories:float64")
+    outcome = run_search(config)
+    assert outcome.records and all(r.setup.amp == "off" for r in outcome.records)
+    assert any(r.result.ok for r in outcome.records)
+    best = outcome.best
+    assert best is not None and best.workload.precision == "float64"
+    assert any(n.startswith("the Task's model is in float64: fp32 in a setup's name means no autocast") for n in best.notes)
+    assert json.loads((tmp_path / "out" / "best.json").read_text())["workload"]["precision"] == "float64"
+    assert read_best(tmp_path / "out").workload == best.workload

@@ -25,6 +25,7 @@ from autotune.train_setup import TrainSetup
 from autotune.tuner.batch_sizes import data_limit, powers_of_two
 from autotune.tuner.constraints import Constraint, allows
 from autotune.tuner.loader_ceiling import loader_ceiling, outcome_text, rate_text
+from autotune.tuner.offered import autocasts
 from autotune.tuner.space import probe_batch
 from autotune.units import format_bytes
 from autotune.workloads.models import size_hint
@@ -241,6 +242,7 @@ def calibrate(
     limit = _batch_limit(bound, budget=budget, trial_seconds=trial_seconds, rate=rate, data=data_cap, cap=batch_cap)
     middle = probe_batch(max_batch, device)
     reduced = ("bf16" if bf16_ok else "fp16") if cuda else ("bf16" if bf16_ok else None)
+    reduced = reduced if reduced is None or reduced in autocasts((reduced,), workload) else None  # a float64 Task model's: as fp32
     precisions: list[PrecisionPoint] = []
     compute, compute_setup = TrialResult(status="error", error="not measured"), TrainSetup(batch_size=middle)
     failed: list[str] = []
@@ -253,7 +255,7 @@ def calibrate(
             result = same if same is not None and same.ok else runner(setup, workload, short)
             precisions.append(PrecisionPoint(amp, channels_last, result.status, result.samples_per_s))
             layout = "channels_last" if channels_last else "contiguous"
-            log(f"compute only (batch {middle}, {'fp32' if amp == 'off' else amp}, {layout}): {rate_text(result)}")
+            log(f"compute only (batch {middle}, {(workload.precision or 'fp32') if amp == 'off' else amp}, {layout}): {rate_text(result)}")
             if result.ok and (result.samples_per_s or 0.0) > (compute.samples_per_s or 0.0):
                 compute, compute_setup = result, setup
             elif not result.ok:

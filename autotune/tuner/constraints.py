@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotune.devices import DeviceInfo
+from autotune.epochs import queue_fits
 from autotune.errors import SetupError, UsageError
 from autotune.flag_terms import in_flag_terms
-from autotune.records import queue_fits
 from autotune.setup_checks import INT_LIMITS
 from autotune.torch_knobs import COMPILE_MODES, DECODES, OPTIMIZER_IMPLS
 from autotune.train_setup import AMP_MODES, KNOBS, TrainSetup

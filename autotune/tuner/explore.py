@@ -23,9 +23,10 @@ from pathlib import Path
 
 import optuna
 
+from autotune.epochs import queue_fits
 from autotune.errors import StorageError, WorkloadError
 from autotune.output.trials_csv import write_trials_csv
-from autotune.records import TrialOptions, TrialRecord, TrialResult, Workload, queue_fits
+from autotune.records import TrialOptions, TrialRecord, TrialResult, Workload
 from autotune.runner import TrialRunner, WindowCallback
 from autotune.runner.failures import SHM_TOO_SMALL
 from autotune.train_setup import TrainSetup

@@ -20,6 +20,8 @@ one where it cannot is refused with one line:
 - ``optimizer_impl``: the default AdamW (not a Task's own optimizer factory);
   ``fused`` where the installed torch has fused kernels for the device.
 - ``decode``: ``gpu`` for the classifier's JPEG folders on CUDA only.
+- ``amp``: for a Task's model not in float32 (:attr:`~autotune.records.Workload.precision`), no autocast to the dtype
+  it already has, and none for float64, which autocast leaves alone: either would compute as ``amp=off``.
 """
 
 from __future__ import annotations
@@ -53,6 +55,26 @@ def torch_knob_values(device: DeviceInfo, workload: Workload | None, usable_core
     }
 
 
+#: The dtype each autocast precision computes in.
+AUTOCAST_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
+
+
+def autocasts(amp: tuple[str, ...], workload: Workload | None) -> tuple[str, ...]:
+    """The ``amp`` values that change what ``workload``'s model computes: every one for a float32 model; for one in other
+    dtypes, those that find a parameter dtype neither float64 (which autocast leaves alone) nor their own."""
+    if workload is None or workload.precision is None:
+        return amp
+    dtypes = set(workload.precision.split("+"))
+    return tuple(a for a in amp if a == "off" or not dtypes <= {"float64", AUTOCAST_DTYPES[a]})
+
+
+def precision_note(workload: Workload | None) -> str:
+    """What the setups' ``fp32`` means for a Task's model not in float32 (empty for one that is)."""
+    if workload is None or workload.precision is None:
+        return ""
+    return f"the Task's model is in {workload.precision}: fp32 in a setup's name means no autocast (the model's own dtype)"
+
+
 def check_workload_constraints(constraints: dict[str, Constraint], workload: Workload | None, device: DeviceInfo) -> None:
     """Refuse ``--set`` values of the torch knobs that this workload cannot use (the device is checked elsewhere).
 
@@ -76,5 +98,9 @@ def check_workload_constraints(constraints: dict[str, Constraint], workload: Wor
         raise UsageError("--set decode=gpu: GPU JPEG decoding applies to --model/--data image folders, not to a Task")
     if workload.unsharded and any(asks("num_workers", n) for n in range(2, 1025)):
         raise UsageError(f"--set num_workers: {UNSHARDED}; use 0 or 1, or shard it (docs/workloads.md)")
+    amp = constraints.get("amp")
+    if amp is not None and workload.precision is not None and not any(amp.allows(a) for a in autocasts(("off", "bf16", "fp16"), workload)):
+        raise UsageError(f"--set amp: the Task's model is in {workload.precision}, where an autocast to its own dtype (or of float64, "
+                         "which autocast leaves alone) computes as amp=off; allow amp=off")
     if workload.own_optimizer and any(asks("optimizer_impl", impl) for impl in OPTIMIZER_IMPLS):
         raise UsageError("--set optimizer_impl: the Task brings its own optimizer factory; set foreach/fused there")

@@ -16,8 +16,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from autotune.devices import DeviceInfo
+from autotune.epochs import queue_fits
 from autotune.errors import UsageError
-from autotune.records import Calibration, Workload, queue_fits
+from autotune.records import Calibration, Workload
 from autotune.train_setup import DDP_KNOBS, KNOBS, TrainSetup
 from autotune.tuner.batch_sizes import batch_sizes, data_limit, divisor_space
 from autotune.tuner.constraints import (
@@ -29,7 +30,7 @@ from autotune.tuner.constraints import (
     fit_steps_to_data,
     shown,
 )
-from autotune.tuner.offered import check_workload_constraints, torch_knob_values
+from autotune.tuner.offered import autocasts, check_workload_constraints, precision_note, torch_knob_values
 from autotune.tuner.pins import check_pins_act, ddp_values
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -340,6 +341,7 @@ def build_space(
         amp += ("bf16",)
     if cuda:
         amp += ("fp16",)
+    amp = autocasts(amp, workload)  # a Task's model in float64, say: none would change what it computes
     # Batch 1 breaks BatchNorm in training mode; 8 is small enough everywhere.
     top = calibration.max_batch if images is None else max(1, min(calibration.max_batch, images))
     floor = 8 if top >= 8 else min(2, top)
@@ -391,5 +393,6 @@ def build_space(
                          f"and --effective-batch {effective_batch} with the batches the --set pins allow leaves no step of one "
                          "micro-batch")  # the pins alone: check_pins_act, before the calibration
     left = {f"amp={a}": why for a, why in failed.items()} | ({"channels_last=true": layout} if layout else {})
-    note = "; ".join(f"{knob} left out: every compute-only run in it ended {why} in the calibration" for knob, why in left.items())
+    note = "; ".join([*(f"{knob} left out: every compute-only run in it ended {why} in the calibration" for knob, why in left.items()),
+                      *filter(None, [precision_note(workload)])])
     return Space(values=values, effective_batch=effective_batch, images=images, note=note)

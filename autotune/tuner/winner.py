@@ -12,9 +12,10 @@ import statistics
 from typing import Any
 
 from autotune.devices import DeviceInfo
+from autotune.epochs import queue_fits
 from autotune.output.best import MEDIANS_APART_NOTE, PAIRED_SO_FAR, Best
 from autotune.output.compile_payoff import payoff_note
-from autotune.records import Calibration, TrialRecord, Workload, queue_fits
+from autotune.records import Calibration, TrialRecord, Workload
 from autotune.redact import hide_passwords
 from autotune.rounds import Ceilings, Confirmed
 from autotune.train_setup import TrainSetup
@@ -22,6 +23,7 @@ from autotune.tuner.choice import choose_winner
 from autotune.tuner.constraints import Constraint
 from autotune.tuner.loader_ceiling import more_to_load
 from autotune.tuner.noise import beats, compared_ratios, disagree, paired_ratios, paired_speedup
+from autotune.tuner.offered import precision_note
 from autotune.tuner.space import DEFAULT_BATCH
 from autotune.tuner.study import ROLE_DEFAULTS
 from autotune.units import counted
@@ -135,6 +137,8 @@ def make_best(
         notes.append("measured on synthetic JPEGs; re-run with --data DIR to tune on your own images")
     if setup.amp != "off":
         notes.append(f"amp={setup.amp} changes the numerics (autocast); check your accuracy once")
+    elif precision_note(workload):
+        notes.append(precision_note(workload))
     step = setup.batch_size * setup.accumulation_steps  # one rank's optimizer step; an epoch holds whole steps only
     if workload.images and workload.images % step >= 0.1 * workload.images:
         unit = "samples" if workload.task else "images"

@@ -81,6 +81,7 @@ class TaskInfo:
         unsharded: Whether two loader workers yielded the same items (see
             :func:`autotune.workloads.streams.workers_repeat_items`).
         parameters: Elements of the model's trainable parameters.
+        precision: The model's floating parameters' dtype when not float32 (see :attr:`Workload.precision`).
     """
 
     samples: int | None
@@ -92,6 +93,7 @@ class TaskInfo:
     fixed_shapes: bool = True
     unsharded: bool = False
     parameters: int = 0
+    precision: str | None = None
 
 
 def _first_items(task: Task, count: int) -> tuple[list[Any], bool, int | None]:
@@ -326,7 +328,14 @@ def check_task(task: Task, *, workers: bool) -> TaskInfo:
         fixed_shapes=batched_fixed_shapes(task, items) if batched else fixed_shapes(task, items),
         unsharded=unsharded,
         parameters=sum(p.numel() for p in model.parameters() if p.requires_grad),
+        precision=model_precision(model),
     )
+
+
+def model_precision(model: Any) -> str | None:
+    """The dtypes of ``model``'s floating parameters joined by ``+`` (``"float64"``), or None where all are float32."""
+    dtypes = sorted({str(p.dtype).removeprefix("torch.") for p in model.parameters() if p.is_floating_point()})
+    return None if dtypes in ([], ["float32"]) else "+".join(dtypes)
 
 
 def _import_root(module_name: str) -> str | None:
@@ -381,4 +390,5 @@ def build_task_workload(workload: str | Callable[..., Any], *, device: str, work
         own_optimizer=task.optimizer is not None,
         unsharded=info.unsharded,
         parameters=info.parameters,
+        precision=info.precision,
     )
