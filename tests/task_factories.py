@@ -1014,3 +1014,18 @@ class _HalfHead(nn.Module):
 def half_and_single() -> autotune.Task:
     """A model with a float16 layer beside a float32 one: an autocast acts on the float32 one."""
     return autotune.Task(_HalfHead, _pairs(), batch_size=16, lr=2e-3)
+
+
+def _triples() -> TensorDataset:
+    inputs, targets = _pairs().tensors
+    return TensorDataset(inputs, targets, targets)
+
+
+def triples() -> autotune.Task:
+    """(inputs, targets, weights) items and no loss=: the default loss takes pairs."""
+    return autotune.Task(nn.Linear(8, 3), _triples(), batch_size=16)
+
+
+def triples_with_loss() -> autotune.Task:
+    """The same with a loss= of the user's."""
+    return autotune.Task(nn.Linear(8, 3), _triples(), loss=nn.CrossEntropyLoss(), batch_size=16)

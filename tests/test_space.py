@@ -66,6 +66,9 @@ def test_parse_constraint_forms() -> None:
         ("num_workers=1,,2", "an empty value in the list of choices"),  # was taken as 1,2: a typo passed unnoticed
         ("amp=off,bf16,", "an empty value in the list of choices"),
         ("amp=,", "no values"),
+        ("num_workers=1_0", r"expected an integer, got '1_0'"),  # int() reads 10: a typo taken as a pin
+        ("batch_size=8,1_6", r"expected an integer, got '1_6'"),
+        ("num_threads=\u0662", r"expected an integer or auto"),  # int() reads another script's digit 2
     ],
 )
 def test_parse_constraint_errors(text: str, message: str) -> None:

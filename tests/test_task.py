@@ -494,6 +494,9 @@ def test_good_workloads_become_workload_records() -> None:
         ("tuple_output", "must be Tensor, not tuple; the model returns a tuple, and loss= gets it whole: give a loss that takes "
                          "it, or step=lambda model, batch: ... that picks the output to train on"),
         ("tuple_output_default_loss", "the model returns a tuple, and the default loss gets it whole: give a loss that takes it"),
+        ("triples", "the default loss (cross-entropy) needs (inputs, targets) batches, got [Tensor[2, 8] float32, Tensor[2] int64, "
+                    "Tensor[2] int64]; give step="),  # no loss= given: the message named one
+        ("triples_with_loss", "a Task with loss= needs (inputs, targets) batches, got [Tensor[2, 8] float32, Tensor[2] int64, "),
     ],
 )
 def test_bad_workloads_fail_in_the_parent_with_one_line(name: str, message: str, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -7,6 +7,7 @@ the result to the values the probe and calibration allow.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -91,11 +92,10 @@ def _parse_value(knob: str, text: str) -> Any:
         return lowered
     if knob == "num_threads" and text.lower() in ("auto", "none"):
         return None  # torch's own choice: no torch.set_num_threads call
-    try:
-        value = int(text)
-    except ValueError:
+    if not re.fullmatch(r"\s*[+-]?[0-9]+\s*", text):  # int() would also read 1_0 as 10 and other scripts' digits
         expected = "an integer or auto" if knob == "num_threads" else "an integer"
-        raise UsageError(f"--set {knob}: expected {expected}, got {text!r}") from None
+        raise UsageError(f"--set {knob}: expected {expected}, got {text!r}")
+    value = int(text)
     minimum = 0 if knob == "num_workers" else 1
     if value < minimum:
         raise UsageError(f"--set {knob}: must be >= {minimum}, got {value}")

@@ -282,7 +282,8 @@ class Task:
             return self.step(model, batch)
         if not isinstance(batch, (tuple, list)) or len(batch) != 2:
             raise WorkloadError(
-                f"a Task with loss= needs (inputs, targets) batches, got {type(batch).__name__}; give step=(model, batch) instead"
+                f"{'a Task with loss=' if self.loss is not None else 'the default loss (cross-entropy)'} needs (inputs, targets) "
+                f"batches, got {type(batch).__name__}; give step=(model, batch) instead"
             )
         inputs, targets = batch
         output = model(inputs)

@@ -147,7 +147,8 @@ def _check_loss(task: Task, model: Any, batch: Any) -> None:
     else:
         if not isinstance(batch, (tuple, list)) or len(batch) != 2:
             raise WorkloadError(
-                f"a Task with loss= needs (inputs, targets) batches, got {shapes}; give step=(model, batch) -> loss instead"
+                f"{'a Task with loss=' if task.loss is not None else 'the default loss (cross-entropy)'} needs (inputs, targets) "
+                f"batches, got {shapes}; give step=(model, batch) -> loss instead"
             )
         inputs, targets = batch
         try:
