@@ -1621,7 +1621,7 @@ def test_a_task_model_not_in_float32_is_not_offered_an_autocast_that_would_chang
     assert "the Task's model is in float64: fp32 in a setup's name means no autocast" in space(wide).note
     with pytest.raises(UsageError, match=r"^--set amp: the Task's model is in float64, where an autocast .* allow amp=off$"):
         space(wide, amp="bf16")
-    assert space(wide, amp="off").values["amp"] == ("off",)
+    assert space(wide, amp="off").values["amp"] == space(wide, amp="off,bf16").values["amp"] == ("off",)
 
     runner, lines = FakeRunner(), []
     calibration = calibrate(wide, CPU, usable_cores=2, available_bytes=2**34, max_memory=None, trial_seconds=3.0, bf16_ok=True,

@@ -341,7 +341,6 @@ def build_space(
         amp += ("bf16",)
     if cuda:
         amp += ("fp16",)
-    amp = autocasts(amp, workload)  # a Task's model in float64, say: none would change what it computes
     # Batch 1 breaks BatchNorm in training mode; 8 is small enough everywhere.
     top = calibration.max_batch if images is None else max(1, min(calibration.max_batch, images))
     floor = 8 if top >= 8 else min(2, top)
@@ -368,6 +367,7 @@ def build_space(
     limit = data_limit(images) if data_bound and images is not None else calibration.batch_limit
     most = images if data_bound and images is not None else top
     values = apply_constraints(base, constraints, {"batch_size": f"no batch above {most}: {limit}" if limit else ""}, {"batch_size": most})
+    values["amp"] = autocasts(values["amp"], workload)  # a Task's model in float64, say: none would change what it computes
     failed = failed_precisions(calibration)
     if failed:  # a precision whose compute-only runs all failed fails in every trial too
         values["amp"] = tuple(a for a in values["amp"] if a not in failed)
