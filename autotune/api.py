@@ -319,6 +319,7 @@ def trial(
     """
     from autotune.runner import prestart, run_trial
     from autotune.tuner.explore import unfed
+    from autotune.tuner.offered import autocast_refusal
     from autotune.tuner.pins import ddp_values
     from autotune.workloads.streams import UNSHARDED
 
@@ -363,6 +364,8 @@ def trial(
         raise SetupError(f"num_workers={setup.num_workers}: {UNSHARDED}; use 0 or 1, or shard it")
     if setup.channels_last and not built.image_input:
         raise SetupError("channels_last: this workload's batches hold no 4-D floating tensor for it to act on")
+    if setup.amp != "off" and (why := autocast_refusal(setup.amp, built)):  # as the search's space leaves it out
+        raise SetupError(f"amp={setup.amp}: {why}")
     fed = setup if mode == "train" else setup.replace(accumulation_steps=1)  # the loader alone: its batches and queue
     if mode != "compute" and (refused := unfed(fed, share, knob_terms=True)) is not None:  # as the search and train.py do
         raise SetupError(f"{refused}; a search never runs it")  # a SetupError: the CLI names the flags that set the knobs

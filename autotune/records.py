@@ -64,8 +64,8 @@ class Workload:
         unsharded: An iterable dataset that every loader worker yields whole: one worker at most.
         parameters: Trainable parameters of a Task's model (a changed model is another search).
         precision: A Task's model's floating parameters' dtype when not float32 (``"float64"``, ``"float16"``, ``"bfloat16"``;
-            several joined by ``+``): an autocast to that dtype is not searched, nor any for float64 (which autocast leaves
-            alone). Left out of :meth:`to_dict` when None.
+            several joined by ``+``): no autocast is searched for float64 alone (autocast leaves it alone), no fp16 beside
+            16-bit parameters (:mod:`autotune.tuner.offered`). Left out of :meth:`to_dict` when None.
     """
 
     model: str

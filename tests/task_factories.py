@@ -996,7 +996,7 @@ def float64() -> autotune.Task:
 
 
 def bfloat16() -> autotune.Task:
-    """A bfloat16 model: an autocast to bf16 changes nothing, one to fp16 (CUDA) would."""
+    """A bfloat16 model: an autocast to bf16 computes its loss in float32; fp16's GradScaler cannot unscale its gradients."""
     return autotune.Task(lambda: nn.Linear(8, 3).to(torch.bfloat16), _pairs_in(torch.bfloat16), batch_size=16, lr=2e-3)
 
 

@@ -1599,12 +1599,15 @@ def test_a_task_factory_given_as_a_model_is_told_to_use_workload() -> None:
         build_model("task_factories:good", num_classes=2, image_size=32, sys_path=[str(Path(__file__).parent)])
 
 
-def test_a_task_model_not_in_float32_is_not_offered_an_autocast_that_would_change_nothing() -> None:
-    """CPU autocast leaves a float64 model alone, and one to bf16 leaves a bfloat16 model as it is: a trial of either
-    would measure amp=off labelled bf16. The Task's check reads the model's dtypes; the calibration measures no reduced
-    precision for it, the space leaves those values out and says what "fp32" means there, and --set asking only for
-    them is refused in one line."""
+def test_a_task_model_not_in_float32_is_offered_only_the_autocasts_it_can_train_in() -> None:
+    """CPU autocast leaves a float64 model alone: a trial of amp=bf16 would measure amp=off labelled bf16. fp16's
+    GradScaler cannot unscale float16 (nor, in many torch versions, bfloat16) gradients: every fp16 trial of a model with
+    such parameters would fail. The Task's check reads the model's dtypes; the calibration measures no reduced precision
+    for a float64 model, the space leaves those values out and says what "fp32" means there, and --set asking only for
+    them is refused in one line that says why and what works."""
     from test_calibrate import FakeRunner
+
+    from autotune.tuner.offered import autocasts, check_workload_constraints
 
     plain, wide, brain, mixed = _workload("good"), _workload("float64"), _workload("bfloat16"), _workload("half_and_single")
     assert (plain.precision, wide.precision, brain.precision, mixed.precision) == (None, "float64", "bfloat16", "float16+float32")
@@ -1616,12 +1619,24 @@ def test_a_task_model_not_in_float32_is_not_offered_an_autocast_that_would_chang
                            constraints={k: parse_constraint(f"{k}={v}") for k, v in constraints.items()}, workload=workload)
 
     assert space(plain).values["amp"] == ("off", "bf16") and not space(plain).note
-    assert space(wide).values["amp"] == ("off",) and space(brain).values["amp"] == ("off",)
-    assert space(mixed).values["amp"] == ("off", "bf16")  # it acts on the float32 layer
+    assert space(wide).values["amp"] == ("off",)
+    assert space(brain).values["amp"] == space(mixed).values["amp"] == ("off", "bf16")  # bf16 acts on them (a float32 loss)
+    every = ("off", "bf16", "fp16")
+    assert (autocasts(every, plain), autocasts(every, wide), autocasts(every, brain), autocasts(every, mixed)) == (
+        every, ("off",), ("off", "bf16"), ("off", "bf16"))
     assert "the Task's model is in float64: fp32 in a setup's name means no autocast" in space(wide).note
-    with pytest.raises(UsageError, match=r"^--set amp: the Task's model is in float64, where an autocast .* allow amp=off$"):
+    with pytest.raises(UsageError, match=r"^--set amp=bf16: the Task's model is in float64, which autocast leaves alone: amp=bf16 would "
+                                         r"compute as amp=off; use amp=off$"):
         space(wide, amp="bf16")
     assert space(wide, amp="off").values["amp"] == space(wide, amp="off,bf16").values["amp"] == ("off",)
+    gpu = DeviceInfo("cuda:0", bf16=True, memory_total_bytes=2**34, memory_free_bytes=2**34, label="test GPU")
+    with pytest.raises(UsageError, match=r"^--set amp=fp16: the Task's model has bfloat16 parameters, whose gradients fp16's "
+                                         r"GradScaler cannot unscale; use amp=off or amp=bf16$"):
+        check_workload_constraints({"amp": parse_constraint("amp=fp16")}, brain, gpu)
+    check_workload_constraints({"amp": parse_constraint("amp=fp16,bf16")}, brain, gpu)  # bf16 is left: no refusal
+    refused = cli.invoke(app, ["trial", "--workload", "task_factories:float64", "--amp", "bf16", "--device", "cpu"])
+    assert refused.exit_code == 2 and refused.output.strip().endswith(
+        "--amp bf16: the Task's model is in float64, which autocast leaves alone: --amp bf16 would compute as --amp off")
 
     runner, lines = FakeRunner(), []
     calibration = calibrate(wide, CPU, usable_cores=2, available_bytes=2**34, max_memory=None, trial_seconds=3.0, bf16_ok=True,
@@ -1645,3 +1660,20 @@ def test_a_search_of_a_float64_task_trains_it_in_float64_and_its_best_json_says_
     assert any(n.startswith("the Task's model is in float64: fp32 in a setup's name means no autocast") for n in best.notes)
     assert json.loads((tmp_path / "out" / "best.json").read_text())["workload"]["precision"] == "float64"
     assert read_best(tmp_path / "out").workload == best.workload
+
+
+def test_a_study_of_a_float64_task_model_resumes_only_with_the_same_precision() -> None:
+    """A version that did not read the model's dtype searched bf16 for a float64 model (its trials ran float64 labelled
+    bf16): its study is not resumed; a float32 model's signature is as before, so its studies are."""
+    from autotune.tuner.identity import signature, signature_difference
+
+    def signed(workload: Workload) -> dict:
+        config = SearchConfig(model="ignored", trials=3, device="cpu", workload=f"task_factories:{workload.task.split(':')[1]}")
+        return json.loads(json.dumps(signature(config, workload)))
+
+    wide, plain = signed(_workload("float64")), signed(_workload("good"))
+    assert wide["precision"] == "float64" and "precision" not in plain
+    earlier = {k: v for k, v in wide.items() if k != "precision"}
+    assert signature_difference(earlier, wide) == ("precision: float32 (or not read: an earlier autotune version) there, "
+                                                   "'float64' now")
+    assert signature_difference(plain, plain) is None

@@ -734,6 +734,6 @@ def test_a_twin_that_wins_with_no_peak_measured_alone_says_its_peak_was_not_meas
               _confirmed(FAST, (200.0, 210.0)), _confirmed(DEFAULTS, (100.0, 100.0))]
     best = _best(rounds)
     assert best.setup == twin and best.peak_memory_bytes is None
-    assert any(n.startswith("peak memory not measured: no search trial ran this setup") for n in best.notes)
+    assert any(n.startswith("peak memory not measured: no trial of this setup measured it") for n in best.notes)
     alone = _best([dataclasses.replace(rounds[0], peak_bytes=3 * 2**30), *rounds[1:]])
     assert alone.peak_memory_bytes == 3 * 2**30 and not any(n.startswith("peak memory not measured") for n in alone.notes)

@@ -51,6 +51,8 @@ def signature(config: SearchConfig, workload: Workload, machine: dict[str, Any] 
         # The data's size bounds the space (batches, loader queues); a Task's model is told by its size.
         "samples": workload.images,
         **({"parameters": workload.parameters} if workload.parameters is not None else {}),
+        # Not float32 (a float64 model): the amp values differ; a study of a version that did not read it ran bf16 there.
+        **({"precision": workload.precision} if workload.precision is not None else {}),
         # A Task's batch_size is the PyTorch defaults' batch: a study whose defaults ran another has no baseline for this one.
         **({"batch_size": workload.reference_batch} if workload.reference_batch is not None else {}),
     }
@@ -138,7 +140,7 @@ _ABSENT: dict[str, Any] = {"nproc_per_node": 1}
 
 #: What a signature's null means, by key (``timeout_s: None there, 30.0 now`` read as a timeout of None).
 _NULL_MEANS = {"timeout_s": "the default", "max_memory": "the default (half the RAM)", "effective_batch": "none pinned",
-               "data": "synthetic JPEGs"}
+               "data": "synthetic JPEGs", "precision": "float32 (or not read: an earlier autotune version)"}
 
 
 def _said_value(key: str, value: Any) -> str:

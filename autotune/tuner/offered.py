@@ -20,8 +20,9 @@ one where it cannot is refused with one line:
 - ``optimizer_impl``: the default AdamW (not a Task's own optimizer factory);
   ``fused`` where the installed torch has fused kernels for the device.
 - ``decode``: ``gpu`` for the classifier's JPEG folders on CUDA only.
-- ``amp``: for a Task's model not in float32 (:attr:`~autotune.records.Workload.precision`), no autocast to the dtype
-  it already has, and none for float64, which autocast leaves alone: either would compute as ``amp=off``.
+- ``amp``: none for a Task's model wholly in float64 (:attr:`~autotune.records.Workload.precision`), which autocast
+  leaves alone (it would compute as ``amp=off``); no ``fp16`` for one with float16 or bfloat16 parameters, whose
+  gradients fp16's GradScaler cannot unscale (it raises on float16 ones).
 """
 
 from __future__ import annotations
@@ -60,12 +61,19 @@ AUTOCAST_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
 
 
 def autocasts(amp: tuple[str, ...], workload: Workload | None) -> tuple[str, ...]:
-    """The ``amp`` values that change what ``workload``'s model computes: every one for a float32 model; for one in other
-    dtypes, those that find a parameter dtype neither float64 (which autocast leaves alone) nor their own."""
-    if workload is None or workload.precision is None:
-        return amp
-    dtypes = set(workload.precision.split("+"))
-    return tuple(a for a in amp if a == "off" or not dtypes <= {"float64", AUTOCAST_DTYPES[a]})
+    """The ``amp`` values ``workload``'s model can train in: every one for a float32 model; none but ``off`` for one
+    wholly in float64; no ``fp16`` for one with 16-bit parameters (:func:`autocast_refusal`)."""
+    return tuple(a for a in amp if a == "off" or not autocast_refusal(a, workload))
+
+
+def autocast_refusal(amp: str, workload: Workload | None) -> str:
+    """Why ``amp`` (an autocast) does not suit ``workload``'s model, or "" where it does."""
+    dtypes = set(workload.precision.split("+")) if workload is not None and workload.precision is not None else set()
+    if dtypes == {"float64"}:
+        return f"the Task's model is in float64, which autocast leaves alone: amp={amp} would compute as amp=off"
+    if amp == "fp16" and dtypes & {"float16", "bfloat16"}:
+        return f"the Task's model has {workload.precision if workload else ''} parameters, whose gradients fp16's GradScaler cannot unscale"
+    return ""
 
 
 def precision_note(workload: Workload | None) -> str:
@@ -99,8 +107,9 @@ def check_workload_constraints(constraints: dict[str, Constraint], workload: Wor
     if workload.unsharded and any(asks("num_workers", n) for n in range(2, 1025)):
         raise UsageError(f"--set num_workers: {UNSHARDED}; use 0 or 1, or shard it (docs/workloads.md)")
     amp = constraints.get("amp")
-    if amp is not None and workload.precision is not None and not any(amp.allows(a) for a in autocasts(("off", "bf16", "fp16"), workload)):
-        raise UsageError(f"--set amp: the Task's model is in {workload.precision}, where an autocast to its own dtype (or of float64, "
-                         "which autocast leaves alone) computes as amp=off; allow amp=off")
+    refused = [(a, why) for a in AUTOCAST_DTYPES if amp is not None and amp.allows(a) and (why := autocast_refusal(a, workload))]
+    if amp is not None and refused and not any(amp.allows(a) for a in autocasts(("off", *AUTOCAST_DTYPES), workload)):
+        suits = autocasts(("off", "bf16", "fp16") if device.type == "cuda" else ("off", "bf16"), workload)
+        raise UsageError(f"--set amp={refused[0][0]}: {refused[0][1]}; use " + " or ".join(f"amp={a}" for a in suits))
     if workload.own_optimizer and any(asks("optimizer_impl", impl) for impl in OPTIMIZER_IMPLS):
         raise UsageError("--set optimizer_impl: the Task brings its own optimizer factory; set foreach/fused there")

@@ -128,9 +128,9 @@ def make_best(
             notes.append("not confirmed: every confirmation run failed; the fastest single trial is shown")
     peaks = [r.result.peak_memory_bytes for r in feasible if r.setup == setup and r.result.peak_memory_bytes]
     peaks += [c.peak_bytes for c in confirmed if c.candidate.setup == setup and c.peak_bytes]  # the fp32 twin ran there only
-    if not peaks and any(c.candidate.setup == setup and c.values for c in confirmed):  # autotune/runner/held.py
-        notes.append("peak memory not measured: no search trial ran this setup, and its confirmation rounds ran beside stopped "
-                     "finalists, whose shared pages make a peak read low")
+    if not peaks and any(c.candidate.setup == setup and c.values for c in confirmed):  # a twin: autotune/runner/held.py
+        notes.append("peak memory not measured: no trial of this setup measured it, and its confirmation runs gave none (one "
+                     "beside held finalists reads low; a resumed confirmation keeps no peaks)")
     effective = setup.effective_batch(world_size)
     lr = scaled_lr(workload.lr, effective, reference, workload.lr_scaling)
     if workload.data is None and workload.task is None:
