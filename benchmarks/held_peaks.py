@@ -16,12 +16,10 @@ from __future__ import annotations
 
 import argparse
 
-from autotune.records import TrialOptions, Workload
 from autotune.runner import run_trial
 from autotune.runner.held import HeldTrials
 from autotune.units import format_bytes
-from autotune.workloads.data import ensure_synthetic
-from benchmarks.held_rounds import SETUPS
+from benchmarks.held_rounds import SETUPS, prepared
 
 
 def main() -> None:
@@ -30,10 +28,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--trial-seconds", type=float, default=2.0)
     args = parser.parse_args()
-    ensure_synthetic(None, 2000)
-    workload = Workload(model="resnet18", image_size=64)
-    options = TrialOptions(trial_seconds=args.trial_seconds)
-    run_trial(SETUPS["defaults"], workload, options)  # start the trial server outside the measurement
+    workload, options = prepared(args.trial_seconds)
     for repeat in range(args.repeats):
         alone = run_trial(SETUPS["w1"], workload, options).peak_memory_bytes or 0
         line = [f"alone {format_bytes(alone)}"]

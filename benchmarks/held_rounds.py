@@ -49,6 +49,15 @@ def rounds(runner: Callable[..., TrialResult], block: AbstractContextManager[obj
     return time.monotonic() - began, values
 
 
+def prepared(trial_seconds: float) -> tuple[Workload, TrialOptions]:
+    """resnet18 at 64 px on the 2,000 synthetic JPEGs and trials of ``trial_seconds``, the trial server started."""
+    ensure_synthetic(None, 2000)
+    workload = Workload(model="resnet18", image_size=64)
+    options = TrialOptions(trial_seconds=trial_seconds)
+    run_trial(SETUPS["defaults"], workload, options)  # start the trial server outside the measurement
+    return workload, options
+
+
 def main() -> None:
     """Measure and print."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -56,10 +65,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--trial-seconds", type=float, default=3.0)
     args = parser.parse_args()
-    ensure_synthetic(None, 2000)
-    workload = Workload(model="resnet18", image_size=64)
-    options = TrialOptions(trial_seconds=args.trial_seconds)
-    run_trial(TrainSetup(), workload, options)  # start the trial server outside the measurement
+    workload, options = prepared(args.trial_seconds)
     walls: dict[str, list[float]] = {"fresh": [], "held": []}
     values: dict[str, dict[str, list[float]]] = {way: {name: [] for name in SETUPS} for way in walls}
     ratios: dict[str, dict[str, list[float]]] = {way: {name: [] for name in SETUPS} for way in walls}
