@@ -408,6 +408,14 @@ def test_a_loss_that_diverges_at_the_first_batch_stops_the_search_and_is_not_rea
         calibrate(WORKLOAD, CPU, usable_cores=2, available_bytes=2**34, max_memory=None,
                   trial_seconds=3.0, bf16_ok=True, runner=diverging)
     assert calls == [8]  # no smaller batch tried: divergence is not a memory limit
+    # A Task's model in float16 trained by the default AdamW: the line names its dtype and the eps that underflows.
+    half = replace(WORKLOAD, task="m:f", precision="float16")
+    with pytest.raises(WorkloadError, match=r"first run \(batch size 8, float16, the PyTorch defaults\); check the model, the loss and the "
+                                            r"learning rate; the default AdamW's eps \(1e-8\) is 0 in float16, .* keep the parameters in float32"):
+        calibrate(half, CPU, usable_cores=2, available_bytes=2**34, max_memory=None, trial_seconds=3.0, bf16_ok=True, runner=diverging)
+    with pytest.raises(WorkloadError, match=r"learning rate$"):  # its own optimizer: no word on AdamW
+        calibrate(replace(half, own_optimizer=True), CPU, usable_cores=2, available_bytes=2**34, max_memory=None, trial_seconds=3.0,
+                  bf16_ok=True, runner=diverging)
 
 
 def test_a_max_memory_above_the_ram_available_is_said() -> None:

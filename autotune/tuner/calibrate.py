@@ -40,6 +40,11 @@ GPU_HEADROOM = 0.10
 Log = Callable[[str], None]
 
 
+#: Said of a model with float16 parameters trained by the default AdamW that diverged at once.
+HALF_ADAMW = ("; the default AdamW's eps (1e-8) is 0 in float16, so a step where a gradient's square underflows divides by "
+              "zero: keep the parameters in float32 (autocast, which the search tries, computes in 16 bits)")
+
+
 def calibration_seconds(trial_seconds: float) -> float:
     """How long each calibration run measures: a third of a trial, between 0.5 and 3 s."""
     return max(0.5, min(3.0, trial_seconds / 3))
@@ -169,8 +174,9 @@ def calibrate(
             raise WorkloadError(f"{subject} fails: {result.error}{size_hint(workload, result.error)}")
         if result.status == "diverged" and not points:
             # Not a memory limit: the plainest setup diverges, so every setup would.
-            raise WorkloadError(f"{subject}: the loss became NaN or infinite in the first run (batch size {batch}, fp32, "
-                                "the PyTorch defaults); check the model, the loss and the learning rate")
+            raise WorkloadError(f"{subject}: the loss became NaN or infinite in the first run (batch size {batch}, "
+                                f"{workload.precision or 'fp32'}, the PyTorch defaults); check the model, the loss and the learning rate"
+                                + (HALF_ADAMW if "float16" in (workload.precision or "") and not workload.own_optimizer else ""))
         points.append(MemoryPoint(batch, result.status, result.peak_memory_bytes, result.samples_per_s))
         log(f"memory pre-pass: batch {batch}: {outcome_text(result)}, peak {format_bytes(result.peak_memory_bytes)}")
         if result.status != "ok":
