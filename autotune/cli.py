@@ -26,6 +26,7 @@ from autotune.records import DEFAULT_TRIAL_SECONDS
 from autotune.redact import recorded_command
 from autotune.render import console
 from autotune.teardown import without_teardown
+from autotune.units import plain_int
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -119,10 +120,17 @@ def _path(value: str | Path) -> Path:
     return path.absolute() if path == Path("-") and value != "-" else path  # ./- names a file (emit's - is stdout)
 
 
+def _int(value: str | int) -> int:
+    """An integer option, in ASCII digits with an optional sign (:func:`~autotune.units.plain_int`: not 1_0)."""
+    if (number := value if isinstance(value, int) else plain_int(value)) is None:
+        raise typer.BadParameter(f"expected an integer, got {value!r}")
+    return number
+
+
 ModelOpt = Annotated[
     Optional[str], typer.Option("--model", "-m", help="torchvision model name or package.module:function (search: resnet50, trial: resnet18).")
 ]
-ImageSizeOpt = Annotated[Optional[int], typer.Option("--image-size", help="Square crop size fed to the model (default 224; inception_v3 299).")]
+ImageSizeOpt = Annotated[Optional[int], typer.Option("--image-size", parser=_int, help="Square crop fed to the model (default 224; inception_v3 299).")]
 DataOpt = Annotated[Optional[Path], typer.Option("--data", parser=_path, help="ImageFolder directory (default: synthetic JPEGs, generated once).")]
 DeviceOpt = Annotated[str, typer.Option("--device", help="auto, cpu, cuda or cuda:K.")]
 TrialSecondsOpt = Annotated[float, typer.Option("--trial-seconds", help="Measured steady-state seconds per trial.")]
@@ -130,11 +138,13 @@ MaxMemoryOpt = Annotated[Optional[str], typer.Option("--max-memory", help="Memor
 CacheDirOpt = Annotated[
     Optional[Path], typer.Option("--cache-dir", parser=_path, help="Where synthetic data is generated (default ~/.cache/autotune).")
 ]
-SyntheticOpt = Annotated[Optional[int], typer.Option("--synthetic-images", help="JPEGs made without --data: 16-100000 (default 2000; 16384 on CUDA).")]
+SyntheticOpt = Annotated[
+    Optional[int], typer.Option("--synthetic-images", parser=_int, help="JPEGs made without --data: 16-100000 (default 2000; 16384 on CUDA).")
+]
 WorkloadOpt = Annotated[Optional[str], typer.Option(
     "--workload", "-w", help="Your training: package.module:function returning autotune.Task (replaces --model/--data/--image-size).")]
 
-NprocOpt = Annotated[int, typer.Option("--nproc-per-node", help="Ranks per trial: DDP trials (gloo on CPU, nccl on CUDA).")]
+NprocOpt = Annotated[int, typer.Option("--nproc-per-node", parser=_int, help="Ranks per trial: DDP trials (gloo on CPU, nccl on CUDA).")]
 
 
 @app.command()
@@ -144,15 +154,15 @@ def trial(
     ctx: typer.Context,
     model: ModelOpt = None,
     image_size: ImageSizeOpt = None,
-    batch_size: Annotated[Optional[int], typer.Option("--batch-size", help="Micro-batch per step (default: 32; a Task's batch_size).")] = None,
-    workers: Annotated[int, typer.Option("--workers", help="DataLoader num_workers.")] = 0,
-    prefetch: Annotated[Optional[int], typer.Option("--prefetch", help="DataLoader prefetch_factor (needs --workers > 0).")] = None,
+    batch_size: Annotated[Optional[int], typer.Option("--batch-size", parser=_int, help="Micro-batch (default 32; a Task's batch_size).")] = None,
+    workers: Annotated[int, typer.Option("--workers", parser=_int, help="DataLoader num_workers.")] = 0,
+    prefetch: Annotated[Optional[int], typer.Option("--prefetch", parser=_int, help="DataLoader prefetch_factor (needs --workers > 0).")] = None,
     pin_memory: Annotated[bool, typer.Option("--pin-memory/--no-pin-memory", help="Pinned host memory (CUDA).")] = False,
     persistent_workers: Annotated[
         bool, typer.Option("--persistent-workers/--no-persistent-workers", help="Keep workers between epochs.")
     ] = False,
     amp: Annotated[str, typer.Option("--amp", help="off, bf16 or fp16.")] = "off",
-    accum: Annotated[int, typer.Option("--accum", help="Gradient-accumulation steps.")] = 1,
+    accum: Annotated[int, typer.Option("--accum", parser=_int, help="Gradient-accumulation steps.")] = 1,
     channels_last: Annotated[bool, typer.Option("--channels-last/--no-channels-last", help="NHWC memory format.")] = False,
     trial_seconds: TrialSecondsOpt = DEFAULT_TRIAL_SECONDS,
     device: DeviceOpt = "auto",
@@ -222,13 +232,12 @@ def trial(
 @json_on_error(best=None)
 def search(
     model: ModelOpt = None,
-    trials: Annotated[int, typer.Option("--trials", "-n", help="Finished trials wanted in the study (resume counts).")] = 30,
+    trials: Annotated[int, typer.Option("--trials", "-n", parser=_int, help="Finished trials wanted in the study (resume counts).")] = 30,
     data: DataOpt = None,
     image_size: ImageSizeOpt = None,
     device: DeviceOpt = "auto",
     effective_batch: Annotated[
-        Optional[int],
-        typer.Option("--effective-batch", help="Pin micro-batch x accumulation (keeps the training math)."),
+        Optional[int], typer.Option("--effective-batch", parser=_int, help="Pin micro-batch x accumulation (keeps the training math).")
     ] = None,
     max_memory: MaxMemoryOpt = None,
     trial_seconds: TrialSecondsOpt = DEFAULT_TRIAL_SECONDS,
@@ -241,12 +250,10 @@ def search(
     storage: Annotated[
         Optional[str], typer.Option("--storage", help="Optuna storage URL (default sqlite in --out).")
     ] = None,
-    seed: Annotated[int, typer.Option("--seed", help="Sampler seed.")] = 0,
+    seed: Annotated[int, typer.Option("--seed", parser=_int, help="Sampler seed.")] = 0,
     sampler: Annotated[str, typer.Option("--sampler", help="tpe (default) or random (a baseline).")] = "tpe",
-    confirm_top: Annotated[int, typer.Option("--confirm-top", help="Finalists re-measured.")] = 3,
-    confirm_rounds: Annotated[
-        int, typer.Option("--confirm-rounds", help="Most interleaved re-measurement rounds (stops once settled).")
-    ] = 4,
+    confirm_top: Annotated[int, typer.Option("--confirm-top", parser=_int, help="Finalists re-measured.")] = 3,
+    confirm_rounds: Annotated[int, typer.Option("--confirm-rounds", parser=_int, help="Most interleaved re-measured rounds (stops once settled).")] = 4,
     ceilings: Annotated[
         bool, typer.Option("--ceilings/--no-ceilings", help="Measure the winner computing alone and loading alone (2 runs).")
     ] = True,

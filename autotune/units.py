@@ -11,7 +11,7 @@ import re
 from autotune.errors import UsageError
 from probes.units import format_bytes
 
-__all__ = ["as_float", "counted", "format_bytes", "parse_size"]
+__all__ = ["as_float", "counted", "format_bytes", "parse_size", "plain_int"]
 
 _UNITS = {
     "": 1,
@@ -52,6 +52,15 @@ def parse_size(text: str) -> int:
     if not match.group(2) and value < 2**20:  # "20" meant 20 GiB: as 20 bytes, it failed after a minute of memory pre-pass
         raise UsageError(f"memory size {text.strip()!r} has no unit, so it is {counted(value, 'byte')}: write one (20GiB, 512MiB)")
     return value
+
+
+_INT = re.compile(r"\s*[+-]?[0-9]+\s*\Z")
+
+
+def plain_int(text: str) -> int | None:
+    """``text`` as an integer where it is written in ASCII digits with an optional sign, else None (``int()`` would also
+    read ``1_0`` as 10, and other scripts' digits)."""
+    return int(text) if _INT.match(text) else None
 
 
 def counted(count: int, noun: str) -> str:

@@ -587,6 +587,18 @@ def test_the_cli_refusals_keep_naming_its_flags(tmp_path) -> None:
         assert message in result.output, result.output
 
 
+@pytest.mark.parametrize("value", ["1_0", "\u0668", "8.0", "0x10"])
+@pytest.mark.parametrize("flag", ["--batch-size", "--workers", "--accum", "--trials", "--image-size", "--seed"])
+def test_an_integer_flag_takes_ascii_digits_only(tmp_path, flag: str, value: str) -> None:
+    """int() reads 1_0 as 10 and other scripts' digits as numbers: a typo would pin 10 workers. Every integer flag
+    refuses them in one line before anything runs."""
+    command = "search" if flag in ("--trials", "--seed") else "trial"
+    result = runner.invoke(app, [command, flag, value, "--device", "cpu", *(["--out", str(tmp_path / "out")] if command == "search" else [])])
+    assert result.exit_code == 2, result.output
+    assert f"Invalid value for '{flag}'" in result.output and f": expected an integer, got {value!r}" in result.output, result.output
+    assert not (tmp_path / "out").exists()
+
+
 def test_api_setup_and_device_arguments_in_other_shapes(tmp_path) -> None:
     import torch
 

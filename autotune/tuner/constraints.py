@@ -7,7 +7,6 @@ the result to the values the probe and calibration allow.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +18,7 @@ from autotune.flag_terms import in_flag_terms
 from autotune.setup_checks import INT_LIMITS
 from autotune.torch_knobs import COMPILE_MODES, DECODES, OPTIMIZER_IMPLS
 from autotune.train_setup import AMP_MODES, KNOBS, TrainSetup
+from autotune.units import plain_int
 
 BOOL_KNOBS = ("pin_memory", "persistent_workers", "channels_last", "cudnn_benchmark", "tf32", "gradient_as_bucket_view", "static_graph")
 INT_KNOBS = ("num_workers", "prefetch_factor", "batch_size", "accumulation_steps", "num_threads", "bucket_cap_mb")
@@ -92,10 +92,10 @@ def _parse_value(knob: str, text: str) -> Any:
         return lowered
     if knob == "num_threads" and text.lower() in ("auto", "none"):
         return None  # torch's own choice: no torch.set_num_threads call
-    if not re.fullmatch(r"\s*[+-]?[0-9]+\s*", text):  # int() would also read 1_0 as 10 and other scripts' digits
+    value = plain_int(text)
+    if value is None:
         expected = "an integer or auto" if knob == "num_threads" else "an integer"
         raise UsageError(f"--set {knob}: expected {expected}, got {text!r}")
-    value = int(text)
     minimum = 0 if knob == "num_workers" else 1
     if value < minimum:
         raise UsageError(f"--set {knob}: must be >= {minimum}, got {value}")
