@@ -154,7 +154,7 @@ class MemoryMonitor:
         self.over_budget = threading.Event()
         self._stop = threading.Event()
         self._pid = os.getpid()
-        self._thread = threading.Thread(target=self._run, args=(self._stop,), name="autotune-memory", daemon=True)
+        self._thread = self._sampler(self._stop)
         self._pids: list[int] = []
         self._shared = 0
         self._next_exact = 0.0
@@ -171,8 +171,12 @@ class MemoryMonitor:
         stop, may still be ending); the peak so far stays."""
         if self.enabled:
             self._stop = threading.Event()
-            self._thread = threading.Thread(target=self._run, args=(self._stop,), name="autotune-memory", daemon=True)
+            self._thread = self._sampler(self._stop)
             self._thread.start()
+
+    def _sampler(self, stop: threading.Event) -> threading.Thread:
+        """The sampling thread, until ``stop`` is set (not started)."""
+        return threading.Thread(target=self._run, args=(stop,), name="autotune-memory", daemon=True)
 
     def sample(self, *, exact: bool = False) -> int:
         """Take one sample now (``exact``: a PSS reading, see the class docstring); return it (0 when disabled)."""

@@ -248,12 +248,12 @@ def calibrate(
     limit = _batch_limit(bound, budget=budget, trial_seconds=trial_seconds, rate=rate, data=data_cap, cap=batch_cap)
     middle = probe_batch(max_batch, device)
     reduced = ("bf16" if bf16_ok else "fp16") if cuda else ("bf16" if bf16_ok else None)
-    reduced = reduced if reduced is None or reduced in autocasts((reduced,), workload) else None  # a float64 Task model's: as fp32
     precisions: list[PrecisionPoint] = []
     compute, compute_setup = TrialResult(status="error", error="not measured"), TrainSetup(batch_size=middle)
     failed: list[str] = []
     # Like for like: every precision and layout at the same batch, so the first guesses follow the numbers.
-    for amp in [a for a in (("off", reduced) if reduced else ("off",)) if allows(pinned, "amp", a)]:
+    # autocasts: none for a float64 Task model (it would compute as fp32), no fp16 beside 16-bit parameters.
+    for amp in [a for a in autocasts(("off", reduced) if reduced else ("off",), workload) if allows(pinned, "amp", a)]:
         for channels_last in [c for c in ((False, True) if workload.image_input else (False,)) if allows(pinned, "channels_last", c)]:
             setup = TrainSetup(batch_size=middle, amp=amp, channels_last=channels_last)  # type: ignore[arg-type]
             same = measured.get(middle) if setup == fp32.replace(batch_size=middle) else None

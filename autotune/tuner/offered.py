@@ -107,9 +107,9 @@ def check_workload_constraints(constraints: dict[str, Constraint], workload: Wor
     if workload.unsharded and any(asks("num_workers", n) for n in range(2, 1025)):
         raise UsageError(f"--set num_workers: {UNSHARDED}; use 0 or 1, or shard it (docs/workloads.md)")
     amp = constraints.get("amp")
-    refused = [(a, why) for a in AUTOCAST_DTYPES if amp is not None and amp.allows(a) and (why := autocast_refusal(a, workload))]
-    if amp is not None and refused and not any(amp.allows(a) for a in autocasts(("off", *AUTOCAST_DTYPES), workload)):
+    if amp is not None and not any(amp.allows(a) for a in autocasts(("off", *AUTOCAST_DTYPES), workload)):  # only refused ones
+        asked = next(a for a in AUTOCAST_DTYPES if amp.allows(a))
         suits = autocasts(("off", "bf16", "fp16") if device.type == "cuda" else ("off", "bf16"), workload)
-        raise UsageError(f"--set amp={refused[0][0]}: {refused[0][1]}; use " + " or ".join(f"amp={a}" for a in suits))
+        raise UsageError(f"--set amp={asked}: {autocast_refusal(asked, workload)}; use " + " or ".join(f"amp={a}" for a in suits))
     if workload.own_optimizer and any(asks("optimizer_impl", impl) for impl in OPTIMIZER_IMPLS):
         raise UsageError("--set optimizer_impl: the Task brings its own optimizer factory; set foreach/fused there")

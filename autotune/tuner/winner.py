@@ -137,8 +137,8 @@ def make_best(
         notes.append("measured on synthetic JPEGs; re-run with --data DIR to tune on your own images")
     if setup.amp != "off":
         notes.append(f"amp={setup.amp} changes the numerics (autocast); check your accuracy once")
-    elif precision_note(workload):
-        notes.append(precision_note(workload))
+    elif note := precision_note(workload):
+        notes.append(note)
     step = setup.batch_size * setup.accumulation_steps  # one rank's optimizer step; an epoch holds whole steps only
     if workload.images and workload.images % step >= 0.1 * workload.images:
         unit = "samples" if workload.task else "images"
