@@ -416,6 +416,9 @@ def test_a_loss_that_diverges_at_the_first_batch_stops_the_search_and_is_not_rea
     with pytest.raises(WorkloadError, match=r"learning rate$"):  # its own optimizer: no word on AdamW
         calibrate(replace(half, own_optimizer=True), CPU, usable_cores=2, available_bytes=2**34, max_memory=None, trial_seconds=3.0,
                   bf16_ok=True, runner=diverging)
+    with pytest.raises(WorkloadError, match=r"\(batch size 8, bfloat16, the PyTorch defaults\); .* learning rate$"):  # 1e-8 is no 0 there
+        calibrate(replace(half, precision="bfloat16"), CPU, usable_cores=2, available_bytes=2**34, max_memory=None, trial_seconds=3.0,
+                  bf16_ok=True, runner=diverging)
 
 
 def test_a_max_memory_above_the_ram_available_is_said() -> None:

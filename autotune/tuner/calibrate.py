@@ -176,7 +176,7 @@ def calibrate(
             # Not a memory limit: the plainest setup diverges, so every setup would.
             raise WorkloadError(f"{subject}: the loss became NaN or infinite in the first run (batch size {batch}, "
                                 f"{workload.precision or 'fp32'}, the PyTorch defaults); check the model, the loss and the learning rate"
-                                + (HALF_ADAMW if "float16" in (workload.precision or "") and not workload.own_optimizer else ""))
+                                + (HALF_ADAMW if "float16" in (workload.precision or "").split("+") and not workload.own_optimizer else ""))
         points.append(MemoryPoint(batch, result.status, result.peak_memory_bytes, result.samples_per_s))
         log(f"memory pre-pass: batch {batch}: {outcome_text(result)}, peak {format_bytes(result.peak_memory_bytes)}")
         if result.status != "ok":
