@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 import torch
@@ -79,3 +80,28 @@ class _Slow(nn.Module):
 def slow_step(num_classes: int = 10) -> nn.Module:
     """A model whose every forward takes 0.4 s, longer than a short trial's window."""
     return _Slow(num_classes, 0.4)
+
+
+#: The environment variable naming :func:`gated_cnn`'s gate file.
+GATE_ENV = "AUTOTUNE_TEST_GATE"
+
+
+class _Gated(nn.Module):
+    def __init__(self, num_classes: int) -> None:
+        super().__init__()
+        self.inner = tiny_cnn(num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate = os.environ.get(GATE_ENV)
+        while gate and os.path.exists(gate):
+            time.sleep(0.02)
+        return self.inner(x)
+
+
+def gated_cnn(num_classes: int = 10) -> nn.Module:
+    """:func:`tiny_cnn` whose every forward waits while the file named by ``$AUTOTUNE_TEST_GATE`` exists.
+
+    A trial of it stays RUNNING until a test removes the gate, however loaded the machine: a signal sent to its search
+    lands mid-trial for certain (a 1-s trial of :func:`tiny_cnn` could end between two looks at the study).
+    """
+    return _Gated(num_classes)

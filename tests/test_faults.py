@@ -34,9 +34,9 @@ WAIT_S = 240.0
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
-def search_cmd(out: Path, cache_dir: Path, *extra: str, trials: int = 2) -> list[str]:
-    """``autotune search`` of the tiny test model, 1-s trials, one confirmation round, no winner's ceilings."""
-    return [sys.executable, "-m", "autotune", "search", "--model", "factories:tiny_cnn", "--image-size", "32",
+def search_cmd(out: Path, cache_dir: Path, *extra: str, trials: int = 2, model: str = "tiny_cnn") -> list[str]:
+    """``autotune search`` of a tiny test model, 1-s trials, one confirmation round, no winner's ceilings."""
+    return [sys.executable, "-m", "autotune", "search", "--model", f"factories:{model}", "--image-size", "32",
             "--synthetic-images", "64", "--trial-seconds", "1", "--device", "cpu", "--trials", str(trials),
             "--confirm-top", "1", "--confirm-rounds", "1", "--no-ceilings", "--out", str(out), "--cache-dir", str(cache_dir),
             *extra]
@@ -49,20 +49,21 @@ def run_here(cmd: list[str]) -> tuple[int, str, str]:
     return in_process.cli(cmd[3:], TESTS)
 
 
-def start(cmd: list[str]) -> subprocess.Popen[bytes]:
+def start(cmd: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     """The command in a child with default signal dispositions (a background shell ignores SIGINT)."""
     def defaults() -> None:
         for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
             signal.signal(sig, signal.SIG_DFL)
 
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV, preexec_fn=defaults)
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env or ENV, preexec_fn=defaults)
 
 
 def wait_running(proc: subprocess.Popen[bytes], out: Path, number: int) -> None:
     """Wait until trial ``number`` is RUNNING in the study of ``out``, and leave ``proc`` frozen (SIGSTOP) with it so.
 
-    A frozen search tells nothing, so the trial stays RUNNING whatever the machine's load: a signal sent now lands
-    mid-trial (it is delivered at the SIGCONT). Seen RUNNING but finished by the time the search froze: thawed, wait on.
+    A frozen search tells nothing, so the trial stays RUNNING: a signal sent now lands mid-trial (it is delivered at the
+    SIGCONT). A trial that can end by itself may end between two looks on a loaded machine (a 1-s trial did, and its
+    search finished unseen): searches of :func:`factories.gated_cnn` with its gate in place are waited on.
     """
     storage = f"sqlite:///{out / 'study.db'}"
     deadline = time.monotonic() + WAIT_S
@@ -88,10 +89,10 @@ def wait_running(proc: subprocess.Popen[bytes], out: Path, number: int) -> None:
     pytest.fail(f"trial #{number} never ran")
 
 
-def seed_calibration(out: Path) -> None:
+def seed_calibration(out: Path, model: str = "tiny_cnn") -> None:
     """The study of the search on ``out`` already calibrated: the faults under test hit the trials."""
     out.mkdir(parents=True)
-    studies.seed_calibration(f"sqlite:///{out / 'study.db'}", "factories.tiny_cnn-32px-cpu", trials=2)
+    studies.seed_calibration(f"sqlite:///{out / 'study.db'}", f"factories.{model}-32px-cpu", trials=2)
 
 
 def study_of(out: Path) -> optuna.Study:
@@ -102,11 +103,16 @@ def study_of(out: Path) -> optuna.Study:
 def test_hangup_and_kill9_mid_trial_lose_nothing_and_a_second_search_is_refused(tmp_path, cache_dir) -> None:
     """SIGHUP during the defaults trial, kill -9 during the next: the resumed search still has its baseline.
 
-    While the first search runs, a second one on the same --out is refused in one line naming the holder.
+    While the first search runs, a second one on the same --out is refused in one line naming the holder. The trials
+    wait at their gate until the faults are sent (:func:`factories.gated_cnn`); the last search runs ungated.
     """
-    out = tmp_path / "out"
-    seed_calibration(out)
-    first = start(search_cmd(out, cache_dir))
+    from factories import GATE_ENV
+
+    out, gate = tmp_path / "out", tmp_path / "gate"
+    gate.touch()
+    gated = {**ENV, GATE_ENV: str(gate)}
+    seed_calibration(out, "gated_cnn")
+    first = start(search_cmd(out, cache_dir, model="gated_cnn"), gated)
     wait_running(first, out, 0)
     first.send_signal(signal.SIGHUP)
     first.send_signal(signal.SIGCONT)  # the hangup is delivered as the search thaws, mid-trial
@@ -115,9 +121,9 @@ def test_hangup_and_kill9_mid_trial_lose_nothing_and_a_second_search_is_refused(
     assert "Traceback" not in stderr.decode()
     assert study_of(out).trials[0].state == TrialState.FAIL
 
-    resumed = start(search_cmd(out, cache_dir))
+    resumed = start(search_cmd(out, cache_dir, model="gated_cnn"), gated)
     wait_running(resumed, out, 1)  # frozen mid-trial: it certainly holds --out while the second one starts
-    second = run_here(search_cmd(out, cache_dir))  # this process: the holder is the frozen search's
+    second = run_here(search_cmd(out, cache_dir, model="gated_cnn"))  # this process: the holder is the frozen search's
     storage = f"sqlite:///{out / 'study.db'}"
     live = study_status(storage)
     resumed.kill()  # kill -9: no handler runs, the trial stays RUNNING in the study
@@ -134,7 +140,8 @@ def test_hangup_and_kill9_mid_trial_lose_nothing_and_a_second_search_is_refused(
     assert [(r.number, r.gone) for r in dead.running] == [(1, True)]
     assert ", 0 running," in dead.lines()[0] and "left running by a search that died: #1" in "\n".join(dead.lines())
 
-    code, stdout, stderr = run_here(search_cmd(out, cache_dir, "--json"))
+    gate.unlink()
+    code, stdout, stderr = run_here(search_cmd(out, cache_dir, "--json", model="gated_cnn"))
     assert code == 0, stderr
     summary = json.loads(stdout)
     # A speedup, unless the defaults were the top trial and so confirmed alone (a guess that ran slower on a busy machine).
