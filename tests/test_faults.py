@@ -1366,7 +1366,7 @@ def test_bad_data_advice_matches_what_a_rerun_accepts(tmp_path, synthetic_data) 
     assert advice.startswith(f"bad data: {victim}: cannot decode") and "rerun the same command" in advice
     assert "fix or remove it and rerun" not in advice and "another --out" in advice, advice
     victim.unlink()  # what the advice says a rerun on the same --out does not take
-    with pytest.raises(StorageError, match=r"made for a different search \(samples: 64 there, 63 now\)"):
+    with pytest.raises(StorageError, match=r"made for a different search \(samples in the data: 64 there, 63 now\)"):
         run_search(config, runner=runner)
     assert study_of(tmp_path / "out").trials[0].state == TrialState.COMPLETE
 
@@ -1839,10 +1839,10 @@ def test_a_study_from_another_machine_or_timeout_is_refused_naming_the_differenc
     stored = dict(study.user_attrs["signature"])
     cores = stored["usable_cores"]
     study.set_user_attr("signature", {**stored, "usable_cores": cores + 62, "cpu_model": "Other CPU"})
-    with pytest.raises(StorageError, match=r"cpu_model: 'Other CPU' there, .* now"):
+    with pytest.raises(StorageError, match=r"CPU: 'Other CPU' there, .* now"):
         run_search(_config(tmp_path, cache_dir), runner=_fake)
     study.set_user_attr("signature", stored)
-    with pytest.raises(StorageError, match=r"timeout_s: the default there, 30.0 now"):  # it read "None there"
+    with pytest.raises(StorageError, match=r"--timeout: the default there, 30.0 now"):  # it read "None there"
         run_search(_config(tmp_path, cache_dir, timeout_s=30.0), runner=_fake)
 
 

@@ -225,7 +225,7 @@ def test_a_worker_with_another_fingerprint_is_refused(shared: Shared, tmp_path) 
     finally:
         study.set_user_attr("signature", stored)
     assert code == 1
-    assert "cpu_model: 'Some Other CPU' there" in stderr
+    assert "CPU: 'Some Other CPU' there" in stderr
     assert len(stderr.strip().splitlines()) == 1
 
 
@@ -892,7 +892,7 @@ def test_a_worker_joining_with_other_settings_is_refused_while_the_first_lives(t
             "marker": MARKER_JOIN, ATTR_WORKER: holder.to_dict(), "signature": at_32}))
         study.study.set_user_attr("signature", at_32)
         with pytest.raises(StorageError, match=rf"^study 'race' in {storage} is being searched by pid {first.pid} on .* for a different "
-                                               r"search \(image_size: 32 there, 48 now\); start this worker with the same settings"):
+                                               r"search \(--image-size: 32 there, 48 now\); start this worker with the same settings"):
             Crew(study, wait_s=60.0).join({**at_32, "image_size": 48})
         assert study.study.user_attrs["signature"] == at_32  # the first worker's search stands
         Crew(study, wait_s=60.0).join({**at_32, "device": "cpu"})  # the same search joins

@@ -69,7 +69,7 @@ def test_a_different_signature_is_refused_naming_the_difference(tmp_path: Path) 
     study.check_signature({"model": "resnet18", "trial_seconds": 3.0})
     studies.seed_calibration(f"sqlite:///{tmp_path / 'study.db'}", "s")  # measured: the study is this search's now
     study.check_signature({"model": "resnet18", "trial_seconds": 3.0})  # the same search resumes
-    with pytest.raises(StorageError, match=r"trial_seconds: 3.0 there, 5.0 now"):
+    with pytest.raises(StorageError, match=r"--trial-seconds: 3.0 there, 5.0 now"):
         _open(tmp_path).check_signature({"model": "resnet18", "trial_seconds": 5.0})
     assert signature_difference({"a": [1]}, {"a": (1,)}) is None  # compared as stored JSON
 
@@ -98,8 +98,8 @@ def test_a_study_without_ddp_is_named_one_rank_when_ddp_is_asked() -> None:
 
     lone = signature(SearchConfig(model="resnet18", trials=3), Workload(model="resnet18"))
     ddp = signature(SearchConfig(model="resnet18", trials=3, nproc_per_node=2), Workload(model="resnet18"))
-    assert signature_difference(lone, ddp) == "nproc_per_node: 1 there, 2 now"
-    assert signature_difference(ddp, lone) == "nproc_per_node: 2 there, 1 now"
+    assert signature_difference(lone, ddp) == "--nproc-per-node: 1 there, 2 now"
+    assert signature_difference(ddp, lone) == "--nproc-per-node: 2 there, 1 now"
 
 
 def test_another_synthetic_count_names_the_flag_that_continues_the_study() -> None:
@@ -117,7 +117,7 @@ def test_another_synthetic_count_names_the_flag_that_continues_the_study() -> No
         "synthetic JPEGs: 2000 there, 16384 now; --synthetic-images 2000 continues it (without it: 2000 on a CPU, 16384 on CUDA)")
     older = {k: v for k, v in signed(2000).items() if k != "samples"}  # stored by an earlier version
     assert signature_difference(older, signed(16384)).startswith("synthetic JPEGs: 2000 there, 16384 now; --synthetic-images 2000")
-    assert signature_difference(signed(2000), signed(16384, device="cuda:1")) == "device: 'cuda:0' there, 'cuda:1' now"
+    assert signature_difference(signed(2000), signed(16384, device="cuda:1")) == "--device: 'cuda:0' there, 'cuda:1' now"
 
 
 def test_a_changed_task_model_or_data_size_is_another_search() -> None:
@@ -130,8 +130,8 @@ def test_a_changed_task_model_or_data_size_is_another_search() -> None:
         return signature(SearchConfig(model="resnet18", trials=3, workload="m:f"), workload)
 
     assert signature_difference(signed(2048, 10), signed(2048, 10)) is None
-    assert signature_difference(signed(2048, 10), signed(2048, 1000)) == "parameters: 10 there, 1000 now"
-    assert signature_difference(signed(2048, 10), signed(300, 10)) == "samples: 2048 there, 300 now"
+    assert signature_difference(signed(2048, 10), signed(2048, 1000)) == "the model's parameters: 10 there, 1000 now"
+    assert signature_difference(signed(2048, 10), signed(300, 10)) == "samples in the data: 2048 there, 300 now"
     older = {k: v for k, v in signed(2048, 10).items() if k not in ("samples", "parameters")}  # stored by earlier versions
     assert signature_difference(older, signed(300, 1000)) is None
 
@@ -148,9 +148,9 @@ def test_a_changed_task_batch_size_is_another_search() -> None:
         return signature(SearchConfig(model="resnet18", trials=3, workload="m:f"), workload)
 
     assert signature_difference(signed(16), signed(16)) is None
-    assert signature_difference(signed(16), signed(32)) == "batch_size: 16 there, 32 now"
+    assert signature_difference(signed(16), signed(32)) == "the Task's batch_size: 16 there, 32 now"
     # Internal names said in the user's words: it read "max_memory: None there, 4294967296 now".
-    assert signature_difference({"max_memory": None}, {"max_memory": 2**32}) == "max_memory: the default (half the RAM) there, 4.0 GiB now"
+    assert signature_difference({"max_memory": None}, {"max_memory": 2**32}) == "--max-memory: the default (half the RAM) there, 4.0 GiB now"
     older = {k: v for k, v in signed(16).items() if k != "batch_size"}  # stored by earlier versions
     assert signature_difference(older, signed(32)) is None
     assert "batch_size" not in signature(SearchConfig(model="resnet18", trials=3), Workload(model="resnet18"))

@@ -1674,6 +1674,6 @@ def test_a_study_of_a_float64_task_model_resumes_only_with_the_same_precision() 
     wide, plain = signed(_workload("float64")), signed(_workload("good"))
     assert wide["precision"] == "float64" and "precision" not in plain
     earlier = {k: v for k, v in wide.items() if k != "precision"}
-    assert signature_difference(earlier, wide) == ("precision: float32 (or not read: an earlier autotune version) there, "
+    assert signature_difference(earlier, wide) == ("the model's precision: float32 (or not read: an earlier autotune version) there, "
                                                    "'float64' now")
     assert signature_difference(plain, plain) is None
