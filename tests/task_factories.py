@@ -39,12 +39,55 @@ class _Slowed(Dataset):
         return self.dataset[index]
 
 
+#: The environment variable naming :func:`good`'s gate file.
+GATE_ENV = "TASK_FACTORIES_GATE"
+
+
+def _in_a_trial() -> bool:
+    """Whether this process is a trial (a child of the trial server) or one of a trial's loader workers."""
+    import psutil
+
+    process: psutil.Process | None = psutil.Process()
+    for _ in range(3):
+        try:
+            process = process.parent() if process is not None else None
+            if process is None:
+                return False
+            if "autotune.runner.server" in " ".join(process.cmdline()):
+                return True
+        except psutil.Error:
+            return False
+    return False
+
+
+class _Gated(Dataset):
+    """``dataset`` whose items wait, in trial processes only, while the file ``gate`` exists."""
+
+    def __init__(self, dataset: Dataset, gate: str) -> None:
+        self.dataset, self.gate = dataset, gate
+        self.trial: bool | None = None  # read at the first item: the search's own checks read items too, ungated
+
+    def __len__(self) -> int:
+        return len(self.dataset)  # type: ignore[arg-type]
+
+    def __getitem__(self, index: int) -> Any:
+        if self.trial is None:
+            self.trial = _in_a_trial()
+        while self.trial and os.path.exists(self.gate):
+            time.sleep(0.02)
+        return self.dataset[index]
+
+
 def good() -> autotune.Task:
     """(inputs, targets) pairs, a linear model, the default cross-entropy. ``TASK_FACTORIES_SLOW_ITEM_S`` in the
     environment makes every item that much slower to read (a test's worker whose trials must last seconds to be seen
-    running; the study's signature, which names the factory, stays the same)."""
+    running; the study's signature, which names the factory, stays the same). ``TASK_FACTORIES_GATE`` names a file
+    while which a trial's items wait: its trial stays RUNNING until the test removes the file, however loaded the
+    machine (the search's own checks of the Task, in its own process, read items ungated)."""
     slow = float(os.environ.get("TASK_FACTORIES_SLOW_ITEM_S", "0"))
-    return autotune.Task(nn.Linear(8, 3), _Slowed(_pairs(), slow) if slow else _pairs(), batch_size=16, lr=2e-3)
+    dataset: Dataset = _Slowed(_pairs(), slow) if slow else _pairs()
+    gate = os.environ.get(GATE_ENV)
+    return autotune.Task(nn.Linear(8, 3), _Gated(dataset, gate) if gate else dataset, batch_size=16, lr=2e-3)
 
 
 def slow_to_build() -> autotune.Task:

@@ -100,6 +100,7 @@ def study_of(out: Path) -> optuna.Study:
 
 
 @pytest.mark.slow
+@pytest.mark.time_limit(600)  # several real searches in a row: slow on a loaded machine
 def test_hangup_and_kill9_mid_trial_lose_nothing_and_a_second_search_is_refused(tmp_path, cache_dir) -> None:
     """SIGHUP during the defaults trial, kill -9 during the next: the resumed search still has its baseline.
 
@@ -1692,6 +1693,7 @@ def test_copies_left_by_a_killed_generation_are_removed(tmp_path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.time_limit(600)  # several real searches in a row: slow on a loaded machine
 def test_ctrl_c_during_calibration_keeps_its_runs_and_the_rerun_reuses_them(tmp_path, cache_dir, monkeypatch) -> None:
     """A real SIGINT once the calibration stored two runs: exit 130, the last line counts the runs kept, and the same
     command run again reuses exactly those (nothing measured is lost) and finishes the search."""

@@ -230,6 +230,7 @@ def test_a_worker_with_another_fingerprint_is_refused(shared: Shared, tmp_path) 
 
 
 @pytest.mark.slow
+@pytest.mark.time_limit(600)  # several real searches in a row: slow on a loaded machine
 def test_journal_file_workers_share_one_budget(tmp_path) -> None:
     storage = f"journal://{tmp_path / 'study.log'}"
     studies.seed_calibration(storage, "journal", trials=3, shared=True)  # calibrating once is the PostgreSQL test's
@@ -244,12 +245,17 @@ def beating_trials(storage: optuna.storages.RDBStorage) -> set[int]:
 
 
 @pytest.mark.slow
+@pytest.mark.time_limit(600)  # several real searches in a row: slow on a loaded machine
 def test_a_worker_killed_mid_trial_is_recovered_by_another(tmp_path, shared: Shared, monkeypatch) -> None:
     storage = optuna.storages.RDBStorage(shared.storage)
     study = optuna.load_study(study_name=shared.study, storage=storage)
     held = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
     budget = next(b for b in itertools.count(1) if b - counted(held, b) >= 2)  # at least two more trials to count
-    victim = start(worker_cmd(tmp_path / "w1", shared.storage, shared.study, trials=budget), AUTOTUNE_HEARTBEAT_S="1")
+    # Its trials wait at a gate (task_factories.good): one stays RUNNING until it is killed, however slowly this polls.
+    gate = tmp_path / "gate"
+    gate.touch()
+    victim = start(worker_cmd(tmp_path / "w1", shared.storage, shared.study, trials=budget), AUTOTUNE_HEARTBEAT_S="1",
+                   TASK_FACTORIES_GATE=str(gate))
     deadline, number = time.monotonic() + WAIT_S, None
     while number is None and time.monotonic() < deadline:
         assert victim.poll() is None, victim.communicate()[1][-2000:]
@@ -277,6 +283,7 @@ def test_a_worker_killed_mid_trial_is_recovered_by_another(tmp_path, shared: Sha
         except psutil.Error:
             pass
     assert study.get_trials(deepcopy=False)[number].state == TrialState.RUNNING  # killed mid-trial
+    gate.unlink()  # (the next worker runs in this process, whose environment names no gate)
     monkeypatch.setenv("AUTOTUNE_HEARTBEAT_S", "1")
     code, _, stderr = in_process.cli(worker_cmd(tmp_path / "w2", shared.storage, shared.study, trials=budget)[3:], TESTS)  # warm
     assert code == 0, stderr[-2000:]
@@ -456,6 +463,7 @@ def test_a_study_opened_while_its_server_restarts_is_retried_not_refused(postgre
     url = postgres.url
     backend = open_storage(url)  # the server reached, as the worker's first step does
     monkeypatch.setattr(study_module, "open_storage", lambda _url: backend)
+    monkeypatch.setenv("AUTOTUNE_STORAGE_RETRIES", "10")  # minutes of retries: a slow restart on a loaded machine is waited for
     SearchStudy.open(url, "restarted", shared=True).study.set_user_attr("before", 1)  # a connection in the pool; the server goes
     postgres.stop()
     restart = threading.Timer(2.0, postgres.start)
@@ -663,6 +671,7 @@ def test_a_waiting_worker_waits_while_the_elected_one_stores_progress(postgres, 
 
 
 @pytest.mark.slow
+@pytest.mark.time_limit(600)  # several real searches in a row: slow on a loaded machine
 def test_the_last_stored_winner_stands_for_the_study_whatever_budget_a_later_worker_started_with(tmp_path, postgres,
                                                                                                   monkeypatch) -> None:
     """Workers of one study started with different --trials: the one still searching (--trials 3) confirms last, and
@@ -678,21 +687,25 @@ def test_the_last_stored_winner_stands_for_the_study_whatever_budget_a_later_wor
     # The workers that run alone run in this process (its trial server is warm); the one frozen mid-trial is a process.
     code, _, stderr = in_process.cli(worker_cmd(tmp_path / "a", storage, name, trials=2)[3:], TESTS)
     assert code == 0, stderr[-2000:]
-    # Its items read slowly, so each trial it runs stays RUNNING for seconds: a polling test on a loaded machine saw
-    # none when the trials it ran were short (CI, 2026-12-05: a pruned 1-s trial and two not run).
-    searching = start(worker_cmd(tmp_path / "b", storage, name, trials=3), **slow_beats, TASK_FACTORIES_SLOW_ITEM_S="0.05")
+    # Its trials wait at a gate (task_factories.good): the one it runs stays RUNNING until worker c is done, however
+    # slowly this polls (CI, 2026-12-05: a polling test saw none of a pruned 1-s trial and two not run).
+    gate = tmp_path / "gate"
+    gate.touch()
+    searching = start(worker_cmd(tmp_path / "b", storage, name, trials=3), **slow_beats, TASK_FACTORIES_GATE=str(gate))
     study = load(storage, name)
     deadline = time.monotonic() + WAIT_S
-    while time.monotonic() < deadline:  # until it stored its budget and runs a trial of it
-        assert searching.poll() is None, searching.communicate()[1][-2000:]
-        if study.user_attrs.get(STUDY_BUDGET) == 3 and study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-            break
+    while not (study.user_attrs.get(STUDY_BUDGET) == 3 and study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))):
+        assert searching.poll() is None, searching.communicate()[1][-2000:]  # until it stored its budget and runs a trial
+        if time.monotonic() > deadline:
+            searching.kill()
+            pytest.fail("the worker of --trials 3 never ran a trial")
         time.sleep(0.2)
     searching.send_signal(signal.SIGSTOP)  # a worker of --trials 2 starts (and ends) while it searches
     try:
         code, _, stderr = in_process.cli(worker_cmd(tmp_path / "c", storage, name, trials=2)[3:], TESTS)
         assert code == 0, stderr[-2000:]
     finally:
+        gate.unlink()
         searching.send_signal(signal.SIGCONT)
     code, stdout, stderr = finish(searching)
     assert code == 0, stderr[-2000:]
@@ -995,12 +1008,16 @@ def test_a_worker_interrupted_while_it_confirms_leaves_the_election_to_a_worker_
     studies.seed_calibration(storage, name, trials=2, shared=True)
     cmd = worker_cmd(tmp_path / "a", storage, name, trials=2)
     cmd[cmd.index("--confirm-rounds") + 1] = "3"  # a confirmation of several measurements: frozen in it, not after it
-    elected = start(cmd)
+    # Its items read slowly (a lone finalist's confirmation is one run: seconds, not one) and, once the gate exists, its
+    # confirmation's trial waits there (task_factories.good): the freeze lands before a winner is stored.
+    gate = tmp_path / "gate"
+    elected = start(cmd, TASK_FACTORIES_SLOW_ITEM_S="0.02", TASK_FACTORIES_GATE=str(gate))
     try:
         study, deadline = load(storage, name), time.monotonic() + WAIT_S
         while not [t for t in study.get_trials(deepcopy=False, states=(TrialState.FAIL,)) if t.user_attrs.get("marker") == confirm_marker(2)]:
             assert elected.poll() is None and time.monotonic() < deadline, elected.communicate()[1][-2000:]
             time.sleep(0.02)
+        gate.touch()
         freeze_outside_the_journal_lock(elected, tmp_path / "study.log")  # elected (it entered first, alone) and confirming
         assert STUDY_WINNER not in load(storage, name).user_attrs
         monkeypatch.setattr(socket, "gethostname", lambda: "another-host")  # this process: a worker on another host
