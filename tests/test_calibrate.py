@@ -220,13 +220,15 @@ def test_a_budget_that_fits_no_batch_is_one_line(tiny_workload) -> None:
     with pytest.raises(WorkloadError, match=r"not even batch 1 of model resnet18 fits the memory budget of .* on cuda:0"):
         calibrate(tiny_workload, full, usable_cores=2, available_bytes=2**34, max_memory=None,
                   trial_seconds=3.0, bf16_ok=True, runner=FakeRunner())
-    # On a CPU the budget is the model's share of --max-memory: the message says so, and what to shrink.
-    # A Task is named as the workload it is (its model field holds the factory's reference too).
-    for work, hint in ((tiny_workload, "pick a smaller --image-size"), (replace(tiny_workload, task="m:f"), "the Task's model")):
+    # On a CPU the budget is the model's share of --max-memory: the message says so, and what to change (this runner's
+    # 100 MiB of every run whatever its batch exceed 819 KiB: no smaller image helps). A Task is named as the workload it
+    # is (its model field holds the factory's reference too).
+    for work in (tiny_workload, replace(tiny_workload, task="m:f")):
         name = "workload m:f" if work.task else "model resnet18"
         with pytest.raises(WorkloadError, match=rf"^not even batch 1 of {name} fits the memory budget of 819 KiB on cpu: 80% of "
                                                  r"--max-memory 1 MiB, the rest left to loader "
-                                                 rf"workers; free some memory, raise --max-memory or .*{hint}"):
+                                                 r"workers; its runs peaked at .* at batch 1 and .* at batch 8: .* so no smaller batch or "
+                                                 r"image fits: free some memory or raise --max-memory$"):
             calibrate(work, CPU, usable_cores=2, available_bytes=2**34, max_memory=2**20, trial_seconds=3.0, bf16_ok=False,
                       runner=FakeRunner())
 
@@ -245,10 +247,42 @@ def test_a_budget_under_the_fixed_cost_with_a_model_that_needs_two_samples_is_on
 
     runner = FixedCost()
     with pytest.raises(WorkloadError, match=r"no batch of model resnet18 trains within the memory budget of 360 MiB on cpu: .* "
-                                            r"batches 2 to 8 ran out of it and batch 1 fails \(ValueError: Expected more than 1"):
+                                            r"batches 2 to 8 ran out of it and batch 1 fails \(ValueError: Expected more than 1") as raised:
         calibrate(tiny_workload, CPU, usable_cores=2, available_bytes=2**34, max_memory=450 * MIB, trial_seconds=1.0,
                   bf16_ok=False, runner=runner)
     assert all(mode == "compute" for mode, _ in runner.calls)  # stopped before any other run
+    # Its peaks did not grow with the batch: a smaller --image-size (the advice until now) cannot help.
+    assert str(raised.value).endswith("; its runs peaked at 436 MiB at batch 2 and 436 MiB at batch 8: what a trial process holds "
+                                      "whatever its batch (torch, the model, its gradients and optimizer state) exceeds the budget "
+                                      "alone, so no smaller batch or image fits: free some memory or raise --max-memory"), raised.value
+
+
+@pytest.mark.parametrize("peaks", [{2: 370, 4: 372, 8: 375},  # at the budget (360 MiB): read as it crossed it, the batch may matter
+                                   {2: 400, 4: 460, 8: 520}])  # grew with the batch
+def test_a_smaller_image_is_advised_unless_the_peaks_show_the_batch_does_not_matter(tiny_workload, peaks) -> None:
+    from autotune.errors import WorkloadError
+    from autotune.records import MemoryPoint
+    from autotune.tuner.calibrate import fixed_cost
+
+    points = [MemoryPoint(batch, "oom", peak * MIB, None) for batch, peak in peaks.items()]
+    assert fixed_cost(points, 360 * MIB) is None
+    assert fixed_cost([MemoryPoint(2, "oom", 500 * MIB, None), MemoryPoint(4, "oom", 505 * MIB, None)], 360 * MIB) is None  # 2x only
+    assert "(the model, its gradients" in (fixed_cost([MemoryPoint(2, "oom", 500 * MIB, None), MemoryPoint(8, "oom", 505 * MIB, None)],
+                                                      360 * MIB, cuda=True) or "")
+
+    class Runs(FakeRunner):
+        def __call__(self, setup, workload, options=None, *, on_window=None) -> TrialResult:
+            if options.mode != "loader" and setup.batch_size == 1:
+                return TrialResult(status="error", error="ValueError: Expected more than 1 value per channel when training")
+            if options.mode != "loader":
+                return TrialResult(status="oom", error="over budget", peak_memory_bytes=peaks.get(setup.batch_size, 520) * MIB)
+            return super().__call__(setup, workload, options, on_window=on_window)
+
+    for work, hint in ((tiny_workload, "pick a smaller --image-size"), (replace(tiny_workload, task="m:f"), "make the Task's model or "
+                                                                                                             "batches smaller")):
+        with pytest.raises(WorkloadError, match=rf"; free some memory, raise --max-memory or {hint}$"):
+            calibrate(work, CPU, usable_cores=2, available_bytes=2**34, max_memory=450 * MIB, trial_seconds=1.0, bf16_ok=False,
+                      runner=Runs())
 
 
 def test_no_batch_that_trains_for_reasons_other_than_memory_is_not_called_a_memory_limit(tiny_workload) -> None:

@@ -187,14 +187,20 @@ def calibrate(
         if max_memory is None and ram_share > 1:
             limit += f" split among {ram_share} trial processes"
         where += f": {1 - WORKER_RESERVE:.0%} of {limit}, the rest left to loader workers"
-    smaller = "pick a smaller --image-size" if workload.task is None else "make the Task's model or batches smaller"
-    too_small = WorkloadError(
-        f"not even batch 1 of {subject} fits the memory budget of {format_bytes(budget)} on {where}; "
-        f"free some memory, raise --max-memory or {smaller}"
-    )
+
+    def advice() -> str:  # what to change, read from the runs so far
+        fixed = fixed_cost(points, budget, cuda=cuda)
+        if fixed is not None:
+            return f"{fixed}: free some memory or raise --max-memory"
+        return "free some memory, raise --max-memory or " + (
+            "pick a smaller --image-size" if workload.task is None else "make the Task's model or batches smaller")
+
+    def too_small() -> WorkloadError:
+        return WorkloadError(f"not even batch 1 of {subject} fits the memory budget of {format_bytes(budget)} on {where}; {advice()}")
+
     fit = extrapolate_batch(points, budget) if budget is not None else batch_cap
     if fit is not None and fit < 1:
-        raise too_small
+        raise too_small()
     rate = max((_items_per_s(batch, result, world_size) for batch, result in measured.items()), default=0.0)  # one rank's
     # A trial must hold a few optimizer steps: a batch whose step takes more
     # than half the trial cannot be measured in steady state. Never below the
@@ -221,13 +227,12 @@ def calibrate(
         points.append(MemoryPoint(1, result.status, result.peak_memory_bytes, result.samples_per_s))
         log(f"memory pre-pass: batch 1: {outcome_text(result)}, peak {format_bytes(result.peak_memory_bytes)}")
         if result.status == "oom":
-            raise too_small
+            raise too_small()
         larger = sorted((p.batch_size, p.status) for p in points if p.batch_size > 1)
         if not result.ok and {status for _, status in larger} == {"oom"}:  # every larger batch ran out of memory
             raise WorkloadError(
                 f"no batch of {subject} trains within the memory budget of {format_bytes(budget)} on {where}: "
-                f"batches 2 to {max(p.batch_size for p in points)} ran out of it and batch 1 fails ({result.error}); "
-                f"free some memory, raise --max-memory or {smaller}"
+                f"batches 2 to {max(p.batch_size for p in points)} ran out of it and batch 1 fails ({result.error}); {advice()}"
             )
         if not result.ok:  # not memory alone: say what each run did (a run timed out on a busy machine, the model failed)
             said = ", ".join(f"batch {batch} {status}" for batch, status in larger)
@@ -297,6 +302,22 @@ def calibrate(
         log(f"loader workers fail ({broken}); the search keeps num_workers=0")
         calibration = replace(calibration, max_workers=0)
     return calibration
+
+
+def fixed_cost(points: list[MemoryPoint], budget: int | None, *, cuda: bool = False) -> str | None:
+    """Why no batch fits, when it is not the batch: runs over the budget by a tenth or more whose peaks hardly grew
+    from one batch to a batch at least 4x larger (within a tenth). What every trial process holds whatever its batch
+    (torch on a CPU, the model, its gradients and optimizer state) then exceeds the budget alone, and a smaller batch
+    or image cannot fit; None where the runs do not show it."""
+    over = sorted((p.batch_size, p.peak_bytes) for p in points if p.status == "oom" and p.peak_bytes)
+    if budget is None or len(over) < 2 or over[-1][0] < 4 * over[0][0]:
+        return None
+    (small, low), (large, high) = over[0], over[-1]
+    if min(peak for _, peak in over) < 1.1 * budget or max(peak for _, peak in over) > 1.1 * min(peak for _, peak in over):
+        return None
+    holds = "the model, its gradients and optimizer state" if cuda else "torch, the model, its gradients and optimizer state"
+    return (f"its runs peaked at {format_bytes(low)} at batch {small} and {format_bytes(high)} at batch {large}: what a trial "
+            f"process holds whatever its batch ({holds}) exceeds the budget alone, so no smaller batch or image fits")
 
 
 def _batch_limit(bound: str, *, budget: int | None, trial_seconds: float, rate: float, data: int, cap: int) -> str:
