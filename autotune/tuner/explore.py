@@ -17,6 +17,7 @@ rewritten after every trial, so nothing measured is lost.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -88,22 +89,43 @@ class Exploration:
 
 
 def check_recipe(records: list[TrialRecord], workload: Workload) -> None:
-    """Stop when the PyTorch defaults diverged: the recipe itself does, and every setup trains it.
+    """Stop when the PyTorch defaults diverged, or failed with the error another setup's trial failed with: the recipe
+    itself does, and every setup trains it.
 
     A setup's speed says nothing where the loss is NaN, and a winner would
-    hand back a recipe that cannot train.
+    hand back a recipe that cannot train. An error two different setups meet
+    alike (one label out of the classes' range among many items: the memory
+    pre-pass, on a spread of the first items, took it for a limit of its
+    batch) is the workload's: every further trial would meet it too.
 
     Raises:
-        WorkloadError: The defaults' trial ended ``diverged`` (every trial so far stays in the study).
+        WorkloadError: The defaults' trial ended ``diverged``, or ``error`` as another run trial did (every trial so
+            far stays in the study).
     """
+    subject = f"workload {workload.task}" if workload.task else f"model {workload.model}"
     for record in records:
         if record.role == ROLE_DEFAULTS and record.result.status == "diverged":
-            subject = f"workload {workload.task}" if workload.task else f"model {workload.model}"
             raise WorkloadError(
                 f"{subject}: the loss became NaN or infinite in trial #{record.number}, the PyTorch defaults (batch "
                 f"{record.setup.batch_size}, fp32): the recipe diverges whatever the setup; check the model, the loss and "
                 "the learning rate (the trials so far are kept; fix it and search with another --out)"
             )
+        if record.role == ROLE_DEFAULTS and record.result.status == "error" and raised(record.result.error) and not record.free:
+            same = next((r for r in records if r.number != record.number and not r.free and r.setup != record.setup
+                         and r.result.status == "error" and r.result.error == record.result.error), None)
+            if same is not None:
+                raise WorkloadError(
+                    f"{subject}: trial #{record.number} (the PyTorch defaults) and trial #{same.number} ({same.setup.describe()}) "
+                    f"failed alike: {record.result.error}; so would every setup: check every item of the data with the model "
+                    "and the loss, not the first ones only (a target out of range, a bad shape) (the trials so far are kept; "
+                    "fix it and search with another --out)"
+                )
+
+
+def raised(error: str | None) -> bool:
+    """Whether a trial's error is an exception the workload's code raised (``IndexError: ...``), not the death of a
+    process (a signal, a kill from outside, a loader worker gone)."""
+    return error is not None and re.match(r"[A-Z]\w*(Error|Exception): ", error) is not None
 
 
 def explore(study: SearchStudy, plan: Exploration, reporter: Reporter, runner: TrialRunner) -> None:
