@@ -730,6 +730,18 @@ def calls_backward() -> autotune.Task:
     return autotune.Task(nn.Linear(8, 3), _pairs(), step=_step_with_backward)
 
 
+def _step_with_retained_backward(model: nn.Module, batch: Any) -> torch.Tensor:
+    inputs, targets = batch
+    loss = nn.functional.cross_entropy(model(inputs), targets)
+    loss.backward(retain_graph=True)  # the graph kept: a second backward raises nothing, it doubles the gradients
+    return loss
+
+
+def calls_backward_retaining() -> autotune.Task:
+    """A step that calls backward(retain_graph=True) itself: the trial's own backward would succeed and double it."""
+    return autotune.Task(nn.Linear(8, 3), _pairs(), step=_step_with_retained_backward)
+
+
 class _WithUnusedHead(nn.Module):
     def __init__(self) -> None:
         super().__init__()

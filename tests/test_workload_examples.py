@@ -93,11 +93,17 @@ def test_an_item_that_raises_in_a_batch_is_bad_data_and_stops_the_search_naming_
     assert not any("batch 32: ok" in m for m in messages), messages
 
 
-@pytest.mark.slow
-def test_a_step_that_calls_backward_itself_is_told_to_return_the_loss_only() -> None:
-    outcome = autotune.trial(workload="task_factories:calls_backward", device="cpu", trial_seconds=1.0,
-                             setup=autotune.TrainSetup(batch_size=8))
-    assert outcome.status == "error" and outcome.result.error is not None
-    assert "backward through the graph a second time" in outcome.result.error
-    assert outcome.result.error.endswith("does the workload's step(model, batch) call backward()? It must return the loss only: "
-                                         "the trial (and train.py) call backward, with the gradient scaler and accumulation")
+@pytest.mark.parametrize("factory", ["calls_backward", "calls_backward_retaining"])
+def test_a_step_that_calls_backward_itself_is_told_to_return_the_loss_only(factory: str) -> None:
+    """Refused before any trial. With retain_graph=True the trial's own backward raised nothing: every trial and
+    train.py trained on doubled gradients, without the scaler or accumulation, and measured two backward passes."""
+    from autotune.errors import WorkloadError
+    from autotune.runner.failures import classify
+
+    with pytest.raises(WorkloadError, match=r"^step\(model, batch\) computed the gradients itself \(the model's .grad is set when it "
+                                            r"returns: it called backward\(\)\); it must return the loss only"):
+        autotune.trial(workload=f"task_factories:{factory}", device="cpu", trial_seconds=1.0, setup=autotune.TrainSetup(batch_size=8))
+    # A step that calls it only in some steps gets past the check: the trial's error says what to change.
+    error = classify(RuntimeError("Trying to backward through the graph a second time (or directly access saved tensors)")).error
+    assert error is not None and error.endswith("does the workload's step(model, batch) call backward()? It must return the loss "
+                                                "only: the trial (and train.py) call backward, with the gradient scaler and accumulation")

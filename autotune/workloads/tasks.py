@@ -139,10 +139,15 @@ def _check_loss(task: Task, model: Any, batch: Any) -> None:
 
     shapes = describe_batch(batch)
     if task.step is not None:
+        model.zero_grad(set_to_none=True)
         try:
             loss = task.step(model, batch)
         except USER_CODE_ERRORS as exc:
             raise WorkloadError(f"step(model, batch) failed on the first batch {shapes}: {type(exc).__name__}: {exc}") from None
+        if any(parameter.grad is not None for parameter in model.parameters()):  # backward(retain_graph=True): no error later
+            raise WorkloadError("step(model, batch) computed the gradients itself (the model's .grad is set when it returns: "
+                                "it called backward()); it must return the loss only: the trial (and train.py) call backward, "
+                                "with the gradient scaler and accumulation, and a second backward would double every gradient")
         origin = "step(model, batch)"
     else:
         if not isinstance(batch, (tuple, list)) or len(batch) != 2:
