@@ -578,8 +578,21 @@ def test_a_trial_whose_stream_holds_no_full_optimizer_step_per_pass_fails_as_tra
     assert len(take(autotune.TrainSetup(batch_size=2, accumulation_steps=2), 6)) == 6  # 2 batches a pass: a step each, looped
     with pytest.raises(RuntimeError, match=re.escape("no full optimizer step of 2 x 4 in one pass (2 batches of 2)")):
         take(autotune.TrainSetup(batch_size=2, accumulation_steps=4), 3)
-    with pytest.raises(RuntimeError, match="^the dataset yields no full batch of 8 samples$"):  # the calibration's halving reads this one
+    # The calibration's halving reads "no full batch"; `autotune trial` of a stream too short for its batch says what fits.
+    with pytest.raises(RuntimeError, match=re.escape("the dataset yields no full batch of 8 samples (a pass yields 5): pass a batch size "
+                                                     "of at most 5 (--batch-size)")):
         take(autotune.TrainSetup(batch_size=8), 1)
+
+    class Once(Five):  # a pass, then nothing: a second look at it cannot count
+        def __init__(self) -> None:
+            self.passes = 0
+
+        def __iter__(self):  # type: ignore[no-untyped-def]
+            self.passes += 1
+            return super().__iter__() if self.passes == 1 else iter(())
+
+    with pytest.raises(RuntimeError, match="^the dataset yields no full batch of 8 samples$"):
+        next(endless_batches(autotune.TrainSetup(batch_size=8), Once(), collate_fn=None, seed=0))
 
 
 def test_a_huge_map_style_dataset_is_read_at_random_indices_without_permuting_all_of_it() -> None:
