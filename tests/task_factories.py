@@ -767,6 +767,26 @@ def forward_fails() -> autotune.Task:
     return autotune.Task(nn.Linear(5, 3), _pairs())
 
 
+class _Float64Items(Dataset):
+    """NumPy's default dtype: float64 arrays, with int labels."""
+
+    def __len__(self) -> int:
+        return 16
+
+    def __getitem__(self, index: int) -> Any:
+        return np.random.RandomState(index).randn(3, 8, 8), index % 2
+
+
+def float64_items() -> autotune.Task:
+    """float64 items for a float32 Conv2d (the forward fails), and for a float32 Linear through a step."""
+    return autotune.Task(nn.Conv2d(3, 2, 3), _Float64Items(), loss=lambda out, y: out.mean())
+
+
+def float64_items_step() -> autotune.Task:
+    return autotune.Task(nn.Sequential(nn.Flatten(), nn.Linear(192, 2)), _Float64Items(),
+                         step=lambda model, batch: nn.functional.cross_entropy(model(batch[0]), batch[1]))
+
+
 class _TwoInputs(nn.Module):
     def __init__(self) -> None:
         super().__init__()

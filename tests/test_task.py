@@ -487,6 +487,10 @@ def test_good_workloads_become_workload_records() -> None:
         ("sequence_first", "counts 12 samples in a batch of 8 items ((Tensor[12, 8] int64, Tensor[8] int64)), where its second "
                            "dimension holds the items: a sequence-first batch"),
         ("forward_fails", "forward failed on the first batch (inputs Tensor[2, 8] float32): RuntimeError"),
+        ("float64_items", "RuntimeError: Input type (double) and bias type (float) should be the same; the inputs are float64 "
+                          "(NumPy's default dtype) and the model's weights float32: make the items float32 (torch.as_tensor(x, "),
+        ("float64_items_step", "step(model, batch) failed on the first batch [Tensor[2, 3, 8, 8] float64, Tensor[2] int64]: RuntimeError: "
+                               "mat1 and mat2 must have the same dtype, but got Double and Float; the inputs are float64 (NumPy's"),
         ("two_inputs", "missing 1 required positional argument: 'b'; with loss=, the model is called with one argument, the "
                        "batch's inputs: for a model that takes several, give step=lambda model, batch: ... instead"),
         ("masked_inside", "TypeError: _TwoInputs.forward() missing 1 required positional argument: 'b'"),  # no step= hint

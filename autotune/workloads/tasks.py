@@ -22,7 +22,7 @@ from typing import Any
 
 from autotune.errors import USER_CODE_ERRORS, WorkloadError
 from autotune.records import TrialOptions, Workload
-from autotune.workloads.batches import describe_batch, first_tensor, has_image_tensor
+from autotune.workloads.batches import describe_batch, first_tensor, has_image_tensor, hinted
 from autotune.workloads.collation import batched_fixed_shapes, batched_read, collate_items, fixed_shapes, read_batch
 from autotune.workloads.factory_time import check_factory_time
 from autotune.workloads.loss_inputs import check_loss_weights, float_targets, reaches
@@ -143,7 +143,7 @@ def _check_loss(task: Task, model: Any, batch: Any) -> None:
         try:
             loss = task.step(model, batch)
         except USER_CODE_ERRORS as exc:
-            raise WorkloadError(f"step(model, batch) failed on the first batch {shapes}: {type(exc).__name__}: {exc}") from None
+            raise WorkloadError(f"step(model, batch) failed on the first batch {shapes}: " + hinted(f"{type(exc).__name__}: {exc}")) from None
         if any(parameter.grad is not None for parameter in model.parameters()):  # backward(retain_graph=True): no error later
             raise WorkloadError("step(model, batch) computed the gradients itself (the model's .grad is set when it returns: "
                                 "it called backward()); it must return the loss only: the trial (and train.py) call backward, "
@@ -162,7 +162,7 @@ def _check_loss(task: Task, model: Any, batch: Any) -> None:
             own = f"{getattr(type(model).forward, '__qualname__', 'forward')}() missing"  # the model's forward(a, b), not a submodule's
             several = isinstance(exc, TypeError) and str(exc).startswith(own) and "required positional argument" in str(exc)
             raise WorkloadError(
-                f"the model's forward failed on the first batch (inputs {describe_batch(inputs)}): {type(exc).__name__}: {exc}"
+                f"the model's forward failed on the first batch (inputs {describe_batch(inputs)}): " + hinted(f"{type(exc).__name__}: {exc}")
                 + ("; with loss=, the model is called with one argument, the batch's inputs: for a model that takes several, "
                    "give step=lambda model, batch: ... instead" if several else "")
             ) from None
