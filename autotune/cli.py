@@ -26,18 +26,13 @@ from autotune.records import DEFAULT_TRIAL_SECONDS
 from autotune.redact import recorded_command
 from autotune.render import console
 from autotune.teardown import without_teardown
-from autotune.units import plain_int
+from autotune.units import plain_float, plain_int
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-app = typer.Typer(
-    name="autotune",
-    help="Measure, don't guess: find the fastest DataLoader, batch, precision and accumulation setup.",
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
-    add_completion=False,
-    rich_markup_mode=None,  # Click's help: it wraps at any terminal width (Rich's option table cut names at 80 columns)
-)
+app = typer.Typer(name="autotune", help="Measure, don't guess: find the fastest DataLoader, batch, precision and accumulation setup.",
+                  no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False,
+                  rich_markup_mode=None)  # Click's help: it wraps at any terminal width (Rich's option table cut names at 80 columns)
 out = console()
 err = console(stderr=True)
 _state = {"debug": False, "ran": False}
@@ -127,13 +122,22 @@ def _int(value: str | int) -> int:
     return number
 
 
+def _float(value: str | float) -> float:
+    """A number option (:func:`~autotune.units.plain_float`: not 1_0), said as :func:`_int` says an integer's."""
+    if (number := value if isinstance(value, (int, float)) else plain_float(value)) is None:
+        raise typer.BadParameter(f"expected a number, got {value!r}")
+    return float(number)
+
+
 ModelOpt = Annotated[
     Optional[str], typer.Option("--model", "-m", help="torchvision model name or package.module:function (search: resnet50, trial: resnet18).")
 ]
 ImageSizeOpt = Annotated[Optional[int], typer.Option("--image-size", parser=_int, help="Square crop fed to the model (default 224; inception_v3 299).")]
 DataOpt = Annotated[Optional[Path], typer.Option("--data", parser=_path, help="ImageFolder directory (default: synthetic JPEGs, generated once).")]
 DeviceOpt = Annotated[str, typer.Option("--device", help="auto, cpu, cuda or cuda:K.")]
-TrialSecondsOpt = Annotated[float, typer.Option("--trial-seconds", help="Measured steady-state seconds per trial.")]
+TimeoutOpt = Annotated[Optional[float], typer.Option("--timeout", parser=_float, help="Kill a trial process after this many seconds, its start-up "
+                                                    "included (default 90 + 6 x --trial-seconds).")]
+TrialSecondsOpt = Annotated[float, typer.Option("--trial-seconds", parser=_float, help="Measured steady-state seconds per trial.")]
 MaxMemoryOpt = Annotated[Optional[str], typer.Option("--max-memory", help="Memory budget: 20GiB, or 20G (20e9 B); half the RAM by default.")]
 CacheDirOpt = Annotated[
     Optional[Path], typer.Option("--cache-dir", parser=_path, help="Where synthetic data is generated (default ~/.cache/autotune).")
@@ -167,9 +171,7 @@ def trial(
     trial_seconds: TrialSecondsOpt = DEFAULT_TRIAL_SECONDS,
     device: DeviceOpt = "auto",
     data: DataOpt = None,
-    timeout: Annotated[
-        Optional[float], typer.Option("--timeout", help="Kill the trial after this many seconds, start-up included (default 90 + 6 x --trial-seconds).")
-    ] = None,
+    timeout: TimeoutOpt = None,
     max_memory: Annotated[Optional[str], typer.Option(
         "--max-memory", help="A peak above it is an oom: 20GiB, or 20G (20e9 B); none by default.",
     )] = None,
@@ -257,8 +259,8 @@ def search(
     ceilings: Annotated[
         bool, typer.Option("--ceilings/--no-ceilings", help="Measure the winner computing alone and loading alone (2 runs).")
     ] = True,
-    lr: Annotated[float, typer.Option("--lr", help="Learning rate at the reference batch.")] = 1e-3,
-    timeout: Annotated[Optional[float], typer.Option("--timeout", help="Seconds a trial process may run (default 90 + 6 x --trial-seconds).")] = None,
+    lr: Annotated[float, typer.Option("--lr", parser=_float, help="Learning rate at the reference batch.")] = 1e-3,
+    timeout: TimeoutOpt = None,
     cache_dir: CacheDirOpt = None,
     synthetic_images: SyntheticOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the final summary as one JSON object.")] = False,

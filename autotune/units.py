@@ -63,6 +63,15 @@ def plain_int(text: str) -> int | None:
     return int(text) if _INT.match(text) else None
 
 
+def plain_float(text: str) -> float | None:
+    """``text`` as a float where ``float()`` reads it and it holds no ``_`` and only ASCII (``float()`` would read ``1_0``
+    as 10.0, and other scripts' digits), else None; ``nan`` and ``inf`` read, for the option's own range check to refuse."""
+    try:
+        return float(text) if text.isascii() and "_" not in text else None
+    except ValueError:
+        return None
+
+
 def counted(count: int, noun: str) -> str:
     """``1 sample``, ``2 samples``: ``count`` and ``noun``, plural unless the count is one (the noun takes an ``s``)."""
     return f"{count} {noun}" if count == 1 else f"{count} {noun}s"

@@ -599,6 +599,18 @@ def test_an_integer_flag_takes_ascii_digits_only(tmp_path, flag: str, value: str
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("value", ["1_0", "\u0668", "abc", "5s"])
+@pytest.mark.parametrize(("command", "flag"), [("trial", "--trial-seconds"), ("search", "--trial-seconds"), ("trial", "--timeout"),
+                                               ("search", "--timeout"), ("search", "--lr")])
+def test_a_number_flag_is_refused_in_the_integer_flags_words(tmp_path, command: str, flag: str, value: str) -> None:
+    """float() reads 1_0 as 10.0; a word was refused in pydantic's words ("Input should be a valid number, unable to parse
+    string as a number") where an integer flag says "expected an integer, got 'abc'"."""
+    result = runner.invoke(app, [command, flag, value, "--device", "cpu", *(["--out", str(tmp_path / "out")] if command == "search" else [])])
+    assert result.exit_code == 2, result.output
+    assert f"Invalid value for '{flag}'" in result.output and f": expected a number, got {value!r}" in result.output, result.output
+    assert not (tmp_path / "out").exists()
+
+
 def test_api_setup_and_device_arguments_in_other_shapes(tmp_path) -> None:
     import torch
 
