@@ -762,6 +762,11 @@ def batch_norm() -> autotune.Task:
     return autotune.Task(nn.Sequential(nn.Linear(8, 4), nn.BatchNorm1d(4), nn.Linear(4, 3)), _pairs(), batch_size=4)
 
 
+def needs_arguments(n: int, m: int) -> autotune.Task:
+    """A factory whose arguments have no defaults (called with none)."""
+    return autotune.Task(nn.Linear(8, 3), _pairs(n + m))
+
+
 def forward_fails() -> autotune.Task:
     """The model expects 5 features; the data has 8."""
     return autotune.Task(nn.Linear(5, 3), _pairs())

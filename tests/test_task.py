@@ -487,6 +487,8 @@ def test_good_workloads_become_workload_records() -> None:
         ("sequence_first", "counts 12 samples in a batch of 8 items ((Tensor[12, 8] int64, Tensor[8] int64)), where its second "
                            "dimension holds the items: a sequence-first batch"),
         ("forward_fails", "forward failed on the first batch (inputs Tensor[2, 8] float32): RuntimeError"),
+        ("needs_arguments", "failed: TypeError: needs_arguments() missing 2 required positional arguments: 'n' and 'm'; a workload factory "
+                            "is called with no arguments (n, m have no default): give them defaults, or write a factory without"),
         ("float64_items", "RuntimeError: Input type (double) and bias type (float) should be the same; the inputs are float64 "
                           "(NumPy's default dtype) and the model's weights float32: make the items float32 (torch.as_tensor(x, "),
         ("float64_items_step", "step(model, batch) failed on the first batch [Tensor[2, 3, 8, 8] float64, Tensor[2] int64]: RuntimeError: "
@@ -515,6 +517,21 @@ def test_bad_workloads_fail_in_the_parent_with_one_line(name: str, message: str,
     assert name in suggests_step or "step=lambda" not in str(info.value)  # only where it is the fix
     if name == "raises":  # a Python caller sees the factory's own traceback as the cause (from None hid it)
         assert isinstance(info.value.__cause__, RuntimeError) and info.value.__cause__.__traceback__ is not None
+    if name != "needs_arguments":
+        assert "called with no arguments" not in str(info.value)
+
+
+def test_the_arguments_hint_is_only_for_a_factory_that_needs_arguments() -> None:
+    from autotune.workloads.models import arguments_hint
+
+    def fine(n: int = 1, *rest: int, **named: int) -> None: ...
+
+    def needs(n: int, *, scale: float) -> None: ...
+
+    assert arguments_hint(fine, TypeError("f() missing 1 required positional argument: 'x'")) == ""  # raised inside it
+    assert arguments_hint(needs, RuntimeError("required")) == ""
+    assert arguments_hint(needs, TypeError("needs() missing 1 required positional argument: 'n'")).startswith(
+        "; a workload factory is called with no arguments (n, scale have no default)")
 
 
 def test_a_stream_that_augments_randomly_is_still_caught_yielding_whole_from_every_worker() -> None:

@@ -234,6 +234,21 @@ def load_factory(ref: str, sys_path: Sequence[str], what: str = "model") -> Call
     return func
 
 
+def arguments_hint(func: Callable[..., Any], exc: BaseException) -> str:
+    """What to do when a workload factory that needs arguments was called without them ("" for any other failure)."""
+    try:
+        needed = [p.name for p in inspect.signature(func).parameters.values()
+                  if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    except (TypeError, ValueError):  # no signature to read (a builtin)
+        return ""
+    if not needed or not isinstance(exc, TypeError) or "required" not in str(exc):
+        return ""
+    one = len(needed) == 1
+    return (f"; a workload factory is called with no arguments ({', '.join(needed)} {'has' if one else 'have'} no default): give "
+            f"{'it a default' if one else 'them defaults'}, or write a factory without arguments that calls it with {'its' if one else 'their'} "
+            "values")
+
+
 def check_factory(ref: str, sys_path: Sequence[str] = ()) -> None:
     """Import a user factory and check it is callable (does not call it)."""
     validate_model_ref(ref)

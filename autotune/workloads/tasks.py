@@ -26,7 +26,7 @@ from autotune.workloads.batches import describe_batch, first_tensor, has_image_t
 from autotune.workloads.collation import batched_fixed_shapes, batched_read, collate_items, fixed_shapes, read_batch
 from autotune.workloads.factory_time import check_factory_time
 from autotune.workloads.loss_inputs import check_loss_weights, float_targets, reaches
-from autotune.workloads.models import load_factory
+from autotune.workloads.models import arguments_hint, load_factory
 from autotune.workloads.task import Task
 from autotune.workloads.task_refs import task_ref
 
@@ -60,7 +60,7 @@ def call_factory(ref: str, func: Callable[[], Any]) -> tuple[Task, float]:
     except WorkloadError as exc:  # the Task it built refused its own arguments (loss= and step=, say)
         raise WorkloadError(f"workload {ref}: {exc}") from None
     except USER_CODE_ERRORS as exc:  # its traceback is the user's own code's: a Python caller sees it as the cause
-        raise WorkloadError(f"workload {ref} failed: {type(exc).__name__}: {exc}") from exc
+        raise WorkloadError(f"workload {ref} failed: {type(exc).__name__}: {exc}{arguments_hint(func, exc)}") from exc
     if not isinstance(task, Task):
         raise WorkloadError(f"workload {ref} returned {type(task).__name__}, not an autotune.Task")
     return task, time.perf_counter() - started
