@@ -43,7 +43,7 @@ class _Slowed(Dataset):
 GATE_ENV = "TASK_FACTORIES_GATE"
 
 
-def _in_a_trial() -> bool:
+def in_a_trial() -> bool:
     """Whether this process is a trial (a child of the trial server) or one of a trial's loader workers."""
     import psutil
 
@@ -72,7 +72,7 @@ class _Gated(Dataset):
 
     def __getitem__(self, index: int) -> Any:
         if self.trial is None:
-            self.trial = _in_a_trial()
+            self.trial = in_a_trial()
         while self.trial and os.path.exists(self.gate):
             time.sleep(0.02)
         return self.dataset[index]

@@ -227,8 +227,8 @@ def test_a_budget_that_fits_no_batch_is_one_line(tiny_workload) -> None:
         name = "workload m:f" if work.task else "model resnet18"
         with pytest.raises(WorkloadError, match=rf"^not even batch 1 of {name} fits the memory budget of 819 KiB on cpu: 80% of "
                                                  r"--max-memory 1 MiB, the rest left to loader "
-                                                 r"workers; its runs peaked at .* at batch 1 and .* at batch 8: .* so no smaller batch or "
-                                                 r"image fits: free some memory or raise --max-memory$"):
+                                                 r"workers; its runs peaked at .* at batch 1 and .* at batch 8: .* so no smaller batch "
+                                                 r"fits: free some memory, raise --max-memory or make the model smaller$"):
             calibrate(work, CPU, usable_cores=2, available_bytes=2**34, max_memory=2**20, trial_seconds=3.0, bf16_ok=False,
                       runner=FakeRunner())
 
@@ -253,8 +253,9 @@ def test_a_budget_under_the_fixed_cost_with_a_model_that_needs_two_samples_is_on
     assert all(mode == "compute" for mode, _ in runner.calls)  # stopped before any other run
     # Its peaks did not grow with the batch: a smaller --image-size (the advice until now) cannot help.
     assert str(raised.value).endswith("; its runs peaked at 436 MiB at batch 2 and 436 MiB at batch 8: what a trial process holds "
-                                      "whatever its batch (torch, the model, its gradients and optimizer state) exceeds the budget "
-                                      "alone, so no smaller batch or image fits: free some memory or raise --max-memory"), raised.value
+                                      "whatever its batch (torch, the model, its gradients and optimizer state, the data it holds) "
+                                      "exceeds the budget alone, so no smaller batch fits: free some memory, raise --max-memory or make "
+                                      "the model smaller"), raised.value
 
 
 @pytest.mark.parametrize("peaks", [{2: 370, 4: 372, 8: 375},  # at the budget (360 MiB): read as it crossed it, the batch may matter

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -1891,32 +1892,39 @@ def test_defaults_that_diverge_stop_the_search_in_one_line_and_keep_the_trials(t
     assert len(SearchStudy.load(f"sqlite:///{tmp_path / 'out' / 'study.db'}").records()) == 1
 
 
-@pytest.mark.parametrize("error", ["IndexError: Target 9 is out of bounds.", "the trial process died of SIGSEGV"])
-def test_defaults_that_fail_as_another_setup_does_stop_the_search_unless_a_process_died(tmp_path, cache_dir, error) -> None:
+@pytest.mark.parametrize("case", ["every setup fails alike", "processes died alike", "only the defaults' batch fails"])
+def test_defaults_that_fail_as_another_batch_does_stop_the_search_while_nothing_trained(tmp_path, cache_dir, case) -> None:
     """One label out of range among the items: the pre-pass (the first items) passes, then every trial meets it. The
-    search ran all its trials, each failing alike; it stops once the defaults and another setup failed with the same
-    exception, and names it. Two processes that died alike (a signal) say nothing of the workload: the search goes on."""
-    from autotune.errors import WorkloadError
+    search ran all its trials, each failing alike; it stops once the defaults and a setup of another batch failed with
+    the same exception while no trial trained, and names it. Processes that died alike (a signal) say nothing of the
+    workload, and an error at the defaults' batch alone is that batch's: the search goes on."""
+    from autotune.errors import AutotuneError
     from autotune.records import TrialResult
     from autotune.tuner import SearchConfig, run_search
     from autotune.tuner.study import SearchStudy
 
+    error = "the trial process died of SIGSEGV" if case == "processes died alike" else "IndexError: Target 9 is out of bounds."
+
     def runner_(setup, workload, options=None, *, on_window=None):
-        if options is not None and options.mode == "train" and setup.num_workers == 0:
+        if options is not None and options.mode == "train" and (case != "only the defaults' batch fails" or setup.batch_size == 32):
             return TrialResult(status="error", error=error)
-        return TrialResult(status="ok", samples_per_s=100.0, windows=(100.0,), peak_memory_bytes=2**20)
+        return TrialResult(status="ok", samples_per_s=100.0 + setup.batch_size, windows=(100.0,), peak_memory_bytes=2**20)
 
     config = SearchConfig(model="resnet18", trials=6, image_size=32, device="cpu", trial_seconds=1.0, out=tmp_path / "out",
                           cache_dir=cache_dir, synthetic_images=64, confirm_rounds=1, seed=3)
-    if not error.startswith("IndexError"):
-        assert run_search(config, runner=runner_).best is not None  # the setups with workers ran and won
+    if case == "only the defaults' batch fails":
+        assert run_search(config, runner=runner_).best is not None  # the other batches trained and won
         return
-    with pytest.raises(WorkloadError, match=r"^model resnet18: trial #0 \(the PyTorch defaults\) and trial #(\d+) \(.*\) failed alike: "
-                                            r"IndexError: Target 9 is out of bounds.; so would every setup: check every item"):
+    with pytest.raises(AutotuneError) as raised:
         run_search(config, runner=runner_)
     records = SearchStudy.load(f"sqlite:///{tmp_path / 'out' / 'study.db'}").records()
-    assert [r.result.status for r in records][0] == "error" and [r.result.status for r in records][-1] == "error"
-    assert len(records) < 6 and not (tmp_path / "out" / "best.json").exists()  # stopped at the second, every trial kept
+    assert {r.result.status for r in records} == {"error"} and not (tmp_path / "out" / "best.json").exists()
+    if case == "processes died alike":
+        assert "failed alike" not in str(raised.value) and len(records) == 6, raised.value  # every trial ran
+        return
+    assert re.match(r"model resnet18: trial #0 \(the PyTorch defaults\) and trial #\d+ \(bs=(?!32 ).*\) failed alike: IndexError: "
+                    r"Target 9 is out of bounds.; so would every setup: check every item", str(raised.value)), raised.value
+    assert len(records) < 6  # stopped at the first trial of another batch, every trial kept
 
 
 def test_an_interrupt_during_the_confirmation_shows_its_rounds_so_far(tmp_path, cache_dir) -> None:

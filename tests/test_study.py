@@ -131,6 +131,9 @@ def test_a_changed_task_model_or_data_size_is_another_search() -> None:
 
     assert signature_difference(signed(2048, 10), signed(2048, 10)) is None
     assert signature_difference(signed(2048, 10), signed(2048, 1000)) == "the model's parameters: 10 there, 1000 now"
+    # A Task's model field holds its factory's reference: --workload, as the user wrote it.
+    assert signature_difference({"task": "m:f", "model": "m:f"}, {"task": "m:g", "model": "m:g"}) == "--workload: 'm:f' there, 'm:g' now"
+    assert signature_difference({"model": "resnet18"}, {"model": "resnet50"}) == "--model: 'resnet18' there, 'resnet50' now"
     assert signature_difference(signed(2048, 10), signed(300, 10)) == "samples in the data: 2048 there, 300 now"
     older = {k: v for k, v in signed(2048, 10).items() if k not in ("samples", "parameters")}  # stored by earlier versions
     assert signature_difference(older, signed(300, 1000)) is None

@@ -100,9 +100,32 @@ def test_a_step_that_calls_backward_itself_is_told_to_return_the_loss_only(facto
     from autotune.errors import WorkloadError
     from autotune.runner.failures import classify
 
-    with pytest.raises(WorkloadError, match=r"^step\(model, batch\) computed the gradients itself \(the model's .grad is set when it "
-                                            r"returns: it called backward\(\)\); it must return the loss only"):
+    with pytest.raises(WorkloadError, match=r"^step\(model, batch\) computed the gradients itself \(the model's .grad changed when it "
+                                            r"returned: it called backward\(\)\); it must return the loss only"):
         autotune.trial(workload=f"task_factories:{factory}", device="cpu", trial_seconds=1.0, setup=autotune.TrainSetup(batch_size=8))
+    import torch
+    from torch import nn
+
+    from autotune.workloads.tasks import check_task
+
+    def adversarial(model, batch):  # backward for the input's gradient, then the parameters' zeroed in place
+        inputs = batch[0].clone().requires_grad_(True)
+        nn.functional.cross_entropy(model(inputs), batch[1]).backward()
+        model.zero_grad(set_to_none=False)
+        return nn.functional.cross_entropy(model(inputs.detach() + 0.01 * inputs.grad.sign()), batch[1])
+
+    def input_gradient(model, batch):  # torch.autograd.grad sets no .grad
+        inputs = batch[0].clone().requires_grad_(True)
+        loss = nn.functional.cross_entropy(model(inputs), batch[1])
+        (grad,) = torch.autograd.grad(loss, inputs, create_graph=True)
+        return loss + grad.pow(2).sum()
+
+    data = torch.utils.data.TensorDataset(torch.randn(8, 4), torch.randint(0, 3, (8,)))
+    for step in (adversarial, input_gradient):
+        model = nn.Linear(4, 3)
+        model.weight.grad = torch.ones_like(model.weight)  # a caller's own gradients: compared, kept
+        check_task(autotune.Task(model, data, step=step), workers=False)
+        assert model.weight.grad is not None
     # A step that calls it only in some steps gets past the check: the trial's error says what to change.
     error = classify(RuntimeError("Trying to backward through the graph a second time (or directly access saved tensors)")).error
     assert error is not None and error.endswith("does the workload's step(model, batch) call backward()? It must return the loss "

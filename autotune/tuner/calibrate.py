@@ -191,7 +191,7 @@ def calibrate(
     def advice() -> str:  # what to change, read from the runs so far
         fixed = fixed_cost(points, budget, cuda=cuda)
         if fixed is not None:
-            return f"{fixed}: free some memory or raise --max-memory"
+            return f"{fixed}: free some memory, raise --max-memory or make the model smaller"
         return "free some memory, raise --max-memory or " + (
             "pick a smaller --image-size" if workload.task is None else "make the Task's model or batches smaller")
 
@@ -315,9 +315,9 @@ def fixed_cost(points: list[MemoryPoint], budget: int | None, *, cuda: bool = Fa
     (small, low), (large, high) = over[0], over[-1]
     if min(peak for _, peak in over) < 1.1 * budget or max(peak for _, peak in over) > 1.1 * min(peak for _, peak in over):
         return None
-    holds = "the model, its gradients and optimizer state" if cuda else "torch, the model, its gradients and optimizer state"
+    holds = "the model, its gradients and optimizer state" if cuda else "torch, the model, its gradients and optimizer state, the data it holds"
     return (f"its runs peaked at {format_bytes(low)} at batch {small} and {format_bytes(high)} at batch {large}: what a trial "
-            f"process holds whatever its batch ({holds}) exceeds the budget alone, so no smaller batch or image fits")
+            f"process holds whatever its batch ({holds}) exceeds the budget alone, so no smaller batch fits")
 
 
 def _batch_limit(bound: str, *, budget: int | None, trial_seconds: float, rate: float, data: int, cap: int) -> str:

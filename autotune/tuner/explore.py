@@ -93,14 +93,15 @@ def check_recipe(records: list[TrialRecord], workload: Workload) -> None:
     itself does, and every setup trains it.
 
     A setup's speed says nothing where the loss is NaN, and a winner would
-    hand back a recipe that cannot train. An error two different setups meet
-    alike (one label out of the classes' range among many items: the memory
-    pre-pass, on a spread of the first items, took it for a limit of its
-    batch) is the workload's: every further trial would meet it too.
+    hand back a recipe that cannot train. An error that setups of two batch
+    sizes meet alike, while no trial has trained (one label out of the
+    classes' range among many items: the memory pre-pass, on a spread of the
+    first items, took it for a limit of its batch), is the workload's: every
+    further trial would meet it too.
 
     Raises:
-        WorkloadError: The defaults' trial ended ``diverged``, or ``error`` as another run trial did (every trial so
-            far stays in the study).
+        WorkloadError: The defaults' trial ended ``diverged``, or ``error`` as a trial at another batch did while none
+            trained (every trial so far stays in the study).
     """
     subject = f"workload {workload.task}" if workload.task else f"model {workload.model}"
     for record in records:
@@ -111,9 +112,9 @@ def check_recipe(records: list[TrialRecord], workload: Workload) -> None:
                 "the learning rate (the trials so far are kept; fix it and search with another --out)"
             )
         if record.role == ROLE_DEFAULTS and record.result.status == "error" and raised(record.result.error) and not record.free:
-            same = next((r for r in records if r.number != record.number and not r.free and r.setup != record.setup
+            same = next((r for r in records if r.number != record.number and not r.free and r.setup.batch_size != record.setup.batch_size
                          and r.result.status == "error" and r.result.error == record.result.error), None)
-            if same is not None:
+            if same is not None and not any(r.result.ok for r in records if not r.free):  # one that trains: not every setup fails
                 raise WorkloadError(
                     f"{subject}: trial #{record.number} (the PyTorch defaults) and trial #{same.number} ({same.setup.describe()}) "
                     f"failed alike: {record.result.error}; so would every setup: check every item of the data with the model "

@@ -146,10 +146,10 @@ _NULL_MEANS = {"timeout_s": "the default", "max_memory": "the default (half the 
 #: A signature key in the user's words: the flag that sets it, or what it reads (``timeout_s`` was said as is).
 _LABELS = {"timeout_s": "--timeout", "trial_seconds": "--trial-seconds", "max_memory": "--max-memory", "image_size": "--image-size",
            "effective_batch": "--effective-batch", "nproc_per_node": "--nproc-per-node", "data": "--data", "device": "--device",
-           "model": "model", "task": "--workload", "parallel_trials": "trials at once (--devices)", "samples": "samples in the data",
-           "parameters": "the model's parameters", "batch_size": "the Task's batch_size", "precision": "the model's precision",
-           "cpu_model": "CPU", "usable_cores": "usable CPU cores", "device_model": "device model", "torch": "torch version",
-           "cuda": "CUDA version"}
+           "model": "--model", "task": "--workload", "synthetic_images": "--synthetic-images", "parallel_trials": "trials at once (--devices)",
+           "samples": "samples in the data", "parameters": "the model's parameters", "batch_size": "the Task's batch_size",
+           "precision": "the model's precision", "cpu_model": "CPU", "usable_cores": "usable CPU cores", "device_model": "device model",
+           "torch": "torch version", "cuda": "CUDA version"}
 
 
 def _said_value(key: str, value: Any) -> str:
@@ -183,5 +183,6 @@ def signature_difference(stored: dict[str, Any], current: dict[str, Any]) -> str
                 return f"space: {stored.get(key)!r} there, {normalized.get(key)!r} now: another autotune version sampled it"
             absent = _ABSENT.get(key)  # a key left out of a signature for its default
             there, now = (_said_value(key, side.get(key, absent)) for side in (stored, normalized))
-            return f"{_LABELS.get(key, key)}: {there} there, {now} now"
+            label = "--workload" if key == "model" and ("task" in stored or "task" in normalized) else _LABELS.get(key, key)  # a Task's
+            return f"{label}: {there} there, {now} now"
     return "settings differ"

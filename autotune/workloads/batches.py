@@ -84,8 +84,10 @@ _UNUSED_HINT = ("; some of the model's parameters get no gradient in a step (not
 _ONE_VALUE = "Expected more than 1 value per channel when training"
 _ONE_VALUE_HINT = "; a BatchNorm layer needs more than one value per channel to train on: a batch of 2 or more samples"
 
-#: A float64 input met float32 weights (torch's words for Linear, for Conv, and its older ones).
-_DOUBLE = ("got Double and Float", "Input type (double) and bias type (float)", "expected scalar type Float but found Double")
+#: A float64 input met float32 weights: torch's words for Linear, Conv (with a bias), and both without one (torchvision's
+#: ResNets' convolutions).
+_DOUBLE = ("got Double and Float", "Input type (double) and bias type (float)", "expected scalar type Double but found Float",
+           "but got: double != float")
 _DOUBLE_HINT = ("; the inputs are float64 (NumPy's default dtype) and the model's weights float32: make the items float32 "
                 "(torch.as_tensor(x, dtype=torch.float32), or x.astype(np.float32))")
 

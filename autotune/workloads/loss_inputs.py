@@ -65,3 +65,29 @@ def check_loss_weights(task: Task, model: Any, optimizer: Any) -> None:
             "sees (it gets the model's) and no checkpoint keeps: put them in the model, or give step= a model that holds both "
             "(autotune.Task(model=WithLoss(net, loss), step=lambda model, batch: model(*batch)), its forward returning the loss); "
             "if they are not meant to train, freeze them (loss.requires_grad_(False))")
+
+
+def gradients(model: Any) -> list[Any]:
+    """A copy of each parameter's ``.grad`` (None where it has none), to compare after a Task's ``step`` ran."""
+    return [None if p.grad is None else p.grad.detach().clone() for p in model.parameters()]
+
+
+def check_no_backward(model: Any, before: list[Any]) -> None:
+    """Refuse a ``step`` that called ``backward()`` itself: a parameter's gradient is nonzero now and other than before.
+
+    With ``retain_graph=True`` nothing fails later: the trial's own backward would double every gradient. A step that
+    computes input gradients with ``torch.autograd.grad``, or calls backward and then zeroes the gradients (an
+    adversarial step), leaves them as they were or zero; the model's gradients are compared, not cleared, so a Python
+    caller's own model keeps its own.
+
+    Raises:
+        WorkloadError: The step changed the model's gradients.
+    """
+    import torch
+
+    for parameter, was in zip(model.parameters(), before, strict=True):
+        now = parameter.grad
+        if now is not None and bool(now.detach().any()) and (was is None or not torch.equal(was, now.detach())):
+            raise WorkloadError("step(model, batch) computed the gradients itself (the model's .grad changed when it returned: it "
+                                "called backward()); it must return the loss only: the trial (and train.py) call backward, with the "
+                                "gradient scaler and accumulation, and a second backward would double every gradient")

@@ -10,7 +10,6 @@ a batch for the compute-only measurement. The classifier shorthand
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -212,15 +211,6 @@ class TaskPipeline:
         return collate_items(self.task.collate, items)
 
 
-def _pass_holds(dataset: Any, batch_size: int) -> str:
-    """What a pass of a stream too short for ``batch_size`` yields, and the batch that fits it ("" where it cannot be read)."""
-    try:
-        items = sum(1 for _ in itertools.islice(iter(dataset), batch_size))
-    except USER_CODE_ERRORS:  # the user's stream: what it raises was said by the pass itself
-        return ""
-    return f" (a pass yields {items}): pass a batch size of at most {items} (--batch-size)" if items else ""
-
-
 def spread_indices(count: int, size: int) -> list[int]:
     """``count`` indices into a map-style dataset of ``size`` items: every item in turn where it holds no more, else
     spread evenly from its first item to its last. A dataset sorted by length holds its longest items at one end: a
@@ -329,7 +319,9 @@ def endless_batches(
             if not count and passes:  # not a batch too large for the stream: the calibration's halving must not read it so
                 raise RuntimeError(REITERATED)
             if not count:
-                raise RuntimeError(f"the dataset yields no full batch of {setup.batch_size} samples{_pass_holds(dataset, setup.batch_size)}")
+                share = ", or each loader worker's share of it does" if setup.num_workers > 1 else ""
+                raise RuntimeError(f"the dataset yields no full batch of {setup.batch_size} samples (a pass holds fewer{share}): "
+                                   "pass a smaller batch size (--batch-size)")
             passes += 1
             if count < steps:  # the emitted script stops there too: its epochs would hold no optimizer step
                 raise RuntimeError(f"the dataset {NO_FULL_STEP} of {setup.batch_size} x {steps} in one pass "

@@ -25,7 +25,7 @@ from autotune.records import TrialOptions, Workload
 from autotune.workloads.batches import describe_batch, first_tensor, has_image_tensor, hinted
 from autotune.workloads.collation import batched_fixed_shapes, batched_read, collate_items, fixed_shapes, read_batch
 from autotune.workloads.factory_time import check_factory_time
-from autotune.workloads.loss_inputs import check_loss_weights, float_targets, reaches
+from autotune.workloads.loss_inputs import check_loss_weights, check_no_backward, float_targets, gradients, reaches
 from autotune.workloads.models import arguments_hint, load_factory
 from autotune.workloads.task import Task
 from autotune.workloads.task_refs import task_ref
@@ -139,15 +139,12 @@ def _check_loss(task: Task, model: Any, batch: Any) -> None:
 
     shapes = describe_batch(batch)
     if task.step is not None:
-        model.zero_grad(set_to_none=True)
+        before = gradients(model)
         try:
             loss = task.step(model, batch)
         except USER_CODE_ERRORS as exc:
             raise WorkloadError(f"step(model, batch) failed on the first batch {shapes}: " + hinted(f"{type(exc).__name__}: {exc}")) from None
-        if any(parameter.grad is not None for parameter in model.parameters()):  # backward(retain_graph=True): no error later
-            raise WorkloadError("step(model, batch) computed the gradients itself (the model's .grad is set when it returns: "
-                                "it called backward()); it must return the loss only: the trial (and train.py) call backward, "
-                                "with the gradient scaler and accumulation, and a second backward would double every gradient")
+        check_no_backward(model, before)
         origin = "step(model, batch)"
     else:
         if not isinstance(batch, (tuple, list)) or len(batch) != 2:
