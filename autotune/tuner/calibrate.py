@@ -307,8 +307,8 @@ def calibrate(
 def fixed_cost(points: list[MemoryPoint], budget: int | None, *, cuda: bool = False) -> str | None:
     """Why no batch fits, when it is not the batch: runs over the budget by a tenth or more whose peaks hardly grew
     from one batch to a batch at least 4x larger (within a tenth). What every trial process holds whatever its batch
-    (torch on a CPU, the model, its gradients and optimizer state) then exceeds the budget alone, and a smaller batch
-    or image cannot fit; None where the runs do not show it."""
+    (torch on a CPU, the model, its gradients and optimizer state, the data it holds) then exceeds the budget alone, and
+    no smaller batch can fit; None where the runs do not show it."""
     over = sorted((p.batch_size, p.peak_bytes) for p in points if p.status == "oom" and p.peak_bytes)
     if budget is None or len(over) < 2 or over[-1][0] < 4 * over[0][0]:
         return None
