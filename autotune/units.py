@@ -11,7 +11,7 @@ import re
 from autotune.errors import UsageError
 from probes.units import format_bytes
 
-__all__ = ["as_float", "counted", "format_bytes", "parse_size", "plain_int"]
+__all__ = ["as_float", "counted", "format_bytes", "parse_size", "plain_float", "plain_int"]
 
 _UNITS = {
     "": 1,

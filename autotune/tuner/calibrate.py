@@ -313,7 +313,8 @@ def fixed_cost(points: list[MemoryPoint], budget: int | None, *, cuda: bool = Fa
     if budget is None or len(over) < 2 or over[-1][0] < 4 * over[0][0]:
         return None
     (small, low), (large, high) = over[0], over[-1]
-    if min(peak for _, peak in over) < 1.1 * budget or max(peak for _, peak in over) > 1.1 * min(peak for _, peak in over):
+    lowest, highest = min(peak for _, peak in over), max(peak for _, peak in over)
+    if lowest < 1.1 * budget or highest > 1.1 * lowest:
         return None
     holds = "the model, its gradients and optimizer state" if cuda else "torch, the model, its gradients and optimizer state, the data it holds"
     return (f"its runs peaked at {format_bytes(low)} at batch {small} and {format_bytes(high)} at batch {large}: what a trial "

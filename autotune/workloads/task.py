@@ -281,15 +281,17 @@ class Task:
         if self.step is not None:
             return self.step(model, batch)
         if not isinstance(batch, (tuple, list)) or len(batch) != 2:
-            raise WorkloadError(
-                f"{'a Task with loss=' if self.loss is not None else 'the default loss (cross-entropy)'} needs (inputs, targets) "
-                f"batches, got {type(batch).__name__}; give step=(model, batch) instead"
-            )
+            raise self.not_pairs(type(batch).__name__)
         inputs, targets = batch
         output = model(inputs)
         criterion = self.criterion()
         _follow(criterion, output)
         return criterion(output, targets)
+
+    def not_pairs(self, got: str) -> WorkloadError:
+        """The refusal of a batch that is no ``(inputs, targets)`` pair for ``loss`` (or the default loss): ``got`` says what it is."""
+        who = "a Task with loss=" if self.loss is not None else "the default loss (cross-entropy)"
+        return WorkloadError(f"{who} needs (inputs, targets) batches, got {got}; give step=(model, batch) -> loss instead")
 
     def criterion(self) -> Callable[..., Any]:
         """``loss``, or cross-entropy by default."""

@@ -148,10 +148,7 @@ def _check_loss(task: Task, model: Any, batch: Any) -> None:
         origin = "step(model, batch)"
     else:
         if not isinstance(batch, (tuple, list)) or len(batch) != 2:
-            raise WorkloadError(
-                f"{'a Task with loss=' if task.loss is not None else 'the default loss (cross-entropy)'} needs (inputs, targets) "
-                f"batches, got {shapes}; give step=(model, batch) -> loss instead"
-            )
+            raise task.not_pairs(shapes)
         inputs, targets = batch
         try:
             output = model(inputs)
