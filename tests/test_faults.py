@@ -1890,6 +1890,13 @@ def test_defaults_that_diverge_stop_the_search_in_one_line_and_keep_the_trials(t
     with pytest.raises(WorkloadError, match="the recipe diverges"):  # the same command again runs no trial
         run_search(config, runner=runner_)
     assert len(SearchStudy.load(f"sqlite:///{tmp_path / 'out' / 'study.db'}").records()) == 1
+    # A Task's model in float64 is named in its dtype, as the calibration's line names it (it said fp32).
+    from autotune.records import Workload
+    from autotune.tuner.explore import check_recipe
+
+    record = SearchStudy.load(f"sqlite:///{tmp_path / 'out' / 'study.db'}").records()[0]
+    with pytest.raises(WorkloadError, match=r"the PyTorch defaults \(batch 32, float64\): the recipe diverges"):
+        check_recipe([record], Workload(model="m:f", image_size=32, task="m:f", precision="float64"))
 
 
 @pytest.mark.parametrize("case", ["every setup fails alike", "processes died alike", "only the defaults' batch fails"])

@@ -108,7 +108,7 @@ def check_recipe(records: list[TrialRecord], workload: Workload) -> None:
         if record.role == ROLE_DEFAULTS and record.result.status == "diverged":
             raise WorkloadError(
                 f"{subject}: the loss became NaN or infinite in trial #{record.number}, the PyTorch defaults (batch "
-                f"{record.setup.batch_size}, fp32): the recipe diverges whatever the setup; check the model, the loss and "
+                f"{record.setup.batch_size}, {workload.precision or 'fp32'}): the recipe diverges whatever the setup; check the model, the loss and "
                 "the learning rate (the trials so far are kept; fix it and search with another --out)"
             )
         if record.role == ROLE_DEFAULTS and record.result.status == "error" and raised(record.result.error) and not record.free:
