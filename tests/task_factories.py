@@ -471,6 +471,13 @@ def broadcast_regression() -> autotune.Task:
     return autotune.Task(nn.Linear(8, 1), TensorDataset(inputs, inputs.sum(1)), loss=nn.MSELoss())
 
 
+def broadcast_step() -> autotune.Task:
+    """The same broadcast inside the user's own step=: F.mse_loss of an [N, 1] output against [N] targets."""
+    inputs = torch.randn(16, 8)
+    return autotune.Task(nn.Linear(8, 1), TensorDataset(inputs, inputs.sum(1)),
+                         step=lambda model, batch: nn.functional.mse_loss(model(batch[0]), batch[1]))
+
+
 def shaped_regression() -> autotune.Task:
     """The same with targets [N, 1]: a good Task."""
     inputs = torch.randn(16, 8)

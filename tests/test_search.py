@@ -400,6 +400,28 @@ def test_the_probe_s_warnings_are_said_once_the_input_is_checked(tmp_path, cache
     assert Said.lines[0] == f"probe: {warning}"
 
 
+def test_a_thread_count_pinned_above_the_cores_is_searched_with_a_warning(tmp_path, cache_dir) -> None:
+    from autotune.tuner.pins import threads_over_cores
+    from autotune.tuner.progress import SilentReporter
+
+    class Said(SilentReporter):
+        lines: list[str] = []
+
+        def message(self, text: str) -> None:
+            self.lines.append(text)
+
+    cores = os.cpu_count() or 1  # this process's affinity may be smaller: the warning names the cores a trial has
+    outcome = search(config(tmp_path, cache_dir, trials=3, constraints=(parse_constraint(f"num_threads=auto,1,{64 * cores}"),)),
+                     reporter=Said())
+    warned = [line for line in Said.lines if line.startswith(f"--set num_threads=auto,1,{64 * cores}: {64 * cores} training threads")]
+    assert len(warned) == 1 and warned[0].endswith("; searched as given")
+    assert outcome.best is not None
+    assert threads_over_cores(parse_constraint("num_threads=1..16"), 2).startswith("--set num_threads=1..16: up to 16 training")
+    for within in ("num_threads=auto", "num_threads=2", "num_threads=..2", "num_threads=auto,1,2"):
+        assert threads_over_cores(parse_constraint(within), 2) is None, within
+    assert threads_over_cores(None, 2) is None
+
+
 def test_a_resumed_random_search_draws_new_points(tmp_path, cache_dir) -> None:
     """Seeded as in the first run, the sampler would repeat the first run's points and waste the added budget."""
     search(config(tmp_path, cache_dir, trials=6, sampler="random", confirm_top=1))

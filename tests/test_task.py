@@ -478,6 +478,9 @@ def test_good_workloads_become_workload_records() -> None:
         ("broadcast_regression", "the loss got output Tensor[2, 1] float32 and targets Tensor[2] float32 of another shape and "
                                  "broadcasts them (PyTorch's warning), so it would train every output against every target of "
                                  "the batch: give the targets the output's shape (targets.unsqueeze(1)"),
+        ("broadcast_step", "step(model, batch) computes a loss whose output and targets differ in shape and broadcast (Using a "
+                           "target size (torch.Size([2])) that is different to the input size (torch.Size([2, 1]))), so it would "
+                           "train every output against every target of the batch"),
         ("bad_count", "batch_size_of(batch) returned 'x' (str); it must return an int"),
         ("fractional_count", "batch_size_of(batch) returned 3.7 (float); it must return an int"),
         ("zero_count", "batch_size_of(batch) returned 0 for the first batch"),

@@ -11,7 +11,7 @@ from typing import Any
 from autotune.errors import UsageError
 from autotune.tuner.constraints import Constraint, allows_workers
 
-__all__ = ["check_pins_act", "ddp_values"]
+__all__ = ["check_pins_act", "ddp_values", "threads_over_cores"]
 
 
 def check_pins_act(constraints: dict[str, Constraint], image_input: bool, world_size: int = 1) -> None:
@@ -51,3 +51,20 @@ def ddp_values(world_size: int) -> dict[str, tuple[Any, ...]]:
     if world_size > 1:
         return {"bucket_cap_mb": (10, 25, 50, 100), "gradient_as_bucket_view": (False, True), "static_graph": (False, True)}
     return {"bucket_cap_mb": (25,), "gradient_as_bucket_view": (False,), "static_graph": (False,)}
+
+
+def threads_over_cores(pin: Constraint | None, cores: int) -> str | None:
+    """A warning for a ``--set num_threads`` that allows more training threads than the ``cores`` one trial process
+    has (its rank's share with several). Searched as given, as a pin may step outside the computed range, but the
+    threads then take turns on the cores. None otherwise."""
+    if pin is None:
+        return None
+    if pin.low is not None or pin.high is not None:
+        over = f"up to {pin.high}" if pin.high is not None and pin.high > cores else None
+    else:
+        counts = sorted({n for n in (pin.choices if pin.choices is not None else (pin.value,)) if n is not None and n > cores})
+        over = ", ".join(map(str, counts)) if counts else None
+    if over is None:
+        return None
+    return (f"--set {pin}: {over} training threads on the {cores} CPU core(s) a trial has take turns on them, usually "
+            f"slower than {cores}; searched as given")

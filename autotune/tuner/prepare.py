@@ -27,7 +27,7 @@ from autotune.tuner.lock import OutputLock
 from autotune.tuner.offered import check_workload_constraints
 from autotune.tuner.patience import patience_s
 from autotune.tuner.pending import add_pending
-from autotune.tuner.pins import check_pins_act
+from autotune.tuner.pins import check_pins_act, threads_over_cores
 from autotune.tuner.placement import Placement, place
 from autotune.tuner.progress import Reporter
 from autotune.tuner.signals import stop_requested
@@ -89,6 +89,8 @@ def prepare(config: SearchConfig, reporter: Reporter) -> Prepared:
     )
     for warning in hardware.warnings:  # after the checks (an error stays one line): a small /dev/shm, a CPU quota, a ulimit -v
         reporter.message(f"probe: {warning}")
+    if (said := threads_over_cores(constraints.get("num_threads"), placement.rank_cores)) is not None:
+        reporter.message(said)
     name = config.study or study_name(config, device, workload)
     check_one_study(out, name, local=config.storage is None)
     fresh = not out.exists()

@@ -1,8 +1,11 @@
 """What a Task's loss takes and reaches: targets the default loss (cross-entropy over classes) would train on without a
-word, and whether a loss reaches the model's parameters at all."""
+word, outputs and targets an element-wise loss broadcasts, a step that calls backward itself, and whether a loss reaches
+the model's parameters at all."""
 
 from __future__ import annotations
 
+import warnings
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from autotune.errors import WorkloadError
@@ -91,3 +94,17 @@ def check_no_backward(model: Any, before: list[Any]) -> None:
             raise WorkloadError("step(model, batch) computed the gradients itself (the model's .grad changed when it returned: it "
                                 "called backward()); it must return the loss only: the trial (and train.py) call backward, with the "
                                 "gradient scaler and accumulation, and a second backward would double every gradient")
+
+
+def pass_warnings(warned: list[warnings.WarningMessage], broadcast: Callable[[str], str]) -> None:
+    """Warn again what the first batch's loss warned of, as it would have; PyTorch's broadcast warning of an element-wise
+    loss is refused instead (``broadcast(message)`` says why), since the loss would train without an error."""
+    for said in warned:
+        if BROADCAST_WARNING in str(said.message):
+            raise WorkloadError(broadcast(str(said.message).split(". ", 1)[0]))
+        warnings.warn_explicit(said.message, said.category, said.filename, said.lineno)
+
+
+#: What PyTorch's element-wise losses (MSE, L1, smooth L1, Huber) warn when the targets' shape differs from the output's:
+#: they broadcast the two, an [N, 1] output against [N] targets into an [N, N] loss, and train without an error.
+BROADCAST_WARNING = "that is different to the input size"

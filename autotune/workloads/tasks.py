@@ -25,7 +25,7 @@ from autotune.records import TrialOptions, Workload
 from autotune.workloads.batches import describe_batch, first_tensor, has_image_tensor, hinted
 from autotune.workloads.collation import batched_fixed_shapes, batched_read, collate_items, fixed_shapes, read_batch
 from autotune.workloads.factory_time import check_factory_time
-from autotune.workloads.loss_inputs import check_loss_weights, check_no_backward, float_targets, gradients, reaches
+from autotune.workloads.loss_inputs import check_loss_weights, check_no_backward, float_targets, gradients, pass_warnings, reaches
 from autotune.workloads.models import arguments_hint, load_factory
 from autotune.workloads.task import Task
 from autotune.workloads.task_refs import task_ref
@@ -141,10 +141,16 @@ def _check_loss(task: Task, model: Any, batch: Any) -> None:
     if task.step is not None:
         before = gradients(model)
         try:
-            loss = task.step(model, batch)
+            with warnings.catch_warnings(record=True) as warned:
+                warnings.simplefilter("always")
+                loss = task.step(model, batch)
         except USER_CODE_ERRORS as exc:
             raise WorkloadError(f"step(model, batch) failed on the first batch {shapes}: " + hinted(f"{type(exc).__name__}: {exc}")) from None
         check_no_backward(model, before)
+        pass_warnings(warned, lambda said: (
+            f"step(model, batch) computes a loss whose output and targets differ in shape and broadcast ({said}), so it would "
+            "train every output against every target of the batch: give the targets the output's shape (targets.unsqueeze(1) "
+            "for one value per sample), or squeeze the model's output"))
         origin = "step(model, batch)"
     else:
         if not isinstance(batch, (tuple, list)) or len(batch) != 2:
@@ -180,16 +186,11 @@ def _check_loss(task: Task, model: Any, batch: Any) -> None:
                    "gets it whole: give a loss that takes it, or step=lambda model, batch: ... that picks the output to train on"
                    if several else "")
             ) from None
-        for said in warned:  # anything else the loss warns of reaches the user as it would have
-            if BROADCAST_WARNING not in str(said.message):
-                warnings.warn_explicit(said.message, said.category, said.filename, said.lineno)
-            else:
-                raise WorkloadError(
-                    f"the loss got output {describe_batch(output)} and targets {describe_batch(targets)} of another shape and "
-                    "broadcasts them (PyTorch's warning), so it would train every output against every target of the batch: "
-                    "give the targets the output's shape (targets.unsqueeze(1) for one value per sample, or float targets "
-                    "shaped as the output), or squeeze the model's output"
-                )
+        pass_warnings(warned, lambda _said: (
+            f"the loss got output {describe_batch(output)} and targets {describe_batch(targets)} of another shape and "
+            "broadcasts them (PyTorch's warning), so it would train every output against every target of the batch: "
+            "give the targets the output's shape (targets.unsqueeze(1) for one value per sample, or float targets "
+            "shaped as the output), or squeeze the model's output"))
         origin = "the loss"
     if not isinstance(loss, torch.Tensor) or loss.dim() != 0 or not loss.is_floating_point():
         got = describe_batch(loss) if isinstance(loss, torch.Tensor) else type(loss).__name__
@@ -205,11 +206,6 @@ def _check_loss(task: Task, model: Any, batch: Any) -> None:
         raise WorkloadError(f"{origin} returned a loss that no parameter of the model it was given reaches (it computes it with "
                             "another model, a global one, say): every trial and train.py would train nothing of it; compute the "
                             "loss with the model that step() receives")
-
-
-#: What PyTorch's element-wise losses (MSE, L1, smooth L1, Huber) warn when the targets' shape differs from the output's:
-#: they broadcast the two, an [N, 1] output against [N] targets into an [N, N] loss, and train without an error.
-BROADCAST_WARNING = "that is different to the input size"
 
 
 def _check_count(task: Task, batch: Any, first: Callable[[int], Any], available: int) -> None:
