@@ -1116,3 +1116,34 @@ def triples() -> autotune.Task:
 def triples_with_loss() -> autotune.Task:
     """The same with a loss= of the user's."""
     return autotune.Task(nn.Linear(8, 3), _triples(), loss=nn.CrossEntropyLoss(), batch_size=16)
+
+
+class _FineTuned(nn.Module):
+    """A fine-tuning recipe's model: a backbone frozen and in eval mode (its BatchNorm keeps the pretrained statistics),
+    a head that trains, with a dropout in training mode under it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.backbone = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten())
+        self.head = nn.Sequential(nn.Dropout(0.1), nn.Linear(4, 3))
+        self.backbone.requires_grad_(False)
+        self.backbone.eval()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.backbone(x))
+
+
+FINE_TUNED: list[_FineTuned] = []
+
+
+def _fine_tuned() -> _FineTuned:
+    model = _FineTuned()
+    FINE_TUNED.append(model)
+    return model
+
+
+def frozen_backbone() -> autotune.Task:
+    """A Task whose factory leaves the frozen backbone in eval mode (FINE_TUNED holds each model it built)."""
+    gen = torch.Generator().manual_seed(0)
+    images = torch.randn(32, 3, 8, 8, generator=gen) * 3 + 2
+    return autotune.Task(_fine_tuned, TensorDataset(images, torch.randint(0, 3, (32,), generator=gen)), batch_size=4)

@@ -1183,6 +1183,47 @@ def test_the_tuned_thread_count_stands_over_the_factory_s_own(
         torch.set_num_threads(before)
 
 
+def test_modules_the_factory_left_in_eval_mode_stay_so_in_the_check_the_trials_and_train_py(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fine-tuning recipe's frozen backbone in eval mode was switched to train mode by model.train() in every trial
+    and in train.py: its BatchNorm's running statistics, the pretrained ones, drifted with every step."""
+    import task_factories
+
+    from autotune.runner import entry
+    from autotune.workloads.modes import eval_modules, train_mode
+
+    def statistics_kept(model: torch.nn.Module) -> bool:
+        norm = model.backbone[1]
+        return int(norm.num_batches_tracked) == 0 and not bool(norm.running_mean.any())
+
+    task_factories.FINE_TUNED.clear()
+    build_task_workload("task_factories:frozen_backbone", device="cpu")  # the parent's check runs a step of the model
+    setup = TrainSetup(batch_size=4)
+    request = {"setup": setup.to_dict(), "workload": _workload("frozen_backbone").to_dict(),
+               "options": dataclasses.asdict(TrialOptions(trial_seconds=0.3, windows=2))}
+    result = entry.execute(request, started=time.perf_counter(), send=lambda event: None)
+    assert result.status == "ok", result.error
+    assert len(task_factories.FINE_TUNED) >= 2
+    for model in task_factories.FINE_TUNED:
+        assert statistics_kept(model) and not model.backbone.training and model.training and model.head[0].training
+    code, _, err = _run_here(_task_script(tmp_path, "frozen_backbone", setup), capfd, monkeypatch, "--max-steps", "3", "--workers", "0")
+    assert code == 0, err
+    saved = torch.load(tmp_path / "out" / "checkpoint.pth", weights_only=True)["model"]
+    assert int(saved["backbone.1.num_batches_tracked"]) == 0 and not bool(saved["backbone.1.running_mean"].any())
+    # A model wholly in eval mode (loaded for inference) trains whole; a module in training mode under one in eval
+    # mode stays in training mode.
+    nn = torch.nn
+    inference = nn.Sequential(nn.BatchNorm1d(2), nn.Sequential(nn.Dropout(), nn.Linear(2, 2))).eval()
+    train_mode(inference, eval_modules(inference))
+    assert all(m.training for m in inference.modules())
+    mixed = nn.Sequential(nn.BatchNorm1d(2), nn.Sequential(nn.Dropout(), nn.Linear(2, 2)))
+    mixed[1].eval()
+    mixed[1][0].train()
+    train_mode(mixed, eval_modules(mixed))
+    assert [m.training for m in mixed.modules()] == [True, True, False, True, False]
+
+
 def test_the_task_script_reads_a_dataset_too_large_to_permute_at_random_indices(tmp_path: Path) -> None:
     """The script's DistributedSampler permuted all 10**12 indices at its first batch (8 TB asked for): a traceback,
     where the search now measures such a dataset."""

@@ -23,6 +23,7 @@ from autotune.runner.windows import Work, may_close, more_windows
 from autotune.train_setup import TrainSetup
 from autotune.units import format_bytes
 from autotune.workloads.batches import to_device
+from autotune.workloads.modes import eval_modules, train_mode
 from probes.cpu import usable_cores
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -97,8 +98,10 @@ class TrialLoop:
         """The model on the device with the setup's layout, DDP wrapper and compilation; its optimizer and grad scaler."""
         import torch
 
-        model = self.setup.prepare_model(self.pipeline.model().to(self.device))
-        model.train()
+        built = self.pipeline.model()
+        kept = eval_modules(built)  # a frozen backbone's BatchNorm stays in eval mode, as the factory left it
+        model = self.setup.prepare_model(built.to(self.device))
+        train_mode(model, kept)
         wrapped = self.setup.wrap_ddp(model, self.device) if self.rank.distributed else model
         self.model = self.setup.compile_model(wrapped)
         self.optimizer = self.pipeline.optimizer(

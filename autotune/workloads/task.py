@@ -160,7 +160,7 @@ class Task:
         dataset = self.dataset
         read = None if isinstance(dataset, IterableDataset) else getattr(dataset, "__getitems__", None)
         source = iter(dataset) if isinstance(dataset, IterableDataset) else (dataset[i] for i in range(min(2, len(dataset))))
-        training = model.training
+        modes = [(m, m.training) for m in model.modules()]  # each module's own: a frozen backbone's eval mode is kept
         model.eval()
         try:
             with torch.no_grad(), torch.random.fork_rng(devices=[]):  # the forward runs on the CPU: no CUDA device is touched
@@ -172,7 +172,8 @@ class Task:
         except USER_CODE_ERRORS as exc:
             raise WorkloadError(f"the first forward of the model's lazy modules failed: {type(exc).__name__}: {exc}") from None
         finally:
-            model.train(training)
+            for module, training in modes:
+                module.training = training
 
     def lr_scaling(self, optimizer: torch.optim.Optimizer) -> str:
         """``"sqrt"`` for an adaptive (Adam-family, Adafactor, RMSprop, Adagrad) optimizer, ``"linear"`` otherwise.

@@ -27,6 +27,7 @@ from autotune.workloads.collation import batched_fixed_shapes, batched_read, col
 from autotune.workloads.factory_time import check_factory_time
 from autotune.workloads.loss_inputs import check_loss_weights, check_no_backward, float_targets, gradients, pass_warnings, reaches
 from autotune.workloads.models import arguments_hint, load_factory
+from autotune.workloads.modes import eval_modules, train_mode
 from autotune.workloads.task import Task
 from autotune.workloads.task_refs import task_ref
 
@@ -296,7 +297,7 @@ def check_task(task: Task, *, workers: bool) -> TaskInfo:
         first(len(items))  # every item the per-item path reads, read as strictly
     _check_count(task, batch, first, len(items))
     model = task.build_model()
-    model.train()
+    train_mode(model, eval_modules(model))  # as the trials train it
     with torch.random.fork_rng():
         _check_loss(task, model, batch)
     unsharded = False

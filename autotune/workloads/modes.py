@@ -1,0 +1,31 @@
+"""Which modules of a model train: those its factory left in eval mode stay there.
+
+A fine-tuning recipe freezes a backbone and puts it in eval mode, so that its
+BatchNorm layers keep the pretrained running statistics (and its dropout
+stays off) while the head trains. ``model.train()`` alone would switch them
+back and let the statistics drift. A model whose every module is in eval
+mode (loaded for inference, say) trains whole, as ``model.train()`` makes it.
+The emitted ``train.py`` of a Task does the same (``autotune/output/templates/train_task.py.tmpl``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def eval_modules(model: Any) -> tuple[Any, ...]:
+    """The modules of ``model`` (itself included) its factory left in eval mode; none when every one is.
+
+    Read once, as the model is built: :func:`train_mode` keeps them in eval mode while the rest trains.
+    """
+    modules = list(model.modules())
+    kept = tuple(m for m in modules if not m.training)
+    return () if len(kept) == len(modules) else kept
+
+
+def train_mode(model: Any, kept: tuple[Any, ...]) -> None:
+    """``model.train()``, then each module of ``kept`` (:func:`eval_modules`) back in eval mode, that module alone
+    (a module in training mode under one in eval mode stays as the factory left it)."""
+    model.train()
+    for module in kept:
+        module.training = False
