@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from autotune.output.best import DEFAULTS_KEPT
 from autotune.units import format_bytes
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -200,7 +201,9 @@ def render_search(outcome: SearchOutcome) -> Group:
     best = outcome.best
     if best is not None:
         speed = f"{best.samples_per_s:.1f} samples/s"
-        if best.speedup:
+        if best.defaults_won:
+            speed += f", {DEFAULTS_KEPT}"
+        elif best.speedup:
             how = best.speedup_basis
             speed += f", {best.speedup:.2f}x the PyTorch defaults ({best.defaults_samples_per_s:.1f} samples/s; {how})"
         title = "best so far (interrupted)" if outcome.interrupted else "winner"

@@ -990,6 +990,22 @@ def test_nothing_faster_than_the_defaults_keeps_the_defaults(tmp_path, cache_dir
     outcome = search(config(tmp_path, cache_dir, trials=4), runner=flat)
     assert outcome.best.setup == TrainSetup(batch_size=32) and outcome.best.speedup == pytest.approx(1.0)
     assert any("nothing measurably faster" in n for n in outcome.best.notes)
+    # Its lines state no speedup of the defaults over themselves ("1.00x the PyTorch defaults (...; median of the
+    # paired rounds)"), as for defaults measured alone.
+    from rich.console import Console
+
+    from autotune.output.best import DEFAULTS_KEPT
+    from autotune.render import render_search
+    from autotune.tuner.status import study_status
+
+    console = Console(width=400, record=True)
+    console.print(render_search(outcome), crop=False)
+    line = next(x for x in console.export_text().splitlines() if x.startswith("winner: "))
+    assert outcome.best.defaults_won and line.endswith(f" samples/s, {DEFAULTS_KEPT}") and "1.00x" not in line, line
+    page = (tmp_path / "out" / "report.html").read_text(encoding="utf-8")
+    assert DEFAULTS_KEPT in page and "1.00x</b>" not in page
+    status = study_status(f"sqlite:///{tmp_path / 'out' / 'study.db'}", None, out=tmp_path / "out").lines()
+    assert any(x.startswith("winner: ") and x.endswith(DEFAULTS_KEPT) for x in status), status
 
 
 def test_the_ceilings_can_be_skipped(tmp_path, cache_dir) -> None:

@@ -266,7 +266,7 @@ def test_without_the_winner_s_ceilings_the_verdict_takes_the_calibration_s_figur
 def test_a_winner_within_the_noise_of_the_defaults_returns_the_defaults() -> None:
     # Faster at the median, but not in every paired round: not beyond the noise.
     best = _best([_confirmed(FAST, (130.0, 95.0, 125.0)), _confirmed(DEFAULTS, (100.0, 100.0, 100.0))])
-    assert best.setup == DEFAULTS and best.speedup == pytest.approx(1.0)
+    assert best.setup == DEFAULTS and best.speedup == pytest.approx(1.0) and best.defaults_won
     # The rounds it had to win, of those it shared (three quarters): it said "3 of 4" whatever ran.
     assert any("nothing measurably faster" in n and "noise floor in 3 of 3 paired rounds (won 2 of 3" in n for n in best.notes), best.notes
     two = _best([_confirmed(FAST, (130.0, 95.0)), _confirmed(DEFAULTS, (100.0, 100.0))])
@@ -682,7 +682,8 @@ def test_the_speedup_says_how_many_paired_rounds_it_is_the_median_of_and_their_r
     alike = _best([_confirmed(winner, (190.0, 380.0)), _confirmed(DEFAULTS, (100.0, 200.0))])  # "1.90x to 1.90x"
     assert alike.speedup_basis == "median of 2 paired rounds, all 1.90x"
     kept = _best([_confirmed(DEFAULTS, (100.0, 100.0)), _confirmed(winner, (90.0, 95.0))])  # the defaults won: nothing paired
-    assert kept.setup == DEFAULTS and kept.speedup == 1.0 and kept.speedup_rounds == ()
+    assert kept.setup == DEFAULTS and kept.speedup == 1.0 and kept.speedup_rounds == () and kept.defaults_won
+    assert not best.defaults_won and not one.defaults_won
     with pytest.raises(AutotuneError, match="'speedup_rounds' must be a list of positive numbers"):
         Best.from_dict({**best.to_dict(), "speedup_rounds": [1.9, -1]})
 

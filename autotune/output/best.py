@@ -24,6 +24,8 @@ from autotune.train_setup import BEST_SCHEMA, TrainSetup
 SCHEMA_VERSION = BEST_SCHEMA
 #: The words of an unconfirmed winner's note whose speedup is the paired ratio of an interrupted confirmation's rounds.
 PAIRED_SO_FAR = "its speedup over the defaults is their paired ratio in the rounds both ran"
+#: Said of a winner that is the PyTorch defaults themselves (:attr:`Best.defaults_won`) where a speedup would stand.
+DEFAULTS_KEPT = "the PyTorch defaults themselves: nothing measurably faster was found"
 #: The words of the note that the speedup and the two medians beside it disagree (each median from runs of its own).
 MEDIANS_APART_NOTE = "speedup is the median of the paired rounds' ratios"
 
@@ -205,6 +207,12 @@ class Best:
     confirmed: bool = True
     study: str = ""
     speedup_rounds: tuple[float, ...] = ()
+
+    @property
+    def defaults_won(self) -> bool:
+        """Whether the confirmed winner is the PyTorch defaults themselves, kept as nothing measurably faster was found:
+        their :attr:`speedup` of 1.0 against themselves rests on no paired round, and the summary lines state none."""
+        return self.confirmed and self.speedup == 1.0 and not self.speedup_rounds
 
     @property
     def speedup_basis(self) -> str:

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from autotune.errors import EmitError
 from autotune.files import atomic_write_bytes, atomic_write_text
+from autotune.output.best import DEFAULTS_KEPT
 from autotune.output.compile_payoff import compile_section
 from autotune.output.emit import run_command
 from autotune.output.sections import (
@@ -110,7 +111,9 @@ def _header(data: ReportInput) -> str:
         runs = next((len(c.values) for c in data.confirmed if c.candidate.setup == best.setup), None)
         spread = "one measurement: no spread" if runs == 1 else f"spread {best.samples_per_s_spread:.1f} samples/s"
         speed = f"{best.samples_per_s:.1f} samples/s ({spread})"
-        if best.speedup:
+        if best.defaults_won:
+            speed += f", {DEFAULTS_KEPT}"
+        elif best.speedup:
             how = best.speedup_basis
             speed += f", <b>{best.speedup:.2f}x</b> the PyTorch defaults ({best.defaults_samples_per_s:.1f} samples/s; {how})"
         title = "Winner" if best.confirmed else "Best so far (not confirmed)"

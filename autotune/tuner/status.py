@@ -10,7 +10,7 @@ from typing import Any
 from optuna.trial import TrialState
 
 from autotune.errors import PendingTrialsError
-from autotune.output.best import Best
+from autotune.output.best import DEFAULTS_KEPT, Best
 from autotune.output.sections import fastest_trial
 from autotune.records import TrialRecord
 from autotune.redact import hide_passwords
@@ -143,7 +143,8 @@ class StudyStatus:
             outside = f" (outside {self.best_excluded_by}: no trial within it measured a throughput yet)" if self.best_excluded_by else ""
             lines.append(f"best so far: #{self.best.number} {self.best.setup.describe()}: {self.best.result.samples_per_s:.1f} samples/s{outside}")
         if self.winner is not None:
-            speedup = f", {self.winner.speedup:.2f}x the PyTorch defaults" if self.winner.speedup else ""
+            speedup = (f", {DEFAULTS_KEPT}" if self.winner.defaults_won else
+                       f", {self.winner.speedup:.2f}x the PyTorch defaults" if self.winner.speedup else "")
             lines.append(f"winner: {self.winner.setup.describe()}: {self.winner.samples_per_s:.1f} samples/s{speedup}")
             lines.append(f"  confirmed by {self.winner_by}")
         elif self.wanted and self.finished >= self.wanted:
