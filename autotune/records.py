@@ -66,6 +66,7 @@ class Workload:
         precision: A Task's model's floating parameters' dtype when not float32 (``"float64"``, ``"float16"``, ``"bfloat16"``;
             several joined by ``+``): no autocast is searched for float64 alone (autocast leaves it alone), no fp16 beside
             16-bit parameters (:mod:`autotune.tuner.offered`). Left out of :meth:`to_dict` when None.
+        batch_norm: Whether the model holds a BatchNorm layer; None where not known (a ``--model`` factory). Left out when None.
     """
 
     model: str
@@ -88,6 +89,7 @@ class Workload:
     unsharded: bool = False
     parameters: int | None = None
     precision: str | None = None
+    batch_norm: bool | None = None
 
     def __post_init__(self) -> None:
         if self.lr_scaling not in LR_SCALINGS:
@@ -133,8 +135,9 @@ class Workload:
                 del data[name]
         elif self.data is not None:
             del data["synthetic_images"]
-        if self.precision is None:  # as versions before the field wrote it (their readers check the keys)
-            del data["precision"]
+        for name in ("precision", "batch_norm"):
+            if data[name] is None:  # as versions before the field wrote it (their readers check the keys)
+                del data[name]
         return data
 
     @classmethod

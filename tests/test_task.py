@@ -1198,7 +1198,8 @@ def test_modules_the_factory_left_in_eval_mode_stay_so_in_the_check_the_trials_a
         return int(norm.num_batches_tracked) == 0 and not bool(norm.running_mean.any())
 
     task_factories.FINE_TUNED.clear()
-    build_task_workload("task_factories:frozen_backbone", device="cpu")  # the parent's check runs a step of the model
+    checked = build_task_workload("task_factories:frozen_backbone", device="cpu")  # the parent's check runs a step of the model
+    assert checked.batch_norm is True and build_task_workload("task_factories:good", device="cpu").batch_norm is False
     setup = TrainSetup(batch_size=4)
     request = {"setup": setup.to_dict(), "workload": _workload("frozen_backbone").to_dict(),
                "options": dataclasses.asdict(TrialOptions(trial_seconds=0.3, windows=2))}

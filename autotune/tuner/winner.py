@@ -151,9 +151,10 @@ def make_best(
                      "torch.distributed.get_rank() (docs/distributed.md)")
     if setup.tf32:
         notes.append("tf32 changes the numerics (float32 matmuls and convolutions in TF32); check your accuracy once")
-    if setup.accumulation_steps > 1:  # the optimizer's batch is kept; batch statistics are not
-        notes.append(f"accumulation keeps the optimizer's step of {setup.effective_batch(world_size)} samples, but a BatchNorm "
-                     f"layer (where the model has one) computes its statistics over each micro-batch of {setup.batch_size}"
+    if setup.accumulation_steps > 1 and workload.batch_norm is not False:  # the optimizer's batch is kept; batch statistics are not
+        layer = "the model's BatchNorm layers compute their" if workload.batch_norm else "a BatchNorm layer (where the model has one) computes its"
+        notes.append(f"accumulation keeps the optimizer's step of {setup.effective_batch(world_size)} samples, but {layer} "
+                     f"statistics over each micro-batch of {setup.batch_size}"
                      f"{' per rank' if world_size > 1 else ''}: check your accuracy once, or --set accumulation_steps=1")
     payoff = payoff_note(feasible, setup)
     if payoff:

@@ -17,7 +17,7 @@ from autotune.records import Workload
 from autotune.units import format_bytes
 from autotune.workloads.data import SYNTHETIC_CLASSES, SYNTHETIC_JPEG_BYTES, default_synthetic_images, ensure_synthetic, synthetic_dir
 from autotune.workloads.folders import check_image_folder
-from autotune.workloads.models import check_factory, check_model_name
+from autotune.workloads.models import check_factory, check_model_name, named_batch_norm
 
 __all__ = ["build_workload", "write_synthetic"]
 
@@ -78,6 +78,7 @@ def build_workload(
         synthetic_images=synthetic_images,
         cache_dir=str(Path(cache_dir).resolve()) if cache_dir else None,
         sys_path=sys_path,
+        batch_norm=named_batch_norm(model, num_classes=num_classes, image_size=image_size),
     )
     if write_data:
         write_synthetic(workload, warn)

@@ -26,7 +26,7 @@ from autotune.workloads.batches import describe_batch, first_tensor, has_image_t
 from autotune.workloads.collation import batched_fixed_shapes, batched_read, collate_items, fixed_shapes, read_batch
 from autotune.workloads.factory_time import check_factory_time
 from autotune.workloads.loss_inputs import check_loss_weights, check_no_backward, float_targets, gradients, pass_warnings, reaches
-from autotune.workloads.models import arguments_hint, load_factory
+from autotune.workloads.models import arguments_hint, has_batch_norm, load_factory
 from autotune.workloads.modes import eval_modules, train_mode
 from autotune.workloads.task import Task
 from autotune.workloads.task_refs import task_ref
@@ -83,6 +83,7 @@ class TaskInfo:
             :func:`autotune.workloads.streams.workers_repeat_items`).
         parameters: Elements of the model's trainable parameters.
         precision: The model's floating parameters' dtype when not float32 (see :attr:`Workload.precision`).
+        batch_norm: Whether the model holds a BatchNorm layer.
     """
 
     samples: int | None
@@ -95,6 +96,7 @@ class TaskInfo:
     unsharded: bool = False
     parameters: int = 0
     precision: str | None = None
+    batch_norm: bool = False
 
 
 def _first_items(task: Task, count: int) -> tuple[list[Any], bool, int | None]:
@@ -326,6 +328,7 @@ def check_task(task: Task, *, workers: bool) -> TaskInfo:
         unsharded=unsharded,
         parameters=sum(p.numel() for p in model.parameters() if p.requires_grad),
         precision=model_precision(model),
+        batch_norm=has_batch_norm(model),
     )
 
 
@@ -388,4 +391,5 @@ def build_task_workload(workload: str | Callable[..., Any], *, device: str, work
         unsharded=info.unsharded,
         parameters=info.parameters,
         precision=info.precision,
+        batch_norm=info.batch_norm,
     )
