@@ -375,6 +375,7 @@ def test_status_of_a_directory_whose_study_db_was_removed_says_so(tmp_path) -> N
         (lambda d: {**d, "workload": {**d["workload"], "reference_batch": "x"}}, "'workload.reference_batch' must be a whole number or null"),
         (lambda d: {**d, "workload": {**d["workload"], "lr": "x"}}, "field 'workload.lr' must be a number, not a string"),
         (lambda d: {**d, "workload": {**d["workload"], "iterable": "no"}}, "field 'workload.iterable' must be true or false, not a string"),
+        (lambda d: {**d, "workload": {**d["workload"], "batch_norm": 1}}, "field 'workload.batch_norm' must be true, false or null, not a number"),
     ],
 )
 def test_bad_best_json_is_one_line_in_emit_and_load_setup(tmp_path, cache_dir, change, message) -> None:

@@ -66,7 +66,7 @@ _HIGHEST: dict[str, int] = {"world_size": 1024}
 _WORKLOAD_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
     "int": ((int,), "a whole number"), "int | None": ((int, type(None)), "a whole number or null"),
     "float": (_NUMBER, "a number"), "str": ((str,), "a string"), "str | None": ((str, type(None)), "a string or null"),
-    "bool": ((bool,), "true or false"),
+    "bool": ((bool,), "true or false"), "bool | None": ((bool, type(None)), "true, false or null"),
 }
 #: Fields that may be missing (they have defaults).
 OPTIONAL = ("hardware", "versions", "command", "created", "notes", "world_size", "confirmed", "study", "speedup_rounds")
