@@ -111,3 +111,12 @@ def gated_cnn(num_classes: int = 10) -> nn.Module:
     lands mid-trial for certain (a 1-s trial of :func:`tiny_cnn` could end between two looks at the study).
     """
     return _Gated(num_classes)
+
+
+def frozen_cnn(num_classes: int = 10) -> nn.Module:
+    """A fine-tuning recipe's classifier: its backbone frozen and in eval mode (its BatchNorm keeps its running
+    statistics), the head trains."""
+    backbone = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten())
+    backbone.requires_grad_(False)
+    backbone.eval()
+    return nn.Sequential(backbone, nn.Linear(4, num_classes))

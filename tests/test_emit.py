@@ -493,6 +493,21 @@ def _checkpoint(path: Path) -> dict[str, Any]:
     return torch.load(path, map_location="cpu", weights_only=True)
 
 
+def test_a_factory_s_frozen_backbone_in_eval_mode_stays_so_in_train_py(
+    synthetic_data: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A --model factory's backbone left in eval mode (fine-tuning) was switched to train mode each epoch: its BatchNorm's
+    running statistics drifted. The evaluation between epochs puts the model in eval mode; the next epoch restores it."""
+    best = make_best(synthetic_data, num_workers=0, prefetch_factor=None, batch_size=8)
+    tests = str(Path(__file__).parent)
+    best = dataclasses.replace(best, workload=dataclasses.replace(best.workload, model="factories:frozen_cnn", sys_path=(tests,)))
+    script = write_script(best, tmp_path / "emit" / "train.py")
+    run_here([str(script), "--max-steps", "10", "--print-freq", "5", "--output-dir", "out", "--val-data", str(synthetic_data)],
+             tmp_path, capfd, monkeypatch)  # 64 images in steps of 8: two epochs, an evaluation after each
+    model = _checkpoint(tmp_path / "out" / "checkpoint.pth")["model"]
+    assert int(model["0.1.num_batches_tracked"]) == 0 and not bool(model["0.1.running_mean"].any())
+
+
 @pytest.mark.slow
 def test_runs_and_resumes(
     synthetic_data: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch

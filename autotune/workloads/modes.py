@@ -5,7 +5,7 @@ BatchNorm layers keep the pretrained running statistics (and its dropout
 stays off) while the head trains. ``model.train()`` alone would switch them
 back and let the statistics drift. A model whose every module is in eval
 mode (loaded for inference, say) trains whole, as ``model.train()`` makes it.
-The emitted ``train.py`` of a Task does the same (``autotune/output/templates/train_task.py.tmpl``).
+The emitted ``train.py`` does the same (``eval_modules`` in ``autotune/output/templates/shared.py.tmpl``).
 """
 
 from __future__ import annotations
