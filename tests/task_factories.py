@@ -1147,3 +1147,19 @@ def frozen_backbone() -> autotune.Task:
     gen = torch.Generator().manual_seed(0)
     images = torch.randn(32, 3, 8, 8, generator=gen) * 3 + 2
     return autotune.Task(_fine_tuned, TensorDataset(images, torch.randint(0, 3, (32,), generator=gen)), batch_size=4)
+
+
+class _UnevenShards(IterableDataset):  # type: ignore[type-arg]
+    """A stream split by torchrun rank whose shards differ in length: rank 0's holds 48 pairs, the others' 24."""
+
+    def __iter__(self) -> Any:
+        import torch.distributed as dist
+
+        rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+        for i in range(48 if rank == 0 else 24):
+            yield torch.full((8,), float(i)), i % 3
+
+
+def uneven_shards() -> autotune.Task:
+    """An IterableDataset whose torchrun ranks yield 12 and 6 batches of 4 per epoch."""
+    return autotune.Task(nn.Linear(8, 3), _UnevenShards(), batch_size=4)

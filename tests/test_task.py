@@ -1249,6 +1249,22 @@ def runpy_sampler(script: Path) -> Any:
     return runpy.run_path(str(script), run_name="emitted")["ResumableSampler"]
 
 
+@pytest.mark.slow
+def test_a_stream_whose_torchrun_shards_differ_in_length_ends_each_epoch_on_every_rank_at_the_shortest(tmp_path: Path) -> None:
+    """Rank 1's shard ended after 6 batches, rank 0's after 12: rank 1's end of the epoch met rank 0's gradient
+    all-reduce, gloo aborted ("collective mismatch") and rank 0 blamed another process, with no checkpoint written."""
+    script = _task_script(tmp_path, "uneven_shards", autotune.TrainSetup(batch_size=4))
+    ran = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script),
+                          "--epochs", "2", "--workers", "0", "--print-freq", "1", "--output-dir", "out"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=180)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    for epoch in (0, 1):
+        assert ran.stdout.count(f"note: epoch {epoch} ends here on every process: a process's shard of the IterableDataset ended "
+                                "before the others'") == 1, ran.stdout
+    assert "epoch 0 done at step 6" in ran.stdout and "epoch 1 done at step 12" in ran.stdout, ran.stdout
+    assert torch.load(tmp_path / "out" / "checkpoint.pth", weights_only=True)["step"] == 12
+
+
 def test_the_task_script_logs_the_whole_job_s_samples_per_second(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Under torchrun each process counts its own batches (a Task's may count differently per rank): the logged rate
     is their sum, as the classifier script's is, not rank 0's share."""
