@@ -1249,6 +1249,32 @@ def runpy_sampler(script: Path) -> Any:
     return runpy.run_path(str(script), run_name="emitted")["ResumableSampler"]
 
 
+def test_the_script_s_epoch_order_is_the_distributed_sampler_s_held_as_a_tensor_not_a_list(tmp_path: Path) -> None:
+    """Up to DRAWN_ABOVE items the script read the DistributedSampler, whose permutation is a Python list of every index
+    (about 60 bytes each: 3 GB at 50 million items, in every rank), while the search's trials drew indices at random
+    above a million items and measured none of it. The order is the same (a resumed run goes on where it stopped)."""
+    import tracemalloc
+
+    sampler_class = runpy_sampler(_task_script(tmp_path, "good", autotune.TrainSetup(batch_size=4)))
+    small = list(range(103))
+    for world, rank, epoch in ((1, 0, 0), (2, 1, 3), (3, 2, 1)):
+        reference = torch.utils.data.DistributedSampler(small, num_replicas=world, rank=rank, shuffle=True, seed=5, drop_last=True)
+        reference.set_epoch(epoch)
+        assert list(sampler_class(small, num_replicas=world, rank=rank, seed=5).shard(epoch)) == list(reference)
+
+    class Sized:  # two million items, none read: only the order is drawn
+        def __len__(self) -> int:
+            return 2_000_000
+
+    tracemalloc.start()
+    try:
+        first = list(itertools.islice(sampler_class(Sized(), num_replicas=1, rank=0, seed=0).shard(0), 10))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(set(first)) == 10 and peak < 20 * 2**20, peak  # the list of two million indices alone holds over 70 MiB
+
+
 @pytest.mark.slow
 def test_a_stream_whose_torchrun_shards_differ_in_length_ends_each_epoch_on_every_rank_at_the_shortest(tmp_path: Path) -> None:
     """Rank 1's shard ended after 6 batches, rank 0's after 12: rank 1's end of the epoch met rank 0's gradient
