@@ -1251,7 +1251,7 @@ def runpy_sampler(script: Path) -> Any:
 
 def test_the_script_s_epoch_order_is_the_distributed_sampler_s_held_as_a_tensor_not_a_list(tmp_path: Path) -> None:
     """Up to DRAWN_ABOVE items the script read the DistributedSampler, whose permutation is a Python list of every index
-    (about 60 bytes each: 3 GB at 50 million items, in every rank), while the search's trials drew indices at random
+    (40 bytes each: 1.9 GiB at 50 million items, in every rank), while the search's trials drew indices at random
     above a million items and measured none of it. The order is the same (a resumed run goes on where it stopped)."""
     import tracemalloc
 
