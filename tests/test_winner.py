@@ -714,6 +714,22 @@ def test_a_winner_that_accumulates_says_batch_norm_sees_the_micro_batch() -> Non
     assert "batch_norm" not in WORKLOAD.to_dict()  # not known: left out, as files before the field
 
 
+def test_a_winner_whose_step_is_a_large_part_of_a_small_epoch_says_how_few_updates_an_epoch_makes() -> None:
+    """256 samples and a pick of 128 x 2: one optimizer step an epoch, where the recipe's 32 makes 8; said nowhere."""
+    from autotune.epochs import epoch_notes
+
+    small = dataclasses.replace(WORKLOAD, images=256)
+    whole = TrainSetup(batch_size=128, accumulation_steps=2)
+    best = _best([_confirmed(whole, (300.0, 310.0)), _confirmed(DEFAULTS, (100.0, 101.0))], workload=small)
+    assert best.setup == whole
+    assert ("an epoch of the 256 training images is 1 optimizer step of 256, where the reference batch of 32 makes 8: the "
+            "same epochs make 8x fewer updates, so check the accuracy per epoch once") in best.notes, best.notes
+    assert epoch_notes(2000, 128, 32, "images") == []  # 15 steps an epoch: nothing to say
+    assert epoch_notes(256, 32, 32, "samples") == []  # the reference's own step (--effective-batch keeps it)
+    assert epoch_notes(None, 256, 32, "samples") == []  # a stream: no epoch length
+    assert len(epoch_notes(300, 128, 32, "samples", " of a rank")) == 2  # 44 of 300 skipped, and 2 steps against 9
+
+
 def test_a_failed_confirmation_run_of_the_winner_or_the_defaults_is_said() -> None:
     """A probe's defaults run killed by the kernel in the second round: the summary read '1.74x the PyTorch defaults ...
     won 1 of 1 paired rounds', the kill unsaid."""

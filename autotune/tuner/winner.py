@@ -12,7 +12,7 @@ import statistics
 from typing import Any
 
 from autotune.devices import DeviceInfo
-from autotune.epochs import queue_fits
+from autotune.epochs import epoch_notes, queue_fits
 from autotune.output.best import MEDIANS_APART_NOTE, PAIRED_SO_FAR, Best
 from autotune.output.compile_payoff import payoff_note
 from autotune.records import Calibration, TrialRecord, Workload
@@ -140,11 +140,8 @@ def make_best(
     elif note := precision_note(workload):
         notes.append(note)
     step = setup.batch_size * setup.accumulation_steps  # one rank's optimizer step; an epoch holds whole steps only
-    if workload.images and workload.images % step >= 0.1 * workload.images:
-        unit = "samples" if workload.task else "images"
-        notes.append(f"an epoch holds whole optimizer steps of {step} only: each skips {workload.images % step} of the "
-                     f"{workload.images} training {unit}{' of a rank' if world_size > 1 else ''} (a different one each epoch, "
-                     "as they are shuffled); a smaller batch uses more of a small dataset")
+    notes.extend(epoch_notes(workload.images, step, max(1, reference // world_size), "samples" if workload.task else "images",
+                             " of a rank" if world_size > 1 else ""))
     if workload.iterable and world_size > 1:
         notes.append(f"the dataset is an IterableDataset, which each of the {world_size} ranks reads whole: samples/s "
                      "counts every rank's items, copies of one another unless its __iter__ splits the stream by "
