@@ -4,7 +4,7 @@
     python examples/own_loop.py autotune-out/best.json # the setup a search found
 
 ``autotune.load_best`` reads ``best.json``: the winning TrainSetup, whose
-helpers apply every knob, and the learning rate scaled for its batch. The helpers apply the DataLoader arguments, the torch settings
+helpers apply every knob, and the learning rate scaled for its batch (``lr_for(n)``: for n processes). The helpers apply the DataLoader arguments, the torch settings
 (threads, cuDNN autotuning, TF32), torch.compile, the optimizer's kernels,
 channels_last, autocast, the GradScaler (fp16 only) and the accumulation steps. The model and data here
 are tiny stand-ins (resnet18 on random 32x32 images, three optimizer steps).
@@ -34,7 +34,12 @@ def main(argv: list[str]) -> int:
         except autotune.AutotuneError as exc:  # no best.json there, or a damaged one: one line
             print(f"error: {exc}", file=sys.stderr)
             return 2
-        setup, lr = best.setup, best.lr
+        # best.lr is the rate for the search's processes (best.world_size, DDP ranks); this loop is one process, whose
+        # effective batch is 1/world_size of theirs: lr_for() scales the rate to it by the same rule.
+        setup, lr = best.setup, best.lr_for(1)
+        if best.world_size != 1:
+            print(f"note: tuned with {best.world_size} processes (lr {best.lr:g}); one process here trains an effective batch of "
+                  f"{setup.effective_batch()} at lr {lr:g}")
     else:
         setup = autotune.TrainSetup(batch_size=16, accumulation_steps=2, amp="bf16", channels_last=True)
         lr = 1e-3 * math.sqrt(setup.effective_batch() / 256)  # the square-root rule for AdamW, as the search scales it

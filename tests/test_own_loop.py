@@ -92,6 +92,31 @@ def test_own_loop_with_best_json(tmp_path: Path, capfd: pytest.CaptureFixture[st
     assert "step 3 loss" in out
 
 
+def test_a_ddp_search_s_rate_is_scaled_to_the_processes_of_one_s_own_loop(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A search of 2 processes wrote the rate for their effective batch (8 x 2 x 2 = 32); the own-loop example trained
+    one process (an effective batch of 16) at it, without a word: sqrt(2) too high by the square-root rule."""
+    import dataclasses
+    import math
+
+    from autotune.output.best import read_best, write_best
+
+    setup = TrainSetup(batch_size=8, accumulation_steps=2)
+    write_cpu_best(tmp_path / "best.json", setup)
+    best = read_best(tmp_path / "best.json")
+    ddp = dataclasses.replace(best, world_size=2, effective_batch=32, lr=1e-3 * math.sqrt(32 / 256))
+    write_best(tmp_path / "best.json", ddp)
+    loaded = autotune.load_best(tmp_path)
+    assert loaded.lr_for(2) == pytest.approx(loaded.lr) and loaded.lr_for(1) == pytest.approx(1e-3 * math.sqrt(16 / 256))
+    linear = dataclasses.replace(loaded, workload=dataclasses.replace(loaded.workload, lr_scaling="linear"))
+    assert linear.lr_for(4) == pytest.approx(1e-3 * 64 / 256)
+    with pytest.raises(autotune.AutotuneError, match="world_size must be a whole number >= 1, got 0"):
+        loaded.lr_for(0)
+    out, _ = run_example([str(EXAMPLES / "own_loop.py"), "best.json"], tmp_path, capfd, monkeypatch)
+    assert "note: tuned with 2 processes (lr 0.000353553); one process here trains an effective batch of 16 at lr 0.00025" in out
+
+
 @pytest.mark.slow
 def test_own_loop_rejects_a_setup_the_device_cannot_run(
     tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune._version import __version__
-from autotune.errors import AutotuneError, SetupError
+from autotune.errors import AutotuneError, SetupError, UsageError
 from autotune.files import atomic_write_text, read_json
 from autotune.records import SHORTHAND_ONLY, Workload
 from autotune.setup_checks import missing_knob
@@ -149,6 +149,19 @@ def _expected(types: tuple[type, ...]) -> str:
     return " or ".join(words)
 
 
+def scaled_lr(lr: float, effective: int, reference: int, rule: str = "sqrt") -> float:
+    """The learning rate at ``effective`` batch, given ``lr`` at ``reference``.
+
+    ``rule`` is ``"sqrt"`` for adaptive optimizers (Adam-family: their
+    training dynamics hold when the rate grows with the square root of the
+    batch, Malladi et al. 2022, "On the SDEs and Scaling Rules for Adaptive
+    Gradient Algorithms") or ``"linear"`` for SGD-like ones (Goyal et al.
+    2017). autotune's own classifier trains with AdamW.
+    """
+    ratio = effective / reference
+    return lr * (math.sqrt(ratio) if rule == "sqrt" else ratio)
+
+
 @dataclass(frozen=True)
 class Best:
     """The winning setup of a search and the evidence for it.
@@ -207,6 +220,14 @@ class Best:
     confirmed: bool = True
     study: str = ""
     speedup_rounds: tuple[float, ...] = ()
+
+    def lr_for(self, world_size: int = 1) -> float:
+        """The learning rate for this setup trained by ``world_size`` processes (DDP ranks) instead of the search's
+        :attr:`world_size`: the effective batch changes with them, and the rate follows it by the workload's rule
+        (:func:`scaled_lr`, from the reference rate and batch). ``lr_for(best.world_size)`` is :attr:`lr`."""
+        if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
+            raise UsageError(f"world_size must be a whole number >= 1, got {world_size!r}")
+        return scaled_lr(self.workload.lr, self.setup.effective_batch(world_size), self.reference_batch, self.workload.lr_scaling)
 
     @property
     def defaults_won(self) -> bool:

@@ -13,7 +13,7 @@ from typing import Any
 
 from autotune.devices import DeviceInfo
 from autotune.epochs import epoch_notes, queue_fits
-from autotune.output.best import MEDIANS_APART_NOTE, PAIRED_SO_FAR, Best
+from autotune.output.best import MEDIANS_APART_NOTE, PAIRED_SO_FAR, Best, scaled_lr
 from autotune.output.compile_payoff import payoff_note
 from autotune.records import Calibration, TrialRecord, Workload
 from autotune.redact import hide_passwords
@@ -271,19 +271,6 @@ def drift_note(feasible: list[TrialRecord], measured: list[Confirmed]) -> str | 
     return (f"the confirmation rounds and the trials disagree by more than {DRIFT:g}x ({'; '.join(far)}): the load on the "
             "machine changed while the search ran (trials.csv column other_cores); the winner and "
             "the speedup come from the paired rounds, but run the search again on an idle machine before relying on them")
-
-
-def scaled_lr(lr: float, effective: int, reference: int, rule: str = "sqrt") -> float:
-    """The learning rate at ``effective`` batch, given ``lr`` at ``reference``.
-
-    ``rule`` is ``"sqrt"`` for adaptive optimizers (Adam-family: their
-    training dynamics hold when the rate grows with the square root of the
-    batch, Malladi et al. 2022, "On the SDEs and Scaling Rules for Adaptive
-    Gradient Algorithms") or ``"linear"`` for SGD-like ones (Goyal et al.
-    2017). autotune's own classifier trains with AdamW.
-    """
-    ratio = effective / reference
-    return lr * (math.sqrt(ratio) if rule == "sqrt" else ratio)
 
 
 def _ahead_in_rounds(top: TrialRecord, others: list[TrialRecord], partial: tuple[Confirmed, ...]) -> TrialRecord | None:
