@@ -4,7 +4,8 @@
     python examples/own_loop.py autotune-out/best.json # the setup a search found
 
 ``autotune.load_best`` reads ``best.json``: the winning TrainSetup, whose
-helpers apply every knob, and the learning rate scaled for its batch (``lr_for(n)``: for n processes). The helpers apply the DataLoader arguments, the torch settings
+helpers apply every knob, and the learning rate scaled for its batch (``lr_for(n)``: for n processes).
+The helpers apply the DataLoader arguments, the torch settings
 (threads, cuDNN autotuning, TF32), torch.compile, the optimizer's kernels,
 channels_last, autocast, the GradScaler (fp16 only) and the accumulation steps. The model and data here
 are tiny stand-ins (resnet18 on random 32x32 images, three optimizer steps).
