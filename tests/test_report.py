@@ -8,6 +8,7 @@ import dataclasses
 import html as html_module
 import json
 import os
+import random
 import shutil
 import sqlite3
 import subprocess
@@ -553,7 +554,7 @@ def test_reading_a_directory_without_trials_is_one_error_line(tmp_path, make: st
             assert [row[0] for row in other.execute("SELECT name FROM sqlite_master")] == ["notes"]
 
 
-@pytest.mark.parametrize("damage", ["truncated", "overwritten"])
+@pytest.mark.parametrize("damage", ["truncated", "overwritten", "a damaged page"])
 @pytest.mark.parametrize("command", ["status", "report", "search"])
 def test_a_damaged_study_db_is_named_as_damaged_with_what_to_do(tmp_path, damage: str, command: str) -> None:
     """A study.db cut short (a full disk, a copy that stopped) or overwritten: one line saying the file is damaged and
@@ -565,8 +566,12 @@ def test_a_damaged_study_db_is_named_as_damaged_with_what_to_do(tmp_path, damage
         study.add_trial(optuna.trial.create_trial(value=1.0, params={}, distributions={}, user_attrs={"pad": "x" * 4000}))
     if damage == "truncated":
         os.truncate(db, db.stat().st_size // 2)
-    else:
+    elif damage == "overwritten":
         db.write_bytes(os.urandom(db.stat().st_size))
+    else:  # 4000 random bytes inside, the header whole: Optuna's read wrapped SQLite's words in its own about a commit
+        with open(db, "r+b") as file:
+            file.seek(20000)
+            file.write(random.Random(0).randbytes(4000))
     size = db.stat().st_size
     args = [command, str(tmp_path)] if command != "search" else [command, "--model", "resnet18", "--device", "cpu", "--out", str(tmp_path)]
     result = CliRunner().invoke(app, args)

@@ -240,9 +240,8 @@ def open_storage(url: str) -> BaseStorage:
                 f": it is an SQLite database; pass sqlite:///{os.path.realpath(path)}" if _is_sqlite(path) else ""))
         elif path is not None and isinstance(exc, ValueError):  # a journal with a broken record (two writers on NFS, say)
             why = f"{path} is a damaged Optuna journal ({why}): restore it from a backup, or pass another --storage for a new search"
-        elif url.startswith("sqlite") and isinstance(exc, sqlalchemy.exc.DatabaseError) and _damaged(why):
-            why += (f": {sqlite_path(url)} is damaged (not a readable SQLite database): restore it from a backup, or move it "
-                    "away and pass another --out (or --storage) for a new search")
+        else:
+            why = cause_said(url, exc)
         raise StorageError(hide_passwords(f"cannot open study storage {url!r}: {why}")) from None
 
 
@@ -292,6 +291,16 @@ def _created_meanwhile(exc: sqlalchemy.exc.DBAPIError) -> bool:
         return True
     text = str(exc).lower()
     return "already exists" in text or "database is locked" in text
+
+
+def cause_said(url: str, exc: BaseException) -> str:
+    """What the storage at ``url`` said when it could not be opened or read: the database's own first line (behind
+    Optuna's wrapper of a failed commit, whose words guess at invalid data), and for a damaged SQLite file what to do."""
+    why = first_line(storage_cause(exc))
+    if url.startswith("sqlite") and _damaged(why):
+        why += (f": {sqlite_path(url)} is damaged (not a readable SQLite database): restore it from a backup, or move it "
+                "away and pass another --out (or --storage) for a new search")
+    return why
 
 
 def _damaged(why: str) -> bool:

@@ -35,7 +35,7 @@ from autotune.tuner.constraints import Constraint, excluding
 from autotune.tuner.identity import signature_difference
 from autotune.tuner.lock import Holder
 from autotune.tuner.pruning import ScreeningPruner
-from autotune.tuner.storage import DATABASE_ERRORS, connection_lost, foreign_sqlite, open_storage, storage_cause, storage_file, with_retries
+from autotune.tuner.storage import DATABASE_ERRORS, cause_said, connection_lost, foreign_sqlite, open_storage, storage_file, with_retries
 from autotune.tuner.stored_records import UnreadableRecord, stored_result, stored_setup
 from autotune.tuner.stores import StudyStores
 
@@ -71,11 +71,6 @@ def _sampler(kind: str, seed: int, n_startup: int, liar: bool = False) -> optuna
         return optuna.samplers.RandomSampler(seed=seed)
     # constant_liar: trials running elsewhere count as bad, so the next ask samples apart from them.
     return optuna.samplers.TPESampler(seed=seed, n_startup_trials=n_startup, multivariate=True, group=True, constant_liar=liar)
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0][:200] if text else type(exc).__name__
 
 
 class SearchStudy(StudyStores):
@@ -151,7 +146,7 @@ class SearchStudy(StudyStores):
         except StorageError:
             raise
         except Exception as exc:  # sqlalchemy / redis / journal errors all differ
-            message = f"cannot open study storage {storage!r}: {_first_line(storage_cause(exc))}"
+            message = f"cannot open study storage {storage!r}: {cause_said(storage, exc)}"
             raise StorageError(hide_passwords(message)) from None
 
     @classmethod
@@ -172,11 +167,11 @@ class SearchStudy(StudyStores):
         foreign = None if file is None else foreign_sqlite(storage, file)
         if foreign is not None:  # Optuna would write its tables into it
             raise StorageError(f"{hide_passwords(storage)}: holds no study ({foreign})")
-        backend, storage = open_storage(storage), hide_passwords(storage)  # the URL only names it in messages below
+        backend, url, storage = open_storage(storage), storage, hide_passwords(storage)  # the URL only names it in messages below
         try:
             names = optuna.get_all_study_names(backend)
         except Exception as exc:  # sqlalchemy / redis / journal errors all differ
-            raise StorageError(f"cannot read study storage {storage!r}: {_first_line(exc)}") from None
+            raise StorageError(hide_passwords(f"cannot read study storage {storage!r}: {cause_said(url, exc)}")) from None
         found = ", ".join(names)
         if name is None:
             if len(names) != 1:
