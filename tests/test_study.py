@@ -330,3 +330,47 @@ def test_a_study_another_program_filled_is_refused_before_anything_runs(tmp_path
     assert optuna.load_study(study_name="s", storage=url).user_attrs == {}  # nothing written to it
     with pytest.raises(StorageError, match="another program made it; autotune reads only the studies of its own searches$"):
         SearchStudy.load(url)  # autotune status and autotune report: no setups, no results to show
+
+
+_FULL_DISK = """
+import os, resource, signal, sys
+import optuna
+from autotune.tuner.storage import open_storage
+url = sys.argv[1]
+study = optuna.create_study(study_name="s", storage=open_storage(url))
+for value in (1.0, 2.0):
+    study.add_trial(optuna.trial.create_trial(value=value))
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails (EFBIG) as on a full disk, partly written
+soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+resource.setrlimit(resource.RLIMIT_FSIZE, (os.path.getsize(url.split("///", 1)[1]) + 100, hard))
+try:
+    study.add_trial(optuna.trial.create_trial(value=9.0, user_attrs={"pad": "x" * 5000}))
+except OSError as exc:
+    print("write failed", exc.errno)
+resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))  # the disk has room again: the search goes on
+study.add_trial(optuna.trial.create_trial(value=3.0))
+"""
+
+
+def test_a_journal_write_cut_short_leaves_whole_records_and_a_readable_study(tmp_path: Path) -> None:
+    """A full disk cut a journal record short; the next append wrote onto it, the two made one line that is no JSON,
+    and every later read failed: the study's calibration and trials were lost. A torn last line left by a process
+    killed mid-write is cut away before the next append too."""
+    import subprocess
+    import sys
+
+    import optuna
+
+    log = tmp_path / "study.log"
+    url = f"journal:///{log}"
+    ran = subprocess.run([sys.executable, "-c", _FULL_DISK, url], capture_output=True, text=True, timeout=120,
+                         cwd=Path(__file__).resolve().parent.parent)
+    assert ran.returncode == 0 and "write failed 27" in ran.stdout, ran.stderr[-2000:]
+    assert log.read_bytes().endswith(b"\n")
+    (log.open("ab")).write(b'{"op_code":4,"worker_id":"x","trial_id":')  # a record cut short by a kill
+    from autotune.tuner.storage import open_storage
+
+    optuna.load_study(study_name="s", storage=open_storage(url)).add_trial(optuna.trial.create_trial(value=4.0))
+    values = sorted(t.value for t in optuna.load_study(study_name="s", storage=open_storage(url)).trials)
+    assert values == [1.0, 2.0, 3.0, 4.0]
+    assert all(line.startswith(b"{") and line.endswith(b"}") for line in log.read_bytes().splitlines())

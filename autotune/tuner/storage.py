@@ -35,11 +35,11 @@ from typing import Any, TypeVar
 import optuna
 import sqlalchemy.exc
 from optuna.storages import BaseStorage, JournalStorage, RDBStorage, RetryHeartbeatStaleTrialCallback
-from optuna.storages.journal import JournalFileBackend
 
 from autotune.errors import StorageError, UsageError
 from autotune.redact import hide_passwords
 from autotune.tuner.heartbeats import heartbeat_s
+from autotune.tuner.journal_file import JournalFile
 from autotune.tuner.signals import stop_requested, wait_unless_stopped
 
 T = TypeVar("T")
@@ -217,7 +217,7 @@ def open_storage(url: str) -> BaseStorage:
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     try:
         if path is not None:
-            return JournalStorage(JournalFileBackend(os.path.abspath(path)))
+            return JournalStorage(JournalFile(os.path.abspath(path)))  # whole records only, whatever a full disk cut short
         if url.startswith("sqlite"):
             folder = os.path.dirname(os.path.abspath(sqlite_path(url) or ""))
             if not os.path.isdir(folder):
