@@ -20,7 +20,7 @@ from typing import Any
 
 from optuna.storages.journal import JournalFileBackend, JournalFileSymlinkLock
 
-__all__ = ["JournalFile", "whole_size"]
+__all__ = ["JournalFile", "journal_begins", "whole_size"]
 
 
 class JournalFile(JournalFileBackend):
@@ -70,3 +70,13 @@ def whole_size(path: str) -> int:
                 return position - step + found + 1
             position -= step
     return 0
+
+
+def journal_begins(path: str) -> bool:
+    """Whether the file at ``path`` begins with an Optuna journal record (a JSON object with an ``op_code``)."""
+    try:
+        with open(path, "rb") as file:
+            record = json.loads(file.readline(1 << 20))
+    except (OSError, ValueError):
+        return False
+    return isinstance(record, dict) and "op_code" in record

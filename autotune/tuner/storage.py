@@ -18,7 +18,6 @@ A worker that cannot reach a shared storage retries with backoff
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import random
@@ -39,7 +38,7 @@ from optuna.storages import BaseStorage, JournalStorage, RDBStorage, RetryHeartb
 from autotune.errors import StorageError, UsageError
 from autotune.redact import hide_passwords
 from autotune.tuner.heartbeats import heartbeat_s
-from autotune.tuner.journal_file import JournalFile
+from autotune.tuner.journal_file import JournalFile, journal_begins
 from autotune.tuner.signals import stop_requested, wait_unless_stopped
 
 T = TypeVar("T")
@@ -235,7 +234,7 @@ def open_storage(url: str) -> BaseStorage:
             dialect = url.split(":", 1)[0]
             why = (f"no database driver for {dialect} is installed in this environment (autotune brings psycopg for "
                    "postgresql+psycopg://; install the SQLAlchemy driver your URL names)")
-        elif path is not None and isinstance(exc, (ValueError, KeyError, TypeError)) and not _journal_begins(path):  # not a journal
+        elif path is not None and isinstance(exc, (ValueError, KeyError, TypeError)) and not journal_begins(path):  # not a journal
             why = (f"{path} is not an Optuna journal file (a JSON record per line)" + (
                 f": it is an SQLite database; pass sqlite:///{os.path.realpath(path)}" if _is_sqlite(path) else ""))
         elif path is not None and isinstance(exc, ValueError):  # a journal with a broken record (two writers on NFS, say)
@@ -243,16 +242,6 @@ def open_storage(url: str) -> BaseStorage:
         else:
             why = cause_said(url, exc)
         raise StorageError(hide_passwords(f"cannot open study storage {url!r}: {why}")) from None
-
-
-def _journal_begins(path: str) -> bool:
-    """Whether the file at ``path`` begins with an Optuna journal record (a JSON object with an ``op_code``)."""
-    try:
-        with open(path, "rb") as file:
-            record = json.loads(file.readline(1 << 20))
-    except (OSError, ValueError):
-        return False
-    return isinstance(record, dict) and "op_code" in record
 
 
 def _is_sqlite(path: str) -> bool:
