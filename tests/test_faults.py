@@ -793,6 +793,34 @@ def test_a_study_storage_that_fails_mid_search_is_one_line_and_keeps_the_trials_
     assert study_of(tmp_path / "out").trials[0].state == TrialState.COMPLETE  # measured before the disk filled: kept
 
 
+def test_a_storage_failure_says_what_to_do_for_its_cause(tmp_path) -> None:
+    """Every failure said `free disk space or bring the storage back`: a read-only mount was told to free space, and an
+    --out removed whole was pointed at its trials.csv, gone with it."""
+    import sqlalchemy.exc
+
+    from autotune.tuner.storage import storage_failure
+
+    def said(storage: str, text: str) -> str:
+        cause = sqlalchemy.exc.OperationalError("INSERT ...", {}, Exception(text))
+        return str(storage_failure(storage, cause))
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "study.db").write_bytes(b"")
+    sqlite = f"sqlite:///{out / 'study.db'}"
+    assert said(sqlite, "database or disk is full").endswith("(finished trials, calibration): free disk space, then rerun the same "
+                                                             "command to resume")
+    assert ": make it writable again, then rerun" in said(sqlite, "attempt to write a readonly database")
+    assert ": make it writable again, then rerun" in said(sqlite, "unable to open database file")
+    assert ": bring the storage back, then rerun" in said("postgresql://u:secret@db/x", "server closed the connection unexpectedly")
+    (out / "study.db").unlink()
+    assert "study.db was removed or moved while the search ran" in said(sqlite, "unable to open database file")
+    out.rmdir()
+    assert said(sqlite, "unable to open database file").endswith(
+        f"{out} was removed or moved while the search ran, with the study.db and trials.csv it held: put it back, or search "
+        "again with another --out or --storage")
+
+
 @pytest.mark.parametrize("damage", ["removed", "truncated"])
 def test_a_study_db_removed_or_damaged_mid_search_is_said_as_such(tmp_path, cache_dir, monkeypatch, damage: str) -> None:
     """study.db deleted (or cut short) while the search runs: the line said `what it stored before this is kept ...: free
