@@ -2076,3 +2076,39 @@ def test_a_stop_while_a_shared_study_worker_writes_the_study_s_winner_waits_for_
     script = (second / "train.py").read_text()
     compile(script, "train.py", "exec")  # whole
     assert "this worker wrote the same to" in script and not (second / "report.html").exists()
+
+
+def test_images_removed_from_data_while_the_search_runs_stop_the_next_trial_naming_the_change(tmp_path, synthetic_data) -> None:
+    """22 of 80 images deleted after the first trial: the later trials and the confirmation measured 58 while the
+    search said 80, and the same command then refused the study as made for another search. A trial that finds another
+    count than the search began with ends as bad data (the search stops with it); a DDP rank compares its share."""
+    import dataclasses
+    import shutil
+    import time
+
+    from autotune.records import TrialOptions
+    from autotune.runner import entry
+    from autotune.train_setup import TrainSetup
+    from autotune.workloads import build_workload
+
+    data = tmp_path / "photos"
+    shutil.copytree(synthetic_data, data)
+    workload = build_workload(model="resnet18", image_size=32, data=data, device="cpu", write_data=False)
+    request = {"setup": TrainSetup(batch_size=4).to_dict(), "workload": workload.to_dict(),
+               "options": dataclasses.asdict(TrialOptions(trial_seconds=0.3, windows=2))}
+    assert entry.execute(request, started=time.perf_counter(), send=lambda event: None).status == "ok"
+    for folder in sorted(p for p in data.iterdir() if p.is_dir()):  # one image of each of the 10 classes
+        next(folder.glob("*.jpg")).unlink()
+    result = entry.execute(request, started=time.perf_counter(), send=lambda event: None)
+    assert result.status == "bad_data", result
+    assert result.error == (f"{data}: 54 images now, 64 when the search began: files were removed or added while it ran; "
+                            "put them back")
+    for image in (data / "class_00").glob("*.jpg"):  # a class emptied: ImageFolder's own error, said as the change
+        image.unlink()
+    result = entry.execute(request, started=time.perf_counter(), send=lambda event: None)
+    assert result.status == "bad_data" and result.error.startswith(f"{data}: Found no valid file for the classes class_00"), result
+    assert result.error.endswith("; files were removed while the search ran: put them back")
+    from autotune.workloads.data import same_count
+
+    halves = dataclasses.replace(workload, images=27)  # one of two ranks' share of the 54 left
+    assert same_count(list(range(54)), halves, world_size=2) == list(range(54))

@@ -79,8 +79,10 @@ class TrialLoop:
 
     # ----------------------------------------------------------------- build
     def build_dataset(self) -> Any:
-        """The workload's dataset, this rank's shard of it under DDP."""
-        return self.rank.shard(self.pipeline.dataset())
+        """The workload's dataset, this rank's shard of it under DDP (a folder's count checked: :func:`same_count`)."""
+        from autotune.workloads.data import same_count
+
+        return self.rank.shard(same_count(self.pipeline.dataset(), self.workload, self.rank.world_size))
 
     def start_loader(self, dataset: Any) -> Any:
         """The loader's batches, endless as the emitted script streams epochs (an iterable dataset re-iterated);

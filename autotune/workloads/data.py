@@ -25,6 +25,8 @@ from autotune.workloads.file_workers import worker_count, write_in_processes, wr
 if TYPE_CHECKING:  # pragma: no cover
     from torch.utils.data import Dataset
 
+    from autotune.records import Workload
+
 SYNTHETIC_CLASSES = 10
 #: Synthetic JPEGs without --data on a CPU (the default when the device is a CPU).
 SYNTHETIC_IMAGES_CPU = 2000
@@ -284,6 +286,22 @@ def load_image(path: str) -> Any:
         raise BadImage(f"{path}: {gone}") from None
     except (OSError, SyntaxError, ValueError) as exc:  # what PIL raises for a bad file
         raise BadImage(f"{path}: cannot decode ({type(exc).__name__}: {exc})") from None
+
+
+def same_count(dataset: Any, workload: Workload, world_size: int = 1) -> Any:
+    """``dataset``, read from the classifier's image folder, once its count is what the search began with
+    (``workload.images``, one rank's share of ``world_size``); a Task's data is its own.
+
+    Raises:
+        BadData: Files were removed or added while the search ran: its trials would measure other data than it says,
+            and its study (made for the count) could not go on.
+    """
+    expected = workload.images
+    if workload.task is None and expected is not None and max(1, len(dataset) // world_size) != expected:
+        began = f"{expected * world_size}{'' if world_size == 1 else ' or so'}"
+        raise BadData(f"{workload.data or 'the synthetic JPEGs'}: {len(dataset)} images now, {began} when the search began: "
+                      "files were removed or added while it ran; put them back")
+    return dataset
 
 
 def image_folder(path: str | Path, image_size: int) -> Dataset[Any]:

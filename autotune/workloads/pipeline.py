@@ -10,6 +10,7 @@ a batch for the compute-only measurement. The classifier shorthand
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -85,7 +86,12 @@ class ClassifierPipeline:
         from autotune.workloads.gpu_decode import byte_folder
 
         root = self.workload.data or ensure_synthetic(self.workload.cache_dir, self.workload.synthetic_images)
-        dataset = byte_folder(str(root)) if self.decode == "gpu" else image_folder(root, self.workload.image_size)
+        try:
+            dataset = byte_folder(str(root)) if self.decode == "gpu" else image_folder(root, self.workload.image_size)
+        except FileNotFoundError as exc:  # a class folder emptied while the search ran (a folder gone: the search says so)
+            if not os.path.isdir(root):
+                raise
+            raise BadData(f"{root}: {exc}; files were removed while the search ran: put them back") from None
         self.num_classes = len(dataset.classes)
         return dataset
 
