@@ -332,7 +332,7 @@ def emit(
 def report(
     directory: Annotated[Path, typer.Argument(parser=_path, help="A search output directory; report.html is written there.")] = Path("autotune-out"),
     storage: Annotated[Optional[str], typer.Option("--storage", help="Optuna storage URL (default DIR/study.db).")] = None,
-    study: Annotated[Optional[str], typer.Option("--study", help="Study name (default: the only one there).")] = None,
+    study: Annotated[Optional[str], typer.Option("--study", help="Study name (default: the one DIR/best.json names, else the only one there).")] = None,
 ) -> None:
     """Rewrite DIR/report.html (plots of the search) from the study, finished or still running."""
     from autotune.tuner.study_report import report_study
@@ -352,15 +352,15 @@ def report(
 def status(
     directory: Annotated[Optional[Path], typer.Argument(parser=_path, help="A search's --out: its best.json is read (default autotune-out).")] = None,
     storage: Annotated[Optional[str], typer.Option("--storage", help="The study storage URL (postgresql://, journal:///FILE.log, sqlite:///).")] = None,
-    study: Annotated[Optional[str], typer.Option("--study", help="Study name (default: the only one there).")] = None,
+    study: Annotated[Optional[str], typer.Option("--study", help="Study name (default: the one DIR/best.json names, else the only one there).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Show a study's progress, the trials running on each worker and the confirmed winner."""
     from autotune.tuner.status import study_status
-    from autotune.tuner.study_report import storage_of
+    from autotune.tuner.study_report import own_study, storage_of
 
     where = Path("autotune-out") if directory is None else directory  # with --storage, DIR's best.json is the lone search's winner
-    found = study_status(storage_of(where, storage), study, out=None if storage and directory is None else where)
+    found = study_status(storage_of(where, storage), own_study(where, storage, study), out=None if storage and directory is None else where)
     if as_json:
         echo_json(found.to_dict())
     else:

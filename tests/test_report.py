@@ -342,6 +342,26 @@ def test_a_report_that_cannot_be_written_is_one_line(searched, tmp_path, monkeyp
     assert "internal error" not in result.output and ".report.html." not in result.output
 
 
+def test_status_and_report_of_a_directory_read_its_own_study_when_another_search_added_one(searched, tmp_path) -> None:
+    """A search given `--storage sqlite:///OUT/study.db --study other` added its study to another search's study.db:
+    `autotune status OUT` and `autotune report OUT` then said `2 studies (...); pass --study NAME`, though OUT's
+    best.json names its own."""
+    outcome, source = searched
+    copy = tmp_path / "copy"
+    shutil.copytree(source, copy)
+    other = optuna.create_study(study_name="other", storage=f"sqlite:///{copy / 'study.db'}")
+    other.add_trial(optuna.trial.create_trial(value=1.0))
+    status = CliRunner().invoke(app, ["status", str(copy)])
+    assert status.exit_code == 0 and f"study {outcome.study!r} in sqlite:///" in status.stdout, status.output
+    report = CliRunner().invoke(app, ["report", str(copy)])
+    assert report.exit_code == 0 and "report: " in report.stdout, report.output
+    asked = CliRunner().invoke(app, ["status", str(copy), "--study", "other"])  # named: that one, as asked
+    assert asked.exit_code == 1 and "no autotune search signature" in asked.output, asked.output
+    (copy / "best.json").unlink()  # nothing names one: both are said, as before
+    unnamed = CliRunner().invoke(app, ["status", str(copy)])
+    assert unnamed.exit_code == 1 and f"2 studies ({outcome.study}, other); pass --study NAME" in unnamed.output, unnamed.output
+
+
 def test_status_names_an_earlier_runs_winner_while_a_rerun_is_in_progress(searched, tmp_path) -> None:
     """The same command again re-runs the confirmation: until it writes its own, best.json is the earlier run's."""
     import os

@@ -253,6 +253,21 @@ def _kept_in_out(out: Path) -> bool:
     return command.startswith("autotune search") and " --storage" not in command
 
 
+def own_study(out: Path, storage: str | None, study: str | None) -> str | None:
+    """The study to read for the search whose ``--out`` is ``out``: ``study`` when given (or with a ``--storage``);
+    else the one ``out/best.json`` names where ``out/study.db`` holds it (another search's ``--storage`` may have added
+    a study of its own there); else None, the only one there."""
+    if study is not None or storage is not None or not (out / "best.json").is_file():
+        return study
+    try:
+        named = read_best(out / "best.json").study or None
+        if named is not None:
+            SearchStudy.load(storage_of(out, None), named)
+    except AutotuneError:  # unreadable, or a study not there: the only one, as before
+        return None
+    return named
+
+
 def storage_of(out: Path, storage: str | None) -> str:
     """``storage``, or else the SQLite study a search wrote in ``out``.
 
@@ -304,6 +319,7 @@ def report_study(out: Path, *, storage: str | None = None, study: str | None = N
     Raises:
         StorageError: No study there, or a study without a finished trial.
     """
+    study = own_study(out, storage, study)
     storage = storage_of(out, storage)
     stored = SearchStudy.load(storage, study)
     records = stored.records()
