@@ -464,3 +464,14 @@ def test_ddp_ranks_get_the_threads_torchrun_gives_them() -> None:
         done = subprocess.run(command, cwd=TESTS, env=env, capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr
         assert json.loads(done.stdout)["num_threads"] == threads  # each rank's share is one core
+
+
+@pytest.mark.slow
+def test_a_ddp_trial_of_the_classifier_on_its_own_folder_measures(cache_dir) -> None:
+    """`autotune trial --nproc-per-node 2` counts the whole folder (a search counts a rank's share): the check that the
+    data did not change while a search ran took it for a folder that had lost half its images."""
+    import autotune
+
+    result = autotune.trial(model="resnet18", image_size=32, device="cpu", nproc_per_node=2, cache_dir=cache_dir,
+                            synthetic_images=64, setup=autotune.TrainSetup(batch_size=4), trial_seconds=1.0)
+    assert result.result.status == "ok", result.result.error

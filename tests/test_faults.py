@@ -2079,8 +2079,8 @@ def test_a_stop_while_a_shared_study_worker_writes_the_study_s_winner_waits_for_
 
 
 def test_images_removed_from_data_while_the_search_runs_stop_the_next_trial_naming_the_change(tmp_path, synthetic_data) -> None:
-    """22 of 80 images deleted after the first trial: the later trials and the confirmation measured 58 while the
-    search said 80, and the same command then refused the study as made for another search. A trial that finds another
+    """Images deleted after the first trial (22 of 80 in the case found): the later trials and the confirmation measured
+    58 while the search said 80, and the same command then refused the study as made for another search. A trial that finds another
     count than the search began with ends as bad data (the search stops with it); a DDP rank compares its share."""
     import dataclasses
     import shutil
@@ -2101,14 +2101,17 @@ def test_images_removed_from_data_while_the_search_runs_stop_the_next_trial_nami
         next(folder.glob("*.jpg")).unlink()
     result = entry.execute(request, started=time.perf_counter(), send=lambda event: None)
     assert result.status == "bad_data", result
-    assert result.error == (f"{data}: 54 images now, 64 when the search began: files were removed or added while it ran; "
-                            "put them back")
+    assert result.error == f"{data}: 54 images now, 64 at the start: files were removed or added while it ran; put them back"
     for image in (data / "class_00").glob("*.jpg"):  # a class emptied: ImageFolder's own error, said as the change
         image.unlink()
     result = entry.execute(request, started=time.perf_counter(), send=lambda event: None)
     assert result.status == "bad_data" and result.error.startswith(f"{data}: Found no valid file for the classes class_00"), result
     assert result.error.endswith("; files were removed while the search ran: put them back")
-    from autotune.workloads.data import same_count
+    from autotune.workloads.data import BadData, same_count
 
     halves = dataclasses.replace(workload, images=27)  # one of two ranks' share of the 54 left
     assert same_count(list(range(54)), halves, world_size=2) == list(range(54))
+    whole = dataclasses.replace(workload, images=54)  # `autotune trial --nproc-per-node 2` counts the whole folder
+    assert same_count(list(range(54)), whole, world_size=2) == list(range(54))
+    with pytest.raises(BadData, match=r": 50 images now, 27 \(a rank's share of 54 or so\) at the start"):
+        same_count(list(range(50)), halves, world_size=2)

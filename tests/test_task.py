@@ -1199,7 +1199,12 @@ def test_modules_the_factory_left_in_eval_mode_stay_so_in_the_check_the_trials_a
 
     task_factories.FINE_TUNED.clear()
     checked = build_task_workload("task_factories:frozen_backbone", device="cpu")  # the parent's check runs a step of the model
-    assert checked.batch_norm is True and build_task_workload("task_factories:good", device="cpu").batch_norm is False
+    # Its only BatchNorm stays in eval mode: no statistics per micro-batch to warn of (an accumulating winner's note).
+    assert checked.batch_norm is False and build_task_workload("task_factories:good", device="cpu").batch_norm is False
+    from autotune.workloads.modes import has_batch_norm
+
+    assert has_batch_norm(torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4)))
+    assert has_batch_norm(torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4)).eval())  # trains whole
     setup = TrainSetup(batch_size=4)
     request = {"setup": setup.to_dict(), "workload": _workload("frozen_backbone").to_dict(),
                "options": dataclasses.asdict(TrialOptions(trial_seconds=0.3, windows=2))}

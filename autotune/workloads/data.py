@@ -289,18 +289,19 @@ def load_image(path: str) -> Any:
 
 
 def same_count(dataset: Any, workload: Workload, world_size: int = 1) -> Any:
-    """``dataset``, read from the classifier's image folder, once its count is what the search began with
-    (``workload.images``, one rank's share of ``world_size``); a Task's data is its own.
+    """``dataset``, read from the classifier's image folder, once its count is what the search (or trial) began with
+    (``workload.images``: the whole folder's, or one rank's share of ``world_size``); a Task's data is its own.
 
     Raises:
         BadData: Files were removed or added while the search ran: its trials would measure other data than it says,
             and its study (made for the count) could not go on.
     """
     expected = workload.images
-    if workload.task is None and expected is not None and max(1, len(dataset) // world_size) != expected:
-        began = f"{expected * world_size}{'' if world_size == 1 else ' or so'}"
-        raise BadData(f"{workload.data or 'the synthetic JPEGs'}: {len(dataset)} images now, {began} when the search began: "
-                      "files were removed or added while it ran; put them back")
+    # The search's workload counts one rank's share, `autotune trial`'s the whole folder.
+    if workload.task is None and expected is not None and expected not in (len(dataset), max(1, len(dataset) // world_size)):
+        began = expected if world_size == 1 else f"{expected} (a rank's share of {expected * world_size} or so)"
+        raise BadData(f"{workload.data or 'the synthetic JPEGs'}: {len(dataset)} images now, {began} at the start: files were "
+                      "removed or added while it ran; put them back")
     return dataset
 
 

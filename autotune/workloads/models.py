@@ -256,13 +256,6 @@ def check_factory(ref: str, sys_path: Sequence[str] = ()) -> None:
         load_factory(ref, sys_path)
 
 
-def has_batch_norm(model: torch.nn.Module) -> bool:
-    """Whether ``model`` holds a BatchNorm layer (statistics over each micro-batch in training mode)."""
-    import torch
-
-    return any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules())
-
-
 def named_batch_norm(ref: str, *, num_classes: int, image_size: int) -> bool | None:
     """:func:`has_batch_norm` of a torchvision model by name, built on the meta device (no memory, milliseconds); None
     for a factory (not called in the parent) or a model that cannot be built there."""
@@ -271,6 +264,8 @@ def named_batch_norm(ref: str, *, num_classes: int, image_size: int) -> bool | N
     if is_factory_ref(ref):
         return None
     try:
+        from autotune.workloads.modes import has_batch_norm
+
         with torch.device("meta"):
             return has_batch_norm(build_model(ref, num_classes=num_classes, image_size=image_size))
     except Exception:  # a builder that computes on tensors (regnet_y_128gf) fails there: then not known

@@ -29,3 +29,12 @@ def train_mode(model: Any, kept: tuple[Any, ...]) -> None:
     model.train()
     for module in kept:
         module.training = False
+
+
+def has_batch_norm(model: Any) -> bool:
+    """Whether ``model`` holds a BatchNorm layer that trains (statistics over each micro-batch): one its factory left in
+    eval mode (a frozen backbone's) stays there in the trials and train.py (:func:`train_mode`)."""
+    import torch
+
+    kept = {id(m) for m in eval_modules(model)}
+    return any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and id(m) not in kept for m in model.modules())

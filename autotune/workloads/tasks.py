@@ -26,8 +26,8 @@ from autotune.workloads.batches import describe_batch, first_tensor, has_image_t
 from autotune.workloads.collation import batched_fixed_shapes, batched_read, collate_items, fixed_shapes, read_batch
 from autotune.workloads.factory_time import check_factory_time
 from autotune.workloads.loss_inputs import check_loss_weights, check_no_backward, float_targets, gradients, pass_warnings, reaches
-from autotune.workloads.models import arguments_hint, has_batch_norm, load_factory
-from autotune.workloads.modes import eval_modules, train_mode
+from autotune.workloads.models import arguments_hint, load_factory
+from autotune.workloads.modes import eval_modules, has_batch_norm, train_mode
 from autotune.workloads.task import Task
 from autotune.workloads.task_refs import task_ref
 
