@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from pathlib import Path
 
@@ -374,3 +375,8 @@ def test_a_journal_write_cut_short_leaves_whole_records_and_a_readable_study(tmp
     values = sorted(t.value for t in optuna.load_study(study_name="s", storage=open_storage(url)).trials)
     assert values == [1.0, 2.0, 3.0, 4.0]
     assert all(line.startswith(b"{") and line.endswith(b"}") for line in log.read_bytes().splitlines())
+    other = tmp_path / "notes.json"  # a wrong path to a file of one's own, with no newline: not taken for a torn record
+    other.write_bytes(b'{"mine": 1}')
+    with contextlib.suppress(Exception):
+        optuna.create_study(study_name="s", storage=open_storage(f"journal:///{other}"))
+    assert other.read_bytes().startswith(b'{"mine": 1}')
