@@ -1163,3 +1163,10 @@ class _UnevenShards(IterableDataset):  # type: ignore[type-arg]
 def uneven_shards() -> autotune.Task:
     """An IterableDataset whose torchrun ranks yield 12 and 6 batches of 4 per epoch."""
     return autotune.Task(nn.Linear(8, 3), _UnevenShards(), batch_size=4)
+
+
+def meant_broadcast_step() -> autotune.Task:
+    """A step whose extra term pulls every output row toward one constant row ([N, 3] against [3]): PyTorch warns of
+    the broadcast, which keeps the output's shape and is meant."""
+    return autotune.Task(nn.Linear(8, 3), _pairs(), step=lambda model, batch: nn.functional.cross_entropy(
+        out := model(batch[0]), batch[1]) + 0.01 * nn.functional.mse_loss(out, torch.zeros(3)))

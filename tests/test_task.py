@@ -524,6 +524,14 @@ def test_bad_workloads_fail_in_the_parent_with_one_line(name: str, message: str,
         assert "called with no arguments" not in str(info.value)
 
 
+def test_a_broadcast_that_keeps_the_output_s_shape_is_meant_and_passes_with_its_warning() -> None:
+    """The step= refusal of a broadcast refused every one PyTorch warned of, also a constant target row against every
+    sample's output ([N, 3] against [3]), which trains as meant; only one that makes more values than either side holds
+    ([N, 1] against [N]: [N, N]) is refused."""
+    with pytest.warns(UserWarning, match="that is different to the input size"):
+        assert build_task_workload("task_factories:meant_broadcast_step", device="cpu").task == "task_factories:meant_broadcast_step"
+
+
 def test_the_arguments_hint_is_only_for_a_factory_that_needs_arguments() -> None:
     from autotune.workloads.models import arguments_hint
 

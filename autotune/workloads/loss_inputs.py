@@ -4,6 +4,7 @@ the model's parameters at all."""
 
 from __future__ import annotations
 
+import re
 import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -98,11 +99,31 @@ def check_no_backward(model: Any, before: list[Any]) -> None:
 
 def pass_warnings(warned: list[warnings.WarningMessage], broadcast: Callable[[str], str]) -> None:
     """Warn again what the first batch's loss warned of, as it would have; PyTorch's broadcast warning of an element-wise
-    loss is refused instead (``broadcast(message)`` says why), since the loss would train without an error."""
+    loss whose broadcast makes more values than either side holds (an ``[N, 1]`` output against ``[N]`` targets: ``[N, N]``)
+    is refused instead (``broadcast(message)`` says why), since the loss would train without an error. A broadcast that
+    keeps the larger side's shape (a constant target row against every sample) is meant: warned as it was."""
     for said in warned:
-        if BROADCAST_WARNING in str(said.message):
-            raise WorkloadError(broadcast(str(said.message).split(". ", 1)[0]))
+        text = str(said.message)
+        if BROADCAST_WARNING in text and _grows(text):
+            raise WorkloadError(broadcast(text.split(". ", 1)[0]))
         warnings.warn_explicit(said.message, said.category, said.filename, said.lineno)
+
+
+def _grows(message: str) -> bool:
+    """Whether the two sizes PyTorch's broadcast warning names broadcast to more values than the larger holds (True when
+    they cannot be read from it)."""
+    import math
+
+    import torch
+
+    sizes = [tuple(int(d) for d in found.split(",") if d.strip()) for found in re.findall(r"torch\.Size\(\[([\d, ]*)\]\)", message)]
+    if len(sizes) != 2:
+        return True
+    try:
+        both = torch.broadcast_shapes(*sizes)
+    except RuntimeError:
+        return True
+    return math.prod(both) > max(math.prod(size) for size in sizes)
 
 
 #: What PyTorch's element-wise losses (MSE, L1, smooth L1, Huber) warn when the targets' shape differs from the output's:
