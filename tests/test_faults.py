@@ -817,8 +817,10 @@ def test_a_storage_failure_says_what_to_do_for_its_cause(tmp_path) -> None:
     assert "study.db was removed or moved while the search ran" in said(sqlite, "unable to open database file")
     out.rmdir()
     assert said(sqlite, "unable to open database file").endswith(
-        f"{out} was removed or moved while the search ran, with the study.db and trials.csv it held: put it back, or search "
+        f"{out} was removed or moved during the search, with the study.db and trials.csv in it: put it back, or search "
         "again with another --out or --storage")
+    assert ", with runs.db in it: put it back" in said(f"sqlite:///{tmp_path / 'gone' / 'runs.db'}", "unable to open database file")
+    assert ": bring the storage back, then rerun" in said("postgresql://db/x", "connection successfully closed by the server")
 
 
 @pytest.mark.parametrize("damage", ["removed", "truncated"])

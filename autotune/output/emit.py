@@ -29,7 +29,7 @@ from typing import Any
 from autotune.devices import device_type
 from autotune.errors import AutotuneError, EmitError
 from autotune.files import atomic_write_text
-from autotune.output.best import Best, write_best
+from autotune.output.best import DEFAULTS_KEPT, Best, write_best
 from autotune.records import LR_SCALINGS
 from autotune.redact import hide_passwords
 from autotune.torch_knobs import COMPILE_MODES, DECODES, OPTIMIZER_IMPLS
@@ -151,9 +151,11 @@ def _header(best: Best, data_is_synthetic: bool) -> str:
         lines.append(f"Run: {run_command(best)} (measured with {best.world_size} processes on one node)")
     spread = f" (spread {best.samples_per_s_spread:.1f})" if best.samples_per_s_spread else ""
     measured = f"Measured: {best.samples_per_s:.1f} samples/s{spread}"
-    if best.defaults_samples_per_s:
+    if best.defaults_won:
+        measured += f": {DEFAULTS_KEPT}"
+    elif best.defaults_samples_per_s:
         measured += f"; PyTorch defaults {best.defaults_samples_per_s:.1f} samples/s"
-    if best.speedup:  # not winner / defaults when confirmed: the median of the paired ratios, as the console says
+    if best.speedup and not best.defaults_won:  # not winner / defaults when confirmed: the median of the paired ratios
         how = best.speedup_basis
         measured += f"; speedup {best.speedup:.2f}x ({how})"
     lines.append(measured)

@@ -66,5 +66,5 @@ def threads_over_cores(pin: Constraint | None, cores: int) -> str | None:
         over = ", ".join(map(str, counts)) if counts else None
     if over is None:
         return None
-    return (f"--set {pin}: {over} training threads on the {cores} CPU core(s) a trial has take turns on them, usually "
-            f"slower than {cores}; searched as given")
+    return (f"--set {pin}: {over} training threads on the {cores} CPU core(s) a trial process has take turns on them, "
+            f"usually slower than {cores}; searched as given")

@@ -386,11 +386,11 @@ def storage_failure(storage: str, exc: BaseException) -> StorageError:
     """The one line of :func:`storage_failures_said` for the database error ``exc`` of ``storage``, with what to do."""
     why, file = first_line(storage_cause(exc)), storage_file(storage) if storage.startswith("sqlite") else None
     fix = ("make it writable again" if "readonly" in why or "read-only" in why or "unable to open database file" in why else
-           "free disk space" if "full" in why or "No space" in why else "bring the storage back")
+           "free disk space" if "disk is full" in why or "No space" in why else "bring the storage back")
     what = f"what it stored before this is kept (finished trials, calibration): {fix}, then rerun the same command to resume"
     if file is not None and not file.parent.exists():
-        what = (f"{file.parent} was removed or moved while the search ran, with the study.db and trials.csv it held: put it "
-                "back, or search again with another --out or --storage")
+        held = "the study.db and trials.csv" if file.name == "study.db" else file.name  # a search's --out, or a --storage's folder
+        what = f"{file.parent} was removed or moved during the search, with {held} in it: put it back, or search again with another --out or --storage"
     elif file is not None and not file.exists():
         what = (f"{file} was removed or moved while the search ran, and what it stored with it (the search's trials.csv lists "
                 "the finished trials): put it back, or search again with another --out or --storage")
