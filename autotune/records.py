@@ -66,7 +66,7 @@ class Workload:
         precision: A Task's model's floating parameters' dtype when not float32 (``"float64"``, ``"float16"``, ``"bfloat16"``;
             several joined by ``+``): no autocast is searched for float64 alone (autocast leaves it alone), no fp16 beside
             16-bit parameters (:mod:`autotune.tuner.offered`). Left out of :meth:`to_dict` when None.
-        batch_norm: Whether the model holds a BatchNorm layer; None where not known (a ``--model`` factory). Left out when None.
+        batch_norm: Whether the model holds a BatchNorm layer that trains (not left in eval mode); None: not known. Left out when None.
     """
 
     model: str

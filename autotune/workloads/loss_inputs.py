@@ -4,6 +4,7 @@ the model's parameters at all."""
 
 from __future__ import annotations
 
+import math
 import re
 import warnings
 from collections.abc import Callable
@@ -112,8 +113,6 @@ def pass_warnings(warned: list[warnings.WarningMessage], broadcast: Callable[[st
 def _grows(message: str) -> bool:
     """Whether the two sizes PyTorch's broadcast warning names broadcast to more values than the larger holds (True when
     they cannot be read from it)."""
-    import math
-
     import torch
 
     sizes = [tuple(int(d) for d in found.split(",") if d.strip()) for found in re.findall(r"torch\.Size\(\[([\d, ]*)\]\)", message)]

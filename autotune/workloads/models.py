@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from autotune.errors import USER_CODE_ERRORS, WorkloadError
+from autotune.workloads.modes import has_batch_norm
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -264,8 +265,6 @@ def named_batch_norm(ref: str, *, num_classes: int, image_size: int) -> bool | N
     if is_factory_ref(ref):
         return None
     try:
-        from autotune.workloads.modes import has_batch_norm
-
         with torch.device("meta"):
             return has_batch_norm(build_model(ref, num_classes=num_classes, image_size=image_size))
     except Exception:  # a builder that computes on tensors (regnet_y_128gf) fails there: then not known

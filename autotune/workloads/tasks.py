@@ -83,7 +83,7 @@ class TaskInfo:
             :func:`autotune.workloads.streams.workers_repeat_items`).
         parameters: Elements of the model's trainable parameters.
         precision: The model's floating parameters' dtype when not float32 (see :attr:`Workload.precision`).
-        batch_norm: Whether the model holds a BatchNorm layer.
+        batch_norm: Whether the model holds a BatchNorm layer that trains (:func:`~autotune.workloads.modes.has_batch_norm`).
     """
 
     samples: int | None
