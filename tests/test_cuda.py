@@ -259,3 +259,60 @@ def test_a_batch_object_with_its_own_to_method_reaches_the_gpu() -> None:
 
     moved = to_device({"batch": MovesItself(torch.zeros(4, 3), torch.zeros(4))}, "cuda")
     assert moved["batch"].x.is_cuda and moved["batch"].y.is_cuda
+
+
+# ------------------------------------------------------------- a user's Task on the GPU
+def test_a_task_search_on_cuda_and_its_train_py_plain_and_under_torchrun(tmp_path) -> None:
+    """A Task with step= and dict batches (examples/text_classifier.py) tuned on the GPU, then its emitted train.py run
+    plain and under torchrun (DDP on NCCL, one rank): the batches reach the GPU in both."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import autotune
+
+    examples = Path(__file__).resolve().parent.parent / "examples"
+    sys.path.insert(0, str(examples))
+    try:
+        result = autotune.search(workload="text_classifier:make_task", trials=3, device="cuda", trial_seconds=1.0,
+                                 confirm_top=1, confirm_rounds=1, ceilings=False, out=tmp_path / "out")
+    finally:
+        sys.path.remove(str(examples))
+    assert result.outcome.best is not None and result.outcome.best.workload.device == "cuda:0"
+    assert result.samples_per_s and result.samples_per_s > 0
+    env = {**__import__("os").environ, "PYTHONPATH": f"{examples}:{Path(autotune.__file__).parent.parent}"}
+    for launcher in ([sys.executable], [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1"]):
+        ran = subprocess.run([*launcher, str(result.train_py), "--max-steps", "3", "--print-freq", "1", "--output-dir", "train-out"],
+                             cwd=tmp_path, capture_output=True, text=True, timeout=180, env=env)
+        assert ran.returncode == 0, ran.stderr[-3000:]
+        assert "step 3 loss" in ran.stdout and "cuda" in ran.stdout, ran.stdout[-2000:]
+
+
+def test_a_stream_task_script_under_torchrun_on_nccl_ends_its_epochs(tmp_path) -> None:
+    """The emitted Task script's per-micro-batch flag of an IterableDataset epoch, all-reduced on NCCL (one rank)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import autotune
+    from autotune.output.best import Best
+    from autotune.output.emit import write_script
+    from autotune.workloads.tasks import build_task_workload
+
+    tests = Path(__file__).resolve().parent
+    sys.path.insert(0, str(tests))
+    try:
+        work = dataclasses.replace(build_task_workload("task_factories:uneven_shards", device="cpu", workers=True), device="cuda:0")
+    finally:
+        sys.path.remove(str(tests))
+    setup = autotune.TrainSetup(batch_size=4)
+    best = Best(setup=setup, workload=work, samples_per_s=100.0, samples_per_s_spread=1.0, defaults_samples_per_s=None,
+                speedup=None, peak_memory_bytes=None, effective_batch=setup.effective_batch(),
+                reference_batch=work.reference_batch or 32, lr=work.lr)
+    script = write_script(best, tmp_path / "train.py")
+    env = {**__import__("os").environ, "PYTHONPATH": f"{tests}:{Path(autotune.__file__).parent.parent}"}
+    ran = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1", str(script),
+                          "--epochs", "2", "--workers", "0", "--print-freq", "1", "--output-dir", "out"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=180, env=env)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    assert "epoch 1 done at step" in ran.stdout, ran.stdout[-2000:]
