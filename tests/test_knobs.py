@@ -377,8 +377,11 @@ def test_set_pins_and_bounds_the_new_knobs() -> None:
     assert space.compile_modes() == ()  # pinned: every trial compiles, no refinement
     assert parse_constraint("num_threads=1..2").high == 2
     assert parse_constraint("compile=max_autotune_no_cudagraphs").value == "max-autotune-no-cudagraphs"
-    with pytest.raises(UsageError, match="expected one of for-loop, foreach, fused"):
+    with pytest.raises(UsageError, match="expected one of for-loop, foreach, fused, auto"):
         parse_constraint("optimizer_impl=turbo")
+    # torch's own choice, as the space: line and best.json's setup line write None, is a value --set takes too.
+    assert pinned_values(["optimizer_impl=auto"]) == {"optimizer_impl": None}
+    assert space_for(CPU, None, "optimizer_impl=auto,foreach").values["optimizer_impl"] == (None, "foreach")
     assert pinned_values(["num_threads=1", "compile=default"]) == {"num_threads": 1, "compile": "default"}
     with pytest.raises(UsageError, match="give one value"):
         pinned_values(["num_threads=1..2"])

@@ -85,13 +85,14 @@ def _parse_value(knob: str, text: str) -> Any:
         if lowered not in AMP_MODES:
             raise UsageError(f"--set amp: expected one of off, bf16, fp16, got {text!r}")
         return lowered
+    if knob in ("num_threads", "optimizer_impl") and text.lower() in ("auto", "none"):
+        return None  # torch's own choice (as the space: line shows it): no torch.set_num_threads call, no foreach/fused argument
     if knob in CHOICE_KNOBS:
         lowered = text.lower().replace("_", "-")
         if lowered not in CHOICE_KNOBS[knob]:
-            raise UsageError(f"--set {knob}: expected one of {', '.join(CHOICE_KNOBS[knob])}, got {text!r}")
+            auto = ", auto" if knob == "optimizer_impl" else ""
+            raise UsageError(f"--set {knob}: expected one of {', '.join(CHOICE_KNOBS[knob])}{auto}, got {text!r}")
         return lowered
-    if knob == "num_threads" and text.lower() in ("auto", "none"):
-        return None  # torch's own choice: no torch.set_num_threads call
     value = plain_int(text)
     if value is None:
         expected = "an integer or auto" if knob == "num_threads" else "an integer"
