@@ -97,6 +97,13 @@ class StorageError(AutotuneError):
     """The study storage or the output directory is unusable."""
 
 
+class StudyMismatch(StorageError):
+    """The study holds another search's trials (a flag of the command differs): a usage error, exit code 2, as for an
+    --out that holds another study's files."""
+
+    exit_code = 2
+
+
 class PendingTrialsError(StorageError):
     """The file of measured trials a lost study storage could not take (``OUT/pending-trials.json``) cannot be read:
     the rerun that would add them to the study stops rather than drop them."""

@@ -114,8 +114,9 @@ def test_a_rerun_with_parallel_trials_is_refused_for_a_study_of_lone_trials(tmp_
 
     search(config(tmp_path, cache_dir, trials=2, confirm_top=1))
     records = (tmp_path / "out" / "trials.csv").read_text()
-    with pytest.raises(StorageError, match=r"was made for a different search \(trials at once \(--devices\): 1 there, 2 now\)"):
+    with pytest.raises(StorageError, match=r"was made for a different search \(trials at once \(--devices\): 1 there, 2 now\)") as info:
         search(config(tmp_path, cache_dir, trials=4, devices="cpu,cpu"))
+    assert info.value.exit_code == 2  # a usage error, as for an --out that holds another study's files
     assert (tmp_path / "out" / "trials.csv").read_text() == records
     search(config(tmp_path, cache_dir, trials=3))  # without --devices it goes on
     # A study stored before the key (lone trials or parallel: which, it does not say) resumes, as it did: an older study

@@ -26,7 +26,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.errors import StorageError
+from autotune.errors import StorageError, StudyMismatch
 from autotune.records import TrialRecord, TrialResult
 from autotune.redact import hide_passwords
 from autotune.train_setup import TrainSetup
@@ -224,14 +224,14 @@ class SearchStudy(StudyStores):
         a calibration it kept are then dropped: they measured the other search.
 
         Raises:
-            StorageError: The stored signature differs, naming the first difference (a study another program
+            StudyMismatch: The stored signature differs, naming the first difference (a study another program
                 filled is refused by :meth:`open`).
         """
         stored = self.study.user_attrs.get(STUDY_SIGNATURE)
         if stored is not None:
             difference = signature_difference(stored, signature)
             if difference is not None and not self.holds_nothing():
-                raise StorageError(
+                raise StudyMismatch(
                     f"study {self.name!r} in {self.storage} was made for a different search ({difference}); "
                     + ("pass another --out for this one (an --out holds one search)" if in_out
                        else "pass --study NEW_NAME (the study lives in --storage: another --out names the same one)")
