@@ -1170,3 +1170,9 @@ def meant_broadcast_step() -> autotune.Task:
     the broadcast, which keeps the output's shape and is meant."""
     return autotune.Task(nn.Linear(8, 3), _pairs(), step=lambda model, batch: nn.functional.cross_entropy(
         out := model(batch[0]), batch[1]) + 0.01 * nn.functional.mse_loss(out, torch.zeros(3)))
+
+
+def with_sampler() -> autotune.Task:
+    """A recipe's WeightedRandomSampler passed to the Task, which has none."""
+    data = _pairs()
+    return autotune.Task(nn.Linear(8, 3), data, sampler=torch.utils.data.WeightedRandomSampler([1.0] * len(data), len(data)))  # type: ignore[call-arg]

@@ -545,6 +545,13 @@ def test_the_arguments_hint_is_only_for_a_factory_that_needs_arguments() -> None
         "; a workload factory is called with no arguments (n, scale have no default)")
 
 
+def test_a_task_given_a_sampler_says_what_a_task_takes_and_what_to_do_instead() -> None:
+    """Task(sampler=...) was Python's bare TypeError."""
+    with pytest.raises(WorkloadError, match=r"^workload task_factories:with_sampler failed: TypeError: .*unexpected keyword argument "
+                       r"'sampler'; autotune.Task takes model, dataset and loss, .*; it has no sampler: give the dataset the order"):
+        build_task_workload("task_factories:with_sampler", device="cpu")
+
+
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("kind", ["conv", "linear"])
 def test_float64_inputs_to_a_float32_layer_get_the_hint_whatever_torch_says(kind: str, bias: bool) -> None:

@@ -236,12 +236,16 @@ def load_factory(ref: str, sys_path: Sequence[str], what: str = "model") -> Call
 
 
 def arguments_hint(func: Callable[..., Any], exc: BaseException) -> str:
-    """What to do when a workload factory that needs arguments was called without them ("" for any other failure)."""
+    """What to do when a workload factory that needs arguments was called without them, or passed autotune.Task one it
+    does not take ("" for any other failure)."""
     try:
         needed = [p.name for p in inspect.signature(func).parameters.values()
                   if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
     except (TypeError, ValueError):  # no signature to read (a builtin)
         return ""
+    if isinstance(exc, TypeError) and "Task.__init__() got an unexpected keyword argument" in str(exc):  # Task(sampler=...)
+        return ("; autotune.Task takes model, dataset and loss, step, collate_fn, optimizer, batch_size, lr, batch_size_of "
+                "(docs/workloads.md)" + ("; it has no sampler: give the dataset the order instead" if "'sampler'" in str(exc) else ""))
     if not needed or not isinstance(exc, TypeError) or "required" not in str(exc):
         return ""
     one = len(needed) == 1
