@@ -183,6 +183,13 @@ def iterable_batch_norm() -> autotune.Task:
     return autotune.Task(nn.Sequential(nn.Linear(8, 8), nn.BatchNorm1d(8), nn.Linear(8, 3)), _Stream17(), batch_size=16)
 
 
+def iterable_frozen_batch_norm() -> autotune.Task:
+    """The same stream for a model whose BatchNorm its factory left in eval mode (a frozen layer's running statistics)."""
+    model = nn.Sequential(nn.Linear(8, 8), nn.BatchNorm1d(8), nn.Linear(8, 3))
+    model[1].eval()
+    return autotune.Task(model, _Stream17(), batch_size=16)
+
+
 class SizedStream(Stream):
     """The 24 pairs of Stream, with a length (as webdataset's with_length() or a wrapper of a Hugging Face stream gives)."""
 

@@ -1577,6 +1577,10 @@ def test_the_task_script_on_short_iterable_epochs_and_task_subclasses(
     norm = _task_script(tmp_path / "norm", "iterable_batch_norm", autotune.TrainSetup(batch_size=16))
     code, out, err = _run_here(norm, capfd, monkeypatch, "--epochs", "2")
     assert code == 0 and "epoch 1 done at step 2" in out, out + err
+    # A BatchNorm kept in eval mode uses its running statistics, which a sample alone cannot fail: the tail is trained.
+    frozen = _task_script(tmp_path / "frozen", "iterable_frozen_batch_norm", autotune.TrainSetup(batch_size=16))
+    code, out, err = _run_here(frozen, capfd, monkeypatch, "--epochs", "2")
+    assert code == 0 and "epoch 1 done at step 4" in out, out + err
     # Every worker of this stream yields it whole (the search found so and offered one worker at most): refused.
     code, _, err = _run_here(script, capfd, monkeypatch, "--workers", "2")
     assert code != 0 and "error: --workers 2: each DataLoader worker yields the whole iterable dataset" in err
