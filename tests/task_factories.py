@@ -1183,3 +1183,54 @@ def with_sampler() -> autotune.Task:
     """A recipe's WeightedRandomSampler passed to the Task, which has none."""
     data = _pairs()
     return autotune.Task(nn.Linear(8, 3), data, sampler=torch.utils.data.WeightedRandomSampler([1.0] * len(data), len(data)))  # type: ignore[call-arg]
+
+
+class _Texts(Dataset):  # type: ignore[type-arg]
+    """Token ids of 3 to 9 tokens with a label, as PyTorch's text-classification tutorial reads them."""
+
+    def __len__(self) -> int:
+        return 40
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        return torch.arange(3 + i % 7) % 50, i % 3
+
+
+def _bag_collate(items: list[tuple[torch.Tensor, int]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    texts = [text for text, _ in items]
+    offsets = torch.tensor([0] + [len(t) for t in texts[:-1]]).cumsum(0)
+    return torch.cat(texts), offsets, torch.tensor([label for _, label in items])
+
+
+class _Bag(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.bag, self.head = nn.EmbeddingBag(50, 8), nn.Linear(8, 3)
+
+    def forward(self, text: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        return self.head(self.bag(text, offsets))
+
+
+def _bag_step(model: nn.Module, batch: Any) -> torch.Tensor:
+    text, offsets, labels = batch
+    return nn.functional.cross_entropy(model(text, offsets), labels)
+
+
+def tokens_joined(count: bool = False) -> autotune.Task:
+    """The tutorial's EmbeddingBag batch: every item's tokens joined into one tensor, with offsets (``count``: and the
+    items counted by the labels)."""
+    return autotune.Task(_Bag, _Texts(), collate_fn=_bag_collate, step=_bag_step, batch_size=8,
+                         batch_size_of=(lambda batch: len(batch[-1])) if count else None)
+
+
+def tokens_joined_counted() -> autotune.Task:
+    return tokens_joined(count=True)
+
+
+def views_stacked() -> autotune.Task:
+    """A contrastive recipe's batch: two views of every item stacked along the first dimension."""
+    def collate(items: list[Any]) -> torch.Tensor:
+        inputs = torch.stack([x for x, _ in items])
+        return torch.cat([inputs, inputs + 0.1])
+
+    return autotune.Task(nn.Linear(8, 4), _pairs(), collate_fn=collate, batch_size=8,
+                         step=lambda model, batch: model(batch).pow(2).mean())

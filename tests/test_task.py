@@ -545,6 +545,17 @@ def test_the_arguments_hint_is_only_for_a_factory_that_needs_arguments() -> None
         "; a workload factory is called with no arguments (n, scale have no default)")
 
 
+@pytest.mark.parametrize(("name", "counts"), [("tokens_joined", "counts 7 samples in a batch of 2 items, 3 in a batch of 1"),
+                                             ("views_stacked", "counts 4 samples in a batch of 2 items, 2 in a batch of 1")])
+def test_a_batch_whose_first_tensor_holds_rows_that_are_not_the_items_is_refused_naming_batch_size_of(name: str, counts: str) -> None:
+    """The EmbeddingBag tutorial's batch (tokens joined) was measured as tokens/s and a contrastive batch (two views
+    stacked) as twice the samples, in best.json and train.py's log alike, without a word."""
+    with pytest.raises(WorkloadError, match=rf"the first dimension of the batch's first tensor \(depth first\) {counts} and \d+ in "
+                       r"one of 8 .*: it does not count the items .* give autotune.Task\(batch_size_of=...\) the count"):
+        build_task_workload(f"task_factories:{name}", device="cpu")
+    assert build_task_workload("task_factories:tokens_joined_counted", device="cpu").task == "task_factories:tokens_joined_counted"
+
+
 def test_a_task_given_a_sampler_says_what_a_task_takes_and_what_to_do_instead() -> None:
     """Task(sampler=...) was Python's bare TypeError."""
     with pytest.raises(WorkloadError, match=r"^workload task_factories:with_sampler failed: TypeError: .*unexpected keyword argument "

@@ -22,8 +22,9 @@ from typing import Any
 
 from autotune.errors import USER_CODE_ERRORS, WorkloadError
 from autotune.records import TrialOptions, Workload
-from autotune.workloads.batches import describe_batch, first_tensor, has_image_tensor, hinted
+from autotune.workloads.batches import describe_batch, has_image_tensor, hinted
 from autotune.workloads.collation import batched_fixed_shapes, batched_read, collate_items, fixed_shapes, read_batch
+from autotune.workloads.counts import check_count
 from autotune.workloads.factory_time import check_factory_time
 from autotune.workloads.loss_inputs import check_loss_weights, check_no_backward, float_targets, gradients, pass_warnings, reaches
 from autotune.workloads.models import arguments_hint, load_factory
@@ -211,41 +212,6 @@ def _check_loss(task: Task, model: Any, batch: Any) -> None:
                             "loss with the model that step() receives")
 
 
-def _check_count(task: Task, batch: Any, first: Callable[[int], Any], available: int) -> None:
-    """The samples of the first batch, as every trial counts them, must be a positive count; counted by the first
-    dimension, it must grow with the items (``first(n)``: the first n items collated, for 1, 2 and ``available``)."""
-    origin = "batch_size_of(batch)" if task.batch_size_of is not None else "counting the samples"
-    try:
-        count = task.samples_in(batch)
-    except WorkloadError:
-        raise
-    except USER_CODE_ERRORS as exc:
-        raise WorkloadError(f"{origin} failed on the first batch {describe_batch(batch)}: {type(exc).__name__}: {exc}") from None
-    if count < 1:
-        raise WorkloadError(f"{origin} returned {count} for the first batch {describe_batch(batch)}; it must be >= 1")
-    if task.batch_size_of is not None or available < 2:  # the user's own count (tokens, a mask's sum) is theirs to define
-        return
-    try:
-        one, whole = first(1), first(available)
-        alone, every = task.samples_in(one), task.samples_in(whole)
-    except (WorkloadError, *USER_CODE_ERRORS):  # one item does not collate alone, or the count fails: nothing to compare
-        return
-    heads = [(n, first_tensor(b)) for n, b in ((1, one), (min(available, CHECK_ITEMS), batch), (available, whole))]
-    if any(t.shape[0] != n for n, t in heads) and all(t.dim() > 1 and t.shape[1] == n for n, t in heads):
-        raise WorkloadError(  # [length, batch]: the count would be the longest item's length, whatever the batch
-            f"the first dimension of the batch's first tensor (depth first) counts {every} samples in a batch of {available} "
-            f"items ({describe_batch(whole)}), where its second dimension holds the items: a sequence-first batch (as "
-            "pad_sequence makes by default) would count the length of its longest item, so samples/s would not count "
-            "samples; give autotune.Task(batch_size_of=...) the count (lambda batch: batch[0].shape[1] for (inputs, targets))")
-    if alone == count == every:  # 1, 2 and all the items read count alike: a batch of 256 would count as few as one of 2
-        raise WorkloadError(
-            f"the first dimension of the batch's first tensor (depth first) counts {count} samples in a batch of "
-            f"{min(available, CHECK_ITEMS)} items, {alone} in a batch of 1 and {every} in one of {available} "
-            f"({describe_batch(batch)}): it does not count the items, so samples/s would measure steps/s; give "
-            "autotune.Task(batch_size_of=...) the count (for batches of lists, such as detection's (images, targets): "
-            "lambda batch: len(batch[0]))")
-
-
 def worker_start_method() -> str:
     """How DataLoader workers start here: the method set in this process (a workload's module may set one as it is
     imported, as trials and train.py import it too), or the platform's default."""
@@ -297,7 +263,7 @@ def check_task(task: Task, *, workers: bool) -> TaskInfo:
     batch = first(CHECK_ITEMS)
     if batched:
         first(len(items))  # every item the per-item path reads, read as strictly
-    _check_count(task, batch, first, len(items))
+    check_count(task, batch, first, len(items), CHECK_ITEMS)
     model = task.build_model()
     train_mode(model, eval_modules(model))  # as the trials train it
     with torch.random.fork_rng():
