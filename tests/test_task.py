@@ -159,6 +159,21 @@ def test_the_recipe_rate_of_a_factory_without_lr_is_its_own() -> None:
     assert unbound.recipe_lr(unbound.build_optimizer(unbound.build_model().parameters(), lr=None, cuda=False)) == 0.2
 
 
+def test_a_model_whose_to_override_returns_nothing_is_refused_before_any_trial() -> None:
+    """It passed the check and failed in the calibration as "TrainSetup.prepare_model takes a torch.nn.Module, got
+    NoneType", naming a helper the user never called."""
+    class MovesWithoutReturning(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(2, 2)
+
+        def to(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
+            super().to(*args, **kwargs)  # the return forgotten
+
+    with pytest.raises(WorkloadError, match=r"^the model's to\(\) returned NoneType, not the module: an override of to\(\) must return self"):
+        autotune.Task(MovesWithoutReturning, [1]).build_model()
+
+
 def test_a_factory_s_own_default_rate_is_the_recipe_s_when_the_task_gives_none() -> None:
     """``def make(params, lr=0.05)`` with no Task(lr=...) was given 1e-3, the Task's old default: the recipe's SGD trained
     50 times slower in the trials, best.json and train.py, without a word. An lr given to the Task stands over it."""

@@ -132,7 +132,7 @@ class Task:
         """The model: ``model`` itself, or what its factory returns.
 
         Raises:
-            WorkloadError: The factory fails or returns no ``nn.Module``.
+            WorkloadError: The factory fails or returns no ``nn.Module``, or one whose ``to()`` returns something else.
         """
         import torch
 
@@ -147,6 +147,13 @@ class Task:
             if not isinstance(model, torch.nn.Module):
                 raise WorkloadError(f"Task model factory returned {type(model).__name__}, not an nn.Module")
         self._materialize(model)
+        try:
+            moved = model.to()  # a no-op that returns the module, unless an override of to() forgets to return it
+        except TypeError:  # an override that takes other arguments: the trials' to(device) tells
+            moved = model
+        if not isinstance(moved, torch.nn.Module):
+            raise WorkloadError(f"the model's to() returned {type(moved).__name__}, not the module: an override of to() must "
+                                "return self (the trials and train.py move the model with model = model.to(device))")
         return model
 
     def _materialize(self, model: torch.nn.Module) -> None:
