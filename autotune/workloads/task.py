@@ -29,7 +29,6 @@ from __future__ import annotations
 import functools
 import math
 import numbers
-import re
 from collections.abc import Callable
 from dataclasses import KW_ONLY, dataclass
 from typing import TYPE_CHECKING, Any
@@ -37,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 from autotune.errors import USER_CODE_ERRORS, WorkloadError
 from autotune.units import as_float
 from autotune.workloads.batches import describe_batch, first_dim, tensors
+from autotune.workloads.optimizer_factory import default_rate, first_rate, needs_closure, passes_its_own_lr
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -111,7 +111,7 @@ class Task:
         if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, numbers.Integral) or self.batch_size < 1:
             raise WorkloadError(f"Task batch_size must be an integer >= 1, got {self.batch_size!r}")
         if self.lr is None:
-            object.__setattr__(self, "lr", _default_rate(self.optimizer))
+            object.__setattr__(self, "lr", default_rate(self.optimizer))
         if isinstance(self.lr, bool) or not isinstance(self.lr, numbers.Real) or not 0 < self.lr < math.inf:
             raise WorkloadError(f"Task lr must be a finite number > 0, got {self.lr!r}")
         # NumPy's numbers (a config read with NumPy) as Python's: best.json and the emitted script write them as JSON.
@@ -209,7 +209,7 @@ class Task:
         rate, as a factory without ``lr`` does: passing ``lr=`` would silently replace the rate the user wrote.
         A factory that takes ``**kwargs`` (``def make(params, **kwargs): return AdamW(params, **kwargs)``) takes
         ``lr=`` too: left out, the optimizer's own default rate would silently replace the Task's ``lr``; unless it sets
-        ``lr`` itself beside them (``SGD(params, lr=0.1, **kwargs)``, see :func:`_passes_its_own_lr`).
+        ``lr`` itself beside them (``SGD(params, lr=0.1, **kwargs)``, see :func:`~autotune.workloads.optimizer_factory.passes_its_own_lr`).
         """
         import inspect
 
@@ -222,7 +222,7 @@ class Task:
         if "lr" in parameters:
             return True
         keywords = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
-        return keywords and self.optimizer is not None and not _passes_its_own_lr(self.optimizer)
+        return keywords and self.optimizer is not None and not passes_its_own_lr(self.optimizer)
 
     def recipe_lr(self, optimizer: torch.optim.Optimizer) -> float:
         """The recipe's learning rate at ``batch_size``, given the optimizer built with ``lr=None``.
@@ -235,7 +235,7 @@ class Task:
         """
         if self.optimizer is None or self._factory_takes_lr:
             return float(self.lr)
-        rate = _first_rate(optimizer)
+        rate = first_rate(optimizer)
         if rate is None:
             raise WorkloadError("the Task's optimizer factory sets a learning rate of 0 in every param group: nothing would train")
         return rate
@@ -268,8 +268,12 @@ class Task:
         optimizer = self.optimizer(params, lr=given) if takes_lr else self.optimizer(params)
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise WorkloadError(f"Task optimizer factory returned {type(optimizer).__name__}, not a torch.optim.Optimizer")
+        if needs_closure(optimizer):
+            raise WorkloadError(f"the Task's optimizer {type(optimizer).__name__} needs a closure in step() (as LBFGS does); the "
+                                "trials and train.py call optimizer.step() after each step's backward, as for SGD or AdamW: "
+                                "give the Task such an optimizer")
         if not takes_lr and lr is not None:
-            base = _first_rate(optimizer)
+            base = first_rate(optimizer)
             if base is not None and lr != base:
                 for group in optimizer.param_groups:
                     group["lr"] = group["lr"] * (lr / base)
@@ -362,39 +366,3 @@ def _follow(criterion: Callable[..., Any], output: Any) -> None:
     (device,) = devices
     if any(t.device != device for t in own):
         criterion.to(device)
-
-
-def _first_rate(optimizer: torch.optim.Optimizer) -> float | None:
-    """The recipe's rate of an optimizer whose factory sets its own: its first param group's that is not 0 (a group at
-    rate 0, such as a backbone held still while a head trains, scales to 0 whatever the batch); ``None`` if all are."""
-    return next((float(group["lr"]) for group in optimizer.param_groups if float(group["lr"]) > 0), None)
-
-
-def _passes_its_own_lr(factory: Callable[..., Any]) -> bool:
-    """Whether a ``**kwargs`` optimizer factory sets ``lr`` itself beside them (``SGD(params, lr=0.1, **kwargs)``, or
-    ``SGD(params, 0.1, **kwargs)``) or builds an optimizer that takes none: built once over a dummy parameter with
-    ``lr=`` given, it fails on that keyword."""
-    import torch
-
-    try:
-        factory([torch.nn.Parameter(torch.zeros(1))], lr=1e-3)
-    except TypeError as exc:  # lr given twice (by keyword or by position), or an optimizer that takes no lr
-        return re.search(r"multiple values for (keyword )?argument 'lr'|unexpected keyword argument 'lr'", str(exc)) is not None
-    except Exception:  # the factory wants real parameters: taken as passing lr= on; building it says what is wrong
-        return False
-    return False
-
-
-def _default_rate(factory: Callable[..., Any] | None) -> float:
-    """A Task's rate when none is given: the factory's own ``lr`` default (a finite number > 0), else AdamW's 1e-3.
-    Given ``lr=1e-3`` instead, ``def make(params, lr=0.05)`` trained 50 times slower than the recipe, without a word."""
-    import inspect
-
-    default: Any = None
-    try:
-        if factory is not None:
-            default = inspect.signature(factory).parameters["lr"].default
-    except (TypeError, ValueError, KeyError):  # no signature (a builtin), or no lr argument: the factory sets its own rate
-        pass
-    usable = isinstance(default, numbers.Real) and not isinstance(default, bool) and 0 < float(default) < math.inf
-    return float(default) if usable else 1e-3
