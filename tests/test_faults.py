@@ -1060,6 +1060,13 @@ def test_another_study_on_an_output_directory_is_refused_and_a_broken_best_json_
                                          r"study 'resnet18-48px-cpu' would overwrite them; pass another --out"):
         run_search(replace(config, image_size=48), runner=steady_runner)
     assert (out / "best.json").read_bytes() == best and study_of(out).study_name == "resnet18-32px-cpu"
+    # Read by URL with another directory, as `autotune report` is shown doing: the winner is in the search's own --out
+    # (report said so; status said "the search stopped before it wrote one; rerun the search's command").
+    other = tmp_path / "some-dir"
+    other.mkdir()
+    assert study_status(f"sqlite:///{out / 'study.db'}", None, out=other).lines()[-1] == (
+        f"winner: confirmed, in the best.json of the search's own directory ({out}), not in {other} (it holds none): "
+        "autotune status THAT_DIR shows it")
     (out / "best.json").write_bytes(best[:300])  # truncated: status and report still read the study
     status = study_status(f"sqlite:///{out / 'study.db'}", None, out=out)
     assert status.winner is None and status.lines()[-1].startswith(f"winner: not shown: {out / 'best.json'}: not valid JSON")
