@@ -197,7 +197,7 @@ def render_search(outcome: SearchOutcome) -> Group:
         for c in sorted(outcome.confirmed, key=lambda c: c.median or 0.0, reverse=True):
             conf.add_row(escape(c.candidate.label), fmt_rate(c.median), fmt_rate(c.spread), str(len(c.values)))
         parts.append(conf)
-    parts.append(Text(f"bottleneck: {outcome.verdict}"))
+    parts.append(_line(Text(f"bottleneck: {outcome.verdict}")))  # whole, as the lines below: grep-able
     best = outcome.best
     if best is not None:
         speed = f"{best.samples_per_s:.1f} samples/s"

@@ -896,6 +896,8 @@ def test_the_summary_in_a_narrow_log_keeps_paths_and_setups_whole(tmp_path, cach
     winner = next(line for line in lines if line.startswith("winner: "))
     assert winner.startswith(f"winner: {outcome.best.setup.describe()}: ") and "x the PyTorch defaults (" in winner
     assert re.search(r"median of \d+ paired rounds, (all [\d.]+x|[\d.]+x to [\d.]+x)\)$", winner.rstrip()), winner
+    verdict = next(line for line in lines if line.startswith("bottleneck: "))  # whole too (it was wrapped mid-sentence)
+    assert verdict.rstrip() == f"bottleneck: {outcome.verdict}" and len(verdict) > 80, verdict
 
 
 def test_interrupts_are_held_until_the_storage_write_is_done() -> None:
