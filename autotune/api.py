@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from autotune.api_results import SearchResult, TrialOutcome
+from autotune.api_results import SearchResult, TrialOutcome, in_api_words
 from autotune.errors import SearchInterrupted, SearchStopped, SetupError, UsageError, check_bool, interrupted_in, worded_for_python
 from autotune.files import check_temp_dir_for_workers
 from autotune.records import DEFAULT_TRIAL_SECONDS, TrialOptions, Workload
@@ -214,7 +214,7 @@ def search(
         best_json=outcome.out / "best.json",
         train_py=outcome.out / "train.py",
         verdict=outcome.verdict,
-        notes=best.notes,
+        notes=tuple(in_api_words(note) for note in best.notes),
         outcome=outcome,
     )
 
@@ -225,7 +225,7 @@ def _print_notes(best: Any) -> None:
 
     stderr = console(stderr=True)
     for note in best.notes if best is not None else ():
-        stderr.print(f"note: {note}", style="yellow", markup=False, highlight=False, soft_wrap=True, crop=False)
+        stderr.print(f"note: {in_api_words(note)}", style="yellow", markup=False, highlight=False, soft_wrap=True, crop=False)
 
 
 def trial_workload(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -9,7 +10,28 @@ from autotune.records import TrialResult, Workload
 from autotune.train_setup import TrainSetup
 from autotune.tuner.config import SearchOutcome
 
-__all__ = ["SearchResult", "TrialOutcome"]
+__all__ = ["SearchResult", "TrialOutcome", "in_api_words"]
+
+#: ``autotune search``'s flags that its notes name, as :func:`autotune.search`'s keywords.
+_KEYWORDS = {"effective-batch": "effective_batch", "set": "constraints", "lr": "lr", "trials": "trials", "data": "data",
+             "image-size": "image_size", "trial-seconds": "trial_seconds", "confirm-top": "confirm_top",
+             "confirm-rounds": "confirm_rounds", "max-memory": "max_memory", "nproc-per-node": "nproc_per_node",
+             "devices": "devices", "device": "device", "storage": "storage", "study": "study", "out": "out",
+             "synthetic-images": "synthetic_images", "seed": "seed", "timeout": "timeout_s"}
+_FLAG = re.compile(r"--(" + "|".join(sorted(map(re.escape, _KEYWORDS), key=len, reverse=True)) + r") ([^\s;,()]+)")
+
+
+def in_api_words(note: str) -> str:
+    """A note of the search (the CLI's words) with its flags as the Python API's keywords: ``pass --effective-batch 32``
+    as ``pass effective_batch=32``, ``--set batch_size=64`` as ``constraints=["batch_size=64"]``."""
+    def keyword(match: re.Match[str]) -> str:
+        name, value = _KEYWORDS[match[1]], match[2]
+        if name == "constraints":  # a pin (batch_size=64), or a knob the prose names (a --set batch_size that ...)
+            return f'constraints=["{value}"]' if "=" in value else f'constraints=["{value}=..."]'
+        plain = value.replace(".", "", 1).isdigit() or value.isupper()  # a number, or a placeholder such as DIR
+        return f"{name}={value}" if plain else f'{name}="{value}"'
+
+    return _FLAG.sub(keyword, note)
 
 
 @dataclass(frozen=True)

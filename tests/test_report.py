@@ -622,7 +622,7 @@ def test_without_matplotlib_the_report_is_text_only_and_names_the_extra(tmp_path
     outcome = run_search(_config(tmp_path / "out", cache_dir, trials=4), runner=mixed_runner)
     page = parse(tmp_path / "out" / REPORT)
     assert page.images == []
-    assert 'pip install "autotune[plots]"' in " ".join(page.text)
+    assert 'pip install "matplotlib>=3.8"' in " ".join(page.text)
     assert SECTIONS <= page.sections and page.tables > 0
     assert_self_contained(page)
     assert not any(f.endswith(".png") for f in outcome.files)
@@ -633,7 +633,7 @@ def test_without_matplotlib_the_report_is_text_only_and_names_the_extra(tmp_path
 
     console = Console(width=400, record=True)
     console.print(render_search(outcome), crop=False)
-    assert f'report: {(tmp_path / "out" / REPORT).resolve()} (tables only: pip install "autotune[plots]" for its plots; open it in a ' \
+    assert f'report: {(tmp_path / "out" / REPORT).resolve()} (tables only: pip install "matplotlib>=3.8" for its plots; open it in a ' \
            "browser)" in console.export_text()
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 import autotune
+from autotune.api_results import in_api_words
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -25,7 +26,7 @@ def test_example_is_tuned_and_its_train_py_runs_the_workload(
     )
     assert result.setup is not None and result.samples_per_s and result.samples_per_s > 0
     # What qualifies the figures, as the CLI's note: lines; progress=True prints them too (the API showed none).
-    assert result.notes == result.outcome.best.notes and result.notes  # at least "confirmation: 1 interleaved round"
+    assert result.notes == tuple(map(in_api_words, result.outcome.best.notes)) and result.notes  # "confirmation: 1 interleaved round"
     printed = capsys.readouterr().err
     assert all((f"note: {note}" in printed) is (example == "segmentation") for note in result.notes), printed  # unwrapped
     assert result.best_json.exists() and result.outcome.best is not None
@@ -130,3 +131,13 @@ def test_a_step_that_calls_backward_itself_is_told_to_return_the_loss_only(facto
     error = classify(RuntimeError("Trying to backward through the graph a second time (or directly access saved tensors)")).error
     assert error is not None and error.endswith("does the workload's step(model, batch) call backward()? It must return the loss "
                                                 "only: the trial (and train.py) call backward, with the gradient scaler and accumulation")
+
+
+def test_the_api_s_notes_name_its_keywords_not_the_cli_s_flags() -> None:
+    """A notebook user was told to "pass --effective-batch 32", a flag autotune.search() has no way to take."""
+    assert in_api_words("...; pass --effective-batch 32 to keep the math") == "...; pass effective_batch=32 to keep the math"
+    assert in_api_words("to keep the math, pass --effective-batch 32 with a --set batch_size that divides it (--set batch_size=64 "
+                        "allows none)") == ('to keep the math, pass effective_batch=32 with a constraints=["batch_size=..."] that '
+                                            'divides it (constraints=["batch_size=64"] allows none)')
+    assert in_api_words("re-run with --data DIR to tune on your own images") == "re-run with data=DIR to tune on your own images"
+    assert in_api_words("train.py --max-steps 3; --device cuda") == 'train.py --max-steps 3; device="cuda"'  # the script's flags stay

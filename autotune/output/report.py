@@ -46,12 +46,12 @@ __all__ = ["HEADLINE", "PLOTS_HINT", "REPORT", "ReportInput", "render_report", "
 REPORT = "report.html"
 #: Sections whose plot is also written as ``report-<id>.png`` next to the HTML.
 HEADLINE = ("summary", "history", "confirmation")
-PLOTS_HINT = 'Plots need matplotlib, which is not installed: pip install "autotune[plots]" (the tables below hold all the data).'
+PLOTS_HINT = 'Plots need matplotlib, which is not installed: pip install "matplotlib>=3.8" (the tables below hold all the data).'
 
 
 def report_holds() -> str:
     """What a report.html written now holds, for the line that names it: plots, or tables only without matplotlib."""
-    return "plots" if plotting() is not None else 'tables only: pip install "autotune[plots]" for its plots'
+    return "plots" if plotting() is not None else 'tables only: pip install "matplotlib>=3.8" for its plots'
 
 _CSS = """
 body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:0 auto;max-width:1100px;padding:1.5em;color:#1d2733;background:#fff}
