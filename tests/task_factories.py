@@ -10,7 +10,7 @@ import signal
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -851,6 +851,21 @@ def tuple_output() -> autotune.Task:
 def tuple_output_default_loss() -> autotune.Task:
     """The same model with the default loss (cross-entropy), which takes one tensor."""
     return autotune.Task(_WithAuxiliary(), _pairs())
+
+
+class _Out(NamedTuple):
+    logits: torch.Tensor
+    aux: torch.Tensor
+
+
+class _NamedOutputs(_WithAuxiliary):
+    def forward(self, x: torch.Tensor) -> _Out:  # type: ignore[override]
+        return _Out(self.head(x), self.aux(x))
+
+
+def namedtuple_output_default_loss() -> autotune.Task:
+    """The model's outputs as a namedtuple, with the default loss."""
+    return autotune.Task(_NamedOutputs(), _pairs())
 
 
 class _HoldsFile(Dataset):

@@ -542,6 +542,7 @@ def test_good_workloads_become_workload_records() -> None:
         ("tuple_output", "must be Tensor, not tuple; the model returns a tuple, and loss= gets it whole: give a loss that takes "
                          "it, or step=lambda model, batch: ... that picks the output to train on"),
         ("tuple_output_default_loss", "the model returns a tuple, and the default loss gets it whole: give a loss that takes it"),
+        ("namedtuple_output_default_loss", "the model returns a tuple (_Out), and the default loss gets it whole"),  # not "a _Out"
         ("triples", "the default loss (cross-entropy) needs (inputs, targets) batches, got [Tensor[2, 8] float32, Tensor[2] int64, "
                     "Tensor[2] int64]; give step="),  # no loss= given: the message named one
         ("triples_with_loss", "a Task with loss= needs (inputs, targets) batches, got [Tensor[2, 8] float32, Tensor[2] int64, "),
@@ -555,7 +556,7 @@ def test_bad_workloads_fail_in_the_parent_with_one_line(name: str, message: str,
         _workload(name)
     assert message in str(info.value)
     assert "\n" not in str(info.value)
-    suggests_step = ("two_inputs", "tuple_output", "tuple_output_default_loss", "learned_loss")
+    suggests_step = ("two_inputs", "tuple_output", "tuple_output_default_loss", "namedtuple_output_default_loss", "learned_loss")
     assert name in suggests_step or "step=lambda" not in str(info.value)  # only where it is the fix
     if name == "raises":  # a Python caller sees the factory's own traceback as the cause (from None hid it)
         assert isinstance(info.value.__cause__, RuntimeError) and info.value.__cause__.__traceback__ is not None

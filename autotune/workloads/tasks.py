@@ -186,7 +186,7 @@ def _check_loss(task: Task, model: Any, batch: Any) -> None:
             several = isinstance(output, (tuple, list, dict))  # auxiliary heads, (logits, features), a dict of outputs
             raise WorkloadError(
                 f"the loss failed on output {describe_batch(output)} and targets {describe_batch(targets)}: {type(exc).__name__}: {exc}"
-                + (f"; the model returns a {type(output).__name__}, and {'loss=' if task.loss is not None else 'the default loss'} "
+                + (f"; the model returns a {_kind(output)}, and {'loss=' if task.loss is not None else 'the default loss'} "
                    "gets it whole: give a loss that takes it, or step=lambda model, batch: ... that picks the output to train on"
                    if several else "")
             ) from None
@@ -210,6 +210,12 @@ def _check_loss(task: Task, model: Any, batch: Any) -> None:
         raise WorkloadError(f"{origin} returned a loss that no parameter of the model it was given reaches (it computes it with "
                             "another model, a global one, say): every trial and train.py would train nothing of it; compute the "
                             "loss with the model that step() receives")
+
+
+def _kind(output: tuple[Any, ...] | list[Any] | dict[Any, Any]) -> str:
+    """``tuple``, ``list`` or ``dict``, with the class's own name where it is another (a namedtuple: ``tuple (Out)``)."""
+    kind = next(t.__name__ for t in (tuple, list, dict) if isinstance(output, t))
+    return kind if type(output).__name__ == kind else f"{kind} ({type(output).__name__})"
 
 
 def worker_start_method() -> str:
