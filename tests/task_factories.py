@@ -1249,3 +1249,31 @@ def views_stacked() -> autotune.Task:
 
     return autotune.Task(nn.Linear(8, 4), _pairs(), collate_fn=collate, batch_size=8,
                          step=lambda model, batch: model(batch).pow(2).mean())
+
+
+class _ReadsWithTorchvisionIO(Dataset):  # type: ignore[type-arg]
+    """PNG files read with torchvision.io.read_file and decoded with decode_image, as many users' datasets read them."""
+
+    def __init__(self) -> None:
+        from PIL import Image
+
+        self.root = Path(tempfile.gettempdir()) / "autotune-tvio-pngs"  # written once, shared by every trial's call
+        self.root.mkdir(exist_ok=True)
+        for i in range(32):
+            if not (self.root / f"{i}.png").exists():
+                part = self.root / f"{i}.{os.getpid()}.part"
+                Image.new("RGB", (16, 16), (i * 7 % 256, 40, 90)).save(part, format="PNG")
+                part.replace(self.root / f"{i}.png")  # whole, also when trials write them at once
+
+    def __len__(self) -> int:
+        return 32
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        from torchvision.io import decode_image, read_file
+
+        return decode_image(read_file(str(self.root / f"{i}.png"))).float() / 255, i % 3
+
+
+def reads_with_torchvision_io() -> autotune.Task:
+    return autotune.Task(nn.Sequential(nn.Conv2d(3, 4, 3), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 3)),
+                         _ReadsWithTorchvisionIO(), batch_size=8)

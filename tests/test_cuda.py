@@ -143,9 +143,9 @@ def test_gpu_decode_matches_the_cpu_pipeline(cache_dir) -> None:
     from autotune.workloads.gpu_decode import GpuDecoder, byte_folder, collate_bytes
 
     dataset = byte_folder(str(ensure_synthetic(cache_dir, 64)))
-    files, labels = collate_bytes([dataset[i] for i in range(8)])
+    files, labels, paths = collate_bytes([dataset[i] for i in range(8)])
     assert files[0].dtype == torch.uint8 and files[0].device.type == "cpu"  # bytes cross the bus, not pixels
-    images, targets = GpuDecoder(32, "cuda:0")((files, labels), channels_last=True)
+    images, targets = GpuDecoder(32, "cuda:0")((files, labels, paths), channels_last=True)
     assert images.shape == (8, 3, 32, 32) and images.device.type == "cuda" and images.dtype == torch.float32
     assert images.is_contiguous(memory_format=torch.channels_last)
     assert targets.device.type == "cuda" and torch.equal(targets.cpu(), labels)
@@ -175,6 +175,66 @@ def test_cuda_trial_with_gpu_decode(tiny_workload) -> None:
     assert result.samples_per_s * result.step_time_s == pytest.approx(32)  # images per step, not bytes
     compute = run_trial(setup, workload, dataclasses.replace(QUICK, mode="compute"))  # random pixels, no decoder
     assert compute.status == "ok", compute.error
+
+
+def _task_on_cuda(name: str):  # type: ignore[no-untyped-def]
+    """The workload of tests/task_factories.py's ``name``, checked in this process, on cuda:0."""
+    import pathlib
+    import sys
+
+    from autotune.workloads.tasks import build_task_workload
+
+    here = str(pathlib.Path(__file__).parent)
+    sys.path.insert(0, here)
+    try:
+        return dataclasses.replace(build_task_workload(f"task_factories:{name}", device="cpu"), device="cuda:0")
+    finally:
+        sys.path.remove(here)
+
+
+def test_a_file_nvjpeg_and_the_fallback_refuse_is_bad_data_named(tmp_path) -> None:
+    """decode=gpu on the GPU: an empty file among the JPEGs is a BadImage naming it (the CPU test runs the decoder on the
+    CPU; here nvjpeg refuses first)."""
+    from PIL import Image
+
+    from autotune.workloads.data import BadImage
+    from autotune.workloads.gpu_decode import GpuDecoder, byte_folder, collate_bytes
+
+    (tmp_path / "a").mkdir()
+    Image.new("RGB", (40, 30), (200, 10, 10)).save(tmp_path / "a" / "0.jpg", quality=90)
+    (tmp_path / "a" / "1.jpg").write_bytes(b"")
+    dataset = byte_folder(str(tmp_path))
+    with pytest.raises(BadImage, match=r"1.jpg: cannot decode"):
+        GpuDecoder(16, "cuda:0")(collate_bytes([dataset[0], dataset[1]]))
+
+
+def test_a_task_reading_with_torchvision_io_in_loader_workers_runs_on_cuda() -> None:
+    """torchvision.io.read_file never returned in a loader worker forked after CUDA started (the first GPU run, with
+    the classifier's own reader, since replaced): a user's Task that reads its files so must not hang every trial with
+    workers (a timeout here says it does)."""
+    workload = _task_on_cuda("reads_with_torchvision_io")
+    result = run_trial(TrainSetup(batch_size=8, num_workers=2, prefetch_factor=2), workload, dataclasses.replace(QUICK, timeout_s=90))
+    assert result.status == "ok", result.error
+
+
+def test_cuda_graphs_with_accumulation_and_fp16() -> None:
+    """compile=reduce-overhead (CUDA graphs) with accumulation and the fp16 GradScaler: no other test combines them."""
+    work = _task_on_cuda("good")
+    setup = TrainSetup(batch_size=16, accumulation_steps=2, amp="fp16", compile="reduce-overhead")
+    result = run_trial(setup, work, dataclasses.replace(QUICK, timeout_s=300))
+    assert result.status == "ok", result.error
+
+
+def test_tf32_off_leaves_convolutions_as_torch_sets_them() -> None:
+    """tf32=false sets float32 matmuls to full precision and leaves cuDNN's convolutions at torch's default (TF32 on
+    CUDA): the PyTorch defaults' trial runs what a plain script runs (docs/search.md, the torch knobs)."""
+    import torch
+
+    from autotune.torch_knobs import configure_torch
+
+    before = torch.backends.cudnn.conv.fp32_precision
+    configure_torch("cuda:0", num_threads=None, cudnn_benchmark=False, tf32=False)
+    assert torch.get_float32_matmul_precision() == "highest" and torch.backends.cudnn.conv.fp32_precision == before
 
 
 @pytest.mark.parametrize("mode", ["default", "reduce-overhead"])

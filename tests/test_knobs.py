@@ -159,13 +159,42 @@ def test_gpu_decode_reads_every_format_image_folder_reads(tmp_path: Path, synthe
         Image.new("RGB", (40, 30), (10, 200, 10)).save(tmp_path / "a" / name)
     Image.fromarray(np.full((30, 40), 40000, dtype=np.uint16)).save(tmp_path / "a" / "4.png")  # 16-bit grayscale
     dataset = byte_folder(str(tmp_path))
-    files, labels = collate_bytes([dataset[i] for i in range(len(dataset))])
-    images, _ = GpuDecoder(16, "cpu")((files, labels))
+    files, labels, paths = collate_bytes([dataset[i] for i in range(len(dataset))])
+    assert paths == [path for path, _ in dataset.samples]
+    images, _ = GpuDecoder(16, "cpu")((files, labels, paths))
     assert images.shape == (5, 3, 16, 16) and torch.isfinite(images).all()
     script = load_script(write_script(make_best(synthetic_data, **{"decode": "cpu"}), tmp_path / "train.py"))
     for data in files[1:]:
         decoded = script["decode_on_cpu"](data)
         assert decoded.dtype == torch.uint8 and decoded.shape == (3, 30, 40)
+
+
+def test_a_file_neither_gpu_decode_fallback_reads_is_a_bad_image_named_by_both_decoders(tmp_path: Path, synthetic_data: Path) -> None:
+    """decode=gpu: an empty file or one that is no image among the JPEGs ended the emitted train.py in a traceback
+    (PIL's UnidentifiedImageError) and a trial as a setup's error naming no file; the CPU pipeline names it as bad data.
+    The decoders run on the CPU here (decode_jpeg takes device="cpu"), their fallback as on the GPU."""
+    from PIL import Image
+    from test_emit import load_script, make_best, write_script
+
+    from autotune.workloads.data import BadImage
+    from autotune.workloads.gpu_decode import GpuDecoder, byte_folder, collate_bytes
+
+    (tmp_path / "a").mkdir()
+    Image.new("RGB", (40, 30), (200, 10, 10)).save(tmp_path / "a" / "0.jpg", quality=90)
+    (tmp_path / "a" / "1.jpg").write_bytes(b"")
+    (tmp_path / "a" / "2.jpg").write_bytes(b"not an image at all")
+    dataset = byte_folder(str(tmp_path))
+    script = load_script(write_script(make_best(synthetic_data, **{"decode": "cpu"}), tmp_path / "train.py"))
+    script_folder = script["torchvision"].datasets.ImageFolder(str(tmp_path), loader=script["read_named"])
+    for name, index in (("1.jpg", 1), ("2.jpg", 2)):
+        with pytest.raises(BadImage, match=rf"^{tmp_path}/a/{name}: cannot decode \(UnidentifiedImageError: "):
+            GpuDecoder(16, "cpu")(collate_bytes([dataset[0], dataset[index]]))
+        named, labels = script["collate_bytes"]([script_folder[0], script_folder[index]])
+        with pytest.raises(script["BadImage"], match=rf"^bad image {tmp_path}/a/{name}: UnidentifiedImageError: "):
+            script["GpuDecode"](16, torch.device("cpu"))(named, labels)
+    (tmp_path / "a" / "0.jpg").unlink()  # removed after the folder was read: named, not FileNotFoundError's traceback
+    with pytest.raises(script["BadImage"], match=rf"^bad image {tmp_path}/a/0.jpg: cannot read \(No such file or directory\)"):
+        script["read_bytes"](str(tmp_path / "a" / "0.jpg"))
 
 
 def test_16_bit_grayscale_is_scaled_to_8_bits_not_clipped_by_every_loader(tmp_path: Path, synthetic_data: Path) -> None:
@@ -223,7 +252,7 @@ def test_decode_gpu_workers_read_bytes_in_plain_python(tmp_path: Path, monkeypat
         assert reader(str(tmp_path / "a" / "z.jpg")).dtype == torch.uint8
     loader = DataLoader(byte_folder(str(tmp_path)), batch_size=3, num_workers=2, collate_fn=collate_bytes,
                         multiprocessing_context="fork")
-    (batch, labels), = list(loader)
+    (batch, labels, paths), = list(loader)
     assert [bytes(t.numpy()) for t in batch] == list(files.values()) and labels.tolist() == [0, 0, 0]
     import os
 

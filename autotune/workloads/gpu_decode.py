@@ -37,24 +37,34 @@ def read_bytes(path: str) -> Any:
     return torch.frombuffer(data, dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
 
 
+def read_named(path: str) -> tuple[Any, str]:
+    """:func:`read_bytes` with the file's path: a file the decoder refuses is named in the training process."""
+    return read_bytes(path), path
+
+
 def byte_folder(path: str) -> Any:
-    """An ``ImageFolder`` whose items are ``(file bytes, label)``: no decoding in the loader."""
+    """An ``ImageFolder`` whose items are ``((file bytes, path), label)``: no decoding in the loader."""
     from torchvision.datasets import ImageFolder
 
-    return ImageFolder(path, loader=read_bytes)
+    return ImageFolder(path, loader=read_named)
 
 
-def collate_bytes(items: list[tuple[Any, int]]) -> tuple[list[Any], Any]:
-    """A batch of files of different lengths: the byte tensors as a list, the labels as one tensor."""
+def collate_bytes(items: list[tuple[tuple[Any, str], int]]) -> tuple[list[Any], Any, list[str]]:
+    """A batch of files of different lengths: the byte tensors as a list, the labels as one tensor, the paths."""
     import torch
 
-    return [data for data, _ in items], torch.tensor([label for _, label in items], dtype=torch.long)
+    files = [file for file, _ in items]
+    return [data for data, _ in files], torch.tensor([label for _, label in items], dtype=torch.long), [path for _, path in files]
 
 
-def decode_on_cpu(data: Any) -> Any:
+def decode_on_cpu(data: Any, path: str = "a file of the batch") -> Any:
     """One file's bytes as a 3 x H x W uint8 tensor, on the CPU: torchvision's decoder (PNG, WebP, GIF; a 16-bit PNG
     scaled to 8 bits as the CPU pipeline's loader scales it), else PIL, as that loader decodes (BMP, TIFF, PPM:
-    torchvision's decoder refuses those, which ImageFolder reads)."""
+    torchvision's decoder refuses those, which ImageFolder reads).
+
+    Raises:
+        BadImage: Neither decodes it (empty, truncated, not an image), naming ``path``.
+    """
     import io
 
     import torch
@@ -70,8 +80,13 @@ def decode_on_cpu(data: Any) -> Any:
             return decoded
     except (RuntimeError, ValueError):
         pass
-    with Image.open(io.BytesIO(data.numpy().tobytes())) as image:
-        return pil_to_tensor(rgb(image))
+    try:
+        with Image.open(io.BytesIO(data.numpy().tobytes())) as image:
+            return pil_to_tensor(rgb(image))
+    except Image.DecompressionBombError as exc:  # as the CPU pipeline's loader names it (autotune.workloads.data.load_image)
+        raise BadImage(f"{path}: too large to decode ({exc})") from None
+    except (OSError, SyntaxError, ValueError) as exc:  # empty, truncated, not an image: bad data, not a setup's error
+        raise BadImage(f"{path}: cannot decode ({type(exc).__name__}: {exc})") from None
 
 
 class GpuDecoder:
@@ -87,30 +102,35 @@ class GpuDecoder:
         self.std = torch.tensor(IMAGENET_STD, device=self.device).view(1, 3, 1, 1)
         self.noted = False
 
-    def decode(self, files: list[Any]) -> list[Any]:
-        """Each file as a 3 x H x W uint8 tensor on the device."""
+    def decode(self, files: list[Any], paths: list[str] | None = None) -> list[Any]:
+        """Each file as a 3 x H x W uint8 tensor on the device (``paths``: the files', to name one neither decoder reads)."""
         from torchvision.io import ImageReadMode, decode_jpeg
 
         try:
             return list(decode_jpeg(files, mode=ImageReadMode.RGB, device=self.device))
         except (RuntimeError, ValueError):  # a file that is not a JPEG: decode one by one, on the CPU where needed
             images = []
-            for data in files:
+            for k, data in enumerate(files):
                 try:
                     images.append(decode_jpeg(data, mode=ImageReadMode.RGB, device=self.device))
                 except (RuntimeError, ValueError):
                     if not self.noted:
                         print("note: decode=gpu: a file is not a JPEG; such files are decoded on the CPU", file=sys.stderr)
                         self.noted = True
-                    images.append(decode_on_cpu(data).to(self.device))
+                    images.append(decode_on_cpu(data, paths[k] if paths else f"file {k} of a batch").to(self.device))
             return images
 
-    def __call__(self, batch: tuple[list[Any], Any], *, channels_last: bool = False) -> tuple[Any, Any]:
-        """``(images, labels)`` on the device: decoded, cropped, flipped, normalized float32."""
+    def __call__(self, batch: tuple[Any, ...], *, channels_last: bool = False) -> tuple[Any, Any]:
+        """``(images, labels)`` on the device: decoded, cropped, flipped, normalized float32 (``batch``: files, labels
+        and, from :func:`collate_bytes`, their paths).
+
+        Raises:
+            BadImage: A file neither decoder reads, named.
+        """
         import torch
 
-        files, labels = batch
-        images = torch.stack([self.crop(image) for image in self.decode(files)])
+        files, labels = batch[0], batch[1]
+        images = torch.stack([self.crop(image) for image in self.decode(files, batch[2] if len(batch) > 2 else None)])
         images = (images.float().div_(255.0) - self.mean) / self.std
         if channels_last:
             images = images.contiguous(memory_format=torch.channels_last)
