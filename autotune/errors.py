@@ -23,7 +23,9 @@ USER_CODE_ERRORS = (Exception, SystemExit)
 
 def is_out_of_memory(exc: BaseException) -> bool:
     """Whether ``exc`` says memory ran out: ``MemoryError``, torch's ``OutOfMemoryError``, or a ``RuntimeError`` of
-    the CPU allocator (``can't allocate memory``) or of a device (``out of memory``)."""
+    the CPU allocator (``can't allocate memory``) or of a device (``out of memory``; a CUDA library's handle or
+    workspace it could not allocate near a full card: cuBLAS's ``CUBLAS_STATUS_ALLOC_FAILED``, cuDNN's
+    ``CUDNN_STATUS_ALLOC_FAILED``, nvjpeg's ``NVJPEG_STATUS_ALLOCATOR_FAILURE``)."""
     try:
         import torch
 
@@ -32,8 +34,13 @@ def is_out_of_memory(exc: BaseException) -> bool:
         oom_types = (MemoryError,)
     message = str(exc)
     return isinstance(exc, oom_types) or (
-        isinstance(exc, RuntimeError) and ("can't allocate memory" in message or "out of memory" in message.lower())
+        isinstance(exc, RuntimeError) and ("can't allocate memory" in message or "out of memory" in message.lower()
+                                           or any(status in message for status in CUDA_ALLOC_FAILURES))
     )
+
+
+#: What CUDA libraries say when they cannot allocate on a full device (see :func:`is_out_of_memory`).
+CUDA_ALLOC_FAILURES = ("STATUS_ALLOC_FAILED", "NVJPEG_STATUS_ALLOCATOR_FAILURE")
 
 
 #: How PyTorch says that loader workers found /dev/shm full: a batch it cannot allocate there, or a worker's SIGBUS

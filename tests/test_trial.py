@@ -476,3 +476,16 @@ def test_windows_close_inside_a_step_but_the_last_waits_for_its_end() -> None:
     assert not may_close(2, 3, 4, 1.2, options)  # window 2 would be the last: the step ends first
     assert may_close(2, 4, 4, 1.6, options)  # the step is whole
     assert may_close(4, 9, 1, 1.0, options)  # no accumulation: every micro-batch ends a step
+
+
+def test_a_cuda_library_that_cannot_allocate_on_a_full_device_is_out_of_memory() -> None:
+    """Near a full card, cuBLAS, cuDNN and nvjpeg fail to create a handle or workspace without the words "out of memory":
+    such a trial was an error and the memory pre-pass stopped the search ("model ... fails") instead of its advice."""
+    from autotune.errors import is_out_of_memory
+
+    for message in ("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`",
+                    "cuDNN error: CUDNN_STATUS_ALLOC_FAILED", "nvjpeg error: NVJPEG_STATUS_ALLOCATOR_FAILURE",
+                    "CUDA out of memory. Tried to allocate 2.00 GiB", "DefaultCPUAllocator: can't allocate memory"):
+        assert is_out_of_memory(RuntimeError(message)), message
+    assert not is_out_of_memory(RuntimeError("CUDA error: CUBLAS_STATUS_EXECUTION_FAILED"))
+    assert not is_out_of_memory(ValueError("CUBLAS_STATUS_ALLOC_FAILED"))  # only a RuntimeError says so
