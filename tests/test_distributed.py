@@ -103,6 +103,18 @@ def test_bad_placements_are_one_line_errors(device: str, devices: str | None, np
     assert "\n" not in str(caught.value)
 
 
+def test_the_memory_budget_of_trials_on_several_gpus_holds_on_the_busiest() -> None:
+    """--devices cuda:0,cuda:1 (or a DDP trial's ranks) sized every trial's batch by cuda:0's free memory: a busier
+    cuda:1 ran out of memory at batches the budget allowed."""
+    host = cpu_hardware(2, 2)
+    host.gpus[1].memory_free_bytes = 2**28  # a quarter of cuda:0's
+    for placement in (place("auto", "cuda:0,cuda:1", 1, host), place("cuda", None, 2, host)):
+        assert placement.device.name == "cuda:0" and placement.device.memory_free_bytes == 2**28
+    assert place("cuda:0", None, 1, host).device.memory_free_bytes == 2**30  # one GPU: its own
+    host.gpus[1].memory_free_bytes = None  # NVML could not say: the known one stands
+    assert place("auto", "cuda:0,cuda:1", 1, host).device.memory_free_bytes == 2**30
+
+
 def test_placements_split_the_cores() -> None:
     cores = two_cores()
     ddp = place("cpu", None, 2, cpu_hardware(2))

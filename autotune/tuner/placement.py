@@ -39,7 +39,8 @@ class Placement:
         world_size: Ranks per trial (``--nproc-per-node``).
         slots: Where trials run; more than one slot runs trials in parallel.
         device: The device of the first slot, as the probe saw it (the
-            workload's device; confirmation runs there).
+            workload's device; confirmation runs there), with the least memory
+            free among the slots' (or ranks') GPUs: the calibration's budget.
     """
 
     world_size: int
@@ -183,7 +184,7 @@ def place(device_text: str, devices: str | None, nproc_per_node: int, hardware: 
         if len(listed) > len(cores):
             raise UsageError(f"--devices lists {len(listed)} devices but only {len(cores)} CPU cores are usable")
         slots = tuple(Slot(d.name, share(cores, len(listed), k)) for k, d in enumerate(listed))
-        return Placement(1, slots, listed[0])
+        return Placement(1, slots, tightest(listed))
     if nproc_per_node > 1:
         if device.name not in ("cpu", "cuda:0"):
             raise UsageError(
@@ -199,8 +200,16 @@ def place(device_text: str, devices: str | None, nproc_per_node: int, hardware: 
                 f"--nproc-per-node {nproc_per_node}: only {len(cores)} CPU core(s) usable, each rank needs one"
             )
         first = resolve_device("cuda:0", hardware) if device.type == "cuda" else device
-        return Placement(nproc_per_node, (Slot(first.name, cores),), first)
+        ranks = [resolve_device(f"cuda:{k}", hardware) for k in range(nproc_per_node)] if device.type == "cuda" else [first]
+        return Placement(nproc_per_node, (Slot(first.name, cores),), tightest(ranks))
     return Placement(1, (Slot(device.name, cores),), device)  # one plain trial at a time: not pinned
+
+
+def tightest(devices: list[DeviceInfo]) -> DeviceInfo:
+    """The first device, with the least memory free among ``devices`` (GPUs whose free memory NVML reads): the memory
+    budget of trials that run on any of them (parallel slots, or one trial's ranks) holds on the busiest card."""
+    known = [d.memory_free_bytes for d in devices if d.memory_free_bytes is not None]
+    return replace(devices[0], memory_free_bytes=min(known)) if known and devices[0].memory_free_bytes is not None else devices[0]
 
 
 def _present(name: str, hardware: Any) -> bool:
