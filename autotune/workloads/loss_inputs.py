@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -107,7 +108,16 @@ def pass_warnings(warned: list[warnings.WarningMessage], broadcast: Callable[[st
         text = str(said.message)
         if BROADCAST_WARNING in text and _grows(text):
             raise WorkloadError(broadcast(text.split(". ", 1)[0]))
-        warnings.warn_explicit(said.message, said.category, said.filename, said.lineno)
+        warnings.warn_explicit(said.message, said.category, said.filename, said.lineno, module=_module_of(said.filename))
+
+
+def _module_of(filename: str) -> str | None:
+    """The name of the imported module whose file is ``filename`` (``torch.nn.functional``), so a user's
+    ``filterwarnings(module=...)`` matches the warning warned again; None: Python derives one from the file name."""
+    for name, module in list(sys.modules.items()):
+        if getattr(module, "__file__", None) == filename:
+            return name
+    return None
 
 
 def _grows(message: str) -> bool:
