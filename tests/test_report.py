@@ -936,6 +936,34 @@ def test_kept_defaults_are_one_bar_a_single_measurement_has_no_spread_and_the_he
     assert f"Best trial so far (not confirmed): #{top.number} " in page, page
 
 
+def test_an_unconfirmed_page_says_so_and_escapes_its_status(searched, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reader's pages: a bold speedup of two single trials; the bar "winner (not confirmed)" under "Best so far"; a
+    running DDP search's page that never said its samples/s counts every rank, and drew the defaults' one trial as two
+    bars; a status line naming a directory "a&b<i>" whose tag set the rest of the page in italics."""
+    from dataclasses import replace
+
+    from autotune.output.report import render_report
+    from autotune.output.sections import ReportInput, ceiling_bars
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # tables only: fast
+    outcome, _ = searched
+    base = ReportInput(outcome.records, outcome.calibration, (), replace(outcome.best, confirmed=False, speedup=1.48), None, None,
+                       "s", "sqlite://", status="winner not shown: a&b<i>/best.json: not valid JSON")
+    page, _ = render_report(base)
+    assert "<b>1.48x</b>" not in page and "1.48x the PyTorch defaults" in page
+    assert "a&amp;b&lt;i&gt;/best.json" in page and "a&b<i>" not in page
+    assert any(label == "best so far\n(not confirmed)" for label, *_ in ceiling_bars(base))
+    assert "<b>1.48x</b>" in render_report(replace(base, best=replace(base.best, confirmed=True)))[0]  # a confirmed one is bold
+    defaults = next(r for r in outcome.records if r.role == "defaults")
+    fastest = replace(defaults, result=replace(defaults.result, samples_per_s=1e6))  # the best so far is the defaults' trial
+    running = replace(base, records=tuple(fastest if r is defaults else r for r in outcome.records), best=None, world_size=2)
+    labels = [label for label, *_ in ceiling_bars(running)]
+    assert labels[-1] == "PyTorch defaults\n(best so far, unconfirmed)" and not any(label.startswith("best trial") for label in labels)
+    page, _ = render_report(running)
+    assert f"Best trial so far (not confirmed): #{defaults.number} " in page
+    assert "DDP trials of 2 ranks: samples/s counts every rank, the batch and the memory are one rank's" in page
+
+
 def test_the_confirmation_plot_starts_at_zero() -> None:
     from autotune.output import plots
     from autotune.rounds import Candidate, Confirmed

@@ -97,7 +97,7 @@ def _header(data: ReportInput) -> str:
     free = len(data.records) - len(ran)
     others = f"; {free} more not run (a setup measured before, or one the data or /dev/shm cannot feed)" if free else ""
     lines = [f"<h1>autotune report: {escape(data.study)}</h1>"]
-    meta = [f"{counted(len(ran), 'trial')} ({tally or 'none'}{others})", f"search {data.status}",
+    meta = [f"{counted(len(ran), 'trial')} ({tally or 'none'}{others})", f"search {escape(data.status, quote=False)}",  # quotes kept: text
             f"storage <code>{escape(hide_passwords(data.storage))}</code>"]
     # A Task's reference and sample count; the classifier's model, size and data (before best.json: as the study stored them).
     workload = best.workload.describe(best.world_size) if best is not None else data.workload
@@ -113,9 +113,9 @@ def _header(data: ReportInput) -> str:
         speed = f"{best.samples_per_s:.1f} samples/s ({spread})"
         if best.defaults_won:
             speed += f", {DEFAULTS_KEPT}"
-        elif best.speedup:
-            how = best.speedup_basis
-            speed += f", <b>{best.speedup:.2f}x</b> the PyTorch defaults ({best.defaults_samples_per_s:.1f} samples/s; {how})"
+        elif best.speedup:  # bold once confirmed; single trials or cut rounds are a lead, not a result
+            how, ratio = best.speedup_basis, f"{best.speedup:.2f}x"
+            speed += f", {f'<b>{ratio}</b>' if best.confirmed else ratio} the PyTorch defaults ({best.defaults_samples_per_s:.1f} samples/s; {how})"
         title = "Winner" if best.confirmed else "Best so far (not confirmed)"
         world = (f"; DDP with {best.world_size} ranks: samples/s counts every rank, the batch in the setup and the peak "
                  "memory are one rank's") if best.world_size > 1 else ""
@@ -127,8 +127,10 @@ def _header(data: ReportInput) -> str:
     else:
         top = fastest_trial(data.records, data.baseline_only)  # as the plots and `autotune status` name it
         if top is not None:
+            world = (f"; DDP trials of {data.world_size} ranks: samples/s counts every rank, the batch and the memory are one "
+                     "rank's") if data.world_size > 1 else ""
             lines.append(f'<p class="winner">Best trial so far (not confirmed): #{top.number} '
-                         f"<code>{escape(top.setup.describe())}</code>: {top.result.samples_per_s:.1f} samples/s</p>")
+                         f"<code>{escape(top.setup.describe())}</code>: {top.result.samples_per_s:.1f} samples/s{world}</p>")
         elif ran:
             lines.append('<p class="caveat">No feasible trial: every trial failed (see the history table for why).</p>')
         else:

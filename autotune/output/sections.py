@@ -47,6 +47,8 @@ class ReportInput:
         workload: What the search trains, in one line, as the study stored it (shown
             when there is no ``best``, whose own workload says it otherwise).
         max_memory_bytes: The search's ``--max-memory`` (a peak above it is an ``oom``), or None.
+        world_size: Ranks per trial (``--nproc-per-node``) as the study stored them: with several, samples/s counts
+            every rank and the batch and memory are one rank's (said also before ``best`` exists).
     """
 
     records: tuple[TrialRecord, ...]
@@ -63,6 +65,7 @@ class ReportInput:
     baseline_only: frozenset[int] = frozenset()
     workload: str | None = None
     max_memory_bytes: int | None = None
+    world_size: int = 1
 
 
 @dataclass(frozen=True)
@@ -139,7 +142,7 @@ def _winner(data: ReportInput) -> tuple[float | None, str, float | None, str, Tr
     """The achieved rate, its label, the defaults' rate, what that rests on, and the winner's setup
     (confirmed, or the best trial so far)."""
     if data.best is not None:
-        label = "winner\n(confirmed median)" if data.best.confirmed else "winner\n(not confirmed)"
+        label = "winner\n(confirmed median)" if data.best.confirmed else "best so far\n(not confirmed)"
         basis = data.best.speedup_basis  # their rounds, those of an interrupted confirmation, or their single trial
         rounds = "same rounds" if data.best.confirmed else "single trial" if basis.startswith("single") else "rounds so far"
         return data.best.samples_per_s, label, data.best.defaults_samples_per_s, rounds, data.best.setup
@@ -175,10 +178,12 @@ def ceiling_bars(data: ReportInput) -> list[tuple[str, float, str, str]]:
         if top is not None:
             bars.append((f"loader only\n(calibration, {counted(top.num_workers, 'worker')})", top.samples_per_s or 0.0, "ceiling",
                          "DataLoader alone, no model"))
-    kept = (data.best is not None and data.best.confirmed
-            and data.best.setup == next((r.setup for r in data.records if r.role == "defaults"), None))
-    if achieved and kept:  # nothing beat them: one bar of one figure, not a winner's and the defaults' alike
-        bars.append(("PyTorch defaults\n(kept: nothing beat them)", achieved, "defaults", "the workload's batch, no workers, fp32"))
+    # The winner (or best so far) is the defaults' own setup: one bar of one figure, not a winner's and the defaults' alike.
+    kept = winner is not None and winner == next((r.setup for r in data.records if r.role == "defaults"), None)
+    if achieved and kept:
+        confirmed = data.best is not None and data.best.confirmed
+        bars.append(("PyTorch defaults\n(kept: nothing beat them)" if confirmed else "PyTorch defaults\n(best so far, unconfirmed)",
+                     achieved, "defaults", "the workload's batch, no workers, fp32"))
     elif achieved:
         bars.append((label, achieved, "achieved", "the training loop, loader and model together"))
     if defaults and not kept:

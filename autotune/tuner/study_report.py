@@ -110,6 +110,7 @@ def report_search(
         baseline_only=baseline_only(records, stored_set(study)),
         workload=stored_workload(study),
         max_memory_bytes=stored_max_memory(study),
+        world_size=stored_world_size(study),
     )
     return write_search_report(study, out, data, log, own=own), spent
 
@@ -126,7 +127,16 @@ def stored_workload(study: SearchStudy) -> str | None:
 
 def stored_max_memory(study: SearchStudy) -> int | None:
     """The search's ``--max-memory`` in bytes, from its stored signature (None: none given, stored or readable)."""
-    value = (study.study.user_attrs.get(STUDY_SIGNATURE) or {}).get("max_memory")
+    return _stored_count(study, "max_memory")
+
+
+def stored_world_size(study: SearchStudy) -> int:
+    """The search's ``--nproc-per-node`` from its stored signature (1: none given, stored or readable)."""
+    return _stored_count(study, "nproc_per_node") or 1
+
+
+def _stored_count(study: SearchStudy, key: str) -> int | None:
+    value = (study.study.user_attrs.get(STUDY_SIGNATURE) or {}).get(key)
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
@@ -385,5 +395,6 @@ def report_study(out: Path, *, storage: str | None = None, study: str | None = N
         baseline_only=baseline_only(records, stored_set(stored)),
         workload=stored_workload(stored),
         max_memory_bytes=stored_max_memory(stored),
+        world_size=stored_world_size(stored),
     )
     return write_report(out, data)
