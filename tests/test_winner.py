@@ -176,6 +176,17 @@ def test_the_bottleneck_verdict(wait: float, compute: float, loader: float, verd
         assert "A cheaper dataset __iter__ or collate_fn" in bottleneck_verdict(stream, _calibration(compute, loader), records, CPU)
 
 
+def test_an_unclear_verdict_names_another_batch_only_where_the_batches_differ() -> None:
+    """An interrupted confirmation (no ceilings of the winner's own) said "compute alone was measured at another batch"
+    for a winner at the calibration's own batch."""
+    records = [_record(2, MID, 240.0, wait=0.05)]
+    for batch, why in ((MID.batch_size, "the steps are too short or too noisy to compare."),
+                       (MID.batch_size * 2, "compute alone was measured at another batch.")):
+        calibration = dataclasses.replace(_calibration(50.0, 1000.0), probe_batch=batch)
+        said = bottleneck_verdict(_best([_confirmed(MID, (240.0,))]), calibration, records, CPU)
+        assert said.startswith("unclear: training measured faster than computing alone") and said.endswith(why), said
+
+
 def test_a_winner_without_loader_workers_is_called_serial_not_cpu_shared() -> None:
     """A probe's --trials 1 winner, bs=32 w=0: "CPU-shared: decoding and training compete for the same cores", where one
     process decodes and then trains, each in turn."""

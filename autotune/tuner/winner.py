@@ -347,7 +347,8 @@ def bottleneck_verdict(
     images = best.workload.image_input and best.workload.task is None  # files the loader decodes (a Task's items may be tensors)
     own = ceilings is not None and bool(ceilings.together and ceilings.compute and ceilings.loader)  # like for like, as above
     unclear = bool(compute) and together > UNCLEAR * compute
-    why = "the steps are too short or too noisy to compare" if own else "compute alone was measured at another batch"
+    elsewhere = not own and calibration.probe_batch != best.setup.batch_size  # the calibration's batch, not the winner's
+    why = "compute alone was measured at another batch" if elsewhere else "the steps are too short or too noisy to compare"
     if unclear and own:  # its own compute ceiling below what it reached names no limit, whatever the wait
         return f"unclear: training measured faster than computing alone ({facts}), so these figures name no limit; {why}."
     if wait is not None and wait > 0.2:
