@@ -3,6 +3,7 @@ fail with one line, and the check that an output directory is usable."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import tempfile
@@ -81,9 +82,12 @@ def read_json(file: Path, error: type[AutotuneError], missing_hint: str = "") ->
     try:
         text = file.read_text(encoding="utf-8-sig")  # a byte-order mark (Windows Notepad saves one) is no error
     except FileNotFoundError:
+        if file.is_symlink():  # a link whose target is gone reads as a missing file
+            raise error(f"{file}: a symbolic link to {os.readlink(file)}, which does not exist") from None
         raise error(f"{file}: no such file{missing_hint}") from None
     except OSError as exc:
-        raise error(f"{file}: cannot read: {exc.strerror}") from None
+        loop = exc.errno == errno.ELOOP
+        raise error(f"{file}: cannot read: {'a loop of symbolic links' if loop else exc.strerror}") from None
     except UnicodeDecodeError:  # a database, an image: not a text file at all
         raise error(f"{file}: not valid JSON (not even UTF-8 text)") from None
     try:

@@ -350,6 +350,23 @@ def test_cli_emit_missing_dir(tmp_path: Path) -> None:
     assert "error" in line and "no such file" in line
 
 
+def test_cli_emit_of_a_search_without_best_json_yet_and_of_broken_links_says_what_is_there(tmp_path: Path) -> None:
+    """While a search ran, or after one was killed with its trials kept, emit said "run `autotune search` first"; a
+    dangling link or a loop of links read as a missing file."""
+    (tmp_path / "study.db").touch()
+    line = _one_error_line(CliRunner().invoke(app, ["emit", str(tmp_path)]))
+    assert line.startswith(f"error: {tmp_path / 'best.json'}: no such file yet: a search running in {tmp_path} writes it once it "
+                           "confirms a winner; one that stopped before: rerun its command (its trials are kept)"), line
+    (tmp_path / "best.json").symlink_to("/nonexistent/best.json")
+    line = _one_error_line(CliRunner().invoke(app, ["emit", str(tmp_path)]))
+    assert line == f"error: {tmp_path / 'best.json'}: a symbolic link to /nonexistent/best.json, which does not exist", line
+    (tmp_path / "best.json").unlink()
+    (tmp_path / "best.json").symlink_to("loop.json")
+    (tmp_path / "loop.json").symlink_to("best.json")
+    line = _one_error_line(CliRunner().invoke(app, ["emit", str(tmp_path)]))
+    assert line == f"error: {tmp_path / 'best.json'}: cannot read: a loop of symbolic links", line
+
+
 def test_cli_emit_corrupt_best(tmp_path: Path) -> None:
     (tmp_path / "best.json").write_text("{not json")
     line = _one_error_line(CliRunner().invoke(app, ["emit", str(tmp_path)]))

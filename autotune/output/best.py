@@ -300,7 +300,10 @@ def read_best(path: str | Path) -> Best:
     file = Path(path)
     if file.is_dir():
         file = file / "best.json"
-    data = read_json(file, AutotuneError, " (run `autotune search` first)")
+    started = (file.parent / "study.db").exists()  # a search's directory before (or without) its winner
+    data = read_json(file, AutotuneError, f" yet: a search running in {file.parent} writes it once it confirms a winner; one that "
+                     "stopped before: rerun its command (its trials are kept); `autotune status` of that directory says which"
+                     if started else " (run `autotune search` first)")
     try:
         return Best.from_dict(data)
     except AutotuneError as exc:
