@@ -95,6 +95,7 @@ def test_a_failed_write_of_the_synthetic_data_names_where_its_directory_came_fro
     assert elsewhere(tmp_path / "xdg" / "autotune" / "synthetic-64") == (
         f"pass --cache-dir DIR to write it elsewhere (the default is {tmp_path / 'xdg' / 'autotune'})")
     assert elsewhere(tmp_path / "mine" / "synthetic-64") == "pass another --cache-dir, or free space in this one"
+    assert elsewhere(tmp_path / "mine" / "synthetic-64", full=False) == "pass another --cache-dir"  # under a file: no space to free
     monkeypatch.setenv("AUTOTUNE_CACHE", str(tmp_path / "env"))
     assert elsewhere(tmp_path / "env" / "synthetic-64") == (
         f"$AUTOTUNE_CACHE chose {tmp_path / 'env'}: pass --cache-dir DIR (or set AUTOTUNE_CACHE) to write it elsewhere")

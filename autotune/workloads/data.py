@@ -8,6 +8,7 @@ real ImageNet pipeline does. The directory is reused by later runs.
 
 from __future__ import annotations
 
+import errno
 import os
 import random
 import shutil
@@ -41,13 +42,13 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
-def elsewhere(target: Path) -> str:
+def elsewhere(target: Path, full: bool = True) -> str:
     """What a failed write of the synthetic data under ``target`` suggests, by where its cache directory came from (it
     defaults to ~/.cache/autotune: an unwritable HOME, a full disk). A ``--cache-dir`` the user gave was told to be
-    passed."""
+    passed; to free space in it only where ``full`` (not for a path below a file)."""
     chosen = default_cache_dir()
     if chosen not in (target, *target.parents):
-        return "pass another --cache-dir, or free space in this one"
+        return "pass another --cache-dir, or free space in this one" if full else "pass another --cache-dir"
     if os.environ.get("AUTOTUNE_CACHE"):
         return f"$AUTOTUNE_CACHE chose {chosen}: pass --cache-dir DIR (or set AUTOTUNE_CACHE) to write it elsewhere"
     return f"pass --cache-dir DIR to write it elsewhere (the default is {chosen})"
@@ -148,7 +149,7 @@ def generate_image_folder(
     tmp = target.parent / f".{target.name}.tmp-{os.getpid()}"
     blocking = next((p for p in (target.parent, *target.parent.parents) if p.exists()), None)
     if blocking is not None and not blocking.is_dir():
-        raise WorkloadError(f"cannot write synthetic data under {target.parent}: {blocking} is not a directory; {elsewhere(target)}")
+        raise WorkloadError(f"cannot write synthetic data under {target.parent}: {blocking} is not a directory; {elsewhere(target, full=False)}")
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         _remove_dead_copies(target)
@@ -169,7 +170,8 @@ def generate_image_folder(
     except BaseException as exc:  # Ctrl-C, a full disk: leave no half copy behind
         shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(exc, OSError):
-            raise WorkloadError(f"cannot write synthetic data under {target.parent}: {exc.strerror or exc}; {elsewhere(target)}") from None
+            full = exc.errno in (errno.ENOSPC, errno.EDQUOT)  # else (a permission, a read-only disk) freeing space is no fix
+            raise WorkloadError(f"cannot write synthetic data under {target.parent}: {exc.strerror or exc}; {elsewhere(target, full)}") from None
         raise
     return target
 

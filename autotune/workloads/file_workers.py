@@ -137,8 +137,9 @@ def _raise_failure(proc: subprocess.Popen[bytes], stderr: IO[bytes]) -> None:
     stderr.seek(0)
     lines = [line.strip() for line in stderr.read().decode(errors="replace").splitlines() if line.strip()]
     last = lines[-1] if lines else ""
-    if last.startswith(_OSERROR):
-        raise OSError(last[len(_OSERROR):])
+    if last.startswith(_OSERROR):  # "ERRNO:text": the errno tells a full disk from a refused permission
+        number, _, text = last[len(_OSERROR):].partition(":")
+        raise OSError(int(number), text) if number.isdigit() and text else OSError(last[len(_OSERROR):])
     code = proc.returncode
     how = f"was killed by signal {-code}" if code is not None and code < 0 else f"failed (exit {code})"
     raise WorkloadError(f"a process writing synthetic files {how}" + (f": {last}" if last else ""))
@@ -151,7 +152,7 @@ def serve(job: dict[str, Any]) -> int:
         job: ``write`` (``module:function``), ``parent`` (its pid), ``files`` (``[path, parameters]`` pairs).
 
     Returns:
-        The exit status: 0 all written, 1 the parent is gone, 3 an OSError (its text is the last line on stderr).
+        The exit status: 0 all written, 1 the parent is gone, 3 an OSError (its errno and text are the last line on stderr).
     """
     module, _, name = str(job["write"]).partition(":")
     write = getattr(importlib.import_module(module), name)
@@ -162,6 +163,6 @@ def serve(job: dict[str, Any]) -> int:
         try:
             write(tuple(spec), Path(path))
         except OSError as exc:
-            sys.stderr.write(f"\n{_OSERROR}{exc.strerror or exc}\n")
+            sys.stderr.write(f"\n{_OSERROR}{exc.errno or 0}:{exc.strerror or exc}\n")
             return 3
     return 0
