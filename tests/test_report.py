@@ -972,6 +972,12 @@ def test_the_confirmation_plot_starts_at_zero() -> None:
     setup = TrainSetup()
     fig = plots.confirmation([Confirmed(Candidate(setup.to_json(), setup, "a"), (14.6, 15.9), ())])
     assert fig.axes[0].get_xlim()[0] == 0.0
+    # A finalist's whole label on short lines: on one, at 8 pt, the page scaled to 800 px drew it about 5 px tall.
+    long = TrainSetup(batch_size=32, num_workers=1, prefetch_factor=2, persistent_workers=True, channels_last=True, num_threads=1)
+    label = f"{long.describe()} (a finalist in fp32) (winner)"
+    fig = plots.confirmation([Confirmed(Candidate(long.to_json(), long, label), (14.6, 15.9), ())])
+    ticks = [tick.get_text() for tick in fig.axes[0].get_yticklabels()]
+    assert ticks[0].replace("\n", " ") == label and max(map(len, ticks[0].splitlines())) <= 30
 
 
 def test_the_winner_is_marked_among_the_finalists_and_the_sections_count_on_past_the_compile_one(searched, monkeypatch) -> None:

@@ -10,6 +10,7 @@ checks for it first and writes a text-only report without it.
 from __future__ import annotations
 
 import io
+import textwrap
 from collections import defaultdict
 from collections.abc import Sequence
 
@@ -214,7 +215,10 @@ def importance(importances: dict[str, float], evaluator: str) -> Figure:
 def confirmation(confirmed: Sequence[Confirmed]) -> Figure:
     """Every finalist's measurements per round, with the median, fastest on top."""
     ranked = sorted(confirmed, key=lambda c: c.median or 0.0, reverse=True)
-    fig = Figure(figsize=(8.5, 1.2 + 0.6 * max(len(ranked), 1)))
+    # A setup's whole label on lines of 30 characters: on one line the axis kept under half the width and, the page
+    # scaling the figure to an 800-px window, the labels came out about 5 px tall.
+    labels = [textwrap.fill(c.candidate.label, 30) for c in ranked]
+    fig = Figure(figsize=(8.5, 1.2 + sum(0.3 + 0.16 * (label.count("\n") + 1) for label in labels) if labels else 1.8))
     ax = fig.add_subplot()
     rounds = max((len(c.values) for c in ranked), default=0)
     colours = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2")
@@ -224,7 +228,7 @@ def confirmation(confirmed: Sequence[Confirmed]) -> Figure:
     medians = [(c.median, i) for i, c in enumerate(ranked) if c.median is not None]
     if medians:
         ax.scatter([m[0] for m in medians], [m[1] for m in medians], marker="|", s=600, color="black", linewidths=2.5, label="median", zorder=4)
-    ax.set_yticks(range(len(ranked)), [c.candidate.label for c in ranked], fontsize=8)
+    ax.set_yticks(range(len(ranked)), labels, fontsize=8)
     ax.set_ylim(len(ranked) - 0.5, -0.5)
     ax.set_xlim(left=0)  # from zero, as every throughput plot: an axis from 14.4 to 16.0 made 5 % look like half the width
     ax.set_xlabel("throughput (samples/s)")
