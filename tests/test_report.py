@@ -964,6 +964,41 @@ def test_an_unconfirmed_page_says_so_and_escapes_its_status(searched, monkeypatc
     assert "DDP trials of 2 ranks: samples/s counts every rank, the batch and the memory are one rank's" in page
 
 
+def test_the_plots_draw_only_what_was_measured(searched, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reader's pages: the best-so-far line began at 0 on the defaults a --set excludes; a setup the data could not
+    feed (never run) was an "error" at 0; a repeat (its earlier trial's figure) was a second point and table row in the
+    batch and loader sections; the defaults' dotted line lay hidden under an equal best-so-far line."""
+    from dataclasses import replace
+
+    from autotune.output import plots
+    from autotune.output.sections import best_so_far
+
+    outcome, _ = searched
+    records = sorted(outcome.records, key=lambda r: r.number)
+    first, second = records[0], next(r for r in records[1:] if r.result.ok)
+    repeat = replace(second, number=100, reused_from=second.number, free=True)
+    unfed = replace(second, number=101, free=True, result=replace(second.result, status="error", samples_per_s=None))
+    every = [*records, repeat, unfed]
+    line = best_so_far(every, frozenset({first.number}))
+    fig = plots.history(every, [b for _, b in line])
+    ax = fig.axes[0]
+    step = next(artist for artist in ax.get_lines() if artist.get_label() == "best so far")
+    assert step.get_xdata()[0] > first.number and min(step.get_ydata()) > 0  # from the first allowed trial, never at 0
+    labels = ax.get_legend_handles_labels()[1]
+    unfed_count = sum(r.free and r.reused_from is None for r in every)
+    assert f"not run: the data or /dev/shm cannot feed it ({unfed_count})" in labels
+    assert not any(label.startswith("error") for label in labels) or any(r.result.status == "error" and not r.free for r in every)
+    dotted = next(artist for artist in ax.get_lines() if artist.get_label().startswith("PyTorch defaults"))
+    assert dotted.get_zorder() > step.get_zorder()
+    from autotune.output.report import render_report
+    from autotune.output.sections import ReportInput
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # tables only: fast
+    page, _ = render_report(ReportInput(tuple(every), outcome.calibration, (), None, None, None, "s", "sqlite://"))
+    table = page.split("trials by batch size", 1)[1].split("</table>", 1)[0]
+    assert table.count("<tr>") - 1 == sum(not r.free for r in every)  # its header, then one row per trial that ran
+
+
 def test_the_confirmation_plot_starts_at_zero() -> None:
     from autotune.output import plots
     from autotune.rounds import Candidate, Confirmed

@@ -68,20 +68,26 @@ def history(records: Sequence[TrialRecord], best: Sequence[float]) -> Figure:
     ax = fig.add_subplot()
     ordered = sorted(records, key=lambda r: r.number)
     for status, (marker, colour) in STATUS_STYLE.items():
-        points = [(r.number, plotted_rate(r)) for r in ordered if r.result.status == status and not _repeat(r)]
+        points = [(r.number, plotted_rate(r)) for r in ordered if r.result.status == status and not r.free]
         if points:
             ax.scatter([p[0] for p in points], [p[1] for p in points], marker=marker, color=colour, s=46, label=f"{status} ({len(points)})", zorder=3)
     repeats = [r for r in ordered if _repeat(r)]
     if repeats:
         ax.scatter([r.number for r in repeats], [plotted_rate(r) for r in repeats], marker="o", facecolors="none", edgecolors="#888888",
                    s=46, label=f"not run: its earlier trial's figure ({len(repeats)})", zorder=3)
-    line = list(zip((r.number for r in ordered), best, strict=True))
+    unfed = [r for r in ordered if r.free and not _repeat(r)]  # a setup the data or /dev/shm cannot feed: no run, no failure
+    if unfed:
+        ax.scatter([r.number for r in unfed], [0.0] * len(unfed), marker="x", color="#bbbbbb", s=36,
+                   label=f"not run: the data or /dev/shm cannot feed it ({len(unfed)})", zorder=3)
+    # From the first trial with a figure: a line at 0 before it (the defaults a --set excludes) read as a best of 0.
+    line = [(r.number, b) for r, b in zip(ordered, best, strict=True)]
+    line = line[next((k for k, (_, b) in enumerate(line) if b > 0), len(line)):]
     if line:
         ax.step([p[0] for p in line], [p[1] for p in line], where="post", color="#1f4e79", linewidth=1.6, label="best so far", zorder=2)
     defaults = [r for r in ordered if r.role == "defaults" and r.result.ok]
     if defaults:
-        ax.axhline(defaults[0].result.samples_per_s or 0.0, color="#888888", linestyle=":", linewidth=1,
-                   label=f"PyTorch defaults (trial #{defaults[0].number}, a single run)")
+        ax.axhline(defaults[0].result.samples_per_s or 0.0, color="#888888", linestyle=":", linewidth=1.2, zorder=2.5,
+                   label=f"PyTorch defaults (trial #{defaults[0].number}, a single run)")  # above the best-so-far line it may equal
     ax.set_xlabel("trial number (order of the search)")
     ax.set_ylabel("throughput (samples/s)")
     ax.set_title("Optimization history: how soon the search found its best (infeasible trials at 0)")

@@ -148,11 +148,12 @@ def render_report(data: ReportInput) -> tuple[str, dict[str, bytes]]:
     """
     plots = plotting()
     records = data.records
+    ran = [r for r in records if not r.free]  # a repeat (its earlier trial's figure) or a setup not run measured nothing
     sections = [
         summary_section(data, plots),
         history_section(records, plots, data.baseline_only),
-        batch_section(records, data.calibration, plots, data.max_memory_bytes),
-        loader_section(records, data.calibration, plots),
+        batch_section(ran, data.calibration, plots, data.max_memory_bytes),
+        loader_section(ran, data.calibration, plots),
         importance_section(records, plots),
         confirmation_section(data.confirmed, plots, data.status, data.best.setup if data.best is not None and data.best.confirmed else None),
         time_section(data.time_spent, data.time_complete, plots),
