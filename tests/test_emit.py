@@ -14,6 +14,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -618,6 +619,7 @@ def test_bad_data_directories_name_their_flag(
         (["--clip-grad-norm", "nan"], "--clip-grad-norm must be a finite number > 0"),
         (["--checkpoint-every", "nan"], "--checkpoint-every must be a number of seconds (0: every epoch)"),
         (["--warmup-steps", "-5"], "--warmup-steps must be >= -1"),
+        (["--checkpoint-every", "-5"], "--checkpoint-every must be >= 0"),  # it read as 0 (every epoch), without a word
         (["--weight-decay", "-1"], "--weight-decay must be a finite number >= 0"),
         (["--weight-decay", "nan"], "--weight-decay must be a finite number >= 0"),
         (["--threads", "0"], "--threads must be >= 1"),
@@ -1015,6 +1017,41 @@ def test_a_resume_under_torchrun_evaluates_an_unevaluated_epoch_on_every_rank(sy
     (tmp_path / "out" / "evaluated-checkpoint").unlink()  # as if the evaluation had not finished
     resumed = run_script([*flags, "--resume"], tmp_path, torchrun=True)
     assert resumed.stdout.count("(evaluated on resuming)") == 1 and "already at epoch 1 of --epochs 1" in resumed.stdout
+
+
+@pytest.mark.slow
+def test_the_validation_accuracy_under_torchrun_is_the_saved_model_s(synthetic_data: Path, tmp_path: Path) -> None:
+    """Each rank evaluated with the BatchNorm statistics its own last batches left, not rank 0's, which the checkpoint
+    holds: a 2-rank run printed 15/60 for a checkpoint that gets 16/60. The script's evaluate() under 2 gloo ranks whose
+    BatchNorm buffers differ (rank 1's far off) counts as rank 0's model alone does."""
+    script = write_script(make_best(synthetic_data, **CPU_KNOBS), tmp_path / "train.py")
+    (tmp_path / "ranks.py").write_text(textwrap.dedent(f"""
+        import os, runpy, sys, types
+        import torch, torch.distributed as dist
+        from torch import nn
+        ns = runpy.run_path({str(script)!r}, run_name="emitted_train")
+        dist.init_process_group("gloo")
+        rank = dist.get_rank()
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Flatten(), nn.BatchNorm1d(12), nn.Linear(12, 3))
+        images, target = torch.randn(40, 3, 2, 2), torch.randint(0, 3, (40,))
+        model.eval()
+        with torch.no_grad():
+            alone = (model(images).argmax(1) == target).float().mean().item()  # rank 0's model, every image
+            if rank == 1:
+                model[1].running_mean.fill_(100.0)  # as a rank's own last batches leave its statistics
+        shard = torch.utils.data.TensorDataset(images[rank::2], target[rank::2])
+        args = types.SimpleNamespace(distributed=True, channels_last=False, amp="off")
+        top1 = ns["evaluate"](model, torch.utils.data.DataLoader(shard, batch_size=8), torch.device("cpu"), args)
+        if rank == 0:
+            print(f"alone {{alone:.6f}} ranks {{top1:.6f}}")
+        dist.destroy_process_group()
+    """))
+    ran = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "ranks.py"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=RUN_TIMEOUT)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    alone, ranks = re.search(r"alone (\S+) ranks (\S+)", ran.stdout).groups()  # type: ignore[union-attr]
+    assert alone == ranks, ran.stdout
 
 
 def _training_for_good_under_torchrun(synthetic_data: Path, tmp_path: Path, print_freq: int) -> tuple[Path, subprocess.Popen[str]]:
@@ -1650,7 +1687,7 @@ def test_a_loader_worker_killed_from_outside_is_one_line_in_both_scripts(synthet
         assert load_script(script)["known_failure"](RuntimeError(text)) == (
                                      f"error: {said}: a loader worker process was ended from outside (most often by the "
                                      "kernel's out-of-memory killer); lower --workers or --prefetch-factor, then rerun "
-                                     "with --resume to go on from the last checkpoint")
+                                     "with --resume to go on from the last checkpoint written, if any")
 
 
 def test_a_loader_worker_ended_while_it_handed_a_batch_over_is_one_line_in_both_scripts(
@@ -1669,7 +1706,7 @@ def test_a_loader_worker_ended_while_it_handed_a_batch_over_is_one_line_in_both_
         assert known_failure(broken_hand_over) == (
             "error: a DataLoader worker exited unexpectedly while it handed a batch over (EOFError): a loader worker process "
             "was ended from outside (most often by the kernel's out-of-memory killer); lower --workers or --prefetch-factor, "
-            "then rerun with --resume to go on from the last checkpoint")
+            "then rerun with --resume to go on from the last checkpoint written, if any")
         with pytest.raises(EOFError, match="input ended"):
             known_failure(EOFError("input ended"))
         for own in _datasets_own_eof_errors():  # a truncated pickle the dataset reads: its own error, traceback kept
@@ -1735,7 +1772,7 @@ def test_loader_workers_that_found_dev_shm_full_are_one_line_naming_it_in_both_s
         assert line.startswith(f"error: {lead} (/dev/shm holds ") and "\n" not in line, line
         assert line.endswith("; give the container more shared memory (docker run --shm-size=8g or --ipc=host), or lower "
                              "--workers, --prefetch-factor or --batch-size (--workers 0 uses none), then rerun with --resume to "
-                             "go on from the last checkpoint"), line
+                             "go on from the last checkpoint written, if any"), line
 
 
 @pytest.mark.slow
