@@ -12,10 +12,13 @@ from autotune.workloads.batches import describe_batch, first_tensor
 from autotune.workloads.task import Task
 
 
-def check_count(task: Task, batch: Any, first: Callable[[int], Any], available: int, check_items: int) -> None:
+def check_count(task: Task, batch: Any, first: Callable[[int], Any], available: int, check_items: int,
+                warn: Callable[[str], None] | None = None) -> None:
     """The samples of the first batch, as every trial counts them, must be a positive count; counted by the first
     dimension, it must count the items (``first(n)``: the first n items collated, for 1, ``check_items`` (``batch``) and
-    ``available``): not a count that stays the same, a sequence-first length, or rows that are not the items.
+    ``available``): not a count that stays the same, a sequence-first length, or rows that vary per item (tokens
+    joined). Rows that are a fixed number per item (an item that is a chunk of samples, views stacked) are counted as
+    they are, said through ``warn``.
 
     Raises:
         WorkloadError: The count is none of those, naming the batch and what to give ``batch_size_of``.
@@ -51,10 +54,18 @@ def check_count(task: Task, batch: Any, first: Callable[[int], Any], available: 
             f"({describe_batch(batch)}): it does not count the items, so samples/s would measure steps/s; give "
             "autotune.Task(batch_size_of=...) the count (for batches of lists, such as detection's (images, targets): "
             "lambda batch: len(batch[0]))")
-    if alone != 1 and count != checked and every != available:  # tokens joined into one tensor, views stacked: not the items
-        raise WorkloadError(
-            f"the first dimension of the batch's first tensor (depth first) counts {count} samples in a batch of {checked} "
-            f"items, {alone} in a batch of 1 and {every} in one of {available} ({describe_batch(batch)}): it does not count "
-            "the items (a collate_fn that joins their tokens or stacks their views makes it count those), so samples/s would "
-            "not count samples; give autotune.Task(batch_size_of=...) the count (lambda batch: len(batch[-1]) where the last "
-            "part holds one label per item; lambda batch: batch[0].numel() to rank by tokens/s)")
+    if alone < 1 or (count == checked and every == available):  # an item a collate_fn dropped, or the items themselves
+        return
+    if count == alone * checked and every == alone * available:  # a fixed number of rows per item: chunks, views
+        if warn is not None:
+            warn(f"a batch's first tensor holds {alone} rows per item ({describe_batch(batch)} for {checked} items): "
+                 "samples/s counts those rows; give autotune.Task(batch_size_of=...) to count otherwise (lambda batch: "
+                 "len(batch[-1]) where the last part holds one label per item)")
+        return
+    raise WorkloadError(  # rows that vary per item, tokens joined into one tensor: samples/s would follow their lengths
+        f"the first dimension of the batch's first tensor (depth first) counts {count} samples in a batch of {checked} "
+        f"items, {alone} in a batch of 1 and {every} in one of {available} ({describe_batch(batch)}): it does not count "
+        "the items (a collate_fn that joins items of different lengths, such as token ids for nn.EmbeddingBag, makes it "
+        "count their rows), so samples/s would follow the items' lengths; give autotune.Task(batch_size_of=...) the count "
+        "(lambda batch: len(batch[-1]) where the last part holds one label per item; lambda batch: batch[0].numel() to "
+        "rank by tokens/s)")

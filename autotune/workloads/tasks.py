@@ -245,13 +245,14 @@ def _check_pickle(task: Task) -> None:
             ) from None
 
 
-def check_task(task: Task, *, workers: bool) -> TaskInfo:
+def check_task(task: Task, *, workers: bool, warn: Callable[[str], None] | None = None) -> TaskInfo:
     """Check a Task on the CPU, in this process, before any trial.
 
     Args:
         task: The loaded Task.
         workers: Whether the search may use loader workers (then the dataset
             and collate_fn must pickle).
+        warn: Where a note on the Task is said (a batch that counts several rows per item).
 
     Raises:
         WorkloadError: Empty dataset, items that do not collate, a model whose
@@ -269,7 +270,7 @@ def check_task(task: Task, *, workers: bool) -> TaskInfo:
     batch = first(CHECK_ITEMS)
     if batched:
         first(len(items))  # every item the per-item path reads, read as strictly
-    check_count(task, batch, first, len(items), CHECK_ITEMS)
+    check_count(task, batch, first, len(items), CHECK_ITEMS, warn)
     model = task.build_model()
     train_mode(model, eval_modules(model))  # as the trials train it
     with torch.random.fork_rng():
@@ -332,7 +333,7 @@ def build_task_workload(workload: str | Callable[..., Any], *, device: str, work
         device: The resolved device.
         workers: Whether the search may use loader workers.
         options: The runs' options, whose timeout the factory's time is checked against (None: not checked).
-        warn: Where a slow factory is said (:func:`~autotune.workloads.factory_time.check_factory_time`).
+        warn: Where a slow factory (:func:`~autotune.workloads.factory_time.check_factory_time`) and notes on the Task are said.
 
     Raises:
         WorkloadError: See :func:`load_task` and :func:`check_task`; a factory too slow for the runs' timeout.
@@ -346,7 +347,7 @@ def build_task_workload(workload: str | Callable[..., Any], *, device: str, work
     root = _import_root(ref.partition(":")[0])
     if root is not None and root not in sys_path:
         sys_path += (root,)  # where this process found the module, so trials and train.py find it too
-    info = check_task(task, workers=workers)
+    info = check_task(task, workers=workers, warn=warn)
     return Workload(
         model=ref,
         device=device,
