@@ -18,7 +18,10 @@ _KEYWORDS = {"effective-batch": "effective_batch", "set": "constraints", "lr": "
              "confirm-rounds": "confirm_rounds", "max-memory": "max_memory", "nproc-per-node": "nproc_per_node",
              "devices": "devices", "device": "device", "storage": "storage", "study": "study", "out": "out",
              "synthetic-images": "synthetic_images", "seed": "seed", "timeout": "timeout_s"}
-_FLAG = re.compile(r"--(" + "|".join(sorted(map(re.escape, _KEYWORDS), key=len, reverse=True)) + r") ([^\s;,()]+)")
+#: A flag and its value: a number, an ``=`` pin (``--set``), an upper-case placeholder (DIR) or a path or URL; a flag
+#: the prose names with an ordinary word after it (``a search without --devices measures ...``) is left as written.
+_FLAG = re.compile(r"--(" + "|".join(sorted(map(re.escape, _KEYWORDS), key=len, reverse=True)) + r")"
+                   r" ((?:[-+]?\d[\w.+-]*|[\w.]+=[^\s;,()]+|[A-Z][A-Z_]+|[\w.-]*[/:][^\s;,()]*?))(?=[\s;,()]|\.?$|\.\s)")
 
 
 def in_api_words(note: str) -> str:
@@ -26,9 +29,9 @@ def in_api_words(note: str) -> str:
     as ``pass effective_batch=32``, ``--set batch_size=64`` as ``constraints=["batch_size=64"]``."""
     def keyword(match: re.Match[str]) -> str:
         name, value = _KEYWORDS[match[1]], match[2]
-        if name == "constraints":  # a pin (batch_size=64), or a knob the prose names (a --set batch_size that ...)
-            return f'constraints=["{value}"]' if "=" in value else f'constraints=["{value}=..."]'
-        plain = value.replace(".", "", 1).isdigit() or value.isupper()  # a number, or a placeholder such as DIR
+        if name == "constraints":  # a pin (batch_size=64)
+            return f'constraints=["{value}"]'
+        plain = value[:1].isdigit() or value[:1] in "+-" or value.isupper()  # a number (1e-4 too), or a placeholder such as DIR
         return f"{name}={value}" if plain else f'{name}="{value}"'
 
     return _FLAG.sub(keyword, note)

@@ -73,6 +73,11 @@ class UsageError(AutotuneError):
     exit_code = 2
 
 
+class StudyMismatch(UsageError):
+    """The study holds another search's trials (a flag of the command differs): a usage error, as for an --out that
+    holds another study's files."""
+
+
 class SetupError(UsageError):
     """A TrainSetup that cannot run: invalid or contradictory knobs."""
 
@@ -104,11 +109,6 @@ class StorageError(AutotuneError):
     """The study storage or the output directory is unusable."""
 
 
-class StudyMismatch(StorageError):
-    """The study holds another search's trials (a flag of the command differs): a usage error, exit code 2, as for an
-    --out that holds another study's files."""
-
-    exit_code = 2
 
 
 class PendingTrialsError(StorageError):

@@ -183,6 +183,13 @@ def iterable_batch_norm() -> autotune.Task:
     return autotune.Task(nn.Sequential(nn.Linear(8, 8), nn.BatchNorm1d(8), nn.Linear(8, 3)), _Stream17(), batch_size=16)
 
 
+def iterable_eval_batch_norm_without_statistics() -> autotune.Task:
+    """The same stream for a BatchNorm in eval mode that keeps no running statistics: it uses the batch's, and fails on one sample."""
+    model = nn.Sequential(nn.Linear(8, 8), nn.BatchNorm1d(8, track_running_stats=False), nn.Linear(8, 3))
+    model[1].eval()
+    return autotune.Task(model, _Stream17(), batch_size=16)
+
+
 def iterable_frozen_batch_norm() -> autotune.Task:
     """The same stream for a model whose BatchNorm its factory left in eval mode (a frozen layer's running statistics)."""
     model = nn.Sequential(nn.Linear(8, 8), nn.BatchNorm1d(8), nn.Linear(8, 3))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -26,6 +27,7 @@ import pytest
 import studies
 from optuna.trial import TrialState
 
+from autotune.errors import StudyMismatch
 from autotune.records import TrialResult
 from autotune.tuner.status import study_status
 
@@ -1067,6 +1069,10 @@ def test_another_study_on_an_output_directory_is_refused_and_a_broken_best_json_
     assert study_status(f"sqlite:///{out / 'study.db'}", None, out=other).lines()[-1] == (
         f"winner: confirmed, in the best.json of the search's own directory ({out}), not in {other} (it holds none): "
         "autotune status THAT_DIR shows it")
+    moved = tmp_path / "db"  # a study file elsewhere (--storage), beside no best.json: no search directory to name
+    moved.mkdir()
+    shutil.copy(out / "study.db", moved / "study.db")
+    assert study_status(f"sqlite:///{moved / 'study.db'}", None, out=other).lines()[-1].startswith(f"winner: none confirmed ({other} holds")
     (out / "best.json").write_bytes(best[:300])  # truncated: status and report still read the study
     status = study_status(f"sqlite:///{out / 'study.db'}", None, out=out)
     assert status.winner is None and status.lines()[-1].startswith(f"winner: not shown: {out / 'best.json'}: not valid JSON")
@@ -1390,7 +1396,7 @@ def test_bad_data_advice_matches_what_a_rerun_accepts(tmp_path, synthetic_data) 
     rerun (finished trials are kept)", and the rerun after removing it said "made for a different search")."""
     import shutil
 
-    from autotune.errors import StorageError, WorkloadError
+    from autotune.errors import WorkloadError
     from autotune.tuner import SearchConfig, run_search
 
     data = tmp_path / "data"
@@ -1405,7 +1411,7 @@ def test_bad_data_advice_matches_what_a_rerun_accepts(tmp_path, synthetic_data) 
     assert advice.startswith(f"bad data: {victim}: cannot decode") and "rerun the same command" in advice
     assert "fix or remove it and rerun" not in advice and "another --out" in advice, advice
     victim.unlink()  # what the advice says a rerun on the same --out does not take
-    with pytest.raises(StorageError, match=r"made for a different search \(samples in the data: 64 there, 63 now\)"):
+    with pytest.raises(StudyMismatch, match=r"made for a different search \(samples in the data: 64 there, 63 now\)"):
         run_search(config, runner=runner)
     assert study_of(tmp_path / "out").trials[0].state == TrialState.COMPLETE
 

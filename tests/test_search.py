@@ -18,7 +18,7 @@ import pytest
 import studies
 from hosts import pretend_bf16_cpu
 
-from autotune.errors import SearchFailed, UsageError
+from autotune.errors import SearchFailed, StudyMismatch, UsageError
 from autotune.output.best import read_best
 from autotune.records import TrialResult
 from autotune.train_setup import TrainSetup
@@ -110,11 +110,10 @@ def test_a_rerun_with_parallel_trials_is_refused_for_a_study_of_lone_trials(tmp_
     """Trials run one per core beside another (`--devices cpu,cpu`) measure another machine than trials alone on every
     core. A probe's rerun with --devices was accepted: its trials were pruned against the lone ones' best, and best.json
     said every trial ran pinned beside another, false for those of the first run."""
-    from autotune.errors import StorageError
 
     search(config(tmp_path, cache_dir, trials=2, confirm_top=1))
     records = (tmp_path / "out" / "trials.csv").read_text()
-    with pytest.raises(StorageError, match=r"was made for a different search \(trials at once \(--devices\): 1 there, 2 now\)") as info:
+    with pytest.raises(StudyMismatch, match=r"was made for a different search \(trials at once \(--devices\): 1 there, 2 now\)") as info:
         search(config(tmp_path, cache_dir, trials=4, devices="cpu,cpu"))
     assert info.value.exit_code == 2  # a usage error, as for an --out that holds another study's files
     assert (tmp_path / "out" / "trials.csv").read_text() == records
@@ -442,23 +441,21 @@ def test_a_resumed_random_search_draws_new_points(tmp_path, cache_dir) -> None:
 
 
 def test_resume_with_a_different_search_is_refused(tmp_path, cache_dir) -> None:
-    from autotune.errors import StorageError
 
     search(config(tmp_path, cache_dir, trials=2))
     # The --out's own study: a new --study there would be refused too (an --out holds one search), so it is not offered.
-    with pytest.raises(StorageError, match=r"different search \(.*\); pass another --out for this one \(an --out holds one search\)$"):
+    with pytest.raises(StudyMismatch, match=r"different search \(.*\); pass another --out for this one \(an --out holds one search\)$"):
         search(config(tmp_path, cache_dir, trials=3, constraints=(parse_constraint("amp=off"),)))
     shared = f"sqlite:///{tmp_path / 'shared.db'}"  # a --storage of the user's: another study name there will do
     search(config(tmp_path, cache_dir, trials=2, storage=shared, study="s", out=tmp_path / "a"))
     refusal = r"different search \(.*\); pass --study NEW_NAME \(the study lives in --storage: another --out names the same one\)$"
-    with pytest.raises(StorageError, match=refusal):
+    with pytest.raises(StudyMismatch, match=refusal):
         search(config(tmp_path, cache_dir, trials=3, storage=shared, study="s", out=tmp_path / "b",
                       constraints=(parse_constraint("amp=off"),)))
 
 
 def test_another_synthetic_image_count_is_refused_before_any_jpeg_is_written(tmp_path, cache_dir) -> None:
     """The signature check comes before the synthetic JPEGs: a refused rerun writes none (seconds to minutes for nothing)."""
-    from autotune.errors import StorageError
     from autotune.tuner.progress import SilentReporter
 
     class Said(SilentReporter):
@@ -472,7 +469,7 @@ def test_another_synthetic_image_count_is_refused_before_any_jpeg_is_written(tmp
     shutil.copytree(cache_dir / "synthetic-v1-64", cache / "synthetic-v1-64")
     search(config(tmp_path, cache, trials=2))
     said = Said()
-    with pytest.raises(StorageError, match=r"different search \(synthetic JPEGs: 64 there, 80 now; --synthetic-images 64 continues it "):
+    with pytest.raises(StudyMismatch, match=r"different search \(synthetic JPEGs: 64 there, 80 now; --synthetic-images 64 continues it "):
         search(config(tmp_path, cache, trials=2, synthetic_images=80), reporter=said)
     assert sorted(p.name for p in cache.iterdir()) == ["synthetic-v1-64"]  # no synthetic-v1-80, no half copy
     assert not any("synthetic JPEGs" in text for text in said.lines)

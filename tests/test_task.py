@@ -174,6 +174,15 @@ def test_a_model_whose_to_override_returns_nothing_is_refused_before_any_trial()
         autotune.Task(MovesWithoutReturning, [1]).build_model()
 
 
+    class WantsADevice(torch.nn.Linear):
+        def to(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+            if not args and not kwargs:
+                raise ValueError("to() needs a device or dtype")
+            return super().to(*args, **kwargs)
+
+    assert isinstance(autotune.Task(WantsADevice(2, 2), [1]).build_model(), WantsADevice)  # the probe only: trials call to(device)
+
+
 def test_an_optimizer_whose_step_needs_a_closure_is_refused_before_any_trial() -> None:
     """LBFGS passed the check and failed about 25 s into the calibration with "missing ... 'closure'", no reason said."""
     task = autotune.Task(torch.nn.Linear(2, 2), [1], optimizer=lambda params: torch.optim.LBFGS(params, lr=0.1))
@@ -1646,6 +1655,10 @@ def test_the_task_script_on_short_iterable_epochs_and_task_subclasses(
     frozen = _task_script(tmp_path / "frozen", "iterable_frozen_batch_norm", autotune.TrainSetup(batch_size=16))
     code, out, err = _run_here(frozen, capfd, monkeypatch, "--epochs", "2")
     assert code == 0 and "epoch 1 done at step 4" in out, out + err
+    # ... unless it keeps no running statistics: in eval mode too it takes the batch's, which one sample fails. Dropped.
+    stateless = _task_script(tmp_path / "stateless", "iterable_eval_batch_norm_without_statistics", autotune.TrainSetup(batch_size=16))
+    code, out, err = _run_here(stateless, capfd, monkeypatch, "--epochs", "2")
+    assert code == 0 and "epoch 1 done at step 2" in out, out + err
     # Every worker of this stream yields it whole (the search found so and offered one worker at most): refused.
     code, _, err = _run_here(script, capfd, monkeypatch, "--workers", "2")
     assert code != 0 and "error: --workers 2: each DataLoader worker yields the whole iterable dataset" in err

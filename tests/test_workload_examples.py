@@ -134,10 +134,14 @@ def test_a_step_that_calls_backward_itself_is_told_to_return_the_loss_only(facto
 
 
 def test_the_api_s_notes_name_its_keywords_not_the_cli_s_flags() -> None:
-    """A notebook user was told to "pass --effective-batch 32", a flag autotune.search() has no way to take."""
+    """A notebook user was told to "pass --effective-batch 32", a flag autotune.search() has no way to take. Only a
+    flag with a value is rewritten: a flag the prose names ("a search without --devices measures ...") stays."""
     assert in_api_words("...; pass --effective-batch 32 to keep the math") == "...; pass effective_batch=32 to keep the math"
     assert in_api_words("to keep the math, pass --effective-batch 32 with a --set batch_size that divides it (--set batch_size=64 "
-                        "allows none)") == ('to keep the math, pass effective_batch=32 with a constraints=["batch_size=..."] that '
-                                            'divides it (constraints=["batch_size=64"] allows none)')
+                        "allows none)") == ('to keep the math, pass effective_batch=32 with a --set batch_size that divides it '
+                                            '(constraints=["batch_size=64"] allows none)')
     assert in_api_words("re-run with --data DIR to tune on your own images") == "re-run with data=DIR to tune on your own images"
-    assert in_api_words("train.py --max-steps 3; --device cuda") == 'train.py --max-steps 3; device="cuda"'  # the script's flags stay
+    assert in_api_words("(a search without --devices measures that run)") == "(a search without --devices measures that run)"
+    assert in_api_words("tuned with --lr 1e-4.") == "tuned with lr=1e-4."  # a number, not the string "1e-4."
+    assert in_api_words("--storage sqlite:///x/study.db holds it") == 'storage="sqlite:///x/study.db" holds it'
+    assert in_api_words("train.py --max-steps 3") == "train.py --max-steps 3"  # the script's flags stay

@@ -85,10 +85,10 @@ class StudyStatus:
         foreign_best: ``out/best.json`` is readable and another search's (``--storage`` naming another study).
         unreadable_best: Why ``out/best.json`` cannot be read (damaged, another version's), or None.
         largest: The largest ``--trials`` a worker of the shared study searched for (None: none stored).
-        confirmed_elsewhere: A lone search confirmed a winner (its rounds are stored) and ``out``, not the directory of
-            the study's file, holds no best.json: the winner is in the search's own directory (the file's, named where
-            it holds a best.json), not in ``out``. False where ``out`` is the file's directory (its best.json removed).
-        own_out: The directory of the study's file where it holds a best.json (named by ``confirmed_elsewhere``).
+        confirmed_elsewhere: A lone search confirmed a winner (its rounds are stored) and ``out`` holds no best.json,
+            while the study file's own directory (``own_out``) holds one: the winner is there, not in ``out``. False
+            where ``out`` is that directory (its best.json removed) or the storage is elsewhere (a server, another file).
+        own_out: The directory of the study's file where it holds a best.json.
     """
 
     study: str
@@ -161,8 +161,8 @@ class StudyStatus:
                          "winner: being confirmed" if self.confirming else
                          "winner: none confirmed: the worker confirming it stopped; rerun a worker's search command" if self.shared else
                          "winner: in the best.json of the search's directory (autotune status DIR --storage URL shows it)" if self.out is None else
-                         f"winner: confirmed, in the best.json of the search's own directory{f' ({self.own_out})' if self.own_out else ''}, "
-                         f"not in {self.out} (it holds none): autotune status THAT_DIR shows it" if self.confirmed_elsewhere else
+                         f"winner: confirmed, in the best.json of the search's own directory ({self.own_out}), not in {self.out} (it "
+                         "holds none): autotune status THAT_DIR shows it" if self.confirmed_elsewhere else
                          f"winner: none of this study's in {self.out}: its best.json is another search's (another storage or study)"
                          if self.foreign_best else
                          f"winner: not shown: {self.unreadable_best}; rerun the search's command to write best.json again"
@@ -240,8 +240,8 @@ def study_status(storage: str, study: str | None = None, out: Path | None = None
                 winner_by = (f"an earlier run of this search (best.json and train.py in {out.resolve()}); {later} trial(s) "
                              "measured after it are not confirmed: rerun the search's command to confirm them")
     wanted = attrs.get(STUDY_BUDGET)
-    file = storage_file(storage)
-    home = file.parent if file is not None else None  # a lone search's study file lies in its --out unless --storage moved it
+    file = storage_file(storage)  # a lone search's study file lies in its --out unless --storage put it elsewhere
+    own = file.parent if file is not None and (file.parent / "best.json").is_file() else None
     # The worker confirming the budget: the one its election picks, not any that entered it (one waiting for a worker
     # that stopped read as "being confirmed" for the 30 minutes the stopped one's marker lives on other hosts).
     confirming = elections.acting(trials, attrs, confirm_marker(wanted)) if wanted else None
@@ -267,15 +267,16 @@ def study_status(storage: str, study: str | None = None, out: Path | None = None
         calibrating=lone_holder.describe() if not calibrated and lone and lone_holder is not None and lone_holder.alive() else None,
         pending=_pending(out, found) if out is not None else None,
         largest=attrs.get(STUDY_LARGEST_BUDGET),
+        # Said only where the study file's directory holds a best.json: --storage elsewhere names no search directory.
         confirmed_elsewhere=(lone and out is not None and not (out / "best.json").exists() and STUDY_WINNER_ROUNDS in attrs
-                             and not (lone_holder is not None and lone_holder.alive()) and not _same_dir(home, out)),
-        own_out=home if home is not None and (home / "best.json").is_file() else None,
+                             and not (lone_holder is not None and lone_holder.alive()) and own is not None and not _same_dir(own, out)),
+        own_out=own,
     )
 
 
-def _same_dir(home: Path | None, out: Path) -> bool:
+def _same_dir(home: Path, out: Path) -> bool:
     try:
-        return home is not None and home.resolve() == out.resolve()
+        return home.resolve() == out.resolve()
     except OSError:
         return False
 

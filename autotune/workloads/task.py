@@ -149,7 +149,7 @@ class Task:
         self._materialize(model)
         try:
             moved = model.to()  # a no-op that returns the module, unless an override of to() forgets to return it
-        except TypeError:  # an override that takes other arguments: the trials' to(device) tells
+        except Exception:  # an override that wants a device or dtype (a probe only: the trials' to(device) tells)
             moved = model
         if not isinstance(moved, torch.nn.Module):
             raise WorkloadError(f"the model's to() returned {type(moved).__name__}, not the module: an override of to() must "
