@@ -98,7 +98,7 @@ class Task:
     collate_fn: Callable[[list[Any]], Any] | None = None
     optimizer: Callable[..., Any] | None = None
     batch_size: int = 32
-    lr: float = None  # type: ignore[assignment]  # None: resolved in __post_init__ (see the docstring); a float after it
+    lr: float = None  # type: ignore[assignment]  # None (the default) is resolved in __post_init__: a float after it, always
     batch_size_of: Callable[[Any], int] | None = None
 
     def __post_init__(self) -> None:
