@@ -1877,7 +1877,6 @@ def _config(tmp_path: Path, cache_dir: Path, **kw):
 
 
 def test_a_study_from_another_machine_or_timeout_is_refused_naming_the_difference(tmp_path, cache_dir) -> None:
-    from autotune.errors import StorageError
     from autotune.tuner import run_search
 
     run_search(_config(tmp_path, cache_dir), runner=_fake)
@@ -1885,10 +1884,10 @@ def test_a_study_from_another_machine_or_timeout_is_refused_naming_the_differenc
     stored = dict(study.user_attrs["signature"])
     cores = stored["usable_cores"]
     study.set_user_attr("signature", {**stored, "usable_cores": cores + 62, "cpu_model": "Other CPU"})
-    with pytest.raises(StorageError, match=r"CPU: 'Other CPU' there, .* now"):
+    with pytest.raises(StudyMismatch, match=r"CPU: 'Other CPU' there, .* now"):
         run_search(_config(tmp_path, cache_dir), runner=_fake)
     study.set_user_attr("signature", stored)
-    with pytest.raises(StorageError, match=r"--timeout: the default there, 30.0 now"):  # it read "None there"
+    with pytest.raises(StudyMismatch, match=r"--timeout: the default there, 30.0 now"):  # it read "None there"
         run_search(_config(tmp_path, cache_dir, timeout_s=30.0), runner=_fake)
 
 

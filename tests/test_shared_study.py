@@ -224,7 +224,7 @@ def test_a_worker_with_another_fingerprint_is_refused(shared: Shared, tmp_path) 
         code, _, stderr = in_process.cli(worker_cmd(tmp_path / "w3", shared.storage, shared.study, trials=4)[3:], TESTS)
     finally:
         study.set_user_attr("signature", stored)
-    assert code == 1
+    assert code == 2  # a usage error, as every study made for a different search
     assert "CPU: 'Some Other CPU' there" in stderr
     assert len(stderr.strip().splitlines()) == 1
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from autotune.errors import StorageError
+from autotune.errors import StorageError, StudyMismatch
 from autotune.records import Calibration, TrialResult
 from autotune.train_setup import KNOBS, TrainSetup
 from autotune.tuner.identity import signature_difference
@@ -70,7 +70,7 @@ def test_a_different_signature_is_refused_naming_the_difference(tmp_path: Path) 
     study.check_signature({"model": "resnet18", "trial_seconds": 3.0})
     studies.seed_calibration(f"sqlite:///{tmp_path / 'study.db'}", "s")  # measured: the study is this search's now
     study.check_signature({"model": "resnet18", "trial_seconds": 3.0})  # the same search resumes
-    with pytest.raises(StorageError, match=r"--trial-seconds: 3.0 there, 5.0 now"):
+    with pytest.raises(StudyMismatch, match=r"--trial-seconds: 3.0 there, 5.0 now"):
         _open(tmp_path).check_signature({"model": "resnet18", "trial_seconds": 5.0})
     assert signature_difference({"a": [1]}, {"a": (1,)}) is None  # compared as stored JSON
 
@@ -194,7 +194,7 @@ def test_a_study_sampled_in_an_older_space_is_refused_not_crashed(tmp_path: Path
     study = _open(tmp_path)
     study.check_signature(older)
     study.study.enqueue_trial({"batch_size": 32})  # a trial of that space
-    with pytest.raises(StorageError, match=f"space: None there, {SPACE_VERSION} now"):
+    with pytest.raises(StudyMismatch, match=f"space: None there, {SPACE_VERSION} now"):
         _open(tmp_path).check_signature(current)
 
 
@@ -211,7 +211,7 @@ def test_a_study_of_an_effective_batch_whose_batches_changed_is_refused(tmp_path
         study.check_signature({**current, "space": 2})  # as the version before wrote it
         study.study.enqueue_trial({"batch_size": 32})
         if refused:
-            with pytest.raises(StorageError, match="space: 2 there, 3 now: another autotune version sampled it"):
+            with pytest.raises(StudyMismatch, match="space: 2 there, 3 now: another autotune version sampled it"):
                 _open(tmp_path, name=f"eb{effective}").check_signature(current)
         else:
             _open(tmp_path, name=f"eb{effective}").check_signature(current)
