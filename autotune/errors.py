@@ -109,8 +109,6 @@ class StorageError(AutotuneError):
     """The study storage or the output directory is unusable."""
 
 
-
-
 class PendingTrialsError(StorageError):
     """The file of measured trials a lost study storage could not take (``OUT/pending-trials.json``) cannot be read:
     the rerun that would add them to the study stops rather than drop them."""
