@@ -36,7 +36,7 @@ from autotune.tuner.calibrate import calibrate, workers_broken
 from autotune.tuner.constraints import parse_constraint
 from autotune.tuner.space import build_space, defaults_setup
 from autotune.workloads.batches import describe_batch, first_dim, has_image_tensor, to_device
-from autotune.workloads.tasks import build_task_workload, task_ref
+from autotune.workloads.tasks import build_task_workload, check_task, task_ref
 
 CPU = DeviceInfo("cpu", bf16=True, memory_total_bytes=None, memory_free_bytes=None, label="test CPU")
 cli = CliRunner()
@@ -617,6 +617,18 @@ def test_a_batch_whose_first_tensor_holds_rows_that_vary_per_item_is_refused_nam
     assert said == ["a batch's first tensor holds 2 rows per item (Tensor[4, 8] float32 for 2 items): samples/s counts those rows; "
                     "give autotune.Task(batch_size_of=...) to count otherwise (lambda batch: len(batch[-1]) where the last part "
                     "holds one label per item)"], said
+
+
+def test_the_check_leaves_the_user_s_model_object_as_it_found_it() -> None:
+    """A Task given a model object (a notebook's pretrained one) is checked on that object: it was left in training
+    mode, its BatchNorm statistics moved by the check's batch, with gradients on its parameters."""
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.BatchNorm1d(8), torch.nn.Linear(8, 3)).eval()
+    before = {name: value.clone() for name, value in model.state_dict().items()}
+    data = torch.utils.data.TensorDataset(torch.randn(16, 8) * 5 + 3, torch.randint(0, 3, (16,)))
+    check_task(autotune.Task(model, data, batch_size=4), workers=False)
+    assert not any(module.training for module in model.modules())
+    assert all(torch.equal(before[name], value) for name, value in model.state_dict().items())
+    assert all(parameter.grad is None for parameter in model.parameters())
 
 
 def test_a_task_given_a_sampler_says_what_a_task_takes_and_what_to_do_instead() -> None:

@@ -10,6 +10,8 @@ The emitted ``train.py`` does the same (``eval_modules`` in ``autotune/output/te
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 
@@ -38,3 +40,26 @@ def has_batch_norm(model: Any) -> bool:
 
     kept = {id(m) for m in eval_modules(model)}
     return any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and id(m) not in kept for m in model.modules())
+
+
+@contextmanager
+def left_as_found(model: Any) -> Iterator[None]:
+    """Within it, ``model`` may be trained on a batch or two (the parent's check of a Task); on exit its modules' modes,
+    its buffers (BatchNorm's running statistics) and its parameters' gradients are as they were. A Task given a model
+    object (a notebook's pretrained one) is that object: the check left it in training mode, its statistics moved by
+    the check's batch, and gradients on it."""
+    import torch
+
+    modes = [(module, module.training) for module in model.modules()]
+    buffers = [(buffer, buffer.detach().clone()) for buffer in model.buffers()]
+    grads = [(parameter, parameter.grad) for parameter in model.parameters()]
+    try:
+        yield
+    finally:
+        for module, training in modes:
+            module.training = training
+        with torch.no_grad():
+            for buffer, kept in buffers:
+                buffer.copy_(kept)
+        for parameter, grad in grads:
+            parameter.grad = grad

@@ -28,7 +28,7 @@ from autotune.workloads.counts import check_count
 from autotune.workloads.factory_time import check_factory_time
 from autotune.workloads.loss_inputs import check_loss_weights, check_no_backward, float_targets, gradients, pass_warnings, reaches
 from autotune.workloads.models import arguments_hint, load_factory
-from autotune.workloads.modes import eval_modules, has_batch_norm, train_mode
+from autotune.workloads.modes import eval_modules, has_batch_norm, left_as_found, train_mode
 from autotune.workloads.task import Task
 from autotune.workloads.task_refs import task_ref
 
@@ -272,8 +272,8 @@ def check_task(task: Task, *, workers: bool, warn: Callable[[str], None] | None 
         first(len(items))  # every item the per-item path reads, read as strictly
     check_count(task, batch, first, len(items), CHECK_ITEMS, warn)
     model = task.build_model()
-    train_mode(model, eval_modules(model))  # as the trials train it
-    with torch.random.fork_rng():
+    with left_as_found(model), torch.random.fork_rng():  # the user's own model object, where the Task holds one
+        train_mode(model, eval_modules(model))  # as the trials train it
         _check_loss(task, model, batch)
     unsharded = False
     if workers:
