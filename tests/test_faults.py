@@ -338,14 +338,17 @@ def test_a_loader_worker_killed_while_the_oom_killer_acted_is_oom(cache_dir, mon
     from autotune.runner import run_trial
     from autotune.train_setup import TrainSetup
 
-    readings = iter([5, 6 if oom_killer_acted else 5])  # before the trial, then after its result
-    monkeypatch.setattr(failures, "oom_kills", lambda: next(readings))
-    monkeypatch.setattr("autotune.runner.launch.oom_kills", lambda: next(readings))
+    killed: list[int] = []
+
+    def readings() -> int:  # the kernel's counters: up by one once the worker is killed, where the OOM killer acted
+        return 6 if oom_killer_acted and killed else 5  # (however often read: a trial server replaced under load reads twice)
+
+    monkeypatch.setattr(failures, "oom_kills", readings)
+    monkeypatch.setattr("autotune.runner.launch.oom_kills", readings)
     workload = Workload(model="factories:tiny_cnn", image_size=32, device="cpu", num_classes=10, synthetic_images=64,
                         cache_dir=str(cache_dir), sys_path=(str(TESTS),))
     setup = TrainSetup(batch_size=8, num_workers=1, prefetch_factor=2, persistent_workers=True)
     earlier = set(_trial_pids())
-    killed: list[int] = []
 
     def kill_the_worker() -> None:
         deadline = time.monotonic() + WAIT_S
@@ -356,8 +359,8 @@ def test_a_loader_worker_killed_while_the_oom_killer_acted_is_oom(cache_dir, mon
                 except psutil.Error:
                     continue
                 if workers:
+                    killed.append(workers[0].pid)  # first: the counters read as risen before the trial can see the death
                     os.kill(workers[0].pid, signal.SIGKILL)
-                    killed.append(workers[0].pid)
                     break
             time.sleep(0.1)
 
