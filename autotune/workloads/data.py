@@ -268,25 +268,38 @@ def rgb(image: Any) -> Any:
     return image.convert("RGB")
 
 
-def load_image(path: str) -> Any:
-    """Open one image as RGB, as ImageFolder's default loader does (16-bit grayscale scaled, :func:`rgb`), naming the
-    file on failure.
+def open_rgb(source: Any, path: str) -> Any:
+    """``source`` (a path or a binary file object) opened by PIL as RGB (:func:`rgb`), as ImageFolder's default loader
+    opens it; the CPU pipeline and the GPU decoder's CPU fallback both read through here, so a bad file is named alike.
 
     Raises:
-        BadImage: ``path: cannot decode (...)``.
+        BadImage: ``path: cannot decode (...)`` (empty, truncated, not an image) or ``path: too large to decode``.
     """
     from PIL import Image
 
     try:
-        check_regular_file(path)
-        with open(path, "rb") as fh:
-            return rgb(Image.open(fh))
+        with Image.open(source) as image:
+            return rgb(image)
     except Image.DecompressionBombError as exc:  # not an OSError: it stopped a trial as a setup's error, unnamed
         raise BadImage(f"{path}: too large to decode ({exc})") from None
+    except (OSError, SyntaxError, ValueError) as exc:  # what PIL raises for a bad file
+        raise BadImage(f"{path}: cannot decode ({type(exc).__name__}: {exc})") from None
+
+
+def load_image(path: str) -> Any:
+    """Open one image file as RGB (:func:`open_rgb`), naming the file on failure.
+
+    Raises:
+        BadImage: ``path: cannot decode (...)``, ``path: cannot read (...)``, a dangling link, not a regular file.
+    """
+    try:
+        check_regular_file(path)
+        with open(path, "rb") as fh:
+            return open_rgb(fh, path)
     except FileNotFoundError as exc:  # a link whose target is gone reads as a missing file
         gone = f"a symbolic link to {os.readlink(path)}, which does not exist" if os.path.islink(path) else f"cannot read ({exc.strerror})"
         raise BadImage(f"{path}: {gone}") from None
-    except (OSError, SyntaxError, ValueError) as exc:  # what PIL raises for a bad file
+    except OSError as exc:  # a directory, no permission: open() fails before PIL sees it
         raise BadImage(f"{path}: cannot decode ({type(exc).__name__}: {exc})") from None
 
 

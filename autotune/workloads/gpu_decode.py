@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from autotune.workloads.data import IMAGENET_MEAN, IMAGENET_STD, BadImage, check_regular_file, rgb
+from autotune.workloads.data import IMAGENET_MEAN, IMAGENET_STD, BadImage, check_regular_file, open_rgb
 
 
 def read_bytes(path: str) -> Any:
@@ -68,7 +68,6 @@ def decode_on_cpu(data: Any, path: str = "a file of the batch") -> Any:
     import io
 
     import torch
-    from PIL import Image
     from torchvision.io import ImageReadMode, decode_image
     from torchvision.transforms.v2.functional import pil_to_tensor
 
@@ -80,13 +79,7 @@ def decode_on_cpu(data: Any, path: str = "a file of the batch") -> Any:
             return decoded
     except (RuntimeError, ValueError):
         pass
-    try:
-        with Image.open(io.BytesIO(data.numpy().tobytes())) as image:
-            return pil_to_tensor(rgb(image))
-    except Image.DecompressionBombError as exc:  # as the CPU pipeline's loader names it (autotune.workloads.data.load_image)
-        raise BadImage(f"{path}: too large to decode ({exc})") from None
-    except (OSError, SyntaxError, ValueError) as exc:  # empty, truncated, not an image: bad data, not a setup's error
-        raise BadImage(f"{path}: cannot decode ({type(exc).__name__}: {exc})") from None
+    return pil_to_tensor(open_rgb(io.BytesIO(data.numpy().tobytes()), path))  # PIL, as the CPU pipeline reads it
 
 
 class GpuDecoder:
