@@ -190,6 +190,34 @@ def test_an_optimizer_whose_step_needs_a_closure_is_refused_before_any_trial() -
         task.build_optimizer(task.build_model().parameters(), lr=None, cuda=False)
 
 
+class Bag(torch.nn.Module):
+    """An embedding (sparse gradients where ``sparse``) and a dense head, trained on token ids."""
+
+    def __init__(self, sparse: bool) -> None:
+        super().__init__()
+        self.embed = torch.nn.EmbeddingBag(50, 8, sparse=sparse)
+        self.head = torch.nn.Linear(8, 2)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.head(self.embed(tokens))
+
+
+def test_a_sparse_only_optimizer_over_dense_gradients_is_refused_before_any_trial() -> None:
+    """SparseAdam passed the check and failed in the calibration's first step ("SparseAdam does not support dense
+    gradients"); over the sparse embedding alone (the head frozen) it trains."""
+    data = [(torch.randint(0, 50, (5,)), i % 2) for i in range(8)]
+    for sparse in (False, True):
+        task = autotune.Task(Bag(sparse), data, batch_size=4, optimizer=torch.optim.SparseAdam)
+        with pytest.raises(WorkloadError, match=r"^the Task's optimizer SparseAdam takes sparse gradients only, and "
+                           + (r"3 of the model's parameters get dense ones \(embed.weight, head.weight, head.bias\)" if not sparse
+                              else r"2 of the model's parameters get dense ones \(head.weight, head.bias\)")):
+            check_task(task, workers=False)
+    frozen = Bag(True)
+    frozen.head.requires_grad_(False)
+    check_task(autotune.Task(frozen, data, batch_size=4, optimizer=lambda params: torch.optim.SparseAdam(
+        [p for p in params if p.requires_grad])), workers=False)
+
+
 def test_a_factory_s_own_default_rate_is_the_recipe_s_when_the_task_gives_none() -> None:
     """``def make(params, lr=0.05)`` with no Task(lr=...) was given 1e-3, the Task's old default: the recipe's SGD trained
     50 times slower in the trials, best.json and train.py, without a word. An lr given to the Task stands over it."""

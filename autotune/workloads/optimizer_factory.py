@@ -58,3 +58,16 @@ def needs_closure(optimizer: Any) -> bool:
     except (TypeError, ValueError):
         return False
     return closure is not None and closure.default is inspect.Parameter.empty
+
+
+def dense_for_sparse_only(model: Any, optimizer: Any) -> list[str]:
+    """The names of the model's parameters that ``optimizer`` trains though it takes sparse gradients only
+    (``torch.optim.SparseAdam``) and they get dense ones: every parameter but the weight of an ``nn.Embedding`` or
+    ``nn.EmbeddingBag`` made with ``sparse=True``. Empty for any other optimizer."""
+    import torch
+
+    if not isinstance(optimizer, torch.optim.SparseAdam):
+        return []
+    sparse = {id(m.weight) for m in model.modules() if isinstance(m, (torch.nn.Embedding, torch.nn.EmbeddingBag)) and m.sparse}
+    trained = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    return [name for name, p in model.named_parameters() if id(p) in trained and id(p) not in sparse]

@@ -29,6 +29,7 @@ from autotune.workloads.factory_time import check_factory_time
 from autotune.workloads.loss_inputs import check_loss_weights, check_no_backward, float_targets, gradients, pass_warnings, reaches
 from autotune.workloads.models import arguments_hint, load_factory
 from autotune.workloads.modes import eval_modules, has_batch_norm, left_as_found, train_mode
+from autotune.workloads.optimizer_factory import dense_for_sparse_only
 from autotune.workloads.task import Task
 from autotune.workloads.task_refs import task_ref
 
@@ -290,6 +291,10 @@ def check_task(task: Task, *, workers: bool, warn: Callable[[str], None] | None 
     except USER_CODE_ERRORS as exc:
         raise WorkloadError(f"the Task's optimizer factory failed: {type(exc).__name__}: {exc}") from None
     check_loss_weights(task, model, optimizer)
+    if dense := dense_for_sparse_only(model, optimizer):
+        raise WorkloadError(f"the Task's optimizer {type(optimizer).__name__} takes sparse gradients only, and {len(dense)} of the "
+                            f"model's parameters get dense ones ({', '.join(dense[:3])}{', ...' if len(dense) > 3 else ''}): "
+                            "a Task trains with one optimizer, so use Adam (or freeze those parameters: requires_grad_(False))")
     return TaskInfo(
         samples=size,
         iterable=iterable,
