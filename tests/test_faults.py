@@ -1083,6 +1083,10 @@ def test_another_study_on_an_output_directory_is_refused_and_a_broken_best_json_
     (out / "best.json").unlink()  # a search killed before it wrote one: no file is named that is not there
     assert status_line(out) == (f"winner: none confirmed ({out} holds no best.json: the search stopped before it wrote one); "
                                 "rerun the search's command to confirm one")
+    (out / "best.json").symlink_to(tmp_path / "gone.json")  # a link whose target was removed is named, not read as no file
+    assert status_line(out) == (f"winner: not shown: {out / 'best.json'}: a symbolic link to {tmp_path / 'gone.json'}, which does "
+                                "not exist; rerun the search's command to write best.json again")
+    (out / "best.json").unlink()
     (out / "best.json").write_bytes(truncated)
     warned: list[str] = []
     report_study(out, warn=warned.append)

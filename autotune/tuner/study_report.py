@@ -237,7 +237,7 @@ def stored_best(out: Path, stored: SearchStudy, records: list[TrialRecord]) -> B
     device (not one left by another search, such as ``autotune report o1 --storage sqlite:///o2/study.db`` of another
     image size, or ``--study beta`` of the same workload)."""
     path = out / "best.json"
-    if not path.is_file():
+    if not path.is_file() and not path.is_symlink():  # a dangling link is read: its error names the link
         return None
     best = read_best(path)
     if best.study and best.study != stored.study.study_name:  # a search of the same workload kept in another study
