@@ -34,7 +34,7 @@ from autotune.files import check_temp_dir_for_workers
 from autotune.records import DEFAULT_TRIAL_SECONDS, TrialOptions, Workload
 from autotune.train_setup import TrainSetup
 from autotune.tuner import Reporter, SearchConfig, run_search
-from autotune.tuner.config import check_synthetic_images, check_timeout, check_trial_seconds, memory_budget, path_of
+from autotune.tuner.config import check_synthetic_images, check_timeout, check_trial_seconds, parse_max_memory, path_of
 from autotune.tuner.constraints import parse_constraints
 from autotune.tuner.placement import Placement
 from autotune.tuner.progress import check_reporter
@@ -167,7 +167,7 @@ def search(
         data=None if data is None else path_of("--data", data),
         device=device,
         effective_batch=effective_batch,
-        max_memory=memory_budget(max_memory),
+        max_memory=parse_max_memory(max_memory),
         trial_seconds=trial_seconds,
         constraints=parse_constraints(constraints),
         out=path_of("--out", out),
@@ -338,7 +338,7 @@ def trial(
     if setup.num_workers > 0 and mode != "compute":  # their sockets must fit under TMPDIR, or the trial hangs to its timeout
         check_temp_dir_for_workers()
     prestart()  # the trial server's imports overlap the workload's checks below
-    options = TrialOptions(trial_seconds=trial_seconds, timeout_s=timeout_s, max_memory_bytes=memory_budget(max_memory),
+    options = TrialOptions(trial_seconds=trial_seconds, timeout_s=timeout_s, max_memory_bytes=parse_max_memory(max_memory),
                            mode=mode)  # type: ignore[arg-type]
     hardware, dev, built, placement = trial_workload(
         workload,

@@ -138,10 +138,10 @@ DeviceOpt = Annotated[str, typer.Option("--device", help="auto, cpu, cuda or cud
 TimeoutOpt = Annotated[Optional[float], typer.Option("--timeout", parser=_float, help="Kill a trial process after this many seconds, its start-up "
                                                     "included (default 90 + 6 x --trial-seconds).")]
 TrialSecondsOpt = Annotated[float, typer.Option("--trial-seconds", parser=_float, help="Measured steady-state seconds per trial.")]
-MaxMemoryOpt = Annotated[Optional[str], typer.Option("--max-memory", help="Memory budget: 20GiB, or 20G (20e9 B); half the RAM by default.")]
-CacheDirOpt = Annotated[
-    Optional[Path], typer.Option("--cache-dir", parser=_path, help="Where synthetic data is generated (default ~/.cache/autotune).")
-]
+MaxMemoryOpt = Annotated[Optional[str], typer.Option("--max-memory", help="Memory budget: 20GiB, or 20G (20e9 B); a trial above it is out "
+                         "of memory. Unset: no trial is held to one, and the batches searched fit half the available RAM (90 % of free GPU memory).")]
+CacheDirOpt = Annotated[Optional[Path], typer.Option("--cache-dir", parser=_path, help="Where synthetic data is generated (default $AUTOTUNE_CACHE, "
+                                                     "else $XDG_CACHE_HOME/autotune, else ~/.cache/autotune).")]
 SyntheticOpt = Annotated[
     Optional[int], typer.Option("--synthetic-images", parser=_int, help="JPEGs made without --data: 16-100000 (default 2000; 16384 on CUDA).")
 ]
@@ -370,7 +370,7 @@ def status(
 
 @without_teardown
 def main(argv: list[str] | None = None) -> None:
-    """Console-script entry point.
+    """Run the Typer app: called by :func:`autotune.entry.main`, the console script (which installs the signal handlers first).
 
     A usage error (an unknown or missing option, a value Typer cannot parse, an extra argument) is
     one ``error:`` line naming the command's ``--help``, exit 2; Typer would draw a boxed panel. With

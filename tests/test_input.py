@@ -867,9 +867,9 @@ def test_the_python_api_takes_numpy_numbers_a_home_relative_out_and_string_const
     numpy_budget = autotune.SearchConfig(max_memory=np.int64(2**30))
     numpy_budget.validate()
     assert type(numpy_budget.max_memory) is int and numpy_budget.max_memory == 2**30  # stored as JSON
-    from autotune.tuner.config import memory_budget  # what autotune.search() and trial() read it with: it refused NumPy's
+    from autotune.tuner.config import parse_max_memory  # what autotune.search() and trial() read it with: it refused NumPy's
 
-    assert memory_budget(np.int64(2**30)) == 2**30 and memory_budget("1GiB") == 2**30 and memory_budget(None) is None
+    assert parse_max_memory(np.int64(2**30)) == 2**30 and parse_max_memory("1GiB") == 2**30 and parse_max_memory(None) is None
     for field, wrong, message in (("max_memory", 1.5, "--max-memory must be bytes"), ("cache_dir", 5, "--cache-dir must be a path"),
                                   ("out", None, "--out must be a path"), ("max_memory", "lots", "not a memory size")):
         with pytest.raises(autotune.errors.UsageError, match=message):

@@ -8,7 +8,10 @@ Inside: :mod:`.launch` (start, supervise, timeout), :mod:`.zygote` (the
 client of the warm fork server and its file protocol), :mod:`.server` (that
 server), :mod:`.child` (what runs in the trial process), :mod:`.failures`
 (an exception -> a status), :mod:`.windows` (when a window may close),
-:mod:`.ranks` (DDP trials) and :mod:`.measure` (memory, stopwatch, summaries).
+:mod:`.ranks` (DDP trials), :mod:`.measure` (memory, stopwatch, summaries),
+:mod:`.entry` (a request in, a result out), :mod:`.held` and :mod:`.pause`
+(the confirmation's finalists kept, stopped, between rounds) and
+:mod:`._preload` (what the warm server imports once).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.records import TrialRecord
 
-#: Nothing ran for this trial (a setup measured before, or one the data cannot feed): see :func:`counted`.
+#: Nothing ran for this trial (a setup measured before, or one the data cannot feed): see :func:`counted_toward_budget`.
 ATTR_FREE = "free"
 
 #: The study attribute holding the latest ``--trials`` a search ran for (``autotune status`` reads it).
@@ -24,11 +24,11 @@ STUDY_BUDGET = "trials"
 #: a worker searched past the stored budget only where one did).
 STUDY_LARGEST_BUDGET = "largest_trials"
 
-#: Trials that count toward ``--trials`` (free ones only beyond a limit: :func:`counted`).
+#: Trials that count toward ``--trials`` (free ones only beyond a limit: :func:`counted_toward_budget`).
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
 
 
-def counted(trials: Iterable[FrozenTrial], wanted: int | None) -> int:
+def counted_toward_budget(trials: Iterable[FrozenTrial], wanted: int | None) -> int:
     """How many of the finished ``trials`` count toward a budget of ``wanted``.
 
     A free trial measured nothing: the sampler proposed a setup measured before
@@ -47,12 +47,12 @@ def counted(trials: Iterable[FrozenTrial], wanted: int | None) -> int:
 
 
 def progress(trials: Sequence[FrozenTrial], wanted: int | None) -> tuple[int, int]:
-    """Of ``trials`` (read once): the finished ones that count toward ``wanted`` (:func:`counted`), and the running ones."""
-    return counted(trials, wanted), sum(t.state == TrialState.RUNNING for t in trials)
+    """Of ``trials`` (read once): the finished ones that count toward ``wanted`` (:func:`counted_toward_budget`), and the running ones."""
+    return counted_toward_budget(trials, wanted), sum(t.state == TrialState.RUNNING for t in trials)
 
 
 def counted_records(records: Iterable[TrialRecord]) -> int:
-    """Finished trials for messages: every one but the free ones (:func:`counted` also counts a converged
+    """Finished trials for messages: every one but the free ones (:func:`counted_toward_budget` also counts a converged
     sampler's free trials beyond the budget, which this leaves out)."""
     return sum(not r.free for r in records)
 

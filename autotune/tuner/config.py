@@ -96,7 +96,7 @@ def path_of(flag: str, value: object) -> Path:
         raise UsageError(f"{flag} {os.fspath(value)}: its ~ names no home directory here; write the path out") from None
 
 
-def memory_budget(value: object) -> int | None:
+def parse_max_memory(value: object) -> int | None:
     """``--max-memory`` (``max_memory=``) in bytes: an integer (NumPy's as Python's, stored as JSON), a size text
     (``"20GiB"``) or None.
 
@@ -208,7 +208,9 @@ class SearchConfig:
         return merge_constraints(self.constraints)
 
     def validate(self) -> None:
-        """Reject bad values before anything runs or is written.
+        """Reject bad values before anything runs or is written, and normalize the rest in place (the frozen fields
+        set through ``object.__setattr__``): paths as ``Path``, ``max_memory`` in bytes, ``constraints`` parsed, the
+        sampler's name lowercased, NumPy numbers as Python's. :attr:`pins` reads the parsed constraints: call this first.
 
         Raises:
             UsageError: With a one-line reason.
@@ -217,7 +219,7 @@ class SearchConfig:
         for name in ("data", "out", "cache_dir"):
             if getattr(self, name) is not None or name == "out":
                 object.__setattr__(self, name, path_of(f"--{name.replace('_', '-')}", getattr(self, name)))
-        object.__setattr__(self, "max_memory", memory_budget(self.max_memory))
+        object.__setattr__(self, "max_memory", parse_max_memory(self.max_memory))
         for name, kind in _TYPES.items():  # the Python API takes what Typer would have parsed
             value = getattr(self, name)
             if value is None and name in _OPTIONAL:

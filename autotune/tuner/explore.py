@@ -1,8 +1,8 @@
 """The ask/tell loop: one isolated trial per Optuna trial until ``--trials`` are finished.
 
 The last trials of a TPE search step from the leading setup one knob at a
-time (:mod:`autotune.tuner.neighbours`), then re-run it with
-``torch.compile`` (:mod:`autotune.tuner.refine`).
+time (:mod:`autotune.tuner.neighbours`); those of either sampler then re-run
+it with ``torch.compile`` (:mod:`autotune.tuner.refine`).
 
 Infeasible trials (oom, timeout, error, diverged) are recorded as results,
 never raised; a setup measured before is reused instead of re-run; a step

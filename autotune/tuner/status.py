@@ -15,7 +15,7 @@ from autotune.output.sections import fastest_trial
 from autotune.records import TrialRecord
 from autotune.redact import hide_passwords
 from autotune.tuner import elections
-from autotune.tuner.budget import STUDY_BUDGET, STUDY_LARGEST_BUDGET, counted
+from autotune.tuner.budget import STUDY_BUDGET, STUDY_LARGEST_BUDGET, counted_toward_budget
 from autotune.tuner.constraints import excluding
 from autotune.tuner.lock import Holder
 from autotune.tuner.pending import pending_file, read_pending
@@ -249,7 +249,7 @@ def study_status(storage: str, study: str | None = None, out: Path | None = None
         study=found.name,
         storage=found.storage,
         wanted=attrs.get(STUDY_BUDGET),
-        finished=counted(trials, attrs.get(STUDY_BUDGET)),
+        finished=counted_toward_budget(trials, attrs.get(STUDY_BUDGET)),
         failed=sum(t.state == TrialState.FAIL and ATTR_MARKER not in t.user_attrs for t in trials),
         running=tuple(running),
         best=fastest,

@@ -30,7 +30,7 @@ from autotune.errors import StorageError, StudyMismatch
 from autotune.records import TrialRecord, TrialResult
 from autotune.redact import hide_passwords
 from autotune.train_setup import TrainSetup
-from autotune.tuner.budget import ATTR_FREE, FINISHED, STUDY_BUDGET, counted, progress
+from autotune.tuner.budget import ATTR_FREE, FINISHED, STUDY_BUDGET, counted_toward_budget, progress
 from autotune.tuner.constraints import Constraint, excluding
 from autotune.tuner.identity import signature_difference
 from autotune.tuner.lock import Holder
@@ -289,8 +289,8 @@ class SearchStudy(StudyStores):
 
     # ------------------------------------------------------------ trial level
     def finished(self, wanted: int | None = None) -> int:
-        """Finished trials that count toward ``--trials`` (see :func:`counted`)."""
-        return counted(self.study.get_trials(deepcopy=False, states=FINISHED), wanted)
+        """Finished trials that count toward ``--trials`` (see :func:`counted_toward_budget`)."""
+        return counted_toward_budget(self.study.get_trials(deepcopy=False, states=FINISHED), wanted)
 
     def counts(self, wanted: int | None = None, besides: int | None = None) -> tuple[int, int]:
         """:func:`progress` of the study from one read, trial ``besides`` left out."""
