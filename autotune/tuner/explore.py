@@ -135,7 +135,9 @@ def explore(study: SearchStudy, plan: Exploration, reporter: Reporter, runner: T
     Raises:
         KeyboardInterrupt: Ctrl-C or SIGTERM; the running trial is marked
             failed (it does not count) and every finished one is kept.
-        WorkloadError: A data file cannot be decoded; the same.
+        DataError: The data cannot be read now (a file that cannot be decoded, the directory gone); the same.
+        WorkloadError: The defaults diverged, or failed as every setup would (:func:`check_recipe`).
+        StorageError: The measured trials kept in ``OUT/pending-trials.json`` cannot be read or added.
     """
     store_lone_budget(study, plan, reporter)
     while (done := study.finished(plan.wanted)) < plan.wanted:

@@ -180,7 +180,7 @@ def _search(config: SearchConfig, prepared: Prepared, reporter: Reporter, timed:
     try:
         with interrupts_held():  # a stop now waits for best.json and train.py, then skips only the ceilings
             outcome = finish(config, prepared, calibration, records, feasible, confirmed, defaults, interrupted, write=kept is None,
-                             partial=so_far)
+                             partial_rounds=so_far)
     except KeyboardInterrupt:
         interrupted = True
     if config.ceilings and confirmed and outcome.best is not None and not interrupted:
@@ -350,17 +350,17 @@ def finish(
     defaults: TrainSetup,
     interrupted: bool,
     write: bool = True,
-    partial: tuple[Confirmed, ...] = (),
+    partial_rounds: tuple[Confirmed, ...] = (),
 ) -> SearchOutcome:
     """Write best.json and train.py (not with ``write=False``: an earlier confirmed winner stays); the outcome with the verdict.
 
-    ``partial``: the rounds of a confirmation interrupted before it ended, shown with the outcome but not ranked.
+    ``partial_rounds``: the rounds of a confirmation interrupted before it ended, shown with the outcome but not ranked.
     """
     out = prepared.out
     best = make_best(
         workload=prepared.workload, hardware=prepared.hardware, feasible=feasible, confirmed=confirmed, defaults=defaults,
         effective_batch=config.effective_batch, world_size=prepared.placement.world_size, command=config.command, interrupted=interrupted,
-        excluded_by=excluding(config.pins, defaults), partial=partial, batch_pin=config.pins.get("batch_size"),
+        excluded_by=excluding(config.pins, defaults), partial=partial_rounds, batch_pin=config.pins.get("batch_size"),
         defaults_ran=any(r.setup == defaults for r in records),
     )
     best = replace(best, study=prepared.study.name)
@@ -379,7 +379,7 @@ def finish(
     return SearchOutcome(
         best=best,
         records=tuple(records),
-        confirmed=tuple(confirmed) or partial,
+        confirmed=tuple(confirmed) or partial_rounds,
         calibration=calibration,
         verdict=bottleneck_verdict(best, calibration, records, prepared.device),
         out=out,

@@ -17,7 +17,9 @@ from autotune.workloads.data import synthetic_dir
 
 
 class TimedRunner:
-    """Wraps a trial runner to account the measured time of a search."""
+    """Wraps a trial runner to account the measured time of a search, and to stop it: a trial that ended
+    ``interrupted`` raises ``KeyboardInterrupt``, one that found the data gone or bad raises
+    :class:`~autotune.errors.DataError` (the same command resumes once the data is fixed)."""
 
     def __init__(self, runner: TrialRunner, timing: Timing) -> None:
         self.runner = runner
