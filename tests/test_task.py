@@ -335,6 +335,18 @@ class _Factories:
         pass
 
 
+@pytest.mark.parametrize(("ref", "why"), [
+    ("try.wl:make", "'try' is a Python keyword: the trial processes import it by name, so rename that folder or file"),
+    ("my-exp.train:make", "'my-exp' is not a Python name (letters, digits and _, not starting with a digit): the trial processes"),
+    ("pkg.mod:class", "'class' is a Python keyword: rename the function"),
+])
+def test_a_workload_reference_names_the_part_an_import_cannot_take(ref: str, why: str) -> None:
+    """A folder named ``try`` or ``my-exp`` was refused as "not a valid reference; expected package.module:function", which
+    the reference already looked like."""
+    with pytest.raises(WorkloadError, match=rf"^workload '{ref}' is not a valid reference; expected package.module:function \({re.escape(why)}"):
+        task_ref(ref)
+
+
 def test_workload_callables_the_trials_cannot_import_are_refused_with_the_fix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import task_factories
 

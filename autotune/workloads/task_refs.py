@@ -8,7 +8,9 @@ process, with what to pass instead.
 from __future__ import annotations
 
 import importlib.util
+import keyword
 import sys
+import unicodedata
 from collections.abc import Callable
 from pathlib import PurePath
 from typing import Any
@@ -17,6 +19,23 @@ from autotune.errors import WorkloadError
 from autotune.workloads.models import is_factory_ref, torchvision_models, validate_model_ref
 
 __all__ = ["task_ref"]
+
+
+def _unimportable_part(ref: str) -> str:
+    """Why a part of ``ref`` (``package.module:function``) is no name an import can take (a keyword: a folder named
+    ``try``; a hyphen or space: ``my-exp``; a leading digit) and what to do; empty when each part is one."""
+    module, _, function = ref.partition(":")
+    fix = ("the trial processes import it by name, so rename that folder or file, or put the folder that holds the module "
+           "on PYTHONPATH and name the module alone")
+    for part in (*module.split("."), function):
+        if keyword.iskeyword(part):
+            why = f"{part!r} is a Python keyword"
+        elif not part.isidentifier() or unicodedata.normalize("NFKC", part) != part:
+            why = f"{part!r} is not a Python name (letters, digits and _, not starting with a digit)" if part else "a part is empty"
+        else:
+            continue
+        return f"{why}: {'rename the function' if part == function and part else fix}"
+    return ""
 
 
 def task_ref(workload: str | Callable[..., Any]) -> str:
@@ -46,7 +65,9 @@ def task_ref(workload: str | Callable[..., Any]) -> str:
         try:
             ref = validate_model_ref(workload)
         except WorkloadError:
-            raise WorkloadError(f"workload {workload!r} is not a valid reference; expected package.module:function") from None
+            why = _unimportable_part(workload)
+            raise WorkloadError(f"workload {workload!r} is not a valid reference; expected package.module:function" + (
+                f" ({why})" if why else "")) from None
         if file == "__main__":  # found in this process, the user's script; a trial process's __main__ is autotune's own
             main = sys.modules.get("__main__")
             spec = getattr(getattr(main, "__spec__", None), "name", None)  # python -m mypkg.train: mypkg.train
