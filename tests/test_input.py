@@ -892,3 +892,17 @@ def test_a_best_json_holding_an_integer_python_will_not_read_is_one_line(tmp_pat
     for load in (autotune.load_setup, autotune.load_best):
         with pytest.raises(autotune.AutotuneError, match="best.json: not valid JSON for autotune \\(Exceeds the limit"):
             load(tmp_path)
+
+
+def test_a_missing_data_directory_is_refused_before_torch_is_imported(tmp_path) -> None:
+    """On a busy machine the refusal of a mistyped --data took seconds (up to minutes under load): the model's name was
+    checked first, importing torchvision. The folder is checked before, in a process that has not imported torch."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom autotune.errors import WorkloadError\nfrom autotune.workloads import build_workload\n"
+            f"try:\n    build_workload(model='resnet18', image_size=32, data=__import__('pathlib').Path({str(tmp_path / 'gone')!r}), "
+            "device='cpu', write_data=False)\nexcept WorkloadError as exc:\n    print(exc)\n"
+            "print(sorted(m for m in ('torch', 'torchvision') if m in sys.modules))\n")
+    ran = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert ran.stdout.splitlines() == [f"data directory {tmp_path / 'gone'} does not exist", "[]"], ran.stdout + ran.stderr

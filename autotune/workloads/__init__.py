@@ -54,10 +54,10 @@ def build_workload(
         synthetic_images = default_synthetic_images(device)
     # The numbers are checked before any data is generated.
     Workload(model=model, image_size=image_size, device=device, lr=lr, synthetic_images=synthetic_images)
+    folder = check_image_folder(data) if data is not None else None  # first: a missing folder is said before torchvision's import
     check_model_name(model)
     check_factory(model, sys_path)
-    if data is not None:
-        folder = check_image_folder(data)
+    if data is not None and folder is not None:
         if tell is not None:
             tell(folder.summary)  # what the trials will read: the images, the classes, the files ImageFolder skips
         if folder.warning and warn is not None:

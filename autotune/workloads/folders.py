@@ -145,10 +145,8 @@ def check_image_folder(path: str | Path) -> FolderInfo:
         WorkloadError: Missing, not a directory, no class directory, or a
             class directory without images (named).
     """
-    from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, make_dataset
-
     root = Path(path)
-    if not root.exists():
+    if not root.exists():  # said before torchvision's import (seconds on a busy machine)
         raise WorkloadError(f"data directory {root} does not exist")
     if not root.is_dir():
         raise WorkloadError(f"data path {root} is not a directory")
@@ -156,6 +154,8 @@ def check_image_folder(path: str | Path) -> FolderInfo:
     if loop is not None:
         raise WorkloadError(f"data directory {root}: {loop} links to {loop.resolve()}, which holds the link itself: ImageFolder "
                             "follows it and reads the same images again, round after round; remove the link")
+    from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, make_dataset
+
     try:
         classes, class_to_idx = find_classes(root)
         skipped: Counter[str] = Counter()
