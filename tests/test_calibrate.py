@@ -552,8 +552,12 @@ def test_a_pre_pass_run_that_times_out_is_measured_again_before_it_bounds_the_ba
     status = next(p.status for p in result.memory_points if p.batch_size == 8)
     assert status == ("ok" if timeouts == 1 else "timeout")
     assert (result.max_batch > 8) == (timeouts == 1)
-    if timeouts == 2:
-        assert result.batch_limit == "batch 8 failed (timeout) in the memory pre-pass"
+    if timeouts == 2:  # the reason said as the calibration ends, not only where a larger batch is pinned
+        why = ("batch 8 timed out in the memory pre-pass (a busy machine, or a step slower than the --timeout): rerun on an idle "
+               "machine or raise --timeout")
+        assert result.batch_limit == why and f"memory pre-pass: no batch above 4 is searched: {why}" in logged
+    else:
+        assert not any("is searched" in line for line in logged)
 
 
 @pytest.mark.parametrize(
