@@ -29,7 +29,7 @@ from autotune.errors import StorageError
 from autotune.records import TrialResult
 from autotune.time_spent import TimeSpent
 from autotune.train_setup import TrainSetup
-from autotune.tuner.budget import counted
+from autotune.tuner.budget import counted_toward_budget
 from autotune.tuner.heartbeats import heartbeats
 from autotune.tuner.lock import Holder
 from autotune.tuner.storage import is_shared, journal_path, with_retries
@@ -118,7 +118,7 @@ def check_one_study(storage: str, study: str, trials: int, outs: list[Path], run
         assert code == 0, stderr[-2000:]
     found = load(storage, study).get_trials(deepcopy=False)
     finished = [t for t in found if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
-    assert counted(finished, trials) == trials
+    assert counted_toward_budget(finished, trials) == trials
     assert not [t for t in found if t.state == TrialState.RUNNING]
     first = [(t.user_attrs["role"], json.dumps(t.user_attrs["setup"], sort_keys=True)) for t in finished
              if t.user_attrs.get("role") in ("defaults", "guess")]
@@ -250,7 +250,7 @@ def test_a_worker_killed_mid_trial_is_recovered_by_another(tmp_path, shared: Sha
     storage = optuna.storages.RDBStorage(shared.storage)
     study = optuna.load_study(study_name=shared.study, storage=storage)
     held = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
-    budget = next(b for b in itertools.count(1) if b - counted(held, b) >= 2)  # at least two more trials to count
+    budget = next(b for b in itertools.count(1) if b - counted_toward_budget(held, b) >= 2)  # at least two more trials to count
     # Its trials wait at a gate (task_factories.good): one stays RUNNING until it is killed, however slowly this polls.
     gate = tmp_path / "gate"
     gate.touch()
@@ -294,7 +294,7 @@ def test_a_worker_killed_mid_trial_is_recovered_by_another(tmp_path, shared: Sha
     rerun = [t for t in trials if t.system_attrs.get("failed_trial") == number]
     assert rerun and rerun[0].state in (TrialState.COMPLETE, TrialState.PRUNED)
     assert rerun[0].params == trials[number].params
-    assert counted(trials, budget) == budget
+    assert counted_toward_budget(trials, budget) == budget
 
 
 def test_a_stale_heartbeat_fails_the_trial_and_queues_it_again(postgres, monkeypatch) -> None:

@@ -7,7 +7,7 @@ it with ``torch.compile`` (:mod:`autotune.tuner.refine`).
 Infeasible trials (oom, timeout, error, diverged) are recorded as results,
 never raised; a setup measured before is reused instead of re-run; a step
 larger than the data is infeasible without running. Those two run nothing
-and do not use up ``--trials`` (:func:`autotune.tuner.budget.counted`), and
+and do not use up ``--trials`` (:func:`autotune.tuner.budget.counted_toward_budget`), and
 neither does a trial that found a stream of unknown length too short for
 one optimizer step (:func:`starved`); a later step at least as large is
 infeasible without running, as is a loader queue no smaller than one that
@@ -228,7 +228,7 @@ class Known:
 
 def known_result(study: SearchStudy, setup: TrainSetup, number: int, workload: Workload) -> Known | None:
     """What trial ``number`` is told without running (a free trial, see
-    :func:`autotune.tuner.budget.counted`), or None when it must run."""
+    :func:`autotune.tuner.budget.counted_toward_budget`), or None when it must run."""
     too_big = unrunnable(setup, workload)
     if too_big is None and workload.iterable and workload.images is None:
         too_big = beyond_the_stream(setup, study.records())
