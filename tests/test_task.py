@@ -202,20 +202,36 @@ class Bag(torch.nn.Module):
         return self.head(self.embed(tokens))
 
 
-def test_a_sparse_only_optimizer_over_dense_gradients_is_refused_before_any_trial() -> None:
-    """SparseAdam passed the check and failed in the calibration's first step ("SparseAdam does not support dense
-    gradients"); over the sparse embedding alone (the head frozen) it trains."""
+class LookUp(torch.nn.Module):
+    """A hand-written sparse lookup (``F.embedding(..., sparse=True)``): no Embedding module says it is sparse."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.table = torch.nn.Parameter(torch.randn(50, 2))
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.embedding(tokens, self.table, sparse=True).mean(1)
+
+
+def test_an_optimizer_that_cannot_take_the_model_s_gradients_is_refused_before_any_trial() -> None:
+    """SparseAdam over dense gradients, or AdamW (autotune's default) over an nn.Embedding(sparse=True), passed the check
+    and failed in the calibration's first step ("SparseAdam does not support dense gradients"). One backward in the check
+    tells which gradients are sparse: a frozen parameter or a hand-written sparse lookup is no reason to refuse."""
     data = [(torch.randint(0, 50, (5,)), i % 2) for i in range(8)]
-    for sparse in (False, True):
-        task = autotune.Task(Bag(sparse), data, batch_size=4, optimizer=torch.optim.SparseAdam)
-        with pytest.raises(WorkloadError, match=r"^the Task's optimizer SparseAdam takes sparse gradients only, and "
-                           + (r"3 of the model's parameters get dense ones \(embed.weight, head.weight, head.bias\)" if not sparse
-                              else r"2 of the model's parameters get dense ones \(head.weight, head.bias\)")):
-            check_task(task, workers=False)
+    for sparse, dense in ((False, "3 of the model's parameters (embed.weight, head.weight, head.bias)"),
+                          (True, "2 of the model's parameters (head.weight, head.bias)")):
+        with pytest.raises(WorkloadError, match=rf"^the Task's optimizer SparseAdam takes sparse gradients only, and {re.escape(dense)} "
+                                                r"get dense ones: a Task trains with one optimizer, so freeze those"):
+            check_task(autotune.Task(Bag(sparse), data, batch_size=4, optimizer=torch.optim.SparseAdam), workers=False)
+    with pytest.raises(WorkloadError, match=r"^the Task's optimizer AdamW does not take sparse gradients, and 1 of the model's "
+                                            r"parameters \(embed.weight\) get them \(an nn.Embedding or nn.EmbeddingBag made with sparse=True\)"):
+        check_task(autotune.Task(Bag(True), data, batch_size=4), workers=False)  # autotune's default optimizer
     frozen = Bag(True)
     frozen.head.requires_grad_(False)
-    check_task(autotune.Task(frozen, data, batch_size=4, optimizer=lambda params: torch.optim.SparseAdam(
-        [p for p in params if p.requires_grad])), workers=False)
+    check_task(autotune.Task(frozen, data, batch_size=4, optimizer=torch.optim.SparseAdam), workers=False)
+    check_task(autotune.Task(Bag(True), data, batch_size=4, optimizer=torch.optim.Adagrad), workers=False)
+    check_task(autotune.Task(LookUp(), data, batch_size=4, optimizer=torch.optim.SparseAdam), workers=False)
+    assert all(p.grad is None for p in frozen.parameters())  # the check's backward left no gradient behind
 
 
 def test_a_factory_s_own_default_rate_is_the_recipe_s_when_the_task_gives_none() -> None:
@@ -336,9 +352,16 @@ class _Factories:
 
 
 @pytest.mark.parametrize(("ref", "why"), [
-    ("try.wl:make", "'try' is a Python keyword: the trial processes import it by name, so rename that folder or file"),
+    ("try.wl:make", "'try' is a Python keyword: the trial processes import it by name, so rename that folder, or put the folder "
+                    "that holds the module on PYTHONPATH"),
     ("my-exp.train:make", "'my-exp' is not a Python name (letters, digits and _, not starting with a digit): the trial processes"),
-    ("pkg.mod:class", "'class' is a Python keyword: rename the function"),
+    ("my-exp:my-exp", "'my-exp' is not a Python name (letters, digits and _, not starting with a digit): the trial processes import "
+                      "it by name, so rename that file)"),
+    ("pkg.mod:class", "'class' is a Python keyword: the trial processes import it by name, so rename the function)"),
+    ("pkg.mod:Cls.make", "'Cls.make' is not a Python name (letters, digits and _, not starting with a digit): the trial processes "
+                         "import it by name, so name a function at the top level of the module)"),
+    ("pkg.mod:", "no function is named after the ':')"),
+    (" pkg.mod:f", "' pkg' has spaces at its ends: remove them)"),
 ])
 def test_a_workload_reference_names_the_part_an_import_cannot_take(ref: str, why: str) -> None:
     """A folder named ``try`` or ``my-exp`` was refused as "not a valid reference; expected package.module:function", which

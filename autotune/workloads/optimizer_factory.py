@@ -60,14 +60,40 @@ def needs_closure(optimizer: Any) -> bool:
     return closure is not None and closure.default is inspect.Parameter.empty
 
 
-def dense_for_sparse_only(model: Any, optimizer: Any) -> list[str]:
-    """The names of the model's parameters that ``optimizer`` trains though it takes sparse gradients only
-    (``torch.optim.SparseAdam``) and they get dense ones: every parameter but the weight of an ``nn.Embedding`` or
-    ``nn.EmbeddingBag`` made with ``sparse=True``. Empty for any other optimizer."""
+
+def checks_gradient_kinds(model: Any, optimizer: Any) -> bool:
+    """Whether :func:`gradient_kind_mismatch` must see one backward's gradients: ``optimizer`` takes sparse gradients
+    only (``SparseAdam``), or dense ones only (torch's Adam, AdamW: autotune's default) beside an ``nn.Embedding`` or
+    ``nn.EmbeddingBag`` made with ``sparse=True``. Other optimizers, and models without such a module, are left as given."""
     import torch
 
-    if not isinstance(optimizer, torch.optim.SparseAdam):
-        return []
-    sparse = {id(m.weight) for m in model.modules() if isinstance(m, (torch.nn.Embedding, torch.nn.EmbeddingBag)) and m.sparse}
+    if isinstance(optimizer, torch.optim.SparseAdam):
+        return True
+    sparse = any(isinstance(m, (torch.nn.Embedding, torch.nn.EmbeddingBag)) and m.sparse for m in model.modules())
+    return sparse and isinstance(optimizer, torch.optim.Adam | torch.optim.AdamW)
+
+
+def gradient_kind_mismatch(model: Any, optimizer: Any) -> str | None:
+    """What ``optimizer.step()`` would refuse of the gradients one backward left on ``model`` (see
+    :func:`checks_gradient_kinds`): dense gradients for ``SparseAdam``, sparse ones for Adam or AdamW; None when none."""
+    import torch
+
     trained = {id(p) for group in optimizer.param_groups for p in group["params"]}
-    return [name for name, p in model.named_parameters() if id(p) in trained and id(p) not in sparse]
+    grads = [(name, p.grad) for name, p in model.named_parameters() if id(p) in trained and p.grad is not None]
+    name = type(optimizer).__name__
+    if isinstance(optimizer, torch.optim.SparseAdam):
+        if dense := [n for n, grad in grads if not grad.is_sparse]:
+            return (f"the Task's optimizer {name} takes sparse gradients only, and {_named(dense)} get dense ones: a Task trains "
+                    "with one optimizer, so freeze those (requires_grad_(False)) or use Adagrad, which takes both")
+        return None
+    if sparse := [n for n, grad in grads if grad.is_sparse]:
+        return (f"the Task's optimizer {name} does not take sparse gradients, and {_named(sparse)} get them (an nn.Embedding or "
+                "nn.EmbeddingBag made with sparse=True): make them dense (sparse=False), or give the Task an optimizer that takes "
+                "sparse gradients (Adagrad; SparseAdam where nothing else trains)")
+    return None
+
+
+def _named(names: list[str]) -> str:
+    """``3 of the model's parameters (a, b, c, ...)``."""
+    more = ", ..." if len(names) > 3 else ""
+    return f"{len(names)} of the model's parameters ({', '.join(names[:3])}{more})"

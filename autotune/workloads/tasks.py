@@ -29,7 +29,7 @@ from autotune.workloads.factory_time import check_factory_time
 from autotune.workloads.loss_inputs import check_loss_weights, check_no_backward, float_targets, gradients, pass_warnings, reaches
 from autotune.workloads.models import arguments_hint, load_factory
 from autotune.workloads.modes import eval_modules, has_batch_norm, left_as_found, train_mode
-from autotune.workloads.optimizer_factory import dense_for_sparse_only
+from autotune.workloads.optimizer_factory import checks_gradient_kinds, gradient_kind_mismatch
 from autotune.workloads.task import Task
 from autotune.workloads.task_refs import task_ref
 
@@ -139,7 +139,8 @@ def _first_items(task: Task, count: int) -> tuple[list[Any], bool, int | None]:
     return items, False, size
 
 
-def _check_loss(task: Task, model: Any, batch: Any) -> None:
+def _check_loss(task: Task, model: Any, batch: Any) -> Any:
+    """The first batch's loss (a scalar tensor), or a WorkloadError naming what fails."""
     import torch
 
     shapes = describe_batch(batch)
@@ -211,6 +212,7 @@ def _check_loss(task: Task, model: Any, batch: Any) -> None:
         raise WorkloadError(f"{origin} returned a loss that no parameter of the model it was given reaches (it computes it with "
                             "another model, a global one, say): every trial and train.py would train nothing of it; compute the "
                             "loss with the model that step() receives")
+    return loss
 
 
 def _kind(output: tuple[Any, ...] | list[Any] | dict[Any, Any]) -> str:
@@ -291,10 +293,12 @@ def check_task(task: Task, *, workers: bool, warn: Callable[[str], None] | None 
     except USER_CODE_ERRORS as exc:
         raise WorkloadError(f"the Task's optimizer factory failed: {type(exc).__name__}: {exc}") from None
     check_loss_weights(task, model, optimizer)
-    if dense := dense_for_sparse_only(model, optimizer):
-        raise WorkloadError(f"the Task's optimizer {type(optimizer).__name__} takes sparse gradients only, and {len(dense)} of the "
-                            f"model's parameters get dense ones ({', '.join(dense[:3])}{', ...' if len(dense) > 3 else ''}): "
-                            "a Task trains with one optimizer, so use Adam (or freeze those parameters: requires_grad_(False))")
+    if checks_gradient_kinds(model, optimizer):  # one backward tells which gradients are sparse (F.embedding(sparse=True) too)
+        with left_as_found(model), torch.random.fork_rng():
+            train_mode(model, eval_modules(model))
+            _check_loss(task, model, batch).backward()
+            if (mismatch := gradient_kind_mismatch(model, optimizer)) is not None:
+                raise WorkloadError(mismatch)
     return TaskInfo(
         samples=size,
         iterable=iterable,
