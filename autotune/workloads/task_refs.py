@@ -23,18 +23,28 @@ __all__ = ["task_ref"]
 
 def _unimportable_part(ref: str) -> str:
     """Why a part of ``ref`` (``package.module:function``) is no name an import can take (a keyword: a folder named
-    ``try``; a hyphen or space: ``my-exp``; a leading digit) and what to do; empty when each part is one."""
+    ``try``; a hyphen: ``my-exp``; a leading digit; spaces pasted along) and what to do; empty when each part is one."""
     module, _, function = ref.partition(":")
-    fix = ("the trial processes import it by name, so rename that folder or file, or put the folder that holds the module "
-           "on PYTHONPATH and name the module alone")
-    for part in (*module.split("."), function):
+    parts = module.split(".")
+    for index, part in enumerate((*parts, function)):
+        is_function = index == len(parts)
+        if not part.strip():
+            return ("no function is named after the ':'" if is_function else "no module is named before the ':'" if module.strip() == ""
+                    else "a module's name between the dots is empty: remove the stray '.'")
+        if part != part.strip():
+            return f"{part!r} has spaces at its ends: remove them"
         if keyword.iskeyword(part):
             why = f"{part!r} is a Python keyword"
-        elif not part.isidentifier() or unicodedata.normalize("NFKC", part) != part:
-            why = f"{part!r} is not a Python name (letters, digits and _, not starting with a digit)" if part else "a part is empty"
+        elif part.isidentifier() and unicodedata.normalize("NFKC", part) != part:
+            why = f"{part!r} changes under Unicode normalization (NFKC), as Python reads names"
+        elif not part.isidentifier():
+            why = f"{part!r} is not a Python name (letters, digits and _, not starting with a digit)"
         else:
             continue
-        return f"{why}: {'rename the function' if part == function and part else fix}"
+        fix = ("name a function at the top level of the module" if is_function and "." in part else "rename the function" if is_function
+               else "rename that folder, or put the folder that holds the module on PYTHONPATH and name the module alone"
+               if index < len(parts) - 1 else "rename that file")
+        return f"{why}: the trial processes import it by name, so {fix}"
     return ""
 
 
