@@ -16,7 +16,7 @@ from pathlib import Path
 from autotune.records import Workload
 from autotune.units import format_bytes
 from autotune.workloads.data import SYNTHETIC_CLASSES, SYNTHETIC_JPEG_BYTES, default_synthetic_images, ensure_synthetic, synthetic_dir
-from autotune.workloads.folders import check_image_folder
+from autotune.workloads.folders import check_data_path, check_image_folder
 from autotune.workloads.models import check_factory, check_model_name, named_batch_norm
 
 __all__ = ["build_workload", "write_synthetic"]
@@ -54,10 +54,12 @@ def build_workload(
         synthetic_images = default_synthetic_images(device)
     # The numbers are checked before any data is generated.
     Workload(model=model, image_size=image_size, device=device, lr=lr, synthetic_images=synthetic_images)
-    folder = check_image_folder(data) if data is not None else None  # first: a missing folder is said before torchvision's import
+    if data is not None:
+        check_data_path(data)  # before the model's name, whose check imports torchvision; the folder's listing after it
     check_model_name(model)
     check_factory(model, sys_path)
-    if data is not None and folder is not None:
+    if data is not None:
+        folder = check_image_folder(data)
         if tell is not None:
             tell(folder.summary)  # what the trials will read: the images, the classes, the files ImageFolder skips
         if folder.warning and warn is not None:

@@ -133,6 +133,21 @@ def _macos_metadata(root: Path, classes: list[str], samples: list[tuple[str, int
                         "and rerun")
 
 
+def check_data_path(path: str | Path) -> Path:
+    """``path`` as a Path once it names a directory: checked before anything is imported or listed (a mistyped
+    ``--data`` is said at once, not after torchvision's import, seconds on a busy machine).
+
+    Raises:
+        WorkloadError: Missing, or not a directory.
+    """
+    root = Path(path)
+    if not root.exists():
+        raise WorkloadError(f"data directory {root} does not exist")
+    if not root.is_dir():
+        raise WorkloadError(f"data path {root} is not a directory")
+    return root
+
+
 def check_image_folder(path: str | Path) -> FolderInfo:
     """Check an ImageFolder directory with the rules of the loader itself; count its classes and images.
 
@@ -145,11 +160,7 @@ def check_image_folder(path: str | Path) -> FolderInfo:
         WorkloadError: Missing, not a directory, no class directory, or a
             class directory without images (named).
     """
-    root = Path(path)
-    if not root.exists():  # said before torchvision's import (seconds on a busy machine)
-        raise WorkloadError(f"data directory {root} does not exist")
-    if not root.is_dir():
-        raise WorkloadError(f"data path {root} is not a directory")
+    root = check_data_path(path)
     loop = _symlink_loop(root)
     if loop is not None:
         raise WorkloadError(f"data directory {root}: {loop} links to {loop.resolve()}, which holds the link itself: ImageFolder "
