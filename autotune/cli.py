@@ -139,7 +139,7 @@ TimeoutOpt = Annotated[Optional[float], typer.Option("--timeout", parser=_float,
                                                     "included (default 90 + 6 x --trial-seconds).")]
 TrialSecondsOpt = Annotated[float, typer.Option("--trial-seconds", parser=_float, help="Measured steady-state seconds per trial.")]
 MaxMemoryOpt = Annotated[Optional[str], typer.Option("--max-memory", help="Memory budget: 20GiB, or 20G (20e9 B); a trial above it is out "
-                         "of memory. Unset: no trial is held to one, and the batches searched fit half the available RAM (90 % of free GPU memory).")]
+                         "of memory. Unset: trials have none, and the batches searched fit 40 % of the available RAM (90 % of free GPU memory).")]
 CacheDirOpt = Annotated[Optional[Path], typer.Option("--cache-dir", parser=_path, help="Where synthetic data is generated (default $AUTOTUNE_CACHE, "
                                                      "else $XDG_CACHE_HOME/autotune, else ~/.cache/autotune).")]
 SyntheticOpt = Annotated[

@@ -299,7 +299,7 @@ def load_image(path: str) -> Any:
     except FileNotFoundError as exc:  # a link whose target is gone reads as a missing file
         gone = f"a symbolic link to {os.readlink(path)}, which does not exist" if os.path.islink(path) else f"cannot read ({exc.strerror})"
         raise BadImage(f"{path}: {gone}") from None
-    except OSError as exc:  # a directory, no permission: open() fails before PIL sees it
+    except (OSError, ValueError) as exc:  # no permission, an I/O error, a NUL in the name: open() fails before PIL sees it
         raise BadImage(f"{path}: cannot decode ({type(exc).__name__}: {exc})") from None
 
 
