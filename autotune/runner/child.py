@@ -256,7 +256,8 @@ class TrialLoop:
         self.micro_step(self.random_batch(None if full else SYNTHETIC_CPU_BATCH), True)
 
     def random_batch(self, size: int | None = None) -> Any:
-        """A batch of the real shape (or ``size`` samples) on the device: random images or the Task's items (spread over a map-style dataset; pixels: no GPU decoder)."""
+        """A batch of the real shape (or ``size`` samples) on the device: random images or the Task's items (spread over a
+        map-style dataset; pixels: no GPU decoder)."""
         batch = self.pipeline.example_batch(min(size or self.setup.batch_size, self.setup.batch_size))
         return to_device(batch, self.device, channels_last=self.setup.channels_last)
 
