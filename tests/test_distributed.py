@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import os
 import runpy
 import shutil
@@ -101,6 +102,19 @@ def test_bad_placements_are_one_line_errors(device: str, devices: str | None, np
     with pytest.raises(UsageError, match=match) as caught:
         place(device, devices, nproc, cpu_hardware(2, gpus))
     assert "\n" not in str(caught.value)
+
+
+def test_data_with_fewer_samples_than_ranks_is_refused_before_the_calibration(tiny_workload) -> None:
+    """A 1-sample Task under --nproc-per-node 2 was called 1 sample per rank, calibrated, then failed every trial with
+    "rank 1: the dataset is empty", which it was not."""
+    from autotune.errors import WorkloadError
+
+    placed = place("cpu", None, 2, cpu_hardware(2, 0))
+    with pytest.raises(WorkloadError, match=r"^the data holds 1 sample, fewer than the 2 ranks of --nproc-per-node 2: each rank "
+                                            r"reads its own share of them, so one would read none; run fewer processes"):
+        placed.rank_workload(dataclasses.replace(tiny_workload, images=1))
+    assert placed.rank_workload(dataclasses.replace(tiny_workload, images=2)).images == 1
+    assert placed.rank_workload(dataclasses.replace(tiny_workload, images=None)).images is None  # a stream: its length unknown
 
 
 def test_the_memory_budget_of_trials_on_several_gpus_holds_on_the_busiest() -> None:

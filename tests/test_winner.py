@@ -155,6 +155,8 @@ def _calibration(compute: float, loader: float) -> Calibration:
     [(0.5, 1000.0, 1000.0, "input-bound"), (0.05, 1000.0, 1000.0, "CPU-shared"), (0.05, 250.0, 1000.0, "compute-bound"),
      # Training at 240 samples/s against 50 computing alone: the figures name no limit...
      (0.05, 50.0, 1000.0, "unclear: training measured faster than computing alone"),
+     # Faster than its loader alone: a loader run measured low (DDP ranks' on a busy machine), no compute bound.
+     (0.05, 1000.0, 50.0, "unclear: training measured faster than loading alone"),
      # ... but the calibration's ceiling was measured at another batch or precision: the winner's own wait still tells.
      (0.38, 50.0, 1000.0, "input-bound")],
 )

@@ -16,11 +16,12 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from autotune.devices import DeviceInfo, resolve_device
-from autotune.errors import UsageError
+from autotune.errors import UsageError, WorkloadError
 from autotune.records import TrialOptions, TrialResult, Workload
 from autotune.runner import TrialRunner, WindowCallback
 from autotune.runner.ranks import share
 from autotune.train_setup import TrainSetup
+from autotune.units import counted
 
 
 @dataclass(frozen=True)
@@ -75,7 +76,15 @@ class Placement:
 
         A step, a batch and a loader queue must fit in one rank's share of an
         epoch, so the space, the calibration and the checks before a trial use it.
+
+        Raises:
+            WorkloadError: The data holds fewer samples than there are ranks: one rank would read none (its trials failed
+                after the calibration, saying the dataset was empty).
         """
+        if workload.images is not None and workload.images < self.world_size:
+            raise WorkloadError(f"the data holds {counted(workload.images, 'sample')}, fewer than the {self.world_size} ranks of "
+                                f"--nproc-per-node {self.world_size}: each rank reads its own share of them, so one "
+                                "would read none; run fewer processes or give more data")
         return workload.rank_share(self.world_size)
 
     def runner(self, runner: TrialRunner, index: int = 0) -> TrialRunner:
