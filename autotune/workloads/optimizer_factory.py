@@ -60,7 +60,6 @@ def needs_closure(optimizer: Any) -> bool:
     return closure is not None and closure.default is inspect.Parameter.empty
 
 
-
 def checks_gradient_kinds(model: Any, optimizer: Any) -> bool:
     """Whether :func:`gradient_kind_mismatch` must see one backward's gradients: ``optimizer`` takes sparse gradients
     only (``SparseAdam``), or dense ones only (torch's Adam, AdamW: autotune's default) beside an ``nn.Embedding`` or

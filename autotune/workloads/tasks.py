@@ -296,7 +296,10 @@ def check_task(task: Task, *, workers: bool, warn: Callable[[str], None] | None 
     if checks_gradient_kinds(model, optimizer):  # one backward tells which gradients are sparse (F.embedding(sparse=True) too)
         with left_as_found(model), torch.random.fork_rng():
             train_mode(model, eval_modules(model))
-            _check_loss(task, model, batch).backward()
+            try:
+                _check_loss(task, model, batch).backward()
+            except USER_CODE_ERRORS as exc:
+                raise WorkloadError(f"the first batch's backward failed: {type(exc).__name__}: {exc}") from None
             if (mismatch := gradient_kind_mismatch(model, optimizer)) is not None:
                 raise WorkloadError(mismatch)
     return TaskInfo(
