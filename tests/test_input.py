@@ -906,3 +906,14 @@ def test_a_missing_data_directory_is_refused_before_torch_is_imported(tmp_path) 
             "print(sorted(m for m in ('torch', 'torchvision') if m in sys.modules))\n")
     ran = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert ran.stdout.splitlines() == [f"data directory {tmp_path / 'gone'} does not exist", "[]"], ran.stdout + ran.stderr
+
+
+def test_a_pin_that_needs_no_workload_is_refused_before_the_workload_is_checked(tmp_path) -> None:
+    """--set bucket_cap_mb=10 in a search of one process was refused after the workload's import and checks (24-61 s
+    on a busy machine): the pin alone says it, before them; here the workload, which does not exist, is never reached."""
+    result = CliRunner().invoke(app, ["search", "--workload", "no_such_module_here:make", "--device", "cpu", "--trials", "2",
+                                      "--set", "bucket_cap_mb=10", "--out", str(tmp_path / "out")])
+    assert result.exit_code == 2, result.output
+    assert result.output.strip() == ("error: --set bucket_cap_mb: a DDP knob; it changes nothing in a search of one process "
+                                     "(search with --nproc-per-node 2 or more)")
+    assert not (tmp_path / "out").exists()

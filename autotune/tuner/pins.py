@@ -14,7 +14,7 @@ from autotune.tuner.constraints import Constraint, allows_workers
 __all__ = ["check_pins_act", "ddp_values", "threads_over_cores"]
 
 
-def check_pins_act(constraints: dict[str, Constraint], image_input: bool, world_size: int = 1) -> None:
+def check_pins_act(constraints: dict[str, Constraint], image_input: bool | None, world_size: int = 1) -> None:
     """Refuse a ``--set`` pin that has nothing to act on.
 
     ``channels_last=true`` for a workload whose batches hold no 4-D floating
@@ -24,12 +24,14 @@ def check_pins_act(constraints: dict[str, Constraint], image_input: bool, world_
     from PyTorch's default in a search of one rank; ``static_graph=true`` with
     ``accumulation_steps`` pinned above 1 (before the calibration, not after it:
     a refusal after it left a study the corrected command could not reuse).
+    ``image_input`` None: the workload is not built yet (the pins that need no
+    workload are said before its import and checks, seconds to minutes).
 
     Raises:
         UsageError: The first such pin.
     """
     pinned = constraints.get("channels_last")
-    if not image_input and pinned is not None and pinned.allows(True) and not pinned.allows(False):
+    if image_input is False and pinned is not None and pinned.allows(True) and not pinned.allows(False):
         raise UsageError("--set channels_last=true: this workload's batches hold no 4-D floating tensor for it to act on")
     if not allows_workers(constraints.get("num_workers")):
         for knob in ("prefetch_factor", "persistent_workers"):

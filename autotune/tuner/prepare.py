@@ -64,6 +64,7 @@ def prepare(config: SearchConfig, reporter: Reporter) -> Prepared:
     device = placement.device
     constraints = config.pins
     check_constraints(constraints, device)
+    check_pins_act(constraints, None, placement.world_size)  # those that need no workload: before its import and checks
     workers = allows_workers(constraints.get("num_workers"))
     if workers:
         check_temp_dir_for_workers()
