@@ -251,7 +251,7 @@ def calibrate(
     bound = ("stream" if stream_batch is not None else f"failed {above.batch_size} {above.status}" if above is not None
              else min(("data", "trial", "cap", "memory"), key=lambda k: caps[k]))
     limit = _batch_limit(bound, budget=budget, trial_seconds=trial_seconds, rate=rate, data=data_cap, cap=batch_cap)
-    if bound == f"failed {above.batch_size if above else 0} timeout":  # no memory evidence: said now, not only where a batch is pinned
+    if bound.endswith(" timeout"):  # a pre-pass run's, with no memory evidence: said now, not only where a batch is pinned
         log(f"memory pre-pass: no batch above {max_batch} is searched: {limit}")
     middle = probe_batch(max_batch, device)
     reduced = ("bf16" if bf16_ok else "fp16") if cuda else ("bf16" if bf16_ok else None)

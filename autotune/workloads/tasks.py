@@ -16,7 +16,8 @@ import pickle
 import sys
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -215,6 +216,17 @@ def _check_loss(task: Task, model: Any, batch: Any) -> Any:
     return loss
 
 
+@contextmanager
+def _trained_as_found(model: Any) -> Iterator[None]:
+    """``model`` in training mode as the trials train it (the modules its factory left in eval mode kept so), on a random
+    state of its own; on exit as it was found: the Task may hold the user's own model object."""
+    import torch
+
+    with left_as_found(model), torch.random.fork_rng():
+        train_mode(model, eval_modules(model))
+        yield
+
+
 def _kind(output: tuple[Any, ...] | list[Any] | dict[Any, Any]) -> str:
     """``tuple``, ``list`` or ``dict``, with the class's own name where it is another (a namedtuple: ``tuple (Out)``)."""
     kind = next(t.__name__ for t in (tuple, list, dict) if isinstance(output, t))
@@ -261,8 +273,6 @@ def check_task(task: Task, *, workers: bool, warn: Callable[[str], None] | None 
         WorkloadError: Empty dataset, items that do not collate, a model whose
             forward fails, a loss that is not a scalar, an unpicklable object.
     """
-    import torch
-
     items, iterable, size = _first_items(task, SHAPE_ITEMS)
     batched = not iterable and batched_read(task.dataset) is not None  # items are then indices, read_batch reads them
 
@@ -275,8 +285,7 @@ def check_task(task: Task, *, workers: bool, warn: Callable[[str], None] | None 
         first(len(items))  # every item the per-item path reads, read as strictly
     check_count(task, batch, first, len(items), CHECK_ITEMS, warn)
     model = task.build_model()
-    with left_as_found(model), torch.random.fork_rng():  # the user's own model object, where the Task holds one
-        train_mode(model, eval_modules(model))  # as the trials train it
+    with _trained_as_found(model):
         _check_loss(task, model, batch)
     unsharded = False
     if workers:
@@ -294,8 +303,7 @@ def check_task(task: Task, *, workers: bool, warn: Callable[[str], None] | None 
         raise WorkloadError(f"the Task's optimizer factory failed: {type(exc).__name__}: {exc}") from None
     check_loss_weights(task, model, optimizer)
     if checks_gradient_kinds(model, optimizer):  # one backward tells which gradients are sparse (F.embedding(sparse=True) too)
-        with left_as_found(model), torch.random.fork_rng():
-            train_mode(model, eval_modules(model))
+        with _trained_as_found(model):
             try:
                 _check_loss(task, model, batch).backward()
             except USER_CODE_ERRORS as exc:
