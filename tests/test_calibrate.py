@@ -503,6 +503,8 @@ def test_a_short_stream_bounds_the_batch_by_the_batches_it_fills() -> None:
     said = [line for line in logged if "no full batch" in line]
     assert said == ["the dataset yields no full batch of 64 samples (tried 256, 128, 64): the search keeps batch_size <= 32"]
     assert all(setup.batch_size <= 32 for mode, setup in runner.calls[-len(result.loader):] if mode == "loader")
+    # The stream's fill is read before the memory check: no compute run at a batch no trial could fill.
+    assert max(setup.batch_size for mode, setup in runner.calls if mode == "compute") == 32
 
 
 @pytest.mark.parametrize("kills", [1, 2])

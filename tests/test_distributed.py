@@ -135,7 +135,7 @@ def test_placements_split_the_cores() -> None:
     assert (ddp.world_size, ddp.rank_cores, ddp.slots[0].cores) == (2, 1, cores)
     assert ddp.rank_batch(64) == 32 and ddp.processes == 2  # two ranks share the host's RAM
     assert ddp.describe().endswith("1/2 of the samples per rank")
-    assert "the whole iterable dataset per rank" in ddp.describe(iterable=True)  # it said 1/2 of the samples there too
+    assert "an iterable dataset each rank iterates itself, unsharded" in ddp.describe(iterable=True)  # it said 1/2 of the samples there too
     # A Task's sample count under DDP trials is a rank's share: said so on the report's line as on the search's (it read
     # "256 samples" for a dataset of 512).
     task = Workload(model="m:f", task="m:f", images=256)

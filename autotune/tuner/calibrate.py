@@ -211,6 +211,11 @@ def calibrate(
     caps = {"memory": fit if fit is not None else 8, "trial": time_cap, "data": data_cap, "cap": batch_cap}
     candidates = powers_of_two(1, min(caps.values()))
     max_batch = candidates[-1] if candidates else 1
+    stream_batch = None
+    if workload.iterable and max_batch > 1:  # a stream of unknown length: the batches it fills bound the space; read
+        # before the memory check, which then verifies a batch the stream fills, not one no trial could run
+        filled = _stream_batch(max_batch, workload, runner, replace(short, mode="loader", max_memory_bytes=None), log)
+        max_batch, stream_batch = filled, (filled if filled < max_batch else None)
     # Verify the extrapolated bound; halve on failure.
     while max_batch > 1:
         known = {p.batch_size: p for p in points}
@@ -240,10 +245,8 @@ def calibrate(
                 status == "timeout" for _, status in larger) else ""
             raise WorkloadError(f"no batch of {subject} trains: {said}, and batch 1 fails ({result.error})"
                                 f"{size_hint(workload, result.error)}{busy}")
-    stream_batch = None
-    if workload.iterable and max_batch > 1:  # a stream of unknown length: the batches it fills bound the space
-        filled = _stream_batch(max_batch, workload, runner, replace(short, mode="loader", max_memory_bytes=None), log)
-        max_batch, stream_batch = filled, (filled if filled < max_batch else None)
+    if stream_batch is not None and max_batch < stream_batch:  # memory bounded it below what the stream fills
+        stream_batch = None
     # A pre-pass run that failed below every cap set the bound; else the smallest cap, on a tie the plainest reason: the
     # data's size, the trial's length, the largest batch searched, then memory.
     above = min((p for p in points if max_batch < p.batch_size <= min(caps.values()) and p.status != "ok"),

@@ -96,8 +96,8 @@ class Placement:
     def describe(self, iterable: bool = False) -> str:
         """One line for the start of a search (``iterable``: the workload's dataset is an ``IterableDataset``)."""
         if self.world_size > 1:
-            share = ("the whole iterable dataset per rank (samples/s counts every rank's items: copies, unless its "
-                     "__iter__ splits the stream by torch.distributed.get_rank())" if iterable
+            share = ("an iterable dataset each rank iterates itself, unsharded (samples/s counts every rank's items: "
+                     "copies, unless its __iter__ splits the stream by torch.distributed.get_rank())" if iterable
                      else f"1/{self.world_size} of the samples per rank")
             return f"DDP trials: {self.world_size} ranks each ({self.slots[0].device}), {self.rank_cores} CPU core(s) and {share}"
         names = ", ".join(s.device for s in self.slots)

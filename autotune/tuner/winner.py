@@ -143,9 +143,9 @@ def make_best(
     notes.extend(epoch_notes(workload.images, step, max(1, reference // world_size), "samples" if workload.task else "images",
                              " of a rank" if world_size > 1 else ""))
     if workload.iterable and world_size > 1:
-        notes.append(f"the dataset is an IterableDataset, which each of the {world_size} ranks reads whole: samples/s "
-                     "counts every rank's items, copies of one another unless its __iter__ splits the stream by "
-                     "torch.distributed.get_rank() (docs/distributed.md)")
+        notes.append(f"the dataset is an IterableDataset, which each of the {world_size} ranks iterates itself (autotune "
+                     "shards no stream): samples/s counts every rank's items, copies of one another unless its __iter__ "
+                     "splits the stream by torch.distributed.get_rank() (docs/distributed.md)")
     if setup.tf32:
         notes.append("tf32 changes the numerics (float32 matmuls and convolutions in TF32); check your accuracy once")
     if setup.accumulation_steps > 1 and workload.batch_norm is not False:  # the optimizer's batch is kept; batch statistics are not
@@ -153,6 +153,10 @@ def make_best(
         notes.append(f"accumulation keeps the optimizer's step of {setup.effective_batch(world_size)} samples, but {layer} "
                      f"statistics over each micro-batch of {setup.batch_size}"
                      f"{' per rank' if world_size > 1 else ''}: check your accuracy once, or --set accumulation_steps=1")
+    elif world_size > 1 and workload.batch_norm is not False:  # DDP normalises per rank, as trials and train.py run it
+        layer = "the model's BatchNorm layers compute their" if workload.batch_norm else "a BatchNorm layer (where the model has one) computes its"
+        notes.append(f"under DDP {layer} statistics over each rank's batch of {setup.batch_size}, not the step's "
+                     f"{setup.effective_batch(world_size)} samples (torch.nn.SyncBatchNorm would, at a cost these trials did not measure)")
     payoff = payoff_note(feasible, setup)
     if payoff:
         notes.append(payoff)
