@@ -357,7 +357,7 @@ def status(
 ) -> None:
     """Show a study's progress, the trials running on each worker and the confirmed winner."""
     from autotune.tuner.status import study_status
-    from autotune.tuner.study_report import own_study, storage_of
+    from autotune.tuner.study_files import own_study, storage_of
 
     where = Path("autotune-out") if directory is None else directory  # with --storage, DIR's best.json is the lone search's winner
     found = study_status(storage_of(where, storage), own_study(where, storage, study), out=None if storage and directory is None else where)

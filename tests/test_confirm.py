@@ -71,7 +71,7 @@ def test_defaults_whose_trial_timed_out_are_confirmed_for_the_speedup() -> None:
     """The defaults' trial timed out on a busy machine: the search had no baseline and gave no speedup. They join the
     confirmation's rounds (a reader of the stored rounds names them alike); a trial that failed otherwise does not."""
     from autotune.tuner.stores import Rounds
-    from autotune.tuner.study_report import stored_confirmed
+    from autotune.tuner.study_facts import stored_confirmed
 
     defaults = TrainSetup(batch_size=32)
     timed_out = TrialRecord(0, "defaults", defaults, TrialResult(status="timeout", error="no result within 20 s"))
@@ -108,7 +108,7 @@ def test_defaults_the_set_excludes_take_no_finalist_place() -> None:
 def test_the_search_and_a_reader_of_the_stored_rounds_name_the_finalists_alike() -> None:
     """The confirming worker's console and a waiting worker's (or the report's) table show the same labels."""
     from autotune.tuner.stores import Rounds
-    from autotune.tuner.study_report import stored_confirmed
+    from autotune.tuner.study_facts import stored_confirmed
 
     defaults = TrainSetup(batch_size=32)
     feasible = [TrialRecord(0, "defaults", defaults, TrialResult(status="ok", samples_per_s=50.0)), _record(1, B, 300.0),

@@ -307,7 +307,7 @@ def test_passwords_never_reach_best_json_train_py_or_messages(tmp_path, cache_di
 
 def test_status_of_a_shared_workers_directory_asks_for_its_storage(tmp_path) -> None:
     from autotune.errors import StorageError
-    from autotune.tuner.study_report import storage_of
+    from autotune.tuner.study_files import storage_of
 
     (tmp_path / "trials.csv").write_text("trial\n")  # a worker's --out, or a lone search's whose study.db was removed: no best.json tells
     with pytest.raises(StorageError, match=r"study.db is missing; it was removed or moved \(put it back\), or the search kept its study "
@@ -325,7 +325,7 @@ def test_status_of_a_directory_whose_study_db_was_removed_says_so(tmp_path) -> N
 
     from autotune.errors import StorageError
     from autotune.output.best import write_best
-    from autotune.tuner.study_report import storage_of
+    from autotune.tuner.study_files import storage_of
 
     (tmp_path / "trials.csv").write_text("trial\n")
     best = make_best(tmp_path, command="autotune search --model resnet18 --out out")

@@ -610,7 +610,7 @@ def test_the_report_draws_max_memory_beside_the_budget_the_batches_were_sized_to
     from autotune.output import plots
     from autotune.output.sections import batch_section
     from autotune.tuner.study import SearchStudy
-    from autotune.tuner.study_report import stored_max_memory
+    from autotune.tuner.study_facts import stored_max_memory
 
     outcome = search(config(tmp_path, cache_dir, trials=2, max_memory=2**33))
     stored = SearchStudy.load(f"sqlite:///{tmp_path / 'out' / 'study.db'}", None)

@@ -44,7 +44,9 @@ from autotune.tuner.signals import clear_stop, interrupts_held, runs_to_the_end,
 from autotune.tuner.space import Space, build_space, defaults_setup
 from autotune.tuner.storage import is_shared, storage_failures_said, with_retries
 from autotune.tuner.study import ROLE_DEFAULTS, ROLE_GUESS
-from autotune.tuner.study_report import kept_outcome, kept_winner, report_search, stored_confirmed
+from autotune.tuner.study_facts import stored_confirmed
+from autotune.tuner.study_files import kept_outcome, kept_winner
+from autotune.tuner.study_report import report_search
 from autotune.tuner.timed import TimedRunner
 from autotune.tuner.winner import bottleneck_verdict, make_best
 from autotune.units import counted

@@ -22,15 +22,8 @@ from autotune.tuner.pending import pending_file, read_pending
 from autotune.tuner.storage import storage_file
 from autotune.tuner.stores import STUDY_WINNER_ROUNDS
 from autotune.tuner.study import ATTR_MARKER, ATTR_ROLE, ATTR_WORKER, ROLE_SEARCH, STUDY_HOLDER, SearchStudy
-from autotune.tuner.study_report import (
-    baseline_only,
-    best_json_of,
-    measured_after,
-    published_winner,
-    rerun_replaces,
-    run_by_workers,
-    stored_set,
-)
+from autotune.tuner.study_facts import baseline_only, published_winner, run_by_workers, stored_set
+from autotune.tuner.study_files import best_json_of, measured_after, rerun_replaces
 from autotune.tuner.workers import confirm_marker
 
 

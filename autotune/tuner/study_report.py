@@ -5,34 +5,38 @@ breakdown, the winner's own ceilings and verdict) in the study, then writes
 the page. :func:`report_study` reads everything back from the study and the
 winner from ``best.json`` when the search wrote one, so it works on a
 finished study, an interrupted one and one still running (its trials so far;
-nothing is written to the study).
+nothing is written to the study). What the study and best.json say are
+read by :mod:`autotune.tuner.study_facts` and :mod:`autotune.tuner.study_files`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import replace
+from collections.abc import Callable
 from pathlib import Path
 
-from optuna.trial import FrozenTrial, TrialState
+from optuna.trial import TrialState
 
-from autotune.errors import AutotuneError, StorageError, UsageError
-from autotune.output.best import Best, read_best
+from autotune.errors import StorageError
 from autotune.output.report import ReportInput, render_report, write_rendered, write_report
 from autotune.records import Calibration, TrialRecord
-from autotune.rounds import Candidate, Confirmed
 from autotune.time_spent import TimeSpent
-from autotune.train_setup import TrainSetup
-from autotune.tuner.budget import ATTR_FREE, FINISHED, STUDY_BUDGET
 from autotune.tuner.config import SearchOutcome
-from autotune.tuner.confirm import TIMED_OUT, TWIN, finalist_label
-from autotune.tuner.constraints import Constraint, excluding
-from autotune.tuner.identity import described_workload, stored_constraints
 from autotune.tuner.lock import Holder
 from autotune.tuner.signals import interrupts_held, remember_stop, sigterm_as_interrupt
 from autotune.tuner.storage import CONNECTION_ERRORS, first_line, is_shared, with_retries
-from autotune.tuner.stores import STUDY_WINNER_ROUNDS, Rounds
-from autotune.tuner.study import ATTR_WORKER, STUDY_HOLDER, STUDY_SIGNATURE, STUDY_WINNER, SearchStudy
+from autotune.tuner.stores import STUDY_WINNER_ROUNDS
+from autotune.tuner.study import STUDY_HOLDER, SearchStudy
+from autotune.tuner.study_facts import (
+    baseline_only,
+    published_winner,
+    run_by_workers,
+    stored_confirmed,
+    stored_max_memory,
+    stored_set,
+    stored_workload,
+    stored_world_size,
+)
+from autotune.tuner.study_files import best_json_of, measured_after, own_study, rerun_replaces, storage_of
 
 
 def write_search_report(study: SearchStudy, out: Path, data: ReportInput, log: Callable[[str], None], *,
@@ -113,203 +117,6 @@ def report_search(
         world_size=stored_world_size(study),
     )
     return write_search_report(study, out, data, log, own=own), spent
-
-
-def stored_set(study: SearchStudy) -> dict[str, Constraint]:
-    """The search's ``--set`` constraints as the study stored them in its signature (none: none stored or readable)."""
-    return stored_constraints(study.study.user_attrs.get(STUDY_SIGNATURE)) or {}
-
-
-def stored_workload(study: SearchStudy) -> str | None:
-    """What the study's search trains, in one line, from its stored signature (None: none stored or readable)."""
-    return described_workload(study.study.user_attrs.get(STUDY_SIGNATURE))
-
-
-def stored_max_memory(study: SearchStudy) -> int | None:
-    """The search's ``--max-memory`` in bytes, from its stored signature (None: none given, stored or readable)."""
-    return _stored_count(study, "max_memory")
-
-
-def stored_world_size(study: SearchStudy) -> int:
-    """The search's ``--nproc-per-node`` from its stored signature (1: none given, stored or readable)."""
-    return _stored_count(study, "nproc_per_node") or 1
-
-
-def _stored_count(study: SearchStudy, key: str) -> int | None:
-    value = (study.study.user_attrs.get(STUDY_SIGNATURE) or {}).get(key)
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
-
-
-def baseline_only(records: Sequence[TrialRecord], constraints: dict[str, Constraint]) -> frozenset[int]:
-    """The trials whose setup the search's ``--set`` (:func:`stored_set`) excludes: the PyTorch defaults it measured as the baseline."""
-    return frozenset(r.number for r in records if excluding(constraints, r.setup) is not None)
-
-
-def kept_winner(out: Path, study: SearchStudy, records: list[TrialRecord]) -> Best | None:
-    """The confirmed winner a run of ``study`` left in ``out/best.json`` (an interrupted rerun keeps it;
-    ``autotune status DIR`` names it); None when there is none or the file cannot be read."""
-    best, _ = best_json_of(out, study, records)  # unreadable: nothing to keep
-    return best if best is not None and best.confirmed else None
-
-
-def rerun_replaces(out: Path, holder: Holder | None) -> bool:
-    """Whether ``out/best.json`` is an earlier run's that the lone search holding the study now (``holder``, alive) will
-    replace once it confirms its own: written before that run started. False if it is gone or no run is alive."""
-    if holder is None or not holder.alive():
-        return False
-    try:
-        return (out / "best.json").stat().st_mtime < holder.started
-    except OSError:
-        return False
-
-
-def measured_after(trials: Sequence[FrozenTrial], path: Path) -> int:
-    """How many of ``trials`` measured a setup (finished, not free) after ``path`` was last written (0 if it is gone):
-    a rerun's trials that its confirmation, interrupted, never took in. A trial not run, cut short or left running
-    measured nothing."""
-    try:
-        written = path.stat().st_mtime
-    except OSError:
-        return 0
-    return sum(t.state in FINISHED and not t.user_attrs.get(ATTR_FREE) and t.datetime_start is not None
-               and t.datetime_start.timestamp() > written for t in trials)
-
-
-def best_json_of(out: Path, study: SearchStudy, records: list[TrialRecord]) -> tuple[Best | None, str | None]:
-    """``out/best.json`` read once: the Best if it is this study's (:func:`stored_best`), and why it cannot be read
-    (damaged, another version's schema), or None; ``(None, None)`` when it is absent or another search's."""
-    try:
-        return stored_best(out, study, records), None
-    except AutotuneError as exc:
-        return None, str(exc)
-
-
-def kept_outcome(outcome: SearchOutcome, kept: Best, study: SearchStudy, records: list[TrialRecord]) -> SearchOutcome:
-    """``outcome`` showing the ``kept`` winner of an earlier run with that run's rounds, verdict and ceilings (an
-    interrupted rerun measured rounds of its own: they are not the kept winner's evidence)."""
-    verdict, ceilings = study.verdict()
-    return replace(outcome, best=kept, verdict=verdict or "", ceilings=ceilings,
-                   confirmed=stored_confirmed(study, records, study.winner_rounds()))
-
-
-def run_by_workers(trials: Sequence[FrozenTrial]) -> bool:
-    """Whether workers of a shared study (``--storage`` with several workers) ran these trials; a lone search names none."""
-    return any(ATTR_WORKER in t.user_attrs for t in trials)
-
-
-def published_winner(study: SearchStudy) -> tuple[Best, str] | None:
-    """The winner a shared study's confirming worker stored, and who wrote it where; None for none.
-
-    Any worker's ``autotune status`` and ``autotune report`` read it, whichever
-    directory holds that worker's best.json and train.py.
-    """
-    stored = study.study.user_attrs.get(STUDY_WINNER)
-    if not isinstance(stored, dict) or not isinstance(stored.get("best"), dict):
-        return None
-    budget = study.study.user_attrs.get(STUDY_BUDGET)
-    if isinstance(budget, int) and stored.get("trials") != budget:  # an earlier budget's: a rerun with more --trials is not confirmed yet
-        return None
-    try:
-        best = Best.from_dict(stored["best"])
-    except AutotuneError:  # written by another version: no winner to show
-        return None
-    return best, f"{stored.get('by')} (best.json and train.py in {stored.get('out')})"
-
-
-def stored_confirmed(study: SearchStudy, records: list[TrialRecord], rounds: Rounds | None = None) -> tuple[Confirmed, ...]:
-    """The stored confirmation rounds (or ``rounds``), labelled like the search labels them."""
-    found = []
-    for key, (values, failures, failed_rounds) in (study.stored_confirmation() if rounds is None else rounds).items():
-        setup = TrainSetup.from_json(key)
-        # The trials that measured it, as the search picked its finalists from (a pruned twin stays "a finalist in fp32").
-        same = sorted((r for r in records if r.setup == setup and r.result.ok and r.result.samples_per_s),
-                      key=lambda r: -(r.result.samples_per_s or 0.0))
-        timed_out = [r for r in records if r.setup == setup and r.result.status == "timeout"]  # the defaults' trial, say
-        label = finalist_label(same) if same else finalist_label(timed_out) + TIMED_OUT if timed_out else setup.describe() + TWIN
-        found.append(Confirmed(Candidate(key, setup, label, twin=not same and not timed_out, timed_out=not same and bool(timed_out)),
-                               tuple(values), tuple(failures),
-                               failed_rounds=tuple(failed_rounds)))
-    return tuple(found)
-
-
-def stored_best(out: Path, stored: SearchStudy, records: list[TrialRecord]) -> Best | None:
-    """``out/best.json`` if it is this study's: its study name, one of its setups, its model or Task, image size, data and
-    device (not one left by another search, such as ``autotune report o1 --storage sqlite:///o2/study.db`` of another
-    image size, or ``--study beta`` of the same workload)."""
-    path = out / "best.json"
-    if not path.is_file() and not path.is_symlink():  # a dangling link is read: its error names the link
-        return None
-    best = read_best(path)
-    if best.study and best.study != stored.study.study_name:  # a search of the same workload kept in another study
-        return None
-    signature = stored.study.user_attrs.get(STUDY_SIGNATURE) or {}
-    if signature and (signature.get("model"), signature.get("task")) != (best.workload.model, best.workload.task):
-        return None
-    told = {"device": best.workload.device, "data": best.workload.data,
-            **({"image_size": best.workload.image_size} if best.workload.task is None else {})}  # a Task's image size is unread
-    if any(key in signature and signature[key] != value for key, value in told.items()):  # an older study may lack a key
-        return None
-    # One of its trials' setups, or a finalist's fp32 twin (measured in a confirmation only; that run's
-    # rounds may since have been replaced by a rerun's).
-    return best if any(best.setup in (r.setup, r.setup.replace(amp="off")) for r in records) else None
-
-
-def _kept_in_out(out: Path) -> bool:
-    """Whether ``out/best.json`` records an ``autotune search`` command that kept its study in ``out/study.db`` (no --storage)."""
-    try:
-        command = read_best(out / "best.json").command
-    except AutotuneError:  # missing or broken: nothing tells where the study was kept
-        return False
-    return command.startswith("autotune search") and " --storage" not in command
-
-
-def own_study(out: Path, storage: str | None, study: str | None) -> str | None:
-    """The study to read for the search whose ``--out`` is ``out``: ``study`` when given (or with a ``--storage``);
-    else the one ``out/best.json`` names where ``out/study.db`` holds it (another search's ``--storage`` may have added
-    a study of its own there); else None, the only one there."""
-    if study is not None or storage is not None or not (out / "best.json").is_file():
-        return study
-    try:
-        named = read_best(out / "best.json").study or None
-        if named is not None:
-            SearchStudy.load(storage_of(out, None), named)
-    except AutotuneError:  # unreadable, or a study not there: the only one, as before
-        return None
-    return named
-
-
-def storage_of(out: Path, storage: str | None) -> str:
-    """``storage``, or else the SQLite study a search wrote in ``out``.
-
-    Raises:
-        StorageError: No storage given and ``out/study.db`` does not exist.
-        UsageError: An empty ``storage`` (the search refuses it too; taken as a path, it read as the working directory).
-    """
-    if storage is not None and not storage.strip():
-        raise UsageError(f"--storage must not be empty (leave it out for {out / 'study.db'})")
-    if storage is not None:
-        return storage
-    if out.is_file():
-        where = f" ({out.parent})" if (out.parent / "study.db").is_file() else ""  # not a folder without a study
-        raise StorageError(f"{out} is a file; pass the search's output directory{where}, which holds study.db")
-    db = out / "study.db"
-    if db.exists() and not db.is_file():
-        raise StorageError(f"no study in {out}: {db} is not a file (a directory, say), where a search keeps its study database")
-    if not db.is_file():
-        if (out / "trials.csv").is_file():  # a search wrote here: its study.db was removed, or it was kept in a --storage
-            if _kept_in_out(out):
-                raise StorageError(
-                    f"no study in {out}: {db} is missing, yet the search of {out / 'best.json'} kept its study there "
-                    "(its command has no --storage): the file was removed or moved; put it back, or pass --storage URL --study NAME"
-                )
-            if (out / "best.json").is_file():  # its command names no study.db here: the study is in the --storage it names
-                raise StorageError(f"no study in {out}: its search kept the study in its --storage; pass that --storage URL --study NAME")
-            raise StorageError(f"no study in {out}: {db} is missing; it was removed or moved (put it back), or the search kept its "
-                               "study in a --storage (pass that --storage URL --study NAME)")
-        raise StorageError(
-            f"no study in {out}: {db} does not exist (run `autotune search --out {out}` first, or pass --storage URL --study NAME)"
-        )
-    return f"sqlite:///{db.resolve()}"
 
 
 def report_study(out: Path, *, storage: str | None = None, study: str | None = None,

@@ -53,7 +53,7 @@ from autotune.tuner.progress import Reporter
 from autotune.tuner.signals import interrupts_held, sigterm_as_interrupt
 from autotune.tuner.storage import with_retries
 from autotune.tuner.study import ATTR_MARKER, ATTR_ROLE, ATTR_WORKER, ROLE_SEARCH, STUDY_WINNER, SearchStudy
-from autotune.tuner.study_report import stored_confirmed
+from autotune.tuner.study_facts import stored_confirmed
 
 T = TypeVar("T")
 R = TypeVar("R")

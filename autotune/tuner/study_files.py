@@ -1,0 +1,148 @@
+"""Where a search's study and winner are: the SQLite study a search kept in its ``--out`` or the ``--storage`` given,
+and whether ``DIR/best.json`` is this study's winner (not one another search left there), an earlier run's that a
+rerun will replace, or one a rerun keeps after an interruption.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+
+from optuna.trial import FrozenTrial
+
+from autotune.errors import AutotuneError, StorageError, UsageError
+from autotune.output.best import Best, read_best
+from autotune.records import TrialRecord
+from autotune.tuner.budget import ATTR_FREE, FINISHED
+from autotune.tuner.config import SearchOutcome
+from autotune.tuner.lock import Holder
+from autotune.tuner.study import STUDY_SIGNATURE, SearchStudy
+from autotune.tuner.study_facts import stored_confirmed
+
+
+def kept_winner(out: Path, study: SearchStudy, records: list[TrialRecord]) -> Best | None:
+    """The confirmed winner a run of ``study`` left in ``out/best.json`` (an interrupted rerun keeps it;
+    ``autotune status DIR`` names it); None when there is none or the file cannot be read."""
+    best, _ = best_json_of(out, study, records)  # unreadable: nothing to keep
+    return best if best is not None and best.confirmed else None
+
+
+def rerun_replaces(out: Path, holder: Holder | None) -> bool:
+    """Whether ``out/best.json`` is an earlier run's that the lone search holding the study now (``holder``, alive) will
+    replace once it confirms its own: written before that run started. False if it is gone or no run is alive."""
+    if holder is None or not holder.alive():
+        return False
+    try:
+        return (out / "best.json").stat().st_mtime < holder.started
+    except OSError:
+        return False
+
+
+def measured_after(trials: Sequence[FrozenTrial], path: Path) -> int:
+    """How many of ``trials`` measured a setup (finished, not free) after ``path`` was last written (0 if it is gone):
+    a rerun's trials that its confirmation, interrupted, never took in. A trial not run, cut short or left running
+    measured nothing."""
+    try:
+        written = path.stat().st_mtime
+    except OSError:
+        return 0
+    return sum(t.state in FINISHED and not t.user_attrs.get(ATTR_FREE) and t.datetime_start is not None
+               and t.datetime_start.timestamp() > written for t in trials)
+
+
+def best_json_of(out: Path, study: SearchStudy, records: list[TrialRecord]) -> tuple[Best | None, str | None]:
+    """``out/best.json`` read once: the Best if it is this study's (:func:`stored_best`), and why it cannot be read
+    (damaged, another version's schema), or None; ``(None, None)`` when it is absent or another search's."""
+    try:
+        return stored_best(out, study, records), None
+    except AutotuneError as exc:
+        return None, str(exc)
+
+
+def kept_outcome(outcome: SearchOutcome, kept: Best, study: SearchStudy, records: list[TrialRecord]) -> SearchOutcome:
+    """``outcome`` showing the ``kept`` winner of an earlier run with that run's rounds, verdict and ceilings (an
+    interrupted rerun measured rounds of its own: they are not the kept winner's evidence)."""
+    verdict, ceilings = study.verdict()
+    return replace(outcome, best=kept, verdict=verdict or "", ceilings=ceilings,
+                   confirmed=stored_confirmed(study, records, study.winner_rounds()))
+
+
+def stored_best(out: Path, stored: SearchStudy, records: list[TrialRecord]) -> Best | None:
+    """``out/best.json`` if it is this study's: its study name, one of its setups, its model or Task, image size, data and
+    device (not one left by another search, such as ``autotune report o1 --storage sqlite:///o2/study.db`` of another
+    image size, or ``--study beta`` of the same workload)."""
+    path = out / "best.json"
+    if not path.is_file() and not path.is_symlink():  # a dangling link is read: its error names the link
+        return None
+    best = read_best(path)
+    if best.study and best.study != stored.study.study_name:  # a search of the same workload kept in another study
+        return None
+    signature = stored.study.user_attrs.get(STUDY_SIGNATURE) or {}
+    if signature and (signature.get("model"), signature.get("task")) != (best.workload.model, best.workload.task):
+        return None
+    told = {"device": best.workload.device, "data": best.workload.data,
+            **({"image_size": best.workload.image_size} if best.workload.task is None else {})}  # a Task's image size is unread
+    if any(key in signature and signature[key] != value for key, value in told.items()):  # an older study may lack a key
+        return None
+    # One of its trials' setups, or a finalist's fp32 twin (measured in a confirmation only; that run's
+    # rounds may since have been replaced by a rerun's).
+    return best if any(best.setup in (r.setup, r.setup.replace(amp="off")) for r in records) else None
+
+
+def _kept_in_out(out: Path) -> bool:
+    """Whether ``out/best.json`` records an ``autotune search`` command that kept its study in ``out/study.db`` (no --storage)."""
+    try:
+        command = read_best(out / "best.json").command
+    except AutotuneError:  # missing or broken: nothing tells where the study was kept
+        return False
+    return command.startswith("autotune search") and " --storage" not in command
+
+
+def own_study(out: Path, storage: str | None, study: str | None) -> str | None:
+    """The study to read for the search whose ``--out`` is ``out``: ``study`` when given (or with a ``--storage``);
+    else the one ``out/best.json`` names where ``out/study.db`` holds it (another search's ``--storage`` may have added
+    a study of its own there); else None, the only one there."""
+    if study is not None or storage is not None or not (out / "best.json").is_file():
+        return study
+    try:
+        named = read_best(out / "best.json").study or None
+        if named is not None:
+            SearchStudy.load(storage_of(out, None), named)
+    except AutotuneError:  # unreadable, or a study not there: the only one, as before
+        return None
+    return named
+
+
+def storage_of(out: Path, storage: str | None) -> str:
+    """``storage``, or else the SQLite study a search wrote in ``out``.
+
+    Raises:
+        StorageError: No storage given and ``out/study.db`` does not exist.
+        UsageError: An empty ``storage`` (the search refuses it too; taken as a path, it read as the working directory).
+    """
+    if storage is not None and not storage.strip():
+        raise UsageError(f"--storage must not be empty (leave it out for {out / 'study.db'})")
+    if storage is not None:
+        return storage
+    if out.is_file():
+        where = f" ({out.parent})" if (out.parent / "study.db").is_file() else ""  # not a folder without a study
+        raise StorageError(f"{out} is a file; pass the search's output directory{where}, which holds study.db")
+    db = out / "study.db"
+    if db.exists() and not db.is_file():
+        raise StorageError(f"no study in {out}: {db} is not a file (a directory, say), where a search keeps its study database")
+    if not db.is_file():
+        if (out / "trials.csv").is_file():  # a search wrote here: its study.db was removed, or it was kept in a --storage
+            if _kept_in_out(out):
+                raise StorageError(
+                    f"no study in {out}: {db} is missing, yet the search of {out / 'best.json'} kept its study there "
+                    "(its command has no --storage): the file was removed or moved; put it back, or pass --storage URL --study NAME"
+                )
+            if (out / "best.json").is_file():  # its command names no study.db here: the study is in the --storage it names
+                raise StorageError(f"no study in {out}: its search kept the study in its --storage; pass that --storage URL --study NAME")
+            raise StorageError(f"no study in {out}: {db} is missing; it was removed or moved (put it back), or the search kept its "
+                               "study in a --storage (pass that --storage URL --study NAME)")
+        raise StorageError(
+            f"no study in {out}: {db} does not exist (run `autotune search --out {out}` first, or pass --storage URL --study NAME)"
+        )
+    return f"sqlite:///{db.resolve()}"
