@@ -33,7 +33,8 @@ def hide_passwords(text: str) -> str:
 def recorded_command(argv: list[str]) -> str:
     """The command line to record in best.json, passwords hidden; empty when
     autotune was not started as a program (a test runner, a notebook)."""
-    program = Path(argv[0]).name if argv else ""
-    if program not in ("autotune", "__main__.py") or "search" not in argv[1:]:
+    path = Path(argv[0]) if argv else Path()
+    program = f"{path.parent.name}/{path.name}" if path.name == "cli.py" else path.name  # python -m autotune.cli
+    if program not in ("autotune", "__main__.py", "autotune/cli.py") or "search" not in argv[1:]:
         return ""
     return hide_passwords(shlex.join(["autotune", *argv[1:]]))

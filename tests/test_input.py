@@ -279,6 +279,8 @@ def test_recorded_command_keeps_global_options_and_hides_passwords() -> None:
     assert recorded_command(argv) == "autotune --debug search --storage postgresql://me:***@db:5432/optuna -n 5"
     assert recorded_command(["/x/autotune/__main__.py", "search", "--model", "resnet18"]) == "autotune search --model resnet18"
     assert recorded_command(["/venv/bin/pytest", "-k", "search"]) == ""  # not started as autotune
+    assert recorded_command(["/x/autotune/cli.py", "search", "--trials", "3"]) == "autotune search --trials 3"  # python -m autotune.cli
+    assert recorded_command(["/x/tools/cli.py", "search"]) == ""  # another program's cli.py
 
 
 def test_passwords_never_reach_best_json_train_py_or_messages(tmp_path, cache_dir) -> None:

@@ -677,6 +677,29 @@ def test_the_terminal_summary_ends_with_the_report_path(searched) -> None:
     assert last.startswith("report:") and str((out / REPORT).resolve()) in last
 
 
+def test_the_terminal_summary_marks_a_repeat_and_a_setup_not_run(searched) -> None:
+    """A setup proposed again is not run: its row read `ok` with its earlier trial's figures, as if it had been measured."""
+    import io
+    from dataclasses import replace
+
+    from rich.console import Console
+
+    from autotune.render import render_search
+
+    outcome, _ = searched
+    first = next(r for r in outcome.records if r.result.ok and r.role != "defaults")
+    repeat = replace(first, number=90, reused_from=first.number, free=True)
+    unfed = replace(first, number=91, free=True, result=TrialResult("error", error="the data cannot feed it"))
+    buffer = io.StringIO()
+    Console(file=buffer, width=400, color_system=None).print(render_search(replace(outcome, records=[*outcome.records, repeat, unfed])))
+    rows = {line.split("│")[1].strip(): line for line in buffer.getvalue().splitlines() if line.count("│") > 8}
+    assert f"same setup as #{first.number}" in rows["90"] and f"{first.result.samples_per_s:.1f}" not in rows["90"], rows["90"]
+    assert "error (not run)" in rows["91"]
+    numbers = list(rows)  # after every trial that ran
+    ran = [numbers.index(str(r.number)) for r in outcome.records if not r.free and r.reused_from is None]
+    assert max(ran) < numbers.index("90") and max(ran) < numbers.index("91")
+
+
 def _records(n: int) -> list[TrialRecord]:
     setups = [TrainSetup(batch_size=16 * (1 + i % 4), num_workers=i % 3, prefetch_factor=2 if i % 3 else None,
                          amp="bf16" if i % 2 else "off") for i in range(n)]
@@ -703,7 +726,8 @@ def test_knob_importance_follows_the_measurements_and_is_not_drawn_from_too_few(
         assert by_amp.top == 5 and knob_importance(_records(FEW_TRIALS)).top == 5  # type: ignore[union-attr]
     assert knob_importance(_records(FEW_TRIALS - 1)) is None
     section = importance_section(_records(6), None)
-    assert section.caveat == (f"not computed: 6 measured trials, and importances need at least {FEW_TRIALS}: with fewer, they "
+    assert section.caveat == ("not computed: 6 measured trials (the PyTorch defaults' and repeats left out), and importances need at "
+                              f"least {FEW_TRIALS}: with fewer, they "
                               "follow the fastest trial's knobs, not what the others measured")
 
 
@@ -926,6 +950,10 @@ def test_kept_defaults_are_one_bar_a_single_measurement_has_no_spread_and_the_he
     assert summary_section(base, plots).image == b"png" and drawn[0][-1][0] == labels[-1]  # type: ignore[arg-type]
     page, _ = render_report(base)
     assert "15.2 samples/s (one measurement: no spread)" in page and "spread 0.0" not in page
+    # Interrupted after one confirmation run: the pick's figure is its trial's, whose windows have a spread.
+    trial = replace(kept, samples_per_s=74.9, samples_per_s_spread=82.5, confirmed=False)
+    page, _ = render_report(replace(base, best=trial))
+    assert "74.9 samples/s (spread 82.5 samples/s)" in page and "one measurement" not in page
     # The header's best so far passes over the defaults that --set excludes, as the plots and `autotune status` do.
     fastest = replace(defaults, result=replace(defaults.result, samples_per_s=1e6))
     others = tuple(fastest if r is defaults else r for r in records)

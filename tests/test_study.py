@@ -5,7 +5,9 @@ from __future__ import annotations
 import contextlib
 import time
 from pathlib import Path
+from typing import Any
 
+import optuna
 import pytest
 
 from autotune.errors import StorageError, StudyMismatch
@@ -277,6 +279,31 @@ def test_status_names_a_running_trials_role_and_how_long_it_has_run(tmp_path: Pa
     assert running.seconds is not None and 0 <= running.seconds <= since + 1.0
     assert any(line.startswith(f"  running: #{trial.number} (defaults, ") and " s) on pid " in line for line in found.lines())
     assert found.to_dict()["running"][0]["role"] == ROLE_DEFAULTS
+
+
+def test_status_reads_the_trials_once_so_a_trial_finishing_meanwhile_is_not_both_running_and_best(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A probe's `autotune status` during a rerun: "running: #10" and "best so far: #10" beside "9/10 trials finished"
+    (the running trials and the finished records were two reads of the study)."""
+    from autotune.tuner.status import study_status
+
+    study = _open(tmp_path)
+    study.claim()
+    study.check_signature({"model": "resnet18"})
+    study.enqueue(ROLE_DEFAULTS, {})
+    trial, role = study.ask()
+    before = study.study.get_trials(deepcopy=True)  # the first read sees it running ...
+    result = TrialResult(status="ok", samples_per_s=300.0, windows=(300.0,))
+    study.record(trial, role, TrainSetup(), result, reused_from=None)
+    study.tell(trial, result)  # ... and it finishes before any later read
+    real = optuna.Study.get_trials
+
+    def read_of_every_state_before(self: optuna.Study, deepcopy: bool = True, states: Any = None) -> list[Any]:
+        return before if states is None else real(self, deepcopy, states)  # a read of the finished ones sees it done
+
+    monkeypatch.setattr(optuna.Study, "get_trials", read_of_every_state_before)
+    found = study_status(f"sqlite:///{tmp_path / 'study.db'}")
+    assert [r.number for r in found.running] == [trial.number] and found.best is None and found.finished == 0, found.lines()
 
 
 def test_status_s_best_so_far_is_the_fastest_trial_the_stored_set_allows(tmp_path: Path) -> None:

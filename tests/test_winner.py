@@ -200,6 +200,10 @@ def test_a_winner_without_loader_workers_is_called_serial_not_cpu_shared() -> No
     assert said.endswith("so their times add up; workers would overlap the two on spare cores (no setup with workers was measured).")
     measured = [_record(2, alone, 240.0, wait=0.05), _record(3, MID, 200.0, wait=0.05)]
     assert "(the setups with workers the search measured were not faster here)" in bottleneck_verdict(best, calibration, measured, CPU)
+    # Waiting on its own loading (a probe: 28 % at bs=32 w=0): more CPU cores would not feed one process; workers would.
+    waiting = bottleneck_verdict(best, calibration, [_record(2, alone, 240.0, wait=0.3)], CPU)
+    assert waiting.startswith("input-bound") and "more CPU cores" not in waiting and waiting.endswith(
+        "or loader workers, which overlap loading with training on spare cores (no setup with workers was measured) would help.")
 
 
 def test_an_input_bound_winner_held_to_few_workers_by_a_small_dataset_is_told_so() -> None:
@@ -452,6 +456,9 @@ def test_a_search_on_a_busy_machine_says_how_busy() -> None:
     assert "kept 0.6 cores busy" in (load_note(feasible, 0) or "")  # the usable count unknown
     assert load_note(feasible, 16) is None  # under a tenth of 16 cores: within the noise (the H200 host read 0.6 idle)
     assert "kept 2.0 of the 16 usable cores busy" in (load_note([loaded(i, 2.0) for i in range(3)], 16) or "")
+    # A repeat (its earlier trial's figures) ran nothing: not counted, nor weighting its trial's load twice.
+    repeats = [dataclasses.replace(loaded(3 + i, 1.9), reused_from=0, free=i == 0) for i in range(2)]
+    assert "median over 2 trials, up to 0.9" in (load_note([loaded(0, 0.9), loaded(1, 0.8), *repeats], 2) or "")
 
 
 def test_a_finalist_whose_rounds_disagree_with_its_trial_beyond_twice_is_named() -> None:

@@ -109,7 +109,9 @@ def _header(data: ReportInput) -> str:
     lines.append(f'<p class="meta">{" &middot; ".join(meta)}</p>')
     if best is not None:
         runs = next((len(c.values) for c in data.confirmed if c.candidate.setup == best.setup), None)
-        spread = "one measurement: no spread" if runs == 1 else f"spread {best.samples_per_s_spread:.1f} samples/s"
+        # One confirmation run has no spread; an unconfirmed pick's figure may be its trial's, whose windows have one.
+        one = runs == 1 and not best.samples_per_s_spread
+        spread = "one measurement: no spread" if one else f"spread {best.samples_per_s_spread:.1f} samples/s"
         speed = f"{best.samples_per_s:.1f} samples/s ({spread})"
         if best.defaults_won:
             speed += f", {DEFAULTS_KEPT}"

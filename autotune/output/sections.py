@@ -202,7 +202,8 @@ def summary_section(data: ReportInput, plots: ModuleType | None) -> Section:
     return Section(
         "summary", "Winner against the ceilings" if confirmed else "Best so far against the ceilings" if achieved else "Ceilings",
         "Each ceiling is one side measured alone: the model with one batch already in memory, and the DataLoader "
-        "with no model. Training with both can reach neither; the closer ceiling names the side that limits it.",
+        "with no model. Training with both should reach neither (one short run of each can read low: the verdict then says "
+        "unclear). The Bottleneck line above names the limit from these figures and the time training waited on the DataLoader.",
         # Drawn with a figure achieved: the winner's, or the kept defaults' (one bar of kind "defaults").
         _draw(plots, "ceilings", [(b[0], b[1], b[2]) for b in bars]) if achieved else None,
         (Table("ceilings and achieved throughput", ("measurement", "samples/s", "what"), rows),
@@ -292,7 +293,8 @@ def importance_section(records: Sequence[TrialRecord], plots: ModuleType | None)
     found = knob_importance(records)
     if found is None:
         count = len(measured_trials(records))
-        why = (f"{counted(count, 'measured trial')}, and importances need at least {FEW_TRIALS}: with fewer, "
+        why = (f"{counted(count, 'measured trial')} (the PyTorch defaults' and repeats left out), and importances need at "
+               f"least {FEW_TRIALS}: with fewer, "
                "they follow the fastest trial's knobs, not what the others measured" if count < FEW_TRIALS else
                "no knob varied among the measured trials")
         return Section("importance", "Knob importance", "Which knobs set the fast setups apart (Optuna's parameter "

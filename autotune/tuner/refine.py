@@ -23,6 +23,7 @@ from autotune.train_setup import TrainSetup
 from autotune.tuner.budget import FINISHED, progress
 from autotune.tuner.space import Space
 from autotune.tuner.study import ATTR_ROLE, SearchStudy
+from autotune.units import counted
 
 ROLE_COMPILE = "compile"
 #: The trial attribute holding the setup a compile trial runs.
@@ -45,7 +46,7 @@ def compile_skipped(space: Space, wanted: int) -> str:
     modes = space.compile_modes()
     if not modes or compile_trials(space, wanted):
         return ""
-    return (f"; compile={'|'.join(modes)} not tried: a search of {wanted} trials (under {MIN_TRIALS}) compiles no trial; "
+    return (f"; compile={'|'.join(modes)} not tried: a search of {counted(wanted, 'trial')} (under {MIN_TRIALS}) compiles no trial; "
             f"--set compile={modes[0]} compiles every trial")
 
 

@@ -211,7 +211,7 @@ def study_status(storage: str, study: str | None = None, out: Path | None = None
             running.append(Running(t.number, holder.describe() if holder else "an unknown worker", gone=gone,
                                    role=str(t.user_attrs.get(ATTR_ROLE, ROLE_SEARCH)),
                                    seconds=max(0.0, time.time() - started) if started is not None else None))
-    records = found.records()
+    records = found.records(trials)  # the same read as the running trials: a trial finishing between two reads was in both
     # The search's --set: the PyTorch defaults it excludes were measured as the baseline, never a winner.
     constraints = stored_set(found)
     fastest = fastest_trial(records, baseline_only(records, constraints))

@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import uuid
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import optuna
@@ -297,14 +297,16 @@ class SearchStudy(StudyStores):
         trials = self.study.get_trials(deepcopy=False, states=(*FINISHED, TrialState.RUNNING))
         return progress([t for t in trials if t.number != besides], wanted)
 
-    def records(self) -> list[TrialRecord]:
-        """Every finished trial that carries a setup and a result.
+    def records(self, trials: Sequence[FrozenTrial] | None = None) -> list[TrialRecord]:
+        """Every finished trial that carries a setup and a result, of ``trials`` (one read of the study shared with
+        other lines, as ``autotune status`` does) or read now.
 
         Raises:
             StorageError: A trial's stored setup or result is not one autotune wrote (the study was edited).
         """
+        read = self.study.get_trials(deepcopy=False, states=FINISHED) if trials is None else [t for t in trials if t.state in FINISHED]
         try:
-            return [r for t in self.study.get_trials(deepcopy=False, states=FINISHED) if (r := _record(t)) is not None]
+            return [r for t in read if (r := _record(t)) is not None]
         except UnreadableRecord as exc:
             raise StorageError(f"study {self.name!r} in {self.storage}: {exc}; the study was edited or written by another "
                                "program: restore it from a backup, or start afresh with another --out (--study)") from None

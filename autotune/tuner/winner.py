@@ -243,7 +243,7 @@ def load_note(feasible: list[TrialRecord], usable_cores: int) -> str | None:
     Threads, workers and batch that win on a busy machine (fewer threads, say)
     may lose on an idle one: the user should know which machine was tuned for.
     """
-    loads = [r.result.other_cores for r in feasible if r.result.other_cores is not None]
+    loads = [r.result.other_cores for r in feasible if r.result.other_cores is not None and not r.free and r.reused_from is None]  # ran
     if not loads or statistics.median(loads) < max(BUSY_CORES, BUSY_SHARE * usable_cores):
         return None
     of = f" of the {usable_cores} usable core{'s' if usable_cores != 1 else ''}" if usable_cores else " cores"
@@ -369,9 +369,12 @@ def bottleneck_verdict(
                     f"against {fed:.0f} samples/s: handing the items over costs more than making them), so "
                     "--set num_workers=0 searches that side." if best.setup.num_workers and alone and fed and alone > fed
                     and not tried else "")
-        return (f"input-bound: the winner waits on the DataLoader {wait:.0%} of the time ({facts}). {cheaper}"
-                f"{'' if held else more_to_load(best.setup.num_workers, best.hardware.get('cpu', {}).get('usable_cores'))} would help"
-                f"{held}.{handover}")
+        more = "" if held else more_to_load(best.setup.num_workers, best.hardware.get("cpu", {}).get("usable_cores"))
+        if not best.setup.num_workers:  # the training process loads each batch itself: more cores would not feed it
+            with_workers = any(r.setup.num_workers and r.result.status in ("ok", "pruned") for r in records)
+            more = (" or loader workers, which overlap loading with training on spare cores ("
+                    f"{'the setups with workers the search measured were not faster here' if with_workers else 'no setup with workers was measured'})")
+        return f"input-bound: the winner waits on the DataLoader {wait:.0%} of the time ({facts}). {cheaper}{more} would help{held}.{handover}"
     if device.type == "cpu" and compute and loader and together < 0.8 * min(compute, loader):
         if not best.setup.num_workers:  # one process loads, then trains: nothing ran side by side
             tried = any(r.setup.num_workers and r.result.status in ("ok", "pruned") for r in records)
