@@ -9,7 +9,8 @@ import pytest
 from autotune.records import TrialOptions, TrialRecord, TrialResult, Workload
 from autotune.rounds import Candidate, Confirmed
 from autotune.train_setup import TrainSetup
-from autotune.tuner.confirm import confirm, pick_candidates
+from autotune.tuner.confirm import confirm
+from autotune.tuner.finalists import pick_candidates
 
 WORKLOAD = Workload(model="resnet18", image_size=32, device="cpu")
 A, B, C = (TrainSetup(batch_size=b) for b in (16, 64, 128))
@@ -65,6 +66,33 @@ def test_finalists_are_distinct_fastest_then_the_defaults() -> None:
     # The defaults among the top are not added twice; unmeasured defaults are not added at all.
     assert [c.setup for c in pick_candidates(feasible, defaults, top=5)] == [B, C, A, defaults]
     assert [c.setup for c in pick_candidates(feasible[1:], defaults, top=1)] == [B]
+
+
+def test_a_setup_whose_training_math_diverged_in_another_trial_is_no_finalist() -> None:
+    """A float16 model under the default AdamW (a probe): #2 bs=64 w=0 diverged, its loader twin bs=64 w=1 finished and
+    won at 6.97x, and its train.py stopped at step 4 on a NaN. The same math (batch, accumulation, precision) is out."""
+    from autotune.records import Workload
+    from autotune.tuner.diverged import diverged_note
+
+    defaults = TrainSetup(batch_size=32)
+    lucky, other = TrainSetup(batch_size=64, num_workers=1, prefetch_factor=2), TrainSetup(batch_size=128, amp="bf16")
+    records = [_record(0, defaults, 100.0), _record(1, lucky, 700.0), _record(3, other, 300.0),
+               TrialRecord(2, "guess", lucky.replace(num_workers=0, prefetch_factor=None),
+                           TrialResult(status="diverged", error="the loss became NaN or infinite"))]
+    picked = pick_candidates(records, defaults, top=2, fp32_twin=True)
+    assert [c.setup for c in picked] == [other, defaults, other.replace(amp="off")]
+    # The twin of a finalist is out too where its math diverged; the defaults stay the baseline whatever diverged.
+    diverged_fp32 = [*records, TrialRecord(4, "search", other.replace(amp="off", num_workers=1, prefetch_factor=2),
+                                           TrialResult(status="diverged", error="the loss became NaN or infinite")),
+                     TrialRecord(5, "search", defaults.replace(num_workers=1, prefetch_factor=2),
+                                 TrialResult(status="diverged", error="the loss became NaN or infinite"))]
+    assert [c.setup for c in pick_candidates(diverged_fp32, defaults, top=2, fp32_twin=True)] == [other, defaults]
+    half = Workload(model="m:f", task="m:f", precision="float16")
+    note = diverged_note(records, half) or ""
+    assert note.startswith(f"1 trial diverged (the loss or the weights became NaN or infinite: #2 {records[3].setup.describe()}); no "
+                           "setup with the same batch, accumulation and precision was confirmed") and "AdamW's eps (1e-8)" in note
+    assert "AdamW" not in (diverged_note(records, Workload(model="resnet18")) or "")
+    assert diverged_note(records[:3], half) is None
 
 
 def test_defaults_whose_trial_timed_out_are_confirmed_for_the_speedup() -> None:
@@ -141,7 +169,7 @@ def test_an_fp32_twin_far_behind_the_leader_stops_after_one_round_but_no_finalis
     """A twin no trial ran, below 0.8x the leader in the first round: a second round of it could not make it win. A
     finalist as far behind keeps its second round (its trial put it near the top: one slow run may be a stall), and
     so does the baseline (the speedup is the median of paired rounds)."""
-    from autotune.tuner.confirm import TWIN
+    from autotune.tuner.finalists import TWIN
 
     twin = Candidate(B.to_json(), B, f"bs=64{TWIN}", twin=True)
     order: list[int] = []
@@ -240,7 +268,7 @@ def test_a_lone_setup_is_measured_once() -> None:
 def test_a_twin_as_slow_as_its_own_finalist_keeps_its_second_round() -> None:
     """The twin is there to be compared with its own finalist: 0.78x the leader in round 1, but 0.95x its finalist
     (slow in that round too), it runs again; a second round of both decides the precision, not one."""
-    from autotune.tuner.confirm import TWIN
+    from autotune.tuner.finalists import TWIN
 
     lead, bf16 = TrainSetup(batch_size=128), TrainSetup(batch_size=64, amp="bf16")
     fp32 = bf16.replace(amp="off")
@@ -412,7 +440,7 @@ def test_the_confirmation_records_the_rounds_its_failures_took() -> None:
 
 def test_a_leader_in_reduced_precision_meets_its_fp32_twin_in_the_confirmation() -> None:
     """bf16 changes the numerics: it must win against the same setup in float32, not against whatever fp32 finalist there is."""
-    from autotune.tuner.confirm import TWIN
+    from autotune.tuner.finalists import TWIN
 
     defaults = TrainSetup(batch_size=32)
     bf16 = TrainSetup(batch_size=64, num_workers=1, prefetch_factor=2, persistent_workers=True, amp="bf16")
@@ -552,7 +580,7 @@ def test_a_twin_whose_sibling_pair_already_answered_does_not_run() -> None:
     in loader knobs, each waiting on the loader under 1 % of the time; the first twin ran 0.67x its finalist. The other
     two twins would ask the same question of the same training step: they do not run, and their finalists say why.
     A finalist that waits on the loader, or that trains another step (channels_last), still meets its own twin."""
-    from autotune.tuner.confirm import TWIN
+    from autotune.tuner.finalists import TWIN
 
     defaults = TrainSetup(batch_size=32)
     first = TrainSetup(batch_size=512, num_workers=1, prefetch_factor=5, persistent_workers=True, amp="bf16", optimizer_impl="fused")
@@ -611,7 +639,7 @@ def test_a_twin_whose_sibling_pair_already_answered_does_not_run() -> None:
 def test_the_defaults_as_a_twin_always_run_they_are_the_baseline() -> None:
     """The defaults join as the fp32 twin of a bf16 finalist with default knobs when their own trial did not finish; a
     sibling pair may answer for that finalist's precision, but the defaults still run: the speedup needs them."""
-    from autotune.tuner.confirm import TWIN
+    from autotune.tuner.finalists import TWIN
 
     defaults = TrainSetup()
     first = defaults.replace(amp="bf16")

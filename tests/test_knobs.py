@@ -524,7 +524,7 @@ def test_break_even_is_compile_time_over_step_time_saved() -> None:
 def test_a_compiled_setup_must_beat_its_eager_twin_beyond_the_noise() -> None:
     from autotune.rounds import Candidate, Confirmed
     from autotune.tuner.choice import choose_winner
-    from autotune.tuner.confirm import pick_candidates
+    from autotune.tuner.finalists import pick_candidates
 
     eager, other, defaults = TrainSetup(batch_size=64), TrainSetup(batch_size=16), TrainSetup()
     compiled = eager.replace(compile="default")

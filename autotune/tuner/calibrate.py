@@ -24,6 +24,7 @@ from autotune.runner.failures import KILLED_FROM_OUTSIDE
 from autotune.train_setup import TrainSetup
 from autotune.tuner.batch_sizes import data_limit, powers_of_two
 from autotune.tuner.constraints import Constraint, allows
+from autotune.tuner.diverged import HALF_ADAMW, half_adamw
 from autotune.tuner.loader_ceiling import loader_ceiling, outcome_text, rate_text
 from autotune.tuner.offered import autocasts
 from autotune.tuner.space import probe_batch
@@ -38,11 +39,6 @@ WORKER_RESERVE = 0.2
 GPU_HEADROOM = 0.10
 
 Log = Callable[[str], None]
-
-
-#: Said of a model with float16 parameters trained by the default AdamW that diverged at once.
-HALF_ADAMW = ("; the default AdamW's eps (1e-8) is 0 in float16, so a step where a gradient's square underflows divides by "
-              "zero: keep the parameters in float32 (autocast, which the search tries, computes in 16 bits)")
 
 
 def calibration_seconds(trial_seconds: float) -> float:
@@ -163,6 +159,9 @@ def calibrate(
             log(f"memory pre-pass: batch {batch}: timeout ({result.error}); measuring it again")
             result = run()
         measured[batch] = result
+        if result.status == "diverged" and half_adamw(workload) and len(measured) > 1:  # its known cause, at any later batch
+            raise WorkloadError(f"{subject}: the loss became NaN or infinite in a memory pre-pass run (batch size {batch}, "
+                                f"{workload.precision}, the PyTorch defaults){HALF_ADAMW}")
         return result
 
     subject = f"workload {workload.task}" if workload.task else f"model {workload.model}"
@@ -176,7 +175,7 @@ def calibrate(
             # Not a memory limit: the plainest setup diverges, so every setup would.
             raise WorkloadError(f"{subject}: the loss became NaN or infinite in the first run (batch size {batch}, "
                                 f"{workload.precision or 'fp32'}, the PyTorch defaults); check the model, the loss and the learning rate"
-                                + (HALF_ADAMW if "float16" in (workload.precision or "").split("+") and not workload.own_optimizer else ""))
+                                + (HALF_ADAMW if half_adamw(workload) else ""))
         points.append(MemoryPoint(batch, result.status, result.peak_memory_bytes, result.samples_per_s))
         log(f"memory pre-pass: batch {batch}: {outcome_text(result)}, peak {format_bytes(result.peak_memory_bytes)}")
         if result.status != "ok":

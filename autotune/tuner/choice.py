@@ -60,7 +60,7 @@ def choose_winner(
     The fastest median wins only when it beats, beyond the noise
     (:func:`autotune.tuner.noise.beats`), the PyTorch defaults, the fastest
     finalist in float32 when it autocasts (each autocast finalist's fp32 twin is one,
-    :func:`autotune.tuner.confirm.pick_candidates`), the fastest setup that
+    :func:`autotune.tuner.finalists.pick_candidates`), the fastest setup that
     keeps the training math and the fastest whose effective batch lies nearer
     the reference; otherwise the defaults (or that setup) are returned and
     the notes say why. Defaults that the user's

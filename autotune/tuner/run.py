@@ -29,9 +29,11 @@ from autotune.train_setup import TrainSetup
 from autotune.tuner.budget import counted_records
 from autotune.tuner.calibrate import calibrate
 from autotune.tuner.config import SearchConfig, SearchOutcome, Timing
-from autotune.tuner.confirm import confirm, confirmation_plan, measure_ceilings, pick_candidates
+from autotune.tuner.confirm import confirm, confirmation_plan, measure_ceilings
 from autotune.tuner.constraints import allows, excluding
+from autotune.tuner.diverged import diverged_note
 from autotune.tuner.explore import Exploration, check_recipe
+from autotune.tuner.finalists import pick_candidates
 from autotune.tuner.guesses import guess_setups
 from autotune.tuner.kept_runs import KeptRuns
 from autotune.tuner.leftovers import nothing_left_if_nothing_measured
@@ -366,6 +368,8 @@ def finish(
         defaults_ran=any(r.setup == defaults for r in records),
     )
     best = replace(best, study=prepared.study.name)
+    if note := diverged_note(records, prepared.workload):  # their setups' math was no finalist (autotune/tuner/finalists.py)
+        best = replace(best, notes=(*best.notes, note))
     slots = prepared.placement.slots
     if prepared.placement.parallel and prepared.device.type == "cpu":  # each trial had a share of the cores; train.py has all
         best = replace(best, notes=(*best.notes, (

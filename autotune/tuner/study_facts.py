@@ -16,8 +16,8 @@ from autotune.records import TrialRecord
 from autotune.rounds import Candidate, Confirmed
 from autotune.train_setup import TrainSetup
 from autotune.tuner.budget import STUDY_BUDGET
-from autotune.tuner.confirm import TIMED_OUT, TWIN, finalist_label
 from autotune.tuner.constraints import Constraint, excluding
+from autotune.tuner.finalists import TIMED_OUT, TWIN, finalist_label
 from autotune.tuner.identity import described_workload, stored_constraints
 from autotune.tuner.stores import Rounds
 from autotune.tuner.study import ATTR_WORKER, STUDY_SIGNATURE, STUDY_WINNER, SearchStudy
