@@ -213,7 +213,7 @@ def search(
         speedup=best.speedup,
         best_json=outcome.out / "best.json",
         train_py=outcome.out / "train.py",
-        verdict=outcome.verdict,
+        verdict=in_api_words(outcome.verdict),
         notes=tuple(in_api_words(note) for note in best.notes),
         outcome=outcome,
     )

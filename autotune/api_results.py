@@ -49,7 +49,7 @@ class SearchResult:
             before it; ``notes`` says which).
         best_json: The ``best.json`` written.
         train_py: The emitted ``train.py``.
-        verdict: Which side limits training, in words.
+        verdict: Which side limits training, in words (flags named as this API's keywords, as in ``notes``).
         outcome: Everything else: every trial, calibration, confirmation.
         notes: What qualifies the figures (the CLI's ``note:`` lines): a busy machine, rounds that disagree with the
             trials, a changed precision or effective batch, an interrupted confirmation.

@@ -716,6 +716,22 @@ def test_float64_inputs_to_a_float32_layer_get_the_hint_whatever_torch_says(kind
     assert "float64" not in hinted("RuntimeError: expected scalar type Float but found Double")  # the reverse: a float64 model
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("kind", ["conv", "linear"])
+def test_float32_inputs_to_a_16_bit_layer_get_the_hint_whatever_torch_says(kind: str, bias: bool, dtype: torch.dtype) -> None:
+    """A probe's bfloat16 model given float32 items read torch's words alone; a model built on the meta device too."""
+    from autotune.workloads.batches import hinted
+
+    module = (torch.nn.Conv2d(3, 2, 3, bias=bias) if kind == "conv" else torch.nn.Linear(8, 2, bias=bias)).to(dtype)
+    with pytest.raises(RuntimeError) as raised:
+        module(torch.randn(2, 3, 8, 8))
+    assert hinted(f"RuntimeError: {raised.value}").endswith("autocast, which the search tries as amp=bf16, computes in 16 bits"), raised.value
+    with pytest.raises(RuntimeError) as meta:
+        torch.nn.Linear(8, 2, device="meta")(torch.randn(2, 8))
+    assert hinted(f"RuntimeError: {meta.value}").endswith("(model.to_empty(device='cpu'), then initialise or load the weights)")
+
+
 def test_a_stream_that_augments_randomly_is_still_caught_yielding_whole_from_every_worker() -> None:
     """Random noise before each yield made every worker's copy differ: the probing workers are seeded alike,
     so the copies are equal again, while a stream that splits itself still yields different items."""

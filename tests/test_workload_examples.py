@@ -27,6 +27,7 @@ def test_example_is_tuned_and_its_train_py_runs_the_workload(
     assert result.setup is not None and result.samples_per_s and result.samples_per_s > 0
     # What qualifies the figures, as the CLI's note: lines; progress=True prints them too (the API showed none).
     assert result.notes == tuple(map(in_api_words, result.outcome.best.notes)) and result.notes  # "confirmation: 1 interleaved round"
+    assert result.verdict == in_api_words(result.outcome.verdict)  # "--set num_workers=0 searches that side", say
     printed = capsys.readouterr().err
     assert all((f"note: {note}" in printed) is (example == "segmentation") for note in result.notes), printed  # unwrapped
     assert result.best_json.exists() and result.outcome.best is not None

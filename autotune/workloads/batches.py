@@ -92,10 +92,24 @@ _DOUBLE_HINT = ("; the inputs are float64 (NumPy's default dtype) and the model'
                 "(torch.as_tensor(x, dtype=torch.float32), or x.astype(np.float32))")
 
 
+#: float32 inputs met bfloat16 or float16 weights (Linear; Conv with a bias).
+_HALF = ("got Float and BFloat16", "got Float and Half", "but got: float != c10::BFloat16", "but got: float != c10::Half",
+         "Input type (float) and bias type (c10::BFloat16)", "Input type (float) and bias type (c10::Half)",
+         "Input type (torch.FloatTensor) and weight type (CPUBFloat16Type)", "Input type (torch.FloatTensor) and weight type (torch.HalfTensor)")
+_HALF_HINT = ("; the inputs are float32 and the model's weights 16-bit: cast the inputs in the Task's step (or loss inputs), or "
+              "keep the weights in float32: autocast, which the search tries as amp=bf16, computes in 16 bits")
+
+#: A model whose parameters were never materialised (built on the meta device).
+_META = "Tensor on device meta is not on"
+_META_HINT = ("; the model's parameters are on the meta device (shapes only, no values): materialise them in the factory "
+              "(model.to_empty(device='cpu'), then initialise or load the weights)")
+
+
 def hinted(error: str) -> str:
     """``error`` with what fixes it, where the message alone does not say."""
     hints = ((_RAGGED, RAGGED_HINT), (_RAGGED_LISTS, RAGGED_HINT), (_TWICE, _TWICE_HINT), (_UNUSED, _UNUSED_HINT),
-             (_ONE_VALUE, _ONE_VALUE_HINT), *((double, _DOUBLE_HINT) for double in _DOUBLE))
+             (_ONE_VALUE, _ONE_VALUE_HINT), (_META, _META_HINT), *((double, _DOUBLE_HINT) for double in _DOUBLE),
+             *((half, _HALF_HINT) for half in _HALF))
     for cause, hint in hints:
         if cause in error:
             return error + hint
