@@ -7,8 +7,10 @@ an exit code; library users catch it like any other exception.
 
 from __future__ import annotations
 
+import errno
 import functools
 import inspect
+import os
 import re
 from collections.abc import Callable, Collection, Mapping
 from typing import Any, TypeVar
@@ -49,7 +51,14 @@ SHM_FULL = ("unable to allocate shared memory", "killed by signal: Bus error")
 
 
 def is_shm_full(exc: BaseException) -> bool:
-    """Whether ``exc`` (a ``RuntimeError`` of the DataLoader or its collate) says /dev/shm ran full (:data:`SHM_FULL`)."""
+    """Whether ``exc`` says /dev/shm ran full: a ``RuntimeError`` of the DataLoader or its collate in PyTorch's words
+    (:data:`SHM_FULL`), or an ``OSError`` ENOSPC that Python's multiprocessing raised (a /dev/shm with no room left: the
+    DataLoader fails as it starts its workers, creating their queue's lock there, before any batch)."""
+    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+        frame = exc.__traceback__
+        while frame is not None and frame.tb_next is not None:
+            frame = frame.tb_next
+        return frame is not None and f"{os.sep}multiprocessing{os.sep}" in frame.tb_frame.f_code.co_filename
     return isinstance(exc, RuntimeError) and any(words in str(exc) for words in SHM_FULL)
 
 

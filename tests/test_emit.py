@@ -1776,19 +1776,23 @@ def test_loader_workers_that_found_dev_shm_full_are_one_line_naming_it_in_both_s
 
 
 @pytest.mark.slow
-def test_the_classifier_script_on_a_real_full_dev_shm_says_so_in_one_line(synthetic_data: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("filled", [False, True])
+def test_the_classifier_script_on_a_real_full_dev_shm_says_so_in_one_line(synthetic_data: Path, tmp_path: Path, filled: bool) -> None:
     """A real 64 KiB /dev/shm (a tmpfs mounted in a private mount namespace, as a container's is), the script run there
-    with loader workers: the batches in flight do not fit, and the script ends in the one line naming it, exit 1."""
+    with loader workers: the batches in flight do not fit, and the script ends in the one line naming it, exit 1. Filled
+    to its last byte, the workers' queue lock fails first (Python's OSError ENOSPC): a 32-line traceback before."""
     script = write_script(make_best(synthetic_data, **CPU_KNOBS), tmp_path / "train.py")
     run = [sys.executable, str(script), "--max-steps", "3", "--output-dir", str(tmp_path / "out"), "--batch-size", "16"]
-    mount = "mount --make-rprivate / && mount -t tmpfs -o size=64k tmpfs /dev/shm && exec \"$@\""
+    fill = " && { dd if=/dev/zero of=/dev/shm/fill bs=4k 2>/dev/null; true; }" if filled else ""
+    mount = "mount --make-rprivate / && mount -t tmpfs -o size=64k tmpfs /dev/shm" + fill + " && exec \"$@\""
     allowed = subprocess.run(["unshare", "-m", "sh", "-c", mount, "sh", "true"], capture_output=True, timeout=60, check=False)
     if allowed.returncode != 0:
         pytest.skip(f"this process may not mount a private /dev/shm: {allowed.stderr.decode(errors='replace').strip()}")
     result = subprocess.run(["unshare", "-m", "sh", "-c", mount, "sh", *run], capture_output=True, text=True, timeout=300)
     line = result.stderr.strip().splitlines()[-1]
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
-    assert line.startswith("error: the loader's workers ran out of shared memory (/dev/shm holds 64 KiB, "), line
+    said = "as they started (/dev/shm holds 64 KiB, 0 KiB free): [Errno 28]" if filled else "(/dev/shm holds 64 KiB, "
+    assert line.startswith(f"error: the loader's workers ran out of shared memory {said}"), line
 
 
 def test_data_whose_class_folders_are_splits_gets_the_search_s_warning(

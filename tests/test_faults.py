@@ -439,17 +439,25 @@ def _tiny_trial(cache_dir: Path, *extra: str) -> list[str]:
             "64", "--cache-dir", str(cache_dir), "--device", "cpu", "--trial-seconds", "1", *extra]
 
 
+#: A private 64 KiB /dev/shm (as a container's may be), and the same filled to its last byte before the command runs.
+SMALL_SHM = "mount --make-rprivate / && mount -t tmpfs -o size=64k tmpfs /dev/shm"
+FILLED = " && { dd if=/dev/zero of=/dev/shm/fill bs=4k 2>/dev/null; true; }"
+
+
 @pytest.mark.slow
-def test_a_trial_on_a_real_full_dev_shm_names_it(cache_dir) -> None:
+@pytest.mark.parametrize("filled", [False, True])
+def test_a_trial_on_a_real_full_dev_shm_names_it(cache_dir, filled: bool) -> None:
     """``autotune trial`` with a loader worker in a private mount namespace whose /dev/shm is a 64 KiB tmpfs (as a
-    container's may be): the trial's error names /dev/shm, its size and the fix."""
-    mount = "mount --make-rprivate / && mount -t tmpfs -o size=64k tmpfs /dev/shm && exec \"$@\""
+    container's may be): the trial's error names /dev/shm, its size and the fix. Filled to its last byte, the DataLoader
+    fails as it starts its workers (Python's OSError ENOSPC creating their queue's lock): that read as a full disk."""
+    mount = SMALL_SHM + (FILLED if filled else "") + " && exec \"$@\""
     _skip_unless_mounts_are_private(mount)
     trial = _tiny_trial(cache_dir, "--batch-size", "16", "--workers", "1", "--json")
     result = subprocess.run(["unshare", "-m", "sh", "-c", mount, "sh", *trial], capture_output=True, text=True, timeout=WAIT_S,
                             cwd=TESTS)
     error = json.loads(result.stdout)["error"]
-    assert "failed in a DataLoader worker" in error and "; /dev/shm (64 KiB, " in error, error
+    said = "unable to allocate shared memory for the loader workers' queue lock" if filled else "failed in a DataLoader worker"
+    assert said in error and "; /dev/shm (64 KiB, " in error, error
     assert error.endswith("(docker run --shm-size=8g or --ipc=host)"), error
 
 

@@ -32,8 +32,9 @@ from autotune.records import LoaderPoint, TrialOptions, TrialResult, Workload
 from autotune.runner.failures import classify
 from autotune.train_setup import TrainSetup
 from autotune.tuner import SearchConfig, run_search
-from autotune.tuner.calibrate import calibrate, workers_broken
+from autotune.tuner.calibrate import calibrate
 from autotune.tuner.constraints import parse_constraint
+from autotune.tuner.loader_ceiling import workers_broken
 from autotune.tuner.space import build_space, defaults_setup
 from autotune.workloads.batches import describe_batch, first_dim, has_image_tensor, to_device
 from autotune.workloads.tasks import build_task_workload, check_task, task_ref
@@ -1584,12 +1585,15 @@ def test_the_task_script_says_bad_data_in_one_line_and_leaves_no_loader_files(
 
 
 @pytest.mark.slow
-def test_the_task_script_on_a_real_full_dev_shm_says_so_not_that_the_batch_cannot_be_collated(tmp_path: Path) -> None:
+@pytest.mark.parametrize("filled", [False, True])
+def test_the_task_script_on_a_real_full_dev_shm_says_so_not_that_the_batch_cannot_be_collated(tmp_path: Path, filled: bool) -> None:
     """With loader workers PyTorch's default collate allocates the batch in /dev/shm: a 64 KiB tmpfs (in a private
     mount namespace, as a container's may be) cannot hold it. The line names /dev/shm; before, the script's collate
-    wrapper took the allocation's RuntimeError for items that cannot be collated together."""
+    wrapper took the allocation's RuntimeError for items that cannot be collated together. Filled to its last byte, the
+    workers' queue lock fails first (OSError ENOSPC), which ended in a traceback."""
     script = _task_script(tmp_path, "large_items", autotune.TrainSetup(batch_size=16))
-    mount = "mount --make-rprivate / && mount -t tmpfs -o size=64k tmpfs /dev/shm && exec \"$@\""
+    fill = " && { dd if=/dev/zero of=/dev/shm/fill bs=4k 2>/dev/null; true; }" if filled else ""
+    mount = "mount --make-rprivate / && mount -t tmpfs -o size=64k tmpfs /dev/shm" + fill + " && exec \"$@\""
     allowed = subprocess.run(["unshare", "-m", "sh", "-c", mount, "sh", "true"], capture_output=True, timeout=60, check=False)
     if allowed.returncode != 0:
         pytest.skip(f"this process may not mount a private /dev/shm: {allowed.stderr.decode(errors='replace').strip()}")
@@ -1598,7 +1602,8 @@ def test_the_task_script_on_a_real_full_dev_shm_says_so_not_that_the_batch_canno
                             timeout=300)
     line = result.stderr.strip().splitlines()[-1]
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
-    assert line.startswith("error: the loader's workers ran out of shared memory (/dev/shm holds 64 KiB, "), line
+    said = "as they started (/dev/shm holds 64 KiB, 0 KiB free): [Errno 28]" if filled else "(/dev/shm holds 64 KiB, "
+    assert line.startswith(f"error: the loader's workers ran out of shared memory {said}"), line
 
 
 def test_the_task_script_without_autotune_installed_says_so_in_one_line(

@@ -204,6 +204,10 @@ def test_a_winner_without_loader_workers_is_called_serial_not_cpu_shared() -> No
     waiting = bottleneck_verdict(best, calibration, [_record(2, alone, 240.0, wait=0.3)], CPU)
     assert waiting.startswith("input-bound") and "more CPU cores" not in waiting and waiting.endswith(
         "or loader workers, which overlap loading with training on spare cores (no setup with workers was measured) would help.")
+    # Workers that cannot run here (a full /dev/shm: every loader-only run with them failed) are not advised as if they could.
+    broken = dataclasses.replace(calibration, loader=(LoaderPoint(0, "ok", 900.0), LoaderPoint(1, "error", None)))
+    assert bottleneck_verdict(best, broken, [_record(2, alone, 240.0, wait=0.05)], CPU).endswith(
+        "(but they failed here in the calibration's loader-only runs, so the search tried none: its lines say why).")
 
 
 def test_an_input_bound_winner_held_to_few_workers_by_a_small_dataset_is_told_so() -> None:

@@ -10,7 +10,7 @@ import os
 import signal
 from dataclasses import replace
 
-from autotune.errors import SHM_FULL, AutotuneError, is_out_of_memory
+from autotune.errors import SHM_FULL, AutotuneError, is_out_of_memory, is_shm_full
 from autotune.records import TrialResult
 from autotune.workloads.batches import hinted
 from autotune.workloads.data import BadData
@@ -77,6 +77,9 @@ def classify(exc: BaseException) -> TrialResult:
         return TrialResult(status="error", error=said + shm_hint(message))
     if is_out_of_memory(exc):
         return TrialResult(status="oom", error=_one_line(exc))
+    if isinstance(exc, OSError) and is_shm_full(exc):  # no room for the workers' queue lock: said as PyTorch says a full one
+        said = f"{SHM_FULL[0]} for the loader workers' queue lock ({_one_line(exc)})"
+        return TrialResult(status="error", error=said + shm_hint(said))
     return TrialResult(status="error", error=hinted(_one_line(exc)) + shm_hint(message))
 
 

@@ -18,14 +18,14 @@ from dataclasses import replace
 
 from autotune.devices import DeviceInfo
 from autotune.errors import WorkloadError
-from autotune.records import Calibration, LoaderPoint, MemoryPoint, PrecisionPoint, TrialOptions, TrialResult, Workload
+from autotune.records import Calibration, MemoryPoint, PrecisionPoint, TrialOptions, TrialResult, Workload
 from autotune.runner import TrialRunner, run_trial
 from autotune.runner.failures import KILLED_FROM_OUTSIDE
 from autotune.train_setup import TrainSetup
 from autotune.tuner.batch_sizes import data_limit, powers_of_two
 from autotune.tuner.constraints import Constraint, allows
 from autotune.tuner.diverged import HALF_ADAMW, half_adamw
-from autotune.tuner.loader_ceiling import loader_ceiling, outcome_text, rate_text
+from autotune.tuner.loader_ceiling import loader_ceiling, outcome_text, rate_text, workers_broken
 from autotune.tuner.offered import autocasts
 from autotune.tuner.space import probe_batch
 from autotune.units import format_bytes
@@ -368,12 +368,3 @@ def _stream_batch(max_batch: int, workload: Workload, runner: TrialRunner, optio
         tried = f" (tried {', '.join(map(str, unfilled))})" if len(unfilled) > 1 else ""
         log(f"the dataset yields no full batch of {unfilled[-1]} samples{tried}: the search keeps batch_size <= {batch}")
     return batch
-
-
-def workers_broken(points: list[LoaderPoint], first_error: str | None) -> str | None:
-    """Why loader workers cannot run: every worker count failed while the main process loaded fine."""
-    main = [p for p in points if p.num_workers == 0]
-    workers = [p for p in points if p.num_workers > 0]
-    if not main or main[0].status != "ok" or not workers or any(p.status == "ok" for p in workers):
-        return None
-    return first_error or "every loader-only measurement with workers failed"

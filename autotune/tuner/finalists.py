@@ -16,7 +16,7 @@ from autotune.tuner.study import ROLE_DEFAULTS
 
 #: A finalist's reduced precision that the calibration measured at least this many times faster than float32 (computing
 #: alone, same batch and layout) needs no fp32 twin when the finalist is compute-bound (:data:`COMPUTE_BOUND`): its twin
-#: would run at about the inverse (0.71x), below :data:`CLEARLY_SLOWER`, with room for the calibration's own noise.
+#: would run at about the inverse (0.71x), below :data:`~autotune.tuner.confirm.CLEARLY_SLOWER`, with room for the calibration's own noise.
 CLEAR_GAIN = 1.4
 
 #: A trial that waited on the loader at most this share of its measured time is compute-bound: a slower step in float32

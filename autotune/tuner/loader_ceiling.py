@@ -144,3 +144,12 @@ def _refuse_unloadable(subject: str, workload: Workload, result: TrialResult, ba
     if result.status == "timeout":
         raise WorkloadError(f"{subject}: loading the data measured nothing in time ({run}): {result.error}; a dataset item "
                             "hangs or takes minutes (every setup reads the same data); fix it, or raise --timeout")
+
+
+def workers_broken(points: list[LoaderPoint], first_error: str | None) -> str | None:
+    """Why loader workers cannot run: every worker count failed while the main process loaded fine."""
+    main = [p for p in points if p.num_workers == 0]
+    workers = [p for p in points if p.num_workers > 0]
+    if not main or main[0].status != "ok" or not workers or any(p.status == "ok" for p in workers):
+        return None
+    return first_error or "every loader-only measurement with workers failed"

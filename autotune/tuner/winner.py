@@ -21,7 +21,7 @@ from autotune.rounds import Ceilings, Confirmed
 from autotune.train_setup import TrainSetup
 from autotune.tuner.choice import choose_winner
 from autotune.tuner.constraints import Constraint
-from autotune.tuner.loader_ceiling import more_to_load
+from autotune.tuner.loader_ceiling import more_to_load, workers_broken
 from autotune.tuner.noise import beats, compared_ratios, disagree, paired_ratios, paired_speedup
 from autotune.tuner.offered import precision_note
 from autotune.tuner.space import DEFAULT_BATCH
@@ -237,6 +237,15 @@ BUSY_CORES = 0.25
 BUSY_SHARE = 0.1
 
 
+def _workers_said(records: list[TrialRecord], calibration: Calibration) -> str:
+    """What the search knows of loader workers, for a winner without them: they failed here, lost, or were not tried."""
+    if workers_broken(list(calibration.loader), None) is not None:
+        return "but they failed here in the calibration's loader-only runs, so the search tried none: its lines say why"
+    if any(r.setup.num_workers and r.result.status in ("ok", "pruned") for r in records):
+        return "the setups with workers the search measured were not faster here"
+    return "no setup with workers was measured"
+
+
 def load_note(feasible: list[TrialRecord], usable_cores: int) -> str | None:
     """The note for best.json when other processes kept cores busy while the trials measured.
 
@@ -371,16 +380,13 @@ def bottleneck_verdict(
                     and not tried else "")
         more = "" if held else more_to_load(best.setup.num_workers, best.hardware.get("cpu", {}).get("usable_cores"))
         if not best.setup.num_workers:  # the training process loads each batch itself: more cores would not feed it
-            with_workers = any(r.setup.num_workers and r.result.status in ("ok", "pruned") for r in records)
-            more = (" or loader workers, which overlap loading with training on spare cores ("
-                    f"{'the setups with workers the search measured were not faster here' if with_workers else 'no setup with workers was measured'})")
+            more = f" or loader workers, which overlap loading with training on spare cores ({_workers_said(records, calibration)})"
         return f"input-bound: the winner waits on the DataLoader {wait:.0%} of the time ({facts}). {cheaper}{more} would help{held}.{handover}"
     if device.type == "cpu" and compute and loader and together < 0.8 * min(compute, loader):
         if not best.setup.num_workers:  # one process loads, then trains: nothing ran side by side
-            tried = any(r.setup.num_workers and r.result.status in ("ok", "pruned") for r in records)
             return (f"serial: without loader workers the training process {'decodes' if images else 'loads'} each batch and "
                     f"then trains on it ({facts}), so their times add up; workers would overlap the two on spare cores "
-                    f"({'the setups with workers the search measured were not faster here' if tried else 'no setup with workers was measured'}).")
+                    f"({_workers_said(records, calibration)}).")
         return (
             f"CPU-shared: {'decoding' if images else 'data loading'} and training compete for the same cores ({facts}); "
             "each alone is faster than both together."
