@@ -313,7 +313,8 @@ def search(
 @handle_errors
 def emit(
     directory: Annotated[Path, typer.Argument(parser=_path, help="A search output directory holding best.json (or that file).")] = Path("autotune-out"),
-    output: Annotated[Optional[Path], typer.Option("--output", "-o", parser=_path, help="The script (default DIR/train.py; - for stdout).")] = None,
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", parser=lambda v: _path(v) / "train.py" if v.endswith("/") else _path(v),
+                                                   help="The script (default DIR/train.py; a directory or DIR/ gets train.py; - for stdout).")] = None,
 ) -> None:
     """Write a standalone, DDP-ready train.py from DIR/best.json."""
     from autotune.output.best import read_best
@@ -372,10 +373,9 @@ def status(
 def main(argv: list[str] | None = None) -> None:
     """Run the Typer app: called by :func:`autotune.entry.main`, the console script (which installs the signal handlers first).
 
-    A usage error (an unknown or missing option, a value Typer cannot parse, an extra argument) is
-    one ``error:`` line naming the command's ``--help``, exit 2; Typer would draw a boxed panel. With
-    ``--json`` among its options, a command that prints a JSON object for its own errors (``trial``,
-    ``search``, ``status``) prints that object for the usage error too.
+    A usage error (an unknown or missing option, a value Typer cannot parse, an extra argument) is one ``error:`` line
+    naming the command's ``--help``, exit 2; Typer would draw a boxed panel. With ``--json`` among its options, a command
+    that prints a JSON object for its own errors (``trial``, ``search``, ``status``) prints that object for the usage error too.
     """
     _state["ran"] = False
     try:

@@ -407,6 +407,10 @@ def test_cli_emit_writes_train_py(synthetic_data: Path, tmp_path: Path) -> None:
     (tmp_path / "train.py").unlink()
     result = CliRunner().invoke(app, ["emit", str(tmp_path / "best.json")])  # the file itself: train.py beside it
     assert result.exit_code == 0 and (tmp_path / "train.py").is_file(), result.output
+    # A directory not made yet, named with its slash: train.py in it (a file named `deploy` was written before).
+    result = CliRunner().invoke(app, ["emit", str(tmp_path), "-o", f"{tmp_path / 'deploy'}/"])
+    assert result.exit_code == 0 and (tmp_path / "deploy" / "train.py").is_file(), result.output
+    assert write_script(make_best(synthetic_data, **CPU_KNOBS), f"{tmp_path / 'api'}/") == tmp_path / "api" / "train.py"
 
 
 @pytest.mark.parametrize("hardware", [{"cpu": "x"}, {"gpus": "H100"}, {"gpus": [5, {"name": "T4"}]}])

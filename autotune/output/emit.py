@@ -273,14 +273,15 @@ def _autotune_version() -> str:
 
 
 def script_target(path: str | Path, flag: str = "--output") -> Path:
-    """Where :func:`write_script` writes for ``path`` (a directory gets ``train.py``), checked before anything runs.
+    """Where :func:`write_script` writes for ``path`` (a directory, or a path ending in ``/``, gets ``train.py``),
+    checked before anything runs.
 
     Raises:
         EmitError: A parent is a file, the target is a file autotune did not write (the user's own train.py), or it is
             no regular file (a device such as ``/dev/null``, a FIFO), which writing by an atomic rename would replace.
     """
     target = Path(path)
-    if target.is_dir():
+    if target.is_dir() or str(path).endswith(("/", os.sep)):  # a directory, or one named with its slash, still to be made
         target = target / "train.py"
     blocker = next((d for d in (target.parent, *target.parent.parents) if d.exists() and not d.is_dir()), None)
     if blocker is not None:  # mkdir would say only "File exists"
