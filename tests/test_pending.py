@@ -99,6 +99,7 @@ def check_kept_then_added(monkeypatch: pytest.MonkeyPatch, cfg: SearchConfig, fi
     assert any(f"trial #{lost}, measured before the study storage was lost" in line for line in lines), lines
     trials = SearchStudy.load(storage, cfg.study).study.get_trials(deepcopy=False)
     assert trials[lost].state == TrialState.FAIL  # the trial it ran as, left running
+    assert "marker" in trials[lost].user_attrs  # not "cut short" in `autotune status`: its measurement is the one added
     added = [t for t in trials if t.state == TrialState.COMPLETE and t.user_attrs.get("setup") == setup and "reused_from" not in t.user_attrs]
     assert len(added) == 1 and added[0].number > lost  # measured once, in the first run (a trial of it since reuses that)
     assert added[0].value == result["samples_per_s"] and added[0].user_attrs["result"] == result

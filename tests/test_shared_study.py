@@ -25,7 +25,7 @@ import sqlalchemy
 import studies
 from optuna.trial import TrialState
 
-from autotune.errors import StorageError
+from autotune.errors import StorageError, StudyMismatch
 from autotune.records import TrialResult
 from autotune.time_spent import TimeSpent
 from autotune.train_setup import TrainSetup
@@ -904,7 +904,8 @@ def test_a_worker_joining_with_other_settings_is_refused_while_the_first_lives(t
         study.study.add_trial(optuna.create_trial(state=TrialState.FAIL, user_attrs={
             "marker": MARKER_JOIN, ATTR_WORKER: holder.to_dict(), "signature": at_32}))
         study.study.set_user_attr("signature", at_32)
-        with pytest.raises(StorageError, match=rf"^study 'race' in {storage} is being searched by pid {first.pid} on .* for a different "
+        # A usage error (exit 2), as where the study already stores the other settings: not a storage failure (exit 1).
+        with pytest.raises(StudyMismatch, match=rf"^study 'race' in {storage} is being searched by pid {first.pid} on .* for a different "
                                                r"search \(--image-size: 32 there, 48 now\); start this worker with the same settings"):
             Crew(study, wait_s=60.0).join({**at_32, "image_size": 48})
         assert study.study.user_attrs["signature"] == at_32  # the first worker's search stands
@@ -1211,8 +1212,13 @@ def test_a_trial_given_back_as_the_others_filled_the_budget_is_not_cut_short(tmp
 
     storage = f"journal:///{tmp_path}/study.log"
     study = SearchStudy.open(storage, "back", shared=True)
+    study.check_signature({"model": "resnet18"})
     crew = Crew(study, wait_s=WAIT_S, poll_s=0.05)
     trial, _ = study.ask()
     crew._give_back(study, trial)
     assert study.study.get_trials(deepcopy=False)[trial.number].state == TrialState.FAIL
     assert study_status(storage, "back").failed == 0
+    # One a stop (Ctrl-C, SIGTERM) ended as it measured is given back too, and is cut short: status says so, as documented.
+    stopped, _ = study.ask()
+    crew._give_back(study, stopped, unrun=False)
+    assert study_status(storage, "back").failed == 1

@@ -33,7 +33,7 @@ from autotune.train_setup import TrainSetup
 from autotune.tuner.budget import ATTR_FREE, FINISHED
 from autotune.tuner.storage import is_shared, storage_failures_said, with_retries
 from autotune.tuner.stored_records import UnreadableRecord, stored_result, stored_setup
-from autotune.tuner.study import ATTR_RESULT, ATTR_REUSED_FROM, ATTR_ROLE, ATTR_SETUP, ATTR_WORKER, SearchStudy
+from autotune.tuner.study import ATTR_MARKER, ATTR_RESULT, ATTR_REUSED_FROM, ATTR_ROLE, ATTR_SETUP, ATTR_WORKER, SearchStudy
 
 #: The file, in ``--out``, of the measured trials a rerun adds to the study.
 PENDING_FILE = "pending-trials.json"
@@ -279,10 +279,15 @@ def _add(study: SearchStudy, entry: PendingTrial) -> tuple[int | None, FrozenTri
             numbers.add(t.number)
     if measuring := next((t for t in copies if t.state in (*FINISHED, TrialState.RUNNING)), None):
         return None, measuring
+    # Failed below, each marked: the measurement is kept as the trial added last, the copies never ran, so `autotune
+    # status` counts none of them as cut short (its measurement counted twice, or an unrun copy as lost).
+    storage = study.study._storage
     if ran is not None and ran.state == TrialState.RUNNING and ran.user_attrs.get(ATTR_WORKER) == entry.attrs.get(ATTR_WORKER):
+        storage.set_trial_user_attr(ran._trial_id, ATTR_MARKER, "kept in pending-trials.json")
         study.study.tell(entry.number, state=TrialState.FAIL)
     for copy in copies:
         if copy.state == TrialState.WAITING:
-            study.study._storage.set_trial_state_values(copy._trial_id, TrialState.FAIL)
+            storage.set_trial_user_attr(copy._trial_id, ATTR_MARKER, "given back")
+            storage.set_trial_state_values(copy._trial_id, TrialState.FAIL)
     study.study.add_trial(entry.frozen())
     return next(t.number for t in study.study.get_trials(deepcopy=False) if t.system_attrs.get(SYSTEM_PENDING) == entry.key), None

@@ -4,14 +4,11 @@ Every worker runs the same search loop against the shared study; the study
 itself is the only coordinator:
 
 * **Elections** (:mod:`autotune.tuner.elections`). Work that must happen once (the calibration and the first
-  trials; the confirmation of a ``--trials`` budget) goes to the worker with
-  the lowest-numbered live election marker. The others
-  wait for the result while the elected worker makes progress: they stop
-  only after :attr:`Crew.wait_s` in which it stored nothing (no calibration
-  run, no confirmation measurement). Joining is an election too: the first
-  live worker's search settings (its signature) are the study's, so a worker
-  started at the same moment with another ``--image-size`` or ``--set`` is
-  refused before the study stores either.
+  trials; the confirmation of a ``--trials`` budget) goes to the worker with the lowest-numbered live election marker.
+  The others wait for the result while the elected worker makes progress: they stop only after :attr:`Crew.wait_s` in
+  which it stored nothing (no calibration run, no confirmation measurement). Joining is an election too: the first
+  live worker's search settings (its signature) are the study's, so a worker started at the same moment with another
+  ``--image-size`` or ``--set`` is refused before the study stores either.
 * **Budget.** ``--trials`` is the total over workers: a worker asks only while finished plus running trials are
   below it, and after asking counts again; when the others' trials already fill the budget it gives its trial back
   (failed, its fixed parameters queued again) and waits. A worker of another ``--trials`` says so as it joins.
@@ -35,7 +32,7 @@ from typing import Any, TypeVar
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.errors import SearchInterrupted, StorageError
+from autotune.errors import SearchInterrupted, StorageError, StudyMismatch
 from autotune.output.best import Best
 from autotune.records import Calibration, TrialRecord, TrialResult
 from autotune.runner import TrialRunner
@@ -109,14 +106,15 @@ class Crew:
         """Check this worker may join (same fingerprint and search); fail what dead workers left running.
 
         Raises:
-            StorageError: The fingerprint or the search differs, naming the first difference.
+            StudyMismatch: The fingerprint or the search differs, naming the first difference (a usage error, as where the
+                study already stores the other search's settings).
         """
         mine = shared_signature(signature)
         with interrupts_held():  # the first live worker to join sets the search: one started with other settings is refused
             first, marker = self._retry(lambda: elections.enter(self.study.study, self.me, MARKER_JOIN, {ATTR_SIGNATURE: mine}))
         difference = None if self.is_me(first) else signature_difference(marker.user_attrs.get(ATTR_SIGNATURE) or {}, mine)
         if difference is not None:
-            raise StorageError(f"study {self.study.name!r} in {self.study.storage} is being searched by {first.describe()} for a "
+            raise StudyMismatch(f"study {self.study.name!r} in {self.study.storage} is being searched by {first.describe()} for a "
                                f"different search ({difference}); start this worker with the same settings, or pass --study NEW_NAME")
         self._retry(lambda: self.study.check_signature(mine))
         return self.fail_stale()
@@ -334,12 +332,13 @@ class Crew:
             self._give_back(study, trial)
             return None
 
-    def _give_back(self, study: SearchStudy, trial: optuna.Trial) -> None:
+    def _give_back(self, study: SearchStudy, trial: optuna.Trial, *, unrun: bool = True) -> None:
         def step() -> None:
             frozen = study.study.get_trials(deepcopy=False)[trial.number]
             if frozen.state.is_finished():  # failed and queued again by another worker while this one stalled
                 return
-            trial.set_user_attr(ATTR_MARKER, "given back")  # no measurement, nor one a stop cut short (`autotune status`)
+            if unrun:  # never ran (the budget filled meanwhile): `autotune status` counts it neither measured nor cut short
+                trial.set_user_attr(ATTR_MARKER, "given back")
             study.study.tell(trial.number, state=TrialState.FAIL)
             if ATTR_ROLE in frozen.user_attrs or frozen.system_attrs.get("fixed_params") or frozen.params:
                 self._requeue(frozen)
@@ -386,7 +385,7 @@ class Crew:
             if not isinstance(exc, StorageError):
                 with interrupts_held():
                     try:
-                        self._give_back(study, trial)
+                        self._give_back(study, trial, unrun=False)  # a stop cut it short: `autotune status` says so
                     except StorageError:
                         pass
             raise
