@@ -1405,6 +1405,18 @@ def _bad_data_in_the_second_trial(victim: Path):  # type: ignore[no-untyped-def]
     return runner
 
 
+def test_an_image_removed_as_a_trial_read_it_is_advised_back_not_fixed_in_place(tmp_path) -> None:
+    """A probe removed two images mid-search; the next trial, which had listed them, read one gone: the line advised to
+    "fix or replace it in place", and that removing it needs another --out, for a file the user had just removed."""
+    from autotune.records import Workload
+    from autotune.tuner.timed import bad_data_advice
+
+    own = Workload(model="resnet18", data=str(tmp_path))
+    advice, if_kept = bad_data_advice(own, f"{tmp_path}/a/1.jpg: cannot read (No such file or directory)")
+    assert advice.startswith("files were removed while the search ran: put them back") and if_kept == ""
+    assert bad_data_advice(own, f"{tmp_path}/a/1.jpg: cannot decode (OSError: truncated)")[0].startswith("fix or replace it in place")
+
+
 def test_bad_data_advice_matches_what_a_rerun_accepts(tmp_path, synthetic_data) -> None:
     """The bad-data line found in a trial says to fix the file in place: a rerun after removing it is refused (the
     study was made for that many samples), so its advice names another --out for that (before: "fix or remove it and

@@ -57,7 +57,7 @@ class TimedRunner:
         if result.status not in ("ok", "pruned") and (gone := data_gone(workload)) is not None:
             raise DataError(gone)  # not the setup's failure: stop before it is stored as one
         if result.status == "bad_data":
-            advice, if_kept = bad_data_advice(workload)
+            advice, if_kept = bad_data_advice(workload, result.error)
             raise DataError(f"bad data: {result.error}; {advice}", if_kept=if_kept)
         return result
 
@@ -77,17 +77,22 @@ def data_gone(workload: Workload) -> str | None:
             "same command (finished trials are kept)")
 
 
-def bad_data_advice(workload: Workload) -> tuple[str, str]:
-    """What to do about a file or record that cannot be read, and what to add while the study holds a measurement:
-    the user's own is fixed in place (removed, the data's size changes, which that study was made for:
-    :data:`SIZE_NOTE`); the synthetic JPEGs autotune wrote are written again."""
+def bad_data_advice(workload: Workload, error: str | None = None) -> tuple[str, str]:
+    """What to do about a file or record that cannot be read (``error``, the trial's words), and what to add while the
+    study holds a measurement: the user's own is fixed in place (removed, the data's size changes, which that study was
+    made for: :data:`SIZE_NOTE`), or put back where it was removed while the search ran; the synthetic JPEGs autotune
+    wrote are written again."""
     if workload.task is None and workload.data is None:
         where = synthetic_dir(workload.cache_dir, workload.synthetic_images)
         return (f"the synthetic JPEGs in {where} are damaged: remove that directory and rerun the same command "
                 "(it writes them again, the same files; finished trials are kept)"), ""
+    if workload.task is None and MISSING in (error or ""):  # listed by the trial, gone as it read it
+        return "files were removed while the search ran: put them back and rerun the same command (finished trials are kept)", ""
     return "fix or replace it in place and rerun the same command (finished trials are kept)", SIZE_NOTE
 
 
+#: How a trial's error reads an image file of the classifier's folder that is gone (:func:`~autotune.workloads.data.load_image`).
+MISSING = "cannot read (No such file or directory)"
 #: Said of bad user data while the study holds a measurement: its signature counts the samples.
 SIZE_NOTE = ("; removing it changes the number of samples the study was made for, so a rerun without it needs another --out "
              "(with --storage: another --study)")
