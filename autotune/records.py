@@ -32,15 +32,12 @@ class Workload:
     """What a trial trains.
 
     Attributes:
-        model: A torchvision classification model name (``"resnet50"``) or a
-            user factory ``"package.module:function"`` returning an nn.Module.
-        image_size: Side of the square crop fed to the model (a Task's data is
-            its own: unused, and left out of :meth:`to_dict`).
+        model: A torchvision classification model name (``"resnet50"``) or a user factory ``"package.module:function"`` returning an nn.Module.
+        image_size: Side of the square crop fed to the model (a Task's data is its own: unused, and left out of :meth:`to_dict`).
         data: An ImageFolder directory, or ``None`` for synthetic JPEGs.
         device: ``"cpu"``, ``"cuda"`` or ``"cuda:K"`` (already resolved).
         num_classes: Classes in the data (filled in from the data).
-        images: Training images in the data (filled in from the data); an
-            optimizer step must fit in one epoch of them.
+        images: Training images in the data (filled in from the data); an optimizer step must fit in one epoch of them.
         lr: AdamW learning rate at the reference effective batch.
         synthetic_images: Files in the synthetic dataset (when ``data`` is None).
         cache_dir: Where synthetic data is generated (``None``: the default cache).
@@ -67,6 +64,8 @@ class Workload:
             several joined by ``+``): no autocast is searched for float64 alone (autocast leaves it alone), no fp16 beside
             16-bit parameters (:mod:`autotune.tuner.offered`). Left out of :meth:`to_dict` when None.
         batch_norm: Whether the model holds a BatchNorm layer that trains (not left in eval mode); None: not known. Left out when None.
+        compiled: Whether a Task's factory returns a model ``torch.compile`` wrapped: it compiles in every setup, so the
+            ``compile`` knob is not offered (:mod:`autotune.tuner.offered`). Left out when None.
     """
 
     model: str
@@ -90,6 +89,7 @@ class Workload:
     parameters: int | None = None
     precision: str | None = None
     batch_norm: bool | None = None
+    compiled: bool | None = None
 
     def __post_init__(self) -> None:
         if self.lr_scaling not in LR_SCALINGS:
@@ -135,7 +135,7 @@ class Workload:
                 del data[name]
         elif self.data is not None:
             del data["synthetic_images"]
-        for name in ("precision", "batch_norm"):
+        for name in ("precision", "batch_norm", "compiled"):
             if data[name] is None:  # as versions before the field wrote it (their readers check the keys)
                 del data[name]
         return data

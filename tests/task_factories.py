@@ -90,6 +90,11 @@ def good() -> autotune.Task:
     return autotune.Task(nn.Linear(8, 3), _Gated(dataset, gate) if gate else dataset, batch_size=16, lr=2e-3)
 
 
+def compiled() -> autotune.Task:
+    """:func:`good`'s pieces with the model ``torch.compile`` wrapped by the factory (the eager backend: no inductor)."""
+    return autotune.Task(torch.compile(nn.Linear(8, 3), backend="eager"), _pairs(), batch_size=16, lr=2e-3)
+
+
 def slow_to_build() -> autotune.Task:
     """The good Task from a factory that takes ``TASK_FACTORIES_BUILD_S`` seconds (default 3), as one that loads or
     tokenizes a corpus does: every calibration run and trial builds it again."""

@@ -2001,3 +2001,23 @@ def test_a_study_of_a_float64_task_model_resumes_only_with_the_same_precision() 
     assert signature_difference(earlier, wide) == ("the model's precision: float32 (or not read: an earlier autotune version) there, "
                                                    "'float64' now")
     assert signature_difference(plain, plain) is None
+
+
+def test_a_task_whose_factory_compiles_its_model_is_offered_no_compile_and_says_so() -> None:
+    """A factory returning torch.compile(model) was searched with compile=off|default: every trial compiled it anyway, a
+    compiled trial compiled it twice, and best.json said compile=off without a word."""
+    from autotune.runner.launch import COMPILE_ALLOWANCE_S, with_compile_allowance
+    from autotune.tuner.offered import check_workload_constraints, compiled_note, torch_knob_values
+
+    workload = build_task_workload("task_factories:compiled", device="cpu")
+    assert workload.compiled is True and Workload.from_dict(workload.to_dict()).compiled is True
+    assert "compiled" not in build_task_workload("task_factories:good", device="cpu").to_dict()  # not compiled: left out
+    cpu = DeviceInfo(name="cpu", bf16=True, memory_total_bytes=None, memory_free_bytes=None, label="cpu")
+    assert torch_knob_values(cpu, workload, 2)["compile"] == ("off",)
+    with pytest.raises(UsageError, match=r"^--set compile: the Task's factory returns a model torch.compile wraps, .*; return the plain "
+                                         r"module to let the search measure compiling against eager"):
+        check_workload_constraints({"compile": parse_constraint("compile=default")}, workload, cpu)
+    assert compiled_note(workload).endswith("the search did not measure compiling against eager") and not compiled_note(None)
+    options = TrialOptions(trial_seconds=1.0, timeout_s=60.0)
+    assert with_compile_allowance(TrainSetup(), options, workload).timeout_s == 60.0 + COMPILE_ALLOWANCE_S  # it compiles in warm-up
+    assert with_compile_allowance(TrainSetup(), options, dataclasses.replace(workload, compiled=None)) == options

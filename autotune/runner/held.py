@@ -143,7 +143,7 @@ class HeldTrials:
         if (not self._on or self._full or on_window is not None or workload.device != "cpu" or options.world_size > 1
                 or options.max_memory_bytes is not None):
             return run_trial(setup, workload, options, on_window=on_window)
-        timed = with_compile_allowance(setup, options)
+        timed = with_compile_allowance(setup, options, workload)
         key = json.dumps([setup.to_dict(), workload.to_dict(), asdict(options)], sort_keys=True)
         held = self._held.pop(key, None)
         kept = False

@@ -107,7 +107,7 @@ def run_trial(
     Returns:
         The measured result; failures are statuses, not exceptions.
     """
-    options = with_compile_allowance(setup, options or TrialOptions())
+    options = with_compile_allowance(setup, options or TrialOptions(), workload)
     made, proc, oom_before = start_trial(setup, workload, options)
     with made as tmp:
         try:
@@ -159,10 +159,10 @@ def start_trial(
         raise
 
 
-def with_compile_allowance(setup: TrainSetup, options: TrialOptions) -> TrialOptions:
-    """``options`` with room in the timeout for compiling the model, where the setup compiles it (compilation is
-    warm-up, but it can take minutes)."""
-    if setup.compile == "off":
+def with_compile_allowance(setup: TrainSetup, options: TrialOptions, workload: Workload | None = None) -> TrialOptions:
+    """``options`` with room in the timeout for compiling the model, where the setup compiles it, or the ``workload``'s
+    Task factory does (compilation is warm-up, but it can take minutes)."""
+    if setup.compile == "off" and not (workload is not None and workload.compiled):
         return options
     return replace(options, timeout_s=min(MAX_SECONDS, options.effective_timeout_s + COMPILE_ALLOWANCE_S))
 

@@ -13,7 +13,7 @@ one where it cannot is refused with one line:
   development machine (docs/benchmarks.md, "Torch's own thread count").
 - ``compile``: ``off`` and ``default`` (plus ``reduce-overhead`` on CUDA);
   sampled trials run eagerly, compiled modes are tried on the leading setup
-  (:mod:`autotune.tuner.refine`).
+  (:mod:`autotune.tuner.refine`); ``off`` only for a Task whose factory returns a compiled model.
 - ``cudnn_benchmark``: CUDA, and only for a workload whose batches keep
   their shapes.
 - ``tf32``: CUDA on Ampere and newer (the probe's ``tf32``).
@@ -48,7 +48,7 @@ def torch_knob_values(device: DeviceInfo, workload: Workload | None, usable_core
         impls = tuple(i for i in OPTIMIZER_IMPLS if i != "fused" or fused_supported(device.type))
     return {
         "num_threads": (None, *range(1, max(1, usable_cores) + 1)),
-        "compile": ("off", "default", "reduce-overhead") if cuda else ("off", "default"),
+        "compile": ("off",) if workload is not None and workload.compiled else ("off", "default", "reduce-overhead") if cuda else ("off", "default"),
         "cudnn_benchmark": (False, True) if cuda and fixed else (False,),
         "tf32": (False, True) if cuda and device.tf32 else (False,),
         "optimizer_impl": impls,
@@ -74,6 +74,15 @@ def autocast_refusal(amp: str, workload: Workload | None) -> str:
     if amp == "fp16" and dtypes & {"float16", "bfloat16"}:
         return f"the Task's model has {workload.precision if workload else ''} parameters, whose gradients fp16's GradScaler cannot unscale"
     return ""
+
+
+#: Said of a Task whose factory returns a compiled model.
+COMPILED = "the Task's factory returns a model torch.compile wraps, which compiles in every setup (compile=off included)"
+
+
+def compiled_note(workload: Workload | None) -> str:
+    """best.json's note for a Task whose factory compiles its model (empty for one that does not)."""
+    return f"{COMPILED}: the search did not measure compiling against eager" if workload is not None and workload.compiled else ""
 
 
 def precision_note(workload: Workload | None) -> str:
@@ -111,5 +120,7 @@ def check_workload_constraints(constraints: dict[str, Constraint], workload: Wor
         asked = next(a for a in AUTOCAST_DTYPES if amp.allows(a))
         suits = autocasts(("off", "bf16", "fp16") if device.type == "cuda" else ("off", "bf16"), workload)
         raise UsageError(f"--set amp={asked}: {autocast_refusal(asked, workload)}; use " + " or ".join(f"amp={a}" for a in suits))
+    if workload.compiled and any(asks("compile", mode) for mode in ("default", "reduce-overhead", "max-autotune-no-cudagraphs")):
+        raise UsageError(f"--set compile: {COMPILED}; return the plain module to let the search measure compiling against eager")
     if workload.own_optimizer and any(asks("optimizer_impl", impl) for impl in OPTIMIZER_IMPLS):
         raise UsageError("--set optimizer_impl: the Task brings its own optimizer factory; set foreach/fused there")

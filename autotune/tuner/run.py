@@ -38,6 +38,7 @@ from autotune.tuner.guesses import guess_setups
 from autotune.tuner.kept_runs import KeptRuns
 from autotune.tuner.leftovers import nothing_left_if_nothing_measured
 from autotune.tuner.neighbours import neighbour_trials
+from autotune.tuner.offered import compiled_note
 from autotune.tuner.parallel import explore_placed
 from autotune.tuner.prepare import Prepared, prepare
 from autotune.tuner.progress import Reporter, SilentReporter, check_reporter
@@ -368,8 +369,8 @@ def finish(
         defaults_ran=any(r.setup == defaults for r in records),
     )
     best = replace(best, study=prepared.study.name)
-    if note := diverged_note(records, prepared.workload):  # their setups' math was no finalist (autotune/tuner/finalists.py)
-        best = replace(best, notes=(*best.notes, note))
+    for note in (diverged_note(records, prepared.workload), compiled_note(prepared.workload)):  # diverged: no finalist
+        best = replace(best, notes=(*best.notes, note)) if note else best
     slots = prepared.placement.slots
     if prepared.placement.parallel and prepared.device.type == "cpu":  # each trial had a share of the cores; train.py has all
         best = replace(best, notes=(*best.notes, (

@@ -87,6 +87,7 @@ class TaskInfo:
         parameters: Elements of the model's trainable parameters.
         precision: The model's floating parameters' dtype when not float32 (see :attr:`Workload.precision`).
         batch_norm: Whether the model holds a BatchNorm layer that trains (:func:`~autotune.workloads.modes.has_batch_norm`).
+        compiled: Whether the factory returned the model ``torch.compile`` wrapped (see :attr:`Workload.compiled`).
     """
 
     samples: int | None
@@ -100,6 +101,7 @@ class TaskInfo:
     parameters: int = 0
     precision: str | None = None
     batch_norm: bool = False
+    compiled: bool = False
 
 
 def _first_items(task: Task, count: int) -> tuple[list[Any], bool, int | None]:
@@ -322,6 +324,7 @@ def check_task(task: Task, *, workers: bool, warn: Callable[[str], None] | None 
         parameters=sum(p.numel() for p in model.parameters() if p.requires_grad),
         precision=model_precision(model),
         batch_norm=has_batch_norm(model),
+        compiled=hasattr(model, "_orig_mod"),  # torch.compile's OptimizedModule wraps the module it compiles
     )
 
 
@@ -385,4 +388,5 @@ def build_task_workload(workload: str | Callable[..., Any], *, device: str, work
         parameters=info.parameters,
         precision=info.precision,
         batch_norm=info.batch_norm,
+        compiled=info.compiled or None,
     )
