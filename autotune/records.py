@@ -42,22 +42,16 @@ class Workload:
         synthetic_images: Files in the synthetic dataset (when ``data`` is None).
         cache_dir: Where synthetic data is generated (``None``: the default cache).
         sys_path: Extra import paths for a user factory (the caller's cwd).
-        task: A workload factory ``"package.module:function"`` returning an
-            :class:`autotune.Task`, or ``None`` for the image-classifier
-            shorthand (``model``, ``image_size``, ``data``). With a task,
-            ``model`` repeats the reference and ``images`` is ``len(dataset)``.
-        reference_batch: The Task's recipe batch (the reference effective
-            batch); ``None``: the PyTorch default of 32.
-        image_input: Whether batches hold a 4-D floating tensor, the only
-            case where ``channels_last`` applies.
+        task: A workload factory ``"package.module:function"`` returning an :class:`autotune.Task`, or ``None`` for the
+            image-classifier shorthand (``model``, ``image_size``, ``data``). With a task, ``model`` repeats the reference
+            and ``images`` is ``len(dataset)``.
+        reference_batch: The Task's recipe batch (the reference effective batch); ``None``: the PyTorch default of 32.
+        image_input: Whether batches hold a 4-D floating tensor, the only case where ``channels_last`` applies.
         iterable: Whether the Task's dataset is an ``IterableDataset``.
-        lr_scaling: How the learning rate follows the effective batch:
-            ``"sqrt"`` for adaptive (Adam-family) optimizers, the default
-            AdamW included; ``"linear"`` for SGD-like ones.
-        fixed_shapes: Whether every batch has the same shapes (cuDNN
-            autotuning is safe); the classifier's crops always do.
-        own_optimizer: Whether a Task brings its own optimizer factory
-            (``optimizer_impl`` is then not offered).
+        lr_scaling: How the learning rate follows the effective batch: ``"sqrt"`` for adaptive (Adam-family) optimizers,
+            the default AdamW included; ``"linear"`` for SGD-like ones.
+        fixed_shapes: Whether every batch has the same shapes (cuDNN autotuning is safe); the classifier's crops always do.
+        own_optimizer: Whether a Task brings its own optimizer factory (``optimizer_impl`` is then not offered).
         unsharded: An iterable dataset that every loader worker yields whole: one worker at most.
         parameters: Trainable parameters of a Task's model (a changed model is another search).
         precision: A Task's model's floating parameters' dtype when not float32 (``"float64"``, ``"float16"``, ``"bfloat16"``;
@@ -393,6 +387,11 @@ class TrialRecord:
     result: TrialResult
     reused_from: int | None = None
     free: bool = False  # nothing ran: a setup measured before (``reused_from``) or one the data or /dev/shm cannot feed
+
+    @property
+    def ran(self) -> bool:
+        """Whether this trial ran and measured its figures: not a repeat (its earlier trial's figures) nor a setup not run."""
+        return not self.free and self.reused_from is None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict."""

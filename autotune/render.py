@@ -177,14 +177,13 @@ def render_search(outcome: SearchOutcome) -> Group:
         # In a narrow terminal (or a log file: 80 columns) a cell folds onto more lines instead of losing its end.
         trials.add_column(col, justify="right" if col in ("#", "samples/s", "spread", "data wait") else "left", overflow="fold")
     # The trials that ran by throughput, then those that did not: a repeat (its earlier trial's figures) or a setup not run.
-    copied = lambda r: r.free or r.reused_from is not None  # noqa: E731
-    for record in sorted(outcome.records, key=lambda r: (not copied(r), r.result.ok, r.result.samples_per_s or 0.0), reverse=True):
+    for record in sorted(outcome.records, key=lambda r: (r.ran, r.result.ok, r.result.samples_per_s or 0.0), reverse=True):
         res = record.result
         style = STATUS_STYLE.get(res.status, "white")
         status = f"[{style}]{res.status}[/]"
         figures: tuple[str, ...] = (fmt_rate(res.samples_per_s), fmt_rate(res.samples_per_s_spread),
                    "-" if res.data_wait_fraction is None else f"{res.data_wait_fraction:.0%}", format_bytes(res.peak_memory_bytes))
-        if copied(record):
+        if not record.ran:
             status = f"[dim]same setup as #{record.reused_from}[/]" if record.reused_from is not None else f"{status} [dim](not run)[/]"
             figures = ("-",) * len(figures) if record.reused_from is not None else figures
         trials.add_row(str(record.number), escape(record.role), escape(record.setup.describe()), status, *figures)

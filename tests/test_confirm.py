@@ -92,6 +92,8 @@ def test_a_setup_whose_training_math_diverged_in_another_trial_is_no_finalist() 
     assert note.startswith(f"1 trial diverged (the loss or the weights became NaN or infinite: #2 {records[3].setup.describe()}); no "
                            "setup with the same batch, accumulation and precision was confirmed") and "AdamW's eps (1e-8)" in note
     assert "AdamW" not in (diverged_note(records, Workload(model="resnet18")) or "")
+    repeat = replace(records[3], number=6, reused_from=2)  # proposed again, not run: its figures are #2's
+    assert (diverged_note([*records, repeat], half) or "").startswith("1 trial diverged")
     assert diverged_note(records[:3], half) is None
 
 

@@ -34,12 +34,12 @@ def math_of(setup: TrainSetup) -> tuple[int, int, str, bool]:
 
 def diverged_math(records: Sequence[TrialRecord]) -> set[tuple[int, int, str, bool]]:
     """The training math of every trial that diverged."""
-    return {math_of(r.setup) for r in records if r.result.status == "diverged" and not r.free}
+    return {math_of(r.setup) for r in records if r.result.status == "diverged" and r.ran}
 
 
 def diverged_note(records: Sequence[TrialRecord], workload: Workload) -> str | None:
     """best.json's note when trials diverged: which, and that no setup of their math was confirmed; None when none did."""
-    diverged = [r for r in records if r.result.status == "diverged" and not r.free]
+    diverged = [r for r in records if r.result.status == "diverged" and r.ran]  # a repeat of one is not a second
     if not diverged:
         return None
     named = ", ".join(f"#{r.number} {r.setup.describe()}" for r in diverged[:3]) + (", ..." if len(diverged) > 3 else "")

@@ -32,7 +32,7 @@ from typing import Any
 from autotune.devices import DeviceInfo
 from autotune.errors import UsageError
 from autotune.records import Workload
-from autotune.torch_knobs import OPTIMIZER_IMPLS, fused_supported
+from autotune.torch_knobs import COMPILE_MODES, OPTIMIZER_IMPLS, fused_supported
 from autotune.tuner.constraints import Constraint
 from autotune.workloads.streams import UNSHARDED
 
@@ -120,7 +120,7 @@ def check_workload_constraints(constraints: dict[str, Constraint], workload: Wor
         asked = next(a for a in AUTOCAST_DTYPES if amp.allows(a))
         suits = autocasts(("off", "bf16", "fp16") if device.type == "cuda" else ("off", "bf16"), workload)
         raise UsageError(f"--set amp={asked}: {autocast_refusal(asked, workload)}; use " + " or ".join(f"amp={a}" for a in suits))
-    if workload.compiled and any(asks("compile", mode) for mode in ("default", "reduce-overhead", "max-autotune-no-cudagraphs")):
+    if workload.compiled and any(asks("compile", mode) for mode in COMPILE_MODES if mode != "off"):
         raise UsageError(f"--set compile: {COMPILED}; return the plain module to let the search measure compiling against eager")
     if workload.own_optimizer and any(asks("optimizer_impl", impl) for impl in OPTIMIZER_IMPLS):
         raise UsageError("--set optimizer_impl: the Task brings its own optimizer factory; set foreach/fused there")

@@ -13,7 +13,7 @@ from autotune.runner import TrialRunner, WindowCallback
 from autotune.train_setup import TrainSetup
 from autotune.tuner.config import Timing
 from autotune.tuner.signals import raise_if_stopped, remember_stop
-from autotune.workloads.data import synthetic_dir
+from autotune.workloads.data import MISSING, synthetic_dir
 
 
 class TimedRunner:
@@ -91,8 +91,6 @@ def bad_data_advice(workload: Workload, error: str | None = None) -> tuple[str, 
     return "fix or replace it in place and rerun the same command (finished trials are kept)", SIZE_NOTE
 
 
-#: How a trial's error reads an image file of the classifier's folder that is gone (:func:`~autotune.workloads.data.load_image`).
-MISSING = "cannot read (No such file or directory)"
 #: Said of bad user data while the study holds a measurement: its signature counts the samples.
 SIZE_NOTE = ("; removing it changes the number of samples the study was made for, so a rerun without it needs another --out "
              "(with --storage: another --study)")

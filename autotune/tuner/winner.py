@@ -252,7 +252,7 @@ def load_note(feasible: list[TrialRecord], usable_cores: int) -> str | None:
     Threads, workers and batch that win on a busy machine (fewer threads, say)
     may lose on an idle one: the user should know which machine was tuned for.
     """
-    loads = [r.result.other_cores for r in feasible if r.result.other_cores is not None and not r.free and r.reused_from is None]  # ran
+    loads = [r.result.other_cores for r in feasible if r.result.other_cores is not None and r.ran]
     if not loads or statistics.median(loads) < max(BUSY_CORES, BUSY_SHARE * usable_cores):
         return None
     of = f" of the {usable_cores} usable core{'s' if usable_cores != 1 else ''}" if usable_cores else " cores"

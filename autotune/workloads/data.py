@@ -286,6 +286,10 @@ def open_rgb(source: Any, path: str) -> Any:
         raise BadImage(f"{path}: cannot decode ({type(exc).__name__}: {exc})") from None
 
 
+#: What :func:`load_image` says of a file that is gone (listed, then removed before it was read): a search advises putting it back.
+MISSING = "cannot read (No such file or directory)"
+
+
 def load_image(path: str) -> Any:
     """Open one image file as RGB (:func:`open_rgb`), naming the file on failure.
 
@@ -296,8 +300,8 @@ def load_image(path: str) -> Any:
         check_regular_file(path)
         with open(path, "rb") as fh:
             return open_rgb(fh, path)
-    except FileNotFoundError as exc:  # a link whose target is gone reads as a missing file
-        gone = f"a symbolic link to {os.readlink(path)}, which does not exist" if os.path.islink(path) else f"cannot read ({exc.strerror})"
+    except FileNotFoundError:  # a link whose target is gone reads as a missing file
+        gone = f"a symbolic link to {os.readlink(path)}, which does not exist" if os.path.islink(path) else MISSING
         raise BadImage(f"{path}: {gone}") from None
     except (OSError, ValueError) as exc:  # no permission, an I/O error, a NUL in the name: open() fails before PIL sees it
         raise BadImage(f"{path}: cannot decode ({type(exc).__name__}: {exc})") from None
