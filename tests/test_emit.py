@@ -1892,3 +1892,57 @@ def test_short_epochs_write_a_checkpoint_at_most_every_checkpoint_every_seconds(
         assert len(written) == saves and "epoch 3 done at step 4" in out, (every, written, out)
     resumed = run_here([str(script), "--epochs", "5", "--resume", "--output-dir", "out-3600"], tmp_path, capfd, monkeypatch)
     assert "resumed from" in resumed and "at epoch 4 step 4" in resumed  # the last epoch's checkpoint is there
+
+
+def _saves_recorded(log: Path) -> str:
+    """A ``sitecustomize`` module that records, in ``log``, the step and epoch step of every checkpoint.pth a process
+    (each torchrun rank: they inherit ``PYTHONPATH``) puts in place."""
+    return textwrap.dedent(f"""
+        import os
+
+        _replace = os.replace
+
+        def replace(source, target, *args, **kwargs):
+            if str(target).endswith("checkpoint.pth"):
+                import torch
+                saved = torch.load(source, map_location="cpu", weights_only=True)
+                with open({str(log)!r}, "a") as file:
+                    file.write(f"{{os.environ.get('RANK', '-')}} {{saved['epoch']}} {{saved['epoch_step']}} {{saved['step']}}\\n")
+            return _replace(source, target, *args, **kwargs)
+
+        os.replace = replace
+    """)
+
+
+@pytest.mark.parametrize("torchrun", [False, True], ids=["one-process", "torchrun"])
+def test_a_long_epoch_writes_checkpoints_inside_it_every_checkpoint_every_seconds(
+    synthetic_data: Path, tmp_path: Path, torchrun: bool
+) -> None:
+    """Checkpoints were written at epochs' ends only: a crash (kill -9, the out-of-memory killer, a power cut) lost the
+    whole epoch in progress, hours on a large dataset. Inside an epoch a step now writes one when the last (or the start
+    of training) is --checkpoint-every seconds old. 64 images at batch 4: an epoch of 16 steps (8 per rank's 32 under
+    torchrun), 4 trained. Every 0.0001 s, any step comes due; every hour, none before the stop's at step 4. Under
+    torchrun rank 0's clock decides at the ranks' common checks (GracefulStop.now), and every rank takes part in the
+    checkpoint's weight check (a collective): the run ends, rather than hanging, and rank 0 alone writes (every line is
+    rank 0's)."""
+    script = write_script(make_best(synthetic_data, batch_size=4, num_workers=0, prefetch_factor=None, persistent_workers=False,
+                                    amp="off", channels_last=False), tmp_path / "train.py")
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    written = {}
+    for every in ("0.0001", "3600"):
+        log = tmp_path / f"saves-{every}.log"
+        (hooks / "sitecustomize.py").write_text(_saves_recorded(log))
+        prefix = [sys.executable, *(["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"] if torchrun else [])]
+        proc = subprocess.run([*prefix, str(script), "--max-steps", "4", "--print-freq", "1", "--output-dir", f"out-{every}",
+                               "--checkpoint-every", every], cwd=tmp_path, capture_output=True, text=True, timeout=RUN_TIMEOUT,
+                              env={**os.environ, "PYTHONPATH": os.pathsep.join([str(hooks), os.environ.get("PYTHONPATH", "")])})
+        assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+        assert "done: step 4" in proc.stdout and "epoch 0 done" not in proc.stdout, proc.stdout
+        written[every] = log.read_text().splitlines()
+    if not torchrun:
+        assert written == {"0.0001": ["- 0 1 1", "- 0 2 2", "- 0 3 3", "- 0 4 4"], "3600": ["- 0 4 4"]}
+        return
+    # The first check comes after step 2; the next one 2 s of steps later, after step 3 only where a step took that long.
+    first, *between, last = written["0.0001"]
+    assert (first, last, written["3600"]) == ("0 0 2 2", "0 0 4 4", ["0 0 4 4"]) and set(between) <= {"0 0 3 3"}, written
