@@ -105,11 +105,20 @@ def _cores_warning(cpu: CpuInfo) -> str | None:
     )
 
 
-def _gpu_warning(gpu: GpuInfo) -> str | None:
+def gpu_busy_warning(gpu: GpuInfo, device: str | None = None) -> str | None:
+    """The sentence for a GPU whose memory other processes hold more than half of; None for one that is free enough.
+
+    Args:
+        gpu: The GPU as NVML reads it.
+        device: The name a search runs it under (``cuda:K``, which counts the visible GPUs), said with NVML's index
+            beside it; by default NVML's index alone, ``GPU n``.
+    """
     total, others = gpu.memory_total_bytes, gpu.memory_used_by_others_bytes
     if not total or others is None or others <= GPU_BUSY_FRACTION * total:
         return None
-    label = f"GPU {gpu.index}" + (f" ({gpu.name})" if gpu.name else "")
+    named = [f"NVML GPU {gpu.index}"] if device else []
+    named += [gpu.name] if gpu.name else []
+    label = f"{device or f'GPU {gpu.index}'}" + (f" ({', '.join(named)})" if named else "")
     return (
         f"{label}: {others / total:.0%} of its memory ({format_bytes(others)} of {format_bytes(total)}) "
         "is already used by other processes; the search has less room for batches and measures "
@@ -169,7 +178,7 @@ def hardware_warnings(
         less than the host's available RAM.
     """
     limit = memory.address_space_limit_bytes if memory is not None else None
-    found = [_shm_warning(shm), _cores_warning(cpu), *(_gpu_warning(g) for g in gpus), address_space_warning(limit),
+    found = [_shm_warning(shm), _cores_warning(cpu), *(gpu_busy_warning(g) for g in gpus), address_space_warning(limit),
              _cgroup_memory_warning(memory) if memory is not None else None]
     return tuple(w for w in found if w)
 

@@ -63,6 +63,13 @@ class Placement:
         """The cores one rank (or one parallel trial) has: its loader workers' budget."""
         return max(1, len(self.slots[0].cores) // self.world_size)
 
+    @property
+    def cuda_devices(self) -> tuple[str, ...]:
+        """The ``cuda:K`` devices the trials use: every slot's, or one trial's ranks' (rank K on ``cuda:K``)."""
+        if self.world_size > 1:
+            return tuple(f"cuda:{k}" for k in range(self.world_size)) if self.device.type == "cuda" else ()
+        return tuple(dict.fromkeys(slot.device for slot in self.slots if slot.device.startswith("cuda")))
+
     def rank_batch(self, effective_batch: int | None) -> int | None:
         """One rank's share of a pinned global effective batch (``--effective-batch``)."""
         return effective_batch // self.world_size if effective_batch is not None else None

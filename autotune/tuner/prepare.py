@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import probes
-from autotune.devices import DeviceInfo
+from autotune.devices import DeviceInfo, visible_gpus
 from autotune.files import check_out, check_temp_dir_for_workers
 from autotune.output.emit import script_target
 from autotune.records import TrialOptions, Workload
@@ -37,6 +37,7 @@ from autotune.tuner.workers import Crew
 from autotune.units import counted
 from autotune.workloads import build_workload, write_synthetic
 from autotune.workloads.tasks import build_task_workload
+from probes.hardware import gpu_busy_warning
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,22 @@ class Prepared:
     placement: Placement
     crew: Crew | None = None  # this worker's view of a shared study (None: the study is this search's alone)
     made_out: Path | None = None  # --out when this search made it
+
+
+def search_warnings(hardware: Any, placement: Placement) -> list[str]:
+    """The probe's warnings that concern this search (a small /dev/shm, a CPU quota, a ``ulimit -v``), a busy GPU's only
+    for the GPUs the trials use, named as the search names them (``cuda:K``, which counts the visible GPUs; NVML's
+    index, ``GPU n``, counts them all): a busy GPU 0 was reported to a search on an idle ``cuda:1``."""
+    gpus = list(getattr(hardware, "gpus", None) or [])
+    busy = {gpu_busy_warning(gpu) for gpu in gpus}
+    said = [warning for warning in hardware.warnings if warning not in busy]
+    visible = visible_gpus(gpus, getattr(hardware, "cuda_visible_devices", None))
+    for name in placement.cuda_devices:
+        index = int(name.split(":", 1)[1])
+        gpu = visible[index] if index < len(visible) else None
+        if gpu is not None and (warning := gpu_busy_warning(gpu, name)) is not None:
+            said.append(warning)
+    return said
 
 
 def prepare(config: SearchConfig, reporter: Reporter) -> Prepared:
@@ -88,7 +105,7 @@ def prepare(config: SearchConfig, reporter: Reporter) -> Prepared:
         placement.rank_batch(config.effective_batch), workload.images, constraints=constraints, unit="samples" if workload.task else "images",
         ranks=placement.world_size,
     )
-    for warning in hardware.warnings:  # after the checks (an error stays one line): a small /dev/shm, a CPU quota, a ulimit -v
+    for warning in search_warnings(hardware, placement):  # after the checks (an error stays one line)
         reporter.message(f"probe: {warning}")
     if (said := threads_over_cores(constraints.get("num_threads"), placement.rank_cores)) is not None:
         reporter.message(said)
