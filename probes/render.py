@@ -80,7 +80,8 @@ def _gpu_table(hw: Hardware) -> RenderableType:
     for gpu in hw.gpus:
         pcie = "n/a"
         if gpu.pcie_generation is not None or gpu.pcie_width is not None:
-            pcie = f"gen{_or_na(gpu.pcie_generation)} x{_or_na(gpu.pcie_width)}"
+            generation = f"gen{gpu.pcie_generation}" if gpu.pcie_generation is not None else "gen ?"
+            pcie = f"{generation} x{_or_na(gpu.pcie_width)}"
         table.add_row(
             f"[{gpu.index}]",
             f"[bold blue]{_or_na(gpu.name)}[/]",

@@ -16,6 +16,7 @@ import sys
 import tempfile
 import textwrap
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import in_process
@@ -1946,3 +1947,42 @@ def test_a_long_epoch_writes_checkpoints_inside_it_every_checkpoint_every_second
     # The first check comes after step 2; the next one 2 s of steps later, after step 3 only where a step took that long.
     first, *between, last = written["0.0001"]
     assert (first, last, written["3600"]) == ("0 0 2 2", "0 0 4 4", ["0 0 4 4"]) and set(between) <= {"0 0 3 3"}, written
+
+
+def test_a_search_on_another_gpu_emits_a_script_that_trains_on_that_gpu(synthetic_data: Path, tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A search on --device cuda:1 (cuda:0 busy) emitted --device cuda, and the script trained on cuda:0, beside the job
+    the user had avoided. Its default is now cuda:1; cuda (a search on cuda:0) stays rank K on cuda:K under torchrun, where
+    a cuda:K names no rank's GPU (said once); an index past the visible GPUs or a bad name is one line. The GPU is chosen
+    by the script's own functions with torch.cuda's count faked (no GPU here)."""
+    import torch
+
+    text = render_script(make_best(synthetic_data, device="cuda:1", batch_size=8))
+    assert "--device\", default='cuda:1'" in text
+    assert "--device\", default='cuda'," in render_script(make_best(synthetic_data, device="cuda:0", batch_size=8))
+    script = tmp_path / "train.py"
+    script.write_text(text)
+    namespace = load_script(script)
+    parser = namespace["get_args_parser"]()
+    assert parser.parse_args([]).device == "cuda:1" and parser.parse_args(["--device", "cuda:3"]).device == "cuda:3"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--device", "gpu1"])
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    lines: list[str] = []
+    monkeypatch.setitem(namespace["gpu_index"].__globals__, "log", lines.append)
+
+    def index(device: str, local_rank: int | None = None) -> int:
+        distributed = local_rank is not None
+        args = SimpleNamespace(device=device, distributed=distributed, local_rank=local_rank or 0, rank=local_rank or 0)
+        return int(namespace["gpu_index"](args))
+
+    assert (index("cuda"), index("cuda:1"), index("cuda", local_rank=1), lines) == (0, 1, 1, [])
+    assert index("cuda:1", local_rank=0) == 0
+    assert lines == ["note: --device cuda:1: under torchrun rank K trains on cuda:K; choose the GPUs with CUDA_VISIBLE_DEVICES"]
+    with pytest.raises(SystemExit, match=r"^error: --device cuda:2: only 2 GPU\(s\) visible: cuda:0 to cuda:1$"):
+        index("cuda:2")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5")
+    with pytest.raises(SystemExit, match=r"^error: --device cuda \(rank 2 trains on cuda:2\): only 2 GPU\(s\) visible under "
+                                         r"CUDA_VISIBLE_DEVICES='4,5': cuda:0 to cuda:1$"):
+        index("cuda", local_rank=2)

@@ -835,3 +835,10 @@ def test_gpu_info_is_immutable_and_hashable() -> None:
         gpu.name = "x"  # type: ignore[misc]
     hash(gpu)
     assert gpu.to_dict()["query_errors"] == {"name": "Not Supported"}
+
+
+def test_render_says_an_unread_pcie_generation_as_unknown(fake_nvml: FakeNvml) -> None:
+    """A GPU whose link generation NVML cannot read (some vGPUs) rendered as "genn/a x16"."""
+    fake_nvml.failing = {(0, "nvmlDeviceGetCurrPcieLinkGeneration")}
+    text = _render_text(probes.collect())
+    assert "gen ? x16" in text and "genn/a" not in text

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import shlex
 import string
 from importlib import resources
@@ -92,6 +93,14 @@ def _choice(name: str, value: Any, choices: tuple[str, ...]) -> str:
     if not isinstance(value, str) or value not in choices:
         raise EmitError(f"cannot emit train.py: {name} must be one of {', '.join(choices)}, got {value!r}")
     return repr(value)
+
+
+def _script_device(device: Any) -> str:
+    """The script's ``--device`` default: ``cpu``, ``cuda`` (``cuda:0``: rank K on ``cuda:K`` under torchrun) or the
+    ``cuda:K`` a search on another GPU ran on (its script trained on ``cuda:0``, beside the job the user avoided)."""
+    if isinstance(device, str) and re.fullmatch(r"cuda:[1-9][0-9]*", device):
+        return repr(device)
+    return _choice("device", device_type(device) if isinstance(device, str) else device, _DEVICE_TYPES)
 
 
 def _comment_text(value: Any) -> str:
@@ -211,13 +220,13 @@ def _values(best: Best) -> dict[str, str]:
     if not isinstance(workload.sys_path, (tuple, list)):
         raise EmitError(f"cannot emit train.py: sys_path must be a list of paths, got {workload.sys_path!r}")
     factory_paths = "[" + ", ".join(_str("sys_path entry", p) for p in workload.sys_path) + "]"
-    device = device_type(workload.device) if isinstance(workload.device, str) else workload.device
+    device = _script_device(workload.device)
     values = {
         "autotune_version": _autotune_version(),
         "data": data,
         "model": repr(model),
         "image_size": _int("image_size", workload.image_size, 1),
-        "device": _choice("device", device, _DEVICE_TYPES),
+        "device": device,
         "batch_size": _int("batch_size", setup.batch_size, 1),
         "accumulation_steps": _int("accumulation_steps", setup.accumulation_steps, 1),
         "num_workers": _int("num_workers", setup.num_workers, 0),
