@@ -489,3 +489,18 @@ def test_a_cuda_library_that_cannot_allocate_on_a_full_device_is_out_of_memory()
         assert is_out_of_memory(RuntimeError(message)), message
     assert not is_out_of_memory(RuntimeError("CUDA error: CUBLAS_STATUS_EXECUTION_FAILED"))
     assert not is_out_of_memory(ValueError("CUBLAS_STATUS_ALLOC_FAILED"))  # only a RuntimeError says so
+
+
+def test_a_trial_runs_with_the_environment_of_its_call_not_of_the_first(tiny_workload, tmp_path, monkeypatch) -> None:
+    """Every trial is forked from one server per Python process, which kept the environment it started with: a caller
+    that set CUDA_VISIBLE_DEVICES (or TMPDIR, OMP_NUM_THREADS) between two calls ran the second trial with the first
+    value, on the GPU the probe no longer described. A changed environment now gets a new server."""
+    log = tmp_path / "seen.log"
+    monkeypatch.setenv("AUTOTUNE_TEST_MARK_LOG", str(log))
+    workload = dataclasses.replace(tiny_workload, model="factories:records_environment")
+    for mark in ("first", "second", "second"):
+        monkeypatch.setenv("AUTOTUNE_TEST_MARK", mark)
+        result = run_trial(TrainSetup(batch_size=8), workload, QUICK)
+        assert result.status == "ok", result.error
+    trials = [line.split() for line in log.read_text().splitlines() if int(line.split()[0]) != os.getpid()]
+    assert [mark for _, mark in trials] == ["first", "second", "second"]

@@ -123,6 +123,15 @@ def _child_env() -> dict[str, str]:
     return env
 
 
+#: Variables torch sets in the caller's process for itself (inductor's cache directories when something asks for them,
+#: CUDA's lazy module loading at its first use): set there during a search, they are no change of the caller's.
+SET_BY_TORCH = frozenset({"TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "CUDA_MODULE_LOADING"})
+
+
+def _compared(env: dict[str, str]) -> dict[str, str]:
+    return {key: value for key, value in env.items() if key not in SET_BY_TORCH}
+
+
 class Zygote:
     """Client side of the zygote server; one per parent process."""
 
@@ -132,6 +141,8 @@ class Zygote:
         self._buffer = b""
         self._lock = threading.Lock()
         self.disabled = os.environ.get("AUTOTUNE_ZYGOTE", "1") == "0"
+        self._env: dict[str, str] = {}  # the environment the server started with, which every trial it forks inherits
+        self._retired: list[subprocess.Popen[bytes]] = []  # servers of an earlier environment, ending once idle
 
     def _readline(self, timeout: float) -> str | None:
         assert self._proc is not None and self._proc.stdout is not None
@@ -164,18 +175,33 @@ class Zygote:
         return None
 
     def _spawn(self) -> None:
-        self._buffer, self._ready = b"", False
+        self._buffer, self._ready, self._env = b"", False, _child_env()
         self._proc = subprocess.Popen(
             server_command(),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
             start_new_session=True,
-            env=_child_env(),
+            env=self._env,
         )
 
+    def _retire_if_the_environment_changed(self) -> None:
+        """A caller that changed ``os.environ`` since the server started (``CUDA_VISIBLE_DEVICES`` between two Python API
+        calls, ``TMPDIR``, ``OMP_NUM_THREADS``) gets a new server: trials forked from the old one kept its environment, and a
+        trial ran on the GPU the probe no longer described. The old server is left to end once idle (its own trials
+        first: closing it would kill them); :meth:`close_all` stops it at exit."""
+        for ended in [proc for proc in self._retired if proc.poll() is not None]:
+            self._retired.remove(ended)
+            for pipe in (ended.stdin, ended.stdout):
+                if pipe is not None:
+                    pipe.close()
+        if self._proc is not None and self._proc.poll() is None and _compared(_child_env()) != _compared(self._env):
+            self._retired.append(self._proc)
+            self._proc, self._ready, self._buffer = None, False, b""
+
     def _start(self) -> bool:
-        """Make sure a server is up and has said it is ready."""
+        """Make sure a server of the caller's environment is up and has said it is ready."""
+        self._retire_if_the_environment_changed()
         if self._proc is None or self._proc.poll() is not None:
             self._spawn()
         if self._ready or self._readline(START_TIMEOUT_S) == "ready":
@@ -235,6 +261,13 @@ class Zygote:
             )
             return TrialProcess(popen.pid, directory, popen)
 
+    def close_all(self) -> None:
+        """At exit: stop the server and those of an earlier environment (with any trial still running)."""
+        self.close()
+        while self._retired:
+            self._proc, self._ready = self._retired.pop(), True
+            self.close()
+
     def close(self) -> int | None:
         """Stop the server (it kills any trial still running); its exit code (IDLE_EXIT: it had ended idle)."""
         proc, self._proc = self._proc, None
@@ -257,7 +290,7 @@ class Zygote:
 
 
 _ZYGOTE = Zygote()
-atexit.register(_ZYGOTE.close)
+atexit.register(_ZYGOTE.close_all)
 
 
 def launch(directory: Path) -> TrialProcess:
