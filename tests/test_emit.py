@@ -1983,6 +1983,21 @@ def test_a_search_on_another_gpu_emits_a_script_that_trains_on_that_gpu(syntheti
     with pytest.raises(SystemExit, match=r"^error: --device cuda:2: only 2 GPU\(s\) visible: cuda:0 to cuda:1$"):
         index("cuda:2")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5")
-    with pytest.raises(SystemExit, match=r"^error: --device cuda \(rank 2 trains on cuda:2\): only 2 GPU\(s\) visible under "
-                                         r"CUDA_VISIBLE_DEVICES='4,5': cuda:0 to cuda:1$"):
-        index("cuda", local_rank=2)
+    with pytest.raises(SystemExit, match=r"^error: process LOCAL_RANK=2 of this node has no GPU: 2 visible under "
+                                         r"CUDA_VISIBLE_DEVICES='4,5'; pass torchrun --nproc_per_node 2 or fewer \(one process per GPU\)$"):
+        index("cuda", local_rank=2)  # torchrun --nproc_per_node 3 with two GPUs: one line, not set_device's traceback
+
+
+def test_one_process_under_torchrun_runs_the_distributed_path(synthetic_data: Path, tmp_path: Path) -> None:
+    """torchrun with one process ran the script plainly (no process group, no DDP, no collectives), so the GPU check's
+    "torchrun --nproc_per_node 1 (DDP on NCCL, one rank)" ran nothing of NCCL on a one-GPU machine. Under torchrun the
+    script now always runs distributed: here gloo, DDP and the stop checks' all-reduce with a world of one."""
+    script = write_script(make_best(synthetic_data, **CPU_KNOBS), tmp_path / "train.py")
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1", str(script),
+                           "--max-steps", "3", "--print-freq", "1", "--output-dir", "out"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=RUN_TIMEOUT)
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    assert "DDP: bucket_cap_mb" in proc.stdout and "1 process(es) on cpu" in proc.stdout, proc.stdout
+    assert _checkpoint(tmp_path / "out" / "checkpoint.pth")["step"] == 3
+    plain = run_script([str(script), "--max-steps", "1", "--output-dir", "plain"], tmp_path)
+    assert "DDP:" not in plain.stdout  # run plainly: no process group
