@@ -114,6 +114,15 @@ class ProbeError(AutotuneError):
     """The hardware could not be read."""
 
 
+#: How a trial's error begins where CUDA itself failed to start (:class:`DeviceError`): no setup and no model can run.
+CUDA_START = "CUDA cannot start on"
+
+
+class DeviceError(AutotuneError):
+    """The device cannot be used at all (CUDA fails to start: a driver older than torch's CUDA build, a GPU in a bad
+    state), whatever the model and the setup."""
+
+
 class StorageError(AutotuneError):
     """The study storage or the output directory is unusable."""
 

@@ -638,3 +638,32 @@ def test_a_loader_that_waits_is_measured_past_the_cores_and_one_that_computes_is
 
     assert more_to_load(16, 2).endswith("workers past the 2 cores kept adding speed; --set num_workers=16..64 measures more)")
     assert more_to_load(2, 2) == more_to_load(3, None) == " or more CPU cores"
+
+
+def test_cuda_that_cannot_start_is_said_as_the_device_s_failure_not_the_model_s() -> None:
+    """Where NVML reads the GPU but torch's CUDA cannot start (a driver older than torch's CUDA build), the search said
+    "model resnet18 fails: RuntimeError: Found no NVIDIA driver ... (at --image-size 32)". The trial's own start of CUDA
+    (here on a host without it: the real failure) raises a DeviceError naming the device and torch's build, and the
+    calibration says that, with what to check."""
+    import torch
+
+    from autotune.errors import CUDA_START, DeviceError
+    from autotune.runner.failures import classify
+    from autotune.runner.measure import start_cuda
+
+    if torch.cuda.is_available():
+        pytest.skip("a machine without CUDA")
+    with pytest.raises(DeviceError) as info:
+        start_cuda(torch.device("cuda:0"))
+    said = classify(info.value)
+    assert said.status == "error" and said.error is not None
+    assert said.error.startswith(f"{CUDA_START} cuda:0 (torch {torch.__version__}, built for CUDA {torch.version.cuda}): ")
+
+    def no_cuda(setup, workload, options=None, *, on_window=None) -> TrialResult:
+        return said
+
+    with pytest.raises(DeviceError) as refused:
+        calibrate(replace(WORKLOAD, device="cuda:0"), CPU, usable_cores=2, available_bytes=2**33, max_memory=None,
+                  trial_seconds=3.0, bf16_ok=False, runner=no_cuda)
+    assert str(refused.value) == f"{said.error}; compare the driver (nvidia-smi) with torch's CUDA build, or pass --device cpu"
+    assert "model" not in str(refused.value) and "--image-size" not in str(refused.value)

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.records import TrialOptions, TrialResult, Workload
 from autotune.runner.failures import BudgetExceeded, CompileFailed, Diverged
-from autotune.runner.measure import LoadMeter, MemoryMonitor, Stopwatch, summarize, sync
+from autotune.runner.measure import LoadMeter, MemoryMonitor, Stopwatch, start_cuda, summarize, sync
 from autotune.runner.ranks import Rank
 from autotune.runner.windows import Work, may_close, more_windows
 from autotune.train_setup import TrainSetup
@@ -59,8 +59,7 @@ class TrialLoop:
         # On CUDA the allocator reports the peak; no thread samples the host.
         self.monitor = MemoryMonitor(budget_bytes=budget, enabled=self.device_type == "cpu").start()
         if self.device_type == "cuda":
-            torch.cuda.set_device(self.device)
-            torch.cuda.reset_peak_memory_stats(self.device)
+            start_cuda(self.device)
         rank.start(self.device)
         torch.manual_seed(options.seed)
         self.data_wait = Stopwatch()

@@ -12,8 +12,11 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import psutil
+
+from autotune.errors import CUDA_START, DeviceError
 
 
 def sync(device_type: str) -> None:
@@ -22,6 +25,25 @@ def sync(device_type: str) -> None:
         import torch
 
         torch.cuda.synchronize()
+
+
+def start_cuda(device: Any) -> None:
+    """Make ``device`` current and reset its peak counter: CUDA's first use in the trial, where a driver older than
+    torch's CUDA build fails. Said as the device's failure, not the model's (it read "model resnet18 fails: ...
+    Found no NVIDIA driver ... (at --image-size 32)").
+
+    Raises:
+        DeviceError: CUDA does not start.
+    """
+    import torch
+
+    try:
+        torch.cuda.set_device(device)
+        torch.cuda.reset_peak_memory_stats(device)
+    except Exception as exc:  # torch.AcceleratorError, RuntimeError, AssertionError ("Torch not compiled with CUDA")
+        first = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+        raise DeviceError(f"{CUDA_START} {device} (torch {torch.__version__}, built for CUDA {torch.version.cuda}): "
+                          f"{type(exc).__name__}: {first}") from exc
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import replace
 
 from autotune.devices import DeviceInfo
-from autotune.errors import WorkloadError
+from autotune.errors import CUDA_START, DeviceError, WorkloadError
 from autotune.records import Calibration, MemoryPoint, PrecisionPoint, TrialOptions, TrialResult, Workload
 from autotune.runner import TrialRunner, run_trial
 from autotune.runner.failures import KILLED_FROM_OUTSIDE
@@ -167,6 +167,8 @@ def calibrate(
     subject = f"workload {workload.task}" if workload.task else f"model {workload.model}"
     for batch in (8, 32) if not cuda else (16, 64):
         result = prepass(batch)
+        if result.status == "error" and (result.error or "").startswith(CUDA_START):  # no model, no setup can run
+            raise DeviceError(f"{result.error}; compare the driver (nvidia-smi) with torch's CUDA build, or pass --device cpu")
         if result.status == "error" and not points:
             # The model fails at a small batch with the plainest setup, and not
             # for memory: no setup can work, so stop now, not after every trial.
