@@ -29,6 +29,7 @@ import tempfile
 from pathlib import Path
 
 from autotune import SearchConfig, run_search
+from autotune.render import RichReporter, console
 
 HERE = Path(__file__).resolve().parent
 
@@ -52,7 +53,8 @@ def main(argv: list[str]) -> int:
         ceilings=False,  # a demo: skip the two runs that re-measure the ceilings at the winner's setup
         command="python examples/custom_model.py",
     )
-    outcome = run_search(config)
+    with RichReporter(console(stderr=True)) as reporter:  # the calibration's runs and each trial as they end, as the CLI prints them
+        outcome = run_search(config, reporter)
     assert outcome.best is not None
     print(f"winner: {outcome.best.setup.describe()} at {outcome.best.samples_per_s:.1f} samples/s")
     print("wrote " + ", ".join(outcome.files))

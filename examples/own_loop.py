@@ -23,6 +23,7 @@ from torch.nn import functional as F
 from torch.utils.data import TensorDataset
 
 import autotune
+import probes
 
 STEPS = 3
 
@@ -45,8 +46,8 @@ def main(argv: list[str]) -> int:
         setup = autotune.TrainSetup(batch_size=16, accumulation_steps=2, amp="bf16", channels_last=True)
         lr = 1e-3 * math.sqrt(setup.effective_batch() / 256)  # the square-root rule for AdamW, as the search scales it
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    try:
-        setup.check_device(device)
+    try:  # the probe's bf16 answer: on a CPU that runs it natively, the advice for a GPU's fp16 setup names bf16
+        setup.check_device(device, bf16_supported=probes.collect_cpu().bf16 if device == "cpu" else None)
     except autotune.AutotuneError as exc:
         print(f"error: this setup cannot run on {device}: {exc}", file=sys.stderr)
         return 2
