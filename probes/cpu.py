@@ -17,6 +17,7 @@ __all__ = [
     "CpuInfo",
     "affinity_cores",
     "collect_cpu",
+    "in_topology_order",
     "native_bf16_flags",
     "quota_to_cores",
     "read_cpuinfo",
@@ -24,6 +25,8 @@ __all__ = [
 ]
 
 CPUINFO = Path("/proc/cpuinfo")
+#: Where Linux describes each logical CPU's socket and physical core.
+CPU_SYSFS = Path("/sys/devices/system/cpu")
 
 #: /proc/cpuinfo flags that mean the CPU computes bf16 natively: x86 AMX and
 #: AVX-512 BF16, and the ``bf16`` feature of ARMv8.6+ cores (listed under
@@ -84,6 +87,29 @@ def affinity_cores() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):
         return max(1, os.cpu_count() or 1)
+
+
+def in_topology_order(cpus: list[int] | tuple[int, ...], sysfs: Path = CPU_SYSFS) -> tuple[int, ...]:
+    """``cpus`` ordered socket by socket, a physical core's hyperthreads side by side, so that contiguous slices hold
+    whole cores of one socket.
+
+    Linux numbers a two-socket SMT host's logical CPUs socket 0's cores, socket 1's, then their second hyperthreads
+    (a DGX H100: 0-55, 56-111, then 112-223): cut in numeric order, the share of cuda:4 was the hyperthreads of cuda:0's
+    cores, and cuda:2's lay on the far socket. Where sysfs does not say (another platform, a container hiding it), the
+    numeric order stays.
+    """
+
+    def place(cpu: int) -> tuple[int, int, int]:
+        try:
+            topology = sysfs / f"cpu{cpu}" / "topology"
+            return int((topology / "physical_package_id").read_text()), int((topology / "core_id").read_text()), cpu
+        except (OSError, ValueError):
+            return -1, cpu, cpu
+
+    places = [place(cpu) for cpu in cpus]
+    if any(package < 0 for package, _, _ in places):  # partly known: no order is better than numbers
+        return tuple(sorted(cpus))
+    return tuple(cpu for _, _, cpu in sorted(places))
 
 
 def quota_to_cores(limit: float) -> int:

@@ -842,3 +842,25 @@ def test_render_says_an_unread_pcie_generation_as_unknown(fake_nvml: FakeNvml) -
     fake_nvml.failing = {(0, "nvmlDeviceGetCurrPcieLinkGeneration")}
     text = _render_text(probes.collect())
     assert "gen ? x16" in text and "genn/a" not in text
+
+
+def test_cpus_in_topology_order_keep_a_core_s_hyperthreads_and_a_socket_together(tmp_path: Path) -> None:
+    """Linux numbers a two-socket SMT host's CPUs socket 0's cores, socket 1's, then their second hyperthreads (as a DGX
+    H100 does, 0-55, 56-111, 112-223): parallel trials' contiguous shares in that order put cuda:k+4's trial on the
+    hyperthreads of cuda:k's cores and cuda:2's on the far socket. In topology order each share is whole cores of one
+    socket. Here 2 sockets x 2 cores x 2 threads, written as sysfs does."""
+    from autotune.runner.ranks import share
+    from probes.cpu import in_topology_order
+
+    for cpu in range(8):  # cpu -> (socket, core): 0,1 on socket 0; 2,3 on socket 1; 4-7 their second threads
+        topology = tmp_path / f"cpu{cpu}" / "topology"
+        topology.mkdir(parents=True)
+        (topology / "physical_package_id").write_text(f"{(cpu % 4) // 2}\n")
+        (topology / "core_id").write_text(f"{cpu % 2}\n")
+    order = in_topology_order(list(range(8)), tmp_path)
+    assert order == (0, 4, 1, 5, 2, 6, 3, 7)
+    assert [share(order, 2, k) for k in range(2)] == [(0, 4, 1, 5), (2, 6, 3, 7)]  # a socket each
+    assert [share(order, 4, k) for k in range(4)] == [(0, 4), (1, 5), (2, 6), (3, 7)]  # a whole core each
+    assert in_topology_order([5, 1], tmp_path) == (1, 5)  # an affinity mask's subset: the same order
+    (tmp_path / "cpu3" / "topology" / "core_id").unlink()  # sysfs partly hidden: the numbers' order
+    assert in_topology_order([3, 0, 4], tmp_path) == (0, 3, 4)

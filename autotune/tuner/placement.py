@@ -22,6 +22,7 @@ from autotune.runner import TrialRunner, WindowCallback
 from autotune.runner.ranks import share
 from autotune.train_setup import TrainSetup
 from autotune.units import counted
+from probes.cpu import in_topology_order
 
 
 @dataclass(frozen=True)
@@ -133,11 +134,13 @@ class PlacedRunner:
 
 
 def usable_core_ids(usable: int) -> tuple[int, ...]:
-    """The ids of the cores this process may use: its affinity mask, cut to the usable count (cgroup quota)."""
+    """The ids of the cores this process may use: its affinity mask, cut to the usable count (cgroup quota), socket by
+    socket with each physical core's hyperthreads together (``probes.cpu.in_topology_order``): the contiguous shares
+    of parallel trials and ranks are whole cores of one socket."""
     try:
-        mask = sorted(os.sched_getaffinity(0))
+        mask = in_topology_order(sorted(os.sched_getaffinity(0)))
     except (AttributeError, OSError):  # no affinity on this system
-        mask = list(range(usable))
+        mask = tuple(range(usable))
     return tuple(mask[: max(1, usable)])
 
 
