@@ -349,6 +349,16 @@ def test_a_task_search_on_cuda_and_its_train_py_plain_and_under_torchrun(tmp_pat
                              cwd=tmp_path, capture_output=True, text=True, timeout=180, env=env)
         assert ran.returncode == 0, ran.stderr[-3000:]
         assert "step 3 loss" in ran.stdout and "cuda" in ran.stdout, ran.stdout[-2000:]
+        assert ("DDP:" in ran.stdout) == (len(launcher) > 1), ran.stdout[-2000:]  # NCCL under torchrun, one rank too
+    # The GPU named (as a search on cuda:K > 0 emits it), and one process more than the GPUs under torchrun: one line.
+    named = subprocess.run([sys.executable, str(result.train_py), "--device", "cuda:0", "--max-steps", "1", "--output-dir", "named"],
+                           cwd=tmp_path, capture_output=True, text=True, timeout=180, env=env)
+    assert named.returncode == 0, named.stderr[-3000:]
+    gpus = __import__("torch").cuda.device_count()
+    over = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={gpus + 1}",
+                           str(result.train_py), "--max-steps", "1", "--output-dir", "over"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=180, env=env)
+    assert over.returncode != 0 and f"error: process LOCAL_RANK={gpus} of this node has no GPU: {gpus} visible" in over.stderr
 
 
 def test_a_stream_task_script_under_torchrun_on_nccl_ends_its_epochs(tmp_path) -> None:
@@ -378,4 +388,4 @@ def test_a_stream_task_script_under_torchrun_on_nccl_ends_its_epochs(tmp_path) -
                           "--epochs", "2", "--workers", "0", "--print-freq", "1", "--output-dir", "out"],
                          cwd=tmp_path, capture_output=True, text=True, timeout=180, env=env)
     assert ran.returncode == 0, ran.stderr[-3000:]
-    assert "epoch 1 done at step" in ran.stdout, ran.stdout[-2000:]
+    assert "epoch 1 done at step" in ran.stdout and "DDP:" in ran.stdout, ran.stdout[-2000:]
