@@ -172,7 +172,7 @@ def test_an_out_holding_a_study_without_trials_says_what_it_holds(tmp_path) -> N
     import optuna
 
     from autotune.errors import AutotuneError
-    from autotune.tuner.storage import check_one_study
+    from autotune.tuner.study_files import check_one_study
 
     out = tmp_path / "out"
     out.mkdir()
@@ -919,3 +919,23 @@ def test_a_pin_that_needs_no_workload_is_refused_before_the_workload_is_checked(
     assert result.output.strip() == ("error: --set bucket_cap_mb: a DDP knob; it changes nothing in a search of one process "
                                      "(search with --nproc-per-node 2 or more)")
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("name", ["s?x=1", "s%41", "runs #3"])
+def test_an_out_whose_name_holds_url_characters_keeps_its_study_inside(tmp_path: Path, name: str) -> None:
+    """--out 'runs/s?x=1' was pasted into the SQLite URL as it is: SQLAlchemy read the study as the file runs/s, beside
+    --out (x=1 an ignored query, with a raw SAWarning), and `autotune status` then found no study; 's%41' read as the
+    missing directory sA. The study is now OUT/study.db for any directory name, and status's URL opens that file."""
+    from autotune.errors import UsageError
+    from autotune.tuner.storage import sqlite_url, storage_file
+    from autotune.tuner.study import SearchStudy
+    from autotune.tuner.study_files import check_one_study, storage_of
+
+    out = tmp_path / name
+    out.mkdir()
+    SearchStudy.open(sqlite_url(out / "study.db"), "a-study")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [name] and (out / "study.db").is_file()
+    assert storage_file(storage_of(out, None)) == (out / "study.db").resolve()
+    assert SearchStudy.load(storage_of(out, None)).name == "a-study"
+    with pytest.raises(UsageError, match="holds study 'a-study', stopped before its first trial"):
+        check_one_study(out, "another-study")

@@ -31,8 +31,9 @@ from autotune.tuner.pins import check_pins_act, threads_over_cores
 from autotune.tuner.placement import Placement, place
 from autotune.tuner.progress import Reporter
 from autotune.tuner.signals import stop_requested
-from autotune.tuner.storage import check_one_study, check_storage_url, is_shared
+from autotune.tuner.storage import check_storage_url, is_shared, sqlite_url
 from autotune.tuner.study import SearchStudy
+from autotune.tuner.study_files import check_one_study
 from autotune.tuner.workers import Crew
 from autotune.units import counted
 from autotune.workloads import build_workload, write_synthetic
@@ -113,7 +114,7 @@ def prepare(config: SearchConfig, reporter: Reporter) -> Prepared:
     check_one_study(out, name, local=config.storage is None)
     fresh = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
-    storage = config.storage or f"sqlite:///{(out / 'study.db').resolve()}"
+    storage = config.storage or sqlite_url(out / "study.db")
     shared, crew = is_shared(storage), None
     try:
         with ExitStack() as stack:  # on an error below, both are released at once

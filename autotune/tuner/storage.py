@@ -35,7 +35,7 @@ import optuna
 import sqlalchemy.exc
 from optuna.storages import BaseStorage, JournalStorage, RDBStorage, RetryHeartbeatStaleTrialCallback
 
-from autotune.errors import StorageError, UsageError
+from autotune.errors import StorageError
 from autotune.redact import hide_passwords
 from autotune.tuner.heartbeats import heartbeat_s
 from autotune.tuner.journal_file import JournalFile, journal_begins
@@ -76,6 +76,14 @@ def journal_path(url: str) -> str | None:
     if "://" not in url and url.endswith(".log"):
         return url
     return None
+
+
+def sqlite_url(path: Path) -> str:
+    """The ``sqlite:///`` URL of the database file ``path`` (made absolute), its ``%``, ``?`` and ``#`` escaped: pasted
+    as they are, SQLAlchemy read ``--out 'runs/s?x=1'``'s study as the file ``runs/s``, outside ``--out``, with ``x=1``
+    an ignored query, and ``%41`` as an ``A``."""
+    text = str(path.resolve())
+    return "sqlite:///" + text.replace("%", "%25").replace("?", "%3F").replace("#", "%23")
 
 
 def storage_file(url: str) -> Path | None:
@@ -120,43 +128,6 @@ def sqlite_path(url: str) -> str | None:
     return where
 
 
-def check_one_study(out: Path, name: str, *, local: bool = True) -> None:
-    """Refuse a search of study ``name`` on an output directory whose ``study.db`` holds other studies only.
-
-    best.json, train.py and report.html there are the outputs of that study's search: another one would overwrite them.
-    With ``local`` (the study is ``out/study.db``), a ``trials.csv`` beside a missing or empty ``study.db`` is refused
-    too: the study of those trials is gone, and a new search would overwrite the only record of its measurements.
-
-    Raises:
-        UsageError: ``out/study.db`` holds studies and none is ``name``, or has lost the trials ``out`` records.
-    """
-    db = out / "study.db"
-    if local and (out / "trials.csv").is_file() and (not db.is_file() or db.stat().st_size == 0):
-        raise UsageError(
-            f"{out} holds the trials.csv of an earlier search but its study.db is {'empty' if db.is_file() else 'missing'}: "
-            "a new search would overwrite that record; move trials.csv (and best.json, train.py, report.html) away, "
-            "or pass another --out"
-        )
-    if not db.is_file() or db.stat().st_size == 0:
-        return
-    try:
-        summaries = optuna.get_all_study_summaries(f"sqlite:///{db.resolve()}", include_best_trial=False)
-    except Exception:  # not a study database: opening it says so
-        return
-    names = [s.study_name for s in summaries]
-    if names and name not in names:
-        if not any(s.n_trials for s in summaries):  # kept after Ctrl-C (or a refusal) before its first trial
-            raise UsageError(
-                f"{out} holds study {', '.join(map(repr, names))}, stopped before its first trial: pass another --out, "
-                f"--study {names[0]} to continue it, or remove {db} to start afresh"
-            )
-        raise UsageError(
-            f"{out} holds the search of study {', '.join(map(repr, names))} (its best.json, train.py and report.html): "
-            f"study {name!r} would overwrite them; pass another --out for this search, or --study {names[0]} with that search's "
-            "own flags to continue it"
-        )
-
-
 def is_shared(url: str | None) -> bool:
     """Whether the storage is meant for many workers (a database server or a journal file)."""
     return url is not None and (journal_path(url) is not None or not url.startswith("sqlite"))
@@ -181,7 +152,7 @@ def check_storage_url(url: str) -> None:
         raise StorageError(f"cannot open study storage {scheme.group(1)}:...: its {scheme.group(1)}: is not followed by //; write "
                            f"postgresql://USER@HOST/DB, sqlite:///ABSOLUTE/PATH.db or {JOURNAL_SCHEME}/ABSOLUTE/PATH.log")
     if "://" not in url:  # a file path (the default study.db's): SQLAlchemy says only "Could not parse SQLAlchemy URL"
-        raise StorageError(f"cannot open study storage {url!r}: not a storage URL; write sqlite:///{os.path.abspath(url)} for an "
+        raise StorageError(f"cannot open study storage {url!r}: not a storage URL; write {sqlite_url(Path(url))} for an "
                            "SQLite file (a search alone), a path ending .log for a journal file, or postgresql://USER@HOST/DB")
     if url.split("://", 1)[1].split("/", 1)[0].count("@") > 1:  # the driver would read the password's tail as the host
         raise StorageError(hide_passwords(f"cannot open study storage {url!r}: more than one '@' before the host; percent-encode "
@@ -236,7 +207,7 @@ def open_storage(url: str) -> BaseStorage:
                    "postgresql+psycopg://; install the SQLAlchemy driver your URL names)")
         elif path is not None and isinstance(exc, (ValueError, KeyError, TypeError)) and not journal_begins(path):  # not a journal
             why = (f"{path} is not an Optuna journal file (a JSON record per line)" + (
-                f": it is an SQLite database; pass sqlite:///{os.path.realpath(path)}" if _is_sqlite(path) else ""))
+                f": it is an SQLite database; pass {sqlite_url(Path(os.path.realpath(path)))}" if _is_sqlite(path) else ""))
         elif path is not None and isinstance(exc, ValueError):  # a journal with a broken record (two writers on NFS, say)
             why = f"{path} is a damaged Optuna journal ({why}): restore it from a backup, or pass another --storage for a new search"
         else:

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
+import optuna
 from optuna.trial import FrozenTrial
 
 from autotune.errors import AutotuneError, StorageError, UsageError
@@ -17,6 +18,7 @@ from autotune.records import TrialRecord
 from autotune.tuner.budget import ATTR_FREE, FINISHED
 from autotune.tuner.config import SearchOutcome
 from autotune.tuner.lock import Holder
+from autotune.tuner.storage import sqlite_url
 from autotune.tuner.study import STUDY_SIGNATURE, SearchStudy
 from autotune.tuner.study_facts import stored_confirmed
 
@@ -145,4 +147,41 @@ def storage_of(out: Path, storage: str | None) -> str:
         raise StorageError(
             f"no study in {out}: {db} does not exist (run `autotune search --out {out}` first, or pass --storage URL --study NAME)"
         )
-    return f"sqlite:///{db.resolve()}"
+    return sqlite_url(db)
+
+
+def check_one_study(out: Path, name: str, *, local: bool = True) -> None:
+    """Refuse a search of study ``name`` on an output directory whose ``study.db`` holds other studies only.
+
+    best.json, train.py and report.html there are the outputs of that study's search: another one would overwrite them.
+    With ``local`` (the study is ``out/study.db``), a ``trials.csv`` beside a missing or empty ``study.db`` is refused
+    too: the study of those trials is gone, and a new search would overwrite the only record of its measurements.
+
+    Raises:
+        UsageError: ``out/study.db`` holds studies and none is ``name``, or has lost the trials ``out`` records.
+    """
+    db = out / "study.db"
+    if local and (out / "trials.csv").is_file() and (not db.is_file() or db.stat().st_size == 0):
+        raise UsageError(
+            f"{out} holds the trials.csv of an earlier search but its study.db is {'empty' if db.is_file() else 'missing'}: "
+            "a new search would overwrite that record; move trials.csv (and best.json, train.py, report.html) away, "
+            "or pass another --out"
+        )
+    if not db.is_file() or db.stat().st_size == 0:
+        return
+    try:
+        summaries = optuna.get_all_study_summaries(sqlite_url(db), include_best_trial=False)
+    except Exception:  # not a study database: opening it says so
+        return
+    names = [s.study_name for s in summaries]
+    if names and name not in names:
+        if not any(s.n_trials for s in summaries):  # kept after Ctrl-C (or a refusal) before its first trial
+            raise UsageError(
+                f"{out} holds study {', '.join(map(repr, names))}, stopped before its first trial: pass another --out, "
+                f"--study {names[0]} to continue it, or remove {db} to start afresh"
+            )
+        raise UsageError(
+            f"{out} holds the search of study {', '.join(map(repr, names))} (its best.json, train.py and report.html): "
+            f"study {name!r} would overwrite them; pass another --out for this search, or --study {names[0]} with that search's "
+            "own flags to continue it"
+        )
