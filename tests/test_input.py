@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import pathlib
 import re
 
 import pytest
@@ -922,7 +923,7 @@ def test_a_pin_that_needs_no_workload_is_refused_before_the_workload_is_checked(
 
 
 @pytest.mark.parametrize("name", ["s?x=1", "s%41", "runs #3"])
-def test_an_out_whose_name_holds_url_characters_keeps_its_study_inside(tmp_path: Path, name: str) -> None:
+def test_an_out_whose_name_holds_url_characters_keeps_its_study_inside(tmp_path: pathlib.Path, name: str) -> None:
     """--out 'runs/s?x=1' was pasted into the SQLite URL as it is: SQLAlchemy read the study as the file runs/s, beside
     --out (x=1 an ignored query, with a raw SAWarning), and `autotune status` then found no study; 's%41' read as the
     missing directory sA. The study is now OUT/study.db for any directory name, and status's URL opens that file."""

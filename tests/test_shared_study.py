@@ -528,7 +528,7 @@ def test_storage_urls() -> None:
 
 
 def test_storages_that_cannot_open_say_why(tmp_path) -> None:
-    from autotune.tuner.storage import open_storage
+    from autotune.tuner.storage import check_storage_url, open_storage
 
     with pytest.raises(StorageError, match=r"directory .*missing does not exist"):
         open_storage(f"sqlite:///{tmp_path}/missing/study.db")
@@ -543,10 +543,19 @@ def test_storages_that_cannot_open_say_why(tmp_path) -> None:
     with pytest.raises(StorageError, match=rf"{tmp_path}/study.db is not an Optuna journal file \(a JSON record per line\): it is an "
                                            rf"SQLite database; pass sqlite:///{tmp_path}/study.db$"):
         open_storage(f"journal:///{tmp_path}/study.db")
-    for text in ("hello\nworld\n", '{"a": 1}\n{"b": 2}\n', "42\n43\n"):  # text; another tool's JSON lines; numbers
+    for text in ("hello\nworld\n", '{"a": 1}\n{"b": 2}\n', "42\n43\n", "hi\n"):  # text; another tool's JSON lines; numbers
         (tmp_path / "notes.log").write_text(text)
-        with pytest.raises(StorageError, match=r"notes.log is not an Optuna journal file \(a JSON record per line\)$"):
+        with pytest.raises(StorageError, match=r"notes.log is not an Optuna journal file \(a JSON record per line\); it is left "
+                                               r"as it is: pass a new file's path for a new study$"):
+            check_storage_url(f"journal:///{tmp_path}/notes.log")  # before the workload is built: nothing written to it
+        with pytest.raises(StorageError, match=r"notes.log is not an Optuna journal file"):
             open_storage(f"journal:///{tmp_path}/notes.log")
+        assert (tmp_path / "notes.log").read_text() == text  # a search appended its first record to a one-line file
+    # Where the file cannot be: said as for SQLite (before: "[Errno 2] No such file or directory", "[Errno 21] Is a directory").
+    with pytest.raises(StorageError, match=rf"directory {tmp_path}/missing does not exist$"):
+        check_storage_url(f"journal:///{tmp_path}/missing/x.log")
+    with pytest.raises(StorageError, match=rf"{tmp_path} is a directory; name a journal file in it \({tmp_path}/study.log\)$"):
+        check_storage_url(f"journal:///{tmp_path}")
     journal = tmp_path / "real.log"  # a real journal with one record cut short (two writers on NFS): damaged, not foreign
     open_storage(f"journal:///{journal}")
     optuna.create_study(storage=open_storage(f"journal:///{journal}"), study_name="s").ask()

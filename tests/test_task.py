@@ -559,8 +559,9 @@ def test_good_workloads_become_workload_records() -> None:
     ("name", "message"),
     [
         ("no_such_function", "has no function 'no_such_function'"),
-        ("TASK", "'TASK' in 'task_factories' is a Task, not a function, for workload 'task_factories:TASK': name a function "
+        ("TASK", "'TASK' in 'task_factories' is an object of type Task, not a function, for workload 'task_factories:TASK': name a function "
                  "that returns it (def make_workload(): return TASK)"),
+        ("GATE_ENV", "'GATE_ENV' in 'task_factories' is an object of type str, not a function"),  # it read "is a str", "is a int"
         ("not_a_task", "returned int, not an autotune.Task"),
         ("raises", "failed: RuntimeError: no data mounted"),
         ("loss_and_step", "workload task_factories:loss_and_step: Task takes loss= or step=, not both"),
@@ -1502,7 +1503,8 @@ def test_the_task_script_refuses_a_bad_workload_or_checkpoint_in_one_line(
     for flags, message in (
         (["--workload", "no_such_module_xyz:make"], "error: --workload no_such_module_xyz:make: cannot find module no_such_module_xyz; run from"),
         (["--workload", "task_factories:nothing_here"], "error: --workload task_factories:nothing_here: task_factories has no function"),
-        (["--workload", "task_factories:TASK"], "error: --workload task_factories:TASK: TASK is a Task, not a function that returns one"),
+        (["--workload", "task_factories:TASK"],
+         "error: --workload task_factories:TASK: TASK is an object of type Task, not a function that returns one"),
         (["--workload", "task_factories:raises"], "error: --workload task_factories:raises failed: RuntimeError: no data mounted"),
         (["--output-dir", "/proc/autotune-x"], "error: --output-dir /proc/autotune-x: No such file or directory"),
         (["--seed", str(-2**64)], "error: --seed must be a 64-bit integer (-2**63 to 2**63 - 1)"),

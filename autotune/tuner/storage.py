@@ -144,7 +144,8 @@ def check_storage_url(url: str) -> None:
         raise StorageError(hide_passwords(f"cannot open study storage {url!r}: it begins or ends with a space"))
     if url.startswith("postgres:"):  # SQLAlchemy knows the dialect as postgresql only
         raise StorageError(hide_passwords(f"cannot open study storage {url!r}: write postgresql:// (SQLAlchemy has no postgres:// dialect)"))
-    if journal_path(url) is not None:
+    if (journal := journal_path(url)) is not None:
+        _check_journal_file(url, journal)
         return
     if url.startswith("journal:"):  # journal://x or journal:x: not the three slashes of a path
         raise StorageError(f"cannot open study storage {url!r}: write {JOURNAL_SCHEME}/ABSOLUTE/PATH.log (or a plain path ending .log)")
@@ -173,6 +174,25 @@ def check_storage_url(url: str) -> None:
     if not where or where == ":memory:":
         raise StorageError(hide_passwords(f"study storage {url!r} is an in-memory database, lost when the search ends: "
                                           "give a file (sqlite:///PATH)"))
+
+
+def _check_journal_file(url: str, path: str) -> None:
+    """Refuse a journal path whose directory is missing, that is a directory, or a file of something else, before
+    anything is written: Optuna appended its first record to a text file of the user's (then failed on reading its
+    first line), and a missing directory read as a raw ``[Errno 2]``."""
+    where = os.path.abspath(path)
+    where = "/" + where.lstrip("/") if where.startswith("//") else where  # journal:////abs/path: POSIX keeps a leading //
+    if os.path.isdir(where):
+        why = f"{where} is a directory; name a journal file in it ({os.path.join(where, 'study.log')})"
+    elif not os.path.isdir(folder := os.path.dirname(where)):
+        why = f"directory {folder} does not exist"
+    elif os.path.isfile(where) and os.path.getsize(where) > 0 and not journal_begins(where):
+        why = f"{where} is not an Optuna journal file (a JSON record per line)" + (
+            f": it is an SQLite database; pass {sqlite_url(Path(os.path.realpath(where)))}" if _is_sqlite(where)
+            else "; it is left as it is: pass a new file's path for a new study")
+    else:
+        return
+    raise StorageError(f"cannot open study storage {url!r}: {why}")
 
 
 def open_storage(url: str) -> BaseStorage:

@@ -229,7 +229,7 @@ def load_factory(ref: str, sys_path: Sequence[str], what: str = "model") -> Call
                             or f"{module_name!r} has no function {func_name!r} for {what} {ref!r}")
     if not callable(func):  # TASK = autotune.Task(...) at the module's top level, named instead of its factory
         raise WorkloadError(
-            f"{func_name!r} in {module_name!r} is a {type(func).__name__}, not a function, for {what} {ref!r}: "
+            f"{func_name!r} in {module_name!r} is an object of type {type(func).__name__}, not a function, for {what} {ref!r}: "
             f"name a function that returns it (def make_{what}(): return {func_name})"
         )
     return func
