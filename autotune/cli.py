@@ -324,7 +324,7 @@ def emit(
     if output == Path("-"):
         sys.stdout.write(render_script(best))
         return
-    path = write_script(best, output or ((directory.parent if directory.is_file() else directory) / "train.py"))
+    path = write_script(best, output or ((directory.parent if directory.is_file() else directory) / "train.py"), flag="--output")
     out.print(escape(f"wrote {path}"), highlight=False, soft_wrap=True)
 
 

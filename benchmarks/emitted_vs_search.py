@@ -94,7 +94,7 @@ def run_script(
     with tempfile.TemporaryDirectory(prefix="autotune-bench-") as ckpt_dir:
         command = [
             sys.executable, str(script.resolve()), "--max-steps", str(steps), "--print-freq", str(print_freq),
-            "--output-dir", ckpt_dir, *extra,
+            "--epochs", str(10**6), "--output-dir", ckpt_dir, *extra,  # --max-steps ends it, not the default 10 epochs
         ]
         start = time.perf_counter()
         try:
@@ -160,8 +160,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {run.error}; raise --steps or lower --print-freq if too few lines", file=sys.stderr)
         return 1
     rates, wall, rate = list(run.rates), run.wall_s, run.rate or run.median
-    print(f"setup:     {best.setup.describe()} ({best.workload.model} at {best.workload.image_size} px)")
-    print(f"train.py:  {rate:.1f} images/s over {len(rates)} windows (median {run.median:.1f}, "
+    unit = "samples/s" if best.workload.task is not None else "images/s"  # a Task has no image size either
+    print(f"setup:     {best.setup.describe()} ({best.workload.describe(best.world_size)})")
+    print(f"train.py:  {rate:.1f} {unit} over {len(rates)} windows (median {run.median:.1f}, "
           f"min {min(rates):.1f}, max {max(rates):.1f}; {wall:.1f}s wall)")
     print(f"search:    {best.samples_per_s:.1f} samples/s (spread {best.samples_per_s_spread:.1f})")
     if best.samples_per_s > 0:

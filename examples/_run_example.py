@@ -22,16 +22,23 @@ import autotune
 def run_example(workload: str, work_dir: str | None = None, trials: int = 3) -> int:
     """Search ``workload`` (tiny: 1-s trials, one confirmation round) and run its train.py for two steps."""
     work = Path(work_dir or tempfile.mkdtemp(prefix="autotune-example-"))
-    result = autotune.search(
-        workload=workload,
-        trials=trials,
-        device="cpu",
-        trial_seconds=1.0,
-        confirm_top=1,
-        confirm_rounds=1,
-        out=work / "out",
-        progress=True,
-    )
+    try:
+        result = autotune.search(
+            workload=workload,
+            trials=trials,
+            device="cpu",
+            trial_seconds=1.0,
+            confirm_top=1,
+            confirm_rounds=1,
+            out=work / "out",
+            progress=True,
+        )
+    except autotune.AutotuneError as exc:  # a refusal: its one line, as the CLI says it, not a traceback
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: what was measured is kept in WORK_DIR/out
+        print(f"error: {exc or 'interrupted'}", file=sys.stderr)
+        return 130
     assert result.setup is not None
     # speedup is None where nothing was compared with the defaults (they won alone, failed or never ran): the notes say which.
     speedup = f"{result.speedup:.2f}x the defaults" if result.speedup is not None else "no speedup: see the notes above"

@@ -28,14 +28,15 @@ import sys
 import tempfile
 from pathlib import Path
 
-from autotune import SearchConfig, run_search
+from autotune import AutotuneError, SearchConfig, run_search
 from autotune.render import RichReporter, console
 
 HERE = Path(__file__).resolve().parent
 
 
 def main(argv: list[str]) -> int:
-    work = Path(argv[1]) if len(argv) > 1 else Path(tempfile.mkdtemp(prefix="autotune-custom-model-"))
+    # Absolute: the working directory changes below (a relative one wrote to relwork/relwork/ and printed paths that were not there).
+    work = Path(argv[1]).resolve() if len(argv) > 1 else Path(tempfile.mkdtemp(prefix="autotune-custom-model-"))
     work.mkdir(parents=True, exist_ok=True)
     shutil.copy(HERE / "tiny_net.py", work / "tiny_net.py")
     os.chdir(work)  # the factory is imported from the working directory
@@ -53,8 +54,15 @@ def main(argv: list[str]) -> int:
         ceilings=False,  # a demo: skip the two runs that re-measure the ceilings at the winner's setup
         command="python examples/custom_model.py",
     )
-    with RichReporter(console(stderr=True)) as reporter:  # the calibration's runs and each trial as they end, as the CLI prints them
-        outcome = run_search(config, reporter)
+    try:
+        with RichReporter(console(stderr=True)) as reporter:  # the calibration's runs and each trial as they end, as the CLI prints them
+            outcome = run_search(config, reporter)
+    except AutotuneError as exc:  # a refusal: its one line, as the CLI says it, not a traceback
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: what was measured is kept in WORK_DIR/out
+        print(f"error: {exc or 'interrupted'}", file=sys.stderr)
+        return 130
     assert outcome.best is not None
     print(f"winner: {outcome.best.setup.describe()} at {outcome.best.samples_per_s:.1f} samples/s")
     print("wrote " + ", ".join(outcome.files))

@@ -1117,3 +1117,41 @@ def test_a_loader_queue_dev_shm_could_not_hold_is_not_run_again_at_its_size_or_l
     assert explore.beyond_the_shm(skipped[0].setup, lambda: records) is not None
     monkeypatch.setattr(explore, "collect_shm", lambda: ShmInfo("/dev/shm", 8 * 2**30, 8 * 2**30))  # --shm-size=8g, rerun
     assert explore.beyond_the_shm(skipped[0].setup, lambda: records) is None
+
+
+def test_a_rerun_that_adds_no_trial_keeps_the_confirmation_and_every_run_s_rounds(tmp_path, cache_dir) -> None:
+    """The same command rerun on a finished study (to resume, or to check that it is done) measured the confirmation
+    again: on a machine loaded differently its rounds replaced a confirmed 3.40x winner by the defaults, rewrote
+    best.json and train.py, and the first run's rounds were gone from the study. A rerun that adds no trial now takes
+    the last finished confirmation of the same finalists; one asking for more rounds measures again; and each run's
+    rounds stay in the study under its own key."""
+    from autotune.tuner.finalists import REUSED
+    from autotune.tuner.progress import SilentReporter
+
+    class Said(SilentReporter):
+        lines: list[str] = []
+
+        def message(self, text: str) -> None:
+            self.lines.append(text)
+
+    confirming: list[str] = []
+
+    def counting(setup: TrainSetup, workload, options=None, *, on_window=None) -> TrialResult:
+        if on_window is None and options.mode == "train" and options.windows != 1:  # a confirmation round, not a trial
+            confirming.append(setup.to_json())
+        return fake_runner(setup, workload, options, on_window=on_window)
+
+    first = search(config(tmp_path, cache_dir, trials=4), runner=counting)
+    best = (tmp_path / "out" / "best.json").read_text()
+    assert confirming and first.best is not None
+    confirming.clear()
+    again = search(config(tmp_path, cache_dir, trials=4), runner=counting, reporter=Said())
+    assert confirming == [] and REUSED in Said.lines
+    assert again.best is not None and again.best.setup == first.best.setup and again.best.speedup == first.best.speedup
+    rewritten = json.loads((tmp_path / "out" / "best.json").read_text())
+    assert (rewritten["setup"], rewritten["speedup"]) == (json.loads(best)["setup"], json.loads(best)["speedup"])
+    search(config(tmp_path, cache_dir, trials=4, confirm_rounds=3), runner=counting)  # more rounds asked: measured again
+    assert confirming
+    storage = f"sqlite:///{tmp_path / 'out' / 'study.db'}"
+    kept = [k for k in optuna.load_study(study_name=None, storage=storage).user_attrs if k.startswith("confirmation:")]
+    assert len(kept) == 2  # the first run's rounds and the third's, each under its run (the second measured none)

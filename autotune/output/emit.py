@@ -356,7 +356,7 @@ def write_winner(best: Best, out: Path) -> tuple[str, str]:
     Raises:
         EmitError: The script cannot be rendered, or either file cannot be written (a full disk).
     """
-    write_script(best, out / "train.py")
+    write_script(best, out / "train.py", flag="--out")  # the search's flag
     try:
         write_best(out / "best.json", best)
     except OSError as exc:
@@ -364,13 +364,14 @@ def write_winner(best: Best, out: Path) -> tuple[str, str]:
     return str(out / "best.json"), str(out / "train.py")
 
 
-def write_script(best: Best, path: str | Path) -> Path:
+def write_script(best: Best, path: str | Path, *, flag: str = "path") -> Path:
     """Render ``train.py`` and write it atomically, executable.
 
     Args:
         best: The search result to render.
         path: The file to write (an existing directory gets ``train.py`` inside
             it). Missing parent directories are created.
+        flag: What a refusal to overwrite a file asks for another of (the CLI's ``--output``; a Python caller's path).
 
     Returns:
         The path written.
@@ -379,7 +380,7 @@ def write_script(best: Best, path: str | Path) -> Path:
         EmitError: The script cannot be rendered or written.
     """
     text = render_script(best)
-    target = script_target(path)
+    target = script_target(path, flag)
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(target, text)

@@ -33,7 +33,7 @@ from autotune.tuner.confirm import confirm, confirmation_plan, measure_ceilings
 from autotune.tuner.constraints import allows, excluding
 from autotune.tuner.diverged import diverged_note
 from autotune.tuner.explore import Exploration, check_recipe
-from autotune.tuner.finalists import pick_candidates
+from autotune.tuner.finalists import REUSED, pick_candidates
 from autotune.tuner.guesses import guess_setups
 from autotune.tuner.kept_runs import KeptRuns
 from autotune.tuner.leftovers import nothing_left_if_nothing_measured
@@ -146,6 +146,7 @@ def _search(config: SearchConfig, prepared: Prepared, reporter: Reporter, timed:
     timing.phase = "search"
     check_recipe(prepared.study.records(), prepared.workload)  # a resumed study whose defaults diverged
     explore_all = partial(crew.explore, runner=placed) if crew else partial(explore_placed, prepared.placement, runner=timed)
+    before = prepared.study.finished()
     interrupted = not runs_to_the_end(lambda: explore_all(prepared.study, plan, reporter))
     records = prepared.study.records()
     plan.write_csv(records)
@@ -173,12 +174,15 @@ def _search(config: SearchConfig, prepared: Prepared, reporter: Reporter, timed:
         files = (*files, *written)
         return replace(shared, files=files, time_spent=spent, timing=timing)
     confirmed: list[Confirmed] = []
+    reuse = crew is None and prepared.study.finished() == before  # a lone study's run that added no trial
     if not interrupted:
         timing.phase = "confirmation"
         with holding(timed.runner):  # a finalist's process is kept between its rounds
             interrupted = not runs_to_the_end(
-                lambda: confirmed.extend(confirm_finalists(config, prepared, records, calibration, defaults, options, reporter, placed))
+                lambda: confirmed.extend(confirm_finalists(config, prepared, records, calibration, defaults, options, reporter, placed,
+                                                           reuse=reuse))
             )
+    reused = reuse and bool(confirmed) and prepared.study.confirmation() == {}  # the stored rounds taken, none measured now
     kept = kept_winner(prepared.out, prepared.study, records) if interrupted and not confirmed else None
     # Interrupted mid-confirmation: its rounds so far are shown (too few to rank), never dropped.
     so_far = stored_confirmed(prepared.study, records, prepared.study.confirmation()) if interrupted else ()
@@ -188,7 +192,9 @@ def _search(config: SearchConfig, prepared: Prepared, reporter: Reporter, timed:
                              partial_rounds=so_far)
     except KeyboardInterrupt:
         interrupted = True
-    if config.ceilings and confirmed and outcome.best is not None and not interrupted:
+    if reused and (stored := prepared.study.verdict())[0] is not None:  # the same winner's, measured with its rounds
+        outcome = replace(outcome, verdict=stored[0], ceilings=stored[1])
+    elif config.ceilings and confirmed and outcome.best is not None and not interrupted:
         timing.phase = "ceilings"
         measured = [outcome]
         interrupted = not runs_to_the_end(lambda: measured.append(with_ceilings(outcome, prepared, options, placed)))
@@ -285,7 +291,9 @@ def enqueue_first_trials(config: SearchConfig, prepared: Prepared, space: Space,
     a worker is: before, a database restarting just then stopped the elected worker right after its calibration.
     """
     study = prepared.study
-    retried = partial(with_retries, storage=study.storage) if is_shared(study.storage) else _at_once
+    def retried(step: Callable[[], T]) -> T:  # through a lost connection; a lone study's storage (a local file) once
+        return with_retries(step, study.storage) if is_shared(study.storage) else step()
+
     if not retried(study.is_empty):
         return
     guesses = []
@@ -297,34 +305,27 @@ def enqueue_first_trials(config: SearchConfig, prepared: Prepared, space: Space,
             retried(partial(study.enqueue, ROLE_GUESS, space.params_for(guess)))
 
 
-def _at_once(step: Callable[[], T]) -> T:
-    """Run a storage step once (a lone study's: its storage is a local file)."""
-    return step()
-
-
 def confirm_finalists(
-    config: SearchConfig,
-    prepared: Prepared,
-    records: list[TrialRecord],
-    calibration: Calibration,
-    defaults: TrainSetup,
-    options: TrialOptions,
-    reporter: Reporter,
-    runner: TrialRunner,
+    config: SearchConfig, prepared: Prepared, records: list[TrialRecord], calibration: Calibration, defaults: TrainSetup,
+    options: TrialOptions, reporter: Reporter, runner: TrialRunner, reuse: bool = False,
 ) -> list[Confirmed]:
-    """Re-measure the finalists and the defaults in interleaved rounds of one trial length each.
+    """Re-measure the finalists and the defaults in interleaved rounds of one trial length each; with ``reuse`` (a run
+    of a lone study that added no trial), take the last finished confirmation of the same finalists instead.
 
     Raises:
         KeyboardInterrupt: Ctrl-C or SIGTERM; the rounds measured so far are stored.
     """
     candidates = pick_candidates(records, defaults, config.confirm_top, fp32_twin=allows(config.constraints, "amp", "off"),
                                  calibration=calibration, baseline_only=excluding(config.pins, defaults) is not None)
+    if reuse and (kept := prepared.study.rounds_to_reuse({c.key for c in candidates}, config.confirm_rounds)):
+        reporter.message(REUSED)
+        return list(stored_confirmed(prepared.study, records, kept))
     reporter.message(confirmation_plan(candidates, options.trial_seconds, config.confirm_rounds))
     with sigterm_as_interrupt():
         confirmed = confirm(candidates, prepared.workload, options, rounds=config.confirm_rounds, known=prepared.study.confirmation(),
                             store=prepared.study.store_confirmation, runner=runner, baseline=defaults.to_json(),
                             on_measure=lambda done, total, cand, result: reporter.confirm_progress(done, total, cand.label, result))
-    prepared.study.keep_winner_rounds()  # finished: the winner written next rests on these rounds (a rerun's do not replace them)
+    prepared.study.keep_winner_rounds(config.confirm_rounds)  # the winner written next rests on them (a rerun's do not replace them)
     return confirmed
 
 

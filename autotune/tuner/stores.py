@@ -130,13 +130,27 @@ class StudyStores:
             if STUDY_WINNER_ROUNDS not in attrs and isinstance(earlier, dict) and earlier and earlier.get("run") != self.run_id:
                 self.study.set_user_attr(STUDY_WINNER_ROUNDS, earlier)  # a study of an earlier version: its last rounds are kept
             self.study.set_user_attr(STUDY_CONFIRMATION, self._stamped(rounds))
+            # Each run's own rounds too, which no later run replaces: a rerun's confirmation overwrote the last one's.
+            self.study.set_user_attr(f"{STUDY_CONFIRMATION}:{self.run_id}", self._stamped(rounds))
             self._proved_alive()
 
         self._write(step)
 
-    def keep_winner_rounds(self) -> None:
-        """Keep this run's finished confirmation as its winner's evidence (a rerun's rounds replace it only when finished)."""
-        self._write(lambda: self.study.set_user_attr(STUDY_WINNER_ROUNDS, self._stamped(self.confirmation())))  # this run's
+    def keep_winner_rounds(self, asked: int) -> None:
+        """Keep this run's finished confirmation (of up to ``asked`` rounds) as its winner's evidence (a rerun's rounds
+        replace it only when finished)."""
+        kept = {**self._stamped(self.confirmation()), "asked": asked}
+        self._write(lambda: self.study.set_user_attr(STUDY_WINNER_ROUNDS, kept))
+
+    def rounds_to_reuse(self, keys: set[str], asked: int) -> Rounds:
+        """The last finished confirmation where it measured exactly the finalists ``keys`` in up to ``asked`` rounds or
+        more; else none. A rerun that added no trial takes them rather than measure again: its own rounds, on a machine
+        as loaded differently, replaced a confirmed 3.40x winner by the defaults."""
+        stored = self.study.user_attrs.get(STUDY_WINNER_ROUNDS)
+        if not isinstance(stored, dict) or not isinstance(stored.get("asked"), int) or stored["asked"] < asked:
+            return {}
+        rounds = _rounds(stored)
+        return rounds if set(rounds) == keys else {}
 
     def winner_rounds(self) -> Rounds:
         """The rounds of the last finished confirmation (of a study from before they were kept: the last run's)."""
