@@ -117,8 +117,13 @@ def _refuse_dangling(out: Path, path: Path) -> None:
                            "create its target or pass another --out")
 
 
-def check_writable(out: Path) -> None:
+def check_writable(out: Path, flag: str = "--out") -> None:
     """Fail early (leaving nothing behind) when ``out`` cannot be created or written.
+
+    Args:
+        out: The directory.
+        flag: The option that named it, for the message (``--cache-dir``, whose synthetic JPEGs were refused only
+            after "writing 2000 synthetic JPEGs to ...").
 
     Raises:
         StorageError: ``out`` is a file, or it or its nearest existing parent
@@ -127,18 +132,18 @@ def check_writable(out: Path) -> None:
     _refuse_dangling(out, out)
     if out.exists():
         if not out.is_dir():
-            raise StorageError(f"--out {out} exists and is not a directory")
+            raise StorageError(f"{flag} {out} exists and is not a directory")
         if not _can_write(out):
-            raise StorageError(f"--out {out} is not writable")
+            raise StorageError(f"{flag} {out} is not writable")
         return
     parent = out.absolute().parent
     while not parent.exists():
         _refuse_dangling(out, parent)
         parent = parent.parent
     if not parent.is_dir():
-        raise StorageError(f"--out {out} cannot be created: {parent} is not a directory")
+        raise StorageError(f"{flag} {out} cannot be created: {parent} is not a directory")
     if not _can_write(parent):
-        raise StorageError(f"--out {out} cannot be created: {parent} is not writable")
+        raise StorageError(f"{flag} {out} cannot be created: {parent} is not writable")
 
 
 #: What the head of each result file autotune writes holds: one without it, in an --out no search wrote to, is the user's.

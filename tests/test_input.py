@@ -940,3 +940,17 @@ def test_an_out_whose_name_holds_url_characters_keeps_its_study_inside(tmp_path:
     assert SearchStudy.load(storage_of(out, None)).name == "a-study"
     with pytest.raises(UsageError, match="holds study 'a-study', stopped before its first trial"):
         check_one_study(out, "another-study")
+
+
+def test_a_cache_dir_that_cannot_be_created_is_refused_before_the_jpegs_are_written(tmp_path) -> None:
+    """An --cache-dir that cannot be made (/proc/x) was found after "writing 2000 synthetic JPEGs to /proc/x/...", tens
+    of seconds in, where the same --out is refused at once: now in the same words, before any JPEG, nothing left."""
+    import autotune
+
+    result = runner.invoke(app, ["search", "--model", "resnet18", "--image-size", "32", "--trials", "2", "--device", "cpu",
+                                 "--out", str(tmp_path / "out"), "--cache-dir", "/proc/autotune-x"])
+    assert result.exit_code == 1 and "writing" not in result.output, result.output
+    assert result.output.strip().splitlines()[-1] == "error: --cache-dir /proc/autotune-x cannot be created: /proc is not writable"
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(autotune.errors.StorageError, match="^cache_dir /proc/autotune-x cannot be created: /proc is not writable"):
+        autotune.search(model="resnet18", trials=2, device="cpu", out=tmp_path / "out", cache_dir="/proc/autotune-x")
