@@ -407,3 +407,14 @@ def test_a_journal_write_cut_short_leaves_whole_records_and_a_readable_study(tmp
     with contextlib.suppress(Exception):
         optuna.create_study(study_name="s", storage=open_storage(f"journal:///{other}"))
     assert other.read_bytes().startswith(b'{"mine": 1}')
+
+
+def test_a_study_name_with_control_characters_reaches_no_terminal_raw(tmp_path: Path) -> None:
+    """`status --study nope` listed the storage's studies as they were: a name holding ESC put a colour escape on the
+    terminal (the line's newline was escaped, the ESC not). Names that are not printable are listed as Python literals."""
+    storage = f"sqlite:///{tmp_path / 's.db'}"
+    optuna.create_study(study_name="plain", storage=storage)
+    optuna.create_study(study_name="a\x1b[31mred", storage=storage)
+    with pytest.raises(StorageError) as raised:
+        SearchStudy.load(storage, "nope")
+    assert "\x1b" not in str(raised.value) and "(studies there: plain, 'a\\x1b[31mred')" in str(raised.value)

@@ -172,7 +172,7 @@ class SearchStudy(StudyStores):
             names = optuna.get_all_study_names(backend)
         except Exception as exc:  # sqlalchemy / redis / journal errors all differ
             raise StorageError(hide_passwords(f"cannot read study storage {storage!r}: {cause_said(url, exc)}")) from None
-        found = ", ".join(names)
+        found = ", ".join(n if n.isprintable() else repr(n) for n in names)  # a name holding ESC would reach the terminal raw
         if name is None:
             if len(names) != 1:
                 raise StorageError(f"{storage}: " + (f"{len(names)} studies ({found}); pass --study NAME" if names else "holds no study"))
