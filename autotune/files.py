@@ -3,6 +3,7 @@ fail with one line, and the check that an output directory is usable."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -61,6 +62,46 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
             os.unlink(tmp)
         except FileNotFoundError:
             pass
+        raise
+
+
+def atomic_write_all(files: dict[Path, bytes]) -> None:
+    """Write every file of ``files`` as :func:`atomic_write_bytes` does, all or none: each is first written in full to
+    a temporary file beside it, and only then are they renamed into place. A target that is a directory (or no regular
+    file) is refused before anything is written: a report that failed on its third PNG had replaced its page and first
+    PNG, a page beside an earlier run's plots.
+
+    Raises:
+        OSError: A file cannot be written (its ``filename`` names it); no target has changed, unless a rename itself
+            failed midway (the temporary files are removed either way).
+    """
+    for target in files:
+        if target.exists() and not target.is_file():
+            raise OSError(errno.EISDIR if target.is_dir() else errno.EEXIST,
+                          "Is a directory" if target.is_dir() else "exists and is not a regular file", str(target))
+    temps: dict[Path, str] = {}
+    try:
+        for target, data in files.items():
+            try:
+                fd, temps[target] = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+                os.fchmod(fd, 0o666 & ~_umask())
+                with os.fdopen(fd, "wb") as fh:
+                    fh.write(data)
+                    fh.flush()
+                    os.fsync(fh.fileno())
+            except OSError as exc:
+                exc.filename = exc.filename or str(target)
+                raise
+        for target, tmp in temps.items():
+            try:
+                os.replace(tmp, target)
+            except OSError as exc:  # it names the temporary file
+                exc.filename = str(target)
+                raise
+    except BaseException:
+        for tmp in temps.values():
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
         raise
 
 

@@ -1066,3 +1066,23 @@ def test_the_winner_is_marked_among_the_finalists_and_the_sections_count_on_past
     titles = [html_module.unescape(t.split("</h2>")[0]) for t in page.split("<h2>")[1:]]
     assert [t.split(". ", 1)[0] for t in titles[1:]] == [str(n) for n in range(1, len(titles))], titles
     assert any(t.endswith(". torch.compile on the leading setup") for t in titles) and titles[-1] == f"{len(titles) - 1}. Where the search's time went"
+
+
+def test_a_report_that_cannot_write_one_file_replaces_none(tmp_path) -> None:
+    """A report that failed on its second PNG (a directory in its place, a full disk) had already replaced the page and
+    the first PNG: a page beside an earlier run's plots, where docs/faults.md promises the page and its PNGs of one
+    report. Every file is now written to a temporary file first, and a target that is a directory is refused first."""
+    from autotune.errors import EmitError
+    from autotune.output.report import write_rendered
+
+    (tmp_path / "report.html").write_text("old page")
+    (tmp_path / "report-summary.png").write_bytes(b"old summary")
+    (tmp_path / "report-history.png").mkdir()
+    with pytest.raises(EmitError, match=rf"^cannot write {tmp_path}/report-history.png: Is a directory$"):
+        write_rendered(tmp_path, "new page", {"summary": b"new", "history": b"new", "confirmation": b"new"})
+    assert (tmp_path / "report.html").read_text() == "old page" and (tmp_path / "report-summary.png").read_bytes() == b"old summary"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report-history.png", "report-summary.png", "report.html"]  # no temp file
+    (tmp_path / "report-history.png").rmdir()
+    written = write_rendered(tmp_path, "new page", {"summary": b"new", "history": b"new"})
+    assert [p.name for p in written] == ["report.html", "report-summary.png", "report-history.png"]
+    assert (tmp_path / "report.html").read_text() == "new page" and not (tmp_path / "report-confirmation.png").exists()

@@ -20,7 +20,7 @@ from html import escape
 from pathlib import Path
 
 from autotune.errors import EmitError
-from autotune.files import atomic_write_bytes, atomic_write_text
+from autotune.files import atomic_write_all
 from autotune.output.best import DEFAULTS_KEPT
 from autotune.output.compile_payoff import compile_section
 from autotune.output.emit import run_command
@@ -192,17 +192,15 @@ def write_report(out: Path, data: ReportInput) -> tuple[Path, ...]:
 def write_rendered(out: Path, page: str, images: dict[str, bytes]) -> tuple[Path, ...]:
     """:func:`write_report` for a page and images :func:`render_report` drew (the seconds of drawing apart from the
     milliseconds of writing, which a caller may keep whole: a page and PNGs of one report, never of two)."""
-    written, path = [out / REPORT], out / REPORT
+    files = {out / REPORT: page.encode("utf-8", errors="backslashreplace"),
+             **{out / f"report-{name}.png": images[name] for name in HEADLINE if name in images}}
+    path = out / REPORT
     try:
         out.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(path, page)
+        atomic_write_all(files)  # the page and its PNGs, all or none
         for name in HEADLINE:
-            path = out / f"report-{name}.png"
-            if name in images:
-                atomic_write_bytes(path, images[name])
-                written.append(path)
-            else:
-                path.unlink(missing_ok=True)
+            if name not in images:
+                (path := out / f"report-{name}.png").unlink(missing_ok=True)
     except OSError as exc:
-        raise EmitError(f"cannot write {path}: {exc.strerror or exc}") from None
-    return tuple(written)
+        raise EmitError(f"cannot write {exc.filename or path}: {exc.strerror or exc}") from None
+    return tuple(files)
