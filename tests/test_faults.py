@@ -221,15 +221,17 @@ def _never_ending(cache_dir: Path) -> tuple:
 
 
 def _trial_pids() -> list[int]:
-    """This process's trials: the children of its zygote server."""
+    """This process's trials: the children of its zygote server that lead their own session, as a trial does from its
+    first step (a server's own short-lived forks as it starts, such as a subprocess before its exec, do not)."""
     found = []
     for child in psutil.Process().children(recursive=True):
         try:
             parent = child.parent()
             if (parent is not None and parent.pid != os.getpid() and "autotune.runner.server" in " ".join(parent.cmdline())
-                    and child.status() != psutil.STATUS_ZOMBIE):  # an earlier trial, killed and not yet reaped, is not this one
+                    and child.status() != psutil.STATUS_ZOMBIE  # an earlier trial, killed and not yet reaped, is not this one
+                    and os.getsid(child.pid) == child.pid):
                 found.append(child.pid)
-        except psutil.Error:
+        except (psutil.Error, ProcessLookupError):
             continue
     return found
 

@@ -504,3 +504,10 @@ def test_a_trial_runs_with_the_environment_of_its_call_not_of_the_first(tiny_wor
         assert result.status == "ok", result.error
     trials = [line.split() for line in log.read_text().splitlines() if int(line.split()[0]) != os.getpid()]
     assert [mark for _, mark in trials] == ["first", "second", "second"]
+    # pytest's name of the running test changes at every test and phase, and is no change of the caller's: one
+    # server per test had started (their start-ups' forks were taken for trials by a test that signals its trial).
+    from autotune.runner import zygote
+
+    before = zygote._ZYGOTE._proc
+    monkeypatch.setenv("PYTEST_CURRENT_TEST", "another test (call)")
+    assert run_trial(TrainSetup(batch_size=8), workload, QUICK).status == "ok" and zygote._ZYGOTE._proc is before

@@ -123,13 +123,15 @@ def _child_env() -> dict[str, str]:
     return env
 
 
-#: Variables torch sets in the caller's process for itself (inductor's cache directories when something asks for them,
-#: CUDA's lazy module loading at its first use): set there during a search, they are no change of the caller's.
-SET_BY_TORCH = frozenset({"TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "CUDA_MODULE_LOADING"})
+#: Variables that change in the caller's process without the caller changing its setup: those torch sets for itself
+#: (inductor's cache directories when something asks for them, CUDA's lazy module loading at its first use) and
+#: pytest's name of the test running, new at each test's every phase (each trial of a test suite then started a
+#: server, whose start-up forks a test that signals "the trial" could take for it).
+NOT_COMPARED = frozenset({"TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "CUDA_MODULE_LOADING", "PYTEST_CURRENT_TEST"})
 
 
 def _compared(env: dict[str, str]) -> dict[str, str]:
-    return {key: value for key, value in env.items() if key not in SET_BY_TORCH}
+    return {key: value for key, value in env.items() if key not in NOT_COMPARED}
 
 
 class Zygote:
