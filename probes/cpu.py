@@ -89,9 +89,10 @@ def affinity_cores() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def in_topology_order(cpus: list[int] | tuple[int, ...], sysfs: Path = CPU_SYSFS) -> tuple[int, ...]:
+def in_topology_order(cpus: list[int] | tuple[int, ...], sysfs: Path = CPU_SYSFS, keep: int | None = None) -> tuple[int, ...]:
     """``cpus`` ordered socket by socket, a physical core's hyperthreads side by side, so that contiguous slices hold
-    whole cores of one socket.
+    whole cores of one socket; with ``keep`` (a CPU quota below the mask), only that many, one hyperthread of every
+    core before any core's second (4 of 4 cores x 2 threads are 4 cores, not 2 cores' pairs).
 
     Linux numbers a two-socket SMT host's logical CPUs socket 0's cores, socket 1's, then their second hyperthreads
     (a DGX H100: 0-55, 56-111, then 112-223): cut in numeric order, the share of cuda:4 was the hyperthreads of cuda:0's
@@ -108,8 +109,13 @@ def in_topology_order(cpus: list[int] | tuple[int, ...], sysfs: Path = CPU_SYSFS
 
     places = [place(cpu) for cpu in cpus]
     if any(package < 0 for package, _, _ in places):  # partly known: no order is better than numbers
-        return tuple(sorted(cpus))
-    return tuple(cpu for _, _, cpu in sorted(places))
+        return tuple(sorted(cpus)[:keep])
+    places.sort()
+    if keep is not None and keep < len(places):
+        thread = [sum(1 for other in places[:i] if other[:2] == here[:2]) for i, here in enumerate(places)]  # 0, 1: its core's
+        first = sorted(range(len(places)), key=lambda i: (thread[i], i))[:keep]  # every core's first hyperthread, then seconds
+        places = [places[i] for i in sorted(first)]
+    return tuple(cpu for _, _, cpu in places)
 
 
 def quota_to_cores(limit: float) -> int:

@@ -667,3 +667,7 @@ def test_cuda_that_cannot_start_is_said_as_the_device_s_failure_not_the_model_s(
                   trial_seconds=3.0, bf16_ok=False, runner=no_cuda)
     assert str(refused.value) == f"{said.error}; compare the driver (nvidia-smi) with torch's CUDA build, or pass --device cpu"
     assert "model" not in str(refused.value) and "--image-size" not in str(refused.value)
+    ranked = replace(said, error=f"rank 0: {said.error}")  # a trial of several ranks names the rank first
+    with pytest.raises(DeviceError):
+        calibrate(replace(WORKLOAD, device="cuda:0"), CPU, usable_cores=2, available_bytes=2**33, max_memory=None,
+                  trial_seconds=3.0, bf16_ok=False, runner=lambda *args, **kwargs: ranked)

@@ -862,5 +862,8 @@ def test_cpus_in_topology_order_keep_a_core_s_hyperthreads_and_a_socket_together
     assert [share(order, 2, k) for k in range(2)] == [(0, 4, 1, 5), (2, 6, 3, 7)]  # a socket each
     assert [share(order, 4, k) for k in range(4)] == [(0, 4), (1, 5), (2, 6), (3, 7)]  # a whole core each
     assert in_topology_order([5, 1], tmp_path) == (1, 5)  # an affinity mask's subset: the same order
+    # A CPU quota of 4 below the mask of 8: one hyperthread of each of the 4 cores (they were 2 cores' pairs), in order.
+    assert in_topology_order(list(range(8)), tmp_path, keep=4) == (0, 1, 2, 3)
+    assert in_topology_order(list(range(8)), tmp_path, keep=6) == (0, 4, 1, 5, 2, 3)
     (tmp_path / "cpu3" / "topology" / "core_id").unlink()  # sysfs partly hidden: the numbers' order
     assert in_topology_order([3, 0, 4], tmp_path) == (0, 3, 4)

@@ -167,7 +167,7 @@ def calibrate(
     subject = f"workload {workload.task}" if workload.task else f"model {workload.model}"
     for batch in (8, 32) if not cuda else (16, 64):
         result = prepass(batch)
-        if result.status == "error" and (result.error or "").startswith(CUDA_START):  # no model, no setup can run
+        if result.status == "error" and CUDA_START in (result.error or ""):  # no model, no setup can run ("rank 0: " before it)
             raise DeviceError(f"{result.error}; compare the driver (nvidia-smi) with torch's CUDA build, or pass --device cpu")
         if result.status == "error" and not points:
             # The model fails at a small batch with the plainest setup, and not

@@ -95,10 +95,14 @@ def whole_size(path: str, size: int | None = None) -> int:
 
 
 def journal_begins(path: str) -> bool:
-    """Whether the file at ``path`` begins with an Optuna journal record (a JSON object with an ``op_code``)."""
+    """Whether the file at ``path`` begins with an Optuna journal record (a JSON object with an ``op_code``), whole or
+    cut short (a full disk, a kill on the first append: :class:`JournalFile` reads past it)."""
     try:
         with open(path, "rb") as file:
-            record = json.loads(file.readline(1 << 20))
-    except (OSError, ValueError):
+            line = file.readline(1 << 20)
+        record = json.loads(line)
+    except OSError:
         return False
+    except ValueError:
+        return line.startswith(b'{"op_code":')
     return isinstance(record, dict) and "op_code" in record

@@ -138,10 +138,9 @@ def usable_core_ids(usable: int) -> tuple[int, ...]:
     socket with each physical core's hyperthreads together (``probes.cpu.in_topology_order``): the contiguous shares
     of parallel trials and ranks are whole cores of one socket."""
     try:
-        mask = in_topology_order(sorted(os.sched_getaffinity(0)))
+        return in_topology_order(sorted(os.sched_getaffinity(0)), keep=max(1, usable))
     except (AttributeError, OSError):  # no affinity on this system
-        mask = tuple(range(usable))
-    return tuple(mask[: max(1, usable)])
+        return tuple(range(max(1, usable)))
 
 
 def _devices(text: str, device: str, hardware: Any) -> list[DeviceInfo]:

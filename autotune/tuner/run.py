@@ -192,7 +192,7 @@ def _search(config: SearchConfig, prepared: Prepared, reporter: Reporter, timed:
                              partial_rounds=so_far)
     except KeyboardInterrupt:
         interrupted = True
-    if reused and (stored := prepared.study.verdict())[0] is not None:  # the same winner's, measured with its rounds
+    if reused and (stored := prepared.study.verdict())[0] is not None and (stored[1] is not None or not config.ceilings):
         outcome = replace(outcome, verdict=stored[0], ceilings=stored[1])
     elif config.ceilings and confirmed and outcome.best is not None and not interrupted:
         timing.phase = "ceilings"

@@ -139,8 +139,7 @@ class StudyStores:
     def keep_winner_rounds(self, asked: int) -> None:
         """Keep this run's finished confirmation (of up to ``asked`` rounds) as its winner's evidence (a rerun's rounds
         replace it only when finished)."""
-        kept = {**self._stamped(self.confirmation()), "asked": asked}
-        self._write(lambda: self.study.set_user_attr(STUDY_WINNER_ROUNDS, kept))
+        self._write(lambda: self.study.set_user_attr(STUDY_WINNER_ROUNDS, {**self._stamped(self.confirmation()), "asked": asked}))
 
     def rounds_to_reuse(self, keys: set[str], asked: int) -> Rounds:
         """The last finished confirmation where it measured exactly the finalists ``keys`` in up to ``asked`` rounds or
