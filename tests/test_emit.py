@@ -2040,3 +2040,30 @@ def test_a_sigterm_to_torchrun_with_loader_workers_stops_every_rank_together(syn
     assert len(said) == 1 and "forcefully exiting" not in err, f"{rest}\n{err[-3000:]}"
     step = int(said[0].split("after step ")[1].split(";")[0])
     assert _checkpoint(tmp_path / "out" / "checkpoint.pth")["step"] == step >= 4
+
+
+@pytest.mark.slow
+def test_a_resume_right_after_a_kill_9_is_not_refused_by_the_dead_run_s_loader_worker(synthetic_data: Path, tmp_path: Path) -> None:
+    """OUTPUT_DIR/.train.lock's flock belongs to the open file, which a forked loader worker shares: after kill -9 of the
+    run, its orphaned worker held it until it saw its parent gone (5 s), and a --resume at once was refused as "in use
+    by another training run (pid <the dead one>)". A worker now closes its copy as it starts."""
+    import time
+
+    script = write_script(make_best(synthetic_data, **CPU_KNOBS), tmp_path / "train.py")
+    proc = subprocess.Popen([sys.executable, str(script), "--epochs", "1000", "--print-freq", "1", "--output-dir", "out"],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert proc.stdout is not None
+        deadline = time.monotonic() + RUN_TIMEOUT
+        for line in proc.stdout:  # the loader's worker is running
+            if line.startswith("step 2 ") or time.monotonic() > deadline:
+                break
+        workers = psutil.Process(proc.pid).children()
+        assert workers, "no loader worker"
+        proc.kill()
+        proc.wait()
+        assert any(worker.is_running() for worker in workers)  # orphaned, still alive as the rerun starts
+        resumed = run_script([str(script), "--resume", "--max-steps", "3", "--output-dir", "out"], tmp_path)
+    finally:
+        proc.kill()
+    assert "done: step 3" in resumed.stdout  # not refused (no checkpoint yet by step 2: it starts afresh, as documented)
