@@ -954,3 +954,6 @@ def test_a_cache_dir_that_cannot_be_created_is_refused_before_the_jpegs_are_writ
     assert not (tmp_path / "out").exists()
     with pytest.raises(autotune.errors.StorageError, match="^cache_dir /proc/autotune-x cannot be created: /proc is not writable"):
         autotune.search(model="resnet18", trials=2, device="cpu", out=tmp_path / "out", cache_dir="/proc/autotune-x")
+    trial = runner.invoke(app, ["trial", "--model", "resnet18", "--image-size", "32", "--device", "cpu", "--cache-dir", "/proc/autotune-x"])
+    assert trial.exit_code == 1 and "writing" not in trial.output, trial.output  # `autotune trial` writes them too
+    assert trial.output.strip().splitlines()[-1] == "error: --cache-dir /proc/autotune-x cannot be created: /proc is not writable"

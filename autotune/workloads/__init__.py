@@ -13,6 +13,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+from autotune.files import check_writable
 from autotune.records import Workload
 from autotune.units import format_bytes
 from autotune.workloads.data import SYNTHETIC_CLASSES, SYNTHETIC_JPEG_BYTES, default_synthetic_images, ensure_synthetic, synthetic_dir
@@ -96,12 +97,15 @@ def write_synthetic(workload: Workload, warn: Callable[[str], None] | None = Non
         stop: Whether the caller was asked to stop meanwhile (a search's remembered stop signal).
 
     Raises:
-        WorkloadError: The cache directory is not writable.
+        StorageError: The cache directory cannot be made or written (before the line saying the JPEGs are written).
+        WorkloadError: Writing them failed.
     """
     if workload.data is not None or workload.task is not None:
         return
     count = workload.synthetic_images
     target = synthetic_dir(workload.cache_dir, count)
+    if not target.is_dir():  # `autotune trial --cache-dir /proc/x` said "writing 2000 synthetic JPEGs to ..." first
+        check_writable(target.parent, "--cache-dir")
     if warn is not None and not (target / ".complete").exists():  # minutes for a large count: say what runs
         warn(f"writing {count} synthetic JPEGs to {target} (about {format_bytes(count * SYNTHETIC_JPEG_BYTES)}, once)")
     ensure_synthetic(workload.cache_dir, count, stop)
