@@ -55,11 +55,16 @@ def is_shm_full(exc: BaseException) -> bool:
     (:data:`SHM_FULL`), or an ``OSError`` ENOSPC that Python's multiprocessing raised (a /dev/shm with no room left: the
     DataLoader fails as it starts its workers, creating their queue's lock there, before any batch)."""
     if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
-        frame = exc.__traceback__
-        while frame is not None and frame.tb_next is not None:
-            frame = frame.tb_next
-        return frame is not None and f"{os.sep}multiprocessing{os.sep}" in frame.tb_frame.f_code.co_filename
+        return raised_in_multiprocessing(exc)
     return isinstance(exc, RuntimeError) and any(words in str(exc) for words in SHM_FULL)
+
+
+def raised_in_multiprocessing(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised inside Python's ``multiprocessing`` (the innermost frame of its traceback is there)."""
+    frame = exc.__traceback__
+    while frame is not None and frame.tb_next is not None:
+        frame = frame.tb_next
+    return frame is not None and f"{os.sep}multiprocessing{os.sep}" in frame.tb_frame.f_code.co_filename
 
 
 #: What a command stopped (Ctrl-C, SIGTERM, SIGHUP) before it began says (``autotune/entry.py``, ``autotune/cli.py``).

@@ -49,6 +49,18 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     the temporary file's private 0600: a report is read by others too.
     """
     target = Path(path)
+    tmp = _written_beside(target, data)
+    try:
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def _written_beside(target: Path, data: bytes) -> str:
+    """A temporary file beside ``target`` holding ``data``, on disk (fsync), with the mode a plain ``open()`` gives; its
+    path. Removed again where writing it fails."""
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
     try:
         os.fchmod(fd, 0o666 & ~_umask())
@@ -56,13 +68,11 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
-        os.replace(tmp, target)
     except BaseException:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
-        except FileNotFoundError:
-            pass
         raise
+    return tmp
 
 
 def atomic_write_all(files: dict[Path, bytes]) -> None:
@@ -83,12 +93,7 @@ def atomic_write_all(files: dict[Path, bytes]) -> None:
     try:
         for target, data in files.items():
             try:
-                fd, temps[target] = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
-                os.fchmod(fd, 0o666 & ~_umask())
-                with os.fdopen(fd, "wb") as fh:
-                    fh.write(data)
-                    fh.flush()
-                    os.fsync(fh.fileno())
+                temps[target] = _written_beside(target, data)
             except OSError as exc:
                 exc.filename = exc.filename or str(target)
                 raise

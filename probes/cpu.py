@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 import platform
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -112,7 +113,11 @@ def in_topology_order(cpus: list[int] | tuple[int, ...], sysfs: Path = CPU_SYSFS
         return tuple(sorted(cpus)[:keep])
     places.sort()
     if keep is not None and keep < len(places):
-        thread = [sum(1 for other in places[:i] if other[:2] == here[:2]) for i, here in enumerate(places)]  # 0, 1: its core's
+        thread: list[int] = []  # 0 for a core's first hyperthread, 1 for its second
+        seen: Counter[tuple[int, int]] = Counter()
+        for package, core, _ in places:
+            thread.append(seen[package, core])
+            seen[package, core] += 1
         first = sorted(range(len(places)), key=lambda i: (thread[i], i))[:keep]  # every core's first hyperthread, then seconds
         places = [places[i] for i in sorted(first)]
     return tuple(cpu for _, _, cpu in places)

@@ -10,7 +10,7 @@ import os
 import signal
 from dataclasses import replace
 
-from autotune.errors import SHM_FULL, AutotuneError, is_out_of_memory, is_shm_full
+from autotune.errors import SHM_FULL, AutotuneError, is_out_of_memory, is_shm_full, raised_in_multiprocessing
 from autotune.records import TrialResult
 from autotune.workloads.batches import hinted
 from autotune.workloads.data import BadData
@@ -88,8 +88,6 @@ HAND_OVER_BROKE = "exited unexpectedly while it handed a batch over"
 
 #: The DataLoader's own module: a frame in it shows that an error came from fetching a batch.
 _DATALOADER_FILE = os.path.join("torch", "utils", "data", "dataloader.py")
-#: Where multiprocessing's own code lies: the hand-over's connection raised the error there.
-_MULTIPROCESSING = os.sep + "multiprocessing" + os.sep
 
 
 def broken_hand_over(exc: BaseException) -> bool:
@@ -104,7 +102,7 @@ def broken_hand_over(exc: BaseException) -> bool:
     while frame is not None:
         files.append(frame.tb_frame.f_code.co_filename)
         frame = frame.tb_next
-    return any(f.endswith(_DATALOADER_FILE) for f in files) and _MULTIPROCESSING in files[-1]
+    return any(f.endswith(_DATALOADER_FILE) for f in files) and raised_in_multiprocessing(exc)
 
 
 #: The words of a trial whose loader workers found /dev/shm too small (:func:`shm_hint`): the search skips larger queues.

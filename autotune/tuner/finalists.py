@@ -29,6 +29,7 @@ REUSED = ("confirmation: no trial was added since the study's last confirmation 
           "(a rerun measuring them again, under another load, replaced a confirmed winner by the defaults); pass more "
           "--confirm-rounds or --trials to measure again")
 
+
 def autocasts_as(setup: TrainSetup, twin: TrainSetup) -> bool:
     """Whether ``setup`` is in reduced precision and ``twin`` is the same setup in float32 (bf16 and fp16 share one twin)."""
     return setup.amp != "off" and setup.replace(amp="off") == twin

@@ -15,7 +15,7 @@ from typing import Any
 
 import probes
 from autotune.devices import DeviceInfo, visible_gpus
-from autotune.files import check_out, check_temp_dir_for_workers, check_writable
+from autotune.files import check_out, check_temp_dir_for_workers
 from autotune.output.emit import script_target
 from autotune.records import TrialOptions, Workload
 from autotune.tuner import elections
@@ -36,8 +36,7 @@ from autotune.tuner.study import SearchStudy
 from autotune.tuner.study_files import check_one_study
 from autotune.tuner.workers import Crew
 from autotune.units import counted
-from autotune.workloads import build_workload, write_synthetic
-from autotune.workloads.data import synthetic_dir
+from autotune.workloads import build_workload, check_synthetic_target, write_synthetic
 from autotune.workloads.tasks import build_task_workload
 from probes.hardware import gpu_busy_warning
 
@@ -100,9 +99,7 @@ def prepare(config: SearchConfig, reporter: Reporter) -> Prepared:
         workload = build_workload(model=config.model, image_size=config.image_size, data=config.data, device=device.name, cache_dir=config.cache_dir,
                                   synthetic_images=config.synthetic_images, lr=config.lr, warn=reporter.message, write_data=False,
                                   tell=reporter.message)
-    if workload.task is None and workload.data is None and workload.synthetic_images:  # JPEGs written below unless made before
-        if not (made := synthetic_dir(workload.cache_dir, workload.synthetic_images)).is_dir():
-            check_writable(made.parent, "--cache-dir")  # not after "writing 2000 synthetic JPEGs to ..."
+    check_synthetic_target(workload)  # the JPEGs are written below, once the study accepts the workload: refused before that
     check_pins_act(constraints, workload.image_input, placement.world_size)
     check_workload_constraints(constraints, workload, device)
     workload = placement.rank_workload(workload)  # with N ranks, each reads 1/N of the data

@@ -187,9 +187,7 @@ def _check_journal_file(url: str, path: str) -> None:
     elif not os.path.isdir(folder := os.path.dirname(where)):
         why = f"directory {folder} does not exist"
     elif os.path.isfile(where) and os.path.getsize(where) > 0 and not journal_begins(where):
-        why = f"{where} is not an Optuna journal file (a JSON record per line)" + (
-            f": it is an SQLite database; pass {sqlite_url(Path(os.path.realpath(where)))}" if _is_sqlite(where)
-            else "; it is left as it is: pass a new file's path for a new study")
+        why = _not_a_journal(where) if _is_sqlite(where) else f"{_not_a_journal(where)}; it is left as it is: pass a new file's path for a new study"
     else:
         return
     raise StorageError(f"cannot open study storage {url!r}: {why}")
@@ -226,13 +224,18 @@ def open_storage(url: str) -> BaseStorage:
             why = (f"no database driver for {dialect} is installed in this environment (autotune brings psycopg for "
                    "postgresql+psycopg://; install the SQLAlchemy driver your URL names)")
         elif path is not None and isinstance(exc, (ValueError, KeyError, TypeError)) and not journal_begins(path):  # not a journal
-            why = (f"{path} is not an Optuna journal file (a JSON record per line)" + (
-                f": it is an SQLite database; pass {sqlite_url(Path(os.path.realpath(path)))}" if _is_sqlite(path) else ""))
+            why = _not_a_journal(path)
         elif path is not None and isinstance(exc, ValueError):  # a journal with a broken record (two writers on NFS, say)
             why = f"{path} is a damaged Optuna journal ({why}): restore it from a backup, or pass another --storage for a new search"
         else:
             why = cause_said(url, exc)
         raise StorageError(hide_passwords(f"cannot open study storage {url!r}: {why}")) from None
+
+
+def _not_a_journal(path: str) -> str:
+    """Why the file at ``path`` cannot be a journal storage, naming the URL that opens it where it is an SQLite database."""
+    return f"{path} is not an Optuna journal file (a JSON record per line)" + (
+        f": it is an SQLite database; pass {sqlite_url(Path(os.path.realpath(path)))}" if _is_sqlite(path) else "")
 
 
 def _is_sqlite(path: str) -> bool:

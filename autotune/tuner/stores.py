@@ -142,8 +142,8 @@ class StudyStores:
         self._write(lambda: self.study.set_user_attr(STUDY_WINNER_ROUNDS, {**self._stamped(self.confirmation()), "asked": asked}))
 
     def rounds_to_reuse(self, keys: set[str], asked: int) -> Rounds:
-        """The last finished confirmation where it measured exactly the finalists ``keys`` in up to ``asked`` rounds or
-        more; else none. A rerun that added no trial takes them rather than measure again: its own rounds, on a machine
+        """The last finished confirmation where it measured exactly the finalists ``keys`` and was asked for ``asked``
+        rounds or more; else none. A rerun that added no trial takes them rather than measure again: its own rounds, on a machine
         loaded differently, had replaced a confirmed 3.40x winner by the defaults."""
         stored = self.study.user_attrs.get(STUDY_WINNER_ROUNDS)
         if not isinstance(stored, dict) or not isinstance(stored.get("asked"), int) or stored["asked"] < asked:

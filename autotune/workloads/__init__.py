@@ -20,7 +20,7 @@ from autotune.workloads.data import SYNTHETIC_CLASSES, SYNTHETIC_JPEG_BYTES, def
 from autotune.workloads.folders import check_data_path, check_image_folder
 from autotune.workloads.models import check_factory, check_model_name, named_batch_norm
 
-__all__ = ["build_workload", "write_synthetic"]
+__all__ = ["build_workload", "check_synthetic_target", "write_synthetic"]
 
 
 def build_workload(
@@ -88,6 +88,20 @@ def build_workload(
     return workload
 
 
+def check_synthetic_target(workload: Workload) -> None:
+    """Refuse a ``--cache-dir`` where the synthetic JPEGs of a workload without data are still to be written and cannot
+    be; nothing for ``--data``, a Task, or JPEGs written before.
+
+    Raises:
+        StorageError: The cache directory cannot be made or written.
+    """
+    if workload.data is not None or workload.task is not None or not workload.synthetic_images:
+        return
+    target = synthetic_dir(workload.cache_dir, workload.synthetic_images)
+    if not target.is_dir():
+        check_writable(target.parent, "--cache-dir")
+
+
 def write_synthetic(workload: Workload, warn: Callable[[str], None] | None = None, stop: Callable[[], bool] | None = None) -> None:
     """Generate the synthetic JPEGs of a workload without data, once; nothing for ``--data`` or a Task.
 
@@ -104,8 +118,7 @@ def write_synthetic(workload: Workload, warn: Callable[[str], None] | None = Non
         return
     count = workload.synthetic_images
     target = synthetic_dir(workload.cache_dir, count)
-    if not target.is_dir():  # `autotune trial --cache-dir /proc/x` said "writing 2000 synthetic JPEGs to ..." first
-        check_writable(target.parent, "--cache-dir")
+    check_synthetic_target(workload)  # `autotune trial --cache-dir /proc/x` said "writing 2000 synthetic JPEGs to ..." first
     if warn is not None and not (target / ".complete").exists():  # minutes for a large count: say what runs
         warn(f"writing {count} synthetic JPEGs to {target} (about {format_bytes(count * SYNTHETIC_JPEG_BYTES)}, once)")
     ensure_synthetic(workload.cache_dir, count, stop)
