@@ -115,6 +115,12 @@ class DataError(WorkloadError):
         self.alone = message
 
 
+class MalformedReference(WorkloadError, UsageError):
+    """A model or workload reference malformed as typed (empty, not ``package.module:function``, a file name where a module
+    name goes): a usage error (exit 2), and still a :class:`WorkloadError` for the Python API's callers. A well-formed
+    name that names nothing (an unknown model, a module that cannot be imported) is a :class:`WorkloadError` (exit 1)."""
+
+
 class ProbeError(AutotuneError):
     """The hardware could not be read."""
 
@@ -130,6 +136,11 @@ class DeviceError(AutotuneError):
 
 class StorageError(AutotuneError):
     """The study storage or the output directory is unusable."""
+
+
+class MalformedStorageURL(StorageError, UsageError):
+    """A ``--storage`` value that is no storage URL as typed (a plain path, ``postgres://``, a space around it): a usage
+    error (exit 2), and still a :class:`StorageError`; a well-formed URL whose database cannot be opened is exit 1."""
 
 
 class PendingTrialsError(StorageError):

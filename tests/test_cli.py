@@ -52,12 +52,12 @@ def _one_error_line(output: str) -> str:
         (("--model", "mobilenetv3small"), 1, "unknown model 'mobilenetv3small'; did you mean mobilenet_v3_small?"),
         (("--model", "efficientnet"), 1, "did you mean efficientnet_b0, efficientnet_b1, efficientnet_b2?"),
         (("--model", "nonsense_model"), 1, "unknown model 'nonsense_model'; see torchvision.models.list_models()"),  # no random pick
-        (("--model", "torchvision.models.resnet18"), 1, "is not a valid model name; did you mean resnet18?"),
-        (("--model", "resnet18 "), 1, "model 'resnet18 ' is not a valid model name; did you mean resnet18?"),
+        (("--model", "torchvision.models.resnet18"), 2, "is not a valid model name; did you mean resnet18?"),
+        (("--model", "resnet18 "), 2, "model 'resnet18 ' is not a valid model name; did you mean resnet18?"),
         (("--model", "fcn_resnet50"), 1, "fcn_resnet50 is a torchvision segmentation model; --model tunes image classifiers"),
         (("--model", "fasterrcnn_resnet50_fpn"), 1, "torchvision detection model; --model tunes image classifiers"),
         (("--model", "quantized_resnet18"), 1, "for inference only; tune its float version (resnet18)"),
-        (("--model", "os:system('x')"), 1, "not a valid factory reference"),
+        (("--model", "os:system('x')"), 2, "not a valid factory reference"),
         (("--model", "no_such_module:f"), 1, "cannot import 'no_such_module'"),
         (("--set", "turbo=1"), 2, "unknown knob 'turbo'"),
         (("--set", "amp=fp16"), 2, f"--set amp=fp16 needs a CUDA device; on a CPU use {CPU_FP16_INSTEAD}"),
@@ -71,7 +71,7 @@ def _one_error_line(output: str) -> str:
         (("--sampler", "grid"), 2, "--sampler must be tpe or random"),
         (("--confirm-rounds", "0"), 2, "--confirm-rounds must be >= 1, got 0"),  # it named --confirm-top too, and no value
         (("--set", "amp=:fire:"), 2, "got ':fire:'"),  # as typed: Rich would print an emoji for :fire:
-        (("--model", "a:b:c"), 1, "'a:b:c' is not a valid factory reference"),
+        (("--model", "a:b:c"), 2, "'a:b:c' is not a valid factory reference"),
     ],
 )
 def test_bad_search_input_is_one_line_and_writes_nothing(tmp_path, cache_dir, extra, code, message) -> None:
@@ -79,6 +79,25 @@ def test_bad_search_input_is_one_line_and_writes_nothing(tmp_path, cache_dir, ex
     assert exit_code == code, output
     assert message in _one_error_line(output)
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "message"),
+    [
+        (["--workload", "tasks.py:make"], 2, "name the module, not its file: tasks:make"),  # malformed as typed
+        (["--workload", "resnet18"], 2, "must be package.module:function"),
+        (["--workload", "no_such_module_here:make"], 1, "cannot import 'no_such_module_here'"),  # well-formed, names nothing
+    ],
+)
+def test_a_malformed_value_exits_2_and_one_that_names_nothing_exits_1(tmp_path, args, code, message) -> None:
+    result = runner.invoke(app, ["search", *args, "--trials", "1", "--device", "cpu", "--out", str(tmp_path / "out")])
+    assert result.exit_code == code, result.output
+    assert message in _one_error_line(result.output)
+    from autotune.errors import MalformedReference, MalformedStorageURL, StorageError, UsageError, WorkloadError
+
+    # Still caught as what they were for the Python API's callers.
+    assert issubclass(MalformedReference, WorkloadError) and issubclass(MalformedStorageURL, StorageError)
+    assert MalformedReference("x").exit_code == MalformedStorageURL("x").exit_code == UsageError("x").exit_code == 2
 
 
 def test_missing_and_empty_data_dirs(tmp_path, cache_dir) -> None:
@@ -107,11 +126,11 @@ def test_unwritable_out_and_unreachable_storage(tmp_path, cache_dir) -> None:
     exit_code, output, out = _search(tmp_path, cache_dir, "--storage", "sqlite:////nonexistent-dir/x/study.db")
     assert exit_code == 1 and "cannot open study storage" in _one_error_line(output)
     assert not out.exists()
-    exit_code, output, out = _search(tmp_path, cache_dir, "--storage", "nosuchscheme://x")
-    assert exit_code == 1 and "cannot open study storage" in _one_error_line(output)
+    exit_code, output, out = _search(tmp_path, cache_dir, "--storage", "nosuchscheme://x")  # malformed as typed: a usage error
+    assert exit_code == 2 and "cannot open study storage" in _one_error_line(output)
     fresh = tmp_path / "fresh-cache"  # a typo is refused before the synthetic JPEGs of a first run are written
     exit_code, output, out = _search(tmp_path, fresh, "--storage", "notaurl")
-    assert exit_code == 1 and "cannot open study storage 'notaurl'" in _one_error_line(output)
+    assert exit_code == 2 and "cannot open study storage 'notaurl'" in _one_error_line(output)
     assert not fresh.exists() and not out.exists()
 
 

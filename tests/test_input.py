@@ -188,7 +188,7 @@ def test_a_file_given_as_the_cache_dir_is_named_as_such(tmp_path) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("x")
     code, output, out = run(tmp_path, blocker)
-    assert code == 2 and one_line(output) == f"error: --cache-dir {blocker} is not a directory" and not out.exists()
+    assert code == 1 and one_line(output) == f"error: --cache-dir {blocker} is not a directory" and not out.exists()
 
 
 @pytest.mark.parametrize("name", ["best.json", "train.py", "trials.csv", "study.db"])  # study.db: sqlite's "unable to open database file"

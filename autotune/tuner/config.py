@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, ClassVar
 
-from autotune.errors import UsageError, check_bool
+from autotune.errors import StorageError, UsageError, check_bool
 from autotune.output.best import Best
 from autotune.records import DEFAULT_TRIAL_SECONDS, MAX_SECONDS, Calibration, TrialRecord, TrialResult
 from autotune.redact import hide_passwords
@@ -255,7 +255,7 @@ class SearchConfig:
         if not self.model.strip():
             raise UsageError("--model must not be empty")
         if self.cache_dir is not None and self.cache_dir.exists() and not self.cache_dir.is_dir():
-            raise UsageError(f"--cache-dir {self.cache_dir} is not a directory")
+            raise StorageError(f"--cache-dir {self.cache_dir} is not a directory")  # what a well-formed path names: exit 1, as --out
         for flag, count in (("--confirm-top", self.confirm_top), ("--confirm-rounds", self.confirm_rounds)):
             if count < 1:
                 raise UsageError(f"{flag} must be >= 1, got {count}")

@@ -35,7 +35,7 @@ import optuna
 import sqlalchemy.exc
 from optuna.storages import BaseStorage, JournalStorage, RDBStorage, RetryHeartbeatStaleTrialCallback
 
-from autotune.errors import StorageError
+from autotune.errors import MalformedStorageURL, StorageError
 from autotune.redact import hide_passwords
 from autotune.tuner.heartbeats import heartbeat_s
 from autotune.tuner.journal_file import JournalFile, journal_begins
@@ -138,25 +138,26 @@ def check_storage_url(url: str) -> None:
     workload is built, and before ``--out``, where its SQLite file may go, is made).
 
     Raises:
-        StorageError: Not a URL of a known kind, or an in-memory SQLite (the password is hidden).
+        MalformedStorageURL: Not a URL of a known kind, or an in-memory SQLite (the password is hidden): exit 2.
+        StorageError: A journal file's directory is missing, or the path holds something else: exit 1.
     """
     if url != url.strip():  # pasted with a space: a trailing one would name another database (postgresql://h/db )
-        raise StorageError(hide_passwords(f"cannot open study storage {url!r}: it begins or ends with a space"))
+        raise MalformedStorageURL(hide_passwords(f"cannot open study storage {url!r}: it begins or ends with a space"))
     if url.startswith("postgres:"):  # SQLAlchemy knows the dialect as postgresql only
-        raise StorageError(hide_passwords(f"cannot open study storage {url!r}: write postgresql:// (SQLAlchemy has no postgres:// dialect)"))
+        raise MalformedStorageURL(hide_passwords(f"cannot open study storage {url!r}: write postgresql:// (SQLAlchemy has no postgres:// dialect)"))
     if (journal := journal_path(url)) is not None:
         _check_journal_file(url, journal)
         return
     if url.startswith("journal:"):  # journal://x or journal:x: not the three slashes of a path
-        raise StorageError(f"cannot open study storage {url!r}: write {JOURNAL_SCHEME}/ABSOLUTE/PATH.log (or a plain path ending .log)")
+        raise MalformedStorageURL(f"cannot open study storage {url!r}: write {JOURNAL_SCHEME}/ABSOLUTE/PATH.log (or a plain path ending .log)")
     if "://" not in url and (scheme := re.match(r"([A-Za-z][A-Za-z0-9+.-]*):", url)):  # postgresql:host/db: not echoed, it may hold a password
-        raise StorageError(f"cannot open study storage {scheme.group(1)}:...: its {scheme.group(1)}: is not followed by //; write "
+        raise MalformedStorageURL(f"cannot open study storage {scheme.group(1)}:...: its {scheme.group(1)}: is not followed by //; write "
                            f"postgresql://USER@HOST/DB, sqlite:///ABSOLUTE/PATH.db or {JOURNAL_SCHEME}/ABSOLUTE/PATH.log")
     if "://" not in url:  # a file path (the default study.db's): SQLAlchemy says only "Could not parse SQLAlchemy URL"
-        raise StorageError(f"cannot open study storage {url!r}: not a storage URL; write {sqlite_url(Path(url))} for an "
+        raise MalformedStorageURL(f"cannot open study storage {url!r}: not a storage URL; write {sqlite_url(Path(url))} for an "
                            "SQLite file (a search alone), a path ending .log for a journal file, or postgresql://USER@HOST/DB")
     if url.split("://", 1)[1].split("/", 1)[0].count("@") > 1:  # the driver would read the password's tail as the host
-        raise StorageError(hide_passwords(f"cannot open study storage {url!r}: more than one '@' before the host; percent-encode "
+        raise MalformedStorageURL(hide_passwords(f"cannot open study storage {url!r}: more than one '@' before the host; percent-encode "
                                           "an '@' in the user name or password as %40"))
     try:
         if not url.startswith("sqlite"):
@@ -164,15 +165,15 @@ def check_storage_url(url: str) -> None:
             return
         where = sqlite_path(url)
     except sqlalchemy.exc.NoSuchModuleError:  # a typo in the scheme (jornal://): SQLAlchemy names its plugin loader
-        raise StorageError(hide_passwords(f"cannot open study storage {url!r}: no storage kind {url.split(':', 1)[0]}://; write "
+        raise MalformedStorageURL(hide_passwords(f"cannot open study storage {url!r}: no storage kind {url.split(':', 1)[0]}://; write "
                                           f"postgresql://USER@HOST/DB, sqlite:///ABSOLUTE/PATH.db or {JOURNAL_SCHEME}/ABSOLUTE/PATH.log")) from None
     except Exception as exc:  # sqlalchemy's parse and plugin errors differ
         why = first_line(exc)
         if "invalid literal for int()" in why:  # postgresql://HOST:abc/DB
             why = f"its port {why.rsplit(': ', 1)[-1]} is not a number"
-        raise StorageError(hide_passwords(f"cannot open study storage {url!r}: {why}")) from None
+        raise MalformedStorageURL(hide_passwords(f"cannot open study storage {url!r}: {why}")) from None
     if not where or where == ":memory:":
-        raise StorageError(hide_passwords(f"study storage {url!r} is an in-memory database, lost when the search ends: "
+        raise MalformedStorageURL(hide_passwords(f"study storage {url!r} is an in-memory database, lost when the search ends: "
                                           "give a file (sqlite:///PATH)"))
 
 

@@ -19,7 +19,7 @@ import unicodedata
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from autotune.errors import USER_CODE_ERRORS, WorkloadError
+from autotune.errors import USER_CODE_ERRORS, MalformedReference, WorkloadError
 from autotune.workloads.modes import has_batch_norm
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -48,23 +48,23 @@ def validate_model_ref(ref: str) -> str:
         The reference, unchanged.
 
     Raises:
-        WorkloadError: The text is not an identifier, or not
-            ``dotted.module:function`` made of identifiers.
+        MalformedReference: The text is not an identifier, or not
+            ``dotted.module:function`` made of identifiers (a usage error, exit 2).
     """
     if not isinstance(ref, str) or not ref:
-        raise WorkloadError("model must be a torchvision model name or package.module:function")
+        raise MalformedReference("model must be a torchvision model name or package.module:function")
     if is_factory_ref(ref):
         module, _, func = ref.partition(":")
         parts = module.split(".")
         if not module or not all(_is_identifier(p) for p in parts) or not _is_identifier(func):
-            raise WorkloadError(
+            raise MalformedReference(
                 f"model {ref!r} is not a valid factory reference; expected package.module:function"
             )
         return ref
     if not _is_identifier(ref):
         plain = ref.strip().removeprefix("torchvision.models.")  # a space pasted along, the module path of the name
         hint = f"; did you mean {plain}?" if plain != ref and _is_identifier(plain) else ""
-        raise WorkloadError(f"model {ref!r} is not a valid model name{hint}")
+        raise MalformedReference(f"model {ref!r} is not a valid model name{hint}")
     return ref
 
 

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import PurePath
 from typing import Any
 
-from autotune.errors import WorkloadError
+from autotune.errors import MalformedReference, WorkloadError
 from autotune.workloads.models import is_factory_ref, torchvision_models, validate_model_ref
 
 __all__ = ["task_ref"]
@@ -66,17 +66,17 @@ def task_ref(workload: str | Callable[..., Any]) -> str:
             path = PurePath(file[:-3])
             far = path.is_absolute() or ".." in path.parts
             named = f"from {path.parent} (or with it on PYTHONPATH) pass {path.name}" if far else ".".join(path.parts)
-            raise WorkloadError(f"workload {workload!r}: name the module, not its file: {named}:{function}")
+            raise MalformedReference(f"workload {workload!r}: name the module, not its file: {named}:{function}")
         if not is_factory_ref(workload):
             # Worded for both: the Python API's callers read "model takes it" (errors.in_python_terms).
             shorthand = (f"; {workload!r} is a torchvision model: --model takes it, to tune it on images (the classifier "
                          "shorthand)") if workload in torchvision_models() else ""
-            raise WorkloadError(f"workload {workload!r} must be package.module:function (a factory returning autotune.Task){shorthand}")
+            raise MalformedReference(f"workload {workload!r} must be package.module:function (a factory returning autotune.Task){shorthand}")
         try:
             ref = validate_model_ref(workload)
         except WorkloadError:
             why = _unimportable_part(workload)
-            raise WorkloadError(f"workload {workload!r} is not a valid reference; expected package.module:function" + (
+            raise MalformedReference(f"workload {workload!r} is not a valid reference; expected package.module:function" + (
                 f" ({why})" if why else "")) from None
         if file == "__main__":  # found in this process, the user's script; a trial process's __main__ is autotune's own
             main = sys.modules.get("__main__")
