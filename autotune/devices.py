@@ -32,6 +32,7 @@ class DeviceInfo:
     memory_free_bytes: int | None
     label: str
     tf32: bool = False
+    near_cpus: tuple[int, ...] | None = None  # a GPU's nearest CPUs as NVML names them (probes.gpu.GpuInfo.cpu_affinity)
 
     @property
     def type(self) -> str:
@@ -126,5 +127,6 @@ def resolve_device(text: str, hardware: Hardware) -> DeviceInfo:
             getattr(gpu, "memory_free_bytes", None),
             str(getattr(gpu, "name", "GPU")),
             bool(getattr(gpu, "tf32", False)),
+            getattr(gpu, "cpu_affinity", None),
         )
     raise UsageError(f"bad device {text!r}; use auto, cpu, cuda or cuda:K")

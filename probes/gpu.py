@@ -51,6 +51,8 @@ class GpuInfo:
         pcie_width: Current PCIe link width (lanes).
         pcie_max_generation: Highest generation the GPU and slot support.
         pcie_max_width: Widest link the GPU and slot support.
+        cpu_affinity: The CPUs NVML names as nearest the GPU (those of its NUMA node or socket), sorted; None
+            where NVML cannot say. Parallel trials and a trial's ranks take their cores from these first.
         query_errors: ``(field, NVML error)`` for each failed query; a JSON
             object in :meth:`to_dict`.
     """
@@ -70,6 +72,7 @@ class GpuInfo:
     pcie_width: int | None = None
     pcie_max_generation: int | None = None
     pcie_max_width: int | None = None
+    cpu_affinity: tuple[int, ...] | None = None
     query_errors: tuple[tuple[str, str], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
@@ -90,6 +93,7 @@ class GpuInfo:
             "pcie_width": self.pcie_width,
             "pcie_max_generation": self.pcie_max_generation,
             "pcie_max_width": self.pcie_max_width,
+            "cpu_affinity": list(self.cpu_affinity) if self.cpu_affinity is not None else None,
             "query_errors": dict(self.query_errors),
         }
 
@@ -139,6 +143,18 @@ def _init_error(nvml: ModuleType, exc: BaseException) -> str:
 
 def _decode(value: Any) -> Any:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+
+
+#: The 64-bit words of NVML's CPU mask that hold every CPU of this machine.
+_CPU_SET_WORDS = max(1, ((os.cpu_count() or 1) + 63) // 64)
+
+
+def _cpus(words: Any) -> tuple[int, ...] | None:
+    """The CPU ids set in NVML's affinity mask (64 CPUs a word, the lowest bit first); None for no mask or an empty one."""
+    if words is None:
+        return None
+    cpus = tuple(64 * k + bit for k, word in enumerate(words) for bit in range(64) if int(word) >> bit & 1)
+    return cpus or None
 
 
 def _read_gpu(nvml: ModuleType, index: int, driver_version: str | None) -> GpuInfo:
@@ -201,6 +217,7 @@ def _read_gpu(nvml: ModuleType, index: int, driver_version: str | None) -> GpuIn
         pcie_width=as_int(query("pcie_width", "nvmlDeviceGetCurrPcieLinkWidth", handle)),
         pcie_max_generation=as_int(query("pcie_max_generation", "nvmlDeviceGetMaxPcieLinkGeneration", handle)),
         pcie_max_width=as_int(query("pcie_max_width", "nvmlDeviceGetMaxPcieLinkWidth", handle)),
+        cpu_affinity=_cpus(query("cpu_affinity", "nvmlDeviceGetCpuAffinity", handle, _CPU_SET_WORDS)),
         query_errors=tuple(errors.items()),
     )
 

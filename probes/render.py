@@ -69,13 +69,24 @@ def _gpu_line_memory(gpu: GpuInfo) -> str:
     return f"[{style}]{format_bytes(used)}[/] / {format_bytes(gpu.memory_total_bytes)}"
 
 
+def cpu_ranges(cpus: tuple[int, ...]) -> str:
+    """CPU ids as the kernel writes a CPU list: ``0-15,32-47``."""
+    runs: list[list[int]] = []
+    for cpu in sorted(cpus):
+        if runs and cpu == runs[-1][1] + 1:
+            runs[-1][1] = cpu
+        else:
+            runs.append([cpu, cpu])
+    return ",".join(f"{a}-{b}" if b > a else f"{a}" for a, b in runs)
+
+
 def _gpu_table(hw: Hardware) -> RenderableType:
     if not hw.gpus:
         return Text.assemble(("GPUs  ", "bold cyan"), ("none: ", "bold"), (hw.gpu_error or "no GPU found", "dim"))
     driver = next((g.driver_version for g in hw.gpus if g.driver_version), None)
     title = f"GPUs (driver {driver})" if driver else "GPUs"
     table = Table(title=title, title_justify="left", box=None, padding=(0, 1), header_style="bold cyan")
-    for name in ("#", "name", "cc", "bf16", "tf32", "memory used", "PCIe"):
+    for name in ("#", "name", "cc", "bf16", "tf32", "memory used", "PCIe", "near CPUs"):
         table.add_column(name, no_wrap=name != "name")
     for gpu in hw.gpus:
         pcie = "n/a"
@@ -90,6 +101,7 @@ def _gpu_table(hw: Hardware) -> RenderableType:
             _yes_no(gpu.tf32),
             _gpu_line_memory(gpu),
             pcie,
+            cpu_ranges(gpu.cpu_affinity) if gpu.cpu_affinity is not None else "n/a",
         )
     return table
 

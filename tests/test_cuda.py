@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import pytest
 
@@ -23,6 +24,9 @@ def test_probe_sees_the_gpu() -> None:
     gpu = hardware.gpus[0]
     assert gpu.memory_total_bytes > 2**30
     assert gpu.compute_capability is not None
+    # NVML's near CPUs (the cores the GPU's trials and ranks are pinned to first): CPUs of this machine, if named.
+    assert gpu.cpu_affinity is None or set(gpu.cpu_affinity) <= set(range(os.cpu_count() or 1)), gpu.cpu_affinity
+    print(f"near CPUs of GPU 0: {gpu.cpu_affinity}; query errors {gpu.query_errors}")
 
 
 def test_check_device_asked_without_facts_reads_the_gpus_here() -> None:

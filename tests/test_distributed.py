@@ -62,6 +62,35 @@ def test_cores_split_into_disjoint_shares() -> None:
     assert [share((0, 1), 2, k) for k in range(2)] == [(0,), (1,)]
 
 
+def test_each_gpu_s_share_of_the_cores_is_drawn_from_its_near_cpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A host of two sockets (CPUs 0-7 and 8-15) whose GPU 0 hangs off the second: the plain split gave GPU 0's trial
+    the first socket's cores, so each batch crossed the socket link."""
+    monkeypatch.setattr("autotune.tuner.placement.usable_core_ids", lambda usable: tuple(range(usable)))
+    hardware = cpu_hardware(16, gpus=4)
+    second, first = tuple(range(8, 16)), tuple(range(8))
+    for gpu, near in zip(hardware.gpus, (second, second, first, first), strict=True):
+        gpu.cpu_affinity = near
+    slots = place("auto", "cuda:0,cuda:1,cuda:2,cuda:3", 1, hardware).slots
+    assert [(s.device, s.cores) for s in slots] == [("cuda:0", (8, 9, 10, 11)), ("cuda:1", (12, 13, 14, 15)),
+                                                     ("cuda:2", (0, 1, 2, 3)), ("cuda:3", (4, 5, 6, 7))]
+    hardware.gpus[1].cpu_affinity = first
+    (world,) = place("cuda", None, 2, hardware).slots  # a trial's ranks: rank K on cuda:K, on its share
+    assert [share(world.cores, 2, k) for k in range(2)] == [second, first]
+    hardware.gpus[1].cpu_affinity = second
+    # Three GPUs on the first socket: the third's share is what is left, of the same size as the plain split's.
+    for gpu, near in zip(hardware.gpus, (first, first, first, second), strict=True):
+        gpu.cpu_affinity = near
+    slots = place("auto", "all", 1, hardware).slots
+    assert [s.cores for s in slots] == [(0, 1, 2, 3), (4, 5, 6, 7), (12, 13, 14, 15), (8, 9, 10, 11)]
+    for gpu in hardware.gpus:  # one socket, or NVML naming nothing: the plain split
+        gpu.cpu_affinity = tuple(range(16))
+    plain = [share(tuple(range(16)), 4, k) for k in range(4)]
+    assert [s.cores for s in place("auto", "all", 1, hardware).slots] == plain
+    for gpu in hardware.gpus:
+        gpu.cpu_affinity = None
+    assert [s.cores for s in place("auto", "all", 1, hardware).slots] == plain
+
+
 def test_ddp_knobs_default_to_pytorch_and_old_setups_load(tmp_path: Path) -> None:
     setup = TrainSetup()
     assert (setup.bucket_cap_mb, setup.gradient_as_bucket_view, setup.static_graph) == (25, False, False)

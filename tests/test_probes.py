@@ -418,10 +418,10 @@ class FakeNvml:
             self.calls.append("shutdown")
 
         def per_device(fn: str, getter: Any) -> Any:
-            def call(handle: int) -> Any:
+            def call(handle: int, *args: Any) -> Any:
                 if (handle, fn) in self.failing:
                     raise NVMLError(3)
-                return getter(self.devices[handle])
+                return getter(self.devices[handle], *args)
 
             return call
 
@@ -450,6 +450,8 @@ class FakeNvml:
                 types.SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in d.get("procs", [])
             ],
             "nvmlDeviceGetGraphicsRunningProcesses": lambda d: [],
+            # NVML's mask: 64 CPUs a word, as many words as asked for (those beyond the device's are 0).
+            "nvmlDeviceGetCpuAffinity": lambda d, words: (list(d.get("near", [0xFF])) + [0] * words)[:words],
         }
         for fn, getter in getters.items():
             setattr(mod, fn, per_device(fn, getter))
@@ -498,6 +500,7 @@ def test_nvml_two_gpus_full_data(fake_nvml: FakeNvml) -> None:
         "pcie_width": 16,
         "pcie_max_generation": 5,
         "pcie_max_width": 16,
+        "cpu_affinity": [0, 1, 2, 3, 4, 5, 6, 7],
         "query_errors": {},
     }
     assert first.query_errors == ()
@@ -523,6 +526,18 @@ def test_nvml_compute_capability_decides_bf16_and_tf32(
     fake_nvml.devices = [h100(cc=cc)]
     (gpu,) = collect_gpus().gpus
     assert (gpu.compute_capability, gpu.bf16, gpu.tf32) == (text, tensor_cores, tensor_cores)
+
+
+def test_nvml_cpu_affinity_reads_the_mask_s_words_as_cpu_ids(fake_nvml: FakeNvml, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(probes.gpu, "_CPU_SET_WORDS", 2)  # a machine of up to 128 CPUs
+    fake_nvml.devices = [h100(near=[0, 0b101]), h100(near=[0xF0]), h100(near=[0, 0])]
+    first, second, third = collect_gpus().gpus
+    assert first.cpu_affinity == (64, 66) and second.cpu_affinity == (4, 5, 6, 7)
+    assert third.cpu_affinity is None  # an empty mask names no CPU: nothing to prefer
+    fake_nvml.failing = {(0, "nvmlDeviceGetCpuAffinity")}
+    first = collect_gpus().gpus[0]
+    assert first.cpu_affinity is None and dict(first.query_errors) == {"cpu_affinity": "Not Supported"}
+    assert first.name == "NVIDIA H100 80GB HBM3"
 
 
 def test_nvml_one_failing_query_keeps_the_other_fields(fake_nvml: FakeNvml) -> None:

@@ -201,6 +201,7 @@ def place(device_text: str, devices: str | None, nproc_per_node: int, hardware: 
         listed = _devices(devices, device_text, hardware)
         if len(listed) > len(cores):
             raise UsageError(f"--devices lists {len(listed)} devices but only {len(cores)} CPU cores are usable")
+        cores = near_first(cores, [d.near_cpus for d in listed])
         slots = tuple(Slot(d.name, share(cores, len(listed), k)) for k, d in enumerate(listed))
         return Placement(1, slots, tightest(listed))
     if nproc_per_node > 1:
@@ -219,8 +220,38 @@ def place(device_text: str, devices: str | None, nproc_per_node: int, hardware: 
             )
         first = resolve_device("cuda:0", hardware) if device.type == "cuda" else device
         ranks = [resolve_device(f"cuda:{k}", hardware) for k in range(nproc_per_node)] if device.type == "cuda" else [first]
+        cores = near_first(cores, [d.near_cpus for d in ranks]) if device.type == "cuda" else cores
         return Placement(nproc_per_node, (Slot(first.name, cores),), tightest(ranks))
     return Placement(1, (Slot(device.name, cores),), device)  # one plain trial at a time: not pinned
+
+
+def near_first(cores: tuple[int, ...], near: list[tuple[int, ...] | None]) -> tuple[int, ...]:
+    """``cores`` reordered so that ``share(cores, len(near), k)`` (``runner.ranks.share``: the k-th parallel trial's or
+    rank's cores) holds, as far as they go, cores that NVML names as nearest GPU k: on a machine of two sockets, a trial
+    on a GPU of the second socket gets that socket's cores, not the first's, which every read of its pinned memory and
+    every loader batch would cross the socket link for. Each share keeps its size; a GPU whose near cores are taken
+    fills its share from the rest in topology order. Unchanged where NVML names no GPU's near cores, or the same ones
+    for every GPU (one socket).
+
+    Args:
+        cores: The usable cores in topology order (``usable_core_ids``).
+        near: Each GPU's near CPUs in device order (``DeviceInfo.near_cpus``), None where unknown.
+    """
+    if not near or all(n is None for n in near) or len({n for n in near}) == 1:
+        return cores
+    sizes = [len(share(cores, len(near), k)) for k in range(len(near))]
+    left = list(cores)
+    picked: list[list[int]] = []
+    for size, cpus in zip(sizes, near, strict=True):
+        close = set(cpus or ())
+        mine = [c for c in left if c in close][:size]
+        picked.append(mine)
+        left = [c for c in left if c not in mine]
+    for mine, size in zip(picked, sizes, strict=True):  # the shares a GPU's own cores could not fill, in topology order
+        need = size - len(mine)
+        mine.extend(left[:need])
+        left = left[need:]
+    return tuple(c for mine in picked for c in mine)
 
 
 def tightest(devices: list[DeviceInfo]) -> DeviceInfo:
