@@ -675,6 +675,34 @@ def test_an_out_holding_the_users_own_train_py_best_json_or_report_is_refused_be
     check_out(out, None)
 
 
+def test_an_out_holding_another_program_s_sqlite_study_db_is_refused_and_left_as_it_is(tmp_path, cache_dir) -> None:
+    """A study.db of the user's own in --out made the search take --out for one it wrote: Optuna added its tables to
+    the user's database, and best.json and report.html of the user's were replaced at the end without a word. status
+    and report refuse it as before; an explicit --storage naming such a file too."""
+    import sqlite3
+
+    out = tmp_path / "out"
+    out.mkdir()
+    with sqlite3.connect(out / "study.db") as db:
+        db.execute("CREATE TABLE mydata (x)")
+        db.execute("INSERT INTO mydata VALUES (42)")
+    db.close()
+    (out / "best.json").write_text('{"my": "own"}\n')
+    base = ["--model", "resnet18", "--image-size", "32", "--trials", "2", "--device", "cpu", "--synthetic-images", "64",
+            "--cache-dir", str(cache_dir)]
+    said = "study.db is an SQLite database without Optuna's tables (tables: mydata); it is left as it is"
+    for args in (["--out", str(out)], ["--out", str(tmp_path / "elsewhere"), "--storage", f"sqlite:///{out / 'study.db'}"]):
+        result = runner.invoke(app, ["search", *base, *args])
+        assert result.exit_code == 1 and said in one_line(result.output), result.output
+    with sqlite3.connect(out / "study.db") as db:
+        assert [row[0] for row in db.execute("SELECT name FROM sqlite_master")] == ["mydata"]
+    db.close()
+    assert (out / "best.json").read_text() == '{"my": "own"}\n' and sorted(p.name for p in out.iterdir()) == ["best.json", "study.db"]
+    for command in ("status", "report"):
+        result = runner.invoke(app, [command, str(out)])
+        assert result.exit_code == 1 and "holds no study" in one_line(result.output), result.output
+
+
 def test_a_classifier_trial_without_a_batch_size_takes_all_of_fewer_images_as_a_search_defaults_do(tmp_path, monkeypatch) -> None:
     """On 3 images `autotune trial --model ... --data DIR` without --batch-size measures one batch of the 3, as the
     search's defaults trial does; it was refused as `--batch-size 32 x --accum 1 = 32 exceeds the 3 training images`,

@@ -117,6 +117,20 @@ def foreign_sqlite(url: str, file: Path) -> str | None:
     return f"{file} is an SQLite database without Optuna's tables" + (f" (tables: {', '.join(sorted(tables)[:5])})" if tables else "")
 
 
+def refuse_foreign_sqlite(url: str) -> None:
+    """Refuse to open, for a search, an SQLite file of another program's (``--out`` holding the user's own
+    ``study.db``): Optuna would add its tables to it, and the search then replaced the best.json and report.html
+    beside it, which the check of an ``--out`` no search wrote to guards.
+
+    Raises:
+        StorageError: The file holds tables, none of them Optuna's.
+    """
+    file = storage_file(url)
+    if file is not None and file.is_file() and file.stat().st_size > 0 and (foreign := foreign_sqlite(url, file)) is not None:
+        raise StorageError(hide_passwords(f"cannot open study storage {url!r}: {foreign}; it is left as it is (Optuna would "
+                                          "add its tables to it): pass another --out or --storage"))
+
+
 def sqlite_path(url: str) -> str | None:
     """The database file a ``sqlite://`` URL names (``:memory:`` for an in-memory one), a URI filename's too
     (``sqlite:///file:PATH?uri=true``); None when it names none."""
@@ -211,6 +225,7 @@ def open_storage(url: str) -> BaseStorage:
             folder = os.path.dirname(os.path.abspath(sqlite_path(url) or ""))
             if not os.path.isdir(folder):
                 raise StorageError(hide_passwords(f"cannot open study storage {url!r}: directory {folder} does not exist"))
+            refuse_foreign_sqlite(url)
             return _rdb_storage(url, {}, heartbeats=False)
         engine: dict[str, Any] = {"pool_pre_ping": True}
         if url.startswith("postgresql"):

@@ -18,7 +18,7 @@ from autotune.records import TrialRecord
 from autotune.tuner.budget import ATTR_FREE, FINISHED
 from autotune.tuner.config import SearchOutcome
 from autotune.tuner.lock import Holder
-from autotune.tuner.storage import sqlite_url
+from autotune.tuner.storage import refuse_foreign_sqlite, sqlite_url
 from autotune.tuner.study import STUDY_SIGNATURE, SearchStudy
 from autotune.tuner.study_facts import stored_confirmed
 
@@ -169,6 +169,7 @@ def check_one_study(out: Path, name: str, *, local: bool = True) -> None:
         )
     if not db.is_file() or db.stat().st_size == 0:
         return
+    refuse_foreign_sqlite(sqlite_url(db))  # before Optuna's own read, which would create its tables in it
     try:
         summaries = optuna.get_all_study_summaries(sqlite_url(db), include_best_trial=False)
     except Exception:  # not a study database: opening it says so
