@@ -192,8 +192,11 @@ def check_writable(out: Path, flag: str = "--out") -> None:
         raise StorageError(f"{flag} {out} cannot be created: {parent} is not writable")
 
 
+#: The text chunk of the report's PNGs (``Software``), near their start.
+PNG_MARK = b"autotune report"
 #: What the head of each result file autotune writes holds: one without it, in an --out no search wrote to, is the user's.
-_OURS = {"best.json": b'{\n  "schema": ', "report.html": b"<title>autotune report: "}
+_OURS = {"best.json": b'{\n  "schema": ', "report.html": b"<title>autotune report: ",
+         **{f"report-{name}.png": PNG_MARK for name in ("summary", "history", "confirmation")}}
 
 
 def _head_holds(path: Path, mark: bytes) -> bool:
@@ -232,8 +235,8 @@ def check_out(out: Path, data: Path | None) -> None:
     Raises:
         StorageError: As :func:`check_writable`, or a result file of ``out`` (``best.json``, ``train.py``, ``trials.csv``,
             ``report.html``, ``study.db``) is a directory, a FIFO or a device: its rename would fail after the whole search, or replace it;
-            or, in an ``out`` no search wrote to (no ``study.db``, no ``trials.csv``), ``best.json`` or ``report.html`` is
-            a file autotune did not write (the user's own), which the search would replace.
+            or, in an ``out`` no search wrote to (no ``study.db``, no ``trials.csv``), ``best.json``, ``report.html`` or a
+            ``report-*.png`` is a file autotune did not write (the user's own), which the search would replace.
         UsageError: ``out`` is below ``data``.
     """
     check_writable(out)

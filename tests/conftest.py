@@ -107,8 +107,9 @@ def _time_limit(request: pytest.FixtureRequest) -> Iterator[None]:
         signal.signal(signal.SIGALRM, previous)
 
 
-#: A 1x1 PNG.
-TINY_PNG = base64.b64decode("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg==")
+#: A 1x1 PNG, marked as the report's are (``Software: autotune report``).
+TINY_PNG = base64.b64decode("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAAGHRFWHRTb2Z0d2FyZQBhdXRvdHVuZSByZXBvcnQGMMKgAAAADUlEQVR42mNk"
+                            "+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg==")
 
 
 @pytest.fixture(autouse=True)

@@ -635,10 +635,10 @@ def test_api_setup_and_device_arguments_in_other_shapes(tmp_path) -> None:
 
 
 @pytest.mark.parametrize(("name", "text"), [("train.py", "print('my own training')\n"), ("best.json", '{"lr": 0.1, "acc": 0.93}\n'),
-                                             ("report.html", "<html>my own page</html>\n")])
+                                             ("report.html", "<html>my own page</html>\n"), ("report-history.png", "my own plot\n")])
 def test_an_out_holding_the_users_own_train_py_best_json_or_report_is_refused_before_anything_runs(tmp_path, cache_dir, name, text) -> None:
-    """An --out whose train.py (wherever), or, where no search wrote (no study.db, no trials.csv), best.json or report.html
-    autotune did not write: the winner's script would meet it only after the whole search, and the search replaced the
+    """An --out whose train.py (wherever), or, where no search wrote (no study.db, no trials.csv), best.json, report.html
+    or a report-*.png autotune did not write: the winner's script would meet it only after the whole search, and the search replaced the
     other two with its results at the end, without a word. Its own files are rewritten by a rerun."""
     from autotune.errors import EmitError, StorageError
     from autotune.tuner import SearchConfig, run_search
@@ -670,6 +670,12 @@ def test_an_out_holding_the_users_own_train_py_best_json_or_report_is_refused_be
 
     if name == "best.json":  # autotune's own (a copy moved there alone) is no user's file
         write_best(out / name, make_best(tmp_path))
+    elif name.endswith(".png"):
+        from matplotlib.figure import Figure
+
+        from autotune.output.plots import png
+
+        (out / name).write_bytes(png(Figure()))
     else:
         (out / name).write_text('<!DOCTYPE html>\n<html lang="en"><head><title>autotune report: s</title></head></html>\n')
     check_out(out, None)
