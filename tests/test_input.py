@@ -962,7 +962,7 @@ def test_an_out_whose_name_holds_url_characters_keeps_its_study_inside(tmp_path:
     --out (x=1 an ignored query, with a raw SAWarning), and `autotune status` then found no study; 's%41' read as the
     missing directory sA. The study is now OUT/study.db for any directory name, and status's URL opens that file."""
     from autotune.errors import UsageError
-    from autotune.tuner.storage import sqlite_url, storage_file
+    from autotune.tuner.storage_urls import sqlite_url, storage_file
     from autotune.tuner.study import SearchStudy
     from autotune.tuner.study_files import check_one_study, storage_of
 

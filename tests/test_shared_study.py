@@ -32,7 +32,8 @@ from autotune.train_setup import TrainSetup
 from autotune.tuner.budget import counted_toward_budget
 from autotune.tuner.heartbeats import heartbeats
 from autotune.tuner.lock import Holder
-from autotune.tuner.storage import is_shared, journal_path, with_retries
+from autotune.tuner.storage import with_retries
+from autotune.tuner.storage_urls import is_shared, journal_path
 from autotune.tuner.study import SearchStudy
 from autotune.tuner.workers import ATTR_WORKER, Crew
 
@@ -528,7 +529,8 @@ def test_storage_urls() -> None:
 
 
 def test_storages_that_cannot_open_say_why(tmp_path) -> None:
-    from autotune.tuner.storage import check_storage_url, open_storage
+    from autotune.tuner.storage import open_storage
+    from autotune.tuner.storage_urls import check_storage_url
 
     with pytest.raises(StorageError, match=r"directory .*missing does not exist"):
         open_storage(f"sqlite:///{tmp_path}/missing/study.db")
@@ -600,7 +602,7 @@ def test_storages_that_cannot_open_say_why(tmp_path) -> None:
     uri = f"sqlite:///file:{tmp_path}/study2.db?uri=true"
     sqlite = open_storage(uri)
     assert isinstance(sqlite, RDBStorage) and sqlite.url == uri
-    from autotune.tuner.storage import storage_file
+    from autotune.tuner.storage_urls import storage_file
 
     assert storage_file(uri) == tmp_path / "study2.db"  # status and report find the file the search wrote
 

@@ -527,6 +527,47 @@ def test_a_workload_file_named_like_another_module_is_refused_naming_both(tmp_pa
         build_task_workload("typer:make_task", device="cpu")
 
 
+SHIFTY = """import torch
+import autotune
+
+N, WIDTH = {n}, {width}
+
+
+def make_task():
+    data = torch.utils.data.TensorDataset(torch.randn(N, 8), torch.randint(0, 3, (N,)))
+    return autotune.Task(torch.nn.Sequential(torch.nn.Linear(8, WIDTH), torch.nn.Linear(WIDTH, 3)), data, batch_size=8)
+"""
+
+
+def test_a_trial_that_builds_another_task_than_the_search_checked_fails_in_one_line(tmp_path, monkeypatch) -> None:
+    """A notebook's session: a module global changed after the import, or the file edited without importlib.reload.
+    The search's checks saw the session's Task, the trial processes (which import the module from its file) another,
+    and measured it while the batch caps and notes followed the first. The module's own directory comes first in the
+    trials' import path, ahead of a working directory changed since (which held another module of that name)."""
+    home, elsewhere = tmp_path / "home", tmp_path / "elsewhere"
+    home.mkdir(), elsewhere.mkdir()
+    (home / "shifty_task.py").write_text(SHIFTY.format(n=40, width=4))
+    (elsewhere / "shifty_task.py").write_text(SHIFTY.format(n=24, width=4))
+    monkeypatch.syspath_prepend(str(home))
+    monkeypatch.delitem(sys.modules, "shifty_task", raising=False)
+    import shifty_task
+
+    monkeypatch.chdir(elsewhere)  # %cd in a notebook, after the import
+    outcome = autotune.trial(shifty_task.make_task, device="cpu", trial_seconds=0.5)
+    assert outcome.status == "ok" and outcome.workload.images == 40, outcome.result.error  # the file of the module imported
+    assert outcome.workload.sys_path[:2] == (str(home), str(elsewhere))
+    monkeypatch.setattr(shifty_task, "N", 24)  # the session's global: the trials read the file's 40
+    outcome = autotune.trial(shifty_task.make_task, device="cpu", trial_seconds=0.5)
+    assert outcome.status == "error" and (outcome.result.error or "").startswith(
+        "workload shifty_task:make_task: this trial process built a dataset of 40 samples, the search's own check 24: the trial "
+        "processes import the factory's module from its file"), outcome.result.error
+    monkeypatch.setattr(shifty_task, "N", 40)
+    (home / "shifty_task.py").write_text(SHIFTY.format(n=40, width=6))  # edited, not reloaded: another model in the trials
+    outcome = autotune.trial(shifty_task.make_task, device="cpu", trial_seconds=0.5)
+    assert outcome.status == "error" and "this trial process built a model of 75 trainable parameters, the search's own " \
+        "check 51:" in (outcome.result.error or ""), outcome.result.error
+
+
 # ------------------------------------------------------------ parent checks
 def test_good_workloads_become_workload_records() -> None:
     work = _workload("good")
@@ -716,6 +757,21 @@ def test_float64_inputs_to_a_float32_layer_get_the_hint_whatever_torch_says(kind
                                                             "float32: make the items float32 (torch.as_tensor(x, dtype=torch.float32), "
                                                             "or x.astype(np.float32))"), raised.value
     assert "float64" not in hinted("RuntimeError: expected scalar type Float but found Double")  # the reverse: a float64 model
+
+
+def test_items_of_python_lists_get_the_hint_that_default_collate_splits_them() -> None:
+    """An item ``([0.1, ...], label)``: default_collate made 16 tensors of the batch's first values, and the model's
+    TypeError (`must be Tensor, not list`) came without a word on why."""
+    from torch.utils.data import default_collate
+
+    from autotune.workloads.batches import hinted
+
+    inputs, _ = default_collate([([0.5] * 16, 1), ([0.25] * 16, 0)])
+    with pytest.raises(TypeError) as raised:
+        torch.nn.Linear(16, 2)(inputs)
+    assert hinted(f"TypeError: {raised.value}").endswith(
+        "default_collate turns an item's Python list (or tuple) of numbers into one tensor per position, not one tensor: return a "
+        "tensor from __getitem__ (torch.tensor(values, dtype=torch.float32))"), raised.value
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

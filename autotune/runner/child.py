@@ -78,10 +78,12 @@ class TrialLoop:
 
     # ----------------------------------------------------------------- build
     def build_dataset(self) -> Any:
-        """The workload's dataset, this rank's shard of it under DDP (a folder's count checked: :func:`same_count`)."""
+        """The workload's dataset, this rank's shard of it under DDP (its count checked: ``same_count``, ``same_dataset``)."""
         from autotune.workloads.data import same_count
+        from autotune.workloads.same_task import same_dataset
 
-        return self.rank.shard(same_count(self.pipeline.dataset(), self.workload, self.rank.world_size))
+        dataset = same_dataset(self.pipeline.dataset(), self.workload, self.rank.world_size)
+        return self.rank.shard(same_count(dataset, self.workload, self.rank.world_size))
 
     def start_loader(self, dataset: Any) -> Any:
         """The loader's batches, endless as the emitted script streams epochs (an iterable dataset re-iterated);
@@ -99,7 +101,10 @@ class TrialLoop:
         """The model on the device with the setup's layout, DDP wrapper and compilation; its optimizer and grad scaler."""
         import torch
 
+        from autotune.workloads.same_task import same_model
+
         built = self.pipeline.model()
+        same_model(built, self.workload)
         kept = eval_modules(built)  # a frozen backbone's BatchNorm stays in eval mode, as the factory left it
         model = self.setup.prepare_model(built.to(self.device))
         train_mode(model, kept)

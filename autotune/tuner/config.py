@@ -18,7 +18,7 @@ from autotune.redact import hide_passwords
 from autotune.rounds import Ceilings, Confirmed
 from autotune.time_spent import Phase, TimeSpent
 from autotune.tuner.constraints import Constraint, merge_constraints, parse_constraint
-from autotune.tuner.storage import is_shared
+from autotune.tuner.storage_urls import is_shared
 from autotune.units import as_float, parse_size
 
 #: The shortest ``--trial-seconds`` a user may ask for: shorter windows measure the loader's prefetched

@@ -31,7 +31,8 @@ from autotune.records import TrialResult
 from autotune.redact import hide_passwords
 from autotune.train_setup import TrainSetup
 from autotune.tuner.budget import ATTR_FREE, FINISHED
-from autotune.tuner.storage import is_shared, storage_failures_said, with_retries
+from autotune.tuner.storage import storage_failures_said, with_retries
+from autotune.tuner.storage_urls import is_shared
 from autotune.tuner.stored_records import UnreadableRecord, stored_result, stored_setup
 from autotune.tuner.study import ATTR_MARKER, ATTR_RESULT, ATTR_REUSED_FROM, ATTR_ROLE, ATTR_SETUP, ATTR_WORKER, SearchStudy
 

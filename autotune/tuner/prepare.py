@@ -31,7 +31,7 @@ from autotune.tuner.pins import check_pins_act, threads_over_cores
 from autotune.tuner.placement import Placement, place
 from autotune.tuner.progress import Reporter
 from autotune.tuner.signals import stop_requested
-from autotune.tuner.storage import check_storage_url, is_shared, sqlite_url
+from autotune.tuner.storage_urls import check_storage_url, is_shared, sqlite_url
 from autotune.tuner.study import SearchStudy
 from autotune.tuner.study_files import check_one_study
 from autotune.tuner.workers import Crew

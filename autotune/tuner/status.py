@@ -19,7 +19,7 @@ from autotune.tuner.budget import STUDY_BUDGET, STUDY_LARGEST_BUDGET, counted_to
 from autotune.tuner.constraints import excluding
 from autotune.tuner.lock import Holder
 from autotune.tuner.pending import pending_file, read_pending
-from autotune.tuner.storage import storage_file
+from autotune.tuner.storage_urls import storage_file
 from autotune.tuner.stores import STUDY_WINNER_ROUNDS
 from autotune.tuner.study import ATTR_MARKER, ATTR_ROLE, ATTR_WORKER, ROLE_SEARCH, STUDY_HOLDER, SearchStudy
 from autotune.tuner.study_facts import baseline_only, published_winner, run_by_workers, stored_set

@@ -18,7 +18,8 @@ from autotune.rounds import Ceilings, Runs
 from autotune.time_spent import TimeSpent
 from autotune.tuner.kept_runs import KeptRun
 from autotune.tuner.signals import interrupts_held
-from autotune.tuner.storage import is_shared, with_retries
+from autotune.tuner.storage import with_retries
+from autotune.tuner.storage_urls import is_shared
 
 STUDY_CALIBRATION = "calibration"
 STUDY_CALIBRATION_RUNS = "calibration_runs"

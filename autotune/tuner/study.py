@@ -35,7 +35,8 @@ from autotune.tuner.constraints import Constraint, excluding
 from autotune.tuner.identity import signature_difference
 from autotune.tuner.lock import Holder
 from autotune.tuner.pruning import ScreeningPruner
-from autotune.tuner.storage import DATABASE_ERRORS, cause_said, connection_lost, foreign_sqlite, open_storage, storage_file, with_retries
+from autotune.tuner.storage import DATABASE_ERRORS, cause_said, connection_lost, open_storage, with_retries
+from autotune.tuner.storage_urls import foreign_sqlite, storage_file
 from autotune.tuner.stored_records import UnreadableRecord, stored_result, stored_setup
 from autotune.tuner.stores import StudyStores
 
@@ -95,7 +96,7 @@ class SearchStudy(StudyStores):
         cls, storage: str, name: str, *, sampler: str = "tpe", seed: int = 0, trials: int = 30, shared: bool = False,
         parallel: bool = False, in_out: bool = False, pins: dict[str, Constraint] | None = None,
     ) -> SearchStudy:
-        """Create or resume the study ``name`` in ``storage`` (URL forms in :mod:`autotune.tuner.storage`).
+        """Create or resume the study ``name`` in ``storage`` (URL forms in :mod:`autotune.tuner.storage_urls`).
 
         The TPE start-up schedule is fixed when the study is created, so a
         resumed study (with a larger ``--trials``) keeps the one it began with.

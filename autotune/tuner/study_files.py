@@ -18,7 +18,7 @@ from autotune.records import TrialRecord
 from autotune.tuner.budget import ATTR_FREE, FINISHED
 from autotune.tuner.config import SearchOutcome
 from autotune.tuner.lock import Holder
-from autotune.tuner.storage import refuse_foreign_sqlite, sqlite_url
+from autotune.tuner.storage_urls import refuse_foreign_sqlite, sqlite_url
 from autotune.tuner.study import STUDY_SIGNATURE, SearchStudy
 from autotune.tuner.study_facts import stored_confirmed
 

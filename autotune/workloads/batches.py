@@ -105,11 +105,17 @@ _META_HINT = ("; the model's parameters are on the meta device (shapes only, no 
               "(model.to_empty(device='cpu'), then initialise or load the weights)")
 
 
+#: A model given a list where a tensor goes: an item's Python list, which default_collate turns into one tensor per position.
+_LISTED = ("must be Tensor, not list", "must be Tensor, not tuple")
+_LISTED_HINT = ("; default_collate turns an item's Python list (or tuple) of numbers into one tensor per position, not one "
+                "tensor: return a tensor from __getitem__ (torch.tensor(values, dtype=torch.float32))")
+
+
 def hinted(error: str) -> str:
     """``error`` with what fixes it, where the message alone does not say."""
     hints = ((_RAGGED, RAGGED_HINT), (_RAGGED_LISTS, RAGGED_HINT), (_TWICE, _TWICE_HINT), (_UNUSED, _UNUSED_HINT),
              (_ONE_VALUE, _ONE_VALUE_HINT), (_META, _META_HINT), *((double, _DOUBLE_HINT) for double in _DOUBLE),
-             *((half, _HALF_HINT) for half in _HALF))
+             *((half, _HALF_HINT) for half in _HALF), *((listed, _LISTED_HINT) for listed in _LISTED))
     for cause, hint in hints:
         if cause in error:
             return error + hint

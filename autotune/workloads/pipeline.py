@@ -327,7 +327,7 @@ def endless_batches(
             if not count:
                 share = ", or each loader worker's share of it does" if setup.num_workers > 1 else ""
                 raise RuntimeError(f"the dataset yields no full batch of {setup.batch_size} samples (a pass holds fewer{share}): "
-                                   "pass a smaller batch size (--batch-size)")
+                                   "pass a smaller batch size (--batch-size; in Python, setup=autotune.TrainSetup(batch_size=...))")
             passes += 1
             if count < steps:  # the emitted script stops there too: its epochs would hold no optimizer step
                 raise RuntimeError(f"the dataset {NO_FULL_STEP} of {setup.batch_size} x {steps} in one pass "

@@ -368,8 +368,8 @@ def build_task_workload(workload: str | Callable[..., Any], *, device: str, work
     if options is not None:
         check_factory_time(ref, took, options, warn, again=lambda: call_factory(ref, factory)[1])
     root = _import_root(ref.partition(":")[0])
-    if root is not None and root not in sys_path:
-        sys_path += (root,)  # where this process found the module, so trials and train.py find it too
+    if root is not None:  # where this process found the module, first: trials and train.py import that file, not a
+        sys_path = (root, *(p for p in sys_path if p != root))  # same-named one in a working directory changed since
     info = check_task(task, workers=workers, warn=warn)
     return Workload(
         model=ref,
