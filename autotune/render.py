@@ -226,6 +226,9 @@ def render_search(outcome: SearchOutcome) -> Group:
         from autotune.output.report import report_holds
 
         parts.append(_line(("report:", "bold"), f" {Path(report).resolve()} ({report_holds()}; open it in a browser)"))
+    elif outcome.files:  # the results are written, the page failed (a full disk): said again where the run ends
+        parts.append(_line(("report:", "bold"), (f" not written (the line above says why); autotune report {outcome.out} "
+                                                 "writes it from the study", "yellow")))
     return Group(*parts)
 
 

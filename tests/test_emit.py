@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import dataclasses
+import json
 import os
 import re
 import runpy
@@ -423,6 +424,27 @@ def test_a_hand_edited_probe_summary_is_no_internal_error(synthetic_data: Path, 
     header = (tmp_path / "train.py").read_text()
     assert ("Hardware: T4\n" in header) if "gpus" in hardware and isinstance(hardware["gpus"], list) else (
         "Hardware: unknown (no probe summary in best.json)\n" in header)
+
+
+def test_a_best_json_whose_batch_was_edited_after_the_search_is_refused_in_one_line(synthetic_data: Path, tmp_path: Path) -> None:
+    """batch_size lowered by hand (to fit memory, say): emit wrote a header claiming the measured speed and the lr of
+    effective batch 16 for a setup of 32, and load_best's lr was the old one for the user's own loop."""
+    import autotune
+
+    data = make_best(synthetic_data, **CPU_KNOBS).to_dict()
+    data["setup"]["accumulation_steps"] = 4  # 8 x 4 = 32, the file says 16
+    (tmp_path / "best.json").write_text(json.dumps(data))
+    said = ("best.json's setup makes an effective batch of 32 (batch_size 8 x accumulation_steps 4 x 1 process), its "
+            "effective_batch field 16: the setup was edited after the search, so its measured figures and its lr (0.0005) are "
+            "another setup's: put the search's values back and pass train.py --batch-size and --accum-steps")
+    result = CliRunner().invoke(app, ["emit", str(tmp_path)])
+    assert result.exit_code == 1 and said in result.output and not (tmp_path / "train.py").exists(), result.output
+    with pytest.raises(autotune.AutotuneError, match=re.escape(said)):
+        autotune.load_best(tmp_path)
+    assert autotune.load_setup(tmp_path / "best.json").accumulation_steps == 4  # the setup alone: the user's to change
+    data["setup"]["accumulation_steps"], data["world_size"] = 1, 2  # 8 x 1 x 2 processes: the file's 16
+    (tmp_path / "best.json").write_text(json.dumps(data))
+    assert autotune.load_best(tmp_path).effective_batch == 16
 
 
 def test_cli_emit_dash_prints_the_script_and_writes_no_file(synthetic_data: Path, tmp_path: Path, monkeypatch) -> None:

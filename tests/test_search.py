@@ -897,6 +897,40 @@ def test_the_summary_in_a_narrow_log_keeps_paths_and_setups_whole(tmp_path, cach
     assert verdict.rstrip() == f"bottleneck: {outcome.verdict}" and len(verdict) > 80, verdict
 
 
+def test_a_report_a_full_disk_refused_is_said_again_where_the_search_ends(tmp_path, cache_dir, monkeypatch) -> None:
+    """On a nearly full file system the search wrote best.json and train.py, and its one line on report.html came in
+    the middle of its output, with an internal class name and without what writes it later."""
+    import io
+
+    from rich.console import Console
+
+    import autotune.tuner.study_report
+    from autotune.errors import EmitError
+    from autotune.render import render_search
+
+    def full(out, page, images):
+        raise EmitError(f"cannot write {out / 'report.html'}: No space left on device")
+
+    monkeypatch.setattr(autotune.tuner.study_report, "write_rendered", full)
+    from autotune.tuner.progress import SilentReporter
+
+    said: list[str] = []
+
+    class Said(SilentReporter):
+        def message(self, text: str) -> None:
+            said.append(text)
+
+    out = tmp_path / "out"
+    outcome = search(config(tmp_path, cache_dir, trials=3, out=out), reporter=Said())
+    assert f"report.html not written: cannot write {out / 'report.html'}: No space left on device (`autotune report {out}` " \
+        "writes it from the study)" in said, said
+    buffer = io.StringIO()
+    Console(file=buffer, width=200, color_system=None).print(render_search(outcome), crop=False)
+    last = buffer.getvalue().splitlines()[-1]
+    assert last == f"report: not written (the line above says why); autotune report {out} writes it from the study", last
+    assert (out / "best.json").is_file() and not (out / "report.html").exists()
+
+
 def test_interrupts_are_held_until_the_storage_write_is_done() -> None:
     from autotune.tuner.signals import interrupts_held as _interrupts_held
 

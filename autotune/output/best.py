@@ -275,11 +275,21 @@ class Best:
             data["speedup_rounds"] = tuple(float(r) for r in data.get("speedup_rounds", ()))
             if "confirmed" not in data:  # written before the field: its notes said so
                 data["confirmed"] = not any(str(n).startswith("not confirmed") for n in data["notes"])
-            return cls(**data)
+            best = cls(**data)
         except KeyError as exc:
             raise AutotuneError(f"best.json lacks the field {exc.args[0]!r}") from None
         except (TypeError, ValueError, SetupError, AutotuneError) as exc:
             raise AutotuneError(f"best.json is invalid: {exc}") from None
+        made = best.setup.effective_batch(best.world_size)
+        if made != best.effective_batch:  # a knob edited by hand: the figures, the lr and the header are another setup's
+            setup = best.setup
+            raise AutotuneError(
+                f"best.json's setup makes an effective batch of {made} (batch_size {setup.batch_size} x accumulation_steps "
+                f"{setup.accumulation_steps} x {best.world_size} process{'es' if best.world_size > 1 else ''}), its "
+                f"effective_batch field {best.effective_batch}: the setup was edited after the search, so its measured figures and "
+                f"its lr ({best.lr:g}) are another setup's: put the search's values back and pass train.py --batch-size and "
+                "--accum-steps (it scales the lr for them), or rerun `autotune search` with --set for the knobs you changed")
+        return best
 
 
 def write_best(path: str | Path, best: Best) -> None:

@@ -364,6 +364,14 @@ def write_winner(best: Best, out: Path) -> tuple[str, str]:
     return str(out / "best.json"), str(out / "train.py")
 
 
+def _holds_text(path: Path, text: str) -> bool:
+    """Whether the regular file ``path`` holds ``text`` exactly (False when it cannot be read)."""
+    try:
+        return path.is_file() and path.read_text(encoding="utf-8") == text
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
 def write_script(best: Best, path: str | Path, *, flag: str = "path") -> Path:
     """Render ``train.py`` and write it atomically, executable.
 
@@ -383,7 +391,8 @@ def write_script(best: Best, path: str | Path, *, flag: str = "path") -> Path:
     target = script_target(path, flag)
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(target, text)
+        if not _holds_text(target, text):  # the same script already there is kept: a full disk has no room for a copy
+            atomic_write_text(target, text)
         target.chmod(0o755)
     except OSError as exc:
         raise EmitError(f"cannot write {target}: {exc.strerror or exc}") from None

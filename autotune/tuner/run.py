@@ -45,7 +45,8 @@ from autotune.tuner.progress import Reporter, SilentReporter, check_reporter
 from autotune.tuner.refine import compile_skipped
 from autotune.tuner.signals import clear_stop, interrupts_held, runs_to_the_end, sigterm_as_interrupt, stop_reason, stop_requested
 from autotune.tuner.space import Space, build_space, defaults_setup
-from autotune.tuner.storage import is_shared, storage_failures_said, with_retries
+from autotune.tuner.storage import storage_failures_said, with_retries
+from autotune.tuner.storage_urls import is_shared
 from autotune.tuner.study import ROLE_DEFAULTS, ROLE_GUESS
 from autotune.tuner.study_facts import stored_confirmed
 from autotune.tuner.study_files import kept_outcome, kept_winner
@@ -382,7 +383,7 @@ def finish(
         written = write_winner(best, out) if write else ()
     except EmitError as exc:  # a full disk at the very end: what is stored stays, the rerun writes the winner
         raise StorageError(f"{exc}; {counted(counted_records(records), 'finished trial')} kept in {prepared.study.storage}: fix that (a "
-                           "full disk: free some space) and rerun the same command (it confirms the finalists again, then writes "
+                           "full disk: free some space) and rerun the same command (it keeps the confirmation's rounds, then writes "
                            "best.json and train.py)") from None
     return SearchOutcome(
         best=best,

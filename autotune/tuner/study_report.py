@@ -16,14 +16,15 @@ from pathlib import Path
 
 from optuna.trial import TrialState
 
-from autotune.errors import StorageError
+from autotune.errors import AutotuneError, StorageError
 from autotune.output.report import ReportInput, render_report, write_rendered, write_report
 from autotune.records import Calibration, TrialRecord
 from autotune.time_spent import TimeSpent
 from autotune.tuner.config import SearchOutcome
 from autotune.tuner.lock import Holder
 from autotune.tuner.signals import interrupts_held, remember_stop, sigterm_as_interrupt
-from autotune.tuner.storage import CONNECTION_ERRORS, first_line, is_shared, with_retries
+from autotune.tuner.storage import CONNECTION_ERRORS, with_retries
+from autotune.tuner.storage_urls import first_line, is_shared
 from autotune.tuner.stores import STUDY_WINNER_ROUNDS
 from autotune.tuner.study import STUDY_HOLDER, SearchStudy
 from autotune.tuner.study_facts import (
@@ -69,7 +70,8 @@ def write_search_report(study: SearchStudy, out: Path, data: ReportInput, log: C
             log(f"report.html not written: interrupted (`autotune report {out}` writes it from the study)")
         return tuple(str(p) for p in written)
     except Exception as exc:  # a storage, plotting or disk failure must not cost the measured search
-        log(f"report.html not written: {type(exc).__name__}: {exc}")
+        said = str(exc) if isinstance(exc, AutotuneError) else f"{type(exc).__name__}: {exc}"  # its own line has no class name
+        log(f"report.html not written: {said} (`autotune report {out}` writes it from the study)")
         return ()
 
 
