@@ -18,6 +18,7 @@ Also: ``autotune.trial(...)`` (one measured trial), ``TrainSetup``,
 from __future__ import annotations
 
 import importlib
+import signal
 from typing import TYPE_CHECKING, Any
 
 from autotune._version import __version__
@@ -54,7 +55,20 @@ def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'autotune' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+    caught: list[int] = []
+    previous = None
+    try:  # Ctrl-C held while the module is imported (a notebook's interrupt left a half-made one for the session)
+        if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:  # one ignored on purpose stays ignored
+            previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    except ValueError:  # not the main thread
+        pass
+    try:
+        value = getattr(importlib.import_module(module), name)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+    if caught:
+        raise KeyboardInterrupt
     globals()[name] = value  # later lookups skip this function
     return value
 

@@ -38,6 +38,7 @@ from autotune.tuner.config import check_synthetic_images, check_timeout, check_t
 from autotune.tuner.constraints import parse_constraints
 from autotune.tuner.placement import Placement
 from autotune.tuner.progress import check_reporter
+from autotune.tuner.signals import imported_whole
 from autotune.units import counted
 
 __all__ = ["SearchResult", "TrialOutcome", "search", "trial"]
@@ -157,6 +158,7 @@ def search(
         SearchStopped: Ctrl-C, SIGTERM or SIGHUP (finished trials kept): a
             ``KeyboardInterrupt``, which ``except AutotuneError`` lets through.
     """
+    imported_whole()  # a Ctrl-C inside a lazy import left a broken module for the rest of the session
     model, image_size = _shorthand(workload, model, data, image_size, "resnet50", lr=lr, cache_dir=cache_dir,
                                    synthetic_images=synthetic_images)
     check_reporter(reporter)
@@ -323,6 +325,7 @@ def trial(
     from autotune.tuner.pins import ddp_values
     from autotune.workloads.streams import UNSHARDED
 
+    imported_whole()
     model, image_size = _shorthand(workload, model, data, image_size, "resnet18", cache_dir=cache_dir,
                                    synthetic_images=synthetic_images)
     if setup is not None and not isinstance(setup, TrainSetup):

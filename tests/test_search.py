@@ -931,6 +931,40 @@ def test_a_report_a_full_disk_refused_is_said_again_where_the_search_ends(tmp_pa
     assert (out / "best.json").is_file() and not (out / "report.html").exists()
 
 
+INTERRUPTED_MODULE = """import os, signal, time
+os.kill(os.getpid(), signal.SIGINT)  # a notebook's interrupt half-way through the import
+time.sleep(0.05)
+WHOLE = True
+"""
+
+
+def test_a_ctrl_c_inside_the_api_s_lazy_imports_waits_for_them_to_finish(tmp_path, monkeypatch) -> None:
+    """A notebook's interrupt in the first seconds of a session's first search() landed inside torch._dynamo's (sympy's)
+    import: every later call in the kernel failed on the half-made module (`module 'sympy' has no attribute 'logic'`,
+    said as the Task's optimizer factory failing) until a restart. The imports finish, then the stop is raised; the
+    public names imported on first use (autotune.search) too."""
+    import autotune
+    from autotune.tuner.signals import imported_whole
+
+    monkeypatch.syspath_prepend(str(tmp_path))
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a notebook's kernel
+    try:
+        for name in ("whole_first", "whole_second"):
+            (tmp_path / f"{name}.py").write_text(INTERRUPTED_MODULE)
+            monkeypatch.delitem(sys.modules, name, raising=False)
+        with pytest.raises(KeyboardInterrupt):
+            imported_whole(("whole_first",))
+        assert sys.modules["whole_first"].WHOLE  # whole, so the next call and the user's own code find it so
+        monkeypatch.setitem(autotune._LAZY, "WHOLE", "whole_second")
+        monkeypatch.delitem(vars(autotune), "WHOLE", raising=False)
+        with pytest.raises(KeyboardInterrupt):
+            autotune.WHOLE  # noqa: B018
+        assert sys.modules["whole_second"].WHOLE and autotune.WHOLE is True
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def test_interrupts_are_held_until_the_storage_write_is_done() -> None:
     from autotune.tuner.signals import interrupts_held as _interrupts_held
 

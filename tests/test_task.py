@@ -2079,3 +2079,15 @@ def test_a_task_whose_factory_compiles_its_model_is_offered_no_compile_and_says_
     options = TrialOptions(trial_seconds=1.0, timeout_s=60.0)
     assert with_compile_allowance(TrainSetup(), options, workload).timeout_s == 60.0 + COMPILE_ALLOWANCE_S  # it compiles in warm-up
     assert with_compile_allowance(TrainSetup(), options, dataclasses.replace(workload, compiled=None)) == options
+
+
+def test_a_default_optimizer_that_fails_is_not_called_the_task_s_factory(monkeypatch) -> None:
+    """A Task without an optimizer factory read `the Task's optimizer factory failed` when building the default AdamW
+    failed (a broken torch._dynamo after an interrupted import, in a notebook's session)."""
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise AttributeError("module 'sympy' has no attribute 'logic'")
+
+    monkeypatch.setattr(torch.optim, "AdamW", broken)
+    with pytest.raises(WorkloadError, match=r"^building the default optimizer \(AdamW\) over the model failed: AttributeError: "):
+        _workload("good")

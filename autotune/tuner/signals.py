@@ -129,6 +129,26 @@ def interrupts_held() -> Iterator[None]:
         raise KeyboardInterrupt
 
 
+#: What a Python caller's first search or trial imports lazily: torch's optimizers import torch._dynamo (sympy, triton),
+#: the storage SQLAlchemy's error classes.
+LAZY_IMPORTS = ("optuna.storages", "sqlalchemy.exc", "torch._dynamo")
+
+
+def imported_whole(modules: tuple[str, ...] = LAZY_IMPORTS) -> None:
+    """Import ``modules`` with stops held, then raise a stop that came meanwhile (:func:`interrupts_held`).
+
+    A notebook's interrupt in the first seconds of a session's first ``autotune.search()`` landed inside one of
+    these imports and left a half-made module in ``sys.modules``: every later call in that kernel failed (``module
+    'sympy' has no attribute 'logic'``, said as the Task's optimizer factory failing), and so did the user's own
+    optimizers, until a restart. Each import is whole or not begun.
+    """
+    import importlib
+
+    with interrupts_held():
+        for name in modules:
+            importlib.import_module(name)
+
+
 def runs_to_the_end(step: Callable[[], object]) -> bool:
     """Run ``step`` with SIGTERM acting like Ctrl-C; False when either stopped it."""
     try:

@@ -302,7 +302,8 @@ def check_task(task: Task, *, workers: bool, warn: Callable[[str], None] | None 
     except WorkloadError:
         raise
     except USER_CODE_ERRORS as exc:
-        raise WorkloadError(f"the Task's optimizer factory failed: {type(exc).__name__}: {exc}") from None
+        what = "the Task's optimizer factory" if task.optimizer is not None else "building the default optimizer (AdamW) over the model"
+        raise WorkloadError(f"{what} failed: {type(exc).__name__}: {exc}") from None
     check_loss_weights(task, model, optimizer)
     if checks_gradient_kinds(model, optimizer):  # one backward tells which gradients are sparse (F.embedding(sparse=True) too)
         with _trained_as_found(model):
