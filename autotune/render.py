@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import importlib.util
 import os
 import sys
 from collections.abc import Callable
@@ -102,6 +103,9 @@ class RichReporter:
         )
         self._trials: TaskID | None = None
         self._confirm: TaskID | None = None
+        # Jupyter draws a live bar through ipywidgets only: without it Rich warned "install ipywidgets" at each bar
+        # (5 times a search). The lines are printed either way; the bar is left out there.
+        self._bar_shown = not console.is_jupyter or importlib.util.find_spec("ipywidgets") is not None
 
     def __enter__(self) -> RichReporter:
         return self
@@ -112,7 +116,7 @@ class RichReporter:
 
     def _bar(self, description: str, total: int, completed: int = 0) -> TaskID:
         """A new bar; the display starts with the first one (an input refused before has no empty line above it)."""
-        if not self.progress.live.is_started:
+        if not self.progress.live.is_started and self._bar_shown:
             self.progress.start()
         return self.progress.add_task(description, total=total, completed=completed)
 

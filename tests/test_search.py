@@ -870,6 +870,30 @@ def test_rich_progress_shows_roles_and_bracketed_text(tmp_path, cache_dir) -> No
     assert not any(line.lstrip().startswith(("samples/s", "GiB")) for line in text.splitlines())  # nothing folded onto a line of its own
 
 
+def test_progress_in_jupyter_without_ipywidgets_prints_the_lines_and_no_widget_warning(tmp_path, cache_dir, monkeypatch) -> None:
+    """progress=True in a notebook: Rich draws a live bar there through ipywidgets only, and without it printed its
+    "install ipywidgets" warning at every bar, 5 times a search. The trial lines come, the bar is left out."""
+    import importlib.util
+    import io
+
+    import rich.jupyter
+    from rich.console import Console
+
+    from autotune.render import RichReporter
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ipywidgets" else find_spec(name, *a))
+    shown: list[str] = []  # what the notebook's cell shows (IPython's display, which this test process lacks)
+    monkeypatch.setattr(rich.jupyter, "display", lambda segments, text: shown.append(text))
+    with RichReporter(Console(file=io.StringIO(), force_jupyter=True, color_system=None)) as reporter:
+        search(config(tmp_path, cache_dir, trials=3), reporter=reporter)
+        assert not reporter.progress.live.is_started
+    text = "".join(shown)
+    assert "#1 [guess]" in text and "confirm 1/" in text and "ipywidgets" not in text
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "ipywidgets" else find_spec(name, *a))
+    assert RichReporter(Console(file=io.StringIO(), force_jupyter=True))._bar_shown  # with it, the widget bar
+
+
 def test_the_summary_in_a_narrow_log_keeps_paths_and_setups_whole(tmp_path, cache_dir) -> None:
     """Piped to a file, Rich renders 80 columns: a path to copy stays on one line, a setup folds, nothing is cut off."""
     import io
