@@ -213,8 +213,8 @@ def search(
         setup=best.setup,
         samples_per_s=best.samples_per_s,
         speedup=best.speedup,
-        best_json=outcome.out / "best.json",
-        train_py=outcome.out / "train.py",
+        best_json=(outcome.out / "best.json").absolute(),  # found again after a notebook's %cd
+        train_py=(outcome.out / "train.py").absolute(),
         verdict=in_api_words(outcome.verdict),
         notes=tuple(in_api_words(note) for note in best.notes),
         outcome=outcome,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from autotune.records import TrialResult, Workload
@@ -47,8 +47,8 @@ class SearchResult:
         speedup: Over the defaults: the median of the per-round ratios of the rounds both ran (``None``: nothing compared
             with them: they were the only setup the confirmation measured, their trial failed, or the search stopped
             before it; ``notes`` says which).
-        best_json: The ``best.json`` written.
-        train_py: The emitted ``train.py``.
+        best_json: The ``best.json`` written (an absolute path).
+        train_py: The emitted ``train.py`` (an absolute path).
         verdict: Which side limits training, in words (flags named as this API's keywords, as in ``notes``).
         outcome: Everything else: every trial, calibration, confirmation.
         notes: What qualifies the figures (the CLI's ``note:`` lines): a busy machine, rounds that disagree with the
@@ -61,7 +61,7 @@ class SearchResult:
     best_json: Path
     train_py: Path
     verdict: str
-    outcome: SearchOutcome
+    outcome: SearchOutcome = field(repr=False)  # every trial: thousands of characters in a notebook's cell
     notes: tuple[str, ...] = ()
 
 

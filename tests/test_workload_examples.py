@@ -31,6 +31,9 @@ def test_example_is_tuned_and_its_train_py_runs_the_workload(
     printed = capsys.readouterr().err
     assert all((f"note: {note}" in printed) is (example == "segmentation") for note in result.notes), printed  # unwrapped
     assert result.best_json.exists() and result.outcome.best is not None
+    # Absolute paths (found after a notebook's %cd) and a repr a notebook's cell can show: not every trial.
+    assert result.best_json == tmp_path / "out" / "best.json" and result.train_py.is_absolute()
+    assert "outcome=" not in repr(result) and len(repr(result)) < 3000, len(repr(result))
     assert result.outcome.best.workload.task == f"{example}:make_task"
     if example == "text_classifier":
         assert not result.setup.channels_last and result.outcome.best.workload.image_input is False
