@@ -38,13 +38,14 @@ def main(argv: list[str]) -> int:
             return 2
         # best.lr is the rate for the search's processes (best.world_size, DDP ranks); this loop is one process, whose
         # effective batch is 1/world_size of theirs: lr_for() scales the rate to it by the same rule.
-        setup, lr = best.setup, best.lr_for(1)
+        setup, lr, reference = best.setup, best.lr_for(1), best.reference_batch
         if best.world_size != 1:
             print(f"note: tuned with {best.world_size} processes (lr {best.lr:g}); one process here trains an effective batch of "
                   f"{setup.effective_batch()} at lr {lr:g}")
     else:
         setup = autotune.TrainSetup(batch_size=16, accumulation_steps=2, amp="bf16", channels_last=True)
-        lr = 1e-3 * math.sqrt(setup.effective_batch() / 256)  # the square-root rule for AdamW, as the search scales it
+        reference = 256
+        lr = 1e-3 * math.sqrt(setup.effective_batch() / reference)  # the square-root rule for AdamW, as the search scales it
     device = "cuda" if torch.cuda.is_available() else "cpu"
     try:  # the probe's bf16 answer: on a CPU that runs it natively, the advice for a GPU's fp16 setup names bf16
         setup.check_device(device, bf16_supported=probes.collect_cpu().bf16 if device == "cpu" else None)
@@ -65,6 +66,11 @@ def main(argv: list[str]) -> int:
     scaler = setup.grad_scaler(device)  # None unless amp is fp16
     optimizer = setup.optimizer(model.parameters(), lr=lr)  # AdamW with the tuned kernels (optimizer_impl)
     model = setup.compile_model(model)  # torch.compile when the setup compiles; the model itself otherwise
+    # Where the effective batch grew more than 4x over the recipe's (the reference), train.py warms the rate up
+    # linearly over the first epoch (at most a tenth of the run): the same here, with PyTorch's LinearLR.
+    warmup_steps = len(loader) // setup.accumulation_steps if setup.effective_batch() > 4 * reference else 0
+    warmup = (torch.optim.lr_scheduler.LinearLR(optimizer, start_factor=1 / warmup_steps, total_iters=warmup_steps - 1)
+              if warmup_steps > 1 else None)
     model.train()
     start = time.perf_counter()
     for i, (images, labels) in enumerate(loader):
@@ -80,7 +86,9 @@ def main(argv: list[str]) -> int:
                 optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             step = (i + 1) // setup.accumulation_steps
-            print(f"step {step} loss {loss.item() * setup.accumulation_steps:.4f}")
+            print(f"step {step} loss {loss.item() * setup.accumulation_steps:.4f} lr {optimizer.param_groups[0]['lr']:.4g}")
+            if warmup is not None:
+                warmup.step()
     # -------------------------------------------------------------------------
     print(f"done: {len(loader)} micro-batches in {time.perf_counter() - start:.1f}s")
     return 0

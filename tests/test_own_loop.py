@@ -24,7 +24,7 @@ def run_example(args: list[str], cwd: Path, capfd: pytest.CaptureFixture[str], m
     return out, err
 
 
-def write_cpu_best(path: Path, setup: TrainSetup) -> None:
+def write_cpu_best(path: Path, setup: TrainSetup, reference: int = 256) -> None:
     workload = Workload(model="resnet18", image_size=32, device="cpu", num_classes=10, synthetic_images=64)
     write_best(
         path,
@@ -37,7 +37,7 @@ def write_cpu_best(path: Path, setup: TrainSetup) -> None:
             speedup=None,
             peak_memory_bytes=None,
             effective_batch=setup.effective_batch(),
-            reference_batch=256,
+            reference_batch=reference,
             lr=1e-3,
         ),
     )
@@ -90,6 +90,22 @@ def test_own_loop_with_best_json(tmp_path: Path, capfd: pytest.CaptureFixture[st
     out, _ = run_example([str(EXAMPLES / "own_loop.py"), "best.json"], tmp_path, capfd, monkeypatch)
     assert f"setup: {setup.describe()}" in out
     assert "step 3 loss" in out
+
+
+def test_own_loop_warms_the_rate_up_where_the_effective_batch_grew_more_than_4x(tmp_path: Path, capfd: pytest.CaptureFixture[str],
+                                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """train.py warms the rate up over the first epoch where the tuned effective batch is over 4x the reference; the
+    own-loop example did not, so a loop copied from it trained at the full scaled rate from its first step."""
+    setup = TrainSetup(batch_size=8, accumulation_steps=2)  # 16, 8x the reference of 2
+    write_cpu_best(tmp_path / "best.json", setup, reference=2)
+    out, _ = run_example([str(EXAMPLES / "own_loop.py"), "best.json"], tmp_path, capfd, monkeypatch)
+    rates = [float(line.rsplit(" lr ", 1)[1]) for line in out.splitlines() if line.startswith("step ")]
+    full = 1e-3 * (16 / 2) ** 0.5  # the square-root rule from the reference's rate
+    assert len(rates) >= 3 and rates == sorted(rates) and rates[0] < rates[-1] == pytest.approx(full, rel=1e-3), rates
+    assert rates[0] == pytest.approx(full / len(rates), rel=1e-3)  # linear from 1/N of the rate, as train.py's warm-up
+    write_cpu_best(tmp_path / "best.json", setup, reference=8)  # 2x the reference: no warm-up
+    out, _ = run_example([str(EXAMPLES / "own_loop.py"), "best.json"], tmp_path, capfd, monkeypatch)
+    assert {line.rsplit(" lr ", 1)[1] for line in out.splitlines() if line.startswith("step ")} == {"0.001414"}, out
 
 
 def test_a_ddp_search_s_rate_is_scaled_to_the_processes_of_one_s_own_loop(
