@@ -60,8 +60,13 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
 
 def _written_beside(target: Path, data: bytes) -> str:
     """A temporary file beside ``target`` holding ``data``, on disk (fsync), with the mode a plain ``open()`` gives; its
-    path. Removed again where writing it fails."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+    path. Removed again where writing it fails. An error names ``target``, not the temporary file (a read-only
+    directory refused ``.report.html.abc123``, which the user never heard of)."""
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+    except OSError as exc:
+        exc.filename = str(target)
+        raise
     try:
         os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "wb") as fh:
@@ -95,7 +100,7 @@ def atomic_write_all(files: dict[Path, bytes]) -> None:
             try:
                 temps[target] = _written_beside(target, data)
             except OSError as exc:
-                exc.filename = exc.filename or str(target)
+                exc.filename = str(target)  # the file it was for (a failed write of its temporary copy named that)
                 raise
         for target, tmp in temps.items():
             try:

@@ -1086,3 +1086,19 @@ def test_a_report_that_cannot_write_one_file_replaces_none(tmp_path) -> None:
     written = write_rendered(tmp_path, "new page", {"summary": b"new", "history": b"new"})
     assert [p.name for p in written] == ["report.html", "report-summary.png", "report-history.png"]
     assert (tmp_path / "report.html").read_text() == "new page" and not (tmp_path / "report-confirmation.png").exists()
+
+
+def test_a_directory_that_refuses_the_report_names_report_html_not_its_temporary_copy(tmp_path, monkeypatch) -> None:
+    """`autotune report` on a read-only directory said `cannot write DIR/.report.html.k2j4x9: Permission denied`."""
+    import errno
+    import tempfile
+
+    from autotune.errors import EmitError
+    from autotune.output.report import write_rendered
+
+    def refused(prefix: str = "", dir: str | None = None, **kwargs: object) -> tuple[int, str]:
+        raise PermissionError(errno.EACCES, "Permission denied", f"{dir}/{prefix}k2j4x9")
+
+    monkeypatch.setattr(tempfile, "mkstemp", refused)
+    with pytest.raises(EmitError, match=rf"^cannot write {tmp_path}/report.html: Permission denied$"):
+        write_rendered(tmp_path, "page", {})
