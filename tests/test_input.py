@@ -191,6 +191,18 @@ def test_a_file_given_as_the_cache_dir_is_named_as_such(tmp_path) -> None:
     assert code == 1 and one_line(output) == f"error: --cache-dir {blocker} is not a directory" and not out.exists()
 
 
+def test_a_default_cache_that_cannot_be_written_says_what_to_pass_not_a_flag_never_typed(tmp_path, monkeypatch) -> None:
+    """An unwritable HOME: `--cache-dir ~/.cache/autotune cannot be created: ...`, naming a flag the user never passed
+    and no way out."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    monkeypatch.setenv("AUTOTUNE_CACHE", str(blocker / "cache"))
+    result = runner.invoke(app, ["search", "--model", "resnet18", "--trials", "1", "--device", "cpu", "--out", str(tmp_path / "out")])
+    line = one_line(result.output)
+    assert result.exit_code == 1 and line.startswith("error: the synthetic JPEGs' default cache ") and "--cache-dir" not in \
+        line.split(";")[0] and line.endswith("; pass --cache-dir DIR to write them elsewhere, or --data DIR for your own images"), line
+
+
 @pytest.mark.parametrize("name", ["best.json", "train.py", "trials.csv", "study.db"])  # study.db: sqlite's "unable to open database file"
 def test_a_result_file_that_is_a_directory_is_refused_before_anything_runs(tmp_path, cache_dir, name) -> None:
     """Its atomic rename failed only after the calibration, the trials and the confirmation, naming a temporary file."""

@@ -13,6 +13,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+from autotune.errors import StorageError
 from autotune.files import check_writable
 from autotune.records import Workload
 from autotune.units import format_bytes
@@ -98,8 +99,15 @@ def check_synthetic_target(workload: Workload) -> None:
     if workload.data is not None or workload.task is not None or not workload.synthetic_images:
         return
     target = synthetic_dir(workload.cache_dir, workload.synthetic_images)
-    if not target.is_dir():
+    if target.is_dir():
+        return
+    if workload.cache_dir is not None:
         check_writable(target.parent, "--cache-dir")
+        return
+    try:  # the default cache (under HOME): a flag the user never typed is no way to name it
+        check_writable(target.parent, "the synthetic JPEGs' default cache")
+    except StorageError as exc:
+        raise StorageError(f"{exc}; pass --cache-dir DIR to write them elsewhere, or --data DIR for your own images") from None
 
 
 def write_synthetic(workload: Workload, warn: Callable[[str], None] | None = None, stop: Callable[[], bool] | None = None) -> None:
