@@ -83,6 +83,30 @@ def test_a_tuple_of_input_and_target_tensors_is_told_to_be_a_tensor_dataset() ->
     assert autotune.Task(torch.nn.Linear(8, 2), (inputs, targets), collate_fn=lambda items: items).dataset[1] is targets
 
 
+def test_a_dict_of_columns_a_generator_and_a_step_returning_logs_say_what_to_change() -> None:
+    """Three habits of other training code: a dict of column tensors as the dataset (`dataset[0] failed: KeyError: 0`),
+    a generator as the dataset, and a step returning (loss, logs): each was refused without what to do instead."""
+    columns = {"x": torch.randn(30, 8), "y": torch.randint(0, 2, (30,))}
+    with pytest.raises(WorkloadError, match=re.escape(
+            "Task dataset is a dict of tensors ('x': Tensor[30, 8] float32, 'y': Tensor[30] int64), whose items would be looked "
+            "up by key (dataset[0]); for the samples along their first dimension pass torch.utils.data.TensorDataset(*columns)")):
+        autotune.Task(torch.nn.Linear(8, 2), columns)
+    assert autotune.Task(torch.nn.Linear(8, 2), {0: torch.randn(8), 1: torch.randn(8)}).dataset  # a dict keyed by index stays
+    rows = ((torch.randn(8), 1) for _ in range(4))
+    with pytest.raises(WorkloadError, match="is neither a map-style Dataset .* nor an IterableDataset; a generator is used up after "
+                                            "one pass: give an IterableDataset whose __iter__ makes a new one each time"):
+        check_task(autotune.Task(torch.nn.Linear(8, 2), rows, batch_size=2), workers=False)
+    data = torch.utils.data.TensorDataset(torch.randn(8, 8), torch.randint(0, 2, (8,)))
+
+    def step(model: torch.nn.Module, batch: Any) -> Any:
+        x, y = batch
+        out = model(x)
+        return torch.nn.functional.cross_entropy(out, y), {"accuracy": (out.argmax(1) == y).float().mean()}
+
+    with pytest.raises(WorkloadError, match=r"must return a scalar floating tensor, got tuple; return the loss alone \(logs such as"):
+        check_task(autotune.Task(torch.nn.Linear(8, 2), data, step=step, batch_size=4), workers=False)
+
+
 def test_a_loss_modules_own_tensors_follow_the_models_output_to_its_device() -> None:
     # A class weight of nn.CrossEntropyLoss built on the CPU, as a Task factory builds it: on a GPU every trial (and
     # train.py) failed "Expected all tensors to be on the same device". The meta device stands in for CUDA here.

@@ -124,7 +124,7 @@ class Task:
         if isinstance(self.loss, type):  # loss=nn.MSELoss: called on (output, targets) it would build a criterion, not a loss
             name = self.loss.__name__
             raise WorkloadError(f"Task loss is the class {name}, not a loss function: pass an instance (loss={name}())")
-        if isinstance(self.dataset, tuple) and self.collate_fn is None:
+        if isinstance(self.dataset, (tuple, dict)) and self.collate_fn is None:
             _refuse_tensor_columns(self.dataset)
 
     # -------------------------------------------------------------- building
@@ -336,11 +336,19 @@ class Task:
         return int(count)
 
 
-def _refuse_tensor_columns(dataset: tuple[Any, ...]) -> None:
+def _refuse_tensor_columns(dataset: tuple[Any, ...] | dict[Any, Any]) -> None:
     """Refuse ``dataset=(inputs, targets)``: tensors of one length but different shapes, whose items would be the whole
-    tensors (they cannot be stacked into a batch), where the ``TensorDataset`` of their rows was meant."""
+    tensors (they cannot be stacked into a batch), where the ``TensorDataset`` of their rows was meant; and
+    ``dataset={"x": inputs, "y": targets}``, whose item 0 is looked up as a key (``KeyError: 0``)."""
     import torch
 
+    if isinstance(dataset, dict):
+        if dataset and all(isinstance(t, torch.Tensor) and t.dim() > 0 for t in dataset.values()) and 0 not in dataset:
+            shapes = ", ".join(f"{key!r}: {describe_batch(t)}" for key, t in list(dataset.items())[:4])
+            raise WorkloadError(f"Task dataset is a dict of tensors ({shapes}), whose items would be looked up by key (dataset[0]); "
+                                "for the samples along their first dimension pass torch.utils.data.TensorDataset(*columns), or "
+                                "a Dataset whose __getitem__ returns one sample's dict")
+        return
     if len(dataset) < 2 or not all(isinstance(t, torch.Tensor) and t.dim() > 0 for t in dataset):
         return
     if len({t.shape[0] for t in dataset}) == 1 and len({t.shape for t in dataset}) > 1:

@@ -11,6 +11,7 @@ naming the object, index, types or shapes at fault.
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 import pickle
 import sys
@@ -121,9 +122,11 @@ def _first_items(task: Task, count: int) -> tuple[list[Any], bool, int | None]:
             raise WorkloadError(f"the workload's dataset ({type(dataset).__name__}) yields no items")
         return items, True, None
     if not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__"):
+        once = ("; a generator is used up after one pass: give an IterableDataset whose __iter__ makes a new one each time"
+                if inspect.isgenerator(dataset) or inspect.isgeneratorfunction(dataset) else "")
         raise WorkloadError(
             f"the workload's dataset ({type(dataset).__name__}) is neither a map-style Dataset (__getitem__ and __len__) "
-            "nor an IterableDataset"
+            f"nor an IterableDataset{once}"
         )
     try:
         size = len(dataset)
@@ -203,7 +206,9 @@ def _check_loss(task: Task, model: Any, batch: Any) -> Any:
         origin = "the loss"
     if not isinstance(loss, torch.Tensor) or loss.dim() != 0 or not loss.is_floating_point():
         got = describe_batch(loss) if isinstance(loss, torch.Tensor) else type(loss).__name__
-        raise WorkloadError(f"{origin} must return a scalar floating tensor, got {got}")
+        several = isinstance(loss, (tuple, list, dict))  # (loss, logs): a training loop's habit
+        raise WorkloadError(f"{origin} must return a scalar floating tensor, got {got}"
+                            + ("; return the loss alone (logs such as accuracy are not trained on)" if several else ""))
     if not bool(torch.isfinite(loss.detach())):
         raise WorkloadError(f"{origin} returned {loss.item()} on the first batch {shapes}: the loss must be finite")
     trainable = [p for p in model.parameters() if p.requires_grad]
