@@ -895,8 +895,13 @@ def test_a_full_disk_while_the_winner_is_written_says_what_is_kept_and_to_rerun(
     monkeypatch.setattr(module, "atomic_write_text", write)
     assert run_search(config, runner=steady_runner).best is not None and (tmp_path / "out" / "best.json").is_file()
     if file == "train.py":  # the same script again is left as it is: a disk without room for its copy is no failure
+        from autotune.output.best import read_best
+
+        best = read_best(tmp_path / "out")
         monkeypatch.setattr(module, "atomic_write_text", full)
-        assert run_search(config, runner=steady_runner).best is not None
+        assert module.write_script(best, tmp_path / "out" / "train.py") == tmp_path / "out" / "train.py"
+        with pytest.raises(AutotuneError, match="No space left on device"):  # another script still needs the room
+            module.write_script(replace(best, lr=best.lr * 2), tmp_path / "out" / "train.py")
 
 
 def steady_runner(setup, workload, options=None, *, on_window=None):
@@ -1007,12 +1012,12 @@ def test_a_stop_while_the_report_s_files_are_written_waits_for_them_and_says_the
     out = tmp_path / "out"
     out.mkdir()
     for path in stale:
-        path.write_bytes(b"an earlier run's plot")
+        path.write_bytes(b"an earlier run's plot, autotune report")  # marked as the report's PNGs are
     caught = _search_stopped(out, cache_dir)
     assert isinstance(caught, SearchInterrupted), repr(caught)
     assert caught.exit_code == 130 and "interrupted as report.html was written; it is written" in str(caught)
     assert read_best(out / "best.json").confirmed and "Winner:" in (out / "report.html").read_text()
-    assert not any(p.exists() and p.read_bytes() == b"an earlier run's plot" for p in stale)
+    assert not any(p.exists() and p.read_bytes() == b"an earlier run's plot, autotune report" for p in stale)
 
 
 def test_a_stop_while_the_winner_is_written_waits_for_best_json_and_skips_only_the_ceilings(tmp_path, cache_dir, monkeypatch) -> None:

@@ -882,7 +882,7 @@ def test_a_trial_whose_stream_holds_no_full_optimizer_step_per_pass_fails_as_tra
     # The calibration's halving reads "no full batch"; `autotune trial` of a stream too short for its batch says what fits.
     # (The stream is not read again to count it: a second pass may block, a queue filled once.)
     with pytest.raises(RuntimeError, match=re.escape("the dataset yields no full batch of 8 samples (a pass holds fewer): pass a smaller "
-                                                     "batch size (--batch-size)")):
+                                                     "batch size (--batch-size; in Python, setup=autotune.TrainSetup(batch_size=...))")):
         take(autotune.TrainSetup(batch_size=8), 1)
 
 
