@@ -30,6 +30,19 @@ def hide_passwords(text: str) -> str:
     return _QUERY_PASSWORD.sub(lambda m: f"{m.group('head')}***", text)
 
 
+def shell_quote(word: str) -> str:
+    """``word`` as a POSIX shell reads it back: :func:`shlex.quote`, or bash's ``$'...'`` where it holds a control
+    character (a line break in a directory's name), which shlex.quote kept raw: the recorded command broke across
+    two lines, and pasted back it named another directory.
+    (``nl<LF>out`` is written ``$'nl\\nout'``).
+    """
+    if not any(ord(c) < 32 or ord(c) == 127 for c in word):
+        return shlex.quote(word)
+    escaped = "".join({"\\": "\\\\", "'": "\\'", "\n": "\\n", "\t": "\\t", "\r": "\\r"}.get(c) or
+                      (f"\\x{ord(c):02x}" if ord(c) < 32 or ord(c) == 127 else c) for c in word)
+    return f"$'{escaped}'"
+
+
 def recorded_command(argv: list[str]) -> str:
     """The command line to record in best.json, passwords hidden; empty when
     autotune was not started as a program (a test runner, a notebook)."""
@@ -37,4 +50,4 @@ def recorded_command(argv: list[str]) -> str:
     program = f"{path.parent.name}/{path.name}" if path.name == "cli.py" else path.name  # python -m autotune.cli
     if program not in ("autotune", "__main__.py", "autotune/cli.py") or "search" not in argv[1:]:
         return ""
-    return hide_passwords(shlex.join(["autotune", *argv[1:]]))
+    return hide_passwords(" ".join(shell_quote(word) for word in ["autotune", *argv[1:]]))

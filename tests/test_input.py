@@ -296,6 +296,20 @@ def test_recorded_command_keeps_global_options_and_hides_passwords() -> None:
     assert recorded_command(["/x/tools/cli.py", "search"]) == ""  # another program's cli.py
 
 
+def test_a_recorded_command_with_a_line_break_in_a_path_reads_back_in_a_shell_as_typed(tmp_path) -> None:
+    """--out 'nl<LF>out': shlex.quote kept the line break raw, so best.json's command and train.py's header broke
+    across two lines, and the command pasted back named another directory."""
+    import subprocess
+
+    from autotune.redact import recorded_command, shell_quote
+
+    command = recorded_command(["/venv/bin/autotune", "search", "--out", "nl\nout", "--data", "it's\tx", "--study", "a b"])
+    assert command == "autotune search --out $'nl\\nout' --data $'it\\'s\\tx' --study 'a b'" and "\n" not in command
+    for word in ("nl\nout", "it's\tx", "back\\slash\n\x01", "plain", "a b"):
+        said = subprocess.run(["bash", "-c", f"printf %s {shell_quote(word)}"], capture_output=True, text=True, check=True).stdout
+        assert said == word, (word, shell_quote(word))
+
+
 def test_passwords_never_reach_best_json_train_py_or_messages(tmp_path, cache_dir) -> None:
     from autotune.errors import StorageError
     from autotune.records import TrialResult

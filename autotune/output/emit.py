@@ -21,7 +21,6 @@ from __future__ import annotations
 import math
 import os
 import re
-import shlex
 import string
 from importlib import resources
 from pathlib import Path
@@ -32,7 +31,7 @@ from autotune.errors import AutotuneError, EmitError
 from autotune.files import atomic_write_text
 from autotune.output.best import DEFAULTS_KEPT, Best, write_best
 from autotune.records import LR_SCALINGS
-from autotune.redact import hide_passwords
+from autotune.redact import hide_passwords, shell_quote
 from autotune.torch_knobs import COMPILE_MODES, DECODES, OPTIMIZER_IMPLS
 from autotune.train_setup import AMP_MODES
 from autotune.units import counted
@@ -305,8 +304,8 @@ def script_target(path: str | Path, flag: str = "--output") -> Path:
 def run_command(best: Best, script: str | Path = "train.py") -> str:
     """The command that runs the emitted script with the world size it was measured with."""
     if best.world_size > 1:
-        return f"torchrun --nproc_per_node {best.world_size} {shlex.quote(str(script))}"
-    return f"python {shlex.quote(str(script))}"
+        return f"torchrun --nproc_per_node {best.world_size} {shell_quote(str(script))}"
+    return f"python {shell_quote(str(script))}"
 
 
 def render_script(best: Best) -> str:

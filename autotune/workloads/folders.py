@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import os
 import re
-import shlex
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
 from autotune.errors import WorkloadError
+from autotune.redact import shell_quote
 from autotune.units import counted
 
 __all__ = ["SPLITS", "FolderInfo", "check_image_folder", "folder_warning"]
@@ -126,8 +126,8 @@ def _macos_metadata(root: Path, classes: list[str], samples: list[tuple[str, int
              if junk else []) + (["a __MACOSX folder"] if folder else [])
     # -L: into linked class folders too (a link loop was refused before); quoted: a path with spaces must not split.
     nested = folder or any("__MACOSX" in parts for parts in junk)  # a class of its own, or inside a class
-    removal = "; ".join(([f"find -L {shlex.quote(str(root))} -name '._*' -delete"] if junk else [])
-                        + ([f"find -L {shlex.quote(str(root))} -name __MACOSX -prune -exec rm -rf {{}} +"] if nested else []))
+    removal = "; ".join(([f"find -L {shell_quote(str(root))} -name '._*' -delete"] if junk else [])
+                        + ([f"find -L {shell_quote(str(root))} -name __MACOSX -prune -exec rm -rf {{}} +"] if nested else []))
     raise WorkloadError(f"data directory {root} holds {' and '.join(parts)}, which unpacking an archive made on a Mac leaves: not "
                         f"images, but ImageFolder reads them as images (or a class) and fails on them; remove them ({removal}) "
                         "and rerun")
