@@ -1226,6 +1226,10 @@ def test_split_folders_or_one_class_are_allowed_with_a_warning(tmp_path) -> None
     (data / "train" / "n01443537").mkdir()
     (data / "train" / "n01443537" / "b.jpg").write_bytes(b"x")
     assert check_image_folder(data / "train").warning is None
+    # A class folder that links to another: its images are read twice, under two labels, without a word before.
+    (data / "train" / "tench").symlink_to(data / "train" / "n01440764")
+    assert check_image_folder(data / "train").warning == (f"class folders n01440764 and tench of {data / 'train'} are one "
+                                                          "directory (a symbolic link): its images are read twice, under 2 labels")
 
 
 def test_a_folder_unpacked_from_a_mac_archive_is_refused_in_one_line_listing_its_metadata_files(tmp_path) -> None:

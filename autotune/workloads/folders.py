@@ -53,8 +53,20 @@ def folder_warning(root: Path, classes: list[str], samples: list[tuple[str, int]
                     f"did you mean --data {root / split}?")
     elif len(classes) == 1:
         said.append(f"{root} holds one class folder ({classes[0]}): every image gets the same label")
+    twins = _same_folders(root, classes)
+    if twins:
+        said.append(f"class folders {' and '.join(twins[0])} of {root} are one directory (a symbolic link): its images are read "
+                    f"twice, under {len(twins[0])} labels{'' if len(twins) == 1 else f' ({len(twins) - 1} more such group(s))'}")
     hidden = _hidden_warning(root, classes, samples or [])
     return "; ".join([*said, hidden] if hidden else said) or None
+
+
+def _same_folders(root: Path, classes: list[str]) -> list[list[str]]:
+    """Groups of class folders that resolve to one directory (``cats`` and a link ``cat`` to it)."""
+    found: dict[str, list[str]] = {}
+    for name in classes:
+        found.setdefault(os.path.realpath(os.path.join(os.path.expanduser(os.fspath(root)), name)), []).append(name)
+    return [names for names in found.values() if len(names) > 1]
 
 
 #: Folders that file servers and operating systems add beside the user's (a NAS's thumbnails, a recycle bin).
