@@ -1771,6 +1771,9 @@ def test_a_resumed_iterable_epoch_skips_what_it_trained_on(
     code, out, err = _run_here(script, capfd, monkeypatch, "--resume", "--epochs", "1")
     assert code == 0, err
     assert "skipping the 1 micro-batches of epoch 0 trained on before the checkpoint" in out
+    # Without --max-steps, an endless stream would never end its first epoch: the run's first lines say so.
+    assert "| iterable dataset (an epoch ends where its iterator does; for an endless stream pass --max-steps N, or it never " \
+        "ends)" in out
     assert [int(line.split()[1]) for line in out.splitlines() if line.startswith("step ")] == [2, 3]
     checkpoint = torch.load(tmp_path / "out" / "checkpoint.pth", weights_only=True)
     assert (checkpoint["step"], checkpoint["epoch"], checkpoint["epoch_step"]) == (3, 1, 0)
