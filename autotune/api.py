@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import shlex
-import sys
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -32,6 +30,7 @@ from autotune.api_results import SearchResult, TrialOutcome, in_api_words
 from autotune.errors import SearchInterrupted, SearchStopped, SetupError, UsageError, check_bool, interrupted_in, worded_for_python
 from autotune.files import check_temp_dir_for_workers
 from autotune.records import DEFAULT_TRIAL_SECONDS, TrialOptions, Workload
+from autotune.redact import recorded_call
 from autotune.train_setup import TrainSetup
 from autotune.tuner import Reporter, SearchConfig, run_search
 from autotune.tuner.config import check_synthetic_images, check_timeout, check_trial_seconds, parse_max_memory, path_of
@@ -158,6 +157,7 @@ def search(
         SearchStopped: Ctrl-C, SIGTERM or SIGHUP (finished trials kept): a
             ``KeyboardInterrupt``, which ``except AutotuneError`` lets through.
     """
+    called = recorded_call(search, locals())  # the arguments as given, before any is read
     imported_whole()  # a Ctrl-C inside a lazy import left a broken module for the rest of the session
     model, image_size = _shorthand(workload, model, data, image_size, "resnet50", lr=lr, cache_dir=cache_dir,
                                    synthetic_images=synthetic_images)
@@ -184,7 +184,7 @@ def search(
         ceilings=ceilings,
         lr=lr,
         timeout_s=timeout_s,
-        command=command if command is not None else f"python: autotune.search() in {shlex.quote(sys.argv[0] or 'python')}",
+        command=command if command is not None else called,
         workload=workload,
         nproc_per_node=nproc_per_node,
         devices=devices,
@@ -194,7 +194,7 @@ def search(
             from autotune.render import RichReporter, console
 
             try:
-                with RichReporter(console(stderr=True)) as live:
+                with RichReporter(console(stderr=True), words=in_api_words) as live:
                     outcome = run_search(config, live)
             except SearchInterrupted as exc:  # the best so far's notes, as the CLI's summary shows them
                 _print_notes(getattr(exc.outcome, "best", None))

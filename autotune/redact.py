@@ -7,9 +7,14 @@ that get shared. Every URL's password becomes ``***``.
 
 from __future__ import annotations
 
+import inspect
+import os
 import re
 import shlex
+import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 #: ``scheme://user:password@``: the password is whatever lies between the
 #: first ``:`` after the scheme and the last ``@`` before the host.
@@ -51,3 +56,28 @@ def recorded_command(argv: list[str]) -> str:
     if program not in ("autotune", "__main__.py", "autotune/cli.py") or "search" not in argv[1:]:
         return ""
     return hide_passwords(" ".join(shell_quote(word) for word in ["autotune", *argv[1:]]))
+
+
+def recorded_call(function: Callable[..., Any], given: dict[str, Any]) -> str:
+    """The Python API's call to record as a search's command (best.json, the train.py header): ``python:
+    autotune.search(workload='mytask:make_task', trials=10) in SCRIPT``, the arguments that differ from the defaults
+    (it named none: a notebook's search could not be told from another, or run again from its record), passwords hidden.
+
+    Args:
+        function: The API function called (its signature gives the defaults).
+        given: Its arguments by name (``locals()`` at its start).
+    """
+    shown = []
+    for key, parameter in inspect.signature(function).parameters.items():
+        value = given.get(key, parameter.default)
+        try:
+            same = value is parameter.default or bool(value == parameter.default)
+        except Exception:  # an object whose == is no bool
+            same = False
+        if same or key in ("reporter", "progress", "command"):
+            continue
+        if callable(value):  # a factory: as the trial processes import it
+            value = f"{getattr(value, '__module__', '?')}:{getattr(value, '__qualname__', '?')}"
+        value = os.fspath(value) if isinstance(value, os.PathLike) else value
+        shown.append(f"{key}={value!r}")
+    return hide_passwords(f"python: autotune.{function.__name__}({', '.join(shown)}) in {shell_quote(sys.argv[0] or 'python')}")

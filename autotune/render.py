@@ -78,7 +78,7 @@ class RichReporter:
     around :func:`autotune.tuner.run_search`.
     """
 
-    def __init__(self, console: Console) -> None:
+    def __init__(self, console: Console, words: Callable[[str], str] = str) -> None:
         from rich.progress import (
             BarColumn,
             MofNCompleteColumn,
@@ -90,6 +90,7 @@ class RichReporter:
         )
 
         self.console = console
+        self.words = words  # the Python API's: its keywords where a line names the CLI's flags (api_results.in_api_words)
         self.progress = Progress(
             SpinnerColumn(),
             TextColumn("{task.description}"),
@@ -122,7 +123,7 @@ class RichReporter:
 
     def message(self, text: str) -> None:
         """A progress line."""
-        self.progress.console.print(f"[dim]{escape(text)}[/]", highlight=False, soft_wrap=True)  # paths stay whole to copy
+        self.progress.console.print(f"[dim]{escape(self.words(text))}[/]", highlight=False, soft_wrap=True)  # paths stay whole to copy
 
     def trial_started(self, done: int, total: int, role: str, setup: TrainSetup) -> None:
         """Show the running trial."""

@@ -296,6 +296,21 @@ def test_recorded_command_keeps_global_options_and_hides_passwords() -> None:
     assert recorded_command(["/x/tools/cli.py", "search"]) == ""  # another program's cli.py
 
 
+def test_the_python_api_s_recorded_command_names_the_arguments_given() -> None:
+    """best.json of an autotune.search() from a notebook read `python: autotune.search() in ipykernel_launcher.py`:
+    two searches could not be told apart, nor one run again from its record."""
+    from autotune.redact import recorded_call
+
+    def search(workload=None, *, trials=30, out="autotune-out", storage=None, reporter=None, progress=False):  # type: ignore[no-untyped-def]
+        return recorded_call(search, locals())
+
+    said = search(pathlib.Path.home, trials=10, out=pathlib.Path("runs/a b"), storage="postgresql://me:s3cret@db/optuna",
+                  progress=True)
+    assert said.startswith("python: autotune.search(workload='pathlib:Path.home', trials=10, out='runs/a b', "
+                           "storage='postgresql://me:***@db/optuna') in "), said
+    assert search().startswith("python: autotune.search() in ")
+
+
 def test_a_recorded_command_with_a_line_break_in_a_path_reads_back_in_a_shell_as_typed(tmp_path) -> None:
     """--out 'nl<LF>out': shlex.quote kept the line break raw, so best.json's command and train.py's header broke
     across two lines, and the command pasted back named another directory."""

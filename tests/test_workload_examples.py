@@ -30,10 +30,13 @@ def test_example_is_tuned_and_its_train_py_runs_the_workload(
     assert result.verdict == in_api_words(result.outcome.verdict)  # "--set num_workers=0 searches that side", say
     printed = capsys.readouterr().err
     assert all((f"note: {note}" in printed) is (example == "segmentation") for note in result.notes), printed  # unwrapped
+    if example == "segmentation":  # the progress lines in the API's words too ("--set compile=default compiles every trial")
+        assert 'constraints=["compile=default"]' in printed and "--set " not in printed, printed
     assert result.best_json.exists() and result.outcome.best is not None
     # Absolute paths (found after a notebook's %cd) and a repr a notebook's cell can show: not every trial.
     assert result.best_json == tmp_path / "out" / "best.json" and result.train_py.is_absolute()
     assert "outcome=" not in repr(result) and len(repr(result)) < 3000, len(repr(result))
+    assert result.outcome.best.command.startswith(f"python: autotune.search(workload='{example}:make_task', trials=2, device='cpu', ")
     assert result.outcome.best.workload.task == f"{example}:make_task"
     if example == "text_classifier":
         assert not result.setup.channels_last and result.outcome.best.workload.image_input is False
