@@ -231,9 +231,11 @@ def render_search(outcome: SearchOutcome) -> Group:
         from autotune.output.report import report_holds
 
         parts.append(_line(("report:", "bold"), f" {Path(report).resolve()} ({report_holds()}; open it in a browser)"))
-    elif outcome.files:  # the results are written, the page failed (a full disk): said again where the run ends
-        parts.append(_line(("report:", "bold"), (f" not written (the line above says why); autotune report {outcome.out} "
-                                                 "writes it from the study", "yellow")))
+    elif outcome.files and best is not None:  # the results are written, the page failed (a full disk): said again at the end
+        from autotune.tuner.study_report import report_command
+
+        command = report_command(outcome.out, outcome.storage, best.study)
+        parts.append(_line(("report:", "bold"), (f" not written (the line above says why); {command} writes it from the study", "yellow")))
     return Group(*parts)
 
 

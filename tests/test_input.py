@@ -748,6 +748,14 @@ def test_an_out_holding_another_program_s_sqlite_study_db_is_refused_and_left_as
     for command in ("status", "report"):
         result = runner.invoke(app, [command, str(out)])
         assert result.exit_code == 1 and "holds no study" in one_line(result.output), result.output
+    from autotune.tuner.storage import open_storage
+
+    empty = tmp_path / "empty.db"  # made ready for Optuna (WAL mode), no table yet: Optuna's to fill, as before
+    with sqlite3.connect(empty) as db:
+        db.execute("PRAGMA journal_mode=WAL")
+    db.close()
+    assert empty.stat().st_size > 0
+    open_storage(f"sqlite:///{empty}")
 
 
 def test_a_classifier_trial_without_a_batch_size_takes_all_of_fewer_images_as_a_search_defaults_do(tmp_path, monkeypatch) -> None:

@@ -953,6 +953,14 @@ def test_a_report_a_full_disk_refused_is_said_again_where_the_search_ends(tmp_pa
     last = buffer.getvalue().splitlines()[-1]
     assert last == f"report: not written (the line above says why); autotune report {out} writes it from the study", last
     assert (out / "best.json").is_file() and not (out / "report.html").exists()
+    # A study kept elsewhere (a journal file, a database server): `autotune report OUT` alone finds none there.
+    journal, out = tmp_path / "shared.log", tmp_path / "out two"
+    outcome = search(config(tmp_path, cache_dir, trials=3, out=out, storage=str(journal)), reporter=Said())
+    buffer = io.StringIO()
+    Console(file=buffer, width=300, color_system=None).print(render_search(outcome), crop=False)
+    command = f"autotune report '{out}' --storage {journal} --study {outcome.best.study}"
+    assert buffer.getvalue().splitlines()[-1].endswith(f"; {command} writes it from the study"), buffer.getvalue()
+    assert said[-1].endswith(f"(`{command}` writes it from the study)"), said[-1]
 
 
 INTERRUPTED_MODULE = """import os, signal, time

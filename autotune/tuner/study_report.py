@@ -19,12 +19,13 @@ from optuna.trial import TrialState
 from autotune.errors import AutotuneError, StorageError
 from autotune.output.report import ReportInput, render_report, write_rendered, write_report
 from autotune.records import Calibration, TrialRecord
+from autotune.redact import hide_passwords, shell_quote
 from autotune.time_spent import TimeSpent
 from autotune.tuner.config import SearchOutcome
 from autotune.tuner.lock import Holder
 from autotune.tuner.signals import interrupts_held, remember_stop, sigterm_as_interrupt
 from autotune.tuner.storage import CONNECTION_ERRORS, with_retries
-from autotune.tuner.storage_urls import first_line, is_shared
+from autotune.tuner.storage_urls import first_line, is_shared, sqlite_url
 from autotune.tuner.stores import STUDY_WINNER_ROUNDS
 from autotune.tuner.study import STUDY_HOLDER, SearchStudy
 from autotune.tuner.study_facts import (
@@ -38,6 +39,16 @@ from autotune.tuner.study_facts import (
     stored_world_size,
 )
 from autotune.tuner.study_files import best_json_of, measured_after, own_study, rerun_replaces, storage_of
+
+
+def report_command(out: Path, storage: str, study: str) -> str:
+    """The ``autotune report`` command that writes ``out``'s report from its study: ``--storage`` and ``--study`` too
+    where the study is not ``out/study.db`` (a journal file, a database server), as ``autotune report OUT`` alone
+    finds no study there; paths quoted for a shell, passwords hidden."""
+    command = f"autotune report {shell_quote(str(out))}"
+    if storage != sqlite_url(out / "study.db"):
+        command += f" --storage {shell_quote(hide_passwords(storage))} --study {shell_quote(study)}"
+    return command
 
 
 def write_search_report(study: SearchStudy, out: Path, data: ReportInput, log: Callable[[str], None], *,
@@ -67,11 +78,11 @@ def write_search_report(study: SearchStudy, out: Path, data: ReportInput, log: C
     except KeyboardInterrupt:  # remembered: the search ends as interrupted once its files are written (signals.stop_requested)
         remember_stop()
         if not written:
-            log(f"report.html not written: interrupted (`autotune report {out}` writes it from the study)")
+            log(f"report.html not written: interrupted (`{report_command(out, study.storage, study.name)}` writes it from the study)")
         return tuple(str(p) for p in written)
     except Exception as exc:  # a storage, plotting or disk failure must not cost the measured search
         said = str(exc) if isinstance(exc, AutotuneError) else f"{type(exc).__name__}: {exc}"  # its own line has no class name
-        log(f"report.html not written: {said} (`autotune report {out}` writes it from the study)")
+        log(f"report.html not written: {said} (`{report_command(out, study.storage, study.name)}` writes it from the study)")
         return ()
 
 
