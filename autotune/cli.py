@@ -259,7 +259,7 @@ def search(
     ceilings: Annotated[
         bool, typer.Option("--ceilings/--no-ceilings", help="Measure the winner computing alone and loading alone (2 runs).")
     ] = True,
-    lr: Annotated[float, typer.Option("--lr", parser=_float, help="AdamW rate at batch 32 (the reference), scaled to the batch tuned.")] = 1e-3,
+    lr: Annotated[float, typer.Option("--lr", parser=_float, help="AdamW rate at the reference batch (32 a rank, or --effective-batch).")] = 1e-3,
     timeout: TimeoutOpt = None,
     cache_dir: CacheDirOpt = None,
     synthetic_images: SyntheticOpt = None,
