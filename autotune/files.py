@@ -250,8 +250,10 @@ def check_out(out: Path, data: Path | None) -> None:
             raise StorageError(f"{out / name} exists and is not a regular file: the search writes its results there; "
                                "move it away or pass another --out")
     searched = (out / "study.db").exists() or (out / "trials.csv").exists()  # a search wrote here: its own results (or hand-broken)
+    page = _head_holds(out / "report.html", _OURS["report.html"])  # an older autotune's PNGs beside its page: matplotlib's mark
     for name, mark in _OURS.items():  # train.py: checked as emit checks its --output
-        if not searched and (out / name).is_file() and not _head_holds(out / name, mark):
+        older = page and name.endswith(".png") and _head_holds(out / name, b"Software\x00Matplotlib")
+        if not searched and (out / name).is_file() and not _head_holds(out / name, mark) and not older:
             raise StorageError(f"{out / name} exists and was not written by autotune: the search would replace it with its "
                                "results; move it away or pass another --out")
     if data is None:

@@ -717,6 +717,12 @@ def test_an_out_holding_the_users_own_train_py_best_json_or_report_is_refused_be
         from autotune.output.plots import png
 
         (out / name).write_bytes(png(Figure()))
+        check_out(out, None)
+        # An older autotune's PNG (matplotlib's own Software chunk) beside its report.html: its files, not the user's.
+        (out / name).write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\x18tEXtSoftware\x00Matplotlib version3.10")
+        with pytest.raises(StorageError, match="was not written by autotune"):
+            check_out(out, None)
+        (out / "report.html").write_text('<!DOCTYPE html>\n<html lang="en"><head><title>autotune report: s</title></head></html>\n')
     else:
         (out / name).write_text('<!DOCTYPE html>\n<html lang="en"><head><title>autotune report: s</title></head></html>\n')
     check_out(out, None)
