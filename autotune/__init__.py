@@ -58,7 +58,7 @@ def __getattr__(name: str) -> Any:
     caught: list[int] = []
     previous = None
     try:  # Ctrl-C held while the module is imported (a notebook's interrupt left a half-made one for the session)
-        if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:  # one ignored on purpose stays ignored
+        if signal.getsignal(signal.SIGINT) not in (signal.SIG_IGN, None):  # ignored on purpose, or set outside Python: kept
             previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
     except ValueError:  # not the main thread
         pass

@@ -67,7 +67,7 @@ def main(argv: list[str]) -> int:
     optimizer = setup.optimizer(model.parameters(), lr=lr)  # AdamW with the tuned kernels (optimizer_impl)
     model = setup.compile_model(model)  # torch.compile when the setup compiles; the model itself otherwise
     # Where the effective batch grew more than 4x over the recipe's (the reference), train.py warms the rate up
-    # linearly over the first epoch (at most a tenth of the run): the same here, with PyTorch's LinearLR.
+    # linearly over the first epoch (at most a tenth of a longer run): here over this one-epoch loop, with LinearLR.
     warmup_steps = len(loader) // setup.accumulation_steps if setup.effective_batch() > 4 * reference else 0
     warmup = (torch.optim.lr_scheduler.LinearLR(optimizer, start_factor=1 / warmup_steps, total_iters=warmup_steps - 1)
               if warmup_steps > 1 else None)

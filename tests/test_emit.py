@@ -435,7 +435,7 @@ def test_a_best_json_whose_batch_was_edited_after_the_search_is_refused_in_one_l
     data["setup"]["accumulation_steps"] = 4  # 8 x 4 = 32, the file says 16
     (tmp_path / "best.json").write_text(json.dumps(data))
     said = ("best.json's setup makes an effective batch of 32 (batch_size 8 x accumulation_steps 4 x 1 process), its "
-            "effective_batch field 16: the setup was edited after the search, so its measured figures and its lr (0.0005) are "
+            "effective_batch field 16: the setup (or world_size) was edited after the search, so its measured figures and its lr (0.0005) are "
             "another setup's: put the search's values back and pass train.py --batch-size and --accum-steps")
     result = CliRunner().invoke(app, ["emit", str(tmp_path)])
     assert result.exit_code == 1 and said in result.output and not (tmp_path / "train.py").exists(), result.output

@@ -547,17 +547,22 @@ def test_the_oom_kill_counters_are_read_from_vmstat_and_the_memory_cgroup(tmp_pa
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("safe_path", [True, False], ids=["python -P", "python 3.10's -c"])
 def test_a_fresh_trial_server_skips_unread_replies_and_ignores_the_working_directory(
-    tmp_path, cache_dir, monkeypatch
+    tmp_path, cache_dir, monkeypatch, safe_path
 ) -> None:
     """A launch cut off after its request leaves the server's pid reply in the pipe; the next launch skips it.
 
     The server, started where a user's json.py lies, does not import it (``-P``: the working directory is not
-    on its sys.path).
+    on its sys.path; on Python 3.10, which has no ``-P``, the ``-c`` command that takes it off).
     """
     from dataclasses import asdict
 
+    import autotune.runner.zygote as zygote_module
     from autotune.runner.zygote import REQUEST, Zygote
+
+    command = zygote_module.server_command
+    monkeypatch.setattr(zygote_module, "server_command", lambda: command(safe_path))
 
     setup, workload, options = _never_ending(cache_dir)
     cwd = tmp_path / "cwd"

@@ -794,8 +794,10 @@ def test_items_of_python_lists_get_the_hint_that_default_collate_splits_them() -
     with pytest.raises(TypeError) as raised:
         torch.nn.Linear(16, 2)(inputs)
     assert hinted(f"TypeError: {raised.value}").endswith(
-        "default_collate turns an item's Python list (or tuple) of numbers into one tensor per position, not one tensor: return a "
-        "tensor from __getitem__ (torch.tensor(values, dtype=torch.float32))"), raised.value
+        "default_collate turns an item's Python list of numbers into one tensor per position, not one tensor (unless the Task's "
+        "collate_fn stacks it): return a tensor from __getitem__ (torch.tensor(values, dtype=torch.float32))"), raised.value
+    # A model's tuple output handed on (an LSTM's (output, state)) is no item's list: no hint that sends the user there.
+    assert hinted("TypeError: linear(): argument 'input' (position 1) must be Tensor, not tuple").endswith("not tuple")
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

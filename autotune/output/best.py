@@ -286,7 +286,7 @@ class Best:
             raise AutotuneError(
                 f"best.json's setup makes an effective batch of {made} (batch_size {setup.batch_size} x accumulation_steps "
                 f"{setup.accumulation_steps} x {best.world_size} process{'es' if best.world_size > 1 else ''}), its "
-                f"effective_batch field {best.effective_batch}: the setup was edited after the search, so its measured figures and "
+                f"effective_batch field {best.effective_batch}: the setup (or world_size) was edited after the search, so its measured figures and "
                 f"its lr ({best.lr:g}) are another setup's: put the search's values back and pass train.py --batch-size and "
                 "--accum-steps (it scales the lr for them), or rerun `autotune search` with --set for the knobs you changed")
         return best

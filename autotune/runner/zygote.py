@@ -105,13 +105,20 @@ class TrialProcess:
                 pass
 
 
-def server_command() -> list[str]:
+#: Python 3.10 has no ``-P``: ``-c`` puts the working directory first on ``sys.path`` (as ``''``), which the command
+#: takes off before it runs the server as ``-m`` would.
+WITHOUT_SAFE_PATH = ("import runpy, sys; del sys.path[0]; "
+                     "runpy.run_module('autotune.runner.server', run_name='__main__', alter_sys=True)")
+
+
+def server_command(safe_path: bool = sys.version_info >= (3, 11)) -> list[str]:
     """How the server starts: ``-P`` keeps the working directory off
     ``sys.path`` (``-m`` would put it first, so a ``json.py`` where the user
     runs autotune would be imported); autotune is found through the
     ``PYTHONPATH`` of :func:`_child_env`, the user's factory through the
-    workload's ``sys_path``, appended when the factory is imported."""
-    return [sys.executable, "-P", "-m", "autotune.runner.server"]
+    workload's ``sys_path``, appended when the factory is imported. On Python 3.10, whose interpreter refuses
+    ``-P`` (every trial failed to start), :data:`WITHOUT_SAFE_PATH` does the same."""
+    return [sys.executable, "-P", "-m", "autotune.runner.server"] if safe_path else [sys.executable, "-c", WITHOUT_SAFE_PATH]
 
 
 def _child_env() -> dict[str, str]:

@@ -105,10 +105,11 @@ _META_HINT = ("; the model's parameters are on the meta device (shapes only, no 
               "(model.to_empty(device='cpu'), then initialise or load the weights)")
 
 
-#: A model given a list where a tensor goes: an item's Python list, which default_collate turns into one tensor per position.
-_LISTED = ("must be Tensor, not list", "must be Tensor, not tuple")
-_LISTED_HINT = ("; default_collate turns an item's Python list (or tuple) of numbers into one tensor per position, not one "
-                "tensor: return a tensor from __getitem__ (torch.tensor(values, dtype=torch.float32))")
+#: A model given a list where a tensor goes: an item's Python list, which default_collate turns into one tensor per
+#: position (a tuple there is as often a model's own tuple output handed on in a step: no hint for it).
+_LISTED = ("must be Tensor, not list",)
+_LISTED_HINT = ("; default_collate turns an item's Python list of numbers into one tensor per position, not one tensor "
+                "(unless the Task's collate_fn stacks it): return a tensor from __getitem__ (torch.tensor(values, dtype=torch.float32))")
 
 
 def hinted(error: str) -> str:
