@@ -199,7 +199,7 @@ def test_a_default_cache_that_cannot_be_written_says_what_to_pass_not_a_flag_nev
     monkeypatch.setenv("AUTOTUNE_CACHE", str(blocker / "cache"))
     result = runner.invoke(app, ["search", "--model", "resnet18", "--trials", "1", "--device", "cpu", "--out", str(tmp_path / "out")])
     line = one_line(result.output)
-    assert result.exit_code == 1 and line.startswith("error: the synthetic JPEGs' default cache ") and "--cache-dir" not in \
+    assert result.exit_code == 1 and line.startswith("error: the synthetic JPEGs' default cache ($AUTOTUNE_CACHE) ") and "--cache-dir" not in \
         line.split(";")[0] and line.endswith("; pass --cache-dir DIR to write them elsewhere, or --data DIR for your own images"), line
 
 

@@ -104,8 +104,9 @@ def check_synthetic_target(workload: Workload) -> None:
     if workload.cache_dir is not None:
         check_writable(target.parent, "--cache-dir")
         return
-    try:  # the default cache (under HOME): a flag the user never typed is no way to name it
-        check_writable(target.parent, "the synthetic JPEGs' default cache")
+    chosen = next((f" (${name})" for name in ("AUTOTUNE_CACHE", "XDG_CACHE_HOME") if os.environ.get(name)), "")
+    try:  # the default cache (under HOME, or where a variable says): a flag the user never typed is no way to name it
+        check_writable(target.parent, f"the synthetic JPEGs' default cache{chosen}")
     except StorageError as exc:
         raise StorageError(f"{exc}; pass --cache-dir DIR to write them elsewhere, or --data DIR for your own images") from None
 
