@@ -31,6 +31,7 @@ from autotune.tuner.pins import check_pins_act, threads_over_cores
 from autotune.tuner.placement import Placement, place
 from autotune.tuner.progress import Reporter
 from autotune.tuner.signals import stop_requested
+from autotune.tuner.storage import close_connections
 from autotune.tuner.storage_urls import check_storage_url, is_shared, sqlite_url
 from autotune.tuner.study import SearchStudy
 from autotune.tuner.study_files import check_one_study
@@ -123,6 +124,7 @@ def prepare(config: SearchConfig, reporter: Reporter) -> Prepared:
             seed = (config.seed + os.getpid()) % 2**32 if shared else config.seed  # workers sample apart
             study = SearchStudy.open(storage, name, sampler=config.sampler, seed=seed, trials=config.trials, shared=shared,
                                      parallel=placement.parallel, in_out=config.storage is None, pins=config.pins)
+            stack.callback(close_connections, study.study._storage)  # last, once the study is released: no file left open
             if shared:
                 crew = Crew(study, wait_s=patience_s(config.trial_seconds, config.timeout_s))
                 stack.callback(elections.withdraw, study.study, crew.me)  # however it ends: its elections go on without it

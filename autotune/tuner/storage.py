@@ -72,6 +72,16 @@ def retries() -> int:
         return RETRIES
 
 
+def close_connections(storage: BaseStorage) -> None:
+    """Close the pooled database connections of ``storage`` (an RDB storage, or Optuna's cache in front of one): after
+    a search in a Python session (a notebook) their files stayed open until garbage collection ran. A later read of the
+    storage opens new ones."""
+    backend = getattr(storage, "_backend", storage)
+    engine = getattr(backend, "engine", None)
+    if engine is not None:
+        engine.dispose()
+
+
 def open_storage(url: str) -> BaseStorage:
     """The Optuna storage for ``url`` (SQLite and servers: an RDB storage whose tables are created once, however many
     processes open it at the same time; a journal file: a journal storage).
