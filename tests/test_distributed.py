@@ -530,3 +530,42 @@ def test_a_ddp_trial_of_the_classifier_on_its_own_folder_measures(cache_dir) -> 
     result = autotune.trial(model="resnet18", image_size=32, device="cpu", nproc_per_node=2, cache_dir=cache_dir,
                             synthetic_images=64, setup=autotune.TrainSetup(batch_size=4), trial_seconds=1.0)
     assert result.result.status == "ok", result.result.error
+
+
+def test_a_stop_while_a_parallel_slot_asks_its_trial_leaves_no_trial_running(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--devices cpu,cpu: a Ctrl-C held while a slot asked its next trial was raised as the ask's block ended, before the
+    trial was the slot's: the stop failed the other running trials but left that one RUNNING "on an unknown worker",
+    and the rerun called it a dead search's."""
+    import signal
+
+    from autotune.errors import SearchInterrupted
+
+    two_cores()
+    asked = {"n": 0}
+    ask = SearchStudy.ask
+
+    def ask_then_stop(self: SearchStudy, *args: Any, **kwargs: Any) -> Any:
+        asked["n"] += 1
+        if asked["n"] == 3:  # inside fill()'s held block: the stop waits for it to end
+            os.kill(os.getpid(), signal.SIGINT)
+        return ask(self, *args, **kwargs)
+
+    def steady(setup, workload, options=None, *, on_window=None) -> TrialResult:  # type: ignore[no-untyped-def]
+        time.sleep(0.2)
+        return TrialResult(status="ok", samples_per_s=100.0 + setup.batch_size, windows=(100.0,), peak_memory_bytes=2**20)
+
+    monkeypatch.setattr(SearchStudy, "ask", ask_then_stop)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        config = SearchConfig(model="ignored", trials=6, device="cpu", devices="cpu,cpu", trial_seconds=1.0, out=tmp_path / "out",
+                              confirm_top=1, confirm_rounds=1, workload="task_factories:good")
+        with pytest.raises(SearchInterrupted):
+            run_search(config, runner=steady)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    import optuna
+
+    storage = f"sqlite:///{tmp_path / 'out' / 'study.db'}"
+    (name,) = optuna.get_all_study_names(storage)
+    trials = optuna.load_study(study_name=name, storage=storage).get_trials(deepcopy=False)
+    assert asked["n"] >= 3 and not [t.number for t in trials if t.state == optuna.trial.TrialState.RUNNING], trials

@@ -1233,3 +1233,27 @@ def test_a_trial_given_back_as_the_others_filled_the_budget_is_not_cut_short(tmp
     stopped, _ = study.ask()
     crew._give_back(study, stopped, unrun=False)
     assert study_status(storage, "back").failed == 1
+
+
+def test_a_stop_while_a_worker_asks_its_trial_gives_it_back(tmp_path, monkeypatch) -> None:
+    """A Ctrl-C held while a shared study's worker asked its trial was raised as the ask's block ended: the trial was
+    left RUNNING under this worker's name, which a worker on another host fails only once its marker is 30 min old."""
+    from autotune.tuner.study import SearchStudy
+    from autotune.tuner.workers import Crew
+
+    study = SearchStudy.open(f"{tmp_path / 'shared.log'}", "asked", shared=True)
+    counts = SearchStudy.counts
+
+    def counted_then_stopped(self: SearchStudy, *args: Any, **kwargs: Any) -> Any:
+        os.kill(os.getpid(), signal.SIGINT)  # held: raised as the block that asked ends
+        return counts(self, *args, **kwargs)
+
+    monkeypatch.setattr(SearchStudy, "counts", counted_then_stopped)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            Crew(study, wait_s=10)._ask(study, 5)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    trials = study.study.get_trials(deepcopy=False)
+    assert len(trials) >= 1 and not [t.number for t in trials if t.state == TrialState.RUNNING], trials

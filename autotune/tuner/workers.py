@@ -12,16 +12,16 @@ itself is the only coordinator:
 * **Budget.** ``--trials`` is the total over workers: a worker asks only while finished plus running trials are
   below it, and after asking counts again; when the others' trials already fill the budget it gives its trial back
   (failed, its fixed parameters queued again) and waits. A worker of another ``--trials`` says so as it joins.
-* **Crashes.** A running trial records Optuna heartbeats (server storages);
-  every worker fails trials whose heartbeat went stale
-  (``optuna.storages.fail_stale_trials``, which queues them again) and, on
-  any storage, trials of a worker on this host whose process is gone.
+* **Crashes.** A running trial records Optuna heartbeats (server storages); every worker fails trials whose heartbeat
+  went stale (``optuna.storages.fail_stale_trials``, which queues them again) and, on any storage, trials of a worker
+  on this host whose process is gone.
 * **Lost storage.** Every storage step is retried with backoff (:func:`~autotune.tuner.storage.with_retries`); a
   worker that gives up writes what it measured to its own ``trials.csv`` first.
 """
 
 from __future__ import annotations
 
+import contextlib
 import random
 import time
 from collections.abc import Callable
@@ -48,7 +48,7 @@ from autotune.tuner.patience import Patience
 from autotune.tuner.pending import PendingTrial, kept_pending
 from autotune.tuner.progress import Reporter
 from autotune.tuner.signals import interrupts_held, sigterm_as_interrupt
-from autotune.tuner.storage import with_retries
+from autotune.tuner.storage import CONNECTION_ERRORS, with_retries
 from autotune.tuner.study import ATTR_MARKER, ATTR_ROLE, ATTR_WORKER, ROLE_SEARCH, STUDY_WINNER, SearchStudy
 from autotune.tuner.study_facts import stored_confirmed
 
@@ -267,16 +267,10 @@ class Crew:
         where = (f"confirmed by the worker {winner.get('by')}, which wrote best.json and train.py to {winner.get('out')}; "
                  f"this worker wrote the same to {out}")
         return SearchOutcome(
-            best=replace(best, notes=(where, *best.notes)),
-            records=tuple(records),
+            best=replace(best, notes=(where, *best.notes)), records=tuple(records), calibration=calibration,
             confirmed=self._retry(lambda: stored_confirmed(self.study, records)),
-            calibration=calibration,
             verdict=verdict or f"confirmed by {winner.get('by')}, written to {winner.get('out')}",
-            out=out,
-            storage=self.study.storage,
-            study=self.study.name,
-            files=(str(csv_path),),
-            ceilings=ceilings,
+            out=out, storage=self.study.storage, study=self.study.name, files=(str(csv_path),), ceilings=ceilings,
         )
 
     # ------------------------------------------------------------ the loop
@@ -324,13 +318,20 @@ class Crew:
             trial.set_user_attr(ATTR_WORKER, replace(self.me, heartbeat=time.time()).to_dict())  # another host: alive 30 min
             return trial
 
-        with interrupts_held():
-            trial = self._retry(step)
-            finished, running = self._retry(lambda: study.counts(wanted, besides=trial.number))
-            if finished + running < wanted:
-                return trial
-            self._give_back(study, trial)
-            return None
+        trial = None
+        try:
+            with interrupts_held():
+                trial = self._retry(step)
+                finished, running = self._retry(lambda: study.counts(wanted, besides=trial.number))
+                if finished + running < wanted:
+                    return trial
+                self._give_back(study, trial)
+                return None
+        except KeyboardInterrupt:  # a stop held while the trial was asked, raised as the block ends: given back, not left RUNNING
+            if trial is not None:
+                with interrupts_held(), contextlib.suppress(StorageError, *CONNECTION_ERRORS):
+                    self._give_back(study, trial)
+            raise
 
     def _give_back(self, study: SearchStudy, trial: optuna.Trial, *, unrun: bool = True) -> None:
         def step() -> None:
