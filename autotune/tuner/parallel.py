@@ -107,23 +107,18 @@ class _Parallel:
         """Start a trial on every free slot while more are wanted."""
         while self.free and (done := self.study.finished(self.plan.wanted)) + len(self.running) < self.plan.wanted:
             slot = self.free.pop(0)
-            asked = None
+            trial = None
             try:
                 with interrupts_held():
                     queue_refinements(self.study, self.plan)
-                    trial, role = asked = self.study.ask()
-                    try:
-                        setup = setup_for(trial, role, self.plan)
-                        self.reporter.trial_started(done + len(self.running), self.plan.wanted, role, setup)
-                        known = known_result(self.study, setup, trial.number, self.plan.workload)
-                    except BaseException:  # a space the study's trials were not sampled from: not left RUNNING in the study
-                        self.study.fail(trial)
-                        asked = None
-                        raise
-            except KeyboardInterrupt:  # a stop held while the trial was asked, raised as the block ends: it ran nothing
-                if asked is not None:  # (left RUNNING "on an unknown worker", which the rerun then called a dead search's)
+                    trial, role = self.study.ask()
+                    setup = setup_for(trial, role, self.plan)
+                    self.reporter.trial_started(done + len(self.running), self.plan.wanted, role, setup)
+                    known = known_result(self.study, setup, trial.number, self.plan.workload)
+            except BaseException:  # a space the study's trials were not sampled from, or a stop held while it was asked
+                if trial is not None:  # (raised as the block ends): it ran nothing; not left RUNNING "on an unknown worker"
                     with interrupts_held(), contextlib.suppress(*DATABASE_ERRORS):
-                        self.study.fail(asked[0])
+                        self.study.fail(trial)
                 raise
             self.running[slot] = _Running(trial, role, setup)
             if known is not None:

@@ -50,7 +50,7 @@ from autotune.tuner.storage_urls import is_shared
 from autotune.tuner.study import ROLE_DEFAULTS, ROLE_GUESS
 from autotune.tuner.study_facts import stored_confirmed
 from autotune.tuner.study_files import kept_outcome, kept_winner
-from autotune.tuner.study_report import report_search
+from autotune.tuner.study_report import report_command, report_search
 from autotune.tuner.timed import TimedRunner
 from autotune.tuner.winner import bottleneck_verdict, make_best
 from autotune.units import counted
@@ -125,7 +125,7 @@ def _run_search(config: SearchConfig, reporter: Reporter, runner: TrialRunner) -
         raise SearchInterrupted(f"interrupted as report.html was written; it is written, with best.json, train.py and trials.csv, "
                                 f"in {prepared.out}" if any(Path(f).name == "report.html" for f in outcome.files) else
                                 f"interrupted while report.html was written; best.json, train.py and trials.csv are written in {prepared.out}: "
-                                f"`autotune report {prepared.out}` writes the page", outcome=outcome)
+                                f"`{report_command(prepared.out, prepared.study.storage, prepared.study.name)}` writes the page", outcome=outcome)
     return outcome
 
 
@@ -167,7 +167,7 @@ def _search(config: SearchConfig, prepared: Prepared, reporter: Reporter, timed:
                 files = (*shared.files, *write_winner(shared.best, prepared.out))
         except KeyboardInterrupt:
             raise SearchInterrupted(f"interrupted: the study's confirmed winner is in {prepared.out / 'best.json'}; only this worker's "
-                                    f"report was skipped (`autotune report {prepared.out} --storage URL --study {prepared.study.name}` "
+                                    f"report was skipped (`{report_command(prepared.out, prepared.study.storage, prepared.study.name)}` "
                                     "writes it)", outcome=shared) from None
         timing.wall_s = time.monotonic() - began
         written, spent = report_search(prepared.study, prepared.out, this_run(), reporter.message,

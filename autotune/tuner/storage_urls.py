@@ -47,28 +47,23 @@ def storage_file(url: str) -> Path | None:
     return Path(path) if path and path != ":memory:" else None
 
 
-def _tables(url: str, file: Path) -> set[str] | None:
-    """The tables of the SQLite ``file`` of ``url``, read without writing it; None for a journal file or a file that
-    is not a database at all (Optuna's own error names it)."""
+def foreign_sqlite(url: str, file: Path, *, empty_ok: bool = False) -> str | None:
+    """Why the SQLite ``file`` of ``url`` holds no Optuna study, read without writing it; None when it may hold one
+    (with ``empty_ok``, a database of no table too: Optuna's to fill, where a search writes its study).
+
+    Opening such a file with Optuna would create Optuna's tables in it, which a command that only reads must not do.
+    A journal file, or a file that is not a database at all (Optuna's own error names it), gives None.
+    """
     if journal_path(url) is not None:
         return None
     import sqlite3
 
     try:
         with contextlib.closing(sqlite3.connect(f"{file.resolve().as_uri()}?mode=ro", uri=True)) as db:
-            return {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
     except sqlite3.Error:
         return None
-
-
-def foreign_sqlite(url: str, file: Path) -> str | None:
-    """Why the SQLite ``file`` of ``url`` holds no Optuna study, read without writing it; None when it may hold one.
-
-    Opening such a file with Optuna would create Optuna's tables in it, which a command that only reads must not do.
-    A journal file, or a file that is not a database at all (Optuna's own error names it), gives None.
-    """
-    tables = _tables(url, file)
-    if tables is None or "studies" in tables:
+    if "studies" in tables or (empty_ok and not tables):
         return None
     return f"{file} is an SQLite database without Optuna's tables" + (f" (tables: {', '.join(sorted(tables)[:5])})" if tables else "")
 
@@ -76,15 +71,15 @@ def foreign_sqlite(url: str, file: Path) -> str | None:
 def refuse_foreign_sqlite(url: str) -> None:
     """Refuse to open, for a search, an SQLite file of another program's (``--out`` holding the user's own
     ``study.db``): Optuna would add its tables to it, and the search then replaced the best.json and report.html
-    beside it, which the check of an ``--out`` no search wrote to guards.
+    beside it, which the check of an ``--out`` no search wrote to guards. An empty database is Optuna's to fill.
 
     Raises:
         StorageError: The file holds tables, none of them Optuna's.
     """
     file = storage_file(url)
-    if file is None or not file.is_file() or file.stat().st_size == 0 or not _tables(url, file):  # an empty database is Optuna's to fill
+    if file is None or not file.is_file() or file.stat().st_size == 0:
         return
-    if (foreign := foreign_sqlite(url, file)) is not None:
+    if (foreign := foreign_sqlite(url, file, empty_ok=True)) is not None:
         raise StorageError(hide_passwords(f"cannot open study storage {url!r}: {foreign}; it is left as it is (Optuna would "
                                           "add its tables to it): pass another --out or --storage"))
 

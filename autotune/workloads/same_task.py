@@ -38,6 +38,12 @@ def same_dataset(dataset: Any, workload: Workload, world_size: int = 1) -> Any:
     return dataset
 
 
+def trainable_parameters(model: Any) -> int:
+    """The count of the model's trainable parameters: what the search's check stores (``Workload.parameters``) and
+    each trial compares, counted one way on both sides."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
 def same_model(model: Any, workload: Workload) -> None:
     """Refuse a Task's model whose trainable parameters differ in count from those the search's check counted.
 
@@ -47,7 +53,7 @@ def same_model(model: Any, workload: Workload) -> None:
     expected = workload.parameters
     if workload.task is None or expected is None:
         return
-    count = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    count = trainable_parameters(model)
     if count != expected:
         raise WorkloadError(f"workload {workload.task}: this trial process built a model of {count:,} trainable parameters, "
                             f"the search's own check {expected:,}: {NOT_THE_SAME_TASK}")

@@ -32,6 +32,7 @@ from autotune.workloads.loss_inputs import check_loss_weights, check_no_backward
 from autotune.workloads.models import arguments_hint, load_factory
 from autotune.workloads.modes import eval_modules, has_batch_norm, left_as_found, train_mode
 from autotune.workloads.optimizer_factory import checks_gradient_kinds, gradient_kind_mismatch
+from autotune.workloads.same_task import trainable_parameters
 from autotune.workloads.task import Task
 from autotune.workloads.task_refs import task_ref
 
@@ -327,7 +328,7 @@ def check_task(task: Task, *, workers: bool, warn: Callable[[str], None] | None 
         lr=lr,
         fixed_shapes=batched_fixed_shapes(task, items) if batched else fixed_shapes(task, items),
         unsharded=unsharded,
-        parameters=sum(p.numel() for p in model.parameters() if p.requires_grad),
+        parameters=trainable_parameters(model),
         precision=model_precision(model),
         batch_norm=has_batch_norm(model),
         compiled=hasattr(model, "_orig_mod"),  # torch.compile's OptimizedModule wraps the module it compiles
