@@ -48,7 +48,7 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     The file gets the mode a plain ``open()`` gives (0666 less the umask), not
     the temporary file's private 0600: a report is read by others too.
     """
-    target = Path(path)
+    target = _through_link(Path(path))
     tmp = _written_beside(target, data)
     try:
         os.replace(tmp, target)
@@ -56,6 +56,13 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def _through_link(target: Path) -> Path:
+    """``target``, or the file it leads to when it is a symbolic link: a write replaces that file and the link stays, as
+    ``cp`` and a shell's ``>`` leave it (the rename onto the link put a file in the link's place, and the file it
+    led to kept the old text)."""
+    return Path(os.path.realpath(target)) if target.is_symlink() else target
 
 
 def _written_beside(target: Path, data: bytes) -> str:
@@ -90,6 +97,7 @@ def atomic_write_all(files: dict[Path, bytes]) -> None:
         OSError: A file cannot be written (its ``filename`` names it); no target has changed, unless a rename itself
             failed midway (the temporary files are removed either way).
     """
+    files = {_through_link(target): data for target, data in files.items()}
     for target in files:
         if target.exists() and not target.is_file():
             raise OSError(errno.EISDIR if target.is_dir() else errno.EEXIST,

@@ -384,6 +384,22 @@ def test_cli_emit_corrupt_best(tmp_path: Path) -> None:
     assert "nested too deeply to parse" in _one_error_line(CliRunner().invoke(app, ["emit", str(tmp_path)]))
 
 
+def test_emit_onto_a_symbolic_link_writes_the_file_it_leads_to(synthetic_data: Path, tmp_path: Path) -> None:
+    """The link stays, as `cp` and a shell's `>` leave it: the rename put a file in its place, and the file it led to
+    kept the old script."""
+    best = make_best(synthetic_data, **CPU_KNOBS)
+    write_best(tmp_path / "best.json", best)
+    (tmp_path / "deploy").mkdir()
+    script, link = tmp_path / "deploy" / "train.py", tmp_path / "run.py"
+    link.symlink_to(script)  # not there yet: made as a shell's > makes it
+    for _ in range(2):
+        result = CliRunner().invoke(app, ["emit", str(tmp_path), "-o", str(link)])
+        assert result.exit_code == 0, result.output
+        assert link.is_symlink() and os.readlink(link) == str(script)
+        assert script.read_text() == render_script(best) and stat.S_IMODE(script.stat().st_mode) == 0o755
+        script.write_text(script.read_text() + "# an older script by autotune\n")  # the next emit replaces it
+
+
 def test_emit_under_a_file_names_the_file(synthetic_data: Path, tmp_path: Path) -> None:
     (tmp_path / "afile").write_text("")
     for target in ("afile/train.py", "afile/sub/train.py"):
@@ -656,9 +672,11 @@ def test_bad_data_directories_name_their_flag(
 def test_bad_numbers_are_one_line_before_any_work(
     synthetic_data: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, flags: list[str], message: str
 ) -> None:
+    """As argparse refuses a mistyped value: exit 2 as the flags are read (they exited 1 from main())."""
     script = write_script(make_best(synthetic_data, **CPU_KNOBS), tmp_path / "train.py")
-    line, _ = in_process.refusal(script, [*flags, "--output-dir", "out"], tmp_path, capfd, monkeypatch)
-    assert line == f"error: {message}"
+    code, out, err = in_process.run_script(script, [*flags, "--output-dir", "out"], tmp_path, capfd, monkeypatch)
+    said, way = err.split(" (python ", 1)  # the script's name there is argv[0]'s: in this process, pytest's
+    assert (code, out, said, way.endswith(" --help lists the flags)\n"), err.count("\n")) == (2, "", f"error: {message}", True, 1)
     assert not (tmp_path / "out").exists()
 
 

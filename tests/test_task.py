@@ -1589,7 +1589,6 @@ def test_the_task_script_refuses_a_bad_workload_or_checkpoint_in_one_line(
          "error: --workload task_factories:TASK: TASK is an object of type Task, not a function that returns one"),
         (["--workload", "task_factories:raises"], "error: --workload task_factories:raises failed: RuntimeError: no data mounted"),
         (["--output-dir", "/proc/autotune-x"], "error: --output-dir /proc/autotune-x: No such file or directory"),
-        (["--seed", str(-2**64)], "error: --seed must be a 64-bit integer (-2**63 to 2**63 - 1)"),
     ):
         line, _ = in_process.refusal(script, ["--print-freq", "1", "--output-dir", "out", *flags], script.parent, capfd, monkeypatch)
         assert line.startswith(message), line
@@ -1870,7 +1869,7 @@ def test_a_refusal_under_torchrun_is_said_by_rank_zero_alone_in_both_scripts(
     tmp_path: Path, synthetic_data: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, rank: str
 ) -> None:
     """Each script's ``__main__`` block, run here with the RANK torchrun gives each process: a refusal every rank meets
-    (``--workers -1``) is one line on rank 0; another rank exits 1 without repeating it."""
+    (a model or workload that cannot be imported) is one line on rank 0; another rank exits 1 without repeating it."""
     import runpy
 
     from test_emit import make_best, write_script
@@ -1878,13 +1877,18 @@ def test_a_refusal_under_torchrun_is_said_by_rank_zero_alone_in_both_scripts(
     task = _task_script(tmp_path / "task", "good", autotune.TrainSetup(batch_size=4))
     classifier = write_script(make_best(synthetic_data), tmp_path / "classifier" / "train.py")
     monkeypatch.setenv("RANK", rank)
-    for script in (task, classifier):
-        monkeypatch.setattr(sys, "argv", [str(script), "--workers", "-1"])
+    for script, flags, said in (
+        (task, ["--workload", "no_such_module_xyz:make"],
+         "error: --workload no_such_module_xyz:make: cannot find module no_such_module_xyz; run from the directory that holds it\n"),
+        (classifier, ["--model", "no_such_module_xyz:make"],
+         "error: --model no_such_module_xyz:make: cannot find module no_such_module_xyz; run from the directory that holds it\n"),
+    ):
+        monkeypatch.setattr(sys, "argv", [str(script), *flags])
         with pytest.raises(SystemExit) as exited:
             runpy.run_path(str(script), run_name="__main__")
         assert exited.value.code == 1, script
         # Printed by the script itself, while torchrun's SIGTERM is held (not by the interpreter after it): on rank 0 alone.
-        assert capsys.readouterr().err == ("error: --workers must be >= 0\n" if rank == "0" else ""), script
+        assert capsys.readouterr().err == (said if rank == "0" else ""), script
 
 
 def test_the_task_script_compiled_on_a_cpu_trains_without_inductor_s_cuda_warning(tmp_path: Path) -> None:
@@ -1909,7 +1913,9 @@ def test_a_bad_flag_is_one_line_in_both_scripts(
     monkeypatch.setenv("RANK", rank)
     for script in (task, classifier):
         for flags, said in ((["--bacth-size", "8"], "unrecognized arguments: --bacth-size 8"),
-                            (["--lr", "fast"], "argument --lr: invalid float value: 'fast'")):
+                            (["--lr", "fast"], "argument --lr: invalid float value: 'fast'"),
+                            (["--epochs", "0"], "--epochs must be >= 1"),  # out of range: exit 1 once the process group was up
+                            (["--seed", str(2**64)], "--seed must be a 64-bit integer (-2**63 to 2**63 - 1)")):
             monkeypatch.setattr(sys, "argv", [str(script), *flags])
             with pytest.raises(SystemExit) as exited:
                 runpy.run_path(str(script), run_name="__main__")
