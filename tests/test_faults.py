@@ -1281,7 +1281,7 @@ def test_a_link_to_an_image_that_is_gone_is_named_as_such(tmp_path) -> None:
         load_image(str(link))
 
 
-def test_hidden_and_system_folders_read_as_classes_or_images_are_a_warning_and_the_summary_counts_what_is_skipped(tmp_path) -> None:
+def test_hidden_and_system_folders_read_as_classes_or_images_are_a_warning_and_the_summary_counts_what_is_skipped(tmp_path, monkeypatch) -> None:
     """A .thumbnails folder of images became a class and Synology's @eaDir thumbnails images of their class, without a
     word (a probe: 85 images in 3 classes where 40 in 2 were meant). Both are said; the summary line counts the images,
     names the classes and the files ImageFolder skips (GIFs, .jfif: a user may expect them read)."""
@@ -1321,6 +1321,14 @@ def test_hidden_and_system_folders_read_as_classes_or_images_are_a_warning_and_t
     (mac / "cat" / "._a.jpg").write_bytes(b"x")
     with pytest.raises(Exception, match=r"find -L '.*/cats and dogs' -name"):
         check_image_folder(mac)
+    # A relative path that begins with '-': find read it as a predicate ("unknown predicate `-mac'").
+    (tmp_path / "-mac").symlink_to(mac)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(Exception, match=r"\(find -L \./-mac -name '\._\*' -delete\)") as raised:
+        check_image_folder(Path("-mac"))
+    removal = str(raised.value).split("remove them (", 1)[1].split(") and rerun")[0]
+    subprocess.run(["bash", "-c", removal], check=True, cwd=tmp_path, capture_output=True)
+    assert not (mac / "cat" / "._a.jpg").exists() and (mac / "cat" / "a.jpg").exists()
 
 
 def _truncated_data(tmp_path: Path, synthetic_data: Path) -> Path:

@@ -182,6 +182,11 @@ def test_an_out_holding_a_study_without_trials_says_what_it_holds(tmp_path) -> N
                        r"--study earlier-eb128 to continue it, or remove .*study.db to start afresh"):
         check_one_study(out, "resnet18-32px-cpu")
     check_one_study(out, "earlier-eb128")  # its own rerun goes on
+    # A name that is no shell word is quoted: pasted, `$(...)` ran and a space split it.
+    optuna.delete_study(study_name="earlier-eb128", storage=f"sqlite:///{out / 'study.db'}")
+    optuna.create_study(study_name="my $(study)", storage=f"sqlite:///{out / 'study.db'}")
+    with pytest.raises(AutotuneError, match=r"--study 'my \$\(study\)' to continue it"):
+        check_one_study(out, "resnet18-32px-cpu")
 
 
 def test_a_file_given_as_the_cache_dir_is_named_as_such(tmp_path) -> None:
@@ -289,11 +294,32 @@ def test_recorded_command_keeps_global_options_and_hides_passwords() -> None:
     from autotune.redact import recorded_command
 
     argv = ["/venv/bin/autotune", "--debug", "search", "--storage", "postgresql://me:s3cret@db:5432/optuna", "-n", "5"]
-    assert recorded_command(argv) == "autotune --debug search --storage postgresql://me:***@db:5432/optuna -n 5"
+    assert recorded_command(argv) == "autotune --debug search --storage 'postgresql://me:***@db:5432/optuna' -n 5"
     assert recorded_command(["/x/autotune/__main__.py", "search", "--model", "resnet18"]) == "autotune search --model resnet18"
     assert recorded_command(["/venv/bin/pytest", "-k", "search"]) == ""  # not started as autotune
     assert recorded_command(["/x/autotune/cli.py", "search", "--trials", "3"]) == "autotune search --trials 3"  # python -m autotune.cli
     assert recorded_command(["/x/tools/cli.py", "search"]) == ""  # another program's cli.py
+
+
+@pytest.mark.parametrize(("text", "hidden"), [
+    # SQLAlchemy reads a password with a space or a quote: the redaction stopped at the space, and at the quote.
+    (["--storage", "postgresql://me:p ss@db/x"], "autotune search --storage 'postgresql://me:***@db/x'"),
+    (["--storage", "postgresql://me@db/x?password=ab'cd&sslmode=require"],
+     "autotune search --storage 'postgresql://me@db/x?password=***&sslmode=require'"),
+    ("cannot open study storage 'postgresql://me:p ss@db:1/x': (psycopg.OperationalError) refused",
+     "cannot open study storage 'postgresql://me:***@db:1/x': (psycopg.OperationalError) refused"),
+    ("""cannot open study storage "postgresql://me@db:1/x?password=ab'cd": refused""",
+     'cannot open study storage "postgresql://me@db:1/x?password=***": refused'),
+    ("lost postgresql://me:tab\there@db/x and postgresql://b:pw@h2/y", "lost postgresql://me:***@db/x and postgresql://b:***@h2/y"),
+    # a host and port, not a password: nothing hidden where a quote closes the URL, nor across lines
+    ("cannot open 'postgresql://db:5432/x': ask admin@example.com", "cannot open 'postgresql://db:5432/x': ask admin@example.com"),
+    ("postgresql://db:5432/x\nask admin@example.com", "postgresql://db:5432/x\nask admin@example.com"),
+])
+def test_every_password_sqlalchemy_reads_is_hidden(text: str | list[str], hidden: str) -> None:
+    from autotune.redact import hide_passwords, recorded_command
+
+    said = recorded_command(["/venv/bin/autotune", "search", *text]) if isinstance(text, list) else hide_passwords(text)
+    assert said == hidden
 
 
 def test_the_python_api_s_recorded_command_names_the_arguments_given() -> None:

@@ -38,6 +38,16 @@ def write_trials_csv(path: Path, records: list[TrialRecord], world_size: int = 1
         knobs = [getattr(r.setup, k) for k in KNOBS]
         results = [getattr(r.result, _FIELDS.get(c, c)) for c in RESULT_COLUMNS]
         writer.writerow(
-            [r.number, r.role, *knobs, *results, r.setup.effective_batch(world_size), r.reused_from, r.result.error or ""]
+            [r.number, r.role, *knobs, *results, r.setup.effective_batch(world_size), r.reused_from, as_text(r.result.error or "")]
         )
     atomic_write_text(path, buffer.getvalue())
+
+
+#: How a cell that a spreadsheet would evaluate as a formula begins (OWASP's list for CSV injection).
+_FORMULA = ("=", "+", "-", "@", "\t", "\r")
+
+
+def as_text(cell: str) -> str:
+    """A text cell that Excel or LibreOffice shows as text: an error message of the user's code that begins like a
+    formula (``=HYPERLINK(...)``, which a spreadsheet made a live link) gets a leading ``'``, which they read as "text"."""
+    return f"'{cell}" if cell.startswith(_FORMULA) else cell

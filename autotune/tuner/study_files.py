@@ -15,6 +15,7 @@ from optuna.trial import FrozenTrial
 from autotune.errors import AutotuneError, StorageError, UsageError
 from autotune.output.best import Best, read_best
 from autotune.records import TrialRecord
+from autotune.redact import shell_quote
 from autotune.tuner.budget import ATTR_FREE, FINISHED
 from autotune.tuner.config import SearchOutcome
 from autotune.tuner.lock import Holder
@@ -145,7 +146,7 @@ def storage_of(out: Path, storage: str | None) -> str:
             raise StorageError(f"no study in {out}: {db} is missing; it was removed or moved (put it back), or the search kept its "
                                "study in a --storage (pass that --storage URL --study NAME)")
         raise StorageError(
-            f"no study in {out}: {db} does not exist (run `autotune search --out {out}` first, or pass --storage URL --study NAME)"
+            f"no study in {out}: {db} does not exist (run `autotune search --out {shell_quote(str(out))}` first, or pass --storage URL --study NAME)"
         )
     return sqlite_url(db)
 
@@ -179,10 +180,10 @@ def check_one_study(out: Path, name: str, *, local: bool = True) -> None:
         if not any(s.n_trials for s in summaries):  # kept after Ctrl-C (or a refusal) before its first trial
             raise UsageError(
                 f"{out} holds study {', '.join(map(repr, names))}, stopped before its first trial: pass another --out, "
-                f"--study {names[0]} to continue it, or remove {db} to start afresh"
+                f"--study {shell_quote(names[0])} to continue it, or remove {db} to start afresh"
             )
         raise UsageError(
             f"{out} holds the search of study {', '.join(map(repr, names))} (its best.json, train.py and report.html): "
-            f"study {name!r} would overwrite them; pass another --out for this search, or --study {names[0]} with that search's "
+            f"study {name!r} would overwrite them; pass another --out for this search, or --study {shell_quote(names[0])} with that search's "
             "own flags to continue it"
         )

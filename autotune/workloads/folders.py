@@ -50,7 +50,7 @@ def folder_warning(root: Path, classes: list[str], samples: list[tuple[str, int]
     if classes and all(name.lower() in SPLITS for name in classes):
         split = next((n for n in classes if n.lower() in ("train", "training")), classes[0])
         said.append(f"the class folders of {root} are {', '.join(classes)}, which look like dataset splits: "
-                    f"did you mean --data {root / split}?")
+                    f"did you mean --data {shell_quote(str(root / split))}?")
     elif len(classes) == 1:
         said.append(f"{root} holds one class folder ({classes[0]}): every image gets the same label")
     twins = _same_folders(root, classes)
@@ -138,8 +138,9 @@ def _macos_metadata(root: Path, classes: list[str], samples: list[tuple[str, int
              if junk else []) + (["a __MACOSX folder"] if folder else [])
     # -L: into linked class folders too (a link loop was refused before); quoted: a path with spaces must not split.
     nested = folder or any("__MACOSX" in parts for parts in junk)  # a class of its own, or inside a class
-    removal = "; ".join(([f"find -L {shell_quote(str(root))} -name '._*' -delete"] if junk else [])
-                        + ([f"find -L {shell_quote(str(root))} -name __MACOSX -prune -exec rm -rf {{}} +"] if nested else []))
+    where = shell_quote(f"./{root}" if str(root).startswith("-") else str(root))  # find reads -name... as a predicate
+    removal = "; ".join(([f"find -L {where} -name '._*' -delete"] if junk else [])
+                        + ([f"find -L {where} -name __MACOSX -prune -exec rm -rf {{}} +"] if nested else []))
     raise WorkloadError(f"data directory {root} holds {' and '.join(parts)}, which unpacking an archive made on a Mac leaves: not "
                         f"images, but ImageFolder reads them as images (or a class) and fails on them; remove them ({removal}) "
                         "and rerun")
