@@ -413,12 +413,14 @@ def test_status_of_a_directory_whose_study_db_was_removed_says_so(tmp_path) -> N
         (lambda d: [d], "must hold a JSON object, not a list"),
         (lambda d: {**d, "schema": 2}, "has schema 2; this autotune reads schema 1"),
         (lambda d: {k: v for k, v in d.items() if k != "schema"}, "this JSON file is not a best.json of autotune"),
-        (lambda d: {**d, "notes": "abc"}, "field 'notes' must be list, not a string"),
+        (lambda d: {**d, "notes": "abc"}, "field 'notes' must be a list, not a string"),
         (lambda d: {**d, "notes": [1]}, "'notes' must be a list of strings"),
-        (lambda d: {**d, "workload": "resnet18"}, "field 'workload' must be object, not a string"),
-        (lambda d: {**d, "setup": []}, "field 'setup' must be object, not a list"),
-        (lambda d: {**d, "samples_per_s": "fast"}, "field 'samples_per_s' must be number, not a string"),
-        (lambda d: {**d, "speedup": True}, "field 'speedup' must be number or null, not a boolean"),
+        (lambda d: {**d, "workload": "resnet18"}, "field 'workload' must be an object, not a string"),
+        (lambda d: {**d, "setup": []}, "field 'setup' must be an object, not a list"),
+        (lambda d: {**d, "samples_per_s": "fast"}, "field 'samples_per_s' must be a number, not a string"),
+        (lambda d: {**d, "speedup": True}, "field 'speedup' must be a number or null, not a boolean"),
+        (lambda d: {**d, "effective_batch": 32.5}, "field 'effective_batch' must be a whole number, not 32.5"),  # "number, not a number"
+        (lambda d: {**d, "world_size": {}}, "field 'world_size' must be a whole number, not an object"),
         (lambda d: {**d, "extra": 1}, "unknown fields: extra"),
         (lambda d: {**d, "confirmed": "yes"}, "field 'confirmed' must be"),
         (lambda d: {k: v for k, v in d.items() if k != "lr"}, "lacks the field 'lr'"),
@@ -427,7 +429,7 @@ def test_status_of_a_directory_whose_study_db_was_removed_says_so(tmp_path) -> N
         (lambda d: {**d, "world_size": 100000}, "field 'world_size' must be <= 1024, got 100000: the processes on one machine"),
         (lambda d: {**d, "workload": {**d["workload"], "sys_path": "/x"}}, "'workload.sys_path' must be a list"),
         # A Task's only (earlier versions wrote null there); the classifier's names the field.
-        (lambda d: {**d, "workload": {**d["workload"], "image_size": None}}, "field 'workload.image_size' must be a whole number, not a null"),
+        (lambda d: {**d, "workload": {**d["workload"], "image_size": None}}, "field 'workload.image_size' must be a whole number, not null"),
         (lambda d: {**d, "samples_per_s": float("nan")}, "field 'samples_per_s' must be a finite number, not nan"),  # status printed it
         (lambda d: {**d, "speedup": float("inf")}, "field 'speedup' must be a finite number, not inf"),
         # A million loader workers: the emitted script hung without a word.

@@ -102,7 +102,8 @@ def check_best_dict(data: Any) -> dict[str, Any]:
             raise AutotuneError(f"best.json lacks the field {name!r}")
         value = data[name]
         if (isinstance(value, bool) and bool not in types) or not isinstance(value, types):  # True is an int, not a number
-            raise AutotuneError(f"best.json field {name!r} must be {_expected(types)}, not a {_json_type(value)}")
+            given = repr(value) if isinstance(value, float) and int in types else _a(_json_type(value))  # 32.5 for a count
+            raise AutotuneError(f"best.json field {name!r} must be {_expected(types)}, not {given}")
         if isinstance(value, float) and not math.isfinite(value):  # JSON's NaN and Infinity: printed as "nan samples/s"
             raise AutotuneError(f"best.json field {name!r} must be a finite number, not {value}")
     for name, low in _LOWEST.items():
@@ -132,7 +133,7 @@ def check_best_dict(data: Any) -> dict[str, Any]:
         value = data["workload"].get(item.name)
         unread = item.name in SHORTHAND_ONLY and data["workload"].get("task") is not None  # earlier versions wrote null there
         if item.name in data["workload"] and not unread and ((isinstance(value, bool) and bool not in kinds) or not isinstance(value, kinds)):
-            raise AutotuneError(f"best.json field 'workload.{item.name}' must be {words}, not a {_json_type(value)}")
+            raise AutotuneError(f"best.json field 'workload.{item.name}' must be {words}, not {_a(_json_type(value))}")
     sys_path = data["workload"].get("sys_path", [])
     if not isinstance(sys_path, list) or not all(isinstance(p, str) for p in sys_path):
         raise AutotuneError("best.json field 'workload.sys_path' must be a list of strings")
@@ -144,9 +145,14 @@ def _json_type(value: Any) -> str:
     return "null" if value is None else names.get(type(value), type(value).__name__)
 
 
+def _a(word: str) -> str:
+    return word if word == "null" else f"{'an' if word[0] in 'aeiou' else 'a'} {word}"
+
+
 def _expected(types: tuple[type, ...]) -> str:
-    words = dict.fromkeys(_json_type(t()) if t is not type(None) else "null" for t in types)
-    return " or ".join(words)
+    """What a field of ``types`` must be, in words: "a number or null"; "a whole number" where a float is no such value."""
+    words = dict.fromkeys("null" if t is type(None) else "whole number" if t is int and float not in types else _json_type(t()) for t in types)
+    return " or ".join(map(_a, words))
 
 
 def scaled_lr(lr: float, effective: int, reference: int, rule: str = "sqrt") -> float:
