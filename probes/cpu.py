@@ -15,6 +15,7 @@ from probes.cgroup import CGROUP_ROOT, cpu_limit
 __all__ = [
     "BF16_FLAGS",
     "CPUINFO",
+    "THREAD_VARIABLES",
     "CpuInfo",
     "affinity_cores",
     "collect_cpu",
@@ -33,6 +34,9 @@ CPU_SYSFS = Path("/sys/devices/system/cpu")
 #: AVX-512 BF16, and the ``bf16`` feature of ARMv8.6+ cores (listed under
 #: "Features" on aarch64).
 BF16_FLAGS: tuple[str, ...] = ("amx_bf16", "avx512_bf16", "bf16")
+#: The environment variables that set torch's own intra-op thread count where no ``torch.set_num_threads`` call does
+#: (``MKL_NUM_THREADS`` before ``OMP_NUM_THREADS`` where both are set).
+THREAD_VARIABLES: tuple[str, ...] = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
 
 @dataclass(frozen=True)
@@ -49,6 +53,7 @@ class CpuInfo:
         cgroup_cpu_limit: The cgroup CPU quota in CPUs, None when unlimited.
         bf16: True when the CPU runs bf16 autocast natively.
         bf16_flags: The CPU flags behind ``bf16`` (e.g. ``avx512_bf16``).
+        thread_env: The :data:`THREAD_VARIABLES` set in this process's environment, as (name, value) pairs.
     """
 
     model: str | None
@@ -59,6 +64,7 @@ class CpuInfo:
     cgroup_cpu_limit: float | None
     bf16: bool
     bf16_flags: tuple[str, ...] = ()
+    thread_env: tuple[tuple[str, str], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """Return the JSON-ready form (the ``cpu`` object of ``probe --json``)."""
@@ -71,7 +77,16 @@ class CpuInfo:
             "cgroup_cpu_limit": self.cgroup_cpu_limit,
             "bf16": self.bf16,
             "bf16_flags": list(self.bf16_flags),
+            "thread_env": dict(self.thread_env),
         }
+
+    def torch_threads(self) -> int | None:
+        """The intra-op thread count :attr:`thread_env` gives torch (None: none set, or no count), as torch reads them."""
+        for name in reversed(THREAD_VARIABLES):
+            value = dict(self.thread_env).get(name, "").strip()
+            if value.isdigit() and int(value) > 0:
+                return int(value)
+        return None
 
 
 def affinity_cores() -> int:
@@ -247,4 +262,5 @@ def collect_cpu(cpuinfo: Path = CPUINFO, cgroup_root: Path = CGROUP_ROOT, proc_c
         cgroup_cpu_limit=limit,
         bf16=bool(bf16_flags),
         bf16_flags=bf16_flags,
+        thread_env=tuple((name, os.environ[name]) for name in THREAD_VARIABLES if name in os.environ),
     )

@@ -7,7 +7,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from probes.cpu import CpuInfo, collect_cpu, quota_to_cores
+from probes.cpu import CpuInfo, collect_cpu
 from probes.gpu import GpuInfo, collect_gpus
 from probes.memory import MemoryInfo, ShmInfo, address_space_limit, collect_memory, collect_shm
 from probes.software import SoftwareInfo, collect_software
@@ -93,7 +93,7 @@ def _cores_warning(cpu: CpuInfo) -> str | None:
             f"the CPU affinity mask allows {cpu.affinity_cores} "
             "(taskset, numactl, docker --cpuset-cpus or a job scheduler)"
         )
-    if cpu.cgroup_cpu_limit is not None and quota_to_cores(cpu.cgroup_cpu_limit) < cpu.affinity_cores:
+    if cpu.cgroup_cpu_limit is not None and cpu.cgroup_cpu_limit < cpu.affinity_cores:  # 0.5 CPUs of one core in the mask too
         reasons.append(
             f"the cgroup CPU quota is {format_cpus(cpu.cgroup_cpu_limit)} (docker --cpus, Kubernetes limits.cpu)"
         )
@@ -103,6 +103,17 @@ def _cores_warning(cpu: CpuInfo) -> str | None:
         f"os.cpu_count() still says {cpu.logical_cores}; more DataLoader workers than "
         f"{cpu.usable_cores} just compete for the same cores."
     )
+
+
+def _thread_env_warning(cpu: CpuInfo) -> str | None:
+    """The thread variables set in the environment, where the count they give torch is not the usable cores."""
+    if not cpu.thread_env or cpu.torch_threads() == cpu.usable_cores:
+        return None
+    said = " and ".join(f"{name}={value}" for name, value in cpu.thread_env)
+    return (f"{said} {'is' if len(cpu.thread_env) == 1 else 'are'} set in the environment: torch's own thread count (threads "
+            f"auto, as the PyTorch defaults run) follows {'it' if len(cpu.thread_env) == 1 else 'them'}, not the "
+            f"{cpu.usable_cores} usable core{'s' if cpu.usable_cores != 1 else ''}: a search measures it so, and the emitted "
+            "train.py warns where it runs under another setting.")
 
 
 def gpu_busy_warning(gpu: GpuInfo, device: str | None = None) -> str | None:
@@ -173,12 +184,12 @@ def hardware_warnings(
 
     Returns:
         One sentence per problem: /dev/shm under 1 GiB, fewer usable than
-        logical cores, GPUs with more than half of their memory used by others,
+        logical cores, OMP_NUM_THREADS or MKL_NUM_THREADS set to another count, GPUs with more than half of their memory used by others,
         an address-space limit (``ulimit -v``), a cgroup memory limit that leaves
         less than the host's available RAM.
     """
     limit = memory.address_space_limit_bytes if memory is not None else None
-    found = [_shm_warning(shm), _cores_warning(cpu), *(gpu_busy_warning(g) for g in gpus), address_space_warning(limit),
+    found = [_shm_warning(shm), _cores_warning(cpu), _thread_env_warning(cpu), *(gpu_busy_warning(g) for g in gpus), address_space_warning(limit),
              _cgroup_memory_warning(memory) if memory is not None else None]
     return tuple(w for w in found if w)
 

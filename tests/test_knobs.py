@@ -714,13 +714,58 @@ def test_the_script_says_torch_s_own_thread_count_is_above_a_cpu_quota(synthetic
     monkeypatch.setattr(torch, "set_num_threads", lambda n: None)
     args = type("Args", (), {"threads": None, "cudnn_benchmark": False, "tf32": False})()
     configure_torch(args, torch.device("cpu"))
-    assert said == ["warning: torch's own 2 threads are more than the 1 CPU cores this process may use (a CPU quota, "
-                    "which torch does not read): --threads 1 is likely faster (under a 1-CPU quota one thread trained "
+    assert said == ["warning: torch's own 2 threads are more than the 1 CPU core this process may use (torch counts the "
+                    "cores, not a CPU quota): --threads 1 is likely faster (under a 1-CPU quota one thread trained "
                     "1.2-1.9x as fast as two)"]
     said.clear()
     args.threads = 1
     configure_torch(args, torch.device("cpu"))
-    monkeypatch.setitem(namespace, "usable_cores", lambda: 2)
+    args.threads = 2  # more than the quota's core: the way out is --threads 1, not auto (torch's own 2 again)
+    configure_torch(args, torch.device("cpu"))
+    assert said == ["warning: --threads 2 is more than the 1 CPU core this process may use: the threads share them, which "
+                    "slows the step (--threads 1)"]
+    said.clear()
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")  # under taskset -c 0: no quota, the variable is the cause
     args.threads = None
     configure_torch(args, torch.device("cpu"))
+    assert said[-1].startswith("warning: torch's own 2 threads are more than the 1 CPU core this process may use "
+                               "(OMP_NUM_THREADS=2 sets it): --threads 1 is likely faster")
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    said.clear()
+    monkeypatch.setitem(namespace, "usable_cores", lambda: 2)
+    configure_torch(args, torch.device("cpu"))
     assert said == []
+
+
+@pytest.mark.parametrize(("search", "world", "here", "warned"), [
+    ({"OMP_NUM_THREADS": "1"}, 1, {}, "with OMP_NUM_THREADS=1, here neither OMP_NUM_THREADS nor MKL_NUM_THREADS set"),
+    ({}, 1, {"MKL_NUM_THREADS": "1"}, "with neither OMP_NUM_THREADS nor MKL_NUM_THREADS set, here MKL_NUM_THREADS=1"),
+    ({"OMP_NUM_THREADS": "1"}, 1, {"OMP_NUM_THREADS": "1"}, None),
+    ({}, 2, {"OMP_NUM_THREADS": "1"}, None),  # torchrun's own setting for several processes, as the DDP trials had it
+    (None, 1, {"OMP_NUM_THREADS": "1"}, None),  # a best.json of an earlier version: not recorded
+])
+def test_the_script_says_where_torch_s_own_thread_count_was_not_measured(
+    synthetic_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, search: dict[str, str] | None, world: int,
+    here: dict[str, str], warned: str | None,
+) -> None:
+    """A search under OMP_NUM_THREADS=1 measured torch's own count as 1 thread and recorded `auto`: its train.py run
+    without the variable trained 2 threads, a setup no trial ran, without a word."""
+    import dataclasses
+
+    from test_emit import CPU_KNOBS, load_script, make_best, write_script
+
+    hardware = {"cpu": {"thread_env": search}} if search is not None else {}
+    best = dataclasses.replace(make_best(synthetic_data, hardware=hardware, **CPU_KNOBS), world_size=world)
+    configure_torch = load_script(write_script(best, tmp_path / "train.py"))["configure_torch"]
+    said: list[str] = []
+    monkeypatch.setitem(configure_torch.__globals__, "log", said.append)
+    monkeypatch.setitem(configure_torch.__globals__, "usable_cores", lambda: 64)
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in here.items():
+        monkeypatch.setenv(name, value)
+    configure_torch(type("Args", (), {"threads": None, "cudnn_benchmark": False, "tf32": False})(), torch.device("cpu"))
+    if warned is None:
+        assert said == []
+    else:
+        assert len(said) == 1 and f"the search measured torch's own thread count (--threads auto) {warned}: torch's own" in said[0]

@@ -6,6 +6,7 @@ put into ``sys.modules``, and cgroup files come from tests/fixtures/cgroup.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata
 import io
 import json
@@ -281,7 +282,9 @@ def test_quota_above_affinity_does_not_raise_usable_cores() -> None:
     assert usable_cores(root, proc, affinity=5) == 5
 
 
-def test_collect_cpu_with_a_quota_warns_and_says_why() -> None:
+def test_collect_cpu_with_a_quota_warns_and_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):  # a warning of their own
+        monkeypatch.delenv(name, raising=False)
     root, proc = fixture("v2_quota")
     cpu = collect_cpu(cgroup_root=root, proc_cgroup=proc)
     assert cpu.cgroup_cpu_limit == 1.5
@@ -295,6 +298,8 @@ def test_collect_cpu_with_a_quota_warns_and_says_why() -> None:
 
 
 def test_affinity_mask_smaller_than_the_machine_warns(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):  # a warning of their own
+        monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
     monkeypatch.setattr(os, "cpu_count", lambda: 4)
     root, proc = fixture("v2_max")
@@ -303,6 +308,34 @@ def test_affinity_mask_smaller_than_the_machine_warns(monkeypatch: pytest.Monkey
     (warning,) = hardware_warnings(cpu, ShmInfo("/dev/shm", 8 * GIB, 8 * GIB), ())
     assert "affinity mask allows 1" in warning
     assert "cgroup" not in warning
+    # A quota of half a core inside a one-core mask throttles it too: named beside the mask (the table named both).
+    half = dataclasses.replace(cpu, cgroup_cpu_limit=0.5)
+    (warning,) = hardware_warnings(half, ShmInfo("/dev/shm", 8 * GIB, 8 * GIB), ())
+    assert "affinity mask allows 1" in warning and "the cgroup CPU quota is 0.5 CPUs" in warning
+
+
+@pytest.mark.parametrize(("env", "warned"), [
+    ({"OMP_NUM_THREADS": "1"}, "OMP_NUM_THREADS=1 is set in the environment: torch's own thread count (threads auto, as the "
+                               "PyTorch defaults run) follows it, not the 4 usable cores"),
+    ({"OMP_NUM_THREADS": "4", "MKL_NUM_THREADS": "2"}, "OMP_NUM_THREADS=4 and MKL_NUM_THREADS=2 are set"),  # MKL's first
+    ({"OMP_NUM_THREADS": "4"}, None),  # the usable cores: torch's own count anyway
+    ({}, None),
+])
+def test_thread_variables_that_set_torch_s_own_count_are_recorded_and_a_warning(
+    monkeypatch: pytest.MonkeyPatch, env: dict[str, str], warned: str | None
+) -> None:
+    """A search under OMP_NUM_THREADS=1 measured torch's own count as 1 thread without a word; its best.json said `auto`."""
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    monkeypatch.setattr(os, "cpu_count", lambda: 4)
+    root, proc = fixture("v2_max")
+    cpu = collect_cpu(cgroup_root=root, proc_cgroup=proc)
+    assert cpu.to_dict()["thread_env"] == env
+    said = hardware_warnings(cpu, ShmInfo("/dev/shm", 8 * GIB, 8 * GIB), ())
+    assert said == () if warned is None else (len(said) == 1 and said[0].startswith(warned)), said
 
 
 def test_read_cpuinfo(tmp_path: Path) -> None:

@@ -140,6 +140,18 @@ def check_best_dict(data: Any) -> dict[str, Any]:
     return data
 
 
+def search_thread_env(best: Best) -> dict[str, str] | None:
+    """The thread variables (``OMP_NUM_THREADS``, ``MKL_NUM_THREADS``) set where the search ran, which gave torch its own
+    thread count in the trials: best.json's ``hardware.cpu.thread_env``, as the probe read it; a DDP search's ranks got
+    ``OMP_NUM_THREADS=1`` where it was not set, as torchrun gives them. None where best.json does not say (an earlier
+    version, a hand edit that is no mapping of names to strings)."""
+    cpu = best.hardware.get("cpu") if isinstance(best.hardware, dict) else None
+    said = cpu.get("thread_env") if isinstance(cpu, dict) else None
+    if not isinstance(said, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in said.items()):
+        return None
+    return {**({"OMP_NUM_THREADS": "1"} if best.world_size > 1 else {}), **said}
+
+
 def _json_type(value: Any) -> str:
     names = {dict: "object", list: "list", str: "string", bool: "boolean", int: "number", float: "number"}
     return "null" if value is None else names.get(type(value), type(value).__name__)

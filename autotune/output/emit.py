@@ -29,7 +29,7 @@ from typing import Any
 from autotune.devices import device_type
 from autotune.errors import AutotuneError, EmitError
 from autotune.files import atomic_write_text
-from autotune.output.best import DEFAULTS_KEPT, Best, write_best
+from autotune.output.best import DEFAULTS_KEPT, Best, search_thread_env, write_best
 from autotune.records import LR_SCALINGS
 from autotune.redact import hide_passwords, shell_quote
 from autotune.torch_knobs import COMPILE_MODES, DECODES, OPTIMIZER_IMPLS
@@ -248,6 +248,7 @@ def _values(best: Best) -> dict[str, str]:
         "lr_scaling": _choice("lr_scaling", workload.lr_scaling, LR_SCALINGS),
         "reference_batch": _int("reference_batch", best.reference_batch, 1),
         "world_size": _int("world_size", best.world_size, 1),
+        "thread_env": repr(search_thread_env(best)),
         "factory_paths": factory_paths,
         "unsharded": _bool("unsharded", workload.unsharded),
         "workload": repr(model if workload.task is None else _task_ref(workload.task)),
