@@ -74,13 +74,16 @@ def test_calibration_bounds_the_batch_by_memory_and_verifies_it() -> None:
 
 def test_ddp_ranks_split_the_time_cap_and_the_default_ram_budget() -> None:
     # 400 samples/s for the whole world: with 4 ranks one rank's batch of 256 takes 2.56 s, half a 5-s trial is 2.5 s.
+    logged: list[str] = []
     alone = calibrate(WORKLOAD, CPU, usable_cores=4, available_bytes=64 * 2**30, max_memory=None, trial_seconds=5.0,
-                      bf16_ok=False, runner=FakeRunner())
+                      bf16_ok=False, runner=FakeRunner(), log=logged.append)
     ranks = calibrate(WORKLOAD, CPU, usable_cores=1, available_bytes=64 * 2**30, max_memory=None, trial_seconds=5.0,
                       bf16_ok=False, runner=FakeRunner(), world_size=4)
     assert (alone.max_batch, ranks.max_batch) == (512, 128)
     assert alone.batch_limit.startswith("one step of a larger one would take over half of a 5-s trial at the 400 samples/s the "
                                         "calibration measured: raise --trial-seconds, or pin one batch")
+    # Said as the calibration ends (a tester's 4-s step at 2-s trials searched batches up to 32 without a word why).
+    assert f"memory pre-pass: no batch above 512 is searched: {alone.batch_limit}" in logged
     # Half the RAM less the workers' reserve fits batch 512 for one process; two processes share it: 206 MiB over the base.
     available = 2 * (int(612 * MIB / (1 - WORKER_RESERVE)) + 1)
     one = calibrate(WORKLOAD, CPU, usable_cores=2, available_bytes=available, max_memory=None, trial_seconds=100.0,
@@ -568,8 +571,8 @@ def test_a_pre_pass_run_that_times_out_is_measured_again_before_it_bounds_the_ba
     assert status == ("ok" if timeouts == 1 else "timeout")
     assert (result.max_batch > 8) == (timeouts == 1)
     if timeouts == 2:  # the reason said as the calibration ends, not only where a larger batch is pinned
-        why = ("batch 8 timed out in the memory pre-pass (a busy machine, or a step slower than the --timeout): rerun on an idle "
-               "machine or raise --timeout")
+        why = ("batch 8 timed out in the memory pre-pass (a busy machine, a step slower than the --timeout, or a dataset item "
+               "that hangs): rerun on an idle machine or raise --timeout")
         assert result.batch_limit == why and f"memory pre-pass: no batch above 4 is searched: {why}" in logged
     else:
         assert not any("is searched" in line for line in logged)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import os
 import re
@@ -1219,7 +1220,7 @@ def test_a_loader_queue_dev_shm_could_not_hold_is_not_run_again_at_its_size_or_l
     assert explore.beyond_the_shm(skipped[0].setup, lambda: records) is None
 
 
-def test_a_rerun_that_adds_no_trial_keeps_the_confirmation_and_every_run_s_rounds(tmp_path, cache_dir) -> None:
+def test_a_rerun_that_adds_no_trial_keeps_the_confirmation_and_every_run_s_rounds(tmp_path, cache_dir, monkeypatch) -> None:
     """The same command rerun on a finished study (to resume, or to check that it is done) measured the confirmation
     again: on a machine loaded differently its rounds replaced a confirmed 3.40x winner by the defaults, rewrote
     best.json and train.py, and the first run's rounds were gone from the study. A rerun that adds no trial now takes
@@ -1234,27 +1235,51 @@ def test_a_rerun_that_adds_no_trial_keeps_the_confirmation_and_every_run_s_round
         def message(self, text: str) -> None:
             self.lines.append(text)
 
+    import autotune.tuner.run
+
     confirming: list[str] = []
+    in_confirmation: list[bool] = []
+    confirm = autotune.tuner.run.confirm
+
+    def confirming_now(*args, **kwargs):  # type: ignore[no-untyped-def]
+        in_confirmation.append(True)
+        try:
+            return confirm(*args, **kwargs)
+        finally:
+            in_confirmation.clear()
+
+    monkeypatch.setattr(autotune.tuner.run, "confirm", confirming_now)
 
     def counting(setup: TrainSetup, workload, options=None, *, on_window=None) -> TrialResult:
-        if on_window is None and options.mode == "train" and options.windows != 1:  # a confirmation round, not a trial
+        result = fake_runner(setup, workload, options, on_window=on_window)
+        if in_confirmation:  # a confirmation round, not a trial
             confirming.append(setup.to_json())
-        return fake_runner(setup, workload, options, on_window=on_window)
+            return dataclasses.replace(result, peak_memory_bytes=3 * 2**30)  # above the trials' own peaks
+        return result
 
     first = search(config(tmp_path, cache_dir, trials=4), runner=counting)
     best = (tmp_path / "out" / "best.json").read_text()
-    assert confirming and first.best is not None
+    assert confirming and first.best is not None and json.loads(best)["peak_memory_bytes"] == 3 * 2**30
     confirming.clear()
+    (tmp_path / "out" / "best.json").unlink()  # written again from the study
     again = search(config(tmp_path, cache_dir, trials=4), runner=counting, reporter=Said())
     assert confirming == [] and REUSED in Said.lines
     assert again.best is not None and again.best.setup == first.best.setup and again.best.speedup == first.best.speedup
     rewritten = json.loads((tmp_path / "out" / "best.json").read_text())
-    assert (rewritten["setup"], rewritten["speedup"]) == (json.loads(best)["setup"], json.loads(best)["speedup"])
+    # The peak its rounds measured too (a rerun wrote the trial's lower one: the rounds were kept without their peaks).
+    assert (rewritten["setup"], rewritten["speedup"], rewritten["peak_memory_bytes"]) == (
+        json.loads(best)["setup"], json.loads(best)["speedup"], 3 * 2**30)
     search(config(tmp_path, cache_dir, trials=4, confirm_rounds=3), runner=counting)  # more rounds asked: measured again
     assert confirming
     storage = f"sqlite:///{tmp_path / 'out' / 'study.db'}"
     kept = [k for k in optuna.load_study(study_name=None, storage=storage).user_attrs if k.startswith("confirmation:")]
     assert len(kept) == 2  # the first run's rounds and the third's, each under its run (the second measured none)
+    # Other finalists (--confirm-top 1) are measured; going back to the earlier ones takes their confirmation (it measured
+    # them again: only the last confirmation was kept), and so does going forth again.
+    for top, measured in ((1, True), (2, False), (1, False)):
+        confirming.clear()
+        search(config(tmp_path, cache_dir, trials=4, confirm_rounds=3, confirm_top=top), runner=counting)
+        assert bool(confirming) == measured, (top, confirming)
 
 
 def test_a_search_in_a_python_session_leaves_no_study_db_open(tmp_path, cache_dir) -> None:

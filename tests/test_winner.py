@@ -665,10 +665,13 @@ def test_an_interrupted_confirmation_s_rounds_rank_the_single_trials_they_ran_si
                      effective_batch=None, command="autotune search", interrupted=True, partial=partial)
     assert best.setup == FAST and not best.confirmed
     assert best.samples_per_s == 82.0 and best.speedup == pytest.approx(82.0 / 12.2)
+    # The note said the rounds were "too few to rank" beside a pick they ranked.
+    assert any("(its rounds so far are shown, #1 ran ahead of the fastest trial #0 in the rounds both ran;" in n for n in best.notes)
     behind = (_confirmed(DEFAULTS, (81.0,)), _confirmed(FAST, (82.0,)), _confirmed(MID, ()))  # within the noise floor: kept
     kept = make_best(workload=WORKLOAD, hardware=HARDWARE, feasible=feasible, confirmed=[], defaults=DEFAULTS,
                      effective_batch=None, command="autotune search", interrupted=True, partial=behind)
     assert kept.setup == DEFAULTS
+    assert any("(its rounds so far are shown, too few to rank;" in n for n in kept.notes)
 
 
 def test_a_speedup_far_from_the_ratio_of_the_medians_beside_it_says_both() -> None:

@@ -255,7 +255,7 @@ def calibrate(
     bound = ("stream" if stream_batch is not None else f"failed {above.batch_size} {above.status}" if above is not None
              else min(("data", "trial", "cap", "memory"), key=lambda k: caps[k]))
     limit = _batch_limit(bound, budget=budget, trial_seconds=trial_seconds, rate=rate, data=data_cap, cap=batch_cap)
-    if bound.endswith(" timeout"):  # a pre-pass run's, with no memory evidence: said now, not only where a batch is pinned
+    if bound.endswith(" timeout") or bound == "trial":  # no memory evidence: said now, not only where a batch is pinned
         log(f"memory pre-pass: no batch above {max_batch} is searched: {limit}")
     middle = probe_batch(max_batch, device)
     reduced = ("bf16" if bf16_ok else "fp16") if cuda else ("bf16" if bf16_ok else None)
@@ -333,8 +333,8 @@ def _batch_limit(bound: str, *, budget: int | None, trial_seconds: float, rate: 
     if bound.startswith("failed "):
         _, batch, status = bound.split(" ", 2)
         if status == "timeout":
-            return (f"batch {batch} timed out in the memory pre-pass (a busy machine, or a step slower than the --timeout): rerun "
-                    "on an idle machine or raise --timeout")
+            return (f"batch {batch} timed out in the memory pre-pass (a busy machine, a step slower than the --timeout, or a "
+                    "dataset item that hangs): rerun on an idle machine or raise --timeout")
         return f"batch {batch} {'ran out of memory' if status == 'oom' else f'failed ({status})'} in the memory pre-pass"
     if bound == "memory":
         return f"a larger one does not fit the memory budget of {format_bytes(budget)}" if budget is not None else "a larger one ran out of memory"

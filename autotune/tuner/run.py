@@ -318,15 +318,16 @@ def confirm_finalists(
     """
     candidates = pick_candidates(records, defaults, config.confirm_top, fp32_twin=allows(config.constraints, "amp", "off"),
                                  calibration=calibration, baseline_only=excluding(config.pins, defaults) is not None)
-    if reuse and (kept := prepared.study.rounds_to_reuse({c.key for c in candidates}, config.confirm_rounds)):
+    if reuse and (kept := prepared.study.rounds_to_reuse({c.key for c in candidates}, config.confirm_rounds))[0]:
         reporter.message(REUSED)
-        return list(stored_confirmed(prepared.study, records, kept))
+        return list(stored_confirmed(prepared.study, records, *kept))
     reporter.message(confirmation_plan(candidates, options.trial_seconds, config.confirm_rounds))
     with sigterm_as_interrupt():
         confirmed = confirm(candidates, prepared.workload, options, rounds=config.confirm_rounds, known=prepared.study.confirmation(),
                             store=prepared.study.store_confirmation, runner=runner, baseline=defaults.to_json(),
                             on_measure=lambda done, total, cand, result: reporter.confirm_progress(done, total, cand.label, result))
-    prepared.study.keep_winner_rounds(config.confirm_rounds)  # the winner written next rests on them (a rerun's do not replace them)
+    # The winner written next rests on them (a rerun's do not replace them), and on the peaks they measured.
+    prepared.study.keep_winner_rounds(config.confirm_rounds, {c.candidate.key: c.peak_bytes for c in confirmed if c.peak_bytes})
     return confirmed
 
 

@@ -6,6 +6,8 @@ that reads and writes these study user attributes.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import time
 from collections.abc import Callable
 from dataclasses import asdict
@@ -137,20 +139,31 @@ class StudyStores:
 
         self._write(step)
 
-    def keep_winner_rounds(self, asked: int) -> None:
+    def keep_winner_rounds(self, asked: int, peaks: dict[str, int]) -> None:
         """Keep this run's finished confirmation (of up to ``asked`` rounds) as its winner's evidence (a rerun's rounds
-        replace it only when finished)."""
-        self._write(lambda: self.study.set_user_attr(STUDY_WINNER_ROUNDS, {**self._stamped(self.confirmation()), "asked": asked}))
+        replace it only when finished), with the peak memory each finalist's runs measured alone (``peaks``, by key); and
+        as the confirmation of its finalists, which a rerun with the same finalists takes, whatever came after it."""
+        kept = {**self._stamped(self.confirmation()), "asked": asked, "peaks": peaks}
 
-    def rounds_to_reuse(self, keys: set[str], asked: int) -> Rounds:
-        """The last finished confirmation where it measured exactly the finalists ``keys`` and was asked for ``asked``
-        rounds or more; else none. A rerun that added no trial takes them rather than measure again: its own rounds, on a machine
-        loaded differently, had replaced a confirmed 3.40x winner by the defaults."""
-        stored = self.study.user_attrs.get(STUDY_WINNER_ROUNDS)
-        if not isinstance(stored, dict) or not isinstance(stored.get("asked"), int) or stored["asked"] < asked:
-            return {}
-        rounds = _rounds(stored)
-        return rounds if set(rounds) == keys else {}
+        def step() -> None:
+            self.study.set_user_attr(STUDY_WINNER_ROUNDS, kept)
+            self.study.set_user_attr(_of_finalists(set(kept["rounds"])), kept)
+
+        self._write(step)
+
+    def rounds_to_reuse(self, keys: set[str], asked: int) -> tuple[Rounds, dict[str, int]]:
+        """The study's last finished confirmation of exactly the finalists ``keys``, asked for ``asked`` rounds or more, and
+        the peaks its runs measured; else none. A rerun that added no trial takes them rather than measure again: its own
+        rounds, on a machine loaded differently, had replaced a confirmed 3.40x winner by the defaults (and a rerun that
+        went back to earlier finalists, with another --confirm-top, measured them again: only the last one was kept)."""
+        for name in (_of_finalists(keys), STUDY_WINNER_ROUNDS):  # the second: a study of a version that kept the last one only
+            stored = self.study.user_attrs.get(name)
+            if not isinstance(stored, dict) or not isinstance(stored.get("asked"), int) or stored["asked"] < asked:
+                continue
+            if set(rounds := _rounds(stored)) == keys:
+                peaks = stored.get("peaks")
+                return rounds, {key: peak for key, peak in (peaks.items() if isinstance(peaks, dict) else ()) if isinstance(peak, int) and peak > 0}
+        return {}, {}
 
     def winner_rounds(self) -> Rounds:
         """The rounds of the last finished confirmation (of a study from before they were kept: the last run's)."""
@@ -184,6 +197,11 @@ class StudyStores:
     def store_verdict(self, verdict: str, ceilings: Ceilings | None) -> None:
         """Keep the verdict printed with best.json (the report shows it again)."""
         self._write(lambda: self.study.set_user_attr(STUDY_VERDICT, {"text": verdict, "ceilings": ceilings.to_dict() if ceilings else None}))
+
+
+def _of_finalists(keys: set[str]) -> str:
+    """The study attribute that keeps the last finished confirmation of the finalists ``keys``."""
+    return f"{STUDY_WINNER_ROUNDS}:{hashlib.sha1(json.dumps(sorted(keys)).encode()).hexdigest()[:16]}"
 
 
 def _rounds(stored: Any) -> Rounds:

@@ -77,8 +77,9 @@ def published_winner(study: SearchStudy) -> tuple[Best, str] | None:
     return best, f"{stored.get('by')} (best.json and train.py in {stored.get('out')})"
 
 
-def stored_confirmed(study: SearchStudy, records: list[TrialRecord], rounds: Rounds | None = None) -> tuple[Confirmed, ...]:
-    """The stored confirmation rounds (or ``rounds``), labelled like the search labels them."""
+def stored_confirmed(study: SearchStudy, records: list[TrialRecord], rounds: Rounds | None = None,
+                     peaks: dict[str, int] | None = None) -> tuple[Confirmed, ...]:
+    """The stored confirmation rounds (or ``rounds``, whose runs measured ``peaks`` by key), labelled like the search labels them."""
     found = []
     for key, (values, failures, failed_rounds) in (study.stored_confirmation() if rounds is None else rounds).items():
         setup = TrainSetup.from_json(key)
@@ -88,6 +89,6 @@ def stored_confirmed(study: SearchStudy, records: list[TrialRecord], rounds: Rou
         timed_out = [r for r in records if r.setup == setup and r.result.status == "timeout"]  # the defaults' trial, say
         label = finalist_label(same) if same else finalist_label(timed_out) + TIMED_OUT if timed_out else setup.describe() + TWIN
         found.append(Confirmed(Candidate(key, setup, label, twin=not same and not timed_out, timed_out=not same and bool(timed_out)),
-                               tuple(values), tuple(failures),
+                               tuple(values), tuple(failures), peak_bytes=(peaks or {}).get(key),
                                failed_rounds=tuple(failed_rounds)))
     return tuple(found)

@@ -104,10 +104,9 @@ def make_best(
                          "float32 would be clearly slower")
     else:
         allowed = [r for r in feasible if excluded_by is None or r.setup.to_json() != default_key]
-        top = max(allowed or feasible, key=lambda r: r.result.samples_per_s or 0.0)
-        # Rounds of an interrupted confirmation that ran the fastest single trial's setup beside others rank them side by side:
-        # one ahead of it there leads (a probe's swamped machine: the defaults' single trial 63 samples/s, 12 in the round).
-        top = _ahead_in_rounds(top, allowed or feasible, partial) or top
+        fastest = max(allowed or feasible, key=lambda r: r.result.samples_per_s or 0.0)
+        # An interrupted confirmation's rounds rank side by side: one ahead of the fastest trial there leads (defaults 63 alone, 12 there).
+        top = _ahead_in_rounds(fastest, allowed or feasible, partial) or fastest
         setup, rate, spread = top.setup, top.result.samples_per_s or 0.0, top.result.samples_per_s_spread or 0.0
         base_records = [r for r in feasible if r.setup.to_json() == default_key]
         base = base_records[0].result.samples_per_s if base_records else None
@@ -120,8 +119,10 @@ def make_best(
             rounds = sorted(r for r in paired_ratios(pick, baseline) if r > 0) if pick is not baseline else []
         if interrupted and any(c.values for c in partial):
             shared = f" ({PAIRED_SO_FAR})" if paired is not None else ""
+            ranked = (f"#{top.number} ran ahead of the fastest trial #{fastest.number} in the rounds both ran" if top is not fastest
+                      else "too few to rank")
             notes.append("not confirmed: the search was interrupted during the interleaved re-measurement "
-                         f"(its rounds so far are shown, too few to rank; rerun the same command to confirm){shared}")
+                         f"(its rounds so far are shown, {ranked}; rerun the same command to confirm){shared}")
         elif interrupted:
             notes.append("not confirmed: the search was interrupted before the interleaved re-measurement")
         else:
