@@ -16,12 +16,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-#: One character of a password in running text: any but ``@`` and a line break (SQLAlchemy's URLs take spaces and
-#: quotes), and a quote only where no ``:``, ``,``, ``)``, space or line end follows (the quote that closes a URL
-#: shown as ``'URL': why``).
-_PASSWORD_CHAR = r"""(?:[^@\n'"]|['"](?![:\s,)]|$))"""
+#: One character of a password in running text: any but a line break or the ``://`` of another URL (SQLAlchemy's URLs
+#: take spaces, quotes and an ``@`` the user did not percent-encode), and a quote only where no ``:``, ``,``, ``)``,
+#: space or line end follows (the quote that closes a URL shown as ``'URL': why``).
+_PASSWORD_CHAR = r"""(?:(?!://)(?:[^\n'"]|['"](?![:\s,)]|$)))"""
 #: ``scheme://user:password@``: the password is whatever lies between the first ``:`` after the user name and the
-#: ``@`` before the host, as SQLAlchemy reads it (spaces and quotes included).
+#: last ``@`` before the host (spaces and quotes included).
 _CREDENTIALS = re.compile(rf"(?P<head>[A-Za-z][A-Za-z0-9+.\-]*://[^:/@\s]*:)(?P<password>{_PASSWORD_CHAR}*)(?P<at>@)", re.MULTILINE)
 #: A password given as a query parameter (``postgresql://me@db/optuna?password=...``, libpq's ``sslpassword`` too): up to
 #: the next parameter.

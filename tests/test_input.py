@@ -311,6 +311,8 @@ def test_recorded_command_keeps_global_options_and_hides_passwords() -> None:
     ("""cannot open study storage "postgresql://me@db:1/x?password=ab'cd": refused""",
      'cannot open study storage "postgresql://me@db:1/x?password=***": refused'),
     ("lost postgresql://me:tab\there@db/x and postgresql://b:pw@h2/y", "lost postgresql://me:***@db/x and postgresql://b:***@h2/y"),
+    # an '@' left unencoded in the password (refused, naming the URL): up to the last '@' before the host
+    ("cannot open 'postgresql://u:p@ss9Q@127.0.0.1:1/db': more than one '@'", "cannot open 'postgresql://u:***@127.0.0.1:1/db': more than one '@'"),
     # a host and port, not a password: nothing hidden where a quote closes the URL, nor across lines
     ("cannot open 'postgresql://db:5432/x': ask admin@example.com", "cannot open 'postgresql://db:5432/x': ask admin@example.com"),
     ("postgresql://db:5432/x\nask admin@example.com", "postgresql://db:5432/x\nask admin@example.com"),
