@@ -52,6 +52,10 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     tmp = _written_beside(target, data)
     try:
         os.replace(tmp, target)
+    except OSError as exc:  # a directory there, say: the error names it, not the temporary file
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise OSError(exc.errno, exc.strerror, str(target)) from None
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
@@ -60,8 +64,8 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
 
 def _through_link(target: Path) -> Path:
     """``target``, or the file it leads to when it is a symbolic link: a write replaces that file and the link stays, as
-    ``cp`` and a shell's ``>`` leave it (the rename onto the link put a file in the link's place, and the file it
-    led to kept the old text)."""
+    a shell's ``>`` leaves it (the rename onto the link put a file in the link's place, and the file it led to kept
+    the old text)."""
     return Path(os.path.realpath(target)) if target.is_symlink() else target
 
 

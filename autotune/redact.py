@@ -16,20 +16,35 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-#: One character of a password in running text: any but a line break or the ``://`` of another URL (SQLAlchemy's URLs
-#: take spaces, quotes and an ``@`` the user did not percent-encode), and a quote only where no ``:``, ``,``, ``)``,
-#: space or line end follows (the quote that closes a URL shown as ``'URL': why``).
-_PASSWORD_CHAR = r"""(?:(?!://)(?:[^\n'"]|['"](?![:\s,)]|$)))"""
-#: ``scheme://user:password@``: the password is whatever lies between the first ``:`` after the user name and the
-#: last ``@`` before the host (spaces and quotes included).
-_CREDENTIALS = re.compile(rf"(?P<head>[A-Za-z][A-Za-z0-9+.\-]*://[^:/@\s]*:)(?P<password>{_PASSWORD_CHAR}*)(?P<at>@)", re.MULTILINE)
+_SCHEME = r"[A-Za-z][A-Za-z0-9+.\-]*://"
+#: A URL shown in quotes, as a message shows one (``'URL': why``, Python's repr): the quote it opens with, closed by the
+#: same quote where a ``:``, ``,``, ``)``, a space or the line's end follows; inside, the URL is whole, so its password
+#: is known exactly, spaces and quotes included.
+_QUOTED_URL = re.compile(rf"""(?P<q>['"])(?P<url>{_SCHEME}[^\n]*?)(?P=q)(?=[:\s,)]|$)""", re.MULTILINE)
+#: ``scheme://user:password@`` in one URL: the password is whatever lies between the first ``:`` after the user name and
+#: the last ``@`` (SQLAlchemy takes spaces and quotes in it, and an ``@`` the user did not percent-encode).
+_URL_CREDENTIALS = re.compile(rf"^(?P<head>{_SCHEME}[^:/@]*:)(?P<password>.*)(?P<at>@)", re.DOTALL)
+#: The same in running text, where a URL ends at a space: within one word.
+_CREDENTIALS = re.compile(rf"(?P<head>{_SCHEME}[^:/@\s]*:)(?P<password>\S*)(?P<at>@)")
 #: A password given as a query parameter (``postgresql://me@db/optuna?password=...``, libpq's ``sslpassword`` too): up to
-#: the next parameter.
-_QUERY_PASSWORD = re.compile(rf"(?P<head>[?&](?:ssl)?password=)(?P<password>(?:(?!&){_PASSWORD_CHAR})*)", re.IGNORECASE | re.MULTILINE)
+#: the next parameter (in running text also a space or a quote).
+_URL_QUERY_PASSWORD = re.compile(r"(?P<head>[?&](?:ssl)?password=)(?P<password>[^&]*)", re.IGNORECASE)
+_QUERY_PASSWORD = re.compile(r"""(?P<head>[?&](?:ssl)?password=)(?P<password>[^&\s'"]*)""", re.IGNORECASE)
+
+
+def hide_url_password(url: str) -> str:
+    """The URL ``url`` (one whole URL, as typed) with its password replaced by ``***``.
+
+    >>> hide_url_password("postgresql://me:p s@s@db/x?sslpassword=a b&sslmode=require")
+    'postgresql://me:***@db/x?sslpassword=***&sslmode=require'
+    """
+    url = _URL_CREDENTIALS.sub(lambda m: f"{m.group('head')}***{m.group('at')}", url)
+    return _URL_QUERY_PASSWORD.sub(lambda m: f"{m.group('head')}***", url)
 
 
 def hide_passwords(text: str) -> str:
-    """``text`` with the password of every URL in it replaced by ``***``.
+    """``text`` with the password of every URL in it replaced by ``***``: a URL in quotes whole (its password may hold
+    spaces and quotes), any other one up to the next space.
 
     >>> hide_passwords("--storage postgresql://me:s3cr:et@db:5432/optuna")
     '--storage postgresql://me:***@db:5432/optuna'
@@ -37,9 +52,10 @@ def hide_passwords(text: str) -> str:
     'postgresql://me@db/optuna?sslmode=require&password=***'
     >>> hide_passwords("cannot open study storage 'postgresql://me:p ss@db/x': refused")
     "cannot open study storage 'postgresql://me:***@db/x': refused"
-    >>> hide_passwords('cannot open "postgresql://me@db/x?password=ab\\'cd": refused')
+    >>> hide_passwords('cannot open "postgresql://me@db/x?password=ab\\' cd": refused')
     'cannot open "postgresql://me@db/x?password=***": refused'
     """
+    text = _QUOTED_URL.sub(lambda m: f"{m.group('q')}{hide_url_password(m.group('url'))}{m.group('q')}", text)
     text = _CREDENTIALS.sub(lambda m: f"{m.group('head')}***{m.group('at')}", text)
     return _QUERY_PASSWORD.sub(lambda m: f"{m.group('head')}***", text)
 
@@ -79,7 +95,7 @@ def recorded_command(argv: list[str]) -> str:
     program = f"{path.parent.name}/{path.name}" if path.name == "cli.py" else path.name  # python -m autotune.cli
     if program not in ("autotune", "__main__.py", "autotune/cli.py") or "search" not in argv[1:]:
         return ""
-    return " ".join(shell_quote(hide_passwords(word)) for word in ["autotune", *argv[1:]])  # each word whole, as typed
+    return " ".join(shell_quote(hide_url_password(word)) for word in ["autotune", *argv[1:]])  # each word whole, as typed
 
 
 def recorded_call(function: Callable[..., Any], given: dict[str, Any]) -> str:

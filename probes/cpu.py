@@ -83,7 +83,7 @@ class CpuInfo:
     def torch_threads(self) -> int | None:
         """The intra-op thread count :attr:`thread_env` gives torch (None: none set, or no count), as torch reads them."""
         for name in reversed(THREAD_VARIABLES):
-            value = dict(self.thread_env).get(name, "").strip()
+            value = dict(self.thread_env).get(name, "").split(",")[0].strip()  # OpenMP's first level of a list such as 4,2
             if value.isdigit() and int(value) > 0:
                 return int(value)
         return None

@@ -1310,6 +1310,29 @@ def test_a_bad_image_is_one_line_naming_it_and_a_bad_validation_image_loses_no_t
     assert proc.returncode == 1 and proc.stderr.startswith(f"error: bad image {small / 'a' / 'broken.jpg'}"), proc.stderr[-2000:]
 
 
+def test_a_path_the_output_cannot_encode_is_printed_escaped(synthetic_data: Path, tmp_path: Path) -> None:
+    """An ASCII stdout and an --output-dir named out_\u00e9: the steps trained, then the `done: ... checkpoint in` line
+    raised UnicodeEncodeError, exit 1 (and --help, showing a tuned --data so named, did too)."""
+    named = tmp_path / "donn\u00e9es"
+    shutil.copytree(synthetic_data, named)
+    script = write_script(make_best(synthetic_data, data=str(named), **CPU_KNOBS), tmp_path / "train.py")
+    env = {**os.environ, "PYTHONIOENCODING": "ascii"}
+    helped = subprocess.run([sys.executable, str(script), "--help"], cwd=tmp_path, capture_output=True, text=True, env=env, timeout=RUN_TIMEOUT)
+    assert helped.returncode == 0 and "donn\\xe9es" in helped.stdout, helped.stderr[-2000:]
+    proc = subprocess.run([sys.executable, str(script), "--max-steps", "1", "--batch-size", "2", "--image-size", "32", "--workers", "0",
+                           "--output-dir", "out_\u00e9"], cwd=tmp_path, capture_output=True, text=True, env=env, timeout=RUN_TIMEOUT)
+    assert proc.returncode == 0 and "checkpoint in out_\\xe9" in proc.stdout, proc.stderr[-2000:]
+
+
+def test_main_refuses_a_number_out_of_range_without_the_script_s_parser(synthetic_data: Path, tmp_path: Path) -> None:
+    """The parser refuses them (exit 2); main(args) of a parser built with parents=[get_args_parser(add_help=False)] or
+    parse_known_args skipped every check, and --batch-size 0 ended in torch's traceback."""
+    namespace = load_script(write_script(make_best(synthetic_data, **CPU_KNOBS), tmp_path / "train.py"))
+    args, _ = namespace["get_args_parser"]().parse_known_args(["--batch-size", "0", "--unknown"])
+    with pytest.raises(SystemExit, match=r"^error: --batch-size must be >= 1$"):
+        namespace["main"](args)
+
+
 def test_an_image_over_pils_pixel_limit_is_a_bad_image_naming_it(synthetic_data: Path, tmp_path: Path, monkeypatch) -> None:
     """PIL's DecompressionBombError is not an OSError: train.py ended in a traceback that named no file."""
     from PIL import Image

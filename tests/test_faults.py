@@ -2112,6 +2112,34 @@ def test_a_study_of_the_earlier_version_keeps_its_last_rounds_as_the_winner_s_wh
     assert again.winner_rounds() == {"a": ([100.0, 110.0], [], [])}
     assert again.stored_confirmation() == {"a": ([300.0], [], []), "b": ([310.0], [], [])}
     assert STUDY_WINNER_ROUNDS in again.study.user_attrs
+    # Kept under its run too, which no later confirmation replaces (an upgrade's rerun measured again, and the old
+    # rounds were gone from the study once it finished).
+    assert again.study.user_attrs[f"{STUDY_CONFIRMATION}:an-earlier-run"] == {"run": "an-earlier-run", "rounds": {"a": [[100.0, 110.0], []]}}
+
+
+def test_a_rerun_that_adds_no_trial_takes_an_earlier_version_s_confirmation_of_enough_rounds(tmp_path) -> None:
+    """An earlier version kept its last run's rounds without the rounds it was asked for: an upgrade's rerun with no
+    trial added measured them again (2.70x became 8.64x on a loaded machine). The rounds its leader measured stand for
+    them; a confirmation of this version that no finished one follows (cut short) is not taken."""
+    import optuna
+
+    from autotune.tuner.stores import STUDY_CONFIRMATION, STUDY_VERDICT, STUDY_WINNER_ROUNDS
+    from autotune.tuner.study import SearchStudy
+
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    old = optuna.create_study(study_name="old", storage=storage)
+    old.set_user_attr(STUDY_CONFIRMATION, {"run": "r1", "rounds": {"a": [[100.0, 110.0, 105.0], []], "b": [[90.0], []]}})
+    study = SearchStudy.load(storage, "old")
+    assert study.reuse_rounds({"a", "b"}, 4) == ({}, {})  # asked for more rounds than its leader measured
+    assert study.reuse_rounds({"a"}, 3) == ({}, {})  # other finalists
+    rounds, peaks = study.reuse_rounds({"a", "b"}, 3)
+    assert rounds == {"a": ([100.0, 110.0, 105.0], [], []), "b": ([90.0], [], [])} and peaks == {}
+    assert study.winner_rounds() == rounds and study.study.user_attrs[STUDY_VERDICT] == {}
+    cut = optuna.create_study(study_name="cut", storage=storage)  # this version's, interrupted: its run's twin is there
+    for key in (STUDY_CONFIRMATION, f"{STUDY_CONFIRMATION}:r2"):
+        cut.set_user_attr(key, {"run": "r2", "rounds": {"a": [[100.0, 110.0, 105.0], []]}})
+    assert SearchStudy.load(storage, "cut").reuse_rounds({"a"}, 3) == ({}, {})
+    assert STUDY_WINNER_ROUNDS not in SearchStudy.load(storage, "cut").study.user_attrs
 
 
 def test_a_stop_while_a_shared_study_worker_writes_the_study_s_winner_waits_for_both_files(tmp_path, cache_dir, monkeypatch) -> None:

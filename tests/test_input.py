@@ -304,24 +304,30 @@ def test_recorded_command_keeps_global_options_and_hides_passwords() -> None:
 @pytest.mark.parametrize(("text", "hidden"), [
     # SQLAlchemy reads a password with a space or a quote: the redaction stopped at the space, and at the quote.
     (["--storage", "postgresql://me:p ss@db/x"], "autotune search --storage 'postgresql://me:***@db/x'"),
-    (["--storage", "postgresql://me@db/x?password=ab'cd&sslmode=require"],
-     "autotune search --storage 'postgresql://me@db/x?password=***&sslmode=require'"),
+    (["--storage", "postgresql://me@db/x?password=ab'cd&sslmode=require", "--study", "team@v2"],
+     "autotune search --storage 'postgresql://me@db/x?password=***&sslmode=require' --study team@v2"),
     ("cannot open study storage 'postgresql://me:p ss@db:1/x': (psycopg.OperationalError) refused",
      "cannot open study storage 'postgresql://me:***@db:1/x': (psycopg.OperationalError) refused"),
+    ("""cannot open study storage "postgresql://me:ab' cd@db:1/x": refused""", 'cannot open study storage "postgresql://me:***@db:1/x": refused'),
     ("""cannot open study storage "postgresql://me@db:1/x?password=ab'cd": refused""",
      'cannot open study storage "postgresql://me@db:1/x?password=***": refused'),
-    ("lost postgresql://me:tab\there@db/x and postgresql://b:pw@h2/y", "lost postgresql://me:***@db/x and postgresql://b:***@h2/y"),
     # an '@' left unencoded in the password (refused, naming the URL): up to the last '@' before the host
     ("cannot open 'postgresql://u:p@ss9Q@127.0.0.1:1/db': more than one '@'", "cannot open 'postgresql://u:***@127.0.0.1:1/db': more than one '@'"),
-    # a host and port, not a password: nothing hidden where a quote closes the URL, nor across lines
+    ("lost postgresql://me:pw@db/x and postgresql://b:pw@h2/y", "lost postgresql://me:***@db/x and postgresql://b:***@h2/y"),
+    # a host and port, not a password: nothing hidden up to a later '@' (train.py's header lost `5432/optuna --study team`)
+    ("autotune search --storage postgresql://db:5432/optuna --study team@v2", "autotune search --storage postgresql://db:5432/optuna --study team@v2"),
     ("cannot open 'postgresql://db:5432/x': ask admin@example.com", "cannot open 'postgresql://db:5432/x': ask admin@example.com"),
     ("postgresql://db:5432/x\nask admin@example.com", "postgresql://db:5432/x\nask admin@example.com"),
 ])
 def test_every_password_sqlalchemy_reads_is_hidden(text: str | list[str], hidden: str) -> None:
-    from autotune.redact import hide_passwords, recorded_command
+    from autotune.redact import hide_passwords, hide_url_password, recorded_command
 
     said = recorded_command(["/venv/bin/autotune", "search", *text]) if isinstance(text, list) else hide_passwords(text)
     assert said == hidden
+    # One whole URL, as a study names its storage in every message: exact, whatever its password holds.
+    assert hide_url_password("postgresql://me:a b\t'c\"@d@db:5432/x?sslpassword=e f&sslmode=require") == (
+        "postgresql://me:***@db:5432/x?sslpassword=***&sslmode=require")
+    assert hide_url_password("postgresql://db:5432/x") == "postgresql://db:5432/x"
 
 
 def test_the_python_api_s_recorded_command_names_the_arguments_given() -> None:

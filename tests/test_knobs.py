@@ -741,6 +741,9 @@ def test_the_script_says_torch_s_own_thread_count_is_above_a_cpu_quota(synthetic
     ({"OMP_NUM_THREADS": "1"}, 1, {}, "with OMP_NUM_THREADS=1, here neither OMP_NUM_THREADS nor MKL_NUM_THREADS set"),
     ({}, 1, {"MKL_NUM_THREADS": "1"}, "with neither OMP_NUM_THREADS nor MKL_NUM_THREADS set, here MKL_NUM_THREADS=1"),
     ({"OMP_NUM_THREADS": "1"}, 1, {"OMP_NUM_THREADS": "1"}, None),
+    ({"OMP_NUM_THREADS": "1"}, 1, {"OMP_NUM_THREADS": "01", "MKL_NUM_THREADS": "1"}, None),  # 1 thread either way
+    ({"OMP_NUM_THREADS": "2"}, 1, {"OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "1"},
+     "with OMP_NUM_THREADS=2, here OMP_NUM_THREADS=2 and MKL_NUM_THREADS=1"),
     ({}, 2, {"OMP_NUM_THREADS": "1"}, None),  # torchrun's own setting for several processes, as the DDP trials had it
     (None, 1, {"OMP_NUM_THREADS": "1"}, None),  # a best.json of an earlier version: not recorded
 ])

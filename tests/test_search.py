@@ -1236,6 +1236,7 @@ def test_a_rerun_that_adds_no_trial_keeps_the_confirmation_and_every_run_s_round
             self.lines.append(text)
 
     import autotune.tuner.run
+    from autotune.tuner.study import SearchStudy
 
     confirming: list[str] = []
     in_confirmation: list[bool] = []
@@ -1278,8 +1279,10 @@ def test_a_rerun_that_adds_no_trial_keeps_the_confirmation_and_every_run_s_round
     # them again: only the last confirmation was kept), and so does going forth again.
     for top, measured in ((1, True), (2, False), (1, False)):
         confirming.clear()
-        search(config(tmp_path, cache_dir, trials=4, confirm_rounds=3, confirm_top=top), runner=counting)
+        outcome = search(config(tmp_path, cache_dir, trials=4, confirm_rounds=3, confirm_top=top), runner=counting)
         assert bool(confirming) == measured, (top, confirming)
+        # The rounds taken are the winner's again: `autotune report` showed the last confirmation's, another winner's.
+        assert set(SearchStudy.load(storage).winner_rounds()) == {c.candidate.key for c in outcome.confirmed}
 
 
 def test_a_search_in_a_python_session_leaves_no_study_db_open(tmp_path, cache_dir) -> None:

@@ -38,7 +38,7 @@ from autotune.output.sections import (
     summary_section,
     time_section,
 )
-from autotune.redact import hide_passwords
+from autotune.redact import hide_url_password
 from autotune.units import counted, format_bytes
 
 __all__ = ["HEADLINE", "PLOTS_HINT", "REPORT", "ReportInput", "render_report", "report_holds", "write_rendered", "write_report"]
@@ -98,7 +98,7 @@ def _header(data: ReportInput) -> str:
     others = f"; {free} more not run (a setup measured before, or one the data or /dev/shm cannot feed)" if free else ""
     lines = [f"<h1>autotune report: {escape(data.study)}</h1>"]
     meta = [f"{counted(len(ran), 'trial')} ({tally or 'none'}{others})", f"search {escape(data.status, quote=False)}",  # quotes kept: text
-            f"storage <code>{escape(hide_passwords(data.storage))}</code>"]
+            f"storage <code>{escape(hide_url_password(data.storage))}</code>"]
     # A Task's reference and sample count; the classifier's model, size and data (before best.json: as the study stored them).
     workload = best.workload.describe(best.world_size) if best is not None else data.workload
     if workload:

@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 from autotune.errors import StorageError, UsageError, check_bool
 from autotune.output.best import Best
 from autotune.records import DEFAULT_TRIAL_SECONDS, MAX_SECONDS, Calibration, TrialRecord, TrialResult
-from autotune.redact import hide_passwords
+from autotune.redact import hide_url_password
 from autotune.rounds import Ceilings, Confirmed
 from autotune.time_spent import Phase, TimeSpent
 from autotune.tuner.constraints import Constraint, merge_constraints, parse_constraint
@@ -275,7 +275,7 @@ class SearchConfig:
         if self.devices is not None and is_shared(self.storage):  # a worker's loop runs one trial at a time, on the first slot
             raise UsageError(
                 f"--devices {self.devices} runs parallel trials in one search, not in a worker of a shared study (--storage "
-                f"{hide_passwords(str(self.storage))}), whose trials run one at a time: start one worker per device instead "
+                f"{hide_url_password(str(self.storage))}), whose trials run one at a time: start one worker per device instead "
                 "(--device cuda:K, each with its own --out; on a CPU host, each pinned to its cores with taskset)"
             )
 

@@ -28,7 +28,7 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.errors import AutotuneError, PendingTrialsError, StorageError
 from autotune.files import atomic_write_text, read_json
 from autotune.records import TrialResult
-from autotune.redact import hide_passwords
+from autotune.redact import hide_url_password
 from autotune.train_setup import TrainSetup
 from autotune.tuner.budget import ATTR_FREE, FINISHED
 from autotune.tuner.storage import storage_failures_said, with_retries
@@ -99,7 +99,7 @@ class PendingTrial:
         """
         frozen = trial._cached_frozen_trial
         return cls(
-            study=study.name, storage=hide_passwords(study.storage), number=trial.number, params=dict(frozen.params),
+            study=study.name, storage=hide_url_password(study.storage), number=trial.number, params=dict(frozen.params),
             distributions={name: distribution_to_json(d) for name, d in frozen.distributions.items()},
             fixed_params=dict(frozen.system_attrs.get("fixed_params", {})),
             intermediate_values=[[step, value] for step, value in sorted(frozen.intermediate_values.items())],
@@ -239,7 +239,7 @@ def add_pending(study: SearchStudy, out: Path, say: Callable[[str], None]) -> li
         StorageError: The storage failed meanwhile (the file is kept).
     """
     entries = read_pending(out)
-    mine = [e for e in entries if e.study == study.name and e.storage == hide_passwords(study.storage)]
+    mine = [e for e in entries if e.study == study.name and e.storage == hide_url_password(study.storage)]
     for other in sorted({(e.study, e.storage) for e in entries if e not in mine}):
         numbers = ", ".join(f"#{e.number}" for e in entries if (e.study, e.storage) == other)
         say(f"note: {pending_file(out)} also keeps trial(s) {numbers} of study {other[0]!r} in {other[1]}, not this search's: "

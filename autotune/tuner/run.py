@@ -318,7 +318,7 @@ def confirm_finalists(
     """
     candidates = pick_candidates(records, defaults, config.confirm_top, fp32_twin=allows(config.constraints, "amp", "off"),
                                  calibration=calibration, baseline_only=excluding(config.pins, defaults) is not None)
-    if reuse and (kept := prepared.study.rounds_to_reuse({c.key for c in candidates}, config.confirm_rounds))[0]:
+    if reuse and (kept := prepared.study.reuse_rounds({c.key for c in candidates}, config.confirm_rounds))[0]:
         reporter.message(REUSED)
         return list(stored_confirmed(prepared.study, records, *kept))
     reporter.message(confirmation_plan(candidates, options.trial_seconds, config.confirm_rounds))

@@ -131,7 +131,10 @@ class StudyStores:
             rounds = {**self._this_run(attrs), key: runs}
             earlier = attrs.get(STUDY_CONFIRMATION)
             if STUDY_WINNER_ROUNDS not in attrs and isinstance(earlier, dict) and earlier and earlier.get("run") != self.run_id:
-                self.study.set_user_attr(STUDY_WINNER_ROUNDS, earlier)  # a study of an earlier version: its last rounds are kept
+                self.study.set_user_attr(STUDY_WINNER_ROUNDS, earlier)  # a study of an earlier version: its last rounds are kept,
+                own = f"{STUDY_CONFIRMATION}:{earlier.get('run', 'earlier')}"  # and under their run, where no later one replaces them
+                if own not in attrs:
+                    self.study.set_user_attr(own, earlier)
             self.study.set_user_attr(STUDY_CONFIRMATION, self._stamped(rounds))
             # Each run's own rounds too, which no later run replaces: a rerun's confirmation overwrote the last one's.
             self.study.set_user_attr(f"{STUDY_CONFIRMATION}:{self.run_id}", self._stamped(rounds))
@@ -151,19 +154,40 @@ class StudyStores:
 
         self._write(step)
 
-    def rounds_to_reuse(self, keys: set[str], asked: int) -> tuple[Rounds, dict[str, int]]:
-        """The study's last finished confirmation of exactly the finalists ``keys``, asked for ``asked`` rounds or more, and
-        the peaks its runs measured; else none. A rerun that added no trial takes them rather than measure again: its own
+    def reuse_rounds(self, keys: set[str], asked: int) -> tuple[Rounds, dict[str, int]]:
+        """The study's last finished confirmation of exactly the finalists ``keys``, of ``asked`` rounds or more, and the
+        peaks its runs measured; else none. A rerun that added no trial takes them rather than measure again: its own
         rounds, on a machine loaded differently, had replaced a confirmed 3.40x winner by the defaults (and a rerun that
-        went back to earlier finalists, with another --confirm-top, measured them again: only the last one was kept)."""
-        for name in (_of_finalists(keys), STUDY_WINNER_ROUNDS):  # the second: a study of a version that kept the last one only
-            stored = self.study.user_attrs.get(name)
-            if not isinstance(stored, dict) or not isinstance(stored.get("asked"), int) or stored["asked"] < asked:
+        went back to earlier finalists, with another --confirm-top, measured them again: only the last one was kept).
+
+        Taken, they are the winner's rounds again (``autotune report`` and ``status`` show them), and the bottleneck
+        verdict of the confirmation after them is dropped: it spoke of another winner, and the winner's ceilings are
+        measured again. A study of an earlier version kept its last run's rounds only, without the rounds it was asked
+        for: the rounds its leader measured stand for them."""
+        attrs = self.study.user_attrs
+        last = attrs.get(STUDY_CONFIRMATION)  # an earlier version's, which kept no run's rounds apart; this one's may be cut short
+        older = isinstance(last, dict) and f"{STUDY_CONFIRMATION}:{last.get('run')}" not in attrs
+        names = (_of_finalists(keys), STUDY_WINNER_ROUNDS) if STUDY_WINNER_ROUNDS in attrs else (STUDY_CONFIRMATION,) if older else ()
+        for name in names:
+            stored = attrs.get(name)
+            rounds = _rounds(stored)
+            if not isinstance(stored, dict) or not rounds or set(rounds) != keys:
                 continue
-            if set(rounds := _rounds(stored)) == keys:
-                peaks = stored.get("peaks")
-                return rounds, {key: peak for key, peak in (peaks.items() if isinstance(peaks, dict) else ()) if isinstance(peak, int) and peak > 0}
+            measured = max(len(values) + len(failures) for values, failures, _ in rounds.values())
+            if (stored["asked"] if isinstance(stored.get("asked"), int) else measured) < asked:
+                continue
+            if stored != attrs.get(STUDY_WINNER_ROUNDS):
+                self._take_as_winner_s({**stored, "asked": stored.get("asked", measured)})
+            peaks = stored.get("peaks")
+            return rounds, {key: peak for key, peak in (peaks.items() if isinstance(peaks, dict) else ()) if isinstance(peak, int) and peak > 0}
         return {}, {}
+
+    def _take_as_winner_s(self, kept: dict[str, Any]) -> None:
+        def step() -> None:
+            self.study.set_user_attr(STUDY_WINNER_ROUNDS, kept)
+            self.study.set_user_attr(STUDY_VERDICT, {})  # the confirmation after it had another winner
+
+        self._write(step)
 
     def winner_rounds(self) -> Rounds:
         """The rounds of the last finished confirmation (of a study from before they were kept: the last run's)."""

@@ -28,7 +28,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.errors import StorageError, StudyMismatch
 from autotune.records import TrialRecord, TrialResult
-from autotune.redact import hide_passwords
+from autotune.redact import hide_passwords, hide_url_password
 from autotune.train_setup import TrainSetup
 from autotune.tuner.budget import ATTR_FREE, FINISHED, STUDY_BUDGET, counted_toward_budget, progress
 from autotune.tuner.constraints import Constraint, excluding
@@ -85,7 +85,7 @@ class SearchStudy(StudyStores):
 
     def __init__(self, study: optuna.Study, storage: str, name: str) -> None:
         self.study = study
-        self.storage = hide_passwords(storage)
+        self.storage = hide_url_password(storage)
         self.name = name
         self._holder: Holder | None = None
         #: This run (one process opening the study), so confirmation rounds are never mixed across runs.
@@ -126,7 +126,7 @@ class SearchStudy(StudyStores):
                 n_startup = int(existing.user_attrs.get(STUDY_STARTUP_TRIALS, n_startup))
                 drawn = len(existing.get_trials(deepcopy=False))  # a sampler seeded as in the first run draws its points again
                 if foreign := _foreign_trials(existing):
-                    raise _foreign(name, hide_passwords(storage), foreign, f"pass {'another --out' if in_out else '--study NEW_NAME'}")
+                    raise _foreign(name, hide_url_password(storage), foreign, f"pass {'another --out' if in_out else '--study NEW_NAME'}")
             study = optuna.create_study(storage=backend, study_name=name, direction="maximize", load_if_exists=True,
                                         sampler=_sampler(sampler, seed + drawn, n_startup, shared or parallel),
                                         pruner=ScreeningPruner(counts=_within(pins) if pins else None))
@@ -142,7 +142,7 @@ class SearchStudy(StudyStores):
             except DATABASE_ERRORS as exc:  # a server's lost connection is retried; a file that fails stays failed (read-only)
                 if not connection_lost(storage, exc):
                     raise
-                study = with_retries(opened, hide_passwords(storage))
+                study = with_retries(opened, hide_url_password(storage))
             return cls(study, storage, name)
         except StorageError:
             raise
@@ -167,8 +167,8 @@ class SearchStudy(StudyStores):
             raise StorageError(f"{storage}: holds no study ({file} is {'empty' if file.is_file() else 'missing'})")
         foreign = None if file is None else foreign_sqlite(storage, file)
         if foreign is not None:  # Optuna would write its tables into it
-            raise StorageError(f"{hide_passwords(storage)}: holds no study ({foreign})")
-        backend, url, storage = open_storage(storage), storage, hide_passwords(storage)  # the URL only names it in messages below
+            raise StorageError(f"{hide_url_password(storage)}: holds no study ({foreign})")
+        backend, url, storage = open_storage(storage), storage, hide_url_password(storage)  # the URL only names it in messages below
         try:
             names = optuna.get_all_study_names(backend)
         except Exception as exc:  # sqlalchemy / redis / journal errors all differ

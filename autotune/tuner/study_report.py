@@ -19,7 +19,7 @@ from optuna.trial import TrialState
 from autotune.errors import AutotuneError, StorageError
 from autotune.output.report import ReportInput, render_report, write_rendered, write_report
 from autotune.records import Calibration, TrialRecord
-from autotune.redact import hide_passwords, shell_quote
+from autotune.redact import hide_url_password, shell_quote
 from autotune.time_spent import TimeSpent
 from autotune.tuner.config import SearchOutcome
 from autotune.tuner.lock import Holder
@@ -47,7 +47,7 @@ def report_command(out: Path, storage: str, study: str) -> str:
     finds no study there; paths quoted for a shell, passwords hidden."""
     command = f"autotune report {shell_quote(str(out))}"
     if storage != sqlite_url(out / "study.db"):
-        command += f" --storage {shell_quote(hide_passwords(storage))} --study {shell_quote(study)}"
+        command += f" --storage {shell_quote(hide_url_password(storage))} --study {shell_quote(study)}"
     return command
 
 
