@@ -174,6 +174,29 @@ def _line(*parts: str | tuple[str, str] | Text) -> Text:
     return Text.assemble(*parts, no_wrap=True, overflow="ignore")
 
 
+#: Below this many columns the trials table leaves its setup column a few characters (at 80 about 10: a setup folded
+#: over 7 lines, words split): each trial is then one line of its own.
+TABLE_WIDTH = 110
+
+
+class _TableOrLines:
+    """``table`` where the console is :data:`TABLE_WIDTH` columns wide or more, else its title and ``lines`` (markup),
+    one per row."""
+
+    def __init__(self, table: Table, lines: list[str]) -> None:
+        self.table, self.lines = table, lines
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> Iterator[RenderableType]:
+        from rich.text import Text
+
+        if options.max_width >= TABLE_WIDTH:
+            yield self.table
+            return
+        yield Text(str(self.table.title), style="italic")
+        for line in self.lines:
+            yield Text.from_markup(line, overflow="fold")
+
+
 def render_search(outcome: SearchOutcome) -> Group:
     """The final report: trials by throughput, confirmation, verdict, winner; print it with ``crop=False``."""
     from rich.console import Group
@@ -181,8 +204,9 @@ def render_search(outcome: SearchOutcome) -> Group:
 
     trials = Table(title="trials (sorted by samples/s)", title_justify="left")
     for col in ("#", "role", "setup", "status", "samples/s", "spread", "data wait", "peak mem"):
-        # In a narrow terminal (or a log file: 80 columns) a cell folds onto more lines instead of losing its end.
+        # In a narrow terminal a cell folds onto more lines instead of losing its end.
         trials.add_column(col, justify="right" if col in ("#", "samples/s", "spread", "data wait") else "left", overflow="fold")
+    lines: list[str] = []
     # The trials that ran by throughput, then those that did not: a repeat (its earlier trial's figures) or a setup not run.
     for record in sorted(outcome.records, key=lambda r: (r.ran, r.result.ok, r.result.samples_per_s or 0.0), reverse=True):
         res = record.result
@@ -194,7 +218,10 @@ def render_search(outcome: SearchOutcome) -> Group:
             status = f"[dim]same setup as #{record.reused_from}[/]" if record.reused_from is not None else f"{status} [dim](not run)[/]"
             figures = ("-",) * len(figures) if record.reused_from is not None else figures
         trials.add_row(str(record.number), escape(record.role), escape(record.setup.describe()), status, *figures)
-    parts: list[RenderableType] = [trials]
+        named = ", ".join(f"{name} {value}" for name, value in zip(("spread", "data wait", "peak"), figures[1:], strict=True) if value != "-")
+        lines.append(f"  #{record.number} {escape(f'[{record.role}]')} {escape(record.setup.describe())}: {status}"
+                     + (f" {figures[0]} samples/s" if figures[0] != "-" else "") + (f" ({named})" if named else ""))
+    parts: list[RenderableType] = [_TableOrLines(trials, lines)]
     if outcome.confirmed:
         conf = Table(title="confirmation (interleaved re-measurement, median)", title_justify="left")
         for col in ("setup", "samples/s", "spread", "runs"):

@@ -411,7 +411,16 @@ def test_status_of_a_directory_whose_study_db_was_removed_says_so(tmp_path) -> N
     with pytest.raises(StorageError, match=r"study.db is missing, yet the search of .*best.json kept its study there .*removed or moved"):
         storage_of(tmp_path, None)
     write_best(tmp_path / "best.json", dataclasses.replace(best, command=best.command + " --storage postgresql://db/optuna"))
-    with pytest.raises(StorageError, match="its search kept the study in its --storage"):
+    with pytest.raises(StorageError, match="its search kept the study in its --storage; pass --storage postgresql://db/optuna --study NAME$"):
+        storage_of(tmp_path, None)
+    # The command names where (a helper's journal study: the line said only "pass that --storage URL --study NAME").
+    journal = dataclasses.replace(best, command=best.command + " --storage 'journal:///tmp/my runs/s.log' --study s1", study="s1")
+    write_best(tmp_path / "best.json", journal)
+    with pytest.raises(StorageError, match=r"; pass --storage 'journal:///tmp/my runs/s\.log' --study s1$"):
+        storage_of(tmp_path, None)
+    hidden = dataclasses.replace(best, command=best.command + " --storage 'postgresql://me:***@db/x'", study="s1")
+    write_best(tmp_path / "best.json", hidden)
+    with pytest.raises(StorageError, match=r"--storage 'postgresql://me:\*\*\*@db/x' --study s1 \(best.json hides its password: put it back\)$"):
         storage_of(tmp_path, None)
 
 

@@ -677,6 +677,30 @@ def test_the_terminal_summary_ends_with_the_report_path(searched) -> None:
     assert last.startswith("report:") and str((out / REPORT).resolve()) in last
 
 
+def test_the_terminal_summary_in_80_columns_gives_each_trial_one_line(searched) -> None:
+    """An 80-column terminal left the trials table's setup column 11 characters: `opt=forea` / `ch` over 7 lines. Below
+    110 columns each trial is one line (folded where longer), its setup whole; wider, the table."""
+    import io
+
+    from rich.console import Console
+
+    from autotune.render import render_search
+
+    outcome, _ = searched
+    for width, table in ((80, False), (110, True)):
+        buffer = io.StringIO()
+        Console(file=buffer, width=width, color_system=None).print(render_search(outcome), crop=False)
+        text = buffer.getvalue()
+        assert ("┃ role" in text) == table, text
+        ran = [r for r in outcome.records if r.ran]
+        if not table:
+            for record in ran:
+                line = next(line for line in text.splitlines() if line.startswith(f"  #{record.number} [{record.role}] "))
+                assert record.setup.describe() in line, line  # whole, on its trial's line
+                assert f"{record.setup.describe()}: {record.result.status}" in " ".join(text.split()), record
+            assert "trials (sorted by samples/s)" in text
+
+
 def test_the_terminal_summary_marks_a_repeat_and_a_setup_not_run(searched) -> None:
     """A setup proposed again is not run: its row read `ok` with its earlier trial's figures, as if it had been measured."""
     import io

@@ -5,6 +5,7 @@ rerun will replace, or one a rerun keeps after an interruption.
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -93,6 +94,22 @@ def stored_best(out: Path, stored: SearchStudy, records: list[TrialRecord]) -> B
     return best if any(best.setup in (r.setup, r.setup.replace(amp="off")) for r in records) else None
 
 
+def _kept_where(out: Path) -> str:
+    """The ``--storage URL --study NAME`` that reach the study of ``out/best.json``'s search, as its command names them
+    (a password hidden there stays hidden: the line says so); the placeholders where it names none."""
+    try:
+        best = read_best(out / "best.json")
+        words = shlex.split(best.command)
+    except (AutotuneError, ValueError):  # broken, or a command of the Python API
+        return "that --storage URL --study NAME"
+    storage = next((words[i + 1] for i, word in enumerate(words[:-1]) if word == "--storage"), None)
+    storage = storage or next((word.split("=", 1)[1] for word in words if word.startswith("--storage=")), None)
+    if storage is None:
+        return "that --storage URL --study NAME"
+    hidden = " (best.json hides its password: put it back)" if "***@" in storage or "password=***" in storage else ""
+    return f"--storage {shell_quote(storage)} --study {shell_quote(best.study) if best.study else 'NAME'}{hidden}"
+
+
 def _kept_in_out(out: Path) -> bool:
     """Whether ``out/best.json`` records an ``autotune search`` command that kept its study in ``out/study.db`` (no --storage)."""
     try:
@@ -142,7 +159,7 @@ def storage_of(out: Path, storage: str | None) -> str:
                     "(its command has no --storage): the file was removed or moved; put it back, or pass --storage URL --study NAME"
                 )
             if (out / "best.json").is_file():  # its command names no study.db here: the study is in the --storage it names
-                raise StorageError(f"no study in {out}: its search kept the study in its --storage; pass that --storage URL --study NAME")
+                raise StorageError(f"no study in {out}: its search kept the study in its --storage; pass {_kept_where(out)}")
             raise StorageError(f"no study in {out}: {db} is missing; it was removed or moved (put it back), or the search kept its "
                                "study in a --storage (pass that --storage URL --study NAME)")
         raise StorageError(
