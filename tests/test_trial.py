@@ -345,6 +345,36 @@ def test_hang_times_out_and_leaves_no_process(tiny_workload, monkeypatch) -> Non
     assert started and not _alive_in_group(started[0])
 
 
+def test_a_trial_stopped_with_sigstop_times_out_saying_it_was_stopped(tiny_workload, monkeypatch) -> None:
+    """A probe's SIGSTOP to a trial: `timeout - no result within 25 s`, as if the setup were slow."""
+    import signal
+    import threading
+
+    from autotune.runner import zygote
+
+    started: list[int] = []
+    real_launch = zygote.launch
+
+    def recording_launch(directory):
+        proc = real_launch(directory)
+        started.append(proc.pid)
+        return proc
+
+    def stop_it() -> None:
+        while not started:
+            time.sleep(0.01)
+        os.kill(started[0], signal.SIGSTOP)
+
+    monkeypatch.setattr(zygote, "launch", recording_launch)
+    stopper = threading.Thread(target=stop_it, daemon=True)
+    stopper.start()
+    result = run_trial(TrainSetup(batch_size=8), tiny_workload, dataclasses.replace(QUICK, timeout_s=3.0))
+    stopper.join(timeout=30)
+    assert result.status == "timeout"
+    assert result.error is not None and result.error.startswith("no result within 3 s: its process was stopped (")
+    assert result.error.endswith("SIGSTOP, a debugger or job control), not slow; the process group was killed")
+
+
 def test_fallback_without_the_zygote_runs_a_fresh_interpreter_and_says_so(tiny_workload, monkeypatch, capfd) -> None:
     from autotune.runner import zygote
 

@@ -23,6 +23,8 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from autotune.errors import AutotuneError
 from autotune.files import maker_is_gone
 from autotune.records import MAX_SECONDS, TrialOptions, TrialResult, Workload
@@ -61,6 +63,16 @@ def remove_stale_trial_dirs(root: Path) -> None:
             continue
         if now - newest > STALE_AFTER_S:
             shutil.rmtree(stale, ignore_errors=True)
+
+
+def _stopped(pid: int) -> str:
+    """Said of a timed-out trial whose process was stopped (SIGSTOP, a debugger, a shell's job control), not slow."""
+    try:
+        state = psutil.Process(pid).status()
+    except psutil.Error:
+        return ""
+    return f": its process was stopped ({state}: SIGSTOP, a debugger or job control), not slow" if state in (
+        psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP) else ""
 
 
 def _last_line(path: Path) -> str:
@@ -259,11 +271,12 @@ def supervise(
             result = _signal_death(exitcode, directory / zygote.OUTPUT, oom_before)
             return Supervised(replace(result, windows=tuple(windows), mode=options.mode), offset)
         if time.monotonic() > deadline:
+            stopped = _stopped(proc.pid)
             proc.kill()
             return Supervised(TrialResult(
                 status="timeout",
                 windows=tuple(windows),
                 mode=options.mode,
-                error=f"no result within {options.effective_timeout_s:g} s; the process group was killed",
+                error=f"no result within {options.effective_timeout_s:g} s{stopped}; the process group was killed",
             ), offset)
         time.sleep(0.05)
