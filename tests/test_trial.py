@@ -320,7 +320,8 @@ def _alive_in_group(pgid: int) -> list[psutil.Process]:
     return found
 
 
-def test_hang_times_out_and_leaves_no_process(tiny_workload, monkeypatch) -> None:
+def _launched_pids(monkeypatch) -> list[int]:
+    """The pids of the trials started from now on (their process groups), as each starts."""
     from autotune.runner import zygote
 
     started: list[int] = []
@@ -332,6 +333,11 @@ def test_hang_times_out_and_leaves_no_process(tiny_workload, monkeypatch) -> Non
         return proc
 
     monkeypatch.setattr(zygote, "launch", recording_launch)
+    return started
+
+
+def test_hang_times_out_and_leaves_no_process(tiny_workload, monkeypatch) -> None:
+    started = _launched_pids(monkeypatch)
     workload = dataclasses.replace(tiny_workload, model="factories:sleeps_forever")
     begin = time.monotonic()
     setup = TrainSetup(batch_size=8, num_workers=1, prefetch_factor=2)
@@ -350,22 +356,13 @@ def test_a_trial_stopped_with_sigstop_times_out_saying_it_was_stopped(tiny_workl
     import signal
     import threading
 
-    from autotune.runner import zygote
-
-    started: list[int] = []
-    real_launch = zygote.launch
-
-    def recording_launch(directory):
-        proc = real_launch(directory)
-        started.append(proc.pid)
-        return proc
+    started = _launched_pids(monkeypatch)
 
     def stop_it() -> None:
         while not started:
             time.sleep(0.01)
         os.kill(started[0], signal.SIGSTOP)
 
-    monkeypatch.setattr(zygote, "launch", recording_launch)
     stopper = threading.Thread(target=stop_it, daemon=True)
     stopper.start()
     result = run_trial(TrainSetup(batch_size=8), tiny_workload, dataclasses.replace(QUICK, timeout_s=3.0))
