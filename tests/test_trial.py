@@ -320,8 +320,11 @@ def _alive_in_group(pgid: int) -> list[psutil.Process]:
     return found
 
 
-def _launched_pids(monkeypatch) -> list[int]:
-    """The pids of the trials started from now on (their process groups), as each starts."""
+def _launched_pids(monkeypatch, *, stop: bool = False) -> list[int]:
+    """The pids of the trials started from now on (their process groups), as each starts; with ``stop``, each is
+    stopped (SIGSTOP) before its launch returns."""
+    import signal
+
     from autotune.runner import zygote
 
     started: list[int] = []
@@ -330,6 +333,8 @@ def _launched_pids(monkeypatch) -> list[int]:
     def recording_launch(directory):
         proc = real_launch(directory)
         started.append(proc.pid)
+        if stop:
+            os.kill(proc.pid, signal.SIGSTOP)
         return proc
 
     monkeypatch.setattr(zygote, "launch", recording_launch)
@@ -352,22 +357,11 @@ def test_hang_times_out_and_leaves_no_process(tiny_workload, monkeypatch) -> Non
 
 
 def test_a_trial_stopped_with_sigstop_times_out_saying_it_was_stopped(tiny_workload, monkeypatch) -> None:
-    """A probe's SIGSTOP to a trial: `timeout - no result within 25 s`, as if the setup were slow."""
-    import signal
-    import threading
-
-    started = _launched_pids(monkeypatch)
-
-    def stop_it() -> None:
-        while not started:
-            time.sleep(0.01)
-        os.kill(started[0], signal.SIGSTOP)
-
-    stopper = threading.Thread(target=stop_it, daemon=True)
-    stopper.start()
+    """A probe's SIGSTOP to a trial: `timeout - no result within 25 s`, as if the setup were slow. Stopped as it starts
+    (before its launch returns), it cannot finish first, however loaded the machine."""
+    started = _launched_pids(monkeypatch, stop=True)
     result = run_trial(TrainSetup(batch_size=8), tiny_workload, dataclasses.replace(QUICK, timeout_s=3.0))
-    stopper.join(timeout=30)
-    assert result.status == "timeout"
+    assert started and result.status == "timeout"
     assert result.error is not None and result.error.startswith("no result within 3 s: its process was stopped (")
     assert result.error.endswith("SIGSTOP, a debugger or job control), not slow; the process group was killed")
 
