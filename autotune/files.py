@@ -52,14 +52,20 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     tmp = _written_beside(target, data)
     try:
         os.replace(tmp, target)
-    except OSError as exc:  # a directory there, say: the error names it, not the temporary file
+    except OSError as exc:  # a directory there, say
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
-        raise OSError(exc.errno, exc.strerror, str(target)) from None
+        raise _renamed_onto(target, exc) from None
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def _renamed_onto(target: Path, exc: OSError) -> OSError:
+    """The error of a rename of a temporary file onto ``target``, naming ``target`` alone (the rename's error names the
+    temporary file the user never heard of, then the target)."""
+    return OSError(exc.errno, exc.strerror, str(target))
 
 
 def _through_link(target: Path) -> Path:
@@ -117,9 +123,8 @@ def atomic_write_all(files: dict[Path, bytes]) -> None:
         for target, tmp in temps.items():
             try:
                 os.replace(tmp, target)
-            except OSError as exc:  # it names the temporary file
-                exc.filename = str(target)
-                raise
+            except OSError as exc:
+                raise _renamed_onto(target, exc) from None
     except BaseException:
         for tmp in temps.values():
             with contextlib.suppress(FileNotFoundError):
