@@ -94,29 +94,25 @@ def stored_best(out: Path, stored: SearchStudy, records: list[TrialRecord]) -> B
     return best if any(best.setup in (r.setup, r.setup.replace(amp="off")) for r in records) else None
 
 
-def _kept_where(out: Path) -> str:
-    """The ``--storage URL --study NAME`` that reach the study of ``out/best.json``'s search, as its command names them
-    (a password hidden there stays hidden: the line says so); the placeholders where it names none."""
+def _kept_where(out: Path) -> tuple[bool, str]:
+    """Where the search of ``out/best.json`` kept its study, as its command says, read once: whether in ``out/study.db``
+    (an ``autotune search`` command without --storage), and the ``--storage URL --study NAME`` that reach it (a
+    password hidden there stays hidden: the line says so; the placeholders where the command names none)."""
+    placeholder = "that --storage URL --study NAME"
     try:
         best = read_best(out / "best.json")
+    except AutotuneError:  # missing or broken: nothing tells where the study was kept
+        return False, placeholder
+    try:
         words = shlex.split(best.command)
-    except (AutotuneError, ValueError):  # broken, or a command of the Python API
-        return "that --storage URL --study NAME"
+    except ValueError:  # no shell words: a command of the Python API
+        words = []
     storage = next((words[i + 1] for i, word in enumerate(words[:-1]) if word == "--storage"), None)
     storage = storage or next((word.split("=", 1)[1] for word in words if word.startswith("--storage=")), None)
     if storage is None:
-        return "that --storage URL --study NAME"
+        return best.command.startswith("autotune search") and " --storage" not in best.command, placeholder
     hidden = " (best.json hides its password: put it back)" if "***@" in storage or "password=***" in storage else ""
-    return f"--storage {shell_quote(storage)} --study {shell_quote(best.study) if best.study else 'NAME'}{hidden}"
-
-
-def _kept_in_out(out: Path) -> bool:
-    """Whether ``out/best.json`` records an ``autotune search`` command that kept its study in ``out/study.db`` (no --storage)."""
-    try:
-        command = read_best(out / "best.json").command
-    except AutotuneError:  # missing or broken: nothing tells where the study was kept
-        return False
-    return command.startswith("autotune search") and " --storage" not in command
+    return False, f"--storage {shell_quote(storage)} --study {shell_quote(best.study) if best.study else 'NAME'}{hidden}"
 
 
 def own_study(out: Path, storage: str | None, study: str | None) -> str | None:
@@ -153,13 +149,14 @@ def storage_of(out: Path, storage: str | None) -> str:
         raise StorageError(f"no study in {out}: {db} is not a file (a directory, say), where a search keeps its study database")
     if not db.is_file():
         if (out / "trials.csv").is_file():  # a search wrote here: its study.db was removed, or it was kept in a --storage
-            if _kept_in_out(out):
+            kept_here, where = _kept_where(out)
+            if kept_here:
                 raise StorageError(
                     f"no study in {out}: {db} is missing, yet the search of {out / 'best.json'} kept its study there "
                     "(its command has no --storage): the file was removed or moved; put it back, or pass --storage URL --study NAME"
                 )
             if (out / "best.json").is_file():  # its command names no study.db here: the study is in the --storage it names
-                raise StorageError(f"no study in {out}: its search kept the study in its --storage; pass {_kept_where(out)}")
+                raise StorageError(f"no study in {out}: its search kept the study in its --storage; pass {where}")
             raise StorageError(f"no study in {out}: {db} is missing; it was removed or moved (put it back), or the search kept its "
                                "study in a --storage (pass that --storage URL --study NAME)")
         raise StorageError(
