@@ -215,6 +215,20 @@ def test_an_optimizer_whose_step_needs_a_closure_is_refused_before_any_trial() -
         task.build_optimizer(task.build_model().parameters(), lr=None, cuda=False)
 
 
+def test_an_optimizer_factory_over_other_parameters_is_refused_before_any_trial() -> None:
+    """A factory that ignored its params (``lambda params: SGD(other.parameters(), ...)``) passed the check: the search
+    reported a speedup and train.py ran its epochs while the model's weights never changed. A factory that trains only
+    some of them (a fine-tuned head) is the user's choice."""
+    other = torch.nn.Linear(2, 2)
+    data = [(torch.randn(2), i % 2) for i in range(8)]
+    task = autotune.Task(torch.nn.Linear(2, 2), data, batch_size=4, optimizer=lambda params: torch.optim.SGD(other.parameters(), lr=0.1))
+    with pytest.raises(WorkloadError, match=r"^the Task's optimizer factory returned a SGD that holds none of the parameters it was given"):
+        check_task(task, workers=False)
+    model = torch.nn.Sequential(torch.nn.Linear(2, 4), torch.nn.Linear(4, 2))
+    head = autotune.Task(model, data, batch_size=4, optimizer=lambda params: torch.optim.SGD(model[1].parameters(), lr=0.1))
+    check_task(head, workers=False)
+
+
 class Bag(torch.nn.Module):
     """An embedding (sparse gradients where ``sparse``) and a dense head, trained on token ids."""
 

@@ -254,7 +254,7 @@ class Task:
         between groups stay. ``lr=None`` leaves the recipe's rates.
 
         Raises:
-            WorkloadError: The factory returns no ``torch.optim.Optimizer``.
+            WorkloadError: The factory returns no ``torch.optim.Optimizer``, or one that holds none of ``params``.
         """
         import torch
 
@@ -268,6 +268,11 @@ class Task:
         optimizer = self.optimizer(params, lr=given) if takes_lr else self.optimizer(params)
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise WorkloadError(f"Task optimizer factory returned {type(optimizer).__name__}, not a torch.optim.Optimizer")
+        given_ids = {id(p) for p in params}
+        if given_ids and not any(id(p) in given_ids for group in optimizer.param_groups for p in group["params"]):
+            raise WorkloadError(f"the Task's optimizer factory returned a {type(optimizer).__name__} that holds none of the "
+                                "parameters it was given (it builds it over another model's, a global one, say): every trial and "
+                                "train.py would train nothing of the model; build it over the params the factory receives")
         if needs_closure(optimizer):
             raise WorkloadError(f"the Task's optimizer {type(optimizer).__name__} needs a closure in step() (as LBFGS does); the "
                                 "trials and train.py call optimizer.step() after each step's backward, as for SGD or AdamW: "
