@@ -229,7 +229,9 @@ def in_python_terms(error: E, parameters: Collection[str], renamed: Mapping[str,
 
     ``--trial-seconds must be ...`` becomes ``trial_seconds must be ...`` for
     the API's callers, who never typed the flag. A flag without a parameter of
-    that name (or a ``renamed`` one: ``--set`` is ``constraints``) is left as it is.
+    that name (or a ``renamed`` one: ``--set`` is ``constraints``) is left as it is. A pin
+    (``--set num_workers=0``) reads ``constraints=["num_workers=0"]``; "rerun the
+    same command" reads "rerun the same call".
 
     Args:
         error: The refusal, worded for the CLI.
@@ -242,7 +244,12 @@ def in_python_terms(error: E, parameters: Collection[str], renamed: Mapping[str,
         name = renamed.get(flag, flag.replace("-", "_"))
         return name if name in parameters else found.group(0)
 
-    message = re.sub(r"(?<![\w-])--([a-z][a-z0-9-]*)", named, str(error))
+    def pinned(found: re.Match[str]) -> str:  # ``--set num_workers=0`` as the list the API takes
+        name = renamed.get("set", "set")
+        return f'{name}=["{found.group(1)}"]' if name in parameters else found.group(0)
+
+    message = re.sub(r"(?<![\w-])--set ([\w.]+=[^\s;,()]+)", pinned, str(error))
+    message = re.sub(r"(?<![\w-])--([a-z][a-z0-9-]*)", named, message).replace("rerun the same command", "rerun the same call")
     if message == str(error):
         return error
     return type(error)(message)

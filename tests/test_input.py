@@ -613,7 +613,7 @@ def test_train_py_header_names_the_factory_it_imports(tmp_path) -> None:
         ({"sampler": None}, "^sampler must be a string, got None"),  # AttributeError: 'NoneType' ... 'lower'
         ({"constraints": None}, "^constraints must be a list of strings such as 'amp=bf16', got None"),
         ({"constraints": ["amp=off", 3]}, "^constraints must be a list of strings such as 'amp=bf16', got 3 in it"),
-        ({"reporter": 3}, "^reporter must have the methods of autotune.Reporter .*; int lacks message, trial_started"),
+        ({"reporter": 3}, "^reporter must have the methods of autotune\\.tuner\\.Reporter .*; int lacks message, trial_started"),
         ({"reporter": print}, "lacks message, trial_started, trial_finished, confirm_progress$"),
         ({"ceilings": "no"}, "^ceilings must be True or False, got 'no'"),
         ({"progress": "x"}, "^progress must be True or False, got 'x'"),
@@ -631,6 +631,17 @@ def test_the_python_api_refuses_wrong_types_before_writing_anything(tmp_path, kw
         autotune.search(**{"model": "resnet18", "trials": 2, "device": "cpu", "out": tmp_path / "out", **kwargs})
     assert "--" not in str(raised.value)
     assert not (tmp_path / "out").exists()
+
+
+def test_the_python_api_words_pins_and_reruns_as_a_caller_writes_them() -> None:
+    """A Task's pickling refusal read "or pass constraints num_workers=0" (``--set`` swapped word for word), and its
+    storage errors "rerun the same command" to a caller who ran no command."""
+    from autotune.errors import UsageError, in_python_terms
+
+    said = in_python_terms(UsageError("make it picklable, or pass --set num_workers=0; --out x is in use: rerun the same command"),
+                           {"constraints", "out"}, {"set": "constraints"})
+    assert str(said) == 'make it picklable, or pass constraints=["num_workers=0"]; out x is in use: rerun the same call'
+    assert str(in_python_terms(UsageError("pass --set amp=off"), {"out"}, {"set": "constraints"})) == "pass --set amp=off"
 
 
 def test_the_python_api_names_its_parameters_in_storage_errors_too(tmp_path) -> None:
@@ -1014,7 +1025,7 @@ def test_the_python_api_takes_numpy_numbers_a_home_relative_out_and_string_const
     for wrong in (None, {"model": "resnet18"}):
         with pytest.raises(autotune.errors.UsageError, match="^run_search takes an autotune.SearchConfig, got "):
             autotune.run_search(wrong)
-    with pytest.raises(autotune.errors.UsageError, match="^reporter must have the methods of autotune.Reporter"):
+    with pytest.raises(autotune.errors.UsageError, match="^reporter must have the methods of autotune\\.tuner\\.Reporter"):
         autotune.run_search(config, 5)
     for wrong in (None, 5, b"best.json"):
         with pytest.raises(autotune.AutotuneError, match="^load_best takes the path of a best.json, got "):

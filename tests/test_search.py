@@ -91,6 +91,7 @@ def test_a_stop_in_the_python_api_gets_through_except_autotune_error(tmp_path, c
         except autotune.AutotuneError as exc:
             pytest.fail(f"a stop caught as an error: {exc!r}")
     assert isinstance(stopped.value, KeyboardInterrupt) and not isinstance(stopped.value, autotune.AutotuneError)
+    assert str(stopped.value).endswith("(unconfirmed); rerun the same call to resume"), stopped.value  # the caller ran no command
     assert stopped.value.outcome.interrupted and stopped.value.outcome.best.setup == trained[0]
     assert read_best(tmp_path / "out").setup == trained[0]
 
@@ -333,7 +334,7 @@ def test_resume_adds_trials_instead_of_repeating(tmp_path, cache_dir) -> None:
     # Nor does a smaller --trials: it says so, and the study's budget stays what it holds (status shows 6/6, not 6/3).
     Said.lines.clear()
     search(config(tmp_path, cache_dir, trials=3), reporter=Said())
-    assert "the study holds 6 finished trials, --trials 3 asks for no more: none runs (pass a larger --trials to search further)" in Said.lines
+    assert "the study holds 6 finished trials, --trials 3 asks for no more: none runs (pass --trials 7 or more to search further)" in Said.lines
     assert optuna.load_study(study_name=None, storage=storage).user_attrs["trials"] == 6
     assert again.records == outcome.records
 

@@ -184,7 +184,7 @@ def store_lone_budget(study: SearchStudy, plan: Exploration, reporter: Reporter)
     already = study.finished(plan.wanted)
     if already >= plan.wanted:
         reporter.message(f"the study holds {already} finished trials, --trials {plan.wanted} asks for no more: none runs "
-                         "(pass a larger --trials to search further)")
+                         f"(pass --trials {already + 1} or more to search further)")
     study.study.set_user_attr(STUDY_BUDGET, max(plan.wanted, already))
 
 

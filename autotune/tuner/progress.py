@@ -60,5 +60,5 @@ def check_reporter(reporter: object) -> None:
         return
     missing = [name for name in HOOKS if not callable(getattr(reporter, name, None))]
     if missing:
-        raise UsageError(f"reporter must have the methods of autotune.Reporter ({', '.join(HOOKS)}); "
+        raise UsageError(f"reporter must have the methods of autotune.tuner.Reporter ({', '.join(HOOKS)}); "
                          f"{type(reporter).__name__} lacks {', '.join(missing)}")
