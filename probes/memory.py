@@ -43,6 +43,10 @@ class MemoryInfo:
         room = self.cgroup_available_bytes
         return self.available_bytes if room is None else min(self.available_bytes, room)
 
+    def limited_by_cgroup(self) -> bool:
+        """Whether a cgroup limit (a container's ``--memory``), not the host's RAM, leaves this process the least."""
+        return self.cgroup_available_bytes is not None and self.cgroup_available_bytes < self.available_bytes
+
     def to_dict(self) -> dict[str, Any]:
         """Return the JSON-ready form (the ``memory`` object)."""
         return {

@@ -46,11 +46,15 @@ def calibration_seconds(trial_seconds: float) -> float:
     return max(0.5, min(3.0, trial_seconds / 3))
 
 
-def memory_budget(device: DeviceInfo, max_memory: int | None, available_bytes: int) -> int | None:
+def memory_budget(device: DeviceInfo, max_memory: int | None, available_bytes: int, *, contained: bool = False) -> int | None:
     """Bytes the model side of a trial may use; None for no budget.
 
     CPU: ``--max-memory`` or half of the available RAM, less 20 % left to
-    the loader workers. GPU: 90 % of the memory free now (the headroom is
+    the loader workers; all of it in a container (``contained``: what its
+    memory limit leaves after the search and its trial server, which nothing
+    else on the host grows into; half of it sized a 1.5 GiB container's
+    budget under what torch and a resnet18 hold at batch 1, 344 MiB, where
+    batch 32 trained at 757 MiB). GPU: 90 % of the memory free now (the headroom is
     taken from what is free, so a shared card still leaves a budget), capped
     by ``--max-memory``. When NVML cannot say how much is free, there is no
     budget but ``--max-memory``: the pre-pass then finds the limit by
@@ -62,15 +66,26 @@ def memory_budget(device: DeviceInfo, max_memory: int | None, available_bytes: i
             return max_memory
         budget = int(free * (1.0 - GPU_HEADROOM))
         return max(1, min(budget, max_memory) if max_memory is not None else budget)
-    budget = max_memory if max_memory is not None else available_bytes // 2
+    budget = max_memory if max_memory is not None else available_bytes if contained else available_bytes // 2
     return max(1, int(budget * (1.0 - WORKER_RESERVE)))
 
 
 def extrapolate_batch(points: list[MemoryPoint], budget: int) -> int | None:
-    """Largest batch whose linear memory estimate stays under ``budget``."""
+    """Largest batch whose linear memory estimate stays under ``budget``.
+
+    With one run that fit, the line runs through it and the smallest larger batch that ran out of memory, at the
+    peak read as that run crossed the budget (at most its real peak: a slope no steeper than the real one, so the
+    estimate errs large, and the pre-pass's verification halves it): proportional to the batch alone, as without
+    such a run, it took torch's and the model's fixed cost for samples' (batch 8 at 502 MiB and batch 32 over a
+    639 MiB budget searched batch 8 only, where batch 16 fits).
+    """
     good = [p for p in points if p.status == "ok" and p.peak_bytes]
     if not good:
         return None
+    over = min((p for p in points if p.status == "oom" and p.peak_bytes and p.batch_size > good[0].batch_size
+                and p.peak_bytes > good[0].peak_bytes), key=lambda p: p.batch_size, default=None)  # type: ignore[operator]
+    if len(good) == 1 and over is not None:
+        good = [good[0], over]
     if len(good) == 1:
         per_sample = good[0].peak_bytes / good[0].batch_size  # type: ignore[operator]
         base = 0.0
@@ -103,6 +118,7 @@ def calibrate(
     ram_share: int = 1,
     pinned: Iterable[Constraint] = (),
     timeout_s: float | None = None,
+    contained: bool = False,
 ) -> Calibration:
     """Run the pre-pass and ceilings; return what bounds the space.
 
@@ -125,6 +141,7 @@ def calibrate(
             counts they exclude are not measured (the main process's loading,
             0 workers, always is: it tells whether the data loads at all).
         timeout_s: The user's ``--timeout`` for each run (default: the trials' own, from their length).
+        contained: ``available_bytes`` is what a container's memory limit leaves (:func:`memory_budget`).
 
     Raises:
         WorkloadError: The model fails (not out of memory) at the first,
@@ -135,7 +152,7 @@ def calibrate(
             fails in it (it worked in the parent's check: it fails now and then).
     """
     cuda = device.type == "cuda"
-    budget = memory_budget(device, max_memory, available_bytes // max(1, ram_share))
+    budget = memory_budget(device, max_memory, available_bytes // max(1, ram_share), contained=contained)
     if not cuda and max_memory is not None and 0 < available_bytes < max_memory:
         log(f"--max-memory {format_bytes(max_memory)} is more than the {format_bytes(available_bytes)} of RAM available now: a "
             "batch that needs it swaps, or is killed before the budget counts it out of memory")
@@ -184,7 +201,8 @@ def calibrate(
             break
     where = f"{device.name} ({format_bytes(device.memory_free_bytes)} free)" if cuda else device.name
     if not cuda:  # the budget is the model's share: say of what
-        limit = f"--max-memory {format_bytes(max_memory)}" if max_memory is not None else "half the available memory"
+        limit = (f"--max-memory {format_bytes(max_memory)}" if max_memory is not None else
+                 "what the container's memory limit leaves" if contained else "half the available memory")
         if max_memory is None and ram_share > 1:
             limit += f" split among {ram_share} trial processes"
         where += f": {1 - WORKER_RESERVE:.0%} of {limit}, the rest left to loader workers"
@@ -192,7 +210,9 @@ def calibrate(
     def advice() -> str:  # what to change, read from the runs so far
         fixed = fixed_cost(points, budget, cuda=cuda)
         if fixed is not None:
-            return f"{fixed}: free some memory, raise --max-memory or make the model smaller"
+            return f"{fixed}: free some memory, raise --max-memory or make the model smaller" + (
+                ", or have the Task's dataset load its items lazily (data it holds in memory counts in every trial)"
+                if workload.task is not None else "")
         return "free some memory, raise --max-memory or " + (
             "pick a smaller --image-size" if workload.task is None else "make the Task's model or batches smaller")
 

@@ -274,7 +274,7 @@ def calibrate_once(config: SearchConfig, prepared: Prepared, reporter: Reporter,
                 available_bytes=available_now(prepared), max_memory=config.max_memory,
                 trial_seconds=config.trial_seconds, bf16_ok=prepared.device.bf16, log=reporter.message, runner=kept,
                 world_size=prepared.placement.world_size, ram_share=prepared.placement.processes, pinned=config.constraints,
-                timeout_s=config.timeout_s,
+                timeout_s=config.timeout_s, contained=prepared.hardware.memory.limited_by_cgroup(),
             )
     except KeyboardInterrupt:
         raise SearchInterrupted(f"interrupted during calibration, before the first trial (runs measured and kept: {kept.measured}); "
