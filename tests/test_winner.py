@@ -12,7 +12,8 @@ from autotune.errors import AutotuneError
 from autotune.records import Calibration, LoaderPoint, TrialRecord, TrialResult, Workload
 from autotune.rounds import Candidate, Confirmed
 from autotune.train_setup import TrainSetup
-from autotune.tuner.winner import bottleneck_verdict, make_best
+from autotune.tuner.verdict import bottleneck_verdict
+from autotune.tuner.winner import make_best
 
 CPU = DeviceInfo("cpu", bf16=True, memory_total_bytes=None, memory_free_bytes=None, label="test CPU")
 WORKLOAD = Workload(model="resnet18", image_size=32, device="cpu", lr=1e-3)
@@ -556,6 +557,27 @@ def test_the_winners_own_ceilings_below_its_speed_name_no_limit_whatever_its_wai
                               Ceilings(together=42342.0, compute=6772.0, loader=117205.0, data_wait_fraction=0.38))
     assert said.startswith("unclear: training measured faster than computing alone (at the winner's setup: compute alone 6772")
     assert said.endswith("the steps are too short or too noisy to compare.")
+
+
+def test_a_winner_that_trains_at_its_loader_s_rate_is_input_bound() -> None:
+    """Large JPEGs cropped to 64 px, measured like for like: a short loader-only run read below training (33 against 44
+    samples/s) while training waited on the DataLoader 44 % of the time, and the verdict said "unclear"; with resnet18,
+    computing alone 66, loading alone 34, training 40 at a 10 % wait, it said "compute-bound". The training's own wait,
+    or its rate at the loader's and far below computing alone, names the loader."""
+    from autotune.rounds import Ceilings
+
+    best = _best([_confirmed(MID, (44.0,))])
+    waited = bottleneck_verdict(best, _calibration(1000.0, 1000.0), [_record(2, MID, 44.0, wait=0.44)], CPU,
+                                Ceilings(together=44.0, compute=175.0, loader=33.0, data_wait_fraction=0.44))
+    assert waited.startswith("input-bound: the winner waits on the DataLoader 44% of the time (at the winner's setup: compute alone 175")
+    rate = bottleneck_verdict(best, _calibration(1000.0, 1000.0), [_record(2, MID, 40.0, wait=0.1)], CPU,
+                              Ceilings(together=40.0, compute=66.0, loader=34.0, data_wait_fraction=0.1))
+    assert rate.startswith("input-bound: training runs at about the loader's own rate, well below computing alone, though it "
+                           "waited on the DataLoader only 10% of the time (at the winner's setup: compute alone 66"), rate
+    # Without loader workers the two add up in one process: serial, as before.
+    serial = bottleneck_verdict(_best([_confirmed(DEFAULTS, (40.0,))]), _calibration(1000.0, 1000.0), [_record(2, DEFAULTS, 40.0, wait=0.1)],
+                                CPU, Ceilings(together=40.0, compute=66.0, loader=34.0, data_wait_fraction=0.1))
+    assert not serial.startswith("input-bound"), serial
 
 
 def test_a_later_preference_never_brings_back_a_cost_an_earlier_one_removed() -> None:

@@ -52,7 +52,8 @@ from autotune.tuner.study_facts import stored_confirmed
 from autotune.tuner.study_files import kept_outcome, kept_winner
 from autotune.tuner.study_report import report_command, report_search
 from autotune.tuner.timed import TimedRunner
-from autotune.tuner.winner import bottleneck_verdict, make_best
+from autotune.tuner.verdict import bottleneck_verdict
+from autotune.tuner.winner import make_best
 from autotune.units import counted
 from probes.memory import collect_memory
 
@@ -349,16 +350,8 @@ def with_ceilings(outcome: SearchOutcome, prepared: Prepared, options: TrialOpti
 
 
 def finish(
-    config: SearchConfig,
-    prepared: Prepared,
-    calibration: Calibration,
-    records: list[TrialRecord],
-    feasible: list[TrialRecord],
-    confirmed: list[Confirmed],
-    defaults: TrainSetup,
-    interrupted: bool,
-    write: bool = True,
-    partial_rounds: tuple[Confirmed, ...] = (),
+    config: SearchConfig, prepared: Prepared, calibration: Calibration, records: list[TrialRecord], feasible: list[TrialRecord],
+    confirmed: list[Confirmed], defaults: TrainSetup, interrupted: bool, write: bool = True, partial_rounds: tuple[Confirmed, ...] = (),
 ) -> SearchOutcome:
     """Write best.json and train.py (not with ``write=False``: an earlier confirmed winner stays); the outcome with the verdict.
 
