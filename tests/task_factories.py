@@ -1206,6 +1206,11 @@ def meant_broadcast_step() -> autotune.Task:
         out := model(batch[0]), batch[1]) + 0.01 * nn.functional.mse_loss(out, torch.zeros(3)))
 
 
+def loss_by_position() -> autotune.Task:
+    """The loss passed by position, as a training loop's criterion often is."""
+    return autotune.Task(nn.Linear(8, 3), _pairs(), nn.CrossEntropyLoss())  # type: ignore[misc]
+
+
 def with_sampler() -> autotune.Task:
     """A recipe's WeightedRandomSampler passed to the Task, which has none."""
     data = _pairs()

@@ -775,6 +775,23 @@ def test_the_check_leaves_the_user_s_model_object_as_it_found_it() -> None:
     assert all(parameter.grad is None for parameter in model.parameters())
 
 
+def test_near_miss_task_arguments_say_what_to_pass() -> None:
+    """Each read as Python's or torch's bare error: the loss by position ("takes 3 positional arguments but 4 were
+    given"), the dataset's class ("object of type 'type' has no len()"), an optimizer built over one model ("must be
+    callable, got SGD"); a 0-d tensor learning rate was refused as not "a finite number > 0"."""
+    with pytest.raises(WorkloadError, match=r"^workload task_factories:loss_by_position failed: TypeError: .*takes 3 positional "
+                       r"arguments but 4 were given; autotune.Task takes model and dataset by position, the rest by keyword \(loss="):
+        build_task_workload("task_factories:loss_by_position", device="cpu")
+    with pytest.raises(WorkloadError, match=r"^Task dataset is the class TensorDataset, not a dataset: pass an instance"):
+        autotune.Task(torch.nn.Linear(2, 2), torch.utils.data.TensorDataset)
+    model = torch.nn.Linear(2, 2)
+    with pytest.raises(WorkloadError, match=r"^Task optimizer must be callable, got SGD \(a factory: optimizer=lambda params: "):
+        autotune.Task(model, [1], optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+    assert autotune.Task(model, [1], lr=torch.tensor(3e-4)).lr == pytest.approx(3e-4)
+    with pytest.raises(WorkloadError, match=r"^Task lr must be a finite number > 0, got -0.1"):
+        autotune.Task(model, [1], lr=torch.tensor(-0.1))
+
+
 def test_a_task_given_a_sampler_says_what_a_task_takes_and_what_to_do_instead() -> None:
     """Task(sampler=...) was Python's bare TypeError."""
     with pytest.raises(WorkloadError, match=r"^workload task_factories:with_sampler failed: TypeError: .*unexpected keyword argument "

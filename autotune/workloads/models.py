@@ -246,6 +246,8 @@ def arguments_hint(func: Callable[..., Any], exc: BaseException) -> str:
     if isinstance(exc, TypeError) and "Task.__init__() got an unexpected keyword argument" in str(exc):  # Task(sampler=...)
         return ("; autotune.Task takes model, dataset and loss, step, collate_fn, optimizer, batch_size, lr, batch_size_of "
                 "(docs/workloads.md)" + ("; it has no sampler: give the dataset the order instead" if "'sampler'" in str(exc) else ""))
+    if isinstance(exc, TypeError) and str(exc).startswith("Task.__init__() takes 3 positional arguments"):  # Task(m, d, loss)
+        return "; autotune.Task takes model and dataset by position, the rest by keyword (loss=..., batch_size=..., lr=...)"
     if not needed or not isinstance(exc, TypeError) or "required" not in str(exc):
         return ""
     one = len(needed) == 1

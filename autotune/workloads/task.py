@@ -108,10 +108,15 @@ class Task:
             raise WorkloadError(f"Task model must be an nn.Module or a factory of one, got {type(self.model).__name__}")
         if self.dataset is None:
             raise WorkloadError("Task dataset must be a torch.utils.data.Dataset, got None")
+        if isinstance(self.dataset, type):  # dataset=TensorDataset: "object of type 'type' has no len()" after the probe
+            raise WorkloadError(f"Task dataset is the class {self.dataset.__name__}, not a dataset: pass an instance "
+                                f"(dataset={self.dataset.__name__}(...))")
         if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, numbers.Integral) or self.batch_size < 1:
             raise WorkloadError(f"Task batch_size must be an integer >= 1, got {self.batch_size!r}")
         if self.lr is None:
             object.__setattr__(self, "lr", default_rate(self.optimizer))
+        if type(self.lr).__name__ == "Tensor" and getattr(self.lr, "ndim", None) == 0:  # lr=torch.tensor(1e-3): a number too
+            object.__setattr__(self, "lr", self.lr.item())
         if isinstance(self.lr, bool) or not isinstance(self.lr, numbers.Real) or not 0 < self.lr < math.inf:
             raise WorkloadError(f"Task lr must be a finite number > 0, got {self.lr!r}")
         # NumPy's numbers (a config read with NumPy) as Python's: best.json and the emitted script write them as JSON.
@@ -120,7 +125,9 @@ class Task:
         for name in ("loss", "step", "collate_fn", "optimizer", "batch_size_of"):
             value = getattr(self, name)
             if value is not None and not callable(value):
-                raise WorkloadError(f"Task {name} must be callable, got {type(value).__name__}")
+                factory = " (a factory: optimizer=lambda params: torch.optim.SGD(params, lr=0.1), built over each trial's model)"
+                raise WorkloadError(f"Task {name} must be callable, got {type(value).__name__}"
+                                    + (factory if name == "optimizer" and hasattr(value, "param_groups") else ""))
         if isinstance(self.loss, type):  # loss=nn.MSELoss: called on (output, targets) it would build a criterion, not a loss
             name = self.loss.__name__
             raise WorkloadError(f"Task loss is the class {name}, not a loss function: pass an instance (loss={name}())")
