@@ -226,6 +226,16 @@ def test_16_bit_grayscale_is_scaled_to_8_bits_not_clipped_by_every_loader(tmp_pa
 
     for convert in (rgb, script_rgb):
         assert set(np.asarray(convert(older)).flat) == {156}
+    # 32-bit TIFFs (microscopy): integers read white and 0..1 floats black through PIL's conversion; scaled alike.
+    Image.fromarray(np.full((30, 40), 40000, dtype=np.int32), mode="I").save(tmp_path / "wide.tif")
+    Image.fromarray(np.full((30, 40), 0.5, dtype=np.float32), mode="F").save(tmp_path / "float.tif")
+    for name, value in (("wide.tif", 156), ("float.tif", 127)):
+        path = str(tmp_path / name)
+        assert set(np.asarray(Image.open(path).convert("RGB")).flat) == ({255} if value == 156 else {0})  # PIL's own
+        for image in (load_image(path), script["load_rgb"](path)):
+            assert image.mode == "RGB" and set(np.asarray(image).flat) == {value}, name
+        for decode in (decode_on_cpu, script["decode_on_cpu"]):
+            assert set(decode(read_bytes(path)).flatten().tolist()) == {value}, name
     Image.new("RGB", (4, 4), (200, 10, 10)).save(tmp_path / "colour.png")  # 8-bit images are read as before
     assert np.asarray(load_image(str(tmp_path / "colour.png")))[0, 0].tolist() == [200, 10, 10]
 

@@ -260,11 +260,15 @@ def check_regular_file(path: str) -> None:
 
 
 def rgb(image: Any) -> Any:
-    """A PIL ``image`` as RGB, 16-bit grayscale (PNG, TIFF: PIL's ``I;16`` modes) scaled to 8 bits (value / 256): PIL's
-    own conversion, which torchvision's ImageFolder loader uses, clips every value above 255, so a 16-bit scan trained as
-    a white image."""
-    if image.mode.startswith("I;16") or (image.mode == "I" and image.format == "PNG"):  # Pillow < 10.3 opens 16-bit PNGs as I
+    """A PIL ``image`` as RGB, grayscale wider than 8 bits scaled to them: 16-bit and 32-bit integers (PIL's ``I;16``
+    modes and ``I``: PNG, a microscope's TIFF) as value / 256, so 0..65535 spans 0..255 and wider values clip; 32-bit
+    floats (``F``) as value x 255, 0..1 spanning 0..255. PIL's own conversion, which torchvision's ImageFolder loader
+    uses, clips every value above 255 (a 16-bit or 32-bit integer scan trained as a white image) and truncates floats
+    (a 0..1 float TIFF as a black one)."""
+    if image.mode.startswith("I;16") or image.mode == "I":  # Pillow < 10.3 opens 16-bit PNGs as I
         image = image.convert("I").point(lambda value: value * (1 / 256))
+    elif image.mode == "F":
+        image = image.point(lambda value: value * 255)
     return image.convert("RGB")
 
 
