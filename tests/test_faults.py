@@ -463,6 +463,26 @@ def test_a_trial_on_a_real_full_dev_shm_names_it(cache_dir, filled: bool) -> Non
     assert error.endswith("(docker run --shm-size=8g or --ipc=host)"), error
 
 
+@pytest.mark.slow
+def test_a_trial_whose_batches_in_flight_exceed_a_real_dev_shm_fails_at_its_first_batch(cache_dir) -> None:
+    """A 1 MiB /dev/shm holds one batch of 16 at 32 px (192 KiB) but not 2 workers x prefetch 4 of them: a short trial
+    whose training outpaced its loader never filled the queue and measured `ok` (in an 8 MiB one, 43 samples/s), then
+    failed in every confirmation round and alone. Its first batch now tells, with the size the search's skips read."""
+    mount = "mount --make-rprivate / && mount -t tmpfs -o size=1m tmpfs /dev/shm && exec \"$@\""
+    _skip_unless_mounts_are_private(mount)
+    for workers, prefetch, fits in (("2", "4", False), ("1", "2", True)):
+        trial = _tiny_trial(cache_dir, "--batch-size", "16", "--workers", workers, "--prefetch", prefetch, "--synthetic-images", "256", "--json")
+        result = subprocess.run(["unshare", "-m", "sh", "-c", mount, "sh", *trial], capture_output=True, text=True, timeout=WAIT_S,
+                                cwd=TESTS)
+        outcome = json.loads(result.stdout)
+        if fits:
+            assert outcome["status"] == "ok", outcome
+            continue
+        assert outcome["status"] == "error" and outcome["error"].startswith(
+            "/dev/shm (1 MiB, ") and " free) is too small for this setup's batches in flight (workers x prefetch x batch): 2 x 4 " \
+            "batches of 192 KiB need 2 MiB; fewer workers" in outcome["error"], outcome
+
+
 def test_a_read_only_dev_shm_is_named_by_the_probe_and_a_trial(cache_dir, tmp_path) -> None:
     """A read-only /dev/shm (a container's read-only tmpfs): the probe showed its free space without a warning, and a
     trial with a loader worker ended `OSError: [Errno 30] Read-only file system: '/dev/shm/pym-...'` with no advice."""

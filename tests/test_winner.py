@@ -580,6 +580,17 @@ def test_a_winner_that_trains_at_its_loader_s_rate_is_input_bound() -> None:
     assert not serial.startswith("input-bound"), serial
 
 
+def test_a_finalist_that_failed_every_confirmation_run_is_named_in_the_notes() -> None:
+    """In an 8 MiB /dev/shm the search's fastest trial (2 workers x prefetch 6) failed in both confirmation rounds:
+    best.json named another winner and said nothing of why the fastest trial was not it."""
+    full = "error: failed in a DataLoader worker: unable to allocate shared memory(shm)"
+    lost = Confirmed(Candidate(MID.to_json(), MID, "#3 " + MID.describe()), (), (full, full))
+    best = _best([lost, _confirmed(DEFAULTS, (100.0, 101.0)), _confirmed(FAST := MID.replace(num_workers=2), (150.0, 151.0))])
+    assert best.setup == FAST
+    assert f"the finalist #3 {MID.describe()} failed in every confirmation run ({full}): the figure its trial measured is not what " \
+           "it sustains, so it is not the winner" in best.notes, best.notes
+
+
 def test_a_later_preference_never_brings_back_a_cost_an_earlier_one_removed() -> None:
     """A compiled bf16 leader gives way to its eager twin; its compiled fp32 twin, as fast, is not then preferred."""
     compiled = TrainSetup(batch_size=32, amp="bf16", compile="default")

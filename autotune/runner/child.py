@@ -88,14 +88,14 @@ class TrialLoop:
     def start_loader(self, dataset: Any) -> Any:
         """The loader's batches, endless as the emitted script streams epochs (an iterable dataset re-iterated);
         the workers of a map-style dataset time the batches they make (:attr:`clock`)."""
+        from autotune.runner.shm_fit import checked_in_flight
         from autotune.workloads.pipeline import endless_batches
         from autotune.workloads.production import ProductionClock
 
         self.clock = ProductionClock(self.setup.num_workers) if self.setup.num_workers > 0 else None
-        sized = hasattr(dataset, "__len__")
-        return endless_batches(
-            self.setup, dataset, collate_fn=self.pipeline.collate_fn(), seed=self.options.seed, epochs=not sized, clock=self.clock
-        )
+        batches = endless_batches(self.setup, dataset, collate_fn=self.pipeline.collate_fn(), seed=self.options.seed,
+                                  epochs=not hasattr(dataset, "__len__"), clock=self.clock)
+        return checked_in_flight(batches, self.setup)  # a queue larger than /dev/shm fails once it fills: said at its first batch
 
     def build_model(self) -> None:
         """The model on the device with the setup's layout, DDP wrapper and compilation; its optimizer and grad scaler."""

@@ -24,6 +24,10 @@ class BudgetExceeded(AutotuneError):
     """Peak memory went above the user's --max-memory."""
 
 
+class ShmTooSmall(AutotuneError):
+    """A setup's batches in flight (workers x prefetch x batch) are larger than /dev/shm: it fails once its queue fills."""
+
+
 class CompileFailed(AutotuneError):
     """torch.compile could not compile the model (status ``error``, the reason in one line)."""
 
@@ -57,7 +61,7 @@ def classify(exc: BaseException) -> TrialResult:
         return TrialResult(status="oom", error=str(exc))
     if isinstance(exc, Diverged):
         return TrialResult(status="diverged", error=str(exc))
-    if isinstance(exc, CompileFailed):
+    if isinstance(exc, (CompileFailed, ShmTooSmall)):  # whole: ShmTooSmall's /dev/shm size leads the search's skips
         return TrialResult(status="error", error=str(exc))
     if isinstance(exc, BadData):
         # Re-raised from a loader worker, the message is the worker's whole
