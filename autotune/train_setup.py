@@ -24,6 +24,7 @@ import contextlib
 import json
 import multiprocessing.util
 import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -206,11 +207,7 @@ class TrainSetup:
     # ------------------------------------------------- helpers for own loops
     def dataloader_kwargs(self) -> dict[str, Any]:
         """The DataLoader keyword arguments this setup implies."""
-        kwargs: dict[str, Any] = {
-            "batch_size": self.batch_size,
-            "num_workers": self.num_workers,
-            "pin_memory": self.pin_memory,
-        }
+        kwargs: dict[str, Any] = {"batch_size": self.batch_size, "num_workers": self.num_workers, "pin_memory": self.pin_memory}
         if self.num_workers > 0:
             kwargs["persistent_workers"] = self.persistent_workers
             if self.prefetch_factor is not None:
@@ -238,7 +235,12 @@ class TrainSetup:
             kwargs.pop("batch_size", None)
         if kwargs.get("num_workers"):  # forked workers share this process's pymp-* folder (removed at its exit), not one each
             multiprocessing.util.get_temp_dir()
-        return DataLoader(dataset, **kwargs)
+        loader = DataLoader(dataset, **kwargs)
+        with contextlib.suppress(TypeError):  # an iterable dataset has no length to tell
+            if kwargs.get("drop_last") and len(loader) == 0:  # a best.json tuned on more data: an epoch trained nothing, silently
+                warnings.warn(f"this DataLoader yields no batch: the dataset's {len(dataset)} items are fewer than batch_size "
+                              f"{kwargs.get('batch_size')} with drop_last=True; pass a smaller batch_size= or drop_last=False", stacklevel=2)
+        return loader
 
     def ddp_kwargs(self) -> dict[str, Any]:
         """The DistributedDataParallel keyword arguments this setup implies."""

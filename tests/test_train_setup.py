@@ -229,6 +229,19 @@ def test_helpers_apply_the_knobs() -> None:
         assert not torch.is_autocast_enabled("cpu")
 
 
+def test_a_dataloader_that_yields_no_batch_says_so() -> None:
+    """A best.json tuned at batch 64 applied to 10 items in the README's loop (drop_last=True): every epoch trained
+    nothing, without a word."""
+    data = torch.utils.data.TensorDataset(torch.randn(10, 8))
+    with pytest.warns(UserWarning, match=r"^this DataLoader yields no batch: the dataset's 10 items are fewer than batch_size 64 "
+                                         r"with drop_last=True; pass a smaller batch_size= or drop_last=False$"):
+        assert len(TrainSetup(batch_size=64).dataloader(data, shuffle=True, drop_last=True)) == 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert len(TrainSetup(batch_size=64).dataloader(data)) == 1  # the last, short batch is kept
+        assert len(TrainSetup(batch_size=8).dataloader(data, drop_last=True)) == 1
+
+
 def test_dataloader_overrides_that_pytorch_would_refuse_with_the_tuned_knobs() -> None:
     import torch
     from torch.utils.data import BatchSampler, SequentialSampler, TensorDataset
