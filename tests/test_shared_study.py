@@ -872,6 +872,26 @@ def test_a_worker_with_another_trials_budget_says_so_as_it_joins(tmp_path, cache
     assert line in said[2] and not any("budget was" in s for s in said[0] + said[1]), said
 
 
+def test_a_rerun_in_the_out_of_the_worker_that_confirmed_says_so_not_another_worker(tmp_path, cache_dir) -> None:
+    """The same command run again on a journal study it had confirmed read "confirmed by the worker pid N on vm, which
+    wrote best.json and train.py to OUT; this worker wrote the same to OUT", as if another worker had run beside it."""
+    from autotune.tuner import SearchConfig, run_search
+
+    def runner(setup, workload, options=None, *, on_window=None) -> TrialResult:
+        return TrialResult(status="ok", samples_per_s=100.0 + setup.batch_size, windows=(100.0,), peak_memory_bytes=2**20)
+
+    notes = []
+    for out in ("a", "a", "b"):
+        config = SearchConfig(model="resnet18", trials=2, image_size=32, device="cpu", trial_seconds=1.0, out=tmp_path / out,
+                              cache_dir=cache_dir, synthetic_images=64, storage=f"journal:///{tmp_path}/study.log", study="again")
+        outcome = run_search(config, runner=runner)
+        assert outcome.best is not None
+        notes.append(outcome.best.notes[0])
+    me = f"pid {os.getpid()} on "
+    assert notes[1].startswith(f"confirmed by an earlier run of this search in {tmp_path / 'a'} ({me}") and "wrote the same" not in notes[1]
+    assert notes[2].startswith(f"confirmed by the worker {me}") and notes[2].endswith(f"; this worker wrote the same to {tmp_path / 'b'}")
+
+
 def test_the_calibration_and_confirmation_stores_of_a_shared_study_retry_a_lost_connection(tmp_path, monkeypatch) -> None:
     """Every storage step of a shared study is retried, the calibration's and the confirmation's too. Before, a
     PostgreSQL server restarting for a few seconds while a worker calibrated or confirmed stopped it at once

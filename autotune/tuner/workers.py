@@ -262,14 +262,14 @@ class Crew:
         self, winner: dict[str, Any], records: list[TrialRecord], calibration: Calibration, out: Path, csv_path: Path
     ) -> SearchOutcome:
         """The search outcome of a worker that did not confirm: the winner another worker stored."""
-        verdict, ceilings = self._retry(self.study.verdict)
-        best = Best.from_dict(winner["best"])
-        where = (f"confirmed by the worker {winner.get('by')}, which wrote best.json and train.py to {winner.get('out')}; "
-                 f"this worker wrote the same to {out}")
+        (verdict, ceilings), best = self._retry(self.study.verdict), Best.from_dict(winner["best"])
+        by, there = winner.get("by"), winner.get("out")  # there: out itself where this is a rerun of the search that confirmed it
+        where = (f"confirmed by an earlier run of this search in {out} ({by})" if there == str(out.resolve()) else
+                 f"confirmed by the worker {by}, which wrote best.json and train.py to {there}; this worker wrote the same to {out}")
         return SearchOutcome(
             best=replace(best, notes=(where, *best.notes)), records=tuple(records), calibration=calibration,
             confirmed=self._retry(lambda: stored_confirmed(self.study, records)),
-            verdict=verdict or f"confirmed by {winner.get('by')}, written to {winner.get('out')}",
+            verdict=verdict or f"confirmed by {by}, written to {there}",
             out=out, storage=self.study.storage, study=self.study.name, files=(str(csv_path),), ceilings=ceilings,
         )
 
