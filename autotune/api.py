@@ -206,7 +206,7 @@ def search(
         stop = interrupted_in(exc)  # also behind a second Ctrl-C that landed as the display was torn down
         if stop is None or stop.trial_stopped:
             raise
-        raise SearchStopped(in_api_words(str(stop)).replace("rerun the same command", "rerun the same call"), stop.outcome) from None
+        raise SearchStopped(str(stop), stop.outcome) from None  # in the API's words through worded_for_python, not the CLI's
     best = outcome.best
     assert best is not None  # run_search raises instead
     return SearchResult(

@@ -258,7 +258,8 @@ def in_python_terms(error: E, parameters: Collection[str], renamed: Mapping[str,
 def worded_for_python(renamed: Mapping[str, str]) -> Callable[[F], F]:
     """Decorate an API function so that its errors name its parameters, not CLI flags (:func:`in_python_terms`): a
     :class:`UsageError`, and any other :class:`AutotuneError` made of its message alone (a :class:`StorageError`'s
-    ``--out /proc/x cannot be created``; not one that carries more, such as :class:`SearchInterrupted`'s outcome)."""
+    ``--out /proc/x cannot be created``; not one that carries more, such as :class:`SearchInterrupted`'s outcome), and
+    a :class:`SearchStopped` (its outcome kept)."""
 
     def decorate(function: F) -> F:
         parameters = frozenset(inspect.signature(function).parameters)
@@ -267,6 +268,11 @@ def worded_for_python(renamed: Mapping[str, str]) -> Callable[[F], F]:
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             try:
                 return function(*args, **kwargs)
+            except SearchStopped as stop:  # a stop: "rerun the same command" to a caller who ran none
+                said = str(in_python_terms(AutotuneError(str(stop)), parameters, renamed))
+                if said == str(stop):
+                    raise
+                raise SearchStopped(said, stop.outcome) from None
             except AutotuneError as error:
                 if type(error).__init__ is not AutotuneError.__init__:  # more than a message: kept as it is
                     raise
