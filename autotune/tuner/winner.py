@@ -245,10 +245,21 @@ def load_note(feasible: list[TrialRecord], usable_cores: int) -> str | None:
     Threads, workers and batch that win on a busy machine (fewer threads, say)
     may lose on an idle one: the user should know which machine was tuned for.
     """
-    loads = [r.result.other_cores for r in feasible if r.result.other_cores is not None and r.ran]
-    if not loads or statistics.median(loads) < max(BUSY_CORES, BUSY_SHARE * usable_cores):
-        return None
+    ran = [r for r in feasible if r.result.other_cores is not None and r.ran]
+    loads = [r.result.other_cores or 0.0 for r in ran]
+    busy = max(BUSY_CORES, BUSY_SHARE * usable_cores)
     of = f" of the {usable_cores} usable core{'s' if usable_cores != 1 else ''}" if usable_cores else " cores"
+    # A load that came and went (a backup job mid-search): the median is idle, but the trials it met read low.
+    spikes = [r for r in ran if (r.result.other_cores or 0.0) >= max(2 * busy, 0.5)]
+    if loads and statistics.median(loads) < busy and spikes:
+        said = ", ".join(f"#{r.number}: {r.result.other_cores:.1f}" for r in spikes[:6]) + (", ..." if len(spikes) > 6 else "")
+        return (f"the load changed during the search: other processes kept up to {max(loads):.1f}{of} busy during "
+                f"{counted(len(spikes), 'trial')} of {len(ran)} ({said}), against a median of {statistics.median(loads):.1f} "
+                "(trials.csv column other_cores): "
+                "their figures read low, so a setup they measured may be missing from the finalists; run the search again on "
+                "an idle machine to compare every setup alike")
+    if not loads or statistics.median(loads) < busy:
+        return None
     return (
         f"other processes kept {statistics.median(loads):.1f}{of} busy while the trials measured (median over "
         f"{counted(len(loads), 'trial')}, up to {max(loads):.1f}; trials.csv column other_cores): the figures and the winner hold "
