@@ -30,9 +30,11 @@ from autotune.files import maker_is_gone
 from autotune.records import MAX_SECONDS, TrialOptions, TrialResult, Workload
 from autotune.runner import zygote
 from autotune.runner.failures import EXTERNAL_SIGNALS, interrupted, killed, worker_oom
+from autotune.runner.measure import LoadMeter
 from autotune.train_setup import TrainSetup
 from autotune.units import format_bytes
 from probes.cgroup import oom_kills
+from probes.cpu import usable_cores
 
 #: Seconds added to a trial's timeout when it compiles the model (tens of seconds on a CPU, minutes for large models).
 COMPILE_ALLOWANCE_S = 300.0
@@ -231,6 +233,20 @@ class Supervised:
     held: bool = False
 
 
+#: Cores that others kept busy during a trial that timed out, from which its line says so: the machine may be the cause.
+BUSY_TIMEOUT_CORES = 0.5
+
+
+def _busy(load: LoadMeter) -> str:
+    """``" (other processes kept 1.8 cores busy meanwhile: ...)"`` where the machine was busy during a trial that timed
+    out (a trial starved by a backup job read only `no result within 102 s`); "" otherwise."""
+    other = load.other_cores()
+    if other is None or other < BUSY_TIMEOUT_CORES:
+        return ""
+    return (f" (other processes kept {other:.1f} cores busy meanwhile: a busy machine slows a trial past its timeout; rerun "
+            "on an idle one, or raise --timeout)")
+
+
 def supervise(
     proc: zygote.TrialProcess,
     directory: Path,
@@ -244,6 +260,7 @@ def supervise(
     deadline = time.monotonic() + options.effective_timeout_s
     windows: list[float] = []
     measured = 0.0
+    load = LoadMeter(usable_cores(), proc.pid)  # what else kept the cores busy, for a timeout's line
     while True:
         exitcode = proc.exitcode()  # read before the events: no event is lost
         events, offset = _read_events(directory / zygote.EVENTS, offset)
@@ -271,7 +288,7 @@ def supervise(
             result = _signal_death(exitcode, directory / zygote.OUTPUT, oom_before)
             return Supervised(replace(result, windows=tuple(windows), mode=options.mode), offset)
         if time.monotonic() > deadline:
-            stopped = _stopped(proc.pid)
+            stopped = _stopped(proc.pid) or _busy(load)
             proc.kill()
             return Supervised(TrialResult(
                 status="timeout",
