@@ -70,6 +70,9 @@ def render_trial(setup: TrainSetup, result: TrialResult) -> Table:
         table.add_row("warm-up", f"{result.warmup_s:.1f} s (start-up included, not measured)")
     if result.measured_s is not None:
         table.add_row("measured", f"{result.measured_s:.1f} s")
+    if result.other_cores is not None:  # two trials compared by hand: one may have met a busy machine
+        busy = ": the figures hold for a machine that busy" if result.other_cores >= 0.25 else ""
+        table.add_row("other load", f"{result.other_cores:.1f} cores kept busy by other processes while it measured{busy}")
     return table
 
 

@@ -87,6 +87,11 @@ def test_a_loader_trial_shows_its_batch_time_and_no_data_wait() -> None:
     loading, training = shown("loader"), shown("train")
     assert "320.0 ms per batch loaded" in loading and "optimizer step" not in loading and "blocked on the loader" not in loading
     assert "320.0 ms per optimizer step" in training and "78% of wall time blocked on the loader" in training
+    # The load beside it: `autotune trial` on a busy machine printed its figure with no word of it (only --json had it).
+    busy = io.StringIO()
+    Console(file=busy, width=200, color_system=None).print(render_trial(TrainSetup(), TrialResult(status="ok", samples_per_s=1.0, other_cores=1.36)))
+    assert "│ other load  │ 1.4 cores kept busy by other processes while it measured: the figures hold for a machine that busy │" in busy.getvalue()
+    assert "other load" not in loading  # not measured: no row
 
 
 @pytest.mark.parametrize(
