@@ -21,7 +21,7 @@ _KEYWORDS = {"effective-batch": "effective_batch", "set": "constraints", "lr": "
 #: A flag and its value: a number, an ``=`` pin (``--set``), an upper-case placeholder (DIR) or a path or URL; a flag
 #: the prose names with an ordinary word after it (``a search without --devices measures ...``) is left as written.
 _FLAG = re.compile(r"--(" + "|".join(sorted(map(re.escape, _KEYWORDS), key=len, reverse=True)) + r")"
-                   r" ((?:[-+]?\d[\w.+-]*|[\w.]+=[^\s;,()]+|[A-Z][A-Z_]+|[\w.-]*[/:][^\s;,()]*?))(?=[\s;,()]|\.?$|\.\s)")
+                   r" ((?:[-+]?\d[\w.+-]*|[\w.]+=[^\s;()]*[^\s;(),.:]|[A-Z][A-Z_]+|[\w.-]*[/:][^\s;,()]*?))(?=[\s;,():]|\.?$|\.\s)")
 
 
 def in_api_words(note: str) -> str:

@@ -248,7 +248,7 @@ def in_python_terms(error: E, parameters: Collection[str], renamed: Mapping[str,
         name = renamed.get("set", "set")
         return f'{name}=["{found.group(1)}"]' if name in parameters else found.group(0)
 
-    message = re.sub(r"(?<![\w-])--set ([\w.]+=[^\s;,()]+)", pinned, str(error))
+    message = re.sub(r"(?<![\w-])--set ([\w.]+=[^\s;()]*[^\s;(),.:])", pinned, str(error))  # amp=off,bf16 whole; no ":" or "." after
     message = re.sub(r"(?<![\w-])--([a-z][a-z0-9-]*)", named, message).replace("rerun the same command", "rerun the same call")
     if message == str(error):
         return error

@@ -238,7 +238,7 @@ class TrainSetup:
         loader = DataLoader(dataset, **kwargs)
         with contextlib.suppress(TypeError):  # an iterable dataset has no length to tell
             if kwargs.get("drop_last") and len(loader) == 0:  # a best.json tuned on more data: an epoch trained nothing, silently
-                warnings.warn(f"this DataLoader yields no batch: the dataset's {len(dataset)} items are fewer than batch_size "
+                warnings.warn(f"this DataLoader yields no batch: its {len(loader.sampler)} items per epoch are fewer than batch_size "
                               f"{kwargs.get('batch_size')} with drop_last=True; pass a smaller batch_size= or drop_last=False", stacklevel=2)
         return loader
 

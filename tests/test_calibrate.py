@@ -90,6 +90,9 @@ def test_extrapolate_batch_is_linear_in_the_two_points() -> None:
     crossed = [MemoryPoint(8, "ok", 502 * MIB, 1.0), MemoryPoint(32, "oom", 654 * MIB, None)]
     assert extrapolate_batch(crossed, 639 * MIB) == 29
     assert extrapolate_batch(crossed[:1], 639 * MIB) == 10  # without the run that ran out: proportional
+    assert extrapolate_batch(crossed, 700 * MIB) == 11  # a peak below the budget (a CUDA OOM reads so) is no crossing: proportional
+    steep = [MemoryPoint(8, "ok", 502 * MIB, 1.0), MemoryPoint(16, "oom", 700 * MIB, None)]
+    assert extrapolate_batch(steep, 700 * MIB) == 15  # never the batch that ran out, or above it
 
 
 def test_calibration_bounds_the_batch_by_memory_and_verifies_it() -> None:

@@ -479,8 +479,30 @@ def test_a_trial_whose_batches_in_flight_exceed_a_real_dev_shm_fails_at_its_firs
             assert outcome["status"] == "ok", outcome
             continue
         assert outcome["status"] == "error" and outcome["error"].startswith(
-            "/dev/shm (1 MiB, ") and " free) is too small for this setup's batches in flight (workers x prefetch x batch): 2 x 4 " \
-            "batches of 192 KiB need 2 MiB; fewer workers" in outcome["error"], outcome
+            "/dev/shm (1 MiB, ") and " free) is too small for this setup's batches in flight (workers x prefetch x batch): 8 " \
+            "batches of 192 KiB in flight need 2 MiB; fewer workers" in outcome["error"], outcome
+
+
+def test_the_dev_shm_check_counts_what_stays_there_and_never_fails_on_a_batch_it_cannot_read(monkeypatch) -> None:
+    """A sparse or jagged nested tensor has no storage to read: the first version raised on it, failing every setup with
+    workers of such a Task. Pinning moves each batch out of /dev/shm as it arrives: only those in the workers' hands stay."""
+    import torch
+
+    import autotune.runner.shm_fit as shm_fit
+    from autotune.runner.failures import ShmTooSmall
+    from autotune.train_setup import TrainSetup
+    from probes.memory import ShmInfo
+
+    dense = torch.zeros(4, 256)  # 4 KiB
+    jagged = torch.nested.nested_tensor([torch.zeros(3), torch.zeros(5)], layout=torch.jagged)
+    assert shm_fit.batch_bytes((dense, dense[1:], {"sparse": torch.eye(4).to_sparse(), "jagged": jagged})) == 4096  # a view: once
+    monkeypatch.setattr(shm_fit, "collect_shm", lambda: ShmInfo(path="/dev/shm", total_bytes=20 * 1024, free_bytes=20 * 1024))
+    queued = TrainSetup(batch_size=4, num_workers=2, prefetch_factor=4)  # 8 batches of 4 KiB: 32 KiB
+    with pytest.raises(ShmTooSmall, match=r"^/dev/shm \(20 KiB, 20 KiB free\) is too small .*: 8 batches of 4 KiB in flight need 32 KiB"):
+        next(shm_fit.checked_in_flight(iter([dense]), queued))
+    assert next(shm_fit.checked_in_flight(iter([dense]), queued.replace(pin_memory=True))) is dense  # 3 batches: 12 KiB
+    sparse_only = (torch.eye(4).to_sparse(), jagged)
+    assert next(shm_fit.checked_in_flight(iter([sparse_only]), queued)) is sparse_only
 
 
 def test_a_read_only_dev_shm_is_named_by_the_probe_and_a_trial(cache_dir, tmp_path) -> None:

@@ -647,6 +647,10 @@ def test_the_python_api_words_pins_and_reruns_as_a_caller_writes_them() -> None:
                            {"constraints", "out"}, {"set": "constraints"})
     assert str(said) == 'make it picklable, or pass constraints=["num_workers=0"]; out x is in use: rerun the same call'
     assert str(in_python_terms(UsageError("pass --set amp=off"), {"out"}, {"set": "constraints"})) == "pass --set amp=off"
+    for said, worded in (("--set amp=fp16: needs CUDA", 'constraints=["amp=fp16"]: needs CUDA'),
+                         ("pass --set num_workers=0.", 'pass constraints=["num_workers=0"].'),
+                         ("--set amp=off,bf16 (both)", 'constraints=["amp=off,bf16"] (both)')):
+        assert str(in_python_terms(UsageError(said), {"constraints"}, {"set": "constraints"})) == worded
 
 
 def test_the_python_api_names_its_parameters_in_storage_errors_too(tmp_path) -> None:

@@ -229,9 +229,12 @@ def test_16_bit_grayscale_is_scaled_to_8_bits_not_clipped_by_every_loader(tmp_pa
     # 32-bit TIFFs (microscopy): integers read white and 0..1 floats black through PIL's conversion; scaled alike.
     Image.fromarray(np.full((30, 40), 40000, dtype=np.int32), mode="I").save(tmp_path / "wide.tif")
     Image.fromarray(np.full((30, 40), 0.5, dtype=np.float32), mode="F").save(tmp_path / "float.tif")
-    for name, value in (("wide.tif", 156), ("float.tif", 127)):
+    # 8-bit values held in 32 bits (a NumPy export) read as they are, as PIL reads them.
+    Image.fromarray(np.full((30, 40), 128, dtype=np.int32), mode="I").save(tmp_path / "narrow.tif")
+    Image.fromarray(np.full((30, 40), 128.0, dtype=np.float32), mode="F").save(tmp_path / "bytes.tif")
+    for name, value in (("wide.tif", 156), ("float.tif", 127), ("narrow.tif", 128), ("bytes.tif", 128)):
         path = str(tmp_path / name)
-        assert set(np.asarray(Image.open(path).convert("RGB")).flat) == ({255} if value == 156 else {0})  # PIL's own
+        assert set(np.asarray(Image.open(path).convert("RGB")).flat) == {255 if value == 156 else 0 if value == 127 else 128}
         for image in (load_image(path), script["load_rgb"](path)):
             assert image.mode == "RGB" and set(np.asarray(image).flat) == {value}, name
         for decode in (decode_on_cpu, script["decode_on_cpu"]):

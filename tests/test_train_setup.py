@@ -233,13 +233,17 @@ def test_a_dataloader_that_yields_no_batch_says_so() -> None:
     """A best.json tuned at batch 64 applied to 10 items in the README's loop (drop_last=True): every epoch trained
     nothing, without a word."""
     data = torch.utils.data.TensorDataset(torch.randn(10, 8))
-    with pytest.warns(UserWarning, match=r"^this DataLoader yields no batch: the dataset's 10 items are fewer than batch_size 64 "
+    with pytest.warns(UserWarning, match=r"^this DataLoader yields no batch: its 10 items per epoch are fewer than batch_size 64 "
                                          r"with drop_last=True; pass a smaller batch_size= or drop_last=False$"):
         assert len(TrainSetup(batch_size=64).dataloader(data, shuffle=True, drop_last=True)) == 0
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert len(TrainSetup(batch_size=64).dataloader(data)) == 1  # the last, short batch is kept
         assert len(TrainSetup(batch_size=8).dataloader(data, drop_last=True)) == 1
+    from torch.utils.data import DistributedSampler  # one rank of 8: its share, not the dataset, is what an epoch holds
+
+    with pytest.warns(UserWarning, match=r"^this DataLoader yields no batch: its 2 items per epoch are fewer than batch_size 8 "):
+        TrainSetup(batch_size=8).dataloader(data, sampler=DistributedSampler(data, num_replicas=8, rank=0), drop_last=True)
 
 
 def test_dataloader_overrides_that_pytorch_would_refuse_with_the_tuned_knobs() -> None:

@@ -233,7 +233,8 @@ class Supervised:
     held: bool = False
 
 
-#: Cores that others kept busy during a trial that timed out, from which its line says so: the machine may be the cause.
+#: Cores (and a tenth of the usable ones) that others kept busy during a trial that timed out, from which its line
+#: says so: the machine may be the cause.
 BUSY_TIMEOUT_CORES = 0.5
 
 
@@ -241,7 +242,7 @@ def _busy(load: LoadMeter) -> str:
     """``" (other processes kept 1.8 cores busy meanwhile: ...)"`` where the machine was busy during a trial that timed
     out (a trial starved by a backup job read only `no result within 102 s`); "" otherwise."""
     other = load.other_cores()
-    if other is None or other < BUSY_TIMEOUT_CORES:
+    if other is None or other < max(BUSY_TIMEOUT_CORES, 0.1 * usable_cores()):  # half a core of 64 is a host's daemons
         return ""
     return (f" (other processes kept {other:.1f} cores busy meanwhile: a busy machine slows a trial past its timeout; rerun "
             "on an idle one, or raise --timeout)")

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+from autotune.nested import tensors
 from autotune.runner.failures import SHM_TOO_SMALL, ShmTooSmall
 from autotune.train_setup import TrainSetup
 from autotune.units import format_bytes
@@ -22,20 +23,16 @@ __all__ = ["ShmTooSmall", "batch_bytes", "checked_in_flight"]
 
 
 def batch_bytes(batch: Any) -> int:
-    """Bytes of the tensors' storages in ``batch`` (nested tuples, lists and dicts), each storage counted once."""
-    import torch
-
+    """Bytes of the tensors' storages in ``batch`` (any nesting :func:`autotune.nested.tensors` reads), each storage
+    counted once; a tensor without a plain storage (sparse, jagged nested) is not counted (its dense size would
+    count what it does not hold)."""
     seen: dict[int, int] = {}
-    stack = [batch]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, torch.Tensor):
-            storage = item.untyped_storage()
+    for tensor in tensors(batch):
+        try:
+            storage = tensor.untyped_storage()
             seen[storage.data_ptr()] = storage.nbytes()
-        elif isinstance(item, dict):
-            stack.extend(item.values())
-        elif isinstance(item, (tuple, list)):
-            stack.extend(item)
+        except (NotImplementedError, RuntimeError):  # sparse and nested layouts have no storage to read
+            continue
     return sum(seen.values())
 
 
@@ -51,13 +48,17 @@ def checked_in_flight(batches: Iterator[Any], setup: TrainSetup) -> Iterator[Any
 
     def checked() -> Iterator[Any]:
         first = next(batches)
-        count = setup.num_workers * (setup.prefetch_factor or 2)
-        need = count * batch_bytes(first)
+        # Pinning moves each batch out of /dev/shm as it arrives: only those in the workers' hands stay there.
+        count = setup.num_workers + 1 if setup.pin_memory else setup.num_workers * (setup.prefetch_factor or 2)
+        try:
+            need = count * batch_bytes(first)
+        except Exception:  # a check that only advises never fails a trial
+            need = 0
         if need > total:
             free = format_bytes(shm.free_bytes) if shm.free_bytes is not None else "?"
             raise ShmTooSmall(
                 f"{shm.path} ({format_bytes(total)}, {free} free) {SHM_TOO_SMALL} (workers x prefetch x batch): "
-                f"{setup.num_workers} x {setup.prefetch_factor or 2} batches of {format_bytes(need // count)} need "
+                f"{count} batches of {format_bytes(need // count)} in flight need "
                 f"{format_bytes(need)}; fewer workers, a smaller prefetch or batch fit it; to search them all, give the "
                 "container more shared memory (docker run --shm-size=8g or --ipc=host)")
         yield first

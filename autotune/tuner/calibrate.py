@@ -83,9 +83,12 @@ def extrapolate_batch(points: list[MemoryPoint], budget: int) -> int | None:
     if not good:
         return None
     over = min((p for p in points if p.status == "oom" and p.peak_bytes and p.batch_size > good[0].batch_size
-                and p.peak_bytes > good[0].peak_bytes), key=lambda p: p.batch_size, default=None)  # type: ignore[operator]
-    if len(good) == 1 and over is not None:
+                and p.peak_bytes >= budget), key=lambda p: p.batch_size, default=None)  # crossed it (a CUDA OOM reads lower)
+    if len(good) == 1 and over is not None and over.peak_bytes > good[0].peak_bytes:  # type: ignore[operator]
         good = [good[0], over]
+        cap = over.batch_size - 1  # below the batch that ran out, whatever the line says
+    else:
+        cap = None
     if len(good) == 1:
         per_sample = good[0].peak_bytes / good[0].batch_size  # type: ignore[operator]
         base = 0.0
@@ -99,7 +102,8 @@ def extrapolate_batch(points: list[MemoryPoint], budget: int) -> int | None:
             base = b.peak_bytes - per_sample * b.batch_size  # type: ignore[operator]
     if budget <= base:
         return 0
-    return int((budget - base) / per_sample)
+    fit = int((budget - base) / per_sample)
+    return min(fit, cap) if cap is not None else fit
 
 
 def calibrate(

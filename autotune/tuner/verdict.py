@@ -20,7 +20,6 @@ __all__ = ["UNCLEAR", "bottleneck_verdict"]
 UNCLEAR = 1.25
 
 
-
 def _workers_said(records: list[TrialRecord], calibration: Calibration) -> str:
     """What the search knows of loader workers, for a winner without them: they failed here, lost, or were not tried."""
     if workers_broken(list(calibration.loader), None) is not None:
@@ -93,7 +92,7 @@ def bottleneck_verdict(
     # Training at about the loader's own rate, well below computing alone: the loader is the limit even where the wait
     # read low (its workers' decoding slows the step on shared cores); a loader-only run of 1600x1200 JPEGs read 34
     # samples/s, computing alone 66, training 40, and the verdict said compute-bound.
-    at_loader_rate = bool(best.setup.num_workers and compute and loader and together * UNCLEAR < compute
+    at_loader_rate = bool(device.type == "cpu" and best.setup.num_workers and compute and loader and together * UNCLEAR < compute
                           and loader <= UNCLEAR * together <= UNCLEAR * UNCLEAR * loader)
     if unclear and own and not (side == "loading alone" and waited):  # a ceiling below what it reached names no limit...
         return f"unclear: training measured faster than {side} ({facts}), so these figures name no limit; {why}."

@@ -258,13 +258,12 @@ class Crew:
         with interrupts_held():
             self._retry(step)
 
-    def outcome(
-        self, winner: dict[str, Any], records: list[TrialRecord], calibration: Calibration, out: Path, csv_path: Path
-    ) -> SearchOutcome:
+    def outcome(self, winner: dict[str, Any], records: list[TrialRecord], calibration: Calibration, out: Path, csv_path: Path) -> SearchOutcome:
         """The search outcome of a worker that did not confirm: the winner another worker stored."""
         (verdict, ceilings), best = self._retry(self.study.verdict), Best.from_dict(winner["best"])
-        by, there = winner.get("by"), winner.get("out")  # there: out itself where this is a rerun of the search that confirmed it
-        where = (f"confirmed by an earlier run of this search in {out} ({by})" if there == str(out.resolve()) else
+        by, there = winner.get("by"), winner.get("out")  # out itself, on this host: a rerun of the search that confirmed it
+        here = there == str(out.resolve()) and str(by).endswith(f" on {self.me.host}")  # not another host's namesake folder
+        where = (f"confirmed by an earlier run of this search in {out} ({by})" if here else
                  f"confirmed by the worker {by}, which wrote best.json and train.py to {there}; this worker wrote the same to {out}")
         return SearchOutcome(
             best=replace(best, notes=(where, *best.notes)), records=tuple(records), calibration=calibration,

@@ -260,14 +260,16 @@ def check_regular_file(path: str) -> None:
 
 
 def rgb(image: Any) -> Any:
-    """A PIL ``image`` as RGB, grayscale wider than 8 bits scaled to them: 16-bit and 32-bit integers (PIL's ``I;16``
-    modes and ``I``: PNG, a microscope's TIFF) as value / 256, so 0..65535 spans 0..255 and wider values clip; 32-bit
-    floats (``F``) as value x 255, 0..1 spanning 0..255. PIL's own conversion, which torchvision's ImageFolder loader
-    uses, clips every value above 255 (a 16-bit or 32-bit integer scan trained as a white image) and truncates floats
-    (a 0..1 float TIFF as a black one)."""
-    if image.mode.startswith("I;16") or image.mode == "I":  # Pillow < 10.3 opens 16-bit PNGs as I
+    """A PIL ``image`` as RGB, grayscale wider than 8 bits scaled to them: 16-bit integers (PIL's ``I;16`` modes, a
+    PNG's ``I``) and 32-bit ones holding values above 255 (``I``: a microscope's TIFF) as value / 256, so 0..65535
+    spans 0..255 and wider values clip; 32-bit floats (``F``) whose values lie within 0..1 as value x 255. PIL's own
+    conversion, which torchvision's ImageFolder loader uses, clips every value above 255 (a 16-bit or 32-bit integer
+    scan trained as a white image) and truncates floats (a 0..1 float TIFF as a black one); 32-bit images of 8-bit
+    values (0..255, integers or floats) read as they are."""
+    wide = image.mode == "I" and (image.format == "PNG" or image.getextrema()[1] > 255)  # Pillow < 10.3 opens 16-bit PNGs as I
+    if image.mode.startswith("I;16") or wide:
         image = image.convert("I").point(lambda value: value * (1 / 256))
-    elif image.mode == "F":
+    elif image.mode == "F" and image.getextrema()[1] <= 1.0:
         image = image.point(lambda value: value * 255)
     return image.convert("RGB")
 
