@@ -501,6 +501,8 @@ def test_the_dev_shm_check_counts_what_stays_there_and_never_fails_on_a_batch_it
     with pytest.raises(ShmTooSmall, match=r"^/dev/shm \(20 KiB, 20 KiB free\) is too small .*: 8 batches of 4 KiB in flight need 32 KiB"):
         next(shm_fit.checked_in_flight(iter([dense]), queued))
     assert next(shm_fit.checked_in_flight(iter([dense]), queued.replace(pin_memory=True))) is dense  # 3 batches: 12 KiB
+    with pytest.raises(ShmTooSmall, match=r": 12 batches of 4 KiB in flight \(over 4 ranks\) need 48 KiB"):  # DDP ranks share it
+        next(shm_fit.checked_in_flight(iter([dense]), queued.replace(pin_memory=True), ranks=4))
     sparse_only = (torch.eye(4).to_sparse(), jagged)
     assert next(shm_fit.checked_in_flight(iter([sparse_only]), queued)) is sparse_only
 

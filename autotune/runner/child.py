@@ -95,7 +95,7 @@ class TrialLoop:
         self.clock = ProductionClock(self.setup.num_workers) if self.setup.num_workers > 0 else None
         batches = endless_batches(self.setup, dataset, collate_fn=self.pipeline.collate_fn(), seed=self.options.seed,
                                   epochs=not hasattr(dataset, "__len__"), clock=self.clock)
-        return checked_in_flight(batches, self.setup)  # a queue larger than /dev/shm fails once it fills: said at its first batch
+        return checked_in_flight(batches, self.setup, self.rank.world_size)  # a queue larger than /dev/shm fails once it fills
 
     def build_model(self) -> None:
         """The model on the device with the setup's layout, DDP wrapper and compilation; its optimizer and grad scaler."""

@@ -36,9 +36,10 @@ def batch_bytes(batch: Any) -> int:
     return sum(seen.values())
 
 
-def checked_in_flight(batches: Iterator[Any], setup: TrainSetup) -> Iterator[Any]:
+def checked_in_flight(batches: Iterator[Any], setup: TrainSetup, ranks: int = 1) -> Iterator[Any]:
     """``batches``, whose first batch from loader workers raises :class:`ShmTooSmall` where workers x prefetch such
-    batches exceed the size of /dev/shm (whatever is free: other processes' files come and go)."""
+    batches (of each of ``ranks`` DDP ranks, whose loaders share this host's /dev/shm) exceed the size of /dev/shm
+    (whatever is free: other processes' files come and go)."""
     if setup.num_workers == 0:
         return batches
     shm = collect_shm()
@@ -50,6 +51,7 @@ def checked_in_flight(batches: Iterator[Any], setup: TrainSetup) -> Iterator[Any
         first = next(batches)
         # Pinning moves each batch out of /dev/shm as it arrives: only those in the workers' hands stay there.
         count = setup.num_workers + 1 if setup.pin_memory else setup.num_workers * (setup.prefetch_factor or 2)
+        count *= max(1, ranks)
         try:
             need = count * batch_bytes(first)
         except Exception:  # a check that only advises never fails a trial
@@ -58,7 +60,7 @@ def checked_in_flight(batches: Iterator[Any], setup: TrainSetup) -> Iterator[Any
             free = format_bytes(shm.free_bytes) if shm.free_bytes is not None else "?"
             raise ShmTooSmall(
                 f"{shm.path} ({format_bytes(total)}, {free} free) {SHM_TOO_SMALL} (workers x prefetch x batch): "
-                f"{count} batches of {format_bytes(need // count)} in flight need "
+                f"{count} batches of {format_bytes(need // count)} in flight{f' (over {ranks} ranks)' if ranks > 1 else ''} need "
                 f"{format_bytes(need)}; fewer workers, a smaller prefetch or batch fit it; to search them all, give the "
                 "container more shared memory (docker run --shm-size=8g or --ipc=host)")
         yield first
