@@ -553,7 +553,7 @@ def test_a_trial_server_that_ended_by_itself_is_no_interrupt(tmp_path, monkeypat
 
     class Gone:
         def __init__(self, server: int) -> None:
-            self.server = server
+            self.server, self.pid = server, os.getpid()  # a TrialProcess's pid: its supervisor measures the load on its tree
 
         def exitcode(self) -> None:
             return None
