@@ -51,8 +51,8 @@ def memory_budget(device: DeviceInfo, max_memory: int | None, available_bytes: i
 
     CPU: ``--max-memory`` or half of the available RAM, less 20 % left to
     the loader workers; all of it in a container (``contained``: what its
-    memory limit leaves after the search and its trial server, which nothing
-    else on the host grows into; half of it sized a 1.5 GiB container's
+    memory limit leaves after the search and its trial server, which the
+    host's other processes cannot take; half of it sized a 1.5 GiB container's
     budget under what torch and a resnet18 hold at batch 1, 344 MiB, where
     batch 32 trained at 757 MiB). GPU: 90 % of the memory free now (the headroom is
     taken from what is free, so a shared card still leaves a budget), capped
