@@ -26,7 +26,8 @@ _FLAG = re.compile(r"--(" + "|".join(sorted(map(re.escape, _KEYWORDS), key=len, 
 
 def in_api_words(note: str) -> str:
     """A note of the search (the CLI's words) with its flags as the Python API's keywords: ``pass --effective-batch 32``
-    as ``pass effective_batch=32``, ``--set batch_size=64`` as ``constraints=["batch_size=64"]``."""
+    as ``pass effective_batch=32``, ``--set batch_size=64`` as ``constraints=["batch_size=64"]``, "rerun the same
+    command" as "rerun the same call"."""
     def keyword(match: re.Match[str]) -> str:
         name, value = _KEYWORDS[match[1]], match[2]
         if name == "constraints":  # a pin (batch_size=64)
@@ -34,7 +35,7 @@ def in_api_words(note: str) -> str:
         plain = value[:1].isdigit() or value[:1] in "+-" or value.isupper()  # a number (1e-4 too), or a placeholder such as DIR
         return f"{name}={value}" if plain else f'{name}="{value}"'
 
-    return _FLAG.sub(keyword, note)
+    return _FLAG.sub(keyword, note).replace("the same command", "the same call")  # the caller ran no command
 
 
 @dataclass(frozen=True)

@@ -230,8 +230,8 @@ def in_python_terms(error: E, parameters: Collection[str], renamed: Mapping[str,
     ``--trial-seconds must be ...`` becomes ``trial_seconds must be ...`` for
     the API's callers, who never typed the flag. A flag without a parameter of
     that name (or a ``renamed`` one: ``--set`` is ``constraints``) is left as it is. A pin
-    (``--set num_workers=0``) reads ``constraints=["num_workers=0"]``; "rerun the
-    same command" reads "rerun the same call".
+    (``--set num_workers=0``) reads ``constraints=["num_workers=0"]``; "the same
+    command" (rerun it) reads "the same call".
 
     Args:
         error: The refusal, worded for the CLI.
@@ -249,7 +249,7 @@ def in_python_terms(error: E, parameters: Collection[str], renamed: Mapping[str,
         return f'{name}=["{found.group(1)}"]' if name in parameters else found.group(0)
 
     message = re.sub(r"(?<![\w-])--set ([\w.]+=[^\s;()]*[^\s;(),.:])", pinned, str(error))  # amp=off,bf16 whole; no ":" or "." after
-    message = re.sub(r"(?<![\w-])--([a-z][a-z0-9-]*)", named, message).replace("rerun the same command", "rerun the same call")
+    message = re.sub(r"(?<![\w-])--([a-z][a-z0-9-]*)", named, message).replace("the same command", "the same call")
     if message == str(error):
         return error
     return type(error)(message)

@@ -153,3 +153,4 @@ def test_the_api_s_notes_name_its_keywords_not_the_cli_s_flags() -> None:
     assert in_api_words("--storage sqlite:///x/study.db holds it") == 'storage="sqlite:///x/study.db" holds it'
     assert in_api_words("train.py --max-steps 3") == "train.py --max-steps 3"  # the script's flags stay
     assert in_api_words("--set amp=fp16: needs CUDA; --set amp=off,bf16.") == 'constraints=["amp=fp16"]: needs CUDA; constraints=["amp=off,bf16"].'
+    assert in_api_words("best so far (unconfirmed); rerun the same command to resume") == "best so far (unconfirmed); rerun the same call to resume"
