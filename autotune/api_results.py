@@ -6,6 +6,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from autotune.errors import PIN, as_called
 from autotune.records import TrialResult, Workload
 from autotune.train_setup import TrainSetup
 from autotune.tuner.config import SearchOutcome
@@ -21,7 +22,7 @@ _KEYWORDS = {"effective-batch": "effective_batch", "set": "constraints", "lr": "
 #: A flag and its value: a number, an ``=`` pin (``--set``), an upper-case placeholder (DIR) or a path or URL; a flag
 #: the prose names with an ordinary word after it (``a search without --devices measures ...``) is left as written.
 _FLAG = re.compile(r"--(" + "|".join(sorted(map(re.escape, _KEYWORDS), key=len, reverse=True)) + r")"
-                   r" ((?:[-+]?\d[\w.+-]*|[\w.]+=[^\s;()]*[^\s;(),.:]|[A-Z][A-Z_]+|[\w.-]*[/:][^\s;,()]*?))(?=[\s;,():]|\.?$|\.\s)")
+                   r" ((?:[-+]?\d[\w.+-]*|" + PIN + r"|[A-Z][A-Z_]+|[\w.-]*[/:][^\s;,()]*?))(?=[\s;,():]|\.?$|\.\s)")
 
 
 def in_api_words(note: str) -> str:
@@ -35,7 +36,7 @@ def in_api_words(note: str) -> str:
         plain = value[:1].isdigit() or value[:1] in "+-" or value.isupper()  # a number (1e-4 too), or a placeholder such as DIR
         return f"{name}={value}" if plain else f'{name}="{value}"'
 
-    return _FLAG.sub(keyword, note).replace("the same command", "the same call")  # the caller ran no command
+    return as_called(_FLAG.sub(keyword, note))
 
 
 @dataclass(frozen=True)

@@ -224,6 +224,16 @@ def check_bool(name: str, value: object) -> bool:
     return value
 
 
+#: A ``--set`` pin as the CLI's messages write it: ``amp=off,bf16`` whole, a ``:`` or ``.`` after it left outside
+#: (:func:`in_python_terms` and :func:`autotune.api_results.in_api_words` both read it).
+PIN = r"[\w.]+=[^\s;()]*[^\s;(),.:]"
+
+
+def as_called(text: str) -> str:
+    """``text`` told to a caller of the Python API, who ran no command: "rerun the same command" as "... the same call"."""
+    return text.replace("the same command", "the same call")
+
+
 def in_python_terms(error: E, parameters: Collection[str], renamed: Mapping[str, str]) -> E:
     """``error`` naming a Python function's parameters where its message names the CLI's flags.
 
@@ -248,8 +258,8 @@ def in_python_terms(error: E, parameters: Collection[str], renamed: Mapping[str,
         name = renamed.get("set", "set")
         return f'{name}=["{found.group(1)}"]' if name in parameters else found.group(0)
 
-    message = re.sub(r"(?<![\w-])--set ([\w.]+=[^\s;()]*[^\s;(),.:])", pinned, str(error))  # amp=off,bf16 whole; no ":" or "." after
-    message = re.sub(r"(?<![\w-])--([a-z][a-z0-9-]*)", named, message).replace("the same command", "the same call")
+    message = re.sub(rf"(?<![\w-])--set ({PIN})", pinned, str(error))
+    message = as_called(re.sub(r"(?<![\w-])--([a-z][a-z0-9-]*)", named, message))
     if message == str(error):
         return error
     return type(error)(message)

@@ -16,6 +16,7 @@ from rich.table import Table
 
 from autotune.output.best import DEFAULTS_KEPT
 from autotune.redact import show_controls
+from autotune.runner.measure import BUSY_CORES
 from autotune.units import format_bytes
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -71,7 +72,7 @@ def render_trial(setup: TrainSetup, result: TrialResult) -> Table:
     if result.measured_s is not None:
         table.add_row("measured", f"{result.measured_s:.1f} s")
     if result.other_cores is not None:  # two trials compared by hand: one may have met a busy machine
-        busy = ": the figures hold for a machine that busy" if result.other_cores >= 0.25 else ""
+        busy = ": the figures hold for a machine that busy" if result.other_cores >= BUSY_CORES else ""
         table.add_row("other load", f"{result.other_cores:.1f} cores kept busy by other processes while it measured{busy}")
     return table
 

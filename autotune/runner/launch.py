@@ -30,7 +30,7 @@ from autotune.files import maker_is_gone
 from autotune.records import MAX_SECONDS, TrialOptions, TrialResult, Workload
 from autotune.runner import zygote
 from autotune.runner.failures import EXTERNAL_SIGNALS, interrupted, killed, worker_oom
-from autotune.runner.measure import LoadMeter
+from autotune.runner.measure import LoadMeter, busy_threshold
 from autotune.train_setup import TrainSetup
 from autotune.units import format_bytes
 from probes.cgroup import oom_kills
@@ -233,16 +233,16 @@ class Supervised:
     held: bool = False
 
 
-#: Cores (and a tenth of the usable ones) that others kept busy during a trial that timed out, from which its line
-#: says so: the machine may be the cause.
+#: Cores (and :data:`~autotune.runner.measure.BUSY_SHARE` of the usable ones) that others kept busy during a trial
+#: that timed out, from which its line says so: the machine may be the cause.
 BUSY_TIMEOUT_CORES = 0.5
 
 
-def _busy(load: LoadMeter) -> str:
+def _busy(load: LoadMeter, cores: int) -> str:
     """``" (other processes kept 1.8 cores busy meanwhile: ...)"`` where the machine was busy during a trial that timed
     out (a trial starved by a backup job read only `no result within 102 s`); "" otherwise."""
     other = load.other_cores()
-    if other is None or other < max(BUSY_TIMEOUT_CORES, 0.1 * usable_cores()):  # half a core of 64 is a host's daemons
+    if other is None or other < busy_threshold(cores, BUSY_TIMEOUT_CORES):  # half a core of 64 is a host's daemons
         return ""
     return (f" (other processes kept {other:.1f} cores busy meanwhile: a busy machine slows a trial past its timeout; rerun "
             "on an idle one, or raise --timeout)")
@@ -261,7 +261,8 @@ def supervise(
     deadline = time.monotonic() + options.effective_timeout_s
     windows: list[float] = []
     measured = 0.0
-    load = LoadMeter(usable_cores(), proc.pid)  # what else kept the cores busy, for a timeout's line
+    cores = usable_cores()
+    load = LoadMeter(cores, proc.pid)  # what else kept the cores busy, for a timeout's line
     while True:
         exitcode = proc.exitcode()  # read before the events: no event is lost
         events, offset = _read_events(directory / zygote.EVENTS, offset)
@@ -289,7 +290,7 @@ def supervise(
             result = _signal_death(exitcode, directory / zygote.OUTPUT, oom_before)
             return Supervised(replace(result, windows=tuple(windows), mode=options.mode), offset)
         if time.monotonic() > deadline:
-            stopped = _stopped(proc.pid) or _busy(load)
+            stopped = _stopped(proc.pid) or _busy(load, cores)
             proc.kill()
             return Supervised(TrialResult(
                 status="timeout",

@@ -271,6 +271,19 @@ def _busy_s(cpus: Sequence[int]) -> float:
     return busy
 
 
+#: Cores kept busy by other processes (:class:`LoadMeter`) from which a figure says the machine was busy ...
+BUSY_CORES = 0.25
+#: ... and the share of the usable cores, where that is more: 0.6 of 16 cores busy (as an idle H200 host read, cause
+#: not traced) perturbs a trial no more than the run-to-run noise does.
+BUSY_SHARE = 0.1
+
+
+def busy_threshold(usable_cores: int, floor: float = BUSY_CORES) -> float:
+    """Other processes' cores from which a measurement says the machine was busy: ``floor``, or :data:`BUSY_SHARE` of
+    the usable cores where that is more (the search's note, a timeout's line and the trial table share the rule)."""
+    return max(floor, BUSY_SHARE * usable_cores)
+
+
 class LoadMeter:
     """Cores that something other than this trial kept busy while it measured.
 

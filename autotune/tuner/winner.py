@@ -17,6 +17,7 @@ from autotune.output.compile_payoff import payoff_note
 from autotune.records import TrialRecord, Workload
 from autotune.redact import hide_passwords
 from autotune.rounds import Confirmed
+from autotune.runner.measure import busy_threshold
 from autotune.train_setup import TrainSetup
 from autotune.tuner.choice import choose_winner
 from autotune.tuner.constraints import Constraint
@@ -232,11 +233,6 @@ def make_best(
         confirmed=bool(measured),
     )
 
-#: Cores kept busy by other processes, median over the trials, from which a search's figures say so ...
-BUSY_CORES = 0.25
-#: ... and the share of the usable cores, where that is more: 0.6 of 16 cores busy (as an idle H200 host read, cause
-#: not traced) perturbs a trial no more than the run-to-run noise does.
-BUSY_SHARE = 0.1
 
 
 def load_note(feasible: list[TrialRecord], usable_cores: int) -> str | None:
@@ -247,7 +243,7 @@ def load_note(feasible: list[TrialRecord], usable_cores: int) -> str | None:
     """
     ran = [r for r in feasible if r.result.other_cores is not None and r.ran]
     loads = [r.result.other_cores or 0.0 for r in ran]
-    busy = max(BUSY_CORES, BUSY_SHARE * usable_cores)
+    busy = busy_threshold(usable_cores)  # the median over the trials from which the figures say so
     of = f" of the {usable_cores} usable core{'s' if usable_cores != 1 else ''}" if usable_cores else " cores"
     # A load that came and went (a backup job mid-search): the median is idle, but the trials it met read low.
     spikes = [r for r in ran if (r.result.other_cores or 0.0) >= max(2 * busy, 0.5)]
