@@ -108,11 +108,13 @@ class DataError(WorkloadError):
         message: What is wrong and what to do.
         if_kept: Said after ``message`` while the study that the error stops holds a measurement (what a rerun on
             the same ``--out`` must then respect); :attr:`alone` is the message without it, for a study removed.
+        if_recalibrated: Said after :attr:`alone` instead while the study holds only an unfinished calibration's runs.
     """
 
-    def __init__(self, message: str, *, if_kept: str = "") -> None:
+    def __init__(self, message: str, *, if_kept: str = "", if_recalibrated: str = "") -> None:
         super().__init__(message + if_kept)
         self.alone = message
+        self.if_recalibrated = if_recalibrated
 
 
 class MalformedReference(WorkloadError, UsageError):

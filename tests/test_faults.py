@@ -1533,8 +1533,8 @@ def test_bad_data_met_before_anything_was_measured_leaves_no_study_and_says_noth
     config = SearchConfig(model="resnet18", trials=2, image_size=32, device="cpu", trial_seconds=1.0, out=tmp_path / "out", data=data)
     with pytest.raises(DataError) as caught:
         run_search(config, runner=at_once)
-    assert str(caught.value) == (f"bad data: {victim}: cannot decode (OSError: image file is truncated); fix or replace it in "
-                                 "place and rerun the same command (finished trials are kept)")
+    assert str(caught.value) == (f"bad data: {victim}: cannot decode (OSError: image file is truncated); the other 63 files "
+                                 "decode; fix or replace it in place and rerun the same command (finished trials are kept)")
     victim.unlink()
     outcome = run_search(config, runner=steady_runner)  # the same --out takes the smaller data
     assert outcome.best is not None
@@ -1563,13 +1563,59 @@ def test_bad_data_met_after_calibration_runs_were_kept_says_the_same_out_takes_t
     config = SearchConfig(model="resnet18", trials=2, image_size=32, device="cpu", trial_seconds=1.0, out=tmp_path / "out", data=data)
     with pytest.raises(DataError) as caught:
         run_search(config, runner=loader_meets_it)
-    assert str(caught.value) == (f"bad data: {victim}: cannot decode (OSError: image file is truncated); fix or replace it in "
-                                 "place and rerun the same command (finished trials are kept); removing it works too: the same "
-                                 "command then measures the calibration again")
+    assert str(caught.value) == (f"bad data: {victim}: cannot decode (OSError: image file is truncated); the other 63 files "
+                                 "decode; fix or replace it in place and rerun the same command (finished trials are kept); "
+                                 "removing it works too: the same command then measures the calibration again")
     assert (tmp_path / "out" / "study.db").exists()  # its kept runs stay for a fix in place
     victim.unlink()
     outcome = run_search(config, runner=steady_runner)  # the same --out takes the smaller data
     assert outcome.best is not None and outcome.best.workload.images == 63
+
+
+def test_a_search_stopped_by_a_bad_image_names_the_folder_s_other_bad_images(tmp_path, synthetic_data) -> None:
+    """A folder with three bad files took three reruns, each after the calibration, one file named at a time: the line
+    names the other two as well (one truncated, one not an image), each found by decoding the folder's files, and its
+    advice speaks of them all."""
+    import shutil
+
+    from autotune.errors import DataError
+    from autotune.tuner import SearchConfig, run_search
+
+    data = tmp_path / "data"
+    shutil.copytree(synthetic_data, data)
+    victim, truncated, junk = (sorted((data / name).iterdir())[0] for name in ("class_03", "class_05", "class_07"))
+    for path in (victim, truncated):
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    junk.write_bytes(b"not an image")
+    runner = _bad_data_in_the_second_trial(victim)
+
+    config = SearchConfig(model="resnet18", trials=3, image_size=32, device="cpu", trial_seconds=1.0, out=tmp_path / "out", data=data)
+    with pytest.raises(DataError) as caught:
+        run_search(config, runner=runner)
+    assert str(caught.value) == (
+        f"bad data: {victim}: cannot decode (OSError: image file is truncated); 2 of the other 63 files also fail to decode: "
+        f"{truncated}, {junk}; fix or replace them in place and rerun the same command (finished trials are kept); removing "
+        "them changes the number of samples the study was made for, so a rerun without them needs another --out (with "
+        "--storage: another --study)")
+
+
+def test_the_check_for_other_bad_images_stops_at_its_time_and_says_how_far_it_got(tmp_path, synthetic_data) -> None:
+    """A folder too large to check in the time given: the files checked are counted against the others, and what was
+    found among them is named, at most five, the rest counted."""
+    import shutil
+
+    from autotune.workloads.scan import Scan, other_bad_images
+
+    data = tmp_path / "data"
+    shutil.copytree(synthetic_data, data)
+    assert other_bad_images(data, "", seconds=0.0) == Scan(bad=[], checked=0, total=64, seconds=0.0)
+    assert other_bad_images(data, "", seconds=0.0).words() == ""  # nothing checked: nothing to say
+    assert Scan(checked=10, total=64, seconds=0.5).words() == "; the first 10 of the other 64 files (checked for 0.5 s) decode"
+    named = sorted(str(path) for path in data.rglob("*.jpg"))
+    found = Scan(bad=named[:7], checked=700, total=1_000_000)
+    assert found.words() == (f"; 7 of the first 700 of the other 1,000,000 files (checked for 15 s) also fail to decode: "
+                             f"{', '.join(named[:5])} and 2 more")
+    assert Scan(bad=named[:1], checked=1, total=1).words() == f"; the other file also fails to decode: {named[0]}"
 
 
 def test_bad_data_in_the_synthetic_jpegs_says_to_remove_their_directory(tmp_path, synthetic_data) -> None:

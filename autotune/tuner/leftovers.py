@@ -23,7 +23,6 @@ from pathlib import Path
 from autotune.errors import AutotuneError, DataError, SearchInterrupted, StorageError
 from autotune.tuner.storage import CONNECTION_ERRORS
 from autotune.tuner.study import SearchStudy
-from autotune.tuner.timed import RECALIBRATE_NOTE
 
 
 @contextmanager
@@ -56,7 +55,7 @@ def nothing_left_if_nothing_measured(study: SearchStudy, made_out: Path | None, 
         if isinstance(exc, DataError) and exc.alone != str(exc) and not held:
             # No study is left whose data size a rerun must keep, or only an unfinished calibration's runs, which a
             # rerun for another size drops (SearchStudy.check_signature): the same --out takes the data without the file.
-            raise DataError(exc.alone + ("" if empty else RECALIBRATE_NOTE)) from None
+            raise DataError(exc.alone + ("" if empty else exc.if_recalibrated)) from None
         raise
 
 

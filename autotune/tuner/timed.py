@@ -4,6 +4,7 @@ exceptions that stop it."""
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from autotune.train_setup import TrainSetup
 from autotune.tuner.config import Timing
 from autotune.tuner.signals import raise_if_stopped, remember_stop
 from autotune.workloads.data import MISSING, synthetic_dir
+from autotune.workloads.scan import Scan, other_bad_images
 
 
 class TimedRunner:
@@ -57,8 +59,10 @@ class TimedRunner:
         if result.status not in ("ok", "pruned") and (gone := data_gone(workload)) is not None:
             raise DataError(gone)  # not the setup's failure: stop before it is stored as one
         if result.status == "bad_data":
-            advice, if_kept = bad_data_advice(workload, result.error)
-            raise DataError(f"bad data: {result.error}; {advice}", if_kept=if_kept)
+            found = other_bad_images(workload.data, result.error or "") if _own_folder(workload, result.error) and workload.data else Scan()
+            advice, if_kept = bad_data_advice(workload, result.error, several=bool(found.bad))
+            raise DataError(f"bad data: {result.error}{found.words()}; {advice}", if_kept=if_kept,
+                            if_recalibrated=_them(RECALIBRATE_NOTE, bool(found.bad)) if if_kept else "")
         return result
 
 
@@ -77,18 +81,28 @@ def data_gone(workload: Workload) -> str | None:
             "same command (finished trials are kept)")
 
 
-def bad_data_advice(workload: Workload, error: str | None = None) -> tuple[str, str]:
+def _own_folder(workload: Workload, error: str | None) -> bool:
+    """Whether the bad file is one of the user's image folder, there to be read (not one removed meanwhile)."""
+    return workload.task is None and MISSING not in (error or "")
+
+
+def bad_data_advice(workload: Workload, error: str | None = None, *, several: bool = False) -> tuple[str, str]:
     """What to do about a file or record that cannot be read (``error``, the trial's words), and what to add while the
     study holds a measurement: the user's own is fixed in place (removed, the data's size changes, which that study was
     made for: :data:`SIZE_NOTE`), or put back where it was removed while the search ran; the synthetic JPEGs autotune
-    wrote are written again."""
+    wrote are written again. ``several``: other files of the folder fail too (:mod:`autotune.workloads.scan`)."""
     if workload.task is None and workload.data is None:
         where = synthetic_dir(workload.cache_dir, workload.synthetic_images)
         return (f"the synthetic JPEGs in {where} are damaged: remove that directory and rerun the same command "
                 "(it writes them again, the same files; finished trials are kept)"), ""
     if workload.task is None and MISSING in (error or ""):  # listed by the trial, gone as it read it
         return "files were removed while the search ran: put them back and rerun the same command (finished trials are kept)", ""
-    return "fix or replace it in place and rerun the same command (finished trials are kept)", SIZE_NOTE
+    return f"fix or replace {_them('it', several)} in place and rerun the same command (finished trials are kept)", _them(SIZE_NOTE, several)
+
+
+def _them(words: str, several: bool) -> str:
+    """``words`` of one file said of several (``it`` as ``them``)."""
+    return re.sub(r"\bit\b", "them", words) if several else words
 
 
 #: Said of bad user data while the study holds a measurement: its signature counts the samples.

@@ -1,0 +1,94 @@
+"""The other images of a folder that fail to decode, once a trial met one.
+
+A trial stops at the first image it cannot decode, so a folder with two such files took two reruns, each after the
+calibration again. When a search stops on one, the rest of the folder is checked in the order ``ImageFolder`` lists it,
+for at most :data:`SCAN_SECONDS`: JPEGs decoded at an eighth of their size (libjpeg still reads every byte, so a
+truncated file fails as in a trial, about 1 ms a file), other formats whole.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+#: How long the check may take: about 10,000 JPEGs of ImageNet's size on one core.
+SCAN_SECONDS = 15.0
+#: Files named in the line; the rest are counted.
+NAMED = 5
+
+
+@dataclass(frozen=True)
+class Scan:
+    """What the check found.
+
+    Attributes:
+        bad: The files that fail to decode, the one already named left out.
+        checked: The files checked, that one left out.
+        total: The folder's image files, that one left out.
+        seconds: The time the check was given.
+    """
+
+    bad: list[str] = field(default_factory=list)
+    checked: int = 0
+    total: int = 0
+    seconds: float = SCAN_SECONDS
+
+    def words(self) -> str:
+        """The finding as the end of the search's line (``; 2 of the other 63 files also fail to decode: a, b``)."""
+        if self.checked == 0:  # nothing else to check, or no time to
+            return ""
+        others = "the other file" if self.total == 1 else f"the other {self.total:,} files"
+        scope = others if self.checked == self.total else f"the first {self.checked:,} of {others} (checked for {self.seconds:g} s)"
+        if not self.bad:
+            return f"; {scope} decode" if self.total > 1 else f"; {scope} decodes"
+        named = ", ".join(self.bad[:NAMED]) + (f" and {len(self.bad) - NAMED:,} more" if len(self.bad) > NAMED else "")
+        which = scope if self.total == 1 else f"{len(self.bad):,} of {scope}"
+        return f"; {which} also {'fails' if len(self.bad) == 1 else 'fail'} to decode: {named}"
+
+
+def decodes(path: str) -> bool:
+    """Whether the image file at ``path`` decodes as a trial's loader reads it (JPEGs at an eighth of their size)."""
+    from PIL import Image
+
+    from autotune.workloads.data import check_regular_file, rgb
+
+    try:
+        check_regular_file(path)
+        with Image.open(path) as image:
+            image.draft("RGB", (1, 1))  # the smallest scale libjpeg offers; other formats ignore it
+            image.load()
+            rgb(image)
+    except Exception:  # whatever PIL, the OS or the check raises: a file a trial cannot read
+        return False
+    return True
+
+
+def other_bad_images(root: str | Path, error: str, seconds: float = SCAN_SECONDS) -> Scan:
+    """The image files under ``root`` (as ``ImageFolder`` lists them) that fail to decode, but for the one ``error``
+    names.
+
+    Args:
+        root: The data directory.
+        error: The trial's words (``PATH: cannot decode (...)``): the file they begin with is not checked again.
+        seconds: How long the check may take; the files left are counted, not checked.
+
+    Returns:
+        What was found; an empty :class:`Scan` where the folder cannot be listed.
+    """
+    from torchvision.datasets import ImageFolder
+
+    try:
+        paths = [path for path, _ in ImageFolder(str(root), loader=str).samples if not error.startswith(f"{path}: ")]
+    except (OSError, RuntimeError, FileNotFoundError):  # gone or emptied meanwhile: the trial's line says enough
+        return Scan()
+    deadline = time.monotonic() + seconds
+    bad: list[str] = []
+    checked = 0
+    for path in paths:
+        if time.monotonic() > deadline:
+            break
+        checked += 1
+        if not decodes(path):
+            bad.append(path)
+    return Scan(bad=bad, checked=checked, total=len(paths), seconds=seconds)
