@@ -712,3 +712,40 @@ def test_cuda_that_cannot_start_is_said_as_the_device_s_failure_not_the_model_s(
     with pytest.raises(DeviceError):
         calibrate(replace(WORKLOAD, device="cuda:0"), CPU, usable_cores=2, available_bytes=2**33, max_memory=None,
                   trial_seconds=3.0, bf16_ok=False, runner=lambda *args, **kwargs: ranked)
+
+
+@pytest.mark.parametrize("error, kept", [
+    ("rank 0: /dev/shm (4 MiB, 4 MiB free) is too small for this setup's batches in flight (workers x prefetch x batch): 4 "
+     "batches of 2 MiB in flight (over 2 ranks) need 6 MiB; fewer workers, a smaller prefetch or batch fit it", True),
+    ("unable to allocate shared memory for the loader workers' queue lock (OSError: [Errno 28] No space left on device); "
+     "/dev/shm (64 KiB, 0 B free) is too small for this setup's batches in flight (workers x prefetch x batch): ...", False),
+    ("[Errno 30] Read-only file system: '/dev/shm/x'; /dev/shm is read-only to this process", False),
+])
+def test_loader_workers_whose_batches_in_flight_outgrow_the_dev_shm_stay_in_the_space(error: str, kept: bool) -> None:
+    """A DDP search in a 4 MiB /dev/shm: the loader-only runs (batch 64 x prefetch 2, over 2 ranks) were counted too
+    large for it, and the search dropped every worker, where 1 worker x prefetch 1 at batch 8 ran and won with --set.
+    Counted too large, workers stay (each setup is checked at its first batch); a /dev/shm that others filled, or that
+    is read-only, fails every worker setup alike: the search keeps num_workers=0. A --set pin keeps its workers and the
+    line says so, where it said the search keeps num_workers=0 beside a space of num_workers=1."""
+    from autotune.tuner.constraints import parse_constraint
+
+    class NoShm(FakeRunner):
+        def __call__(self, setup, workload, options=None, *, on_window=None) -> TrialResult:
+            if options.mode == "loader" and setup.num_workers:
+                return TrialResult(status="error", error=error)
+            return super().__call__(setup, workload, options, on_window=on_window)
+
+    lines: list[str] = []
+    calibration = calibrate(WORKLOAD, CPU, usable_cores=2, available_bytes=2**34, max_memory=None, trial_seconds=3.0,
+                            bf16_ok=False, runner=NoShm(), log=lines.append)
+    said = [line for line in lines if line.startswith("loader workers")]
+    assert (calibration.max_workers == 2) is kept and (calibration.max_workers == 0) is not kept
+    assert len(said) == 1 and said[0].endswith(
+        "the search keeps setups with workers, and one whose batches in flight do not fit fails at its first batch" if kept
+        else "the search keeps num_workers=0"), said
+    lines.clear()
+    pinned = calibrate(WORKLOAD, CPU, usable_cores=2, available_bytes=2**34, max_memory=None, trial_seconds=3.0,
+                       bf16_ok=False, runner=NoShm(), log=lines.append, pinned=[parse_constraint("num_workers=1")])
+    said = [line for line in lines if line.startswith("loader workers")]
+    assert pinned.max_workers > 0 and "keeps num_workers=0" not in said[0]
+    assert kept or said[0].endswith("--set num_workers keeps them: those trials are likely to fail alike"), said

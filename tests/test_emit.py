@@ -1856,11 +1856,14 @@ def test_the_classifier_script_on_a_real_full_dev_shm_says_so_in_one_line(synthe
     allowed = subprocess.run(["unshare", "-m", "sh", "-c", mount, "sh", "true"], capture_output=True, timeout=60, check=False)
     if allowed.returncode != 0:
         pytest.skip(f"this process may not mount a private /dev/shm: {allowed.stderr.decode(errors='replace').strip()}")
-    result = subprocess.run(["unshare", "-m", "sh", "-c", mount, "sh", *run], capture_output=True, text=True, timeout=300)
+    then_list = mount.replace(' && exec "$@"', ' && { "$@"; code=$?; ls -A /dev/shm; exit $code; }')
+    result = subprocess.run(["unshare", "-m", "sh", "-c", then_list, "sh", *run], capture_output=True, text=True, timeout=300)
     line = result.stderr.strip().splitlines()[-1]
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
     said = "as they started (/dev/shm holds 64 KiB, 0 KiB free): [Errno 28]" if filled else "(/dev/shm holds 64 KiB, "
     assert line.startswith(f"error: the loader's workers ran out of shared memory {said}"), line
+    # The file the failed allocation left (torch_<pid>_...) is removed; before, one stayed per worker, unremoved.
+    assert [name for name in result.stdout.split() if name.startswith("torch_")] == [], result.stdout
 
 
 def test_data_whose_class_folders_are_splits_gets_the_search_s_warning(

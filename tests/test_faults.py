@@ -455,12 +455,16 @@ def test_a_trial_on_a_real_full_dev_shm_names_it(cache_dir, filled: bool) -> Non
     mount = SMALL_SHM + (FILLED if filled else "") + " && exec \"$@\""
     _skip_unless_mounts_are_private(mount)
     trial = _tiny_trial(cache_dir, "--batch-size", "16", "--workers", "1", "--json")
-    result = subprocess.run(["unshare", "-m", "sh", "-c", mount, "sh", *trial], capture_output=True, text=True, timeout=WAIT_S,
-                            cwd=TESTS)
+    then_list = mount.replace(' && exec "$@"', ' && { "$@"; code=$?; ls -A /dev/shm >&2; exit $code; }')
+    result = subprocess.run(["unshare", "-m", "sh", "-c", then_list, "sh", *trial], capture_output=True, text=True,
+                            timeout=WAIT_S, cwd=TESTS)
     error = json.loads(result.stdout)["error"]
     said = "unable to allocate shared memory for the loader workers' queue lock" if filled else "failed in a DataLoader worker"
     assert said in error and "; /dev/shm (64 KiB, " in error, error
     assert error.endswith("(docker run --shm-size=8g or --ipc=host)"), error
+    # The worker's file of the failed allocation (torch_<pid>_..., named for a worker that ended) is removed, one a
+    # search left per such trial; before, nothing removed it.
+    assert [name for name in result.stderr.split() if name.startswith("torch_")] == [], result.stderr
 
 
 @pytest.mark.slow
@@ -481,6 +485,40 @@ def test_a_trial_whose_batches_in_flight_exceed_a_real_dev_shm_fails_at_its_firs
         assert outcome["status"] == "error" and outcome["error"].startswith(
             "/dev/shm (1 MiB, ") and " free) is too small for this setup's batches in flight (workers x prefetch x batch): 8 " \
             "batches of 192 KiB in flight need 2 MiB; fewer workers" in outcome["error"], outcome
+
+
+def test_only_files_a_failed_allocation_left_are_removed_from_the_dev_shm(tmp_path) -> None:
+    """What is removed after a trial that ran out of /dev/shm: PyTorch's files named for a process that ended (a zombie
+    counts as ended), holding no block, made since the trial began. A live process's file, one holding data, one older
+    than the trial and any other name stay."""
+    import os
+    import time
+
+    from autotune.runner.shm_leftovers import remove_failed_allocations
+
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait()
+    zombie = subprocess.Popen([sys.executable, "-c", "pass"])  # not waited for: a zombie until this test reaps it
+    for _ in range(200):
+        if open(f"/proc/{zombie.pid}/stat").read().split(") ")[1].startswith("Z"):
+            break
+        time.sleep(0.05)
+    began = time.time() - 1
+    files = {
+        "gone": f"torch_{ended.pid}_1_0", "zombie": f"torch_{zombie.pid}_2_0", "alive": f"torch_{os.getpid()}_3_0",
+        "data": f"torch_{ended.pid}_4_1", "old": f"torch_{ended.pid}_5_2", "other": f"pymp_{ended.pid}_6_0",
+    }
+    for key, name in files.items():
+        with open(tmp_path / name, "wb") as fh:
+            fh.truncate(1 << 16)  # sparse, as a failed allocation leaves it
+            if key == "data":
+                fh.write(b"x" * 4096)
+    os.utime(tmp_path / files["old"], (began - 60, began - 60))
+    removed = remove_failed_allocations(began, tmp_path)
+    zombie.wait()
+    assert sorted(p.name for p in removed) == sorted([files["gone"], files["zombie"]])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(files[k] for k in ("alive", "data", "old", "other"))
+    assert remove_failed_allocations(began, tmp_path / "none") == []  # no such directory: nothing to do
 
 
 def test_the_dev_shm_check_counts_what_stays_there_and_never_fails_on_a_batch_it_cannot_read(monkeypatch) -> None:

@@ -1712,12 +1712,14 @@ def test_the_task_script_on_a_real_full_dev_shm_says_so_not_that_the_batch_canno
     if allowed.returncode != 0:
         pytest.skip(f"this process may not mount a private /dev/shm: {allowed.stderr.decode(errors='replace').strip()}")
     run = [sys.executable, str(script), "--output-dir", "out", "--workers", "1", "--max-steps", "3"]
-    result = subprocess.run(["unshare", "-m", "sh", "-c", mount, "sh", *run], cwd=script.parent, capture_output=True, text=True,
-                            timeout=300)
+    then_list = mount.replace(' && exec "$@"', ' && { "$@"; code=$?; ls -A /dev/shm; exit $code; }')
+    result = subprocess.run(["unshare", "-m", "sh", "-c", then_list, "sh", *run], cwd=script.parent, capture_output=True,
+                            text=True, timeout=300)
     line = result.stderr.strip().splitlines()[-1]
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
     said = "as they started (/dev/shm holds 64 KiB, 0 KiB free): [Errno 28]" if filled else "(/dev/shm holds 64 KiB, "
     assert line.startswith(f"error: the loader's workers ran out of shared memory {said}"), line
+    assert [name for name in result.stdout.split() if name.startswith("torch_")] == [], result.stdout  # none left there
 
 
 def test_the_task_script_without_autotune_installed_says_so_in_one_line(

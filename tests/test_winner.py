@@ -209,6 +209,14 @@ def test_a_winner_without_loader_workers_is_called_serial_not_cpu_shared() -> No
     broken = dataclasses.replace(calibration, loader=(LoaderPoint(0, "ok", 900.0), LoaderPoint(1, "error", None)))
     assert bottleneck_verdict(best, broken, [_record(2, alone, 240.0, wait=0.05)], CPU).endswith(
         "(but they failed here in the calibration's loader-only runs, so the search tried none: its lines say why).")
+    # A /dev/shm too small for the calibration's batches in flight keeps workers in the space: the trials that had them
+    # failed too (before: "so the search tried none", of a search that had tried them).
+    failed = TrialRecord(3, "search", MID, TrialResult(status="error", error="/dev/shm (4 MiB, 4 MiB free) is too small ..."))
+    assert bottleneck_verdict(best, broken, [_record(2, alone, 240.0, wait=0.05), failed], CPU).endswith(
+        "(but they failed here in the calibration's loader-only runs, and so did every search trial that had them: its lines "
+        "say why).")
+    assert bottleneck_verdict(best, calibration, [_record(2, alone, 240.0, wait=0.05), failed], CPU).endswith(
+        "(but every search trial that had them failed: its lines say why).")
 
 
 def test_an_input_bound_winner_held_to_few_workers_by_a_small_dataset_is_told_so() -> None:

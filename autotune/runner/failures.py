@@ -7,6 +7,7 @@ Nothing is raised to the parent: :func:`classify` maps any exception to a
 from __future__ import annotations
 
 import os
+import re
 import signal
 from dataclasses import replace
 
@@ -111,6 +112,9 @@ def broken_hand_over(exc: BaseException) -> bool:
 
 #: The words of a trial whose loader workers found /dev/shm too small (:func:`shm_hint`): the search skips larger queues.
 SHM_TOO_SMALL = "is too small for this setup's batches in flight"
+#: What only the count of a setup's batches in flight says (:mod:`autotune.runner.shm_fit`): they outgrow /dev/shm by
+#: their size alone, where an allocation that failed may have met a /dev/shm that others filled.
+SHM_COUNTED = re.compile(r"\b\d+ batches of [\d.]+ \w+ in flight")
 
 
 def shm_hint(message: str) -> str:

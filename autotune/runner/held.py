@@ -49,6 +49,7 @@ import psutil
 from autotune.records import TrialOptions, TrialResult, Workload
 from autotune.runner import zygote
 from autotune.runner.launch import WindowCallback, run_trial, start_trial, supervise, with_compile_allowance
+from autotune.runner.shm_leftovers import SHM_WORDS, remove_failed_allocations
 from autotune.train_setup import TrainSetup
 from probes.cgroup import oom_kills
 from probes.hardware import SHM_MIN_BYTES
@@ -146,7 +147,7 @@ class HeldTrials:
         timed = with_compile_allowance(setup, options, workload)
         key = json.dumps([setup.to_dict(), workload.to_dict(), asdict(options)], sort_keys=True)
         held = self._held.pop(key, None)
-        kept = False
+        kept, began, shm_failed = False, time.time(), False
         try:
             if held is not None and not stopped(held.proc.pid):  # gone meanwhile (the OOM killer's pick): a fresh process
                 held.close()
@@ -161,6 +162,7 @@ class HeldTrials:
             beside = bool(self._held)  # other held processes share pages with this one: its PSS reads lower
             seen = supervise(held.proc, Path(held.made.name), timed, None, oom_before, held.offset)
             held.offset = seen.offset
+            shm_failed = SHM_WORDS in (seen.result.error or "")
             held.peak = max(held.peak, seen.result.peak_memory_bytes or 0)
             kept = seen.held and not self._full and self._room(held) and wait_stopped(held.proc, timed.effective_timeout_s)
             if kept:
@@ -172,6 +174,8 @@ class HeldTrials:
         finally:
             if held is not None and not kept:
                 held.close()
+                if shm_failed:
+                    remove_failed_allocations(began)
 
     def _room(self, held: Held) -> bool:
         """Whether ``held`` may stay: at least twice the largest held peak (``held``'s included) available."""

@@ -31,6 +31,7 @@ from autotune.records import MAX_SECONDS, TrialOptions, TrialResult, Workload
 from autotune.runner import zygote
 from autotune.runner.failures import EXTERNAL_SIGNALS, interrupted, killed, worker_oom
 from autotune.runner.measure import LoadMeter, busy_threshold
+from autotune.runner.shm_leftovers import SHM_WORDS, remove_failed_allocations
 from autotune.train_setup import TrainSetup
 from autotune.units import format_bytes
 from probes.cgroup import oom_kills
@@ -122,13 +123,17 @@ def run_trial(
         The measured result; failures are statuses, not exceptions.
     """
     options = with_compile_allowance(setup, options or TrialOptions(), workload)
+    began = time.time()
     made, proc, oom_before = start_trial(setup, workload, options)
     with made as tmp:
         try:
-            return supervise(proc, Path(tmp), options, on_window, oom_before).result
+            result = supervise(proc, Path(tmp), options, on_window, oom_before).result
         finally:
             proc.kill()
             proc.wait_reaped(timeout=2.0)
+    if SHM_WORDS in (result.error or ""):
+        remove_failed_allocations(began)
+    return result
 
 
 def start_trial(

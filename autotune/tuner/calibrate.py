@@ -25,7 +25,7 @@ from autotune.train_setup import TrainSetup
 from autotune.tuner.batch_sizes import data_limit, powers_of_two
 from autotune.tuner.constraints import Constraint, allows
 from autotune.tuner.diverged import HALF_ADAMW, half_adamw
-from autotune.tuner.loader_ceiling import loader_ceiling, outcome_text, rate_text, workers_broken
+from autotune.tuner.loader_ceiling import loader_ceiling, outcome_text, rate_text, without_workers, workers_broken
 from autotune.tuner.offered import autocasts
 from autotune.tuner.space import probe_batch
 from autotune.units import format_bytes
@@ -329,8 +329,9 @@ def calibrate(
         calibration = replace(calibration, max_workers=min(worker_cap, max(2, 2 * enough)))
     broken = workers_broken(loader_points, worker_error)
     if broken is not None:
-        log(f"loader workers fail ({broken}); the search keeps num_workers=0")
-        calibration = replace(calibration, max_workers=0)
+        said, dropped = without_workers(broken, middle, pinned)
+        log(said)
+        calibration = replace(calibration, max_workers=0) if dropped else calibration
     return calibration
 
 

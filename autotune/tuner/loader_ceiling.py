@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable
 from autotune.errors import WorkloadError
 from autotune.records import LOADER_MARGIN, LoaderPoint, TrialOptions, TrialResult, Workload
 from autotune.runner import TrialRunner
+from autotune.runner.failures import SHM_COUNTED
 from autotune.train_setup import TrainSetup
 from autotune.tuner.batch_sizes import powers_of_two
 from autotune.tuner.constraints import Constraint, allows
@@ -153,3 +154,17 @@ def workers_broken(points: list[LoaderPoint], first_error: str | None) -> str | 
     if not main or main[0].status != "ok" or not workers or any(p.status == "ok" for p in workers):
         return None
     return first_error or "every loader-only measurement with workers failed"
+
+
+def without_workers(broken: str, batch: int, pinned: Iterable[Constraint]) -> tuple[str, bool]:
+    """What the calibration says of loader workers that failed every loader-only run (``broken``, the first error), and
+    whether the search drops them. Batches in flight counted larger than /dev/shm (the runs' ``batch`` x prefetch 2,
+    times the ranks) fail for their size alone: setups with fewer in flight still run, each checked at its first batch, where
+    dropping every worker left a DDP search in a container's /dev/shm without any. A ``--set`` that leaves no count
+    below one keeps its workers either way."""
+    if SHM_COUNTED.search(broken):
+        return (f"loader workers' batches in flight at batch {batch} x prefetch 2 do not fit /dev/shm ({broken}); the search "
+                "keeps setups with workers, and one whose batches in flight do not fit fails at its first batch"), False
+    if not allows(pinned, "num_workers", 0):
+        return f"loader workers fail ({broken}); --set num_workers keeps them: those trials are likely to fail alike", False
+    return f"loader workers fail ({broken}); the search keeps num_workers=0", True

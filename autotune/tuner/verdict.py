@@ -22,10 +22,14 @@ UNCLEAR = 1.25
 
 def _workers_said(records: list[TrialRecord], calibration: Calibration) -> str:
     """What the search knows of loader workers, for a winner without them: they failed here, lost, or were not tried."""
-    if workers_broken(list(calibration.loader), None) is not None:
-        return "but they failed here in the calibration's loader-only runs, so the search tried none: its lines say why"
-    if any(r.setup.num_workers and r.result.status in ("ok", "pruned") for r in records):
+    tried = [r for r in records if r.setup.num_workers]
+    if any(r.result.status in ("ok", "pruned") for r in tried):
         return "the setups with workers the search measured were not faster here"
+    if workers_broken(list(calibration.loader), None) is not None:
+        then = "and so did every search trial that had them" if tried else "so the search tried none"
+        return f"but they failed here in the calibration's loader-only runs, {then}: its lines say why"
+    if tried:
+        return "but every search trial that had them failed: its lines say why"
     return "no setup with workers was measured"
 
 

@@ -1,0 +1,65 @@
+"""The files PyTorch leaves in /dev/shm when a loader worker's allocation there fails.
+
+A worker hands a batch over through a file it creates in /dev/shm (``torch_<pid>_<random>_<counter>``) and unlinks as
+soon as the main process holds it. Where the allocation fails (``unable to allocate shared memory(shm) for file
+</torch_...>: No space left on device``), the name stays after every process is gone: a search in a small /dev/shm left
+one per failed trial, the emitted script one per worker, and nothing removed them.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import psutil
+
+from probes.memory import SHM_PATH
+
+#: PyTorch's name for a tensor's file in /dev/shm, whose number is the process that made it.
+TORCH_FILE = re.compile(r"torch_(\d+)_\d+_\d+")
+#: The words of a trial's error that say an allocation in /dev/shm failed: only then is /dev/shm looked at.
+SHM_WORDS = "shared memory"
+
+
+def alive(pid: int) -> bool:
+    """Whether a process ``pid`` runs (one of another user's counts; a zombie does not: a loader worker whose parent
+    ended is one until init reaps it, which some containers' init never does)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.Error:  # there, but not ours to read
+        return True
+
+
+def remove_failed_allocations(since: float, directory: str | Path = SHM_PATH) -> list[Path]:
+    """Remove PyTorch's files in ``directory`` that a failed allocation left: named for a process that has ended,
+    holding no block of memory (the allocation never took one, so no process can have read a tensor from it), and
+    changed at or after ``since``.
+
+    Args:
+        since: When the run that failed began (``time.time()``); older files are not looked at.
+        directory: Where the files are.
+
+    Returns:
+        The files removed; none where the directory cannot be read.
+    """
+    removed: list[Path] = []
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:
+        return removed
+    for entry in entries:
+        named = TORCH_FILE.fullmatch(entry.name)
+        if named is None or alive(int(named.group(1))):
+            continue
+        try:
+            info = entry.stat(follow_symlinks=False)
+            if not entry.is_file(follow_symlinks=False) or info.st_blocks != 0 or info.st_mtime < since:
+                continue
+            os.unlink(entry.path)
+        except OSError:  # gone meanwhile, or not ours to remove
+            continue
+        removed.append(Path(entry.path))
+    return removed
