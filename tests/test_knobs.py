@@ -626,6 +626,51 @@ def test_compile_trials_are_queued_counting_other_workers_running_trials(tmp_pat
     enqueue_compile_trials(study, space, MIN_TRIALS)
     assert len(queued()) == 1
 
+
+def test_an_extended_search_compiles_its_new_leader_at_the_end_of_its_budget(tmp_path: Path) -> None:
+    """--trials 120, then the same command with --trials 140: the compile trial ran once per study, so the extension's
+    new leader was confirmed beside the old leader compiled, never compiled itself. Each budget's end compiles the
+    leader of that moment where it has not run compiled."""
+    from autotune.tuner.refine import compile_setup, enqueue_compile_trials
+    from autotune.tuner.study import ATTR_ROLE, SearchStudy
+
+    study = SearchStudy.open(f"sqlite:///{tmp_path / 'study.db'}", "grown", trials=MIN_TRIALS)
+    space = space_for(CPU)
+
+    def finish(setup: TrainSetup, rate: float) -> None:
+        trial, _ = study.ask()
+        role = trial.user_attrs.get(ATTR_ROLE, "search")
+        setup = compile_setup(trial.user_attrs) if role == ROLE_COMPILE else setup
+        result = TrialResult(status="ok", samples_per_s=rate)
+        study.record(trial, role, setup, result, None)
+        study.tell(trial, result)
+
+    def compiled() -> list[int]:
+        return [compile_setup(t.user_attrs).batch_size for t in study.study.get_trials(deepcopy=False)
+                if t.user_attrs.get(ATTR_ROLE) == ROLE_COMPILE]
+
+    for batch in range(1, MIN_TRIALS):
+        finish(TrainSetup(batch_size=batch), 100.0 + batch)  # batch 19 leads
+        enqueue_compile_trials(study, space, MIN_TRIALS)
+    assert compiled() == [MIN_TRIALS - 1]
+    finish(TrainSetup(), 90.0)  # the compile trial: the budget is spent
+    enqueue_compile_trials(study, space, MIN_TRIALS)
+    assert compiled() == [MIN_TRIALS - 1]
+    wanted = MIN_TRIALS + 5
+    for batch in range(100, 103):  # the extension: batch 101 leads, with room for two more eager trials
+        finish(TrainSetup(batch_size=batch), 300.0 if batch == 101 else 50.0)
+        enqueue_compile_trials(study, space, wanted)
+    assert compiled() == [MIN_TRIALS - 1]  # one slot before the last is still the sampler's
+    finish(TrainSetup(batch_size=103), 50.0)
+    enqueue_compile_trials(study, space, wanted)
+    assert compiled() == [MIN_TRIALS - 1, 101]  # the new leader, compiled, in the budget's last slot
+    finish(TrainSetup(), 0.0)
+    enqueue_compile_trials(study, space, wanted)  # spent
+    for batch in (200, 201):  # another extension, up to its last slot, whose leader has run compiled: none queued
+        finish(TrainSetup(batch_size=batch), 60.0)
+    enqueue_compile_trials(study, space, wanted + 3)
+    assert compiled() == [MIN_TRIALS - 1, 101]
+
 # ------------------------------------------------------------ emitted train.py
 def test_emitted_script_defaults_to_the_tuned_knobs(synthetic_data: Path, tmp_path: Path) -> None:
     from test_emit import defaults, make_best

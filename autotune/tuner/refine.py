@@ -51,22 +51,27 @@ def compile_skipped(space: Space, wanted: int) -> str:
 
 
 def enqueue_compile_trials(study: SearchStudy, space: Space, wanted: int, allowed: Callable[[TrainSetup], bool] = lambda setup: True) -> None:
-    """Once the eager trials are done, queue the fastest eager setup that may lead (``allowed``: not the PyTorch defaults a
-    ``--set`` excludes, the baseline only) compiled in each offered mode (once per study)."""
+    """Once the eager trials of the budget are done, queue the fastest eager setup that may lead (``allowed``: not the
+    PyTorch defaults a ``--set`` excludes, the baseline only) compiled in each offered mode it has not run in: at the end
+    of each budget a rerun with a larger ``--trials`` adds, where a new leader came up (before, once per study: an
+    extended search confirmed the old leader compiled beside a new one never compiled)."""
     count = compile_trials(space, wanted)
     if not count:
         return
     live = study.study.get_trials(deepcopy=False, states=(*FINISHED, TrialState.WAITING, TrialState.RUNNING))
     done, running = progress(live, wanted)  # running: other workers' trials too
-    if done + running < wanted - count or any(t.user_attrs.get(ATTR_ROLE) == ROLE_COMPILE for t in live):
+    compiled = [t for t in live if t.user_attrs.get(ATTR_ROLE) == ROLE_COMPILE]
+    if not wanted - count <= done + running < wanted or any(t.state in (TrialState.WAITING, TrialState.RUNNING) for t in compiled):
         return
     eager = [r for r in study.records() if r.result.ok and r.result.samples_per_s and r.setup.compile == "off" and allowed(r.setup)]
     if not eager:
         return
     leader = max(eager, key=lambda r: r.result.samples_per_s or 0.0).setup
+    tried = [t.user_attrs.get(ATTR_COMPILE_SETUP) for t in compiled]
     for mode in space.compile_modes():
         setup = leader.replace(compile=mode)
-        study.study.enqueue_trial({}, user_attrs={ATTR_ROLE: ROLE_COMPILE, ATTR_COMPILE_SETUP: setup.to_dict()})
+        if setup.to_dict() not in tried:
+            study.study.enqueue_trial({}, user_attrs={ATTR_ROLE: ROLE_COMPILE, ATTR_COMPILE_SETUP: setup.to_dict()})
 
 
 def compile_setup(attrs: dict[str, object]) -> TrainSetup:
