@@ -846,6 +846,24 @@ def two_inputs() -> autotune.Task:
     return autotune.Task(_TwoInputs(), [((torch.zeros(8), torch.zeros(4)), i % 3) for i in range(8)], loss=nn.CrossEntropyLoss())
 
 
+class _DetectorLike(nn.Module):
+    """forward(images, targets=None) as torchvision's detectors: training asserts on targets it was not given."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, images: torch.Tensor, targets: list[dict[str, torch.Tensor]] | None = None) -> dict[str, torch.Tensor]:
+        if self.training:
+            assert targets is not None, "targets should not be none when in training mode"
+        return {"loss": self.head(images).sum()}
+
+
+def detector_loss() -> autotune.Task:
+    """A detector-like model given loss=: called with the images alone, its forward asserts on the missing targets."""
+    return autotune.Task(_DetectorLike(), [(torch.zeros(8), i % 3) for i in range(8)], loss=lambda out, targets: out["loss"])
+
+
 class _WithAuxiliary(nn.Module):
     def __init__(self) -> None:
         super().__init__()

@@ -187,3 +187,33 @@ def test_docs_own_loop_snippet_runs(tmp_path: Path) -> None:
     assert namespace["i"] == 3  # 16 samples / batch 4 = 4 micro-batches = 2 optimizer steps
     assert namespace["optimizer"].defaults["foreach"] is False  # the tuned kernels
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+
+
+def test_a_task_s_own_loop_takes_what_train_py_calls_from_the_task() -> None:
+    """docs/workloads.md's own loop for a Task: `task.loss(model(x), y)` failed on a Task with the default loss (None
+    there) and the docs named no other way; build_model, the collate_fn, compute_loss and samples_in are what train.py
+    calls, and they train."""
+    import torch
+    from torch import nn
+
+    def pad(items):  # variable-length rows padded to the longest, their lengths counted as samples
+        rows = nn.utils.rnn.pad_sequence([x for x, _ in items], batch_first=True)
+        return rows[:, :4], torch.tensor([y for _, y in items])
+
+    items = [(torch.randn(3 + i % 3), i % 2) for i in range(8)]
+    task = autotune.Task(lambda: nn.Linear(4, 2), items, collate_fn=pad, batch_size_of=lambda batch: len(batch[1]))
+    assert task.loss is None  # the default loss: task.loss(model(x), y) cannot work
+    setup = TrainSetup(batch_size=4)
+    model = task.build_model()
+    loader = setup.dataloader(task.dataset, shuffle=True, collate_fn=task.collate_fn)
+    optimizer = setup.optimizer(model.parameters(), lr=0.1)
+    before = [p.detach().clone() for p in model.parameters()]
+    seen = 0
+    for batch in loader:
+        loss = task.compute_loss(model, batch)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        seen += task.samples_in(batch)
+    assert seen == 8 and loss.dim() == 0
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))

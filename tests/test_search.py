@@ -1149,6 +1149,22 @@ def test_repeats_do_not_use_up_the_budget_and_a_converged_sampler_still_ends(tmp
     rows = list(csv.DictReader((tmp_path / "out" / "trials.csv").open()))
     assert len(rows) == 16 and sum(bool(r["reused_from"]) for r in rows) == 11
     assert f"(same setup as #{free[0].reused_from}: not run again, not counted)" in buffer.getvalue()
+    # Its rerun said "the study holds 8 finished trials ... pass --trials 9 or more to search further", beside "5 finished
+    # trials kept", and a rerun with more --trials, which adds repeats only, measured the confirmation again.
+    from autotune.tuner.finalists import REUSED
+    from autotune.tuner.status import study_status
+
+    for trials in (8, 10):
+        buffer = io.StringIO()
+        with RichReporter(Console(file=buffer, width=400, color_system=None)) as reporter:
+            again = search(config(tmp_path, cache_dir, trials=trials, constraints=tuple(map(parse_constraint, pins))), reporter=reporter)
+        said = buffer.getvalue()
+        assert "calibration reused, 5 finished trials kept" in said and "search further" not in said, said
+        assert trials != 8 or ("the study holds 5 measured trials, and its sampler proposed setups measured before 11 times, more "
+                               "than --trials 8: it has converged, none runs") in said, said
+        assert len(measured(again.records)) == 5 and REUSED in said, said  # nothing measured: the confirmation's rounds stand
+    status = study_status(f"sqlite:///{tmp_path / 'out' / 'study.db'}", None, out=tmp_path / "out").lines()
+    assert "(5 measured; the sampler proposed setups measured before more times than --trials: it converged)" in status[0], status
 
 
 def test_the_report_s_best_so_far_passes_over_defaults_the_set_excludes(tmp_path, cache_dir, monkeypatch) -> None:

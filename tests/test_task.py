@@ -689,8 +689,12 @@ def test_good_workloads_become_workload_records() -> None:
         ("float64_items_step", "step(model, batch) failed on the first batch [Tensor[2, 3, 8, 8] float64, Tensor[2] int64]: RuntimeError: "
                                "mat1 and mat2 must have the same dtype, but got Double and Float; the inputs are float64 (NumPy's"),
         ("two_inputs", "missing 1 required positional argument: 'b'; with loss=, the model is called with one argument, the "
-                       "batch's inputs: for a model that takes several, give step=lambda model, batch: ... instead"),
+                       "batch's inputs: for a model that takes several (a torchvision detector's images and targets), give "
+                       "step=lambda model, batch: ... instead"),
         ("masked_inside", "TypeError: _TwoInputs.forward() missing 1 required positional argument: 'b'"),  # no step= hint
+        ("detector_loss", "AssertionError: targets should not be none when in training mode; with loss=, the model is called with "
+                          "one argument, the batch's inputs: for a model that takes several (a torchvision detector's images and "
+                          "targets), give step=lambda model, batch: ... instead"),
         ("unpicklable", "dataset (_HoldsFile) cannot be pickled for DataLoader workers"),
         ("tuple_output", "must be Tensor, not tuple; the model returns a tuple, and loss= gets it whole: give a loss that takes "
                          "it, or step=lambda model, batch: ... that picks the output to train on"),
@@ -709,7 +713,7 @@ def test_bad_workloads_fail_in_the_parent_with_one_line(name: str, message: str,
         _workload(name)
     assert message in str(info.value)
     assert "\n" not in str(info.value)
-    suggests_step = ("two_inputs", "tuple_output", "tuple_output_default_loss", "namedtuple_output_default_loss", "learned_loss")
+    suggests_step = ("two_inputs", "detector_loss", "tuple_output", "tuple_output_default_loss", "namedtuple_output_default_loss", "learned_loss")
     assert name in suggests_step or "step=lambda" not in str(info.value)  # only where it is the fix
     if name == "raises":  # a Python caller sees the factory's own traceback as the cause (from None hid it)
         assert isinstance(info.value.__cause__, RuntimeError) and info.value.__cause__.__traceback__ is not None
@@ -1288,7 +1292,7 @@ def test_items_of_different_shapes_are_told_to_pad_in_a_collate_fn() -> None:
     for exc in (caught.value, ValueError(f"Caught RuntimeError in DataLoader worker process 0.\nOriginal Traceback:\n"
                                          f"RuntimeError: {caught.value}")):
         error = classify(exc).error or ""
-        assert "stack expects each tensor to be equal size" in error and "collate_fn that pads them" in error, error
+        assert "stack expects each tensor to be equal size" in error and "that pads them" in error, error
     assert "collate_fn" not in (classify(RuntimeError("shape mismatch")).error or "")
 
 
@@ -1691,8 +1695,9 @@ def test_the_task_script_says_bad_data_in_one_line_and_leaves_no_loader_files(
         line = result.stderr.strip().splitlines()[-1]
         assert result.returncode == 1 and line.startswith(message) and "Traceback" not in result.stderr, result.stderr
         if workload == "ragged":
-            assert line.endswith("items of one batch differ in shape: give the workload a collate_fn that pads them "
-                                 f"(autotune.Task(collate_fn=...)){log}"), line
+            assert line.endswith("items of one batch differ in shape: give the workload a collate_fn (autotune.Task(collate_fn=...)) "
+                                 "that pads them, or that keeps them in lists where the model takes lists (a torchvision "
+                                 f"detector's images and targets: lambda items: tuple(zip(*items))){log}"), line
         written = (tmp_path / "out" / "error.log").read_text()  # the whole traceback, the worker's too, where the line says
         assert "Traceback" in written and ("cannot be collated" if workload == "ragged" else "corrupt record 13") in written
         assert not list(temp.glob("pymp-*"))

@@ -31,7 +31,7 @@ from autotune.records import TrialOptions, TrialRecord, TrialResult, Workload
 from autotune.runner import TrialRunner, WindowCallback
 from autotune.runner.failures import SHM_TOO_SMALL
 from autotune.train_setup import TrainSetup
-from autotune.tuner.budget import STUDY_BUDGET
+from autotune.tuner.budget import STUDY_BUDGET, counted_records
 from autotune.tuner.constraints import Constraint, excluding
 from autotune.tuner.neighbours import ROLE_NEIGHBOUR, enqueue_neighbour
 from autotune.tuner.pending import PendingTrial, kept_pending
@@ -182,7 +182,12 @@ def store_lone_budget(study: SearchStudy, plan: Exploration, reporter: Reporter)
     with fewer ``--trials`` than the study holds runs none. A shared study's worker stores its own
     (:func:`~autotune.tuner.budget.store_budget`)."""
     already = study.finished(plan.wanted)
-    if already >= plan.wanted:
+    measured = counted_records(study.records()) if already >= plan.wanted else already
+    if already >= plan.wanted and measured < already:  # the sampler's repeats of measured setups outgrew the budget
+        reporter.message(f"the study holds {measured} measured trials, and its sampler proposed setups measured before "
+                         f"{already - measured + plan.wanted} times, more than --trials {plan.wanted}: it has converged, none "
+                         "runs (a larger --trials runs only setups not measured yet; fewer --set pins widen the space)")
+    elif already >= plan.wanted:
         reporter.message(f"the study holds {already} finished trials, --trials {plan.wanted} asks for no more: none runs "
                          f"(pass --trials {already + 1} or more to search further)")
     study.study.set_user_attr(STUDY_BUDGET, max(plan.wanted, already))

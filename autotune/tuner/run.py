@@ -148,7 +148,7 @@ def _search(config: SearchConfig, prepared: Prepared, reporter: Reporter, timed:
     timing.phase = "search"
     check_recipe(prepared.study.records(), prepared.workload)  # a resumed study whose defaults diverged
     explore_all = partial(crew.explore, runner=placed) if crew else partial(explore_placed, prepared.placement, runner=timed)
-    before = prepared.study.finished()
+    before = counted_records(prepared.study.records())  # measured: the sampler's repeats of measured setups add nothing
     interrupted = not runs_to_the_end(lambda: explore_all(prepared.study, plan, reporter))
     records = prepared.study.records()
     plan.write_csv(records)
@@ -176,7 +176,7 @@ def _search(config: SearchConfig, prepared: Prepared, reporter: Reporter, timed:
         files = (*files, *written)
         return replace(shared, files=files, time_spent=spent, timing=timing)
     confirmed: list[Confirmed] = []
-    reuse = crew is None and prepared.study.finished() == before  # a lone study's run that added no trial
+    reuse = crew is None and counted_records(records) == before  # a lone study's run that measured no trial
     if not interrupted:
         timing.phase = "confirmation"
         with holding(timed.runner):  # a finalist's process is kept between its rounds

@@ -15,7 +15,7 @@ from autotune.output.sections import fastest_trial
 from autotune.records import TrialRecord
 from autotune.redact import hide_passwords
 from autotune.tuner import elections
-from autotune.tuner.budget import STUDY_BUDGET, STUDY_LARGEST_BUDGET, counted_toward_budget
+from autotune.tuner.budget import STUDY_BUDGET, STUDY_LARGEST_BUDGET, counted_records, counted_toward_budget
 from autotune.tuner.constraints import excluding
 from autotune.tuner.lock import Holder
 from autotune.tuner.pending import pending_file, read_pending
@@ -82,6 +82,8 @@ class StudyStatus:
             while the study file's own directory (``own_out``) holds one: the winner is there, not in ``out``. False
             where ``out`` is that directory (its best.json removed) or the storage is elsewhere (a server, another file).
         own_out: The directory of the study's file where it holds a best.json.
+        measured: The finished trials that measured a setup (``finished`` also counts the sampler's repeats of measured
+            setups past the budget: :func:`~autotune.tuner.budget.counted_toward_budget`).
     """
 
     study: str
@@ -107,6 +109,7 @@ class StudyStatus:
     largest: int | None = None
     confirmed_elsewhere: bool = False
     own_out: Path | None = None
+    measured: int | None = None
 
     def lines(self) -> list[str]:
         """The status in plain lines."""
@@ -118,6 +121,9 @@ class StudyStatus:
             count = f"{self.finished} trials finished (the study's --trials: {self.wanted}; {self.finished - self.wanted} more stored past it)"
         else:
             count = f"{self.finished}/{self.wanted} trials finished"
+        if self.measured is not None and self.measured < self.finished:  # a search's line and report.html count these
+            count += (f" ({self.measured} measured; the sampler proposed setups measured before more times than --trials: it "
+                      "converged)")
         alive = [r for r in self.running if not r.gone]
         kinds = ", ".join(self.infeasible_kinds) or "oom, timeout, error, diverged"
         infeasible = f" ({self.infeasible} infeasible: {kinds})" if self.infeasible else ""
@@ -243,6 +249,7 @@ def study_status(storage: str, study: str | None = None, out: Path | None = None
         storage=found.storage,
         wanted=attrs.get(STUDY_BUDGET),
         finished=counted_toward_budget(trials, attrs.get(STUDY_BUDGET)),
+        measured=counted_records(records),
         failed=sum(t.state == TrialState.FAIL and ATTR_MARKER not in t.user_attrs for t in trials),
         running=tuple(running),
         best=fastest,

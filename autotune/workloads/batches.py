@@ -64,7 +64,9 @@ def describe_batch(batch: Any) -> str:
 _RAGGED = "stack expects each tensor to be equal size"
 #: The same on items holding lists of different lengths (token ids not yet tensors).
 _RAGGED_LISTS = "each element in list of batch should be of equal size"
-RAGGED_HINT = "; items of one batch differ in shape: give the workload a collate_fn that pads them (autotune.Task(collate_fn=...))"
+RAGGED_HINT = ("; items of one batch differ in shape: give the workload a collate_fn (autotune.Task(collate_fn=...)) that pads "
+               "them, or that keeps them in lists where the model takes lists (a torchvision detector's images and targets: "
+               "lambda items: tuple(zip(*items)))")
 
 
 #: What autograd says when the loss's graph was already freed: a ``step`` that called ``backward()`` itself.

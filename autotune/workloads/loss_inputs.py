@@ -138,3 +138,23 @@ def _grows(message: str) -> bool:
 #: What PyTorch's element-wise losses (MSE, L1, smooth L1, Huber) warn when the targets' shape differs from the output's:
 #: they broadcast the two, an [N, 1] output against [N] targets into an [N, N] loss, and train without an error.
 BROADCAST_WARNING = "that is different to the input size"
+
+
+def one_argument_hint(model: Any, exc: BaseException) -> str:
+    """With ``loss=`` the model is called with the batch's inputs alone: what to say where its forward failed and takes
+    more than them (``forward(a, b)`` missing ``b``; a torchvision detector's ``forward(images, targets=None)``, which
+    asserts on the targets it was not given); "" otherwise."""
+    import inspect
+
+    forward = getattr(type(model), "forward", None)
+    own = f"{getattr(forward, '__qualname__', 'forward')}() missing"  # the model's own forward, not a submodule's
+    missing = isinstance(exc, TypeError) and str(exc).startswith(own) and "required positional argument" in str(exc)
+    try:
+        kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        more = sum(p.kind in kinds for p in inspect.signature(model.forward).parameters.values()) > 1
+    except (TypeError, ValueError, AttributeError):  # no signature to read
+        more = False
+    if not (missing or more):
+        return ""
+    return ("; with loss=, the model is called with one argument, the batch's inputs: for a model that takes several (a "
+            "torchvision detector's images and targets), give step=lambda model, batch: ... instead")

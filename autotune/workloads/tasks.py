@@ -28,7 +28,7 @@ from autotune.workloads.batches import describe_batch, has_image_tensor, hinted
 from autotune.workloads.collation import batched_fixed_shapes, batched_read, collate_items, fixed_shapes, read_batch
 from autotune.workloads.counts import check_count
 from autotune.workloads.factory_time import check_factory_time
-from autotune.workloads.loss_inputs import check_loss_weights, check_no_backward, float_targets, gradients, pass_warnings, reaches
+from autotune.workloads.loss_inputs import check_loss_weights, check_no_backward, float_targets, gradients, one_argument_hint, pass_warnings, reaches
 from autotune.workloads.models import arguments_hint, load_factory
 from autotune.workloads.modes import eval_modules, has_batch_norm, left_as_found, train_mode
 from autotune.workloads.optimizer_factory import checks_gradient_kinds, gradient_kind_mismatch
@@ -172,13 +172,8 @@ def _check_loss(task: Task, model: Any, batch: Any) -> Any:
         try:
             output = model(inputs)
         except USER_CODE_ERRORS as exc:
-            own = f"{getattr(type(model).forward, '__qualname__', 'forward')}() missing"  # the model's forward(a, b), not a submodule's
-            several = isinstance(exc, TypeError) and str(exc).startswith(own) and "required positional argument" in str(exc)
-            raise WorkloadError(
-                f"the model's forward failed on the first batch (inputs {describe_batch(inputs)}): " + hinted(f"{type(exc).__name__}: {exc}")
-                + ("; with loss=, the model is called with one argument, the batch's inputs: for a model that takes several, "
-                   "give step=lambda model, batch: ... instead" if several else "")
-            ) from None
+            raise WorkloadError(f"the model's forward failed on the first batch (inputs {describe_batch(inputs)}): "
+                                + hinted(f"{type(exc).__name__}: {exc}") + one_argument_hint(model, exc)) from None
         if task.loss is None and isinstance(output, torch.Tensor) and output.dim() >= 2 and output.shape[1] == 1:
             raise WorkloadError(f"the model outputs one value per sample ({describe_batch(output)}) and the default loss is "
                                 "cross-entropy, which is 0 over a single class: nothing would train; pass autotune.Task(loss=...), "
