@@ -864,6 +864,22 @@ def detector_loss() -> autotune.Task:
     return autotune.Task(_DetectorLike(), [(torch.zeros(8), i % 3) for i in range(8)], loss=lambda out, targets: out["loss"])
 
 
+class _Masked(nn.Module):
+    """forward(x, mask=None) whose layer takes 16 features, fed 8: a shape bug of its own."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.head = nn.Linear(16, 3)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        return self.head(x)
+
+
+def masked_shape_bug() -> autotune.Task:
+    """A model with an optional second argument that fails for its own reason: not told to use step=."""
+    return autotune.Task(_Masked(), [(torch.zeros(8), i % 3) for i in range(8)], loss=nn.CrossEntropyLoss())
+
+
 class _WithAuxiliary(nn.Module):
     def __init__(self) -> None:
         super().__init__()

@@ -1637,6 +1637,38 @@ def test_a_search_stopped_by_a_bad_image_names_the_folder_s_other_bad_images(tmp
         "--storage: another --study)")
 
 
+def test_a_ddp_trial_s_bad_image_is_not_counted_among_the_others_and_a_count_that_changed_starts_no_check(
+    tmp_path, synthetic_data
+) -> None:
+    """A DDP trial's error begins `rank 1: PATH: ...`: the check named PATH again among "3 of the other 64" (the whole
+    folder). A count that changed while the search ran names no file: the check ran for nothing, and the line said
+    "the other 64 files decode; fix or replace it in place"."""
+    import shutil
+
+    from autotune.errors import DataError
+    from autotune.records import TrialResult
+    from autotune.tuner import SearchConfig, run_search
+    from autotune.workloads.scan import other_bad_images
+
+    data = tmp_path / "data"
+    shutil.copytree(synthetic_data, data)
+    victim, other = (sorted((data / name).iterdir())[0] for name in ("class_03", "class_05"))
+    for path in (victim, other):
+        path.write_bytes(b"not an image")
+    found = other_bad_images(data, f"rank 1: {victim}: cannot decode (UnidentifiedImageError: ...)")
+    assert found.bad == [str(other)] and found.total == 63, found
+
+    count = f"{data}: 63 images now, 64 at the start: files were removed or added while it ran; put them back"
+
+    def changed(setup, workload, options=None, *, on_window=None):  # type: ignore[no-untyped-def]
+        return TrialResult(status="bad_data", error=count)
+
+    config = SearchConfig(model="resnet18", trials=2, image_size=32, device="cpu", trial_seconds=1.0, out=tmp_path / "out", data=data)
+    with pytest.raises(DataError) as caught:
+        run_search(config, runner=changed)
+    assert str(caught.value) == f"bad data: {count}; then rerun the same command (finished trials are kept)"
+
+
 def test_the_check_for_other_bad_images_stops_at_its_time_and_says_how_far_it_got(tmp_path, synthetic_data) -> None:
     """A folder too large to check in the time given: the files checked are counted against the others, and what was
     found among them is named, at most five, the rest counted."""
@@ -1649,6 +1681,7 @@ def test_the_check_for_other_bad_images_stops_at_its_time_and_says_how_far_it_go
     assert other_bad_images(data, "", seconds=0.0) == Scan(bad=[], checked=0, total=64, seconds=0.0)
     assert other_bad_images(data, "", seconds=0.0).words() == ""  # nothing checked: nothing to say
     assert Scan(checked=10, total=64, seconds=0.5).words() == "; the first 10 of the other 64 files (checked for 0.5 s) decode"
+    assert Scan(checked=1, total=64).words() == "; the first of the other 64 files (checked for 15 s) decodes"
     named = sorted(str(path) for path in data.rglob("*.jpg"))
     found = Scan(bad=named[:7], checked=700, total=1_000_000)
     assert found.words() == (f"; 7 of the first 700 of the other 1,000,000 files (checked for 15 s) also fail to decode: "

@@ -671,6 +671,25 @@ def test_an_extended_search_compiles_its_new_leader_at_the_end_of_its_budget(tmp
     enqueue_compile_trials(study, space, wanted + 3)
     assert compiled() == [MIN_TRIALS - 1, 101]
 
+def test_compile_trials_queued_are_no_more_than_the_budget_s_slots_left(tmp_path: Path) -> None:
+    """On CUDA two compiled modes: a rerun one trial larger whose new leader came up queued both for its one slot, and
+    the second waited in the study to run first in the next rerun, not at its end."""
+    from autotune.tuner.refine import compile_setup, enqueue_compile_trials
+    from autotune.tuner.study import ATTR_ROLE, SearchStudy
+
+    space = space_for(A100)
+    assert len(space.compile_modes()) == 2
+    study = SearchStudy.open(f"sqlite:///{tmp_path / 'study.db'}", "cuda", trials=MIN_TRIALS)
+    for batch in range(1, MIN_TRIALS + 1):  # the budget spent eagerly (its compile trials aside): batch 20 leads
+        trial, _ = study.ask()
+        result = TrialResult(status="ok", samples_per_s=100.0 + batch)
+        study.record(trial, "search", TrainSetup(batch_size=batch), result, None)
+        study.tell(trial, result)
+    enqueue_compile_trials(study, space, MIN_TRIALS + 1)  # one slot left
+    queued = [compile_setup(t.user_attrs) for t in study.study.get_trials(deepcopy=False) if t.user_attrs.get(ATTR_ROLE) == ROLE_COMPILE]
+    assert [s.compile for s in queued] == [space.compile_modes()[0]] and queued[0].batch_size == MIN_TRIALS
+
+
 # ------------------------------------------------------------ emitted train.py
 def test_emitted_script_defaults_to_the_tuned_knobs(synthetic_data: Path, tmp_path: Path) -> None:
     from test_emit import defaults, make_best

@@ -1165,6 +1165,12 @@ def test_repeats_do_not_use_up_the_budget_and_a_converged_sampler_still_ends(tmp
         assert len(measured(again.records)) == 5 and REUSED in said, said  # nothing measured: the confirmation's rounds stand
     status = study_status(f"sqlite:///{tmp_path / 'out' / 'study.db'}", None, out=tmp_path / "out").lines()
     assert "(5 measured; the sampler proposed setups measured before more times than --trials: it converged)" in status[0], status
+    # A rerun with fewer --trials stored a budget counting the repeats past it: status read "5/12 trials finished", as if
+    # seven were still to run. The budget it converged under stays.
+    search(config(tmp_path, cache_dir, trials=4, constraints=tuple(map(parse_constraint, pins))))
+    again = study_status(f"sqlite:///{tmp_path / 'out' / 'study.db'}", None, out=tmp_path / "out").lines()
+    counts = [re.search(r": (\d+)/(\d+) trials finished \(5 measured; ", line) for line in (status[0], again[0])]
+    assert all(counts) and counts[0].groups() == counts[1].groups() and len(set(counts[1].groups())) == 1, again
 
 
 def test_the_report_s_best_so_far_passes_over_defaults_the_set_excludes(tmp_path, cache_dir, monkeypatch) -> None:

@@ -692,6 +692,7 @@ def test_good_workloads_become_workload_records() -> None:
                        "batch's inputs: for a model that takes several (a torchvision detector's images and targets), give "
                        "step=lambda model, batch: ... instead"),
         ("masked_inside", "TypeError: _TwoInputs.forward() missing 1 required positional argument: 'b'"),  # no step= hint
+        ("masked_shape_bug", "RuntimeError: mat1 and mat2 shapes cannot be multiplied (2x8 and 16x3)"),  # its own bug: no step= hint
         ("detector_loss", "AssertionError: targets should not be none when in training mode; with loss=, the model is called with "
                           "one argument, the batch's inputs: for a model that takes several (a torchvision detector's images and "
                           "targets), give step=lambda model, batch: ... instead"),

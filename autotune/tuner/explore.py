@@ -190,7 +190,10 @@ def store_lone_budget(study: SearchStudy, plan: Exploration, reporter: Reporter)
     elif already >= plan.wanted:
         reporter.message(f"the study holds {already} finished trials, --trials {plan.wanted} asks for no more: none runs "
                          f"(pass --trials {already + 1} or more to search further)")
-    study.study.set_user_attr(STUDY_BUDGET, max(plan.wanted, already))
+    stored = study.study.user_attrs.get(STUDY_BUDGET)
+    # A converged study keeps the budget it converged under: `already` counts repeats past this smaller one (status read 5/12).
+    kept = max(plan.wanted, stored) if measured < already and isinstance(stored, int) else max(plan.wanted, already)
+    study.study.set_user_attr(STUDY_BUDGET, kept)
 
 
 def queue_refinements(study: SearchStudy, plan: Exploration) -> None:

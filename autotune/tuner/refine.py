@@ -68,10 +68,9 @@ def enqueue_compile_trials(study: SearchStudy, space: Space, wanted: int, allowe
         return
     leader = max(eager, key=lambda r: r.result.samples_per_s or 0.0).setup
     tried = [t.user_attrs.get(ATTR_COMPILE_SETUP) for t in compiled]
-    for mode in space.compile_modes():
-        setup = leader.replace(compile=mode)
-        if setup.to_dict() not in tried:
-            study.study.enqueue_trial({}, user_attrs={ATTR_ROLE: ROLE_COMPILE, ATTR_COMPILE_SETUP: setup.to_dict()})
+    untried = [setup for mode in space.compile_modes() if (setup := leader.replace(compile=mode)).to_dict() not in tried]
+    for setup in untried[: wanted - done - running]:  # no more than the budget has slots for: one left over would wait
+        study.study.enqueue_trial({}, user_attrs={ATTR_ROLE: ROLE_COMPILE, ATTR_COMPILE_SETUP: setup.to_dict()})
 
 
 def compile_setup(attrs: dict[str, object]) -> TrainSetup:

@@ -15,7 +15,7 @@ from autotune.train_setup import TrainSetup
 from autotune.tuner.config import Timing
 from autotune.tuner.signals import raise_if_stopped, remember_stop
 from autotune.workloads.data import MISSING, synthetic_dir
-from autotune.workloads.scan import Scan, other_bad_images
+from autotune.workloads.scan import Scan, names_a_file, other_bad_images
 
 
 class TimedRunner:
@@ -59,11 +59,20 @@ class TimedRunner:
         if result.status not in ("ok", "pruned") and (gone := data_gone(workload)) is not None:
             raise DataError(gone)  # not the setup's failure: stop before it is stored as one
         if result.status == "bad_data":
-            found = other_bad_images(workload.data, result.error or "") if _own_folder(workload, result.error) and workload.data else Scan()
+            found = _others(workload, result.error or "")
             advice, if_kept = bad_data_advice(workload, result.error, several=bool(found.bad))
             raise DataError(f"bad data: {result.error}{found.words()}; {advice}", if_kept=if_kept,
                             if_recalibrated=_them(RECALIBRATE_NOTE, bool(found.bad)) if if_kept else "")
         return result
+
+
+def _others(workload: Workload, error: str) -> Scan:
+    """The other images of the user's folder that fail to decode, where ``error`` names one of its files (not one
+    removed meanwhile, nor the folder's own words: a count that changed)."""
+    data = workload.data
+    if workload.task is not None or data is None or MISSING in error or not names_a_file(error, data):
+        return Scan()
+    return other_bad_images(data, error)
 
 
 def data_gone(workload: Workload) -> str | None:
@@ -81,11 +90,6 @@ def data_gone(workload: Workload) -> str | None:
             "same command (finished trials are kept)")
 
 
-def _own_folder(workload: Workload, error: str | None) -> bool:
-    """Whether the bad file is one of the user's image folder, there to be read (not one removed meanwhile)."""
-    return workload.task is None and MISSING not in (error or "")
-
-
 def bad_data_advice(workload: Workload, error: str | None = None, *, several: bool = False) -> tuple[str, str]:
     """What to do about a file or record that cannot be read (``error``, the trial's words), and what to add while the
     study holds a measurement: the user's own is fixed in place (removed, the data's size changes, which that study was
@@ -97,6 +101,8 @@ def bad_data_advice(workload: Workload, error: str | None = None, *, several: bo
                 "(it writes them again, the same files; finished trials are kept)"), ""
     if workload.task is None and MISSING in (error or ""):  # listed by the trial, gone as it read it
         return "files were removed while the search ran: put them back and rerun the same command (finished trials are kept)", ""
+    if workload.task is None and workload.data is not None and not names_a_file(error or "", workload.data):  # its count changed
+        return "then rerun the same command (finished trials are kept)", ""
     return f"fix or replace {_them('it', several)} in place and rerun the same command (finished trials are kept)", _them(SIZE_NOTE, several)
 
 

@@ -140,10 +140,14 @@ def _grows(message: str) -> bool:
 BROADCAST_WARNING = "that is different to the input size"
 
 
-def one_argument_hint(model: Any, exc: BaseException) -> str:
-    """With ``loss=`` the model is called with the batch's inputs alone: what to say where its forward failed and takes
-    more than them (``forward(a, b)`` missing ``b``; a torchvision detector's ``forward(images, targets=None)``, which
-    asserts on the targets it was not given); "" otherwise."""
+#: The names a forward's second parameter takes where it is the batch's targets (a torchvision detector's ``targets``).
+TARGET_NAMES = ("target", "targets", "label", "labels", "y")
+
+
+def one_argument_hint(model: Any, exc: BaseException, loss_given: bool) -> str:
+    """Without ``step=`` the model is called with the batch's inputs alone: what to say where its forward failed and
+    takes more than them (``forward(a, b)`` missing ``b``; a torchvision detector's ``forward(images, targets=None)``,
+    which asserts on the targets it was not given); "" otherwise (a ``forward(x, mask=None)`` whose failure is its own)."""
     import inspect
 
     forward = getattr(type(model), "forward", None)
@@ -151,10 +155,11 @@ def one_argument_hint(model: Any, exc: BaseException) -> str:
     missing = isinstance(exc, TypeError) and str(exc).startswith(own) and "required positional argument" in str(exc)
     try:
         kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-        more = sum(p.kind in kinds for p in inspect.signature(model.forward).parameters.values()) > 1
+        names = [p.name for p in inspect.signature(model.forward).parameters.values() if p.kind in kinds]
     except (TypeError, ValueError, AttributeError):  # no signature to read
-        more = False
-    if not (missing or more):
+        names = []
+    if not missing and not (len(names) > 1 and names[1].lower() in TARGET_NAMES):
         return ""
-    return ("; with loss=, the model is called with one argument, the batch's inputs: for a model that takes several (a "
-            "torchvision detector's images and targets), give step=lambda model, batch: ... instead")
+    with_loss = "with loss=" if loss_given else "with the default loss"
+    return (f"; {with_loss}, the model is called with one argument, the batch's inputs: for a model that takes several "
+            "(a torchvision detector's images and targets), give step=lambda model, batch: ... instead")

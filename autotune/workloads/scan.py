@@ -8,6 +8,8 @@ truncated file fails as in a trial, about 1 ms a file), other formats whole.
 
 from __future__ import annotations
 
+import os
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,12 +41,29 @@ class Scan:
         if self.checked == 0:  # nothing else to check, or no time to
             return ""
         others = "the other file" if self.total == 1 else f"the other {self.total:,} files"
-        scope = others if self.checked == self.total else f"the first {self.checked:,} of {others} (checked for {self.seconds:g} s)"
+        first = "the first" if self.checked == 1 else f"the first {self.checked:,}"
+        scope = others if self.checked == self.total else f"{first} of {others} (checked for {self.seconds:g} s)"
         if not self.bad:
-            return f"; {scope} decode" if self.total > 1 else f"; {scope} decodes"
+            return f"; {scope} decode" if self.checked > 1 else f"; {scope} decodes"
         named = ", ".join(self.bad[:NAMED]) + (f" and {len(self.bad) - NAMED:,} more" if len(self.bad) > NAMED else "")
         which = scope if self.total == 1 else f"{len(self.bad):,} of {scope}"
         return f"; {which} also {'fails' if len(self.bad) == 1 else 'fail'} to decode: {named}"
+
+
+#: How a DDP trial's error begins: the rank whose loader met the file.
+RANK_PREFIX = re.compile(r"^rank \d+: ")
+
+
+def named_first(error: str, path: str) -> bool:
+    """Whether the trial's ``error`` begins by naming ``path`` (``PATH: cannot decode ...``, after a DDP trial's
+    ``rank N: ``)."""
+    return RANK_PREFIX.sub("", error, count=1).startswith(f"{path}: ")
+
+
+def names_a_file(error: str, root: str | Path) -> bool:
+    """Whether the trial's ``error`` begins with a path inside the folder ``root`` (not the folder's own words, such as
+    a count that changed while the search ran)."""
+    return RANK_PREFIX.sub("", error, count=1).startswith(os.path.join(str(root), ""))
 
 
 def decodes(path: str) -> bool:
@@ -79,7 +98,7 @@ def other_bad_images(root: str | Path, error: str, seconds: float = SCAN_SECONDS
     from torchvision.datasets import ImageFolder
 
     try:
-        paths = [path for path, _ in ImageFolder(str(root), loader=str).samples if not error.startswith(f"{path}: ")]
+        paths = [path for path, _ in ImageFolder(str(root), loader=str).samples if not named_first(error, path)]
     except (OSError, RuntimeError, FileNotFoundError):  # gone or emptied meanwhile: the trial's line says enough
         return Scan()
     deadline = time.monotonic() + seconds

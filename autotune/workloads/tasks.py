@@ -173,7 +173,7 @@ def _check_loss(task: Task, model: Any, batch: Any) -> Any:
             output = model(inputs)
         except USER_CODE_ERRORS as exc:
             raise WorkloadError(f"the model's forward failed on the first batch (inputs {describe_batch(inputs)}): "
-                                + hinted(f"{type(exc).__name__}: {exc}") + one_argument_hint(model, exc)) from None
+                                + hinted(f"{type(exc).__name__}: {exc}") + one_argument_hint(model, exc, task.loss is not None)) from None
         if task.loss is None and isinstance(output, torch.Tensor) and output.dim() >= 2 and output.shape[1] == 1:
             raise WorkloadError(f"the model outputs one value per sample ({describe_batch(output)}) and the default loss is "
                                 "cross-entropy, which is 0 over a single class: nothing would train; pass autotune.Task(loss=...), "
