@@ -49,7 +49,7 @@ import psutil
 from autotune.records import TrialOptions, TrialResult, Workload
 from autotune.runner import zygote
 from autotune.runner.launch import WindowCallback, run_trial, start_trial, supervise, with_compile_allowance
-from autotune.runner.shm_leftovers import SHM_WORDS, remove_failed_allocations
+from autotune.runner.shm_leftovers import may_have_left, remove_failed_allocations
 from autotune.train_setup import TrainSetup
 from probes.cgroup import oom_kills
 from probes.hardware import SHM_MIN_BYTES
@@ -147,7 +147,7 @@ class HeldTrials:
         timed = with_compile_allowance(setup, options, workload)
         key = json.dumps([setup.to_dict(), workload.to_dict(), asdict(options)], sort_keys=True)
         held = self._held.pop(key, None)
-        kept, began, shm_failed = False, time.time(), False
+        kept, began, failed = False, time.time(), True
         try:
             if held is not None and not stopped(held.proc.pid):  # gone meanwhile (the OOM killer's pick): a fresh process
                 held.close()
@@ -162,7 +162,7 @@ class HeldTrials:
             beside = bool(self._held)  # other held processes share pages with this one: its PSS reads lower
             seen = supervise(held.proc, Path(held.made.name), timed, None, oom_before, held.offset)
             held.offset = seen.offset
-            shm_failed = SHM_WORDS in (seen.result.error or "")
+            failed = may_have_left(seen.result)
             held.peak = max(held.peak, seen.result.peak_memory_bytes or 0)
             kept = seen.held and not self._full and self._room(held) and wait_stopped(held.proc, timed.effective_timeout_s)
             if kept:
@@ -174,7 +174,7 @@ class HeldTrials:
         finally:
             if held is not None and not kept:
                 held.close()
-                if shm_failed:
+                if failed:  # or stopped by an exception (Ctrl-C)
                     remove_failed_allocations(began)
 
     def _room(self, held: Held) -> bool:

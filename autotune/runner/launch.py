@@ -31,7 +31,7 @@ from autotune.records import MAX_SECONDS, TrialOptions, TrialResult, Workload
 from autotune.runner import zygote
 from autotune.runner.failures import EXTERNAL_SIGNALS, interrupted, killed, worker_oom
 from autotune.runner.measure import LoadMeter, busy_threshold
-from autotune.runner.shm_leftovers import SHM_WORDS, remove_failed_allocations
+from autotune.runner.shm_leftovers import may_have_left, remove_failed_allocations
 from autotune.train_setup import TrainSetup
 from autotune.units import format_bytes
 from probes.cgroup import oom_kills
@@ -125,14 +125,15 @@ def run_trial(
     options = with_compile_allowance(setup, options or TrialOptions(), workload)
     began = time.time()
     made, proc, oom_before = start_trial(setup, workload, options)
+    result: TrialResult | None = None
     with made as tmp:
         try:
             result = supervise(proc, Path(tmp), options, on_window, oom_before).result
         finally:
             proc.kill()
             proc.wait_reaped(timeout=2.0)
-    if SHM_WORDS in (result.error or ""):
-        remove_failed_allocations(began)
+            if result is None or may_have_left(result):  # Ctrl-C during the trial, too
+                remove_failed_allocations(began)
     return result
 
 

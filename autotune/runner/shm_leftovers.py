@@ -3,7 +3,8 @@
 A worker hands a batch over through a file it creates in /dev/shm (``torch_<pid>_<random>_<counter>``) and unlinks as
 soon as the main process holds it. Where the allocation fails (``unable to allocate shared memory(shm) for file
 </torch_...>: No space left on device``), the name stays after every process is gone: a search in a small /dev/shm left
-one per failed trial, the emitted script one per worker, and nothing removed them.
+one per failed trial, the emitted script one per worker, and nothing removed them. A worker killed between creating
+its file and unlinking it leaves one too.
 """
 
 from __future__ import annotations
@@ -14,12 +15,18 @@ from pathlib import Path
 
 import psutil
 
+from autotune.records import TrialResult
 from probes.memory import SHM_PATH
 
 #: PyTorch's name for a tensor's file in /dev/shm, whose number is the process that made it.
 TORCH_FILE = re.compile(r"torch_(\d+)_\d+_\d+")
-#: The words of a trial's error that say an allocation in /dev/shm failed: only then is /dev/shm looked at.
-SHM_WORDS = "shared memory"
+
+
+def may_have_left(result: TrialResult) -> bool:
+    """Whether a trial that ended so may have left such files: one whose allocation in /dev/shm failed, or that ended
+    otherwise (killed, interrupted, timed out: a worker ended between creating its file and unlinking it). Only then is
+    /dev/shm looked at."""
+    return result.status not in ("ok", "pruned")
 
 
 def alive(pid: int) -> bool:
