@@ -210,6 +210,48 @@ def test_a_study_held_by_a_live_process_is_refused_and_a_dead_holder_is_taken_ov
     assert other.study.user_attrs[STUDY_HOLDER] is None
 
 
+def test_a_search_in_another_thread_of_the_same_process_is_refused_as_another_process_s(tmp_path) -> None:
+    """Two autotune.search calls from two threads of one process, one storage and study, other --outs: both ran into
+    the study (4 trials of --trials 3, two best.json that disagreed), where a second process is refused: a holder of
+    this process counted as the caller itself. The same --out was refused naming the caller's own pid as "another"."""
+    import threading
+
+    from autotune.errors import StorageError
+    from autotune.tuner.lock import IN_THIS_PROCESS, OutputLock
+    from autotune.tuner.study import SearchStudy
+
+    storage = f"sqlite:///{tmp_path / 'shared.db'}"
+    first = SearchStudy.open(storage, "shared")
+    first.claim()
+    refused: list[BaseException] = []
+
+    def second_search() -> None:
+        try:
+            SearchStudy.open(f"sqlite:///{tmp_path}/./shared.db", "shared").claim()  # another URL of the same file
+        except StorageError as exc:
+            refused.append(exc)
+
+    thread = threading.Thread(target=second_search)
+    thread.start()
+    thread.join()
+    assert [str(e) for e in refused] == [f"study 'shared' in {storage} is in use by another autotune search ({IN_THIS_PROCESS}); "
+                                         "wait for it to finish or pass --study NEW_NAME".replace(storage, f"sqlite:///{tmp_path}/./shared.db")]
+    first.release()
+    again = SearchStudy.open(storage, "shared")  # released: the next search of this process takes it
+    again.claim()
+    again.release()
+
+    (tmp_path / "out").mkdir()
+    with OutputLock(tmp_path / "out") as held:
+        with pytest.raises(StorageError, match=rf"^--out {tmp_path / 'out'} is in use by another autotune search \({IN_THIS_PROCESS}\)"):
+            OutputLock(tmp_path / "out").refuse_if_held()
+        with pytest.raises(StorageError, match=rf"\({IN_THIS_PROCESS}\); wait for it to finish or pass another --out"):
+            OutputLock(tmp_path / "out").acquire()
+        assert held is not None
+    with OutputLock(tmp_path / "out"):  # released: taken again
+        pass
+
+
 # ------------------------------------------------------- trial launch and supervision
 def _never_ending(cache_dir: Path) -> tuple:
     from autotune.records import TrialOptions, Workload

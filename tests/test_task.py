@@ -2165,3 +2165,17 @@ def test_a_default_optimizer_that_fails_is_not_called_the_task_s_factory(monkeyp
     monkeypatch.setattr(torch.optim, "AdamW", broken)
     with pytest.raises(WorkloadError, match=r"^building the default optimizer \(AdamW\) over the model failed: AttributeError: "):
         _workload("good")
+
+
+def test_checking_a_task_leaves_the_caller_s_random_generators_as_they_were() -> None:
+    """A notebook seeded once drew other numbers after autotune.search or autotune.trial on a Task: its factory built
+    the model (weights drawn from torch's generator) and the check trained a step, in the caller's process."""
+    import random
+
+    torch.manual_seed(0)
+    random.seed(0)
+    build_task_workload("task_factories:good", device="cpu", workers=False)
+    after = (torch.rand(3), random.random())
+    torch.manual_seed(0)
+    random.seed(0)
+    assert torch.equal(after[0], torch.rand(3)) and after[1] == random.random()

@@ -24,7 +24,10 @@ import errno
 import fcntl
 import os
 import socket
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -32,6 +35,7 @@ from typing import Any
 import psutil
 
 from autotune.errors import StorageError
+from autotune.tuner.storage_urls import storage_file
 
 LOCK_FILE = "autotune.lock"
 
@@ -116,6 +120,51 @@ class Holder:
         return f"pid {self.pid} on {self.host}"
 
 
+#: The studies and --out directories the searches of this process hold now: a search in another thread of it is refused
+#: as one in another process is (a Holder, a flock and a pid name processes alike, not threads).
+_HELD_HERE: set[str] = set()
+_HELD_LOCK = threading.Lock()
+#: Who holds what a thread of this process's search holds, as the refusals say it.
+IN_THIS_PROCESS = "another search of this process, in another thread"
+
+
+def hold_here(key: str) -> bool:
+    """Take ``key`` (a study, a directory) for a search of this process; False where another one holds it."""
+    with _HELD_LOCK:
+        if key in _HELD_HERE:
+            return False
+        _HELD_HERE.add(key)
+        return True
+
+
+def study_key(storage: str, name: str) -> str:
+    """A study as :func:`hold_here` takes it: by its file where it has one (two URLs may name it), else its URL."""
+    file = storage_file(storage)
+    return f"study:{file.resolve() if file is not None else storage}\0{name}"
+
+
+@contextmanager
+def let_go_on_error(key: str) -> Iterator[None]:
+    """Give ``key`` up where the block raises (what it took it for failed)."""
+    try:
+        yield
+    except BaseException:
+        let_go_here(key)
+        raise
+
+
+def held_here(key: str) -> bool:
+    """Whether a search of this process holds ``key``."""
+    with _HELD_LOCK:
+        return key in _HELD_HERE
+
+
+def let_go_here(key: str) -> None:
+    """Give ``key`` up (nothing where it is not held)."""
+    with _HELD_LOCK:
+        _HELD_HERE.discard(key)
+
+
 def _started(pid: int) -> float | None:
     try:
         return float(psutil.Process(pid).create_time())
@@ -132,22 +181,27 @@ class OutputLock:
     def __init__(self, out: Path) -> None:
         self.path = Path(out) / LOCK_FILE
         self._fd: int | None = None
+        self._key = f"out:{os.path.abspath(self.path)}"
 
     def acquire(self) -> None:
         """Take the lock, or refuse in one line naming the holder.
 
         Raises:
-            StorageError: Another live process holds it, or it cannot be created.
+            StorageError: Another live process holds it (or another thread's search of this one), or it cannot be created.
         """
+        if not hold_here(self._key):
+            raise self._in_use(IN_THIS_PROCESS)
         try:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as exc:
+            let_go_here(self._key)
             raise StorageError(f"cannot create the lock file {self.path}: {exc.strerror}") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
             holder = os.read(fd, 200).decode(errors="replace").strip() or "another process"
             os.close(fd)
+            let_go_here(self._key)
             if exc.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
                 raise self._in_use(holder) from None
             raise StorageError(f"cannot lock {self.path}: {exc.strerror}") from None
@@ -166,6 +220,8 @@ class OutputLock:
         Raises:
             StorageError: Another live process holds it.
         """
+        if held_here(self._key):  # another thread's search: its file is not opened (on NFS that drops its lock)
+            raise self._in_use(IN_THIS_PROCESS)
         try:
             fd = os.open(self.path, os.O_RDONLY)
         except OSError:
@@ -192,6 +248,7 @@ class OutputLock:
                 pass
             fcntl.flock(fd, fcntl.LOCK_UN)
             os.close(fd)
+            let_go_here(self._key)
 
     def __enter__(self) -> OutputLock:
         self.acquire()

@@ -33,7 +33,7 @@ from autotune.train_setup import TrainSetup
 from autotune.tuner.budget import ATTR_FREE, FINISHED, STUDY_BUDGET, counted_toward_budget, progress
 from autotune.tuner.constraints import Constraint, excluding
 from autotune.tuner.identity import signature_difference
-from autotune.tuner.lock import Holder
+from autotune.tuner.lock import IN_THIS_PROCESS, Holder, hold_here, let_go_here, let_go_on_error, study_key
 from autotune.tuner.pruning import ScreeningPruner
 from autotune.tuner.storage import DATABASE_ERRORS, cause_said, connection_lost, open_storage, with_retries
 from autotune.tuner.storage_urls import foreign_sqlite, storage_file
@@ -98,12 +98,10 @@ class SearchStudy(StudyStores):
     ) -> SearchStudy:
         """Create or resume the study ``name`` in ``storage`` (URL forms in :mod:`autotune.tuner.storage_urls`).
 
-        The TPE start-up schedule is fixed when the study is created, so a
-        resumed study (with a larger ``--trials``) keeps the one it began with.
-        A resumed study's sampler is seeded ``seed`` plus the trials it holds,
-        so it draws new points rather than the first run's again.
-        A ``shared`` study's TPE lies about running trials (``constant_liar``)
-        so workers do not all sample the same point.
+        The TPE start-up schedule is fixed when the study is created, so a resumed study (with a larger ``--trials``)
+        keeps the one it began with. A resumed study's sampler is seeded ``seed`` plus the trials it holds, so it draws
+        new points rather than the first run's again. A ``shared`` study's TPE lies about running trials
+        (``constant_liar``) so workers do not all sample the same point.
         The screening pruner's bar is the fastest finished trial the search's ``pins``
         (its ``--set``) allow: the PyTorch defaults they exclude are the baseline only.
 
@@ -192,14 +190,14 @@ class SearchStudy(StudyStores):
         Raises:
             StorageError: Another live search holds the study, named in one line.
         """
-        me = Holder.me()
-        holder = Holder.from_dict(self.study.user_attrs.get(STUDY_HOLDER))
-        if holder is not None and not holder.same_process(me) and holder.alive():
-            raise StorageError(
-                f"study {self.name!r} in {self.storage} is in use by another autotune search "
-                f"({holder.describe()}); wait for it to finish or pass --study NEW_NAME"
-            )
-        self.study.set_user_attr(STUDY_HOLDER, me.to_dict())
+        me, key = Holder.me(), study_key(self.storage, self.name)
+        other = Holder.from_dict(self.study.user_attrs.get(STUDY_HOLDER))  # one of this process: ended, or another thread's
+        other = other if other is not None and not other.same_process(me) and other.alive() else None
+        if other is not None or not hold_here(key):
+            raise StorageError(f"study {self.name!r} in {self.storage} is in use by another autotune search ("
+                               f"{other.describe() if other else IN_THIS_PROCESS}); wait for it to finish or pass --study NEW_NAME")
+        with let_go_on_error(key):
+            self.study.set_user_attr(STUDY_HOLDER, me.to_dict())
         self._holder = me
 
     def heartbeat(self) -> None:
@@ -212,9 +210,12 @@ class SearchStudy(StudyStores):
         if self._holder is None:
             return
         self._holder = None
-        stored = Holder.from_dict(self.study.user_attrs.get(STUDY_HOLDER))
-        if stored is not None and stored.same_process(Holder.me()):
-            self.study.set_user_attr(STUDY_HOLDER, None)
+        try:
+            stored = Holder.from_dict(self.study.user_attrs.get(STUDY_HOLDER))
+            if stored is not None and stored.same_process(Holder.me()):
+                self.study.set_user_attr(STUDY_HOLDER, None)
+        finally:  # last: a thread that takes it then is the study's holder
+            let_go_here(study_key(self.storage, self.name))
 
     def check_signature(self, signature: dict[str, Any], *, in_out: bool = False) -> None:
         """Refuse to resume a study made for a different search; record the signature.

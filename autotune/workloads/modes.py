@@ -63,3 +63,20 @@ def left_as_found(model: Any) -> Iterator[None]:
                 buffer.copy_(kept)
         for parameter, grad in grads:
             parameter.grad = grad
+
+
+@contextmanager
+def random_state_kept() -> Iterator[None]:
+    """Within it, the caller's process may draw from torch's CPU generator and Python's ``random`` (a Task's factory
+    initialising a model, the check's batches and training step); on exit both are as they were. A notebook seeded
+    once drew other numbers after ``autotune.search`` on a Task than without it."""
+    import random
+
+    import torch
+
+    python = random.getstate()
+    try:
+        with torch.random.fork_rng(devices=[]):  # the CPU's generator only: no CUDA device is touched in the parent
+            yield
+    finally:
+        random.setstate(python)

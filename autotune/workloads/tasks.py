@@ -30,7 +30,7 @@ from autotune.workloads.counts import check_count
 from autotune.workloads.factory_time import check_factory_time
 from autotune.workloads.loss_inputs import check_loss_weights, check_no_backward, float_targets, gradients, one_argument_hint, pass_warnings, reaches
 from autotune.workloads.models import arguments_hint, load_factory
-from autotune.workloads.modes import eval_modules, has_batch_norm, left_as_found, train_mode
+from autotune.workloads.modes import eval_modules, has_batch_norm, left_as_found, random_state_kept, train_mode
 from autotune.workloads.optimizer_factory import checks_gradient_kinds, gradient_kind_mismatch
 from autotune.workloads.same_task import trainable_parameters
 from autotune.workloads.task import Task
@@ -365,14 +365,15 @@ def build_task_workload(workload: str | Callable[..., Any], *, device: str, work
     """
     ref = task_ref(workload)
     sys_path: tuple[str, ...] = (os.getcwd(),)
-    factory = load_factory(ref, sys_path, what="workload")
-    task, took = call_factory(ref, factory)
-    if options is not None:
-        check_factory_time(ref, took, options, warn, again=lambda: call_factory(ref, factory)[1])
+    with random_state_kept():  # the caller's generators as they were: a seeded notebook draws the same numbers after
+        factory = load_factory(ref, sys_path, what="workload")  # its module's import too
+        task, took = call_factory(ref, factory)
+        if options is not None:
+            check_factory_time(ref, took, options, warn, again=lambda: call_factory(ref, factory)[1])
+        info = check_task(task, workers=workers, warn=warn)
     root = _import_root(ref.partition(":")[0])
     if root is not None:  # where this process found the module, first: trials and train.py import that file, not a
         sys_path = (root, *(p for p in sys_path if p != root))  # same-named one in a working directory changed since
-    info = check_task(task, workers=workers, warn=warn)
     return Workload(
         model=ref,
         device=device,
