@@ -1711,6 +1711,42 @@ def test_a_ddp_trial_s_bad_image_is_not_counted_among_the_others_and_a_count_tha
     assert str(caught.value) == f"bad data: {count}; then rerun the same command (finished trials are kept)"
 
 
+def test_more_bad_images_than_the_line_names_are_all_listed_in_the_out_directory(tmp_path, synthetic_data) -> None:
+    """156 bad files in a folder: the line named five and counted the rest, listed nowhere, so fixing them took a rerun
+    for each five. All are listed in OUT/bad-files.txt, which stays where the search removes the --out it made (it
+    measured nothing), and goes once a rerun starts."""
+    import shutil
+
+    from autotune.errors import DataError
+    from autotune.records import TrialResult
+    from autotune.tuner import SearchConfig, run_search
+    from autotune.workloads.scan import LIST_FILE
+
+    data, kept = tmp_path / "data", tmp_path / "kept"
+    shutil.copytree(synthetic_data, data)
+    shutil.copytree(synthetic_data, kept)
+    bad = sorted(data.rglob("*.jpg"))[::8]  # 8 of the 64
+    for path in bad:
+        path.write_bytes(b"not an image")
+    victim = bad[3]
+
+    def at_once(setup, workload, options=None, *, on_window=None):  # type: ignore[no-untyped-def]
+        return TrialResult(status="bad_data", error=f"{victim}: cannot decode (UnidentifiedImageError: ...)")
+
+    out = tmp_path / "out"
+    config = SearchConfig(model="resnet18", trials=2, image_size=32, device="cpu", trial_seconds=1.0, out=out, data=data)
+    with pytest.raises(DataError) as caught:
+        run_search(config, runner=at_once)
+    assert f"7 of the other 63 files also fail to decode: {', '.join(map(str, [p for p in bad if p != victim][:5]))} and 2 more " \
+           f"(all 8 listed in {out / LIST_FILE}); fix or replace them" in str(caught.value), str(caught.value)
+    assert [p.name for p in out.iterdir()] == [LIST_FILE]  # the rest of the --out it made is gone: nothing was measured
+    assert (out / LIST_FILE).read_text().splitlines() == [str(victim), *(str(p) for p in bad if p != victim)]
+    for path in bad:
+        shutil.copy(kept / path.relative_to(data), path)
+    assert run_search(config, runner=steady_runner).best is not None
+    assert not (out / LIST_FILE).exists()
+
+
 def test_the_check_for_other_bad_images_stops_at_its_time_and_says_how_far_it_got(tmp_path, synthetic_data) -> None:
     """A folder too large to check in the time given: the files checked are counted against the others, and what was
     found among them is named, at most five, the rest counted."""

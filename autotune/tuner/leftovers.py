@@ -15,6 +15,7 @@ leaves no empty study either.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -23,6 +24,7 @@ from pathlib import Path
 from autotune.errors import AutotuneError, DataError, SearchInterrupted, StorageError
 from autotune.tuner.storage import CONNECTION_ERRORS
 from autotune.tuner.study import SearchStudy
+from autotune.workloads.scan import LIST_FILE
 
 
 @contextmanager
@@ -47,7 +49,7 @@ def nothing_left_if_nothing_measured(study: SearchStudy, made_out: Path | None, 
             empty = study.measured_nothing() if isinstance(exc, DataError) else study.holds_nothing()
             held = not study.holds_nothing()  # a finished calibration or a trial: the data's size is the study's
             if empty and made_out is not None:
-                shutil.rmtree(made_out, ignore_errors=True)
+                _remove_all_but_the_list(made_out)
             elif empty:
                 study.delete()
         except CONNECTION_ERRORS:  # the storage failed meanwhile: the error already raised is the one to say
@@ -77,3 +79,18 @@ def nothing_left_if_stopped(study: SearchStudy, shared: bool) -> Iterator[None]:
             study.release()  # before it is gone (releasing again later does nothing)
             study.delete()
         raise
+
+
+def _remove_all_but_the_list(out: Path) -> None:
+    """Remove the directory this search made, but for the list of bad images a stop wrote there (named in its line)."""
+    if not (out / LIST_FILE).is_file():
+        shutil.rmtree(out, ignore_errors=True)
+        return
+    for entry in out.iterdir():
+        if entry.name == LIST_FILE:
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                entry.unlink()

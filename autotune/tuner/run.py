@@ -113,6 +113,7 @@ def _run_search(config: SearchConfig, reporter: Reporter, runner: TrialRunner) -
     except KeyboardInterrupt:
         raise SearchInterrupted("interrupted while the search was prepared: this run measured nothing (what earlier runs of the "
                                 "study measured is kept); rerun the same command") from None
+    timed.out = prepared.out
     # A storage that fails mid-search is one StorageError (the clean-up then leaves the storage alone).
     try:
         with nothing_left_if_nothing_measured(prepared.study, prepared.made_out, prepared.crew is not None), \

@@ -15,7 +15,7 @@ from autotune.train_setup import TrainSetup
 from autotune.tuner.config import Timing
 from autotune.tuner.signals import raise_if_stopped, remember_stop
 from autotune.workloads.data import MISSING, synthetic_dir
-from autotune.workloads.scan import Scan, names_a_file, other_bad_images
+from autotune.workloads.scan import Scan, names_a_file, other_bad_images, write_list
 
 
 class TimedRunner:
@@ -26,6 +26,8 @@ class TimedRunner:
     def __init__(self, runner: TrialRunner, timing: Timing) -> None:
         self.runner = runner
         self.timing = timing
+        #: The search's --out, once prepared: where many bad images are listed (:func:`~autotune.workloads.scan.write_list`).
+        self.out: Path | None = None
 
     def __call__(
         self,
@@ -60,8 +62,9 @@ class TimedRunner:
             raise DataError(gone)  # not the setup's failure: stop before it is stored as one
         if result.status == "bad_data":
             found = _others(workload, result.error or "")
+            listed = write_list(self.out, found) if self.out is not None else ""
             advice, if_kept = bad_data_advice(workload, result.error, several=bool(found.bad))
-            raise DataError(f"bad data: {result.error}{found.words()}; {advice}", if_kept=if_kept,
+            raise DataError(f"bad data: {result.error}{found.words()}{listed}; {advice}", if_kept=if_kept,
                             if_recalibrated=_them(RECALIBRATE_NOTE, bool(found.bad)) if if_kept else "")
         return result
 

@@ -16,8 +16,10 @@ from pathlib import Path
 
 #: How long the check may take: about 10,000 JPEGs of ImageNet's size on one core.
 SCAN_SECONDS = 15.0
-#: Files named in the line; the rest are counted.
+#: Files named in the line; the rest are counted, and all listed in :data:`LIST_FILE` in the search's --out.
 NAMED = 5
+#: Where a search stopped by bad images lists every one it found, one path a line, where the line names only some.
+LIST_FILE = "bad-files.txt"
 
 
 @dataclass(frozen=True)
@@ -29,12 +31,14 @@ class Scan:
         checked: The files checked, that one left out.
         total: The folder's image files, that one left out.
         seconds: The time the check was given.
+        named: The file the trial named ("" where the folder's listing holds none it names).
     """
 
     bad: list[str] = field(default_factory=list)
     checked: int = 0
     total: int = 0
     seconds: float = SCAN_SECONDS
+    named: str = ""
 
     def words(self) -> str:
         """The finding as the end of the search's line (``; 2 of the other 63 files also fail to decode: a, b``)."""
@@ -98,9 +102,11 @@ def other_bad_images(root: str | Path, error: str, seconds: float = SCAN_SECONDS
     from torchvision.datasets import ImageFolder
 
     try:
-        paths = [path for path, _ in ImageFolder(str(root), loader=str).samples if not named_first(error, path)]
+        listed = [path for path, _ in ImageFolder(str(root), loader=str).samples]
     except (OSError, RuntimeError, FileNotFoundError):  # gone or emptied meanwhile: the trial's line says enough
         return Scan()
+    named = next((path for path in listed if named_first(error, path)), "")
+    paths = [path for path in listed if path != named]
     deadline = time.monotonic() + seconds
     bad: list[str] = []
     checked = 0
@@ -110,4 +116,21 @@ def other_bad_images(root: str | Path, error: str, seconds: float = SCAN_SECONDS
         checked += 1
         if not decodes(path):
             bad.append(path)
-    return Scan(bad=bad, checked=checked, total=len(paths), seconds=seconds)
+    return Scan(bad=bad, checked=checked, total=len(paths), seconds=seconds, named=named)
+
+
+def write_list(out: Path, found: Scan) -> str:
+    """Every bad file the trial and the check found (the trial's first), one a line, in ``out``/:data:`LIST_FILE` where
+    the line names only :data:`NAMED` of them (a folder of 156 such files took a rerun for each five).
+
+    Returns:
+        `` (all N listed in PATH)`` to add to the line, or "" where it names them all or the file cannot be written.
+    """
+    if len(found.bad) <= NAMED:
+        return ""
+    path = out / LIST_FILE
+    try:
+        path.write_text("".join(f"{line}\n" for line in [found.named, *found.bad] if line), encoding="utf-8", errors="surrogateescape")
+    except OSError:
+        return ""
+    return f" (all {len(found.bad) + bool(found.named):,} listed in {path})"
