@@ -1377,6 +1377,11 @@ def test_a_fifo_named_like_an_image_and_a_link_loop_are_refused_as_the_search_re
         namespace["load_rgb"](str(fifo))
     with pytest.raises(namespace["BadImage"], match=f"^bad image {fifo}: not a regular file"):
         namespace["read_bytes"](str(fifo))  # --decode gpu
+    dangling = tmp_path / "gone.jpg"  # ls lists it: "No such file or directory" named a file that looked there
+    dangling.symlink_to("/nonexistent/gone.jpg")
+    for read in ("load_rgb", "read_bytes"):
+        with pytest.raises(namespace["BadImage"], match=f"^bad image {dangling}: .*a symbolic link to /nonexistent/gone.jpg, which does not exist"):
+            namespace[read](str(dangling))
     data = tmp_path / "loop"
     (data / "a").mkdir(parents=True)
     (data / "a" / "x.jpg").symlink_to(next(synthetic_data.glob("*/*.jpg")))
