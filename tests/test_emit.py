@@ -1382,6 +1382,10 @@ def test_a_fifo_named_like_an_image_and_a_link_loop_are_refused_as_the_search_re
     for read in ("load_rgb", "read_bytes"):
         with pytest.raises(namespace["BadImage"], match=f"^bad image {dangling}: .*a symbolic link to /nonexistent/gone.jpg, which does not exist"):
             namespace[read](str(dangling))
+    chained = tmp_path / "chained.jpg"  # a link to that link: the chain's end is named, not the link ls lists
+    chained.symlink_to("gone.jpg")
+    with pytest.raises(namespace["BadImage"], match="a chain of links that ends at /nonexistent/gone.jpg, which does not exist"):
+        namespace["load_rgb"](str(chained))
     data = tmp_path / "loop"
     (data / "a").mkdir(parents=True)
     (data / "a" / "x.jpg").symlink_to(next(synthetic_data.glob("*/*.jpg")))

@@ -249,7 +249,29 @@ def test_a_search_in_another_thread_of_the_same_process_is_refused_as_another_pr
             OutputLock(tmp_path / "out").acquire()
         assert held is not None
     with OutputLock(tmp_path / "out"):  # released: taken again
-        pass
+        (tmp_path / "link").symlink_to(tmp_path / "out")  # the same --out through a link: this process's, not "pid N"
+        with pytest.raises(StorageError, match=rf"\({IN_THIS_PROCESS}\)"):
+            OutputLock(tmp_path / "link").acquire()
+
+
+def test_a_lock_file_that_cannot_be_written_is_one_line_and_leaves_the_out_free(tmp_path, monkeypatch) -> None:
+    """A full disk as the holder's line is written: a bare OSError, and the --out stayed held by this process, every
+    later search of it refused as "another search of this process, in another thread"."""
+    import errno
+    import os
+
+    from autotune.errors import StorageError
+    from autotune.tuner import lock
+
+    def full(*args: object) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(lock.os, "pwrite", full)
+        with pytest.raises(StorageError, match=r"^cannot write the lock file .*autotune.lock: No space left on device$"):
+            lock.OutputLock(tmp_path).acquire()
+    with lock.OutputLock(tmp_path):  # free again, in this process and for others
+        assert os.path.getsize(tmp_path / "autotune.lock") > 0
 
 
 # ------------------------------------------------------- trial launch and supervision
@@ -1403,6 +1425,11 @@ def test_a_link_to_an_image_that_is_gone_is_named_as_such(tmp_path) -> None:
     link.symlink_to(tmp_path / "moved.jpg")
     with pytest.raises(BadImage, match=rf"^{link}: a symbolic link to {tmp_path}/moved\.jpg, which does not exist$"):
         load_image(str(link))
+    chained = tmp_path / "cat" / "b.jpg"  # b.jpg -> a.jpg -> moved.jpg: a.jpg is there (ls lists it), its end is not
+    chained.symlink_to("a.jpg")
+    with pytest.raises(BadImage, match=rf"^{chained}: a symbolic link to a\.jpg, a chain of links that ends at {tmp_path}/moved\.jpg, "
+                                       "which does not exist$"):
+        load_image(str(chained))
 
 
 def test_hidden_and_system_folders_read_as_classes_or_images_are_a_warning_and_the_summary_counts_what_is_skipped(tmp_path, monkeypatch) -> None:
@@ -1745,6 +1772,15 @@ def test_more_bad_images_than_the_line_names_are_all_listed_in_the_out_directory
         shutil.copy(kept / path.relative_to(data), path)
     assert run_search(config, runner=steady_runner).best is not None
     assert not (out / LIST_FILE).exists()
+    # A file of that name the user keeps in an --out is theirs: neither removed nor written over.
+    (out / LIST_FILE).write_text("my own notes\n")
+    assert run_search(config, runner=steady_runner).best is not None and (out / LIST_FILE).read_text() == "my own notes\n"
+    from autotune.workloads.scan import Scan, write_list
+
+    found = Scan(bad=[str(p) for p in bad[1:]], checked=40, total=63, named=str(bad[0]))
+    assert write_list(out, found, data) == "" and (out / LIST_FILE).read_text() == "my own notes\n"
+    (out / LIST_FILE).unlink()
+    assert write_list(out, found, data) == f" (the 8 found listed in {out / LIST_FILE})"  # the check ran out of time: not "all"
 
 
 def test_the_check_for_other_bad_images_stops_at_its_time_and_says_how_far_it_got(tmp_path, synthetic_data) -> None:

@@ -181,7 +181,7 @@ class OutputLock:
     def __init__(self, out: Path) -> None:
         self.path = Path(out) / LOCK_FILE
         self._fd: int | None = None
-        self._key = f"out:{os.path.abspath(self.path)}"
+        self._key = f"out:{os.path.realpath(self.path)}"  # the same --out through a link too
 
     def acquire(self) -> None:
         """Take the lock, or refuse in one line naming the holder.
@@ -205,9 +205,14 @@ class OutputLock:
             if exc.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
                 raise self._in_use(holder) from None
             raise StorageError(f"cannot lock {self.path}: {exc.strerror}") from None
-        me = Holder.me()
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{me.describe()}\n".encode(), 0)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{Holder.me().describe()}\n".encode(), 0)
+        except OSError as exc:  # a full disk, a quota: the lock goes with its line unwritten, and is said in one line
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+            let_go_here(self._key)
+            raise StorageError(f"cannot write the lock file {self.path}: {exc.strerror or exc}") from None
         self._fd = fd
 
     def refuse_if_held(self) -> None:

@@ -39,7 +39,7 @@ from autotune.tuner.study_files import check_one_study
 from autotune.tuner.workers import Crew
 from autotune.units import counted
 from autotune.workloads import build_workload, check_synthetic_target, write_synthetic
-from autotune.workloads.scan import LIST_FILE
+from autotune.workloads.scan import LIST_FILE, stale_list
 from autotune.workloads.tasks import build_task_workload
 from probes.hardware import gpu_busy_warning
 
@@ -123,8 +123,9 @@ def prepare(config: SearchConfig, reporter: Reporter) -> Prepared:
     try:
         with ExitStack() as stack:  # on an error below, both are released at once
             stack.enter_context(OutputLock(out))
-            with contextlib.suppress(OSError):  # an earlier stop's list of bad images: this run finds its own, if any
-                (out / LIST_FILE).unlink(missing_ok=True)
+            if stale_list(out, workload.data):  # an earlier stop's list of bad images: this run finds its own, if any
+                with contextlib.suppress(OSError):
+                    (out / LIST_FILE).unlink()
             seed = (config.seed + os.getpid()) % 2**32 if shared else config.seed  # workers sample apart
             study = SearchStudy.open(storage, name, sampler=config.sampler, seed=seed, trials=config.trials, shared=shared,
                                      parallel=placement.parallel, in_out=config.storage is None, pins=config.pins)

@@ -62,7 +62,7 @@ class TimedRunner:
             raise DataError(gone)  # not the setup's failure: stop before it is stored as one
         if result.status == "bad_data":
             found = _others(workload, result.error or "")
-            listed = write_list(self.out, found) if self.out is not None else ""
+            listed = write_list(self.out, found, workload.data) if self.out is not None and workload.data is not None else ""
             advice, if_kept = bad_data_advice(workload, result.error, several=bool(found.bad))
             raise DataError(f"bad data: {result.error}{found.words()}{listed}; {advice}", if_kept=if_kept,
                             if_recalibrated=_them(RECALIBRATE_NOTE, bool(found.bad)) if if_kept else "")

@@ -307,10 +307,19 @@ def load_image(path: str) -> Any:
         with open(path, "rb") as fh:
             return open_rgb(fh, path)
     except FileNotFoundError:  # a link whose target is gone reads as a missing file
-        gone = f"a symbolic link to {os.readlink(path)}, which does not exist" if os.path.islink(path) else MISSING
+        gone = dangling(path) if os.path.islink(path) else MISSING
         raise BadImage(f"{path}: {gone}") from None
     except (OSError, ValueError) as exc:  # no permission, an I/O error, a NUL in the name: open() fails before PIL sees it
         raise BadImage(f"{path}: cannot decode ({type(exc).__name__}: {exc})") from None
+
+
+def dangling(path: str) -> str:
+    """What a symbolic link whose target is gone is (``ls`` lists it: "No such file or directory" names a file that
+    looked there): its target, or where a chain of links ends."""
+    target = os.readlink(path)
+    if os.path.islink(os.path.join(os.path.dirname(path), target)):
+        return f"a symbolic link to {target}, a chain of links that ends at {os.path.realpath(path)}, which does not exist"
+    return f"a symbolic link to {target}, which does not exist"
 
 
 def same_count(dataset: Any, workload: Workload, world_size: int = 1) -> Any:

@@ -119,18 +119,31 @@ def other_bad_images(root: str | Path, error: str, seconds: float = SCAN_SECONDS
     return Scan(bad=bad, checked=checked, total=len(paths), seconds=seconds, named=named)
 
 
-def write_list(out: Path, found: Scan) -> str:
-    """Every bad file the trial and the check found (the trial's first), one a line, in ``out``/:data:`LIST_FILE` where
-    the line names only :data:`NAMED` of them (a folder of 156 such files took a rerun for each five).
+def write_list(out: Path, found: Scan, root: str | Path) -> str:
+    """Every bad file of the folder ``root`` the trial and the check found (the trial's first), one a line, in
+    ``out``/:data:`LIST_FILE` where the line names only :data:`NAMED` of them (a folder of 156 such files took a rerun
+    for each five).
 
     Returns:
         `` (all N listed in PATH)`` to add to the line, or "" where it names them all or the file cannot be written.
     """
-    if len(found.bad) <= NAMED:
-        return ""
     path = out / LIST_FILE
+    if len(found.bad) <= NAMED or (path.exists() and not stale_list(out, root)):  # a file of that name the user keeps: left alone
+        return ""
     try:
         path.write_text("".join(f"{line}\n" for line in [found.named, *found.bad] if line), encoding="utf-8", errors="surrogateescape")
     except OSError:
         return ""
-    return f" (all {len(found.bad) + bool(found.named):,} listed in {path})"
+    listed = len(found.bad) + bool(found.named)
+    return f" (all {listed:,} listed in {path})" if found.checked == found.total else f" (the {listed:,} found listed in {path})"
+
+
+def stale_list(out: Path, root: str | Path | None) -> bool:
+    """Whether ``out``/:data:`LIST_FILE` is an earlier stop's list for the folder ``root``: every line a path inside it
+    (a file of that name the user keeps there is left alone)."""
+    try:
+        lines = (out / LIST_FILE).read_text(encoding="utf-8", errors="surrogateescape").splitlines()
+    except OSError:
+        return False
+    inside = os.path.join(str(root), "") if root is not None else None
+    return bool(lines) and inside is not None and all(line.startswith(inside) for line in lines)
