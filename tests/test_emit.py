@@ -1310,6 +1310,29 @@ def test_a_bad_image_is_one_line_naming_it_and_a_bad_validation_image_loses_no_t
     assert proc.returncode == 1 and proc.stderr.startswith(f"error: bad image {small / 'a' / 'broken.jpg'}"), proc.stderr[-2000:]
 
 
+def test_a_bad_training_image_keeps_the_steps_trained_before_it(synthetic_data: Path, tmp_path: Path) -> None:
+    """A bad training image met mid-epoch ended the script without a checkpoint: the steps since the last one were lost
+    (with --checkpoint-every 0 a whole epoch's), where a SIGTERM at that step writes one. The checkpoint of the last
+    finished step is written, and --resume, once the file is fixed, goes on from it."""
+    import shutil
+
+    script = write_script(make_best(synthetic_data, **CPU_KNOBS), tmp_path / "train.py")
+    data = tmp_path / "data"
+    shutil.copytree(synthetic_data, data)
+    victim = sorted((data / "class_05").iterdir())[-1]
+    good = victim.read_bytes()
+    victim.write_bytes(b"\xff\xd8\xff\xe0 not a jpeg")
+    run = [sys.executable, str(script), "--epochs", "1", "--batch-size", "2", "--image-size", "32", "--amp", "off", "--data", str(data),
+           "--workers", "0", "--output-dir", "out", "--checkpoint-every", "0", "--print-freq", "1"]
+    proc = subprocess.run(run, cwd=tmp_path, capture_output=True, text=True, timeout=RUN_TIMEOUT)
+    assert proc.returncode == 1 and f"error: bad image {victim}" in proc.stderr, proc.stderr[-2000:]
+    step = int(re.search(r"stopped by a bad image after step (\d+); checkpoint in ", proc.stdout).group(1))  # type: ignore[union-attr]
+    assert step > 0 and (tmp_path / "out" / "checkpoint.pth").is_file()
+    victim.write_bytes(good)
+    resumed = subprocess.run([*run, "--resume"], cwd=tmp_path, capture_output=True, text=True, timeout=RUN_TIMEOUT)
+    assert resumed.returncode == 0 and f"at epoch 0 step {step}" in resumed.stdout, resumed.stdout[-2000:]
+
+
 def test_a_path_the_output_cannot_encode_is_printed_escaped(synthetic_data: Path, tmp_path: Path) -> None:
     """An ASCII stdout and an --output-dir named out_\u00e9: the steps trained, then the `done: ... checkpoint in` line
     raised UnicodeEncodeError, exit 1 (and --help, showing a tuned --data so named, did too)."""
