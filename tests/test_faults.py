@@ -1583,6 +1583,30 @@ def _bad_data_in_the_second_trial(victim: Path):  # type: ignore[no-untyped-def]
     return runner
 
 
+def test_bad_data_met_in_the_confirmation_writes_the_best_trial_unconfirmed_first(tmp_path, cache_dir) -> None:
+    """A file went bad while the finalists were re-measured: the search stopped without best.json (status: `winner:
+    none confirmed ... holds no best.json`), where a Ctrl-C at that point writes the fastest trial, unconfirmed."""
+    from autotune.errors import DataError
+    from autotune.output.best import read_best
+    from autotune.records import TrialResult
+    from autotune.tuner import SearchConfig, run_search
+
+    trained: list[int] = []
+
+    def confirmation_meets_it(setup, workload, options=None, *, on_window=None):  # type: ignore[no-untyped-def]
+        trained.extend([1] if options is not None and options.mode == "train" else [])
+        if len(trained) > 3:  # the 3 trials of the budget ran; the confirmation's first run meets the file
+            return TrialResult(status="bad_data", error="/data/cats/7.jpg: cannot decode (OSError: image file is truncated)")
+        return steady_runner(setup, workload, options, on_window=on_window)
+
+    config = SearchConfig(model="resnet18", trials=3, image_size=32, device="cpu", trial_seconds=1.0,
+                          out=tmp_path / "out", cache_dir=cache_dir, synthetic_images=64)
+    with pytest.raises(DataError, match=r"^bad data: /data/cats/7.jpg: cannot decode"):
+        run_search(config, runner=confirmation_meets_it)
+    best = read_best(tmp_path / "out" / "best.json")
+    assert not best.confirmed and any(note.startswith("not confirmed: the search was interrupted") for note in best.notes), best.notes
+
+
 def test_an_image_removed_as_a_trial_read_it_is_advised_back_not_fixed_in_place(tmp_path) -> None:
     """A probe removed two images mid-search; the next trial, which had listed them, read one gone: the line advised to
     "fix or replace it in place", and that removing it needs another --out, for a file the user had just removed."""

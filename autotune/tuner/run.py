@@ -18,7 +18,7 @@ from functools import partial
 from pathlib import Path
 from typing import TypeVar
 
-from autotune.errors import AutotuneError, EmitError, SearchFailed, SearchInterrupted, StorageError, UsageError
+from autotune.errors import AutotuneError, DataError, EmitError, SearchFailed, SearchInterrupted, StorageError, UsageError
 from autotune.output.emit import write_winner
 from autotune.records import Calibration, TrialOptions, TrialRecord
 from autotune.rounds import Confirmed
@@ -178,13 +178,15 @@ def _search(config: SearchConfig, prepared: Prepared, reporter: Reporter, timed:
         return replace(shared, files=files, time_spent=spent, timing=timing)
     confirmed: list[Confirmed] = []
     reuse = crew is None and counted_records(records) == before  # a lone study's run that measured no trial
+    bad: DataError | None = None  # met in the confirmation: best.json of the trials is written first, as on a Ctrl-C there
     if not interrupted:
         timing.phase = "confirmation"
         with holding(timed.runner):  # a finalist's process is kept between its rounds
-            interrupted = not runs_to_the_end(
-                lambda: confirmed.extend(confirm_finalists(config, prepared, records, calibration, defaults, options, reporter, placed,
-                                                           reuse=reuse))
-            )
+            try:
+                interrupted = not runs_to_the_end(lambda: confirmed.extend(
+                    confirm_finalists(config, prepared, records, calibration, defaults, options, reporter, placed, reuse=reuse)))
+            except DataError as exc:
+                interrupted, bad = True, exc
     reused = reuse and bool(confirmed) and prepared.study.confirmation() == {}  # the stored rounds taken, none measured now
     kept = kept_winner(prepared.out, prepared.study, records) if interrupted and not confirmed else None
     # Interrupted mid-confirmation: its rounds so far are shown (too few to rank), never dropped.
@@ -212,6 +214,8 @@ def _search(config: SearchConfig, prepared: Prepared, reporter: Reporter, timed:
     outcome = replace(outcome, timing=timing)
     if crew is not None and outcome.best is not None and not interrupted:
         crew.publish(outcome.best, config.trials, prepared.out)
+    if bad is not None:
+        raise bad
     if interrupted:  # after a finished confirmation only the winner's ceilings were left
         best_json = prepared.out / "best.json"
         said = (f"the confirmed winner is in {best_json}{'; only its ceilings were skipped' if config.ceilings else ''}" if confirmed else
