@@ -121,7 +121,7 @@ class StudyStatus:
             count = f"{self.finished} trials finished (the study's --trials: {self.wanted}; {self.finished - self.wanted} more stored past it)"
         else:
             count = f"{self.finished}/{self.wanted} trials finished"
-        if self.measured is not None and self.measured < self.finished:  # a search's line and report.html count these
+        if self.wanted and self.measured is not None and self.measured < self.finished:  # as a search's line and report.html count
             count += (f" ({self.measured} measured; the sampler proposed setups measured before more times than --trials: it "
                       "converged)")
         alive = [r for r in self.running if not r.gone]
