@@ -1601,10 +1601,14 @@ def test_bad_data_met_in_the_confirmation_writes_the_best_trial_unconfirmed_firs
 
     config = SearchConfig(model="resnet18", trials=3, image_size=32, device="cpu", trial_seconds=1.0,
                           out=tmp_path / "out", cache_dir=cache_dir, synthetic_images=64)
-    with pytest.raises(DataError, match=r"^bad data: /data/cats/7.jpg: cannot decode"):
+    with pytest.raises(DataError, match=r"^bad data: /data/cats/7.jpg: cannot decode") as caught:
         run_search(config, runner=confirmation_meets_it)
     best = read_best(tmp_path / "out" / "best.json")
-    assert not best.confirmed and any(note.startswith("not confirmed: the search was interrupted") for note in best.notes), best.notes
+    # Said as what it is, not "interrupted", in best.json (train.py's header and report.html take its notes) and the line.
+    assert not best.confirmed and any(note.startswith("not confirmed: the search was stopped by bad data") for note in best.notes), best.notes
+    assert not any("interrupted" in note for note in best.notes), best.notes
+    assert f"; best so far written to {tmp_path / 'out' / 'best.json'} (unconfirmed)" in str(caught.value), str(caught.value)
+    assert "stopped by bad data (winner not confirmed)" in (tmp_path / "out" / "report.html").read_text()
 
 
 def test_an_image_removed_as_a_trial_read_it_is_advised_back_not_fixed_in_place(tmp_path) -> None:

@@ -189,12 +189,11 @@ def _search(config: SearchConfig, prepared: Prepared, reporter: Reporter, timed:
                 interrupted, bad = True, exc
     reused = reuse and bool(confirmed) and prepared.study.confirmation() == {}  # the stored rounds taken, none measured now
     kept = kept_winner(prepared.out, prepared.study, records) if interrupted and not confirmed else None
-    # Interrupted mid-confirmation: its rounds so far are shown (too few to rank), never dropped.
-    so_far = stored_confirmed(prepared.study, records, prepared.study.confirmation()) if interrupted else ()
+    so_far = stored_confirmed(prepared.study, records, prepared.study.confirmation()) if interrupted else ()  # shown, never dropped
     try:
         with interrupts_held():  # a stop now waits for best.json and train.py, then skips only the ceilings
             outcome = finish(config, prepared, calibration, records, feasible, confirmed, defaults, interrupted, write=kept is None,
-                             partial_rounds=so_far)
+                             partial_rounds=so_far, stopped_by="bad data" if bad else "")
     except KeyboardInterrupt:
         interrupted = True
     if reused and (stored := prepared.study.verdict())[0] is not None and (stored[1] is not None or not config.ceilings):
@@ -205,7 +204,7 @@ def _search(config: SearchConfig, prepared: Prepared, reporter: Reporter, timed:
         interrupted = not runs_to_the_end(lambda: measured.append(with_ceilings(outcome, prepared, options, placed)))
         outcome = measured[-1]
     timing.wall_s = time.monotonic() - began
-    status = ("finished" if not interrupted else "interrupted" if confirmed else
+    status = ("finished" if not interrupted else "stopped by bad data (winner not confirmed)" if bad else "interrupted" if confirmed else
               "interrupted (an earlier run's confirmed winner kept)" if kept else "interrupted (winner not confirmed)")
     shown = outcome if kept is None else kept_outcome(outcome, kept, prepared.study, records)  # the report agrees with best.json
     written, spent = report_search(prepared.study, prepared.out, this_run(), reporter.message, status, records, calibration, shown)
@@ -214,8 +213,10 @@ def _search(config: SearchConfig, prepared: Prepared, reporter: Reporter, timed:
     outcome = replace(outcome, timing=timing)
     if crew is not None and outcome.best is not None and not interrupted:
         crew.publish(outcome.best, config.trials, prepared.out)
-    if bad is not None:
-        raise bad
+    if bad is not None:  # said with what was written, as a stop's line says it
+        where = prepared.out / "best.json"
+        said = f"best so far written to {where} (unconfirmed)" if kept is None else f"the confirmed winner of an earlier run stays in {where}"
+        raise DataError(f"{bad.alone}; {said}", if_kept=str(bad)[len(bad.alone):])
     if interrupted:  # after a finished confirmation only the winner's ceilings were left
         best_json = prepared.out / "best.json"
         said = (f"the confirmed winner is in {best_json}{'; only its ceilings were skipped' if config.ceilings else ''}" if confirmed else
@@ -357,6 +358,7 @@ def with_ceilings(outcome: SearchOutcome, prepared: Prepared, options: TrialOpti
 def finish(
     config: SearchConfig, prepared: Prepared, calibration: Calibration, records: list[TrialRecord], feasible: list[TrialRecord],
     confirmed: list[Confirmed], defaults: TrainSetup, interrupted: bool, write: bool = True, partial_rounds: tuple[Confirmed, ...] = (),
+    stopped_by: str = "",
 ) -> SearchOutcome:
     """Write best.json and train.py (not with ``write=False``: an earlier confirmed winner stays); the outcome with the verdict.
 
@@ -367,7 +369,7 @@ def finish(
         workload=prepared.workload, hardware=prepared.hardware, feasible=feasible, confirmed=confirmed, defaults=defaults,
         effective_batch=config.effective_batch, world_size=prepared.placement.world_size, command=config.command, interrupted=interrupted,
         excluded_by=excluding(config.pins, defaults), partial=partial_rounds, batch_pin=config.pins.get("batch_size"),
-        defaults_ran=any(r.setup == defaults for r in records),
+        defaults_ran=any(r.setup == defaults for r in records), stopped_by=stopped_by,
     )
     best = replace(best, study=prepared.study.name)
     for note in (diverged_note(records, prepared.workload), compiled_note(prepared.workload)):  # diverged: no finalist

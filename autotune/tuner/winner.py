@@ -42,6 +42,7 @@ def make_best(
     partial: tuple[Confirmed, ...] = (),
     batch_pin: Constraint | None = None,
     defaults_ran: bool = True,
+    stopped_by: str = "",
 ) -> Best:
     """The ``best.json`` record: the confirmed winner, its speedup and the notes.
 
@@ -64,6 +65,7 @@ def make_best(
         batch_pin: The user's ``--set batch_size=...``, if any: the note's way to keep the math respects it.
         defaults_ran: A trial of the defaults finished (with or without a throughput); False when the search
             stopped before their trial (a resumed search runs the defaults interrupted earlier again, last).
+        stopped_by: What stopped an ``interrupted`` search, where it was no signal (``bad data: PATH: ...``).
     """
     default_key = defaults.to_json()
     # The batch the defaults run, as the user's own loop would: the recipe's, or all the samples where the data holds fewer
@@ -119,14 +121,15 @@ def make_best(
         if pick is not None and baseline is not None and (paired := paired_speedup(pick, baseline)) is not None:
             speedup, base, rate, spread = paired, baseline.median, pick.median or rate, pick.spread or 0.0  # all from those rounds
             rounds = sorted(r for r in paired_ratios(pick, baseline) if r > 0) if pick is not baseline else []
+        stopped, rerun = (f"the search was stopped by {stopped_by}", "fix it, then rerun") if stopped_by else ("the search was interrupted", "rerun")
         if interrupted and any(c.values for c in partial):
             shared = f" ({PAIRED_SO_FAR})" if paired is not None else ""
             ranked = (f"#{top.number} ran ahead of the fastest trial #{fastest.number} in the rounds both ran" if top is not fastest
                       else "too few to rank")
-            notes.append("not confirmed: the search was interrupted during the interleaved re-measurement "
-                         f"(its rounds so far are shown, {ranked}; rerun the same command to confirm){shared}")
+            notes.append(f"not confirmed: {stopped} during the interleaved re-measurement "
+                         f"(its rounds so far are shown, {ranked}; {rerun} the same command to confirm){shared}")
         elif interrupted:
-            notes.append("not confirmed: the search was interrupted before the interleaved re-measurement")
+            notes.append(f"not confirmed: {stopped} before the interleaved re-measurement")
         else:
             notes.append("not confirmed: every confirmation run failed; the fastest single trial is shown")
     peaks = [r.result.peak_memory_bytes for r in feasible if r.setup == setup and r.result.peak_memory_bytes]
