@@ -562,11 +562,9 @@ def test_only_files_a_failed_allocation_left_are_removed_from_the_dev_shm(tmp_pa
 
     ended = subprocess.Popen([sys.executable, "-c", "pass"])
     ended.wait()
-    zombie = subprocess.Popen([sys.executable, "-c", "pass"])  # not waited for: a zombie until this test reaps it
-    for _ in range(200):
-        if open(f"/proc/{zombie.pid}/stat").read().split(") ")[1].startswith("Z"):
-            break
-        time.sleep(0.05)
+    zombie = subprocess.Popen([sys.executable, "-c", "pass"])  # not reaped: a zombie until this test reaps it
+    os.waitid(os.P_PID, zombie.pid, os.WEXITED | os.WNOWAIT)  # until it has exited, however loaded the machine
+    assert open(f"/proc/{zombie.pid}/stat").read().split(") ")[1].startswith("Z")
     began = time.time() - 1
     files = {
         "gone": f"torch_{ended.pid}_1_0", "zombie": f"torch_{zombie.pid}_2_0", "alive": f"torch_{os.getpid()}_3_0",
@@ -1545,6 +1543,15 @@ def test_an_image_over_pils_pixel_limit_is_bad_data_naming_the_file(tmp_path, mo
     assert result.status == "bad_data" and str(victim) in (result.error or "") and "too large" in (result.error or "")
 
 
+@pytest.fixture
+def whole_scan(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check for a folder's other bad images reads every file of these small folders, however loaded the machine:
+    its 15 s would otherwise bound what a test's line says."""
+    from autotune.workloads import scan
+
+    monkeypatch.setattr(scan, "SCAN_SECONDS", 1e6)
+
+
 def test_bad_data_in_a_trial_stops_the_search_naming_the_file(tmp_path, cache_dir) -> None:
     from autotune.errors import WorkloadError
     from autotune.records import TrialResult
@@ -1649,7 +1656,7 @@ def test_bad_data_advice_matches_what_a_rerun_accepts(tmp_path, synthetic_data) 
     assert study_of(tmp_path / "out").trials[0].state == TrialState.COMPLETE
 
 
-def test_bad_data_met_before_anything_was_measured_leaves_no_study_and_says_nothing_of_another_out(tmp_path, synthetic_data) -> None:
+def test_bad_data_met_before_anything_was_measured_leaves_no_study_and_says_nothing_of_another_out(tmp_path, synthetic_data, whole_scan) -> None:
     """The first calibration run meets the file: the study measured nothing and is removed, so a rerun on the same
     --out without the file is a new search, and the line does not send the user to another --out."""
     import shutil
@@ -1676,8 +1683,7 @@ def test_bad_data_met_before_anything_was_measured_leaves_no_study_and_says_noth
 
 
 def test_bad_data_met_after_calibration_runs_were_kept_says_the_same_out_takes_the_data_without_the_file(
-    tmp_path, synthetic_data, capsys
-) -> None:
+    tmp_path, synthetic_data, capsys, whole_scan) -> None:
     """The loader-only calibration runs meet the file after the compute-only ones were kept: a rerun for fewer samples
     drops those runs and calibrates again on the same --out, so the line says that, not "needs another --out" (which
     it said, while the same --out took the data without the file)."""
@@ -1707,7 +1713,7 @@ def test_bad_data_met_after_calibration_runs_were_kept_says_the_same_out_takes_t
     assert outcome.best is not None and outcome.best.workload.images == 63
 
 
-def test_a_search_stopped_by_a_bad_image_names_the_folder_s_other_bad_images(tmp_path, synthetic_data) -> None:
+def test_a_search_stopped_by_a_bad_image_names_the_folder_s_other_bad_images(tmp_path, synthetic_data, whole_scan) -> None:
     """A folder with three bad files took three reruns, each after the calibration, one file named at a time: the line
     names the other two as well (one truncated, one not an image), each found by decoding the folder's files, and its
     advice speaks of them all."""
@@ -1735,8 +1741,7 @@ def test_a_search_stopped_by_a_bad_image_names_the_folder_s_other_bad_images(tmp
 
 
 def test_a_ddp_trial_s_bad_image_is_not_counted_among_the_others_and_a_count_that_changed_starts_no_check(
-    tmp_path, synthetic_data
-) -> None:
+    tmp_path, synthetic_data, whole_scan) -> None:
     """A DDP trial's error begins `rank 1: PATH: ...`: the check named PATH again among "3 of the other 64" (the whole
     folder). A count that changed while the search ran names no file: the check ran for nothing, and the line said
     "the other 64 files decode; fix or replace it in place"."""
@@ -1766,7 +1771,7 @@ def test_a_ddp_trial_s_bad_image_is_not_counted_among_the_others_and_a_count_tha
     assert str(caught.value) == f"bad data: {count}; then rerun the same command (finished trials are kept)"
 
 
-def test_more_bad_images_than_the_line_names_are_all_listed_in_the_out_directory(tmp_path, synthetic_data) -> None:
+def test_more_bad_images_than_the_line_names_are_all_listed_in_the_out_directory(tmp_path, synthetic_data, whole_scan) -> None:
     """156 bad files in a folder: the line named five and counted the rest, listed nowhere, so fixing them took a rerun
     for each five. All are listed in OUT/bad-files.txt, which stays where the search removes the --out it made (it
     measured nothing), and goes once a rerun starts."""

@@ -87,14 +87,15 @@ def decodes(path: str) -> bool:
     return True
 
 
-def other_bad_images(root: str | Path, error: str, seconds: float = SCAN_SECONDS) -> Scan:
+def other_bad_images(root: str | Path, error: str, seconds: float | None = None) -> Scan:
     """The image files under ``root`` (as ``ImageFolder`` lists them) that fail to decode, but for the one ``error``
     names.
 
     Args:
         root: The data directory.
         error: The trial's words (``PATH: cannot decode (...)``): the file they begin with is not checked again.
-        seconds: How long the check may take; the files left are counted, not checked.
+        seconds: How long the check may take (None: :data:`SCAN_SECONDS`, read as it is called); the files left are
+            counted, not checked.
 
     Returns:
         What was found; an empty :class:`Scan` where the folder cannot be listed.
@@ -107,11 +108,12 @@ def other_bad_images(root: str | Path, error: str, seconds: float = SCAN_SECONDS
         return Scan()
     named = next((path for path in listed if named_first(error, path)), "")
     paths = [path for path in listed if path != named]
+    seconds = SCAN_SECONDS if seconds is None else seconds
     deadline = time.monotonic() + seconds
     bad: list[str] = []
     checked = 0
     for path in paths:
-        if time.monotonic() > deadline:
+        if time.monotonic() >= deadline:  # 0 s checks none, however coarse the clock
             break
         checked += 1
         if not decodes(path):
