@@ -132,6 +132,15 @@ def atomic_write_all(files: dict[Path, bytes]) -> None:
         raise
 
 
+def dangling(path: str | Path) -> str:
+    """What a symbolic link whose target is gone is (``ls`` lists it: "No such file or directory" names a file that
+    looked there): its target, or where a chain of links ends."""
+    target = os.readlink(path)
+    if os.path.islink(os.path.join(os.path.dirname(path), target)):
+        return f"a symbolic link to {target}, a chain of links that ends at {os.path.realpath(path)}, which does not exist"
+    return f"a symbolic link to {target}, which does not exist"
+
+
 def read_json(file: Path, error: type[AutotuneError], missing_hint: str = "") -> Any:
     """The parsed JSON of ``file``.
 
@@ -151,7 +160,7 @@ def read_json(file: Path, error: type[AutotuneError], missing_hint: str = "") ->
         text = file.read_text(encoding="utf-8-sig")  # a byte-order mark (Windows Notepad saves one) is no error
     except FileNotFoundError:
         if file.is_symlink():  # a link whose target is gone reads as a missing file
-            raise error(f"{file}: a symbolic link to {os.readlink(file)}, which does not exist") from None
+            raise error(f"{file}: {dangling(file)}") from None
         raise error(f"{file}: no such file{missing_hint}") from None
     except OSError as exc:
         loop = exc.errno == errno.ELOOP

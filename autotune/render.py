@@ -16,8 +16,9 @@ from rich.table import Table
 
 from autotune.output.best import DEFAULTS_KEPT
 from autotune.redact import show_controls
-from autotune.runner.measure import BUSY_CORES
+from autotune.runner.measure import busy_threshold
 from autotune.units import format_bytes
+from probes.cpu import usable_cores
 
 if TYPE_CHECKING:  # pragma: no cover
     from rich.console import Console, Group, RenderableType
@@ -72,7 +73,7 @@ def render_trial(setup: TrainSetup, result: TrialResult) -> Table:
     if result.measured_s is not None:
         table.add_row("measured", f"{result.measured_s:.1f} s")
     if result.other_cores is not None:  # two trials compared by hand: one may have met a busy machine
-        busy = ": the figures hold for a machine that busy" if result.other_cores >= BUSY_CORES else ""
+        busy = ": the figures hold for a machine that busy" if result.other_cores >= busy_threshold(usable_cores()) else ""
         table.add_row("other load", f"{result.other_cores:.1f} cores kept busy by other processes while it measured{busy}")
     return table
 

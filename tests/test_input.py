@@ -67,7 +67,7 @@ def test_tables_and_progress_print_bracketed_errors_as_typed() -> None:
     assert "#3 [guess]" in text
 
 
-def test_a_loader_trial_shows_its_batch_time_and_no_data_wait() -> None:
+def test_a_loader_trial_shows_its_batch_time_and_no_data_wait(monkeypatch: pytest.MonkeyPatch) -> None:
     """`autotune trial --mode loader` printed "ms per optimizer step" and "78% of wall time blocked on the loader" for a
     measurement with no model and no optimizer."""
     import io
@@ -88,9 +88,18 @@ def test_a_loader_trial_shows_its_batch_time_and_no_data_wait() -> None:
     assert "320.0 ms per batch loaded" in loading and "optimizer step" not in loading and "blocked on the loader" not in loading
     assert "320.0 ms per optimizer step" in training and "78% of wall time blocked on the loader" in training
     # The load beside it: `autotune trial` on a busy machine printed its figure with no word of it (only --json had it).
-    busy = io.StringIO()
-    Console(file=busy, width=200, color_system=None).print(render_trial(TrainSetup(), TrialResult(status="ok", samples_per_s=1.0, other_cores=1.36)))
-    assert "│ other load  │ 1.4 cores kept busy by other processes while it measured: the figures hold for a machine that busy │" in busy.getvalue()
+    # Busy as the search's note and a timeout's line count it: a tenth of the usable cores on a larger host.
+    import autotune.render as render
+
+    def rendered(cores: int) -> str:
+        monkeypatch.setattr(render, "usable_cores", lambda: cores)
+        busy = io.StringIO()
+        result = TrialResult(status="ok", samples_per_s=1.0, other_cores=1.36)
+        Console(file=busy, width=200, color_system=None).print(render_trial(TrainSetup(), result))
+        return busy.getvalue()
+
+    assert "│ other load  │ 1.4 cores kept busy by other processes while it measured: the figures hold for a machine that busy │" in rendered(2)
+    assert "│ other load  │ 1.4 cores kept busy by other processes while it measured │" in rendered(64)
     assert "other load" not in loading  # not measured: no row
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autotune.errors import WorkloadError
-from autotune.files import maker_is_gone
+from autotune.files import dangling, maker_is_gone
 from autotune.workloads.file_workers import worker_count, write_in_processes, writer_reference
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -311,15 +311,6 @@ def load_image(path: str) -> Any:
         raise BadImage(f"{path}: {gone}") from None
     except (OSError, ValueError) as exc:  # no permission, an I/O error, a NUL in the name: open() fails before PIL sees it
         raise BadImage(f"{path}: cannot decode ({type(exc).__name__}: {exc})") from None
-
-
-def dangling(path: str) -> str:
-    """What a symbolic link whose target is gone is (``ls`` lists it: "No such file or directory" names a file that
-    looked there): its target, or where a chain of links ends."""
-    target = os.readlink(path)
-    if os.path.islink(os.path.join(os.path.dirname(path), target)):
-        return f"a symbolic link to {target}, a chain of links that ends at {os.path.realpath(path)}, which does not exist"
-    return f"a symbolic link to {target}, which does not exist"
 
 
 def same_count(dataset: Any, workload: Workload, world_size: int = 1) -> Any:

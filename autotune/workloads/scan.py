@@ -58,16 +58,20 @@ class Scan:
 RANK_PREFIX = re.compile(r"^rank \d+: ")
 
 
+def _unranked(error: str) -> str:
+    """The trial's ``error`` without a DDP trial's ``rank N: ``."""
+    return RANK_PREFIX.sub("", error, count=1)
+
+
 def named_first(error: str, path: str) -> bool:
-    """Whether the trial's ``error`` begins by naming ``path`` (``PATH: cannot decode ...``, after a DDP trial's
-    ``rank N: ``)."""
-    return RANK_PREFIX.sub("", error, count=1).startswith(f"{path}: ")
+    """Whether the trial's ``error`` begins by naming ``path`` (``PATH: cannot decode ...``, a DDP trial's rank aside)."""
+    return _unranked(error).startswith(f"{path}: ")
 
 
 def names_a_file(error: str, root: str | Path) -> bool:
     """Whether the trial's ``error`` begins with a path inside the folder ``root`` (not the folder's own words, such as
     a count that changed while the search ran)."""
-    return RANK_PREFIX.sub("", error, count=1).startswith(os.path.join(str(root), ""))
+    return _unranked(error).startswith(os.path.join(str(root), ""))
 
 
 def decodes(path: str) -> bool:
