@@ -388,6 +388,10 @@ def trial(
         from autotune.workloads.models import size_hint  # the image size a classifier needs, as the search says it
 
         result = dataclasses.replace(result, error=result.error + size_hint(built, result.error, named_only=True))
+    if result.status == "bad_data" and result.error:  # the folder's other bad images, as the search names them
+        from autotune.workloads.scan import others_of
+
+        result = dataclasses.replace(result, error=result.error + others_of(built, result.error).words())
     return TrialOutcome(setup=setup, workload=built, result=result)
 
 

@@ -17,7 +17,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from autotune.errors import AutotuneError, SetupError, TrialInterrupted, UsageError, interrupted_in
+from autotune.errors import AutotuneError, DataError, SetupError, TrialInterrupted, UsageError, interrupted_in
 from autotune.flag_terms import in_flag_terms
 from autotune.redact import show_controls
 from probes.hardware import address_space_note
@@ -221,9 +221,21 @@ def trial_interrupt_said() -> Iterator[None]:
 def search_interrupt_said(as_json: bool, out: Console, err: Console) -> Iterator[None]:
     """Within it, a stopped search (:class:`~autotune.errors.SearchInterrupted`, also behind a second Ctrl-C that landed
     as it unwound) ends ``autotune search`` with its best so far, marked interrupted (with ``--json`` as the object),
-    then its one yellow line, exit 130; further stop signals cannot cut them short."""
+    then its one yellow line, exit 130; further stop signals cannot cut them short. Bad data that stopped the
+    confirmation after best.json was written (a :class:`~autotune.errors.DataError` holding an outcome) shows that best
+    the same way (with ``--json`` the object gets the error's line as ``"error"``), then goes on to the error's line."""
     try:
         yield
+    except DataError as bad:
+        if bad.outcome is None or not hasattr(bad.outcome, "to_dict"):
+            raise
+        from autotune.render import render_search
+
+        if as_json:
+            echo_json({**bad.outcome.to_dict(), "error": error_line(bad)[0]})
+        else:
+            out.print(render_search(bad.outcome), crop=False)  # type: ignore[arg-type]
+        raise
     except (AutotuneError, KeyboardInterrupt) as caught:
         if (exc := interrupted_in(caught)) is None:
             raise

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import base64
 import os
+import shutil
 import signal
+import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -20,6 +23,25 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 if TYPE_CHECKING:
     from autotune.records import Workload
+
+#: When this test process began: only trial directories made since are its tests'.
+_BEGAN = time.time()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Remove the trial directories of the searches the tests killed with ``kill -9``: made for that, they stay for a
+    later search to sweep an hour on (:func:`autotune.runner.launch.remove_stale_trial_dirs`), and a CI run left two.
+    A live search's (another pytest-xdist process's) are left alone."""
+    from autotune.files import maker_is_gone
+    from autotune.runner.launch import PREFIX
+
+    for left in Path(tempfile.gettempdir()).glob(f"{PREFIX}*-*"):
+        try:
+            made = left.stat().st_mtime
+        except OSError:
+            continue
+        if made >= _BEGAN and maker_is_gone(left.name[len(PREFIX):].partition("-")[0]):
+            shutil.rmtree(left, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

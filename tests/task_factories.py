@@ -418,6 +418,25 @@ def corrupt_item() -> autotune.Task:
     return autotune.Task(nn.Linear(8, 3), _Corrupt(), batch_size=8)
 
 
+class _CorruptOnItsSecondRead(_Corrupt):
+    """Item 13 raises from its second read in a process on (the second epoch, without loader workers) while the file
+    ``TASK_FACTORIES_CORRUPT`` names exists: the record goes bad mid-run, and removing the file fixes it."""
+
+    reads = 0
+
+    def __getitem__(self, index: int) -> Any:
+        if index == 13:
+            self.reads += 1
+            if self.reads > 1 and os.path.exists(os.environ.get("TASK_FACTORIES_CORRUPT", "")):
+                raise ValueError("corrupt record 13")
+        return self.pairs[index]
+
+
+def corrupt_in_the_second_epoch() -> autotune.Task:
+    """Item 13 raises in the second epoch while ``TASK_FACTORIES_CORRUPT`` names a file that exists."""
+    return autotune.Task(nn.Linear(8, 3), _CorruptOnItsSecondRead(), batch_size=8)
+
+
 class _CorruptStream(IterableDataset):  # type: ignore[type-arg]
     """The 40 pairs of ``_pairs()`` as a stream that splits itself among loader workers; record 13 cannot be read."""
 

@@ -1430,6 +1430,23 @@ def test_a_link_to_an_image_that_is_gone_is_named_as_such(tmp_path) -> None:
         load_image(str(chained))
 
 
+def test_an_image_the_os_refuses_to_read_is_said_unreadable_not_undecodable(tmp_path, monkeypatch) -> None:
+    """A file without read permission (the suite runs as root, which reads it anyway: open() is made to refuse it) read
+    "cannot decode (PermissionError: [Errno 13] Permission denied: ...)", blaming the image for what the OS refused."""
+    import autotune.workloads.data as data
+    from autotune.workloads.data import BadImage, load_image
+
+    image = tmp_path / "a.jpg"
+    image.write_bytes(b"\xff\xd8")
+
+    def refused(path: str, mode: str = "r") -> None:
+        raise PermissionError(13, "Permission denied", path)
+
+    monkeypatch.setattr(data, "open", refused, raising=False)
+    with pytest.raises(BadImage, match=rf"^{image}: cannot read \(Permission denied\)$"):
+        load_image(str(image))
+
+
 def test_hidden_and_system_folders_read_as_classes_or_images_are_a_warning_and_the_summary_counts_what_is_skipped(tmp_path, monkeypatch) -> None:
     """A .thumbnails folder of images became a class and Synology's @eaDir thumbnails images of their class, without a
     word (a probe: 85 images in 3 classes where 40 in 2 were meant). Both are said; the summary line counts the images,
@@ -1616,6 +1633,44 @@ def test_bad_data_met_in_the_confirmation_writes_the_best_trial_unconfirmed_firs
     assert not any("interrupted" in note for note in best.notes), best.notes
     assert f"; best so far written to {tmp_path / 'out' / 'best.json'} (unconfirmed)" in str(caught.value), str(caught.value)
     assert "stopped by bad data (winner not confirmed)" in (tmp_path / "out" / "report.html").read_text()
+    assert caught.value.outcome.best.setup == best.setup  # the Python API's caller gets the best written, as after a stop
+
+
+@pytest.mark.parametrize("as_json", [True, False])
+def test_bad_data_met_in_the_confirmation_shows_the_best_it_wrote(tmp_path, cache_dir, monkeypatch, as_json: bool) -> None:
+    """`search --json` printed `{"best": null, "error": ...}` (and the table none) where the error's own line said
+    `best so far written to OUT/best.json (unconfirmed)`: its object now holds that best and the line as "error"."""
+    from typer.testing import CliRunner
+
+    import autotune.api
+    from autotune.cli import app
+    from autotune.output.best import read_best
+    from autotune.records import TrialResult
+    from autotune.tuner import run_search
+
+    runs: list[int] = []
+
+    def confirmation_meets_it(setup, workload, options=None, *, on_window=None):  # type: ignore[no-untyped-def]
+        runs.extend([1] if options is not None and options.mode == "train" else [])
+        if len(runs) > 3:
+            return TrialResult(status="bad_data", error="/data/cats/7.jpg: cannot decode (OSError: image file is truncated)")
+        return steady_runner(setup, workload, options, on_window=on_window)
+
+    monkeypatch.setattr(autotune.api, "run_search", lambda config, reporter=None: run_search(config, reporter, runner=confirmation_meets_it))
+    out = tmp_path / "out"
+    said = CliRunner().invoke(app, ["search", "--model", "resnet18", "--trials", "3", "--image-size", "32", "--device", "cpu",
+                                    "--trial-seconds", "1", "--out", str(out), "--cache-dir", str(cache_dir),
+                                    "--synthetic-images", "64", *(["--json"] if as_json else [])])
+    assert said.exit_code == 1, said.output
+    line = said.stderr.strip().splitlines()[-1]
+    assert line.startswith("error: bad data: /data/cats/7.jpg") and line.endswith(f"best so far written to {out / 'best.json'} (unconfirmed)"), line
+    best = read_best(out / "best.json")
+    if as_json:
+        shown = json.loads(said.stdout)
+        assert shown["best"]["setup"] == best.setup.to_dict() and shown["interrupted"] is True
+        assert shown["error"] == line.removeprefix("error: ")
+    else:
+        assert "not confirmed: the search was stopped by bad data" in said.stdout.replace("\n", " "), said.stdout
 
 
 def test_an_image_removed_as_a_trial_read_it_is_advised_back_not_fixed_in_place(tmp_path) -> None:
@@ -1738,6 +1793,26 @@ def test_a_search_stopped_by_a_bad_image_names_the_folder_s_other_bad_images(tmp
         f"{truncated}, {junk}; fix or replace them in place and rerun the same command (finished trials are kept); removing "
         "them changes the number of samples the study was made for, so a rerun without them needs another --out (with "
         "--storage: another --study)")
+
+
+def test_a_trial_stopped_by_a_bad_image_names_the_folder_s_other_bad_images_too(tmp_path, synthetic_data, whole_scan) -> None:
+    """`autotune trial` named the one file its loader met, where the search names the folder's others as well: a user
+    checking a folder with a trial fixed one file per run."""
+    import shutil
+
+    import autotune
+
+    data = tmp_path / "data"
+    shutil.copytree(synthetic_data, data)
+    bad = {str(sorted((data / name).iterdir())[0]) for name in ("class_03", "class_05", "class_07")}
+    for path in map(Path, bad):
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    result = autotune.trial(model="resnet18", image_size=32, data=data, device="cpu", trial_seconds=1.0,
+                            setup=autotune.TrainSetup(batch_size=8)).result
+    assert result.status == "bad_data" and result.error is not None, result
+    first, _, rest = result.error.partition(": cannot decode")
+    assert first in bad and "; 2 of the other 63 files also fail to decode: " in rest, result.error
+    assert set(rest.split("also fail to decode: ")[1].split(", ")) == bad - {first}, result.error
 
 
 def test_a_ddp_trial_s_bad_image_is_not_counted_among_the_others_and_a_count_that_changed_starts_no_check(

@@ -1704,6 +1704,25 @@ def test_the_task_script_says_bad_data_in_one_line_and_leaves_no_loader_files(
         assert not list(temp.glob("pymp-*"))
 
 
+def test_an_item_that_fails_mid_run_keeps_the_task_script_s_steps_before_it(tmp_path: Path) -> None:
+    """An item that raised in the second epoch ended the Task script without a checkpoint: with --checkpoint-every 0
+    the first epoch's steps were lost, though the line said `--resume goes on from the last checkpoint` (the classifier
+    script keeps them). The checkpoint of the last finished step is written, and --resume, once it is fixed, goes on."""
+    script = _task_script(tmp_path, "good", autotune.TrainSetup(batch_size=8))
+    marker = tmp_path / "corrupt"
+    marker.touch()
+    run = [sys.executable, str(script), "--output-dir", "out", "--workload", "task_factories:corrupt_in_the_second_epoch",
+           "--workers", "0", "--epochs", "2", "--checkpoint-every", "0", "--print-freq", "1"]
+    env = {**os.environ, "TASK_FACTORIES_CORRUPT": str(marker)}
+    failed = subprocess.run(run, cwd=script.parent, capture_output=True, text=True, timeout=120, env=env)
+    assert failed.returncode == 1 and "corrupt record 13" in failed.stderr.strip().splitlines()[-1], failed.stderr
+    step = int(re.search(r"stopped by the data after step (\d+); checkpoint in ", failed.stdout).group(1))  # type: ignore[union-attr]
+    assert step >= 5 and torch.load(tmp_path / "out" / "checkpoint.pth", weights_only=True)["step"] == step  # 40 items / 8: 5 a epoch
+    marker.unlink()
+    resumed = subprocess.run([*run, "--resume"], cwd=script.parent, capture_output=True, text=True, timeout=120, env=env)
+    assert resumed.returncode == 0 and f"at epoch 1 step {step}" in resumed.stdout and "done: step 10" in resumed.stdout, resumed.stdout
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("filled", [False, True])
 def test_the_task_script_on_a_real_full_dev_shm_says_so_not_that_the_batch_cannot_be_collated(tmp_path: Path, filled: bool) -> None:

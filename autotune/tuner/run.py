@@ -216,7 +216,7 @@ def _search(config: SearchConfig, prepared: Prepared, reporter: Reporter, timed:
     if bad is not None:  # said with what was written, as a stop's line says it
         where = prepared.out / "best.json"
         said = f"best so far written to {where} (unconfirmed)" if kept is None else f"the confirmed winner of an earlier run stays in {where}"
-        raise DataError(f"{bad.alone}; {said}", if_kept=str(bad)[len(bad.alone):])
+        raise DataError(f"{bad.alone}; {said}", if_kept=str(bad)[len(bad.alone):], outcome=outcome)
     if interrupted:  # after a finished confirmation only the winner's ceilings were left
         best_json = prepared.out / "best.json"
         said = (f"the confirmed winner is in {best_json}{'; only its ceilings were skipped' if config.ceilings else ''}" if confirmed else

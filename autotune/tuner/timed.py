@@ -15,7 +15,7 @@ from autotune.train_setup import TrainSetup
 from autotune.tuner.config import Timing
 from autotune.tuner.signals import raise_if_stopped, remember_stop
 from autotune.workloads.data import MISSING, synthetic_dir
-from autotune.workloads.scan import Scan, names_a_file, other_bad_images, write_list
+from autotune.workloads.scan import names_a_file, others_of, write_list
 
 
 class TimedRunner:
@@ -61,21 +61,12 @@ class TimedRunner:
         if result.status not in ("ok", "pruned") and (gone := data_gone(workload)) is not None:
             raise DataError(gone)  # not the setup's failure: stop before it is stored as one
         if result.status == "bad_data":
-            found = _others(workload, result.error or "")
+            found = others_of(workload, result.error or "")
             listed = write_list(self.out, found, workload.data) if self.out is not None and workload.data is not None else ""
             advice, if_kept = bad_data_advice(workload, result.error, several=bool(found.bad))
             raise DataError(f"bad data: {result.error}{found.words()}{listed}; {advice}", if_kept=if_kept,
                             if_recalibrated=_them(RECALIBRATE_NOTE, bool(found.bad)) if if_kept else "")
         return result
-
-
-def _others(workload: Workload, error: str) -> Scan:
-    """The other images of the user's folder that fail to decode, where ``error`` names one of its files (not one
-    removed meanwhile, nor the folder's own words: a count that changed)."""
-    data = workload.data
-    if workload.task is not None or data is None or MISSING in error or not names_a_file(error, data):
-        return Scan()
-    return other_bad_images(data, error)
 
 
 def data_gone(workload: Workload) -> str | None:

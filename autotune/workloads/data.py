@@ -300,7 +300,8 @@ def load_image(path: str) -> Any:
     """Open one image file as RGB (:func:`open_rgb`), naming the file on failure.
 
     Raises:
-        BadImage: ``path: cannot decode (...)``, ``path: cannot read (...)``, a dangling link, not a regular file.
+        BadImage: ``path: cannot decode (...)`` (PIL's), ``path: cannot read (...)`` (no permission, an I/O error: the
+            OS's), a dangling link, not a regular file.
     """
     try:
         check_regular_file(path)
@@ -310,7 +311,8 @@ def load_image(path: str) -> Any:
         gone = dangling(path) if os.path.islink(path) else MISSING
         raise BadImage(f"{path}: {gone}") from None
     except (OSError, ValueError) as exc:  # no permission, an I/O error, a NUL in the name: open() fails before PIL sees it
-        raise BadImage(f"{path}: cannot decode ({type(exc).__name__}: {exc})") from None
+        said = exc.strerror if isinstance(exc, OSError) and exc.strerror else f"{type(exc).__name__}: {exc}"
+        raise BadImage(f"{path}: cannot read ({said})") from None
 
 
 def same_count(dataset: Any, workload: Workload, world_size: int = 1) -> Any:

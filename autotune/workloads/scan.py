@@ -13,6 +13,10 @@ import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from autotune.records import Workload
 
 #: How long the check may take: about 10,000 JPEGs of ImageNet's size on one core.
 SCAN_SECONDS = 15.0
@@ -123,6 +127,17 @@ def other_bad_images(root: str | Path, error: str, seconds: float | None = None)
         if not decodes(path):
             bad.append(path)
     return Scan(bad=bad, checked=checked, total=len(paths), seconds=seconds, named=named)
+
+
+def others_of(workload: Workload, error: str) -> Scan:
+    """The other images of the user's folder that fail to decode, where the trial's ``error`` names one of its files
+    (not one removed meanwhile, nor the folder's own words: a count that changed; a Task reads its own data)."""
+    from autotune.workloads.data import MISSING
+
+    data = workload.data
+    if workload.task is not None or data is None or MISSING in error or not names_a_file(error, data):
+        return Scan()
+    return other_bad_images(data, error)
 
 
 def write_list(out: Path, found: Scan, root: str | Path) -> str:
