@@ -97,6 +97,61 @@ def test_a_setup_whose_training_math_diverged_in_another_trial_is_no_finalist() 
     assert diverged_note(records[:3], half) is None
 
 
+def test_a_finalist_that_diverged_in_a_confirmation_run_stops_with_its_math_and_cannot_win() -> None:
+    """A bf16 finalist's confirmation run diverged (one rare sample its trial had not met): it stayed the winner,
+    best.json `confirmed`, noted as a lost measurement (`1 of 3 confirmation runs of the winner failed`), and its
+    train.py stopped at a NaN; a loader twin of the same math went on being measured. Neither wins now, none of that
+    math runs again, and the note says it diverged."""
+    from types import SimpleNamespace
+
+    from autotune.tuner.winner import make_best
+
+    defaults = TrainSetup(batch_size=32)
+    lucky = TrainSetup(batch_size=64, amp="bf16", num_workers=2, prefetch_factor=2)
+    twin, steady = lucky.replace(num_workers=0, prefetch_factor=None), TrainSetup(batch_size=32, num_workers=1, prefetch_factor=2)
+    records = [_record(0, defaults, 100.0), _record(1, lucky, 500.0), _record(2, twin, 480.0), _record(3, steady, 200.0)]
+    picked = pick_candidates(records, defaults, top=3)
+    ran: list[str] = []
+
+    def runner(setup, workload, options=None, *, on_window=None) -> TrialResult:  # type: ignore[no-untyped-def]
+        ran.append(setup.to_json())
+        if setup == lucky and ran.count(setup.to_json()) == 2:
+            return TrialResult(status="diverged", error="the loss became NaN or infinite")
+        return TrialResult(status="ok", samples_per_s={lucky: 500.0, twin: 480.0, steady: 200.0}.get(setup, 100.0))
+
+    confirmed = confirm(picked, WORKLOAD, TrialOptions(), rounds=4, known={}, min_rounds=2, store=lambda *a: None, runner=runner,
+                        baseline=defaults.to_json())
+    assert ran.count(twin.to_json()) == 1 and ran.count(lucky.to_json()) == 2  # the twin's second round never ran
+    best = make_best(workload=WORKLOAD, hardware=SimpleNamespace(to_dict=lambda: {}), feasible=records, confirmed=confirmed,
+                     defaults=defaults, effective_batch=None, command="autotune search", tried=records)
+    assert best.setup == steady and best.confirmed, best.notes
+    assert any(note.startswith(f"a confirmation run of #1 {lucky.describe()} diverged; no setup with the same batch, accumulation "
+                               "and precision was confirmed") for note in best.notes), best.notes
+
+
+def test_a_reduced_precision_that_diverged_at_several_batches_is_no_finalist_unless_pinned() -> None:
+    """bf16 diverged at batch 8 and 16 (a rare sample its autocast cannot hold), and bf16 at batch 64, whose trial had
+    not met it, won: its train.py stopped at step 40. Two batches in one precision, and none in float32, leave the
+    precision out; where every setup allowed is in it (--set amp=bf16), its other batches stay."""
+    from autotune.tuner.diverged import diverged_math, diverged_note
+
+    defaults = TrainSetup(batch_size=32)
+    nan = TrialResult(status="diverged", error="the loss became NaN or infinite")
+    bf16 = [TrainSetup(batch_size=b, amp="bf16") for b in (8, 16, 64)]
+    fp32 = TrainSetup(batch_size=64, num_workers=1, prefetch_factor=2)
+    records = [_record(0, defaults, 100.0), TrialRecord(1, "search", bf16[0], nan), TrialRecord(2, "search", bf16[1], nan),
+               _record(3, bf16[2], 400.0), _record(4, fp32, 200.0)]
+    assert diverged_math(records).precisions == {"bf16"} and diverged_math(records[:2]).precisions == set()
+    assert [c.setup for c in pick_candidates(records, defaults, top=2)] == [fp32, defaults]
+    note = diverged_note(records, WORKLOAD, left_out=diverged_math(records)) or ""
+    assert "; bf16 diverged at several batches and float32 at none, so no bf16 setup was either;" in note, note
+    pinned = [r for r in records if r.setup.amp == "bf16" or r.setup == defaults]
+    assert [c.setup for c in pick_candidates(pinned, defaults, top=2)] == [bf16[2], defaults]
+    fp32_too = [*records, TrialRecord(5, "search", TrainSetup(batch_size=256), nan)]  # the batch's, or the lr's: not bf16's
+    assert diverged_math(fp32_too).precisions == set()
+    assert [c.setup for c in pick_candidates(fp32_too, defaults, top=2)] == [bf16[2], fp32, defaults]
+
+
 def test_defaults_whose_trial_timed_out_are_confirmed_for_the_speedup() -> None:
     """The defaults' trial timed out on a busy machine: the search had no baseline and gave no speedup. They join the
     confirmation's rounds (a reader of the stored rounds names them alike); a trial that failed otherwise does not."""

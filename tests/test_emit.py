@@ -11,6 +11,7 @@ import re
 import runpy
 import shutil
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -789,16 +790,25 @@ def test_resume_stops_every_rank_when_only_some_find_the_checkpoint(synthetic_da
         def is_initialized(self) -> bool:
             return True
 
-        def all_reduce(self, tensor: torch.Tensor) -> None:
-            tensor += torch.tensor([float(self.other), float(not self.other)])
+        ReduceOp = SimpleNamespace(MAX="max")
+
+        def all_reduce(self, tensor: torch.Tensor, op: str = "sum") -> None:
+            if op == "max":  # the steps' (step, -step): the other's checkpoint is of step 5
+                torch.maximum(tensor, torch.tensor([5.0, -5.0], dtype=tensor.dtype), out=tensor)
+            else:
+                tensor += torch.tensor([float(self.other), float(not self.other)])
 
     for here, other in ((True, False), (False, True)):
         check.__globals__["dist"] = World(other)
         with pytest.raises(SystemExit, match=r"^error: --resume: 1 process\(es\) found checkpoint.pth in --output-dir and 1 did not"):
-            check(here, torch.device("cpu"))
+            check({"step": 5} if here else None, torch.device("cpu"))
     for both in (True, False):
         check.__globals__["dist"] = World(both)
-        check(both, torch.device("cpu"))  # all agree: nothing to say
+        check({"step": 5} if both else None, torch.device("cpu"))  # all agree: nothing to say
+    check.__globals__["dist"] = World(True)
+    with pytest.raises(SystemExit, match=r"^error: --resume: the processes found checkpoints of different steps in --output-dir "
+                                         r"\(4 to 5\): copy the newest checkpoint.pth \(step 5\) to every node's --output-dir$"):
+        check({"step": 4}, torch.device("cpu"))
 
 
 def test_a_resumed_run_keeps_the_warm_up_length_it_started_with(synthetic_data: Path, tmp_path: Path) -> None:
@@ -1331,6 +1341,54 @@ def test_a_bad_training_image_keeps_the_steps_trained_before_it(synthetic_data: 
     victim.write_bytes(good)
     resumed = subprocess.run([*run, "--resume"], cwd=tmp_path, capture_output=True, text=True, timeout=RUN_TIMEOUT)
     assert resumed.returncode == 0 and f"at epoch 0 step {step}" in resumed.stdout, resumed.stdout[-2000:]
+
+
+@pytest.mark.slow
+def test_a_bad_image_under_torchrun_keeps_the_steps_and_checkpoints_of_other_steps_are_refused(synthetic_data: Path, tmp_path: Path) -> None:
+    """Under torchrun a bad training image lost the steps since the last checkpoint (rank 0 alone writes one, and it
+    waited for the failing rank in a collective): the rank that meets it writes the checkpoint of the last finished
+    step, which every rank holds alike. Copies of different steps (that rank's node and rank 0's, each its own
+    --output-dir) would then train apart: --resume refuses them on every rank."""
+    import torch
+
+    script = write_script(dataclasses.replace(make_best(synthetic_data, **CPU_KNOBS), world_size=2), tmp_path / "train.py")
+    data = tmp_path / "data"
+    shutil.copytree(synthetic_data, data)
+    victim = sorted((data / "class_05").iterdir())[-1]
+    good = victim.read_bytes()
+    victim.write_bytes(b"\xff\xd8\xff\xe0 not a jpeg")
+    flags = [str(script), "--epochs", "2", "--batch-size", "2", "--image-size", "32", "--amp", "off", "--data", str(data),
+             "--workers", "0", "--checkpoint-every", "0", "--print-freq", "1"]
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", *flags, "--output-dir", "out"]
+    failed = subprocess.run(torchrun, cwd=tmp_path, capture_output=True, text=True, timeout=RUN_TIMEOUT)
+    assert failed.returncode != 0 and f"error: bad image {victim}" in failed.stderr, failed.stderr[-3000:]
+    rank, step = map(int, re.search(r"rank (\d): stopped by a bad image after step (\d+); checkpoint in out/checkpoint.pth",  # type: ignore[union-attr]
+                                    failed.stdout).groups())
+    assert rank == 1 and step > 0, failed.stdout  # this file, at --seed 0, is rank 1's: not the rank that writes checkpoints
+    written = _checkpoint(tmp_path / "out" / "checkpoint.pth")
+    assert written["step"] == step
+    victim.write_bytes(good)
+
+    older = dict(written, step=step - 1)  # another node's copy, of a step before
+    (tmp_path / "node2").mkdir()
+    torch.save(older, tmp_path / "node2" / "checkpoint.pth")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    ranks = [subprocess.Popen([sys.executable, *flags, "--output-dir", out, "--resume"], cwd=tmp_path, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              env={**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(r),
+                                   "LOCAL_RANK": str(r), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"})
+             for r, out in enumerate(("out", "node2"))]
+    said = [proc.communicate(timeout=RUN_TIMEOUT) for proc in ranks]
+    assert [proc.returncode for proc in ranks] == [1, 1], said
+    assert said[0][1].strip().splitlines()[-1] == (
+        f"error: --resume: the processes found checkpoints of different steps in --output-dir ({step - 1} to {step}): copy "
+        f"the newest checkpoint.pth (step {step}) to every node's --output-dir"), said
+    assert said[1][1].strip() == "", said  # rank 0 alone says it
+
+    resumed = subprocess.run([*torchrun, "--resume"], cwd=tmp_path, capture_output=True, text=True, timeout=RUN_TIMEOUT)
+    assert resumed.returncode == 0 and f"at epoch 0 step {step}" in resumed.stdout, resumed.stderr[-3000:]
 
 
 def test_a_path_the_output_cannot_encode_is_printed_escaped(synthetic_data: Path, tmp_path: Path) -> None:

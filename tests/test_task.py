@@ -229,6 +229,31 @@ def test_an_optimizer_factory_over_other_parameters_is_refused_before_any_trial(
     check_task(head, workers=False)
 
 
+def test_an_optimizer_built_with_a_scheduler_is_warned_of() -> None:
+    """A fine-tuning recipe's warm-up built inside the optimizer factory (a Task takes no scheduler): the rate read as
+    the recipe's was the schedule's first (0.005 for 0.05), and train.py's scaled rate held until the scheduler's first
+    step set its own, the unscaled schedule, without a word. The search now says so before its first trial."""
+    data = [(torch.randn(2), i % 2) for i in range(8)]
+
+    def scheduled(params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
+        optimizer = torch.optim.SGD(params, lr=0.05)
+        torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / 10))  # stepped by the user's own hook
+        return optimizer
+
+    said: list[str] = []
+    info = check_task(autotune.Task(torch.nn.Linear(2, 2), data, batch_size=4, optimizer=scheduled), workers=False, warn=said.append)
+    assert info.lr == pytest.approx(0.005) and said == [
+        "warning: the Task's optimizer carries a learning-rate scheduler (its param groups hold initial_lr, which torch's "
+        "LRScheduler sets): 0.005, read as your recipe's rate, is the schedule's first, and where the search changes the "
+        "effective batch, the rate it scales for it holds only until the scheduler's first step sets its own; pass "
+        "--effective-batch 4 to keep your recipe's math, or build the scheduler in your own loop over task.build_optimizer(...) "
+        "(docs/workloads.md)"]
+    said.clear()
+    check_task(autotune.Task(torch.nn.Linear(2, 2), data, batch_size=4, optimizer=lambda params: torch.optim.SGD(params, lr=0.05)),
+               workers=False, warn=said.append)
+    assert said == []
+
+
 class Bag(torch.nn.Module):
     """An embedding (sparse gradients where ``sparse``) and a dense head, trained on token ids."""
 
@@ -1650,6 +1675,14 @@ def test_the_task_script_refuses_a_bad_workload_or_checkpoint_in_one_line(
         line, _ = in_process.refusal(script, ["--print-freq", "1", "--output-dir", "bad", *flags], script.parent, capfd, monkeypatch)
         assert line.startswith(message), line
         assert not (tmp_path / "bad" / "checkpoint.pth").exists()
+    # Under autocast the advice names float32 too (a helper's bf16 NaN was fixed by --amp off, and the line said "lower --lr").
+    line, _ = in_process.refusal(script, ["--print-freq", "1", "--output-dir", "bad", "--workload", "task_factories:nan_loss"],
+                                 script.parent, capfd, monkeypatch)
+    assert line.endswith("by step 1; stopped without saving a checkpoint (lower --lr, or check the model and the data)"), line
+    line, _ = in_process.refusal(script, ["--print-freq", "1", "--output-dir", "bad", "--workload", "task_factories:nan_loss",
+                                          "--amp", "bf16"], script.parent, capfd, monkeypatch)
+    assert line.endswith("(lower --lr, or train in float32 (--amp off: bf16 autocast may overflow or lose precision the model "
+                         "needs), or check the model and the data)"), line
     # A buffer of -inf on purpose (an attention mask) is not a blown-up state: the script trains and saves.
     code, _, err = in_process.run_script(script, ["--print-freq", "1", "--output-dir", "masked", "--workload", "task_factories:inf_mask_buffer",
                                                   "--max-steps", "2"], script.parent, capfd, monkeypatch)

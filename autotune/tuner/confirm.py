@@ -17,6 +17,7 @@ from autotune.rounds import Candidate, Ceilings, Confirmed, Runs
 from autotune.runner import TrialRunner, run_trial
 from autotune.train_setup import TrainSetup
 from autotune.tuner.choice import never_preferred
+from autotune.tuner.diverged import math_of
 from autotune.tuner.finalists import COMPUTE_BOUND, autocasts_as
 from autotune.tuner.noise import beats, behind_throughout, disagree, equivalent, leader, paired_ratios, resolved
 
@@ -153,6 +154,8 @@ def confirm(
                 failures[key].append(f"{result.status}: {result.error}")
                 if candidate.timed_out and not values[key]:  # their trial timed out and so did this run: no more timeouts
                     active.discard(key)
+                if result.status == "diverged":  # its math is unstable: none of it can win (autotune.tuner.diverged)
+                    active -= {c.key for c in pool if math_of(c.setup) == math_of(candidate.setup) and c.key != baseline}
             store(key, (values[key], failures[key], failed_rounds[key]))
             done += 1
             for twin, finalists in _settled_by_siblings(results(), active, waits, baseline).items():

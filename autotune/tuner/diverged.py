@@ -1,4 +1,4 @@
-"""Setups whose training math diverged in some trial: never a finalist, and best.json says why.
+"""Setups whose training math diverged in some trial or confirmation run: never a finalist, and best.json says why.
 
 A trial ends ``diverged`` when the loss or the weights become NaN or
 infinite. Another setup that trains the same math (the same micro-batch,
@@ -12,8 +12,10 @@ won at 6.97x, and its train.py stopped at step 4).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from autotune.records import TrialRecord, Workload
+from autotune.rounds import Confirmed
 from autotune.train_setup import TrainSetup
 from autotune.units import counted
 
@@ -32,17 +34,55 @@ def math_of(setup: TrainSetup) -> tuple[int, int, str, bool]:
     return setup.batch_size, setup.accumulation_steps, setup.amp, setup.tf32
 
 
-def diverged_math(records: Sequence[TrialRecord]) -> set[tuple[int, int, str, bool]]:
-    """The training math of every trial that diverged."""
-    return {math_of(r.setup) for r in records if r.result.status == "diverged" and r.ran}
+#: A reduced precision that diverged at this many batches (micro-batch and accumulation), while float32 never did, is
+#: unstable at any batch: what diverged is its numbers, not a batch's (one rare sample met by chance in a few seconds).
+PRECISION_AFTER = 2
 
 
-def diverged_note(records: Sequence[TrialRecord], workload: Workload) -> str | None:
-    """best.json's note when trials diverged: which, and that no setup of their math was confirmed; None when none did."""
-    diverged = [r for r in records if r.result.status == "diverged" and r.ran]  # a repeat of one is not a second
-    if not diverged:
+@dataclass(frozen=True)
+class Unstable:
+    """The training math that diverged: exact (micro-batch, accumulation, precision, TF32) and whole reduced precisions
+    (:data:`PRECISION_AFTER`). A setup is ``in`` it when its math, or its precision, is."""
+
+    maths: frozenset[tuple[int, int, str, bool]] = frozenset()
+    precisions: frozenset[str] = frozenset()
+
+    def __contains__(self, setup: object) -> bool:
+        return isinstance(setup, TrainSetup) and (math_of(setup) in self.maths or setup.amp in self.precisions)
+
+    def exact(self) -> Unstable:
+        """Only the exact maths: where every setup allowed is in a precision left out (``--set amp=bf16``), its other
+        batches stay, and the note names the precision."""
+        return Unstable(self.maths)
+
+
+def diverged_in_rounds(confirmed: Sequence[Confirmed]) -> list[Confirmed]:
+    """The confirmation's candidates with a run that diverged."""
+    return [c for c in confirmed if any(f.startswith("diverged") for f in c.failures)]
+
+
+def diverged_math(records: Sequence[TrialRecord], confirmed: Sequence[Confirmed] = ()) -> Unstable:
+    """The training math of every trial, and confirmation run, that diverged."""
+    maths = frozenset({math_of(r.setup) for r in records if r.result.status == "diverged" and r.ran}
+                      | {math_of(c.candidate.setup) for c in diverged_in_rounds(confirmed)})
+    precisions = frozenset(amp for amp in {m[2] for m in maths} - {"off"} if not any(m[2] == "off" for m in maths)
+                           and len({m[:2] for m in maths if m[2] == amp}) >= PRECISION_AFTER)
+    return Unstable(maths, precisions)
+
+
+def diverged_note(records: Sequence[TrialRecord], workload: Workload, confirmed: Sequence[Confirmed] = (),
+                  left_out: Unstable | None = None) -> str | None:
+    """best.json's note when trials or confirmation runs diverged: which, and that no setup of their math (or of a
+    precision ``left_out`` holds) was confirmed; None when none did."""
+    diverged = [f"#{r.number} {r.setup.describe()}" for r in records if r.result.status == "diverged" and r.ran]  # a repeat of one is not a second
+    rounds = [c.candidate.label for c in diverged_in_rounds(confirmed)]
+    if not diverged and not rounds:
         return None
-    named = ", ".join(f"#{r.number} {r.setup.describe()}" for r in diverged[:3]) + (", ..." if len(diverged) > 3 else "")
-    return (f"{counted(len(diverged), 'trial')} diverged (the loss or the weights became NaN or infinite: {named}); no "
-            "setup with the same batch, accumulation and precision was confirmed, as a longer run of it would likely diverge "
-            f"too; check the learning rate and the model's numerics{HALF_ADAMW if half_adamw(workload) else ''}")
+    named = ", ".join(diverged[:3]) + (", ..." if len(diverged) > 3 else "")
+    said = [f"{counted(len(diverged), 'trial')} diverged (the loss or the weights became NaN or infinite: {named})"] if diverged else []
+    said += [f"a confirmation run of {', '.join(rounds)} diverged"] if rounds else []
+    precisions = sorted(left_out.precisions) if left_out is not None else []
+    whole = f"; {' and '.join(precisions)} diverged at several batches and float32 at none, so no {' or '.join(precisions)} setup was either" \
+        if precisions else ""
+    return (f"{' and '.join(said)}; no setup with the same batch, accumulation and precision was confirmed, as a longer run of it "
+            f"would likely diverge too{whole}; check the learning rate and the model's numerics{HALF_ADAMW if half_adamw(workload) else ''}")

@@ -10,7 +10,7 @@ from dataclasses import replace
 from autotune.records import Calibration, TrialRecord
 from autotune.rounds import Candidate
 from autotune.train_setup import TrainSetup
-from autotune.tuner.diverged import diverged_math, math_of
+from autotune.tuner.diverged import diverged_math
 from autotune.tuner.noise import NOISE_FLOOR
 from autotune.tuner.study import ROLE_DEFAULTS
 
@@ -104,10 +104,15 @@ def pick_candidates(records: Sequence[TrialRecord], defaults: TrainSetup, top: i
             of the ``top`` places and join after the finalists for the speedup alone.
 
     A setup whose training math (:func:`~autotune.tuner.diverged.math_of`) diverged in another trial is no finalist,
-    nor a twin: its own trial finished by luck over a few seconds. The defaults still join for the speedup.
+    nor a twin: its own trial finished by luck over a few seconds; nor is one in a reduced precision that diverged at
+    several batches (:class:`~autotune.tuner.diverged.Unstable`), unless every setup allowed is in it (a ``--set`` pins
+    it). The defaults still join for the speedup.
     """
     unstable = diverged_math(records)  # a setup whose math diverged in another trial finished by luck: no finalist
-    feasible = [r for r in records if r.result.ok and r.result.samples_per_s and math_of(r.setup) not in unstable]
+    measured = [r for r in records if r.result.ok and r.result.samples_per_s]
+    if unstable.precisions and all(r.setup in unstable for r in measured if r.setup != defaults):  # a precision --set pins
+        unstable = unstable.exact()
+    feasible = [r for r in measured if r.setup not in unstable]
     ranked = sorted(feasible, key=lambda r: r.result.samples_per_s or 0.0, reverse=True)
     eager = {r.setup.to_json(): r.result.samples_per_s or 0.0 for r in feasible if r.setup.compile == "off"}
     by_setup: dict[str, list[TrialRecord]] = {}
@@ -129,7 +134,7 @@ def pick_candidates(records: Sequence[TrialRecord], defaults: TrainSetup, top: i
         if finalist.setup.amp == "off":
             continue
         fp32 = finalist.setup.replace(amp="off")
-        if fp32.to_json() in {c.key for c in candidates} or math_of(fp32) in unstable:
+        if fp32.to_json() in {c.key for c in candidates} or fp32 in unstable:
             continue
         ran = by_setup.get(fp32.to_json())
         sharing = [c for c in finalists if autocasts_as(c.setup, fp32)]

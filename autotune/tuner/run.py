@@ -31,7 +31,6 @@ from autotune.tuner.calibrate import calibrate
 from autotune.tuner.config import SearchConfig, SearchOutcome, Timing
 from autotune.tuner.confirm import confirm, confirmation_plan, measure_ceilings
 from autotune.tuner.constraints import allows, excluding
-from autotune.tuner.diverged import diverged_note
 from autotune.tuner.explore import Exploration, check_recipe
 from autotune.tuner.finalists import REUSED, pick_candidates
 from autotune.tuner.guesses import guess_setups
@@ -369,11 +368,11 @@ def finish(
         workload=prepared.workload, hardware=prepared.hardware, feasible=feasible, confirmed=confirmed, defaults=defaults,
         effective_batch=config.effective_batch, world_size=prepared.placement.world_size, command=config.command, interrupted=interrupted,
         excluded_by=excluding(config.pins, defaults), partial=partial_rounds, batch_pin=config.pins.get("batch_size"),
-        defaults_ran=any(r.setup == defaults for r in records), stopped_by=stopped_by,
+        defaults_ran=any(r.setup == defaults for r in records), stopped_by=stopped_by, tried=records,
     )
     best = replace(best, study=prepared.study.name)
-    for note in (diverged_note(records, prepared.workload), compiled_note(prepared.workload)):  # diverged: no finalist
-        best = replace(best, notes=(*best.notes, note)) if note else best
+    if note := compiled_note(prepared.workload):
+        best = replace(best, notes=(*best.notes, note))
     slots = prepared.placement.slots
     if prepared.placement.parallel and prepared.device.type == "cpu":  # each trial had a share of the cores; train.py has all
         best = replace(best, notes=(*best.notes, (

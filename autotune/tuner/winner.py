@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime as _dt
 import math
 import statistics
+from collections.abc import Sequence
 from typing import Any
 
 from autotune.epochs import epoch_notes
@@ -21,6 +22,7 @@ from autotune.runner.measure import busy_threshold
 from autotune.train_setup import TrainSetup
 from autotune.tuner.choice import choose_winner
 from autotune.tuner.constraints import Constraint
+from autotune.tuner.diverged import diverged_math, diverged_note
 from autotune.tuner.noise import beats, compared_ratios, disagree, paired_ratios, paired_speedup
 from autotune.tuner.offered import precision_note
 from autotune.tuner.space import DEFAULT_BATCH
@@ -43,6 +45,7 @@ def make_best(
     batch_pin: Constraint | None = None,
     defaults_ran: bool = True,
     stopped_by: str = "",
+    tried: Sequence[TrialRecord] = (),
 ) -> Best:
     """The ``best.json`` record: the confirmed winner, its speedup and the notes.
 
@@ -66,6 +69,8 @@ def make_best(
         defaults_ran: A trial of the defaults finished (with or without a throughput); False when the search
             stopped before their trial (a resumed search runs the defaults interrupted earlier again, last).
         stopped_by: What stopped an ``interrupted`` search, where it was no signal (``bad data: PATH: ...``).
+        tried: Every trial of the search: with the confirmation's runs, which training math diverged
+            (:mod:`autotune.tuner.diverged`): no setup of it wins, and a note says so.
     """
     default_key = defaults.to_json()
     # The batch the defaults run, as the user's own loop would: the recipe's, or all the samples where the data holds fewer
@@ -74,7 +79,11 @@ def make_best(
     recipe = workload.reference_batch or DEFAULT_BATCH
     notes: list[str] = []
     rounds: list[float] = []  # the winner's paired ratios over the defaults, which the speedup is the median of
-    measured = [c for c in confirmed if c.median is not None]
+    shaky = diverged_math(tried, confirmed)
+    if shaky.precisions and all(c.candidate.setup in shaky for c in confirmed if c.candidate.key != default_key):
+        shaky = shaky.exact()  # a precision --set pins: its other batches stay (the finalists were so chosen)
+    # A finalist whose math diverged in a run, its own or another's, finished its other runs by luck: never the winner.
+    measured = [c for c in confirmed if c.median is not None and (c.candidate.key == default_key or c.candidate.setup not in shaky)]
     if measured:
         chosen, why = choose_winner(measured, default_key, reference // world_size, excluded_by)
         setup, rate, spread = chosen.candidate.setup, chosen.median or 0.0, chosen.spread or 0.0
@@ -107,7 +116,7 @@ def make_best(
             notes.append(f"the winner's float32 twin was not re-measured: {chosen.candidate.no_twin}, so the same setup in "
                          "float32 would be clearly slower")
     else:
-        allowed = [r for r in feasible if excluded_by is None or r.setup.to_json() != default_key]
+        allowed = [r for r in feasible if (excluded_by is None or r.setup.to_json() != default_key) and r.setup not in shaky]
         fastest = max(allowed or feasible, key=lambda r: r.result.samples_per_s or 0.0)
         # An interrupted confirmation's rounds rank side by side: one ahead of the fastest trial there leads (defaults 63 alone, 12 there).
         top = _ahead_in_rounds(fastest, allowed or feasible, partial) or fastest
@@ -214,6 +223,8 @@ def make_best(
                   if setup.effective_batch(world_size) != reference else "")
         notes.append(f"the PyTorch defaults ({defaults.describe()}) could not be measured: their trial ended without a "
                      f"throughput (trials.csv gives its status and error), so no speedup is given{scaled}")
+    if (diverged := diverged_note(tried, workload, confirmed, shaky)) is not None:
+        notes.append(diverged)
     hw = hardware.to_dict()
     return Best(
         setup=setup,

@@ -96,3 +96,17 @@ def _named(names: list[str]) -> str:
     """``3 of the model's parameters (a, b, c, ...)``."""
     more = ", ..." if len(names) > 3 else ""
     return f"{len(names)} of the model's parameters ({', '.join(names[:3])}{more})"
+
+
+def scheduler_warning(optimizer: Any, lr: float, batch: int) -> str | None:
+    """The warning for an optimizer the Task's factory built with a learning-rate scheduler attached (its param groups
+    hold ``initial_lr``, which torch's ``LRScheduler`` sets): the rate read as the recipe's is the schedule's first,
+    and a rate scaled for another batch holds only until the scheduler's first step sets its own from its
+    ``base_lrs``. None for an optimizer without one."""
+    if not any("initial_lr" in group for group in getattr(optimizer, "param_groups", ())):
+        return None
+    return (f"warning: the Task's optimizer carries a learning-rate scheduler (its param groups hold initial_lr, which torch's "
+            f"LRScheduler sets): {lr:g}, read as your recipe's rate, is the schedule's first, and where the search changes the "
+            "effective batch, the rate it scales for it holds only until the scheduler's first step sets its own; pass "
+            f"--effective-batch {batch} to keep your recipe's math, or build the scheduler in your own loop over "
+            "task.build_optimizer(...) (docs/workloads.md)")
