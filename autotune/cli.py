@@ -1,9 +1,6 @@
-"""The ``autotune`` command line: thin Typer commands over the library.
-
-Domain errors (:class:`~autotune.errors.AutotuneError`) become one red line on
-stderr and a non-zero exit code; ``--debug`` or ``AUTOTUNE_DEBUG=1`` shows the
-traceback instead.
-"""
+"""The ``autotune`` command line: thin Typer commands over the library. Domain errors
+(:class:`~autotune.errors.AutotuneError`) become one red line on stderr and a non-zero exit code; ``--debug`` or
+``AUTOTUNE_DEBUG=1`` shows the traceback instead."""
 
 from __future__ import annotations
 
@@ -374,9 +371,9 @@ def main(argv: list[str] | None = None) -> None:
     """Run the Typer app: called by :func:`autotune.entry.main`, the console script (which installs the signal handlers first).
 
     A usage error (an unknown or missing option, a value Typer cannot parse, an extra argument) is one ``error:`` line
-    naming the command's ``--help``, exit 2; Typer would draw a boxed panel. With ``--json`` among its options, a command
-    that prints a JSON object for its own errors (``trial``, ``search``, ``status``) prints that object for the usage error too.
-    """
+    naming the command's ``--help``, exit 2, not Typer's boxed panel; with ``--json`` a command that prints a JSON object
+    for its own errors (``trial``, ``search``, ``status``) prints that object for it too. ``--help`` or ``--version``
+    that cannot be written (a full or closed stdout) is one line too."""
     _state["ran"] = False
     try:
         code = app(args=argv, standalone_mode=False)
@@ -387,6 +384,8 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as exc:  # Typer's ClickException family (its click is vendored: matched by shape, not class)
         exit_code = getattr(exc, "exit_code", None)
         if not (hasattr(exc, "format_message") and isinstance(exit_code, int)):
+            if isinstance(exc, OSError):  # --help or --version to /dev/full: one line, as every command says it
+                sys.exit(fail(*error_line(exc)).exit_code)
             raise
         commands = {c.name or c.callback.__name__: c.callback.__name__ for c in app.registered_commands if c.callback}
         cli_errors.usage_error(exc, argv if argv is not None else sys.argv[1:], commands, err)

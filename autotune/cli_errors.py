@@ -222,8 +222,8 @@ def search_interrupt_said(as_json: bool, out: Console, err: Console) -> Iterator
     """Within it, a stopped search (:class:`~autotune.errors.SearchInterrupted`, also behind a second Ctrl-C that landed
     as it unwound) ends ``autotune search`` with its best so far, marked interrupted (with ``--json`` as the object),
     then its one yellow line, exit 130; further stop signals cannot cut them short. Bad data that stopped the
-    confirmation after best.json was written (a :class:`~autotune.errors.DataError` holding an outcome) shows that best
-    the same way (with ``--json`` the object gets the error's line as ``"error"``), then goes on to the error's line."""
+    confirmation (a :class:`~autotune.errors.DataError` holding an outcome) shows its best so far the same way (with
+    ``--json`` the object gets the error's line as ``"error"``), then goes on to the error's line."""
     try:
         yield
     except DataError as bad:
@@ -246,12 +246,16 @@ def search_interrupt_said(as_json: bool, out: Console, err: Console) -> Iterator
             from autotune.tuner import SearchOutcome
 
             summary = exc.outcome if isinstance(exc.outcome, SearchOutcome) else None
-            if as_json:
-                echo_json(summary.to_dict() if summary is not None else {"best": None, "interrupted": True})
-            elif summary is not None:
-                out.print(render_search(summary), crop=False)
-            err.print(escape(str(exc)), style="yellow", highlight=False, soft_wrap=True)
-        raise typer.Exit(exc.exit_code) from None
+            try:
+                if as_json:
+                    echo_json(summary.to_dict() if summary is not None else {"best": None, "interrupted": True})
+                elif summary is not None:
+                    out.print(render_search(summary), crop=False)
+                err.print(escape(str(exc)), style="yellow", highlight=False, soft_wrap=True)
+            except OSError as unwritten:  # the terminal closed (its hangup stopped the search: EIO), a reader gone (EPIPE)
+                if unwritten.errno not in (errno.EIO, errno.EPIPE):
+                    raise
+        raise typer.Exit(exc.exit_code) from None  # still a stop's 130, not a failure's 1
 
 
 def check_flags_agree(ctx: typer.Context, flags: Mapping[str, Any], sets: Sequence[str]) -> None:

@@ -109,8 +109,9 @@ class DataError(WorkloadError):
         if_kept: Said after ``message`` while the study that the error stops holds a measurement (what a rerun on
             the same ``--out`` must then respect); :attr:`alone` is the message without it, for a study removed.
         if_recalibrated: Said after :attr:`alone` instead while the study holds only an unfinished calibration's runs.
-        outcome: Where bad data stopped the confirmation after the trials' best.json was written, the search's summary
-            (a ``tuner.SearchOutcome`` marked interrupted) holding that unconfirmed best; None otherwise.
+        outcome: Where bad data stopped the confirmation, the search's summary (a ``tuner.SearchOutcome`` marked
+            interrupted) holding its best so far, as a stop there gives it (written to best.json, unconfirmed, unless
+            an earlier run's confirmed winner stays there); None otherwise.
     """
 
     def __init__(self, message: str, *, if_kept: str = "", if_recalibrated: str = "", outcome: object | None = None) -> None:

@@ -282,11 +282,16 @@ def console(stderr: bool = False) -> Console:
     unless ``COLUMNS`` says otherwise. Text is printed as typed: ``a:b:c`` or a path with ``:fire:`` in it stays text,
     not an emoji. Stderr's (the progress of a search) outlives its reader (:class:`ReaderMayLeave`)."""
     stream = sys.stderr if stderr else sys.stdout
-    wide = (stream is not None and stream.isatty()) or "COLUMNS" in os.environ
+    tty = stream is not None and stream.isatty()
+    wide = tty or "COLUMNS" in os.environ
+    # FORCE_COLOR (which CI services set for coloured logs) makes Rich take a file for a terminal: colours, yes, but the
+    # progress display's redraws (10 a second) filled a search's log; off a terminal it prints one line per event.
+    animate = None if tty else False
     if stderr and stream is not None:  # none under pythonw: Rich's own stand-in
-        made = Console(file=ReaderMayLeave(), width=None if wide else PIPE_WIDTH, emoji=False)  # type: ignore[arg-type]
+        made = Console(file=ReaderMayLeave(), width=None if wide else PIPE_WIDTH, emoji=False,  # type: ignore[arg-type]
+                       force_interactive=animate)
     else:
-        made = Console(stderr=stderr, width=None if wide else PIPE_WIDTH, emoji=False)
+        made = Console(stderr=stderr, width=None if wide else PIPE_WIDTH, emoji=False, force_interactive=animate)
     made.push_render_hook(ControlsShown())
     return made
 

@@ -418,23 +418,43 @@ def corrupt_item() -> autotune.Task:
     return autotune.Task(nn.Linear(8, 3), _Corrupt(), batch_size=8)
 
 
-class _CorruptOnItsSecondRead(_Corrupt):
-    """Item 13 raises from its second read in a process on (the second epoch, without loader workers) while the file
-    ``TASK_FACTORIES_CORRUPT`` names exists: the record goes bad mid-run, and removing the file fixes it."""
+class _CorruptMidSecondEpoch(_Corrupt):
+    """The 61st item read in a process (the 21st of the second epoch of 40, in its third micro-batch of 8, without
+    loader workers) raises while the file ``TASK_FACTORIES_CORRUPT`` names exists: a record that goes bad mid-run, two
+    steps after the first epoch's checkpoint; removing the file fixes it."""
 
     reads = 0
 
     def __getitem__(self, index: int) -> Any:
-        if index == 13:
-            self.reads += 1
-            if self.reads > 1 and os.path.exists(os.environ.get("TASK_FACTORIES_CORRUPT", "")):
-                raise ValueError("corrupt record 13")
+        self.reads += 1
+        if self.reads == 61 and os.path.exists(os.environ.get("TASK_FACTORIES_CORRUPT", "")):
+            raise ValueError(f"corrupt record {index}")
         return self.pairs[index]
 
 
+class _RankStream(IterableDataset):  # type: ignore[type-arg]
+    """64 pairs, each rank of a torchrun job every world-th; rank 1's eleventh item of its second pass raises while the file
+    ``TASK_FACTORIES_CORRUPT`` names exists (``passes`` counts them in this process: no loader workers)."""
+
+    passes = 0
+
+    def __iter__(self) -> Any:
+        rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+        self.passes += 1
+        for n, i in enumerate(range(rank, 64, world)):
+            if rank == 1 and self.passes == 2 and n == 10 and os.path.exists(os.environ.get("TASK_FACTORIES_CORRUPT", "")):
+                raise ValueError("corrupt record on rank 1")
+            yield torch.full((8,), float(i)), i % 3
+
+
+def rank_stream() -> autotune.Task:
+    """An iterable dataset split by rank, whose rank 1 meets a corrupt record in its second pass (see _RankStream)."""
+    return autotune.Task(nn.Linear(8, 3), _RankStream(), batch_size=4)
+
+
 def corrupt_in_the_second_epoch() -> autotune.Task:
-    """Item 13 raises in the second epoch while ``TASK_FACTORIES_CORRUPT`` names a file that exists."""
-    return autotune.Task(nn.Linear(8, 3), _CorruptOnItsSecondRead(), batch_size=8)
+    """An item raises mid-way through the second epoch while ``TASK_FACTORIES_CORRUPT`` names a file that exists."""
+    return autotune.Task(nn.Linear(8, 3), _CorruptMidSecondEpoch(), batch_size=8)
 
 
 class _CorruptStream(IterableDataset):  # type: ignore[type-arg]

@@ -147,6 +147,11 @@ def test_version_help_and_debug(tmp_path, cache_dir) -> None:
     result = runner.invoke(app, ["--debug", "search", "--model", "resnet1800", "--device", "cpu", "--out",
                                 str(tmp_path / "o"), "--cache-dir", str(cache_dir), "--synthetic-images", "64"])
     assert result.exit_code != 0 and result.exception is not None  # --debug lets the exception through
+    # To a full disk: one line, as every command says it (they were Python's traceback, exit 1).
+    for words in (["--version"], ["--help"], ["search", "--help"]):
+        with open("/dev/full", "w") as full:
+            done = subprocess.run([sys.executable, "-m", "autotune", *words], stdout=full, stderr=subprocess.PIPE, text=True, timeout=120)
+        assert done.returncode == 1 and done.stderr == "error: [Errno 28] No space left on device\n", done.stderr
 
 
 def test_trial_command_bad_setup_and_json(tmp_path, cache_dir) -> None:
@@ -437,6 +442,20 @@ def test_output_to_a_pipe_is_wide_enough_for_the_tables(monkeypatch) -> None:
     assert console().width == 100  # the user's own choice wins
 
 
+def test_forced_colour_in_a_log_keeps_the_progress_display_still(monkeypatch) -> None:
+    """FORCE_COLOR=1 (CI services set it for coloured logs) made Rich take a log file for a terminal: a 3-trial search's
+    log held 2,331 redraws of the progress bar (10 a second), one `\r`-joined line. Colours stay; redraws do not."""
+    import io
+
+    from autotune.render import console
+
+    monkeypatch.setenv("FORCE_COLOR", "1")
+    for stream in ("stdout", "stderr"):
+        monkeypatch.setattr(sys, stream, io.StringIO())  # a file, whether or not pytest runs in a terminal
+        made = console(stderr=stream == "stderr")
+        assert made.is_terminal and not made.is_interactive, stream
+
+
 def test_a_path_too_long_for_the_file_system_is_said_as_one(tmp_path: Path) -> None:
     """A 300-character --out read `error: [Errno 36] File name too long: '/tmp/xxx...'`, the whole path after it."""
     long = tmp_path / ("x" * 300)
@@ -593,6 +612,27 @@ def test_a_second_ctrl_c_as_the_first_one_unwinds_still_ends_the_search_as_inter
     monkeypatch.setattr(autotune.api, "cli_search", storage_failed_as_it_unwound)
     result = runner.invoke(app, ["search", "--model", "resnet18", "--device", "cpu"])
     assert result.exit_code == 1 and "cannot write to the study storage: disk full" in result.stderr, result.output
+
+
+def test_a_search_stopped_by_its_terminal_closing_still_exits_130(monkeypatch) -> None:
+    """A terminal closed under a search (a pty hangup: SIGHUP) stopped it cleanly, but its summary and line, written to
+    the terminal gone, raised EIO, and the search ended with exit 1, a failure's, where a stop's is 130."""
+    import errno
+
+    import autotune.api
+    import autotune.cli
+    from autotune.errors import SearchInterrupted
+
+    def hung_up(*args: object, **kwargs: object) -> None:
+        raise SearchInterrupted("interrupted: 1 finished trial kept in sqlite:///out/study.db; best so far written to out/best.json")
+
+    def terminal_gone(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(autotune.api, "cli_search", hung_up)
+    monkeypatch.setattr(autotune.cli.err, "print", terminal_gone)
+    result = runner.invoke(app, ["search", "--model", "resnet18", "--device", "cpu"])
+    assert result.exit_code == 130, result.output
 
 
 def test_a_classifier_s_trial_says_the_size_it_needs_and_inception_v3_defaults_to_299(cache_dir) -> None:

@@ -122,6 +122,20 @@ def test_a_finalist_that_diverged_in_a_confirmation_run_stops_with_its_math_and_
     confirmed = confirm(picked, WORKLOAD, TrialOptions(), rounds=4, known={}, min_rounds=2, store=lambda *a: None, runner=runner,
                         baseline=defaults.to_json())
     assert ran.count(twin.to_json()) == 1 and ran.count(lucky.to_json()) == 2  # the twin's second round never ran
+    # A loader twin of the defaults' own math diverged: the defaults, kept as the baseline, are returned, and said to train it.
+    recipe_twin = defaults.replace(num_workers=1, prefetch_factor=2)
+    rounds = [Confirmed(Candidate(recipe_twin.to_json(), recipe_twin, "#6"), (150.0,), ("diverged: the loss became NaN",), failed_rounds=(1,)),
+              Confirmed(Candidate(defaults.to_json(), defaults, "#0"), (100.0, 101.0), ())]
+    own = make_best(workload=WORKLOAD, hardware=SimpleNamespace(to_dict=lambda: {}), feasible=records, confirmed=rounds,
+                    defaults=defaults, effective_batch=None, command="autotune search", tried=records)
+    assert own.setup == defaults and any(note.startswith(f"{defaults.describe()}, returned, trains the math that diverged")
+                                         for note in own.notes), own.notes
+    # Resumed with those rounds stored, neither runs again.
+    ran.clear()
+    known = {c.candidate.key: (list(c.values), list(c.failures), list(c.failed_rounds)) for c in confirmed}
+    confirm(picked, WORKLOAD, TrialOptions(), rounds=4, known=known, min_rounds=3, store=lambda *a: None, runner=runner,
+            baseline=defaults.to_json())
+    assert lucky.to_json() not in ran and twin.to_json() not in ran, ran
     best = make_best(workload=WORKLOAD, hardware=SimpleNamespace(to_dict=lambda: {}), feasible=records, confirmed=confirmed,
                      defaults=defaults, effective_batch=None, command="autotune search", tried=records)
     assert best.setup == steady and best.confirmed, best.notes
@@ -143,10 +157,39 @@ def test_a_reduced_precision_that_diverged_at_several_batches_is_no_finalist_unl
                _record(3, bf16[2], 400.0), _record(4, fp32, 200.0)]
     assert diverged_math(records).precisions == {"bf16"} and diverged_math(records[:2]).precisions == set()
     assert [c.setup for c in pick_candidates(records, defaults, top=2)] == [fp32, defaults]
-    note = diverged_note(records, WORKLOAD, left_out=diverged_math(records)) or ""
+    note = diverged_note(records, WORKLOAD, unstable=diverged_math(records)) or ""
     assert "; bf16 diverged at several batches and float32 at none, so no bf16 setup was either;" in note, note
     pinned = [r for r in records if r.setup.amp == "bf16" or r.setup == defaults]
-    assert [c.setup for c in pick_candidates(pinned, defaults, top=2)] == [bf16[2], defaults]
+    assert [c.setup for c in pick_candidates(pinned, defaults, top=2, fp32_allowed=False)] == [bf16[2], defaults]  # --set amp=bf16
+    assert [c.setup for c in pick_candidates(pinned, defaults, top=2)] == [defaults]  # no --set: none of bf16, though only it ran
+    from types import SimpleNamespace
+
+    from autotune.tuner.constraints import parse_constraint
+    from autotune.tuner.winner import make_best
+
+    rounds = [Confirmed(Candidate(s.to_json(), s, s.describe()), (v, v + 1.0, v - 1.0), ()) for s, v in ((bf16[2], 400.0), (defaults, 100.0))]
+    kept = make_best(workload=WORKLOAD, hardware=SimpleNamespace(to_dict=lambda: {}), feasible=pinned, confirmed=rounds, defaults=defaults,
+                     effective_batch=None, command="x", tried=pinned, amp_pin=parse_constraint("amp=bf16"), excluded_by="--set amp=bf16")
+    assert kept.setup == bf16[2] and any("; bf16 diverged at several batches and float32 at none: --set amp=bf16 keeps it, so its "
+                                         "other batches stayed, though a longer run of them may diverge too;" in n for n in kept.notes), kept.notes
+    # Its one finalist diverged in the rounds too: the defaults the --set excludes come back, and the line says why.
+    every = [Confirmed(Candidate(bf16[2].to_json(), bf16[2], "#3"), (400.0,), ("diverged: the loss became NaN",), failed_rounds=(1,)),
+             rounds[1]]
+    none_left = make_best(workload=WORKLOAD, hardware=SimpleNamespace(to_dict=lambda: {}), feasible=pinned, confirmed=every,
+                          defaults=defaults, effective_batch=None, command="x", tried=pinned, amp_pin=parse_constraint("amp=bf16"),
+                          excluded_by="--set amp=bf16")
+    assert none_left.setup == defaults and "no setup within --set amp=bf16 measured a throughput without diverging (the note on it " \
+        "names them): the PyTorch defaults, which it excludes, are returned" in none_left.notes, none_left.notes
+    assert not any("failed in every confirmation run" in note for note in none_left.notes)  # said as a divergence, not a lost run
+    # Stopped before its confirmation (Ctrl-C, bad data): the best so far is no setup the finalists left out either.
+    stopped = make_best(workload=WORKLOAD, hardware=SimpleNamespace(to_dict=lambda: {}), feasible=[r for r in records if r.result.ok],
+                        confirmed=[], defaults=defaults, effective_batch=None, command="x", interrupted=True, tried=records)
+    assert stopped.setup == fp32 and not stopped.confirmed, stopped.notes
+    diverged_round = (Confirmed(Candidate(fp32.to_json(), fp32, "#4"), (), ("diverged: the loss became NaN or infinite",), failed_rounds=(0,)),)
+    stopped = make_best(workload=WORKLOAD, hardware=SimpleNamespace(to_dict=lambda: {}), feasible=[r for r in records[:3] if r.result.ok]
+                        + [records[4]], confirmed=[], defaults=defaults, effective_batch=None, command="x", interrupted=True,
+                        tried=records[:3] + [records[4]], partial=diverged_round)  # #4 diverged in the round before the stop
+    assert stopped.setup == defaults and any("a confirmation run of #4 diverged" in n for n in stopped.notes), stopped.notes
     fp32_too = [*records, TrialRecord(5, "search", TrainSetup(batch_size=256), nan)]  # the batch's, or the lr's: not bf16's
     assert diverged_math(fp32_too).precisions == set()
     assert [c.setup for c in pick_candidates(fp32_too, defaults, top=2)] == [bf16[2], fp32, defaults]

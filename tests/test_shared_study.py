@@ -528,6 +528,19 @@ def test_storage_urls() -> None:
     assert not is_shared("sqlite:///out/study.db") and not is_shared(None)
 
 
+def test_a_server_at_its_connection_limit_is_said_as_such() -> None:
+    """A third worker started beside two on a server at max_connections quit with PostgreSQL's own line alone
+    (`remaining connection slots are reserved ...`), which says nothing of what to do."""
+    from autotune.tuner.storage import cause_said
+
+    for said in ('connection failed: connection to server at "127.0.0.1", port 55871 failed: FATAL:  remaining connection slots '
+                 "are reserved for non-replication superuser connections", "FATAL:  sorry, too many clients already"):
+        assert cause_said("postgresql://u@h/db", RuntimeError(said)) == (
+            f"{said}; the server has no connection slot free: each search (and `autotune status`) keeps connections open to it, "
+            "so raise its max_connections or run fewer searches on it at once")
+    assert cause_said("postgresql://u@h/db", RuntimeError("Connection refused")) == "Connection refused"
+
+
 def test_storages_that_cannot_open_say_why(tmp_path) -> None:
     from autotune.tuner.storage import open_storage
     from autotune.tuner.storage_urls import check_storage_url

@@ -229,6 +229,19 @@ def test_an_optimizer_factory_over_other_parameters_is_refused_before_any_trial(
     check_task(head, workers=False)
 
 
+@pytest.mark.parametrize("width", [2, 3])  # rows of a 2-wide weight unpack into (n, p): the name read fails later
+def test_an_optimizer_factory_written_for_named_parameters_is_told_what_it_gets(width: int) -> None:
+    """The common "groups by name" factory (`for n, p in params if n.startswith(...)`) failed with a bare `too many
+    values to unpack (expected 2)` (or `'Tensor' object has no attribute 'startswith'`): its params are parameters."""
+    data = [(torch.randn(2), i % 2) for i in range(8)]
+    model = torch.nn.Sequential(torch.nn.Linear(2, width), torch.nn.Linear(width, 2))
+    by_name = autotune.Task(model, data, batch_size=4,
+                            optimizer=lambda params: torch.optim.SGD([p for n, p in params if n.startswith("0.")], lr=0.1))
+    with pytest.raises(WorkloadError, match=r"^the Task's optimizer factory failed: \w+Error: .*; the factory gets a list of the "
+                                            r"model's parameters, not \(name, parameter\) pairs: to group them by name, build"):
+        check_task(by_name, workers=False)
+
+
 def test_an_optimizer_built_with_a_scheduler_is_warned_of() -> None:
     """A fine-tuning recipe's warm-up built inside the optimizer factory (a Task takes no scheduler): the rate read as
     the recipe's was the schedule's first (0.005 for 0.05), and train.py's scaled rate held until the scheduler's first
@@ -251,6 +264,13 @@ def test_an_optimizer_built_with_a_scheduler_is_warned_of() -> None:
     said.clear()
     check_task(autotune.Task(torch.nn.Linear(2, 2), data, batch_size=4, optimizer=lambda params: torch.optim.SGD(params, lr=0.05)),
                workers=False, warn=said.append)
+
+    def given_its_rate(params: list[torch.nn.Parameter], lr: float) -> torch.optim.Optimizer:  # its schedule starts from lr=
+        optimizer = torch.optim.SGD(params, lr=lr)
+        torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / 10))
+        return optimizer
+
+    check_task(autotune.Task(torch.nn.Linear(2, 2), data, batch_size=4, lr=0.05, optimizer=given_its_rate), workers=False, warn=said.append)
     assert said == []
 
 
@@ -1681,8 +1701,8 @@ def test_the_task_script_refuses_a_bad_workload_or_checkpoint_in_one_line(
     assert line.endswith("by step 1; stopped without saving a checkpoint (lower --lr, or check the model and the data)"), line
     line, _ = in_process.refusal(script, ["--print-freq", "1", "--output-dir", "bad", "--workload", "task_factories:nan_loss",
                                           "--amp", "bf16"], script.parent, capfd, monkeypatch)
-    assert line.endswith("(lower --lr, or train in float32 (--amp off: bf16 autocast may overflow or lose precision the model "
-                         "needs), or check the model and the data)"), line
+    assert line.endswith("(lower --lr, or train in float32 (--amp off: bf16 autocast may lose precision the model needs), or check "
+                         "the model and the data)"), line
     # A buffer of -inf on purpose (an attention mask) is not a blown-up state: the script trains and saves.
     code, _, err = in_process.run_script(script, ["--print-freq", "1", "--output-dir", "masked", "--workload", "task_factories:inf_mask_buffer",
                                                   "--max-steps", "2"], script.parent, capfd, monkeypatch)
@@ -1738,9 +1758,10 @@ def test_the_task_script_says_bad_data_in_one_line_and_leaves_no_loader_files(
 
 
 def test_an_item_that_fails_mid_run_keeps_the_task_script_s_steps_before_it(tmp_path: Path) -> None:
-    """An item that raised in the second epoch ended the Task script without a checkpoint: with --checkpoint-every 0
-    the first epoch's steps were lost, though the line said `--resume goes on from the last checkpoint` (the classifier
-    script keeps them). The checkpoint of the last finished step is written, and --resume, once it is fixed, goes on."""
+    """An item that raised mid-epoch ended the Task script without a checkpoint: the steps since the last one (with
+    --checkpoint-every 0, the epoch's end) were lost, though the line said `--resume goes on from the last checkpoint`
+    (the classifier script keeps them). The checkpoint of the last finished step is written, and --resume, once the
+    item is fixed, goes on from it."""
     script = _task_script(tmp_path, "good", autotune.TrainSetup(batch_size=8))
     marker = tmp_path / "corrupt"
     marker.touch()
@@ -1748,12 +1769,31 @@ def test_an_item_that_fails_mid_run_keeps_the_task_script_s_steps_before_it(tmp_
            "--workers", "0", "--epochs", "2", "--checkpoint-every", "0", "--print-freq", "1"]
     env = {**os.environ, "TASK_FACTORIES_CORRUPT": str(marker)}
     failed = subprocess.run(run, cwd=script.parent, capture_output=True, text=True, timeout=120, env=env)
-    assert failed.returncode == 1 and "corrupt record 13" in failed.stderr.strip().splitlines()[-1], failed.stderr
+    assert failed.returncode == 1 and "corrupt record" in failed.stderr.strip().splitlines()[-1], failed.stderr
     step = int(re.search(r"stopped by the data after step (\d+); checkpoint in ", failed.stdout).group(1))  # type: ignore[union-attr]
-    assert step >= 5 and torch.load(tmp_path / "out" / "checkpoint.pth", weights_only=True)["step"] == step  # 40 items / 8: 5 a epoch
+    assert step == 7 and torch.load(tmp_path / "out" / "checkpoint.pth", weights_only=True)["step"] == step  # 40 items / 8: 5 an epoch
     marker.unlink()
     resumed = subprocess.run([*run, "--resume"], cwd=script.parent, capture_output=True, text=True, timeout=120, env=env)
     assert resumed.returncode == 0 and f"at epoch 1 step {step}" in resumed.stdout and "done: step 10" in resumed.stdout, resumed.stdout
+
+
+@pytest.mark.slow
+def test_under_torchrun_only_the_rank_whose_stream_failed_writes_the_checkpoint(tmp_path: Path) -> None:
+    """An iterable dataset under torchrun: rank 1's stream raised, and rank 0, whose collective (the epoch's even end)
+    failed as rank 1 ended, also wrote the checkpoint and said `stopped by the data`, beside its own line that another
+    process of the job ended. The rank that met the data writes it, alone."""
+    script = _task_script(tmp_path, "good", autotune.TrainSetup(batch_size=4))
+    marker = tmp_path / "corrupt"
+    marker.touch()
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script), "--output-dir", "out",
+         "--workload", "task_factories:rank_stream", "--workers", "0", "--epochs", "3", "--checkpoint-every", "0", "--print-freq", "1"],
+        cwd=script.parent, capture_output=True, text=True, timeout=240, env={**os.environ, "TASK_FACTORIES_CORRUPT": str(marker)})
+    assert proc.returncode != 0 and "error: rank 1: the dataset's stream failed" in proc.stderr, proc.stderr[-3000:]
+    said = re.findall(r"rank (\d): stopped by the data after step (\d+)", proc.stdout)
+    assert [rank for rank, _ in said] == ["1"], proc.stdout
+    assert torch.load(tmp_path / "out" / "checkpoint.pth", weights_only=True)["step"] == int(said[0][1]) > 0
+    assert not list((tmp_path / "out").glob("checkpoint.pth.tmp*"))
 
 
 @pytest.mark.slow

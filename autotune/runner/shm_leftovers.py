@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from pathlib import Path
 
 import psutil
@@ -40,14 +41,20 @@ def alive(pid: int) -> bool:
         return True
 
 
-def remove_failed_allocations(since: float, directory: str | Path = SHM_PATH) -> list[Path]:
-    """Remove PyTorch's files in ``directory`` that a failed allocation left: named for a process that has ended,
-    holding no block of memory (the allocation never took one, so no process can have read a tensor from it), and
-    changed at or after ``since``.
+#: How long a process named by such a file may take to end (a loader worker its trial's SIGKILL reached, not yet
+#: scheduled to die on a loaded machine) before the file is left as a live process's.
+ENDING_S = 2.0
+
+
+def remove_failed_allocations(since: float, directory: str | Path = SHM_PATH, ending_s: float = ENDING_S) -> list[Path]:
+    """Remove PyTorch's files in ``directory`` that a failed allocation left: named for a process that has ended
+    (given ``ending_s`` to end: the trial's workers were just killed), holding no block of memory (the allocation never
+    took one, so no process can have read a tensor from it), and changed at or after ``since``.
 
     Args:
         since: When the run that failed began (``time.time()``); older files are not looked at.
         directory: Where the files are.
+        ending_s: How long to wait for the processes they name to end.
 
     Returns:
         The files removed; none where the directory cannot be read.
@@ -57,16 +64,23 @@ def remove_failed_allocations(since: float, directory: str | Path = SHM_PATH) ->
         entries = list(os.scandir(directory))
     except OSError:
         return removed
+    deadline = time.monotonic() + ending_s
     for entry in entries:
         named = TORCH_FILE.fullmatch(entry.name)
-        if named is None or alive(int(named.group(1))):
-            continue
         try:
             info = entry.stat(follow_symlinks=False)
-            if not entry.is_file(follow_symlinks=False) or info.st_blocks != 0 or info.st_mtime < since:
-                continue
-            os.unlink(entry.path)
-        except OSError:  # gone meanwhile, or not ours to remove
+        except OSError:  # gone meanwhile
             continue
-        removed.append(Path(entry.path))
+        if named is None or not entry.is_file(follow_symlinks=False) or info.st_blocks != 0 or info.st_mtime < since:
+            continue
+        while alive(int(named.group(1))):  # a killed worker on a loaded machine was still running (a CI run left its file)
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(0.05)
+        else:
+            try:
+                os.unlink(entry.path)
+            except OSError:  # gone meanwhile, or not ours to remove
+                continue
+            removed.append(Path(entry.path))
     return removed

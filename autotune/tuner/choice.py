@@ -53,7 +53,7 @@ def never_preferred(setup: TrainSetup, over: TrainSetup) -> bool:
 
 
 def choose_winner(
-    measured: list[Confirmed], default_key: str, reference: int, excluded_by: str | None = None
+    measured: list[Confirmed], default_key: str, reference: int, excluded_by: str | None = None, diverged: bool = False
 ) -> tuple[Confirmed, list[str]]:
     """The confirmed winner and the notes that explain the choice.
 
@@ -65,7 +65,8 @@ def choose_winner(
     the reference; otherwise the defaults (or that setup) are returned and
     the notes say why. Defaults that the user's
     ``--set`` excludes (``excluded_by``) are the baseline only: the fastest
-    setup within it wins, unless none measured a throughput.
+    setup within it wins, unless none measured a throughput (``diverged``: others did, whose training math diverged,
+    left out of ``measured``).
     """
     notes: list[str] = []
     defaults = next((c for c in measured if c.candidate.key == default_key), None)
@@ -73,8 +74,8 @@ def choose_winner(
     if excluded_by is not None and defaults is not None:
         within = leader([c for c in measured if c is not defaults])
         if within is None:
-            notes.append(f"no setup within {excluded_by} measured a throughput (trials.csv says why): "
-                         "the PyTorch defaults, which it excludes, are returned")
+            why = "without diverging (the note on it names them)" if diverged else "(trials.csv says why)"
+            notes.append(f"no setup within {excluded_by} measured a throughput {why}: the PyTorch defaults, which it excludes, are returned")
             return defaults, notes
         if not beats(within, defaults):
             notes.append(f"the fastest setup within {excluded_by} did not beat the PyTorch defaults (which it excludes) by the "

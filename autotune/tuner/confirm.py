@@ -99,6 +99,9 @@ def confirm(
     :data:`~autotune.tuner.noise.SPREAD` times (a load spike in one round
     would make the speedup of whichever wins).
 
+    A run that diverges (here or in ``known``) stops every candidate of its training math but the ``baseline``
+    (:func:`~autotune.tuner.diverged.math_of`): none of them can win.
+
     Measurements already in ``known`` (from an interrupted run) count; only
     the missing ones run. ``store`` is called after every measurement so none
     is lost.
@@ -133,7 +136,8 @@ def confirm(
         left = sum(max(0, planned - runs(key)) for key in active)
         return done + (left or len(active))  # a lone candidate whose runs failed runs again
 
-    active = settle(0, {c.key for c in candidates})
+    unstable = {math_of(c.setup) for c in candidates if any(f.startswith("diverged") for f in failures[c.key])}  # a resumed one's
+    active = settle(0, {c.key for c in candidates if math_of(c.setup) not in unstable or c.key == baseline})
     for round_index in range(rounds):
         queue = [c.key for c in pool if c.key in active and runs(c.key) <= round_index]
         if not queue:

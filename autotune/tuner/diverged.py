@@ -51,8 +51,8 @@ class Unstable:
         return isinstance(setup, TrainSetup) and (math_of(setup) in self.maths or setup.amp in self.precisions)
 
     def exact(self) -> Unstable:
-        """Only the exact maths: where every setup allowed is in a precision left out (``--set amp=bf16``), its other
-        batches stay, and the note names the precision."""
+        """Only the exact maths: where a ``--set`` leaves float32 out (``--set amp=bf16``), the other batches of an
+        unstable precision stay, and :func:`diverged_note` names it as kept by that ``--set``."""
         return Unstable(self.maths)
 
 
@@ -71,18 +71,22 @@ def diverged_math(records: Sequence[TrialRecord], confirmed: Sequence[Confirmed]
 
 
 def diverged_note(records: Sequence[TrialRecord], workload: Workload, confirmed: Sequence[Confirmed] = (),
-                  left_out: Unstable | None = None) -> str | None:
-    """best.json's note when trials or confirmation runs diverged: which, and that no setup of their math (or of a
-    precision ``left_out`` holds) was confirmed; None when none did."""
+                  unstable: Unstable | None = None, kept_by: str | None = None) -> str | None:
+    """best.json's note when trials or confirmation runs diverged: which, and that no setup of their math was
+    confirmed, nor one of a precision ``unstable`` holds whole, unless the ``--set`` ``kept_by`` names keeps it;
+    None when none diverged."""
     diverged = [f"#{r.number} {r.setup.describe()}" for r in records if r.result.status == "diverged" and r.ran]  # a repeat of one is not a second
     rounds = [c.candidate.label for c in diverged_in_rounds(confirmed)]
     if not diverged and not rounds:
         return None
     named = ", ".join(diverged[:3]) + (", ..." if len(diverged) > 3 else "")
     said = [f"{counted(len(diverged), 'trial')} diverged (the loss or the weights became NaN or infinite: {named})"] if diverged else []
-    said += [f"a confirmation run of {', '.join(rounds)} diverged"] if rounds else []
-    precisions = sorted(left_out.precisions) if left_out is not None else []
-    whole = f"; {' and '.join(precisions)} diverged at several batches and float32 at none, so no {' or '.join(precisions)} setup was either" \
-        if precisions else ""
+    said += [f"{'a confirmation run' if len(rounds) == 1 else 'confirmation runs'} of {' and '.join(rounds)} diverged"] if rounds else []
+    whole = ""
+    if unstable is not None and unstable.precisions:
+        precisions = sorted(unstable.precisions)
+        which = f"{' and '.join(precisions)} diverged at several batches and float32 at none"
+        whole = (f"; {which}: {kept_by} keeps it, so its other batches stayed, though a longer run of them may diverge too" if kept_by
+                 else f"; {which}, so no {' or '.join(precisions)} setup was either")
     return (f"{' and '.join(said)}; no setup with the same batch, accumulation and precision was confirmed, as a longer run of it "
             f"would likely diverge too{whole}; check the learning rate and the model's numerics{HALF_ADAMW if half_adamw(workload) else ''}")

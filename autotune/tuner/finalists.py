@@ -73,7 +73,7 @@ def autocast_evident(record: TrialRecord, calibration: Calibration | None) -> st
 
 
 def pick_candidates(records: Sequence[TrialRecord], defaults: TrainSetup, top: int, *, fp32_twin: bool = False,
-                    calibration: Calibration | None = None, baseline_only: bool = False) -> list[Candidate]:
+                    calibration: Calibration | None = None, baseline_only: bool = False, fp32_allowed: bool = True) -> list[Candidate]:
     """The ``top`` fastest distinct setups, then the defaults (when they ran, or their trial timed out) for the speedup.
 
     A compiled setup is a finalist only when its trial was faster than the
@@ -105,14 +105,13 @@ def pick_candidates(records: Sequence[TrialRecord], defaults: TrainSetup, top: i
 
     A setup whose training math (:func:`~autotune.tuner.diverged.math_of`) diverged in another trial is no finalist,
     nor a twin: its own trial finished by luck over a few seconds; nor is one in a reduced precision that diverged at
-    several batches (:class:`~autotune.tuner.diverged.Unstable`), unless every setup allowed is in it (a ``--set`` pins
-    it). The defaults still join for the speedup.
+    several batches (:class:`~autotune.tuner.diverged.Unstable`), unless a ``--set`` leaves float32 out
+    (``fp32_allowed`` False). The defaults still join for the speedup.
     """
     unstable = diverged_math(records)  # a setup whose math diverged in another trial finished by luck: no finalist
-    measured = [r for r in records if r.result.ok and r.result.samples_per_s]
-    if unstable.precisions and all(r.setup in unstable for r in measured if r.setup != defaults):  # a precision --set pins
+    if not fp32_allowed:  # a --set leaves float32 out: the other batches of an unstable precision stay
         unstable = unstable.exact()
-    feasible = [r for r in measured if r.setup not in unstable]
+    feasible = [r for r in records if r.result.ok and r.result.samples_per_s and r.setup not in unstable]
     ranked = sorted(feasible, key=lambda r: r.result.samples_per_s or 0.0, reverse=True)
     eager = {r.setup.to_json(): r.result.samples_per_s or 0.0 for r in feasible if r.setup.compile == "off"}
     by_setup: dict[str, list[TrialRecord]] = {}

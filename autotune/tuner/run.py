@@ -207,15 +207,14 @@ def _search(config: SearchConfig, prepared: Prepared, reporter: Reporter, timed:
               "interrupted (an earlier run's confirmed winner kept)" if kept else "interrupted (winner not confirmed)")
     shown = outcome if kept is None else kept_outcome(outcome, kept, prepared.study, records)  # the report agrees with best.json
     written, spent = report_search(prepared.study, prepared.out, this_run(), reporter.message, status, records, calibration, shown)
-    outcome = replace(outcome, files=(*outcome.files, *written), time_spent=spent)
     timing.wall_s = time.monotonic() - began
-    outcome = replace(outcome, timing=timing)
+    outcome = replace(outcome, files=(*outcome.files, *written), time_spent=spent, timing=timing)
     if crew is not None and outcome.best is not None and not interrupted:
         crew.publish(outcome.best, config.trials, prepared.out)
     if bad is not None:  # said with what was written, as a stop's line says it
         where = prepared.out / "best.json"
         said = f"best so far written to {where} (unconfirmed)" if kept is None else f"the confirmed winner of an earlier run stays in {where}"
-        raise DataError(f"{bad.alone}; {said}", if_kept=str(bad)[len(bad.alone):], outcome=outcome)
+        raise DataError(f"{bad.alone}; {said}", if_kept=str(bad)[len(bad.alone):], outcome=outcome)  # as a stop's: this run's
     if interrupted:  # after a finished confirmation only the winner's ceilings were left
         best_json = prepared.out / "best.json"
         said = (f"the confirmed winner is in {best_json}{'; only its ceilings were skipped' if config.ceilings else ''}" if confirmed else
@@ -322,7 +321,8 @@ def confirm_finalists(
     Raises:
         KeyboardInterrupt: Ctrl-C or SIGTERM; the rounds measured so far are stored.
     """
-    candidates = pick_candidates(records, defaults, config.confirm_top, fp32_twin=allows(config.constraints, "amp", "off"),
+    fp32 = allows(config.constraints, "amp", "off")  # the finalists' float32 twins join, and an unstable precision goes whole
+    candidates = pick_candidates(records, defaults, config.confirm_top, fp32_twin=fp32, fp32_allowed=fp32,
                                  calibration=calibration, baseline_only=excluding(config.pins, defaults) is not None)
     if reuse and (kept := prepared.study.reuse_rounds({c.key for c in candidates}, config.confirm_rounds))[0]:
         reporter.message(REUSED)
@@ -368,7 +368,7 @@ def finish(
         workload=prepared.workload, hardware=prepared.hardware, feasible=feasible, confirmed=confirmed, defaults=defaults,
         effective_batch=config.effective_batch, world_size=prepared.placement.world_size, command=config.command, interrupted=interrupted,
         excluded_by=excluding(config.pins, defaults), partial=partial_rounds, batch_pin=config.pins.get("batch_size"),
-        defaults_ran=any(r.setup == defaults for r in records), stopped_by=stopped_by, tried=records,
+        defaults_ran=any(r.setup == defaults for r in records), stopped_by=stopped_by, tried=records, amp_pin=config.pins.get("amp"),
     )
     best = replace(best, study=prepared.study.name)
     if note := compiled_note(prepared.workload):

@@ -151,10 +151,17 @@ def _created_meanwhile(exc: sqlalchemy.exc.DBAPIError) -> bool:
     return "already exists" in text or "database is locked" in text
 
 
+#: What PostgreSQL says to a client beyond its max_connections.
+SLOTS_FULL = ("remaining connection slots are reserved", "too many clients already")
+
+
 def cause_said(url: str, exc: BaseException) -> str:
     """What the storage at ``url`` said when it could not be opened or read: the database's own first line (behind
     Optuna's wrapper of a failed commit, whose words guess at invalid data), and for a damaged SQLite file what to do."""
     why = first_line(storage_cause(exc))
+    if any(words in why for words in SLOTS_FULL):  # PostgreSQL's, at max_connections: said as the server's limit, not an outage
+        why += ("; the server has no connection slot free: each search (and `autotune status`) keeps connections open to "
+                "it, so raise its max_connections or run fewer searches on it at once")
     if url.startswith("sqlite") and _damaged(why):
         why += (f": {sqlite_path(url)} is damaged (not a readable SQLite database): restore it from a backup, or move it "
                 "away and pass another --out (or --storage) for a new search")

@@ -22,7 +22,7 @@ from autotune.runner.measure import busy_threshold
 from autotune.train_setup import TrainSetup
 from autotune.tuner.choice import choose_winner
 from autotune.tuner.constraints import Constraint
-from autotune.tuner.diverged import diverged_math, diverged_note
+from autotune.tuner.diverged import diverged_in_rounds, diverged_math, diverged_note
 from autotune.tuner.noise import beats, compared_ratios, disagree, paired_ratios, paired_speedup
 from autotune.tuner.offered import precision_note
 from autotune.tuner.space import DEFAULT_BATCH
@@ -46,6 +46,7 @@ def make_best(
     defaults_ran: bool = True,
     stopped_by: str = "",
     tried: Sequence[TrialRecord] = (),
+    amp_pin: Constraint | None = None,
 ) -> Best:
     """The ``best.json`` record: the confirmed winner, its speedup and the notes.
 
@@ -71,6 +72,8 @@ def make_best(
         stopped_by: What stopped an ``interrupted`` search, where it was no signal (``bad data: PATH: ...``).
         tried: Every trial of the search: with the confirmation's runs, which training math diverged
             (:mod:`autotune.tuner.diverged`): no setup of it wins, and a note says so.
+        amp_pin: The user's ``--set amp=...``, if any: one that leaves float32 out keeps an unstable precision's other
+            batches (:meth:`~autotune.tuner.diverged.Unstable.exact`).
     """
     default_key = defaults.to_json()
     # The batch the defaults run, as the user's own loop would: the recipe's, or all the samples where the data holds fewer
@@ -79,13 +82,14 @@ def make_best(
     recipe = workload.reference_batch or DEFAULT_BATCH
     notes: list[str] = []
     rounds: list[float] = []  # the winner's paired ratios over the defaults, which the speedup is the median of
-    shaky = diverged_math(tried, confirmed)
-    if shaky.precisions and all(c.candidate.setup in shaky for c in confirmed if c.candidate.key != default_key):
-        shaky = shaky.exact()  # a precision --set pins: its other batches stay (the finalists were so chosen)
+    unstable = diverged_math(tried, [*confirmed, *partial])  # an interrupted confirmation's rounds count too
+    kept_by = None if amp_pin is None or amp_pin.allows("off") else f"--set {amp_pin}"
+    shaky = unstable.exact() if kept_by else unstable  # a --set that leaves float32 out keeps the precision's other batches
     # A finalist whose math diverged in a run, its own or another's, finished its other runs by luck: never the winner.
     measured = [c for c in confirmed if c.median is not None and (c.candidate.key == default_key or c.candidate.setup not in shaky)]
     if measured:
-        chosen, why = choose_winner(measured, default_key, reference // world_size, excluded_by)
+        dropped = any(c.median is not None and c.candidate.key != default_key and c.candidate.setup in shaky for c in confirmed)
+        chosen, why = choose_winner(measured, default_key, reference // world_size, excluded_by, diverged=dropped)
         setup, rate, spread = chosen.candidate.setup, chosen.median or 0.0, chosen.spread or 0.0
         baseline = next((c for c in measured if c.candidate.key == default_key), None)
         base = baseline.median if baseline is not None else None
@@ -93,7 +97,7 @@ def make_best(
         speedup = paired_speedup(chosen, baseline) if baseline is not None and len(measured) > 1 else None
         rounds = sorted(r for r in paired_ratios(chosen, baseline) if r > 0) if speedup and baseline is not None and baseline is not chosen else []
         notes.extend(why)
-        for lost in (c for c in confirmed if c.failures and not c.values and c.candidate.key != default_key):
+        for lost in (c for c in confirmed if c.failures and not c.values and c.candidate.key != default_key and c not in diverged_in_rounds(confirmed)):
             # A finalist whose trial ran and whose every confirmation run failed: its trial's figure names no winner.
             notes.append(f"the finalist {lost.candidate.label} failed in every confirmation run ({lost.failures[0]})" + (
                 "" if lost.candidate.twin else ": the figure its trial measured is not what it sustains, so it is not the winner"))
@@ -116,7 +120,8 @@ def make_best(
             notes.append(f"the winner's float32 twin was not re-measured: {chosen.candidate.no_twin}, so the same setup in "
                          "float32 would be clearly slower")
     else:
-        allowed = [r for r in feasible if (excluded_by is None or r.setup.to_json() != default_key) and r.setup not in shaky]
+        steady = [r for r in feasible if r.setup not in shaky]
+        allowed = [r for r in steady if excluded_by is None or r.setup.to_json() != default_key] or steady
         fastest = max(allowed or feasible, key=lambda r: r.result.samples_per_s or 0.0)
         # An interrupted confirmation's rounds rank side by side: one ahead of the fastest trial there leads (defaults 63 alone, 12 there).
         top = _ahead_in_rounds(fastest, allowed or feasible, partial) or fastest
@@ -223,8 +228,11 @@ def make_best(
                   if setup.effective_batch(world_size) != reference else "")
         notes.append(f"the PyTorch defaults ({defaults.describe()}) could not be measured: their trial ended without a "
                      f"throughput (trials.csv gives its status and error), so no speedup is given{scaled}")
-    if (diverged := diverged_note(tried, workload, confirmed, shaky)) is not None:
+    if (diverged := diverged_note(tried, workload, [*confirmed, *partial], unstable, kept_by)) is not None:
         notes.append(diverged)
+    if setup in shaky:  # the defaults, kept as the baseline whatever diverged, or the last resort of a stop
+        notes.append(f"{setup.describe()}, returned, trains the math that diverged (its batch, accumulation and precision): "
+                     "a longer run of it would likely diverge too, your recipe's own if these are the PyTorch defaults")
     hw = hardware.to_dict()
     return Best(
         setup=setup,

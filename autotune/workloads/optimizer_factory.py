@@ -110,3 +110,14 @@ def scheduler_warning(optimizer: Any, lr: float, batch: int) -> str | None:
             "effective batch, the rate it scales for it holds only until the scheduler's first step sets its own; pass "
             f"--effective-batch {batch} to keep your recipe's math, or build the scheduler in your own loop over "
             "task.build_optimizer(...) (docs/workloads.md)")
+
+
+def unpacking_hint(exc: BaseException) -> str:
+    """What to add to the error of an optimizer factory written for ``named_parameters()`` pairs (``for n, p in
+    params``), which gets the model's parameters themselves: ``""`` for any other error."""
+    if re.search(r"values to unpack|cannot unpack non-iterable|'(Tensor|Parameter)' object has no attribute '(startswith|endswith|split)'"
+                 r"|__contains__ only supports Tensor or scalar", str(exc)):  # a name read from what is a parameter
+        return ("; the factory gets a list of the model's parameters, not (name, parameter) pairs: to group them by name, "
+                "build the model first and close over it (Task(model=model, optimizer=lambda params: SGD([... "
+                "model.named_parameters() ...]))")
+    return ""

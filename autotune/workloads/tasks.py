@@ -31,7 +31,7 @@ from autotune.workloads.factory_time import check_factory_time
 from autotune.workloads.loss_inputs import check_loss_weights, check_no_backward, float_targets, gradients, one_argument_hint, pass_warnings, reaches
 from autotune.workloads.models import arguments_hint, load_factory
 from autotune.workloads.modes import eval_modules, has_batch_norm, left_as_found, random_state_kept, train_mode
-from autotune.workloads.optimizer_factory import checks_gradient_kinds, gradient_kind_mismatch, scheduler_warning
+from autotune.workloads.optimizer_factory import checks_gradient_kinds, gradient_kind_mismatch, scheduler_warning, unpacking_hint
 from autotune.workloads.same_task import trainable_parameters
 from autotune.workloads.task import Task
 from autotune.workloads.task_refs import task_ref
@@ -304,8 +304,9 @@ def check_task(task: Task, *, workers: bool, warn: Callable[[str], None] | None 
         raise
     except USER_CODE_ERRORS as exc:
         what = "the Task's optimizer factory" if task.optimizer is not None else "building the default optimizer (AdamW) over the model"
-        raise WorkloadError(f"{what} failed: {type(exc).__name__}: {exc}") from None
-    if warn is not None and (scheduled := scheduler_warning(optimizer, lr, task.batch_size)) is not None:
+        raise WorkloadError(f"{what} failed: {type(exc).__name__}: {exc}{unpacking_hint(exc)}") from None
+    own_rates = task.optimizer is not None and not task._factory_takes_lr  # given lr=, its scheduler starts from the scaled rate
+    if warn is not None and own_rates and (scheduled := scheduler_warning(optimizer, lr, task.batch_size)) is not None:
         warn(scheduled)
     check_loss_weights(task, model, optimizer)
     if checks_gradient_kinds(model, optimizer):  # one backward tells which gradients are sparse (F.embedding(sparse=True) too)
