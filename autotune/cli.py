@@ -384,7 +384,7 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as exc:  # Typer's ClickException family (its click is vendored: matched by shape, not class)
         exit_code = getattr(exc, "exit_code", None)
         if not (hasattr(exc, "format_message") and isinstance(exit_code, int)):
-            if isinstance(exc, OSError):  # --help or --version to /dev/full: one line, as every command says it
+            if isinstance(exc, OSError) and not _debug():  # --help or --version to /dev/full: one line, as every command says it
                 sys.exit(fail(*error_line(exc)).exit_code)
             raise
         commands = {c.name or c.callback.__name__: c.callback.__name__ for c in app.registered_commands if c.callback}

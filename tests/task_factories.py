@@ -420,14 +420,14 @@ def corrupt_item() -> autotune.Task:
 
 class _CorruptMidSecondEpoch(_Corrupt):
     """The 61st item read in a process (the 21st of the second epoch of 40, in its third micro-batch of 8, without
-    loader workers) raises while the file ``TASK_FACTORIES_CORRUPT`` names exists: a record that goes bad mid-run, two
-    steps after the first epoch's checkpoint; removing the file fixes it."""
+    loader workers; ``TASK_FACTORIES_CORRUPT_READ`` another) raises while the file ``TASK_FACTORIES_CORRUPT`` names
+    exists: a record that goes bad mid-run, two steps after the first epoch's checkpoint; removing the file fixes it."""
 
     reads = 0
 
     def __getitem__(self, index: int) -> Any:
         self.reads += 1
-        if self.reads == 61 and os.path.exists(os.environ.get("TASK_FACTORIES_CORRUPT", "")):
+        if self.reads == int(os.environ.get("TASK_FACTORIES_CORRUPT_READ", "61")) and os.path.exists(os.environ.get("TASK_FACTORIES_CORRUPT", "")):
             raise ValueError(f"corrupt record {index}")
         return self.pairs[index]
 

@@ -152,6 +152,10 @@ def test_version_help_and_debug(tmp_path, cache_dir) -> None:
         with open("/dev/full", "w") as full:
             done = subprocess.run([sys.executable, "-m", "autotune", *words], stdout=full, stderr=subprocess.PIPE, text=True, timeout=120)
         assert done.returncode == 1 and done.stderr == "error: [Errno 28] No space left on device\n", done.stderr
+    with open("/dev/full", "w") as full:  # --debug keeps its traceback
+        done = subprocess.run([sys.executable, "-m", "autotune", "--debug", "probe"], stdout=full, stderr=subprocess.PIPE, text=True,
+                              timeout=120)
+    assert done.returncode == 1 and "Traceback" in done.stderr and done.stderr.rstrip().endswith("No space left on device"), done.stderr
 
 
 def test_trial_command_bad_setup_and_json(tmp_path, cache_dir) -> None:

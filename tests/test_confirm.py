@@ -128,8 +128,11 @@ def test_a_finalist_that_diverged_in_a_confirmation_run_stops_with_its_math_and_
               Confirmed(Candidate(defaults.to_json(), defaults, "#0"), (100.0, 101.0), ())]
     own = make_best(workload=WORKLOAD, hardware=SimpleNamespace(to_dict=lambda: {}), feasible=records, confirmed=rounds,
                     defaults=defaults, effective_batch=None, command="autotune search", tried=records)
-    assert own.setup == defaults and any(note.startswith(f"{defaults.describe()}, returned, trains the math that diverged")
-                                         for note in own.notes), own.notes
+    assert own.setup == defaults and f"the PyTorch defaults ({defaults.describe()}), returned as the baseline, are the exception: the " \
+        "same batch, accumulation and precision as a run that diverged, so your recipe itself would likely diverge in a longer run" \
+        in own.notes, own.notes
+    assert own.notes[0].startswith("every other finalist trains math that diverged (the note on it names them): the PyTorch "
+                                   "defaults are returned"), own.notes  # not "the only setup the confirmation measured"
     # Resumed with those rounds stored, neither runs again.
     ran.clear()
     known = {c.candidate.key: (list(c.values), list(c.failures), list(c.failed_rounds)) for c in confirmed}
@@ -181,6 +184,16 @@ def test_a_reduced_precision_that_diverged_at_several_batches_is_no_finalist_unl
     assert none_left.setup == defaults and "no setup within --set amp=bf16 measured a throughput without diverging (the note on it " \
         "names them): the PyTorch defaults, which it excludes, are returned" in none_left.notes, none_left.notes
     assert not any("failed in every confirmation run" in note for note in none_left.notes)  # said as a divergence, not a lost run
+    first = [Confirmed(Candidate(bf16[2].to_json(), bf16[2], "#3"), (), ("diverged: the loss became NaN",), failed_rounds=(0,)), rounds[1]]
+    none_left = make_best(workload=WORKLOAD, hardware=SimpleNamespace(to_dict=lambda: {}), feasible=pinned, confirmed=first,
+                          defaults=defaults, effective_batch=None, command="x", tried=pinned, amp_pin=parse_constraint("amp=bf16"),
+                          excluded_by="--set amp=bf16")  # diverged in its first run: nothing measured in the rounds
+    assert any(note.startswith("no setup within --set amp=bf16 measured a throughput without diverging") for note in none_left.notes)
+    stopped = make_best(workload=WORKLOAD, hardware=SimpleNamespace(to_dict=lambda: {}), feasible=[r for r in pinned if r.result.ok],
+                        confirmed=[], defaults=defaults, effective_batch=None, command="x", interrupted=True, tried=pinned,
+                        partial=tuple(first), excluded_by="--set amp=bf16", amp_pin=parse_constraint("amp=bf16"))
+    assert stopped.setup == defaults and "every setup within --set amp=bf16 that measured trains math that diverged: the PyTorch " \
+        "defaults, which it excludes, are returned" in stopped.notes, stopped.notes
     # Stopped before its confirmation (Ctrl-C, bad data): the best so far is no setup the finalists left out either.
     stopped = make_best(workload=WORKLOAD, hardware=SimpleNamespace(to_dict=lambda: {}), feasible=[r for r in records if r.result.ok],
                         confirmed=[], defaults=defaults, effective_batch=None, command="x", interrupted=True, tried=records)

@@ -339,6 +339,14 @@ def test_status_s_best_so_far_is_the_fastest_trial_the_stored_set_allows(tmp_pat
     assert study_status(storage).best.number == 2
     study.study.set_user_attr("signature", None)
     assert study_status(storage).best.number == 0
+    # A loader twin of the fastest diverged: the fastest finished by luck, and no longer reads as the best so far.
+    told(study, TrainSetup(batch_size=64, num_workers=1), 350.0)
+    assert study_status(storage).best.number == 3
+    trial, role = study.ask()
+    diverged = TrialResult(status="diverged", error="the loss became NaN or infinite")
+    study.record(trial, role, TrainSetup(batch_size=64), diverged, reused_from=None)
+    study.tell(trial, diverged)
+    assert study_status(storage).best.number == 0
 
 
 def test_a_study_another_program_filled_is_refused_before_anything_runs(tmp_path: Path) -> None:

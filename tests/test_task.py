@@ -1775,6 +1775,13 @@ def test_an_item_that_fails_mid_run_keeps_the_task_script_s_steps_before_it(tmp_
     marker.unlink()
     resumed = subprocess.run([*run, "--resume"], cwd=script.parent, capture_output=True, text=True, timeout=120, env=env)
     assert resumed.returncode == 0 and f"at epoch 1 step {step}" in resumed.stdout and "done: step 10" in resumed.stdout, resumed.stdout
+    # Met at the second epoch's first read: no step since the epoch's checkpoint, which stands (not written again under
+    # a new id, which would make a --val-data run evaluate that epoch once more).
+    marker.touch()
+    (tmp_path / "out" / "checkpoint.pth").unlink()
+    at_once = subprocess.run(run, cwd=script.parent, capture_output=True, text=True, timeout=120, env={**env, "TASK_FACTORIES_CORRUPT_READ": "41"})
+    assert at_once.returncode == 1 and "stopped by the data" not in at_once.stdout, at_once.stdout
+    assert torch.load(tmp_path / "out" / "checkpoint.pth", weights_only=True)["step"] == 5
 
 
 @pytest.mark.slow

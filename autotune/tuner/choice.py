@@ -88,7 +88,9 @@ def choose_winner(
     assert top is not None
     chosen = top
     if top is defaults:
-        notes.append("the PyTorch defaults were the only setup the confirmation measured: no speedup to report" if len(measured) == 1 else
+        notes.append(("every other finalist trains math that diverged (the note on it names them): the PyTorch defaults are returned, "
+                      "with no speedup to report" if diverged else
+                      "the PyTorch defaults were the only setup the confirmation measured: no speedup to report") if len(measured) == 1 else
                      "nothing measurably faster than the PyTorch defaults was found: they led the confirmation")
     elif defaults is not None and not beats(top, defaults):
         clear = leader([c for c in measured if c is not defaults and beats(c, defaults) and not beats(top, c)])

@@ -17,6 +17,7 @@ from autotune.redact import hide_passwords
 from autotune.tuner import elections
 from autotune.tuner.budget import STUDY_BUDGET, STUDY_LARGEST_BUDGET, counted_records, counted_toward_budget
 from autotune.tuner.constraints import excluding
+from autotune.tuner.diverged import diverged_math
 from autotune.tuner.lock import Holder
 from autotune.tuner.pending import pending_file, read_pending
 from autotune.tuner.storage_urls import storage_file
@@ -57,7 +58,8 @@ class StudyStatus:
             them (not the election markers); they do not count toward the budget.
         running: Trials running now.
         best: The fastest finished trial so far that the search's ``--set`` allows (the PyTorch defaults it
-            excludes are its baseline only), or the fastest of all while no trial within it measured a throughput.
+            excludes are its baseline only), or the fastest of all while no trial within it measured a throughput;
+            never one whose training math diverged in a trial (:mod:`autotune.tuner.diverged`).
         best_excluded_by: The ``--set`` values ``best`` lies outside (that fallback), as the user wrote them.
         winner: The confirmed winner, once a worker stored it.
         winner_by: The worker that confirmed it and the directory it wrote to.
@@ -220,7 +222,8 @@ def study_status(storage: str, study: str | None = None, out: Path | None = None
     records = found.records(trials)  # the same read as the running trials: a trial finishing between two reads was in both
     # The search's --set: the PyTorch defaults it excludes were measured as the baseline, never a winner.
     constraints = stored_set(found)
-    fastest = fastest_trial(records, baseline_only(records, constraints))
+    shaky = diverged_math(records)  # a setup whose math diverged in another trial finished by luck: no finalist, nor best so far
+    fastest = fastest_trial([r for r in records if r.setup not in shaky], baseline_only(records, constraints))
     # Among the trials the budget counts: a setup that could not run (free) is not one of the "N finished".
     unmeasured = [r for r in records if not r.result.ok and r.result.status != "pruned" and not r.free]
     lone = not run_by_workers(trials)

@@ -88,7 +88,7 @@ def make_best(
     # A finalist whose math diverged in a run, its own or another's, finished its other runs by luck: never the winner.
     measured = [c for c in confirmed if c.median is not None and (c.candidate.key == default_key or c.candidate.setup not in shaky)]
     if measured:
-        dropped = any(c.median is not None and c.candidate.key != default_key and c.candidate.setup in shaky for c in confirmed)
+        dropped = any(c.candidate.key != default_key and c.candidate.setup in shaky for c in confirmed)  # measured or not
         chosen, why = choose_winner(measured, default_key, reference // world_size, excluded_by, diverged=dropped)
         setup, rate, spread = chosen.candidate.setup, chosen.median or 0.0, chosen.spread or 0.0
         baseline = next((c for c in measured if c.candidate.key == default_key), None)
@@ -125,6 +125,9 @@ def make_best(
         fastest = max(allowed or feasible, key=lambda r: r.result.samples_per_s or 0.0)
         # An interrupted confirmation's rounds rank side by side: one ahead of the fastest trial there leads (defaults 63 alone, 12 there).
         top = _ahead_in_rounds(fastest, allowed or feasible, partial) or fastest
+        if excluded_by is not None and top.setup.to_json() == default_key and steady != feasible:
+            notes.append(f"every setup within {excluded_by} that measured trains math that diverged: the PyTorch defaults, "
+                         "which it excludes, are returned")
         setup, rate, spread = top.setup, top.result.samples_per_s or 0.0, top.result.samples_per_s_spread or 0.0
         base_records = [r for r in feasible if r.setup.to_json() == default_key]
         base = base_records[0].result.samples_per_s if base_records else None
@@ -231,8 +234,9 @@ def make_best(
     if (diverged := diverged_note(tried, workload, [*confirmed, *partial], unstable, kept_by)) is not None:
         notes.append(diverged)
     if setup in shaky:  # the defaults, kept as the baseline whatever diverged, or the last resort of a stop
-        notes.append(f"{setup.describe()}, returned, trains the math that diverged (its batch, accumulation and precision): "
-                     "a longer run of it would likely diverge too, your recipe's own if these are the PyTorch defaults")
+        who = f"the PyTorch defaults ({setup.describe()}), returned as the baseline, are" if setup == defaults else f"{setup.describe()}, returned, is"
+        notes.append(f"{who} the exception: the same batch, accumulation and precision as a run that diverged, so "
+                     f"{'your recipe itself' if setup == defaults else 'it'} would likely diverge in a longer run")
     hw = hardware.to_dict()
     return Best(
         setup=setup,
