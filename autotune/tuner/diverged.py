@@ -76,7 +76,7 @@ def diverged_note(records: Sequence[TrialRecord], workload: Workload, confirmed:
     confirmed, nor one of a precision ``unstable`` holds whole, unless the ``--set`` ``kept_by`` names keeps it;
     None when none diverged."""
     diverged = [f"#{r.number} {r.setup.describe()}" for r in records if r.result.status == "diverged" and r.ran]  # a repeat of one is not a second
-    rounds = [c.candidate.label for c in diverged_in_rounds(confirmed)]
+    rounds = list(dict.fromkeys(c.candidate.label for c in diverged_in_rounds(confirmed)))  # a candidate in both lists once
     if not diverged and not rounds:
         return None
     named = ", ".join(diverged[:3]) + (", ..." if len(diverged) > 3 else "")
