@@ -30,8 +30,9 @@ _BEGAN = time.time()
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Remove the trial directories of the searches the tests killed with ``kill -9``: made for that, they stay for a
-    later search to sweep an hour on (:func:`autotune.runner.launch.remove_stale_trial_dirs`), and a CI run left two.
-    A live search's (another pytest-xdist process's) are left alone."""
+    later search to sweep an hour on (:func:`autotune.runner.launch.remove_stale_trial_dirs`), and a CI run left two;
+    and the /dev/shm files of loader workers the tests killed (a CI run left one). A live process's (another
+    pytest-xdist process's) are left alone."""
     from autotune.files import maker_is_gone
     from autotune.runner.launch import PREFIX
 
@@ -42,6 +43,15 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             continue
         if made >= _BEGAN and maker_is_gone(left.name[len(PREFIX):].partition("-")[0]):
             shutil.rmtree(left, ignore_errors=True)
+    # Likewise the file a loader worker had made in /dev/shm for a batch and not yet unlinked when a test killed it
+    # (kill -9 of a script or a worker): named for a process that is gone, nobody can open it any more.
+    for left in Path("/dev/shm").glob("torch_*_*_*"):
+        try:
+            made = left.stat().st_mtime
+        except OSError:
+            continue
+        if made >= _BEGAN and maker_is_gone(left.name.split("_")[1]):
+            left.unlink(missing_ok=True)
 
 
 @pytest.fixture(scope="session")
