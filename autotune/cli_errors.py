@@ -224,17 +224,23 @@ def search_interrupt_said(as_json: bool, out: Console, err: Console) -> Iterator
     then its one yellow line, exit 130; further stop signals cannot cut them short. Bad data that stopped the
     confirmation (a :class:`~autotune.errors.DataError` holding an outcome) shows its best so far the same way (with
     ``--json`` the object gets the error's line as ``"error"``), then goes on to the error's line."""
-    try:
-        yield
-    except DataError as bad:
-        if bad.outcome is None or not hasattr(bad.outcome, "to_dict"):
-            raise
+    from autotune.tuner import SearchOutcome
+
+    def show(summary: object, as_object: dict[str, Any]) -> None:
+        """The best so far: ``summary``'s table, or with ``--json`` its object (``as_object`` where there is none)."""
         from autotune.render import render_search
 
         if as_json:
-            echo_json({**bad.outcome.to_dict(), "error": error_line(bad)[0]})
-        else:
-            out.print(render_search(bad.outcome), crop=False)  # type: ignore[arg-type]
+            echo_json(summary.to_dict() | as_object if isinstance(summary, SearchOutcome) else as_object)
+        elif isinstance(summary, SearchOutcome):
+            out.print(render_search(summary), crop=False)
+
+    try:
+        yield
+    except DataError as bad:
+        if not isinstance(bad.outcome, SearchOutcome):
+            raise
+        show(bad.outcome, {"error": error_line(bad)[0]})
         raise
     except (AutotuneError, KeyboardInterrupt) as caught:
         if (exc := interrupted_in(caught)) is None:
@@ -242,15 +248,8 @@ def search_interrupt_said(as_json: bool, out: Console, err: Console) -> Iterator
         from autotune.tuner.signals import stops_ignored
 
         with stops_ignored():
-            from autotune.render import render_search
-            from autotune.tuner import SearchOutcome
-
-            summary = exc.outcome if isinstance(exc.outcome, SearchOutcome) else None
             try:
-                if as_json:
-                    echo_json(summary.to_dict() if summary is not None else {"best": None, "interrupted": True})
-                elif summary is not None:
-                    out.print(render_search(summary), crop=False)
+                show(exc.outcome, {} if isinstance(exc.outcome, SearchOutcome) else {"best": None, "interrupted": True})
                 err.print(escape(str(exc)), style="yellow", highlight=False, soft_wrap=True)
             except OSError as unwritten:  # the terminal closed (its hangup stopped the search: EIO), a reader gone (EPIPE)
                 if unwritten.errno not in (errno.EIO, errno.EPIPE):

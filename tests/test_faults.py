@@ -576,16 +576,18 @@ def test_only_files_a_failed_allocation_left_are_removed_from_the_dev_shm(tmp_pa
             if key == "data":
                 fh.write(b"x" * 4096)
     os.utime(tmp_path / files["old"], (began - 60, began - 60))
-    removed = remove_failed_allocations(began, tmp_path, ending_s=0.0)
+    removed = remove_failed_allocations(began, tmp_path)
     zombie.wait()
     assert sorted(p.name for p in removed) == sorted([files["gone"], files["zombie"]])
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(files[k] for k in ("alive", "data", "old", "other"))
     assert remove_failed_allocations(began, tmp_path / "none") == []  # no such directory: nothing to do
-    # A worker the trial's SIGKILL reached, not yet ended on a loaded machine (a CI run left its file): waited for.
-    ending = subprocess.Popen(["sleep", "0.3"])
+    # A worker of the trial's own group, which its SIGKILL reached, not yet dead on a loaded machine (a CI run left its
+    # file): waited for, however long it takes to end; another live process's file beside it is left at once.
+    ending = subprocess.Popen(["sleep", "0.3"], start_new_session=True)  # the group of a trial: its own pid
     (tmp_path / "later").mkdir()
-    (tmp_path / "later" / f"torch_{ending.pid}_7_0").write_bytes(b"")
-    assert [p.name for p in remove_failed_allocations(began, tmp_path / "later", ending_s=120.0)] == [f"torch_{ending.pid}_7_0"]
+    for name in (f"torch_{ending.pid}_7_0", f"torch_{os.getpid()}_8_0"):
+        (tmp_path / "later" / name).write_bytes(b"")
+    assert [p.name for p in remove_failed_allocations(began, tmp_path / "later", group=ending.pid)] == [f"torch_{ending.pid}_7_0"]
     ending.wait()
 
 
@@ -1813,8 +1815,8 @@ def test_a_trial_stopped_by_a_bad_image_names_the_folder_s_other_bad_images_too(
     bad = {str(sorted((data / name).iterdir())[0]) for name in ("class_03", "class_05", "class_07")}
     for path in map(Path, bad):
         path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
-    result = autotune.trial(model="resnet18", image_size=32, data=data, device="cpu", trial_seconds=1.0,
-                            setup=autotune.TrainSetup(batch_size=8)).result
+    result = autotune.trial(model="resnet18", image_size=32, data=data, device="cpu", trial_seconds=1.0,  # the first batch holds
+                            setup=autotune.TrainSetup(batch_size=64)).result  # all 64: it meets one however few it reads
     assert result.status == "bad_data" and result.error is not None, result
     first, _, rest = result.error.partition(": cannot decode")
     assert first in bad and "; 2 of the other 63 files also fail to decode: " in rest, result.error

@@ -49,7 +49,7 @@ import psutil
 from autotune.records import TrialOptions, TrialResult, Workload
 from autotune.runner import zygote
 from autotune.runner.launch import WindowCallback, run_trial, start_trial, supervise, with_compile_allowance
-from autotune.runner.shm_leftovers import may_have_left, remove_failed_allocations
+from autotune.runner.shm_leftovers import may_have_left, process_group, remove_failed_allocations
 from autotune.train_setup import TrainSetup
 from probes.cgroup import oom_kills
 from probes.hardware import SHM_MIN_BYTES
@@ -78,17 +78,10 @@ def stopped(pid: int) -> bool:
         process = psutil.Process(pid)
         if process.status() != psutil.STATUS_STOPPED:  # a zombie: killed, not reaped yet
             return False
-        members = [p for p in process.children(recursive=True) if _group(p.pid) == pid]
+        members = [p for p in process.children(recursive=True) if process_group(p.pid) == pid]
         return all(p.status() in (psutil.STATUS_STOPPED, psutil.STATUS_ZOMBIE) for p in members)
     except psutil.Error:
         return False
-
-
-def _group(pid: int) -> int | None:
-    try:
-        return os.getpgid(pid)
-    except OSError:
-        return None
 
 
 def wait_stopped(proc: zygote.TrialProcess, timeout: float) -> bool:
@@ -175,7 +168,7 @@ class HeldTrials:
             if held is not None and not kept:
                 held.close()
                 if failed:  # or stopped by an exception (Ctrl-C)
-                    remove_failed_allocations(began)
+                    remove_failed_allocations(began, group=held.proc.pid)
 
     def _room(self, held: Held) -> bool:
         """Whether ``held`` may stay: at least twice the largest held peak (``held``'s included) available."""

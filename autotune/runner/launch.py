@@ -133,7 +133,7 @@ def run_trial(
             proc.kill()
             proc.wait_reaped(timeout=2.0)
             if result is None or may_have_left(result):  # Ctrl-C during the trial, too
-                remove_failed_allocations(began)
+                remove_failed_allocations(began, group=proc.pid)
     return result
 
 

@@ -41,20 +41,31 @@ def alive(pid: int) -> bool:
         return True
 
 
-#: How long a process named by such a file may take to end (a loader worker its trial's SIGKILL reached, not yet
-#: scheduled to die on a loaded machine) before the file is left as a live process's.
-ENDING_S = 2.0
+#: How long a process of the trial's own group, which its SIGKILL reached, may take to die (on a loaded machine it was
+#: still running as the files were looked at, and its file stayed: a CI run) before its file is left.
+ENDING_S = 30.0
 
 
-def remove_failed_allocations(since: float, directory: str | Path = SHM_PATH, ending_s: float = ENDING_S) -> list[Path]:
-    """Remove PyTorch's files in ``directory`` that a failed allocation left: named for a process that has ended
-    (given ``ending_s`` to end: the trial's workers were just killed), holding no block of memory (the allocation never
-    took one, so no process can have read a tensor from it), and changed at or after ``since``.
+def process_group(pid: int) -> int | None:
+    """The process group of ``pid``; None once it is gone."""
+    try:
+        return os.getpgid(pid)
+    except OSError:
+        return None
+
+
+def remove_failed_allocations(since: float, directory: str | Path = SHM_PATH, group: int | None = None,
+                              ending_s: float = ENDING_S) -> list[Path]:
+    """Remove PyTorch's files in ``directory`` that a failed allocation left: named for a process that has ended,
+    holding no block of memory (the allocation never took one, so no process can have read a tensor from it), and
+    changed at or after ``since``.
 
     Args:
         since: When the run that failed began (``time.time()``); older files are not looked at.
         directory: Where the files are.
-        ending_s: How long to wait for the processes they name to end.
+        group: The process group of the trial just killed: a file named for one of its processes still alive (killed,
+            not yet dead) waits for it, up to ``ending_s``; any other live process's file is left at once.
+        ending_s: How long to wait for those processes to end, in all.
 
     Returns:
         The files removed; none where the directory cannot be read.
@@ -73,14 +84,14 @@ def remove_failed_allocations(since: float, directory: str | Path = SHM_PATH, en
             continue
         if named is None or not entry.is_file(follow_symlinks=False) or info.st_blocks != 0 or info.st_mtime < since:
             continue
-        while alive(int(named.group(1))):  # a killed worker on a loaded machine was still running (a CI run left its file)
-            if time.monotonic() >= deadline:
-                break
-            time.sleep(0.05)
-        else:
-            try:
-                os.unlink(entry.path)
-            except OSError:  # gone meanwhile, or not ours to remove
-                continue
-            removed.append(Path(entry.path))
+        pid = int(named.group(1))
+        while alive(pid) and group is not None and process_group(pid) == group and time.monotonic() < deadline:
+            time.sleep(0.05)  # killed with its trial, not yet dead
+        if alive(pid):
+            continue
+        try:
+            os.unlink(entry.path)
+        except OSError:  # gone meanwhile, or not ours to remove
+            continue
+        removed.append(Path(entry.path))
     return removed

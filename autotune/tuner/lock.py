@@ -191,28 +191,26 @@ class OutputLock:
         """
         if not hold_here(self._key):
             raise self._in_use(IN_THIS_PROCESS)
-        try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as exc:
-            let_go_here(self._key)
-            raise StorageError(f"cannot create the lock file {self.path}: {exc.strerror}") from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            holder = os.read(fd, 200).decode(errors="replace").strip() or "another process"
-            os.close(fd)
-            let_go_here(self._key)
-            if exc.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
-                raise self._in_use(holder) from None
-            raise StorageError(f"cannot lock {self.path}: {exc.strerror}") from None
-        try:
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"{Holder.me().describe()}\n".encode(), 0)
-        except OSError as exc:  # a full disk, a quota: the lock goes with its line unwritten, and is said in one line
-            fcntl.flock(fd, fcntl.LOCK_UN)
-            os.close(fd)
-            let_go_here(self._key)
-            raise StorageError(f"cannot write the lock file {self.path}: {exc.strerror or exc}") from None
+        with let_go_on_error(self._key):
+            try:
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            except OSError as exc:
+                raise StorageError(f"cannot create the lock file {self.path}: {exc.strerror}") from None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as exc:
+                holder = os.read(fd, 200).decode(errors="replace").strip() or "another process"
+                os.close(fd)
+                if exc.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                    raise self._in_use(holder) from None
+                raise StorageError(f"cannot lock {self.path}: {exc.strerror}") from None
+            try:
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, f"{Holder.me().describe()}\n".encode(), 0)
+            except OSError as exc:  # a full disk, a quota: the lock goes with its line unwritten, and is said in one line
+                fcntl.flock(fd, fcntl.LOCK_UN)
+                os.close(fd)
+                raise StorageError(f"cannot write the lock file {self.path}: {exc.strerror or exc}") from None
         self._fd = fd
 
     def refuse_if_held(self) -> None:

@@ -16,7 +16,7 @@ from autotune.records import TrialRecord
 from autotune.redact import hide_passwords
 from autotune.tuner import elections
 from autotune.tuner.budget import STUDY_BUDGET, STUDY_LARGEST_BUDGET, counted_records, counted_toward_budget
-from autotune.tuner.constraints import excluding
+from autotune.tuner.constraints import allows, excluding
 from autotune.tuner.diverged import diverged_math
 from autotune.tuner.lock import Holder
 from autotune.tuner.pending import pending_file, read_pending
@@ -223,7 +223,7 @@ def study_status(storage: str, study: str | None = None, out: Path | None = None
     # The search's --set: the PyTorch defaults it excludes were measured as the baseline, never a winner.
     constraints = stored_set(found)
     shaky = diverged_math(records)  # a setup whose math diverged in another trial finished by luck: no finalist, nor best so far
-    shaky = shaky if "amp" not in constraints or constraints["amp"].allows("off") else shaky.exact()  # as the finalists
+    shaky = shaky if allows(constraints.values(), "amp", "off") else shaky.exact()  # as the finalists
     fastest = fastest_trial([r for r in records if r.setup not in shaky], baseline_only(records, constraints))
     # Among the trials the budget counts: a setup that could not run (free) is not one of the "N finished".
     unmeasured = [r for r in records if not r.result.ok and r.result.status != "pruned" and not r.free]

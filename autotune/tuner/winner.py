@@ -97,7 +97,8 @@ def make_best(
         speedup = paired_speedup(chosen, baseline) if baseline is not None and len(measured) > 1 else None
         rounds = sorted(r for r in paired_ratios(chosen, baseline) if r > 0) if speedup and baseline is not None and baseline is not chosen else []
         notes.extend(why)
-        for lost in (c for c in confirmed if c.failures and not c.values and c.candidate.key != default_key and c not in diverged_in_rounds(confirmed)):
+        diverged_here = diverged_in_rounds(confirmed)  # said by the divergence note, not as a lost measurement
+        for lost in (c for c in confirmed if c.failures and not c.values and c.candidate.key != default_key and c not in diverged_here):
             # A finalist whose trial ran and whose every confirmation run failed: its trial's figure names no winner.
             notes.append(f"the finalist {lost.candidate.label} failed in every confirmation run ({lost.failures[0]})" + (
                 "" if lost.candidate.twin else ": the figure its trial measured is not what it sustains, so it is not the winner"))
