@@ -31,7 +31,13 @@ def main() -> None:
     """Run the CLI (:func:`autotune.cli.main`): a Ctrl-C, SIGTERM or SIGHUP during its imports is answered with one line
     and exit 130; after them SIGTERM and SIGHUP raise KeyboardInterrupt as Ctrl-C does, so that a stop from outside ends
     every command as Ctrl-C does (one line, exit 130; before, a silent exit 143 until a command handled it). A signal
-    the process was started to ignore (nohup, a shell's background job) stays ignored."""
+    the process was started to ignore (nohup, a shell's background job) stays ignored. A closed standard output (``>&-``)
+    is refused in one line, exit 1: the output would be lost, and a file the command opens next would take its
+    descriptor, where a trial process's prints would land."""
+    if sys.stdout is None:
+        if sys.stderr is not None:
+            print("error: standard output is closed: redirect it instead (> /dev/null discards the output)", file=sys.stderr)
+        sys.exit(1)
     for stream in (sys.stdout, sys.stderr):  # an encoding that cannot write a path's characters (PYTHONIOENCODING=ascii,
         if isinstance(stream, io.TextIOWrapper):  # a latin-1 locale) escapes them: no internal error once the work is done
             stream.reconfigure(errors="backslashreplace")

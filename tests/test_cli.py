@@ -156,6 +156,10 @@ def test_version_help_and_debug(tmp_path, cache_dir) -> None:
         done = subprocess.run([sys.executable, "-m", "autotune", "--debug", "probe"], stdout=full, stderr=subprocess.PIPE, text=True,
                               timeout=120)
     assert done.returncode == 1 and "Traceback" in done.stderr and done.stderr.rstrip().endswith("No space left on device"), done.stderr
+    # A closed standard output: one line, exit 1 (it was a silent exit 0 with nothing shown).
+    closed = subprocess.run([sys.executable, "-m", "autotune", "probe"], capture_output=True, text=True, timeout=120,
+                            preexec_fn=lambda: os.close(1))
+    assert closed.returncode == 1 and closed.stderr.startswith("error: standard output is closed"), closed.stderr
 
 
 def test_trial_command_bad_setup_and_json(tmp_path, cache_dir) -> None:

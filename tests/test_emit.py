@@ -824,7 +824,7 @@ def test_a_resumed_run_keeps_the_warm_up_length_it_started_with(synthetic_data: 
     one_epoch = argparse.Namespace(**{**vars(auto), "epochs": 1})
     assert warmup_steps(one_epoch, None, 10**6, 1024) == 10**5  # a tenth of the run, not all of it
     assert warmup_steps(argparse.Namespace(**{**vars(auto), "max_steps": 200}), None, 10**6, 1024) == 20
-    assert warmup_steps(argparse.Namespace(**{**vars(one_epoch), "max_steps": 5}), None, 10**6, 1024) == 1  # at least one
+    assert warmup_steps(argparse.Namespace(**{**vars(one_epoch), "max_steps": 5}), None, 10**6, 1024) == 2  # at least two: one runs at the full rate
     assert warmup_steps(auto, None, None, 1024) == 0  # no epoch length (an iterable dataset): no automatic warm-up
     assert warmup_steps(auto, {"args": {"warmup_steps": 7}}, 10, 1024) == 7
     assert warmup_steps(auto, {"args": {}}, 10, 1024) == 10  # a checkpoint that did not say
