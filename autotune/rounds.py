@@ -37,6 +37,10 @@ class Candidate:
     timed_out: bool = False
 
 
+#: :attr:`Confirmed.stopped` of a finalist whose training math diverged in a confirmation run (its own or a sibling's).
+DIVERGED_STOP = "a confirmation run of its training math (batch, accumulation, precision) diverged: it cannot win"
+
+
 @dataclass(frozen=True)
 class Confirmed:
     """A candidate's confirmation measurements.
@@ -49,6 +53,8 @@ class Confirmed:
         data_wait: The highest share of a run it waited on the loader, in this process (not stored either).
         failed_rounds: The rounds (0-based) the failures happened in; fewer than ``failures`` when not known (stored
             by an older version), and then :meth:`by_round` cannot place its measurements.
+        stopped: Why it stopped being measured before the others, where that is not its own ranking: a confirmation
+            run of its training math diverged (:data:`DIVERGED_STOP`); None otherwise (not stored: None after a resume).
     """
 
     candidate: Candidate
@@ -57,6 +63,7 @@ class Confirmed:
     peak_bytes: int | None = None
     data_wait: float | None = None
     failed_rounds: tuple[int, ...] = ()
+    stopped: str | None = None
 
     @property
     def median(self) -> float | None:
@@ -78,7 +85,12 @@ class Confirmed:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (the ``confirmation`` entries of ``--json``)."""
         return {"setup": self.candidate.setup.to_dict(), "label": self.candidate.label, "samples_per_s": self.median,
-                "samples_per_s_spread": self.spread, "measurements": list(self.values), "failures": list(self.failures)}
+                "samples_per_s_spread": self.spread, "measurements": list(self.values), "failures": list(self.failures),
+                "stopped": self.stopped}
+
+    def remarks(self) -> str:
+        """Its failures and why it stopped early, for a table's column."""
+        return "; ".join((*self.failures, *((f"stopped: {self.stopped}",) if self.stopped else ())))
 
 
 @dataclass(frozen=True)

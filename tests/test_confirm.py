@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 from autotune.records import TrialOptions, TrialRecord, TrialResult, Workload
-from autotune.rounds import Candidate, Confirmed
+from autotune.rounds import DIVERGED_STOP, Candidate, Confirmed
 from autotune.train_setup import TrainSetup
 from autotune.tuner.confirm import confirm
 from autotune.tuner.finalists import pick_candidates
@@ -122,6 +122,10 @@ def test_a_finalist_that_diverged_in_a_confirmation_run_stops_with_its_math_and_
     confirmed = confirm(picked, WORKLOAD, TrialOptions(), rounds=4, known={}, min_rounds=2, store=lambda *a: None, runner=runner,
                         baseline=defaults.to_json())
     assert ran.count(twin.to_json()) == 1 and ran.count(lucky.to_json()) == 2  # the twin's second round never ran
+    # Both say why they stopped (--json's "stopped", report.html's table); the others do not.
+    why = {c.candidate.setup: c.to_dict()["stopped"] for c in confirmed}
+    assert why[lucky] == why[twin] == DIVERGED_STOP and why[steady] is None and why[defaults] is None, why
+    assert next(c for c in confirmed if c.candidate.setup == twin).remarks() == f"stopped: {DIVERGED_STOP}"
     # A loader twin of the defaults' own math diverged: the defaults, kept as the baseline, are returned, and said to train it.
     recipe_twin = defaults.replace(num_workers=1, prefetch_factor=2)
     rounds = [Confirmed(Candidate(recipe_twin.to_json(), recipe_twin, "#6"), (150.0,), ("diverged: the loss became NaN",), failed_rounds=(1,)),
@@ -136,9 +140,14 @@ def test_a_finalist_that_diverged_in_a_confirmation_run_stops_with_its_math_and_
     # Resumed with those rounds stored, neither runs again.
     ran.clear()
     known = {c.candidate.key: (list(c.values), list(c.failures), list(c.failed_rounds)) for c in confirmed}
-    confirm(picked, WORKLOAD, TrialOptions(), rounds=4, known=known, min_rounds=3, store=lambda *a: None, runner=runner,
-            baseline=defaults.to_json())
+    again = confirm(picked, WORKLOAD, TrialOptions(), rounds=4, known=known, min_rounds=3, store=lambda *a: None, runner=runner,
+                    baseline=defaults.to_json())
     assert lucky.to_json() not in ran and twin.to_json() not in ran, ran
+    assert {c.candidate.setup for c in again if c.stopped == DIVERGED_STOP} == {lucky, twin}  # a resumed one says so too
+    from autotune.tuner.study_facts import stored_confirmed  # and a reader of the stored rounds (autotune report, status)
+
+    stored = stored_confirmed(None, records, known)  # type: ignore[arg-type]  # the rounds are given: no study is read
+    assert {c.candidate.setup for c in stored if c.stopped == DIVERGED_STOP} == {lucky, twin}, stored
     best = make_best(workload=WORKLOAD, hardware=SimpleNamespace(to_dict=lambda: {}), feasible=records, confirmed=confirmed,
                      defaults=defaults, effective_batch=None, command="autotune search", tried=records)
     assert best.setup == steady and best.confirmed, best.notes

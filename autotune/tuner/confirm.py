@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from autotune.records import Mode, TrialOptions, TrialResult, Workload
-from autotune.rounds import Candidate, Ceilings, Confirmed, Runs
+from autotune.rounds import DIVERGED_STOP, Candidate, Ceilings, Confirmed, Runs
 from autotune.runner import TrialRunner, run_trial
 from autotune.train_setup import TrainSetup
 from autotune.tuner.choice import never_preferred
@@ -121,7 +121,7 @@ def confirm(
 
     def results() -> list[Confirmed]:
         return [Confirmed(c, tuple(values[c.key]), tuple(failures[c.key]), peaks.get(c.key), waits.get(c.key),
-                          tuple(failed_rounds[c.key])) for c in pool if c.key not in foregone]
+                          tuple(failed_rounds[c.key]), stopped.get(c.key)) for c in pool if c.key not in foregone]
 
     def settle(next_round: int, active: set[str]) -> set[str]:
         """Who runs in round ``next_round``, from the rounds so far (nobody: the confirmation ends)."""
@@ -137,7 +137,8 @@ def confirm(
         return done + (left or len(active))  # a lone candidate whose runs failed runs again
 
     unstable = {math_of(c.setup) for c in candidates if any(f.startswith("diverged") for f in failures[c.key])}  # a resumed one's
-    active = settle(0, {c.key for c in candidates if math_of(c.setup) not in unstable or c.key == baseline})
+    stopped = {c.key: DIVERGED_STOP for c in candidates if math_of(c.setup) in unstable and c.key != baseline}
+    active = settle(0, {c.key for c in candidates} - set(stopped))
     for round_index in range(rounds):
         queue = [c.key for c in pool if c.key in active and runs(c.key) <= round_index]
         if not queue:
@@ -159,7 +160,9 @@ def confirm(
                 if candidate.timed_out and not values[key]:  # their trial timed out and so did this run: no more timeouts
                     active.discard(key)
                 if result.status == "diverged":  # its math is unstable: none of it can win (autotune.tuner.diverged)
-                    active -= {c.key for c in pool if math_of(c.setup) == math_of(candidate.setup) and c.key != baseline}
+                    same = {c.key for c in pool if math_of(c.setup) == math_of(candidate.setup) and c.key != baseline}
+                    active -= same
+                    stopped.update({other: DIVERGED_STOP for other in same})
             store(key, (values[key], failures[key], failed_rounds[key]))
             done += 1
             for twin, finalists in _settled_by_siblings(results(), active, waits, baseline).items():

@@ -7,20 +7,22 @@ Read by ``autotune report``, ``autotune status`` and a rerun; nothing here write
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 from optuna.trial import FrozenTrial
 
 from autotune.errors import AutotuneError
 from autotune.output.best import Best
 from autotune.records import TrialRecord
-from autotune.rounds import Candidate, Confirmed
+from autotune.rounds import DIVERGED_STOP, Candidate, Confirmed
 from autotune.train_setup import TrainSetup
 from autotune.tuner.budget import STUDY_BUDGET
 from autotune.tuner.constraints import Constraint, excluding
+from autotune.tuner.diverged import math_of
 from autotune.tuner.finalists import TIMED_OUT, TWIN, finalist_label
 from autotune.tuner.identity import described_workload, stored_constraints
 from autotune.tuner.stores import Rounds
-from autotune.tuner.study import ATTR_WORKER, STUDY_SIGNATURE, STUDY_WINNER, SearchStudy
+from autotune.tuner.study import ATTR_WORKER, ROLE_DEFAULTS, STUDY_SIGNATURE, STUDY_WINNER, SearchStudy
 
 
 def stored_set(study: SearchStudy) -> dict[str, Constraint]:
@@ -91,4 +93,8 @@ def stored_confirmed(study: SearchStudy, records: list[TrialRecord], rounds: Rou
         found.append(Confirmed(Candidate(key, setup, label, twin=not same and not timed_out, timed_out=not same and bool(timed_out)),
                                tuple(values), tuple(failures), peak_bytes=(peaks or {}).get(key),
                                failed_rounds=tuple(failed_rounds)))
-    return tuple(found)
+    # A finalist of training math that diverged in a confirmation run stopped there, as the search said (the defaults ran on).
+    unstable = {math_of(c.candidate.setup) for c in found if any(f.startswith("diverged") for f in c.failures)}
+    defaults = {r.setup for r in records if r.role == ROLE_DEFAULTS}
+    return tuple(replace(c, stopped=DIVERGED_STOP) if math_of(c.candidate.setup) in unstable and c.candidate.setup not in defaults else c
+                 for c in found)
