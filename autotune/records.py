@@ -18,7 +18,7 @@ from autotune.units import counted
 #: Share above the compute-only rate a loader must deliver to keep the device fed despite its jitter.
 LOADER_MARGIN = 1.25
 #: How a learning rate follows the effective batch: square root (adaptive optimizers) or linear (SGD-like).
-LR_SCALINGS = ("sqrt", "linear")
+LR_SCALINGS = ("sqrt", "linear", "none")
 #: Workload fields of the image-classifier shorthand only: a Task brings its own data.
 SHORTHAND_ONLY = ("image_size", "data", "synthetic_images", "cache_dir")
 #: The longest trial or timeout accepted (a day): ``inf`` or a typo would never end.
@@ -49,7 +49,7 @@ class Workload:
         image_input: Whether batches hold a 4-D floating tensor, the only case where ``channels_last`` applies.
         iterable: Whether the Task's dataset is an ``IterableDataset``.
         lr_scaling: How the learning rate follows the effective batch: ``"sqrt"`` for adaptive (Adam-family) optimizers,
-            the default AdamW included; ``"linear"`` for SGD-like ones.
+            the default AdamW included; ``"linear"`` for SGD-like ones; ``"none"`` (kept) for sign-based or parameter-free ones.
         fixed_shapes: Whether every batch has the same shapes (cuDNN autotuning is safe); the classifier's crops always do.
         own_optimizer: Whether a Task brings its own optimizer factory (``optimizer_impl`` is then not offered).
         unsharded: An iterable dataset that every loader worker yields whole: one worker at most.

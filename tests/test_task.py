@@ -370,6 +370,13 @@ def test_the_learning_rate_rule_follows_the_optimizer_family() -> None:
     for name in ("Lamb", "AdaBelief"):  # torch_optimizer's LAMB (its paper scales by the square root), AdaBelief
         adaptive = type(name, (torch.optim.Optimizer,), {})
         assert task.lr_scaling(adaptive(params, {"lr": 1e-3})) == "sqrt"
+    # A step whose size the rate sets (sign-based, line-search, parameter-free): no batch rule, the rate is kept.
+    assert task.lr_scaling(torch.optim.Rprop(params)) == "none" and task.lr_scaling(torch.optim.LBFGS(params)) == "none"
+    for name in ("Lion", "DAdaptAdam", "Prodigy", "SignSGD"):  # DAdaptAdam's lr is a multiplier near 1: no Adam here
+        kept = type(name, (torch.optim.Optimizer,), {})
+        assert task.lr_scaling(kept(params, {"lr": 1.0})) == "none", name
+    assert task.lr_scaling(torch.optim.ASGD(params)) == "linear"  # averaged SGD: SGD's rule
+    assert task.lr_scaling(torch.optim.Muon([torch.nn.Parameter(torch.zeros(2, 2))])) == "none"  # orthogonalized updates
 
 
 def test_numpy_numbers_are_taken_as_python_ones() -> None:
@@ -1947,6 +1954,10 @@ def test_the_task_script_keeps_each_param_group_lr_and_warms_each_up_from_its_ow
     code, out, err = _run_here(script, capfd, monkeypatch, "--max-steps", "1")
     assert code == 0 and "lr 0.1 x 32 / 16 = 0.2," in out, err  # the rate it trains at, not 1e-3 x 2
     assert _checkpoint_lrs(tmp_path / "own" / "out") == pytest.approx([0.2])
+    # A sign-based or parameter-free optimizer's rule (--lr-scaling none): the rate is kept.
+    code, out, err = _run_here(script, capfd, monkeypatch, "--max-steps", "1", "--lr-scaling", "none", "--output-dir", "kept")
+    assert code == 0 and "lr 0.1 x 1 (kept: --lr-scaling none) = 0.1," in out, err
+    assert _checkpoint_lrs(tmp_path / "own" / "kept") == pytest.approx([0.1])
 
 
 @pytest.mark.slow

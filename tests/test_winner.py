@@ -444,6 +444,12 @@ def test_an_sgd_workload_scales_the_learning_rate_linearly() -> None:
     )
     assert best.lr == pytest.approx(1e-3 * 8)
     assert any("linearly with the batch" in n and "Goyal" in n for n in best.notes)
+    kept = make_best(
+        workload=dataclasses.replace(WORKLOAD, lr_scaling="none"), hardware=HARDWARE, feasible=FEASIBLE,
+        confirmed=[_confirmed(FAST, (300.0,)), _confirmed(DEFAULTS, (100.0,))], defaults=DEFAULTS, effective_batch=None, command="",
+    )
+    assert kept.lr == pytest.approx(1e-3) and any(n.startswith(f"effective batch {kept.effective_batch} differs from the reference 32: "
+                                                               "the learning rate is kept at 0.001") for n in kept.notes), kept.notes
 
 
 def test_a_search_on_a_busy_machine_says_how_busy() -> None:

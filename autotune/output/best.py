@@ -174,10 +174,12 @@ def scaled_lr(lr: float, effective: int, reference: int, rule: str = "sqrt") -> 
     training dynamics hold when the rate grows with the square root of the
     batch, Malladi et al. 2022, "On the SDEs and Scaling Rules for Adaptive
     Gradient Algorithms") or ``"linear"`` for SGD-like ones (Goyal et al.
-    2017). autotune's own classifier trains with AdamW.
+    2017), or ``"none"`` for optimizers whose step does not follow the gradient's scale (sign-based such as Lion and
+    Rprop, orthogonalized such as Muon, parameter-free such as Prodigy): no batch rule holds for them, the rate is kept.
+    autotune's own classifier trains with AdamW.
     """
     ratio = effective / reference
-    return lr * (math.sqrt(ratio) if rule == "sqrt" else ratio)
+    return lr * (math.sqrt(ratio) if rule == "sqrt" else ratio if rule == "linear" else 1.0)
 
 
 @dataclass(frozen=True)

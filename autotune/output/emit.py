@@ -167,9 +167,9 @@ def _header(best: Best, data_is_synthetic: bool) -> str:
         how = best.speedup_basis
         measured += f"; speedup {best.speedup:.2f}x ({how})"
     lines.append(measured)
+    rule = {"sqrt": "by the square root of the batch ratio", "linear": "linearly with the batch"}.get(workload.lr_scaling, "not at all")
     lines.append(
-        f"Learning rate: {workload.lr:g} at effective batch {best.reference_batch}, scaled "
-        f"{'by the square root of the batch ratio' if workload.lr_scaling == 'sqrt' else 'linearly with the batch'} "
+        f"Learning rate: {workload.lr:g} at effective batch {best.reference_batch}, scaled {rule} "
         f"(effective batch {best.effective_batch} with {best.world_size} process{'es' if best.world_size > 1 else ''} -> lr {best.lr:g}; "
         "the script scales it for the processes it runs with)"
     )

@@ -190,7 +190,12 @@ def make_best(
     drift = drift_note(feasible, measured)
     if drift:
         notes.append(drift)
-    if effective_batch is None and effective != reference:
+    if effective_batch is None and effective != reference and workload.lr_scaling == "none":
+        notes.append(f"effective batch {effective} differs from the reference {reference}: the learning rate is kept at {lr:g}, "
+                     "as your optimizer's step size is set by the rate, not the gradient's scale (sign-based, orthogonalized, "
+                     "line-search or parameter-free: no batch rule applies); the trials measured speed only, so check the "
+                     f"training at this batch once, or pass --effective-batch {reference} to keep the math")
+    elif effective_batch is None and effective != reference:
         rule = (
             f"by the square root of the batch ratio, {lr / workload.lr:.3g}x to {lr:g} (the square-root rule for "
             "adaptive optimizers such as AdamW, Malladi et al. 2022)"

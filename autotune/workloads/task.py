@@ -51,6 +51,11 @@ ADAPTIVE_OPTIMIZERS = frozenset(
 #: A class name holding one of these (any case) names an adaptive optimizer of another library: an Adam variant
 #: (AdamW8bit, FusedAdam, PagedAdamW), LAMB (whose paper scales its rate by the square root) or AdaBelief.
 ADAPTIVE_NAME_PARTS = ("adam", "lamb", "adabelief")
+#: torch.optim classes whose step does not follow the gradient's scale: no batch rule applies, the rate is kept.
+KEPT_RATE_OPTIMIZERS = frozenset({"Rprop", "LBFGS", "Muon"})
+#: A class name holding one of these (any case) names such an optimizer of another library: sign-based (Lion, signSGD,
+#: Signum), orthogonalized (Muon) or parameter-free, whose ``lr`` is a multiplier near 1 (Prodigy, D-Adaptation: DAdaptAdam).
+KEPT_RATE_NAME_PARTS = ("lion", "signsgd", "signum", "muon", "prodigy", "dadapt")
 
 
 @dataclass(frozen=True)
@@ -194,17 +199,20 @@ class Task:
                 module.training = training
 
     def lr_scaling(self, optimizer: torch.optim.Optimizer) -> str:
-        """``"sqrt"`` for an adaptive (Adam-family, Adafactor, RMSprop, Adagrad) optimizer, ``"linear"`` otherwise.
+        """``"sqrt"`` for an adaptive (Adam-family, Adafactor, RMSprop, Adagrad) optimizer, ``"none"`` for one whose step
+        does not follow the gradient's scale, ``"linear"`` otherwise.
 
-        The square-root rule keeps adaptive optimizers' dynamics when the batch
-        grows (Malladi et al. 2022); the linear rule is SGD's (Goyal et al. 2017).
-        An optimizer of another library is adaptive when a class of its MRO
-        is one of torch's adaptive ones or is named for Adam (``AdamW8bit``,
-        ``FusedAdam``), LAMB or AdaBelief.
+        The square-root rule keeps adaptive optimizers' dynamics when the batch grows (Malladi et al. 2022); the linear
+        rule is SGD's (Goyal et al. 2017). An optimizer of another library is adaptive when a class of its MRO is one of
+        torch's adaptive ones or is named for Adam (``AdamW8bit``, ``FusedAdam``), LAMB or AdaBelief. Sign-based (Rprop,
+        Lion, signSGD), orthogonalized (Muon), line-search (LBFGS) and parameter-free (Prodigy, D-Adaptation) ones keep
+        the rate: ``lr`` itself sets their step's size (checked first: ``DAdaptAdam`` is no Adam here).
         """
-        names = {cls.__name__ for cls in type(optimizer).__mro__}
-        named = any(part in name.lower() for name in names for part in ADAPTIVE_NAME_PARTS)
-        return "sqrt" if names & ADAPTIVE_OPTIMIZERS or named else "linear"
+        names = {cls.__name__.lower() for cls in type(optimizer).__mro__}
+        if names & {n.lower() for n in KEPT_RATE_OPTIMIZERS} or any(p in n for n in names for p in KEPT_RATE_NAME_PARTS):
+            return "none"
+        adaptive = names & {n.lower() for n in ADAPTIVE_OPTIMIZERS} or any(p in n for n in names for p in ADAPTIVE_NAME_PARTS)
+        return "sqrt" if adaptive else "linear"
 
     @functools.cached_property
     def _factory_takes_lr(self) -> bool:

@@ -81,7 +81,7 @@ class TaskInfo:
         iterable: Whether the dataset is an ``IterableDataset``.
         image_input: Whether the first batch holds a 4-D floating tensor.
         batch: The first batch's shapes and dtypes, in words.
-        lr_scaling: ``"sqrt"`` or ``"linear"``, from the Task's optimizer.
+        lr_scaling: ``"sqrt"``, ``"linear"`` or ``"none"`` (the rate kept), from the Task's optimizer.
         lr: The recipe's learning rate (see :meth:`Task.recipe_lr`).
         fixed_shapes: Whether the first items all have the same tensor shapes.
         unsharded: Whether two loader workers yielded the same items (see
