@@ -18,7 +18,10 @@ Also: ``autotune.trial(...)`` (one measured trial), ``TrainSetup``,
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import signal
+import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autotune._version import __version__
@@ -51,10 +54,33 @@ _LAZY = {
 }
 
 
+def foreign_probes() -> str | None:
+    """Where a ``probes`` module other than autotune's own hardware probes would be imported from, or None.
+
+    autotune's ``probes`` package is a top-level one beside ``autotune``; a user's ``probes.py`` or ``probes/`` earlier
+    on ``sys.path`` (the working directory of ``python -m autotune`` or of a notebook) would shadow it.
+    """
+    found = sys.modules.get("probes")
+    spec = found.__spec__ if found is not None else importlib.util.find_spec("probes")
+    origin = getattr(spec, "origin", None) or next(iter(getattr(spec, "submodule_search_locations", None) or ()), None)
+    if origin is None:
+        return "nowhere" if spec is None else str(spec.name)
+    ours = Path(__file__).resolve().parent.parent / "probes"
+    return None if Path(origin).resolve() in (ours, ours / "__init__.py") else str(origin)
+
+
+def shadowed_probes_line(where: str) -> str:
+    """The one line that says a foreign ``probes`` module shadows autotune's (``where``: its file)."""
+    return (f"autotune cannot import its own 'probes' package: {where} shadows it (a module of that name earlier on "
+            "sys.path, such as the working directory's): rename yours, or run from another directory")
+
+
 def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'autotune' has no attribute {name!r}")
+    if "probes" not in sys.modules and (where := foreign_probes()):
+        raise ImportError(shadowed_probes_line(where))
     caught: list[int] = []
     previous = None
     try:  # Ctrl-C held while the module is imported (a notebook's interrupt left a half-made one for the session)

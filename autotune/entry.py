@@ -13,6 +13,7 @@ import signal
 import sys
 from typing import Any
 
+from autotune import foreign_probes, shadowed_probes_line
 from autotune.errors import BEFORE_START
 
 
@@ -37,6 +38,13 @@ def main() -> None:
     if sys.stdout is None:
         if sys.stderr is not None:
             print("error: standard output is closed: redirect it instead (> /dev/null discards the output)", file=sys.stderr)
+        sys.exit(1)
+    # ``python -m autotune`` puts the working directory first on sys.path, where a user's probes.py would shadow
+    # autotune's own package: it leaves, as the ``autotune`` command has it (a factory is imported from there still).
+    if sys.path and sys.path[0] in ("", os.getcwd()):
+        del sys.path[0]
+    if where := foreign_probes():
+        print(f"error: {shadowed_probes_line(where)}", file=sys.stderr)
         sys.exit(1)
     for stream in (sys.stdout, sys.stderr):  # an encoding that cannot write a path's characters (PYTHONIOENCODING=ascii,
         if isinstance(stream, io.TextIOWrapper):  # a latin-1 locale) escapes them: no internal error once the work is done

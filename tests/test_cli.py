@@ -162,6 +162,22 @@ def test_version_help_and_debug(tmp_path, cache_dir) -> None:
     assert closed.returncode == 1 and closed.stderr.startswith("error: standard output is closed"), closed.stderr
 
 
+def test_a_users_probes_module_does_not_shadow_autotune_s_own(tmp_path) -> None:
+    """A probes.py in the working directory (a project's linear probes) broke `python -m autotune`, --help included,
+    with a traceback (a probes/ package: `internal error`), and `import autotune` in a notebook there."""
+    (tmp_path / "probes.py").write_text("PROBES = 'the user's'\n")
+    done = subprocess.run([sys.executable, "-m", "autotune", "probe", "--json"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "cpu" in json.loads(done.stdout), done.stderr  # the working directory leaves sys.path, as for `autotune`
+    notebook = subprocess.run([sys.executable, "-c", "import autotune; autotune.search"], cwd=tmp_path, capture_output=True, text=True,
+                              timeout=120)
+    assert notebook.returncode == 1 and notebook.stderr.rstrip().splitlines()[-1] == (
+        f"ImportError: autotune cannot import its own 'probes' package: {tmp_path / 'probes.py'} shadows it (a module of that name "
+        "earlier on sys.path, such as the working directory's): rename yours, or run from another directory"), notebook.stderr
+    elsewhere = subprocess.run([sys.executable, "-m", "autotune", "probe"], capture_output=True, text=True, timeout=120,
+                               env={**os.environ, "PYTHONPATH": str(tmp_path)})  # put first on purpose: one line, exit 1
+    assert elsewhere.returncode == 1 and elsewhere.stderr.startswith("error: autotune cannot import its own 'probes' package: "), elsewhere.stderr
+
+
 def test_trial_command_bad_setup_and_json(tmp_path, cache_dir) -> None:
     bad = runner.invoke(app, ["trial", "--workers", "0", "--prefetch", "2", "--device", "cpu"])
     assert bad.exit_code == 2 and "--prefetch needs --workers > 0" in _one_error_line(bad.output)
