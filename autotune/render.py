@@ -202,6 +202,12 @@ class _TableOrLines:
             yield Text.from_markup(line, overflow="fold")
 
 
+#: Up to this many trials the final table shows them all; a longer study (resumed runs, a shared study) its fastest
+#: :data:`SHOWN_OF_MANY` (a 20,000-trial study printed 20,266 lines before the winner).
+MAX_TRIAL_ROWS = 50
+SHOWN_OF_MANY = 30
+
+
 def render_search(outcome: SearchOutcome) -> Group:
     """The final report: trials by throughput, confirmation, verdict, winner; print it with ``crop=False``."""
     from rich.console import Group
@@ -213,7 +219,9 @@ def render_search(outcome: SearchOutcome) -> Group:
         trials.add_column(col, justify="right" if col in ("#", "samples/s", "spread", "data wait") else "left", overflow="fold")
     lines: list[str] = []
     # The trials that ran by throughput, then those that did not: a repeat (its earlier trial's figures) or a setup not run.
-    for record in sorted(outcome.records, key=lambda r: (r.ran, r.result.ok, r.result.samples_per_s or 0.0), reverse=True):
+    ordered = sorted(outcome.records, key=lambda r: (r.ran, r.result.ok, r.result.samples_per_s or 0.0), reverse=True)
+    shown = ordered if len(ordered) <= MAX_TRIAL_ROWS else ordered[:SHOWN_OF_MANY]  # a long study's thousands stay in trials.csv
+    for record in shown:
         res = record.result
         style = STATUS_STYLE.get(res.status, "white")
         status = f"[{style}]{res.status}[/]"
@@ -226,6 +234,9 @@ def render_search(outcome: SearchOutcome) -> Group:
         named = ", ".join(f"{name} {value}" for name, value in zip(("spread", "data wait", "peak"), figures[1:], strict=True) if value != "-")
         lines.append(f"  #{record.number} {escape(f'[{record.role}]')} {escape(record.setup.describe())}: {status}"
                      + (f" {figures[0]} samples/s" if figures[0] != "-" else "") + (f" ({named})" if named else ""))
+    if len(shown) < len(ordered):
+        trials.caption = f"and {len(ordered) - len(shown)} more trials, slower or not measured: trials.csv has every one"
+        lines.append(trials.caption)
     parts: list[RenderableType] = [_TableOrLines(trials, lines)]
     if outcome.confirmed:
         conf = Table(title="confirmation (interleaved re-measurement, median)", title_justify="left")

@@ -677,6 +677,28 @@ def test_the_terminal_summary_ends_with_the_report_path(searched) -> None:
     assert last.startswith("report:") and str((out / REPORT).resolve()) in last
 
 
+def test_the_terminal_summary_of_a_long_study_shows_its_fastest_trials_and_names_the_rest(searched) -> None:
+    """A resumed 20,000-trial study printed 20,266 table lines before the winner: now its fastest 30, then one line."""
+    import io
+
+    from rich.console import Console
+
+    from autotune.render import MAX_TRIAL_ROWS, SHOWN_OF_MANY, render_search
+
+    outcome, _ = searched
+    many = dataclasses.replace(outcome, records=tuple(_records(400)))
+    for width in (80, 200):  # a trial per line, and the table
+        buffer = io.StringIO()
+        Console(file=buffer, width=width, color_system=None).print(render_search(many), crop=False)
+        text = buffer.getvalue()
+        assert "and 370 more trials, slower or not measured: trials.csv has every one" in text
+        fastest = max(_records(400), key=lambda r: r.result.samples_per_s or 0.0)
+        assert fastest.setup.describe() in text and len(text.splitlines()) < 2 * SHOWN_OF_MANY + 40, len(text.splitlines())
+    buffer = io.StringIO()
+    Console(file=buffer, width=200, color_system=None).print(render_search(dataclasses.replace(outcome, records=tuple(_records(MAX_TRIAL_ROWS)))))
+    assert "more trials" not in buffer.getvalue()
+
+
 def test_the_terminal_summary_in_80_columns_gives_each_trial_one_line(searched) -> None:
     """An 80-column terminal left the trials table's setup column 11 characters: `opt=forea` / `ch` over 7 lines. Below
     110 columns each trial is one line (folded where longer), its setup whole; wider, the table."""
@@ -867,6 +889,29 @@ def test_the_history_plot_has_whole_trial_numbers_and_room_above_the_best() -> N
     assert "ok (3)" in labels and "not run: its earlier trial's figure (1)" in labels, labels
     best = max(r.result.samples_per_s or 0.0 for r in _records(3))
     assert ax.get_ylim()[1] > best * 1.03 and ax.get_ylim()[0] < 0
+
+
+def test_every_loader_series_has_its_own_style_in_order_and_thousands_of_trials_stay_points() -> None:
+    """The default space's loader plot has 9 series (no workers, prefetch 1 to 8) and 8 colours: no workers and prefetch 8
+    were drawn alike, and the series sorted as text (prefetch 10 before prefetch 2). A study of thousands of trials
+    drew full-size opaque markers, a solid band with the pruned drawn over the ok."""
+    from autotune.output import plots
+    from autotune.output.sections import best_so_far
+
+    depths = [None, *range(1, 9), 10]
+    records = [TrialRecord(i, "search", TrainSetup(batch_size=32, num_workers=1 if depth else 0, prefetch_factor=depth),
+                           TrialResult("ok", samples_per_s=100.0 + i)) for i, depth in enumerate(depths)]
+    lines = plots.loader(records, None).axes[0].get_lines()
+    assert [line.get_label() for line in lines] == ["no workers", *(f"prefetch {d}" for d in range(1, 9)), "prefetch 10"]
+    styles = [(line.get_color(), line.get_marker()) for line in lines]
+    assert len(set(styles)) == len(styles), styles
+    many = _records(3000)
+    line = best_so_far(many)
+    ax = plots.history([r for r, _ in line], [best for _, best in line]).axes[0]
+    assert all(collection.get_sizes()[0] < 46 / 3 and collection.get_alpha() < 1 for collection in ax.collections)
+    few = _records(30)
+    line = best_so_far(few)
+    assert plots.history([r for r, _ in line], [best for _, best in line]).axes[0].collections[0].get_sizes()[0] == 46
 
 
 @pytest.mark.parametrize(

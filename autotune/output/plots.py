@@ -34,7 +34,21 @@ STATUS_STYLE: dict[str, tuple[str, str]] = {
 }
 #: Series colours, none of them a status colour (orange, red, purple, grey).
 SERIES = ("#1f77b4", "#2ca02c", "#17becf", "#bcbd22", "#e377c2", "#7f7f7f", "#1f4e79", "#98df8a")
+#: Series markers, none of them a status marker: with the colours, a distinct style for 32 series (9 in a loader plot of the
+#: default space: no workers and prefetch 1 to 8, whose first and ninth shared a colour).
+SERIES_MARKERS = ("o", "^", "<", ">")
 GIB = 2**30
+
+
+def series_style(index: int) -> tuple[str, str]:
+    """(colour, marker) of the ``index``-th series of a plot."""
+    return SERIES[index % len(SERIES)], SERIES_MARKERS[(index // len(SERIES)) % len(SERIES_MARKERS)]
+
+
+def marker_area(points: int) -> float:
+    """A scatter's marker area for ``points`` points: full size up to 200, then smaller, so thousands of trials (a long
+    shared study) stay points rather than a solid band."""
+    return 46.0 if points <= 200 else max(6.0, 46.0 * (200 / points) ** 0.5)
 
 
 def png(fig: Figure) -> bytes:
@@ -68,14 +82,16 @@ def history(records: Sequence[TrialRecord], best: Sequence[float]) -> Figure:
     fig = Figure(figsize=(8.5, 4.2))
     ax = fig.add_subplot()
     ordered = sorted(records, key=lambda r: r.number)
-    for status, (marker, colour) in STATUS_STYLE.items():
+    area, alpha = marker_area(len(ordered)), 1.0 if len(ordered) <= 200 else 0.6
+    for layer, (status, (marker, colour)) in enumerate(STATUS_STYLE.items()):  # ok on top: a pruned marker hides none
         points = [(r.number, plotted_rate(r)) for r in ordered if r.result.status == status and not r.free]
         if points:
-            ax.scatter([p[0] for p in points], [p[1] for p in points], marker=marker, color=colour, s=46, label=f"{status} ({len(points)})", zorder=3)
+            ax.scatter([p[0] for p in points], [p[1] for p in points], marker=marker, color=colour, s=area, alpha=alpha,
+                       label=f"{status} ({len(points)})", zorder=3 - 0.01 * layer)
     repeats = [r for r in ordered if _repeat(r)]
     if repeats:
         ax.scatter([r.number for r in repeats], [plotted_rate(r) for r in repeats], marker="o", facecolors="none", edgecolors="#888888",
-                   s=46, label=f"not run: its earlier trial's figure ({len(repeats)})", zorder=3)
+                   s=area, label=f"not run: its earlier trial's figure ({len(repeats)})", zorder=3)
     unfed = [r for r in ordered if r.free and not _repeat(r)]  # a setup the data or /dev/shm cannot feed: no run, no failure
     if unfed:
         ax.scatter([r.number for r in unfed], [0.0] * len(unfed), marker="x", color="#bbbbbb", s=36,
@@ -132,12 +148,13 @@ def batch_size(records: Sequence[TrialRecord], budget_bytes: int | None, limit_b
         series[precision_label(r.setup.amp, r.setup.channels_last)].append(r)
     for index, (label, group) in enumerate(sorted(series.items())):
         ok = sorted((r for r in group if r.result.ok), key=lambda r: r.setup.batch_size)
-        colour = SERIES[index % len(SERIES)]
+        colour, marker = series_style(index)
         if ok:
-            top.plot([r.setup.batch_size for r in ok], [r.result.samples_per_s or 0.0 for r in ok], "o", color=colour, alpha=0.8, label=label)
+            top.plot([r.setup.batch_size for r in ok], [r.result.samples_per_s or 0.0 for r in ok], marker, color=colour, alpha=0.8,
+                     linestyle="none", label=label)
             peaks = [r for r in ok if r.result.peak_memory_bytes]
-            bottom.plot([r.setup.batch_size for r in peaks], [(r.result.peak_memory_bytes or 0) / GIB for r in peaks], "o",
-                        color=colour, alpha=0.8, label=label)
+            bottom.plot([r.setup.batch_size for r in peaks], [(r.result.peak_memory_bytes or 0) / GIB for r in peaks], marker,
+                        color=colour, alpha=0.8, linestyle="none", label=label)
     for status in ("pruned", "oom", "timeout", "error", "diverged"):
         bad = [r for r in records if r.result.status == status]
         if bad:
@@ -176,17 +193,18 @@ def loader(records: Sequence[TrialRecord], calibration: Calibration | None) -> F
     """Samples/s (top) and data-wait fraction (bottom) against loader workers, one series per prefetch."""
     fig = Figure(figsize=(8.5, 6.0))
     top, bottom = fig.subplots(2, 1, sharex=True)
-    series: dict[str, list[TrialRecord]] = defaultdict(list)
+    series: dict[int, list[TrialRecord]] = defaultdict(list)  # by prefetch depth, 0: no workers
     for r in records:
         if r.result.ok:
-            key = "no workers" if not r.setup.num_workers else f"prefetch {r.setup.prefetch_factor or 2}"
-            series[key].append(r)
-    for index, (label, group) in enumerate(sorted(series.items())):
-        colour = SERIES[index % len(SERIES)]
-        top.plot([r.setup.num_workers for r in group], [r.result.samples_per_s or 0.0 for r in group], "o", color=colour, alpha=0.8, label=label)
+            series[(r.setup.prefetch_factor or 2) if r.setup.num_workers else 0].append(r)
+    for index, (depth, group) in enumerate(sorted(series.items())):  # in order of depth: prefetch 2 before prefetch 10
+        colour, marker = series_style(index)
+        label = f"prefetch {depth}" if depth else "no workers"
+        top.plot([r.setup.num_workers for r in group], [r.result.samples_per_s or 0.0 for r in group], marker, color=colour, alpha=0.8,
+                 linestyle="none", label=label)
         waits = [r for r in group if r.result.data_wait_fraction is not None]
-        bottom.plot([r.setup.num_workers for r in waits], [100 * (r.result.data_wait_fraction or 0.0) for r in waits], "o",
-                    color=colour, alpha=0.8, label=label)
+        bottom.plot([r.setup.num_workers for r in waits], [100 * (r.result.data_wait_fraction or 0.0) for r in waits], marker,
+                    color=colour, alpha=0.8, linestyle="none", label=label)
     points = sorted((p for p in (calibration.loader if calibration else ()) if p.samples_per_s), key=lambda p: p.num_workers)
     if points:
         top.plot([p.num_workers for p in points], [p.samples_per_s or 0.0 for p in points], "k--", marker="_", label="loader alone (ceiling)")
