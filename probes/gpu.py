@@ -250,7 +250,11 @@ def collect_gpus() -> GpuReport:
             answers.append(GpuReport((), f"NVML failed: {_error_text(exc)}", driver_loaded=False))
 
     reader = threading.Thread(target=read, name="autotune-nvml", daemon=True)
-    reader.start()
+    try:
+        reader.start()
+    except RuntimeError:  # no thread to be had (ulimit -u reached): read here, unguarded, rather than not at all
+        read()
+        return answers[0]
     reader.join(NVML_TIMEOUT_S)
     if not answers:
         return GpuReport((), f"{NVML_HUNG} {NVML_TIMEOUT_S:g} s (a hung NVIDIA driver or GPU: nvidia-smi would hang "

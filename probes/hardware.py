@@ -60,6 +60,27 @@ class Hardware:
         }
 
 
+#: A soft ``ulimit -n`` below this is said (Linux's default is 1024; loader workers fail or hang at a few dozen).
+LOW_OPEN_FILES = 1024
+
+
+def open_files_note(limit: int | None) -> str:
+    """`` (ulimit -n allows this process 32 open files: ...)`` to end a loader failure's line with; empty at a usual limit."""
+    if limit is None or limit >= LOW_OPEN_FILES:
+        return ""
+    return (f" (ulimit -n allows this process {limit} open files, and loader workers hand each batch over through a file "
+            "descriptor: raise it, ulimit -n 4096)")
+
+
+def _open_files_warning(shm: ShmInfo) -> str | None:
+    limit = shm.open_files_limit
+    if limit is None or limit >= LOW_OPEN_FILES:
+        return None
+    return (f"ulimit -n allows this process {limit} open files: DataLoader workers (num_workers > 0) hand every batch over "
+            "through a file descriptor of its shared memory, so trials with workers may fail ('exited unexpectedly') or hang "
+            "until their timeout; raise it (ulimit -n 4096) before a search.")
+
+
 def _shm_warning(shm: ShmInfo) -> str | None:
     if shm.total_bytes is None:
         if not sys.platform.startswith("linux"):
@@ -189,7 +210,8 @@ def hardware_warnings(
         less than the host's available RAM.
     """
     limit = memory.address_space_limit_bytes if memory is not None else None
-    found = [_shm_warning(shm), _cores_warning(cpu), _thread_env_warning(cpu), *(gpu_busy_warning(g) for g in gpus), address_space_warning(limit),
+    found = [_shm_warning(shm), _open_files_warning(shm), _cores_warning(cpu), _thread_env_warning(cpu),
+             *(gpu_busy_warning(g) for g in gpus), address_space_warning(limit),
              _cgroup_memory_warning(memory) if memory is not None else None]
     return tuple(w for w in found if w)
 

@@ -68,16 +68,26 @@ class ShmInfo:
         free_bytes: Its free space, None when missing or unreadable.
         writable: Whether this process may create files in it (a read-only mount, or one without write permission:
             every loader worker fails to hand a batch over).
+        open_files_limit: The soft ``RLIMIT_NOFILE`` (``ulimit -n``): a worker hands each batch over through a file
+            descriptor of its shared memory; None when unlimited.
     """
 
     path: str
     total_bytes: int | None
     free_bytes: int | None
     writable: bool = True
+    open_files_limit: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Return the JSON-ready form (the ``shm`` object)."""
-        return {"path": self.path, "total_bytes": self.total_bytes, "free_bytes": self.free_bytes, "writable": self.writable}
+        return {"path": self.path, "total_bytes": self.total_bytes, "free_bytes": self.free_bytes, "writable": self.writable,
+                "open_files_limit": self.open_files_limit}
+
+
+def open_files_limit() -> int | None:
+    """The soft ``RLIMIT_NOFILE`` (``ulimit -n``); None when unlimited."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return None if soft == resource.RLIM_INFINITY else int(soft)
 
 
 def address_space_limit() -> int | None:
@@ -121,6 +131,7 @@ def collect_shm(path: str = SHM_PATH) -> ShmInfo:
         usage = shutil.disk_usage(path)
         read_only = bool(os.statvfs(path).f_flag & os.ST_RDONLY)
     except OSError:
-        return ShmInfo(path=path, total_bytes=None, free_bytes=None, writable=False)
+        return ShmInfo(path=path, total_bytes=None, free_bytes=None, writable=False, open_files_limit=open_files_limit())
     writable = not read_only and os.access(path, os.W_OK | os.X_OK)
-    return ShmInfo(path=path, total_bytes=int(usage.total), free_bytes=int(usage.free), writable=writable)
+    return ShmInfo(path=path, total_bytes=int(usage.total), free_bytes=int(usage.free), writable=writable,
+                   open_files_limit=open_files_limit())

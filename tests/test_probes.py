@@ -403,7 +403,49 @@ def test_a_command_the_address_space_limit_breaks_ends_in_one_line_naming_it() -
 
 def test_missing_shm_gives_null_sizes(tmp_path: Path) -> None:
     shm = probes.collect_shm(str(tmp_path / "no-such-dir"))
-    assert shm.to_dict() == {"path": str(tmp_path / "no-such-dir"), "total_bytes": None, "free_bytes": None, "writable": False}
+    limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    assert shm.to_dict() == {"path": str(tmp_path / "no-such-dir"), "total_bytes": None, "free_bytes": None, "writable": False,
+                             "open_files_limit": None if limit == resource.RLIM_INFINITY else limit}
+
+
+def _open_files(limit: int) -> Any:
+    """A ``preexec_fn`` giving the child process a ``ulimit -n`` of ``limit`` (soft and hard, as the shell's ulimit -n)."""
+    return lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
+
+
+@pytest.mark.slow
+def test_a_low_open_files_limit_is_warned_of_and_named_where_a_loader_worker_meets_it() -> None:
+    """Under `ulimit -n 32` nothing said so, and a trial with 2 workers read `a DataLoader worker exited unexpectedly ...:
+    it was killed, or ended by a signal`, where plain torch says `Too many open files`."""
+    cpu = collect_cpu()
+    (warning,) = hardware_warnings(cpu, ShmInfo("/dev/shm", 8 * GIB, 8 * GIB, open_files_limit=64), ())
+    assert warning.startswith("ulimit -n allows this process 64 open files: DataLoader workers") and "ulimit -n 4096" in warning
+    assert hardware_warnings(cpu, ShmInfo("/dev/shm", 8 * GIB, 8 * GIB, open_files_limit=1024), ()) == ()
+    ran = subprocess.run([sys.executable, "-m", "autotune", "trial", "--model", "resnet18", "--image-size", "32", "--batch-size", "4",
+                          "--workers", "2", "--prefetch", "8", "--trial-seconds", "2", "--device", "cpu", "--synthetic-images", "64",
+                          "--json"], capture_output=True, text=True, timeout=300, preexec_fn=_open_files(32))
+    result = json.loads(ran.stdout)
+    assert ran.returncode == 1 and result["status"] == "error", ran.stdout
+    assert result["error"].endswith("(ulimit -n allows this process 32 open files, and loader workers hand each batch over through "
+                                    "a file descriptor: raise it, ulimit -n 4096)"), result["error"]
+
+
+def test_an_error_of_a_process_limit_names_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`ulimit -u` reached: `RuntimeError: can't start new thread` or a bare `BlockingIOError: [Errno 11] Resource
+    temporarily unavailable`; run out of descriptors: `Too many open files`. Each now names its limit."""
+    import errno
+
+    from autotune.runner import failures
+
+    monkeypatch.setattr(failures, "open_files_limit", lambda: 32)
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (8, 8) if which == resource.RLIMIT_NPROC else (32, 32))
+    said = failures.classify(OSError(errno.EMFILE, "Too many open files")).error or ""
+    assert said.endswith("(ulimit -n allows this process 32 open files: raise it, ulimit -n 4096)"), said
+    for exc in (RuntimeError("can't start new thread"), BlockingIOError(errno.EAGAIN, "Resource temporarily unavailable")):
+        said = failures.classify(exc).error or ""
+        assert said.endswith("(ulimit -u allows this user 8 processes and threads, every one of theirs counted: torch's threads "
+                             "and the loader's workers need more; raise it)"), said
+    assert failures.limit_hint(ValueError("x")) == ""
 
 
 # --------------------------------------------------------------------------- NVML (fake pynvml)
@@ -511,6 +553,17 @@ def fake_nvml(monkeypatch: pytest.MonkeyPatch) -> FakeNvml:
     # cuDNN would need a real torch import (slow); the lookup itself is tested separately.
     monkeypatch.setattr(probes.software, "cudnn_version", lambda: "9.24.0")
     return fake
+
+
+def test_nvml_is_read_without_a_thread_where_none_can_be_started(fake_nvml: FakeNvml, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`ulimit -u` reached: the reader thread's start raised `can't start new thread`, an internal error (exit 3)."""
+    import threading
+
+    def refused(self: threading.Thread) -> None:
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(threading.Thread, "start", refused)
+    assert [gpu.name for gpu in collect_gpus().gpus] == ["NVIDIA H100 80GB HBM3", "Tesla T4"]
 
 
 def test_nvml_two_gpus_full_data(fake_nvml: FakeNvml) -> None:

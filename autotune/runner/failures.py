@@ -16,8 +16,8 @@ from autotune.records import TrialResult
 from autotune.workloads.batches import hinted
 from autotune.workloads.data import BadData
 from probes.cgroup import oom_kills
-from probes.hardware import SHM_MIN_BYTES
-from probes.memory import SHM_PATH, collect_shm
+from probes.hardware import SHM_MIN_BYTES, open_files_note
+from probes.memory import SHM_PATH, collect_shm, open_files_limit
 from probes.units import format_bytes
 
 
@@ -70,22 +70,40 @@ def classify(exc: BaseException) -> TrialResult:
         lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
         last = lines[-1] if lines else ""
         return TrialResult(status="bad_data", error=last.split(f"{type(exc).__name__}: ", 1)[-1][:400])
-    if broken_hand_over(exc):
+    if broken_hand_over(exc):  # a worker out of file descriptors ends so too: the limit is named where it is low
         return TrialResult(status="error", error=f"a DataLoader worker {HAND_OVER_BROKE} ({type(exc).__name__}): it was "
-                                                 "killed, or ended by a signal")
+                                                 f"killed, or ended by a signal{open_files_note(open_files_limit())}")
     message = str(exc)
     if "DataLoader worker" in message:
         # PyTorch re-raises a worker's exception with the original traceback as text: keep its last line.
         lines = [ln.strip() for ln in message.splitlines() if ln.strip()]
         cause = lines[-1] if len(lines) > 1 else _one_line(exc)
         said = hinted(clipped(f"failed in a DataLoader worker, not in the training loop: {cause}"))
-        return TrialResult(status="error", error=said + shm_hint(message))
+        return TrialResult(status="error", error=said + shm_hint(message) + limit_hint(exc))
     if is_out_of_memory(exc):
         return TrialResult(status="oom", error=_one_line(exc))
     if isinstance(exc, OSError) and is_shm_full(exc):  # no room for the workers' queue lock: said as PyTorch says a full one
         said = f"{SHM_FULL[0]} for the loader workers' queue lock ({_one_line(exc)})"
         return TrialResult(status="error", error=said + shm_hint(said))
-    return TrialResult(status="error", error=hinted(_one_line(exc)) + shm_hint(message))
+    return TrialResult(status="error", error=hinted(_one_line(exc)) + shm_hint(message) + limit_hint(exc))
+
+
+def limit_hint(exc: BaseException) -> str:
+    """The process limit an error met, named: ``ulimit -n`` (too many open files) or ``ulimit -u`` (no thread or process
+    to be had: torch's threads and the loader's workers count against it); empty for any other error."""
+    import errno
+    import resource
+
+    text = str(exc)
+    if getattr(exc, "errno", None) in (errno.EMFILE, errno.ENFILE) or "Too many open files" in text:
+        limit = open_files_limit()
+        return f" (ulimit -n allows this process {limit} open files: raise it, ulimit -n 4096)" if limit is not None else ""
+    if "can't start new thread" in text or isinstance(exc, BlockingIOError) and exc.errno == errno.EAGAIN:
+        soft, _ = resource.getrlimit(resource.RLIMIT_NPROC)
+        if soft != resource.RLIM_INFINITY:
+            return (f" (ulimit -u allows this user {soft} processes and threads, every one of theirs counted: torch's threads "
+                    "and the loader's workers need more; raise it)")
+    return ""
 
 
 #: How a loader worker's death reads when it came while the worker handed a batch over (:func:`broken_hand_over`).
