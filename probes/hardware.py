@@ -127,8 +127,10 @@ def _cores_warning(cpu: CpuInfo) -> str | None:
 
 
 def _thread_env_warning(cpu: CpuInfo) -> str | None:
-    """The thread variables set in the environment, where the count they give torch is not the usable cores."""
-    if not cpu.thread_env or cpu.torch_threads() == cpu.usable_cores:
+    """The thread variables set in the environment, where the count they give torch is not the usable cores (none for a
+    value that is no count, OMP_NUM_THREADS=abc, 0 or empty: torch ignores it and counts the cores, as without it)."""
+    count = cpu.torch_threads()
+    if count is None or count == cpu.usable_cores:
         return None
     said = " and ".join(f"{name}={value}" for name, value in cpu.thread_env)
     return (f"{said} {'is' if len(cpu.thread_env) == 1 else 'are'} set in the environment: torch's own thread count (threads "

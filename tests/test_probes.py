@@ -319,6 +319,8 @@ def test_affinity_mask_smaller_than_the_machine_warns(monkeypatch: pytest.Monkey
                                "PyTorch defaults run) follows it, not the 4 usable cores"),
     ({"OMP_NUM_THREADS": "4", "MKL_NUM_THREADS": "2"}, "OMP_NUM_THREADS=4 and MKL_NUM_THREADS=2 are set"),  # MKL's first
     ({"OMP_NUM_THREADS": "4"}, None),  # the usable cores: torch's own count anyway
+    ({"OMP_NUM_THREADS": "abc"}, None),  # no count: torch ignores it (libgomp says so) and counts the cores
+    ({"OMP_NUM_THREADS": "0", "MKL_NUM_THREADS": ""}, None),
     ({}, None),
 ])
 def test_thread_variables_that_set_torch_s_own_count_are_recorded_and_a_warning(
