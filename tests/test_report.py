@@ -404,7 +404,7 @@ def test_status_names_an_earlier_runs_winner_while_a_rerun_is_in_progress(search
 def test_status_says_trials_after_the_winner_are_not_confirmed(searched, tmp_path) -> None:
     """A rerun with more --trials stopped before its confirmation: best.json is the earlier run's, and status says the
     later trials are not confirmed, as the report does ("an earlier run's confirmed winner kept")."""
-    import os
+    import datetime
 
     outcome, source = searched
     copy = tmp_path / "copy"
@@ -414,7 +414,12 @@ def test_status_says_trials_after_the_winner_are_not_confirmed(searched, tmp_pat
     study = optuna.load_study(study_name=outcome.study, storage=f"sqlite:///{copy / 'study.db'}")
     study.tell(study.ask(), state=optuna.trial.TrialState.FAIL)  # cut short by the stop: it measured nothing
     study.ask()  # left running by a search that was killed: nor did it
-    os.utime(copy / "best.json", (starts[-2] + 0.001, starts[-2] + 0.001))  # written between the last two trials' starts
+    def created(at: float) -> None:  # best.json written at ``at``, by its own word; the file's time is the copy's
+        best = json.loads((copy / "best.json").read_text())
+        best["created"] = datetime.datetime.fromtimestamp(at, datetime.timezone.utc).isoformat()
+        (copy / "best.json").write_text(json.dumps(best))
+
+    created(starts[-2] + 0.001)  # written between the last two trials' starts, copied later (cp -r: a new file time)
     text = " ".join(CliRunner().invoke(app, ["status", str(copy)]).stdout.split())
     assert (f"confirmed by an earlier run of this search (best.json and train.py in {copy.resolve()}); 1 trial(s) measured after it "
             "are not confirmed: rerun the search's command to confirm them") in text, text
@@ -423,7 +428,7 @@ def test_status_says_trials_after_the_winner_are_not_confirmed(searched, tmp_pat
     page = " ".join((copy / REPORT).read_text().split())
     assert ("search interrupted (an earlier run's confirmed winner kept; 1 trial(s) measured after it are not confirmed: rerun "
             "the search's command to confirm them)") in page and "search finished" not in page
-    os.utime(copy / "best.json")
+    created(time.time())
     text = " ".join(CliRunner().invoke(app, ["status", str(copy)]).stdout.split())
     assert "confirmed by this search" in text and "not confirmed" not in text, text
 

@@ -5,6 +5,8 @@ rerun will replace, or one a rerun keeps after an interruption.
 
 from __future__ import annotations
 
+import datetime as _dt
+import json
 import shlex
 from collections.abc import Sequence
 from dataclasses import replace
@@ -43,13 +45,26 @@ def rerun_replaces(out: Path, holder: Holder | None) -> bool:
         return False
 
 
-def measured_after(trials: Sequence[FrozenTrial], path: Path) -> int:
-    """How many of ``trials`` measured a setup (finished, not free) after ``path`` was last written (0 if it is gone):
-    a rerun's trials that its confirmation, interrupted, never took in. A trial not run, cut short or left running
-    measured nothing."""
+def written_at(path: Path) -> float | None:
+    """When the best.json at ``path`` was written: its own ``created`` (to the second, rounded up), which a copy of the
+    directory keeps (``cp -r``, rsync without -t: the file's time is the copy's); the file's time where it has none.
+    None where it is gone."""
     try:
-        written = path.stat().st_mtime
-    except OSError:
+        created = _dt.datetime.fromisoformat(json.loads(path.read_text(encoding="utf-8")).get("created"))
+        return created.timestamp() + (1.0 if created.microsecond == 0 else 0.0)
+    except (OSError, ValueError, TypeError, AttributeError):
+        try:
+            return path.stat().st_mtime
+        except OSError:
+            return None
+
+
+def measured_after(trials: Sequence[FrozenTrial], path: Path) -> int:
+    """How many of ``trials`` measured a setup (finished, not free) after the best.json at ``path`` was written (0 if it
+    is gone): a rerun's trials that its confirmation, interrupted, never took in. A trial not run, cut short or left
+    running measured nothing."""
+    written = written_at(path)
+    if written is None:
         return 0
     return sum(t.state in FINISHED and not t.user_attrs.get(ATTR_FREE) and t.datetime_start is not None
                and t.datetime_start.timestamp() > written for t in trials)
