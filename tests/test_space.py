@@ -224,6 +224,9 @@ def test_on_a_cpu_a_guess_splits_the_cores_between_loader_workers_and_training_t
     pinned = build_space(device=CPU, calibration=calibration(), usable_cores=2, effective_batch=None,
                          constraints=merge_constraints([parse_constraint("num_threads=2")]))
     assert len(guess_setups(pinned, calibration(), CPU, 2)) == 1
+    # Under OMP_NUM_THREADS=1 torch's own count is the split's one thread: the same setup, not a second trial of it.
+    one_thread = dataclasses.replace(calibration(), torch_threads=1)
+    assert [(g.num_workers, g.num_threads) for g in guess_setups(space, one_thread, CPU, 2)] == [(1, None)]
 
 
 def test_where_no_worker_count_feeds_the_device_the_first_guess_takes_the_count_that_loaded_most() -> None:

@@ -46,7 +46,7 @@ def guess_setups(space: Space, calibration: Calibration, device: DeviceInfo, usa
     in_process = in_process_guess(space, calibration, first, device, usable_cores)
     if in_process is not None:  # ahead of the first where it is expected to be faster
         guesses.insert(0 if in_process[1] >= 1.0 else 1, in_process[0])
-    split = core_split(space, first, device, usable_cores)
+    split = core_split(space, first, device, usable_cores, calibration.torch_threads)
     if split is not None:
         guesses.append(split)
     rates = sorted(
@@ -109,17 +109,21 @@ def _largest_fed_batch(space: Space, first: TrainSetup) -> int:
     return max(fed, default=first.batch_size)
 
 
-def core_split(space: Space, setup: TrainSetup, device: DeviceInfo, usable_cores: int) -> TrainSetup | None:
+def core_split(space: Space, setup: TrainSetup, device: DeviceInfo, usable_cores: int, own: int | None = None) -> TrainSetup | None:
     """``setup`` with its loader workers and training threads splitting the CPU's cores between them.
 
-    None on a GPU, without loader workers, on one core, or where the space
-    does not offer the split (a ``--set`` pin on ``num_workers`` or ``num_threads``).
+    None on a GPU, without loader workers, on one core, where the space
+    does not offer the split (a ``--set`` pin on ``num_workers`` or ``num_threads``), or where it would train with the
+    threads ``setup`` already runs: torch's own count ``own`` (the calibration's; 1 under ``OMP_NUM_THREADS=1``) where it
+    leaves the count to torch, a trial spent on the same setup twice.
     """
     if device.type != "cpu" or usable_cores < 2 or setup.num_workers == 0:
         return None
     workers = min(setup.num_workers, usable_cores - 1)
     threads = usable_cores - workers
     if workers not in space.values["num_workers"] or threads not in space.values["num_threads"]:
+        return None
+    if workers == setup.num_workers and threads == (own if setup.num_threads is None else setup.num_threads):
         return None
     return setup.replace(num_workers=workers, num_threads=threads)
 
