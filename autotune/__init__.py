@@ -63,8 +63,8 @@ def foreign_probes() -> str | None:
     found = sys.modules.get("probes")
     spec = found.__spec__ if found is not None else importlib.util.find_spec("probes")
     origin = getattr(spec, "origin", None) or next(iter(getattr(spec, "submodule_search_locations", None) or ()), None)
-    if origin is None:
-        return "nowhere" if spec is None else str(spec.name)
+    if origin is None:  # none found (a broken install: the import says so), or a namespace package without a file
+        return None if spec is None else str(spec.name)
     ours = Path(__file__).resolve().parent.parent / "probes"
     return None if Path(origin).resolve() in (ours, ours / "__init__.py") else str(origin)
 
@@ -79,7 +79,7 @@ def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'autotune' has no attribute {name!r}")
-    if "probes" not in sys.modules and (where := foreign_probes()):
+    if where := foreign_probes():  # the user's own probes imported already too
         raise ImportError(shadowed_probes_line(where))
     caught: list[int] = []
     previous = None

@@ -28,6 +28,13 @@ def _stop_as_interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
 
+def _working_directory() -> str | None:
+    try:
+        return os.getcwd()
+    except OSError:  # removed meanwhile: every command that needs none still runs
+        return None
+
+
 def main() -> None:
     """Run the CLI (:func:`autotune.cli.main`): a Ctrl-C, SIGTERM or SIGHUP during its imports is answered with one line
     and exit 130; after them SIGTERM and SIGHUP raise KeyboardInterrupt as Ctrl-C does, so that a stop from outside ends
@@ -40,10 +47,12 @@ def main() -> None:
             print("error: standard output is closed: redirect it instead (> /dev/null discards the output)", file=sys.stderr)
         sys.exit(1)
     # ``python -m autotune`` puts the working directory first on sys.path, where a user's probes.py would shadow
-    # autotune's own package: it leaves, as the ``autotune`` command has it (a factory is imported from there still).
-    if sys.path and sys.path[0] in ("", os.getcwd()):
+    # autotune's own package: there it leaves, as the ``autotune`` command has it (a factory is imported from there
+    # still). Only then: in a checkout run uninstalled the working directory is where autotune's own probes are.
+    if (where := foreign_probes()) and sys.path and sys.path[0] in ("", _working_directory()):
         del sys.path[0]
-    if where := foreign_probes():
+        where = foreign_probes()
+    if where:
         print(f"error: {shadowed_probes_line(where)}", file=sys.stderr)
         sys.exit(1)
     for stream in (sys.stdout, sys.stderr):  # an encoding that cannot write a path's characters (PYTHONIOENCODING=ascii,

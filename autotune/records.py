@@ -17,7 +17,8 @@ from autotune.units import counted
 
 #: Share above the compute-only rate a loader must deliver to keep the device fed despite its jitter.
 LOADER_MARGIN = 1.25
-#: How a learning rate follows the effective batch: square root (adaptive optimizers) or linear (SGD-like).
+#: How a learning rate follows the effective batch: square root (adaptive optimizers), linear (SGD-like) or not at all
+#: (sign-based or parameter-free ones: kept).
 LR_SCALINGS = ("sqrt", "linear", "none")
 #: Workload fields of the image-classifier shorthand only: a Task brings its own data.
 SHORTHAND_ONLY = ("image_size", "data", "synthetic_images", "cache_dir")

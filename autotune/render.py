@@ -203,9 +203,18 @@ class _TableOrLines:
 
 
 #: Up to this many trials the final table shows them all; a longer study (resumed runs, a shared study) its fastest
-#: :data:`SHOWN_OF_MANY` (a 20,000-trial study printed 20,266 lines before the winner).
+#: :data:`SHOWN_OF_MANY`, the defaults' and the finalists' (a 20,000-trial study printed 20,266 lines before the winner).
 MAX_TRIAL_ROWS = 50
 SHOWN_OF_MANY = 30
+
+
+def _fastest_and_named(ordered: list[TrialRecord], outcome: SearchOutcome) -> list[TrialRecord]:
+    """The :data:`SHOWN_OF_MANY` fastest of ``ordered`` and, wherever they rank, the PyTorch defaults' trial and each
+    finalist's (the winner's among them) fastest trial, in ``ordered``'s order."""
+    named = {c.candidate.setup for c in outcome.confirmed} | ({outcome.best.setup} if outcome.best else set())
+    keep = {id(r) for r in ordered[:SHOWN_OF_MANY]} | {id(r) for r in ordered if r.role == "defaults"}
+    keep |= {id(next(r for r in ordered if r.setup == setup)) for setup in named if any(r.setup == setup for r in ordered)}
+    return [r for r in ordered if id(r) in keep]
 
 
 def render_search(outcome: SearchOutcome) -> Group:
@@ -220,7 +229,7 @@ def render_search(outcome: SearchOutcome) -> Group:
     lines: list[str] = []
     # The trials that ran by throughput, then those that did not: a repeat (its earlier trial's figures) or a setup not run.
     ordered = sorted(outcome.records, key=lambda r: (r.ran, r.result.ok, r.result.samples_per_s or 0.0), reverse=True)
-    shown = ordered if len(ordered) <= MAX_TRIAL_ROWS else ordered[:SHOWN_OF_MANY]  # a long study's thousands stay in trials.csv
+    shown = ordered if len(ordered) <= MAX_TRIAL_ROWS else _fastest_and_named(ordered, outcome)  # the rest: trials.csv
     for record in shown:
         res = record.result
         style = STATUS_STYLE.get(res.status, "white")

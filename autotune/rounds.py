@@ -53,8 +53,8 @@ class Confirmed:
         data_wait: The highest share of a run it waited on the loader, in this process (not stored either).
         failed_rounds: The rounds (0-based) the failures happened in; fewer than ``failures`` when not known (stored
             by an older version), and then :meth:`by_round` cannot place its measurements.
-        stopped: Why it stopped being measured before the others, where that is not its own ranking: a confirmation
-            run of its training math diverged (:data:`DIVERGED_STOP`); None otherwise (not stored: None after a resume).
+        stopped: Why it cannot win whatever its figures, and is measured no more: a confirmation run of its training
+            math diverged (:data:`DIVERGED_STOP`); None otherwise (not stored: derived from the stored failures).
     """
 
     candidate: Candidate

@@ -247,13 +247,15 @@ def collect_gpus() -> GpuReport:
         try:
             answers.append(_read_gpus(nvml))
         except BaseException as exc:  # a shim's SystemExit, an error no query caught: said as what it is, not as a hang
+            if threading.current_thread() is threading.main_thread() and isinstance(exc, KeyboardInterrupt):
+                raise  # read inline (no thread to be had): a Ctrl-C or SIGTERM stops the command, as anywhere else
             answers.append(GpuReport((), f"NVML failed: {_error_text(exc)}", driver_loaded=False))
 
     reader = threading.Thread(target=read, name="autotune-nvml", daemon=True)
     try:
         reader.start()
-    except RuntimeError:  # no thread to be had (ulimit -u reached): read here, unguarded, rather than not at all
-        read()
+    except RuntimeError:  # no thread to be had (ulimit -u reached): read here, rather than not at all; a hung driver
+        read()  # then hangs the probe, as nvidia-smi would
         return answers[0]
     reader.join(NVML_TIMEOUT_S)
     if not answers:

@@ -165,7 +165,7 @@ def test_version_help_and_debug(tmp_path, cache_dir) -> None:
 def test_a_users_probes_module_does_not_shadow_autotune_s_own(tmp_path) -> None:
     """A probes.py in the working directory (a project's linear probes) broke `python -m autotune`, --help included,
     with a traceback (a probes/ package: `internal error`), and `import autotune` in a notebook there."""
-    (tmp_path / "probes.py").write_text("PROBES = 'the user's'\n")
+    (tmp_path / "probes.py").write_text("PROBES = 'theirs'\n")
     done = subprocess.run([sys.executable, "-m", "autotune", "probe", "--json"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and "cpu" in json.loads(done.stdout), done.stderr  # the working directory leaves sys.path, as for `autotune`
     notebook = subprocess.run([sys.executable, "-c", "import autotune; autotune.search"], cwd=tmp_path, capture_output=True, text=True,
@@ -173,9 +173,18 @@ def test_a_users_probes_module_does_not_shadow_autotune_s_own(tmp_path) -> None:
     assert notebook.returncode == 1 and notebook.stderr.rstrip().splitlines()[-1] == (
         f"ImportError: autotune cannot import its own 'probes' package: {tmp_path / 'probes.py'} shadows it (a module of that name "
         "earlier on sys.path, such as the working directory's): rename yours, or run from another directory"), notebook.stderr
+    (tmp_path / "elsewhere").mkdir()
     elsewhere = subprocess.run([sys.executable, "-m", "autotune", "probe"], capture_output=True, text=True, timeout=120,
-                               env={**os.environ, "PYTHONPATH": str(tmp_path)})  # put first on purpose: one line, exit 1
+                               cwd=tmp_path / "elsewhere", env={**os.environ, "PYTHONPATH": str(tmp_path)})  # put first: one line, exit 1
     assert elsewhere.returncode == 1 and elsewhere.stderr.startswith("error: autotune cannot import its own 'probes' package: "), elsewhere.stderr
+    imported = subprocess.run([sys.executable, "-c", "import probes, autotune; autotune.search"], cwd=tmp_path, capture_output=True,
+                              text=True, timeout=120)  # the user's own imported first: the same line, not 'probes.gpu'
+    assert imported.returncode == 1 and "autotune cannot import its own 'probes' package" in imported.stderr, imported.stderr
+    gone = tmp_path / "gone"  # a working directory removed meanwhile: a command that needs none runs
+    gone.mkdir()
+    version = subprocess.run(f"cd {gone} && rmdir {gone} && {sys.executable} -m autotune --version", shell=True, capture_output=True,
+                             text=True, timeout=120, env={**os.environ, "PYTHONSAFEPATH": "1"})
+    assert version.returncode == 0 and version.stdout.startswith("autotune "), version.stderr
 
 
 def test_trial_command_bad_setup_and_json(tmp_path, cache_dir) -> None:

@@ -154,6 +154,10 @@ def test_header_documents_the_search(synthetic_data: Path) -> None:
     assert "(effective batch 16 with 1 process -> lr 0.0005;" in header
     ddp = render_script(dataclasses.replace(make_best(synthetic_data, **CPU_KNOBS), world_size=2, effective_batch=32))
     assert "(effective batch 32 with 2 processes -> lr" in ddp.split('"""', 1)[0]
+    best = make_best(synthetic_data, **CPU_KNOBS)  # a rate kept at every batch (a sign-based optimizer's): no scaling said
+    kept = render_script(dataclasses.replace(best, workload=dataclasses.replace(best.workload, lr_scaling="none")))
+    assert "Learning rate: 0.001 at effective batch 32, kept at every batch (effective batch 16 with 1 process -> lr" in kept
+    assert "; the script keeps it)" in kept and "scales it" not in kept.split('"""', 1)[0]
 
 
 

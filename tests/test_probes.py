@@ -443,10 +443,24 @@ def test_an_error_of_a_process_limit_names_it(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr(resource, "getrlimit", lambda which: (8, 8) if which == resource.RLIMIT_NPROC else (32, 32))
     said = failures.classify(OSError(errno.EMFILE, "Too many open files")).error or ""
     assert said.endswith("(ulimit -n allows this process 32 open files: raise it, ulimit -n 4096)"), said
-    for exc in (RuntimeError("can't start new thread"), BlockingIOError(errno.EAGAIN, "Resource temporarily unavailable")):
+    monkeypatch.setattr(failures, "open_files_limit", lambda: 65536)  # a high limit met: no advice to lower it
+    assert failures.limit_hint(OSError(errno.EMFILE, "x")) == " (ulimit -n allows this process 65536 open files: does something keep its files open?)"
+    assert failures.limit_hint(OSError(errno.ENFILE, "x")) == " (the system's table of open files is full: fs.file-max)"
+
+    def raised(exc: BaseException, where: str) -> BaseException:  # ``exc`` as raised by code of the file ``where``
+        try:
+            exec(compile("raise exc", where, "exec"), {"exc": exc})
+        except BaseException as caught:
+            return caught
+        raise AssertionError
+
+    started = raised(BlockingIOError(errno.EAGAIN, "Resource temporarily unavailable"), "/usr/lib/python3/multiprocessing/popen_fork.py")
+    for exc in (RuntimeError("can't start new thread"), started):
         said = failures.classify(exc).error or ""
         assert said.endswith("(ulimit -u allows this user 8 processes and threads, every one of theirs counted: torch's threads "
-                             "and the loader's workers need more; raise it)"), said
+                             "and the loader's workers need more; raise it, or a container's pids.max)"), said
+    # Non-blocking I/O's own EAGAIN (a lock another worker holds): no limit met.
+    assert failures.limit_hint(raised(BlockingIOError(errno.EAGAIN, "Resource temporarily unavailable"), "/data/cache.py")) == ""
     assert failures.limit_hint(ValueError("x")) == ""
 
 
@@ -566,6 +580,13 @@ def test_nvml_is_read_without_a_thread_where_none_can_be_started(fake_nvml: Fake
 
     monkeypatch.setattr(threading.Thread, "start", refused)
     assert [gpu.name for gpu in collect_gpus().gpus] == ["NVIDIA H100 80GB HBM3", "Tesla T4"]
+
+    def interrupted() -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sys.modules["pynvml"], "nvmlInit", interrupted)
+    with pytest.raises(KeyboardInterrupt):  # read inline, a Ctrl-C (or SIGTERM) stops the command: it is no "NVML failed"
+        collect_gpus()
 
 
 def test_nvml_two_gpus_full_data(fake_nvml: FakeNvml) -> None:

@@ -9,6 +9,7 @@ import html as html_module
 import json
 import os
 import random
+import re
 import shutil
 import sqlite3
 import subprocess
@@ -401,6 +402,34 @@ def test_status_names_an_earlier_runs_winner_while_a_rerun_is_in_progress(search
     assert f"confirmed by this search (best.json and train.py in {copy.resolve()})" in text
 
 
+def test_a_copied_winner_s_time_is_its_own_in_the_time_zone_that_wrote_it(tmp_path, monkeypatch) -> None:
+    """best.json copied (its file time reset) to a machine in another time zone: the trials, which Optuna stamps with
+    the writer's wall clock, are compared with best.json's `created` on that clock, whatever the reader's zone."""
+    import datetime
+
+    from optuna.distributions import FloatDistribution
+    from optuna.trial import FrozenTrial
+
+    from autotune.tuner.study_files import measured_after
+
+    monkeypatch.setenv("TZ", "Asia/Tokyo")
+    time.tzset()
+    try:
+        path = tmp_path / "best.json"
+        path.write_text(json.dumps({"created": "2026-01-01T12:05:00-05:00"}))  # written in New York
+        starts = (datetime.datetime(2026, 1, 1, 12, 0), datetime.datetime(2026, 1, 1, 12, 10))  # its trials, New York's clock
+        trials = [FrozenTrial(number=k, state=optuna.trial.TrialState.COMPLETE, value=1.0, datetime_start=start,
+                              datetime_complete=start, params={"x": 0.5}, distributions={"x": FloatDistribution(0, 1)},
+                              user_attrs={}, system_attrs={}, intermediate_values={}, trial_id=k) for k, start in enumerate(starts)]
+        assert measured_after(trials, path) == 1
+        own = datetime.datetime.fromisoformat("2026-01-01T12:05:00-05:00").timestamp() + 30
+        os.utime(path, (own, own))  # the file's time as written, not a copy's: it holds, on the reader's clock, as before
+        assert measured_after(trials, path) == 0  # Tokyo's clock reads 2026-01-02 02:05 then
+    finally:
+        monkeypatch.delenv("TZ")
+        time.tzset()
+
+
 def test_status_says_trials_after_the_winner_are_not_confirmed(searched, tmp_path) -> None:
     """A rerun with more --trials stopped before its confirmation: best.json is the earlier run's, and status says the
     later trials are not confirmed, as the report does ("an earlier run's confirmed winner kept")."""
@@ -414,10 +443,11 @@ def test_status_says_trials_after_the_winner_are_not_confirmed(searched, tmp_pat
     study = optuna.load_study(study_name=outcome.study, storage=f"sqlite:///{copy / 'study.db'}")
     study.tell(study.ask(), state=optuna.trial.TrialState.FAIL)  # cut short by the stop: it measured nothing
     study.ask()  # left running by a search that was killed: nor did it
-    def created(at: float) -> None:  # best.json written at ``at``, by its own word; the file's time is the copy's
+    def created(at: float) -> None:  # best.json written at ``at``, by its own word; the file's time is a copy's, 10 min on
         best = json.loads((copy / "best.json").read_text())
-        best["created"] = datetime.datetime.fromtimestamp(at, datetime.timezone.utc).isoformat()
+        best["created"] = datetime.datetime.fromtimestamp(at).astimezone().isoformat()
         (copy / "best.json").write_text(json.dumps(best))
+        os.utime(copy / "best.json", (at + 600, at + 600))
 
     created(starts[-2] + 0.001)  # written between the last two trials' starts, copied later (cp -r: a new file time)
     text = " ".join(CliRunner().invoke(app, ["status", str(copy)]).stdout.split())
@@ -691,12 +721,15 @@ def test_the_terminal_summary_of_a_long_study_shows_its_fastest_trials_and_names
     from autotune.render import MAX_TRIAL_ROWS, SHOWN_OF_MANY, render_search
 
     outcome, _ = searched
-    many = dataclasses.replace(outcome, records=tuple(_records(400)))
+    slow = TrialRecord(400, "defaults", TrainSetup(batch_size=8), TrialResult("ok", samples_per_s=1.0))  # shown wherever it ranks
+    many = dataclasses.replace(outcome, records=(*_records(400), slow))
     for width in (80, 200):  # a trial per line, and the table
         buffer = io.StringIO()
         Console(file=buffer, width=width, color_system=None).print(render_search(many), crop=False)
         text = buffer.getvalue()
-        assert "and 370 more trials, slower or not measured: trials.csv has every one" in text
+        hidden = re.search(r"and (\d+) more trials, slower or not measured: trials.csv has every one", text)
+        assert hidden and 330 <= int(hidden.group(1)) <= 370, text[-3000:]  # 30 fastest, the defaults, the finalists
+        assert re.search(r"#400 \[defaults\]|│ +400 │ defaults", text), text
         fastest = max(_records(400), key=lambda r: r.result.samples_per_s or 0.0)
         assert fastest.setup.describe() in text and len(text.splitlines()) < 2 * SHOWN_OF_MANY + 40, len(text.splitlines())
     buffer = io.StringIO()

@@ -100,8 +100,8 @@ def test_the_keep_the_math_hint_is_one_the_search_can_follow() -> None:
 
     pinned = TrainSetup(batch_size=48)
 
-    def note(pin: str) -> str:
-        best = make_best(workload=WORKLOAD, hardware=HARDWARE, feasible=[*FEASIBLE, _record(3, pinned, 250.0)],
+    def note(pin: str, workload: Workload = WORKLOAD) -> str:
+        best = make_best(workload=workload, hardware=HARDWARE, feasible=[*FEASIBLE, _record(3, pinned, 250.0)],
                          confirmed=[_confirmed(pinned, (300.0,)), _confirmed(DEFAULTS, (100.0,))], defaults=DEFAULTS,
                          effective_batch=None, command="autotune search", batch_pin=parse_constraint(pin))
         assert best.setup == pinned
@@ -110,6 +110,8 @@ def test_the_keep_the_math_hint_is_one_the_search_can_follow() -> None:
     assert note("batch_size=48").endswith(
         "to keep the math, pass --effective-batch 32 with a --set batch_size that divides it (--set batch_size=48 allows none)")
     assert note("batch_size=8..48").endswith("; pass --effective-batch 32 to keep the math")
+    kept = dataclasses.replace(WORKLOAD, lr_scaling="none")  # a rate kept at every batch: the same hint
+    assert note("batch_size=48", kept).endswith("(--set batch_size=48 allows none)")
 
 
 def test_an_effective_batch_other_than_the_tasks_batch_says_the_lr_is_taken_as_its_own() -> None:

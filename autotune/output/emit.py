@@ -167,11 +167,12 @@ def _header(best: Best, data_is_synthetic: bool) -> str:
         how = best.speedup_basis
         measured += f"; speedup {best.speedup:.2f}x ({how})"
     lines.append(measured)
-    rule = {"sqrt": "by the square root of the batch ratio", "linear": "linearly with the batch"}.get(workload.lr_scaling, "not at all")
+    rule = {"sqrt": "scaled by the square root of the batch ratio", "linear": "scaled linearly with the batch"}.get(workload.lr_scaling)
+    rule, scales = (rule, "the script scales it for the processes it runs with") if rule else ("kept at every batch", "the script keeps it")
     lines.append(
-        f"Learning rate: {workload.lr:g} at effective batch {best.reference_batch}, scaled {rule} "
+        f"Learning rate: {workload.lr:g} at effective batch {best.reference_batch}, {rule} "
         f"(effective batch {best.effective_batch} with {best.world_size} process{'es' if best.world_size > 1 else ''} -> lr {best.lr:g}; "
-        "the script scales it for the processes it runs with)"
+        f"{scales})"
     )
     if best.command:
         lines.append(f"Command: {hide_passwords(best.command)}")

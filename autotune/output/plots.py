@@ -34,8 +34,8 @@ STATUS_STYLE: dict[str, tuple[str, str]] = {
 }
 #: Series colours, none of them a status colour (orange, red, purple, grey).
 SERIES = ("#1f77b4", "#2ca02c", "#17becf", "#bcbd22", "#e377c2", "#7f7f7f", "#1f4e79", "#98df8a")
-#: Series markers, none of them a status marker: with the colours, a distinct style for 32 series (9 in a loader plot of the
-#: default space: no workers and prefetch 1 to 8, whose first and ninth shared a colour).
+#: Series markers: with the colours, a distinct style for 32 series (9 in a loader plot of the default space: no workers
+#: and prefetch 1 to 8, whose first and ninth shared a colour). The plots that use them draw no status with a circle.
 SERIES_MARKERS = ("o", "^", "<", ">")
 GIB = 2**30
 
@@ -94,7 +94,7 @@ def history(records: Sequence[TrialRecord], best: Sequence[float]) -> Figure:
                    s=area, label=f"not run: its earlier trial's figure ({len(repeats)})", zorder=3)
     unfed = [r for r in ordered if r.free and not _repeat(r)]  # a setup the data or /dev/shm cannot feed: no run, no failure
     if unfed:
-        ax.scatter([r.number for r in unfed], [0.0] * len(unfed), marker="x", color="#bbbbbb", s=36,
+        ax.scatter([r.number for r in unfed], [0.0] * len(unfed), marker="x", color="#bbbbbb", s=area * 36 / 46, alpha=alpha,
                    label=f"not run: the data or /dev/shm cannot feed it ({len(unfed)})", zorder=3)
     # From the first trial with a figure: a line at 0 before it (the defaults a --set excludes) read as a best of 0.
     line = [(r.number, b) for r, b in zip(ordered, best, strict=True)]
@@ -117,7 +117,11 @@ def history(records: Sequence[TrialRecord], best: Sequence[float]) -> Figure:
     else:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # trial numbers are whole
     ax.grid(alpha=0.3)
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.13), fontsize=8, ncol=4, frameon=False)  # below: it covers no marker
+    legend = ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.13), fontsize=8, ncol=4, frameon=False,  # below: it covers no
+                       markerscale=(46.0 / area) ** 0.5)  # marker; its keys full size however many trials shrank the points
+    for handle in legend.legend_handles:
+        if handle is not None:
+            handle.set_alpha(1.0)
     return fig
 
 

@@ -326,7 +326,7 @@ def confirmation_section(confirmed: Sequence[Confirmed], plots: ModuleType | Non
     ranked = sorted(confirmed, key=lambda c: c.median or 0.0, reverse=True)
     rows = tuple((c.candidate.label, *(_rate(c.values[k]) if k < len(c.values) else "-" for k in range(rounds)),
                   _rate(c.median), _rate(c.spread), c.remarks()) for c in ranked)
-    headers = ("setup", *(f"measurement {k + 1}" for k in range(rounds)), "median", "spread", "failures")
+    headers = ("setup", *(f"measurement {k + 1}" for k in range(rounds)), "median", "spread", "failures / stopped")
     measured = any(c.values for c in confirmed)
     return Section(
         "confirmation", "Confirmation rounds",

@@ -88,21 +88,36 @@ def classify(exc: BaseException) -> TrialResult:
     return TrialResult(status="error", error=hinted(_one_line(exc)) + shm_hint(message) + limit_hint(exc))
 
 
+#: Where a failure to start a thread or process is raised (a BlockingIOError of non-blocking I/O is no limit met).
+_STARTERS = ("popen_fork.py", "subprocess.py", "threading.py")
+
+
 def limit_hint(exc: BaseException) -> str:
-    """The process limit an error met, named: ``ulimit -n`` (too many open files) or ``ulimit -u`` (no thread or process
-    to be had: torch's threads and the loader's workers count against it); empty for any other error."""
+    """The process limit an error met, named: ``ulimit -n`` (this process's open files), the system's file table, or
+    ``ulimit -u`` (no thread or process to be had where one was started: torch's threads and the loader's workers count
+    against it); empty for any other error."""
     import errno
     import resource
 
-    text = str(exc)
-    if getattr(exc, "errno", None) in (errno.EMFILE, errno.ENFILE) or "Too many open files" in text:
+    text, code = str(exc), getattr(exc, "errno", None)
+    if code == errno.ENFILE:
+        return " (the system's table of open files is full: fs.file-max)"
+    if code == errno.EMFILE or "Too many open files" in text:
         limit = open_files_limit()
-        return f" (ulimit -n allows this process {limit} open files: raise it, ulimit -n 4096)" if limit is not None else ""
-    if "can't start new thread" in text or isinstance(exc, BlockingIOError) and exc.errno == errno.EAGAIN:
+        if limit is None:
+            return ""
+        more = f"raise it, ulimit -n {max(4096, 4 * limit)}" if limit < 65536 else "does something keep its files open?"
+        return f" (ulimit -n allows this process {limit} open files: {more})"
+    frames, tb = [], exc.__traceback__
+    while tb is not None:
+        frames.append(tb.tb_frame.f_code.co_filename)
+        tb = tb.tb_next
+    started = isinstance(exc, BlockingIOError) and code == errno.EAGAIN and any(f.endswith(_STARTERS) for f in frames)
+    if "can't start new thread" in text or started:
         soft, _ = resource.getrlimit(resource.RLIMIT_NPROC)
         if soft != resource.RLIM_INFINITY:
             return (f" (ulimit -u allows this user {soft} processes and threads, every one of theirs counted: torch's threads "
-                    "and the loader's workers need more; raise it)")
+                    "and the loader's workers need more; raise it, or a container's pids.max)")
     return ""
 
 

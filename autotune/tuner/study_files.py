@@ -45,18 +45,25 @@ def rerun_replaces(out: Path, holder: Holder | None) -> bool:
         return False
 
 
-def written_at(path: Path) -> float | None:
-    """When the best.json at ``path`` was written: its own ``created`` (to the second, rounded up), which a copy of the
-    directory keeps (``cp -r``, rsync without -t: the file's time is the copy's); the file's time where it has none.
-    None where it is gone."""
+#: A best.json whose file time is further than this from its own ``created`` was copied (or touched) since it was written.
+COPIED_AFTER_S = 120.0
+
+
+def written_at(path: Path) -> _dt.datetime | None:
+    """When the best.json at ``path`` was written, on the wall clock of the machine that wrote it (naive, as Optuna
+    records trial starts): the file's time; where a copy reset that (``cp -r``, rsync without -t), best.json's own
+    ``created`` (to the second, rounded up) in the writer's time zone, which it names. None where it is gone."""
+    try:
+        mtime = path.stat().st_mtime
+    except OSError:
+        return None
     try:
         created = _dt.datetime.fromisoformat(json.loads(path.read_text(encoding="utf-8")).get("created"))
-        return created.timestamp() + (1.0 if created.microsecond == 0 else 0.0)
     except (OSError, ValueError, TypeError, AttributeError):
-        try:
-            return path.stat().st_mtime
-        except OSError:
-            return None
+        created = None
+    if created is None or created.tzinfo is None or abs(created.timestamp() - mtime) <= COPIED_AFTER_S:
+        return _dt.datetime.fromtimestamp(mtime)
+    return created.replace(tzinfo=None) + _dt.timedelta(seconds=1.0 if created.microsecond == 0 else 0.0)
 
 
 def measured_after(trials: Sequence[FrozenTrial], path: Path) -> int:
@@ -67,7 +74,7 @@ def measured_after(trials: Sequence[FrozenTrial], path: Path) -> int:
     if written is None:
         return 0
     return sum(t.state in FINISHED and not t.user_attrs.get(ATTR_FREE) and t.datetime_start is not None
-               and t.datetime_start.timestamp() > written for t in trials)
+               and t.datetime_start.replace(tzinfo=None) > written for t in trials)
 
 
 def best_json_of(out: Path, study: SearchStudy, records: list[TrialRecord]) -> tuple[Best | None, str | None]:

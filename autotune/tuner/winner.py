@@ -190,11 +190,15 @@ def make_best(
     drift = drift_note(feasible, measured)
     if drift:
         notes.append(drift)
+    # --effective-batch R searches micro-batches that divide R: the hint must be one the user's --set batch_size allows.
+    fits = batch_pin is None or any(batch_pin.allows(b) for b in range(1, reference // world_size + 1) if reference % (b * world_size) == 0)
+    keep = (f"pass --effective-batch {reference} to keep the math" if fits else
+            f"to keep the math, pass --effective-batch {reference} with a --set batch_size that divides it (--set {batch_pin} allows none)")
     if effective_batch is None and effective != reference and workload.lr_scaling == "none":
         notes.append(f"effective batch {effective} differs from the reference {reference}: the learning rate is kept at {lr:g}, "
                      "as your optimizer's step size is set by the rate, not the gradient's scale (sign-based, orthogonalized, "
-                     "line-search or parameter-free: no batch rule applies); the trials measured speed only, so check the "
-                     f"training at this batch once, or pass --effective-batch {reference} to keep the math")
+                     f"line-search or parameter-free: no batch rule applies); the trials measured speed only, so check the "
+                     f"training at this batch once; {keep}")
     elif effective_batch is None and effective != reference:
         rule = (
             f"by the square root of the batch ratio, {lr / workload.lr:.3g}x to {lr:g} (the square-root rule for "
@@ -202,11 +206,6 @@ def make_best(
             if workload.lr_scaling == "sqrt"
             else f"linearly with the batch, {lr / workload.lr:.3g}x to {lr:g} (the linear rule for SGD, Goyal et al. 2017)"
         )
-        # --effective-batch R searches micro-batches that divide R: the hint must be one the user's --set batch_size allows.
-        fits = batch_pin is None or any(batch_pin.allows(b) for b in range(1, reference // world_size + 1) if reference % (b * world_size) == 0)
-        keep = (f"pass --effective-batch {reference} to keep the math" if fits else
-                f"to keep the math, pass --effective-batch {reference} with a --set batch_size that divides it "
-                f"(--set {batch_pin} allows none)")
         notes.append(f"effective batch {effective} differs from the reference {reference}: the learning rate is scaled {rule}; "
                      f"the trials measured speed at your rate, so the scaled one is a rule, not tested for stability here "
                      f"(train.py stops on a NaN loss: then lower --lr); {keep}")
@@ -234,7 +233,7 @@ def make_best(
                      "trial, so no speedup is given; rerun the same command to measure them")
     elif base is None:
         scaled = (f"; the learning rate is still scaled from their batch {reference}, your recipe's, which did not train here"
-                  if setup.effective_batch(world_size) != reference else "")
+                  if setup.effective_batch(world_size) != reference and workload.lr_scaling != "none" else "")
         notes.append(f"the PyTorch defaults ({defaults.describe()}) could not be measured: their trial ended without a "
                      f"throughput (trials.csv gives its status and error), so no speedup is given{scaled}")
     if (diverged := diverged_note(tried, workload, [*confirmed, *partial], unstable, kept_by)) is not None:
@@ -259,7 +258,7 @@ def make_best(
         hardware=hw,
         versions=dict(hw.get("software", {})),
         command=hide_passwords(command),
-        created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        created=_dt.datetime.now().astimezone().isoformat(timespec="seconds"),  # the local offset: autotune.tuner.study_files
         notes=tuple(notes),
         world_size=world_size,
         confirmed=bool(measured),

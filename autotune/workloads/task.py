@@ -206,13 +206,17 @@ class Task:
         rule is SGD's (Goyal et al. 2017). An optimizer of another library is adaptive when a class of its MRO is one of
         torch's adaptive ones or is named for Adam (``AdamW8bit``, ``FusedAdam``), LAMB or AdaBelief. Sign-based (Rprop,
         Lion, signSGD), orthogonalized (Muon), line-search (LBFGS) and parameter-free (Prodigy, D-Adaptation) ones keep
-        the rate: ``lr`` itself sets their step's size (checked first: ``DAdaptAdam`` is no Adam here).
+        the rate: ``lr`` itself sets their step's size. The nearest torch class in the MRO decides (a
+        ``MillionStepSGD(SGD)`` is SGD); names decide only above ``Optimizer`` itself (``DAdaptAdam`` is no Adam).
         """
-        names = {cls.__name__.lower() for cls in type(optimizer).__mro__}
-        if names & {n.lower() for n in KEPT_RATE_OPTIMIZERS} or any(p in n for n in names for p in KEPT_RATE_NAME_PARTS):
+        for cls in type(optimizer).__mro__:
+            if cls.__module__.startswith("torch.optim") and cls.__name__ != "Optimizer":
+                kind = "none" if cls.__name__ in KEPT_RATE_OPTIMIZERS else "sqrt" if cls.__name__ in ADAPTIVE_OPTIMIZERS else "linear"
+                return kind
+        names = [cls.__name__.lower() for cls in type(optimizer).__mro__]
+        if any(part in name for name in names for part in KEPT_RATE_NAME_PARTS):
             return "none"
-        adaptive = names & {n.lower() for n in ADAPTIVE_OPTIMIZERS} or any(p in n for n in names for p in ADAPTIVE_NAME_PARTS)
-        return "sqrt" if adaptive else "linear"
+        return "sqrt" if any(part in name for name in names for part in ADAPTIVE_NAME_PARTS) else "linear"
 
     @functools.cached_property
     def _factory_takes_lr(self) -> bool:
