@@ -206,7 +206,7 @@ def hardware_warnings(
         memory: The memory probe (its ``ulimit -v``, its cgroup limit); None leaves those checks out.
 
     Returns:
-        One sentence per problem: /dev/shm under 1 GiB, fewer usable than
+        One sentence per problem: /dev/shm under 1 GiB, an open-files limit under 1024 (Linux), fewer usable than
         logical cores, OMP_NUM_THREADS or MKL_NUM_THREADS set to another count, GPUs with more than half of their memory used by others,
         an address-space limit (``ulimit -v``), a cgroup memory limit that leaves
         less than the host's available RAM.
