@@ -96,6 +96,9 @@ def test_a_dict_of_columns_a_generator_and_a_step_returning_logs_say_what_to_cha
     with pytest.raises(WorkloadError, match="is neither a map-style Dataset .* nor an IterableDataset; a generator is used up after "
                                             "one pass: give an IterableDataset whose __iter__ makes a new one each time"):
         check_task(autotune.Task(torch.nn.Linear(8, 2), rows, batch_size=2), workers=False)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(8, 8)))  # a loader of the user's own
+    with pytest.raises(WorkloadError, match=r"nor an IterableDataset; pass its .dataset \(and collate_fn=its .collate_fn\)"):
+        check_task(autotune.Task(torch.nn.Linear(8, 2), loader, batch_size=2), workers=False)
     data = torch.utils.data.TensorDataset(torch.randn(8, 8), torch.randint(0, 2, (8,)))
 
     def step(model: torch.nn.Module, batch: Any) -> Any:
@@ -858,6 +861,13 @@ def test_a_task_given_a_sampler_says_what_a_task_takes_and_what_to_do_instead() 
     with pytest.raises(WorkloadError, match=r"^workload task_factories:with_sampler failed: TypeError: .*unexpected keyword argument "
                        r"'sampler'; autotune.Task takes model, dataset and loss, .*; it has no sampler: give the dataset the order"):
         build_task_workload("task_factories:with_sampler", device="cpu")
+    # The other DataLoader arguments each say what to do instead (they had only the generic line).
+    from autotune.workloads.models import arguments_hint
+
+    for name, clause in (("batch_sampler", "an IterableDataset that yields the bucketed stream"), ("shuffle", "always shuffled"),
+                         ("worker_init_fn", "split a stream in its __iter__ by get_worker_info()"), ("drop_last", "whole optimizer steps")):
+        said = arguments_hint(lambda: None, TypeError(f"Task.__init__() got an unexpected keyword argument '{name}'"))
+        assert clause in said and "it has no sampler" not in said, (name, said)
 
 
 @pytest.mark.parametrize("bias", [False, True])

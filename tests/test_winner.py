@@ -454,6 +454,21 @@ def test_an_sgd_workload_scales_the_learning_rate_linearly() -> None:
                                                                "the learning rate is kept at 0.001") for n in kept.notes), kept.notes
 
 
+def test_a_stream_that_does_not_split_among_workers_is_named_in_the_notes() -> None:
+    """The search kept num_workers <= 1 for such a stream and said so once, in a progress line: result.notes, best.json
+    and report.html never did, and a Python API user (no progress shown) never learnt it."""
+    hardware = SimpleNamespace(to_dict=HARDWARE.to_dict, cpu=SimpleNamespace(usable_cores=2))
+
+    def notes(unsharded: bool) -> list[str]:
+        workload = dataclasses.replace(WORKLOAD, unsharded=unsharded)
+        return list(make_best(workload=workload, hardware=hardware, feasible=FEASIBLE, confirmed=[], defaults=DEFAULTS,
+                              effective_batch=None, command="autotune search").notes)
+
+    said = [n for n in notes(True) if n.startswith("the dataset: this IterableDataset does not split its stream")]
+    assert len(said) == 1 and said[0].endswith("to let more workers load it") and "num_workers <= 1" in said[0], said
+    assert not [n for n in notes(False) if "does not split its stream" in n]
+
+
 def test_a_search_on_a_busy_machine_says_how_busy() -> None:
     def loaded(number: int, other: float | None) -> TrialRecord:
         record = _record(number, DEFAULTS if number == 0 else MID, 100.0 + number)

@@ -27,6 +27,7 @@ from autotune.tuner.noise import beats, compared_ratios, disagree, paired_ratios
 from autotune.tuner.offered import precision_note
 from autotune.tuner.space import DEFAULT_BATCH
 from autotune.units import counted
+from autotune.workloads.streams import UNSHARDED
 
 
 def make_best(
@@ -166,6 +167,9 @@ def make_best(
     step = setup.batch_size * setup.accumulation_steps  # one rank's optimizer step; an epoch holds whole steps only
     notes.extend(epoch_notes(workload.images, step, max(1, reference // world_size), "samples" if workload.task else "images",
                              " of a rank" if world_size > 1 else ""))
+    if workload.unsharded and int(getattr(getattr(hardware, "cpu", None), "usable_cores", 0) or 0) > 1:  # the log said it once
+        notes.append(f"the dataset: {UNSHARDED}, so the search kept num_workers <= 1: split the stream in its __iter__ by "
+                     "torch.utils.data.get_worker_info() (a Task takes no worker_init_fn) to let more workers load it")
     if workload.iterable and world_size > 1:
         notes.append(f"the dataset is an IterableDataset, which each of the {world_size} ranks iterates itself (autotune "
                      "shards no stream): samples/s counts every rank's items, copies of one another unless its __iter__ "

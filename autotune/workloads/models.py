@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from autotune.errors import USER_CODE_ERRORS, MalformedReference, WorkloadError
+from autotune.workloads.loader_args import LOADER_ARGUMENTS
 from autotune.workloads.modes import has_batch_norm
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -245,7 +246,7 @@ def arguments_hint(func: Callable[..., Any], exc: BaseException) -> str:
         return ""
     if isinstance(exc, TypeError) and "Task.__init__() got an unexpected keyword argument" in str(exc):  # Task(sampler=...)
         return ("; autotune.Task takes model, dataset and loss, step, collate_fn, optimizer, batch_size, lr, batch_size_of "
-                "(docs/workloads.md)" + ("; it has no sampler: give the dataset the order instead" if "'sampler'" in str(exc) else ""))
+                "(docs/workloads.md)" + next((why for name, why in LOADER_ARGUMENTS if f"'{name}'" in str(exc)), ""))
     if isinstance(exc, TypeError) and str(exc).startswith("Task.__init__() takes 3 positional arguments"):  # Task(m, d, loss)
         return "; autotune.Task takes model and dataset by position, the rest by keyword (loss=..., batch_size=..., lr=...)"
     if not needed or not isinstance(exc, TypeError) or "required" not in str(exc):

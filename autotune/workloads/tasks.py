@@ -124,7 +124,9 @@ def _first_items(task: Task, count: int) -> tuple[list[Any], bool, int | None]:
         return items, True, None
     if not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__"):
         once = ("; a generator is used up after one pass: give an IterableDataset whose __iter__ makes a new one each time"
-                if inspect.isgenerator(dataset) or inspect.isgeneratorfunction(dataset) else "")
+                if inspect.isgenerator(dataset) or inspect.isgeneratorfunction(dataset) else
+                "; pass its .dataset (and collate_fn=its .collate_fn): a Task's loader is the one autotune tunes"
+                if hasattr(dataset, "batch_sampler") and hasattr(dataset, "dataset") else "")  # a DataLoader
         raise WorkloadError(
             f"the workload's dataset ({type(dataset).__name__}) is neither a map-style Dataset (__getitem__ and __len__) "
             f"nor an IterableDataset{once}"
