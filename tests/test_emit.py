@@ -614,6 +614,20 @@ def test_a_batch_of_one_for_batch_norm_is_one_line(synthetic_data: Path, tmp_pat
     assert (tmp_path / "runs").is_dir() and not (tmp_path / "runs" / "a").exists()
 
 
+@pytest.mark.slow
+def test_a_compile_without_a_cxx_compiler_is_one_line(synthetic_data: Path, tmp_path: Path) -> None:
+    """A train.py tuned with --compile on one machine, run where inductor finds no C++ compiler (a container without
+    g++): a 105-line traceback ending `InductorError: InvalidCxxCompiler`. One line, naming what to do."""
+    script = write_script(make_best(synthetic_data), tmp_path / "train.py")
+    env = {**os.environ, "CXX": "/nonexistent/g++", "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}  # no cached kernels
+    failed = subprocess.run([sys.executable, str(script), "--compile", "default", "--max-steps", "1", "--batch-size", "2",
+                             "--output-dir", "runs"], cwd=tmp_path, capture_output=True, text=True, timeout=RUN_TIMEOUT, env=env)
+    lines = [line for line in failed.stderr.splitlines() if line.strip()]
+    assert failed.returncode == 1 and len(lines) == 1, failed.stderr[-3000:]
+    assert lines[0].startswith("error: torch.compile failed: ") and lines[0].endswith(
+        "install a C++ compiler (g++) or set CXX to one, or rerun with --compile off"), lines
+
+
 def test_the_script_tells_a_native_bf16_cpu_by_its_flags(synthetic_data: Path, tmp_path: Path) -> None:
     native = load_script(write_script(make_best(synthetic_data, **CPU_KNOBS), tmp_path / "train.py"))["cpu_has_native_bf16"]
     for flags, expected in (("fpu sse avx2", False), ("fpu avx512f avx512_bf16", True), ("fpu amx_bf16 amx_tile", True),

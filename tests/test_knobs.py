@@ -508,6 +508,17 @@ def test_a_model_that_fails_to_compile_is_an_error_status(tiny_workload: Workloa
     result = execute(request, started=time.perf_counter(), send=lambda event: None)
     assert result.status == "error"
     assert result.error is not None and result.error.startswith("torch.compile (mode default) failed: Unsupported: data-dependent")
+    # A machine without the C++ compiler inductor needs on a CPU: the line says what to do (it named only the cause).
+    from torch._inductor.exc import InvalidCxxCompiler
+
+    class NoCompiler(Uncompilable):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            raise InvalidCxxCompiler()
+
+    monkeypatch.setattr(torch, "compile", lambda model, mode=None: NoCompiler(model))
+    result = execute(request, started=time.perf_counter(), send=lambda event: None)
+    assert result.status == "error" and (result.error or "").startswith("torch.compile (mode default) failed: InvalidCxxCompiler: ")
+    assert (result.error or "").endswith("; install a C++ compiler (g++) or set CXX to one, or --set compile=off"), result.error
 
 
 # ------------------------------------------------------------ compile payoff

@@ -323,6 +323,11 @@ def test_defaults_that_the_set_excludes_are_the_baseline_not_the_winner() -> Non
                               effective_batch=None, command="", excluded_by="--set num_workers=1")
     assert only_defaults.setup == DEFAULTS
     assert any(n.startswith("no setup within --set num_workers=1 measured a throughput") for n in only_defaults.notes)
+    failing = TrialRecord(5, "search", MID, TrialResult(status="error", error="torch.compile (mode default) failed: InvalidCxxCompiler: x"))
+    named = make_best(workload=WORKLOAD, hardware=HARDWARE, feasible=FEASIBLE[:1], confirmed=rounds[1:], defaults=DEFAULTS,
+                      effective_batch=None, command="", excluded_by="--set num_workers=1", tried=[*FEASIBLE[:1], failing])
+    assert "1 trial within it failed, the first so: #5 torch.compile (mode default) failed: InvalidCxxCompiler: x" in named.notes  # not
+    # only "trials.csv says why": one cause for all of them (no C++ compiler on the machine) reads in the notes
     # Unconfirmed (interrupted), the fastest trial within the --set is shown, not the defaults.
     slow = [_record(0, DEFAULTS, 300.0), _record(2, MID, 240.0)]
     interrupted = make_best(workload=WORKLOAD, hardware=HARDWARE, feasible=slow, confirmed=[], defaults=DEFAULTS,

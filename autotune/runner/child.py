@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from autotune.records import TrialOptions, TrialResult, Workload
-from autotune.runner.failures import BudgetExceeded, CompileFailed, Diverged
+from autotune.runner.failures import BudgetExceeded, CompileFailed, Diverged, compile_fix
 from autotune.runner.measure import LoadMeter, MemoryMonitor, Stopwatch, start_cuda, summarize, sync
 from autotune.runner.ranks import Rank
 from autotune.runner.windows import Work, may_close, more_windows
@@ -144,7 +144,7 @@ class TrialLoop:
             if not type(exc).__module__.startswith(("torch._dynamo", "torch._inductor")):
                 raise
             reason = (str(exc).strip().splitlines() or [""])[0][:300]
-            raise CompileFailed(f"torch.compile (mode {self.setup.compile}) failed: {type(exc).__name__}: {reason}") from None
+            raise CompileFailed(f"torch.compile (mode {self.setup.compile}) failed: {type(exc).__name__}: {reason}{compile_fix(str(exc))}") from None
         self.compile_s = time.perf_counter() - start
 
     def eager_micro_step(self, batch: Any, last: bool) -> None:

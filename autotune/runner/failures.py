@@ -33,6 +33,16 @@ class CompileFailed(AutotuneError):
     """torch.compile could not compile the model (status ``error``, the reason in one line)."""
 
 
+def compile_fix(text: str) -> str:
+    """What to do about a failed torch.compile whose error ``text`` names the machine's part: inductor's C++ compiler, or
+    its cache; "" where it names the model's."""
+    if "C++ compiler" in text:
+        return "; install a C++ compiler (g++) or set CXX to one, or --set compile=off"
+    if "Read-only file system" in text or "Permission denied" in text:
+        return "; inductor's cache must be writable (TORCHINDUCTOR_CACHE_DIR), or --set compile=off"
+    return ""
+
+
 class Diverged(AutotuneError):
     """The loss became NaN or infinite."""
 

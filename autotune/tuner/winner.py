@@ -98,6 +98,9 @@ def make_best(
         speedup = paired_speedup(chosen, baseline) if baseline is not None and len(measured) > 1 else None
         rounds = sorted(r for r in paired_ratios(chosen, baseline) if r > 0) if speedup and baseline is not None and baseline is not chosen else []
         notes.extend(why)
+        failed = [r for r in tried if r.result.status in ("error", "timeout") and r.result.error and r.setup != defaults]
+        if why and why[0].startswith("no setup within") and failed:  # one cause for all of them, often the machine's
+            notes.append(f"{counted(len(failed), 'trial')} within it failed, the first so: #{failed[0].number} {failed[0].result.error}")
         diverged_here = diverged_in_rounds(confirmed)  # said by the divergence note, not as a lost measurement
         for lost in (c for c in confirmed if c.failures and not c.values and c.candidate.key != default_key and c not in diverged_here):
             # A finalist whose trial ran and whose every confirmation run failed: its trial's figure names no winner.
