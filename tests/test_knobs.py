@@ -535,6 +535,12 @@ def test_break_even_is_compile_time_over_step_time_saved() -> None:
     note = payoff_note(records, eager.replace(compile="default"))
     assert note == "compile=default: compiling took 30 s in the first step; it pays off after 300 steps"
     assert payoff_note(records, eager) is None
+    # The winner the float32 twin of the compiled bf16 trial, measured in the confirmation only: its sibling's cost is named.
+    twin = eager.replace(compile="default", amp="off")
+    bf16 = [_record(0, eager.replace(amp="bf16"), 0.5), _record(1, eager.replace(compile="default", amp="bf16"), 0.4, 30.0, ROLE_COMPILE)]
+    said = payoff_note(bf16, twin) or ""
+    assert said.startswith("compile=default: the first step compiles the model; the winner ran no trial of its own") and (
+        "compiling took 30 s in the first step of bs=64 w=0 bf16 compile=default's trial, where it paid off after 300 steps" in said), said
     section = compile_section(records)
     assert section is not None and section.tables[0].rows[0][-1] == "300"
     slower = [_record(0, eager, 0.5), _record(1, eager.replace(compile="default"), 0.6, 30.0)]

@@ -58,6 +58,13 @@ def payoff_note(records: Sequence[TrialRecord], winner: TrainSetup) -> str | Non
     if winner.compile == "off":
         return None
     mine = [p for p in payoffs(records) if p.setup == winner]
+    kin = [p for p in payoffs(records) if p.setup.compile == winner.compile]
+    if not mine and kin:  # a float32 twin of a compiled finalist ran in the confirmation only: its sibling's cost is the measure
+        p = kin[0]
+        paid = f", where it paid off after {p.break_even_steps} steps" if p.break_even_steps else ""
+        return (f"compile={winner.compile}: the first step compiles the model; the winner ran no trial of its own (its "
+                f"float32 twin was measured in the confirmation), and compiling took {p.compile_s:.0f} s in the first step of "
+                f"{p.setup.describe()}'s trial{paid}, the nearest measure of its cost")
     if not mine:
         return f"compile={winner.compile}: the first step compiles the model (warm-up the measurement excludes)"
     p = mine[0]
