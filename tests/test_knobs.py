@@ -519,6 +519,21 @@ def test_a_model_that_fails_to_compile_is_an_error_status(tiny_workload: Workloa
     result = execute(request, started=time.perf_counter(), send=lambda event: None)
     assert result.status == "error" and (result.error or "").startswith("torch.compile (mode default) failed: InvalidCxxCompiler: ")
     assert (result.error or "").endswith("; install a C++ compiler (g++) or set CXX to one, or --set compile=off"), result.error
+    # A dynamo error's first line alone dropped what to do and where: its explanation and the user's line are kept.
+    from torch._dynamo.exc import TorchRuntimeError
+
+    text = ("RuntimeError when making fake tensor call\n  Explanation: There was no fake impl registered for <CustomOpDef(probe::scale)>. "
+            "Please use `scale.register_fake` to add an fake impl.\n  Hint: ...\n\nfrom user code:\n   File \"wl.py\", line 69, in "
+            "forward\n  File \"/torch/_library/custom_ops.py\", line 866, in __call__\n")
+
+    class Fakeless(Uncompilable):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            raise TorchRuntimeError(text)
+
+    monkeypatch.setattr(torch, "compile", lambda model, mode=None: Fakeless(model))
+    said = execute(request, started=time.perf_counter(), send=lambda event: None).error or ""
+    assert said.startswith("torch.compile (mode default) failed: TorchRuntimeError: RuntimeError when making fake tensor call (There was "
+                           "no fake impl registered") and "register_fake" in said and said.endswith(', at File "wl.py", line 69, in forward'), said
 
 
 # ------------------------------------------------------------ compile payoff

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from autotune.records import TrialOptions, TrialResult, Workload
-from autotune.runner.failures import BudgetExceeded, CompileFailed, Diverged, compile_fix
+from autotune.runner.failures import BudgetExceeded, CompileFailed, Diverged, compile_fix, compile_reason
 from autotune.runner.measure import LoadMeter, MemoryMonitor, Stopwatch, start_cuda, summarize, sync
 from autotune.runner.ranks import Rank
 from autotune.runner.windows import Work, may_close, more_windows
@@ -143,7 +143,7 @@ class TrialLoop:
         except Exception as exc:
             if not type(exc).__module__.startswith(("torch._dynamo", "torch._inductor")):
                 raise
-            reason = (str(exc).strip().splitlines() or [""])[0][:300]
+            reason = compile_reason(exc)  # with its explanation and the user's line, where dynamo gives them
             raise CompileFailed(f"torch.compile (mode {self.setup.compile}) failed: {type(exc).__name__}: {reason}{compile_fix(str(exc))}") from None
         self.compile_s = time.perf_counter() - start
 

@@ -33,6 +33,17 @@ class CompileFailed(AutotuneError):
     """torch.compile could not compile the model (status ``error``, the reason in one line)."""
 
 
+def compile_reason(exc: BaseException) -> str:
+    """A dynamo or inductor error in one line: its first line, its ``Explanation:`` where it gives one (a custom op's
+    ``register_fake`` advice is there), and the first frame of the user's code it names (``from user code:``)."""
+    lines = [line.strip() for line in str(exc).strip().splitlines()]
+    first = lines[0] if lines else ""
+    said = next((line[len("Explanation:"):].strip() for line in lines[1:] if line.startswith("Explanation:")), "")
+    after = lines[lines.index("from user code:") + 1:] if "from user code:" in lines else []
+    where = next((line for line in after if line.startswith('File "')), "")
+    return clipped(first + (f" ({said})" if said else "") + (f", at {where}" if where else ""), 600)
+
+
 def compile_fix(text: str) -> str:
     """What to do about a failed torch.compile whose error ``text`` names the machine's part: inductor's C++ compiler, or
     its cache; "" where it names the model's."""
