@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import traceback
 from dataclasses import replace
 
 from autotune.errors import SHM_FULL, AutotuneError, is_out_of_memory, is_shm_full, raised_in_multiprocessing
@@ -129,11 +130,7 @@ def limit_hint(exc: BaseException) -> str:
             return ""
         more = f"raise it, ulimit -n {max(4096, 4 * limit)}" if limit < 65536 else "does something keep its files open?"
         return f" (ulimit -n allows this process {limit} open files: {more})"
-    frames, tb = [], exc.__traceback__
-    while tb is not None:
-        frames.append(tb.tb_frame.f_code.co_filename)
-        tb = tb.tb_next
-    started = isinstance(exc, BlockingIOError) and code == errno.EAGAIN and any(f.endswith(_STARTERS) for f in frames)
+    started = isinstance(exc, BlockingIOError) and code == errno.EAGAIN and any(f.endswith(_STARTERS) for f in raised_in(exc))
     if "can't start new thread" in text or started:
         soft, _ = resource.getrlimit(resource.RLIMIT_NPROC)
         if soft != resource.RLIM_INFINITY:
@@ -157,11 +154,12 @@ def broken_hand_over(exc: BaseException) -> bool:
     and raised again with its traceback in the message."""
     if not isinstance(exc, (EOFError, ConnectionError)) or "in DataLoader worker" in str(exc):
         return False
-    files, frame = [], exc.__traceback__
-    while frame is not None:
-        files.append(frame.tb_frame.f_code.co_filename)
-        frame = frame.tb_next
-    return any(f.endswith(_DATALOADER_FILE) for f in files) and raised_in_multiprocessing(exc)
+    return any(f.endswith(_DATALOADER_FILE) for f in raised_in(exc)) and raised_in_multiprocessing(exc)
+
+
+def raised_in(exc: BaseException) -> list[str]:
+    """The files of the frames ``exc``'s traceback passed through, outermost first (no source read)."""
+    return [frame.f_code.co_filename for frame, _ in traceback.walk_tb(exc.__traceback__)]
 
 
 #: The words of a trial whose loader workers found /dev/shm too small (:func:`shm_hint`): the search skips larger queues.
