@@ -99,7 +99,8 @@ def make_best(
         rounds = sorted(r for r in paired_ratios(chosen, baseline) if r > 0) if speedup and baseline is not None and baseline is not chosen else []
         notes.extend(why)
         failed = [r for r in tried if r.result.status in ("error", "timeout") and r.result.error and r.setup != defaults]
-        if why and why[0].startswith("no setup within") and failed:  # one cause for all of them, often the machine's
+        # Nothing within the --set measured (choose_winner returned the defaults it excludes): one cause for all, often the machine's.
+        if excluded_by is not None and failed and all(c.candidate.key == default_key for c in measured):
             notes.append(f"{counted(len(failed), 'trial')} within it failed, the first so: #{failed[0].number} {failed[0].result.error}")
         diverged_here = diverged_in_rounds(confirmed)  # said by the divergence note, not as a lost measurement
         for lost in (c for c in confirmed if c.failures and not c.values and c.candidate.key != default_key and c not in diverged_here):
@@ -170,7 +171,8 @@ def make_best(
     step = setup.batch_size * setup.accumulation_steps  # one rank's optimizer step; an epoch holds whole steps only
     notes.extend(epoch_notes(workload.images, step, max(1, reference // world_size), "samples" if workload.task else "images",
                              " of a rank" if world_size > 1 else ""))
-    if workload.unsharded and int(getattr(getattr(hardware, "cpu", None), "usable_cores", 0) or 0) > 1:  # the log said it once
+    cores = int(getattr(getattr(hardware, "cpu", None), "usable_cores", 0) or 0)
+    if workload.unsharded and cores > 1:  # the calibration's log said it once
         notes.append(f"the dataset: {UNSHARDED}, so the search kept num_workers <= 1: split the stream in its __iter__ by "
                      "torch.utils.data.get_worker_info() (a Task takes no worker_init_fn) to let more workers load it")
     if workload.iterable and world_size > 1:
@@ -191,7 +193,7 @@ def make_best(
     payoff = payoff_note(feasible, setup)
     if payoff:
         notes.append(payoff)
-    busy = load_note(feasible, int(getattr(getattr(hardware, "cpu", None), "usable_cores", 0) or 0))
+    busy = load_note(feasible, cores)
     if busy:
         notes.append(busy)
     drift = drift_note(feasible, measured)

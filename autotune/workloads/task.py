@@ -211,8 +211,7 @@ class Task:
         """
         for cls in type(optimizer).__mro__:
             if cls.__module__.startswith("torch.optim") and cls.__name__ != "Optimizer":
-                kind = "none" if cls.__name__ in KEPT_RATE_OPTIMIZERS else "sqrt" if cls.__name__ in ADAPTIVE_OPTIMIZERS else "linear"
-                return kind
+                return "none" if cls.__name__ in KEPT_RATE_OPTIMIZERS else "sqrt" if cls.__name__ in ADAPTIVE_OPTIMIZERS else "linear"
         names = [cls.__name__.lower() for cls in type(optimizer).__mro__]
         if any(part in name for name in names for part in KEPT_RATE_NAME_PARTS):
             return "none"
