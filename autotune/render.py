@@ -212,8 +212,11 @@ def _fastest_and_named(ordered: list[TrialRecord], outcome: SearchOutcome) -> li
     """The :data:`SHOWN_OF_MANY` fastest of ``ordered`` and, wherever they rank, the PyTorch defaults' trial and each
     finalist's (the winner's among them) fastest trial, in ``ordered``'s order."""
     named = {c.candidate.setup for c in outcome.confirmed} | ({outcome.best.setup} if outcome.best else set())
+    fastest_of: dict[TrainSetup, TrialRecord] = {}
+    for record in ordered:
+        fastest_of.setdefault(record.setup, record)
     keep = {id(r) for r in ordered[:SHOWN_OF_MANY]} | {id(r) for r in ordered if r.role == "defaults"}
-    keep |= {id(next(r for r in ordered if r.setup == setup)) for setup in named if any(r.setup == setup for r in ordered)}
+    keep |= {id(fastest_of[setup]) for setup in named if setup in fastest_of}
     return [r for r in ordered if id(r) in keep]
 
 
