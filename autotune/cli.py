@@ -18,12 +18,29 @@ from rich.markup import escape
 from autotune import cli_errors
 from autotune._version import __version__
 from autotune.cli_errors import check_flags_agree, echo_json, error_line, json_on_error, trial_flags_named
+from autotune.cli_options import (
+    CacheDirOpt,
+    DataOpt,
+    DeviceOpt,
+    ImageSizeOpt,
+    MaxMemoryOpt,
+    ModelOpt,
+    NprocOpt,
+    OutOpt,
+    SyntheticOpt,
+    TimeoutOpt,
+    TrialSecondsOpt,
+    WorkloadOpt,
+    directory_of,
+    float_arg,
+    int_arg,
+    path_arg,
+)
 from autotune.errors import BEFORE_START, AutotuneError, ProbeError
 from autotune.records import DEFAULT_TRIAL_SECONDS
 from autotune.redact import recorded_command
 from autotune.render import console
 from autotune.teardown import without_teardown
-from autotune.units import plain_float, plain_int
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -104,50 +121,6 @@ def probe(as_json: Annotated[bool, typer.Option("--json", help="Print one JSON o
         out.print(probes.render(hardware))
 
 
-def _path(value: str | Path) -> Path:
-    """A path option or argument; an empty one, which Path reads as the current directory, is refused."""
-    if value == "":
-        raise typer.BadParameter("an empty path (write . for the current directory)")
-    path = Path(value)
-    return path.absolute() if path == Path("-") and value != "-" else path  # ./- names a file (emit's - is stdout)
-
-
-def _int(value: str | int) -> int:
-    """An integer option, in ASCII digits with an optional sign (:func:`~autotune.units.plain_int`: not 1_0)."""
-    if (number := value if isinstance(value, int) else plain_int(value)) is None:
-        raise typer.BadParameter(f"expected an integer, got {value!r}")
-    return number
-
-
-def _float(value: str | float) -> float:
-    """A number option (:func:`~autotune.units.plain_float`: not 1_0), said as :func:`_int` says an integer's."""
-    if (number := value if isinstance(value, (int, float)) else plain_float(value)) is None:
-        raise typer.BadParameter(f"expected a number, got {value!r}")
-    return float(number)
-
-
-ModelOpt = Annotated[
-    Optional[str], typer.Option("--model", "-m", help="torchvision model name or package.module:function (search: resnet50, trial: resnet18).")
-]
-ImageSizeOpt = Annotated[Optional[int], typer.Option("--image-size", parser=_int, help="Square crop fed to the model (default 224; inception_v3 299).")]
-DataOpt = Annotated[Optional[Path], typer.Option("--data", parser=_path, help="ImageFolder directory (default: synthetic JPEGs, generated once).")]
-DeviceOpt = Annotated[str, typer.Option("--device", help="auto, cpu, cuda or cuda:K.")]
-TimeoutOpt = Annotated[Optional[float], typer.Option("--timeout", parser=_float, help="Kill a trial process after this many seconds, its start-up "
-                                                    "included (default 90 + 6 x --trial-seconds).")]
-TrialSecondsOpt = Annotated[float, typer.Option("--trial-seconds", parser=_float, help="Measured steady-state seconds per trial.")]
-MaxMemoryOpt = Annotated[Optional[str], typer.Option("--max-memory", help="Memory budget: 20GiB, or 20G (20e9 B); a trial above it is out "
-                         "of memory. Unset: trials have none, and the batches searched fit 40 % of the available RAM (90 % of free GPU memory).")]
-CacheDirOpt = Annotated[Optional[Path], typer.Option("--cache-dir", parser=_path, help="Where synthetic data is generated (default $AUTOTUNE_CACHE, "
-                                                     "else $XDG_CACHE_HOME/autotune, else ~/.cache/autotune).")]
-SyntheticOpt = Annotated[
-    Optional[int], typer.Option("--synthetic-images", parser=_int, help="JPEGs made without --data: 16-100000 (default 2000; 16384 on CUDA).")
-]
-WorkloadOpt = Annotated[Optional[str], typer.Option(
-    "--workload", "-w", help="Your training: package.module:function returning autotune.Task (replaces --model/--data/--image-size).")]
-
-NprocOpt = Annotated[int, typer.Option("--nproc-per-node", parser=_int, help="Ranks per trial: DDP trials (gloo on CPU, nccl on CUDA).")]
-
-
 @app.command()
 @handle_errors
 @json_on_error(status=None, samples_per_s=None)
@@ -155,15 +128,15 @@ def trial(
     ctx: typer.Context,
     model: ModelOpt = None,
     image_size: ImageSizeOpt = None,
-    batch_size: Annotated[Optional[int], typer.Option("--batch-size", parser=_int, help="Micro-batch (default 32; a Task's batch_size).")] = None,
-    workers: Annotated[int, typer.Option("--workers", parser=_int, help="DataLoader num_workers.")] = 0,
-    prefetch: Annotated[Optional[int], typer.Option("--prefetch", parser=_int, help="DataLoader prefetch_factor (needs --workers > 0).")] = None,
+    batch_size: Annotated[Optional[int], typer.Option("--batch-size", parser=int_arg, help="Micro-batch (default 32; a Task's batch_size).")] = None,
+    workers: Annotated[int, typer.Option("--workers", parser=int_arg, help="DataLoader num_workers.")] = 0,
+    prefetch: Annotated[Optional[int], typer.Option("--prefetch", parser=int_arg, help="DataLoader prefetch_factor (needs --workers > 0).")] = None,
     pin_memory: Annotated[bool, typer.Option("--pin-memory/--no-pin-memory", help="Pinned host memory (CUDA).")] = False,
     persistent_workers: Annotated[
         bool, typer.Option("--persistent-workers/--no-persistent-workers", help="Keep workers between epochs.")
     ] = False,
     amp: Annotated[str, typer.Option("--amp", help="off, bf16 or fp16.")] = "off",
-    accum: Annotated[int, typer.Option("--accum", parser=_int, help="Gradient-accumulation steps.")] = 1,
+    accum: Annotated[int, typer.Option("--accum", parser=int_arg, help="Gradient-accumulation steps.")] = 1,
     channels_last: Annotated[bool, typer.Option("--channels-last/--no-channels-last", help="NHWC memory format.")] = False,
     trial_seconds: TrialSecondsOpt = DEFAULT_TRIAL_SECONDS,
     device: DeviceOpt = "auto",
@@ -231,12 +204,12 @@ def trial(
 @json_on_error(best=None)
 def search(
     model: ModelOpt = None,
-    trials: Annotated[int, typer.Option("--trials", "-n", parser=_int, help="Finished trials wanted in the study (resume counts).")] = 30,
+    trials: Annotated[int, typer.Option("--trials", "-n", parser=int_arg, help="Finished trials wanted in the study (resume counts).")] = 30,
     data: DataOpt = None,
     image_size: ImageSizeOpt = None,
     device: DeviceOpt = "auto",
     effective_batch: Annotated[
-        Optional[int], typer.Option("--effective-batch", parser=_int, help="Pin micro-batch x accumulation (keeps the training math).")
+        Optional[int], typer.Option("--effective-batch", parser=int_arg, help="Pin micro-batch x accumulation (keeps the training math).")
     ] = None,
     max_memory: MaxMemoryOpt = None,
     trial_seconds: TrialSecondsOpt = DEFAULT_TRIAL_SECONDS,
@@ -244,19 +217,20 @@ def search(
         Optional[list[str]],
         typer.Option("--set", metavar="KNOB=VALUE", help="Pin or bound a knob: KNOB=V, KNOB=A,B or KNOB=LO..HI (repeatable)."),
     ] = None,
-    out_dir: Annotated[Path, typer.Option("--out", parser=_path, help="Output directory.")] = Path("autotune-out"),
+    out_dir: Annotated[Path, typer.Option("--out", parser=path_arg, help="Output directory.")] = Path("autotune-out"),
     study: Annotated[Optional[str], typer.Option("--study", help="Study name (default from the workload).")] = None,
     storage: Annotated[
         Optional[str], typer.Option("--storage", help="Optuna storage URL (default sqlite in --out).")
     ] = None,
-    seed: Annotated[int, typer.Option("--seed", parser=_int, help="Sampler seed.")] = 0,
+    seed: Annotated[int, typer.Option("--seed", parser=int_arg, help="Sampler seed.")] = 0,
     sampler: Annotated[str, typer.Option("--sampler", help="tpe (default) or random (a baseline).")] = "tpe",
-    confirm_top: Annotated[int, typer.Option("--confirm-top", parser=_int, help="Finalists re-measured.")] = 3,
-    confirm_rounds: Annotated[int, typer.Option("--confirm-rounds", parser=_int, help="Most interleaved re-measured rounds (stops once settled).")] = 4,
+    confirm_top: Annotated[int, typer.Option("--confirm-top", parser=int_arg, help="Finalists re-measured.")] = 3,
+    confirm_rounds: Annotated[int, typer.Option("--confirm-rounds", parser=int_arg,
+                                                help="Most interleaved re-measured rounds (stops once settled).")] = 4,
     ceilings: Annotated[
         bool, typer.Option("--ceilings/--no-ceilings", help="Measure the winner computing alone and loading alone (2 runs).")
     ] = True,
-    lr: Annotated[float, typer.Option("--lr", parser=_float, help="AdamW rate at the reference batch (32 a rank, or --effective-batch).")] = 1e-3,
+    lr: Annotated[float, typer.Option("--lr", parser=float_arg, help="AdamW rate at the reference batch (32 a rank, or --effective-batch).")] = 1e-3,
     timeout: TimeoutOpt = None,
     cache_dir: CacheDirOpt = None,
     synthetic_images: SyntheticOpt = None,
@@ -309,14 +283,17 @@ def search(
 @app.command()
 @handle_errors
 def emit(
-    directory: Annotated[Path, typer.Argument(parser=_path, help="A search output directory holding best.json (or that file).")] = Path("autotune-out"),
-    output: Annotated[Optional[Path], typer.Option("--output", "-o", parser=lambda v: _path(v) / "train.py" if v.endswith("/") else _path(v),
+    directory: Annotated[Optional[Path], typer.Argument(parser=path_arg, help="A search output directory holding best.json (or that file; "
+                                                        "default autotune-out).")] = None,
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", parser=lambda v: path_arg(v) / "train.py" if v.endswith("/") else path_arg(v),
                                                    help="The script (default DIR/train.py; a directory or DIR/ gets train.py; - for stdout).")] = None,
+    out_dir: OutOpt = None,
 ) -> None:
     """Write a standalone, DDP-ready train.py from DIR/best.json."""
     from autotune.output.best import read_best
     from autotune.output.emit import render_script, write_script
 
+    directory = directory_of(directory, out_dir) or Path("autotune-out")
     best = read_best(directory)
     if output == Path("-"):
         sys.stdout.write(render_script(best))
@@ -328,14 +305,16 @@ def emit(
 @app.command()
 @handle_errors
 def report(
-    directory: Annotated[Path, typer.Argument(parser=_path, help="A search output directory; report.html is written there.")] = Path("autotune-out"),
+    directory: Annotated[Optional[Path], typer.Argument(parser=path_arg, help="A search output directory; report.html is written there "
+                                                        "(default autotune-out).")] = None,
     storage: Annotated[Optional[str], typer.Option("--storage", help="Optuna storage URL (default DIR/study.db).")] = None,
     study: Annotated[Optional[str], typer.Option("--study", help="Study name (default: the one DIR/best.json names, else the only one there).")] = None,
+    out_dir: OutOpt = None,
 ) -> None:
     """Rewrite DIR/report.html (plots of the search) from the study, finished or still running."""
     from autotune.tuner.study_report import report_study
 
-    written = report_study(directory, storage=storage, study=study,
+    written = report_study(directory_of(directory, out_dir) or Path("autotune-out"), storage=storage, study=study,
                            warn=lambda why: err.print(escape(f"warning: {why}"), highlight=False, soft_wrap=True))
     for path in written[1:]:
         out.print(escape(f"wrote {path}"), highlight=False, soft_wrap=True)
@@ -348,15 +327,18 @@ def report(
 @handle_errors
 @json_on_error(study=None, best=None, winner=None)
 def status(
-    directory: Annotated[Optional[Path], typer.Argument(parser=_path, help="A search's --out: its best.json is read (default autotune-out).")] = None,
+    directory: Annotated[Optional[Path], typer.Argument(parser=path_arg, help="A search's --out: its best.json is read "
+                                                        "(default autotune-out).")] = None,
     storage: Annotated[Optional[str], typer.Option("--storage", help="The study storage URL (postgresql://, journal:///FILE.log, sqlite:///).")] = None,
     study: Annotated[Optional[str], typer.Option("--study", help="Study name (default: the one DIR/best.json names, else the only one there).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    out_dir: OutOpt = None,
 ) -> None:
     """Show a study's progress, the trials running on each worker and the confirmed winner."""
     from autotune.tuner.status import study_status
     from autotune.tuner.study_files import own_study, storage_of
 
+    directory = directory_of(directory, out_dir)
     where = Path("autotune-out") if directory is None else directory  # with --storage, DIR's best.json is the lone search's winner
     found = study_status(storage_of(where, storage), own_study(where, storage, study), out=None if storage and directory is None else where)
     if as_json:

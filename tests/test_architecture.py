@@ -26,7 +26,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("autotune.output",),
     ("autotune.tuner",),
     ("autotune.render",),
-    ("autotune.cli", "autotune.cli_errors", "autotune.api", "autotune.__main__", "autotune"),
+    ("autotune.cli", "autotune.cli_errors", "autotune.cli_options", "autotune.api", "autotune.__main__", "autotune"),
 )
 MAX_LINES = 400
 

@@ -294,9 +294,14 @@ def test_refused_trial_and_status_with_json_print_an_object_naming_the_error(tmp
 def test_status_and_report_on_a_file_name_its_directory(tmp_path) -> None:
     (tmp_path / "study.db").write_text("")
     for command in ("status", "report"):
-        result = runner.invoke(app, [command, str(tmp_path / "study.db")])
-        assert result.exit_code != 0
-        assert f"{tmp_path / 'study.db'} is a file; pass the search's output directory ({tmp_path})" in _one_error_line(result.output)
+        for words in ([str(tmp_path / "study.db")], ["--out", str(tmp_path / "study.db")]):  # DIR as search's --out names it too
+            result = runner.invoke(app, [command, *words])
+            assert result.exit_code != 0
+            assert f"{tmp_path / 'study.db'} is a file; pass the search's output directory ({tmp_path})" in _one_error_line(result.output)
+    for command in ("status", "report", "emit"):
+        result = runner.invoke(app, [command, str(tmp_path), "--out", str(tmp_path / "other")])
+        assert result.exit_code == 2 and _one_error_line(result.output).endswith(
+            f"DIR {tmp_path} and --out {tmp_path / 'other'} name two directories: give one of them")
     # A file beside no study: no folder is named (it would hold no study.db either).
     (tmp_path / "notes.txt").write_text("")
     (tmp_path / "study.db").unlink()

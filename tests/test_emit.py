@@ -430,6 +430,9 @@ def test_cli_emit_writes_train_py(synthetic_data: Path, tmp_path: Path) -> None:
     (tmp_path / "train.py").unlink()
     result = CliRunner().invoke(app, ["emit", str(tmp_path / "best.json")])  # the file itself: train.py beside it
     assert result.exit_code == 0 and (tmp_path / "train.py").is_file(), result.output
+    (tmp_path / "train.py").unlink()
+    result = CliRunner().invoke(app, ["emit", "--out", str(tmp_path)])  # the directory as search's option names it
+    assert result.exit_code == 0 and (tmp_path / "train.py").is_file(), result.output
     # A directory not made yet, named with its slash: train.py in it (a file named `deploy` was written before).
     result = CliRunner().invoke(app, ["emit", str(tmp_path), "-o", f"{tmp_path / 'deploy'}/"])
     assert result.exit_code == 0 and (tmp_path / "deploy" / "train.py").is_file(), result.output
