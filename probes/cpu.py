@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 import os
 import platform
+import subprocess
+import sys
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +21,7 @@ __all__ = [
     "CpuInfo",
     "affinity_cores",
     "collect_cpu",
+    "env_threads",
     "in_topology_order",
     "native_bf16_flags",
     "quota_to_cores",
@@ -54,6 +57,9 @@ class CpuInfo:
         bf16: True when the CPU runs bf16 autocast natively.
         bf16_flags: The CPU flags behind ``bf16`` (e.g. ``avx512_bf16``).
         thread_env: The :data:`THREAD_VARIABLES` set in this process's environment, as (name, value) pairs.
+        env_threads: Torch's own intra-op thread count under :attr:`thread_env` (None: the variables name no count):
+            their count, or where it is above the logical cores the count a fresh torch process reports (its OpenMP
+            runtime may give no more threads than the cores: torch 2.14 ran 2 for ``OMP_NUM_THREADS=8`` on 2 cores).
     """
 
     model: str | None
@@ -65,6 +71,7 @@ class CpuInfo:
     bf16: bool
     bf16_flags: tuple[str, ...] = ()
     thread_env: tuple[tuple[str, str], ...] = ()
+    env_threads: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Return the JSON-ready form (the ``cpu`` object of ``probe --json``)."""
@@ -78,15 +85,28 @@ class CpuInfo:
             "bf16": self.bf16,
             "bf16_flags": list(self.bf16_flags),
             "thread_env": dict(self.thread_env),
+            "env_threads": self.env_threads,
         }
 
-    def torch_threads(self) -> int | None:
-        """The intra-op thread count :attr:`thread_env` gives torch (None: none set, or no count), as torch reads them."""
-        for name in reversed(THREAD_VARIABLES):
-            value = dict(self.thread_env).get(name, "").split(",")[0].strip()  # OpenMP's first level of a list such as 4,2
-            if value.isdigit() and int(value) > 0:
-                return int(value)
-        return None
+
+def env_threads(env: dict[str, str], logical_cores: int) -> int | None:
+    """Torch's own intra-op thread count under the :data:`THREAD_VARIABLES` of ``env`` (None: they name no count; torch
+    reads ``MKL_NUM_THREADS`` first, and OpenMP the first level of a list such as ``4,2``). A count above
+    ``logical_cores`` is asked of a fresh torch process, which may cap it (the variable's count where that fails)."""
+    count = None
+    for name in reversed(THREAD_VARIABLES):
+        value = env.get(name, "").split(",")[0].strip()
+        if value.isdigit() and int(value) > 0:
+            count = int(value)
+            break
+    if count is None or count <= logical_cores:
+        return count
+    try:
+        said = subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"], capture_output=True, text=True,
+                              timeout=120, check=True, env={**os.environ, **env}).stdout.split()
+        return int(said[-1]) if said and said[-1].isdigit() and int(said[-1]) > 0 else count
+    except (OSError, subprocess.SubprocessError):
+        return count
 
 
 def affinity_cores() -> int:
@@ -263,4 +283,5 @@ def collect_cpu(cpuinfo: Path = CPUINFO, cgroup_root: Path = CGROUP_ROOT, proc_c
         bf16=bool(bf16_flags),
         bf16_flags=bf16_flags,
         thread_env=tuple((name, os.environ[name]) for name in THREAD_VARIABLES if name in os.environ),
+        env_threads=env_threads(dict(os.environ), os.cpu_count() or affinity),
     )

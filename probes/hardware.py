@@ -129,14 +129,14 @@ def _cores_warning(cpu: CpuInfo) -> str | None:
 def _thread_env_warning(cpu: CpuInfo) -> str | None:
     """The thread variables set in the environment, where the count they give torch is not the usable cores (none for a
     value that is no count, OMP_NUM_THREADS=abc, 0 or empty: torch ignores it and counts the cores, as without it)."""
-    count = cpu.torch_threads()
+    count = cpu.env_threads
     if count is None or count == cpu.usable_cores:
         return None
     said = " and ".join(f"{name}={value}" for name, value in cpu.thread_env)
     return (f"{said} {'is' if len(cpu.thread_env) == 1 else 'are'} set in the environment: torch's own thread count (threads "
-            f"auto, as the PyTorch defaults run) follows {'it' if len(cpu.thread_env) == 1 else 'them'}, not the "
+            f"auto, as the PyTorch defaults run) is {count}, set by {'it' if len(cpu.thread_env) == 1 else 'them'}, not the "
             f"{cpu.usable_cores} usable core{'s' if cpu.usable_cores != 1 else ''}: a search measures it so, and the emitted "
-            "train.py warns where it runs under another setting.")
+            "train.py warns where torch runs another count.")
 
 
 def gpu_busy_warning(gpu: GpuInfo, device: str | None = None) -> str | None:

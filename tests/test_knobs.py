@@ -881,3 +881,30 @@ def test_the_script_says_where_torch_s_own_thread_count_was_not_measured(
         assert said == []
     else:
         assert len(said) == 1 and f"the search measured torch's own thread count (--threads auto) {warned}: torch's own" in said[0]
+
+
+@pytest.mark.parametrize("offset", [0, 1])
+def test_the_script_compares_the_thread_count_the_trials_ran_not_the_variables(
+    synthetic_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, offset: int
+) -> None:
+    """OMP_NUM_THREADS=8 on a 2-core machine: torch ran 2 threads in the trials, as it does without the variable; the
+    script compared the variables (8 against none) and warned of a count the search had measured."""
+    import dataclasses
+
+    from test_emit import CPU_KNOBS, load_script, make_best, write_script
+
+    ran = torch.get_num_threads() + offset
+    best = dataclasses.replace(make_best(synthetic_data, hardware={"cpu": {"thread_env": {"OMP_NUM_THREADS": "8"}}}, **CPU_KNOBS),
+                               torch_threads=ran)
+    configure_torch = load_script(write_script(best, tmp_path / "train.py"))["configure_torch"]
+    said: list[str] = []
+    monkeypatch.setitem(configure_torch.__globals__, "log", said.append)
+    monkeypatch.setitem(configure_torch.__globals__, "usable_cores", lambda: 64)
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        monkeypatch.delenv(name, raising=False)
+    configure_torch(type("Args", (), {"threads": None, "cudnn_benchmark": False, "tf32": False})(), torch.device("cpu"))
+    if offset == 0:
+        assert said == []
+    else:
+        assert len(said) == 1 and said[0].startswith(f"warning: the search measured torch's own {ran} threads, with OMP_NUM_THREADS=8, "
+                                                     "here neither OMP_NUM_THREADS nor MKL_NUM_THREADS set: torch's own"), said

@@ -29,7 +29,7 @@ import probes
 import probes.software
 from autotune.cli import app
 from probes.cgroup import cpu_limit, memory_headroom, memory_limit, parse_cfs_quota, parse_cpu_max, parse_memory_limit
-from probes.cpu import collect_cpu, quota_to_cores, read_cpuinfo, usable_cores
+from probes.cpu import collect_cpu, env_threads, quota_to_cores, read_cpuinfo, usable_cores
 from probes.gpu import GpuInfo, collect_gpus
 from probes.hardware import Hardware, hardware_warnings
 from probes.memory import MemoryInfo, ShmInfo, address_space_limit
@@ -316,7 +316,7 @@ def test_affinity_mask_smaller_than_the_machine_warns(monkeypatch: pytest.Monkey
 
 @pytest.mark.parametrize(("env", "warned"), [
     ({"OMP_NUM_THREADS": "1"}, "OMP_NUM_THREADS=1 is set in the environment: torch's own thread count (threads auto, as the "
-                               "PyTorch defaults run) follows it, not the 4 usable cores"),
+                               "PyTorch defaults run) is 1, set by it, not the 4 usable cores"),
     ({"OMP_NUM_THREADS": "4", "MKL_NUM_THREADS": "2"}, "OMP_NUM_THREADS=4 and MKL_NUM_THREADS=2 are set"),  # MKL's first
     ({"OMP_NUM_THREADS": "4"}, None),  # the usable cores: torch's own count anyway
     ({"OMP_NUM_THREADS": "abc"}, None),  # no count: torch ignores it (libgomp says so) and counts the cores
@@ -338,6 +338,26 @@ def test_thread_variables_that_set_torch_s_own_count_are_recorded_and_a_warning(
     assert cpu.to_dict()["thread_env"] == env
     said = hardware_warnings(cpu, ShmInfo("/dev/shm", 8 * GIB, 8 * GIB), ())
     assert said == () if warned is None else (len(said) == 1 and said[0].startswith(warned)), said
+
+
+def test_a_thread_variable_above_the_cores_is_the_count_torch_runs_not_the_one_it_names(monkeypatch: pytest.MonkeyPatch) -> None:
+    """OMP_NUM_THREADS=8 on a 2-core machine: torch 2.14 ran 2 threads, and the probe warned that torch's count
+    "follows it, not the 2 usable cores". Above the logical cores the count is what a fresh torch process reports."""
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        monkeypatch.delenv(name, raising=False)
+    cores = os.cpu_count() or 1
+    asked = {"OMP_NUM_THREADS": str(cores + 6)}
+    fresh = subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"], capture_output=True, text=True,
+                           env={**os.environ, **asked}, check=True).stdout.split()[-1]
+    assert env_threads(asked, cores) == int(fresh)  # measured, whatever this machine's OpenMP runtime makes of it
+    assert env_threads({"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "2,1"}, cores) == 2 and env_threads({"OMP_NUM_THREADS": "0"}, cores) is None
+    monkeypatch.setenv("OMP_NUM_THREADS", asked["OMP_NUM_THREADS"])
+    cpu = collect_cpu()
+    assert cpu.env_threads == int(fresh)
+    said = [w for w in hardware_warnings(cpu, ShmInfo("/dev/shm", 8 * GIB, 8 * GIB), ()) if "OMP_NUM_THREADS" in w]
+    assert (said == []) if int(fresh) == cpu.usable_cores else (f"is {fresh}, set by it, not the" in said[0])
+    monkeypatch.setattr("probes.cpu.subprocess.run", lambda *a, **k: (_ for _ in ()).throw(OSError("no fork")))
+    assert env_threads(asked, cores) == cores + 6  # torch cannot be asked: the variable's count
 
 
 def test_read_cpuinfo(tmp_path: Path) -> None:

@@ -78,6 +78,19 @@ def test_the_confirmed_median_picks_the_winner_and_the_speedup() -> None:
     assert best.confirmed and not any("not confirmed" in n for n in best.notes)
 
 
+def test_the_winner_records_the_thread_count_its_trials_ran_where_its_threads_are_torch_s_own() -> None:
+    """The emitted script compares torch's count with the one the trials ran (a variable above the cores gives fewer)."""
+    ran = dataclasses.replace(FEASIBLE[2], result=dataclasses.replace(FEASIBLE[2].result, num_threads=2))
+    best = make_best(workload=WORKLOAD, hardware=HARDWARE, feasible=[FEASIBLE[0], ran], confirmed=[_confirmed(MID, (230.0,))],
+                     defaults=DEFAULTS, effective_batch=None, command="autotune search")
+    assert best.setup == MID and best.torch_threads == 2 and best.to_dict()["torch_threads"] == 2
+    pinned = dataclasses.replace(MID, num_threads=2)  # a count the setup sets: the script sets it too, nothing to compare
+    record = dataclasses.replace(ran, setup=pinned)
+    best = make_best(workload=WORKLOAD, hardware=HARDWARE, feasible=[FEASIBLE[0], record], confirmed=[_confirmed(pinned, (230.0,))],
+                     defaults=DEFAULTS, effective_batch=None, command="autotune search")
+    assert best.setup == pinned and best.torch_threads is None
+
+
 def test_without_confirmation_the_fastest_trial_wins_unconfirmed() -> None:
     best = _best([])
     assert best.setup == FAST and best.samples_per_s == 260.0

@@ -52,14 +52,15 @@ FIELDS: dict[str, tuple[type, ...]] = {
     "world_size": (int,),
     "confirmed": (bool,),
     "study": (str,),
+    "torch_threads": (int, type(None)),
 }
 #: The lowest value of each numeric field (a hand-edited ``"lr": -1`` reached train.py's defaults).
 _LOWEST: dict[str, float] = {
     "samples_per_s": 0, "samples_per_s_spread": 0, "defaults_samples_per_s": 0, "speedup": 0, "lr": 0,
-    "effective_batch": 1, "reference_batch": 1, "world_size": 1, "peak_memory_bytes": 0,
+    "effective_batch": 1, "reference_batch": 1, "world_size": 1, "peak_memory_bytes": 0, "torch_threads": 1,
 }
 #: Fields whose lowest value is allowed (the others must be above it).
-_AT_LEAST = ("samples_per_s_spread", "effective_batch", "reference_batch", "world_size", "peak_memory_bytes")
+_AT_LEAST = ("samples_per_s_spread", "effective_batch", "reference_batch", "world_size", "peak_memory_bytes", "torch_threads")
 #: The highest value of a field (a hand-edited ``"world_size": 100000`` wrote ``torchrun --nproc_per_node 100000``).
 _HIGHEST: dict[str, int] = {"world_size": 1024}
 #: The JSON types a workload field of each annotation may hold, and their words; a Python int is a JSON number too.
@@ -69,7 +70,7 @@ _WORKLOAD_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
     "bool": ((bool,), "true or false"), "bool | None": ((bool, type(None)), "true, false or null"),
 }
 #: Fields that may be missing (they have defaults).
-OPTIONAL = ("hardware", "versions", "command", "created", "notes", "world_size", "confirmed", "study", "speedup_rounds")
+OPTIONAL = ("hardware", "versions", "command", "created", "notes", "world_size", "confirmed", "study", "speedup_rounds", "torch_threads")
 
 
 def check_best_dict(data: Any) -> dict[str, Any]:
@@ -219,6 +220,10 @@ class Best:
         study: The name of the study the search kept its trials in (``autotune report`` and ``autotune status``
             tell this search's best.json from another study's in the same storage); empty in a best.json written
             before the field.
+        torch_threads: Torch's own intra-op thread count in the winner's trials (``torch.get_num_threads()`` there,
+            a DDP trial's first rank's) where its ``num_threads`` is ``None`` (auto): the count the emitted script's
+            ``--threads auto`` was measured with, which it compares with its own. None where the setup pins a count,
+            no trial of the setup recorded one, or best.json was written before the field.
     """
 
     setup: TrainSetup
@@ -240,6 +245,7 @@ class Best:
     confirmed: bool = True
     study: str = ""
     speedup_rounds: tuple[float, ...] = ()
+    torch_threads: int | None = None
 
     def lr_for(self, world_size: int = 1) -> float:
         """The learning rate for this setup trained by ``world_size`` processes (DDP ranks) instead of the search's

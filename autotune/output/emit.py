@@ -1,8 +1,7 @@
 """Render the winner of a search as a standalone, DDP-ready ``train.py``.
 
-The script is rendered from ``templates/train.py.tmpl`` (or
-``train_task.py.tmpl`` for a Task; the code both share is in
-``shared.py.tmpl``) with :class:`string.Template`. Nothing from ``best.json`` is pasted into code as
+The script is rendered from ``templates/train.py.tmpl`` (or ``train_task.py.tmpl`` for a Task; the code both
+share is in ``shared.py.tmpl``) with :class:`string.Template`. Nothing from ``best.json`` is pasted into code as
 raw text: every value is type-checked and written as a Python literal with
 ``repr()``; the model reference must be made of identifiers; text that ends up
 in the header comment has its line breaks and other unprintable characters
@@ -250,6 +249,7 @@ def _values(best: Best) -> dict[str, str]:
         "reference_batch": _int("reference_batch", best.reference_batch, 1),
         "world_size": _int("world_size", best.world_size, 1),
         "thread_env": repr(search_thread_env(best)),
+        "torch_threads": repr(best.torch_threads),
         "factory_paths": factory_paths,
         "unsharded": _bool("unsharded", workload.unsharded),
         "workload": repr(model if workload.task is None else _task_ref(workload.task)),

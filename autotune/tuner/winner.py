@@ -271,6 +271,8 @@ def make_best(
         notes=tuple(notes),
         world_size=world_size,
         confirmed=bool(measured),
+        torch_threads=None if setup.num_threads is not None else next(
+            (r.result.num_threads for r in feasible if r.setup == setup and r.result.num_threads), None),
     )
 
 
