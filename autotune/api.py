@@ -321,7 +321,7 @@ def trial(
     """
     from autotune.runner import prestart, run_trial
     from autotune.tuner.explore import unfed
-    from autotune.tuner.offered import autocast_refusal
+    from autotune.tuner.offered import COMPILED, autocast_refusal
     from autotune.tuner.pins import ddp_values
     from autotune.workloads.streams import UNSHARDED
 
@@ -369,6 +369,8 @@ def trial(
         raise SetupError("channels_last: this workload's batches hold no 4-D floating tensor for it to act on")
     if setup.amp != "off" and (why := autocast_refusal(setup.amp, built)):  # as the search's space leaves it out
         raise SetupError(f"amp={setup.amp}: {why}")
+    if setup.compile != "off" and built.compiled:  # compiling a compiled module: the search refuses it too
+        raise SetupError(f"compile={setup.compile}: {COMPILED}; return the plain module to measure compiling against eager")
     fed = setup if mode == "train" else setup.replace(accumulation_steps=1)  # the loader alone: its batches and queue
     if mode != "compute" and (refused := unfed(fed, share, knob_terms=True)) is not None:  # as the search and train.py do
         raise SetupError(f"{refused}; a search never runs it")  # a SetupError: the CLI names the flags that set the knobs

@@ -2277,6 +2277,9 @@ def test_a_task_whose_factory_compiles_its_model_is_offered_no_compile_and_says_
     options = TrialOptions(trial_seconds=1.0, timeout_s=60.0)
     assert with_compile_allowance(TrainSetup(), options, workload).timeout_s == 60.0 + COMPILE_ALLOWANCE_S  # it compiles in warm-up
     assert with_compile_allowance(TrainSetup(), options, dataclasses.replace(workload, compiled=None)) == options
+    # One trial asked to compile it is refused alike (it compiled a compiled module), before any process starts.
+    with pytest.raises(SetupError, match=r"^compile=default: the Task's factory returns a model torch.compile wraps, .*; return the plain "):
+        autotune.trial("task_factories:compiled", setup=TrainSetup(compile="default"), device="cpu", trial_seconds=1.0)
 
 
 def test_a_default_optimizer_that_fails_is_not_called_the_task_s_factory(monkeypatch) -> None:
