@@ -651,6 +651,11 @@ def test_no_fp32_twin_joins_a_compute_bound_finalist_whose_precision_the_calibra
     small = plain.replace(batch_size=32)  # below the probe batch: a CPU's bf16 units may idle there, the calibration says nothing
     assert [c.setup for c in pick_candidates([records[0], record(2, small, 282.3)], defaults, top=1, fp32_twin=True,
                                              calibration=calibration)] == [small, small.replace(amp="off"), defaults]
+    # The other layout's pair says the opposite (bf16 0.26x float32 with channels_last, a loaded machine's figures for
+    # a depthwise model): the contiguous pair alone is no evidence, and the twin joins.
+    contrary = _calibration({("off", False): 228.0, ("off", True): 266.7, ("bf16", False): 358.9, ("bf16", True): 69.0})
+    found = pick_candidates([records[0], records[2]], defaults, top=1, fp32_twin=True, calibration=contrary)
+    assert [c.setup for c in found] == [plain, plain.replace(amp="off"), defaults] and found[0].no_twin is None
     # A trial of the twin that finished is a measurement of it: it joins whatever the calibration said (0.99x here).
     measured = [records[0], record(2, plain, 282.3), record(3, plain.replace(amp="off"), 280.0)]
     found = pick_candidates(measured, defaults, top=1, fp32_twin=True, calibration=calibration)

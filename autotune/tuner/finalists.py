@@ -57,7 +57,9 @@ def autocast_evident(record: TrialRecord, calibration: Calibration | None) -> st
     :data:`COMPUTE_BOUND` of its time: the float32 step, that much slower,
     would slow the loop as much. Eager setups without TF32 only (the
     calibration measured neither compilation nor TF32), at the probe batch
-    or a larger one (a small batch may leave a CPU's bf16 units idle).
+    or a larger one (a small batch may leave a CPU's bf16 units idle), and only where the other layout's pair, if
+    measured, does not say the opposite (the reduced precision slower than float32 there: figures that disagree in
+    direction are no evidence to skip a measurement on).
     """
     setup, wait = record.setup, record.result.data_wait_fraction
     if (calibration is None or setup.amp == "off" or setup.compile != "off" or setup.tf32 or setup.batch_size < calibration.probe_batch
@@ -66,6 +68,9 @@ def autocast_evident(record: TrialRecord, calibration: Calibration | None) -> st
     rates = {(p.amp, p.channels_last): p.samples_per_s for p in calibration.precisions if p.status == "ok" and p.samples_per_s}
     fast, slow = rates.get((setup.amp, setup.channels_last)), rates.get(("off", setup.channels_last))
     if not fast or not slow or fast < CLEAR_GAIN * slow:
+        return None
+    other_fast, other_slow = rates.get((setup.amp, not setup.channels_last)), rates.get(("off", not setup.channels_last))
+    if other_fast and other_slow and other_fast < other_slow:
         return None
     layout = "channels_last" if setup.channels_last else "contiguous"
     return (f"the calibration measured {setup.amp} {fast / slow:.2f}x float32 computing alone ({layout}, batch "
