@@ -274,10 +274,13 @@ def search(
             nproc_per_node=nproc_per_node,
             devices=devices,
         ).outcome
-    if as_json:
-        echo_json(outcome.to_dict())
-    else:
-        out.print(render_search(outcome), crop=False)
+    from autotune.tuner.signals import stops_ignored
+
+    with stops_ignored():  # the results are written: a stop now would call a finished search unfinished, exit 130
+        if as_json:
+            echo_json(outcome.to_dict())
+        else:
+            out.print(render_search(outcome), crop=False)
 
 
 @app.command()

@@ -291,6 +291,22 @@ def test_refused_trial_and_status_with_json_print_an_object_naming_the_error(tmp
     assert runner.invoke(app, ["status", str(tmp_path)]).stdout == ""  # without --json: the stderr line alone
 
 
+def test_a_stop_while_a_finished_search_prints_its_summary_is_no_failure(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Ctrl-C as the summary printed, best.json, train.py and report.html all written: `error: interrupted: autotune
+    search stopped before it was done`, exit 130."""
+    import signal
+    from types import SimpleNamespace
+
+    def summary(outcome: object) -> str:
+        os.kill(os.getpid(), signal.SIGINT)  # delivered while the summary is being made
+        return "the summary"
+
+    monkeypatch.setattr("autotune.api.cli_search", lambda *args, **kwargs: SimpleNamespace(outcome=object()))
+    monkeypatch.setattr("autotune.render.render_search", summary)
+    result = runner.invoke(app, ["search", "--device", "cpu"])
+    assert result.exit_code == 0 and "the summary" in result.stdout and "interrupted" not in result.output, result.output
+
+
 def test_status_and_report_on_a_file_name_its_directory(tmp_path) -> None:
     (tmp_path / "study.db").write_text("")
     for command in ("status", "report"):
