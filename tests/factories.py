@@ -41,6 +41,12 @@ def sleeps_forever() -> nn.Module:
         time.sleep(1)
 
 
+def spins_forever() -> nn.Module:
+    """A factory that never returns and computes all the while (a slow step's CPU use)."""
+    while True:
+        pass
+
+
 class _NaN(nn.Module):
     def __init__(self, num_classes: int) -> None:
         super().__init__()

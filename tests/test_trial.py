@@ -358,6 +358,29 @@ def test_hang_times_out_and_leaves_no_process(tiny_workload, monkeypatch) -> Non
     assert started and not _alive_in_group(started[0])
 
 
+def test_a_trial_that_waits_without_computing_times_out_saying_so(tiny_workload) -> None:
+    """A step that deadlocked read `no result within 20 s (other processes kept 1.9 cores busy meanwhile: a busy machine
+    slows a trial ...)`, five times over in the memory pre-pass: the trial itself used no CPU time."""
+    workload = dataclasses.replace(tiny_workload, model="factories:sleeps_forever")
+    result = run_trial(TrainSetup(batch_size=8), workload, dataclasses.replace(QUICK, timeout_s=10.0))
+    assert result.status == "timeout" and result.error is not None
+    said = re.search(r"^no result within 10 s: its processes used no CPU time in its last (\d+) s, so it waits rather than computes "
+                     r"\(a lock, a blocking read or network call in a step or a dataset item; on a GPU, a kernel that long\), not slow; "
+                     r"the process group was killed$", result.error)
+    assert said is not None and 5 <= int(said[1]) <= 10, result.error
+
+
+def test_the_idle_stretch_is_the_trailing_time_without_cpu() -> None:
+    from autotune.runner.measure import IdleMeter
+
+    meter = IdleMeter(os.getpid())
+    assert meter.idle_s() == 0.0  # nothing read yet
+    meter._samples = [(0.0, 1.0), (1.0, 1.5), (2.0, 1.5), (3.0, 1.51), (4.0, 1.51)]  # computed in its first second only
+    assert meter.idle_s() == 3.0
+    meter._samples.append((5.0, 1.8))  # it computes again: no idle stretch
+    assert meter.idle_s() == 0.0
+
+
 def test_a_trial_that_times_out_beside_busy_processes_says_so(tiny_workload) -> None:
     """A trial starved by a backup job read only `no result within 102 s`, as if its setup were slow, and the search
     kept it infeasible. Processes spinning beside a hanging trial: its line says what kept the cores busy."""
@@ -370,7 +393,7 @@ def test_a_trial_that_times_out_beside_busy_processes_says_so(tiny_workload) -> 
     # Enough to pass the hint's threshold (half a core, and a tenth of the usable cores) on any host, not only on 2 cores.
     hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(max(2, usable_cores() // 5 + 1))]
     try:
-        workload = dataclasses.replace(tiny_workload, model="factories:sleeps_forever")
+        workload = dataclasses.replace(tiny_workload, model="factories:spins_forever")  # it computes: not said to wait
         result = run_trial(TrainSetup(batch_size=8), workload, dataclasses.replace(QUICK, timeout_s=3.0))
     finally:
         for hog in hogs:

@@ -30,7 +30,7 @@ from autotune.files import maker_is_gone
 from autotune.records import MAX_SECONDS, TrialOptions, TrialResult, Workload
 from autotune.runner import zygote
 from autotune.runner.failures import EXTERNAL_SIGNALS, interrupted, killed, worker_oom
-from autotune.runner.measure import LoadMeter, busy_threshold
+from autotune.runner.measure import IDLE_SAID_S, IdleMeter, LoadMeter, busy_threshold
 from autotune.runner.shm_leftovers import may_have_left, remove_failed_allocations
 from autotune.train_setup import TrainSetup
 from autotune.units import format_bytes
@@ -254,6 +254,15 @@ def _busy(load: LoadMeter, cores: int) -> str:
             "on an idle one, or raise --timeout)")
 
 
+def _waiting(idle: IdleMeter, timeout_s: float) -> str:
+    """Said of a timed-out trial whose processes used no CPU time lately: it waits, and a busy machine is not why."""
+    seconds = idle.idle_s()
+    if seconds < min(IDLE_SAID_S, timeout_s / 2):
+        return ""
+    return (f": its processes used no CPU time in its last {seconds:.0f} s, so it waits rather than computes (a lock, a "
+            "blocking read or network call in a step or a dataset item; on a GPU, a kernel that long), not slow")
+
+
 def supervise(
     proc: zygote.TrialProcess,
     directory: Path,
@@ -269,6 +278,7 @@ def supervise(
     measured = 0.0
     cores = usable_cores()
     load = LoadMeter(cores, proc.pid)  # what else kept the cores busy, for a timeout's line
+    idle = IdleMeter(proc.pid)  # whether the trial itself computed lately, for that line
     while True:
         exitcode = proc.exitcode()  # read before the events: no event is lost
         events, offset = _read_events(directory / zygote.EVENTS, offset)
@@ -296,7 +306,7 @@ def supervise(
             result = _signal_death(exitcode, directory / zygote.OUTPUT, oom_before)
             return Supervised(replace(result, windows=tuple(windows), mode=options.mode), offset)
         if time.monotonic() > deadline:
-            stopped = _stopped(proc.pid) or _busy(load, cores)
+            stopped = _stopped(proc.pid) or _waiting(idle, options.effective_timeout_s) or _busy(load, cores)
             proc.kill()
             return Supervised(TrialResult(
                 status="timeout",
@@ -304,4 +314,5 @@ def supervise(
                 mode=options.mode,
                 error=f"no result within {options.effective_timeout_s:g} s{stopped}; the process group was killed",
             ), offset)
+        idle.sample()
         time.sleep(0.05)

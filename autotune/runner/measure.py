@@ -316,3 +316,39 @@ class LoadMeter:
             return None
         wall, busy, own = (b - a for a, b in zip(self._start, end, strict=True))
         return max(0.0, (busy - own) / wall)
+
+
+#: Seconds without CPU time after which a trial that timed out is said to wait rather than compute (or half its timeout).
+IDLE_SAID_S = 10.0
+
+
+class IdleMeter:
+    """The CPU time of a trial's process tree, sampled about once a second: how long it has used none (a step or a
+    dataset item that waits on a lock, a read or the network), which a timeout's line says instead of a busy machine."""
+
+    def __init__(self, root: int) -> None:
+        """Start following the tree of ``root``."""
+        self._root = root
+        self._samples: list[tuple[float, float]] = []
+
+    def sample(self) -> None:
+        """Read the tree's CPU time, where a second has passed since the last reading."""
+        now = time.monotonic()
+        if not self._samples or now - self._samples[-1][0] >= 1.0:
+            try:
+                self._samples.append((now, _tree_cpu_s(self._root)))
+            except (OSError, psutil.Error):
+                return
+            self._samples = self._samples[-600:]
+
+    def idle_s(self) -> float:
+        """Seconds up to the last reading in which the tree used under 2 % of a core (0.0 where it computed)."""
+        if not self._samples:
+            return 0.0
+        last_t, last_cpu = self._samples[-1]
+        idle = 0.0
+        for t, cpu in reversed(self._samples[:-1]):
+            if last_cpu - cpu > 0.02 * (last_t - t):
+                break
+            idle = last_t - t
+        return idle
