@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 
 import pytest
 
 from autotune.devices import DeviceInfo
+from autotune.errors import WorkloadError
 from autotune.records import Calibration, MemoryPoint, TrialOptions, TrialResult, Workload
 from autotune.train_setup import TrainSetup
 from autotune.tuner.calibrate import GPU_HEADROOM, WORKER_RESERVE, calibrate, extrapolate_batch, memory_budget
@@ -614,6 +616,28 @@ def test_a_pre_pass_run_that_times_out_is_measured_again_before_it_bounds_the_ba
         assert result.batch_limit == why and f"memory pre-pass: no batch above 4 is searched: {why}" in logged
     else:
         assert not any("is searched" in line for line in logged)
+
+
+def test_a_first_pre_pass_run_that_waits_without_computing_stops_the_search_at_once() -> None:
+    """A step that deadlocked timed out at batch 8, was measured again, then at batches 4, 2 and 1: five timeouts (8 min
+    at the default --timeout) for what no batch changes."""
+    from autotune.runner.failures import WAITING
+
+    waits = (f"no result within 20 s: its processes used no CPU time in its last 17 s, {WAITING} (a lock, ...), not slow; "
+             "the process group was killed")
+
+    class Waits(FakeRunner):
+        runs = 0
+
+        def __call__(self, setup, workload, options=None, *, on_window=None) -> TrialResult:
+            self.runs += 1
+            return TrialResult(status="timeout", error=waits)
+
+    runner = Waits()
+    with pytest.raises(WorkloadError, match=re.escape(f"model resnet18 fails: {waits}")):
+        calibrate(WORKLOAD, CPU, usable_cores=2, available_bytes=2**34, max_memory=None, trial_seconds=3.0,
+                  bf16_ok=True, log=lambda line: None, runner=runner, batch_cap=256)
+    assert runner.runs == 1
 
 
 @pytest.mark.parametrize(

@@ -191,6 +191,8 @@ def shm_hint(message: str) -> str:
 
 #: The words of a SIGKILL the kernel's OOM killer did not send (:func:`killed`).
 KILLED_FROM_OUTSIDE = "was killed (SIGKILL) from outside"
+#: Said of a trial that timed out without using CPU time lately (:func:`autotune.runner.launch.supervise`): no batch helps.
+WAITING = "so it waits rather than computes"
 
 
 #: Deaths that come from outside the trial (a supervisor, a closed terminal, Ctrl-C, earlyoom's first signal).

@@ -29,7 +29,7 @@ from autotune.errors import AutotuneError
 from autotune.files import maker_is_gone
 from autotune.records import MAX_SECONDS, TrialOptions, TrialResult, Workload
 from autotune.runner import zygote
-from autotune.runner.failures import EXTERNAL_SIGNALS, interrupted, killed, worker_oom
+from autotune.runner.failures import EXTERNAL_SIGNALS, WAITING, interrupted, killed, worker_oom
 from autotune.runner.measure import IDLE_SAID_S, IdleMeter, LoadMeter, busy_threshold
 from autotune.runner.shm_leftovers import may_have_left, remove_failed_allocations
 from autotune.train_setup import TrainSetup
@@ -259,7 +259,7 @@ def _waiting(idle: IdleMeter, timeout_s: float) -> str:
     seconds = idle.idle_s()
     if seconds < min(IDLE_SAID_S, timeout_s / 2):
         return ""
-    return (f": its processes used no CPU time in its last {seconds:.0f} s, so it waits rather than computes (a lock, a "
+    return (f": its processes used no CPU time in its last {seconds:.0f} s, {WAITING} (a lock, a "
             "blocking read or network call in a step or a dataset item; on a GPU, a kernel that long), not slow")
 
 

@@ -20,7 +20,7 @@ from autotune.devices import DeviceInfo
 from autotune.errors import CUDA_START, DeviceError, WorkloadError
 from autotune.records import Calibration, MemoryPoint, PrecisionPoint, TrialOptions, TrialResult, Workload
 from autotune.runner import TrialRunner, run_trial
-from autotune.runner.failures import KILLED_FROM_OUTSIDE
+from autotune.runner.failures import KILLED_FROM_OUTSIDE, WAITING
 from autotune.train_setup import TrainSetup
 from autotune.tuner.batch_sizes import data_limit, powers_of_two
 from autotune.tuner.constraints import Constraint, allows
@@ -175,8 +175,8 @@ def calibrate(
             result = run()
             if KILLED_FROM_OUTSIDE in (result.error or ""):  # killed at this batch twice: a user-space OOM daemon's limit
                 result = TrialResult(status="oom", error=f"{result.error}; killed twice at this batch: taken as a memory limit")
-        elif result.status == "timeout" and not retried:  # a machine busy for a while, as often as a batch too slow: the
-            retried.append(batch)  # first timeout is no bound; a model that is only slow pays one more, not one per batch
+        elif result.status == "timeout" and not retried and WAITING not in (result.error or ""):  # a machine busy for a while,
+            retried.append(batch)  # as often as a batch too slow: the first timeout is no bound; a model only slow pays one more
             log(f"memory pre-pass: batch {batch}: timeout ({result.error}); measuring it again")
             result = run()
         measured[batch] = result
@@ -190,8 +190,8 @@ def calibrate(
         result = prepass(batch)
         if result.status == "error" and CUDA_START in (result.error or ""):  # no model, no setup can run ("rank 0: " before it)
             raise DeviceError(f"{result.error}; compare the driver (nvidia-smi) with torch's CUDA build, or pass --device cpu")
-        if result.status == "error" and not points:
-            # The model fails at a small batch with the plainest setup, and not
+        if (result.status == "error" or WAITING in (result.error or "")) and not points:
+            # The model fails (or waits, computing nothing) at a small batch with the plainest setup, and not
             # for memory: no setup can work, so stop now, not after every trial.
             raise WorkloadError(f"{subject} fails: {result.error}{size_hint(workload, result.error)}")
         if result.status == "diverged" and not points:
