@@ -1082,10 +1082,35 @@ def test_a_factory_slower_than_the_runs_timeout_is_refused_before_any_run(tmp_pa
     refused = CliRunner().invoke(app, ["search", "--workload", "task_factories:slow_to_build", "--device", "cpu", "--timeout", "4",
                                        "--trial-seconds", "1", "--out", str(tmp_path / "o")])
     assert refused.exit_code == 1, refused.output
-    assert re.fullmatch(r"error: workload task_factories:slow_to_build: its factory took \d+\.\d s here, and every calibration run and "
+    assert re.fullmatch(r"(?:workload task_factories:slow_to_build: its factory has not returned after 2 s in this check; .*\n)?"  # at 2 s
+                        r"error: workload task_factories:slow_to_build: its factory took \d+\.\d s here, and every calibration run and "
                         r"trial calls it again within a timeout of 4 s \(--timeout\): pass --timeout \d+0 or more, or make the "
                         r"factory cheaper \(prepare the data once, into files its dataset reads\)\n", refused.output), refused.output
     assert not (tmp_path / "o").exists()
+
+
+def test_a_factory_that_has_not_returned_is_said_while_it_runs() -> None:
+    """A factory that hangs (a lock, the network) in the parent's check kept `autotune trial --timeout 10` silent until
+    it was killed: --timeout covers the runs, not that call. Said once it is late; a quick one is not said."""
+    import threading
+
+    from autotune.records import TrialOptions
+    from autotune.workloads.factory_time import watched
+
+    said: list[str] = []
+    late = threading.Event()
+
+    def notice(line: str) -> None:
+        said.append(line)
+        late.set()
+
+    options = TrialOptions(trial_seconds=1.0, timeout_s=0.4)  # said after half of it
+    assert watched(lambda: late.wait(120), "m:f", options, notice) is True  # it returns only once it was said
+    assert said == ["workload m:f: its factory has not returned after 0 s in this check; every calibration run and trial calls "
+                    "it again within its timeout (one that waits on a lock or the network hangs here: Ctrl-C stops)"]
+    assert watched(lambda: "task", "m:f", options, notice) == "task"
+    time.sleep(0.5)
+    assert len(said) == 1  # a call that returned in time: its notice was called off
 
 
 def test_a_slow_factory_that_fits_is_said_and_the_default_timeout_named() -> None:

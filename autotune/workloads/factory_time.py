@@ -9,7 +9,9 @@ blamed a busy machine; one that fits still costs each run its time.
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Callable
+from typing import TypeVar
 
 from autotune.errors import WorkloadError
 from autotune.records import TrialOptions
@@ -19,6 +21,28 @@ from autotune.records import TrialOptions
 FACTORY_SHARE = 0.5
 #: A factory that takes this long (or the trial's measured seconds, if longer) is said: every run pays it again.
 FACTORY_NOTICE_S = 5.0
+#: Seconds after which a factory call that has not returned is said, where no runs' timeout gives the time.
+WATCH_S = 60.0
+
+T = TypeVar("T")
+
+
+def watched(call: Callable[[], T], ref: str, options: TrialOptions | None, warn: Callable[[str], None] | None) -> T:
+    """``call()``, the factory's first call in the parent's check, said once where it has not returned after
+    :data:`FACTORY_SHARE` of the runs' timeout (:data:`WATCH_S` without their options): a factory that waits on a lock
+    or the network kept the command silent, whatever its ``--timeout`` (which covers the runs, not this check)."""
+    if warn is None:
+        return call()
+    after = FACTORY_SHARE * options.effective_timeout_s if options is not None else WATCH_S
+    timer = threading.Timer(after, lambda: warn(
+        f"workload {ref}: its factory has not returned after {after:.0f} s in this check; every calibration run and trial "
+        "calls it again within its timeout (one that waits on a lock or the network hangs here: Ctrl-C stops)"))
+    timer.daemon = True
+    timer.start()
+    try:
+        return call()
+    finally:
+        timer.cancel()
 
 
 def check_factory_time(ref: str, took_s: float, options: TrialOptions, warn: Callable[[str], None] | None = None,

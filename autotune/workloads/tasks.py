@@ -27,7 +27,7 @@ from autotune.records import TrialOptions, Workload
 from autotune.workloads.batches import describe_batch, has_image_tensor, hinted
 from autotune.workloads.collation import batched_fixed_shapes, batched_read, collate_items, fixed_shapes, read_batch
 from autotune.workloads.counts import check_count
-from autotune.workloads.factory_time import check_factory_time
+from autotune.workloads.factory_time import check_factory_time, watched
 from autotune.workloads.loss_inputs import check_loss_weights, check_no_backward, float_targets, gradients, one_argument_hint, pass_warnings, reaches
 from autotune.workloads.models import arguments_hint, load_factory
 from autotune.workloads.modes import eval_modules, has_batch_norm, left_as_found, random_state_kept, train_mode
@@ -372,7 +372,7 @@ def build_task_workload(workload: str | Callable[..., Any], *, device: str, work
     sys_path: tuple[str, ...] = (os.getcwd(),)
     with random_state_kept():  # the caller's generators as they were: a seeded notebook draws the same numbers after
         factory = load_factory(ref, sys_path, what="workload")  # its module's import too
-        task, took = call_factory(ref, factory)
+        task, took = watched(lambda: call_factory(ref, factory), ref, options, warn)
         if options is not None:
             check_factory_time(ref, took, options, warn, again=lambda: call_factory(ref, factory)[1])
         info = check_task(task, workers=workers, warn=warn)
