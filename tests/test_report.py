@@ -555,6 +555,16 @@ def test_status_reads_a_search_directory_like_report(searched, tmp_path) -> None
     missing = CliRunner().invoke(app, ["status", str(tmp_path / "nowhere")])
     lines = [ln for ln in missing.output.splitlines() if ln.strip()]
     assert missing.exit_code == 1 and len(lines) == 1 and lines[0].startswith("error: no study in ")
+    assert "does not exist (run `autotune search --out" in lines[0]
+    # A search with --storage stopped before it wrote a file: its lock file alone says one ran there (it read "run
+    # `autotune search --out DIR` first").
+    (tmp_path / "stopped").mkdir()
+    (tmp_path / "stopped" / "autotune.lock").write_text("")
+    for command in ("status", "report"):
+        stopped = CliRunner().invoke(app, [command, str(tmp_path / "stopped")])
+        assert stopped.exit_code == 1 and stopped.output.strip().endswith(
+            "does not exist, yet a search ran there (autotune.lock): one with --storage keeps its study in that storage (pass that "
+            "--storage URL --study NAME, as its command named them)"), stopped.output
     # A directory named study.db read "does not exist"; an empty --storage, as a path, named the working directory.
     (tmp_path / "odd" / "study.db").mkdir(parents=True)
     for command in (["status", str(tmp_path / "odd")], ["report", str(tmp_path / "odd")]):

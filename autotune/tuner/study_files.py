@@ -21,7 +21,7 @@ from autotune.records import TrialRecord
 from autotune.redact import shell_quote
 from autotune.tuner.budget import ATTR_FREE, FINISHED
 from autotune.tuner.config import SearchOutcome
-from autotune.tuner.lock import Holder
+from autotune.tuner.lock import LOCK_FILE, Holder
 from autotune.tuner.storage_urls import refuse_foreign_sqlite, sqlite_url
 from autotune.tuner.study import STUDY_SIGNATURE, SearchStudy
 from autotune.tuner.study_facts import stored_confirmed
@@ -181,6 +181,9 @@ def storage_of(out: Path, storage: str | None) -> str:
                 raise StorageError(f"no study in {out}: its search kept the study in its --storage; pass {where}")
             raise StorageError(f"no study in {out}: {db} is missing; it was removed or moved (put it back), or the search kept its "
                                "study in a --storage (pass that --storage URL --study NAME)")
+        if (out / LOCK_FILE).is_file():  # a search ran here, and stopped before it wrote a file: a --storage holds its study
+            raise StorageError(f"no study in {out}: {db} does not exist, yet a search ran there ({LOCK_FILE}): one with --storage keeps "
+                               "its study in that storage (pass that --storage URL --study NAME, as its command named them)")
         raise StorageError(
             f"no study in {out}: {db} does not exist (run `autotune search --out {shell_quote(str(out))}` first, or pass --storage URL --study NAME)"
         )
