@@ -646,6 +646,22 @@ def test_a_damaged_study_db_is_named_as_damaged_with_what_to_do(tmp_path, damage
     assert db.stat().st_size == size  # only read
 
 
+@pytest.mark.parametrize("command", ["status", "report", "search"])
+def test_a_storage_that_is_a_text_file_is_said_to_be_no_database_not_damaged(tmp_path, command: str) -> None:
+    """--storage sqlite:///notes.txt read `notes.txt is damaged (not a readable SQLite database): restore it from a backup`."""
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my notes\nline two\n")
+    url = f"sqlite:///{notes}"
+    args = ([command, "--storage", url, "--study", "s"] if command != "search" else
+            [command, "--model", "resnet18", "--device", "cpu", "--storage", url, "--out", str(tmp_path / "out")])
+    result = CliRunner().invoke(app, args)
+    lines = [ln for ln in result.output.splitlines() if ln.strip()]
+    assert result.exit_code == 1 and len(lines) == 1, result.output
+    assert lines[0].endswith(f"{notes} is a text file, no SQLite database; it is left as it is: pass a new file's path (or another "
+                             "--out) for the study"), lines[0]
+    assert notes.read_text() == "my notes\nline two\n"
+
+
 def test_a_search_whose_command_names_a_path_that_is_not_utf8_writes_its_report(tmp_path, cache_dir) -> None:
     """Python decodes such a path's bytes to lone surrogates (surrogateescape): the page names them escaped, as train.py does."""
     command = "autotune search --data 'bad\udcffname'"  # sys.argv of --data $'bad\xffname'

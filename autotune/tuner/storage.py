@@ -163,9 +163,23 @@ def cause_said(url: str, exc: BaseException) -> str:
         why += ("; the server has no connection slot free: each search (and `autotune status`) keeps connections open to "
                 "it, so raise its max_connections or run fewer searches on it at once")
     if url.startswith("sqlite") and _damaged(why):
+        if _text_file(sqlite_path(url)):  # never a database, so nothing to restore (random bytes over one: damaged)
+            return why + (f": {sqlite_path(url)} is a text file, no SQLite database; it is left as it is: pass a new file's "
+                          "path (or another --out) for the study")
         why += (f": {sqlite_path(url)} is damaged (not a readable SQLite database): restore it from a backup, or move it "
                 "away and pass another --out (or --storage) for a new search")
     return why
+
+
+def _text_file(path: str) -> bool:
+    """Whether the file at ``path`` begins as text (UTF-8, no control characters but whitespace), not as SQLite's header."""
+    try:
+        with open(path, "rb") as file:
+            head = file.read(4096)
+        text = head.decode("utf-8")
+    except (OSError, UnicodeDecodeError):  # a multi-byte character cut at 4096 bytes reads as no text: said as damaged
+        return False
+    return bool(text) and all(c.isprintable() or c in "\t\n\r\f" for c in text)
 
 
 def _damaged(why: str) -> bool:
