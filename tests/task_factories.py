@@ -334,6 +334,11 @@ def sgd_own_rate() -> autotune.Task:
     return autotune.Task(nn.Linear(8, 3), _pairs(), batch_size=16, optimizer=_sgd_at_its_own_rate)
 
 
+def sgd_own_rate_beside_a_given_lr() -> autotune.Task:
+    """The factory of :func:`sgd_own_rate`, and a Task given lr=1e-3 (the default's value, given): the factory's 0.1 wins."""
+    return autotune.Task(nn.Linear(8, 3), _pairs(), batch_size=16, lr=1e-3, optimizer=_sgd_at_its_own_rate)
+
+
 class MyTask(autotune.Task):
     """A user's subclass of Task."""
 

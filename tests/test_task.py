@@ -187,6 +187,19 @@ def test_the_recipe_rate_of_a_factory_without_lr_is_its_own() -> None:
     assert unbound.recipe_lr(unbound.build_optimizer(unbound.build_model().parameters(), lr=None, cuda=False)) == 0.2
 
 
+def test_a_task_lr_that_the_factory_s_own_rate_replaces_is_said() -> None:
+    """Task(lr=1e-3, optimizer=lambda params: SGD(params, lr=0.01, ...)): the search trained 0.01 without a word."""
+    said: list[str] = []
+    work = build_task_workload("task_factories:sgd_own_rate_beside_a_given_lr", device="cpu", warn=said.append)
+    assert work.lr == 0.1
+    assert ("warning: the Task's lr=0.001 is not used: its optimizer factory sets its own rate, 0.1 (its first param group's), "
+            "which the search reads as your recipe's and scales; pass that rate as the Task's lr, or let the factory take lr=") in said
+    for quiet in ("sgd_own_rate", "sgd_groups", "good"):  # lr= left out; a factory given lr=; the default AdamW
+        said.clear()
+        build_task_workload(f"task_factories:{quiet}", device="cpu", warn=said.append)
+        assert not any("is not used" in line for line in said), (quiet, said)
+
+
 def test_a_model_whose_to_override_returns_nothing_is_refused_before_any_trial() -> None:
     """It passed the check and failed in the calibration as "TrainSetup.prepare_model takes a torch.nn.Module, got
     NoneType", naming a helper the user never called."""

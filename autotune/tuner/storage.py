@@ -163,7 +163,7 @@ def cause_said(url: str, exc: BaseException) -> str:
         why += ("; the server has no connection slot free: each search (and `autotune status`) keeps connections open to "
                 "it, so raise its max_connections or run fewer searches on it at once")
     if url.startswith("sqlite") and _damaged(why):
-        if _text_file(sqlite_path(url)):  # never a database, so nothing to restore (random bytes over one: damaged)
+        if _text_file(sqlite_path(url) or ""):  # never a database, so nothing to restore (random bytes over one: damaged)
             return why + (f": {sqlite_path(url)} is a text file, no SQLite database; it is left as it is: pass a new file's "
                           "path (or another --out) for the study")
         why += (f": {sqlite_path(url)} is damaged (not a readable SQLite database): restore it from a backup, or move it "

@@ -98,6 +98,15 @@ def _named(names: list[str]) -> str:
     return f"{len(names)} of the model's parameters ({', '.join(names[:3])}{more})"
 
 
+def own_rate_warnings(optimizer: Any, lr: float, batch: int, given: float | None) -> list[str]:
+    """What to say of an optimizer whose factory sets its own rate (``lr``, read from it): the Task's ``lr=``
+    (``given``, None where the Task left it out) that it replaces, where they differ, and :func:`scheduler_warning`'s."""
+    said = [] if given is None or math.isclose(given, lr, rel_tol=1e-6) else [
+        f"warning: the Task's lr={given:g} is not used: its optimizer factory sets its own rate, {lr:g} (its first param group's), "
+        "which the search reads as your recipe's and scales; pass that rate as the Task's lr, or let the factory take lr="]
+    return said + [w for w in [scheduler_warning(optimizer, lr, batch)] if w is not None]
+
+
 def scheduler_warning(optimizer: Any, lr: float, batch: int) -> str | None:
     """The warning for an optimizer the Task's factory built with a learning-rate scheduler attached (its param groups
     hold ``initial_lr``, which torch's ``LRScheduler`` sets): the rate read as the recipe's is the schedule's first,

@@ -118,6 +118,7 @@ class Task:
                                 f"(dataset={self.dataset.__name__}(...))")
         if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, numbers.Integral) or self.batch_size < 1:
             raise WorkloadError(f"Task batch_size must be an integer >= 1, got {self.batch_size!r}")
+        object.__setattr__(self, "_lr_given", self.lr is not None)  # a factory's own rate replaces it: said where they differ
         if self.lr is None:
             object.__setattr__(self, "lr", default_rate(self.optimizer))
         if type(self.lr).__name__ == "Tensor" and getattr(self.lr, "ndim", None) == 0:  # lr=torch.tensor(1e-3): a number too

@@ -31,7 +31,7 @@ from autotune.workloads.factory_time import check_factory_time, watched
 from autotune.workloads.loss_inputs import check_loss_weights, check_no_backward, float_targets, gradients, one_argument_hint, pass_warnings, reaches
 from autotune.workloads.models import arguments_hint, load_factory
 from autotune.workloads.modes import eval_modules, has_batch_norm, left_as_found, random_state_kept, train_mode
-from autotune.workloads.optimizer_factory import checks_gradient_kinds, gradient_kind_mismatch, scheduler_warning, unpacking_hint
+from autotune.workloads.optimizer_factory import checks_gradient_kinds, gradient_kind_mismatch, own_rate_warnings, unpacking_hint
 from autotune.workloads.same_task import trainable_parameters
 from autotune.workloads.task import Task
 from autotune.workloads.task_refs import task_ref
@@ -48,8 +48,7 @@ def load_task(ref: str, sys_path: Sequence[str] = ()) -> Task:
     """Import the factory, call it, and return its Task.
 
     Raises:
-        WorkloadError: The factory cannot be imported, fails, or returns
-            something other than an ``autotune.Task``.
+        WorkloadError: The factory cannot be imported, fails, or returns something other than an ``autotune.Task``.
     """
     return call_factory(ref, load_factory(task_ref(ref), sys_path, what="workload"))[0]
 
@@ -308,8 +307,9 @@ def check_task(task: Task, *, workers: bool, warn: Callable[[str], None] | None 
         what = "the Task's optimizer factory" if task.optimizer is not None else "building the default optimizer (AdamW) over the model"
         raise WorkloadError(f"{what} failed: {type(exc).__name__}: {exc}{unpacking_hint(exc)}") from None
     own_rates = task.optimizer is not None and not task._factory_takes_lr  # given lr=, its scheduler starts from the scaled rate
-    if warn is not None and own_rates and (scheduled := scheduler_warning(optimizer, lr, task.batch_size)) is not None:
-        warn(scheduled)
+    if warn is not None and own_rates:  # a Task's lr= that the factory's own rate replaces is said too
+        for said in own_rate_warnings(optimizer, lr, task.batch_size, task.lr if getattr(task, "_lr_given", False) else None):
+            warn(said)
     check_loss_weights(task, model, optimizer)
     if checks_gradient_kinds(model, optimizer):  # one backward tells which gradients are sparse (F.embedding(sparse=True) too)
         with _trained_as_found(model):
