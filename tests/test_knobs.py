@@ -884,7 +884,7 @@ def test_the_script_says_where_torch_s_own_thread_count_was_not_measured(
 
 
 @pytest.mark.parametrize("offset", [0, 1])
-def test_the_script_compares_the_thread_count_the_trials_ran_not_the_variables(
+def test_the_script_compares_the_thread_count_the_trials_ran_beside_the_variables(
     synthetic_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, offset: int
 ) -> None:
     """OMP_NUM_THREADS=8 on a 2-core machine: torch ran 2 threads in the trials, as it does without the variable; the
@@ -908,3 +908,11 @@ def test_the_script_compares_the_thread_count_the_trials_ran_not_the_variables(
     else:
         assert len(said) == 1 and said[0].startswith(f"warning: the search measured torch's own {ran} threads, with OMP_NUM_THREADS=8, "
                                                      "here neither OMP_NUM_THREADS nor MKL_NUM_THREADS set: torch's own"), said
+    # The same setting on another machine (another count of cores): no variable's doing, not said.
+    same = dataclasses.replace(best, hardware={"cpu": {"thread_env": {}}})
+    configure_torch = load_script(write_script(same, tmp_path / "same.py"))["configure_torch"]
+    monkeypatch.setitem(configure_torch.__globals__, "log", said.append)
+    monkeypatch.setitem(configure_torch.__globals__, "usable_cores", lambda: 64)
+    said.clear()
+    configure_torch(type("Args", (), {"threads": None, "cudnn_benchmark": False, "tf32": False})(), torch.device("cpu"))
+    assert said == []
