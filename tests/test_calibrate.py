@@ -389,7 +389,7 @@ def test_one_sample_and_a_model_that_needs_two_stops_at_calibration() -> None:
          "actual input size", "inception_v3:224:(at --image-size 224; the model needs larger images: it is built for 299 px, try --image-size 299)"),
         # vit_b_16 at 60 px: the size must be a multiple of the patch size (64 trains), not 224.
         ("AssertionError: Input shape indivisible by patch size!",
-         "vit_b_16:60:(at --image-size 60; the model cuts images into patches: pass an --image-size its patch size divides, as 224 is)"),
+         "vit_b_16:60:(at --image-size 60; the model cuts images into patches of 16 px: pass an --image-size its patch size divides, as 224 is)"),
     ],
 )
 def test_a_model_that_fails_at_once_is_told_what_its_failure_may_depend_on(error: str, hint: str) -> None:

@@ -706,7 +706,8 @@ def test_bad_numbers_are_one_line_before_any_work(
     ("flags", "message"),
     [
         (["--model", "nosuchmodel"], "error: --model nosuchmodel is neither a torchvision classification model"),
-        (["--model", "fcn_resnet50"], "error: --model fcn_resnet50 is neither a torchvision classification model"),
+        (["--model", "fcn_resnet50"], "error: --model fcn_resnet50 is a torchvision model of another kind than a classifier: this script "
+                                      "trains classifiers; train it with your own loop (autotune search --workload tunes it"),
         # The search suggests close names; the script named none.
         (["--model", "resnet1"], "error: --model resnet1 is neither a torchvision classification model (torchvision.models.list_models("
                                  "module=torchvision.models)) nor a module:function factory; did you mean resnet18, resnet152, resnet101?"),
@@ -895,6 +896,13 @@ def test_a_model_that_cannot_take_the_image_size_ends_the_script_in_one_line(
         "pass an --image-size it takes (the search measured 32; inception_v3 needs 299, a ViT a multiple of its patch size)"), line
     assert namespace["size_failure"](AssertionError("Input shape indivisible by patch size!")).startswith("error: the model cannot")
     assert namespace["size_failure"](RuntimeError("CUDA error: an illegal memory access")) is None
+    # A shape error (maxvit_t at 32 px: a raw traceback) is the size's where the run left the searched model or size; at the
+    # searched pair, which trained, it is another error's.
+    shape = RuntimeError("shape '[64, 64, 1, 7, 1, 7]' is invalid for input of size 262144")
+    assert namespace["size_failure"](shape) is None
+    namespace["main"].__globals__["_model"] = "maxvit_t"
+    assert namespace["size_failure"](shape).startswith("error: the model cannot train on images of 32 px (RuntimeError: shape '[64")
+    namespace["main"].__globals__["_model"] = "resnet18"
     # Under torch.compile the first line is dynamo's; the model's own words come further down, or as the cause.
     compiled = RuntimeError("RuntimeError when making fake tensor call\n\nfrom user code:\n  Given input size: (768x2x2). "
                             "Calculated output size: (768x0x0). Output size is too small")

@@ -355,8 +355,9 @@ def size_hint(workload: Workload, error: str | None, *, named_only: bool = False
     if "Output size is too small" in text or "Kernel size can't be greater than actual input size" in text:
         larger = f": it is built for {built} px, try --image-size {built}" if built > size else ""
         return f" (at --image-size {size}; the model needs larger images{larger})"
-    if "indivisible by patch size" in text:
-        return f" (at --image-size {size}; the model cuts images into patches: pass an --image-size its patch size divides, as {built} is)"
+    if "indivisible by patch size" in text:  # torchvision's ViTs name their patch size last: vit_h_14
+        patch = f" of {found[1]} px" if (found := re.fullmatch(r"vit_[a-z]_(\d+)", workload.model or "")) else ""
+        return f" (at --image-size {size}; the model cuts images into patches{patch}: pass an --image-size its patch size divides, as {built} is)"
     if size != built and ("shape" in text or "size of tensor" in text):
         return f" (at --image-size {size}; the model may be built for {built} px: try --image-size {built})"
     return "" if named_only else f" (at --image-size {size})"
