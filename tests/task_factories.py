@@ -188,6 +188,16 @@ def iterable_batch_norm() -> autotune.Task:
     return autotune.Task(nn.Sequential(nn.Linear(8, 8), nn.BatchNorm1d(8), nn.Linear(8, 3)), _Stream17(), batch_size=16)
 
 
+def _tokens(batch: Any) -> int:
+    return 10 * len(batch[1])  # ten tokens a sample
+
+
+def iterable_batch_norm_counted_in_tokens() -> autotune.Task:
+    """:func:`iterable_batch_norm`, its batches counted in tokens (batch_size_of): its lone last sample is 10 of them."""
+    return autotune.Task(nn.Sequential(nn.Linear(8, 8), nn.BatchNorm1d(8), nn.Linear(8, 3)), _Stream17(), batch_size=16,
+                         batch_size_of=_tokens)
+
+
 def iterable_eval_batch_norm_without_statistics() -> autotune.Task:
     """The same stream for a BatchNorm in eval mode that keeps no running statistics: it uses the batch's, and fails on one sample."""
     model = nn.Sequential(nn.Linear(8, 8), nn.BatchNorm1d(8, track_running_stats=False), nn.Linear(8, 3))

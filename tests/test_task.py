@@ -2035,6 +2035,10 @@ def test_the_task_script_on_short_iterable_epochs_and_task_subclasses(
     code, out, err = _run_here(norm, capfd, monkeypatch, "--epochs", "2")
     assert code == 0 and "epoch 1 done at step 2" in out, out + err
     assert (out + err).count("note: a micro-batch of 1 sample (a loader worker's last of the stream) is skipped") == 1, out + err
+    # A sample is a row of the batch, whatever batch_size_of counts (tokens: the lone sample's 10 were not skipped).
+    tokens = _task_script(tmp_path / "tokens", "iterable_batch_norm_counted_in_tokens", autotune.TrainSetup(batch_size=16))
+    code, out, err = _run_here(tokens, capfd, monkeypatch, "--epochs", "2")
+    assert code == 0 and "epoch 1 done at step 2" in out and "is skipped" in out + err, out + err
     # ... and trains a longer one (items 12-16 at batch 12): every shorter tail was dropped, 36 of 100 items of a stream.
     code, out, err = _run_here(norm, capfd, monkeypatch, "--epochs", "2", "--batch-size", "12", "--output-dir", "longer")
     assert code == 0 and "epoch 1 done at step 4" in out and "is skipped" not in out + err, out + err

@@ -375,10 +375,13 @@ def test_the_idle_stretch_is_the_trailing_time_without_cpu() -> None:
 
     meter = IdleMeter(os.getpid())
     assert meter.idle_s() == 0.0  # nothing read yet
-    meter._samples = [(0.0, 1.0), (1.0, 1.5), (2.0, 1.5), (3.0, 1.51), (4.0, 1.51)]  # computed in its first second only
+    meter._samples = [(0.0, 1.0, 1), (1.0, 1.5, 1), (2.0, 1.5, 1), (3.0, 1.51, 1), (4.0, 1.51, 1)]  # computed in its first second
     assert meter.idle_s() == 3.0
-    meter._samples.append((5.0, 1.8))  # it computes again: no idle stretch
+    meter._samples.append((5.0, 1.8, 1))  # it computes again: no idle stretch
     assert meter.idle_s() == 0.0
+    # Two waiting DDP ranks and their parent poll at about 2 % of a core each: still waiting.
+    meter._samples = [(0.0, 1.0, 3), (1.0, 1.5, 3), (2.0, 1.56, 3), (3.0, 1.62, 3), (4.0, 1.68, 3)]
+    assert meter.idle_s() == 3.0
 
 
 def test_a_trial_that_times_out_beside_busy_processes_says_so(tiny_workload) -> None:

@@ -329,26 +329,27 @@ class IdleMeter:
     def __init__(self, root: int) -> None:
         """Start following the tree of ``root``."""
         self._root = root
-        self._samples: list[tuple[float, float]] = []
+        self._samples: list[tuple[float, float, int]] = []
 
     def sample(self) -> None:
-        """Read the tree's CPU time, where a second has passed since the last reading."""
+        """Read the tree's CPU time and its processes, where a second has passed since the last reading."""
         now = time.monotonic()
         if not self._samples or now - self._samples[-1][0] >= 1.0:
             try:
-                self._samples.append((now, _tree_cpu_s(self._root)))
+                self._samples.append((now, _tree_cpu_s(self._root), len(tree_pids(self._root))))
             except (OSError, psutil.Error):
                 return
             self._samples = self._samples[-600:]
 
     def idle_s(self) -> float:
-        """Seconds up to the last reading in which the tree used under 2 % of a core (0.0 where it computed)."""
+        """Seconds up to the last reading in which the tree used under 3 % of a core per process (a waiting DDP rank's
+        threads poll at about 2 %), 0.0 where it computed."""
         if not self._samples:
             return 0.0
-        last_t, last_cpu = self._samples[-1]
+        last_t, last_cpu, processes = self._samples[-1]
         idle = 0.0
-        for t, cpu in reversed(self._samples[:-1]):
-            if last_cpu - cpu > 0.02 * (last_t - t):
+        for t, cpu, _ in reversed(self._samples[:-1]):
+            if last_cpu - cpu > 0.03 * max(1, processes) * (last_t - t):
                 break
             idle = last_t - t
         return idle
