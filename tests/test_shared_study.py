@@ -189,6 +189,9 @@ def test_any_directory_reports_the_shared_winner_without_the_password(shared: Sh
     assert "S3cret-pw" not in html and "postgres:***@" in html
     assert "finished: confirmed by" in html and "in progress" not in html
     assert TrainSetup.from_dict(written["setup"]).describe() in html
+    # Its train.py is in the confirming worker's directory: the page sends the reader there, not beside itself.
+    use = " ".join(html.split("Use it:", 1)[1].split("</p>", 1)[0].split())
+    assert "in the directory of pid " in use and "not beside this page" in use, use
     # A directory whose best.json is an interrupted run's unconfirmed pick of this study shows the stored winner.
     stale = {**written, "confirmed": False, "notes": ["not confirmed: the search was interrupted before the interleaved re-measurement"]}
     (tmp_path / "best.json").write_text(json.dumps(stale))

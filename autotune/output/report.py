@@ -124,7 +124,8 @@ def _header(data: ReportInput) -> str:
         lines.append(f'<p class="winner">{title}: <code>{escape(best.setup.describe())}</code>: {speed}; effective batch '
                      f"{best.effective_batch}, learning rate {best.lr:g}, peak memory {escape(format_bytes(best.peak_memory_bytes))}{world}</p>")
         lines.extend(f'<p class="caveat">note: {escape(n)}</p>' for n in best.notes)
-        lines.append(f'<p class="next">Use it: <code>{escape(run_command(best))}</code> beside this page trains with it (its flags default to '
+        where = "beside this page" if data.elsewhere is None else f"in the directory of {escape(data.elsewhere)}, not beside this page,"
+        lines.append(f'<p class="next">Use it: <code>{escape(run_command(best))}</code> {where} trains with it (its flags default to '
                      'this setup), or read <code>best.json</code> in your own loop with <code>autotune.load_setup("best.json")</code>.</p>')
     else:
         top = fastest_trial(data.records, data.baseline_only)  # as the plots and `autotune status` name it

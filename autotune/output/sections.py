@@ -49,6 +49,8 @@ class ReportInput:
         max_memory_bytes: The search's ``--max-memory`` (a peak above it is an ``oom``), or None.
         world_size: Ranks per trial (``--nproc-per-node``) as the study stored them: with several, samples/s counts
             every rank and the batch and memory are one rank's (said also before ``best`` exists).
+        elsewhere: Where ``best``'s best.json and train.py are when not beside the page (a shared study's winner, which
+            the worker that confirmed it wrote in its own --out), in words; None where they are beside it.
     """
 
     records: tuple[TrialRecord, ...]
@@ -66,6 +68,7 @@ class ReportInput:
     workload: str | None = None
     max_memory_bytes: int | None = None
     world_size: int = 1
+    elsewhere: str | None = None
 
 
 @dataclass(frozen=True)

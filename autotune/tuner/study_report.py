@@ -216,5 +216,6 @@ def report_study(out: Path, *, storage: str | None = None, study: str | None = N
         workload=stored_workload(stored),
         max_memory_bytes=stored_max_memory(stored),
         world_size=stored_world_size(stored),
+        elsewhere=published[1] if published is not None and not (out / "best.json").is_file() else None,  # the confirming worker's
     )
     return write_report(out, data)
