@@ -90,7 +90,7 @@ class Workload:
         if self.lr_scaling not in LR_SCALINGS:
             raise UsageError(f"lr_scaling must be one of {', '.join(LR_SCALINGS)}, got {self.lr_scaling!r}")
         if not isinstance(self.image_size, int) or self.image_size < 8:
-            raise UsageError(f"--image-size must be an integer >= 8, got {self.image_size!r}")
+            raise UsageError(f"the image size (--image-size) must be an integer >= 8, got {self.image_size!r}")
         if self.synthetic_images < 16:
             raise UsageError(f"synthetic_images must be >= 16, got {self.synthetic_images}")
         if self.images is not None and self.images < 1:

@@ -699,7 +699,7 @@ def test_the_cli_refusals_keep_naming_its_flags(tmp_path) -> None:
         (["search", "--trials", "0", "--out", str(tmp_path / "out")], "--trials must be between 1 and"),
         (["search", "--model", "resnet18", "--set", "amp=xx", "--out", str(tmp_path / "out")], "--set amp: expected one of"),
         (["trial", "--trial-seconds", "0"], "--trial-seconds must be >= 0.5"),
-        (["trial", "--image-size", "-1"], "error: --image-size must be an integer >= 8, got -1"),  # it named no option
+        (["trial", "--image-size", "-1"], "error: the image size (--image-size) must be an integer >= 8, got -1"),  # it named no option
         (["trial", "--timeout", "2", "--trial-seconds", "3"], "--timeout 2 must be longer than --trial-seconds 3"),
     ):
         result = runner.invoke(app, [*args, "--device", "cpu"])

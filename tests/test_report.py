@@ -563,8 +563,8 @@ def test_status_reads_a_search_directory_like_report(searched, tmp_path) -> None
     for command in ("status", "report"):
         stopped = CliRunner().invoke(app, [command, str(tmp_path / "stopped")])
         assert stopped.exit_code == 1 and stopped.output.strip().endswith(
-            "does not exist, yet a search ran there (autotune.lock): one with --storage keeps its study in that storage (pass that "
-            "--storage URL --study NAME, as its command named them)"), stopped.output
+            "does not exist, yet a search used this directory (autotune.lock): one run with --storage keeps its study there (pass "
+            "that --storage URL --study NAME, as its command named them); else its study.db was removed"), stopped.output
     # A directory named study.db read "does not exist"; an empty --storage, as a path, named the working directory.
     (tmp_path / "odd" / "study.db").mkdir(parents=True)
     for command in (["status", str(tmp_path / "odd")], ["report", str(tmp_path / "odd")]):

@@ -194,6 +194,13 @@ def test_a_task_lr_that_the_factory_s_own_rate_replaces_is_said() -> None:
     assert work.lr == 0.1
     assert ("warning: the Task's lr=0.001 is not used: its optimizer factory sets its own rate, 0.1 (its first param group's), "
             "which the search reads as your recipe's and scales; pass that rate as the Task's lr, or let the factory take lr=") in said
+    import dataclasses
+    import json
+
+    left_out = autotune.Task(torch.nn.Linear(2, 2), [1], optimizer=lambda params: torch.optim.SGD(params, lr=0.1))
+    copied = dataclasses.replace(left_out, batch_size=8)  # replace passes the filled-in rate back: still none given
+    assert not copied._lr_given and copied.lr == 1e-3 and json.dumps(copied.lr) == "0.001"
+    assert dataclasses.replace(autotune.Task(torch.nn.Linear(2, 2), [1], lr=1e-3), batch_size=8)._lr_given
     for quiet in ("sgd_own_rate", "sgd_groups", "good"):  # lr= left out; a factory given lr=; the default AdamW
         said.clear()
         build_task_workload(f"task_factories:{quiet}", device="cpu", warn=said.append)
@@ -1095,7 +1102,7 @@ def test_a_factory_slower_than_the_runs_timeout_is_refused_before_any_run(tmp_pa
     refused = CliRunner().invoke(app, ["search", "--workload", "task_factories:slow_to_build", "--device", "cpu", "--timeout", "4",
                                        "--trial-seconds", "1", "--out", str(tmp_path / "o")])
     assert refused.exit_code == 1, refused.output
-    assert re.fullmatch(r"(?:workload task_factories:slow_to_build: its factory has not returned after 2 s in this check; .*\n)?"  # at 2 s
+    assert re.fullmatch(r"(?:warning: workload task_factories:slow_to_build: its factory has not returned after 2 s in this check; .*\n)?"
                         r"error: workload task_factories:slow_to_build: its factory took \d+\.\d s here, and every calibration run and "
                         r"trial calls it again within a timeout of 4 s \(--timeout\): pass --timeout \d+0 or more, or make the "
                         r"factory cheaper \(prepare the data once, into files its dataset reads\)\n", refused.output), refused.output
@@ -1119,8 +1126,8 @@ def test_a_factory_that_has_not_returned_is_said_while_it_runs() -> None:
 
     options = TrialOptions(trial_seconds=1.0, timeout_s=0.4)  # said after half of it
     assert watched(lambda: late.wait(120), "m:f", options, notice) is True  # it returns only once it was said
-    assert said == ["workload m:f: its factory has not returned after 0 s in this check; every calibration run and trial calls "
-                    "it again within its timeout (one that waits on a lock or the network hangs here: Ctrl-C stops)"]
+    assert said == ["warning: workload m:f: its factory has not returned after 0 s in this check; every calibration run and "
+                    "trial runs it again within its timeout (one that waits on a lock or the network hangs here: Ctrl-C stops)"]
     assert watched(lambda: "task", "m:f", options, notice) == "task"
     time.sleep(0.5)
     assert len(said) == 1  # a call that returned in time: its notice was called off

@@ -375,7 +375,7 @@ def finish(
         best = replace(best, notes=(*best.notes, note))
     slots = prepared.placement.slots
     if prepared.placement.parallel and prepared.device.type == "cpu":  # each trial had a share of the cores; train.py has all
-        best = replace(best, notes=(*best.notes, (
+        best = replace(best, torch_threads=None, notes=(*best.notes, (
             f"measured with --devices: every trial, the PyTorch defaults' too, ran pinned to {counted(len(slots[0].cores), 'core')} "
             f"beside {counted(len(slots) - 1, 'other trial')}; train.py runs one process on every core, so its speed, and the "
             "num_workers and num_threads that suit it, may differ from these figures (a search without --devices measures that run)")))

@@ -182,8 +182,9 @@ def storage_of(out: Path, storage: str | None) -> str:
             raise StorageError(f"no study in {out}: {db} is missing; it was removed or moved (put it back), or the search kept its "
                                "study in a --storage (pass that --storage URL --study NAME)")
         if (out / LOCK_FILE).is_file():  # a search ran here, and stopped before it wrote a file: a --storage holds its study
-            raise StorageError(f"no study in {out}: {db} does not exist, yet a search ran there ({LOCK_FILE}): one with --storage keeps "
-                               "its study in that storage (pass that --storage URL --study NAME, as its command named them)")
+            raise StorageError(f"no study in {out}: {db} does not exist, yet a search used this directory ({LOCK_FILE}): one run with "
+                               "--storage keeps its study there (pass that --storage URL --study NAME, as its command named them); "
+                               "else its study.db was removed")
         raise StorageError(
             f"no study in {out}: {db} does not exist (run `autotune search --out {shell_quote(str(out))}` first, or pass --storage URL --study NAME)"
         )

@@ -27,16 +27,18 @@ WATCH_S = 60.0
 T = TypeVar("T")
 
 
-def watched(call: Callable[[], T], ref: str, options: TrialOptions | None, warn: Callable[[str], None] | None) -> T:
-    """``call()``, the factory's first call in the parent's check, said once where it has not returned after
-    :data:`FACTORY_SHARE` of the runs' timeout (:data:`WATCH_S` without their options): a factory that waits on a lock
-    or the network kept the command silent, whatever its ``--timeout`` (which covers the runs, not this check)."""
+def watched(call: Callable[[], T], ref: str, options: TrialOptions | None, warn: Callable[[str], None] | None,
+            what: str = "its factory") -> T:
+    """``call()``, a part of the parent's check of the workload (``what``: its factory's first call, or the check of
+    its first batch), said once where it has not returned after :data:`FACTORY_SHARE` of the runs' timeout
+    (:data:`WATCH_S` without their options): one that waits on a lock or the network kept the command silent, whatever
+    its ``--timeout`` (which covers the runs, not this check). ``warn`` is then called from a timer thread."""
     if warn is None:
         return call()
     after = FACTORY_SHARE * options.effective_timeout_s if options is not None else WATCH_S
     timer = threading.Timer(after, lambda: warn(
-        f"workload {ref}: its factory has not returned after {after:.0f} s in this check; every calibration run and trial "
-        "calls it again within its timeout (one that waits on a lock or the network hangs here: Ctrl-C stops)"))
+        f"warning: workload {ref}: {what} has not returned after {after:.0f} s in this check; every calibration run and "
+        "trial runs it again within its timeout (one that waits on a lock or the network hangs here: Ctrl-C stops)"))
     timer.daemon = True
     timer.start()
     try:

@@ -34,7 +34,12 @@ def passes_its_own_lr(factory: Callable[..., Any]) -> bool:
     return False
 
 
-def default_rate(factory: Callable[..., Any] | None) -> float:
+class FilledRate(float):
+    """A Task's ``lr`` it filled in itself (``lr=`` left out), a float all the same: ``dataclasses.replace`` passes it
+    back to a new Task, which still knows that the user gave none."""
+
+
+def default_rate(factory: Callable[..., Any] | None) -> FilledRate:
     """A Task's rate when none is given: the factory's own ``lr`` default (a finite number > 0), else AdamW's 1e-3.
     Given ``lr=1e-3`` instead, ``def make(params, lr=0.05)`` trained 50 times slower than the recipe, without a word."""
     import inspect
@@ -46,7 +51,7 @@ def default_rate(factory: Callable[..., Any] | None) -> float:
     except (TypeError, ValueError, KeyError):  # no signature (a builtin), or no lr argument: the factory sets its own rate
         pass
     usable = isinstance(default, numbers.Real) and not isinstance(default, bool) and 0 < float(default) < math.inf
-    return float(default) if usable else 1e-3
+    return FilledRate(default if usable else 1e-3)
 
 
 def needs_closure(optimizer: Any) -> bool:

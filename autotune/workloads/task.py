@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 from autotune.errors import USER_CODE_ERRORS, WorkloadError
 from autotune.units import as_float
 from autotune.workloads.batches import describe_batch, first_dim, tensors
-from autotune.workloads.optimizer_factory import default_rate, first_rate, needs_closure, passes_its_own_lr
+from autotune.workloads.optimizer_factory import FilledRate, default_rate, first_rate, needs_closure, passes_its_own_lr
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -118,7 +118,7 @@ class Task:
                                 f"(dataset={self.dataset.__name__}(...))")
         if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, numbers.Integral) or self.batch_size < 1:
             raise WorkloadError(f"Task batch_size must be an integer >= 1, got {self.batch_size!r}")
-        object.__setattr__(self, "_lr_given", self.lr is not None)  # a factory's own rate replaces it: said where they differ
+        object.__setattr__(self, "_lr_given", self.lr is not None and not isinstance(self.lr, FilledRate))  # said where a factory's own differs
         if self.lr is None:
             object.__setattr__(self, "lr", default_rate(self.optimizer))
         if type(self.lr).__name__ == "Tensor" and getattr(self.lr, "ndim", None) == 0:  # lr=torch.tensor(1e-3): a number too
@@ -127,7 +127,7 @@ class Task:
             raise WorkloadError(f"Task lr must be a finite number > 0, got {self.lr!r}")
         # NumPy's numbers (a config read with NumPy) as Python's: best.json and the emitted script write them as JSON.
         object.__setattr__(self, "batch_size", int(self.batch_size))
-        object.__setattr__(self, "lr", as_float(self.lr))  # NumPy's float32 3e-4 as 3e-4, not 3.0000001e-4
+        object.__setattr__(self, "lr", self.lr if isinstance(self.lr, FilledRate) else as_float(self.lr))  # NumPy's float32 3e-4 as 3e-4
         for name in ("loss", "step", "collate_fn", "optimizer", "batch_size_of"):
             value = getattr(self, name)
             if value is not None and not callable(value):

@@ -375,7 +375,7 @@ def build_task_workload(workload: str | Callable[..., Any], *, device: str, work
         task, took = watched(lambda: call_factory(ref, factory), ref, options, warn)
         if options is not None:
             check_factory_time(ref, took, options, warn, again=lambda: call_factory(ref, factory)[1])
-        info = check_task(task, workers=workers, warn=warn)
+        info = watched(lambda: check_task(task, workers=workers, warn=warn), ref, options, warn, "its first batch's step")
     root = _import_root(ref.partition(":")[0])
     if root is not None:  # where this process found the module, first: trials and train.py import that file, not a
         sys_path = (root, *(p for p in sys_path if p != root))  # same-named one in a working directory changed since
