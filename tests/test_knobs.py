@@ -846,6 +846,22 @@ def test_the_script_says_torch_s_own_thread_count_is_above_a_cpu_quota(synthetic
     assert said == []
 
 
+def _thread_warnings(best: Any, path: Path, monkeypatch: pytest.MonkeyPatch, here: dict[str, str]) -> list[str]:
+    """What the script of ``best`` logs as it configures torch on 64 cores under the thread variables ``here``."""
+    from test_emit import load_script, write_script
+
+    configure_torch = load_script(write_script(best, path))["configure_torch"]
+    said: list[str] = []
+    monkeypatch.setitem(configure_torch.__globals__, "log", said.append)
+    monkeypatch.setitem(configure_torch.__globals__, "usable_cores", lambda: 64)
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in here.items():
+        monkeypatch.setenv(name, value)
+    configure_torch(type("Args", (), {"threads": None, "cudnn_benchmark": False, "tf32": False})(), torch.device("cpu"))
+    return said
+
+
 @pytest.mark.parametrize(("search", "world", "here", "warned"), [
     ({"OMP_NUM_THREADS": "1"}, 1, {}, "with OMP_NUM_THREADS=1, here neither OMP_NUM_THREADS nor MKL_NUM_THREADS set"),
     ({}, 1, {"MKL_NUM_THREADS": "1"}, "with neither OMP_NUM_THREADS nor MKL_NUM_THREADS set, here MKL_NUM_THREADS=1"),
@@ -864,19 +880,11 @@ def test_the_script_says_where_torch_s_own_thread_count_was_not_measured(
     without the variable trained 2 threads, a setup no trial ran, without a word."""
     import dataclasses
 
-    from test_emit import CPU_KNOBS, load_script, make_best, write_script
+    from test_emit import CPU_KNOBS, make_best
 
     hardware = {"cpu": {"thread_env": search}} if search is not None else {}
     best = dataclasses.replace(make_best(synthetic_data, hardware=hardware, **CPU_KNOBS), world_size=world)
-    configure_torch = load_script(write_script(best, tmp_path / "train.py"))["configure_torch"]
-    said: list[str] = []
-    monkeypatch.setitem(configure_torch.__globals__, "log", said.append)
-    monkeypatch.setitem(configure_torch.__globals__, "usable_cores", lambda: 64)
-    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-        monkeypatch.delenv(name, raising=False)
-    for name, value in here.items():
-        monkeypatch.setenv(name, value)
-    configure_torch(type("Args", (), {"threads": None, "cudnn_benchmark": False, "tf32": False})(), torch.device("cpu"))
+    said = _thread_warnings(best, tmp_path / "train.py", monkeypatch, here)
     if warned is None:
         assert said == []
     else:
@@ -891,28 +899,16 @@ def test_the_script_compares_the_thread_count_the_trials_ran_beside_the_variable
     script compared the variables (8 against none) and warned of a count the search had measured."""
     import dataclasses
 
-    from test_emit import CPU_KNOBS, load_script, make_best, write_script
+    from test_emit import CPU_KNOBS, make_best
 
     ran = torch.get_num_threads() + offset
     best = dataclasses.replace(make_best(synthetic_data, hardware={"cpu": {"thread_env": {"OMP_NUM_THREADS": "8"}}}, **CPU_KNOBS),
                                torch_threads=ran)
-    configure_torch = load_script(write_script(best, tmp_path / "train.py"))["configure_torch"]
-    said: list[str] = []
-    monkeypatch.setitem(configure_torch.__globals__, "log", said.append)
-    monkeypatch.setitem(configure_torch.__globals__, "usable_cores", lambda: 64)
-    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-        monkeypatch.delenv(name, raising=False)
-    configure_torch(type("Args", (), {"threads": None, "cudnn_benchmark": False, "tf32": False})(), torch.device("cpu"))
+    said = _thread_warnings(best, tmp_path / "train.py", monkeypatch, {})
     if offset == 0:
         assert said == []
     else:
         assert len(said) == 1 and said[0].startswith(f"warning: the search measured torch's own {ran} threads, with OMP_NUM_THREADS=8, "
                                                      "here neither OMP_NUM_THREADS nor MKL_NUM_THREADS set: torch's own"), said
     # The same setting on another machine (another count of cores): no variable's doing, not said.
-    same = dataclasses.replace(best, hardware={"cpu": {"thread_env": {}}})
-    configure_torch = load_script(write_script(same, tmp_path / "same.py"))["configure_torch"]
-    monkeypatch.setitem(configure_torch.__globals__, "log", said.append)
-    monkeypatch.setitem(configure_torch.__globals__, "usable_cores", lambda: 64)
-    said.clear()
-    configure_torch(type("Args", (), {"threads": None, "cudnn_benchmark": False, "tf32": False})(), torch.device("cpu"))
-    assert said == []
+    assert _thread_warnings(dataclasses.replace(best, hardware={"cpu": {"thread_env": {}}}), tmp_path / "same.py", monkeypatch, {}) == []
