@@ -292,7 +292,8 @@ def test_devices_cpu_cpu_runs_two_trials_at_once(tmp_path: Path) -> None:
     assert outcome.study and sum(not r.free for r in outcome.records) == 4
     # Each trial ran on one of the two cores; train.py runs on both: the figures are said to be the share's.
     assert any(note.startswith("measured with --devices: every trial, the PyTorch defaults' too, ran pinned to 1 core beside "
-                               "1 other trial; train.py runs one process on every core") for note in outcome.best.notes)
+                               "1 other trial, and the confirmation's rounds on those cores alone; train.py runs one process on "
+                               "every core") for note in outcome.best.notes)
     assert outcome.best.torch_threads is None  # the pinned trials' one thread is no count train.py's own could match
     study = SearchStudy.load(f"sqlite:///{tmp_path / 'out' / 'study.db'}")
     spans = sorted(  # the trials that ran a process (not a reused measurement)

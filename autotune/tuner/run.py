@@ -377,7 +377,8 @@ def finish(
     if prepared.placement.parallel and prepared.device.type == "cpu":  # each trial had a share of the cores; train.py has all
         best = replace(best, torch_threads=None, notes=(*best.notes, (
             f"measured with --devices: every trial, the PyTorch defaults' too, ran pinned to {counted(len(slots[0].cores), 'core')} "
-            f"beside {counted(len(slots) - 1, 'other trial')}; train.py runs one process on every core, so its speed, and the "
+            f"beside {counted(len(slots) - 1, 'other trial')}, and the confirmation's rounds on those cores alone; train.py runs "
+            "one process on every core, so its speed, and the "
             "num_workers and num_threads that suit it, may differ from these figures (a search without --devices measures that run)")))
     try:
         written = write_winner(best, out) if write else ()
