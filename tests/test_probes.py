@@ -448,8 +448,11 @@ def test_a_low_open_files_limit_is_warned_of_and_named_where_a_loader_worker_mee
                           "--json"], capture_output=True, text=True, timeout=300, preexec_fn=_open_files(32))
     result = json.loads(ran.stdout)
     assert ran.returncode == 1 and result["status"] == "error", ran.stdout
-    assert result["error"].endswith("(ulimit -n allows this process 32 open files, and loader workers hand each batch over through "
-                                    "a file descriptor: raise it, ulimit -n 4096)"), result["error"]
+    # Which side meets the limit first is the machine's timing: a worker ending as it hands a batch over (the line says
+    # how workers hand batches over) or torch's own `Too many open files` in the parent. Either names the limit and its fix.
+    said = result["error"]
+    assert "(ulimit -n allows this process 32 open files" in said and said.endswith("raise it, ulimit -n 4096)"), said
+    assert "exited unexpectedly while it handed a batch over" not in said or "and loader workers hand each batch over" in said, said
 
 
 def test_an_error_of_a_process_limit_names_it(monkeypatch: pytest.MonkeyPatch) -> None:
