@@ -12,6 +12,7 @@ import functools
 import inspect
 import os
 import re
+import traceback
 from collections.abc import Callable, Collection, Mapping
 from typing import Any, TypeVar
 
@@ -59,12 +60,15 @@ def is_shm_full(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and any(words in str(exc) for words in SHM_FULL)
 
 
+def raised_in(exc: BaseException) -> list[str]:
+    """The files of the frames ``exc``'s traceback passed through, outermost first (no source read)."""
+    return [frame.f_code.co_filename for frame, _ in traceback.walk_tb(exc.__traceback__)]
+
+
 def raised_in_multiprocessing(exc: BaseException) -> bool:
     """Whether ``exc`` was raised inside Python's ``multiprocessing`` (the innermost frame of its traceback is there)."""
-    frame = exc.__traceback__
-    while frame is not None and frame.tb_next is not None:
-        frame = frame.tb_next
-    return frame is not None and f"{os.sep}multiprocessing{os.sep}" in frame.tb_frame.f_code.co_filename
+    files = raised_in(exc)
+    return bool(files) and f"{os.sep}multiprocessing{os.sep}" in files[-1]
 
 
 #: What a command stopped (Ctrl-C, SIGTERM, SIGHUP) before it began says (``autotune/entry.py``, ``autotune/cli.py``).

@@ -64,17 +64,23 @@ class Hardware:
 LOW_OPEN_FILES = 1024
 
 
+def _open_files_low(limit: int | None) -> bool:
+    """Whether ``limit`` (``ulimit -n``) is below :data:`LOW_OPEN_FILES` on Linux, where torch hands a loader worker's
+    batches over by file descriptor (macOS: by file name)."""
+    return limit is not None and limit < LOW_OPEN_FILES and sys.platform.startswith("linux")
+
+
 def open_files_note(limit: int | None) -> str:
     """`` (ulimit -n allows this process 32 open files: ...)`` to end a loader failure's line with; empty at a usual limit."""
-    if limit is None or limit >= LOW_OPEN_FILES or not sys.platform.startswith("linux"):
+    if not _open_files_low(limit):
         return ""
     return (f" (ulimit -n allows this process {limit} open files, and loader workers hand each batch over through a file "
             "descriptor: raise it, ulimit -n 4096)")
 
 
 def _open_files_warning(shm: ShmInfo) -> str | None:
-    limit = shm.open_files_limit  # on Linux only: torch hands batches over by file descriptor there (macOS: by file name)
-    if limit is None or limit >= LOW_OPEN_FILES or not sys.platform.startswith("linux"):
+    limit = shm.open_files_limit
+    if not _open_files_low(limit):
         return None
     return (f"ulimit -n allows this process {limit} open files: DataLoader workers (num_workers > 0) hand every batch over "
             "through a file descriptor of its shared memory, so trials with workers may fail ('exited unexpectedly') or hang "

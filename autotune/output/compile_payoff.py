@@ -57,8 +57,9 @@ def payoff_note(records: Sequence[TrialRecord], winner: TrainSetup) -> str | Non
     """The note for best.json when the winner compiles: what compiling costs and when it pays off."""
     if winner.compile == "off":
         return None
-    mine = [p for p in payoffs(records) if p.setup == winner]
-    kin = [p for p in payoffs(records) if p.setup.compile == winner.compile]
+    found = payoffs(records)
+    mine = [p for p in found if p.setup == winner]
+    kin = [p for p in found if p.setup.compile == winner.compile]
     if not mine and kin:  # a float32 twin of a compiled finalist ran in the confirmation only: its sibling's cost is the measure
         p = kin[0]
         paid = f", where it paid off after {p.break_even_steps} steps" if p.break_even_steps else ""

@@ -9,10 +9,9 @@ from __future__ import annotations
 import os
 import re
 import signal
-import traceback
 from dataclasses import replace
 
-from autotune.errors import SHM_FULL, AutotuneError, is_out_of_memory, is_shm_full, raised_in_multiprocessing
+from autotune.errors import SHM_FULL, AutotuneError, is_out_of_memory, is_shm_full, raised_in, raised_in_multiprocessing
 from autotune.records import TrialResult
 from autotune.workloads.batches import hinted
 from autotune.workloads.data import BadData
@@ -155,11 +154,6 @@ def broken_hand_over(exc: BaseException) -> bool:
     if not isinstance(exc, (EOFError, ConnectionError)) or "in DataLoader worker" in str(exc):
         return False
     return any(f.endswith(_DATALOADER_FILE) for f in raised_in(exc)) and raised_in_multiprocessing(exc)
-
-
-def raised_in(exc: BaseException) -> list[str]:
-    """The files of the frames ``exc``'s traceback passed through, outermost first (no source read)."""
-    return [frame.f_code.co_filename for frame, _ in traceback.walk_tb(exc.__traceback__)]
 
 
 #: The words of a trial whose loader workers found /dev/shm too small (:func:`shm_hint`): the search skips larger queues.

@@ -251,8 +251,13 @@ class Stopwatch:
 
 def _tree_cpu_s(pid: int) -> float:
     """CPU seconds of ``pid``'s tree, reaped children included (each process's ``children_*`` times)."""
+    return _cpu_s(tree_pids(pid))
+
+
+def _cpu_s(pids: Sequence[int]) -> float:
+    """CPU seconds of the processes ``pids`` and of their reaped children (each process's ``children_*`` times)."""
     total = 0.0
-    for p in tree_pids(pid):
+    for p in pids:
         try:
             t = psutil.Process(p).cpu_times()
         except psutil.Error:  # gone meanwhile: its parent's children_* times hold it once reaped
@@ -336,7 +341,8 @@ class IdleMeter:
         now = time.monotonic()
         if not self._samples or now - self._samples[-1][0] >= 1.0:
             try:
-                self._samples.append((now, _tree_cpu_s(self._root), len(tree_pids(self._root))))
+                pids = tree_pids(self._root)
+                self._samples.append((now, _cpu_s(pids), len(pids)))
             except (OSError, psutil.Error):
                 return
             self._samples = self._samples[-600:]
