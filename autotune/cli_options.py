@@ -64,6 +64,9 @@ def directory_of(directory: Path | None, out: Path | None) -> Path | None:
     Raises:
         UsageError: Both were given and name different directories.
     """
-    if directory is not None and out is not None and directory.absolute() != out.absolute():
+    def place(path: Path) -> Path:  # a file given for its directory (emit's DIR/best.json) names that directory
+        return (path.parent if path.is_file() else path).absolute()
+
+    if directory is not None and out is not None and place(directory) != place(out):
         raise UsageError(f"DIR {directory} and --out {out} name two directories: give one of them")
     return out if directory is None else directory

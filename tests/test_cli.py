@@ -318,6 +318,10 @@ def test_status_and_report_on_a_file_name_its_directory(tmp_path) -> None:
         result = runner.invoke(app, [command, str(tmp_path), "--out", str(tmp_path / "other")])
         assert result.exit_code == 2 and _one_error_line(result.output).endswith(
             f"DIR {tmp_path} and --out {tmp_path / 'other'} name two directories: give one of them")
+    # A file named for its directory (emit takes DIR/best.json) names the same place as that directory.
+    (tmp_path / "best.json").write_text("{}")
+    result = runner.invoke(app, ["emit", str(tmp_path), "--out", str(tmp_path / "best.json")])
+    assert result.exit_code != 0 and "two directories" not in result.output and "best.json" in _one_error_line(result.output)
     # A file beside no study: no folder is named (it would hold no study.db either).
     (tmp_path / "notes.txt").write_text("")
     (tmp_path / "study.db").unlink()

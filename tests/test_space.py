@@ -51,6 +51,7 @@ def test_parse_constraint_forms() -> None:
     ("text", "message"),
     [
         ("turbo=1", "unknown knob 'turbo'"),
+        ("workerz=1", r"short names: workers \(num_workers\), prefetch \(prefetch_factor\), batch \(batch_size\), accum \(accumulation_steps\)"),
         ("amp", "expected KNOB=VALUE"),
         ("amp=fp8", "expected one of off, bf16, fp16"),
         ("batch_size=big", "expected an integer"),

@@ -23,6 +23,8 @@ from autotune.units import plain_int
 BOOL_KNOBS = ("pin_memory", "persistent_workers", "channels_last", "cudnn_benchmark", "tf32", "gradient_as_bucket_view", "static_graph")
 INT_KNOBS = ("num_workers", "prefetch_factor", "batch_size", "accumulation_steps", "num_threads", "bucket_cap_mb")
 #: Knobs searched as integer ranges (every value between the bounds).
+#: The short names ``--set`` takes for four knobs (those of ``autotune trial``'s flags).
+KNOB_ALIASES = {"workers": "num_workers", "prefetch": "prefetch_factor", "batch": "batch_size", "accum": "accumulation_steps"}
 RANGE_KNOBS = ("num_workers", "prefetch_factor", "num_threads")
 #: Knobs with named values.
 CHOICE_KNOBS: dict[str, tuple[str, ...]] = {"compile": COMPILE_MODES, "optimizer_impl": OPTIMIZER_IMPLS, "decode": DECODES}
@@ -117,12 +119,12 @@ def parse_constraint(text: str) -> Constraint:
     knob, sep, rest = text.partition("=")
     rest = rest.replace("|", ",")  # choices as the search's space: line prints them (batch_size=8|16|32)
     knob = knob.strip().lower().replace("-", "_")
-    aliases = {"workers": "num_workers", "prefetch": "prefetch_factor", "batch": "batch_size", "accum": "accumulation_steps"}
-    knob = aliases.get(knob, knob)
+    knob = KNOB_ALIASES.get(knob, knob)
     if not sep or not rest.strip():
         raise UsageError(f"--set {text!r}: expected KNOB=VALUE, KNOB=A,B,C or KNOB=LO..HI")
     if knob not in KNOBS:
-        raise UsageError(f"--set {text!r}: unknown knob {knob!r}; knobs: {', '.join(KNOBS)}")
+        short = ", ".join(f"{alias} ({name})" for alias, name in KNOB_ALIASES.items())
+        raise UsageError(f"--set {text!r}: unknown knob {knob!r}; knobs: {', '.join(KNOBS)}; short names: {short}")
     if ".." in rest:
         if knob not in INT_KNOBS:
             raise UsageError(f"--set {text!r}: ranges work for integer knobs only ({', '.join(INT_KNOBS)})")
