@@ -1204,6 +1204,28 @@ def test_status_says_no_winner_is_being_confirmed_when_the_elected_worker_stoppe
     assert winner_line() == "winner: none confirmed: the worker confirming it stopped; rerun a worker's search command"
 
 
+def test_status_names_the_shared_study_s_worker_that_calibrates(tmp_path) -> None:
+    """Before, `autotune status` named the calibrating search of a lone study only: a shared study's read "calibration
+    not finished, and no search runs it now" while its elected worker measured."""
+    from autotune.tuner import elections
+    from autotune.tuner.status import study_status
+    from autotune.tuner.workers import MARKER_CALIBRATE
+
+    storage, name = f"journal:///{tmp_path}/study.log", "calibrating"
+    study = SearchStudy.open(storage, name, shared=True)
+    study.check_signature({"model": "resnet18"})  # an autotune search's study
+    me = Holder.me()
+    elections.enter(study.study, me, MARKER_CALIBRATE)  # as the elected worker does before its first run
+    status = study_status(storage, name)
+    assert status.shared and status.calibrating == me.describe()
+    assert any(line.startswith(f"  calibrating now ({me.describe()}): 0 of its runs") for line in status.lines()), status.lines()
+    elections.withdraw(study.study, me)  # the worker left before it finished: nobody calibrates
+    status = study_status(storage, name)
+    assert status.calibrating is None
+    assert any(line.startswith("  calibration not finished, and no worker runs it now: 0 of its runs measured and kept; "
+                                                  "rerun a worker's search command") for line in status.lines()), status.lines()
+
+
 class _SaidSharing(_Said):
     """Stops the worker's loop at its warning about shared cores (said before it asks for its next trial)."""
 

@@ -505,9 +505,9 @@ def test_a_search_on_a_busy_machine_says_how_busy() -> None:
     # A load that came and went: a backup job during one trial of four, idle otherwise (no note before).
     changed = [n for n in notes([0.05, 0.05, 1.9, 0.05]) if n.startswith("the load changed")]
     assert changed == ["the load changed during the search: other processes kept up to 1.9 of the 2 usable cores busy during 1 trial "
-                       "of 4 (#2: 1.9), against a median of 0.1 (trials.csv column other_cores): their figures read low, so a setup "
-                       "they measured may be missing from the finalists; run the search again on an idle machine to compare every "
-                       "setup alike"], changed
+                       "of the 4 measured to the end (#2: 1.9), against a median of 0.1 (trials.csv column other_cores): their "
+                       "figures read low, so a setup they measured may be missing from the finalists; run the search again on an "
+                       "idle machine to compare every setup alike"], changed
     assert not any(n.startswith("other processes") for n in notes([None, None]))  # not known (a quota below the affinity)
     from autotune.tuner.winner import load_note
 

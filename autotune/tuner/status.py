@@ -25,7 +25,7 @@ from autotune.tuner.stores import STUDY_WINNER_ROUNDS
 from autotune.tuner.study import ATTR_MARKER, ATTR_ROLE, ATTR_WORKER, ROLE_SEARCH, STUDY_HOLDER, SearchStudy
 from autotune.tuner.study_facts import baseline_only, published_winner, run_by_workers, stored_set
 from autotune.tuner.study_files import best_json_of, measured_after, rerun_replaces
-from autotune.tuner.workers import confirm_marker
+from autotune.tuner.workers import MARKER_CALIBRATE, confirm_marker
 
 
 @dataclass(frozen=True)
@@ -73,8 +73,8 @@ class StudyStatus:
         shared: Workers of a shared study ran it (``--storage`` with several workers).
         calibration_runs: While the calibration is not finished, how many of its runs are measured and kept
             (None once it is).
-        calibrating: The lone search measuring that calibration now (``pid N on HOST``); None where none runs
-            (interrupted: the same command goes on from the runs kept) or the study is shared.
+        calibrating: The lone search or the shared study's worker measuring that calibration now (``pid N on HOST``);
+            None where none runs (interrupted: the same command goes on from the runs kept).
         pending: A line about the measured trials ``out``'s pending-trials.json keeps for this study (the storage
             could not take them; the search's rerun adds them), or why that file is unreadable; None: none kept.
         foreign_best: ``out/best.json`` is readable and another search's (``--storage`` naming another study).
@@ -142,7 +142,8 @@ class StudyStatus:
                 lines.append(f"  calibration not finished, and no search runs it now: {self.calibration_runs} of its runs "
                              "measured and kept; rerun the search's command to go on from them")
             else:
-                lines.append(f"  calibration not finished: {self.calibration_runs} of its runs measured and kept; the trials follow it")
+                lines.append(f"  calibration not finished, and no worker runs it now: {self.calibration_runs} of its runs measured "
+                             "and kept; rerun a worker's search command to go on from them")
         if self.pending is not None:
             lines.append(f"  {self.pending}")
         lines += [f"  running: {r.describe()}" for r in alive]
@@ -248,6 +249,8 @@ def study_status(storage: str, study: str | None = None, out: Path | None = None
     # The worker confirming the budget: the one its election picks, not any that entered it (one waiting for a worker
     # that stopped read as "being confirmed" for the 30 minutes the stopped one's marker lives on other hosts).
     confirming = elections.acting(trials, attrs, confirm_marker(wanted)) if wanted else None
+    # Who calibrates now: the lone search holding the study, or the shared study's worker its election picked.
+    calibrator = None if calibrated else (lone_holder if lone else elections.acting(trials, attrs, MARKER_CALIBRATE))
     return StudyStatus(
         study=found.name,
         storage=found.storage,
@@ -268,7 +271,7 @@ def study_status(storage: str, study: str | None = None, out: Path | None = None
         foreign_best=foreign,
         unreadable_best=unreadable,
         calibration_runs=None if calibrated else sum(map(len, found.calibration_runs().values())),
-        calibrating=lone_holder.describe() if not calibrated and lone and lone_holder is not None and lone_holder.alive() else None,
+        calibrating=calibrator.describe() if calibrator is not None and calibrator.alive() else None,
         pending=_pending(out, found) if out is not None else None,
         largest=attrs.get(STUDY_LARGEST_BUDGET),
         # Said only where the study file's directory holds a best.json: --storage elsewhere names no search directory.

@@ -292,7 +292,7 @@ def load_note(feasible: list[TrialRecord], usable_cores: int) -> str | None:
     if loads and statistics.median(loads) < busy and spikes:
         said = ", ".join(f"#{r.number}: {r.result.other_cores:.1f}" for r in spikes[:6]) + (", ..." if len(spikes) > 6 else "")
         return (f"the load changed during the search: other processes kept up to {max(loads):.1f}{of} busy during "
-                f"{counted(len(spikes), 'trial')} of {len(ran)} ({said}), against a median of {statistics.median(loads):.1f} "
+                f"{counted(len(spikes), 'trial')} of the {len(ran)} measured to the end ({said}), against a median of {statistics.median(loads):.1f} "
                 "(trials.csv column other_cores): "
                 "their figures read low, so a setup they measured may be missing from the finalists; run the search again on "
                 "an idle machine to compare every setup alike")
