@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 # OpenMP threads that wait for work sleep instead of spinning, in this process and every process it starts (set before
-# any test imports torch; xdist's workers inherit it from the controller). The suite runs two test files at once on
-# two cores, each starting trials and scripts whose torch threads would spin on the cores the other needs: the quick
+# any test imports torch; xdist's workers inherit it from the controller). The suite runs three test files at once on
+# two cores, each starting trials and scripts whose torch threads would spin on the cores the others need: the quick
 # benchmark run used 95 s of CPU spinning (the default policy) and 62 s sleeping, on 2026-12-06. Nothing the tests
 # assert depends on it; a user's search keeps OpenMP's defaults.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
@@ -115,7 +115,7 @@ def broken_hand_over() -> BaseException:
 
 
 #: A test running longer than this fails with a traceback of where it was, and the run goes on (the longest ones take
-#: about 130 s on the 2-core CI machine, beside another test file's in the second pytest-xdist process): one hung test
+#: about 115 s on the 2-core CI machine, beside two other test files in the other pytest-xdist processes): one hung test
 #: must not hold CI past its 15 minutes with nothing said. A test marked ``time_limit(S)`` gets ``S`` seconds when that
 #: is longer (a whole benchmark run, whose time grows with the machine's load).
 TEST_TIMEOUT_S = float(os.environ.get("AUTOTUNE_TEST_TIMEOUT_S", "300"))

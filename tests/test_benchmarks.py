@@ -144,7 +144,7 @@ def test_plot_without_matplotlib_fails_clearly(monkeypatch: pytest.MonkeyPatch, 
 
 
 @pytest.mark.slow
-@pytest.mark.time_limit(600)  # about 120 s beside one other test file; a whole benchmark run slows with the load
+@pytest.mark.time_limit(600)  # about 115 s beside two other test files; a whole benchmark run slows with the load
 def test_quick_run_writes_every_method(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "results"
     assert run.main(["--quick", "--out", str(out), "--cache-dir", str(tmp_path / "cache")]) == 0
