@@ -722,6 +722,15 @@ def test_defaults_not_run_yet_are_not_said_to_have_failed() -> None:
 
 
 
+def test_an_unconfirmed_speedup_takes_the_defaults_median_over_their_trials() -> None:
+    """A resumed search measured the defaults again; its first trial ran beside a load (3.7 samples/s). Before, the best
+    so far was divided by that first trial alone: 24.85x the defaults, where the study's rounds had measured 2.5x-7x."""
+    feasible = [_record(0, DEFAULTS, 3.7), _record(1, FAST, 92.0), _record(5, DEFAULTS, 18.0), _record(6, DEFAULTS, 20.0)]
+    best = make_best(workload=WORKLOAD, hardware=HARDWARE, feasible=feasible, confirmed=[], defaults=DEFAULTS,
+                     effective_batch=None, command="", interrupted=True)
+    assert best.setup == FAST and best.defaults_samples_per_s == 18.0 and best.speedup == pytest.approx(92.0 / 18.0)
+
+
 def test_an_interrupted_confirmation_s_rounds_give_the_speedup_where_the_pick_and_the_defaults_shared_one() -> None:
     """Under a swamped machine the defaults' single trial read 4.9 samples/s and best.json said 27x; the rounds the
     interrupted confirmation measured side by side said about 1.1x. The pick stays the fastest single trial
