@@ -723,8 +723,8 @@ def test_defaults_not_run_yet_are_not_said_to_have_failed() -> None:
 
 
 def test_an_unconfirmed_speedup_takes_the_defaults_median_over_their_trials() -> None:
-    """A resumed search measured the defaults again; its first trial ran beside a load (3.7 samples/s). Before, the best
-    so far was divided by that first trial alone: 24.85x the defaults, where the study's rounds had measured 2.5x-7x."""
+    """The defaults measured in three trials, the first beside a load (3.7 samples/s). Before, the best so far was divided
+    by that first trial alone: 24.9x the defaults, where their other trials put it at 5x."""
     feasible = [_record(0, DEFAULTS, 3.7), _record(1, FAST, 92.0), _record(5, DEFAULTS, 18.0), _record(6, DEFAULTS, 20.0)]
     best = make_best(workload=WORKLOAD, hardware=HARDWARE, feasible=feasible, confirmed=[], defaults=DEFAULTS,
                      effective_batch=None, command="", interrupted=True)
