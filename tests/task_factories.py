@@ -413,6 +413,21 @@ def uncollatable() -> autotune.Task:
     return autotune.Task(nn.Linear(8, 3), _Odd())
 
 
+class _NoneField(Dataset):  # type: ignore[type-arg]
+    """Items whose metadata holds lists of different lengths, and for odd items a None."""
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, index: int) -> Any:
+        return torch.zeros(8), 0, {"tags": ["a"] * (1 + index % 3), "source": None if index % 2 else "camera"}
+
+
+def none_field() -> autotune.Task:
+    """Item 1 fails to collate alone on its None; the batch fails first on the ragged lists of items 0 and 1."""
+    return autotune.Task(nn.Linear(8, 3), _NoneField(), step=lambda model, batch: model(batch[0]).sum())
+
+
 class _Corrupt(Dataset):  # type: ignore[type-arg]
     """The 40 pairs of ``_pairs()``, of which item 13 cannot be read (a corrupt record): found only when read."""
 
@@ -519,6 +534,11 @@ def frozen_model() -> autotune.Task:
 def detached_loss() -> autotune.Task:
     """The step detaches its loss from the graph."""
     return autotune.Task(nn.Linear(8, 3), _pairs(), step=lambda model, batch: nn.functional.cross_entropy(model(batch[0]), batch[1]).detach())
+
+
+def item_loss() -> autotune.Task:
+    """The step returns the loss as a Python float (``.item()``), detached from its graph."""
+    return autotune.Task(nn.Linear(8, 3), _pairs(), step=lambda model, batch: nn.functional.cross_entropy(model(batch[0]), batch[1]).item())
 
 
 def dict_loss() -> autotune.Task:

@@ -480,11 +480,15 @@ class _Factories:
                          "import it by name, so name a function at the top level of the module)"),
     ("pkg.mod:", "no function is named after the ':')"),
     (" pkg.mod:f", "' pkg' has spaces at its ends: remove them)"),
+    # Arguments, which a reference cannot carry: before, "rename the function", whose name was fine.
+    ("pkg.mod:make(n=300)", "'make(n=300)' passes arguments, and the trial processes call the factory without any: write a function "
+                            "without arguments that calls make(...) with them, and name it)"),
+    ("pkg.mod::make", "the reference has two ':' in a row: one separates the module from the function)"),
 ])
 def test_a_workload_reference_names_the_part_an_import_cannot_take(ref: str, why: str) -> None:
     """A folder named ``try`` or ``my-exp`` was refused as "not a valid reference; expected package.module:function", which
     the reference already looked like."""
-    with pytest.raises(WorkloadError, match=rf"^workload '{ref}' is not a valid reference; expected package.module:function \({re.escape(why)}"):
+    with pytest.raises(WorkloadError, match=rf"^workload '{re.escape(ref)}' is not a valid reference; expected package.module:function \({re.escape(why)}"):
         task_ref(ref)
 
 
@@ -717,6 +721,7 @@ def test_good_workloads_become_workload_records() -> None:
     ("name", "message"),
     [
         ("no_such_function", "has no function 'no_such_function'"),
+        ("goood", "'task_factories' has no function 'goood' for workload 'task_factories:goood'; did you mean good"),  # a typo
         ("TASK", "'TASK' in 'task_factories' is an object of type Task, not a function, for workload 'task_factories:TASK': name a function "
                  "that returns it (def make_workload(): return TASK)"),
         ("GATE_ENV", "'GATE_ENV' in 'task_factories' is an object of type str, not a function"),  # it read "is a str", "is a int"
@@ -727,11 +732,17 @@ def test_good_workloads_become_workload_records() -> None:
         ("exiting_stream", "iterating the workload's dataset (ExitingStream) failed: SystemExit: 4"),
         ("empty", "dataset (TensorDataset) is empty"),
         ("uncollatable", "dataset item 1 ((object, int)) cannot be collated"),
+        # Item 1's own error, not the batch's (the ragged lists of items 0 and 1), with what fixes it.
+        ("none_field", "dataset item 1 ((Tensor[8] float32, int, {tags: [str, str], source: NoneType})) cannot be collated: TypeError: "
+                       "default_collate: batch must contain tensors, numpy arrays, numbers, dicts or lists; found <class 'NoneType'>; "
+                       "an item holds None, which PyTorch's default collate cannot batch"),
         ("ragged", "equal size, but got [3] at entry 0 and [4] at entry 1; items of one batch differ in shape: give the workload a collate_fn"),
         ("ragged_lists", "each element in list of batch should be of equal size; items of one batch differ in shape: give the workload a collate_fn"),
         ("non_scalar_loss", "the loss must return a scalar floating tensor, got Tensor[2] float32"),
         ("frozen_model", "the model has no trainable parameters (none requires grad)"),
         ("detached_loss", "step(model, batch) returned a tensor that does not require grad"),
+        ("item_loss", "step(model, batch) must return a scalar floating tensor, got float; return the tensor itself (.item() and "
+                      "float() detach it from the graph)"),
         ("nan_loss", "the loss returned nan on the first batch"),
         ("one_output_default_loss", "the model outputs one value per sample (Tensor[2, 1] float32) and the default loss is "
                                     "cross-entropy, which is 0 over a single class: nothing would train; pass autotune.Task(loss=...)"),

@@ -107,6 +107,12 @@ _META_HINT = ("; the model's parameters are on the meta device (shapes only, no 
               "(model.to_empty(device='cpu'), then initialise or load the weights)")
 
 
+#: PyTorch's default collate on an item holding None (a missing label, an optional field).
+_NONE = "found <class 'NoneType'>"
+_NONE_HINT = ("; an item holds None, which PyTorch's default collate cannot batch: return a value there (a tensor, a number, "
+              "a string), or give the workload a collate_fn (autotune.Task(collate_fn=...)) that keeps such fields in lists")
+
+
 #: A model given a list where a tensor goes: an item's Python list, which default_collate turns into one tensor per
 #: position (a tuple there is as often a model's own tuple output handed on in a step: no hint for it).
 _LISTED = ("must be Tensor, not list",)
@@ -117,7 +123,7 @@ _LISTED_HINT = ("; default_collate turns an item's Python list of numbers into o
 def hinted(error: str) -> str:
     """``error`` with what fixes it, where the message alone does not say."""
     hints = ((_RAGGED, RAGGED_HINT), (_RAGGED_LISTS, RAGGED_HINT), (_TWICE, _TWICE_HINT), (_UNUSED, _UNUSED_HINT),
-             (_ONE_VALUE, _ONE_VALUE_HINT), (_META, _META_HINT), *((double, _DOUBLE_HINT) for double in _DOUBLE),
+             (_ONE_VALUE, _ONE_VALUE_HINT), (_META, _META_HINT), (_NONE, _NONE_HINT), *((double, _DOUBLE_HINT) for double in _DOUBLE),
              *((half, _HALF_HINT) for half in _HALF), *((listed, _LISTED_HINT) for listed in _LISTED))
     for cause, hint in hints:
         if cause in error:

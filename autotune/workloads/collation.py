@@ -48,10 +48,10 @@ def collate_items(collate: Callable[[list[Any]], Any], items: list[Any], label: 
         for index, item in enumerate(items):
             try:
                 collate([item])
-            except USER_CODE_ERRORS:
+            except USER_CODE_ERRORS as alone:  # its own error: the batch's may be another item's (a ragged list beside a None)
                 raise WorkloadError(
-                    f"{label} {index} ({describe_batch(item)}) cannot be collated: {type(exc).__name__}: {exc}"
-                ) from exc
+                    hinted(f"{label} {index} ({describe_batch(item)}) cannot be collated: {type(alone).__name__}: {alone}")
+                ) from alone
         first: dict[str, int] = {}  # each kind of item once, at its first place: a loader's batch holds hundreds
         for index, item in enumerate(items):
             first.setdefault(describe_batch(item), index)

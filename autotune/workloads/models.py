@@ -225,9 +225,10 @@ def load_factory(ref: str, sys_path: Sequence[str], what: str = "model") -> Call
     finally:
         _importing.discard(module_name)
     func = getattr(module, func_name, None)
-    if func is None:
-        raise WorkloadError(_not_the_users(module_name, sys_path, what, ref)
-                            or f"{module_name!r} has no function {func_name!r} for {what} {ref!r}")
+    if func is None:  # a typo: the module's functions of close names
+        close = difflib.get_close_matches(func_name, [n for n, v in vars(module).items() if callable(v) and not n.startswith("_")], n=3)
+        raise WorkloadError(_not_the_users(module_name, sys_path, what, ref) or f"{module_name!r} has no function {func_name!r} for {what} "
+                            f"{ref!r}" + (f"; did you mean {', '.join(close)}?" if close else ""))
     if not callable(func):  # TASK = autotune.Task(...) at the module's top level, named instead of its factory
         raise WorkloadError(
             f"{func_name!r} in {module_name!r} is an object of type {type(func).__name__}, not a function, for {what} {ref!r}: "

@@ -25,6 +25,11 @@ def _unimportable_part(ref: str) -> str:
     """Why a part of ``ref`` (``package.module:function``) is no name an import can take (a keyword: a folder named
     ``try``; a hyphen: ``my-exp``; a leading digit; spaces pasted along) and what to do; empty when each part is one."""
     module, _, function = ref.partition(":")
+    if "(" in function:  # make(n=300): arguments, which a reference cannot carry
+        return (f"{function!r} passes arguments, and the trial processes call the factory without any: write a function "
+                f"without arguments that calls {function.partition('(')[0].strip()}(...) with them, and name it")
+    if function.startswith(":"):
+        return "the reference has two ':' in a row: one separates the module from the function"
     parts = module.split(".")
     for index, part in enumerate((*parts, function)):
         is_function = index == len(parts)

@@ -203,9 +203,9 @@ def _check_loss(task: Task, model: Any, batch: Any) -> Any:
         origin = "the loss"
     if not isinstance(loss, torch.Tensor) or loss.dim() != 0 or not loss.is_floating_point():
         got = describe_batch(loss) if isinstance(loss, torch.Tensor) else type(loss).__name__
-        several = isinstance(loss, (tuple, list, dict))  # (loss, logs): a training loop's habit
-        raise WorkloadError(f"{origin} must return a scalar floating tensor, got {got}"
-                            + ("; return the loss alone (logs such as accuracy are not trained on)" if several else ""))
+        hint = ("; return the loss alone (logs such as accuracy are not trained on)" if isinstance(loss, (tuple, list, dict))  # (loss, logs)
+                else "; return the tensor itself (.item() and float() detach it from the graph)" if isinstance(loss, (float, int)) else "")
+        raise WorkloadError(f"{origin} must return a scalar floating tensor, got {got}{hint}")
     if not bool(torch.isfinite(loss.detach())):
         raise WorkloadError(f"{origin} returned {loss.item()} on the first batch {shapes}: the loss must be finite")
     trainable = [p for p in model.parameters() if p.requires_grad]
