@@ -442,7 +442,7 @@ def test_status_of_a_directory_whose_study_db_was_removed_says_so(tmp_path) -> N
     ("change", "message"),
     [
         (lambda d: [d], "must hold a JSON object, not a list"),
-        (lambda d: {**d, "schema": 2}, "has schema 2; this autotune reads schema 1"),
+        (lambda d: {**d, "schema": 2}, "has schema 2; this autotune reads the integer schema 1"),
         (lambda d: {k: v for k, v in d.items() if k != "schema"}, "this JSON file is not a best.json of autotune"),
         (lambda d: {**d, "notes": "abc"}, "field 'notes' must be a list, not a string"),
         (lambda d: {**d, "notes": [1]}, "'notes' must be a list of strings"),
@@ -470,7 +470,7 @@ def test_status_of_a_directory_whose_study_db_was_removed_says_so(tmp_path) -> N
         (lambda d: {**d, "setup": {k: v for k, v in d["setup"].items() if k != "num_workers"}}, "lacks the field 'setup.num_workers'"),
         (lambda d: {**d, "workload": {k: v for k, v in d["workload"].items() if k != "model"}}, "lacks the field 'workload.model'"),
         # A probe's hand edits read "must be number, not a number", "'<' not supported", "Workload.__init__() got ...".
-        (lambda d: {**d, "schema": 1.0}, "has schema 1.0; this autotune reads schema 1"),
+        (lambda d: {**d, "schema": 1.0}, "has schema 1.0; this autotune reads the integer schema 1"),
         (lambda d: {**d, "workload": {**d["workload"], "zzz": 1}}, "unknown fields: workload.zzz"),
         (lambda d: {**d, "workload": {**d["workload"], "images": "x"}}, "field 'workload.images' must be a whole number or null, not a string"),
         (lambda d: {**d, "workload": {**d["workload"], "model": 5}}, "field 'workload.model' must be a string, not a number"),
@@ -746,6 +746,8 @@ def test_api_setup_and_device_arguments_in_other_shapes(tmp_path) -> None:
         autotune.load_setup(None)  # type: ignore[arg-type]
     with pytest.raises(autotune.AutotuneError, match="^load_setup takes the path of a best.json, got an empty path$"):
         autotune.load_setup("")  # it read the working directory's best.json
+    with pytest.raises(autotune.AutotuneError, match="^load_best takes the path of a best.json, got an empty path$"):
+        autotune.load_best("")  # so did it
     with pytest.raises(autotune.AutotuneError, match=f"{tmp_path / 'best.json'}: no such file"):
         autotune.load_setup(tmp_path)  # a search's directory: its best.json
 

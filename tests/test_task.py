@@ -488,7 +488,8 @@ class _Factories:
 def test_a_workload_reference_names_the_part_an_import_cannot_take(ref: str, why: str) -> None:
     """A folder named ``try`` or ``my-exp`` was refused as "not a valid reference; expected package.module:function", which
     the reference already looked like."""
-    with pytest.raises(WorkloadError, match=rf"^workload '{re.escape(ref)}' is not a valid reference; expected package.module:function \({re.escape(why)}"):
+    expected = rf"^workload '{re.escape(ref)}' is not a valid reference; expected package.module:function \({re.escape(why)}"
+    with pytest.raises(WorkloadError, match=expected):
         task_ref(ref)
 
 

@@ -89,7 +89,7 @@ def check_best_dict(data: Any) -> dict[str, Any]:
                             "directory or best.json an `autotune search` wrote")
     if type(data.get("schema")) is not int or data["schema"] != SCHEMA_VERSION:  # 1.0 and true are no schema 1, as load_setup reads it
         raise AutotuneError(
-            f"best.json has schema {data.get('schema')!r}; this autotune reads schema {SCHEMA_VERSION} "
+            f"best.json has schema {data.get('schema')!r}; this autotune reads the integer schema {SCHEMA_VERSION} "
             "(rerun `autotune search`)"
         )
     unknown = sorted(set(data) - set(FIELDS))
@@ -333,6 +333,8 @@ def read_best(path: str | Path) -> Best:
     """
     if not isinstance(path, (str, os.PathLike)) or not isinstance(os.fspath(path), str):
         raise AutotuneError(f"load_best takes the path of a best.json, got {type(path).__name__}")
+    if not os.fspath(path):  # Path("") is the working directory: its best.json was read, as load_setup("") refuses
+        raise AutotuneError("load_best takes the path of a best.json, got an empty path")
     file = Path(path)
     if file.is_dir():
         file = file / "best.json"
