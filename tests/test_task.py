@@ -1454,7 +1454,8 @@ def test_a_batch_that_cannot_be_collated_names_its_items_not_only_pytorch_s_type
     assert isinstance(collate, NamedCollate) and collate([_SometimesNone()[i] for i in range(4)])["meta"] == ["note"] * 4
     loader = DataLoader(_SometimesNone(), batch_size=6, collate_fn=collate)
     with pytest.raises(WorkloadError, match=r"^batch item 0 \(\{x: Tensor\[8\] float32, y: int, meta: NoneType\}\) cannot be "
-                                            r"collated: TypeError: default_collate: .* found <class 'NoneType'>$"):
+                                            r"collated: TypeError: default_collate: .* found <class 'NoneType'>; an item holds None, "
+                                            r"which PyTorch's default collate cannot batch: .* keeps such fields in lists$"):
         list(loader)
     with pytest.raises(TypeError, match="found <class 'NoneType'>"):
         list(DataLoader(_SometimesNone(), batch_size=6, collate_fn=collate, num_workers=1))
