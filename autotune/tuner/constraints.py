@@ -22,9 +22,9 @@ from autotune.units import plain_int
 
 BOOL_KNOBS = ("pin_memory", "persistent_workers", "channels_last", "cudnn_benchmark", "tf32", "gradient_as_bucket_view", "static_graph")
 INT_KNOBS = ("num_workers", "prefetch_factor", "batch_size", "accumulation_steps", "num_threads", "bucket_cap_mb")
-#: Knobs searched as integer ranges (every value between the bounds).
 #: The short names ``--set`` takes for four knobs (those of ``autotune trial``'s flags).
 KNOB_ALIASES = {"workers": "num_workers", "prefetch": "prefetch_factor", "batch": "batch_size", "accum": "accumulation_steps"}
+#: Knobs searched as integer ranges (every value between the bounds).
 RANGE_KNOBS = ("num_workers", "prefetch_factor", "num_threads")
 #: Knobs with named values.
 CHOICE_KNOBS: dict[str, tuple[str, ...]] = {"compile": COMPILE_MODES, "optimizer_impl": OPTIMIZER_IMPLS, "decode": DECODES}
