@@ -1222,8 +1222,8 @@ def test_status_names_the_shared_study_s_worker_that_calibrates(tmp_path) -> Non
     elections.withdraw(study.study, me)  # the worker left before it finished: nobody calibrates
     status = study_status(storage, name)
     assert status.calibrating is None
-    assert any(line.startswith("  calibration not finished, and no worker runs it now: 0 of its runs measured and kept; "
-                                                  "rerun a worker's search command") for line in status.lines()), status.lines()
+    gone = "  calibration not finished, and no worker runs it now: 0 of its runs measured and kept; rerun a worker's search command"
+    assert any(line.startswith(gone) for line in status.lines()), status.lines()
 
 
 class _SaidSharing(_Said):
