@@ -729,6 +729,11 @@ def test_an_unconfirmed_speedup_takes_the_defaults_median_over_their_trials() ->
     best = make_best(workload=WORKLOAD, hardware=HARDWARE, feasible=feasible, confirmed=[], defaults=DEFAULTS,
                      effective_batch=None, command="", interrupted=True)
     assert best.setup == FAST and best.defaults_samples_per_s == 18.0 and best.speedup == pytest.approx(92.0 / 18.0)
+    # Repeats of the slowed trial (a resumed search's same setup, not run again) carry its figure: counted once.
+    repeats = [dataclasses.replace(_record(n, DEFAULTS, 3.7), reused_from=0, free=True) for n in (7, 8)]
+    best = make_best(workload=WORKLOAD, hardware=HARDWARE, feasible=feasible + repeats, confirmed=[], defaults=DEFAULTS,
+                     effective_batch=None, command="", interrupted=True)
+    assert best.defaults_samples_per_s == 18.0, best.defaults_samples_per_s
 
 
 def test_an_interrupted_confirmation_s_rounds_give_the_speedup_where_the_pick_and_the_defaults_shared_one() -> None:

@@ -136,8 +136,10 @@ def make_best(
                          "which it excludes, are returned")
         setup, rate, spread = top.setup, top.result.samples_per_s or 0.0, top.result.samples_per_s_spread or 0.0
         base_records = [r for r in feasible if r.setup.to_json() == default_key]
-        # The defaults' median over their trials: one of them measured beside a load no longer sets the speedup alone.
-        base = statistics.median(r.result.samples_per_s or 0.0 for r in base_records) if base_records else None
+        # The defaults' median over the trials that measured them (a repeat of a setup carries its earlier trial's figure:
+        # counted again, it would weigh that one twice): one of them measured beside a load no longer sets the speedup alone.
+        ran_base = [r for r in base_records if r.ran] or base_records
+        base = statistics.median(r.result.samples_per_s or 0.0 for r in ran_base) if ran_base else None
         speedup = rate / base if base else None
         pick, baseline = (next((c for c in partial if c.candidate.setup.to_json() == key and c.values), None)
                           for key in (setup.to_json(), default_key))
