@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import atexit
 import runpy
+import signal
+import sys
 from pathlib import Path
 
 import pytest
@@ -22,6 +24,19 @@ def run_script(script: Path, args: list[str], cwd: Path, capfd: pytest.CaptureFi
     message to stderr and exits 1, as the interpreter does."""
     namespace = runpy.run_path(str(script), run_name="in_process")
     return call(lambda: namespace["main"](namespace["get_args_parser"]().parse_args(args)), cwd, capfd, monkeypatch)
+
+
+def run_main(script: Path, args: list[str], cwd: Path, capfd: pytest.CaptureFixture[str],
+             monkeypatch: pytest.MonkeyPatch) -> tuple[int, str, str]:
+    """``python SCRIPT ARGS`` through the script's own ``__main__`` block, as :func:`run_script` runs ``main()``:
+    the block's one-line errors and exit codes too. The signal handlers it sets are put back."""
+    monkeypatch.setattr(sys, "argv", [str(script), *args])
+    handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        return call(lambda: runpy.run_path(str(script), run_name="__main__") and None, cwd, capfd, monkeypatch)
+    finally:
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
 
 
 def refusal(script: Path, args: list[str], cwd: Path, capfd: pytest.CaptureFixture[str],

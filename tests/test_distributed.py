@@ -506,25 +506,28 @@ def test_torchrun_threads_read_omp_num_threads_as_torch_does(value: str | None, 
 
 
 @pytest.mark.slow
-def test_ddp_ranks_get_the_threads_torchrun_gives_them() -> None:
+def test_ddp_ranks_get_the_threads_torchrun_gives_them(monkeypatch: pytest.MonkeyPatch) -> None:
     """torchrun sets OMP_NUM_THREADS=1 for several ranks per node unless the environment names it: the
     emitted script's `--threads auto` runs so, and a trial must measure what the script will do (not one
-    thread per core of the rank's share)."""
-    import json
-    import os
+    thread per core of the rank's share). Each trial runs with the environment of its call."""
     import subprocess
     import sys
 
+    import autotune
+
     two_cores()
-    command = [sys.executable, "-m", "autotune", "trial", "--workload", "task_factories:good", "--nproc-per-node", "2",
-               "--batch-size", "4", "--trial-seconds", "0.5", "--device", "cpu", "--json"]
     own = subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"], capture_output=True, text=True,
                          env={**os.environ, "OMP_NUM_THREADS": "0"}, check=True).stdout.strip()
+    monkeypatch.chdir(TESTS)  # the workload's module is imported from the working directory, as a user's own is
     for omp, threads in (("2", 2), (None, 1), ("0", int(own))):  # 0 names no count: torch's own, as the unpinned script gets
-        env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"} | ({"OMP_NUM_THREADS": omp} if omp else {})
-        done = subprocess.run(command, cwd=TESTS, env=env, capture_output=True, text=True, timeout=300)
-        assert done.returncode == 0, done.stderr
-        assert json.loads(done.stdout)["num_threads"] == threads  # each rank's share is one core
+        if omp is None:
+            monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+        else:
+            monkeypatch.setenv("OMP_NUM_THREADS", omp)
+        done = autotune.trial("task_factories:good", setup=autotune.TrainSetup(batch_size=4), nproc_per_node=2, trial_seconds=0.5,
+                              device="cpu")
+        assert done.result.status == "ok", done.result.error
+        assert done.result.num_threads == threads, omp  # each rank's share is one core
 
 
 @pytest.mark.slow

@@ -604,15 +604,16 @@ def test_runs_and_resumes(
 
 
 @pytest.mark.slow
-def test_a_batch_of_one_for_batch_norm_is_one_line(synthetic_data: Path, tmp_path: Path) -> None:
+def test_a_batch_of_one_for_batch_norm_is_one_line(
+    synthetic_data: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     # resnet18 at 32 px ends in a 1x1 feature map: its last BatchNorm sees one value per channel at batch 1.
     script = write_script(make_best(synthetic_data), tmp_path / "train.py")
     (tmp_path / "runs").mkdir()
-    failed = subprocess.run([sys.executable, str(script), "--batch-size", "1", "--output-dir", "runs/a/b"], cwd=tmp_path,
-                            capture_output=True, text=True, timeout=RUN_TIMEOUT)
-    assert failed.returncode == 1 and failed.stderr.splitlines() == [
+    code, _, err = in_process.run_main(script, ["--batch-size", "1", "--output-dir", "runs/a/b"], tmp_path, capfd, monkeypatch)
+    assert code == 1 and err.splitlines() == [
         "error: Expected more than 1 value per channel when training, got input size torch.Size([1, 512, 1, 1]); "
-        "a BatchNorm layer needs more than one value per channel to train on: pass --batch-size 2 or more"], failed.stderr
+        "a BatchNorm layer needs more than one value per channel to train on: pass --batch-size 2 or more"], err
     # The folders it created for the checkpoint, still empty, are removed at exit; the one that was there stays.
     assert (tmp_path / "runs").is_dir() and not (tmp_path / "runs" / "a").exists()
 
@@ -1298,9 +1299,11 @@ def test_a_model_with_auxiliary_classifiers_trains_in_a_trial(synthetic_data: Pa
 
 @pytest.mark.slow
 def test_a_bad_image_is_one_line_naming_it_and_a_bad_validation_image_loses_no_training(
-    synthetic_data: Path, tmp_path: Path, request: pytest.FixtureRequest
+    synthetic_data: Path, tmp_path: Path, request: pytest.FixtureRequest, capfd: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """As the search says it: the file named, one line, exit 1, from the loader's worker or from the main process."""
+    """As the search says it: the file named, one line, exit 1, from the loader's worker or from the main process. The
+    run with a loader worker is a process of its own (its pymp-* folder goes at its exit); the others run here."""
     data, val = tmp_path / "data", tmp_path / "val"
     for name in sorted(p.name for p in synthetic_data.iterdir() if p.is_dir())[:2]:
         for root, count in ((data, 8), (val, 2)):
@@ -1322,34 +1325,36 @@ def test_a_bad_image_is_one_line_naming_it_and_a_bad_validation_image_loses_no_t
     assert _checkpoint(tmp_path / "out" / "checkpoint.pth")["epoch"] == 1  # the epoch before the evaluation is kept
     # The file removed, --resume evaluates that epoch (before, it said "nothing to do": no accuracy was ever reported).
     (val / name / "broken.jpg").unlink()
-    proc = subprocess.run([sys.executable, str(script), "--epochs", "1", "--batch-size", "4", "--image-size", "32", "--amp", "off",
-                           "--data", str(data), "--val-data", str(val), "--workers", "0", "--output-dir", "out", "--resume"],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=RUN_TIMEOUT)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert re.search(r"epoch 0 val top1 [0-9.]+ \(evaluated on resuming\)", proc.stdout), proc.stdout
-    assert "already at epoch 1 of --epochs 1" in proc.stdout
-    again = subprocess.run(proc.args, cwd=tmp_path, capture_output=True, text=True, timeout=RUN_TIMEOUT)  # evaluated now: not again
-    assert again.returncode == 0 and "val top1" not in again.stdout and "already at epoch 1" in again.stdout, again.stdout
+    args = ["--epochs", "1", "--batch-size", "4", "--image-size", "32", "--amp", "off", "--data", str(data), "--val-data", str(val),
+            "--workers", "0", "--output-dir", "out", "--resume"]
+    code, out, err = in_process.run_main(script, args, tmp_path, capfd, monkeypatch)
+    assert code == 0, err[-2000:]
+    assert re.search(r"epoch 0 val top1 [0-9.]+ \(evaluated on resuming\)", out), out
+    assert "already at epoch 1 of --epochs 1" in out
+    code, out, err = in_process.run_main(script, args, tmp_path, capfd, monkeypatch)  # evaluated now: not again
+    assert code == 0 and "val top1" not in out and "already at epoch 1" in out, out
     # A fresh run in that directory whose evaluation fails: the earlier run's record names another checkpoint, so the
     # resume evaluates this one (a record by step number matched it, and the evaluation was skipped).
     (val / name / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 not a jpeg")
-    fresh = subprocess.run([arg for arg in proc.args if arg != "--resume"], cwd=tmp_path, capture_output=True, text=True, timeout=RUN_TIMEOUT)
-    assert fresh.returncode == 1 and "bad image" in fresh.stderr, fresh.stderr[-2000:]
+    code, out, err = in_process.run_main(script, args[:-1], tmp_path, capfd, monkeypatch)
+    assert code == 1 and "bad image" in err, err[-2000:]
     (val / name / "broken.jpg").unlink()
-    resumed = subprocess.run(proc.args, cwd=tmp_path, capture_output=True, text=True, timeout=RUN_TIMEOUT)
-    assert resumed.returncode == 0 and "(evaluated on resuming)" in resumed.stdout, resumed.stdout
+    code, out, err = in_process.run_main(script, args, tmp_path, capfd, monkeypatch)
+    assert code == 0 and "(evaluated on resuming)" in out, out
     # In the main process (no worker): one step of a batch of 2 reads both images of this folder.
     small = tmp_path / "small"
     (small / "a").mkdir(parents=True)
     (small / "b").mkdir()
     (small / "a" / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 not a jpeg")
     (small / "b" / "good.jpg").symlink_to(next((synthetic_data / name).iterdir()))
-    proc = subprocess.run([sys.executable, str(script), "--max-steps", "1", "--batch-size", "2", "--image-size", "32", "--data", str(small),
-                           "--workers", "0", "--output-dir", "out2"], cwd=tmp_path, capture_output=True, text=True, timeout=RUN_TIMEOUT)
-    assert proc.returncode == 1 and proc.stderr.startswith(f"error: bad image {small / 'a' / 'broken.jpg'}"), proc.stderr[-2000:]
+    code, out, err = in_process.run_main(script, ["--max-steps", "1", "--batch-size", "2", "--image-size", "32", "--data", str(small),
+                                                  "--workers", "0", "--output-dir", "out2"], tmp_path, capfd, monkeypatch)
+    assert code == 1 and err.startswith(f"error: bad image {small / 'a' / 'broken.jpg'}"), err[-2000:]
 
 
-def test_a_bad_training_image_keeps_the_steps_trained_before_it(synthetic_data: Path, tmp_path: Path) -> None:
+def test_a_bad_training_image_keeps_the_steps_trained_before_it(
+    synthetic_data: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A bad training image met mid-epoch ended the script without a checkpoint: the steps since the last one were lost
     (with --checkpoint-every 0 a whole epoch's), where a SIGTERM at that step writes one. The checkpoint of the last
     finished step is written, and --resume, once the file is fixed, goes on from it."""
@@ -1361,15 +1366,15 @@ def test_a_bad_training_image_keeps_the_steps_trained_before_it(synthetic_data: 
     victim = sorted((data / "class_05").iterdir())[-1]
     good = victim.read_bytes()
     victim.write_bytes(b"\xff\xd8\xff\xe0 not a jpeg")
-    run = [sys.executable, str(script), "--epochs", "1", "--batch-size", "2", "--image-size", "32", "--amp", "off", "--data", str(data),
+    run = ["--epochs", "1", "--batch-size", "2", "--image-size", "32", "--amp", "off", "--data", str(data),
            "--workers", "0", "--output-dir", "out", "--checkpoint-every", "0", "--print-freq", "1"]
-    proc = subprocess.run(run, cwd=tmp_path, capture_output=True, text=True, timeout=RUN_TIMEOUT)
-    assert proc.returncode == 1 and f"error: bad image {victim}" in proc.stderr, proc.stderr[-2000:]
-    step = int(re.search(r"stopped by a bad image after step (\d+); checkpoint in ", proc.stdout).group(1))  # type: ignore[union-attr]
+    code, out, err = in_process.run_main(script, run, tmp_path, capfd, monkeypatch)
+    assert code == 1 and f"error: bad image {victim}" in err, err[-2000:]
+    step = int(re.search(r"stopped by a bad image after step (\d+); checkpoint in ", out).group(1))  # type: ignore[union-attr]
     assert step > 0 and (tmp_path / "out" / "checkpoint.pth").is_file()
     victim.write_bytes(good)
-    resumed = subprocess.run([*run, "--resume"], cwd=tmp_path, capture_output=True, text=True, timeout=RUN_TIMEOUT)
-    assert resumed.returncode == 0 and f"at epoch 0 step {step}" in resumed.stdout, resumed.stdout[-2000:]
+    code, out, err = in_process.run_main(script, [*run, "--resume"], tmp_path, capfd, monkeypatch)
+    assert code == 0 and f"at epoch 0 step {step}" in out, out[-2000:]
 
 
 @pytest.mark.slow
@@ -2100,9 +2105,24 @@ def _saves_recorded(log: Path) -> str:
     """)
 
 
+def _long_epoch_in_this_process(script: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The one-process case of the test below: the sitecustomize's wrapper of os.replace, installed here."""
+    namespace: dict[str, Any] = {}
+    exec(_saves_recorded(tmp_path / "saves.log"), namespace)  # the test's own recorder
+    monkeypatch.setattr(os, "replace", namespace["replace"])
+    written = {}
+    for every in ("0.0001", "3600"):
+        out = run_here([str(script), "--max-steps", "4", "--print-freq", "1", "--output-dir", f"out-{every}", "--checkpoint-every", every],
+                       tmp_path, capfd, monkeypatch)
+        assert "done: step 4" in out and "epoch 0 done" not in out, out
+        written[every] = (tmp_path / "saves.log").read_text().splitlines()
+        (tmp_path / "saves.log").unlink()
+    assert written == {"0.0001": ["- 0 1 1", "- 0 2 2", "- 0 3 3", "- 0 4 4"], "3600": ["- 0 4 4"]}
+
+
 @pytest.mark.parametrize("torchrun", [False, True], ids=["one-process", "torchrun"])
 def test_a_long_epoch_writes_checkpoints_inside_it_every_checkpoint_every_seconds(
-    synthetic_data: Path, tmp_path: Path, torchrun: bool
+    synthetic_data: Path, tmp_path: Path, torchrun: bool, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Checkpoints were written at epochs' ends only: a crash (kill -9, the out-of-memory killer, a power cut) lost the
     whole epoch in progress, hours on a large dataset. Inside an epoch a step now writes one when the last (or the start
@@ -2110,25 +2130,25 @@ def test_a_long_epoch_writes_checkpoints_inside_it_every_checkpoint_every_second
     torchrun), 4 trained. Every 0.0001 s, any step comes due; every hour, none before the stop's at step 4. Under
     torchrun rank 0's clock decides at the ranks' common checks (GracefulStop.now), and every rank takes part in the
     checkpoint's weight check (a collective): the run ends, rather than hanging, and rank 0 alone writes (every line is
-    rank 0's)."""
+    rank 0's). In one process the script runs here, its saves recorded by the same os.replace wrapper."""
     script = write_script(make_best(synthetic_data, batch_size=4, num_workers=0, prefetch_factor=None, persistent_workers=False,
                                     amp="off", channels_last=False), tmp_path / "train.py")
+    if not torchrun:
+        _long_epoch_in_this_process(script, tmp_path, capfd, monkeypatch)
+        return
     hooks = tmp_path / "hooks"
     hooks.mkdir()
     written = {}
     for every in ("0.0001", "3600"):
         log = tmp_path / f"saves-{every}.log"
         (hooks / "sitecustomize.py").write_text(_saves_recorded(log))
-        prefix = [sys.executable, *(["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"] if torchrun else [])]
+        prefix = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
         proc = subprocess.run([*prefix, str(script), "--max-steps", "4", "--print-freq", "1", "--output-dir", f"out-{every}",
                                "--checkpoint-every", every], cwd=tmp_path, capture_output=True, text=True, timeout=RUN_TIMEOUT,
                               env={**os.environ, "PYTHONPATH": os.pathsep.join([str(hooks), os.environ.get("PYTHONPATH", "")])})
         assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
         assert "done: step 4" in proc.stdout and "epoch 0 done" not in proc.stdout, proc.stdout
         written[every] = log.read_text().splitlines()
-    if not torchrun:
-        assert written == {"0.0001": ["- 0 1 1", "- 0 2 2", "- 0 3 3", "- 0 4 4"], "3600": ["- 0 4 4"]}
-        return
     # The first check comes after step 2; the next one 2 s of steps later, after step 3 only where a step took that long.
     first, *between, last = written["0.0001"]
     assert (first, last, written["3600"]) == ("0 0 2 2", "0 0 4 4", ["0 0 4 4"]) and set(between) <= {"0 0 3 3"}, written
@@ -2180,7 +2200,9 @@ def test_a_search_on_another_gpu_emits_a_script_that_trains_on_that_gpu(syntheti
         "--nproc_per_node 2 or fewer (one process per GPU)\n")
 
 
-def test_one_process_under_torchrun_runs_the_distributed_path(synthetic_data: Path, tmp_path: Path) -> None:
+def test_one_process_under_torchrun_runs_the_distributed_path(
+    synthetic_data: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """torchrun with one process ran the script plainly (no process group, no DDP, no collectives), so the GPU check's
     "torchrun --nproc_per_node 1 (DDP on NCCL, one rank)" ran nothing of NCCL on a one-GPU machine. Under torchrun the
     script now always runs distributed: here gloo, DDP and the stop checks' all-reduce with a world of one."""
@@ -2191,8 +2213,8 @@ def test_one_process_under_torchrun_runs_the_distributed_path(synthetic_data: Pa
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
     assert "DDP: bucket_cap_mb" in proc.stdout and "1 process(es) on cpu" in proc.stdout, proc.stdout
     assert _checkpoint(tmp_path / "out" / "checkpoint.pth")["step"] == 3
-    plain = run_script([str(script), "--max-steps", "1", "--output-dir", "plain"], tmp_path)
-    assert "DDP:" not in plain.stdout  # run plainly: no process group
+    plain = run_here([str(script), "--max-steps", "1", "--output-dir", "plain"], tmp_path, capfd, monkeypatch)
+    assert "DDP:" not in plain  # run plainly: no process group
 
 
 @pytest.mark.slow

@@ -1654,14 +1654,16 @@ def test_modules_the_factory_left_in_eval_mode_stay_so_in_the_check_the_trials_a
     assert [m.training for m in mixed.modules()] == [True, True, False, True, False]
 
 
-def test_the_task_script_reads_a_dataset_too_large_to_permute_at_random_indices(tmp_path: Path) -> None:
+def test_the_task_script_reads_a_dataset_too_large_to_permute_at_random_indices(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The script's DistributedSampler permuted all 10**12 indices at its first batch (8 TB asked for): a traceback,
     where the search now measures such a dataset."""
     script = _task_script(tmp_path, "trillion_items", autotune.TrainSetup(batch_size=4))
-    first = _run(script, "--max-steps", "2", "--workers", "0")
-    assert first.returncode == 0 and "done: step 2" in first.stdout, first.stderr[-2000:]
-    resumed = _run(script, "--max-steps", "3", "--workers", "0", "--resume")
-    assert resumed.returncode == 0 and "done: step 3" in resumed.stdout, resumed.stderr[-2000:]
+    code, out, err = _run_here(script, capfd, monkeypatch, "--max-steps", "2", "--workers", "0")
+    assert code == 0 and "done: step 2" in out, err[-2000:]
+    code, out, err = _run_here(script, capfd, monkeypatch, "--max-steps", "3", "--workers", "0", "--resume")
+    assert code == 0 and "done: step 3" in out, err[-2000:]
     sampler_class = runpy_sampler(script)
     dataset = torch.utils.data.TensorDataset(torch.zeros(10))
     sampler_class.DRAWN_ABOVE = 4  # a small dataset read the same way: the two ranks' indices, epoch by epoch
@@ -1802,12 +1804,13 @@ def test_the_task_script_refuses_a_bad_workload_or_checkpoint_in_one_line(
 @pytest.mark.slow
 @pytest.mark.parametrize("workers", [0, 2])
 def test_the_task_script_says_bad_data_in_one_line_and_leaves_no_loader_files(
-    tmp_path: Path, workers: int, request: pytest.FixtureRequest
+    tmp_path: Path, workers: int, request: pytest.FixtureRequest, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An item that raises, a batch that cannot be collated, a stream that raises: one line naming it (a stream by how
     far its pass got), its whole traceback in a file the line names (before, the DataLoader's traceback of 35-40 lines
     through the script's own frames), and, with loader
-    workers, no pymp-* folder left in the temporary directory (the exit now comes after the loader shut them down)."""
+    workers, no pymp-* folder left in the temporary directory (the exit now comes after the loader shut them down).
+    Without workers the script runs in this process; with them, as its own (a process's pymp-* folder goes at its exit)."""
     script = _task_script(tmp_path, "good", autotune.TrainSetup(batch_size=8))
     temp = Path(tempfile.mkdtemp(prefix="at-", dir="/tmp"))  # short: a worker's socket path must fit in 107 bytes
     request.addfinalizer(lambda: shutil.rmtree(temp, ignore_errors=True))
@@ -1820,13 +1823,15 @@ def test_the_task_script_says_bad_data_in_one_line_and_leaves_no_loader_files(
         ("corrupt_stream", [], f"error: the dataset's stream failed {'in loader worker 1 of 2, at its item 7' if workers else 'at item 14'} "
                                "of this pass: ValueError: corrupt record 13; fix the item or the dataset's code"),
     ):
-        result = subprocess.run(
-            [sys.executable, str(script), "--output-dir", "out", "--workload", f"task_factories:{workload}", "--workers",
-             str(workers), "--max-steps", "30", *flags],
-            cwd=script.parent, capture_output=True, text=True, timeout=120, env={**os.environ, "TMPDIR": str(temp)},
-        )
-        line = result.stderr.strip().splitlines()[-1]
-        assert result.returncode == 1 and line.startswith(message) and "Traceback" not in result.stderr, result.stderr
+        args = ["--output-dir", "out", "--workload", f"task_factories:{workload}", "--workers", str(workers), "--max-steps", "30", *flags]
+        if workers:
+            result = subprocess.run([sys.executable, str(script), *args], cwd=script.parent, capture_output=True, text=True,
+                                    timeout=120, env={**os.environ, "TMPDIR": str(temp)})
+            code, err = result.returncode, result.stderr
+        else:
+            code, _, err = in_process.run_script(script, args, script.parent, capfd, monkeypatch)
+        line = err.strip().splitlines()[-1]
+        assert code == 1 and line.startswith(message) and "Traceback" not in err, err
         if workload == "ragged":
             assert line.endswith("items of one batch differ in shape: give the workload a collate_fn (autotune.Task(collate_fn=...)) "
                                  "that pads them, or that keeps them in lists where the model takes lists (a torchvision "
@@ -1836,7 +1841,9 @@ def test_the_task_script_says_bad_data_in_one_line_and_leaves_no_loader_files(
         assert not list(temp.glob("pymp-*"))
 
 
-def test_an_item_that_fails_mid_run_keeps_the_task_script_s_steps_before_it(tmp_path: Path) -> None:
+def test_an_item_that_fails_mid_run_keeps_the_task_script_s_steps_before_it(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """An item that raised mid-epoch ended the Task script without a checkpoint: the steps since the last one (with
     --checkpoint-every 0, the epoch's end) were lost, though the line said `--resume goes on from the last checkpoint`
     (the classifier script keeps them). The checkpoint of the last finished step is written, and --resume, once the
@@ -1844,22 +1851,22 @@ def test_an_item_that_fails_mid_run_keeps_the_task_script_s_steps_before_it(tmp_
     script = _task_script(tmp_path, "good", autotune.TrainSetup(batch_size=8))
     marker = tmp_path / "corrupt"
     marker.touch()
-    run = [sys.executable, str(script), "--output-dir", "out", "--workload", "task_factories:corrupt_in_the_second_epoch",
-           "--workers", "0", "--epochs", "2", "--checkpoint-every", "0", "--print-freq", "1"]
-    env = {**os.environ, "TASK_FACTORIES_CORRUPT": str(marker)}
-    failed = subprocess.run(run, cwd=script.parent, capture_output=True, text=True, timeout=120, env=env)
-    assert failed.returncode == 1 and "corrupt record" in failed.stderr.strip().splitlines()[-1], failed.stderr
-    step = int(re.search(r"stopped by the data after step (\d+); checkpoint in ", failed.stdout).group(1))  # type: ignore[union-attr]
+    run = ["--workload", "task_factories:corrupt_in_the_second_epoch", "--workers", "0", "--epochs", "2", "--checkpoint-every", "0"]
+    monkeypatch.setenv("TASK_FACTORIES_CORRUPT", str(marker))
+    code, out, err = _run_here(script, capfd, monkeypatch, *run)
+    assert code == 1 and "corrupt record" in err.strip().splitlines()[-1], err
+    step = int(re.search(r"stopped by the data after step (\d+); checkpoint in ", out).group(1))  # type: ignore[union-attr]
     assert step == 7 and torch.load(tmp_path / "out" / "checkpoint.pth", weights_only=True)["step"] == step  # 40 items / 8: 5 an epoch
     marker.unlink()
-    resumed = subprocess.run([*run, "--resume"], cwd=script.parent, capture_output=True, text=True, timeout=120, env=env)
-    assert resumed.returncode == 0 and f"at epoch 1 step {step}" in resumed.stdout and "done: step 10" in resumed.stdout, resumed.stdout
+    code, out, err = _run_here(script, capfd, monkeypatch, *run, "--resume")
+    assert code == 0 and f"at epoch 1 step {step}" in out and "done: step 10" in out, out + err
     # Met at the second epoch's first read: no step since the epoch's checkpoint, which stands (not written again under
     # a new id, which would make a --val-data run evaluate that epoch once more).
     marker.touch()
     (tmp_path / "out" / "checkpoint.pth").unlink()
-    at_once = subprocess.run(run, cwd=script.parent, capture_output=True, text=True, timeout=120, env={**env, "TASK_FACTORIES_CORRUPT_READ": "41"})
-    assert at_once.returncode == 1 and "stopped by the data" not in at_once.stdout, at_once.stdout
+    monkeypatch.setenv("TASK_FACTORIES_CORRUPT_READ", "41")
+    code, out, err = _run_here(script, capfd, monkeypatch, *run)
+    assert code == 1 and "stopped by the data" not in out, out + err
     assert torch.load(tmp_path / "out" / "checkpoint.pth", weights_only=True)["step"] == 5
 
 
@@ -1959,21 +1966,26 @@ def test_a_run_without_resume_over_a_checkpoint_says_it_will_replace_it(
 
 
 @pytest.mark.slow
-def test_the_task_script_on_a_batch_norm_model_refuses_a_batch_of_one_in_one_line(tmp_path: Path) -> None:
+def test_the_task_script_on_a_batch_norm_model_refuses_a_batch_of_one_in_one_line(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """BatchNorm's own refusal of a micro-batch of one sample, raised in the first step, is one line naming the flag."""
-    failed = _run(_task_script(tmp_path, "batch_norm", autotune.TrainSetup(batch_size=4)), "--batch-size", "1")
-    assert failed.returncode == 1 and failed.stderr.splitlines() == [
+    script = _task_script(tmp_path, "batch_norm", autotune.TrainSetup(batch_size=4))
+    code, _, err = in_process.run_main(script, ["--print-freq", "1", "--output-dir", "out", "--batch-size", "1"], script.parent, capfd, monkeypatch)
+    assert code == 1 and err.splitlines() == [
         "error: Expected more than 1 value per channel when training, got input size torch.Size([1, 4]); a BatchNorm "
-        "layer needs more than one value per channel to train on: pass --batch-size 2 or more"], failed.stderr
+        "layer needs more than one value per channel to train on: pass --batch-size 2 or more"], err
 
 
-def test_channels_last_on_a_model_with_5d_weights_is_one_line_in_the_script_and_the_helpers(tmp_path: Path) -> None:
+def test_channels_last_on_a_model_with_5d_weights_is_one_line_in_the_script_and_the_helpers(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A Conv3d beside a 4-D image input: `train.py --channels-last` ended in torch's 27-line traceback ("required rank 4
     tensor to use channels_last format"), and prepare_model in one's own loop raised torch's RuntimeError."""
-    failed = _run(_task_script(tmp_path, "video_and_image", autotune.TrainSetup(batch_size=4, channels_last=True)), "--max-steps", "1")
-    assert failed.returncode == 1 and len(failed.stderr.splitlines()) == 1, failed.stderr
-    assert failed.stderr.startswith("error: --channels-last: the model cannot take it (") and "pass --no-channels-last" in failed.stderr
-    assert _run(tmp_path / "train.py", "--max-steps", "1", "--no-channels-last").returncode == 0
+    script = _task_script(tmp_path, "video_and_image", autotune.TrainSetup(batch_size=4, channels_last=True))
+    line, _ = in_process.refusal(script, ["--print-freq", "1", "--output-dir", "out", "--max-steps", "1"], script.parent, capfd, monkeypatch)
+    assert line.startswith("error: --channels-last: the model cannot take it (") and "pass --no-channels-last" in line, line
+    assert _run_here(script, capfd, monkeypatch, "--max-steps", "1", "--no-channels-last")[0] == 0
     with pytest.raises(SetupError, match=r"^prepare_model: channels_last cannot convert this model \(.*rank 4.*\): use a setup with"):
         autotune.TrainSetup(channels_last=True).prepare_model(torch.nn.Conv3d(3, 4, 3))
 
@@ -2073,8 +2085,8 @@ def test_the_task_script_on_short_iterable_epochs_and_task_subclasses(
     # Every worker of this stream yields it whole (the search found so and offered one worker at most): refused.
     code, _, err = _run_here(script, capfd, monkeypatch, "--workers", "2")
     assert code != 0 and "error: --workers 2: each DataLoader worker yields the whole iterable dataset" in err
-    sub = _run(_task_script(tmp_path, "subclassed", autotune.TrainSetup(batch_size=16)), "--max-steps", "1")
-    assert sub.returncode == 0 and "step 1 loss" in sub.stdout, sub.stderr
+    code, out, err = _run_here(_task_script(tmp_path, "subclassed", autotune.TrainSetup(batch_size=16)), capfd, monkeypatch, "--max-steps", "1")
+    assert code == 0 and "step 1 loss" in out, err
 
 
 def test_the_task_script_without_autotune_is_refused_in_one_line(tmp_path: Path) -> None:
