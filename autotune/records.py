@@ -211,9 +211,8 @@ class TrialResult:
         data_wait_fraction: Share of measured wall time the loop blocked on
             the DataLoader.
         peak_memory_bytes: CUDA: peak reserved by the caching allocator. CPU:
-            peak of the summed PSS (proportional set size: a page shared by
-            n processes counts 1/n in each) of the trial process and its
-            loader workers, sampled every 50 ms; RSS elsewhere than Linux.
+            peak of what the trial process and its loader workers would hold as a run of their own (the trial's RSS, or
+            the trial server's imports and its USS, plus each worker's USS), sampled every 50 ms (measure.tree_memory).
         warmup_s: Start-up and warm-up time, excluded from the measurement.
         compile_s: Of the warm-up, the first step with ``torch.compile``
             (compilation included); ``None`` when the model ran eagerly.

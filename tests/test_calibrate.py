@@ -773,3 +773,17 @@ def test_loader_workers_whose_batches_in_flight_outgrow_the_dev_shm_stay_in_the_
     said = [line for line in lines if line.startswith("loader workers")]
     assert pinned.max_workers > 0 and "keeps num_workers=0" not in said[0]
     assert kept or said[0].endswith("--set num_workers keeps them: those trials are likely to fail alike"), said
+
+
+def test_the_ram_a_trial_may_take_counts_the_trial_server_s_imports_as_the_trial_s(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each trial's figure counts the trial server's RSS (its imports, which train.py loads itself): the RAM the calibration
+    sizes the batch to adds it to what is free, else a container's budget would count the imports twice (once as the
+    server's, already taken from the free RAM, once in every trial)."""
+    from types import SimpleNamespace
+
+    from autotune.tuner import run
+
+    monkeypatch.setattr(run, "collect_memory", lambda: SimpleNamespace(usable_bytes=lambda: 500 * MIB))
+    monkeypatch.setattr(run, "server_rss", lambda: 600 * MIB)
+    prepared = SimpleNamespace(hardware=SimpleNamespace(memory=SimpleNamespace(usable_bytes=lambda: 800 * MIB)))
+    assert run.available_now(prepared) == 1100 * MIB  # type: ignore[arg-type]

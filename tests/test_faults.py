@@ -2040,9 +2040,13 @@ def test_memory_of_a_forked_tree_counts_shared_pages_once(tmp_path) -> None:
         pids = tree_pids(proc.pid)
         assert len(pids) == 4 and unrelated.pid not in pids
         rss = sum(psutil.Process(p).memory_info().rss for p in pids)
-        measured = tree_memory(pids)  # what the trial's memory monitor reads in its exact samples
+        measured = tree_memory(pids, proc.pid)  # what the trial's memory monitor reads in its exact samples
         assert rss > 700 * 2**20
         assert 190 * 2**20 < measured < 400 * 2**20
+        # Forked from a process that held 1 GiB (as the trial server forks a trial): those pages are counted once,
+        # whether or not the tree touched them, as a run of its own would hold them.
+        inherited = tree_memory(pids, proc.pid, 2**30)
+        assert 2**30 < inherited < 2**30 + 400 * 2**20
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
@@ -2050,33 +2054,40 @@ def test_memory_of_a_forked_tree_counts_shared_pages_once(tmp_path) -> None:
         unrelated.wait()
 
 
-def test_the_monitor_reads_pss_rarely_and_corrects_cheap_rss_samples_by_it(monkeypatch) -> None:
-    """PSS costs ~15-20 ms per torch process: read it at start, when the processes change and about once a second."""
+def test_the_monitor_reads_uss_rarely_and_corrects_cheap_rss_samples_by_it(monkeypatch) -> None:
+    """USS costs ~15-20 ms per torch process: read it at start, when the processes change and about once a second."""
     from autotune.runner import measure
 
     rss = {1: 1000, 2: 500}
-    pss = {1: 700, 2: 100}  # the worker shares most of its pages with the trial process
+    uss = {1: 700, 2: 100}  # the worker shares most of its pages with the trial process
     tree = [1]
     exact: list[int] = []
     now = [100.0]
     monkeypatch.setattr(measure, "tree_pids", lambda pid: list(tree))
     monkeypatch.setattr(measure, "process_rss", lambda pid: rss[pid])
-    monkeypatch.setattr(measure, "process_memory", lambda pid: exact.append(pid) or pss[pid])
+    monkeypatch.setattr(measure, "process_memory", lambda pid, whole: exact.append(pid) or (rss if whole else uss)[pid])
     monkeypatch.setattr(measure.time, "monotonic", lambda: now[0])
-    monitor = measure.MemoryMonitor(budget_bytes=1500)
+    monitor = measure.MemoryMonitor(budget_bytes=1850)
     monitor._pid = 1
-    assert monitor.sample(exact=True) == 700 and exact == [1]
-    rss[1], pss[1] = 1300, 1000  # training allocates 300 private bytes: RSS and PSS grow alike
-    assert [monitor.sample() for _ in range(50)] == [1000] * 50
-    assert exact == [1]  # no PSS read within the second
-    tree.append(2)  # a loader worker starts: read PSS at once, else its shared pages would count in full
-    assert monitor.sample() == 1000 + 100 and exact == [1, 1, 2]
+    assert monitor.sample(exact=True) == 1000 and exact == [1]  # the trial process's RSS: it loaded its imports itself
+    rss[1], uss[1] = 1300, 1000  # training allocates 300 private bytes: RSS and USS grow alike
+    assert [monitor.sample() for _ in range(50)] == [1300] * 50
+    assert exact == [1]  # no USS read within the second
+    tree.append(2)  # a loader worker starts: read USS at once, else its shared pages would count in full
+    assert monitor.sample() == 1300 + 100 and exact == [1, 1, 2]
     rss[2] = 900  # the worker touches 400 private bytes
-    assert monitor.sample() == 1500 and not monitor.over_budget.is_set()
+    assert monitor.sample() == 1800 and not monitor.over_budget.is_set()
     now[0] += monitor.EXACT_EVERY_S  # a second later: exact again
-    pss[2] = 600
-    assert monitor.sample() == 1600 and len(exact) == 5 and monitor.over_budget.is_set()
-    assert monitor.peak_bytes == 1600
+    uss[2], rss[2] = 600, 1000
+    assert monitor.sample() == 1900 and len(exact) == 5 and monitor.over_budget.is_set()
+    assert monitor.peak_bytes == 1900
+    # A trial forked by the trial server: the server's RSS at the fork, its imports, and the tree's own pages.
+    monkeypatch.setattr(measure, "inherited_bytes", 5000)
+    forked = measure.MemoryMonitor()
+    forked._pid = 1
+    assert forked.sample(exact=True) == 5000 + 1000 + 600
+    rss[1] += 50  # cheap samples go on from there
+    assert forked.sample() == 5000 + 1000 + 600 + 50
 
 
 def test_the_monitor_s_cheap_samples_count_a_forked_tree_s_shared_pages_once(tmp_path) -> None:

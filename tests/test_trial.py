@@ -54,6 +54,12 @@ def test_resnet18_trial_is_ok_with_sane_fields(tiny_workload) -> None:
     # The trial process and its worker hold at least a few hundred MB.
     assert result.peak_memory_bytes > 100 * 2**20
     assert result.error is None
+    # Forked by the trial server, the trial counts the server's imports as the emitted train.py, which loads them
+    # itself, holds them: its figure read about 0.68x train.py's when the server's share was left out.
+    from autotune.runner.zygote import server_rss
+
+    server = server_rss()
+    assert server > 100 * 2**20 and result.peak_memory_bytes > server, (result.peak_memory_bytes, server)
 
 
 def test_a_trial_tells_the_cores_another_process_kept_busy_from_its_own(tiny_workload) -> None:

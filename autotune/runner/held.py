@@ -14,8 +14,8 @@ pipelines.
 Trials are held only while the memory available to this process (a
 container's limit included) stays at least twice the largest held peak.
 A held process shares the pages the trial server's import left to every
-trial it forks, so a trial measured beside held ones reads a lower summed
-PSS (0.90-0.95x beside the defaults held, 0.76-0.80x beside them and two
+trial it forks, so a trial measured beside held ones read a lower summed
+PSS, the memory figure then (0.90-0.95x beside the defaults held, 0.76-0.80x beside them and two
 finalists: ``python -m benchmarks.held_peaks``, docs/benchmarks.md): such a run
 returns no peak (the search's trial of the same setup gives it, measured
 alone), and nothing is held under a memory budget (``--max-memory``), whose
@@ -152,7 +152,7 @@ class HeldTrials:
             else:
                 oom_before = oom_kills()
                 os.killpg(held.proc.pid, signal.SIGCONT)
-            beside = bool(self._held)  # other held processes share pages with this one: its PSS reads lower
+            beside = bool(self._held)  # other held processes share pages with this one (its PSS read lower)
             seen = supervise(held.proc, Path(held.made.name), timed, None, oom_before, held.offset)
             held.offset = seen.offset
             failed = may_have_left(seen.result)

@@ -102,27 +102,37 @@ def _psutil_children(pid: int) -> list[psutil.Process]:
         return []
 
 
-def process_memory(pid: int) -> int:
-    """One process's share of memory: PSS on Linux (shared pages split among
-    the processes that share them), else RSS; 0 once it is gone."""
+#: Memory this process holds without having loaded it: in a trial forked by the trial server, the server's RSS at the
+#: fork (the imports a run of its own loads itself); in a DDP rank, its trial process's figure at the fork. 0 in a
+#: process started afresh, whose RSS holds its imports.
+inherited_bytes = 0
+
+
+def process_memory(pid: int, *, whole: bool) -> int:
+    """One process's memory: its RSS (``whole``), else its USS, the pages no other process maps (a forked loader
+    worker's own; RSS where the platform gives no USS); 0 once it is gone."""
     try:
         process = psutil.Process(pid)
-        try:
-            pss = getattr(process.memory_full_info(), "pss", None)
-        except (psutil.AccessDenied, NotImplementedError):
-            pss = None
-        return int(pss) if pss is not None else int(process.memory_info().rss)
+        if not whole:
+            try:
+                uss = getattr(process.memory_full_info(), "uss", None)
+            except (psutil.AccessDenied, NotImplementedError):
+                uss = None
+            if uss is not None:
+                return int(uss)
+        return int(process.memory_info().rss)
     except psutil.Error:
         return 0
 
 
-def tree_memory(pids: Sequence[int]) -> int:
-    """Memory held by a process tree (a trial process and its loader workers, :func:`tree_pids`), in bytes.
-
-    The sum of PSS: a page a forked loader worker shares with the trial
-    process counts once in total, not once per worker as RSS would.
-    """
-    return sum(process_memory(p) for p in pids)
+def tree_memory(pids: Sequence[int], root: int, inherited: int = 0) -> int:
+    """Memory a process tree (a trial process ``root`` and its loader workers, :func:`tree_pids`) would hold as a run of
+    its own, in bytes: the root's RSS and each other process's USS (a page a forked worker shares with the root counts
+    once, not once per worker as RSS would). A root that inherited ``inherited`` bytes from the process that forked it
+    counts them and its own USS: RSS would miss the inherited pages it never touched, and PSS would give the forking
+    process its share of them (a trial forked by the trial server read 755 MiB where the same setup's train.py, which
+    loads its imports itself, holds 1,110 MiB)."""
+    return inherited + sum(process_memory(p, whole=p == root and not inherited) for p in pids)
 
 
 _PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
@@ -143,17 +153,18 @@ def process_rss(pid: int) -> int:
 class MemoryMonitor:
     """Samples the memory of this process and its loader workers in a thread.
 
-    The figure is the tree's summed PSS (see :func:`tree_memory`), but PSS
-    is dear: the kernel walks every mapping, about 15-20 ms for a trial
-    process holding torch, per process. Read 20 times a second it would
-    take a quarter of a core per process from the training it measures (on
-    2 cores, with 2 workers, about a quarter of the machine). So most
-    samples read the cheap RSS (microseconds) and subtract what RSS counts
-    beyond PSS (the pages the processes share), and an exact PSS sample
-    re-reads that shared part whenever the set of processes changes and
-    otherwise at most every :data:`EXACT_EVERY_S` seconds, spaced so that
-    it costs at most :data:`EXACT_SHARE` of one core. Private memory, what
-    grows during training, counts the same in both.
+    The figure is what the tree would hold as a run of its own (see
+    :func:`tree_memory`), but USS is dear: the kernel walks every mapping,
+    about 15-20 ms for a trial process holding torch, per process. Read 20
+    times a second it would take a quarter of a core per process from the
+    training it measures (on 2 cores, with 2 workers, about a quarter of the
+    machine). So most samples read the cheap RSS (microseconds) and correct
+    it by what the last exact sample read beside it (the pages the processes
+    share, the pages the process inherited), and an exact sample re-reads
+    that whenever the set of processes changes and otherwise at most every
+    :data:`EXACT_EVERY_S` seconds, spaced so that it costs at most
+    :data:`EXACT_SHARE` of one core. Private memory, what grows during
+    training, counts the same in both.
 
     Disabled (``enabled=False``, on CUDA, where the device's allocator gives
     the figure) it samples nothing and costs nothing.
@@ -163,7 +174,7 @@ class MemoryMonitor:
         over_budget: Set once the total exceeded ``budget_bytes``.
     """
 
-    #: Most seconds between exact (PSS) samples.
+    #: Most seconds between exact (USS) samples.
     EXACT_EVERY_S = 1.0
     #: Most share of one core the exact samples may take.
     EXACT_SHARE = 0.02
@@ -178,7 +189,7 @@ class MemoryMonitor:
         self._pid = os.getpid()
         self._thread = self._sampler(self._stop)
         self._pids: list[int] = []
-        self._shared = 0
+        self._offset = 0  # RSS less the exact figure at the last exact sample
         self._next_exact = 0.0
 
     def start(self) -> MemoryMonitor:
@@ -201,7 +212,7 @@ class MemoryMonitor:
         return threading.Thread(target=self._run, args=(stop,), name="autotune-memory", daemon=True)
 
     def sample(self, *, exact: bool = False) -> int:
-        """Take one sample now (``exact``: a PSS reading, see the class docstring); return it (0 when disabled)."""
+        """Take one sample now (``exact``: a USS reading, see the class docstring); return it (0 when disabled)."""
         if not self.enabled:
             return 0
         pids = sorted(tree_pids(self._pid))
@@ -209,12 +220,12 @@ class MemoryMonitor:
         rss = sum(process_rss(p) for p in pids)
         if exact or pids != self._pids or now >= self._next_exact:
             began = time.perf_counter()
-            value = tree_memory(pids)
+            value = tree_memory(pids, self._pid, inherited_bytes)
             cost = time.perf_counter() - began
-            self._pids, self._shared = pids, max(0, rss - value)
+            self._pids, self._offset = pids, rss - value
             self._next_exact = now + max(self.EXACT_EVERY_S, cost / self.EXACT_SHARE)
         else:
-            value = max(0, rss - self._shared)
+            value = max(0, rss - self._offset)
         if value > self.peak_bytes:
             self.peak_bytes = value
         if self.budget_bytes is not None and value > self.budget_bytes:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotune.records import TrialOptions, TrialResult
+from autotune.runner import measure
 from autotune.runner.failures import EXTERNAL_SIGNALS, interrupted, killed
 from probes.cgroup import oom_kills
 
@@ -180,10 +181,12 @@ def run_world(options: TrialOptions, execute: Execute) -> TrialResult:
     world = options.world_size
     oom_before = oom_kills()
     ranks: dict[int, tuple[int, int]] = {}  # pid -> (rank, read end of its result pipe)
+    inherited = measure.tree_memory([os.getpid()], os.getpid(), measure.inherited_bytes)  # each rank's at the fork
     for rank in range(world):
         read_end, write_end = os.pipe()
         pid = os.fork()
         if pid == 0:  # the rank
+            measure.inherited_bytes = inherited
             os.close(read_end)
             _rank_main(rank, world, port, options, execute, write_end)
         os.close(write_end)

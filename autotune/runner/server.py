@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from autotune.runner import measure
 from autotune.runner.zygote import EVENTS, EXIT, IDLE_EXIT, OUTPUT, REQUEST
 
 # ---------------------------------------------------------------- the trial
@@ -61,10 +62,12 @@ def volunteer_for_oom_kill(score: int) -> None:
         pass
 
 
-def run_child(trial_dir: str, *, new_session: bool) -> None:
-    """Execute the trial in ``trial_dir`` in this process, then ``_exit``."""
+def run_child(trial_dir: str, *, new_session: bool, inherited_bytes: int = 0) -> None:
+    """Execute the trial in ``trial_dir`` in this process, then ``_exit``; ``inherited_bytes``: the forking server's RSS
+    (its imports, which the trial's memory figure counts as a run of its own would)."""
     status = 0
     try:
+        measure.inherited_bytes = inherited_bytes
         started = time.perf_counter()
         volunteer_for_oom_kill(TRIAL_OOM_SCORE)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
@@ -217,9 +220,10 @@ def serve_requests(requests: Iterator[str], out: Any) -> None:
     for trial_dir in requests:
         signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGCHLD])
         try:
+            inherited = measure.process_rss(os.getpid())
             pid = os.fork()
             if pid == 0:
-                run_child(trial_dir, new_session=True)
+                run_child(trial_dir, new_session=True, inherited_bytes=inherited)
             _children[pid] = trial_dir
         finally:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGCHLD])

@@ -310,3 +310,12 @@ def launch(directory: Path) -> TrialProcess:
 def prestart() -> None:
     """Start the zygote server in the background, ahead of the first trial."""
     _ZYGOTE.prestart()
+
+
+def server_rss() -> int:
+    """The trial server's RSS now: the imports every trial it forks counts in its memory figure
+    (:func:`autotune.runner.measure.tree_memory`); 0 while none runs."""
+    from autotune.runner.measure import process_rss
+
+    proc = _ZYGOTE._proc
+    return process_rss(proc.pid) if proc is not None and proc.poll() is None else 0

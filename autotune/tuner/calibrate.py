@@ -51,10 +51,10 @@ def memory_budget(device: DeviceInfo, max_memory: int | None, available_bytes: i
 
     CPU: ``--max-memory`` or half of the available RAM, less 20 % left to
     the loader workers; all of it in a container (``contained``: what its
-    memory limit leaves after the search and its trial server, which the
-    host's other processes cannot take; half of it sized a 1.5 GiB container's
-    budget under what torch and a resnet18 hold at batch 1, 344 MiB, where
-    batch 32 trained at 757 MiB). GPU: 90 % of the memory free now (the headroom is
+    memory limit leaves after the search, plus the trial server's RSS, which
+    each trial counts as its imports, and which the host's other processes
+    cannot take; half of it sized a 1.5 GiB container's budget under what
+    torch and a resnet18 hold at batch 1, where batch 32 trained). GPU: 90 % of the memory free now (the headroom is
     taken from what is free, so a shared card still leaves a budget), capped
     by ``--max-memory``. When NVML cannot say how much is free, there is no
     budget but ``--max-memory``: the pre-pass then finds the limit by

@@ -24,6 +24,7 @@ from autotune.records import Calibration, TrialOptions, TrialRecord
 from autotune.rounds import Confirmed
 from autotune.runner import TrialRunner, prestart, run_trial
 from autotune.runner.held import HeldTrials, holding
+from autotune.runner.zygote import server_rss
 from autotune.time_spent import TimeSpent
 from autotune.train_setup import TrainSetup
 from autotune.tuner.budget import counted_records
@@ -253,10 +254,9 @@ def _nothing_feasible(records: list[TrialRecord], storage: str, interrupted: boo
 
 
 def available_now(prepared: Prepared) -> int:
-    """RAM left now, after the probe: less this search's own torch (about 400 MiB) and as much of its trial server's as
-    that holds by now (still importing, not all of it), which a container's memory limit holds too (read at the probe, a
-    budget of half of a 1.2 GiB limit left no room for them, and the kernel's OOM killer stopped the search itself)."""
-    return min(prepared.hardware.memory.usable_bytes(), collect_memory().usable_bytes())
+    """RAM a trial's memory figure may take: what is left at the probe and now (less this search's torch: read at the probe
+    only, a container's OOM killer stopped a search), plus the trial server's RSS, which each trial counts (tree_memory)."""
+    return min(prepared.hardware.memory.usable_bytes(), collect_memory().usable_bytes()) + server_rss()
 
 
 def calibrate_once(config: SearchConfig, prepared: Prepared, reporter: Reporter, runner: TrialRunner) -> Calibration:
