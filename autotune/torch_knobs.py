@@ -84,7 +84,7 @@ def build_optimizer(impl: str | None, params: Any, *, lr: float, cls: Any = None
     beside it, ``AdamW`` got ``foreach`` twice, or ``fused`` and ``foreach`` both true).
 
     Raises:
-        SetupError: ``cls`` has no such implementation (LBFGS takes no ``foreach``).
+        SetupError: ``cls`` has no such implementation (LBFGS takes no ``foreach``), or refuses the arguments given.
     """
     import inspect
 
@@ -98,7 +98,10 @@ def build_optimizer(impl: str | None, params: Any, *, lr: float, cls: Any = None
     if missing:
         raise SetupError(f"optimizer_impl={impl}: {chosen.__name__} takes no {missing[0]}= argument; "
                          "use setup.replace(optimizer_impl=None) for torch's own choice")
-    optimizer: torch.optim.Optimizer = chosen(params, lr=lr, **tuned, **kwargs)
+    try:
+        optimizer: torch.optim.Optimizer = chosen(params, lr=lr, **tuned, **kwargs)
+    except (TypeError, ValueError) as exc:  # lr="x", lr=-1, betas=(1, 2), an empty parameter list: the caller's values
+        raise SetupError(f"optimizer: {chosen.__name__} refused its arguments: {type(exc).__name__}: {exc}") from None
     return optimizer
 
 

@@ -337,7 +337,8 @@ class TrainSetup:
         (a ``foreach=`` or ``fused=`` of yours replaces the tuned kernel).
 
         Raises:
-            SetupError: ``cls`` has no such implementation (LBFGS takes no ``foreach``).
+            SetupError: ``cls`` has no such implementation (LBFGS takes no ``foreach``), or refuses the arguments
+                (``lr="x"``, a negative ``lr``, an empty parameter list).
         """
         return build_optimizer(self.optimizer_impl, params, lr=lr, cls=cls, **kwargs)
 

@@ -94,6 +94,14 @@ def test_an_optimizer_without_the_tuned_kernel_and_a_bad_world_size_are_one_line
     with pytest.raises(SetupError, match=r"optimizer_impl=foreach: LBFGS takes no foreach= argument"):
         TrainSetup(optimizer_impl="foreach").optimizer(params, lr=1.0, cls=torch.optim.LBFGS)
     assert isinstance(TrainSetup().optimizer(params, lr=1.0, cls=torch.optim.LBFGS), torch.optim.LBFGS)  # torch's own choice
+    # A value the optimizer refuses was torch's TypeError or ValueError, outside the AutotuneError family the docs catch.
+    model = torch.nn.Linear(2, 2)
+    for kwargs, said in (({"lr": "x"}, "TypeError: "), ({"lr": -1.0}, "ValueError: Invalid learning rate: -1.0"),
+                         ({"lr": 0.1, "betas": (1.5, 0.9)}, "ValueError: Invalid beta parameter at index 0: 1.5")):
+        with pytest.raises(SetupError, match=r"^optimizer: AdamW refused its arguments: " + re.escape(said)):
+            TrainSetup().optimizer(model.parameters(), **kwargs)
+    with pytest.raises(SetupError, match=r"^optimizer: SGD refused its arguments: ValueError: optimizer got an empty parameter list"):
+        TrainSetup().optimizer([], lr=0.1, cls=torch.optim.SGD)
     for bad in (0, -2, 1.5, True):
         with pytest.raises(SetupError, match="world_size must be an integer >= 1"):
             TrainSetup().effective_batch(bad)  # type: ignore[arg-type]
