@@ -190,8 +190,7 @@ class TrialLoop:
             raise Diverged("the loss became NaN or infinite")
 
     def peak_memory(self) -> int:
-        """Peak memory so far: the allocator's peak reserved on CUDA, on a CPU the sampled memory the process tree would hold
-        as a run of its own (:func:`autotune.runner.measure.tree_memory`)."""
+        """Peak memory so far: the allocator's peak reserved on CUDA, on a CPU what the tree would hold alone (measure.tree_memory)."""
         if self.device_type == "cuda":
             import torch
 
