@@ -634,7 +634,7 @@ def test_effective_batch_keeps_the_math(tmp_path, cache_dir) -> None:
 # ---------------------------------------------------------------- real runs
 @pytest.mark.slow
 def test_real_tiny_search_then_resume(tmp_path, cache_dir) -> None:
-    cfg = config(tmp_path, cache_dir, trials=2, confirm_top=1, confirm_rounds=2)
+    cfg = config(tmp_path, cache_dir, trials=2, confirm_top=1, confirm_rounds=2, trial_seconds=0.5)
     outcome = run_search(cfg)
     best = read_best(tmp_path / "out" / "best.json")
     assert best.samples_per_s > 0 and best.defaults_samples_per_s > 0
@@ -650,7 +650,7 @@ def test_real_tiny_search_then_resume(tmp_path, cache_dir) -> None:
     assert outcome.ceilings is not None and outcome.ceilings.compute
     # The ceilings and two-round confirmation are covered above: the resumed run skips the one and shortens the other
     # (neither is part of the study's signature).
-    resumed = run_search(config(tmp_path, cache_dir, trials=3, confirm_top=1, confirm_rounds=1, ceilings=False))
+    resumed = run_search(config(tmp_path, cache_dir, trials=3, confirm_top=1, confirm_rounds=1, ceilings=False, trial_seconds=0.5))
     assert len(measured(resumed.records)) == 3
     assert resumed.records[: len(outcome.records)] == outcome.records
 
