@@ -1714,7 +1714,9 @@ def test_a_stream_whose_torchrun_shards_differ_in_length_ends_each_epoch_on_ever
     ran = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script),
                           "--epochs", "2", "--workers", "0", "--print-freq", "1", "--output-dir", "out"],
                          cwd=tmp_path, capture_output=True, text=True, timeout=180)
-    assert ran.returncode == 0, ran.stderr[-3000:]
+    # Once (a README test run, 2026-12-07) rank 1 aborted, "terminate called without an active exception": its steps
+    # say how far it got.
+    assert ran.returncode == 0, ran.stdout[-2000:] + ran.stderr[-3000:]
     for epoch in (0, 1):
         assert ran.stdout.count(f"note: epoch {epoch} ends here on every process: a process's shard of the IterableDataset ended "
                                 "before the others'") == 1, ran.stdout
