@@ -32,8 +32,12 @@ def run_main(script: Path, args: list[str], cwd: Path, capfd: pytest.CaptureFixt
     the block's one-line errors and exit codes too. The signal handlers it sets are put back."""
     monkeypatch.setattr(sys, "argv", [str(script), *args])
     handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+
+    def main_block() -> None:  # it ends in sys.exit(code), which call() reads
+        runpy.run_path(str(script), run_name="__main__")
+
     try:
-        return call(lambda: runpy.run_path(str(script), run_name="__main__") and None, cwd, capfd, monkeypatch)
+        return call(main_block, cwd, capfd, monkeypatch)
     finally:
         for signum, handler in handlers.items():
             signal.signal(signum, handler)

@@ -1336,7 +1336,7 @@ def test_a_bad_image_is_one_line_naming_it_and_a_bad_validation_image_loses_no_t
     # A fresh run in that directory whose evaluation fails: the earlier run's record names another checkpoint, so the
     # resume evaluates this one (a record by step number matched it, and the evaluation was skipped).
     (val / name / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 not a jpeg")
-    code, out, err = in_process.run_main(script, args[:-1], tmp_path, capfd, monkeypatch)
+    code, out, err = in_process.run_main(script, [arg for arg in args if arg != "--resume"], tmp_path, capfd, monkeypatch)
     assert code == 1 and "bad image" in err, err[-2000:]
     (val / name / "broken.jpg").unlink()
     code, out, err = in_process.run_main(script, args, tmp_path, capfd, monkeypatch)

@@ -1569,15 +1569,19 @@ def _task_script(tmp_path: Path, name: str, setup: autotune.TrainSetup) -> Path:
     return write_script(best, tmp_path / "train.py")
 
 
+#: The flags every run of a Task script below starts with: a line per step, the output in the script's ``out``.
+_FLAGS = ["--print-freq", "1", "--output-dir", "out"]
+
+
 def _run(script: Path, *args: str) -> subprocess.CompletedProcess[str]:
     """The script as its own process (it finds the factory from its own directory)."""
-    return subprocess.run([sys.executable, str(script), "--print-freq", "1", "--output-dir", "out", *args],
+    return subprocess.run([sys.executable, str(script), *_FLAGS, *args],
                           cwd=script.parent, capture_output=True, text=True, timeout=120)
 
 
 def _run_here(script: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, *args: str) -> tuple[int, str, str]:
     """The script in this process (see :mod:`in_process`)."""
-    return in_process.run_script(script, ["--print-freq", "1", "--output-dir", "out", *args], script.parent, capfd, monkeypatch)
+    return in_process.run_script(script, [*_FLAGS, *args], script.parent, capfd, monkeypatch)
 
 
 def test_the_tuned_thread_count_stands_over_the_factory_s_own(
@@ -1754,7 +1758,7 @@ def test_the_task_script_refuses_a_bad_workload_or_checkpoint_in_one_line(
         (["--workload", "task_factories:raises"], "error: --workload task_factories:raises failed: RuntimeError: no data mounted"),
         (["--output-dir", "/proc/autotune-x"], "error: --output-dir /proc/autotune-x: No such file or directory"),
     ):
-        line, _ = in_process.refusal(script, ["--print-freq", "1", "--output-dir", "out", *flags], script.parent, capfd, monkeypatch)
+        line, _ = in_process.refusal(script, [*_FLAGS, *flags], script.parent, capfd, monkeypatch)
         assert line.startswith(message), line
         assert not (tmp_path / "out").exists()
     # Recipes the search refuses stop the script in one line too, and no checkpoint of NaN weights is written.
@@ -1973,7 +1977,7 @@ def test_the_task_script_on_a_batch_norm_model_refuses_a_batch_of_one_in_one_lin
 ) -> None:
     """BatchNorm's own refusal of a micro-batch of one sample, raised in the first step, is one line naming the flag."""
     script = _task_script(tmp_path, "batch_norm", autotune.TrainSetup(batch_size=4))
-    code, _, err = in_process.run_main(script, ["--print-freq", "1", "--output-dir", "out", "--batch-size", "1"], script.parent, capfd, monkeypatch)
+    code, _, err = in_process.run_main(script, [*_FLAGS, "--batch-size", "1"], script.parent, capfd, monkeypatch)
     assert code == 1 and err.splitlines() == [
         "error: Expected more than 1 value per channel when training, got input size torch.Size([1, 4]); a BatchNorm "
         "layer needs more than one value per channel to train on: pass --batch-size 2 or more"], err
@@ -1985,7 +1989,7 @@ def test_channels_last_on_a_model_with_5d_weights_is_one_line_in_the_script_and_
     """A Conv3d beside a 4-D image input: `train.py --channels-last` ended in torch's 27-line traceback ("required rank 4
     tensor to use channels_last format"), and prepare_model in one's own loop raised torch's RuntimeError."""
     script = _task_script(tmp_path, "video_and_image", autotune.TrainSetup(batch_size=4, channels_last=True))
-    line, _ = in_process.refusal(script, ["--print-freq", "1", "--output-dir", "out", "--max-steps", "1"], script.parent, capfd, monkeypatch)
+    line, _ = in_process.refusal(script, [*_FLAGS, "--max-steps", "1"], script.parent, capfd, monkeypatch)
     assert line.startswith("error: --channels-last: the model cannot take it (") and "pass --no-channels-last" in line, line
     assert _run_here(script, capfd, monkeypatch, "--max-steps", "1", "--no-channels-last")[0] == 0
     with pytest.raises(SetupError, match=r"^prepare_model: channels_last cannot convert this model \(.*rank 4.*\): use a setup with"):
