@@ -33,7 +33,7 @@ def run_main(script: Path, args: list[str], cwd: Path, capfd: pytest.CaptureFixt
     monkeypatch.setattr(sys, "argv", [str(script), *args])
     handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
 
-    def main_block() -> None:  # it ends in sys.exit(code), which call() reads
+    def main_block() -> None:  # it ends in leave(code), a plain run's sys.exit(code), which call() reads
         runpy.run_path(str(script), run_name="__main__")
 
     try:
