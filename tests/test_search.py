@@ -1323,3 +1323,36 @@ def test_a_search_in_a_python_session_leaves_no_study_db_open(tmp_path, cache_di
     finally:
         gc.enable()
     assert outcome.best is not None and opened == [], opened
+
+
+@pytest.mark.parametrize("kills", [1, 3])
+def test_a_guess_killed_from_outside_runs_once_more_with_its_role(tmp_path, cache_dir, kills: int) -> None:
+    """A guess whose trial process someone killed (SIGKILL, the kernel's OOM kill counters unchanged: a user, a
+    supervisor) was stored as its setup's error, and every later proposal of that setup reused the error, a resume's
+    too, though the guess was the fastest setup of the study. It is queued once more with its role and measured; killed
+    again, the second kill stands for it (a user-space OOM daemon's limit) and nothing runs it a third time."""
+    from autotune.runner.failures import KILLED_FROM_OUTSIDE
+
+    runs: list[TrainSetup] = []
+    target: list[TrainSetup] = []
+
+    def kill_the_first_guess(setup, workload, options=None, *, on_window=None) -> TrialResult:
+        if options.mode == "train":
+            runs.append(setup)
+            if len(runs) == 2:  # the defaults run first, then the first guess
+                target.append(setup)
+            if target and setup == target[0] and runs.count(setup) <= kills:
+                return TrialResult(status="error", error=f"the trial process {KILLED_FROM_OUTSIDE}; not by the kernel's ...")
+        return fake_runner(setup, workload, options, on_window=on_window)
+
+    outcome = search(config(tmp_path, cache_dir, trials=5, confirm_top=1), runner=kill_the_first_guess)
+    [guess] = target
+    assert runs.count(guess) == 2
+    of_guess = [r for r in outcome.records if r.setup == guess and r.reused_from is None]
+    assert [r.role for r in of_guess] == ["guess", "guess"]
+    assert KILLED_FROM_OUTSIDE in (of_guess[0].result.error or "")
+    if kills == 1:
+        assert of_guess[1].result.status == "ok" and of_guess[1].result.samples_per_s
+    else:
+        assert KILLED_FROM_OUTSIDE in (of_guess[1].result.error or "")
+    assert len(measured(outcome.records)) == 5

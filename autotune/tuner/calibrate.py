@@ -20,7 +20,7 @@ from autotune.devices import DeviceInfo
 from autotune.errors import CUDA_START, DeviceError, WorkloadError
 from autotune.records import Calibration, MemoryPoint, PrecisionPoint, TrialOptions, TrialResult, Workload
 from autotune.runner import TrialRunner, run_trial
-from autotune.runner.failures import KILLED_FROM_OUTSIDE, WAITING
+from autotune.runner.failures import WAITING, killed_from_outside
 from autotune.train_setup import TrainSetup
 from autotune.tuner.batch_sizes import data_limit, powers_of_two
 from autotune.tuner.constraints import Constraint, allows
@@ -170,10 +170,10 @@ def calibrate(
     def prepass(batch: int) -> TrialResult:
         run = lambda: runner(fp32.replace(batch_size=batch), workload, short)  # noqa: E731
         result = run()
-        if KILLED_FROM_OUTSIDE in (result.error or ""):  # maybe not the batch's doing: it must not bound the space on one kill
+        if killed_from_outside(result):  # maybe not the batch's doing: it must not bound the space on one kill
             log(f"memory pre-pass: batch {batch}: {result.error}; measuring it again")
             result = run()
-            if KILLED_FROM_OUTSIDE in (result.error or ""):  # killed at this batch twice: a user-space OOM daemon's limit
+            if killed_from_outside(result):  # killed at this batch twice: a user-space OOM daemon's limit
                 result = TrialResult(status="oom", error=f"{result.error}; killed twice at this batch: taken as a memory limit")
         elif result.status == "timeout" and not retried and WAITING not in (result.error or ""):  # a machine busy for a while,
             retried.append(batch)  # as often as a batch too slow: the first timeout is no bound; a model only slow pays one more

@@ -29,6 +29,7 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.errors import StorageError, StudyMismatch
 from autotune.records import TrialRecord, TrialResult
 from autotune.redact import hide_passwords, hide_url_password
+from autotune.runner.failures import killed_from_outside
 from autotune.train_setup import TrainSetup
 from autotune.tuner.budget import ATTR_FREE, FINISHED, STUDY_BUDGET, counted_toward_budget, progress
 from autotune.tuner.constraints import Constraint, excluding
@@ -279,14 +280,10 @@ class SearchStudy(StudyStores):
             _queued_key(t) for t in trials if t.state in (*FINISHED, TrialState.WAITING) and t.number not in stale
         }
         for t in trials:
-            role = t.user_attrs.get(ATTR_ROLE)
-            if role not in (ROLE_DEFAULTS, ROLE_GUESS) or (t.state in FINISHED or t.state == TrialState.WAITING):
-                continue
-            key = _queued_key(t)
-            if t.number in stale or t.state == TrialState.FAIL:
-                if key not in present:
-                    present.add(key)
-                    self.enqueue(str(role), dict(t.system_attrs.get("fixed_params", {})))
+            role, key = t.user_attrs.get(ATTR_ROLE), _queued_key(t)
+            if role in (ROLE_DEFAULTS, ROLE_GUESS) and (t.number in stale or t.state == TrialState.FAIL) and key not in present:
+                present.add(key)
+                self.enqueue(str(role), dict(t.system_attrs.get("fixed_params", {})))
         return stale
 
     # ------------------------------------------------------------ trial level
@@ -319,12 +316,13 @@ class SearchStudy(StudyStores):
         return trial, str(trial.user_attrs.get(ATTR_ROLE, ROLE_SEARCH))
 
     def same_setup(self, setup: TrainSetup, number: int) -> TrialRecord | None:
-        """A finished trial other than ``number`` that measured ``setup`` already (in full or until pruned)."""
+        """A finished trial other than ``number`` that measured ``setup`` already (in full or until pruned); where it was
+        only killed from outside (:func:`killed_from_outside`), none until that happened twice: the setup runs again."""
         target = setup.to_dict()
-        for t in self.study.get_trials(deepcopy=False, states=FINISHED):
-            if t.number != number and t.user_attrs.get(ATTR_SETUP) == target and (record := _record(t)):
-                return record
-        return None
+        found = [r for t in self.study.get_trials(deepcopy=False, states=FINISHED)
+                 if t.number != number and t.user_attrs.get(ATTR_SETUP) == target and (r := _record(t))]
+        measured = [r for r in found if not killed_from_outside(r.result)]
+        return measured[0] if measured else found[-1] if len(found) > 1 else None
 
     def record(
         self, trial: optuna.Trial, role: str, setup: TrainSetup, result: TrialResult, reused_from: int | None,
@@ -341,15 +339,18 @@ class SearchStudy(StudyStores):
         self.heartbeat()
 
     def tell(self, trial: optuna.Trial, result: TrialResult) -> None:
-        """Finish a trial: pruned, or complete with its samples/s (0 when infeasible).
-
-        Infeasible trials are complete trials worth 0, so TPE learns to
-        avoid their region (it ignores failed trials).
-        """
+        """Finish a trial: pruned, or complete with its samples/s (0 when infeasible: TPE learns to avoid their region; it
+        ignores failed trials). A defaults or guess trial killed from outside (:func:`killed_from_outside`: a SIGKILL that
+        says nothing of its setup) is queued once more with its role, unless a trial of that role and setup finished before."""
         if result.status == "pruned":
             self.study.tell(trial, state=TrialState.PRUNED)
         else:
             self.study.tell(trial, result.samples_per_s if result.ok and result.samples_per_s else 0.0)
+        if killed_from_outside(result) and trial.user_attrs.get(ATTR_ROLE) in (ROLE_DEFAULTS, ROLE_GUESS):
+            finished = self.study.get_trials(deepcopy=False, states=FINISHED)
+            this = next(t for t in finished if t.number == trial.number)
+            if not any(_queued_key(t) == _queued_key(this) for t in finished if t.number != trial.number):
+                self.enqueue(str(this.user_attrs[ATTR_ROLE]), dict(this.system_attrs.get("fixed_params", {})))
 
     def fail(self, trial: optuna.Trial) -> None:
         """Mark an interrupted trial failed: it does not count toward ``--trials``."""
