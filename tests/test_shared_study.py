@@ -574,6 +574,11 @@ def test_storages_that_cannot_open_say_why(tmp_path) -> None:
         check_storage_url(f"journal:///{tmp_path}/missing/x.log")
     with pytest.raises(StorageError, match=rf"{tmp_path} is a directory; name a journal file in it \({tmp_path}/study.log\)$"):
         check_storage_url(f"journal:///{tmp_path}")
+    (tmp_path / "a-file").write_text("x")  # a file on the path: said so (before: "directory .../a-file does not exist")
+    with pytest.raises(StorageError, match=rf"{tmp_path}/a-file is not a directory$"):
+        check_storage_url(f"journal:///{tmp_path}/a-file/deeper/x.log")
+    with pytest.raises(StorageError, match=rf"{tmp_path}/a-file is not a directory$"):
+        open_storage(f"sqlite:///{tmp_path}/a-file/study.db")
     journal = tmp_path / "real.log"  # a real journal with one record cut short (two writers on NFS): damaged, not foreign
     open_storage(f"journal:///{journal}")
     optuna.create_study(storage=open_storage(f"journal:///{journal}"), study_name="s").ask()

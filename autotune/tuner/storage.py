@@ -40,6 +40,7 @@ from autotune.tuner.storage_urls import (
     check_storage_url,
     first_line,
     journal_path,
+    no_folder,
     not_a_journal,
     refuse_foreign_sqlite,
     sqlite_path,
@@ -98,7 +99,7 @@ def open_storage(url: str) -> BaseStorage:
         if url.startswith("sqlite"):
             folder = os.path.dirname(os.path.abspath(sqlite_path(url) or ""))
             if not os.path.isdir(folder):
-                raise StorageError(hide_passwords(f"cannot open study storage {url!r}: directory {folder} does not exist"))
+                raise StorageError(hide_passwords(f"cannot open study storage {url!r}: {no_folder(folder)}"))
             refuse_foreign_sqlite(url)
             return _rdb_storage(url, {}, heartbeats=False)
         engine: dict[str, Any] = {"pool_pre_ping": True}

@@ -68,6 +68,14 @@ def foreign_sqlite(url: str, file: Path, *, empty_ok: bool = False) -> str | Non
     return f"{file} is an SQLite database without Optuna's tables" + (f" (tables: {', '.join(sorted(tables)[:5])})" if tables else "")
 
 
+def no_folder(folder: str) -> str:
+    """Why a storage file cannot go in ``folder``, which is no directory: it does not exist, or a file stands on its path."""
+    above = folder
+    while not os.path.lexists(above) and os.path.dirname(above) != above:
+        above = os.path.dirname(above)
+    return f"{above} is not a directory" if os.path.lexists(above) and not os.path.isdir(above) else f"directory {folder} does not exist"
+
+
 def refuse_foreign_sqlite(url: str) -> None:
     """Refuse to open, for a search, an SQLite file of another program's (``--out`` holding the user's own
     ``study.db``): Optuna would add its tables to it, and the search then replaced the best.json and report.html
@@ -153,7 +161,7 @@ def _check_journal_file(url: str, path: str) -> None:
     if os.path.isdir(where):
         why = f"{where} is a directory; name a journal file in it ({os.path.join(where, 'study.log')})"
     elif not os.path.isdir(folder := os.path.dirname(where)):
-        why = f"directory {folder} does not exist"
+        why = no_folder(folder)
     elif os.path.isfile(where) and os.path.getsize(where) > 0 and not journal_begins(where):
         why = not_a_journal(where) if _is_sqlite(where) else f"{not_a_journal(where)}; it is left as it is: pass a new file's path for a new study"
     else:
