@@ -185,11 +185,6 @@ def shm_hint(message: str) -> str:
 
 #: The words of a SIGKILL the kernel's OOM killer did not send (:func:`killed`).
 KILLED_FROM_OUTSIDE = "was killed (SIGKILL) from outside"
-def killed_from_outside(result: TrialResult) -> bool:
-    """Whether ``result`` is a SIGKILL the kernel's OOM killer did not send (:func:`killed`): a user's, a supervisor's or
-    a user-space OOM daemon's, which says nothing of the setup the first time."""
-    return result.status == "error" and KILLED_FROM_OUTSIDE in (result.error or "")
-
 
 #: Said of a trial that timed out without using CPU time lately (:func:`autotune.runner.launch.supervise`): no batch helps.
 WAITING = "so it waits rather than computes"
@@ -213,6 +208,12 @@ def killed(who: str, oom_before: int | None) -> TrialResult:
                                                  "(its oom_kill counters did not change): by a user, a supervisor or a "
                                                  "user-space OOM daemon (earlyoom, systemd-oomd)")
     return TrialResult(status="oom", error=f"{who} was killed (SIGKILL), most likely by the kernel's out-of-memory killer")
+
+
+def killed_from_outside(result: TrialResult) -> bool:
+    """Whether ``result`` is a SIGKILL the kernel's OOM killer did not send (:func:`killed`): a user's, a supervisor's or
+    a user-space OOM daemon's, which says nothing of the setup the first time."""
+    return result.status == "error" and KILLED_FROM_OUTSIDE in (result.error or "")
 
 
 #: How PyTorch says a loader worker died: killed by a signal (SIGKILL says "Killed"), or gone without a word.
