@@ -1744,7 +1744,7 @@ def late():
     open("thread.txt", "w").write("ran")
 threading.Thread(target=late).start()
 class Teardown:
-    def __del__(self):
+    def __del__(self, open=open):  # open bound now: the teardown removes the builtins before this runs
         open("teardown.txt", "w").write("ran")
 kept = Teardown()
 print("the last line, unflushed", end="")
