@@ -1730,7 +1730,7 @@ def test_a_stream_whose_torchrun_shards_differ_in_length_ends_each_epoch_on_ever
 def test_a_process_of_a_torchrun_job_ends_after_its_exit_work_without_the_interpreter_s_teardown(tmp_path: Path) -> None:
     """DDP keeps its gloo group's worker threads alive past destroy_process_group (PyTorch 2.14), and one that released
     a finished collective while the interpreter tore down aborted the process (SIGABRT after "done: step 12" in the
-    test above, a few runs in a hundred on a loaded machine; docs/benchmarks.md): torchrun called the job failed. A
+    test above, 1 run in 73 on a loaded machine; docs/benchmarks.md): torchrun called the job failed. A
     process that joined a group ends through leave(): atexit's handlers run, the threads Python waits for are joined,
     the output is flushed, and the teardown (which a module-level finalizer stands for here) is skipped."""
     script = _task_script(tmp_path, "good", autotune.TrainSetup(batch_size=8))
