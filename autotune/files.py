@@ -132,6 +132,12 @@ def atomic_write_all(files: dict[Path, bytes]) -> None:
         raise
 
 
+def nearest_existing(path: str | Path) -> Path:
+    """``path`` itself or its nearest ancestor that exists (``/`` at worst): where a file on the way blocks a folder."""
+    path = Path(path).absolute()
+    return next(p for p in (path, *path.parents) if p.exists())
+
+
 def dangling(path: str | Path) -> str:
     """What a symbolic link whose target is gone is (``ls`` lists it: "No such file or directory" names a file that
     looked there): its target, or where a chain of links ends."""

@@ -13,6 +13,7 @@ from pathlib import Path
 import sqlalchemy.exc
 
 from autotune.errors import MalformedStorageURL, StorageError
+from autotune.files import nearest_existing
 from autotune.redact import hide_passwords
 from autotune.tuner.journal_file import journal_begins
 
@@ -70,10 +71,8 @@ def foreign_sqlite(url: str, file: Path, *, empty_ok: bool = False) -> str | Non
 
 def no_folder(folder: str) -> str:
     """Why a storage file cannot go in ``folder``, which is no directory: it does not exist, or a file stands on its path."""
-    above = folder
-    while not os.path.lexists(above) and os.path.dirname(above) != above:
-        above = os.path.dirname(above)
-    return f"{above} is not a directory" if os.path.lexists(above) and not os.path.isdir(above) else f"directory {folder} does not exist"
+    above = nearest_existing(folder)
+    return f"{above} is not a directory" if not above.is_dir() else f"directory {folder} does not exist"
 
 
 def refuse_foreign_sqlite(url: str) -> None:

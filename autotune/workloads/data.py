@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autotune.errors import WorkloadError
-from autotune.files import dangling, maker_is_gone
+from autotune.files import dangling, maker_is_gone, nearest_existing
 from autotune.workloads.file_workers import worker_count, write_in_processes, writer_reference
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -147,8 +147,8 @@ def generate_image_folder(
     if (target / ".complete").exists():
         return target
     tmp = target.parent / f".{target.name}.tmp-{os.getpid()}"
-    blocking = next((p for p in (target.parent, *target.parent.parents) if p.exists()), None)
-    if blocking is not None and not blocking.is_dir():
+    blocking = nearest_existing(target.parent)
+    if not blocking.is_dir():
         raise WorkloadError(f"cannot write synthetic data under {target.parent}: {blocking} is not a directory; {elsewhere(target, full=False)}")
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
